@@ -1,0 +1,247 @@
+//! perfbed-agent: the guest's `/init`.
+//!
+//! It mounts what a test needs, loads the perfbed modules from the initramfs,
+//! greets the host over the virtio console and then serves its requests (see
+//! the protocol in `lib.rs`) until it is asked to end the VM.
+//!
+//! Being PID 1 it must never exit: any error it cannot report over the channel
+//! goes to the console (the serial log) and the guest is powered off, so the
+//! host sees a short run and a reason instead of a kernel panic.
+
+use std::ffi::CString;
+use std::fs;
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use perfbed_agent::{
+    format_cpu_list, parse_cpu_list, AgentMessage, Hello, HostRequest, HotplugRound, ModuleLoad,
+    CHANNEL_DEVICE,
+};
+
+const MODULE_DIR: &str = "/lib/modules";
+const CPU_SYSFS: &str = "/sys/devices/system/cpu";
+
+fn main() {
+    if let Err(error) = run() {
+        eprintln!("perfbed-agent: fatal: {error}");
+    }
+    power_off();
+}
+
+fn run() -> Result<(), String> {
+    mount_basics()?;
+    let modules = load_modules()?;
+    let channel = open_channel(Duration::from_secs(10))?;
+    let mut writer = channel.try_clone().map_err(|e| format!("dup {CHANNEL_DEVICE}: {e}"))?;
+    let hello = Hello {
+        kernel_release: read_trimmed("/proc/sys/kernel/osrelease")?,
+        cpus_online: read_trimmed(&format!("{CPU_SYSFS}/online"))?,
+        cpus_possible: read_trimmed(&format!("{CPU_SYSFS}/possible"))?,
+        uptime_ms: uptime_ms()?,
+        modules,
+    };
+    send(&mut writer, &AgentMessage::Hello(hello))?;
+
+    for line in BufReader::new(channel).lines() {
+        let line = line.map_err(|e| format!("read {CHANNEL_DEVICE}: {e}"))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let reply = match serde_json::from_str::<HostRequest>(&line) {
+            Ok(HostRequest::PowerOff) => {
+                send(&mut writer, &AgentMessage::PoweringOff)?;
+                return Ok(());
+            }
+            Ok(HostRequest::Hotplug { rounds }) => match hotplug(rounds) {
+                Ok(rounds) => AgentMessage::Hotplug { rounds },
+                Err(error) => AgentMessage::Error { error },
+            },
+            Err(e) => AgentMessage::Error { error: format!("bad request {line:?}: {e}") },
+        };
+        send(&mut writer, &reply)?;
+    }
+    Err(format!("{CHANNEL_DEVICE} closed by the host"))
+}
+
+fn send(writer: &mut fs::File, message: &AgentMessage) -> Result<(), String> {
+    let mut line = serde_json::to_string(message).map_err(|e| e.to_string())?;
+    line.push('\n');
+    writer
+        .write_all(line.as_bytes())
+        .map_err(|e| format!("write {CHANNEL_DEVICE}: {e}"))
+}
+
+fn mount_basics() -> Result<(), String> {
+    for (source, target, fstype) in
+        [("proc", "/proc", "proc"), ("sysfs", "/sys", "sysfs"), ("devtmpfs", "/dev", "devtmpfs")]
+    {
+        fs::create_dir_all(target).map_err(|e| format!("mkdir {target}: {e}"))?;
+        let c = |s: &str| CString::new(s).expect("no NUL in a literal");
+        let (source, target_c, fstype) = (c(source), c(target), c(fstype));
+        // SAFETY: all three are valid NUL-terminated strings that outlive the
+        // call, and a NULL data pointer is allowed for these filesystems.
+        let rc = unsafe {
+            libc::mount(source.as_ptr(), target_c.as_ptr(), fstype.as_ptr(), 0, std::ptr::null())
+        };
+        let err = std::io::Error::last_os_error();
+        // devtmpfs may already be mounted by the kernel (DEVTMPFS_MOUNT).
+        if rc != 0 && err.raw_os_error() != Some(libc::EBUSY) {
+            return Err(format!("mount {target}: {err}"));
+        }
+    }
+    Ok(())
+}
+
+/// Loads every `*.ko` in [`MODULE_DIR`], in name order, passing it the
+/// `<module>.<param>=<value>` settings of the kernel command line as modprobe
+/// would. A module that fails to load is reported, not fatal: the host decides.
+fn load_modules() -> Result<Vec<ModuleLoad>, String> {
+    let cmdline = read_trimmed("/proc/cmdline")?;
+    let mut paths: Vec<_> = match fs::read_dir(MODULE_DIR) {
+        Ok(dir) => dir.filter_map(|e| e.ok().map(|e| e.path())).collect(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Err(format!("read {MODULE_DIR}: {e}")),
+    };
+    paths.retain(|p| p.extension().is_some_and(|x| x == "ko"));
+    paths.sort();
+    Ok(paths.iter().map(|path| load_module(path, &cmdline)).collect())
+}
+
+fn load_module(path: &Path, cmdline: &str) -> ModuleLoad {
+    let name = path.file_stem().unwrap_or_default().to_string_lossy().into_owned();
+    let prefix = format!("{}.", name.replace('-', "_"));
+    let params: Vec<&str> =
+        cmdline.split_whitespace().filter_map(|arg| arg.strip_prefix(&prefix)).collect();
+    let params = params.join(" ");
+    let error = finit_module(path, &params).err();
+    ModuleLoad { name, params, error }
+}
+
+fn finit_module(path: &Path, params: &str) -> Result<(), String> {
+    let file = fs::File::open(path).map_err(|e| format!("open {}: {e}", path.display()))?;
+    let params = CString::new(params).map_err(|_| "NUL in module parameters".to_string())?;
+    use std::os::fd::AsRawFd;
+    // SAFETY: finit_module reads the open file and the NUL-terminated params;
+    // both stay valid for the duration of the call.
+    let rc = unsafe { libc::syscall(libc::SYS_finit_module, file.as_raw_fd(), params.as_ptr(), 0) };
+    if rc != 0 {
+        return Err(format!("finit_module: {}", std::io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+/// The virtio console appears once its driver has probed, which on a slow
+/// (emulated) guest can be a little after `/init` starts.
+fn open_channel(patience: Duration) -> Result<fs::File, String> {
+    let start = Instant::now();
+    loop {
+        match fs::OpenOptions::new().read(true).write(true).open(CHANNEL_DEVICE) {
+            Ok(file) => {
+                set_raw(&file)?;
+                return Ok(file);
+            }
+            Err(e) if start.elapsed() > patience => {
+                return Err(format!("open {CHANNEL_DEVICE} after {patience:?}: {e}"))
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
+/// The console is a tty: without raw mode it would echo the host's requests
+/// back and rewrite newlines.
+fn set_raw(file: &fs::File) -> Result<(), String> {
+    use std::os::fd::AsRawFd;
+    let fd = file.as_raw_fd();
+    // SAFETY: termios is plain data; tcgetattr fills it for a valid fd.
+    let mut tio: libc::termios = unsafe { std::mem::zeroed() };
+    // SAFETY: fd is open for the lifetime of `file`; tio is a valid termios.
+    if unsafe { libc::tcgetattr(fd, &mut tio) } != 0 {
+        return Err(format!("tcgetattr {CHANNEL_DEVICE}: {}", std::io::Error::last_os_error()));
+    }
+    // SAFETY: tio is a valid termios obtained above.
+    unsafe { libc::cfmakeraw(&mut tio) };
+    // SAFETY: as for tcgetattr.
+    if unsafe { libc::tcsetattr(fd, libc::TCSANOW, &tio) } != 0 {
+        return Err(format!("tcsetattr {CHANNEL_DEVICE}: {}", std::io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+/// Takes every hotpluggable CPU offline one by one, then online again, for
+/// `rounds` rounds, checking the kernel's online mask after every step.
+fn hotplug(rounds: u32) -> Result<Vec<HotplugRound>, String> {
+    let online = parse_cpu_list(&read_trimmed(&format!("{CPU_SYSFS}/online"))?)?;
+    // CPU 0 has no `online` file on x86 unless BOOTPARAM_HOTPLUG_CPU0.
+    let movable: Vec<u32> = online
+        .iter()
+        .copied()
+        .filter(|cpu| Path::new(&format!("{CPU_SYSFS}/cpu{cpu}/online")).exists())
+        .collect();
+    let mut results = Vec::new();
+    for round in 1..=rounds {
+        let mut problems = Vec::new();
+        let mut expected = online.clone();
+        let start = Instant::now();
+        for &cpu in &movable {
+            expected.retain(|&c| c != cpu);
+            set_cpu_online(cpu, false, &expected, &mut problems);
+        }
+        let offline_us = start.elapsed().as_micros() as u64;
+        let start = Instant::now();
+        for &cpu in &movable {
+            expected.push(cpu);
+            expected.sort_unstable();
+            set_cpu_online(cpu, true, &expected, &mut problems);
+        }
+        let online_us = start.elapsed().as_micros() as u64;
+        results.push(HotplugRound { round, offline_us, online_us, problems });
+    }
+    Ok(results)
+}
+
+fn set_cpu_online(cpu: u32, online: bool, expected: &[u32], problems: &mut Vec<String>) {
+    let path = format!("{CPU_SYSFS}/cpu{cpu}/online");
+    let verb = if online { "online" } else { "offline" };
+    if let Err(e) = fs::write(&path, if online { "1" } else { "0" }) {
+        problems.push(format!("taking CPU {cpu} {verb}: {e}"));
+    }
+    let want = format_cpu_list(expected);
+    match read_trimmed(&format!("{CPU_SYSFS}/online")) {
+        Ok(got) if got == want => {}
+        Ok(got) => problems.push(format!("after CPU {cpu} {verb}: online is {got:?}, expected {want:?}")),
+        Err(e) => problems.push(e),
+    }
+}
+
+fn read_trimmed(path: &str) -> Result<String, String> {
+    fs::read_to_string(path).map(|s| s.trim().to_string()).map_err(|e| format!("read {path}: {e}"))
+}
+
+fn uptime_ms() -> Result<u64, String> {
+    let text = read_trimmed("/proc/uptime")?;
+    let seconds: f64 = text
+        .split_whitespace()
+        .next()
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("bad /proc/uptime {text:?}"))?;
+    Ok((seconds * 1000.0) as u64)
+}
+
+/// Ends the VM. perfbed's guests have no ACPI (QEMU's microvm with
+/// `acpi=off`), so there is no power-off: the agent reboots instead, the
+/// kernel command line's `reboot=t` makes that an immediate triple fault, and
+/// the VMM, started with `-no-reboot`, exits on it.
+fn power_off() -> ! {
+    // SAFETY: sync and reboot take no pointers; as PID 1 we may reboot.
+    unsafe {
+        libc::sync();
+        libc::reboot(libc::RB_AUTOBOOT);
+    }
+    // reboot() only returns on failure; PID 1 must not exit.
+    eprintln!("perfbed-agent: reboot failed: {}", std::io::Error::last_os_error());
+    loop {
+        std::thread::sleep(Duration::from_secs(3600));
+    }
+}

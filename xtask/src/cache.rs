@@ -1,0 +1,133 @@
+//! The build cache outside the work tree: `$XDG_CACHE_HOME/perfbed`, or
+//! `~/.cache/perfbed`. Every artifact lives in a folder named by a hash of
+//! everything that went into it, and counts only once its `READY` marker is
+//! written, so an interrupted build is redone rather than trusted.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use sha2::{Digest, Sha256};
+
+pub fn root() -> Result<PathBuf> {
+    if let Some(dir) = std::env::var_os("XDG_CACHE_HOME").filter(|d| !d.is_empty()) {
+        return Ok(PathBuf::from(dir).join("perfbed"));
+    }
+    let home = std::env::var_os("HOME").context("neither XDG_CACHE_HOME nor HOME is set")?;
+    Ok(PathBuf::from(home).join(".cache/perfbed"))
+}
+
+/// Collects the inputs of one artifact into a cache key.
+pub struct Key(Sha256);
+
+impl Key {
+    /// `recipe` names the artifact and the version of the code that builds it:
+    /// bump it when the build steps change.
+    pub fn new(recipe: &str) -> Key {
+        let mut key = Key(Sha256::new());
+        key.add("recipe", recipe.as_bytes());
+        key
+    }
+
+    /// Adds a named input. The name and length are hashed too, so that
+    /// ("ab", "c") and ("a", "bc") give different keys.
+    pub fn add(&mut self, name: &str, value: &[u8]) -> &mut Key {
+        for part in [name.as_bytes(), value] {
+            self.0.update((part.len() as u64).to_le_bytes());
+            self.0.update(part);
+        }
+        self
+    }
+
+    /// Adds every file below `dir` (path relative to `dir`, and contents), in
+    /// a stable order.
+    pub fn add_tree(&mut self, name: &str, dir: &Path) -> Result<&mut Key> {
+        for file in files_below(dir)? {
+            let rel = file.strip_prefix(dir).expect("below dir").to_string_lossy().into_owned();
+            let bytes = fs::read(&file).with_context(|| format!("reading {}", file.display()))?;
+            self.add(&format!("{name}/{rel}"), &bytes);
+        }
+        Ok(self)
+    }
+
+    /// 16 hex digits: short enough for paths, long enough never to collide
+    /// among one machine's builds.
+    pub fn hex(&self) -> String {
+        let digest = self.0.clone().finalize();
+        digest[..8].iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
+
+/// Regular files below `dir`, sorted; dot-files and build outputs of an
+/// in-place module build are skipped.
+pub fn files_below(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(d) = pending.pop() {
+        for entry in fs::read_dir(&d).with_context(|| format!("reading {}", d.display()))? {
+            let path = entry?.path();
+            let name = path.file_name().unwrap_or_default().to_string_lossy();
+            if name.starts_with('.') {
+                continue;
+            }
+            if path.is_dir() {
+                pending.push(path);
+            } else {
+                out.push(path);
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// One artifact folder in the cache.
+pub struct Entry {
+    pub dir: PathBuf,
+}
+
+impl Entry {
+    pub fn new(kind: &str, key: &Key) -> Result<Entry> {
+        Ok(Entry { dir: root()?.join(kind).join(key.hex()) })
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.dir.join("READY").exists()
+    }
+
+    /// Starts the artifact afresh: whatever a previous, unfinished attempt
+    /// left is removed.
+    pub fn begin(&self) -> Result<()> {
+        if self.dir.exists() {
+            fs::remove_dir_all(&self.dir)
+                .with_context(|| format!("removing the unfinished {}", self.dir.display()))?;
+        }
+        fs::create_dir_all(&self.dir).with_context(|| format!("creating {}", self.dir.display()))
+    }
+
+    pub fn mark_ready(&self) -> Result<()> {
+        fs::write(self.dir.join("READY"), b"").context("writing the READY marker")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_depend_on_names_values_and_boundaries() {
+        let hex = |parts: &[(&str, &str)]| {
+            let mut key = Key::new("test-1");
+            for (n, v) in parts {
+                key.add(n, v.as_bytes());
+            }
+            key.hex()
+        };
+        assert_eq!(hex(&[("a", "1")]), hex(&[("a", "1")]));
+        assert_ne!(hex(&[("a", "1")]), hex(&[("a", "2")]));
+        assert_ne!(hex(&[("a", "1")]), hex(&[("b", "1")]));
+        assert_ne!(hex(&[("a", "bc")]), hex(&[("ab", "c")]));
+        assert_ne!(Key::new("x-1").hex(), Key::new("x-2").hex());
+        assert_eq!(hex(&[]).len(), 16);
+    }
+}

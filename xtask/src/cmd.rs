@@ -1,0 +1,116 @@
+//! Running external commands: quietly into a log file, with progress on the
+//! terminal and the log's tail when they fail.
+
+use std::fs::{self, File};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+/// A long build step: its commands append to one log file, the terminal sees
+/// what runs and a heartbeat while it does.
+pub struct Step {
+    name: String,
+    log: PathBuf,
+    start: Instant,
+}
+
+impl Step {
+    pub fn start(name: &str, log: &Path) -> Result<Step> {
+        if let Some(dir) = log.parent() {
+            fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        }
+        File::create(log).with_context(|| format!("creating {}", log.display()))?;
+        eprintln!("==> {name} (log: {})", log.display());
+        Ok(Step { name: name.to_string(), log: log.to_path_buf(), start: Instant::now() })
+    }
+
+    /// Runs `cmd` with stdout and stderr appended to the step's log; prints a
+    /// line every 15 s while it runs. On failure, the error carries the tail.
+    pub fn run(&self, cmd: &mut Command) -> Result<()> {
+        let shown = display(cmd);
+        eprintln!("    $ {shown}");
+        let mut log = fs::OpenOptions::new().append(true).open(&self.log)?;
+        writeln!(log, "\n$ {shown}")?;
+        let out = log.try_clone()?;
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(out))
+            .stderr(Stdio::from(log))
+            .spawn()
+            .with_context(|| format!("starting `{shown}`"))?;
+        let (done_tx, done_rx) = mpsc::channel::<()>();
+        let heartbeat = {
+            let (name, start) = (self.name.clone(), self.start);
+            thread::spawn(move || {
+                // Ends when the sender is dropped (Disconnected), i.e. the command ended.
+                while let Err(mpsc::RecvTimeoutError::Timeout) = done_rx.recv_timeout(Duration::from_secs(15)) {
+                    eprintln!("    ... {name}: {} so far", human(start.elapsed()));
+                }
+            })
+        };
+        let status = child.wait();
+        drop(done_tx);
+        let _ = heartbeat.join();
+        let status = status.with_context(|| format!("waiting for `{shown}`"))?;
+        if !status.success() {
+            bail!(
+                "{}: `{shown}` failed ({status})\n--- last lines of {} ---\n{}",
+                self.name,
+                self.log.display(),
+                tail(&self.log, 30)
+            );
+        }
+        Ok(())
+    }
+
+    pub fn log(&self) -> &Path {
+        &self.log
+    }
+
+    pub fn finish(self) {
+        eprintln!("    {} done in {}", self.name, human(self.start.elapsed()));
+    }
+}
+
+/// Runs a short command and returns its stdout; an error names the command
+/// and carries its stderr.
+pub fn output(cmd: &mut Command) -> Result<String> {
+    let shown = display(cmd);
+    let out = cmd.stdin(Stdio::null()).output().with_context(|| format!("starting `{shown}`"))?;
+    if !out.status.success() {
+        bail!("`{shown}` failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+pub fn display(cmd: &Command) -> String {
+    let mut parts = vec![cmd.get_program().to_string_lossy().into_owned()];
+    parts.extend(cmd.get_args().map(|a| a.to_string_lossy().into_owned()));
+    parts.join(" ")
+}
+
+/// The last `lines` lines of a text file (for error messages).
+pub fn tail(path: &Path, lines: usize) -> String {
+    match fs::read(path) {
+        Ok(bytes) => {
+            let text = String::from_utf8_lossy(&bytes);
+            let all: Vec<&str> = text.lines().collect();
+            all[all.len().saturating_sub(lines)..].join("\n")
+        }
+        Err(e) => format!("(cannot read {}: {e})", path.display()),
+    }
+}
+
+pub fn human(d: Duration) -> String {
+    let s = d.as_secs_f64();
+    if s < 60.0 {
+        format!("{s:.1} s")
+    } else {
+        format!("{}m{:02}s", d.as_secs() / 60, d.as_secs() % 60)
+    }
+}

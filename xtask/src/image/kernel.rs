@@ -1,0 +1,188 @@
+//! The guest kernel: Debian's linux-source-6.12, our patches, tinyconfig plus
+//! our fragment, built with Debian's rustc-web and the pinned bindgen.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+
+use crate::cache::{self, Entry, Key};
+use crate::cmd::{self, Step};
+use crate::deps;
+
+/// Bump when the steps below change in a way that changes the result.
+const RECIPE: &str = "kernel-1";
+const SOURCE_PACKAGE: &str = "linux-source-6.12";
+const SOURCE_TARBALL: &str = "/usr/src/linux-source-6.12.tar.xz";
+/// The toolchain the kernel's Rust needs (rustup's has no rust-src).
+const RUSTC: &str = "/usr/bin/rustc";
+const RUSTDOC: &str = "/usr/bin/rustdoc";
+
+/// A built kernel tree in the cache.
+pub struct Kernel {
+    /// The tree, configured and built: out-of-tree modules build against it.
+    pub tree: PathBuf,
+    /// The PVH-bootable ELF image.
+    pub vmlinux: PathBuf,
+    /// `uname -r` of this kernel.
+    pub release: String,
+    /// The cache key, which the module's key builds on.
+    pub key: String,
+}
+
+impl Kernel {
+    /// make, with the toolchain the kernel's Rust needs.
+    pub fn make(tree: &Path) -> Result<Command> {
+        let mut make = Command::new("make");
+        make.arg("-C").arg(tree).args([
+            format!("RUSTC={RUSTC}"),
+            format!("HOSTRUSTC={RUSTC}"),
+            format!("RUSTDOC={RUSTDOC}"),
+            format!("BINDGEN={}", deps::bindgen()?.display()),
+        ]);
+        // rustup's proxies read these; the kernel must use Debian's rustc alone.
+        make.env_remove("RUSTUP_TOOLCHAIN").env_remove("RUSTFLAGS").env_remove("CARGO_ENCODED_RUSTFLAGS");
+        Ok(make)
+    }
+}
+
+/// Paths to the kernel's inputs in the work tree.
+pub fn images_dir(workspace: &Path) -> PathBuf {
+    workspace.join("images/kernel")
+}
+
+fn key(workspace: &Path) -> Result<Key> {
+    let mut key = Key::new(RECIPE);
+    let version = cmd::output(Command::new("dpkg-query").args(["-W", "-f=${Version}", SOURCE_PACKAGE]))
+        .with_context(|| format!("{SOURCE_PACKAGE} is not installed; run `cargo xtask deps`"))?;
+    key.add("source-package", version.as_bytes());
+    let dir = images_dir(workspace);
+    key.add("fragment", &fs::read(dir.join("config.fragment")).context("reading config.fragment")?);
+    key.add_tree("patches", &dir.join("patches"))?;
+    key.add("rustc", cmd::output(Command::new(RUSTC).arg("--version").arg("--verbose"))?.as_bytes());
+    key.add("bindgen", deps::BINDGEN_VERSION.as_bytes());
+    key.add("gcc", deps::version_of("gcc")?.as_bytes());
+    Ok(key)
+}
+
+/// Returns the cached kernel, building it first if its inputs changed.
+pub fn ensure(workspace: &Path) -> Result<Kernel> {
+    let key = key(workspace)?;
+    let entry = Entry::new("kernel", &key)?;
+    let tree = entry.dir.join("linux");
+    if !entry.is_ready() {
+        build(workspace, &entry, &tree)?;
+    }
+    let release = fs::read_to_string(tree.join("include/config/kernel.release"))
+        .context("reading the kernel release")?
+        .trim()
+        .to_string();
+    Ok(Kernel { vmlinux: tree.join("vmlinux"), tree, release, key: key.hex() })
+}
+
+fn build(workspace: &Path, entry: &Entry, tree: &Path) -> Result<()> {
+    entry.begin()?;
+    let step = Step::start("building the guest kernel (about 4 min on 2 cores)", &entry.dir.join("build.log"))?;
+    step.run(Command::new("tar").arg("-xf").arg(SOURCE_TARBALL).arg("-C").arg(&entry.dir))?;
+    fs::rename(entry.dir.join("linux-source-6.12"), tree).context("renaming the unpacked tree")?;
+
+    let dir = images_dir(workspace);
+    for patch in cache::files_below(&dir.join("patches"))? {
+        if patch.extension().is_some_and(|e| e == "patch") {
+            step.run(Command::new("patch").args(["-p1", "--forward", "--batch", "-d"]).arg(tree).arg("-i").arg(&patch))
+                .with_context(|| format!("applying {}", patch.display()))?;
+        }
+    }
+
+    let fragment = dir.join("config.fragment");
+    step.run(Kernel::make(tree)?.arg("tinyconfig"))?;
+    step.run(
+        Command::new(tree.join("scripts/kconfig/merge_config.sh"))
+            .current_dir(tree)
+            .args(["-m", ".config"])
+            .arg(&fragment),
+    )?;
+    step.run(Kernel::make(tree)?.arg("olddefconfig"))?;
+    let wanted = fs::read_to_string(&fragment)?;
+    let got = fs::read_to_string(tree.join(".config"))?;
+    let dropped = dropped_options(&wanted, &got);
+    if !dropped.is_empty() {
+        bail!(
+            "the merged kernel .config lacks options that {} asks for (unmet dependencies?):\n  {}",
+            fragment.display(),
+            dropped.join("\n  ")
+        );
+    }
+    step.run(Kernel::make(tree)?.arg("rustavailable"))?;
+    let jobs = std::thread::available_parallelism().map_or(2, |n| n.get());
+    step.run(Kernel::make(tree)?.arg(format!("-j{jobs}")))?;
+    warnings_are_errors(step.log())?;
+    entry.mark_ready()?;
+    step.finish();
+    Ok(())
+}
+
+/// Options from the fragment whose value is not what the final .config has.
+/// `# CONFIG_X is not set` lines ask for the option to be off.
+pub fn dropped_options(fragment: &str, config: &str) -> Vec<String> {
+    let value_of = |text: &str, name: &str| -> Option<String> {
+        text.lines().find_map(|line| {
+            let line = line.trim();
+            if line == format!("# {name} is not set") {
+                return Some("n".into());
+            }
+            line.strip_prefix(name)?.strip_prefix('=').map(|v| v.to_string())
+        })
+    };
+    let mut dropped = Vec::new();
+    for line in fragment.lines().map(str::trim) {
+        let (name, want) = if let Some(rest) = line.strip_prefix("# ").and_then(|l| l.strip_suffix(" is not set")) {
+            (rest.to_string(), "n".to_string())
+        } else if line.starts_with("CONFIG_") {
+            match line.split_once('=') {
+                Some((n, v)) => (n.to_string(), v.to_string()),
+                None => continue,
+            }
+        } else {
+            continue;
+        };
+        let got = value_of(config, &name).unwrap_or_else(|| "n".into());
+        if got != want {
+            dropped.push(format!("{name}: asked {want}, got {got}"));
+        }
+    }
+    dropped
+}
+
+/// The kernel must build without warnings: a new one is how a patch's
+/// mistake first shows.
+fn warnings_are_errors(log: &Path) -> Result<()> {
+    let text = fs::read_to_string(log)?;
+    let warnings: Vec<&str> = text.lines().filter(|l| l.contains("warning:")).collect();
+    if !warnings.is_empty() {
+        bail!(
+            "the kernel built with {} warning(s) (see {}):\n{}",
+            warnings.len(),
+            log.display(),
+            warnings.iter().take(10).copied().collect::<Vec<_>>().join("\n")
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::dropped_options;
+
+    #[test]
+    fn dropped_options_are_found() {
+        let fragment = "# comment\nCONFIG_A=y\nCONFIG_B=8\n# CONFIG_C is not set\nCONFIG_D=y\n";
+        let config = "CONFIG_A=y\nCONFIG_B=4\nCONFIG_C=y\n# CONFIG_D is not set\n";
+        assert_eq!(
+            dropped_options(fragment, config),
+            vec!["CONFIG_B: asked 8, got 4", "CONFIG_C: asked n, got y", "CONFIG_D: asked y, got n"]
+        );
+        assert!(dropped_options(fragment, "CONFIG_A=y\nCONFIG_B=8\nCONFIG_D=y\n").is_empty());
+    }
+}

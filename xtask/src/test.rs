@@ -1,0 +1,158 @@
+//! `cargo xtask test`: the workspace's unit tests, then the VM tests, each a
+//! real boot that passes or fails on what the guest and the logs show.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+
+use crate::cmd::human;
+use crate::scenario::{self, Scenario};
+use crate::vm::{self, Accel, Vm};
+use crate::{deps, scenario_for, RunArgs};
+
+#[derive(Args)]
+pub struct TestArgs {
+    /// Run only the unit tests (no VM boots).
+    #[arg(long, conflicts_with = "vm_only")]
+    unit_only: bool,
+    /// Run only the VM tests.
+    #[arg(long)]
+    vm_only: bool,
+    /// Run only the VM tests whose name contains this.
+    #[arg(long)]
+    filter: Option<String>,
+}
+
+struct VmTest {
+    name: &'static str,
+    what: &'static str,
+    run: fn(&Scenario, &Accel) -> Result<()>,
+}
+
+const VM_TESTS: &[VmTest] = &[
+    VmTest {
+        name: "boot_and_hotplug",
+        what: "4 vCPUs boot, perfbed.ko loads, 5 hotplug rounds pass, the kernel log stays clean",
+        run: boot_and_hotplug,
+    },
+    VmTest {
+        name: "guest_panic_is_reported",
+        what: "a guest kernel that panics ends the run at once, with the panic named and the log kept",
+        run: guest_panic_is_reported,
+    },
+    VmTest {
+        name: "unresponsive_guest_times_out",
+        what: "a guest that stops answering ends in a timeout error that names the request and the log",
+        run: unresponsive_guest_times_out,
+    },
+];
+
+pub fn run(ws: &Path, args: &TestArgs) -> Result<bool> {
+    deps::ensure()?;
+    let mut passed = true;
+    if !args.vm_only {
+        eprintln!("==> unit tests: cargo test --workspace");
+        let status = Command::new(deps::cargo())
+            .current_dir(ws)
+            .args(["test", "--workspace", "--quiet"])
+            .status()
+            .context("running cargo test")?;
+        passed &= status.success();
+        if !status.success() {
+            eprintln!("unit tests FAILED ({status})");
+        }
+    }
+    if !args.unit_only {
+        passed &= run_vm_tests(ws, args)?;
+    }
+    println!("\ncargo xtask test: {}", if passed { "PASSED" } else { "FAILED" });
+    Ok(passed)
+}
+
+fn run_vm_tests(ws: &Path, args: &TestArgs) -> Result<bool> {
+    let tests: Vec<&VmTest> =
+        VM_TESTS.iter().filter(|t| args.filter.as_deref().map_or(true, |f| t.name.contains(f))).collect();
+    if tests.is_empty() {
+        bail!("no VM test matches --filter {:?}", args.filter);
+    }
+    let run_args = RunArgs {
+        cpus: 4,
+        memory: 512,
+        rounds: 5,
+        timeout: 120,
+        kernel: None,
+        qemu: "qemu-system-x86_64".into(),
+    };
+    let accel = vm::choose_accel();
+    eprintln!("==> VM tests under {} ({})", if accel.kvm { "KVM" } else { "QEMU TCG" }, accel.reason);
+    let mut failures = 0;
+    for test in &tests {
+        let scenario = scenario_for(ws, &run_args, test.name)?;
+        let start = Instant::now();
+        let result = (test.run)(&scenario, &accel);
+        let took = human(start.elapsed());
+        match result {
+            Ok(()) => println!("test {} ... ok ({took}): {}", test.name, test.what),
+            Err(e) => {
+                failures += 1;
+                println!("test {} ... FAILED ({took}): {}\n{e:#}\n", test.name, test.what);
+            }
+        }
+    }
+    println!("VM tests: {} passed, {failures} failed", tests.len() - failures);
+    Ok(failures == 0)
+}
+
+fn boot_and_hotplug(scenario: &Scenario, accel: &Accel) -> Result<()> {
+    let report = scenario::run(scenario, accel)?;
+    if !report.passed() {
+        bail!("failed checks:\n{}serial log: {}", report.table(), report.serial_log.display());
+    }
+    Ok(())
+}
+
+/// An initramfs without the named init makes the kernel panic ("No working
+/// init found"); the harness must say so rather than wait out its timeout.
+fn guest_panic_is_reported(scenario: &Scenario, accel: &Accel) -> Result<()> {
+    let mut config = scenario.vm.clone();
+    config.extra_cmdline.push("rdinit=/no-such-init".into());
+    config.boot_timeout = Duration::from_secs(120);
+    let start = Instant::now();
+    let error = match Vm::boot(&config, accel) {
+        Ok(_) => bail!("the guest booted although its init does not exist"),
+        Err(e) => format!("{e:#}"),
+    };
+    if !error.contains("the guest kernel panicked") {
+        bail!("the error does not name the panic:\n{error}");
+    }
+    if !error.contains("serial log saved") || !config.run_dir.join("serial.log").is_file() {
+        bail!("the error does not point to a saved serial log:\n{error}");
+    }
+    if start.elapsed() > Duration::from_secs(60) {
+        bail!("the panic took {} to be noticed", human(start.elapsed()));
+    }
+    Ok(())
+}
+
+/// Ask for far more hotplug rounds than fit in the timeout: the guest is busy,
+/// not answering, and the harness must give up with a clear error.
+fn unresponsive_guest_times_out(scenario: &Scenario, accel: &Accel) -> Result<()> {
+    let booted = Vm::boot(&scenario.vm, accel)?;
+    let mut vm = booted.vm;
+    let timeout = Duration::from_secs(3);
+    let start = Instant::now();
+    let error = match vm.request(&perfbed_agent::HostRequest::Hotplug { rounds: 1_000_000 }, timeout) {
+        Ok(answer) => bail!("the agent answered a million hotplug rounds within {timeout:?}: {answer:?}"),
+        Err(e) => format!("{e:#}"),
+    };
+    if !error.contains("no answer within") || !error.contains("serial log saved") {
+        bail!("the timeout error is unclear:\n{error}");
+    }
+    if start.elapsed() > timeout + Duration::from_secs(10) {
+        bail!("the timeout fired after {}", human(start.elapsed()));
+    }
+    Ok(())
+}

@@ -1,0 +1,430 @@
+//! Booting a guest under QEMU and talking to its agent.
+//!
+//! The VM is QEMU's `microvm` machine booting the PVH `vmlinux` directly:
+//! the kernel log on the 8250 serial port (saved to `serial.log`), the agent
+//! channel on a virtconsole over virtio-mmio (a Unix socket on our side). The
+//! socket is opened with `wait=on`, so QEMU starts the guest only once we are
+//! connected and nothing the agent says can be lost.
+
+use std::fs::{self, File};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use perfbed_agent::{AgentMessage, Hello, HostRequest};
+
+use crate::cmd;
+
+pub const MAX_CPUS: u8 = 8; // the guest kernel's CONFIG_NR_CPUS
+pub const MIN_MEMORY_MIB: u32 = 128;
+pub const MAX_MEMORY_MIB: u32 = 16384;
+
+#[derive(Debug, Clone)]
+pub struct VmConfig {
+    pub qemu: PathBuf,
+    pub vmlinux: PathBuf,
+    pub initramfs: PathBuf,
+    pub cpus: u8,
+    pub memory_mib: u32,
+    /// Appended to perfbed's own kernel command line.
+    pub extra_cmdline: Vec<String>,
+    /// Where the serial log, QEMU's own output and the agent transcript go.
+    pub run_dir: PathBuf,
+    /// How long the guest may take to greet us.
+    pub boot_timeout: Duration,
+}
+
+impl VmConfig {
+    pub fn validate(&self) -> Result<()> {
+        check_size(self.cpus, self.memory_mib)?;
+        check_elf_kernel(&self.vmlinux)?;
+        if !self.initramfs.is_file() {
+            bail!("initramfs {} is missing; `cargo xtask image` builds it", self.initramfs.display());
+        }
+        Ok(())
+    }
+}
+
+/// The VM's shape, checked before anything is built for it.
+pub fn check_size(cpus: u8, memory_mib: u32) -> Result<()> {
+    if !(1..=MAX_CPUS).contains(&cpus) {
+        bail!("--cpus {cpus}: the guest kernel supports 1 to {MAX_CPUS} CPUs");
+    }
+    if !(MIN_MEMORY_MIB..=MAX_MEMORY_MIB).contains(&memory_mib) {
+        bail!("--memory {memory_mib}: give the guest {MIN_MEMORY_MIB} to {MAX_MEMORY_MIB} MiB");
+    }
+    Ok(())
+}
+
+/// The guest boots through PVH, which needs an ELF `vmlinux`: catch a wrong
+/// or truncated file here rather than in QEMU's terser words.
+pub fn check_elf_kernel(path: &Path) -> Result<()> {
+    let mut magic = [0u8; 4];
+    let mut file = File::open(path).with_context(|| format!("kernel image {} cannot be opened", path.display()))?;
+    if file.read_exact(&mut magic).is_err() || magic != *b"\x7fELF" {
+        bail!("kernel image {} is not an ELF vmlinux (perfbed boots a PVH vmlinux, not a bzImage)", path.display());
+    }
+    Ok(())
+}
+
+/// How QEMU runs the guest's CPUs, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Accel {
+    pub kvm: bool,
+    pub reason: String,
+}
+
+/// KVM only where the CPU has VT-x/SVM and `/dev/kvm` opens; otherwise TCG.
+pub fn choose_accel() -> Accel {
+    let cpuinfo = fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let hw = cpuinfo
+        .lines()
+        .filter(|l| l.starts_with("flags"))
+        .flat_map(|l| l.split_whitespace())
+        .find(|f| *f == "vmx" || *f == "svm")
+        .map(str::to_string);
+    let kvm_dev = fs::OpenOptions::new().read(true).write(true).open("/dev/kvm");
+    match (hw, kvm_dev) {
+        (Some(flag), Ok(_)) => Accel { kvm: true, reason: format!("the CPU has {flag} and /dev/kvm is usable") },
+        (Some(flag), Err(e)) => Accel { kvm: false, reason: format!("the CPU has {flag} but /dev/kvm cannot be opened ({e})") },
+        (None, Ok(_)) => Accel {
+            kvm: false,
+            reason: "/dev/kvm exists but the CPU has no VT-x/SVM (a software hypervisor, too slow for a stock kernel)".into(),
+        },
+        (None, Err(_)) => Accel { kvm: false, reason: "no hardware virtualization and no /dev/kvm".into() },
+    }
+}
+
+/// The host's TSC frequency in kHz, measured. Under TCG the guest's TSC runs
+/// at the host's rate; telling the guest (`tsc_early_khz=`) spares it the TSC
+/// calibration that can hang a TCG guest on a busy host.
+pub fn host_tsc_khz() -> u64 {
+    let measure = || {
+        let (t0, c0) = (Instant::now(), tsc());
+        thread::sleep(Duration::from_millis(50));
+        let (c1, t1) = (tsc(), Instant::now());
+        (c1 - c0) as u128 * 1_000_000 / (t1 - t0).as_nanos().max(1)
+    };
+    // A preemption between a pair of reads skews one sample; the median of
+    // three shrugs it off.
+    let mut samples = [measure(), measure(), measure()];
+    samples.sort_unstable();
+    samples[1] as u64
+}
+
+fn tsc() -> u64 {
+    // SAFETY: rdtsc has no preconditions on x86_64.
+    unsafe { core::arch::x86_64::_rdtsc() }
+}
+
+pub struct Vm {
+    child: Child,
+    messages: Receiver<Result<AgentMessage, String>>,
+    writer: UnixStream,
+    transcript: File,
+    pub serial_log: PathBuf,
+    qemu_log: PathBuf,
+}
+
+/// What booting gave: the agent's greeting and how long it took.
+pub struct Booted {
+    pub vm: Vm,
+    pub hello: Hello,
+    pub boot_time: Duration,
+}
+
+impl Vm {
+    pub fn boot(config: &VmConfig, accel: &Accel) -> Result<Booted> {
+        config.validate()?;
+        fs::create_dir_all(&config.run_dir).with_context(|| format!("creating {}", config.run_dir.display()))?;
+        let socket = config.run_dir.join("agent.sock");
+        let _ = fs::remove_file(&socket);
+        let serial_log = config.run_dir.join("serial.log");
+        let qemu_log = config.run_dir.join("qemu.log");
+
+        let mut cmdline = vec![
+            "console=ttyS0".to_string(),
+            // A panic reboots at once, and -no-reboot turns that into an exit.
+            "panic=-1".into(),
+            "reboot=t".into(),
+            format!("tsc_early_khz={}", host_tsc_khz()),
+            // No clocksource watchdog: a loaded TCG host would make it flap.
+            "tsc=reliable".into(),
+        ];
+        cmdline.extend(config.extra_cmdline.iter().cloned());
+        let mut qemu = Command::new(&config.qemu);
+        qemu.args(["-M", "microvm,x-option-roms=off,acpi=off", "-nodefaults", "-no-user-config"])
+            .args(["-display", "none", "-no-reboot"]);
+        if accel.kvm {
+            qemu.args(["-accel", "kvm", "-cpu", "host"]);
+        } else {
+            qemu.args(["-accel", "tcg", "-cpu", "max"]);
+        }
+        qemu.arg("-smp")
+            .arg(config.cpus.to_string())
+            .arg("-m")
+            .arg(config.memory_mib.to_string())
+            .arg("-kernel")
+            .arg(&config.vmlinux)
+            .arg("-initrd")
+            .arg(&config.initramfs)
+            .arg("-append")
+            .arg(cmdline.join(" "))
+            .args(["-chardev", "stdio,id=serial0,signal=off", "-serial", "chardev:serial0"])
+            .args(["-device", "virtio-serial-device", "-chardev"])
+            .arg(format!("socket,id=agent,path={},server=on,wait=on", socket.display()))
+            .args(["-device", "virtconsole,chardev=agent"]);
+        fs::write(config.run_dir.join("qemu.cmd"), cmd::display(&qemu) + "\n")?;
+        let mut child = qemu
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(File::create(&qemu_log)?))
+            .spawn()
+            .with_context(|| format!("starting {}", config.qemu.display()))?;
+
+        let stdout = child.stdout.take().expect("piped");
+        let log = File::create(&serial_log)?;
+        thread::spawn(move || copy_serial(stdout, log));
+
+        let stream = match connect(&socket, &mut child) {
+            Ok(stream) => stream,
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(e.context(format!("QEMU's output: {}", cmd::tail(&qemu_log, 5))));
+            }
+        };
+        // QEMU runs the guest from the moment we are connected.
+        let started = Instant::now();
+        let writer = stream.try_clone()?;
+        let (tx, messages) = mpsc::channel();
+        let transcript = File::create(config.run_dir.join("agent.log"))?;
+        let reader_transcript = transcript.try_clone()?;
+        thread::spawn(move || read_agent(stream, reader_transcript, tx));
+        let mut vm = Vm { child, messages, writer, transcript, serial_log, qemu_log };
+        match vm.receive(config.boot_timeout, "the agent's greeting") {
+            Ok(AgentMessage::Hello(hello)) => Ok(Booted { boot_time: started.elapsed(), hello, vm }),
+            Ok(other) => Err(vm.fail(anyhow!("the agent sent {other:?} before its greeting"))),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Sends one request and waits for its answer.
+    pub fn request(&mut self, request: &HostRequest, timeout: Duration) -> Result<AgentMessage> {
+        let line = serde_json::to_string(request)? + "\n";
+        let _ = write!(self.transcript, "> {line}");
+        if let Err(e) = self.writer.write_all(line.as_bytes()) {
+            return Err(self.fail(anyhow!("sending {request:?} to the agent: {e}")));
+        }
+        self.receive(timeout, &format!("the answer to {request:?}"))
+    }
+
+    /// Asks the agent to end the VM and waits for QEMU to exit.
+    pub fn power_off(mut self, timeout: Duration) -> Result<()> {
+        match self.request(&HostRequest::PowerOff, timeout)? {
+            AgentMessage::PoweringOff => {}
+            other => return Err(self.fail(anyhow!("the agent answered power-off with {other:?}"))),
+        }
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                if !status.success() {
+                    return Err(self.fail(anyhow!("QEMU exited with {status}")));
+                }
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(self.fail(anyhow!("the guest did not stop within {timeout:?} of powering off")));
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn receive(&mut self, timeout: Duration, what: &str) -> Result<AgentMessage> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            match self.messages.recv_timeout(Duration::from_millis(100)) {
+                Ok(Ok(message)) => return Ok(message),
+                Ok(Err(e)) => return Err(self.fail(anyhow!("the agent channel: {e}"))),
+                Err(RecvTimeoutError::Disconnected) => {
+                    // The channel closes when QEMU exits; let it finish.
+                    let status = self.wait_briefly();
+                    let why = match status {
+                        Some(s) => format!("QEMU exited ({s})"),
+                        None => "the agent channel closed".into(),
+                    };
+                    return Err(self.fail(anyhow!("{why} while waiting for {what}")));
+                }
+                Err(RecvTimeoutError::Timeout) if Instant::now() > deadline => {
+                    return Err(self.fail(anyhow!("no answer within {timeout:?} while waiting for {what}")));
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+            }
+        }
+    }
+
+    fn wait_briefly(&mut self) -> Option<ExitStatus> {
+        for _ in 0..50 {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
+    /// Stops the VM and turns `error` into the full story: what the kernel
+    /// log says went wrong and where the logs are.
+    fn fail(&mut self, error: anyhow::Error) -> anyhow::Error {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        // Give the serial copier a moment to drain QEMU's last output.
+        thread::sleep(Duration::from_millis(100));
+        let log = fs::read_to_string(&self.serial_log).unwrap_or_default();
+        let mut story = error.to_string();
+        if let Some(panic) = log.lines().find(|l| l.contains("Kernel panic")) {
+            story = format!("the guest kernel panicked: {}\n{story}", panic.trim());
+        }
+        let problems = kernel_log_problems(&log);
+        if !problems.is_empty() {
+            story += &format!("\nkernel log problems:\n  {}", problems.join("\n  "));
+        }
+        anyhow!(
+            "{story}\n--- last lines of the serial log ---\n{}\n--- QEMU: {} ---\nserial log saved: {}",
+            cmd::tail(&self.serial_log, 15),
+            cmd::tail(&self.qemu_log, 3),
+            self.serial_log.display()
+        )
+    }
+}
+
+impl Drop for Vm {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// QEMU creates the socket and then waits for us before starting the guest.
+fn connect(socket: &Path, child: &mut Child) -> Result<UnixStream> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(status) = child.try_wait()? {
+            bail!("QEMU exited ({status}) before the guest started");
+        }
+        if let Ok(stream) = UnixStream::connect(socket) {
+            return Ok(stream);
+        }
+        if Instant::now() > deadline {
+            bail!("QEMU did not open the agent socket {} within 30 s", socket.display());
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn copy_serial(mut from: impl Read, mut to: File) {
+    let mut buf = [0u8; 4096];
+    while let Ok(n) = from.read(&mut buf) {
+        if n == 0 || to.write_all(&buf[..n]).is_err() {
+            break;
+        }
+    }
+}
+
+fn read_agent(stream: UnixStream, mut transcript: File, tx: mpsc::Sender<Result<AgentMessage, String>>) {
+    for line in BufReader::new(stream).lines() {
+        let Ok(line) = line else { break };
+        let _ = writeln!(transcript, "< {line}");
+        let parsed = serde_json::from_str(&line).map_err(|e| format!("unparsable message {line:?}: {e}"));
+        if tx.send(parsed).is_err() {
+            break;
+        }
+    }
+}
+
+/// Lines of a kernel log that mean something went wrong in the kernel, even
+/// if the run carried on: warnings, bugs, oopses, lockdep and RCU reports.
+pub fn kernel_log_problems(log: &str) -> Vec<String> {
+    const SIGNS: &[&str] = &[
+        "WARNING:",
+        "BUG:",
+        "Oops:",
+        "Kernel panic",
+        "general protection fault",
+        "possible circular locking dependency",
+        "possible recursive locking",
+        "inconsistent lock state",
+        "suspicious RCU usage",
+        "self-detected stall",
+        "rcu_sched detected stalls",
+        "UBSAN:",
+        "list_add corruption",
+        "list_del corruption",
+    ];
+    log.lines().filter(|l| SIGNS.iter().any(|s| l.contains(s))).map(|l| l.trim().to_string()).collect()
+}
+
+/// A fresh folder for one boot's logs: `target/perfbed/runs/<time>-<name>`.
+pub fn new_run_dir(workspace: &Path, name: &str) -> PathBuf {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    workspace.join("target/perfbed/runs").join(format!("{}-{:03}-{name}", now.as_secs(), now.subsec_millis()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_log_problems_are_found_and_quiet_logs_pass() {
+        let quiet = "[    0.1] smpboot: CPU 1 is now offline\n[    0.2] perfbed: loaded\n";
+        assert!(kernel_log_problems(quiet).is_empty());
+        let noisy = "[ 1.0] ok\n[ 1.1] WARNING: CPU: 1 PID: 5 at kernel/events/core.c:123\n\
+                     [ 1.2] ======================================================\n\
+                     [ 1.3] WARNING: possible circular locking dependency detected\n\
+                     [ 1.4] BUG: scheduling while atomic\n";
+        assert_eq!(kernel_log_problems(noisy).len(), 3);
+    }
+
+    #[test]
+    fn bad_vm_configs_are_refused_with_the_reason() {
+        let dir = std::env::temp_dir().join(format!("perfbed-vmcfg-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let elf = dir.join("vmlinux");
+        fs::write(&elf, b"\x7fELF and the rest").unwrap();
+        let initramfs = dir.join("initramfs.cpio");
+        fs::write(&initramfs, b"").unwrap();
+        let good = VmConfig {
+            qemu: "qemu-system-x86_64".into(),
+            vmlinux: elf,
+            initramfs,
+            cpus: 4,
+            memory_mib: 512,
+            extra_cmdline: vec![],
+            run_dir: dir.join("run"),
+            boot_timeout: Duration::from_secs(1),
+        };
+        good.validate().unwrap();
+        let err = |c: VmConfig| c.validate().unwrap_err().to_string();
+        assert!(err(VmConfig { cpus: 0, ..good.clone() }).contains("--cpus 0"));
+        assert!(err(VmConfig { cpus: 9, ..good.clone() }).contains("1 to 8"));
+        assert!(err(VmConfig { memory_mib: 1, ..good.clone() }).contains("--memory 1"));
+        assert!(err(VmConfig { vmlinux: dir.join("absent"), ..good.clone() }).contains("cannot be opened"));
+        let bz = dir.join("bzImage");
+        fs::write(&bz, b"MZ\0\0not elf").unwrap();
+        assert!(err(VmConfig { vmlinux: bz, ..good.clone() }).contains("not an ELF vmlinux"));
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn measured_tsc_is_plausible() {
+        let khz = host_tsc_khz();
+        assert!((100_000..10_000_000).contains(&khz), "{khz} kHz");
+    }
+}
