@@ -86,7 +86,9 @@ fn workspace() -> Result<PathBuf> {
 
 fn run(ws: &Path, args: &RunArgs) -> Result<bool> {
     let total = Instant::now();
-    let scenario = scenario_for(ws, args, "run")?;
+    check_args(args)?;
+    let images = image::ensure(ws)?;
+    let scenario = scenario_for(ws, &images, args, "run")?;
     let image_time = total.elapsed();
     let accel = vm::choose_accel();
     eprintln!(
@@ -101,35 +103,34 @@ fn run(ws: &Path, args: &RunArgs) -> Result<bool> {
     Ok(report.passed())
 }
 
-/// Builds what is missing and describes the scenario `args` ask for.
-fn scenario_for(ws: &Path, args: &RunArgs, name: &str) -> Result<scenario::Scenario> {
-    // Refuse bad arguments before spending minutes on a build.
+/// Refuses bad arguments before minutes go into a build.
+fn check_args(args: &RunArgs) -> Result<()> {
     vm::check_size(args.cpus, args.memory)?;
-    let mut vm = vm::VmConfig {
-        qemu: args.qemu.clone(),
-        vmlinux: args.kernel.clone().unwrap_or_default(),
-        initramfs: PathBuf::new(),
-        cpus: args.cpus,
-        memory_mib: args.memory,
-        extra_cmdline: vec![],
-        run_dir: vm::new_run_dir(ws, name),
-        boot_timeout: Duration::from_secs(args.timeout),
-    };
     if let Some(kernel) = &args.kernel {
         vm::check_elf_kernel(kernel)?;
     }
     if args.timeout == 0 {
         anyhow::bail!("--timeout 0: give the guest at least a second");
     }
-    let images = image::ensure(ws)?;
-    vm.initramfs = images.initramfs;
-    if args.kernel.is_none() {
-        vm.vmlinux = images.vmlinux;
-    }
+    Ok(())
+}
+
+/// The scenario `args` ask for, on these images, with its own log folder.
+fn scenario_for(ws: &Path, images: &image::Images, args: &RunArgs, name: &str) -> Result<scenario::Scenario> {
+    let vm = vm::VmConfig {
+        qemu: args.qemu.clone(),
+        vmlinux: args.kernel.clone().unwrap_or_else(|| images.vmlinux.clone()),
+        initramfs: images.initramfs.clone(),
+        cpus: args.cpus,
+        memory_mib: args.memory,
+        extra_cmdline: vec![],
+        run_dir: vm::new_run_dir(ws, name),
+        boot_timeout: Duration::from_secs(args.timeout),
+    };
     vm.validate()?;
     Ok(scenario::Scenario {
         vm,
-        expected_release: images.kernel_release,
+        expected_release: images.kernel_release.clone(),
         hotplug_rounds: args.rounds,
         request_timeout: Duration::from_secs(args.timeout),
     })

@@ -11,7 +11,7 @@ use clap::Args;
 use crate::cmd::human;
 use crate::scenario::{self, Scenario};
 use crate::vm::{self, Accel, Vm};
-use crate::{deps, scenario_for, RunArgs};
+use crate::{deps, image, scenario_for, RunArgs};
 
 #[derive(Args)]
 pub struct TestArgs {
@@ -86,11 +86,12 @@ fn run_vm_tests(ws: &Path, args: &TestArgs) -> Result<bool> {
         kernel: None,
         qemu: "qemu-system-x86_64".into(),
     };
+    let images = image::ensure(ws)?;
     let accel = vm::choose_accel();
     eprintln!("==> VM tests under {} ({})", if accel.kvm { "KVM" } else { "QEMU TCG" }, accel.reason);
     let mut failures = 0;
     for test in &tests {
-        let scenario = scenario_for(ws, &run_args, test.name)?;
+        let scenario = scenario_for(ws, &images, &run_args, test.name)?;
         let start = Instant::now();
         let result = (test.run)(&scenario, &accel);
         let took = human(start.elapsed());
