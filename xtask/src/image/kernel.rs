@@ -59,7 +59,10 @@ fn key(workspace: &Path) -> Result<Key> {
     key.add("source-package", version.as_bytes());
     let dir = images_dir(workspace);
     key.add("fragment", &fs::read(dir.join("config.fragment")).context("reading config.fragment")?);
-    key.add_tree("patches", &dir.join("patches"))?;
+    for patch in patches(workspace)? {
+        let name = patch.file_name().expect("a patch has a name").to_string_lossy().into_owned();
+        key.add(&format!("patches/{name}"), &fs::read(&patch)?);
+    }
     key.add("rustc", cmd::output(Command::new(RUSTC).arg("--version").arg("--verbose"))?.as_bytes());
     key.add("bindgen", deps::BINDGEN_VERSION.as_bytes());
     key.add("gcc", deps::version_of("gcc")?.as_bytes());
@@ -87,13 +90,11 @@ fn build(workspace: &Path, entry: &Entry, tree: &Path) -> Result<()> {
     step.run(Command::new("tar").arg("-xf").arg(SOURCE_TARBALL).arg("-C").arg(&entry.dir))?;
     fs::rename(entry.dir.join("linux-source-6.12"), tree).context("renaming the unpacked tree")?;
 
-    let dir = images_dir(workspace);
-    for patch in cache::files_below(&dir.join("patches"))? {
-        if patch.extension().is_some_and(|e| e == "patch") {
-            step.run(Command::new("patch").args(["-p1", "--forward", "--batch", "-d"]).arg(tree).arg("-i").arg(&patch))
-                .with_context(|| format!("applying {}", patch.display()))?;
-        }
+    for patch in patches(workspace)? {
+        step.run(Command::new("patch").args(["-p1", "--forward", "--batch", "-d"]).arg(tree).arg("-i").arg(&patch))
+            .with_context(|| format!("applying {}", patch.display()))?;
     }
+    let dir = images_dir(workspace);
 
     let fragment = dir.join("config.fragment");
     step.run(Kernel::make(tree)?.arg("tinyconfig"))?;
@@ -121,6 +122,14 @@ fn build(workspace: &Path, entry: &Entry, tree: &Path) -> Result<()> {
     entry.mark_ready()?;
     step.finish();
     Ok(())
+}
+
+/// The kernel patches, in the order they apply: `images/kernel/patches/*.patch`
+/// sorted by name (other files there, such as its README, are not patches).
+fn patches(workspace: &Path) -> Result<Vec<PathBuf>> {
+    let mut patches = cache::files_below(&images_dir(workspace).join("patches"))?;
+    patches.retain(|p| p.extension().is_some_and(|e| e == "patch"));
+    Ok(patches)
 }
 
 /// Options from the fragment whose value is not what the final .config has.
