@@ -1,5 +1,29 @@
-//! The perfbed monitoring device model.
+//! perfbed's virtual memory-bandwidth / cache-occupancy monitoring device.
 //!
-//! Not written yet: the device, its register map and the control socket are
-//! the work of the device issue. This crate exists so that the workspace has
-//! its final shape; it exports nothing, so nothing can mistake it for done.
+//! The device models what Intel RDT (MBM/CMT) and AMD ABMC monitors do: per
+//! domain, a few counter slots count the memory traffic of an (event, RMID),
+//! counters are narrow and wrap, and counters may only be read from the
+//! domain's allowed vCPUs (by the vCPU the driver declared as owner).
+//!
+//! - [`regs`]: the register map, shared with the guest kernel driver.
+//! - [`Device`]: the pure state machine (no KVM, no I/O, time as an input).
+//! - [`SharedDevice`]: what a VMM holds; forwards MMIO accesses and serves
+//!   the control socket ([`control`]).
+//! - [`cpus`]: kernel CPU lists (`"0-1,3"`).
+//!
+//! `device/README.md` documents the register map and the control protocol.
+
+pub mod control;
+pub mod cpus;
+mod device;
+pub mod host;
+pub mod regs;
+
+pub use control::{ClientError, ControlClient, ControlServer, Request, Response};
+pub use device::{
+    event_name, parse_event, AccessKind, BadAccessCounts, BadAccessKind, ConfigError, Device,
+    DeviceConfig, DeviceError, DeviceState, DomainState, OccupancyEntry, RateEntry, SlotState,
+    TraceEntry, TruthEntry, MAX_RATE_LIMIT, TRACE_CAPACITY,
+};
+pub use host::SharedDevice;
+pub use regs::Event;

@@ -1,0 +1,467 @@
+//! The control socket: a Unix stream socket speaking JSON lines.
+//!
+//! One request per line, one response line per request. Requests are tagged
+//! by `op` (see [`Request`]); responses are `{"ok": true, ...payload}` or
+//! `{"ok": false, "error": "..."}`. A bad line gets an error response and the
+//! connection keeps serving. `device/README.md` documents the protocol.
+
+use std::collections::HashMap;
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::os::unix::fs::FileTypeExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::device::{DeviceState, TraceEntry};
+use crate::host::SharedDevice;
+use crate::regs::Event;
+
+/// Longest request line accepted; a longer one closes the connection.
+pub const MAX_LINE: usize = 64 * 1024;
+/// Default `wait_landed` timeout.
+pub const DEFAULT_WAIT_MS: u64 = 10_000;
+/// How often the accept loop checks whether it should stop.
+const ACCEPT_POLL: Duration = Duration::from_millis(20);
+/// Longest sleep between two polls of `wait_landed`.
+const WAIT_POLL: Duration = Duration::from_millis(2);
+
+fn default_wait_ms() -> u64 {
+    DEFAULT_WAIT_MS
+}
+
+/// A control request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Request {
+    /// Queue `bytes` of a cumulative event for (domain, rmid).
+    Inject {
+        /// Domain.
+        domain: u32,
+        /// RMID.
+        rmid: u32,
+        /// `mbm_total_bytes` or `mbm_local_bytes`.
+        event: Event,
+        /// Bytes.
+        bytes: u64,
+    },
+    /// Set (or clear, with 0) a steady rate.
+    SetRate {
+        /// Domain.
+        domain: u32,
+        /// RMID.
+        rmid: u32,
+        /// `mbm_total_bytes` or `mbm_local_bytes`.
+        event: Event,
+        /// Bytes per second.
+        bytes_per_sec: u64,
+    },
+    /// Set the LLC occupancy of (domain, rmid).
+    SetOccupancy {
+        /// Domain.
+        domain: u32,
+        /// RMID.
+        rmid: u32,
+        /// Bytes.
+        bytes: u64,
+    },
+    /// Wait until all injected traffic has landed.
+    WaitLanded {
+        /// Give up after this long (default 10 s).
+        #[serde(default = "default_wait_ms")]
+        timeout_ms: u64,
+    },
+    /// Snapshot of the device.
+    State,
+    /// Clear violations, read counts, bad-access counts and the trace.
+    ResetStats,
+    /// The recorded register accesses.
+    Trace,
+}
+
+/// A control response.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Response {
+    /// Whether the request succeeded.
+    pub ok: bool,
+    /// Why it failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Bytes not landed yet (`wait_landed`, both on success and on timeout).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending_bytes: Option<u64>,
+    /// The snapshot (`state`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<DeviceState>,
+    /// The trace (`trace`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<Vec<TraceEntry>>,
+}
+
+impl Response {
+    fn ok() -> Response {
+        Response {
+            ok: true,
+            ..Response::default()
+        }
+    }
+
+    fn error(message: impl Into<String>) -> Response {
+        Response {
+            ok: false,
+            error: Some(message.into()),
+            ..Response::default()
+        }
+    }
+}
+
+/// Carries out one request on the device.
+pub fn handle(device: &SharedDevice, request: &Request) -> Response {
+    let done = |r: Result<(), crate::DeviceError>| match r {
+        Ok(()) => Response::ok(),
+        Err(e) => Response::error(e.to_string()),
+    };
+    match *request {
+        Request::Inject {
+            domain,
+            rmid,
+            event,
+            bytes,
+        } => done(device.with(|d, now| d.inject(now, domain, rmid, event, bytes))),
+        Request::SetRate {
+            domain,
+            rmid,
+            event,
+            bytes_per_sec,
+        } => done(device.with(|d, now| d.set_rate(now, domain, rmid, event, bytes_per_sec))),
+        Request::SetOccupancy {
+            domain,
+            rmid,
+            bytes,
+        } => done(device.with(|d, _| d.set_occupancy(domain, rmid, bytes))),
+        Request::WaitLanded { timeout_ms } => wait_landed(device, timeout_ms),
+        Request::State => Response {
+            state: Some(device.with(|d, now| d.state(now))),
+            ..Response::ok()
+        },
+        Request::ResetStats => {
+            device.with(|d, _| d.reset_stats());
+            Response::ok()
+        }
+        Request::Trace => Response {
+            trace: Some(device.with(|d, _| d.trace())),
+            ..Response::ok()
+        },
+    }
+}
+
+/// Polls until nothing is pending, never holding the lock while sleeping.
+fn wait_landed(device: &SharedDevice, timeout_ms: u64) -> Response {
+    let start = Instant::now();
+    let timeout = Duration::from_millis(timeout_ms);
+    loop {
+        let pending = device.with(|d, now| d.pending_bytes(now));
+        if pending == 0 {
+            return Response {
+                pending_bytes: Some(0),
+                ..Response::ok()
+            };
+        }
+        let waited = start.elapsed();
+        if waited >= timeout {
+            return Response {
+                pending_bytes: Some(pending),
+                ..Response::error(format!(
+                    "timeout after {timeout_ms} ms: {pending} bytes still pending"
+                ))
+            };
+        }
+        thread::sleep(WAIT_POLL.min(timeout - waited));
+    }
+}
+
+/// The response to one request line.
+pub fn handle_line(device: &SharedDevice, line: &[u8]) -> Response {
+    match serde_json::from_slice::<Request>(line) {
+        Ok(request) => handle(device, &request),
+        Err(e) => Response::error(format!("bad request: {e}")),
+    }
+}
+
+/// Serves one connection until the client closes it (or the server stops).
+fn serve_connection(device: &SharedDevice, stream: UnixStream) -> io::Result<()> {
+    let mut writer = stream.try_clone()?;
+    let mut reader = BufReader::new(stream);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        let n = reader
+            .by_ref()
+            .take(MAX_LINE as u64 + 1)
+            .read_until(b'\n', &mut line)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let too_long = line.len() > MAX_LINE;
+        let text = line.strip_suffix(b"\n").unwrap_or(&line);
+        if !too_long && text.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        let response = if too_long {
+            Response::error(format!("request longer than {MAX_LINE} bytes"))
+        } else {
+            handle_line(device, text)
+        };
+        let mut out = serde_json::to_vec(&response).unwrap_or_else(|e| {
+            format!("{{\"ok\":false,\"error\":\"cannot encode response: {e}\"}}").into_bytes()
+        });
+        out.push(b'\n');
+        writer.write_all(&out)?;
+        if too_long {
+            return Ok(());
+        }
+    }
+}
+
+type Connections = Arc<Mutex<HashMap<u64, UnixStream>>>;
+
+/// A running control socket. Dropping it stops accepting, shuts down open
+/// connections, and removes the socket file.
+#[derive(Debug)]
+pub struct ControlServer {
+    path: PathBuf,
+    stop: Arc<AtomicBool>,
+    accept: Option<JoinHandle<()>>,
+    connections: Connections,
+}
+
+impl ControlServer {
+    /// Binds `path` (replacing a stale socket file) and starts serving.
+    pub fn start(device: SharedDevice, path: &Path) -> io::Result<ControlServer> {
+        if let Ok(meta) = std::fs::symlink_metadata(path) {
+            if meta.file_type().is_socket() {
+                std::fs::remove_file(path)?;
+            }
+        }
+        let listener = UnixListener::bind(path)?;
+        listener.set_nonblocking(true)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let connections: Connections = Arc::default();
+        let accept = {
+            let stop = stop.clone();
+            let connections = connections.clone();
+            thread::Builder::new()
+                .name("perfbed-control".into())
+                .spawn(move || accept_loop(device, listener, stop, connections))?
+        };
+        Ok(ControlServer {
+            path: path.to_path_buf(),
+            stop,
+            accept: Some(accept),
+            connections,
+        })
+    }
+
+    /// The socket path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+fn accept_loop(
+    device: SharedDevice,
+    listener: UnixListener,
+    stop: Arc<AtomicBool>,
+    connections: Connections,
+) {
+    let next_id = AtomicU64::new(0);
+    while !stop.load(Ordering::Relaxed) {
+        match listener.accept() {
+            Ok((stream, _)) => {
+                let id = next_id.fetch_add(1, Ordering::Relaxed);
+                if stream.set_nonblocking(false).is_err() {
+                    continue;
+                }
+                if let Ok(clone) = stream.try_clone() {
+                    if let Ok(mut map) = connections.lock() {
+                        map.insert(id, clone);
+                    }
+                }
+                let device = device.clone();
+                let conns = connections.clone();
+                let spawned = thread::Builder::new()
+                    .name(format!("perfbed-control-{id}"))
+                    .spawn(move || {
+                        let _ = serve_connection(&device, stream);
+                        if let Ok(mut map) = conns.lock() {
+                            map.remove(&id);
+                        }
+                    });
+                if spawned.is_err() {
+                    if let Ok(mut map) = connections.lock() {
+                        map.remove(&id);
+                    }
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => thread::sleep(ACCEPT_POLL),
+            Err(_) => thread::sleep(ACCEPT_POLL),
+        }
+    }
+}
+
+impl Drop for ControlServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(handle) = self.accept.take() {
+            let _ = handle.join();
+        }
+        if let Ok(mut map) = self.connections.lock() {
+            for (_, stream) in map.drain() {
+                let _ = stream.shutdown(std::net::Shutdown::Both);
+            }
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Why a client request failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// Socket I/O failed.
+    #[error("control socket: {0}")]
+    Io(#[from] io::Error),
+    /// A request could not be encoded or a response decoded.
+    #[error("control socket: bad JSON: {0}")]
+    Json(#[from] serde_json::Error),
+    /// The server closed the connection.
+    #[error("control socket: the server closed the connection")]
+    Closed,
+    /// The server refused the request.
+    #[error("refused: {0}")]
+    Refused(String),
+    /// A successful response lacked its payload.
+    #[error("control socket: response without {0}")]
+    MissingPayload(&'static str),
+}
+
+/// A connection to a control socket.
+#[derive(Debug)]
+pub struct ControlClient {
+    reader: BufReader<UnixStream>,
+    writer: UnixStream,
+}
+
+impl ControlClient {
+    /// Connects to the control socket at `path`.
+    pub fn connect(path: &Path) -> Result<ControlClient, ClientError> {
+        let stream = UnixStream::connect(path)?;
+        Ok(ControlClient {
+            writer: stream.try_clone()?,
+            reader: BufReader::new(stream),
+        })
+    }
+
+    /// Sends a raw line (without its newline) and returns the raw response
+    /// line (without its newline).
+    pub fn request_line(&mut self, line: &str) -> Result<String, ClientError> {
+        let mut out = line.as_bytes().to_vec();
+        out.push(b'\n');
+        self.writer.write_all(&out)?;
+        let mut response = String::new();
+        if self.reader.read_line(&mut response)? == 0 {
+            return Err(ClientError::Closed);
+        }
+        Ok(response.trim_end().to_string())
+    }
+
+    /// Sends `request` and returns the server's response (`ok` or not).
+    pub fn request(&mut self, request: &Request) -> Result<Response, ClientError> {
+        let line = serde_json::to_string(request)?;
+        let response = self.request_line(&line)?;
+        Ok(serde_json::from_str(&response)?)
+    }
+
+    /// Sends `request`; a refusal becomes [`ClientError::Refused`].
+    pub fn call(&mut self, request: &Request) -> Result<Response, ClientError> {
+        let response = self.request(request)?;
+        if response.ok {
+            Ok(response)
+        } else {
+            Err(ClientError::Refused(
+                response.error.unwrap_or_else(|| "no reason given".into()),
+            ))
+        }
+    }
+
+    /// Queues `bytes` of `event` for (`domain`, `rmid`).
+    pub fn inject(
+        &mut self,
+        domain: u32,
+        rmid: u32,
+        event: Event,
+        bytes: u64,
+    ) -> Result<(), ClientError> {
+        self.call(&Request::Inject {
+            domain,
+            rmid,
+            event,
+            bytes,
+        })
+        .map(drop)
+    }
+
+    /// Sets a steady rate (0 clears it).
+    pub fn set_rate(
+        &mut self,
+        domain: u32,
+        rmid: u32,
+        event: Event,
+        bytes_per_sec: u64,
+    ) -> Result<(), ClientError> {
+        self.call(&Request::SetRate {
+            domain,
+            rmid,
+            event,
+            bytes_per_sec,
+        })
+        .map(drop)
+    }
+
+    /// Sets the LLC occupancy of (`domain`, `rmid`).
+    pub fn set_occupancy(&mut self, domain: u32, rmid: u32, bytes: u64) -> Result<(), ClientError> {
+        self.call(&Request::SetOccupancy {
+            domain,
+            rmid,
+            bytes,
+        })
+        .map(drop)
+    }
+
+    /// Waits until all injected traffic has landed.
+    pub fn wait_landed(&mut self, timeout_ms: u64) -> Result<(), ClientError> {
+        self.call(&Request::WaitLanded { timeout_ms }).map(drop)
+    }
+
+    /// A snapshot of the device.
+    pub fn state(&mut self) -> Result<DeviceState, ClientError> {
+        self.call(&Request::State)?
+            .state
+            .ok_or(ClientError::MissingPayload("state"))
+    }
+
+    /// Clears the statistics and the trace.
+    pub fn reset_stats(&mut self) -> Result<(), ClientError> {
+        self.call(&Request::ResetStats).map(drop)
+    }
+
+    /// The recorded register accesses.
+    pub fn trace(&mut self) -> Result<Vec<TraceEntry>, ClientError> {
+        self.call(&Request::Trace)?
+            .trace
+            .ok_or(ClientError::MissingPayload("trace"))
+    }
+}

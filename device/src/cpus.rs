@@ -1,0 +1,213 @@
+//! CPU lists in the kernel's sysfs format (`"0-1,3"`) and a small CPU set.
+
+use std::fmt;
+
+use crate::regs::MAX_CPUS;
+
+/// Why a CPU list could not be parsed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CpuListError {
+    /// A comma-separated item is empty (as in `"0,,1"`).
+    #[error("empty item in CPU list {0:?}")]
+    EmptyItem(String),
+    /// An item is not a number or a `first-last` range.
+    #[error("bad CPU number {item:?} in CPU list {list:?}")]
+    BadNumber {
+        /// The offending item.
+        item: String,
+        /// The whole list.
+        list: String,
+    },
+    /// A range's end is below its start.
+    #[error("reversed range {first}-{last} in CPU list")]
+    ReversedRange {
+        /// Start of the range.
+        first: u32,
+        /// End of the range.
+        last: u32,
+    },
+    /// A range spans more than [`MAX_RANGE`] CPUs.
+    #[error("range {first}-{last} in CPU list is too large")]
+    RangeTooLarge {
+        /// Start of the range.
+        first: u32,
+        /// End of the range.
+        last: u32,
+    },
+}
+
+/// Most CPUs a single `first-last` range may span.
+pub const MAX_RANGE: u32 = 4096;
+
+/// Parses a CPU list such as `"0-1,3"` (whitespace around items is ignored;
+/// an empty or all-blank string is the empty list). The result is sorted and
+/// free of duplicates.
+pub fn parse_cpu_list(list: &str) -> Result<Vec<u32>, CpuListError> {
+    let mut cpus = Vec::new();
+    if list.trim().is_empty() {
+        return Ok(cpus);
+    }
+    let number = |s: &str| -> Result<u32, CpuListError> {
+        s.trim()
+            .parse::<u32>()
+            .map_err(|_| CpuListError::BadNumber {
+                item: s.trim().to_string(),
+                list: list.to_string(),
+            })
+    };
+    for item in list.split(',') {
+        let item = item.trim();
+        if item.is_empty() {
+            return Err(CpuListError::EmptyItem(list.to_string()));
+        }
+        match item.split_once('-') {
+            Some((first, last)) => {
+                let (first, last) = (number(first)?, number(last)?);
+                if last < first {
+                    return Err(CpuListError::ReversedRange { first, last });
+                }
+                if last - first >= MAX_RANGE {
+                    return Err(CpuListError::RangeTooLarge { first, last });
+                }
+                cpus.extend(first..=last);
+            }
+            None => cpus.push(number(item)?),
+        }
+    }
+    cpus.sort_unstable();
+    cpus.dedup();
+    Ok(cpus)
+}
+
+/// Formats CPUs as a kernel CPU list (`[0, 1, 3]` gives `"0-1,3"`); the input
+/// need not be sorted, duplicates are dropped, the empty list gives `""`.
+pub fn format_cpu_list(cpus: &[u32]) -> String {
+    let mut sorted = cpus.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    let mut out = String::new();
+    let mut i = 0;
+    while i < sorted.len() {
+        let first = sorted[i];
+        let mut last = first;
+        while i + 1 < sorted.len() && Some(sorted[i + 1]) == last.checked_add(1) {
+            i += 1;
+            last = sorted[i];
+        }
+        if !out.is_empty() {
+            out.push(',');
+        }
+        if first == last {
+            out.push_str(&first.to_string());
+        } else {
+            out.push_str(&format!("{first}-{last}"));
+        }
+        i += 1;
+    }
+    out
+}
+
+/// A set of vCPU indices below [`MAX_CPUS`], as a u64 bitmask (the value of a
+/// domain's `ALLOWED_CPUS` register).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct CpuSet(pub u64);
+
+impl CpuSet {
+    /// The set of `cpus`, or the first CPU that does not fit.
+    pub fn from_cpus(cpus: &[u32]) -> Result<CpuSet, u32> {
+        let mut mask = 0u64;
+        for &cpu in cpus {
+            if u64::from(cpu) >= MAX_CPUS {
+                return Err(cpu);
+            }
+            mask |= 1u64 << cpu;
+        }
+        Ok(CpuSet(mask))
+    }
+
+    /// Whether `cpu` is in the set (never true for CPUs `>= MAX_CPUS`).
+    pub fn contains(self, cpu: u32) -> bool {
+        u64::from(cpu) < MAX_CPUS && self.0 & (1u64 << cpu) != 0
+    }
+
+    /// Whether the set is empty.
+    pub fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    /// The CPUs in the set, ascending.
+    pub fn cpus(self) -> Vec<u32> {
+        (0..MAX_CPUS as u32).filter(|&c| self.contains(c)).collect()
+    }
+}
+
+impl fmt::Display for CpuSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&format_cpu_list(&self.cpus()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_kernel_lists() {
+        assert_eq!(parse_cpu_list("0-1,3").unwrap(), vec![0, 1, 3]);
+        assert_eq!(parse_cpu_list(" 5 , 2-3 ,2").unwrap(), vec![2, 3, 5]);
+        assert_eq!(parse_cpu_list("7").unwrap(), vec![7]);
+        assert_eq!(parse_cpu_list("").unwrap(), Vec::<u32>::new());
+        assert_eq!(parse_cpu_list("\n").unwrap(), Vec::<u32>::new());
+    }
+
+    #[test]
+    fn rejects_bad_lists() {
+        assert!(matches!(
+            parse_cpu_list("0,,1"),
+            Err(CpuListError::EmptyItem(_))
+        ));
+        assert!(matches!(
+            parse_cpu_list("a"),
+            Err(CpuListError::BadNumber { .. })
+        ));
+        assert!(matches!(
+            parse_cpu_list("1-"),
+            Err(CpuListError::BadNumber { .. })
+        ));
+        assert!(matches!(
+            parse_cpu_list("-1"),
+            Err(CpuListError::BadNumber { .. })
+        ));
+        assert_eq!(
+            parse_cpu_list("3-1"),
+            Err(CpuListError::ReversedRange { first: 3, last: 1 })
+        );
+        assert!(matches!(
+            parse_cpu_list("0-4294967295"),
+            Err(CpuListError::RangeTooLarge { .. })
+        ));
+    }
+
+    #[test]
+    fn formats_and_round_trips() {
+        assert_eq!(format_cpu_list(&[3, 0, 1]), "0-1,3");
+        assert_eq!(format_cpu_list(&[]), "");
+        assert_eq!(
+            format_cpu_list(&[4, 4, 5, 6, 9, u32::MAX]),
+            "4-6,9,4294967295"
+        );
+        for list in ["0", "0-63", "1,3,5-7,10-11"] {
+            assert_eq!(format_cpu_list(&parse_cpu_list(list).unwrap()), list);
+        }
+    }
+
+    #[test]
+    fn cpu_set() {
+        let set = CpuSet::from_cpus(&[0, 2, 63]).unwrap();
+        assert_eq!(set.0, 0b101 | 1 << 63);
+        assert!(set.contains(2) && !set.contains(1) && !set.contains(64));
+        assert_eq!(set.to_string(), "0,2,63");
+        assert_eq!(CpuSet::from_cpus(&[1, 64]), Err(64));
+        assert!(CpuSet::default().is_empty());
+    }
+}

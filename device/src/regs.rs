@@ -1,0 +1,258 @@
+//! The perfbed register map: the one definition shared by the device model and
+//! the guest kernel driver.
+//!
+//! This file is also compiled inside the Linux kernel module (copied next to it
+//! and used as `mod regs;`), so it must stay `no_std`-clean: only `core`, no
+//! dependencies, only constants, `const fn`s and the [`Event`] enum.
+//!
+//! All registers are 64-bit little-endian and 8-byte aligned. 8-byte accesses
+//! are the norm; a 4-byte access to either half of a register is accepted
+//! (reads return that half; writes are accepted only to the low half of a
+//! writable register and are zero-extended). `device/README.md` shows the same
+//! map as a table; where they disagree, this file is authoritative.
+#![allow(dead_code)]
+
+// ---------------------------------------------------------------------------
+// Identification
+// ---------------------------------------------------------------------------
+
+/// Value of the `REG_MAGIC` register: the bytes `"PERFBED\0"` read as a
+/// little-endian u64.
+pub const MAGIC_VALUE: u64 = u64::from_le_bytes(*b"PERFBED\0");
+/// Value of the `REG_VERSION` register.
+pub const VERSION_VALUE: u64 = 1;
+
+// ---------------------------------------------------------------------------
+// Global block (all read-only), at offset 0
+// ---------------------------------------------------------------------------
+
+/// [`MAGIC_VALUE`].
+pub const REG_MAGIC: u64 = 0x000;
+/// [`VERSION_VALUE`].
+pub const REG_VERSION: u64 = 0x008;
+/// Number of monitoring domains.
+pub const REG_NUM_DOMAINS: u64 = 0x010;
+/// Number of RMIDs (monitoring groups) per domain; valid RMIDs are `0..n`.
+pub const REG_NUM_RMIDS: u64 = 0x018;
+/// Number of counter slots per domain.
+pub const REG_NUM_SLOTS: u64 = 0x020;
+/// Width in bits of the counter field of `SLOT_COUNT`/`OCCUPANCY` values.
+pub const REG_COUNTER_WIDTH: u64 = 0x028;
+/// Bytes per counter unit (a power of two).
+pub const REG_COUNTER_UNIT: u64 = 0x030;
+/// Maximum bandwidth of one domain, in bytes per second.
+pub const REG_MAX_RATE: u64 = 0x038;
+/// Offset of domain 0's block ([`DOMAIN_BASE`]).
+pub const REG_DOMAIN_BASE: u64 = 0x040;
+/// Bytes between consecutive domain blocks ([`DOMAIN_STRIDE`]).
+pub const REG_DOMAIN_STRIDE: u64 = 0x048;
+/// Offset of `SLOT_CTL[0]` inside a domain block ([`DOM_SLOTS`]).
+pub const REG_SLOT_BASE: u64 = 0x050;
+/// Bytes between consecutive slot pairs ([`SLOT_STRIDE`]).
+pub const REG_SLOT_STRIDE: u64 = 0x058;
+/// Offset of `OCCUPANCY[0]` inside a domain block ([`DOM_OCCUPANCY`]).
+pub const REG_OCCUPANCY_BASE: u64 = 0x060;
+/// Size in bytes of the whole register region (a multiple of 4 KiB).
+pub const REG_DEVICE_SIZE: u64 = 0x068;
+/// Bitmask of supported event ids (bit `n` set = event id `n` supported).
+pub const REG_EVENTS: u64 = 0x070;
+/// End of the defined global registers; `REG_GLOBAL_END..DOMAIN_BASE` is
+/// reserved (accesses are bad accesses).
+pub const REG_GLOBAL_END: u64 = 0x078;
+
+// ---------------------------------------------------------------------------
+// Domain blocks
+// ---------------------------------------------------------------------------
+
+/// Offset of domain 0's block.
+pub const DOMAIN_BASE: u64 = 0x1000;
+/// Bytes between consecutive domain blocks.
+pub const DOMAIN_STRIDE: u64 = 0x1000;
+
+/// Domain register (RO): u64 bitmask of the vCPU indices from which this
+/// domain's counters may be read.
+pub const DOM_ALLOWED_CPUS: u64 = 0x000;
+/// Domain register (RW): the vCPU index that now reads this domain, or
+/// [`NO_OWNER`]. Writing a value `>= MAX_CPUS` other than `NO_OWNER` is a bad
+/// access.
+pub const DOM_OWNER: u64 = 0x008;
+/// Offset of the first slot pair (`SLOT_CTL[0]`, `SLOT_COUNT[0]`).
+pub const DOM_SLOTS: u64 = 0x010;
+/// Bytes between slot pairs.
+pub const SLOT_STRIDE: u64 = 0x010;
+/// Offset of `SLOT_CTL` inside a slot pair (RW).
+pub const SLOT_CTL_OFF: u64 = 0x000;
+/// Offset of `SLOT_COUNT` inside a slot pair (RO).
+pub const SLOT_COUNT_OFF: u64 = 0x008;
+/// Offset of `OCCUPANCY[0]` (RO, one u64 per RMID).
+pub const DOM_OCCUPANCY: u64 = 0x800;
+
+/// Reset value of `OWNER`: nobody reads this domain yet.
+pub const NO_OWNER: u64 = u64::MAX;
+
+// ---------------------------------------------------------------------------
+// Limits
+// ---------------------------------------------------------------------------
+
+/// Most domains a device may have.
+pub const MAX_DOMAINS: u64 = 16;
+/// Most RMIDs a device may have.
+pub const MAX_RMIDS: u64 = 256;
+/// Most counter slots per domain.
+pub const MAX_SLOTS: u64 = 32;
+/// vCPU indices are below this (they fit in a u64 bitmask).
+pub const MAX_CPUS: u64 = 64;
+/// Narrowest allowed counter width in bits.
+pub const MIN_COUNTER_WIDTH: u64 = 8;
+/// Widest allowed counter width in bits (bits 62 and 63 are flags).
+pub const MAX_COUNTER_WIDTH: u64 = 62;
+
+// ---------------------------------------------------------------------------
+// SLOT_CTL fields
+// ---------------------------------------------------------------------------
+
+/// `SLOT_CTL` bit 63: the slot is assigned.
+pub const SLOT_CTL_ASSIGNED: u64 = 1 << 63;
+/// `SLOT_CTL` bits 8..24: the RMID.
+pub const SLOT_CTL_RMID_SHIFT: u64 = 8;
+/// Mask of the RMID field after shifting.
+pub const SLOT_CTL_RMID_MASK: u64 = 0xffff;
+/// `SLOT_CTL` bits 0..8: the event id.
+pub const SLOT_CTL_EVENT_MASK: u64 = 0xff;
+/// Bits that must be zero in a `SLOT_CTL` write.
+pub const SLOT_CTL_RESERVED: u64 =
+    !(SLOT_CTL_ASSIGNED | (SLOT_CTL_RMID_MASK << SLOT_CTL_RMID_SHIFT) | SLOT_CTL_EVENT_MASK);
+
+/// The `SLOT_CTL` value that assigns `event` of `rmid` to a slot.
+pub const fn slot_ctl_value(event: Event, rmid: u64) -> u64 {
+    SLOT_CTL_ASSIGNED | ((rmid & SLOT_CTL_RMID_MASK) << SLOT_CTL_RMID_SHIFT) | event as u64
+}
+
+/// The RMID field of a `SLOT_CTL` value.
+pub const fn slot_ctl_rmid(ctl: u64) -> u64 {
+    (ctl >> SLOT_CTL_RMID_SHIFT) & SLOT_CTL_RMID_MASK
+}
+
+/// The event id field of a `SLOT_CTL` value.
+pub const fn slot_ctl_event(ctl: u64) -> u64 {
+    ctl & SLOT_CTL_EVENT_MASK
+}
+
+// ---------------------------------------------------------------------------
+// Counter values (SLOT_COUNT, OCCUPANCY)
+// ---------------------------------------------------------------------------
+
+/// Bit 63 of a counter value: placement violation (the reading vCPU is not in
+/// `ALLOWED_CPUS` or is not the domain's `OWNER`). The value is then exactly
+/// this bit.
+pub const COUNTER_ERROR: u64 = 1 << 63;
+/// Bit 62 of a counter value: the slot is not assigned. The value is then
+/// exactly this bit.
+pub const COUNTER_UNAVAILABLE: u64 = 1 << 62;
+
+/// Mask of the counter field for a counter `width` in bits (`width` is
+/// clamped to `0..=MAX_COUNTER_WIDTH`).
+pub const fn counter_mask(width: u64) -> u64 {
+    let w = if width > MAX_COUNTER_WIDTH {
+        MAX_COUNTER_WIDTH
+    } else {
+        width
+    };
+    (1u64 << w) - 1
+}
+
+// ---------------------------------------------------------------------------
+// Events
+// ---------------------------------------------------------------------------
+
+/// Monitoring event ids, as used in `SLOT_CTL` and on the control socket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[repr(u64)]
+pub enum Event {
+    /// LLC occupancy in bytes: a gauge, read through `OCCUPANCY[rmid]`, not
+    /// assignable to slots.
+    LlcOccupancy = 1,
+    /// Total memory bandwidth in bytes: cumulative, assignable.
+    MbmTotalBytes = 2,
+    /// Local memory bandwidth in bytes: cumulative, assignable.
+    MbmLocalBytes = 3,
+}
+
+/// Bitmask of the supported event ids (value of `REG_EVENTS`).
+pub const EVENTS_MASK: u64 = (1 << Event::LlcOccupancy as u64)
+    | (1 << Event::MbmTotalBytes as u64)
+    | (1 << Event::MbmLocalBytes as u64);
+
+impl Event {
+    /// The event with id `v`, if any.
+    pub const fn from_u64(v: u64) -> Option<Event> {
+        match v {
+            1 => Some(Event::LlcOccupancy),
+            2 => Some(Event::MbmTotalBytes),
+            3 => Some(Event::MbmLocalBytes),
+            _ => None,
+        }
+    }
+
+    /// Whether the event counts cumulatively (and so can be assigned to a slot).
+    pub const fn is_cumulative(self) -> bool {
+        matches!(self, Event::MbmTotalBytes | Event::MbmLocalBytes)
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Offsets
+// ---------------------------------------------------------------------------
+
+/// Offset of domain register `reg` (a `DOM_*` offset) of domain `d`.
+pub const fn domain_reg(d: u64, reg: u64) -> u64 {
+    DOMAIN_BASE
+        .wrapping_add(d.wrapping_mul(DOMAIN_STRIDE))
+        .wrapping_add(reg)
+}
+
+/// Offset of `SLOT_CTL[s]` of domain `d`.
+pub const fn slot_ctl(d: u64, s: u64) -> u64 {
+    domain_reg(
+        d,
+        DOM_SLOTS
+            .wrapping_add(s.wrapping_mul(SLOT_STRIDE))
+            .wrapping_add(SLOT_CTL_OFF),
+    )
+}
+
+/// Offset of `SLOT_COUNT[s]` of domain `d`.
+pub const fn slot_count(d: u64, s: u64) -> u64 {
+    domain_reg(
+        d,
+        DOM_SLOTS
+            .wrapping_add(s.wrapping_mul(SLOT_STRIDE))
+            .wrapping_add(SLOT_COUNT_OFF),
+    )
+}
+
+/// Offset of `OCCUPANCY[rmid]` of domain `d`.
+pub const fn occupancy(d: u64, rmid: u64) -> u64 {
+    domain_reg(d, DOM_OCCUPANCY.wrapping_add(rmid.wrapping_mul(8)))
+}
+
+/// Size of the register region of a device with the given shape: the end of
+/// the last register, rounded up to a multiple of 4 KiB.
+pub const fn device_size(domains: u64, rmids: u64, slots: u64) -> u64 {
+    let mut end = REG_GLOBAL_END;
+    if domains > 0 {
+        let last = domains - 1;
+        let slots_end = if slots > 0 {
+            slot_count(last, slots - 1).wrapping_add(8)
+        } else {
+            domain_reg(last, DOM_SLOTS)
+        };
+        let occ_end = occupancy(last, rmids);
+        end = if slots_end > occ_end {
+            slots_end
+        } else {
+            occ_end
+        };
+    }
+    end.wrapping_add(0xfff) & !0xfff
+}
