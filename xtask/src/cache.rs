@@ -105,14 +105,56 @@ impl Entry {
         fs::create_dir_all(&self.dir).with_context(|| format!("creating {}", self.dir.display()))
     }
 
+    /// Marks the artifact complete, and drops the oldest of its kind beyond
+    /// the [`KEEP`] most recent (a kernel tree is ~2 GB).
     pub fn mark_ready(&self) -> Result<()> {
-        fs::write(self.dir.join("READY"), b"").context("writing the READY marker")
+        fs::write(self.dir.join("READY"), b"").context("writing the READY marker")?;
+        let kind = self.dir.parent().expect("an entry lives in its kind's folder");
+        for old in entries_to_prune(kind, KEEP)? {
+            eprintln!("    pruning the old cache entry {}", old.display());
+            fs::remove_dir_all(&old).with_context(|| format!("removing {}", old.display()))?;
+        }
+        Ok(())
     }
+}
+
+/// How many finished entries of each kind the cache keeps.
+pub const KEEP: usize = 3;
+
+/// Finished entries of one kind beyond the `keep` most recently finished.
+/// Unfinished ones are left alone: another build may be writing them.
+fn entries_to_prune(kind: &Path, keep: usize) -> Result<Vec<PathBuf>> {
+    let mut finished = Vec::new();
+    for entry in fs::read_dir(kind).with_context(|| format!("reading {}", kind.display()))? {
+        let dir = entry?.path();
+        if let Ok(meta) = fs::metadata(dir.join("READY")) {
+            finished.push((meta.modified()?, dir));
+        }
+    }
+    finished.sort_by(|a, b| b.0.cmp(&a.0));
+    Ok(finished.into_iter().skip(keep).map(|(_, dir)| dir).collect())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_the_oldest_finished_entries_are_pruned() {
+        let kind = std::env::temp_dir().join(format!("perfbed-prune-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&kind);
+        for (name, ready) in [("a", true), ("b", true), ("c", false), ("d", true)] {
+            fs::create_dir_all(kind.join(name)).unwrap();
+            if ready {
+                fs::write(kind.join(name).join("READY"), b"").unwrap();
+                // Distinct modification times, in name order.
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+        }
+        assert_eq!(entries_to_prune(&kind, 2).unwrap(), vec![kind.join("a")]);
+        assert!(entries_to_prune(&kind, 3).unwrap().is_empty());
+        fs::remove_dir_all(&kind).unwrap();
+    }
 
     #[test]
     fn keys_depend_on_names_values_and_boundaries() {

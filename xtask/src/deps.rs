@@ -24,8 +24,19 @@ pub const PACKAGES: &[(&str, &str)] = &[
     ("patch", "applying images/kernel/patches"),
     ("xz-utils", "unpacking the kernel source"),
     ("libc6-dev", "the static guest agent"),
-    ("qemu-system-x86", "the QEMU that boots the guest"),
+    ("dpkg-dev", "unpacking QEMU's source package (dpkg-source)"),
+    ("ninja-build", "building QEMU"),
+    ("meson", "building QEMU (its tarball has no meson)"),
+    ("pkg-config", "building QEMU"),
+    ("libglib2.0-dev", "building QEMU"),
+    ("libpixman-1-dev", "building QEMU"),
+    ("libfdt-dev", "building QEMU"),
+    ("qemu-system-data", "firmware for microvm (qboot)"),
+    ("seabios", "firmware for QEMU's pc machine"),
 ];
+
+/// Where perfbed adds deb-src entries when the machine has none.
+const DEB_SRC_FILE: &str = "/etc/apt/sources.list.d/perfbed-deb-src.sources";
 
 pub const BINDGEN_VERSION: &str = "0.72.1";
 
@@ -40,11 +51,76 @@ pub fn ensure() -> Result<()> {
     if !missing.is_empty() {
         install_packages(&missing)?;
     }
+    ensure_qemu_source()?;
     let bindgen = bindgen()?;
     if !bindgen.exists() {
         install_bindgen(&bindgen)?;
     }
     Ok(())
+}
+
+/// QEMU is built from Debian's source package, which needs deb-src entries
+/// for the suites the machine already takes binaries from.
+fn ensure_qemu_source() -> Result<()> {
+    let available = Command::new("apt-get")
+        .args(["source", "--print-uris", "qemu"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if available {
+        return Ok(());
+    }
+    let stanzas = deb_src_stanzas()?;
+    if stanzas.is_empty() {
+        bail!("no Debian apt sources found to derive deb-src entries from; add deb-src lines for your suites and run `apt-get update`");
+    }
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("QEMU's source package needs deb-src entries; as root, write this to {DEB_SRC_FILE} and run `apt-get update`:\n{stanzas}");
+    }
+    eprintln!("==> enabling deb-src for the machine's Debian suites ({DEB_SRC_FILE})");
+    std::fs::write(DEB_SRC_FILE, &stanzas).with_context(|| format!("writing {DEB_SRC_FILE}"))?;
+    let log = cache::root()?.join("logs/apt.log");
+    let step = Step::start("refreshing apt's package lists", &log)?;
+    step.run(Command::new("apt-get").args(["update", "-q"]))?;
+    step.finish();
+    Ok(())
+}
+
+/// deb-src twins of the machine's Debian `deb` sources (deb822 stanzas in
+/// `debian.sources`, or one-line entries in `sources.list`).
+fn deb_src_stanzas() -> Result<String> {
+    let deb822 = std::fs::read_to_string("/etc/apt/sources.list.d/debian.sources").unwrap_or_default();
+    let mut out = String::new();
+    for stanza in deb822.split("\n\n") {
+        if stanza.lines().any(|l| l.trim() == "Types: deb") {
+            let twin: Vec<String> = stanza
+                .lines()
+                .filter(|l| !l.starts_with('#'))
+                .map(|l| if l.trim() == "Types: deb" { "Types: deb-src".to_string() } else { l.to_string() })
+                .collect();
+            out += &twin.join("\n");
+            out += "\n\n";
+        }
+    }
+    let list = std::fs::read_to_string("/etc/apt/sources.list").unwrap_or_default();
+    let lines: Vec<String> = list
+        .lines()
+        .filter(|l| l.starts_with("deb ") && l.contains("debian"))
+        .map(|l| format!("deb-src {}", &l[4..]))
+        .collect();
+    if !lines.is_empty() {
+        // One-line entries cannot go in a .sources file: convert them.
+        for line in lines {
+            let mut words = line.split_whitespace().skip(1).filter(|w| !w.starts_with('['));
+            if let (Some(uri), Some(suite)) = (words.next(), words.next()) {
+                let components: Vec<&str> = words.collect();
+                out += &format!("Types: deb-src\nURIs: {uri}\nSuites: {suite}\nComponents: {}\n\n", components.join(" "));
+            }
+        }
+    }
+    Ok(out)
 }
 
 fn missing_packages() -> Result<Vec<&'static str>> {

@@ -1,6 +1,7 @@
 //! `cargo xtask`: perfbed's build and test driver. Each subcommand is small;
 //! the work lives in the modules named after it.
 
+mod boot_stress;
 mod cache;
 mod cmd;
 mod deps;
@@ -27,12 +28,18 @@ struct Cli {
 enum Command {
     /// Install what this machine lacks (Debian packages, the pinned bindgen).
     Deps,
-    /// Build the guest kernel, perfbed.ko and the initramfs (cached).
-    Image,
+    /// Build the guest kernel, perfbed.ko, the initramfs and QEMU (cached).
+    Image {
+        /// The debug kernel (lockdep, PROVE_RCU, DEBUG_ATOMIC_SLEEP, DEBUG_LIST).
+        #[arg(long)]
+        debug: bool,
+    },
     /// The main job: build what is missing, boot, run the scenario, report.
     Run(RunArgs),
     /// Every test: the workspace's unit tests, then the VM tests.
     Test(test::TestArgs),
+    /// Boot again and again, idle and under load: hangs, failures, boot times.
+    BootStress(boot_stress::BootStressArgs),
 }
 
 #[derive(Args, Clone)]
@@ -49,24 +56,82 @@ pub struct RunArgs {
     /// Seconds the guest may take to boot, and each scenario step to answer.
     #[arg(long, default_value_t = 120)]
     timeout: u64,
+    /// The device's domains: each domain's allowed CPUs, domains separated
+    /// by ':' (default: the CPUs split in two halves, "0-1:2-3" for 4).
+    #[arg(long)]
+    domains: Option<String>,
     /// Boot this vmlinux instead of the built one.
     #[arg(long)]
     kernel: Option<PathBuf>,
-    /// The QEMU binary.
-    #[arg(long, default_value = "qemu-system-x86_64")]
-    qemu: PathBuf,
+    /// Use this QEMU instead of perfbed's build (it must have `-device perfbed`).
+    #[arg(long)]
+    qemu: Option<PathBuf>,
+    /// Boot the debug kernel (lockdep, PROVE_RCU, DEBUG_ATOMIC_SLEEP, DEBUG_LIST).
+    #[arg(long)]
+    debug: bool,
+}
+
+fn variant(debug: bool) -> image::Variant {
+    if debug {
+        image::Variant::Debug
+    } else {
+        image::Variant::Normal
+    }
+}
+
+impl RunArgs {
+    /// The VM tests' shape: the default run with fewer hotplug rounds.
+    pub fn for_tests() -> RunArgs {
+        RunArgs { cpus: 4, memory: 512, rounds: 5, timeout: 120, domains: None, kernel: None, qemu: None, debug: false }
+    }
+
+    fn device(&self) -> Result<perfbed_device::DeviceConfig> {
+        let mut device = perfbed_device::DeviceConfig::default();
+        device.domains = match &self.domains {
+            Some(spec) => spec
+                .split(':')
+                .map(|d| perfbed_device::cpus::parse_cpu_list(d).map_err(|e| anyhow::anyhow!("--domains {spec:?}: {e}")))
+                .collect::<Result<_>>()?,
+            None => default_domains(self.cpus),
+        };
+        Ok(device)
+    }
+}
+
+/// Two domains of half the CPUs each (one domain for a single CPU), like
+/// two L3 caches.
+fn default_domains(cpus: u8) -> Vec<Vec<u32>> {
+    let cpus = u32::from(cpus);
+    if cpus < 2 {
+        return vec![vec![0]];
+    }
+    let half = cpus / 2;
+    vec![(0..half).collect(), (half..cpus).collect()]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::default_domains;
+
+    #[test]
+    fn default_domains_split_the_cpus_in_two() {
+        assert_eq!(default_domains(4), vec![vec![0, 1], vec![2, 3]]);
+        assert_eq!(default_domains(3), vec![vec![0], vec![1, 2]]);
+        assert_eq!(default_domains(1), vec![vec![0]]);
+    }
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = workspace().and_then(|ws| match cli.command {
         Command::Deps => deps::ensure().map(|()| true),
-        Command::Image => image::ensure(&ws).map(|images| {
+        Command::Image { debug } => image::ensure(&ws, variant(debug)).map(|images| {
             println!("vmlinux:   {}\ninitramfs: {}", images.vmlinux.display(), images.initramfs.display());
             true
         }),
         Command::Run(args) => run(&ws, &args),
         Command::Test(args) => test::run(&ws, &args),
+        Command::BootStress(args) => boot_stress::run(&ws, &args),
     });
     match result {
         Ok(true) => ExitCode::SUCCESS,
@@ -87,7 +152,7 @@ fn workspace() -> Result<PathBuf> {
 fn run(ws: &Path, args: &RunArgs) -> Result<bool> {
     let total = Instant::now();
     check_args(args)?;
-    let images = image::ensure(ws)?;
+    let images = image::ensure(ws, variant(args.debug))?;
     let scenario = scenario_for(ws, &images, args, "run")?;
     let image_time = total.elapsed();
     let accel = vm::choose_accel();
@@ -112,13 +177,16 @@ fn check_args(args: &RunArgs) -> Result<()> {
     if args.timeout == 0 {
         anyhow::bail!("--timeout 0: give the guest at least a second");
     }
+    args.device()?.validate().map_err(|e| anyhow::anyhow!("--domains: {e}"))?;
     Ok(())
 }
 
 /// The scenario `args` ask for, on these images, with its own log folder.
 fn scenario_for(ws: &Path, images: &image::Images, args: &RunArgs, name: &str) -> Result<scenario::Scenario> {
     let vm = vm::VmConfig {
-        qemu: args.qemu.clone(),
+        qemu: args.qemu.clone().unwrap_or_else(|| images.qemu.binary.clone()),
+        firmware_dirs: images.qemu.firmware_dirs.clone(),
+        device: args.device()?,
         vmlinux: args.kernel.clone().unwrap_or_else(|| images.vmlinux.clone()),
         initramfs: images.initramfs.clone(),
         cpus: args.cpus,

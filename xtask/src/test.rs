@@ -11,6 +11,7 @@ use clap::Args;
 use crate::cmd::human;
 use crate::scenario::{self, Scenario};
 use crate::vm::{self, Accel, Vm};
+use crate::image::Variant;
 use crate::{deps, image, scenario_for, RunArgs};
 
 #[derive(Args)]
@@ -29,23 +30,28 @@ pub struct TestArgs {
 struct VmTest {
     name: &'static str,
     what: &'static str,
+    /// The guest kernel it boots.
+    variant: Variant,
     run: fn(&Scenario, &Accel) -> Result<()>,
 }
 
 const VM_TESTS: &[VmTest] = &[
     VmTest {
         name: "boot_and_hotplug",
-        what: "4 vCPUs boot, perfbed.ko loads, 5 hotplug rounds pass, the kernel log stays clean",
+        what: "4 vCPUs boot, perfbed.ko loads, the device checks and 5 hotplug rounds pass, the kernel log stays clean",
+        variant: Variant::Normal,
         run: boot_and_hotplug,
     },
     VmTest {
         name: "guest_panic_is_reported",
         what: "a guest kernel that panics ends the run at once, with the panic named and the log kept",
+        variant: Variant::Normal,
         run: guest_panic_is_reported,
     },
     VmTest {
         name: "unresponsive_guest_times_out",
         what: "a guest that stops answering ends in a timeout error that names the request and the log",
+        variant: Variant::Normal,
         run: unresponsive_guest_times_out,
     },
 ];
@@ -78,20 +84,19 @@ fn run_vm_tests(ws: &Path, args: &TestArgs) -> Result<bool> {
     if tests.is_empty() {
         bail!("no VM test matches --filter {:?}", args.filter);
     }
-    let run_args = RunArgs {
-        cpus: 4,
-        memory: 512,
-        rounds: 5,
-        timeout: 120,
-        kernel: None,
-        qemu: "qemu-system-x86_64".into(),
-    };
-    let images = image::ensure(ws)?;
+    let run_args = RunArgs::for_tests();
+    let mut images = Vec::new();
+    for variant in [Variant::Normal, Variant::Debug] {
+        if tests.iter().any(|t| t.variant == variant) {
+            images.push((variant, image::ensure(ws, variant)?));
+        }
+    }
     let accel = vm::choose_accel();
     eprintln!("==> VM tests under {} ({})", if accel.kvm { "KVM" } else { "QEMU TCG" }, accel.reason);
     let mut failures = 0;
     for test in &tests {
-        let scenario = scenario_for(ws, &images, &run_args, test.name)?;
+        let (_, images) = images.iter().find(|(v, _)| *v == test.variant).expect("built above");
+        let scenario = scenario_for(ws, images, &run_args, test.name)?;
         let start = Instant::now();
         let result = (test.run)(&scenario, &accel);
         let took = human(start.elapsed());

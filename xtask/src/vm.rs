@@ -17,16 +17,23 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use perfbed_agent::{AgentMessage, Hello, HostRequest};
+use perfbed_device::cpus::format_cpu_list;
+use perfbed_device::DeviceConfig;
 
 use crate::cmd;
 
 pub const MAX_CPUS: u8 = 8; // the guest kernel's CONFIG_NR_CPUS
+/// Where the monitoring device's registers sit in guest physical memory: a
+/// hole below microvm's virtio-mmio (0xfeb00000) and IOAPIC windows.
+pub const DEVICE_BASE: u64 = 0xfe00_0000;
 pub const MIN_MEMORY_MIB: u32 = 128;
 pub const MAX_MEMORY_MIB: u32 = 16384;
 
 #[derive(Debug, Clone)]
 pub struct VmConfig {
     pub qemu: PathBuf,
+    /// Firmware search path (`-L`), in order.
+    pub firmware_dirs: Vec<PathBuf>,
     pub vmlinux: PathBuf,
     pub initramfs: PathBuf,
     pub cpus: u8,
@@ -37,11 +44,19 @@ pub struct VmConfig {
     pub run_dir: PathBuf,
     /// How long the guest may take to greet us.
     pub boot_timeout: Duration,
+    /// The monitoring device the guest gets.
+    pub device: DeviceConfig,
 }
 
 impl VmConfig {
     pub fn validate(&self) -> Result<()> {
         check_size(self.cpus, self.memory_mib)?;
+        self.device.validate().map_err(|e| anyhow!("the device: {e}"))?;
+        for (d, cpus) in self.device.domains.iter().enumerate() {
+            if let Some(cpu) = cpus.iter().find(|&&c| c >= u32::from(self.cpus)) {
+                bail!("domain {d} allows CPU {cpu}, but the guest has CPUs 0-{}", self.cpus - 1);
+            }
+        }
         check_elf_kernel(&self.vmlinux)?;
         if !self.initramfs.is_file() {
             bail!("initramfs {} is missing; `cargo xtask image` builds it", self.initramfs.display());
@@ -129,6 +144,8 @@ pub struct Vm {
     transcript: File,
     pub serial_log: PathBuf,
     qemu_log: PathBuf,
+    /// The device's control socket (inject traffic, read its state).
+    pub control_socket: PathBuf,
 }
 
 /// What booting gave: the agent's greeting and how long it took.
@@ -143,7 +160,9 @@ impl Vm {
         config.validate()?;
         fs::create_dir_all(&config.run_dir).with_context(|| format!("creating {}", config.run_dir.display()))?;
         let socket = config.run_dir.join("agent.sock");
+        let control_socket = config.run_dir.join("control.sock");
         let _ = fs::remove_file(&socket);
+        let _ = fs::remove_file(&control_socket);
         let serial_log = config.run_dir.join("serial.log");
         let qemu_log = config.run_dir.join("qemu.log");
 
@@ -155,9 +174,14 @@ impl Vm {
             format!("tsc_early_khz={}", host_tsc_khz()),
             // No clocksource watchdog: a loaded TCG host would make it flap.
             "tsc=reliable".into(),
+            // Announced like virtio-mmio devices are: size@base.
+            format!("perfbed.device={:#x}@{DEVICE_BASE:#x}", config.device.size()),
         ];
         cmdline.extend(config.extra_cmdline.iter().cloned());
         let mut qemu = Command::new(&config.qemu);
+        for dir in &config.firmware_dirs {
+            qemu.arg("-L").arg(dir);
+        }
         qemu.args(["-M", "microvm,x-option-roms=off,acpi=off", "-nodefaults", "-no-user-config"])
             .args(["-display", "none", "-no-reboot"]);
         if accel.kvm {
@@ -178,7 +202,9 @@ impl Vm {
             .args(["-chardev", "stdio,id=serial0,signal=off", "-serial", "chardev:serial0"])
             .args(["-device", "virtio-serial-device", "-chardev"])
             .arg(format!("socket,id=agent,path={},server=on,wait=on", socket.display()))
-            .args(["-device", "virtconsole,chardev=agent"]);
+            .args(["-device", "virtconsole,chardev=agent"])
+            .arg("-device")
+            .arg(device_arg(&config.device, &control_socket));
         fs::write(config.run_dir.join("qemu.cmd"), cmd::display(&qemu) + "\n")?;
         let mut child = qemu
             .stdin(Stdio::null())
@@ -206,7 +232,7 @@ impl Vm {
         let transcript = File::create(config.run_dir.join("agent.log"))?;
         let reader_transcript = transcript.try_clone()?;
         thread::spawn(move || read_agent(stream, reader_transcript, tx));
-        let mut vm = Vm { child, messages, writer, transcript, serial_log, qemu_log };
+        let mut vm = Vm { child, messages, writer, transcript, serial_log, qemu_log, control_socket };
         match vm.receive(config.boot_timeout, "the agent's greeting") {
             Ok(AgentMessage::Hello(hello)) => Ok(Booted { boot_time: started.elapsed(), hello, vm }),
             Ok(other) => Err(vm.fail(anyhow!("the agent sent {other:?} before its greeting"))),
@@ -312,6 +338,20 @@ impl Drop for Vm {
     }
 }
 
+/// The `-device perfbed,...` argument of perfbed's QEMU (images/qemu/perfbed.c).
+fn device_arg(device: &DeviceConfig, control: &Path) -> String {
+    let domains: Vec<String> = device.domains.iter().map(|d| format_cpu_list(d)).collect();
+    format!(
+        "perfbed,addr={DEVICE_BASE:#x},domains={},rmids={},slots={},width={},max-rate={},control={}",
+        domains.join(":"),
+        device.rmids,
+        device.slots,
+        device.counter_width,
+        device.max_rate,
+        control.display()
+    )
+}
+
 /// QEMU creates the socket and then waits for us before starting the guest.
 fn connect(socket: &Path, child: &mut Child) -> Result<UnixStream> {
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -402,6 +442,8 @@ mod tests {
         fs::write(&initramfs, b"").unwrap();
         let good = VmConfig {
             qemu: "qemu-system-x86_64".into(),
+            firmware_dirs: vec![],
+            device: DeviceConfig::default(),
             vmlinux: elf,
             initramfs,
             cpus: 4,
@@ -415,6 +457,7 @@ mod tests {
         assert!(err(VmConfig { cpus: 0, ..good.clone() }).contains("--cpus 0"));
         assert!(err(VmConfig { cpus: 9, ..good.clone() }).contains("1 to 8"));
         assert!(err(VmConfig { memory_mib: 1, ..good.clone() }).contains("--memory 1"));
+        assert!(err(VmConfig { cpus: 2, ..good.clone() }).contains("domain 1 allows CPU 2"));
         assert!(err(VmConfig { vmlinux: dir.join("absent"), ..good.clone() }).contains("cannot be opened"));
         let bz = dir.join("bzImage");
         fs::write(&bz, b"MZ\0\0not elf").unwrap();

@@ -10,6 +10,9 @@
 
 use serde::{Deserialize, Serialize};
 
+// CPU lists in the kernel's sysfs format: one implementation, the device's.
+pub use perfbed_device::cpus::{format_cpu_list, parse_cpu_list};
+
 /// Where the agent talks to the host.
 pub const CHANNEL_DEVICE: &str = "/dev/hvc0";
 
@@ -55,9 +58,81 @@ pub struct HotplugRound {
     pub problems: Vec<String>,
 }
 
+/// One 8-byte register access made from a chosen CPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MmioAccess {
+    /// The CPU the agent pins itself to for this access.
+    pub cpu: u32,
+    /// Offset into the register block (8-byte aligned).
+    pub offset: u64,
+    /// `Some(value)` writes it; `None` reads.
+    pub write: Option<u64>,
+}
+
+/// The parts of `struct perf_event_attr` a test sets; the agent fills in the
+/// rest (zero) and the size. Flags are the attr's bitfield word as is, so a
+/// test can set any bit, including ones the kernel must refuse.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PerfAttr {
+    #[serde(rename = "type")]
+    pub type_: u32,
+    pub config: u64,
+    #[serde(default)]
+    pub config1: u64,
+    #[serde(default)]
+    pub config2: u64,
+    #[serde(default)]
+    pub sample_period: u64,
+    #[serde(default)]
+    pub sample_type: u64,
+    #[serde(default)]
+    pub read_format: u64,
+    /// disabled = bit 0, inherit = 1, exclude_user = 4, exclude_kernel = 5, ...
+    #[serde(default)]
+    pub flags: u64,
+}
+
+/// A concurrent stress of opens against CPU hotplug (see
+/// [`HostRequest::PerfOpenRace`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RaceResult {
+    pub opened: u32,
+    /// Opens refused with EBUSY (the PMU moved under them).
+    pub busy: u32,
+    /// Any other refusal, as "errno name: count".
+    pub other_errors: Vec<String>,
+    /// Hotplug operations the other thread completed during the race.
+    pub hotplug_ops: u32,
+    /// After the race, with every CPU back online: each surviving event's
+    /// value, in open order.
+    pub final_values: Vec<u64>,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "request", rename_all = "snake_case")]
 pub enum HostRequest {
+    /// Read a (sysfs, proc) file's text.
+    ReadFile { path: String },
+    /// Take one CPU offline or bring it online through sysfs.
+    SetCpuOnline { cpu: u32, online: bool },
+    /// Load a module kept aside in the initramfs (`/lib/modules/extra/<name>.ko`).
+    LoadModule { name: String },
+    /// Unload a module (delete_module).
+    UnloadModule { name: String },
+    /// perf_event_open(attr, pid, cpu, group leader's handle or -1, 0);
+    /// the event stays open under a handle until closed.
+    PerfOpen { attr: PerfAttr, pid: i32, cpu: i32, group: Option<u32> },
+    /// read() an open event: the u64 words the read format gives.
+    PerfRead { handle: u32 },
+    PerfClose { handle: u32 },
+    /// While a second thread takes `toggle_cpus` offline and online again one
+    /// at a time, open (and read) `opens` events of `attr` on `cpu`; then bring
+    /// every toggled CPU back, read each surviving event and close them all.
+    PerfOpenRace { attr: PerfAttr, cpu: i32, opens: u32, toggle_cpus: Vec<u32> },
+    /// Map `size` bytes of physical memory at `base` (through `/dev/mem`) and
+    /// make `accesses` in order, each from its CPU. A way to drive a device
+    /// from the guest without a driver: for checking the device emulation.
+    Mmio { base: u64, size: u64, accesses: Vec<MmioAccess> },
     /// Take every CPU but 0 offline and back online, `rounds` times, checking
     /// `/sys/devices/system/cpu/online` after each CPU.
     Hotplug { rounds: u32 },
@@ -70,71 +145,24 @@ pub enum HostRequest {
 pub enum AgentMessage {
     Hello(Hello),
     Hotplug { rounds: Vec<HotplugRound> },
+    /// One value per access: what a read returned, 0 for a write.
+    Mmio { values: Vec<u64> },
+    /// The request was carried out.
+    Done,
+    Text { text: String },
+    PerfOpened { handle: u32 },
+    PerfValues { values: Vec<u64> },
+    Race(RaceResult),
+    /// A system call failed: its errno (positive) and name, e.g. 16 "EBUSY".
+    Errno { errno: i32, name: String, call: String },
     PoweringOff,
     /// A request the agent could not parse or carry out.
     Error { error: String },
 }
 
-/// Parses a CPU list as the kernel prints it in sysfs (`0-2,5`).
-pub fn parse_cpu_list(text: &str) -> Result<Vec<u32>, String> {
-    let text = text.trim();
-    let mut cpus = Vec::new();
-    if text.is_empty() {
-        return Ok(cpus);
-    }
-    for part in text.split(',') {
-        let bad = || format!("bad CPU list {text:?}: {part:?}");
-        match part.split_once('-') {
-            Some((first, last)) => {
-                let first: u32 = first.parse().map_err(|_| bad())?;
-                let last: u32 = last.parse().map_err(|_| bad())?;
-                if last < first {
-                    return Err(bad());
-                }
-                cpus.extend(first..=last);
-            }
-            None => cpus.push(part.parse().map_err(|_| bad())?),
-        }
-    }
-    Ok(cpus)
-}
-
-/// Formats CPUs as the kernel does (`0-2,5`); the input must be sorted.
-pub fn format_cpu_list(cpus: &[u32]) -> String {
-    let mut out = Vec::new();
-    let mut i = 0;
-    while i < cpus.len() {
-        let start = cpus[i];
-        let mut end = start;
-        while i + 1 < cpus.len() && cpus[i + 1] == end + 1 {
-            i += 1;
-            end = cpus[i];
-        }
-        out.push(if start == end { start.to_string() } else { format!("{start}-{end}") });
-        i += 1;
-    }
-    out.join(",")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn cpu_lists_round_trip() {
-        for text in ["", "0", "0-3", "0,2-3", "1,3,5-7"] {
-            let cpus = parse_cpu_list(text).unwrap();
-            assert_eq!(format_cpu_list(&cpus), text);
-        }
-        assert_eq!(parse_cpu_list("0-2,5\n").unwrap(), vec![0, 1, 2, 5]);
-    }
-
-    #[test]
-    fn bad_cpu_lists_are_refused() {
-        for text in ["x", "3-1", "0-", "1,,2", "-1"] {
-            assert!(parse_cpu_list(text).is_err(), "{text:?} accepted");
-        }
-    }
 
     #[test]
     fn requests_and_messages_are_one_line_of_json() {

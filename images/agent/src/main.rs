@@ -19,7 +19,12 @@ use perfbed_agent::{
     CHANNEL_DEVICE,
 };
 
+mod mmio;
+mod perf;
+
 const MODULE_DIR: &str = "/lib/modules";
+/// Modules the agent loads only when asked (test modules).
+const EXTRA_MODULE_DIR: &str = "/lib/modules/extra";
 const CPU_SYSFS: &str = "/sys/devices/system/cpu";
 
 fn main() {
@@ -31,7 +36,8 @@ fn main() {
 
 fn run() -> Result<(), String> {
     mount_basics()?;
-    let modules = load_modules()?;
+    let cmdline = read_trimmed("/proc/cmdline")?;
+    let modules = load_modules(&cmdline)?;
     let channel = open_channel(Duration::from_secs(10))?;
     let mut writer = channel.try_clone().map_err(|e| format!("dup {CHANNEL_DEVICE}: {e}"))?;
     let hello = Hello {
@@ -43,6 +49,7 @@ fn run() -> Result<(), String> {
     };
     send(&mut writer, &AgentMessage::Hello(hello))?;
 
+    let mut events = perf::Events::default();
     for line in BufReader::new(channel).lines() {
         let line = line.map_err(|e| format!("read {CHANNEL_DEVICE}: {e}"))?;
         if line.trim().is_empty() {
@@ -53,15 +60,69 @@ fn run() -> Result<(), String> {
                 send(&mut writer, &AgentMessage::PoweringOff)?;
                 return Ok(());
             }
-            Ok(HostRequest::Hotplug { rounds }) => match hotplug(rounds) {
-                Ok(rounds) => AgentMessage::Hotplug { rounds },
-                Err(error) => AgentMessage::Error { error },
-            },
+            Ok(request) => handle(request, &mut events, &cmdline),
             Err(e) => AgentMessage::Error { error: format!("bad request {line:?}: {e}") },
         };
         send(&mut writer, &reply)?;
     }
     Err(format!("{CHANNEL_DEVICE} closed by the host"))
+}
+
+/// Carries out one request; every outcome, failures included, is an answer.
+fn handle(request: HostRequest, events: &mut perf::Events, cmdline: &str) -> AgentMessage {
+    let errno = |e: perf::SysError| AgentMessage::Errno { errno: e.errno, name: perf::errno_name(e.errno), call: e.call.into() };
+    let done = |r: Result<(), String>| r.map_or_else(|error| AgentMessage::Error { error }, |()| AgentMessage::Done);
+    match request {
+        HostRequest::ReadFile { path } => match fs::read_to_string(&path) {
+            Ok(text) => AgentMessage::Text { text },
+            Err(e) => AgentMessage::Error { error: format!("read {path}: {e}") },
+        },
+        HostRequest::SetCpuOnline { cpu, online } => done(set_cpu_online(cpu, online)),
+        HostRequest::LoadModule { name } => {
+            let load = load_module(&Path::new(EXTRA_MODULE_DIR).join(format!("{name}.ko")), cmdline);
+            done(load.error.map_or(Ok(()), Err))
+        }
+        HostRequest::UnloadModule { name } => done(unload_module(&name)),
+        HostRequest::PerfOpen { attr, pid, cpu, group } => match events.open(&attr, pid, cpu, group) {
+            Ok(handle) => AgentMessage::PerfOpened { handle },
+            Err(e) => errno(e),
+        },
+        HostRequest::PerfRead { handle } => match events.read(handle) {
+            Ok(values) => AgentMessage::PerfValues { values },
+            Err(e) => errno(e),
+        },
+        HostRequest::PerfClose { handle } => events.close(handle).map_or_else(errno, |()| AgentMessage::Done),
+        HostRequest::PerfOpenRace { attr, cpu, opens, toggle_cpus } => match perf::open_race(&attr, cpu, opens, &toggle_cpus) {
+            Ok(result) => AgentMessage::Race(result),
+            Err(error) => AgentMessage::Error { error },
+        },
+        HostRequest::Hotplug { rounds } => match hotplug(rounds) {
+            Ok(rounds) => AgentMessage::Hotplug { rounds },
+            Err(error) => AgentMessage::Error { error },
+        },
+        HostRequest::Mmio { base, size, accesses } => match mmio::run(base, size, &accesses) {
+            Ok(values) => AgentMessage::Mmio { values },
+            Err(error) => AgentMessage::Error { error },
+        },
+        HostRequest::PowerOff => unreachable!("handled by the request loop"),
+    }
+}
+
+/// Takes one CPU offline or online through sysfs.
+pub fn set_cpu_online(cpu: u32, online: bool) -> Result<(), String> {
+    let path = format!("{CPU_SYSFS}/cpu{cpu}/online");
+    fs::write(&path, if online { "1" } else { "0" })
+        .map_err(|e| format!("taking CPU {cpu} {}: {e}", if online { "online" } else { "offline" }))
+}
+
+fn unload_module(name: &str) -> Result<(), String> {
+    let c_name = CString::new(name).map_err(|_| "NUL in a module name".to_string())?;
+    // SAFETY: a valid NUL-terminated name that outlives the call.
+    let rc = unsafe { libc::syscall(libc::SYS_delete_module, c_name.as_ptr(), libc::O_NONBLOCK) };
+    if rc != 0 {
+        return Err(format!("delete_module {name}: {}", std::io::Error::last_os_error()));
+    }
+    Ok(())
 }
 
 fn send(writer: &mut fs::File, message: &AgentMessage) -> Result<(), String> {
@@ -96,8 +157,7 @@ fn mount_basics() -> Result<(), String> {
 /// Loads every `*.ko` in [`MODULE_DIR`], in name order, passing it the
 /// `<module>.<param>=<value>` settings of the kernel command line as modprobe
 /// would. A module that fails to load is reported, not fatal: the host decides.
-fn load_modules() -> Result<Vec<ModuleLoad>, String> {
-    let cmdline = read_trimmed("/proc/cmdline")?;
+fn load_modules(cmdline: &str) -> Result<Vec<ModuleLoad>, String> {
     let mut paths: Vec<_> = match fs::read_dir(MODULE_DIR) {
         Ok(dir) => dir.filter_map(|e| e.ok().map(|e| e.path())).collect(),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
@@ -105,7 +165,7 @@ fn load_modules() -> Result<Vec<ModuleLoad>, String> {
     };
     paths.retain(|p| p.extension().is_some_and(|x| x == "ko"));
     paths.sort();
-    Ok(paths.iter().map(|path| load_module(path, &cmdline)).collect())
+    Ok(paths.iter().map(|path| load_module(path, cmdline)).collect())
 }
 
 fn load_module(path: &Path, cmdline: &str) -> ModuleLoad {
@@ -172,7 +232,7 @@ fn set_raw(file: &fs::File) -> Result<(), String> {
 /// Takes every hotpluggable CPU offline one by one, then online again, for
 /// `rounds` rounds, checking the kernel's online mask after every step.
 fn hotplug(rounds: u32) -> Result<Vec<HotplugRound>, String> {
-    let online = parse_cpu_list(&read_trimmed(&format!("{CPU_SYSFS}/online"))?)?;
+    let online = parse_cpu_list(&read_trimmed(&format!("{CPU_SYSFS}/online"))?).map_err(|e| e.to_string())?;
     // CPU 0 has no `online` file on x86 unless BOOTPARAM_HOTPLUG_CPU0.
     let movable: Vec<u32> = online
         .iter()
@@ -186,14 +246,14 @@ fn hotplug(rounds: u32) -> Result<Vec<HotplugRound>, String> {
         let start = Instant::now();
         for &cpu in &movable {
             expected.retain(|&c| c != cpu);
-            set_cpu_online(cpu, false, &expected, &mut problems);
+            hotplug_step(cpu, false, &expected, &mut problems);
         }
         let offline_us = start.elapsed().as_micros() as u64;
         let start = Instant::now();
         for &cpu in &movable {
             expected.push(cpu);
             expected.sort_unstable();
-            set_cpu_online(cpu, true, &expected, &mut problems);
+            hotplug_step(cpu, true, &expected, &mut problems);
         }
         let online_us = start.elapsed().as_micros() as u64;
         results.push(HotplugRound { round, offline_us, online_us, problems });
@@ -201,11 +261,11 @@ fn hotplug(rounds: u32) -> Result<Vec<HotplugRound>, String> {
     Ok(results)
 }
 
-fn set_cpu_online(cpu: u32, online: bool, expected: &[u32], problems: &mut Vec<String>) {
-    let path = format!("{CPU_SYSFS}/cpu{cpu}/online");
+/// One hotplug step, then the kernel's online mask checked against `expected`.
+fn hotplug_step(cpu: u32, online: bool, expected: &[u32], problems: &mut Vec<String>) {
     let verb = if online { "online" } else { "offline" };
-    if let Err(e) = fs::write(&path, if online { "1" } else { "0" }) {
-        problems.push(format!("taking CPU {cpu} {verb}: {e}"));
+    if let Err(e) = set_cpu_online(cpu, online) {
+        problems.push(e);
     }
     let want = format_cpu_list(expected);
     match read_trimmed(&format!("{CPU_SYSFS}/online")) {

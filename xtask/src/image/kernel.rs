@@ -18,6 +18,38 @@ const SOURCE_TARBALL: &str = "/usr/src/linux-source-6.12.tar.xz";
 /// The toolchain the kernel's Rust needs (rustup's has no rust-src).
 const RUSTC: &str = "/usr/bin/rustc";
 const RUSTDOC: &str = "/usr/bin/rustdoc";
+/// The fragment every variant starts from.
+const BASE_FRAGMENT: &str = "config.fragment";
+
+/// Which guest kernel: the normal one, or the debug one (lockdep, RCU and
+/// atomic-sleep checking, list debugging) that the kernel-patch tests use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Variant {
+    Normal,
+    Debug,
+}
+
+impl Variant {
+    pub fn name(self) -> &'static str {
+        match self {
+            Variant::Normal => "normal",
+            Variant::Debug => "debug",
+        }
+    }
+
+    /// The fragment merged after `config.fragment`, if any.
+    fn extra_fragment(self) -> Option<&'static str> {
+        match self {
+            Variant::Normal => None,
+            Variant::Debug => Some("debug.fragment"),
+        }
+    }
+
+    /// The config fragments merged onto tinyconfig, in order.
+    fn fragments(self) -> Vec<&'static str> {
+        std::iter::once(BASE_FRAGMENT).chain(self.extra_fragment()).collect()
+    }
+}
 
 /// A built kernel tree in the cache.
 pub struct Kernel {
@@ -52,13 +84,16 @@ pub fn images_dir(workspace: &Path) -> PathBuf {
     workspace.join("images/kernel")
 }
 
-fn key(workspace: &Path) -> Result<Key> {
+fn key(workspace: &Path, variant: Variant) -> Result<Key> {
     let mut key = Key::new(RECIPE);
     let version = cmd::output(Command::new("dpkg-query").args(["-W", "-f=${Version}", SOURCE_PACKAGE]))
         .with_context(|| format!("{SOURCE_PACKAGE} is not installed; run `cargo xtask deps`"))?;
     key.add("source-package", version.as_bytes());
     let dir = images_dir(workspace);
-    key.add("fragment", &fs::read(dir.join("config.fragment")).context("reading config.fragment")?);
+    key.add("fragment", &fs::read(dir.join(BASE_FRAGMENT)).context("reading config.fragment")?);
+    if let Some(extra) = variant.extra_fragment() {
+        key.add(extra, &fs::read(dir.join(extra)).with_context(|| format!("reading {extra}"))?);
+    }
     for patch in patches(workspace)? {
         let name = patch.file_name().expect("a patch has a name").to_string_lossy().into_owned();
         key.add(&format!("patches/{name}"), &fs::read(&patch)?);
@@ -70,12 +105,12 @@ fn key(workspace: &Path) -> Result<Key> {
 }
 
 /// Returns the cached kernel, building it first if its inputs changed.
-pub fn ensure(workspace: &Path) -> Result<Kernel> {
-    let key = key(workspace)?;
+pub fn ensure(workspace: &Path, variant: Variant) -> Result<Kernel> {
+    let key = key(workspace, variant)?;
     let entry = Entry::new("kernel", &key)?;
     let tree = entry.dir.join("linux");
     if !entry.is_ready() {
-        build(workspace, &entry, &tree)?;
+        build(workspace, variant, &entry, &tree)?;
     }
     let release = fs::read_to_string(tree.join("include/config/kernel.release"))
         .context("reading the kernel release")?
@@ -84,9 +119,10 @@ pub fn ensure(workspace: &Path) -> Result<Kernel> {
     Ok(Kernel { vmlinux: tree.join("vmlinux"), tree, release, key: key.hex() })
 }
 
-fn build(workspace: &Path, entry: &Entry, tree: &Path) -> Result<()> {
+fn build(workspace: &Path, variant: Variant, entry: &Entry, tree: &Path) -> Result<()> {
     entry.begin()?;
-    let step = Step::start("building the guest kernel (about 4 min on 2 cores)", &entry.dir.join("build.log"))?;
+    let title = format!("building the {} guest kernel (about 4 min on 2 cores)", variant.name());
+    let step = Step::start(&title, &entry.dir.join("build.log"))?;
     step.run(Command::new("tar").arg("-xf").arg(SOURCE_TARBALL).arg("-C").arg(&entry.dir))?;
     fs::rename(entry.dir.join("linux-source-6.12"), tree).context("renaming the unpacked tree")?;
 
@@ -96,24 +132,25 @@ fn build(workspace: &Path, entry: &Entry, tree: &Path) -> Result<()> {
     }
     let dir = images_dir(workspace);
 
-    let fragment = dir.join("config.fragment");
+    let fragments: Vec<PathBuf> = variant.fragments().iter().map(|f| dir.join(f)).collect();
     step.run(Kernel::make(tree)?.arg("tinyconfig"))?;
     step.run(
         Command::new(tree.join("scripts/kconfig/merge_config.sh"))
             .current_dir(tree)
             .args(["-m", ".config"])
-            .arg(&fragment),
+            .args(&fragments),
     )?;
     step.run(Kernel::make(tree)?.arg("olddefconfig"))?;
-    let wanted = fs::read_to_string(&fragment)?;
     let got = fs::read_to_string(tree.join(".config"))?;
-    let dropped = dropped_options(&wanted, &got);
-    if !dropped.is_empty() {
-        bail!(
-            "the merged kernel .config lacks options that {} asks for (unmet dependencies?):\n  {}",
-            fragment.display(),
-            dropped.join("\n  ")
-        );
+    for fragment in &fragments {
+        let dropped = dropped_options(&fs::read_to_string(fragment)?, &got);
+        if !dropped.is_empty() {
+            bail!(
+                "the merged kernel .config lacks options that {} asks for (unmet dependencies?):\n  {}",
+                fragment.display(),
+                dropped.join("\n  ")
+            );
+        }
     }
     step.run(Kernel::make(tree)?.arg("rustavailable"))?;
     let jobs = std::thread::available_parallelism().map_or(2, |n| n.get());

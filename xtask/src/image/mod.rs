@@ -1,4 +1,5 @@
-//! `cargo xtask image`: the guest kernel, perfbed.ko and the initramfs, each
+//! `cargo xtask image`: the guest kernel, perfbed.ko, the initramfs and the
+//! QEMU that hosts the device, each
 //! cached under its own key so that changing one rebuilds only what depends
 //! on it.
 
@@ -7,6 +8,7 @@ pub mod cpio;
 pub mod initramfs;
 pub mod kernel;
 pub mod module;
+pub mod qemu;
 
 use std::path::{Path, PathBuf};
 
@@ -18,13 +20,17 @@ pub struct Images {
     pub initramfs: PathBuf,
     /// `uname -r` the guest should report.
     pub kernel_release: String,
+    pub qemu: qemu::Qemu,
 }
 
-pub fn ensure(workspace: &Path) -> Result<Images> {
+pub use kernel::Variant;
+
+pub fn ensure(workspace: &Path, variant: Variant) -> Result<Images> {
     crate::deps::ensure()?;
-    let kernel = kernel::ensure(workspace)?;
-    let module = module::ensure(workspace, &kernel)?;
+    let kernel = kernel::ensure(workspace, variant)?;
+    let driver = module::ensure(workspace, &kernel, "guest-driver", "perfbed")?;
     let agent = agent::build(workspace)?;
-    let initramfs = initramfs::ensure(&agent, &[module])?;
-    Ok(Images { vmlinux: kernel.vmlinux, initramfs, kernel_release: kernel.release })
+    let initramfs = initramfs::ensure(&agent, &[driver], &[])?;
+    let qemu = qemu::ensure(workspace)?;
+    Ok(Images { vmlinux: kernel.vmlinux, initramfs, kernel_release: kernel.release, qemu })
 }

@@ -1,4 +1,5 @@
-//! perfbed.ko: `guest-driver/` built out of tree against the cached kernel.
+//! Out-of-tree Rust modules (perfbed.ko from `guest-driver/`, the scope test
+//! module from `images/kernel/scope-test/`) built against the cached kernel.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -11,16 +12,17 @@ use crate::cmd::Step;
 
 const RECIPE: &str = "module-1";
 
-/// Returns the cached module, building it if the kernel or the module's
-/// sources changed. The build runs on a copy of `guest-driver/` inside the
-/// cache entry so that the work tree never sees build outputs.
-pub fn ensure(workspace: &Path, kernel: &Kernel) -> Result<PathBuf> {
-    let sources = workspace.join("guest-driver");
+/// Returns the cached module `name`.ko built from the folder `dir` of the
+/// workspace, building it if the kernel or the module's sources changed. The
+/// build runs on a copy inside the cache entry so that the work tree never
+/// sees build outputs.
+pub fn ensure(workspace: &Path, kernel: &Kernel, dir: &str, name: &str) -> Result<PathBuf> {
+    let sources = workspace.join(dir);
     let mut key = Key::new(RECIPE);
     key.add("kernel", kernel.key.as_bytes());
-    key.add_tree("guest-driver", &sources)?;
+    key.add_tree(dir, &sources)?;
     let entry = Entry::new("module", &key)?;
-    let ko = entry.dir.join("build/perfbed.ko");
+    let ko = entry.dir.join("build").join(format!("{name}.ko"));
     if entry.is_ready() {
         return Ok(ko);
     }
@@ -33,7 +35,7 @@ pub fn ensure(workspace: &Path, kernel: &Kernel) -> Result<PathBuf> {
         fs::create_dir_all(to.parent().expect("a file has a parent"))?;
         fs::copy(&file, &to).with_context(|| format!("copying {}", file.display()))?;
     }
-    let step = Step::start("building perfbed.ko", &entry.dir.join("build.log"))?;
+    let step = Step::start(&format!("building {name}.ko"), &entry.dir.join("build.log"))?;
     step.run(Kernel::make(&kernel.tree)?.arg(format!("M={}", build.display())).arg("modules"))?;
     entry.mark_ready()?;
     step.finish();

@@ -1,0 +1,196 @@
+//! The C ABI behind `images/qemu/perfbed.h`: QEMU's shim creates the device,
+//! forwards each MMIO access with the accessing vCPU's index, and frees it.
+//!
+//! Everything here is a thin, checked conversion between C and
+//! [`perfbed_device::SharedDevice`]; the device itself validates every guest
+//! access and never panics on one.
+
+use std::ffi::{c_char, CStr, CString};
+use std::path::Path;
+use std::ptr;
+
+use perfbed_device::cpus::parse_cpu_list;
+use perfbed_device::{ControlServer, DeviceConfig, SharedDevice};
+
+/// What QEMU holds: the device and its control socket, which lives as long
+/// as the device does.
+pub struct PerfbedDevice {
+    device: SharedDevice,
+    _control: Option<ControlServer>,
+}
+
+/// Builds a device config from the shim's properties; 0 means "the default".
+pub fn config_from_properties(
+    domains: &str,
+    rmids: u32,
+    slots: u32,
+    width: u32,
+    max_rate: u64,
+) -> Result<DeviceConfig, String> {
+    let mut config = DeviceConfig::default();
+    if !domains.is_empty() {
+        config.domains = domains
+            .split(':')
+            .map(|d| parse_cpu_list(d).map_err(|e| format!("domains={domains:?}: {e}")))
+            .collect::<Result<_, _>>()?;
+    }
+    if rmids != 0 {
+        config.rmids = rmids;
+    }
+    if slots != 0 {
+        config.slots = slots;
+    }
+    if width != 0 {
+        config.counter_width = width;
+    }
+    if max_rate != 0 {
+        config.max_rate = max_rate;
+    }
+    Ok(config)
+}
+
+fn new_device(
+    domains: &str,
+    rmids: u32,
+    slots: u32,
+    width: u32,
+    max_rate: u64,
+    control: Option<&Path>,
+) -> Result<PerfbedDevice, String> {
+    let config = config_from_properties(domains, rmids, slots, width, max_rate)?;
+    let device = SharedDevice::new(config).map_err(|e| e.to_string())?;
+    let control = match control {
+        Some(path) => Some(
+            device
+                .serve_control(path)
+                .map_err(|e| format!("control socket {}: {e}", path.display()))?,
+        ),
+        None => None,
+    };
+    Ok(PerfbedDevice { device, _control: control })
+}
+
+/// # Safety
+/// `domains` must be a valid C string; `control` NULL or a valid C string;
+/// `error` NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn perfbed_device_new(
+    domains: *const c_char,
+    rmids: u32,
+    slots: u32,
+    width: u32,
+    max_rate: u64,
+    control: *const c_char,
+    error: *mut *mut c_char,
+) -> *mut PerfbedDevice {
+    // SAFETY: the caller passes NULL or a valid C string for both.
+    let (domains, control) = unsafe { (optional_str(domains), optional_str(control)) };
+    let result = match (domains, control) {
+        (Ok(d), Ok(c)) => new_device(d.unwrap_or(""), rmids, slots, width, max_rate, c.map(Path::new)),
+        _ => Err("a property is not valid UTF-8".to_string()),
+    };
+    match result {
+        Ok(device) => Box::into_raw(Box::new(device)),
+        Err(message) => {
+            if !error.is_null() {
+                let message = CString::new(message.replace('\0', " ")).unwrap_or_default();
+                // SAFETY: error is non-NULL and the caller promised it writable.
+                unsafe { *error = message.into_raw() };
+            }
+            ptr::null_mut()
+        }
+    }
+}
+
+/// # Safety
+/// `s` must be NULL or a valid C string.
+unsafe fn optional_str<'a>(s: *const c_char) -> Result<Option<&'a str>, std::str::Utf8Error> {
+    if s.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: non-NULL, and the caller guarantees a valid C string.
+    unsafe { CStr::from_ptr(s) }.to_str().map(Some)
+}
+
+/// # Safety
+/// `dev` must come from `perfbed_device_new` and not be freed.
+#[no_mangle]
+pub unsafe extern "C" fn perfbed_device_size(dev: *const PerfbedDevice) -> u64 {
+    // SAFETY: per the contract above.
+    unsafe { &*dev }.device.size()
+}
+
+/// # Safety
+/// `dev` must come from `perfbed_device_new` and not be freed.
+#[no_mangle]
+pub unsafe extern "C" fn perfbed_device_read(dev: *mut PerfbedDevice, vcpu: u32, offset: u64, size: u32) -> u64 {
+    // SAFETY: per the contract above; the device is shared behind a lock.
+    unsafe { &*dev }.device.mmio_read(vcpu, offset, size)
+}
+
+/// # Safety
+/// `dev` must come from `perfbed_device_new` and not be freed.
+#[no_mangle]
+pub unsafe extern "C" fn perfbed_device_write(dev: *mut PerfbedDevice, vcpu: u32, offset: u64, size: u32, value: u64) {
+    // SAFETY: per the contract above.
+    unsafe { &*dev }.device.mmio_write(vcpu, offset, size, value)
+}
+
+/// # Safety
+/// `dev` must be NULL or come from `perfbed_device_new`, freed only once.
+#[no_mangle]
+pub unsafe extern "C" fn perfbed_device_free(dev: *mut PerfbedDevice) {
+    if !dev.is_null() {
+        // SAFETY: it came from Box::into_raw in perfbed_device_new.
+        drop(unsafe { Box::from_raw(dev) });
+    }
+}
+
+/// # Safety
+/// `s` must be NULL or a string this library returned, freed only once.
+#[no_mangle]
+pub unsafe extern "C" fn perfbed_string_free(s: *mut c_char) {
+    if !s.is_null() {
+        // SAFETY: it came from CString::into_raw.
+        drop(unsafe { CString::from_raw(s) });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn properties_become_a_config() {
+        let c = config_from_properties("0-1:2-3", 0, 0, 0, 0).unwrap();
+        assert_eq!(c.domains, vec![vec![0, 1], vec![2, 3]]);
+        assert_eq!(c.rmids, DeviceConfig::default().rmids);
+        let c = config_from_properties("0,2", 16, 2, 32, 1 << 20).unwrap();
+        assert_eq!((c.domains.len(), c.rmids, c.slots, c.counter_width, c.max_rate), (1, 16, 2, 32, 1 << 20));
+        assert!(config_from_properties("0-x", 0, 0, 0, 0).is_err());
+    }
+
+    #[test]
+    fn the_c_abi_creates_reads_and_refuses_bad_configs() {
+        let domains = CString::new("0-1:2-3").unwrap();
+        let mut error = ptr::null_mut();
+        // SAFETY: valid strings and a valid error pointer.
+        let dev = unsafe { perfbed_device_new(domains.as_ptr(), 0, 0, 0, 0, ptr::null(), &mut error) };
+        assert!(!dev.is_null() && error.is_null());
+        // SAFETY: dev is live until freed below.
+        unsafe {
+            assert!(perfbed_device_size(dev) >= 4096);
+            assert_eq!(perfbed_device_read(dev, 0, perfbed_device::regs::REG_MAGIC, 8), perfbed_device::regs::MAGIC_VALUE);
+            perfbed_device_free(dev);
+        }
+        let bad = CString::new("9-1").unwrap();
+        // SAFETY: as above.
+        let dev = unsafe { perfbed_device_new(bad.as_ptr(), 0, 0, 0, 0, ptr::null(), &mut error) };
+        assert!(dev.is_null() && !error.is_null());
+        // SAFETY: error came from this library.
+        let message = unsafe { CStr::from_ptr(error) }.to_string_lossy().into_owned();
+        assert!(message.contains("9-1"), "{message}");
+        // SAFETY: error came from this library, freed once.
+        unsafe { perfbed_string_free(error) };
+    }
+}

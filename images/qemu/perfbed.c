@@ -1,0 +1,135 @@
+/* SPDX-License-Identifier: GPL-2.0-or-later */
+/*
+ * perfbed: QEMU's side of perfbed's monitoring device.
+ *
+ *   -device perfbed,addr=0xfe000000,domains=0-1:2-3,control=/path/ctl.sock
+ *
+ * Everything the device does is in Rust (perfbed.h); this file maps its
+ * register block into system memory and hands each access over together with
+ * the index of the vCPU that made it, which the device needs to enforce its
+ * per-CPU placement rules. QEMU holds its global lock around MMIO here, so
+ * the Rust side never blocks on anything slow.
+ */
+
+#include "qemu/osdep.h"
+#include "qapi/error.h"
+#include "qemu/module.h"
+#include "exec/address-spaces.h"
+#include "exec/memory.h"
+#include "hw/core/cpu.h"
+#include "hw/qdev-core.h"
+#include "hw/qdev-properties.h"
+#include "qom/object.h"
+#include "perfbed.h"
+
+#define TYPE_PERFBED "perfbed"
+OBJECT_DECLARE_SIMPLE_TYPE(PerfbedState, PERFBED)
+
+struct PerfbedState {
+    DeviceState parent_obj;
+
+    MemoryRegion mmio;
+    struct perfbed_device *dev;
+
+    /* properties */
+    uint64_t addr;
+    char *domains;
+    uint32_t rmids;
+    uint32_t slots;
+    uint32_t width;
+    uint64_t max_rate;
+    char *control;
+};
+
+static uint32_t accessing_vcpu(void)
+{
+    return current_cpu ? (uint32_t)current_cpu->cpu_index : PERFBED_NO_VCPU;
+}
+
+static uint64_t perfbed_mmio_read(void *opaque, hwaddr offset, unsigned size)
+{
+    PerfbedState *s = opaque;
+
+    return perfbed_device_read(s->dev, accessing_vcpu(), offset, size);
+}
+
+static void perfbed_mmio_write(void *opaque, hwaddr offset, uint64_t value,
+                               unsigned size)
+{
+    PerfbedState *s = opaque;
+
+    perfbed_device_write(s->dev, accessing_vcpu(), offset, size, value);
+}
+
+/* Every size reaches the device unsplit, so it can count the odd ones. */
+static const MemoryRegionOps perfbed_mmio_ops = {
+    .read = perfbed_mmio_read,
+    .write = perfbed_mmio_write,
+    .endianness = DEVICE_LITTLE_ENDIAN,
+    .valid = { .min_access_size = 1, .max_access_size = 8 },
+    .impl = { .min_access_size = 1, .max_access_size = 8 },
+};
+
+static void perfbed_realize(DeviceState *dev, Error **errp)
+{
+    PerfbedState *s = PERFBED(dev);
+    char *error = NULL;
+
+    s->dev = perfbed_device_new(s->domains ? s->domains : "", s->rmids,
+                                s->slots, s->width, s->max_rate, s->control,
+                                &error);
+    if (!s->dev) {
+        error_setg(errp, "perfbed: %s", error ? error : "cannot create the device");
+        perfbed_string_free(error);
+        return;
+    }
+    memory_region_init_io(&s->mmio, OBJECT(s), &perfbed_mmio_ops, s, "perfbed",
+                          perfbed_device_size(s->dev));
+    memory_region_add_subregion(get_system_memory(), s->addr, &s->mmio);
+}
+
+static void perfbed_unrealize(DeviceState *dev)
+{
+    PerfbedState *s = PERFBED(dev);
+
+    memory_region_del_subregion(get_system_memory(), &s->mmio);
+    perfbed_device_free(s->dev);
+    s->dev = NULL;
+}
+
+static Property perfbed_properties[] = {
+    DEFINE_PROP_UINT64("addr", PerfbedState, addr, 0xfe000000),
+    DEFINE_PROP_STRING("domains", PerfbedState, domains),
+    DEFINE_PROP_UINT32("rmids", PerfbedState, rmids, 0),
+    DEFINE_PROP_UINT32("slots", PerfbedState, slots, 0),
+    DEFINE_PROP_UINT32("width", PerfbedState, width, 0),
+    DEFINE_PROP_UINT64("max-rate", PerfbedState, max_rate, 0),
+    DEFINE_PROP_STRING("control", PerfbedState, control),
+    DEFINE_PROP_END_OF_LIST(),
+};
+
+static void perfbed_class_init(ObjectClass *klass, void *data)
+{
+    DeviceClass *dc = DEVICE_CLASS(klass);
+
+    dc->realize = perfbed_realize;
+    dc->unrealize = perfbed_unrealize;
+    dc->desc = "perfbed memory-bandwidth monitoring device";
+    dc->user_creatable = true;
+    device_class_set_props(dc, perfbed_properties);
+    set_bit(DEVICE_CATEGORY_MISC, dc->categories);
+}
+
+static const TypeInfo perfbed_info = {
+    .name = TYPE_PERFBED,
+    .parent = TYPE_DEVICE,
+    .instance_size = sizeof(PerfbedState),
+    .class_init = perfbed_class_init,
+};
+
+static void perfbed_register_types(void)
+{
+    type_register_static(&perfbed_info);
+}
+
+type_init(perfbed_register_types)

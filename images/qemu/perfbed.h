@@ -1,0 +1,39 @@
+/* SPDX-License-Identifier: GPL-2.0-or-later */
+/*
+ * The C ABI of perfbed's monitoring device, implemented in Rust by the
+ * `perfbed-qemu` crate (images/qemu/ffi). The device, its state and its
+ * control socket all live on the Rust side; QEMU only maps the registers.
+ */
+#ifndef PERFBED_H
+#define PERFBED_H
+
+#include <stdint.h>
+
+/* The vCPU index passed when an access comes from no vCPU (e.g. the monitor). */
+#define PERFBED_NO_VCPU UINT32_MAX
+
+struct perfbed_device;
+
+/*
+ * Creates the device. `domains` lists each domain's allowed vCPUs, domains
+ * separated by ':' ("0-1:2-3"); 0 for rmids/slots/width/max_rate means the
+ * device's default. `control` is the control socket's path, or NULL for none.
+ * On failure returns NULL and sets *error to a message the caller frees with
+ * perfbed_string_free().
+ */
+struct perfbed_device *perfbed_device_new(const char *domains, uint32_t rmids,
+                                          uint32_t slots, uint32_t width,
+                                          uint64_t max_rate, const char *control,
+                                          char **error);
+/* Size in bytes of the register block (a multiple of 4 KiB). */
+uint64_t perfbed_device_size(const struct perfbed_device *dev);
+/* Never block for long and never fail: bad accesses are the device's business. */
+uint64_t perfbed_device_read(struct perfbed_device *dev, uint32_t vcpu,
+                             uint64_t offset, uint32_t size);
+void perfbed_device_write(struct perfbed_device *dev, uint32_t vcpu,
+                          uint64_t offset, uint32_t size, uint64_t value);
+/* Stops the control socket and frees the device. */
+void perfbed_device_free(struct perfbed_device *dev);
+void perfbed_string_free(char *s);
+
+#endif
