@@ -7,6 +7,7 @@ mod cmd;
 mod deps;
 mod image;
 mod scenario;
+
 mod test;
 mod vm;
 
@@ -40,6 +41,15 @@ enum Command {
     Test(test::TestArgs),
     /// Boot again and again, idle and under load: hangs, failures, boot times.
     BootStress(boot_stress::BootStressArgs),
+    /// Boot the guest and keep it up (for `perfbed ctl` and the logs) for
+    /// --seconds, then power it off.
+    Up {
+        #[command(flatten)]
+        run: RunArgs,
+        /// How long to keep the VM up.
+        #[arg(long, default_value_t = 60)]
+        seconds: u64,
+    },
 }
 
 #[derive(Args, Clone)]
@@ -132,6 +142,7 @@ fn main() -> ExitCode {
         Command::Run(args) => run(&ws, &args),
         Command::Test(args) => test::run(&ws, &args),
         Command::BootStress(args) => boot_stress::run(&ws, &args),
+        Command::Up { run, seconds } => up(&ws, &run, Duration::from_secs(seconds)),
     });
     match result {
         Ok(true) => ExitCode::SUCCESS,
@@ -166,6 +177,21 @@ fn run(ws: &Path, args: &RunArgs) -> Result<bool> {
     let report = scenario::run(&scenario, &accel)?;
     scenario::print_report(&report, image_time, total.elapsed());
     Ok(report.passed())
+}
+
+fn up(ws: &Path, args: &RunArgs, hold: Duration) -> Result<bool> {
+    check_args(args)?;
+    let images = image::ensure(ws, variant(args.debug))?;
+    let scenario = scenario_for(ws, &images, args, "up")?;
+    let booted = vm::Vm::boot(&scenario.vm, &vm::choose_accel())?;
+    println!("guest up in {} (kernel {}, CPUs {})", cmd::human(booted.boot_time), booted.hello.kernel_release, booted.hello.cpus_online);
+    println!("  control socket: {}", booted.vm.control_socket.display());
+    println!("    try: cargo run -q -p perfbed-device --bin perfbed -- ctl --socket {} state", booted.vm.control_socket.display());
+    println!("  serial log:     {}", booted.vm.serial_log.display());
+    println!("powering off in {}", cmd::human(hold));
+    std::thread::sleep(hold);
+    booted.vm.power_off(Duration::from_secs(30))?;
+    Ok(true)
 }
 
 /// Refuses bad arguments before minutes go into a build.

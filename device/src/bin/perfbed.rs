@@ -145,7 +145,11 @@ fn ctl(args: &[String]) -> Result<ExitCode, Usage> {
         }
     };
     match serde_json::to_string_pretty(&response) {
-        Ok(text) => println!("{text}"),
+        // A closed stdout (`perfbed ctl ... state | head`) is not an error.
+        Ok(text) => {
+            use std::io::Write;
+            let _ = writeln!(std::io::stdout().lock(), "{text}");
+        }
         Err(e) => eprintln!("perfbed: cannot print the response: {e}"),
     }
     if response.ok {
