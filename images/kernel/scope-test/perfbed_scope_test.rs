@@ -1,0 +1,148 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! perfbed_scope_test: a probe for device-scope perf PMUs.
+//!
+//! Registers two `PERF_PMU_SCOPE_DEVICE` PMUs with fixed sets of allowed CPUs, meant for a
+//! 4-CPU guest:
+//!
+//! - `perfbed_scope_a`, counted on CPU 1 or 2;
+//! - `perfbed_scope_b`, counted on CPU 3.
+//!
+//! Each has one counting-only event, `events/cpu` (`event=0x01`, with `format/event` at
+//! `config:0-7`). Reading such an event sets its count to the number of the CPU the read runs on
+//! plus one. The perf core reads an active CPU-bound event on the CPU it counts on, so userspace
+//! sees where the event really is: its value is the PMU's `cpumask` CPU plus one. When the event
+//! is stopped (moved or parked) it is read once more, so a parked event keeps the value of the
+//! CPU it last counted on.
+
+use kernel::c_str;
+use kernel::perf::{
+    self, Capabilities, CpuMask, Event, EventAttr, Flags, FormatAttr, HwState, Options, Pmu,
+    Registration, Scope, TaskContext,
+};
+use kernel::prelude::*;
+
+module! {
+    type: ScopeTest,
+    name: "perfbed_scope_test",
+    author: "perfbed developers",
+    description: "Test probe for device-scope perf PMUs",
+    license: "GPL",
+}
+
+/// The only event: `config` selects it in bits 0-7.
+const EVENT_CPU: u64 = 0x01;
+const EVENT_MASK: u64 = 0xff;
+
+static EVENTS: [EventAttr<'static>; 1] = [EventAttr::new(c_str!("cpu"), c_str!("event=0x01"))];
+static FORMATS: [FormatAttr<'static>; 1] = [FormatAttr::new(c_str!("event"), c_str!("config:0-7"))];
+
+/// One test PMU: its name and the CPUs it may be counted on.
+struct ScopePmu {
+    name: &'static CStr,
+    allowed: &'static [u32],
+}
+
+impl ScopePmu {
+    /// Sets the count to where this runs: the CPU the event counts on.
+    fn update(event: &mut Event) {
+        event.count().set(u64::from(perf::current_cpu()) + 1);
+    }
+}
+
+#[vtable]
+impl Pmu for ScopePmu {
+    fn event_init(&self, event: &mut Event) -> Result {
+        if event.attr_type() != event.pmu_type() {
+            return Err(ENOENT);
+        }
+        if event.is_sampling() {
+            return Err(EOPNOTSUPP);
+        }
+        if event.config() & !EVENT_MASK != 0 || event.config() & EVENT_MASK != EVENT_CPU {
+            return Err(EINVAL);
+        }
+        // The perf core refuses these for device-scope PMUs already.
+        if event.is_per_task() {
+            return Err(EINVAL);
+        }
+        event.set_hw_state(HwState::STOPPED | HwState::UPTODATE);
+        Ok(())
+    }
+
+    fn add(&self, event: &mut Event, flags: Flags) -> Result {
+        event.set_hw_state(HwState::STOPPED | HwState::UPTODATE);
+        if flags.contains(Flags::START) {
+            self.start(event, flags);
+        }
+        Ok(())
+    }
+
+    fn del(&self, event: &mut Event, _flags: Flags) {
+        self.stop(event, Flags::UPDATE);
+    }
+
+    fn start(&self, event: &mut Event, _flags: Flags) {
+        event.set_hw_state(HwState::empty());
+    }
+
+    fn stop(&self, event: &mut Event, flags: Flags) {
+        let mut state = event.hw_state();
+        if flags.contains(Flags::UPDATE) && !state.contains(HwState::UPTODATE) {
+            Self::update(event);
+            state = state | HwState::UPTODATE;
+        }
+        event.set_hw_state(state | HwState::STOPPED);
+    }
+
+    fn read(&self, event: &mut Event) {
+        Self::update(event);
+    }
+
+    fn filter_allowed_cpus(&self, cpus: &mut CpuMask) -> Result {
+        cpus.and_cpus(self.allowed);
+        Ok(())
+    }
+
+    fn migrate_cpu(&self, cpu: u32) {
+        pr_info!("{}: now counting on CPU {}\n", self.name, cpu);
+    }
+}
+
+/// Registers the test PMU `name`, counted on one of the `allowed` CPUs.
+fn register(
+    module: &'static ThisModule,
+    name: &'static CStr,
+    allowed: &'static [u32],
+) -> Result<Pin<KBox<Registration<ScopePmu>>>> {
+    let options = Options {
+        name,
+        scope: Scope::Device,
+        capabilities: Capabilities::NO_INTERRUPT,
+        task_context: TaskContext::Invalid,
+        events: &EVENTS,
+        formats: &FORMATS,
+    };
+    let pmu = KBox::pin_init(
+        Registration::new(module, &options, ScopePmu { name, allowed }),
+        GFP_KERNEL,
+    )?;
+    match pmu.cpu() {
+        Some(cpu) => pr_info!("{}: type {}, on CPU {}\n", name, pmu.pmu_type(), cpu),
+        None => pr_info!("{}: type {}, parked\n", name, pmu.pmu_type()),
+    }
+    Ok(pmu)
+}
+
+struct ScopeTest {
+    _a: Pin<KBox<Registration<ScopePmu>>>,
+    _b: Pin<KBox<Registration<ScopePmu>>>,
+}
+
+impl kernel::Module for ScopeTest {
+    fn init(module: &'static ThisModule) -> Result<Self> {
+        let a = register(module, c_str!("perfbed_scope_a"), &[1, 2])?;
+        let b = register(module, c_str!("perfbed_scope_b"), &[3])?;
+        Ok(ScopeTest { _a: a, _b: b })
+    }
+}
