@@ -131,7 +131,7 @@ fn entries_to_prune(kind: &Path, keep: usize) -> Result<Vec<PathBuf>> {
             finished.push((meta.modified()?, dir));
         }
     }
-    finished.sort_by(|a, b| b.0.cmp(&a.0));
+    finished.sort_by_key(|(modified, _)| std::cmp::Reverse(*modified));
     Ok(finished.into_iter().skip(keep).map(|(_, dir)| dir).collect())
 }
 

@@ -33,6 +33,8 @@ pub const PACKAGES: &[(&str, &str)] = &[
     ("libfdt-dev", "building QEMU"),
     ("qemu-system-data", "firmware for microvm (qboot)"),
     ("seabios", "firmware for QEMU's pc machine"),
+    ("linux-perf", "the real perf tool, copied into the guest"),
+    ("busybox-static", "sleep and friends in the guest"),
 ];
 
 /// Where perfbed adds deb-src entries when the machine has none.

@@ -5,9 +5,11 @@ mod boot_stress;
 mod cache;
 mod cmd;
 mod deps;
+mod guest;
 mod image;
+mod pmu_checks;
 mod scenario;
-
+mod scope_test;
 mod test;
 mod vm;
 
@@ -96,15 +98,14 @@ impl RunArgs {
     }
 
     fn device(&self) -> Result<perfbed_device::DeviceConfig> {
-        let mut device = perfbed_device::DeviceConfig::default();
-        device.domains = match &self.domains {
+        let domains = match &self.domains {
             Some(spec) => spec
                 .split(':')
                 .map(|d| perfbed_device::cpus::parse_cpu_list(d).map_err(|e| anyhow::anyhow!("--domains {spec:?}: {e}")))
                 .collect::<Result<_>>()?,
             None => default_domains(self.cpus),
         };
-        Ok(device)
+        Ok(perfbed_device::DeviceConfig { domains, ..perfbed_device::DeviceConfig::default() })
     }
 }
 

@@ -14,6 +14,8 @@ use perfbed_device::regs::{self, Event};
 use perfbed_device::{ControlClient, DeviceConfig};
 
 use crate::cmd::human;
+use crate::guest::Guest;
+use crate::pmu_checks;
 use crate::vm::{self, Accel, Vm, VmConfig};
 
 #[derive(Debug, Clone)]
@@ -103,17 +105,23 @@ pub fn run(scenario: &Scenario, accel: &Accel) -> Result<Report> {
         passed: hello.cpus_online == want_online,
         detail: format!("{} (expected {want_online})", hello.cpus_online),
     });
-    let module = hello.modules.iter().find(|m| m.name == "perfbed");
+    // The device on its own first, driven from the guest without a driver.
+    checks.extend(device_checks(&mut vm, scenario.vm.cpus, &scenario.vm.device, scenario.request_timeout)?);
+    checks.push(perf_tool_check(&mut vm, scenario.request_timeout)?);
+
+    // Then perfbed.ko on it: load, and every PMU check.
+    let loaded = vm.request(&HostRequest::LoadModule { name: "perfbed".into() }, scenario.request_timeout)?;
+    let module_ok = loaded == AgentMessage::Done;
     checks.push(Check {
         name: "module loaded",
-        passed: module.is_some_and(|m| m.error.is_none()),
-        detail: match module {
-            Some(m) => m.error.clone().map_or("perfbed.ko".to_string(), |e| format!("perfbed.ko: {e}")),
-            None => "perfbed.ko is not in the initramfs".into(),
-        },
+        passed: module_ok,
+        detail: if module_ok { "perfbed.ko (finds the device from perfbed.device=)".into() } else { format!("perfbed.ko: {loaded:?}") },
     });
-
-    checks.extend(device_checks(&mut vm, scenario.vm.cpus, &scenario.vm.device, scenario.request_timeout)?);
+    if module_ok {
+        let control = ControlClient::connect(&vm.control_socket).context("connecting to the device's control socket")?;
+        let mut guest = Guest { vm: &mut vm, timeout: scenario.request_timeout };
+        checks.extend(pmu_checks::run(&mut guest, control, &scenario.vm.device)?);
+    }
 
     let rounds = scenario.hotplug_rounds;
     match vm.request(&HostRequest::Hotplug { rounds }, scenario.request_timeout)? {
@@ -132,6 +140,19 @@ pub fn run(scenario: &Scenario, accel: &Accel) -> Result<Report> {
         checks_time: checks_start.elapsed(),
         serial_log,
     })
+}
+
+/// The real perf tool, copied into the guest with its libraries, runs.
+fn perf_tool_check(vm: &mut Vm, timeout: Duration) -> Result<Check> {
+    let mut guest = Guest { vm, timeout };
+    let (status, _, stderr) = guest.run(&["/usr/bin/perf", "stat", "-x,", "-e", "task-clock", "/bin/busybox", "true"])?;
+    let passed = status == Some(0) && stderr.contains("task-clock");
+    let detail = if passed {
+        "`perf stat -e task-clock busybox true` runs in the guest".to_string()
+    } else {
+        format!("perf stat exited {status:?}: {}", stderr.trim())
+    };
+    Ok(Check { name: "perf tool", passed, detail })
 }
 
 /// The RMID the device checks count for.
@@ -206,6 +227,14 @@ fn device_checks(vm: &mut Vm, guest_cpus: u8, device: &DeviceConfig, timeout: Du
     }
     let values = mmio(vm, device, reads.clone(), timeout)?;
     let state = control.state()?;
+    // Hand the device over as reset: no owners, no slots assigned, no stats.
+    let mut release = Vec::new();
+    for d in 0..domains {
+        release.push(MmioAccess { cpu: 0, offset: regs::slot_ctl(d, 0), write: Some(0) });
+        release.push(MmioAccess { cpu: 0, offset: regs::domain_reg(d, regs::DOM_OWNER), write: Some(regs::NO_OWNER) });
+    }
+    mmio(vm, device, release, timeout)?;
+    control.reset_stats()?;
 
     let mask = regs::counter_mask(u64::from(device.counter_width));
     let mut problems = Vec::new();

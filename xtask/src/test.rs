@@ -12,7 +12,7 @@ use crate::cmd::human;
 use crate::scenario::{self, Scenario};
 use crate::vm::{self, Accel, Vm};
 use crate::image::Variant;
-use crate::{deps, image, scenario_for, RunArgs};
+use crate::{deps, image, scenario_for, scope_test, RunArgs};
 
 #[derive(Args)]
 pub struct TestArgs {
@@ -54,6 +54,12 @@ const VM_TESTS: &[VmTest] = &[
         variant: Variant::Normal,
         run: unresponsive_guest_times_out,
     },
+    VmTest {
+        name: "device_scope_pmu",
+        what: "on the debug kernel, device-scope PMUs are placed, move, park and return with CPU hotplug, opens racing moves land right or get EBUSY, and no lockdep/RCU/WARN report",
+        variant: Variant::Debug,
+        run: device_scope_pmu,
+    },
 ];
 
 pub fn run(ws: &Path, args: &TestArgs) -> Result<bool> {
@@ -80,7 +86,7 @@ pub fn run(ws: &Path, args: &TestArgs) -> Result<bool> {
 
 fn run_vm_tests(ws: &Path, args: &TestArgs) -> Result<bool> {
     let tests: Vec<&VmTest> =
-        VM_TESTS.iter().filter(|t| args.filter.as_deref().map_or(true, |f| t.name.contains(f))).collect();
+        VM_TESTS.iter().filter(|t| args.filter.as_deref().is_none_or(|f| t.name.contains(f))).collect();
     if tests.is_empty() {
         bail!("no VM test matches --filter {:?}", args.filter);
     }
@@ -117,6 +123,23 @@ fn boot_and_hotplug(scenario: &Scenario, accel: &Accel) -> Result<()> {
     if !report.passed() {
         bail!("failed checks:\n{}serial log: {}", report.table(), report.serial_log.display());
     }
+    print!("{}", report.table());
+    Ok(())
+}
+
+/// The device-scope test (`scope_test`) on a booted guest, then a clean
+/// power-off and a kernel log without any report.
+fn device_scope_pmu(scenario: &Scenario, accel: &Accel) -> Result<()> {
+    let booted = Vm::boot(&scenario.vm, accel)?;
+    let mut vm = booted.vm;
+    let checks = scope_test::run(&mut vm, scenario.request_timeout)?;
+    let serial_log = vm.serial_log.clone();
+    vm.power_off(Duration::from_secs(30))?;
+    let report = scenario::Report::from_checks(checks, &serial_log);
+    if !report.passed() {
+        bail!("failed checks:\n{}serial log: {}", report.table(), serial_log.display());
+    }
+    print!("{}", report.table());
     Ok(())
 }
 

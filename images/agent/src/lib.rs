@@ -136,6 +136,8 @@ pub enum HostRequest {
     /// Take every CPU but 0 offline and back online, `rounds` times, checking
     /// `/sys/devices/system/cpu/online` after each CPU.
     Hotplug { rounds: u32 },
+    /// Run a program of the initramfs (e.g. the real `perf`) and wait for it.
+    Run { argv: Vec<String> },
     /// Sync and power the guest off. The agent answers before it does.
     PowerOff,
 }
@@ -153,6 +155,8 @@ pub enum AgentMessage {
     PerfOpened { handle: u32 },
     PerfValues { values: Vec<u64> },
     Race(RaceResult),
+    /// A program's exit status (None if killed by a signal) and output.
+    Ran { status: Option<i32>, stdout: String, stderr: String },
     /// A system call failed: its errno (positive) and name, e.g. 16 "EBUSY".
     Errno { errno: i32, name: String, call: String },
     PoweringOff,

@@ -104,6 +104,17 @@ fn handle(request: HostRequest, events: &mut perf::Events, cmdline: &str) -> Age
             Ok(values) => AgentMessage::Mmio { values },
             Err(error) => AgentMessage::Error { error },
         },
+        HostRequest::Run { argv } => match argv.split_first() {
+            Some((program, args)) => match std::process::Command::new(program).args(args).output() {
+                Ok(out) => AgentMessage::Ran {
+                    status: out.status.code(),
+                    stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+                    stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+                },
+                Err(e) => AgentMessage::Error { error: format!("running {program}: {e}") },
+            },
+            None => AgentMessage::Error { error: "run: empty argv".into() },
+        },
         HostRequest::PowerOff => unreachable!("handled by the request loop"),
     }
 }

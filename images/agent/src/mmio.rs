@@ -18,7 +18,7 @@ struct Mapping {
 impl Mapping {
     fn new(base: u64, size: u64) -> Result<Mapping, String> {
         let size = usize::try_from(size).map_err(|_| format!("size {size:#x} too large"))?;
-        if size == 0 || base % 4096 != 0 {
+        if size == 0 || !base.is_multiple_of(4096) {
             return Err(format!("bad region {size:#x}@{base:#x}: empty or not page aligned"));
         }
         let offset = libc::off_t::try_from(base).map_err(|_| format!("base {base:#x} too large"))?;

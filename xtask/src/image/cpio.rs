@@ -59,7 +59,7 @@ impl Archive {
     }
 
     fn pad(&mut self) {
-        while self.bytes.len() % 4 != 0 {
+        while !self.bytes.len().is_multiple_of(4) {
             self.bytes.push(0);
         }
     }

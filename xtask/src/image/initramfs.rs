@@ -4,18 +4,63 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 
 use super::cpio::{Archive, Kind};
 use crate::cache::{Entry, Key};
 
-const RECIPE: &str = "initramfs-2";
+const RECIPE: &str = "initramfs-3";
+
+fn read(path: &str) -> Result<Vec<u8>> {
+    fs::read(path).with_context(|| format!("reading {path} for the initramfs (is its package installed? `cargo xtask deps`)"))
+}
+
+/// The shared libraries (and the dynamic loader) a host program needs, as
+/// `ldd` resolves them; none for a static program.
+fn shared_libraries(program: &str) -> Result<Vec<String>> {
+    let out = std::process::Command::new("ldd").arg(program).output().context("running ldd")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        // ldd fails on static programs ("not a dynamic executable").
+        return Ok(Vec::new());
+    }
+    let mut libs = Vec::new();
+    for line in text.lines() {
+        let path = match line.split_once("=>") {
+            Some((_, rest)) => rest.split_whitespace().next(),
+            None => line.split_whitespace().next(),
+        };
+        match path {
+            Some(p) if p.starts_with('/') => libs.push(p.to_string()),
+            Some("not") => bail!("{program} needs a library ldd cannot find: {}", line.trim()),
+            _ => {}
+        }
+    }
+    Ok(libs)
+}
+
+/// Host programs copied into the guest with the shared libraries they need:
+/// the real perf tool (Debian's linux-perf) and a static busybox for the
+/// little commands around it (`busybox sleep`).
+const BASE_DIRS: [&str; 6] = ["dev", "proc", "sys", "lib", "lib/modules", "lib/modules/extra"];
+
+pub const HOST_PROGRAMS: &[&str] = &["/usr/bin/perf", "/bin/busybox"];
 
 /// Returns the cached initramfs for this agent and these modules: the agent
 /// loads `boot_modules` (in `/lib/modules`) as it starts, `extra_modules`
 /// (in `/lib/modules/extra`) only when a test asks.
 pub fn ensure(agent: &Path, boot_modules: &[PathBuf], extra_modules: &[PathBuf]) -> Result<PathBuf> {
     let agent_bytes = fs::read(agent).with_context(|| format!("reading {}", agent.display()))?;
+    // Files at their host paths (relative), with their contents.
+    let mut files: Vec<(String, Vec<u8>, bool)> = Vec::new();
+    for program in HOST_PROGRAMS {
+        files.push((program.trim_start_matches('/').to_string(), read(program)?, true));
+        for lib in shared_libraries(program)? {
+            if !files.iter().any(|(p, _, _)| *p == lib.trim_start_matches('/')) {
+                files.push((lib.trim_start_matches('/').to_string(), read(&lib)?, true));
+            }
+        }
+    }
     let mut module_bytes = Vec::new();
     for (dir, modules) in [("lib/modules", boot_modules), ("lib/modules/extra", extra_modules)] {
         for ko in modules {
@@ -29,6 +74,9 @@ pub fn ensure(agent: &Path, boot_modules: &[PathBuf], extra_modules: &[PathBuf])
     for (name, bytes) in &module_bytes {
         key.add(name, bytes);
     }
+    for (path, bytes, _) in &files {
+        key.add(path, bytes);
+    }
     let entry = Entry::new("initramfs", &key)?;
     let cpio = entry.dir.join("initramfs.cpio");
     if entry.is_ready() {
@@ -36,7 +84,7 @@ pub fn ensure(agent: &Path, boot_modules: &[PathBuf], extra_modules: &[PathBuf])
     }
     entry.begin()?;
     let mut archive = Archive::new();
-    for dir in ["dev", "proc", "sys", "lib", "lib/modules", "lib/modules/extra"] {
+    for dir in BASE_DIRS {
         archive.add(dir, Kind::Dir);
     }
     // The kernel opens /dev/console for init's stdio before anything mounts
@@ -45,6 +93,19 @@ pub fn ensure(agent: &Path, boot_modules: &[PathBuf], extra_modules: &[PathBuf])
     archive.add("init", Kind::File { data: &agent_bytes, executable: true });
     for (path, bytes) in &module_bytes {
         archive.add(path, Kind::File { data: bytes, executable: false });
+    }
+    let mut dirs: Vec<String> = BASE_DIRS.map(String::from).to_vec();
+    for (path, bytes, executable) in &files {
+        // Parents first, each once.
+        let mut parent = String::new();
+        for part in path.split('/').collect::<Vec<_>>().split_last().map_or(&[][..], |(_, dirs)| dirs) {
+            parent = if parent.is_empty() { part.to_string() } else { format!("{parent}/{part}") };
+            if !dirs.contains(&parent) {
+                archive.add(&parent, Kind::Dir);
+                dirs.push(parent.clone());
+            }
+        }
+        archive.add(path, Kind::File { data: bytes, executable: *executable });
     }
     fs::write(&cpio, archive.finish()).with_context(|| format!("writing {}", cpio.display()))?;
     entry.mark_ready()?;

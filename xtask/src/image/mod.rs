@@ -28,9 +28,12 @@ pub use kernel::Variant;
 pub fn ensure(workspace: &Path, variant: Variant) -> Result<Images> {
     crate::deps::ensure()?;
     let kernel = kernel::ensure(workspace, variant)?;
-    let driver = module::ensure(workspace, &kernel, "guest-driver", "perfbed")?;
+    // Loaded by the scenario once the device has been checked on its own.
+    let driver = module::ensure(workspace, &kernel, "guest-driver", "perfbed", &["device/src/regs.rs"])?;
+    // Loaded only by the device-scope test (images/kernel/scope-test).
+    let scope_test = module::ensure(workspace, &kernel, "images/kernel/scope-test", "perfbed_scope_test", &[])?;
     let agent = agent::build(workspace)?;
-    let initramfs = initramfs::ensure(&agent, &[driver], &[])?;
+    let initramfs = initramfs::ensure(&agent, &[], &[driver, scope_test])?;
     let qemu = qemu::ensure(workspace)?;
     Ok(Images { vmlinux: kernel.vmlinux, initramfs, kernel_release: kernel.release, qemu })
 }

@@ -1,0 +1,878 @@
+// SPDX-License-Identifier: GPL-2.0
+
+//! perfbed: device-scope perf PMUs for the perfbed monitoring device.
+//!
+//! The device (see `device/README.md`; its register map is `regs.rs`, copied from
+//! `device/src/regs.rs` by the build) counts memory bandwidth and LLC occupancy per RMID in a few
+//! domains. This module registers one counting-only perf PMU per domain, `perfbed_l3_<d>`, with
+//! `PERF_PMU_SCOPE_DEVICE`: the perf core counts each PMU's events on one CPU of the domain's
+//! allowed set and moves them when that CPU goes away.
+//!
+//! - `llc_occupancy` (event 1) is a gauge read from `OCCUPANCY[rmid]`; it needs no slot.
+//! - `mbm_total_bytes` and `mbm_local_bytes` (events 2, 3) need one of the domain's counter slots
+//!   while scheduled in; when none is free `add` fails and perf multiplexes. Slot counters are
+//!   `width` bits wide and wrap: each slot keeps a 64-bit total that a poll, on the owner CPU,
+//!   brings up to date often enough that a counter never wraps twice between two reads.
+//!
+//! Counts are in bytes (counter units times the device's unit); sysfs gives perf the scale to
+//! MB. Every counter read happens on the domain's owner CPU, with the device's `OWNER` register
+//! set to that CPU first, and under the domain's lock with interrupts off.
+
+use kernel::c_str;
+use kernel::perf::{
+    self, Capabilities, CpuMask, Event, EventAttr, Flags, FormatAttr, HwState, Options, Pmu,
+    Registration, Scope, TaskContext,
+};
+use kernel::prelude::*;
+use kernel::str::CString;
+use kernel::sync::{new_spinlock, Arc, SpinLock};
+
+mod hw;
+// The device's register map, shared with the device model: not all of it is used here.
+#[allow(unreachable_pub)]
+mod regs;
+
+use hw::warn_ratelimited;
+use regs::Event as EventId;
+
+module! {
+    type: Perfbed,
+    name: "perfbed",
+    author: "perfbed developers",
+    description: "Device-scope perf PMUs for the perfbed monitoring device",
+    license: "GPL",
+}
+
+// ---------------------------------------------------------------------------
+// The perf interface: config layout and sysfs files
+// ---------------------------------------------------------------------------
+
+/// `attr.config` bits 0-7: the event id (`format/event`).
+const CONFIG_EVENT_MASK: u64 = 0xff;
+/// `attr.config` bits 8-23: the RMID (`format/rmid`).
+const CONFIG_RMID_SHIFT: u64 = 8;
+const CONFIG_RMID_MASK: u64 = 0xffff;
+/// The `attr.config` bits that mean something; any other set bit is refused.
+const CONFIG_KNOWN: u64 = CONFIG_EVENT_MASK | (CONFIG_RMID_MASK << CONFIG_RMID_SHIFT);
+
+static FORMATS: [FormatAttr<'static>; 2] = [
+    FormatAttr::new(c_str!("event"), c_str!("config:0-7")),
+    FormatAttr::new(c_str!("rmid"), c_str!("config:8-23")),
+];
+
+/// Counts are bytes; perf shows them in MB (2^20 bytes, as resctrl and the old intel_cqm did).
+const EVENT_UNIT: &CStr = c_str!("MB");
+const EVENT_SCALE: &CStr = c_str!("9.5367431640625e-07");
+
+/// The `events/` files, for the events the device supports (its `REG_EVENTS`).
+const EVENT_FILES: [(EventId, &CStr, &CStr); 3] = [
+    (EventId::LlcOccupancy, c_str!("llc_occupancy"), c_str!("event=0x01")),
+    (EventId::MbmTotalBytes, c_str!("mbm_total_bytes"), c_str!("event=0x02")),
+    (EventId::MbmLocalBytes, c_str!("mbm_local_bytes"), c_str!("event=0x03")),
+];
+
+/// How often wrap polling runs at most, and its period when the device gives no maximum rate.
+const MAX_POLL_MS: u32 = 1000;
+const DEFAULT_POLL_MS: u32 = 100;
+/// Polls per wrap time at the maximum rate: a poll that runs late still comes long before a
+/// counter could wrap twice.
+const POLLS_PER_WRAP: u64 = 5;
+
+/// The event an `attr.config` selects.
+#[derive(Clone, Copy)]
+struct Config {
+    id: EventId,
+    rmid: u64,
+}
+
+impl Config {
+    /// Decodes `config` without checking it against the device; for configs that passed
+    /// [`Device::check_config`].
+    fn decode(config: u64) -> Option<Config> {
+        Some(Config {
+            id: EventId::from_u64(config & CONFIG_EVENT_MASK)?,
+            rmid: (config >> CONFIG_RMID_SHIFT) & CONFIG_RMID_MASK,
+        })
+    }
+
+    /// Whether the event needs a counter slot.
+    fn needs_slot(self) -> bool {
+        self.id.is_cumulative()
+    }
+
+    /// The `SLOT_CTL` value that counts this event.
+    fn slot_ctl(self) -> u64 {
+        regs::slot_ctl_value(self.id, self.rmid)
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The device
+// ---------------------------------------------------------------------------
+
+/// The mapped device and its self-description.
+struct Device {
+    mmio: hw::Mmio,
+    base: u64,
+    domains: u32,
+    rmids: u64,
+    slots: usize,
+    width: u64,
+    /// Mask of the counter field, `2^width - 1`.
+    mask: u64,
+    /// Bytes per counter unit.
+    unit: u64,
+    /// Maximum bandwidth of a domain, bytes/s (0: not given).
+    max_rate: u64,
+    /// Bitmask of the supported event ids.
+    events: u64,
+    /// Wrap polling period.
+    poll_ms: u32,
+}
+
+impl Device {
+    /// Reads and checks the self-description of the device mapped by `mmio` at `base`.
+    fn probe(mmio: hw::Mmio, base: u64, size: u64) -> Result<Device> {
+        let magic = mmio.read(regs::REG_MAGIC);
+        if magic != regs::MAGIC_VALUE {
+            pr_err!(
+                "no perfbed device at {:#x}: magic {:#x}, expected {:#x}\n",
+                base,
+                magic,
+                regs::MAGIC_VALUE
+            );
+            return Err(ENODEV);
+        }
+        let version = mmio.read(regs::REG_VERSION);
+        if version != regs::VERSION_VALUE {
+            pr_err!(
+                "device at {:#x} has version {}, this driver knows version {}\n",
+                base,
+                version,
+                regs::VERSION_VALUE
+            );
+            return Err(ENODEV);
+        }
+
+        let domains = mmio.read(regs::REG_NUM_DOMAINS);
+        let rmids = mmio.read(regs::REG_NUM_RMIDS);
+        let slots = mmio.read(regs::REG_NUM_SLOTS);
+        let width = mmio.read(regs::REG_COUNTER_WIDTH);
+        let unit = mmio.read(regs::REG_COUNTER_UNIT);
+        let max_rate = mmio.read(regs::REG_MAX_RATE);
+        let events = mmio.read(regs::REG_EVENTS) & regs::EVENTS_MASK;
+        let shape_ok = (1..=regs::MAX_DOMAINS).contains(&domains)
+            && (1..=regs::MAX_RMIDS).contains(&rmids)
+            && (1..=regs::MAX_SLOTS).contains(&slots)
+            && (regs::MIN_COUNTER_WIDTH..=regs::MAX_COUNTER_WIDTH).contains(&width)
+            && unit.is_power_of_two();
+        if !shape_ok {
+            pr_err!(
+                "device at {:#x}: unsupported self-description: {} domains, {} RMIDs, {} slots, \
+                 {}-bit counters, unit {}\n",
+                base,
+                domains,
+                rmids,
+                slots,
+                width,
+                unit
+            );
+            return Err(ENODEV);
+        }
+
+        // The driver finds registers with the `regs` offset functions: the device must agree.
+        let layout = [
+            (regs::REG_DOMAIN_BASE, regs::DOMAIN_BASE),
+            (regs::REG_DOMAIN_STRIDE, regs::DOMAIN_STRIDE),
+            (regs::REG_SLOT_BASE, regs::DOM_SLOTS),
+            (regs::REG_SLOT_STRIDE, regs::SLOT_STRIDE),
+            (regs::REG_OCCUPANCY_BASE, regs::DOM_OCCUPANCY),
+        ];
+        for (reg, expected) in layout {
+            let value = mmio.read(reg);
+            if value != expected {
+                pr_err!(
+                    "device at {:#x}: register {:#x} is {:#x}, expected {:#x}\n",
+                    base,
+                    reg,
+                    value,
+                    expected
+                );
+                return Err(ENODEV);
+            }
+        }
+        let needed = regs::device_size(domains, rmids, slots);
+        if needed > size {
+            pr_err!(
+                "device at {:#x} needs {:#x} bytes of registers, the parameter gives {:#x}\n",
+                base,
+                needed,
+                size
+            );
+            return Err(ENODEV);
+        }
+        if events == 0 {
+            pr_err!("device at {:#x} supports no known event\n", base);
+            return Err(ENODEV);
+        }
+
+        let poll_ms = poll_period_ms(width, unit, max_rate);
+
+        Ok(Device {
+            mmio,
+            base,
+            // CAST: checked above to be at most `MAX_DOMAINS`/`MAX_SLOTS`.
+            domains: domains as u32,
+            rmids,
+            slots: slots as usize,
+            width,
+            mask: regs::counter_mask(width),
+            unit,
+            max_rate,
+            events,
+            poll_ms,
+        })
+    }
+
+    /// Checks `attr.config*` of `event`; returns what it selects.
+    fn check_config(&self, event: &Event) -> Result<Config> {
+        let config = event.config();
+        if config & !CONFIG_KNOWN != 0 || event.config1() != 0 || event.config2() != 0 {
+            return Err(EINVAL);
+        }
+        let config = Config::decode(config).ok_or(EINVAL)?;
+        if self.events & (1 << config.id as u64) == 0 || config.rmid >= self.rmids {
+            return Err(EINVAL);
+        }
+        Ok(config)
+    }
+}
+
+/// The wrap polling period for counters of `width` bits of `unit` bytes that count at most
+/// `max_rate` bytes/s (0: unknown).
+fn poll_period_ms(width: u64, unit: u64, max_rate: u64) -> u32 {
+    if max_rate == 0 {
+        return DEFAULT_POLL_MS;
+    }
+    // A counter wraps after 2^width units; at the maximum rate that takes `wrap_ms`. No overflow
+    // means the wrap is more than 2^64 ms away.
+    let wrap_ms = 1u64
+        .checked_shl(width as u32)
+        .and_then(|units| units.checked_mul(unit))
+        .and_then(|bytes| bytes.checked_mul(1000))
+        .map_or(u64::MAX, |bytes_ms| bytes_ms / max_rate);
+    if wrap_ms < 50 {
+        pr_warn!(
+            "counters can wrap every {} ms: wrap polling may not keep counts exact\n",
+            wrap_ms
+        );
+    }
+    // CAST: clamped to at most `MAX_POLL_MS`.
+    (wrap_ms / POLLS_PER_WRAP).clamp(1, u64::from(MAX_POLL_MS)) as u32
+}
+
+/// Parses the `device=<size>@<base>` parameter (hex numbers, `0x` optional).
+fn parse_device_param(param: &CStr) -> Result<(u64, u64)> {
+    let text = param.as_bytes().trim_ascii();
+    if text.is_empty() {
+        pr_err!("missing parameter device=<size>@<base> (e.g. device=0x3000@0xfe000000)\n");
+        return Err(EINVAL);
+    }
+    let parsed = text
+        .iter()
+        .position(|&c| c == b'@')
+        .and_then(|at| Some((parse_hex(&text[..at])?, parse_hex(&text[at + 1..])?)));
+    match parsed {
+        Some((size, base))
+            if size >= regs::DOMAIN_BASE
+                && size % 0x1000 == 0
+                && base % 0x1000 == 0
+                && base.checked_add(size).is_some() =>
+        {
+            Ok((size, base))
+        }
+        _ => {
+            pr_err!(
+                "malformed parameter device={}: expected <size>@<base> in hex, page-aligned, \
+                 e.g. 0x3000@0xfe000000\n",
+                param
+            );
+            Err(EINVAL)
+        }
+    }
+}
+
+/// Parses a hex number with an optional `0x` prefix.
+fn parse_hex(text: &[u8]) -> Option<u64> {
+    let digits = text
+        .strip_prefix(b"0x")
+        .or_else(|| text.strip_prefix(b"0X"))
+        .unwrap_or(text);
+    if digits.is_empty() {
+        return None;
+    }
+    digits.iter().try_fold(0u64, |value, &c| {
+        let digit = (c as char).to_digit(16)?;
+        value.checked_mul(16)?.checked_add(u64::from(digit))
+    })
+}
+
+// ---------------------------------------------------------------------------
+// A domain: its counter slots and owner
+// ---------------------------------------------------------------------------
+
+/// A counter slot as the driver sees it.
+#[derive(Clone, Copy)]
+struct Slot {
+    /// The `SLOT_CTL` value written to it, 0 when free.
+    ctl: u64,
+    /// Started: the poll keeps `total` up to date.
+    running: bool,
+    /// Assigned (which zeroes the counter) and not started since.
+    fresh: bool,
+    /// The counter field at the last read.
+    last: u64,
+    /// Counter units since the counter was last zeroed, as a 64-bit count that does not wrap.
+    total: u64,
+}
+
+impl Slot {
+    const FREE: Slot = Slot {
+        ctl: 0,
+        running: false,
+        fresh: false,
+        last: 0,
+        total: 0,
+    };
+}
+
+/// The state of a domain shared by its PMU callbacks and its poll.
+struct DomainHw {
+    /// The CPU written to the device's `OWNER` register.
+    owner: Option<u32>,
+    slots: [Slot; regs::MAX_SLOTS as usize],
+    /// Number of running slots.
+    running: u32,
+}
+
+/// One monitoring domain of the device.
+///
+/// `hw` is only locked with interrupts off: in the perf callbacks (which the perf core calls
+/// that way), in the poll's cross-CPU call, and through [`hw::with_irqs_off`] elsewhere.
+#[pin_data(PinnedDrop)]
+struct Domain {
+    index: u32,
+    /// The `ALLOWED_CPUS` mask.
+    allowed: u64,
+    dev: Arc<Device>,
+    #[pin]
+    hw: SpinLock<DomainHw>,
+}
+
+impl Domain {
+    fn new(dev: &Arc<Device>, index: u32) -> impl PinInit<Self, Error> + '_ {
+        let allowed = dev
+            .mmio
+            .read(regs::domain_reg(index.into(), regs::DOM_ALLOWED_CPUS));
+        try_pin_init!(Domain {
+            index,
+            allowed,
+            dev: dev.clone(),
+            hw <- new_spinlock!(
+                DomainHw {
+                    owner: None,
+                    slots: [Slot::FREE; regs::MAX_SLOTS as usize],
+                    running: 0,
+                },
+                "perfbed_domain"
+            ),
+        }? Error)
+    }
+
+    fn is_allowed(&self, cpu: u32) -> bool {
+        cpu < 64 && self.allowed & (1u64 << cpu) != 0
+    }
+
+    fn reg(&self, reg: u64) -> u64 {
+        regs::domain_reg(self.index.into(), reg)
+    }
+
+    fn slot_ctl_reg(&self, slot: usize) -> u64 {
+        // CAST: slot numbers are below `MAX_SLOTS`.
+        regs::slot_ctl(self.index.into(), slot as u64)
+    }
+
+    fn slot_count_reg(&self, slot: usize) -> u64 {
+        // CAST: slot numbers are below `MAX_SLOTS`.
+        regs::slot_count(self.index.into(), slot as u64)
+    }
+
+    /// Tells the device that `owner` now reads this domain (`None`: nobody).
+    fn set_owner(&self, hw: &mut DomainHw, owner: Option<u32>) {
+        if hw.owner != owner {
+            let value = owner.map_or(regs::NO_OWNER, u64::from);
+            self.dev.mmio.write(self.reg(regs::DOM_OWNER), value);
+            hw.owner = owner;
+        }
+    }
+
+    /// Makes this CPU, `cpu`, the owner before it reads counters, unless it already is.
+    ///
+    /// The perf core calls the PMU on its new CPU as soon as it has moved the events, which can be
+    /// just before it calls [`Pmu::migrate_cpu`]; a read then claims the domain itself.
+    fn claim(&self, hw: &mut DomainHw, cpu: u32) -> bool {
+        if hw.owner == Some(cpu) {
+            return true;
+        }
+        if !self.is_allowed(cpu) {
+            warn_ratelimited!(
+                "perfbed_l3_{}: not reading counters from CPU {}, outside the domain\n",
+                self.index,
+                cpu
+            );
+            return false;
+        }
+        self.set_owner(hw, Some(cpu));
+        true
+    }
+
+    /// Reads a counter register; `None` (and a warning) if the device flags the value.
+    fn read_counter(&self, offset: u64) -> Option<u64> {
+        let value = self.dev.mmio.read(offset);
+        if value & (regs::COUNTER_ERROR | regs::COUNTER_UNAVAILABLE) != 0 {
+            let what = if value & regs::COUNTER_ERROR != 0 {
+                "placement error"
+            } else {
+                "counter unavailable"
+            };
+            warn_ratelimited!(
+                "perfbed_l3_{}: {} reading register {:#x} on CPU {} (value {:#x}), ignored\n",
+                self.index,
+                what,
+                offset,
+                perf::current_cpu(),
+                value
+            );
+            return None;
+        }
+        Some(value & self.dev.mask)
+    }
+
+    /// Folds the hardware counter of `slot` into its 64-bit total. The caller owns the domain.
+    fn sync_slot(&self, hw: &mut DomainHw, slot: usize) -> bool {
+        let Some(now) = self.read_counter(self.slot_count_reg(slot)) else {
+            return false;
+        };
+        let s = &mut hw.slots[slot];
+        // The poll period keeps this below one wrap.
+        let delta = now.wrapping_sub(s.last) & self.dev.mask;
+        s.last = now;
+        s.total = s.total.wrapping_add(delta);
+        true
+    }
+
+    /// The slot `event` was given in `add`, if it still holds the event's assignment.
+    fn slot_of(&self, hw: &DomainHw, event: &Event, config: Config) -> Option<usize> {
+        let slot = usize::try_from(event.hw_idx())
+            .ok()
+            .filter(|&slot| slot < self.dev.slots);
+        let slot = slot.filter(|&slot| hw.slots[slot].ctl == config.slot_ctl());
+        if slot.is_none() {
+            warn_ratelimited!(
+                "perfbed_l3_{}: event has no slot (idx {})\n",
+                self.index,
+                event.hw_idx()
+            );
+        }
+        slot
+    }
+
+    /// Brings the count of the active `event` up to date. Runs on the event's CPU with interrupts
+    /// off, like all the PMU callbacks.
+    fn fold(&self, event: &Event, config: Config) {
+        let cpu = perf::current_cpu();
+        let mut hw = self.hw.lock();
+        if !self.claim(&mut hw, cpu) {
+            return;
+        }
+        if !config.needs_slot() {
+            // A gauge: the count is the current occupancy.
+            // CAST: `rmid` is below the device's RMID count.
+            let offset = regs::occupancy(self.index.into(), config.rmid);
+            if let Some(units) = self.read_counter(offset) {
+                event.count().set(units.saturating_mul(self.dev.unit));
+            }
+            return;
+        }
+        let Some(slot) = self.slot_of(&hw, event, config) else {
+            return;
+        };
+        if !self.sync_slot(&mut hw, slot) {
+            return;
+        }
+        let total = hw.slots[slot].total;
+        drop(hw);
+        let prev = event.hw_prev_count().xchg(total);
+        event
+            .count()
+            .add(total.wrapping_sub(prev).wrapping_mul(self.dev.unit));
+    }
+
+    /// Polls the running slots; runs on the owner CPU with interrupts off.
+    fn poll_here(&self) {
+        let mut hw = self.hw.lock();
+        if hw.owner != Some(perf::current_cpu()) {
+            // The domain moved since the poll was aimed; the next poll goes to the new owner.
+            return;
+        }
+        for slot in 0..self.dev.slots {
+            if hw.slots[slot].running {
+                self.sync_slot(&mut hw, slot);
+            }
+        }
+    }
+}
+
+impl hw::Poll for Domain {
+    fn poll(&self) -> bool {
+        let mut state = (None, false);
+        hw::with_irqs_off(|| {
+            let hw = self.hw.lock();
+            state = (hw.owner, hw.running > 0);
+        });
+        let (owner, running) = state;
+        if !running {
+            // Nothing to poll; `start` kicks the poller again.
+            return false;
+        }
+        if let Some(cpu) = owner {
+            // An offline owner (`ENXIO`) is left alone: the perf core moves the domain away.
+            let _ = hw::on_cpu(cpu, || self.poll_here());
+        }
+        true
+    }
+}
+
+#[pinned_drop]
+impl PinnedDrop for Domain {
+    fn drop(self: Pin<&mut Self>) {
+        // The PMU is unregistered and its poll stopped: leave the device as reset.
+        for slot in 0..self.dev.slots {
+            self.dev.mmio.write(self.slot_ctl_reg(slot), 0);
+        }
+        self.dev
+            .mmio
+            .write(self.reg(regs::DOM_OWNER), regs::NO_OWNER);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The PMU of a domain
+// ---------------------------------------------------------------------------
+
+/// The driver data of the PMU `perfbed_l3_<d>`.
+struct DomainPmu {
+    /// Polls the domain's running slots for wraps; stopped before the domain goes away.
+    poller: hw::Poller<Domain>,
+}
+
+impl DomainPmu {
+    fn domain(&self) -> &Domain {
+        self.poller.target()
+    }
+
+    /// Checks the group `event` joins: only this PMU's events and software events, and no more
+    /// slots than the domain has.
+    fn check_group(&self, event: &Event, config: Config) -> Result {
+        if event.is_group_leader() {
+            // Alone (a new leader has no siblings yet); a domain has at least one slot.
+            return Ok(());
+        }
+        let leader = event.group_leader();
+        let mut slots = usize::from(config.needs_slot());
+        for member in Iterator::chain(core::iter::once(leader), leader.siblings()) {
+            if member.same_pmu(event) {
+                let needs = Config::decode(member.config()).is_some_and(Config::needs_slot);
+                slots += usize::from(needs);
+            } else if !hw::is_software(member) {
+                return Err(EINVAL);
+            }
+        }
+        if slots > self.domain().dev.slots {
+            return Err(EINVAL);
+        }
+        Ok(())
+    }
+
+    /// The event's config, checked at `event_init` and kept in `hw.config`.
+    fn config_of(event: &Event) -> Option<Config> {
+        Config::decode(event.hw_config())
+    }
+}
+
+#[vtable]
+impl Pmu for DomainPmu {
+    fn event_init(&self, event: &mut Event) -> Result {
+        if event.attr_type() != event.pmu_type() {
+            return Err(ENOENT);
+        }
+        if event.is_per_task() {
+            return Err(EINVAL);
+        }
+        if event.is_sampling() {
+            return Err(EOPNOTSUPP);
+        }
+        if event.has_exclude() {
+            return Err(EINVAL);
+        }
+        let config = self.domain().dev.check_config(event)?;
+        self.check_group(event, config)?;
+        event.set_hw_config(event.config());
+        event.set_hw_idx(-1);
+        event.set_hw_state(HwState::STOPPED | HwState::UPTODATE);
+        Ok(())
+    }
+
+    fn add(&self, event: &mut Event, flags: Flags) -> Result {
+        let config = Self::config_of(event).ok_or(EINVAL)?;
+        if config.needs_slot() {
+            let domain = self.domain();
+            let mut hw = domain.hw.lock();
+            let slot = (0..domain.dev.slots)
+                .find(|&slot| hw.slots[slot].ctl == 0)
+                .ok_or(EAGAIN)?;
+            let ctl = config.slot_ctl();
+            // Assigning zeroes the counter: no read needed to start from it.
+            domain.dev.mmio.write(domain.slot_ctl_reg(slot), ctl);
+            hw.slots[slot] = Slot {
+                ctl,
+                fresh: true,
+                ..Slot::FREE
+            };
+            drop(hw);
+            // CAST: slot numbers are below `MAX_SLOTS`.
+            event.set_hw_idx(slot as i32);
+            event.hw_prev_count().set(0);
+        }
+        event.set_hw_state(HwState::STOPPED | HwState::UPTODATE);
+        if flags.contains(Flags::START) {
+            self.start(event, flags);
+        }
+        Ok(())
+    }
+
+    fn del(&self, event: &mut Event, _flags: Flags) {
+        self.stop(event, Flags::UPDATE);
+        if let Some(config) = Self::config_of(event).filter(|c| c.needs_slot()) {
+            let domain = self.domain();
+            let mut hw = domain.hw.lock();
+            if let Some(slot) = domain.slot_of(&hw, event, config) {
+                domain.dev.mmio.write(domain.slot_ctl_reg(slot), 0);
+                hw.slots[slot] = Slot::FREE;
+            }
+        }
+        event.set_hw_idx(-1);
+    }
+
+    fn start(&self, event: &mut Event, _flags: Flags) {
+        let Some(config) = Self::config_of(event) else {
+            return;
+        };
+        if config.needs_slot() {
+            let domain = self.domain();
+            let mut hw = domain.hw.lock();
+            let Some(slot) = domain.slot_of(&hw, event, config) else {
+                return;
+            };
+            let s = &mut hw.slots[slot];
+            if !s.fresh {
+                // Restarted after a stop: count from zero again, without a read.
+                domain.dev.mmio.write(domain.slot_ctl_reg(slot), s.ctl);
+            }
+            let was_running = s.running;
+            s.running = true;
+            s.fresh = false;
+            s.last = 0;
+            s.total = 0;
+            if !was_running {
+                hw.running += 1;
+            }
+            drop(hw);
+            event.hw_prev_count().set(0);
+            self.poller.kick();
+        }
+        event.set_hw_state(HwState::empty());
+    }
+
+    fn stop(&self, event: &mut Event, flags: Flags) {
+        let Some(config) = Self::config_of(event) else {
+            return;
+        };
+        let state = event.hw_state();
+        if !state.contains(HwState::STOPPED) {
+            // Fold only when stopping a running counter: a stopped slot's counter is stale (it
+            // is zeroed again at the next start).
+            if flags.contains(Flags::UPDATE) {
+                self.domain().fold(event, config);
+            }
+            if config.needs_slot() {
+                let domain = self.domain();
+                let mut hw = domain.hw.lock();
+                if let Some(slot) = domain.slot_of(&hw, event, config) {
+                    if hw.slots[slot].running {
+                        hw.slots[slot].running = false;
+                        hw.running -= 1;
+                    }
+                }
+            }
+        }
+        event.set_hw_state(HwState::STOPPED | HwState::UPTODATE);
+    }
+
+    fn read(&self, event: &mut Event) {
+        if event.hw_state().contains(HwState::STOPPED) {
+            return;
+        }
+        if let Some(config) = Self::config_of(event) {
+            self.domain().fold(event, config);
+        }
+    }
+
+    fn filter_allowed_cpus(&self, cpus: &mut CpuMask) -> Result {
+        let domain = self.domain();
+        cpus.retain(|cpu| domain.is_allowed(cpu));
+        Ok(())
+    }
+
+    fn migrate_cpu(&self, cpu: u32) {
+        let domain = self.domain();
+        let owner = domain.is_allowed(cpu).then_some(cpu);
+        hw::with_irqs_off(|| {
+            let mut hw = domain.hw.lock();
+            domain.set_owner(&mut hw, owner);
+        });
+        // The poll reads the owner each time: it follows the domain without more ado.
+        match owner {
+            Some(cpu) => pr_debug!("perfbed_l3_{}: counting on CPU {}\n", domain.index, cpu),
+            None => pr_debug!("perfbed_l3_{}: parked\n", domain.index),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The module
+// ---------------------------------------------------------------------------
+
+/// Registers the PMU of domain `index`.
+fn register(
+    module: &'static ThisModule,
+    dev: &Arc<Device>,
+    index: u32,
+) -> Result<Pin<KBox<Registration<DomainPmu>>>> {
+    let name = CString::try_from_fmt(kernel::fmt!("perfbed_l3_{}", index))?;
+    let domain = Arc::pin_init(Domain::new(dev, index), GFP_KERNEL)?;
+    let allowed = domain.allowed;
+    let poller = hw::Poller::new(domain, dev.poll_ms)?;
+
+    let mut events = KVec::with_capacity(EVENT_FILES.len(), GFP_KERNEL)?;
+    for (id, file, value) in EVENT_FILES {
+        if dev.events & (1 << id as u64) != 0 {
+            let attr = EventAttr::new(file, value).unit(EVENT_UNIT).scale(EVENT_SCALE);
+            events.push(attr, GFP_KERNEL)?;
+        }
+    }
+    let options = Options {
+        name: &name,
+        scope: Scope::Device,
+        capabilities: Capabilities::NO_INTERRUPT | Capabilities::NO_EXCLUDE,
+        task_context: TaskContext::Invalid,
+        events: &events,
+        formats: &FORMATS,
+    };
+    let pmu = KBox::pin_init(
+        Registration::new(module, &options, DomainPmu { poller }),
+        GFP_KERNEL,
+    )
+    .inspect_err(|e| {
+        pr_err!(
+            "{}: cannot register the PMU (allowed CPUs {:#x}): {:?}\n",
+            &*name,
+            allowed,
+            e
+        )
+    })?;
+
+    // The perf core placed the PMU during registration (through `migrate_cpu`); make sure the
+    // device agrees before any event can read a counter.
+    let domain = pmu.data().domain();
+    let cpu = pmu.cpu();
+    hw::with_irqs_off(|| {
+        let mut hw = domain.hw.lock();
+        domain.set_owner(&mut hw, cpu.filter(|&cpu| domain.is_allowed(cpu)));
+    });
+    match cpu {
+        Some(cpu) => pr_info!(
+            "{}: type {}, allowed CPUs {:#x}, on CPU {}\n",
+            &*name,
+            pmu.pmu_type(),
+            allowed,
+            cpu
+        ),
+        None => pr_info!(
+            "{}: type {}, allowed CPUs {:#x}, parked (no allowed CPU online)\n",
+            &*name,
+            pmu.pmu_type(),
+            allowed
+        ),
+    }
+    Ok(pmu)
+}
+
+struct Perfbed {
+    /// Dropped first: unregistering the PMUs stops their polls and releases their slots.
+    _pmus: KVec<Pin<KBox<Registration<DomainPmu>>>>,
+    /// Unmapped last, when the domains no longer use it.
+    _dev: Arc<Device>,
+}
+
+impl kernel::Module for Perfbed {
+    fn init(module: &'static ThisModule) -> Result<Self> {
+        let (size, base) = parse_device_param(hw::device_param())?;
+        let mmio = hw::Mmio::map(base, size).inspect_err(|_| {
+            pr_err!("cannot map the registers at {:#x} ({:#x} bytes)\n", base, size)
+        })?;
+        let dev = Arc::new(Device::probe(mmio, base, size)?, GFP_KERNEL)?;
+
+        // Start from a clean device: no slot assigned, no owner.
+        for d in 0..dev.domains {
+            for slot in 0..dev.slots {
+                // CAST: slot numbers are below `MAX_SLOTS`.
+                let offset = regs::slot_ctl(d.into(), slot as u64);
+                dev.mmio.write(offset, 0);
+            }
+            dev.mmio
+                .write(regs::domain_reg(d.into(), regs::DOM_OWNER), regs::NO_OWNER);
+        }
+        pr_info!(
+            "device at {:#x}: {} domains, {} RMIDs, {} slots, {}-bit counters of {} bytes, \
+             max {} bytes/s; wrap polling every {} ms\n",
+            dev.base,
+            dev.domains,
+            dev.rmids,
+            dev.slots,
+            dev.width,
+            dev.unit,
+            dev.max_rate,
+            dev.poll_ms
+        );
+
+        let mut pmus = KVec::with_capacity(dev.domains as usize, GFP_KERNEL)?;
+        for d in 0..dev.domains {
+            pmus.push(register(module, &dev, d)?, GFP_KERNEL)?;
+        }
+        Ok(Perfbed {
+            _pmus: pmus,
+            _dev: dev,
+        })
+    }
+}

@@ -1,0 +1,453 @@
+//! The end-to-end checks of perfbed.ko: device-scope PMUs `perfbed_l3_<d>`
+//! opened from the guest with perf_event_open (and the real perf tool),
+//! traffic injected through the device's control socket, every count
+//! compared with the device's ground truth while CPUs come and go.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use anyhow::{bail, Result};
+use perfbed_agent::PerfAttr;
+use perfbed_device::regs::Event;
+use perfbed_device::{ControlClient, DeviceConfig, DeviceState};
+
+use crate::guest::{Guest, Opened};
+use crate::scenario::Check;
+
+/// The driver's event encoding: `format/event` = config:0-7,
+/// `format/rmid` = config:8-23. Counts are in bytes.
+fn config(event: Event, rmid: u32) -> u64 {
+    event as u64 | u64::from(rmid) << 8
+}
+
+const EVENT_FILES: [(&str, Event); 3] = [
+    ("llc_occupancy", Event::LlcOccupancy),
+    ("mbm_total_bytes", Event::MbmTotalBytes),
+    ("mbm_local_bytes", Event::MbmLocalBytes),
+];
+const UNIT: &str = "MB";
+const SCALE: &str = "9.5367431640625e-07";
+
+// perf_event_attr bits the checks use (uapi/linux/perf_event.h).
+const FORMAT_TOTAL_TIME_ENABLED: u64 = 1 << 0;
+const FORMAT_TOTAL_TIME_RUNNING: u64 = 1 << 1;
+const FORMAT_GROUP: u64 = 1 << 3;
+const FLAG_EXCLUDE_USER: u64 = 1 << 4;
+const PERF_TYPE_SOFTWARE: u32 = 1;
+const PERF_COUNT_SW_CPU_CLOCK: u64 = 0;
+
+const MIB: u64 = 1 << 20;
+
+pub fn pmu_name(domain: usize) -> String {
+    format!("perfbed_l3_{domain}")
+}
+
+struct Ctx<'a, 'b> {
+    g: &'a mut Guest<'b>,
+    control: ControlClient,
+    device: DeviceConfig,
+    /// Each domain's PMU type.
+    types: Vec<u32>,
+}
+
+impl Ctx<'_, '_> {
+    fn attr(&self, domain: usize, event: Event, rmid: u32) -> PerfAttr {
+        PerfAttr { type_: self.types[domain], config: config(event, rmid), ..PerfAttr::default() }
+    }
+
+    /// Opens an event that must open.
+    fn open(&mut self, domain: usize, event: Event, rmid: u32) -> Result<u32> {
+        let attr = self.attr(domain, event, rmid);
+        match self.g.open(attr, None)? {
+            Ok(handle) => Ok(handle),
+            Err(errno) => bail!("opening {}/{event:?},rmid={rmid}/: {errno}", pmu_name(domain)),
+        }
+    }
+
+    fn count(&mut self, handle: u32) -> Result<u64> {
+        Ok(self.g.read(handle)?[0])
+    }
+
+    fn truth(state: &DeviceState, domain: usize, rmid: u32, event: Event) -> u64 {
+        state.domains[domain].truth.iter().find(|t| t.rmid == rmid && t.event == event).map_or(0, |t| t.bytes)
+    }
+
+    fn inject_and_land(&mut self, injections: &[(usize, u32, Event, u64)]) -> Result<()> {
+        for &(d, rmid, event, bytes) in injections {
+            self.control.inject(d as u32, rmid, event, bytes)?;
+        }
+        self.control.wait_landed(self.g.timeout.as_millis() as u64)?;
+        Ok(())
+    }
+}
+
+fn check(name: &'static str, problems: Vec<String>, ok: String) -> Check {
+    Check { name, passed: problems.is_empty(), detail: if problems.is_empty() { ok } else { problems.join("; ") } }
+}
+
+/// Runs every check; the driver must be loaded.
+pub fn run(g: &mut Guest, control: ControlClient, device: &DeviceConfig) -> Result<Vec<Check>> {
+    let mut types = Vec::new();
+    for d in 0..device.domains.len() {
+        types.push(g.pmu_type(&pmu_name(d))?);
+    }
+    let mut ctx = Ctx { g, control, device: device.clone(), types };
+    ctx.control.reset_stats()?;
+    let mut checks = vec![sysfs(&mut ctx)?, exact_counts(&mut ctx)?];
+    checks.push(migration(&mut ctx)?);
+    checks.push(parking(&mut ctx)?);
+    checks.push(multiplexing(&mut ctx)?);
+    checks.push(groups(&mut ctx)?);
+    checks.push(bad_attributes(&mut ctx)?);
+    checks.push(perf_stat(&mut ctx)?);
+    Ok(checks)
+}
+
+/// 1. The PMUs, their events/format files, a cpumask inside each domain's
+///    allowed set, and `perf list` showing the events.
+fn sysfs(ctx: &mut Ctx) -> Result<Check> {
+    let mut problems = Vec::new();
+    let mut placed = Vec::new();
+    for (d, allowed) in ctx.device.domains.clone().iter().enumerate() {
+        let dir = format!("/sys/bus/event_source/devices/{}", pmu_name(d));
+        let mask = ctx.g.cpumask(&pmu_name(d))?;
+        if mask.len() != 1 || !allowed.contains(&mask[0]) {
+            problems.push(format!("{} cpumask {mask:?}, allowed {allowed:?}", pmu_name(d)));
+        }
+        placed.push(format!("{}→{mask:?}", pmu_name(d)));
+        let mut expected: Vec<(String, String)> = vec![
+            ("format/event".into(), "config:0-7".into()),
+            ("format/rmid".into(), "config:8-23".into()),
+        ];
+        for (name, event) in EVENT_FILES {
+            expected.push((format!("events/{name}"), format!("event=0x{:02x}", event as u64)));
+            expected.push((format!("events/{name}.unit"), UNIT.into()));
+            expected.push((format!("events/{name}.scale"), SCALE.into()));
+        }
+        for (file, want) in expected {
+            let got = ctx.g.read_file(&format!("{dir}/{file}"))?;
+            if got != want {
+                problems.push(format!("{}/{file} is {got:?}, expected {want:?}", pmu_name(d)));
+            }
+        }
+    }
+    let (status, stdout, stderr) = ctx.g.run(&["/usr/bin/perf", "list", "pmu"])?;
+    for d in 0..ctx.device.domains.len() {
+        for (name, _) in EVENT_FILES {
+            let entry = format!("{}/{name}/", pmu_name(d));
+            if !stdout.contains(&entry) {
+                problems.push(format!("`perf list` (exit {status:?}) lacks {entry}: {}", stderr.trim()));
+            }
+        }
+    }
+    Ok(check("PMUs and sysfs", problems, format!("events/ with unit and scale, format/, {}; perf list shows all events", placed.join(", "))))
+}
+
+/// 2. Exact counts for every event and several RMIDs in both domains,
+///    including a total that wraps the hardware counter three times.
+fn exact_counts(ctx: &mut Ctx) -> Result<Check> {
+    let wrap = (1u64 << ctx.device.counter_width) * ctx.device.unit_bytes;
+    let mut plan = Vec::new(); // (domain, event, rmid, bytes)
+    for d in 0..ctx.device.domains.len() {
+        let d64 = d as u64;
+        plan.push((d, Event::MbmTotalBytes, 1, 3 * wrap + 4096 * (d64 + 1) + 640));
+        plan.push((d, Event::MbmTotalBytes, 3, 10 * MIB + 128 * (d64 + 1)));
+        plan.push((d, Event::MbmLocalBytes, 3, 5 * MIB + 64));
+    }
+    let mut handles = Vec::new();
+    for &(d, event, rmid, _) in &plan {
+        handles.push(ctx.open(d, event, rmid)?);
+    }
+    let occupancy: Vec<(usize, u64)> = (0..ctx.device.domains.len()).map(|d| (d, (12_345 + d as u64) * ctx.device.unit_bytes)).collect();
+    let mut occ_handles = Vec::new();
+    for &(d, bytes) in &occupancy {
+        ctx.control.set_occupancy(d as u32, 5, bytes)?;
+        occ_handles.push(ctx.open(d, Event::LlcOccupancy, 5)?);
+    }
+    let injections: Vec<_> = plan.iter().map(|&(d, e, r, b)| (d, r, e, b)).collect();
+    ctx.inject_and_land(&injections)?;
+    let mut problems = Vec::new();
+    for (&(d, event, rmid, bytes), &h) in plan.iter().zip(&handles) {
+        let got = ctx.count(h)?;
+        if got != bytes {
+            problems.push(format!("{}/{event:?},rmid={rmid}/ counted {got}, injected {bytes}", pmu_name(d)));
+        }
+    }
+    for (&(d, bytes), &h) in occupancy.iter().zip(&occ_handles) {
+        let got = ctx.count(h)?;
+        if got != bytes {
+            problems.push(format!("{}/llc_occupancy,rmid=5/ reads {got}, set {bytes}", pmu_name(d)));
+        }
+    }
+    for h in handles.into_iter().chain(occ_handles) {
+        ctx.g.close(h)?;
+    }
+    Ok(check(
+        "exact counts",
+        problems,
+        format!("{} cumulative events and {} occupancy gauges exact, incl. {} bytes = 3 wraps of the {}-bit counter", plan.len(), occupancy.len(), 3 * wrap, ctx.device.counter_width),
+    ))
+}
+
+/// The domain whose CPUs can all go offline (CPU 0 cannot) and its set.
+fn movable_domain(ctx: &Ctx) -> Result<(usize, Vec<u32>)> {
+    match ctx.device.domains.iter().enumerate().find(|(_, cpus)| cpus.len() >= 2 && !cpus.contains(&0)) {
+        Some((d, cpus)) => Ok((d, cpus.clone())),
+        None => bail!("no domain with two CPUs besides CPU 0 to take offline (domains {:?})", ctx.device.domains),
+    }
+}
+
+/// 3. The owner CPU goes: `cpumask` moves inside the set, counts stay exact,
+///    and the device saw no placement violation.
+fn migration(ctx: &mut Ctx) -> Result<Check> {
+    let (d, allowed) = movable_domain(ctx)?;
+    let h = ctx.open(d, Event::MbmTotalBytes, 2)?;
+    ctx.inject_and_land(&[(d, 2, Event::MbmTotalBytes, 3 * MIB)])?;
+    let before = ctx.g.cpumask(&pmu_name(d))?;
+    let owner = *before.first().unwrap_or(&allowed[0]);
+    ctx.g.set_online(owner, false)?;
+    let after = ctx.g.cpumask(&pmu_name(d))?;
+    ctx.inject_and_land(&[(d, 2, Event::MbmTotalBytes, 7 * MIB + 64)])?;
+    let got = ctx.count(h)?;
+    ctx.g.set_online(owner, true)?;
+    ctx.g.close(h)?;
+    let state = ctx.control.state()?;
+    let violations: u64 = state.domains.iter().map(|dom| dom.violations).sum();
+    let mut problems = Vec::new();
+    if after.len() != 1 || after == before || !allowed.contains(&after[0]) {
+        problems.push(format!("cpumask {before:?} → {after:?} after CPU {owner} went offline (allowed {allowed:?})"));
+    }
+    if got != 10 * MIB + 64 {
+        problems.push(format!("counted {got} across the move, injected {}", 10 * MIB + 64));
+    }
+    if violations != 0 {
+        let by: BTreeMap<usize, &BTreeMap<u32, u64>> = state.domains.iter().enumerate().map(|(i, dom)| (i, &dom.violations_by_vcpu)).collect();
+        problems.push(format!("the device counted {violations} placement violations: {by:?}"));
+    }
+    Ok(check("migration", problems, format!("{}: CPU {owner} offline moved it {before:?} → {after:?}; count exact across the move; 0 placement violations", pmu_name(d))))
+}
+
+/// 4. A domain's CPUs all go: new opens get ENODEV, open events keep their
+///    value; one comes back: opens work again.
+fn parking(ctx: &mut Ctx) -> Result<Check> {
+    let (d, allowed) = movable_domain(ctx)?;
+    let kept = ctx.open(d, Event::MbmTotalBytes, 4)?;
+    ctx.inject_and_land(&[(d, 4, Event::MbmTotalBytes, MIB)])?;
+    for &cpu in &allowed {
+        ctx.g.set_online(cpu, false)?;
+    }
+    let mask = ctx.g.cpumask(&pmu_name(d))?;
+    let refused = ctx.g.open(ctx.attr(d, Event::MbmTotalBytes, 4), None)?;
+    let kept_value = ctx.count(kept)?;
+    ctx.g.set_online(allowed[0], true)?;
+    let back = ctx.g.cpumask(&pmu_name(d))?;
+    let reopened: Opened = ctx.g.open(ctx.attr(d, Event::MbmTotalBytes, 4), None)?;
+    let mut fresh = None;
+    if let Ok(h) = reopened {
+        ctx.inject_and_land(&[(d, 4, Event::MbmTotalBytes, 2 * MIB)])?;
+        fresh = Some(ctx.count(h)?);
+        ctx.g.close(h)?;
+    }
+    for &cpu in &allowed[1..] {
+        ctx.g.set_online(cpu, true)?;
+    }
+    ctx.g.close(kept)?;
+    let mut problems = Vec::new();
+    if !mask.is_empty() || refused != Err("ENODEV".into()) {
+        problems.push(format!("with CPUs {allowed:?} offline: cpumask {mask:?}, open gave {refused:?} (want empty, ENODEV)"));
+    }
+    if kept_value != MIB {
+        problems.push(format!("the open event read {kept_value} while parked, had {MIB}"));
+    }
+    if back != [allowed[0]] || fresh != Some(2 * MIB) {
+        problems.push(format!("after CPU {} returned: cpumask {back:?}, a new event counted {fresh:?} of {}", allowed[0], 2 * MIB));
+    }
+    Ok(check("parking", problems, format!("{} parked with CPUs {allowed:?} offline (open: ENODEV, open event kept {MIB}); placed on CPU {} again, counting exactly", pmu_name(d), allowed[0])))
+}
+
+/// 5. More events than slots under a steady rate: perf multiplexes, and the
+///    scaled counts are within 5 % of the truth.
+fn multiplexing(ctx: &mut Ctx) -> Result<Check> {
+    let d = 0;
+    let events = ctx.device.slots as usize + 2;
+    let rate = 32 * MIB;
+    let mut handles = Vec::new();
+    for rmid in 0..events as u32 {
+        let mut attr = ctx.attr(d, Event::MbmTotalBytes, rmid % ctx.device.rmids);
+        attr.read_format = FORMAT_TOTAL_TIME_ENABLED | FORMAT_TOTAL_TIME_RUNNING;
+        match ctx.g.open(attr, None)? {
+            Ok(h) => handles.push((rmid, h)),
+            Err(errno) => bail!("opening multiplexed event {rmid}: {errno}"),
+        }
+    }
+    let before = ctx.control.state()?;
+    for &(rmid, _) in &handles {
+        ctx.control.set_rate(d as u32, rmid, Event::MbmTotalBytes, rate)?;
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    for &(rmid, _) in &handles {
+        ctx.control.set_rate(d as u32, rmid, Event::MbmTotalBytes, 0)?;
+    }
+    ctx.control.wait_landed(ctx.g.timeout.as_millis() as u64)?;
+    let after = ctx.control.state()?;
+    let mut problems = Vec::new();
+    let mut worst = 0.0f64;
+    for &(rmid, h) in &handles {
+        let v = ctx.g.read(h)?;
+        let (value, enabled, running) = (v[0], v.get(1).copied().unwrap_or(0), v.get(2).copied().unwrap_or(0));
+        let truth = Ctx::truth(&after, d, rmid, Event::MbmTotalBytes) - Ctx::truth(&before, d, rmid, Event::MbmTotalBytes);
+        if running == 0 || running >= enabled {
+            problems.push(format!("rmid {rmid}: time_running {running} vs time_enabled {enabled}: not multiplexed"));
+            continue;
+        }
+        let scaled = value as f64 * enabled as f64 / running as f64;
+        let error = (scaled - truth as f64).abs() / truth as f64;
+        worst = worst.max(error);
+        if error > 0.05 {
+            problems.push(format!("rmid {rmid}: scaled {scaled:.0} vs truth {truth} ({:.1} %)", error * 100.0));
+        }
+        ctx.g.close(h)?;
+    }
+    Ok(check("multiplexing", problems, format!("{events} events on {} slots at {} MiB/s each: all multiplexed, scaled counts within {:.1} % of the truth", ctx.device.slots, rate / MIB, worst * 100.0)))
+}
+
+/// 6. A group read of a domain's three events; the groups that must be refused.
+fn groups(ctx: &mut Ctx) -> Result<Check> {
+    let d = 0;
+    let rmid = 6;
+    let mut problems = Vec::new();
+    let mut leader_attr = ctx.attr(d, Event::MbmTotalBytes, rmid);
+    leader_attr.read_format = FORMAT_GROUP | FORMAT_TOTAL_TIME_ENABLED | FORMAT_TOTAL_TIME_RUNNING;
+    let leader = match ctx.g.open(leader_attr, None)? {
+        Ok(h) => h,
+        Err(errno) => bail!("opening the group leader: {errno}"),
+    };
+    let mut members = vec![leader];
+    for event in [Event::MbmLocalBytes, Event::LlcOccupancy] {
+        match ctx.g.open(ctx.attr(d, event, rmid), Some(leader))? {
+            Ok(h) => members.push(h),
+            Err(errno) => problems.push(format!("a {event:?} sibling was refused: {errno}")),
+        }
+    }
+    ctx.control.set_occupancy(d as u32, rmid, 4096 * ctx.device.unit_bytes)?;
+    ctx.inject_and_land(&[(d, rmid, Event::MbmTotalBytes, 2 * MIB), (d, rmid, Event::MbmLocalBytes, MIB)])?;
+    let v = ctx.g.read(leader)?;
+    let want = [3, 2 * MIB, MIB, 4096 * ctx.device.unit_bytes];
+    // GROUP|TOTAL_TIME_ENABLED|TOTAL_TIME_RUNNING: nr, enabled, running, values...
+    if v.len() < 6 || v[0] != want[0] || v[3..6] != want[1..] || v[1] != v[2] {
+        problems.push(format!("group read {v:?}, expected nr 3, enabled == running, values {:?}", &want[1..]));
+    }
+
+    // A software event may join, on the group's CPU.
+    let cpu = ctx.g.cpumask(&pmu_name(d))?.first().copied().unwrap_or(0) as i32;
+    let sw = PerfAttr { type_: PERF_TYPE_SOFTWARE, config: PERF_COUNT_SW_CPU_CLOCK, ..PerfAttr::default() };
+    match ctx.g.open_as(sw, -1, cpu, Some(leader))? {
+        Ok(h) => members.push(h),
+        Err(errno) => problems.push(format!("a software sibling was refused: {errno}")),
+    }
+    for h in members.into_iter().rev() {
+        ctx.g.close(h)?;
+    }
+
+    // More slot events than the domain has slots: refused at open.
+    let big = match ctx.g.open(ctx.attr(d, Event::MbmTotalBytes, 0), None)? {
+        Ok(h) => h,
+        Err(errno) => bail!("opening a leader: {errno}"),
+    };
+    let mut big_members = vec![big];
+    let mut refused_big = None;
+    for i in 1..=ctx.device.slots {
+        match ctx.g.open(ctx.attr(d, Event::MbmTotalBytes, i % ctx.device.rmids), Some(big))? {
+            Ok(h) => big_members.push(h),
+            Err(errno) => {
+                refused_big = Some((i + 1, errno));
+                break;
+            }
+        }
+    }
+    for h in big_members.into_iter().rev() {
+        ctx.g.close(h)?;
+    }
+    let slots = ctx.device.slots;
+    if refused_big != Some((slots + 1, "EINVAL".into())) {
+        problems.push(format!("a group of {} slot events: refusal {refused_big:?}, expected the event {} refused with EINVAL", slots + 1, slots + 1));
+    }
+
+    // Another hardware PMU in the group: refused.
+    let mut mixed = None;
+    if ctx.types.len() > 1 {
+        let leader = match ctx.g.open(ctx.attr(0, Event::MbmTotalBytes, 1), None)? {
+            Ok(h) => h,
+            Err(errno) => bail!("opening a leader: {errno}"),
+        };
+        mixed = Some(ctx.g.open(ctx.attr(1, Event::MbmTotalBytes, 1), Some(leader))?);
+        if let Some(Ok(h)) = mixed {
+            ctx.g.close(h)?;
+        }
+        ctx.g.close(leader)?;
+        if mixed != Some(Err("EINVAL".into())) {
+            problems.push(format!("a {} event in a {} group gave {mixed:?}, expected EINVAL", pmu_name(1), pmu_name(0)));
+        }
+    }
+    Ok(check("groups", problems, format!("group read of 3 events exact and co-scheduled; software sibling joins; {}-event group refused (EINVAL); cross-PMU group refused ({mixed:?})", slots + 1)))
+}
+
+/// 7. The bad-attribute matrix, each with its errno.
+fn bad_attributes(ctx: &mut Ctx) -> Result<Check> {
+    let d = 0;
+    let good = ctx.attr(d, Event::MbmTotalBytes, 1);
+    let cases: Vec<(&str, PerfAttr, i32, i32, &str)> = vec![
+        ("wrong type", PerfAttr { type_: good.type_ + 1000, ..good.clone() }, -1, 0, "ENOENT"),
+        ("unknown event", PerfAttr { config: 0x09, ..good.clone() }, -1, 0, "EINVAL"),
+        ("unknown config bits", PerfAttr { config: good.config | 1 << 40, ..good.clone() }, -1, 0, "EINVAL"),
+        ("RMID out of range", PerfAttr { config: config(Event::MbmTotalBytes, ctx.device.rmids + 100), ..good.clone() }, -1, 0, "EINVAL"),
+        ("exclude_user", PerfAttr { flags: FLAG_EXCLUDE_USER, ..good.clone() }, -1, 0, "EINVAL"),
+        ("per-task", good.clone(), 0, -1, "EINVAL"),
+        ("sampling", PerfAttr { sample_period: 1000, ..good.clone() }, -1, 0, "EOPNOTSUPP"),
+    ];
+    let mut problems = Vec::new();
+    let mut seen = Vec::new();
+    for (name, attr, pid, cpu, want) in cases {
+        let got = ctx.g.open_as(attr, pid, cpu, None)?;
+        if let Ok(h) = got {
+            ctx.g.close(h)?;
+        }
+        seen.push(format!("{name}: {}", got.as_ref().err().map_or("opened", |e| e.as_str())));
+        if got != Err(want.into()) {
+            problems.push(format!("{name}: {got:?}, expected {want}"));
+        }
+    }
+    Ok(check("bad attributes", problems, seen.join(", ")))
+}
+
+/// 8. `perf stat -a` from the real perf tool agrees with the device's truth
+///    under a steady rate.
+fn perf_stat(ctx: &mut Ctx) -> Result<Check> {
+    let (d, rmid, rate) = (0usize, 3u32, 64 * MIB);
+    ctx.control.set_rate(d as u32, rmid, Event::MbmTotalBytes, rate)?;
+    let spec = format!("{}/mbm_total_bytes,rmid={rmid}/", pmu_name(d));
+    let result = ctx.g.run(&["/usr/bin/perf", "stat", "-a", "-x,", "-e", &spec, "/bin/busybox", "sleep", "2"]);
+    ctx.control.set_rate(d as u32, rmid, Event::MbmTotalBytes, 0)?;
+    let (status, _, stderr) = result?;
+    // CSV: value,unit,event,run time (ns),percentage running,... where the
+    // event is printed as given, commas included.
+    let line = stderr.lines().find(|l| l.contains(&spec)).unwrap_or("");
+    let (head, tail) = line.split_once(&format!(",{spec},")).unwrap_or(("", ""));
+    let (value, unit) = head.split_once(',').unwrap_or(("", ""));
+    let run_ns = tail.split(',').next().unwrap_or("");
+    let parsed = (value.parse::<f64>().ok(), run_ns.parse::<f64>().ok());
+    let mut problems = Vec::new();
+    let mut detail = String::new();
+    match parsed {
+        (Some(mb), Some(run_ns)) if status == Some(0) => {
+            let expected_mb = rate as f64 * run_ns / 1e9 / MIB as f64;
+            let error = (mb - expected_mb).abs() / expected_mb;
+            detail = format!("perf stat -a -e {spec}: {mb:.1} {unit} over {:.2} s; the device's rate gives {expected_mb:.1} ({:.1} %)", run_ns / 1e9, error * 100.0);
+            if error > 0.05 || unit != UNIT {
+                problems.push(detail.clone());
+            }
+        }
+        _ => problems.push(format!("perf stat exited {status:?}: {}", stderr.trim())),
+    }
+    Ok(check("perf stat", problems, detail))
+}

@@ -1,0 +1,132 @@
+//! The device-scope PMU test, on the debug kernel: the test module
+//! `perfbed_scope_test` registers `perfbed_scope_a` (allowed CPUs 1-2) and
+//! `perfbed_scope_b` (allowed CPU 3), whose events read back the CPU they are
+//! counted on, plus one. From userspace the agent follows the PMUs as CPUs go
+//! offline and online, parks them, places them again, and races opens
+//! against hotplug.
+
+use std::time::Duration;
+
+use anyhow::{bail, Result};
+use perfbed_agent::{AgentMessage, HostRequest, PerfAttr};
+
+use crate::guest::Guest;
+use crate::scenario::Check;
+use crate::vm::Vm;
+
+const MODULE: &str = "perfbed_scope_test";
+const PMU_A: &str = "perfbed_scope_a";
+const PMU_B: &str = "perfbed_scope_b";
+const A_ALLOWED: [u32; 2] = [1, 2];
+const B_ALLOWED: u32 = 3;
+/// The probe event: `events/cpu` = "event=0x01".
+const PROBE_CONFIG: u64 = 0x01;
+/// Opens in the race against hotplug.
+const RACE_OPENS: u32 = 300;
+
+/// A step's check: `passed` and what was seen.
+fn check(name: &'static str, passed: bool, detail: String) -> Check {
+    Check { name, passed, detail }
+}
+
+fn probe_open(g: &mut Guest, pmu_type: u32) -> Result<crate::guest::Opened> {
+    g.open(PerfAttr { type_: pmu_type, config: PROBE_CONFIG, ..PerfAttr::default() }, None)
+}
+
+/// The CPU a probe event says it is counted on (its value minus one).
+fn probe_cpu(g: &mut Guest, handle: u32) -> Result<i64> {
+    Ok(g.read(handle)?[0] as i64 - 1)
+}
+
+pub fn run(vm: &mut Vm, timeout: Duration) -> Result<Vec<Check>> {
+    let mut g = Guest { vm, timeout };
+    let mut checks = Vec::new();
+    g.expect_done(HostRequest::LoadModule { name: MODULE.into() })?;
+    let (type_a, type_b) = (g.pmu_type(PMU_A)?, g.pmu_type(PMU_B)?);
+
+    // Placed inside the allowed set at registration.
+    let (mask_a, mask_b) = (g.cpumask(PMU_A)?, g.cpumask(PMU_B)?);
+    let placed = mask_a.len() == 1 && A_ALLOWED.contains(&mask_a[0]) && mask_b == [B_ALLOWED];
+    checks.push(check("placed in its set", placed, format!("{PMU_A} on {mask_a:?} (allowed {A_ALLOWED:?}), {PMU_B} on {mask_b:?}")));
+    let Some(&first) = mask_a.first() else { return Ok(checks) };
+
+    // An event counts on the PMU's CPU, whatever CPU it was opened on.
+    let e1 = match probe_open(&mut g, type_a)? {
+        Ok(handle) => handle,
+        Err(errno) => bail!("opening a probe event on {PMU_A}: {errno}"),
+    };
+    let on = probe_cpu(&mut g, e1)?;
+    checks.push(check("event bound to pmu->cpu", on == i64::from(first), format!("opened with cpu=0, counts on CPU {on}")));
+
+    // The owner CPU goes: the PMU and its event move to the other allowed CPU.
+    let other = if first == A_ALLOWED[0] { A_ALLOWED[1] } else { A_ALLOWED[0] };
+    g.set_online(first, false)?;
+    let (mask, on) = (g.cpumask(PMU_A)?, probe_cpu(&mut g, e1)?);
+    checks.push(check(
+        "moves on offline",
+        mask == [other] && on == i64::from(other),
+        format!("CPU {first} offline: cpumask {mask:?}, event counts on CPU {on}"),
+    ));
+
+    // The last allowed CPU goes: parked, opens refused, the event keeps its value.
+    g.set_online(other, false)?;
+    let (mask, refused, kept) = (g.cpumask(PMU_A)?, probe_open(&mut g, type_a)?, probe_cpu(&mut g, e1)?);
+    checks.push(check(
+        "parks when its set is offline",
+        mask.is_empty() && refused == Err("ENODEV".into()) && kept == i64::from(other),
+        format!("cpumask {mask:?}, a new open gives {refused:?}, the open event reads CPU {kept} (its last)"),
+    ));
+
+    // A CPU outside the set returning changes nothing; one inside places it again.
+    g.set_online(B_ALLOWED, false)?;
+    g.set_online(B_ALLOWED, true)?;
+    let still_parked = g.cpumask(PMU_A)?;
+    g.set_online(first, true)?;
+    let mask = g.cpumask(PMU_A)?;
+    let reopened = probe_open(&mut g, type_a)?;
+    let reopened_on = match reopened {
+        Ok(handle) => Some(probe_cpu(&mut g, handle)?),
+        Err(_) => None,
+    };
+    checks.push(check(
+        "placed again on return",
+        still_parked.is_empty() && mask == [first] && reopened_on == Some(i64::from(first)),
+        format!("after CPU {B_ALLOWED} cycled: cpumask {still_parked:?}; after CPU {first} online: cpumask {mask:?}, a new open counts on {reopened_on:?}"),
+    ));
+    g.set_online(other, true)?;
+
+    // The other PMU parks and returns on its own.
+    g.set_online(B_ALLOWED, false)?;
+    let (mask_parked, refused) = (g.cpumask(PMU_B)?, probe_open(&mut g, type_b)?);
+    g.set_online(B_ALLOWED, true)?;
+    let mask_back = g.cpumask(PMU_B)?;
+    checks.push(check(
+        "a single-CPU PMU parks and returns",
+        mask_parked.is_empty() && refused == Err("ENODEV".into()) && mask_back == [B_ALLOWED],
+        format!("{PMU_B}: CPU {B_ALLOWED} offline: cpumask {mask_parked:?}, open {refused:?}; back: {mask_back:?}"),
+    ));
+
+    // Opens racing moves: each succeeds where the PMU is or fails with EBUSY.
+    let attr = PerfAttr { type_: type_a, config: PROBE_CONFIG, ..PerfAttr::default() };
+    let race = match g.ask(HostRequest::PerfOpenRace { attr, cpu: 0, opens: RACE_OPENS, toggle_cpus: A_ALLOWED.to_vec() })? {
+        AgentMessage::Race(race) => race,
+        other => bail!("the open race: {other:?}"),
+    };
+    let mask = g.cpumask(PMU_A)?;
+    let home = mask.first().map(|&c| u64::from(c) + 1);
+    let strays = race.final_values.iter().filter(|&&v| Some(v) != home).count();
+    checks.push(check(
+        "opens racing hotplug",
+        race.opened + race.busy == RACE_OPENS && race.other_errors.is_empty() && strays == 0 && race.hotplug_ops > 0,
+        format!(
+            "{} opens during {} hotplug operations: {} opened, {} EBUSY, other errors {:?}; {strays} events left off the PMU's CPU {mask:?}",
+            RACE_OPENS, race.hotplug_ops, race.opened, race.busy, race.other_errors
+        ),
+    ));
+
+    for handle in [Some(e1), reopened.ok()].into_iter().flatten() {
+        g.close(handle)?;
+    }
+    g.expect_done(HostRequest::UnloadModule { name: MODULE.into() })?;
+    Ok(checks)
+}
