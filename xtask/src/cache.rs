@@ -106,11 +106,12 @@ impl Entry {
     }
 
     /// Marks the artifact complete, and drops the oldest of its kind beyond
-    /// the [`KEEP`] most recent (a kernel tree is ~2 GB).
+    /// the [`keep`] most recent (a kernel tree is ~2 GB).
     pub fn mark_ready(&self) -> Result<()> {
         fs::write(self.dir.join("READY"), b"").context("writing the READY marker")?;
         let kind = self.dir.parent().expect("an entry lives in its kind's folder");
-        for old in entries_to_prune(kind, KEEP)? {
+        let name = kind.file_name().unwrap_or_default().to_string_lossy();
+        for old in entries_to_prune(kind, keep(&name))? {
             eprintln!("    pruning the old cache entry {}", old.display());
             fs::remove_dir_all(&old).with_context(|| format!("removing {}", old.display()))?;
         }
@@ -118,8 +119,16 @@ impl Entry {
     }
 }
 
-/// How many finished entries of each kind the cache keeps.
-pub const KEEP: usize = 3;
+/// How many finished entries of a kind the cache keeps: enough for every
+/// variant in use at once (normal and debug kernels; two modules and an
+/// initramfs per kernel) and the previous build of each, few of the big ones.
+pub fn keep(kind: &str) -> usize {
+    match kind {
+        "kernel" => 3,
+        "qemu" => 2,
+        _ => 8,
+    }
+}
 
 /// Finished entries of one kind beyond the `keep` most recently finished.
 /// Unfinished ones are left alone: another build may be writing them.

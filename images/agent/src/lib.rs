@@ -96,6 +96,8 @@ pub struct PerfAttr {
 /// [`HostRequest::PerfOpenRace`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RaceResult {
+    /// Opens attempted while the hotplug thread ran.
+    pub attempts: u32,
     pub opened: u32,
     /// Opens refused with EBUSY (the PMU moved under them).
     pub busy: u32,
@@ -103,8 +105,8 @@ pub struct RaceResult {
     pub other_errors: Vec<String>,
     /// Hotplug operations the other thread completed during the race.
     pub hotplug_ops: u32,
-    /// After the race, with every CPU back online: each surviving event's
-    /// value, in open order.
+    /// After the race, with every CPU back online: each kept event's value,
+    /// in open order.
     pub final_values: Vec<u64>,
 }
 
@@ -126,9 +128,11 @@ pub enum HostRequest {
     PerfRead { handle: u32 },
     PerfClose { handle: u32 },
     /// While a second thread takes `toggle_cpus` offline and online again one
-    /// at a time, open (and read) `opens` events of `attr` on `cpu`; then bring
-    /// every toggled CPU back, read each surviving event and close them all.
-    PerfOpenRace { attr: PerfAttr, cpu: i32, opens: u32, toggle_cpus: Vec<u32> },
+    /// at a time, `hotplug_ops` times, open (and read) events of `attr` on
+    /// `cpu` in a loop; keep the first `keep` that open, close the others at
+    /// once; then bring every toggled CPU back, read each kept event and
+    /// close them all.
+    PerfOpenRace { attr: PerfAttr, cpu: i32, hotplug_ops: u32, toggle_cpus: Vec<u32>, keep: u32 },
     /// Map `size` bytes of physical memory at `base` (through `/dev/mem`) and
     /// make `accesses` in order, each from its CPU. A way to drive a device
     /// from the guest without a driver: for checking the device emulation.

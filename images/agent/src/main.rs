@@ -92,7 +92,7 @@ fn handle(request: HostRequest, events: &mut perf::Events, cmdline: &str) -> Age
             Err(e) => errno(e),
         },
         HostRequest::PerfClose { handle } => events.close(handle).map_or_else(errno, |()| AgentMessage::Done),
-        HostRequest::PerfOpenRace { attr, cpu, opens, toggle_cpus } => match perf::open_race(&attr, cpu, opens, &toggle_cpus) {
+        HostRequest::PerfOpenRace { attr, cpu, hotplug_ops, toggle_cpus, keep } => match perf::open_race(&attr, cpu, hotplug_ops, &toggle_cpus, keep) {
             Ok(result) => AgentMessage::Race(result),
             Err(error) => AgentMessage::Error { error },
         },

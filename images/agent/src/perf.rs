@@ -141,48 +141,59 @@ impl Events {
     }
 }
 
-/// Opens `opens` events while another thread toggles CPUs; see the protocol.
-pub fn open_race(attr: &PerfAttr, cpu: i32, opens: u32, toggle_cpus: &[u32]) -> Result<RaceResult, String> {
-    let stop = Arc::new(AtomicBool::new(false));
+/// Opens events in a loop while another thread toggles CPUs `hotplug_ops`
+/// times; see the protocol.
+pub fn open_race(attr: &PerfAttr, cpu: i32, hotplug_ops: u32, toggle_cpus: &[u32], keep: u32) -> Result<RaceResult, String> {
+    if toggle_cpus.is_empty() || hotplug_ops == 0 {
+        return Err("the race needs CPUs to toggle and a number of hotplug operations".into());
+    }
+    let done = Arc::new(AtomicBool::new(false));
     let ops = Arc::new(AtomicU32::new(0));
     let toggler = {
-        let (stop, ops, cpus) = (stop.clone(), ops.clone(), toggle_cpus.to_vec());
+        let (done, ops, cpus) = (done.clone(), ops.clone(), toggle_cpus.to_vec());
         std::thread::spawn(move || -> Result<(), String> {
-            while !stop.load(Ordering::Relaxed) {
-                for &c in &cpus {
-                    for online in [false, true] {
-                        crate::set_cpu_online(c, online)?;
-                        ops.fetch_add(1, Ordering::Relaxed);
-                    }
+            let result = (|| {
+                // Each CPU offline then online, one at a time, round and round.
+                let steps: Vec<(u32, bool)> = cpus.iter().flat_map(|&c| [(c, false), (c, true)]).collect();
+                for &(cpu, online) in steps.iter().cycle().take(hotplug_ops as usize) {
+                    crate::set_cpu_online(cpu, online)?;
+                    ops.fetch_add(1, Ordering::Relaxed);
                 }
-            }
-            Ok(())
+                Ok(())
+            })();
+            done.store(true, Ordering::Release);
+            result
         })
     };
-    let mut fds = Vec::new();
-    let (mut busy, mut errors) = (0, BTreeMap::<String, u32>::new());
-    for _ in 0..opens {
+    let mut kept = Vec::new();
+    let (mut attempts, mut opened, mut busy) = (0, 0, 0);
+    let mut errors = BTreeMap::<String, u32>::new();
+    while !done.load(Ordering::Acquire) {
+        attempts += 1;
         match open(attr, -1, cpu, -1) {
             Ok(fd) => {
+                opened += 1;
                 // Reading makes the PMU's read run where the event counts.
                 let _ = read(&fd);
-                fds.push(fd);
+                if kept.len() < keep as usize {
+                    kept.push(fd);
+                }
             }
             Err(e) if e.errno == libc::EBUSY => busy += 1,
             Err(e) => *errors.entry(errno_name(e.errno)).or_default() += 1,
         }
     }
-    stop.store(true, Ordering::Relaxed);
     toggler.join().map_err(|_| "the hotplug thread panicked".to_string())??;
     for &c in toggle_cpus {
         crate::set_cpu_online(c, true)?;
     }
     let mut final_values = Vec::new();
-    for fd in &fds {
+    for fd in &kept {
         final_values.push(read(fd).map_err(|e| format!("{}: {}", e.call, errno_name(e.errno)))?.first().copied().unwrap_or(0));
     }
     Ok(RaceResult {
-        opened: fds.len() as u32,
+        attempts,
+        opened,
         busy,
         other_errors: errors.into_iter().map(|(k, v)| format!("{k}: {v}")).collect(),
         hotplug_ops: ops.load(Ordering::Relaxed),
