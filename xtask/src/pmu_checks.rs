@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::{bail, Result};
-use perfbed_agent::PerfAttr;
+use perfbed_agent::{AgentMessage, HostRequest, PerfAttr};
 use perfbed_device::regs::Event;
 use perfbed_device::{ControlClient, DeviceConfig, DeviceState};
 
@@ -37,6 +37,9 @@ const PERF_TYPE_SOFTWARE: u32 = 1;
 const PERF_COUNT_SW_CPU_CLOCK: u64 = 0;
 
 const MIB: u64 = 1 << 20;
+
+/// The driver's module name.
+pub const MODULE: &str = "perfbed";
 
 pub fn pmu_name(domain: usize) -> String {
     format!("perfbed_l3_{domain}")
@@ -100,7 +103,47 @@ pub fn run(g: &mut Guest, control: ControlClient, device: &DeviceConfig) -> Resu
     checks.push(groups(&mut ctx)?);
     checks.push(bad_attributes(&mut ctx)?);
     checks.push(perf_stat(&mut ctx)?);
+    checks.push(unload(&mut ctx)?);
     Ok(checks)
+}
+
+/// rmmod is refused while an event is open, then unregisters cleanly (and
+/// the driver loads again, leaving the device as it found it).
+fn unload(ctx: &mut Ctx) -> Result<Check> {
+    let h = ctx.open(0, Event::MbmTotalBytes, 1)?;
+    let busy = ctx.g.ask(HostRequest::UnloadModule { name: MODULE.into() })?;
+    ctx.g.close(h)?;
+    let unloaded = ctx.g.ask(HostRequest::UnloadModule { name: MODULE.into() })?;
+    let gone = ctx.g.read_file(&format!("/sys/bus/event_source/devices/{}/type", pmu_name(0))).is_err();
+    let state = ctx.control.state()?;
+    let left: Vec<String> = state
+        .domains
+        .iter()
+        .filter(|d| d.owner.is_some() || d.slots.iter().any(|s| s.event.is_some()))
+        .map(|d| format!("domain {}: owner {:?}, slots {:?}", d.domain, d.owner, d.slots.iter().filter_map(|s| s.event).collect::<Vec<_>>()))
+        .collect();
+    let reloaded = ctx.g.ask(HostRequest::LoadModule { name: MODULE.into() })?;
+    let mut problems = Vec::new();
+    if busy == AgentMessage::Done {
+        problems.push("rmmod with an open event succeeded".into());
+    }
+    if unloaded != AgentMessage::Done || !gone {
+        problems.push(format!("rmmod without events: {unloaded:?}, PMU gone: {gone}"));
+    }
+    if !left.is_empty() {
+        problems.push(format!("after unload the device still has {}", left.join("; ")));
+    }
+    if reloaded != AgentMessage::Done {
+        problems.push(format!("loading again: {reloaded:?}"));
+    }
+    Ok(check("module unload", problems, format!("refused with an event open ({}); clean without: PMUs gone, no owner or slot left on the device; loads again", describe(&busy))))
+}
+
+fn describe(message: &AgentMessage) -> String {
+    match message {
+        AgentMessage::Error { error } => error.clone(),
+        other => format!("{other:?}"),
+    }
 }
 
 /// 1. The PMUs, their events/format files, a cpumask inside each domain's

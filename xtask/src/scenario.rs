@@ -110,7 +110,7 @@ pub fn run(scenario: &Scenario, accel: &Accel) -> Result<Report> {
     checks.push(perf_tool_check(&mut vm, scenario.request_timeout)?);
 
     // Then perfbed.ko on it: load, and every PMU check.
-    let loaded = vm.request(&HostRequest::LoadModule { name: "perfbed".into() }, scenario.request_timeout)?;
+    let loaded = vm.request(&HostRequest::LoadModule { name: pmu_checks::MODULE.into() }, scenario.request_timeout)?;
     let module_ok = loaded == AgentMessage::Done;
     checks.push(Check {
         name: "module loaded",

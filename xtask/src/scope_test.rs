@@ -1,7 +1,8 @@
 //! The device-scope PMU test, on the debug kernel: the test module
-//! `perfbed_scope_test` registers `perfbed_scope_a` (allowed CPUs 1-2) and
-//! `perfbed_scope_b` (allowed CPU 3), whose events read back the CPU they are
-//! counted on, plus one. From userspace the agent follows the PMUs as CPUs go
+//! `perfbed_scope_test` registers `perfbed_scope_a` (allowed CPUs 1-2),
+//! `perfbed_scope_b` (allowed CPU 3) and `perfbed_scope_core` (an ordinary
+//! core-scope PMU), whose events read back the CPU they are counted on, plus
+//! one. From userspace the agent follows the PMUs as CPUs go
 //! offline and online, parks them, places them again, and races opens
 //! against hotplug.
 
@@ -19,6 +20,8 @@ const PMU_A: &str = "perfbed_scope_a";
 const PMU_B: &str = "perfbed_scope_b";
 const A_ALLOWED: [u32; 2] = [1, 2];
 const B_ALLOWED: u32 = 3;
+/// A core-scope PMU: the existing scopes must work as before.
+const PMU_CORE: &str = "perfbed_scope_core";
 /// The probe event: `events/cpu` = "event=0x01".
 const PROBE_CONFIG: u64 = 0x01;
 /// Hotplug operations the opens race against, and how many of the events
@@ -32,7 +35,11 @@ fn check(name: &'static str, passed: bool, detail: String) -> Check {
 }
 
 fn probe_open(g: &mut Guest, pmu_type: u32) -> Result<crate::guest::Opened> {
-    g.open(PerfAttr { type_: pmu_type, config: PROBE_CONFIG, ..PerfAttr::default() }, None)
+    probe_open_on(g, pmu_type, 0)
+}
+
+fn probe_open_on(g: &mut Guest, pmu_type: u32, cpu: i32) -> Result<crate::guest::Opened> {
+    g.open_as(PerfAttr { type_: pmu_type, config: PROBE_CONFIG, ..PerfAttr::default() }, -1, cpu, None)
 }
 
 /// The CPU a probe event says it is counted on (its value minus one).
@@ -129,6 +136,29 @@ pub fn run(vm: &mut Vm, timeout: Duration) -> Result<Vec<Check>> {
             race.attempts, race.hotplug_ops, race.opened, race.busy, race.other_errors, race.final_values.len()
         ),
     ));
+
+    // An existing scope (core) is untouched: its events stay on the CPU they
+    // were opened on, and its cpumask follows the online CPUs.
+    let type_core = g.pmu_type(PMU_CORE)?;
+    let before = g.cpumask(PMU_CORE)?;
+    let core_event = probe_open_on(&mut g, type_core, B_ALLOWED as i32)?;
+    let core_on = match core_event {
+        Ok(handle) => Some(probe_cpu(&mut g, handle)?),
+        Err(_) => None,
+    };
+    g.set_online(B_ALLOWED, false)?;
+    let without = g.cpumask(PMU_CORE)?;
+    g.set_online(B_ALLOWED, true)?;
+    let back = g.cpumask(PMU_CORE)?;
+    let expected_without: Vec<u32> = before.iter().copied().filter(|&c| c != B_ALLOWED).collect();
+    checks.push(check(
+        "core scope unchanged",
+        before.contains(&B_ALLOWED) && core_on == Some(i64::from(B_ALLOWED)) && without == expected_without && back == before,
+        format!("{PMU_CORE}: cpumask {before:?}; an event opened on CPU {B_ALLOWED} counts on {core_on:?}; CPU {B_ALLOWED} offline: {without:?}; back: {back:?}"),
+    ));
+    if let Ok(handle) = core_event {
+        g.close(handle)?;
+    }
 
     for handle in [Some(e1), reopened.ok()].into_iter().flatten() {
         g.close(handle)?;

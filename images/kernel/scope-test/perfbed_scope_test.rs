@@ -2,11 +2,13 @@
 
 //! perfbed_scope_test: a probe for device-scope perf PMUs.
 //!
-//! Registers two `PERF_PMU_SCOPE_DEVICE` PMUs with fixed sets of allowed CPUs, meant for a
-//! 4-CPU guest:
+//! Registers two `PERF_PMU_SCOPE_DEVICE` PMUs with fixed sets of allowed CPUs, and one core-scope
+//! PMU, meant for a 4-CPU guest:
 //!
 //! - `perfbed_scope_a`, counted on CPU 1 or 2;
-//! - `perfbed_scope_b`, counted on CPU 3.
+//! - `perfbed_scope_b`, counted on CPU 3;
+//! - `perfbed_scope_core`, an ordinary core-scope PMU (one CPU per core in its
+//!   `cpumask`), which must behave as before the device-scope patch.
 //!
 //! Each has one counting-only event, `events/cpu` (`event=0x01`, with `format/event` at
 //! `config:0-7`). Reading such an event sets its count to the number of the CPU the read runs on
@@ -37,22 +39,16 @@ const EVENT_MASK: u64 = 0xff;
 static EVENTS: [EventAttr<'static>; 1] = [EventAttr::new(c_str!("cpu"), c_str!("event=0x01"))];
 static FORMATS: [FormatAttr<'static>; 1] = [FormatAttr::new(c_str!("event"), c_str!("config:0-7"))];
 
-/// One test PMU: its name and the CPUs it may be counted on.
-struct ScopePmu {
-    name: &'static CStr,
-    allowed: &'static [u32],
-}
+/// The probe's behaviour, shared by every test PMU: reading an event sets its
+/// count to the CPU the read runs on, plus one.
+mod probe {
+    use super::*;
 
-impl ScopePmu {
-    /// Sets the count to where this runs: the CPU the event counts on.
-    fn update(event: &mut Event) {
+    pub(super) fn update(event: &mut Event) {
         event.count().set(u64::from(perf::current_cpu()) + 1);
     }
-}
 
-#[vtable]
-impl Pmu for ScopePmu {
-    fn event_init(&self, event: &mut Event) -> Result {
+    pub(super) fn event_init(event: &mut Event) -> Result {
         if event.attr_type() != event.pmu_type() {
             return Err(ENOENT);
         }
@@ -70,33 +66,58 @@ impl Pmu for ScopePmu {
         Ok(())
     }
 
-    fn add(&self, event: &mut Event, flags: Flags) -> Result {
+    pub(super) fn add(event: &mut Event, flags: Flags) -> Result {
         event.set_hw_state(HwState::STOPPED | HwState::UPTODATE);
         if flags.contains(Flags::START) {
-            self.start(event, flags);
+            start(event);
         }
         Ok(())
     }
 
-    fn del(&self, event: &mut Event, _flags: Flags) {
-        self.stop(event, Flags::UPDATE);
-    }
-
-    fn start(&self, event: &mut Event, _flags: Flags) {
+    pub(super) fn start(event: &mut Event) {
         event.set_hw_state(HwState::empty());
     }
 
-    fn stop(&self, event: &mut Event, flags: Flags) {
+    pub(super) fn stop(event: &mut Event, flags: Flags) {
         let mut state = event.hw_state();
         if flags.contains(Flags::UPDATE) && !state.contains(HwState::UPTODATE) {
-            Self::update(event);
+            update(event);
             state = state | HwState::UPTODATE;
         }
         event.set_hw_state(state | HwState::STOPPED);
     }
+}
+
+/// A device-scope test PMU: its name and the CPUs it may be counted on.
+struct ScopePmu {
+    name: &'static CStr,
+    allowed: &'static [u32],
+}
+
+#[vtable]
+impl Pmu for ScopePmu {
+    fn event_init(&self, event: &mut Event) -> Result {
+        probe::event_init(event)
+    }
+
+    fn add(&self, event: &mut Event, flags: Flags) -> Result {
+        probe::add(event, flags)
+    }
+
+    fn del(&self, event: &mut Event, _flags: Flags) {
+        probe::stop(event, Flags::UPDATE);
+    }
+
+    fn start(&self, event: &mut Event, _flags: Flags) {
+        probe::start(event);
+    }
+
+    fn stop(&self, event: &mut Event, flags: Flags) {
+        probe::stop(event, flags);
+    }
 
     fn read(&self, event: &mut Event) {
-        Self::update(event);
+        probe::update(event);
     }
 
     fn filter_allowed_cpus(&self, cpus: &mut CpuMask) -> Result {
@@ -109,27 +130,56 @@ impl Pmu for ScopePmu {
     }
 }
 
-/// Registers the test PMU `name`, counted on one of the `allowed` CPUs.
-fn register(
+/// A test PMU of an existing topology scope (one CPU per core), to check
+/// that the device-scope patch leaves those scopes as they were.
+struct CorePmu;
+
+#[vtable]
+impl Pmu for CorePmu {
+    fn event_init(&self, event: &mut Event) -> Result {
+        probe::event_init(event)
+    }
+
+    fn add(&self, event: &mut Event, flags: Flags) -> Result {
+        probe::add(event, flags)
+    }
+
+    fn del(&self, event: &mut Event, _flags: Flags) {
+        probe::stop(event, Flags::UPDATE);
+    }
+
+    fn start(&self, event: &mut Event, _flags: Flags) {
+        probe::start(event);
+    }
+
+    fn stop(&self, event: &mut Event, flags: Flags) {
+        probe::stop(event, flags);
+    }
+
+    fn read(&self, event: &mut Event) {
+        probe::update(event);
+    }
+}
+
+/// Registers the test PMU `name` with `scope`.
+fn register<T: Pmu>(
     module: &'static ThisModule,
     name: &'static CStr,
-    allowed: &'static [u32],
-) -> Result<Pin<KBox<Registration<ScopePmu>>>> {
+    scope: Scope,
+    pmu: T,
+) -> Result<Pin<KBox<Registration<T>>>> {
     let options = Options {
         name,
-        scope: Scope::Device,
+        scope,
         capabilities: Capabilities::NO_INTERRUPT,
         task_context: TaskContext::Invalid,
         events: &EVENTS,
         formats: &FORMATS,
     };
-    let pmu = KBox::pin_init(
-        Registration::new(module, &options, ScopePmu { name, allowed }),
-        GFP_KERNEL,
-    )?;
+    let pmu = KBox::pin_init(Registration::new(module, &options, pmu), GFP_KERNEL)?;
     match pmu.cpu() {
         Some(cpu) => pr_info!("{}: type {}, on CPU {}\n", name, pmu.pmu_type(), cpu),
-        None => pr_info!("{}: type {}, parked\n", name, pmu.pmu_type()),
+        None => pr_info!("{}: type {}\n", name, pmu.pmu_type()),
     }
     Ok(pmu)
 }
@@ -137,12 +187,17 @@ fn register(
 struct ScopeTest {
     _a: Pin<KBox<Registration<ScopePmu>>>,
     _b: Pin<KBox<Registration<ScopePmu>>>,
+    _core: Pin<KBox<Registration<CorePmu>>>,
 }
 
 impl kernel::Module for ScopeTest {
     fn init(module: &'static ThisModule) -> Result<Self> {
-        let a = register(module, c_str!("perfbed_scope_a"), &[1, 2])?;
-        let b = register(module, c_str!("perfbed_scope_b"), &[3])?;
-        Ok(ScopeTest { _a: a, _b: b })
+        let a = c_str!("perfbed_scope_a");
+        let b = c_str!("perfbed_scope_b");
+        Ok(ScopeTest {
+            _a: register(module, a, Scope::Device, ScopePmu { name: a, allowed: &[1, 2] })?,
+            _b: register(module, b, Scope::Device, ScopePmu { name: b, allowed: &[3] })?,
+            _core: register(module, c_str!("perfbed_scope_core"), Scope::Core, CorePmu)?,
+        })
     }
 }
