@@ -43,6 +43,12 @@ const VM_TESTS: &[VmTest] = &[
         run: boot_and_hotplug,
     },
     VmTest {
+        name: "debug_kernel_end_to_end",
+        what: "the same run on the debug kernel: perfbed.ko under lockdep, PROVE_RCU, DEBUG_ATOMIC_SLEEP and DEBUG_LIST, with no report",
+        variant: Variant::Debug,
+        run: boot_and_hotplug,
+    },
+    VmTest {
         name: "guest_panic_is_reported",
         what: "a guest kernel that panics ends the run at once, with the panic named and the log kept",
         variant: Variant::Normal,
