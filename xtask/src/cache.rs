@@ -91,8 +91,13 @@ impl Entry {
         Ok(Entry { dir: root()?.join(kind).join(key.hex()) })
     }
 
+    /// Whether the artifact is complete. A complete one is marked as used
+    /// now: pruning drops the least recently used, never one this run needs.
     pub fn is_ready(&self) -> bool {
-        self.dir.join("READY").exists()
+        let marker = self.dir.join("READY");
+        let Ok(file) = fs::OpenOptions::new().write(true).open(&marker) else { return false };
+        let _ = file.set_modified(std::time::SystemTime::now());
+        true
     }
 
     /// Starts the artifact afresh: whatever a previous, unfinished attempt
@@ -105,8 +110,8 @@ impl Entry {
         fs::create_dir_all(&self.dir).with_context(|| format!("creating {}", self.dir.display()))
     }
 
-    /// Marks the artifact complete, and drops the oldest of its kind beyond
-    /// the [`keep`] most recent (a kernel tree is ~2 GB).
+    /// Marks the artifact complete, and drops the least recently used of its
+    /// kind beyond the [`keep`] most recent (a kernel tree is ~2 GB).
     pub fn mark_ready(&self) -> Result<()> {
         fs::write(self.dir.join("READY"), b"").context("writing the READY marker")?;
         let kind = self.dir.parent().expect("an entry lives in its kind's folder");
@@ -130,7 +135,8 @@ pub fn keep(kind: &str) -> usize {
     }
 }
 
-/// Finished entries of one kind beyond the `keep` most recently finished.
+/// Finished entries of one kind beyond the `keep` most recently used (the
+/// READY marker's modification time: written when finished, touched on use).
 /// Unfinished ones are left alone: another build may be writing them.
 fn entries_to_prune(kind: &Path, keep: usize) -> Result<Vec<PathBuf>> {
     let mut finished = Vec::new();
@@ -162,6 +168,10 @@ mod tests {
         }
         assert_eq!(entries_to_prune(&kind, 2).unwrap(), vec![kind.join("a")]);
         assert!(entries_to_prune(&kind, 3).unwrap().is_empty());
+        // Using the oldest makes it the newest: the next oldest goes instead.
+        assert!(Entry { dir: kind.join("a") }.is_ready());
+        assert!(!Entry { dir: kind.join("c") }.is_ready());
+        assert_eq!(entries_to_prune(&kind, 2).unwrap(), vec![kind.join("b")]);
         fs::remove_dir_all(&kind).unwrap();
     }
 

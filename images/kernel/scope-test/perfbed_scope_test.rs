@@ -88,6 +88,36 @@ mod probe {
     }
 }
 
+/// The callbacks every test PMU shares: the probe's. (Only the optional
+/// callbacks differ between the PMUs, and `#[vtable]` needs those spelled out.)
+macro_rules! probe_callbacks {
+    () => {
+        fn event_init(&self, event: &mut Event) -> Result {
+            probe::event_init(event)
+        }
+
+        fn add(&self, event: &mut Event, flags: Flags) -> Result {
+            probe::add(event, flags)
+        }
+
+        fn del(&self, event: &mut Event, _flags: Flags) {
+            probe::stop(event, Flags::UPDATE);
+        }
+
+        fn start(&self, event: &mut Event, _flags: Flags) {
+            probe::start(event);
+        }
+
+        fn stop(&self, event: &mut Event, flags: Flags) {
+            probe::stop(event, flags);
+        }
+
+        fn read(&self, event: &mut Event) {
+            probe::update(event);
+        }
+    };
+}
+
 /// A device-scope test PMU: its name and the CPUs it may be counted on.
 struct ScopePmu {
     name: &'static CStr,
@@ -96,29 +126,7 @@ struct ScopePmu {
 
 #[vtable]
 impl Pmu for ScopePmu {
-    fn event_init(&self, event: &mut Event) -> Result {
-        probe::event_init(event)
-    }
-
-    fn add(&self, event: &mut Event, flags: Flags) -> Result {
-        probe::add(event, flags)
-    }
-
-    fn del(&self, event: &mut Event, _flags: Flags) {
-        probe::stop(event, Flags::UPDATE);
-    }
-
-    fn start(&self, event: &mut Event, _flags: Flags) {
-        probe::start(event);
-    }
-
-    fn stop(&self, event: &mut Event, flags: Flags) {
-        probe::stop(event, flags);
-    }
-
-    fn read(&self, event: &mut Event) {
-        probe::update(event);
-    }
+    probe_callbacks!();
 
     fn filter_allowed_cpus(&self, cpus: &mut CpuMask) -> Result {
         cpus.and_cpus(self.allowed);
@@ -136,29 +144,7 @@ struct CorePmu;
 
 #[vtable]
 impl Pmu for CorePmu {
-    fn event_init(&self, event: &mut Event) -> Result {
-        probe::event_init(event)
-    }
-
-    fn add(&self, event: &mut Event, flags: Flags) -> Result {
-        probe::add(event, flags)
-    }
-
-    fn del(&self, event: &mut Event, _flags: Flags) {
-        probe::stop(event, Flags::UPDATE);
-    }
-
-    fn start(&self, event: &mut Event, _flags: Flags) {
-        probe::start(event);
-    }
-
-    fn stop(&self, event: &mut Event, flags: Flags) {
-        probe::stop(event, flags);
-    }
-
-    fn read(&self, event: &mut Event) {
-        probe::update(event);
-    }
+    probe_callbacks!();
 }
 
 /// Registers the test PMU `name` with `scope`.
