@@ -204,7 +204,16 @@ fn check_args(args: &RunArgs) -> Result<()> {
     if args.timeout == 0 {
         anyhow::bail!("--timeout 0: give the guest at least a second");
     }
-    args.device()?.validate().map_err(|e| anyhow::anyhow!("--domains: {e}"))?;
+    let device = args.device()?;
+    device.validate().map_err(|e| anyhow::anyhow!("--domains: {e}"))?;
+    // Migration and parking take a whole domain offline, and CPU 0 cannot go.
+    if !device.domains.iter().any(|cpus| cpus.len() >= 2 && !cpus.contains(&0)) {
+        anyhow::bail!(
+            "the scenario needs a domain of two or more CPUs other than CPU 0 to take offline (domains {:?}); \
+             try --cpus 4 --domains 0-1:2-3",
+            device.domains
+        );
+    }
     Ok(())
 }
 
