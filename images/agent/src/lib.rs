@@ -31,18 +31,6 @@ pub struct Hello {
     pub cpus_possible: String,
     /// Guest uptime when the agent became ready, in milliseconds.
     pub uptime_ms: u64,
-    /// Every module the agent tried to load, in load order.
-    pub modules: Vec<ModuleLoad>,
-}
-
-/// The outcome of loading one module from the initramfs.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ModuleLoad {
-    pub name: String,
-    /// Parameters passed to the module (taken from the kernel command line).
-    pub params: String,
-    /// `None` when the module loaded; otherwise the reason it did not.
-    pub error: Option<String>,
 }
 
 /// One offline-all-then-online-all round of CPU hotplug.
@@ -117,7 +105,8 @@ pub enum HostRequest {
     ReadFile { path: String },
     /// Take one CPU offline or bring it online through sysfs.
     SetCpuOnline { cpu: u32, online: bool },
-    /// Load a module kept aside in the initramfs (`/lib/modules/extra/<name>.ko`).
+    /// Load a module of the initramfs (`/lib/modules/<name>.ko`), with its
+    /// parameters from the kernel command line (`<name>.<param>=<value>`).
     LoadModule { name: String },
     /// Unload a module (delete_module).
     UnloadModule { name: String },

@@ -1,6 +1,6 @@
 //! perfbed-agent: the guest's `/init`.
 //!
-//! It mounts what a test needs, loads the perfbed modules from the initramfs,
+//! It mounts what a test needs,
 //! greets the host over the virtio console and then serves its requests (see
 //! the protocol in `lib.rs`) until it is asked to end the VM.
 //!
@@ -15,16 +15,15 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use perfbed_agent::{
-    format_cpu_list, parse_cpu_list, AgentMessage, Hello, HostRequest, HotplugRound, ModuleLoad,
+    format_cpu_list, parse_cpu_list, AgentMessage, Hello, HostRequest, HotplugRound,
     CHANNEL_DEVICE,
 };
 
 mod mmio;
 mod perf;
 
+/// The initramfs's modules, loaded when the host asks.
 const MODULE_DIR: &str = "/lib/modules";
-/// Modules the agent loads only when asked (test modules).
-const EXTRA_MODULE_DIR: &str = "/lib/modules/extra";
 const CPU_SYSFS: &str = "/sys/devices/system/cpu";
 
 fn main() {
@@ -37,7 +36,6 @@ fn main() {
 fn run() -> Result<(), String> {
     mount_basics()?;
     let cmdline = read_trimmed("/proc/cmdline")?;
-    let modules = load_modules(&cmdline)?;
     let channel = open_channel(Duration::from_secs(10))?;
     let mut writer = channel.try_clone().map_err(|e| format!("dup {CHANNEL_DEVICE}: {e}"))?;
     let hello = Hello {
@@ -45,7 +43,6 @@ fn run() -> Result<(), String> {
         cpus_online: read_trimmed(&format!("{CPU_SYSFS}/online"))?,
         cpus_possible: read_trimmed(&format!("{CPU_SYSFS}/possible"))?,
         uptime_ms: uptime_ms()?,
-        modules,
     };
     send(&mut writer, &AgentMessage::Hello(hello))?;
 
@@ -79,8 +76,7 @@ fn handle(request: HostRequest, events: &mut perf::Events, cmdline: &str) -> Age
         },
         HostRequest::SetCpuOnline { cpu, online } => done(set_cpu_online(cpu, online)),
         HostRequest::LoadModule { name } => {
-            let load = load_module(&Path::new(EXTRA_MODULE_DIR).join(format!("{name}.ko")), cmdline);
-            done(load.error.map_or(Ok(()), Err))
+            done(load_module(&Path::new(MODULE_DIR).join(format!("{name}.ko")), cmdline))
         }
         HostRequest::UnloadModule { name } => done(unload_module(&name)),
         HostRequest::PerfOpen { attr, pid, cpu, group } => match events.open(&attr, pid, cpu, group) {
@@ -165,28 +161,13 @@ fn mount_basics() -> Result<(), String> {
     Ok(())
 }
 
-/// Loads every `*.ko` in [`MODULE_DIR`], in name order, passing it the
-/// `<module>.<param>=<value>` settings of the kernel command line as modprobe
-/// would. A module that fails to load is reported, not fatal: the host decides.
-fn load_modules(cmdline: &str) -> Result<Vec<ModuleLoad>, String> {
-    let mut paths: Vec<_> = match fs::read_dir(MODULE_DIR) {
-        Ok(dir) => dir.filter_map(|e| e.ok().map(|e| e.path())).collect(),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-        Err(e) => return Err(format!("read {MODULE_DIR}: {e}")),
-    };
-    paths.retain(|p| p.extension().is_some_and(|x| x == "ko"));
-    paths.sort();
-    Ok(paths.iter().map(|path| load_module(path, cmdline)).collect())
-}
-
-fn load_module(path: &Path, cmdline: &str) -> ModuleLoad {
-    let name = path.file_stem().unwrap_or_default().to_string_lossy().into_owned();
-    let prefix = format!("{}.", name.replace('-', "_"));
-    let params: Vec<&str> =
-        cmdline.split_whitespace().filter_map(|arg| arg.strip_prefix(&prefix)).collect();
-    let params = params.join(" ");
-    let error = finit_module(path, &params).err();
-    ModuleLoad { name, params, error }
+/// Loads a module, passing it the `<module>.<param>=<value>` settings of the
+/// kernel command line as modprobe would (`perfbed.device=...`).
+fn load_module(path: &Path, cmdline: &str) -> Result<(), String> {
+    let name = path.file_stem().unwrap_or_default().to_string_lossy().replace('-', "_");
+    let prefix = format!("{name}.");
+    let params: Vec<&str> = cmdline.split_whitespace().filter_map(|arg| arg.strip_prefix(&prefix)).collect();
+    finit_module(path, &params.join(" ")).map_err(|e| format!("{}: {e}", path.display()))
 }
 
 fn finit_module(path: &Path, params: &str) -> Result<(), String> {

@@ -9,7 +9,7 @@ use anyhow::{bail, Context, Result};
 use super::cpio::{Archive, Kind};
 use crate::cache::{Entry, Key};
 
-const RECIPE: &str = "initramfs-3";
+const RECIPE: &str = "initramfs-4";
 
 fn read(path: &str) -> Result<Vec<u8>> {
     fs::read(path).with_context(|| format!("reading {path} for the initramfs (is its package installed? `cargo xtask deps`)"))
@@ -42,14 +42,13 @@ fn shared_libraries(program: &str) -> Result<Vec<String>> {
 /// Host programs copied into the guest with the shared libraries they need:
 /// the real perf tool (Debian's linux-perf) and a static busybox for the
 /// little commands around it (`busybox sleep`).
-const BASE_DIRS: [&str; 6] = ["dev", "proc", "sys", "lib", "lib/modules", "lib/modules/extra"];
+const BASE_DIRS: [&str; 5] = ["dev", "proc", "sys", "lib", "lib/modules"];
 
 pub const HOST_PROGRAMS: &[&str] = &["/usr/bin/perf", "/bin/busybox"];
 
-/// Returns the cached initramfs for this agent and these modules: the agent
-/// loads `boot_modules` (in `/lib/modules`) as it starts, `extra_modules`
-/// (in `/lib/modules/extra`) only when a test asks.
-pub fn ensure(agent: &Path, boot_modules: &[PathBuf], extra_modules: &[PathBuf]) -> Result<PathBuf> {
+/// Returns the cached initramfs for this agent and these modules, which go
+/// to `/lib/modules` for the agent to load when the host asks.
+pub fn ensure(agent: &Path, modules: &[PathBuf]) -> Result<PathBuf> {
     let agent_bytes = fs::read(agent).with_context(|| format!("reading {}", agent.display()))?;
     // Files at their host paths (relative), with their contents.
     let mut files: Vec<(String, Vec<u8>, bool)> = Vec::new();
@@ -62,12 +61,10 @@ pub fn ensure(agent: &Path, boot_modules: &[PathBuf], extra_modules: &[PathBuf])
         }
     }
     let mut module_bytes = Vec::new();
-    for (dir, modules) in [("lib/modules", boot_modules), ("lib/modules/extra", extra_modules)] {
-        for ko in modules {
-            let name = ko.file_name().context("a module path has a file name")?.to_string_lossy();
-            let bytes = fs::read(ko).with_context(|| format!("reading {}", ko.display()))?;
-            module_bytes.push((format!("{dir}/{name}"), bytes));
-        }
+    for ko in modules {
+        let name = ko.file_name().context("a module path has a file name")?.to_string_lossy();
+        let bytes = fs::read(ko).with_context(|| format!("reading {}", ko.display()))?;
+        module_bytes.push((format!("lib/modules/{name}"), bytes));
     }
     let mut key = Key::new(RECIPE);
     key.add("agent", &agent_bytes);
