@@ -84,10 +84,6 @@ impl Ctx<'_, '_> {
     }
 }
 
-fn check(name: &'static str, problems: Vec<String>, ok: String) -> Check {
-    Check { name, passed: problems.is_empty(), detail: if problems.is_empty() { ok } else { problems.join("; ") } }
-}
-
 /// Runs every check; the driver must be loaded.
 pub fn run(g: &mut Guest, control: ControlClient, device: &DeviceConfig) -> Result<Vec<Check>> {
     let mut types = Vec::new();
@@ -136,7 +132,7 @@ fn unload(ctx: &mut Ctx) -> Result<Check> {
     if reloaded != AgentMessage::Done {
         problems.push(format!("loading again: {reloaded:?}"));
     }
-    Ok(check("module unload", problems, format!("refused with an event open ({}); clean without: PMUs gone, no owner or slot left on the device; loads again", describe(&busy))))
+    Ok(Check::from_problems("module unload", problems, format!("refused with an event open ({}); clean without: PMUs gone, no owner or slot left on the device; loads again", describe(&busy))))
 }
 
 fn describe(message: &AgentMessage) -> String {
@@ -183,7 +179,7 @@ fn sysfs(ctx: &mut Ctx) -> Result<Check> {
             }
         }
     }
-    Ok(check("PMUs and sysfs", problems, format!("events/ with unit and scale, format/, {}; perf list shows all events", placed.join(", "))))
+    Ok(Check::from_problems("PMUs and sysfs", problems, format!("events/ with unit and scale, format/, {}; perf list shows all events", placed.join(", "))))
 }
 
 /// 2. Exact counts for every event and several RMIDs in both domains,
@@ -225,8 +221,7 @@ fn exact_counts(ctx: &mut Ctx) -> Result<Check> {
     for h in handles.into_iter().chain(occ_handles) {
         ctx.g.close(h)?;
     }
-    Ok(check(
-        "exact counts",
+    Ok(Check::from_problems("exact counts",
         problems,
         format!("{} cumulative events and {} occupancy gauges exact, incl. {} bytes = 3 wraps of the {}-bit counter", plan.len(), occupancy.len(), 3 * wrap, ctx.device.counter_width),
     ))
@@ -267,7 +262,7 @@ fn migration(ctx: &mut Ctx) -> Result<Check> {
         let by: BTreeMap<usize, &BTreeMap<u32, u64>> = state.domains.iter().enumerate().map(|(i, dom)| (i, &dom.violations_by_vcpu)).collect();
         problems.push(format!("the device counted {violations} placement violations: {by:?}"));
     }
-    Ok(check("migration", problems, format!("{}: CPU {owner} offline moved it {before:?} → {after:?}; count exact across the move; 0 placement violations", pmu_name(d))))
+    Ok(Check::from_problems("migration", problems, format!("{}: CPU {owner} offline moved it {before:?} → {after:?}; count exact across the move; 0 placement violations", pmu_name(d))))
 }
 
 /// 4. A domain's CPUs all go: new opens get ENODEV, open events keep their
@@ -305,7 +300,7 @@ fn parking(ctx: &mut Ctx) -> Result<Check> {
     if back != [allowed[0]] || fresh != Some(2 * MIB) {
         problems.push(format!("after CPU {} returned: cpumask {back:?}, a new event counted {fresh:?} of {}", allowed[0], 2 * MIB));
     }
-    Ok(check("parking", problems, format!("{} parked with CPUs {allowed:?} offline (open: ENODEV, open event kept {MIB}); placed on CPU {} again, counting exactly", pmu_name(d), allowed[0])))
+    Ok(Check::from_problems("parking", problems, format!("{} parked with CPUs {allowed:?} offline (open: ENODEV, open event kept {MIB}); placed on CPU {} again, counting exactly", pmu_name(d), allowed[0])))
 }
 
 /// 5. More events than slots under a steady rate: perf multiplexes, and the
@@ -351,7 +346,7 @@ fn multiplexing(ctx: &mut Ctx) -> Result<Check> {
         }
         ctx.g.close(h)?;
     }
-    Ok(check("multiplexing", problems, format!("{events} events on {} slots at {} MiB/s each: all multiplexed, scaled counts within {:.1} % of the truth", ctx.device.slots, rate / MIB, worst * 100.0)))
+    Ok(Check::from_problems("multiplexing", problems, format!("{events} events on {} slots at {} MiB/s each: all multiplexed, scaled counts within {:.1} % of the truth", ctx.device.slots, rate / MIB, worst * 100.0)))
 }
 
 /// 6. A group read of a domain's three events; the groups that must be refused.
@@ -432,7 +427,7 @@ fn groups(ctx: &mut Ctx) -> Result<Check> {
             problems.push(format!("a {} event in a {} group gave {mixed:?}, expected EINVAL", pmu_name(1), pmu_name(0)));
         }
     }
-    Ok(check("groups", problems, format!("group read of 3 events exact and co-scheduled; software sibling joins; {}-event group refused (EINVAL); cross-PMU group refused ({mixed:?})", slots + 1)))
+    Ok(Check::from_problems("groups", problems, format!("group read of 3 events exact and co-scheduled; software sibling joins; {}-event group refused (EINVAL); cross-PMU group refused ({mixed:?})", slots + 1)))
 }
 
 /// 7. The bad-attribute matrix, each with its errno.
@@ -460,7 +455,7 @@ fn bad_attributes(ctx: &mut Ctx) -> Result<Check> {
             problems.push(format!("{name}: {got:?}, expected {want}"));
         }
     }
-    Ok(check("bad attributes", problems, seen.join(", ")))
+    Ok(Check::from_problems("bad attributes", problems, seen.join(", ")))
 }
 
 /// 8. `perf stat -a` from the real perf tool agrees with the device's truth
@@ -492,5 +487,5 @@ fn perf_stat(ctx: &mut Ctx) -> Result<Check> {
         }
         _ => problems.push(format!("perf stat exited {status:?}: {}", stderr.trim())),
     }
-    Ok(check("perf stat", problems, detail))
+    Ok(Check::from_problems("perf stat", problems, detail))
 }

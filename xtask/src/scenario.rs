@@ -45,14 +45,15 @@ pub struct Report {
 pub fn clean_log_check(serial_log: &std::path::Path) -> Check {
     let log = std::fs::read_to_string(serial_log).unwrap_or_default();
     let problems = vm::kernel_log_problems(&log);
-    Check {
-        name: "clean kernel log",
-        passed: problems.is_empty(),
-        detail: if problems.is_empty() {
-            "no WARN, BUG, oops, lockdep or RCU report".into()
-        } else {
-            problems.join(" | ")
-        },
+    Check::from_problems("clean kernel log", problems, "no WARN, BUG, oops, lockdep or RCU report".into())
+}
+
+impl Check {
+    /// Passes when nothing went wrong: the detail is then `ok`, otherwise
+    /// every problem.
+    pub fn from_problems(name: &'static str, problems: Vec<String>, ok: String) -> Check {
+        let passed = problems.is_empty();
+        Check { name, passed, detail: if passed { ok } else { problems.join("; ") } }
     }
 }
 
@@ -190,15 +191,11 @@ fn device_checks(vm: &mut Vm, guest_cpus: u8, device: &DeviceConfig, timeout: Du
         .filter(|((_, _, want), got)| want != *got)
         .map(|((name, _, want), got)| format!("{name}: {got:#x}, expected {want:#x}"))
         .collect();
-    checks.push(Check {
-        name: "device self-description",
-        passed: wrong.is_empty(),
-        detail: if wrong.is_empty() {
-            format!("{} registers as configured ({} domains, {} RMIDs, {} slots, {}-bit counters)", expected.len(), domains, device.rmids, device.slots, device.counter_width)
-        } else {
-            wrong.join("; ")
-        },
-    });
+    checks.push(Check::from_problems(
+        "device self-description",
+        wrong,
+        format!("{} registers as configured ({} domains, {} RMIDs, {} slots, {}-bit counters)", expected.len(), domains, device.rmids, device.slots, device.counter_width),
+    ));
 
     // 2. Each domain gets an owner (its last allowed CPU) and a counter slot;
     //    the host injects a known amount, then every CPU reads every counter.
@@ -245,15 +242,11 @@ fn device_checks(vm: &mut Vm, guest_cpus: u8, device: &DeviceConfig, timeout: Du
             problems.push(format!("CPU {} read domain {d}: {value:#x}, expected {want:#x}", access.cpu));
         }
     }
-    checks.push(Check {
-        name: "counter reads",
-        passed: problems.is_empty(),
-        detail: if problems.is_empty() {
-            format!("{} reads: the owners read the exact count, the {} others got the error bit", reads.len(), reads.len() - owners.len())
-        } else {
-            problems.join("; ")
-        },
-    });
+    checks.push(Check::from_problems(
+        "counter reads",
+        problems,
+        format!("{} reads: the owners read the exact count, the {} others got the error bit", reads.len(), reads.len() - owners.len()),
+    ));
 
     let mut problems = Vec::new();
     for (d, domain) in state.domains.iter().enumerate() {
@@ -269,15 +262,11 @@ fn device_checks(vm: &mut Vm, guest_cpus: u8, device: &DeviceConfig, timeout: Du
             ));
         }
     }
-    checks.push(Check {
-        name: "placement enforcement",
-        passed: problems.is_empty(),
-        detail: if problems.is_empty() {
-            "the device saw each read from the vCPU that made it and flagged every non-owner read".into()
-        } else {
-            problems.join("; ")
-        },
-    });
+    checks.push(Check::from_problems(
+        "placement enforcement",
+        problems,
+        "the device saw each read from the vCPU that made it and flagged every non-owner read".into(),
+    ));
 
     let mut problems = Vec::new();
     for (d, domain) in state.domains.iter().enumerate() {
@@ -290,15 +279,11 @@ fn device_checks(vm: &mut Vm, guest_cpus: u8, device: &DeviceConfig, timeout: Du
     if state.bad_accesses.total != 0 {
         problems.push(format!("{} bad accesses: {:?}", state.bad_accesses.total, state.bad_accesses));
     }
-    checks.push(Check {
-        name: "ground truth",
-        passed: problems.is_empty(),
-        detail: if problems.is_empty() {
-            format!("truth and slot counts equal the injected {} bytes; no bad accesses", injected.iter().map(u64::to_string).collect::<Vec<_>>().join(" and "))
-        } else {
-            problems.join("; ")
-        },
-    });
+    checks.push(Check::from_problems(
+        "ground truth",
+        problems,
+        format!("truth and slot counts equal the injected {} bytes; no bad accesses", injected.iter().map(u64::to_string).collect::<Vec<_>>().join(" and ")),
+    ));
     Ok(checks)
 }
 
