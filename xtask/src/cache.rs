@@ -81,22 +81,64 @@ pub fn files_below(dir: &Path) -> Result<Vec<PathBuf>> {
     Ok(out)
 }
 
-/// One artifact folder in the cache.
+/// One artifact folder in the cache, locked against other perfbed processes
+/// for as long as this one may use it.
+///
+/// Each entry has a lock file beside its folder (`<kind>/<hex>.lock`, outside
+/// the folder so that [`Entry::begin`] cannot remove it). A process holds it
+/// shared while it uses a finished entry, and exclusive while it builds one:
+/// two runs at once share what is built, wait for what is being built rather
+/// than build it twice into the same folder, and never prune what the other
+/// still uses. The lock lives until the process exits (see [`Drop`]).
 pub struct Entry {
     pub dir: PathBuf,
+    lock: Option<fs::File>,
+    ready: bool,
 }
 
 impl Entry {
+    /// Finds the entry for `key` and locks it: shared if it is finished,
+    /// exclusive (the caller builds it) if not.
     pub fn new(kind: &str, key: &Key) -> Result<Entry> {
-        Ok(Entry { dir: root()?.join(kind).join(key.hex()) })
+        Entry::at(root()?.join(kind).join(key.hex()))
+    }
+
+    /// The entry in folder `dir` (`<cache>/<kind>/<key>`), locked.
+    fn at(dir: PathBuf) -> Result<Entry> {
+        let kind_dir = dir.parent().expect("an entry lives in its kind's folder");
+        fs::create_dir_all(kind_dir).with_context(|| format!("creating {}", kind_dir.display()))?;
+        let lock_path = lock_path(&dir);
+        let lock = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .with_context(|| format!("opening {}", lock_path.display()))?;
+        let what = dir.display().to_string();
+        flock(&lock, libc::LOCK_SH, &what)?;
+        let mut ready = dir.join("READY").exists();
+        if !ready {
+            // Not finished: build it, unless another process finishes it
+            // while this one waits for the exclusive lock.
+            flock(&lock, libc::LOCK_UN, &what)?;
+            flock(&lock, libc::LOCK_EX, &what)?;
+            ready = dir.join("READY").exists();
+            if ready {
+                flock(&lock, libc::LOCK_SH, &what)?;
+            }
+        }
+        Ok(Entry { dir, lock: Some(lock), ready })
     }
 
     /// Whether the artifact is complete. A complete one is marked as used
     /// now: pruning drops the least recently used, never one this run needs.
     pub fn is_ready(&self) -> bool {
-        let marker = self.dir.join("READY");
-        let Ok(file) = fs::OpenOptions::new().write(true).open(&marker) else { return false };
-        let _ = file.set_modified(std::time::SystemTime::now());
+        if !self.ready {
+            return false;
+        }
+        if let Ok(file) = fs::OpenOptions::new().write(true).open(self.dir.join("READY")) {
+            let _ = file.set_modified(std::time::SystemTime::now());
+        }
         true
     }
 
@@ -111,16 +153,68 @@ impl Entry {
     }
 
     /// Marks the artifact complete, and drops the least recently used of its
-    /// kind beyond the [`keep`] most recent (a kernel tree is ~2 GB).
+    /// kind beyond the [`keep`] most recent (a kernel tree is ~2 GB) that no
+    /// other process is using.
     pub fn mark_ready(&self) -> Result<()> {
         fs::write(self.dir.join("READY"), b"").context("writing the READY marker")?;
+        if let Some(lock) = &self.lock {
+            flock(lock, libc::LOCK_SH, &self.dir.display().to_string())?;
+        }
         let kind = self.dir.parent().expect("an entry lives in its kind's folder");
         let name = kind.file_name().unwrap_or_default().to_string_lossy();
         for old in entries_to_prune(kind, keep(&name))? {
+            // Skip an entry another process holds; take it exclusively while
+            // removing it so that nobody starts using it meanwhile.
+            let Ok(lock) = fs::OpenOptions::new().write(true).open(lock_path(&old)) else { continue };
+            // SAFETY: flock on a file descriptor this function owns.
+            if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+                continue;
+            }
             eprintln!("    pruning the old cache entry {}", old.display());
             fs::remove_dir_all(&old).with_context(|| format!("removing {}", old.display()))?;
         }
         Ok(())
+    }
+}
+
+impl Drop for Entry {
+    /// Keeps the entry's lock until the process exits: the caller goes on
+    /// using the artifact's paths after the `Entry` is gone.
+    fn drop(&mut self) {
+        if let Some(lock) = self.lock.take() {
+            HELD_LOCKS.lock().unwrap_or_else(|e| e.into_inner()).push(lock);
+        }
+    }
+}
+
+/// Locks of the entries this process has used, held until it exits.
+static HELD_LOCKS: std::sync::Mutex<Vec<fs::File>> = std::sync::Mutex::new(Vec::new());
+
+fn lock_path(dir: &Path) -> PathBuf {
+    let mut name = dir.file_name().expect("an entry has a name").to_os_string();
+    name.push(".lock");
+    dir.with_file_name(name)
+}
+
+/// `flock(2)`, saying so when it has to wait for another process.
+fn flock(file: &fs::File, op: libc::c_int, what: &str) -> Result<()> {
+    let fd = std::os::fd::AsRawFd::as_raw_fd(file);
+    // SAFETY: flock on a file descriptor `file` keeps open for this call.
+    if op != libc::LOCK_UN && unsafe { libc::flock(fd, op | libc::LOCK_NB) } == 0 {
+        return Ok(());
+    }
+    if op != libc::LOCK_UN {
+        eprintln!("    waiting for another perfbed process that holds the cache entry {what}");
+    }
+    loop {
+        // SAFETY: as above.
+        if unsafe { libc::flock(fd, op) } == 0 {
+            return Ok(());
+        }
+        let err = std::io::Error::last_os_error();
+        if err.kind() != std::io::ErrorKind::Interrupted {
+            return Err(err).with_context(|| format!("locking the cache entry {what}"));
+        }
     }
 }
 
@@ -169,9 +263,38 @@ mod tests {
         assert_eq!(entries_to_prune(&kind, 2).unwrap(), vec![kind.join("a")]);
         assert!(entries_to_prune(&kind, 3).unwrap().is_empty());
         // Using the oldest makes it the newest: the next oldest goes instead.
-        assert!(Entry { dir: kind.join("a") }.is_ready());
-        assert!(!Entry { dir: kind.join("c") }.is_ready());
+        let entry = |name: &str| Entry { dir: kind.join(name), lock: None, ready: kind.join(name).join("READY").exists() };
+        assert!(entry("a").is_ready());
+        assert!(!entry("c").is_ready());
         assert_eq!(entries_to_prune(&kind, 2).unwrap(), vec![kind.join("b")]);
+        fs::remove_dir_all(&kind).unwrap();
+    }
+
+    #[test]
+    fn a_second_process_waits_for_the_build_then_shares_it() {
+        let kind = std::env::temp_dir().join(format!("perfbed-lock-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&kind);
+        let builder = Entry::at(kind.join("k")).unwrap();
+        assert!(!builder.is_ready());
+        builder.begin().unwrap();
+        // flock locks belong to the open file, so a thread that opens the
+        // lock file again contends like another process would.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let dir = kind.join("k");
+        let waiter = std::thread::spawn(move || {
+            let entry = Entry::at(dir).unwrap();
+            tx.send(entry.is_ready()).unwrap();
+        });
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        assert!(rx.try_recv().is_err(), "the second user must wait while the entry is built");
+        fs::write(builder.dir.join("artifact"), b"x").unwrap();
+        builder.mark_ready().unwrap();
+        assert!(rx.recv().unwrap(), "the second user sees the finished entry");
+        waiter.join().unwrap();
+        // Both hold it shared now: nobody may prune it.
+        let lock = fs::OpenOptions::new().write(true).open(lock_path(&kind.join("k"))).unwrap();
+        // SAFETY: flock on a file this test owns.
+        assert_ne!(unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX | libc::LOCK_NB) }, 0);
         fs::remove_dir_all(&kind).unwrap();
     }
 
