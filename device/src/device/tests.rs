@@ -1,4 +1,5 @@
 use super::*;
+use std::collections::BTreeMap;
 use crate::regs::*;
 
 const SEC: u64 = 1_000_000_000;

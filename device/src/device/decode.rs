@@ -1,0 +1,76 @@
+//! Decoding a guest access: which register an offset names and which part
+//! of it an access of a given size covers. The layout is `crate::regs`.
+
+use super::trace::BadAccessKind;
+use crate::regs;
+
+/// The decoded register behind an 8-byte aligned offset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Reg {
+    Global(u64),
+    AllowedCpus(usize),
+    Owner(usize),
+    SlotCtl(usize, usize),
+    SlotCount(usize, usize),
+    Occupancy(usize, usize),
+}
+
+/// Which part of a register an access covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Part {
+    Full,
+    Low,
+    High,
+}
+
+impl Part {
+    /// The part of the full register value `full` this access sees.
+    pub(super) fn of(self, full: u64) -> u64 {
+        match self {
+            Part::Full => full,
+            Part::Low => full & 0xffff_ffff,
+            Part::High => full >> 32,
+        }
+    }
+}
+
+/// Splits an access into (8-byte aligned offset, part).
+pub(super) fn split(offset: u64, size: u32) -> Result<(u64, Part), BadAccessKind> {
+    match size {
+        8 if offset & 7 == 0 => Ok((offset, Part::Full)),
+        4 if offset & 7 == 0 => Ok((offset, Part::Low)),
+        4 if offset & 7 == 4 => Ok((offset - 4, Part::High)),
+        8 | 4 => Err(BadAccessKind::Unaligned),
+        _ => Err(BadAccessKind::BadSize),
+    }
+}
+
+/// The register at 8-byte aligned offset `off` of a device with `domains`
+/// domains, `slots` slots per domain and `rmids` RMIDs, if any.
+pub(super) fn lookup(off: u64, domains: usize, slots: u32, rmids: u32) -> Option<Reg> {
+    if off < regs::REG_GLOBAL_END {
+        return Some(Reg::Global(off));
+    }
+    let rel = off.checked_sub(regs::DOMAIN_BASE)?;
+    let d = usize::try_from(rel / regs::DOMAIN_STRIDE).ok()?;
+    if d >= domains {
+        return None;
+    }
+    let r = rel % regs::DOMAIN_STRIDE;
+    let slots_end = regs::DOM_SLOTS + u64::from(slots) * regs::SLOT_STRIDE;
+    let occ_end = regs::DOM_OCCUPANCY + u64::from(rmids) * 8;
+    match r {
+        regs::DOM_ALLOWED_CPUS => Some(Reg::AllowedCpus(d)),
+        regs::DOM_OWNER => Some(Reg::Owner(d)),
+        _ if (regs::DOM_SLOTS..slots_end).contains(&r) => {
+            let s = ((r - regs::DOM_SLOTS) / regs::SLOT_STRIDE) as usize;
+            match (r - regs::DOM_SLOTS) % regs::SLOT_STRIDE {
+                regs::SLOT_CTL_OFF => Some(Reg::SlotCtl(d, s)),
+                regs::SLOT_COUNT_OFF => Some(Reg::SlotCount(d, s)),
+                _ => None,
+            }
+        }
+        _ if (regs::DOM_OCCUPANCY..occ_end).contains(&r) => Some(Reg::Occupancy(d, ((r - regs::DOM_OCCUPANCY) / 8) as usize)),
+        _ => None,
+    }
+}

@@ -1,0 +1,96 @@
+//! One monitoring domain: its placement rule (allowed CPUs and owner), its
+//! counter slots, the ground truth of everything that landed in it, and its
+//! placement statistics.
+
+use std::collections::BTreeMap;
+
+use super::events::cumulative_index;
+use super::traffic::Traffic;
+use crate::cpus::CpuSet;
+use crate::regs::{self, Event};
+
+/// What a counter slot counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Assignment {
+    pub(super) event: Event,
+    pub(super) rmid: u32,
+}
+
+/// A hardware counter slot.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Slot {
+    /// The `SLOT_CTL` value.
+    pub(super) ctl: u64,
+    pub(super) assigned: Option<Assignment>,
+    /// Bytes counted since assignment (mod 2^64); the register shows them
+    /// in units, masked to the counter width.
+    pub(super) counted: u64,
+}
+
+#[derive(Debug, Clone)]
+pub(super) struct Domain {
+    pub(super) allowed: CpuSet,
+    /// The `OWNER` register.
+    pub(super) owner: u64,
+    pub(super) slots: Vec<Slot>,
+    /// Per RMID, per cumulative event (total, local).
+    pub(super) truth: Vec<[u64; 2]>,
+    pub(super) occupancy: Vec<u64>,
+    pub(super) traffic: Traffic,
+    pub(super) violations: u64,
+    pub(super) violations_by_vcpu: BTreeMap<u32, u64>,
+    pub(super) reads_by_vcpu: BTreeMap<u32, u64>,
+}
+
+impl Domain {
+    pub(super) fn new(allowed: CpuSet, slots: usize, rmids: usize) -> Domain {
+        Domain {
+            allowed,
+            owner: regs::NO_OWNER,
+            slots: vec![Slot::default(); slots],
+            truth: vec![[0; 2]; rmids],
+            occupancy: vec![0; rmids],
+            traffic: Traffic::default(),
+            violations: 0,
+            violations_by_vcpu: BTreeMap::new(),
+            reads_by_vcpu: BTreeMap::new(),
+        }
+    }
+
+    /// Lets `dt` ns of traffic land into the truth and the slots.
+    pub(super) fn advance(&mut self, dt: u64, max_rate: u64) {
+        let Domain { traffic, truth, slots, .. } = self;
+        traffic.advance(dt, max_rate, |rmid, event, bytes| land(truth, slots, rmid, event, bytes));
+    }
+
+    /// Counts a counter read by `vcpu`; returns whether it broke the
+    /// placement rule (outside the allowed set, or not the owner).
+    pub(super) fn placement_check(&mut self, vcpu: u32) -> bool {
+        let reads = self.reads_by_vcpu.entry(vcpu).or_insert(0);
+        *reads = reads.wrapping_add(1);
+        let ok = self.allowed.contains(vcpu) && self.owner == u64::from(vcpu);
+        if !ok {
+            self.violations = self.violations.wrapping_add(1);
+            let v = self.violations_by_vcpu.entry(vcpu).or_insert(0);
+            *v = v.wrapping_add(1);
+        }
+        !ok
+    }
+}
+
+/// Lands `bytes` of (rmid, event): into the truth and every matching slot.
+fn land(truth: &mut [[u64; 2]], slots: &mut [Slot], rmid: u32, event: Event, bytes: u64) {
+    if bytes == 0 {
+        return;
+    }
+    let Some(idx) = cumulative_index(event) else {
+        return;
+    };
+    if let Some(t) = truth.get_mut(rmid as usize).and_then(|t| t.get_mut(idx)) {
+        *t = t.wrapping_add(bytes);
+    }
+    let want = Assignment { event, rmid };
+    for slot in slots.iter_mut().filter(|s| s.assigned == Some(want)) {
+        slot.counted = slot.counted.wrapping_add(bytes);
+    }
+}

@@ -1,0 +1,494 @@
+//! The device model: a pure, deterministic state machine.
+//!
+//! Hosts call [`Device::read`] and [`Device::write`] for every guest MMIO
+//! access (with the accessing vCPU) and the traffic methods for host-side
+//! input. Time is an input (`now_ns`, a monotonic clock chosen by the host);
+//! a `now_ns` earlier than one already seen counts as no time passing. No
+//! method panics on any input, and none blocks.
+//!
+//! - [`config`]: the device's shape and its limits;
+//! - [`domain`]: one domain's placement rule, slots, truth and statistics;
+//! - [`traffic`]: injections and steady rates landing over time;
+//! - [`decode`]: offsets and sizes to registers;
+//! - [`trace`]: the access trace and bad-access counts;
+//! - [`state`]: the snapshot the control socket reports;
+//! - [`events`], [`errors`]: event names on the wire, refused host requests.
+
+mod config;
+mod decode;
+mod domain;
+mod errors;
+mod events;
+mod state;
+mod trace;
+mod traffic;
+
+use std::collections::VecDeque;
+
+use crate::cpus::{format_cpu_list, CpuSet};
+use crate::regs::{self, Event};
+
+pub use config::{ConfigError, DeviceConfig, MAX_RATE_LIMIT};
+use decode::{Part, Reg};
+use domain::{Assignment, Domain, Slot};
+pub use errors::DeviceError;
+use events::CUMULATIVE;
+pub use events::{event_name, parse_event};
+pub use state::{DeviceState, DomainState, OccupancyEntry, RateEntry, SlotState, TruthEntry};
+pub use trace::{AccessKind, BadAccessCounts, BadAccessKind, TraceEntry, TRACE_CAPACITY};
+
+/// The virtual monitoring device.
+#[derive(Debug, Clone)]
+pub struct Device {
+    config: DeviceConfig,
+    size: u64,
+    now_ns: u64,
+    domains: Vec<Domain>,
+    bad: BadAccessCounts,
+    trace: VecDeque<TraceEntry>,
+}
+
+impl Device {
+    /// A device at time 0 with empty counters and no owners.
+    pub fn new(config: DeviceConfig) -> Result<Device, ConfigError> {
+        config.validate()?;
+        let rmids = config.rmids as usize;
+        let domains = config
+            .domains
+            .iter()
+            .map(|cpus| Domain::new(CpuSet::from_cpus(cpus).unwrap_or_default(), config.slots as usize, rmids))
+            .collect();
+        Ok(Device {
+            size: config.size(),
+            config,
+            now_ns: 0,
+            domains,
+            bad: BadAccessCounts::default(),
+            trace: VecDeque::with_capacity(TRACE_CAPACITY),
+        })
+    }
+
+    /// Size of the register region in bytes.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &DeviceConfig {
+        &self.config
+    }
+
+    /// The latest time seen.
+    pub fn now_ns(&self) -> u64 {
+        self.now_ns
+    }
+
+    /// Moves time to `now_ns` (never backwards), landing traffic.
+    fn advance(&mut self, now_ns: u64) {
+        if now_ns <= self.now_ns {
+            return;
+        }
+        let dt = now_ns - self.now_ns;
+        self.now_ns = now_ns;
+        let max_rate = self.config.max_rate;
+        for d in &mut self.domains {
+            d.advance(dt, max_rate);
+        }
+    }
+
+    fn record(&mut self, entry: TraceEntry) {
+        if let Some(kind) = entry.bad {
+            self.bad.count(kind);
+        }
+        if self.trace.len() >= TRACE_CAPACITY {
+            self.trace.pop_front();
+        }
+        self.trace.push_back(entry);
+    }
+
+    /// The register at 8-byte aligned offset `off`, if any.
+    fn lookup(&self, off: u64) -> Option<Reg> {
+        decode::lookup(off, self.domains.len(), self.config.slots, self.config.rmids)
+    }
+
+    fn global_value(&self, off: u64) -> Option<u64> {
+        let c = &self.config;
+        Some(match off {
+            regs::REG_MAGIC => regs::MAGIC_VALUE,
+            regs::REG_VERSION => regs::VERSION_VALUE,
+            regs::REG_NUM_DOMAINS => c.domains.len() as u64,
+            regs::REG_NUM_RMIDS => u64::from(c.rmids),
+            regs::REG_NUM_SLOTS => u64::from(c.slots),
+            regs::REG_COUNTER_WIDTH => u64::from(c.counter_width),
+            regs::REG_COUNTER_UNIT => c.unit_bytes,
+            regs::REG_MAX_RATE => c.max_rate,
+            regs::REG_DOMAIN_BASE => regs::DOMAIN_BASE,
+            regs::REG_DOMAIN_STRIDE => regs::DOMAIN_STRIDE,
+            regs::REG_SLOT_BASE => regs::DOM_SLOTS,
+            regs::REG_SLOT_STRIDE => regs::SLOT_STRIDE,
+            regs::REG_OCCUPANCY_BASE => regs::DOM_OCCUPANCY,
+            regs::REG_DEVICE_SIZE => self.size,
+            regs::REG_EVENTS => regs::EVENTS_MASK,
+            _ => return None,
+        })
+    }
+
+    fn mask(&self) -> u64 {
+        regs::counter_mask(u64::from(self.config.counter_width))
+    }
+
+    /// Counter value of a slot as a correctly placed read sees it.
+    fn slot_register(&self, slot: &Slot) -> u64 {
+        match slot.assigned {
+            None => regs::COUNTER_UNAVAILABLE,
+            Some(_) => (slot.counted / self.config.unit_bytes.max(1)) & self.mask(),
+        }
+    }
+
+    /// Occupancy register value: units, saturated to the counter width.
+    fn occupancy_register(&self, bytes: u64) -> u64 {
+        (bytes / self.config.unit_bytes.max(1)).min(self.mask())
+    }
+
+    /// Counts a counter read of domain `d` by `vcpu`; returns whether it broke
+    /// the placement rule.
+    fn placement_check(&mut self, d: usize, vcpu: u32) -> bool {
+        self.domains.get_mut(d).map_or(true, |dom| dom.placement_check(vcpu))
+    }
+
+    /// A guest read of `size` bytes at `offset` from `vcpu` at `now_ns`.
+    /// Bad accesses return 0 and are counted.
+    pub fn read(&mut self, now_ns: u64, vcpu: u32, offset: u64, size: u32) -> u64 {
+        self.advance(now_ns);
+        let mut violation = false;
+        let result = decode::split(offset, size).and_then(|(off, part)| {
+            let reg = self.lookup(off).ok_or(BadAccessKind::UnknownOffset)?;
+            let full = match reg {
+                Reg::Global(g) => self.global_value(g).ok_or(BadAccessKind::UnknownOffset)?,
+                Reg::AllowedCpus(d) => self.domains.get(d).map_or(0, |x| x.allowed.0),
+                Reg::Owner(d) => self.domains.get(d).map_or(0, |x| x.owner),
+                Reg::SlotCtl(d, s) => self
+                    .domains
+                    .get(d)
+                    .and_then(|x| x.slots.get(s))
+                    .map_or(0, |x| x.ctl),
+                Reg::SlotCount(d, s) => {
+                    violation = self.placement_check(d, vcpu);
+                    if violation {
+                        regs::COUNTER_ERROR
+                    } else {
+                        self.domains
+                            .get(d)
+                            .and_then(|x| x.slots.get(s))
+                            .map_or(regs::COUNTER_UNAVAILABLE, |x| self.slot_register(x))
+                    }
+                }
+                Reg::Occupancy(d, r) => {
+                    violation = self.placement_check(d, vcpu);
+                    if violation {
+                        regs::COUNTER_ERROR
+                    } else {
+                        let bytes = self
+                            .domains
+                            .get(d)
+                            .and_then(|x| x.occupancy.get(r))
+                            .copied()
+                            .unwrap_or(0);
+                        self.occupancy_register(bytes)
+                    }
+                }
+            };
+            Ok(part.of(full))
+        });
+        let (value, bad) = match result {
+            Ok(v) => (v, None),
+            Err(kind) => (0, Some(kind)),
+        };
+        self.record(TraceEntry {
+            time_ns: self.now_ns,
+            vcpu,
+            offset,
+            size,
+            kind: AccessKind::Read,
+            value,
+            bad,
+            violation,
+        });
+        value
+    }
+
+    /// A guest write of `value` (`size` bytes) at `offset` from `vcpu` at
+    /// `now_ns`. Bad accesses are ignored and counted.
+    pub fn write(&mut self, now_ns: u64, vcpu: u32, offset: u64, size: u32, value: u64) {
+        self.advance(now_ns);
+        let result = self.do_write(offset, size, value);
+        self.record(TraceEntry {
+            time_ns: self.now_ns,
+            vcpu,
+            offset,
+            size,
+            kind: AccessKind::Write,
+            value,
+            bad: result.err(),
+            violation: false,
+        });
+    }
+
+    fn do_write(&mut self, offset: u64, size: u32, value: u64) -> Result<(), BadAccessKind> {
+        let (off, part) = decode::split(offset, size)?;
+        let reg = self.lookup(off).ok_or(BadAccessKind::UnknownOffset)?;
+        if let Reg::Global(g) = reg {
+            // Reserved global offsets are unknown, defined ones read-only.
+            self.global_value(g).ok_or(BadAccessKind::UnknownOffset)?;
+        }
+        let (d, slot) = match reg {
+            Reg::Owner(d) => (d, None),
+            Reg::SlotCtl(d, s) => (d, Some(s)),
+            _ => return Err(BadAccessKind::ReadOnly),
+        };
+        let value = match part {
+            Part::Full => value,
+            Part::Low => value & 0xffff_ffff,
+            Part::High => return Err(BadAccessKind::HighHalfWrite),
+        };
+        let rmids = self.config.rmids;
+        let dom = self
+            .domains
+            .get_mut(d)
+            .ok_or(BadAccessKind::UnknownOffset)?;
+        match slot {
+            None => {
+                if value != regs::NO_OWNER && value >= regs::MAX_CPUS {
+                    return Err(BadAccessKind::BadValue);
+                }
+                dom.owner = value;
+            }
+            Some(s) => {
+                let slot = dom.slots.get_mut(s).ok_or(BadAccessKind::UnknownOffset)?;
+                if value == 0 {
+                    *slot = Slot::default();
+                    return Ok(());
+                }
+                if value & regs::SLOT_CTL_ASSIGNED == 0 || value & regs::SLOT_CTL_RESERVED != 0 {
+                    return Err(BadAccessKind::BadValue);
+                }
+                let event = Event::from_u64(regs::slot_ctl_event(value))
+                    .filter(|e| e.is_cumulative())
+                    .ok_or(BadAccessKind::BadValue)?;
+                let rmid = regs::slot_ctl_rmid(value);
+                if rmid >= u64::from(rmids) {
+                    return Err(BadAccessKind::BadValue);
+                }
+                *slot = Slot {
+                    ctl: value,
+                    assigned: Some(Assignment {
+                        event,
+                        rmid: rmid as u32,
+                    }),
+                    counted: 0,
+                };
+            }
+        }
+        Ok(())
+    }
+
+    fn check(&self, domain: u32, rmid: u32) -> Result<usize, DeviceError> {
+        let d = domain as usize;
+        if d >= self.domains.len() {
+            return Err(DeviceError::NoSuchDomain {
+                domain,
+                domains: self.domains.len(),
+            });
+        }
+        if rmid >= self.config.rmids {
+            return Err(DeviceError::NoSuchRmid {
+                rmid,
+                rmids: self.config.rmids,
+            });
+        }
+        Ok(d)
+    }
+
+    fn check_cumulative(&self, domain: u32, rmid: u32, event: Event) -> Result<usize, DeviceError> {
+        let d = self.check(domain, rmid)?;
+        if !event.is_cumulative() {
+            return Err(DeviceError::NotCumulative(event));
+        }
+        Ok(d)
+    }
+
+    /// Queues `bytes` of `event` for (`domain`, `rmid`); they land over time
+    /// at the domain's max rate minus its steady rates, after the traffic
+    /// already queued in that domain.
+    pub fn inject(
+        &mut self,
+        now_ns: u64,
+        domain: u32,
+        rmid: u32,
+        event: Event,
+        bytes: u64,
+    ) -> Result<(), DeviceError> {
+        let d = self.check_cumulative(domain, rmid, event)?;
+        self.advance(now_ns);
+        if let Some(dom) = self.domains.get_mut(d) {
+            dom.traffic.inject(rmid, event, bytes);
+        }
+        Ok(())
+    }
+
+    /// Sets the steady rate of (`domain`, `rmid`, `event`), 0 to clear it.
+    /// Refused if the domain's total steady rate would exceed its max rate.
+    pub fn set_rate(
+        &mut self,
+        now_ns: u64,
+        domain: u32,
+        rmid: u32,
+        event: Event,
+        bytes_per_sec: u64,
+    ) -> Result<(), DeviceError> {
+        let d = self.check_cumulative(domain, rmid, event)?;
+        let max = self.config.max_rate;
+        let Some(dom) = self.domains.get(d) else {
+            return Ok(());
+        };
+        let others = dom.traffic.steady_total_except(rmid, event);
+        let total = others + u128::from(bytes_per_sec);
+        if total > u128::from(max) {
+            return Err(DeviceError::RateTooHigh { domain, total, max });
+        }
+        self.advance(now_ns);
+        if let Some(dom) = self.domains.get_mut(d) {
+            dom.traffic.set_rate(rmid, event, bytes_per_sec);
+        }
+        Ok(())
+    }
+
+    /// Sets the LLC occupancy of (`domain`, `rmid`) in bytes.
+    pub fn set_occupancy(&mut self, domain: u32, rmid: u32, bytes: u64) -> Result<(), DeviceError> {
+        let d = self.check(domain, rmid)?;
+        if let Some(o) = self
+            .domains
+            .get_mut(d)
+            .and_then(|x| x.occupancy.get_mut(rmid as usize))
+        {
+            *o = bytes;
+        }
+        Ok(())
+    }
+
+    /// Injected bytes not landed yet at `now_ns` (0 = all landed).
+    pub fn pending_bytes(&mut self, now_ns: u64) -> u64 {
+        self.advance(now_ns);
+        self.domains
+            .iter()
+            .fold(0u64, |acc, d| acc.saturating_add(d.traffic.pending()))
+    }
+
+    /// Clears violations, read counts, bad-access counts and the trace (not
+    /// the truth, not the counters).
+    pub fn reset_stats(&mut self) {
+        for d in &mut self.domains {
+            d.violations = 0;
+            d.violations_by_vcpu.clear();
+            d.reads_by_vcpu.clear();
+        }
+        self.bad = BadAccessCounts::default();
+        self.trace.clear();
+    }
+
+    /// The recorded register accesses, oldest first (at most
+    /// [`TRACE_CAPACITY`]).
+    pub fn trace(&self) -> Vec<TraceEntry> {
+        self.trace.iter().cloned().collect()
+    }
+
+    /// A snapshot of the device at `now_ns`.
+    pub fn state(&mut self, now_ns: u64) -> DeviceState {
+        self.advance(now_ns);
+        let domains = self
+            .domains
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                let slots = d
+                    .slots
+                    .iter()
+                    .enumerate()
+                    .map(|(s, slot)| SlotState {
+                        slot: s as u32,
+                        ctl: slot.ctl,
+                        event: slot.assigned.map(|a| a.event),
+                        rmid: slot.assigned.map(|a| a.rmid),
+                        counted_bytes: slot.counted,
+                        register: self.slot_register(slot),
+                    })
+                    .collect();
+                let truth = d
+                    .truth
+                    .iter()
+                    .enumerate()
+                    .flat_map(|(rmid, t)| {
+                        CUMULATIVE
+                            .iter()
+                            .zip(t.iter())
+                            .filter(|(_, &b)| b != 0)
+                            .map(move |(&event, &bytes)| TruthEntry {
+                                rmid: rmid as u32,
+                                event,
+                                bytes,
+                            })
+                    })
+                    .collect();
+                let occupancy = d
+                    .occupancy
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, &b)| b != 0)
+                    .map(|(rmid, &bytes)| OccupancyEntry {
+                        rmid: rmid as u32,
+                        bytes,
+                    })
+                    .collect();
+                let steady_rates = d
+                    .traffic
+                    .rates()
+                    .map(|(rmid, event, bytes_per_sec)| RateEntry { rmid, event, bytes_per_sec })
+                    .collect();
+                let allowed_cpus = d.allowed.cpus();
+                DomainState {
+                    domain: i as u32,
+                    allowed_cpu_list: format_cpu_list(&allowed_cpus),
+                    allowed_cpus,
+                    allowed_mask: d.allowed.0,
+                    owner: u32::try_from(d.owner)
+                        .ok()
+                        .filter(|&o| u64::from(o) < regs::MAX_CPUS),
+                    slots,
+                    truth,
+                    occupancy,
+                    pending_bytes: d.traffic.pending(),
+                    steady_rates,
+                    violations: d.violations,
+                    violations_by_vcpu: d.violations_by_vcpu.clone(),
+                    counter_reads_by_vcpu: d.reads_by_vcpu.clone(),
+                }
+            })
+            .collect::<Vec<_>>();
+        DeviceState {
+            now_ns: self.now_ns,
+            magic: regs::MAGIC_VALUE,
+            version: regs::VERSION_VALUE,
+            size: self.size,
+            config: self.config.clone(),
+            pending_bytes: domains
+                .iter()
+                .fold(0u64, |acc, d| acc.saturating_add(d.pending_bytes)),
+            domains,
+            bad_accesses: self.bad.clone(),
+            trace_len: self.trace.len(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
