@@ -56,7 +56,7 @@ enum Command {
 
 #[derive(Args, Clone)]
 pub struct RunArgs {
-    /// Guest vCPUs (1 to 8: the guest kernel's NR_CPUS).
+    /// Guest vCPUs (1 to 64: the guest kernel's NR_CPUS).
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u8).range(1..=vm::MAX_CPUS as i64))]
     cpus: u8,
     /// Guest memory in MiB (128 to 16384).

@@ -62,7 +62,7 @@ const VM_TESTS: &[VmTest] = &[
     },
     VmTest {
         name: "device_scope_pmu",
-        what: "on the debug kernel, device-scope PMUs are placed, move, park and return with CPU hotplug, opens racing moves land right or get EBUSY, and no lockdep/RCU/WARN report",
+        what: "on the debug kernel, device-scope PMUs are placed, move, park and return with CPU hotplug, parked events come back, opens racing moves land right and never get EBUSY, and no lockdep/RCU/WARN report",
         variant: Variant::Debug,
         run: device_scope_pmu,
     },

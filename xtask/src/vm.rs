@@ -22,7 +22,7 @@ use perfbed_device::DeviceConfig;
 
 use crate::cmd;
 
-pub const MAX_CPUS: u8 = 8; // the guest kernel's CONFIG_NR_CPUS
+pub const MAX_CPUS: u8 = 64; // the guest kernel's CONFIG_NR_CPUS
 /// Where the monitoring device's registers sit in guest physical memory: a
 /// hole below microvm's virtio-mmio (0xfeb00000) and IOAPIC windows.
 pub const DEVICE_BASE: u64 = 0xfe00_0000;
@@ -455,7 +455,7 @@ mod tests {
         good.validate().unwrap();
         let err = |c: VmConfig| c.validate().unwrap_err().to_string();
         assert!(err(VmConfig { cpus: 0, ..good.clone() }).contains("--cpus 0"));
-        assert!(err(VmConfig { cpus: 9, ..good.clone() }).contains("1 to 8"));
+        assert!(err(VmConfig { cpus: 65, ..good.clone() }).contains("1 to 64"));
         assert!(err(VmConfig { memory_mib: 1, ..good.clone() }).contains("--memory 1"));
         assert!(err(VmConfig { cpus: 2, ..good.clone() }).contains("domain 1 allows CPU 2"));
         assert!(err(VmConfig { vmlinux: dir.join("absent"), ..good.clone() }).contains("cannot be opened"));
