@@ -7,6 +7,7 @@ mod cmd;
 mod deps;
 mod guest;
 mod image;
+mod moving_traffic;
 mod pmu_checks;
 mod scenario;
 mod scope_test;

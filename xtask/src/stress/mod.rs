@@ -15,6 +15,9 @@ mod rng;
 pub mod schedule;
 mod traffic;
 
+pub use rng::Rng;
+pub use traffic::{Injector, Key};
+
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -33,9 +36,8 @@ use crate::pmu_checks::{self, pmu_name};
 use crate::scenario::{clean_log_check, Check};
 use crate::vm::{self, Accel, Vm, VmConfig};
 use placements::Placements;
-use rng::Rng;
 use schedule::{Op, Step, Topology};
-use traffic::{Injector, Key, TrafficStats};
+use traffic::TrafficStats;
 
 #[derive(Args, Clone)]
 pub struct StressArgs {
