@@ -286,34 +286,33 @@ pub fn execute(config: &StressConfig, accel: &Accel) -> Result<StressReport> {
         .map_err(|e| anyhow::anyhow!("{}", e.0))?;
     let booted = Vm::boot(&config.vm, accel)?;
     let mut vm = booted.vm;
-    let result = stress(&mut vm, config, &steps);
     let trace_file = config.vm.run_dir.join("device-trace.json");
-    let keep_trace = |why: &str| {
-        if let Err(e) = save_trace(&vm_control(&config.vm.run_dir), &trace_file) {
-            eprintln!("could not save the device trace ({why}): {e:#}");
-        }
+    let socket = vm_control(&config.vm.run_dir);
+    let (hook_socket, hook_file) = (socket.clone(), trace_file.clone());
+    vm.before_kill(Box::new(move || keep_trace(&hook_socket, &hook_file)));
+    let failed = |e: anyhow::Error| {
+        e.context(format!(
+            "the stress did not complete; seed {}; replay with: {}\nrun folder (serial log, device trace): {}",
+            config.seed,
+            config.replay,
+            config.vm.run_dir.display()
+        ))
     };
-    match result {
-        Ok(mut report) => {
-            vm.power_off(Duration::from_secs(60))?;
-            report.checks.push(clean_log_check(&config.vm.run_dir.join("serial.log")));
-            if !report.passed() {
-                // The device is gone with QEMU; the trace was saved before power-off.
-                if !trace_file.is_file() {
-                    eprintln!("the device trace was not saved");
-                }
-            }
-            Ok(report)
-        }
-        Err(e) => {
-            keep_trace("after an error");
-            Err(e.context(format!(
-                "the stress did not complete; seed {}; replay with: {}\nrun folder (serial log, device trace): {}",
-                config.seed,
-                config.replay,
-                config.vm.run_dir.display()
-            )))
-        }
+    let mut report = stress(&mut vm, config, &steps).map_err(failed)?;
+    // A splat fails the run too: look before the device goes with QEMU.
+    let log = std::fs::read_to_string(&vm.serial_log).unwrap_or_default();
+    if !report.passed() || !vm::kernel_log_problems(&log).is_empty() {
+        keep_trace(&socket, &trace_file);
+    }
+    vm.power_off(Duration::from_secs(60)).map_err(failed)?;
+    report.checks.push(clean_log_check(&config.vm.run_dir.join("serial.log")));
+    Ok(report)
+}
+
+fn keep_trace(socket: &Path, file: &Path) {
+    match save_trace(socket, file) {
+        Ok(()) => eprintln!("device trace kept: {}", file.display()),
+        Err(e) => eprintln!("could not save the device trace: {e:#}"),
     }
 }
 
@@ -535,10 +534,6 @@ fn stress(vm: &mut Vm, config: &StressConfig, steps: &[Step]) -> Result<StressRe
     checks.push(open_loop_check(&loop_result));
     checks.push(violations_check(&after));
 
-    // Keep the device's trace for a failed run (the device goes with QEMU).
-    if !checks.iter().all(|c| c.passed) {
-        save_trace(&vm_control(run_dir), &run_dir.join("device-trace.json"))?;
-    }
     for w in &watched {
         g.close(w.handle)?;
     }
