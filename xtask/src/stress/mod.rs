@@ -458,62 +458,24 @@ fn stress(vm: &mut Vm, config: &StressConfig, steps: &[Step]) -> Result<StressRe
     let loop_result = stop_job(&mut g, loop_job, 0)?;
     let stat_result = stop_job(&mut g, stat_job, SIGINT)?;
 
-    let (mut compared, mut lost) = (0usize, 0usize);
-    let mut count_problems = Vec::new();
-    let mut time_problems = Vec::new();
+    let mut tally = check_finals(&watched, &finals, &before, &after, device.unit_bytes);
     let delta = |key: Key| after.truth(key.domain, key.rmid, key.event).wrapping_sub(before.truth(key.domain, key.rmid, key.event));
-    let mut compare = |name: String, got: u64, want: u64, problems: &mut Vec<String>| {
-        compared += 1;
-        if got != want {
-            lost += 1;
-            let how = if got < want { format!("lost {}", want - got) } else { format!("{} too many", got - want) };
-            problems.push(format!("{name}: counted {got}, the device's truth {want} ({how} bytes)"));
-        }
-    };
-    for (w, v) in watched.iter().zip(&finals) {
-        match w.kind {
-            WatchedKind::Single(key) => {
-                compare(w.name.clone(), v.first().copied().unwrap_or(0), delta(key), &mut count_problems);
-                if v.get(1) != v.get(2) {
-                    time_problems.push(format!("{}: enabled {:?}, running {:?}", w.name, v.get(1), v.get(2)));
-                }
-            }
-            WatchedKind::Group { domain, rmid } => {
-                if v.first() != Some(&3) {
-                    count_problems.push(format!("{}: read {v:?}, not a group of 3", w.name));
-                    continue;
-                }
-                let total = delta(Key { domain, rmid, event: Event::MbmTotalBytes });
-                let local = delta(Key { domain, rmid, event: Event::MbmLocalBytes });
-                compare(format!("{} mbm_total_bytes", w.name), v[3], total, &mut count_problems);
-                compare(format!("{} mbm_local_bytes", w.name), v[4], local, &mut count_problems);
-                let occupancy = after.domains[domain as usize].occupancy.iter().find(|o| o.rmid == rmid).map_or(0, |o| o.bytes);
-                let gauge = occupancy / device.unit_bytes * device.unit_bytes;
-                if v[5] != gauge {
-                    count_problems.push(format!("{} llc_occupancy: read {}, the device holds {gauge}", w.name, v[5]));
-                }
-                if v[1] != v[2] {
-                    time_problems.push(format!("{}: enabled {}, running {}", w.name, v[1], v[2]));
-                }
-            }
-        }
-    }
     let stat_truth = delta(stat_key);
     let stat_detail = match perf_stat_counts(&stat_result, &named, &raw) {
         Ok(stat) => {
-            compare(format!("perf stat {raw}"), stat.raw_bytes, stat_truth, &mut count_problems);
+            tally.compare(format!("perf stat {raw}"), stat.raw_bytes, stat_truth);
             let truth_mb = stat_truth as f64 / (1u64 << 20) as f64;
             // perf prints MB with two decimals: equal to the truth rounded so.
             if (stat.named_mb - truth_mb).abs() > 0.0051 {
-                count_problems.push(format!("perf stat {named}: {:.2} MB, the device's truth {truth_mb:.4} MB", stat.named_mb));
+                tally.count_problems.push(format!("perf stat {named}: {:.2} MB, the device's truth {truth_mb:.4} MB", stat.named_mb));
             }
             if stat.running_pct.iter().any(|&p| p < 100.0) {
-                time_problems.push(format!("perf stat ran {:?} % of the time", stat.running_pct));
+                tally.time_problems.push(format!("perf stat ran {:?} % of the time", stat.running_pct));
             }
             format!("perf stat -a: {:.2} MB and {} bytes, truth {} bytes, running {:?} %", stat.named_mb, stat.raw_bytes, stat_truth, stat.running_pct)
         }
         Err(e) => {
-            count_problems.push(format!("perf stat: {e:#}"));
+            tally.count_problems.push(format!("perf stat: {e:#}"));
             String::new()
         }
     };
@@ -522,10 +484,10 @@ fn stress(vm: &mut Vm, config: &StressConfig, steps: &[Step]) -> Result<StressRe
     checks.push(Check::from_problems("reads during hotplug", cap(read_problems), format!("{reads} reads, none failed or went down")));
     checks.push(Check::from_problems(
         "exact counts",
-        cap(count_problems),
-        format!("{compared} counts equal the device's truth; {stat_detail}"),
+        cap(tally.count_problems),
+        format!("{} counts equal the device's truth; {stat_detail}", tally.compared),
     ));
-    checks.push(Check::from_problems("time running", time_problems, "time_running == time_enabled for every event".into()));
+    checks.push(Check::from_problems("time running", tally.time_problems, "time_running == time_enabled for every event".into()));
     let mut placement_problems = placements.odd.clone();
     if placements.parks == 0 || placements.unparks == 0 || placements.moves == 0 {
         placement_problems.push(format!("the run saw {} moves, {} parks, {} unparks: some kind never happened", placements.moves, placements.parks, placements.unparks));
@@ -547,12 +509,72 @@ fn stress(vm: &mut Vm, config: &StressConfig, steps: &[Step]) -> Result<StressRe
         traffic,
         loop_result: Some(loop_result),
         reads,
-        counts_compared: compared,
-        counts_lost: lost,
+        counts_compared: tally.compared,
+        counts_lost: tally.lost,
         seed: config.seed,
         replay: config.replay.clone(),
         run_dir: run_dir.clone(),
     })
+}
+
+/// Final counts against the device's truth.
+#[derive(Default)]
+struct Tally {
+    compared: usize,
+    lost: usize,
+    count_problems: Vec<String>,
+    time_problems: Vec<String>,
+}
+
+impl Tally {
+    fn compare(&mut self, name: String, got: u64, want: u64) {
+        self.compared += 1;
+        if got != want {
+            self.lost += 1;
+            let how = if got < want { format!("lost {}", want - got) } else { format!("{} too many", got - want) };
+            self.count_problems.push(format!("{name}: counted {got}, the device's truth {want} ({how} bytes)"));
+        }
+    }
+
+    fn times(&mut self, name: &str, enabled: Option<&u64>, running: Option<&u64>) {
+        if enabled.is_none() || enabled != running {
+            self.time_problems.push(format!("{name}: enabled {enabled:?}, running {running:?}"));
+        }
+    }
+}
+
+/// Each watched event's final read against the truth that landed between
+/// `before` (all open, no traffic yet) and `after` (all landed).
+fn check_finals(watched: &[Watched], finals: &[Vec<u64>], before: &DeviceState, after: &DeviceState, unit: u64) -> Tally {
+    let mut tally = Tally::default();
+    let delta = |domain, rmid, event| after.truth(domain, rmid, event).wrapping_sub(before.truth(domain, rmid, event));
+    if finals.len() != watched.len() {
+        tally.count_problems.push(format!("{} final reads for {} events", finals.len(), watched.len()));
+    }
+    for (w, v) in watched.iter().zip(finals) {
+        match w.kind {
+            WatchedKind::Single(key) => {
+                tally.compare(w.name.clone(), v.first().copied().unwrap_or(0), delta(key.domain, key.rmid, key.event));
+                tally.times(&w.name, v.get(1), v.get(2));
+            }
+            WatchedKind::Group { domain, rmid } => {
+                // nr, enabled, running, then the three values in open order.
+                let [3, enabled, running, total, local, occupancy] = v[..] else {
+                    tally.count_problems.push(format!("{}: read {v:?}, not a group of 3", w.name));
+                    continue;
+                };
+                tally.compare(format!("{} mbm_total_bytes", w.name), total, delta(domain, rmid, Event::MbmTotalBytes));
+                tally.compare(format!("{} mbm_local_bytes", w.name), local, delta(domain, rmid, Event::MbmLocalBytes));
+                let held = after.domains.get(domain as usize).and_then(|d| d.occupancy.iter().find(|o| o.rmid == rmid)).map_or(0, |o| o.bytes);
+                let gauge = held / unit * unit;
+                if occupancy != gauge {
+                    tally.count_problems.push(format!("{} llc_occupancy: read {occupancy}, the device holds {gauge}", w.name));
+                }
+                tally.times(&w.name, Some(&enabled), Some(&running));
+            }
+        }
+    }
+    tally
 }
 
 /// The first problems of a long list, and how many more.
@@ -656,6 +678,38 @@ mod tests {
         assert_eq!((c.named_mb, c.raw_bytes, c.running_pct.clone()), (12.5, 13_107_200, vec![100.0, 100.0]));
         let bad = JobResult::Process { status: Some(1), stdout: String::new(), stderr: format!("<not counted>,,{raw},0,0.00,,\n") };
         assert!(perf_stat_counts(&bad, named, raw).is_err());
+    }
+
+    #[test]
+    fn final_counts_must_equal_the_truth_exactly() {
+        use perfbed_device::Device;
+        let config = DeviceConfig { slots: SLOTS, rmids: RMIDS, ..DeviceConfig::default() };
+        let mut dev = Device::new(config).unwrap();
+        let before = dev.state(0);
+        dev.inject(0, 1, 1, Event::MbmTotalBytes, 64 * 1000).unwrap();
+        dev.inject(0, 1, 2, Event::MbmTotalBytes, 64 * 7).unwrap();
+        dev.inject(0, 1, 2, Event::MbmLocalBytes, 64 * 3).unwrap();
+        dev.set_occupancy(1, 2, 64 * 5).unwrap();
+        let after = dev.state(1_000_000_000);
+        let watched = vec![
+            Watched { name: "single".into(), handle: 1, kind: WatchedKind::Single(Key { domain: 1, rmid: 1, event: Event::MbmTotalBytes }) },
+            Watched { name: "group".into(), handle: 2, kind: WatchedKind::Group { domain: 1, rmid: 2 } },
+        ];
+        let good = vec![vec![64_000, 10, 10], vec![3, 10, 10, 448, 192, 320]];
+        let t = check_finals(&watched, &good, &before, &after, 64);
+        assert_eq!((t.compared, t.lost), (3, 0));
+        assert!(t.count_problems.is_empty() && t.time_problems.is_empty(), "{:?} {:?}", t.count_problems, t.time_problems);
+
+        // One unit short, a stopped clock, a wrong gauge, a short read.
+        let bad = vec![vec![63_936, 10, 9], vec![3, 10, 10, 448, 192, 256]];
+        let t = check_finals(&watched, &bad, &before, &after, 64);
+        assert_eq!((t.compared, t.lost), (3, 1));
+        assert_eq!(t.count_problems.len(), 2, "{:?}", t.count_problems);
+        assert!(t.count_problems[0].contains("lost 64"));
+        assert_eq!(t.time_problems.len(), 1);
+        let short = vec![vec![64_000, 10, 10], vec![3, 10, 10]];
+        let t = check_finals(&watched, &short, &before, &after, 64);
+        assert!(t.count_problems[0].contains("not a group of 3"));
     }
 
     #[test]
