@@ -354,18 +354,18 @@ fn stress(vm: &mut Vm, config: &StressConfig, steps: &[Step]) -> Result<StressRe
     let mut watched = Vec::new();
     let mut keys = Vec::new();
     let mut occupancy = Vec::new();
-    for d in 0..domains {
+    for (d, pmu) in pmus.iter().enumerate() {
         let d32 = d as u32;
         for event in [Event::MbmTotalBytes, Event::MbmLocalBytes] {
             let key = Key { domain: d32, rmid: RMID_SINGLE, event };
             let handle = open(&mut g, attr(d, event, RMID_SINGLE, timed), None)?;
-            watched.push(Watched { name: format!("{}/{event:?},rmid={RMID_SINGLE}/", pmus[d]), handle, kind: WatchedKind::Single(key) });
+            watched.push(Watched { name: format!("{}/{event:?},rmid={RMID_SINGLE}/", pmu), handle, kind: WatchedKind::Single(key) });
             keys.push(key);
         }
         let leader = open(&mut g, attr(d, Event::MbmTotalBytes, RMID_GROUP, timed | FORMAT_GROUP), None)?;
         open(&mut g, attr(d, Event::MbmLocalBytes, RMID_GROUP, 0), Some(leader))?;
         open(&mut g, attr(d, Event::LlcOccupancy, RMID_GROUP, 0), Some(leader))?;
-        watched.push(Watched { name: format!("{} group rmid={RMID_GROUP}", pmus[d]), handle: leader, kind: WatchedKind::Group { domain: d32, rmid: RMID_GROUP } });
+        watched.push(Watched { name: format!("{} group rmid={RMID_GROUP}", pmu), handle: leader, kind: WatchedKind::Group { domain: d32, rmid: RMID_GROUP } });
         keys.push(Key { domain: d32, rmid: RMID_GROUP, event: Event::MbmTotalBytes });
         keys.push(Key { domain: d32, rmid: RMID_GROUP, event: Event::MbmLocalBytes });
         occupancy.push((d32, RMID_GROUP));
