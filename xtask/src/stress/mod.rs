@@ -430,7 +430,9 @@ fn stress(vm: &mut Vm, config: &StressConfig, steps: &[Step]) -> Result<StressRe
                 reads += 1;
                 match read {
                     Ok(values) => {
-                        if let Some(prev) = last.get(&w.handle) {
+                        if matches!(w.kind, WatchedKind::Group { .. }) && values.first() != Some(&3) {
+                            read_problems.push(format!("{} read {values:?} after batch {batch_no} op {i}: not a group of 3 any more", w.name));
+                        } else if let Some(prev) = last.get(&w.handle) {
                             for &word in w.cumulative_words() {
                                 if values.get(word) < prev.get(word) {
                                     read_problems.push(format!("{} went down: {:?} → {:?}", w.name, prev, values));
@@ -458,7 +460,10 @@ fn stress(vm: &mut Vm, config: &StressConfig, steps: &[Step]) -> Result<StressRe
     let loop_result = stop_job(&mut g, loop_job, 0)?;
     let stat_result = stop_job(&mut g, stat_job, SIGINT)?;
 
-    let mut tally = check_finals(&watched, &finals, &before, &after, device.unit_bytes);
+    // The events were open before the schedule started and are read after it
+    // ended; the guest's clock runs with the host's (90 %: clock slack).
+    let min_enabled_ns = (schedule_time.as_nanos() * 9 / 10) as u64;
+    let mut tally = check_finals(&watched, &finals, &before, &after, device.unit_bytes, min_enabled_ns);
     let delta = |key: Key| after.truth(key.domain, key.rmid, key.event).wrapping_sub(before.truth(key.domain, key.rmid, key.event));
     let stat_truth = delta(stat_key);
     let stat_detail = match perf_stat_counts(&stat_result, &named, &raw) {
@@ -468,6 +473,9 @@ fn stress(vm: &mut Vm, config: &StressConfig, steps: &[Step]) -> Result<StressRe
             // perf prints MB with two decimals: equal to the truth rounded so.
             if (stat.named_mb - truth_mb).abs() > 0.0051 {
                 tally.count_problems.push(format!("perf stat {named}: {:.2} MB, the device's truth {truth_mb:.4} MB", stat.named_mb));
+            }
+            if stat.run_ns.iter().any(|&ns| ns < min_enabled_ns as f64) {
+                tally.time_problems.push(format!("perf stat counted for {:?} ns of a run of at least {min_enabled_ns} ns", stat.run_ns));
             }
             if stat.running_pct.iter().any(|&p| p < 100.0) {
                 tally.time_problems.push(format!("perf stat ran {:?} % of the time", stat.running_pct));
@@ -536,16 +544,22 @@ impl Tally {
         }
     }
 
-    fn times(&mut self, name: &str, enabled: Option<&u64>, running: Option<&u64>) {
+    /// Not multiplexed: running == enabled; and enabled all along: at
+    /// least `min_enabled_ns` (an event whose clock stopped at a park would
+    /// otherwise still claim 100 % running).
+    fn times(&mut self, name: &str, enabled: Option<&u64>, running: Option<&u64>, min_enabled_ns: u64) {
         if enabled.is_none() || enabled != running {
             self.time_problems.push(format!("{name}: enabled {enabled:?}, running {running:?}"));
+        } else if enabled < Some(&min_enabled_ns) {
+            self.time_problems.push(format!("{name}: enabled for {:?} ns of a run of at least {min_enabled_ns} ns", enabled.copied().unwrap_or(0)));
         }
     }
 }
 
 /// Each watched event's final read against the truth that landed between
 /// `before` (all open, no traffic yet) and `after` (all landed).
-fn check_finals(watched: &[Watched], finals: &[Vec<u64>], before: &DeviceState, after: &DeviceState, unit: u64) -> Tally {
+/// Every event was open for at least `min_enabled_ns`.
+fn check_finals(watched: &[Watched], finals: &[Vec<u64>], before: &DeviceState, after: &DeviceState, unit: u64, min_enabled_ns: u64) -> Tally {
     let mut tally = Tally::default();
     let delta = |domain, rmid, event| after.truth(domain, rmid, event).wrapping_sub(before.truth(domain, rmid, event));
     if finals.len() != watched.len() {
@@ -555,7 +569,7 @@ fn check_finals(watched: &[Watched], finals: &[Vec<u64>], before: &DeviceState, 
         match w.kind {
             WatchedKind::Single(key) => {
                 tally.compare(w.name.clone(), v.first().copied().unwrap_or(0), delta(key.domain, key.rmid, key.event));
-                tally.times(&w.name, v.get(1), v.get(2));
+                tally.times(&w.name, v.get(1), v.get(2), min_enabled_ns);
             }
             WatchedKind::Group { domain, rmid } => {
                 // nr, enabled, running, then the three values in open order.
@@ -570,7 +584,7 @@ fn check_finals(watched: &[Watched], finals: &[Vec<u64>], before: &DeviceState, 
                 if occupancy != gauge {
                     tally.count_problems.push(format!("{} llc_occupancy: read {occupancy}, the device holds {gauge}", w.name));
                 }
-                tally.times(&w.name, Some(&enabled), Some(&running));
+                tally.times(&w.name, Some(&enabled), Some(&running), min_enabled_ns);
             }
         }
     }
@@ -644,24 +658,28 @@ struct StatCounts {
     named_mb: f64,
     raw_bytes: u64,
     running_pct: Vec<f64>,
+    /// The events' counted time in ns.
+    run_ns: Vec<f64>,
 }
 
 /// perf stat's CSV (`-x,`): value,unit,event,run time,percentage running,...
 /// where the event is printed as given on the command line.
 fn perf_stat_counts(result: &JobResult, named: &str, raw: &str) -> Result<StatCounts> {
     let JobResult::Process { status, stderr, .. } = result else { bail!("not a process result: {result:?}") };
-    let field = |spec: &str| -> Result<(f64, f64)> {
+    let field = |spec: &str| -> Result<(f64, f64, f64)> {
         let line = stderr.lines().find(|l| l.contains(&format!(",{spec},"))).with_context(|| format!("no line for {spec} (exit {status:?}): {}", stderr.trim()))?;
         let (head, tail) = line.split_once(&format!(",{spec},")).expect("found above");
         let value = head.split(',').next().unwrap_or("");
+        let run_ns = tail.split(',').next().unwrap_or("");
         let pct = tail.split(',').nth(1).unwrap_or("");
         let value: f64 = value.parse().with_context(|| format!("{spec}: value {value:?} in {line:?}"))?;
         let pct: f64 = pct.parse().with_context(|| format!("{spec}: percentage {pct:?} in {line:?}"))?;
-        Ok((value, pct))
+        let run_ns: f64 = run_ns.parse().with_context(|| format!("{spec}: run time {run_ns:?} in {line:?}"))?;
+        Ok((value, pct, run_ns))
     };
-    let (named_mb, named_pct) = field(named)?;
-    let (raw_bytes, raw_pct) = field(raw)?;
-    Ok(StatCounts { named_mb, raw_bytes: raw_bytes as u64, running_pct: vec![named_pct, raw_pct] })
+    let (named_mb, named_pct, named_ns) = field(named)?;
+    let (raw_bytes, raw_pct, raw_ns) = field(raw)?;
+    Ok(StatCounts { named_mb, raw_bytes: raw_bytes as u64, running_pct: vec![named_pct, raw_pct], run_ns: vec![named_ns, raw_ns] })
 }
 
 #[cfg(test)]
@@ -696,20 +714,23 @@ mod tests {
             Watched { name: "group".into(), handle: 2, kind: WatchedKind::Group { domain: 1, rmid: 2 } },
         ];
         let good = vec![vec![64_000, 10, 10], vec![3, 10, 10, 448, 192, 320]];
-        let t = check_finals(&watched, &good, &before, &after, 64);
+        let t = check_finals(&watched, &good, &before, &after, 64, 10);
         assert_eq!((t.compared, t.lost), (3, 0));
         assert!(t.count_problems.is_empty() && t.time_problems.is_empty(), "{:?} {:?}", t.count_problems, t.time_problems);
 
         // One unit short, a stopped clock, a wrong gauge, a short read.
         let bad = vec![vec![63_936, 10, 9], vec![3, 10, 10, 448, 192, 256]];
-        let t = check_finals(&watched, &bad, &before, &after, 64);
+        let t = check_finals(&watched, &bad, &before, &after, 64, 10);
         assert_eq!((t.compared, t.lost), (3, 1));
         assert_eq!(t.count_problems.len(), 2, "{:?}", t.count_problems);
         assert!(t.count_problems[0].contains("lost 64"));
         assert_eq!(t.time_problems.len(), 1);
         let short = vec![vec![64_000, 10, 10], vec![3, 10, 10]];
-        let t = check_finals(&watched, &short, &before, &after, 64);
+        let t = check_finals(&watched, &short, &before, &after, 64, 10);
         assert!(t.count_problems[0].contains("not a group of 3"));
+        // A clock that stopped: exact so far, but enabled for too short.
+        let t = check_finals(&watched, &good, &before, &after, 64, 11);
+        assert_eq!(t.time_problems.len(), 2, "{:?}", t.time_problems);
     }
 
     #[test]
