@@ -400,7 +400,9 @@ fn stress(vm: &mut Vm, config: &StressConfig, steps: &[Step]) -> Result<StressRe
     let mut checks = Vec::new();
     let mut placements = Placements::default();
     let mut op_errors = Vec::new();
-    let mut read_problems = Vec::new();
+    // Each event's first bad read, and how many more.
+    let mut read_problems: BTreeMap<u32, (String, u64)> = BTreeMap::new();
+    let mut bad_read = |handle: u32, problem: String| read_problems.entry(handle).or_insert((problem, 0)).1 += 1;
     let mut last: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
     let (mut writes, mut op_time, mut reads) = (0u64, Duration::ZERO, 0u64);
     let read_handles: Vec<u32> = watched.iter().map(|w| w.handle).collect();
@@ -431,17 +433,17 @@ fn stress(vm: &mut Vm, config: &StressConfig, steps: &[Step]) -> Result<StressRe
                 match read {
                     Ok(values) => {
                         if matches!(w.kind, WatchedKind::Group { .. }) && values.first() != Some(&3) {
-                            read_problems.push(format!("{} read {values:?} after batch {batch_no} op {i}: not a group of 3 any more", w.name));
+                            bad_read(w.handle, format!("{} read {values:?} after batch {batch_no} op {i}: not a group of 3 any more", w.name));
                         } else if let Some(prev) = last.get(&w.handle) {
                             for &word in w.cumulative_words() {
                                 if values.get(word) < prev.get(word) {
-                                    read_problems.push(format!("{} went down: {:?} → {:?}", w.name, prev, values));
+                                    bad_read(w.handle, format!("{} went down after batch {batch_no} op {i}: {prev:?} → {values:?}", w.name));
                                 }
                             }
                         }
                         last.insert(w.handle, values.clone());
                     }
-                    Err(errno) => read_problems.push(format!("{} read failed: {errno}", w.name)),
+                    Err(errno) => bad_read(w.handle, format!("{} read failed after batch {batch_no} op {i}: {errno}", w.name)),
                 }
             }
         }
@@ -489,7 +491,8 @@ fn stress(vm: &mut Vm, config: &StressConfig, steps: &[Step]) -> Result<StressRe
     };
 
     checks.push(Check::from_problems("hotplug operations", op_errors, format!("{} sysfs writes, all succeeded", writes)));
-    checks.push(Check::from_problems("reads during hotplug", cap(read_problems), format!("{reads} reads, none failed or went down")));
+    let read_problems = read_problems.into_values().map(|(first, n)| if n > 1 { format!("{first} (and {} more bad reads)", n - 1) } else { first }).collect();
+    checks.push(Check::from_problems("reads during hotplug", read_problems, format!("{reads} reads, none failed or went down")));
     checks.push(Check::from_problems(
         "exact counts",
         cap(tally.count_problems),
