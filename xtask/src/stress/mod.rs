@@ -284,12 +284,6 @@ fn histogram(map: &BTreeMap<String, u64>) -> String {
 pub fn execute(config: &StressConfig, accel: &Accel) -> Result<StressReport> {
     let steps = schedule::generate(&topology(config.vm.cpus, &config.vm.device), config.seed, config.cycles)
         .map_err(|e| anyhow::anyhow!("{}", e.0))?;
-    let booted = Vm::boot(&config.vm, accel)?;
-    let mut vm = booted.vm;
-    let trace_file = config.vm.run_dir.join("device-trace.json");
-    let socket = vm_control(&config.vm.run_dir);
-    let (hook_socket, hook_file) = (socket.clone(), trace_file.clone());
-    vm.before_kill(Box::new(move || keep_trace(&hook_socket, &hook_file)));
     let failed = |e: anyhow::Error| {
         e.context(format!(
             "the stress did not complete; seed {}; replay with: {}\nrun folder (serial log, device trace): {}",
@@ -298,6 +292,12 @@ pub fn execute(config: &StressConfig, accel: &Accel) -> Result<StressReport> {
             config.vm.run_dir.display()
         ))
     };
+    let booted = Vm::boot(&config.vm, accel).map_err(failed)?;
+    let mut vm = booted.vm;
+    let trace_file = config.vm.run_dir.join("device-trace.json");
+    let socket = vm_control(&config.vm.run_dir);
+    let (hook_socket, hook_file) = (socket.clone(), trace_file.clone());
+    vm.before_kill(Box::new(move || keep_trace(&hook_socket, &hook_file)));
     let mut report = stress(&mut vm, config, &steps).map_err(failed)?;
     // A splat fails the run too: look before the device goes with QEMU.
     let log = std::fs::read_to_string(&vm.serial_log).unwrap_or_default();
