@@ -7,9 +7,11 @@ mod cmd;
 mod deps;
 mod guest;
 mod image;
+mod moving_traffic;
 mod pmu_checks;
 mod scenario;
 mod scope_test;
+mod stress;
 mod test;
 mod vm;
 
@@ -41,6 +43,9 @@ enum Command {
     Run(RunArgs),
     /// Every test: the workspace's unit tests, then the VM tests.
     Test(test::TestArgs),
+    /// Hotplug storm under live traffic on a seeded schedule: every count
+    /// must equal the device's truth (debug kernel by default).
+    Stress(stress::StressArgs),
     /// Boot again and again, idle and under load: hangs, failures, boot times.
     BootStress(boot_stress::BootStressArgs),
     /// Boot the guest and keep it up (for `perfbed ctl` and the logs) for
@@ -143,6 +148,7 @@ fn main() -> ExitCode {
         Command::Run(args) => run(&ws, &args),
         Command::Test(args) => test::run(&ws, &args),
         Command::BootStress(args) => boot_stress::run(&ws, &args),
+        Command::Stress(args) => stress::run(&ws, &args),
         Command::Up { run, seconds } => up(&ws, &run, Duration::from_secs(seconds)),
     });
     match result {

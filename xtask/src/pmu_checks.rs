@@ -92,8 +92,9 @@ impl Ctx<'_, '_> {
     }
 }
 
-/// Runs every check; the driver must be loaded.
-pub fn run(g: &mut Guest, control: ControlClient, device: &DeviceConfig) -> Result<Vec<Check>> {
+/// Runs every check; the driver must be loaded. `control_socket` is the
+/// device's, for checks that inject from a thread of their own.
+pub fn run(g: &mut Guest, control: ControlClient, control_socket: &std::path::Path, device: &DeviceConfig) -> Result<Vec<Check>> {
     let mut types = Vec::new();
     for d in 0..device.domains.len() {
         types.push(g.pmu_type(&pmu_name(d))?);
@@ -103,6 +104,7 @@ pub fn run(g: &mut Guest, control: ControlClient, device: &DeviceConfig) -> Resu
     let mut checks = vec![sysfs(&mut ctx)?, exact_counts(&mut ctx)?];
     checks.push(migration(&mut ctx)?);
     checks.push(parking(&mut ctx)?);
+    checks.push(crate::moving_traffic::check(ctx.g, &mut ctx.control, control_socket, &ctx.device, &ctx.types)?);
     checks.push(multiplexing(&mut ctx)?);
     checks.push(groups(&mut ctx)?);
     checks.push(bad_attributes(&mut ctx)?);

@@ -12,7 +12,7 @@ use crate::cmd::human;
 use crate::scenario::{self, Scenario};
 use crate::vm::{self, Accel, Vm};
 use crate::image::Variant;
-use crate::{deps, image, scenario_for, scope_test, RunArgs};
+use crate::{deps, image, scenario_for, scope_test, stress, RunArgs};
 
 #[derive(Args)]
 pub struct TestArgs {
@@ -66,7 +66,17 @@ const VM_TESTS: &[VmTest] = &[
         variant: Variant::Debug,
         run: device_scope_pmu,
     },
+    VmTest {
+        name: "hotplug_stress",
+        what: "on the debug kernel, a short seeded hotplug storm under live traffic: every count exact, no EBUSY, 0 violations, clean log",
+        variant: Variant::Debug,
+        run: hotplug_stress,
+    },
 ];
+
+/// The short stress's length and seed: a few hundred cycles.
+const STRESS_CYCLES: u32 = 200;
+const STRESS_SEED: u64 = 8;
 
 pub fn run(ws: &Path, args: &TestArgs) -> Result<bool> {
     deps::ensure()?;
@@ -146,6 +156,25 @@ fn device_scope_pmu(scenario: &Scenario, accel: &Accel) -> Result<()> {
         bail!("failed checks:\n{}serial log: {}", report.table(), serial_log.display());
     }
     print!("{}", report.table());
+    Ok(())
+}
+
+/// `cargo xtask stress` in small: the run's VM with the stress's device.
+fn hotplug_stress(scenario: &Scenario, accel: &Accel) -> Result<()> {
+    let mut vm = scenario.vm.clone();
+    vm.device = stress::device(vm.cpus, None)?;
+    let config = stress::StressConfig {
+        replay: format!("cargo xtask stress --cycles {STRESS_CYCLES} --seed {STRESS_SEED} --cpus {}", vm.cpus),
+        vm,
+        cycles: STRESS_CYCLES,
+        seed: STRESS_SEED,
+        timeout: scenario.request_timeout,
+    };
+    let report = stress::execute(&config, accel)?;
+    if !report.passed() {
+        bail!("{}", report.text());
+    }
+    print!("{}", report.text());
     Ok(())
 }
 

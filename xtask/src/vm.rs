@@ -146,6 +146,9 @@ pub struct Vm {
     qemu_log: PathBuf,
     /// The device's control socket (inject traffic, read its state).
     pub control_socket: PathBuf,
+    /// Run once before a failing VM is stopped, while the device still
+    /// answers (the stress saves the device's trace there).
+    before_kill: Option<Box<dyn FnOnce()>>,
 }
 
 /// What booting gave: the agent's greeting and how long it took.
@@ -232,7 +235,7 @@ impl Vm {
         let transcript = File::create(config.run_dir.join("agent.log"))?;
         let reader_transcript = transcript.try_clone()?;
         thread::spawn(move || read_agent(stream, reader_transcript, tx));
-        let mut vm = Vm { child, messages, writer, transcript, serial_log, qemu_log, control_socket };
+        let mut vm = Vm { child, messages, writer, transcript, serial_log, qemu_log, control_socket, before_kill: None };
         match vm.receive(config.boot_timeout, "the agent's greeting") {
             Ok(AgentMessage::Hello(hello)) => Ok(Booted { boot_time: started.elapsed(), hello, vm }),
             Ok(other) => Err(vm.fail(anyhow!("the agent sent {other:?} before its greeting"))),
@@ -248,6 +251,11 @@ impl Vm {
             return Err(self.fail(anyhow!("sending {request:?} to the agent: {e}")));
         }
         self.receive(timeout, &format!("the answer to {request:?}"))
+    }
+
+    /// Sets what runs before a failure stops the VM (see `before_kill`).
+    pub fn before_kill(&mut self, hook: Box<dyn FnOnce()>) {
+        self.before_kill = Some(hook);
     }
 
     /// Asks the agent to end the VM and waits for QEMU to exit.
@@ -307,6 +315,9 @@ impl Vm {
     /// Stops the VM and turns `error` into the full story: what the kernel
     /// log says went wrong and where the logs are.
     fn fail(&mut self, error: anyhow::Error) -> anyhow::Error {
+        if let Some(hook) = self.before_kill.take() {
+            hook();
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
         // Give the serial copier a moment to drain QEMU's last output.

@@ -98,6 +98,79 @@ pub struct RaceResult {
     pub final_values: Vec<u64>,
 }
 
+/// One CPU hotplug operation of a [`HostRequest::HotplugBatch`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum HotplugOp {
+    /// Take `cpu` offline or bring it online.
+    Set { cpu: u32, online: bool },
+    /// Take the CPU a PMU counts on (its `cpumask`) offline and bring it
+    /// straight back: the PMU must move, and the online set is unchanged.
+    /// Skipped (no error) when the PMU is parked or sits on CPU 0, which
+    /// cannot go offline.
+    FlapOwner { pmu: String },
+}
+
+/// What one [`HotplugOp`] did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HotplugOpResult {
+    /// Time the sysfs writes took, in microseconds.
+    pub us: u64,
+    /// sysfs writes made (2 for a flap, 0 for a skipped one).
+    pub writes: u32,
+    /// Why it failed, if it did.
+    pub error: Option<String>,
+    /// The watched PMUs' `cpumask` files after the op, in request order
+    /// (an empty string while a PMU is parked). For a flap, the masks
+    /// between its offline and its online come first in `between`.
+    pub masks: Vec<String>,
+    #[serde(default)]
+    pub between: Vec<String>,
+    /// `/sys/devices/system/cpu/online` after the op.
+    pub online: String,
+    /// Each handle of the request's `read_handles` read after the op (its
+    /// u64 words), or the errno's name.
+    pub reads: Vec<Result<Vec<u64>, String>>,
+}
+
+/// The answer to a [`HostRequest::HotplugBatch`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HotplugBatchResult {
+    /// The watched PMUs' `cpumask` files before the first op.
+    pub masks_before: Vec<String>,
+    pub ops: Vec<HotplugOpResult>,
+}
+
+/// A background job of the agent (see [`HostRequest::StartJob`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "job", rename_all = "snake_case")]
+pub enum JobSpec {
+    /// Run a program of the initramfs in the background, its output kept.
+    /// The start is answered once the process holds `perf_fds` perf event
+    /// descriptors (0: at once) and then `settle_ms` more have passed, so
+    /// that a `perf stat` is counting before the host starts traffic.
+    Process { argv: Vec<String>, perf_fds: u32, settle_ms: u64 },
+    /// A thread that opens an event of each attr in turn (system-wide, on
+    /// CPU 0), reads it and closes it, pausing `pause_us` between opens.
+    OpenCloseLoop { attrs: Vec<PerfAttr>, pause_us: u64 },
+}
+
+/// What a background job did, once stopped.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "job", rename_all = "snake_case")]
+pub enum JobResult {
+    /// The process's exit status (None if killed by a signal) and output.
+    Process { status: Option<i32>, stdout: String, stderr: String },
+    OpenCloseLoop {
+        attempts: u64,
+        opened: u64,
+        /// Refusals by errno name ("EBUSY", "ENODEV", ...).
+        errors: std::collections::BTreeMap<String, u64>,
+        /// Reads of opened events that failed, by errno name.
+        read_errors: std::collections::BTreeMap<String, u64>,
+    },
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "request", rename_all = "snake_case")]
 pub enum HostRequest {
@@ -131,6 +204,20 @@ pub enum HostRequest {
     Hotplug { rounds: u32 },
     /// Run a program of the initramfs (e.g. the real `perf`) and wait for it.
     Run { argv: Vec<String> },
+    /// Carry out `ops` in order, one after the other; after each, read the
+    /// `cpumask` of every PMU of `watch_pmus` and every event of
+    /// `read_handles`. Answered with [`AgentMessage::HotplugBatch`]; an op
+    /// that fails is reported and the batch carries on.
+    HotplugBatch { ops: Vec<HotplugOp>, watch_pmus: Vec<String>, read_handles: Vec<u32> },
+    /// read() several open events: [`AgentMessage::PerfValuesMany`], or the
+    /// first failure's errno.
+    PerfReadMany { handles: Vec<u32> },
+    /// Start a background job; answered with [`AgentMessage::JobStarted`]
+    /// while the job runs on.
+    StartJob { spec: JobSpec },
+    /// Stop a background job (a process gets `signal`, then SIGKILL after
+    /// `timeout_ms`) and collect what it did: [`AgentMessage::JobDone`].
+    StopJob { job: u32, signal: i32, timeout_ms: u64 },
     /// Sync and power the guest off. The agent answers before it does.
     PowerOff,
 }
@@ -147,6 +234,10 @@ pub enum AgentMessage {
     Text { text: String },
     PerfOpened { handle: u32 },
     PerfValues { values: Vec<u64> },
+    PerfValuesMany { values: Vec<Vec<u64>> },
+    HotplugBatch(HotplugBatchResult),
+    JobStarted { job: u32 },
+    JobDone(JobResult),
     Race(RaceResult),
     /// A program's exit status (None if killed by a signal) and output.
     Ran { status: Option<i32>, stdout: String, stderr: String },
@@ -171,5 +262,34 @@ mod tests {
         let line = serde_json::to_string(&msg).unwrap();
         assert!(!line.contains('\n'));
         assert_eq!(serde_json::from_str::<AgentMessage>(&line).unwrap(), msg);
+    }
+
+    #[test]
+    fn batch_and_job_requests_round_trip() {
+        let req = HostRequest::HotplugBatch {
+            ops: vec![HotplugOp::Set { cpu: 2, online: false }, HotplugOp::FlapOwner { pmu: "perfbed_l3_1".into() }],
+            watch_pmus: vec!["perfbed_l3_1".into()],
+            read_handles: vec![1, 2],
+        };
+        let line = serde_json::to_string(&req).unwrap();
+        assert!(line.contains(r#""op":"flap_owner""#), "{line}");
+        assert_eq!(serde_json::from_str::<HostRequest>(&line).unwrap(), req);
+        let msg = AgentMessage::HotplugBatch(HotplugBatchResult {
+            masks_before: vec!["2".into()],
+            ops: vec![HotplugOpResult {
+                us: 5,
+                writes: 1,
+                error: None,
+                masks: vec!["".into()],
+                between: vec![],
+                online: "0-1".into(),
+                reads: vec![Ok(vec![1, 2, 3]), Err("EBADF".into())],
+            }],
+        });
+        let line = serde_json::to_string(&msg).unwrap();
+        assert_eq!(serde_json::from_str::<AgentMessage>(&line).unwrap(), msg);
+        let spec = JobSpec::OpenCloseLoop { attrs: vec![PerfAttr::default()], pause_us: 100 };
+        let req = HostRequest::StartJob { spec };
+        assert_eq!(serde_json::from_str::<HostRequest>(&serde_json::to_string(&req).unwrap()).unwrap(), req);
     }
 }

@@ -19,12 +19,14 @@ use perfbed_agent::{
     CHANNEL_DEVICE,
 };
 
+mod batch;
+mod jobs;
 mod mmio;
 mod perf;
 
 /// The initramfs's modules, loaded when the host asks.
 const MODULE_DIR: &str = "/lib/modules";
-const CPU_SYSFS: &str = "/sys/devices/system/cpu";
+pub const CPU_SYSFS: &str = "/sys/devices/system/cpu";
 
 fn main() {
     if let Err(error) = run() {
@@ -47,6 +49,7 @@ fn run() -> Result<(), String> {
     send(&mut writer, &AgentMessage::Hello(hello))?;
 
     let mut events = perf::Events::default();
+    let mut jobs = jobs::Jobs::default();
     for line in BufReader::new(channel).lines() {
         let line = line.map_err(|e| format!("read {CHANNEL_DEVICE}: {e}"))?;
         if line.trim().is_empty() {
@@ -57,7 +60,7 @@ fn run() -> Result<(), String> {
                 send(&mut writer, &AgentMessage::PoweringOff)?;
                 return Ok(());
             }
-            Ok(request) => handle(request, &mut events, &cmdline),
+            Ok(request) => handle(request, &mut events, &mut jobs, &cmdline),
             Err(e) => AgentMessage::Error { error: format!("bad request {line:?}: {e}") },
         };
         send(&mut writer, &reply)?;
@@ -66,7 +69,7 @@ fn run() -> Result<(), String> {
 }
 
 /// Carries out one request; every outcome, failures included, is an answer.
-fn handle(request: HostRequest, events: &mut perf::Events, cmdline: &str) -> AgentMessage {
+fn handle(request: HostRequest, events: &mut perf::Events, jobs: &mut jobs::Jobs, cmdline: &str) -> AgentMessage {
     let errno = |e: perf::SysError| AgentMessage::Errno { errno: e.errno, name: perf::errno_name(e.errno), call: e.call.into() };
     let done = |r: Result<(), String>| r.map_or_else(|error| AgentMessage::Error { error }, |()| AgentMessage::Done);
     match request {
@@ -110,6 +113,23 @@ fn handle(request: HostRequest, events: &mut perf::Events, cmdline: &str) -> Age
                 Err(e) => AgentMessage::Error { error: format!("running {program}: {e}") },
             },
             None => AgentMessage::Error { error: "run: empty argv".into() },
+        },
+        HostRequest::HotplugBatch { ops, watch_pmus, read_handles } => {
+            AgentMessage::HotplugBatch(batch::run(&ops, &watch_pmus, &read_handles, events))
+        }
+        HostRequest::PerfReadMany { handles } => {
+            match handles.iter().map(|&h| events.read(h)).collect::<Result<Vec<_>, _>>() {
+                Ok(values) => AgentMessage::PerfValuesMany { values },
+                Err(e) => errno(e),
+            }
+        }
+        HostRequest::StartJob { spec } => match jobs.start(&spec) {
+            Ok(job) => AgentMessage::JobStarted { job },
+            Err(error) => AgentMessage::Error { error },
+        },
+        HostRequest::StopJob { job, signal, timeout_ms } => match jobs.stop(job, signal, Duration::from_millis(timeout_ms)) {
+            Ok(result) => AgentMessage::JobDone(result),
+            Err(error) => AgentMessage::Error { error },
         },
         HostRequest::PowerOff => unreachable!("handled by the request loop"),
     }
@@ -267,7 +287,7 @@ fn hotplug_step(cpu: u32, online: bool, expected: &[u32], problems: &mut Vec<Str
     }
 }
 
-fn read_trimmed(path: &str) -> Result<String, String> {
+pub fn read_trimmed(path: &str) -> Result<String, String> {
     fs::read_to_string(path).map(|s| s.trim().to_string()).map_err(|e| format!("read {path}: {e}"))
 }
 
