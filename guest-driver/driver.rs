@@ -19,11 +19,16 @@
 //!
 //! **Counting across CPU hotplug.** The counters live in the device; only the CPU that reads them
 //! moves. The perf core tells the driver the new owner (`migrate_cpu`) before it moves the
-//! events, so every counter read happens on the owner CPU and nowhere else. An event leaving a
-//! CPU that is no longer the owner keeps its slot, which goes on counting in the device; when the
-//! event is added on the new owner, the first read there catches up on everything that landed in
-//! between. A parked domain (no allowed CPU online) has no owner: its events keep their slots and
-//! wait, and catch up when an allowed CPU returns. If a counter may have wrapped more than once
+//! events, so every counter read happens on the owner CPU and nowhere else.
+//!
+//! An event keeps its slot from its first `add` until it is freed: `del` leaves the slot
+//! assigned and counting, and the next `add` of the event, on whatever CPU, takes it up again,
+//! the first read on the owner catching up on everything that landed in between. So nothing is
+//! lost while an event is in transit to a new CPU, while it waits for its parked domain to come
+//! back (no owner: nobody reads), or while the perf core reschedules its context for another
+//! event. Only slot pressure takes a slot away: an event that finds no free slot takes the slot
+//! of one that is not scheduled (whose count was brought up to date when it was descheduled), and
+//! perf multiplexes as usual. If a counter may have wrapped more than once
 //! meanwhile, the device says so (`COUNTER_OVERFLOW`) and the driver reports the loss in the
 //! kernel log; it never passes a wrong count off as exact without a word.
 //!
@@ -349,8 +354,10 @@ struct Slot {
     /// The `SLOT_CTL` value written to it, 0 when free.
     ctl: u64,
     /// [`Event::key`] of the event that holds the slot (0 when free). An event holds its slot
-    /// from `add` until `del` on the owner CPU, or until it is freed: across moves and parks.
+    /// from its `add` until it is freed or another event takes the slot while it is not scheduled.
     holder: usize,
+    /// The holder is scheduled on the PMU (between `add` and `del`): its slot cannot be taken.
+    active: bool,
     /// The counter field at the last read.
     last: u64,
     /// Counter units since the slot was assigned, as a 64-bit count that does not wrap.
@@ -361,6 +368,7 @@ impl Slot {
     const FREE: Slot = Slot {
         ctl: 0,
         holder: 0,
+        active: false,
         last: 0,
         total: 0,
     };
@@ -372,7 +380,7 @@ struct DomainHw {
     /// `None` while the domain is parked.
     owner: Option<u32>,
     slots: [Slot; regs::MAX_SLOTS as usize],
-    /// Number of slots held by an event.
+    /// Number of slots held by an event (active or not).
     held: u32,
 }
 
@@ -493,28 +501,44 @@ impl Domain {
             .filter(|&slot| slot < self.dev.slots && hw.slots[slot].holder == event.key())
     }
 
-    /// Gives `event` a slot counting `config`: the one it still holds from before a move or a
-    /// park, else a free one (assigning zeroes its counter). `EAGAIN` when none is free.
+    /// Gives `event` a slot counting `config`, scheduled: the one it still holds, else a free
+    /// one, else one whose holder is not scheduled (assigning zeroes the counter). `EAGAIN` when
+    /// every slot is in use by a scheduled event: perf then multiplexes.
     fn take_slot(&self, hw: &mut DomainHw, event: &Event, config: Config) -> Result<usize> {
         if let Some(slot) = self.slot_of(hw, event) {
+            hw.slots[slot].active = true;
             return Ok(slot);
         }
-        let slot = (0..self.dev.slots)
-            .find(|&slot| hw.slots[slot].ctl == 0)
+        let slots = &hw.slots[..self.dev.slots];
+        let slot = slots
+            .iter()
+            .position(|s| s.ctl == 0)
+            .or_else(|| slots.iter().position(|s| !s.active))
             .ok_or(EAGAIN)?;
+        if hw.slots[slot].ctl == 0 {
+            hw.held += 1;
+        }
         let ctl = config.slot_ctl();
         // A write, not a read: any CPU may assign.
         self.dev.mmio.write(self.slot_ctl_reg(slot), ctl);
         hw.slots[slot] = Slot {
             ctl,
             holder: event.key(),
+            active: true,
             ..Slot::FREE
         };
-        hw.held += 1;
         // CAST: slot numbers are below `MAX_SLOTS`.
         event.set_hw_idx(slot as i32);
         event.hw_prev_count().set(0);
         Ok(slot)
+    }
+
+    /// Marks the slot `event` holds as not scheduled: it goes on counting for the event, but
+    /// another event may take it.
+    fn idle_slot(&self, hw: &mut DomainHw, event: &Event) {
+        if let Some(slot) = self.slot_of(hw, event) {
+            hw.slots[slot].active = false;
+        }
     }
 
     /// Frees the slot `event` holds, if any.
@@ -690,13 +714,11 @@ impl Pmu for DomainPmu {
     fn del(&self, event: &Event, _flags: Flags) {
         self.stop(event, Flags::UPDATE);
         if Self::config_of(event).is_some_and(Config::needs_slot) {
+            // The event keeps its slot, which counts on in the device: it may be moving, parked,
+            // or just rescheduled, and its next `add` catches up.
             let domain = self.domain();
             let mut hw = domain.hw.lock();
-            // Off the owner the event is moving or parked: it keeps its slot, which counts on in
-            // the device until the event is added again.
-            if Domain::reads_here(&hw) {
-                domain.release_slot(&mut hw, event);
-            }
+            domain.idle_slot(&mut hw, event);
         }
     }
 
@@ -737,7 +759,7 @@ impl Pmu for DomainPmu {
     }
 
     fn event_destroy(&self, event: &Event) {
-        // An event freed while it holds a slot (closed while parked or in transit) gives it back.
+        // The slot goes back when its event is freed.
         let domain = self.domain();
         hw::with_irqs_off(|| {
             let mut hw = domain.hw.lock();

