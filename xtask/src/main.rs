@@ -99,10 +99,7 @@ impl RunArgs {
 
     fn device(&self) -> Result<perfbed_device::DeviceConfig> {
         let domains = match &self.domains {
-            Some(spec) => spec
-                .split(':')
-                .map(|d| perfbed_device::cpus::parse_cpu_list(d).map_err(|e| anyhow::anyhow!("--domains {spec:?}: {e}")))
-                .collect::<Result<_>>()?,
+            Some(spec) => perfbed_device::cpus::parse_domain_list(spec).map_err(|e| anyhow::anyhow!("--domains {spec:?}: {e}"))?,
             None => default_domains(self.cpus),
         };
         Ok(perfbed_device::DeviceConfig { domains, ..perfbed_device::DeviceConfig::default() })
