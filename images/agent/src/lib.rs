@@ -157,6 +157,21 @@ pub enum AgentMessage {
     Error { error: String },
 }
 
+/// Longest agent message line the host accepts: a guest that floods the
+/// channel without newlines costs the host at most this much memory.
+pub const MAX_MESSAGE_LINE: usize = 4 << 20;
+
+/// Parses one line (without its newline) of the agent's output, as the host
+/// does; the error names the line (shortened) and why.
+pub fn parse_agent_message(line: &[u8]) -> Result<AgentMessage, String> {
+    serde_json::from_slice(line).map_err(|e| {
+        let text = String::from_utf8_lossy(line);
+        let shown: String = text.chars().take(200).collect();
+        let more = if shown.len() < text.len() { "..." } else { "" };
+        format!("unparsable message {shown:?}{more}: {e}")
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
