@@ -277,10 +277,11 @@ impl Model {
             }
         }
         let before = std::mem::replace(&mut self.state, device.state(self.now));
-        self.check(step, op, &before, read, reset);
         if wrote {
+            // A write may have (re)assigned a slot, restarting its count.
             self.rebase();
         }
+        self.check(step, op, &before, read, reset);
     }
 
     fn check(&self, step: usize, op: &Op, before: &DeviceState, read: Option<(u32, u64, u32, u64)>, reset: bool) {

@@ -5,6 +5,7 @@ mod boot_stress;
 mod cache;
 mod cmd;
 mod deps;
+mod fuzz;
 mod guest;
 mod image;
 mod pmu_checks;
@@ -41,6 +42,9 @@ enum Command {
     Run(RunArgs),
     /// Every test: the workspace's unit tests, then the VM tests.
     Test(test::TestArgs),
+    /// Fuzz the device, the control socket, the agent protocol and the host
+    /// configuration (installs the pinned cargo-fuzz; stable toolchain).
+    Fuzz(fuzz::FuzzArgs),
     /// Boot again and again, idle and under load: hangs, failures, boot times.
     BootStress(boot_stress::BootStressArgs),
     /// Boot the guest and keep it up (for `perfbed ctl` and the logs) for
@@ -139,6 +143,7 @@ fn main() -> ExitCode {
         }),
         Command::Run(args) => run(&ws, &args),
         Command::Test(args) => test::run(&ws, &args),
+        Command::Fuzz(args) => fuzz::run(&ws, &args),
         Command::BootStress(args) => boot_stress::run(&ws, &args),
         Command::Up { run, seconds } => up(&ws, &run, Duration::from_secs(seconds)),
     });

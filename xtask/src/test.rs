@@ -12,16 +12,22 @@ use crate::cmd::human;
 use crate::scenario::{self, Scenario};
 use crate::vm::{self, Accel, Vm};
 use crate::image::Variant;
-use crate::{deps, image, scenario_for, scope_test, RunArgs};
+use crate::{deps, fuzz, image, scenario_for, scope_test, RunArgs};
 
 #[derive(Args)]
 pub struct TestArgs {
-    /// Run only the unit tests (no VM boots).
-    #[arg(long, conflicts_with = "vm_only")]
+    /// Run only the unit tests (no fuzzing, no VM boots).
+    #[arg(long, conflicts_with_all = ["vm_only", "fuzz_only"])]
     unit_only: bool,
+    /// Run only the short fuzz runs.
+    #[arg(long, conflicts_with = "vm_only")]
+    fuzz_only: bool,
     /// Run only the VM tests.
     #[arg(long)]
     vm_only: bool,
+    /// Seconds each fuzz target runs.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..))]
+    fuzz_seconds: u64,
     /// Run only the VM tests whose name contains this.
     #[arg(long)]
     filter: Option<String>,
@@ -71,7 +77,7 @@ const VM_TESTS: &[VmTest] = &[
 pub fn run(ws: &Path, args: &TestArgs) -> Result<bool> {
     deps::ensure()?;
     let mut passed = true;
-    if !args.vm_only {
+    if !args.vm_only && !args.fuzz_only {
         eprintln!("==> unit tests: cargo test --workspace");
         let status = Command::new(deps::cargo())
             .current_dir(ws)
@@ -83,11 +89,43 @@ pub fn run(ws: &Path, args: &TestArgs) -> Result<bool> {
             eprintln!("unit tests FAILED ({status})");
         }
     }
-    if !args.unit_only {
+    if !args.vm_only && !args.unit_only {
+        passed &= run_fuzz_tests(ws, args.fuzz_seconds);
+    }
+    if !args.unit_only && !args.fuzz_only {
         passed &= run_vm_tests(ws, args)?;
     }
     println!("\ncargo xtask test: {}", if passed { "PASSED" } else { "FAILED" });
     Ok(passed)
+}
+
+/// Each fuzz target for a short while: a crash, or a target that cannot be
+/// built or run, fails the group (and says why); so does a missing cargo-fuzz.
+fn run_fuzz_tests(ws: &Path, seconds: u64) -> bool {
+    eprintln!("==> fuzz tests: each target for {seconds} s");
+    let cargo_fuzz = match fuzz::ensure_cargo_fuzz() {
+        Ok(path) => path,
+        Err(e) => {
+            println!("test fuzz ... FAILED: cargo-fuzz {} is not available, so the fuzz targets cannot run:\n{e:#}", fuzz::CARGO_FUZZ_VERSION);
+            return false;
+        }
+    };
+    let mut failures = 0;
+    for &(target, what, _) in fuzz::TARGETS {
+        match fuzz::run_target(ws, &cargo_fuzz, target, seconds) {
+            Ok(outcome) if outcome.crash.is_none() => println!("test fuzz_{target} ... ok: {}", outcome.summary()),
+            Ok(outcome) => {
+                failures += 1;
+                println!("test fuzz_{target} ... FAILED ({what}):\n{}\n{}", outcome.summary(), outcome.crash.map(|c| c.1).unwrap_or_default());
+            }
+            Err(e) => {
+                failures += 1;
+                println!("test fuzz_{target} ... FAILED: {e:#}");
+            }
+        }
+    }
+    println!("fuzz tests: {} passed, {failures} failed", fuzz::TARGETS.len() - failures);
+    failures == 0
 }
 
 fn run_vm_tests(ws: &Path, args: &TestArgs) -> Result<bool> {

@@ -7,7 +7,7 @@
 //! connected and nothing the agent says can be lost.
 
 use std::fs::{self, File};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -16,7 +16,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
-use perfbed_agent::{AgentMessage, Hello, HostRequest};
+use perfbed_agent::{parse_agent_message, AgentMessage, Hello, HostRequest, MAX_MESSAGE_LINE};
+use perfbed_device::line::{read_line, Line};
 use perfbed_device::cpus::format_cpu_list;
 use perfbed_device::DeviceConfig;
 
@@ -369,20 +370,59 @@ fn connect(socket: &Path, child: &mut Child) -> Result<UnixStream> {
     }
 }
 
-fn copy_serial(mut from: impl Read, mut to: File) {
+/// Most of the serial console kept in `serial.log`: a guest flooding its
+/// console cannot fill the host's disk. The rest is read and dropped, so
+/// QEMU never blocks on it.
+pub const SERIAL_LOG_LIMIT: u64 = 64 << 20;
+
+fn copy_serial(from: impl Read, to: File) {
+    copy_capped(from, to, SERIAL_LOG_LIMIT);
+}
+
+/// Copies `from` to `to` until `from` ends, writing at most `limit` bytes
+/// and then one line that says how much was dropped.
+fn copy_capped(mut from: impl Read, mut to: impl Write, limit: u64) {
     let mut buf = [0u8; 4096];
+    let mut written = 0u64;
+    let mut dropped = 0u64;
     while let Ok(n) = from.read(&mut buf) {
-        if n == 0 || to.write_all(&buf[..n]).is_err() {
+        if n == 0 {
             break;
         }
+        let keep = (limit - written).min(n as u64) as usize;
+        if keep > 0 && to.write_all(&buf[..keep]).is_err() {
+            break;
+        }
+        written += keep as u64;
+        dropped += (n - keep) as u64;
+        if keep < n && dropped == (n - keep) as u64 {
+            let _ = writeln!(to, "\n[perfbed: serial log limit of {limit} bytes reached; the rest of the console is dropped]");
+        }
+    }
+    if dropped > 0 {
+        let _ = writeln!(to, "[perfbed: {dropped} bytes of console output dropped]");
     }
 }
 
+/// Reads the agent's messages, never holding more than one line of at most
+/// [`MAX_MESSAGE_LINE`] bytes: a guest flooding the channel gets the run
+/// failed with that said, not the host's memory filled.
 fn read_agent(stream: UnixStream, mut transcript: File, tx: mpsc::Sender<Result<AgentMessage, String>>) {
-    for line in BufReader::new(stream).lines() {
-        let Ok(line) = line else { break };
-        let _ = writeln!(transcript, "< {line}");
-        let parsed = serde_json::from_str(&line).map_err(|e| format!("unparsable message {line:?}: {e}"));
+    let mut reader = BufReader::new(stream);
+    let mut line = Vec::new();
+    loop {
+        let parsed = match read_line(&mut reader, &mut line, MAX_MESSAGE_LINE) {
+            Err(_) | Ok(Line::End | Line::Unterminated) => break,
+            Ok(Line::Blank) => continue,
+            Ok(Line::TooLong) => {
+                let _ = writeln!(transcript, "< (a line longer than {MAX_MESSAGE_LINE} bytes, dropped)");
+                Err(format!("the agent sent a line longer than {MAX_MESSAGE_LINE} bytes (a guest flooding the channel?)"))
+            }
+            Ok(Line::Text) => {
+                let _ = writeln!(transcript, "< {}", String::from_utf8_lossy(&line));
+                parse_agent_message(&line)
+            }
+        };
         if tx.send(parsed).is_err() {
             break;
         }
@@ -463,6 +503,21 @@ mod tests {
         fs::write(&bz, b"MZ\0\0not elf").unwrap();
         assert!(err(VmConfig { vmlinux: bz, ..good.clone() }).contains("not an ELF vmlinux"));
         fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_flooding_console_is_capped() {
+        let flood = vec![b'x'; 10_000];
+        let mut out = Vec::new();
+        copy_capped(&flood[..], &mut out, 4096);
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.starts_with(&"x".repeat(4096)));
+        assert!(!text[4096..].contains('x'), "nothing past the limit is kept");
+        assert!(text.contains("serial log limit of 4096 bytes reached"), "{}", &text[4096..]);
+        assert!(text.contains("[perfbed: 5904 bytes of console output dropped]"), "{}", &text[4096..]);
+        let mut out = Vec::new();
+        copy_capped(&b"quiet\n"[..], &mut out, 4096);
+        assert_eq!(out, b"quiet\n");
     }
 
     #[test]
