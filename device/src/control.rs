@@ -143,12 +143,22 @@ pub enum Reply {
 /// error response that says why.
 pub fn parse_request(line: &[u8]) -> Result<Request, Response> {
     let request = serde_json::from_slice::<Request>(line).map_err(|e| Response::error(format!("bad request: {e}")))?;
-    if let Request::WaitLanded { timeout_ms } = request {
-        if timeout_ms > MAX_WAIT_MS {
+    match request {
+        Request::WaitLanded { timeout_ms } if timeout_ms > MAX_WAIT_MS => {
             return Err(Response::error(format!(
                 "bad request: timeout_ms {timeout_ms} is above the limit of {MAX_WAIT_MS}"
             )));
         }
+        // serde's `deny_unknown_fields` does not reach an internally tagged
+        // unit variant: check that `op` is its only field.
+        Request::State | Request::ResetStats | Request::Trace => {
+            let fields: serde_json::Map<String, serde_json::Value> =
+                serde_json::from_slice(line).map_err(|e| Response::error(format!("bad request: {e}")))?;
+            if let Some(field) = fields.keys().find(|k| *k != "op") {
+                return Err(Response::error(format!("bad request: unknown field `{field}`: this op takes none")));
+            }
+        }
+        _ => {}
     }
     Ok(request)
 }
