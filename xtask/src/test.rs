@@ -67,6 +67,12 @@ const VM_TESTS: &[VmTest] = &[
         run: unresponsive_guest_times_out,
     },
     VmTest {
+        name: "qemu_killed_mid_run",
+        what: "QEMU killed mid-run ends the run with QEMU's exit named and the log kept; no process or socket is left behind",
+        variant: Variant::Normal,
+        run: qemu_killed_mid_run,
+    },
+    VmTest {
         name: "device_scope_pmu",
         what: "on the debug kernel, device-scope PMUs are placed, move, park and return with CPU hotplug, opens racing moves land right or get EBUSY, and no lockdep/RCU/WARN report",
         variant: Variant::Debug,
@@ -227,5 +233,54 @@ fn unresponsive_guest_times_out(scenario: &Scenario, accel: &Accel) -> Result<()
     if start.elapsed() > timeout + Duration::from_secs(10) {
         bail!("the timeout fired after {}", human(start.elapsed()));
     }
+    Ok(())
+}
+
+/// QEMU dies under the harness (SIGKILL, as the OOM killer or a user would):
+/// the next request fails at once, naming QEMU's exit and the saved log, and
+/// nothing of the VM is left: no QEMU process, no socket file.
+fn qemu_killed_mid_run(scenario: &Scenario, accel: &Accel) -> Result<()> {
+    let booted = Vm::boot(&scenario.vm, accel)?;
+    let mut vm = booted.vm;
+    let pid = vm.qemu_pid();
+    let control = vm.control_socket.clone();
+    let agent = scenario.vm.run_dir.join("agent.sock");
+    if !control.exists() || !agent.exists() {
+        bail!("the running VM has no control socket or agent socket in {}", scenario.vm.run_dir.display());
+    }
+    // SAFETY: kill(2) on the pid of a child this process started and has not reaped.
+    if unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) } != 0 {
+        bail!("cannot kill QEMU (pid {pid}): {}", std::io::Error::last_os_error());
+    }
+    let start = Instant::now();
+    let request = perfbed_agent::HostRequest::ReadFile { path: "/proc/uptime".into() };
+    let error = match vm.request(&request, Duration::from_secs(30)) {
+        Ok(answer) => bail!("a killed QEMU answered: {answer:?}"),
+        Err(e) => format!("{e:#}"),
+    };
+    let took = start.elapsed();
+    drop(vm);
+    let mut problems = Vec::new();
+    if !error.contains("QEMU exited (signal: 9") {
+        problems.push(format!("the error does not say QEMU was killed:\n{error}"));
+    }
+    if !error.contains("serial log saved") || !scenario.vm.run_dir.join("serial.log").is_file() {
+        problems.push(format!("the error does not point to a kept serial log:\n{error}"));
+    }
+    if took > Duration::from_secs(10) {
+        problems.push(format!("noticing the dead QEMU took {}", human(took)));
+    }
+    if std::path::Path::new(&format!("/proc/{pid}")).exists() {
+        problems.push(format!("QEMU (pid {pid}) is still there"));
+    }
+    for socket in [&control, &agent] {
+        if socket.exists() {
+            problems.push(format!("{} is left behind", socket.display()));
+        }
+    }
+    if !problems.is_empty() {
+        bail!("{}", problems.join("\n"));
+    }
+    println!("    what the user sees: {}", error.lines().next().unwrap_or(""));
     Ok(())
 }

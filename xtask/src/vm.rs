@@ -147,6 +147,8 @@ pub struct Vm {
     qemu_log: PathBuf,
     /// The device's control socket (inject traffic, read its state).
     pub control_socket: PathBuf,
+    /// The agent channel's socket (QEMU's end).
+    agent_socket: PathBuf,
 }
 
 /// What booting gave: the agent's greeting and how long it took.
@@ -233,7 +235,7 @@ impl Vm {
         let transcript = File::create(config.run_dir.join("agent.log"))?;
         let reader_transcript = transcript.try_clone()?;
         thread::spawn(move || read_agent(stream, reader_transcript, tx));
-        let mut vm = Vm { child, messages, writer, transcript, serial_log, qemu_log, control_socket };
+        let mut vm = Vm { child, messages, writer, transcript, serial_log, qemu_log, control_socket, agent_socket: socket };
         match vm.receive(config.boot_timeout, "the agent's greeting") {
             Ok(AgentMessage::Hello(hello)) => Ok(Booted { boot_time: started.elapsed(), hello, vm }),
             Ok(other) => Err(vm.fail(anyhow!("the agent sent {other:?} before its greeting"))),
@@ -308,8 +310,7 @@ impl Vm {
     /// Stops the VM and turns `error` into the full story: what the kernel
     /// log says went wrong and where the logs are.
     fn fail(&mut self, error: anyhow::Error) -> anyhow::Error {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.stop();
         // Give the serial copier a moment to drain QEMU's last output.
         thread::sleep(Duration::from_millis(100));
         let log = fs::read_to_string(&self.serial_log).unwrap_or_default();
@@ -330,12 +331,30 @@ impl Vm {
     }
 }
 
-impl Drop for Vm {
-    fn drop(&mut self) {
+impl Vm {
+    /// QEMU's process id.
+    pub fn qemu_pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Ends QEMU if it still runs, reaps it, and removes the sockets it
+    /// leaves behind when it dies without cleaning up (killed, crashed, or
+    /// exiting without running the device's destructor). The logs stay.
+    fn stop(&mut self) {
         if let Ok(None) = self.child.try_wait() {
             let _ = self.child.kill();
-            let _ = self.child.wait();
         }
+        let _ = self.child.wait();
+        let _ = self.writer.shutdown(std::net::Shutdown::Both);
+        for socket in [&self.agent_socket, &self.control_socket] {
+            let _ = fs::remove_file(socket);
+        }
+    }
+}
+
+impl Drop for Vm {
+    fn drop(&mut self) {
+        self.stop();
     }
 }
 
