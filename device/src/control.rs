@@ -128,6 +128,7 @@ impl Response {
 
 /// What a request line comes to, decided without blocking.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[allow(clippy::large_enum_variant)] // one per request, moved straight out
 pub enum Reply {
     /// The response, ready now.
     Now(Response),
@@ -139,23 +140,21 @@ pub enum Reply {
     },
 }
 
-/// Parses one request line (without its newline); a bad one becomes the
-/// error response that says why.
-pub fn parse_request(line: &[u8]) -> Result<Request, Response> {
-    let request = serde_json::from_slice::<Request>(line).map_err(|e| Response::error(format!("bad request: {e}")))?;
+/// Parses one request line (without its newline); a bad one gives the
+/// error message that says why.
+pub fn parse_request(line: &[u8]) -> Result<Request, String> {
+    let request = serde_json::from_slice::<Request>(line).map_err(|e| format!("bad request: {e}"))?;
     match request {
         Request::WaitLanded { timeout_ms } if timeout_ms > MAX_WAIT_MS => {
-            return Err(Response::error(format!(
-                "bad request: timeout_ms {timeout_ms} is above the limit of {MAX_WAIT_MS}"
-            )));
+            return Err(format!("bad request: timeout_ms {timeout_ms} is above the limit of {MAX_WAIT_MS}"));
         }
         // serde's `deny_unknown_fields` does not reach an internally tagged
         // unit variant: check that `op` is its only field.
         Request::State | Request::ResetStats | Request::Trace => {
             let fields: serde_json::Map<String, serde_json::Value> =
-                serde_json::from_slice(line).map_err(|e| Response::error(format!("bad request: {e}")))?;
+                serde_json::from_slice(line).map_err(|e| format!("bad request: {e}"))?;
             if let Some(field) = fields.keys().find(|k| *k != "op") {
-                return Err(Response::error(format!("bad request: unknown field `{field}`: this op takes none")));
+                return Err(format!("bad request: unknown field `{field}`: this op takes none"));
             }
         }
         _ => {}
@@ -216,7 +215,7 @@ pub fn apply(device: &mut Device, now_ns: u64, request: &Request) -> Reply {
 pub fn respond(device: &mut Device, now_ns: u64, line: &[u8]) -> Reply {
     match parse_request(line) {
         Ok(request) => apply(device, now_ns, &request),
-        Err(response) => Reply::Now(response),
+        Err(message) => Reply::Now(Response::error(message)),
     }
 }
 

@@ -8,6 +8,7 @@ mod deps;
 mod fuzz;
 mod guest;
 mod image;
+mod perf_matrix;
 mod pmu_checks;
 mod scenario;
 mod scope_test;

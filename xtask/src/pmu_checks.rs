@@ -98,6 +98,7 @@ pub fn run(g: &mut Guest, control: ControlClient, device: &DeviceConfig) -> Resu
     checks.push(multiplexing(&mut ctx)?);
     checks.push(groups(&mut ctx)?);
     checks.push(bad_attributes(&mut ctx)?);
+    checks.push(crate::perf_matrix::run(ctx.g, &mut ctx.control, &ctx.device, &ctx.types)?);
     checks.push(perf_stat(&mut ctx)?);
     checks.push(unload(&mut ctx)?);
     Ok(checks)

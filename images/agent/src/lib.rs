@@ -78,6 +78,51 @@ pub struct PerfAttr {
     /// disabled = bit 0, inherit = 1, exclude_user = 4, exclude_kernel = 5, ...
     #[serde(default)]
     pub flags: u64,
+    /// `attr.size`; 0 means the agent's full size (PERF_ATTR_SIZE_VER8).
+    #[serde(default)]
+    pub size: u32,
+    #[serde(default)]
+    pub wakeup_events: u32,
+    #[serde(default)]
+    pub branch_sample_type: u64,
+    #[serde(default)]
+    pub sample_regs_user: u64,
+    #[serde(default)]
+    pub sample_stack_user: u32,
+    #[serde(default)]
+    pub clockid: i32,
+    #[serde(default)]
+    pub aux_watermark: u32,
+    #[serde(default)]
+    pub sample_max_stack: u16,
+    #[serde(default)]
+    pub aux_sample_size: u32,
+    #[serde(default)]
+    pub sig_data: u64,
+    #[serde(default)]
+    pub config3: u64,
+}
+
+/// An ioctl on an open perf event (`PERF_EVENT_IOC_*`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "ioctl", rename_all = "snake_case")]
+pub enum PerfIoctl {
+    /// `group`: PERF_IOC_FLAG_GROUP, the whole group.
+    Enable { group: bool },
+    Disable { group: bool },
+    Reset { group: bool },
+    Refresh { count: i32 },
+    Period { period: u64 },
+    /// Answers the event's id.
+    Id,
+    /// Redirect output to another event's buffer (`None`: -1, none).
+    SetOutput { target: Option<u32> },
+    SetFilter { filter: String },
+    PauseOutput { pause: bool },
+    ModifyAttributes { attr: PerfAttr },
+    /// A bpf program fd (-1: none).
+    SetBpf { fd: i32 },
+    QueryBpf,
 }
 
 /// A concurrent stress of opens against CPU hotplug (see
@@ -113,6 +158,12 @@ pub enum HostRequest {
     /// perf_event_open(attr, pid, cpu, group leader's handle or -1, 0);
     /// the event stays open under a handle until closed.
     PerfOpen { attr: PerfAttr, pid: i32, cpu: i32, group: Option<u32> },
+    /// [`HostRequest::PerfOpen`] with `flags` (PERF_FLAG_*) added to the
+    /// agent's own PERF_FLAG_FD_CLOEXEC.
+    PerfOpenFlags { attr: PerfAttr, pid: i32, cpu: i32, group: Option<u32>, flags: u64 },
+    /// An ioctl on an open event: [`AgentMessage::PerfValues`] with the
+    /// ioctl's return value (the id for [`PerfIoctl::Id`]), or the errno.
+    PerfIoctl { handle: u32, ioctl: PerfIoctl },
     /// read() an open event: the u64 words the read format gives.
     PerfRead { handle: u32 },
     PerfClose { handle: u32 },

@@ -83,6 +83,14 @@ fn handle(request: HostRequest, events: &mut perf::Events, cmdline: &str) -> Age
             Ok(handle) => AgentMessage::PerfOpened { handle },
             Err(e) => errno(e),
         },
+        HostRequest::PerfOpenFlags { attr, pid, cpu, group, flags } => match events.open_flags(&attr, pid, cpu, group, flags) {
+            Ok(handle) => AgentMessage::PerfOpened { handle },
+            Err(e) => errno(e),
+        },
+        HostRequest::PerfIoctl { handle, ioctl } => match events.ioctl(handle, &ioctl) {
+            Ok(value) => AgentMessage::PerfValues { values: vec![value] },
+            Err(e) => errno(e),
+        },
         HostRequest::PerfRead { handle } => match events.read(handle) {
             Ok(values) => AgentMessage::PerfValues { values },
             Err(e) => errno(e),
