@@ -14,54 +14,8 @@ use perfbed_device::regs::Event;
 use perfbed_device::{ControlClient, DeviceConfig};
 
 use crate::guest::{Guest, Opened};
+use crate::perf_abi::*;
 use crate::scenario::Check;
-
-// perf_event_attr.flags bits (uapi/linux/perf_event.h).
-const DISABLED: u64 = 1 << 0;
-const INHERIT: u64 = 1 << 1;
-const PINNED: u64 = 1 << 2;
-const EXCLUSIVE: u64 = 1 << 3;
-const EXCLUDE_USER: u64 = 1 << 4;
-const EXCLUDE_KERNEL: u64 = 1 << 5;
-const EXCLUDE_HV: u64 = 1 << 6;
-const EXCLUDE_IDLE: u64 = 1 << 7;
-const MMAP: u64 = 1 << 8;
-const COMM: u64 = 1 << 9;
-const FREQ: u64 = 1 << 10;
-const ENABLE_ON_EXEC: u64 = 1 << 12;
-const TASK: u64 = 1 << 13;
-const PRECISE_IP_2: u64 = 2 << 15;
-const EXCLUDE_HOST: u64 = 1 << 19;
-const EXCLUDE_GUEST: u64 = 1 << 20;
-const USE_CLOCKID: u64 = 1 << 25;
-const AUX_OUTPUT: u64 = 1 << 31;
-const INHERIT_THREAD: u64 = 1 << 35;
-const REMOVE_ON_EXEC: u64 = 1 << 36;
-const SIGTRAP: u64 = 1 << 37;
-const RESERVED_BIT: u64 = 1 << 63;
-
-// read_format.
-const TIME_ENABLED: u64 = 1 << 0;
-const TIME_RUNNING: u64 = 1 << 1;
-const ID: u64 = 1 << 2;
-const GROUP: u64 = 1 << 3;
-const LOST: u64 = 1 << 4;
-
-// sample_type and branch_sample_type.
-const SAMPLE_IP: u64 = 1 << 0;
-const SAMPLE_BRANCH_STACK: u64 = 1 << 11;
-const BRANCH_ANY: u64 = 1 << 3;
-
-// perf_event_open flags.
-const FLAG_FD_NO_GROUP: u64 = 1 << 0;
-const FLAG_FD_OUTPUT: u64 = 1 << 1;
-const FLAG_PID_CGROUP: u64 = 1 << 2;
-const FLAG_UNKNOWN: u64 = 1 << 4;
-
-const PERF_TYPE_SOFTWARE: u32 = 1;
-const SW_CPU_CLOCK: u64 = 0;
-const CLOCK_MONOTONIC: i32 = 1;
-const PERF_ATTR_SIZE_VER0: u32 = 64;
 
 type Run = Box<dyn Fn(&mut Matrix) -> Result<String>>;
 
@@ -187,40 +141,40 @@ fn cases(device: &DeviceConfig) -> Vec<Case> {
         case("config1 set", "EINVAL", |m| m.try_attr(PerfAttr { config1: 1, ..m.good() })),
         case("config2 set", "EINVAL", |m| m.try_attr(PerfAttr { config2: 1, ..m.good() })),
         // Counting only: what a device PMU cannot filter or sample.
-        flag_case("exclude_user", EXCLUDE_USER, "EINVAL"),
-        flag_case("exclude_kernel", EXCLUDE_KERNEL, "EINVAL"),
-        flag_case("exclude_hv", EXCLUDE_HV, "EINVAL"),
-        flag_case("exclude_idle", EXCLUDE_IDLE, "EINVAL"),
-        flag_case("exclude_host", EXCLUDE_HOST, "EINVAL"),
-        flag_case("exclude_guest", EXCLUDE_GUEST, "EINVAL"),
+        flag_case("exclude_user", FLAG_EXCLUDE_USER, "EINVAL"),
+        flag_case("exclude_kernel", FLAG_EXCLUDE_KERNEL, "EINVAL"),
+        flag_case("exclude_hv", FLAG_EXCLUDE_HV, "EINVAL"),
+        flag_case("exclude_idle", FLAG_EXCLUDE_IDLE, "EINVAL"),
+        flag_case("exclude_host", FLAG_EXCLUDE_HOST, "EINVAL"),
+        flag_case("exclude_guest", FLAG_EXCLUDE_GUEST, "EINVAL"),
         case("sample_period (sampling)", "EOPNOTSUPP", |m| m.try_attr(PerfAttr { sample_period: 1000, ..m.good() })),
-        case("freq with sample_freq (sampling)", "EOPNOTSUPP", |m| m.try_attr(PerfAttr { flags: FREQ, sample_period: 100, ..m.good() })),
+        case("freq with sample_freq (sampling)", "EOPNOTSUPP", |m| m.try_attr(PerfAttr { flags: FLAG_FREQ, sample_period: 100, ..m.good() })),
         case("sample_period with bit 63", "EINVAL", |m| m.try_attr(PerfAttr { sample_period: 1 << 63, ..m.good() })),
         case("sample_type without a period (counting)", "opened", |m| m.try_attr(PerfAttr { sample_type: SAMPLE_IP, ..m.good() })),
         case("branch stack without a period", "opened", |m| {
             m.try_attr(PerfAttr { sample_type: SAMPLE_BRANCH_STACK, branch_sample_type: BRANCH_ANY, ..m.good() })
         }),
-        flag_case("aux_output", AUX_OUTPUT, "EOPNOTSUPP"),
+        flag_case("aux_output", FLAG_AUX_OUTPUT, "EOPNOTSUPP"),
         // Flags the core checks.
-        flag_case("a reserved flag bit", RESERVED_BIT, "EINVAL"),
+        flag_case("a reserved flag bit", FLAG_RESERVED_BIT, "EINVAL"),
         case("an unknown read_format bit", "EINVAL", |m| m.try_attr(PerfAttr { read_format: 1 << 5, ..m.good() })),
         case("an unknown sample_type bit", "EINVAL", |m| m.try_attr(PerfAttr { sample_type: 1 << 62, ..m.good() })),
-        flag_case("inherit_thread without inherit", INHERIT_THREAD, "EINVAL"),
-        flag_case("sigtrap without remove_on_exec", SIGTRAP, "EINVAL"),
-        flag_case("remove_on_exec with enable_on_exec", REMOVE_ON_EXEC | ENABLE_ON_EXEC, "EINVAL"),
+        flag_case("inherit_thread without inherit", FLAG_INHERIT_THREAD, "EINVAL"),
+        flag_case("sigtrap without remove_on_exec", FLAG_SIGTRAP, "EINVAL"),
+        flag_case("remove_on_exec with enable_on_exec", FLAG_REMOVE_ON_EXEC | FLAG_ENABLE_ON_EXEC, "EINVAL"),
         case("attr.size 8 (below VER0)", "E2BIG", |m| m.try_attr(PerfAttr { size: 8, ..m.good() })),
         case("attr.size above a page", "E2BIG", |m| m.try_attr(PerfAttr { size: 4097, ..m.good() })),
         case("attr.size 64 (VER0)", "opened", |m| m.try_attr(PerfAttr { size: PERF_ATTR_SIZE_VER0, ..m.good() })),
         // Flags a counting event honours or that do not concern it.
-        flag_case("pinned", PINNED, "opened"),
-        flag_case("exclusive", EXCLUSIVE, "opened"),
-        flag_case("inherit (system-wide: no effect)", INHERIT, "opened"),
-        flag_case("enable_on_exec (system-wide: no effect)", ENABLE_ON_EXEC, "opened"),
-        flag_case("precise_ip 2 (no sampling: no effect)", PRECISE_IP_2, "opened"),
-        flag_case("side-band records mmap|comm|task", MMAP | COMM | TASK, "opened"),
-        case("use_clockid CLOCK_MONOTONIC", "opened", |m| m.try_attr(PerfAttr { flags: USE_CLOCKID, clockid: CLOCK_MONOTONIC, ..m.good() })),
+        flag_case("pinned", FLAG_PINNED, "opened"),
+        flag_case("exclusive", FLAG_EXCLUSIVE, "opened"),
+        flag_case("inherit (system-wide: no effect)", FLAG_INHERIT, "opened"),
+        flag_case("enable_on_exec (system-wide: no effect)", FLAG_ENABLE_ON_EXEC, "opened"),
+        flag_case("precise_ip 2 (no sampling: no effect)", FLAG_PRECISE_IP_2, "opened"),
+        flag_case("side-band records mmap|comm|task", FLAG_MMAP | FLAG_COMM | FLAG_TASK, "opened"),
+        case("use_clockid CLOCK_MONOTONIC", "opened", |m| m.try_attr(PerfAttr { flags: FLAG_USE_CLOCKID, clockid: CLOCK_MONOTONIC, ..m.good() })),
         case("disabled, then enabled: counts from the enable", "0 then 4096", |m| {
-            let h = m.must_open(PerfAttr { flags: DISABLED, ..m.good() }, None)?;
+            let h = m.must_open(PerfAttr { flags: FLAG_DISABLED, ..m.good() }, None)?;
             m.inject(0, 1, 8192)?;
             let off = m.g.read(h)?[0];
             m.g.ioctl(h, PerfIoctl::Enable { group: false })?.map_err(|e| anyhow::anyhow!("enable: {e}"))?;
@@ -243,16 +197,16 @@ fn cases(device: &DeviceConfig) -> Vec<Case> {
         case("cpu 1000 (no such CPU)", "EINVAL", |m| Ok(outcome(&m.open(m.good(), -1, 1000, None, 0)?))),
         // PERF_FLAG_*.
         case("PERF_FLAG_FD_NO_GROUP with a leader: not in its group", "opened, leader nr 1", |m| {
-            let leader = m.must_open(PerfAttr { read_format: GROUP, ..m.good() }, None)?;
-            let opened = m.open(m.attr(0, Event::MbmLocalBytes, 1), -1, 0, Some(leader), FLAG_FD_NO_GROUP)?;
+            let leader = m.must_open(PerfAttr { read_format: FORMAT_GROUP, ..m.good() }, None)?;
+            let opened = m.open(m.attr(0, Event::MbmLocalBytes, 1), -1, 0, Some(leader), OPEN_FLAG_FD_NO_GROUP)?;
             Ok(format!("{}, leader nr {}", outcome(&opened), m.g.read(leader)?[0]))
         }),
         case("PERF_FLAG_FD_OUTPUT with a leader", "opened", |m| {
             let leader = m.must_open(m.good(), None)?;
-            Ok(outcome(&m.open(m.attr(0, Event::MbmLocalBytes, 1), -1, 0, Some(leader), FLAG_FD_OUTPUT)?))
+            Ok(outcome(&m.open(m.attr(0, Event::MbmLocalBytes, 1), -1, 0, Some(leader), OPEN_FLAG_FD_OUTPUT)?))
         }),
-        case("PERF_FLAG_PID_CGROUP with pid -1", "EINVAL", |m| Ok(outcome(&m.open(m.good(), -1, 0, None, FLAG_PID_CGROUP)?))),
-        case("an unknown PERF_FLAG bit", "EINVAL", |m| Ok(outcome(&m.open(m.good(), -1, 0, None, FLAG_UNKNOWN)?))),
+        case("PERF_FLAG_PID_CGROUP with pid -1", "EINVAL", |m| Ok(outcome(&m.open(m.good(), -1, 0, None, OPEN_FLAG_PID_CGROUP)?))),
+        case("an unknown PERF_FLAG bit", "EINVAL", |m| Ok(outcome(&m.open(m.good(), -1, 0, None, OPEN_FLAG_UNKNOWN)?))),
         // Groups.
         case("sibling of the same PMU", "opened", |m| {
             let leader = m.must_open(m.good(), None)?;
@@ -264,7 +218,7 @@ fn cases(device: &DeviceConfig) -> Vec<Case> {
         }),
         case("software leader on the PMU's CPU, device sibling", "opened", |m| {
             let cpu = m.pmu_cpu(0)?;
-            let sw = PerfAttr { type_: PERF_TYPE_SOFTWARE, config: SW_CPU_CLOCK, ..PerfAttr::default() };
+            let sw = PerfAttr { type_: PERF_TYPE_SOFTWARE, config: PERF_COUNT_SW_CPU_CLOCK, ..PerfAttr::default() };
             let leader = match m.open(sw, -1, cpu, None, 0)? {
                 Ok(h) => h,
                 Err(e) => bail!("software leader: {e}"),
@@ -272,7 +226,7 @@ fn cases(device: &DeviceConfig) -> Vec<Case> {
             Ok(outcome(&m.open(m.good(), -1, cpu, Some(leader), 0)?))
         }),
         case("software leader on another CPU, device sibling", "EINVAL", move |m| {
-            let sw = PerfAttr { type_: PERF_TYPE_SOFTWARE, config: SW_CPU_CLOCK, ..PerfAttr::default() };
+            let sw = PerfAttr { type_: PERF_TYPE_SOFTWARE, config: PERF_COUNT_SW_CPU_CLOCK, ..PerfAttr::default() };
             let leader = match m.open(sw, -1, other_domain_cpu, None, 0)? {
                 Ok(h) => h,
                 Err(e) => bail!("software leader: {e}"),
@@ -282,7 +236,7 @@ fn cases(device: &DeviceConfig) -> Vec<Case> {
         case("software sibling of a device leader", "opened", |m| {
             let cpu = m.pmu_cpu(0)?;
             let leader = m.must_open(m.good(), None)?;
-            let sw = PerfAttr { type_: PERF_TYPE_SOFTWARE, config: SW_CPU_CLOCK, ..PerfAttr::default() };
+            let sw = PerfAttr { type_: PERF_TYPE_SOFTWARE, config: PERF_COUNT_SW_CPU_CLOCK, ..PerfAttr::default() };
             Ok(outcome(&m.open(sw, -1, cpu, Some(leader), 0)?))
         }),
         case("sibling of a sibling", "EINVAL", |m| {
@@ -298,21 +252,21 @@ fn cases(device: &DeviceConfig) -> Vec<Case> {
             Ok(outcome(&m.open(m.attr(0, Event::MbmLocalBytes, 1), -1, 0, Some(leader), 0)?))
         }),
         case("pinned group leader with siblings, group read", "nr 3", |m| {
-            let leader = m.must_open(PerfAttr { flags: PINNED, read_format: GROUP, ..m.good() }, None)?;
+            let leader = m.must_open(PerfAttr { flags: FLAG_PINNED, read_format: FORMAT_GROUP, ..m.good() }, None)?;
             m.must_open(m.attr(0, Event::MbmLocalBytes, 1), Some(leader))?;
             m.must_open(m.attr(0, Event::LlcOccupancy, 1), Some(leader))?;
             Ok(format!("nr {}", m.g.read(leader)?[0]))
         }),
         // read_format.
         case("read_format none", "1 words", |m| m.words(0)),
-        case("read_format TOTAL_TIME_ENABLED", "2 words", |m| m.words(TIME_ENABLED)),
-        case("read_format TOTAL_TIME_RUNNING", "2 words", |m| m.words(TIME_RUNNING)),
-        case("read_format ID", "2 words", |m| m.words(ID)),
-        case("read_format LOST", "2 words", |m| m.words(LOST)),
-        case("read_format ENABLED|RUNNING|ID|LOST", "5 words", |m| m.words(TIME_ENABLED | TIME_RUNNING | ID | LOST)),
-        case("read_format GROUP, no siblings", "2 words", |m| m.words(GROUP)),
-        case("read_format GROUP|ID, one sibling: ids match", "5 words, ids match", |m| {
-            let leader = m.must_open(PerfAttr { read_format: GROUP | ID, ..m.good() }, None)?;
+        case("read_format TOTAL_TIME_ENABLED", "2 words", |m| m.words(FORMAT_TOTAL_TIME_ENABLED)),
+        case("read_format TOTAL_TIME_RUNNING", "2 words", |m| m.words(FORMAT_TOTAL_TIME_RUNNING)),
+        case("read_format FORMAT_ID", "2 words", |m| m.words(FORMAT_ID)),
+        case("read_format FORMAT_LOST", "2 words", |m| m.words(FORMAT_LOST)),
+        case("read_format ENABLED|RUNNING|FORMAT_ID|FORMAT_LOST", "5 words", |m| m.words(FORMAT_TOTAL_TIME_ENABLED | FORMAT_TOTAL_TIME_RUNNING | FORMAT_ID | FORMAT_LOST)),
+        case("read_format FORMAT_GROUP, no siblings", "2 words", |m| m.words(FORMAT_GROUP)),
+        case("read_format FORMAT_GROUP|FORMAT_ID, one sibling: ids match", "5 words, ids match", |m| {
+            let leader = m.must_open(PerfAttr { read_format: FORMAT_GROUP | FORMAT_ID, ..m.good() }, None)?;
             let sibling = m.must_open(m.attr(0, Event::MbmLocalBytes, 1), Some(leader))?;
             let v = m.g.read(leader)?;
             let ids = (m.g.ioctl(leader, PerfIoctl::Id)?, m.g.ioctl(sibling, PerfIoctl::Id)?);
@@ -352,7 +306,7 @@ fn cases(device: &DeviceConfig) -> Vec<Case> {
             let h = m.must_open(m.good(), None)?;
             m.ioctl(h, PerfIoctl::Period { period: 1000 })
         }),
-        case("ioctl ID", "ok", |m| {
+        case("ioctl FORMAT_ID", "ok", |m| {
             let h = m.must_open(m.good(), None)?;
             m.ioctl(h, PerfIoctl::Id)
         }),

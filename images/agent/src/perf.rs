@@ -184,14 +184,7 @@ pub struct Events {
 
 impl Events {
     pub fn open(&mut self, attr: &PerfAttr, pid: i32, cpu: i32, group: Option<u32>) -> Result<u32, SysError> {
-        let group_fd = match group {
-            Some(handle) => self.open.get(&handle).map(|fd| fd.as_raw_fd()).ok_or(SysError { errno: libc::EBADF, call: "group handle" })?,
-            None => -1,
-        };
-        let fd = open(attr, pid, cpu, group_fd)?;
-        self.next += 1;
-        self.open.insert(self.next, fd);
-        Ok(self.next)
+        self.open_flags(attr, pid, cpu, group, 0)
     }
 
     /// perf_event_open with PERF_FLAG_* `flags`.
