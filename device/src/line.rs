@@ -22,8 +22,20 @@ pub enum Line {
 }
 
 /// Reads the next line of `reader` into `line` (cleared first, newline not
-/// included), holding at most `max` bytes of it.
+/// included), holding at most `max` bytes of it. A longer line is read up
+/// to its newline and reported as [`Line::TooLong`] then.
 pub fn read_line<R: BufRead>(reader: &mut R, line: &mut Vec<u8>, max: usize) -> io::Result<Line> {
+    read_line_with(reader, line, max, false)
+}
+
+/// [`read_line`], but a line is reported [`Line::TooLong`] as soon as it
+/// passes `max` bytes, without reading on to its newline (which may never
+/// come): for a peer that is not trusted to stop.
+pub fn read_line_or_stop<R: BufRead>(reader: &mut R, line: &mut Vec<u8>, max: usize) -> io::Result<Line> {
+    read_line_with(reader, line, max, true)
+}
+
+fn read_line_with<R: BufRead>(reader: &mut R, line: &mut Vec<u8>, max: usize, stop: bool) -> io::Result<Line> {
     line.clear();
     let mut too_long = false;
     let mut started = false;
@@ -44,6 +56,9 @@ pub fn read_line<R: BufRead>(reader: &mut R, line: &mut Vec<u8>, max: usize) -> 
             if line.len() + chunk.len() > max {
                 too_long = true;
                 line.clear();
+                if stop {
+                    return Ok(Line::TooLong);
+                }
             } else {
                 line.extend_from_slice(chunk);
             }
@@ -65,7 +80,7 @@ pub fn read_line<R: BufRead>(reader: &mut R, line: &mut Vec<u8>, max: usize) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::{BufReader, Cursor};
+    use std::io::{BufReader, Cursor, Read};
 
     fn lines(input: &[u8], max: usize, capacity: usize) -> Vec<(Line, Vec<u8>)> {
         let mut reader = BufReader::with_capacity(capacity, Cursor::new(input.to_vec()));
@@ -97,5 +112,18 @@ mod tests {
         assert_eq!(lines(b"", 4, 8), vec![(Line::End, vec![])]);
         assert_eq!(lines(b"abcd\n", 4, 2), vec![(Line::Text, b"abcd".to_vec()), (Line::End, vec![])]);
         assert_eq!(lines(b"abcde\n", 4, 2)[0].0, Line::TooLong);
+    }
+
+    #[test]
+    fn stops_at_the_limit_when_asked() {
+        // An endless line: stop as soon as it passes the limit.
+        let mut endless = std::io::repeat(0).take(1 << 30);
+        let mut reader = BufReader::with_capacity(64, &mut endless);
+        let mut line = Vec::new();
+        assert_eq!(read_line_or_stop(&mut reader, &mut line, 1000).unwrap(), Line::TooLong);
+        assert!(line.is_empty());
+        let mut reader = BufReader::new(Cursor::new(b"ok\n".to_vec()));
+        assert_eq!(read_line_or_stop(&mut reader, &mut line, 1000).unwrap(), Line::Text);
+        assert_eq!(line, b"ok");
     }
 }

@@ -73,6 +73,12 @@ const VM_TESTS: &[VmTest] = &[
         run: qemu_killed_mid_run,
     },
     VmTest {
+        name: "guest_floods_console_and_channel",
+        what: "a guest flooding its serial console keeps being served (the log is capped); flooding the agent channel without newlines ends the run at once with that named",
+        variant: Variant::Normal,
+        run: guest_floods_console_and_channel,
+    },
+    VmTest {
         name: "device_scope_pmu",
         what: "on the debug kernel, device-scope PMUs are placed, move, park and return with CPU hotplug, opens racing moves land right or get EBUSY, and no lockdep/RCU/WARN report",
         variant: Variant::Debug,
@@ -282,5 +288,59 @@ fn qemu_killed_mid_run(scenario: &Scenario, accel: &Accel) -> Result<()> {
         bail!("{}", problems.join("\n"));
     }
     println!("    what the user sees: {}", error.lines().next().unwrap_or(""));
+    Ok(())
+}
+
+/// A guest that floods: first its serial console (in the background, from
+/// a shell), which the harness must keep draining into a capped log while
+/// the agent still answers; then the agent channel itself, with an endless
+/// line, which must end the run at once with the reason, not fill memory.
+fn guest_floods_console_and_channel(scenario: &Scenario, accel: &Accel) -> Result<()> {
+    use perfbed_agent::{AgentMessage, HostRequest};
+    let booted = Vm::boot(&scenario.vm, accel)?;
+    let mut vm = booted.vm;
+    let timeout = Duration::from_secs(30);
+    let sh = |script: &str| HostRequest::Run { argv: vec!["/bin/busybox".into(), "sh".into(), "-c".into(), script.into()] };
+    let started = vm.request(&sh("/bin/busybox yes 'perfbed console flood' > /dev/console 2>&1 < /dev/null &"), timeout)?;
+    if !matches!(started, AgentMessage::Ran { status: Some(0), .. }) {
+        bail!("starting the console flood: {started:?}");
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    let answer = vm.request(&HostRequest::ReadFile { path: "/proc/uptime".into() }, timeout)?;
+    if !matches!(answer, AgentMessage::Text { .. }) {
+        bail!("during the console flood the agent answered {answer:?}");
+    }
+    let serial_log = vm.serial_log.clone();
+    let flooded = std::fs::read(&serial_log).unwrap_or_default();
+    let lines = flooded.windows(21).filter(|w| w == b"perfbed console flood").count();
+    if lines < 100 {
+        bail!("the serial log has {lines} flood lines after 3 s: the console was not drained");
+    }
+    let start = Instant::now();
+    let error = match vm.request(&sh("/bin/busybox cat /dev/zero > /dev/hvc0"), timeout) {
+        Ok(answer) => bail!("the agent channel flood gave an answer: {answer:?}"),
+        Err(e) => format!("{e:#}"),
+    };
+    let took = start.elapsed();
+    drop(vm);
+    let size = std::fs::metadata(&serial_log).map(|m| m.len()).unwrap_or(0);
+    let mut problems = Vec::new();
+    if !error.contains("longer than") || !error.contains("flooding the channel") {
+        problems.push(format!("the channel flood's error does not say so:\n{error}"));
+    }
+    if took >= timeout {
+        problems.push(format!("the channel flood was noticed only after {}", human(took)));
+    }
+    if size > vm::SERIAL_LOG_LIMIT + 4096 {
+        problems.push(format!("the serial log grew to {size} bytes, over the {} limit", vm::SERIAL_LOG_LIMIT));
+    }
+    if !problems.is_empty() {
+        bail!("{}", problems.join("\n"));
+    }
+    println!(
+        "    console flood: {lines} lines in 3 s, agent still answering; channel flood ended the run in {}: {}",
+        human(took),
+        error.lines().next().unwrap_or("")
+    );
     Ok(())
 }

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use perfbed_agent::{parse_agent_message, AgentMessage, Hello, HostRequest, MAX_MESSAGE_LINE};
-use perfbed_device::line::{read_line, Line};
+use perfbed_device::line::{read_line_or_stop, Line};
 use perfbed_device::cpus::format_cpu_list;
 use perfbed_device::DeviceConfig;
 
@@ -430,12 +430,14 @@ fn read_agent(stream: UnixStream, mut transcript: File, tx: mpsc::Sender<Result<
     let mut reader = BufReader::new(stream);
     let mut line = Vec::new();
     loop {
-        let parsed = match read_line(&mut reader, &mut line, MAX_MESSAGE_LINE) {
+        let parsed = match read_line_or_stop(&mut reader, &mut line, MAX_MESSAGE_LINE) {
             Err(_) | Ok(Line::End | Line::Unterminated) => break,
             Ok(Line::Blank) => continue,
             Ok(Line::TooLong) => {
-                let _ = writeln!(transcript, "< (a line longer than {MAX_MESSAGE_LINE} bytes, dropped)");
-                Err(format!("the agent sent a line longer than {MAX_MESSAGE_LINE} bytes (a guest flooding the channel?)"))
+                // Nothing after it can be trusted to be a message.
+                let _ = writeln!(transcript, "< (a line longer than {MAX_MESSAGE_LINE} bytes; stopped reading)");
+                let _ = tx.send(Err(format!("the agent sent a line longer than {MAX_MESSAGE_LINE} bytes (a guest flooding the channel?)")));
+                break;
             }
             Ok(Line::Text) => {
                 let _ = writeln!(transcript, "< {}", String::from_utf8_lossy(&line));
