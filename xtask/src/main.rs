@@ -8,6 +8,7 @@ mod deps;
 mod fuzz;
 mod guest;
 mod image;
+mod module_lifecycle;
 mod perf_abi;
 mod perf_matrix;
 mod pmu_checks;

@@ -79,6 +79,12 @@ const VM_TESTS: &[VmTest] = &[
         run: guest_floods_console_and_channel,
     },
     VmTest {
+        name: "module_lifecycle",
+        what: "perfbed.ko loaded and unloaded 2x100 times (with an event open: unload refused) without leaking; wrong device= parameters fail with EINVAL/ENODEV and a kernel log line, no oops",
+        variant: Variant::Normal,
+        run: module_lifecycle,
+    },
+    VmTest {
         name: "device_scope_pmu",
         what: "on the debug kernel, device-scope PMUs are placed, move, park and return with CPU hotplug, opens racing moves land right or get EBUSY, and no lockdep/RCU/WARN report",
         variant: Variant::Debug,
@@ -342,5 +348,29 @@ fn guest_floods_console_and_channel(scenario: &Scenario, accel: &Accel) -> Resul
         human(took),
         error.lines().next().unwrap_or("")
     );
+    Ok(())
+}
+
+/// `module_lifecycle`'s checks, then a clean power-off and a clean log.
+fn module_lifecycle(scenario: &Scenario, accel: &Accel) -> Result<()> {
+    let booted = Vm::boot(&scenario.vm, accel)?;
+    let mut vm = booted.vm;
+    let serial_log = vm.serial_log.clone();
+    let mut control = perfbed_device::ControlClient::connect(&vm.control_socket)?;
+    let size = scenario.vm.device.size();
+    let checks = {
+        let mut g = crate::guest::Guest { vm: &mut vm, timeout: scenario.request_timeout };
+        vec![
+            crate::module_lifecycle::bad_device_params(&mut g, &serial_log, size)?,
+            crate::module_lifecycle::load_unload(&mut g, &mut control)?,
+        ]
+    };
+    drop(control);
+    vm.power_off(Duration::from_secs(30))?;
+    let report = scenario::Report::from_checks(checks, &serial_log);
+    if !report.passed() {
+        bail!("failed checks:\n{}serial log: {}", report.table(), serial_log.display());
+    }
+    print!("{}", report.table());
     Ok(())
 }

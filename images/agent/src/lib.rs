@@ -153,6 +153,9 @@ pub enum HostRequest {
     /// Load a module of the initramfs (`/lib/modules/<name>.ko`), with its
     /// parameters from the kernel command line (`<name>.<param>=<value>`).
     LoadModule { name: String },
+    /// Load a module of the initramfs with exactly these parameters (the
+    /// kernel command line's are not used).
+    LoadModuleWith { name: String, params: String },
     /// Unload a module (delete_module).
     UnloadModule { name: String },
     /// perf_event_open(attr, pid, cpu, group leader's handle or -1, 0);

@@ -78,6 +78,10 @@ fn handle(request: HostRequest, events: &mut perf::Events, cmdline: &str) -> Age
         HostRequest::LoadModule { name } => {
             done(load_module(&Path::new(MODULE_DIR).join(format!("{name}.ko")), cmdline))
         }
+        HostRequest::LoadModuleWith { name, params } => {
+            let path = Path::new(MODULE_DIR).join(format!("{name}.ko"));
+            done(finit_module(&path, &params).map_err(|e| format!("{}: {e}", path.display())))
+        }
         HostRequest::UnloadModule { name } => done(unload_module(&name)),
         HostRequest::PerfOpen { attr, pid, cpu, group } => match events.open(&attr, pid, cpu, group) {
             Ok(handle) => AgentMessage::PerfOpened { handle },
