@@ -192,9 +192,15 @@ fn boot_and_hotplug(scenario: &Scenario, accel: &Accel) -> Result<()> {
 /// The device-scope test (`scope_test`) on a booted guest, then a clean
 /// power-off and a kernel log without any report.
 fn device_scope_pmu(scenario: &Scenario, accel: &Accel) -> Result<()> {
+    checks_on_a_guest(scenario, accel, |vm| scope_test::run(vm, scenario.request_timeout))
+}
+
+/// Boots, runs `checks` on the guest, powers it off, and fails on any failed
+/// check or kernel log report.
+fn checks_on_a_guest(scenario: &Scenario, accel: &Accel, checks: impl FnOnce(&mut Vm) -> Result<Vec<scenario::Check>>) -> Result<()> {
     let booted = Vm::boot(&scenario.vm, accel)?;
     let mut vm = booted.vm;
-    let checks = scope_test::run(&mut vm, scenario.request_timeout)?;
+    let checks = checks(&mut vm)?;
     let serial_log = vm.serial_log.clone();
     vm.power_off(Duration::from_secs(30))?;
     let report = scenario::Report::from_checks(checks, &serial_log);
@@ -353,24 +359,13 @@ fn guest_floods_console_and_channel(scenario: &Scenario, accel: &Accel) -> Resul
 
 /// `module_lifecycle`'s checks, then a clean power-off and a clean log.
 fn module_lifecycle(scenario: &Scenario, accel: &Accel) -> Result<()> {
-    let booted = Vm::boot(&scenario.vm, accel)?;
-    let mut vm = booted.vm;
-    let serial_log = vm.serial_log.clone();
-    let mut control = perfbed_device::ControlClient::connect(&vm.control_socket)?;
-    let size = scenario.vm.device.size();
-    let checks = {
-        let mut g = crate::guest::Guest { vm: &mut vm, timeout: scenario.request_timeout };
-        vec![
-            crate::module_lifecycle::bad_device_params(&mut g, &serial_log, size)?,
+    checks_on_a_guest(scenario, accel, |vm| {
+        let serial_log = vm.serial_log.clone();
+        let mut control = perfbed_device::ControlClient::connect(&vm.control_socket)?;
+        let mut g = crate::guest::Guest { vm, timeout: scenario.request_timeout };
+        Ok(vec![
+            crate::module_lifecycle::bad_device_params(&mut g, &serial_log, scenario.vm.device.size())?,
             crate::module_lifecycle::load_unload(&mut g, &mut control)?,
-        ]
-    };
-    drop(control);
-    vm.power_off(Duration::from_secs(30))?;
-    let report = scenario::Report::from_checks(checks, &serial_log);
-    if !report.passed() {
-        bail!("failed checks:\n{}serial log: {}", report.table(), serial_log.display());
-    }
-    print!("{}", report.table());
-    Ok(())
+        ])
+    })
 }
