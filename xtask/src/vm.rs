@@ -472,10 +472,13 @@ pub fn kernel_log_problems(log: &str) -> Vec<String> {
     log.lines().filter(|l| SIGNS.iter().any(|s| l.contains(s))).map(|l| l.trim().to_string()).collect()
 }
 
-/// A fresh folder for one boot's logs: `target/perfbed/runs/<time>-<name>`.
+/// A fresh folder for one boot's logs: `target/perfbed/runs/<time>-<name>`
+/// (with the process id, so that two runs started in the same millisecond
+/// never share one).
 pub fn new_run_dir(workspace: &Path, name: &str) -> PathBuf {
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    workspace.join("target/perfbed/runs").join(format!("{}-{:03}-{name}", now.as_secs(), now.subsec_millis()))
+    let pid = std::process::id();
+    workspace.join("target/perfbed/runs").join(format!("{}-{:03}-{pid}-{name}", now.as_secs(), now.subsec_millis()))
 }
 
 #[cfg(test)]
