@@ -201,7 +201,7 @@ fn cases(device: &DeviceConfig) -> Vec<Case> {
             let opened = m.open(m.attr(0, Event::MbmLocalBytes, 1), -1, 0, Some(leader), OPEN_FLAG_FD_NO_GROUP)?;
             Ok(format!("{}, leader nr {}", outcome(&opened), m.g.read(leader)?[0]))
         }),
-        case("PERF_FLAG_FD_OUTPUT with a leader", "opened", |m| {
+        case("PERF_FLAG_FD_OUTPUT with a leader (no buffer to share)", "EINVAL", |m| {
             let leader = m.must_open(m.good(), None)?;
             Ok(outcome(&m.open(m.attr(0, Event::MbmLocalBytes, 1), -1, 0, Some(leader), OPEN_FLAG_FD_OUTPUT)?))
         }),
