@@ -73,6 +73,12 @@ const VM_TESTS: &[VmTest] = &[
         run: qemu_killed_mid_run,
     },
     VmTest {
+        name: "agent_dies_mid_run",
+        what: "the agent dying mid-run (here: killed by a line that is not UTF-8) ends the run at once with QEMU's exit and the agent's last words named, the log kept, nothing left behind",
+        variant: Variant::Normal,
+        run: agent_dies_mid_run,
+    },
+    VmTest {
         name: "guest_floods_console_and_channel",
         what: "a guest flooding its serial console keeps being served (the log is capped); flooding the agent channel without newlines ends the run at once with that named",
         variant: Variant::Normal,
@@ -259,7 +265,7 @@ fn unresponsive_guest_times_out(scenario: &Scenario, accel: &Accel) -> Result<()
 /// nothing of the VM is left: no QEMU process, no socket file.
 fn qemu_killed_mid_run(scenario: &Scenario, accel: &Accel) -> Result<()> {
     let booted = Vm::boot(&scenario.vm, accel)?;
-    let mut vm = booted.vm;
+    let vm = booted.vm;
     let pid = vm.qemu_pid();
     let control = vm.control_socket.clone();
     let agent = scenario.vm.run_dir.join("agent.sock");
@@ -270,14 +276,7 @@ fn qemu_killed_mid_run(scenario: &Scenario, accel: &Accel) -> Result<()> {
     if unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) } != 0 {
         bail!("cannot kill QEMU (pid {pid}): {}", std::io::Error::last_os_error());
     }
-    let start = Instant::now();
-    let request = perfbed_agent::HostRequest::ReadFile { path: "/proc/uptime".into() };
-    let error = match vm.request(&request, Duration::from_secs(30)) {
-        Ok(answer) => bail!("a killed QEMU answered: {answer:?}"),
-        Err(e) => format!("{e:#}"),
-    };
-    let took = start.elapsed();
-    drop(vm);
+    let (error, took) = next_request_fails(vm, "a killed QEMU")?;
     let mut problems = Vec::new();
     if !error.contains("QEMU exited (signal: 9") {
         problems.push(format!("the error does not say QEMU was killed:\n{error}"));
@@ -288,14 +287,7 @@ fn qemu_killed_mid_run(scenario: &Scenario, accel: &Accel) -> Result<()> {
     if took > Duration::from_secs(10) {
         problems.push(format!("noticing the dead QEMU took {}", human(took)));
     }
-    if std::path::Path::new(&format!("/proc/{pid}")).exists() {
-        problems.push(format!("QEMU (pid {pid}) is still there"));
-    }
-    for socket in [&control, &agent] {
-        if socket.exists() {
-            problems.push(format!("{} is left behind", socket.display()));
-        }
-    }
+    problems.extend(left_behind(pid, &scenario.vm.run_dir));
     if !problems.is_empty() {
         bail!("{}", problems.join("\n"));
     }
@@ -368,4 +360,60 @@ fn module_lifecycle(scenario: &Scenario, accel: &Accel) -> Result<()> {
             crate::module_lifecycle::load_unload(&mut g, &mut control)?,
         ])
     })
+}
+
+/// The agent dies mid-run. Being PID 1 it cannot just exit: on a fatal
+/// error it says why on the console and powers the guest off. A line that
+/// is not UTF-8 is such an error today (the agent reads text lines).
+fn agent_dies_mid_run(scenario: &Scenario, accel: &Accel) -> Result<()> {
+    let booted = Vm::boot(&scenario.vm, accel)?;
+    let mut vm = booted.vm;
+    let pid = vm.qemu_pid();
+    let serial_log = vm.serial_log.clone();
+    vm.send_raw(b"\xff\xfe not text\n")?;
+    let (error, took) = next_request_fails(vm, "the agent after its fatal error")?;
+    let log = std::fs::read_to_string(&serial_log).unwrap_or_default();
+    let mut problems = Vec::new();
+    if !error.contains("QEMU exited") || !error.contains("serial log saved") {
+        problems.push(format!("the error does not say the VM ended and where its log is:\n{error}"));
+    }
+    if !log.contains("perfbed-agent: fatal") {
+        problems.push(format!("the serial log {} lacks the agent's fatal error", serial_log.display()));
+    }
+    if took > Duration::from_secs(30) {
+        problems.push(format!("the agent's death was noticed after {}", human(took)));
+    }
+    problems.extend(left_behind(pid, &scenario.vm.run_dir));
+    if !problems.is_empty() {
+        bail!("{}", problems.join("\n"));
+    }
+    let last_words = log.lines().find(|l| l.contains("perfbed-agent: fatal")).unwrap_or("").trim();
+    println!("    after {}: {}; the serial log says: {last_words}", human(took), error.lines().next().unwrap_or(""));
+    Ok(())
+}
+
+/// What a VM that ended left behind: its QEMU process, its sockets.
+fn left_behind(qemu_pid: u32, run_dir: &Path) -> Vec<String> {
+    let mut left = Vec::new();
+    if Path::new(&format!("/proc/{qemu_pid}")).exists() {
+        left.push(format!("QEMU (pid {qemu_pid}) is still there"));
+    }
+    for socket in ["agent.sock", "control.sock"] {
+        if run_dir.join(socket).exists() {
+            left.push(format!("{} is left behind", run_dir.join(socket).display()));
+        }
+    }
+    left
+}
+
+/// Makes one more request of a VM that should be gone, and ends the VM:
+/// the error the harness gave and how long it took to give it.
+fn next_request_fails(mut vm: Vm, who: &str) -> Result<(String, Duration)> {
+    let start = Instant::now();
+    let request = perfbed_agent::HostRequest::ReadFile { path: "/proc/uptime".into() };
+    let error = match vm.request(&request, Duration::from_secs(60)) {
+        Ok(answer) => bail!("{who} answered: {answer:?}"),
+        Err(e) => format!("{e:#}"),
+    };
+    Ok((error, start.elapsed()))
 }

@@ -337,6 +337,13 @@ impl Vm {
         self.child.id()
     }
 
+    /// Writes raw bytes to the agent channel, bypassing the protocol (for
+    /// tests of what a broken host side does to the agent).
+    pub fn send_raw(&mut self, bytes: &[u8]) -> Result<()> {
+        let _ = writeln!(self.transcript, "> (raw) {:?}", String::from_utf8_lossy(bytes));
+        self.writer.write_all(bytes).context("writing to the agent channel")
+    }
+
     /// Ends QEMU if it still runs, reaps it, and removes the sockets it
     /// leaves behind when it dies without cleaning up (killed, crashed, or
     /// exiting without running the device's destructor). The logs stay.
