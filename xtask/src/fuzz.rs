@@ -97,7 +97,7 @@ pub fn ensure_cargo_fuzz() -> Result<PathBuf> {
     }
     // Installed beside the final folder and renamed into place, so that two
     // runs installing at once never see a half-installed tool.
-    let staging = root.with_extension(format!("partial-{}", std::process::id()));
+    let staging = root.with_file_name(format!("cargo-fuzz-{CARGO_FUZZ_VERSION}.partial-{}", std::process::id()));
     let _ = fs::remove_dir_all(&staging);
     let log = cache::root()?.join("logs/cargo-fuzz.log");
     let step = Step::start(&format!("installing cargo-fuzz {CARGO_FUZZ_VERSION} from crates.io"), &log)?;
