@@ -196,6 +196,19 @@ fn lock_path(dir: &Path) -> PathBuf {
     dir.with_file_name(name)
 }
 
+/// Takes `path` (created if missing) as an exclusive lock, waiting for any
+/// other holder; the lock lasts as long as the returned file is open.
+pub fn lock_exclusive(path: &Path) -> Result<fs::File> {
+    let file = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    flock(&file, libc::LOCK_EX, &path.display().to_string())?;
+    Ok(file)
+}
+
 /// `flock(2)`, saying so when it has to wait for another process.
 fn flock(file: &fs::File, op: libc::c_int, what: &str) -> Result<()> {
     let fd = std::os::fd::AsRawFd::as_raw_fd(file);

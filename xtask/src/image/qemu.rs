@@ -56,20 +56,47 @@ pub fn ensure(workspace: &Path) -> Result<Qemu> {
     key.add("gcc", deps::version_of("gcc")?.as_bytes());
     let entry = Entry::new("qemu", &key)?;
     let tree = entry.dir.join("qemu");
-    let binary = tree.join("build/qemu-system-x86_64");
-    let installed_lib = tree.join("hw/misc/perfbed").join(STATICLIB);
     if !entry.is_ready() {
         build_tree(&entry, &tree, &shim, &version, &staticlib)?;
-    } else if fs::read(&installed_lib).ok() != Some(fs::read(&staticlib)?) {
-        // Only the Rust device changed: ninja does not track a library named
-        // in link_args, so drop the binary to make it relink.
+    }
+    let binary = binary_for(&entry, &tree, &staticlib)?;
+    Ok(Qemu { binary, firmware_dirs: FIRMWARE_DIRS.iter().map(PathBuf::from).collect() })
+}
+
+/// The QEMU binary linked with this device library. Each library gets its
+/// own copy, `by-device/<hash>/`, made once and never changed: the tree's
+/// own binary is relinked for every library (worktrees differ), so a run
+/// must never use it in place, or another run's relink would delete or
+/// replace it under it. Relinks take the entry's relink lock.
+fn binary_for(entry: &Entry, tree: &Path, staticlib: &Path) -> Result<PathBuf> {
+    let lib = fs::read(staticlib).with_context(|| format!("reading {}", staticlib.display()))?;
+    let mut lib_key = Key::new("qemu-device-library");
+    lib_key.add("lib", &lib);
+    let dir = entry.dir.join("by-device").join(lib_key.hex());
+    let binary = dir.join("qemu-system-x86_64");
+    if binary.is_file() {
+        return Ok(binary);
+    }
+    let _lock = crate::cache::lock_exclusive(&entry.dir.join("relink.lock"))?;
+    if binary.is_file() {
+        return Ok(binary);
+    }
+    let built = tree.join("build/qemu-system-x86_64");
+    let installed_lib = tree.join("hw/misc/perfbed").join(STATICLIB);
+    if fs::read(&installed_lib).ok().as_deref() != Some(&lib[..]) || !built.is_file() {
+        // ninja does not track a library named in link_args: drop the
+        // binary to make it relink.
         let step = Step::start("relinking QEMU with the new device library", &entry.dir.join("link.log"))?;
-        fs::copy(&staticlib, &installed_lib)?;
-        let _ = fs::remove_file(&binary);
-        step.run(&mut ninja(&tree))?;
+        fs::copy(staticlib, &installed_lib)?;
+        let _ = fs::remove_file(&built);
+        step.run(&mut ninja(tree))?;
         step.finish();
     }
-    Ok(Qemu { binary, firmware_dirs: FIRMWARE_DIRS.iter().map(PathBuf::from).collect() })
+    fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let partial = dir.join("qemu-system-x86_64.partial");
+    fs::copy(&built, &partial).with_context(|| format!("copying {}", built.display()))?;
+    fs::rename(&partial, &binary).with_context(|| format!("naming {}", binary.display()))?;
+    Ok(binary)
 }
 
 /// The Rust device as a static library, by the cargo that runs xtask.
