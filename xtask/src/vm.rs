@@ -248,7 +248,12 @@ impl Vm {
         let line = serde_json::to_string(request)? + "\n";
         let _ = write!(self.transcript, "> {line}");
         if let Err(e) = self.writer.write_all(line.as_bytes()) {
-            return Err(self.fail(anyhow!("sending {request:?} to the agent: {e}")));
+            // A dead QEMU closes the channel: name that, not the broken pipe.
+            let why = match self.wait_briefly() {
+                Some(status) => format!("QEMU exited ({status}) while sending {request:?} to the agent ({e})"),
+                None => format!("sending {request:?} to the agent: {e}"),
+            };
+            return Err(self.fail(anyhow!(why)));
         }
         self.receive(timeout, &format!("the answer to {request:?}"))
     }
