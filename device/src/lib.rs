@@ -10,6 +10,7 @@
 //! - [`SharedDevice`]: what a VMM holds; forwards MMIO accesses and serves
 //!   the control socket ([`control`]).
 //! - [`cpus`]: kernel CPU lists (`"0-1,3"`).
+//! - [`line`]: request lines read with a bounded buffer.
 //!
 //! `device/README.md` documents the register map and the control protocol.
 
@@ -17,13 +18,14 @@ pub mod control;
 pub mod cpus;
 mod device;
 pub mod host;
+pub mod line;
 pub mod regs;
 
 pub use control::{ClientError, ControlClient, ControlServer, Request, Response};
 pub use device::{
     event_name, parse_event, AccessKind, BadAccessCounts, BadAccessKind, ConfigError, Device,
     DeviceConfig, DeviceError, DeviceState, DomainState, OccupancyEntry, RateEntry, SlotState,
-    TraceEntry, TruthEntry, MAX_RATE_LIMIT, TRACE_CAPACITY,
+    TraceEntry, TruthEntry, MAX_QUEUED, MAX_RATE_LIMIT, TRACE_CAPACITY,
 };
 pub use host::SharedDevice;
 pub use regs::Event;

@@ -5,9 +5,13 @@ mod boot_stress;
 mod cache;
 mod cmd;
 mod deps;
+mod fuzz;
 mod guest;
 mod image;
 mod moving_traffic;
+mod module_lifecycle;
+mod perf_abi;
+mod perf_matrix;
 mod pmu_checks;
 mod scenario;
 mod scope_test;
@@ -46,6 +50,9 @@ enum Command {
     /// Hotplug storm under live traffic on a seeded schedule: every count
     /// must equal the device's truth (debug kernel by default).
     Stress(stress::StressArgs),
+    /// Fuzz the device, the control socket, the agent protocol and the host
+    /// configuration (installs the pinned cargo-fuzz; stable toolchain).
+    Fuzz(fuzz::FuzzArgs),
     /// Boot again and again, idle and under load: hangs, failures, boot times.
     BootStress(boot_stress::BootStressArgs),
     /// Boot the guest and keep it up (for `perfbed ctl` and the logs) for
@@ -104,10 +111,7 @@ impl RunArgs {
 
     fn device(&self) -> Result<perfbed_device::DeviceConfig> {
         let domains = match &self.domains {
-            Some(spec) => spec
-                .split(':')
-                .map(|d| perfbed_device::cpus::parse_cpu_list(d).map_err(|e| anyhow::anyhow!("--domains {spec:?}: {e}")))
-                .collect::<Result<_>>()?,
+            Some(spec) => perfbed_device::cpus::parse_domain_list(spec).map_err(|e| anyhow::anyhow!("--domains {spec:?}: {e}"))?,
             None => default_domains(self.cpus),
         };
         Ok(perfbed_device::DeviceConfig { domains, ..perfbed_device::DeviceConfig::default() })
@@ -147,6 +151,7 @@ fn main() -> ExitCode {
         }),
         Command::Run(args) => run(&ws, &args),
         Command::Test(args) => test::run(&ws, &args),
+        Command::Fuzz(args) => fuzz::run(&ws, &args),
         Command::BootStress(args) => boot_stress::run(&ws, &args),
         Command::Stress(args) => stress::run(&ws, &args),
         Command::Up { run, seconds } => up(&ws, &run, Duration::from_secs(seconds)),

@@ -28,13 +28,7 @@ const EVENT_FILES: [(&str, Event); 3] = [
 const UNIT: &str = "MB";
 const SCALE: &str = "9.5367431640625e-07";
 
-// perf_event_attr bits the checks use (uapi/linux/perf_event.h).
-const FORMAT_TOTAL_TIME_ENABLED: u64 = 1 << 0;
-const FORMAT_TOTAL_TIME_RUNNING: u64 = 1 << 1;
-const FORMAT_GROUP: u64 = 1 << 3;
-const FLAG_EXCLUDE_USER: u64 = 1 << 4;
-const PERF_TYPE_SOFTWARE: u32 = 1;
-const PERF_COUNT_SW_CPU_CLOCK: u64 = 0;
+use crate::perf_abi::{FLAG_EXCLUDE_USER, FORMAT_GROUP, FORMAT_TOTAL_TIME_ENABLED, FORMAT_TOTAL_TIME_RUNNING, PERF_COUNT_SW_CPU_CLOCK, PERF_TYPE_SOFTWARE};
 
 const MIB: u64 = 1 << 20;
 
@@ -108,6 +102,7 @@ pub fn run(g: &mut Guest, control: ControlClient, control_socket: &std::path::Pa
     checks.push(multiplexing(&mut ctx)?);
     checks.push(groups(&mut ctx)?);
     checks.push(bad_attributes(&mut ctx)?);
+    checks.push(crate::perf_matrix::run(ctx.g, &mut ctx.control, &ctx.device, &ctx.types)?);
     checks.push(perf_stat(&mut ctx)?);
     checks.push(unload(&mut ctx)?);
     Ok(checks)

@@ -7,7 +7,7 @@
 //! connected and nothing the agent says can be lost.
 
 use std::fs::{self, File};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -16,7 +16,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
-use perfbed_agent::{AgentMessage, Hello, HostRequest};
+use perfbed_agent::{parse_agent_message, AgentMessage, Hello, HostRequest, MAX_MESSAGE_LINE};
+use perfbed_device::line::{read_line_or_stop, Line};
 use perfbed_device::cpus::format_cpu_list;
 use perfbed_device::DeviceConfig;
 
@@ -149,6 +150,8 @@ pub struct Vm {
     /// Run once before a failing VM is stopped, while the device still
     /// answers (the stress saves the device's trace there).
     before_kill: Option<Box<dyn FnOnce()>>,
+    /// The agent channel's socket (QEMU's end).
+    agent_socket: PathBuf,
 }
 
 /// What booting gave: the agent's greeting and how long it took.
@@ -235,7 +238,7 @@ impl Vm {
         let transcript = File::create(config.run_dir.join("agent.log"))?;
         let reader_transcript = transcript.try_clone()?;
         thread::spawn(move || read_agent(stream, reader_transcript, tx));
-        let mut vm = Vm { child, messages, writer, transcript, serial_log, qemu_log, control_socket, before_kill: None };
+        let mut vm = Vm { child, messages, writer, transcript, serial_log, qemu_log, control_socket, agent_socket: socket, before_kill: None };
         match vm.receive(config.boot_timeout, "the agent's greeting") {
             Ok(AgentMessage::Hello(hello)) => Ok(Booted { boot_time: started.elapsed(), hello, vm }),
             Ok(other) => Err(vm.fail(anyhow!("the agent sent {other:?} before its greeting"))),
@@ -248,7 +251,12 @@ impl Vm {
         let line = serde_json::to_string(request)? + "\n";
         let _ = write!(self.transcript, "> {line}");
         if let Err(e) = self.writer.write_all(line.as_bytes()) {
-            return Err(self.fail(anyhow!("sending {request:?} to the agent: {e}")));
+            // A dead QEMU closes the channel: name that, not the broken pipe.
+            let why = match self.wait_briefly() {
+                Some(status) => format!("QEMU exited ({status}) while sending {request:?} to the agent ({e})"),
+                None => format!("sending {request:?} to the agent: {e}"),
+            };
+            return Err(self.fail(anyhow!(why)));
         }
         self.receive(timeout, &format!("the answer to {request:?}"))
     }
@@ -318,8 +326,7 @@ impl Vm {
         if let Some(hook) = self.before_kill.take() {
             hook();
         }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.stop();
         // Give the serial copier a moment to drain QEMU's last output.
         thread::sleep(Duration::from_millis(100));
         let log = fs::read_to_string(&self.serial_log).unwrap_or_default();
@@ -340,12 +347,37 @@ impl Vm {
     }
 }
 
-impl Drop for Vm {
-    fn drop(&mut self) {
+impl Vm {
+    /// QEMU's process id.
+    pub fn qemu_pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Writes raw bytes to the agent channel, bypassing the protocol (for
+    /// tests of what a broken host side does to the agent).
+    pub fn send_raw(&mut self, bytes: &[u8]) -> Result<()> {
+        let _ = writeln!(self.transcript, "> (raw) {:?}", String::from_utf8_lossy(bytes));
+        self.writer.write_all(bytes).context("writing to the agent channel")
+    }
+
+    /// Ends QEMU if it still runs, reaps it, and removes the sockets it
+    /// leaves behind when it dies without cleaning up (killed, crashed, or
+    /// exiting without running the device's destructor). The logs stay.
+    fn stop(&mut self) {
         if let Ok(None) = self.child.try_wait() {
             let _ = self.child.kill();
-            let _ = self.child.wait();
         }
+        let _ = self.child.wait();
+        let _ = self.writer.shutdown(std::net::Shutdown::Both);
+        for socket in [&self.agent_socket, &self.control_socket] {
+            let _ = fs::remove_file(socket);
+        }
+    }
+}
+
+impl Drop for Vm {
+    fn drop(&mut self) {
+        self.stop();
     }
 }
 
@@ -380,20 +412,61 @@ fn connect(socket: &Path, child: &mut Child) -> Result<UnixStream> {
     }
 }
 
-fn copy_serial(mut from: impl Read, mut to: File) {
+/// Most of the serial console kept in `serial.log`: a guest flooding its
+/// console cannot fill the host's disk. The rest is read and dropped, so
+/// QEMU never blocks on it.
+pub const SERIAL_LOG_LIMIT: u64 = 64 << 20;
+
+fn copy_serial(from: impl Read, to: File) {
+    copy_capped(from, to, SERIAL_LOG_LIMIT);
+}
+
+/// Copies `from` to `to` until `from` ends, writing at most `limit` bytes
+/// and then one line that says how much was dropped.
+fn copy_capped(mut from: impl Read, mut to: impl Write, limit: u64) {
     let mut buf = [0u8; 4096];
+    let mut written = 0u64;
+    let mut dropped = 0u64;
     while let Ok(n) = from.read(&mut buf) {
-        if n == 0 || to.write_all(&buf[..n]).is_err() {
+        if n == 0 {
             break;
         }
+        let keep = (limit - written).min(n as u64) as usize;
+        if keep > 0 && to.write_all(&buf[..keep]).is_err() {
+            break;
+        }
+        written += keep as u64;
+        dropped += (n - keep) as u64;
+        if keep < n && dropped == (n - keep) as u64 {
+            let _ = writeln!(to, "\n[perfbed: serial log limit of {limit} bytes reached; the rest of the console is dropped]");
+        }
+    }
+    if dropped > 0 {
+        let _ = writeln!(to, "[perfbed: {dropped} bytes of console output dropped]");
     }
 }
 
+/// Reads the agent's messages, never holding more than one line of at most
+/// [`MAX_MESSAGE_LINE`] bytes: a guest flooding the channel gets the run
+/// failed with that said, not the host's memory filled.
 fn read_agent(stream: UnixStream, mut transcript: File, tx: mpsc::Sender<Result<AgentMessage, String>>) {
-    for line in BufReader::new(stream).lines() {
-        let Ok(line) = line else { break };
-        let _ = writeln!(transcript, "< {line}");
-        let parsed = serde_json::from_str(&line).map_err(|e| format!("unparsable message {line:?}: {e}"));
+    let mut reader = BufReader::new(stream);
+    let mut line = Vec::new();
+    loop {
+        let parsed = match read_line_or_stop(&mut reader, &mut line, MAX_MESSAGE_LINE) {
+            Err(_) | Ok(Line::End | Line::Unterminated) => break,
+            Ok(Line::Blank) => continue,
+            Ok(Line::TooLong) => {
+                // Nothing after it can be trusted to be a message.
+                let _ = writeln!(transcript, "< (a line longer than {MAX_MESSAGE_LINE} bytes; stopped reading)");
+                let _ = tx.send(Err(format!("the agent sent a line longer than {MAX_MESSAGE_LINE} bytes (a guest flooding the channel?)")));
+                break;
+            }
+            Ok(Line::Text) => {
+                let _ = writeln!(transcript, "< {}", String::from_utf8_lossy(&line));
+                parse_agent_message(&line)
+            }
+        };
         if tx.send(parsed).is_err() {
             break;
         }
@@ -422,10 +495,13 @@ pub fn kernel_log_problems(log: &str) -> Vec<String> {
     log.lines().filter(|l| SIGNS.iter().any(|s| l.contains(s))).map(|l| l.trim().to_string()).collect()
 }
 
-/// A fresh folder for one boot's logs: `target/perfbed/runs/<time>-<name>`.
+/// A fresh folder for one boot's logs: `target/perfbed/runs/<time>-<name>`
+/// (with the process id, so that two runs started in the same millisecond
+/// never share one).
 pub fn new_run_dir(workspace: &Path, name: &str) -> PathBuf {
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    workspace.join("target/perfbed/runs").join(format!("{}-{:03}-{name}", now.as_secs(), now.subsec_millis()))
+    let pid = std::process::id();
+    workspace.join("target/perfbed/runs").join(format!("{}-{:03}-{pid}-{name}", now.as_secs(), now.subsec_millis()))
 }
 
 #[cfg(test)]
@@ -474,6 +550,21 @@ mod tests {
         fs::write(&bz, b"MZ\0\0not elf").unwrap();
         assert!(err(VmConfig { vmlinux: bz, ..good.clone() }).contains("not an ELF vmlinux"));
         fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_flooding_console_is_capped() {
+        let flood = vec![b'x'; 10_000];
+        let mut out = Vec::new();
+        copy_capped(&flood[..], &mut out, 4096);
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.starts_with(&"x".repeat(4096)));
+        assert!(!text[4096..].contains('x'), "nothing past the limit is kept");
+        assert!(text.contains("serial log limit of 4096 bytes reached"), "{}", &text[4096..]);
+        assert!(text.contains("[perfbed: 5904 bytes of console output dropped]"), "{}", &text[4096..]);
+        let mut out = Vec::new();
+        copy_capped(&b"quiet\n"[..], &mut out, 4096);
+        assert_eq!(out, b"quiet\n");
     }
 
     #[test]

@@ -29,6 +29,7 @@ use crate::cpus::{format_cpu_list, CpuSet};
 use crate::regs::{self, Event};
 
 pub use config::{ConfigError, DeviceConfig, MAX_RATE_LIMIT};
+pub use traffic::MAX_QUEUED;
 use decode::{Part, Reg};
 use domain::{Assignment, Domain, Slot};
 pub use errors::DeviceError;
@@ -352,7 +353,9 @@ impl Device {
         let d = self.check_cumulative(domain, rmid, event)?;
         self.advance(now_ns);
         if let Some(dom) = self.domains.get_mut(d) {
-            dom.traffic.inject(rmid, event, bytes);
+            if !dom.traffic.inject(rmid, event, bytes) {
+                return Err(DeviceError::QueueFull { domain, max: MAX_QUEUED });
+            }
         }
         Ok(())
     }

@@ -552,6 +552,27 @@ fn host_inputs_are_validated() {
 }
 
 #[test]
+fn the_injection_queue_is_bounded() {
+    let mut d = device(DeviceConfig::default());
+    // Alternating RMIDs cannot share a queue entry.
+    for i in 0..MAX_QUEUED {
+        d.inject(0, 0, (i % 2) as u32, Event::MbmTotalBytes, 1).unwrap();
+    }
+    // The same (rmid, event) as the last entry still merges into it.
+    d.inject(0, 0, ((MAX_QUEUED - 1) % 2) as u32, Event::MbmTotalBytes, 1).unwrap();
+    let before = d.state(0);
+    assert_eq!(
+        d.inject(0, 0, (MAX_QUEUED % 2) as u32, Event::MbmTotalBytes, 1),
+        Err(DeviceError::QueueFull { domain: 0, max: MAX_QUEUED })
+    );
+    assert_eq!(d.state(0), before, "a refused injection changes nothing");
+    // The other domain has its own queue; once landed, room again.
+    d.inject(0, 1, 0, Event::MbmTotalBytes, 1).unwrap();
+    assert_eq!(d.pending_bytes(SEC), 0);
+    d.inject(SEC, 0, 0, Event::MbmTotalBytes, 1).unwrap();
+}
+
+#[test]
 fn time_never_goes_backwards() {
     let mut d = owned(24, 1, 1000);
     assign(&mut d, 0, 0, Event::MbmTotalBytes, 0);

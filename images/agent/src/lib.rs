@@ -78,6 +78,51 @@ pub struct PerfAttr {
     /// disabled = bit 0, inherit = 1, exclude_user = 4, exclude_kernel = 5, ...
     #[serde(default)]
     pub flags: u64,
+    /// `attr.size`; 0 means the agent's full size (PERF_ATTR_SIZE_VER8).
+    #[serde(default)]
+    pub size: u32,
+    #[serde(default)]
+    pub wakeup_events: u32,
+    #[serde(default)]
+    pub branch_sample_type: u64,
+    #[serde(default)]
+    pub sample_regs_user: u64,
+    #[serde(default)]
+    pub sample_stack_user: u32,
+    #[serde(default)]
+    pub clockid: i32,
+    #[serde(default)]
+    pub aux_watermark: u32,
+    #[serde(default)]
+    pub sample_max_stack: u16,
+    #[serde(default)]
+    pub aux_sample_size: u32,
+    #[serde(default)]
+    pub sig_data: u64,
+    #[serde(default)]
+    pub config3: u64,
+}
+
+/// An ioctl on an open perf event (`PERF_EVENT_IOC_*`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "ioctl", rename_all = "snake_case")]
+pub enum PerfIoctl {
+    /// `group`: PERF_IOC_FLAG_GROUP, the whole group.
+    Enable { group: bool },
+    Disable { group: bool },
+    Reset { group: bool },
+    Refresh { count: i32 },
+    Period { period: u64 },
+    /// Answers the event's id.
+    Id,
+    /// Redirect output to another event's buffer (`None`: -1, none).
+    SetOutput { target: Option<u32> },
+    SetFilter { filter: String },
+    PauseOutput { pause: bool },
+    ModifyAttributes { attr: PerfAttr },
+    /// A bpf program fd (-1: none).
+    SetBpf { fd: i32 },
+    QueryBpf,
 }
 
 /// A concurrent stress of opens against CPU hotplug (see
@@ -181,11 +226,20 @@ pub enum HostRequest {
     /// Load a module of the initramfs (`/lib/modules/<name>.ko`), with its
     /// parameters from the kernel command line (`<name>.<param>=<value>`).
     LoadModule { name: String },
+    /// Load a module of the initramfs with exactly these parameters (the
+    /// kernel command line's are not used).
+    LoadModuleWith { name: String, params: String },
     /// Unload a module (delete_module).
     UnloadModule { name: String },
     /// perf_event_open(attr, pid, cpu, group leader's handle or -1, 0);
     /// the event stays open under a handle until closed.
     PerfOpen { attr: PerfAttr, pid: i32, cpu: i32, group: Option<u32> },
+    /// [`HostRequest::PerfOpen`] with `flags` (PERF_FLAG_*) added to the
+    /// agent's own PERF_FLAG_FD_CLOEXEC.
+    PerfOpenFlags { attr: PerfAttr, pid: i32, cpu: i32, group: Option<u32>, flags: u64 },
+    /// An ioctl on an open event: [`AgentMessage::PerfValues`] with the
+    /// ioctl's return value (the id for [`PerfIoctl::Id`]), or the errno.
+    PerfIoctl { handle: u32, ioctl: PerfIoctl },
     /// read() an open event: the u64 words the read format gives.
     PerfRead { handle: u32 },
     PerfClose { handle: u32 },
@@ -246,6 +300,21 @@ pub enum AgentMessage {
     PoweringOff,
     /// A request the agent could not parse or carry out.
     Error { error: String },
+}
+
+/// Longest agent message line the host accepts: a guest that floods the
+/// channel without newlines costs the host at most this much memory.
+pub const MAX_MESSAGE_LINE: usize = 4 << 20;
+
+/// Parses one line (without its newline) of the agent's output, as the host
+/// does; the error names the line (shortened) and why.
+pub fn parse_agent_message(line: &[u8]) -> Result<AgentMessage, String> {
+    serde_json::from_slice(line).map_err(|e| {
+        let text = String::from_utf8_lossy(line);
+        let shown: String = text.chars().take(200).collect();
+        let more = if shown.len() < text.len() { "..." } else { "" };
+        format!("unparsable message {shown:?}{more}: {e}")
+    })
 }
 
 #[cfg(test)]

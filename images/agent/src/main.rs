@@ -81,9 +81,21 @@ fn handle(request: HostRequest, events: &mut perf::Events, jobs: &mut jobs::Jobs
         HostRequest::LoadModule { name } => {
             done(load_module(&Path::new(MODULE_DIR).join(format!("{name}.ko")), cmdline))
         }
+        HostRequest::LoadModuleWith { name, params } => {
+            let path = Path::new(MODULE_DIR).join(format!("{name}.ko"));
+            done(finit_module(&path, &params).map_err(|e| format!("{}: {e}", path.display())))
+        }
         HostRequest::UnloadModule { name } => done(unload_module(&name)),
         HostRequest::PerfOpen { attr, pid, cpu, group } => match events.open(&attr, pid, cpu, group) {
             Ok(handle) => AgentMessage::PerfOpened { handle },
+            Err(e) => errno(e),
+        },
+        HostRequest::PerfOpenFlags { attr, pid, cpu, group, flags } => match events.open_flags(&attr, pid, cpu, group, flags) {
+            Ok(handle) => AgentMessage::PerfOpened { handle },
+            Err(e) => errno(e),
+        },
+        HostRequest::PerfIoctl { handle, ioctl } => match events.ioctl(handle, &ioctl) {
+            Ok(value) => AgentMessage::PerfValues { values: vec![value] },
             Err(e) => errno(e),
         },
         HostRequest::PerfRead { handle } => match events.read(handle) {
