@@ -197,6 +197,21 @@ pub fn ensure(workspace: &Path, guest_vmlinux: &Path, guest_initramfs: &Path) ->
     Ok(images)
 }
 
+/// perfbed-vmm's own report and the box's timing, from the run's host log
+/// (the box's console, or perfbed-vmm's stderr when it runs natively).
+pub fn host_report(run_dir: &Path) -> Vec<String> {
+    ["box.log", "vmm.log"]
+        .iter()
+        .filter_map(|name| fs::read_to_string(run_dir.join(name)).ok())
+        .flat_map(|log| {
+            log.lines()
+                .filter(|l| l.contains("perfbed-vmm: stat ") || l.contains("perfbed-box: L1 ready"))
+                .map(|l| l.trim().to_string())
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
 /// perfbed-vmm's arguments for `config` (the box adds the kernel, the
 /// initramfs and the endpoints).
 pub fn vmm_args(config: &VmConfig, cmdline: &[String]) -> Vec<String> {
@@ -223,12 +238,12 @@ pub fn vmm_args(config: &VmConfig, cmdline: &[String]) -> Vec<String> {
     args
 }
 
-/// The QEMU command that boots the box for `config`, its sockets and log at
-/// the given paths. The guest's kernel command line is `guest_cmdline`.
+/// The QEMU command that boots the box (sized for `config`'s guest) to run
+/// perfbed-vmm with `vmm_args`, its sockets and log at the given paths.
 pub fn qemu_command(
     config: &VmConfig,
     images: &BoxImages,
-    guest_cmdline: &[String],
+    vmm_args: &[String],
     agent_socket: &Path,
     control_socket: &Path,
     serial_log: &Path,
@@ -242,7 +257,7 @@ pub fn qemu_command(
         "loglevel=4".into(),
         format!("tsc_early_khz={tsc_khz}"),
         "tsc=reliable".into(),
-        encode_args(&vmm_args(config, guest_cmdline)),
+        encode_args(vmm_args),
     ];
     let mut qemu = Command::new(&config.qemu);
     for dir in &config.firmware_dirs {

@@ -13,6 +13,7 @@ mod scenario;
 mod scope_test;
 mod test;
 mod vm;
+mod vmm_bench;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -44,6 +45,9 @@ enum Command {
     Test(test::TestArgs),
     /// Boot again and again, idle and under load: hangs, failures, boot times.
     BootStress(boot_stress::BootStressArgs),
+    /// What a device MMIO exit costs perfbed-vmm against a bare exit (on this
+    /// machine's /dev/kvm if it opens, and in the box).
+    VmmBench(vmm_bench::VmmBenchArgs),
     /// Boot the guest and keep it up (for `perfbed ctl` and the logs) for
     /// --seconds, then power it off.
     Up {
@@ -159,6 +163,7 @@ fn main() -> ExitCode {
         Command::Run(args) => run(&ws, &args),
         Command::Test(args) => test::run(&ws, &args),
         Command::BootStress(args) => boot_stress::run(&ws, &args),
+        Command::VmmBench(args) => vmm_bench::run(&ws, &args),
         Command::Up { run, seconds } => up(&ws, &run, Duration::from_secs(seconds)),
     });
     match result {
@@ -196,6 +201,11 @@ fn run(ws: &Path, args: &RunArgs) -> Result<bool> {
     }
     let report = scenario::run(&scenario, &accel)?;
     scenario::print_report(&report, image_time, total.elapsed());
+    if !matches!(scenario.vm.host, vm::Host::Qemu) {
+        for line in l1box::host_report(&scenario.vm.run_dir) {
+            println!("  {line}");
+        }
+    }
     Ok(report.passed())
 }
 

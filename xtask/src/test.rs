@@ -32,6 +32,8 @@ struct VmTest {
     what: &'static str,
     /// The guest kernel it boots.
     variant: Variant,
+    /// The VMM it boots on.
+    host: vm::HostChoice,
     run: fn(&Scenario, &Accel) -> Result<()>,
 }
 
@@ -40,31 +42,50 @@ const VM_TESTS: &[VmTest] = &[
         name: "boot_and_hotplug",
         what: "4 vCPUs boot, perfbed.ko loads, the device checks and 5 hotplug rounds pass, the kernel log stays clean",
         variant: Variant::Normal,
+        host: vm::HostChoice::Qemu,
         run: boot_and_hotplug,
     },
     VmTest {
         name: "debug_kernel_end_to_end",
         what: "the same run on the debug kernel: perfbed.ko under lockdep, PROVE_RCU, DEBUG_ATOMIC_SLEEP and DEBUG_LIST, with no report",
         variant: Variant::Debug,
+        host: vm::HostChoice::Qemu,
         run: boot_and_hotplug,
     },
     VmTest {
         name: "guest_panic_is_reported",
         what: "a guest kernel that panics ends the run at once, with the panic named and the log kept",
         variant: Variant::Normal,
+        host: vm::HostChoice::Qemu,
         run: guest_panic_is_reported,
     },
     VmTest {
         name: "unresponsive_guest_times_out",
         what: "a guest that stops answering ends in a timeout error that names the request and the log",
         variant: Variant::Normal,
+        host: vm::HostChoice::Qemu,
         run: unresponsive_guest_times_out,
     },
     VmTest {
         name: "device_scope_pmu",
         what: "on the debug kernel, device-scope PMUs are placed, move, park and return with CPU hotplug, opens racing moves land right or get EBUSY, and no lockdep/RCU/WARN report",
         variant: Variant::Debug,
+        host: vm::HostChoice::Qemu,
         run: device_scope_pmu,
+    },
+    VmTest {
+        name: "vmm_end_to_end",
+        what: "the whole run on perfbed-vmm (on native KVM, else in the box: an L1 Linux with KVM under QEMU TCG)",
+        variant: Variant::Normal,
+        host: vm::HostChoice::Vmm,
+        run: boot_and_hotplug,
+    },
+    VmTest {
+        name: "vmm_guest_panic_is_reported",
+        what: "on perfbed-vmm, a panicking guest ends the VMM with its panic status and the harness names the panic",
+        variant: Variant::Normal,
+        host: vm::HostChoice::Vmm,
+        run: guest_panic_is_reported,
     },
 ];
 
@@ -96,7 +117,6 @@ fn run_vm_tests(ws: &Path, args: &TestArgs) -> Result<bool> {
     if tests.is_empty() {
         bail!("no VM test matches --filter {:?}", args.filter);
     }
-    let run_args = RunArgs::for_tests();
     let mut images = Vec::new();
     for variant in [Variant::Normal, Variant::Debug] {
         if tests.iter().any(|t| t.variant == variant) {
@@ -108,6 +128,7 @@ fn run_vm_tests(ws: &Path, args: &TestArgs) -> Result<bool> {
     let mut failures = 0;
     for test in &tests {
         let (_, images) = images.iter().find(|(v, _)| *v == test.variant).expect("built above");
+        let run_args = RunArgs { host: test.host, ..RunArgs::for_tests() };
         let scenario = scenario_for(ws, images, &run_args, test.name)?;
         let start = Instant::now();
         let result = (test.run)(&scenario, &accel);

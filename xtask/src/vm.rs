@@ -264,7 +264,8 @@ impl Vm {
                 (vmm, None)
             }
             Host::VmmBox(images) => {
-                let qemu = l1box::qemu_command(config, images, &cmdline, &socket, &control_socket, &serial_log, tsc_khz);
+                let args = l1box::vmm_args(config, &cmdline);
+                let qemu = l1box::qemu_command(config, images, &args, &socket, &control_socket, &serial_log, tsc_khz);
                 (qemu, Some(config.run_dir.join("box.log")))
             }
         };

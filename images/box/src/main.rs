@@ -43,10 +43,21 @@ fn run() -> Result<u8, String> {
     wait_for(Path::new("/dev/kvm"), Duration::from_secs(10))?;
     let cmdline = fs::read_to_string("/proc/cmdline").map_err(|e| format!("reading /proc/cmdline: {e}"))?;
     let args = decode_args(&cmdline).ok_or("no perfbed-vmm arguments on the kernel command line")?;
+    if args.first().map(String::as_str) == Some("--bench-exits") {
+        // The exit benchmark needs no guest and no ports: its figures go to
+        // the console.
+        let status = Command::new(VMM_PATH).args(&args).status().map_err(|e| format!("starting {VMM_PATH}: {e}"))?;
+        return Ok(status.code().map_or(BOX_FAILED, |c| c as u8));
+    }
     let agent_port = find_port(PORT_AGENT)?;
     let control_port = find_port(PORT_CONTROL)?;
     let serial_port = find_port(PORT_SERIAL)?;
-    eprintln!("perfbed-box: L1 ready in {} ms; starting perfbed-vmm", started.elapsed().as_millis());
+    let uptime = fs::read_to_string("/proc/uptime").unwrap_or_default();
+    eprintln!(
+        "perfbed-box: L1 ready: uptime {} s, /init took {} ms; starting perfbed-vmm",
+        uptime.split_whitespace().next().unwrap_or("?"),
+        started.elapsed().as_millis()
+    );
 
     let mut vmm = Command::new(VMM_PATH)
         .args(["--kernel", GUEST_KERNEL, "--initramfs", GUEST_INITRAMFS])
