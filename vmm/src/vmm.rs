@@ -328,6 +328,11 @@ fn report(
         format!("device_handler_mean_ns={}", handler_ns.checked_div(accesses).unwrap_or(0)),
         format!("console_output_dropped_bytes={dropped}"),
     ];
+    for (bus, kind) in [(io, "port"), (mmio, "mmio")] {
+        for (addr, count) in bus.top_unknown(3) {
+            lines.push(format!("unhandled_{kind}_{addr:#x}={count}"));
+        }
+    }
     if let Some(rss) = rss_beyond(&guest_ram_ranges(memory)) {
         lines.push(format!("rss_beyond_guest_ram_kib={}", rss / 1024));
     }

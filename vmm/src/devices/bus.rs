@@ -5,7 +5,7 @@
 //! must never stop the VMM: each is counted, each distinct address is logged
 //! once (up to a bound), reads return all ones like an open bus.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -41,13 +41,14 @@ pub struct Bus {
     kind: &'static str,
     entries: Vec<Entry>,
     unknown: AtomicU64,
-    logged: Mutex<BTreeSet<u64>>,
+    /// Accesses per unknown address, for the first [`MAX_LOGGED_UNKNOWN`].
+    logged: Mutex<BTreeMap<u64, u64>>,
 }
 
 impl Bus {
     /// An empty bus; `kind` names it in log lines ("port", "MMIO").
     pub fn new(kind: &'static str) -> Bus {
-        Bus { kind, entries: Vec::new(), unknown: AtomicU64::new(0), logged: Mutex::new(BTreeSet::new()) }
+        Bus { kind, entries: Vec::new(), unknown: AtomicU64::new(0), logged: Mutex::new(BTreeMap::new()) }
     }
 
     /// Places `device` at `base..base + len`.
@@ -102,10 +103,22 @@ impl Bus {
         self.unknown.load(Ordering::Relaxed)
     }
 
+    /// The unknown addresses accessed most, with their counts, most first.
+    pub fn top_unknown(&self, n: usize) -> Vec<(u64, u64)> {
+        let logged = self.logged.lock().unwrap_or_else(|p| p.into_inner());
+        let mut all: Vec<(u64, u64)> = logged.iter().map(|(a, c)| (*a, *c)).collect();
+        all.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        all.truncate(n);
+        all
+    }
+
     fn note_unknown(&self, vcpu: u32, addr: u64, size: usize, what: &str) {
         self.unknown.fetch_add(1, Ordering::Relaxed);
         let mut logged = self.logged.lock().unwrap_or_else(|p| p.into_inner());
-        if logged.len() < MAX_LOGGED_UNKNOWN && logged.insert(addr) {
+        if let Some(count) = logged.get_mut(&addr) {
+            *count += 1;
+        } else if logged.len() < MAX_LOGGED_UNKNOWN {
+            logged.insert(addr, 1);
             eprintln!(
                 "perfbed-vmm: vCPU {vcpu}: {size}-byte {what} of unhandled {} {addr:#x} (logged once per address)",
                 self.kind
@@ -173,8 +186,10 @@ mod tests {
             bus.write(0, addr * 8, &[0]);
             bus.write(0, addr * 8, &[0]);
         }
-        assert_eq!(bus.unknown_accesses(), 2000);
+        bus.write(0, 8, &[0]);
+        assert_eq!(bus.unknown_accesses(), 2001);
         assert_eq!(bus.logged.lock().unwrap().len(), MAX_LOGGED_UNKNOWN);
+        assert_eq!(bus.top_unknown(2), vec![(8, 3), (0, 2)]);
     }
 
     #[test]

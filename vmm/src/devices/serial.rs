@@ -60,8 +60,11 @@ impl Write for ConsoleSink {
             }
         }
         if let Some(out) = &mut self.out {
-            // A full disk must not stop the guest: the log loses bytes.
-            if out.write_all(buf).is_err() {
+            // Whole lines reach the log at once (a panic's last words must
+            // be there even if the VMM is killed); a full disk must not stop
+            // the guest: the log loses bytes.
+            let flush = buf.contains(&b'\n');
+            if out.write_all(buf).is_err() || (flush && out.flush().is_err()) {
                 self.out = None;
             }
         }
