@@ -350,6 +350,7 @@ impl Vm {
                     // The channel closes when QEMU exits; let it finish.
                     let status = self.wait_briefly();
                     let why = match status {
+                        Some(s) if self.box_log.is_some() => describe_box_exit(s),
                         Some(s) => format!("QEMU exited ({s})"),
                         None => "the agent channel closed".into(),
                     };
@@ -407,6 +408,17 @@ impl Drop for Vm {
             let _ = self.child.kill();
             let _ = self.child.wait();
         }
+    }
+}
+
+/// The box's QEMU exit status in perfbed-vmm's terms.
+fn describe_box_exit(status: ExitStatus) -> String {
+    let Some(code) = status.code() else { return format!("the box's QEMU was killed ({status})") };
+    match perfbed_box_init::vmm_status_from_qemu(code) {
+        Ok(0) => "perfbed-vmm exited: the guest rebooted".into(),
+        Ok(3) => "perfbed-vmm exited with status 3: the guest panicked".into(),
+        Ok(vmm) => format!("perfbed-vmm exited with status {vmm} (see box.log)"),
+        Err(why) => why,
     }
 }
 
