@@ -22,19 +22,21 @@ use crate::image::cpio::{Archive, Kind};
 use crate::vm::VmConfig;
 
 const KERNEL_RECIPE: &str = "l1-kernel-1";
-const INITRAMFS_RECIPE: &str = "l1-initramfs-1";
+const INITRAMFS_RECIPE: &str = "l1-initramfs-2";
 /// The kernel package apt's metapackage points at.
 const METAPACKAGE: &str = "linux-image-amd64";
 
-/// L1's modules, in load order, with their parameters: KVM for AMD (what
-/// TCG's `-cpu max` emulates) and the virtio-serial driver stack.
+/// L1's modules with their parameters: KVM for AMD (what TCG's `-cpu max`
+/// emulates) and the virtio-serial driver stack. They are loaded in the
+/// order their own `depends=` lists require (which changes between package
+/// versions).
 const MODULES: &[(&str, &str)] = &[
     ("kernel/virt/lib/irqbypass.ko", ""),
     ("kernel/drivers/crypto/ccp/ccp.ko", ""),
     ("kernel/arch/x86/kvm/kvm.ko", ""),
     ("kernel/arch/x86/kvm/kvm-amd.ko", "npt=1"),
-    ("kernel/drivers/virtio/virtio.ko", ""),
     ("kernel/drivers/virtio/virtio_ring.ko", ""),
+    ("kernel/drivers/virtio/virtio.ko", ""),
     ("kernel/drivers/virtio/virtio_mmio.ko", ""),
     ("kernel/drivers/char/virtio_console.ko", ""),
 ];
@@ -136,6 +138,40 @@ fn l1_kernel() -> Result<L1Kernel> {
     Ok(kernel)
 }
 
+/// A module's `depends=` list, from its `.modinfo` strings.
+fn module_depends(bytes: &[u8]) -> Vec<String> {
+    const KEY: &[u8] = b"\0depends=";
+    let Some(at) = bytes.windows(KEY.len()).position(|w| w == KEY) else { return Vec::new() };
+    let rest = &bytes[at + KEY.len()..];
+    let end = rest.iter().position(|&b| b == 0).unwrap_or(rest.len());
+    String::from_utf8_lossy(&rest[..end]).split(',').filter(|d| !d.is_empty()).map(|d| d.replace('-', "_")).collect()
+}
+
+/// `modules` (name, contents) ordered so that each comes after what it
+/// depends on; a dependency outside the list is an error.
+fn load_order(modules: &[(String, Vec<u8>)]) -> Result<Vec<String>> {
+    let stem = |name: &str| name.trim_end_matches(".ko").replace('-', "_");
+    let mut order: Vec<String> = Vec::new();
+    while order.len() < modules.len() {
+        let before = order.len();
+        for (name, bytes) in modules {
+            let loaded = |d: &String| order.iter().any(|o| stem(o) == *d);
+            if !order.contains(name) && module_depends(bytes).iter().all(loaded) {
+                order.push(name.clone());
+            }
+        }
+        if order.len() == before {
+            let stuck: Vec<String> = modules
+                .iter()
+                .filter(|(n, _)| !order.contains(n))
+                .map(|(n, b)| format!("{n} (depends={})", module_depends(b).join(",")))
+                .collect();
+            bail!("the box's modules need modules it does not have: {}", stuck.join("; "));
+        }
+    }
+    Ok(order)
+}
+
 /// perfbed-vmm and the box's `/init`, static, built by the cargo that runs
 /// xtask (as the guest agent is).
 pub fn build_binaries(workspace: &Path) -> Result<(PathBuf, PathBuf)> {
@@ -164,10 +200,17 @@ pub fn ensure(workspace: &Path, guest_vmlinux: &Path, guest_initramfs: &Path) ->
         (GUEST_KERNEL.trim_start_matches('/').into(), read(guest_vmlinux)?, false),
         (GUEST_INITRAMFS.trim_start_matches('/').into(), read(guest_initramfs)?, false),
     ];
+    let mut modules = Vec::new();
+    for (name, path, _) in &kernel.modules {
+        modules.push((name.clone(), read(path)?));
+    }
     let mut order = String::new();
-    for (name, path, params) in &kernel.modules {
-        files.push((format!("lib/modules/{name}"), read(path)?, false));
+    for name in load_order(&modules)? {
+        let params = kernel.modules.iter().find(|(n, _, _)| *n == name).map_or("", |(_, _, p)| *p);
         order += &format!("{name} {params}\n");
+    }
+    for (name, bytes) in modules {
+        files.push((format!("lib/modules/{name}"), bytes, false));
     }
     files.push((MODULE_ORDER.into(), order.into_bytes(), false));
 
@@ -321,6 +364,29 @@ mod tests {
         assert!(joined.contains("--cpus 4 --memory 512 --cmdline console=ttyS0 panic=-1"), "{joined}");
         assert!(joined.ends_with("--pmu-domain cpus=0-1 --pmu-domain cpus=2-3"), "{joined}");
         assert!(joined.contains("--pmu-rmids 8 --pmu-slots 4 --pmu-counter-width 24"), "{joined}");
+    }
+
+    fn module(depends: &str) -> Vec<u8> {
+        format!("\x7fELF...\0license=GPL\0depends={depends}\0retpoline=Y\0").into_bytes()
+    }
+
+    #[test]
+    fn modules_load_after_their_dependencies() {
+        let modules = vec![
+            ("kvm-amd.ko".to_string(), module("kvm,ccp")),
+            ("virtio.ko".into(), module("virtio_ring")),
+            ("kvm.ko".into(), module("irqbypass")),
+            ("ccp.ko".into(), module("")),
+            ("virtio_ring.ko".into(), module("")),
+            ("irqbypass.ko".into(), module("")),
+        ];
+        let order = load_order(&modules).unwrap();
+        let at = |n: &str| order.iter().position(|o| o == n).unwrap();
+        assert!(at("virtio_ring.ko") < at("virtio.ko"));
+        assert!(at("irqbypass.ko") < at("kvm.ko") && at("kvm.ko") < at("kvm-amd.ko") && at("ccp.ko") < at("kvm-amd.ko"));
+        let missing = vec![("virtio.ko".to_string(), module("virtio_ring"))];
+        assert!(load_order(&missing).unwrap_err().to_string().contains("virtio.ko (depends=virtio_ring)"));
+        assert_eq!(module_depends(b"no modinfo"), Vec::<String>::new());
     }
 
     #[test]
