@@ -7,6 +7,7 @@ use kvm_bindings::kvm_cpuid_entry2;
 const LEAF_FEATURES: u32 = 0x1;
 const LEAF_CACHE_PARAMS: u32 = 0x4;
 const LEAF_EXT_TOPOLOGY: u32 = 0xb;
+const LEAF_XSAVE: u32 = 0xd;
 const LEAF_V2_EXT_TOPOLOGY: u32 = 0x1f;
 const LEAF_AMD_FEATURES: u32 = 0x8000_0001;
 const LEAF_AMD_SIZES: u32 = 0x8000_0008;
@@ -32,7 +33,8 @@ fn is_amd(entries: &[kvm_cpuid_entry2]) -> bool {
     })
 }
 
-/// Rewrites the topology leaves of `entries` for vCPU `index` of `vcpus`.
+/// Rewrites the topology leaves of `entries` for vCPU `index` of `vcpus`
+/// (and the XSAVE size, see below).
 pub fn apply_topology(entries: &mut [kvm_cpuid_entry2], index: u8, vcpus: u8) {
     let amd = is_amd(entries);
     let apic_id = u32::from(index);
@@ -68,6 +70,15 @@ pub fn apply_topology(entries: &mut [kvm_cpuid_entry2], index: u8, vcpus: u8) {
                 e.ebx = ebx;
                 e.ecx = (level_type << 8) | (e.index & 0xff);
                 e.edx = apic_id;
+            }
+            LEAF_XSAVE if e.index == 0 => {
+                // EBX is the XSAVE size for the XCR0 in force, ECX for every
+                // supported feature. KVM reports EBX for XCR0 = x87 only and
+                // should update it when the guest sets XCR0, but a nested KVM
+                // did not ("XSAVE consistency problem: size 2696 !=
+                // kernel_size 576"). The kernel enables every supported
+                // feature, so the full size is right; QEMU does the same.
+                e.ebx = e.ecx;
             }
             LEAF_AMD_FEATURES if amd => {
                 if count > 1 {
@@ -161,6 +172,15 @@ mod tests {
         assert_eq!((sizes.ecx >> 12) & 0xf, 2);
         assert_ne!(find(&e, LEAF_AMD_FEATURES, 0).ecx & AMD_ECX_CMP_LEGACY, 0);
         assert_eq!(find(&e, LEAF_AMD_EXT_APIC, 0).eax, 2);
+    }
+
+    #[test]
+    fn xsave_size_is_the_full_size() {
+        let mut e = vec![kvm_cpuid_entry2 { function: LEAF_XSAVE, index: 0, ebx: 576, ecx: 2696, ..Default::default() }];
+        e.push(kvm_cpuid_entry2 { function: LEAF_XSAVE, index: 1, ebx: 576, ecx: 0, ..Default::default() });
+        apply_topology(&mut e, 0, 2);
+        assert_eq!(e[0].ebx, 2696);
+        assert_eq!(e[1].ebx, 576, "sub-leaf 1 untouched");
     }
 
     #[test]
