@@ -93,7 +93,7 @@ pub fn exit_costs(iterations: u32) -> Result<ExitCosts, VmmError> {
     let supported = kvm
         .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
         .map_err(|source| VmmError::Kvm { what: "reading supported CPUID", source })?;
-    let mut vcpu = Vcpu::new(&vm, &supported, 0, 1)?;
+    let mut vcpu = Vcpu::new(&vm, &supported, 0, 1, false)?;
     vcpu.set_boot_state(&BootEntry::Pvh { entry: CODE_ADDR, start_info: 0 })?;
 
     let device = SharedDevice::new(DeviceConfig::default())?;

@@ -40,6 +40,8 @@ pub struct MachineConfig {
     pub vcpus: u8,
     /// Guest RAM in MiB.
     pub memory_mib: u32,
+    /// Hide XSAVE and AVX from the guest (see [`crate::vcpu::cpuid::hide_xsave`]).
+    pub hide_xsave: bool,
 }
 
 /// Where the VMM's host-side endpoints go.
@@ -223,7 +225,7 @@ mod tests {
                 initramfs: None,
                 cmdline: "console=ttyS0".into(),
             },
-            machine: MachineConfig { vcpus: 4, memory_mib: 512 },
+            machine: MachineConfig { vcpus: 4, memory_mib: 512, hide_xsave: false },
             device: DeviceConfig::default(),
             endpoints: EndpointsConfig::default(),
         }

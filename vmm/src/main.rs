@@ -60,6 +60,10 @@ struct Cli {
     /// Each domain's maximum bandwidth, bytes per second.
     #[arg(long, value_name = "BYTES", default_value_t = DeviceConfig::default().max_rate)]
     pmu_max_rate: u64,
+    /// Hide XSAVE and AVX from the guest (FPU state kept with FXSAVE): for
+    /// KVM nested under QEMU's TCG, which does not make XSETBV exit.
+    #[arg(long)]
+    no_xsave: bool,
     /// Serve the device's control socket here (JSON lines, as the QEMU host).
     #[arg(long, value_name = "PATH")]
     control_socket: Option<PathBuf>,
@@ -85,7 +89,7 @@ impl Cli {
         let domains = if self.pmu_domains.is_empty() { default_domains(self.cpus) } else { self.pmu_domains };
         VmmConfig {
             kernel: KernelConfig { path: kernel, initramfs: self.initramfs, cmdline: self.cmdline },
-            machine: MachineConfig { vcpus: self.cpus, memory_mib: self.memory },
+            machine: MachineConfig { vcpus: self.cpus, memory_mib: self.memory, hide_xsave: self.no_xsave },
             device: DeviceConfig {
                 domains,
                 rmids: self.pmu_rmids,

@@ -211,7 +211,7 @@ impl Vmm {
 
         let supported = kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES).map_err(kvm_error("reading supported CPUID"))?;
         let vcpus = (0..machine.vcpus)
-            .map(|index| Vcpu::new(&vm, &supported, index, machine.vcpus))
+            .map(|index| Vcpu::new(&vm, &supported, index, machine.vcpus, machine.hide_xsave))
             .collect::<Result<Vec<_>, _>>()?;
         vcpus[0].set_boot_state(&entry)?;
 

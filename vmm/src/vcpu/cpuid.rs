@@ -14,6 +14,9 @@ const LEAF_AMD_SIZES: u32 = 0x8000_0008;
 const LEAF_AMD_EXT_APIC: u32 = 0x8000_001e;
 
 const EDX_HTT: u32 = 1 << 28;
+const ECX_XSAVE: u32 = 1 << 26;
+const ECX_OSXSAVE: u32 = 1 << 27;
+const ECX_AVX: u32 = 1 << 28;
 const ECX_HYPERVISOR: u32 = 1 << 31;
 const AMD_ECX_CMP_LEGACY: u32 = 1 << 1;
 const LEVEL_TYPE_SMT: u32 = 1;
@@ -33,8 +36,7 @@ fn is_amd(entries: &[kvm_cpuid_entry2]) -> bool {
     })
 }
 
-/// Rewrites the topology leaves of `entries` for vCPU `index` of `vcpus`
-/// (and the XSAVE size, see below).
+/// Rewrites the topology leaves of `entries` for vCPU `index` of `vcpus`.
 pub fn apply_topology(entries: &mut [kvm_cpuid_entry2], index: u8, vcpus: u8) {
     let amd = is_amd(entries);
     let apic_id = u32::from(index);
@@ -71,15 +73,6 @@ pub fn apply_topology(entries: &mut [kvm_cpuid_entry2], index: u8, vcpus: u8) {
                 e.ecx = (level_type << 8) | (e.index & 0xff);
                 e.edx = apic_id;
             }
-            LEAF_XSAVE if e.index == 0 => {
-                // EBX is the XSAVE size for the XCR0 in force, ECX for every
-                // supported feature. KVM reports EBX for XCR0 = x87 only and
-                // should update it when the guest sets XCR0, but a nested KVM
-                // did not ("XSAVE consistency problem: size 2696 !=
-                // kernel_size 576"). The kernel enables every supported
-                // feature, so the full size is right; QEMU does the same.
-                e.ebx = e.ecx;
-            }
             LEAF_AMD_FEATURES if amd => {
                 if count > 1 {
                     e.ecx |= AMD_ECX_CMP_LEGACY;
@@ -96,6 +89,21 @@ pub fn apply_topology(entries: &mut [kvm_cpuid_entry2], index: u8, vcpus: u8) {
                 e.ebx = apic_id & 0xff; // core ID; one thread per core
                 e.ecx = 0; // node 0, one node
             }
+            _ => {}
+        }
+    }
+}
+
+/// Hides XSAVE (and AVX, which needs it) from the guest: it then keeps its
+/// FPU state with FXSAVE. For the box: QEMU's TCG emulation of SVM does not
+/// make XSETBV exit, so the L1 KVM never sees the guest's XCR0, keeps
+/// CPUID 0xD's size at x87-only, and the guest warns "XSAVE consistency
+/// problem: size 2696 != kernel_size 576".
+pub fn hide_xsave(entries: &mut [kvm_cpuid_entry2]) {
+    for e in entries.iter_mut() {
+        match e.function {
+            LEAF_FEATURES => e.ecx &= !(ECX_XSAVE | ECX_OSXSAVE | ECX_AVX),
+            LEAF_XSAVE => (e.eax, e.ebx, e.ecx, e.edx) = (0, 0, 0, 0),
             _ => {}
         }
     }
@@ -175,12 +183,14 @@ mod tests {
     }
 
     #[test]
-    fn xsave_size_is_the_full_size() {
-        let mut e = vec![kvm_cpuid_entry2 { function: LEAF_XSAVE, index: 0, ebx: 576, ecx: 2696, ..Default::default() }];
-        e.push(kvm_cpuid_entry2 { function: LEAF_XSAVE, index: 1, ebx: 576, ecx: 0, ..Default::default() });
-        apply_topology(&mut e, 0, 2);
-        assert_eq!(e[0].ebx, 2696);
-        assert_eq!(e[1].ebx, 576, "sub-leaf 1 untouched");
+    fn xsave_can_be_hidden() {
+        let mut e = vec![
+            kvm_cpuid_entry2 { function: LEAF_FEATURES, ecx: ECX_XSAVE | ECX_OSXSAVE | ECX_AVX | 1, ..Default::default() },
+            kvm_cpuid_entry2 { function: LEAF_XSAVE, index: 0, eax: 7, ebx: 576, ecx: 832, ..Default::default() },
+        ];
+        hide_xsave(&mut e);
+        assert_eq!(e[0].ecx, 1, "SSE3 stays");
+        assert_eq!((e[1].eax, e[1].ebx, e[1].ecx), (0, 0, 0));
     }
 
     #[test]

@@ -53,11 +53,14 @@ pub struct Vcpu {
 impl Vcpu {
     /// Creates vCPU `index` of `vcpus` with CPUID (`supported`, plus the
     /// topology), the boot MSRs and the LINT pins set.
-    pub fn new(vm: &VmFd, supported: &CpuId, index: u8, vcpus: u8) -> Result<Vcpu, VcpuError> {
+    pub fn new(vm: &VmFd, supported: &CpuId, index: u8, vcpus: u8, hide_xsave: bool) -> Result<Vcpu, VcpuError> {
         let kvm = |what| move |source| VcpuError::Kvm { index, what, source };
         let fd = vm.create_vcpu(u64::from(index)).map_err(kvm("creating it"))?;
         let mut cpuid = supported.clone();
         cpuid::apply_topology(cpuid.as_mut_slice(), index, vcpus);
+        if hide_xsave {
+            cpuid::hide_xsave(cpuid.as_mut_slice());
+        }
         fd.set_cpuid2(&cpuid).map_err(kvm("setting CPUID"))?;
         let entries = regs::boot_msrs();
         let msrs = Msrs::from_entries(&entries).map_err(|_| VcpuError::MsrList { index })?;
