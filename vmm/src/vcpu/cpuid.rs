@@ -14,6 +14,7 @@ const LEAF_AMD_SIZES: u32 = 0x8000_0008;
 const LEAF_AMD_EXT_APIC: u32 = 0x8000_001e;
 
 const EDX_HTT: u32 = 1 << 28;
+const ECX_TSC_DEADLINE: u32 = 1 << 24;
 const ECX_XSAVE: u32 = 1 << 26;
 const ECX_OSXSAVE: u32 = 1 << 27;
 const ECX_AVX: u32 = 1 << 28;
@@ -91,6 +92,16 @@ pub fn apply_topology(entries: &mut [kvm_cpuid_entry2], index: u8, vcpus: u8) {
             }
             _ => {}
         }
+    }
+}
+
+/// Offers the local APIC's TSC-deadline mode, which KVM's in-kernel APIC
+/// has but does not list as supported CPUID. With it the guest needs no
+/// APIC timer calibration, which a loaded host can make fail ("lapic is not
+/// functional"); QEMU offers it too.
+pub fn offer_tsc_deadline(entries: &mut [kvm_cpuid_entry2]) {
+    for e in entries.iter_mut().filter(|e| e.function == LEAF_FEATURES) {
+        e.ecx |= ECX_TSC_DEADLINE;
     }
 }
 
@@ -180,6 +191,14 @@ mod tests {
         assert_eq!((sizes.ecx >> 12) & 0xf, 2);
         assert_ne!(find(&e, LEAF_AMD_FEATURES, 0).ecx & AMD_ECX_CMP_LEGACY, 0);
         assert_eq!(find(&e, LEAF_AMD_EXT_APIC, 0).eax, 2);
+    }
+
+    #[test]
+    fn tsc_deadline_is_offered() {
+        let mut e = vec![leaf(LEAF_FEATURES, 0), leaf(LEAF_EXT_TOPOLOGY, 0)];
+        offer_tsc_deadline(&mut e);
+        assert_eq!(e[0].ecx, ECX_TSC_DEADLINE);
+        assert_eq!(e[1].ecx, 0);
     }
 
     #[test]

@@ -61,6 +61,9 @@ impl Vcpu {
         if hide_xsave {
             cpuid::hide_xsave(cpuid.as_mut_slice());
         }
+        if vm.check_extension(kvm_ioctls::Cap::TscDeadlineTimer) {
+            cpuid::offer_tsc_deadline(cpuid.as_mut_slice());
+        }
         fd.set_cpuid2(&cpuid).map_err(kvm("setting CPUID"))?;
         let entries = regs::boot_msrs();
         let msrs = Msrs::from_entries(&entries).map_err(|_| VcpuError::MsrList { index })?;
