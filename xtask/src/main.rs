@@ -12,12 +12,14 @@ mod moving_traffic;
 mod module_lifecycle;
 mod perf_abi;
 mod perf_matrix;
+mod l1box;
 mod pmu_checks;
 mod scenario;
 mod scope_test;
 mod stress;
 mod test;
 mod vm;
+mod vmm_bench;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -55,6 +57,9 @@ enum Command {
     Fuzz(fuzz::FuzzArgs),
     /// Boot again and again, idle and under load: hangs, failures, boot times.
     BootStress(boot_stress::BootStressArgs),
+    /// What a device MMIO exit costs perfbed-vmm against a bare exit (on this
+    /// machine's /dev/kvm if it opens, and in the box).
+    VmmBench(vmm_bench::VmmBenchArgs),
     /// Boot the guest and keep it up (for `perfbed ctl` and the logs) for
     /// --seconds, then power it off.
     Up {
@@ -93,6 +98,11 @@ pub struct RunArgs {
     /// Boot the debug kernel (lockdep, PROVE_RCU, DEBUG_ATOMIC_SLEEP, DEBUG_LIST).
     #[arg(long)]
     debug: bool,
+    /// Which VMM runs the guest: perfbed-vmm (`vmm`; on native KVM, else in
+    /// the box, an L1 Linux with KVM under QEMU TCG), perfbed's QEMU (`qemu`),
+    /// or `auto`: perfbed-vmm where the CPU has VT-x/SVM, else QEMU.
+    #[arg(long, value_enum, default_value_t = vm::HostChoice::Auto)]
+    host: vm::HostChoice,
 }
 
 fn variant(debug: bool) -> image::Variant {
@@ -106,7 +116,17 @@ fn variant(debug: bool) -> image::Variant {
 impl RunArgs {
     /// The VM tests' shape: the default run with fewer hotplug rounds.
     pub fn for_tests() -> RunArgs {
-        RunArgs { cpus: 4, memory: 512, rounds: 5, timeout: 120, domains: None, kernel: None, qemu: None, debug: false }
+        RunArgs {
+            cpus: 4,
+            memory: 512,
+            rounds: 5,
+            timeout: 120,
+            domains: None,
+            kernel: None,
+            qemu: None,
+            debug: false,
+            host: vm::HostChoice::Qemu,
+        }
     }
 
     fn device(&self) -> Result<perfbed_device::DeviceConfig> {
@@ -154,6 +174,7 @@ fn main() -> ExitCode {
         Command::Fuzz(args) => fuzz::run(&ws, &args),
         Command::BootStress(args) => boot_stress::run(&ws, &args),
         Command::Stress(args) => stress::run(&ws, &args),
+        Command::VmmBench(args) => vmm_bench::run(&ws, &args),
         Command::Up { run, seconds } => up(&ws, &run, Duration::from_secs(seconds)),
     });
     match result {
@@ -176,18 +197,26 @@ fn run(ws: &Path, args: &RunArgs) -> Result<bool> {
     let total = Instant::now();
     check_args(args)?;
     let images = image::ensure(ws, variant(args.debug))?;
+    let accel = vm::choose_accel();
     let scenario = scenario_for(ws, &images, args, "run")?;
     let image_time = total.elapsed();
-    let accel = vm::choose_accel();
-    eprintln!(
-        "==> booting {} vCPUs, {} MiB under {} ({})",
-        args.cpus,
-        args.memory,
-        if accel.kvm { "KVM" } else { "QEMU TCG" },
-        accel.reason
-    );
+    match &scenario.vm.host {
+        vm::Host::Qemu => eprintln!(
+            "==> booting {} vCPUs, {} MiB under {} ({})",
+            args.cpus,
+            args.memory,
+            if accel.kvm { "KVM" } else { "QEMU TCG" },
+            accel.reason
+        ),
+        host => eprintln!("==> booting {} vCPUs, {} MiB on perfbed-vmm, {}", args.cpus, args.memory, host.name()),
+    }
     let report = scenario::run(&scenario, &accel)?;
     scenario::print_report(&report, image_time, total.elapsed());
+    if !matches!(scenario.vm.host, vm::Host::Qemu) {
+        for line in l1box::host_report(&scenario.vm.run_dir) {
+            println!("  {line}");
+        }
+    }
     Ok(report.passed())
 }
 
@@ -230,17 +259,31 @@ fn check_args(args: &RunArgs) -> Result<()> {
 
 /// The scenario `args` ask for, on these images, with its own log folder.
 fn scenario_for(ws: &Path, images: &image::Images, args: &RunArgs, name: &str) -> Result<scenario::Scenario> {
+    let vmlinux = args.kernel.clone().unwrap_or_else(|| images.vmlinux.clone());
+    let (placement, why) = vm::choose_host(args.host, &vm::choose_accel());
+    let host = match placement {
+        vm::Placement::Qemu => vm::Host::Qemu,
+        vm::Placement::VmmNative => vm::Host::VmmNative { vmm: l1box::build_binaries(ws)?.0 },
+        vm::Placement::VmmBox => vm::Host::VmmBox(l1box::ensure(ws, &vmlinux, &images.initramfs)?),
+    };
+    if args.host != vm::HostChoice::Qemu {
+        eprintln!("==> host: {} ({why})", host.name());
+    }
+    if let vm::Host::VmmBox(images) = &host {
+        eprintln!("    the box: L1 kernel {}, initramfs {}", images.kernel_package, images.initramfs.display());
+    }
     let vm = vm::VmConfig {
         qemu: args.qemu.clone().unwrap_or_else(|| images.qemu.binary.clone()),
         firmware_dirs: images.qemu.firmware_dirs.clone(),
         device: args.device()?,
-        vmlinux: args.kernel.clone().unwrap_or_else(|| images.vmlinux.clone()),
+        vmlinux,
         initramfs: images.initramfs.clone(),
         cpus: args.cpus,
         memory_mib: args.memory,
         extra_cmdline: vec![],
         run_dir: vm::new_run_dir(ws, name),
         boot_timeout: Duration::from_secs(args.timeout),
+        host,
     };
     vm.validate()?;
     Ok(scenario::Scenario {

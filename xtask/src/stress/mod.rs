@@ -123,6 +123,8 @@ pub fn run(ws: &Path, args: &StressArgs) -> Result<bool> {
             cpus: args.cpus,
             memory_mib: args.memory,
             extra_cmdline: vec![],
+            // The stress drives the guest through perfbed's QEMU.
+            host: vm::Host::Qemu,
             run_dir: vm::new_run_dir(ws, "stress"),
             boot_timeout: Duration::from_secs(args.timeout),
         },
