@@ -4,6 +4,7 @@
 mod boot_stress;
 mod cache;
 mod cmd;
+mod control_proxy;
 mod deps;
 mod fuzz;
 mod guest;

@@ -271,7 +271,11 @@ impl Vm {
             }
             Host::VmmBox(images) => {
                 let args = l1box::vmm_args(config, &cmdline);
-                let qemu = l1box::qemu_command(config, images, &args, &socket, &control_socket, &serial_log, tsc_khz);
+                // The box relays one control connection; xtask serves the
+                // usual socket to its several clients over it.
+                let relayed = config.run_dir.join("control-box.sock");
+                crate::control_proxy::start(&control_socket, &relayed)?;
+                let qemu = l1box::qemu_command(config, images, &args, &socket, &relayed, &serial_log, tsc_khz);
                 (qemu, Some(config.run_dir.join("box.log")))
             }
         };
