@@ -186,6 +186,10 @@ fn parking_domain(device: &DeviceConfig) -> Option<usize> {
     device.domains.iter().rposition(|cpus| !cpus.contains(&0))
 }
 
+/// Bytes injected for each watched counter after the schedule, before the
+/// events are disabled (64 KiB: 1024 units, far from a wrap).
+const FINAL_BURST: u64 = 64 << 10;
+
 /// An event the stress keeps open, and how its final read is checked.
 struct Watched {
     name: String,
@@ -454,9 +458,21 @@ fn stress(vm: &mut Vm, config: &StressConfig, steps: &[Step]) -> Result<StressRe
     let traffic = injector.stop()?;
     control.wait_landed(config.timeout.as_millis() as u64)?;
 
-    // Disabled first: a disabled event's count is final (pmu::del() must
-    // have folded the last of its counter), and the final reads then see
-    // what perf saved rather than a fresh read of the device.
+    // A last burst for every watched counter, landed while nothing reads:
+    // only the fold in pmu::del() below brings it into the counts.
+    for w in &watched {
+        let keys = match w.kind {
+            WatchedKind::Single(key) => vec![(key.domain, key.rmid, key.event)],
+            WatchedKind::Group { domain, rmid } => vec![(domain, rmid, Event::MbmTotalBytes), (domain, rmid, Event::MbmLocalBytes)],
+        };
+        for (domain, rmid, event) in keys {
+            control.inject(domain, rmid, event, FINAL_BURST)?;
+        }
+    }
+    control.wait_landed(config.timeout.as_millis() as u64)?;
+    // Then disabled: a disabled event's count is final (pmu::del() must
+    // have folded the last of its counter), and the final reads see what
+    // perf saved rather than a fresh read of the device.
     for w in &watched {
         if let Err(errno) = g.ioctl(w.handle, PerfIoctl::Disable { group: true })? {
             bail!("disabling {} before its final read: {errno}", w.name);
