@@ -1,6 +1,7 @@
 //! `cargo xtask`: perfbed's build and test driver. Each subcommand is small;
 //! the work lives in the modules named after it.
 
+mod bench;
 mod boot_stress;
 mod cache;
 mod cmd;
@@ -41,6 +42,9 @@ enum Command {
     Run(RunArgs),
     /// Every test: the workspace's unit tests, then the VM tests.
     Test(test::TestArgs),
+    /// Measure perfbed against its baselines: a table of value, baseline,
+    /// ratio and goal, saved under target/perfbed/bench/.
+    Bench(bench::BenchArgs),
     /// Boot again and again, idle and under load: hangs, failures, boot times.
     BootStress(boot_stress::BootStressArgs),
     /// Boot the guest and keep it up (for `perfbed ctl` and the logs) for
@@ -142,6 +146,7 @@ fn main() -> ExitCode {
         }),
         Command::Run(args) => run(&ws, &args),
         Command::Test(args) => test::run(&ws, &args),
+        Command::Bench(args) => bench::run(&ws, &args),
         Command::BootStress(args) => boot_stress::run(&ws, &args),
         Command::Up { run, seconds } => up(&ws, &run, Duration::from_secs(seconds)),
     });
@@ -164,7 +169,7 @@ fn workspace() -> Result<PathBuf> {
 fn run(ws: &Path, args: &RunArgs) -> Result<bool> {
     let total = Instant::now();
     check_args(args)?;
-    let images = image::ensure(ws, variant(args.debug))?;
+    let images = image::ensure_for(ws, variant(args.debug), image::Purpose::Run)?;
     let scenario = scenario_for(ws, &images, args, "run")?;
     let image_time = total.elapsed();
     let accel = vm::choose_accel();
@@ -182,7 +187,7 @@ fn run(ws: &Path, args: &RunArgs) -> Result<bool> {
 
 fn up(ws: &Path, args: &RunArgs, hold: Duration) -> Result<bool> {
     check_args(args)?;
-    let images = image::ensure(ws, variant(args.debug))?;
+    let images = image::ensure_for(ws, variant(args.debug), image::Purpose::Run)?;
     let scenario = scenario_for(ws, &images, args, "up")?;
     let booted = vm::Vm::boot(&scenario.vm, &vm::choose_accel())?;
     println!("guest up in {} (kernel {}, CPUs {})", cmd::human(booted.boot_time), booted.hello.kernel_release, booted.hello.cpus_online);

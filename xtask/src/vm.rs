@@ -152,7 +152,11 @@ pub struct Vm {
 pub struct Booted {
     pub vm: Vm,
     pub hello: Hello,
+    /// From the guest starting (our connection) to the agent's greeting.
     pub boot_time: Duration,
+    /// From QEMU's start to the agent's greeting (`boot_time` plus QEMU's
+    /// own start-up).
+    pub since_spawn: Duration,
 }
 
 impl Vm {
@@ -166,46 +170,24 @@ impl Vm {
         let serial_log = config.run_dir.join("serial.log");
         let qemu_log = config.run_dir.join("qemu.log");
 
-        let mut cmdline = vec![
-            "console=ttyS0".to_string(),
-            // A panic reboots at once, and -no-reboot turns that into an exit.
-            "panic=-1".into(),
-            "reboot=t".into(),
-            format!("tsc_early_khz={}", host_tsc_khz()),
-            // No clocksource watchdog: a loaded TCG host would make it flap.
-            "tsc=reliable".into(),
-            // Announced like virtio-mmio devices are: size@base.
-            format!("perfbed.device={:#x}@{DEVICE_BASE:#x}", config.device.size()),
-        ];
+        let mut cmdline = base_cmdline();
+        // Announced like virtio-mmio devices are: size@base.
+        cmdline.push(format!("perfbed.device={:#x}@{DEVICE_BASE:#x}", config.device.size()));
         cmdline.extend(config.extra_cmdline.iter().cloned());
         let mut qemu = Command::new(&config.qemu);
         for dir in &config.firmware_dirs {
             qemu.arg("-L").arg(dir);
         }
-        qemu.args(["-M", "microvm,x-option-roms=off,acpi=off", "-nodefaults", "-no-user-config"])
-            .args(["-display", "none", "-no-reboot"]);
-        if accel.kvm {
-            qemu.args(["-accel", "kvm", "-cpu", "host"]);
-        } else {
-            qemu.args(["-accel", "tcg", "-cpu", "max"]);
-        }
-        qemu.arg("-smp")
-            .arg(config.cpus.to_string())
-            .arg("-m")
-            .arg(config.memory_mib.to_string())
-            .arg("-kernel")
-            .arg(&config.vmlinux)
-            .arg("-initrd")
-            .arg(&config.initramfs)
-            .arg("-append")
-            .arg(cmdline.join(" "))
-            .args(["-chardev", "stdio,id=serial0,signal=off", "-serial", "chardev:serial0"])
+        qemu.args(["-M", "microvm,x-option-roms=off,acpi=off"]);
+        guest_args(&mut qemu, config, accel, &cmdline.join(" "));
+        qemu.args(["-chardev", "stdio,id=serial0,signal=off", "-serial", "chardev:serial0"])
             .args(["-device", "virtio-serial-device", "-chardev"])
             .arg(format!("socket,id=agent,path={},server=on,wait=on", socket.display()))
             .args(["-device", "virtconsole,chardev=agent"])
             .arg("-device")
             .arg(device_arg(&config.device, &control_socket));
         fs::write(config.run_dir.join("qemu.cmd"), cmd::display(&qemu) + "\n")?;
+        let spawned = Instant::now();
         let mut child = qemu
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -234,10 +216,17 @@ impl Vm {
         thread::spawn(move || read_agent(stream, reader_transcript, tx));
         let mut vm = Vm { child, messages, writer, transcript, serial_log, qemu_log, control_socket };
         match vm.receive(config.boot_timeout, "the agent's greeting") {
-            Ok(AgentMessage::Hello(hello)) => Ok(Booted { boot_time: started.elapsed(), hello, vm }),
+            Ok(AgentMessage::Hello(hello)) => {
+                Ok(Booted { boot_time: started.elapsed(), since_spawn: spawned.elapsed(), hello, vm })
+            }
             Ok(other) => Err(vm.fail(anyhow!("the agent sent {other:?} before its greeting"))),
             Err(e) => Err(e),
         }
+    }
+
+    /// QEMU's process id (for its memory use).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// Sends one request and waits for its answer.
@@ -336,6 +325,41 @@ impl Drop for Vm {
             let _ = self.child.wait();
         }
     }
+}
+
+/// perfbed's kernel command line before the device and the caller's extras.
+pub fn base_cmdline() -> Vec<String> {
+    vec![
+        "console=ttyS0".to_string(),
+        // A panic reboots at once, and -no-reboot turns that into an exit.
+        "panic=-1".into(),
+        "reboot=t".into(),
+        format!("tsc_early_khz={}", host_tsc_khz()),
+        // No clocksource watchdog: a loaded TCG host would make it flap.
+        "tsc=reliable".into(),
+    ]
+}
+
+/// What every QEMU boot of perfbed's images says, whatever the machine: no
+/// defaults, no display, exit on reboot, the accelerator, the guest's shape,
+/// its kernel, initramfs and command line.
+pub fn guest_args(qemu: &mut Command, config: &VmConfig, accel: &Accel, cmdline: &str) {
+    qemu.args(["-nodefaults", "-no-user-config", "-display", "none", "-no-reboot"]);
+    if accel.kvm {
+        qemu.args(["-accel", "kvm", "-cpu", "host"]);
+    } else {
+        qemu.args(["-accel", "tcg", "-cpu", "max"]);
+    }
+    qemu.arg("-smp")
+        .arg(config.cpus.to_string())
+        .arg("-m")
+        .arg(config.memory_mib.to_string())
+        .arg("-kernel")
+        .arg(&config.vmlinux)
+        .arg("-initrd")
+        .arg(&config.initramfs)
+        .arg("-append")
+        .arg(cmdline);
 }
 
 /// The `-device perfbed,...` argument of perfbed's QEMU (images/qemu/perfbed.c).
