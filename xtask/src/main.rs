@@ -9,6 +9,7 @@ mod deps;
 mod guest;
 mod image;
 mod pmu_checks;
+mod progress;
 mod scenario;
 mod scope_test;
 mod test;
