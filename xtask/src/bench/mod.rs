@@ -21,7 +21,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 
 use crate::{deps, image, vm};
-use report::Row;
+pub use report::{table, Row};
 
 #[derive(Args)]
 pub struct BenchArgs {
@@ -36,6 +36,30 @@ pub struct BenchArgs {
     /// Compare two saved results instead of measuring.
     #[arg(long, num_args = 2, value_names = ["A.json", "B.json"])]
     compare: Option<Vec<PathBuf>>,
+}
+
+/// The start of every row `measure` must produce (the cold run only when
+/// measured).
+const EXPECTED_ROWS: &[&str] = &[
+    "device: model ns/access",
+    "device: host lock + clock",
+    "device: QEMU dispatch",
+    "boot: VM start to agent ready",
+    "counter read: read() on the owner CPU",
+    "counter read: read() from another CPU",
+    "counter read: register load",
+    "counter read: read() of a software event",
+    "hotplug: offline+online ops/s, no events",
+    "hotplug: offline+online ops/s, 4 events",
+    "hotplug: offline+online ops/s, 16 events",
+    "memory: QEMU RSS beyond guest RAM",
+    "memory: initramfs size",
+    "warm run:",
+];
+
+/// The expected rows that `rows` lacks.
+pub fn missing_rows(rows: &[Row]) -> Vec<&'static str> {
+    EXPECTED_ROWS.iter().copied().filter(|want| !rows.iter().any(|r| r.name.starts_with(want))).collect()
 }
 
 /// The initramfs before this work, for its size row.
@@ -72,4 +96,17 @@ pub fn measure(ws: &Path, quick: bool, cold: bool) -> Result<Vec<Row>> {
     rows.push(runs::warm(ws, quick)?);
     rows.extend(runs::cold(ws, cold)?);
     Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_rows_are_named() {
+        assert_eq!(missing_rows(&[]).len(), EXPECTED_ROWS.len());
+        let all: Vec<Row> = EXPECTED_ROWS.iter().map(|name| Row::new(&format!("{name} and more"), 1.0, "s")).collect();
+        assert!(missing_rows(&all).is_empty());
+        assert_eq!(missing_rows(&all[1..]), vec![EXPECTED_ROWS[0]]);
+    }
 }
