@@ -75,7 +75,7 @@ const VM_TESTS: &[VmTest] = &[
 ];
 
 pub fn run(ws: &Path, args: &TestArgs) -> Result<bool> {
-    deps::ensure()?;
+    deps::ensure_packages()?;
     let mut passed = true;
     if !args.vm_only {
         eprintln!("==> unit tests: cargo test --workspace");

@@ -81,7 +81,7 @@ pub fn run(ws: &Path, args: &BenchArgs) -> Result<bool> {
 /// Every row. Goals missed are reported, not failures: the benchmark fails
 /// only when a measurement cannot be made.
 pub fn measure(ws: &Path, quick: bool, cold: bool) -> Result<Vec<Row>> {
-    deps::ensure()?;
+    deps::ensure_packages()?;
     deps::ensure_bench()?;
     let mut rows = device::rows(ws, quick)?;
     let images = image::ensure_for(ws, image::Variant::Normal, image::Purpose::Run)?;

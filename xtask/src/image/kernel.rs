@@ -166,13 +166,15 @@ fn build(inputs: &Inputs, variant: Variant, entry: &Entry, tree: &Path) -> Resul
     let title = format!("building the {} guest kernel (about 4 min on 2 cores)", variant.name());
     let step = Step::start(&title, &entry.dir.join("build.log"))?;
     let (fragments, patches) = inputs.write(&entry.dir.join("inputs"))?;
-    step.run(Command::new("tar").arg("-xf").arg(SOURCE_TARBALL).arg("-C").arg(&entry.dir))?;
-    fs::rename(entry.dir.join("linux-source-6.12"), tree).context("renaming the unpacked tree")?;
-
-    for patch in &patches {
-        step.run(Command::new("patch").args(["-p1", "--forward", "--batch", "-d"]).arg(tree).arg("-i").arg(patch))
-            .with_context(|| format!("applying {}", patch.display()))?;
-    }
+    // Kconfig needs bindgen (Rust is only offered when it runs), the source
+    // unpacking and patching do not: install it meanwhile.
+    let prepared = std::thread::scope(|s| {
+        let bindgen = s.spawn(deps::ensure_bindgen);
+        let unpacked = unpack(&step, entry, tree, &patches);
+        bindgen.join().map_err(|_| anyhow::anyhow!("the bindgen install thread panicked"))??;
+        unpacked
+    });
+    prepared?;
     step.run(Kernel::make(tree)?.arg("tinyconfig"))?;
     step.run(
         Command::new(tree.join("scripts/kconfig/merge_config.sh"))
@@ -198,6 +200,17 @@ fn build(inputs: &Inputs, variant: Variant, entry: &Entry, tree: &Path) -> Resul
     warnings_are_errors(step.log())?;
     entry.mark_ready()?;
     step.finish();
+    Ok(())
+}
+
+/// The kernel source unpacked as `tree`, with the patches applied.
+fn unpack(step: &Step, entry: &Entry, tree: &Path, patches: &[PathBuf]) -> Result<()> {
+    step.run(Command::new("tar").arg("-xf").arg(SOURCE_TARBALL).arg("-C").arg(&entry.dir))?;
+    fs::rename(entry.dir.join("linux-source-6.12"), tree).context("renaming the unpacked tree")?;
+    for patch in patches {
+        step.run(Command::new("patch").args(["-p1", "--forward", "--batch", "-d"]).arg(tree).arg("-i").arg(patch))
+            .with_context(|| format!("applying {}", patch.display()))?;
+    }
     Ok(())
 }
 

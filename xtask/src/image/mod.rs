@@ -36,7 +36,8 @@ pub enum Purpose {
 /// Everything a boot needs, built if missing. QEMU needs neither the kernel
 /// nor bindgen, so it builds on a thread of its own beside them: a kernel
 /// build leaves a core idle for minutes (rustc builds `core` and `kernel`
-/// alone, vmlinux links alone), and so do downloads and unpacking.
+/// alone, vmlinux links alone), and so do downloads and unpacking. The
+/// kernel build in turn installs bindgen while it unpacks its source.
 pub fn ensure(workspace: &Path, variant: Variant) -> Result<Images> {
     ensure_for(workspace, variant, Purpose::Test)
 }
@@ -54,8 +55,10 @@ pub fn ensure_for(workspace: &Path, variant: Variant, purpose: Purpose) -> Resul
 
 /// The kernel and the initramfs with the agent and the modules.
 fn guest_images(workspace: &Path, variant: Variant, purpose: Purpose) -> Result<(kernel::Kernel, PathBuf)> {
-    crate::deps::ensure_bindgen()?;
+    // A kernel build installs bindgen while it unpacks the source; modules
+    // built against a cached kernel need it too.
     let kernel = kernel::ensure(workspace, variant)?;
+    crate::deps::ensure_bindgen()?;
     // Loaded by the scenario once the device has been checked on its own.
     let mut modules = vec![module::ensure(workspace, &kernel, "guest-driver", "perfbed", &["device/src/regs.rs"])?];
     if purpose == Purpose::Test {
