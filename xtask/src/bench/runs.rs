@@ -121,7 +121,12 @@ pub fn cold(ws: &Path, measure: bool) -> Result<Option<Row>> {
         Row::new("cold run: first `cargo xtask run`, empty cache", total, "s")
             .against("before this work (issue 11, not side by side)", COLD_BEFORE_S)
             .goal(Goal::AtMost(COLD_GOAL_S))
-            .note(format!("measured {} (apt not included: packages installed): {}", doc["when"].as_str().unwrap_or("?"), steps.join(", "))),
+            .note(format!(
+                "measured {} (load average after: {}; apt not included: packages installed): {}",
+                doc["when"].as_str().unwrap_or("?"),
+                doc["loadavg_after"].as_str().unwrap_or("?"),
+                steps.join(", ")
+            )),
     ))
 }
 
@@ -158,11 +163,15 @@ fn measure_cold(ws: &Path) -> Result<()> {
         })
         .collect();
     if let Some(times) = RunTimes::parse(&out) {
+        // What xtask cannot time itself: cargo building it in the fresh clone.
+        steps.insert(0, json!({ "step": "cargo builds xtask", "s": wall.saturating_sub(times.total).as_secs_f64() }));
+        steps.push(json!({ "step": "images (wall, steps overlap)", "s": times.images.as_secs_f64() }));
         steps.push(json!({ "step": "boot", "s": times.boot.as_secs_f64() }));
         steps.push(json!({ "step": "checks", "s": times.checks.as_secs_f64() }));
     }
+    let load = fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let when = crate::cmd::output(Command::new("date").args(["-u", "+%Y-%m-%d %H:%M UTC"]))?.trim().to_string();
-    let doc = json!({ "when": when, "total_s": wall.as_secs_f64(), "steps": steps });
+    let doc = json!({ "when": when, "total_s": wall.as_secs_f64(), "steps": steps, "loadavg_after": load.trim() });
     let path = cold_file(ws);
     fs::create_dir_all(path.parent().context("cold.json has a folder")?)?;
     fs::write(&path, serde_json::to_string_pretty(&doc)? + "\n")?;
