@@ -161,8 +161,11 @@ pub fn save(workspace: &Path, rows: &[Row], quick: bool) -> Result<PathBuf> {
     Ok(path)
 }
 
-/// Rows of a saved result, by name: (value, unit, ratio).
-fn load(path: &Path) -> Result<Vec<(String, f64, String, Option<f64>)>> {
+/// One row of a saved result: (name, value, unit, ratio).
+type SavedRow = (String, f64, String, Option<f64>);
+
+/// The rows of a saved result.
+fn load(path: &Path) -> Result<Vec<SavedRow>> {
     let text = fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let doc: Value = serde_json::from_str(&text).with_context(|| format!("{} is not JSON", path.display()))?;
     let Some(rows) = doc["rows"].as_array() else {
