@@ -160,7 +160,7 @@ fn device_scope_pmu(scenario: &Scenario, accel: &Accel) -> Result<()> {
 /// at this effort; nothing here judges them.
 fn bench_quick(_scenario: &Scenario, _accel: &Accel) -> Result<()> {
     let ws = crate::workspace()?;
-    let rows = crate::bench::measure(&ws, true, false)?;
+    let rows = crate::bench::measure(&ws, true)?;
     let missing = crate::bench::missing_rows(&rows);
     if !missing.is_empty() {
         bail!("rows missing from the benchmark: {missing:?}");
