@@ -106,9 +106,11 @@ fn shared(c: &mut Bench) {
     let shared = SharedDevice::new(DeviceConfig::default()).expect("the default config is valid");
     shared.mmio_write(0, regs::domain_reg(0, regs::DOM_OWNER), 8, 0);
     shared.mmio_write(0, regs::slot_ctl(0, 0), 8, regs::slot_ctl_value(Event::MbmTotalBytes, 1));
-    c.bench_function("shared/owner_counter_read", |b| {
+    let mut group = c.benchmark_group("shared");
+    group.bench_function("owner_counter_read", |b| {
         b.iter(|| black_box(shared.mmio_read(0, regs::slot_count(0, 0), 8)))
     });
+    group.finish();
 }
 
 criterion_group! {
