@@ -196,6 +196,20 @@ fn lock_path(dir: &Path) -> PathBuf {
     dir.with_file_name(name)
 }
 
+/// An exclusive lock on `path` (created if missing) for as long as the
+/// returned file is open: for work inside an entry that only one process at
+/// a time may do.
+pub fn lock_exclusive(path: &Path) -> Result<fs::File> {
+    let file = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    flock(&file, libc::LOCK_EX, &path.display().to_string())?;
+    Ok(file)
+}
+
 /// `flock(2)`, saying so when it has to wait for another process.
 fn flock(file: &fs::File, op: libc::c_int, what: &str) -> Result<()> {
     let fd = std::os::fd::AsRawFd::as_raw_fd(file);

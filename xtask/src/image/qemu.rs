@@ -13,7 +13,7 @@ use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 
-use crate::cache::{Entry, Key};
+use crate::cache::{self, Entry, Key};
 use crate::cmd::{self, Step};
 use crate::deps;
 
@@ -56,20 +56,36 @@ pub fn ensure(workspace: &Path) -> Result<Qemu> {
     key.add("gcc", deps::version_of("gcc")?.as_bytes());
     let entry = Entry::new("qemu", &key)?;
     let tree = entry.dir.join("qemu");
-    let binary = tree.join("build/qemu-system-x86_64");
+    let built = tree.join("build/qemu-system-x86_64");
     let installed_lib = tree.join("hw/misc/perfbed").join(STATICLIB);
     if !entry.is_ready() {
         build_tree(&entry, &tree, &shim, &version, &staticlib)?;
-    } else if fs::read(&installed_lib).ok() != Some(fs::read(&staticlib)?) {
-        // Only the Rust device changed: ninja does not track a library named
-        // in link_args, so drop the binary to make it relink.
-        let step = Step::start("relinking QEMU with the new device library", &entry.dir.join("link.log"))?;
-        fs::copy(&staticlib, &installed_lib)?;
-        let _ = fs::remove_file(&binary);
-        step.run(&mut ninja(&tree))?;
-        step.finish();
     }
-    Ok(Qemu { binary, firmware_dirs: FIRMWARE_DIRS.iter().map(PathBuf::from).collect() })
+    // The entry is shared by work trees whose device code differs: each
+    // device library gets its own linked binary, which is never rewritten,
+    // and the relinking in the shared tree is done by one process at a time.
+    let lib = fs::read(&staticlib).with_context(|| format!("reading {}", staticlib.display()))?;
+    let linked = entry.dir.join("linked").join(Key::new("device-lib").add("lib", &lib).hex()).join("qemu-system-x86_64");
+    if !linked.is_file() {
+        let _relinking = cache::lock_exclusive(&entry.dir.join("link.lock"))?;
+        if !linked.is_file() {
+            if fs::read(&installed_lib).ok() != Some(lib) {
+                // ninja does not track a library named in link_args: drop the
+                // binary to make it relink.
+                let step = Step::start("relinking QEMU with the new device library", &entry.dir.join("link.log"))?;
+                fs::copy(&staticlib, &installed_lib)?;
+                let _ = fs::remove_file(&built);
+                step.run(&mut ninja(&tree))?;
+                step.finish();
+            }
+            let dir = linked.parent().context("a linked binary has a folder")?;
+            fs::create_dir_all(dir)?;
+            let aside = dir.join("qemu-system-x86_64.partial");
+            fs::copy(&built, &aside).with_context(|| format!("copying {}", built.display()))?;
+            fs::rename(&aside, &linked)?;
+        }
+    }
+    Ok(Qemu { binary: linked, firmware_dirs: FIRMWARE_DIRS.iter().map(PathBuf::from).collect() })
 }
 
 /// The Rust device as a static library, by the cargo that runs xtask.
