@@ -73,9 +73,15 @@ pub fn rows(ws: &Path, images: &Images, accel: &Accel, effort: &Effort) -> Resul
     }
     let mut stock = Vec::new();
     let mut stock_memory = Vec::new();
+    let mut pc_cpus = String::new();
     for i in 0..effort.boots {
         let scenario = scenario_for(ws, images, &args, &format!("bench-boot-pc-{i}"))?;
         let (time, memory) = stock_boot_to_init(&scenario.vm, accel)?;
+        if i == 0 {
+            // A kernel without ACPI finds only the boot CPU on -M pc: say so.
+            let log = fs::read_to_string(scenario.vm.run_dir.join("serial.log")).unwrap_or_default();
+            pc_cpus = log.lines().find_map(|l| Some(l.split_once("smp: Brought up ")?.1.trim().to_string())).unwrap_or_default();
+        }
         stock.push(time);
         stock_memory.push(memory);
     }
@@ -87,7 +93,8 @@ pub fn rows(ws: &Path, images: &Images, accel: &Accel, effort: &Effort) -> Resul
             .goal(Goal::RatioAtMost(1.0 / 3.0))
             .note(format!(
                 "median of {} boots each, {} vCPUs, {} MiB, TCG; the -M pc baseline stops at the kernel's \"{INIT_LINE}\" \
-                 (its guest has no PCI for the agent's virtio console), which favours it; perfbed-vmm: not written yet. \
+                 (its guest has no PCI for the agent's virtio console), which favours it; the -M pc guest brought up {pc_cpus}; \
+                 perfbed-vmm: not written yet. \
                  Where perfbed's boot goes: QEMU start and firmware {}, guest kernel to agent ready {} (guest uptime); \
                  slowest kernel log gaps: {}",
                 effort.boots,
