@@ -46,7 +46,7 @@ impl Drop for Load {
 }
 
 pub fn run(ws: &Path, args: &BootStressArgs) -> Result<bool> {
-    let images = image::ensure(ws, image::Variant::Normal)?;
+    let images = image::ensure_for(ws, image::Variant::Normal, image::Purpose::Run)?;
     let accel = vm::choose_accel();
     let mut run_args = RunArgs::for_tests();
     run_args.timeout = args.timeout;

@@ -11,12 +11,16 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
+use crate::progress::{self, Spinner};
+
 /// A long build step: its commands append to one log file, the terminal sees
-/// what runs and a heartbeat while it does.
+/// what runs and, while it does, a live spinner with the elapsed and the
+/// expected time (on a terminal) or a heartbeat line every 15 s (otherwise).
 pub struct Step {
     name: String,
     log: PathBuf,
     start: Instant,
+    spinner: Option<Spinner>,
 }
 
 impl Step {
@@ -25,15 +29,15 @@ impl Step {
             fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         }
         File::create(log).with_context(|| format!("creating {}", log.display()))?;
-        eprintln!("==> {name} (log: {})", log.display());
-        Ok(Step { name: name.to_string(), log: log.to_path_buf(), start: Instant::now() })
+        progress::say(&format!("==> {name} (log: {})", log.display()));
+        Ok(Step { name: name.to_string(), log: log.to_path_buf(), start: Instant::now(), spinner: Spinner::start(name) })
     }
 
     /// Runs `cmd` with stdout and stderr appended to the step's log; prints a
     /// line every 15 s while it runs. On failure, the error carries the tail.
     pub fn run(&self, cmd: &mut Command) -> Result<()> {
         let shown = display(cmd);
-        eprintln!("    $ {shown}");
+        progress::say(&format!("    $ {shown}"));
         let mut log = fs::OpenOptions::new().append(true).open(&self.log)?;
         writeln!(log, "\n$ {shown}")?;
         let out = log.try_clone()?;
@@ -45,11 +49,13 @@ impl Step {
             .with_context(|| format!("starting `{shown}`"))?;
         let (done_tx, done_rx) = mpsc::channel::<()>();
         let heartbeat = {
-            let (name, start) = (self.name.clone(), self.start);
+            let (name, start, quiet) = (self.name.clone(), self.start, self.spinner.is_some());
             thread::spawn(move || {
                 // Ends when the sender is dropped (Disconnected), i.e. the command ended.
                 while let Err(mpsc::RecvTimeoutError::Timeout) = done_rx.recv_timeout(Duration::from_secs(15)) {
-                    eprintln!("    ... {name}: {} so far", human(start.elapsed()));
+                    if !quiet {
+                        eprintln!("    ... {name}: {} so far", human(start.elapsed()));
+                    }
                 }
             })
         };
@@ -74,7 +80,12 @@ impl Step {
     }
 
     pub fn finish(self) {
-        eprintln!("    {} done in {}", self.name, human(self.start.elapsed()));
+        let took = self.start.elapsed();
+        if let Some(spinner) = self.spinner {
+            spinner.finish();
+        }
+        progress::record(&self.name, took);
+        progress::say(&format!("    {} done in {}", self.name, human(took)));
     }
 }
 

@@ -37,6 +37,19 @@ pub const PACKAGES: &[(&str, &str)] = &[
     ("busybox-static", "sleep and friends in the guest"),
 ];
 
+/// Debian packages only `cargo xtask bench` needs, and why.
+pub const BENCH_PACKAGES: &[(&str, &str)] =
+    &[("qemu-system-x86", "stock Debian QEMU, the boot baseline (`-M pc`) of `cargo xtask bench`")];
+
+/// Installs the benchmark's own packages if missing.
+pub fn ensure_bench() -> Result<()> {
+    let missing = missing_of(BENCH_PACKAGES)?;
+    if !missing.is_empty() {
+        install_packages(&missing)?;
+    }
+    Ok(())
+}
+
 /// Where perfbed adds deb-src entries when the machine has none.
 const DEB_SRC_FILE: &str = "/etc/apt/sources.list.d/perfbed-deb-src.sources";
 
@@ -49,11 +62,23 @@ pub fn bindgen() -> Result<PathBuf> {
 
 /// Installs whatever is missing; prints nothing when nothing is.
 pub fn ensure() -> Result<()> {
+    ensure_packages()?;
+    ensure_bindgen()
+}
+
+/// The Debian packages and QEMU's deb-src entries: what every build step
+/// needs first.
+pub fn ensure_packages() -> Result<()> {
     let missing = missing_packages()?;
     if !missing.is_empty() {
         install_packages(&missing)?;
     }
-    ensure_qemu_source()?;
+    ensure_qemu_source()
+}
+
+/// The pinned bindgen, which only the kernel build needs (so the image build
+/// installs it while QEMU's build runs).
+pub fn ensure_bindgen() -> Result<()> {
     let bindgen = bindgen()?;
     if !bindgen.exists() {
         install_bindgen(&bindgen)?;
@@ -126,6 +151,10 @@ fn deb_src_stanzas() -> Result<String> {
 }
 
 fn missing_packages() -> Result<Vec<&'static str>> {
+    missing_of(PACKAGES)
+}
+
+fn missing_of(packages: &[(&'static str, &str)]) -> Result<Vec<&'static str>> {
     if which("dpkg-query").is_none() {
         bail!(
             "dpkg-query not found: perfbed expects Debian 12. Install the equivalents of: {}",
@@ -133,7 +162,7 @@ fn missing_packages() -> Result<Vec<&'static str>> {
         );
     }
     let mut missing = Vec::new();
-    for (package, _) in PACKAGES {
+    for (package, _) in packages {
         let status = Command::new("dpkg-query")
             .args(["-W", "-f=${db:Status-Status}", package])
             .output()
@@ -149,7 +178,7 @@ fn install_packages(missing: &[&str]) -> Result<()> {
     let list = missing.join(" ");
     let command = format!("apt-get update && apt-get install -y --no-install-recommends {list}");
     for package in missing {
-        let why = PACKAGES.iter().find(|(p, _)| p == package).map(|(_, w)| *w).unwrap_or("");
+        let why = PACKAGES.iter().chain(BENCH_PACKAGES).find(|(p, _)| p == package).map(|(_, w)| *w).unwrap_or("");
         eprintln!("    missing: {package} ({why})");
     }
     // SAFETY: geteuid has no preconditions and cannot fail.

@@ -1,6 +1,7 @@
 //! `cargo xtask`: perfbed's build and test driver. Each subcommand is small;
 //! the work lives in the modules named after it.
 
+mod bench;
 mod boot_stress;
 mod cache;
 mod cmd;
@@ -15,6 +16,7 @@ mod perf_abi;
 mod perf_matrix;
 mod l1box;
 mod pmu_checks;
+mod progress;
 mod scenario;
 mod scope_test;
 mod stress;
@@ -56,6 +58,9 @@ enum Command {
     /// Fuzz the device, the control socket, the agent protocol and the host
     /// configuration (installs the pinned cargo-fuzz; stable toolchain).
     Fuzz(fuzz::FuzzArgs),
+    /// Measure perfbed against its baselines: a table of value, baseline,
+    /// ratio and goal, saved under target/perfbed/bench/.
+    Bench(bench::BenchArgs),
     /// Boot again and again, idle and under load: hangs, failures, boot times.
     BootStress(boot_stress::BootStressArgs),
     /// What a device MMIO exit costs perfbed-vmm against a bare exit (on this
@@ -173,6 +178,7 @@ fn main() -> ExitCode {
         Command::Run(args) => run(&ws, &args),
         Command::Test(args) => test::run(&ws, &args),
         Command::Fuzz(args) => fuzz::run(&ws, &args),
+        Command::Bench(args) => bench::run(&ws, &args),
         Command::BootStress(args) => boot_stress::run(&ws, &args),
         Command::Stress(args) => stress::run(&ws, &args),
         Command::VmmBench(args) => vmm_bench::run(&ws, &args),
@@ -197,7 +203,7 @@ fn workspace() -> Result<PathBuf> {
 fn run(ws: &Path, args: &RunArgs) -> Result<bool> {
     let total = Instant::now();
     check_args(args)?;
-    let images = image::ensure(ws, variant(args.debug))?;
+    let images = image::ensure_for(ws, variant(args.debug), image::Purpose::Run)?;
     let accel = vm::choose_accel();
     let scenario = scenario_for(ws, &images, args, "run")?;
     let image_time = total.elapsed();
@@ -223,7 +229,7 @@ fn run(ws: &Path, args: &RunArgs) -> Result<bool> {
 
 fn up(ws: &Path, args: &RunArgs, hold: Duration) -> Result<bool> {
     check_args(args)?;
-    let images = image::ensure(ws, variant(args.debug))?;
+    let images = image::ensure_for(ws, variant(args.debug), image::Purpose::Run)?;
     let scenario = scenario_for(ws, &images, args, "up")?;
     let booted = vm::Vm::boot(&scenario.vm, &vm::choose_accel())?;
     println!("guest up in {} (kernel {}, CPUs {})", cmd::human(booted.boot_time), booted.hello.kernel_release, booted.hello.cpus_online);

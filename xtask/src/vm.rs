@@ -219,7 +219,11 @@ pub struct Vm {
 pub struct Booted {
     pub vm: Vm,
     pub hello: Hello,
+    /// From the guest starting (our connection) to the agent's greeting.
     pub boot_time: Duration,
+    /// From QEMU's start to the agent's greeting (`boot_time` plus QEMU's
+    /// own start-up).
+    pub since_spawn: Duration,
 }
 
 impl Vm {
@@ -237,15 +241,7 @@ impl Vm {
         });
         let tsc_khz = host_tsc_khz();
 
-        let mut cmdline = vec![
-            "console=ttyS0".to_string(),
-            // A panic reboots at once, and -no-reboot turns that into an exit.
-            "panic=-1".into(),
-            "reboot=t".into(),
-            format!("tsc_early_khz={tsc_khz}"),
-            // No clocksource watchdog: a loaded TCG host would make it flap.
-            "tsc=reliable".into(),
-        ];
+        let mut cmdline = base_cmdline(tsc_khz);
         if let Host::Qemu = config.host {
             // Announced like virtio-mmio devices are: size@base (perfbed-vmm
             // announces its devices itself, the same way).
@@ -284,6 +280,7 @@ impl Vm {
             _ => None,
         };
         fs::write(config.run_dir.join("qemu.cmd"), cmd::display(&command) + "\n")?;
+        let spawned = Instant::now();
         let mut child = command
             .stdin(Stdio::null())
             .stdout(if console_log.is_some() { Stdio::piped() } else { Stdio::null() })
@@ -313,10 +310,17 @@ impl Vm {
         thread::spawn(move || read_agent(stream, reader_transcript, tx));
         let mut vm = Vm { child, messages, writer, transcript, serial_log, qemu_log, box_log, control_socket, agent_socket: socket, before_kill: None };
         match vm.receive(config.boot_timeout, "the agent's greeting") {
-            Ok(AgentMessage::Hello(hello)) => Ok(Booted { boot_time: started.elapsed(), hello, vm }),
+            Ok(AgentMessage::Hello(hello)) => {
+                Ok(Booted { boot_time: started.elapsed(), since_spawn: spawned.elapsed(), hello, vm })
+            }
             Ok(other) => Err(vm.fail(anyhow!("the agent sent {other:?} before its greeting"))),
             Err(e) => Err(e),
         }
+    }
+
+    /// QEMU's process id (for its memory use).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// Sends one request and waits for its answer.
@@ -475,8 +479,36 @@ fn qemu_command(config: &VmConfig, accel: &Accel, cmdline: &[String], socket: &P
     for dir in &config.firmware_dirs {
         qemu.arg("-L").arg(dir);
     }
-    qemu.args(["-M", "microvm,x-option-roms=off,acpi=off", "-nodefaults", "-no-user-config"])
-        .args(["-display", "none", "-no-reboot"]);
+    qemu.args(["-M", "microvm,x-option-roms=off,acpi=off"]);
+    guest_args(&mut qemu, config, accel, &cmdline.join(" "));
+    qemu.args(["-chardev", "stdio,id=serial0,signal=off", "-serial", "chardev:serial0"])
+        .args(["-device", "virtio-serial-device", "-chardev"])
+        .arg(format!("socket,id=agent,path={},server=on,wait=on", socket.display()))
+        .args(["-device", "virtconsole,chardev=agent"])
+        .arg("-device")
+        .arg(device_arg(&config.device, control_socket));
+    qemu
+}
+
+/// perfbed's kernel command line before the device and the caller's extras,
+/// for a host whose TSC runs at `tsc_khz`.
+pub fn base_cmdline(tsc_khz: u64) -> Vec<String> {
+    vec![
+        "console=ttyS0".to_string(),
+        // A panic reboots at once, and -no-reboot turns that into an exit.
+        "panic=-1".into(),
+        "reboot=t".into(),
+        format!("tsc_early_khz={tsc_khz}"),
+        // No clocksource watchdog: a loaded TCG host would make it flap.
+        "tsc=reliable".into(),
+    ]
+}
+
+/// What every QEMU boot of perfbed's images says, whatever the machine: no
+/// defaults, no display, exit on reboot, the accelerator, the guest's shape,
+/// its kernel, initramfs and command line.
+pub fn guest_args(qemu: &mut Command, config: &VmConfig, accel: &Accel, cmdline: &str) {
+    qemu.args(["-nodefaults", "-no-user-config", "-display", "none", "-no-reboot"]);
     if accel.kvm {
         qemu.args(["-accel", "kvm", "-cpu", "host"]);
     } else {
@@ -491,14 +523,7 @@ fn qemu_command(config: &VmConfig, accel: &Accel, cmdline: &[String], socket: &P
         .arg("-initrd")
         .arg(&config.initramfs)
         .arg("-append")
-        .arg(cmdline.join(" "))
-        .args(["-chardev", "stdio,id=serial0,signal=off", "-serial", "chardev:serial0"])
-        .args(["-device", "virtio-serial-device", "-chardev"])
-        .arg(format!("socket,id=agent,path={},server=on,wait=on", socket.display()))
-        .args(["-device", "virtconsole,chardev=agent"])
-        .arg("-device")
-        .arg(device_arg(&config.device, control_socket));
-    qemu
+        .arg(cmdline);
 }
 
 /// The `-device perfbed,...` argument of perfbed's QEMU (images/qemu/perfbed.c).

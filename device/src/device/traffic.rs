@@ -4,8 +4,13 @@
 //!
 //! Arithmetic is exact: sub-byte remainders are carried in byte·ns, so any
 //! sequence of time steps lands the same bytes as one step over their sum.
+//!
+//! `advance` runs on every guest register access, so it is kept cheap: the
+//! rates are a sorted Vec (iterated, never searched, on that path), their sum
+//! is kept up to date, and budgets that fit in a u64 are divided as u64s
+//! (a u128 division is a library call several times slower).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 
 use crate::regs::Event;
 
@@ -16,6 +21,15 @@ pub const MAX_QUEUED: usize = 4096;
 
 /// Nanoseconds per second.
 const NS_PER_SEC: u128 = 1_000_000_000;
+const NS_PER_SEC_U64: u64 = 1_000_000_000;
+
+/// A budget in byte·ns as (whole bytes, remainder in byte·ns below 1e9).
+fn whole_bytes(budget: u128) -> (u128, u128) {
+    match u64::try_from(budget) {
+        Ok(b) => (u128::from(b / NS_PER_SEC_U64), u128::from(b % NS_PER_SEC_U64)),
+        Err(_) => (budget / NS_PER_SEC, budget % NS_PER_SEC),
+    }
+}
 
 #[derive(Debug, Clone)]
 struct Pending {
@@ -37,15 +51,13 @@ pub(super) struct Traffic {
     queue: VecDeque<Pending>,
     /// Sub-byte remainder of the queue's bandwidth in byte·ns (below 1e9).
     queue_carry: u128,
-    rates: BTreeMap<(u32, Event), Rate>,
+    /// Non-zero steady rates, sorted by (rmid, event), each key once.
+    rates: Vec<((u32, Event), Rate)>,
+    /// The sum of `rates`, in bytes per second.
+    steady_total: u128,
 }
 
 impl Traffic {
-    /// The sum of the steady rates, in bytes per second.
-    fn steady_total(&self) -> u128 {
-        self.rates.values().map(|r| u128::from(r.bytes_per_sec)).sum()
-    }
-
     /// Injected bytes not landed yet.
     pub(super) fn pending(&self) -> u64 {
         self.queue.iter().fold(0u64, |acc, p| acc.saturating_add(p.bytes))
@@ -75,45 +87,60 @@ impl Traffic {
 
     /// The steady rate of every (rmid, event) but this one, summed.
     pub(super) fn steady_total_except(&self, rmid: u32, event: Event) -> u128 {
-        self.rates
-            .iter()
-            .filter(|(&k, _)| k != (rmid, event))
-            .map(|(_, r)| u128::from(r.bytes_per_sec))
-            .sum()
+        let own = self.rate_index(rmid, event).ok().map_or(0, |i| u128::from(self.rates[i].1.bytes_per_sec));
+        self.steady_total - own
     }
 
     /// Sets the steady rate of (rmid, event); 0 removes it.
     pub(super) fn set_rate(&mut self, rmid: u32, event: Event, bytes_per_sec: u64) {
-        if bytes_per_sec == 0 {
-            self.rates.remove(&(rmid, event));
-        } else {
-            self.rates.entry((rmid, event)).or_default().bytes_per_sec = bytes_per_sec;
+        match (self.rate_index(rmid, event), bytes_per_sec) {
+            (Ok(i), 0) => {
+                self.steady_total -= u128::from(self.rates.remove(i).1.bytes_per_sec);
+            }
+            (Ok(i), _) => {
+                let rate = &mut self.rates[i].1;
+                self.steady_total = self.steady_total - u128::from(rate.bytes_per_sec) + u128::from(bytes_per_sec);
+                rate.bytes_per_sec = bytes_per_sec;
+            }
+            (Err(_), 0) => {}
+            (Err(i), _) => {
+                self.rates.insert(i, ((rmid, event), Rate { bytes_per_sec, carry: 0 }));
+                self.steady_total += u128::from(bytes_per_sec);
+            }
         }
+    }
+
+    fn rate_index(&self, rmid: u32, event: Event) -> Result<usize, usize> {
+        self.rates.binary_search_by(|(key, _)| key.cmp(&(rmid, event)))
     }
 
     /// The non-zero steady rates: (rmid, event, bytes per second).
     pub(super) fn rates(&self) -> impl Iterator<Item = (u32, Event, u64)> + '_ {
-        self.rates.iter().map(|(&(rmid, event), r)| (rmid, event, r.bytes_per_sec))
+        self.rates.iter().map(|&((rmid, event), ref r)| (rmid, event, r.bytes_per_sec))
     }
 
     /// Lets `dt` ns of traffic land, calling `land(rmid, event, bytes)` for
     /// each part that does. Steady rates first; the queue, FIFO, gets what
     /// they leave of `max_rate`.
     pub(super) fn advance(&mut self, dt: u64, max_rate: u64, mut land: impl FnMut(u32, Event, u64)) {
-        let dt = u128::from(dt);
-        for (&(rmid, event), rate) in &mut self.rates {
-            let budget = rate.carry.saturating_add(u128::from(rate.bytes_per_sec).saturating_mul(dt));
-            rate.carry = budget % NS_PER_SEC;
-            let bytes = u64::try_from(budget / NS_PER_SEC).unwrap_or(u64::MAX);
-            land(rmid, event, bytes);
+        if self.rates.is_empty() && self.queue.is_empty() {
+            return;
         }
-        let queue_rate = u128::from(max_rate).saturating_sub(self.steady_total());
-        let mut budget = self.queue_carry.saturating_add(queue_rate.saturating_mul(dt));
+        let dt = u128::from(dt);
+        for &mut ((rmid, event), ref mut rate) in &mut self.rates {
+            let budget = rate.carry.saturating_add(u128::from(rate.bytes_per_sec).saturating_mul(dt));
+            let (bytes, carry) = whole_bytes(budget);
+            rate.carry = carry;
+            land(rmid, event, u64::try_from(bytes).unwrap_or(u64::MAX));
+        }
+        let queue_rate = u128::from(max_rate).saturating_sub(self.steady_total);
+        let budget = self.queue_carry.saturating_add(queue_rate.saturating_mul(dt));
+        // Taking whole bytes leaves the remainder below 1e9 byte·ns as it is.
+        let (mut bytes, carry) = whole_bytes(budget);
         while let Some(front) = self.queue.front_mut() {
-            let can = u64::try_from(budget / NS_PER_SEC).unwrap_or(u64::MAX);
-            let take = can.min(front.bytes);
+            let take = u64::try_from(bytes).unwrap_or(u64::MAX).min(front.bytes);
             front.bytes -= take;
-            budget = budget.saturating_sub(u128::from(take).saturating_mul(NS_PER_SEC));
+            bytes -= u128::from(take);
             let (rmid, event, done) = (front.rmid, front.event, front.bytes == 0);
             land(rmid, event, take);
             if done {
@@ -123,6 +150,6 @@ impl Traffic {
             }
         }
         // Bandwidth is not banked while the queue is empty.
-        self.queue_carry = if self.queue.is_empty() { 0 } else { budget % NS_PER_SEC };
+        self.queue_carry = if self.queue.is_empty() { 0 } else { carry };
     }
 }

@@ -216,6 +216,17 @@ pub enum JobResult {
     },
 }
 
+/// What a timing loop reads (see [`HostRequest::TimeReads`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "target", rename_all = "snake_case")]
+pub enum ReadTarget {
+    /// read() of an open event, by handle.
+    Event { handle: u32 },
+    /// An 8-byte load at `offset` of `size` bytes of physical memory at
+    /// `base`, mapped through `/dev/mem`.
+    Mmio { base: u64, size: u64, offset: u64 },
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "request", rename_all = "snake_case")]
 pub enum HostRequest {
@@ -253,6 +264,9 @@ pub enum HostRequest {
     /// make `accesses` in order, each from its CPU. A way to drive a device
     /// from the guest without a driver: for checking the device emulation.
     Mmio { base: u64, size: u64, accesses: Vec<MmioAccess> },
+    /// Pinned to `cpu`, read `target` `iterations` times in a tight loop and
+    /// say how long that took (for `cargo xtask bench`).
+    TimeReads { target: ReadTarget, cpu: u32, iterations: u32 },
     /// Take every CPU but 0 offline and back online, `rounds` times, checking
     /// `/sys/devices/system/cpu/online` after each CPU.
     Hotplug { rounds: u32 },
@@ -285,6 +299,9 @@ pub enum AgentMessage {
     Mmio { values: Vec<u64> },
     /// The request was carried out.
     Done,
+    /// A timing loop's result: `iterations` reads in `total_ns`; `last` is
+    /// the last value read (so a broken read shows).
+    Timed { iterations: u32, total_ns: u64, last: u64 },
     Text { text: String },
     PerfOpened { handle: u32 },
     PerfValues { values: Vec<u64> },

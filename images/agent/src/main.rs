@@ -23,6 +23,7 @@ mod batch;
 mod jobs;
 mod mmio;
 mod perf;
+mod timing;
 
 /// The initramfs's modules, loaded when the host asks.
 const MODULE_DIR: &str = "/lib/modules";
@@ -105,6 +106,10 @@ fn handle(request: HostRequest, events: &mut perf::Events, jobs: &mut jobs::Jobs
         HostRequest::PerfClose { handle } => events.close(handle).map_or_else(errno, |()| AgentMessage::Done),
         HostRequest::PerfOpenRace { attr, cpu, hotplug_ops, toggle_cpus, keep } => match perf::open_race(&attr, cpu, hotplug_ops, &toggle_cpus, keep) {
             Ok(result) => AgentMessage::Race(result),
+            Err(error) => AgentMessage::Error { error },
+        },
+        HostRequest::TimeReads { target, cpu, iterations } => match timing::time_reads(&target, cpu, iterations, events) {
+            Ok(message) => message,
             Err(error) => AgentMessage::Error { error },
         },
         HostRequest::Hotplug { rounds } => match hotplug(rounds) {

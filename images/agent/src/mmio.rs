@@ -10,13 +10,13 @@ use std::os::fd::AsRawFd;
 use perfbed_agent::MmioAccess;
 
 /// Maps `[base, base + size)` for the duration of one request.
-struct Mapping {
+pub struct Mapping {
     ptr: *mut u8,
     size: usize,
 }
 
 impl Mapping {
-    fn new(base: u64, size: u64) -> Result<Mapping, String> {
+    pub fn new(base: u64, size: u64) -> Result<Mapping, String> {
         let size = usize::try_from(size).map_err(|_| format!("size {size:#x} too large"))?;
         if size == 0 || !base.is_multiple_of(4096) {
             return Err(format!("bad region {size:#x}@{base:#x}: empty or not page aligned"));
@@ -45,7 +45,7 @@ impl Mapping {
         Ok(Mapping { ptr: ptr.cast(), size })
     }
 
-    fn register(&self, offset: u64) -> Result<*mut u64, String> {
+    pub fn register(&self, offset: u64) -> Result<*mut u64, String> {
         match usize::try_from(offset) {
             Ok(o) if o % 8 == 0 && o.checked_add(8).is_some_and(|end| end <= self.size) => {
                 // SAFETY: in bounds and 8-byte aligned, checked above.
@@ -73,15 +73,7 @@ pub fn run(base: u64, size: u64, accesses: &[MmioAccess]) -> Result<Vec<u64>, St
 
 fn access(mapping: &Mapping, a: &MmioAccess) -> Result<u64, String> {
     let register = mapping.register(a.offset)?;
-    // SAFETY: cpu_set_t is plain data; CPU_ZERO/CPU_SET only index it.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    let cpu = usize::try_from(a.cpu).map_err(|_| "cpu out of range".to_string())?;
-    if cpu >= libc::CPU_SETSIZE as usize {
-        return Err(format!("CPU {cpu} out of range"));
-    }
-    // SAFETY: cpu < CPU_SETSIZE, checked above.
-    unsafe { libc::CPU_SET(cpu, &mut set) };
-    set_affinity(&set).map_err(|e| format!("pinning to CPU {cpu}: {e}"))?;
+    pin_to(a.cpu)?;
     // SAFETY: register points at a mapped, aligned device register; volatile
     // so that each access reaches the device exactly once, as one 8-byte access.
     Ok(unsafe {
@@ -95,7 +87,20 @@ fn access(mapping: &Mapping, a: &MmioAccess) -> Result<u64, String> {
     })
 }
 
-fn affinity() -> Result<libc::cpu_set_t, String> {
+/// Moves the calling thread to `cpu` (and only there).
+pub fn pin_to(cpu: u32) -> Result<(), String> {
+    // SAFETY: cpu_set_t is plain data; CPU_ZERO/CPU_SET only index it.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    let cpu = usize::try_from(cpu).map_err(|_| "cpu out of range".to_string())?;
+    if cpu >= libc::CPU_SETSIZE as usize {
+        return Err(format!("CPU {cpu} out of range"));
+    }
+    // SAFETY: cpu < CPU_SETSIZE, checked above.
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    set_affinity(&set).map_err(|e| format!("pinning to CPU {cpu}: {e}"))
+}
+
+pub fn affinity() -> Result<libc::cpu_set_t, String> {
     // SAFETY: cpu_set_t is plain data, filled by the kernel.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
     // SAFETY: valid pointer and size for this thread's affinity.
@@ -105,7 +110,7 @@ fn affinity() -> Result<libc::cpu_set_t, String> {
     Ok(set)
 }
 
-fn set_affinity(set: &libc::cpu_set_t) -> Result<(), String> {
+pub fn set_affinity(set: &libc::cpu_set_t) -> Result<(), String> {
     // SAFETY: valid pointer and size; the kernel migrates us before returning.
     if unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(set), set) } != 0 {
         return Err(format!("sched_setaffinity: {}", std::io::Error::last_os_error()));

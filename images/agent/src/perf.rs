@@ -246,6 +246,11 @@ impl Events {
         read(self.open.get(&handle).ok_or(SysError { errno: libc::EBADF, call: "handle" })?)
     }
 
+    /// The open descriptor behind a handle (borrowed).
+    pub fn fd(&self, handle: u32) -> Option<&OwnedFd> {
+        self.open.get(&handle)
+    }
+
     pub fn close(&mut self, handle: u32) -> Result<(), SysError> {
         self.open.remove(&handle).map(drop).ok_or(SysError { errno: libc::EBADF, call: "handle" })
     }

@@ -84,19 +84,60 @@ pub fn images_dir(workspace: &Path) -> PathBuf {
     workspace.join("images/kernel")
 }
 
-fn key(workspace: &Path, variant: Variant) -> Result<Key> {
+/// The files a kernel is built from, read once: the key hashes these bytes
+/// and the build uses these bytes, so a file edited while a build runs
+/// cannot end up in an entry named after its old contents.
+struct Inputs {
+    /// (file name, contents): the config fragments in merge order.
+    fragments: Vec<(String, Vec<u8>)>,
+    /// (file name, contents): the patches in the order they apply.
+    patches: Vec<(String, Vec<u8>)>,
+}
+
+impl Inputs {
+    fn read(workspace: &Path, variant: Variant) -> Result<Inputs> {
+        let dir = images_dir(workspace);
+        let fragments = variant
+            .fragments()
+            .iter()
+            .map(|name| Ok((name.to_string(), fs::read(dir.join(name)).with_context(|| format!("reading {name}"))?)))
+            .collect::<Result<_>>()?;
+        let patches = patches(workspace)?
+            .iter()
+            .map(|patch| {
+                let name = patch.file_name().context("a patch has a name")?.to_string_lossy().into_owned();
+                Ok((name, fs::read(patch).with_context(|| format!("reading {}", patch.display()))?))
+            })
+            .collect::<Result<_>>()?;
+        Ok(Inputs { fragments, patches })
+    }
+
+    /// Writes the inputs into `dir` (fragments, then `patches/`); returns
+    /// their paths in order.
+    fn write(&self, dir: &Path) -> Result<(Vec<PathBuf>, Vec<PathBuf>)> {
+        fs::create_dir_all(dir.join("patches"))?;
+        let write = |rel: String, bytes: &[u8]| -> Result<PathBuf> {
+            let path = dir.join(rel);
+            fs::write(&path, bytes).with_context(|| format!("writing {}", path.display()))?;
+            Ok(path)
+        };
+        let fragments = self.fragments.iter().map(|(name, bytes)| write(name.clone(), bytes)).collect::<Result<_>>()?;
+        let patches = self.patches.iter().map(|(name, bytes)| write(format!("patches/{name}"), bytes)).collect::<Result<_>>()?;
+        Ok((fragments, patches))
+    }
+}
+
+fn key(inputs: &Inputs) -> Result<Key> {
     let mut key = Key::new(RECIPE);
     let version = cmd::output(Command::new("dpkg-query").args(["-W", "-f=${Version}", SOURCE_PACKAGE]))
         .with_context(|| format!("{SOURCE_PACKAGE} is not installed; run `cargo xtask deps`"))?;
     key.add("source-package", version.as_bytes());
-    let dir = images_dir(workspace);
-    key.add("fragment", &fs::read(dir.join(BASE_FRAGMENT)).context("reading config.fragment")?);
-    if let Some(extra) = variant.extra_fragment() {
-        key.add(extra, &fs::read(dir.join(extra)).with_context(|| format!("reading {extra}"))?);
+    // The base fragment's historical name in the key is "fragment".
+    for (name, bytes) in &inputs.fragments {
+        key.add(if name == BASE_FRAGMENT { "fragment" } else { name }, bytes);
     }
-    for patch in patches(workspace)? {
-        let name = patch.file_name().expect("a patch has a name").to_string_lossy().into_owned();
-        key.add(&format!("patches/{name}"), &fs::read(&patch)?);
+    for (name, bytes) in &inputs.patches {
+        key.add(&format!("patches/{name}"), bytes);
     }
     key.add("rustc", cmd::output(Command::new(RUSTC).arg("--version").arg("--verbose"))?.as_bytes());
     key.add("bindgen", deps::BINDGEN_VERSION.as_bytes());
@@ -117,11 +158,12 @@ pub fn ensure(workspace: &Path, variant: Variant) -> Result<Kernel> {
     if let Some(tree) = std::env::var_os(KERNEL_TREE_ENV).filter(|t| !t.is_empty()) {
         return own_tree(Path::new(&tree));
     }
-    let key = key(workspace, variant)?;
+    let inputs = Inputs::read(workspace, variant)?;
+    let key = key(&inputs)?;
     let entry = Entry::new("kernel", &key)?;
     let tree = entry.dir.join("linux");
     if !entry.is_ready() {
-        build(workspace, variant, &entry, &tree)?;
+        build(&inputs, variant, &entry, &tree)?;
     }
     let release = fs::read_to_string(tree.join("include/config/kernel.release"))
         .context("reading the kernel release")?
@@ -151,20 +193,20 @@ fn own_tree(tree: &Path) -> Result<Kernel> {
     Ok(Kernel { vmlinux, tree, release, key: key.hex() })
 }
 
-fn build(workspace: &Path, variant: Variant, entry: &Entry, tree: &Path) -> Result<()> {
+fn build(inputs: &Inputs, variant: Variant, entry: &Entry, tree: &Path) -> Result<()> {
     entry.begin()?;
     let title = format!("building the {} guest kernel (about 4 min on 2 cores)", variant.name());
     let step = Step::start(&title, &entry.dir.join("build.log"))?;
-    step.run(Command::new("tar").arg("-xf").arg(SOURCE_TARBALL).arg("-C").arg(&entry.dir))?;
-    fs::rename(entry.dir.join("linux-source-6.12"), tree).context("renaming the unpacked tree")?;
-
-    for patch in patches(workspace)? {
-        step.run(Command::new("patch").args(["-p1", "--forward", "--batch", "-d"]).arg(tree).arg("-i").arg(&patch))
-            .with_context(|| format!("applying {}", patch.display()))?;
-    }
-    let dir = images_dir(workspace);
-
-    let fragments: Vec<PathBuf> = variant.fragments().iter().map(|f| dir.join(f)).collect();
+    let (fragments, patches) = inputs.write(&entry.dir.join("inputs"))?;
+    // Kconfig needs bindgen (Rust is only offered when it runs), the source
+    // unpacking and patching do not: install it meanwhile.
+    let prepared = std::thread::scope(|s| {
+        let bindgen = s.spawn(deps::ensure_bindgen);
+        let unpacked = unpack(&step, entry, tree, &patches);
+        bindgen.join().map_err(|_| anyhow::anyhow!("the bindgen install thread panicked"))??;
+        unpacked
+    });
+    prepared?;
     step.run(Kernel::make(tree)?.arg("tinyconfig"))?;
     step.run(
         Command::new(tree.join("scripts/kconfig/merge_config.sh"))
@@ -190,6 +232,17 @@ fn build(workspace: &Path, variant: Variant, entry: &Entry, tree: &Path) -> Resu
     warnings_are_errors(step.log())?;
     entry.mark_ready()?;
     step.finish();
+    Ok(())
+}
+
+/// The kernel source unpacked as `tree`, with the patches applied.
+fn unpack(step: &Step, entry: &Entry, tree: &Path, patches: &[PathBuf]) -> Result<()> {
+    step.run(Command::new("tar").arg("-xf").arg(SOURCE_TARBALL).arg("-C").arg(&entry.dir))?;
+    fs::rename(entry.dir.join("linux-source-6.12"), tree).context("renaming the unpacked tree")?;
+    for patch in patches {
+        step.run(Command::new("patch").args(["-p1", "--forward", "--batch", "-d"]).arg(tree).arg("-i").arg(patch))
+            .with_context(|| format!("applying {}", patch.display()))?;
+    }
     Ok(())
 }
 

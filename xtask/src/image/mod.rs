@@ -25,15 +25,47 @@ pub struct Images {
 
 pub use kernel::Variant;
 
+/// What an image build is for: the test run also needs the device-scope
+/// test module, which `run` never loads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Purpose {
+    Run,
+    Test,
+}
+
+/// Everything a boot needs, built if missing. QEMU needs neither the kernel
+/// nor bindgen, so it builds on a thread of its own beside them: a kernel
+/// build leaves a core idle for minutes (rustc builds `core` and `kernel`
+/// alone, vmlinux links alone), and so do downloads and unpacking. The
+/// kernel build in turn installs bindgen while it unpacks its source.
 pub fn ensure(workspace: &Path, variant: Variant) -> Result<Images> {
-    crate::deps::ensure()?;
+    ensure_for(workspace, variant, Purpose::Test)
+}
+
+pub fn ensure_for(workspace: &Path, variant: Variant, purpose: Purpose) -> Result<Images> {
+    crate::deps::ensure_packages()?;
+    std::thread::scope(|s| {
+        let qemu = s.spawn(|| qemu::ensure(workspace));
+        let guest = guest_images(workspace, variant, purpose);
+        let qemu = qemu.join().map_err(|_| anyhow::anyhow!("the QEMU build thread panicked"))?;
+        let (kernel, initramfs) = guest?;
+        Ok(Images { vmlinux: kernel.vmlinux, initramfs, kernel_release: kernel.release, qemu: qemu? })
+    })
+}
+
+/// The kernel and the initramfs with the agent and the modules.
+fn guest_images(workspace: &Path, variant: Variant, purpose: Purpose) -> Result<(kernel::Kernel, PathBuf)> {
+    // A kernel build installs bindgen while it unpacks the source; modules
+    // built against a cached kernel need it too.
     let kernel = kernel::ensure(workspace, variant)?;
+    crate::deps::ensure_bindgen()?;
     // Loaded by the scenario once the device has been checked on its own.
-    let driver = module::ensure(workspace, &kernel, "guest-driver", "perfbed", &["device/src/regs.rs"])?;
-    // Loaded only by the device-scope test (images/kernel/scope-test).
-    let scope_test = module::ensure(workspace, &kernel, "images/kernel/scope-test", "perfbed_scope_test", &[])?;
+    let mut modules = vec![module::ensure(workspace, &kernel, "guest-driver", "perfbed", &["device/src/regs.rs"])?];
+    if purpose == Purpose::Test {
+        // Loaded only by the device-scope test (images/kernel/scope-test).
+        modules.push(module::ensure(workspace, &kernel, "images/kernel/scope-test", "perfbed_scope_test", &[])?);
+    }
     let agent = agent::build(workspace)?;
-    let initramfs = initramfs::ensure(&agent, &[driver, scope_test])?;
-    let qemu = qemu::ensure(workspace)?;
-    Ok(Images { vmlinux: kernel.vmlinux, initramfs, kernel_release: kernel.release, qemu })
+    let initramfs = initramfs::ensure(&agent, &modules)?;
+    Ok((kernel, initramfs))
 }

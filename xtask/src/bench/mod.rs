@@ -1,0 +1,118 @@
+//! `cargo xtask bench`: perfbed measured against baselines measured in the
+//! same run, printed as a table of value, baseline, ratio and goal and saved
+//! as JSON under `target/perfbed/bench/` (`--compare A.json B.json` compares
+//! two). Every figure on these shared machines is noisy; the ratios are what
+//! to read.
+//!
+//! - [`device`]: criterion microbenchmarks of the device model;
+//! - [`guest`]: boots, counter reads, hotplug, dispatch and memory on guests;
+//! - [`runs`]: whole `cargo xtask run`s, warm and cold;
+//! - [`report`]: the rows, the table, the JSON.
+
+mod device;
+mod guest;
+mod report;
+mod runs;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use clap::Args;
+
+use crate::{deps, image, vm};
+pub use report::{table, Row};
+
+#[derive(Args)]
+pub struct BenchArgs {
+    /// Few repetitions: proves every row still works (`cargo xtask test`
+    /// runs this), not figures to quote.
+    #[arg(long)]
+    quick: bool,
+    /// Measure only the cold first run: a fresh clone of the committed tree
+    /// with an empty cache (about 10 minutes; apt not included). It is kept
+    /// in target/perfbed/bench/cold.json, and every later table shows it.
+    #[arg(long, conflicts_with = "quick")]
+    cold: bool,
+    /// Compare two saved results instead of measuring.
+    #[arg(long, num_args = 2, value_names = ["A.json", "B.json"])]
+    compare: Option<Vec<PathBuf>>,
+}
+
+/// The start of every row `measure` must produce (the cold run only when
+/// measured).
+const EXPECTED_ROWS: &[&str] = &[
+    "device: model ns/access",
+    "device: host lock + clock",
+    "device: QEMU dispatch",
+    "boot: VM start to agent ready",
+    "counter read: read() on the owner CPU",
+    "counter read: read() from another CPU",
+    "counter read: register load",
+    "counter read: read() of a software event",
+    "hotplug: offline+online ops/s, no events",
+    "hotplug: offline+online ops/s, 4 events",
+    "hotplug: offline+online ops/s, 16 events",
+    "memory: QEMU RSS beyond guest RAM",
+    "memory: initramfs size",
+    "warm run:",
+];
+
+/// The expected rows that `rows` lacks.
+pub fn missing_rows(rows: &[Row]) -> Vec<&'static str> {
+    EXPECTED_ROWS.iter().copied().filter(|want| !rows.iter().any(|r| r.name.starts_with(want))).collect()
+}
+
+/// The initramfs before this work, for its size row.
+const INITRAMFS_BEFORE_MB: f64 = 37.7;
+
+pub fn run(ws: &Path, args: &BenchArgs) -> Result<bool> {
+    if let Some(files) = &args.compare {
+        print!("{}", report::compare(&files[0], &files[1])?);
+        return Ok(true);
+    }
+    if args.cold {
+        let row = runs::cold(ws, true)?.context("the cold run left no figures")?;
+        print!("{}", report::table(&[row]));
+        return Ok(true);
+    }
+    let rows = measure(ws, args.quick)?;
+    println!("\ncargo xtask bench{}:", if args.quick { " --quick (figures not to quote)" } else { "" });
+    print!("{}", report::table(&rows));
+    let path = report::save(ws, &rows, args.quick)?;
+    println!("\n  saved: {}", path.display());
+    Ok(true)
+}
+
+/// Every row. Goals missed are reported, not failures: the benchmark fails
+/// only when a measurement cannot be made.
+pub fn measure(ws: &Path, quick: bool) -> Result<Vec<Row>> {
+    deps::ensure_packages()?;
+    deps::ensure_bench()?;
+    let mut rows = device::rows(ws, quick)?;
+    let images = image::ensure_for(ws, image::Variant::Normal, image::Purpose::Run)?;
+    let accel = vm::choose_accel();
+    rows.extend(guest::rows(ws, &images, &accel, &guest::Effort::new(quick))?);
+    let size = fs::metadata(&images.initramfs).with_context(|| format!("reading {}", images.initramfs.display()))?.len();
+    rows.push(
+        Row::new("memory: initramfs size", size as f64 / 1e6, "MB")
+            .against("before this work", INITRAMFS_BEFORE_MB)
+            .note("agent, modules, perf and busybox with their libraries, uncompressed"),
+    );
+    rows.push(runs::warm(ws, quick)?);
+    rows.extend(runs::cold(ws, false)?);
+    Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_rows_are_named() {
+        assert_eq!(missing_rows(&[]).len(), EXPECTED_ROWS.len());
+        let all: Vec<Row> = EXPECTED_ROWS.iter().map(|name| Row::new(&format!("{name} and more"), 1.0, "s")).collect();
+        assert!(missing_rows(&all).is_empty());
+        assert_eq!(missing_rows(&all[1..]), vec![EXPECTED_ROWS[0]]);
+    }
+}
