@@ -212,8 +212,12 @@ pub fn default_domains(vcpus: u8) -> Vec<Vec<u32>> {
 mod tests {
     use super::*;
 
+    /// A file of its own for each call: tests run in parallel, and one that
+    /// rewrote another's kernel file under it made validation flaky.
     fn temp_file(name: &str) -> PathBuf {
-        let path = std::env::temp_dir().join(format!("perfbed-vmm-{}-{name}", std::process::id()));
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!("perfbed-vmm-{}-{n}-{name}", std::process::id()));
         std::fs::write(&path, b"\x7fELF\x02\x01\x01").unwrap();
         path
     }

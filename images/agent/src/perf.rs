@@ -199,7 +199,8 @@ impl Events {
         Ok(self.next)
     }
 
-    fn fd(&self, handle: u32) -> Result<&OwnedFd, SysError> {
+    /// The open descriptor behind a handle (borrowed).
+    pub fn fd(&self, handle: u32) -> Result<&OwnedFd, SysError> {
         self.open.get(&handle).ok_or(SysError { errno: libc::EBADF, call: "handle" })
     }
 
@@ -244,11 +245,6 @@ impl Events {
 
     pub fn read(&self, handle: u32) -> Result<Vec<u64>, SysError> {
         read(self.open.get(&handle).ok_or(SysError { errno: libc::EBADF, call: "handle" })?)
-    }
-
-    /// The open descriptor behind a handle (borrowed).
-    pub fn fd(&self, handle: u32) -> Option<&OwnedFd> {
-        self.open.get(&handle)
     }
 
     pub fn close(&mut self, handle: u32) -> Result<(), SysError> {

@@ -18,7 +18,7 @@ pub fn time_reads(target: &ReadTarget, cpu: u32, iterations: u32, events: &Event
     let saved = mmio::affinity()?;
     let result = mmio::pin_to(cpu).and_then(|()| match target {
         ReadTarget::Event { handle } => {
-            let fd = events.fd(*handle).ok_or_else(|| format!("no open event {handle}"))?;
+            let fd = events.fd(*handle).map_err(|_| format!("no open event {handle}"))?;
             time_event_reads(fd.as_raw_fd(), iterations)
         }
         ReadTarget::Mmio { base, size, offset } => {
