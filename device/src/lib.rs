@@ -19,11 +19,12 @@ mod device;
 pub mod host;
 pub mod regs;
 
-pub use control::{ClientError, ControlClient, ControlServer, Request, Response};
+pub use control::{ClientError, ControlClient, ControlServer, Request, Response, TraceLines};
 pub use device::{
-    event_name, parse_event, AccessKind, BadAccessCounts, BadAccessKind, ConfigError, Device,
-    DeviceConfig, DeviceError, DeviceState, DomainState, OccupancyEntry, RateEntry, SlotState,
-    TraceEntry, TruthEntry, MAX_RATE_LIMIT, TRACE_CAPACITY,
+    event_name, format_record, parse_event, trace_file, dropped_line, AccessKind, BadAccessCounts, BadAccessKind, ConfigError, Device,
+    DeviceConfig, DeviceError, DeviceState, DomainState, OccupancyEntry, RateEntry, SlotState, TraceEntry,
+    TraceEvent, TraceRecord, TraceRing, TraceSnapshot, TruthEntry, MAX_RATE_LIMIT, MAX_TRACE_CAPACITY,
+    TRACE_CAPACITY, TRACE_MAGIC,
 };
 pub use host::SharedDevice;
 pub use regs::Event;

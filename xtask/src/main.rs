@@ -36,6 +36,9 @@ enum Command {
         /// The debug kernel (lockdep, PROVE_RCU, DEBUG_ATOMIC_SLEEP, DEBUG_LIST).
         #[arg(long)]
         debug: bool,
+        /// The kernel with DWARF debug information for gdb.
+        #[arg(long, conflicts_with = "debug")]
+        gdb: bool,
     },
     /// The main job: build what is missing, boot, run the scenario, report.
     Run(RunArgs),
@@ -81,10 +84,20 @@ pub struct RunArgs {
     /// Boot the debug kernel (lockdep, PROVE_RCU, DEBUG_ATOMIC_SLEEP, DEBUG_LIST).
     #[arg(long)]
     debug: bool,
+    /// Records the device's trace keeps (older ones are dropped and counted;
+    /// 0 records nothing). The device's own default is 4096; a run keeps
+    /// more so that its saved trace and plot cover it whole.
+    #[arg(long, default_value_t = RUN_TRACE_CAPACITY)]
+    trace_capacity: usize,
 }
 
-fn variant(debug: bool) -> image::Variant {
-    if debug {
+/// The trace a run keeps: about 12 MiB of records, a whole default run.
+pub const RUN_TRACE_CAPACITY: usize = 1 << 18;
+
+fn variant(debug: bool, gdb: bool) -> image::Variant {
+    if gdb {
+        image::Variant::Gdb
+    } else if debug {
         image::Variant::Debug
     } else {
         image::Variant::Normal
@@ -94,7 +107,17 @@ fn variant(debug: bool) -> image::Variant {
 impl RunArgs {
     /// The VM tests' shape: the default run with fewer hotplug rounds.
     pub fn for_tests() -> RunArgs {
-        RunArgs { cpus: 4, memory: 512, rounds: 5, timeout: 120, domains: None, kernel: None, qemu: None, debug: false }
+        RunArgs {
+            cpus: 4,
+            memory: 512,
+            rounds: 5,
+            timeout: 120,
+            domains: None,
+            kernel: None,
+            qemu: None,
+            debug: false,
+            trace_capacity: RUN_TRACE_CAPACITY,
+        }
     }
 
     fn device(&self) -> Result<perfbed_device::DeviceConfig> {
@@ -105,7 +128,11 @@ impl RunArgs {
                 .collect::<Result<_>>()?,
             None => default_domains(self.cpus),
         };
-        Ok(perfbed_device::DeviceConfig { domains, ..perfbed_device::DeviceConfig::default() })
+        Ok(perfbed_device::DeviceConfig {
+            domains,
+            trace_capacity: self.trace_capacity,
+            ..perfbed_device::DeviceConfig::default()
+        })
     }
 }
 
@@ -136,7 +163,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = workspace().and_then(|ws| match cli.command {
         Command::Deps => deps::ensure().map(|()| true),
-        Command::Image { debug } => image::ensure(&ws, variant(debug)).map(|images| {
+        Command::Image { debug, gdb } => image::ensure(&ws, variant(debug, gdb)).map(|images| {
             println!("vmlinux:   {}\ninitramfs: {}", images.vmlinux.display(), images.initramfs.display());
             true
         }),
@@ -164,7 +191,7 @@ fn workspace() -> Result<PathBuf> {
 fn run(ws: &Path, args: &RunArgs) -> Result<bool> {
     let total = Instant::now();
     check_args(args)?;
-    let images = image::ensure(ws, variant(args.debug))?;
+    let images = image::ensure(ws, variant(args.debug, false))?;
     let scenario = scenario_for(ws, &images, args, "run")?;
     let image_time = total.elapsed();
     let accel = vm::choose_accel();
@@ -182,7 +209,7 @@ fn run(ws: &Path, args: &RunArgs) -> Result<bool> {
 
 fn up(ws: &Path, args: &RunArgs, hold: Duration) -> Result<bool> {
     check_args(args)?;
-    let images = image::ensure(ws, variant(args.debug))?;
+    let images = image::ensure(ws, variant(args.debug, false))?;
     let scenario = scenario_for(ws, &images, args, "up")?;
     let booted = vm::Vm::boot(&scenario.vm, &vm::choose_accel())?;
     println!("guest up in {} (kernel {}, CPUs {})", cmd::human(booted.boot_time), booted.hello.kernel_release, booted.hello.cpus_online);

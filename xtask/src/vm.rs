@@ -341,7 +341,7 @@ impl Drop for Vm {
 /// The `-device perfbed,...` argument of perfbed's QEMU (images/qemu/perfbed.c).
 fn device_arg(device: &DeviceConfig, control: &Path) -> String {
     let domains: Vec<String> = device.domains.iter().map(|d| format_cpu_list(d)).collect();
-    format!(
+    let mut arg = format!(
         "perfbed,addr={DEVICE_BASE:#x},domains={},rmids={},slots={},width={},max-rate={},control={}",
         domains.join(":"),
         device.rmids,
@@ -349,7 +349,12 @@ fn device_arg(device: &DeviceConfig, control: &Path) -> String {
         device.counter_width,
         device.max_rate,
         control.display()
-    )
+    );
+    // Only when asked: a QEMU from before the property still takes the rest.
+    if device.trace_capacity != perfbed_device::TRACE_CAPACITY {
+        arg += &format!(",trace-capacity={}", device.trace_capacity);
+    }
+    arg
 }
 
 /// QEMU creates the socket and then waits for us before starting the guest.

@@ -8,7 +8,7 @@
 //! perfbed ctl --socket PATH occupancy --domain D --rmid R --bytes N
 //! perfbed ctl --socket PATH wait [--timeout-ms N]
 //! perfbed ctl --socket PATH reset
-//! perfbed ctl --socket PATH trace
+//! perfbed ctl --socket PATH trace [--lines | --follow]
 //! perfbed serve --socket PATH
 //! ```
 
@@ -27,7 +27,8 @@ usage:
   perfbed ctl --socket PATH occupancy --domain D --rmid R --bytes N
   perfbed ctl --socket PATH wait [--timeout-ms N]
   perfbed ctl --socket PATH reset
-  perfbed ctl --socket PATH trace
+  perfbed ctl --socket PATH trace [--lines | --follow]
+                                   (JSON accesses; the text trace; the text trace, live)
   perfbed serve --socket PATH      (a default device, until killed)
 events: llc_occupancy, mbm_total_bytes, mbm_local_bytes";
 
@@ -128,7 +129,71 @@ fn parse_ctl(args: &[String]) -> Result<(PathBuf, Request), Usage> {
     Ok((socket, request))
 }
 
+/// `trace --lines` (false) or `trace --follow` (true), which print the text
+/// trace rather than a JSON response.
+fn text_trace_mode(args: &[String]) -> Option<(PathBuf, bool)> {
+    match args {
+        [flag, path, command, mode] if flag == "--socket" && command == "trace" => match mode.as_str() {
+            "--lines" => Some((PathBuf::from(path), false)),
+            "--follow" => Some((PathBuf::from(path), true)),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// How often `trace --follow` asks for new records.
+const FOLLOW_POLL: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Prints the text trace; with `follow`, keeps printing new records until
+/// the device goes away (a gap means records were dropped between polls).
+fn text_trace(socket: &std::path::Path, follow: bool) -> ExitCode {
+    use std::io::Write;
+    let mut client = match ControlClient::connect(socket) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("perfbed: cannot connect to {}: {e}", socket.display());
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut out = std::io::stdout().lock();
+    let first = match client.trace_lines(0) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("perfbed: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let text = perfbed_device::trace_file(&first.header, first.dropped, &first.lines);
+    if out.write_all(text.as_bytes()).and_then(|()| out.flush()).is_err() || !follow {
+        return ExitCode::SUCCESS;
+    }
+    let mut since = first.next_seq;
+    loop {
+        std::thread::sleep(FOLLOW_POLL);
+        let Ok(t) = client.trace_lines(since) else {
+            // The device went away with its VM: the stream is over.
+            return ExitCode::SUCCESS;
+        };
+        let mut text = String::new();
+        if t.first_seq > since {
+            text += &perfbed_device::dropped_line(t.lines.first().map(String::as_str), t.first_seq - since);
+        }
+        for line in &t.lines {
+            text += line;
+            text.push('\n');
+        }
+        if out.write_all(text.as_bytes()).and_then(|()| out.flush()).is_err() {
+            return ExitCode::SUCCESS;
+        }
+        since = t.next_seq;
+    }
+}
+
 fn ctl(args: &[String]) -> Result<ExitCode, Usage> {
+    if let Some((socket, follow)) = text_trace_mode(args) {
+        return Ok(text_trace(&socket, follow));
+    }
     let (socket, request) = parse_ctl(args)?;
     let mut client = match ControlClient::connect(&socket) {
         Ok(c) => c,
