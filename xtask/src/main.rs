@@ -11,6 +11,7 @@ mod pmu_checks;
 mod scenario;
 mod scope_test;
 mod test;
+mod trace;
 mod vm;
 
 use std::path::{Path, PathBuf};
@@ -48,6 +49,9 @@ enum Command {
     BootStress(boot_stress::BootStressArgs),
     /// Boot the guest and keep it up (for `perfbed ctl` and the logs) for
     /// --seconds, then power it off.
+    /// Print a saved device trace decoded (register names, one column per
+    /// domain), or draw its timeline with --plot.
+    Trace(trace::TraceArgs),
     Up {
         #[command(flatten)]
         run: RunArgs,
@@ -89,6 +93,11 @@ pub struct RunArgs {
     /// more so that its saved trace and plot cover it whole.
     #[arg(long, default_value_t = RUN_TRACE_CAPACITY)]
     trace_capacity: usize,
+    /// Save the device trace and draw its timeline (trace.txt, trace.svg
+    /// beside the logs) even when every check passes; a failed run always
+    /// gets them.
+    #[arg(long)]
+    plot: bool,
 }
 
 /// The trace a run keeps: about 12 MiB of records, a whole default run.
@@ -117,6 +126,7 @@ impl RunArgs {
             qemu: None,
             debug: false,
             trace_capacity: RUN_TRACE_CAPACITY,
+            plot: false,
         }
     }
 
@@ -170,6 +180,7 @@ fn main() -> ExitCode {
         Command::Run(args) => run(&ws, &args),
         Command::Test(args) => test::run(&ws, &args),
         Command::BootStress(args) => boot_stress::run(&ws, &args),
+        Command::Trace(args) => trace::command(&args),
         Command::Up { run, seconds } => up(&ws, &run, Duration::from_secs(seconds)),
     });
     match result {
@@ -202,7 +213,15 @@ fn run(ws: &Path, args: &RunArgs) -> Result<bool> {
         if accel.kvm { "KVM" } else { "QEMU TCG" },
         accel.reason
     );
-    let report = scenario::run(&scenario, &accel)?;
+    let report = match scenario::run(&scenario, &accel) {
+        Ok(report) => report,
+        Err(e) => {
+            // The VM died: the device trace it saved on the way is drawn here.
+            let saved = trace::plot_saved(&scenario.vm.run_dir);
+            scenario::print_trace(saved.as_ref());
+            return Err(e);
+        }
+    };
     scenario::print_report(&report, image_time, total.elapsed());
     Ok(report.passed())
 }
@@ -264,5 +283,6 @@ fn scenario_for(ws: &Path, images: &image::Images, args: &RunArgs, name: &str) -
         expected_release: images.kernel_release.clone(),
         hotplug_rounds: args.rounds,
         request_timeout: Duration::from_secs(args.timeout),
+        plot: args.plot,
     })
 }

@@ -16,6 +16,7 @@ use perfbed_device::{ControlClient, DeviceConfig};
 use crate::cmd::human;
 use crate::guest::Guest;
 use crate::pmu_checks;
+use crate::trace::{save_trace_and_plot, SavedTrace};
 use crate::vm::{self, Accel, Vm, VmConfig};
 
 #[derive(Debug, Clone)]
@@ -25,6 +26,9 @@ pub struct Scenario {
     pub hotplug_rounds: u32,
     /// How long one request (a whole hotplug run) may take.
     pub request_timeout: Duration,
+    /// Draw the trace's timeline even when every check passes (it is
+    /// always saved and drawn when one fails).
+    pub plot: bool,
 }
 
 pub struct Check {
@@ -39,6 +43,9 @@ pub struct Report {
     pub guest_uptime_at_ready: Duration,
     pub checks_time: Duration,
     pub serial_log: PathBuf,
+    /// The saved device trace and its plot, when a check failed or the plot
+    /// was asked for.
+    pub trace: Option<SavedTrace>,
 }
 
 /// Fails on any WARN, BUG, oops, lockdep or RCU report in the kernel log.
@@ -67,6 +74,7 @@ impl Report {
             guest_uptime_at_ready: Duration::ZERO,
             checks_time: Duration::ZERO,
             serial_log: serial_log.to_path_buf(),
+            trace: None,
         }
     }
 
@@ -131,6 +139,12 @@ pub fn run(scenario: &Scenario, accel: &Accel) -> Result<Report> {
     }
 
     let serial_log = vm.serial_log.clone();
+    // While the VM still runs: the trace lives in the device.
+    let trace = if scenario.plot || !checks.iter().all(|c| c.passed) {
+        Some(save_trace_and_plot(&scenario.vm.run_dir, &mut vm, true)?)
+    } else {
+        None
+    };
     vm.power_off(Duration::from_secs(30))?;
     checks.push(clean_log_check(&serial_log));
 
@@ -140,6 +154,7 @@ pub fn run(scenario: &Scenario, accel: &Accel) -> Result<Report> {
         guest_uptime_at_ready: Duration::from_millis(hello.uptime_ms),
         checks_time: checks_start.elapsed(),
         serial_log,
+        trace,
     })
 }
 
@@ -337,6 +352,19 @@ pub fn print_report(report: &Report, image_time: Duration, total: Duration) {
         human(total)
     );
     println!("  serial log: {}", report.serial_log.display());
+    print_trace(report.trace.as_ref());
+}
+
+/// Names the saved trace and plot.
+pub fn print_trace(saved: Option<&SavedTrace>) {
+    let Some(saved) = saved else { return };
+    println!("  device trace: {}", saved.trace.display());
+    if let Some(plot) = &saved.plot {
+        println!("  timeline plot: {}", plot.display());
+    }
+    if let Some(why) = &saved.guest_missing {
+        println!("  (the trace has no guest events: {why})");
+    }
 }
 
 #[cfg(test)]

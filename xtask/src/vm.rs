@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use perfbed_agent::{AgentMessage, Hello, HostRequest};
 use perfbed_device::cpus::format_cpu_list;
-use perfbed_device::DeviceConfig;
+use perfbed_device::{ControlClient, DeviceConfig};
 
 use crate::cmd;
 
@@ -28,6 +28,8 @@ pub const MAX_CPUS: u8 = 8; // the guest kernel's CONFIG_NR_CPUS
 pub const DEVICE_BASE: u64 = 0xfe00_0000;
 pub const MIN_MEMORY_MIB: u32 = 128;
 pub const MAX_MEMORY_MIB: u32 = 16384;
+/// The device trace's file in a run's folder.
+pub const TRACE_FILE: &str = "trace.txt";
 
 #[derive(Debug, Clone)]
 pub struct VmConfig {
@@ -307,6 +309,8 @@ impl Vm {
     /// Stops the VM and turns `error` into the full story: what the kernel
     /// log says went wrong and where the logs are.
     fn fail(&mut self, error: anyhow::Error) -> anyhow::Error {
+        // The device's trace dies with QEMU: keep it first.
+        let trace = self.save_device_trace();
         let _ = self.child.kill();
         let _ = self.child.wait();
         // Give the serial copier a moment to drain QEMU's last output.
@@ -321,11 +325,21 @@ impl Vm {
             story += &format!("\nkernel log problems:\n  {}", problems.join("\n  "));
         }
         anyhow!(
-            "{story}\n--- last lines of the serial log ---\n{}\n--- QEMU: {} ---\nserial log saved: {}",
+            "{story}\n--- last lines of the serial log ---\n{}\n--- QEMU: {} ---\nserial log saved: {}{}",
             cmd::tail(&self.serial_log, 15),
             cmd::tail(&self.qemu_log, 3),
-            self.serial_log.display()
+            self.serial_log.display(),
+            trace.map_or(String::new(), |t| format!("\ndevice trace saved: {}", t.display()))
         )
+    }
+
+    /// The device's trace as it is now, saved beside the serial log (best
+    /// effort: the device may already be gone).
+    fn save_device_trace(&self) -> Option<PathBuf> {
+        let text = ControlClient::connect(&self.control_socket).ok()?.trace_text().ok()?;
+        let path = self.serial_log.with_file_name(TRACE_FILE);
+        fs::write(&path, text).ok()?;
+        Some(path)
     }
 }
 
