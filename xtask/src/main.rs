@@ -5,6 +5,7 @@ mod boot_stress;
 mod cache;
 mod cmd;
 mod deps;
+mod gdb;
 mod guest;
 mod image;
 mod pmu_checks;
@@ -98,7 +99,22 @@ pub struct RunArgs {
     /// gets them.
     #[arg(long)]
     plot: bool,
+    /// Boot the kernel with debug information, stopped, with QEMU's gdbstub;
+    /// print the gdb command lines (vmlinux, then perfbed.ko once loaded).
+    #[arg(long, conflicts_with = "debug")]
+    gdb: bool,
+    /// The gdbstub's TCP port (on 127.0.0.1).
+    #[arg(long, default_value_t = gdb::DEFAULT_PORT)]
+    gdb_port: u16,
+    /// Show the guest's serial log and the agent transcript live (on
+    /// stderr, each line prefixed `serial|`, `agent>` or `agent<`).
+    #[arg(long)]
+    verbose: bool,
 }
+
+/// How long a guest stopped for gdb may take to boot, and a request to
+/// answer (someone may sit at a breakpoint).
+const GDB_PATIENCE: Duration = Duration::from_secs(3600);
 
 /// The trace a run keeps: about 12 MiB of records, a whole default run.
 pub const RUN_TRACE_CAPACITY: usize = 1 << 18;
@@ -127,6 +143,9 @@ impl RunArgs {
             debug: false,
             trace_capacity: RUN_TRACE_CAPACITY,
             plot: false,
+            gdb: false,
+            gdb_port: gdb::DEFAULT_PORT,
+            verbose: false,
         }
     }
 
@@ -202,7 +221,7 @@ fn workspace() -> Result<PathBuf> {
 fn run(ws: &Path, args: &RunArgs) -> Result<bool> {
     let total = Instant::now();
     check_args(args)?;
-    let images = image::ensure(ws, variant(args.debug, false))?;
+    let images = image::ensure(ws, variant(args.debug, args.gdb))?;
     let scenario = scenario_for(ws, &images, args, "run")?;
     let image_time = total.elapsed();
     let accel = vm::choose_accel();
@@ -228,10 +247,16 @@ fn run(ws: &Path, args: &RunArgs) -> Result<bool> {
 
 fn up(ws: &Path, args: &RunArgs, hold: Duration) -> Result<bool> {
     check_args(args)?;
-    let images = image::ensure(ws, variant(args.debug, false))?;
+    let images = image::ensure(ws, variant(args.debug, args.gdb))?;
     let scenario = scenario_for(ws, &images, args, "up")?;
-    let booted = vm::Vm::boot(&scenario.vm, &vm::choose_accel())?;
+    let mut booted = vm::Vm::boot(&scenario.vm, &vm::choose_accel())?;
     println!("guest up in {} (kernel {}, CPUs {})", cmd::human(booted.boot_time), booted.hello.kernel_release, booted.hello.cpus_online);
+    if let Some(stub) = &scenario.vm.gdb {
+        // Loaded now, so that gdb can have its symbols from the start.
+        let mut guest = guest::Guest { vm: &mut booted.vm, timeout: scenario.request_timeout };
+        guest.expect_done(perfbed_agent::HostRequest::LoadModule { name: pmu_checks::MODULE.into() })?;
+        gdb::announce_module(&mut guest, pmu_checks::MODULE, &scenario.driver, &scenario.vm.vmlinux, stub.port, &scenario.vm.run_dir)?;
+    }
     println!("  control socket: {}", booted.vm.control_socket.display());
     println!("    try: cargo run -q -p perfbed-device --bin perfbed -- ctl --socket {} state", booted.vm.control_socket.display());
     println!("  serial log:     {}", booted.vm.serial_log.display());
@@ -265,24 +290,34 @@ fn check_args(args: &RunArgs) -> Result<()> {
 
 /// The scenario `args` ask for, on these images, with its own log folder.
 fn scenario_for(ws: &Path, images: &image::Images, args: &RunArgs, name: &str) -> Result<scenario::Scenario> {
+    let vmlinux = args.kernel.clone().unwrap_or_else(|| images.vmlinux.clone());
+    let gdb = args.gdb.then(|| vm::GdbStub {
+        port: args.gdb_port,
+        stopped: true,
+        hint: gdb::attach_command(&vmlinux, args.gdb_port, &[]),
+    });
+    let patience = if args.gdb { GDB_PATIENCE.max(Duration::from_secs(args.timeout)) } else { Duration::from_secs(args.timeout) };
     let vm = vm::VmConfig {
         qemu: args.qemu.clone().unwrap_or_else(|| images.qemu.binary.clone()),
         firmware_dirs: images.qemu.firmware_dirs.clone(),
         device: args.device()?,
-        vmlinux: args.kernel.clone().unwrap_or_else(|| images.vmlinux.clone()),
+        vmlinux,
         initramfs: images.initramfs.clone(),
         cpus: args.cpus,
         memory_mib: args.memory,
         extra_cmdline: vec![],
         run_dir: vm::new_run_dir(ws, name),
-        boot_timeout: Duration::from_secs(args.timeout),
+        boot_timeout: patience,
+        gdb,
+        verbose: args.verbose,
     };
     vm.validate()?;
     Ok(scenario::Scenario {
         vm,
         expected_release: images.kernel_release.clone(),
         hotplug_rounds: args.rounds,
-        request_timeout: Duration::from_secs(args.timeout),
+        request_timeout: patience,
         plot: args.plot,
+        driver: images.driver.clone(),
     })
 }

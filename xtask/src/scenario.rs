@@ -29,6 +29,8 @@ pub struct Scenario {
     /// Draw the trace's timeline even when every check passes (it is
     /// always saved and drawn when one fails).
     pub plot: bool,
+    /// perfbed.ko as built, for gdb's symbols.
+    pub driver: PathBuf,
 }
 
 pub struct Check {
@@ -126,6 +128,10 @@ pub fn run(scenario: &Scenario, accel: &Accel) -> Result<Report> {
         passed: module_ok,
         detail: if module_ok { "perfbed.ko (finds the device from perfbed.device=)".into() } else { format!("perfbed.ko: {loaded:?}") },
     });
+    if let (true, Some(stub)) = (module_ok, &scenario.vm.gdb) {
+        let mut guest = Guest { vm: &mut vm, timeout: scenario.request_timeout };
+        crate::gdb::announce_module(&mut guest, pmu_checks::MODULE, &scenario.driver, &scenario.vm.vmlinux, stub.port, &scenario.vm.run_dir)?;
+    }
     if module_ok {
         let control = ControlClient::connect(&vm.control_socket).context("connecting to the device's control socket")?;
         let mut guest = Guest { vm: &mut vm, timeout: scenario.request_timeout };

@@ -66,6 +66,12 @@ const VM_TESTS: &[VmTest] = &[
         variant: Variant::Debug,
         run: device_scope_pmu,
     },
+    VmTest {
+        name: "gdb_session",
+        what: "on the gdb kernel, Debian's gdb in batch mode breaks in perfbed.ko's read callback under `perf stat`, names it in the backtrace, reads REG_MAGIC through the driver's mapping, detaches, and perf finishes",
+        variant: Variant::Gdb,
+        run: gdb_session,
+    },
 ];
 
 pub fn run(ws: &Path, args: &TestArgs) -> Result<bool> {
@@ -98,7 +104,7 @@ fn run_vm_tests(ws: &Path, args: &TestArgs) -> Result<bool> {
     }
     let run_args = RunArgs::for_tests();
     let mut images = Vec::new();
-    for variant in [Variant::Normal, Variant::Debug] {
+    for variant in [Variant::Normal, Variant::Debug, Variant::Gdb] {
         if tests.iter().any(|t| t.variant == variant) {
             images.push((variant, image::ensure(ws, variant)?));
         }
@@ -147,6 +153,33 @@ fn device_scope_pmu(scenario: &Scenario, accel: &Accel) -> Result<()> {
     }
     print!("{}", report.table());
     Ok(())
+}
+
+/// The scripted gdb session (`gdb::scripted_session`) on a guest served by
+/// QEMU's gdbstub, then a clean power-off and a kernel log without reports.
+fn gdb_session(scenario: &Scenario, accel: &Accel) -> Result<()> {
+    let mut config = scenario.vm.clone();
+    let port = free_port()?;
+    config.gdb = Some(vm::GdbStub { port, stopped: false, hint: String::new() });
+    let booted = Vm::boot(&config, accel)?;
+    let mut vm = booted.vm;
+    let mut guest = crate::guest::Guest { vm: &mut vm, timeout: scenario.request_timeout };
+    let output = crate::gdb::scripted_session(&mut guest, &config.vmlinux, &scenario.driver, port, &config.run_dir)?;
+    let serial_log = vm.serial_log.clone();
+    vm.power_off(Duration::from_secs(30))?;
+    let report = scenario::Report::from_checks(vec![], &serial_log);
+    if !report.passed() {
+        bail!("failed checks:\n{}serial log: {}", report.table(), serial_log.display());
+    }
+    let backtrace: Vec<&str> = output.lines().filter(|l| l.starts_with('#')).take(3).collect();
+    println!("  gdb stopped in: {}", backtrace.join("\n                  "));
+    Ok(())
+}
+
+/// A TCP port on 127.0.0.1 that nothing listens on now.
+fn free_port() -> Result<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").context("finding a free port for gdb")?;
+    Ok(listener.local_addr()?.port())
 }
 
 /// An initramfs without the named init makes the kernel panic ("No working

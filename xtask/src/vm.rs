@@ -48,6 +48,22 @@ pub struct VmConfig {
     pub boot_timeout: Duration,
     /// The monitoring device the guest gets.
     pub device: DeviceConfig,
+    /// QEMU's gdbstub, if wanted.
+    pub gdb: Option<GdbStub>,
+    /// Show the serial log and the agent transcript live on stderr, each
+    /// line prefixed (`serial|`, `agent>`, `agent<`).
+    pub verbose: bool,
+}
+
+/// QEMU's gdbstub for the guest.
+#[derive(Debug, Clone)]
+pub struct GdbStub {
+    /// TCP port on 127.0.0.1.
+    pub port: u16,
+    /// Start with the vCPUs stopped until gdb continues them.
+    pub stopped: bool,
+    /// Printed once QEMU waits for gdb: how to attach.
+    pub hint: String,
 }
 
 impl VmConfig {
@@ -148,6 +164,7 @@ pub struct Vm {
     qemu_log: PathBuf,
     /// The device's control socket (inject traffic, read its state).
     pub control_socket: PathBuf,
+    verbose: bool,
 }
 
 /// What booting gave: the agent's greeting and how long it took.
@@ -207,6 +224,12 @@ impl Vm {
             .args(["-device", "virtconsole,chardev=agent"])
             .arg("-device")
             .arg(device_arg(&config.device, &control_socket));
+        if let Some(gdb) = &config.gdb {
+            qemu.arg("-gdb").arg(format!("tcp:127.0.0.1:{}", gdb.port));
+            if gdb.stopped {
+                qemu.arg("-S");
+            }
+        }
         fs::write(config.run_dir.join("qemu.cmd"), cmd::display(&qemu) + "\n")?;
         let mut child = qemu
             .stdin(Stdio::null())
@@ -217,7 +240,8 @@ impl Vm {
 
         let stdout = child.stdout.take().expect("piped");
         let log = File::create(&serial_log)?;
-        thread::spawn(move || copy_serial(stdout, log));
+        let verbose = config.verbose;
+        thread::spawn(move || copy_serial(stdout, log, verbose));
 
         let stream = match connect(&socket, &mut child) {
             Ok(stream) => stream,
@@ -227,14 +251,18 @@ impl Vm {
                 return Err(e.context(format!("QEMU's output: {}", cmd::tail(&qemu_log, 5))));
             }
         };
-        // QEMU runs the guest from the moment we are connected.
+        // QEMU runs the guest from the moment we are connected (or, stopped
+        // for gdb, once gdb continues it).
+        if let Some(gdb) = config.gdb.as_ref().filter(|g| g.stopped) {
+            println!("==> the guest is stopped for gdb on 127.0.0.1:{}; attach with:\n      {}", gdb.port, gdb.hint);
+        }
         let started = Instant::now();
         let writer = stream.try_clone()?;
         let (tx, messages) = mpsc::channel();
         let transcript = File::create(config.run_dir.join("agent.log"))?;
         let reader_transcript = transcript.try_clone()?;
-        thread::spawn(move || read_agent(stream, reader_transcript, tx));
-        let mut vm = Vm { child, messages, writer, transcript, serial_log, qemu_log, control_socket };
+        thread::spawn(move || read_agent(stream, reader_transcript, tx, verbose));
+        let mut vm = Vm { child, messages, writer, transcript, serial_log, qemu_log, control_socket, verbose };
         match vm.receive(config.boot_timeout, "the agent's greeting") {
             Ok(AgentMessage::Hello(hello)) => Ok(Booted { boot_time: started.elapsed(), hello, vm }),
             Ok(other) => Err(vm.fail(anyhow!("the agent sent {other:?} before its greeting"))),
@@ -246,6 +274,9 @@ impl Vm {
     pub fn request(&mut self, request: &HostRequest, timeout: Duration) -> Result<AgentMessage> {
         let line = serde_json::to_string(request)? + "\n";
         let _ = write!(self.transcript, "> {line}");
+        if self.verbose {
+            eprint!("agent> {line}");
+        }
         if let Err(e) = self.writer.write_all(line.as_bytes()) {
             return Err(self.fail(anyhow!("sending {request:?} to the agent: {e}")));
         }
@@ -388,19 +419,33 @@ fn connect(socket: &Path, child: &mut Child) -> Result<UnixStream> {
     }
 }
 
-fn copy_serial(mut from: impl Read, mut to: File) {
-    let mut buf = [0u8; 4096];
-    while let Ok(n) = from.read(&mut buf) {
-        if n == 0 || to.write_all(&buf[..n]).is_err() {
+/// Copies QEMU's serial output into the log, line by line, and with
+/// `verbose` onto stderr as well.
+fn copy_serial(from: impl Read, mut to: File, verbose: bool) {
+    let mut from = BufReader::new(from);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        match from.read_until(b'\n', &mut line) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+        if to.write_all(&line).is_err() {
             break;
+        }
+        if verbose {
+            eprint!("serial| {}", String::from_utf8_lossy(&line));
         }
     }
 }
 
-fn read_agent(stream: UnixStream, mut transcript: File, tx: mpsc::Sender<Result<AgentMessage, String>>) {
+fn read_agent(stream: UnixStream, mut transcript: File, tx: mpsc::Sender<Result<AgentMessage, String>>, verbose: bool) {
     for line in BufReader::new(stream).lines() {
         let Ok(line) = line else { break };
         let _ = writeln!(transcript, "< {line}");
+        if verbose {
+            eprintln!("agent< {line}");
+        }
         let parsed = serde_json::from_str(&line).map_err(|e| format!("unparsable message {line:?}: {e}"));
         if tx.send(parsed).is_err() {
             break;
@@ -470,6 +515,8 @@ mod tests {
             extra_cmdline: vec![],
             run_dir: dir.join("run"),
             boot_timeout: Duration::from_secs(1),
+            gdb: None,
+            verbose: false,
         };
         good.validate().unwrap();
         let err = |c: VmConfig| c.validate().unwrap_err().to_string();

@@ -21,6 +21,8 @@ pub struct Images {
     /// `uname -r` the guest should report.
     pub kernel_release: String,
     pub qemu: qemu::Qemu,
+    /// perfbed.ko as built (with its symbols), for gdb.
+    pub driver: PathBuf,
 }
 
 pub use kernel::Variant;
@@ -33,7 +35,7 @@ pub fn ensure(workspace: &Path, variant: Variant) -> Result<Images> {
     // Loaded only by the device-scope test (images/kernel/scope-test).
     let scope_test = module::ensure(workspace, &kernel, "images/kernel/scope-test", "perfbed_scope_test", &[])?;
     let agent = agent::build(workspace)?;
-    let initramfs = initramfs::ensure(&agent, &[driver, scope_test])?;
+    let initramfs = initramfs::ensure(&agent, &[driver.clone(), scope_test])?;
     let qemu = qemu::ensure(workspace)?;
-    Ok(Images { vmlinux: kernel.vmlinux, initramfs, kernel_release: kernel.release, qemu })
+    Ok(Images { vmlinux: kernel.vmlinux, initramfs, kernel_release: kernel.release, qemu, driver })
 }
