@@ -162,6 +162,7 @@ fn gdb_session(scenario: &Scenario, accel: &Accel) -> Result<()> {
     let port = free_port()?;
     config.gdb = Some(vm::GdbStub { port, stopped: false, hint: String::new() });
     let booted = Vm::boot(&config, accel)?;
+    println!("  the gdb kernel booted to the agent in {}", human(booted.boot_time));
     let mut vm = booted.vm;
     let mut guest = crate::guest::Guest { vm: &mut vm, timeout: scenario.request_timeout };
     let output = crate::gdb::scripted_session(&mut guest, &config.vmlinux, &scenario.driver, port, &config.run_dir)?;

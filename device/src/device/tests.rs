@@ -669,3 +669,9 @@ fn a_small_trace_ring_keeps_the_newest_records_and_counts_the_rest() {
     assert_eq!((off.trace_since(0).records.len(), off.trace_dropped()), (0, 1));
     assert!(Device::new(DeviceConfig { trace_capacity: MAX_TRACE_CAPACITY + 1, ..DeviceConfig::default() }).is_err());
 }
+
+#[test]
+fn a_trace_record_stays_small() {
+    // Recording is a store of one of these into the ring: keep it a few words.
+    assert!(std::mem::size_of::<TraceRecord>() <= 48, "{} bytes", std::mem::size_of::<TraceRecord>());
+}
