@@ -133,7 +133,10 @@ fn run_vm_tests(ws: &Path, args: &TestArgs) -> Result<bool> {
 fn boot_and_hotplug(scenario: &Scenario, accel: &Accel) -> Result<()> {
     let report = scenario::run(scenario, accel)?;
     if !report.passed() {
-        bail!("failed checks:\n{}serial log: {}", report.table(), report.serial_log.display());
+        let trace = report.trace.as_ref().map_or(String::new(), |t| {
+            format!("\ndevice trace: {}{}", t.trace.display(), t.plot.as_ref().map_or(String::new(), |p| format!("\ntimeline plot: {}", p.display())))
+        });
+        bail!("failed checks:\n{}serial log: {}{trace}", report.table(), report.serial_log.display());
     }
     print!("{}", report.table());
     Ok(())
