@@ -181,14 +181,17 @@ const MAGIC_TEXT: &str = "0x0044454246524550";
 pub fn scripted_session(guest: &mut Guest<'_>, vmlinux: &Path, ko: &Path, port: u16, run_dir: &Path) -> Result<String> {
     guest.expect_done(perfbed_agent::HostRequest::LoadModule { name: crate::pmu_checks::MODULE.into() })?;
     let sections = module_sections(guest, crate::pmu_checks::MODULE)?;
-    let callback = read_callback_symbol(ko)?;
+    let (callback, offset) = read_callback_symbol(ko)?;
+    // By address: the name is a Rust v0 mangled one, the offset is exact.
+    let at = sections[0].1 + offset;
     let script = run_dir.join("session.gdb");
     let commands = [
         "set pagination off".to_string(),
         "set confirm off".into(),
         format!("target remote 127.0.0.1:{port}"),
         add_symbol_file(ko, &sections),
-        format!("break {callback}"),
+        format!("echo breaking in {callback}\\n"),
+        format!("break *{at:#x}"),
         "echo PERFBED-GDB-READY\\n".into(),
         "continue".into(),
         "bt".into(),
@@ -225,18 +228,25 @@ pub fn scripted_session(guest: &mut Guest<'_>, vmlinux: &Path, ko: &Path, port: 
     Ok(output)
 }
 
-/// The linkage name of perfbed.ko's read callback: the one function whose
-/// demangled name is a `read_callback` of the driver's PMU.
-fn read_callback_symbol(ko: &Path) -> Result<String> {
+/// The linkage name of perfbed.ko's read callback (the one function whose
+/// demangled name is a `read_callback` of the driver's PMU) and its offset
+/// in `.text`.
+fn read_callback_symbol(ko: &Path) -> Result<(String, u64)> {
     let out = Command::new("nm").arg("--defined-only").arg(ko).output().context("running nm")?;
     let demangled = Command::new("nm").args(["--defined-only", "--demangle"]).arg(ko).output().context("running nm")?;
     let raw = String::from_utf8_lossy(&out.stdout);
     let nice = String::from_utf8_lossy(&demangled.stdout);
-    let found: Vec<String> = raw
+    let found: Vec<(String, u64)> = raw
         .lines()
         .zip(nice.lines())
         .filter(|(_, n)| n.contains(READ_CALLBACK) && n.contains("perfbed"))
-        .filter_map(|(r, _)| r.split_whitespace().nth(2).map(str::to_string))
+        .filter_map(|(r, _)| {
+            let mut words = r.split_whitespace();
+            let offset = u64::from_str_radix(words.next()?, 16).ok()?;
+            let kind = words.next()?;
+            let name = words.next()?;
+            matches!(kind, "t" | "T").then(|| (name.to_string(), offset))
+        })
         .collect();
     match found.as_slice() {
         [one] => Ok(one.clone()),
