@@ -22,6 +22,8 @@ pub const VIOLATION: RGBColor = RGBColor(255, 0, 0);
 const OFFLINE: RGBColor = RGBColor(230, 120, 0);
 const ONLINE: RGBColor = RGBColor(120, 60, 200);
 const TRUTH: RGBColor = RGBColor(150, 150, 150);
+/// Legend entries of a counter panel, at most.
+const MAX_LEGEND: usize = 8;
 const COUNTERS: [RGBColor; 4] = [RGBColor(40, 90, 200), RGBColor(0, 150, 60), RGBColor(200, 0, 160), RGBColor(150, 110, 0)];
 
 /// The timeline as an SVG document.
@@ -66,7 +68,8 @@ fn owner_panel(area: &Area<'_>, d: usize, dom: &DomainTimeline, end: f64, droppe
         .draw()?;
     // The owner as a step line: each value holds until the next change.
     let mut steps = Vec::new();
-    let mut now = NO_OWNER_Y;
+    // Before the first change in the trace the owner is that change's `from`.
+    let mut now = dom.initial_owner.map_or(NO_OWNER_Y, f64::from);
     steps.push((0.0, now));
     for &(t, owner) in &dom.owner {
         steps.push((t, now));
@@ -107,23 +110,32 @@ fn counter_panel(area: &Area<'_>, d: usize, dom: &DomainTimeline, end: f64) -> D
         .map(|&(_, b)| b / 1e6)
         .fold(1.0, f64::max);
     let mut chart = ChartBuilder::on(area)
-        .caption(format!("domain {d}: slot counters (lines) against the injected truth (grey)"), ("sans-serif", 16))
+        .caption(
+            format!("domain {d}: slot counters (dots) against the injected truth (grey; queued traffic lands at the max rate)"),
+            ("sans-serif", 16),
+        )
         .margin(8)
         .x_label_area_size(28)
         .y_label_area_size(44)
         .build_cartesian_2d(0f64..end, 0f64..top * 1.05)?;
     chart.configure_mesh().x_desc("time (ms)").y_desc("MB").draw()?;
-    for (i, series) in dom.slots.iter().enumerate() {
+    // One colour and one legend entry per (slot, event, RMID), however
+    // often the driver reassigned it.
+    let mut labels: Vec<&str> = Vec::new();
+    for series in dom.slots.iter().filter(|s| !s.counter.is_empty()) {
         let truth: Vec<(f64, f64)> = series.truth.iter().map(|&(t, b)| (t, b / 1e6)).collect();
         chart.draw_series(LineSeries::new(truth, TRUTH.stroke_width(4)))?;
-        let color = COUNTERS[i % COUNTERS.len()];
+        let known = labels.iter().position(|l| *l == series.label);
+        let index = known.unwrap_or(labels.len());
+        let color = COUNTERS[index % COUNTERS.len()];
         let points: Vec<(f64, f64)> = series.counter.iter().map(|&(t, b)| (t, b / 1e6)).collect();
-        chart
-            .draw_series(LineSeries::new(points, color.stroke_width(1)).point_size(2))?
-            .label(series.label.clone())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color));
+        let drawn = chart.draw_series(LineSeries::new(points, color.stroke_width(1)).point_size(2))?;
+        if known.is_none() && labels.len() < MAX_LEGEND {
+            labels.push(&series.label);
+            drawn.label(series.label.clone()).legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color));
+        }
     }
-    if !dom.slots.is_empty() {
+    if !labels.is_empty() {
         chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw()?;
     }
     Ok(())

@@ -32,6 +32,8 @@ pub struct SlotSeries {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct DomainTimeline {
     pub allowed: Vec<u32>,
+    /// The owner when the trace starts (the first change's `from`).
+    pub initial_owner: Option<u32>,
     /// Every owner change: (time, new owner), `None` for no owner.
     pub owner: Vec<(Ms, Option<u32>)>,
     /// Owner changes from one CPU to another: (time, new CPU).
@@ -139,6 +141,9 @@ pub fn build(trace: &Trace) -> Timeline {
             "owner" => {
                 let to = line.number("to").map(|c| c as u32);
                 let from = line.number("from");
+                if dom.owner.is_empty() {
+                    dom.initial_owner = from.map(|c| c as u32);
+                }
                 dom.owner.push((t, to));
                 match (from, to) {
                     (_, None) => dom.parks.push(t),
