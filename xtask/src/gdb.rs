@@ -28,11 +28,20 @@ const SECTIONS: &[&str] = &[".text", ".rodata", ".data", ".bss"];
 /// The gdb command that attaches to the stub on `port` with vmlinux's
 /// symbols, runs `commands` and lets the guest go on.
 pub fn attach_command(vmlinux: &Path, port: u16, commands: &[String]) -> String {
-    let mut line = format!("gdb -q -ex 'set pagination off' -ex 'target remote 127.0.0.1:{port}'");
+    let mut line = format!(
+        "gdb -q -iex 'add-auto-load-safe-path {}' -ex 'set pagination off' -ex 'target remote 127.0.0.1:{port}'",
+        scripts_dir(vmlinux).display()
+    );
     for c in commands {
         line += &format!(" -ex '{c}'");
     }
     line + &format!(" -ex continue {}", vmlinux.display())
+}
+
+/// The kernel tree whose `vmlinux-gdb.py` (the `lx-*` commands) gdb may
+/// load when it opens vmlinux.
+fn scripts_dir(vmlinux: &Path) -> &Path {
+    vmlinux.parent().unwrap_or(Path::new("/"))
 }
 
 /// Where the guest's module `name` sits: (section, address), `.text` first.
@@ -86,7 +95,9 @@ pub struct BatchGdb {
 impl BatchGdb {
     pub fn start(vmlinux: &Path, script: &Path) -> Result<BatchGdb> {
         let mut child = Command::new("gdb")
-            .args(["-q", "-batch", "-nx", "-x"])
+            .args(["-q", "-batch", "-nx", "-iex"])
+            .arg(format!("add-auto-load-safe-path {}", scripts_dir(vmlinux).display()))
+            .arg("-x")
             .arg(script)
             .arg(vmlinux)
             .stdin(Stdio::null())
@@ -165,10 +176,11 @@ impl Drop for BatchGdb {
     }
 }
 
-/// What the scripted session stops in: perfbed.ko's `read` callback (the
-/// PMU's `pmu::read`, which perf calls to update a count), then the C glue
-/// that reads a register through the driver's `ioremap` mapping.
-const READ_CALLBACK: &str = "read_callback";
+/// What the scripted session stops in: perfbed.ko's `read` callback (its
+/// `kernel::perf::Pmu::read`, which perf calls to update a count; the module's
+/// crate is `driver`), then the C glue that reads a register through the
+/// driver's `ioremap` mapping.
+const READ_CALLBACK: &str = " as kernel::perf::Pmu>::read";
 const REGISTER_READ: &str = "perfbed_readq";
 /// What `x/gx` at the mapping's start must show: `REG_MAGIC`.
 const MAGIC_TEXT: &str = "0x0044454246524550";
@@ -198,15 +210,19 @@ pub fn scripted_session(guest: &mut Guest<'_>, vmlinux: &Path, ko: &Path, port: 
         format!("break {REGISTER_READ}"),
         "continue".into(),
         "echo PERFBED-REGISTER\\n".into(),
-        "x/gx addr".into(),
+        // The glue's C has no debug info: its first argument, the mapping's
+        // address, is in rdi (x86-64 calling convention).
+        "x/gx $rdi".into(),
         "delete".into(),
         "detach".into(),
     ];
     fs::write(&script, commands.join("\n") + "\n")?;
     let mut gdb = BatchGdb::start(vmlinux, &script)?;
     gdb.wait_for("PERFBED-GDB-READY", Duration::from_secs(120))?;
-    // gdb continues the guest now; perf's read of the count hits the breakpoint.
-    let perf = ["/usr/bin/perf", "stat", "-a", "-x,", "-e", "perfbed_l3_0/mbm_total_bytes,rmid=3/", "/bin/busybox", "sleep", "1"];
+    // gdb continues the guest now. perf stat -I reads the count while the
+    // event runs, which calls the PMU's read (a final read after disabling
+    // would not): that hits the breakpoint.
+    let perf = ["/usr/bin/perf", "stat", "-a", "-x,", "-I", "200", "-e", "perfbed_l3_0/mbm_total_bytes,rmid=3/", "/bin/busybox", "sleep", "1"];
     let (status, _, stderr) = guest.run(&perf)?;
     let output = gdb.finish(Duration::from_secs(60))?;
     fs::write(run_dir.join("gdb.log"), &output)?;
@@ -215,7 +231,7 @@ pub fn scripted_session(guest: &mut Guest<'_>, vmlinux: &Path, ko: &Path, port: 
         problems.push(format!("perf stat exited {status:?}: {}", stderr.trim()));
     }
     let backtrace: Vec<&str> = output.lines().filter(|l| l.starts_with('#')).collect();
-    if !backtrace.first().is_some_and(|l| l.contains("perfbed") && l.contains("read")) {
+    if !backtrace.first().is_some_and(|l| l.contains("DomainPmu") && l.contains("read")) {
         problems.push(format!("the backtrace does not start in perfbed.ko's read callback: {backtrace:?}"));
     }
     let register = output.split("PERFBED-REGISTER").nth(1).unwrap_or("");
@@ -229,8 +245,8 @@ pub fn scripted_session(guest: &mut Guest<'_>, vmlinux: &Path, ko: &Path, port: 
 }
 
 /// The linkage name of perfbed.ko's read callback (the one function whose
-/// demangled name is a `read_callback` of the driver's PMU) and its offset
-/// in `.text`.
+/// demangled name is `<... as kernel::perf::Pmu>::read`) and its offset in
+/// `.text`.
 fn read_callback_symbol(ko: &Path) -> Result<(String, u64)> {
     let out = Command::new("nm").arg("--defined-only").arg(ko).output().context("running nm")?;
     let demangled = Command::new("nm").args(["--defined-only", "--demangle"]).arg(ko).output().context("running nm")?;
@@ -239,7 +255,7 @@ fn read_callback_symbol(ko: &Path) -> Result<(String, u64)> {
     let found: Vec<(String, u64)> = raw
         .lines()
         .zip(nice.lines())
-        .filter(|(_, n)| n.contains(READ_CALLBACK) && n.contains("perfbed"))
+        .filter(|(_, n)| n.ends_with(READ_CALLBACK))
         .filter_map(|(r, _)| {
             let mut words = r.split_whitespace();
             let offset = u64::from_str_radix(words.next()?, 16).ok()?;
