@@ -1,8 +1,9 @@
 //! `cargo xtask trace FILE --plot out.svg`: a [`Timeline`] drawn with
 //! plotters' SVG backend (its built-in font metrics: no system fonts). Per
 //! domain two panels on one time axis: the owner CPU over time with moves,
-//! parks, violations and the guest's CPU offline/online marks; then each
-//! slot's counter against the injected truth.
+//! parks, violations, the guest's CPU offline/online marks and the PMU's
+//! cpumask as the guest read it; then each slot's counter against the
+//! injected truth.
 
 use anyhow::{anyhow, Result};
 use plotters::prelude::*;
@@ -21,6 +22,7 @@ const PARK: RGBColor = RGBColor(0, 0, 0);
 pub const VIOLATION: RGBColor = RGBColor(255, 0, 0);
 const OFFLINE: RGBColor = RGBColor(230, 120, 0);
 const ONLINE: RGBColor = RGBColor(120, 60, 200);
+const CPUMASK: RGBColor = RGBColor(0, 170, 200);
 const TRUTH: RGBColor = RGBColor(150, 150, 150);
 /// Legend entries of a counter panel, at most.
 const MAX_LEGEND: usize = 8;
@@ -96,6 +98,14 @@ fn owner_panel(area: &Area<'_>, d: usize, dom: &DomainTimeline, end: f64, droppe
         .draw_series(dom.online.iter().map(|&(t, c)| TriangleMarker::new((t, f64::from(c) - 0.25), 5, ONLINE.filled())))?
         .label("CPU online")
         .legend(|(x, y)| TriangleMarker::new((x + 8, y), 5, ONLINE.filled()));
+    chart
+        .draw_series(
+            dom.cpumask
+                .iter()
+                .map(|&(t, c)| Circle::new((t, c.map_or(NO_OWNER_Y, f64::from)), 8, CPUMASK.stroke_width(2))),
+        )?
+        .label("kernel's cpumask (guest)")
+        .legend(|(x, y)| Circle::new((x + 8, y), 6, CPUMASK.stroke_width(2)));
     // The violations last, on top of everything, and only they are red.
     chart.draw_series(dom.violations.iter().map(|&(t, c)| Cross::new((t, f64::from(c)), 6, VIOLATION.stroke_width(2))))?;
     chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw()?;

@@ -53,6 +53,8 @@ fn a_recorded_run_plots_its_moves_parks_violations_and_hotplug_marks() {
         timeline::Marks { owner_changes: 3, moves: 1, parks: 1, violations: 1, offline: 2, online: 0, counter_points: 3 }
     );
     let dom1 = &timeline.domains[1];
+    // The guest saw the PMU parked (an empty cpumask) when the device did.
+    assert_eq!(dom1.cpumask.iter().map(|&(_, c)| c).collect::<Vec<_>>(), [None]);
     assert_eq!(dom1.violations.iter().map(|&(_, c)| c).collect::<Vec<_>>(), [3]);
     assert_eq!(dom1.moves.iter().map(|&(_, c)| c).collect::<Vec<_>>(), [2]);
     // The counter wrapped its 8 bits and still meets the truth.

@@ -10,6 +10,9 @@ use perfbed_device::regs;
 
 use super::model::{Line, Trace};
 
+/// The driver's PMUs are `perfbed_l3_<domain>`.
+const PMU_PREFIX: &str = "perfbed_l3_";
+
 /// Milliseconds from the trace's first record.
 pub type Ms = f64;
 
@@ -44,6 +47,10 @@ pub struct DomainTimeline {
     pub parks: Vec<Ms>,
     /// Counter reads that broke the placement rule: (time, reading CPU).
     pub violations: Vec<(Ms, u32)>,
+    /// The CPU the kernel placed the domain's PMU on, as the guest read its
+    /// `cpumask` (`None`: parked): where the driver should have moved the
+    /// owner.
+    pub cpumask: Vec<(Ms, Option<u32>)>,
     /// The guest took one of the domain's CPUs offline / online.
     pub offline: Vec<(Ms, u32)>,
     pub online: Vec<(Ms, u32)>,
@@ -133,6 +140,14 @@ pub fn build(trace: &Trace) -> Timeline {
                 }
                 continue;
             }
+        }
+        if line.kind == "guest_cpumask" {
+            let pmu_domain = line.field("pmu").and_then(|p| p.strip_prefix(PMU_PREFIX)).and_then(|d| d.parse::<usize>().ok());
+            if let Some(dom) = pmu_domain.and_then(|d| domains.get_mut(d)) {
+                let cpu = line.field("cpus").and_then(|c| c.split([',', '-']).next()).and_then(|c| c.parse().ok());
+                dom.cpumask.push((t, cpu));
+            }
+            continue;
         }
         let Some(d) = line.domain().filter(|&d| d < domains.len()) else { continue };
         let dom = &mut domains[d];
