@@ -15,8 +15,28 @@
 //!   brings up to date often enough that a counter never wraps twice between two reads.
 //!
 //! Counts are in bytes (counter units times the device's unit); sysfs gives perf the scale to
-//! MB. Every counter read happens on the domain's owner CPU, with the device's `OWNER` register
-//! set to that CPU first, and under the domain's lock with interrupts off.
+//! MB.
+//!
+//! **Counting across CPU hotplug.** The counters live in the device; only the CPU that reads them
+//! moves. The perf core tells the driver the new owner (`migrate_cpu`) before it moves the
+//! events, so every counter read happens on the owner CPU and nowhere else.
+//!
+//! An event keeps its slot from its first `add` until it is freed: `del` leaves the slot
+//! assigned and counting, and the next `add` of the event, on whatever CPU, takes it up again,
+//! the first read on the owner catching up on everything that landed in between. So nothing is
+//! lost while an event is in transit to a new CPU, while it waits for its parked domain to come
+//! back (no owner: nobody reads), or while the perf core reschedules its context for another
+//! event. Only slot pressure takes a slot away: an event that finds no free slot takes the slot
+//! of one that is not scheduled (whose count was brought up to date when it was descheduled), and
+//! perf multiplexes as usual. If a counter may have wrapped more than once
+//! meanwhile, the device says so (`COUNTER_OVERFLOW`) and the driver reports the loss in the
+//! kernel log; it never passes a wrong count off as exact without a word.
+//!
+//! The domain's state is behind a raw spinlock (the PMU callbacks run under the perf context's
+//! raw lock), always taken with interrupts off; `read` may run in NMI context and then only tries
+//! the lock, leaving the catching up to the next read or poll.
+
+use core::sync::atomic::{AtomicBool, Ordering};
 
 use kernel::c_str;
 use kernel::perf::{
@@ -25,7 +45,7 @@ use kernel::perf::{
 };
 use kernel::prelude::*;
 use kernel::str::CString;
-use kernel::sync::{new_spinlock, Arc, SpinLock};
+use kernel::sync::{new_raw_spinlock, Arc, RawSpinLock};
 
 mod hw;
 // The device's register map, shared with the device model: not all of it is used here.
@@ -128,6 +148,9 @@ struct Device {
     events: u64,
     /// Wrap polling period.
     poll_ms: u32,
+    /// Set once every PMU is registered: until then `event_init` refuses events, so that a
+    /// failing `init` drops only registrations that cannot have any (see `Perfbed::init`).
+    ready: AtomicBool,
 }
 
 impl Device {
@@ -231,11 +254,15 @@ impl Device {
             max_rate,
             events,
             poll_ms,
+            ready: AtomicBool::new(false),
         })
     }
 
     /// Checks `attr.config*` of `event`; returns what it selects.
     fn check_config(&self, event: &Event) -> Result<Config> {
+        if !self.ready.load(Ordering::Acquire) {
+            return Err(ENODEV);
+        }
         let config = event.config();
         if config & !CONFIG_KNOWN != 0 || event.config1() != 0 || event.config2() != 0 {
             return Err(EINVAL);
@@ -326,21 +353,22 @@ fn parse_hex(text: &[u8]) -> Option<u64> {
 struct Slot {
     /// The `SLOT_CTL` value written to it, 0 when free.
     ctl: u64,
-    /// Started: the poll keeps `total` up to date.
-    running: bool,
-    /// Assigned (which zeroes the counter) and not started since.
-    fresh: bool,
+    /// [`Event::key`] of the event that holds the slot (0 when free). An event holds its slot
+    /// from its `add` until it is freed or another event takes the slot while it is not scheduled.
+    holder: usize,
+    /// The holder is scheduled on the PMU (between `add` and `del`): its slot cannot be taken.
+    active: bool,
     /// The counter field at the last read.
     last: u64,
-    /// Counter units since the counter was last zeroed, as a 64-bit count that does not wrap.
+    /// Counter units since the slot was assigned, as a 64-bit count that does not wrap.
     total: u64,
 }
 
 impl Slot {
     const FREE: Slot = Slot {
         ctl: 0,
-        running: false,
-        fresh: false,
+        holder: 0,
+        active: false,
         last: 0,
         total: 0,
     };
@@ -348,11 +376,12 @@ impl Slot {
 
 /// The state of a domain shared by its PMU callbacks and its poll.
 struct DomainHw {
-    /// The CPU written to the device's `OWNER` register.
+    /// The CPU that reads the domain's counters, as written to the device's `OWNER` register;
+    /// `None` while the domain is parked.
     owner: Option<u32>,
     slots: [Slot; regs::MAX_SLOTS as usize],
-    /// Number of running slots.
-    running: u32,
+    /// Number of slots held by an event (active or not).
+    held: u32,
 }
 
 /// One monitoring domain of the device.
@@ -366,7 +395,7 @@ struct Domain {
     allowed: u64,
     dev: Arc<Device>,
     #[pin]
-    hw: SpinLock<DomainHw>,
+    hw: RawSpinLock<DomainHw>,
 }
 
 impl Domain {
@@ -378,11 +407,11 @@ impl Domain {
             index,
             allowed,
             dev: dev.clone(),
-            hw <- new_spinlock!(
+            hw <- new_raw_spinlock!(
                 DomainHw {
                     owner: None,
                     slots: [Slot::FREE; regs::MAX_SLOTS as usize],
-                    running: 0,
+                    held: 0,
                 },
                 "perfbed_domain"
             ),
@@ -416,27 +445,13 @@ impl Domain {
         }
     }
 
-    /// Makes this CPU, `cpu`, the owner before it reads counters, unless it already is.
-    ///
-    /// The perf core calls the PMU on its new CPU as soon as it has moved the events, which can be
-    /// just before it calls [`Pmu::migrate_cpu`]; a read then claims the domain itself.
-    fn claim(&self, hw: &mut DomainHw, cpu: u32) -> bool {
-        if hw.owner == Some(cpu) {
-            return true;
-        }
-        if !self.is_allowed(cpu) {
-            warn_ratelimited!(
-                "perfbed_l3_{}: not reading counters from CPU {}, outside the domain\n",
-                self.index,
-                cpu
-            );
-            return false;
-        }
-        self.set_owner(hw, Some(cpu));
-        true
+    /// Whether this CPU may read the domain's counters now.
+    fn reads_here(hw: &DomainHw) -> bool {
+        hw.owner == Some(perf::current_cpu())
     }
 
-    /// Reads a counter register; `None` (and a warning) if the device flags the value.
+    /// Reads a counter register; `None` (and a warning) if the device flags the value. A
+    /// `COUNTER_OVERFLOW` is counted and reported, and the value still used.
     fn read_counter(&self, offset: u64) -> Option<u64> {
         let value = self.dev.mmio.read(offset);
         if value & (regs::COUNTER_ERROR | regs::COUNTER_UNAVAILABLE) != 0 {
@@ -455,6 +470,14 @@ impl Domain {
             );
             return None;
         }
+        if value & regs::COUNTER_OVERFLOW != 0 {
+            warn_ratelimited!(
+                "perfbed_l3_{}: counter {:#x} wrapped more than once unread (parked too long?): \
+                 counts lost\n",
+                self.index,
+                offset
+            );
+        }
         Some(value & self.dev.mask)
     }
 
@@ -464,69 +487,106 @@ impl Domain {
             return false;
         };
         let s = &mut hw.slots[slot];
-        // The poll period keeps this below one wrap.
+        // The poll period keeps this below one wrap, and the device flags it when it was not.
         let delta = now.wrapping_sub(s.last) & self.dev.mask;
         s.last = now;
         s.total = s.total.wrapping_add(delta);
         true
     }
 
-    /// The slot `event` was given in `add`, if it still holds the event's assignment.
-    fn slot_of(&self, hw: &DomainHw, event: &Event, config: Config) -> Option<usize> {
-        let slot = usize::try_from(event.hw_idx())
+    /// The slot `event` holds, if any.
+    fn slot_of(&self, hw: &DomainHw, event: &Event) -> Option<usize> {
+        usize::try_from(event.hw_idx())
             .ok()
-            .filter(|&slot| slot < self.dev.slots);
-        let slot = slot.filter(|&slot| hw.slots[slot].ctl == config.slot_ctl());
-        if slot.is_none() {
-            warn_ratelimited!(
-                "perfbed_l3_{}: event has no slot (idx {})\n",
-                self.index,
-                event.hw_idx()
-            );
-        }
-        slot
+            .filter(|&slot| slot < self.dev.slots && hw.slots[slot].holder == event.key())
     }
 
-    /// Brings the count of the active `event` up to date. Runs on the event's CPU with interrupts
-    /// off, like all the PMU callbacks.
-    fn fold(&self, event: &Event, config: Config) {
-        let cpu = perf::current_cpu();
-        let mut hw = self.hw.lock();
-        if !self.claim(&mut hw, cpu) {
+    /// Gives `event` a slot counting `config`, scheduled: the one it still holds, else a free
+    /// one, else one whose holder is not scheduled (assigning zeroes the counter). `EAGAIN` when
+    /// every slot is in use by a scheduled event: perf then multiplexes.
+    fn take_slot(&self, hw: &mut DomainHw, event: &Event, config: Config) -> Result<usize> {
+        if let Some(slot) = self.slot_of(hw, event) {
+            hw.slots[slot].active = true;
+            return Ok(slot);
+        }
+        let slots = &hw.slots[..self.dev.slots];
+        let slot = slots
+            .iter()
+            .position(|s| s.ctl == 0)
+            .or_else(|| slots.iter().position(|s| !s.active))
+            .ok_or(EAGAIN)?;
+        if hw.slots[slot].ctl == 0 {
+            hw.held += 1;
+        }
+        let ctl = config.slot_ctl();
+        // A write, not a read: any CPU may assign.
+        self.dev.mmio.write(self.slot_ctl_reg(slot), ctl);
+        hw.slots[slot] = Slot {
+            ctl,
+            holder: event.key(),
+            active: true,
+            ..Slot::FREE
+        };
+        // CAST: slot numbers are below `MAX_SLOTS`.
+        event.set_hw_idx(slot as i32);
+        event.hw_prev_count().set(0);
+        Ok(slot)
+    }
+
+    /// Marks the slot `event` holds as not scheduled: it goes on counting for the event, but
+    /// another event may take it.
+    fn idle_slot(&self, hw: &mut DomainHw, event: &Event) {
+        if let Some(slot) = self.slot_of(hw, event) {
+            hw.slots[slot].active = false;
+        }
+    }
+
+    /// Frees the slot `event` holds, if any.
+    fn release_slot(&self, hw: &mut DomainHw, event: &Event) {
+        if let Some(slot) = self.slot_of(hw, event) {
+            self.dev.mmio.write(self.slot_ctl_reg(slot), 0);
+            hw.slots[slot] = Slot::FREE;
+            hw.held -= 1;
+        }
+        event.set_hw_idx(-1);
+    }
+
+    /// Brings the count of `event` up to date, if this CPU reads the domain; elsewhere (in
+    /// transit, parked) the device keeps counting and the next read on the owner catches up.
+    fn fold(&self, hw: &mut DomainHw, event: &Event, config: Config) {
+        if !Self::reads_here(hw) {
             return;
         }
         if !config.needs_slot() {
             // A gauge: the count is the current occupancy.
-            // CAST: `rmid` is below the device's RMID count.
             let offset = regs::occupancy(self.index.into(), config.rmid);
             if let Some(units) = self.read_counter(offset) {
                 event.count().set(units.saturating_mul(self.dev.unit));
             }
             return;
         }
-        let Some(slot) = self.slot_of(&hw, event, config) else {
+        let Some(slot) = self.slot_of(hw, event) else {
             return;
         };
-        if !self.sync_slot(&mut hw, slot) {
+        if !self.sync_slot(hw, slot) {
             return;
         }
         let total = hw.slots[slot].total;
-        drop(hw);
         let prev = event.hw_prev_count().xchg(total);
         event
             .count()
             .add(total.wrapping_sub(prev).wrapping_mul(self.dev.unit));
     }
 
-    /// Polls the running slots; runs on the owner CPU with interrupts off.
+    /// Polls the held slots; runs on the owner CPU with interrupts off.
     fn poll_here(&self) {
         let mut hw = self.hw.lock();
-        if hw.owner != Some(perf::current_cpu()) {
+        if !Self::reads_here(&hw) {
             // The domain moved since the poll was aimed; the next poll goes to the new owner.
             return;
         }
         for slot in 0..self.dev.slots {
-            if hw.slots[slot].running {
+            if hw.slots[slot].ctl != 0 {
                 self.sync_slot(&mut hw, slot);
             }
         }
@@ -538,11 +598,11 @@ impl hw::Poll for Domain {
         let mut state = (None, false);
         hw::with_irqs_off(|| {
             let hw = self.hw.lock();
-            state = (hw.owner, hw.running > 0);
+            state = (hw.owner, hw.held > 0);
         });
-        let (owner, running) = state;
-        if !running {
-            // Nothing to poll; `start` kicks the poller again.
+        let (owner, held) = state;
+        if !held {
+            // Nothing to poll; `add` kicks the poller again.
             return false;
         }
         if let Some(cpu) = owner {
@@ -572,7 +632,7 @@ impl PinnedDrop for Domain {
 
 /// The driver data of the PMU `perfbed_l3_<d>`.
 struct DomainPmu {
-    /// Polls the domain's running slots for wraps; stopped before the domain goes away.
+    /// Polls the domain's held slots for wraps; stopped before the domain goes away.
     poller: hw::Poller<Domain>,
 }
 
@@ -612,7 +672,7 @@ impl DomainPmu {
 
 #[vtable]
 impl Pmu for DomainPmu {
-    fn event_init(&self, event: &mut Event) -> Result {
+    fn event_init(&self, event: &Event) -> Result {
         if event.attr_type() != event.pmu_type() {
             return Err(ENOENT);
         }
@@ -633,26 +693,16 @@ impl Pmu for DomainPmu {
         Ok(())
     }
 
-    fn add(&self, event: &mut Event, flags: Flags) -> Result {
+    fn add(&self, event: &Event, flags: Flags) -> Result {
         let config = Self::config_of(event).ok_or(EINVAL)?;
         if config.needs_slot() {
             let domain = self.domain();
             let mut hw = domain.hw.lock();
-            let slot = (0..domain.dev.slots)
-                .find(|&slot| hw.slots[slot].ctl == 0)
-                .ok_or(EAGAIN)?;
-            let ctl = config.slot_ctl();
-            // Assigning zeroes the counter: no read needed to start from it.
-            domain.dev.mmio.write(domain.slot_ctl_reg(slot), ctl);
-            hw.slots[slot] = Slot {
-                ctl,
-                fresh: true,
-                ..Slot::FREE
-            };
+            domain.take_slot(&mut hw, event, config)?;
+            // Back from a move or a park: catch up now (a no-op off the owner).
+            domain.fold(&mut hw, event, config);
             drop(hw);
-            // CAST: slot numbers are below `MAX_SLOTS`.
-            event.set_hw_idx(slot as i32);
-            event.hw_prev_count().set(0);
+            self.poller.kick();
         }
         event.set_hw_state(HwState::STOPPED | HwState::UPTODATE);
         if flags.contains(Flags::START) {
@@ -661,81 +711,60 @@ impl Pmu for DomainPmu {
         Ok(())
     }
 
-    fn del(&self, event: &mut Event, _flags: Flags) {
+    fn del(&self, event: &Event, _flags: Flags) {
         self.stop(event, Flags::UPDATE);
-        if let Some(config) = Self::config_of(event).filter(|c| c.needs_slot()) {
+        if Self::config_of(event).is_some_and(Config::needs_slot) {
+            // The event keeps its slot, which counts on in the device: it may be moving, parked,
+            // or just rescheduled, and its next `add` catches up.
             let domain = self.domain();
             let mut hw = domain.hw.lock();
-            if let Some(slot) = domain.slot_of(&hw, event, config) {
-                domain.dev.mmio.write(domain.slot_ctl_reg(slot), 0);
-                hw.slots[slot] = Slot::FREE;
-            }
+            domain.idle_slot(&mut hw, event);
         }
-        event.set_hw_idx(-1);
     }
 
-    fn start(&self, event: &mut Event, _flags: Flags) {
-        let Some(config) = Self::config_of(event) else {
-            return;
-        };
-        if config.needs_slot() {
-            let domain = self.domain();
-            let mut hw = domain.hw.lock();
-            let Some(slot) = domain.slot_of(&hw, event, config) else {
-                return;
-            };
-            let s = &mut hw.slots[slot];
-            if !s.fresh {
-                // Restarted after a stop: count from zero again, without a read.
-                domain.dev.mmio.write(domain.slot_ctl_reg(slot), s.ctl);
-            }
-            let was_running = s.running;
-            s.running = true;
-            s.fresh = false;
-            s.last = 0;
-            s.total = 0;
-            if !was_running {
-                hw.running += 1;
-            }
-            drop(hw);
-            event.hw_prev_count().set(0);
-            self.poller.kick();
-        }
+    fn start(&self, event: &Event, _flags: Flags) {
         event.set_hw_state(HwState::empty());
     }
 
-    fn stop(&self, event: &mut Event, flags: Flags) {
-        let Some(config) = Self::config_of(event) else {
-            return;
-        };
+    fn stop(&self, event: &Event, flags: Flags) {
         let state = event.hw_state();
-        if !state.contains(HwState::STOPPED) {
-            // Fold only when stopping a running counter: a stopped slot's counter is stale (it
-            // is zeroed again at the next start).
-            if flags.contains(Flags::UPDATE) {
-                self.domain().fold(event, config);
-            }
-            if config.needs_slot() {
+        if !state.contains(HwState::STOPPED) && flags.contains(Flags::UPDATE) {
+            if let Some(config) = Self::config_of(event) {
                 let domain = self.domain();
                 let mut hw = domain.hw.lock();
-                if let Some(slot) = domain.slot_of(&hw, event, config) {
-                    if hw.slots[slot].running {
-                        hw.slots[slot].running = false;
-                        hw.running -= 1;
-                    }
-                }
+                domain.fold(&mut hw, event, config);
             }
         }
         event.set_hw_state(HwState::STOPPED | HwState::UPTODATE);
     }
 
-    fn read(&self, event: &mut Event) {
+    fn read(&self, event: &Event) {
         if event.hw_state().contains(HwState::STOPPED) {
             return;
         }
-        if let Some(config) = Self::config_of(event) {
-            self.domain().fold(event, config);
+        let Some(config) = Self::config_of(event) else {
+            return;
+        };
+        let domain = self.domain();
+        // In NMI context this may have interrupted a holder of the lock on this very CPU: never
+        // wait there. The count stays as it was; the next read catches up.
+        let hw = if perf::in_nmi() {
+            domain.hw.try_lock()
+        } else {
+            Some(domain.hw.lock())
+        };
+        if let Some(mut hw) = hw {
+            domain.fold(&mut hw, event, config);
         }
+    }
+
+    fn event_destroy(&self, event: &Event) {
+        // The slot goes back when its event is freed.
+        let domain = self.domain();
+        hw::with_irqs_off(|| {
+            let mut hw = domain.hw.lock();
+            domain.release_slot(&mut hw, event);
+        });
     }
 
     fn filter_allowed_cpus(&self, cpus: &mut CpuMask) -> Result {
@@ -744,9 +773,11 @@ impl Pmu for DomainPmu {
         Ok(())
     }
 
-    fn migrate_cpu(&self, cpu: u32) {
+    fn migrate_cpu(&self, cpu: Option<u32>) {
         let domain = self.domain();
-        let owner = domain.is_allowed(cpu).then_some(cpu);
+        // The perf core only places the PMU on allowed CPUs; check anyway rather than make the
+        // device report every read as a violation.
+        let owner = cpu.filter(|&cpu| domain.is_allowed(cpu));
         hw::with_irqs_off(|| {
             let mut hw = domain.hw.lock();
             domain.set_owner(&mut hw, owner);
@@ -764,7 +795,12 @@ impl Pmu for DomainPmu {
 // ---------------------------------------------------------------------------
 
 /// Registers the PMU of domain `index`.
-fn register(
+///
+/// # Safety
+///
+/// As for [`Registration::new`]: the registration must not be dropped while events of the PMU
+/// can exist.
+unsafe fn register(
     module: &'static ThisModule,
     dev: &Arc<Device>,
     index: u32,
@@ -789,11 +825,9 @@ fn register(
         events: &events,
         formats: &FORMATS,
     };
-    let pmu = KBox::pin_init(
-        Registration::new(module, &options, DomainPmu { poller }),
-        GFP_KERNEL,
-    )
-    .inspect_err(|e| {
+    // SAFETY: The caller guarantees what `Registration::new` requires.
+    let init = unsafe { Registration::new(module, &options, DomainPmu { poller }) };
+    let pmu = KBox::pin_init(init, GFP_KERNEL).inspect_err(|e| {
         pr_err!(
             "{}: cannot register the PMU (allowed CPUs {:#x}): {:?}\n",
             &*name,
@@ -802,15 +836,9 @@ fn register(
         )
     })?;
 
-    // The perf core placed the PMU during registration (through `migrate_cpu`); make sure the
-    // device agrees before any event can read a counter.
-    let domain = pmu.data().domain();
-    let cpu = pmu.cpu();
-    hw::with_irqs_off(|| {
-        let mut hw = domain.hw.lock();
-        domain.set_owner(&mut hw, cpu.filter(|&cpu| domain.is_allowed(cpu)));
-    });
-    match cpu {
+    // The perf core placed the PMU during registration, telling the domain its owner through
+    // `migrate_cpu`; nothing more to do here.
+    match pmu.cpu() {
         Some(cpu) => pr_info!(
             "{}: type {}, allowed CPUs {:#x}, on CPU {}\n",
             &*name,
@@ -868,8 +896,13 @@ impl kernel::Module for Perfbed {
 
         let mut pmus = KVec::with_capacity(dev.domains as usize, GFP_KERNEL)?;
         for d in 0..dev.domains {
-            pmus.push(register(module, &dev, d)?, GFP_KERNEL)?;
+            // SAFETY: Until `dev.ready` is set below, every PMU's `event_init` refuses events, so
+            // if a later registration (or the push) fails and `pmus` is dropped, no event of any
+            // of them exists. Once `init` has returned, the registrations live in the module's
+            // data until its exit, and every event holds a reference on the module.
+            pmus.push(unsafe { register(module, &dev, d) }?, GFP_KERNEL)?;
         }
+        dev.ready.store(true, Ordering::Release);
         Ok(Perfbed {
             _pmus: pmus,
             _dev: dev,

@@ -6,7 +6,7 @@
 //! connection keeps serving. `device/README.md` documents the protocol.
 
 use std::collections::HashMap;
-use std::io::{self, BufRead, BufReader, Read, Write};
+use std::io::{self, BufRead, BufReader, Write};
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -17,14 +17,21 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::device::{DeviceState, TraceEntry};
+use crate::device::{Device, DeviceError, DeviceState, TraceEntry};
 use crate::host::SharedDevice;
+use crate::line::{read_line, Line};
 use crate::regs::Event;
 
-/// Longest request line accepted; a longer one closes the connection.
+/// Longest request line accepted; a longer one is refused and skipped
+/// without being held in memory.
 pub const MAX_LINE: usize = 64 * 1024;
 /// Default `wait_landed` timeout.
 pub const DEFAULT_WAIT_MS: u64 = 10_000;
+/// Longest `wait_landed` timeout (10 minutes): a connection is never held
+/// for longer than a run could last.
+pub const MAX_WAIT_MS: u64 = 600_000;
+/// Most connections served at once; one more is told so and closed.
+pub const MAX_CONNECTIONS: usize = 128;
 /// How often the accept loop checks whether it should stop.
 const ACCEPT_POLL: Duration = Duration::from_millis(20);
 /// Longest sleep between two polls of `wait_landed`.
@@ -149,11 +156,50 @@ impl Response {
     }
 }
 
-/// Carries out one request on the device.
-pub fn handle(device: &SharedDevice, request: &Request) -> Response {
-    let done = |r: Result<(), crate::DeviceError>| match r {
-        Ok(()) => Response::ok(),
-        Err(e) => Response::error(e.to_string()),
+/// What a request line comes to, decided without blocking.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[allow(clippy::large_enum_variant)] // one per request, moved straight out
+pub enum Reply {
+    /// The response, ready now.
+    Now(Response),
+    /// `wait_landed` with traffic still pending: the caller polls
+    /// [`Device::pending_bytes`] until it lands or `timeout_ms` pass.
+    WaitLanded {
+        /// The request's timeout.
+        timeout_ms: u64,
+    },
+}
+
+/// Parses one request line (without its newline); a bad one gives the
+/// error message that says why.
+pub fn parse_request(line: &[u8]) -> Result<Request, String> {
+    let request = serde_json::from_slice::<Request>(line).map_err(|e| format!("bad request: {e}"))?;
+    match request {
+        Request::WaitLanded { timeout_ms } if timeout_ms > MAX_WAIT_MS => {
+            return Err(format!("bad request: timeout_ms {timeout_ms} is above the limit of {MAX_WAIT_MS}"));
+        }
+        // serde's `deny_unknown_fields` does not reach an internally tagged
+        // unit variant: check that `op` is its only field.
+        Request::State | Request::ResetStats | Request::Trace => {
+            let fields: serde_json::Map<String, serde_json::Value> =
+                serde_json::from_slice(line).map_err(|e| format!("bad request: {e}"))?;
+            if let Some(field) = fields.keys().find(|k| *k != "op") {
+                return Err(format!("bad request: unknown field `{field}`: this op takes none"));
+            }
+        }
+        _ => {}
+    }
+    Ok(request)
+}
+
+/// Carries out `request` on `device` at `now_ns`. Pure: no clock, no I/O,
+/// no lock; a refused request leaves the device as it was (but for time).
+pub fn apply(device: &mut Device, now_ns: u64, request: &Request) -> Reply {
+    let done = |r: Result<(), DeviceError>| {
+        Reply::Now(match r {
+            Ok(()) => Response::ok(),
+            Err(e) => Response::error(e.to_string()),
+        })
     };
     match *request {
         Request::Inject {
@@ -161,35 +207,41 @@ pub fn handle(device: &SharedDevice, request: &Request) -> Response {
             rmid,
             event,
             bytes,
-        } => done(device.with(|d, now| d.inject(now, domain, rmid, event, bytes))),
+        } => done(device.inject(now_ns, domain, rmid, event, bytes)),
         Request::SetRate {
             domain,
             rmid,
             event,
             bytes_per_sec,
-        } => done(device.with(|d, now| d.set_rate(now, domain, rmid, event, bytes_per_sec))),
+        } => done(device.set_rate(now_ns, domain, rmid, event, bytes_per_sec)),
         Request::SetOccupancy {
             domain,
             rmid,
             bytes,
-        } => done(device.with(|d, _| d.set_occupancy(domain, rmid, bytes))),
-        Request::WaitLanded { timeout_ms } => wait_landed(device, timeout_ms),
-        Request::State => Response {
-            state: Some(device.with(|d, now| d.state(now))),
-            ..Response::ok()
+        } => done(device.set_occupancy(domain, rmid, bytes)),
+        Request::WaitLanded { timeout_ms } => match device.pending_bytes(now_ns) {
+            0 => Reply::Now(Response {
+                pending_bytes: Some(0),
+                ..Response::ok()
+            }),
+            _ => Reply::WaitLanded { timeout_ms },
         },
+        Request::State => Reply::Now(Response {
+            state: Some(device.state(now_ns)),
+            ..Response::ok()
+        }),
         Request::ResetStats => {
-            device.with(|d, _| d.reset_stats());
-            Response::ok()
+            device.reset_stats();
+            Reply::Now(Response::ok())
         }
-        Request::Trace => {
-            let (trace, dropped) = device.with(|d, _| (d.trace(), d.trace_dropped()));
-            Response { trace: Some(trace), trace_dropped: Some(dropped), ..Response::ok() }
-        }
+        Request::Trace => Reply::Now(Response {
+            trace: Some(device.trace()),
+            trace_dropped: Some(device.trace_dropped()),
+            ..Response::ok()
+        }),
         Request::TraceLines { since } => {
-            // Copied under the lock, printed outside it.
-            let snapshot = device.with(|d, _| d.trace_since(since));
-            Response {
+            let snapshot = device.trace_since(since);
+            Reply::Now(Response {
                 trace_lines: Some(TraceLines {
                     header: snapshot.header(),
                     first_seq: snapshot.first_seq,
@@ -198,8 +250,33 @@ pub fn handle(device: &SharedDevice, request: &Request) -> Response {
                     lines: snapshot.lines(),
                 }),
                 ..Response::ok()
-            }
+            })
         }
+    }
+}
+
+/// The reply to one request line (without its newline) at `now_ns`.
+pub fn respond(device: &mut Device, now_ns: u64, line: &[u8]) -> Reply {
+    match parse_request(line) {
+        Ok(request) => apply(device, now_ns, &request),
+        Err(message) => Reply::Now(Response::error(message)),
+    }
+}
+
+/// The response to one request line, waiting (without holding the lock)
+/// if it asks to.
+pub fn handle_line(device: &SharedDevice, line: &[u8]) -> Response {
+    match device.with(|d, now| respond(d, now, line)) {
+        Reply::Now(response) => response,
+        Reply::WaitLanded { timeout_ms } => wait_landed(device, timeout_ms),
+    }
+}
+
+/// Carries out one request on the device, waiting if it asks to.
+pub fn handle(device: &SharedDevice, request: &Request) -> Response {
+    match device.with(|d, now| apply(d, now, request)) {
+        Reply::Now(response) => response,
+        Reply::WaitLanded { timeout_ms } => wait_landed(device, timeout_ms),
     }
 }
 
@@ -228,46 +305,32 @@ fn wait_landed(device: &SharedDevice, timeout_ms: u64) -> Response {
     }
 }
 
-/// The response to one request line.
-pub fn handle_line(device: &SharedDevice, line: &[u8]) -> Response {
-    match serde_json::from_slice::<Request>(line) {
-        Ok(request) => handle(device, &request),
-        Err(e) => Response::error(format!("bad request: {e}")),
-    }
+/// A response as one line, newline included.
+fn encode(response: &Response) -> Vec<u8> {
+    let mut out = serde_json::to_vec(response).unwrap_or_else(|e| {
+        format!("{{\"ok\":false,\"error\":\"cannot encode response: {e}\"}}").into_bytes()
+    });
+    out.push(b'\n');
+    out
 }
 
 /// Serves one connection until the client closes it (or the server stops).
+/// A line the client did not finish (no newline before it closed) is not a
+/// request: it is dropped unanswered and changes nothing.
 fn serve_connection(device: &SharedDevice, stream: UnixStream) -> io::Result<()> {
     let mut writer = stream.try_clone()?;
     let mut reader = BufReader::new(stream);
     let mut line = Vec::new();
     loop {
-        line.clear();
-        let n = reader
-            .by_ref()
-            .take(MAX_LINE as u64 + 1)
-            .read_until(b'\n', &mut line)?;
-        if n == 0 {
-            return Ok(());
-        }
-        let too_long = line.len() > MAX_LINE;
-        let text = line.strip_suffix(b"\n").unwrap_or(&line);
-        if !too_long && text.iter().all(u8::is_ascii_whitespace) {
-            continue;
-        }
-        let response = if too_long {
-            Response::error(format!("request longer than {MAX_LINE} bytes"))
-        } else {
-            handle_line(device, text)
+        let response = match read_line(&mut reader, &mut line, MAX_LINE)? {
+            Line::End | Line::Unterminated => return Ok(()),
+            Line::Blank => continue,
+            Line::TooLong => Response::error(format!(
+                "request longer than {MAX_LINE} bytes: refused (and skipped up to its newline)"
+            )),
+            Line::Text => handle_line(device, &line),
         };
-        let mut out = serde_json::to_vec(&response).unwrap_or_else(|e| {
-            format!("{{\"ok\":false,\"error\":\"cannot encode response: {e}\"}}").into_bytes()
-        });
-        out.push(b'\n');
-        writer.write_all(&out)?;
-        if too_long {
-            return Ok(());
-        }
+        writer.write_all(&encode(&response))?;
     }
 }
 
@@ -325,9 +388,17 @@ fn accept_loop(
     let next_id = AtomicU64::new(0);
     while !stop.load(Ordering::Relaxed) {
         match listener.accept() {
-            Ok((stream, _)) => {
+            Ok((mut stream, _)) => {
                 let id = next_id.fetch_add(1, Ordering::Relaxed);
                 if stream.set_nonblocking(false).is_err() {
+                    continue;
+                }
+                let open = connections.lock().map_or(0, |map| map.len());
+                if open >= MAX_CONNECTIONS {
+                    let busy = Response::error(format!("too many connections ({open} open): try again later"));
+                    // Best effort: the client may not even read it.
+                    let _ = stream.set_write_timeout(Some(ACCEPT_POLL));
+                    let _ = stream.write_all(&encode(&busy));
                     continue;
                 }
                 if let Ok(clone) = stream.try_clone() {

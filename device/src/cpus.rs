@@ -79,6 +79,14 @@ pub fn parse_cpu_list(list: &str) -> Result<Vec<u32>, CpuListError> {
     Ok(cpus)
 }
 
+/// Parses a device's domains: each domain's CPU list, domains separated by
+/// `:` (`"0-1:2-3"`), as `cargo xtask run --domains` and QEMU's
+/// `domains=` property take them. Empty domains are kept (empty lists);
+/// [`crate::DeviceConfig::validate`] refuses them.
+pub fn parse_domain_list(spec: &str) -> Result<Vec<Vec<u32>>, CpuListError> {
+    spec.split(':').map(parse_cpu_list).collect()
+}
+
 /// Formats CPUs as a kernel CPU list (`[0, 1, 3]` gives `"0-1,3"`); the input
 /// need not be sorted, duplicates are dropped, the empty list gives `""`.
 pub fn format_cpu_list(cpus: &[u32]) -> String {
@@ -186,6 +194,14 @@ mod tests {
             parse_cpu_list("0-4294967295"),
             Err(CpuListError::RangeTooLarge { .. })
         ));
+    }
+
+    #[test]
+    fn parses_domain_lists() {
+        assert_eq!(parse_domain_list("0-1:2-3").unwrap(), vec![vec![0, 1], vec![2, 3]]);
+        assert_eq!(parse_domain_list("5").unwrap(), vec![vec![5]]);
+        assert_eq!(parse_domain_list("0:").unwrap(), vec![vec![0], vec![]]);
+        assert!(matches!(parse_domain_list("0-1:x"), Err(CpuListError::BadNumber { .. })));
     }
 
     #[test]

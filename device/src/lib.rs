@@ -10,6 +10,7 @@
 //! - [`SharedDevice`]: what a VMM holds; forwards MMIO accesses and serves
 //!   the control socket ([`control`]).
 //! - [`cpus`]: kernel CPU lists (`"0-1,3"`).
+//! - [`line`]: request lines read with a bounded buffer.
 //!
 //! `device/README.md` documents the register map and the control protocol.
 
@@ -17,14 +18,15 @@ pub mod control;
 pub mod cpus;
 mod device;
 pub mod host;
+pub mod line;
 pub mod regs;
 
 pub use control::{ClientError, ControlClient, ControlServer, Request, Response, TraceLines};
 pub use device::{
-    event_name, format_record, parse_event, trace_file, dropped_line, AccessKind, BadAccessCounts, BadAccessKind, ConfigError, Device,
-    DeviceConfig, DeviceError, DeviceState, DomainState, OccupancyEntry, RateEntry, SlotState, TraceEntry,
-    TraceEvent, TraceRecord, TraceRing, TraceSnapshot, TruthEntry, MAX_RATE_LIMIT, MAX_TRACE_CAPACITY,
-    TRACE_CAPACITY, TRACE_MAGIC,
+    dropped_line, event_name, format_record, parse_event, trace_file, AccessKind, BadAccessCounts, BadAccessKind,
+    ConfigError, Device, DeviceConfig, DeviceError, DeviceState, DomainState, OccupancyEntry, RateEntry, SlotState,
+    TraceEntry, TraceEvent, TraceRecord, TraceRing, TraceSnapshot, TruthEntry, MAX_QUEUED, MAX_RATE_LIMIT,
+    MAX_TRACE_CAPACITY, TRACE_CAPACITY, TRACE_MAGIC,
 };
 pub use host::SharedDevice;
 pub use regs::Event;

@@ -20,7 +20,7 @@
 /// little-endian u64.
 pub const MAGIC_VALUE: u64 = u64::from_le_bytes(*b"PERFBED\0");
 /// Value of the `REG_VERSION` register.
-pub const VERSION_VALUE: u64 = 1;
+pub const VERSION_VALUE: u64 = 2;
 
 // ---------------------------------------------------------------------------
 // Global block (all read-only), at offset 0
@@ -104,8 +104,8 @@ pub const MAX_SLOTS: u64 = 32;
 pub const MAX_CPUS: u64 = 64;
 /// Narrowest allowed counter width in bits.
 pub const MIN_COUNTER_WIDTH: u64 = 8;
-/// Widest allowed counter width in bits (bits 62 and 63 are flags).
-pub const MAX_COUNTER_WIDTH: u64 = 62;
+/// Widest allowed counter width in bits (bits 61 to 63 are flags).
+pub const MAX_COUNTER_WIDTH: u64 = 61;
 
 // ---------------------------------------------------------------------------
 // SLOT_CTL fields
@@ -149,6 +149,13 @@ pub const COUNTER_ERROR: u64 = 1 << 63;
 /// Bit 62 of a counter value: the slot is not assigned. The value is then
 /// exactly this bit.
 pub const COUNTER_UNAVAILABLE: u64 = 1 << 62;
+/// Bit 61 of a `SLOT_COUNT` value, beside the counter field: `2^width` units
+/// or more landed in the slot since its previous correctly placed read (or
+/// its assignment). The counter wrapped with nobody reading it, so a reader
+/// that adds up deltas modulo `2^width` has lost counts and must say so.
+/// Set on that one read; the read after it is clear again unless it
+/// wrapped once more.
+pub const COUNTER_OVERFLOW: u64 = 1 << 61;
 
 /// Mask of the counter field for a counter `width` in bits (`width` is
 /// clamped to `0..=MAX_COUNTER_WIDTH`).

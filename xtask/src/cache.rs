@@ -190,6 +190,19 @@ impl Drop for Entry {
 /// Locks of the entries this process has used, held until it exits.
 static HELD_LOCKS: std::sync::Mutex<Vec<fs::File>> = std::sync::Mutex::new(Vec::new());
 
+/// Takes `path` (created if missing) as an exclusive lock, waiting for any
+/// other perfbed process that holds it; released when the file is dropped.
+pub fn lock_exclusive(path: &Path) -> Result<fs::File> {
+    let file = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    flock(&file, libc::LOCK_EX, &path.display().to_string())?;
+    Ok(file)
+}
+
 fn lock_path(dir: &Path) -> PathBuf {
     let mut name = dir.file_name().expect("an entry has a name").to_os_string();
     name.push(".lock");

@@ -58,11 +58,12 @@ impl Step {
         let _ = heartbeat.join();
         let status = status.with_context(|| format!("waiting for `{shown}`"))?;
         if !status.success() {
+            let tail = tail(&self.log, 30);
             bail!(
-                "{}: `{shown}` failed ({status})\n--- last lines of {} ---\n{}",
+                "{}: `{shown}` failed ({status})\n--- last lines of {} ---\n{tail}{}",
                 self.name,
                 self.log.display(),
-                tail(&self.log, 30)
+                disk_full_hint(&self.log, &tail)
             );
         }
         Ok(())
@@ -75,6 +76,35 @@ impl Step {
     pub fn finish(self) {
         eprintln!("    {} done in {}", self.name, human(self.start.elapsed()));
     }
+}
+
+/// Bytes free for an unprivileged user on the filesystem holding `path`.
+pub fn free_bytes(path: &Path) -> Option<u64> {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).ok()?;
+    // SAFETY: statvfs writes into the struct we pass; `c` is a valid C string.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    Some(st.f_bavail as u64 * st.f_frsize as u64)
+}
+
+/// When a failed step ran out of disk, says so plainly (its log may be
+/// cut short, since it is on the same full disk).
+fn disk_full_hint(log: &Path, tail: &str) -> String {
+    let dir = log.parent().unwrap_or(log);
+    let free = free_bytes(dir);
+    let full = tail.contains("No space left on device") || free.is_some_and(|f| f < 16 << 20);
+    if !full {
+        return String::new();
+    }
+    format!(
+        "\n\nthe disk holding {} is full ({} free): free some space, or point XDG_CACHE_HOME at a larger disk \
+         (a kernel build needs about 3 GiB), and run again; the failed entry is rebuilt from scratch",
+        dir.display(),
+        free.map_or("unknown".to_string(), |f| format!("{} KiB", f / 1024))
+    )
 }
 
 /// Runs a short command and returns its stdout; an error names the command

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use perfbed_agent::{AgentMessage, HostRequest, PerfAttr};
+use perfbed_agent::{AgentMessage, HostRequest, PerfAttr, PerfIoctl};
 use perfbed_device::cpus::parse_cpu_list;
 
 use crate::vm::Vm;
@@ -61,6 +61,24 @@ impl Guest<'_> {
             AgentMessage::PerfOpened { handle } => Ok(Ok(handle)),
             AgentMessage::Errno { name, .. } => Ok(Err(name)),
             other => bail!("perf_event_open: {other:?}"),
+        }
+    }
+
+    /// perf_event_open with PERF_FLAG_* `flags` (FD_CLOEXEC is always added).
+    pub fn open_flags(&mut self, attr: PerfAttr, pid: i32, cpu: i32, group: Option<u32>, flags: u64) -> Result<Opened> {
+        match self.ask(HostRequest::PerfOpenFlags { attr, pid, cpu, group, flags })? {
+            AgentMessage::PerfOpened { handle } => Ok(Ok(handle)),
+            AgentMessage::Errno { name, .. } => Ok(Err(name)),
+            other => bail!("perf_event_open: {other:?}"),
+        }
+    }
+
+    /// An ioctl on an open event: its return value, or the errno's name.
+    pub fn ioctl(&mut self, handle: u32, ioctl: PerfIoctl) -> Result<std::result::Result<u64, String>> {
+        match self.ask(HostRequest::PerfIoctl { handle, ioctl: ioctl.clone() })? {
+            AgentMessage::PerfValues { values } if values.len() == 1 => Ok(Ok(values[0])),
+            AgentMessage::Errno { name, .. } => Ok(Err(name)),
+            other => bail!("{ioctl:?} on event {handle}: {other:?}"),
         }
     }
 

@@ -6,11 +6,17 @@ mod cache;
 mod cmd;
 mod deps;
 mod gdb;
+mod fuzz;
 mod guest;
 mod image;
+mod moving_traffic;
+mod module_lifecycle;
+mod perf_abi;
+mod perf_matrix;
 mod pmu_checks;
 mod scenario;
 mod scope_test;
+mod stress;
 mod test;
 mod trace;
 mod vm;
@@ -46,6 +52,12 @@ enum Command {
     Run(RunArgs),
     /// Every test: the workspace's unit tests, then the VM tests.
     Test(test::TestArgs),
+    /// Hotplug storm under live traffic on a seeded schedule: every count
+    /// must equal the device's truth (debug kernel by default).
+    Stress(stress::StressArgs),
+    /// Fuzz the device, the control socket, the agent protocol and the host
+    /// configuration (installs the pinned cargo-fuzz; stable toolchain).
+    Fuzz(fuzz::FuzzArgs),
     /// Boot again and again, idle and under load: hangs, failures, boot times.
     BootStress(boot_stress::BootStressArgs),
     /// Boot the guest and keep it up (for `perfbed ctl` and the logs) for
@@ -64,7 +76,7 @@ enum Command {
 
 #[derive(Args, Clone)]
 pub struct RunArgs {
-    /// Guest vCPUs (1 to 8: the guest kernel's NR_CPUS).
+    /// Guest vCPUs (1 to 64: the guest kernel's NR_CPUS).
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u8).range(1..=vm::MAX_CPUS as i64))]
     cpus: u8,
     /// Guest memory in MiB (128 to 16384).
@@ -151,10 +163,7 @@ impl RunArgs {
 
     fn device(&self) -> Result<perfbed_device::DeviceConfig> {
         let domains = match &self.domains {
-            Some(spec) => spec
-                .split(':')
-                .map(|d| perfbed_device::cpus::parse_cpu_list(d).map_err(|e| anyhow::anyhow!("--domains {spec:?}: {e}")))
-                .collect::<Result<_>>()?,
+            Some(spec) => perfbed_device::cpus::parse_domain_list(spec).map_err(|e| anyhow::anyhow!("--domains {spec:?}: {e}"))?,
             None => default_domains(self.cpus),
         };
         Ok(perfbed_device::DeviceConfig {
@@ -198,8 +207,10 @@ fn main() -> ExitCode {
         }),
         Command::Run(args) => run(&ws, &args),
         Command::Test(args) => test::run(&ws, &args),
+        Command::Fuzz(args) => fuzz::run(&ws, &args),
         Command::BootStress(args) => boot_stress::run(&ws, &args),
         Command::Trace(args) => trace::command(&args),
+        Command::Stress(args) => stress::run(&ws, &args),
         Command::Up { run, seconds } => up(&ws, &run, Duration::from_secs(seconds)),
     });
     match result {

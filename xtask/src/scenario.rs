@@ -134,8 +134,9 @@ pub fn run(scenario: &Scenario, accel: &Accel) -> Result<Report> {
     }
     if module_ok {
         let control = ControlClient::connect(&vm.control_socket).context("connecting to the device's control socket")?;
+        let control_socket = vm.control_socket.clone();
         let mut guest = Guest { vm: &mut vm, timeout: scenario.request_timeout };
-        checks.extend(pmu_checks::run(&mut guest, control, &scenario.vm.device)?);
+        checks.extend(pmu_checks::run(&mut guest, control, &control_socket, &scenario.vm.device)?);
     }
 
     let rounds = scenario.hotplug_rounds;

@@ -12,16 +12,22 @@ use crate::cmd::human;
 use crate::scenario::{self, Scenario};
 use crate::vm::{self, Accel, Vm};
 use crate::image::Variant;
-use crate::{deps, image, scenario_for, scope_test, RunArgs};
+use crate::{deps, fuzz, image, scenario_for, scope_test, stress, RunArgs};
 
 #[derive(Args)]
 pub struct TestArgs {
-    /// Run only the unit tests (no VM boots).
-    #[arg(long, conflicts_with = "vm_only")]
+    /// Run only the unit tests (no fuzzing, no VM boots).
+    #[arg(long, conflicts_with_all = ["vm_only", "fuzz_only"])]
     unit_only: bool,
+    /// Run only the short fuzz runs.
+    #[arg(long, conflicts_with = "vm_only")]
+    fuzz_only: bool,
     /// Run only the VM tests.
     #[arg(long)]
     vm_only: bool,
+    /// Seconds each fuzz target runs.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..))]
+    fuzz_seconds: u64,
     /// Run only the VM tests whose name contains this.
     #[arg(long)]
     filter: Option<String>,
@@ -61,8 +67,32 @@ const VM_TESTS: &[VmTest] = &[
         run: unresponsive_guest_times_out,
     },
     VmTest {
+        name: "qemu_killed_mid_run",
+        what: "QEMU killed mid-run ends the run with QEMU's exit named and the log kept; no process or socket is left behind",
+        variant: Variant::Normal,
+        run: qemu_killed_mid_run,
+    },
+    VmTest {
+        name: "agent_dies_mid_run",
+        what: "the agent dying mid-run (here: killed by a line that is not UTF-8) ends the run at once with QEMU's exit and the agent's last words named, the log kept, nothing left behind",
+        variant: Variant::Normal,
+        run: agent_dies_mid_run,
+    },
+    VmTest {
+        name: "guest_floods_console_and_channel",
+        what: "a guest flooding its serial console keeps being served (the log is capped); flooding the agent channel without newlines ends the run at once with that named",
+        variant: Variant::Normal,
+        run: guest_floods_console_and_channel,
+    },
+    VmTest {
+        name: "module_lifecycle",
+        what: "perfbed.ko loaded and unloaded 2x100 times (with an event open: unload refused) without leaking; wrong device= parameters fail with EINVAL/ENODEV and a kernel log line, no oops",
+        variant: Variant::Normal,
+        run: module_lifecycle,
+    },
+    VmTest {
         name: "device_scope_pmu",
-        what: "on the debug kernel, device-scope PMUs are placed, move, park and return with CPU hotplug, opens racing moves land right or get EBUSY, and no lockdep/RCU/WARN report",
+        what: "on the debug kernel, device-scope PMUs are placed, move, park and return with CPU hotplug, parked events come back, opens racing moves land right and never get EBUSY, and no lockdep/RCU/WARN report",
         variant: Variant::Debug,
         run: device_scope_pmu,
     },
@@ -72,12 +102,22 @@ const VM_TESTS: &[VmTest] = &[
         variant: Variant::Gdb,
         run: gdb_session,
     },
+    VmTest {
+        name: "hotplug_stress",
+        what: "on the debug kernel, a short seeded hotplug storm under live traffic: every count exact, no EBUSY, 0 violations, clean log",
+        variant: Variant::Debug,
+        run: hotplug_stress,
+    },
 ];
+
+/// The short stress's length and seed: a few hundred cycles.
+const STRESS_CYCLES: u32 = 200;
+const STRESS_SEED: u64 = 8;
 
 pub fn run(ws: &Path, args: &TestArgs) -> Result<bool> {
     deps::ensure()?;
     let mut passed = true;
-    if !args.vm_only {
+    if !args.vm_only && !args.fuzz_only {
         eprintln!("==> unit tests: cargo test --workspace");
         let status = Command::new(deps::cargo())
             .current_dir(ws)
@@ -89,11 +129,43 @@ pub fn run(ws: &Path, args: &TestArgs) -> Result<bool> {
             eprintln!("unit tests FAILED ({status})");
         }
     }
-    if !args.unit_only {
+    if !args.vm_only && !args.unit_only {
+        passed &= run_fuzz_tests(ws, args.fuzz_seconds);
+    }
+    if !args.unit_only && !args.fuzz_only {
         passed &= run_vm_tests(ws, args)?;
     }
     println!("\ncargo xtask test: {}", if passed { "PASSED" } else { "FAILED" });
     Ok(passed)
+}
+
+/// Each fuzz target for a short while: a crash, or a target that cannot be
+/// built or run, fails the group (and says why); so does a missing cargo-fuzz.
+fn run_fuzz_tests(ws: &Path, seconds: u64) -> bool {
+    eprintln!("==> fuzz tests: each target for {seconds} s");
+    let cargo_fuzz = match fuzz::ensure_cargo_fuzz() {
+        Ok(path) => path,
+        Err(e) => {
+            println!("test fuzz ... FAILED: cargo-fuzz {} is not available, so the fuzz targets cannot run:\n{e:#}", fuzz::CARGO_FUZZ_VERSION);
+            return false;
+        }
+    };
+    let mut failures = 0;
+    for &(target, what, _) in fuzz::TARGETS {
+        match fuzz::run_target(ws, &cargo_fuzz, target, seconds) {
+            Ok(outcome) if outcome.crash.is_none() => println!("test fuzz_{target} ... ok: {}", outcome.summary()),
+            Ok(outcome) => {
+                failures += 1;
+                println!("test fuzz_{target} ... FAILED ({what}):\n{}\n{}", outcome.summary(), outcome.crash.map(|c| c.1).unwrap_or_default());
+            }
+            Err(e) => {
+                failures += 1;
+                println!("test fuzz_{target} ... FAILED: {e:#}");
+            }
+        }
+    }
+    println!("fuzz tests: {} passed, {failures} failed", fuzz::TARGETS.len() - failures);
+    failures == 0
 }
 
 fn run_vm_tests(ws: &Path, args: &TestArgs) -> Result<bool> {
@@ -145,9 +217,15 @@ fn boot_and_hotplug(scenario: &Scenario, accel: &Accel) -> Result<()> {
 /// The device-scope test (`scope_test`) on a booted guest, then a clean
 /// power-off and a kernel log without any report.
 fn device_scope_pmu(scenario: &Scenario, accel: &Accel) -> Result<()> {
+    checks_on_a_guest(scenario, accel, |vm| scope_test::run(vm, scenario.request_timeout))
+}
+
+/// Boots, runs `checks` on the guest, powers it off, and fails on any failed
+/// check or kernel log report.
+fn checks_on_a_guest(scenario: &Scenario, accel: &Accel, checks: impl FnOnce(&mut Vm) -> Result<Vec<scenario::Check>>) -> Result<()> {
     let booted = Vm::boot(&scenario.vm, accel)?;
     let mut vm = booted.vm;
-    let checks = scope_test::run(&mut vm, scenario.request_timeout)?;
+    let checks = checks(&mut vm)?;
     let serial_log = vm.serial_log.clone();
     vm.power_off(Duration::from_secs(30))?;
     let report = scenario::Report::from_checks(checks, &serial_log);
@@ -184,6 +262,25 @@ fn gdb_session(scenario: &Scenario, accel: &Accel) -> Result<()> {
 fn free_port() -> Result<u16> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").context("finding a free port for gdb")?;
     Ok(listener.local_addr()?.port())
+}
+
+/// `cargo xtask stress` in small: the run's VM with the stress's device.
+fn hotplug_stress(scenario: &Scenario, accel: &Accel) -> Result<()> {
+    let mut vm = scenario.vm.clone();
+    vm.device = stress::device(vm.cpus, None)?;
+    let config = stress::StressConfig {
+        replay: format!("cargo xtask stress --cycles {STRESS_CYCLES} --seed {STRESS_SEED} --cpus {}", vm.cpus),
+        vm,
+        cycles: STRESS_CYCLES,
+        seed: STRESS_SEED,
+        timeout: scenario.request_timeout,
+    };
+    let report = stress::execute(&config, accel)?;
+    if !report.passed() {
+        bail!("{}", report.text());
+    }
+    print!("{}", report.text());
+    Ok(())
 }
 
 /// An initramfs without the named init makes the kernel panic ("No working
@@ -227,4 +324,162 @@ fn unresponsive_guest_times_out(scenario: &Scenario, accel: &Accel) -> Result<()
         bail!("the timeout fired after {}", human(start.elapsed()));
     }
     Ok(())
+}
+
+/// QEMU dies under the harness (SIGKILL, as the OOM killer or a user would):
+/// the next request fails at once, naming QEMU's exit and the saved log, and
+/// nothing of the VM is left: no QEMU process, no socket file.
+fn qemu_killed_mid_run(scenario: &Scenario, accel: &Accel) -> Result<()> {
+    let booted = Vm::boot(&scenario.vm, accel)?;
+    let vm = booted.vm;
+    let pid = vm.qemu_pid();
+    let control = vm.control_socket.clone();
+    let agent = scenario.vm.run_dir.join("agent.sock");
+    if !control.exists() || !agent.exists() {
+        bail!("the running VM has no control socket or agent socket in {}", scenario.vm.run_dir.display());
+    }
+    // SAFETY: kill(2) on the pid of a child this process started and has not reaped.
+    if unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) } != 0 {
+        bail!("cannot kill QEMU (pid {pid}): {}", std::io::Error::last_os_error());
+    }
+    let (error, took) = next_request_fails(vm, "a killed QEMU")?;
+    let mut problems = Vec::new();
+    if !error.contains("QEMU exited (signal: 9") {
+        problems.push(format!("the error does not say QEMU was killed:\n{error}"));
+    }
+    if !error.contains("serial log saved") || !scenario.vm.run_dir.join("serial.log").is_file() {
+        problems.push(format!("the error does not point to a kept serial log:\n{error}"));
+    }
+    if took > Duration::from_secs(10) {
+        problems.push(format!("noticing the dead QEMU took {}", human(took)));
+    }
+    problems.extend(left_behind(pid, &scenario.vm.run_dir));
+    if !problems.is_empty() {
+        bail!("{}", problems.join("\n"));
+    }
+    println!("    what the user sees: {}", error.lines().next().unwrap_or(""));
+    Ok(())
+}
+
+/// A guest that floods: first its serial console (in the background, from
+/// a shell), which the harness must keep draining into a capped log while
+/// the agent still answers; then the agent channel itself, with an endless
+/// line, which must end the run at once with the reason, not fill memory.
+fn guest_floods_console_and_channel(scenario: &Scenario, accel: &Accel) -> Result<()> {
+    use perfbed_agent::{AgentMessage, HostRequest};
+    let booted = Vm::boot(&scenario.vm, accel)?;
+    let mut vm = booted.vm;
+    let timeout = Duration::from_secs(30);
+    let sh = |script: &str| HostRequest::Run { argv: vec!["/bin/busybox".into(), "sh".into(), "-c".into(), script.into()] };
+    let started = vm.request(&sh("/bin/busybox yes 'perfbed console flood' > /dev/console 2>&1 < /dev/null &"), timeout)?;
+    if !matches!(started, AgentMessage::Ran { status: Some(0), .. }) {
+        bail!("starting the console flood: {started:?}");
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    let answer = vm.request(&HostRequest::ReadFile { path: "/proc/uptime".into() }, timeout)?;
+    if !matches!(answer, AgentMessage::Text { .. }) {
+        bail!("during the console flood the agent answered {answer:?}");
+    }
+    let serial_log = vm.serial_log.clone();
+    let flooded = std::fs::read(&serial_log).unwrap_or_default();
+    let lines = flooded.windows(21).filter(|w| w == b"perfbed console flood").count();
+    if lines < 100 {
+        bail!("the serial log has {lines} flood lines after 3 s: the console was not drained");
+    }
+    let start = Instant::now();
+    let error = match vm.request(&sh("/bin/busybox cat /dev/zero > /dev/hvc0"), timeout) {
+        Ok(answer) => bail!("the agent channel flood gave an answer: {answer:?}"),
+        Err(e) => format!("{e:#}"),
+    };
+    let took = start.elapsed();
+    drop(vm);
+    let size = std::fs::metadata(&serial_log).map(|m| m.len()).unwrap_or(0);
+    let mut problems = Vec::new();
+    if !error.contains("longer than") || !error.contains("flooding the channel") {
+        problems.push(format!("the channel flood's error does not say so:\n{error}"));
+    }
+    if took >= timeout {
+        problems.push(format!("the channel flood was noticed only after {}", human(took)));
+    }
+    if size > vm::SERIAL_LOG_LIMIT + 4096 {
+        problems.push(format!("the serial log grew to {size} bytes, over the {} limit", vm::SERIAL_LOG_LIMIT));
+    }
+    if !problems.is_empty() {
+        bail!("{}", problems.join("\n"));
+    }
+    println!(
+        "    console flood: {lines} lines in 3 s, agent still answering; channel flood ended the run in {}: {}",
+        human(took),
+        error.lines().next().unwrap_or("")
+    );
+    Ok(())
+}
+
+/// `module_lifecycle`'s checks, then a clean power-off and a clean log.
+fn module_lifecycle(scenario: &Scenario, accel: &Accel) -> Result<()> {
+    checks_on_a_guest(scenario, accel, |vm| {
+        let serial_log = vm.serial_log.clone();
+        let mut control = perfbed_device::ControlClient::connect(&vm.control_socket)?;
+        let mut g = crate::guest::Guest { vm, timeout: scenario.request_timeout };
+        Ok(vec![
+            crate::module_lifecycle::bad_device_params(&mut g, &serial_log, scenario.vm.device.size())?,
+            crate::module_lifecycle::load_unload(&mut g, &mut control)?,
+        ])
+    })
+}
+
+/// The agent dies mid-run. Being PID 1 it cannot just exit: on a fatal
+/// error it says why on the console and powers the guest off. A line that
+/// is not UTF-8 is such an error today (the agent reads text lines).
+fn agent_dies_mid_run(scenario: &Scenario, accel: &Accel) -> Result<()> {
+    let booted = Vm::boot(&scenario.vm, accel)?;
+    let mut vm = booted.vm;
+    let pid = vm.qemu_pid();
+    let serial_log = vm.serial_log.clone();
+    vm.send_raw(b"\xff\xfe not text\n")?;
+    let (error, took) = next_request_fails(vm, "the agent after its fatal error")?;
+    let log = std::fs::read_to_string(&serial_log).unwrap_or_default();
+    let mut problems = Vec::new();
+    if !error.contains("QEMU exited") || !error.contains("serial log saved") {
+        problems.push(format!("the error does not say the VM ended and where its log is:\n{error}"));
+    }
+    if !log.contains("perfbed-agent: fatal") {
+        problems.push(format!("the serial log {} lacks the agent's fatal error", serial_log.display()));
+    }
+    if took > Duration::from_secs(30) {
+        problems.push(format!("the agent's death was noticed after {}", human(took)));
+    }
+    problems.extend(left_behind(pid, &scenario.vm.run_dir));
+    if !problems.is_empty() {
+        bail!("{}", problems.join("\n"));
+    }
+    let last_words = log.lines().find(|l| l.contains("perfbed-agent: fatal")).unwrap_or("").trim();
+    println!("    after {}: {}; the serial log says: {last_words}", human(took), error.lines().next().unwrap_or(""));
+    Ok(())
+}
+
+/// What a VM that ended left behind: its QEMU process, its sockets.
+fn left_behind(qemu_pid: u32, run_dir: &Path) -> Vec<String> {
+    let mut left = Vec::new();
+    if Path::new(&format!("/proc/{qemu_pid}")).exists() {
+        left.push(format!("QEMU (pid {qemu_pid}) is still there"));
+    }
+    for socket in ["agent.sock", "control.sock"] {
+        if run_dir.join(socket).exists() {
+            left.push(format!("{} is left behind", run_dir.join(socket).display()));
+        }
+    }
+    left
+}
+
+/// Makes one more request of a VM that should be gone, and ends the VM:
+/// the error the harness gave and how long it took to give it.
+fn next_request_fails(mut vm: Vm, who: &str) -> Result<(String, Duration)> {
+    let start = Instant::now();
+    let request = perfbed_agent::HostRequest::ReadFile { path: "/proc/uptime".into() };
+    let error = match vm.request(&request, Duration::from_secs(60)) {
+        Ok(answer) => bail!("{who} answered: {answer:?}"),
+        Err(e) => format!("{e:#}"),
+    };
+    Ok((error, start.elapsed()))
 }

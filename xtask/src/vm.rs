@@ -7,7 +7,7 @@
 //! connected and nothing the agent says can be lost.
 
 use std::fs::{self, File};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -16,13 +16,14 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
-use perfbed_agent::{AgentMessage, Hello, HostRequest};
+use perfbed_agent::{parse_agent_message, AgentMessage, Hello, HostRequest, MAX_MESSAGE_LINE};
+use perfbed_device::line::{read_line_or_stop, Line};
 use perfbed_device::cpus::format_cpu_list;
 use perfbed_device::{ControlClient, DeviceConfig};
 
 use crate::cmd;
 
-pub const MAX_CPUS: u8 = 8; // the guest kernel's CONFIG_NR_CPUS
+pub const MAX_CPUS: u8 = 64; // the guest kernel's CONFIG_NR_CPUS
 /// Where the monitoring device's registers sit in guest physical memory: a
 /// hole below microvm's virtio-mmio (0xfeb00000) and IOAPIC windows.
 pub const DEVICE_BASE: u64 = 0xfe00_0000;
@@ -165,6 +166,11 @@ pub struct Vm {
     /// The device's control socket (inject traffic, read its state).
     pub control_socket: PathBuf,
     verbose: bool,
+    /// Run once before a failing VM is stopped, while the device still
+    /// answers (the stress saves the device's trace there).
+    before_kill: Option<Box<dyn FnOnce()>>,
+    /// The agent channel's socket (QEMU's end).
+    agent_socket: PathBuf,
 }
 
 /// What booting gave: the agent's greeting and how long it took.
@@ -262,7 +268,18 @@ impl Vm {
         let transcript = File::create(config.run_dir.join("agent.log"))?;
         let reader_transcript = transcript.try_clone()?;
         thread::spawn(move || read_agent(stream, reader_transcript, tx, verbose));
-        let mut vm = Vm { child, messages, writer, transcript, serial_log, qemu_log, control_socket, verbose };
+        let mut vm = Vm {
+            child,
+            messages,
+            writer,
+            transcript,
+            serial_log,
+            qemu_log,
+            control_socket,
+            agent_socket: socket,
+            before_kill: None,
+            verbose,
+        };
         match vm.receive(config.boot_timeout, "the agent's greeting") {
             Ok(AgentMessage::Hello(hello)) => Ok(Booted { boot_time: started.elapsed(), hello, vm }),
             Ok(other) => Err(vm.fail(anyhow!("the agent sent {other:?} before its greeting"))),
@@ -278,9 +295,19 @@ impl Vm {
             eprint!("agent> {line}");
         }
         if let Err(e) = self.writer.write_all(line.as_bytes()) {
-            return Err(self.fail(anyhow!("sending {request:?} to the agent: {e}")));
+            // A dead QEMU closes the channel: name that, not the broken pipe.
+            let why = match self.wait_briefly() {
+                Some(status) => format!("QEMU exited ({status}) while sending {request:?} to the agent ({e})"),
+                None => format!("sending {request:?} to the agent: {e}"),
+            };
+            return Err(self.fail(anyhow!(why)));
         }
         self.receive(timeout, &format!("the answer to {request:?}"))
+    }
+
+    /// Sets what runs before a failure stops the VM (see `before_kill`).
+    pub fn before_kill(&mut self, hook: Box<dyn FnOnce()>) {
+        self.before_kill = Some(hook);
     }
 
     /// Asks the agent to end the VM and waits for QEMU to exit.
@@ -342,8 +369,10 @@ impl Vm {
     fn fail(&mut self, error: anyhow::Error) -> anyhow::Error {
         // The device's trace dies with QEMU: keep it first.
         let trace = self.save_device_trace();
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        if let Some(hook) = self.before_kill.take() {
+            hook();
+        }
+        self.stop();
         // Give the serial copier a moment to drain QEMU's last output.
         thread::sleep(Duration::from_millis(100));
         let log = fs::read_to_string(&self.serial_log).unwrap_or_default();
@@ -374,12 +403,37 @@ impl Vm {
     }
 }
 
-impl Drop for Vm {
-    fn drop(&mut self) {
+impl Vm {
+    /// QEMU's process id.
+    pub fn qemu_pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Writes raw bytes to the agent channel, bypassing the protocol (for
+    /// tests of what a broken host side does to the agent).
+    pub fn send_raw(&mut self, bytes: &[u8]) -> Result<()> {
+        let _ = writeln!(self.transcript, "> (raw) {:?}", String::from_utf8_lossy(bytes));
+        self.writer.write_all(bytes).context("writing to the agent channel")
+    }
+
+    /// Ends QEMU if it still runs, reaps it, and removes the sockets it
+    /// leaves behind when it dies without cleaning up (killed, crashed, or
+    /// exiting without running the device's destructor). The logs stay.
+    fn stop(&mut self) {
         if let Ok(None) = self.child.try_wait() {
             let _ = self.child.kill();
-            let _ = self.child.wait();
         }
+        let _ = self.child.wait();
+        let _ = self.writer.shutdown(std::net::Shutdown::Both);
+        for socket in [&self.agent_socket, &self.control_socket] {
+            let _ = fs::remove_file(socket);
+        }
+    }
+}
+
+impl Drop for Vm {
+    fn drop(&mut self) {
+        self.stop();
     }
 }
 
@@ -419,34 +473,93 @@ fn connect(socket: &Path, child: &mut Child) -> Result<UnixStream> {
     }
 }
 
-/// Copies QEMU's serial output into the log, line by line, and with
-/// `verbose` onto stderr as well.
-fn copy_serial(from: impl Read, mut to: File, verbose: bool) {
-    let mut from = BufReader::new(from);
-    let mut line = Vec::new();
-    loop {
-        line.clear();
-        match from.read_until(b'\n', &mut line) {
-            Ok(0) | Err(_) => break,
-            Ok(_) => {}
-        }
-        if to.write_all(&line).is_err() {
-            break;
-        }
-        if verbose {
-            eprint!("serial| {}", String::from_utf8_lossy(&line));
-        }
+/// Most of the serial console kept in `serial.log`: a guest flooding its
+/// console cannot fill the host's disk. The rest is read and dropped, so
+/// QEMU never blocks on it.
+pub const SERIAL_LOG_LIMIT: u64 = 64 << 20;
+
+/// With `verbose`, each line also goes to stderr, prefixed `serial| `.
+fn copy_serial(from: impl Read, to: File, verbose: bool) {
+    if verbose {
+        copy_capped(from, SerialEcho { to, line: Vec::new() }, SERIAL_LOG_LIMIT);
+    } else {
+        copy_capped(from, to, SERIAL_LOG_LIMIT);
     }
 }
 
-fn read_agent(stream: UnixStream, mut transcript: File, tx: mpsc::Sender<Result<AgentMessage, String>>, verbose: bool) {
-    for line in BufReader::new(stream).lines() {
-        let Ok(line) = line else { break };
-        let _ = writeln!(transcript, "< {line}");
-        if verbose {
-            eprintln!("agent< {line}");
+/// The serial log's writer that also echoes every complete line to stderr.
+struct SerialEcho {
+    to: File,
+    line: Vec<u8>,
+}
+
+impl Write for SerialEcho {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.to.write(buf)?;
+        for &byte in &buf[..n] {
+            self.line.push(byte);
+            if byte == b'\n' {
+                eprint!("serial| {}", String::from_utf8_lossy(&self.line));
+                self.line.clear();
+            }
         }
-        let parsed = serde_json::from_str(&line).map_err(|e| format!("unparsable message {line:?}: {e}"));
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.to.flush()
+    }
+}
+
+/// Copies `from` to `to` until `from` ends, writing at most `limit` bytes
+/// and then one line that says how much was dropped.
+fn copy_capped(mut from: impl Read, mut to: impl Write, limit: u64) {
+    let mut buf = [0u8; 4096];
+    let mut written = 0u64;
+    let mut dropped = 0u64;
+    while let Ok(n) = from.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+        let keep = (limit - written).min(n as u64) as usize;
+        if keep > 0 && to.write_all(&buf[..keep]).is_err() {
+            break;
+        }
+        written += keep as u64;
+        dropped += (n - keep) as u64;
+        if keep < n && dropped == (n - keep) as u64 {
+            let _ = writeln!(to, "\n[perfbed: serial log limit of {limit} bytes reached; the rest of the console is dropped]");
+        }
+    }
+    if dropped > 0 {
+        let _ = writeln!(to, "[perfbed: {dropped} bytes of console output dropped]");
+    }
+}
+
+/// Reads the agent's messages, never holding more than one line of at most
+/// [`MAX_MESSAGE_LINE`] bytes: a guest flooding the channel gets the run
+/// failed with that said, not the host's memory filled.
+fn read_agent(stream: UnixStream, mut transcript: File, tx: mpsc::Sender<Result<AgentMessage, String>>, verbose: bool) {
+    let mut reader = BufReader::new(stream);
+    let mut line = Vec::new();
+    loop {
+        let parsed = match read_line_or_stop(&mut reader, &mut line, MAX_MESSAGE_LINE) {
+            Err(_) | Ok(Line::End | Line::Unterminated) => break,
+            Ok(Line::Blank) => continue,
+            Ok(Line::TooLong) => {
+                // Nothing after it can be trusted to be a message.
+                let _ = writeln!(transcript, "< (a line longer than {MAX_MESSAGE_LINE} bytes; stopped reading)");
+                let _ = tx.send(Err(format!("the agent sent a line longer than {MAX_MESSAGE_LINE} bytes (a guest flooding the channel?)")));
+                break;
+            }
+            Ok(Line::Text) => {
+                let _ = writeln!(transcript, "< {}", String::from_utf8_lossy(&line));
+                if verbose {
+                    eprintln!("agent< {}", String::from_utf8_lossy(&line));
+                }
+                parse_agent_message(&line)
+            }
+        };
         if tx.send(parsed).is_err() {
             break;
         }
@@ -475,10 +588,13 @@ pub fn kernel_log_problems(log: &str) -> Vec<String> {
     log.lines().filter(|l| SIGNS.iter().any(|s| l.contains(s))).map(|l| l.trim().to_string()).collect()
 }
 
-/// A fresh folder for one boot's logs: `target/perfbed/runs/<time>-<name>`.
+/// A fresh folder for one boot's logs: `target/perfbed/runs/<time>-<name>`
+/// (with the process id, so that two runs started in the same millisecond
+/// never share one).
 pub fn new_run_dir(workspace: &Path, name: &str) -> PathBuf {
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    workspace.join("target/perfbed/runs").join(format!("{}-{:03}-{name}", now.as_secs(), now.subsec_millis()))
+    let pid = std::process::id();
+    workspace.join("target/perfbed/runs").join(format!("{}-{:03}-{pid}-{name}", now.as_secs(), now.subsec_millis()))
 }
 
 #[cfg(test)]
@@ -521,7 +637,7 @@ mod tests {
         good.validate().unwrap();
         let err = |c: VmConfig| c.validate().unwrap_err().to_string();
         assert!(err(VmConfig { cpus: 0, ..good.clone() }).contains("--cpus 0"));
-        assert!(err(VmConfig { cpus: 9, ..good.clone() }).contains("1 to 8"));
+        assert!(err(VmConfig { cpus: 65, ..good.clone() }).contains("1 to 64"));
         assert!(err(VmConfig { memory_mib: 1, ..good.clone() }).contains("--memory 1"));
         assert!(err(VmConfig { cpus: 2, ..good.clone() }).contains("domain 1 allows CPU 2"));
         assert!(err(VmConfig { vmlinux: dir.join("absent"), ..good.clone() }).contains("cannot be opened"));
@@ -529,6 +645,21 @@ mod tests {
         fs::write(&bz, b"MZ\0\0not elf").unwrap();
         assert!(err(VmConfig { vmlinux: bz, ..good.clone() }).contains("not an ELF vmlinux"));
         fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_flooding_console_is_capped() {
+        let flood = vec![b'x'; 10_000];
+        let mut out = Vec::new();
+        copy_capped(&flood[..], &mut out, 4096);
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.starts_with(&"x".repeat(4096)));
+        assert!(!text[4096..].contains('x'), "nothing past the limit is kept");
+        assert!(text.contains("serial log limit of 4096 bytes reached"), "{}", &text[4096..]);
+        assert!(text.contains("[perfbed: 5904 bytes of console output dropped]"), "{}", &text[4096..]);
+        let mut out = Vec::new();
+        copy_capped(&b"quiet\n"[..], &mut out, 4096);
+        assert_eq!(out, b"quiet\n");
     }
 
     #[test]

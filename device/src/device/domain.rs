@@ -25,6 +25,10 @@ pub(super) struct Slot {
     /// Bytes counted since assignment (mod 2^64); the register shows them
     /// in units, masked to the counter width.
     pub(super) counted: u64,
+    /// `counted` in units at the previous correctly placed read of the
+    /// slot's counter (0 at assignment): a later read more than one wrap
+    /// ahead of it reports `COUNTER_OVERFLOW`.
+    pub(super) units_at_read: u64,
 }
 
 #[derive(Debug, Clone)]

@@ -34,4 +34,12 @@ pub enum DeviceError {
         /// The domain's max rate.
         max: u64,
     },
+    /// The domain's injection queue is full.
+    #[error("domain {domain}: {max} injections already queued; wait for them to land (wait_landed)")]
+    QueueFull {
+        /// The domain.
+        domain: u32,
+        /// The queue's capacity.
+        max: usize,
+    },
 }

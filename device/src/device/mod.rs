@@ -29,6 +29,7 @@ use crate::cpus::{format_cpu_list, CpuSet};
 use crate::regs::{self, Event};
 
 pub use config::{ConfigError, DeviceConfig, MAX_RATE_LIMIT};
+pub use traffic::MAX_QUEUED;
 use decode::{Part, Reg};
 use domain::{Assignment, Domain, Slot};
 pub use errors::DeviceError;
@@ -147,6 +148,29 @@ impl Device {
         }
     }
 
+    /// A correctly placed read of slot `s`'s counter in domain `d`: the
+    /// register, with `COUNTER_OVERFLOW` if a whole wrap or more landed
+    /// since the previous such read.
+    fn read_slot_count(&mut self, d: usize, s: usize) -> u64 {
+        let unit = self.config.unit_bytes.max(1);
+        let wrap = self.mask().wrapping_add(1);
+        let Some(slot) = self.domains.get_mut(d).and_then(|x| x.slots.get_mut(s)) else {
+            return regs::COUNTER_UNAVAILABLE;
+        };
+        if slot.assigned.is_none() {
+            return regs::COUNTER_UNAVAILABLE;
+        }
+        let units = slot.counted / unit;
+        let overflowed = units.wrapping_sub(slot.units_at_read) >= wrap;
+        slot.units_at_read = units;
+        let value = units & (wrap - 1);
+        if overflowed {
+            value | regs::COUNTER_OVERFLOW
+        } else {
+            value
+        }
+    }
+
     /// Occupancy register value: units, saturated to the counter width.
     fn occupancy_register(&self, bytes: u64) -> u64 {
         (bytes / self.config.unit_bytes.max(1)).min(self.mask())
@@ -179,10 +203,7 @@ impl Device {
                     if violation {
                         regs::COUNTER_ERROR
                     } else {
-                        self.domains
-                            .get(d)
-                            .and_then(|x| x.slots.get(s))
-                            .map_or(regs::COUNTER_UNAVAILABLE, |x| self.slot_register(x))
+                        self.read_slot_count(d, s)
                     }
                 }
                 Reg::Occupancy(d, r) => {
@@ -278,6 +299,7 @@ impl Device {
                         rmid: rmid as u32,
                     }),
                     counted: 0,
+                    units_at_read: 0,
                 };
             }
         }
@@ -323,7 +345,9 @@ impl Device {
         let d = self.check_cumulative(domain, rmid, event)?;
         self.advance(now_ns);
         if let Some(dom) = self.domains.get_mut(d) {
-            dom.traffic.inject(rmid, event, bytes);
+            if !dom.traffic.inject(rmid, event, bytes) {
+                return Err(DeviceError::QueueFull { domain, max: MAX_QUEUED });
+            }
         }
         self.record(TraceEvent::Inject { domain, rmid, event, bytes });
         Ok(())

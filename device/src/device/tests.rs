@@ -32,7 +32,7 @@ fn self_description() {
     let r = |d: &mut Device, off| d.read(0, 3, off, 8);
     assert_eq!(r(&mut d, REG_MAGIC), MAGIC_VALUE);
     assert_eq!(MAGIC_VALUE.to_le_bytes(), *b"PERFBED\0");
-    assert_eq!(r(&mut d, REG_VERSION), 1);
+    assert_eq!(r(&mut d, REG_VERSION), VERSION_VALUE);
     assert_eq!(r(&mut d, REG_NUM_DOMAINS), 2);
     assert_eq!(r(&mut d, REG_NUM_RMIDS), 8);
     assert_eq!(r(&mut d, REG_NUM_SLOTS), 4);
@@ -112,7 +112,7 @@ fn four_byte_writes_to_low_half() {
 
 #[test]
 fn counting_is_exact_and_wraps() {
-    for (width, unit) in [(8u32, 64u64), (24, 64), (12, 1), (62, 4096)] {
+    for (width, unit) in [(8u32, 64u64), (24, 64), (12, 1), (61, 4096)] {
         let mut d = owned(width, unit, MAX_RATE_LIMIT);
         assign(&mut d, 0, 1, Event::MbmTotalBytes, 3);
         let wrap = (1u128 << width) * u128::from(unit);
@@ -127,11 +127,11 @@ fn counting_is_exact_and_wraps() {
         let now = 1000 * SEC;
         assert_eq!(d.pending_bytes(now), 0);
         let expect = (total / u128::from(unit)) % (1u128 << width);
-        assert_eq!(
-            u128::from(d.read(now, 0, slot_count(0, 1), 8)),
-            expect,
-            "width {width}"
-        );
+        // Nobody read while it wrapped: the read says so, beside the count.
+        let overflowed = total / u128::from(unit) >= 1u128 << width;
+        let value = d.read(now, 0, slot_count(0, 1), 8);
+        assert_eq!(value & COUNTER_OVERFLOW != 0, overflowed, "width {width}");
+        assert_eq!(u128::from(value & !COUNTER_OVERFLOW), expect, "width {width}");
         let state = d.state(now);
         assert_eq!(u128::from(state.domains[0].slots[1].counted_bytes), total);
         assert_eq!(u128::from(state.truth(0, 3, Event::MbmTotalBytes)), total);
@@ -148,11 +148,34 @@ fn wraps_several_times() {
     d.inject(0, 0, 0, Event::MbmLocalBytes, 3 * wrap + 123 * 64 + 5)
         .unwrap();
     let now = 10 * SEC;
+    assert_eq!(d.read(now, 0, slot_count(0, 0), 8), 123 | COUNTER_OVERFLOW);
+    // Reported once: the next read has seen no wrap since.
     assert_eq!(d.read(now, 0, slot_count(0, 0), 8), 123);
     assert_eq!(
         d.state(now).domains[0].slots[0].counted_bytes,
         3 * wrap + 123 * 64 + 5
     );
+}
+
+#[test]
+fn overflow_is_flagged_only_when_a_wrap_went_unread() {
+    let mut d = owned(8, 1, MAX_RATE_LIMIT);
+    assign(&mut d, 0, 0, Event::MbmTotalBytes, 1);
+    let read = |d: &mut Device, now| d.read(now, 0, slot_count(0, 0), 8);
+    // Just under one wrap between reads, many times over: never flagged.
+    for i in 1..=10u64 {
+        d.inject(i * SEC, 0, 1, Event::MbmTotalBytes, 255).unwrap();
+        assert_eq!(read(&mut d, i * SEC + SEC / 2), (255 * i) % 256);
+    }
+    // A read outside the placement rule does not count as a read.
+    d.inject(20 * SEC, 0, 1, Event::MbmTotalBytes, 200).unwrap();
+    assert_eq!(d.read(21 * SEC, 1, slot_count(0, 0), 8), COUNTER_ERROR);
+    d.inject(22 * SEC, 0, 1, Event::MbmTotalBytes, 56).unwrap();
+    assert_eq!(read(&mut d, 23 * SEC), (2550 + 256) % 256 | COUNTER_OVERFLOW);
+    // Reassigning starts afresh.
+    d.inject(24 * SEC, 0, 1, Event::MbmTotalBytes, 300).unwrap();
+    assign(&mut d, 25 * SEC, 0, Event::MbmTotalBytes, 1);
+    assert_eq!(read(&mut d, 26 * SEC), 0);
 }
 
 #[test]
@@ -533,6 +556,27 @@ fn host_inputs_are_validated() {
 }
 
 #[test]
+fn the_injection_queue_is_bounded() {
+    let mut d = device(DeviceConfig::default());
+    // Alternating RMIDs cannot share a queue entry.
+    for i in 0..MAX_QUEUED {
+        d.inject(0, 0, (i % 2) as u32, Event::MbmTotalBytes, 1).unwrap();
+    }
+    // The same (rmid, event) as the last entry still merges into it.
+    d.inject(0, 0, ((MAX_QUEUED - 1) % 2) as u32, Event::MbmTotalBytes, 1).unwrap();
+    let before = d.state(0);
+    assert_eq!(
+        d.inject(0, 0, (MAX_QUEUED % 2) as u32, Event::MbmTotalBytes, 1),
+        Err(DeviceError::QueueFull { domain: 0, max: MAX_QUEUED })
+    );
+    assert_eq!(d.state(0), before, "a refused injection changes nothing");
+    // The other domain has its own queue; once landed, room again.
+    d.inject(0, 1, 0, Event::MbmTotalBytes, 1).unwrap();
+    assert_eq!(d.pending_bytes(SEC), 0);
+    d.inject(SEC, 0, 0, Event::MbmTotalBytes, 1).unwrap();
+}
+
+#[test]
 fn time_never_goes_backwards() {
     let mut d = owned(24, 1, 1000);
     assign(&mut d, 0, 0, Event::MbmTotalBytes, 0);
@@ -583,7 +627,7 @@ fn config_validation() {
         domains: (0..16).map(|i| vec![i * 4, i * 4 + 3]).collect(),
         rmids: 256,
         slots: 32,
-        counter_width: 62,
+        counter_width: 61,
         unit_bytes: 1,
         max_rate: MAX_RATE_LIMIT,
         trace_capacity: TRACE_CAPACITY,

@@ -9,6 +9,11 @@ use std::collections::{BTreeMap, VecDeque};
 
 use crate::regs::Event;
 
+/// Most injections a domain's queue holds (consecutive ones of the same
+/// (rmid, event) share an entry): a control client cannot make the device
+/// grow without bound.
+pub const MAX_QUEUED: usize = 4096;
+
 /// Nanoseconds per second.
 const NS_PER_SEC: u128 = 1_000_000_000;
 
@@ -46,20 +51,26 @@ impl Traffic {
         self.queue.iter().fold(0u64, |acc, p| acc.saturating_add(p.bytes))
     }
 
-    /// Queues `bytes` of (rmid, event) behind what is already queued.
-    pub(super) fn inject(&mut self, rmid: u32, event: Event, bytes: u64) {
+    /// Queues `bytes` of (rmid, event) behind what is already queued;
+    /// `false` (and nothing queued) when that would take a queue entry
+    /// beyond [`MAX_QUEUED`].
+    pub(super) fn inject(&mut self, rmid: u32, event: Event, bytes: u64) -> bool {
         if bytes == 0 {
-            return;
+            return true;
         }
         if let Some(back) = self.queue.back_mut() {
             if back.rmid == rmid && back.event == event {
                 if let Some(sum) = back.bytes.checked_add(bytes) {
                     back.bytes = sum;
-                    return;
+                    return true;
                 }
             }
         }
+        if self.queue.len() >= MAX_QUEUED {
+            return false;
+        }
         self.queue.push_back(Pending { rmid, event, bytes });
+        true
     }
 
     /// The steady rate of every (rmid, event) but this one, summed.

@@ -78,6 +78,51 @@ pub struct PerfAttr {
     /// disabled = bit 0, inherit = 1, exclude_user = 4, exclude_kernel = 5, ...
     #[serde(default)]
     pub flags: u64,
+    /// `attr.size`; 0 means the agent's full size (PERF_ATTR_SIZE_VER8).
+    #[serde(default)]
+    pub size: u32,
+    #[serde(default)]
+    pub wakeup_events: u32,
+    #[serde(default)]
+    pub branch_sample_type: u64,
+    #[serde(default)]
+    pub sample_regs_user: u64,
+    #[serde(default)]
+    pub sample_stack_user: u32,
+    #[serde(default)]
+    pub clockid: i32,
+    #[serde(default)]
+    pub aux_watermark: u32,
+    #[serde(default)]
+    pub sample_max_stack: u16,
+    #[serde(default)]
+    pub aux_sample_size: u32,
+    #[serde(default)]
+    pub sig_data: u64,
+    #[serde(default)]
+    pub config3: u64,
+}
+
+/// An ioctl on an open perf event (`PERF_EVENT_IOC_*`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "ioctl", rename_all = "snake_case")]
+pub enum PerfIoctl {
+    /// `group`: PERF_IOC_FLAG_GROUP, the whole group.
+    Enable { group: bool },
+    Disable { group: bool },
+    Reset { group: bool },
+    Refresh { count: i32 },
+    Period { period: u64 },
+    /// Answers the event's id.
+    Id,
+    /// Redirect output to another event's buffer (`None`: -1, none).
+    SetOutput { target: Option<u32> },
+    SetFilter { filter: String },
+    PauseOutput { pause: bool },
+    ModifyAttributes { attr: PerfAttr },
+    /// A bpf program fd (-1: none).
+    SetBpf { fd: i32 },
+    QueryBpf,
 }
 
 /// A concurrent stress of opens against CPU hotplug (see
@@ -98,6 +143,79 @@ pub struct RaceResult {
     pub final_values: Vec<u64>,
 }
 
+/// One CPU hotplug operation of a [`HostRequest::HotplugBatch`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum HotplugOp {
+    /// Take `cpu` offline or bring it online.
+    Set { cpu: u32, online: bool },
+    /// Take the CPU a PMU counts on (its `cpumask`) offline and bring it
+    /// straight back: the PMU must move, and the online set is unchanged.
+    /// Skipped (no error) when the PMU is parked or sits on CPU 0, which
+    /// cannot go offline.
+    FlapOwner { pmu: String },
+}
+
+/// What one [`HotplugOp`] did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HotplugOpResult {
+    /// Time the sysfs writes took, in microseconds.
+    pub us: u64,
+    /// sysfs writes made (2 for a flap, 0 for a skipped one).
+    pub writes: u32,
+    /// Why it failed, if it did.
+    pub error: Option<String>,
+    /// The watched PMUs' `cpumask` files after the op, in request order
+    /// (an empty string while a PMU is parked). For a flap, the masks
+    /// between its offline and its online come first in `between`.
+    pub masks: Vec<String>,
+    #[serde(default)]
+    pub between: Vec<String>,
+    /// `/sys/devices/system/cpu/online` after the op.
+    pub online: String,
+    /// Each handle of the request's `read_handles` read after the op (its
+    /// u64 words), or the errno's name.
+    pub reads: Vec<Result<Vec<u64>, String>>,
+}
+
+/// The answer to a [`HostRequest::HotplugBatch`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HotplugBatchResult {
+    /// The watched PMUs' `cpumask` files before the first op.
+    pub masks_before: Vec<String>,
+    pub ops: Vec<HotplugOpResult>,
+}
+
+/// A background job of the agent (see [`HostRequest::StartJob`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "job", rename_all = "snake_case")]
+pub enum JobSpec {
+    /// Run a program of the initramfs in the background, its output kept.
+    /// The start is answered once the process holds `perf_fds` perf event
+    /// descriptors (0: at once) and then `settle_ms` more have passed, so
+    /// that a `perf stat` is counting before the host starts traffic.
+    Process { argv: Vec<String>, perf_fds: u32, settle_ms: u64 },
+    /// A thread that opens an event of each attr in turn (system-wide, on
+    /// CPU 0), reads it and closes it, pausing `pause_us` between opens.
+    OpenCloseLoop { attrs: Vec<PerfAttr>, pause_us: u64 },
+}
+
+/// What a background job did, once stopped.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "job", rename_all = "snake_case")]
+pub enum JobResult {
+    /// The process's exit status (None if killed by a signal) and output.
+    Process { status: Option<i32>, stdout: String, stderr: String },
+    OpenCloseLoop {
+        attempts: u64,
+        opened: u64,
+        /// Refusals by errno name ("EBUSY", "ENODEV", ...).
+        errors: std::collections::BTreeMap<String, u64>,
+        /// Reads of opened events that failed, by errno name.
+        read_errors: std::collections::BTreeMap<String, u64>,
+    },
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "request", rename_all = "snake_case")]
 pub enum HostRequest {
@@ -108,11 +226,20 @@ pub enum HostRequest {
     /// Load a module of the initramfs (`/lib/modules/<name>.ko`), with its
     /// parameters from the kernel command line (`<name>.<param>=<value>`).
     LoadModule { name: String },
+    /// Load a module of the initramfs with exactly these parameters (the
+    /// kernel command line's are not used).
+    LoadModuleWith { name: String, params: String },
     /// Unload a module (delete_module).
     UnloadModule { name: String },
     /// perf_event_open(attr, pid, cpu, group leader's handle or -1, 0);
     /// the event stays open under a handle until closed.
     PerfOpen { attr: PerfAttr, pid: i32, cpu: i32, group: Option<u32> },
+    /// [`HostRequest::PerfOpen`] with `flags` (PERF_FLAG_*) added to the
+    /// agent's own PERF_FLAG_FD_CLOEXEC.
+    PerfOpenFlags { attr: PerfAttr, pid: i32, cpu: i32, group: Option<u32>, flags: u64 },
+    /// An ioctl on an open event: [`AgentMessage::PerfValues`] with the
+    /// ioctl's return value (the id for [`PerfIoctl::Id`]), or the errno.
+    PerfIoctl { handle: u32, ioctl: PerfIoctl },
     /// read() an open event: the u64 words the read format gives.
     PerfRead { handle: u32 },
     PerfClose { handle: u32 },
@@ -139,6 +266,20 @@ pub enum HostRequest {
     /// [`AgentMessage::ClockSync`]): the device records that read with its
     /// own time, which puts both clocks on one axis.
     ClockSync { base: u64, size: u64, cpu: u32 },
+    /// Carry out `ops` in order, one after the other; after each, read the
+    /// `cpumask` of every PMU of `watch_pmus` and every event of
+    /// `read_handles`. Answered with [`AgentMessage::HotplugBatch`]; an op
+    /// that fails is reported and the batch carries on.
+    HotplugBatch { ops: Vec<HotplugOp>, watch_pmus: Vec<String>, read_handles: Vec<u32> },
+    /// read() several open events: [`AgentMessage::PerfValuesMany`], or the
+    /// first failure's errno.
+    PerfReadMany { handles: Vec<u32> },
+    /// Start a background job; answered with [`AgentMessage::JobStarted`]
+    /// while the job runs on.
+    StartJob { spec: JobSpec },
+    /// Stop a background job (a process gets `signal`, then SIGKILL after
+    /// `timeout_ms`) and collect what it did: [`AgentMessage::JobDone`].
+    StopJob { job: u32, signal: i32, timeout_ms: u64 },
     /// Sync and power the guest off. The agent answers before it does.
     PowerOff,
 }
@@ -179,6 +320,10 @@ pub enum AgentMessage {
     Text { text: String },
     PerfOpened { handle: u32 },
     PerfValues { values: Vec<u64> },
+    PerfValuesMany { values: Vec<Vec<u64>> },
+    HotplugBatch(HotplugBatchResult),
+    JobStarted { job: u32 },
+    JobDone(JobResult),
     Race(RaceResult),
     /// A program's exit status (None if killed by a signal) and output.
     Ran { status: Option<i32>, stdout: String, stderr: String },
@@ -190,6 +335,21 @@ pub enum AgentMessage {
     Events { events: Vec<GuestEvent> },
     /// The guest's clock just before and just after the device read.
     ClockSync { before_ns: u64, after_ns: u64 },
+}
+
+/// Longest agent message line the host accepts: a guest that floods the
+/// channel without newlines costs the host at most this much memory.
+pub const MAX_MESSAGE_LINE: usize = 4 << 20;
+
+/// Parses one line (without its newline) of the agent's output, as the host
+/// does; the error names the line (shortened) and why.
+pub fn parse_agent_message(line: &[u8]) -> Result<AgentMessage, String> {
+    serde_json::from_slice(line).map_err(|e| {
+        let text = String::from_utf8_lossy(line);
+        let shown: String = text.chars().take(200).collect();
+        let more = if shown.len() < text.len() { "..." } else { "" };
+        format!("unparsable message {shown:?}{more}: {e}")
+    })
 }
 
 #[cfg(test)]
@@ -212,5 +372,34 @@ mod tests {
         let line = serde_json::to_string(&msg).unwrap();
         assert_eq!(line, r#"{"message":"events","events":[{"time_ns":5,"event":"cpu_offline","cpu":2,"took_ns":9,"ok":true}]}"#);
         assert_eq!(serde_json::from_str::<AgentMessage>(&line).unwrap(), msg);
+    }
+
+    #[test]
+    fn batch_and_job_requests_round_trip() {
+        let req = HostRequest::HotplugBatch {
+            ops: vec![HotplugOp::Set { cpu: 2, online: false }, HotplugOp::FlapOwner { pmu: "perfbed_l3_1".into() }],
+            watch_pmus: vec!["perfbed_l3_1".into()],
+            read_handles: vec![1, 2],
+        };
+        let line = serde_json::to_string(&req).unwrap();
+        assert!(line.contains(r#""op":"flap_owner""#), "{line}");
+        assert_eq!(serde_json::from_str::<HostRequest>(&line).unwrap(), req);
+        let msg = AgentMessage::HotplugBatch(HotplugBatchResult {
+            masks_before: vec!["2".into()],
+            ops: vec![HotplugOpResult {
+                us: 5,
+                writes: 1,
+                error: None,
+                masks: vec!["".into()],
+                between: vec![],
+                online: "0-1".into(),
+                reads: vec![Ok(vec![1, 2, 3]), Err("EBADF".into())],
+            }],
+        });
+        let line = serde_json::to_string(&msg).unwrap();
+        assert_eq!(serde_json::from_str::<AgentMessage>(&line).unwrap(), msg);
+        let spec = JobSpec::OpenCloseLoop { attrs: vec![PerfAttr::default()], pause_us: 100 };
+        let req = HostRequest::StartJob { spec };
+        assert_eq!(serde_json::from_str::<HostRequest>(&serde_json::to_string(&req).unwrap()).unwrap(), req);
     }
 }

@@ -21,13 +21,15 @@ use perfbed_agent::{
 
 use journal::Journal;
 
+mod batch;
+mod jobs;
 mod journal;
 mod mmio;
 mod perf;
 
 /// The initramfs's modules, loaded when the host asks.
 const MODULE_DIR: &str = "/lib/modules";
-const CPU_SYSFS: &str = "/sys/devices/system/cpu";
+pub const CPU_SYSFS: &str = "/sys/devices/system/cpu";
 
 fn main() {
     if let Err(error) = run() {
@@ -51,6 +53,7 @@ fn run() -> Result<(), String> {
 
     let mut events = perf::Events::default();
     let mut journal = journal::Journal::default();
+    let mut jobs = jobs::Jobs::default();
     for line in BufReader::new(channel).lines() {
         let line = line.map_err(|e| format!("read {CHANNEL_DEVICE}: {e}"))?;
         if line.trim().is_empty() {
@@ -61,7 +64,7 @@ fn run() -> Result<(), String> {
                 send(&mut writer, &AgentMessage::PoweringOff)?;
                 return Ok(());
             }
-            Ok(request) => handle(request, &mut events, &mut journal, &cmdline),
+            Ok(request) => handle(request, &mut events, &mut jobs, &mut journal, &cmdline),
             Err(e) => AgentMessage::Error { error: format!("bad request {line:?}: {e}") },
         };
         send(&mut writer, &reply)?;
@@ -70,7 +73,13 @@ fn run() -> Result<(), String> {
 }
 
 /// Carries out one request; every outcome, failures included, is an answer.
-fn handle(request: HostRequest, events: &mut perf::Events, journal: &mut Journal, cmdline: &str) -> AgentMessage {
+fn handle(
+    request: HostRequest,
+    events: &mut perf::Events,
+    jobs: &mut jobs::Jobs,
+    journal: &mut Journal,
+    cmdline: &str,
+) -> AgentMessage {
     let errno = |e: perf::SysError| AgentMessage::Errno { errno: e.errno, name: perf::errno_name(e.errno), call: e.call.into() };
     let done = |r: Result<(), String>| r.map_or_else(|error| AgentMessage::Error { error }, |()| AgentMessage::Done);
     match request {
@@ -88,6 +97,10 @@ fn handle(request: HostRequest, events: &mut perf::Events, journal: &mut Journal
         HostRequest::LoadModule { name } => {
             done(load_module(&Path::new(MODULE_DIR).join(format!("{name}.ko")), cmdline))
         }
+        HostRequest::LoadModuleWith { name, params } => {
+            let path = Path::new(MODULE_DIR).join(format!("{name}.ko"));
+            done(finit_module(&path, &params).map_err(|e| format!("{}: {e}", path.display())))
+        }
         HostRequest::UnloadModule { name } => done(unload_module(&name)),
         HostRequest::PerfOpen { attr, pid, cpu, group } => {
             let opened = events.open(&attr, pid, cpu, group);
@@ -101,6 +114,14 @@ fn handle(request: HostRequest, events: &mut perf::Events, journal: &mut Journal
                 Err(e) => errno(e),
             }
         }
+        HostRequest::PerfOpenFlags { attr, pid, cpu, group, flags } => match events.open_flags(&attr, pid, cpu, group, flags) {
+            Ok(handle) => AgentMessage::PerfOpened { handle },
+            Err(e) => errno(e),
+        },
+        HostRequest::PerfIoctl { handle, ioctl } => match events.ioctl(handle, &ioctl) {
+            Ok(value) => AgentMessage::PerfValues { values: vec![value] },
+            Err(e) => errno(e),
+        },
         HostRequest::PerfRead { handle } => match events.read(handle) {
             Ok(values) => AgentMessage::PerfValues { values },
             Err(e) => errno(e),
@@ -135,6 +156,23 @@ fn handle(request: HostRequest, events: &mut perf::Events, journal: &mut Journal
         HostRequest::Events => AgentMessage::Events { events: journal.take() },
         HostRequest::ClockSync { base, size, cpu } => match mmio::clock_sync(base, size, cpu, journal::now_ns) {
             Ok((before_ns, after_ns)) => AgentMessage::ClockSync { before_ns, after_ns },
+            Err(error) => AgentMessage::Error { error },
+        },
+        HostRequest::HotplugBatch { ops, watch_pmus, read_handles } => {
+            AgentMessage::HotplugBatch(batch::run(&ops, &watch_pmus, &read_handles, events))
+        }
+        HostRequest::PerfReadMany { handles } => {
+            match handles.iter().map(|&h| events.read(h)).collect::<Result<Vec<_>, _>>() {
+                Ok(values) => AgentMessage::PerfValuesMany { values },
+                Err(e) => errno(e),
+            }
+        }
+        HostRequest::StartJob { spec } => match jobs.start(&spec) {
+            Ok(job) => AgentMessage::JobStarted { job },
+            Err(error) => AgentMessage::Error { error },
+        },
+        HostRequest::StopJob { job, signal, timeout_ms } => match jobs.stop(job, signal, Duration::from_millis(timeout_ms)) {
+            Ok(result) => AgentMessage::JobDone(result),
             Err(error) => AgentMessage::Error { error },
         },
         HostRequest::PowerOff => unreachable!("handled by the request loop"),
@@ -304,7 +342,7 @@ fn hotplug_step(cpu: u32, online: bool, expected: &[u32], problems: &mut Vec<Str
     }
 }
 
-fn read_trimmed(path: &str) -> Result<String, String> {
+pub fn read_trimmed(path: &str) -> Result<String, String> {
     fs::read_to_string(path).map(|s| s.trim().to_string()).map_err(|e| format!("read {path}: {e}"))
 }
 

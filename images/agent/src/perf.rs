@@ -8,7 +8,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 
-use perfbed_agent::{PerfAttr, RaceResult};
+use perfbed_agent::{PerfAttr, PerfIoctl, RaceResult};
 
 /// `struct perf_event_attr` as of PERF_ATTR_SIZE_VER8 (136 bytes), the
 /// layout of include/uapi/linux/perf_event.h in 6.12.
@@ -75,28 +75,58 @@ pub fn errno_name(errno: i32) -> String {
         libc::E2BIG => "E2BIG",
         libc::EOPNOTSUPP => "EOPNOTSUPP",
         libc::ESRCH => "ESRCH",
+        libc::ENOSYS => "ENOSYS",
+        libc::ENOTTY => "ENOTTY",
+        libc::EOVERFLOW => "EOVERFLOW",
+        libc::EMFILE => "EMFILE",
         _ => return format!("errno {errno}"),
     };
     name.to_string()
 }
 
-pub fn open(attr: &PerfAttr, pid: i32, cpu: i32, group_fd: i32) -> Result<OwnedFd, SysError> {
-    let raw = RawAttr {
+fn raw_attr(attr: &PerfAttr) -> RawAttr {
+    RawAttr {
         type_: attr.type_,
-        size: std::mem::size_of::<RawAttr>() as u32,
+        size: if attr.size == 0 { std::mem::size_of::<RawAttr>() as u32 } else { attr.size },
         config: attr.config,
         sample_period: attr.sample_period,
         sample_type: attr.sample_type,
         read_format: attr.read_format,
         flags: attr.flags,
+        wakeup_events: attr.wakeup_events,
         config1: attr.config1,
         config2: attr.config2,
+        branch_sample_type: attr.branch_sample_type,
+        sample_regs_user: attr.sample_regs_user,
+        sample_stack_user: attr.sample_stack_user,
+        clockid: attr.clockid,
+        aux_watermark: attr.aux_watermark,
+        sample_max_stack: attr.sample_max_stack,
+        aux_sample_size: attr.aux_sample_size,
+        sig_data: attr.sig_data,
+        config3: attr.config3,
         ..RawAttr::default()
-    };
-    // SAFETY: raw is a valid, fully initialised perf_event_attr that outlives
-    // the call; the other arguments are plain integers.
+    }
+}
+
+pub fn open(attr: &PerfAttr, pid: i32, cpu: i32, group_fd: i32) -> Result<OwnedFd, SysError> {
+    open_with(attr, pid, cpu, group_fd, 0)
+}
+
+/// perf_event_open with PERF_FLAG_* `flags` besides PERF_FLAG_FD_CLOEXEC.
+/// A size above the agent's own is padded with zeroes (the kernel accepts
+/// zero tails); the buffer is a page, the most the kernel reads.
+pub fn open_with(attr: &PerfAttr, pid: i32, cpu: i32, group_fd: i32, flags: u64) -> Result<OwnedFd, SysError> {
+    let raw = raw_attr(attr);
+    let mut page = vec![0u8; 4096];
+    // SAFETY: RawAttr is plain old data of 136 bytes; the page holds it.
+    let bytes = unsafe { std::slice::from_raw_parts(&raw as *const RawAttr as *const u8, std::mem::size_of::<RawAttr>()) };
+    page[..bytes.len()].copy_from_slice(bytes);
+    // SAFETY: page holds a perf_event_attr and as many bytes as the kernel
+    // may read (attr.size is at most a page, or the kernel refuses it
+    // before reading); it outlives the call. The rest are plain integers.
     let fd = unsafe {
-        libc::syscall(libc::SYS_perf_event_open, &raw as *const RawAttr, pid, cpu, group_fd, PERF_FLAG_FD_CLOEXEC)
+        libc::syscall(libc::SYS_perf_event_open, page.as_ptr(), pid, cpu, group_fd, flags as libc::c_ulong | PERF_FLAG_FD_CLOEXEC)
     };
     if fd < 0 {
         return Err(SysError::last("perf_event_open"));
@@ -113,6 +143,38 @@ pub fn read(fd: &OwnedFd) -> Result<Vec<u64>, SysError> {
     Ok(buf[..n].chunks_exact(8).map(|w| u64::from_ne_bytes(w.try_into().expect("8 bytes"))).collect())
 }
 
+// PERF_EVENT_IOC_* (uapi/linux/perf_event.h): _IO/_IOR/_IOW('$', n, ...).
+const IOC_ENABLE: u64 = 0x2400;
+const IOC_DISABLE: u64 = 0x2401;
+const IOC_REFRESH: u64 = 0x2402;
+const IOC_RESET: u64 = 0x2403;
+const IOC_PERIOD: u64 = 0x4008_2404;
+const IOC_SET_OUTPUT: u64 = 0x2405;
+const IOC_SET_FILTER: u64 = 0x4008_2406;
+const IOC_ID: u64 = 0x8008_2407;
+const IOC_SET_BPF: u64 = 0x4004_2408;
+const IOC_PAUSE_OUTPUT: u64 = 0x4004_2409;
+const IOC_QUERY_BPF: u64 = 0xc008_240a;
+const IOC_MODIFY_ATTRIBUTES: u64 = 0x4008_240b;
+const IOC_FLAG_GROUP: u64 = 1;
+
+/// `struct perf_event_query_bpf` with room for no ids.
+#[repr(C)]
+struct QueryBpf {
+    ids_len: u32,
+    prog_cnt: u32,
+}
+
+fn ioctl_ret(fd: &OwnedFd, request: u64, arg: u64) -> Result<u64, SysError> {
+    // SAFETY: `arg` is an integer or points to memory the caller keeps alive
+    // and sized as `request` says; the fd is open.
+    let r = unsafe { libc::ioctl(fd.as_raw_fd(), request as libc::c_ulong, arg) };
+    if r < 0 {
+        return Err(SysError::last("ioctl"));
+    }
+    Ok(r as u64)
+}
+
 /// Open events, by handle.
 #[derive(Default)]
 pub struct Events {
@@ -122,14 +184,62 @@ pub struct Events {
 
 impl Events {
     pub fn open(&mut self, attr: &PerfAttr, pid: i32, cpu: i32, group: Option<u32>) -> Result<u32, SysError> {
+        self.open_flags(attr, pid, cpu, group, 0)
+    }
+
+    /// perf_event_open with PERF_FLAG_* `flags`.
+    pub fn open_flags(&mut self, attr: &PerfAttr, pid: i32, cpu: i32, group: Option<u32>, flags: u64) -> Result<u32, SysError> {
         let group_fd = match group {
-            Some(handle) => self.open.get(&handle).map(|fd| fd.as_raw_fd()).ok_or(SysError { errno: libc::EBADF, call: "group handle" })?,
+            Some(handle) => self.fd(handle)?.as_raw_fd(),
             None => -1,
         };
-        let fd = open(attr, pid, cpu, group_fd)?;
+        let fd = open_with(attr, pid, cpu, group_fd, flags)?;
         self.next += 1;
         self.open.insert(self.next, fd);
         Ok(self.next)
+    }
+
+    fn fd(&self, handle: u32) -> Result<&OwnedFd, SysError> {
+        self.open.get(&handle).ok_or(SysError { errno: libc::EBADF, call: "handle" })
+    }
+
+    /// An ioctl on an open event: its return value (the id for `Id`).
+    pub fn ioctl(&self, handle: u32, ioctl: &PerfIoctl) -> Result<u64, SysError> {
+        let fd = self.fd(handle)?;
+        let group = |g: bool| if g { IOC_FLAG_GROUP } else { 0 };
+        match ioctl {
+            PerfIoctl::Enable { group: g } => ioctl_ret(fd, IOC_ENABLE, group(*g)),
+            PerfIoctl::Disable { group: g } => ioctl_ret(fd, IOC_DISABLE, group(*g)),
+            PerfIoctl::Reset { group: g } => ioctl_ret(fd, IOC_RESET, group(*g)),
+            PerfIoctl::Refresh { count } => ioctl_ret(fd, IOC_REFRESH, *count as i64 as u64),
+            PerfIoctl::Period { period } => ioctl_ret(fd, IOC_PERIOD, period as *const u64 as u64),
+            PerfIoctl::Id => {
+                let mut id = 0u64;
+                ioctl_ret(fd, IOC_ID, &mut id as *mut u64 as u64)?;
+                Ok(id)
+            }
+            PerfIoctl::SetOutput { target } => {
+                let target = match target {
+                    Some(h) => self.fd(*h)?.as_raw_fd(),
+                    None => -1,
+                };
+                ioctl_ret(fd, IOC_SET_OUTPUT, target as i64 as u64)
+            }
+            PerfIoctl::SetFilter { filter } => {
+                let c = std::ffi::CString::new(filter.as_str()).map_err(|_| SysError { errno: libc::EINVAL, call: "filter with NUL" })?;
+                ioctl_ret(fd, IOC_SET_FILTER, c.as_ptr() as u64)
+            }
+            PerfIoctl::PauseOutput { pause } => ioctl_ret(fd, IOC_PAUSE_OUTPUT, u64::from(*pause)),
+            PerfIoctl::ModifyAttributes { attr } => {
+                let raw = raw_attr(attr);
+                ioctl_ret(fd, IOC_MODIFY_ATTRIBUTES, &raw as *const RawAttr as u64)
+            }
+            PerfIoctl::SetBpf { fd: prog } => ioctl_ret(fd, IOC_SET_BPF, *prog as i64 as u64),
+            PerfIoctl::QueryBpf => {
+                let mut q = QueryBpf { ids_len: 0, prog_cnt: 0 };
+                ioctl_ret(fd, IOC_QUERY_BPF, &mut q as *mut QueryBpf as u64)
+            }
+        }
     }
 
     pub fn read(&self, handle: u32) -> Result<Vec<u64>, SysError> {

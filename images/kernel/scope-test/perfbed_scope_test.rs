@@ -13,9 +13,13 @@
 //! Each has one counting-only event, `events/cpu` (`event=0x01`, with `format/event` at
 //! `config:0-7`). Reading such an event sets its count to the number of the CPU the read runs on
 //! plus one. The perf core reads an active CPU-bound event on the CPU it counts on, so userspace
-//! sees where the event really is: its value is the PMU's `cpumask` CPU plus one. When the event
-//! is stopped (moved or parked) it is read once more, so a parked event keeps the value of the
-//! CPU it last counted on.
+//! sees where the event really is: its value is the PMU's `cpumask` CPU plus one.
+//!
+//! Like a real device, a device-scope PMU here is only read on the CPU the perf core placed it
+//! on (which `migrate_cpu` tells it, before the events move): reads elsewhere, while an event is
+//! in transit or waits on another CPU while its PMU is parked, leave the count alone. So a parked
+//! event keeps the value of the CPU it last counted on, and reads the new one once its PMU is
+//! placed again.
 
 use kernel::c_str;
 use kernel::perf::{
@@ -23,6 +27,8 @@ use kernel::perf::{
     Registration, Scope, TaskContext,
 };
 use kernel::prelude::*;
+
+use core::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 
 module! {
     type: ScopeTest,
@@ -36,6 +42,10 @@ module! {
 const EVENT_CPU: u64 = 0x01;
 const EVENT_MASK: u64 = 0xff;
 
+/// Set once every test PMU is registered: until then no event can be created, so a failing
+/// `init` drops registrations that have none.
+static READY: AtomicBool = AtomicBool::new(false);
+
 static EVENTS: [EventAttr<'static>; 1] = [EventAttr::new(c_str!("cpu"), c_str!("event=0x01"))];
 static FORMATS: [FormatAttr<'static>; 1] = [FormatAttr::new(c_str!("event"), c_str!("config:0-7"))];
 
@@ -44,13 +54,19 @@ static FORMATS: [FormatAttr<'static>; 1] = [FormatAttr::new(c_str!("event"), c_s
 mod probe {
     use super::*;
 
-    pub(super) fn update(event: &mut Event) {
-        event.count().set(u64::from(perf::current_cpu()) + 1);
+    /// Sets the count to this CPU plus one, if `here` says this CPU may read the PMU.
+    pub(super) fn update(event: &Event, here: bool) {
+        if here {
+            event.count().set(u64::from(perf::current_cpu()) + 1);
+        }
     }
 
-    pub(super) fn event_init(event: &mut Event) -> Result {
+    pub(super) fn event_init(event: &Event) -> Result {
         if event.attr_type() != event.pmu_type() {
             return Err(ENOENT);
+        }
+        if !READY.load(Ordering::Acquire) {
+            return Err(ENODEV);
         }
         if event.is_sampling() {
             return Err(EOPNOTSUPP);
@@ -66,7 +82,7 @@ mod probe {
         Ok(())
     }
 
-    pub(super) fn add(event: &mut Event, flags: Flags) -> Result {
+    pub(super) fn add(event: &Event, flags: Flags) -> Result {
         event.set_hw_state(HwState::STOPPED | HwState::UPTODATE);
         if flags.contains(Flags::START) {
             start(event);
@@ -74,14 +90,14 @@ mod probe {
         Ok(())
     }
 
-    pub(super) fn start(event: &mut Event) {
+    pub(super) fn start(event: &Event) {
         event.set_hw_state(HwState::empty());
     }
 
-    pub(super) fn stop(event: &mut Event, flags: Flags) {
+    pub(super) fn stop(event: &Event, flags: Flags, here: bool) {
         let mut state = event.hw_state();
         if flags.contains(Flags::UPDATE) && !state.contains(HwState::UPTODATE) {
-            update(event);
+            update(event, here);
             state = state | HwState::UPTODATE;
         }
         event.set_hw_state(state | HwState::STOPPED);
@@ -92,36 +108,52 @@ mod probe {
 /// callbacks differ between the PMUs, and `#[vtable]` needs those spelled out.)
 macro_rules! probe_callbacks {
     () => {
-        fn event_init(&self, event: &mut Event) -> Result {
+        fn event_init(&self, event: &Event) -> Result {
             probe::event_init(event)
         }
 
-        fn add(&self, event: &mut Event, flags: Flags) -> Result {
+        fn add(&self, event: &Event, flags: Flags) -> Result {
             probe::add(event, flags)
         }
 
-        fn del(&self, event: &mut Event, _flags: Flags) {
-            probe::stop(event, Flags::UPDATE);
+        fn del(&self, event: &Event, _flags: Flags) {
+            probe::stop(event, Flags::UPDATE, self.reads_here());
         }
 
-        fn start(&self, event: &mut Event, _flags: Flags) {
+        fn start(&self, event: &Event, _flags: Flags) {
             probe::start(event);
         }
 
-        fn stop(&self, event: &mut Event, flags: Flags) {
-            probe::stop(event, flags);
+        fn stop(&self, event: &Event, flags: Flags) {
+            probe::stop(event, flags, self.reads_here());
         }
 
-        fn read(&self, event: &mut Event) {
-            probe::update(event);
+        fn read(&self, event: &Event) {
+            probe::update(event, self.reads_here());
         }
     };
 }
 
-/// A device-scope test PMU: its name and the CPUs it may be counted on.
+/// A device-scope test PMU: its name, the CPUs it may be counted on, and the one it is counted
+/// on now (-1 while parked).
 struct ScopePmu {
     name: &'static CStr,
     allowed: &'static [u32],
+    cpu: AtomicI32,
+}
+
+impl ScopePmu {
+    fn new(name: &'static CStr, allowed: &'static [u32]) -> Self {
+        ScopePmu {
+            name,
+            allowed,
+            cpu: AtomicI32::new(-1),
+        }
+    }
+
+    fn reads_here(&self) -> bool {
+        i64::from(self.cpu.load(Ordering::Relaxed)) == i64::from(perf::current_cpu())
+    }
 }
 
 #[vtable]
@@ -133,8 +165,13 @@ impl Pmu for ScopePmu {
         Ok(())
     }
 
-    fn migrate_cpu(&self, cpu: u32) {
-        pr_info!("{}: now counting on CPU {}\n", self.name, cpu);
+    fn migrate_cpu(&self, cpu: Option<u32>) {
+        // CAST: CPU numbers are below `NR_CPUS`, far below `i32::MAX`.
+        self.cpu.store(cpu.map_or(-1, |cpu| cpu as i32), Ordering::Relaxed);
+        match cpu {
+            Some(cpu) => pr_info!("{}: now counting on CPU {}\n", self.name, cpu),
+            None => pr_info!("{}: parked\n", self.name),
+        }
     }
 }
 
@@ -142,13 +179,25 @@ impl Pmu for ScopePmu {
 /// that the device-scope patch leaves those scopes as they were.
 struct CorePmu;
 
+impl CorePmu {
+    /// Read wherever the perf core runs it.
+    fn reads_here(&self) -> bool {
+        true
+    }
+}
+
 #[vtable]
 impl Pmu for CorePmu {
     probe_callbacks!();
 }
 
 /// Registers the test PMU `name` with `scope`.
-fn register<T: Pmu>(
+///
+/// # Safety
+///
+/// As for [`Registration::new`]: the registration must not be dropped while events of the PMU
+/// can exist.
+unsafe fn register<T: Pmu>(
     module: &'static ThisModule,
     name: &'static CStr,
     scope: Scope,
@@ -162,7 +211,8 @@ fn register<T: Pmu>(
         events: &EVENTS,
         formats: &FORMATS,
     };
-    let pmu = KBox::pin_init(Registration::new(module, &options, pmu), GFP_KERNEL)?;
+    // SAFETY: The caller guarantees what `Registration::new` requires.
+    let pmu = KBox::pin_init(unsafe { Registration::new(module, &options, pmu) }, GFP_KERNEL)?;
     match pmu.cpu() {
         Some(cpu) => pr_info!("{}: type {}, on CPU {}\n", name, pmu.pmu_type(), cpu),
         None => pr_info!("{}: type {}\n", name, pmu.pmu_type()),
@@ -180,10 +230,17 @@ impl kernel::Module for ScopeTest {
     fn init(module: &'static ThisModule) -> Result<Self> {
         let a = c_str!("perfbed_scope_a");
         let b = c_str!("perfbed_scope_b");
-        Ok(ScopeTest {
-            _a: register(module, a, Scope::Device, ScopePmu { name: a, allowed: &[1, 2] })?,
-            _b: register(module, b, Scope::Device, ScopePmu { name: b, allowed: &[3] })?,
-            _core: register(module, c_str!("perfbed_scope_core"), Scope::Core, CorePmu)?,
-        })
+        // SAFETY: Until `READY` is set below, `event_init` refuses every event, so if a later
+        // registration fails, those dropped have none. After that the registrations live until
+        // the module's exit, and every event holds a reference on the module.
+        let test = unsafe {
+            ScopeTest {
+                _a: register(module, a, Scope::Device, ScopePmu::new(a, &[1, 2]))?,
+                _b: register(module, b, Scope::Device, ScopePmu::new(b, &[3]))?,
+                _core: register(module, c_str!("perfbed_scope_core"), Scope::Core, CorePmu)?,
+            }
+        };
+        READY.store(true, Ordering::Release);
+        Ok(test)
     }
 }

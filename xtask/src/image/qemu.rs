@@ -3,9 +3,11 @@
 //! (`images/qemu/`) and the Rust device linked in as a static library.
 //!
 //! Two caches: the configured and built QEMU tree, keyed by the source
-//! package version, our shim files and the configure line; and the Rust
-//! device library, which cargo rebuilds incrementally and which only costs a
-//! relink of the QEMU binary when it changed.
+//! package version, our shim files and the configure line; and, inside it,
+//! one linked binary per Rust device library (`linked/<library hash>/`).
+//! Cargo rebuilds the library incrementally; a library not linked before
+//! costs one relink. Work trees with different devices (branches, a stale
+//! checkout) each get their own binary and never relink another's away.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -56,20 +58,69 @@ pub fn ensure(workspace: &Path) -> Result<Qemu> {
     key.add("gcc", deps::version_of("gcc")?.as_bytes());
     let entry = Entry::new("qemu", &key)?;
     let tree = entry.dir.join("qemu");
-    let binary = tree.join("build/qemu-system-x86_64");
-    let installed_lib = tree.join("hw/misc/perfbed").join(STATICLIB);
     if !entry.is_ready() {
         build_tree(&entry, &tree, &shim, &version, &staticlib)?;
-    } else if fs::read(&installed_lib).ok() != Some(fs::read(&staticlib)?) {
-        // Only the Rust device changed: ninja does not track a library named
-        // in link_args, so drop the binary to make it relink.
-        let step = Step::start("relinking QEMU with the new device library", &entry.dir.join("link.log"))?;
-        fs::copy(&staticlib, &installed_lib)?;
-        let _ = fs::remove_file(&binary);
-        step.run(&mut ninja(&tree))?;
+    }
+    let binary = linked_binary(&entry, &tree, &staticlib)?;
+    Ok(Qemu { binary, firmware_dirs: FIRMWARE_DIRS.iter().map(PathBuf::from).collect() })
+}
+
+/// How many linked binaries (one per device library) an entry keeps.
+const KEEP_LINKED: usize = 6;
+
+/// The QEMU binary linked with `staticlib`, linking it first if no binary
+/// has this library yet. Relinks happen in the shared tree, one at a time.
+fn linked_binary(entry: &Entry, tree: &Path, staticlib: &Path) -> Result<PathBuf> {
+    let lib = fs::read(staticlib).with_context(|| format!("reading {}", staticlib.display()))?;
+    let mut lib_key = Key::new("qemu-link-1");
+    lib_key.add("device-library", &lib);
+    let linked = entry.dir.join("linked");
+    let dir = linked.join(lib_key.hex());
+    let binary = dir.join("qemu-system-x86_64");
+    if let Ok(file) = fs::OpenOptions::new().write(true).open(&binary) {
+        // Used now: pruning drops the least recently used.
+        let _ = file.set_modified(std::time::SystemTime::now());
+        return Ok(binary);
+    }
+    fs::create_dir_all(&linked)?;
+    let _lock = crate::cache::lock_exclusive(&entry.dir.join("link.lock"))?;
+    if binary.is_file() {
+        return Ok(binary);
+    }
+    // Ninja does not track a library named in link_args: drop the binary to
+    // make it relink.
+    let built = tree.join("build/qemu-system-x86_64");
+    let installed_lib = tree.join("hw/misc/perfbed").join(STATICLIB);
+    if fs::read(&installed_lib).ok().as_deref() != Some(&lib[..]) || !built.is_file() {
+        let step = Step::start("linking QEMU with this device library", &entry.dir.join("link.log"))?;
+        fs::write(&installed_lib, &lib)?;
+        let _ = fs::remove_file(&built);
+        step.run(&mut ninja(tree))?;
         step.finish();
     }
-    Ok(Qemu { binary, firmware_dirs: FIRMWARE_DIRS.iter().map(PathBuf::from).collect() })
+    fs::create_dir_all(&dir)?;
+    let partial = dir.join("qemu-system-x86_64.partial");
+    fs::copy(&built, &partial)?;
+    fs::rename(&partial, &binary)?;
+    prune_linked(&linked, KEEP_LINKED)?;
+    Ok(binary)
+}
+
+/// Drops the least recently used linked binaries beyond `keep`.
+fn prune_linked(linked: &Path, keep: usize) -> Result<()> {
+    let mut dirs = Vec::new();
+    for entry in fs::read_dir(linked)? {
+        let dir = entry?.path();
+        let Ok(modified) = fs::metadata(dir.join("qemu-system-x86_64")).and_then(|m| m.modified()) else {
+            continue;
+        };
+        dirs.push((modified, dir));
+    }
+    dirs.sort_by_key(|(modified, _)| std::cmp::Reverse(*modified));
+    for (_, dir) in dirs.into_iter().skip(keep) {
+        let _ = fs::remove_dir_all(&dir);
+    }
+    Ok(())
 }
 
 /// The Rust device as a static library, by the cargo that runs xtask.

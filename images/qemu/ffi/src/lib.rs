@@ -9,7 +9,7 @@ use std::ffi::{c_char, CStr, CString};
 use std::path::Path;
 use std::ptr;
 
-use perfbed_device::cpus::parse_cpu_list;
+use perfbed_device::cpus::parse_domain_list;
 use perfbed_device::{ControlServer, DeviceConfig, SharedDevice};
 
 /// What QEMU holds: the device and its control socket, which lives as long
@@ -40,10 +40,7 @@ pub fn config_from_properties(p: &Properties<'_>) -> Result<DeviceConfig, String
     let Properties { domains, rmids, slots, width, max_rate, trace_capacity } = *p;
     let mut config = DeviceConfig::default();
     if !domains.is_empty() {
-        config.domains = domains
-            .split(':')
-            .map(|d| parse_cpu_list(d).map_err(|e| format!("domains={domains:?}: {e}")))
-            .collect::<Result<_, _>>()?;
+        config.domains = parse_domain_list(domains).map_err(|e| format!("domains={domains:?}: {e}"))?;
     }
     if rmids != 0 {
         config.rmids = rmids;

@@ -1,0 +1,73 @@
+//! A batch of CPU hotplug operations, each timed and followed by a look at
+//! where the watched PMUs sit and by a read of the watched events: the
+//! guest side of `cargo xtask stress`.
+
+use std::time::Instant;
+
+use perfbed_agent::{HotplugBatchResult, HotplugOp, HotplugOpResult};
+
+use crate::perf::{errno_name, Events};
+use crate::{read_trimmed, set_cpu_online, CPU_SYSFS};
+
+fn cpumask_path(pmu: &str) -> String {
+    format!("/sys/bus/event_source/devices/{pmu}/cpumask")
+}
+
+/// The `cpumask` files of `pmus`, in order; a missing file reads as "?".
+fn masks(pmus: &[String]) -> Vec<String> {
+    pmus.iter().map(|pmu| read_trimmed(&cpumask_path(pmu)).unwrap_or_else(|_| "?".into())).collect()
+}
+
+pub fn run(ops: &[HotplugOp], watch_pmus: &[String], read_handles: &[u32], events: &Events) -> HotplugBatchResult {
+    let masks_before = masks(watch_pmus);
+    let ops = ops.iter().map(|op| run_op(op, watch_pmus, read_handles, events)).collect();
+    HotplugBatchResult { masks_before, ops }
+}
+
+fn run_op(op: &HotplugOp, watch_pmus: &[String], read_handles: &[u32], events: &Events) -> HotplugOpResult {
+    let start = Instant::now();
+    let mut between = Vec::new();
+    let (writes, error) = match op {
+        HotplugOp::Set { cpu, online } => (1, set_cpu_online(*cpu, *online).err()),
+        HotplugOp::FlapOwner { pmu } => match read_trimmed(&cpumask_path(pmu)) {
+            // Parked, or on CPU 0 that cannot go: nothing to flap.
+            Ok(mask) if mask.is_empty() || mask == "0" => (0, None),
+            Ok(mask) => match mask.parse::<u32>() {
+                Ok(owner) => match set_cpu_online(owner, false) {
+                    Ok(()) => {
+                        // Timing covers the writes only, not the looks between.
+                        let paused = Instant::now();
+                        between = masks(watch_pmus);
+                        let looked = paused.elapsed();
+                        let result = set_cpu_online(owner, true).err();
+                        return finish(start.elapsed().saturating_sub(looked), 2, result, between, watch_pmus, read_handles, events);
+                    }
+                    Err(e) => (1, Some(e)),
+                },
+                Err(_) => (0, Some(format!("{pmu}/cpumask {mask:?} is not one CPU"))),
+            },
+            Err(e) => (0, Some(e)),
+        },
+    };
+    finish(start.elapsed(), writes, error, between, watch_pmus, read_handles, events)
+}
+
+fn finish(
+    took: std::time::Duration,
+    writes: u32,
+    error: Option<String>,
+    between: Vec<String>,
+    watch_pmus: &[String],
+    read_handles: &[u32],
+    events: &Events,
+) -> HotplugOpResult {
+    HotplugOpResult {
+        us: took.as_micros() as u64,
+        writes,
+        error,
+        masks: masks(watch_pmus),
+        between,
+        online: read_trimmed(&format!("{CPU_SYSFS}/online")).unwrap_or_else(|e| e),
+        reads: read_handles.iter().map(|&h| events.read(h).map_err(|e| errno_name(e.errno))).collect(),
+    }
+}

@@ -1,0 +1,49 @@
+//! The perf_event_open ABI numbers the checks use
+//! (include/uapi/linux/perf_event.h in 6.12).
+
+// perf_event_attr.flags bits.
+pub const FLAG_DISABLED: u64 = 1 << 0;
+pub const FLAG_INHERIT: u64 = 1 << 1;
+pub const FLAG_PINNED: u64 = 1 << 2;
+pub const FLAG_EXCLUSIVE: u64 = 1 << 3;
+pub const FLAG_EXCLUDE_USER: u64 = 1 << 4;
+pub const FLAG_EXCLUDE_KERNEL: u64 = 1 << 5;
+pub const FLAG_EXCLUDE_HV: u64 = 1 << 6;
+pub const FLAG_EXCLUDE_IDLE: u64 = 1 << 7;
+pub const FLAG_MMAP: u64 = 1 << 8;
+pub const FLAG_COMM: u64 = 1 << 9;
+pub const FLAG_FREQ: u64 = 1 << 10;
+pub const FLAG_ENABLE_ON_EXEC: u64 = 1 << 12;
+pub const FLAG_TASK: u64 = 1 << 13;
+pub const FLAG_PRECISE_IP_2: u64 = 2 << 15;
+pub const FLAG_EXCLUDE_HOST: u64 = 1 << 19;
+pub const FLAG_EXCLUDE_GUEST: u64 = 1 << 20;
+pub const FLAG_USE_CLOCKID: u64 = 1 << 25;
+pub const FLAG_AUX_OUTPUT: u64 = 1 << 31;
+pub const FLAG_INHERIT_THREAD: u64 = 1 << 35;
+pub const FLAG_REMOVE_ON_EXEC: u64 = 1 << 36;
+pub const FLAG_SIGTRAP: u64 = 1 << 37;
+pub const FLAG_RESERVED_BIT: u64 = 1 << 63;
+
+// read_format.
+pub const FORMAT_TOTAL_TIME_ENABLED: u64 = 1 << 0;
+pub const FORMAT_TOTAL_TIME_RUNNING: u64 = 1 << 1;
+pub const FORMAT_ID: u64 = 1 << 2;
+pub const FORMAT_GROUP: u64 = 1 << 3;
+pub const FORMAT_LOST: u64 = 1 << 4;
+
+// sample_type and branch_sample_type.
+pub const SAMPLE_IP: u64 = 1 << 0;
+pub const SAMPLE_BRANCH_STACK: u64 = 1 << 11;
+pub const BRANCH_ANY: u64 = 1 << 3;
+
+// perf_event_open flags.
+pub const OPEN_FLAG_FD_NO_GROUP: u64 = 1 << 0;
+pub const OPEN_FLAG_FD_OUTPUT: u64 = 1 << 1;
+pub const OPEN_FLAG_PID_CGROUP: u64 = 1 << 2;
+pub const OPEN_FLAG_UNKNOWN: u64 = 1 << 4;
+
+pub const PERF_TYPE_SOFTWARE: u32 = 1;
+pub const PERF_COUNT_SW_CPU_CLOCK: u64 = 0;
+pub const CLOCK_MONOTONIC: i32 = 1;
+pub const PERF_ATTR_SIZE_VER0: u32 = 64;

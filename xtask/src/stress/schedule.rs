@@ -1,0 +1,366 @@
+//! The stress run's hotplug schedule, generated from a seed: a list of
+//! steps (one step = one cycle), each a few CPU operations of one kind.
+//!
+//! The generator keeps the online set it expects, so every step is valid
+//! where it stands (a CPU goes offline only if it is online, and so on),
+//! CPU 0 never goes offline, and the last step brings every CPU back.
+
+use std::collections::BTreeSet;
+
+use super::rng::Rng;
+
+/// What a step does to the device's domains.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum StepKind {
+    /// The CPU a domain's PMU counts on goes offline and comes straight
+    /// back: the PMU moves (resolved in the guest, which knows the owner).
+    FlapOwner,
+    /// Every CPU of a domain goes offline: its PMU parks.
+    Park,
+    /// A parked domain's CPUs come back, in a shuffled order.
+    Unpark,
+    /// One CPU goes offline and online (or the reverse) several times in a row.
+    Toggle,
+    /// Every CPU but 0 goes offline: every domain without CPU 0 parks.
+    AllButZeroOffline,
+    /// Every offline CPU comes back, in another order than it left.
+    ReturnShuffled,
+    /// One CPU goes offline.
+    OfflineOne,
+    /// One CPU comes online.
+    OnlineOne,
+}
+
+pub const ALL_KINDS: [StepKind; 8] = [
+    StepKind::FlapOwner,
+    StepKind::Park,
+    StepKind::Unpark,
+    StepKind::Toggle,
+    StepKind::AllButZeroOffline,
+    StepKind::ReturnShuffled,
+    StepKind::OfflineOne,
+    StepKind::OnlineOne,
+];
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Op {
+    Set { cpu: u32, online: bool },
+    /// Offline the CPU domain `domain`'s PMU counts on, then online it.
+    FlapOwner { domain: usize },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Step {
+    pub kind: StepKind,
+    pub ops: Vec<Op>,
+}
+
+/// The guest's CPUs and the device's domains (each domain's allowed CPUs).
+#[derive(Debug, Clone)]
+pub struct Topology {
+    pub cpus: u32,
+    pub domains: Vec<Vec<u32>>,
+}
+
+/// What the generator believes is online, and the order CPUs went offline.
+struct State<'a> {
+    topo: &'a Topology,
+    online: BTreeSet<u32>,
+    offline_order: Vec<u32>,
+}
+
+impl State<'_> {
+    fn hotpluggable_online(&self) -> Vec<u32> {
+        self.online.iter().copied().filter(|&c| c != 0).collect()
+    }
+
+    fn offline(&self) -> Vec<u32> {
+        (1..self.topo.cpus).filter(|c| !self.online.contains(c)).collect()
+    }
+
+    fn online_in(&self, domain: usize) -> Vec<u32> {
+        self.topo.domains[domain].iter().copied().filter(|c| self.online.contains(c)).collect()
+    }
+
+    fn set(&mut self, ops: &mut Vec<Op>, cpu: u32, online: bool) {
+        if online {
+            self.online.insert(cpu);
+            self.offline_order.retain(|&c| c != cpu);
+        } else {
+            self.online.remove(&cpu);
+            self.offline_order.push(cpu);
+        }
+        ops.push(Op::Set { cpu, online });
+    }
+
+    /// Domains whose PMU can be made to move: two CPUs online.
+    fn flappable(&self) -> Vec<usize> {
+        (0..self.topo.domains.len()).filter(|&d| self.online_in(d).len() >= 2).collect()
+    }
+
+    /// Domains that can park (no CPU 0) and are not parked yet.
+    fn parkable(&self) -> Vec<usize> {
+        (0..self.topo.domains.len())
+            .filter(|&d| !self.topo.domains[d].contains(&0) && !self.online_in(d).is_empty())
+            .collect()
+    }
+
+    fn parked(&self) -> Vec<usize> {
+        (0..self.topo.domains.len()).filter(|&d| self.online_in(d).is_empty()).collect()
+    }
+
+    /// The ops of one step of `kind`, or None where it cannot be done now.
+    fn step(&mut self, kind: StepKind, rng: &mut Rng) -> Option<Vec<Op>> {
+        let mut ops = Vec::new();
+        match kind {
+            StepKind::FlapOwner => {
+                let domain = *rng.pick(&self.flappable())?;
+                // Sometimes twice: the PMU's new CPU goes too.
+                for _ in 0..rng.range(1, 2) {
+                    ops.push(Op::FlapOwner { domain });
+                }
+            }
+            StepKind::Park => {
+                let domain = *rng.pick(&self.parkable())?;
+                let mut cpus = self.online_in(domain);
+                rng.shuffle(&mut cpus);
+                for cpu in cpus {
+                    self.set(&mut ops, cpu, false);
+                }
+            }
+            StepKind::Unpark => {
+                let domain = *rng.pick(&self.parked())?;
+                let mut cpus = self.topo.domains[domain].clone();
+                self.shuffle_returning(&mut cpus, rng);
+                for cpu in cpus {
+                    self.set(&mut ops, cpu, true);
+                }
+            }
+            StepKind::Toggle => {
+                let cpus: Vec<u32> = (1..self.topo.cpus).collect();
+                let cpu = *rng.pick(&cpus)?;
+                let was = self.online.contains(&cpu);
+                for _ in 0..rng.range(2, 6) {
+                    self.set(&mut ops, cpu, !was);
+                    self.set(&mut ops, cpu, was);
+                }
+            }
+            StepKind::AllButZeroOffline => {
+                let mut cpus = self.hotpluggable_online();
+                if cpus.len() < 2 {
+                    return None;
+                }
+                rng.shuffle(&mut cpus);
+                for cpu in cpus {
+                    self.set(&mut ops, cpu, false);
+                }
+            }
+            StepKind::ReturnShuffled => {
+                let mut cpus = self.offline();
+                if cpus.len() < 2 {
+                    return None;
+                }
+                self.shuffle_returning(&mut cpus, rng);
+                for cpu in cpus {
+                    self.set(&mut ops, cpu, true);
+                }
+            }
+            StepKind::OfflineOne => {
+                let cpu = *rng.pick(&self.hotpluggable_online())?;
+                self.set(&mut ops, cpu, false);
+            }
+            StepKind::OnlineOne => {
+                let cpu = *rng.pick(&self.offline())?;
+                self.set(&mut ops, cpu, true);
+            }
+        }
+        Some(ops)
+    }
+
+    /// Shuffles CPUs about to come back so that they do not return in the
+    /// reverse of the order they left (the order a stack would give).
+    fn shuffle_returning(&self, cpus: &mut Vec<u32>, rng: &mut Rng) {
+        cpus.retain(|c| !self.online.contains(c));
+        rng.shuffle(cpus);
+        let stack_order: Vec<u32> = self.offline_order.iter().rev().copied().filter(|c| cpus.contains(c)).collect();
+        if cpus.len() >= 2 && *cpus == stack_order {
+            cpus.rotate_left(1);
+        }
+    }
+}
+
+/// Why no schedule can be made for a topology.
+#[derive(Debug, PartialEq, Eq)]
+pub struct NoSchedule(pub String);
+
+/// `cycles` steps from `seed`, then, if any CPU is still offline, one
+/// more step that brings them all back.
+pub fn generate(topo: &Topology, seed: u64, cycles: u32) -> Result<Vec<Step>, NoSchedule> {
+    if topo.cpus < 2 {
+        return Err(NoSchedule("the stress needs a CPU besides CPU 0 to take offline".into()));
+    }
+    if let Some(cpu) = topo.domains.iter().flatten().find(|&&c| c >= topo.cpus) {
+        return Err(NoSchedule(format!("a domain allows CPU {cpu}, but the guest has {} CPUs", topo.cpus)));
+    }
+    let mut rng = Rng::new(seed);
+    let mut state = State { topo, online: (0..topo.cpus).collect(), offline_order: Vec::new() };
+    let mut steps = Vec::with_capacity(cycles as usize + 1);
+    // A deck of every kind, dealt in a shuffled order: each kind comes round
+    // once per deck (if it can be done where it falls), so even a short run
+    // covers them all.
+    let mut deck: Vec<StepKind> = Vec::new();
+    while steps.len() < cycles as usize {
+        if deck.is_empty() {
+            deck = ALL_KINDS.to_vec();
+            rng.shuffle(&mut deck);
+        }
+        let kind = deck.pop().expect("refilled above");
+        if let Some(ops) = state.step(kind, &mut rng) {
+            steps.push(Step { kind, ops });
+        }
+    }
+    let mut ops = Vec::new();
+    let mut back = state.offline();
+    state.shuffle_returning(&mut back, &mut rng);
+    for cpu in back {
+        state.set(&mut ops, cpu, true);
+    }
+    if !ops.is_empty() {
+        steps.push(Step { kind: StepKind::ReturnShuffled, ops });
+    }
+    Ok(steps)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn four() -> Topology {
+        Topology { cpus: 4, domains: vec![vec![0, 1], vec![2, 3]] }
+    }
+
+    fn sixteen() -> Topology {
+        Topology { cpus: 16, domains: (0..4).map(|d| (4 * d..4 * d + 4).collect()).collect() }
+    }
+
+    #[test]
+    fn the_same_seed_gives_the_same_schedule() {
+        for topo in [four(), sixteen()] {
+            assert_eq!(generate(&topo, 99, 300).unwrap(), generate(&topo, 99, 300).unwrap());
+            assert_ne!(generate(&topo, 99, 300).unwrap(), generate(&topo, 100, 300).unwrap());
+        }
+    }
+
+    #[test]
+    fn every_kind_of_step_comes_up_in_a_short_run() {
+        for topo in [four(), sixteen()] {
+            for seed in 0..50 {
+                let steps = generate(&topo, seed, 60).unwrap();
+                let kinds: BTreeSet<StepKind> = steps.iter().map(|s| s.kind).collect();
+                assert_eq!(kinds, ALL_KINDS.into_iter().collect(), "seed {seed}, {} CPUs", topo.cpus);
+            }
+        }
+    }
+
+    /// Replays a schedule on an online set: every op must be valid where it
+    /// stands, CPU 0 never goes, and everything is back at the end.
+    fn replay(topo: &Topology, steps: &[Step]) -> Result<(), String> {
+        let mut online: BTreeSet<u32> = (0..topo.cpus).collect();
+        for (i, step) in steps.iter().enumerate() {
+            if step.ops.is_empty() {
+                return Err(format!("step {i} has no op"));
+            }
+            let before = online.clone();
+            for op in &step.ops {
+                match *op {
+                    Op::Set { cpu: 0, online: false } => return Err(format!("step {i} offlines CPU 0")),
+                    Op::Set { cpu, online: true } if !online.insert(cpu) => return Err(format!("step {i}: CPU {cpu} was online")),
+                    Op::Set { cpu, online: false } if !online.remove(&cpu) => return Err(format!("step {i}: CPU {cpu} was offline")),
+                    Op::Set { .. } => {}
+                    Op::FlapOwner { domain } => {
+                        let up = topo.domains[domain].iter().filter(|c| online.contains(c)).count();
+                        if up < 2 {
+                            return Err(format!("step {i} flaps domain {domain} with {up} CPU online"));
+                        }
+                    }
+                }
+            }
+            let expect_same = matches!(step.kind, StepKind::FlapOwner | StepKind::Toggle);
+            if expect_same != (online == before) {
+                return Err(format!("step {i} ({:?}) changed the online set {before:?} → {online:?}", step.kind));
+            }
+            if step.kind == StepKind::Park && step.ops.iter().any(|op| matches!(op, Op::Set { online: true, .. })) {
+                return Err(format!("step {i} parks by bringing a CPU online"));
+            }
+        }
+        if online.len() != topo.cpus as usize {
+            return Err(format!("the schedule ends with only {online:?} online"));
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn schedules_are_consistent_and_never_offline_cpu0() {
+        let odd = Topology { cpus: 5, domains: vec![vec![0], vec![1, 2, 3], vec![3, 4]] };
+        for topo in [four(), sixteen(), odd] {
+            for seed in 0..200 {
+                let steps = generate(&topo, seed, 80).unwrap();
+                replay(&topo, &steps).unwrap_or_else(|e| panic!("seed {seed}, {} CPUs: {e}", topo.cpus));
+            }
+        }
+    }
+
+    #[test]
+    fn the_replay_check_catches_bad_schedules() {
+        let topo = four();
+        let bad = [
+            vec![Step { kind: StepKind::OfflineOne, ops: vec![Op::Set { cpu: 0, online: false }] }],
+            vec![Step { kind: StepKind::OnlineOne, ops: vec![Op::Set { cpu: 2, online: true }] }],
+            vec![Step { kind: StepKind::OfflineOne, ops: vec![Op::Set { cpu: 2, online: false }] }],
+            vec![
+                Step { kind: StepKind::OfflineOne, ops: vec![Op::Set { cpu: 3, online: false }] },
+                Step { kind: StepKind::FlapOwner, ops: vec![Op::FlapOwner { domain: 1 }] },
+                Step { kind: StepKind::OnlineOne, ops: vec![Op::Set { cpu: 3, online: true }] },
+            ],
+        ];
+        for steps in bad {
+            assert!(replay(&topo, &steps).is_err(), "{steps:?}");
+        }
+    }
+
+    #[test]
+    fn returns_come_back_in_another_order_than_they_left() {
+        let topo = sixteen();
+        let mut differed = 0;
+        for seed in 0..100 {
+            let steps = generate(&topo, seed, 100).unwrap();
+            // The CPUs offline, in the order they left.
+            let mut order: Vec<u32> = Vec::new();
+            for step in &steps {
+                let back: Vec<u32> = step.ops.iter().filter_map(|op| match *op {
+                    Op::Set { cpu, online: true } => Some(cpu),
+                    _ => None,
+                }).collect();
+                if step.kind == StepKind::ReturnShuffled && back.len() >= 2 {
+                    let stack: Vec<u32> = order.iter().rev().copied().filter(|c| back.contains(c)).collect();
+                    assert_ne!(back, stack, "seed {seed}: CPUs returned in stack order");
+                    differed += 1;
+                }
+                for op in &step.ops {
+                    match *op {
+                        Op::Set { cpu, online: false } => order.push(cpu),
+                        Op::Set { cpu, online: true } => order.retain(|&c| c != cpu),
+                        Op::FlapOwner { .. } => {}
+                    }
+                }
+            }
+        }
+        assert!(differed > 100, "only {differed} shuffled returns seen");
+    }
+
+    #[test]
+    fn a_guest_without_a_second_cpu_gets_no_schedule() {
+        let topo = Topology { cpus: 1, domains: vec![vec![0]] };
+        assert!(generate(&topo, 1, 10).is_err());
+    }
+}
