@@ -264,7 +264,11 @@ impl Device {
             return Err(ENODEV);
         }
         let config = event.config();
-        if config & !CONFIG_KNOWN != 0 || event.config1() != 0 || event.config2() != 0 {
+        if config & !CONFIG_KNOWN != 0
+            || event.config1() != 0
+            || event.config2() != 0
+            || event.config3() != 0
+        {
             return Err(EINVAL);
         }
         let config = Config::decode(config).ok_or(EINVAL)?;

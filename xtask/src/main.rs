@@ -13,6 +13,7 @@ mod moving_traffic;
 mod module_lifecycle;
 mod perf_abi;
 mod perf_matrix;
+mod l1box;
 mod pmu_checks;
 mod scenario;
 mod scope_test;
@@ -20,6 +21,7 @@ mod stress;
 mod test;
 mod trace;
 mod vm;
+mod vmm_bench;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -60,6 +62,9 @@ enum Command {
     Fuzz(fuzz::FuzzArgs),
     /// Boot again and again, idle and under load: hangs, failures, boot times.
     BootStress(boot_stress::BootStressArgs),
+    /// What a device MMIO exit costs perfbed-vmm against a bare exit (on this
+    /// machine's /dev/kvm if it opens, and in the box).
+    VmmBench(vmm_bench::VmmBenchArgs),
     /// Boot the guest and keep it up (for `perfbed ctl` and the logs) for
     /// --seconds, then power it off.
     /// Print a saved device trace decoded (register names, one column per
@@ -122,6 +127,11 @@ pub struct RunArgs {
     /// stderr, each line prefixed `serial|`, `agent>` or `agent<`).
     #[arg(long)]
     verbose: bool,
+    /// Which VMM runs the guest: perfbed-vmm (`vmm`; on native KVM, else in
+    /// the box, an L1 Linux with KVM under QEMU TCG), perfbed's QEMU (`qemu`),
+    /// or `auto`: perfbed-vmm where the CPU has VT-x/SVM, else QEMU.
+    #[arg(long, value_enum, default_value_t = vm::HostChoice::Auto)]
+    host: vm::HostChoice,
 }
 
 /// How long a guest stopped for gdb may take to boot, and a request to
@@ -158,6 +168,7 @@ impl RunArgs {
             gdb: false,
             gdb_port: gdb::DEFAULT_PORT,
             verbose: false,
+            host: vm::HostChoice::Qemu,
         }
     }
 
@@ -211,6 +222,7 @@ fn main() -> ExitCode {
         Command::BootStress(args) => boot_stress::run(&ws, &args),
         Command::Trace(args) => trace::command(&args),
         Command::Stress(args) => stress::run(&ws, &args),
+        Command::VmmBench(args) => vmm_bench::run(&ws, &args),
         Command::Up { run, seconds } => up(&ws, &run, Duration::from_secs(seconds)),
     });
     match result {
@@ -233,16 +245,19 @@ fn run(ws: &Path, args: &RunArgs) -> Result<bool> {
     let total = Instant::now();
     check_args(args)?;
     let images = image::ensure(ws, variant(args.debug, args.gdb))?;
+    let accel = vm::choose_accel();
     let scenario = scenario_for(ws, &images, args, "run")?;
     let image_time = total.elapsed();
-    let accel = vm::choose_accel();
-    eprintln!(
-        "==> booting {} vCPUs, {} MiB under {} ({})",
-        args.cpus,
-        args.memory,
-        if accel.kvm { "KVM" } else { "QEMU TCG" },
-        accel.reason
-    );
+    match &scenario.vm.host {
+        vm::Host::Qemu => eprintln!(
+            "==> booting {} vCPUs, {} MiB under {} ({})",
+            args.cpus,
+            args.memory,
+            if accel.kvm { "KVM" } else { "QEMU TCG" },
+            accel.reason
+        ),
+        host => eprintln!("==> booting {} vCPUs, {} MiB on perfbed-vmm, {}", args.cpus, args.memory, host.name()),
+    }
     let report = match scenario::run(&scenario, &accel) {
         Ok(report) => report,
         Err(e) => {
@@ -253,6 +268,11 @@ fn run(ws: &Path, args: &RunArgs) -> Result<bool> {
         }
     };
     scenario::print_report(&report, image_time, total.elapsed());
+    if !matches!(scenario.vm.host, vm::Host::Qemu) {
+        for line in l1box::host_report(&scenario.vm.run_dir) {
+            println!("  {line}");
+        }
+    }
     Ok(report.passed())
 }
 
@@ -308,6 +328,21 @@ fn scenario_for(ws: &Path, images: &image::Images, args: &RunArgs, name: &str) -
         hint: gdb::attach_command(&vmlinux, args.gdb_port, &[]),
     });
     let patience = if args.gdb { GDB_PATIENCE.max(Duration::from_secs(args.timeout)) } else { Duration::from_secs(args.timeout) };
+    let (placement, why) = vm::choose_host(args.host, &vm::choose_accel());
+    if args.gdb && placement != vm::Placement::Qemu {
+        anyhow::bail!("--gdb uses QEMU's gdbstub: add --host qemu (perfbed-vmm has no gdb server)");
+    }
+    let host = match placement {
+        vm::Placement::Qemu => vm::Host::Qemu,
+        vm::Placement::VmmNative => vm::Host::VmmNative { vmm: l1box::build_binaries(ws)?.0 },
+        vm::Placement::VmmBox => vm::Host::VmmBox(l1box::ensure(ws, &vmlinux, &images.initramfs)?),
+    };
+    if args.host != vm::HostChoice::Qemu {
+        eprintln!("==> host: {} ({why})", host.name());
+    }
+    if let vm::Host::VmmBox(images) = &host {
+        eprintln!("    the box: L1 kernel {}, initramfs {}", images.kernel_package, images.initramfs.display());
+    }
     let vm = vm::VmConfig {
         qemu: args.qemu.clone().unwrap_or_else(|| images.qemu.binary.clone()),
         firmware_dirs: images.qemu.firmware_dirs.clone(),
@@ -321,6 +356,7 @@ fn scenario_for(ws: &Path, images: &image::Images, args: &RunArgs, name: &str) -
         boot_timeout: patience,
         gdb,
         verbose: args.verbose,
+        host,
     };
     vm.validate()?;
     Ok(scenario::Scenario {

@@ -140,6 +140,7 @@ fn cases(device: &DeviceConfig) -> Vec<Case> {
         case("mbm_local_bytes", "opened", |m| m.try_attr(m.attr(0, Event::MbmLocalBytes, 1))),
         case("config1 set", "EINVAL", |m| m.try_attr(PerfAttr { config1: 1, ..m.good() })),
         case("config2 set", "EINVAL", |m| m.try_attr(PerfAttr { config2: 1, ..m.good() })),
+        case("config3 set", "EINVAL", |m| m.try_attr(PerfAttr { config3: 1, ..m.good() })),
         // Counting only: what a device PMU cannot filter or sample.
         flag_case("exclude_user", FLAG_EXCLUDE_USER, "EINVAL"),
         flag_case("exclude_kernel", FLAG_EXCLUDE_KERNEL, "EINVAL"),

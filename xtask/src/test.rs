@@ -38,6 +38,8 @@ struct VmTest {
     what: &'static str,
     /// The guest kernel it boots.
     variant: Variant,
+    /// The VMM it boots on.
+    host: vm::HostChoice,
     run: fn(&Scenario, &Accel) -> Result<()>,
 }
 
@@ -46,67 +48,92 @@ const VM_TESTS: &[VmTest] = &[
         name: "boot_and_hotplug",
         what: "4 vCPUs boot, perfbed.ko loads, the device checks and 5 hotplug rounds pass, the kernel log stays clean",
         variant: Variant::Normal,
+        host: vm::HostChoice::Qemu,
         run: boot_and_hotplug,
     },
     VmTest {
         name: "debug_kernel_end_to_end",
         what: "the same run on the debug kernel: perfbed.ko under lockdep, PROVE_RCU, DEBUG_ATOMIC_SLEEP and DEBUG_LIST, with no report",
         variant: Variant::Debug,
+        host: vm::HostChoice::Qemu,
         run: boot_and_hotplug,
     },
     VmTest {
         name: "guest_panic_is_reported",
         what: "a guest kernel that panics ends the run at once, with the panic named and the log kept",
         variant: Variant::Normal,
+        host: vm::HostChoice::Qemu,
         run: guest_panic_is_reported,
     },
     VmTest {
         name: "unresponsive_guest_times_out",
         what: "a guest that stops answering ends in a timeout error that names the request and the log",
         variant: Variant::Normal,
+        host: vm::HostChoice::Qemu,
         run: unresponsive_guest_times_out,
     },
     VmTest {
         name: "qemu_killed_mid_run",
         what: "QEMU killed mid-run ends the run with QEMU's exit named and the log kept; no process or socket is left behind",
         variant: Variant::Normal,
+        host: vm::HostChoice::Qemu,
         run: qemu_killed_mid_run,
     },
     VmTest {
         name: "agent_dies_mid_run",
         what: "the agent dying mid-run (here: killed by a line that is not UTF-8) ends the run at once with QEMU's exit and the agent's last words named, the log kept, nothing left behind",
         variant: Variant::Normal,
+        host: vm::HostChoice::Qemu,
         run: agent_dies_mid_run,
     },
     VmTest {
         name: "guest_floods_console_and_channel",
         what: "a guest flooding its serial console keeps being served (the log is capped); flooding the agent channel without newlines ends the run at once with that named",
         variant: Variant::Normal,
+        host: vm::HostChoice::Qemu,
         run: guest_floods_console_and_channel,
     },
     VmTest {
         name: "module_lifecycle",
         what: "perfbed.ko loaded and unloaded 2x100 times (with an event open: unload refused) without leaking; wrong device= parameters fail with EINVAL/ENODEV and a kernel log line, no oops",
         variant: Variant::Normal,
+        host: vm::HostChoice::Qemu,
         run: module_lifecycle,
     },
     VmTest {
         name: "device_scope_pmu",
         what: "on the debug kernel, device-scope PMUs are placed, move, park and return with CPU hotplug, parked events come back, opens racing moves land right and never get EBUSY, and no lockdep/RCU/WARN report",
         variant: Variant::Debug,
+        host: vm::HostChoice::Qemu,
         run: device_scope_pmu,
     },
     VmTest {
         name: "gdb_session",
         what: "on the gdb kernel, Debian's gdb in batch mode breaks in perfbed.ko's read callback under `perf stat`, names it in the backtrace, reads REG_MAGIC through the driver's mapping, detaches, and perf finishes",
         variant: Variant::Gdb,
+        host: vm::HostChoice::Qemu,
         run: gdb_session,
     },
     VmTest {
         name: "hotplug_stress",
         what: "on the debug kernel, a short seeded hotplug storm under live traffic: every count exact, no EBUSY, 0 violations, clean log",
         variant: Variant::Debug,
+        host: vm::HostChoice::Qemu,
         run: hotplug_stress,
+    },
+    VmTest {
+        name: "vmm_end_to_end",
+        what: "the whole run on perfbed-vmm (on native KVM, else in the box: an L1 Linux with KVM under QEMU TCG)",
+        variant: Variant::Normal,
+        host: vm::HostChoice::Vmm,
+        run: boot_and_hotplug,
+    },
+    VmTest {
+        name: "vmm_guest_panic_is_reported",
+        what: "on perfbed-vmm, a panicking guest ends the VMM with its panic status and the harness names the panic",
+        variant: Variant::Normal,
+        host: vm::HostChoice::Vmm,
+        run: guest_panic_is_reported,
     },
 ];
 
@@ -174,7 +201,6 @@ fn run_vm_tests(ws: &Path, args: &TestArgs) -> Result<bool> {
     if tests.is_empty() {
         bail!("no VM test matches --filter {:?}", args.filter);
     }
-    let run_args = RunArgs::for_tests();
     let mut images = Vec::new();
     for variant in [Variant::Normal, Variant::Debug, Variant::Gdb] {
         if tests.iter().any(|t| t.variant == variant) {
@@ -186,6 +212,7 @@ fn run_vm_tests(ws: &Path, args: &TestArgs) -> Result<bool> {
     let mut failures = 0;
     for test in &tests {
         let (_, images) = images.iter().find(|(v, _)| *v == test.variant).expect("built above");
+        let run_args = RunArgs { host: test.host, ..RunArgs::for_tests() };
         let scenario = scenario_for(ws, images, &run_args, test.name)?;
         let start = Instant::now();
         let result = (test.run)(&scenario, &accel);
@@ -300,7 +327,9 @@ fn guest_panic_is_reported(scenario: &Scenario, accel: &Accel) -> Result<()> {
     if !error.contains("serial log saved") || !config.run_dir.join("serial.log").is_file() {
         bail!("the error does not point to a saved serial log:\n{error}");
     }
-    if start.elapsed() > Duration::from_secs(60) {
+    // The box boots an L1 Linux under TCG before the guest: more time.
+    let limit = Duration::from_secs(if matches!(config.host, vm::Host::VmmBox(_)) { 180 } else { 60 });
+    if start.elapsed() > limit {
         bail!("the panic took {} to be noticed", human(start.elapsed()));
     }
     Ok(())

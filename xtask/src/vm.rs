@@ -22,6 +22,7 @@ use perfbed_device::cpus::format_cpu_list;
 use perfbed_device::{ControlClient, DeviceConfig};
 
 use crate::cmd;
+use crate::l1box::{self, BoxImages};
 
 pub const MAX_CPUS: u8 = 64; // the guest kernel's CONFIG_NR_CPUS
 /// Where the monitoring device's registers sit in guest physical memory: a
@@ -54,6 +55,8 @@ pub struct VmConfig {
     /// Show the serial log and the agent transcript live on stderr, each
     /// line prefixed (`serial|`, `agent>`, `agent<`).
     pub verbose: bool,
+    /// Which VMM runs the guest.
+    pub host: Host,
 }
 
 /// QEMU's gdbstub for the guest.
@@ -65,6 +68,62 @@ pub struct GdbStub {
     pub stopped: bool,
     /// Printed once QEMU waits for gdb: how to attach.
     pub hint: String,
+}
+
+/// Which VMM runs the guest, and where.
+#[derive(Debug, Clone)]
+pub enum Host {
+    /// perfbed's QEMU with the device shim (`config.qemu`), KVM or TCG.
+    Qemu,
+    /// perfbed-vmm on this machine's /dev/kvm (a CPU with VT-x/SVM).
+    VmmNative { vmm: PathBuf },
+    /// perfbed-vmm inside the box (an L1 Linux with KVM under `config.qemu`).
+    VmmBox(BoxImages),
+}
+
+impl Host {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Host::Qemu => "qemu",
+            Host::VmmNative { .. } => "vmm (native KVM)",
+            Host::VmmBox(_) => "vmm (in the box)",
+        }
+    }
+}
+
+/// What `--host` asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum HostChoice {
+    /// perfbed-vmm on native KVM where the CPU has VT-x/SVM, else QEMU.
+    Auto,
+    /// perfbed's QEMU (KVM where usable, else TCG).
+    Qemu,
+    /// perfbed-vmm: on native KVM where usable, else in the box.
+    Vmm,
+}
+
+/// Where perfbed-vmm can run, and why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    Qemu,
+    VmmNative,
+    VmmBox,
+}
+
+/// Resolves `--host` on this machine: `auto` takes native KVM when the CPU
+/// has VT-x/SVM, else the QEMU host; `vmm` without it takes the box.
+pub fn choose_host(choice: HostChoice, accel: &Accel) -> (Placement, String) {
+    match (choice, accel.kvm) {
+        (HostChoice::Qemu, _) => (Placement::Qemu, "asked for (--host qemu)".into()),
+        (HostChoice::Auto, true) | (HostChoice::Vmm, true) => (Placement::VmmNative, accel.reason.clone()),
+        (HostChoice::Auto, false) => {
+            (Placement::Qemu, format!("no native KVM for perfbed-vmm: {}; `--host vmm` runs it in the box", accel.reason))
+        }
+        (HostChoice::Vmm, false) => (
+            Placement::VmmBox,
+            format!("no native KVM ({}): an L1 Linux with KVM under QEMU TCG runs it", accel.reason),
+        ),
+    }
 }
 
 impl VmConfig {
@@ -163,6 +222,8 @@ pub struct Vm {
     transcript: File,
     pub serial_log: PathBuf,
     qemu_log: PathBuf,
+    /// The box's L1 console (its kernel, /init and perfbed-vmm's own lines).
+    pub box_log: Option<PathBuf>,
     /// The device's control socket (inject traffic, read its state).
     pub control_socket: PathBuf,
     verbose: bool,
@@ -189,72 +250,74 @@ impl Vm {
         let _ = fs::remove_file(&socket);
         let _ = fs::remove_file(&control_socket);
         let serial_log = config.run_dir.join("serial.log");
-        let qemu_log = config.run_dir.join("qemu.log");
+        let qemu_log = config.run_dir.join(match config.host {
+            Host::VmmNative { .. } => "vmm.log",
+            _ => "qemu.log",
+        });
+        let tsc_khz = host_tsc_khz();
 
         let mut cmdline = vec![
             "console=ttyS0".to_string(),
             // A panic reboots at once, and -no-reboot turns that into an exit.
             "panic=-1".into(),
             "reboot=t".into(),
-            format!("tsc_early_khz={}", host_tsc_khz()),
+            format!("tsc_early_khz={tsc_khz}"),
             // No clocksource watchdog: a loaded TCG host would make it flap.
             "tsc=reliable".into(),
-            // Announced like virtio-mmio devices are: size@base.
-            format!("perfbed.device={:#x}@{DEVICE_BASE:#x}", config.device.size()),
         ];
+        if let Host::Qemu = config.host {
+            // Announced like virtio-mmio devices are: size@base (perfbed-vmm
+            // announces its devices itself, the same way).
+            cmdline.push(format!("perfbed.device={:#x}@{DEVICE_BASE:#x}", config.device.size()));
+        }
         cmdline.extend(config.extra_cmdline.iter().cloned());
-        let mut qemu = Command::new(&config.qemu);
-        for dir in &config.firmware_dirs {
-            qemu.arg("-L").arg(dir);
-        }
-        qemu.args(["-M", "microvm,x-option-roms=off,acpi=off", "-nodefaults", "-no-user-config"])
-            .args(["-display", "none", "-no-reboot"]);
-        if accel.kvm {
-            qemu.args(["-accel", "kvm", "-cpu", "host"]);
-        } else {
-            qemu.args(["-accel", "tcg", "-cpu", "max"]);
-        }
-        qemu.arg("-smp")
-            .arg(config.cpus.to_string())
-            .arg("-m")
-            .arg(config.memory_mib.to_string())
-            .arg("-kernel")
-            .arg(&config.vmlinux)
-            .arg("-initrd")
-            .arg(&config.initramfs)
-            .arg("-append")
-            .arg(cmdline.join(" "))
-            .args(["-chardev", "stdio,id=serial0,signal=off", "-serial", "chardev:serial0"])
-            .args(["-device", "virtio-serial-device", "-chardev"])
-            .arg(format!("socket,id=agent,path={},server=on,wait=on", socket.display()))
-            .args(["-device", "virtconsole,chardev=agent"])
-            .arg("-device")
-            .arg(device_arg(&config.device, &control_socket));
-        if let Some(gdb) = &config.gdb {
-            qemu.arg("-gdb").arg(format!("tcp:127.0.0.1:{}", gdb.port));
-            if gdb.stopped {
-                qemu.arg("-S");
+        let (mut command, console_log) = match &config.host {
+            Host::Qemu => (qemu_command(config, accel, &cmdline, &socket, &control_socket), Some(serial_log.clone())),
+            Host::VmmNative { vmm } => {
+                let mut vmm = Command::new(vmm);
+                vmm.arg("--kernel")
+                    .arg(&config.vmlinux)
+                    .arg("--initramfs")
+                    .arg(&config.initramfs)
+                    .args(l1box::vmm_args(config, &cmdline))
+                    .arg("--agent-socket")
+                    .arg(&socket)
+                    .arg("--control-socket")
+                    .arg(&control_socket)
+                    .arg("--serial-log")
+                    .arg(&serial_log);
+                (vmm, None)
             }
-        }
-        fs::write(config.run_dir.join("qemu.cmd"), cmd::display(&qemu) + "\n")?;
-        let mut child = qemu
+            Host::VmmBox(images) => {
+                let args = l1box::vmm_args(config, &cmdline);
+                let qemu = l1box::qemu_command(config, images, &args, &socket, &control_socket, &serial_log, tsc_khz);
+                (qemu, Some(config.run_dir.join("box.log")))
+            }
+        };
+        let box_log = match config.host {
+            Host::VmmBox(_) => console_log.clone(),
+            _ => None,
+        };
+        fs::write(config.run_dir.join("qemu.cmd"), cmd::display(&command) + "\n")?;
+        let mut child = command
             .stdin(Stdio::null())
-            .stdout(Stdio::piped())
+            .stdout(if console_log.is_some() { Stdio::piped() } else { Stdio::null() })
             .stderr(Stdio::from(File::create(&qemu_log)?))
             .spawn()
-            .with_context(|| format!("starting {}", config.qemu.display()))?;
+            .with_context(|| format!("starting {}", command.get_program().to_string_lossy()))?;
 
-        let stdout = child.stdout.take().expect("piped");
-        let log = File::create(&serial_log)?;
-        let verbose = config.verbose;
-        thread::spawn(move || copy_serial(stdout, log, verbose));
+        if let (Some(stdout), Some(path)) = (child.stdout.take(), &console_log) {
+            let log = File::create(path)?;
+            let verbose = config.verbose;
+            thread::spawn(move || copy_serial(stdout, log, verbose));
+        }
 
         let stream = match connect(&socket, &mut child) {
             Ok(stream) => stream,
             Err(e) => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(e.context(format!("QEMU's output: {}", cmd::tail(&qemu_log, 5))));
+                return Err(e.context(format!("the host's output: {}", cmd::tail(&qemu_log, 5))));
             }
         };
         // QEMU runs the guest from the moment we are connected (or, stopped
@@ -267,6 +330,7 @@ impl Vm {
         let (tx, messages) = mpsc::channel();
         let transcript = File::create(config.run_dir.join("agent.log"))?;
         let reader_transcript = transcript.try_clone()?;
+        let verbose = config.verbose;
         thread::spawn(move || read_agent(stream, reader_transcript, tx, verbose));
         let mut vm = Vm {
             child,
@@ -275,6 +339,7 @@ impl Vm {
             transcript,
             serial_log,
             qemu_log,
+            box_log,
             control_socket,
             agent_socket: socket,
             before_kill: None,
@@ -341,6 +406,7 @@ impl Vm {
                     // The channel closes when QEMU exits; let it finish.
                     let status = self.wait_briefly();
                     let why = match status {
+                        Some(s) if self.box_log.is_some() => describe_box_exit(s),
                         Some(s) => format!("QEMU exited ({s})"),
                         None => "the agent channel closed".into(),
                     };
@@ -383,6 +449,9 @@ impl Vm {
         let problems = kernel_log_problems(&log);
         if !problems.is_empty() {
             story += &format!("\nkernel log problems:\n  {}", problems.join("\n  "));
+        }
+        if let Some(box_log) = &self.box_log {
+            story += &format!("\n--- the box (L1 console, {}) ---\n{}", box_log.display(), cmd::tail(box_log, 8));
         }
         anyhow!(
             "{story}\n--- last lines of the serial log ---\n{}\n--- QEMU: {} ---\nserial log saved: {}{}",
@@ -435,6 +504,55 @@ impl Drop for Vm {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// The box's QEMU exit status in perfbed-vmm's terms.
+fn describe_box_exit(status: ExitStatus) -> String {
+    let Some(code) = status.code() else { return format!("the box's QEMU was killed ({status})") };
+    match perfbed_box_init::vmm_status_from_qemu(code) {
+        Ok(0) => "perfbed-vmm exited: the guest rebooted".into(),
+        Ok(3) => "perfbed-vmm exited with status 3: the guest panicked".into(),
+        Ok(vmm) => format!("perfbed-vmm exited with status {vmm} (see box.log)"),
+        Err(why) => why,
+    }
+}
+
+/// perfbed's QEMU running the guest itself, the device mapped by its shim.
+fn qemu_command(config: &VmConfig, accel: &Accel, cmdline: &[String], socket: &Path, control_socket: &Path) -> Command {
+    let mut qemu = Command::new(&config.qemu);
+    for dir in &config.firmware_dirs {
+        qemu.arg("-L").arg(dir);
+    }
+    qemu.args(["-M", "microvm,x-option-roms=off,acpi=off", "-nodefaults", "-no-user-config"])
+        .args(["-display", "none", "-no-reboot"]);
+    if accel.kvm {
+        qemu.args(["-accel", "kvm", "-cpu", "host"]);
+    } else {
+        qemu.args(["-accel", "tcg", "-cpu", "max"]);
+    }
+    qemu.arg("-smp")
+        .arg(config.cpus.to_string())
+        .arg("-m")
+        .arg(config.memory_mib.to_string())
+        .arg("-kernel")
+        .arg(&config.vmlinux)
+        .arg("-initrd")
+        .arg(&config.initramfs)
+        .arg("-append")
+        .arg(cmdline.join(" "))
+        .args(["-chardev", "stdio,id=serial0,signal=off", "-serial", "chardev:serial0"])
+        .args(["-device", "virtio-serial-device", "-chardev"])
+        .arg(format!("socket,id=agent,path={},server=on,wait=on", socket.display()))
+        .args(["-device", "virtconsole,chardev=agent"])
+        .arg("-device")
+        .arg(device_arg(&config.device, control_socket));
+    if let Some(gdb) = &config.gdb {
+        qemu.arg("-gdb").arg(format!("tcp:127.0.0.1:{}", gdb.port));
+        if gdb.stopped {
+            qemu.arg("-S");
+        }
+    }
+    qemu
 }
 
 /// The `-device perfbed,...` argument of perfbed's QEMU (images/qemu/perfbed.c).
@@ -633,6 +751,7 @@ mod tests {
             boot_timeout: Duration::from_secs(1),
             gdb: None,
             verbose: false,
+            host: Host::Qemu,
         };
         good.validate().unwrap();
         let err = |c: VmConfig| c.validate().unwrap_err().to_string();

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use perfbed_agent::{AgentMessage, HostRequest, HotplugBatchResult, HotplugOp, JobResult, JobSpec, PerfAttr};
+use perfbed_agent::{AgentMessage, HostRequest, HotplugBatchResult, HotplugOp, JobResult, JobSpec, PerfAttr, PerfIoctl};
 use perfbed_device::regs::Event;
 use perfbed_device::{ControlClient, DeviceConfig, DeviceState};
 
@@ -123,6 +123,8 @@ pub fn run(ws: &Path, args: &StressArgs) -> Result<bool> {
             cpus: args.cpus,
             memory_mib: args.memory,
             extra_cmdline: vec![],
+            // The stress drives the guest through perfbed's QEMU.
+            host: vm::Host::Qemu,
             run_dir: vm::new_run_dir(ws, "stress"),
             boot_timeout: Duration::from_secs(args.timeout),
             gdb: None,
@@ -454,6 +456,14 @@ fn stress(vm: &mut Vm, config: &StressConfig, steps: &[Step]) -> Result<StressRe
     let traffic = injector.stop()?;
     control.wait_landed(config.timeout.as_millis() as u64)?;
 
+    // Disabled first: a disabled event's count is final (pmu::del() must
+    // have folded the last of its counter), and the final reads then see
+    // what perf saved rather than a fresh read of the device.
+    for w in &watched {
+        if let Err(errno) = g.ioctl(w.handle, PerfIoctl::Disable { group: true })? {
+            bail!("disabling {} before its final read: {errno}", w.name);
+        }
+    }
     // The final reads, with every CPU back and the traffic landed.
     let handles: Vec<u32> = watched.iter().map(|w| w.handle).collect();
     let finals = match g.ask(HostRequest::PerfReadMany { handles })? {

@@ -1,0 +1,40 @@
+//! perfbed-vmm: a small VMM on KVM, built from rust-vmm crates, that boots
+//! perfbed's guest with the monitoring device on its MMIO bus.
+//!
+//! Laid out like rust-vmm's vmm-reference and Firecracker:
+//! - [`config`]: the plain structs a [`Vmm`] is built from, and their checks;
+//! - [`memory`]: the guest's address space and RAM;
+//! - [`boot`]: kernel and initramfs loading, command line, E820, MP table;
+//! - [`vcpu`]: vCPUs, their CPUID, registers and run loop;
+//! - [`devices`]: the buses, the 8250 serial port, virtio-mmio with a
+//!   virtio console, and the monitoring device;
+//! - [`agent_channel`]: the agent socket served from the event loop;
+//! - [`vmm`]: assembling and running a VM;
+//! - [`bench`]: the exit-cost benchmark; [`stats`]: the VMM's own figures.
+//!
+//! The command line (`src/main.rs`) is a thin layer over [`VmmConfig`].
+
+pub mod agent_channel;
+pub mod bench;
+pub mod boot;
+pub mod config;
+pub mod devices;
+pub mod memory;
+pub mod stats;
+pub mod vcpu;
+pub mod vmm;
+
+pub use config::VmmConfig;
+pub use vmm::{GuestEnd, Vmm, VmmError};
+
+/// Exit statuses of `perfbed-vmm`.
+pub mod exit_status {
+    /// The guest rebooted or powered off.
+    pub const GUEST_RESET: u8 = 0;
+    /// The VMM failed (KVM, I/O, a vCPU KVM could not run).
+    pub const VMM_ERROR: u8 = 1;
+    /// Bad command line or configuration.
+    pub const USAGE: u8 = 2;
+    /// The guest kernel panicked.
+    pub const GUEST_PANIC: u8 = 3;
+}

@@ -1,0 +1,159 @@
+//! A vCPU: its KVM file, its set-up, and the loop that runs it on its own
+//! thread, sending every port and MMIO exit to the buses with its index.
+//!
+//! The boot vCPU (index 0) is put in the boot protocol's state by the VMM;
+//! the others wait in KVM for the INIT/SIPI the guest sends through its
+//! local APIC, as on hardware.
+
+pub mod cpuid;
+pub mod regs;
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use kvm_bindings::{CpuId, Msrs};
+use kvm_ioctls::{VcpuExit, VcpuFd, VmFd};
+
+use crate::boot::BootEntry;
+use crate::devices::bus::Bus;
+use crate::memory::{GDT_ADDR, IDT_ADDR};
+use crate::stats::Stats;
+
+/// Why a vCPU could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum VcpuError {
+    #[error("vCPU {index}: {what}: {source}")]
+    Kvm {
+        index: u8,
+        what: &'static str,
+        #[source]
+        source: kvm_ioctls::Error,
+    },
+    #[error("vCPU {index}: KVM took {set} of {wanted} MSRs")]
+    Msrs { index: u8, set: usize, wanted: usize },
+    #[error("vCPU {index}: building its MSR list failed")]
+    MsrList { index: u8 },
+}
+
+/// How a vCPU's run ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VcpuEnd {
+    /// The guest reset the machine (reboot, triple fault, or a panic's
+    /// reboot): the end of the VM.
+    Reset,
+    /// Something KVM or the guest did that the VMM cannot go on from.
+    Failed(String),
+}
+
+pub struct Vcpu {
+    index: u8,
+    fd: VcpuFd,
+}
+
+impl Vcpu {
+    /// Creates vCPU `index` of `vcpus` with CPUID (`supported`, plus the
+    /// topology), the boot MSRs and the LINT pins set.
+    pub fn new(vm: &VmFd, supported: &CpuId, index: u8, vcpus: u8, hide_xsave: bool) -> Result<Vcpu, VcpuError> {
+        let kvm = |what| move |source| VcpuError::Kvm { index, what, source };
+        let fd = vm.create_vcpu(u64::from(index)).map_err(kvm("creating it"))?;
+        let mut cpuid = supported.clone();
+        cpuid::apply_topology(cpuid.as_mut_slice(), index, vcpus);
+        if hide_xsave {
+            cpuid::hide_xsave(cpuid.as_mut_slice());
+        }
+        if vm.check_extension(kvm_ioctls::Cap::TscDeadlineTimer) {
+            cpuid::offer_tsc_deadline(cpuid.as_mut_slice());
+        }
+        fd.set_cpuid2(&cpuid).map_err(kvm("setting CPUID"))?;
+        let entries = regs::boot_msrs();
+        let msrs = Msrs::from_entries(&entries).map_err(|_| VcpuError::MsrList { index })?;
+        let set = fd.set_msrs(&msrs).map_err(kvm("setting MSRs"))?;
+        if set != entries.len() {
+            return Err(VcpuError::Msrs { index, set, wanted: entries.len() });
+        }
+        let mut lapic = fd.get_lapic().map_err(kvm("reading the local APIC"))?;
+        regs::set_lint(&mut lapic);
+        fd.set_lapic(&lapic).map_err(kvm("setting the local APIC"))?;
+        Ok(Vcpu { index, fd })
+    }
+
+    /// Puts the boot vCPU at the kernel's entry (the GDT must already be in
+    /// guest memory at [`GDT_ADDR`]).
+    pub fn set_boot_state(&self, entry: &BootEntry) -> Result<(), VcpuError> {
+        let index = self.index;
+        let kvm = |what| move |source| VcpuError::Kvm { index, what, source };
+        let mut sregs = self.fd.get_sregs().map_err(kvm("reading special registers"))?;
+        regs::boot_sregs(&mut sregs, entry, GDT_ADDR, IDT_ADDR);
+        self.fd.set_sregs(&sregs).map_err(kvm("setting special registers"))?;
+        self.fd.set_regs(&regs::boot_regs(entry)).map_err(kvm("setting registers"))?;
+        self.fd.set_fpu(&regs::boot_fpu()).map_err(kvm("setting the FPU"))?;
+        Ok(())
+    }
+
+    /// Sets the general registers (the exit benchmark's small programs).
+    pub fn set_regs(&self, regs: &kvm_bindings::kvm_regs) -> Result<(), VcpuError> {
+        let index = self.index;
+        self.fd.set_regs(regs).map_err(|source| VcpuError::Kvm { index, what: "setting registers", source })
+    }
+
+    pub fn index(&self) -> u8 {
+        self.index
+    }
+
+    /// Enters the guest once and handles the exit; `Some` when the run is
+    /// over.
+    pub fn step(&mut self, io: &Bus, mmio: &Bus, stats: &Stats) -> Option<VcpuEnd> {
+        let vcpu = u32::from(self.index);
+        match self.fd.run() {
+            Ok(VcpuExit::IoIn(port, data)) => {
+                stats.io_exits.fetch_add(1, Ordering::Relaxed);
+                io.read(vcpu, u64::from(port), data);
+            }
+            Ok(VcpuExit::IoOut(port, data)) => {
+                stats.io_exits.fetch_add(1, Ordering::Relaxed);
+                io.write(vcpu, u64::from(port), data);
+            }
+            Ok(VcpuExit::MmioRead(addr, data)) => {
+                stats.mmio_exits.fetch_add(1, Ordering::Relaxed);
+                mmio.read(vcpu, addr, data);
+            }
+            Ok(VcpuExit::MmioWrite(addr, data)) => {
+                stats.mmio_exits.fetch_add(1, Ordering::Relaxed);
+                mmio.write(vcpu, addr, data);
+            }
+            Ok(VcpuExit::Shutdown) => return Some(VcpuEnd::Reset),
+            // x86 reports no system events without ACPI, but a reset is a
+            // reset however it arrives.
+            Ok(VcpuExit::SystemEvent(..)) => return Some(VcpuEnd::Reset),
+            Ok(VcpuExit::Hlt) => return Some(VcpuEnd::Failed(format!("vCPU {vcpu} halted outside the in-kernel irqchip"))),
+            Ok(VcpuExit::FailEntry(reason, cpu)) => {
+                return Some(VcpuEnd::Failed(format!(
+                    "vCPU {vcpu}: KVM could not enter the guest (hardware reason {reason:#x}, host CPU {cpu})"
+                )))
+            }
+            Ok(VcpuExit::InternalError) => {
+                return Some(VcpuEnd::Failed(format!("vCPU {vcpu}: KVM internal error (emulation failure)")))
+            }
+            Ok(other) => return Some(VcpuEnd::Failed(format!("vCPU {vcpu}: unexpected exit {other:?}"))),
+            Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {}
+            Err(e) => return Some(VcpuEnd::Failed(format!("vCPU {vcpu}: KVM_RUN: {e}"))),
+        }
+        None
+    }
+
+    /// Runs until the guest resets or something fails.
+    pub fn run(mut self, io: Arc<Bus>, mmio: Arc<Bus>, stats: Arc<Stats>) -> VcpuEnd {
+        if self.index == 0 {
+            stats.note_first_run();
+            if let Some(end) = self.step(&io, &mmio, &stats) {
+                return end;
+            }
+            stats.note_first_exit();
+        }
+        loop {
+            if let Some(end) = self.step(&io, &mmio, &stats) {
+                return end;
+            }
+        }
+    }
+}
