@@ -86,8 +86,32 @@ pub enum Request {
     State,
     /// Clear violations, read counts, bad-access counts and the trace.
     ResetStats,
-    /// The recorded register accesses.
+    /// The register accesses the trace holds (JSON; see `trace_lines` for
+    /// every record).
     Trace,
+    /// The trace as text lines, from record number `since` on (0: all
+    /// kept); `perfbed ctl trace --follow` asks again with the `next_seq`
+    /// of the last answer.
+    TraceLines {
+        /// First record number wanted.
+        #[serde(default)]
+        since: u64,
+    },
+}
+
+/// The `trace_lines` payload.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TraceLines {
+    /// The trace file's header line (the device's shape, the counts).
+    pub header: String,
+    /// Number of the oldest record the device still holds.
+    pub first_seq: u64,
+    /// Number the next record will get: the next `since`.
+    pub next_seq: u64,
+    /// Records lost to overflow since the last reset.
+    pub dropped: u64,
+    /// One line per record, oldest first.
+    pub lines: Vec<String>,
 }
 
 /// A control response.
@@ -107,6 +131,12 @@ pub struct Response {
     /// The trace (`trace`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace: Option<Vec<TraceEntry>>,
+    /// Records the trace lost to overflow (`trace`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_dropped: Option<u64>,
+    /// The trace as lines (`trace_lines`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_lines: Option<TraceLines>,
 }
 
 impl Response {
@@ -206,8 +236,22 @@ pub fn apply(device: &mut Device, now_ns: u64, request: &Request) -> Reply {
         }
         Request::Trace => Reply::Now(Response {
             trace: Some(device.trace()),
+            trace_dropped: Some(device.trace_dropped()),
             ..Response::ok()
         }),
+        Request::TraceLines { since } => {
+            let snapshot = device.trace_since(since);
+            Reply::Now(Response {
+                trace_lines: Some(TraceLines {
+                    header: snapshot.header(),
+                    first_seq: snapshot.first_seq,
+                    next_seq: snapshot.next_seq,
+                    dropped: snapshot.dropped,
+                    lines: snapshot.lines(),
+                }),
+                ..Response::ok()
+            })
+        }
     }
 }
 
@@ -534,5 +578,19 @@ impl ControlClient {
         self.call(&Request::Trace)?
             .trace
             .ok_or(ClientError::MissingPayload("trace"))
+    }
+
+    /// The trace as lines, from record number `since` on.
+    pub fn trace_lines(&mut self, since: u64) -> Result<TraceLines, ClientError> {
+        self.call(&Request::TraceLines { since })?
+            .trace_lines
+            .ok_or(ClientError::MissingPayload("trace_lines"))
+    }
+
+    /// The whole trace as a trace file's text: the header, a `dropped`
+    /// line when the ring overflowed, then one line per record.
+    pub fn trace_text(&mut self) -> Result<String, ClientError> {
+        let t = self.trace_lines(0)?;
+        Ok(crate::device::trace_file(&t.header, t.dropped, &t.lines))
     }
 }

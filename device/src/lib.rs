@@ -21,11 +21,12 @@ pub mod host;
 pub mod line;
 pub mod regs;
 
-pub use control::{ClientError, ControlClient, ControlServer, Request, Response};
+pub use control::{ClientError, ControlClient, ControlServer, Request, Response, TraceLines};
 pub use device::{
-    event_name, parse_event, AccessKind, BadAccessCounts, BadAccessKind, ConfigError, Device,
-    DeviceConfig, DeviceError, DeviceState, DomainState, OccupancyEntry, RateEntry, SlotState,
-    TraceEntry, TruthEntry, MAX_QUEUED, MAX_RATE_LIMIT, TRACE_CAPACITY,
+    dropped_line, event_name, format_record, parse_event, trace_file, AccessKind, BadAccessCounts, BadAccessKind,
+    ConfigError, Device, DeviceConfig, DeviceError, DeviceState, DomainState, OccupancyEntry, RateEntry, SlotState,
+    TraceEntry, TraceEvent, TraceRecord, TraceRing, TraceSnapshot, TruthEntry, MAX_QUEUED, MAX_RATE_LIMIT,
+    MAX_TRACE_CAPACITY, TRACE_CAPACITY, TRACE_MAGIC,
 };
 pub use host::SharedDevice;
 pub use regs::Event;

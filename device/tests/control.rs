@@ -130,7 +130,7 @@ fn inject_wait_state_and_errors() {
     client.reset_stats().unwrap();
     let state = client.state().unwrap();
     assert_eq!(state.domains[0].violations, 0);
-    assert_eq!(state.trace_len, 0);
+    assert_eq!(state.trace_len, 1, "only the reset is left in the trace");
     assert_eq!(state.truth(0, 5, Event::MbmTotalBytes), (1 << 20) + 64);
 
     // A wait that cannot finish in time times out with what is pending.
@@ -242,4 +242,35 @@ fn several_clients_and_the_cli() {
     assert_eq!(out.status.code(), Some(2), "unknown flag: {out:?}");
     let out = cli(&["frobnicate"]);
     assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn trace_lines_follow_from_a_record_number_and_the_old_trace_request_still_works() {
+    let device = SharedDevice::new(DeviceConfig { trace_capacity: 8, ..DeviceConfig::default() }).unwrap();
+    let path = socket_path();
+    let _server = device.serve_control(&path).unwrap();
+    let mut client = ControlClient::connect(&path).unwrap();
+    device.mmio_write(0, regs::domain_reg(0, regs::DOM_OWNER), 8, 1);
+    client.inject(0, 2, Event::MbmTotalBytes, 640).unwrap();
+    let first = client.trace_lines(0).unwrap();
+    assert_eq!((first.first_seq, first.next_seq, first.dropped, first.lines.len()), (0, 3, 0, 3));
+    assert!(first.header.starts_with(perfbed_device::TRACE_MAGIC), "{}", first.header);
+    assert!(first.lines[1].contains(" owner dom=0 from=none to=1 cpu=0"), "{}", first.lines[1]);
+    assert!(first.lines[2].contains(" inject dom=0 rmid=2 event=mbm_total_bytes bytes=640"), "{}", first.lines[2]);
+    // A follower asks for what came after; nothing new is an empty answer.
+    assert!(client.trace_lines(first.next_seq).unwrap().lines.is_empty());
+    for _ in 0..10 {
+        device.mmio_read(1, regs::slot_count(0, 0), 8);
+    }
+    let next = client.trace_lines(first.next_seq).unwrap();
+    // 10 new records, but the ring keeps 8: the follower sees the gap.
+    assert_eq!((next.first_seq, next.next_seq, next.dropped, next.lines.len()), (5, 13, 5, 8));
+    let text = client.trace_text().unwrap();
+    assert_eq!(text.lines().filter(|l| l.contains(" dropped count=5")).count(), 1, "{text}");
+    // The old JSON request: accesses only, and now how many were dropped.
+    let raw = client.request_line(r#"{"op":"trace"}"#).unwrap();
+    let reply: serde_json::Value = serde_json::from_str(&raw).unwrap();
+    assert_eq!(reply["trace"].as_array().map(Vec::len), Some(8));
+    assert_eq!(reply["trace_dropped"], 5);
+    assert_eq!(reply["trace"][0]["kind"], "read");
 }

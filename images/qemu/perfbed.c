@@ -3,6 +3,7 @@
  * perfbed: QEMU's side of perfbed's monitoring device.
  *
  *   -device perfbed,addr=0xfe000000,domains=0-1:2-3,control=/path/ctl.sock
+ *                  [,trace-capacity=N]
  *
  * Everything the device does is in Rust (perfbed.h); this file maps its
  * register block into system memory and hands each access over together with
@@ -39,6 +40,7 @@ struct PerfbedState {
     uint32_t width;
     uint64_t max_rate;
     char *control;
+    uint32_t trace_capacity;
 };
 
 static uint32_t accessing_vcpu(void)
@@ -77,7 +79,7 @@ static void perfbed_realize(DeviceState *dev, Error **errp)
 
     s->dev = perfbed_device_new(s->domains ? s->domains : "", s->rmids,
                                 s->slots, s->width, s->max_rate, s->control,
-                                &error);
+                                s->trace_capacity, &error);
     if (!s->dev) {
         error_setg(errp, "perfbed: %s", error ? error : "cannot create the device");
         perfbed_string_free(error);
@@ -105,6 +107,8 @@ static Property perfbed_properties[] = {
     DEFINE_PROP_UINT32("width", PerfbedState, width, 0),
     DEFINE_PROP_UINT64("max-rate", PerfbedState, max_rate, 0),
     DEFINE_PROP_STRING("control", PerfbedState, control),
+    DEFINE_PROP_UINT32("trace-capacity", PerfbedState, trace_capacity,
+                       PERFBED_TRACE_DEFAULT),
     DEFINE_PROP_END_OF_LIST(),
 };
 

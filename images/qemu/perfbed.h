@@ -11,6 +11,8 @@
 
 /* The vCPU index passed when an access comes from no vCPU (e.g. the monitor). */
 #define PERFBED_NO_VCPU UINT32_MAX
+/* The trace_capacity that means "the device's default" (4096 records). */
+#define PERFBED_TRACE_DEFAULT UINT32_MAX
 
 struct perfbed_device;
 
@@ -18,13 +20,15 @@ struct perfbed_device;
  * Creates the device. `domains` lists each domain's allowed vCPUs, domains
  * separated by ':' ("0-1:2-3"); 0 for rmids/slots/width/max_rate means the
  * device's default. `control` is the control socket's path, or NULL for none.
+ * `trace_capacity` is how many trace records the device keeps (0 none,
+ * PERFBED_TRACE_DEFAULT its default).
  * On failure returns NULL and sets *error to a message the caller frees with
  * perfbed_string_free().
  */
 struct perfbed_device *perfbed_device_new(const char *domains, uint32_t rmids,
                                           uint32_t slots, uint32_t width,
                                           uint64_t max_rate, const char *control,
-                                          char **error);
+                                          uint32_t trace_capacity, char **error);
 /* Size in bytes of the register block (a multiple of 4 KiB). */
 uint64_t perfbed_device_size(const struct perfbed_device *dev);
 /* Never block for long and never fail: bad accesses are the device's business. */

@@ -35,6 +35,7 @@ pub const PACKAGES: &[(&str, &str)] = &[
     ("seabios", "firmware for QEMU's pc machine"),
     ("linux-perf", "the real perf tool, copied into the guest"),
     ("busybox-static", "sleep and friends in the guest"),
+    ("gdb", "the scripted gdb session on the guest kernel (VM test gdb_session)"),
 ];
 
 /// Debian packages only `cargo xtask bench` needs, and why.

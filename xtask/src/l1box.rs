@@ -358,6 +358,8 @@ mod tests {
             boot_timeout: Duration::from_secs(1),
             device: DeviceConfig::default(),
             host: crate::vm::Host::Qemu,
+            gdb: None,
+            verbose: false,
         }
     }
 

@@ -7,6 +7,7 @@ mod cache;
 mod cmd;
 mod control_proxy;
 mod deps;
+mod gdb;
 mod fuzz;
 mod guest;
 mod image;
@@ -21,6 +22,7 @@ mod scenario;
 mod scope_test;
 mod stress;
 mod test;
+mod trace;
 mod vm;
 mod vmm_bench;
 
@@ -47,6 +49,9 @@ enum Command {
         /// The debug kernel (lockdep, PROVE_RCU, DEBUG_ATOMIC_SLEEP, DEBUG_LIST).
         #[arg(long)]
         debug: bool,
+        /// The kernel with DWARF debug information for gdb.
+        #[arg(long, conflicts_with = "debug")]
+        gdb: bool,
     },
     /// The main job: build what is missing, boot, run the scenario, report.
     Run(RunArgs),
@@ -68,6 +73,9 @@ enum Command {
     VmmBench(vmm_bench::VmmBenchArgs),
     /// Boot the guest and keep it up (for `perfbed ctl` and the logs) for
     /// --seconds, then power it off.
+    /// Print a saved device trace decoded (register names, one column per
+    /// domain), or draw its timeline with --plot.
+    Trace(trace::TraceArgs),
     Up {
         #[command(flatten)]
         run: RunArgs,
@@ -104,6 +112,27 @@ pub struct RunArgs {
     /// Boot the debug kernel (lockdep, PROVE_RCU, DEBUG_ATOMIC_SLEEP, DEBUG_LIST).
     #[arg(long)]
     debug: bool,
+    /// Records the device's trace keeps (older ones are dropped and counted;
+    /// 0 records nothing). The device's own default is 4096; a run keeps
+    /// more so that its saved trace and plot cover it whole.
+    #[arg(long, default_value_t = RUN_TRACE_CAPACITY)]
+    trace_capacity: usize,
+    /// Save the device trace and draw its timeline (trace.txt, trace.svg
+    /// beside the logs) even when every check passes; a failed run always
+    /// gets them.
+    #[arg(long)]
+    plot: bool,
+    /// Boot the kernel with debug information, stopped, with QEMU's gdbstub;
+    /// print the gdb command lines (vmlinux, then perfbed.ko once loaded).
+    #[arg(long, conflicts_with = "debug")]
+    gdb: bool,
+    /// The gdbstub's TCP port (on 127.0.0.1).
+    #[arg(long, default_value_t = gdb::DEFAULT_PORT)]
+    gdb_port: u16,
+    /// Show the guest's serial log and the agent transcript live (on
+    /// stderr, each line prefixed `serial|`, `agent>` or `agent<`).
+    #[arg(long)]
+    verbose: bool,
     /// Which VMM runs the guest: perfbed-vmm (`vmm`; on native KVM, else in
     /// the box, an L1 Linux with KVM under QEMU TCG), perfbed's QEMU (`qemu`),
     /// or `auto`: perfbed-vmm where the CPU has VT-x/SVM, else QEMU.
@@ -111,8 +140,17 @@ pub struct RunArgs {
     host: vm::HostChoice,
 }
 
-fn variant(debug: bool) -> image::Variant {
-    if debug {
+/// How long a guest stopped for gdb may take to boot, and a request to
+/// answer (someone may sit at a breakpoint).
+const GDB_PATIENCE: Duration = Duration::from_secs(3600);
+
+/// The trace a run keeps: about 12 MiB of records, a whole default run.
+pub const RUN_TRACE_CAPACITY: usize = 1 << 18;
+
+fn variant(debug: bool, gdb: bool) -> image::Variant {
+    if gdb {
+        image::Variant::Gdb
+    } else if debug {
         image::Variant::Debug
     } else {
         image::Variant::Normal
@@ -131,6 +169,11 @@ impl RunArgs {
             kernel: None,
             qemu: None,
             debug: false,
+            trace_capacity: RUN_TRACE_CAPACITY,
+            plot: false,
+            gdb: false,
+            gdb_port: gdb::DEFAULT_PORT,
+            verbose: false,
             host: vm::HostChoice::Qemu,
         }
     }
@@ -140,7 +183,11 @@ impl RunArgs {
             Some(spec) => perfbed_device::cpus::parse_domain_list(spec).map_err(|e| anyhow::anyhow!("--domains {spec:?}: {e}"))?,
             None => default_domains(self.cpus),
         };
-        Ok(perfbed_device::DeviceConfig { domains, ..perfbed_device::DeviceConfig::default() })
+        Ok(perfbed_device::DeviceConfig {
+            domains,
+            trace_capacity: self.trace_capacity,
+            ..perfbed_device::DeviceConfig::default()
+        })
     }
 }
 
@@ -171,7 +218,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = workspace().and_then(|ws| match cli.command {
         Command::Deps => deps::ensure().map(|()| true),
-        Command::Image { debug } => image::ensure(&ws, variant(debug)).map(|images| {
+        Command::Image { debug, gdb } => image::ensure(&ws, variant(debug, gdb)).map(|images| {
             println!("vmlinux:   {}\ninitramfs: {}", images.vmlinux.display(), images.initramfs.display());
             true
         }),
@@ -180,6 +227,7 @@ fn main() -> ExitCode {
         Command::Fuzz(args) => fuzz::run(&ws, &args),
         Command::Bench(args) => bench::run(&ws, &args),
         Command::BootStress(args) => boot_stress::run(&ws, &args),
+        Command::Trace(args) => trace::command(&args),
         Command::Stress(args) => stress::run(&ws, &args),
         Command::VmmBench(args) => vmm_bench::run(&ws, &args),
         Command::Up { run, seconds } => up(&ws, &run, Duration::from_secs(seconds)),
@@ -203,7 +251,7 @@ fn workspace() -> Result<PathBuf> {
 fn run(ws: &Path, args: &RunArgs) -> Result<bool> {
     let total = Instant::now();
     check_args(args)?;
-    let images = image::ensure_for(ws, variant(args.debug), image::Purpose::Run)?;
+    let images = image::ensure_for(ws, variant(args.debug, args.gdb), image::Purpose::Run)?;
     let accel = vm::choose_accel();
     let scenario = scenario_for(ws, &images, args, "run")?;
     let image_time = total.elapsed();
@@ -217,7 +265,15 @@ fn run(ws: &Path, args: &RunArgs) -> Result<bool> {
         ),
         host => eprintln!("==> booting {} vCPUs, {} MiB on perfbed-vmm, {}", args.cpus, args.memory, host.name()),
     }
-    let report = scenario::run(&scenario, &accel)?;
+    let report = match scenario::run(&scenario, &accel) {
+        Ok(report) => report,
+        Err(e) => {
+            // The VM died: the device trace it saved on the way is drawn here.
+            let saved = trace::plot_saved(&scenario.vm.run_dir);
+            scenario::print_trace(saved.as_ref());
+            return Err(e);
+        }
+    };
     scenario::print_report(&report, image_time, total.elapsed());
     if !matches!(scenario.vm.host, vm::Host::Qemu) {
         for line in l1box::host_report(&scenario.vm.run_dir) {
@@ -229,10 +285,16 @@ fn run(ws: &Path, args: &RunArgs) -> Result<bool> {
 
 fn up(ws: &Path, args: &RunArgs, hold: Duration) -> Result<bool> {
     check_args(args)?;
-    let images = image::ensure_for(ws, variant(args.debug), image::Purpose::Run)?;
+    let images = image::ensure_for(ws, variant(args.debug, args.gdb), image::Purpose::Run)?;
     let scenario = scenario_for(ws, &images, args, "up")?;
-    let booted = vm::Vm::boot(&scenario.vm, &vm::choose_accel())?;
+    let mut booted = vm::Vm::boot(&scenario.vm, &vm::choose_accel())?;
     println!("guest up in {} (kernel {}, CPUs {})", cmd::human(booted.boot_time), booted.hello.kernel_release, booted.hello.cpus_online);
+    if let Some(stub) = &scenario.vm.gdb {
+        // Loaded now, so that gdb can have its symbols from the start.
+        let mut guest = guest::Guest { vm: &mut booted.vm, timeout: scenario.request_timeout };
+        guest.expect_done(perfbed_agent::HostRequest::LoadModule { name: pmu_checks::MODULE.into() })?;
+        gdb::announce_module(&mut guest, pmu_checks::MODULE, &scenario.driver, &scenario.vm.vmlinux, stub.port, &scenario.vm.run_dir)?;
+    }
     println!("  control socket: {}", booted.vm.control_socket.display());
     println!("    try: cargo run -q -p perfbed-device --bin perfbed -- ctl --socket {} state", booted.vm.control_socket.display());
     println!("  serial log:     {}", booted.vm.serial_log.display());
@@ -267,7 +329,16 @@ fn check_args(args: &RunArgs) -> Result<()> {
 /// The scenario `args` ask for, on these images, with its own log folder.
 fn scenario_for(ws: &Path, images: &image::Images, args: &RunArgs, name: &str) -> Result<scenario::Scenario> {
     let vmlinux = args.kernel.clone().unwrap_or_else(|| images.vmlinux.clone());
+    let gdb = args.gdb.then(|| vm::GdbStub {
+        port: args.gdb_port,
+        stopped: true,
+        hint: gdb::attach_command(&vmlinux, args.gdb_port, &[]),
+    });
+    let patience = if args.gdb { GDB_PATIENCE.max(Duration::from_secs(args.timeout)) } else { Duration::from_secs(args.timeout) };
     let (placement, why) = vm::choose_host(args.host, &vm::choose_accel());
+    if args.gdb && placement != vm::Placement::Qemu {
+        anyhow::bail!("--gdb uses QEMU's gdbstub: add --host qemu (perfbed-vmm has no gdb server)");
+    }
     let host = match placement {
         vm::Placement::Qemu => vm::Host::Qemu,
         vm::Placement::VmmNative => vm::Host::VmmNative { vmm: l1box::build_binaries(ws)?.0 },
@@ -289,7 +360,9 @@ fn scenario_for(ws: &Path, images: &image::Images, args: &RunArgs, name: &str) -
         memory_mib: args.memory,
         extra_cmdline: vec![],
         run_dir: vm::new_run_dir(ws, name),
-        boot_timeout: Duration::from_secs(args.timeout),
+        boot_timeout: patience,
+        gdb,
+        verbose: args.verbose,
         host,
     };
     vm.validate()?;
@@ -297,6 +370,8 @@ fn scenario_for(ws: &Path, images: &image::Images, args: &RunArgs, name: &str) -
         vm,
         expected_release: images.kernel_release.clone(),
         hotplug_rounds: args.rounds,
-        request_timeout: Duration::from_secs(args.timeout),
+        request_timeout: patience,
+        plot: args.plot,
+        driver: images.driver.clone(),
     })
 }

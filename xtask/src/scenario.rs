@@ -16,6 +16,7 @@ use perfbed_device::{ControlClient, DeviceConfig};
 use crate::cmd::human;
 use crate::guest::Guest;
 use crate::pmu_checks;
+use crate::trace::{save_trace_and_plot, SavedTrace};
 use crate::vm::{self, Accel, Vm, VmConfig};
 
 #[derive(Debug, Clone)]
@@ -25,6 +26,11 @@ pub struct Scenario {
     pub hotplug_rounds: u32,
     /// How long one request (a whole hotplug run) may take.
     pub request_timeout: Duration,
+    /// Draw the trace's timeline even when every check passes (it is
+    /// always saved and drawn when one fails).
+    pub plot: bool,
+    /// perfbed.ko as built, for gdb's symbols.
+    pub driver: PathBuf,
 }
 
 pub struct Check {
@@ -39,6 +45,9 @@ pub struct Report {
     pub guest_uptime_at_ready: Duration,
     pub checks_time: Duration,
     pub serial_log: PathBuf,
+    /// The saved device trace and its plot, when a check failed or the plot
+    /// was asked for.
+    pub trace: Option<SavedTrace>,
 }
 
 /// Fails on any WARN, BUG, oops, lockdep or RCU report in the kernel log.
@@ -67,6 +76,7 @@ impl Report {
             guest_uptime_at_ready: Duration::ZERO,
             checks_time: Duration::ZERO,
             serial_log: serial_log.to_path_buf(),
+            trace: None,
         }
     }
 
@@ -118,6 +128,10 @@ pub fn run(scenario: &Scenario, accel: &Accel) -> Result<Report> {
         passed: module_ok,
         detail: if module_ok { "perfbed.ko (finds the device from perfbed.device=)".into() } else { format!("perfbed.ko: {loaded:?}") },
     });
+    if let (true, Some(stub)) = (module_ok, &scenario.vm.gdb) {
+        let mut guest = Guest { vm: &mut vm, timeout: scenario.request_timeout };
+        crate::gdb::announce_module(&mut guest, pmu_checks::MODULE, &scenario.driver, &scenario.vm.vmlinux, stub.port, &scenario.vm.run_dir)?;
+    }
     if module_ok {
         let control = ControlClient::connect(&vm.control_socket).context("connecting to the device's control socket")?;
         let control_socket = vm.control_socket.clone();
@@ -132,6 +146,19 @@ pub fn run(scenario: &Scenario, accel: &Accel) -> Result<Report> {
     }
 
     let serial_log = vm.serial_log.clone();
+    // While the VM still runs: the trace lives in the device.
+    let trace = if scenario.plot || !checks.iter().all(|c| c.passed) {
+        match save_trace_and_plot(&scenario.vm.run_dir, &mut vm, true) {
+            Ok(saved) => Some(saved),
+            Err(e) => {
+                // The checks' verdict matters more than the picture.
+                eprintln!("warning: the device trace could not be saved: {e:#}");
+                None
+            }
+        }
+    } else {
+        None
+    };
     vm.power_off(Duration::from_secs(30))?;
     checks.push(clean_log_check(&serial_log));
 
@@ -141,6 +168,7 @@ pub fn run(scenario: &Scenario, accel: &Accel) -> Result<Report> {
         guest_uptime_at_ready: Duration::from_millis(hello.uptime_ms),
         checks_time: checks_start.elapsed(),
         serial_log,
+        trace,
     })
 }
 
@@ -338,6 +366,19 @@ pub fn print_report(report: &Report, image_time: Duration, total: Duration) {
         human(total)
     );
     println!("  serial log: {}", report.serial_log.display());
+    print_trace(report.trace.as_ref());
+}
+
+/// Names the saved trace and plot.
+pub fn print_trace(saved: Option<&SavedTrace>) {
+    let Some(saved) = saved else { return };
+    println!("  device trace: {}", saved.trace.display());
+    if let Some(plot) = &saved.plot {
+        println!("  timeline plot: {}", plot.display());
+    }
+    if let Some(why) = &saved.guest_missing {
+        println!("  (the trace has no guest events: {why})");
+    }
 }
 
 #[cfg(test)]

@@ -115,6 +115,13 @@ const VM_TESTS: &[VmTest] = &[
         run: device_scope_pmu,
     },
     VmTest {
+        name: "gdb_session",
+        what: "on the gdb kernel, Debian's gdb in batch mode breaks in perfbed.ko's read callback under `perf stat`, names it in the backtrace, reads REG_MAGIC through the driver's mapping, detaches, and perf finishes",
+        variant: Variant::Gdb,
+        host: vm::HostChoice::Qemu,
+        run: gdb_session,
+    },
+    VmTest {
         name: "hotplug_stress",
         what: "on the debug kernel, a short seeded hotplug storm under live traffic: every count exact, no EBUSY, 0 violations, clean log",
         variant: Variant::Debug,
@@ -202,7 +209,7 @@ fn run_vm_tests(ws: &Path, args: &TestArgs) -> Result<bool> {
         bail!("no VM test matches --filter {:?}", args.filter);
     }
     let mut images = Vec::new();
-    for variant in [Variant::Normal, Variant::Debug] {
+    for variant in [Variant::Normal, Variant::Debug, Variant::Gdb] {
         if tests.iter().any(|t| t.variant == variant) {
             images.push((variant, image::ensure(ws, variant)?));
         }
@@ -232,7 +239,10 @@ fn run_vm_tests(ws: &Path, args: &TestArgs) -> Result<bool> {
 fn boot_and_hotplug(scenario: &Scenario, accel: &Accel) -> Result<()> {
     let report = scenario::run(scenario, accel)?;
     if !report.passed() {
-        bail!("failed checks:\n{}serial log: {}", report.table(), report.serial_log.display());
+        let trace = report.trace.as_ref().map_or(String::new(), |t| {
+            format!("\ndevice trace: {}{}", t.trace.display(), t.plot.as_ref().map_or(String::new(), |p| format!("\ntimeline plot: {}", p.display())))
+        });
+        bail!("failed checks:\n{}serial log: {}{trace}", report.table(), report.serial_log.display());
     }
     print!("{}", report.table());
     Ok(())
@@ -258,6 +268,34 @@ fn checks_on_a_guest(scenario: &Scenario, accel: &Accel, checks: impl FnOnce(&mu
     }
     print!("{}", report.table());
     Ok(())
+}
+
+/// The scripted gdb session (`gdb::scripted_session`) on a guest served by
+/// QEMU's gdbstub, then a clean power-off and a kernel log without reports.
+fn gdb_session(scenario: &Scenario, accel: &Accel) -> Result<()> {
+    let mut config = scenario.vm.clone();
+    let port = free_port()?;
+    config.gdb = Some(vm::GdbStub { port, stopped: false, hint: String::new() });
+    let booted = Vm::boot(&config, accel)?;
+    println!("  the gdb kernel booted to the agent in {}", human(booted.boot_time));
+    let mut vm = booted.vm;
+    let mut guest = crate::guest::Guest { vm: &mut vm, timeout: scenario.request_timeout };
+    let output = crate::gdb::scripted_session(&mut guest, &config.vmlinux, &scenario.driver, port, &config.run_dir)?;
+    let serial_log = vm.serial_log.clone();
+    vm.power_off(Duration::from_secs(30))?;
+    let report = scenario::Report::from_checks(vec![], &serial_log);
+    if !report.passed() {
+        bail!("failed checks:\n{}serial log: {}", report.table(), serial_log.display());
+    }
+    let backtrace: Vec<&str> = output.lines().filter(|l| l.starts_with('#')).take(3).collect();
+    println!("  gdb stopped in: {}", backtrace.join("\n                  "));
+    Ok(())
+}
+
+/// A TCP port on 127.0.0.1 that nothing listens on now.
+fn free_port() -> Result<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").context("finding a free port for gdb")?;
+    Ok(listener.local_addr()?.port())
 }
 
 /// `cargo xtask stress` in small: the run's VM with the stress's device.

@@ -19,7 +19,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use perfbed_agent::{parse_agent_message, AgentMessage, Hello, HostRequest, MAX_MESSAGE_LINE};
 use perfbed_device::line::{read_line_or_stop, Line};
 use perfbed_device::cpus::format_cpu_list;
-use perfbed_device::DeviceConfig;
+use perfbed_device::{ControlClient, DeviceConfig};
 
 use crate::cmd;
 use crate::l1box::{self, BoxImages};
@@ -30,6 +30,8 @@ pub const MAX_CPUS: u8 = 64; // the guest kernel's CONFIG_NR_CPUS
 pub const DEVICE_BASE: u64 = 0xfe00_0000;
 pub const MIN_MEMORY_MIB: u32 = 128;
 pub const MAX_MEMORY_MIB: u32 = 16384;
+/// The device trace's file in a run's folder.
+pub const TRACE_FILE: &str = "trace.txt";
 
 #[derive(Debug, Clone)]
 pub struct VmConfig {
@@ -48,8 +50,24 @@ pub struct VmConfig {
     pub boot_timeout: Duration,
     /// The monitoring device the guest gets.
     pub device: DeviceConfig,
+    /// QEMU's gdbstub, if wanted.
+    pub gdb: Option<GdbStub>,
+    /// Show the serial log and the agent transcript live on stderr, each
+    /// line prefixed (`serial|`, `agent>`, `agent<`).
+    pub verbose: bool,
     /// Which VMM runs the guest.
     pub host: Host,
+}
+
+/// QEMU's gdbstub for the guest.
+#[derive(Debug, Clone)]
+pub struct GdbStub {
+    /// TCP port on 127.0.0.1.
+    pub port: u16,
+    /// Start with the vCPUs stopped until gdb continues them.
+    pub stopped: bool,
+    /// Printed once QEMU waits for gdb: how to attach.
+    pub hint: String,
 }
 
 /// Which VMM runs the guest, and where.
@@ -208,6 +226,7 @@ pub struct Vm {
     pub box_log: Option<PathBuf>,
     /// The device's control socket (inject traffic, read its state).
     pub control_socket: PathBuf,
+    verbose: bool,
     /// Run once before a failing VM is stopped, while the device still
     /// answers (the stress saves the device's trace there).
     before_kill: Option<Box<dyn FnOnce()>>,
@@ -290,7 +309,8 @@ impl Vm {
 
         if let (Some(stdout), Some(path)) = (child.stdout.take(), &console_log) {
             let log = File::create(path)?;
-            thread::spawn(move || copy_serial(stdout, log));
+            let verbose = config.verbose;
+            thread::spawn(move || copy_serial(stdout, log, verbose));
         }
 
         let stream = match connect(&socket, &mut child) {
@@ -301,14 +321,31 @@ impl Vm {
                 return Err(e.context(format!("the host's output: {}", cmd::tail(&qemu_log, 5))));
             }
         };
-        // The host runs the guest from the moment we are connected.
+        // QEMU runs the guest from the moment we are connected (or, stopped
+        // for gdb, once gdb continues it).
+        if let Some(gdb) = config.gdb.as_ref().filter(|g| g.stopped) {
+            println!("==> the guest is stopped for gdb on 127.0.0.1:{}; attach with:\n      {}", gdb.port, gdb.hint);
+        }
         let started = Instant::now();
         let writer = stream.try_clone()?;
         let (tx, messages) = mpsc::channel();
         let transcript = File::create(config.run_dir.join("agent.log"))?;
         let reader_transcript = transcript.try_clone()?;
-        thread::spawn(move || read_agent(stream, reader_transcript, tx));
-        let mut vm = Vm { child, messages, writer, transcript, serial_log, qemu_log, box_log, control_socket, agent_socket: socket, before_kill: None };
+        let verbose = config.verbose;
+        thread::spawn(move || read_agent(stream, reader_transcript, tx, verbose));
+        let mut vm = Vm {
+            child,
+            messages,
+            writer,
+            transcript,
+            serial_log,
+            qemu_log,
+            box_log,
+            control_socket,
+            agent_socket: socket,
+            before_kill: None,
+            verbose,
+        };
         match vm.receive(config.boot_timeout, "the agent's greeting") {
             Ok(AgentMessage::Hello(hello)) => {
                 Ok(Booted { boot_time: started.elapsed(), since_spawn: spawned.elapsed(), hello, vm })
@@ -327,6 +364,9 @@ impl Vm {
     pub fn request(&mut self, request: &HostRequest, timeout: Duration) -> Result<AgentMessage> {
         let line = serde_json::to_string(request)? + "\n";
         let _ = write!(self.transcript, "> {line}");
+        if self.verbose {
+            eprint!("agent> {line}");
+        }
         if let Err(e) = self.writer.write_all(line.as_bytes()) {
             // A dead QEMU closes the channel: name that, not the broken pipe.
             let why = match self.wait_briefly() {
@@ -401,6 +441,8 @@ impl Vm {
     /// Stops the VM and turns `error` into the full story: what the kernel
     /// log says went wrong and where the logs are.
     fn fail(&mut self, error: anyhow::Error) -> anyhow::Error {
+        // The device's trace dies with QEMU: keep it first.
+        let trace = self.save_device_trace();
         if let Some(hook) = self.before_kill.take() {
             hook();
         }
@@ -420,11 +462,21 @@ impl Vm {
             story += &format!("\n--- the box (L1 console, {}) ---\n{}", box_log.display(), cmd::tail(box_log, 8));
         }
         anyhow!(
-            "{story}\n--- last lines of the serial log ---\n{}\n--- QEMU: {} ---\nserial log saved: {}",
+            "{story}\n--- last lines of the serial log ---\n{}\n--- QEMU: {} ---\nserial log saved: {}{}",
             cmd::tail(&self.serial_log, 15),
             cmd::tail(&self.qemu_log, 3),
-            self.serial_log.display()
+            self.serial_log.display(),
+            trace.map_or(String::new(), |t| format!("\ndevice trace saved: {}", t.display()))
         )
+    }
+
+    /// The device's trace as it is now, saved beside the serial log (best
+    /// effort: the device may already be gone).
+    fn save_device_trace(&self) -> Option<PathBuf> {
+        let text = ControlClient::connect(&self.control_socket).ok()?.trace_text().ok()?;
+        let path = self.serial_log.with_file_name(TRACE_FILE);
+        fs::write(&path, text).ok()?;
+        Some(path)
     }
 }
 
@@ -487,6 +539,12 @@ fn qemu_command(config: &VmConfig, accel: &Accel, cmdline: &[String], socket: &P
         .args(["-device", "virtconsole,chardev=agent"])
         .arg("-device")
         .arg(device_arg(&config.device, control_socket));
+    if let Some(gdb) = &config.gdb {
+        qemu.arg("-gdb").arg(format!("tcp:127.0.0.1:{}", gdb.port));
+        if gdb.stopped {
+            qemu.arg("-S");
+        }
+    }
     qemu
 }
 
@@ -529,7 +587,7 @@ pub fn guest_args(qemu: &mut Command, config: &VmConfig, accel: &Accel, cmdline:
 /// The `-device perfbed,...` argument of perfbed's QEMU (images/qemu/perfbed.c).
 fn device_arg(device: &DeviceConfig, control: &Path) -> String {
     let domains: Vec<String> = device.domains.iter().map(|d| format_cpu_list(d)).collect();
-    format!(
+    let mut arg = format!(
         "perfbed,addr={DEVICE_BASE:#x},domains={},rmids={},slots={},width={},max-rate={},control={}",
         domains.join(":"),
         device.rmids,
@@ -537,7 +595,12 @@ fn device_arg(device: &DeviceConfig, control: &Path) -> String {
         device.counter_width,
         device.max_rate,
         control.display()
-    )
+    );
+    // Only when asked: a QEMU from before the property still takes the rest.
+    if device.trace_capacity != perfbed_device::TRACE_CAPACITY {
+        arg += &format!(",trace-capacity={}", device.trace_capacity);
+    }
+    arg
 }
 
 /// QEMU creates the socket and then waits for us before starting the guest.
@@ -562,8 +625,37 @@ fn connect(socket: &Path, child: &mut Child) -> Result<UnixStream> {
 /// QEMU never blocks on it.
 pub const SERIAL_LOG_LIMIT: u64 = 64 << 20;
 
-fn copy_serial(from: impl Read, to: File) {
-    copy_capped(from, to, SERIAL_LOG_LIMIT);
+/// With `verbose`, each line also goes to stderr, prefixed `serial| `.
+fn copy_serial(from: impl Read, to: File, verbose: bool) {
+    if verbose {
+        copy_capped(from, SerialEcho { to, line: Vec::new() }, SERIAL_LOG_LIMIT);
+    } else {
+        copy_capped(from, to, SERIAL_LOG_LIMIT);
+    }
+}
+
+/// The serial log's writer that also echoes every complete line to stderr.
+struct SerialEcho {
+    to: File,
+    line: Vec<u8>,
+}
+
+impl Write for SerialEcho {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.to.write(buf)?;
+        for &byte in &buf[..n] {
+            self.line.push(byte);
+            if byte == b'\n' {
+                eprint!("serial| {}", String::from_utf8_lossy(&self.line));
+                self.line.clear();
+            }
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.to.flush()
+    }
 }
 
 /// Copies `from` to `to` until `from` ends, writing at most `limit` bytes
@@ -594,7 +686,7 @@ fn copy_capped(mut from: impl Read, mut to: impl Write, limit: u64) {
 /// Reads the agent's messages, never holding more than one line of at most
 /// [`MAX_MESSAGE_LINE`] bytes: a guest flooding the channel gets the run
 /// failed with that said, not the host's memory filled.
-fn read_agent(stream: UnixStream, mut transcript: File, tx: mpsc::Sender<Result<AgentMessage, String>>) {
+fn read_agent(stream: UnixStream, mut transcript: File, tx: mpsc::Sender<Result<AgentMessage, String>>, verbose: bool) {
     let mut reader = BufReader::new(stream);
     let mut line = Vec::new();
     loop {
@@ -609,6 +701,9 @@ fn read_agent(stream: UnixStream, mut transcript: File, tx: mpsc::Sender<Result<
             }
             Ok(Line::Text) => {
                 let _ = writeln!(transcript, "< {}", String::from_utf8_lossy(&line));
+                if verbose {
+                    eprintln!("agent< {}", String::from_utf8_lossy(&line));
+                }
                 parse_agent_message(&line)
             }
         };
@@ -683,6 +778,8 @@ mod tests {
             extra_cmdline: vec![],
             run_dir: dir.join("run"),
             boot_timeout: Duration::from_secs(1),
+            gdb: None,
+            verbose: false,
             host: Host::Qemu,
         };
         good.validate().unwrap();

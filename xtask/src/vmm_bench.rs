@@ -79,6 +79,8 @@ pub fn run(ws: &Path, args: &VmmBenchArgs) -> Result<bool> {
         boot_timeout: Duration::from_secs(300),
         device: Default::default(),
         host: vm::Host::VmmBox(box_images.clone()),
+        gdb: None,
+        verbose: false,
     };
     let agent = run_dir.join("agent.sock");
     let box_log = run_dir.join("box.log");

@@ -9,7 +9,7 @@
 //! perfbed ctl --socket PATH occupancy --domain D --rmid R --bytes N
 //! perfbed ctl --socket PATH wait [--timeout-ms N]
 //! perfbed ctl --socket PATH reset
-//! perfbed ctl --socket PATH trace
+//! perfbed ctl --socket PATH trace [--lines | --follow]
 //! perfbed serve --socket PATH
 //! ```
 //!
@@ -114,8 +114,17 @@ enum CtlCommand {
     },
     /// Clear violations, read counts, bad-access counts and the trace.
     Reset,
-    /// Print the recorded register accesses.
-    Trace,
+    /// Print the recorded register accesses (JSON), or the whole trace as
+    /// text lines (device/README.md, Trace).
+    Trace {
+        /// The text trace, once.
+        #[arg(long, conflicts_with = "follow")]
+        lines: bool,
+        /// The text trace, then new records as they come (polls every
+        /// 100 ms) until the device goes away.
+        #[arg(long)]
+        follow: bool,
+    },
 }
 
 /// Parses `--event`; clap names the flag in the error.
@@ -128,7 +137,7 @@ impl CtlCommand {
         match *self {
             CtlCommand::State => Request::State,
             CtlCommand::Reset => Request::ResetStats,
-            CtlCommand::Trace => Request::Trace,
+            CtlCommand::Trace { .. } => Request::Trace,
             CtlCommand::Wait { timeout_ms } => Request::WaitLanded { timeout_ms },
             CtlCommand::Inject { ref target, event, bytes } => Request::Inject {
                 domain: target.domain,
@@ -151,8 +160,50 @@ impl CtlCommand {
     }
 }
 
+/// How often `trace --follow` asks for new records.
+const FOLLOW_POLL: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Prints the text trace; with `follow`, keeps printing new records until
+/// the device goes away (a gap means records were dropped between polls).
+fn text_trace(socket: &Path, follow: bool) -> Result<bool> {
+    let mut client =
+        ControlClient::connect(socket).map_err(|e| anyhow!("cannot connect to {}: {e}", socket.display()))?;
+    let mut out = std::io::stdout().lock();
+    let first = client.trace_lines(0).map_err(|e| anyhow!("{e}"))?;
+    let text = perfbed_device::trace_file(&first.header, first.dropped, &first.lines);
+    // A closed stdout ends the stream without an error.
+    if out.write_all(text.as_bytes()).and_then(|()| out.flush()).is_err() || !follow {
+        return Ok(true);
+    }
+    let mut since = first.next_seq;
+    loop {
+        std::thread::sleep(FOLLOW_POLL);
+        let Ok(t) = client.trace_lines(since) else {
+            // The device went away with its VM: the stream is over.
+            return Ok(true);
+        };
+        let mut text = String::new();
+        if t.first_seq > since {
+            text += &perfbed_device::dropped_line(t.lines.first().map(String::as_str), t.first_seq - since);
+        }
+        for line in &t.lines {
+            text += line;
+            text.push('\n');
+        }
+        if out.write_all(text.as_bytes()).and_then(|()| out.flush()).is_err() {
+            return Ok(true);
+        }
+        since = t.next_seq;
+    }
+}
+
 /// Sends the request and prints the response; `Ok(false)` when refused.
 fn ctl(args: &Ctl) -> Result<bool> {
+    if let CtlCommand::Trace { lines, follow } = args.request {
+        if lines || follow {
+            return text_trace(&args.socket, follow);
+        }
+    }
     // ClientError's message already includes its source: no chain.
     let mut client = ControlClient::connect(&args.socket)
         .map_err(|e| anyhow!("cannot connect to {}: {e}", args.socket.display()))?;

@@ -2,6 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::trace::{MAX_TRACE_CAPACITY, TRACE_CAPACITY};
 use crate::cpus::CpuSet;
 use crate::regs;
 
@@ -23,6 +24,14 @@ pub struct DeviceConfig {
     pub unit_bytes: u64,
     /// Maximum bandwidth of each domain in bytes per second.
     pub max_rate: u64,
+    /// Records the trace keeps (0: none); older ones are dropped and
+    /// counted.
+    #[serde(default = "default_trace_capacity")]
+    pub trace_capacity: usize,
+}
+
+fn default_trace_capacity() -> usize {
+    TRACE_CAPACITY
 }
 
 impl Default for DeviceConfig {
@@ -36,6 +45,7 @@ impl Default for DeviceConfig {
             counter_width: 24,
             unit_bytes: 64,
             max_rate: 2 << 30,
+            trace_capacity: TRACE_CAPACITY,
         }
     }
 }
@@ -72,6 +82,9 @@ pub enum ConfigError {
     /// Max rate zero or above [`MAX_RATE_LIMIT`].
     #[error("max rate {0} bytes/s: need 1..={MAX_RATE_LIMIT}")]
     MaxRate(u64),
+    /// Trace capacity above [`MAX_TRACE_CAPACITY`].
+    #[error("trace capacity {0} records: need 0..={MAX_TRACE_CAPACITY}")]
+    TraceCapacity(usize),
 }
 
 impl DeviceConfig {
@@ -104,6 +117,9 @@ impl DeviceConfig {
         }
         if self.max_rate == 0 || self.max_rate > MAX_RATE_LIMIT {
             return Err(ConfigError::MaxRate(self.max_rate));
+        }
+        if self.trace_capacity > MAX_TRACE_CAPACITY {
+            return Err(ConfigError::TraceCapacity(self.trace_capacity));
         }
         Ok(())
     }

@@ -74,3 +74,48 @@ pub(super) fn lookup(off: u64, domains: usize, slots: u32, rmids: u32) -> Option
         _ => None,
     }
 }
+
+impl Reg {
+    /// The domain the register belongs to, if any.
+    pub(super) fn domain(self) -> Option<usize> {
+        match self {
+            Reg::Global(_) => None,
+            Reg::AllowedCpus(d) | Reg::Owner(d) | Reg::SlotCtl(d, _) | Reg::SlotCount(d, _) | Reg::Occupancy(d, _) => Some(d),
+        }
+    }
+
+    /// The register's name as `device/README.md` spells it, with its index
+    /// (`SLOT_COUNT[2]`).
+    pub(super) fn name(self) -> String {
+        match self {
+            Reg::Global(off) => global_name(off).to_string(),
+            Reg::AllowedCpus(_) => "DOM_ALLOWED_CPUS".into(),
+            Reg::Owner(_) => "DOM_OWNER".into(),
+            Reg::SlotCtl(_, s) => format!("SLOT_CTL[{s}]"),
+            Reg::SlotCount(_, s) => format!("SLOT_COUNT[{s}]"),
+            Reg::Occupancy(_, r) => format!("OCCUPANCY[{r}]"),
+        }
+    }
+}
+
+/// The name of the global register at `off` (`RESERVED` between them).
+fn global_name(off: u64) -> &'static str {
+    match off {
+        regs::REG_MAGIC => "REG_MAGIC",
+        regs::REG_VERSION => "REG_VERSION",
+        regs::REG_NUM_DOMAINS => "REG_NUM_DOMAINS",
+        regs::REG_NUM_RMIDS => "REG_NUM_RMIDS",
+        regs::REG_NUM_SLOTS => "REG_NUM_SLOTS",
+        regs::REG_COUNTER_WIDTH => "REG_COUNTER_WIDTH",
+        regs::REG_COUNTER_UNIT => "REG_COUNTER_UNIT",
+        regs::REG_MAX_RATE => "REG_MAX_RATE",
+        regs::REG_DOMAIN_BASE => "REG_DOMAIN_BASE",
+        regs::REG_DOMAIN_STRIDE => "REG_DOMAIN_STRIDE",
+        regs::REG_SLOT_BASE => "REG_SLOT_BASE",
+        regs::REG_SLOT_STRIDE => "REG_SLOT_STRIDE",
+        regs::REG_OCCUPANCY_BASE => "REG_OCCUPANCY_BASE",
+        regs::REG_DEVICE_SIZE => "REG_DEVICE_SIZE",
+        regs::REG_EVENTS => "REG_EVENTS",
+        _ => "RESERVED",
+    }
+}

@@ -10,7 +10,8 @@
 //! - [`domain`]: one domain's placement rule, slots, truth and statistics;
 //! - [`traffic`]: injections and steady rates landing over time;
 //! - [`decode`]: offsets and sizes to registers;
-//! - [`trace`]: the access trace and bad-access counts;
+//! - [`trace`]: the trace ring (accesses, owner changes, host actions) and
+//!   bad-access counts; [`print`]: the trace as text lines;
 //! - [`state`]: the snapshot the control socket reports;
 //! - [`events`], [`errors`]: event names on the wire, refused host requests.
 
@@ -19,11 +20,10 @@ mod decode;
 mod domain;
 mod errors;
 mod events;
+mod print;
 mod state;
 mod trace;
 mod traffic;
-
-use std::collections::VecDeque;
 
 use crate::cpus::{format_cpu_list, CpuSet};
 use crate::regs::{self, Event};
@@ -36,7 +36,11 @@ pub use errors::DeviceError;
 use events::CUMULATIVE;
 pub use events::{event_name, parse_event};
 pub use state::{DeviceState, DomainState, OccupancyEntry, RateEntry, SlotState, TruthEntry};
-pub use trace::{AccessKind, BadAccessCounts, BadAccessKind, TraceEntry, TRACE_CAPACITY};
+pub use print::{dropped_line, format_record, trace_file, TraceSnapshot, TRACE_MAGIC};
+pub use trace::{
+    AccessKind, BadAccessCounts, BadAccessKind, TraceEntry, TraceEvent, TraceRecord, TraceRing, MAX_TRACE_CAPACITY,
+    TRACE_CAPACITY,
+};
 
 /// The virtual monitoring device.
 #[derive(Debug, Clone)]
@@ -46,7 +50,7 @@ pub struct Device {
     now_ns: u64,
     domains: Vec<Domain>,
     bad: BadAccessCounts,
-    trace: VecDeque<TraceEntry>,
+    trace: TraceRing,
 }
 
 impl Device {
@@ -60,12 +64,12 @@ impl Device {
             .map(|cpus| Domain::new(CpuSet::from_cpus(cpus).unwrap_or_default(), config.slots as usize, rmids))
             .collect();
         Ok(Device {
+            trace: TraceRing::new(config.trace_capacity),
             size: config.size(),
             config,
             now_ns: 0,
             domains,
             bad: BadAccessCounts::default(),
-            trace: VecDeque::with_capacity(TRACE_CAPACITY),
         })
     }
 
@@ -97,14 +101,12 @@ impl Device {
         }
     }
 
-    fn record(&mut self, entry: TraceEntry) {
-        if let Some(kind) = entry.bad {
+    /// Records `event` at the current time.
+    fn record(&mut self, event: TraceEvent) {
+        if let TraceEvent::Access { bad: Some(kind), .. } = event {
             self.bad.count(kind);
         }
-        if self.trace.len() >= TRACE_CAPACITY {
-            self.trace.pop_front();
-        }
-        self.trace.push_back(entry);
+        self.trace.push(TraceRecord { time_ns: self.now_ns, event });
     }
 
     /// The register at 8-byte aligned offset `off`, if any.
@@ -225,16 +227,7 @@ impl Device {
             Ok(v) => (v, None),
             Err(kind) => (0, Some(kind)),
         };
-        self.record(TraceEntry {
-            time_ns: self.now_ns,
-            vcpu,
-            offset,
-            size,
-            kind: AccessKind::Read,
-            value,
-            bad,
-            violation,
-        });
+        self.record(TraceEvent::Access { vcpu, offset, size, kind: AccessKind::Read, value, bad, violation });
         value
     }
 
@@ -243,19 +236,17 @@ impl Device {
     pub fn write(&mut self, now_ns: u64, vcpu: u32, offset: u64, size: u32, value: u64) {
         self.advance(now_ns);
         let result = self.do_write(offset, size, value);
-        self.record(TraceEntry {
-            time_ns: self.now_ns,
-            vcpu,
-            offset,
-            size,
-            kind: AccessKind::Write,
-            value,
-            bad: result.err(),
-            violation: false,
-        });
+        let bad = result.err();
+        self.record(TraceEvent::Access { vcpu, offset, size, kind: AccessKind::Write, value, bad, violation: false });
+        if let Ok(Some((domain, from, to))) = result {
+            if from != to {
+                self.record(TraceEvent::Owner { domain, from, to, vcpu });
+            }
+        }
     }
 
-    fn do_write(&mut self, offset: u64, size: u32, value: u64) -> Result<(), BadAccessKind> {
+    /// Carries out a write; an `OWNER` write returns (domain, old, new).
+    fn do_write(&mut self, offset: u64, size: u32, value: u64) -> Result<Option<(u32, u64, u64)>, BadAccessKind> {
         let (off, part) = decode::split(offset, size)?;
         let reg = self.lookup(off).ok_or(BadAccessKind::UnknownOffset)?;
         if let Reg::Global(g) = reg {
@@ -282,13 +273,14 @@ impl Device {
                 if value != regs::NO_OWNER && value >= regs::MAX_CPUS {
                     return Err(BadAccessKind::BadValue);
                 }
-                dom.owner = value;
+                let from = std::mem::replace(&mut dom.owner, value);
+                return Ok(Some((d as u32, from, value)));
             }
             Some(s) => {
                 let slot = dom.slots.get_mut(s).ok_or(BadAccessKind::UnknownOffset)?;
                 if value == 0 {
                     *slot = Slot::default();
-                    return Ok(());
+                    return Ok(None);
                 }
                 if value & regs::SLOT_CTL_ASSIGNED == 0 || value & regs::SLOT_CTL_RESERVED != 0 {
                     return Err(BadAccessKind::BadValue);
@@ -311,7 +303,7 @@ impl Device {
                 };
             }
         }
-        Ok(())
+        Ok(None)
     }
 
     fn check(&self, domain: u32, rmid: u32) -> Result<usize, DeviceError> {
@@ -357,6 +349,7 @@ impl Device {
                 return Err(DeviceError::QueueFull { domain, max: MAX_QUEUED });
             }
         }
+        self.record(TraceEvent::Inject { domain, rmid, event, bytes });
         Ok(())
     }
 
@@ -384,6 +377,7 @@ impl Device {
         if let Some(dom) = self.domains.get_mut(d) {
             dom.traffic.set_rate(rmid, event, bytes_per_sec);
         }
+        self.record(TraceEvent::Rate { domain, rmid, event, bytes_per_sec });
         Ok(())
     }
 
@@ -397,6 +391,7 @@ impl Device {
         {
             *o = bytes;
         }
+        self.record(TraceEvent::Occupancy { domain, rmid, bytes });
         Ok(())
     }
 
@@ -409,7 +404,8 @@ impl Device {
     }
 
     /// Clears violations, read counts, bad-access counts and the trace (not
-    /// the truth, not the counters).
+    /// the truth, not the counters). The trace then starts with a `reset`
+    /// record.
     pub fn reset_stats(&mut self) {
         for d in &mut self.domains {
             d.violations = 0;
@@ -418,12 +414,39 @@ impl Device {
         }
         self.bad = BadAccessCounts::default();
         self.trace.clear();
+        self.record(TraceEvent::Reset);
     }
 
-    /// The recorded register accesses, oldest first (at most
-    /// [`TRACE_CAPACITY`]).
+    /// The register accesses the trace still holds, oldest first (the
+    /// `trace` request's answer; [`Device::trace_since`] has every record).
     pub fn trace(&self) -> Vec<TraceEntry> {
-        self.trace.iter().cloned().collect()
+        self.trace
+            .iter()
+            .filter_map(|(_, r)| match r.event {
+                TraceEvent::Access { vcpu, offset, size, kind, value, bad, violation } => {
+                    Some(TraceEntry { time_ns: r.time_ns, vcpu, offset, size, kind, value, bad, violation })
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Trace records lost to overflow since the last reset.
+    pub fn trace_dropped(&self) -> u64 {
+        self.trace.dropped()
+    }
+
+    /// A copy of the trace records numbered `since` and later (all kept
+    /// ones for 0), to print outside the device's lock.
+    pub fn trace_since(&self, since: u64) -> TraceSnapshot {
+        TraceSnapshot {
+            config: self.config.clone(),
+            capacity: self.trace.capacity(),
+            first_seq: self.trace.first_seq(),
+            next_seq: self.trace.next_seq(),
+            dropped: self.trace.dropped(),
+            records: self.trace.iter().filter(|(seq, _)| *seq >= since).map(|(seq, r)| (seq, *r)).collect(),
+        }
     }
 
     /// A snapshot of the device at `now_ns`.
@@ -510,6 +533,7 @@ impl Device {
             domains,
             bad_accesses: self.bad.clone(),
             trace_len: self.trace.len(),
+            trace_dropped: self.trace.dropped(),
         }
     }
 }

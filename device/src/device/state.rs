@@ -106,8 +106,11 @@ pub struct DeviceState {
     pub pending_bytes: u64,
     /// Bad guest accesses.
     pub bad_accesses: BadAccessCounts,
-    /// Entries in the trace.
+    /// Records in the trace (accesses, owner changes, host actions).
     pub trace_len: usize,
+    /// Records the trace lost to overflow since the last reset.
+    #[serde(default)]
+    pub trace_dropped: u64,
 }
 
 impl DeviceState {

@@ -501,9 +501,13 @@ fn trace_is_bounded_and_reset_stats_keeps_counts() {
     let s = d.state(2 * SEC);
     assert_eq!(s.trace_len, TRACE_CAPACITY);
     assert_eq!(s.domains[0].violations, TRACE_CAPACITY as u64 + 10);
+    // The set-up, the injection and the first reads fell out of the ring.
+    assert_eq!(s.trace_dropped, d.trace_since(0).next_seq - TRACE_CAPACITY as u64);
+    assert!(s.trace_dropped > 11);
     d.reset_stats();
     let s = d.state(2 * SEC);
-    assert_eq!(s.trace_len, 0);
+    // Only the reset itself is left, and no access.
+    assert_eq!((s.trace_len, s.trace_dropped), (1, 0));
     assert!(d.trace().is_empty());
     assert_eq!(s.domains[0].violations, 0);
     assert!(s.domains[0].violations_by_vcpu.is_empty());
@@ -626,6 +630,7 @@ fn config_validation() {
         counter_width: 61,
         unit_bytes: 1,
         max_rate: MAX_RATE_LIMIT,
+        trace_capacity: TRACE_CAPACITY,
     };
     let mut d = Device::new(big).unwrap();
     assert_eq!(d.size(), 17 * 4096);
@@ -656,4 +661,61 @@ fn state_serializes_with_wire_event_names() {
         Event::MbmLocalBytes
     );
     assert!(serde_json::from_str::<Event>("\"mbm\"").is_err());
+}
+
+#[test]
+fn the_trace_records_owner_changes_host_actions_and_decodes_names_when_printed() {
+    let mut d = Device::new(DeviceConfig::default()).unwrap();
+    d.write(10, 0, domain_reg(1, DOM_OWNER), 8, 3);
+    d.write(11, 0, domain_reg(1, DOM_OWNER), 8, 3); // unchanged: no owner record
+    d.write(12, 3, slot_ctl(1, 2), 8, slot_ctl_value(Event::MbmLocalBytes, 5));
+    d.inject(20, 1, 5, Event::MbmLocalBytes, 4096).unwrap();
+    d.set_rate(21, 0, 1, Event::MbmTotalBytes, 1000).unwrap();
+    d.set_occupancy(1, 2, 640).unwrap();
+    assert!(d.inject(22, 9, 0, Event::MbmTotalBytes, 1).is_err()); // refused: not an action
+    d.read(30, 2, slot_count(1, 2), 8);
+    d.read(31, 1, 0x78, 8);
+    let snap = d.trace_since(0);
+    assert_eq!((snap.first_seq, snap.next_seq, snap.dropped), (0, 9, 0));
+    let lines = snap.lines();
+    let words: Vec<Vec<&str>> = lines.iter().map(|l| l.split_whitespace().collect()).collect();
+    assert_eq!(words[0], ["10", "0", "write", "cpu=0", "dom=1", "reg=DOM_OWNER", "off=0x2008", "size=8", "value=0x3"]);
+    assert_eq!(words[1], ["10", "1", "owner", "dom=1", "from=none", "to=3", "cpu=0"]);
+    assert_eq!(words[2][2], "write");
+    assert_eq!(words[3][5], "reg=SLOT_CTL[2]");
+    assert_eq!(words[4], ["20", "4", "inject", "dom=1", "rmid=5", "event=mbm_local_bytes", "bytes=4096"]);
+    assert_eq!(words[5], ["21", "5", "rate", "dom=0", "rmid=1", "event=mbm_total_bytes", "bytes_per_sec=1000"]);
+    assert_eq!(words[6], ["21", "6", "occupancy", "dom=1", "rmid=2", "bytes=640"]);
+    assert_eq!(words[7][..6], ["30", "7", "read", "cpu=2", "dom=1", "reg=SLOT_COUNT[2]"]);
+    assert_eq!(words[7].last(), Some(&"violation"));
+    assert_eq!(words[8][3..6], ["cpu=1", "dom=-", "reg=UNKNOWN"]);
+    assert_eq!(words[8].last(), Some(&"bad=unknown_offset"));
+    assert!(snap.header().starts_with(TRACE_MAGIC) && snap.header().contains(" domains=0-1:2-3 "));
+    // Asking from a record number on gives only the newer ones.
+    assert_eq!(d.trace_since(7).records.len(), 2);
+}
+
+#[test]
+fn a_small_trace_ring_keeps_the_newest_records_and_counts_the_rest() {
+    let mut d = Device::new(DeviceConfig { trace_capacity: 3, ..DeviceConfig::default() }).unwrap();
+    for t in 0..10 {
+        d.read(t, 0, REG_MAGIC, 8);
+    }
+    let snap = d.trace_since(0);
+    assert_eq!((snap.first_seq, snap.next_seq, snap.dropped, snap.records.len()), (7, 10, 7, 3));
+    let times: Vec<u64> = snap.records.iter().map(|(_, r)| r.time_ns).collect();
+    assert_eq!(times, [7, 8, 9]);
+    let file = trace_file(&snap.header(), snap.dropped, &snap.lines());
+    assert_eq!(file.lines().nth(1).map(|l| l.split_whitespace().collect::<Vec<_>>()), Some(vec!["7", "-", "dropped", "count=7"]));
+    // Capacity 0 records nothing and counts everything as dropped.
+    let mut off = Device::new(DeviceConfig { trace_capacity: 0, ..DeviceConfig::default() }).unwrap();
+    off.read(0, 0, REG_MAGIC, 8);
+    assert_eq!((off.trace_since(0).records.len(), off.trace_dropped()), (0, 1));
+    assert!(Device::new(DeviceConfig { trace_capacity: MAX_TRACE_CAPACITY + 1, ..DeviceConfig::default() }).is_err());
+}
+
+#[test]
+fn a_trace_record_stays_small() {
+    // Recording is a store of one of these into the ring: keep it a few words.
+    assert!(std::mem::size_of::<TraceRecord>() <= 48, "{} bytes", std::mem::size_of::<TraceRecord>());
 }

@@ -272,6 +272,14 @@ pub enum HostRequest {
     Hotplug { rounds: u32 },
     /// Run a program of the initramfs (e.g. the real `perf`) and wait for it.
     Run { argv: Vec<String> },
+    /// The guest events recorded since the last `events` request
+    /// (answered with [`AgentMessage::Events`]).
+    Events,
+    /// Reads `REG_MAGIC` of the device at `base` from `cpu`, between two
+    /// readings of the guest's clock (answered with
+    /// [`AgentMessage::ClockSync`]): the device records that read with its
+    /// own time, which puts both clocks on one axis.
+    ClockSync { base: u64, size: u64, cpu: u32 },
     /// Carry out `ops` in order, one after the other; after each, read the
     /// `cpumask` of every PMU of `watch_pmus` and every event of
     /// `read_handles`. Answered with [`AgentMessage::HotplugBatch`]; an op
@@ -288,6 +296,30 @@ pub enum HostRequest {
     StopJob { job: u32, signal: i32, timeout_ms: u64 },
     /// Sync and power the guest off. The agent answers before it does.
     PowerOff,
+}
+
+/// Something the guest did that a trace shows, stamped with the guest's
+/// `CLOCK_MONOTONIC` in ns.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GuestEvent {
+    pub time_ns: u64,
+    #[serde(flatten)]
+    pub kind: GuestEventKind,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum GuestEventKind {
+    /// A CPU went offline (the write to its `online` file returned at
+    /// `time_ns`, after `took_ns`); `ok` false if the kernel refused.
+    CpuOffline { cpu: u32, took_ns: u64, ok: bool },
+    /// A CPU came online.
+    CpuOnline { cpu: u32, took_ns: u64, ok: bool },
+    /// perf_event_open: `result` is the handle or the errno's name.
+    PerfOpen { pmu_type: u32, config: u64, cpu: i32, result: String },
+    PerfClose { handle: u32 },
+    /// A PMU's `cpumask` file was read.
+    Cpumask { pmu: String, cpus: String },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -317,6 +349,9 @@ pub enum AgentMessage {
     PoweringOff,
     /// A request the agent could not parse or carry out.
     Error { error: String },
+    Events { events: Vec<GuestEvent> },
+    /// The guest's clock just before and just after the device read.
+    ClockSync { before_ns: u64, after_ns: u64 },
 }
 
 /// Longest agent message line the host accepts: a guest that floods the
@@ -347,6 +382,12 @@ mod tests {
         let msg = AgentMessage::Error { error: "no\nnewline".into() };
         let line = serde_json::to_string(&msg).unwrap();
         assert!(!line.contains('\n'));
+        assert_eq!(serde_json::from_str::<AgentMessage>(&line).unwrap(), msg);
+        let msg = AgentMessage::Events {
+            events: vec![GuestEvent { time_ns: 5, kind: GuestEventKind::CpuOffline { cpu: 2, took_ns: 9, ok: true } }],
+        };
+        let line = serde_json::to_string(&msg).unwrap();
+        assert_eq!(line, r#"{"message":"events","events":[{"time_ns":5,"event":"cpu_offline","cpu":2,"took_ns":9,"ok":true}]}"#);
         assert_eq!(serde_json::from_str::<AgentMessage>(&line).unwrap(), msg);
     }
 

@@ -15,12 +15,15 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use perfbed_agent::{
-    format_cpu_list, parse_cpu_list, AgentMessage, Hello, HostRequest, HotplugRound,
+    format_cpu_list, parse_cpu_list, AgentMessage, GuestEventKind, Hello, HostRequest, HotplugRound,
     CHANNEL_DEVICE,
 };
 
+use journal::Journal;
+
 mod batch;
 mod jobs;
+mod journal;
 mod mmio;
 mod perf;
 mod timing;
@@ -50,6 +53,7 @@ fn run() -> Result<(), String> {
     send(&mut writer, &AgentMessage::Hello(hello))?;
 
     let mut events = perf::Events::default();
+    let mut journal = journal::Journal::default();
     let mut jobs = jobs::Jobs::default();
     for line in BufReader::new(channel).lines() {
         let line = line.map_err(|e| format!("read {CHANNEL_DEVICE}: {e}"))?;
@@ -61,7 +65,7 @@ fn run() -> Result<(), String> {
                 send(&mut writer, &AgentMessage::PoweringOff)?;
                 return Ok(());
             }
-            Ok(request) => handle(request, &mut events, &mut jobs, &cmdline),
+            Ok(request) => handle(request, &mut events, &mut jobs, &mut journal, &cmdline),
             Err(e) => AgentMessage::Error { error: format!("bad request {line:?}: {e}") },
         };
         send(&mut writer, &reply)?;
@@ -70,15 +74,27 @@ fn run() -> Result<(), String> {
 }
 
 /// Carries out one request; every outcome, failures included, is an answer.
-fn handle(request: HostRequest, events: &mut perf::Events, jobs: &mut jobs::Jobs, cmdline: &str) -> AgentMessage {
+fn handle(
+    request: HostRequest,
+    events: &mut perf::Events,
+    jobs: &mut jobs::Jobs,
+    journal: &mut Journal,
+    cmdline: &str,
+) -> AgentMessage {
     let errno = |e: perf::SysError| AgentMessage::Errno { errno: e.errno, name: perf::errno_name(e.errno), call: e.call.into() };
     let done = |r: Result<(), String>| r.map_or_else(|error| AgentMessage::Error { error }, |()| AgentMessage::Done);
     match request {
         HostRequest::ReadFile { path } => match fs::read_to_string(&path) {
-            Ok(text) => AgentMessage::Text { text },
+            Ok(text) => {
+                if let Some(pmu) = path.strip_prefix("/sys/bus/event_source/devices/").and_then(|p| p.strip_suffix("/cpumask")) {
+                    let cpus = text.trim().to_string();
+                    journal.record(journal::now_ns(), GuestEventKind::Cpumask { pmu: pmu.into(), cpus });
+                }
+                AgentMessage::Text { text }
+            }
             Err(e) => AgentMessage::Error { error: format!("read {path}: {e}") },
         },
-        HostRequest::SetCpuOnline { cpu, online } => done(set_cpu_online(cpu, online)),
+        HostRequest::SetCpuOnline { cpu, online } => done(set_cpu_online_recorded(cpu, online, journal)),
         HostRequest::LoadModule { name } => {
             done(load_module(&Path::new(MODULE_DIR).join(format!("{name}.ko")), cmdline))
         }
@@ -87,10 +103,18 @@ fn handle(request: HostRequest, events: &mut perf::Events, jobs: &mut jobs::Jobs
             done(finit_module(&path, &params).map_err(|e| format!("{}: {e}", path.display())))
         }
         HostRequest::UnloadModule { name } => done(unload_module(&name)),
-        HostRequest::PerfOpen { attr, pid, cpu, group } => match events.open(&attr, pid, cpu, group) {
-            Ok(handle) => AgentMessage::PerfOpened { handle },
-            Err(e) => errno(e),
-        },
+        HostRequest::PerfOpen { attr, pid, cpu, group } => {
+            let opened = events.open(&attr, pid, cpu, group);
+            let result = match &opened {
+                Ok(handle) => handle.to_string(),
+                Err(e) => perf::errno_name(e.errno),
+            };
+            journal.record(journal::now_ns(), GuestEventKind::PerfOpen { pmu_type: attr.type_, config: attr.config, cpu, result });
+            match opened {
+                Ok(handle) => AgentMessage::PerfOpened { handle },
+                Err(e) => errno(e),
+            }
+        }
         HostRequest::PerfOpenFlags { attr, pid, cpu, group, flags } => match events.open_flags(&attr, pid, cpu, group, flags) {
             Ok(handle) => AgentMessage::PerfOpened { handle },
             Err(e) => errno(e),
@@ -103,7 +127,10 @@ fn handle(request: HostRequest, events: &mut perf::Events, jobs: &mut jobs::Jobs
             Ok(values) => AgentMessage::PerfValues { values },
             Err(e) => errno(e),
         },
-        HostRequest::PerfClose { handle } => events.close(handle).map_or_else(errno, |()| AgentMessage::Done),
+        HostRequest::PerfClose { handle } => {
+            journal.record(journal::now_ns(), GuestEventKind::PerfClose { handle });
+            events.close(handle).map_or_else(errno, |()| AgentMessage::Done)
+        }
         HostRequest::PerfOpenRace { attr, cpu, hotplug_ops, toggle_cpus, keep } => match perf::open_race(&attr, cpu, hotplug_ops, &toggle_cpus, keep) {
             Ok(result) => AgentMessage::Race(result),
             Err(error) => AgentMessage::Error { error },
@@ -112,7 +139,7 @@ fn handle(request: HostRequest, events: &mut perf::Events, jobs: &mut jobs::Jobs
             Ok(message) => message,
             Err(error) => AgentMessage::Error { error },
         },
-        HostRequest::Hotplug { rounds } => match hotplug(rounds) {
+        HostRequest::Hotplug { rounds } => match hotplug(rounds, journal) {
             Ok(rounds) => AgentMessage::Hotplug { rounds },
             Err(error) => AgentMessage::Error { error },
         },
@@ -130,6 +157,11 @@ fn handle(request: HostRequest, events: &mut perf::Events, jobs: &mut jobs::Jobs
                 Err(e) => AgentMessage::Error { error: format!("running {program}: {e}") },
             },
             None => AgentMessage::Error { error: "run: empty argv".into() },
+        },
+        HostRequest::Events => AgentMessage::Events { events: journal.take() },
+        HostRequest::ClockSync { base, size, cpu } => match mmio::clock_sync(base, size, cpu, journal::now_ns) {
+            Ok((before_ns, after_ns)) => AgentMessage::ClockSync { before_ns, after_ns },
+            Err(error) => AgentMessage::Error { error },
         },
         HostRequest::HotplugBatch { ops, watch_pmus, read_handles } => {
             AgentMessage::HotplugBatch(batch::run(&ops, &watch_pmus, &read_handles, events))
@@ -157,6 +189,17 @@ pub fn set_cpu_online(cpu: u32, online: bool) -> Result<(), String> {
     let path = format!("{CPU_SYSFS}/cpu{cpu}/online");
     fs::write(&path, if online { "1" } else { "0" })
         .map_err(|e| format!("taking CPU {cpu} {}: {e}", if online { "online" } else { "offline" }))
+}
+
+/// [`set_cpu_online`], recorded in the journal.
+fn set_cpu_online_recorded(cpu: u32, online: bool, journal: &mut Journal) -> Result<(), String> {
+    let start = journal::now_ns();
+    let result = set_cpu_online(cpu, online);
+    let end = journal::now_ns();
+    let (took_ns, ok) = (end.saturating_sub(start), result.is_ok());
+    let kind = if online { GuestEventKind::CpuOnline { cpu, took_ns, ok } } else { GuestEventKind::CpuOffline { cpu, took_ns, ok } };
+    journal.record(end, kind);
+    result
 }
 
 fn unload_module(name: &str) -> Result<(), String> {
@@ -260,7 +303,7 @@ fn set_raw(file: &fs::File) -> Result<(), String> {
 
 /// Takes every hotpluggable CPU offline one by one, then online again, for
 /// `rounds` rounds, checking the kernel's online mask after every step.
-fn hotplug(rounds: u32) -> Result<Vec<HotplugRound>, String> {
+fn hotplug(rounds: u32, journal: &mut Journal) -> Result<Vec<HotplugRound>, String> {
     let online = parse_cpu_list(&read_trimmed(&format!("{CPU_SYSFS}/online"))?).map_err(|e| e.to_string())?;
     // CPU 0 has no `online` file on x86 unless BOOTPARAM_HOTPLUG_CPU0.
     let movable: Vec<u32> = online
@@ -275,14 +318,14 @@ fn hotplug(rounds: u32) -> Result<Vec<HotplugRound>, String> {
         let start = Instant::now();
         for &cpu in &movable {
             expected.retain(|&c| c != cpu);
-            hotplug_step(cpu, false, &expected, &mut problems);
+            hotplug_step(cpu, false, &expected, &mut problems, journal);
         }
         let offline_us = start.elapsed().as_micros() as u64;
         let start = Instant::now();
         for &cpu in &movable {
             expected.push(cpu);
             expected.sort_unstable();
-            hotplug_step(cpu, true, &expected, &mut problems);
+            hotplug_step(cpu, true, &expected, &mut problems, journal);
         }
         let online_us = start.elapsed().as_micros() as u64;
         results.push(HotplugRound { round, offline_us, online_us, problems });
@@ -291,9 +334,9 @@ fn hotplug(rounds: u32) -> Result<Vec<HotplugRound>, String> {
 }
 
 /// One hotplug step, then the kernel's online mask checked against `expected`.
-fn hotplug_step(cpu: u32, online: bool, expected: &[u32], problems: &mut Vec<String>) {
+fn hotplug_step(cpu: u32, online: bool, expected: &[u32], problems: &mut Vec<String>, journal: &mut Journal) {
     let verb = if online { "online" } else { "offline" };
-    if let Err(e) = set_cpu_online(cpu, online) {
+    if let Err(e) = set_cpu_online_recorded(cpu, online, journal) {
         problems.push(e);
     }
     let want = format_cpu_list(expected);

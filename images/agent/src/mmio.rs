@@ -71,6 +71,22 @@ pub fn run(base: u64, size: u64, accesses: &[MmioAccess]) -> Result<Vec<u64>, St
     result
 }
 
+/// Reads `REG_MAGIC` (offset 0) from `cpu` between two readings of `clock`:
+/// (before, after).
+pub fn clock_sync(base: u64, size: u64, cpu: u32, clock: fn() -> u64) -> Result<(u64, u64), String> {
+    let mapping = Mapping::new(base, size)?;
+    let saved = affinity()?;
+    // Pinned first, so that only the read itself lies between the stamps.
+    let pin = MmioAccess { cpu, offset: 0, write: None };
+    access(&mapping, &pin)?;
+    let before = clock();
+    // SAFETY: offset 0 is inside the mapping and 8-byte aligned.
+    let _magic = unsafe { std::ptr::read_volatile(mapping.register(0)?) };
+    let after = clock();
+    set_affinity(&saved)?;
+    Ok((before, after))
+}
+
 fn access(mapping: &Mapping, a: &MmioAccess) -> Result<u64, String> {
     let register = mapping.register(a.offset)?;
     pin_to(a.cpu)?;

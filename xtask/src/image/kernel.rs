@@ -21,12 +21,14 @@ const RUSTDOC: &str = "/usr/bin/rustdoc";
 /// The fragment every variant starts from.
 const BASE_FRAGMENT: &str = "config.fragment";
 
-/// Which guest kernel: the normal one, or the debug one (lockdep, RCU and
-/// atomic-sleep checking, list debugging) that the kernel-patch tests use.
+/// Which guest kernel: the normal one, the debug one (lockdep, RCU and
+/// atomic-sleep checking, list debugging) that the kernel-patch tests use,
+/// or the one with DWARF debug information for gdb.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Variant {
     Normal,
     Debug,
+    Gdb,
 }
 
 impl Variant {
@@ -34,6 +36,7 @@ impl Variant {
         match self {
             Variant::Normal => "normal",
             Variant::Debug => "debug",
+            Variant::Gdb => "gdb",
         }
     }
 
@@ -42,6 +45,7 @@ impl Variant {
         match self {
             Variant::Normal => None,
             Variant::Debug => Some("debug.fragment"),
+            Variant::Gdb => Some("gdb.fragment"),
         }
     }
 

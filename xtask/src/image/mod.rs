@@ -21,6 +21,8 @@ pub struct Images {
     /// `uname -r` the guest should report.
     pub kernel_release: String,
     pub qemu: qemu::Qemu,
+    /// perfbed.ko as built (with its symbols), for gdb.
+    pub driver: PathBuf,
 }
 
 pub use kernel::Variant;
@@ -48,24 +50,26 @@ pub fn ensure_for(workspace: &Path, variant: Variant, purpose: Purpose) -> Resul
         let qemu = s.spawn(|| qemu::ensure(workspace));
         let guest = guest_images(workspace, variant, purpose);
         let qemu = qemu.join().map_err(|_| anyhow::anyhow!("the QEMU build thread panicked"))?;
-        let (kernel, initramfs) = guest?;
-        Ok(Images { vmlinux: kernel.vmlinux, initramfs, kernel_release: kernel.release, qemu: qemu? })
+        let (kernel, initramfs, driver) = guest?;
+        Ok(Images { vmlinux: kernel.vmlinux, initramfs, kernel_release: kernel.release, qemu: qemu?, driver })
     })
 }
 
-/// The kernel and the initramfs with the agent and the modules.
-fn guest_images(workspace: &Path, variant: Variant, purpose: Purpose) -> Result<(kernel::Kernel, PathBuf)> {
+/// The kernel, and the initramfs with the agent and the modules, and
+/// perfbed.ko (for gdb's symbols).
+fn guest_images(workspace: &Path, variant: Variant, purpose: Purpose) -> Result<(kernel::Kernel, PathBuf, PathBuf)> {
     // A kernel build installs bindgen while it unpacks the source; modules
     // built against a cached kernel need it too.
     let kernel = kernel::ensure(workspace, variant)?;
     crate::deps::ensure_bindgen()?;
     // Loaded by the scenario once the device has been checked on its own.
-    let mut modules = vec![module::ensure(workspace, &kernel, "guest-driver", "perfbed", &["device/src/regs.rs"])?];
+    let driver = module::ensure(workspace, &kernel, "guest-driver", "perfbed", &["device/src/regs.rs"])?;
+    let mut modules = vec![driver.clone()];
     if purpose == Purpose::Test {
         // Loaded only by the device-scope test (images/kernel/scope-test).
         modules.push(module::ensure(workspace, &kernel, "images/kernel/scope-test", "perfbed_scope_test", &[])?);
     }
     let agent = agent::build(workspace)?;
     let initramfs = initramfs::ensure(&agent, &modules)?;
-    Ok((kernel, initramfs))
+    Ok((kernel, initramfs, driver))
 }

@@ -127,6 +127,8 @@ pub fn run(ws: &Path, args: &StressArgs) -> Result<bool> {
             host: vm::Host::Qemu,
             run_dir: vm::new_run_dir(ws, "stress"),
             boot_timeout: Duration::from_secs(args.timeout),
+            gdb: None,
+            verbose: false,
         },
         cycles: args.cycles,
         seed,

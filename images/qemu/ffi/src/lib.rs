@@ -19,14 +19,25 @@ pub struct PerfbedDevice {
     _control: Option<ControlServer>,
 }
 
-/// Builds a device config from the shim's properties; 0 means "the default".
-pub fn config_from_properties(
-    domains: &str,
-    rmids: u32,
-    slots: u32,
-    width: u32,
-    max_rate: u64,
-) -> Result<DeviceConfig, String> {
+/// The `trace_capacity` that means "the device's default"
+/// (`PERFBED_TRACE_DEFAULT` in perfbed.h).
+pub const TRACE_DEFAULT: u32 = u32::MAX;
+
+/// The shim's properties; 0 means "the default" for all but
+/// `trace_capacity`, where 0 means no trace and [`TRACE_DEFAULT`] the
+/// default.
+pub struct Properties<'a> {
+    pub domains: &'a str,
+    pub rmids: u32,
+    pub slots: u32,
+    pub width: u32,
+    pub max_rate: u64,
+    pub trace_capacity: u32,
+}
+
+/// Builds a device config from the shim's properties.
+pub fn config_from_properties(p: &Properties<'_>) -> Result<DeviceConfig, String> {
+    let Properties { domains, rmids, slots, width, max_rate, trace_capacity } = *p;
     let mut config = DeviceConfig::default();
     if !domains.is_empty() {
         config.domains = parse_domain_list(domains).map_err(|e| format!("domains={domains:?}: {e}"))?;
@@ -43,18 +54,14 @@ pub fn config_from_properties(
     if max_rate != 0 {
         config.max_rate = max_rate;
     }
+    if trace_capacity != TRACE_DEFAULT {
+        config.trace_capacity = trace_capacity as usize;
+    }
     Ok(config)
 }
 
-fn new_device(
-    domains: &str,
-    rmids: u32,
-    slots: u32,
-    width: u32,
-    max_rate: u64,
-    control: Option<&Path>,
-) -> Result<PerfbedDevice, String> {
-    let config = config_from_properties(domains, rmids, slots, width, max_rate)?;
+fn new_device(properties: &Properties<'_>, control: Option<&Path>) -> Result<PerfbedDevice, String> {
+    let config = config_from_properties(properties)?;
     let device = SharedDevice::new(config).map_err(|e| e.to_string())?;
     let control = match control {
         Some(path) => Some(
@@ -78,12 +85,16 @@ pub unsafe extern "C" fn perfbed_device_new(
     width: u32,
     max_rate: u64,
     control: *const c_char,
+    trace_capacity: u32,
     error: *mut *mut c_char,
 ) -> *mut PerfbedDevice {
     // SAFETY: the caller passes NULL or a valid C string for both.
     let (domains, control) = unsafe { (optional_str(domains), optional_str(control)) };
     let result = match (domains, control) {
-        (Ok(d), Ok(c)) => new_device(d.unwrap_or(""), rmids, slots, width, max_rate, c.map(Path::new)),
+        (Ok(d), Ok(c)) => {
+            let properties = Properties { domains: d.unwrap_or(""), rmids, slots, width, max_rate, trace_capacity };
+            new_device(&properties, c.map(Path::new))
+        }
         _ => Err("a property is not valid UTF-8".to_string()),
     };
     match result {
@@ -159,12 +170,22 @@ mod tests {
 
     #[test]
     fn properties_become_a_config() {
-        let c = config_from_properties("0-1:2-3", 0, 0, 0, 0).unwrap();
+        let props = |domains, rmids, slots, width, max_rate, trace_capacity| Properties {
+            domains,
+            rmids,
+            slots,
+            width,
+            max_rate,
+            trace_capacity,
+        };
+        let c = config_from_properties(&props("0-1:2-3", 0, 0, 0, 0, TRACE_DEFAULT)).unwrap();
         assert_eq!(c.domains, vec![vec![0, 1], vec![2, 3]]);
         assert_eq!(c.rmids, DeviceConfig::default().rmids);
-        let c = config_from_properties("0,2", 16, 2, 32, 1 << 20).unwrap();
+        assert_eq!(c.trace_capacity, perfbed_device::TRACE_CAPACITY);
+        let c = config_from_properties(&props("0,2", 16, 2, 32, 1 << 20, 0)).unwrap();
         assert_eq!((c.domains.len(), c.rmids, c.slots, c.counter_width, c.max_rate), (1, 16, 2, 32, 1 << 20));
-        assert!(config_from_properties("0-x", 0, 0, 0, 0).is_err());
+        assert_eq!(c.trace_capacity, 0);
+        assert!(config_from_properties(&props("0-x", 0, 0, 0, 0, TRACE_DEFAULT)).is_err());
     }
 
     #[test]
@@ -172,7 +193,7 @@ mod tests {
         let domains = CString::new("0-1:2-3").unwrap();
         let mut error = ptr::null_mut();
         // SAFETY: valid strings and a valid error pointer.
-        let dev = unsafe { perfbed_device_new(domains.as_ptr(), 0, 0, 0, 0, ptr::null(), &mut error) };
+        let dev = unsafe { perfbed_device_new(domains.as_ptr(), 0, 0, 0, 0, ptr::null(), TRACE_DEFAULT, &mut error) };
         assert!(!dev.is_null() && error.is_null());
         // SAFETY: dev is live until freed below.
         unsafe {
@@ -182,7 +203,7 @@ mod tests {
         }
         let bad = CString::new("9-1").unwrap();
         // SAFETY: as above.
-        let dev = unsafe { perfbed_device_new(bad.as_ptr(), 0, 0, 0, 0, ptr::null(), &mut error) };
+        let dev = unsafe { perfbed_device_new(bad.as_ptr(), 0, 0, 0, 0, ptr::null(), 1 << 20, &mut error) };
         assert!(dev.is_null() && !error.is_null());
         // SAFETY: error came from this library.
         let message = unsafe { CStr::from_ptr(error) }.to_string_lossy().into_owned();
