@@ -460,6 +460,10 @@ fn stress(vm: &mut Vm, config: &StressConfig, steps: &[Step]) -> Result<StressRe
     let traffic = injector.stop()?;
     control.wait_landed(config.timeout.as_millis() as u64)?;
 
+    // The open-close loop stops first: every open reschedules the context,
+    // and the add that follows would fold the counters and hide a del that
+    // does not.
+    let loop_result = stop_job(&mut g, loop_job, 0)?;
     // A last burst for every watched counter, landed while nothing reads:
     // only the fold in pmu::del() below brings it into the counts.
     for w in &watched {
@@ -487,7 +491,6 @@ fn stress(vm: &mut Vm, config: &StressConfig, steps: &[Step]) -> Result<StressRe
         other => bail!("the final reads: {other:?}"),
     };
     let after = control.state()?;
-    let loop_result = stop_job(&mut g, loop_job, 0)?;
     let stat_result = stop_job(&mut g, stat_job, SIGINT)?;
 
     // The events were open before the schedule started and are read after it
