@@ -18,6 +18,7 @@ struct Properties<'a> {
     slots: u32,
     width: u32,
     max_rate: u64,
+    trace_capacity: u32,
 }
 
 pub fn run(bytes: &[u8]) {
@@ -34,7 +35,16 @@ pub fn run(bytes: &[u8]) {
     }
     let mut u = Unstructured::new(bytes);
     if let Ok(p) = Properties::arbitrary(&mut u) {
-        if let Ok(config) = perfbed_qemu::config_from_properties(p.domains, p.rmids, p.slots, p.width, p.max_rate) {
+        let props = perfbed_qemu::Properties {
+            domains: p.domains,
+            rmids: p.rmids,
+            slots: p.slots,
+            width: p.width,
+            max_rate: p.max_rate,
+            // Bounded: the trace ring is allocated up front.
+            trace_capacity: p.trace_capacity % 65536,
+        };
+        if let Ok(config) = perfbed_qemu::config_from_properties(&props) {
             check_config(&config);
         }
     }

@@ -105,6 +105,7 @@ impl Shape {
             // Up to ~4 GB/s: a step of at most ~4 s lands ~2^34 bytes, so no
             // truth wraps within any input libFuzzer builds.
             max_rate: u64::from(self.max_rate),
+            trace_capacity: perfbed_device::TRACE_CAPACITY,
         }
     }
 }
