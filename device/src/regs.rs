@@ -157,6 +157,14 @@ pub const COUNTER_UNAVAILABLE: u64 = 1 << 62;
 /// wrapped once more.
 pub const COUNTER_OVERFLOW: u64 = 1 << 61;
 
+/// `bytes` as a counter of `unit`-byte units can show them: rounded down to
+/// a whole unit. The rest of the last unit is traffic no counter shows, so
+/// this is what an exact count of `bytes` of traffic reads.
+pub const fn whole_units(bytes: u64, unit: u64) -> u64 {
+    let unit = if unit == 0 { 1 } else { unit };
+    bytes / unit * unit
+}
+
 /// Mask of the counter field for a counter `width` in bits (`width` is
 /// clamped to `0..=MAX_COUNTER_WIDTH`).
 pub const fn counter_mask(width: u64) -> u64 {

@@ -69,8 +69,7 @@ pub fn check(g: &mut Guest, control: &mut ControlClient, control_socket: &std::p
     let truth = after.truth(key.domain, rmid, key.event).wrapping_sub(before.truth(key.domain, rmid, key.event));
     // The slot counts whole units from its assignment, before the traffic:
     // the rest of the last unit is traffic no counter shows.
-    let unit = after.config.unit_bytes.max(1);
-    let countable = truth / unit * unit;
+    let countable = perfbed_device::regs::whole_units(truth, after.config.unit_bytes);
     let (count, enabled, running) = (v[0], v.get(1).copied().unwrap_or(0), v.get(2).copied().unwrap_or(0));
     if count != countable {
         problems.push(format!(

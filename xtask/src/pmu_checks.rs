@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Result};
 use perfbed_agent::{AgentMessage, HostRequest, PerfAttr};
+use perfbed_device::regs::whole_units;
 use perfbed_device::regs::Event;
 use perfbed_device::{ControlClient, DeviceConfig, DeviceState};
 
@@ -67,14 +68,6 @@ impl Ctx<'_, '_> {
 
     fn truth(state: &DeviceState, domain: usize, rmid: u32, event: Event) -> u64 {
         state.domains[domain].truth.iter().find(|t| t.rmid == rmid && t.event == event).map_or(0, |t| t.bytes)
-    }
-
-    /// `bytes` as the device can count them: in whole counter units. Steady
-    /// rates land byte by byte, so a truth can end in a part of a unit that
-    /// no counter shows.
-    fn countable(&self, bytes: u64) -> u64 {
-        let unit = self.device.unit_bytes.max(1);
-        bytes / unit * unit
     }
 
     fn inject_and_land(&mut self, injections: &[(usize, u32, Event, u64)]) -> Result<()> {
@@ -263,7 +256,7 @@ fn migration(ctx: &mut Ctx) -> Result<Check> {
     let got = ctx.count(h)?;
     ctx.g.close(h)?;
     let state = ctx.control.state()?;
-    let truth = ctx.countable(Ctx::truth(&state, d, 2, Event::MbmTotalBytes) - start);
+    let truth = whole_units(Ctx::truth(&state, d, 2, Event::MbmTotalBytes) - start, ctx.device.unit_bytes);
     let violations: u64 = state.domains.iter().map(|dom| dom.violations).sum();
     let mut problems = Vec::new();
     if after.len() != 1 || after == before || !allowed.contains(&after[0]) {
@@ -305,7 +298,7 @@ fn parking(ctx: &mut Ctx) -> Result<Check> {
     let parked_value = ctx.count(kept)?;
     ctx.inject_and_land(&[(d, 4, Event::MbmTotalBytes, 5 * MIB)])?;
     let parked_state = ctx.control.state()?;
-    let parked_truth = ctx.countable(Ctx::truth(&parked_state, d, 4, Event::MbmTotalBytes) - start);
+    let parked_truth = whole_units(Ctx::truth(&parked_state, d, 4, Event::MbmTotalBytes) - start, ctx.device.unit_bytes);
     ctx.g.set_online(allowed[0], true)?;
     let back = ctx.g.cpumask(&pmu_name(d))?;
     let returned_value = ctx.count(kept)?;
@@ -322,7 +315,7 @@ fn parking(ctx: &mut Ctx) -> Result<Check> {
     let final_value = ctx.count(kept)?;
     ctx.g.close(kept)?;
     let final_state = ctx.control.state()?;
-    let final_truth = ctx.countable(Ctx::truth(&final_state, d, 4, Event::MbmTotalBytes) - start);
+    let final_truth = whole_units(Ctx::truth(&final_state, d, 4, Event::MbmTotalBytes) - start, ctx.device.unit_bytes);
     let mut problems = Vec::new();
     if !mask.is_empty() || refused != Err("ENODEV".into()) {
         problems.push(format!("with CPUs {allowed:?} offline: cpumask {mask:?}, open gave {refused:?} (want empty, ENODEV)"));

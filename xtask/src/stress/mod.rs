@@ -26,10 +26,11 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use perfbed_agent::{AgentMessage, HostRequest, HotplugBatchResult, HotplugOp, JobResult, JobSpec, PerfAttr, PerfIoctl};
-use perfbed_device::regs::Event;
+use perfbed_device::regs::{self, Event};
 use perfbed_device::{ControlClient, DeviceConfig, DeviceState};
 
 use crate::cmd::human;
+use crate::perf_abi::{FORMAT_GROUP, FORMAT_TOTAL_TIME_ENABLED, FORMAT_TOTAL_TIME_RUNNING};
 use crate::guest::Guest;
 use crate::image::{self, Variant};
 use crate::pmu_checks::{self, pmu_name};
@@ -82,10 +83,6 @@ const RMID_LOOP_TOTAL: u32 = 5;
 /// Schedule steps per agent request.
 const STEPS_PER_BATCH: usize = 25;
 
-// perf_event_attr read_format bits (uapi/linux/perf_event.h).
-const FORMAT_TOTAL_TIME_ENABLED: u64 = 1 << 0;
-const FORMAT_TOTAL_TIME_RUNNING: u64 = 1 << 1;
-const FORMAT_GROUP: u64 = 1 << 3;
 const SIGINT: i32 = 2;
 
 /// What one stress run is: the VM, the schedule's length and seed, and the
@@ -577,7 +574,7 @@ impl Tally {
     /// unit is traffic no counter shows.
     fn compare(&mut self, name: String, got: u64, truth: u64) {
         self.compared += 1;
-        let want = truth / self.unit.max(1) * self.unit.max(1);
+        let want = regs::whole_units(truth, self.unit);
         if got != want {
             self.lost += 1;
             let how = if got < want { format!("lost {}", want - got) } else { format!("{} too many", got - want) };
@@ -621,7 +618,7 @@ fn check_finals(watched: &[Watched], finals: &[Vec<u64>], before: &DeviceState, 
                 tally.compare(format!("{} mbm_total_bytes", w.name), total, delta(domain, rmid, Event::MbmTotalBytes));
                 tally.compare(format!("{} mbm_local_bytes", w.name), local, delta(domain, rmid, Event::MbmLocalBytes));
                 let held = after.domains.get(domain as usize).and_then(|d| d.occupancy.iter().find(|o| o.rmid == rmid)).map_or(0, |o| o.bytes);
-                let gauge = held / unit * unit;
+                let gauge = regs::whole_units(held, unit);
                 if occupancy != gauge {
                     tally.count_problems.push(format!("{} llc_occupancy: read {occupancy}, the device holds {gauge}", w.name));
                 }
