@@ -8,7 +8,8 @@
 //! `PERF_PMU_SCOPE_DEVICE`: the perf core counts each PMU's events on one CPU of the domain's
 //! allowed set and moves them when that CPU goes away.
 //!
-//! - `llc_occupancy` (event 1) is a gauge read from `OCCUPANCY[rmid]`; it needs no slot.
+//! - `llc_occupancy` (event 1) is a gauge read from `OCCUPANCY[rmid]`; it needs no slot, so
+//!   (alone or in a group of gauges) it is never multiplexed and its value never scaled.
 //! - `mbm_total_bytes` and `mbm_local_bytes` (events 2, 3) need one of the domain's counter slots
 //!   while scheduled in; when none is free `add` fails and perf multiplexes. Slot counters are
 //!   `width` bits wide and wrap: each slot keeps a 64-bit total that a poll, on the owner CPU,
@@ -769,6 +770,12 @@ impl Pmu for DomainPmu {
             let mut hw = domain.hw.lock();
             domain.release_slot(&mut hw, event);
         });
+    }
+
+    /// `llc_occupancy` is a gauge read from a register and takes no slot: the perf core never
+    /// multiplexes it, and never scales it, however many `mbm_*` events compete for slots.
+    fn takes_counter(&self, event: &Event) -> bool {
+        Self::config_of(event).map_or(true, Config::needs_slot)
     }
 
     fn filter_allowed_cpus(&self, cpus: &mut CpuMask) -> Result {

@@ -60,6 +60,10 @@ enum Command {
     /// Hotplug storm under live traffic on a seeded schedule: every count
     /// must equal the device's truth (debug kernel by default).
     Stress(stress::StressArgs),
+    /// The kernel's cpu-hotplug selftest (cpu-on-off-test.sh -a), then rounds
+    /// that park and unpark a domain, under a steady rate: perf stat -a must
+    /// count exactly the device's truth, at 100 % (debug kernel by default)
+    HotplugSelftest(stress::selftest::SelftestArgs),
     /// Fuzz the device, the control socket, the agent protocol and the host
     /// configuration (installs the pinned cargo-fuzz; stable toolchain).
     Fuzz(fuzz::FuzzArgs),
@@ -71,11 +75,11 @@ enum Command {
     /// What a device MMIO exit costs perfbed-vmm against a bare exit (on this
     /// machine's /dev/kvm if it opens, and in the box).
     VmmBench(vmm_bench::VmmBenchArgs),
-    /// Boot the guest and keep it up (for `perfbed ctl` and the logs) for
-    /// --seconds, then power it off.
     /// Print a saved device trace decoded (register names, one column per
     /// domain), or draw its timeline with --plot.
     Trace(trace::TraceArgs),
+    /// Boot the guest and keep it up (for `perfbed ctl` and the logs) for
+    /// --seconds, then power it off.
     Up {
         #[command(flatten)]
         run: RunArgs,
@@ -229,6 +233,7 @@ fn main() -> ExitCode {
         Command::BootStress(args) => boot_stress::run(&ws, &args),
         Command::Trace(args) => trace::command(&args),
         Command::Stress(args) => stress::run(&ws, &args),
+        Command::HotplugSelftest(args) => stress::selftest::run(&ws, &args),
         Command::VmmBench(args) => vmm_bench::run(&ws, &args),
         Command::Up { run, seconds } => up(&ws, &run, Duration::from_secs(seconds)),
     });

@@ -129,6 +129,13 @@ const VM_TESTS: &[VmTest] = &[
         run: hotplug_stress,
     },
     VmTest {
+        name: "hotplug_selftest_replay",
+        what: "on the debug kernel, the kernel's cpu-on-off-test.sh -a then 200 park rounds with owner flaps under a steady rate: perf stat -a equals the device's truth, at 100 %",
+        variant: Variant::Debug,
+        host: vm::HostChoice::Qemu,
+        run: hotplug_selftest_replay,
+    },
+    VmTest {
         name: "vmm_end_to_end",
         what: "the whole run on perfbed-vmm (on native KVM, else in the box: an L1 Linux with KVM under QEMU TCG); in the box, multiplexing's scaled estimate is reported but not judged",
         variant: Variant::Normal,
@@ -147,6 +154,8 @@ const VM_TESTS: &[VmTest] = &[
 /// The short stress's length and seed: a few hundred cycles.
 const STRESS_CYCLES: u32 = 200;
 const STRESS_SEED: u64 = 8;
+/// The park rounds after the kernel's selftest, as first reported.
+const SELFTEST_ROUNDS: u32 = 200;
 
 pub fn run(ws: &Path, args: &TestArgs) -> Result<bool> {
     deps::ensure_packages()?;
@@ -336,6 +345,17 @@ fn hotplug_stress(scenario: &Scenario, accel: &Accel) -> Result<()> {
         bail!("{}", report.text());
     }
     print!("{}", report.text());
+    Ok(())
+}
+
+/// `cargo xtask hotplug-selftest` on the run's VM.
+fn hotplug_selftest_replay(scenario: &Scenario, accel: &Accel) -> Result<()> {
+    let config = stress::selftest::SelftestConfig { vm: scenario.vm.clone(), rounds: SELFTEST_ROUNDS, timeout: scenario.request_timeout };
+    let report = stress::selftest::execute(&config, accel)?;
+    if !report.passed() {
+        bail!("{}", report.table());
+    }
+    print!("{}", report.table());
     Ok(())
 }
 

@@ -39,19 +39,30 @@ fn shared_libraries(program: &str) -> Result<Vec<String>> {
     Ok(libs)
 }
 
-/// Host programs copied into the guest with the shared libraries they need:
-/// the real perf tool (Debian's linux-perf) and a static busybox for the
-/// little commands around it (`busybox sleep`).
+/// Where the initramfs carries the kernel's cpu-hotplug selftest.
+pub const SELFTEST_IN_GUEST: &str = "usr/share/perfbed/cpu-on-off-test.sh";
+/// The selftest in the kernel tree the guest is built from.
+pub const SELFTEST_IN_TREE: &str = "tools/testing/selftests/cpu-hotplug/cpu-on-off-test.sh";
+
 const BASE_DIRS: [&str; 5] = ["dev", "proc", "sys", "lib", "lib/modules"];
 
-pub const HOST_PROGRAMS: &[&str] = &["/usr/bin/perf", "/bin/busybox"];
+/// Host programs copied into the guest with the shared libraries they need:
+/// the real perf tool (Debian's linux-perf), a static busybox for the
+/// little commands around it (`busybox sleep`), and bash for the kernel's
+/// selftest scripts.
+pub const HOST_PROGRAMS: &[&str] = &["/usr/bin/perf", "/bin/busybox", "/bin/bash"];
 
 /// Returns the cached initramfs for this agent and these modules, which go
-/// to `/lib/modules` for the agent to load when the host asks.
-pub fn ensure(agent: &Path, modules: &[PathBuf]) -> Result<PathBuf> {
+/// to `/lib/modules` for the agent to load when the host asks, and these
+/// scripts (guest path, host path), executable.
+pub fn ensure(agent: &Path, modules: &[PathBuf], scripts: &[(&str, PathBuf)]) -> Result<PathBuf> {
     let agent_bytes = fs::read(agent).with_context(|| format!("reading {}", agent.display()))?;
     // Files at their host paths (relative), with their contents.
     let mut files: Vec<(String, Vec<u8>, bool)> = Vec::new();
+    for (guest_path, host_path) in scripts {
+        let bytes = fs::read(host_path).with_context(|| format!("reading {}", host_path.display()))?;
+        files.push((guest_path.trim_start_matches('/').to_string(), bytes, true));
+    }
     for program in HOST_PROGRAMS {
         files.push((program.trim_start_matches('/').to_string(), read(program)?, true));
         for lib in shared_libraries(program)? {

@@ -70,6 +70,8 @@ fn guest_images(workspace: &Path, variant: Variant, purpose: Purpose) -> Result<
         modules.push(module::ensure(workspace, &kernel, "images/kernel/scope-test", "perfbed_scope_test", &[])?);
     }
     let agent = agent::build(workspace)?;
-    let initramfs = initramfs::ensure(&agent, &modules)?;
+    // The kernel's own cpu-hotplug selftest, from the tree the guest runs.
+    let selftest = [(initramfs::SELFTEST_IN_GUEST, kernel.tree.join(initramfs::SELFTEST_IN_TREE))];
+    let initramfs = initramfs::ensure(&agent, &modules, &selftest)?;
     Ok((kernel, initramfs, driver))
 }

@@ -13,6 +13,7 @@
 mod placements;
 mod rng;
 pub mod schedule;
+pub mod selftest;
 mod traffic;
 
 pub use rng::Rng;
@@ -226,6 +227,7 @@ pub struct StressReport {
     reads: u64,
     counts_compared: usize,
     counts_lost: usize,
+    open_retries: OpenRetries,
     seed: u64,
     replay: String,
     run_dir: PathBuf,
@@ -258,6 +260,8 @@ impl StressReport {
         if let Some(JobResult::OpenCloseLoop { attempts, opened, errors, read_errors }) = &self.loop_result {
             let _ = writeln!(out, "  open-close loop: {attempts} opens, {opened} opened, refused {}, read errors {}", histogram(errors), histogram(read_errors));
         }
+        let r = &self.open_retries;
+        let _ = writeln!(out, "  opens in the kernel (all PMUs, the whole run): {} waited for a move, {} tried again after one", r.waits, r.retries);
         let t = &self.traffic;
         let _ = writeln!(
             out,
@@ -385,16 +389,7 @@ fn stress(vm: &mut Vm, config: &StressConfig, steps: &[Step]) -> Result<StressRe
     // The real perf stat, on the domain that parks, by name (scaled to MB)
     // and by raw terms (bytes, exact).
     let stat_domain = parking_domain(device).expect("checked by device()");
-    let named = format!("{}/mbm_total_bytes,rmid={RMID_PERF_STAT}/", pmus[stat_domain]);
-    let raw = format!("{}/event={:#04x},rmid={RMID_PERF_STAT}/", pmus[stat_domain], Event::MbmTotalBytes as u64);
-    let stat_job = start_job(
-        &mut g,
-        JobSpec::Process {
-            argv: ["/usr/bin/perf", "stat", "-a", "-x,", "-e", &named, "-e", &raw].iter().map(|s| s.to_string()).collect(),
-            perf_fds: 2,
-            settle_ms: 200,
-        },
-    )?;
+    let (stat_job, named, raw) = start_perf_stat(&mut g, &pmus[stat_domain], RMID_PERF_STAT)?;
     let stat_key = Key { domain: stat_domain as u32, rmid: RMID_PERF_STAT, event: Event::MbmTotalBytes };
     keys.push(stat_key);
 
@@ -538,6 +533,7 @@ fn stress(vm: &mut Vm, config: &StressConfig, steps: &[Step]) -> Result<StressRe
     for w in &watched {
         g.close(w.handle)?;
     }
+    let open_retries = kernel_open_retries(&mut g, &pmus)?;
     Ok(StressReport {
         checks,
         cycles: steps.len(),
@@ -550,6 +546,7 @@ fn stress(vm: &mut Vm, config: &StressConfig, steps: &[Step]) -> Result<StressRe
         reads,
         counts_compared: tally.compared,
         counts_lost: tally.lost,
+        open_retries,
         seed: config.seed,
         replay: config.replay.clone(),
         run_dir: run_dir.clone(),
@@ -647,11 +644,46 @@ fn open(g: &mut Guest, attr: PerfAttr, group: Option<u32>) -> Result<u32> {
     }
 }
 
+/// Starts the real `perf stat -a` on `mbm_total_bytes` of `rmid` on `pmu`,
+/// by name (scaled to MB) and by raw terms (bytes, exact), once it is
+/// counting. Returns the job and the two event specs, for
+/// [`perf_stat_counts`].
+fn start_perf_stat(g: &mut Guest, pmu: &str, rmid: u32) -> Result<(u32, String, String)> {
+    let named = format!("{pmu}/mbm_total_bytes,rmid={rmid}/");
+    let raw = format!("{pmu}/event={:#04x},rmid={rmid}/", Event::MbmTotalBytes as u64);
+    let argv = ["/usr/bin/perf", "stat", "-a", "-x,", "-e", &named, "-e", &raw].iter().map(|s| s.to_string()).collect();
+    let job = start_job(g, JobSpec::Process { argv, perf_fds: 2, settle_ms: 200 })?;
+    Ok((job, named, raw))
+}
+
 fn start_job(g: &mut Guest, spec: JobSpec) -> Result<u32> {
     match g.ask(HostRequest::StartJob { spec: spec.clone() })? {
         AgentMessage::JobStarted { job } => Ok(job),
         other => bail!("starting {spec:?}: {other:?}"),
     }
+}
+
+/// What CPU hotplug cost the opens inside the kernel, which user space does
+/// not see: the device-scope PMUs' sysfs `open_waits` and `open_retries`
+/// (patch 0007), summed over the PMUs.
+#[derive(Debug, Default)]
+struct OpenRetries {
+    waits: u64,
+    retries: u64,
+}
+
+fn kernel_open_retries(g: &mut Guest, pmus: &[String]) -> Result<OpenRetries> {
+    let mut total = OpenRetries::default();
+    for pmu in pmus {
+        let read = |g: &mut Guest, file: &str| -> Result<u64> {
+            let path = format!("/sys/bus/event_source/devices/{pmu}/{file}");
+            let text = g.read_file(&path)?;
+            text.trim().parse().with_context(|| format!("{path}: {text:?} is not a count"))
+        };
+        total.waits += read(g, "open_waits")?;
+        total.retries += read(g, "open_retries")?;
+    }
+    Ok(total)
 }
 
 fn stop_job(g: &mut Guest, job: u32, signal: i32) -> Result<JobResult> {
