@@ -186,6 +186,9 @@ fn parking_domain(device: &DeviceConfig) -> Option<usize> {
     device.domains.iter().rposition(|cpus| !cpus.contains(&0))
 }
 
+/// How often a long run says how far it got.
+const PROGRESS_EVERY: Duration = Duration::from_secs(60);
+
 /// Bytes injected for each watched counter after the schedule, before the
 /// events are disabled (64 KiB: 1024 units, far from a wrap).
 const FINAL_BURST: u64 = 64 << 10;
@@ -407,7 +410,22 @@ fn stress(vm: &mut Vm, config: &StressConfig, steps: &[Step]) -> Result<StressRe
     let (mut writes, mut op_time, mut reads) = (0u64, Duration::ZERO, 0u64);
     let read_handles: Vec<u32> = watched.iter().map(|w| w.handle).collect();
     let start = Instant::now();
+    let mut last_progress = start;
     for (batch_no, batch) in steps.chunks(STEPS_PER_BATCH).enumerate() {
+        if last_progress.elapsed() >= PROGRESS_EVERY {
+            last_progress = Instant::now();
+            let done = batch_no * STEPS_PER_BATCH;
+            let secs = start.elapsed().as_secs_f64();
+            crate::progress::say(&format!(
+                "    cycle {done} of {} after {} ({:.1}/s); {} moves, {} parks, {} unparks so far",
+                steps.len(),
+                human(start.elapsed()),
+                done as f64 / secs,
+                placements.moves,
+                placements.parks,
+                placements.unparks
+            ));
+        }
         let ops: Vec<HotplugOp> = batch
             .iter()
             .flat_map(|s| &s.ops)
