@@ -9,6 +9,7 @@
 use std::fs::{self, File};
 use std::io::{BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
@@ -299,6 +300,7 @@ impl Vm {
             _ => None,
         };
         fs::write(config.run_dir.join("qemu.cmd"), cmd::display(&command) + "\n")?;
+        die_with_xtask(&mut command);
         let spawned = Instant::now();
         let mut child = command
             .stdin(Stdio::null())
@@ -523,6 +525,31 @@ fn describe_box_exit(status: ExitStatus) -> String {
         Ok(vmm) => format!("perfbed-vmm exited with status {vmm} (see box.log)"),
         Err(why) => why,
     }
+}
+
+/// Makes the VM's process die with xtask. Killed, or interrupted with
+/// Ctrl-C in the middle of a 30-minute stress, xtask runs no destructor,
+/// and a 16-vCPU guest left behind would burn the CPUs of every later run.
+/// The kernel sends the signal when the thread that spawned the child exits:
+/// VMs are booted from xtask's main thread.
+fn die_with_xtask(command: &mut Command) {
+    let xtask = std::process::id();
+    // SAFETY: the closure runs in the child between fork and exec and only
+    // makes async-signal-safe system calls (prctl, getppid); it allocates
+    // nothing.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // xtask died before the prctl: nobody would send the signal.
+            // CAST: a pid is positive.
+            if libc::getppid() as u32 != xtask {
+                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            Ok(())
+        })
+    };
 }
 
 /// perfbed's QEMU running the guest itself, the device mapped by its shim.
