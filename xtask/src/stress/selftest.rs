@@ -67,7 +67,8 @@ pub fn run(ws: &Path, args: &SelftestArgs) -> Result<bool> {
     let variant = if args.normal { Variant::Normal } else { Variant::Debug };
     vm::check_size(args.cpus, 1024)?;
     let images = image::ensure(ws, variant)?;
-    let config = SelftestConfig { vm: vm_config(ws, &images, args.cpus, Duration::from_secs(args.timeout)), rounds: args.rounds, timeout: Duration::from_secs(args.timeout) };
+    let timeout = Duration::from_secs(args.timeout);
+    let config = SelftestConfig { vm: vm_config(ws, &images, args.cpus, timeout), rounds: args.rounds, timeout };
     eprintln!("==> hotplug selftest: {} vCPUs, {} kernel, cpu-on-off-test.sh -a then {} park rounds", args.cpus, variant.name(), args.rounds);
     let report = execute(&config, &vm::choose_accel())?;
     print!("{}", report.table());
@@ -116,11 +117,14 @@ fn replay(vm: &mut Vm, config: &SelftestConfig) -> Result<Vec<Check>> {
     let before = control.state()?;
     control.set_rate(d as u32, RMID, Event::MbmTotalBytes, RATE)?;
 
-    // The kernel's selftest, as its README runs it: bash, with busybox's
-    // applets (taskset, mount, awk, grep) on the PATH.
+    // The kernel's selftest under bash, which it needs, with busybox's
+    // applets (taskset, mount, awk, grep) on the PATH. Signal 0 stops
+    // nothing: the agent waits for the script to end.
     let script = format!("/bin/busybox --install -s /bin 2>/dev/null; PATH=/bin exec /bin/bash /{SELFTEST_IN_GUEST} -a");
-    let selftest_job = start_job(&mut g, JobSpec::Process { argv: vec!["/bin/busybox".into(), "sh".into(), "-c".into(), script], perf_fds: 0, settle_ms: 0 })?;
-    let selftest = match g.ask(HostRequest::StopJob { job: selftest_job, signal: 0, timeout_ms: config.timeout.as_millis() as u64 })? {
+    let argv = vec!["/bin/busybox".into(), "sh".into(), "-c".into(), script];
+    let selftest_job = start_job(&mut g, JobSpec::Process { argv, perf_fds: 0, settle_ms: 0 })?;
+    let wait = HostRequest::StopJob { job: selftest_job, signal: 0, timeout_ms: config.timeout.as_millis() as u64 };
+    let selftest = match g.ask(wait)? {
         AgentMessage::JobDone(result) => result,
         other => bail!("waiting for the selftest: {other:?}"),
     };
