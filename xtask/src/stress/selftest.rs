@@ -215,3 +215,40 @@ fn count_check(stat: &JobResult, named: &str, raw: &str, truth: u64, unit: u64) 
         format!("perf stat -a: {:.2} MB and {} bytes; the device's truth {truth} bytes ({truth_mb:.2} MiB); running {:?} %", counts.named_mb, counts.raw_bytes, counts.running_pct),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn process(status: Option<i32>, stdout: &str, stderr: &str) -> JobResult {
+        JobResult::Process { status, stdout: stdout.into(), stderr: stderr.into() }
+    }
+
+    #[test]
+    fn the_selftest_must_pass_in_full() {
+        assert!(selftest_check(&process(Some(0), "Full scope test: all hotplug cpus\n", "")).passed);
+        // Failed, skipped (ksft_skip is 4), killed, or only the limited test.
+        assert!(!selftest_check(&process(Some(1), "Full scope test\n", "offline_cpu_expect_success 2: unexpected fail")).passed);
+        assert!(!selftest_check(&process(Some(4), "skip all tests: must be run as root", "")).passed);
+        assert!(!selftest_check(&process(None, "", "")).passed);
+        assert!(!selftest_check(&process(Some(0), "Limited scope test: one hotplug cpu\n", "")).passed);
+    }
+
+    #[test]
+    fn perf_stat_must_equal_the_truth_at_100_percent() {
+        let named = "perfbed_l3_1/mbm_total_bytes,rmid=2/";
+        let raw = "perfbed_l3_1/event=0x02,rmid=2/";
+        let stat = |mb: &str, bytes: u64, pct: &str| {
+            process(Some(0), "", &format!("{mb},MB,{named},42000000000,{pct},,\n{bytes},,{raw},42000000000,{pct},,\n"))
+        };
+        // 340 MiB and 25 bytes: the counter counts whole 64-byte units.
+        let truth = 340 * (1 << 20) + 25;
+        assert!(count_check(&stat("340.00", 340 << 20, "100.00"), named, raw, truth, 64).passed);
+        // The first report: 13.81 MB counted, at 100 %.
+        assert!(!count_check(&stat("13.81", 14_480_834, "100.00"), named, raw, truth, 64).passed);
+        // One unit short; or exact but not running all the time.
+        assert!(!count_check(&stat("340.00", (340 << 20) - 64, "100.00"), named, raw, truth, 64).passed);
+        assert!(!count_check(&stat("340.00", 340 << 20, "97.50"), named, raw, truth, 64).passed);
+        assert!(!count_check(&process(Some(0), "", "<not counted>,,x,0,0.00,,\n"), named, raw, truth, 64).passed);
+    }
+}
