@@ -703,9 +703,13 @@ impl Pmu for DomainPmu {
         if config.needs_slot() {
             let domain = self.domain();
             let mut hw = domain.hw.lock();
+            // No register read here: a slot the event still holds has counted on for it, and the
+            // next read on the owner (`read`, `del`, or the poll's sync) catches up on all of it;
+            // a slot just assigned starts from zero. Every access is a VM exit under a hypervisor,
+            // and `add` runs inside perf's rotation, whose time accounting already counts the
+            // incoming event as running: each access here would delay the slot write of the
+            // event added after it (see `take_slot`).
             domain.take_slot(&mut hw, event, config)?;
-            // Back from a move or a park: catch up now (a no-op off the owner).
-            domain.fold(&mut hw, event, config);
             drop(hw);
             self.poller.kick();
         }
