@@ -703,12 +703,13 @@ impl Pmu for DomainPmu {
         if config.needs_slot() {
             let domain = self.domain();
             let mut hw = domain.hw.lock();
-            // No register read here: a slot the event still holds has counted on for it, and the
-            // next read on the owner (`read`, `del`, or the poll's sync) catches up on all of it;
-            // a slot just assigned starts from zero. Every access is a VM exit under a hypervisor,
-            // and `add` runs inside perf's rotation, whose time accounting already counts the
-            // incoming event as running: each access here would delay the slot write of the
-            // event added after it (see `take_slot`).
+            // No register read here. A slot the event still holds has counted on for it (back
+            // from a move, a park or a rotation), and its next fold on the owner (`read`, `del`)
+            // catches up on all of it, the poll keeping the slot's total from missing wraps
+            // meanwhile; a slot just assigned starts from zero. `add` runs inside perf's
+            // rotation, which accounts the incoming event as running from the rotation's start:
+            // every access here delays the slot write of the event added after it, and under a
+            // hypervisor each access is a VM exit (see `multiplexing` in xtask's pmu_checks).
             domain.take_slot(&mut hw, event, config)?;
             drop(hw);
             self.poller.kick();

@@ -412,6 +412,38 @@ fn multiplexing(ctx: &mut Ctx) -> Result<Check> {
 /// 4 ms); see [`multiplexing`] for the error model.
 const MUX_INTERVAL_MS: u32 = 100;
 
+/// What perf tells of an event over a window: the growth of its value,
+/// time_enabled and time_running between two reads (read_format
+/// `TOTAL_TIME_ENABLED | TOTAL_TIME_RUNNING`: value, enabled, running).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Window {
+    value: u64,
+    enabled: u64,
+    running: u64,
+}
+
+impl Window {
+    fn between(start: &[u64], end: &[u64]) -> Window {
+        let word = |v: &[u64], i: usize| v.get(i).copied().unwrap_or(0);
+        Window {
+            value: word(end, 0).wrapping_sub(word(start, 0)),
+            enabled: word(end, 1).saturating_sub(word(start, 1)),
+            running: word(end, 2).saturating_sub(word(start, 2)),
+        }
+    }
+
+    /// The count scaled to the whole window as perf tools scale it (value x
+    /// enabled / running), and the share of the window the event ran; `None`
+    /// unless it was multiplexed there (ran some of it, not all).
+    fn scaled(&self) -> Option<(f64, f64)> {
+        if self.running == 0 || self.running >= self.enabled {
+            return None;
+        }
+        let ran = self.running as f64 / self.enabled as f64;
+        Some((self.value as f64 / ran, ran))
+    }
+}
+
 /// Writes `value` to a sysfs file in the guest.
 fn set_sysfs(g: &mut Guest, file: &str, value: &str) -> Result<()> {
     let script = format!("echo {value} > {file}");
@@ -454,9 +486,7 @@ fn multiplexed_counts(ctx: &mut Ctx, d: usize, events: usize, rate: u64) -> Resu
         ctx.control.set_rate(d as u32, rmid, Event::MbmTotalBytes, 0)?;
     }
     ctx.control.wait_landed(ctx.g.timeout.as_millis() as u64)?;
-    // Every event is read before any is closed: a close frees a slot, and
-    // from then on the others would run more of the time than they did
-    // while the traffic flowed.
+    // All in one request, before any is closed: a close frees a slot.
     let end = ctx.g.read_many(&ids)?;
     let after = ctx.control.state()?;
     let gauge_read = ctx.g.read(gauge)?;
@@ -467,26 +497,23 @@ fn multiplexed_counts(ctx: &mut Ctx, d: usize, events: usize, rate: u64) -> Resu
     let mut problems = Vec::new();
     let mut per_event = Vec::new();
     let mut worst = 0.0f64;
-    let word = |v: &[u64], i: usize| v.get(i).copied().unwrap_or(0);
     for ((&(rmid, _), s), e) in handles.iter().zip(&start).zip(&end) {
-        let value = word(e, 0).wrapping_sub(word(s, 0));
-        let enabled = word(e, 1).saturating_sub(word(s, 1));
-        let running = word(e, 2).saturating_sub(word(s, 2));
+        let window = Window::between(s, e);
         let truth = Ctx::truth(&after, d, rmid, Event::MbmTotalBytes) - Ctx::truth(&before, d, rmid, Event::MbmTotalBytes);
-        if running == 0 || running >= enabled || truth == 0 {
-            problems.push(format!("rmid {rmid}: time_running {running} vs time_enabled {enabled} over the traffic ({truth} bytes): not multiplexed"));
+        let (Some((scaled, ran)), true) = (window.scaled(), truth > 0) else {
+            problems.push(format!("rmid {rmid}: over the traffic ({truth} bytes) {window:?}: not multiplexed"));
             continue;
-        }
-        let ran = running as f64 / enabled as f64;
-        let scaled = value as f64 / ran;
+        };
         let error = scaled / truth as f64 - 1.0;
         worst = worst.max(error.abs());
-        per_event.push(format!("rmid {rmid} ran {:.1} % of {:.2} s, {:+.1} %", 100.0 * ran, enabled as f64 / 1e9, 100.0 * error));
+        let seconds = window.enabled as f64 / 1e9;
+        per_event.push(format!("rmid {rmid} ran {:.1} % of {seconds:.2} s, {:+.1} %", 100.0 * ran, 100.0 * error));
         if error.abs() > 0.05 {
-            problems.push(format!("rmid {rmid}: scaled {scaled:.0} vs truth {truth} ({:+.1} %; ran {:.1} % of {:.2} s)", error * 100.0, 100.0 * ran, enabled as f64 / 1e9));
+            problems.push(format!("rmid {rmid}: scaled {scaled:.0} vs truth {truth} ({:+.1} %; ran {:.1} % of {seconds:.2} s)", error * 100.0, 100.0 * ran));
         }
     }
-    let (value, enabled, running) = (word(&gauge_read, 0), word(&gauge_read, 1), word(&gauge_read, 2));
+    // Its whole life: from nothing to its one read.
+    let Window { value, enabled, running } = Window::between(&[], &gauge_read);
     if enabled == 0 || running != enabled {
         problems.push(format!("llc_occupancy: time_running {running} vs time_enabled {enabled}: a gauge was multiplexed"));
     }
@@ -635,4 +662,27 @@ fn perf_stat(ctx: &mut Ctx) -> Result<Check> {
         _ => problems.push(format!("perf stat exited {status:?}: {}", stderr.trim())),
     }
     Ok(Check::from_problems("perf stat", problems, detail))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Window;
+
+    #[test]
+    fn a_window_is_scaled_by_what_happened_in_it_only() {
+        // Before the window the event ran 400 of 1000 ns and counted 100;
+        // in it, 1000 of 2000 ns for 1000 more: 2000 over the window.
+        let window = Window::between(&[100, 1000, 400], &[1100, 3000, 1400]);
+        assert_eq!(window, Window { value: 1000, enabled: 2000, running: 1000 });
+        assert_eq!(window.scaled(), Some((2000.0, 0.5)));
+        // Scaling the whole life instead would give 1100 x 3000 / 1400.
+        assert!((1100.0 * 3000.0 / 1400.0 - 2000.0f64).abs() > 300.0);
+    }
+
+    #[test]
+    fn a_window_not_multiplexed_has_no_scaled_count() {
+        assert_eq!(Window::between(&[0, 0, 0], &[500, 1000, 1000]).scaled(), None);
+        assert_eq!(Window::between(&[7, 100, 50], &[7, 1100, 50]).scaled(), None);
+        assert_eq!(Window::between(&[], &[]).scaled(), None);
+    }
 }
