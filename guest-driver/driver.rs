@@ -703,9 +703,14 @@ impl Pmu for DomainPmu {
         if config.needs_slot() {
             let domain = self.domain();
             let mut hw = domain.hw.lock();
+            // No register read here. A slot the event still holds has counted on for it (back
+            // from a move, a park or a rotation), and its next fold on the owner (`read`, `del`)
+            // catches up on all of it, the poll keeping the slot's total from missing wraps
+            // meanwhile; a slot just assigned starts from zero. `add` runs inside perf's
+            // rotation, which accounts the incoming event as running from the rotation's start:
+            // every access here delays the slot write of the event added after it, and under a
+            // hypervisor each access is a VM exit (see `multiplexing` in xtask's pmu_checks).
             domain.take_slot(&mut hw, event, config)?;
-            // Back from a move or a park: catch up now (a no-op off the owner).
-            domain.fold(&mut hw, event, config);
             drop(hw);
             self.poller.kick();
         }

@@ -60,6 +60,9 @@ struct Cli {
     /// Each domain's maximum bandwidth, bytes per second.
     #[arg(long, value_name = "BYTES", default_value_t = DeviceConfig::default().max_rate)]
     pmu_max_rate: u64,
+    /// Records the device's trace keeps (0 records nothing).
+    #[arg(long, value_name = "N", default_value_t = DeviceConfig::default().trace_capacity)]
+    pmu_trace_capacity: usize,
     /// Hide XSAVE and AVX from the guest (FPU state kept with FXSAVE): for
     /// KVM nested under QEMU's TCG, which does not make XSETBV exit.
     #[arg(long)]
@@ -96,6 +99,7 @@ impl Cli {
                 slots: self.pmu_slots,
                 counter_width: self.pmu_counter_width,
                 max_rate: self.pmu_max_rate,
+                trace_capacity: self.pmu_trace_capacity,
                 ..DeviceConfig::default()
             },
             endpoints: EndpointsConfig {

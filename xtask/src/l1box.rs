@@ -273,6 +273,8 @@ pub fn vmm_args(config: &VmConfig, cmdline: &[String]) -> Vec<String> {
         config.device.counter_width.to_string(),
         "--pmu-max-rate".into(),
         config.device.max_rate.to_string(),
+        "--pmu-trace-capacity".into(),
+        config.device.trace_capacity.to_string(),
     ];
     if matches!(config.host, crate::vm::Host::VmmBox(_)) {
         // TCG's SVM does not make XSETBV exit (see perfbed-vmm --help).
@@ -370,6 +372,7 @@ mod tests {
         assert!(joined.contains("--cpus 4 --memory 512 --cmdline console=ttyS0 panic=-1"), "{joined}");
         assert!(joined.ends_with("--pmu-domain cpus=0-1 --pmu-domain cpus=2-3"), "{joined}");
         assert!(joined.contains("--pmu-rmids 8 --pmu-slots 4 --pmu-counter-width 24"), "{joined}");
+        assert!(joined.contains(&format!("--pmu-trace-capacity {}", perfbed_device::TRACE_CAPACITY)), "{joined}");
     }
 
     fn module(depends: &str) -> Vec<u8> {

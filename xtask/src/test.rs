@@ -137,10 +137,10 @@ const VM_TESTS: &[VmTest] = &[
     },
     VmTest {
         name: "vmm_end_to_end",
-        what: "the whole run on perfbed-vmm (on native KVM, else in the box: an L1 Linux with KVM under QEMU TCG); in the box, multiplexing's scaled estimate is reported but not judged",
+        what: "the whole run on perfbed-vmm (on native KVM, else in the box: an L1 Linux with KVM under QEMU TCG), every check judged as under QEMU",
         variant: Variant::Normal,
         host: vm::HostChoice::Vmm,
-        run: vmm_end_to_end,
+        run: boot_and_hotplug,
     },
     VmTest {
         name: "vmm_guest_panic_is_reported",
@@ -252,28 +252,6 @@ fn boot_and_hotplug(scenario: &Scenario, accel: &Accel) -> Result<()> {
             format!("\ndevice trace: {}{}", t.trace.display(), t.plot.as_ref().map_or(String::new(), |p| format!("\ntimeline plot: {}", p.display())))
         });
         bail!("failed checks:\n{}serial log: {}{trace}", report.table(), report.serial_log.display());
-    }
-    print!("{}", report.table());
-    Ok(())
-}
-
-/// The run on perfbed-vmm. Every check must pass, except that in the box
-/// the multiplexing check's estimate is shown and not judged: an exit costs
-/// ~100 µs there and four guest vCPUs share one L1 CPU, so each slot
-/// rotation loses a slice of its interval and the time-scaled counts come
-/// out 9-33 % low (issue 9 is open on it). The exact counts, migration,
-/// parking and moving-traffic checks are judged as everywhere.
-fn vmm_end_to_end(scenario: &Scenario, accel: &Accel) -> Result<()> {
-    let mut report = scenario::run(scenario, accel)?;
-    if matches!(scenario.vm.host, vm::Host::VmmBox(_)) {
-        for check in report.checks.iter_mut().filter(|c| c.name == "multiplexing" && !c.passed) {
-            println!("  NOT JUDGED in the box: multiplexing: {}", check.detail);
-            check.passed = true;
-            check.detail = format!("not judged in the box (exit cost): {}", check.detail);
-        }
-    }
-    if !report.passed() {
-        bail!("failed checks:\n{}serial log: {}", report.table(), report.serial_log.display());
     }
     print!("{}", report.table());
     Ok(())
