@@ -754,7 +754,8 @@ pub fn kernel_log_problems(log: &str) -> Vec<String> {
         "inconsistent lock state",
         "suspicious RCU usage",
         "self-detected stall",
-        "rcu_sched detected stalls",
+        "detected stalls",
+        "blocked for more than",
         "UBSAN:",
         "list_add corruption",
         "list_del corruption",
@@ -779,6 +780,8 @@ mod tests {
     fn kernel_log_problems_are_found_and_quiet_logs_pass() {
         let quiet = "[    0.1] smpboot: CPU 1 is now offline\n[    0.2] perfbed: loaded\n";
         assert!(kernel_log_problems(quiet).is_empty());
+        let hung = "[ 61.0] INFO: task xtask-agent:93 blocked for more than 60 seconds.\n                    [ 62.0] rcu: INFO: rcu_preempt detected stalls on CPUs/tasks:\n";
+        assert_eq!(kernel_log_problems(hung).len(), 2);
         let noisy = "[ 1.0] ok\n[ 1.1] WARNING: CPU: 1 PID: 5 at kernel/events/core.c:123\n\
                      [ 1.2] ======================================================\n\
                      [ 1.3] WARNING: possible circular locking dependency detected\n\
