@@ -2,7 +2,7 @@
 //!
 //! The VM is QEMU's `microvm` machine booting the PVH `vmlinux` directly:
 //! the kernel log on the 8250 serial port (saved to `serial.log`), the agent
-//! channel on a virtconsole over virtio-mmio (a Unix socket on our side). The
+//! channel on a virtio-serial port over virtio-mmio (a Unix socket on our side). The
 //! socket is opened with `wait=on`, so QEMU starts the guest only once we are
 //! connected and nothing the agent says can be lost.
 
@@ -563,7 +563,9 @@ fn qemu_command(config: &VmConfig, accel: &Accel, cmdline: &[String], socket: &P
     qemu.args(["-chardev", "stdio,id=serial0,signal=off", "-serial", "chardev:serial0"])
         .args(["-device", "virtio-serial-device", "-chardev"])
         .arg(format!("socket,id=agent,path={},server=on,wait=on", socket.display()))
-        .args(["-device", "virtconsole,chardev=agent"])
+        // A plain port, not a virtconsole: QEMU throttles the guest when our
+        // end of the socket is full, where a console port drops the bytes.
+        .args(["-device", "virtserialport,chardev=agent,name=perfbed.agent"])
         .arg("-device")
         .arg(device_arg(&config.device, control_socket));
     if let Some(gdb) = &config.gdb {

@@ -13,8 +13,16 @@ use serde::{Deserialize, Serialize};
 // CPU lists in the kernel's sysfs format: one implementation, the device's.
 pub use perfbed_device::cpus::{format_cpu_list, parse_cpu_list};
 
-/// Where the agent talks to the host.
-pub const CHANNEL_DEVICE: &str = "/dev/hvc0";
+/// Where the agent talks to the host: a virtio-serial port (QEMU's
+/// `virtserialport`, the first port of the first device), else the virtio
+/// console's tty (perfbed-vmm's virtio-console). QEMU drops what a guest
+/// writes to a *console* port whenever the host's socket is full (its
+/// `virtconsole` cannot throttle the guest), and a 16-vCPU stress lost 6 KB
+/// of a 130 KB answer that way; a plain port is throttled instead.
+pub const CHANNEL_DEVICES: [&str; 2] = ["/dev/vport0p1", "/dev/hvc0"];
+
+/// The virtio console: a tty, to be put in raw mode.
+pub const CONSOLE_DEVICE: &str = "/dev/hvc0";
 
 /// Kernel command-line prefix for the agent's own settings (the kernel passes
 /// dotted parameters to no one, but keeps them in `/proc/cmdline`).
@@ -296,6 +304,10 @@ pub enum HostRequest {
     StopJob { job: u32, signal: i32, timeout_ms: u64 },
     /// Sync and power the guest off. The agent answers before it does.
     PowerOff,
+    /// Fault injection for the harness's own test: write bytes without a
+    /// newline to the channel until the host stops reading. (The channel
+    /// port cannot be opened twice, so no other process can flood it.)
+    FloodChannel,
 }
 
 /// Something the guest did that a trace shows, stamped with the guest's

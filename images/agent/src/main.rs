@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use perfbed_agent::{
     format_cpu_list, parse_cpu_list, AgentMessage, GuestEventKind, Hello, HostRequest, HotplugRound,
-    CHANNEL_DEVICE,
+    CHANNEL_DEVICES, CONSOLE_DEVICE,
 };
 
 use journal::Journal;
@@ -43,7 +43,7 @@ fn run() -> Result<(), String> {
     mount_basics()?;
     let cmdline = read_trimmed("/proc/cmdline")?;
     let channel = open_channel(Duration::from_secs(10))?;
-    let mut writer = channel.try_clone().map_err(|e| format!("dup {CHANNEL_DEVICE}: {e}"))?;
+    let mut writer = channel.try_clone().map_err(|e| format!("dup the agent channel: {e}"))?;
     let hello = Hello {
         kernel_release: read_trimmed("/proc/sys/kernel/osrelease")?,
         cpus_online: read_trimmed(&format!("{CPU_SYSFS}/online"))?,
@@ -56,7 +56,7 @@ fn run() -> Result<(), String> {
     let mut journal = journal::Journal::default();
     let mut jobs = jobs::Jobs::default();
     for line in BufReader::new(channel).lines() {
-        let line = line.map_err(|e| format!("read {CHANNEL_DEVICE}: {e}"))?;
+        let line = line.map_err(|e| format!("read the agent channel: {e}"))?;
         if line.trim().is_empty() {
             continue;
         }
@@ -65,12 +65,18 @@ fn run() -> Result<(), String> {
                 send(&mut writer, &AgentMessage::PoweringOff)?;
                 return Ok(());
             }
+            Ok(HostRequest::FloodChannel) => {
+                let junk = [b'y'; 4096];
+                loop {
+                    writer.write_all(&junk).map_err(|e| format!("flooding the agent channel: {e}"))?;
+                }
+            }
             Ok(request) => handle(request, &mut events, &mut jobs, &mut journal, &cmdline),
             Err(e) => AgentMessage::Error { error: format!("bad request {line:?}: {e}") },
         };
         send(&mut writer, &reply)?;
     }
-    Err(format!("{CHANNEL_DEVICE} closed by the host"))
+    Err("the agent channel was closed by the host".to_string())
 }
 
 /// Carries out one request; every outcome, failures included, is an answer.
@@ -180,7 +186,7 @@ fn handle(
             Ok(result) => AgentMessage::JobDone(result),
             Err(error) => AgentMessage::Error { error },
         },
-        HostRequest::PowerOff => unreachable!("handled by the request loop"),
+        HostRequest::PowerOff | HostRequest::FloodChannel => unreachable!("handled by the request loop"),
     }
 }
 
@@ -217,7 +223,7 @@ fn send(writer: &mut fs::File, message: &AgentMessage) -> Result<(), String> {
     line.push('\n');
     writer
         .write_all(line.as_bytes())
-        .map_err(|e| format!("write {CHANNEL_DEVICE}: {e}"))
+        .map_err(|e| format!("write the agent channel: {e}"))
 }
 
 fn mount_basics() -> Result<(), String> {
@@ -268,16 +274,18 @@ fn finit_module(path: &Path, params: &str) -> Result<(), String> {
 fn open_channel(patience: Duration) -> Result<fs::File, String> {
     let start = Instant::now();
     loop {
-        match fs::OpenOptions::new().read(true).write(true).open(CHANNEL_DEVICE) {
-            Ok(file) => {
-                set_raw(&file)?;
+        for path in CHANNEL_DEVICES {
+            if let Ok(file) = fs::OpenOptions::new().read(true).write(true).open(path) {
+                if path == CONSOLE_DEVICE {
+                    set_raw(&file)?;
+                }
                 return Ok(file);
             }
-            Err(e) if start.elapsed() > patience => {
-                return Err(format!("open {CHANNEL_DEVICE} after {patience:?}: {e}"))
-            }
-            Err(_) => std::thread::sleep(Duration::from_millis(20)),
         }
+        if start.elapsed() > patience {
+            return Err(format!("none of {CHANNEL_DEVICES:?} appeared within {patience:?}"));
+        }
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -290,13 +298,13 @@ fn set_raw(file: &fs::File) -> Result<(), String> {
     let mut tio: libc::termios = unsafe { std::mem::zeroed() };
     // SAFETY: fd is open for the lifetime of `file`; tio is a valid termios.
     if unsafe { libc::tcgetattr(fd, &mut tio) } != 0 {
-        return Err(format!("tcgetattr {CHANNEL_DEVICE}: {}", std::io::Error::last_os_error()));
+        return Err(format!("tcgetattr {CONSOLE_DEVICE}: {}", std::io::Error::last_os_error()));
     }
     // SAFETY: tio is a valid termios obtained above.
     unsafe { libc::cfmakeraw(&mut tio) };
     // SAFETY: as for tcgetattr.
     if unsafe { libc::tcsetattr(fd, libc::TCSANOW, &tio) } != 0 {
-        return Err(format!("tcsetattr {CHANNEL_DEVICE}: {}", std::io::Error::last_os_error()));
+        return Err(format!("tcsetattr {CONSOLE_DEVICE}: {}", std::io::Error::last_os_error()));
     }
     Ok(())
 }

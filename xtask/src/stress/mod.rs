@@ -434,11 +434,13 @@ fn stress(vm: &mut Vm, config: &StressConfig, steps: &[Step]) -> Result<StressRe
                 Op::FlapOwner { domain } => HotplugOp::FlapOwner { pmu: pmus[domain].clone() },
             })
             .collect();
+        let op_count = ops.len();
         let request = HostRequest::HotplugBatch { ops, watch_pmus: pmus.clone(), read_handles: read_handles.clone() };
         let result: HotplugBatchResult = match g.ask(request)? {
             AgentMessage::HotplugBatch(result) => result,
             other => bail!("hotplug batch {batch_no}: {other:?}"),
         };
+        check_batch_shape(&result, op_count, read_handles.len()).with_context(|| format!("hotplug batch {batch_no}"))?;
         placements.add(&result);
         for (i, op) in result.ops.iter().enumerate() {
             writes += u64::from(op.writes);
@@ -681,6 +683,20 @@ fn start_job(g: &mut Guest, spec: JobSpec) -> Result<u32> {
     }
 }
 
+/// An answer with as many op results as ops, each with one read per
+/// handle. Anything else means bytes were lost between the agent and us
+/// (the lost bytes of a 130 KB answer once spliced into valid JSON that
+/// handed one event's reads to another), and no value in it can be trusted.
+fn check_batch_shape(result: &HotplugBatchResult, ops: usize, handles: usize) -> Result<()> {
+    if result.ops.len() != ops {
+        bail!("the agent's answer has {} op results for {ops} ops: the channel lost or mangled data", result.ops.len());
+    }
+    if let Some((i, op)) = result.ops.iter().enumerate().find(|(_, op)| op.reads.len() != handles) {
+        bail!("the agent's answer for op {i} has {} reads for {handles} events: the channel lost or mangled data", op.reads.len());
+    }
+    Ok(())
+}
+
 /// What CPU hotplug cost the opens inside the kernel, which user space does
 /// not see: the device-scope PMUs' sysfs `open_waits` and `open_retries`
 /// (patch 0007), summed over the PMUs.
@@ -773,6 +789,25 @@ fn perf_stat_counts(result: &JobResult, named: &str, raw: &str) -> Result<StatCo
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_answer_that_lost_data_is_refused() {
+        use perfbed_agent::HotplugOpResult;
+        let op = |reads: usize| HotplugOpResult {
+            us: 1,
+            writes: 1,
+            error: None,
+            masks: vec![],
+            between: vec![],
+            online: "0-3".into(),
+            reads: vec![Ok(vec![1, 2, 3]); reads],
+        };
+        let batch = |ops: Vec<HotplugOpResult>| HotplugBatchResult { masks_before: vec![], ops };
+        assert!(check_batch_shape(&batch(vec![op(2), op(2)]), 2, 2).is_ok());
+        // Ops lost; one op's reads spliced with another's.
+        assert!(check_batch_shape(&batch(vec![op(2)]), 2, 2).is_err());
+        assert!(check_batch_shape(&batch(vec![op(2), op(5)]), 2, 2).is_err());
+    }
 
     #[test]
     fn perf_stat_csv_is_parsed_and_garbage_refused() {

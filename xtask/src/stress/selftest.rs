@@ -18,14 +18,14 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::Args;
 use perfbed_agent::{AgentMessage, HostRequest, HotplugBatchResult, HotplugOp, JobResult, JobSpec};
 use perfbed_device::regs::{whole_units, Event};
 use perfbed_device::ControlClient;
 
 use super::placements::Placements;
-use super::{kernel_open_retries, parking_domain, perf_stat_counts, start_job, start_perf_stat, stop_job, vm_control, OpenRetries};
+use super::{check_batch_shape, kernel_open_retries, parking_domain, perf_stat_counts, start_job, start_perf_stat, stop_job, vm_control, OpenRetries};
 use crate::guest::Guest;
 use crate::image::initramfs::SELFTEST_IN_GUEST;
 use crate::image::{self, Variant};
@@ -144,10 +144,12 @@ fn replay(vm: &mut Vm, config: &SelftestConfig) -> Result<Vec<Check>> {
             ops.extend(domain_cpus.iter().rev().map(|&cpu| HotplugOp::Set { cpu, online: true }));
             ops.push(HotplugOp::FlapOwner { pmu: pmus[d].clone() });
         }
+        let op_count = ops.len();
         let result: HotplugBatchResult = match g.ask(HostRequest::HotplugBatch { ops, watch_pmus: vec![pmus[d].clone()], read_handles: vec![] })? {
             AgentMessage::HotplugBatch(result) => result,
             other => bail!("park rounds {done}..: {other:?}"),
         };
+        check_batch_shape(&result, op_count, 0).with_context(|| format!("park rounds {done}.."))?;
         placements.add(&result);
         for op in &result.ops {
             writes += u64::from(op.writes);
