@@ -133,10 +133,7 @@ pub fn run(vm: &mut Vm, timeout: Duration) -> Result<Vec<Check>> {
     let mask = g.cpumask(PMU_A)?;
     // What the race cost inside the kernel (patch 0007), to show that the
     // opens did meet moves and were waited or tried again, not just lucky.
-    let kernel_count = |g: &mut Guest, file: &str| -> Result<String> {
-        Ok(g.read_file(&format!("/sys/bus/event_source/devices/{PMU_A}/{file}"))?.trim().to_string())
-    };
-    let (waits, retries) = (kernel_count(&mut g, "open_waits")?, kernel_count(&mut g, "open_retries")?);
+    let (waits, retries) = g.open_waits_and_retries(PMU_A)?;
     let home = mask.first().map(|&c| u64::from(c) + 1);
     let strays = race.final_values.iter().filter(|&&v| Some(v) != home).count();
     let only_parked = race.other_errors.iter().all(|e| e.starts_with("ENODEV:"));

@@ -84,8 +84,6 @@ const RMID_LOOP_TOTAL: u32 = 5;
 /// Schedule steps per agent request.
 const STEPS_PER_BATCH: usize = 25;
 
-const SIGINT: i32 = 2;
-
 /// What one stress run is: the VM, the schedule's length and seed, and the
 /// command that runs it again.
 pub struct StressConfig {
@@ -112,22 +110,7 @@ pub fn run(ws: &Path, args: &StressArgs) -> Result<bool> {
     schedule::generate(&topology(args.cpus, &device), seed, 1).map_err(|e| anyhow::anyhow!("{}", e.0))?;
     let images = image::ensure(ws, variant)?;
     let config = StressConfig {
-        vm: VmConfig {
-            qemu: images.qemu.binary.clone(),
-            firmware_dirs: images.qemu.firmware_dirs.clone(),
-            device,
-            vmlinux: images.vmlinux.clone(),
-            initramfs: images.initramfs.clone(),
-            cpus: args.cpus,
-            memory_mib: args.memory,
-            extra_cmdline: vec![],
-            // The stress drives the guest through perfbed's QEMU.
-            host: vm::Host::Qemu,
-            run_dir: vm::new_run_dir(ws, "stress"),
-            boot_timeout: Duration::from_secs(args.timeout),
-            gdb: None,
-            verbose: false,
-        },
+        vm: qemu_vm(ws, &images, device, args.cpus, args.memory, "stress", Duration::from_secs(args.timeout)),
         cycles: args.cycles,
         seed,
         timeout: Duration::from_secs(args.timeout),
@@ -145,6 +128,25 @@ pub fn run(ws: &Path, args: &StressArgs) -> Result<bool> {
     let report = execute(&config, &accel)?;
     print!("{}", report.text());
     Ok(report.passed())
+}
+
+/// A guest of the hotplug commands on perfbed's QEMU, which drives it.
+fn qemu_vm(ws: &Path, images: &image::Images, device: DeviceConfig, cpus: u8, memory_mib: u32, name: &str, boot_timeout: Duration) -> VmConfig {
+    VmConfig {
+        qemu: images.qemu.binary.clone(),
+        firmware_dirs: images.qemu.firmware_dirs.clone(),
+        device,
+        vmlinux: images.vmlinux.clone(),
+        initramfs: images.initramfs.clone(),
+        cpus,
+        memory_mib,
+        extra_cmdline: vec![],
+        host: vm::Host::Qemu,
+        run_dir: vm::new_run_dir(ws, name),
+        boot_timeout,
+        gdb: None,
+        verbose: false,
+    }
 }
 
 fn clock_seed() -> u64 {
@@ -503,7 +505,7 @@ fn stress(vm: &mut Vm, config: &StressConfig, steps: &[Step]) -> Result<StressRe
         other => bail!("the final reads: {other:?}"),
     };
     let after = control.state()?;
-    let stat_result = stop_job(&mut g, stat_job, SIGINT)?;
+    let stat_result = stop_job(&mut g, stat_job, libc::SIGINT)?;
 
     // The events were open before the schedule started and are read after it
     // ended; the guest's clock runs with the host's (90 %: clock slack).
@@ -709,13 +711,9 @@ struct OpenRetries {
 fn kernel_open_retries(g: &mut Guest, pmus: &[String]) -> Result<OpenRetries> {
     let mut total = OpenRetries::default();
     for pmu in pmus {
-        let read = |g: &mut Guest, file: &str| -> Result<u64> {
-            let path = format!("/sys/bus/event_source/devices/{pmu}/{file}");
-            let text = g.read_file(&path)?;
-            text.trim().parse().with_context(|| format!("{path}: {text:?} is not a count"))
-        };
-        total.waits += read(g, "open_waits")?;
-        total.retries += read(g, "open_retries")?;
+        let (waits, retries) = g.open_waits_and_retries(pmu)?;
+        total.waits += waits;
+        total.retries += retries;
     }
     Ok(total)
 }

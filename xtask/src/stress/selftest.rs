@@ -22,10 +22,10 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use perfbed_agent::{AgentMessage, HostRequest, HotplugBatchResult, HotplugOp, JobResult, JobSpec};
 use perfbed_device::regs::{whole_units, Event};
-use perfbed_device::ControlClient;
+use perfbed_device::{ControlClient, DeviceConfig};
 
 use super::placements::Placements;
-use super::{check_batch_shape, kernel_open_retries, parking_domain, perf_stat_counts, start_job, start_perf_stat, stop_job, vm_control, OpenRetries};
+use super::{check_batch_shape, kernel_open_retries, qemu_vm, parking_domain, perf_stat_counts, start_job, start_perf_stat, stop_job, vm_control, OpenRetries};
 use crate::guest::Guest;
 use crate::image::initramfs::SELFTEST_IN_GUEST;
 use crate::image::{self, Variant};
@@ -68,31 +68,11 @@ pub fn run(ws: &Path, args: &SelftestArgs) -> Result<bool> {
     vm::check_size(args.cpus, 1024)?;
     let images = image::ensure(ws, variant)?;
     let timeout = Duration::from_secs(args.timeout);
-    let config = SelftestConfig { vm: vm_config(ws, &images, args.cpus, timeout), rounds: args.rounds, timeout };
+    let config = SelftestConfig { vm: qemu_vm(ws, &images, DeviceConfig { domains: crate::default_domains(args.cpus), ..Default::default() }, args.cpus, 1024, "hotplug-selftest", timeout), rounds: args.rounds, timeout };
     eprintln!("==> hotplug selftest: {} vCPUs, {} kernel, cpu-on-off-test.sh -a then {} park rounds", args.cpus, variant.name(), args.rounds);
     let report = execute(&config, &vm::choose_accel())?;
     print!("{}", report.table());
     Ok(report.passed())
-}
-
-/// A guest with the default device (the CPUs in two halves) on perfbed's
-/// QEMU.
-pub fn vm_config(ws: &Path, images: &image::Images, cpus: u8, boot_timeout: Duration) -> VmConfig {
-    VmConfig {
-        qemu: images.qemu.binary.clone(),
-        firmware_dirs: images.qemu.firmware_dirs.clone(),
-        device: perfbed_device::DeviceConfig { domains: crate::default_domains(cpus), ..Default::default() },
-        vmlinux: images.vmlinux.clone(),
-        initramfs: images.initramfs.clone(),
-        cpus,
-        memory_mib: 1024,
-        extra_cmdline: vec![],
-        host: vm::Host::Qemu,
-        run_dir: vm::new_run_dir(ws, "hotplug-selftest"),
-        boot_timeout,
-        gdb: None,
-        verbose: false,
-    }
 }
 
 /// Boots, replays the scenario, powers off.
