@@ -19,7 +19,7 @@ use crate::cache::{Entry, Key};
 use crate::cmd::{self, Step};
 use crate::deps;
 use crate::image::cpio::{Archive, Kind};
-use crate::vm::VmConfig;
+use crate::vm::{Host, Placement, VmConfig};
 
 const KERNEL_RECIPE: &str = "l1-kernel-1";
 const INITRAMFS_RECIPE: &str = "l1-initramfs-2";
@@ -240,6 +240,16 @@ pub fn ensure(workspace: &Path, guest_vmlinux: &Path, guest_initramfs: &Path) ->
     Ok(images)
 }
 
+/// The host `placement` names, with what it needs built: perfbed-vmm, and
+/// for the box its L1 kernel and an initramfs holding this guest.
+pub fn build_host(workspace: &Path, placement: Placement, guest_vmlinux: &Path, guest_initramfs: &Path) -> Result<Host> {
+    Ok(match placement {
+        Placement::Qemu => Host::Qemu,
+        Placement::VmmNative => Host::VmmNative { vmm: build_binaries(workspace)?.0 },
+        Placement::VmmBox => Host::VmmBox(ensure(workspace, guest_vmlinux, guest_initramfs)?),
+    })
+}
+
 /// perfbed-vmm's own report and the box's timing, from the run's host log
 /// (the box's console, or perfbed-vmm's stderr when it runs natively).
 pub fn host_report(run_dir: &Path) -> Vec<String> {
@@ -276,7 +286,7 @@ pub fn vmm_args(config: &VmConfig, cmdline: &[String]) -> Vec<String> {
         "--pmu-trace-capacity".into(),
         config.device.trace_capacity.to_string(),
     ];
-    if matches!(config.host, crate::vm::Host::VmmBox(_)) {
+    if matches!(config.host, Host::VmmBox(_)) {
         // TCG's SVM does not make XSETBV exit (see perfbed-vmm --help).
         args.push("--no-xsave".into());
     }

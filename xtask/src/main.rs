@@ -16,6 +16,7 @@ mod module_lifecycle;
 mod perf_abi;
 mod perf_matrix;
 mod l1box;
+mod monitor;
 mod pmu_checks;
 mod progress;
 mod scenario;
@@ -344,11 +345,7 @@ fn scenario_for(ws: &Path, images: &image::Images, args: &RunArgs, name: &str) -
     if args.gdb && placement != vm::Placement::Qemu {
         anyhow::bail!("--gdb uses QEMU's gdbstub: add --host qemu (perfbed-vmm has no gdb server)");
     }
-    let host = match placement {
-        vm::Placement::Qemu => vm::Host::Qemu,
-        vm::Placement::VmmNative => vm::Host::VmmNative { vmm: l1box::build_binaries(ws)?.0 },
-        vm::Placement::VmmBox => vm::Host::VmmBox(l1box::ensure(ws, &vmlinux, &images.initramfs)?),
-    };
+    let host = l1box::build_host(ws, placement, &vmlinux, &images.initramfs)?;
     if args.host != vm::HostChoice::Qemu {
         eprintln!("==> host: {} ({why})", host.name());
     }

@@ -24,6 +24,7 @@ use perfbed_device::{ControlClient, DeviceConfig};
 
 use crate::cmd;
 use crate::l1box::{self, BoxImages};
+use crate::monitor;
 
 pub const MAX_CPUS: u8 = 64; // the guest kernel's CONFIG_NR_CPUS
 /// Where the monitoring device's registers sit in guest physical memory: a
@@ -33,6 +34,10 @@ pub const MIN_MEMORY_MIB: u32 = 128;
 pub const MAX_MEMORY_MIB: u32 = 16384;
 /// The device trace's file in a run's folder.
 pub const TRACE_FILE: &str = "trace.txt";
+/// A failed VM's vCPU state (registers, local APICs), beside the serial log.
+pub const CPU_STATE_FILE: &str = "cpu-state.txt";
+/// QEMU's human monitor, in the run folder.
+const MONITOR_SOCKET: &str = "monitor.sock";
 
 #[derive(Debug, Clone)]
 pub struct VmConfig {
@@ -101,6 +106,17 @@ pub enum HostChoice {
     Qemu,
     /// perfbed-vmm: on native KVM where usable, else in the box.
     Vmm,
+}
+
+impl HostChoice {
+    /// The `--host` value that asks for this.
+    pub fn name(self) -> &'static str {
+        match self {
+            HostChoice::Auto => "auto",
+            HostChoice::Qemu => "qemu",
+            HostChoice::Vmm => "vmm",
+        }
+    }
 }
 
 /// Where perfbed-vmm can run, and why.
@@ -227,6 +243,8 @@ pub struct Vm {
     pub box_log: Option<PathBuf>,
     /// The device's control socket (inject traffic, read its state).
     pub control_socket: PathBuf,
+    /// QEMU's human monitor (the guest's QEMU, or the box's).
+    monitor_socket: Option<PathBuf>,
     verbose: bool,
     /// Run once before a failing VM is stopped, while the device still
     /// answers (the stress saves the device's trace there).
@@ -252,6 +270,12 @@ impl Vm {
         fs::create_dir_all(&config.run_dir).with_context(|| format!("creating {}", config.run_dir.display()))?;
         let socket = config.run_dir.join("agent.sock");
         let control_socket = config.run_dir.join("control.sock");
+        // perfbed-vmm has no monitor; QEMU's (the guest's, or the box's L1)
+        // records the vCPUs' state of a VM that failed.
+        let monitor_socket = match config.host {
+            Host::VmmNative { .. } => None,
+            Host::Qemu | Host::VmmBox(_) => Some(config.run_dir.join(MONITOR_SOCKET)),
+        };
         let _ = fs::remove_file(&socket);
         let _ = fs::remove_file(&control_socket);
         let serial_log = config.run_dir.join("serial.log");
@@ -299,6 +323,9 @@ impl Vm {
             Host::VmmBox(_) => console_log.clone(),
             _ => None,
         };
+        if let Some(monitor) = &monitor_socket {
+            command.arg("-monitor").arg(monitor::qemu_arg(monitor));
+        }
         fs::write(config.run_dir.join("qemu.cmd"), cmd::display(&command) + "\n")?;
         die_with_xtask(&mut command);
         let spawned = Instant::now();
@@ -344,6 +371,7 @@ impl Vm {
             qemu_log,
             box_log,
             control_socket,
+            monitor_socket,
             agent_socket: socket,
             before_kill: None,
             verbose,
@@ -443,8 +471,10 @@ impl Vm {
     /// Stops the VM and turns `error` into the full story: what the kernel
     /// log says went wrong and where the logs are.
     fn fail(&mut self, error: anyhow::Error) -> anyhow::Error {
-        // The device's trace dies with QEMU: keep it first.
+        // The device's trace and the vCPUs' state die with QEMU: keep
+        // them first.
         let trace = self.save_device_trace();
+        let cpu_state = self.record_cpu_state();
         if let Some(hook) = self.before_kill.take() {
             hook();
         }
@@ -464,12 +494,27 @@ impl Vm {
             story += &format!("\n--- the box (L1 console, {}) ---\n{}", box_log.display(), cmd::tail(box_log, 8));
         }
         anyhow!(
-            "{story}\n--- last lines of the serial log ---\n{}\n--- QEMU: {} ---\nserial log saved: {}{}",
+            "{story}\n--- last lines of the serial log ---\n{}\n--- QEMU: {} ---\nserial log saved: {}{}{}",
             cmd::tail(&self.serial_log, 15),
             cmd::tail(&self.qemu_log, 3),
             self.serial_log.display(),
-            trace.map_or(String::new(), |t| format!("\ndevice trace saved: {}", t.display()))
+            trace.map_or(String::new(), |t| format!("\ndevice trace saved: {}", t.display())),
+            cpu_state
         )
+    }
+
+    /// The vCPUs' registers and local APICs from QEMU's monitor, saved
+    /// beside the serial log; a line for the failure's story.
+    fn record_cpu_state(&mut self) -> String {
+        let Some(socket) = &self.monitor_socket else { return String::new() };
+        if !matches!(self.child.try_wait(), Ok(None)) {
+            return String::new();
+        }
+        let whose = if self.box_log.is_some() { "the box's L1 vCPU" } else { "the guest's vCPUs" };
+        match monitor::record_cpu_state(socket, &self.serial_log.with_file_name(CPU_STATE_FILE)) {
+            Ok(path) => format!("\nstate of {whose} (registers, local APIC) saved: {}", path.display()),
+            Err(e) => format!("\nstate of {whose}: not recorded ({e:#})"),
+        }
     }
 
     /// The device's trace as it is now, saved beside the serial log (best
@@ -504,7 +549,7 @@ impl Vm {
         }
         let _ = self.child.wait();
         let _ = self.writer.shutdown(std::net::Shutdown::Both);
-        for socket in [&self.agent_socket, &self.control_socket] {
+        for socket in [Some(&self.agent_socket), Some(&self.control_socket), self.monitor_socket.as_ref()].into_iter().flatten() {
             let _ = fs::remove_file(socket);
         }
     }
@@ -777,6 +822,14 @@ pub fn new_run_dir(workspace: &Path, name: &str) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_host_choice_names_the_flag_value_that_asks_for_it() {
+        use clap::ValueEnum;
+        for choice in HostChoice::value_variants() {
+            assert_eq!(HostChoice::from_str(choice.name(), false), Ok(*choice));
+        }
+    }
 
     #[test]
     fn kernel_log_problems_are_found_and_quiet_logs_pass() {

@@ -34,6 +34,7 @@ use crate::cmd::human;
 use crate::perf_abi::{FORMAT_GROUP, FORMAT_TOTAL_TIME_ENABLED, FORMAT_TOTAL_TIME_RUNNING};
 use crate::guest::Guest;
 use crate::image::{self, Variant};
+use crate::l1box;
 use crate::pmu_checks::{self, pmu_name};
 use crate::scenario::{clean_log_check, Check};
 use crate::vm::{self, Accel, Vm, VmConfig};
@@ -68,6 +69,11 @@ pub struct StressArgs {
     /// Seconds the boot, and each request to the guest, may take.
     #[arg(long, default_value_t = 300)]
     timeout: u64,
+    /// Which VMM runs the guest: perfbed's QEMU (the default), perfbed-vmm
+    /// (`vmm`: on native KVM, else in the box), or `auto` (perfbed-vmm
+    /// where the CPU has VT-x/SVM, else QEMU).
+    #[arg(long, value_enum, default_value_t = vm::HostChoice::Qemu)]
+    host: vm::HostChoice,
 }
 
 /// Counter slots per domain in the stress device: enough for every event
@@ -106,32 +112,52 @@ pub fn run(ws: &Path, args: &StressArgs) -> Result<bool> {
     if args.normal {
         replay += " --normal";
     }
+    if args.host != vm::HostChoice::Qemu {
+        let _ = write!(replay, " --host {}", args.host.name());
+    }
     // Refuse a topology the schedule cannot use before minutes go into a build.
     schedule::generate(&topology(args.cpus, &device), seed, 1).map_err(|e| anyhow::anyhow!("{}", e.0))?;
     let images = image::ensure(ws, variant)?;
+    let accel = vm::choose_accel();
+    let (placement, why) = vm::choose_host(args.host, &accel);
+    let host = l1box::build_host(ws, placement, &images.vmlinux, &images.initramfs)?;
     let config = StressConfig {
-        vm: qemu_vm(ws, &images, device, args.cpus, args.memory, "stress", Duration::from_secs(args.timeout)),
+        vm: guest_vm(ws, &images, host, device, args.cpus, args.memory, "stress", Duration::from_secs(args.timeout)),
         cycles: args.cycles,
         seed,
         timeout: Duration::from_secs(args.timeout),
         replay,
     };
-    let accel = vm::choose_accel();
+    let under = match &config.vm.host {
+        vm::Host::Qemu if accel.kvm => "QEMU on KVM".to_string(),
+        vm::Host::Qemu => "QEMU TCG".to_string(),
+        host => format!("perfbed-vmm, {} ({why})", host.name()),
+    };
     eprintln!(
-        "==> stress: {} cycles, seed {seed}, {} vCPUs, domains {}, {} kernel, under {}",
+        "==> stress: {} cycles, seed {seed}, {} vCPUs, domains {}, {} kernel, under {under}",
         config.cycles,
         config.vm.cpus,
         domains_text(&config.vm.device),
         variant.name(),
-        if accel.kvm { "KVM" } else { "QEMU TCG" }
     );
     let report = execute(&config, &accel)?;
     print!("{}", report.text());
     Ok(report.passed())
 }
 
-/// A guest of the hotplug commands on perfbed's QEMU, which drives it.
-fn qemu_vm(ws: &Path, images: &image::Images, device: DeviceConfig, cpus: u8, memory_mib: u32, name: &str, boot_timeout: Duration) -> VmConfig {
+/// A guest of the hotplug commands on `host` (perfbed's QEMU drives the
+/// guest, or the box that holds perfbed-vmm).
+#[allow(clippy::too_many_arguments)]
+fn guest_vm(
+    ws: &Path,
+    images: &image::Images,
+    host: vm::Host,
+    device: DeviceConfig,
+    cpus: u8,
+    memory_mib: u32,
+    name: &str,
+    boot_timeout: Duration,
+) -> VmConfig {
     VmConfig {
         qemu: images.qemu.binary.clone(),
         firmware_dirs: images.qemu.firmware_dirs.clone(),
@@ -141,7 +167,7 @@ fn qemu_vm(ws: &Path, images: &image::Images, device: DeviceConfig, cpus: u8, me
         cpus,
         memory_mib,
         extra_cmdline: vec![],
-        host: vm::Host::Qemu,
+        host,
         run_dir: vm::new_run_dir(ws, name),
         boot_timeout,
         gdb: None,

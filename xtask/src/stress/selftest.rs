@@ -25,7 +25,7 @@ use perfbed_device::regs::{whole_units, Event};
 use perfbed_device::{ControlClient, DeviceConfig};
 
 use super::placements::Placements;
-use super::{check_batch_shape, kernel_open_retries, qemu_vm, parking_domain, perf_stat_counts, start_job, start_perf_stat, stop_job, vm_control, OpenRetries};
+use super::{check_batch_shape, kernel_open_retries, guest_vm, parking_domain, perf_stat_counts, start_job, start_perf_stat, stop_job, vm_control, OpenRetries};
 use crate::guest::Guest;
 use crate::image::initramfs::SELFTEST_IN_GUEST;
 use crate::image::{self, Variant};
@@ -68,7 +68,7 @@ pub fn run(ws: &Path, args: &SelftestArgs) -> Result<bool> {
     vm::check_size(args.cpus, 1024)?;
     let images = image::ensure(ws, variant)?;
     let timeout = Duration::from_secs(args.timeout);
-    let config = SelftestConfig { vm: qemu_vm(ws, &images, DeviceConfig { domains: crate::default_domains(args.cpus), ..Default::default() }, args.cpus, 1024, "hotplug-selftest", timeout), rounds: args.rounds, timeout };
+    let config = SelftestConfig { vm: guest_vm(ws, &images, vm::Host::Qemu, DeviceConfig { domains: crate::default_domains(args.cpus), ..Default::default() }, args.cpus, 1024, "hotplug-selftest", timeout), rounds: args.rounds, timeout };
     eprintln!("==> hotplug selftest: {} vCPUs, {} kernel, cpu-on-off-test.sh -a then {} park rounds", args.cpus, variant.name(), args.rounds);
     let report = execute(&config, &vm::choose_accel())?;
     print!("{}", report.table());

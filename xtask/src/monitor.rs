@@ -1,0 +1,131 @@
+//! QEMU's human monitor, asked for the vCPUs' state when a VM is declared
+//! hung or failed, before it is killed.
+//!
+//! A hang leaves nothing in the guest's log when the guest's own clock has
+//! stopped (the box: L1 stuck in a nested guest, with no timer interrupt to
+//! print an RCU stall). The registers and the local APIC of every vCPU say
+//! where it sits and whether a timer interrupt is pending: the one record a
+//! hang that needs minutes to reproduce leaves behind.
+
+use std::fs;
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+/// The monitor's prompt, printed after its banner and after every answer.
+const PROMPT: &str = "(qemu) ";
+/// How long one command may take: a monitor answers between TBs, and a
+/// vCPU spinning in TCG still yields to it.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Every vCPU's registers; then, for each vCPU it lists, its local APIC
+/// (timer mode and count, IRR/ISR: is an interrupt stuck).
+const REGISTERS: &str = "info registers -a";
+
+/// The `-monitor` argument for a monitor on `socket`.
+pub fn qemu_arg(socket: &Path) -> String {
+    format!("unix:{},server=on,wait=off", socket.display())
+}
+
+/// Asks the monitor at `socket` for every vCPU's registers and local APIC
+/// and writes the answers to `out`, each under its command.
+pub fn record_cpu_state(socket: &Path, out: &Path) -> Result<PathBuf> {
+    let mut stream = UnixStream::connect(socket).with_context(|| format!("connecting to QEMU's monitor {}", socket.display()))?;
+    stream.set_read_timeout(Some(Duration::from_millis(200)))?;
+    read_to_prompt(&mut stream).context("the monitor's banner")?;
+    let mut ask = |command: &str, text: &mut String| -> Result<String> {
+        stream.write_all(format!("{command}\n").as_bytes())?;
+        let answer = clean_answer(&read_to_prompt(&mut stream).with_context(|| format!("the answer to `{command}`"))?);
+        *text += &format!("### {command}\n{answer}\n");
+        Ok(answer)
+    };
+    let mut text = String::new();
+    let registers = ask(REGISTERS, &mut text)?;
+    // QEMU numbers APIC ids like CPU indexes on the machines perfbed boots.
+    let cpus = registers.lines().filter(|l| l.starts_with("CPU#")).count();
+    for cpu in 0..cpus {
+        ask(&format!("info lapic {cpu}"), &mut text)?;
+    }
+    fs::write(out, text).with_context(|| format!("writing {}", out.display()))?;
+    Ok(out.to_path_buf())
+}
+
+fn read_to_prompt(stream: &mut UnixStream) -> Result<String> {
+    let deadline = Instant::now() + ANSWER_TIMEOUT;
+    let mut bytes = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&bytes).ends_with(PROMPT) {
+        if Instant::now() > deadline {
+            bail!("no prompt within {ANSWER_TIMEOUT:?} ({} bytes so far)", bytes.len());
+        }
+        match stream.read(&mut buf) {
+            Ok(0) => bail!("the monitor closed the connection"),
+            Ok(n) => bytes.extend_from_slice(&buf[..n]),
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// The answer without the monitor's echo of the command (its first line,
+/// redrawn keystroke by keystroke), carriage returns and the closing prompt.
+fn clean_answer(raw: &str) -> String {
+    let body = raw.strip_suffix(PROMPT).unwrap_or(raw);
+    let answer = body.split_once('\n').map_or("", |(_echo, rest)| rest);
+    answer.replace('\r', "").trim_matches('\n').to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::net::UnixListener;
+    use std::thread;
+
+    #[test]
+    fn an_answer_loses_the_echo_the_escapes_and_the_prompt() {
+        let raw = "i\u{1b}[K\u{1b}[Dinfo lapic 0\r\ndest=0 timer=armed\r\nIRR: 236\r\n(qemu) ";
+        assert_eq!(clean_answer(raw), "dest=0 timer=armed\nIRR: 236");
+    }
+
+    /// A monitor that answers every command with `answer`, after a banner.
+    fn fake_monitor(socket: &Path, answer: &'static str) -> thread::JoinHandle<Vec<String>> {
+        let listener = UnixListener::bind(socket).unwrap();
+        thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            s.write_all(b"QEMU 7.2.20 monitor - type 'help'\r\n(qemu) ").unwrap();
+            let mut asked = Vec::new();
+            let mut line = Vec::new();
+            let mut byte = [0u8; 1];
+            while s.read(&mut byte).unwrap_or(0) == 1 {
+                if byte[0] == b'\n' {
+                    let command = String::from_utf8(std::mem::take(&mut line)).unwrap();
+                    s.write_all(format!("{command}\r\n{answer}\r\n(qemu) ").as_bytes()).unwrap();
+                    asked.push(command);
+                } else {
+                    line.push(byte[0]);
+                }
+            }
+            asked
+        })
+    }
+
+    #[test]
+    fn every_vcpus_registers_and_local_apic_are_recorded() {
+        let dir = std::env::temp_dir().join(format!("perfbed-monitor-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        let socket = dir.join("m.sock");
+        let monitor = fake_monitor(&socket, "CPU#0\r\nRIP=ffffffff81000000\r\nCPU#1\r\nRIP=0");
+        let out = record_cpu_state(&socket, &dir.join("cpu-state.txt")).unwrap();
+        let text = fs::read_to_string(out).unwrap();
+        assert!(text.starts_with("### info registers -a\nCPU#0\nRIP=ffffffff81000000\nCPU#1\nRIP=0\n### info lapic 0\n"), "{text}");
+        assert!(text.contains("### info lapic 1\n"), "{text}");
+        assert_eq!(monitor.join().unwrap(), ["info registers -a", "info lapic 0", "info lapic 1"]);
+        assert!(record_cpu_state(&dir.join("none.sock"), &dir.join("x")).is_err());
+        let _ = fs::remove_dir_all(&dir);
+    }
+}
