@@ -179,7 +179,7 @@ impl Device {
     /// Counts a counter read of domain `d` by `vcpu`; returns whether it broke
     /// the placement rule.
     fn placement_check(&mut self, d: usize, vcpu: u32) -> bool {
-        self.domains.get_mut(d).map_or(true, |dom| dom.placement_check(vcpu))
+        self.domains.get_mut(d).is_none_or(|dom| dom.placement_check(vcpu))
     }
 
     /// A guest read of `size` bytes at `offset` from `vcpu` at `now_ns`.
