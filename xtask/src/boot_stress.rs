@@ -22,6 +22,10 @@ pub struct BootStressArgs {
     /// Seconds a boot may take before it counts as hung.
     #[arg(long, default_value_t = 60)]
     timeout: u64,
+    /// Which VMM boots the guest: perfbed's QEMU (the default), perfbed-vmm
+    /// (`vmm`: on native KVM, else in the box), or `auto`.
+    #[arg(long, value_enum, default_value_t = vm::HostChoice::Qemu)]
+    host: vm::HostChoice,
 }
 
 /// A process that keeps one CPU busy until dropped.
@@ -50,6 +54,7 @@ pub fn run(ws: &Path, args: &BootStressArgs) -> Result<bool> {
     let accel = vm::choose_accel();
     let mut run_args = RunArgs::for_tests();
     run_args.timeout = args.timeout;
+    run_args.host = args.host;
     let mut times: [Vec<Duration>; 2] = [Vec::new(), Vec::new()];
     let mut failures: Vec<String> = Vec::new();
     for i in 0..args.boots * 2 {
