@@ -122,7 +122,7 @@ pub fn run(ws: &Path, args: &StressArgs) -> Result<bool> {
     let (placement, why) = vm::choose_host(args.host, &accel);
     let host = l1box::build_host(ws, placement, &images.vmlinux, &images.initramfs)?;
     let config = StressConfig {
-        vm: guest_vm(ws, &images, host, device, args.cpus, args.memory, "stress", Duration::from_secs(args.timeout)),
+        vm: VmConfig { host, ..guest_vm(ws, &images, device, args.cpus, args.memory, "stress", Duration::from_secs(args.timeout)) },
         cycles: args.cycles,
         seed,
         timeout: Duration::from_secs(args.timeout),
@@ -131,7 +131,7 @@ pub fn run(ws: &Path, args: &StressArgs) -> Result<bool> {
     let under = match &config.vm.host {
         vm::Host::Qemu if accel.kvm => "QEMU on KVM".to_string(),
         vm::Host::Qemu => "QEMU TCG".to_string(),
-        host => format!("perfbed-vmm, {} ({why})", host.name()),
+        host => format!("{}: {why}", host.name()),
     };
     eprintln!(
         "==> stress: {} cycles, seed {seed}, {} vCPUs, domains {}, {} kernel, under {under}",
@@ -145,19 +145,9 @@ pub fn run(ws: &Path, args: &StressArgs) -> Result<bool> {
     Ok(report.passed())
 }
 
-/// A guest of the hotplug commands on `host` (perfbed's QEMU drives the
-/// guest, or the box that holds perfbed-vmm).
-#[allow(clippy::too_many_arguments)]
-fn guest_vm(
-    ws: &Path,
-    images: &image::Images,
-    host: vm::Host,
-    device: DeviceConfig,
-    cpus: u8,
-    memory_mib: u32,
-    name: &str,
-    boot_timeout: Duration,
-) -> VmConfig {
+/// A guest of the hotplug commands on perfbed's QEMU (the stress may put it
+/// on another host).
+fn guest_vm(ws: &Path, images: &image::Images, device: DeviceConfig, cpus: u8, memory_mib: u32, name: &str, boot_timeout: Duration) -> VmConfig {
     VmConfig {
         qemu: images.qemu.binary.clone(),
         firmware_dirs: images.qemu.firmware_dirs.clone(),
@@ -167,7 +157,7 @@ fn guest_vm(
         cpus,
         memory_mib,
         extra_cmdline: vec![],
-        host,
+        host: vm::Host::Qemu,
         run_dir: vm::new_run_dir(ws, name),
         boot_timeout,
         gdb: None,

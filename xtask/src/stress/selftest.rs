@@ -68,7 +68,7 @@ pub fn run(ws: &Path, args: &SelftestArgs) -> Result<bool> {
     vm::check_size(args.cpus, 1024)?;
     let images = image::ensure(ws, variant)?;
     let timeout = Duration::from_secs(args.timeout);
-    let config = SelftestConfig { vm: guest_vm(ws, &images, vm::Host::Qemu, DeviceConfig { domains: crate::default_domains(args.cpus), ..Default::default() }, args.cpus, 1024, "hotplug-selftest", timeout), rounds: args.rounds, timeout };
+    let config = SelftestConfig { vm: guest_vm(ws, &images, DeviceConfig { domains: crate::default_domains(args.cpus), ..Default::default() }, args.cpus, 1024, "hotplug-selftest", timeout), rounds: args.rounds, timeout };
     eprintln!("==> hotplug selftest: {} vCPUs, {} kernel, cpu-on-off-test.sh -a then {} park rounds", args.cpus, variant.name(), args.rounds);
     let report = execute(&config, &vm::choose_accel())?;
     print!("{}", report.table());
