@@ -26,18 +26,17 @@ pub enum CpuListError {
         /// End of the range.
         last: u32,
     },
-    /// A range spans more than [`MAX_RANGE`] CPUs.
-    #[error("range {first}-{last} in CPU list is too large")]
-    RangeTooLarge {
-        /// Start of the range.
-        first: u32,
-        /// End of the range.
-        last: u32,
-    },
+    /// A CPU number above [`MAX_CPU_NUMBER`].
+    #[error("CPU {0} in CPU list is above {max}, the largest CPU number Linux can have", max = MAX_CPU_NUMBER)]
+    CpuTooLarge(u32),
 }
 
-/// Most CPUs a single `first-last` range may span.
-pub const MAX_RANGE: u32 = 4096;
+/// The largest CPU number a list may hold: Linux's largest `NR_CPUS`
+/// (`CONFIG_MAXSMP`, 8192 CPUs) less one. Bounding the numbers, not the
+/// width of each range, keeps every list the parser accepts in canonical
+/// form too: `"0-3000,2000-5000"` is `"0-5000"`, and a limit on a range's
+/// width would refuse the second spelling of a list it took in the first.
+pub const MAX_CPU_NUMBER: u32 = 8191;
 
 /// Parses a CPU list such as `"0-1,3"` (whitespace around items is ignored;
 /// an empty or all-blank string is the empty list). The result is sorted and
@@ -48,12 +47,14 @@ pub fn parse_cpu_list(list: &str) -> Result<Vec<u32>, CpuListError> {
         return Ok(cpus);
     }
     let number = |s: &str| -> Result<u32, CpuListError> {
-        s.trim()
-            .parse::<u32>()
-            .map_err(|_| CpuListError::BadNumber {
-                item: s.trim().to_string(),
-                list: list.to_string(),
-            })
+        let cpu = s.trim().parse::<u32>().map_err(|_| CpuListError::BadNumber {
+            item: s.trim().to_string(),
+            list: list.to_string(),
+        })?;
+        if cpu > MAX_CPU_NUMBER {
+            return Err(CpuListError::CpuTooLarge(cpu));
+        }
+        Ok(cpu)
     };
     for item in list.split(',') {
         let item = item.trim();
@@ -65,9 +66,6 @@ pub fn parse_cpu_list(list: &str) -> Result<Vec<u32>, CpuListError> {
                 let (first, last) = (number(first)?, number(last)?);
                 if last < first {
                     return Err(CpuListError::ReversedRange { first, last });
-                }
-                if last - first >= MAX_RANGE {
-                    return Err(CpuListError::RangeTooLarge { first, last });
                 }
                 cpus.extend(first..=last);
             }
@@ -190,10 +188,21 @@ mod tests {
             parse_cpu_list("3-1"),
             Err(CpuListError::ReversedRange { first: 3, last: 1 })
         );
-        assert!(matches!(
-            parse_cpu_list("0-4294967295"),
-            Err(CpuListError::RangeTooLarge { .. })
-        ));
+        assert_eq!(parse_cpu_list("0-4294967295"), Err(CpuListError::CpuTooLarge(4294967295)));
+        assert_eq!(parse_cpu_list("8192"), Err(CpuListError::CpuTooLarge(8192)));
+        assert_eq!(parse_cpu_list("8191").unwrap(), vec![8191]);
+    }
+
+    /// What the fuzzer found: overlapping ranges, each narrow, whose union
+    /// is one wide range. Whatever is accepted is accepted again formatted.
+    #[test]
+    fn an_accepted_list_is_accepted_again_in_canonical_form() {
+        for list in ["0-345,5,518,6,099-3745,5,0974-5039,5,772", "0-8191", "8191,0-4000,4001-8190"] {
+            let cpus = parse_cpu_list(list).unwrap();
+            let formatted = format_cpu_list(&cpus);
+            assert_eq!(parse_cpu_list(&formatted), Ok(cpus), "{list:?} -> {formatted:?}");
+        }
+        assert_eq!(format_cpu_list(&parse_cpu_list("0-345,99-3745,974-5039").unwrap()), "0-5039");
     }
 
     #[test]
