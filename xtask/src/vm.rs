@@ -109,13 +109,10 @@ pub enum HostChoice {
 }
 
 impl HostChoice {
-    /// The `--host` value that asks for this.
-    pub fn name(self) -> &'static str {
-        match self {
-            HostChoice::Auto => "auto",
-            HostChoice::Qemu => "qemu",
-            HostChoice::Vmm => "vmm",
-        }
+    /// The `--host` value that asks for this (clap's own spelling of it).
+    pub fn name(self) -> String {
+        use clap::ValueEnum;
+        self.to_possible_value().expect("no choice is skipped").get_name().to_string()
     }
 }
 
@@ -827,7 +824,7 @@ mod tests {
     fn a_host_choice_names_the_flag_value_that_asks_for_it() {
         use clap::ValueEnum;
         for choice in HostChoice::value_variants() {
-            assert_eq!(HostChoice::from_str(choice.name(), false), Ok(*choice));
+            assert_eq!(HostChoice::from_str(&choice.name(), false), Ok(*choice));
         }
     }
 
