@@ -232,11 +232,13 @@ fn flock(file: &fs::File, op: libc::c_int, what: &str) -> Result<()> {
 }
 
 /// How many finished entries of a kind the cache keeps: enough for every
-/// variant in use at once (normal and debug kernels; two modules and an
-/// initramfs per kernel) and the previous build of each, few of the big ones.
+/// variant in use at once (normal, debug and gdb kernels; two modules and an
+/// initramfs per kernel) and the previous build of each, so that switching
+/// between two branches that patch the kernel differently rebuilds nothing.
+/// A kernel tree is ~1.8 GB.
 pub fn keep(kind: &str) -> usize {
     match kind {
-        "kernel" => 3,
+        "kernel" => 6,
         "qemu" => 2,
         _ => 8,
     }
