@@ -336,6 +336,14 @@ fn serve_connection(device: &SharedDevice, stream: UnixStream) -> io::Result<()>
 
 type Connections = Arc<Mutex<HashMap<u64, UnixStream>>>;
 
+impl SharedDevice {
+    /// Starts serving the control socket at `path` (a stale socket file there
+    /// is replaced). Dropping the returned server stops it.
+    pub fn serve_control(&self, path: &Path) -> io::Result<ControlServer> {
+        ControlServer::start(self.clone(), path)
+    }
+}
+
 /// A running control socket. Dropping it stops accepting, shuts down open
 /// connections, and removes the socket file.
 #[derive(Debug)]

@@ -3,13 +3,12 @@
 //! A [`Device`] behind a mutex plus the clock that gives it `now_ns`. The
 //! lock is held only for one device call at a time (never across I/O or a
 //! wait), and a poisoned lock is recovered rather than turned into a panic.
+//! It knows nothing of the control socket: `control` serves one for it
+//! ([`SharedDevice::serve_control`]).
 
-use std::io;
-use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
-use crate::control::ControlServer;
 use crate::device::{ConfigError, Device, DeviceConfig};
 
 /// A device shared between vCPU threads and the control socket.
@@ -64,12 +63,6 @@ impl SharedDevice {
     /// Size of the register region in bytes.
     pub fn size(&self) -> u64 {
         self.size
-    }
-
-    /// Starts serving the control socket at `path` (a stale socket file there
-    /// is replaced). Dropping the returned server stops it.
-    pub fn serve_control(&self, path: &Path) -> io::Result<ControlServer> {
-        ControlServer::start(self.clone(), path)
     }
 }
 

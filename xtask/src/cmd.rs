@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
-use crate::progress::{self, Spinner};
+use crate::progress::{self, human, Spinner};
 
 /// A long build step: its commands append to one log file, the terminal sees
 /// what runs and, while it does, a live spinner with the elapsed and the
@@ -144,14 +144,5 @@ pub fn tail(path: &Path, lines: usize) -> String {
             all[all.len().saturating_sub(lines)..].join("\n")
         }
         Err(e) => format!("(cannot read {}: {e})", path.display()),
-    }
-}
-
-pub fn human(d: Duration) -> String {
-    let s = d.as_secs_f64();
-    if s < 60.0 {
-        format!("{s:.1} s")
-    } else {
-        format!("{}m{:02}s", d.as_secs() / 60, d.as_secs() % 60)
     }
 }

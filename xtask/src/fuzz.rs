@@ -16,9 +16,10 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 
-use crate::cache;
-use crate::cmd::{self, human, Step};
-use crate::deps;
+use crate::build::cache;
+use crate::build::deps;
+use crate::cmd::{self, Step};
+use crate::progress::human;
 
 pub const CARGO_FUZZ_VERSION: &str = "0.13.2";
 

@@ -12,8 +12,7 @@ use std::time::Duration;
 
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 
-use crate::cache;
-use crate::cmd::human;
+use crate::build::cache;
 
 /// The spinners, drawn together; `None` when stderr is not a terminal.
 static BARS: LazyLock<Option<MultiProgress>> =
@@ -85,5 +84,15 @@ pub fn record(name: &str, took: Duration) {
     let aside = path.with_extension(format!("json.{}", std::process::id()));
     if path.parent().is_some_and(|dir| fs::create_dir_all(dir).is_ok()) && fs::write(&aside, text).is_ok() {
         let _ = fs::rename(&aside, &path);
+    }
+}
+
+/// A duration as a person reads it: `4.2 s`, `3m07s`.
+pub fn human(d: Duration) -> String {
+    let s = d.as_secs_f64();
+    if s < 60.0 {
+        format!("{s:.1} s")
+    } else {
+        format!("{}m{:02}s", d.as_secs() / 60, d.as_secs() % 60)
     }
 }

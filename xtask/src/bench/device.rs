@@ -7,9 +7,9 @@ use std::process::Command;
 
 use anyhow::{Context, Result};
 
-use super::report::{Goal, Row};
+use crate::build::deps;
 use crate::cmd::Step;
-use crate::deps;
+use super::report::{Goal, Row};
 
 /// The goal of the issue: a register access in the model within 100 ns.
 const MODEL_GOAL_NS: f64 = 100.0;

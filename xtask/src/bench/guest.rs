@@ -14,13 +14,16 @@ use anyhow::{bail, Context, Result};
 use perfbed_agent::{AgentMessage, HostRequest, PerfAttr, ReadTarget};
 use perfbed_device::regs::{self, Event};
 
-use super::report::{Goal, Row};
-use crate::cmd::human;
+use crate::build::image::Images;
 use crate::guest::Guest;
-use crate::image::Images;
-use crate::pmu_checks::{pmu_name, MODULE};
-use crate::vm::{self, Accel, Vm, DEVICE_BASE};
-use crate::{scenario_for, RunArgs};
+use crate::guest::{pmu_name, MODULE};
+use crate::host::Accel;
+use crate::host::config::DEVICE_BASE;
+use crate::host::vm::Vm;
+use crate::host;
+use crate::progress::human;
+use crate::run::{scenario_for, RunArgs};
+use super::report::{Goal, Row};
 
 /// Stock Debian QEMU (package qemu-system-x86), the boot baseline.
 const STOCK_QEMU: &str = "/usr/bin/qemu-system-x86_64";
@@ -118,7 +121,7 @@ pub fn rows(ws: &Path, images: &Images, accel: &Accel, effort: &Effort) -> Resul
     rows.extend(in_guest(&mut guest, &scenario.vm.device, effort)?);
     let serial_log = vm.serial_log.clone();
     vm.power_off(Duration::from_secs(30))?;
-    let problems = vm::kernel_log_problems(&fs::read_to_string(&serial_log).unwrap_or_default());
+    let problems = host::console::kernel_log_problems(&fs::read_to_string(&serial_log).unwrap_or_default());
     if !problems.is_empty() {
         bail!("the benchmark guest's kernel log has problems (see {}):\n  {}", serial_log.display(), problems.join("\n  "));
     }
@@ -244,14 +247,14 @@ fn hotplug(g: &mut Guest, device: &perfbed_device::DeviceConfig, rounds: u32) ->
 /// Boots the same kernel and initramfs on stock Debian QEMU's `-M pc` and
 /// returns the time from its start to the kernel starting `/init`, and its
 /// resident memory beyond guest RAM then (KiB).
-fn stock_boot_to_init(config: &vm::VmConfig, accel: &Accel) -> Result<(Duration, f64)> {
+fn stock_boot_to_init(config: &host::config::VmConfig, accel: &Accel) -> Result<(Duration, f64)> {
     if !Path::new(STOCK_QEMU).is_file() {
         bail!("{STOCK_QEMU} is missing (Debian package qemu-system-x86; `cargo xtask bench` installs it as root)");
     }
     fs::create_dir_all(&config.run_dir)?;
     let mut qemu = Command::new(STOCK_QEMU);
     qemu.args(["-M", "pc"]);
-    vm::guest_args(&mut qemu, config, accel, &vm::base_cmdline(vm::host_tsc_khz()).join(" "));
+    host::qemu::guest_args(&mut qemu, config, accel, &host::cmdline::base_cmdline(host::cmdline::host_tsc_khz()).join(" "));
     qemu.args(["-serial", "stdio"]);
     fs::write(config.run_dir.join("qemu.cmd"), crate::cmd::display(&qemu) + "\n")?;
     let start = Instant::now();

@@ -13,6 +13,7 @@ mod device;
 mod guest;
 mod report;
 mod runs;
+pub mod vmm_exit;
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -20,7 +21,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use clap::Args;
 
-use crate::{deps, image, vm};
+use crate::build::{deps, image};
+use crate::host;
 pub use report::{table, Row};
 
 #[derive(Args)]
@@ -91,7 +93,7 @@ pub fn measure(ws: &Path, quick: bool) -> Result<Vec<Row>> {
     deps::ensure_bench()?;
     let mut rows = device::rows(ws, quick)?;
     let images = image::ensure_for(ws, image::Variant::Normal, image::Purpose::Run)?;
-    let accel = vm::choose_accel();
+    let accel = host::choose_accel();
     rows.extend(guest::rows(ws, &images, &accel, &guest::Effort::new(quick))?);
     let size = fs::metadata(&images.initramfs).with_context(|| format!("reading {}", images.initramfs.display()))?.len();
     rows.push(

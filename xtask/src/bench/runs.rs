@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use serde_json::json;
 
+use crate::build::deps;
+use crate::progress::human;
 use super::report::{Goal, Row};
-use crate::cmd::human;
-use crate::deps;
 
 /// The goal for the first run on a fresh 2-core machine.
 const COLD_GOAL_S: f64 = 360.0;
@@ -86,7 +86,7 @@ impl RunTimes {
     }
 }
 
-/// The inverse of `cmd::human`: "1.7 s" or "4m38s".
+/// The inverse of `progress::human`: "1.7 s" or "4m38s".
 fn parse_human(text: &str) -> Option<Duration> {
     if let Some(s) = text.strip_suffix(" s") {
         return s.parse::<f64>().ok().map(Duration::from_secs_f64);

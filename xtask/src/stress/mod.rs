@@ -10,14 +10,12 @@
 //! landed before its final read, so every final count must equal the
 //! device's truth exactly.
 
+pub mod boot;
+mod jobs;
 mod placements;
-mod rng;
+mod report;
 pub mod schedule;
 pub mod selftest;
-mod traffic;
-
-pub use rng::Rng;
-pub use traffic::{Injector, Key};
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -26,21 +24,27 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use perfbed_agent::{AgentMessage, HostRequest, HotplugBatchResult, HotplugOp, JobResult, JobSpec, PerfAttr, PerfIoctl};
-use perfbed_device::regs::{self, Event};
-use perfbed_device::{ControlClient, DeviceConfig, DeviceState};
+use perfbed_agent::{AgentMessage, HostRequest, HotplugBatchResult, HotplugOp, JobSpec, PerfAttr, PerfIoctl};
+use perfbed_device::regs::Event;
+use perfbed_device::{ControlClient, DeviceConfig};
 
-use crate::cmd::human;
-use crate::perf_abi::{FORMAT_GROUP, FORMAT_TOTAL_TIME_ENABLED, FORMAT_TOTAL_TIME_RUNNING};
+use crate::build::image::{self, Variant};
+use crate::checks::{clean_log_check, Check};
+use crate::checks::rng::Rng;
+use crate::checks::traffic::{Injector, Key};
 use crate::guest::Guest;
-use crate::image::{self, Variant};
-use crate::l1box;
-use crate::pmu_checks::{self, pmu_name};
-use crate::scenario::{clean_log_check, Check};
-use crate::vm::{self, Accel, Vm, VmConfig};
+use crate::guest::perf_abi::{FORMAT_GROUP, FORMAT_TOTAL_TIME_ENABLED, FORMAT_TOTAL_TIME_RUNNING};
+use crate::guest::{pmu_name, MODULE};
+use crate::host::Accel;
+use crate::host::config::VmConfig;
+use crate::host::vm::Vm;
+use crate::host;
+use crate::progress::human;
+use crate::run::default_domains;
+use jobs::{check_batch_shape, kernel_open_retries, open, open_loop_check, perf_stat_counts, start_job, start_perf_stat, stop_job, violations_check};
 use placements::Placements;
+use report::{cap, check_finals, StressReport, Watched, WatchedKind};
 use schedule::{Op, Step, Topology};
-use traffic::TrafficStats;
 
 #[derive(Args, Clone)]
 pub struct StressArgs {
@@ -52,7 +56,7 @@ pub struct StressArgs {
     #[arg(long)]
     seed: Option<u64>,
     /// Guest vCPUs (up to the guest kernel's NR_CPUS).
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u8).range(2..=vm::MAX_CPUS as i64))]
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u8).range(2..=host::config::MAX_CPUS as i64))]
     cpus: u8,
     /// The device's domains, e.g. 0-1:2-3 (default: the CPUs in two halves).
     #[arg(long)]
@@ -72,8 +76,8 @@ pub struct StressArgs {
     /// Which VMM runs the guest: perfbed's QEMU (the default), perfbed-vmm
     /// (`vmm`: on native KVM, else in the box), or `auto` (perfbed-vmm
     /// where the CPU has VT-x/SVM, else QEMU).
-    #[arg(long, value_enum, default_value_t = vm::HostChoice::Qemu)]
-    host: vm::HostChoice,
+    #[arg(long, value_enum, default_value_t = host::HostChoice::Qemu)]
+    host: host::HostChoice,
 }
 
 /// Counter slots per domain in the stress device: enough for every event
@@ -103,7 +107,7 @@ pub struct StressConfig {
 pub fn run(ws: &Path, args: &StressArgs) -> Result<bool> {
     let seed = args.seed.unwrap_or_else(clock_seed);
     let variant = if args.normal { Variant::Normal } else { Variant::Debug };
-    vm::check_size(args.cpus, args.memory)?;
+    host::config::check_size(args.cpus, args.memory)?;
     let device = device(args.cpus, args.domains.as_deref())?;
     let mut replay = format!("cargo xtask stress --cycles {} --seed {seed} --cpus {}", args.cycles, args.cpus);
     if let Some(domains) = &args.domains {
@@ -112,15 +116,15 @@ pub fn run(ws: &Path, args: &StressArgs) -> Result<bool> {
     if args.normal {
         replay += " --normal";
     }
-    if args.host != vm::HostChoice::Qemu {
+    if args.host != host::HostChoice::Qemu {
         let _ = write!(replay, " --host {}", args.host.name());
     }
     // Refuse a topology the schedule cannot use before minutes go into a build.
     schedule::generate(&topology(args.cpus, &device), seed, 1).map_err(|e| anyhow::anyhow!("{}", e.0))?;
     let images = image::ensure(ws, variant)?;
-    let accel = vm::choose_accel();
-    let (placement, why) = vm::choose_host(args.host, &accel);
-    let host = l1box::build_host(ws, placement, &images.vmlinux, &images.initramfs)?;
+    let accel = host::choose_accel();
+    let (placement, why) = host::choose_host(args.host, &accel);
+    let host = host::build_host(ws, placement, &images.vmlinux, &images.initramfs)?;
     let config = StressConfig {
         vm: VmConfig { host, ..guest_vm(ws, &images, device, args.cpus, args.memory, "stress", Duration::from_secs(args.timeout)) },
         cycles: args.cycles,
@@ -129,8 +133,8 @@ pub fn run(ws: &Path, args: &StressArgs) -> Result<bool> {
         replay,
     };
     let under = match &config.vm.host {
-        vm::Host::Qemu if accel.kvm => "QEMU on KVM".to_string(),
-        vm::Host::Qemu => "QEMU TCG".to_string(),
+        host::Host::Qemu if accel.kvm => "QEMU on KVM".to_string(),
+        host::Host::Qemu => "QEMU TCG".to_string(),
         host => format!("{}: {why}", host.name()),
     };
     eprintln!(
@@ -157,8 +161,8 @@ fn guest_vm(ws: &Path, images: &image::Images, device: DeviceConfig, cpus: u8, m
         cpus,
         memory_mib,
         extra_cmdline: vec![],
-        host: vm::Host::Qemu,
-        run_dir: vm::new_run_dir(ws, name),
+        host: host::Host::Qemu,
+        run_dir: host::config::new_run_dir(ws, name),
         boot_timeout,
         gdb: None,
         verbose: false,
@@ -178,7 +182,7 @@ pub fn device(cpus: u8, domains: Option<&str>) -> Result<DeviceConfig> {
             .split(':')
             .map(|d| perfbed_device::cpus::parse_cpu_list(d).map_err(|e| anyhow::anyhow!("--domains {spec:?}: {e}")))
             .collect::<Result<_>>()?,
-        None => crate::default_domains(cpus),
+        None => default_domains(cpus),
     };
     let device = DeviceConfig { domains, rmids: RMIDS, slots: SLOTS, ..DeviceConfig::default() };
     device.validate().map_err(|e| anyhow::anyhow!("--domains: {e}"))?;
@@ -211,104 +215,6 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(60);
 /// events are disabled (64 KiB: 1024 units, far from a wrap).
 const FINAL_BURST: u64 = 64 << 10;
 
-/// An event the stress keeps open, and how its final read is checked.
-struct Watched {
-    name: String,
-    handle: u32,
-    kind: WatchedKind,
-}
-
-enum WatchedKind {
-    /// One event, read as [value, enabled, running].
-    Single(Key),
-    /// A group read as [nr, enabled, running, total, local, occupancy].
-    Group { domain: u32, rmid: u32 },
-}
-
-impl Watched {
-    /// The words of a read that must never go down.
-    fn cumulative_words(&self) -> &'static [usize] {
-        match self.kind {
-            WatchedKind::Single(_) => &[0],
-            WatchedKind::Group { .. } => &[3, 4],
-        }
-    }
-}
-
-/// Everything the run saw.
-pub struct StressReport {
-    pub checks: Vec<Check>,
-    cycles: usize,
-    hotplug_writes: u64,
-    schedule_time: Duration,
-    op_time: Duration,
-    placements: Placements,
-    traffic: TrafficStats,
-    loop_result: Option<JobResult>,
-    reads: u64,
-    counts_compared: usize,
-    counts_lost: usize,
-    open_retries: OpenRetries,
-    seed: u64,
-    replay: String,
-    run_dir: PathBuf,
-}
-
-impl StressReport {
-    pub fn passed(&self) -> bool {
-        self.checks.iter().all(|c| c.passed)
-    }
-
-    pub fn text(&self) -> String {
-        let mut out = format!("\nperfbed stress: {}\n", if self.passed() { "PASSED" } else { "FAILED" });
-        let width = self.checks.iter().map(|c| c.name.len()).max().unwrap_or(0);
-        for check in &self.checks {
-            let _ = writeln!(out, "  {}  {:width$}  {}", if check.passed { "PASS" } else { "FAIL" }, check.name, check.detail);
-        }
-        let secs = self.schedule_time.as_secs_f64().max(1e-9);
-        let _ = writeln!(
-            out,
-            "  cycles {} in {} ({:.1}/s); hotplug operations {} ({:.1}/s, {:.1} ms each on average)",
-            self.cycles,
-            human(self.schedule_time),
-            self.cycles as f64 / secs,
-            self.hotplug_writes,
-            self.hotplug_writes as f64 / secs,
-            self.op_time.as_secs_f64() * 1000.0 / self.hotplug_writes.max(1) as f64,
-        );
-        let p = &self.placements;
-        let _ = writeln!(out, "  PMUs: {} moves, {} parks, {} unparks seen in cpumask", p.moves, p.parks, p.unparks);
-        if let Some(JobResult::OpenCloseLoop { attempts, opened, errors, read_errors }) = &self.loop_result {
-            let _ = writeln!(out, "  open-close loop: {attempts} opens, {opened} opened, refused {}, read errors {}", histogram(errors), histogram(read_errors));
-        }
-        let r = &self.open_retries;
-        let _ = writeln!(out, "  opens in the kernel (all PMUs, the whole run): {} waited for a move, {} tried again after one", r.waits, r.retries);
-        let t = &self.traffic;
-        let _ = writeln!(
-            out,
-            "  traffic: {} bursts ({:.1} MiB), {} rate changes, {} occupancy changes; {} reads of open events during hotplug",
-            t.bursts,
-            t.burst_bytes as f64 / (1u64 << 20) as f64,
-            t.rate_changes,
-            t.occupancy_changes,
-            self.reads
-        );
-        let _ = writeln!(out, "  counts compared {}, lost {}", self.counts_compared, self.counts_lost);
-        let _ = writeln!(out, "  run folder: {}", self.run_dir.display());
-        if !self.passed() {
-            let _ = writeln!(out, "  seed {}; replay with:\n    {}", self.seed, self.replay);
-        }
-        out
-    }
-}
-
-fn histogram(map: &BTreeMap<String, u64>) -> String {
-    if map.is_empty() {
-        return "none".into();
-    }
-    map.iter().map(|(k, v)| format!("{k} {v}")).collect::<Vec<_>>().join(", ")
-}
-
 /// Boots, runs the stress, powers off. An `Err` means the run could not
 /// complete; it still names the seed, the replay and the kept logs.
 pub fn execute(config: &StressConfig, accel: &Accel) -> Result<StressReport> {
@@ -331,7 +237,7 @@ pub fn execute(config: &StressConfig, accel: &Accel) -> Result<StressReport> {
     let mut report = stress(&mut vm, config, &steps).map_err(failed)?;
     // A splat fails the run too: look before the device goes with QEMU.
     let log = std::fs::read_to_string(&vm.serial_log).unwrap_or_default();
-    if !report.passed() || !vm::kernel_log_problems(&log).is_empty() {
+    if !report.passed() || !host::console::kernel_log_problems(&log).is_empty() {
         keep_trace(&socket, &trace_file);
     }
     vm.power_off(Duration::from_secs(60)).map_err(failed)?;
@@ -361,7 +267,7 @@ fn stress(vm: &mut Vm, config: &StressConfig, steps: &[Step]) -> Result<StressRe
     let device = &config.vm.device;
     let run_dir = &config.vm.run_dir;
     let mut g = Guest { vm, timeout: config.timeout };
-    g.expect_done(HostRequest::LoadModule { name: pmu_checks::MODULE.into() })?;
+    g.expect_done(HostRequest::LoadModule { name: MODULE.into() })?;
     let domains = device.domains.len();
     let pmus: Vec<String> = (0..domains).map(pmu_name).collect();
     let mut types = Vec::new();
@@ -591,296 +497,9 @@ fn stress(vm: &mut Vm, config: &StressConfig, steps: &[Step]) -> Result<StressRe
     })
 }
 
-/// Final counts against the device's truth.
-#[derive(Default)]
-struct Tally {
-    /// The device's counter unit in bytes.
-    unit: u64,
-    compared: usize,
-    lost: usize,
-    count_problems: Vec<String>,
-    time_problems: Vec<String>,
-}
-
-impl Tally {
-    /// `got` against the `truth` in bytes. The device counts whole units
-    /// from a slot's assignment (before the traffic started), so an exact
-    /// count is the truth rounded down to a whole unit: the rest of the last
-    /// unit is traffic no counter shows.
-    fn compare(&mut self, name: String, got: u64, truth: u64) {
-        self.compared += 1;
-        let want = regs::whole_units(truth, self.unit);
-        if got != want {
-            self.lost += 1;
-            let how = if got < want { format!("lost {}", want - got) } else { format!("{} too many", got - want) };
-            self.count_problems.push(format!("{name}: counted {got}, the device's truth {truth} ({want} in whole units; {how} bytes)"));
-        }
-    }
-
-    /// Not multiplexed: running == enabled; and enabled all along: at
-    /// least `min_enabled_ns` (an event whose clock stopped at a park would
-    /// otherwise still claim 100 % running).
-    fn times(&mut self, name: &str, enabled: Option<&u64>, running: Option<&u64>, min_enabled_ns: u64) {
-        if enabled.is_none() || enabled != running {
-            self.time_problems.push(format!("{name}: enabled {enabled:?}, running {running:?}"));
-        } else if enabled < Some(&min_enabled_ns) {
-            self.time_problems.push(format!("{name}: enabled for {:?} ns of a run of at least {min_enabled_ns} ns", enabled.copied().unwrap_or(0)));
-        }
-    }
-}
-
-/// Each watched event's final read against the truth that landed between
-/// `before` (all open, no traffic yet) and `after` (all landed).
-/// Every event was open for at least `min_enabled_ns`.
-fn check_finals(watched: &[Watched], finals: &[Vec<u64>], before: &DeviceState, after: &DeviceState, unit: u64, min_enabled_ns: u64) -> Tally {
-    let mut tally = Tally { unit, ..Tally::default() };
-    let delta = |domain, rmid, event| after.truth(domain, rmid, event).wrapping_sub(before.truth(domain, rmid, event));
-    if finals.len() != watched.len() {
-        tally.count_problems.push(format!("{} final reads for {} events", finals.len(), watched.len()));
-    }
-    for (w, v) in watched.iter().zip(finals) {
-        match w.kind {
-            WatchedKind::Single(key) => {
-                tally.compare(w.name.clone(), v.first().copied().unwrap_or(0), delta(key.domain, key.rmid, key.event));
-                tally.times(&w.name, v.get(1), v.get(2), min_enabled_ns);
-            }
-            WatchedKind::Group { domain, rmid } => {
-                // nr, enabled, running, then the three values in open order.
-                let [3, enabled, running, total, local, occupancy] = v[..] else {
-                    tally.count_problems.push(format!("{}: read {v:?}, not a group of 3", w.name));
-                    continue;
-                };
-                tally.compare(format!("{} mbm_total_bytes", w.name), total, delta(domain, rmid, Event::MbmTotalBytes));
-                tally.compare(format!("{} mbm_local_bytes", w.name), local, delta(domain, rmid, Event::MbmLocalBytes));
-                let held = after.domains.get(domain as usize).and_then(|d| d.occupancy.iter().find(|o| o.rmid == rmid)).map_or(0, |o| o.bytes);
-                let gauge = regs::whole_units(held, unit);
-                if occupancy != gauge {
-                    tally.count_problems.push(format!("{} llc_occupancy: read {occupancy}, the device holds {gauge}", w.name));
-                }
-                tally.times(&w.name, Some(&enabled), Some(&running), min_enabled_ns);
-            }
-        }
-    }
-    tally
-}
-
-/// The first problems of a long list, and how many more.
-fn cap(mut problems: Vec<String>) -> Vec<String> {
-    const SHOWN: usize = 8;
-    if problems.len() > SHOWN {
-        let more = problems.len() - SHOWN;
-        problems.truncate(SHOWN);
-        problems.push(format!("and {more} more"));
-    }
-    problems
-}
-
-fn open(g: &mut Guest, attr: PerfAttr, group: Option<u32>) -> Result<u32> {
-    match g.open(attr.clone(), group)? {
-        Ok(handle) => Ok(handle),
-        Err(errno) => bail!("opening {attr:?}: {errno}"),
-    }
-}
-
-/// Starts the real `perf stat -a` on `mbm_total_bytes` of `rmid` on `pmu`,
-/// by name (scaled to MB) and by raw terms (bytes, exact), once it is
-/// counting. Returns the job and the two event specs, for
-/// [`perf_stat_counts`].
-fn start_perf_stat(g: &mut Guest, pmu: &str, rmid: u32) -> Result<(u32, String, String)> {
-    let named = format!("{pmu}/mbm_total_bytes,rmid={rmid}/");
-    let raw = format!("{pmu}/event={:#04x},rmid={rmid}/", Event::MbmTotalBytes as u64);
-    let argv = ["/usr/bin/perf", "stat", "-a", "-x,", "-e", &named, "-e", &raw].iter().map(|s| s.to_string()).collect();
-    let job = start_job(g, JobSpec::Process { argv, perf_fds: 2, settle_ms: 200 })?;
-    Ok((job, named, raw))
-}
-
-fn start_job(g: &mut Guest, spec: JobSpec) -> Result<u32> {
-    match g.ask(HostRequest::StartJob { spec: spec.clone() })? {
-        AgentMessage::JobStarted { job } => Ok(job),
-        other => bail!("starting {spec:?}: {other:?}"),
-    }
-}
-
-/// An answer with as many op results as ops, each with one read per
-/// handle. Anything else means bytes were lost between the agent and us
-/// (the lost bytes of a 130 KB answer once spliced into valid JSON that
-/// handed one event's reads to another), and no value in it can be trusted.
-fn check_batch_shape(result: &HotplugBatchResult, ops: usize, handles: usize) -> Result<()> {
-    if result.ops.len() != ops {
-        bail!("the agent's answer has {} op results for {ops} ops: the channel lost or mangled data", result.ops.len());
-    }
-    if let Some((i, op)) = result.ops.iter().enumerate().find(|(_, op)| op.reads.len() != handles) {
-        bail!("the agent's answer for op {i} has {} reads for {handles} events: the channel lost or mangled data", op.reads.len());
-    }
-    Ok(())
-}
-
-/// What CPU hotplug cost the opens inside the kernel, which user space does
-/// not see: the device-scope PMUs' sysfs `open_waits` and `open_retries`
-/// (patch 0007), summed over the PMUs.
-#[derive(Debug, Default)]
-struct OpenRetries {
-    waits: u64,
-    retries: u64,
-}
-
-fn kernel_open_retries(g: &mut Guest, pmus: &[String]) -> Result<OpenRetries> {
-    let mut total = OpenRetries::default();
-    for pmu in pmus {
-        let (waits, retries) = g.open_waits_and_retries(pmu)?;
-        total.waits += waits;
-        total.retries += retries;
-    }
-    Ok(total)
-}
-
-fn stop_job(g: &mut Guest, job: u32, signal: i32) -> Result<JobResult> {
-    match g.ask(HostRequest::StopJob { job, signal, timeout_ms: 20_000 })? {
-        AgentMessage::JobDone(result) => Ok(result),
-        other => bail!("stopping job {job}: {other:?}"),
-    }
-}
-
-/// Opens may be refused with ENODEV while their domain is parked; EBUSY,
-/// or anything else, is a failure of the kernel's retry.
-fn open_loop_check(result: &JobResult) -> Check {
-    let JobResult::OpenCloseLoop { attempts, opened, errors, read_errors } = result else {
-        return Check::from_problems("open-close loop", vec![format!("not a loop result: {result:?}")], String::new());
-    };
-    let mut problems = Vec::new();
-    let unexpected: BTreeMap<String, u64> = errors.iter().filter(|(k, _)| k.as_str() != "ENODEV").map(|(k, v)| (k.clone(), *v)).collect();
-    if !unexpected.is_empty() {
-        problems.push(format!("{attempts} opens: refused {}", histogram(&unexpected)));
-    }
-    if !read_errors.is_empty() {
-        problems.push(format!("reads failed: {}", histogram(read_errors)));
-    }
-    if *opened == 0 {
-        problems.push(format!("none of {attempts} opens succeeded"));
-    }
-    Check::from_problems("open-close loop", problems, format!("{attempts} opens, {opened} opened, refused {} (ENODEV only while parked)", histogram(errors)))
-}
-
-fn violations_check(state: &DeviceState) -> Check {
-    let problems: Vec<String> = state
-        .domains
-        .iter()
-        .filter(|d| d.violations != 0)
-        .map(|d| format!("domain {}: {} placement violations by vCPU {:?}", d.domain, d.violations, d.violations_by_vcpu))
-        .collect();
-    let reads: u64 = state.domains.iter().flat_map(|d| d.counter_reads_by_vcpu.values()).sum();
-    Check::from_problems("placement violations", problems, format!("0 in {reads} counter reads"))
-}
-
-struct StatCounts {
-    named_mb: f64,
-    raw_bytes: u64,
-    running_pct: Vec<f64>,
-    /// The events' counted time in ns.
-    run_ns: Vec<f64>,
-}
-
-/// perf stat's CSV (`-x,`): value,unit,event,run time,percentage running,...
-/// where the event is printed as given on the command line.
-fn perf_stat_counts(result: &JobResult, named: &str, raw: &str) -> Result<StatCounts> {
-    let JobResult::Process { status, stderr, .. } = result else { bail!("not a process result: {result:?}") };
-    let field = |spec: &str| -> Result<(f64, f64, f64)> {
-        let line = stderr.lines().find(|l| l.contains(&format!(",{spec},"))).with_context(|| format!("no line for {spec} (exit {status:?}): {}", stderr.trim()))?;
-        let (head, tail) = line.split_once(&format!(",{spec},")).expect("found above");
-        let value = head.split(',').next().unwrap_or("");
-        let run_ns = tail.split(',').next().unwrap_or("");
-        let pct = tail.split(',').nth(1).unwrap_or("");
-        let value: f64 = value.parse().with_context(|| format!("{spec}: value {value:?} in {line:?}"))?;
-        let pct: f64 = pct.parse().with_context(|| format!("{spec}: percentage {pct:?} in {line:?}"))?;
-        let run_ns: f64 = run_ns.parse().with_context(|| format!("{spec}: run time {run_ns:?} in {line:?}"))?;
-        Ok((value, pct, run_ns))
-    };
-    let (named_mb, named_pct, named_ns) = field(named)?;
-    let (raw_bytes, raw_pct, raw_ns) = field(raw)?;
-    Ok(StatCounts { named_mb, raw_bytes: raw_bytes as u64, running_pct: vec![named_pct, raw_pct], run_ns: vec![named_ns, raw_ns] })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn an_answer_that_lost_data_is_refused() {
-        use perfbed_agent::HotplugOpResult;
-        let op = |reads: usize| HotplugOpResult {
-            us: 1,
-            writes: 1,
-            error: None,
-            masks: vec![],
-            between: vec![],
-            online: "0-3".into(),
-            reads: vec![Ok(vec![1, 2, 3]); reads],
-        };
-        let batch = |ops: Vec<HotplugOpResult>| HotplugBatchResult { masks_before: vec![], ops };
-        assert!(check_batch_shape(&batch(vec![op(2), op(2)]), 2, 2).is_ok());
-        // Ops lost; one op's reads spliced with another's.
-        assert!(check_batch_shape(&batch(vec![op(2)]), 2, 2).is_err());
-        assert!(check_batch_shape(&batch(vec![op(2), op(5)]), 2, 2).is_err());
-    }
-
-    #[test]
-    fn perf_stat_csv_is_parsed_and_garbage_refused() {
-        let named = "perfbed_l3_1/mbm_total_bytes,rmid=3/";
-        let raw = "perfbed_l3_1/event=0x02,rmid=3/";
-        let stderr = format!("12.50,MB,{named},4000000000,100.00,,\n13107200,,{raw},4000000000,100.00,,\n");
-        let result = JobResult::Process { status: Some(0), stdout: String::new(), stderr };
-        let c = perf_stat_counts(&result, named, raw).unwrap();
-        assert_eq!((c.named_mb, c.raw_bytes, c.running_pct.clone()), (12.5, 13_107_200, vec![100.0, 100.0]));
-        let bad = JobResult::Process { status: Some(1), stdout: String::new(), stderr: format!("<not counted>,,{raw},0,0.00,,\n") };
-        assert!(perf_stat_counts(&bad, named, raw).is_err());
-    }
-
-    #[test]
-    fn final_counts_must_equal_the_truth_exactly() {
-        use perfbed_device::Device;
-        let config = DeviceConfig { slots: SLOTS, rmids: RMIDS, ..DeviceConfig::default() };
-        let mut dev = Device::new(config).unwrap();
-        let before = dev.state(0);
-        dev.inject(0, 1, 1, Event::MbmTotalBytes, 64 * 1000).unwrap();
-        dev.inject(0, 1, 2, Event::MbmTotalBytes, 64 * 7).unwrap();
-        dev.inject(0, 1, 2, Event::MbmLocalBytes, 64 * 3).unwrap();
-        dev.set_occupancy(1, 2, 64 * 5).unwrap();
-        let after = dev.state(1_000_000_000);
-        let watched = vec![
-            Watched { name: "single".into(), handle: 1, kind: WatchedKind::Single(Key { domain: 1, rmid: 1, event: Event::MbmTotalBytes }) },
-            Watched { name: "group".into(), handle: 2, kind: WatchedKind::Group { domain: 1, rmid: 2 } },
-        ];
-        let good = vec![vec![64_000, 10, 10], vec![3, 10, 10, 448, 192, 320]];
-        let t = check_finals(&watched, &good, &before, &after, 64, 10);
-        assert_eq!((t.compared, t.lost), (3, 0));
-        assert!(t.count_problems.is_empty() && t.time_problems.is_empty(), "{:?} {:?}", t.count_problems, t.time_problems);
-
-        // One unit short, a stopped clock, a wrong gauge, a short read.
-        let bad = vec![vec![63_936, 10, 9], vec![3, 10, 10, 448, 192, 256]];
-        let t = check_finals(&watched, &bad, &before, &after, 64, 10);
-        assert_eq!((t.compared, t.lost), (3, 1));
-        assert_eq!(t.count_problems.len(), 2, "{:?}", t.count_problems);
-        assert!(t.count_problems[0].contains("lost 64"));
-        assert_eq!(t.time_problems.len(), 1);
-        let short = vec![vec![64_000, 10, 10], vec![3, 10, 10]];
-        let t = check_finals(&watched, &short, &before, &after, 64, 10);
-        assert!(t.count_problems[0].contains("not a group of 3"));
-        // A clock that stopped: exact so far, but enabled for too short.
-        let t = check_finals(&watched, &good, &before, &after, 64, 11);
-        assert_eq!(t.time_problems.len(), 2, "{:?}", t.time_problems);
-    }
-
-    #[test]
-    fn the_open_loop_fails_on_ebusy_and_passes_enodev() {
-        let result = |errors: &[(&str, u64)]| JobResult::OpenCloseLoop {
-            attempts: 100,
-            opened: 90,
-            errors: errors.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
-            read_errors: BTreeMap::new(),
-        };
-        assert!(open_loop_check(&result(&[("ENODEV", 10)])).passed);
-        assert!(!open_loop_check(&result(&[("ENODEV", 5), ("EBUSY", 5)])).passed);
-    }
 
     #[test]
     fn the_stress_device_refuses_domains_that_cannot_park() {

@@ -7,7 +7,7 @@
 
 use std::collections::BTreeSet;
 
-use super::rng::Rng;
+use crate::checks::rng::Rng;
 
 /// What a step does to the device's domains.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

@@ -24,14 +24,19 @@ use perfbed_agent::{AgentMessage, HostRequest, HotplugBatchResult, HotplugOp, Jo
 use perfbed_device::regs::{whole_units, Event};
 use perfbed_device::{ControlClient, DeviceConfig};
 
-use super::placements::Placements;
-use super::{check_batch_shape, kernel_open_retries, guest_vm, parking_domain, perf_stat_counts, start_job, start_perf_stat, stop_job, vm_control, OpenRetries};
+use crate::build::image::initramfs::SELFTEST_IN_GUEST;
+use crate::build::image::{self, Variant};
+use crate::checks::{Check, Report};
 use crate::guest::Guest;
-use crate::image::initramfs::SELFTEST_IN_GUEST;
-use crate::image::{self, Variant};
-use crate::pmu_checks::{self, pmu_name};
-use crate::scenario::{Check, Report};
-use crate::vm::{self, Accel, Vm, VmConfig};
+use crate::guest::{pmu_name, MODULE};
+use crate::host::Accel;
+use crate::host::config::VmConfig;
+use crate::host::vm::Vm;
+use crate::host;
+use crate::run::default_domains;
+use super::{guest_vm, parking_domain, vm_control};
+use super::jobs::{check_batch_shape, kernel_open_retries, perf_stat_counts, start_job, start_perf_stat, stop_job, OpenRetries};
+use super::placements::Placements;
 
 /// The RMID the rate flows to, as in the scenario first reported.
 const RMID: u32 = 2;
@@ -47,7 +52,7 @@ pub struct SelftestArgs {
     #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     rounds: u32,
     /// Guest vCPUs (the device's domains are the CPUs in two halves).
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u8).range(2..=vm::MAX_CPUS as i64))]
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u8).range(2..=host::config::MAX_CPUS as i64))]
     cpus: u8,
     /// Boot the normal kernel instead of the debug one.
     #[arg(long)]
@@ -65,12 +70,12 @@ pub struct SelftestConfig {
 
 pub fn run(ws: &Path, args: &SelftestArgs) -> Result<bool> {
     let variant = if args.normal { Variant::Normal } else { Variant::Debug };
-    vm::check_size(args.cpus, 1024)?;
+    host::config::check_size(args.cpus, 1024)?;
     let images = image::ensure(ws, variant)?;
     let timeout = Duration::from_secs(args.timeout);
-    let config = SelftestConfig { vm: guest_vm(ws, &images, DeviceConfig { domains: crate::default_domains(args.cpus), ..Default::default() }, args.cpus, 1024, "hotplug-selftest", timeout), rounds: args.rounds, timeout };
+    let config = SelftestConfig { vm: guest_vm(ws, &images, DeviceConfig { domains: default_domains(args.cpus), ..Default::default() }, args.cpus, 1024, "hotplug-selftest", timeout), rounds: args.rounds, timeout };
     eprintln!("==> hotplug selftest: {} vCPUs, {} kernel, cpu-on-off-test.sh -a then {} park rounds", args.cpus, variant.name(), args.rounds);
-    let report = execute(&config, &vm::choose_accel())?;
+    let report = execute(&config, &host::choose_accel())?;
     print!("{}", report.table());
     Ok(report.passed())
 }
@@ -91,7 +96,7 @@ fn replay(vm: &mut Vm, config: &SelftestConfig) -> Result<Vec<Check>> {
     let pmus: Vec<String> = (0..device.domains.len()).map(pmu_name).collect();
     let mut g = Guest { vm, timeout: config.timeout };
     let mut control = ControlClient::connect(&vm_control(&config.vm.run_dir))?;
-    g.expect_done(HostRequest::LoadModule { name: pmu_checks::MODULE.into() })?;
+    g.expect_done(HostRequest::LoadModule { name: MODULE.into() })?;
 
     let (stat_job, named, raw) = start_perf_stat(&mut g, &pmus[d], RMID)?;
     let before = control.state()?;

@@ -23,7 +23,8 @@ use clap::Args;
 use perfbed_agent::{AgentMessage, HostRequest};
 use perfbed_device::ControlClient;
 
-use crate::vm::{self, Vm};
+use crate::host::vm::Vm;
+use crate::host;
 
 pub use model::Trace;
 
@@ -74,7 +75,7 @@ pub fn save_trace_and_plot(run_dir: &Path, vm: &mut Vm, plot: bool) -> Result<Sa
     // The guest's side first: its clock sync is the last REG_MAGIC read.
     let guest = (|| -> Result<(Vec<perfbed_agent::GuestEvent>, (u64, u64))> {
         // One page: REG_MAGIC is at offset 0.
-        let sync = match vm.request(&HostRequest::ClockSync { base: vm::DEVICE_BASE, size: 4096, cpu: 0 }, timeout)? {
+        let sync = match vm.request(&HostRequest::ClockSync { base: host::config::DEVICE_BASE, size: 4096, cpu: 0 }, timeout)? {
             AgentMessage::ClockSync { before_ns, after_ns } => (before_ns, after_ns),
             other => anyhow::bail!("clock sync: {other:?}"),
         };
@@ -95,7 +96,7 @@ pub fn save_trace_and_plot(run_dir: &Path, vm: &mut Vm, plot: bool) -> Result<Sa
         }
         Err(e) => (device_text, Some(format!("{e:#}"))),
     };
-    let path = run_dir.join(vm::TRACE_FILE);
+    let path = run_dir.join(host::vm::TRACE_FILE);
     fs::write(&path, &text).with_context(|| format!("writing {}", path.display()))?;
     let plot = if plot {
         let out = run_dir.join("trace.svg");
@@ -110,7 +111,7 @@ pub fn save_trace_and_plot(run_dir: &Path, vm: &mut Vm, plot: bool) -> Result<Sa
 /// Draws `run_dir/trace.txt` (saved by a VM that failed) into
 /// `trace.svg`, if there is one.
 pub fn plot_saved(run_dir: &Path) -> Option<SavedTrace> {
-    let path = run_dir.join(vm::TRACE_FILE);
+    let path = run_dir.join(host::vm::TRACE_FILE);
     let text = fs::read_to_string(&path).ok()?;
     let out = run_dir.join("trace.svg");
     let plot = Trace::parse(&text).ok().and_then(|t| write_plot(&t, &out).ok()).map(|_| out);

@@ -1,0 +1,323 @@
+//! The guest kernel: Debian's linux-source-6.12, our patches, tinyconfig plus
+//! our fragment, built with Debian's rustc-web and the pinned bindgen.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+
+use crate::build::cache::{self, Entry, Key};
+use crate::build::deps;
+use crate::cmd::{self, Step};
+
+/// Bump when the steps below change in a way that changes the result.
+const RECIPE: &str = "kernel-1";
+const SOURCE_PACKAGE: &str = "linux-source-6.12";
+const SOURCE_TARBALL: &str = "/usr/src/linux-source-6.12.tar.xz";
+/// The toolchain the kernel's Rust needs (rustup's has no rust-src).
+const RUSTC: &str = "/usr/bin/rustc";
+const RUSTDOC: &str = "/usr/bin/rustdoc";
+/// The fragment every variant starts from.
+const BASE_FRAGMENT: &str = "config.fragment";
+
+/// Which guest kernel: the normal one, the debug one (lockdep, RCU and
+/// atomic-sleep checking, list debugging) that the kernel-patch tests use,
+/// or the one with DWARF debug information for gdb.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Variant {
+    Normal,
+    Debug,
+    Gdb,
+}
+
+impl Variant {
+    pub fn name(self) -> &'static str {
+        match self {
+            Variant::Normal => "normal",
+            Variant::Debug => "debug",
+            Variant::Gdb => "gdb",
+        }
+    }
+
+    /// The fragment merged after `config.fragment`, if any.
+    fn extra_fragment(self) -> Option<&'static str> {
+        match self {
+            Variant::Normal => None,
+            Variant::Debug => Some("debug.fragment"),
+            Variant::Gdb => Some("gdb.fragment"),
+        }
+    }
+
+    /// The config fragments merged onto tinyconfig, in order.
+    fn fragments(self) -> Vec<&'static str> {
+        std::iter::once(BASE_FRAGMENT).chain(self.extra_fragment()).collect()
+    }
+}
+
+/// A built kernel tree in the cache.
+pub struct Kernel {
+    /// The tree, configured and built: out-of-tree modules build against it.
+    pub tree: PathBuf,
+    /// The PVH-bootable ELF image.
+    pub vmlinux: PathBuf,
+    /// `uname -r` of this kernel.
+    pub release: String,
+    /// The cache key, which the module's key builds on.
+    pub key: String,
+}
+
+impl Kernel {
+    /// make, with the toolchain the kernel's Rust needs.
+    pub fn make(tree: &Path) -> Result<Command> {
+        let mut make = Command::new("make");
+        make.arg("-C").arg(tree).args([
+            format!("RUSTC={RUSTC}"),
+            format!("HOSTRUSTC={RUSTC}"),
+            format!("RUSTDOC={RUSTDOC}"),
+            format!("BINDGEN={}", deps::bindgen()?.display()),
+        ]);
+        // rustup's proxies read these; the kernel must use Debian's rustc alone.
+        make.env_remove("RUSTUP_TOOLCHAIN").env_remove("RUSTFLAGS").env_remove("CARGO_ENCODED_RUSTFLAGS");
+        Ok(make)
+    }
+}
+
+/// Paths to the kernel's inputs in the work tree.
+pub fn images_dir(workspace: &Path) -> PathBuf {
+    workspace.join("images/kernel")
+}
+
+/// The files a kernel is built from, read once: the key hashes these bytes
+/// and the build uses these bytes, so a file edited while a build runs
+/// cannot end up in an entry named after its old contents.
+struct Inputs {
+    /// (file name, contents): the config fragments in merge order.
+    fragments: Vec<(String, Vec<u8>)>,
+    /// (file name, contents): the patches in the order they apply.
+    patches: Vec<(String, Vec<u8>)>,
+}
+
+impl Inputs {
+    fn read(workspace: &Path, variant: Variant) -> Result<Inputs> {
+        let dir = images_dir(workspace);
+        let fragments = variant
+            .fragments()
+            .iter()
+            .map(|name| Ok((name.to_string(), fs::read(dir.join(name)).with_context(|| format!("reading {name}"))?)))
+            .collect::<Result<_>>()?;
+        let patches = patches(workspace)?
+            .iter()
+            .map(|patch| {
+                let name = patch.file_name().context("a patch has a name")?.to_string_lossy().into_owned();
+                Ok((name, fs::read(patch).with_context(|| format!("reading {}", patch.display()))?))
+            })
+            .collect::<Result<_>>()?;
+        Ok(Inputs { fragments, patches })
+    }
+
+    /// Writes the inputs into `dir` (fragments, then `patches/`); returns
+    /// their paths in order.
+    fn write(&self, dir: &Path) -> Result<(Vec<PathBuf>, Vec<PathBuf>)> {
+        fs::create_dir_all(dir.join("patches"))?;
+        let write = |rel: String, bytes: &[u8]| -> Result<PathBuf> {
+            let path = dir.join(rel);
+            fs::write(&path, bytes).with_context(|| format!("writing {}", path.display()))?;
+            Ok(path)
+        };
+        let fragments = self.fragments.iter().map(|(name, bytes)| write(name.clone(), bytes)).collect::<Result<_>>()?;
+        let patches = self.patches.iter().map(|(name, bytes)| write(format!("patches/{name}"), bytes)).collect::<Result<_>>()?;
+        Ok((fragments, patches))
+    }
+}
+
+fn key(inputs: &Inputs) -> Result<Key> {
+    let mut key = Key::new(RECIPE);
+    let version = cmd::output(Command::new("dpkg-query").args(["-W", "-f=${Version}", SOURCE_PACKAGE]))
+        .with_context(|| format!("{SOURCE_PACKAGE} is not installed; run `cargo xtask deps`"))?;
+    key.add("source-package", version.as_bytes());
+    // The base fragment's historical name in the key is "fragment".
+    for (name, bytes) in &inputs.fragments {
+        key.add(if name == BASE_FRAGMENT { "fragment" } else { name }, bytes);
+    }
+    for (name, bytes) in &inputs.patches {
+        key.add(&format!("patches/{name}"), bytes);
+    }
+    key.add("rustc", cmd::output(Command::new(RUSTC).arg("--version").arg("--verbose"))?.as_bytes());
+    key.add("bindgen", deps::BINDGEN_VERSION.as_bytes());
+    key.add("gcc", deps::version_of("gcc")?.as_bytes());
+    Ok(key)
+}
+
+/// Names a kernel tree the developer configured and built: perfbed boots its
+/// `vmlinux` and builds its modules against it instead of its own cached
+/// kernel. For working on the patches in a tree of one's own, where a rebuild
+/// takes seconds, not the minutes of a fresh tree. The tree must carry
+/// perfbed's patches; the variant asked for does not apply to it.
+pub const KERNEL_TREE_ENV: &str = "PERFBED_KERNEL_TREE";
+
+/// Returns the cached kernel, building it first if its inputs changed, or
+/// the developer's own tree if [`KERNEL_TREE_ENV`] names one.
+pub fn ensure(workspace: &Path, variant: Variant) -> Result<Kernel> {
+    if let Some(tree) = std::env::var_os(KERNEL_TREE_ENV).filter(|t| !t.is_empty()) {
+        return own_tree(Path::new(&tree));
+    }
+    let inputs = Inputs::read(workspace, variant)?;
+    let key = key(&inputs)?;
+    let entry = Entry::new("kernel", &key)?;
+    let tree = entry.dir.join("linux");
+    if !entry.is_ready() {
+        build(&inputs, variant, &entry, &tree)?;
+    }
+    let release = fs::read_to_string(tree.join("include/config/kernel.release"))
+        .context("reading the kernel release")?
+        .trim()
+        .to_string();
+    Ok(Kernel { vmlinux: tree.join("vmlinux"), tree, release, key: key.hex() })
+}
+
+/// A built kernel tree of the developer's ([`KERNEL_TREE_ENV`]). Its key
+/// (which the modules' keys build on) covers its configuration, its exported
+/// symbols and when its `vmlinux` was linked.
+fn own_tree(tree: &Path) -> Result<Kernel> {
+    let tree = tree.canonicalize().with_context(|| format!("{KERNEL_TREE_ENV}={}: no such folder", tree.display()))?;
+    let vmlinux = tree.join("vmlinux");
+    let read = |name: &str| {
+        fs::read(tree.join(name))
+            .with_context(|| format!("{KERNEL_TREE_ENV}={}: no {name}; configure and build the tree first", tree.display()))
+    };
+    let mut key = Key::new("own-kernel-1");
+    key.add("tree", tree.to_string_lossy().as_bytes());
+    key.add(".config", &read(".config")?);
+    key.add("Module.symvers", &read("Module.symvers")?);
+    let linked = fs::metadata(&vmlinux).and_then(|m| m.modified()).with_context(|| format!("{}", vmlinux.display()))?;
+    key.add("vmlinux-mtime", format!("{linked:?}").as_bytes());
+    let release = String::from_utf8_lossy(&read("include/config/kernel.release")?).trim().to_string();
+    eprintln!("==> using the kernel tree {} ({release}) from {KERNEL_TREE_ENV}", tree.display());
+    Ok(Kernel { vmlinux, tree, release, key: key.hex() })
+}
+
+fn build(inputs: &Inputs, variant: Variant, entry: &Entry, tree: &Path) -> Result<()> {
+    entry.begin()?;
+    let title = format!("building the {} guest kernel (about 4 min on 2 cores)", variant.name());
+    let step = Step::start(&title, &entry.dir.join("build.log"))?;
+    let (fragments, patches) = inputs.write(&entry.dir.join("inputs"))?;
+    // Kconfig needs bindgen (Rust is only offered when it runs), the source
+    // unpacking and patching do not: install it meanwhile.
+    let prepared = std::thread::scope(|s| {
+        let bindgen = s.spawn(deps::ensure_bindgen);
+        let unpacked = unpack(&step, entry, tree, &patches);
+        bindgen.join().map_err(|_| anyhow::anyhow!("the bindgen install thread panicked"))??;
+        unpacked
+    });
+    prepared?;
+    step.run(Kernel::make(tree)?.arg("tinyconfig"))?;
+    step.run(
+        Command::new(tree.join("scripts/kconfig/merge_config.sh"))
+            .current_dir(tree)
+            .args(["-m", ".config"])
+            .args(&fragments),
+    )?;
+    step.run(Kernel::make(tree)?.arg("olddefconfig"))?;
+    let got = fs::read_to_string(tree.join(".config"))?;
+    for fragment in &fragments {
+        let dropped = dropped_options(&fs::read_to_string(fragment)?, &got);
+        if !dropped.is_empty() {
+            bail!(
+                "the merged kernel .config lacks options that {} asks for (unmet dependencies?):\n  {}",
+                fragment.display(),
+                dropped.join("\n  ")
+            );
+        }
+    }
+    step.run(Kernel::make(tree)?.arg("rustavailable"))?;
+    let jobs = std::thread::available_parallelism().map_or(2, |n| n.get());
+    step.run(Kernel::make(tree)?.arg(format!("-j{jobs}")))?;
+    warnings_are_errors(step.log())?;
+    entry.mark_ready()?;
+    step.finish();
+    Ok(())
+}
+
+/// The kernel source unpacked as `tree`, with the patches applied.
+fn unpack(step: &Step, entry: &Entry, tree: &Path, patches: &[PathBuf]) -> Result<()> {
+    step.run(Command::new("tar").arg("-xf").arg(SOURCE_TARBALL).arg("-C").arg(&entry.dir))?;
+    fs::rename(entry.dir.join("linux-source-6.12"), tree).context("renaming the unpacked tree")?;
+    for patch in patches {
+        step.run(Command::new("patch").args(["-p1", "--forward", "--batch", "-d"]).arg(tree).arg("-i").arg(patch))
+            .with_context(|| format!("applying {}", patch.display()))?;
+    }
+    Ok(())
+}
+
+/// The kernel patches, in the order they apply: `images/kernel/patches/*.patch`
+/// sorted by name (other files there, such as its README, are not patches).
+fn patches(workspace: &Path) -> Result<Vec<PathBuf>> {
+    let mut patches = cache::files_below(&images_dir(workspace).join("patches"))?;
+    patches.retain(|p| p.extension().is_some_and(|e| e == "patch"));
+    Ok(patches)
+}
+
+/// Options from the fragment whose value is not what the final .config has.
+/// `# CONFIG_X is not set` lines ask for the option to be off.
+pub fn dropped_options(fragment: &str, config: &str) -> Vec<String> {
+    let value_of = |text: &str, name: &str| -> Option<String> {
+        text.lines().find_map(|line| {
+            let line = line.trim();
+            if line == format!("# {name} is not set") {
+                return Some("n".into());
+            }
+            line.strip_prefix(name)?.strip_prefix('=').map(|v| v.to_string())
+        })
+    };
+    let mut dropped = Vec::new();
+    for line in fragment.lines().map(str::trim) {
+        let (name, want) = if let Some(rest) = line.strip_prefix("# ").and_then(|l| l.strip_suffix(" is not set")) {
+            (rest.to_string(), "n".to_string())
+        } else if line.starts_with("CONFIG_") {
+            match line.split_once('=') {
+                Some((n, v)) => (n.to_string(), v.to_string()),
+                None => continue,
+            }
+        } else {
+            continue;
+        };
+        let got = value_of(config, &name).unwrap_or_else(|| "n".into());
+        if got != want {
+            dropped.push(format!("{name}: asked {want}, got {got}"));
+        }
+    }
+    dropped
+}
+
+/// The kernel must build without warnings: a new one is how a patch's
+/// mistake first shows.
+fn warnings_are_errors(log: &Path) -> Result<()> {
+    let text = fs::read_to_string(log)?;
+    let warnings: Vec<&str> = text.lines().filter(|l| l.contains("warning:")).collect();
+    if !warnings.is_empty() {
+        bail!(
+            "the kernel built with {} warning(s) (see {}):\n{}",
+            warnings.len(),
+            log.display(),
+            warnings.iter().take(10).copied().collect::<Vec<_>>().join("\n")
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::dropped_options;
+
+    #[test]
+    fn dropped_options_are_found() {
+        let fragment = "# comment\nCONFIG_A=y\nCONFIG_B=8\n# CONFIG_C is not set\nCONFIG_D=y\n";
+        let config = "CONFIG_A=y\nCONFIG_B=4\nCONFIG_C=y\n# CONFIG_D is not set\n";
+        assert_eq!(
+            dropped_options(fragment, config),
+            vec!["CONFIG_B: asked 8, got 4", "CONFIG_C: asked n, got y", "CONFIG_D: asked y, got n"]
+        );
+        assert!(dropped_options(fragment, "CONFIG_A=y\nCONFIG_B=8\nCONFIG_D=y\n").is_empty());
+    }
+}

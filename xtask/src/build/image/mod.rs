@@ -1,0 +1,77 @@
+//! `cargo xtask image`: the guest kernel, perfbed.ko, the initramfs and the
+//! QEMU that hosts the device, each
+//! cached under its own key so that changing one rebuilds only what depends
+//! on it.
+
+pub mod agent;
+pub mod cpio;
+pub mod initramfs;
+pub mod kernel;
+pub mod module;
+pub mod qemu;
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Result;
+
+/// Everything a boot needs.
+pub struct Images {
+    pub vmlinux: PathBuf,
+    pub initramfs: PathBuf,
+    /// `uname -r` the guest should report.
+    pub kernel_release: String,
+    pub qemu: qemu::Qemu,
+    /// perfbed.ko as built (with its symbols), for gdb.
+    pub driver: PathBuf,
+}
+
+pub use kernel::Variant;
+
+/// What an image build is for: the test run also needs the device-scope
+/// test module, which `run` never loads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Purpose {
+    Run,
+    Test,
+}
+
+/// Everything a boot needs, built if missing. QEMU needs neither the kernel
+/// nor bindgen, so it builds on a thread of its own beside them: a kernel
+/// build leaves a core idle for minutes (rustc builds `core` and `kernel`
+/// alone, vmlinux links alone), and so do downloads and unpacking. The
+/// kernel build in turn installs bindgen while it unpacks its source.
+pub fn ensure(workspace: &Path, variant: Variant) -> Result<Images> {
+    ensure_for(workspace, variant, Purpose::Test)
+}
+
+pub fn ensure_for(workspace: &Path, variant: Variant, purpose: Purpose) -> Result<Images> {
+    crate::build::deps::ensure_packages()?;
+    std::thread::scope(|s| {
+        let qemu = s.spawn(|| qemu::ensure(workspace));
+        let guest = guest_images(workspace, variant, purpose);
+        let qemu = qemu.join().map_err(|_| anyhow::anyhow!("the QEMU build thread panicked"))?;
+        let (kernel, initramfs, driver) = guest?;
+        Ok(Images { vmlinux: kernel.vmlinux, initramfs, kernel_release: kernel.release, qemu: qemu?, driver })
+    })
+}
+
+/// The kernel, and the initramfs with the agent and the modules, and
+/// perfbed.ko (for gdb's symbols).
+fn guest_images(workspace: &Path, variant: Variant, purpose: Purpose) -> Result<(kernel::Kernel, PathBuf, PathBuf)> {
+    // A kernel build installs bindgen while it unpacks the source; modules
+    // built against a cached kernel need it too.
+    let kernel = kernel::ensure(workspace, variant)?;
+    crate::build::deps::ensure_bindgen()?;
+    // Loaded by the scenario once the device has been checked on its own.
+    let driver = module::ensure(workspace, &kernel, "guest-driver", "perfbed", &["device/src/regs.rs"])?;
+    let mut modules = vec![driver.clone()];
+    if purpose == Purpose::Test {
+        // Loaded only by the device-scope test (images/kernel/scope-test).
+        modules.push(module::ensure(workspace, &kernel, "images/kernel/scope-test", "perfbed_scope_test", &[])?);
+    }
+    let agent = agent::build(workspace)?;
+    // The kernel's own cpu-hotplug selftest, from the tree the guest runs.
+    let selftest = [(initramfs::SELFTEST_IN_GUEST, kernel.tree.join(initramfs::SELFTEST_IN_TREE))];
+    let initramfs = initramfs::ensure(&agent, &modules, &selftest)?;
+    Ok((kernel, initramfs, driver))
+}

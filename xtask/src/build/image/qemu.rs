@@ -1,0 +1,197 @@
+//! perfbed's QEMU: Debian's QEMU 7.2 source, built minimal (x86_64-softmmu,
+//! TCG and KVM, microvm, a handful of devices) with perfbed's device shim
+//! (`images/qemu/`) and the Rust device linked in as a static library.
+//!
+//! Two caches: the configured and built QEMU tree, keyed by the source
+//! package version, our shim files and the configure line; and, inside it,
+//! one linked binary per Rust device library (`linked/<library hash>/`).
+//! Cargo rebuilds the library incrementally; a library not linked before
+//! costs one relink. Work trees with different devices (branches, a stale
+//! checkout) each get their own binary and never relink another's away.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+
+use crate::build::cache::{Entry, Key};
+use crate::build::deps;
+use crate::cmd::{self, Step};
+
+const RECIPE: &str = "qemu-1";
+const CONFIGURE: &[&str] = &[
+    "--target-list=x86_64-softmmu",
+    "--without-default-features",
+    "--without-default-devices",
+    "--with-devices-x86_64=perfbed",
+    "--enable-tcg",
+    "--enable-kvm",
+    "--disable-docs",
+    "--disable-werror",
+    "--disable-user",
+    "--with-git-submodules=ignore",
+    "--disable-install-blobs",
+];
+/// Our files, copied into the QEMU tree's `hw/misc/perfbed/`.
+const SHIM_FILES: &[&str] = &["perfbed.c", "perfbed.h", "meson.build"];
+const STATICLIB: &str = "libperfbed_qemu.a";
+/// Firmware from Debian's packages, in the order QEMU must search it (qboot
+/// for microvm lives in the first; SeaBIOS's copy would shadow it).
+pub const FIRMWARE_DIRS: &[&str] = &["/usr/share/qemu", "/usr/share/seabios"];
+
+pub struct Qemu {
+    pub binary: PathBuf,
+    pub firmware_dirs: Vec<PathBuf>,
+}
+
+pub fn ensure(workspace: &Path) -> Result<Qemu> {
+    let shim = workspace.join("images/qemu");
+    let staticlib = build_staticlib(workspace)?;
+    let version = source_version()?;
+    let mut key = Key::new(RECIPE);
+    key.add("source", version.as_bytes());
+    for name in SHIM_FILES.iter().chain(["devices.mak", "0001-hw-misc-add-perfbed.patch"].iter()) {
+        key.add(name, &fs::read(shim.join(name)).with_context(|| format!("reading images/qemu/{name}"))?);
+    }
+    key.add("configure", CONFIGURE.join(" ").as_bytes());
+    key.add("gcc", deps::version_of("gcc")?.as_bytes());
+    let entry = Entry::new("qemu", &key)?;
+    let tree = entry.dir.join("qemu");
+    if !entry.is_ready() {
+        build_tree(&entry, &tree, &shim, &version, &staticlib)?;
+    }
+    let binary = linked_binary(&entry, &tree, &staticlib)?;
+    Ok(Qemu { binary, firmware_dirs: FIRMWARE_DIRS.iter().map(PathBuf::from).collect() })
+}
+
+/// How many linked binaries (one per device library) an entry keeps.
+const KEEP_LINKED: usize = 6;
+
+/// The QEMU binary linked with `staticlib`, linking it first if no binary
+/// has this library yet. Relinks happen in the shared tree, one at a time.
+fn linked_binary(entry: &Entry, tree: &Path, staticlib: &Path) -> Result<PathBuf> {
+    let lib = fs::read(staticlib).with_context(|| format!("reading {}", staticlib.display()))?;
+    let mut lib_key = Key::new("qemu-link-1");
+    lib_key.add("device-library", &lib);
+    let linked = entry.dir.join("linked");
+    let dir = linked.join(lib_key.hex());
+    let binary = dir.join("qemu-system-x86_64");
+    if let Ok(file) = fs::OpenOptions::new().write(true).open(&binary) {
+        // Used now: pruning drops the least recently used.
+        let _ = file.set_modified(std::time::SystemTime::now());
+        return Ok(binary);
+    }
+    fs::create_dir_all(&linked)?;
+    let _lock = crate::build::cache::lock_exclusive(&entry.dir.join("link.lock"))?;
+    if binary.is_file() {
+        return Ok(binary);
+    }
+    // Ninja does not track a library named in link_args: drop the binary to
+    // make it relink.
+    let built = tree.join("build/qemu-system-x86_64");
+    let installed_lib = tree.join("hw/misc/perfbed").join(STATICLIB);
+    if fs::read(&installed_lib).ok().as_deref() != Some(&lib[..]) || !built.is_file() {
+        let step = Step::start("linking QEMU with this device library", &entry.dir.join("link.log"))?;
+        fs::write(&installed_lib, &lib)?;
+        let _ = fs::remove_file(&built);
+        step.run(&mut ninja(tree))?;
+        step.finish();
+    }
+    fs::create_dir_all(&dir)?;
+    let partial = dir.join("qemu-system-x86_64.partial");
+    fs::copy(&built, &partial)?;
+    fs::rename(&partial, &binary)?;
+    prune_linked(&linked, KEEP_LINKED)?;
+    Ok(binary)
+}
+
+/// Drops the least recently used linked binaries beyond `keep`.
+fn prune_linked(linked: &Path, keep: usize) -> Result<()> {
+    let mut dirs = Vec::new();
+    for entry in fs::read_dir(linked)? {
+        let dir = entry?.path();
+        let Ok(modified) = fs::metadata(dir.join("qemu-system-x86_64")).and_then(|m| m.modified()) else {
+            continue;
+        };
+        dirs.push((modified, dir));
+    }
+    dirs.sort_by_key(|(modified, _)| std::cmp::Reverse(*modified));
+    for (_, dir) in dirs.into_iter().skip(keep) {
+        let _ = fs::remove_dir_all(&dir);
+    }
+    Ok(())
+}
+
+/// The Rust device as a static library, by the cargo that runs xtask.
+fn build_staticlib(workspace: &Path) -> Result<PathBuf> {
+    let target = workspace.join("target");
+    let step = Step::start("building the device library for QEMU", &target.join("perfbed/logs/qemu-ffi.log"))?;
+    step.run(
+        Command::new(deps::cargo())
+            .current_dir(workspace)
+            .args(["build", "--release", "--package", "perfbed-qemu", "--lib"]),
+    )?;
+    step.finish();
+    Ok(target.join("release").join(STATICLIB))
+}
+
+/// The version `apt-get source qemu` would fetch (without its epoch), from
+/// the `.dsc` it names.
+fn source_version() -> Result<String> {
+    let uris = cmd::output(Command::new("apt-get").args(["source", "--print-uris", "qemu"]))
+        .context("no QEMU source package is available; `cargo xtask deps` enables deb-src")?;
+    uris.split_whitespace()
+        .find_map(|word| word.strip_prefix("qemu_").and_then(|w| w.strip_suffix(".dsc")))
+        .map(str::to_string)
+        .context("`apt-get source --print-uris qemu` named no .dsc")
+}
+
+fn build_tree(entry: &Entry, tree: &Path, shim: &Path, version: &str, staticlib: &Path) -> Result<()> {
+    entry.begin()?;
+    let step = Step::start("building QEMU 7.2 with the perfbed device (about 2.5 min)", &entry.dir.join("build.log"))?;
+    let download = entry.dir.join("source");
+    fs::create_dir_all(&download)?;
+    step.run(
+        Command::new("apt-get")
+            .current_dir(&download)
+            .args(["source", "--download-only", "-q", "qemu"]),
+    )?;
+    let dsc = download.join(format!("qemu_{version}.dsc"));
+    if !dsc.is_file() {
+        bail!("apt fetched another QEMU source than {version} (did the package lists change?); run again");
+    }
+    step.run(Command::new("dpkg-source").arg("-x").arg(&dsc).arg(tree))?;
+
+    let dir = tree.join("hw/misc/perfbed");
+    fs::create_dir_all(&dir)?;
+    for name in SHIM_FILES {
+        fs::copy(shim.join(name), dir.join(name)).with_context(|| format!("copying {name}"))?;
+    }
+    fs::copy(staticlib, dir.join(STATICLIB))?;
+    fs::copy(shim.join("devices.mak"), tree.join("configs/devices/x86_64-softmmu/perfbed.mak"))?;
+    step.run(
+        Command::new("patch")
+            .args(["-p1", "--forward", "--batch", "-d"])
+            .arg(tree)
+            .arg("-i")
+            .arg(shim.join("0001-hw-misc-add-perfbed.patch")),
+    )?;
+    let build = tree.join("build");
+    fs::create_dir_all(&build)?;
+    step.run(Command::new("../configure").current_dir(&build).args(CONFIGURE))?;
+    step.run(&mut ninja(tree))?;
+    if !tree.join("build/qemu-system-x86_64").is_file() {
+        bail!("the QEMU build finished without a qemu-system-x86_64 (see {})", step.log().display());
+    }
+    entry.mark_ready()?;
+    step.finish();
+    Ok(())
+}
+
+fn ninja(tree: &Path) -> Command {
+    let jobs = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let mut ninja = Command::new("ninja");
+    ninja.arg("-C").arg(tree.join("build")).arg(format!("-j{jobs}")).arg("qemu-system-x86_64");
+    ninja
+}

@@ -1,0 +1,88 @@
+//! The checks: small functions that drive a booted guest (through
+//! [`crate::guest`]) and the device (its control socket), and compare every
+//! count with the device's truth. Each returns [`Check`]s; `run`, `stress`,
+//! the VM tests and `bench` compose them into a [`Report`].
+//!
+//! One file per family. A check never boots a VM, never decides a host, and
+//! never prints: it says PASS or FAIL and why, in its `detail`.
+
+pub mod device;
+pub mod hotplug;
+pub mod module_lifecycle;
+pub mod perf_tool;
+pub mod pmu;
+pub mod rng;
+pub mod scope;
+pub mod traffic;
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::host::console::kernel_log_problems;
+use crate::trace::SavedTrace;
+
+/// One verdict: what was checked, whether it held, and the evidence.
+pub struct Check {
+    pub name: &'static str,
+    pub passed: bool,
+    pub detail: String,
+}
+
+/// The verdicts of one boot, with its timings and (when drawn) its trace.
+pub struct Report {
+    pub checks: Vec<Check>,
+    pub boot_time: Duration,
+    pub guest_uptime_at_ready: Duration,
+    pub checks_time: Duration,
+    pub serial_log: PathBuf,
+    /// The saved device trace and its plot, when a check failed or the plot
+    /// was asked for.
+    pub trace: Option<SavedTrace>,
+}
+
+/// Fails on any WARN, BUG, oops, lockdep or RCU report in the kernel log.
+pub fn clean_log_check(serial_log: &std::path::Path) -> Check {
+    let log = std::fs::read_to_string(serial_log).unwrap_or_default();
+    let problems = kernel_log_problems(&log);
+    Check::from_problems("clean kernel log", problems, "no WARN, BUG, oops, lockdep or RCU report".into())
+}
+
+impl Check {
+    /// Passes when nothing went wrong: the detail is then `ok`, otherwise
+    /// every problem.
+    pub fn from_problems(name: &'static str, problems: Vec<String>, ok: String) -> Check {
+        let passed = problems.is_empty();
+        Check { name, passed, detail: if passed { ok } else { problems.join("; ") } }
+    }
+}
+
+impl Report {
+    /// A report of `checks` and the kernel log's cleanliness, without timings.
+    pub fn from_checks(mut checks: Vec<Check>, serial_log: &std::path::Path) -> Report {
+        checks.push(clean_log_check(serial_log));
+        Report {
+            checks,
+            boot_time: Duration::ZERO,
+            guest_uptime_at_ready: Duration::ZERO,
+            checks_time: Duration::ZERO,
+            serial_log: serial_log.to_path_buf(),
+            trace: None,
+        }
+    }
+
+    pub fn passed(&self) -> bool {
+        self.checks.iter().all(|c| c.passed)
+    }
+
+    pub fn table(&self) -> String {
+        let mut out = String::new();
+        let width = self.checks.iter().map(|c| c.name.len()).max().unwrap_or(0);
+        for check in &self.checks {
+            let mark = if check.passed { "PASS" } else { "FAIL" };
+            let _ = writeln!(out, "  {mark}  {:width$}  {}", check.name, check.detail);
+        }
+        out
+    }
+}
+

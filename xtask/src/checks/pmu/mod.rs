@@ -1,0 +1,43 @@
+//! The end-to-end checks of perfbed.ko: device-scope PMUs `perfbed_l3_<d>`
+//! opened from the guest with perf_event_open (and the real perf tool),
+//! traffic injected through the device's control socket, every count
+//! compared with the device's ground truth while CPUs come and go.
+
+pub mod context;
+pub mod counts;
+pub mod groups;
+pub mod moves;
+pub mod moving_traffic;
+pub mod multiplexing;
+pub mod perf_matrix;
+pub mod registration;
+
+use anyhow::Result;
+use perfbed_device::{ControlClient, DeviceConfig};
+
+use crate::checks::Check;
+use crate::guest::{pmu_name, Guest};
+use context::Ctx;
+
+/// Runs every check; the driver must be loaded. `control_socket` is the
+/// device's, for checks that inject from a thread of their own.
+pub fn run(g: &mut Guest, control: ControlClient, control_socket: &std::path::Path, device: &DeviceConfig) -> Result<Vec<Check>> {
+    let mut types = Vec::new();
+    for d in 0..device.domains.len() {
+        types.push(g.pmu_type(&pmu_name(d))?);
+    }
+    let mut ctx = Ctx { g, control, device: device.clone(), types };
+    ctx.control.reset_stats()?;
+    let mut checks = vec![registration::sysfs(&mut ctx)?, counts::exact_counts(&mut ctx)?];
+    checks.push(moves::migration(&mut ctx)?);
+    checks.push(moves::parking(&mut ctx)?);
+    checks.push(moving_traffic::check(ctx.g, &mut ctx.control, control_socket, &ctx.device, &ctx.types)?);
+    checks.push(multiplexing::multiplexing(&mut ctx)?);
+    checks.push(groups::groups(&mut ctx)?);
+    checks.push(groups::bad_attributes(&mut ctx)?);
+    checks.push(perf_matrix::run(ctx.g, &mut ctx.control, &ctx.device, &ctx.types)?);
+    checks.push(counts::perf_stat(&mut ctx)?);
+    checks.push(registration::unload(&mut ctx)?);
+    Ok(checks)
+}
+

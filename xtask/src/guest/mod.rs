@@ -1,0 +1,135 @@
+//! A typed client of the guest agent: the requests the scenarios make, each
+//! with the answer it expects turned into a plain Rust result, and the names
+//! perfbed.ko gives things in the guest.
+
+pub mod perf_abi;
+
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use perfbed_agent::{AgentMessage, HostRequest, PerfAttr, PerfIoctl};
+use perfbed_device::cpus::parse_cpu_list;
+
+use crate::host::vm::Vm;
+
+/// The driver's module name.
+pub const MODULE: &str = "perfbed";
+
+/// The PMU perfbed.ko registers for `domain`.
+pub fn pmu_name(domain: usize) -> String {
+    format!("perfbed_l3_{domain}")
+}
+
+pub struct Guest<'a> {
+    pub vm: &'a mut Vm,
+    pub timeout: Duration,
+}
+
+/// What perf_event_open gave: a handle, or the errno's name ("EBUSY").
+pub type Opened = std::result::Result<u32, String>;
+
+impl Guest<'_> {
+    pub fn ask(&mut self, request: HostRequest) -> Result<AgentMessage> {
+        self.vm.request(&request, self.timeout)
+    }
+
+    pub fn expect_done(&mut self, request: HostRequest) -> Result<()> {
+        match self.ask(request.clone())? {
+            AgentMessage::Done => Ok(()),
+            other => bail!("{request:?}: {other:?}"),
+        }
+    }
+
+    pub fn read_file(&mut self, path: &str) -> Result<String> {
+        match self.ask(HostRequest::ReadFile { path: path.into() })? {
+            AgentMessage::Text { text } => Ok(text.trim().to_string()),
+            other => bail!("reading {path}: {other:?}"),
+        }
+    }
+
+    /// The CPUs in a PMU's `cpumask` file (empty while parked).
+    /// A device-scope PMU's sysfs `open_waits` and `open_retries` (patch
+    /// 0007): what CPU hotplug cost its opens inside the kernel.
+    pub fn open_waits_and_retries(&mut self, pmu: &str) -> Result<(u64, u64)> {
+        let mut count = |file: &str| -> Result<u64> {
+            let path = format!("/sys/bus/event_source/devices/{pmu}/{file}");
+            let text = self.read_file(&path)?;
+            text.trim().parse().with_context(|| format!("{path}: {text:?} is not a count"))
+        };
+        Ok((count("open_waits")?, count("open_retries")?))
+    }
+
+    pub fn cpumask(&mut self, pmu: &str) -> Result<Vec<u32>> {
+        let text = self.read_file(&format!("/sys/bus/event_source/devices/{pmu}/cpumask"))?;
+        parse_cpu_list(&text).map_err(|e| anyhow::anyhow!("{pmu}/cpumask {text:?}: {e}"))
+    }
+
+    pub fn pmu_type(&mut self, pmu: &str) -> Result<u32> {
+        let text = self.read_file(&format!("/sys/bus/event_source/devices/{pmu}/type"))?;
+        text.parse().with_context(|| format!("{pmu}/type {text:?}"))
+    }
+
+    pub fn set_online(&mut self, cpu: u32, online: bool) -> Result<()> {
+        self.expect_done(HostRequest::SetCpuOnline { cpu, online })
+    }
+
+    /// A system-wide event on `cpu` (device-scope PMUs move it to their CPU).
+    pub fn open(&mut self, attr: PerfAttr, group: Option<u32>) -> Result<Opened> {
+        self.open_as(attr, -1, 0, group)
+    }
+
+    pub fn open_as(&mut self, attr: PerfAttr, pid: i32, cpu: i32, group: Option<u32>) -> Result<Opened> {
+        match self.ask(HostRequest::PerfOpen { attr, pid, cpu, group })? {
+            AgentMessage::PerfOpened { handle } => Ok(Ok(handle)),
+            AgentMessage::Errno { name, .. } => Ok(Err(name)),
+            other => bail!("perf_event_open: {other:?}"),
+        }
+    }
+
+    /// perf_event_open with PERF_FLAG_* `flags` (FD_CLOEXEC is always added).
+    pub fn open_flags(&mut self, attr: PerfAttr, pid: i32, cpu: i32, group: Option<u32>, flags: u64) -> Result<Opened> {
+        match self.ask(HostRequest::PerfOpenFlags { attr, pid, cpu, group, flags })? {
+            AgentMessage::PerfOpened { handle } => Ok(Ok(handle)),
+            AgentMessage::Errno { name, .. } => Ok(Err(name)),
+            other => bail!("perf_event_open: {other:?}"),
+        }
+    }
+
+    /// An ioctl on an open event: its return value, or the errno's name.
+    pub fn ioctl(&mut self, handle: u32, ioctl: PerfIoctl) -> Result<std::result::Result<u64, String>> {
+        match self.ask(HostRequest::PerfIoctl { handle, ioctl: ioctl.clone() })? {
+            AgentMessage::PerfValues { values } if values.len() == 1 => Ok(Ok(values[0])),
+            AgentMessage::Errno { name, .. } => Ok(Err(name)),
+            other => bail!("{ioctl:?} on event {handle}: {other:?}"),
+        }
+    }
+
+    /// The u64 words a read() of the event gives.
+    pub fn read(&mut self, handle: u32) -> Result<Vec<u64>> {
+        match self.ask(HostRequest::PerfRead { handle })? {
+            AgentMessage::PerfValues { values } if !values.is_empty() => Ok(values),
+            other => bail!("reading event {handle}: {other:?}"),
+        }
+    }
+
+    /// The words of a read() of each event, all read by one request (so
+    /// within microseconds of each other in the guest).
+    pub fn read_many(&mut self, handles: &[u32]) -> Result<Vec<Vec<u64>>> {
+        match self.ask(HostRequest::PerfReadMany { handles: handles.to_vec() })? {
+            AgentMessage::PerfValuesMany { values } if values.len() == handles.len() => Ok(values),
+            other => bail!("reading events {handles:?}: {other:?}"),
+        }
+    }
+
+    pub fn close(&mut self, handle: u32) -> Result<()> {
+        self.expect_done(HostRequest::PerfClose { handle })
+    }
+
+    /// Runs a program in the guest: (exit status, stdout, stderr).
+    pub fn run(&mut self, argv: &[&str]) -> Result<(Option<i32>, String, String)> {
+        match self.ask(HostRequest::Run { argv: argv.iter().map(|s| s.to_string()).collect() })? {
+            AgentMessage::Ran { status, stdout, stderr } => Ok((status, stdout, stderr)),
+            other => bail!("running {argv:?}: {other:?}"),
+        }
+    }
+}

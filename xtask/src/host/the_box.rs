@@ -1,0 +1,116 @@
+//! The box host: perfbed-vmm inside an L1 Linux with KVM, booted under
+//! perfbed's QEMU with TCG emulating AMD SVM (what it boots is built by
+//! `build::box_image`). QEMU exposes three virtio-serial ports as the
+//! host-side files every host gives: the agent socket, the control socket
+//! (through [`control_proxy`](super::control_proxy)) and the guest's serial
+//! log.
+
+use std::path::Path;
+use std::process::{Command, ExitStatus};
+
+use anyhow::Result;
+use perfbed_box_init::{encode_args, PORT_AGENT, PORT_CONTROL, PORT_SERIAL};
+
+use crate::build::box_image::BoxImages;
+use super::config::VmConfig;
+use super::{control_proxy, vmm};
+
+/// L1's RAM beyond the guest's: its kernel, the initramfs (held in RAM) and
+/// the VMM.
+const L1_OVERHEAD_MIB: u32 = 640;
+
+/// The box's QEMU for `config`'s guest with perfbed's kernel command line
+/// `cmdline`, its agent socket, control socket and serial log at the given
+/// paths. The box relays one control connection; xtask serves the usual
+/// socket to its several clients over it.
+pub fn command(config: &VmConfig, images: &BoxImages, cmdline: &[String], agent_socket: &Path, control_socket: &Path, serial_log: &Path, tsc_khz: u64) -> Result<Command> {
+    let args = vmm::vmm_args(config, cmdline);
+    let relayed = config.run_dir.join("control-box.sock");
+    control_proxy::start(control_socket, &relayed)?;
+    Ok(qemu_command(config, images, &args, agent_socket, &relayed, serial_log, tsc_khz))
+}
+
+/// The QEMU command that boots the box (sized for `config`'s guest) to run
+/// perfbed-vmm with `vmm_args`, its sockets and log at the given paths.
+pub fn qemu_command(
+    config: &VmConfig,
+    images: &BoxImages,
+    vmm_args: &[String],
+    agent_socket: &Path,
+    control_socket: &Path,
+    serial_log: &Path,
+    tsc_khz: u64,
+) -> Command {
+    let l1_cmdline = [
+        "console=ttyS0".to_string(),
+        "reboot=t".into(),
+        "panic=-1".into(),
+        "mitigations=off".into(),
+        "loglevel=4".into(),
+        format!("tsc_early_khz={tsc_khz}"),
+        "tsc=reliable".into(),
+        encode_args(vmm_args),
+    ];
+    let mut qemu = Command::new(&config.qemu);
+    for dir in &config.firmware_dirs {
+        qemu.arg("-L").arg(dir);
+    }
+    qemu.args(["-M", "microvm", "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot"])
+        // One vCPU: two corrupt L1 under TCG with SVM (shared/FACTS.md).
+        .args(["-accel", "tcg", "-cpu", "max", "-smp", "1"])
+        .arg("-m")
+        .arg((config.memory_mib + L1_OVERHEAD_MIB).to_string())
+        .arg("-kernel")
+        .arg(&images.kernel)
+        .arg("-initrd")
+        .arg(&images.initramfs)
+        .arg("-append")
+        .arg(l1_cmdline.join(" "))
+        .args(["-chardev", "stdio,id=l1console,signal=off", "-serial", "chardev:l1console"])
+        .args(["-device", "isa-debug-exit,iobase=0xf4,iosize=1"])
+        .args(["-device", "virtio-serial-device,max_ports=4"])
+        .arg("-chardev")
+        .arg(format!("socket,id=agent,path={},server=on,wait=on", agent_socket.display()))
+        .arg("-device")
+        .arg(format!("virtserialport,chardev=agent,name={PORT_AGENT}"))
+        .arg("-chardev")
+        .arg(format!("socket,id=control,path={},server=on,wait=off", control_socket.display()))
+        .arg("-device")
+        .arg(format!("virtserialport,chardev=control,name={PORT_CONTROL}"))
+        .arg("-chardev")
+        .arg(format!("file,id=serial,path={}", serial_log.display()))
+        .arg("-device")
+        .arg(format!("virtserialport,chardev=serial,name={PORT_SERIAL}"));
+    qemu
+}
+
+/// The box's QEMU exit status in perfbed-vmm's terms.
+pub fn describe_exit(status: ExitStatus) -> String {
+    let Some(code) = status.code() else { return format!("the box's QEMU was killed ({status})") };
+    match perfbed_box_init::vmm_status_from_qemu(code) {
+        Ok(0) => "perfbed-vmm exited: the guest rebooted".into(),
+        Ok(3) => "perfbed-vmm exited with status 3: the guest panicked".into(),
+        Ok(vmm) => format!("perfbed-vmm exited with status {vmm} (see box.log)"),
+        Err(why) => why,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::config;
+    use crate::cmd;
+
+    #[test]
+    fn the_box_has_one_vcpu_and_the_three_ports() {
+        let images = BoxImages { kernel: "bzImage".into(), initramfs: "l1.cpio".into(), kernel_package: String::new() };
+        let qemu = qemu_command(&config::example(), &images, &[], Path::new("a.sock"), Path::new("c.sock"), Path::new("s.log"), 1);
+        let line = cmd::display(&qemu);
+        assert!(line.contains("-smp 1") && line.contains("-cpu max"), "{line}");
+        assert!(line.contains("-m 1152"), "{line}");
+        for port in [PORT_AGENT, PORT_CONTROL, PORT_SERIAL] {
+            assert!(line.contains(&format!("name={port}")), "{line}");
+        }
+        assert!(line.contains("path=a.sock,server=on,wait=on"), "{line}");
+    }
+}

@@ -1,0 +1,420 @@
+//! A booted guest, whatever its host: the host's process started as its
+//! file says, the agent's channel (a Unix socket on our side, opened before
+//! the guest starts so that nothing the agent says is lost), requests and
+//! answers, power-off, and the whole story of a VM that failed.
+//!
+//! Under the QEMU host the VM is QEMU's `microvm` machine booting the PVH
+//! `vmlinux` directly: the kernel log on the 8250 serial port (saved to
+//! `serial.log`), the agent channel on a virtio-serial port over
+//! virtio-mmio. The socket is opened with `wait=on`, so QEMU starts the
+//! guest only once we are connected.
+
+use std::fs::{self, File};
+use std::io::{BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use perfbed_agent::{parse_agent_message, AgentMessage, Hello, HostRequest, MAX_MESSAGE_LINE};
+use perfbed_device::line::{read_line_or_stop, Line};
+use perfbed_device::ControlClient;
+
+use crate::cmd;
+use super::cmdline::{base_cmdline, host_tsc_khz};
+use super::config::{VmConfig, DEVICE_BASE};
+use super::console::{copy_serial, kernel_log_problems};
+use super::{monitor, qemu, the_box, vmm, Accel, Host};
+
+/// The device trace's file in a run's folder.
+pub const TRACE_FILE: &str = "trace.txt";
+/// A failed VM's vCPU state (registers, local APICs), beside the serial log.
+pub const CPU_STATE_FILE: &str = "cpu-state.txt";
+/// QEMU's human monitor, in the run folder.
+const MONITOR_SOCKET: &str = "monitor.sock";
+
+pub struct Vm {
+    child: Child,
+    messages: Receiver<Result<AgentMessage, String>>,
+    writer: UnixStream,
+    transcript: File,
+    pub serial_log: PathBuf,
+    qemu_log: PathBuf,
+    /// The box's L1 console (its kernel, /init and perfbed-vmm's own lines).
+    pub box_log: Option<PathBuf>,
+    /// The device's control socket (inject traffic, read its state).
+    pub control_socket: PathBuf,
+    /// QEMU's human monitor (the guest's QEMU, or the box's).
+    monitor_socket: Option<PathBuf>,
+    verbose: bool,
+    /// Run once before a failing VM is stopped, while the device still
+    /// answers (the stress saves the device's trace there).
+    before_kill: Option<Box<dyn FnOnce()>>,
+    /// The agent channel's socket (QEMU's end).
+    agent_socket: PathBuf,
+}
+
+/// What booting gave: the agent's greeting and how long it took.
+pub struct Booted {
+    pub vm: Vm,
+    pub hello: Hello,
+    /// From the guest starting (our connection) to the agent's greeting.
+    pub boot_time: Duration,
+    /// From QEMU's start to the agent's greeting (`boot_time` plus QEMU's
+    /// own start-up).
+    pub since_spawn: Duration,
+}
+
+impl Vm {
+    pub fn boot(config: &VmConfig, accel: &Accel) -> Result<Booted> {
+        config.validate()?;
+        fs::create_dir_all(&config.run_dir).with_context(|| format!("creating {}", config.run_dir.display()))?;
+        let socket = config.run_dir.join("agent.sock");
+        let control_socket = config.run_dir.join("control.sock");
+        // perfbed-vmm has no monitor; QEMU's (the guest's, or the box's L1)
+        // records the vCPUs' state of a VM that failed.
+        let monitor_socket = match config.host {
+            Host::VmmNative { .. } => None,
+            Host::Qemu | Host::VmmBox(_) => Some(config.run_dir.join(MONITOR_SOCKET)),
+        };
+        let _ = fs::remove_file(&socket);
+        let _ = fs::remove_file(&control_socket);
+        let serial_log = config.run_dir.join("serial.log");
+        let qemu_log = config.run_dir.join(match config.host {
+            Host::VmmNative { .. } => "vmm.log",
+            _ => "qemu.log",
+        });
+        let tsc_khz = host_tsc_khz();
+
+        let mut cmdline = base_cmdline(tsc_khz);
+        if let Host::Qemu = config.host {
+            // Announced like virtio-mmio devices are: size@base (perfbed-vmm
+            // announces its devices itself, the same way).
+            cmdline.push(format!("perfbed.device={:#x}@{DEVICE_BASE:#x}", config.device.size()));
+        }
+        cmdline.extend(config.extra_cmdline.iter().cloned());
+        let (mut command, console_log) = match &config.host {
+            Host::Qemu => (qemu::command(config, accel, &cmdline, &socket, &control_socket), Some(serial_log.clone())),
+            Host::VmmNative { vmm } => (vmm::command(vmm, config, &cmdline, &socket, &control_socket, &serial_log), None),
+            Host::VmmBox(images) => (
+                the_box::command(config, images, &cmdline, &socket, &control_socket, &serial_log, tsc_khz)?,
+                Some(config.run_dir.join("box.log")),
+            ),
+        };
+        let box_log = match config.host {
+            Host::VmmBox(_) => console_log.clone(),
+            _ => None,
+        };
+        if let Some(monitor) = &monitor_socket {
+            command.arg("-monitor").arg(monitor::qemu_arg(monitor));
+        }
+        fs::write(config.run_dir.join("qemu.cmd"), cmd::display(&command) + "\n")?;
+        die_with_xtask(&mut command);
+        let spawned = Instant::now();
+        let mut child = command
+            .stdin(Stdio::null())
+            .stdout(if console_log.is_some() { Stdio::piped() } else { Stdio::null() })
+            .stderr(Stdio::from(File::create(&qemu_log)?))
+            .spawn()
+            .with_context(|| format!("starting {}", command.get_program().to_string_lossy()))?;
+
+        if let (Some(stdout), Some(path)) = (child.stdout.take(), &console_log) {
+            let log = File::create(path)?;
+            let verbose = config.verbose;
+            thread::spawn(move || copy_serial(stdout, log, verbose));
+        }
+
+        let stream = match connect(&socket, &mut child) {
+            Ok(stream) => stream,
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(e.context(format!("the host's output: {}", cmd::tail(&qemu_log, 5))));
+            }
+        };
+        // QEMU runs the guest from the moment we are connected (or, stopped
+        // for gdb, once gdb continues it).
+        if let Some(gdb) = config.gdb.as_ref().filter(|g| g.stopped) {
+            println!("==> the guest is stopped for gdb on 127.0.0.1:{}; attach with:\n      {}", gdb.port, gdb.hint);
+        }
+        let started = Instant::now();
+        let writer = stream.try_clone()?;
+        let (tx, messages) = mpsc::channel();
+        let transcript = File::create(config.run_dir.join("agent.log"))?;
+        let reader_transcript = transcript.try_clone()?;
+        let verbose = config.verbose;
+        thread::spawn(move || read_agent(stream, reader_transcript, tx, verbose));
+        let mut vm = Vm {
+            child,
+            messages,
+            writer,
+            transcript,
+            serial_log,
+            qemu_log,
+            box_log,
+            control_socket,
+            monitor_socket,
+            agent_socket: socket,
+            before_kill: None,
+            verbose,
+        };
+        match vm.receive(config.boot_timeout, "the agent's greeting") {
+            Ok(AgentMessage::Hello(hello)) => {
+                Ok(Booted { boot_time: started.elapsed(), since_spawn: spawned.elapsed(), hello, vm })
+            }
+            Ok(other) => Err(vm.fail(anyhow!("the agent sent {other:?} before its greeting"))),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// QEMU's process id (for its memory use).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends one request and waits for its answer.
+    pub fn request(&mut self, request: &HostRequest, timeout: Duration) -> Result<AgentMessage> {
+        let line = serde_json::to_string(request)? + "\n";
+        let _ = write!(self.transcript, "> {line}");
+        if self.verbose {
+            eprint!("agent> {line}");
+        }
+        if let Err(e) = self.writer.write_all(line.as_bytes()) {
+            // A dead QEMU closes the channel: name that, not the broken pipe.
+            let why = match self.wait_briefly() {
+                Some(status) => format!("QEMU exited ({status}) while sending {request:?} to the agent ({e})"),
+                None => format!("sending {request:?} to the agent: {e}"),
+            };
+            return Err(self.fail(anyhow!(why)));
+        }
+        self.receive(timeout, &format!("the answer to {request:?}"))
+    }
+
+    /// Sets what runs before a failure stops the VM (see `before_kill`).
+    pub fn before_kill(&mut self, hook: Box<dyn FnOnce()>) {
+        self.before_kill = Some(hook);
+    }
+
+    /// Asks the agent to end the VM and waits for QEMU to exit.
+    pub fn power_off(mut self, timeout: Duration) -> Result<()> {
+        match self.request(&HostRequest::PowerOff, timeout)? {
+            AgentMessage::PoweringOff => {}
+            other => return Err(self.fail(anyhow!("the agent answered power-off with {other:?}"))),
+        }
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                if !status.success() {
+                    return Err(self.fail(anyhow!("QEMU exited with {status}")));
+                }
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(self.fail(anyhow!("the guest did not stop within {timeout:?} of powering off")));
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn receive(&mut self, timeout: Duration, what: &str) -> Result<AgentMessage> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            match self.messages.recv_timeout(Duration::from_millis(100)) {
+                Ok(Ok(message)) => return Ok(message),
+                Ok(Err(e)) => return Err(self.fail(anyhow!("the agent channel: {e}"))),
+                Err(RecvTimeoutError::Disconnected) => {
+                    // The channel closes when QEMU exits; let it finish.
+                    let status = self.wait_briefly();
+                    let why = match status {
+                        Some(s) if self.box_log.is_some() => the_box::describe_exit(s),
+                        Some(s) => format!("QEMU exited ({s})"),
+                        None => "the agent channel closed".into(),
+                    };
+                    return Err(self.fail(anyhow!("{why} while waiting for {what}")));
+                }
+                Err(RecvTimeoutError::Timeout) if Instant::now() > deadline => {
+                    return Err(self.fail(anyhow!("no answer within {timeout:?} while waiting for {what}")));
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+            }
+        }
+    }
+
+    fn wait_briefly(&mut self) -> Option<ExitStatus> {
+        for _ in 0..50 {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
+    /// Stops the VM and turns `error` into the full story: what the kernel
+    /// log says went wrong and where the logs are.
+    fn fail(&mut self, error: anyhow::Error) -> anyhow::Error {
+        // The device's trace and the vCPUs' state die with QEMU: keep
+        // them first.
+        let trace = self.save_device_trace();
+        let cpu_state = self.record_cpu_state();
+        if let Some(hook) = self.before_kill.take() {
+            hook();
+        }
+        self.stop();
+        // Give the serial copier a moment to drain QEMU's last output.
+        thread::sleep(Duration::from_millis(100));
+        let log = fs::read_to_string(&self.serial_log).unwrap_or_default();
+        let mut story = error.to_string();
+        if let Some(panic) = log.lines().find(|l| l.contains("Kernel panic")) {
+            story = format!("the guest kernel panicked: {}\n{story}", panic.trim());
+        }
+        let problems = kernel_log_problems(&log);
+        if !problems.is_empty() {
+            story += &format!("\nkernel log problems:\n  {}", problems.join("\n  "));
+        }
+        if let Some(box_log) = &self.box_log {
+            story += &format!("\n--- the box (L1 console, {}) ---\n{}", box_log.display(), cmd::tail(box_log, 8));
+        }
+        anyhow!(
+            "{story}\n--- last lines of the serial log ---\n{}\n--- QEMU: {} ---\nserial log saved: {}{}{}",
+            cmd::tail(&self.serial_log, 15),
+            cmd::tail(&self.qemu_log, 3),
+            self.serial_log.display(),
+            trace.map_or(String::new(), |t| format!("\ndevice trace saved: {}", t.display())),
+            cpu_state
+        )
+    }
+
+    /// The vCPUs' registers and local APICs from QEMU's monitor, saved
+    /// beside the serial log; a line for the failure's story.
+    fn record_cpu_state(&mut self) -> String {
+        let Some(socket) = &self.monitor_socket else { return String::new() };
+        if !matches!(self.child.try_wait(), Ok(None)) {
+            return String::new();
+        }
+        let whose = if self.box_log.is_some() { "the box's L1 vCPU" } else { "the guest's vCPUs" };
+        match monitor::record_cpu_state(socket, &self.serial_log.with_file_name(CPU_STATE_FILE)) {
+            Ok(path) => format!("\nstate of {whose} (registers, local APIC) saved: {}", path.display()),
+            Err(e) => format!("\nstate of {whose}: not recorded ({e:#})"),
+        }
+    }
+
+    /// The device's trace as it is now, saved beside the serial log (best
+    /// effort: the device may already be gone).
+    fn save_device_trace(&self) -> Option<PathBuf> {
+        let text = ControlClient::connect(&self.control_socket).ok()?.trace_text().ok()?;
+        let path = self.serial_log.with_file_name(TRACE_FILE);
+        fs::write(&path, text).ok()?;
+        Some(path)
+    }
+}
+
+impl Vm {
+    /// QEMU's process id.
+    pub fn qemu_pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Writes raw bytes to the agent channel, bypassing the protocol (for
+    /// tests of what a broken host side does to the agent).
+    pub fn send_raw(&mut self, bytes: &[u8]) -> Result<()> {
+        let _ = writeln!(self.transcript, "> (raw) {:?}", String::from_utf8_lossy(bytes));
+        self.writer.write_all(bytes).context("writing to the agent channel")
+    }
+
+    /// Ends QEMU if it still runs, reaps it, and removes the sockets it
+    /// leaves behind when it dies without cleaning up (killed, crashed, or
+    /// exiting without running the device's destructor). The logs stay.
+    fn stop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+        }
+        let _ = self.child.wait();
+        let _ = self.writer.shutdown(std::net::Shutdown::Both);
+        for socket in [Some(&self.agent_socket), Some(&self.control_socket), self.monitor_socket.as_ref()].into_iter().flatten() {
+            let _ = fs::remove_file(socket);
+        }
+    }
+}
+
+impl Drop for Vm {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Makes the VM's process die with xtask. Killed, or interrupted with
+/// Ctrl-C in the middle of a 30-minute stress, xtask runs no destructor,
+/// and a 16-vCPU guest left behind would burn the CPUs of every later run.
+/// The kernel sends the signal when the thread that spawned the child exits:
+/// VMs are booted from xtask's main thread.
+fn die_with_xtask(command: &mut Command) {
+    let xtask = std::process::id();
+    // SAFETY: the closure runs in the child between fork and exec and only
+    // makes async-signal-safe system calls (prctl, getppid); it allocates
+    // nothing.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // xtask died before the prctl: nobody would send the signal.
+            // CAST: a pid is positive.
+            if libc::getppid() as u32 != xtask {
+                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            Ok(())
+        })
+    };
+}
+
+/// QEMU creates the socket and then waits for us before starting the guest.
+fn connect(socket: &Path, child: &mut Child) -> Result<UnixStream> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(status) = child.try_wait()? {
+            bail!("QEMU exited ({status}) before the guest started");
+        }
+        if let Ok(stream) = UnixStream::connect(socket) {
+            return Ok(stream);
+        }
+        if Instant::now() > deadline {
+            bail!("QEMU did not open the agent socket {} within 30 s", socket.display());
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Reads the agent's messages, never holding more than one line of at most
+/// [`MAX_MESSAGE_LINE`] bytes: a guest flooding the channel gets the run
+/// failed with that said, not the host's memory filled.
+fn read_agent(stream: UnixStream, mut transcript: File, tx: mpsc::Sender<Result<AgentMessage, String>>, verbose: bool) {
+    let mut reader = BufReader::new(stream);
+    let mut line = Vec::new();
+    loop {
+        let parsed = match read_line_or_stop(&mut reader, &mut line, MAX_MESSAGE_LINE) {
+            Err(_) | Ok(Line::End | Line::Unterminated) => break,
+            Ok(Line::Blank) => continue,
+            Ok(Line::TooLong) => {
+                // Nothing after it can be trusted to be a message.
+                let _ = writeln!(transcript, "< (a line longer than {MAX_MESSAGE_LINE} bytes; stopped reading)");
+                let _ = tx.send(Err(format!("the agent sent a line longer than {MAX_MESSAGE_LINE} bytes (a guest flooding the channel?)")));
+                break;
+            }
+            Ok(Line::Text) => {
+                let _ = writeln!(transcript, "< {}", String::from_utf8_lossy(&line));
+                if verbose {
+                    eprintln!("agent< {}", String::from_utf8_lossy(&line));
+                }
+                parse_agent_message(&line)
+            }
+        };
+        if tx.send(parsed).is_err() {
+            break;
+        }
+    }
+}

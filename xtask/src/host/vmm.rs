@@ -1,0 +1,92 @@
+//! The perfbed-vmm host: rust-vmm on KVM, natively here, or inside the box
+//! ([`the_box`](super::the_box) passes it the same arguments).
+
+use std::fs;
+use std::path::Path;
+use std::process::Command;
+
+use super::config::VmConfig;
+use super::Host;
+
+/// perfbed-vmm on this machine's /dev/kvm for `config`'s guest, with
+/// perfbed's kernel command line `cmdline` and its endpoints at the given
+/// paths (it writes the guest's serial log itself).
+pub fn command(vmm: &Path, config: &VmConfig, cmdline: &[String], agent_socket: &Path, control_socket: &Path, serial_log: &Path) -> Command {
+    let mut command = Command::new(vmm);
+    command
+        .arg("--kernel")
+        .arg(&config.vmlinux)
+        .arg("--initramfs")
+        .arg(&config.initramfs)
+        .args(vmm_args(config, cmdline))
+        .arg("--agent-socket")
+        .arg(agent_socket)
+        .arg("--control-socket")
+        .arg(control_socket)
+        .arg("--serial-log")
+        .arg(serial_log);
+    command
+}
+
+/// perfbed-vmm's arguments for `config` (the box adds the kernel, the
+/// initramfs and the endpoints).
+pub fn vmm_args(config: &VmConfig, cmdline: &[String]) -> Vec<String> {
+    let mut args = vec![
+        "--cpus".to_string(),
+        config.cpus.to_string(),
+        "--memory".into(),
+        config.memory_mib.to_string(),
+        "--cmdline".into(),
+        cmdline.join(" "),
+        "--pmu-rmids".into(),
+        config.device.rmids.to_string(),
+        "--pmu-slots".into(),
+        config.device.slots.to_string(),
+        "--pmu-counter-width".into(),
+        config.device.counter_width.to_string(),
+        "--pmu-max-rate".into(),
+        config.device.max_rate.to_string(),
+        "--pmu-trace-capacity".into(),
+        config.device.trace_capacity.to_string(),
+    ];
+    if matches!(config.host, Host::VmmBox(_)) {
+        // TCG's SVM does not make XSETBV exit (see perfbed-vmm --help).
+        args.push("--no-xsave".into());
+    }
+    for domain in &config.device.domains {
+        args.push("--pmu-domain".into());
+        args.push(format!("cpus={}", perfbed_device::cpus::format_cpu_list(domain)));
+    }
+    args
+}
+
+/// perfbed-vmm's own report and the box's timing, from the run's host log
+/// (the box's console, or perfbed-vmm's stderr when it runs natively).
+pub fn host_report(run_dir: &Path) -> Vec<String> {
+    ["box.log", "vmm.log"]
+        .iter()
+        .filter_map(|name| fs::read_to_string(run_dir.join(name)).ok())
+        .flat_map(|log| {
+            log.lines()
+                .filter(|l| l.contains("perfbed-vmm: stat ") || l.contains("perfbed-box: L1 ready"))
+                .map(|l| l.trim().to_string())
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::config;
+
+    #[test]
+    fn the_vmm_gets_the_guests_shape_and_device() {
+        let args = vmm_args(&config::example(), &["console=ttyS0".into(), "panic=-1".into()]);
+        let joined = args.join(" ");
+        assert!(joined.contains("--cpus 4 --memory 512 --cmdline console=ttyS0 panic=-1"), "{joined}");
+        assert!(joined.ends_with("--pmu-domain cpus=0-1 --pmu-domain cpus=2-3"), "{joined}");
+        assert!(joined.contains("--pmu-rmids 8 --pmu-slots 4 --pmu-counter-width 24"), "{joined}");
+        assert!(joined.contains(&format!("--pmu-trace-capacity {}", perfbed_device::TRACE_CAPACITY)), "{joined}");
+    }
+}

@@ -1,0 +1,138 @@
+//! The boot-and-hotplug scenario behind `cargo xtask run` and its VM test:
+//! boot, check what the agent reports, hotplug every CPU but 0 for N rounds,
+//! power off, and check the kernel log stayed clean.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use perfbed_agent::{format_cpu_list, AgentMessage, HostRequest};
+use perfbed_device::ControlClient;
+
+use crate::checks::{self, clean_log_check, Check, Report};
+use crate::debug::gdb;
+use crate::guest::{Guest, MODULE};
+use crate::host::Accel;
+use crate::host::config::VmConfig;
+use crate::host::vm::Vm;
+use crate::progress::human;
+use crate::trace::{save_trace_and_plot, SavedTrace};
+
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    pub vm: VmConfig,
+    pub expected_release: String,
+    pub hotplug_rounds: u32,
+    /// How long one request (a whole hotplug run) may take.
+    pub request_timeout: Duration,
+    /// Draw the trace's timeline even when every check passes (it is
+    /// always saved and drawn when one fails).
+    pub plot: bool,
+    /// perfbed.ko as built, for gdb's symbols.
+    pub driver: PathBuf,
+}
+
+/// Boots and runs the scenario. An `Err` means the run could not complete
+/// (the guest hung, panicked or never came up); failed checks are in the
+/// report.
+pub fn run(scenario: &Scenario, accel: &Accel) -> Result<Report> {
+    let booted = Vm::boot(&scenario.vm, accel)?;
+    let (mut vm, hello) = (booted.vm, booted.hello);
+    let checks_start = Instant::now();
+    let mut checks = Vec::new();
+
+    checks.push(Check {
+        name: "kernel version",
+        passed: hello.kernel_release == scenario.expected_release,
+        detail: format!("{} (built {})", hello.kernel_release, scenario.expected_release),
+    });
+    let all_cpus: Vec<u32> = (0..u32::from(scenario.vm.cpus)).collect();
+    let want_online = format_cpu_list(&all_cpus);
+    checks.push(Check {
+        name: "CPUs online",
+        passed: hello.cpus_online == want_online,
+        detail: format!("{} (expected {want_online})", hello.cpus_online),
+    });
+    // The device on its own first, driven from the guest without a driver.
+    checks.extend(checks::device::checks(&mut vm, scenario.vm.cpus, &scenario.vm.device, scenario.request_timeout)?);
+    checks.push(checks::perf_tool::check(&mut vm, scenario.request_timeout)?);
+
+    // Then perfbed.ko on it: load, and every PMU check.
+    let loaded = vm.request(&HostRequest::LoadModule { name: MODULE.into() }, scenario.request_timeout)?;
+    let module_ok = loaded == AgentMessage::Done;
+    checks.push(Check {
+        name: "module loaded",
+        passed: module_ok,
+        detail: if module_ok { "perfbed.ko (finds the device from perfbed.device=)".into() } else { format!("perfbed.ko: {loaded:?}") },
+    });
+    if let (true, Some(stub)) = (module_ok, &scenario.vm.gdb) {
+        let mut guest = Guest { vm: &mut vm, timeout: scenario.request_timeout };
+        gdb::announce_module(&mut guest, MODULE, &scenario.driver, &scenario.vm.vmlinux, stub.port, &scenario.vm.run_dir)?;
+    }
+    if module_ok {
+        let control = ControlClient::connect(&vm.control_socket).context("connecting to the device's control socket")?;
+        let control_socket = vm.control_socket.clone();
+        let mut guest = Guest { vm: &mut vm, timeout: scenario.request_timeout };
+        checks.extend(checks::pmu::run(&mut guest, control, &control_socket, &scenario.vm.device)?);
+    }
+
+    let rounds = scenario.hotplug_rounds;
+    match vm.request(&HostRequest::Hotplug { rounds }, scenario.request_timeout)? {
+        AgentMessage::Hotplug { rounds: results } => checks.push(checks::hotplug::check(rounds, &results)),
+        other => checks.push(Check { name: "CPU hotplug", passed: false, detail: format!("agent answered {other:?}") }),
+    }
+
+    let serial_log = vm.serial_log.clone();
+    // While the VM still runs: the trace lives in the device.
+    let trace = if scenario.plot || !checks.iter().all(|c| c.passed) {
+        match save_trace_and_plot(&scenario.vm.run_dir, &mut vm, true) {
+            Ok(saved) => Some(saved),
+            Err(e) => {
+                // The checks' verdict matters more than the picture.
+                eprintln!("warning: the device trace could not be saved: {e:#}");
+                None
+            }
+        }
+    } else {
+        None
+    };
+    vm.power_off(Duration::from_secs(30))?;
+    checks.push(clean_log_check(&serial_log));
+
+    Ok(Report {
+        checks,
+        boot_time: booted.boot_time,
+        guest_uptime_at_ready: Duration::from_millis(hello.uptime_ms),
+        checks_time: checks_start.elapsed(),
+        serial_log,
+        trace,
+    })
+}
+
+pub fn print_report(report: &Report, image_time: Duration, total: Duration) {
+    println!("\nperfbed run: {}", if report.passed() { "PASSED" } else { "FAILED" });
+    print!("{}", report.table());
+    println!(
+        "  time: images {}, boot to agent ready {} (guest uptime {}), checks {}, total {}",
+        human(image_time),
+        human(report.boot_time),
+        human(report.guest_uptime_at_ready),
+        human(report.checks_time),
+        human(total)
+    );
+    println!("  serial log: {}", report.serial_log.display());
+    print_trace(report.trace.as_ref());
+}
+
+/// Names the saved trace and plot.
+pub fn print_trace(saved: Option<&SavedTrace>) {
+    let Some(saved) = saved else { return };
+    println!("  device trace: {}", saved.trace.display());
+    if let Some(plot) = &saved.plot {
+        println!("  timeline plot: {}", plot.display());
+    }
+    if let Some(why) = &saved.guest_missing {
+        println!("  (the trace has no guest events: {why})");
+    }
+}
+

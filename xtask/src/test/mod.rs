@@ -1,0 +1,246 @@
+//! `cargo xtask test`: the workspace's unit tests, then the VM tests, each a
+//! real boot that passes or fails on what the guest and the logs show.
+
+mod vm_tests;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+
+use crate::build::{deps, image};
+use crate::build::image::Variant;
+use crate::fuzz;
+use crate::host::Accel;
+use crate::host;
+use crate::progress::human;
+use crate::run::scenario::Scenario;
+use crate::run::{scenario_for, RunArgs};
+use vm_tests::{agent_dies_mid_run, bench_quick, boot_and_hotplug, device_scope_pmu, gdb_session, guest_floods_console_and_channel, guest_panic_is_reported, hotplug_selftest_replay, hotplug_stress, module_lifecycle, qemu_killed_mid_run, unresponsive_guest_times_out};
+
+#[derive(Args)]
+pub struct TestArgs {
+    /// Run only the unit tests (no fuzzing, no VM boots).
+    #[arg(long, conflicts_with_all = ["vm_only", "fuzz_only"])]
+    unit_only: bool,
+    /// Run only the short fuzz runs.
+    #[arg(long, conflicts_with = "vm_only")]
+    fuzz_only: bool,
+    /// Run only the VM tests.
+    #[arg(long)]
+    vm_only: bool,
+    /// Seconds each fuzz target runs.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..))]
+    fuzz_seconds: u64,
+    /// Run only the VM tests whose name contains this.
+    #[arg(long)]
+    filter: Option<String>,
+}
+
+struct VmTest {
+    name: &'static str,
+    what: &'static str,
+    /// The guest kernel it boots.
+    variant: Variant,
+    /// The VMM it boots on.
+    host: host::HostChoice,
+    run: fn(&Scenario, &Accel) -> Result<()>,
+}
+
+const VM_TESTS: &[VmTest] = &[
+    VmTest {
+        name: "boot_and_hotplug",
+        what: "4 vCPUs boot, perfbed.ko loads, the device checks and 5 hotplug rounds pass, the kernel log stays clean",
+        variant: Variant::Normal,
+        host: host::HostChoice::Qemu,
+        run: boot_and_hotplug,
+    },
+    VmTest {
+        name: "debug_kernel_end_to_end",
+        what: "the same run on the debug kernel: perfbed.ko under lockdep, PROVE_RCU, DEBUG_ATOMIC_SLEEP and DEBUG_LIST, with no report",
+        variant: Variant::Debug,
+        host: host::HostChoice::Qemu,
+        run: boot_and_hotplug,
+    },
+    VmTest {
+        name: "guest_panic_is_reported",
+        what: "a guest kernel that panics ends the run at once, with the panic named and the log kept",
+        variant: Variant::Normal,
+        host: host::HostChoice::Qemu,
+        run: guest_panic_is_reported,
+    },
+    VmTest {
+        name: "unresponsive_guest_times_out",
+        what: "a guest that stops answering ends in a timeout error that names the request and the log",
+        variant: Variant::Normal,
+        host: host::HostChoice::Qemu,
+        run: unresponsive_guest_times_out,
+    },
+    VmTest {
+        name: "qemu_killed_mid_run",
+        what: "QEMU killed mid-run ends the run with QEMU's exit named and the log kept; no process or socket is left behind",
+        variant: Variant::Normal,
+        host: host::HostChoice::Qemu,
+        run: qemu_killed_mid_run,
+    },
+    VmTest {
+        name: "agent_dies_mid_run",
+        what: "the agent dying mid-run (here: killed by a line that is not UTF-8) ends the run at once with QEMU's exit and the agent's last words named, the log kept, nothing left behind",
+        variant: Variant::Normal,
+        host: host::HostChoice::Qemu,
+        run: agent_dies_mid_run,
+    },
+    VmTest {
+        name: "guest_floods_console_and_channel",
+        what: "a guest flooding its serial console keeps being served (the log is capped); flooding the agent channel without newlines ends the run at once with that named",
+        variant: Variant::Normal,
+        host: host::HostChoice::Qemu,
+        run: guest_floods_console_and_channel,
+    },
+    VmTest {
+        name: "module_lifecycle",
+        what: "perfbed.ko loaded and unloaded 2x100 times (with an event open: unload refused) without leaking; wrong device= parameters fail with EINVAL/ENODEV and a kernel log line, no oops",
+        variant: Variant::Normal,
+        host: host::HostChoice::Qemu,
+        run: module_lifecycle,
+    },
+    VmTest {
+        name: "bench_quick",
+        what: "cargo xtask bench --quick measures every row (criterion, boots on both QEMUs, counter reads, hotplug, memory, a warm run); no timing thresholds",
+        variant: Variant::Normal,
+        host: host::HostChoice::Qemu,
+        run: bench_quick,
+    },
+    VmTest {
+        name: "device_scope_pmu",
+        what: "on the debug kernel, device-scope PMUs are placed, move, park and return with CPU hotplug, parked events come back, opens racing moves land right and never get EBUSY, and no lockdep/RCU/WARN report",
+        variant: Variant::Debug,
+        host: host::HostChoice::Qemu,
+        run: device_scope_pmu,
+    },
+    VmTest {
+        name: "gdb_session",
+        what: "on the gdb kernel, Debian's gdb in batch mode breaks in perfbed.ko's read callback under `perf stat`, names it in the backtrace, reads REG_MAGIC through the driver's mapping, detaches, and perf finishes",
+        variant: Variant::Gdb,
+        host: host::HostChoice::Qemu,
+        run: gdb_session,
+    },
+    VmTest {
+        name: "hotplug_stress",
+        what: "on the debug kernel, a short seeded hotplug storm under live traffic: every count exact, no EBUSY, 0 violations, clean log",
+        variant: Variant::Debug,
+        host: host::HostChoice::Qemu,
+        run: hotplug_stress,
+    },
+    VmTest {
+        name: "hotplug_selftest_replay",
+        what: "on the debug kernel, the kernel's cpu-on-off-test.sh -a then 200 park rounds with owner flaps under a steady rate: perf stat -a equals the device's truth, at 100 %",
+        variant: Variant::Debug,
+        host: host::HostChoice::Qemu,
+        run: hotplug_selftest_replay,
+    },
+    VmTest {
+        name: "vmm_end_to_end",
+        what: "the whole run on perfbed-vmm (on native KVM, else in the box: an L1 Linux with KVM under QEMU TCG), every check judged as under QEMU",
+        variant: Variant::Normal,
+        host: host::HostChoice::Vmm,
+        run: boot_and_hotplug,
+    },
+    VmTest {
+        name: "vmm_guest_panic_is_reported",
+        what: "on perfbed-vmm, a panicking guest ends the VMM with its panic status and the harness names the panic",
+        variant: Variant::Normal,
+        host: host::HostChoice::Vmm,
+        run: guest_panic_is_reported,
+    },
+];
+
+pub fn run(ws: &Path, args: &TestArgs) -> Result<bool> {
+    deps::ensure_packages()?;
+    let mut passed = true;
+    if !args.vm_only && !args.fuzz_only {
+        eprintln!("==> unit tests: cargo test --workspace");
+        let status = Command::new(deps::cargo())
+            .current_dir(ws)
+            .args(["test", "--workspace", "--quiet"])
+            .status()
+            .context("running cargo test")?;
+        passed &= status.success();
+        if !status.success() {
+            eprintln!("unit tests FAILED ({status})");
+        }
+    }
+    if !args.vm_only && !args.unit_only {
+        passed &= run_fuzz_tests(ws, args.fuzz_seconds);
+    }
+    if !args.unit_only && !args.fuzz_only {
+        passed &= run_vm_tests(ws, args)?;
+    }
+    println!("\ncargo xtask test: {}", if passed { "PASSED" } else { "FAILED" });
+    Ok(passed)
+}
+
+/// Each fuzz target for a short while: a crash, or a target that cannot be
+/// built or run, fails the group (and says why); so does a missing cargo-fuzz.
+fn run_fuzz_tests(ws: &Path, seconds: u64) -> bool {
+    eprintln!("==> fuzz tests: each target for {seconds} s");
+    let cargo_fuzz = match fuzz::ensure_cargo_fuzz() {
+        Ok(path) => path,
+        Err(e) => {
+            println!("test fuzz ... FAILED: cargo-fuzz {} is not available, so the fuzz targets cannot run:\n{e:#}", fuzz::CARGO_FUZZ_VERSION);
+            return false;
+        }
+    };
+    let mut failures = 0;
+    for &(target, what, _) in fuzz::TARGETS {
+        match fuzz::run_target(ws, &cargo_fuzz, target, seconds) {
+            Ok(outcome) if outcome.crash.is_none() => println!("test fuzz_{target} ... ok: {}", outcome.summary()),
+            Ok(outcome) => {
+                failures += 1;
+                println!("test fuzz_{target} ... FAILED ({what}):\n{}\n{}", outcome.summary(), outcome.crash.map(|c| c.1).unwrap_or_default());
+            }
+            Err(e) => {
+                failures += 1;
+                println!("test fuzz_{target} ... FAILED: {e:#}");
+            }
+        }
+    }
+    println!("fuzz tests: {} passed, {failures} failed", fuzz::TARGETS.len() - failures);
+    failures == 0
+}
+
+fn run_vm_tests(ws: &Path, args: &TestArgs) -> Result<bool> {
+    let tests: Vec<&VmTest> =
+        VM_TESTS.iter().filter(|t| args.filter.as_deref().is_none_or(|f| t.name.contains(f))).collect();
+    if tests.is_empty() {
+        bail!("no VM test matches --filter {:?}", args.filter);
+    }
+    let mut images = Vec::new();
+    for variant in [Variant::Normal, Variant::Debug, Variant::Gdb] {
+        if tests.iter().any(|t| t.variant == variant) {
+            images.push((variant, image::ensure(ws, variant)?));
+        }
+    }
+    let accel = host::choose_accel();
+    eprintln!("==> VM tests under {} ({})", if accel.kvm { "KVM" } else { "QEMU TCG" }, accel.reason);
+    let mut failures = 0;
+    for test in &tests {
+        let (_, images) = images.iter().find(|(v, _)| *v == test.variant).expect("built above");
+        let run_args = RunArgs { host: test.host, ..RunArgs::for_tests() };
+        let scenario = scenario_for(ws, images, &run_args, test.name)?;
+        let start = Instant::now();
+        let result = (test.run)(&scenario, &accel);
+        let took = human(start.elapsed());
+        match result {
+            Ok(()) => println!("test {} ... ok ({took}): {}", test.name, test.what),
+            Err(e) => {
+                failures += 1;
+                println!("test {} ... FAILED ({took}): {}\n{e:#}\n", test.name, test.what);
+            }
+        }
+    }
+    println!("VM tests: {} passed, {failures} failed", tests.len() - failures);
+    Ok(failures == 0)
+}

@@ -1,0 +1,338 @@
+//! The VM tests themselves: each boots a guest (the scenario `cargo xtask
+//! test` made for it) and fails with the reason.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+use crate::checks::{self, scope};
+use crate::host::Accel;
+use crate::host::vm::Vm;
+use crate::host;
+use crate::progress::human;
+use crate::run::scenario::{self, Scenario};
+use crate::stress;
+
+/// The short stress's length and seed: a few hundred cycles.
+const STRESS_CYCLES: u32 = 200;
+const STRESS_SEED: u64 = 8;
+/// The park rounds after the kernel's selftest, as first reported.
+const SELFTEST_ROUNDS: u32 = 200;
+
+pub fn boot_and_hotplug(scenario: &Scenario, accel: &Accel) -> Result<()> {
+    let report = scenario::run(scenario, accel)?;
+    if !report.passed() {
+        let trace = report.trace.as_ref().map_or(String::new(), |t| {
+            format!("\ndevice trace: {}{}", t.trace.display(), t.plot.as_ref().map_or(String::new(), |p| format!("\ntimeline plot: {}", p.display())))
+        });
+        bail!("failed checks:\n{}serial log: {}{trace}", report.table(), report.serial_log.display());
+    }
+    print!("{}", report.table());
+    Ok(())
+}
+
+/// The device-scope test (`checks::scope`) on a booted guest, then a clean
+/// power-off and a kernel log without any report.
+pub fn device_scope_pmu(scenario: &Scenario, accel: &Accel) -> Result<()> {
+    checks_on_a_guest(scenario, accel, |vm| scope::run(vm, scenario.request_timeout))
+}
+
+/// Boots, runs `checks` on the guest, powers it off, and fails on any failed
+/// check or kernel log report.
+fn checks_on_a_guest(scenario: &Scenario, accel: &Accel, checks: impl FnOnce(&mut Vm) -> Result<Vec<checks::Check>>) -> Result<()> {
+    let booted = Vm::boot(&scenario.vm, accel)?;
+    let mut vm = booted.vm;
+    let checks = checks(&mut vm)?;
+    let serial_log = vm.serial_log.clone();
+    vm.power_off(Duration::from_secs(30))?;
+    let report = checks::Report::from_checks(checks, &serial_log);
+    if !report.passed() {
+        bail!("failed checks:\n{}serial log: {}", report.table(), serial_log.display());
+    }
+    print!("{}", report.table());
+    Ok(())
+}
+
+/// The scripted gdb session (`gdb::scripted_session`) on a guest served by
+/// QEMU's gdbstub, then a clean power-off and a kernel log without reports.
+pub fn gdb_session(scenario: &Scenario, accel: &Accel) -> Result<()> {
+    let mut config = scenario.vm.clone();
+    let port = free_port()?;
+    config.gdb = Some(host::config::GdbStub { port, stopped: false, hint: String::new() });
+    let booted = Vm::boot(&config, accel)?;
+    println!("  the gdb kernel booted to the agent in {}", human(booted.boot_time));
+    let mut vm = booted.vm;
+    let mut guest = crate::guest::Guest { vm: &mut vm, timeout: scenario.request_timeout };
+    let output = crate::debug::gdb::scripted_session(&mut guest, &config.vmlinux, &scenario.driver, port, &config.run_dir)?;
+    let serial_log = vm.serial_log.clone();
+    vm.power_off(Duration::from_secs(30))?;
+    let report = checks::Report::from_checks(vec![], &serial_log);
+    if !report.passed() {
+        bail!("failed checks:\n{}serial log: {}", report.table(), serial_log.display());
+    }
+    let backtrace: Vec<&str> = output.lines().filter(|l| l.starts_with('#')).take(3).collect();
+    println!("  gdb stopped in: {}", backtrace.join("\n                  "));
+    Ok(())
+}
+
+/// A TCP port on 127.0.0.1 that nothing listens on now.
+fn free_port() -> Result<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").context("finding a free port for gdb")?;
+    Ok(listener.local_addr()?.port())
+}
+
+/// `cargo xtask stress` in small: the run's VM with the stress's device.
+pub fn hotplug_stress(scenario: &Scenario, accel: &Accel) -> Result<()> {
+    let mut vm = scenario.vm.clone();
+    vm.device = stress::device(vm.cpus, None)?;
+    let config = stress::StressConfig {
+        replay: format!("cargo xtask stress --cycles {STRESS_CYCLES} --seed {STRESS_SEED} --cpus {}", vm.cpus),
+        vm,
+        cycles: STRESS_CYCLES,
+        seed: STRESS_SEED,
+        timeout: scenario.request_timeout,
+    };
+    let report = stress::execute(&config, accel)?;
+    if !report.passed() {
+        bail!("{}", report.text());
+    }
+    print!("{}", report.text());
+    Ok(())
+}
+
+/// `cargo xtask hotplug-selftest` on the run's VM.
+pub fn hotplug_selftest_replay(scenario: &Scenario, accel: &Accel) -> Result<()> {
+    let config = stress::selftest::SelftestConfig { vm: scenario.vm.clone(), rounds: SELFTEST_ROUNDS, timeout: scenario.request_timeout };
+    let report = stress::selftest::execute(&config, accel)?;
+    if !report.passed() {
+        bail!("{}", report.table());
+    }
+    print!("{}", report.table());
+    Ok(())
+}
+
+/// The benchmarks still measure what they claim: every row is there with a
+/// finite value, and those with a baseline have a ratio. Figures are noise
+/// at this effort; nothing here judges them.
+pub fn bench_quick(_scenario: &Scenario, _accel: &Accel) -> Result<()> {
+    let ws = crate::build::workspace()?;
+    let rows = crate::bench::measure(&ws, true)?;
+    let missing = crate::bench::missing_rows(&rows);
+    if !missing.is_empty() {
+        bail!("rows missing from the benchmark: {missing:?}");
+    }
+    let broken: Vec<String> = rows
+        .iter()
+        .filter(|r| !r.value.is_finite() || (r.baseline.is_some() && r.ratio().is_none_or(|x| !x.is_finite())))
+        .map(|r| format!("{}: {} (ratio {:?})", r.name, r.value, r.ratio()))
+        .collect();
+    if !broken.is_empty() {
+        bail!("rows without a usable figure:\n  {}", broken.join("\n  "));
+    }
+    print!("{}", crate::bench::table(&rows));
+    Ok(())
+}
+
+/// An initramfs without the named init makes the kernel panic ("No working
+/// init found"); the harness must say so rather than wait out its timeout.
+pub fn guest_panic_is_reported(scenario: &Scenario, accel: &Accel) -> Result<()> {
+    let mut config = scenario.vm.clone();
+    config.extra_cmdline.push("rdinit=/no-such-init".into());
+    config.boot_timeout = Duration::from_secs(120);
+    let start = Instant::now();
+    let error = match Vm::boot(&config, accel) {
+        Ok(_) => bail!("the guest booted although its init does not exist"),
+        Err(e) => format!("{e:#}"),
+    };
+    if !error.contains("the guest kernel panicked") {
+        bail!("the error does not name the panic:\n{error}");
+    }
+    if !error.contains("serial log saved") || !config.run_dir.join("serial.log").is_file() {
+        bail!("the error does not point to a saved serial log:\n{error}");
+    }
+    // The box boots an L1 Linux under TCG before the guest: more time.
+    let limit = Duration::from_secs(if matches!(config.host, host::Host::VmmBox(_)) { 180 } else { 60 });
+    if start.elapsed() > limit {
+        bail!("the panic took {} to be noticed", human(start.elapsed()));
+    }
+    Ok(())
+}
+
+/// Ask for far more hotplug rounds than fit in the timeout: the guest is busy,
+/// not answering, and the harness must give up with a clear error.
+pub fn unresponsive_guest_times_out(scenario: &Scenario, accel: &Accel) -> Result<()> {
+    let booted = Vm::boot(&scenario.vm, accel)?;
+    let mut vm = booted.vm;
+    let timeout = Duration::from_secs(3);
+    let start = Instant::now();
+    let error = match vm.request(&perfbed_agent::HostRequest::Hotplug { rounds: 1_000_000 }, timeout) {
+        Ok(answer) => bail!("the agent answered a million hotplug rounds within {timeout:?}: {answer:?}"),
+        Err(e) => format!("{e:#}"),
+    };
+    if !error.contains("no answer within") || !error.contains("serial log saved") {
+        bail!("the timeout error is unclear:\n{error}");
+    }
+    if start.elapsed() > timeout + Duration::from_secs(10) {
+        bail!("the timeout fired after {}", human(start.elapsed()));
+    }
+    Ok(())
+}
+
+/// QEMU dies under the harness (SIGKILL, as the OOM killer or a user would):
+/// the next request fails at once, naming QEMU's exit and the saved log, and
+/// nothing of the VM is left: no QEMU process, no socket file.
+pub fn qemu_killed_mid_run(scenario: &Scenario, accel: &Accel) -> Result<()> {
+    let booted = Vm::boot(&scenario.vm, accel)?;
+    let vm = booted.vm;
+    let pid = vm.qemu_pid();
+    let control = vm.control_socket.clone();
+    let agent = scenario.vm.run_dir.join("agent.sock");
+    if !control.exists() || !agent.exists() {
+        bail!("the running VM has no control socket or agent socket in {}", scenario.vm.run_dir.display());
+    }
+    // SAFETY: kill(2) on the pid of a child this process started and has not reaped.
+    if unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) } != 0 {
+        bail!("cannot kill QEMU (pid {pid}): {}", std::io::Error::last_os_error());
+    }
+    let (error, took) = next_request_fails(vm, "a killed QEMU")?;
+    let mut problems = Vec::new();
+    if !error.contains("QEMU exited (signal: 9") {
+        problems.push(format!("the error does not say QEMU was killed:\n{error}"));
+    }
+    if !error.contains("serial log saved") || !scenario.vm.run_dir.join("serial.log").is_file() {
+        problems.push(format!("the error does not point to a kept serial log:\n{error}"));
+    }
+    if took > Duration::from_secs(10) {
+        problems.push(format!("noticing the dead QEMU took {}", human(took)));
+    }
+    problems.extend(left_behind(pid, &scenario.vm.run_dir));
+    if !problems.is_empty() {
+        bail!("{}", problems.join("\n"));
+    }
+    println!("    what the user sees: {}", error.lines().next().unwrap_or(""));
+    Ok(())
+}
+
+/// A guest that floods: first its serial console (in the background, from
+/// a shell), which the harness must keep draining into a capped log while
+/// the agent still answers; then the agent channel itself, with an endless
+/// line, which must end the run at once with the reason, not fill memory.
+pub fn guest_floods_console_and_channel(scenario: &Scenario, accel: &Accel) -> Result<()> {
+    use perfbed_agent::{AgentMessage, HostRequest};
+    let booted = Vm::boot(&scenario.vm, accel)?;
+    let mut vm = booted.vm;
+    let timeout = Duration::from_secs(30);
+    let sh = |script: &str| HostRequest::Run { argv: vec!["/bin/busybox".into(), "sh".into(), "-c".into(), script.into()] };
+    let started = vm.request(&sh("/bin/busybox yes 'perfbed console flood' > /dev/console 2>&1 < /dev/null &"), timeout)?;
+    if !matches!(started, AgentMessage::Ran { status: Some(0), .. }) {
+        bail!("starting the console flood: {started:?}");
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    let answer = vm.request(&HostRequest::ReadFile { path: "/proc/uptime".into() }, timeout)?;
+    if !matches!(answer, AgentMessage::Text { .. }) {
+        bail!("during the console flood the agent answered {answer:?}");
+    }
+    let serial_log = vm.serial_log.clone();
+    let flooded = std::fs::read(&serial_log).unwrap_or_default();
+    let lines = flooded.windows(21).filter(|w| w == b"perfbed console flood").count();
+    if lines < 100 {
+        bail!("the serial log has {lines} flood lines after 3 s: the console was not drained");
+    }
+    let start = Instant::now();
+    let error = match vm.request(&HostRequest::FloodChannel, timeout) {
+        Ok(answer) => bail!("the agent channel flood gave an answer: {answer:?}"),
+        Err(e) => format!("{e:#}"),
+    };
+    let took = start.elapsed();
+    drop(vm);
+    let size = std::fs::metadata(&serial_log).map(|m| m.len()).unwrap_or(0);
+    let mut problems = Vec::new();
+    if !error.contains("longer than") || !error.contains("flooding the channel") {
+        problems.push(format!("the channel flood's error does not say so:\n{error}"));
+    }
+    if took >= timeout {
+        problems.push(format!("the channel flood was noticed only after {}", human(took)));
+    }
+    if size > host::console::SERIAL_LOG_LIMIT + 4096 {
+        problems.push(format!("the serial log grew to {size} bytes, over the {} limit", host::console::SERIAL_LOG_LIMIT));
+    }
+    if !problems.is_empty() {
+        bail!("{}", problems.join("\n"));
+    }
+    println!(
+        "    console flood: {lines} lines in 3 s, agent still answering; channel flood ended the run in {}: {}",
+        human(took),
+        error.lines().next().unwrap_or("")
+    );
+    Ok(())
+}
+
+/// `module_lifecycle`'s checks, then a clean power-off and a clean log.
+pub fn module_lifecycle(scenario: &Scenario, accel: &Accel) -> Result<()> {
+    checks_on_a_guest(scenario, accel, |vm| {
+        let serial_log = vm.serial_log.clone();
+        let mut control = perfbed_device::ControlClient::connect(&vm.control_socket)?;
+        let mut g = crate::guest::Guest { vm, timeout: scenario.request_timeout };
+        Ok(vec![
+            crate::checks::module_lifecycle::bad_device_params(&mut g, &serial_log, scenario.vm.device.size())?,
+            crate::checks::module_lifecycle::load_unload(&mut g, &mut control)?,
+        ])
+    })
+}
+
+/// The agent dies mid-run. Being PID 1 it cannot just exit: on a fatal
+/// error it says why on the console and powers the guest off. A line that
+/// is not UTF-8 is such an error today (the agent reads text lines).
+pub fn agent_dies_mid_run(scenario: &Scenario, accel: &Accel) -> Result<()> {
+    let booted = Vm::boot(&scenario.vm, accel)?;
+    let mut vm = booted.vm;
+    let pid = vm.qemu_pid();
+    let serial_log = vm.serial_log.clone();
+    vm.send_raw(b"\xff\xfe not text\n")?;
+    let (error, took) = next_request_fails(vm, "the agent after its fatal error")?;
+    let log = std::fs::read_to_string(&serial_log).unwrap_or_default();
+    let mut problems = Vec::new();
+    if !error.contains("QEMU exited") || !error.contains("serial log saved") {
+        problems.push(format!("the error does not say the VM ended and where its log is:\n{error}"));
+    }
+    if !log.contains("perfbed-agent: fatal") {
+        problems.push(format!("the serial log {} lacks the agent's fatal error", serial_log.display()));
+    }
+    if took > Duration::from_secs(30) {
+        problems.push(format!("the agent's death was noticed after {}", human(took)));
+    }
+    problems.extend(left_behind(pid, &scenario.vm.run_dir));
+    if !problems.is_empty() {
+        bail!("{}", problems.join("\n"));
+    }
+    let last_words = log.lines().find(|l| l.contains("perfbed-agent: fatal")).unwrap_or("").trim();
+    println!("    after {}: {}; the serial log says: {last_words}", human(took), error.lines().next().unwrap_or(""));
+    Ok(())
+}
+
+/// What a VM that ended left behind: its QEMU process, its sockets.
+fn left_behind(qemu_pid: u32, run_dir: &Path) -> Vec<String> {
+    let mut left = Vec::new();
+    if Path::new(&format!("/proc/{qemu_pid}")).exists() {
+        left.push(format!("QEMU (pid {qemu_pid}) is still there"));
+    }
+    for socket in ["agent.sock", "control.sock"] {
+        if run_dir.join(socket).exists() {
+            left.push(format!("{} is left behind", run_dir.join(socket).display()));
+        }
+    }
+    left
+}
+
+/// Makes one more request of a VM that should be gone, and ends the VM:
+/// the error the harness gave and how long it took to give it.
+fn next_request_fails(mut vm: Vm, who: &str) -> Result<(String, Duration)> {
+    let start = Instant::now();
+    let request = perfbed_agent::HostRequest::ReadFile { path: "/proc/uptime".into() };
+    let error = match vm.request(&request, Duration::from_secs(60)) {
+        Ok(answer) => bail!("{who} answered: {answer:?}"),
+        Err(e) => format!("{e:#}"),
+    };
+    Ok((error, start.elapsed()))
+}
