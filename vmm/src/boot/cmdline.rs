@@ -81,7 +81,7 @@ mod tests {
 
     #[test]
     fn the_device_parameter_matches_the_qemu_hosts() {
-        // xtask/src/vm.rs: format!("perfbed.device={:#x}@{DEVICE_BASE:#x}", size)
+        // xtask/src/host/vm.rs: format!("perfbed.device={:#x}@{DEVICE_BASE:#x}", size)
         assert_eq!(perfbed_device_param(3 * 4096, 0xfe00_0000), "perfbed.device=0x3000@0xfe000000");
     }
 

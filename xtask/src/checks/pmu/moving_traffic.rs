@@ -4,7 +4,7 @@
 //! flaps the PMU's CPU, parks the domain and brings it back, and the final
 //! count must equal the device's truth exactly, at 100 % running.
 //!
-//! Kept apart from `pmu_checks` (which checks moves and parks with the
+//! Kept apart from `moves` (which checks moves and parks with the
 //! traffic stopped) and built on the stress's injector.
 
 use std::time::Duration;
