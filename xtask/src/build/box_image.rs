@@ -41,7 +41,6 @@ const MODULES: &[(&str, &str)] = &[
     ("kernel/drivers/char/virtio_console.ko", ""),
 ];
 
-
 /// What the box boots.
 #[derive(Debug, Clone)]
 pub struct BoxImages {

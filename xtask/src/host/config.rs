@@ -94,7 +94,6 @@ pub fn check_elf_kernel(path: &Path) -> Result<()> {
     Ok(())
 }
 
-
 /// A fresh folder for one boot's logs: `target/perfbed/runs/<time>-<name>`
 /// (with the process id, so that two runs started in the same millisecond
 /// never share one).

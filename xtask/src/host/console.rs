@@ -68,7 +68,6 @@ fn copy_capped(mut from: impl Read, mut to: impl Write, limit: u64) {
     }
 }
 
-
 /// Lines of a kernel log that mean something went wrong in the kernel, even
 /// if the run carried on: warnings, bugs, oopses, lockdep and RCU reports.
 pub fn kernel_log_problems(log: &str) -> Vec<String> {
@@ -108,7 +107,6 @@ mod tests {
                      [ 1.4] BUG: scheduling while atomic\n";
         assert_eq!(kernel_log_problems(noisy).len(), 3);
     }
-
 
     #[test]
     fn a_flooding_console_is_capped() {

@@ -136,7 +136,6 @@ pub fn perf_stat_counts(result: &JobResult, named: &str, raw: &str) -> Result<St
     Ok(StatCounts { named_mb, raw_bytes: raw_bytes as u64, running_pct: vec![named_pct, raw_pct], run_ns: vec![named_ns, raw_ns] })
 }
 
-
 /// `{"EBUSY": 2, "ENODEV": 1}` as `EBUSY 2, ENODEV 1` (`none` when empty).
 pub fn histogram(map: &BTreeMap<String, u64>) -> String {
     if map.is_empty() {

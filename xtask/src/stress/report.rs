@@ -106,7 +106,6 @@ impl StressReport {
     }
 }
 
-
 /// Final counts against the device's truth.
 #[derive(Default)]
 pub struct Tally {
@@ -190,7 +189,6 @@ pub fn cap(mut problems: Vec<String>) -> Vec<String> {
     }
     problems
 }
-
 
 #[cfg(test)]
 mod tests {

@@ -1,7 +1,6 @@
 //! What every PMU check shares: the guest, the device's control socket, the
 //! device's shape and each domain's PMU type, and the driver's encodings.
 
-
 use anyhow::{bail, Result};
 use perfbed_agent::PerfAttr;
 use perfbed_device::regs::Event;

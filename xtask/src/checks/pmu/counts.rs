@@ -1,7 +1,6 @@
 //! Exact counts: every event and several RMIDs in every domain, and the real
 //! `perf stat -a` under a steady rate.
 
-
 use anyhow::Result;
 use perfbed_device::regs::Event;
 

@@ -1,6 +1,5 @@
 //! Group reads and the groups and attributes that must be refused.
 
-
 use anyhow::{bail, Result};
 use perfbed_agent::PerfAttr;
 use perfbed_device::regs::Event;

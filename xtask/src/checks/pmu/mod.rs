@@ -3,6 +3,7 @@
 //! traffic injected through the device's control socket, every count
 //! compared with the device's ground truth while CPUs come and go.
 
+pub mod accesses;
 pub mod context;
 pub mod counts;
 pub mod groups;
@@ -38,6 +39,7 @@ pub fn run(g: &mut Guest, control: ControlClient, control_socket: &std::path::Pa
     checks.push(perf_matrix::run(ctx.g, &mut ctx.control, &ctx.device, &ctx.types)?);
     checks.push(counts::perf_stat(&mut ctx)?);
     checks.push(registration::unload(&mut ctx)?);
+    checks.push(accesses::check(&mut ctx)?);
     Ok(checks)
 }
 

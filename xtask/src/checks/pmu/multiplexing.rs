@@ -192,7 +192,6 @@ pub fn multiplexed_counts(ctx: &mut Ctx, d: usize, events: usize, rate: u64) -> 
     Ok((problems, per_event, worst))
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::Window;

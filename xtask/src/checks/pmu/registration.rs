@@ -1,6 +1,5 @@
 //! The PMUs as perfbed.ko registers them: sysfs, `perf list`, and rmmod.
 
-
 use anyhow::Result;
 use perfbed_agent::{AgentMessage, HostRequest};
 use perfbed_device::regs::Event;
