@@ -1,7 +1,7 @@
 //! The checks: small functions that drive a booted guest (through
 //! [`crate::guest`]) and the device (its control socket), and compare every
-//! count with the device's truth. Each returns [`Check`]s; `run`, `stress`,
-//! the VM tests and `bench` compose them into a [`Report`].
+//! count with the device's truth. Each returns [`Check`]s; `run`, `stress`
+//! and the VM tests compose them into a [`Report`] or a report of their own.
 //!
 //! One file per family. A check never boots a VM, never decides a host, and
 //! never prints: it says PASS or FAIL and why, in its `detail`.
