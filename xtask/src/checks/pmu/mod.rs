@@ -4,6 +4,7 @@
 //! compared with the device's ground truth while CPUs come and go.
 
 pub mod accesses;
+pub mod across_moves;
 pub mod context;
 pub mod counts;
 pub mod groups;
@@ -32,6 +33,10 @@ pub fn run(g: &mut Guest, control: ControlClient, control_socket: &std::path::Pa
     let mut checks = vec![registration::sysfs(&mut ctx)?, counts::exact_counts(&mut ctx)?];
     checks.push(moves::migration(&mut ctx)?);
     checks.push(moves::parking(&mut ctx)?);
+    checks.push(across_moves::disabled_across_moves(&mut ctx)?);
+    checks.push(across_moves::exclusive_after_moves(&mut ctx)?);
+    checks.push(across_moves::mixed_group_after_move(&mut ctx)?);
+    checks.push(across_moves::opens_racing_moves(&mut ctx)?);
     checks.push(moving_traffic::check(ctx.g, &mut ctx.control, control_socket, &ctx.device, &ctx.types)?);
     checks.push(multiplexing::multiplexing(&mut ctx)?);
     checks.push(groups::groups(&mut ctx)?);

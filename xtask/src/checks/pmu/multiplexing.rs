@@ -85,14 +85,14 @@ const MUX_INTERVAL_MS: u32 = 100;
 /// time_enabled and time_running between two reads (read_format
 /// `TOTAL_TIME_ENABLED | TOTAL_TIME_RUNNING`: value, enabled, running).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Window {
-    value: u64,
-    enabled: u64,
-    running: u64,
+pub struct Window {
+    pub value: u64,
+    pub enabled: u64,
+    pub running: u64,
 }
 
 impl Window {
-    fn between(start: &[u64], end: &[u64]) -> Window {
+    pub fn between(start: &[u64], end: &[u64]) -> Window {
         let word = |v: &[u64], i: usize| v.get(i).copied().unwrap_or(0);
         Window {
             value: word(end, 0).wrapping_sub(word(start, 0)),

@@ -1,0 +1,353 @@
+//! What a move or a park must not change for device-scope PMUs (issue 17,
+//! the perf core half): each check replays, as a new user would, a symptom
+//! that the kernel patches 0010–0014 fix, and fails without them.
+//!
+//! The promises checked (DESIGN.md, "Counting semantics"):
+//! - a move or a park never changes whether an event is enabled: a disabled
+//!   event keeps its value and its `time_enabled` across both (0010);
+//! - a group's capabilities survive moves: an exclusive event and a group
+//!   {cpu-clock leader, device sibling} on the same PMU still take turns
+//!   after moves (0011);
+//! - an open that races a move waits for it and never fails with EBUSY;
+//!   how long it slept, beside how long the moves took, is measured in the
+//!   kernel and reported (0012, 0014);
+//! - a software sibling joins a device group on the group's CPU, whatever
+//!   CPU it was opened on, also after the PMU moved (0013).
+
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use perfbed_agent::{AgentMessage, HostRequest, PerfAttr, PerfIoctl};
+use perfbed_device::regs::Event;
+
+use super::context::{Ctx, MIB};
+use super::moves::movable_domain;
+use super::multiplexing::Window;
+use crate::checks::Check;
+use crate::guest::perf_abi::{
+    FLAG_DISABLED, FLAG_EXCLUSIVE, FORMAT_GROUP, FORMAT_TOTAL_TIME_ENABLED,
+    FORMAT_TOTAL_TIME_RUNNING, PERF_COUNT_SW_CPU_CLOCK, PERF_TYPE_SOFTWARE,
+};
+use crate::guest::pmu_name;
+
+const TIMES: u64 = FORMAT_TOTAL_TIME_ENABLED | FORMAT_TOTAL_TIME_RUNNING;
+
+/// Takes the CPU `pmu` counts on offline and brings it back: the PMU moves
+/// to another allowed CPU (and stays there). Returns (from, to).
+fn move_once(ctx: &mut Ctx, d: usize) -> Result<(u32, u32)> {
+    let from = match ctx.g.cpumask(&pmu_name(d))?[..] {
+        [cpu] => cpu,
+        ref other => bail!("{} cpumask {other:?} before a move", pmu_name(d)),
+    };
+    ctx.g.set_online(from, false)?;
+    ctx.g.set_online(from, true)?;
+    let to = match ctx.g.cpumask(&pmu_name(d))?[..] {
+        [cpu] if cpu != from => cpu,
+        ref other => bail!(
+            "{} cpumask {other:?} after CPU {from} went offline: it did not move",
+            pmu_name(d)
+        ),
+    };
+    Ok((from, to))
+}
+
+fn ioctl(ctx: &mut Ctx, handle: u32, ioctl: PerfIoctl) -> Result<()> {
+    match ctx.g.ioctl(handle, ioctl.clone())? {
+        Ok(_) => Ok(()),
+        Err(errno) => bail!("{ioctl:?} on event {handle}: {errno}"),
+    }
+}
+
+/// Patch 0010: An event enabled for a while and then disabled keeps its value
+/// and its time_enabled while it stays disabled, across a move and a park,
+/// with traffic landing all along.
+pub fn disabled_across_moves(ctx: &mut Ctx) -> Result<Check> {
+    let (d, allowed) = movable_domain(ctx)?;
+    let rmid = 5;
+    let mut attr = ctx.attr(d, Event::MbmTotalBytes, rmid);
+    attr.read_format = TIMES;
+    attr.flags |= FLAG_DISABLED;
+    let h = match ctx.g.open(attr, None)? {
+        Ok(h) => h,
+        Err(errno) => bail!("opening a disabled event: {errno}"),
+    };
+    ioctl(ctx, h, PerfIoctl::Enable { group: false })?;
+    let enabled_bytes = 2 * MIB;
+    ctx.inject_and_land(&[(d, rmid, Event::MbmTotalBytes, enabled_bytes)])?;
+    ioctl(ctx, h, PerfIoctl::Disable { group: false })?;
+    let off = ctx.g.read(h)?;
+    // Disabled from here on: traffic, a move, more traffic, a park, traffic
+    // while parked, the unpark, traffic.
+    ctx.inject_and_land(&[(d, rmid, Event::MbmTotalBytes, MIB)])?;
+    let (from, to) = move_once(ctx, d)?;
+    ctx.inject_and_land(&[(d, rmid, Event::MbmTotalBytes, MIB)])?;
+    for &cpu in &allowed {
+        ctx.g.set_online(cpu, false)?;
+    }
+    ctx.inject_and_land(&[(d, rmid, Event::MbmTotalBytes, MIB)])?;
+    std::thread::sleep(Duration::from_millis(300));
+    for &cpu in &allowed {
+        ctx.g.set_online(cpu, true)?;
+    }
+    ctx.inject_and_land(&[(d, rmid, Event::MbmTotalBytes, MIB)])?;
+    std::thread::sleep(Duration::from_millis(300));
+    let after = ctx.g.read(h)?;
+    ctx.g.close(h)?;
+    let (before, later) = (Window::between(&[], &off), Window::between(&[], &after));
+    let mut problems = Vec::new();
+    if before.value != enabled_bytes {
+        problems.push(format!(
+            "counted {} while enabled, {enabled_bytes} landed",
+            before.value
+        ));
+    }
+    if later.value != before.value {
+        problems.push(format!(
+            "value {} → {} while disabled across a move and a park ({} bytes landed meanwhile)",
+            before.value,
+            later.value,
+            4 * MIB
+        ));
+    }
+    if later.enabled != before.enabled || later.running != before.running {
+        problems.push(format!(
+            "time_enabled {} → {} ns, time_running {} → {} ns while disabled across a move and a park",
+            before.enabled, later.enabled, before.running, later.running
+        ));
+    }
+    Ok(Check::from_problems(
+        "disabled across a move and a park",
+        problems,
+        format!(
+            "{}: disabled after {enabled_bytes} bytes; moved CPU {from} → {to}, parked, unparked, 4 MiB landed: value {} → {}, time_enabled {} → {} ns",
+            pmu_name(d),
+            before.value,
+            later.value,
+            before.enabled,
+            later.enabled
+        ),
+    ))
+}
+
+/// (share of the window the exclusive event ran, the group's share).
+fn turns(ctx: &mut Ctx, exclusive: u32, sibling: u32) -> Result<(f64, f64)> {
+    let start = ctx.g.read_many(&[exclusive, sibling])?;
+    std::thread::sleep(Duration::from_secs(1));
+    let end = ctx.g.read_many(&[exclusive, sibling])?;
+    let share = |i: usize| {
+        let w = Window::between(&start[i], &end[i]);
+        if w.enabled == 0 {
+            0.0
+        } else {
+            w.running as f64 / w.enabled as f64
+        }
+    };
+    Ok((share(0), share(1)))
+}
+
+/// Patch 0011: An exclusive device event and a group {cpu-clock leader, device
+/// sibling} of the same PMU take turns, and still do after two moves.
+pub fn exclusive_after_moves(ctx: &mut Ctx) -> Result<Check> {
+    let (d, _) = movable_domain(ctx)?;
+    let mut attr = ctx.attr(d, Event::MbmTotalBytes, 3);
+    attr.read_format = TIMES;
+    attr.flags |= FLAG_EXCLUSIVE;
+    let exclusive = match ctx.g.open(attr, None)? {
+        Ok(h) => h,
+        Err(errno) => bail!("opening an exclusive event: {errno}"),
+    };
+    let cpu = ctx
+        .g
+        .cpumask(&pmu_name(d))?
+        .first()
+        .copied()
+        .context("the PMU is parked")? as i32;
+    let clock = PerfAttr {
+        type_: PERF_TYPE_SOFTWARE,
+        config: PERF_COUNT_SW_CPU_CLOCK,
+        read_format: TIMES,
+        ..PerfAttr::default()
+    };
+    let leader = match ctx.g.open_as(clock, -1, cpu, None)? {
+        Ok(h) => h,
+        Err(errno) => bail!("opening cpu-clock on CPU {cpu}: {errno}"),
+    };
+    let mut attr = ctx.attr(d, Event::MbmTotalBytes, 4);
+    attr.read_format = TIMES;
+    let sibling = match ctx.g.open(attr, Some(leader))? {
+        Ok(h) => h,
+        Err(errno) => bail!("opening a device sibling of cpu-clock: {errno}"),
+    };
+    let before = turns(ctx, exclusive, sibling);
+    let moves =
+        (|| -> Result<Vec<(u32, u32)>> { Ok(vec![move_once(ctx, d)?, move_once(ctx, d)?]) })();
+    let after = turns(ctx, exclusive, sibling);
+    for h in [sibling, leader, exclusive] {
+        ctx.g.close(h)?;
+    }
+    let (before, moves, after) = (before?, moves?, after?);
+    let mut problems = Vec::new();
+    // Taking turns: neither runs the whole window, and never both at once.
+    let shares = |(e, g): (f64, f64)| {
+        format!(
+            "the exclusive event ran {:.0} % and the group {:.0} % of a second",
+            100.0 * e,
+            100.0 * g
+        )
+    };
+    for (when, (e, g)) in [("before the moves", before), ("after two moves", after)] {
+        if e > 0.95 || g > 0.95 || e + g > 1.05 {
+            problems.push(format!(
+                "{when}: {} ({} before the moves)",
+                shares((e, g)),
+                shares(before)
+            ));
+        }
+    }
+    Ok(Check::from_problems(
+        "exclusive and groups after moves",
+        problems,
+        format!(
+            "{}: exclusive event and {{cpu-clock, mbm}} ran {:.0} % / {:.0} % before, {:.0} % / {:.0} % after moves {moves:?}",
+            pmu_name(d),
+            100.0 * before.0,
+            100.0 * before.1,
+            100.0 * after.0,
+            100.0 * after.1
+        ),
+    ))
+}
+
+/// Patch 0013: A cpu-clock sibling joins a device leader after the PMU moved:
+/// opened on the CPU `cpumask` shows, and on the CPU it showed before the
+/// move (what a user who read it a moment earlier has). Both open, and a
+/// group read sees the three events.
+pub fn mixed_group_after_move(ctx: &mut Ctx) -> Result<Check> {
+    let (d, _) = movable_domain(ctx)?;
+    let mut attr = ctx.attr(d, Event::MbmTotalBytes, 6);
+    attr.read_format = FORMAT_GROUP;
+    let leader = match ctx.g.open(attr, None)? {
+        Ok(h) => h,
+        Err(errno) => bail!("opening a device leader: {errno}"),
+    };
+    let moved = move_once(ctx, d);
+    let clock = PerfAttr {
+        type_: PERF_TYPE_SOFTWARE,
+        config: PERF_COUNT_SW_CPU_CLOCK,
+        ..PerfAttr::default()
+    };
+    let mut opened = Vec::new();
+    let mut problems = Vec::new();
+    if let Ok((from, to)) = moved {
+        for (which, cpu) in [("cpumask's", to), ("the pre-move", from)] {
+            match ctx.g.open_as(clock.clone(), -1, cpu as i32, Some(leader))? {
+                Ok(h) => opened.push(h),
+                Err(errno) => {
+                    problems.push(format!("a cpu-clock sibling on {which} CPU {cpu}: {errno}"))
+                }
+            }
+        }
+    }
+    let group = ctx.g.read(leader);
+    for h in opened.into_iter().rev().chain([leader]) {
+        ctx.g.close(h)?;
+    }
+    let (from, to) = moved?;
+    let group = group?;
+    if problems.is_empty() && group.first() != Some(&3) {
+        problems.push(format!(
+            "a group read after the siblings joined gave {group:?}, expected 3 events"
+        ));
+    }
+    Ok(Check::from_problems(
+        "mixed group after a move",
+        problems,
+        format!("{}: moved CPU {from} → {to}; cpu-clock siblings opened on CPU {to} and on CPU {from} joined; group read {group:?}", pmu_name(d)),
+    ))
+}
+
+/// A device PMU's sysfs figure (patches 0007, 0014).
+fn figure(ctx: &mut Ctx, d: usize, file: &str) -> Result<u64> {
+    let path = format!("/sys/bus/event_source/devices/{}/{file}", pmu_name(d));
+    let text = ctx.g.read_file(&path)?;
+    text.parse().with_context(|| format!("{path}: {text:?}"))
+}
+
+/// Hotplug operations the open race of [`opens_racing_moves`] makes.
+const RACE_HOTPLUG_OPS: u32 = 24;
+
+/// Patches 0012 and 0014: Opens in a loop while the PMU's CPUs go offline and
+/// online: no open fails with EBUSY, only ENODEV while the PMU is parked,
+/// and opens did meet moves. Reports the longest sleep of an open beside
+/// the longest move.
+pub fn opens_racing_moves(ctx: &mut Ctx) -> Result<Check> {
+    let (d, allowed) = movable_domain(ctx)?;
+    let attr = ctx.attr(d, Event::MbmTotalBytes, 7);
+    // A kernel without 0007 or 0014 lacks some of these files: a failed
+    // check, not an aborted run.
+    let mut problems = Vec::new();
+    let mut measured = |ctx: &mut Ctx, file: &str| {
+        figure(ctx, d, file).unwrap_or_else(|e| {
+            problems.push(format!("{e:#}"));
+            0
+        })
+    };
+    let waits_before = measured(ctx, "open_waits");
+    let race = match ctx.g.ask(HostRequest::PerfOpenRace {
+        attr,
+        cpu: 0,
+        hotplug_ops: RACE_HOTPLUG_OPS,
+        toggle_cpus: allowed.clone(),
+        keep: 16,
+    })? {
+        AgentMessage::Race(race) => race,
+        other => bail!("the open race: {other:?}"),
+    };
+    let waits = measured(ctx, "open_waits").saturating_sub(waits_before);
+    let retries = measured(ctx, "open_retries");
+    let slept = measured(ctx, "open_wait_max_ns");
+    let longest_move = measured(ctx, "move_max_ns");
+    if race.busy != 0 {
+        problems.push(format!(
+            "{} of {} opens failed with EBUSY",
+            race.busy, race.attempts
+        ));
+    }
+    if let Some(other) = race.other_errors.iter().find(|e| !e.starts_with("ENODEV:")) {
+        problems.push(format!(
+            "opens failed with {other} (only ENODEV, while parked, may)"
+        ));
+    }
+    if race.hotplug_ops != RACE_HOTPLUG_OPS || race.opened == 0 {
+        problems.push(format!(
+            "{} of {RACE_HOTPLUG_OPS} hotplug operations, {} opens succeeded",
+            race.hotplug_ops, race.opened
+        ));
+    }
+    if waits == 0 {
+        problems.push(format!(
+            "no open met a move in {} attempts: the race proved nothing",
+            race.attempts
+        ));
+    }
+    // How long they slept is reported, not judged (a measurement on a
+    // shared machine): each sleep waits for one move and ends when that
+    // move wakes it, plus however late the woken task gets to run.
+    if waits > 0 && (slept == 0 || longest_move == 0) {
+        problems.push(format!("opens waited for moves, but the kernel measured a longest sleep of {slept} ns and a longest move of {longest_move} ns"));
+    }
+    Ok(Check::from_problems(
+        "opens racing moves",
+        problems,
+        format!(
+            "{} opens during {} hotplug operations on CPUs {allowed:?}: {} opened, {} EBUSY, others {:?}; {waits} waited for a move ({retries} retried in all), the longest sleep of an open {} µs, the longest move {} µs",
+            race.attempts,
+            race.hotplug_ops,
+            race.opened,
+            race.busy,
+            race.other_errors,
+            slept / 1000,
+            longest_move / 1000
+        ),
+    ))
+}
