@@ -18,20 +18,45 @@
 //! Counts are in bytes (counter units times the device's unit); sysfs gives perf the scale to
 //! MB.
 //!
-//! **Counting across CPU hotplug.** The counters live in the device; only the CPU that reads them
-//! moves. The perf core tells the driver the new owner (`migrate_cpu`) before it moves the
-//! events, so every counter read happens on the owner CPU and nowhere else.
+//! **Counting semantics** (DESIGN.md, "Counting semantics"; the model xtask's checks and stress
+//! compare against). An event counts exactly the traffic that landed in its slot while it was
+//! enabled and scheduled, whatever happened meanwhile; `time_running` is the time it was
+//! scheduled and counted:
 //!
-//! An event keeps its slot from its first `add` until it is freed: `del` leaves the slot
-//! assigned and counting, and the next `add` of the event, on whatever CPU, takes it up again,
-//! the first read on the owner catching up on everything that landed in between. So nothing is
-//! lost while an event is in transit to a new CPU, while it waits for its parked domain to come
-//! back (no owner: nobody reads), or while the perf core reschedules its context for another
-//! event. Only slot pressure takes a slot away: an event that finds no free slot takes the slot
-//! of one that is not scheduled (whose count was brought up to date when it was descheduled), and
-//! perf multiplexes as usual. If a counter may have wrapped more than once
-//! meanwhile, the device says so (`COUNTER_OVERFLOW`) and the driver reports the loss in the
-//! kernel log; it never passes a wrong count off as exact without a word.
+//! - A slot is assigned (the device zeroes it) when its event is added on the owner CPU, and
+//!   ends when the event is deleted there: `del` reads it one last time and releases it. So a
+//!   disable, a rotation out (multiplexing, an exclusive group's turn) or any other `del` stops
+//!   the count at that read, and the next `add` starts from a fresh slot: nothing that lands while
+//!   the event is off is counted for it.
+//! - The counters live in the device; only the CPU that reads them moves. The perf core tells
+//!   the driver the new owner (`migrate_cpu`) before it moves the events, and marks a moving
+//!   event ([`Event::in_transit`]). A moving event keeps its slot counting: it is still enabled
+//!   and scheduled, the core credits the transit as running, and its `add` on the new CPU takes
+//!   the slot back, the first read there catching up. The same holds for a park (no owner):
+//!   the events wait, scheduled, on another CPU with their slots counting, and catch up when an
+//!   allowed CPU returns.
+//! - A slot whose holder is moving or parked has counts nobody has read: no other event takes
+//!   it while nobody can read it. On the owner, an event short of a slot may take one from an
+//!   event whose move left it unscheduled; the slot is read first and what it counted is kept
+//!   for that event, which gets it at its next `add`, read or fold. Exact both ways.
+//! - While parked, an event that holds no slot and finds none free is scheduled without one
+//!   (nobody could count it anyway, and failing it would stop the holders behind it from
+//!   scheduling): it counts nothing, and that time is taken off its `time_running`
+//!   ([`Event::discount_running`]), so perf scales its count over the park as for
+//!   multiplexing.
+//! - A `del` off the owner that is not part of a move (the event disabled, rotated or closed
+//!   while parked) cannot read the slot: what landed since its last read is lost, and that time
+//!   is taken off `time_running` too.
+//! - A park can outlast a counter's wrap. When an allowed CPU returns, the slots are read at
+//!   once, before the events move there. If the device says a counter wrapped more than once
+//!   unread (`COUNTER_OVERFLOW`), the interval since the slot's last good read is not counted:
+//!   neither its traffic (unknowable) nor its time (taken off `time_running`), so `perf stat`
+//!   shows less than 100 % and scales, never an exact-looking wrong count. Each such loss is
+//!   counted in the PMU's sysfs file `lost_wraps` and said once in the kernel log.
+//! - Cgroup and task events are refused (the PMU has no task context, so the perf core refuses
+//!   both with `EINVAL`), and so is every attribute a counting device PMU cannot honour:
+//!   sampling, `sigtrap` and `precise_ip` (`EOPNOTSUPP`, as for perf's PMUs without the
+//!   feature), `exclude_*`, `config1`-`config3` and unknown `config` bits (`EINVAL`).
 //!
 //! The domain's state is behind a raw spinlock (the PMU callbacks run under the perf context's
 //! raw lock), always taken with interrupts off; `read` may run in NMI context and then only tries
@@ -724,11 +749,18 @@ impl Pmu for DomainPmu {
     fn del(&self, event: &Event, _flags: Flags) {
         self.stop(event, Flags::UPDATE);
         if Self::config_of(event).is_some_and(Config::needs_slot) {
-            // The event keeps its slot, which counts on in the device: it may be moving, parked,
-            // or just rescheduled, and its next `add` catches up.
             let domain = self.domain();
             let mut hw = domain.hw.lock();
-            domain.idle_slot(&mut hw, event);
+            if Domain::reads_here(&hw) {
+                // Folded just now: the event stops counting here (disabled, rotated out, its
+                // context switched away). Its slot ends with it; the next `add` assigns a fresh
+                // one, so nothing that lands meanwhile is counted for it.
+                domain.release_slot(&mut hw, event);
+            } else {
+                // Off the owner nobody can read the slot: it counts on in the device for the
+                // event, whose next `add` takes it back and catches up.
+                domain.idle_slot(&mut hw, event);
+            }
         }
     }
 
