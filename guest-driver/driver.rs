@@ -378,31 +378,73 @@ fn parse_hex(text: &[u8]) -> Option<u64> {
 // A domain: its counter slots and owner
 // ---------------------------------------------------------------------------
 
+/// What a slot's holder is doing.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Holder {
+    /// No event holds the slot (`ctl` is 0).
+    Free,
+    /// The holder is scheduled (between its `add` and its `del`), on the owner or, while the
+    /// domain is parked, on the CPU that keeps its events.
+    Scheduled,
+    /// The holder is moving to another CPU: its `del` ran off the owner as part of a move and its
+    /// `add` on the next CPU has not come yet. The slot counts on for it, unread.
+    Moving,
+}
+
 /// A counter slot as the driver sees it.
 #[derive(Clone, Copy)]
 struct Slot {
     /// The `SLOT_CTL` value written to it, 0 when free.
     ctl: u64,
-    /// [`Event::key`] of the event that holds the slot (0 when free). An event holds its slot
-    /// from its `add` until it is freed or another event takes the slot while it is not scheduled.
+    /// [`Event::key`] of the event that holds the slot (0 when free).
     holder: usize,
-    /// The holder is scheduled on the PMU (between `add` and `del`): its slot cannot be taken.
-    active: bool,
+    state: Holder,
     /// The counter field at the last read.
     last: u64,
     /// Counter units since the slot was assigned, as a 64-bit count that does not wrap.
     total: u64,
+    /// The holder's `hw.prev_count` when it started moving: what of `total` it has counted.
+    moved_at: u64,
+    /// [`perf::clock_ns`] at the last good read (or the assignment): counts since then are
+    /// unread.
+    read_ns: u64,
+    /// Time the holder was credited as running but whose counts were lost, not yet taken off its
+    /// `time_running`.
+    lost_ns: u64,
 }
 
 impl Slot {
     const FREE: Slot = Slot {
         ctl: 0,
         holder: 0,
-        active: false,
+        state: Holder::Free,
         last: 0,
         total: 0,
+        moved_at: 0,
+        read_ns: 0,
+        lost_ns: 0,
     };
 }
+
+/// What a slot counted for an event that lost the slot while it was moving: the event gets it at
+/// its next `add`, fold or `del`.
+#[derive(Clone, Copy)]
+struct Owed {
+    /// [`Event::key`] of the event, 0 for an unused entry.
+    key: usize,
+    units: u64,
+    lost_ns: u64,
+}
+
+/// How many events can be owed counts at once; when all are in use, a moving event's slot is not
+/// taken (the event short of a slot waits for a rotation).
+const MAX_OWED: usize = 2 * regs::MAX_SLOTS as usize;
+
+/// `hw.idx` of an event that holds no slot.
+const NO_SLOT: i32 = -1;
+/// `hw.idx` of an event scheduled without a slot while its domain is parked; its `hw.prev_count`
+/// holds [`perf::clock_ns`] when it was scheduled.
+const PARKED_NO_SLOT: i32 = -2;
 
 /// The state of a domain shared by its PMU callbacks and its poll.
 struct DomainHw {
@@ -410,8 +452,9 @@ struct DomainHw {
     /// `None` while the domain is parked.
     owner: Option<u32>,
     slots: [Slot; regs::MAX_SLOTS as usize],
-    /// Number of slots held by an event (active or not).
+    /// Number of slots held by an event.
     held: u32,
+    owed: [Owed; MAX_OWED],
 }
 
 /// One monitoring domain of the device.
@@ -442,6 +485,7 @@ impl Domain {
                     owner: None,
                     slots: [Slot::FREE; regs::MAX_SLOTS as usize],
                     held: 0,
+                    owed: [Owed { key: 0, units: 0, lost_ns: 0 }; MAX_OWED],
                 },
                 "perfbed_domain"
             ),
@@ -521,6 +565,7 @@ impl Domain {
         let delta = now.wrapping_sub(s.last) & self.dev.mask;
         s.last = now;
         s.total = s.total.wrapping_add(delta);
+        s.read_ns = perf::clock_ns();
         true
     }
 
@@ -531,20 +576,8 @@ impl Domain {
             .filter(|&slot| slot < self.dev.slots && hw.slots[slot].holder == event.key())
     }
 
-    /// Gives `event` a slot counting `config`, scheduled: the one it still holds, else a free
-    /// one, else one whose holder is not scheduled (assigning zeroes the counter). `EAGAIN` when
-    /// every slot is in use by a scheduled event: perf then multiplexes.
-    fn take_slot(&self, hw: &mut DomainHw, event: &Event, config: Config) -> Result<usize> {
-        if let Some(slot) = self.slot_of(hw, event) {
-            hw.slots[slot].active = true;
-            return Ok(slot);
-        }
-        let slots = &hw.slots[..self.dev.slots];
-        let slot = slots
-            .iter()
-            .position(|s| s.ctl == 0)
-            .or_else(|| slots.iter().position(|s| !s.active))
-            .ok_or(EAGAIN)?;
+    /// Assigns the free `slot` to `event`, counting `config` from zero.
+    fn assign(&self, hw: &mut DomainHw, slot: usize, event: &Event, config: Config) {
         if hw.slots[slot].ctl == 0 {
             hw.held += 1;
         }
@@ -554,31 +587,143 @@ impl Domain {
         hw.slots[slot] = Slot {
             ctl,
             holder: event.key(),
-            active: true,
+            state: Holder::Scheduled,
+            read_ns: perf::clock_ns(),
             ..Slot::FREE
         };
         // CAST: slot numbers are below `MAX_SLOTS`.
         event.set_hw_idx(slot as i32);
         event.hw_prev_count().set(0);
-        Ok(slot)
     }
 
-    /// Marks the slot `event` holds as not scheduled: it goes on counting for the event, but
-    /// another event may take it.
-    fn idle_slot(&self, hw: &mut DomainHw, event: &Event) {
+    /// Schedules `event` on a slot counting `config`: the one it still holds (back from a move),
+    /// else a free one, else, on the owner, one whose holder is moving (read first, its count
+    /// kept for it). While the domain is parked an event that finds none is scheduled without a
+    /// slot. `EAGAIN` otherwise: perf multiplexes.
+    fn take_slot(&self, hw: &mut DomainHw, event: &Event, config: Config) -> Result {
         if let Some(slot) = self.slot_of(hw, event) {
-            hw.slots[slot].active = false;
+            // Its slot counted on while it moved; the next read on the owner catches up.
+            hw.slots[slot].state = Holder::Scheduled;
+            return Ok(());
+        }
+        let free = hw.slots[..self.dev.slots]
+            .iter()
+            .position(|s| s.state == Holder::Free);
+        if let Some(slot) = free {
+            self.assign(hw, slot, event, config);
+            return Ok(());
+        }
+        if Self::reads_here(hw) {
+            let moving = hw.slots[..self.dev.slots]
+                .iter()
+                .position(|s| s.state == Holder::Moving);
+            let entry = hw.owed.iter().position(|o| o.key == 0);
+            if let (Some(slot), Some(entry)) = (moving, entry) {
+                self.take_from_mover(hw, slot, entry);
+                self.assign(hw, slot, event, config);
+                return Ok(());
+            }
+        }
+        if hw.owner.is_none() {
+            // Parked: nobody can count this event; say so rather than fail it, which would keep
+            // every group behind it from scheduling (and so stop time for events whose slots go
+            // on counting).
+            event.set_hw_idx(PARKED_NO_SLOT);
+            event.hw_prev_count().set(perf::clock_ns());
+            return Ok(());
+        }
+        Err(EAGAIN)
+    }
+
+    /// Reads `slot`, whose holder is moving, and keeps what it counted for the holder in owed
+    /// entry `entry`, freeing the slot. On the owner only.
+    fn take_from_mover(&self, hw: &mut DomainHw, slot: usize, entry: usize) {
+        let now = perf::clock_ns();
+        if !self.sync_slot(hw, slot) {
+            // Unreadable: what landed since the last good read is lost, and so is its time.
+            let s = &mut hw.slots[slot];
+            s.lost_ns += now.saturating_sub(s.read_ns);
+        }
+        let s = hw.slots[slot];
+        hw.owed[entry] = Owed {
+            key: s.holder,
+            units: s.total.wrapping_sub(s.moved_at),
+            lost_ns: s.lost_ns,
+        };
+        hw.slots[slot] = Slot::FREE;
+        hw.held -= 1;
+    }
+
+    /// Gives `event` what is owed to it, if anything: counts its slot made while it moved and,
+    /// from `add` and `del` only (see [`Event::discount_running`]), time to take off its
+    /// `time_running`, its own slot's included.
+    fn pay_owed(&self, hw: &mut DomainHw, event: &Event, discount: bool) {
+        let key = event.key();
+        if let Some(owed) = hw.owed.iter_mut().find(|o| o.key == key) {
+            event.count().add(owed.units.wrapping_mul(self.dev.unit));
+            owed.units = 0;
+            if owed.lost_ns == 0 || (discount && event.discount_running(owed.lost_ns)) {
+                *owed = Owed { key: 0, units: 0, lost_ns: 0 };
+            }
+        }
+        if !discount {
+            return;
+        }
+        if let Some(slot) = self.slot_of(hw, event) {
+            let lost = hw.slots[slot].lost_ns;
+            if lost != 0 && event.discount_running(lost) {
+                hw.slots[slot].lost_ns = 0;
+            }
         }
     }
 
-    /// Frees the slot `event` holds, if any.
+    /// Takes `event` off its slot at its `del`. On the owner the count was just folded: the slot
+    /// is released. In a move, the slot counts on for it. Any other `del` off the owner (the
+    /// event disabled, rotated or closed while parked) cannot read it: what the device counted
+    /// since the last read is lost, and its time taken off `time_running`.
+    fn unschedule(&self, hw: &mut DomainHw, event: &Event) {
+        if event.hw_idx() == PARKED_NO_SLOT {
+            let since = event.hw_prev_count().read();
+            event.discount_running(perf::clock_ns().saturating_sub(since));
+            event.set_hw_idx(NO_SLOT);
+            return;
+        }
+        let Some(slot) = self.slot_of(hw, event) else {
+            return;
+        };
+        if Self::reads_here(hw) {
+            self.release_slot(hw, event);
+        } else if event.in_transit() {
+            let s = &mut hw.slots[slot];
+            s.state = Holder::Moving;
+            s.moved_at = event.hw_prev_count().read();
+        } else {
+            // What an earlier poll read is exact; the rest is not.
+            let s = hw.slots[slot];
+            let read = s.total.wrapping_sub(event.hw_prev_count().read());
+            event.count().add(read.wrapping_mul(self.dev.unit));
+            let lost = s.lost_ns + perf::clock_ns().saturating_sub(s.read_ns);
+            event.discount_running(lost);
+            self.release_slot(hw, event);
+        }
+    }
+
+    /// Frees the slot `event` holds, if any, and forgets what is owed to it.
     fn release_slot(&self, hw: &mut DomainHw, event: &Event) {
         if let Some(slot) = self.slot_of(hw, event) {
             self.dev.mmio.write(self.slot_ctl_reg(slot), 0);
             hw.slots[slot] = Slot::FREE;
             hw.held -= 1;
         }
-        event.set_hw_idx(-1);
+        event.set_hw_idx(NO_SLOT);
+    }
+
+    /// Forgets what is owed to `event`, which is being freed.
+    fn forget_owed(hw: &mut DomainHw, event: &Event) {
+        let key = event.key();
+        for owed in hw.owed.iter_mut().filter(|o| o.key == key) {
+            *owed = Owed { key: 0, units: 0, lost_ns: 0 };
+        }
     }
 
     /// Brings the count of `event` up to date, if this CPU reads the domain; elsewhere (in
@@ -595,6 +740,7 @@ impl Domain {
             }
             return;
         }
+        self.pay_owed(hw, event, false);
         let Some(slot) = self.slot_of(hw, event) else {
             return;
         };
@@ -728,14 +874,15 @@ impl Pmu for DomainPmu {
         if config.needs_slot() {
             let domain = self.domain();
             let mut hw = domain.hw.lock();
-            // No register read here. A slot the event still holds has counted on for it (back
-            // from a move, a park or a rotation), and its next fold on the owner (`read`, `del`)
-            // catches up on all of it, the poll keeping the slot's total from missing wraps
-            // meanwhile; a slot just assigned starts from zero. `add` runs inside perf's
+            // No register read here but to take a moving event's slot. A slot the event still
+            // holds counted on for it (back from a move or a park), and its next fold on the
+            // owner (`read`, `del`) catches up, the poll keeping the slot's total from missing
+            // wraps meanwhile; a slot just assigned starts from zero. `add` runs inside perf's
             // rotation, which accounts the incoming event as running from the rotation's start:
             // every access here delays the slot write of the event added after it, and under a
             // hypervisor each access is a VM exit (see `multiplexing` in xtask's pmu_checks).
             domain.take_slot(&mut hw, event, config)?;
+            domain.pay_owed(&mut hw, event, true);
             drop(hw);
             self.poller.kick();
         }
@@ -747,20 +894,13 @@ impl Pmu for DomainPmu {
     }
 
     fn del(&self, event: &Event, _flags: Flags) {
+        // On the owner this folds the count one last time.
         self.stop(event, Flags::UPDATE);
         if Self::config_of(event).is_some_and(Config::needs_slot) {
             let domain = self.domain();
             let mut hw = domain.hw.lock();
-            if Domain::reads_here(&hw) {
-                // Folded just now: the event stops counting here (disabled, rotated out, its
-                // context switched away). Its slot ends with it; the next `add` assigns a fresh
-                // one, so nothing that lands meanwhile is counted for it.
-                domain.release_slot(&mut hw, event);
-            } else {
-                // Off the owner nobody can read the slot: it counts on in the device for the
-                // event, whose next `add` takes it back and catches up.
-                domain.idle_slot(&mut hw, event);
-            }
+            domain.pay_owed(&mut hw, event, true);
+            domain.unschedule(&mut hw, event);
         }
     }
 
@@ -806,6 +946,7 @@ impl Pmu for DomainPmu {
         hw::with_irqs_off(|| {
             let mut hw = domain.hw.lock();
             domain.release_slot(&mut hw, event);
+            Domain::forget_owed(&mut hw, event);
         });
     }
 
