@@ -62,7 +62,7 @@
 //! raw lock), always taken with interrupts off; `read` may run in NMI context and then only tries
 //! the lock, leaving the catching up to the next read or poll.
 
-use core::sync::atomic::{AtomicBool, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use kernel::c_str;
 use kernel::perf::{
@@ -469,6 +469,9 @@ struct Domain {
     dev: Arc<Device>,
     #[pin]
     hw: RawSpinLock<DomainHw>,
+    /// How many times a slot was found to have wrapped more than once unread (sysfs
+    /// `lost_wraps`): each time, at least one wrap of counts was lost.
+    lost_wraps: AtomicU64,
 }
 
 impl Domain {
@@ -489,6 +492,7 @@ impl Domain {
                 },
                 "perfbed_domain"
             ),
+            lost_wraps: AtomicU64::new(0),
         }? Error)
     }
 
@@ -524,8 +528,8 @@ impl Domain {
         hw.owner == Some(perf::current_cpu())
     }
 
-    /// Reads a counter register; `None` (and a warning) if the device flags the value. A
-    /// `COUNTER_OVERFLOW` is counted and reported, and the value still used.
+    /// Reads a counter register; `None` (and a warning) if the device flags the value as
+    /// unusable. The value keeps its `COUNTER_OVERFLOW` bit.
     fn read_counter(&self, offset: u64) -> Option<u64> {
         let value = self.dev.mmio.read(offset);
         if value & (regs::COUNTER_ERROR | regs::COUNTER_UNAVAILABLE) != 0 {
@@ -544,28 +548,37 @@ impl Domain {
             );
             return None;
         }
-        if value & regs::COUNTER_OVERFLOW != 0 {
-            warn_ratelimited!(
-                "perfbed_l3_{}: counter {:#x} wrapped more than once unread (parked too long?): \
-                 counts lost\n",
-                self.index,
-                offset
-            );
-        }
-        Some(value & self.dev.mask)
+        Some(value)
     }
 
     /// Folds the hardware counter of `slot` into its 64-bit total. The caller owns the domain.
     fn sync_slot(&self, hw: &mut DomainHw, slot: usize) -> bool {
-        let Some(now) = self.read_counter(self.slot_count_reg(slot)) else {
+        let Some(value) = self.read_counter(self.slot_count_reg(slot)) else {
             return false;
         };
+        let now = value & self.dev.mask;
+        let clock = perf::clock_ns();
         let s = &mut hw.slots[slot];
-        // The poll period keeps this below one wrap, and the device flags it when it was not.
-        let delta = now.wrapping_sub(s.last) & self.dev.mask;
+        if value & regs::COUNTER_OVERFLOW != 0 {
+            // Whole wraps went unread (a park longer than a wrap at the device's rate): how much
+            // landed since the last good read is unknowable. Count none of it, and none of its
+            // time as running, so that perf scales the count over the gap and shows it.
+            s.lost_ns += clock.saturating_sub(s.read_ns);
+            self.lost_wraps.fetch_add(1, Ordering::Relaxed);
+            warn_ratelimited!(
+                "perfbed_l3_{}: slot {} wrapped more than once unread (parked too long?): {} ms \
+                 of counts lost, not counted as running\n",
+                self.index,
+                slot,
+                clock.saturating_sub(s.read_ns) / 1_000_000
+            );
+        } else {
+            // The poll period keeps this below one wrap, and the device flags it when it was not.
+            let delta = now.wrapping_sub(s.last) & self.dev.mask;
+            s.total = s.total.wrapping_add(delta);
+        }
         s.last = now;
-        s.total = s.total.wrapping_add(delta);
-        s.read_ns = perf::clock_ns();
+        s.read_ns = clock;
         true
     }
 
@@ -735,7 +748,8 @@ impl Domain {
         if !config.needs_slot() {
             // A gauge: the count is the current occupancy.
             let offset = regs::occupancy(self.index.into(), config.rmid);
-            if let Some(units) = self.read_counter(offset) {
+            if let Some(value) = self.read_counter(offset) {
+                let units = value & self.dev.mask;
                 event.count().set(units.saturating_mul(self.dev.unit));
             }
             return;
@@ -754,18 +768,40 @@ impl Domain {
             .add(total.wrapping_sub(prev).wrapping_mul(self.dev.unit));
     }
 
-    /// Polls the held slots; runs on the owner CPU with interrupts off.
-    fn poll_here(&self) {
-        let mut hw = self.hw.lock();
-        if !Self::reads_here(&hw) {
-            // The domain moved since the poll was aimed; the next poll goes to the new owner.
+    /// Reads every held slot, if this CPU reads the domain.
+    fn sync_held(&self, hw: &mut DomainHw) {
+        if !Self::reads_here(hw) {
             return;
         }
         for slot in 0..self.dev.slots {
             if hw.slots[slot].ctl != 0 {
-                self.sync_slot(&mut hw, slot);
+                self.sync_slot(hw, slot);
             }
         }
+    }
+
+    /// Polls the held slots; runs on the owner CPU with interrupts off. If the domain moved
+    /// since the poll was aimed, it does nothing: the next poll goes to the new owner.
+    fn poll_here(&self) {
+        let mut hw = self.hw.lock();
+        self.sync_held(&mut hw);
+    }
+
+    /// Makes `owner` the CPU that reads the domain (`None`: parked). The slots are read on the
+    /// way out if this CPU was the owner (the CPU going offline, in a move or a park), and on
+    /// the way in if it is the new one (an allowed CPU coming back runs this itself): a park's
+    /// unread time is as short as it can be, so it outlasts a counter's wrap as rarely as it can.
+    /// Returns whether the new owner still has to read them.
+    fn change_owner(&self, owner: Option<u32>) -> bool {
+        let mut later = false;
+        hw::with_irqs_off(|| {
+            let mut hw = self.hw.lock();
+            self.sync_held(&mut hw);
+            self.set_owner(&mut hw, owner);
+            self.sync_held(&mut hw);
+            later = owner.is_some() && !Self::reads_here(&hw) && hw.held > 0;
+        });
+        later
     }
 }
 
@@ -956,6 +992,11 @@ impl Pmu for DomainPmu {
         Self::config_of(event).map_or(true, Config::needs_slot)
     }
 
+    /// `lost_wraps`, the only counter file.
+    fn counter(&self, _index: usize) -> u64 {
+        self.domain().lost_wraps.load(Ordering::Relaxed)
+    }
+
     fn filter_allowed_cpus(&self, cpus: &mut CpuMask) -> Result {
         let domain = self.domain();
         cpus.retain(|cpu| domain.is_allowed(cpu));
@@ -967,10 +1008,10 @@ impl Pmu for DomainPmu {
         // The perf core only places the PMU on allowed CPUs; check anyway rather than make the
         // device report every read as a violation.
         let owner = cpu.filter(|&cpu| domain.is_allowed(cpu));
-        hw::with_irqs_off(|| {
-            let mut hw = domain.hw.lock();
-            domain.set_owner(&mut hw, owner);
-        });
+        if domain.change_owner(owner) {
+            // Called off the new owner: have it read the slots now, not a poll period later.
+            self.poller.kick_now();
+        }
         // The poll reads the owner each time: it follows the domain without more ado.
         match owner {
             Some(cpu) => pr_debug!("perfbed_l3_{}: counting on CPU {}\n", domain.index, cpu),
@@ -1013,6 +1054,7 @@ unsafe fn register(
         task_context: TaskContext::Invalid,
         events: &events,
         formats: &FORMATS,
+        counters: &[c_str!("lost_wraps")],
     };
     // SAFETY: The caller guarantees what `Registration::new` requires.
     let init = unsafe { Registration::new(module, &options, DomainPmu { poller }) };

@@ -108,6 +108,12 @@ void perfbed_poller_kick(struct perfbed_poller *poller)
 	schedule_delayed_work(&poller->work, poller->period);
 }
 
+/* Safe in atomic context: queues the work at once, or moves its timer up. */
+void perfbed_poller_kick_now(struct perfbed_poller *poller)
+{
+	mod_delayed_work(system_wq, &poller->work, 0);
+}
+
 void perfbed_poller_destroy(struct perfbed_poller *poller)
 {
 	/* Also waits out a work that re-arms itself. */

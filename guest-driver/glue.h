@@ -38,6 +38,7 @@ bool perfbed_event_is_software(const struct perf_event *event);
 struct perfbed_poller *perfbed_poller_create(bool (*fn)(void *), void *data,
 					     unsigned int period_ms);
 void perfbed_poller_kick(struct perfbed_poller *poller);
+void perfbed_poller_kick_now(struct perfbed_poller *poller);
 void perfbed_poller_destroy(struct perfbed_poller *poller);
 
 #endif /* PERFBED_GLUE_H */

@@ -37,6 +37,7 @@ extern "C" {
         period_ms: c_uint,
     ) -> *mut RawPoller;
     fn perfbed_poller_kick(poller: *mut RawPoller);
+    fn perfbed_poller_kick_now(poller: *mut RawPoller);
     fn perfbed_poller_destroy(poller: *mut RawPoller);
 }
 
@@ -225,6 +226,12 @@ impl<T: Poll> Poller<T> {
     pub(crate) fn kick(&self) {
         // SAFETY: By the type invariant `raw` is a live poller.
         unsafe { perfbed_poller_kick(self.raw.as_ptr()) }
+    }
+
+    /// Makes the poll happen now (as soon as a worker runs it). Safe in atomic context.
+    pub(crate) fn kick_now(&self) {
+        // SAFETY: By the type invariant `raw` is a live poller.
+        unsafe { perfbed_poller_kick_now(self.raw.as_ptr()) }
     }
 
     /// Returns what the poller polls.
