@@ -66,8 +66,8 @@ use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use kernel::c_str;
 use kernel::perf::{
-    self, Capabilities, CpuMask, Event, EventAttr, Flags, FormatAttr, HwState, Options, Pmu,
-    Registration, Scope, TaskContext,
+    self, Capabilities, CpuMask, Event, EventAttr, Flags, FormatAttr, Group, HwState, Options,
+    Pmu, Registration, Scope, TaskContext,
 };
 use kernel::prelude::*;
 use kernel::str::CString;
@@ -853,29 +853,6 @@ impl DomainPmu {
         self.poller.target()
     }
 
-    /// Checks the group `event` joins: only this PMU's events and software events, and no more
-    /// slots than the domain has.
-    fn check_group(&self, event: &Event, config: Config) -> Result {
-        if event.is_group_leader() {
-            // Alone (a new leader has no siblings yet); a domain has at least one slot.
-            return Ok(());
-        }
-        let leader = event.group_leader();
-        let mut slots = usize::from(config.needs_slot());
-        for member in Iterator::chain(core::iter::once(leader), leader.siblings()) {
-            if member.same_pmu(event) {
-                let needs = Config::decode(member.config()).is_some_and(Config::needs_slot);
-                slots += usize::from(needs);
-            } else if !hw::is_software(member) {
-                return Err(EINVAL);
-            }
-        }
-        if slots > self.domain().dev.slots {
-            return Err(EINVAL);
-        }
-        Ok(())
-    }
-
     /// The event's config, checked at `event_init` and kept in `hw.config`.
     fn config_of(event: &Event) -> Option<Config> {
         Config::decode(event.hw_config())
@@ -897,11 +874,28 @@ impl Pmu for DomainPmu {
         if event.has_exclude() {
             return Err(EINVAL);
         }
-        let config = self.domain().dev.check_config(event)?;
-        self.check_group(event, config)?;
+        self.domain().dev.check_config(event)?;
         event.set_hw_config(event.config());
         event.set_hw_idx(-1);
         event.set_hw_state(HwState::STOPPED | HwState::UPTODATE);
+        Ok(())
+    }
+
+    /// The group may hold only this PMU's events and software events, and need no more slots
+    /// than the domain has.
+    fn check_group(&self, event: &Event, group: &Group<'_>) -> Result {
+        let needs = |config: u64| Config::decode(config).is_some_and(Config::needs_slot);
+        let mut slots = usize::from(needs(event.config()));
+        for member in group.members() {
+            if member.is_of_pmu(event) {
+                slots += usize::from(needs(member.config()));
+            } else if !member.is_software() {
+                return Err(EINVAL);
+            }
+        }
+        if slots > self.domain().dev.slots {
+            return Err(EINVAL);
+        }
         Ok(())
     }
 

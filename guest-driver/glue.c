@@ -9,7 +9,6 @@
 #include <linux/irqflags.h>
 #include <linux/jiffies.h>
 #include <linux/moduleparam.h>
-#include <linux/perf_event.h>
 #include <linux/ratelimit.h>
 #include <linux/slab.h>
 #include <linux/smp.h>
@@ -65,11 +64,6 @@ static DEFINE_RATELIMIT_STATE(perfbed_rs, DEFAULT_RATELIMIT_INTERVAL, DEFAULT_RA
 bool perfbed_ratelimit(void)
 {
 	return __ratelimit(&perfbed_rs);
-}
-
-bool perfbed_event_is_software(const struct perf_event *event)
-{
-	return is_software_event((struct perf_event *)event);
 }
 
 struct perfbed_poller {

@@ -9,7 +9,6 @@
 
 #include <linux/types.h>
 
-struct perf_event;
 struct perfbed_poller;
 
 /* The `device=<size>@<base>` module parameter (NUL-terminated, read-only). */
@@ -28,8 +27,6 @@ void perfbed_run_irqs_off(void (*fn)(void *), void *data);
 
 /* One ratelimit state for all of the driver's warnings. */
 bool perfbed_ratelimit(void);
-
-bool perfbed_event_is_software(const struct perf_event *event);
 
 /*
  * A delayed work that calls fn(data) in process context every @period_ms
