@@ -868,10 +868,16 @@ impl Pmu for DomainPmu {
         if event.is_per_task() {
             return Err(EINVAL);
         }
-        if event.is_sampling() {
+        // What a counting PMU without an overflow interrupt cannot do, refused as perf's own
+        // PMUs refuse a feature they lack: samples, a skid constraint on them (perf tries lower
+        // `precise_ip` levels on `EOPNOTSUPP`), a signal on overflow. (The AUX actions on
+        // overflow the core refuses itself, for an event in no AUX group.)
+        if event.is_sampling() || event.precise_ip() != 0 || event.sigtrap() {
             return Err(EOPNOTSUPP);
         }
-        if event.has_exclude() {
+        // Filters it cannot apply (`PERF_PMU_CAP_NO_EXCLUDE` makes the core refuse these too),
+        // and another PMU type's field.
+        if event.has_exclude() || event.bp_type() != 0 {
             return Err(EINVAL);
         }
         self.domain().dev.check_config(event)?;
