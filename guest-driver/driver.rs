@@ -23,11 +23,12 @@
 //! enabled and scheduled, whatever happened meanwhile; `time_running` is the time it was
 //! scheduled and counted:
 //!
-//! - A slot is assigned (the device zeroes it) when its event is added on the owner CPU, and
-//!   ends when the event is deleted there: `del` reads it one last time and releases it. So a
-//!   disable, a rotation out (multiplexing, an exclusive group's turn) or any other `del` stops
-//!   the count at that read, and the next `add` starts from a fresh slot: nothing that lands while
-//!   the event is off is counted for it.
+//! - A `del` on the owner CPU reads the event's slot one last time. If the next `add` comes in
+//!   the same reschedule (an install or a rotation that takes it back at once: perf's context
+//!   time has not moved, so perf credits the time between as running), the event takes its slot
+//!   back as it is and counts what landed between. Otherwise (a disable, a rotation out for a
+//!   mux interval, an exclusive group's turn) the slot is assigned afresh (the device zeroes it)
+//!   at the `add`: nothing that landed while the event was off is counted for it.
 //! - The counters live in the device; only the CPU that reads them moves. The perf core tells
 //!   the driver the new owner (`migrate_cpu`) before it moves the events, and marks a moving
 //!   event ([`Event::in_transit`]). A moving event keeps its slot counting: it is still enabled
@@ -44,9 +45,10 @@
 //!   scheduling): it counts nothing, and that time is taken off its `time_running`
 //!   ([`Event::discount_running`]), so perf scales its count over the park as for
 //!   multiplexing.
-//! - A `del` off the owner that is not part of a move (the event disabled, rotated or closed
-//!   while parked) cannot read the slot: what landed since its last read is lost, and that time
-//!   is taken off `time_running` too.
+//! - A `del` off the owner while parked that is not part of a move cannot read the slot. If
+//!   the event comes back in the same reschedule, it takes the slot back as it is; if it was
+//!   off (disabled while parked), it keeps what was read before the park, the rest is lost, and
+//!   that time is taken off `time_running` too.
 //! - A park can outlast a counter's wrap. When an allowed CPU returns, the slots are read at
 //!   once, before the events move there. If the device says a counter wrapped more than once
 //!   unread (`COUNTER_OVERFLOW`), the interval since the slot's last good read is not counted:
@@ -386,6 +388,18 @@ enum Holder {
     /// The holder is scheduled (between its `add` and its `del`), on the owner or, while the
     /// domain is parked, on the CPU that keeps its events.
     Scheduled,
+    /// The holder was deleted on the owner, its count folded then, at context time `idle_time`.
+    /// The slot goes on counting: if the holder's next `add` sees the same context time, the
+    /// `del` and `add` were one reschedule, whose time perf credits as running, and it takes the
+    /// slot back as it is; otherwise (disabled, rotated out for a while) the slot is assigned
+    /// afresh. Another event may take it: nothing in it is unread.
+    Idle,
+    /// The holder was deleted while the domain is parked, outside a move: nobody could read the
+    /// slot. If its next `add` sees the same context time, that was a reschedule (another event
+    /// installed beside it) and it takes the slot back as it is. Otherwise it was off (disabled)
+    /// from that `del`: it keeps what was read before the park (`idle_total`) and loses the rest,
+    /// whose time (`idle_lost_ns`) is taken off its `time_running`.
+    ParkedIdle,
     /// The holder is moving to another CPU: its `del` ran off the owner as part of a move and its
     /// `add` on the next CPU has not come yet. The slot counts on for it, unread.
     Moving,
@@ -405,6 +419,11 @@ struct Slot {
     total: u64,
     /// The holder's `hw.prev_count` when it started moving: what of `total` it has counted.
     moved_at: u64,
+    /// [`Event::ctx_time`] at the holder's `del`, for [`Holder::Idle`] and [`Holder::ParkedIdle`].
+    idle_time: u64,
+    /// For [`Holder::ParkedIdle`]: `total` at the `del`, and the unread time up to it.
+    idle_total: u64,
+    idle_lost_ns: u64,
     /// [`perf::clock_ns`] at the last good read (or the assignment): counts since then are
     /// unread.
     read_ns: u64,
@@ -421,6 +440,9 @@ impl Slot {
         last: 0,
         total: 0,
         moved_at: 0,
+        idle_time: 0,
+        idle_total: 0,
+        idle_lost_ns: 0,
         read_ns: 0,
         lost_ns: 0,
     };
@@ -455,6 +477,9 @@ struct DomainHw {
     /// Number of slots held by an event.
     held: u32,
     owed: [Owed; MAX_OWED],
+    /// The owner before the last change: between `migrate_cpu` and the perf core moving the
+    /// events away, they still run there.
+    previous_owner: Option<u32>,
 }
 
 /// One monitoring domain of the device.
@@ -489,6 +514,7 @@ impl Domain {
                     slots: [Slot::FREE; regs::MAX_SLOTS as usize],
                     held: 0,
                     owed: [Owed { key: 0, units: 0, lost_ns: 0 }; MAX_OWED],
+                    previous_owner: None,
                 },
                 "perfbed_domain"
             ),
@@ -519,6 +545,7 @@ impl Domain {
         if hw.owner != owner {
             let value = owner.map_or(regs::NO_OWNER, u64::from);
             self.dev.mmio.write(self.reg(regs::DOM_OWNER), value);
+            hw.previous_owner = hw.owner;
             hw.owner = owner;
         }
     }
@@ -615,13 +642,30 @@ impl Domain {
     /// slot. `EAGAIN` otherwise: perf multiplexes.
     fn take_slot(&self, hw: &mut DomainHw, event: &Event, config: Config) -> Result {
         if let Some(slot) = self.slot_of(hw, event) {
-            // Its slot counted on while it moved; the next read on the owner catches up.
-            hw.slots[slot].state = Holder::Scheduled;
+            let s = &mut hw.slots[slot];
+            if s.state == Holder::ParkedIdle && s.idle_time != event.ctx_time() {
+                // Off since a `del` nobody could read: keep what was read before it.
+                let read = s.idle_total.wrapping_sub(event.hw_prev_count().read());
+                event.count().add(read.wrapping_mul(self.dev.unit));
+                event.discount_running(s.idle_lost_ns);
+                self.assign(hw, slot, event, config);
+                return Ok(());
+            }
+            if !matches!(s.state, Holder::Idle | Holder::ParkedIdle) || s.idle_time == event.ctx_time() {
+                // Its slot counted on while it moved, or through a reschedule perf credits as
+                // running; the next read on the owner catches up.
+                s.state = Holder::Scheduled;
+                return Ok(());
+            }
+            // Off for a while (disabled, rotated out): count from now.
+            self.assign(hw, slot, event, config);
             return Ok(());
         }
-        let free = hw.slots[..self.dev.slots]
+        let slots = &hw.slots[..self.dev.slots];
+        let free = slots
             .iter()
-            .position(|s| s.state == Holder::Free);
+            .position(|s| s.state == Holder::Free)
+            .or_else(|| slots.iter().position(|s| s.state == Holder::Idle));
         if let Some(slot) = free {
             self.assign(hw, slot, event, config);
             return Ok(());
@@ -691,9 +735,10 @@ impl Domain {
     }
 
     /// Takes `event` off its slot at its `del`. On the owner the count was just folded: the slot
-    /// is released. In a move, the slot counts on for it. Any other `del` off the owner (the
-    /// event disabled, rotated or closed while parked) cannot read it: what the device counted
-    /// since the last read is lost, and its time taken off `time_running`.
+    /// is released. In a move, the slot counts on for it; so it does for a `del` on the CPU the
+    /// domain is leaving, between `migrate_cpu` and the move (a rotation or a close there), and
+    /// for one while the domain is owned elsewhere. Any other `del` off the owner happens while
+    /// parked, on the CPU that keeps the events: see [`Holder::ParkedIdle`].
     fn unschedule(&self, hw: &mut DomainHw, event: &Event) {
         if event.hw_idx() == PARKED_NO_SLOT {
             let since = event.hw_prev_count().read();
@@ -705,19 +750,26 @@ impl Domain {
             return;
         };
         if Self::reads_here(hw) {
-            self.release_slot(hw, event);
-        } else if event.in_transit() {
+            // Folded just now (by `stop`).
+            let s = &mut hw.slots[slot];
+            s.state = Holder::Idle;
+            s.idle_time = event.ctx_time();
+        } else if event.in_transit()
+            || hw.owner.is_some()
+            || hw.previous_owner == Some(perf::current_cpu())
+        {
             let s = &mut hw.slots[slot];
             s.state = Holder::Moving;
             s.moved_at = event.hw_prev_count().read();
         } else {
-            // What an earlier poll read is exact; the rest is not.
-            let s = hw.slots[slot];
-            let read = s.total.wrapping_sub(event.hw_prev_count().read());
-            event.count().add(read.wrapping_mul(self.dev.unit));
-            let lost = s.lost_ns + perf::clock_ns().saturating_sub(s.read_ns);
-            event.discount_running(lost);
-            self.release_slot(hw, event);
+            // Parked, on the CPU that keeps the events: a reschedule or the event going off;
+            // its next `add` tells which.
+            let s = &mut hw.slots[slot];
+            s.state = Holder::ParkedIdle;
+            s.idle_time = event.ctx_time();
+            s.idle_total = s.total;
+            s.idle_lost_ns = s.lost_ns + perf::clock_ns().saturating_sub(s.read_ns);
+            s.moved_at = event.hw_prev_count().read();
         }
     }
 
