@@ -18,31 +18,58 @@
 //! Counts are in bytes (counter units times the device's unit); sysfs gives perf the scale to
 //! MB.
 //!
-//! **Counting across CPU hotplug.** The counters live in the device; only the CPU that reads them
-//! moves. The perf core tells the driver the new owner (`migrate_cpu`) before it moves the
-//! events, so every counter read happens on the owner CPU and nowhere else.
+//! **Counting semantics** (DESIGN.md, "Counting semantics"; the model xtask's checks and stress
+//! compare against). An event counts exactly the traffic that landed in its slot while it was
+//! enabled and scheduled, whatever happened meanwhile; `time_running` is the time it was
+//! scheduled and counted:
 //!
-//! An event keeps its slot from its first `add` until it is freed: `del` leaves the slot
-//! assigned and counting, and the next `add` of the event, on whatever CPU, takes it up again,
-//! the first read on the owner catching up on everything that landed in between. So nothing is
-//! lost while an event is in transit to a new CPU, while it waits for its parked domain to come
-//! back (no owner: nobody reads), or while the perf core reschedules its context for another
-//! event. Only slot pressure takes a slot away: an event that finds no free slot takes the slot
-//! of one that is not scheduled (whose count was brought up to date when it was descheduled), and
-//! perf multiplexes as usual. If a counter may have wrapped more than once
-//! meanwhile, the device says so (`COUNTER_OVERFLOW`) and the driver reports the loss in the
-//! kernel log; it never passes a wrong count off as exact without a word.
+//! - A `del` on the owner CPU reads the event's slot one last time. If the next `add` comes in
+//!   the same reschedule (an install or a rotation that takes it back at once: perf's context
+//!   time has not moved, so perf credits the time between as running), the event takes its slot
+//!   back as it is and counts what landed between. Otherwise (a disable, a rotation out for a
+//!   mux interval, an exclusive group's turn) the slot is assigned afresh (the device zeroes it)
+//!   at the `add`: nothing that landed while the event was off is counted for it.
+//! - The counters live in the device; only the CPU that reads them moves. The perf core tells
+//!   the driver the new owner (`migrate_cpu`) before it moves the events, and marks a moving
+//!   event ([`Event::in_transit`]). A moving event keeps its slot counting: it is still enabled
+//!   and scheduled, the core credits the transit as running, and its `add` on the new CPU takes
+//!   the slot back, the first read there catching up. The same holds for a park (no owner):
+//!   the events wait, scheduled, on another CPU with their slots counting, and catch up when an
+//!   allowed CPU returns.
+//! - A slot whose holder is moving or parked has counts nobody has read: no other event takes
+//!   it while nobody can read it. On the owner, an event short of a slot may take one from an
+//!   event whose move left it unscheduled; the slot is read first and what it counted is kept
+//!   for that event, which gets it at its next `add`, read or fold. Exact both ways.
+//! - While parked, an event that holds no slot and finds none free is scheduled without one
+//!   (nobody could count it anyway, and failing it would stop the holders behind it from
+//!   scheduling): it counts nothing, and that time is taken off its `time_running`
+//!   ([`Event::discount_running`]), so perf scales its count over the park as for
+//!   multiplexing.
+//! - A `del` off the owner while parked that is not part of a move cannot read the slot. If
+//!   the event comes back in the same reschedule, it takes the slot back as it is; if it was
+//!   off (disabled while parked), it keeps what was read before the park, the rest is lost, and
+//!   that time is taken off `time_running` too.
+//! - A park can outlast a counter's wrap. When an allowed CPU returns, the slots are read at
+//!   once, before the events move there. If the device says a counter wrapped more than once
+//!   unread (`COUNTER_OVERFLOW`), the interval since the slot's last good read is not counted:
+//!   neither its traffic (unknowable) nor its time (taken off `time_running`), so `perf stat`
+//!   shows less than 100 % and scales, never an exact-looking wrong count. Each such loss is
+//!   counted in the PMU's sysfs file `lost_wraps` and said once in the kernel log.
+//! - Cgroup and task events are refused (the PMU has no task context, so the perf core refuses
+//!   both with `EINVAL`), and so is every attribute a counting device PMU cannot honour:
+//!   sampling, `sigtrap` and `precise_ip` (`EOPNOTSUPP`, as for perf's PMUs without the
+//!   feature), `exclude_*`, `config1`-`config3` and unknown `config` bits (`EINVAL`).
 //!
 //! The domain's state is behind a raw spinlock (the PMU callbacks run under the perf context's
 //! raw lock), always taken with interrupts off; `read` may run in NMI context and then only tries
 //! the lock, leaving the catching up to the next read or poll.
 
-use core::sync::atomic::{AtomicBool, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use kernel::c_str;
 use kernel::perf::{
-    self, Capabilities, CpuMask, Event, EventAttr, Flags, FormatAttr, HwState, Options, Pmu,
-    Registration, Scope, TaskContext,
+    self, Capabilities, CpuMask, Event, EventAttr, Flags, FormatAttr, Group, HwState, Options,
+    Pmu, Registration, Scope, TaskContext,
 };
 use kernel::prelude::*;
 use kernel::str::CString;
@@ -353,31 +380,93 @@ fn parse_hex(text: &[u8]) -> Option<u64> {
 // A domain: its counter slots and owner
 // ---------------------------------------------------------------------------
 
+/// What a slot's holder is doing.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Holder {
+    /// No event holds the slot (`ctl` is 0).
+    Free,
+    /// The holder is scheduled (between its `add` and its `del`), on the owner or, while the
+    /// domain is parked, on the CPU that keeps its events.
+    Scheduled,
+    /// The holder was deleted on the owner, its count folded then, at context time `idle_time`.
+    /// The slot goes on counting: if the holder's next `add` sees the same context time, the
+    /// `del` and `add` were one reschedule, whose time perf credits as running, and it takes the
+    /// slot back as it is; otherwise (disabled, rotated out for a while) the slot is assigned
+    /// afresh. Another event may take it: nothing in it is unread.
+    Idle,
+    /// The holder was deleted while the domain is parked, outside a move: nobody could read the
+    /// slot. If its next `add` sees the same context time, that was a reschedule (another event
+    /// installed beside it) and it takes the slot back as it is. Otherwise it was off (disabled)
+    /// from that `del`: it keeps what was read before the park (`idle_total`) and loses the rest,
+    /// whose time (`idle_lost_ns`) is taken off its `time_running`.
+    ParkedIdle,
+    /// The holder is moving to another CPU: its `del` ran off the owner as part of a move and its
+    /// `add` on the next CPU has not come yet. The slot counts on for it, unread.
+    Moving,
+}
+
 /// A counter slot as the driver sees it.
 #[derive(Clone, Copy)]
 struct Slot {
     /// The `SLOT_CTL` value written to it, 0 when free.
     ctl: u64,
-    /// [`Event::key`] of the event that holds the slot (0 when free). An event holds its slot
-    /// from its `add` until it is freed or another event takes the slot while it is not scheduled.
+    /// [`Event::key`] of the event that holds the slot (0 when free).
     holder: usize,
-    /// The holder is scheduled on the PMU (between `add` and `del`): its slot cannot be taken.
-    active: bool,
+    state: Holder,
     /// The counter field at the last read.
     last: u64,
     /// Counter units since the slot was assigned, as a 64-bit count that does not wrap.
     total: u64,
+    /// The holder's `hw.prev_count` when it started moving: what of `total` it has counted.
+    moved_at: u64,
+    /// [`Event::ctx_time`] at the holder's `del`, for [`Holder::Idle`] and [`Holder::ParkedIdle`].
+    idle_time: u64,
+    /// For [`Holder::ParkedIdle`]: `total` at the `del`, and the unread time up to it.
+    idle_total: u64,
+    idle_lost_ns: u64,
+    /// [`perf::clock_ns`] at the last good read (or the assignment): counts since then are
+    /// unread.
+    read_ns: u64,
+    /// Time the holder was credited as running but whose counts were lost, not yet taken off its
+    /// `time_running`.
+    lost_ns: u64,
 }
 
 impl Slot {
     const FREE: Slot = Slot {
         ctl: 0,
         holder: 0,
-        active: false,
+        state: Holder::Free,
         last: 0,
         total: 0,
+        moved_at: 0,
+        idle_time: 0,
+        idle_total: 0,
+        idle_lost_ns: 0,
+        read_ns: 0,
+        lost_ns: 0,
     };
 }
+
+/// What a slot counted for an event that lost the slot while it was moving: the event gets it at
+/// its next `add`, fold or `del`.
+#[derive(Clone, Copy)]
+struct Owed {
+    /// [`Event::key`] of the event, 0 for an unused entry.
+    key: usize,
+    units: u64,
+    lost_ns: u64,
+}
+
+/// How many events can be owed counts at once; when all are in use, a moving event's slot is not
+/// taken (the event short of a slot waits for a rotation).
+const MAX_OWED: usize = 2 * regs::MAX_SLOTS as usize;
+
+/// `hw.idx` of an event that holds no slot.
+const NO_SLOT: i32 = -1;
+/// `hw.idx` of an event scheduled without a slot while its domain is parked; its `hw.prev_count`
+/// holds [`perf::clock_ns`] when it was scheduled.
+const PARKED_NO_SLOT: i32 = -2;
 
 /// The state of a domain shared by its PMU callbacks and its poll.
 struct DomainHw {
@@ -385,8 +474,12 @@ struct DomainHw {
     /// `None` while the domain is parked.
     owner: Option<u32>,
     slots: [Slot; regs::MAX_SLOTS as usize],
-    /// Number of slots held by an event (active or not).
+    /// Number of slots held by an event.
     held: u32,
+    owed: [Owed; MAX_OWED],
+    /// The owner before the last change: between `migrate_cpu` and the perf core moving the
+    /// events away, they still run there.
+    previous_owner: Option<u32>,
 }
 
 /// One monitoring domain of the device.
@@ -401,6 +494,9 @@ struct Domain {
     dev: Arc<Device>,
     #[pin]
     hw: RawSpinLock<DomainHw>,
+    /// How many times a slot was found to have wrapped more than once unread (sysfs
+    /// `lost_wraps`): each time, at least one wrap of counts was lost.
+    lost_wraps: AtomicU64,
 }
 
 impl Domain {
@@ -417,9 +513,12 @@ impl Domain {
                     owner: None,
                     slots: [Slot::FREE; regs::MAX_SLOTS as usize],
                     held: 0,
+                    owed: [Owed { key: 0, units: 0, lost_ns: 0 }; MAX_OWED],
+                    previous_owner: None,
                 },
                 "perfbed_domain"
             ),
+            lost_wraps: AtomicU64::new(0),
         }? Error)
     }
 
@@ -446,6 +545,7 @@ impl Domain {
         if hw.owner != owner {
             let value = owner.map_or(regs::NO_OWNER, u64::from);
             self.dev.mmio.write(self.reg(regs::DOM_OWNER), value);
+            hw.previous_owner = hw.owner;
             hw.owner = owner;
         }
     }
@@ -455,8 +555,8 @@ impl Domain {
         hw.owner == Some(perf::current_cpu())
     }
 
-    /// Reads a counter register; `None` (and a warning) if the device flags the value. A
-    /// `COUNTER_OVERFLOW` is counted and reported, and the value still used.
+    /// Reads a counter register; `None` (and a warning) if the device flags the value as
+    /// unusable. The value keeps its `COUNTER_OVERFLOW` bit.
     fn read_counter(&self, offset: u64) -> Option<u64> {
         let value = self.dev.mmio.read(offset);
         if value & (regs::COUNTER_ERROR | regs::COUNTER_UNAVAILABLE) != 0 {
@@ -475,27 +575,37 @@ impl Domain {
             );
             return None;
         }
-        if value & regs::COUNTER_OVERFLOW != 0 {
-            warn_ratelimited!(
-                "perfbed_l3_{}: counter {:#x} wrapped more than once unread (parked too long?): \
-                 counts lost\n",
-                self.index,
-                offset
-            );
-        }
-        Some(value & self.dev.mask)
+        Some(value)
     }
 
     /// Folds the hardware counter of `slot` into its 64-bit total. The caller owns the domain.
     fn sync_slot(&self, hw: &mut DomainHw, slot: usize) -> bool {
-        let Some(now) = self.read_counter(self.slot_count_reg(slot)) else {
+        let Some(value) = self.read_counter(self.slot_count_reg(slot)) else {
             return false;
         };
+        let now = value & self.dev.mask;
+        let clock = perf::clock_ns();
         let s = &mut hw.slots[slot];
-        // The poll period keeps this below one wrap, and the device flags it when it was not.
-        let delta = now.wrapping_sub(s.last) & self.dev.mask;
+        if value & regs::COUNTER_OVERFLOW != 0 {
+            // Whole wraps went unread (a park longer than a wrap at the device's rate): how much
+            // landed since the last good read is unknowable. Count none of it, and none of its
+            // time as running, so that perf scales the count over the gap and shows it.
+            s.lost_ns += clock.saturating_sub(s.read_ns);
+            self.lost_wraps.fetch_add(1, Ordering::Relaxed);
+            warn_ratelimited!(
+                "perfbed_l3_{}: slot {} wrapped more than once unread (parked too long?): {} ms \
+                 of counts lost, not counted as running\n",
+                self.index,
+                slot,
+                clock.saturating_sub(s.read_ns) / 1_000_000
+            );
+        } else {
+            // The poll period keeps this below one wrap, and the device flags it when it was not.
+            let delta = now.wrapping_sub(s.last) & self.dev.mask;
+            s.total = s.total.wrapping_add(delta);
+        }
         s.last = now;
-        s.total = s.total.wrapping_add(delta);
+        s.read_ns = clock;
         true
     }
 
@@ -506,20 +616,8 @@ impl Domain {
             .filter(|&slot| slot < self.dev.slots && hw.slots[slot].holder == event.key())
     }
 
-    /// Gives `event` a slot counting `config`, scheduled: the one it still holds, else a free
-    /// one, else one whose holder is not scheduled (assigning zeroes the counter). `EAGAIN` when
-    /// every slot is in use by a scheduled event: perf then multiplexes.
-    fn take_slot(&self, hw: &mut DomainHw, event: &Event, config: Config) -> Result<usize> {
-        if let Some(slot) = self.slot_of(hw, event) {
-            hw.slots[slot].active = true;
-            return Ok(slot);
-        }
-        let slots = &hw.slots[..self.dev.slots];
-        let slot = slots
-            .iter()
-            .position(|s| s.ctl == 0)
-            .or_else(|| slots.iter().position(|s| !s.active))
-            .ok_or(EAGAIN)?;
+    /// Assigns the free `slot` to `event`, counting `config` from zero.
+    fn assign(&self, hw: &mut DomainHw, slot: usize, event: &Event, config: Config) {
         if hw.slots[slot].ctl == 0 {
             hw.held += 1;
         }
@@ -529,31 +627,168 @@ impl Domain {
         hw.slots[slot] = Slot {
             ctl,
             holder: event.key(),
-            active: true,
+            state: Holder::Scheduled,
+            read_ns: perf::clock_ns(),
             ..Slot::FREE
         };
         // CAST: slot numbers are below `MAX_SLOTS`.
         event.set_hw_idx(slot as i32);
         event.hw_prev_count().set(0);
-        Ok(slot)
     }
 
-    /// Marks the slot `event` holds as not scheduled: it goes on counting for the event, but
-    /// another event may take it.
-    fn idle_slot(&self, hw: &mut DomainHw, event: &Event) {
+    /// Schedules `event` on a slot counting `config`: the one it still holds (back from a move),
+    /// else a free one, else, on the owner, one whose holder is moving (read first, its count
+    /// kept for it). While the domain is parked an event that finds none is scheduled without a
+    /// slot. `EAGAIN` otherwise: perf multiplexes.
+    fn take_slot(&self, hw: &mut DomainHw, event: &Event, config: Config) -> Result {
         if let Some(slot) = self.slot_of(hw, event) {
-            hw.slots[slot].active = false;
+            let s = &mut hw.slots[slot];
+            if s.state == Holder::ParkedIdle && s.idle_time != event.ctx_time() {
+                // Off since a `del` nobody could read: keep what was read before it.
+                let read = s.idle_total.wrapping_sub(event.hw_prev_count().read());
+                event.count().add(read.wrapping_mul(self.dev.unit));
+                event.discount_running(s.idle_lost_ns);
+                self.assign(hw, slot, event, config);
+                return Ok(());
+            }
+            if !matches!(s.state, Holder::Idle | Holder::ParkedIdle) || s.idle_time == event.ctx_time() {
+                // Its slot counted on while it moved, or through a reschedule perf credits as
+                // running; the next read on the owner catches up.
+                s.state = Holder::Scheduled;
+                return Ok(());
+            }
+            // Off for a while (disabled, rotated out): count from now.
+            self.assign(hw, slot, event, config);
+            return Ok(());
+        }
+        let slots = &hw.slots[..self.dev.slots];
+        let free = slots
+            .iter()
+            .position(|s| s.state == Holder::Free)
+            .or_else(|| slots.iter().position(|s| s.state == Holder::Idle));
+        if let Some(slot) = free {
+            self.assign(hw, slot, event, config);
+            return Ok(());
+        }
+        if Self::reads_here(hw) {
+            let moving = hw.slots[..self.dev.slots]
+                .iter()
+                .position(|s| s.state == Holder::Moving);
+            let entry = hw.owed.iter().position(|o| o.key == 0);
+            if let (Some(slot), Some(entry)) = (moving, entry) {
+                self.take_from_mover(hw, slot, entry);
+                self.assign(hw, slot, event, config);
+                return Ok(());
+            }
+        }
+        if hw.owner.is_none() {
+            // Parked: nobody can count this event; say so rather than fail it, which would keep
+            // every group behind it from scheduling (and so stop time for events whose slots go
+            // on counting).
+            event.set_hw_idx(PARKED_NO_SLOT);
+            event.hw_prev_count().set(perf::clock_ns());
+            return Ok(());
+        }
+        Err(EAGAIN)
+    }
+
+    /// Reads `slot`, whose holder is moving, and keeps what it counted for the holder in owed
+    /// entry `entry`, freeing the slot. On the owner only.
+    fn take_from_mover(&self, hw: &mut DomainHw, slot: usize, entry: usize) {
+        let now = perf::clock_ns();
+        if !self.sync_slot(hw, slot) {
+            // Unreadable: what landed since the last good read is lost, and so is its time.
+            let s = &mut hw.slots[slot];
+            s.lost_ns += now.saturating_sub(s.read_ns);
+        }
+        let s = hw.slots[slot];
+        hw.owed[entry] = Owed {
+            key: s.holder,
+            units: s.total.wrapping_sub(s.moved_at),
+            lost_ns: s.lost_ns,
+        };
+        hw.slots[slot] = Slot::FREE;
+        hw.held -= 1;
+    }
+
+    /// Gives `event` what is owed to it, if anything: counts its slot made while it moved and,
+    /// from `add` and `del` only (see [`Event::discount_running`]), time to take off its
+    /// `time_running`, its own slot's included.
+    fn pay_owed(&self, hw: &mut DomainHw, event: &Event, discount: bool) {
+        let key = event.key();
+        if let Some(owed) = hw.owed.iter_mut().find(|o| o.key == key) {
+            event.count().add(owed.units.wrapping_mul(self.dev.unit));
+            owed.units = 0;
+            if owed.lost_ns == 0 || (discount && event.discount_running(owed.lost_ns)) {
+                *owed = Owed { key: 0, units: 0, lost_ns: 0 };
+            }
+        }
+        if !discount {
+            return;
+        }
+        if let Some(slot) = self.slot_of(hw, event) {
+            let lost = hw.slots[slot].lost_ns;
+            if lost != 0 && event.discount_running(lost) {
+                hw.slots[slot].lost_ns = 0;
+            }
         }
     }
 
-    /// Frees the slot `event` holds, if any.
+    /// Takes `event` off its slot at its `del`. On the owner the count was just folded: the slot
+    /// is released. In a move, the slot counts on for it; so it does for a `del` on the CPU the
+    /// domain is leaving, between `migrate_cpu` and the move (a rotation or a close there), and
+    /// for one while the domain is owned elsewhere. Any other `del` off the owner happens while
+    /// parked, on the CPU that keeps the events: see [`Holder::ParkedIdle`].
+    fn unschedule(&self, hw: &mut DomainHw, event: &Event) {
+        if event.hw_idx() == PARKED_NO_SLOT {
+            let since = event.hw_prev_count().read();
+            event.discount_running(perf::clock_ns().saturating_sub(since));
+            event.set_hw_idx(NO_SLOT);
+            return;
+        }
+        let Some(slot) = self.slot_of(hw, event) else {
+            return;
+        };
+        if Self::reads_here(hw) {
+            // Folded just now (by `stop`).
+            let s = &mut hw.slots[slot];
+            s.state = Holder::Idle;
+            s.idle_time = event.ctx_time();
+        } else if event.in_transit()
+            || hw.owner.is_some()
+            || hw.previous_owner == Some(perf::current_cpu())
+        {
+            let s = &mut hw.slots[slot];
+            s.state = Holder::Moving;
+            s.moved_at = event.hw_prev_count().read();
+        } else {
+            // Parked, on the CPU that keeps the events: a reschedule or the event going off;
+            // its next `add` tells which.
+            let s = &mut hw.slots[slot];
+            s.state = Holder::ParkedIdle;
+            s.idle_time = event.ctx_time();
+            s.idle_total = s.total;
+            s.idle_lost_ns = s.lost_ns + perf::clock_ns().saturating_sub(s.read_ns);
+            s.moved_at = event.hw_prev_count().read();
+        }
+    }
+
+    /// Frees the slot `event` holds, if any, and forgets what is owed to it.
     fn release_slot(&self, hw: &mut DomainHw, event: &Event) {
         if let Some(slot) = self.slot_of(hw, event) {
             self.dev.mmio.write(self.slot_ctl_reg(slot), 0);
             hw.slots[slot] = Slot::FREE;
             hw.held -= 1;
         }
-        event.set_hw_idx(-1);
+        event.set_hw_idx(NO_SLOT);
+    }
+
+    /// Forgets what is owed to `event`, which is being freed.
+    fn forget_owed(hw: &mut DomainHw, event: &Event) {
+        let key = event.key();
+        for owed in hw.owed.iter_mut().filter(|o| o.key == key) {
+            *owed = Owed { key: 0, units: 0, lost_ns: 0 };
+        }
     }
 
     /// Brings the count of `event` up to date, if this CPU reads the domain; elsewhere (in
@@ -565,11 +800,13 @@ impl Domain {
         if !config.needs_slot() {
             // A gauge: the count is the current occupancy.
             let offset = regs::occupancy(self.index.into(), config.rmid);
-            if let Some(units) = self.read_counter(offset) {
+            if let Some(value) = self.read_counter(offset) {
+                let units = value & self.dev.mask;
                 event.count().set(units.saturating_mul(self.dev.unit));
             }
             return;
         }
+        self.pay_owed(hw, event, false);
         let Some(slot) = self.slot_of(hw, event) else {
             return;
         };
@@ -583,18 +820,40 @@ impl Domain {
             .add(total.wrapping_sub(prev).wrapping_mul(self.dev.unit));
     }
 
-    /// Polls the held slots; runs on the owner CPU with interrupts off.
-    fn poll_here(&self) {
-        let mut hw = self.hw.lock();
-        if !Self::reads_here(&hw) {
-            // The domain moved since the poll was aimed; the next poll goes to the new owner.
+    /// Reads every held slot, if this CPU reads the domain.
+    fn sync_held(&self, hw: &mut DomainHw) {
+        if !Self::reads_here(hw) {
             return;
         }
         for slot in 0..self.dev.slots {
             if hw.slots[slot].ctl != 0 {
-                self.sync_slot(&mut hw, slot);
+                self.sync_slot(hw, slot);
             }
         }
+    }
+
+    /// Polls the held slots; runs on the owner CPU with interrupts off. If the domain moved
+    /// since the poll was aimed, it does nothing: the next poll goes to the new owner.
+    fn poll_here(&self) {
+        let mut hw = self.hw.lock();
+        self.sync_held(&mut hw);
+    }
+
+    /// Makes `owner` the CPU that reads the domain (`None`: parked). The slots are read on the
+    /// way out if this CPU was the owner (the CPU going offline, in a move or a park), and on
+    /// the way in if it is the new one (an allowed CPU coming back runs this itself): a park's
+    /// unread time is as short as it can be, so it outlasts a counter's wrap as rarely as it can.
+    /// Returns whether the new owner still has to read them.
+    fn change_owner(&self, owner: Option<u32>) -> bool {
+        let mut later = false;
+        hw::with_irqs_off(|| {
+            let mut hw = self.hw.lock();
+            self.sync_held(&mut hw);
+            self.set_owner(&mut hw, owner);
+            self.sync_held(&mut hw);
+            later = owner.is_some() && !Self::reads_here(&hw) && hw.held > 0;
+        });
+        later
     }
 }
 
@@ -646,29 +905,6 @@ impl DomainPmu {
         self.poller.target()
     }
 
-    /// Checks the group `event` joins: only this PMU's events and software events, and no more
-    /// slots than the domain has.
-    fn check_group(&self, event: &Event, config: Config) -> Result {
-        if event.is_group_leader() {
-            // Alone (a new leader has no siblings yet); a domain has at least one slot.
-            return Ok(());
-        }
-        let leader = event.group_leader();
-        let mut slots = usize::from(config.needs_slot());
-        for member in Iterator::chain(core::iter::once(leader), leader.siblings()) {
-            if member.same_pmu(event) {
-                let needs = Config::decode(member.config()).is_some_and(Config::needs_slot);
-                slots += usize::from(needs);
-            } else if !hw::is_software(member) {
-                return Err(EINVAL);
-            }
-        }
-        if slots > self.domain().dev.slots {
-            return Err(EINVAL);
-        }
-        Ok(())
-    }
-
     /// The event's config, checked at `event_init` and kept in `hw.config`.
     fn config_of(event: &Event) -> Option<Config> {
         Config::decode(event.hw_config())
@@ -684,17 +920,40 @@ impl Pmu for DomainPmu {
         if event.is_per_task() {
             return Err(EINVAL);
         }
-        if event.is_sampling() {
+        // What a counting PMU without an overflow interrupt cannot do, refused as perf's own
+        // PMUs refuse a feature they lack: samples, a skid constraint on them (perf tries lower
+        // `precise_ip` levels on `EOPNOTSUPP`), a signal on overflow. (The AUX actions on
+        // overflow the core refuses itself, for an event in no AUX group.)
+        if event.is_sampling() || event.precise_ip() != 0 || event.sigtrap() {
             return Err(EOPNOTSUPP);
         }
-        if event.has_exclude() {
+        // Filters it cannot apply (`PERF_PMU_CAP_NO_EXCLUDE` makes the core refuse these too),
+        // and another PMU type's field.
+        if event.has_exclude() || event.bp_type() != 0 {
             return Err(EINVAL);
         }
-        let config = self.domain().dev.check_config(event)?;
-        self.check_group(event, config)?;
+        self.domain().dev.check_config(event)?;
         event.set_hw_config(event.config());
         event.set_hw_idx(-1);
         event.set_hw_state(HwState::STOPPED | HwState::UPTODATE);
+        Ok(())
+    }
+
+    /// The group may hold only this PMU's events and software events, and need no more slots
+    /// than the domain has.
+    fn check_group(&self, event: &Event, group: &Group<'_>) -> Result {
+        let needs = |config: u64| Config::decode(config).is_some_and(Config::needs_slot);
+        let mut slots = usize::from(needs(event.config()));
+        for member in group.members() {
+            if member.is_of_pmu(event) {
+                slots += usize::from(needs(member.config()));
+            } else if !member.is_software() {
+                return Err(EINVAL);
+            }
+        }
+        if slots > self.domain().dev.slots {
+            return Err(EINVAL);
+        }
         Ok(())
     }
 
@@ -703,14 +962,15 @@ impl Pmu for DomainPmu {
         if config.needs_slot() {
             let domain = self.domain();
             let mut hw = domain.hw.lock();
-            // No register read here. A slot the event still holds has counted on for it (back
-            // from a move, a park or a rotation), and its next fold on the owner (`read`, `del`)
-            // catches up on all of it, the poll keeping the slot's total from missing wraps
-            // meanwhile; a slot just assigned starts from zero. `add` runs inside perf's
+            // No register read here but to take a moving event's slot. A slot the event still
+            // holds counted on for it (back from a move or a park), and its next fold on the
+            // owner (`read`, `del`) catches up, the poll keeping the slot's total from missing
+            // wraps meanwhile; a slot just assigned starts from zero. `add` runs inside perf's
             // rotation, which accounts the incoming event as running from the rotation's start:
             // every access here delays the slot write of the event added after it, and under a
             // hypervisor each access is a VM exit (see `multiplexing` in xtask's pmu_checks).
             domain.take_slot(&mut hw, event, config)?;
+            domain.pay_owed(&mut hw, event, true);
             drop(hw);
             self.poller.kick();
         }
@@ -722,13 +982,13 @@ impl Pmu for DomainPmu {
     }
 
     fn del(&self, event: &Event, _flags: Flags) {
+        // On the owner this folds the count one last time.
         self.stop(event, Flags::UPDATE);
         if Self::config_of(event).is_some_and(Config::needs_slot) {
-            // The event keeps its slot, which counts on in the device: it may be moving, parked,
-            // or just rescheduled, and its next `add` catches up.
             let domain = self.domain();
             let mut hw = domain.hw.lock();
-            domain.idle_slot(&mut hw, event);
+            domain.pay_owed(&mut hw, event, true);
+            domain.unschedule(&mut hw, event);
         }
     }
 
@@ -774,6 +1034,7 @@ impl Pmu for DomainPmu {
         hw::with_irqs_off(|| {
             let mut hw = domain.hw.lock();
             domain.release_slot(&mut hw, event);
+            Domain::forget_owed(&mut hw, event);
         });
     }
 
@@ -781,6 +1042,11 @@ impl Pmu for DomainPmu {
     /// multiplexes it, and never scales it, however many `mbm_*` events compete for slots.
     fn takes_counter(&self, event: &Event) -> bool {
         Self::config_of(event).map_or(true, Config::needs_slot)
+    }
+
+    /// `lost_wraps`, the only counter file.
+    fn counter(&self, _index: usize) -> u64 {
+        self.domain().lost_wraps.load(Ordering::Relaxed)
     }
 
     fn filter_allowed_cpus(&self, cpus: &mut CpuMask) -> Result {
@@ -794,10 +1060,10 @@ impl Pmu for DomainPmu {
         // The perf core only places the PMU on allowed CPUs; check anyway rather than make the
         // device report every read as a violation.
         let owner = cpu.filter(|&cpu| domain.is_allowed(cpu));
-        hw::with_irqs_off(|| {
-            let mut hw = domain.hw.lock();
-            domain.set_owner(&mut hw, owner);
-        });
+        if domain.change_owner(owner) {
+            // Called off the new owner: have it read the slots now, not a poll period later.
+            self.poller.kick_now();
+        }
         // The poll reads the owner each time: it follows the domain without more ado.
         match owner {
             Some(cpu) => pr_debug!("perfbed_l3_{}: counting on CPU {}\n", domain.index, cpu),
@@ -840,6 +1106,7 @@ unsafe fn register(
         task_context: TaskContext::Invalid,
         events: &events,
         formats: &FORMATS,
+        counters: &[c_str!("lost_wraps")],
     };
     // SAFETY: The caller guarantees what `Registration::new` requires.
     let init = unsafe { Registration::new(module, &options, DomainPmu { poller }) };

@@ -9,7 +9,6 @@
 #include <linux/irqflags.h>
 #include <linux/jiffies.h>
 #include <linux/moduleparam.h>
-#include <linux/perf_event.h>
 #include <linux/ratelimit.h>
 #include <linux/slab.h>
 #include <linux/smp.h>
@@ -67,11 +66,6 @@ bool perfbed_ratelimit(void)
 	return __ratelimit(&perfbed_rs);
 }
 
-bool perfbed_event_is_software(const struct perf_event *event)
-{
-	return is_software_event((struct perf_event *)event);
-}
-
 struct perfbed_poller {
 	struct delayed_work work;
 	bool (*fn)(void *data);
@@ -106,6 +100,12 @@ struct perfbed_poller *perfbed_poller_create(bool (*fn)(void *), void *data,
 void perfbed_poller_kick(struct perfbed_poller *poller)
 {
 	schedule_delayed_work(&poller->work, poller->period);
+}
+
+/* Safe in atomic context: queues the work at once, or moves its timer up. */
+void perfbed_poller_kick_now(struct perfbed_poller *poller)
+{
+	mod_delayed_work(system_wq, &poller->work, 0);
 }
 
 void perfbed_poller_destroy(struct perfbed_poller *poller)

@@ -9,7 +9,6 @@
 
 #include <linux/types.h>
 
-struct perf_event;
 struct perfbed_poller;
 
 /* The `device=<size>@<base>` module parameter (NUL-terminated, read-only). */
@@ -29,8 +28,6 @@ void perfbed_run_irqs_off(void (*fn)(void *), void *data);
 /* One ratelimit state for all of the driver's warnings. */
 bool perfbed_ratelimit(void);
 
-bool perfbed_event_is_software(const struct perf_event *event);
-
 /*
  * A delayed work that calls fn(data) in process context every @period_ms
  * after perfbed_poller_kick(), for as long as fn returns true.
@@ -38,6 +35,7 @@ bool perfbed_event_is_software(const struct perf_event *event);
 struct perfbed_poller *perfbed_poller_create(bool (*fn)(void *), void *data,
 					     unsigned int period_ms);
 void perfbed_poller_kick(struct perfbed_poller *poller);
+void perfbed_poller_kick_now(struct perfbed_poller *poller);
 void perfbed_poller_destroy(struct perfbed_poller *poller);
 
 #endif /* PERFBED_GLUE_H */

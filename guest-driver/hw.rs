@@ -6,7 +6,6 @@
 use kernel::ffi::{c_char, c_int, c_uint, c_void};
 use core::ptr::{self, NonNull};
 
-use kernel::perf::Event;
 use kernel::prelude::*;
 use kernel::sync::Arc;
 
@@ -30,13 +29,13 @@ extern "C" {
     ) -> c_int;
     fn perfbed_run_irqs_off(func: unsafe extern "C" fn(*mut c_void), data: *mut c_void);
     fn perfbed_ratelimit() -> bool;
-    fn perfbed_event_is_software(event: *const c_void) -> bool;
     fn perfbed_poller_create(
         func: unsafe extern "C" fn(*mut c_void) -> bool,
         data: *mut c_void,
         period_ms: c_uint,
     ) -> *mut RawPoller;
     fn perfbed_poller_kick(poller: *mut RawPoller);
+    fn perfbed_poller_kick_now(poller: *mut RawPoller);
     fn perfbed_poller_destroy(poller: *mut RawPoller);
 }
 
@@ -63,14 +62,6 @@ macro_rules! warn_ratelimited {
     };
 }
 pub(crate) use warn_ratelimited;
-
-/// Whether `event` is a software event (it can join any group and never fails to schedule).
-pub(crate) fn is_software(event: &Event) -> bool {
-    // SAFETY: `Event` is a `repr(transparent)` wrapper around `struct perf_event`, so the
-    // reference is a valid pointer to the event, which the borrow keeps alive for the call;
-    // `is_software_event` only reads its `event_caps`, set before the event is visible.
-    unsafe { perfbed_event_is_software(ptr::from_ref(event).cast()) }
-}
 
 /// A mapped register region: 64-bit registers at 8-byte aligned offsets.
 ///
@@ -225,6 +216,12 @@ impl<T: Poll> Poller<T> {
     pub(crate) fn kick(&self) {
         // SAFETY: By the type invariant `raw` is a live poller.
         unsafe { perfbed_poller_kick(self.raw.as_ptr()) }
+    }
+
+    /// Makes the poll happen now (as soon as a worker runs it). Safe in atomic context.
+    pub(crate) fn kick_now(&self) {
+        // SAFETY: By the type invariant `raw` is a live poller.
+        unsafe { perfbed_poller_kick_now(self.raw.as_ptr()) }
     }
 
     /// Returns what the poller polls.

@@ -91,6 +91,9 @@ pub struct PerfAttr {
     pub size: u32,
     #[serde(default)]
     pub wakeup_events: u32,
+    /// `attr.bp_type`, for breakpoint events only.
+    #[serde(default)]
+    pub bp_type: u32,
     #[serde(default)]
     pub branch_sample_type: u64,
     #[serde(default)]
@@ -105,6 +108,9 @@ pub struct PerfAttr {
     pub sample_max_stack: u16,
     #[serde(default)]
     pub aux_sample_size: u32,
+    /// `attr.aux_action`: aux_start_paused = bit 0, aux_pause = 1, aux_resume = 2.
+    #[serde(default)]
+    pub aux_action: u32,
     #[serde(default)]
     pub sig_data: u64,
     #[serde(default)]

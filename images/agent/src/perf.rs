@@ -35,7 +35,8 @@ struct RawAttr {
     sample_max_stack: u16,
     reserved_2: u16,
     aux_sample_size: u32,
-    reserved_3: u32,
+    /// aux_start_paused = bit 0, aux_pause = 1, aux_resume = 2.
+    aux_action: u32,
     sig_data: u64,
     config3: u64,
 }
@@ -94,6 +95,7 @@ fn raw_attr(attr: &PerfAttr) -> RawAttr {
         read_format: attr.read_format,
         flags: attr.flags,
         wakeup_events: attr.wakeup_events,
+        bp_type: attr.bp_type,
         config1: attr.config1,
         config2: attr.config2,
         branch_sample_type: attr.branch_sample_type,
@@ -103,6 +105,7 @@ fn raw_attr(attr: &PerfAttr) -> RawAttr {
         aux_watermark: attr.aux_watermark,
         sample_max_stack: attr.sample_max_stack,
         aux_sample_size: attr.aux_sample_size,
+        aux_action: attr.aux_action,
         sig_data: attr.sig_data,
         config3: attr.config3,
         ..RawAttr::default()

@@ -210,6 +210,7 @@ unsafe fn register<T: Pmu>(
         task_context: TaskContext::Invalid,
         events: &EVENTS,
         formats: &FORMATS,
+        counters: &[],
     };
     // SAFETY: The caller guarantees what `Registration::new` requires.
     let pmu = KBox::pin_init(unsafe { Registration::new(module, &options, pmu) }, GFP_KERNEL)?;

@@ -15,15 +15,38 @@ pub const FLAG_COMM: u64 = 1 << 9;
 pub const FLAG_FREQ: u64 = 1 << 10;
 pub const FLAG_ENABLE_ON_EXEC: u64 = 1 << 12;
 pub const FLAG_TASK: u64 = 1 << 13;
+pub const FLAG_INHERIT_STAT: u64 = 1 << 11;
+pub const FLAG_WATERMARK: u64 = 1 << 14;
+pub const FLAG_PRECISE_IP_1: u64 = 1 << 15;
 pub const FLAG_PRECISE_IP_2: u64 = 2 << 15;
+pub const FLAG_PRECISE_IP_3: u64 = 3 << 15;
+pub const FLAG_MMAP_DATA: u64 = 1 << 17;
+pub const FLAG_SAMPLE_ID_ALL: u64 = 1 << 18;
 pub const FLAG_EXCLUDE_HOST: u64 = 1 << 19;
 pub const FLAG_EXCLUDE_GUEST: u64 = 1 << 20;
+pub const FLAG_EXCLUDE_CALLCHAIN_KERNEL: u64 = 1 << 21;
+pub const FLAG_EXCLUDE_CALLCHAIN_USER: u64 = 1 << 22;
+pub const FLAG_MMAP2: u64 = 1 << 23;
+pub const FLAG_COMM_EXEC: u64 = 1 << 24;
 pub const FLAG_USE_CLOCKID: u64 = 1 << 25;
+pub const FLAG_CONTEXT_SWITCH: u64 = 1 << 26;
+pub const FLAG_WRITE_BACKWARD: u64 = 1 << 27;
+pub const FLAG_NAMESPACES: u64 = 1 << 28;
+pub const FLAG_KSYMBOL: u64 = 1 << 29;
+pub const FLAG_BPF_EVENT: u64 = 1 << 30;
 pub const FLAG_AUX_OUTPUT: u64 = 1 << 31;
+pub const FLAG_CGROUP: u64 = 1 << 32;
+pub const FLAG_TEXT_POKE: u64 = 1 << 33;
+pub const FLAG_BUILD_ID: u64 = 1 << 34;
 pub const FLAG_INHERIT_THREAD: u64 = 1 << 35;
 pub const FLAG_REMOVE_ON_EXEC: u64 = 1 << 36;
 pub const FLAG_SIGTRAP: u64 = 1 << 37;
 pub const FLAG_RESERVED_BIT: u64 = 1 << 63;
+
+// perf_event_attr.aux_action bits.
+pub const AUX_START_PAUSED: u32 = 1 << 0;
+pub const AUX_PAUSE: u32 = 1 << 1;
+pub const AUX_RESUME: u32 = 1 << 2;
 
 // read_format.
 pub const FORMAT_TOTAL_TIME_ENABLED: u64 = 1 << 0;

@@ -13,6 +13,7 @@ pub mod moving_traffic;
 pub mod multiplexing;
 pub mod perf_matrix;
 pub mod registration;
+pub mod semantics;
 
 use anyhow::Result;
 use perfbed_device::{ControlClient, DeviceConfig};
@@ -39,6 +40,9 @@ pub fn run(g: &mut Guest, control: ControlClient, control_socket: &std::path::Pa
     checks.push(across_moves::opens_racing_moves(&mut ctx)?);
     checks.push(moving_traffic::check(ctx.g, &mut ctx.control, control_socket, &ctx.device, &ctx.types)?);
     checks.push(multiplexing::multiplexing(&mut ctx)?);
+    checks.push(semantics::disable_window(&mut ctx)?);
+    checks.push(semantics::multiplexed_park(&mut ctx)?);
+    checks.push(semantics::long_park(&mut ctx)?);
     checks.push(groups::groups(&mut ctx)?);
     checks.push(groups::bad_attributes(&mut ctx)?);
     checks.push(perf_matrix::run(ctx.g, &mut ctx.control, &ctx.device, &ctx.types)?);

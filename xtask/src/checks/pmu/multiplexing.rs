@@ -79,20 +79,20 @@ pub fn multiplexing(ctx: &mut Ctx) -> Result<Check> {
 
 /// The mux interval of the multiplexing check (perf's default is 1000/HZ =
 /// 4 ms); see [`multiplexing`] for the error model.
-const MUX_INTERVAL_MS: u32 = 100;
+pub(super) const MUX_INTERVAL_MS: u32 = 100;
 
 /// What perf tells of an event over a window: the growth of its value,
 /// time_enabled and time_running between two reads (read_format
 /// `TOTAL_TIME_ENABLED | TOTAL_TIME_RUNNING`: value, enabled, running).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Window {
-    pub value: u64,
-    pub enabled: u64,
-    pub running: u64,
+pub(super) struct Window {
+    pub(super) value: u64,
+    pub(super) enabled: u64,
+    pub(super) running: u64,
 }
 
 impl Window {
-    pub fn between(start: &[u64], end: &[u64]) -> Window {
+    pub(super) fn between(start: &[u64], end: &[u64]) -> Window {
         let word = |v: &[u64], i: usize| v.get(i).copied().unwrap_or(0);
         Window {
             value: word(end, 0).wrapping_sub(word(start, 0)),
@@ -104,7 +104,7 @@ impl Window {
     /// The count scaled to the whole window as perf tools scale it (value x
     /// enabled / running), and the share of the window the event ran; `None`
     /// unless it was multiplexed there (ran some of it, not all).
-    fn scaled(&self) -> Option<(f64, f64)> {
+    pub(super) fn scaled(&self) -> Option<(f64, f64)> {
         if self.running == 0 || self.running >= self.enabled {
             return None;
         }
@@ -114,7 +114,7 @@ impl Window {
 }
 
 /// Writes `value` to a sysfs file in the guest.
-fn set_sysfs(g: &mut Guest, file: &str, value: &str) -> Result<()> {
+pub(super) fn set_sysfs(g: &mut Guest, file: &str, value: &str) -> Result<()> {
     let script = format!("echo {value} > {file}");
     let (status, _, stderr) = g.run(&["/bin/busybox", "sh", "-c", &script])?;
     if status != Some(0) {
@@ -123,9 +123,9 @@ fn set_sysfs(g: &mut Guest, file: &str, value: &str) -> Result<()> {
     Ok(())
 }
 
-/// The multiplexing check's measurement: its problems, one summary per
-/// event, and the worst relative error of a scaled count.
-pub fn multiplexed_counts(ctx: &mut Ctx, d: usize, events: usize, rate: u64) -> Result<(Vec<String>, Vec<String>, f64)> {
+/// Opens `events` mbm_total_bytes events of domain `d`, one per RMID, read
+/// with their times; returns (RMID, handle) of each.
+pub(super) fn open_multiplexed(ctx: &mut Ctx, d: usize, events: usize) -> Result<Vec<(u32, u32)>> {
     let mut handles = Vec::new();
     for rmid in 0..events as u32 {
         let mut attr = ctx.attr(d, Event::MbmTotalBytes, rmid % ctx.device.rmids);
@@ -135,6 +135,13 @@ pub fn multiplexed_counts(ctx: &mut Ctx, d: usize, events: usize, rate: u64) -> 
             Err(errno) => bail!("opening multiplexed event {rmid}: {errno}"),
         }
     }
+    Ok(handles)
+}
+
+/// The multiplexing check's measurement: its problems, one summary per
+/// event, and the worst relative error of a scaled count.
+pub fn multiplexed_counts(ctx: &mut Ctx, d: usize, events: usize, rate: u64) -> Result<(Vec<String>, Vec<String>, f64)> {
+    let handles = open_multiplexed(ctx, d, events)?;
     let gauge_rmid = ctx.device.rmids - 1;
     let occupancy = 3_000 * ctx.device.unit_bytes;
     ctx.control.set_occupancy(d as u32, gauge_rmid, occupancy)?;
@@ -191,6 +198,7 @@ pub fn multiplexed_counts(ctx: &mut Ctx, d: usize, events: usize, rate: u64) -> 
     }
     Ok((problems, per_event, worst))
 }
+
 
 #[cfg(test)]
 mod tests {

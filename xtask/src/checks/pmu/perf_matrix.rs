@@ -171,7 +171,30 @@ fn cases(device: &DeviceConfig) -> Vec<Case> {
         flag_case("exclusive", FLAG_EXCLUSIVE, "opened"),
         flag_case("inherit (system-wide: no effect)", FLAG_INHERIT, "opened"),
         flag_case("enable_on_exec (system-wide: no effect)", FLAG_ENABLE_ON_EXEC, "opened"),
-        flag_case("precise_ip 2 (no sampling: no effect)", FLAG_PRECISE_IP_2, "opened"),
+        // What a counting PMU without an overflow interrupt cannot honour: a skid constraint on
+        // samples (perf(1) retries lower levels on EOPNOTSUPP), a signal on overflow; a
+        // breakpoint event's field.
+        flag_case("precise_ip 1", FLAG_PRECISE_IP_1, "EOPNOTSUPP"),
+        flag_case("precise_ip 2", FLAG_PRECISE_IP_2, "EOPNOTSUPP"),
+        flag_case("precise_ip 3", FLAG_PRECISE_IP_3, "EOPNOTSUPP"),
+        // The core refuses sigtrap for CPU-wide events first; the driver refuses it too.
+        flag_case("sigtrap with remove_on_exec (a signal on overflow)", FLAG_SIGTRAP | FLAG_REMOVE_ON_EXEC, "EINVAL"),
+        // AUX actions: the core refuses them, as for any PMU without AUX pause or an AUX group.
+        case("aux_start_paused", "EOPNOTSUPP", |m| m.try_attr(PerfAttr { aux_action: AUX_START_PAUSED, ..m.good() })),
+        case("aux_pause (on overflow, no AUX group)", "EINVAL", |m| m.try_attr(PerfAttr { aux_action: AUX_PAUSE, ..m.good() })),
+        case("aux_resume (on overflow, no AUX group)", "EINVAL", |m| m.try_attr(PerfAttr { aux_action: AUX_RESUME, ..m.good() })),
+        case("bp_type (a breakpoint's)", "EINVAL", |m| m.try_attr(PerfAttr { bp_type: 1, ..m.good() })),
+        // Fields for samples, callchains and the ring buffer, which a counting event never uses.
+        flag_case("exclude_callchain_kernel|user (no callchains)", FLAG_EXCLUDE_CALLCHAIN_KERNEL | FLAG_EXCLUDE_CALLCHAIN_USER, "opened"),
+        flag_case("watermark (ring buffer wakeups)", FLAG_WATERMARK, "opened"),
+        flag_case("write_backward (ring buffer)", FLAG_WRITE_BACKWARD, "opened"),
+        flag_case("inherit_stat (system-wide: no effect)", FLAG_INHERIT_STAT, "opened"),
+        // Side-band records the perf core writes, whatever the PMU.
+        flag_case(
+            "side-band records mmap_data|sample_id_all|mmap2|comm_exec|context_switch|namespaces|ksymbol|bpf_event|cgroup|text_poke|build_id",
+            FLAG_MMAP_DATA | FLAG_SAMPLE_ID_ALL | FLAG_MMAP2 | FLAG_COMM_EXEC | FLAG_CONTEXT_SWITCH | FLAG_NAMESPACES | FLAG_KSYMBOL | FLAG_BPF_EVENT | FLAG_CGROUP | FLAG_TEXT_POKE | FLAG_BUILD_ID,
+            "opened",
+        ),
         flag_case("side-band records mmap|comm|task", FLAG_MMAP | FLAG_COMM | FLAG_TASK, "opened"),
         case("use_clockid CLOCK_MONOTONIC", "opened", |m| m.try_attr(PerfAttr { flags: FLAG_USE_CLOCKID, clockid: CLOCK_MONOTONIC, ..m.good() })),
         case("disabled, then enabled: counts from the enable", "0 then 4096", |m| {
@@ -207,6 +230,11 @@ fn cases(device: &DeviceConfig) -> Vec<Case> {
             Ok(outcome(&m.open(m.attr(0, Event::MbmLocalBytes, 1), -1, 0, Some(leader), OPEN_FLAG_FD_OUTPUT)?))
         }),
         case("PERF_FLAG_PID_CGROUP with pid -1", "EINVAL", |m| Ok(outcome(&m.open(m.good(), -1, 0, None, OPEN_FLAG_PID_CGROUP)?))),
+        // A cgroup event: pid is then a file descriptor (the agent's stdin), on the PMU's CPU.
+        case("PERF_FLAG_PID_CGROUP with an open fd (a cgroup event)", "EINVAL", |m| {
+            let cpu = m.pmu_cpu(0)?;
+            Ok(outcome(&m.open(m.good(), 0, cpu, None, OPEN_FLAG_PID_CGROUP)?))
+        }),
         case("an unknown PERF_FLAG bit", "EINVAL", |m| Ok(outcome(&m.open(m.good(), -1, 0, None, OPEN_FLAG_UNKNOWN)?))),
         // Groups.
         case("sibling of the same PMU", "opened", |m| {

@@ -1,0 +1,348 @@
+//! Counting semantics beyond open–enabled–close (issue 17), each replaying
+//! a symptom a user saw: a disabled window counted, multiplexed events
+//! losing counts through a park, and a park longer than a counter's wrap
+//! passed off as exact. DESIGN.md's "Counting semantics" and the driver's
+//! module docs are the contract: an event counts exactly the traffic that
+//! landed while it was enabled (and, under multiplexing, scheduled), and a
+//! loss it cannot avoid shows as time not running.
+
+use std::time::Duration;
+
+use anyhow::{bail, Result};
+use perfbed_agent::PerfIoctl;
+use perfbed_device::regs::{whole_units, Event};
+
+use super::context::{Ctx, MIB};
+use super::moves::movable_domain;
+use super::multiplexing::{open_multiplexed, set_sysfs, Window, MUX_INTERVAL_MS};
+use crate::checks::Check;
+use crate::guest::perf_abi::{FORMAT_TOTAL_TIME_ENABLED, FORMAT_TOTAL_TIME_RUNNING};
+use crate::guest::pmu_name;
+
+/// The RMID and steady rate of the issue's report: 8 MiB/s on RMID 2.
+const RMID: u32 = 2;
+const RATE: u64 = 8 * MIB;
+
+fn ioctl(ctx: &mut Ctx, handle: u32, ioctl: PerfIoctl) -> Result<()> {
+    let name = format!("{ioctl:?}");
+    match ctx.g.ioctl(handle, ioctl)? {
+        Ok(_) => Ok(()),
+        Err(errno) => bail!("ioctl {name} on handle {handle}: {errno}"),
+    }
+}
+
+/// The truth of `(d, rmid)` mbm_total_bytes now.
+fn truth(ctx: &mut Ctx, d: usize, rmid: u32) -> Result<u64> {
+    Ok(Ctx::truth(
+        &ctx.control.state()?,
+        d,
+        rmid,
+        Event::MbmTotalBytes,
+    ))
+}
+
+/// Runs `op` in the guest and returns the device's truth at that moment: the
+/// middle of the truths read just before and just after it.
+fn truth_at(ctx: &mut Ctx, d: usize, op: impl FnOnce(&mut Ctx) -> Result<()>) -> Result<u64> {
+    let before = truth(ctx, d, RMID)?;
+    op(ctx)?;
+    let after = truth(ctx, d, RMID)?;
+    Ok(before + (after - before) / 2)
+}
+
+/// 1. Disable and enable: an event enabled 0.5 s, disabled 2 s, enabled
+///    0.5 s under a steady 8 MiB/s counts the 1 s it was enabled (the
+///    unfixed driver counted 3×, the disabled window included), and, with
+///    bursts that land while nothing changes, exactly what landed while it
+///    was enabled.
+pub fn disable_window(ctx: &mut Ctx) -> Result<Check> {
+    let (d, _) = movable_domain(ctx)?;
+    let unit = ctx.device.unit_bytes;
+    let mut problems = Vec::new();
+
+    // Exact: bursts while enabled, disabled, enabled again.
+    let h = ctx.open(d, Event::MbmTotalBytes, RMID)?;
+    ctx.inject_and_land(&[(d, RMID, Event::MbmTotalBytes, 3 * MIB)])?;
+    ioctl(ctx, h, PerfIoctl::Disable { group: false })?;
+    ctx.inject_and_land(&[(d, RMID, Event::MbmTotalBytes, 5 * MIB)])?;
+    ioctl(ctx, h, PerfIoctl::Enable { group: false })?;
+    ctx.inject_and_land(&[(d, RMID, Event::MbmTotalBytes, MIB + unit)])?;
+    let exact = ctx.count(h)?;
+    ctx.g.close(h)?;
+    let want = 4 * MIB + unit;
+    if exact != want {
+        problems.push(format!("bursts of 3 MiB enabled, 5 MiB disabled, 1 MiB + {unit} B enabled: counted {exact}, want {want}"));
+    }
+
+    // The user's symptom, under a steady rate.
+    let mut attr = ctx.attr(d, Event::MbmTotalBytes, RMID);
+    attr.read_format = FORMAT_TOTAL_TIME_ENABLED | FORMAT_TOTAL_TIME_RUNNING;
+    ctx.control
+        .set_rate(d as u32, RMID, Event::MbmTotalBytes, RATE)?;
+    std::thread::sleep(Duration::from_millis(200));
+    let mut h = None;
+    let t0 = truth_at(ctx, d, |ctx| {
+        h = match ctx.g.open(attr, None)? {
+            Ok(h) => Some(h),
+            Err(errno) => bail!(
+                "opening {}/mbm_total_bytes,rmid={RMID}/: {errno}",
+                pmu_name(d)
+            ),
+        };
+        Ok(())
+    })?;
+    let Some(h) = h else { bail!("no handle") };
+    std::thread::sleep(Duration::from_millis(500));
+    let t1 = truth_at(ctx, d, |ctx| {
+        ioctl(ctx, h, PerfIoctl::Disable { group: false })
+    })?;
+    std::thread::sleep(Duration::from_secs(2));
+    let t2 = truth_at(ctx, d, |ctx| {
+        ioctl(ctx, h, PerfIoctl::Enable { group: false })
+    })?;
+    std::thread::sleep(Duration::from_millis(500));
+    let t3 = truth_at(ctx, d, |ctx| {
+        ioctl(ctx, h, PerfIoctl::Disable { group: false })
+    })?;
+    let read = ctx.g.read(h)?;
+    ctx.g.close(h)?;
+    ctx.control
+        .set_rate(d as u32, RMID, Event::MbmTotalBytes, 0)?;
+    ctx.control.wait_landed(ctx.g.timeout.as_millis() as u64)?;
+    // The device's truth around each ioctl bounds what landed while enabled to within the
+    // agent's round trips; perf's own time_enabled gives it to within the rate's steadiness.
+    let enabled_truth = (t1 - t0) + (t3 - t2);
+    let Window {
+        value,
+        enabled,
+        running,
+    } = Window::between(&[], &read);
+    let expected = RATE as f64 * enabled as f64 / 1e9;
+    let ratio = value as f64 / expected.max(1.0);
+    if (ratio - 1.0).abs() > 0.03 {
+        problems.push(format!(
+            "enabled 0.5 s, disabled 2 s, enabled 0.5 s at 8 MiB/s: counted {value} = {ratio:.2}× the {expected:.0} bytes of its {:.2} s enabled (the truth around the ioctls: {enabled_truth})",
+            enabled as f64 / 1e9
+        ));
+    }
+    if running != enabled {
+        problems.push(format!(
+            "time_running {running} ≠ time_enabled {enabled} with no multiplexing"
+        ));
+    }
+    Ok(Check::from_problems(
+        "disable window",
+        problems,
+        format!(
+            "{}/mbm_total_bytes,rmid={RMID}/ enabled 0.5 s, disabled 2 s, enabled 0.5 s at 8 MiB/s: counted {ratio:.3}× the traffic of its {:.2} s enabled ({value} bytes; the truth around the ioctls {enabled_truth}), 100 % running; bursts: {exact} = {want} exactly",
+            pmu_name(d),
+            enabled as f64 / 1e9,
+        ),
+    ))
+}
+
+/// 2. Six mbm_total_bytes events multiplexed on the domain's four slots,
+///    with the domain parked in the middle: each scaled count within the
+///    multiplexing check's 5 % of the truth. The issue's user parked for
+///    0.3 s and lost about 10 %: events took the slots of events whose
+///    counts nobody had read, which lose what landed since their last read,
+///    the park included. The check parks for 1 s, so that such a loss stands
+///    well clear of the few percent TCG's timing costs a rotation.
+pub fn multiplexed_park(ctx: &mut Ctx) -> Result<Check> {
+    let (d, allowed) = movable_domain(ctx)?;
+    let events = ctx.device.slots as usize + 2;
+    let interval_file = format!(
+        "/sys/bus/event_source/devices/{}/perf_event_mux_interval_ms",
+        pmu_name(d)
+    );
+    let default_interval = ctx.g.read_file(&interval_file)?;
+    set_sysfs(ctx.g, &interval_file, &MUX_INTERVAL_MS.to_string())?;
+    let result = multiplexed_park_counts(ctx, d, &allowed, events);
+    set_sysfs(ctx.g, &interval_file, default_interval.trim())?;
+    let (problems, per_event) = result?;
+    Ok(Check::from_problems(
+        "multiplexing through a park",
+        problems,
+        format!(
+            "{events} events on {} slots at 8 MiB/s each, {} parked {:.1} s in the middle: scaled counts within 5 % of the truth ({})",
+            ctx.device.slots,
+            pmu_name(d),
+            PARK.as_secs_f64(),
+            per_event.join(", ")
+        ),
+    ))
+}
+
+fn multiplexed_park_counts(
+    ctx: &mut Ctx,
+    d: usize,
+    allowed: &[u32],
+    events: usize,
+) -> Result<(Vec<String>, Vec<String>)> {
+    let handles = open_multiplexed(ctx, d, events)?;
+    let ids: Vec<u32> = handles.iter().map(|&(_, h)| h).collect();
+    let before = ctx.control.state()?;
+    let start = ctx.g.read_many(&ids)?;
+    for &(rmid, _) in &handles {
+        ctx.control
+            .set_rate(d as u32, rmid, Event::MbmTotalBytes, RATE)?;
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    for &cpu in allowed {
+        ctx.g.set_online(cpu, false)?;
+    }
+    std::thread::sleep(PARK);
+    ctx.g.set_online(allowed[0], true)?;
+    std::thread::sleep(Duration::from_millis(1500));
+    for &(rmid, _) in &handles {
+        ctx.control
+            .set_rate(d as u32, rmid, Event::MbmTotalBytes, 0)?;
+    }
+    ctx.control.wait_landed(ctx.g.timeout.as_millis() as u64)?;
+    let end = ctx.g.read_many(&ids)?;
+    let after = ctx.control.state()?;
+    for &h in &ids {
+        ctx.g.close(h)?;
+    }
+    for &cpu in &allowed[1..] {
+        ctx.g.set_online(cpu, true)?;
+    }
+    let mut problems = Vec::new();
+    let mut per_event = Vec::new();
+    for ((&(rmid, _), s), e) in handles.iter().zip(&start).zip(&end) {
+        let window = Window::between(s, e);
+        let truth = Ctx::truth(&after, d, rmid, Event::MbmTotalBytes)
+            - Ctx::truth(&before, d, rmid, Event::MbmTotalBytes);
+        let scaled = window
+            .scaled()
+            .map_or(window.value as f64, |(scaled, _)| scaled);
+        let error = scaled / truth.max(1) as f64 - 1.0;
+        let ran = window.running as f64 / window.enabled.max(1) as f64;
+        per_event.push(format!(
+            "rmid {rmid} ran {:.1} %, {:+.1} %",
+            100.0 * ran,
+            100.0 * error
+        ));
+        if error.abs() > 0.05 {
+            problems.push(format!(
+                "rmid {rmid}: scaled {scaled:.0} vs truth {truth} ({:+.1} %; ran {:.1} %)",
+                100.0 * error,
+                100.0 * ran
+            ));
+        }
+    }
+    Ok((problems, per_event))
+}
+
+/// How long [`multiplexed_park`] parks the domain.
+const PARK: Duration = Duration::from_secs(1);
+
+/// 3. A park longer than two wraps at the device's maximum rate: perf must
+///    either count it exactly or show the loss, time not running, so that
+///    its scaled count estimates the truth; and the PMU's `lost_wraps`
+///    counts it. (The unfixed driver read about 70 % of the traffic at
+///    100.00 % running.)
+pub fn long_park(ctx: &mut Ctx) -> Result<Check> {
+    let (d, allowed) = movable_domain(ctx)?;
+    let rate = ctx.device.max_rate;
+    let wrap = (1u64 << ctx.device.counter_width) * ctx.device.unit_bytes;
+    let park = Duration::from_millis(1200);
+    if (park.as_secs_f64() * rate as f64) < 2.0 * wrap as f64 {
+        bail!("a {park:?} park at {rate} B/s is not two wraps of {wrap} bytes: the check needs a faster device");
+    }
+    let lost_file = format!("/sys/bus/event_source/devices/{}/lost_wraps", pmu_name(d));
+    let mut problems = Vec::new();
+    let mut lost_wraps = |ctx: &mut Ctx| match ctx
+        .g
+        .read_file(&lost_file)
+        .map(|text| text.trim().parse::<u64>())
+    {
+        Ok(Ok(n)) => n,
+        Ok(Err(e)) => {
+            problems.push(format!("{lost_file}: {e}"));
+            0
+        }
+        Err(e) => {
+            problems.push(format!("{e:#}"));
+            0
+        }
+    };
+    let lost_before = lost_wraps(ctx);
+    let mut attr = ctx.attr(d, Event::MbmTotalBytes, RMID);
+    attr.read_format = FORMAT_TOTAL_TIME_ENABLED | FORMAT_TOTAL_TIME_RUNNING;
+    let h = match ctx.g.open(attr, None)? {
+        Ok(h) => h,
+        Err(errno) => bail!(
+            "opening {}/mbm_total_bytes,rmid={RMID}/: {errno}",
+            pmu_name(d)
+        ),
+    };
+    let start_truth = truth(ctx, d, RMID)?;
+    let start = ctx.g.read(h)?;
+    ctx.control
+        .set_rate(d as u32, RMID, Event::MbmTotalBytes, rate)?;
+    std::thread::sleep(Duration::from_millis(500));
+    for &cpu in &allowed {
+        ctx.g.set_online(cpu, false)?;
+    }
+    std::thread::sleep(park);
+    ctx.g.set_online(allowed[0], true)?;
+    std::thread::sleep(Duration::from_millis(500));
+    ctx.control
+        .set_rate(d as u32, RMID, Event::MbmTotalBytes, 0)?;
+    ctx.control.wait_landed(ctx.g.timeout.as_millis() as u64)?;
+    let end = ctx.g.read(h)?;
+    let end_truth = truth(ctx, d, RMID)?;
+    ctx.g.close(h)?;
+    for &cpu in &allowed[1..] {
+        ctx.g.set_online(cpu, true)?;
+    }
+    let lost_after = lost_wraps(ctx);
+    let window = Window::between(&start, &end);
+    let landed = whole_units(end_truth - start_truth, ctx.device.unit_bytes);
+    let ran = window.running as f64 / window.enabled.max(1) as f64;
+    let scaled = window
+        .scaled()
+        .map_or(window.value as f64, |(scaled, _)| scaled);
+    let error = scaled / landed.max(1) as f64 - 1.0;
+    let exact = window.value == landed && window.running == window.enabled;
+    if !exact {
+        if window.running >= window.enabled {
+            problems.push(format!(
+                "counted {} of {landed} bytes at 100 % running: a loss passed off as exact",
+                window.value
+            ));
+        }
+        if error.abs() > 0.10 {
+            problems.push(format!(
+                "scaled {scaled:.0} vs {landed} landed ({:+.1} %, ran {:.1} %)",
+                100.0 * error,
+                100.0 * ran
+            ));
+        }
+        if lost_after <= lost_before {
+            problems.push(format!("{lost_file} stayed {lost_before} through the loss"));
+        }
+    }
+    let mb = |bytes: f64| bytes / 1e6;
+    let summary = format!(
+            "{} parked {:.1} s at {:.0} MiB/s ({:.1} wraps): {:.0} MB counted of {:.0} MB landed, {:.1} % running, scaled {:.0} MB ({:+.1} %); lost_wraps {lost_before} → {lost_after}",
+            pmu_name(d),
+            park.as_secs_f64(),
+            rate as f64 / MIB as f64,
+            park.as_secs_f64() * rate as f64 / wrap as f64,
+            mb(window.value as f64),
+            mb(landed as f64),
+            100.0 * ran,
+            mb(scaled),
+            100.0 * error
+        );
+    if !problems.is_empty() {
+        problems.push(summary.clone());
+    }
+    Ok(Check::from_problems(
+        "park longer than a wrap",
+        problems,
+        summary,
+    ))
+}
