@@ -12,6 +12,8 @@
 
 pub mod boot;
 mod jobs;
+pub mod lifecycle;
+pub mod mutants;
 mod placements;
 mod report;
 pub mod schedule;
@@ -78,6 +80,28 @@ pub struct StressArgs {
     /// where the CPU has VT-x/SVM, else QEMU).
     #[arg(long, value_enum, default_value_t = host::HostChoice::Qemu)]
     host: host::HostChoice,
+    /// Lifecycle fuzzing instead of the hotplug schedule: this many seeded
+    /// perf operations (opens, groups, ioctls, reads, closes, perf stat)
+    /// among moves, parks and bursts, each checked against the model of
+    /// docs/counting-semantics.md.
+    #[arg(long, value_name = "OPS")]
+    lifecycle: Option<u32>,
+    /// Plant the named bug (guest-driver/mutants/NAME.patch, or a kernel
+    /// mutant in images/kernel/mutants/) and run a short lifecycle stress
+    /// that must catch it.
+    #[arg(long, value_name = "NAME", conflicts_with = "mutants")]
+    mutant: Option<String>,
+    /// Run every driver mutant in turn and print the table (caught or not,
+    /// after how many operations, the replay command).
+    #[arg(long)]
+    mutants: bool,
+    /// With --mutants: the kernel mutants too (a kernel build each).
+    #[arg(long, requires = "mutants")]
+    kernel_mutants: bool,
+    /// Replay a lifecycle journal (lifecycle-journal.jsonl of a run folder)
+    /// against the model, without a guest, and print what differs.
+    #[arg(long, value_name = "FILE")]
+    journal: Option<PathBuf>,
 }
 
 /// Counter slots per domain in the stress device: enough for every event
@@ -102,6 +126,14 @@ pub struct StressConfig {
     pub seed: u64,
     pub timeout: Duration,
     pub replay: String,
+}
+
+impl StressArgs {
+    /// Whether these ask for the lifecycle stress (`stress::lifecycle::cli`)
+    /// rather than the hotplug schedule.
+    pub fn is_lifecycle(&self) -> bool {
+        self.lifecycle.is_some() || self.mutant.is_some() || self.mutants || self.journal.is_some()
+    }
 }
 
 pub fn run(ws: &Path, args: &StressArgs) -> Result<bool> {
