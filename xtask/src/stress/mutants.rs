@@ -3,12 +3,13 @@
 //! - `guest-driver/mutants/<name>.patch`: the driver, `patch -p1` from the
 //!   repository root (a module rebuild: cheap, `cargo xtask test` runs them);
 //! - `images/kernel/mutants/<name>.patch`: the kernel, applied after the
-//!   series; `images/kernel/mutants/<name>.series`: a list of the series'
-//!   patch names to apply instead of all of them (the seed as posted). Each
-//!   is a kernel build: run on demand only.
+//!   series; `images/kernel/mutants/<name>.series`: the patches to apply
+//!   instead of the series (the seed as posted), one a line, each a file
+//!   relative to `images/kernel/` or the name of one of the series' patches;
+//!   `#` starts a comment. Each is a kernel build: run on demand only.
 //!
-//! A patch file may start with lines of prose (what bug it plants): `patch`
-//! skips them.
+//! A patch file may start with lines of prose (`#` comments: what bug it
+//! plants, which check must catch it): `patch` skips them.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -32,9 +33,11 @@ pub struct Mutant {
 }
 
 impl Mutant {
-    /// The first line of its file: what it plants.
+    /// The first line of its file (without a comment's `#`): what it plants.
     pub fn summary(&self) -> String {
-        fs::read_to_string(&self.file).ok().and_then(|t| t.lines().next().map(str::to_string)).unwrap_or_default()
+        let text = fs::read_to_string(&self.file).unwrap_or_default();
+        let first = text.lines().next().unwrap_or_default();
+        first.trim_start_matches('#').trim().to_string()
     }
 }
 
@@ -115,10 +118,11 @@ fn apply(root: &Path, patch: &Path) -> Result<()> {
 }
 
 /// The kernel patch list a kernel mutant asks for, given the series
-/// (`series`: the series' patches in order): for a `.patch`, the series then
-/// the mutant; for a `.series`, the named patches of the series, in its
-/// order (a name not in the series is an error).
-pub fn kernel_patches(mutant: &Mutant, series: &[PathBuf]) -> Result<Vec<PathBuf>> {
+/// (`series`: the series' patches in order, in `kernel_dir`, which is
+/// `images/kernel/`): for a `.patch`, the series then the mutant; for a
+/// `.series`, its lines in order (a line that is neither a file nor a patch
+/// of the series is an error).
+pub fn kernel_patches(mutant: &Mutant, series: &[PathBuf], kernel_dir: &Path) -> Result<Vec<PathBuf>> {
     match mutant.kind {
         MutantKind::Driver => bail!("{} is a driver mutant", mutant.name),
         MutantKind::KernelPatch => Ok(series.iter().cloned().chain([mutant.file.clone()]).collect()),
@@ -129,6 +133,11 @@ pub fn kernel_patches(mutant: &Mutant, series: &[PathBuf]) -> Result<Vec<PathBuf
                 text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')).collect();
             let mut out = Vec::new();
             for name in &wanted {
+                let file = kernel_dir.join(name);
+                if file.is_file() {
+                    out.push(file);
+                    continue;
+                }
                 let found = series.iter().find(|p| p.file_name().is_some_and(|f| f == *name));
                 out.push(
                     found
@@ -158,9 +167,12 @@ mod tests {
         fs::create_dir_all(ws.join(DRIVER_DIR)).unwrap();
         fs::create_dir_all(ws.join(KERNEL_DIR)).unwrap();
         fs::write(ws.join("guest-driver/driver.rs"), "fn a() {}\nfn b() { 1 }\n").unwrap();
-        let patch = "Planted bug: b gives 2.\n\n--- a/guest-driver/driver.rs\n+++ b/guest-driver/driver.rs\n@@ -1,2 +1,2 @@\n fn a() {}\n-fn b() { 1 }\n+fn b() { 2 }\n";
+        let patch = "# Planted bug: b gives 2.\n\n--- a/guest-driver/driver.rs\n+++ b/guest-driver/driver.rs\n@@ -1,2 +1,2 @@\n fn a() {}\n-fn b() { 1 }\n+fn b() { 2 }\n";
         fs::write(ws.join(DRIVER_DIR).join("two.patch"), patch).unwrap();
-        fs::write(ws.join(KERNEL_DIR).join("seed.series"), "# as posted\n0001-a.patch\n").unwrap();
+        fs::write(ws.join(KERNEL_DIR).join("seed.series"), "# as posted\n0001-a.patch\nmutants/seed/shim.patch\n")
+            .unwrap();
+        fs::create_dir_all(ws.join(KERNEL_DIR).join("seed")).unwrap();
+        fs::write(ws.join(KERNEL_DIR).join("seed/shim.patch"), "").unwrap();
         fs::write(ws.join(KERNEL_DIR).join("README.md"), "not a mutant").unwrap();
         let all = all(&ws).unwrap();
         assert_eq!(
@@ -180,7 +192,12 @@ mod tests {
         let e = driver_tree(&ws, &all[0]).unwrap_err();
         assert!(format!("{e:#}").contains("does not apply"), "{e:#}");
         let series = vec![PathBuf::from("p/0001-a.patch"), PathBuf::from("p/0002-b.patch")];
-        assert_eq!(kernel_patches(&all[1], &series).unwrap(), vec![PathBuf::from("p/0001-a.patch")]);
+        let kernel_dir = ws.join("images/kernel");
+        let chosen = kernel_patches(&all[1], &series, &kernel_dir).unwrap();
+        assert_eq!(chosen, vec![PathBuf::from("p/0001-a.patch"), kernel_dir.join("mutants/seed/shim.patch")]);
+        fs::write(ws.join(KERNEL_DIR).join("bad.series"), "0003-none.patch\n").unwrap();
+        let bad = find(&ws, "bad").unwrap();
+        assert!(kernel_patches(&bad, &series, &kernel_dir).is_err());
         assert!(find(&ws, "nope").is_err());
         fs::remove_dir_all(&ws).unwrap();
     }

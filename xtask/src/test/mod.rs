@@ -18,7 +18,7 @@ use crate::host;
 use crate::progress::human;
 use crate::run::scenario::Scenario;
 use crate::run::{scenario_for, RunArgs};
-use vm_tests::{agent_dies_mid_run, bench_quick, boot_and_hotplug, device_scope_pmu, gdb_session, guest_floods_console_and_channel, guest_panic_is_reported, hotplug_selftest_replay, hotplug_stress, module_lifecycle, qemu_killed_mid_run, unresponsive_guest_times_out};
+use vm_tests::{agent_dies_mid_run, bench_quick, boot_and_hotplug, device_scope_pmu, gdb_session, guest_floods_console_and_channel, guest_panic_is_reported, hotplug_selftest_replay, hotplug_stress, lifecycle_stress, driver_mutants, module_lifecycle, qemu_killed_mid_run, unresponsive_guest_times_out};
 
 #[derive(Args)]
 pub struct TestArgs {
@@ -133,6 +133,20 @@ const VM_TESTS: &[VmTest] = &[
         variant: Variant::Debug,
         host: host::HostChoice::Qemu,
         run: hotplug_stress,
+    },
+    VmTest {
+        name: "lifecycle_stress",
+        what: "on the debug kernel, a short seeded lifecycle fuzz (every perf operation among moves, parks and bursts): every read as the counting model says, 0 violations, clean log",
+        variant: Variant::Debug,
+        host: host::HostChoice::Qemu,
+        run: lifecycle_stress,
+    },
+    VmTest {
+        name: "driver_mutants",
+        what: "every planted driver bug (guest-driver/mutants/) is caught by a short lifecycle stress",
+        variant: Variant::Debug,
+        host: host::HostChoice::Qemu,
+        run: driver_mutants,
     },
     VmTest {
         name: "hotplug_selftest_replay",

@@ -12,7 +12,12 @@ use crate::host::vm::Vm;
 use crate::host;
 use crate::progress::human;
 use crate::run::scenario::{self, Scenario};
+use crate::build::image::Variant;
+use crate::host::config::new_run_dir;
 use crate::stress;
+use crate::stress::lifecycle::cli;
+use crate::stress::lifecycle::run::{LifecycleConfig, LifecycleReport};
+use crate::stress::mutants::{self, MutantKind};
 
 /// The short stress's length and seed: a few hundred cycles.
 const STRESS_CYCLES: u32 = 200;
@@ -98,6 +103,75 @@ pub fn hotplug_stress(scenario: &Scenario, accel: &Accel) -> Result<()> {
         bail!("{}", report.text());
     }
     print!("{}", report.text());
+    Ok(())
+}
+
+/// The short lifecycle stress: operations and seed.
+const LIFECYCLE_OPS: u32 = 1000;
+const LIFECYCLE_SEED: u64 = 21;
+
+/// `cargo xtask stress --lifecycle` in small, on the run's VM with the
+/// lifecycle device (few slots: perf multiplexes).
+pub fn lifecycle_stress(scenario: &Scenario, accel: &Accel) -> Result<()> {
+    let mut vm = scenario.vm.clone();
+    vm.device.slots = stress::lifecycle::SLOTS;
+    let config = LifecycleConfig {
+        ops: LIFECYCLE_OPS,
+        seed: LIFECYCLE_SEED,
+        timeout: scenario.request_timeout,
+        replay: format!("cargo xtask stress --lifecycle {LIFECYCLE_OPS} --seed {LIFECYCLE_SEED} --cpus {}", vm.cpus),
+        stop_at_first: false,
+    };
+    let report = stress::lifecycle::execute(&vm, accel, &config)?;
+    let text = report.text(&config);
+    if !report.checks.iter().all(|c| c.passed) {
+        let failed: Vec<String> = report.checks.iter().filter(|c| !c.passed).map(|c| format!("{}: {}", c.name, c.detail)).collect();
+        bail!("{}\n{text}", failed.join("\n"));
+    }
+    print!("{text}");
+    Ok(())
+}
+
+/// Every driver mutant, each a short lifecycle stress on the run's VM with
+/// that driver, which must fail: a planted bug that is not caught fails
+/// the test.
+pub fn driver_mutants(scenario: &Scenario, accel: &Accel) -> Result<()> {
+    let ws = crate::build::workspace()?;
+    let mut rows = Vec::new();
+    for mutant in mutants::all(&ws)?.into_iter().filter(|m| m.kind == MutantKind::Driver) {
+        let start = Instant::now();
+        let replay = format!(
+            "cargo xtask stress --lifecycle {} --seed {} --cpus {} --mutant {}",
+            cli::MUTANT_OPS,
+            cli::MUTANT_SEED,
+            scenario.vm.cpus,
+            mutant.name
+        );
+        let run = || -> Result<LifecycleReport> {
+            let images = cli::mutant_images(&ws, Variant::Debug, Some(&mutant))?;
+            let mut vm = scenario.vm.clone();
+            vm.device.slots = stress::lifecycle::SLOTS;
+            vm.initramfs = images.initramfs;
+            vm.run_dir = new_run_dir(&ws, &cli::run_name(&mutant));
+            let config = LifecycleConfig {
+                ops: cli::MUTANT_OPS,
+                seed: cli::MUTANT_SEED,
+                timeout: scenario.request_timeout,
+                replay: replay.clone(),
+                stop_at_first: true,
+            };
+            stress::lifecycle::execute(&vm, accel, &config)
+        };
+        rows.push(cli::mutant_row(&mutant, replay.clone(), start, run()));
+    }
+    let table = cli::table_text(&rows);
+    if rows.is_empty() {
+        bail!("no driver mutants in guest-driver/mutants/");
+    }
+    if rows.iter().any(|r| r.caught_at.is_none()) {
+        bail!("a planted bug was not caught:{table}");
+    }
+    print!("{table}");
     Ok(())
 }
 

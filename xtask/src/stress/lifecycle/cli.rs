@@ -8,12 +8,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
-use crate::progress::human;
 use crate::build::image::{self, Purpose, Variant};
+use crate::host;
+use crate::host::config::{self, VmConfig};
+use crate::progress::human;
 use crate::stress::mutants::{self, Mutant, MutantKind};
 use crate::stress::{clock_seed, device, guest_vm, StressArgs};
-use crate::host::config::{self, VmConfig};
-use crate::host;
 
 use super::journal;
 use super::replay::replay;
@@ -116,20 +116,35 @@ fn run_mutant(ws: &Path, args: &StressArgs, mutant: &Mutant) -> Result<MutantRow
     eprintln!("==> mutant {}: {}", mutant.name, mutant.summary());
     let start = Instant::now();
     let replay = replay_command(args, ops, seed, Some(&mutant.name));
-    match lifecycle(ws, args, ops, seed, Some(mutant), true) {
-        Ok((report, _)) => Ok(MutantRow {
-            name: mutant.name.clone(),
-            caught_at: caught(&report),
-            time: start.elapsed(),
-            replay,
-            error: None,
-        }),
-        Err(e) => Ok(MutantRow {
-            name: mutant.name.clone(),
-            caught_at: None,
-            time: start.elapsed(),
-            replay,
-            error: Some(format!("{e:#}")),
+    let result = lifecycle(ws, args, ops, seed, Some(mutant), true).map(|(report, _)| report);
+    Ok(mutant_row(mutant, replay, start, result))
+}
+
+/// The run folder's name for a mutant: short, as the sockets in it must
+/// have paths under 108 bytes.
+pub fn run_name(mutant: &Mutant) -> String {
+    format!("mut-{}", mutant.name.chars().take(12).collect::<String>())
+}
+
+/// A mutant's row of the table, from its run (an `Err`: it did not run).
+pub fn mutant_row(mutant: &Mutant, replay: String, start: Instant, result: Result<LifecycleReport>) -> MutantRow {
+    let (caught_at, error) = match result {
+        Ok(report) => (caught(&report), None),
+        Err(e) => (None, Some(format!("{e:#}"))),
+    };
+    MutantRow { name: mutant.name.clone(), caught_at, time: start.elapsed(), replay, error }
+}
+
+/// The images a mutant's guest boots: its driver, or its kernel.
+pub fn mutant_images(ws: &Path, variant: Variant, mutant: Option<&Mutant>) -> Result<image::Images> {
+    match mutant {
+        None => image::ensure(ws, variant),
+        Some(m) if m.kind == MutantKind::Driver => {
+            let tree = mutants::driver_tree(ws, m)?;
+            image::ensure_with_driver(ws, variant, Purpose::Test, Some(&tree))
+        }
+        Some(m) => image::ensure_with_kernel_patches(ws, variant, &|series| {
+            mutants::kernel_patches(m, series, &ws.join("images/kernel"))
         }),
     }
 }
@@ -151,6 +166,11 @@ pub fn table_text(rows: &[MutantRow]) -> String {
             (None, None) => "NOT CAUGHT".to_string(),
         };
         let _ = writeln!(out, "  {:width$}  {verdict} ({})\n    {}", r.name, human(r.time), r.replay);
+        if let Some(e) = &r.error {
+            for line in e.lines().skip(1) {
+                let _ = writeln!(out, "      {line}");
+            }
+        }
     }
     out
 }
@@ -185,19 +205,12 @@ fn lifecycle(
     config::check_size(args.cpus, args.memory)?;
     let mut device = device(args.cpus, args.domains.as_deref())?;
     device.slots = SLOTS;
-    let images = match mutant {
-        None => image::ensure(ws, variant)?,
-        Some(m) if m.kind == MutantKind::Driver => {
-            let tree = mutants::driver_tree(ws, m)?;
-            image::ensure_with_driver(ws, variant, Purpose::Test, Some(&tree))?
-        }
-        Some(m) => image::ensure_with_kernel_patches(ws, variant, &|series| mutants::kernel_patches(m, series))?,
-    };
+    let images = mutant_images(ws, variant, mutant)?;
     let accel = host::choose_accel();
     let (placement, why) = host::choose_host(args.host, &accel);
     let host = host::build_host(ws, placement, &images.vmlinux, &images.initramfs)?;
     let timeout = Duration::from_secs(args.timeout);
-    let name = mutant.map_or_else(|| "lifecycle".to_string(), |m| format!("mutant-{}", m.name));
+    let name = mutant.map_or_else(|| "lifecycle".to_string(), run_name);
     let vm = VmConfig { host, ..guest_vm(ws, &images, device, args.cpus, args.memory, &name, timeout) };
     let config = LifecycleConfig {
         ops,

@@ -15,9 +15,9 @@ use anyhow::{Context, Result};
 use perfbed_agent::HostRequest;
 use perfbed_device::ControlClient;
 
+use crate::checks::clean_log_check;
 use crate::guest::Guest;
 use crate::guest::{pmu_name, MODULE};
-use crate::checks::clean_log_check;
 use crate::host::config::VmConfig;
 use crate::host::vm::Vm;
 use crate::host::Accel;

@@ -18,8 +18,8 @@ use perfbed_device::ControlClient;
 
 use crate::guest::Guest;
 
-use super::journal::StatHow;
 use super::super::jobs::{start_job, stop_job};
+use super::journal::StatHow;
 
 const CTL: &str = "/tmp/perfbed-stat-ctl";
 const ACK: &str = "/tmp/perfbed-stat-ack";

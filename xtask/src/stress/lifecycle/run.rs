@@ -14,14 +14,14 @@ use perfbed_agent::{AgentMessage, HostRequest, HotplugOp, JobResult, JobSpec, Pe
 use perfbed_device::regs::Event;
 use perfbed_device::{ControlClient, DeviceConfig};
 
-use crate::progress::human;
-use crate::guest::Guest;
+use crate::checks::counting::DeviceShape;
+use crate::checks::Check;
 use crate::guest::perf_abi::{
     FLAG_DISABLED, FLAG_EXCLUSIVE, FLAG_PINNED, FORMAT_GROUP, FORMAT_ID, FORMAT_TOTAL_TIME_ENABLED,
     FORMAT_TOTAL_TIME_RUNNING, PERF_COUNT_SW_CPU_CLOCK, PERF_TYPE_SOFTWARE,
 };
-use crate::checks::Check;
-use crate::checks::counting::DeviceShape;
+use crate::guest::Guest;
+use crate::progress::human;
 
 use super::super::jobs::{start_job, stop_job};
 use super::generate::{Generator, RMID_LOOP, RMID_RATE};
