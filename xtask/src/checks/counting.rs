@@ -72,7 +72,10 @@
 //! (`2^width` units), the driver cannot tell how many wraps it lost: the
 //! model then accepts either the exact count with `Δrunning == Δenabled`, or
 //! `Δrunning < Δenabled` (perf shows less than 100 % running and scales),
-//! never an inexact count claimed as fully running.
+//! never an inexact count claimed as fully running. A park long enough that
+//! a wrap *could* have landed (half a wrap's time at the device's maximum
+//! rate: the driver sees time, not traffic) may show less running too, but
+//! its count stays exact; `time_running` never goes down.
 //!
 //! An event enabled while its PMU is parked, that has never been scheduled,
 //! may or may not count what lands before the PMU is placed again: the model
@@ -308,9 +311,18 @@ pub struct DeviceShape {
     pub slots: u32,
     pub unit_bytes: u64,
     pub counter_width: u32,
+    /// A domain's bandwidth in bytes/s: how fast a counter can wrap.
+    pub max_rate: u64,
 }
 
 impl DeviceShape {
+    /// Whether a counter could have wrapped in `ns` of nobody reading it, at
+    /// the device's maximum rate (half a wrap: a driver cannot time a park
+    /// to the nanosecond, so it may play safe from there on).
+    fn could_wrap_in(&self, ns: u64) -> bool {
+        u128::from(ns) * u128::from(self.max_rate) * 2 >= u128::from(self.wrap_bytes()) * 1_000_000_000
+    }
+
     fn wrap_bytes(&self) -> u64 {
         (1u64 << self.counter_width.min(61)).saturating_mul(self.unit_bytes)
     }
@@ -502,10 +514,12 @@ impl Model {
         }
     }
 
-    /// An allowed CPU of the PMU is back: it is placed again.
-    pub fn unpark(&mut self, pmu: u32) {
+    /// An allowed CPU of the PMU is back: it is placed again, after
+    /// `parked_ns` parked.
+    pub fn unpark(&mut self, pmu: u32, parked_ns: u64) {
         self.epoch();
         let wrap = self.shape.wrap_bytes();
+        let long = self.shape.could_wrap_in(parked_ns);
         let Some(p) = self.pmus.get_mut(pmu as usize) else {
             return;
         };
@@ -516,6 +530,12 @@ impl Model {
             if let Kind::Counter { pmu: q, event, rmid } = e.spec.kind {
                 if q == pmu && lossy.contains(&(event, rmid)) {
                     e.value_window.lossy = true;
+                    e.time_window.lossy = true;
+                }
+                // Long enough that a wrap could have been lost: the driver
+                // may not count the park as running; the count stays exact
+                // unless a wrap really landed.
+                if q == pmu && long {
                     e.time_window.lossy = true;
                 }
             }
@@ -795,7 +815,7 @@ impl Model {
 mod tests {
     use super::*;
 
-    const SHAPE: DeviceShape = DeviceShape { pmus: 2, slots: 2, unit_bytes: 64, counter_width: 24 };
+    const SHAPE: DeviceShape = DeviceShape { pmus: 2, slots: 2, unit_bytes: 64, counter_width: 24, max_rate: 2 << 30 };
     const TOTAL: u32 = 2;
 
     fn counter(pmu: u32, rmid: u32) -> OpenSpec {
@@ -857,7 +877,7 @@ mod tests {
         m.burst(0, TOTAL, 1, 2048);
         m.moved(0);
         m.park(0);
-        m.unpark(0);
+        m.unpark(0, 1000);
         assert_eq!(fields(&mut m, 1, seen(1024, 50, 50)), vec![]);
         // The disabled burst counted, and the clocks ran on: all reported.
         m.burst(0, TOTAL, 1, 2048);
@@ -1014,13 +1034,13 @@ mod tests {
         m.open(2, counter(0, 1));
         m.park(0);
         m.burst(0, TOTAL, 1, 3 * wrap);
-        m.unpark(0);
+        m.unpark(0, 1000);
         // Counted exactly: fine. Short, but shown as not fully running: fine.
         assert_eq!(fields(&mut m, 1, seen(3 * wrap, 100, 100)), vec![]);
         assert_eq!(fields(&mut m, 2, seen(wrap, 100, 40)), vec![]);
         m.park(0);
         m.burst(0, TOTAL, 1, 3 * wrap);
-        m.unpark(0);
+        m.unpark(0, 1000);
         // Short and claiming 100 % running: the lie the model exists for.
         assert_eq!(fields(&mut m, 2, seen(2 * wrap, 200, 140)), vec![Field::Value]);
     }
@@ -1033,12 +1053,30 @@ mod tests {
         m.burst(0, TOTAL, 1, 640);
         assert_eq!(fields(&mut m, 1, seen(0, 10, 10)), vec![]);
         assert_eq!(fields(&mut m, 1, seen(1280, 20, 20)), vec![Field::Value]);
-        m.unpark(0);
+        m.unpark(0, 1000);
         assert_eq!(fields(&mut m, 1, seen(0, 30, 30)), vec![Field::Value]);
         m.park(0);
         m.burst(0, TOTAL, 1, 64);
-        m.unpark(0);
+        m.unpark(0, 1000);
         assert_eq!(fields(&mut m, 1, seen(64, 40, 40)), vec![]);
+    }
+
+    #[test]
+    fn a_park_that_could_outlast_a_wrap_may_show_less_running_never_less_counted() {
+        let mut m = Model::new(SHAPE);
+        m.open(1, counter(0, 1));
+        m.park(0);
+        m.burst(0, TOTAL, 1, 640);
+        // 0.4 s at 2 GiB/s is most of a 24-bit wrap of 64 B units.
+        m.unpark(0, 400_000_000);
+        assert_eq!(fields(&mut m, 1, seen(640, 1000, 600)), vec![]);
+        m.park(0);
+        m.burst(0, TOTAL, 1, 64);
+        m.unpark(0, 400_000_000);
+        assert_eq!(fields(&mut m, 1, seen(640, 2000, 1200)), vec![Field::Value], "no wrap landed: exact");
+        m.park(0);
+        m.unpark(0, 1_000_000);
+        assert_eq!(fields(&mut m, 1, seen(640, 3000, 1700)), vec![Field::Running], "a short park runs");
     }
 
     #[test]
@@ -1048,7 +1086,7 @@ mod tests {
         m.park(0);
         m.ioctl(1, Ioctl::Enable, false);
         m.burst(0, TOTAL, 1, 64);
-        m.unpark(0);
+        m.unpark(0, 1000);
         m.burst(0, TOTAL, 1, 128);
         let value_only = Observed { value: 128, enabled: None, running: None };
         assert_eq!(fields(&mut m, 1, value_only), vec![]);

@@ -125,7 +125,7 @@ impl Generator {
             Step::Unpark { domain, cpu } => {
                 self.online.insert(cpu);
                 self.owners[domain as usize] = Some(cpu);
-                self.model.unpark(domain);
+                self.model.unpark(domain, 0);
             }
             Step::Online { cpu } => {
                 self.online.insert(cpu);
@@ -385,7 +385,7 @@ impl Generator {
 mod tests {
     use super::*;
 
-    const SHAPE: DeviceShape = DeviceShape { pmus: 2, slots: 4, unit_bytes: 64, counter_width: 24 };
+    const SHAPE: DeviceShape = DeviceShape { pmus: 2, slots: 4, unit_bytes: 64, counter_width: 24, max_rate: 2 << 30 };
 
     fn generator(seed: u64) -> Generator {
         Generator::new(seed, SHAPE, vec![vec![0, 1], vec![2, 3]], 4, vec![Some(0), Some(2)], 1)

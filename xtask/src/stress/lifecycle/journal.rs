@@ -15,9 +15,15 @@ pub struct Header {
     pub slots: u32,
     pub unit_bytes: u64,
     pub counter_width: u32,
+    #[serde(default = "default_max_rate")]
+    pub max_rate: u64,
     pub seed: u64,
     /// The command that runs the stress again.
     pub replay: String,
+}
+
+fn default_max_rate() -> u64 {
+    perfbed_device::DeviceConfig::default().max_rate
 }
 
 impl Header {
@@ -27,6 +33,7 @@ impl Header {
             slots: self.slots,
             unit_bytes: self.unit_bytes,
             counter_width: self.counter_width,
+            max_rate: self.max_rate,
         }
     }
 }
@@ -205,6 +212,10 @@ pub struct Entry {
     pub result: Result<Vec<u64>, String>,
     /// How long the system call (or host action) took, in ns.
     pub took_ns: u64,
+    /// When it was done, in ns of the host's clock since the run began (how
+    /// long a park lasted).
+    #[serde(default)]
+    pub at_ns: u64,
 }
 
 /// The agent operation a perf step is, with the attr filled in by `attr`.
@@ -229,12 +240,13 @@ mod tests {
             slots: 4,
             unit_bytes: 64,
             counter_width: 24,
+            max_rate: 1 << 30,
             seed: 9,
             replay: "cargo xtask stress".into(),
         };
         let entries = vec![
-            Entry { step: Step::Move { domain: 1 }, result: Ok(vec![3]), took_ns: 5 },
-            Entry { step: Step::Read { handle: 2 }, result: Err("EBADF".into()), took_ns: 1 },
+            Entry { step: Step::Move { domain: 1 }, result: Ok(vec![3]), took_ns: 5, at_ns: 10 },
+            Entry { step: Step::Read { handle: 2 }, result: Err("EBADF".into()), took_ns: 1, at_ns: 12 },
         ];
         let text = to_text(&header, &entries).unwrap();
         assert_eq!(text.lines().count(), 3);

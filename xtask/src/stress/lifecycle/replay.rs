@@ -38,6 +38,8 @@ pub fn replay(shape: DeviceShape, journal: &[Entry]) -> Replay {
     let mut model = Model::new(shape);
     let mut formats: BTreeMap<Handle, ReadFormat> = BTreeMap::new();
     let mut ids: BTreeMap<Handle, u64> = BTreeMap::new();
+    // When each parked domain was parked (the journal's host clock).
+    let mut parked_at: BTreeMap<u32, u64> = BTreeMap::new();
     let mut out = Replay::default();
     for (index, entry) in journal.iter().enumerate() {
         let mut find = |text: String| out.findings.push(Finding { index, text });
@@ -122,8 +124,14 @@ pub fn replay(shape: DeviceShape, journal: &[Entry]) -> Replay {
             (Step::Rate { .. } | Step::Online { .. }, Ok(_)) => {}
             (&Step::Move { domain }, Ok(_)) => model.moved(domain),
             (&Step::OthersOpen { domain }, Ok(_)) => model.others_may_open(domain),
-            (&Step::Park { domain }, Ok(_)) => model.park(domain),
-            (&Step::Unpark { domain, .. }, Ok(_)) => model.unpark(domain),
+            (&Step::Park { domain }, Ok(_)) => {
+                parked_at.insert(domain, entry.at_ns);
+                model.park(domain);
+            }
+            (&Step::Unpark { domain, .. }, Ok(_)) => {
+                let since = parked_at.remove(&domain).unwrap_or(entry.at_ns);
+                model.unpark(domain, entry.at_ns.saturating_sub(since));
+            }
             (Step::PerfStat { domain, rmid, how, bursts }, Ok(words)) => {
                 let kind = Kind::Counter { pmu: *domain, event: 2, rmid: *rmid };
                 let disabled = *how == StatHow::Control;
@@ -155,7 +163,7 @@ mod tests {
     use super::super::journal::{IoctlName, Opened};
     use super::*;
 
-    const SHAPE: DeviceShape = DeviceShape { pmus: 2, slots: 4, unit_bytes: 64, counter_width: 24 };
+    const SHAPE: DeviceShape = DeviceShape { pmus: 2, slots: 4, unit_bytes: 64, counter_width: 24, max_rate: 2 << 30 };
     const TIMED: ReadFormat = ReadFormat { times: true, id: false, group: false };
 
     fn open(expect: Handle, disabled: bool) -> Entry {
@@ -174,7 +182,7 @@ mod tests {
     }
 
     fn ok(step: Step, words: Vec<u64>) -> Entry {
-        Entry { step, result: Ok(words), took_ns: 1000 }
+        Entry { step, result: Ok(words), took_ns: 1000, at_ns: 0 }
     }
 
     #[test]
@@ -204,8 +212,8 @@ mod tests {
     fn refusals_and_handles_are_checked() {
         let journal = vec![
             ok(Step::Park { domain: 1 }, vec![]),
-            Entry { step: open(1, false).step, result: Err("ENODEV".into()), took_ns: 5 },
-            Entry { step: open(1, false).step, result: Err("EBUSY".into()), took_ns: 7 },
+            Entry { step: open(1, false).step, result: Err("ENODEV".into()), took_ns: 5, at_ns: 0 },
+            Entry { step: open(1, false).step, result: Err("EBUSY".into()), took_ns: 7, at_ns: 0 },
             ok(Step::Unpark { domain: 1, cpu: 2 }, vec![]),
             ok(open(1, true).step, vec![2]),
         ];

@@ -92,7 +92,13 @@ pub fn shape(device: &DeviceConfig) -> DeviceShape {
         slots: device.slots,
         unit_bytes: device.unit_bytes,
         counter_width: device.counter_width,
+        max_rate: device.max_rate,
     }
+}
+
+/// Nanoseconds since `start`.
+fn since(start: Instant) -> u64 {
+    u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// Runs the lifecycle stress on a guest of `cpus` vCPUs; `pmus[d]` is
@@ -123,7 +129,7 @@ pub fn run(
         .collect();
     let loop_job = start_job(g, JobSpec::OpenCloseLoop { attrs: loop_attrs, pause_us: 500 })?;
     let mut journal: Vec<Entry> = (0..pmus.len() as u32)
-        .map(|domain| Entry { step: Step::OthersOpen { domain }, result: Ok(vec![]), took_ns: 0 })
+        .map(|domain| Entry { step: Step::OthersOpen { domain }, result: Ok(vec![]), took_ns: 0, at_ns: 0 })
         .collect();
 
     let start = Instant::now();
@@ -154,17 +160,17 @@ pub fn run(
                 let opens = matches!(step, Step::Open { expect, .. } if generator.format(expect).is_some());
                 pending.push((step, opens));
                 if pending.len() >= BATCH {
-                    desync |= flush(g, &mut pending, &attr, &mut journal)?;
+                    desync |= flush(g, &mut pending, &attr, &mut journal, start)?;
                 }
                 continue;
             }
-            desync |= flush(g, &mut pending, &attr, &mut journal)?;
-            let entry = host_step(g, control, device, pmus, step, config.timeout)?;
+            desync |= flush(g, &mut pending, &attr, &mut journal, start)?;
+            let entry = host_step(g, control, device, pmus, step, config.timeout, start)?;
             generator.observe(&entry);
             journal.push(entry);
         }
     }
-    desync |= flush(g, &mut pending, &attr, &mut journal)?;
+    desync |= flush(g, &mut pending, &attr, &mut journal, start)?;
     let time = start.elapsed();
     let loop_result = stop_job(g, loop_job, 0)?;
 
@@ -174,6 +180,7 @@ pub fn run(
         slots: shape.slots,
         unit_bytes: shape.unit_bytes,
         counter_width: shape.counter_width,
+        max_rate: shape.max_rate,
         seed: config.seed,
         replay: config.replay.clone(),
     };
@@ -276,6 +283,7 @@ fn flush(
     pending: &mut Vec<(Step, bool)>,
     attr: &impl Fn(&Opened) -> PerfAttr,
     journal: &mut Vec<Entry>,
+    run_start: Instant,
 ) -> Result<bool> {
     if pending.is_empty() {
         return Ok(false);
@@ -291,7 +299,7 @@ fn flush(
             let got = r.result.as_ref().ok().map(|w| w.as_slice() == [u64::from(expect)]);
             desync |= got.is_some() != expected || got == Some(false);
         }
-        journal.push(Entry { step, result: r.result, took_ns: r.took_ns });
+        journal.push(Entry { step, result: r.result, took_ns: r.took_ns, at_ns: since(run_start) });
     }
     Ok(desync)
 }
@@ -312,6 +320,7 @@ fn host_step(
     pmus: &[String],
     step: Step,
     timeout: Duration,
+    run_start: Instant,
 ) -> Result<Entry> {
     let start = Instant::now();
     let wait_ms = timeout.as_millis() as u64;
@@ -356,7 +365,7 @@ fn host_step(
         }
     };
     let took_ns = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
-    Ok(Entry { step, result, took_ns })
+    Ok(Entry { step, result, took_ns, at_ns: since(run_start) })
 }
 
 /// Runs hotplug `ops`; answers the PMU's CPU after them (`[]` if parked).
