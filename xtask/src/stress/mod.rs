@@ -129,6 +129,22 @@ pub struct StressConfig {
 }
 
 impl StressArgs {
+    /// The flags that choose the guest, as a replay command repeats them
+    /// (` --cpus N` first).
+    pub fn guest_flags(&self) -> String {
+        let mut flags = format!(" --cpus {}", self.cpus);
+        if let Some(domains) = &self.domains {
+            let _ = write!(flags, " --domains {domains}");
+        }
+        if self.normal {
+            flags += " --normal";
+        }
+        if self.host != host::HostChoice::Qemu {
+            let _ = write!(flags, " --host {}", self.host.name());
+        }
+        flags
+    }
+
     /// Whether these ask for the lifecycle stress (`stress::lifecycle::cli`)
     /// rather than the hotplug schedule.
     pub fn is_lifecycle(&self) -> bool {
@@ -141,16 +157,7 @@ pub fn run(ws: &Path, args: &StressArgs) -> Result<bool> {
     let variant = if args.normal { Variant::Normal } else { Variant::Debug };
     host::config::check_size(args.cpus, args.memory)?;
     let device = device(args.cpus, args.domains.as_deref())?;
-    let mut replay = format!("cargo xtask stress --cycles {} --seed {seed} --cpus {}", args.cycles, args.cpus);
-    if let Some(domains) = &args.domains {
-        let _ = write!(replay, " --domains {domains}");
-    }
-    if args.normal {
-        replay += " --normal";
-    }
-    if args.host != host::HostChoice::Qemu {
-        let _ = write!(replay, " --host {}", args.host.name());
-    }
+    let replay = format!("cargo xtask stress --cycles {} --seed {seed}{}", args.cycles, args.guest_flags());
     // Refuse a topology the schedule cannot use before minutes go into a build.
     schedule::generate(&topology(args.cpus, &device), seed, 1).map_err(|e| anyhow::anyhow!("{}", e.0))?;
     let images = image::ensure(ws, variant)?;

@@ -176,16 +176,7 @@ pub fn table_text(rows: &[MutantRow]) -> String {
 }
 
 fn replay_command(args: &StressArgs, ops: u32, seed: u64, mutant: Option<&str>) -> String {
-    let mut cmd = format!("cargo xtask stress --lifecycle {ops} --seed {seed} --cpus {}", args.cpus);
-    if let Some(domains) = &args.domains {
-        let _ = write!(cmd, " --domains {domains}");
-    }
-    if args.normal {
-        cmd += " --normal";
-    }
-    if args.host != host::HostChoice::Qemu {
-        let _ = write!(cmd, " --host {}", args.host.name());
-    }
+    let mut cmd = format!("cargo xtask stress --lifecycle {ops} --seed {seed}{}", args.guest_flags());
     if let Some(m) = mutant {
         let _ = write!(cmd, " --mutant {m}");
     }
