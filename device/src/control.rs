@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::device::{Device, DeviceError, DeviceState, TraceEntry};
+use crate::device::{Assignments, Device, DeviceError, DeviceState, TraceEntry};
 use crate::host::SharedDevice;
 use crate::line::{read_line, Line};
 use crate::regs::Event;
@@ -97,6 +97,13 @@ pub enum Request {
         #[serde(default)]
         since: u64,
     },
+    /// Slot-level truth: every slot assignment numbered `since` and later
+    /// (0: all kept), ended or ongoing, with the bytes it counted.
+    Assignments {
+        /// First assignment number wanted.
+        #[serde(default)]
+        since: u64,
+    },
 }
 
 /// The `trace_lines` payload.
@@ -137,6 +144,9 @@ pub struct Response {
     /// The trace as lines (`trace_lines`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace_lines: Option<TraceLines>,
+    /// Slot assignments (`assignments`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub assignments: Option<Assignments>,
 }
 
 impl Response {
@@ -252,6 +262,10 @@ pub fn apply(device: &mut Device, now_ns: u64, request: &Request) -> Reply {
                 ..Response::ok()
             })
         }
+        Request::Assignments { since } => Reply::Now(Response {
+            assignments: Some(device.assignments(now_ns, since)),
+            ..Response::ok()
+        }),
     }
 }
 
@@ -589,6 +603,13 @@ impl ControlClient {
     }
 
     /// The trace as lines, from record number `since` on.
+    /// Slot-level truth: the assignments numbered `since` and later.
+    pub fn assignments(&mut self, since: u64) -> Result<Assignments, ClientError> {
+        self.call(&Request::Assignments { since })?
+            .assignments
+            .ok_or(ClientError::MissingPayload("assignments"))
+    }
+
     pub fn trace_lines(&mut self, since: u64) -> Result<TraceLines, ClientError> {
         self.call(&Request::TraceLines { since })?
             .trace_lines

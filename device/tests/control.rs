@@ -71,6 +71,12 @@ fn inject_wait_state_and_errors() {
     let trace = client.trace().unwrap();
     assert_eq!(trace.len(), 5);
     assert_eq!(trace[4].vcpu, 1);
+    // Slot-level truth through the socket: the one ongoing assignment.
+    let a = client.assignments(0).unwrap();
+    assert_eq!(a.records.len(), 1);
+    assert_eq!((a.records[0].slot, a.records[0].rmid, a.records[0].released_ns), (0, 5, None));
+    assert_eq!(a.records[0].counted_bytes, 1 << 20);
+    assert!(client.assignments(1).unwrap().records.is_empty());
 
     // A refused request is an error reply; the client maps it to Refused.
     match client.inject(2, 0, Event::MbmTotalBytes, 1) {
@@ -176,6 +182,12 @@ fn requests_round_trip_on_the_wire() {
         Request::ResetStats
     );
     assert!(serde_json::from_str::<Request>(r#"{"op":"wait_landed","timeout":5}"#).is_err());
+    assert_eq!(
+        serde_json::from_str::<Request>(r#"{"op":"assignments","since":3}"#).unwrap(),
+        Request::Assignments { since: 3 }
+    );
+    assert_eq!(serde_json::from_str::<Request>(r#"{"op":"assignments"}"#).unwrap(), Request::Assignments { since: 0 });
+    assert!(serde_json::from_str::<Request>(r#"{"op":"assignments","from":3}"#).is_err());
     let ok: Response = serde_json::from_str(r#"{"ok":true}"#).unwrap();
     assert!(ok.ok && ok.error.is_none() && ok.state.is_none());
 }

@@ -94,6 +94,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench::run(&ws, &args),
         Command::BootStress(args) => stress::boot::run(&ws, &args),
         Command::Trace(args) => trace::command(&args),
+        Command::Stress(args) if args.is_lifecycle() => stress::lifecycle::cli::run(&ws, &args),
         Command::Stress(args) => stress::run(&ws, &args),
         Command::HotplugSelftest(args) => stress::selftest::run(&ws, &args),
         Command::VmmBench(args) => bench::vmm_exit::run(&ws, &args),

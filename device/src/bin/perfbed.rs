@@ -125,6 +125,13 @@ enum CtlCommand {
         #[arg(long)]
         follow: bool,
     },
+    /// Slot-level truth: every slot assignment, ended or ongoing, with the
+    /// bytes it counted (JSON).
+    Assignments {
+        /// First assignment number wanted (0: all kept).
+        #[arg(long, value_name = "N", default_value_t = 0)]
+        since: u64,
+    },
 }
 
 /// Parses `--event`; clap names the flag in the error.
@@ -139,6 +146,7 @@ impl CtlCommand {
             CtlCommand::Reset => Request::ResetStats,
             CtlCommand::Trace { .. } => Request::Trace,
             CtlCommand::Wait { timeout_ms } => Request::WaitLanded { timeout_ms },
+            CtlCommand::Assignments { since } => Request::Assignments { since },
             CtlCommand::Inject { ref target, event, bytes } => Request::Inject {
                 domain: target.domain,
                 rmid: target.rmid,

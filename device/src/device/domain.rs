@@ -29,6 +29,10 @@ pub(super) struct Slot {
     /// slot's counter (0 at assignment): a later read more than one wrap
     /// ahead of it reports `COUNTER_OVERFLOW`.
     pub(super) units_at_read: u64,
+    /// The assignment's number and the device time it began (see
+    /// `assignments`); meaningless while free.
+    pub(super) seq: u64,
+    pub(super) assigned_ns: u64,
 }
 
 #[derive(Debug, Clone)]

@@ -13,8 +13,10 @@
 //! - [`trace`]: the trace ring (accesses, owner changes, host actions) and
 //!   bad-access counts; [`print`]: the trace as text lines;
 //! - [`state`]: the snapshot the control socket reports;
+//! - [`assignments`]: slot-level truth, every slot assignment and what it counted;
 //! - [`events`], [`errors`]: event names on the wire, refused host requests.
 
+mod assignments;
 mod config;
 mod decode;
 mod domain;
@@ -28,6 +30,8 @@ mod traffic;
 use crate::cpus::{format_cpu_list, CpuSet};
 use crate::regs::{self, Event};
 
+pub use assignments::{AssignmentRecord, Assignments, ASSIGNMENT_LOG_CAPACITY};
+use assignments::AssignmentLog;
 pub use config::{ConfigError, DeviceConfig, MAX_RATE_LIMIT};
 pub use traffic::MAX_QUEUED;
 use decode::{Part, Reg};
@@ -42,6 +46,15 @@ pub use trace::{
     TRACE_CAPACITY,
 };
 
+/// What a register write changed.
+enum WriteEffect {
+    /// The domain's `OWNER`, from and to.
+    Owner { domain: u32, from: u64, to: u64 },
+    /// A `SLOT_CTL` was written (assigned, reassigned or released); `old`
+    /// is the slot as it was.
+    SlotCtl { domain: usize, slot: usize, old: Slot },
+}
+
 /// The virtual monitoring device.
 #[derive(Debug, Clone)]
 pub struct Device {
@@ -51,6 +64,7 @@ pub struct Device {
     domains: Vec<Domain>,
     bad: BadAccessCounts,
     trace: TraceRing,
+    assignments: AssignmentLog,
 }
 
 impl Device {
@@ -70,6 +84,7 @@ impl Device {
             now_ns: 0,
             domains,
             bad: BadAccessCounts::default(),
+            assignments: AssignmentLog::default(),
         })
     }
 
@@ -236,17 +251,66 @@ impl Device {
     pub fn write(&mut self, now_ns: u64, vcpu: u32, offset: u64, size: u32, value: u64) {
         self.advance(now_ns);
         let result = self.do_write(offset, size, value);
-        let bad = result.err();
+        let bad = result.as_ref().err().copied();
         self.record(TraceEvent::Access { vcpu, offset, size, kind: AccessKind::Write, value, bad, violation: false });
-        if let Ok(Some((domain, from, to))) = result {
-            if from != to {
+        match result {
+            Ok(WriteEffect::Owner { domain, from, to }) if from != to => {
                 self.record(TraceEvent::Owner { domain, from, to, vcpu });
             }
+            Ok(WriteEffect::SlotCtl { domain, slot, old }) => self.slot_changed(domain, slot, old),
+            _ => {}
         }
     }
 
-    /// Carries out a write; an `OWNER` write returns (domain, old, new).
-    fn do_write(&mut self, offset: u64, size: u32, value: u64) -> Result<Option<(u32, u64, u64)>, BadAccessKind> {
+    /// After a `SLOT_CTL` write: ends the slot's previous assignment, if it
+    /// had one, and numbers the new one, if any.
+    fn slot_changed(&mut self, domain: usize, slot: usize, old: Slot) {
+        if let Some(a) = old.assigned {
+            self.assignments.end(AssignmentRecord {
+                seq: old.seq,
+                domain: domain as u32,
+                slot: slot as u32,
+                event: a.event,
+                rmid: a.rmid,
+                assigned_ns: old.assigned_ns,
+                released_ns: Some(self.now_ns),
+                counted_bytes: old.counted,
+            });
+        }
+        let now_ns = self.now_ns;
+        let Some(s) = self.domains.get_mut(domain).and_then(|d| d.slots.get_mut(slot)) else {
+            return;
+        };
+        if s.assigned.is_some() {
+            s.seq = self.assignments.begin();
+            s.assigned_ns = now_ns;
+        }
+    }
+
+    /// Slot-level truth: the assignments numbered `since` and later, ended
+    /// and ongoing, each with the bytes its slot counted (see
+    /// [`assignments`]).
+    pub fn assignments(&mut self, now_ns: u64, since: u64) -> Assignments {
+        self.advance(now_ns);
+        let ongoing = self.domains.iter().enumerate().flat_map(|(d, dom)| {
+            dom.slots.iter().enumerate().filter_map(move |(s, slot)| {
+                slot.assigned.map(|a| AssignmentRecord {
+                    seq: slot.seq,
+                    domain: d as u32,
+                    slot: s as u32,
+                    event: a.event,
+                    rmid: a.rmid,
+                    assigned_ns: slot.assigned_ns,
+                    released_ns: None,
+                    counted_bytes: slot.counted,
+                })
+            })
+        });
+        self.assignments.since(since, self.now_ns, ongoing)
+    }
+
+    /// Carries out a write and says what it changed.
+    fn do_write(&mut self, offset: u64, size: u32, value: u64) -> Result<WriteEffect, BadAccessKind> {
         let (off, part) = decode::split(offset, size)?;
         let reg = self.lookup(off).ok_or(BadAccessKind::UnknownOffset)?;
         if let Reg::Global(g) = reg {
@@ -274,13 +338,13 @@ impl Device {
                     return Err(BadAccessKind::BadValue);
                 }
                 let from = std::mem::replace(&mut dom.owner, value);
-                return Ok(Some((d as u32, from, value)));
+                Ok(WriteEffect::Owner { domain: d as u32, from, to: value })
             }
             Some(s) => {
                 let slot = dom.slots.get_mut(s).ok_or(BadAccessKind::UnknownOffset)?;
                 if value == 0 {
-                    *slot = Slot::default();
-                    return Ok(None);
+                    let old = std::mem::take(slot);
+                    return Ok(WriteEffect::SlotCtl { domain: d, slot: s, old });
                 }
                 if value & regs::SLOT_CTL_ASSIGNED == 0 || value & regs::SLOT_CTL_RESERVED != 0 {
                     return Err(BadAccessKind::BadValue);
@@ -292,18 +356,18 @@ impl Device {
                 if rmid >= u64::from(rmids) {
                     return Err(BadAccessKind::BadValue);
                 }
-                *slot = Slot {
+                let new = Slot {
                     ctl: value,
                     assigned: Some(Assignment {
                         event,
                         rmid: rmid as u32,
                     }),
-                    counted: 0,
-                    units_at_read: 0,
+                    ..Slot::default()
                 };
+                let old = std::mem::replace(slot, new);
+                Ok(WriteEffect::SlotCtl { domain: d, slot: s, old })
             }
         }
-        Ok(None)
     }
 
     fn check(&self, domain: u32, rmid: u32) -> Result<usize, DeviceError> {
@@ -468,6 +532,7 @@ impl Device {
                         rmid: slot.assigned.map(|a| a.rmid),
                         counted_bytes: slot.counted,
                         register: self.slot_register(slot),
+                        assignment: slot.assigned.map(|_| slot.seq),
                     })
                     .collect();
                 let truth = d

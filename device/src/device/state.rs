@@ -23,6 +23,10 @@ pub struct SlotState {
     pub counted_bytes: u64,
     /// What a correctly placed read of `SLOT_COUNT` returns now.
     pub register: u64,
+    /// The current assignment's number (see the `assignments` request),
+    /// `None` while the slot is free.
+    #[serde(default)]
+    pub assignment: Option<u64>,
 }
 
 /// Ground truth of one (RMID, event) in a domain.

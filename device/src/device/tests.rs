@@ -319,6 +319,59 @@ fn traffic_landing_after_reassignment_goes_to_the_new_assignment() {
 }
 
 #[test]
+fn every_assignment_is_kept_with_what_it_counted() {
+    let mut d = owned(24, 1, 1 << 40);
+    let released = |d: &mut Device, now| {
+        let a = d.assignments(now, 0);
+        a.records.iter().map(|r| (r.seq, r.slot, r.rmid, r.released_ns, r.counted_bytes)).collect::<Vec<_>>()
+    };
+    d.inject(0, 0, 4, Event::MbmTotalBytes, 100).unwrap();
+    assign(&mut d, SEC, 0, Event::MbmTotalBytes, 4);
+    assign(&mut d, SEC, 1, Event::MbmTotalBytes, 4);
+    d.inject(SEC, 0, 4, Event::MbmTotalBytes, 7).unwrap();
+    // Repeating the value is a new assignment; the old one keeps its 7.
+    assign(&mut d, 2 * SEC, 1, Event::MbmTotalBytes, 4);
+    d.inject(2 * SEC, 0, 4, Event::MbmTotalBytes, 5).unwrap();
+    d.write(3 * SEC, 0, slot_ctl(0, 0), 8, 0);
+    // Nothing holds the RMID now: this lands in the truth only.
+    d.write(3 * SEC, 0, slot_ctl(0, 1), 8, 0);
+    d.inject(3 * SEC, 0, 4, Event::MbmTotalBytes, 9).unwrap();
+    assign(&mut d, 4 * SEC, 2, Event::MbmTotalBytes, 4);
+    d.inject(4 * SEC, 0, 4, Event::MbmTotalBytes, 3).unwrap();
+    assert_eq!(
+        released(&mut d, 5 * SEC),
+        vec![
+            (0, 0, 4, Some(3 * SEC), 12),
+            (1, 1, 4, Some(2 * SEC), 7),
+            (2, 1, 4, Some(3 * SEC), 5),
+            (3, 2, 4, None, 3),
+        ]
+    );
+    let a = d.assignments(5 * SEC, 2);
+    assert_eq!((a.next_seq, a.dropped, a.records.len()), (4, 0, 2));
+    assert_eq!(a.records[0].assigned_ns, 2 * SEC);
+    let state = d.state(5 * SEC);
+    assert_eq!(state.domains[0].slots[2].assignment, Some(3));
+    assert_eq!(state.domains[0].slots[0].assignment, None);
+    assert_eq!(state.truth(0, 4, Event::MbmTotalBytes), 124);
+}
+
+#[test]
+fn the_assignment_log_is_bounded() {
+    let mut d = owned(24, 1, 1 << 40);
+    let n = ASSIGNMENT_LOG_CAPACITY as u64 + 3;
+    for i in 0..n {
+        assign(&mut d, i, 0, Event::MbmTotalBytes, 1);
+    }
+    let a = d.assignments(n, 0);
+    assert_eq!((a.next_seq, a.dropped), (n, 2));
+    // The oldest two ended ones fell out; the ongoing one is always there.
+    assert_eq!(a.records.first().map(|r| r.seq), Some(2));
+    assert_eq!(a.records.last().map(|r| (r.seq, r.released_ns)), Some((n - 1, None)));
+    assert_eq!(a.records.len(), ASSIGNMENT_LOG_CAPACITY + 1);
+}
+
+#[test]
 fn placement_violations() {
     let mut d = device(DeviceConfig::default());
     let count = slot_count(0, 0);

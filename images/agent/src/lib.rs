@@ -139,6 +139,33 @@ pub enum PerfIoctl {
     QueryBpf,
 }
 
+/// One perf operation of a [`HostRequest::PerfOps`] batch: the lifecycle
+/// stress issues every operation a user can through these.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum PerfOp {
+    /// perf_event_open(attr, -1, cpu, group leader's handle or -1, 0):
+    /// answers `[handle]`.
+    Open { attr: PerfAttr, cpu: i32, group: Option<u32> },
+    /// An ioctl: answers `[its return value]`.
+    Ioctl { handle: u32, ioctl: PerfIoctl },
+    /// read(): answers the u64 words the read format gives.
+    Read { handle: u32 },
+    /// close(): answers `[]`.
+    Close { handle: u32 },
+}
+
+/// What one [`PerfOp`] did, stamped with the guest's `CLOCK_MONOTONIC`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PerfOpResult {
+    /// When the system call returned.
+    pub time_ns: u64,
+    /// How long it took (an open that waited for a move shows here).
+    pub took_ns: u64,
+    /// The answer's words, or the errno's name.
+    pub result: Result<Vec<u64>, String>,
+}
+
 /// A concurrent stress of opens against CPU hotplug (see
 /// [`HostRequest::PerfOpenRace`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -299,6 +326,11 @@ pub enum HostRequest {
     /// `read_handles`. Answered with [`AgentMessage::HotplugBatch`]; an op
     /// that fails is reported and the batch carries on.
     HotplugBatch { ops: Vec<HotplugOp>, watch_pmus: Vec<String>, read_handles: Vec<u32> },
+    /// Carry out perf operations in order, each timed and journaled
+    /// ([`GuestEventKind::PerfOp`]); one that fails is answered with its
+    /// errno and the batch carries on. Answered with
+    /// [`AgentMessage::PerfOps`], one result per operation.
+    PerfOps { ops: Vec<PerfOp> },
     /// read() several open events: [`AgentMessage::PerfValuesMany`], or the
     /// first failure's errno.
     PerfReadMany { handles: Vec<u32> },
@@ -336,6 +368,9 @@ pub enum GuestEventKind {
     /// perf_event_open: `result` is the handle or the errno's name.
     PerfOpen { pmu_type: u32, config: u64, cpu: i32, result: String },
     PerfClose { handle: u32 },
+    /// An operation of a [`HostRequest::PerfOps`] batch and what it did
+    /// (`time_ns` is when it returned).
+    PerfOp { op: PerfOp, took_ns: u64, result: Result<Vec<u64>, String> },
     /// A PMU's `cpumask` file was read.
     Cpumask { pmu: String, cpus: String },
 }
@@ -356,6 +391,7 @@ pub enum AgentMessage {
     PerfOpened { handle: u32 },
     PerfValues { values: Vec<u64> },
     PerfValuesMany { values: Vec<Vec<u64>> },
+    PerfOps { results: Vec<PerfOpResult> },
     HotplugBatch(HotplugBatchResult),
     JobStarted { job: u32 },
     JobDone(JobResult),
@@ -432,6 +468,26 @@ mod tests {
             }],
         });
         let line = serde_json::to_string(&msg).unwrap();
+        assert_eq!(serde_json::from_str::<AgentMessage>(&line).unwrap(), msg);
+        let req = HostRequest::PerfOps {
+            ops: vec![
+                PerfOp::Open { attr: PerfAttr { flags: 1, ..PerfAttr::default() }, cpu: 2, group: Some(3) },
+                PerfOp::Ioctl { handle: 4, ioctl: PerfIoctl::Reset { group: true } },
+                PerfOp::Read { handle: 4 },
+                PerfOp::Close { handle: 4 },
+            ],
+        };
+        let line = serde_json::to_string(&req).unwrap();
+        assert!(line.starts_with(r#"{"request":"perf_ops","ops":[{"op":"open","#), "{line}");
+        assert_eq!(serde_json::from_str::<HostRequest>(&line).unwrap(), req);
+        let msg = AgentMessage::PerfOps {
+            results: vec![
+                PerfOpResult { time_ns: 9, took_ns: 2, result: Ok(vec![5]) },
+                PerfOpResult { time_ns: 12, took_ns: 1, result: Err("EBUSY".into()) },
+            ],
+        };
+        let line = serde_json::to_string(&msg).unwrap();
+        assert!(line.contains(r#"{"Err":"EBUSY"}"#), "{line}");
         assert_eq!(serde_json::from_str::<AgentMessage>(&line).unwrap(), msg);
         let spec = JobSpec::OpenCloseLoop { attrs: vec![PerfAttr::default()], pause_us: 100 };
         let req = HostRequest::StartJob { spec };

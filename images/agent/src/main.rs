@@ -26,6 +26,7 @@ mod jobs;
 mod journal;
 mod mmio;
 mod perf;
+mod perf_ops;
 mod timing;
 
 /// The initramfs's modules, loaded when the host asks.
@@ -172,6 +173,7 @@ fn handle(
         HostRequest::HotplugBatch { ops, watch_pmus, read_handles } => {
             AgentMessage::HotplugBatch(batch::run(&ops, &watch_pmus, &read_handles, events))
         }
+        HostRequest::PerfOps { ops } => AgentMessage::PerfOps { results: perf_ops::run(ops, events, journal) },
         HostRequest::PerfReadMany { handles } => {
             match handles.iter().map(|&h| events.read(h)).collect::<Result<Vec<_>, _>>() {
                 Ok(values) => AgentMessage::PerfValuesMany { values },

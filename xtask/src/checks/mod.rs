@@ -6,6 +6,7 @@
 //! One file per family. A check never boots a VM, never decides a host, and
 //! never prints: it says PASS or FAIL and why, in its `detail`.
 
+pub mod counting;
 pub mod device;
 pub mod hotplug;
 pub mod module_lifecycle;

@@ -12,6 +12,8 @@
 
 pub mod boot;
 mod jobs;
+pub mod lifecycle;
+pub mod mutants;
 mod placements;
 mod report;
 pub mod schedule;
@@ -78,6 +80,28 @@ pub struct StressArgs {
     /// where the CPU has VT-x/SVM, else QEMU).
     #[arg(long, value_enum, default_value_t = host::HostChoice::Qemu)]
     host: host::HostChoice,
+    /// Lifecycle fuzzing instead of the hotplug schedule: this many seeded
+    /// perf operations (opens, groups, ioctls, reads, closes, perf stat)
+    /// among moves, parks and bursts, each checked against the model of
+    /// docs/counting-semantics.md.
+    #[arg(long, value_name = "OPS")]
+    lifecycle: Option<u32>,
+    /// Plant the named bug (guest-driver/mutants/NAME.patch, or a kernel
+    /// mutant in images/kernel/mutants/) and run a short lifecycle stress
+    /// that must catch it.
+    #[arg(long, value_name = "NAME", conflicts_with = "mutants")]
+    mutant: Option<String>,
+    /// Run every driver mutant in turn and print the table (caught or not,
+    /// after how many operations, the replay command).
+    #[arg(long)]
+    mutants: bool,
+    /// With --mutants: the kernel mutants too (a kernel build each).
+    #[arg(long, requires = "mutants")]
+    kernel_mutants: bool,
+    /// Replay a lifecycle journal (lifecycle-journal.jsonl of a run folder)
+    /// against the model, without a guest, and print what differs.
+    #[arg(long, value_name = "FILE")]
+    journal: Option<PathBuf>,
 }
 
 /// Counter slots per domain in the stress device: enough for every event
@@ -104,21 +128,36 @@ pub struct StressConfig {
     pub replay: String,
 }
 
+impl StressArgs {
+    /// The flags that choose the guest, as a replay command repeats them
+    /// (` --cpus N` first).
+    pub fn guest_flags(&self) -> String {
+        let mut flags = format!(" --cpus {}", self.cpus);
+        if let Some(domains) = &self.domains {
+            let _ = write!(flags, " --domains {domains}");
+        }
+        if self.normal {
+            flags += " --normal";
+        }
+        if self.host != host::HostChoice::Qemu {
+            let _ = write!(flags, " --host {}", self.host.name());
+        }
+        flags
+    }
+
+    /// Whether these ask for the lifecycle stress (`stress::lifecycle::cli`)
+    /// rather than the hotplug schedule.
+    pub fn is_lifecycle(&self) -> bool {
+        self.lifecycle.is_some() || self.mutant.is_some() || self.mutants || self.journal.is_some()
+    }
+}
+
 pub fn run(ws: &Path, args: &StressArgs) -> Result<bool> {
     let seed = args.seed.unwrap_or_else(clock_seed);
     let variant = if args.normal { Variant::Normal } else { Variant::Debug };
     host::config::check_size(args.cpus, args.memory)?;
     let device = device(args.cpus, args.domains.as_deref())?;
-    let mut replay = format!("cargo xtask stress --cycles {} --seed {seed} --cpus {}", args.cycles, args.cpus);
-    if let Some(domains) = &args.domains {
-        let _ = write!(replay, " --domains {domains}");
-    }
-    if args.normal {
-        replay += " --normal";
-    }
-    if args.host != host::HostChoice::Qemu {
-        let _ = write!(replay, " --host {}", args.host.name());
-    }
+    let replay = format!("cargo xtask stress --cycles {} --seed {seed}{}", args.cycles, args.guest_flags());
     // Refuse a topology the schedule cannot use before minutes go into a build.
     schedule::generate(&topology(args.cpus, &device), seed, 1).map_err(|e| anyhow::anyhow!("{}", e.0))?;
     let images = image::ensure(ws, variant)?;

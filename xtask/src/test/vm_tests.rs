@@ -101,6 +101,7 @@ pub fn hotplug_stress(scenario: &Scenario, accel: &Accel) -> Result<()> {
     Ok(())
 }
 
+/// The short lifecycle stress: operations and seed.
 /// `cargo xtask hotplug-selftest` on the run's VM.
 pub fn hotplug_selftest_replay(scenario: &Scenario, accel: &Accel) -> Result<()> {
     let config = stress::selftest::SelftestConfig { vm: scenario.vm.clone(), rounds: SELFTEST_ROUNDS, timeout: scenario.request_timeout };

@@ -48,6 +48,14 @@ pub fn lines(events: &[GuestEvent], offset: ClockOffset) -> Vec<String> {
                     format!("guest_perf_open type={pmu_type} config={config:#x} cpu={cpu} result={result}")
                 }
                 GuestEventKind::PerfClose { handle } => format!("guest_perf_close handle={handle}"),
+                GuestEventKind::PerfOp { op, took_ns, result } => {
+                    let result = match result {
+                        Ok(words) => format!("{words:?}").replace(' ', ""),
+                        Err(errno) => errno.clone(),
+                    };
+                    let op = serde_json::to_string(op).unwrap_or_default().replace(' ', "");
+                    format!("guest_perf_op took_ns={took_ns} result={result} op={op}")
+                }
                 GuestEventKind::Cpumask { pmu, cpus } => {
                     format!("guest_cpumask pmu={pmu} cpus={}", if cpus.is_empty() { "none" } else { cpus })
                 }

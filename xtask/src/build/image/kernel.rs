@@ -98,15 +98,24 @@ struct Inputs {
     patches: Vec<(String, Vec<u8>)>,
 }
 
+/// Chooses the patches a kernel applies, given the series in order (a
+/// planted-bug kernel applies others; see `stress::mutants`).
+pub type ChoosePatches<'a> = &'a dyn Fn(&[PathBuf]) -> Result<Vec<PathBuf>>;
+
 impl Inputs {
-    fn read(workspace: &Path, variant: Variant) -> Result<Inputs> {
+    fn read(workspace: &Path, variant: Variant, choose: Option<ChoosePatches>) -> Result<Inputs> {
         let dir = images_dir(workspace);
         let fragments = variant
             .fragments()
             .iter()
             .map(|name| Ok((name.to_string(), fs::read(dir.join(name)).with_context(|| format!("reading {name}"))?)))
             .collect::<Result<_>>()?;
-        let patches = patches(workspace)?
+        let series = patches(workspace)?;
+        let chosen = match choose {
+            Some(choose) => choose(&series)?,
+            None => series,
+        };
+        let patches = chosen
             .iter()
             .map(|patch| {
                 let name = patch.file_name().context("a patch has a name")?.to_string_lossy().into_owned();
@@ -158,11 +167,17 @@ pub const KERNEL_TREE_ENV: &str = "PERFBED_KERNEL_TREE";
 
 /// Returns the cached kernel, building it first if its inputs changed, or
 /// the developer's own tree if [`KERNEL_TREE_ENV`] names one.
-pub fn ensure(workspace: &Path, variant: Variant) -> Result<Kernel> {
+///
+/// `choose` picks the patches from the series (all of them for `None`):
+/// each choice is a kernel of its own in the cache.
+pub fn ensure_patched(workspace: &Path, variant: Variant, choose: Option<ChoosePatches>) -> Result<Kernel> {
     if let Some(tree) = std::env::var_os(KERNEL_TREE_ENV).filter(|t| !t.is_empty()) {
+        if choose.is_some() {
+            anyhow::bail!("{KERNEL_TREE_ENV} names a tree of one's own: a kernel mutant needs perfbed's own build");
+        }
         return own_tree(Path::new(&tree));
     }
-    let inputs = Inputs::read(workspace, variant)?;
+    let inputs = Inputs::read(workspace, variant, choose)?;
     let key = key(&inputs)?;
     let entry = Entry::new("kernel", &key)?;
     let tree = entry.dir.join("linux");

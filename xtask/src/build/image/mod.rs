@@ -45,10 +45,26 @@ pub fn ensure(workspace: &Path, variant: Variant) -> Result<Images> {
 }
 
 pub fn ensure_for(workspace: &Path, variant: Variant, purpose: Purpose) -> Result<Images> {
+    ensure_with_driver(workspace, variant, purpose, None)
+}
+
+/// [`ensure_for`] with perfbed.ko built from `driver` (a folder laid out as
+/// `guest-driver/`, such as a planted-bug copy) instead of `guest-driver/`.
+pub fn ensure_with_driver(workspace: &Path, variant: Variant, purpose: Purpose, driver: Option<&Path>) -> Result<Images> {
+    ensure_mutated(workspace, variant, purpose, driver, None)
+}
+
+/// [`ensure`] with a kernel of the patches `choose` picks from the series
+/// (a planted-bug kernel).
+pub fn ensure_with_kernel_patches(workspace: &Path, variant: Variant, choose: kernel::ChoosePatches) -> Result<Images> {
+    ensure_mutated(workspace, variant, Purpose::Test, None, Some(choose))
+}
+
+fn ensure_mutated(workspace: &Path, variant: Variant, purpose: Purpose, driver: Option<&Path>, choose: Option<kernel::ChoosePatches>) -> Result<Images> {
     crate::build::deps::ensure_packages()?;
     std::thread::scope(|s| {
         let qemu = s.spawn(|| qemu::ensure(workspace));
-        let guest = guest_images(workspace, variant, purpose);
+        let guest = guest_images(workspace, variant, purpose, driver, choose);
         let qemu = qemu.join().map_err(|_| anyhow::anyhow!("the QEMU build thread panicked"))?;
         let (kernel, initramfs, driver) = guest?;
         Ok(Images { vmlinux: kernel.vmlinux, initramfs, kernel_release: kernel.release, qemu: qemu?, driver })
@@ -57,13 +73,21 @@ pub fn ensure_for(workspace: &Path, variant: Variant, purpose: Purpose) -> Resul
 
 /// The kernel, and the initramfs with the agent and the modules, and
 /// perfbed.ko (for gdb's symbols).
-fn guest_images(workspace: &Path, variant: Variant, purpose: Purpose) -> Result<(kernel::Kernel, PathBuf, PathBuf)> {
+fn guest_images(
+    workspace: &Path,
+    variant: Variant,
+    purpose: Purpose,
+    driver: Option<&Path>,
+    choose: Option<kernel::ChoosePatches>,
+) -> Result<(kernel::Kernel, PathBuf, PathBuf)> {
     // A kernel build installs bindgen while it unpacks the source; modules
     // built against a cached kernel need it too.
-    let kernel = kernel::ensure(workspace, variant)?;
+    let kernel = kernel::ensure_patched(workspace, variant, choose)?;
     crate::build::deps::ensure_bindgen()?;
     // Loaded by the scenario once the device has been checked on its own.
-    let driver = module::ensure(workspace, &kernel, "guest-driver", "perfbed", &["device/src/regs.rs"])?;
+    // An absolute folder replaces the workspace's (Path::join).
+    let dir = driver.map_or_else(|| "guest-driver".to_string(), |d| d.display().to_string());
+    let driver = module::ensure(workspace, &kernel, &dir, "perfbed", &["device/src/regs.rs"])?;
     let mut modules = vec![driver.clone()];
     if purpose == Purpose::Test {
         // Loaded only by the device-scope test (images/kernel/scope-test).

@@ -1,0 +1,222 @@
+//! `cargo xtask stress --lifecycle OPS`, `--mutant NAME` and `--mutants`:
+//! the lifecycle stress on its own guest, with or without a planted bug,
+//! and the table of planted bugs.
+
+use std::fmt::Write as _;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+use crate::build::image::{self, Purpose, Variant};
+use crate::host;
+use crate::host::config::{self, VmConfig};
+use crate::progress::human;
+use crate::stress::mutants::{self, Mutant, MutantKind};
+use crate::stress::{clock_seed, device, guest_vm, StressArgs};
+
+use super::journal;
+use super::replay::replay;
+use super::run::{LifecycleConfig, LifecycleReport};
+use super::SLOTS;
+
+/// Operations of a mutant's run unless `--lifecycle` says otherwise, and
+/// its seed unless `--seed` does: enough to catch every mutant of the
+/// table, short enough for `cargo xtask test`.
+pub const MUTANT_OPS: u32 = 600;
+pub const MUTANT_SEED: u64 = 17;
+
+/// What one run of a mutant came to.
+pub struct MutantRow {
+    pub name: String,
+    /// The operation that first differed from the model, if any.
+    pub caught_at: Option<usize>,
+    pub time: Duration,
+    pub replay: String,
+    /// Why the run could not be made (a patch that does not apply, ...).
+    pub error: Option<String>,
+}
+
+pub fn run(ws: &Path, args: &StressArgs) -> Result<bool> {
+    if let Some(file) = &args.journal {
+        return replay_file(file);
+    }
+    if args.mutants {
+        let rows = table(ws, args)?;
+        print!("{}", table_text(&rows));
+        return Ok(rows.iter().all(|r| r.caught_at.is_some()));
+    }
+    if let Some(name) = &args.mutant {
+        let mutant = mutants::find(ws, name)?;
+        let row = run_mutant(ws, args, &mutant)?;
+        print!("{}", table_text(std::slice::from_ref(&row)));
+        return Ok(row.caught_at.is_some());
+    }
+    let ops = args.lifecycle.unwrap_or(MUTANT_OPS);
+    let seed = args.seed.unwrap_or_else(clock_seed);
+    let (report, config) = lifecycle(ws, args, ops, seed, None, false)?;
+    println!("\nperfbed stress --lifecycle: {}", if report_passed(&report) { "PASSED" } else { "FAILED" });
+    print!("{}", checks_text(&report));
+    print!("{}", report.text(&config));
+    Ok(report_passed(&report))
+}
+
+/// `--journal FILE`: the replay of a saved journal, every finding printed.
+fn replay_file(file: &Path) -> Result<bool> {
+    let text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    let (header, entries) = journal::from_text(&text).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+    let replayed = replay(header.shape(), &entries);
+    for f in &replayed.findings {
+        println!("operation {}: {}\n    {:?}", f.index, f.text, entries[f.index].step);
+    }
+    println!(
+        "{} operations, {} reads, {} values: {} mismatches against the model (seed {}; the run: {})",
+        entries.len(),
+        replayed.reads,
+        replayed.values,
+        replayed.findings.len(),
+        header.seed,
+        header.replay
+    );
+    Ok(replayed.findings.is_empty())
+}
+
+fn report_passed(report: &LifecycleReport) -> bool {
+    report.checks.iter().all(|c| c.passed)
+}
+
+fn checks_text(report: &LifecycleReport) -> String {
+    let width = report.checks.iter().map(|c| c.name.len()).max().unwrap_or(0);
+    let mut out = String::new();
+    for check in &report.checks {
+        let _ =
+            writeln!(out, "  {}  {:width$}  {}", if check.passed { "PASS" } else { "FAIL" }, check.name, check.detail);
+    }
+    out
+}
+
+/// Every driver mutant (and, with `--kernel-mutants`, every kernel one).
+pub fn table(ws: &Path, args: &StressArgs) -> Result<Vec<MutantRow>> {
+    let mut rows = Vec::new();
+    for mutant in mutants::all(ws)? {
+        if mutant.kind != MutantKind::Driver && !args.kernel_mutants {
+            continue;
+        }
+        rows.push(run_mutant(ws, args, &mutant)?);
+    }
+    if rows.is_empty() {
+        bail!("no mutants in guest-driver/mutants/ (or images/kernel/mutants/)");
+    }
+    Ok(rows)
+}
+
+fn run_mutant(ws: &Path, args: &StressArgs, mutant: &Mutant) -> Result<MutantRow> {
+    let ops = args.lifecycle.unwrap_or(MUTANT_OPS);
+    let seed = args.seed.unwrap_or(MUTANT_SEED);
+    eprintln!("==> mutant {}: {}", mutant.name, mutant.summary());
+    let start = Instant::now();
+    let replay = replay_command(args, ops, seed, Some(&mutant.name));
+    let result = lifecycle(ws, args, ops, seed, Some(mutant), true).map(|(report, _)| report);
+    Ok(mutant_row(mutant, replay, start, result))
+}
+
+/// The run folder's name for a mutant: short, as the sockets in it must
+/// have paths under 108 bytes.
+pub fn run_name(mutant: &Mutant) -> String {
+    format!("mut-{}", mutant.name.chars().take(12).collect::<String>())
+}
+
+/// A mutant's row of the table, from its run (an `Err`: it did not run).
+pub fn mutant_row(mutant: &Mutant, replay: String, start: Instant, result: Result<LifecycleReport>) -> MutantRow {
+    let (caught_at, error) = match result {
+        Ok(report) => (caught(&report), None),
+        Err(e) => (None, Some(format!("{e:#}"))),
+    };
+    MutantRow { name: mutant.name.clone(), caught_at, time: start.elapsed(), replay, error }
+}
+
+/// The images a mutant's guest boots: its driver, or its kernel.
+pub fn mutant_images(ws: &Path, variant: Variant, mutant: Option<&Mutant>) -> Result<image::Images> {
+    match mutant {
+        None => image::ensure(ws, variant),
+        Some(m) if m.kind == MutantKind::Driver => {
+            let tree = mutants::driver_tree(ws, m)?;
+            image::ensure_with_driver(ws, variant, Purpose::Test, Some(&tree))
+        }
+        Some(m) => image::ensure_with_kernel_patches(ws, variant, &|series| {
+            mutants::kernel_patches(m, series, &ws.join("images/kernel"))
+        }),
+    }
+}
+
+/// Where a run first failed: its first mismatch against the model, or any
+/// other failing check (a splat, a violation: counted as operation 0 of
+/// the end).
+fn caught(report: &LifecycleReport) -> Option<usize> {
+    report.caught_at().or_else(|| (!report_passed(report)).then_some(report.steps))
+}
+
+pub fn table_text(rows: &[MutantRow]) -> String {
+    let mut out = String::from("\nplanted bugs (mutants):\n");
+    let width = rows.iter().map(|r| r.name.len()).max().unwrap_or(0);
+    for r in rows {
+        let verdict = match (&r.caught_at, &r.error) {
+            (_, Some(e)) => format!("NOT RUN: {}", e.lines().next().unwrap_or("")),
+            (Some(n), None) => format!("caught after {n} operations"),
+            (None, None) => "NOT CAUGHT".to_string(),
+        };
+        let _ = writeln!(out, "  {:width$}  {verdict} ({})\n    {}", r.name, human(r.time), r.replay);
+        if let Some(e) = &r.error {
+            for line in e.lines().skip(1) {
+                let _ = writeln!(out, "      {line}");
+            }
+        }
+    }
+    out
+}
+
+fn replay_command(args: &StressArgs, ops: u32, seed: u64, mutant: Option<&str>) -> String {
+    let mut cmd = format!("cargo xtask stress --lifecycle {ops} --seed {seed}{}", args.guest_flags());
+    if let Some(m) = mutant {
+        let _ = write!(cmd, " --mutant {m}");
+    }
+    cmd
+}
+
+/// Builds what the run needs (the mutant's driver or kernel), boots, runs.
+fn lifecycle(
+    ws: &Path,
+    args: &StressArgs,
+    ops: u32,
+    seed: u64,
+    mutant: Option<&Mutant>,
+    stop_at_first: bool,
+) -> Result<(LifecycleReport, LifecycleConfig)> {
+    let variant = if args.normal { Variant::Normal } else { Variant::Debug };
+    config::check_size(args.cpus, args.memory)?;
+    let mut device = device(args.cpus, args.domains.as_deref())?;
+    device.slots = SLOTS;
+    let images = mutant_images(ws, variant, mutant)?;
+    let accel = host::choose_accel();
+    let (placement, why) = host::choose_host(args.host, &accel);
+    let host = host::build_host(ws, placement, &images.vmlinux, &images.initramfs)?;
+    let timeout = Duration::from_secs(args.timeout);
+    let name = mutant.map_or_else(|| "lifecycle".to_string(), run_name);
+    let vm = VmConfig { host, ..guest_vm(ws, &images, device, args.cpus, args.memory, &name, timeout) };
+    let config = LifecycleConfig {
+        ops,
+        seed,
+        timeout,
+        replay: replay_command(args, ops, seed, mutant.map(|m| m.name.as_str())),
+        stop_at_first,
+    };
+    eprintln!(
+        "==> stress --lifecycle: {ops} operations, seed {seed}, {} vCPUs, {} slots per domain, {} kernel, under {}",
+        vm.cpus,
+        SLOTS,
+        variant.name(),
+        if why.is_empty() { vm.host.name().to_string() } else { format!("{}: {why}", vm.host.name()) }
+    );
+    let report = super::execute(&vm, &accel, &config)?;
+    Ok((report, config))
+}

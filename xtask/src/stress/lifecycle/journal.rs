@@ -1,0 +1,257 @@
+//! The lifecycle stress's journal: every operation it issued, in order, with
+//! what came back. The agent journals the perf operations it carries out;
+//! this is the host's copy, with the host's own operations (traffic, moves,
+//! parks) in their places, which is what the checker replays.
+
+use perfbed_agent::PerfOp;
+use serde::{Deserialize, Serialize};
+
+use crate::checks::counting::{DeviceShape, Handle, Ioctl, Kind, OpenSpec};
+
+/// The journal file's first line: what the replay needs besides the steps.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Header {
+    pub pmus: u32,
+    pub slots: u32,
+    pub unit_bytes: u64,
+    pub counter_width: u32,
+    #[serde(default = "default_max_rate")]
+    pub max_rate: u64,
+    pub seed: u64,
+    /// The command that runs the stress again.
+    pub replay: String,
+}
+
+fn default_max_rate() -> u64 {
+    perfbed_device::DeviceConfig::default().max_rate
+}
+
+impl Header {
+    pub fn shape(&self) -> DeviceShape {
+        DeviceShape {
+            pmus: self.pmus,
+            slots: self.slots,
+            unit_bytes: self.unit_bytes,
+            counter_width: self.counter_width,
+            max_rate: self.max_rate,
+        }
+    }
+}
+
+/// The journal as a file: the header, then one entry per line.
+pub fn to_text(header: &Header, entries: &[Entry]) -> Result<String, serde_json::Error> {
+    let mut text = serde_json::to_string(header)? + "\n";
+    for entry in entries {
+        text += &serde_json::to_string(entry)?;
+        text.push('\n');
+    }
+    Ok(text)
+}
+
+/// Reads a journal file back; the error names the line.
+pub fn from_text(text: &str) -> Result<(Header, Vec<Entry>), String> {
+    let mut lines = text.lines().enumerate();
+    let (_, first) = lines.next().ok_or("an empty journal")?;
+    let header = serde_json::from_str(first).map_err(|e| format!("line 1 (the header): {e}"))?;
+    let entries = lines
+        .map(|(i, l)| serde_json::from_str(l).map_err(|e| format!("line {}: {e}", i + 1)))
+        .collect::<Result<_, _>>()?;
+    Ok((header, entries))
+}
+
+/// How an open event is read (its `attr.read_format`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReadFormat {
+    pub times: bool,
+    pub id: bool,
+    pub group: bool,
+}
+
+/// An event as the journal records its open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Opened {
+    /// Device events by domain, event id and RMID; `None` for cpu-clock.
+    pub pmu: Option<u32>,
+    pub event: u32,
+    pub rmid: u32,
+    pub disabled: bool,
+    pub pinned: bool,
+    pub exclusive: bool,
+    pub group: Option<Handle>,
+    pub read_format: ReadFormat,
+    /// The CPU passed to perf_event_open (a device event is moved to its
+    /// PMU's CPU whatever it is; a software event stays there, so a mixed
+    /// group's is the PMU's CPU as its `cpumask` showed it).
+    pub cpu: i32,
+}
+
+impl Opened {
+    pub fn spec(&self) -> OpenSpec {
+        let kind = match self.pmu {
+            None => Kind::Software,
+            Some(pmu) if self.event == 1 => Kind::Gauge { pmu, rmid: self.rmid },
+            Some(pmu) => Kind::Counter { pmu, event: self.event, rmid: self.rmid },
+        };
+        OpenSpec { kind, disabled: self.disabled, pinned: self.pinned, exclusive: self.exclusive, group: self.group }
+    }
+}
+
+/// One operation of the stress.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "step", rename_all = "snake_case")]
+pub enum Step {
+    /// Events the journal does not show may be open on the domain's PMU
+    /// from now on (the open-close loop's gauges, opens racing moves).
+    OthersOpen {
+        domain: u32,
+    },
+    /// perf_event_open; `expect` is the handle the agent gives if it opens.
+    Open {
+        event: Opened,
+        expect: Handle,
+    },
+    Ioctl {
+        handle: Handle,
+        ioctl: IoctlName,
+        group: bool,
+    },
+    Read {
+        handle: Handle,
+    },
+    Close {
+        handle: Handle,
+    },
+    /// Bytes injected and landed before the next step.
+    Burst {
+        domain: u32,
+        event: u32,
+        rmid: u32,
+        bytes: u64,
+    },
+    Occupancy {
+        domain: u32,
+        rmid: u32,
+        bytes: u64,
+    },
+    /// A steady rate on an RMID no event watches (bandwidth for the bursts).
+    Rate {
+        domain: u32,
+        rmid: u32,
+        bytes_per_sec: u64,
+    },
+    /// The domain's owner CPU went offline and came back.
+    Move {
+        domain: u32,
+    },
+    /// All the domain's allowed CPUs went offline / one came back.
+    Park {
+        domain: u32,
+    },
+    Unpark {
+        domain: u32,
+        cpu: u32,
+    },
+    /// Another allowed CPU of a placed domain came back online.
+    Online {
+        cpu: u32,
+    },
+    /// The real `perf stat` on a (domain, mbm_total_bytes, RMID): its
+    /// bursts, and which of them it must count (see `perf_stat.rs`).
+    PerfStat {
+        domain: u32,
+        rmid: u32,
+        how: StatHow,
+        bursts: Vec<(u64, bool)>,
+    },
+}
+
+/// Which way perf stat ran.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StatHow {
+    /// `perf stat -a -I 100`: the intervals must add up to every burst.
+    Interval,
+    /// `perf stat -a -D -1 --control fifo:…`: enabled and disabled through
+    /// the control FIFO between bursts.
+    Control,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IoctlName {
+    Enable,
+    Disable,
+    Reset,
+}
+
+impl IoctlName {
+    pub fn model(self) -> Ioctl {
+        match self {
+            IoctlName::Enable => Ioctl::Enable,
+            IoctlName::Disable => Ioctl::Disable,
+            IoctlName::Reset => Ioctl::Reset,
+        }
+    }
+
+    pub fn agent(self, group: bool) -> perfbed_agent::PerfIoctl {
+        use perfbed_agent::PerfIoctl;
+        match self {
+            IoctlName::Enable => PerfIoctl::Enable { group },
+            IoctlName::Disable => PerfIoctl::Disable { group },
+            IoctlName::Reset => PerfIoctl::Reset { group },
+        }
+    }
+}
+
+/// What a step came to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Entry {
+    pub step: Step,
+    /// The words the agent answered, or the errno's name, or what failed
+    /// on the host's side.
+    pub result: Result<Vec<u64>, String>,
+    /// How long the system call (or host action) took, in ns.
+    pub took_ns: u64,
+    /// When it was done, in ns of the host's clock since the run began (how
+    /// long a park lasted).
+    #[serde(default)]
+    pub at_ns: u64,
+}
+
+/// The agent operation a perf step is, with the attr filled in by `attr`.
+pub fn perf_op(step: &Step, attr: impl Fn(&Opened) -> perfbed_agent::PerfAttr) -> Option<PerfOp> {
+    Some(match *step {
+        Step::Open { ref event, .. } => PerfOp::Open { attr: attr(event), cpu: event.cpu, group: event.group },
+        Step::Ioctl { handle, ioctl, group } => PerfOp::Ioctl { handle, ioctl: ioctl.agent(group) },
+        Step::Read { handle } => PerfOp::Read { handle },
+        Step::Close { handle } => PerfOp::Close { handle },
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_journal_file_reads_back_as_written() {
+        let header = Header {
+            pmus: 2,
+            slots: 4,
+            unit_bytes: 64,
+            counter_width: 24,
+            max_rate: 1 << 30,
+            seed: 9,
+            replay: "cargo xtask stress".into(),
+        };
+        let entries = vec![
+            Entry { step: Step::Move { domain: 1 }, result: Ok(vec![3]), took_ns: 5, at_ns: 10 },
+            Entry { step: Step::Read { handle: 2 }, result: Err("EBADF".into()), took_ns: 1, at_ns: 12 },
+        ];
+        let text = to_text(&header, &entries).unwrap();
+        assert_eq!(text.lines().count(), 3);
+        assert_eq!(from_text(&text).unwrap(), (header, entries));
+        let e = from_text(&(text + "{\"step\":\"nope\"}\n")).unwrap_err();
+        assert!(e.starts_with("line 4"), "{e}");
+    }
+}

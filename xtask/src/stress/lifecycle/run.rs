@@ -1,0 +1,413 @@
+//! The lifecycle stress on a booted guest: draws steps from the generator,
+//! carries them out (perf operations through the agent, in batches; traffic
+//! through the control socket, landed before the next step; hotplug through
+//! the agent), journals every result, and replays the journal through the
+//! model at the end.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use perfbed_agent::{AgentMessage, HostRequest, HotplugOp, JobResult, JobSpec, PerfAttr, PerfOp};
+use perfbed_device::regs::Event;
+use perfbed_device::{ControlClient, DeviceConfig};
+
+use crate::checks::counting::DeviceShape;
+use crate::checks::Check;
+use crate::guest::perf_abi::{
+    FLAG_DISABLED, FLAG_EXCLUSIVE, FLAG_PINNED, FORMAT_GROUP, FORMAT_ID, FORMAT_TOTAL_TIME_ENABLED,
+    FORMAT_TOTAL_TIME_RUNNING, PERF_COUNT_SW_CPU_CLOCK, PERF_TYPE_SOFTWARE,
+};
+use crate::guest::Guest;
+use crate::progress::human;
+
+use super::super::jobs::{start_job, stop_job};
+use super::generate::{Generator, RMID_LOOP, RMID_RATE};
+use super::journal::{self, perf_op, Entry, Header, Opened, Step};
+use super::replay::{replay, Finding};
+
+/// Perf steps sent to the agent in one request, at most.
+const BATCH: usize = 32;
+
+/// What a lifecycle run is.
+pub struct LifecycleConfig {
+    pub ops: u32,
+    pub seed: u64,
+    pub timeout: Duration,
+    /// The command that runs it again.
+    pub replay: String,
+    /// Stop at the first mismatch (a planted bug's run: how soon it is caught).
+    pub stop_at_first: bool,
+}
+
+/// With `stop_at_first`, how many operations between two replays.
+const REPLAY_EVERY: usize = 40;
+
+/// What a lifecycle run saw.
+pub struct LifecycleReport {
+    pub checks: Vec<Check>,
+    pub steps: usize,
+    pub time: Duration,
+    /// The first finding, with the step it is about.
+    pub first: Option<(Finding, Step)>,
+    pub findings: usize,
+    pub ebusy: u64,
+    pub longest_open_ns: u64,
+    pub journal: PathBuf,
+}
+
+impl LifecycleReport {
+    /// Lines for the stress report.
+    pub fn text(&self, config: &LifecycleConfig) -> String {
+        let secs = self.time.as_secs_f64().max(1e-9);
+        let mut out = format!(
+            "  lifecycle: {} operations in {} ({:.1}/s), {} mismatches against the model, {} EBUSY, longest open {:.1} ms\n",
+            self.steps,
+            human(self.time),
+            self.steps as f64 / secs,
+            self.findings,
+            self.ebusy,
+            self.longest_open_ns as f64 / 1e6,
+        );
+        if let Some((finding, step)) = &self.first {
+            let _ = writeln!(out, "  first mismatch at operation {} ({step:?}):\n    {}", finding.index, finding.text);
+            let _ = writeln!(out, "  seed {}; replay with:\n    {}", config.seed, config.replay);
+        }
+        let _ = writeln!(out, "  journal: {}", self.journal.display());
+        out
+    }
+
+    /// The index of the first mismatching operation, if any.
+    pub fn caught_at(&self) -> Option<usize> {
+        self.first.as_ref().map(|(f, _)| f.index)
+    }
+}
+
+/// The device shape of the model, from the device's configuration.
+pub fn shape(device: &DeviceConfig) -> DeviceShape {
+    DeviceShape {
+        pmus: device.domains.len() as u32,
+        slots: device.slots,
+        unit_bytes: device.unit_bytes,
+        counter_width: device.counter_width,
+        max_rate: device.max_rate,
+    }
+}
+
+/// Nanoseconds since `start`.
+fn since(start: Instant) -> u64 {
+    u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// Runs the lifecycle stress on a guest of `cpus` vCPUs; `pmus[d]` is
+/// domain `d`'s PMU, `types[d]` its type.
+#[allow(clippy::too_many_arguments)]
+pub fn run(
+    g: &mut Guest,
+    cpus: u32,
+    control: &mut ControlClient,
+    device: &DeviceConfig,
+    pmus: &[String],
+    types: &[u32],
+    config: &LifecycleConfig,
+    run_dir: &Path,
+) -> Result<LifecycleReport> {
+    let shape = shape(device);
+    let mut owners = Vec::new();
+    for pmu in pmus {
+        owners.push(g.cpumask(pmu)?.first().copied());
+    }
+    let first_handle = probe_next_handle(g)?;
+    let mut generator = Generator::new(config.seed, shape, device.domains.clone(), cpus, owners, first_handle);
+    let attr = |o: &Opened| attr_of(o, types);
+
+    // Opens racing moves: a loop of gauge opens on every PMU, all run long.
+    let loop_attrs: Vec<PerfAttr> = (0..pmus.len())
+        .map(|d| PerfAttr { type_: types[d], config: 1 | u64::from(RMID_LOOP) << 8, ..PerfAttr::default() })
+        .collect();
+    let loop_job = start_job(g, JobSpec::OpenCloseLoop { attrs: loop_attrs, pause_us: 500 })?;
+    let mut journal: Vec<Entry> = (0..pmus.len() as u32)
+        .map(|domain| Entry { step: Step::OthersOpen { domain }, result: Ok(vec![]), took_ns: 0, at_ns: 0 })
+        .collect();
+
+    let start = Instant::now();
+    let mut last_progress = start;
+    // Perf steps not sent yet, each open with whether the generator took it
+    // in (expects it to open).
+    let mut pending: Vec<(Step, bool)> = Vec::new();
+    let mut desync = false;
+    let mut replayed_at = 0;
+    while journal.len() < config.ops as usize && !desync {
+        if config.stop_at_first && journal.len() >= replayed_at + REPLAY_EVERY {
+            replayed_at = journal.len();
+            if !replay(shape, &journal).findings.is_empty() {
+                break;
+            }
+        }
+        if last_progress.elapsed() >= Duration::from_secs(60) {
+            last_progress = Instant::now();
+            crate::progress::say(&format!(
+                "    lifecycle: {} of {} operations after {}",
+                journal.len(),
+                config.ops,
+                human(start.elapsed())
+            ));
+        }
+        for step in generator.next() {
+            if perf_op(&step, attr).is_some() {
+                let opens = matches!(step, Step::Open { expect, .. } if generator.format(expect).is_some());
+                pending.push((step, opens));
+                if pending.len() >= BATCH {
+                    desync |= flush(g, &mut pending, &attr, &mut journal, start)?;
+                }
+                continue;
+            }
+            desync |= flush(g, &mut pending, &attr, &mut journal, start)?;
+            let entry = host_step(g, control, device, pmus, step, config.timeout, start)?;
+            generator.observe(&entry);
+            journal.push(entry);
+        }
+    }
+    desync |= flush(g, &mut pending, &attr, &mut journal, start)?;
+    let time = start.elapsed();
+    let loop_result = stop_job(g, loop_job, 0)?;
+
+    let journal_path = run_dir.join("lifecycle-journal.jsonl");
+    let header = Header {
+        pmus: shape.pmus,
+        slots: shape.slots,
+        unit_bytes: shape.unit_bytes,
+        counter_width: shape.counter_width,
+        max_rate: shape.max_rate,
+        seed: config.seed,
+        replay: config.replay.clone(),
+    };
+    std::fs::write(&journal_path, journal::to_text(&header, &journal)?)
+        .with_context(|| format!("writing {}", journal_path.display()))?;
+
+    let replayed = replay(shape, &journal);
+    let first = replayed.findings.first().map(|f| (f.clone(), journal[f.index].step.clone()));
+    let mut checks = Vec::new();
+    let shown: Vec<String> =
+        replayed.findings.iter().take(8).map(|f| format!("operation {}: {}", f.index, f.text)).collect();
+    let mut problems = shown;
+    if replayed.findings.len() > 8 {
+        problems.push(format!("and {} more", replayed.findings.len() - 8));
+    }
+    if desync {
+        problems.push("an open's handle was not the one the generator expected: the run stopped there".into());
+    }
+    checks.push(Check::from_problems(
+        "lifecycle against the model",
+        problems,
+        format!(
+            "{} operations, {} reads, {} values, all as the model says",
+            journal.len(),
+            replayed.reads,
+            replayed.values
+        ),
+    ));
+    let mut ebusy = replayed.ebusy;
+    if let JobResult::OpenCloseLoop { attempts, errors, .. } = &loop_result {
+        ebusy += errors.get("EBUSY").copied().unwrap_or(0);
+        let bad: BTreeMap<&String, &u64> = errors.iter().filter(|(k, _)| k.as_str() != "ENODEV").collect();
+        let problems =
+            if bad.is_empty() { vec![] } else { vec![format!("{attempts} opens racing moves: refused {bad:?}")] };
+        checks.push(Check::from_problems(
+            "opens racing moves",
+            problems,
+            format!("{attempts} opens, refused {errors:?} (ENODEV only while parked)"),
+        ));
+    }
+    Ok(LifecycleReport {
+        checks,
+        steps: journal.len(),
+        time,
+        first,
+        findings: replayed.findings.len(),
+        ebusy,
+        longest_open_ns: replayed.longest_open_ns,
+        journal: journal_path,
+    })
+}
+
+/// The handle the agent gives its next event: opens and closes one.
+fn probe_next_handle(g: &mut Guest) -> Result<u32> {
+    let attr = PerfAttr { type_: PERF_TYPE_SOFTWARE, config: PERF_COUNT_SW_CPU_CLOCK, ..PerfAttr::default() };
+    match g.open_as(attr, -1, 0, None)? {
+        Ok(handle) => {
+            g.close(handle)?;
+            Ok(handle + 1)
+        }
+        Err(errno) => bail!("a cpu-clock event would not open: {errno}"),
+    }
+}
+
+/// The attr of a journaled open.
+fn attr_of(o: &Opened, types: &[u32]) -> PerfAttr {
+    let mut flags = 0;
+    if o.disabled {
+        flags |= FLAG_DISABLED;
+    }
+    if o.pinned {
+        flags |= FLAG_PINNED;
+    }
+    if o.exclusive {
+        flags |= FLAG_EXCLUSIVE;
+    }
+    let f = o.read_format;
+    let mut read_format = 0;
+    if f.times {
+        read_format |= FORMAT_TOTAL_TIME_ENABLED | FORMAT_TOTAL_TIME_RUNNING;
+    }
+    if f.id {
+        read_format |= FORMAT_ID;
+    }
+    if f.group {
+        read_format |= FORMAT_GROUP;
+    }
+    let (type_, config) = match o.pmu {
+        Some(d) => (types[d as usize], u64::from(o.event) | u64::from(o.rmid) << 8),
+        None => (PERF_TYPE_SOFTWARE, PERF_COUNT_SW_CPU_CLOCK),
+    };
+    PerfAttr { type_, config, flags, read_format, ..PerfAttr::default() }
+}
+
+/// Sends the pending perf steps as one batch; says whether an open gave a
+/// handle other than the one the generator expected (its later choices
+/// would then name the wrong events).
+fn flush(
+    g: &mut Guest,
+    pending: &mut Vec<(Step, bool)>,
+    attr: &impl Fn(&Opened) -> PerfAttr,
+    journal: &mut Vec<Entry>,
+    run_start: Instant,
+) -> Result<bool> {
+    if pending.is_empty() {
+        return Ok(false);
+    }
+    let ops: Vec<PerfOp> = pending.iter().filter_map(|(s, _)| perf_op(s, attr)).collect();
+    let results = match g.ask(HostRequest::PerfOps { ops })? {
+        AgentMessage::PerfOps { results } if results.len() == pending.len() => results,
+        other => bail!("a batch of {} perf operations: {other:?}", pending.len()),
+    };
+    let mut desync = false;
+    for ((step, expected), r) in pending.drain(..).zip(results) {
+        if let Step::Open { expect, .. } = step {
+            let got = r.result.as_ref().ok().map(|w| w.as_slice() == [u64::from(expect)]);
+            desync |= got.is_some() != expected || got == Some(false);
+        }
+        journal.push(Entry { step, result: r.result, took_ns: r.took_ns, at_ns: since(run_start) });
+    }
+    Ok(desync)
+}
+
+fn event(id: u32) -> Event {
+    if id == 3 {
+        Event::MbmLocalBytes
+    } else {
+        Event::MbmTotalBytes
+    }
+}
+
+/// Carries out a host step (traffic, hotplug, perf stat).
+fn host_step(
+    g: &mut Guest,
+    control: &mut ControlClient,
+    device: &DeviceConfig,
+    pmus: &[String],
+    step: Step,
+    timeout: Duration,
+    run_start: Instant,
+) -> Result<Entry> {
+    let start = Instant::now();
+    let wait_ms = timeout.as_millis() as u64;
+    let result: Result<Vec<u64>, String> = match &step {
+        &Step::Burst { domain, event: e, rmid, bytes } => {
+            control.inject(domain, rmid, event(e), bytes)?;
+            control.wait_landed(wait_ms)?;
+            Ok(vec![])
+        }
+        &Step::Occupancy { domain, rmid, bytes } => {
+            control.set_occupancy(domain, rmid, bytes)?;
+            Ok(vec![])
+        }
+        &Step::Rate { domain, bytes_per_sec, .. } => {
+            control.set_rate(domain, RMID_RATE, Event::MbmLocalBytes, bytes_per_sec)?;
+            Ok(vec![])
+        }
+        &Step::Move { domain } => {
+            hotplug(g, &pmus[domain as usize], vec![HotplugOp::FlapOwner { pmu: pmus[domain as usize].clone() }])?
+        }
+        &Step::Park { domain } => {
+            let cpus = &device.domains[domain as usize];
+            let ops = cpus.iter().map(|&cpu| HotplugOp::Set { cpu, online: false }).collect();
+            match hotplug(g, &pmus[domain as usize], ops)? {
+                Ok(mask) if mask.is_empty() => Ok(vec![]),
+                Ok(mask) => Err(format!("{} still on CPU {mask:?} with all its CPUs offline", pmus[domain as usize])),
+                Err(e) => Err(e),
+            }
+        }
+        &Step::Unpark { domain, cpu } => {
+            hotplug(g, &pmus[domain as usize], vec![HotplugOp::Set { cpu, online: true }])?
+        }
+        &Step::Online { cpu } => {
+            g.set_online(cpu, true)?;
+            Ok(vec![])
+        }
+        Step::PerfStat { domain, rmid, how, bursts } => {
+            super::perf_stat::run(g, control, &pmus[*domain as usize], *domain, *rmid, *how, bursts, wait_ms)?
+        }
+        Step::OthersOpen { .. } | Step::Open { .. } | Step::Ioctl { .. } | Step::Read { .. } | Step::Close { .. } => {
+            bail!("{step:?} is not a host step")
+        }
+    };
+    let took_ns = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+    Ok(Entry { step, result, took_ns, at_ns: since(run_start) })
+}
+
+/// Runs hotplug `ops`; answers the PMU's CPU after them (`[]` if parked).
+fn hotplug(g: &mut Guest, pmu: &str, ops: Vec<HotplugOp>) -> Result<Result<Vec<u64>, String>> {
+    let n = ops.len();
+    let result =
+        match g.ask(HostRequest::HotplugBatch { ops, watch_pmus: vec![pmu.to_string()], read_handles: vec![] })? {
+            AgentMessage::HotplugBatch(r) if r.ops.len() == n => r,
+            other => bail!("a hotplug batch of {n}: {other:?}"),
+        };
+    if let Some(e) = result.ops.iter().find_map(|op| op.error.clone()) {
+        return Ok(Err(e));
+    }
+    let mask = result.ops.last().and_then(|op| op.masks.first()).cloned().unwrap_or_default();
+    if mask.is_empty() {
+        return Ok(Ok(vec![]));
+    }
+    Ok(mask.parse::<u64>().map(|cpu| vec![cpu]).map_err(|_| format!("{pmu}/cpumask {mask:?} is not one CPU")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stress::lifecycle::journal::ReadFormat;
+
+    #[test]
+    fn journaled_opens_become_the_attrs_they_say() {
+        let o = Opened {
+            pmu: Some(1),
+            event: 3,
+            rmid: 4,
+            disabled: true,
+            pinned: false,
+            exclusive: true,
+            group: None,
+            read_format: ReadFormat { times: true, id: true, group: false },
+            cpu: 0,
+        };
+        let a = attr_of(&o, &[10, 11]);
+        assert_eq!((a.type_, a.config, a.flags), (11, 3 | 4 << 8, FLAG_DISABLED | FLAG_EXCLUSIVE));
+        assert_eq!(a.read_format, FORMAT_TOTAL_TIME_ENABLED | FORMAT_TOTAL_TIME_RUNNING | FORMAT_ID);
+        let sw = attr_of(&Opened { pmu: None, ..o }, &[10, 11]);
+        assert_eq!((sw.type_, sw.config), (PERF_TYPE_SOFTWARE, PERF_COUNT_SW_CPU_CLOCK));
+    }
+}

@@ -1,0 +1,204 @@
+//! Planted bugs ("mutants"), kept as plain files, each a deliberately wrong
+//! variant that a short lifecycle stress must catch:
+//! - `guest-driver/mutants/<name>.patch`: the driver, `patch -p1` from the
+//!   repository root (a module rebuild: cheap, `cargo xtask test` runs them);
+//! - `images/kernel/mutants/<name>.patch`: the kernel, applied after the
+//!   series; `images/kernel/mutants/<name>.series`: the patches to apply
+//!   instead of the series (the seed as posted), one a line, each a file
+//!   relative to `images/kernel/` or the name of one of the series' patches;
+//!   `#` starts a comment. Each is a kernel build: run on demand only.
+//!
+//! A patch file may start with lines of prose (`#` comments: what bug it
+//! plants, which check must catch it): `patch` skips them.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+
+/// Where a mutant lives, and so what it costs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MutantKind {
+    Driver,
+    KernelPatch,
+    KernelSeries,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mutant {
+    pub name: String,
+    pub kind: MutantKind,
+    pub file: PathBuf,
+}
+
+impl Mutant {
+    /// The first line of its file (without a comment's `#`): what it plants.
+    pub fn summary(&self) -> String {
+        let text = fs::read_to_string(&self.file).unwrap_or_default();
+        let first = text.lines().next().unwrap_or_default();
+        first.trim_start_matches('#').trim().to_string()
+    }
+}
+
+const DRIVER_DIR: &str = "guest-driver/mutants";
+const KERNEL_DIR: &str = "images/kernel/mutants";
+
+/// Every mutant of the workspace, driver ones first, each group by name.
+pub fn all(ws: &Path) -> Result<Vec<Mutant>> {
+    let mut out = Vec::new();
+    for (dir, ext, kind) in [
+        (DRIVER_DIR, "patch", MutantKind::Driver),
+        (KERNEL_DIR, "patch", MutantKind::KernelPatch),
+        (KERNEL_DIR, "series", MutantKind::KernelSeries),
+    ] {
+        let Ok(entries) = fs::read_dir(ws.join(dir)) else { continue };
+        let mut found: Vec<Mutant> = entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|e| e == ext))
+            .filter_map(|p| Some(Mutant { name: p.file_stem()?.to_str()?.to_string(), kind: kind.clone(), file: p }))
+            .collect();
+        found.sort_by(|a, b| a.name.cmp(&b.name));
+        out.extend(found);
+    }
+    Ok(out)
+}
+
+/// The mutant called `name`.
+pub fn find(ws: &Path, name: &str) -> Result<Mutant> {
+    let all = all(ws)?;
+    let names: Vec<&str> = all.iter().map(|m| m.name.as_str()).collect();
+    let found = all.iter().find(|m| m.name == name).cloned();
+    found.with_context(|| {
+        format!("no mutant {name:?} (in {DRIVER_DIR}/ or {KERNEL_DIR}/); there are: {}", names.join(", "))
+    })
+}
+
+/// A copy of `guest-driver/` with the driver mutant applied, under
+/// `target/mutants/<name>/` (made afresh each time): the folder to build
+/// perfbed.ko from.
+pub fn driver_tree(ws: &Path, mutant: &Mutant) -> Result<PathBuf> {
+    if mutant.kind != MutantKind::Driver {
+        bail!("{} is a kernel mutant", mutant.name);
+    }
+    let root = ws.join("target").join("mutants").join(&mutant.name);
+    if root.exists() {
+        fs::remove_dir_all(&root).with_context(|| format!("removing {}", root.display()))?;
+    }
+    let sources = ws.join("guest-driver");
+    for file in crate::build::cache::files_below(&sources)? {
+        let rel = file.strip_prefix(ws).expect("below the workspace");
+        let to = root.join(rel);
+        fs::create_dir_all(to.parent().expect("a file has a parent"))?;
+        fs::copy(&file, &to).with_context(|| format!("copying {}", file.display()))?;
+    }
+    apply(&root, &mutant.file)?;
+    Ok(root.join("guest-driver"))
+}
+
+/// `patch -p1` of `patch` in `root`; a patch that does not apply is an
+/// error that says so (a mutant written against an older driver).
+fn apply(root: &Path, patch: &Path) -> Result<()> {
+    let input = fs::File::open(patch).with_context(|| format!("opening {}", patch.display()))?;
+    let out = Command::new("patch")
+        .args(["-p1", "--batch", "--forward", "--no-backup-if-mismatch", "-d"])
+        .arg(root)
+        .stdin(input)
+        .output()
+        .context("running patch (install it: apt-get install patch)")?;
+    if !out.status.success() {
+        bail!(
+            "{} does not apply to the driver as it is now (refresh the mutant):\n{}{}",
+            patch.display(),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(())
+}
+
+/// The kernel patch list a kernel mutant asks for, given the series
+/// (`series`: the series' patches in order, in `kernel_dir`, which is
+/// `images/kernel/`): for a `.patch`, the series then the mutant; for a
+/// `.series`, its lines in order (a line that is neither a file nor a patch
+/// of the series is an error).
+pub fn kernel_patches(mutant: &Mutant, series: &[PathBuf], kernel_dir: &Path) -> Result<Vec<PathBuf>> {
+    match mutant.kind {
+        MutantKind::Driver => bail!("{} is a driver mutant", mutant.name),
+        MutantKind::KernelPatch => Ok(series.iter().cloned().chain([mutant.file.clone()]).collect()),
+        MutantKind::KernelSeries => {
+            let text =
+                fs::read_to_string(&mutant.file).with_context(|| format!("reading {}", mutant.file.display()))?;
+            let wanted: Vec<&str> =
+                text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')).collect();
+            let mut out = Vec::new();
+            for name in &wanted {
+                let file = kernel_dir.join(name);
+                if file.is_file() {
+                    out.push(file);
+                    continue;
+                }
+                let found = series.iter().find(|p| p.file_name().is_some_and(|f| f == *name));
+                out.push(
+                    found
+                        .cloned()
+                        .with_context(|| format!("{}: no patch {name} in the series", mutant.file.display()))?,
+                );
+            }
+            Ok(out)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("perfbed-mutants-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn mutants_are_found_by_kind_and_a_driver_mutant_is_applied_to_a_copy() {
+        let ws = scratch("ws");
+        fs::create_dir_all(ws.join(DRIVER_DIR)).unwrap();
+        fs::create_dir_all(ws.join(KERNEL_DIR)).unwrap();
+        fs::write(ws.join("guest-driver/driver.rs"), "fn a() {}\nfn b() { 1 }\n").unwrap();
+        let patch = "# Planted bug: b gives 2.\n\n--- a/guest-driver/driver.rs\n+++ b/guest-driver/driver.rs\n@@ -1,2 +1,2 @@\n fn a() {}\n-fn b() { 1 }\n+fn b() { 2 }\n";
+        fs::write(ws.join(DRIVER_DIR).join("two.patch"), patch).unwrap();
+        fs::write(ws.join(KERNEL_DIR).join("seed.series"), "# as posted\n0001-a.patch\nmutants/seed/shim.patch\n")
+            .unwrap();
+        fs::create_dir_all(ws.join(KERNEL_DIR).join("seed")).unwrap();
+        fs::write(ws.join(KERNEL_DIR).join("seed/shim.patch"), "").unwrap();
+        fs::write(ws.join(KERNEL_DIR).join("README.md"), "not a mutant").unwrap();
+        let all = all(&ws).unwrap();
+        assert_eq!(
+            all.iter().map(|m| (m.name.as_str(), m.kind.clone())).collect::<Vec<_>>(),
+            vec![("two", MutantKind::Driver), ("seed", MutantKind::KernelSeries)]
+        );
+        assert_eq!(all[0].summary(), "Planted bug: b gives 2.");
+        let tree = driver_tree(&ws, &all[0]).unwrap();
+        assert_eq!(fs::read_to_string(tree.join("driver.rs")).unwrap(), "fn a() {}\nfn b() { 2 }\n");
+        assert_eq!(
+            fs::read_to_string(ws.join("guest-driver/driver.rs")).unwrap(),
+            "fn a() {}\nfn b() { 1 }\n",
+            "the work tree is untouched"
+        );
+        // Applied again to a changed driver, it says it does not apply.
+        fs::write(ws.join("guest-driver/driver.rs"), "fn a() {}\nfn b() { 3 }\n").unwrap();
+        let e = driver_tree(&ws, &all[0]).unwrap_err();
+        assert!(format!("{e:#}").contains("does not apply"), "{e:#}");
+        let series = vec![PathBuf::from("p/0001-a.patch"), PathBuf::from("p/0002-b.patch")];
+        let kernel_dir = ws.join("images/kernel");
+        let chosen = kernel_patches(&all[1], &series, &kernel_dir).unwrap();
+        assert_eq!(chosen, vec![PathBuf::from("p/0001-a.patch"), kernel_dir.join("mutants/seed/shim.patch")]);
+        fs::write(ws.join(KERNEL_DIR).join("bad.series"), "0003-none.patch\n").unwrap();
+        let bad = find(&ws, "bad").unwrap();
+        assert!(kernel_patches(&bad, &series, &kernel_dir).is_err());
+        assert!(find(&ws, "nope").is_err());
+        fs::remove_dir_all(&ws).unwrap();
+    }
+}
