@@ -235,10 +235,15 @@ fn flock(file: &fs::File, op: libc::c_int, what: &str) -> Result<()> {
 /// variant in use at once (normal, debug and gdb kernels; two modules and an
 /// initramfs per kernel) and the previous build of each, so that switching
 /// between two branches that patch the kernel differently rebuilds nothing.
-/// A kernel tree is ~1.8 GB.
+/// A kernel tree is ~1.8 GB. `PERFBED_CACHE_KERNELS=N` keeps N kernel
+/// trees instead, for a machine that works on more branches at once.
 pub fn keep(kind: &str) -> usize {
     match kind {
-        "kernel" => 6,
+        "kernel" => std::env::var("PERFBED_CACHE_KERNELS")
+            .ok()
+            .and_then(|n| n.parse().ok())
+            .filter(|&n: &usize| n > 0)
+            .unwrap_or(6),
         "qemu" => 2,
         _ => 8,
     }
