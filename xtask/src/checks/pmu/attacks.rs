@@ -550,9 +550,94 @@ fn promoted_gauge(ctx: &mut Ctx, d: usize) -> Result<(Vec<String>, String)> {
     ))
 }
 
+/// O. RESET of an event disabled while parked (the driver keeps what it
+///    read before the park for such an event, to give it at its next
+///    `add`): 1 MiB, park, 2 MiB, DISABLE, RESET, unpark, 4 MiB (disabled),
+///    ENABLE, 8 MiB. Only the 8 MiB count: nothing kept from before the
+///    RESET may come back at the ENABLE.
+pub fn reset_of_event_disabled_while_parked(ctx: &mut Ctx) -> Result<Check> {
+    let (d, allowed) = movable_domain(ctx)?;
+    let r = rmid(ctx, 29);
+    let h = open_with(ctx, d, r, TIMES, 0, None)?;
+    inject(ctx, d, r, MIB)?;
+    park(ctx, &allowed, false)?;
+    inject(ctx, d, r, 2 * MIB)?;
+    must(ctx, h, PerfIoctl::Disable { group: false })?;
+    must(ctx, h, PerfIoctl::Reset { group: false })?;
+    let reset = ctx.g.read(h)?;
+    park(ctx, &allowed, true)?;
+    inject(ctx, d, r, 4 * MIB)?;
+    let off = ctx.g.read(h)?;
+    must(ctx, h, PerfIoctl::Enable { group: false })?;
+    inject(ctx, d, r, 8 * MIB)?;
+    let end = ctx.g.read(h)?;
+    ctx.g.close(h)?;
+    let mut problems = Vec::new();
+    if reset[0] != 0 || off[0] != 0 || end[0] != 8 * MIB || end[2] > end[1] {
+        problems.push(format!(
+            "1 MiB, park, 2 MiB, DISABLE, RESET: read {reset:?}; unpark, 4 MiB disabled: read {off:?} (want value 0 both); ENABLE, 8 MiB: value {} enabled {} running {} (want {}, running <= enabled)",
+            end[0],
+            end[1],
+            end[2],
+            8 * MIB
+        ));
+    }
+    Ok(Check::from_problems(
+        "attack: reset of event disabled while parked",
+        problems,
+        format!(
+            "{}: counted {} = only the 8 MiB after the ENABLE",
+            pmu_name(d),
+            end[0]
+        ),
+    ))
+}
+
+/// P. RESET of an llc_occupancy gauge: on the owner it reads the occupancy
+///    again at once (it is counting); while parked 0 until it counts, and
+///    the occupancy again after the return.
+pub fn gauge_reset(ctx: &mut Ctx) -> Result<Check> {
+    let (d, allowed) = movable_domain(ctx)?;
+    let r = rmid(ctx, 30);
+    let bytes = 4321 * ctx.device.unit_bytes;
+    ctx.control.set_occupancy(d as u32, r, bytes)?;
+    let h = match ctx.g.open(ctx.attr(d, Event::LlcOccupancy, r), None)? {
+        Ok(h) => h,
+        Err(errno) => bail!("opening llc_occupancy: {errno}"),
+    };
+    let first = ctx.count(h)?;
+    must(ctx, h, PerfIoctl::Reset { group: false })?;
+    let owner_reset = ctx.count(h)?;
+    park(ctx, &allowed, false)?;
+    let parked = ctx.count(h)?;
+    must(ctx, h, PerfIoctl::Reset { group: false })?;
+    let parked_reset = ctx.count(h)?;
+    park(ctx, &allowed, true)?;
+    let back = ctx.count(h)?;
+    ctx.g.close(h)?;
+    ctx.control.set_occupancy(d as u32, r, 0)?;
+    let got = [first, owner_reset, parked, parked_reset, back];
+    let want = [bytes, bytes, bytes, 0, bytes];
+    let problems = if got == want {
+        Vec::new()
+    } else {
+        vec![format!(
+            "llc_occupancy at {bytes}: read, RESET+read, park+read, RESET+read, unpark+read gave {got:?}, want {want:?}"
+        )]
+    };
+    Ok(Check::from_problems(
+        "attack: gauge reset",
+        problems,
+        format!(
+            "{}: {got:?} (0 only after a RESET while parked)",
+            pmu_name(d)
+        ),
+    ))
+}
+
 /// Every attack, in order; each leaves every CPU online and nothing open.
 pub fn run(ctx: &mut Ctx) -> Result<Vec<Check>> {
-    let checks: [Named; 7] = [
+    let checks: [Named; 9] = [
         (
             "attack: enable/disable storm during moves",
             enable_disable_storm_during_moves,
@@ -563,6 +648,11 @@ pub fn run(ctx: &mut Ctx) -> Result<Vec<Check>> {
             mixed_leader_closed_while_parked,
         ),
         ("attack: pinned across park", pinned_across_park),
+        (
+            "attack: reset of event disabled while parked",
+            reset_of_event_disabled_while_parked,
+        ),
+        ("attack: gauge reset", gauge_reset),
         ("attack: exclusive across park", exclusive_across_park),
         (
             "attack: more events than slots parked",
