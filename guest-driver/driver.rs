@@ -49,6 +49,11 @@
 //!   the event comes back in the same reschedule, it takes the slot back as it is; if it was
 //!   off (disabled while parked), it keeps what was read before the park, the rest is lost, and
 //!   that time is taken off `time_running` too.
+//! - A `RESET` (the perf core's `pmu::reset`) restarts the event's slot where nobody can read
+//!   it (parked, or kept for an event that went off while parked): the slot is assigned again,
+//!   which zeroes it in the device, so that what landed before the reset, unread, is never
+//!   counted after it, and what lands after it is, exactly. On the owner the core's read folds
+//!   the count first and the baseline moves to it.
 //! - A park can outlast a counter's wrap. When an allowed CPU returns, the slots are read at
 //!   once, before the events move there. If the device says a counter wrapped more than once
 //!   unread (`COUNTER_OVERFLOW`), the interval since the slot's last good read is not counted:
@@ -773,6 +778,43 @@ impl Domain {
         }
     }
 
+    /// Restarts the count of `event` from zero at a `RESET` (the perf core zeroes the count
+    /// itself after this): nothing that landed before may reach it afterwards. On the owner a
+    /// scheduled event's slot is read and its baseline moved there. Where nobody can read the
+    /// slot (parked), and for a slot kept for an event that is off since a `del` nobody could
+    /// read ([`Holder::ParkedIdle`]), the slot is assigned again, which zeroes it in the device
+    /// (a write: any CPU may), so what lands from now on is counted exactly at the next read on
+    /// an owner. An event that is off since a `del` on the owner was folded then and starts
+    /// afresh at its next `add`. Counts owed to the event are dropped.
+    fn restart(&self, hw: &mut DomainHw, event: &Event, config: Config) {
+        let key = event.key();
+        for owed in hw.owed.iter_mut().filter(|o| o.key == key) {
+            owed.units = 0;
+        }
+        let Some(slot) = self.slot_of(hw, event) else {
+            return;
+        };
+        let state = hw.slots[slot].state;
+        if state == Holder::Idle {
+            return;
+        }
+        if state != Holder::ParkedIdle && Self::reads_here(hw) && self.sync_slot(hw, slot) {
+            event.hw_prev_count().set(hw.slots[slot].total);
+            return;
+        }
+        self.dev.mmio.write(self.slot_ctl_reg(slot), config.slot_ctl());
+        let s = &mut hw.slots[slot];
+        s.last = 0;
+        s.total = 0;
+        s.moved_at = 0;
+        s.idle_total = 0;
+        // The unread counts before the reset are not lost but reset: no time to take off for
+        // them. Time lost to a wrap before stays lost.
+        s.idle_lost_ns = s.lost_ns;
+        s.read_ns = perf::clock_ns();
+        event.hw_prev_count().set(0);
+    }
+
     /// Frees the slot `event` holds, if any, and forgets what is owed to it.
     fn release_slot(&self, hw: &mut DomainHw, event: &Event) {
         if let Some(slot) = self.slot_of(hw, event) {
@@ -1026,6 +1068,17 @@ impl Pmu for DomainPmu {
         if let Some(mut hw) = hw {
             domain.fold(&mut hw, event, config);
         }
+    }
+
+    /// `PERF_EVENT_IOC_RESET`: see [`Domain::restart`]. A gauge's count is the occupancy at its
+    /// last read, which the perf core zeroes; nothing is kept for it.
+    fn reset(&self, event: &Event) {
+        let Some(config) = Self::config_of(event).filter(|c| c.needs_slot()) else {
+            return;
+        };
+        let domain = self.domain();
+        let mut hw = domain.hw.lock();
+        domain.restart(&mut hw, event, config);
     }
 
     fn event_destroy(&self, event: &Event) {

@@ -231,9 +231,9 @@ struct Window {
     maybe_bytes: u64,
     /// A park let a whole wrap land: the count may be short if perf shows it.
     lossy: bool,
-    /// A DISABLE or RESET while the PMU was parked: the driver could not
-    /// read the counter then, so what it had not folded may come in later;
-    /// only "never backwards" holds.
+    /// A DISABLE while the PMU was parked: the driver could not read the
+    /// counter then, so what it had not folded may come in later; only
+    /// "never backwards" holds.
     unbounded: bool,
 }
 
@@ -481,7 +481,10 @@ impl Model {
                     e.gauge = Some(0);
                 }
             }
-            if parked && ioctl != Ioctl::Enable {
+            // A RESET while parked is exact (patch 0031's pmu::reset: the
+            // driver restarts the slot nobody can read); a DISABLE is not
+            // (what the driver had not folded may come in later).
+            if parked && ioctl == Ioctl::Disable {
                 e.value_window.any_maybe = true;
                 e.value_window.unbounded = true;
             }
@@ -897,6 +900,28 @@ mod tests {
         assert_eq!(fields(&mut m, 1, seen(64, 10, 10)), vec![]);
         m.ioctl(1, Ioctl::Reset, false);
         assert_eq!(fields(&mut m, 1, seen(1088, 20, 20)), vec![Field::Value]);
+    }
+
+    #[test]
+    fn reset_while_parked_counts_only_what_landed_after_it() {
+        let mut m = Model::new(SHAPE);
+        m.open(1, counter(0, 1));
+        m.burst(0, TOTAL, 1, 1024);
+        m.park(0);
+        m.burst(0, TOTAL, 1, 2048);
+        m.ioctl(1, Ioctl::Reset, false);
+        m.burst(0, TOTAL, 1, 128);
+        m.unpark(0, 1000);
+        m.burst(0, TOTAL, 1, 64);
+        assert_eq!(fields(&mut m, 1, seen(192, 10, 10)), vec![]);
+        // What landed before the RESET, unread in the parked PMU, never counts.
+        let mut m2 = Model::new(SHAPE);
+        m2.open(1, counter(0, 1));
+        m2.burst(0, TOTAL, 1, 1024);
+        m2.park(0);
+        m2.ioctl(1, Ioctl::Reset, false);
+        m2.unpark(0, 1000);
+        assert_eq!(fields(&mut m2, 1, seen(1024, 10, 10)), vec![Field::Value]);
     }
 
     #[test]

@@ -130,7 +130,7 @@ pub fn disabled_across_moves(ctx: &mut Ctx) -> Result<Check> {
 }
 
 /// (share of the window the exclusive event ran, the group's share).
-fn turns(ctx: &mut Ctx, exclusive: u32, sibling: u32) -> Result<(f64, f64)> {
+pub(super) fn turns(ctx: &mut Ctx, exclusive: u32, sibling: u32) -> Result<(f64, f64)> {
     let start = ctx.g.read_many(&[exclusive, sibling])?;
     std::thread::sleep(Duration::from_secs(1));
     let end = ctx.g.read_many(&[exclusive, sibling])?;

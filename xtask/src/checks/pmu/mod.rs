@@ -5,6 +5,7 @@
 
 pub mod accesses;
 pub mod across_moves;
+pub mod attacks;
 pub mod context;
 pub mod counts;
 pub mod groups;
@@ -12,6 +13,7 @@ pub mod moves;
 pub mod moving_traffic;
 pub mod multiplexing;
 pub mod perf_matrix;
+pub mod redteam;
 pub mod registration;
 pub mod semantics;
 
@@ -47,6 +49,8 @@ pub fn run(g: &mut Guest, control: ControlClient, control_socket: &std::path::Pa
     checks.push(groups::bad_attributes(&mut ctx)?);
     checks.push(perf_matrix::run(ctx.g, &mut ctx.control, &ctx.device, &ctx.types)?);
     checks.push(counts::perf_stat(&mut ctx)?);
+    checks.extend(redteam::run(&mut ctx)?);
+    checks.extend(attacks::run(&mut ctx)?);
     checks.push(registration::unload(&mut ctx)?);
     checks.push(accesses::check(&mut ctx)?);
     Ok(checks)

@@ -1,0 +1,667 @@
+//! More adversarial checks of docs/counting-semantics.md, written from the
+//! contract alone as a user would attack it (the first seven are in
+//! `redteam.rs`): ioctls and reads racing moves made by another thread of
+//! the guest, groups whose leader goes away while parked or multiplexed,
+//! pinned and exclusive events across a park, more events than slots
+//! through a park, and a gauge promoted to a leader of its own.
+//!
+//! Traffic lands only while the state an expectation depends on is
+//! constant (between two batches of operations), so every expected count is
+//! exact or a bound the contract states, never a rate estimate. Racing moves
+//! come from a bash loop of the guest's own (a background job) toggling one
+//! CPU of the domain at a time: the PMU moves, never parks.
+//!
+//! What the contract does not promise is not checked: it says nothing of
+//! `perf_event_mmap_page` (a counting PMU without `event_idx` gives user
+//! space no rdpmc, and the page's time fields are perf core's), so no check
+//! reads it.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use perfbed_agent::{
+    AgentMessage, HostRequest, JobResult, JobSpec, PerfAttr, PerfIoctl, PerfOp, PerfOpResult,
+};
+use perfbed_device::regs::Event;
+
+use super::across_moves::turns;
+use super::context::{Ctx, MIB};
+use super::moves::movable_domain;
+use super::multiplexing::{set_sysfs, Window, MUX_INTERVAL_MS};
+use super::redteam::{inject, must, open_with, park, rmid, run_each, Named};
+use crate::checks::Check;
+use crate::guest::perf_abi::{
+    FLAG_EXCLUSIVE, FLAG_PINNED, FORMAT_GROUP, FORMAT_ID, FORMAT_TOTAL_TIME_ENABLED,
+    FORMAT_TOTAL_TIME_RUNNING, PERF_COUNT_SW_CPU_CLOCK, PERF_TYPE_SOFTWARE,
+};
+use crate::guest::pmu_name;
+
+const TIMES: u64 = FORMAT_TOTAL_TIME_ENABLED | FORMAT_TOTAL_TIME_RUNNING;
+
+/// A bash loop in the guest that takes each of `cpus` offline and back, one
+/// at a time, `rounds` times: with two CPUs in the domain every round moves
+/// the PMU at least once, and it never parks.
+fn start_mover(ctx: &mut Ctx, cpus: &[u32], rounds: u32) -> Result<u32> {
+    let toggles: Vec<String> = cpus
+        .iter()
+        .map(|c| format!("echo 0 > /sys/devices/system/cpu/cpu{c}/online; echo 1 > /sys/devices/system/cpu/cpu{c}/online"))
+        .collect();
+    let script = format!("for i in $(seq {rounds}); do {}; done", toggles.join("; "));
+    let argv = vec!["/bin/bash".to_string(), "-c".into(), script];
+    match ctx.g.ask(HostRequest::StartJob {
+        spec: JobSpec::Process {
+            argv,
+            perf_fds: 0,
+            settle_ms: 0,
+        },
+    })? {
+        AgentMessage::JobStarted { job } => Ok(job),
+        other => bail!("starting the mover: {other:?}"),
+    }
+}
+
+/// Waits for the mover to end by itself and fails unless it exited 0 (a
+/// hotplug write refused, or the loop killed).
+fn finish_mover(ctx: &mut Ctx, job: u32) -> Result<()> {
+    match ctx.g.ask(HostRequest::StopJob {
+        job,
+        signal: 0,
+        timeout_ms: 120_000,
+    })? {
+        AgentMessage::JobDone(JobResult::Process {
+            status: Some(0), ..
+        }) => Ok(()),
+        other => bail!("the mover ended with {other:?}"),
+    }
+}
+
+/// One batch of perf operations, carried out back to back by the agent.
+fn perf_ops(ctx: &mut Ctx, ops: Vec<PerfOp>) -> Result<Vec<PerfOpResult>> {
+    let n = ops.len();
+    match ctx.g.ask(HostRequest::PerfOps { ops })? {
+        AgentMessage::PerfOps { results } if results.len() == n => Ok(results),
+        other => bail!("a batch of {n} perf operations: {other:?}"),
+    }
+}
+
+fn words(r: &PerfOpResult, what: &str) -> Result<Vec<u64>> {
+    r.result
+        .clone()
+        .map_err(|errno| anyhow::anyhow!("{what}: {errno}"))
+}
+
+/// H. ENABLE/DISABLE storms on one event while another thread moves its
+///    PMU: batches of 40 alternating ioctls (with a read after each), each
+///    batch ending enabled or disabled in turn, then a burst that lands
+///    before the next batch. Only the bursts landed while it ended enabled
+///    count; no read in a storm sees the value move (nothing lands then),
+///    time_running run ahead of time_enabled, or either go back.
+pub fn enable_disable_storm_during_moves(ctx: &mut Ctx) -> Result<Check> {
+    let (d, allowed) = movable_domain(ctx)?;
+    let r = rmid(ctx, 15);
+    let h = open_with(ctx, d, r, TIMES, 0, None)?;
+    let mover = start_mover(ctx, &allowed, 6)?;
+    let mut problems = Vec::new();
+    let (mut want, mut last, mut batches) = (0u64, vec![0u64, 0, 0], 0);
+    let started = Instant::now();
+    for batch in 0..12u32 {
+        let end_enabled = batch % 2 == 1;
+        let mut ops = Vec::new();
+        for i in 0..40u32 {
+            // Ends with DISABLE on even batches, ENABLE on odd ones.
+            let ioctl = if (i % 2 == 0) == end_enabled {
+                PerfIoctl::Disable { group: false }
+            } else {
+                PerfIoctl::Enable { group: false }
+            };
+            ops.push(PerfOp::Ioctl { handle: h, ioctl });
+            ops.push(PerfOp::Read { handle: h });
+        }
+        for (i, res) in perf_ops(ctx, ops)?.iter().enumerate() {
+            if i % 2 == 0 {
+                if let Err(errno) = &res.result {
+                    problems.push(format!("batch {batch} op {i}: the ioctl failed: {errno}"));
+                }
+                continue;
+            }
+            let w = words(res, "a read in the storm")?;
+            if w[0] != want || w[2] > w[1] || w[1] < last[1] || w[2] < last[2] {
+                problems.push(format!(
+                    "batch {batch} read {}: value {} enabled {} running {} after value {} enabled {} running {} (want value {want}: nothing landed in the storm)",
+                    i / 2, w[0], w[1], w[2], last[0], last[1], last[2]
+                ));
+            }
+            last = w;
+        }
+        batches += 1;
+        inject(ctx, d, r, MIB)?;
+        if end_enabled {
+            want += MIB;
+        }
+        if problems.len() > 4 {
+            break;
+        }
+    }
+    let storm = started.elapsed();
+    finish_mover(ctx, mover)?;
+    // Left disabled (the last batch, 11, ended enabled: disable it now).
+    must(ctx, h, PerfIoctl::Disable { group: false })?;
+    let off = ctx.g.read(h)?;
+    inject(ctx, d, r, 2 * MIB)?;
+    std::thread::sleep(Duration::from_millis(100));
+    let still = ctx.g.read(h)?;
+    must(ctx, h, PerfIoctl::Enable { group: false })?;
+    inject(ctx, d, r, 3 * MIB)?;
+    let end = ctx.g.read(h)?;
+    ctx.g.close(h)?;
+    if off[0] != want || still[..] != off[..] {
+        problems.push(format!(
+            "after the storm, disabled: value {} (want {want}) enabled {} running {}; then 2 MiB landed: value {} enabled {} running {} (want all three unchanged)",
+            off[0], off[1], off[2], still[0], still[1], still[2]
+        ));
+    }
+    let after = Window::between(&still, &end);
+    if end[0] != want + 3 * MIB || after.running != after.enabled {
+        problems.push(format!(
+            "ENABLE, 3 MiB: value {} (want {}), Δenabled {} Δrunning {} (want equal: no move, no park)",
+            end[0],
+            want + 3 * MIB,
+            after.enabled,
+            after.running
+        ));
+    }
+    Ok(Check::from_problems(
+        "attack: enable/disable storm during moves",
+        problems,
+        format!(
+            "{}: {batches} batches of 40 ioctls + reads in {storm:.1?} while CPUs {allowed:?} toggled; counted {} = the {} MiB landed while enabled",
+            pmu_name(d),
+            end[0],
+            end[0] / MIB
+        ),
+    ))
+}
+
+/// I. PERF_FORMAT_GROUP reads (with ids and times) of a two-event group
+///    racing moves made by another thread: every read between two bursts
+///    gives exactly the traffic landed so far for each member, nr = 2, the
+///    same ids, times that never go back and running <= enabled.
+pub fn group_reads_racing_moves(ctx: &mut Ctx) -> Result<Check> {
+    let (d, allowed) = movable_domain(ctx)?;
+    let (r1, r2) = (rmid(ctx, 16), rmid(ctx, 17));
+    let rf = TIMES | FORMAT_ID | FORMAT_GROUP;
+    let leader = open_with(ctx, d, r1, rf, 0, None)?;
+    let sibling = open_with(ctx, d, r2, rf, 0, Some(leader))?;
+    let first = ctx.g.read(leader)?;
+    let mover = start_mover(ctx, &allowed, 6)?;
+    let mut problems = Vec::new();
+    let (mut want1, mut want2, mut last, mut reads) = (0u64, 0u64, first.clone(), 0usize);
+    for batch in 0..10u32 {
+        let ops = (0..60)
+            .map(|i| PerfOp::Read {
+                handle: if i % 2 == 0 { leader } else { sibling },
+            })
+            .collect();
+        for (i, res) in perf_ops(ctx, ops)?.iter().enumerate() {
+            let w = words(res, "a group read racing a move")?;
+            reads += 1;
+            // nr, enabled, running, {value, id} x 2.
+            let ok = w.len() == 7
+                && w[0] == 2
+                && w[3] == want1
+                && w[5] == want2
+                && w[4] == first[4]
+                && w[6] == first[6]
+                && w[2] <= w[1]
+                && w[1] >= last[1]
+                && w[2] >= last[2];
+            if !ok {
+                problems.push(format!(
+                    "batch {batch} read {i}: {w:?} after {last:?} (want nr 2, values {want1} {want2}, ids {} {}, times monotone, running <= enabled)",
+                    first[4], first[6]
+                ));
+            }
+            last = w;
+        }
+        ctx.inject_and_land(&[
+            (d, r1, Event::MbmTotalBytes, MIB),
+            (d, r2, Event::MbmTotalBytes, 2 * MIB),
+        ])?;
+        want1 += MIB;
+        want2 += 2 * MIB;
+        if problems.len() > 4 {
+            break;
+        }
+    }
+    finish_mover(ctx, mover)?;
+    let end = ctx.g.read(leader)?;
+    ctx.g.close(sibling)?;
+    ctx.g.close(leader)?;
+    if end.get(3) != Some(&want1) || end.get(5) != Some(&want2) {
+        problems.push(format!(
+            "after the moves: {end:?}, want values {want1} and {want2}"
+        ));
+    }
+    Ok(Check::from_problems(
+        "attack: group reads racing moves",
+        problems,
+        format!("{}: {reads} PERF_FORMAT_GROUP reads while CPUs {allowed:?} toggled, each exact ({want1} and {want2} at the end)", pmu_name(d)),
+    ))
+}
+
+/// A cpu-clock event on `cpu`, read with times.
+fn cpu_clock(ctx: &mut Ctx, cpu: i32, group: Option<u32>) -> Result<u32> {
+    let clock = PerfAttr {
+        type_: PERF_TYPE_SOFTWARE,
+        config: PERF_COUNT_SW_CPU_CLOCK,
+        read_format: TIMES,
+        ..PerfAttr::default()
+    };
+    match ctx.g.open_as(clock, -1, cpu, group)? {
+        Ok(h) => Ok(h),
+        Err(errno) => bail!("opening cpu-clock on CPU {cpu}: {errno}"),
+    }
+}
+
+fn owner(ctx: &mut Ctx, d: usize) -> Result<u32> {
+    ctx.g
+        .cpumask(&pmu_name(d))?
+        .first()
+        .copied()
+        .context("the PMU is parked")
+}
+
+/// J. A mixed group {cpu-clock leader, device sibling} whose leader is
+///    closed while the PMU is parked: the promoted sibling keeps counting
+///    everything that lands for it, before, during and after the park.
+pub fn mixed_leader_closed_while_parked(ctx: &mut Ctx) -> Result<Check> {
+    let (d, allowed) = movable_domain(ctx)?;
+    let r = rmid(ctx, 18);
+    let cpu = owner(ctx, d)? as i32;
+    let leader = cpu_clock(ctx, cpu, None)?;
+    let sibling = open_with(ctx, d, r, TIMES, 0, Some(leader))?;
+    inject(ctx, d, r, MIB)?;
+    let park_start = Instant::now();
+    park(ctx, &allowed, false)?;
+    inject(ctx, d, r, 2 * MIB)?;
+    ctx.g.close(leader)?;
+    inject(ctx, d, r, 4 * MIB)?;
+    park(ctx, &allowed, true)?;
+    let park_span = park_start.elapsed();
+    inject(ctx, d, r, 8 * MIB)?;
+    let end = ctx.g.read(sibling)?;
+    ctx.g.close(sibling)?;
+    let mut problems = Vec::new();
+    let left_out = Duration::from_nanos(end[1].saturating_sub(end[2]));
+    if end[0] != 15 * MIB || end[2] > end[1] || left_out > park_span {
+        problems.push(format!(
+            "{{cpu-clock, mbm}}: 1 MiB, park, 2 MiB, close the leader, 4 MiB, unpark, 8 MiB: the sibling counted {} (want {}), enabled {} running {} (at most the park's {park_span:?} left out)",
+            end[0],
+            15 * MIB,
+            end[1],
+            end[2]
+        ));
+    }
+    Ok(Check::from_problems(
+        "attack: mixed leader closed while parked",
+        problems,
+        format!("{}: the promoted device sibling counted {} = 15 MiB, {:?} left out of running (park {park_span:?})", pmu_name(d), end[0], left_out),
+    ))
+}
+
+/// K. A pinned event across a park: a park never changes whether an event
+///    is enabled, so it must not go to perf's ERROR state (a read of 0
+///    bytes) when nothing of its PMU is online; it counts what landed
+///    before, during and after the park, and it is counting again after it.
+pub fn pinned_across_park(ctx: &mut Ctx) -> Result<Check> {
+    let (d, allowed) = movable_domain(ctx)?;
+    let r = rmid(ctx, 19);
+    let h = open_with(ctx, d, r, TIMES, FLAG_PINNED, None)?;
+    inject(ctx, d, r, MIB)?;
+    park(ctx, &allowed, false)?;
+    inject(ctx, d, r, 2 * MIB)?;
+    let parked = ctx.g.read(h);
+    park(ctx, &allowed, true)?;
+    inject(ctx, d, r, 4 * MIB)?;
+    let back = ctx.g.read(h);
+    std::thread::sleep(Duration::from_millis(200));
+    let later = ctx.g.read(h);
+    ctx.g.close(h)?;
+    let mut problems = Vec::new();
+    match (&parked, &back, &later) {
+        (Ok(p), Ok(b), Ok(l)) => {
+            let w = Window::between(b, l);
+            if b[0] != 7 * MIB || l[0] != 7 * MIB || w.running != w.enabled || w.enabled == 0 {
+                problems.push(format!(
+                    "pinned: 1 MiB, park, 2 MiB, unpark, 4 MiB: value {} (want {}); 200 ms later Δenabled {} Δrunning {} (want equal, not 0); read while parked {p:?}",
+                    b[0],
+                    7 * MIB,
+                    w.enabled,
+                    w.running
+                ));
+            }
+        }
+        _ => problems.push(format!(
+            "a pinned event's reads: parked {:?}, after the return {:?}, later {:?} (ERROR state after a park?)",
+            parked.as_ref().map_err(|e| format!("{e:#}")),
+            back.as_ref().map_err(|e| format!("{e:#}")),
+            later.as_ref().map_err(|e| format!("{e:#}"))
+        )),
+    }
+    Ok(Check::from_problems(
+        "attack: pinned across park",
+        problems,
+        format!(
+            "{}: a pinned event counted {} through a park and is counting again",
+            pmu_name(d),
+            back.as_ref().map_or(0, |b| b[0])
+        ),
+    ))
+}
+
+/// L. An exclusive event and a plain one on the same PMU take turns (each
+///    runs less than the whole window, together no more than it), before a
+///    park and after it: a park keeps a group's exclusivity as a move does.
+pub fn exclusive_across_park(ctx: &mut Ctx) -> Result<Check> {
+    let (d, allowed) = movable_domain(ctx)?;
+    let exclusive = open_with(ctx, d, rmid(ctx, 20), TIMES, FLAG_EXCLUSIVE, None)?;
+    let plain = open_with(ctx, d, rmid(ctx, 21), TIMES, 0, None)?;
+    let before = turns(ctx, exclusive, plain);
+    let parked = (|| -> Result<()> {
+        park(ctx, &allowed, false)?;
+        std::thread::sleep(Duration::from_millis(100));
+        park(ctx, &allowed, true)
+    })();
+    let after = turns(ctx, exclusive, plain);
+    ctx.g.close(plain)?;
+    ctx.g.close(exclusive)?;
+    let (before, (), after) = (before?, parked?, after?);
+    let mut problems = Vec::new();
+    for (when, (e, p)) in [("before the park", before), ("after the park", after)] {
+        if e > 0.95 || p > 0.95 || e + p > 1.05 {
+            problems.push(format!(
+                "{when}: the exclusive event ran {:.0} % and the other {:.0} % of a second (before the park {:.0} % / {:.0} %)",
+                100.0 * e,
+                100.0 * p,
+                100.0 * before.0,
+                100.0 * before.1
+            ));
+        }
+    }
+    Ok(Check::from_problems(
+        "attack: exclusive across park",
+        problems,
+        format!(
+            "{}: exclusive and plain events ran {:.0} % / {:.0} % before a park, {:.0} % / {:.0} % after",
+            pmu_name(d),
+            100.0 * before.0,
+            100.0 * before.1,
+            100.0 * after.0,
+            100.0 * after.1
+        ),
+    ))
+}
+
+/// M. More events than slots, parked with bursts before, during and after
+///    the park: each event's window obeys the multiplexing rules of the
+///    contract: its value never exceeds what landed for it, `Δrunning == 0`
+///    means nothing counted, running throughout means everything counted,
+///    and running never exceeds enabled. A RESET of every event while
+///    parked then zeroes them and leaves the times alone.
+pub fn more_events_than_slots_parked(ctx: &mut Ctx) -> Result<Check> {
+    let (d, allowed) = movable_domain(ctx)?;
+    let n = ctx.device.slots as usize + 2;
+    let rmids: Vec<u32> = (0..n as u32).map(|i| rmid(ctx, i)).collect();
+    if rmids.len() > ctx.device.rmids as usize {
+        bail!(
+            "{n} events need {n} RMIDs, the device has {}",
+            ctx.device.rmids
+        );
+    }
+    let mut handles = Vec::new();
+    for &r in &rmids {
+        handles.push(open_with(ctx, d, r, TIMES, 0, None)?);
+    }
+    let burst = |ctx: &mut Ctx, bytes: u64| -> Result<()> {
+        let inj: Vec<_> = rmids
+            .iter()
+            .map(|&r| (d, r, Event::MbmTotalBytes, bytes))
+            .collect();
+        ctx.inject_and_land(&inj)
+    };
+    let start = ctx.g.read_many(&handles)?;
+    burst(ctx, MIB)?;
+    std::thread::sleep(Duration::from_millis(100));
+    park(ctx, &allowed, false)?;
+    burst(ctx, 2 * MIB)?;
+    let mut reset_errors = Vec::new();
+    for &h in &handles {
+        if let Err(errno) = ctx.g.ioctl(h, PerfIoctl::Reset { group: false })? {
+            reset_errors.push(format!("handle {h}: {errno}"));
+        }
+    }
+    let after_reset = ctx.g.read_many(&handles)?;
+    burst(ctx, 4 * MIB)?;
+    park(ctx, &allowed, true)?;
+    std::thread::sleep(Duration::from_millis(100));
+    burst(ctx, 8 * MIB)?;
+    std::thread::sleep(Duration::from_millis(100));
+    let end = ctx.g.read_many(&handles)?;
+    for &h in &handles {
+        ctx.g.close(h)?;
+    }
+    let mut problems = reset_errors;
+    let landed_after_reset = 12 * MIB;
+    for (i, r) in rmids.iter().enumerate() {
+        let (s, z, e) = (&start[i], &after_reset[i], &end[i]);
+        if z[0] != 0 || z[1] < s[1] || z[2] > z[1] {
+            problems.push(format!("rmid {r}: RESET while parked read value {} enabled {} running {} (want 0, times kept: {} {} at open)", z[0], z[1], z[2], s[1], s[2]));
+        }
+        let w = Window::between(z, e);
+        let bad = e[0] > landed_after_reset
+            || e[2] > e[1]
+            || (w.running == 0 && e[0] != 0)
+            || (w.running == w.enabled && e[0] != landed_after_reset);
+        if bad {
+            problems.push(format!(
+                "rmid {r}: after the RESET {landed_after_reset} landed (4 MiB parked, 8 MiB after): value {}, Δenabled {} Δrunning {}",
+                e[0], w.enabled, w.running
+            ));
+        }
+    }
+    Ok(Check::from_problems(
+        "attack: more events than slots parked",
+        problems,
+        format!(
+            "{n} events on {} slots, RESET while parked: every value within the multiplexing rules ({})",
+            ctx.device.slots,
+            end.iter().map(|e| format!("{:.0} %", 100.0 * e[2] as f64 / e[1].max(1) as f64)).collect::<Vec<_>>().join(", ")
+        ),
+    ))
+}
+
+/// N. A gauge promoted to a leader of its own: {mbm leader, llc_occupancy
+///    sibling} beside as many mbm events as there are slots, so that the
+///    PMU multiplexes. Once the mbm leader is closed, the gauge is a group
+///    of one that takes no counter: the contract says it is never
+///    multiplexed, so from then on it runs all the time it is enabled.
+///    (No move in between: a move recomputes the caps, patch 0011.)
+pub fn promoted_gauge_not_multiplexed(ctx: &mut Ctx) -> Result<Check> {
+    let d = 0;
+    let interval_file = format!(
+        "/sys/bus/event_source/devices/{}/perf_event_mux_interval_ms",
+        pmu_name(d)
+    );
+    let default_interval = ctx.g.read_file(&interval_file)?;
+    set_sysfs(ctx.g, &interval_file, &MUX_INTERVAL_MS.to_string())?;
+    let result = promoted_gauge(ctx, d);
+    set_sysfs(ctx.g, &interval_file, default_interval.trim())?;
+    let (problems, detail) = result?;
+    Ok(Check::from_problems(
+        "attack: promoted gauge not multiplexed",
+        problems,
+        detail,
+    ))
+}
+
+fn promoted_gauge(ctx: &mut Ctx, d: usize) -> Result<(Vec<String>, String)> {
+    let r = rmid(ctx, 22);
+    let leader = open_with(ctx, d, r, TIMES, 0, None)?;
+    let mut attr = ctx.attr(d, Event::LlcOccupancy, r);
+    attr.read_format = TIMES;
+    let gauge = match ctx.g.open(attr, Some(leader))? {
+        Ok(h) => h,
+        Err(errno) => bail!("opening llc_occupancy as a sibling of mbm: {errno}"),
+    };
+    let mut others = Vec::new();
+    // One more than the slots: they contend with each other even once the
+    // leader is gone, so a gauge treated as a counter would be rotated out.
+    for i in 0..=ctx.device.slots {
+        others.push(open_with(ctx, d, rmid(ctx, 23 + i), TIMES, 0, None)?);
+    }
+    // While grouped with a counter the gauge is multiplexed with it.
+    let grouped = turns(ctx, leader, gauge);
+    ctx.g.close(leader)?;
+    let promoted = turns(ctx, others[0], gauge);
+    for h in others.into_iter().chain([gauge]) {
+        ctx.g.close(h)?;
+    }
+    let ((_, grouped), (other, promoted)) = (grouped?, promoted?);
+    let mut problems = Vec::new();
+    if promoted < 1.0 {
+        problems.push(format!(
+            "the llc_occupancy promoted by its mbm leader's close ran {:.1} % of a second beside {} mbm events on {} slots (one ran {:.0} %): a gauge is never multiplexed (it ran {:.0} % in the group)",
+            100.0 * promoted,
+            ctx.device.slots + 1,
+            ctx.device.slots,
+            100.0 * other,
+            100.0 * grouped
+        ));
+    }
+    Ok((
+        problems,
+        format!(
+            "{}: llc_occupancy in an mbm group ran {:.0} %, promoted by the leader's close {:.0} % (an mbm event beside it {:.0} %)",
+            pmu_name(d),
+            100.0 * grouped,
+            100.0 * promoted,
+            100.0 * other
+        ),
+    ))
+}
+
+/// O. RESET of an event disabled while parked (the driver keeps what it
+///    read before the park for such an event, to give it at its next
+///    `add`): 1 MiB, park, 2 MiB, DISABLE, RESET, unpark, 4 MiB (disabled),
+///    ENABLE, 8 MiB. Only the 8 MiB count: nothing kept from before the
+///    RESET may come back at the ENABLE.
+pub fn reset_of_event_disabled_while_parked(ctx: &mut Ctx) -> Result<Check> {
+    let (d, allowed) = movable_domain(ctx)?;
+    let r = rmid(ctx, 29);
+    let h = open_with(ctx, d, r, TIMES, 0, None)?;
+    inject(ctx, d, r, MIB)?;
+    park(ctx, &allowed, false)?;
+    inject(ctx, d, r, 2 * MIB)?;
+    must(ctx, h, PerfIoctl::Disable { group: false })?;
+    must(ctx, h, PerfIoctl::Reset { group: false })?;
+    let reset = ctx.g.read(h)?;
+    park(ctx, &allowed, true)?;
+    inject(ctx, d, r, 4 * MIB)?;
+    let off = ctx.g.read(h)?;
+    must(ctx, h, PerfIoctl::Enable { group: false })?;
+    inject(ctx, d, r, 8 * MIB)?;
+    let end = ctx.g.read(h)?;
+    ctx.g.close(h)?;
+    let mut problems = Vec::new();
+    if reset[0] != 0 || off[0] != 0 || end[0] != 8 * MIB || end[2] > end[1] {
+        problems.push(format!(
+            "1 MiB, park, 2 MiB, DISABLE, RESET: read {reset:?}; unpark, 4 MiB disabled: read {off:?} (want value 0 both); ENABLE, 8 MiB: value {} enabled {} running {} (want {}, running <= enabled)",
+            end[0],
+            end[1],
+            end[2],
+            8 * MIB
+        ));
+    }
+    Ok(Check::from_problems(
+        "attack: reset of event disabled while parked",
+        problems,
+        format!(
+            "{}: counted {} = only the 8 MiB after the ENABLE",
+            pmu_name(d),
+            end[0]
+        ),
+    ))
+}
+
+/// P. RESET of an llc_occupancy gauge: on the owner it reads the occupancy
+///    again at once (it is counting); while parked 0 until it counts, and
+///    the occupancy again after the return.
+pub fn gauge_reset(ctx: &mut Ctx) -> Result<Check> {
+    let (d, allowed) = movable_domain(ctx)?;
+    let r = rmid(ctx, 30);
+    let bytes = 4321 * ctx.device.unit_bytes;
+    ctx.control.set_occupancy(d as u32, r, bytes)?;
+    let h = match ctx.g.open(ctx.attr(d, Event::LlcOccupancy, r), None)? {
+        Ok(h) => h,
+        Err(errno) => bail!("opening llc_occupancy: {errno}"),
+    };
+    let first = ctx.count(h)?;
+    must(ctx, h, PerfIoctl::Reset { group: false })?;
+    let owner_reset = ctx.count(h)?;
+    park(ctx, &allowed, false)?;
+    let parked = ctx.count(h)?;
+    must(ctx, h, PerfIoctl::Reset { group: false })?;
+    let parked_reset = ctx.count(h)?;
+    park(ctx, &allowed, true)?;
+    let back = ctx.count(h)?;
+    ctx.g.close(h)?;
+    ctx.control.set_occupancy(d as u32, r, 0)?;
+    let got = [first, owner_reset, parked, parked_reset, back];
+    let want = [bytes, bytes, bytes, 0, bytes];
+    let problems = if got == want {
+        Vec::new()
+    } else {
+        vec![format!(
+            "llc_occupancy at {bytes}: read, RESET+read, park+read, RESET+read, unpark+read gave {got:?}, want {want:?}"
+        )]
+    };
+    Ok(Check::from_problems(
+        "attack: gauge reset",
+        problems,
+        format!(
+            "{}: {got:?} (0 only after a RESET while parked)",
+            pmu_name(d)
+        ),
+    ))
+}
+
+/// Every attack, in order; each leaves every CPU online and nothing open.
+pub fn run(ctx: &mut Ctx) -> Result<Vec<Check>> {
+    let checks: [Named; 9] = [
+        (
+            "attack: enable/disable storm during moves",
+            enable_disable_storm_during_moves,
+        ),
+        ("attack: group reads racing moves", group_reads_racing_moves),
+        (
+            "attack: mixed leader closed while parked",
+            mixed_leader_closed_while_parked,
+        ),
+        ("attack: pinned across park", pinned_across_park),
+        (
+            "attack: reset of event disabled while parked",
+            reset_of_event_disabled_while_parked,
+        ),
+        ("attack: gauge reset", gauge_reset),
+        ("attack: exclusive across park", exclusive_across_park),
+        (
+            "attack: more events than slots parked",
+            more_events_than_slots_parked,
+        ),
+        (
+            "attack: promoted gauge not multiplexed",
+            promoted_gauge_not_multiplexed,
+        ),
+    ];
+    run_each(ctx, &checks)
+}

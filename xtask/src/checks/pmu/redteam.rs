@@ -1,0 +1,558 @@
+//! Adversarial checks of the counting semantics (docs/counting-semantics.md,
+//! DESIGN.md "Counting semantics"): operation sequences a perf user can issue
+//! that the other checks do not, each judged against the written promise and
+//! the device's truth. Every traffic burst is injected and landed between two
+//! operations, so each expected count is exact, not a rate estimate:
+//!
+//! - disabled across a park: traffic while disabled (before, during and after
+//!   the park) is never counted, and `time_enabled` does not move while the
+//!   event is disabled, parked or not;
+//! - group DISABLE/ENABLE issued on a sibling around a move: both members
+//!   count exactly their enabled windows;
+//! - RESET while parked: the value restarts at 0 at the RESET; what landed
+//!   before it, even unread in the parked slot, is not counted after it;
+//! - closing a group leader while a sibling lives, then moving: the promoted
+//!   sibling counts on exactly;
+//! - a group read with every read_format while parked: values never lead the
+//!   truth, `time_running <= time_enabled`, and it is exact after the return;
+//! - REFRESH/PERIOD/SET_FILTER/SET_OUTPUT on a counting event: refused or
+//!   harmless, the count stays exact and the event stays enabled;
+//! - an open on a CPU outside the PMU's allowed set: refused, or counts
+//!   exactly.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Result};
+use perfbed_agent::PerfIoctl;
+use perfbed_device::regs::{whole_units, Event};
+
+use super::context::{Ctx, MIB};
+use super::moves::movable_domain;
+use crate::checks::Check;
+use crate::guest::perf_abi::{
+    FLAG_DISABLED, FORMAT_GROUP, FORMAT_ID, FORMAT_LOST, FORMAT_TOTAL_TIME_ENABLED,
+    FORMAT_TOTAL_TIME_RUNNING,
+};
+use crate::guest::pmu_name;
+
+const TIMES: u64 = FORMAT_TOTAL_TIME_ENABLED | FORMAT_TOTAL_TIME_RUNNING;
+
+pub(super) fn must(ctx: &mut Ctx, handle: u32, ioctl: PerfIoctl) -> Result<()> {
+    let name = format!("{ioctl:?}");
+    match ctx.g.ioctl(handle, ioctl)? {
+        Ok(_) => Ok(()),
+        Err(errno) => bail!("ioctl {name} on handle {handle}: {errno}"),
+    }
+}
+
+pub(super) fn open_with(
+    ctx: &mut Ctx,
+    d: usize,
+    rmid: u32,
+    read_format: u64,
+    flags: u64,
+    group: Option<u32>,
+) -> Result<u32> {
+    let mut attr = ctx.attr(d, Event::MbmTotalBytes, rmid);
+    attr.read_format = read_format;
+    attr.flags = flags;
+    match ctx.g.open(attr, group)? {
+        Ok(h) => Ok(h),
+        Err(errno) => bail!(
+            "opening {}/mbm_total_bytes,rmid={rmid}/ (group {group:?}): {errno}",
+            pmu_name(d)
+        ),
+    }
+}
+
+/// RMID `n` of the device (RMIDs wrap at the device's count: the default
+/// device has 8). Each check measures from its own open, so two checks may
+/// share an RMID; within a check the RMIDs are distinct.
+pub(super) fn rmid(ctx: &Ctx, n: u32) -> u32 {
+    n % ctx.device.rmids
+}
+
+pub(super) fn truth(ctx: &mut Ctx, d: usize, rmid: u32) -> Result<u64> {
+    Ok(Ctx::truth(
+        &ctx.control.state()?,
+        d,
+        rmid,
+        Event::MbmTotalBytes,
+    ))
+}
+
+pub(super) fn inject(ctx: &mut Ctx, d: usize, rmid: u32, bytes: u64) -> Result<()> {
+    ctx.inject_and_land(&[(d, rmid, Event::MbmTotalBytes, bytes)])
+}
+
+/// The shortest park the contract lets a driver leave out of
+/// `time_running` even when no wrap landed: half a wrap's time at the
+/// device's maximum rate.
+fn park_budget(ctx: &Ctx) -> Duration {
+    let wrap = (1u64 << ctx.device.counter_width) * ctx.device.unit_bytes;
+    Duration::from_secs_f64(wrap as f64 / 2.0 / ctx.device.max_rate.max(1) as f64)
+}
+
+pub(super) fn park(ctx: &mut Ctx, allowed: &[u32], online: bool) -> Result<()> {
+    for &cpu in allowed {
+        ctx.g.set_online(cpu, online)?;
+    }
+    Ok(())
+}
+
+/// A. Disabled before a park, traffic before, during and after it, enabled
+///    once the PMU is back: only the traffic after the ENABLE counts, and
+///    `time_enabled` stays put from DISABLE to ENABLE.
+pub fn disabled_across_park(ctx: &mut Ctx) -> Result<Check> {
+    let (d, allowed) = movable_domain(ctx)?;
+    let rmid = rmid(ctx, 5);
+    let h = open_with(ctx, d, rmid, TIMES, 0, None)?;
+    inject(ctx, d, rmid, 3 * MIB)?;
+    must(ctx, h, PerfIoctl::Disable { group: false })?;
+    let at_disable = ctx.g.read(h)?;
+    inject(ctx, d, rmid, 2 * MIB)?;
+    park(ctx, &allowed, false)?;
+    inject(ctx, d, rmid, 5 * MIB)?;
+    let parked = ctx.g.read(h)?;
+    park(ctx, &allowed, true)?;
+    inject(ctx, d, rmid, 7 * MIB)?;
+    let before_enable = ctx.g.read(h)?;
+    must(ctx, h, PerfIoctl::Enable { group: false })?;
+    inject(ctx, d, rmid, MIB)?;
+    let end = ctx.g.read(h)?;
+    ctx.g.close(h)?;
+    let mut problems = Vec::new();
+    let want = 4 * MIB;
+    if end[0] != want {
+        problems.push(format!(
+            "open, 3 MiB, DISABLE, 2 MiB, park, 5 MiB, unpark, 7 MiB, ENABLE, 1 MiB: counted {}, want {want} (only the enabled 3 + 1 MiB)",
+            end[0]
+        ));
+    }
+    for (when, r) in [
+        ("while parked", &parked),
+        ("after the return, still disabled", &before_enable),
+    ] {
+        if r[0] != 3 * MIB || r[1] != at_disable[1] || r[2] != at_disable[2] {
+            problems.push(format!(
+                "disabled, read {when}: value {} enabled {} running {}; at DISABLE value {} enabled {} running {} (want the same)",
+                r[0], r[1], r[2], at_disable[0], at_disable[1], at_disable[2]
+            ));
+        }
+    }
+    Ok(Check::from_problems(
+        "redteam: disabled across park",
+        problems,
+        format!("{}: disabled through a park, counted {} = only the enabled traffic; time_enabled frozen while disabled", pmu_name(d), end[0]),
+    ))
+}
+
+/// B. A two-event group: DISABLE and ENABLE with PERF_IOC_FLAG_GROUP issued
+///    on the sibling, the owner CPU moved while the group is disabled and
+///    again while it is enabled. Each member counts exactly its enabled
+///    windows.
+pub fn group_ioctls_on_sibling_across_moves(ctx: &mut Ctx) -> Result<Check> {
+    let (d, allowed) = movable_domain(ctx)?;
+    let (r1, r2) = (rmid(ctx, 6), rmid(ctx, 7));
+    let leader = open_with(ctx, d, r1, 0, 0, None)?;
+    let sibling = open_with(ctx, d, r2, 0, 0, Some(leader))?;
+    let both = |ctx: &mut Ctx, b: u64| -> Result<()> {
+        ctx.inject_and_land(&[
+            (d, r1, Event::MbmTotalBytes, b),
+            (d, r2, Event::MbmTotalBytes, 2 * b),
+        ])
+    };
+    both(ctx, MIB)?;
+    must(ctx, sibling, PerfIoctl::Disable { group: true })?;
+    both(ctx, 4 * MIB)?;
+    let owner = ctx
+        .g
+        .cpumask(&pmu_name(d))?
+        .first()
+        .copied()
+        .unwrap_or(allowed[0]);
+    ctx.g.set_online(owner, false)?;
+    both(ctx, 8 * MIB)?;
+    must(ctx, sibling, PerfIoctl::Enable { group: true })?;
+    both(ctx, 2 * MIB)?;
+    ctx.g.set_online(owner, true)?;
+    let owner2 = ctx
+        .g
+        .cpumask(&pmu_name(d))?
+        .first()
+        .copied()
+        .unwrap_or(allowed[0]);
+    ctx.g.set_online(owner2, false)?;
+    both(ctx, MIB)?;
+    ctx.g.set_online(owner2, true)?;
+    let got = ctx.g.read_many(&[leader, sibling])?;
+    ctx.g.close(sibling)?;
+    ctx.g.close(leader)?;
+    let (want1, want2) = (4 * MIB, 8 * MIB);
+    let mut problems = Vec::new();
+    if got[0][0] != want1 || got[1][0] != want2 {
+        problems.push(format!(
+            "group {{rmid {r1}, rmid {r2}}}: x, DISABLE|GROUP on sibling, 4x, move, 8x, ENABLE|GROUP on sibling, 2x, move, x (x = 1 MiB / 2 MiB): counted leader {} sibling {}, want {want1} {want2}",
+            got[0][0], got[1][0]
+        ));
+    }
+    Ok(Check::from_problems(
+        "redteam: group ioctls on sibling across moves",
+        problems,
+        format!(
+            "{}: leader {} sibling {} = their enabled windows",
+            pmu_name(d),
+            got[0][0],
+            got[1][0]
+        ),
+    ))
+}
+
+/// C. RESET while parked: traffic before the park and during it, then RESET
+///    (the PMU still parked), more traffic, the return, more traffic. The
+///    value counts only what landed after the RESET.
+pub fn reset_while_parked(ctx: &mut Ctx) -> Result<Check> {
+    let (d, allowed) = movable_domain(ctx)?;
+    let rmid = rmid(ctx, 8);
+    let h = open_with(ctx, d, rmid, TIMES, 0, None)?;
+    inject(ctx, d, rmid, 3 * MIB)?;
+    park(ctx, &allowed, false)?;
+    inject(ctx, d, rmid, 5 * MIB)?;
+    let reset = ctx.g.ioctl(h, PerfIoctl::Reset { group: false })?;
+    let after_reset = ctx.g.read(h)?;
+    inject(ctx, d, rmid, 2 * MIB)?;
+    park(ctx, &allowed, true)?;
+    inject(ctx, d, rmid, MIB)?;
+    let end = ctx.g.read(h)?;
+    ctx.g.close(h)?;
+    let mut problems = Vec::new();
+    let want = 3 * MIB;
+    // The contract: what lands while parked is counted when the PMU is placed
+    // again, and a park that outlasts the wrap budget may leave its time out
+    // of time_running but the count stays exact. So the 2 MiB after the
+    // RESET count, whatever the times say; the 3 + 5 MiB before it never do.
+    if reset.is_err() || after_reset[0] != 0 || end[0] != want || end[2] > end[1] {
+        problems.push(format!(
+            "open, 3 MiB, park, 5 MiB, RESET ({reset:?}) read {} (enabled {} running {}), 2 MiB, unpark, 1 MiB: counted {} (enabled {} running {}), want {want} (RESET zeroes; the 3 + 5 MiB before it never count, the 2 MiB parked after it do)",
+            after_reset[0], after_reset[1], after_reset[2], end[0], end[1], end[2]
+        ));
+    }
+    Ok(Check::from_problems(
+        "redteam: reset while parked",
+        problems,
+        format!(
+            "{}: RESET while parked, counted {} = what landed after it",
+            pmu_name(d),
+            end[0]
+        ),
+    ))
+}
+
+/// D. A group leader closed while its sibling lives; then the owner moves
+///    and the domain parks: the promoted sibling counts all its traffic.
+pub fn leader_closed_then_move(ctx: &mut Ctx) -> Result<Check> {
+    let (d, allowed) = movable_domain(ctx)?;
+    let (r1, r2) = (rmid(ctx, 9), rmid(ctx, 10));
+    let leader = open_with(ctx, d, r1, 0, 0, None)?;
+    let sibling = open_with(ctx, d, r2, 0, 0, Some(leader))?;
+    let start = truth(ctx, d, r2)?;
+    inject(ctx, d, r2, MIB)?;
+    ctx.g.close(leader)?;
+    inject(ctx, d, r2, 2 * MIB)?;
+    let owner = ctx
+        .g
+        .cpumask(&pmu_name(d))?
+        .first()
+        .copied()
+        .unwrap_or(allowed[0]);
+    ctx.g.set_online(owner, false)?;
+    inject(ctx, d, r2, 4 * MIB)?;
+    park(ctx, &allowed, false)?;
+    inject(ctx, d, r2, 8 * MIB)?;
+    park(ctx, &allowed, true)?;
+    inject(ctx, d, r2, 16 * MIB)?;
+    let got = ctx.count(sibling)?;
+    ctx.g.close(sibling)?;
+    let want = whole_units(truth(ctx, d, r2)? - start, ctx.device.unit_bytes);
+    let mut problems = Vec::new();
+    if got != want || want != 31 * MIB {
+        problems.push(format!(
+            "sibling of a closed leader, 1+2 MiB, move, 4 MiB, park, 8 MiB, unpark, 16 MiB: counted {got}, truth {want} (31 MiB injected)"
+        ));
+    }
+    Ok(Check::from_problems(
+        "redteam: leader closed then move",
+        problems,
+        format!(
+            "{}: the promoted sibling counted {got} = the truth across a move and a park",
+            pmu_name(d)
+        ),
+    ))
+}
+
+/// E. A group opened with every read_format, read while parked and after the
+///    return: values never lead the truth, running never exceeds enabled,
+///    exact after the return; the ids are stable.
+pub fn every_read_format_while_parked(ctx: &mut Ctx) -> Result<Check> {
+    let (d, allowed) = movable_domain(ctx)?;
+    let (r1, r2) = (rmid(ctx, 11), rmid(ctx, 12));
+    let rf = TIMES | FORMAT_ID | FORMAT_GROUP | FORMAT_LOST;
+    let leader = open_with(ctx, d, r1, rf, 0, None)?;
+    let sibling = open_with(ctx, d, r2, rf, 0, Some(leader))?;
+    let ctx_inject = |ctx: &mut Ctx, b: u64| -> Result<()> {
+        ctx.inject_and_land(&[
+            (d, r1, Event::MbmTotalBytes, b),
+            (d, r2, Event::MbmTotalBytes, 3 * b),
+        ])
+    };
+    ctx_inject(ctx, MIB)?;
+    let before = ctx.g.read(leader)?;
+    let park_start = Instant::now();
+    park(ctx, &allowed, false)?;
+    ctx_inject(ctx, 2 * MIB)?;
+    let parked = ctx.g.read(leader)?;
+    let parked_sib = ctx.g.read(sibling)?;
+    park(ctx, &allowed, true)?;
+    let park_span = park_start.elapsed();
+    ctx_inject(ctx, MIB)?;
+    let after = ctx.g.read(leader)?;
+    ctx.g.close(sibling)?;
+    ctx.g.close(leader)?;
+    // Layout: nr, time_enabled, time_running, {value, id, lost} × nr.
+    let mut problems = Vec::new();
+    for (when, r) in [
+        ("before", &before),
+        ("parked", &parked),
+        ("parked (on the sibling)", &parked_sib),
+        ("after", &after),
+    ] {
+        if r.len() != 3 + 2 * 3 || r[0] != 2 {
+            problems.push(format!(
+                "{when}: group read gave {} words {r:?}, want 9 with nr = 2",
+                r.len()
+            ));
+            continue;
+        }
+        if r[2] > r[1] {
+            problems.push(format!("{when}: running {} > enabled {}", r[2], r[1]));
+        }
+    }
+    if problems.is_empty() {
+        if parked[3] > 3 * MIB
+            || parked[6] > 9 * MIB
+            || parked[4] != before[4]
+            || parked[7] != before[7]
+        {
+            problems.push(format!("parked read {parked:?} leads the truth (3 MiB, 9 MiB) or changed ids (before {before:?})"));
+        }
+        if parked[1] < before[1] {
+            problems.push(format!(
+                "time_enabled went back while parked: {} → {}",
+                before[1], parked[1]
+            ));
+        }
+        if after[3] != 4 * MIB || after[6] != 12 * MIB {
+            problems.push(format!(
+                "after the return counted {} and {}, want {} and {}",
+                after[3],
+                after[6],
+                4 * MIB,
+                12 * MIB
+            ));
+        }
+        let budget = park_budget(ctx);
+        let left_out = Duration::from_nanos(after[1].saturating_sub(after[2]));
+        if park_span < budget && left_out > Duration::ZERO {
+            problems.push(format!(
+                "after a park of at most {park_span:?} (under the {budget:?} wrap budget), running {} != enabled {} without multiplexing",
+                after[2], after[1]
+            ));
+        } else if left_out > park_span {
+            problems.push(format!(
+                "{left_out:?} left out of time_running (enabled {} running {}), more than the park's {park_span:?} at most",
+                after[1], after[2]
+            ));
+        }
+    }
+    Ok(Check::from_problems(
+        "redteam: every read_format while parked",
+        problems,
+        format!(
+            "{}: group read while parked never leads, exact after the return ({} and {})",
+            pmu_name(d),
+            after.get(3).unwrap_or(&0),
+            after.get(6).unwrap_or(&0)
+        ),
+    ))
+}
+
+/// F. The ioctls a counting event cannot honour (REFRESH, PERIOD,
+///    SET_FILTER, SET_BPF, MODIFY_ATTRIBUTES) and the harmless ones
+///    (SET_OUTPUT to none, ID, PAUSE_OUTPUT, QUERY_BPF): each refused or
+///    harmless, with 1 MiB landing after each; the event
+///    stays enabled and its count exact, and a DISABLE still stops it.
+pub fn odd_ioctls(ctx: &mut Ctx) -> Result<Check> {
+    let (d, _) = movable_domain(ctx)?;
+    let rmid = rmid(ctx, 13);
+    let h = open_with(ctx, d, rmid, 0, 0, None)?;
+    inject(ctx, d, rmid, MIB)?;
+    let mut answers = Vec::new();
+    for io in [
+        PerfIoctl::Refresh { count: 1 },
+        PerfIoctl::Period { period: 1000 },
+        PerfIoctl::SetFilter {
+            filter: "filter 0x0/0x1000".into(),
+        },
+        PerfIoctl::SetOutput { target: None },
+        PerfIoctl::Refresh { count: 0 },
+        PerfIoctl::Id,
+        PerfIoctl::PauseOutput { pause: true },
+        PerfIoctl::PauseOutput { pause: false },
+        PerfIoctl::SetBpf { fd: -1 },
+        PerfIoctl::QueryBpf,
+        PerfIoctl::ModifyAttributes {
+            attr: ctx.attr(d, Event::MbmTotalBytes, rmid),
+        },
+    ] {
+        let name = format!("{io:?}");
+        answers.push((name, ctx.g.ioctl(h, io)?));
+        inject(ctx, d, rmid, MIB)?;
+    }
+    let mid = ctx.count(h)?;
+    must(ctx, h, PerfIoctl::Disable { group: false })?;
+    inject(ctx, d, rmid, 4 * MIB)?;
+    let end = ctx.count(h)?;
+    ctx.g.close(h)?;
+    let mut problems = Vec::new();
+    let want = (1 + answers.len() as u64) * MIB;
+    if mid != want || end != want {
+        problems.push(format!("after {answers:?} with 1 MiB after each: counted {mid} then {end} after DISABLE and 4 MiB, want {want} both"));
+    }
+    Ok(Check::from_problems(
+        "redteam: odd ioctls",
+        problems,
+        format!("{}: {answers:?}; count exact ({mid})", pmu_name(d)),
+    ))
+}
+
+/// G. An open on CPU 0, outside the movable domain's allowed set, and a
+///    disabled open enabled only after a move: each refused or counting
+///    exactly.
+pub fn open_outside_cpumask(ctx: &mut Ctx) -> Result<Check> {
+    let (d, allowed) = movable_domain(ctx)?;
+    let rmid = rmid(ctx, 14);
+    let mut problems = Vec::new();
+    let attr = ctx.attr(d, Event::MbmTotalBytes, rmid);
+    let opened = ctx.g.open_as(attr, -1, 0, None)?;
+    let mut detail = format!("open on CPU 0 (allowed {allowed:?}): {opened:?}");
+    if let Ok(h) = opened {
+        inject(ctx, d, rmid, MIB)?;
+        let owner = ctx
+            .g
+            .cpumask(&pmu_name(d))?
+            .first()
+            .copied()
+            .unwrap_or(allowed[0]);
+        ctx.g.set_online(owner, false)?;
+        inject(ctx, d, rmid, 2 * MIB)?;
+        ctx.g.set_online(owner, true)?;
+        let got = ctx.count(h)?;
+        ctx.g.close(h)?;
+        if got != 3 * MIB {
+            problems.push(format!(
+                "opened on CPU 0 outside {allowed:?}: counted {got} across a move, want {}",
+                3 * MIB
+            ));
+        }
+        detail += &format!(", counted {got}");
+    }
+    let h = open_with(ctx, d, rmid, TIMES, FLAG_DISABLED, None)?;
+    inject(ctx, d, rmid, MIB)?;
+    let owner = ctx
+        .g
+        .cpumask(&pmu_name(d))?
+        .first()
+        .copied()
+        .unwrap_or(allowed[0]);
+    ctx.g.set_online(owner, false)?;
+    inject(ctx, d, rmid, MIB)?;
+    let moved = ctx.g.read(h)?;
+    must(ctx, h, PerfIoctl::Enable { group: false })?;
+    inject(ctx, d, rmid, 2 * MIB)?;
+    ctx.g.set_online(owner, true)?;
+    inject(ctx, d, rmid, MIB)?;
+    let end = ctx.g.read(h)?;
+    ctx.g.close(h)?;
+    if moved != [0, 0, 0] || end[0] != 3 * MIB || end[1] != end[2] {
+        problems.push(format!(
+            "attr.disabled open, 1 MiB, move, 1 MiB: read {moved:?} (want 0, 0, 0); ENABLE, 2 MiB, move back, 1 MiB: value {} enabled {} running {} (want {}, running = enabled)",
+            end[0], end[1], end[2], 3 * MIB
+        ));
+    }
+    detail += &format!("; disabled open moved then enabled: {}", end[0]);
+    Ok(Check::from_problems(
+        "redteam: open outside cpumask, disabled open moved",
+        problems,
+        detail,
+    ))
+}
+
+/// Every attack, in order; each leaves every CPU online and nothing open.
+/// A check that cannot finish (an open refused, the agent's error) is a
+/// FAIL naming the error, and the next one still runs: its CPUs are brought
+/// back first.
+pub fn run(ctx: &mut Ctx) -> Result<Vec<Check>> {
+    let checks: [Named; 7] = [
+        ("redteam: disabled across park", disabled_across_park),
+        (
+            "redteam: group ioctls on sibling across moves",
+            group_ioctls_on_sibling_across_moves,
+        ),
+        ("redteam: reset while parked", reset_while_parked),
+        ("redteam: leader closed then move", leader_closed_then_move),
+        (
+            "redteam: every read_format while parked",
+            every_read_format_while_parked,
+        ),
+        ("redteam: odd ioctls", odd_ioctls),
+        (
+            "redteam: open outside cpumask, disabled open moved",
+            open_outside_cpumask,
+        ),
+    ];
+    run_each(ctx, &checks)
+}
+
+/// A check and its name, for [`run_each`].
+pub(super) type Named = (&'static str, fn(&mut Ctx) -> Result<Check>);
+
+/// Runs each check; an error becomes that check's FAIL (after every CPU of
+/// the device is brought back online), so one broken attack never hides
+/// the verdicts of the others.
+pub(super) fn run_each(ctx: &mut Ctx, checks: &[Named]) -> Result<Vec<Check>> {
+    let mut out = Vec::new();
+    for &(name, check) in checks {
+        match check(ctx) {
+            Ok(c) => out.push(c),
+            Err(e) => {
+                let cpus: Vec<u32> = ctx
+                    .device
+                    .domains
+                    .iter()
+                    .flatten()
+                    .copied()
+                    .filter(|&c| c != 0)
+                    .collect();
+                for cpu in cpus {
+                    ctx.g.set_online(cpu, true)?;
+                }
+                out.push(Check::from_problems(
+                    name,
+                    vec![format!("could not finish: {e:#}")],
+                    String::new(),
+                ));
+            }
+        }
+    }
+    Ok(out)
+}
