@@ -42,9 +42,10 @@
 //!   for that event, which gets it at its next `add`, read or fold. Exact both ways.
 //! - While parked, an event that holds no slot and finds none free is scheduled without one
 //!   (nobody could count it anyway, and failing it would stop the holders behind it from
-//!   scheduling): it counts nothing, and that time is taken off its `time_running`
-//!   ([`Event::discount_running`]), so perf scales its count over the park as for
-//!   multiplexing.
+//!   scheduling): it counts nothing, and perf is told so ([`Event::set_counting`]), so its
+//!   `time_running` stands still until its `del` and perf scales its count as for
+//!   multiplexing. A slot freed meanwhile (a close) is not handed to it before its next `add`:
+//!   perf does not reschedule a parked PMU's events when the contention ends.
 //! - A `del` off the owner while parked that is not part of a move cannot read the slot. If
 //!   the event comes back in the same reschedule, it takes the slot back as it is; if it was
 //!   off (disabled while parked), it keeps what was read before the park, the rest is lost, and
@@ -469,8 +470,8 @@ const MAX_OWED: usize = 2 * regs::MAX_SLOTS as usize;
 
 /// `hw.idx` of an event that holds no slot.
 const NO_SLOT: i32 = -1;
-/// `hw.idx` of an event scheduled without a slot while its domain is parked; its `hw.prev_count`
-/// holds [`perf::clock_ns`] when it was scheduled.
+/// `hw.idx` of an event scheduled without a slot while its domain is parked, and marked as not
+/// counting ([`Event::set_counting`]) until its `del`.
 const PARKED_NO_SLOT: i32 = -2;
 
 /// The state of a domain shared by its PMU callbacks and its poll.
@@ -687,11 +688,13 @@ impl Domain {
             }
         }
         if hw.owner.is_none() {
-            // Parked: nobody can count this event; say so rather than fail it, which would keep
-            // every group behind it from scheduling (and so stop time for events whose slots go
-            // on counting).
+            // Parked: nobody can count this event. Failing it would keep every group behind it
+            // from scheduling (and so stop time for events whose slots go on counting); keep it
+            // scheduled and tell perf it is not counted, so its `time_running` stands still
+            // from now to its `del` (taking the time off afterwards could take back time a read
+            // already showed).
             event.set_hw_idx(PARKED_NO_SLOT);
-            event.hw_prev_count().set(perf::clock_ns());
+            event.set_counting(false);
             return Ok(());
         }
         Err(EAGAIN)
@@ -746,8 +749,7 @@ impl Domain {
     /// parked, on the CPU that keeps the events: see [`Holder::ParkedIdle`].
     fn unschedule(&self, hw: &mut DomainHw, event: &Event) {
         if event.hw_idx() == PARKED_NO_SLOT {
-            let since = event.hw_prev_count().read();
-            event.discount_running(perf::clock_ns().saturating_sub(since));
+            // Not counted since its `add`; perf's "not counting" ends with this `del`.
             event.set_hw_idx(NO_SLOT);
             return;
         }
