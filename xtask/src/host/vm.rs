@@ -373,7 +373,7 @@ fn die_with_xtask(command: &mut Command) {
 }
 
 /// QEMU creates the socket and then waits for us before starting the guest.
-fn connect(socket: &Path, child: &mut Child) -> Result<UnixStream> {
+pub fn connect(socket: &Path, child: &mut Child) -> Result<UnixStream> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         if let Some(status) = child.try_wait()? {
