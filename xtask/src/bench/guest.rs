@@ -341,7 +341,12 @@ fn stock_boot_to_agent(config: &host::config::VmConfig, accel: &Accel) -> Result
         qemu.arg("-L").arg(dir);
     }
     qemu.args(["-M", host::qemu::MACHINE]);
-    host::qemu::guest_args(&mut qemu, config, accel, &host::cmdline::base_cmdline(host::cmdline::host_tsc_khz()).join(" "));
+    let clock = host::cmdline::GuestClock {
+        tsc_khz: host::cmdline::host_tsc_khz(),
+        hz: host::cmdline::kernel_hz(&config.vmlinux),
+        tcg: !accel.kvm,
+    };
+    host::qemu::guest_args(&mut qemu, config, accel, &host::cmdline::base_cmdline(&clock).join(" "));
     qemu.arg("-serial").arg(format!("file:{}", config.run_dir.join("serial.log").display()));
     host::qemu::agent_port_args(&mut qemu, &socket);
     fs::write(config.run_dir.join("qemu.cmd"), crate::cmd::display(&qemu) + "\n")?;
