@@ -145,15 +145,59 @@ pub fn rows(ws: &Path, images: &Images, accel: &Accel, effort: &Effort) -> Resul
 /// Counter reads, dispatch and hotplug, in one guest with perfbed.ko loaded.
 fn in_guest(g: &mut Guest, device: &perfbed_device::DeviceConfig, effort: &Effort) -> Result<Vec<Row>> {
     g.expect_done(HostRequest::LoadModule { name: MODULE.into() })?;
-    let mut rows = reads(g, device, effort)?;
+    let mut rows = reads(g, device, effort, &Place::Qemu)?;
     rows.extend(hotplug(g, device, effort.hotplug_rounds)?);
+    Ok(rows)
+}
+
+/// Which host the read rows were measured on.
+enum Place {
+    Qemu,
+    /// perfbed-vmm, natively or in the box: `name` says which.
+    Vmm { name: &'static str },
+}
+
+impl Place {
+    /// The rows' names end with this.
+    fn suffix(&self) -> String {
+        match self {
+            Place::Qemu => String::new(),
+            Place::Vmm { name } => format!(" (perfbed-{name})"),
+        }
+    }
+}
+
+/// perfbed-vmm's rows: one boot to agent ready and the counter reads, on
+/// native KVM where this machine has VT-x/SVM, else in the box (an L1 Linux
+/// under QEMU TCG running perfbed-vmm on its KVM).
+pub fn vmm_rows(ws: &Path, images: &Images, accel: &Accel, effort: &Effort) -> Result<Vec<Row>> {
+    let args = RunArgs { host: host::HostChoice::Vmm, ..RunArgs::for_tests() };
+    let scenario = scenario_for(ws, images, &args, "bench-vmm")?;
+    let place = Place::Vmm { name: scenario.vm.host.name() };
+    eprintln!("==> bench: perfbed-{}: a boot and the counter reads", scenario.vm.host.name());
+    let booted = Vm::boot(&scenario.vm, accel)?;
+    let boot = Row::new(&format!("boot: VM start to agent ready, {} vCPUs{}", args.cpus, place.suffix()), booted.since_spawn.as_secs_f64(), "s")
+        .note(format!(
+            "one boot; guest uptime at agent ready {:.3} s{}",
+            booted.hello.uptime_ms as f64 / 1000.0,
+            if matches!(scenario.vm.host, host::Host::VmmBox(_)) { "; from the box's QEMU start: its L1 Linux boots first" } else { "" }
+        ));
+    let mut vm = booted.vm;
+    let mut g = Guest { vm: &mut vm, timeout: Duration::from_secs(600) };
+    g.expect_done(HostRequest::LoadModule { name: MODULE.into() })?;
+    let mut rows = vec![boot];
+    rows.extend(reads(&mut g, &scenario.vm.device, effort, &place)?);
+    vm.power_off(Duration::from_secs(60))?;
     Ok(rows)
 }
 
 /// The counter-read and dispatch rows. Each figure is measured once per
 /// round and the rounds interleaved, so that a sum or difference of figures
 /// is taken within a round, the load of the moment on both sides of it.
-fn reads(g: &mut Guest, device: &perfbed_device::DeviceConfig, effort: &Effort) -> Result<Vec<Row>> {
+///
+/// On perfbed-vmm there is no QEMU dispatch and no virtio-mmio register to
+/// compare with: its rows are the reads alone.
+fn reads(g: &mut Guest, device: &perfbed_device::DeviceConfig, effort: &Effort, place: &Place) -> Result<Vec<Row>> {
     // The last domain (CPUs 2-3 by default): its owner is not CPU 0.
     let domain = device.domains.len() - 1;
     let pmu = pmu_name(domain);
@@ -187,9 +231,13 @@ fn reads(g: &mut Guest, device: &perfbed_device::DeviceConfig, effort: &Effort) 
         if magic_value != regs::MAGIC_VALUE {
             bail!("reading perfbed's MAGIC register gave {magic_value:#x}");
         }
-        let (bare, bare_value) = time(g, bare_target.clone(), owner, n)?;
-        if bare_value & 0xffff_ffff != VIRTIO_MAGIC {
-            bail!("virtio-mmio's MAGIC register read {bare_value:#x}");
+        if let Place::Qemu = place {
+            let (bare, bare_value) = time(g, bare_target.clone(), owner, n)?;
+            if bare_value & 0xffff_ffff != VIRTIO_MAGIC {
+                bail!("virtio-mmio's MAGIC register read {bare_value:#x}");
+            }
+            r.bare.push(bare);
+            r.dispatch.push(magic - bare);
         }
         r.owner.push(owner_read);
         r.other.push(other_read);
@@ -198,8 +246,6 @@ fn reads(g: &mut Guest, device: &perfbed_device::DeviceConfig, effort: &Effort) 
         r.owner_floor.push(floor + sw_read);
         r.owner_extra.push(owner_read - floor - sw_read);
         r.other_extra.push(other_read - owner_read);
-        r.bare.push(bare);
-        r.dispatch.push(magic - bare);
     }
     g.close(event)?;
     g.close(sw)?;
@@ -207,23 +253,29 @@ fn reads(g: &mut Guest, device: &perfbed_device::DeviceConfig, effort: &Effort) 
     let (owner_read, owner_extra, other_extra) = (s(&r.owner)?, s(&r.owner_extra)?, s(&r.other_extra)?);
     let rounds = effort.read_rounds;
     let how = format!("median ± half range of {rounds} interleaved rounds of {n} reads in a loop pinned to the CPU; ns per read() or load");
-    Ok(vec![
-        Row::measured("counter read: read() on the owner CPU", owner_read, "ns")
+    let at = place.suffix();
+    let mut rows = vec![
+        Row::measured(&format!("counter read: read() on the owner CPU{at}"), owner_read, "ns")
             .against("floor + software read", s(&r.owner_floor)?.median)
             .goal(Goal::RatioAtMost(1.2))
             .note(format!("{how}; above floor + software read within each round: {:.0} ± {:.0} ns", owner_extra.median, owner_extra.spread)),
-        Row::measured("counter read: read() from another CPU", s(&r.other)?, "ns")
+        Row::measured(&format!("counter read: read() from another CPU{at}"), s(&r.other)?, "ns")
             .against("owner CPU read()", owner_read.median)
             .note(format!("above the owner's read within each round: {:.0} ± {:.0} ns", other_extra.median, other_extra.spread)),
-        Row::measured("counter read: register load via /dev/mem (floor)", s(&r.floor)?, "ns"),
-        Row::measured("counter read: read() of a software event (cpu-clock)", s(&r.software)?, "ns"),
-        Row::measured("device: QEMU dispatch ns/access (perfbed minus bare exit)", s(&r.dispatch)?, "ns")
-            .against("bare exit (virtio-mmio MAGIC)", s(&r.bare)?.median)
-            .note(
-                "a load of perfbed's MAGIC register minus one of virtio-mmio's MAGIC, both behind QEMU's global lock, \
-                 the difference taken within each round: a spread wider than the value means no difference is seen",
-            ),
-    ])
+        Row::measured(&format!("counter read: register load via /dev/mem (floor){at}"), s(&r.floor)?, "ns"),
+        Row::measured(&format!("counter read: read() of a software event (cpu-clock){at}"), s(&r.software)?, "ns"),
+    ];
+    if let Place::Qemu = place {
+        rows.push(
+            Row::measured("device: QEMU dispatch ns/access (perfbed minus bare exit)", s(&r.dispatch)?, "ns")
+                .against("bare exit (virtio-mmio MAGIC)", s(&r.bare)?.median)
+                .note(
+                    "a load of perfbed's MAGIC register minus one of virtio-mmio's MAGIC, both behind QEMU's global lock, \
+                     the difference taken within each round: a spread wider than the value means no difference is seen",
+                ),
+        );
+    }
+    Ok(rows)
 }
 
 /// The per-round figures of [`reads`] (ns).
@@ -297,6 +349,45 @@ pub fn hotplug_rates(g: &mut Guest, device: &perfbed_device::DeviceConfig, round
         }
     }
     Ok(rates)
+}
+
+/// The guest shapes of the hotplug scaling table: (vCPUs, domains). With 16
+/// PMUs every domain is one CPU, so that offlining a CPU parks its PMU
+/// instead of moving it.
+const SCALING_SHAPES: [(u8, &str); 4] = [
+    (4, "0-3"),
+    (4, "0-1:2-3"),
+    (8, "0-1:2-3:4-5:6-7"),
+    (16, "0:1:2:3:4:5:6:7:8:9:10:11:12:13:14:15"),
+];
+
+/// `bench --hotplug-scaling`: offline+online ops/s for each number of
+/// events open on each shape of [`SCALING_SHAPES`], each against the same
+/// guest with no events (the CPU count differs between shapes, and hotplug
+/// costs grow with it: compare within a shape).
+pub fn hotplug_scaling(ws: &Path, images: &Images, accel: &Accel) -> Result<Vec<Row>> {
+    const ROUNDS: u32 = 3;
+    let mut rows = Vec::new();
+    for (cpus, domains) in SCALING_SHAPES {
+        let args = RunArgs { cpus, domains: Some(domains.into()), ..RunArgs::for_tests() };
+        let pmus = domains.split(':').count();
+        eprintln!("==> hotplug scaling: {pmus} PMU(s) on {cpus} vCPUs ({domains})");
+        let scenario = scenario_for(ws, images, &args, &format!("bench-scaling-{pmus}"))?;
+        let mut vm = Vm::boot(&scenario.vm, accel)?.vm;
+        let mut g = Guest { vm: &mut vm, timeout: Duration::from_secs(600) };
+        g.expect_done(HostRequest::LoadModule { name: MODULE.into() })?;
+        let rates = hotplug_rates(&mut g, &scenario.vm.device, ROUNDS)?;
+        vm.power_off(Duration::from_secs(30))?;
+        let none = rates[0].ops.median;
+        for r in &rates {
+            rows.push(
+                Row::measured(&format!("hotplug: {pmus} PMU(s), {cpus} vCPUs, {} events", r.events), r.ops, "ops/s")
+                    .against("no events", none)
+                    .note(format!("offline {:.1} ms + online {:.1} ms per CPU; {ROUNDS} rounds", r.offline_ms, r.online_ms)),
+            );
+        }
+    }
+    Ok(rows)
 }
 
 /// The hotplug rows: ops/s with each number of events, against none.

@@ -38,6 +38,11 @@ pub struct BenchArgs {
     /// in target/perfbed/bench/cold.json, and every later table shows it.
     #[arg(long, conflicts_with = "quick")]
     cold: bool,
+    /// Measure only how hotplug throughput grows with the events open and
+    /// the PMUs: offline+online ops/s with 0, 4, 16 and 64 events, on 1, 2,
+    /// 4 and 16 PMUs (a guest booted for each; a few minutes under TCG).
+    #[arg(long, conflicts_with_all = ["quick", "cold"])]
+    hotplug_scaling: bool,
     /// Compare saved results instead of measuring, naming the rows that
     /// moved beyond their spread: A against B; with one file, it against the
     /// latest full run; with none, the previous full run against the latest.
@@ -61,6 +66,8 @@ const EXPECTED_ROWS: &[&str] = &[
     "hotplug: offline+online ops/s, 4 events",
     "hotplug: offline+online ops/s, 16 events",
     "hotplug: offline+online ops/s, 64 events",
+    "boot: VM start to agent ready, 4 vCPUs (perfbed-vmm",
+    "counter read: read() on the owner CPU (perfbed-vmm",
     "memory: QEMU RSS beyond guest RAM",
     "memory: initramfs size",
     "warm run:",
@@ -95,6 +102,13 @@ pub fn run(ws: &Path, args: &BenchArgs) -> Result<bool> {
         print!("{}", report::table(&[row]));
         return Ok(true);
     }
+    if args.hotplug_scaling {
+        deps::ensure_packages()?;
+        let images = image::ensure_for(ws, image::Variant::Normal, image::Purpose::Run)?;
+        let rows = guest::hotplug_scaling(ws, &images, &host::choose_accel())?;
+        print!("{}", report::table(&rows));
+        return Ok(true);
+    }
     let rows = measure(ws, args.quick)?;
     println!("\ncargo xtask bench{}:", if args.quick { " --quick (figures not to quote)" } else { "" });
     print!("{}", report::table(&rows));
@@ -111,7 +125,9 @@ pub fn measure(ws: &Path, quick: bool) -> Result<Vec<Row>> {
     let mut rows = device::rows(ws, quick)?;
     let images = image::ensure_for(ws, image::Variant::Normal, image::Purpose::Run)?;
     let accel = host::choose_accel();
-    rows.extend(guest::rows(ws, &images, &accel, &guest::Effort::new(quick))?);
+    let effort = guest::Effort::new(quick);
+    rows.extend(guest::rows(ws, &images, &accel, &effort)?);
+    rows.extend(guest::vmm_rows(ws, &images, &accel, &effort)?);
     let size = fs::metadata(&images.initramfs).with_context(|| format!("reading {}", images.initramfs.display()))?.len();
     rows.push(
         Row::new("memory: initramfs size", size as f64 / 1e6, "MB")
