@@ -10,6 +10,7 @@ use anyhow::{Context, Result};
 use crate::build::deps;
 use crate::cmd::Step;
 use super::report::{Goal, Row};
+use super::stats::Summary;
 
 /// The goal of the issue: a register access in the model within 100 ns.
 const MODEL_GOAL_NS: f64 = 100.0;
@@ -32,25 +33,29 @@ pub fn rows(workspace: &Path, quick: bool) -> Result<Vec<Row>> {
     let global = median("model/global_read")?;
     let write = median("model/slot_ctl_write")?;
     let shared = median("shared/owner_counter_read")?;
-    let how = "criterion median of the benchmark thread's CPU time; each access moves time 1 us with traffic landing";
+    let how = "criterion median of the benchmark thread's CPU time ± half its 95% confidence interval; \
+               each access moves time 1 us with traffic landing";
     Ok(vec![
-        Row::new("device: model ns/access (owner counter read)", owner, "ns")
-            .against("global register read", global)
+        Row::measured("device: model ns/access (owner counter read)", owner, "ns")
+            .against("global register read", global.median)
             .goal(Goal::AtMost(MODEL_GOAL_NS))
             .note(how),
-        Row::new("device: model ns/access (placement violation)", violating, "ns").against("owner counter read", owner),
-        Row::new("device: model ns/access (SLOT_CTL write)", write, "ns").goal(Goal::AtMost(MODEL_GOAL_NS)),
-        Row::new("device: host lock + clock + model ns/access", shared, "ns")
-            .against("model alone", owner)
+        Row::measured("device: model ns/access (placement violation)", violating, "ns").against("owner counter read", owner.median),
+        Row::measured("device: model ns/access (SLOT_CTL write)", write, "ns").goal(Goal::AtMost(MODEL_GOAL_NS)),
+        Row::measured("device: host lock + clock + model ns/access", shared, "ns")
+            .against("model alone", owner.median)
             .note("SharedDevice::mmio_read: what both hosts call per access"),
     ])
 }
 
-/// The median point estimate (ns) of one criterion benchmark.
-fn median_ns(estimates: &Path) -> Result<f64> {
+/// The median point estimate (ns) of one criterion benchmark, its spread
+/// half the width of criterion's confidence interval for it.
+fn median_ns(estimates: &Path) -> Result<Summary> {
     let text = fs::read_to_string(estimates).with_context(|| format!("reading {}", estimates.display()))?;
     let doc: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("parsing {}", estimates.display()))?;
-    doc["median"]["point_estimate"]
-        .as_f64()
-        .with_context(|| format!("{} has no median point estimate", estimates.display()))
+    let median = &doc["median"];
+    let field = |value: &serde_json::Value, what: &str| value.as_f64().with_context(|| format!("{} has no median {what}", estimates.display()));
+    let interval = &median["confidence_interval"];
+    let (lower, upper) = (field(&interval["lower_bound"], "lower bound")?, field(&interval["upper_bound"], "upper bound")?);
+    Ok(Summary { median: field(&median["point_estimate"], "point estimate")?, spread: (upper - lower) / 2.0 })
 }

@@ -7,18 +7,20 @@
 //! - [`device`]: criterion microbenchmarks of the device model;
 //! - [`guest`]: boots, counter reads, hotplug, dispatch and memory on guests;
 //! - [`runs`]: whole `cargo xtask run`s, warm and cold;
-//! - [`report`]: the rows, the table, the JSON.
+//! - [`report`]: the rows, the table, the JSON;
+//! - [`stats`]: repeated measurements as a median and a spread.
 
 mod device;
 mod guest;
 mod report;
 mod runs;
+mod stats;
 pub mod vmm_exit;
 
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use clap::Args;
 
 use crate::build::{deps, image};
@@ -36,8 +38,15 @@ pub struct BenchArgs {
     /// in target/perfbed/bench/cold.json, and every later table shows it.
     #[arg(long, conflicts_with = "quick")]
     cold: bool,
-    /// Compare two saved results instead of measuring.
-    #[arg(long, num_args = 2, value_names = ["A.json", "B.json"])]
+    /// Measure only how hotplug throughput grows with the events open and
+    /// the PMUs: offline+online ops/s with 0, 4, 16 and 64 events, on 1, 2,
+    /// 4 and 16 PMUs (a guest booted for each; a few minutes under TCG).
+    #[arg(long, conflicts_with_all = ["quick", "cold"])]
+    hotplug_scaling: bool,
+    /// Compare saved results instead of measuring, naming the rows that
+    /// moved beyond their spread: A against B; with one file, it against the
+    /// latest full run; with none, the previous full run against the latest.
+    #[arg(long, num_args = 0..=2, value_names = ["A.json", "B.json"])]
     compare: Option<Vec<PathBuf>>,
 }
 
@@ -47,7 +56,8 @@ const EXPECTED_ROWS: &[&str] = &[
     "device: model ns/access",
     "device: host lock + clock",
     "device: QEMU dispatch",
-    "boot: VM start to agent ready",
+    "boot: VM start to agent ready, 4 vCPUs (",
+    "boot: VM start to agent ready, 4 vCPUs against 1",
     "counter read: read() on the owner CPU",
     "counter read: read() from another CPU",
     "counter read: register load",
@@ -55,6 +65,9 @@ const EXPECTED_ROWS: &[&str] = &[
     "hotplug: offline+online ops/s, no events",
     "hotplug: offline+online ops/s, 4 events",
     "hotplug: offline+online ops/s, 16 events",
+    "hotplug: offline+online ops/s, 64 events",
+    "boot: VM start to agent ready, 4 vCPUs (perfbed-vmm",
+    "counter read: read() on the owner CPU (perfbed-vmm",
     "memory: QEMU RSS beyond guest RAM",
     "memory: initramfs size",
     "warm run:",
@@ -70,12 +83,30 @@ const INITRAMFS_BEFORE_MB: f64 = 37.7;
 
 pub fn run(ws: &Path, args: &BenchArgs) -> Result<bool> {
     if let Some(files) = &args.compare {
-        print!("{}", report::compare(&files[0], &files[1])?);
+        let (a, b) = match files.as_slice() {
+            [a, b] => (a.clone(), b.clone()),
+            [a] => (a.clone(), report::saved_runs(ws)?.pop().context("no full run saved in target/perfbed/bench")?),
+            _ => {
+                let mut runs = report::saved_runs(ws)?;
+                match (runs.pop(), runs.pop()) {
+                    (Some(latest), Some(previous)) => (previous, latest),
+                    _ => bail!("--compare without files needs two full runs saved in target/perfbed/bench"),
+                }
+            }
+        };
+        print!("{}", report::compare(&a, &b)?);
         return Ok(true);
     }
     if args.cold {
         let row = runs::cold(ws, true)?.context("the cold run left no figures")?;
         print!("{}", report::table(&[row]));
+        return Ok(true);
+    }
+    if args.hotplug_scaling {
+        deps::ensure_packages()?;
+        let images = image::ensure_for(ws, image::Variant::Normal, image::Purpose::Run)?;
+        let rows = guest::hotplug_scaling(ws, &images, &host::choose_accel())?;
+        print!("{}", report::table(&rows));
         return Ok(true);
     }
     let rows = measure(ws, args.quick)?;
@@ -94,7 +125,9 @@ pub fn measure(ws: &Path, quick: bool) -> Result<Vec<Row>> {
     let mut rows = device::rows(ws, quick)?;
     let images = image::ensure_for(ws, image::Variant::Normal, image::Purpose::Run)?;
     let accel = host::choose_accel();
-    rows.extend(guest::rows(ws, &images, &accel, &guest::Effort::new(quick))?);
+    let effort = guest::Effort::new(quick);
+    rows.extend(guest::rows(ws, &images, &accel, &effort)?);
+    rows.extend(guest::vmm_rows(ws, &images, &accel, &effort)?);
     let size = fs::metadata(&images.initramfs).with_context(|| format!("reading {}", images.initramfs.display()))?.len();
     rows.push(
         Row::new("memory: initramfs size", size as f64 / 1e6, "MB")

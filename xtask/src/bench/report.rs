@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 
+use super::stats::Summary;
+
 /// What a row must reach.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Goal {
@@ -35,13 +37,21 @@ pub struct Row {
     pub unit: &'static str,
     pub baseline: Option<Baseline>,
     pub goal: Goal,
+    /// Half the range of the repeated measurements `value` is the median
+    /// of (see [`Summary`]), in `unit`; `None` when measured once.
+    pub spread: Option<f64>,
     /// How it was measured, or why it is missing.
     pub note: String,
 }
 
 impl Row {
     pub fn new(name: &str, value: f64, unit: &'static str) -> Row {
-        Row { name: name.into(), value, unit, baseline: None, goal: Goal::None, note: String::new() }
+        Row { name: name.into(), value, unit, baseline: None, goal: Goal::None, spread: None, note: String::new() }
+    }
+
+    /// A row whose value is the median of repeated measurements, with their spread.
+    pub fn measured(name: &str, summary: Summary, unit: &'static str) -> Row {
+        Row { spread: Some(summary.spread), ..Row::new(name, summary.median, unit) }
     }
 
     pub fn against(mut self, what: &str, value: f64) -> Row {
@@ -89,6 +99,7 @@ impl Row {
             "unit": self.unit,
             "baseline": self.baseline.as_ref().map(|b| json!({ "what": b.what, "value": b.value })),
             "ratio": self.ratio(),
+            "spread": self.spread,
             "goal": self.goal_text(),
             "met": self.met(),
             "note": self.note,
@@ -120,7 +131,10 @@ pub fn table(rows: &[Row]) -> String {
     for row in rows {
         lines.push([
             row.name.clone(),
-            format!("{} {}", short(row.value), row.unit),
+            match row.spread {
+                Some(spread) => format!("{} ± {} {}", short(row.value), short(spread), row.unit),
+                None => format!("{} {}", short(row.value), row.unit),
+            },
             row.baseline.as_ref().map_or("-".into(), |b| format!("{} {} ({})", short(b.value), row.unit, b.what)),
             row.ratio().map_or("-".into(), short),
             row.goal_text(),
@@ -161,8 +175,30 @@ pub fn save(workspace: &Path, rows: &[Row], quick: bool) -> Result<PathBuf> {
     Ok(path)
 }
 
-/// One row of a saved result: (name, value, unit, ratio).
-type SavedRow = (String, f64, String, Option<f64>);
+/// The full (not `--quick`) runs saved in `target/perfbed/bench`, oldest
+/// first: the files named by their unix time.
+pub fn saved_runs(workspace: &Path) -> Result<Vec<PathBuf>> {
+    let dir = workspace.join("target/perfbed/bench");
+    let mut runs: Vec<(u64, PathBuf)> = Vec::new();
+    for entry in fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()))? {
+        let path = entry?.path();
+        let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("");
+        if let (Ok(time), Some("json")) = (stem.parse::<u64>(), path.extension().and_then(|e| e.to_str())) {
+            runs.push((time, path));
+        }
+    }
+    runs.sort();
+    Ok(runs.into_iter().map(|(_, path)| path).collect())
+}
+
+/// One row of a saved result.
+struct SavedRow {
+    name: String,
+    value: f64,
+    unit: String,
+    ratio: Option<f64>,
+    spread: Option<f64>,
+}
 
 /// The rows of a saved result.
 fn load(path: &Path) -> Result<Vec<SavedRow>> {
@@ -175,37 +211,60 @@ fn load(path: &Path) -> Result<Vec<SavedRow>> {
         .map(|r| {
             let name = r["name"].as_str().context("a row without a name")?.to_string();
             let value = r["value"].as_f64().with_context(|| format!("row {name:?} without a value"))?;
-            Ok((name, value, r["unit"].as_str().unwrap_or("").to_string(), r["ratio"].as_f64()))
+            let unit = r["unit"].as_str().unwrap_or("").to_string();
+            Ok(SavedRow { name, value, unit, ratio: r["ratio"].as_f64(), spread: r["spread"].as_f64() })
         })
         .collect()
 }
 
+/// Whether a row moved from `a` to `b` by more than the two runs' spreads
+/// together: `None` when either run has no spread for it (measured once, or
+/// saved before spreads were), which judges nothing.
+fn moved(a: &SavedRow, b: &SavedRow) -> Option<bool> {
+    Some((b.value - a.value).abs() > a.spread? + b.spread?)
+}
+
 /// Two saved results side by side: each row's value and ratio in A and B,
-/// and B/A.
+/// B/A, and whether it moved beyond its spread; then the rows that did.
 pub fn compare(a: &Path, b: &Path) -> Result<String> {
     let (rows_a, rows_b) = (load(a)?, load(b)?);
     let mut out = format!("  A: {}\n  B: {}\n", a.display(), b.display());
     let ratio = |r: Option<f64>| r.map_or("-".to_string(), short);
-    for (name, va, unit, ra) in &rows_a {
-        match rows_b.iter().find(|(n, ..)| n == name) {
-            Some((_, vb, _, rb)) => {
-                let change = if *va != 0.0 { short(vb / va) } else { "-".into() };
-                let _ = writeln!(
-                    out,
-                    "  {name}: {} -> {} {unit} (B/A {change}); ratio {} -> {}",
-                    short(*va),
-                    short(*vb),
-                    ratio(*ra),
-                    ratio(*rb)
-                );
+    let value = |r: &SavedRow| match r.spread {
+        Some(spread) => format!("{} ± {}", short(r.value), short(spread)),
+        None => short(r.value),
+    };
+    let (mut moved_rows, mut unjudged) = (Vec::new(), 0);
+    for ra in &rows_a {
+        let Some(rb) = rows_b.iter().find(|rb| rb.name == ra.name) else {
+            let _ = writeln!(out, "  {}: {} {} -> (not in B)", ra.name, value(ra), ra.unit);
+            continue;
+        };
+        let change = if ra.value != 0.0 { short(rb.value / ra.value) } else { "-".into() };
+        let verdict = match moved(ra, rb) {
+            Some(true) => {
+                moved_rows.push(ra.name.as_str());
+                "MOVED beyond the spread"
             }
+            Some(false) => "within the spread",
             None => {
-                let _ = writeln!(out, "  {name}: {} {unit} -> (not in B)", short(*va));
+                unjudged += 1;
+                "no spread to judge by"
             }
-        }
+        };
+        let (va, vb, unit, qa, qb) = (value(ra), value(rb), &ra.unit, ratio(ra.ratio), ratio(rb.ratio));
+        let _ = writeln!(out, "  {}: {va} -> {vb} {unit} (B/A {change}; {verdict}); ratio {qa} -> {qb}", ra.name);
     }
-    for (name, vb, unit, _) in rows_b.iter().filter(|(n, ..)| !rows_a.iter().any(|(m, ..)| m == n)) {
-        let _ = writeln!(out, "  {name}: (not in A) -> {} {unit}", short(*vb));
+    for rb in rows_b.iter().filter(|rb| !rows_a.iter().any(|ra| ra.name == rb.name)) {
+        let _ = writeln!(out, "  {}: (not in A) -> {} {}", rb.name, value(rb), rb.unit);
+    }
+    if moved_rows.is_empty() {
+        let _ = writeln!(out, "\n  no row moved beyond its spread ({unjudged} row(s) without a spread not judged)");
+    } else {
+        let _ = writeln!(out, "\n  moved beyond their spread ({unjudged} row(s) without a spread not judged):");
+        for name in moved_rows {
+            let _ = writeln!(out, "  - {name}");
+        }
     }
     Ok(out)
 }
@@ -243,9 +302,33 @@ mod tests {
         let b = dir.join("b.json");
         fs::write(&b, serde_json::to_string(&json!({ "rows": slower.iter().map(Row::to_json).collect::<Vec<_>>() })).unwrap()).unwrap();
         let diff = compare(&a, &b).unwrap();
-        assert!(diff.contains("boot: 1.5 -> 3 s (B/A 2); ratio 0.5 -> 1"), "{diff}");
+        assert!(diff.contains("boot: 1.5 -> 3 s (B/A 2; no spread to judge by); ratio 0.5 -> 1"), "{diff}");
         assert!(diff.contains("model: 61 ns -> (not in B)"), "{diff}");
+        assert!(diff.contains("no row moved beyond its spread (1 row(s) without a spread not judged)"), "{diff}");
         assert!(compare(&a, &dir.join("absent.json")).is_err());
+        fs::write(dir.join("target/perfbed/bench/17.json"), "{}").unwrap();
+        fs::write(dir.join("target/perfbed/bench/5.json"), "{}").unwrap();
+        let runs = saved_runs(&dir).unwrap();
+        let names: Vec<_> = runs.iter().map(|p| p.file_name().unwrap().to_str().unwrap()).collect();
+        assert_eq!(names, ["5.json", "17.json"], "quick runs, latest.json and others are not full runs");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn compare_names_the_rows_that_moved_beyond_their_spread() {
+        let dir = std::env::temp_dir().join(format!("perfbed-bench-spread-{}", std::process::id()));
+        let read = |v: f64, s: f64| Row::measured("read", Summary { median: v, spread: s }, "ns");
+        let boot = |v: f64, s: f64| Row::measured("boot", Summary { median: v, spread: s }, "s");
+        let a = save(&dir, &[read(100.0, 5.0), boot(2.0, 0.1)], true).unwrap();
+        let b = dir.join("b.json");
+        let rows_b = [read(111.0, 5.0), boot(2.15, 0.1)];
+        fs::write(&b, serde_json::to_string(&json!({ "rows": rows_b.iter().map(Row::to_json).collect::<Vec<_>>() })).unwrap()).unwrap();
+        let diff = compare(&a, &b).unwrap();
+        assert!(diff.contains("read: 100 ± 5 -> 111 ± 5 ns (B/A 1.11; MOVED beyond the spread)"), "{diff}");
+        assert!(diff.contains("boot: 2 ± 0.1 -> 2.15 ± 0.1 s (B/A 1.075; within the spread)"), "{diff}");
+        assert!(diff.contains("moved beyond their spread (0 row(s) without a spread not judged):\n  - read\n"), "{diff}");
+        assert!(!diff.contains("  - boot"), "{diff}");
+        assert!(table(&rows_b).contains("111 ± 5 ns"));
         fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -244,7 +244,10 @@ pub fn keep(kind: &str) -> usize {
             .and_then(|n| n.parse().ok())
             .filter(|&n: &usize| n > 0)
             .unwrap_or(6),
-        "qemu" => 2,
+        // Main's and two branches' (say, one changing the shim and one the
+        // configure line) and a previous one: with two, three branches'
+        // QEMU builds evicted each other, ~5 min of both cores each time.
+        "qemu" => 4,
         _ => 8,
     }
 }

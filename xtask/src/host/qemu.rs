@@ -10,22 +10,20 @@ use perfbed_device::DeviceConfig;
 use super::Accel;
 use super::config::{VmConfig, DEVICE_BASE};
 
+/// The machine every QEMU boot of perfbed's guest uses.
+pub const MACHINE: &str = "microvm,x-option-roms=off,acpi=off";
+
 /// perfbed's QEMU running the guest itself, the device mapped by its shim.
 pub fn command(config: &VmConfig, accel: &Accel, cmdline: &[String], socket: &Path, control_socket: &Path) -> Command {
     let mut qemu = Command::new(&config.qemu);
     for dir in &config.firmware_dirs {
         qemu.arg("-L").arg(dir);
     }
-    qemu.args(["-M", "microvm,x-option-roms=off,acpi=off"]);
+    qemu.args(["-M", MACHINE]);
     guest_args(&mut qemu, config, accel, &cmdline.join(" "));
-    qemu.args(["-chardev", "stdio,id=serial0,signal=off", "-serial", "chardev:serial0"])
-        .args(["-device", "virtio-serial-device", "-chardev"])
-        .arg(format!("socket,id=agent,path={},server=on,wait=on", socket.display()))
-        // A plain port, not a virtconsole: QEMU throttles the guest when our
-        // end of the socket is full, where a console port drops the bytes.
-        .args(["-device", "virtserialport,chardev=agent,name=perfbed.agent"])
-        .arg("-device")
-        .arg(device_arg(&config.device, control_socket));
+    qemu.args(["-chardev", "stdio,id=serial0,signal=off", "-serial", "chardev:serial0"]);
+    agent_port_args(&mut qemu, socket);
+    qemu.arg("-device").arg(device_arg(&config.device, control_socket));
     if let Some(gdb) = &config.gdb {
         qemu.arg("-gdb").arg(format!("tcp:127.0.0.1:{}", gdb.port));
         if gdb.stopped {
@@ -55,6 +53,16 @@ pub fn guest_args(qemu: &mut Command, config: &VmConfig, accel: &Accel, cmdline:
         .arg(&config.initramfs)
         .arg("-append")
         .arg(cmdline);
+}
+
+/// The agent's virtio-serial port, on a socket QEMU serves and waits on
+/// before it starts the guest.
+pub fn agent_port_args(qemu: &mut Command, socket: &Path) {
+    qemu.args(["-device", "virtio-serial-device", "-chardev"])
+        .arg(format!("socket,id=agent,path={},server=on,wait=on", socket.display()))
+        // A plain port, not a virtconsole: QEMU throttles the guest when our
+        // end of the socket is full, where a console port drops the bytes.
+        .args(["-device", "virtserialport,chardev=agent,name=perfbed.agent"]);
 }
 
 /// The `-device perfbed,...` argument of perfbed's QEMU (images/qemu/perfbed.c).

@@ -25,7 +25,7 @@ use perfbed_device::line::{read_line_or_stop, Line};
 use perfbed_device::ControlClient;
 
 use crate::cmd;
-use super::cmdline::{base_cmdline, host_tsc_khz};
+use super::cmdline::{base_cmdline, host_tsc_khz, kernel_hz, GuestClock};
 use super::config::{VmConfig, DEVICE_BASE};
 use super::console::{copy_serial, kernel_log_problems};
 use super::{monitor, qemu, the_box, vmm, Accel, Host};
@@ -90,7 +90,10 @@ impl Vm {
         });
         let tsc_khz = host_tsc_khz();
 
-        let mut cmdline = base_cmdline(tsc_khz);
+        // Only perfbed's QEMU on TCG runs the guest without hardware
+        // virtualisation: the box's L1 is TCG, but its L2 runs on KVM.
+        let tcg = matches!(config.host, Host::Qemu) && !accel.kvm;
+        let mut cmdline = base_cmdline(&GuestClock { tsc_khz, hz: kernel_hz(&config.vmlinux), tcg });
         if let Host::Qemu = config.host {
             // Announced like virtio-mmio devices are: size@base (perfbed-vmm
             // announces its devices itself, the same way).
@@ -373,7 +376,7 @@ fn die_with_xtask(command: &mut Command) {
 }
 
 /// QEMU creates the socket and then waits for us before starting the guest.
-fn connect(socket: &Path, child: &mut Child) -> Result<UnixStream> {
+pub fn connect(socket: &Path, child: &mut Child) -> Result<UnixStream> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         if let Some(status) = child.try_wait()? {

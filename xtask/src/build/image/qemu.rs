@@ -27,6 +27,11 @@ const CONFIGURE: &[&str] = &[
     "--with-devices-x86_64=perfbed",
     "--enable-tcg",
     "--enable-kvm",
+    // No -g: it costs ~30% of each file's compile time (16.8 s against
+    // 12.0 s of CPU for four of the largest, 2026-12-02) and makes a 44 MB
+    // binary to link, for a QEMU nobody steps through; the device's own
+    // code is Rust, built by cargo with its own settings.
+    "--disable-debug-info",
     "--disable-docs",
     "--disable-werror",
     "--disable-user",
