@@ -3,11 +3,19 @@
 //! Register accesses come from vCPU threads; the device's backend (the event
 //! loop) gets in through [`MmioTransport::poll`]. One mutex covers both, so
 //! queue state is only ever touched by one thread at a time.
+//!
+//! A vCPU never runs the device: a `QueueNotify` write signals that queue's
+//! notifier eventfd (the VMM registers the same eventfds with KVM as
+//! ioeventfds, so the usual notify does not even leave the kernel), and the
+//! event loop, watching them, calls [`MmioTransport::poll`]. So a register
+//! access only ever waits for the event loop's bounded, non-blocking device
+//! work, never for the host's I/O.
 
 use std::sync::{Mutex, MutexGuard};
 
 use virtio_queue::{Queue, QueueT};
 use vm_memory::GuestMemoryMmap;
+use vmm_sys_util::eventfd::EventFd;
 
 use super::{Interrupt, VirtioDevice, VIRTIO_F_VERSION_1};
 use crate::devices::bus::BusDevice;
@@ -41,6 +49,9 @@ const REG_QUEUE_DEVICE_HIGH: u64 = 0x0a4;
 const REG_CONFIG_GENERATION: u64 = 0x0fc;
 const CONFIG_SPACE: u64 = 0x100;
 
+/// The `QueueNotify` register's offset (for registering ioeventfds on it).
+pub const QUEUE_NOTIFY_OFFSET: u64 = REG_QUEUE_NOTIFY;
+
 /// Device status bits.
 const STATUS_DRIVER_OK: u32 = 4;
 const STATUS_FAILED: u32 = 0x80;
@@ -55,6 +66,8 @@ struct State<D> {
     driver_features: u64,
     queue_sel: u32,
     status: u32,
+    /// One per queue: signalled on a notify, watched by the event loop.
+    notifiers: Vec<EventFd>,
 }
 
 impl<D: VirtioDevice> State<D> {
@@ -70,9 +83,23 @@ impl<D: VirtioDevice> State<D> {
         self.queues.get_mut(self.queue_sel as usize)
     }
 
-    fn process(&mut self) {
-        if self.live() {
-            self.device.process(&mut self.queues, &self.memory, &self.interrupt);
+    /// Runs the device once (on the event loop); true if it has more to do.
+    fn process(&mut self) -> bool {
+        self.live() && self.device.process(&mut self.queues, &self.memory, &self.interrupt)
+    }
+
+    /// Hands the device's work to the event loop (from a vCPU).
+    fn notify(&self, queue: u32) {
+        if let Some(evt) = self.notifiers.get(queue as usize) {
+            // Fails only when the counter would overflow: a wake-up is
+            // pending anyway.
+            let _ = evt.write(1);
+        }
+    }
+
+    fn notify_all(&self) {
+        for queue in 0..self.notifiers.len() {
+            self.notify(queue as u32);
         }
     }
 
@@ -135,14 +162,15 @@ impl<D: VirtioDevice> State<D> {
                     q.set_ready(value == 1);
                 }
             }
-            REG_QUEUE_NOTIFY => self.process(),
+            REG_QUEUE_NOTIFY => self.notify(value),
             REG_INTERRUPT_ACK => self.interrupt.acknowledge(value),
             REG_STATUS => {
                 if value == 0 {
                     self.reset();
                 } else {
                     self.status = value;
-                    self.process();
+                    // Input may have waited for the driver.
+                    self.notify_all();
                 }
             }
             REG_QUEUE_DESC_LOW => self.with_queue(|q| q.set_desc_table_address(Some(value), None)),
@@ -168,6 +196,8 @@ impl<D: VirtioDevice> State<D> {
 pub enum TransportError {
     #[error("virtio queue of size {0}: {1:?}")]
     Queue(u16, virtio_queue::Error),
+    #[error("creating a queue notifier eventfd: {0}")]
+    Notifier(std::io::Error),
 }
 
 /// A virtio device on the MMIO bus.
@@ -182,6 +212,9 @@ impl<D: VirtioDevice> MmioTransport<D> {
             .iter()
             .map(|&size| Queue::new(size).map_err(|e| TransportError::Queue(size, e)))
             .collect::<Result<Vec<_>, _>>()?;
+        let notifiers = (0..queues.len())
+            .map(|_| EventFd::new(libc::EFD_NONBLOCK).map_err(TransportError::Notifier))
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(MmioTransport {
             state: Mutex::new(State {
                 device,
@@ -193,6 +226,7 @@ impl<D: VirtioDevice> MmioTransport<D> {
                 driver_features: 0,
                 queue_sel: 0,
                 status: 0,
+                notifiers,
             }),
         })
     }
@@ -202,11 +236,27 @@ impl<D: VirtioDevice> MmioTransport<D> {
     }
 
     /// Runs `f` on the device (to hand it backend input), then lets it move
-    /// data if the driver has made it live.
-    pub fn poll(&self, f: impl FnOnce(&mut D)) {
+    /// data if the driver has made it live; returns `f`'s result and whether
+    /// the device has more to do (call again after other events). For the
+    /// event loop only.
+    pub fn poll<R>(&self, f: impl FnOnce(&mut D) -> R) -> (R, bool) {
         let mut state = self.lock();
-        f(&mut state.device);
-        state.process();
+        let result = f(&mut state.device);
+        let more = state.process();
+        (result, more)
+    }
+
+    /// Runs `f` on the device without letting it move data (to read its
+    /// state or hand it something the next [`MmioTransport::poll`] uses).
+    pub fn with_device<R>(&self, f: impl FnOnce(&mut D) -> R) -> R {
+        f(&mut self.lock().device)
+    }
+
+    /// Clones of the queues' notifier eventfds, in queue order: for the
+    /// event loop to watch and for KVM to signal (ioeventfds with the queue
+    /// index as datamatch on [`QUEUE_NOTIFY_OFFSET`]).
+    pub fn notifiers(&self) -> std::io::Result<Vec<EventFd>> {
+        self.lock().notifiers.iter().map(EventFd::try_clone).collect()
     }
 
     /// The features the driver accepted.
@@ -264,8 +314,9 @@ mod tests {
         fn read_config(&self, offset: u64, data: &mut [u8]) {
             data.fill(offset as u8 + 1);
         }
-        fn process(&mut self, _: &mut [Queue], _: &GuestMemoryMmap, _: &Interrupt) {
+        fn process(&mut self, _: &mut [Queue], _: &GuestMemoryMmap, _: &Interrupt) -> bool {
             self.processed.fetch_add(1, Ordering::SeqCst);
+            false
         }
         fn reset(&mut self) {
             self.resets.fetch_add(1, Ordering::SeqCst);
@@ -320,18 +371,35 @@ mod tests {
     }
 
     #[test]
+    fn a_notify_wakes_the_event_loop_and_never_runs_the_device() {
+        let (t, processed, _) = transport();
+        let notifiers = t.notifiers().unwrap();
+        write(&t, REG_STATUS, 1 | 2 | 8 | STATUS_DRIVER_OK);
+        for n in &notifiers {
+            assert_eq!(n.read().unwrap(), 1, "DRIVER_OK wakes every queue");
+        }
+        write(&t, REG_QUEUE_NOTIFY, 1);
+        write(&t, REG_QUEUE_NOTIFY, 7); // no such queue: nothing
+        assert_eq!(processed.load(Ordering::SeqCst), 0, "the vCPU ran the device");
+        assert_eq!(notifiers[1].read().unwrap(), 1);
+        assert!(notifiers[0].read().is_err(), "queue 0 was not notified");
+        t.poll(|_| {});
+        assert_eq!(processed.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
     fn the_device_runs_only_when_live_and_resets_on_zero() {
         let (t, processed, resets) = transport();
-        write(&t, REG_QUEUE_NOTIFY, 0);
+        t.poll(|_| {});
         assert_eq!(processed.load(Ordering::SeqCst), 0);
         write(&t, REG_STATUS, 1 | 2 | 8 | STATUS_DRIVER_OK);
-        write(&t, REG_QUEUE_NOTIFY, 0);
-        assert_eq!(processed.load(Ordering::SeqCst), 2);
+        t.poll(|_| {});
+        assert_eq!(processed.load(Ordering::SeqCst), 1);
         write(&t, REG_STATUS, 0);
         assert_eq!(resets.load(Ordering::SeqCst), 1);
         assert_eq!(read(&t, REG_STATUS), 0);
         t.poll(|_| {});
-        assert_eq!(processed.load(Ordering::SeqCst), 2);
+        assert_eq!(processed.load(Ordering::SeqCst), 1);
     }
 
     #[test]

@@ -56,9 +56,13 @@ pub trait VirtioDevice: Send {
     fn queue_max_sizes(&self) -> &[u16];
     /// Reads the device-specific configuration space.
     fn read_config(&self, offset: u64, data: &mut [u8]);
-    /// Moves whatever can move: called when the driver notifies a queue and
-    /// when the device's backend has something. Only called on a live device.
-    fn process(&mut self, queues: &mut [Queue], memory: &GuestMemoryMmap, interrupt: &Interrupt);
+    /// Moves whatever can move: called on the event loop when the driver
+    /// notified a queue and when the device's backend has something. Only
+    /// called on a live device. The work done per call is bounded (it runs
+    /// under the lock the vCPUs' register accesses take) and never waits on
+    /// I/O; it returns true when it stopped at that bound with more to do, so
+    /// that the caller calls again after serving its other events.
+    fn process(&mut self, queues: &mut [Queue], memory: &GuestMemoryMmap, interrupt: &Interrupt) -> bool;
     /// The driver reset the device.
     fn reset(&mut self);
 }
