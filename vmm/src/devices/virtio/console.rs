@@ -31,7 +31,7 @@ use std::io::{ErrorKind, Write};
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
-use super::{Interrupt, VirtioDevice};
+use super::{Progress, VirtioDevice};
 
 pub const VIRTIO_ID_CONSOLE: u32 = 3;
 /// `VIRTIO_CONSOLE_F_MULTIPORT`.
@@ -411,28 +411,26 @@ impl VirtioDevice for Console {
         }
     }
 
-    fn process(&mut self, queues: &mut [Queue], memory: &GuestMemoryMmap, interrupt: &Interrupt) -> bool {
-        let mut used = false;
-        let mut more = false;
-        if let Some(q) = ready_queue(queues, CONTROL_TRANSMIT, memory) {
-            more |= self.read_control(q, memory, &mut used);
-        }
-        if let Some(q) = ready_queue(queues, CONTROL_RECEIVE, memory) {
-            self.write_control(q, memory, &mut used);
-        }
-        if let Some(q) = ready_queue(queues, TRANSMIT, memory) {
-            more |= self.transmit(q, memory, &mut used);
-        }
-        if let Some(q) = ready_queue(queues, PORT0_TRANSMIT, memory) {
-            more |= Console::discard(q, memory, &mut used);
-        }
-        if let Some(q) = ready_queue(queues, RECEIVE, memory) {
-            more |= self.receive(q, memory, &mut used);
-        }
-        if used {
-            interrupt.signal_used();
-        }
-        more
+    fn process(&mut self, queues: &mut [Queue], memory: &GuestMemoryMmap) -> Progress {
+        let mut progress = Progress::default();
+        let mut step = |index: usize, work: &mut dyn FnMut(&mut Queue, &mut bool) -> bool| {
+            if let Some(q) = ready_queue(queues, index, memory) {
+                let mut used = false;
+                progress.more |= work(q, &mut used);
+                if used {
+                    progress.used |= 1 << index;
+                }
+            }
+        };
+        step(CONTROL_TRANSMIT, &mut |q, used| self.read_control(q, memory, used));
+        step(CONTROL_RECEIVE, &mut |q, used| {
+            self.write_control(q, memory, used);
+            false
+        });
+        step(TRANSMIT, &mut |q, used| self.transmit(q, memory, used));
+        step(PORT0_TRANSMIT, &mut |q, used| Console::discard(q, memory, used));
+        step(RECEIVE, &mut |q, used| self.receive(q, memory, used));
+        progress
     }
 
     fn reset(&mut self) {
