@@ -261,6 +261,21 @@ impl Vmm {
             AgentChannel::new(stream, self.console.clone()).map_err(io_error("joining the agent socket to the console"))?;
         events.add_subscriber(Arc::new(channel));
 
+        let on_panic = (
+            self.serial.clone(),
+            self.stats.clone(),
+            self.io_bus.clone(),
+            self.mmio_bus.clone(),
+            self.perfbed.clone(),
+            self.console.clone(),
+            self.memory.clone(),
+        );
+        crate::panic_report::install(Arc::new(move || {
+            let (serial, stats, io, mmio, perfbed, console, memory) = &on_panic;
+            serial.flush();
+            report(stats, io, mmio, perfbed, console, memory);
+        }));
+
         let ended: Arc<Mutex<Option<VcpuEnd>>> = Arc::new(Mutex::new(None));
         let ended_evt = EventFd::new(libc::EFD_NONBLOCK).map_err(io_error("creating an eventfd"))?;
         events.add_subscriber(Arc::new(EndNotice(ended_evt.try_clone().map_err(io_error("cloning an eventfd"))?)));
