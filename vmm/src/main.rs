@@ -38,7 +38,7 @@ struct Cli {
     /// Kernel command line (the VMM appends its device announcements).
     #[arg(long, value_name = "TEXT", default_value = "console=ttyS0")]
     cmdline: String,
-    /// Number of vCPUs (1-32).
+    /// Number of vCPUs (1-64).
     #[arg(long, value_name = "N", default_value_t = 1)]
     cpus: u8,
     /// Guest RAM in MiB (64-65536).

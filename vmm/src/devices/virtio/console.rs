@@ -170,6 +170,11 @@ impl Console {
         self.output.is_some() && !self.buffered.is_empty()
     }
 
+    /// Guest output held for the writer (at most [`OUTPUT_CAPACITY`]).
+    pub fn buffered_output(&self) -> usize {
+        self.buffered.len()
+    }
+
     /// Bytes of guest output dropped for want of a host.
     pub fn dropped_output(&self) -> u64 {
         self.dropped_output
