@@ -15,7 +15,9 @@ use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -56,6 +58,8 @@ pub struct Vm {
     before_kill: Option<Box<dyn FnOnce()>>,
     /// The agent channel's socket (QEMU's end).
     agent_socket: PathBuf,
+    /// While set, the reader thread reads nothing (see `pause_reading`).
+    reading_paused: Arc<AtomicBool>,
 }
 
 /// What booting gave: the agent's greeting and how long it took.
@@ -147,7 +151,9 @@ impl Vm {
         let transcript = File::create(config.run_dir.join("agent.log"))?;
         let reader_transcript = transcript.try_clone()?;
         let verbose = config.verbose;
-        thread::spawn(move || read_agent(stream, reader_transcript, tx, verbose));
+        let reading_paused = Arc::new(AtomicBool::new(false));
+        let paused = reading_paused.clone();
+        thread::spawn(move || read_agent(stream, reader_transcript, tx, verbose, &paused));
         let mut vm = Vm {
             child,
             messages,
@@ -161,6 +167,7 @@ impl Vm {
             agent_socket: socket,
             before_kill: None,
             verbose,
+            reading_paused,
         };
         match vm.receive(config.boot_timeout, "the agent's greeting") {
             Ok(AgentMessage::Hello(hello)) => {
@@ -321,6 +328,20 @@ impl Vm {
 
     /// Writes raw bytes to the agent channel, bypassing the protocol (for
     /// tests of what a broken host side does to the agent).
+    /// Stops (or resumes) reading the agent channel, as a slow host would:
+    /// what the guest sends meanwhile waits in the sockets and the VMM, then
+    /// in the guest. Requests can still be sent (`send_raw`); their answers
+    /// come with `next_message` once reading resumes.
+    pub fn pause_reading(&self, paused: bool) {
+        self.reading_paused.store(paused, Ordering::SeqCst);
+    }
+
+    /// The agent's next message (the answer to a request sent with
+    /// `send_raw`).
+    pub fn next_message(&mut self, timeout: Duration, what: &str) -> Result<AgentMessage> {
+        self.receive(timeout, what)
+    }
+
     pub fn send_raw(&mut self, bytes: &[u8]) -> Result<()> {
         let _ = writeln!(self.transcript, "> (raw) {:?}", String::from_utf8_lossy(bytes));
         self.writer.write_all(bytes).context("writing to the agent channel")
@@ -392,10 +413,19 @@ fn connect(socket: &Path, child: &mut Child) -> Result<UnixStream> {
 /// Reads the agent's messages, never holding more than one line of at most
 /// [`MAX_MESSAGE_LINE`] bytes: a guest flooding the channel gets the run
 /// failed with that said, not the host's memory filled.
-fn read_agent(stream: UnixStream, mut transcript: File, tx: mpsc::Sender<Result<AgentMessage, String>>, verbose: bool) {
+fn read_agent(
+    stream: UnixStream,
+    mut transcript: File,
+    tx: mpsc::Sender<Result<AgentMessage, String>>,
+    verbose: bool,
+    paused: &AtomicBool,
+) {
     let mut reader = BufReader::new(stream);
     let mut line = Vec::new();
     loop {
+        while paused.load(Ordering::SeqCst) {
+            thread::sleep(Duration::from_millis(20));
+        }
         let parsed = match read_line_or_stop(&mut reader, &mut line, MAX_MESSAGE_LINE) {
             Err(_) | Ok(Line::End | Line::Unterminated) => break,
             Ok(Line::Blank) => continue,
