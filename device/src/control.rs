@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::device::{Assignments, Device, DeviceError, DeviceState, TraceEntry};
+use crate::device::{Assignments, Device, DeviceError, DeviceState, TraceEntry, TraceSnapshot};
 use crate::host::SharedDevice;
 use crate::line::{read_line, Line};
 use crate::regs::Event;
@@ -167,11 +167,21 @@ impl Response {
 }
 
 /// What a request line comes to, decided without blocking.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 #[allow(clippy::large_enum_variant)] // one per request, moved straight out
 pub enum Reply {
     /// The response, ready now.
     Now(Response),
+    /// `trace` or `trace_lines`: the records copied under the device's
+    /// lock, to be turned into the response outside it ([`Reply::format`]):
+    /// formatting up to the trace's capacity of records would hold every
+    /// vCPU's register access for that long.
+    Trace {
+        /// The snapshot.
+        snapshot: TraceSnapshot,
+        /// `trace_lines` (text lines) rather than `trace` (entries).
+        as_lines: bool,
+    },
     /// `wait_landed` with traffic still pending: the caller polls
     /// [`Device::pending_bytes`] until it lands or `timeout_ms` pass.
     WaitLanded {
@@ -244,24 +254,14 @@ pub fn apply(device: &mut Device, now_ns: u64, request: &Request) -> Reply {
             device.reset_stats();
             Reply::Now(Response::ok())
         }
-        Request::Trace => Reply::Now(Response {
-            trace: Some(device.trace()),
-            trace_dropped: Some(device.trace_dropped()),
-            ..Response::ok()
-        }),
-        Request::TraceLines { since } => {
-            let snapshot = device.trace_since(since);
-            Reply::Now(Response {
-                trace_lines: Some(TraceLines {
-                    header: snapshot.header(),
-                    first_seq: snapshot.first_seq,
-                    next_seq: snapshot.next_seq,
-                    dropped: snapshot.dropped,
-                    lines: snapshot.lines(),
-                }),
-                ..Response::ok()
-            })
-        }
+        Request::Trace => Reply::Trace {
+            snapshot: device.trace_since(0),
+            as_lines: false,
+        },
+        Request::TraceLines { since } => Reply::Trace {
+            snapshot: device.trace_since(since),
+            as_lines: true,
+        },
         Request::Assignments { since } => Reply::Now(Response {
             assignments: Some(device.assignments(now_ns, since)),
             ..Response::ok()
@@ -269,27 +269,64 @@ pub fn apply(device: &mut Device, now_ns: u64, request: &Request) -> Reply {
     }
 }
 
-/// The reply to one request line (without its newline) at `now_ns`.
+impl Reply {
+    /// Turns a trace snapshot into its response (the work done outside the
+    /// device's lock); other replies are returned as they are.
+    pub fn format(self) -> Reply {
+        match self {
+            Reply::Trace { snapshot, as_lines } => Reply::Now(trace_response(&snapshot, as_lines)),
+            other => other,
+        }
+    }
+}
+
+/// The `trace` (entries) or `trace_lines` (text) response of a snapshot.
+fn trace_response(snapshot: &TraceSnapshot, as_lines: bool) -> Response {
+    if as_lines {
+        Response {
+            trace_lines: Some(TraceLines {
+                header: snapshot.header(),
+                first_seq: snapshot.first_seq,
+                next_seq: snapshot.next_seq,
+                dropped: snapshot.dropped,
+                lines: snapshot.lines(),
+            }),
+            ..Response::ok()
+        }
+    } else {
+        Response {
+            trace: Some(snapshot.accesses()),
+            trace_dropped: Some(snapshot.dropped),
+            ..Response::ok()
+        }
+    }
+}
+
+/// The reply to one request line (without its newline) at `now_ns`,
+/// formatted.
 pub fn respond(device: &mut Device, now_ns: u64, line: &[u8]) -> Reply {
     match parse_request(line) {
-        Ok(request) => apply(device, now_ns, &request),
+        Ok(request) => apply(device, now_ns, &request).format(),
         Err(message) => Reply::Now(Response::error(message)),
     }
 }
 
 /// The response to one request line, waiting (without holding the lock)
-/// if it asks to.
+/// if it asks to. The line is parsed before the device is locked.
 pub fn handle_line(device: &SharedDevice, line: &[u8]) -> Response {
-    match device.with(|d, now| respond(d, now, line)) {
-        Reply::Now(response) => response,
-        Reply::WaitLanded { timeout_ms } => wait_landed(device, timeout_ms),
+    match parse_request(line) {
+        Ok(request) => handle(device, &request),
+        Err(message) => Response::error(message),
     }
 }
 
-/// Carries out one request on the device, waiting if it asks to.
+/// Carries out one request on the device, waiting if it asks to. Under the
+/// device's lock only the request itself runs (a trace is copied there);
+/// formatting and waiting happen outside it.
 pub fn handle(device: &SharedDevice, request: &Request) -> Response {
     match device.with(|d, now| apply(d, now, request)) {
         Reply::Now(response) => response,
+        Reply::Trace { snapshot, as_lines } => trace_response(&snapshot, as_lines),
         Reply::WaitLanded { timeout_ms } => wait_landed(device, timeout_ms),
     }
 }
@@ -621,5 +658,35 @@ impl ControlClient {
     pub fn trace_text(&mut self) -> Result<String, ClientError> {
         let t = self.trace_lines(0)?;
         Ok(crate::device::trace_file(&t.header, t.dropped, &t.lines))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::DeviceConfig;
+
+    /// A trace request copies the records under the lock and is formatted
+    /// after it: `apply` (what runs under the lock) must not format.
+    #[test]
+    fn trace_requests_are_formatted_outside_the_lock() {
+        let mut device = Device::new(DeviceConfig::default()).unwrap();
+        for i in 0..100 {
+            device.read(i, 0, 0, 8);
+        }
+        for (request, as_lines) in [(Request::Trace, false), (Request::TraceLines { since: 0 }, true)] {
+            let reply = apply(&mut device, 1000, &request);
+            let Reply::Trace { snapshot, as_lines: lines } = &reply else {
+                panic!("{request:?} was answered under the lock: {reply:?}")
+            };
+            assert_eq!(*lines, as_lines);
+            assert!(snapshot.records.len() >= 100);
+            let Reply::Now(response) = reply.format() else { panic!("not formatted") };
+            if as_lines {
+                assert!(response.trace_lines.is_some_and(|t| t.lines.len() >= 100));
+            } else {
+                assert_eq!(response.trace.map(|t| t.len()), Some(100));
+            }
+        }
     }
 }
