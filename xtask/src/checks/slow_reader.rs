@@ -56,7 +56,9 @@ pub fn run(vm: &mut Vm, cpus: u8, timeout: Duration) -> Result<Vec<Check>> {
         bail!("the slow-reader check needs at least 2 vCPUs");
     }
     let made = vm.request(
-        &sh(&format!("/bin/busybox yes perfbed-slow-reader | /bin/busybox head -c {FLOOD_FILE_BYTES} > {FLOOD_FILE}")),
+        &sh(&format!(
+            "/bin/busybox mkdir -p /tmp && /bin/busybox yes perfbed-slow-reader | /bin/busybox head -c {FLOOD_FILE_BYTES} > {FLOOD_FILE}"
+        )),
         timeout,
     )?;
     if !matches!(made, AgentMessage::Ran { status: Some(0), .. }) {
