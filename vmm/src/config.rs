@@ -12,9 +12,9 @@ use perfbed_device::{ConfigError, DeviceConfig};
 
 use crate::boot::loader::detect_format;
 
-/// Most vCPUs: the guest kernel's `CONFIG_NR_CPUS` and xtask's `--cpus`
-/// limit (the device's CPU sets hold 64 too; the MP table would fit 140).
-pub const MAX_VCPUS: u8 = 64;
+/// Most vCPUs: the guest kernel's `CONFIG_NR_CPUS`, xtask's `--cpus` limit
+/// as well (the MP table would fit 140).
+pub const MAX_VCPUS: u8 = perfbed_device::cpus::GUEST_MAX_CPUS;
 /// Least guest memory: the kernel, the initramfs and the boot structures
 /// must fit below the MMIO hole with room to spare.
 pub const MIN_MEMORY_MIB: u32 = 64;
