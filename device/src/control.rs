@@ -97,6 +97,14 @@ pub enum Request {
         #[serde(default)]
         since: u64,
     },
+    /// The register accesses from record number `since` on, with the
+    /// numbers that say whether any were lost: what a check replays
+    /// against the slot-level truth.
+    TraceAccesses {
+        /// First record number wanted.
+        #[serde(default)]
+        since: u64,
+    },
     /// Slot-level truth: every slot assignment numbered `since` and later
     /// (0: all kept), ended or ongoing, with the bytes it counted.
     Assignments {
@@ -104,6 +112,18 @@ pub enum Request {
         #[serde(default)]
         since: u64,
     },
+}
+
+/// The `trace_accesses` payload.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TraceAccesses {
+    /// Number of the oldest record the ring still had: above the `since`
+    /// asked for, the records in between were lost to the ring's bound.
+    pub first_seq: u64,
+    /// Number the next record will get.
+    pub next_seq: u64,
+    /// The accesses numbered `since` and later, oldest first.
+    pub accesses: Vec<TraceEntry>,
 }
 
 /// The `trace_lines` payload.
@@ -144,6 +164,9 @@ pub struct Response {
     /// The trace as lines (`trace_lines`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace_lines: Option<TraceLines>,
+    /// Accesses from a record number on (`trace_accesses`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_accesses: Option<TraceAccesses>,
     /// Slot assignments (`assignments`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub assignments: Option<Assignments>,
@@ -166,6 +189,17 @@ impl Response {
     }
 }
 
+/// How a trace snapshot is answered: which request asked for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TraceFormat {
+    /// `trace`: the accesses, with the ring's losses.
+    Entries,
+    /// `trace_lines`: text lines.
+    Lines,
+    /// `trace_accesses`: the accesses with their record numbers' span.
+    Accesses,
+}
+
 /// What a request line comes to, decided without blocking.
 #[derive(Debug, Clone)]
 #[allow(clippy::large_enum_variant)] // one per request, moved straight out
@@ -179,8 +213,8 @@ pub enum Reply {
     Trace {
         /// The snapshot.
         snapshot: TraceSnapshot,
-        /// `trace_lines` (text lines) rather than `trace` (entries).
-        as_lines: bool,
+        /// Which request asked for it.
+        format: TraceFormat,
     },
     /// `wait_landed` with traffic still pending: the caller polls
     /// [`Device::pending_bytes`] until it lands or `timeout_ms` pass.
@@ -256,11 +290,15 @@ pub fn apply(device: &mut Device, now_ns: u64, request: &Request) -> Reply {
         }
         Request::Trace => Reply::Trace {
             snapshot: device.trace_since(0),
-            as_lines: false,
+            format: TraceFormat::Entries,
         },
         Request::TraceLines { since } => Reply::Trace {
             snapshot: device.trace_since(since),
-            as_lines: true,
+            format: TraceFormat::Lines,
+        },
+        Request::TraceAccesses { since } => Reply::Trace {
+            snapshot: device.trace_since(since),
+            format: TraceFormat::Accesses,
         },
         Request::Assignments { since } => Reply::Now(Response {
             assignments: Some(device.assignments(now_ns, since)),
@@ -274,16 +312,16 @@ impl Reply {
     /// device's lock); other replies are returned as they are.
     pub fn format(self) -> Reply {
         match self {
-            Reply::Trace { snapshot, as_lines } => Reply::Now(trace_response(&snapshot, as_lines)),
+            Reply::Trace { snapshot, format } => Reply::Now(trace_response(&snapshot, format)),
             other => other,
         }
     }
 }
 
-/// The `trace` (entries) or `trace_lines` (text) response of a snapshot.
-fn trace_response(snapshot: &TraceSnapshot, as_lines: bool) -> Response {
-    if as_lines {
-        Response {
+/// The response of a snapshot in the format its request asked for.
+fn trace_response(snapshot: &TraceSnapshot, format: TraceFormat) -> Response {
+    match format {
+        TraceFormat::Lines => Response {
             trace_lines: Some(TraceLines {
                 header: snapshot.header(),
                 first_seq: snapshot.first_seq,
@@ -292,13 +330,20 @@ fn trace_response(snapshot: &TraceSnapshot, as_lines: bool) -> Response {
                 lines: snapshot.lines(),
             }),
             ..Response::ok()
-        }
-    } else {
-        Response {
+        },
+        TraceFormat::Entries => Response {
             trace: Some(snapshot.accesses()),
             trace_dropped: Some(snapshot.dropped),
             ..Response::ok()
-        }
+        },
+        TraceFormat::Accesses => Response {
+            trace_accesses: Some(TraceAccesses {
+                first_seq: snapshot.first_seq,
+                next_seq: snapshot.next_seq,
+                accesses: snapshot.accesses(),
+            }),
+            ..Response::ok()
+        },
     }
 }
 
@@ -326,7 +371,7 @@ pub fn handle_line(device: &SharedDevice, line: &[u8]) -> Response {
 pub fn handle(device: &SharedDevice, request: &Request) -> Response {
     match device.with(|d, now| apply(d, now, request)) {
         Reply::Now(response) => response,
-        Reply::Trace { snapshot, as_lines } => trace_response(&snapshot, as_lines),
+        Reply::Trace { snapshot, format } => trace_response(&snapshot, format),
         Reply::WaitLanded { timeout_ms } => wait_landed(device, timeout_ms),
     }
 }
@@ -639,7 +684,6 @@ impl ControlClient {
             .ok_or(ClientError::MissingPayload("trace"))
     }
 
-    /// The trace as lines, from record number `since` on.
     /// Slot-level truth: the assignments numbered `since` and later.
     pub fn assignments(&mut self, since: u64) -> Result<Assignments, ClientError> {
         self.call(&Request::Assignments { since })?
@@ -647,6 +691,14 @@ impl ControlClient {
             .ok_or(ClientError::MissingPayload("assignments"))
     }
 
+    /// The register accesses from record number `since` on.
+    pub fn trace_accesses(&mut self, since: u64) -> Result<TraceAccesses, ClientError> {
+        self.call(&Request::TraceAccesses { since })?
+            .trace_accesses
+            .ok_or(ClientError::MissingPayload("trace_accesses"))
+    }
+
+    /// The trace as lines, from record number `since` on.
     pub fn trace_lines(&mut self, since: u64) -> Result<TraceLines, ClientError> {
         self.call(&Request::TraceLines { since })?
             .trace_lines
@@ -674,18 +726,28 @@ mod tests {
         for i in 0..100 {
             device.read(i, 0, 0, 8);
         }
-        for (request, as_lines) in [(Request::Trace, false), (Request::TraceLines { since: 0 }, true)] {
+        let requests = [
+            (Request::Trace, TraceFormat::Entries),
+            (Request::TraceLines { since: 0 }, TraceFormat::Lines),
+            (Request::TraceAccesses { since: 50 }, TraceFormat::Accesses),
+        ];
+        for (request, format) in requests {
             let reply = apply(&mut device, 1000, &request);
-            let Reply::Trace { snapshot, as_lines: lines } = &reply else {
+            let Reply::Trace { snapshot, format: asked } = &reply else {
                 panic!("{request:?} was answered under the lock: {reply:?}")
             };
-            assert_eq!(*lines, as_lines);
-            assert!(snapshot.records.len() >= 100);
+            assert_eq!(*asked, format);
+            assert!(snapshot.records.len() >= 50);
             let Reply::Now(response) = reply.format() else { panic!("not formatted") };
-            if as_lines {
-                assert!(response.trace_lines.is_some_and(|t| t.lines.len() >= 100));
-            } else {
-                assert_eq!(response.trace.map(|t| t.len()), Some(100));
+            match format {
+                TraceFormat::Lines => assert!(response.trace_lines.is_some_and(|t| t.lines.len() >= 100)),
+                TraceFormat::Entries => assert_eq!(response.trace.map(|t| t.len()), Some(100)),
+                // Records 50..100 of the reads (the ring started at 0).
+                TraceFormat::Accesses => {
+                    let t = response.trace_accesses.expect("trace_accesses payload");
+                    assert_eq!((t.first_seq, t.next_seq, t.accesses.len()), (0, 100, 50));
+                    assert_eq!(t.accesses[0].time_ns, 50);
+                }
             }
         }
     }
