@@ -188,7 +188,9 @@ fn slot_register(shape: Shape, offset: u64) -> Option<(u32, u32, bool)> {
 /// its new slot's write. Evenly running, a rotation takes a few register
 /// accesses and these are small; a guest stopped inside one (perf's
 /// rotation runs with interrupts off, every access an exit) moves the whole
-/// stop into one event's estimate.
+/// stop into one event's estimate. A write of the domain's `OWNER` (a move
+/// or a park) starts the domain afresh: perf accounts a migrated context
+/// from the move, so only reads after it can stamp a rotation.
 pub fn rotation_bias(
     shape: Shape,
     assignments: &[AssignmentRecord],
@@ -206,6 +208,12 @@ pub fn rotation_bias(
     let mut last_read: BTreeMap<(u32, u32), u64> = BTreeMap::new();
     let mut bias: BTreeMap<(u32, u32), i64> = BTreeMap::new();
     for a in accesses.iter().filter(|a| a.bad.is_none() && !a.violation) {
+        if a.kind == AccessKind::Write {
+            if let Some(d) = (0..shape.domains).find(|&d| a.offset == regs::domain_reg(d, regs::DOM_OWNER)) {
+                last_read.retain(|k, _| u64::from(k.0) != d);
+                continue;
+            }
+        }
         let Some((d, s, is_ctl)) = slot_register(shape, a.offset) else {
             continue;
         };
@@ -404,6 +412,13 @@ mod tests {
         assert_eq!(bias, BTreeMap::from([((0, 0), 300), ((0, 2), -500)]));
         // Outside the window, no rotation is weighed.
         assert!(rotation_bias(SHAPE, &records, &trace, 700, 1000).is_empty());
+        // A move between the reads and the write: only slot 0's read after
+        // it stamps the rotation.
+        let mut moved = trace.to_vec();
+        let owner = TraceEntry { offset: regs::domain_reg(0, regs::DOM_OWNER), kind: AccessKind::Write, ..trace[0] };
+        moved.insert(3, TraceEntry { time_ns: 300, ..owner });
+        let bias = rotation_bias(SHAPE, &records, &moved, 50, 1000);
+        assert_eq!(bias, BTreeMap::from([((0, 0), 0), ((0, 2), -200)]));
     }
 
     #[test]

@@ -4,10 +4,12 @@
 //! of the truth once what perf's rotations moved (measured in the same
 //! trace) is taken out.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::{bail, Result};
 use perfbed_device::regs::Event;
+use perfbed_device::{Assignments, TraceAccesses};
 
 use crate::checks::slot_credit::{self, Shape};
 use crate::checks::Check;
@@ -130,6 +132,60 @@ pub struct Multiplexed {
 /// 4 ms); see [`multiplexing`] for the error model.
 pub(super) const MUX_INTERVAL_MS: u32 = 100;
 
+/// Where the device's record (trace and assignments) stood at a moment:
+/// taken before a check's first open, every assignment of its events
+/// begins after it.
+pub(super) struct RecordMark {
+    trace: u64,
+    assignments: u64,
+}
+
+impl RecordMark {
+    pub(super) fn now(ctx: &mut Ctx) -> Result<RecordMark> {
+        let trace = ctx.control.trace_accesses(u64::MAX)?.next_seq;
+        let assignments = ctx.control.assignments(u64::MAX)?.next_seq;
+        Ok(RecordMark { trace, assignments })
+    }
+
+    /// The assignments and accesses since the mark; an error if the device
+    /// lost any of them to its bounds.
+    pub(super) fn since(&self, ctx: &mut Ctx) -> Result<(Assignments, TraceAccesses)> {
+        let record = ctx.control.assignments(self.assignments)?;
+        let trace = ctx.control.trace_accesses(self.trace)?;
+        let kept = record.records.len() as u64 == record.next_seq - self.assignments;
+        if trace.first_seq > self.trace || !kept {
+            bail!(
+                "the device's record does not reach back to the first open (trace from record {} of {}; {} of assignments {}..{} kept): raise --trace-capacity",
+                trace.first_seq,
+                self.trace,
+                record.records.len(),
+                self.assignments,
+                record.next_seq
+            );
+        }
+        Ok((record, trace))
+    }
+}
+
+/// The device's shape as the replay needs it.
+pub(super) fn shape(ctx: &Ctx) -> Shape {
+    Shape {
+        domains: ctx.device.domains.len() as u64,
+        slots: u64::from(ctx.device.slots),
+        unit_bytes: ctx.device.unit_bytes,
+        width: u64::from(ctx.device.counter_width),
+    }
+}
+
+/// What perf's rotations moved the scaled count of `rmid`'s event over
+/// `window` by (relative), from their bias in device ns
+/// (`slot_credit::rotation_bias` over `traffic_ns` of traffic): counted
+/// time b beyond perf's running time scales to b x enabled / running.
+pub(super) fn rotation_effect(bias: &BTreeMap<(u32, u32), i64>, d: usize, rmid: u32, window: &Window, traffic_ns: f64) -> f64 {
+    let b = bias.get(&(d as u32, rmid)).copied().unwrap_or(0) as f64;
+    b * window.enabled as f64 / (window.running.max(1) as f64 * traffic_ns)
+}
+
 /// What perf tells of an event over a window: the growth of its value,
 /// time_enabled and time_running between two reads (read_format
 /// `TOTAL_TIME_ENABLED | TOTAL_TIME_RUNNING`: value, enabled, running).
@@ -189,10 +245,7 @@ pub(super) fn open_multiplexed(ctx: &mut Ctx, d: usize, events: usize) -> Result
 
 /// The multiplexing check's measurement.
 pub fn multiplexed_counts(ctx: &mut Ctx, d: usize, events: usize, rate: u64) -> Result<Multiplexed> {
-    // Where the device's record stands before the first open: every
-    // assignment of these events begins after it.
-    let trace_from = ctx.control.trace_accesses(u64::MAX)?.next_seq;
-    let assignments_from = ctx.control.assignments(u64::MAX)?.next_seq;
+    let mark = RecordMark::now(ctx)?;
     let handles = open_multiplexed(ctx, d, events)?;
     let gauge_rmid = ctx.device.rmids - 1;
     let occupancy = 3_000 * ctx.device.unit_bytes;
@@ -219,29 +272,14 @@ pub fn multiplexed_counts(ctx: &mut Ctx, d: usize, events: usize, rate: u64) -> 
     // All in one request, before any is closed: a close frees a slot.
     let end = ctx.g.read_many(&ids)?;
     let after = ctx.control.state()?;
-    let record = ctx.control.assignments(assignments_from)?;
-    let trace = ctx.control.trace_accesses(trace_from)?;
+    let (record, trace) = mark.since(ctx)?;
     let gauge_read = ctx.g.read(gauge)?;
     for &h in &ids {
         ctx.g.close(h)?;
     }
     ctx.g.close(gauge)?;
     let mut problems = Vec::new();
-    let assignments_kept = record.records.len() as u64 == record.next_seq - assignments_from;
-    if trace.first_seq > trace_from || !assignments_kept {
-        bail!(
-            "the device's record does not reach back to the first open (trace from record {} of {trace_from}; {} of assignments {assignments_from}..{} kept): raise --trace-capacity",
-            trace.first_seq,
-            record.records.len(),
-            record.next_seq
-        );
-    }
-    let shape = Shape {
-        domains: ctx.device.domains.len() as u64,
-        slots: u64::from(ctx.device.slots),
-        unit_bytes: ctx.device.unit_bytes,
-        width: u64::from(ctx.device.counter_width),
-    };
+    let shape = shape(ctx);
     let credits = slot_credit::replay(shape, &record.records, &trace.accesses)?;
     let (silence_ns, _) = slot_credit::longest_silence(&trace.accesses, before.now_ns, after.now_ns);
     let bias = slot_credit::rotation_bias(shape, &record.records, &trace.accesses, traffic_from, traffic_to);
@@ -275,10 +313,7 @@ pub fn multiplexed_counts(ctx: &mut Ctx, d: usize, events: usize, rate: u64) -> 
             continue;
         };
         let error = scaled / truth as f64 - 1.0;
-        // Bias b of counted-and-read time over perf's running time scales
-        // to b x enabled / running over the traffic's length.
-        let b = bias.get(&(d as u32, rmid)).copied().unwrap_or(0) as f64;
-        let rotations = b * window.enabled as f64 / (window.running as f64 * traffic_ns);
+        let rotations = rotation_effect(&bias, d, rmid, &window, traffic_ns);
         if rotations.abs() > worst_rotation.abs() {
             worst_rotation = rotations;
         }
