@@ -30,12 +30,16 @@ use crate::cmd;
 use super::cmdline::{base_cmdline, host_tsc_khz};
 use super::config::{VmConfig, DEVICE_BASE};
 use super::console::{copy_serial, kernel_log_problems};
-use super::{monitor, qemu, the_box, vmm, Accel, Host};
+use super::{cpu_state, monitor, qemu, the_box, vmm, Accel, Host};
 
 /// The device trace's file in a run's folder.
 pub const TRACE_FILE: &str = "trace.txt";
 /// A failed VM's vCPU state (registers, local APICs), beside the serial log.
 pub const CPU_STATE_FILE: &str = "cpu-state.txt";
+/// The same, [`CPU_STATE_GAP`] later: what stayed the same is stuck.
+pub const CPU_STATE_AGAIN_FILE: &str = "cpu-state-again.txt";
+/// Between the two snapshots of a failed VM's vCPUs: many timer periods.
+const CPU_STATE_GAP: Duration = Duration::from_secs(1);
 /// QEMU's human monitor, in the run folder.
 const MONITOR_SOCKET: &str = "monitor.sock";
 
@@ -304,10 +308,24 @@ impl Vm {
             return String::new();
         }
         let whose = if self.box_log.is_some() { "the box's L1 vCPU" } else { "the guest's vCPUs" };
-        match monitor::record_cpu_state(socket, &self.serial_log.with_file_name(CPU_STATE_FILE)) {
-            Ok(path) => format!("\nstate of {whose} (registers, local APIC) saved: {}", path.display()),
-            Err(e) => format!("\nstate of {whose}: not recorded ({e:#})"),
+        let first = match monitor::record_cpu_state(socket, &self.serial_log.with_file_name(CPU_STATE_FILE)) {
+            Ok(path) => path,
+            Err(e) => return format!("\nstate of {whose}: not recorded ({e:#})"),
+        };
+        let mut story = format!("\nstate of {whose} (registers, local APIC) saved: {}", first.display());
+        thread::sleep(CPU_STATE_GAP);
+        let Ok(again) = monitor::record_cpu_state(socket, &self.serial_log.with_file_name(CPU_STATE_AGAIN_FILE)) else {
+            return story;
+        };
+        let read = |p: &Path| cpu_state::parse(&fs::read_to_string(p).unwrap_or_default());
+        let stuck = cpu_state::stuck_interrupts(&read(&first), &read(&again), &format!("{CPU_STATE_GAP:?}"));
+        for line in &stuck {
+            story += &format!("\n{whose}, {line}");
         }
+        if !stuck.is_empty() && self.box_log.is_some() {
+            story += "\nso the box itself is stuck: L1 (QEMU TCG emulating SVM for L1's KVM, on L1's one vCPU) stopped taking its interrupts, whatever the guest inside was doing (docs/box-verification.md)";
+        }
+        story
     }
 
     /// The device's trace as it is now, saved beside the serial log (best
