@@ -70,7 +70,7 @@ pub fn parse(text: &str) -> Vec<VcpuState> {
                 let cpu = &mut cpus[i];
                 if let Some(rest) = line.strip_prefix("IRR") {
                     cpu.irr = rest.split_whitespace().filter_map(|v| v.parse().ok()).collect();
-                } else if line.starts_with("LVTT") && !line.contains("masked") {
+                } else if line.split_whitespace().next() == Some("LVTT") && !line.contains("masked") {
                     cpu.timer_vector = line
                         .split("(vec ")
                         .nth(1)
@@ -127,6 +127,7 @@ RIP=ffffffff9bccbb9c RFL=00000246 [---Z-P-] CPL=0 II=0 A20=1 SMM=0 HLT=0
 dumping local APIC state for CPU 0 
 
 LVT0\t 0x00010700 active-hi edge  masked                      ExtINT (vec 0)
+LVTTHMR\t 0x00000000 active-hi edge                              Fixed  (vec 0)
 LVTT\t 0x000000ec active-hi edge                 one-shot     Fixed  (vec 236)
 Timer\t DCR=0x3 (divide by 16) initial_count = 107006 current_count = 0
 ISR\t (none)
