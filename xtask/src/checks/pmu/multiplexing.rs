@@ -46,10 +46,14 @@ use super::context::{Ctx, MIB};
 /// before it do not fit.
 ///
 /// How the estimate is taken, and what it may be off by:
-/// - It is scaled over the traffic window, as `perf stat -I` scales an
-///   interval: from the deltas of value, time_enabled and time_running
-///   between a read just before the traffic starts and one just after it
-///   stops. Scaling by an event's whole life (open to read) would assume it
+/// - It is scaled over a window, as `perf stat -I` scales an interval: from
+///   the deltas of value, time_enabled and time_running between two reads,
+///   both while the traffic flows, so that the rate is the same all through
+///   the window as the estimate assumes (in the box the requests around the
+///   traffic took 0.3-0.5 s, in which an event ran more or less than its
+///   share: up to +11 % off). The truth is the rate times the window's
+///   device time, taken from the device's clock just before and after each
+///   read; the half-widths of those brackets are added to the bound. Scaling by an event's whole life (open to read) would assume it
 ///   ran the same share of the traffic window as of that life, and perf's
 ///   rotation does not share the slots evenly: with the gauge in the same
 ///   context, two of the six events run ~57 % of the time and four ~71 %,
@@ -131,6 +135,43 @@ pub struct Multiplexed {
 /// The mux interval of the multiplexing check (perf's default is 1000/HZ =
 /// 4 ms); see [`multiplexing`] for the error model.
 pub(super) const MUX_INTERVAL_MS: u32 = 100;
+
+/// Two reads of every event, `length` apart, each between two device times.
+pub(super) struct ReadWindow {
+    pub(super) start: Vec<Vec<u64>>,
+    pub(super) end: Vec<Vec<u64>>,
+    /// Device time before and after the first read and the last.
+    brackets: [u64; 4],
+}
+
+impl ReadWindow {
+    /// The window in device time: from the middle of the first read's
+    /// brackets to the middle of the last one's.
+    pub(super) fn span(&self) -> (u64, u64) {
+        let [a, b, c, d] = self.brackets;
+        (a + (b - a) / 2, c + (d - c) / 2)
+    }
+
+    /// How far the span may be from where the reads really came.
+    pub(super) fn unsure_ns(&self) -> u64 {
+        let [a, b, c, d] = self.brackets;
+        (b - a) / 2 + (d - c) / 2
+    }
+}
+
+/// Reads `ids` (in one request each time, so that none is closed or moved
+/// between), then again after `during`, noting the device's time around
+/// each read.
+pub(super) fn read_window(ctx: &mut Ctx, ids: &[u32], during: impl FnOnce(&mut Ctx) -> Result<()>) -> Result<ReadWindow> {
+    let a = ctx.control.state()?.now_ns;
+    let start = ctx.g.read_many(ids)?;
+    let b = ctx.control.state()?.now_ns;
+    during(ctx)?;
+    let c = ctx.control.state()?.now_ns;
+    let end = ctx.g.read_many(ids)?;
+    let d = ctx.control.state()?.now_ns;
+    Ok(ReadWindow { start, end, brackets: [a, b, c, d] })
+}
 
 /// Where the device's record (trace and assignments) stood at a moment:
 /// taken before a check's first open, every assignment of its events
@@ -257,21 +298,24 @@ pub fn multiplexed_counts(ctx: &mut Ctx, d: usize, events: usize, rate: u64) -> 
         Err(errno) => bail!("opening llc_occupancy beside the multiplexed events: {errno}"),
     };
     let ids: Vec<u32> = handles.iter().map(|&(_, h)| h).collect();
-    let before = ctx.control.state()?;
-    let start = ctx.g.read_many(&ids)?;
     for &(rmid, _) in &handles {
         ctx.control.set_rate(d as u32, rmid, Event::MbmTotalBytes, rate)?;
     }
-    let traffic_from = ctx.control.state()?.now_ns;
-    std::thread::sleep(Duration::from_secs(3));
-    let traffic_to = ctx.control.state()?.now_ns;
+    // The window lies inside the traffic, so the rate is the same all
+    // through it, as the estimate assumes; the device times around each
+    // read bracket where it began and ended.
+    let window = read_window(ctx, &ids, |_| {
+        std::thread::sleep(Duration::from_secs(3));
+        Ok(())
+    })?;
     for &(rmid, _) in &handles {
         ctx.control.set_rate(d as u32, rmid, Event::MbmTotalBytes, 0)?;
     }
     ctx.control.wait_landed(ctx.g.timeout.as_millis() as u64)?;
-    // All in one request, before any is closed: a close frees a slot.
-    let end = ctx.g.read_many(&ids)?;
-    let after = ctx.control.state()?;
+    let (start, end) = (&window.start, &window.end);
+    // The raw counts once nothing lands any more: a later read of a slot
+    // (a poll, a close) reads what this one did.
+    let last = ctx.g.read_many(&ids)?;
     let (record, trace) = mark.since(ctx)?;
     let gauge_read = ctx.g.read(gauge)?;
     for &h in &ids {
@@ -281,15 +325,20 @@ pub fn multiplexed_counts(ctx: &mut Ctx, d: usize, events: usize, rate: u64) -> 
     let mut problems = Vec::new();
     let shape = shape(ctx);
     let credits = slot_credit::replay(shape, &record.records, &trace.accesses)?;
-    let (silence_ns, _) = slot_credit::longest_silence(&trace.accesses, before.now_ns, after.now_ns);
-    let bias = slot_credit::rotation_bias(shape, &record.records, &trace.accesses, traffic_from, traffic_to);
-    let traffic_ns = traffic_to.saturating_sub(traffic_from).max(1) as f64;
+    let (from_ns, to_ns) = window.span();
+    let (silence_ns, _) = slot_credit::longest_silence(&trace.accesses, from_ns, to_ns);
+    let bias = slot_credit::rotation_bias(shape, &record.records, &trace.accesses, from_ns, to_ns);
+    let traffic_ns = to_ns.saturating_sub(from_ns).max(1) as f64;
+    // What landed for each RMID over the window, and how unsure that is
+    // for not knowing when inside its brackets each read came.
+    let truth = (rate as f64 * traffic_ns / 1e9) as u64;
+    let unsure = window.unsure_ns() as f64 / traffic_ns;
     let mut worst_rotation = 0.0f64;
     let mut unread_bytes = 0;
     let mut exact = 0;
     let mut per_event = Vec::new();
     let mut worst = 0.0f64;
-    for ((&(rmid, _), s), e) in handles.iter().zip(&start).zip(&end) {
+    for (((&(rmid, _), s), e), l) in handles.iter().zip(start).zip(end).zip(&last) {
         let served: Vec<_> = credits
             .iter()
             .filter(|c| c.record.domain == d as u32 && c.record.event == Event::MbmTotalBytes && c.record.rmid == rmid)
@@ -298,7 +347,7 @@ pub fn multiplexed_counts(ctx: &mut Ctx, d: usize, events: usize, rate: u64) -> 
         let counted: u64 = served.iter().map(|c| c.record.counted_bytes).sum();
         unread_bytes += served.iter().map(|c| c.unread_bytes()).sum::<u64>();
         exact += served.len();
-        let value = e.first().copied().unwrap_or(0);
+        let value = l.first().copied().unwrap_or(0);
         if value != credited {
             problems.push(format!(
                 "rmid {rmid}: count {value}, but its {} slot assignments read {credited} bytes ({counted} counted): {:+} bytes",
@@ -307,7 +356,6 @@ pub fn multiplexed_counts(ctx: &mut Ctx, d: usize, events: usize, rate: u64) -> 
             ));
         }
         let window = Window::between(s, e);
-        let truth = Ctx::truth(&after, d, rmid, Event::MbmTotalBytes) - Ctx::truth(&before, d, rmid, Event::MbmTotalBytes);
         let (Some((scaled, ran)), true) = (window.scaled(), truth > 0) else {
             problems.push(format!("rmid {rmid}: over the traffic ({truth} bytes) {window:?}: not multiplexed"));
             continue;
@@ -326,11 +374,12 @@ pub fn multiplexed_counts(ctx: &mut Ctx, d: usize, events: usize, rate: u64) -> 
             100.0 * error,
             100.0 * rotations
         ));
-        if left.abs() > 0.05 {
+        if left.abs() > 0.05 + unsure {
             problems.push(format!(
-                "rmid {rmid}: scaled {scaled:.0} vs truth {truth} ({:+.1} %, of which perf's rotations {:+.1} % by the device's trace; ran {:.1} % of {seconds:.2} s; longest pause between accesses {} ms)",
+                "rmid {rmid}: scaled {scaled:.0} vs truth {truth} ({:+.1} %, of which perf's rotations {:+.1} % by the device's trace; the window's ends unsure by {:.1} %; ran {:.1} % of {seconds:.2} s; longest pause between accesses {} ms)",
                 error * 100.0,
                 rotations * 100.0,
+                unsure * 100.0,
                 100.0 * ran,
                 silence_ns / 1_000_000
             ));
