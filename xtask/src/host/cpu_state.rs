@@ -1,12 +1,18 @@
 //! What two snapshots of a hung VM's vCPUs (QEMU's monitor: `info
 //! registers -a`, `info lapic N`, see `monitor.rs`) say: whether a vCPU
 //! sat with interrupts enabled and a deliverable interrupt pending in its
-//! local APIC in both, which no running x86 CPU does for long.
+//! local APIC in both, which no running x86 CPU does for long; and whether
+//! its local APIC timer had expired with its interrupt still pending.
 //!
-//! In the box that is L1's one vCPU not taking its own timer interrupt: the
-//! nested box (QEMU's TCG emulating SVM for L1's KVM) is stuck, whatever
-//! the guest inside it was doing; the harness names it so, rather than
-//! leaving a bare timeout that reads like perfbed's hang.
+//! In the box that is L1's one vCPU not taking its own timer interrupt. In
+//! the hang of 2026-12-02 the first snapshot caught L1's CPU running the
+//! nested guest (RIP in the guest kernel's `io_serial_out`, the guest's
+//! RFLAGS.IF clear) with L1's timer expired and vector 236 pending: under
+//! SVM with `V_INTR_MASKING` (which KVM sets) the nested guest's IF does not
+//! hold off the host's interrupts, they cause a #VMEXIT; QEMU's TCG did not
+//! take it, and L1 reported its CPU stuck for 109 s in that vCPU's thread.
+//! The harness names such a state, rather than leaving a bare timeout that
+//! reads like perfbed's hang.
 
 /// One vCPU as a snapshot shows it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -22,6 +28,8 @@ pub struct VcpuState {
     pub ppr: Option<u8>,
     /// The local APIC timer's vector (LVTT), if unmasked.
     pub timer_vector: Option<u8>,
+    /// The timer's current count (0: expired, for a one-shot).
+    pub timer_count: Option<u64>,
 }
 
 impl VcpuState {
@@ -75,6 +83,8 @@ pub fn parse(text: &str) -> Vec<VcpuState> {
                         .split("(vec ")
                         .nth(1)
                         .and_then(|v| v.trim_end_matches(')').parse().ok());
+                } else if let Some(count) = field(line, "current_count = ") {
+                    cpu.timer_count = count.parse().ok();
                 } else if let Some(ppr) = field(line, "PPR ") {
                     cpu.ppr = u8::from_str_radix(ppr.trim_start_matches("0x"), 16).ok();
                 }
@@ -114,6 +124,27 @@ pub fn stuck_interrupts(first: &[VcpuState], second: &[VcpuState], gap: &str) ->
         .collect()
 }
 
+/// A sentence for each snapshot in which a vCPU's local APIC timer had
+/// expired (count 0) with its vector pending and deliverable: the interrupt
+/// has waited since the timer fired.
+pub fn expired_timer_pending(snapshots: &[(&str, &[VcpuState])]) -> Vec<String> {
+    let mut out = Vec::new();
+    for (when, cpus) in snapshots {
+        for c in cpus.iter() {
+            if c.timer_count == Some(0) && c.timer_vector.is_some() && c.deliverable() == c.timer_vector {
+                out.push(format!(
+                    "vCPU {} ({when}): its local APIC timer expired and its vector {} pending above its priority, not taken, with RFLAGS.IF {} at RIP {}",
+                    c.cpu,
+                    c.timer_vector.unwrap_or(0),
+                    if c.interrupts_enabled { "set" } else { "clear" },
+                    c.rip.map_or("?".into(), |r| format!("{r:#x}"))
+                ));
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -149,8 +180,18 @@ APR 0x00 TPR 0x10 DFR 0x0f LDR 0x01 PPR 0x10
                 irr: vec![236],
                 ppr: Some(0x10),
                 timer_vector: Some(236),
+                timer_count: Some(0),
             }]
         );
+        let said = expired_timer_pending(&[("first", &cpus)]);
+        assert_eq!(said.len(), 1);
+        assert!(
+            said[0].contains("vector 236 pending above its priority, not taken, with RFLAGS.IF set"),
+            "{}",
+            said[0]
+        );
+        let counting = parse(&HUNG.replace("current_count = 0", "current_count = 1149"));
+        assert!(expired_timer_pending(&[("again", &counting)]).is_empty());
         let said = stuck_interrupts(&cpus, &cpus, "1 s");
         assert_eq!(said.len(), 1);
         assert!(
@@ -171,5 +212,17 @@ APR 0x00 TPR 0x10 DFR 0x0f LDR 0x01 PPR 0x10
             assert!(stuck_interrupts(&hung, other, "1 s").is_empty(), "{other:?}");
         }
         assert!(stuck_interrupts(&hung, &[], "1 s").is_empty());
+    }
+
+    #[test]
+    fn the_nested_guest_running_with_the_hosts_timer_pending_is_named() {
+        // 2026-12-02: L1's CPU in the nested guest's io_serial_out, the
+        // guest's IF clear, L1's timer expired and pending.
+        let hung = HUNG.replace("RIP=ffffffff9bccbb9c RFL=00000246", "RIP=ffffffff81173e13 RFL=00000002");
+        let cpus = parse(&hung);
+        assert!(stuck_interrupts(&cpus, &cpus, "1 s").is_empty(), "IF clear: not the two-snapshot case");
+        let said = expired_timer_pending(&[("first snapshot", &cpus)]);
+        assert_eq!(said.len(), 1);
+        assert!(said[0].ends_with("with RFLAGS.IF clear at RIP 0xffffffff81173e13"), "{}", said[0]);
     }
 }

@@ -318,12 +318,15 @@ impl Vm {
             return story;
         };
         let read = |p: &Path| cpu_state::parse(&fs::read_to_string(p).unwrap_or_default());
-        let stuck = cpu_state::stuck_interrupts(&read(&first), &read(&again), &format!("{CPU_STATE_GAP:?}"));
-        for line in &stuck {
+        let (first, again) = (read(&first), read(&again));
+        let stuck = cpu_state::stuck_interrupts(&first, &again, &format!("{CPU_STATE_GAP:?}"));
+        let gap = format!("{CPU_STATE_GAP:?} later");
+        let expired = cpu_state::expired_timer_pending(&[("first snapshot", &first), (&gap, &again)]);
+        for line in stuck.iter().chain(&expired) {
             story += &format!("\n{whose}, {line}");
         }
-        if !stuck.is_empty() && self.box_log.is_some() {
-            story += "\nso the box itself is stuck: L1 (QEMU TCG emulating SVM for L1's KVM, on L1's one vCPU) stopped taking its interrupts, whatever the guest inside was doing (docs/box-verification.md)";
+        if !(stuck.is_empty() && expired.is_empty()) && self.box_log.is_some() {
+            story += "\nso the box itself is stuck: L1 (QEMU TCG emulating SVM for L1's KVM, on L1's one vCPU) is not taking its own timer interrupt, whatever the guest inside was doing (docs/box-verification.md)";
         }
         story
     }
