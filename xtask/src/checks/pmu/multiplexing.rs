@@ -51,9 +51,9 @@ use super::context::{Ctx, MIB};
 ///   both while the traffic flows, so that the rate is the same all through
 ///   the window as the estimate assumes (in the box the requests around the
 ///   traffic took 0.3-0.5 s, in which an event ran more or less than its
-///   share: up to +11 % off). The truth is the rate times the window's
-///   device time, taken from the device's clock just before and after each
-///   read; the half-widths of those brackets are added to the bound. Scaling by an event's whole life (open to read) would assume it
+///   share: up to +11 % off). The truth is the rate times the event's
+///   time_enabled over the window (its own: the reads of one request come
+///   one after another, in the box up to 0.6 s apart). Scaling by an event's whole life (open to read) would assume it
 ///   ran the same share of the traffic window as of that life, and perf's
 ///   rotation does not share the slots evenly: with the gauge in the same
 ///   context, two of the six events run ~57 % of the time and four ~71 %,
@@ -150,12 +150,6 @@ impl ReadWindow {
     pub(super) fn span(&self) -> (u64, u64) {
         let [a, b, c, d] = self.brackets;
         (a + (b - a) / 2, c + (d - c) / 2)
-    }
-
-    /// How far the span may be from where the reads really came.
-    pub(super) fn unsure_ns(&self) -> u64 {
-        let [a, b, c, d] = self.brackets;
-        (b - a) / 2 + (d - c) / 2
     }
 }
 
@@ -329,10 +323,6 @@ pub fn multiplexed_counts(ctx: &mut Ctx, d: usize, events: usize, rate: u64) -> 
     let (silence_ns, _) = slot_credit::longest_silence(&trace.accesses, from_ns, to_ns);
     let bias = slot_credit::rotation_bias(shape, &record.records, &trace.accesses, from_ns, to_ns);
     let traffic_ns = to_ns.saturating_sub(from_ns).max(1) as f64;
-    // What landed for each RMID over the window, and how unsure that is
-    // for not knowing when inside its brackets each read came.
-    let truth = (rate as f64 * traffic_ns / 1e9) as u64;
-    let unsure = window.unsure_ns() as f64 / traffic_ns;
     let mut worst_rotation = 0.0f64;
     let mut unread_bytes = 0;
     let mut exact = 0;
@@ -356,6 +346,11 @@ pub fn multiplexed_counts(ctx: &mut Ctx, d: usize, events: usize, rate: u64) -> 
             ));
         }
         let window = Window::between(s, e);
+        // What landed for its RMID over its window: the rate, steady all
+        // through it, times the window's length, which is the event's
+        // time_enabled (enabled all along). The reads of one request come
+        // one after another, each event's window its own.
+        let truth = (rate as f64 * window.enabled as f64 / 1e9) as u64;
         let (Some((scaled, ran)), true) = (window.scaled(), truth > 0) else {
             problems.push(format!("rmid {rmid}: over the traffic ({truth} bytes) {window:?}: not multiplexed"));
             continue;
@@ -374,12 +369,11 @@ pub fn multiplexed_counts(ctx: &mut Ctx, d: usize, events: usize, rate: u64) -> 
             100.0 * error,
             100.0 * rotations
         ));
-        if left.abs() > 0.05 + unsure {
+        if left.abs() > 0.05 {
             problems.push(format!(
-                "rmid {rmid}: scaled {scaled:.0} vs truth {truth} ({:+.1} %, of which perf's rotations {:+.1} % by the device's trace; the window's ends unsure by {:.1} %; ran {:.1} % of {seconds:.2} s; longest pause between accesses {} ms)",
+                "rmid {rmid}: scaled {scaled:.0} vs truth {truth} ({:+.1} %, of which perf's rotations {:+.1} % by the device's trace; ran {:.1} % of {seconds:.2} s; longest pause between accesses {} ms)",
                 error * 100.0,
                 rotations * 100.0,
-                unsure * 100.0,
                 100.0 * ran,
                 silence_ns / 1_000_000
             ));
