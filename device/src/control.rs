@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::device::{Assignments, Device, DeviceError, DeviceState, TraceEntry};
+use crate::device::{Assignments, Device, DeviceError, DeviceState, TraceEntry, TraceSnapshot};
 use crate::host::SharedDevice;
 use crate::line::{read_line, Line};
 use crate::regs::Event;
@@ -97,6 +97,14 @@ pub enum Request {
         #[serde(default)]
         since: u64,
     },
+    /// The register accesses from record number `since` on, with the
+    /// numbers that say whether any were lost: what a check replays
+    /// against the slot-level truth.
+    TraceAccesses {
+        /// First record number wanted.
+        #[serde(default)]
+        since: u64,
+    },
     /// Slot-level truth: every slot assignment numbered `since` and later
     /// (0: all kept), ended or ongoing, with the bytes it counted.
     Assignments {
@@ -104,6 +112,18 @@ pub enum Request {
         #[serde(default)]
         since: u64,
     },
+}
+
+/// The `trace_accesses` payload.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TraceAccesses {
+    /// Number of the oldest record the ring still had: above the `since`
+    /// asked for, the records in between were lost to the ring's bound.
+    pub first_seq: u64,
+    /// Number the next record will get.
+    pub next_seq: u64,
+    /// The accesses numbered `since` and later, oldest first.
+    pub accesses: Vec<TraceEntry>,
 }
 
 /// The `trace_lines` payload.
@@ -144,6 +164,9 @@ pub struct Response {
     /// The trace as lines (`trace_lines`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace_lines: Option<TraceLines>,
+    /// Accesses from a record number on (`trace_accesses`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_accesses: Option<TraceAccesses>,
     /// Slot assignments (`assignments`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub assignments: Option<Assignments>,
@@ -166,12 +189,33 @@ impl Response {
     }
 }
 
+/// How a trace snapshot is answered: which request asked for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TraceFormat {
+    /// `trace`: the accesses, with the ring's losses.
+    Entries,
+    /// `trace_lines`: text lines.
+    Lines,
+    /// `trace_accesses`: the accesses with their record numbers' span.
+    Accesses,
+}
+
 /// What a request line comes to, decided without blocking.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 #[allow(clippy::large_enum_variant)] // one per request, moved straight out
 pub enum Reply {
     /// The response, ready now.
     Now(Response),
+    /// `trace` or `trace_lines`: the records copied under the device's
+    /// lock, to be turned into the response outside it ([`Reply::format`]):
+    /// formatting up to the trace's capacity of records would hold every
+    /// vCPU's register access for that long.
+    Trace {
+        /// The snapshot.
+        snapshot: TraceSnapshot,
+        /// Which request asked for it.
+        format: TraceFormat,
+    },
     /// `wait_landed` with traffic still pending: the caller polls
     /// [`Device::pending_bytes`] until it lands or `timeout_ms` pass.
     WaitLanded {
@@ -244,24 +288,18 @@ pub fn apply(device: &mut Device, now_ns: u64, request: &Request) -> Reply {
             device.reset_stats();
             Reply::Now(Response::ok())
         }
-        Request::Trace => Reply::Now(Response {
-            trace: Some(device.trace()),
-            trace_dropped: Some(device.trace_dropped()),
-            ..Response::ok()
-        }),
-        Request::TraceLines { since } => {
-            let snapshot = device.trace_since(since);
-            Reply::Now(Response {
-                trace_lines: Some(TraceLines {
-                    header: snapshot.header(),
-                    first_seq: snapshot.first_seq,
-                    next_seq: snapshot.next_seq,
-                    dropped: snapshot.dropped,
-                    lines: snapshot.lines(),
-                }),
-                ..Response::ok()
-            })
-        }
+        Request::Trace => Reply::Trace {
+            snapshot: device.trace_since(0),
+            format: TraceFormat::Entries,
+        },
+        Request::TraceLines { since } => Reply::Trace {
+            snapshot: device.trace_since(since),
+            format: TraceFormat::Lines,
+        },
+        Request::TraceAccesses { since } => Reply::Trace {
+            snapshot: device.trace_since(since),
+            format: TraceFormat::Accesses,
+        },
         Request::Assignments { since } => Reply::Now(Response {
             assignments: Some(device.assignments(now_ns, since)),
             ..Response::ok()
@@ -269,27 +307,71 @@ pub fn apply(device: &mut Device, now_ns: u64, request: &Request) -> Reply {
     }
 }
 
-/// The reply to one request line (without its newline) at `now_ns`.
+impl Reply {
+    /// Turns a trace snapshot into its response (the work done outside the
+    /// device's lock); other replies are returned as they are.
+    pub fn format(self) -> Reply {
+        match self {
+            Reply::Trace { snapshot, format } => Reply::Now(trace_response(&snapshot, format)),
+            other => other,
+        }
+    }
+}
+
+/// The response of a snapshot in the format its request asked for.
+fn trace_response(snapshot: &TraceSnapshot, format: TraceFormat) -> Response {
+    match format {
+        TraceFormat::Lines => Response {
+            trace_lines: Some(TraceLines {
+                header: snapshot.header(),
+                first_seq: snapshot.first_seq,
+                next_seq: snapshot.next_seq,
+                dropped: snapshot.dropped,
+                lines: snapshot.lines(),
+            }),
+            ..Response::ok()
+        },
+        TraceFormat::Entries => Response {
+            trace: Some(snapshot.accesses()),
+            trace_dropped: Some(snapshot.dropped),
+            ..Response::ok()
+        },
+        TraceFormat::Accesses => Response {
+            trace_accesses: Some(TraceAccesses {
+                first_seq: snapshot.first_seq,
+                next_seq: snapshot.next_seq,
+                accesses: snapshot.accesses(),
+            }),
+            ..Response::ok()
+        },
+    }
+}
+
+/// The reply to one request line (without its newline) at `now_ns`,
+/// formatted.
 pub fn respond(device: &mut Device, now_ns: u64, line: &[u8]) -> Reply {
     match parse_request(line) {
-        Ok(request) => apply(device, now_ns, &request),
+        Ok(request) => apply(device, now_ns, &request).format(),
         Err(message) => Reply::Now(Response::error(message)),
     }
 }
 
 /// The response to one request line, waiting (without holding the lock)
-/// if it asks to.
+/// if it asks to. The line is parsed before the device is locked.
 pub fn handle_line(device: &SharedDevice, line: &[u8]) -> Response {
-    match device.with(|d, now| respond(d, now, line)) {
-        Reply::Now(response) => response,
-        Reply::WaitLanded { timeout_ms } => wait_landed(device, timeout_ms),
+    match parse_request(line) {
+        Ok(request) => handle(device, &request),
+        Err(message) => Response::error(message),
     }
 }
 
-/// Carries out one request on the device, waiting if it asks to.
+/// Carries out one request on the device, waiting if it asks to. Under the
+/// device's lock only the request itself runs (a trace is copied there);
+/// formatting and waiting happen outside it.
 pub fn handle(device: &SharedDevice, request: &Request) -> Response {
     match device.with(|d, now| apply(d, now, request)) {
         Reply::Now(response) => response,
+        Reply::Trace { snapshot, format } => trace_response(&snapshot, format),
         Reply::WaitLanded { timeout_ms } => wait_landed(device, timeout_ms),
     }
 }
@@ -602,7 +684,6 @@ impl ControlClient {
             .ok_or(ClientError::MissingPayload("trace"))
     }
 
-    /// The trace as lines, from record number `since` on.
     /// Slot-level truth: the assignments numbered `since` and later.
     pub fn assignments(&mut self, since: u64) -> Result<Assignments, ClientError> {
         self.call(&Request::Assignments { since })?
@@ -610,6 +691,14 @@ impl ControlClient {
             .ok_or(ClientError::MissingPayload("assignments"))
     }
 
+    /// The register accesses from record number `since` on.
+    pub fn trace_accesses(&mut self, since: u64) -> Result<TraceAccesses, ClientError> {
+        self.call(&Request::TraceAccesses { since })?
+            .trace_accesses
+            .ok_or(ClientError::MissingPayload("trace_accesses"))
+    }
+
+    /// The trace as lines, from record number `since` on.
     pub fn trace_lines(&mut self, since: u64) -> Result<TraceLines, ClientError> {
         self.call(&Request::TraceLines { since })?
             .trace_lines
@@ -621,5 +710,45 @@ impl ControlClient {
     pub fn trace_text(&mut self) -> Result<String, ClientError> {
         let t = self.trace_lines(0)?;
         Ok(crate::device::trace_file(&t.header, t.dropped, &t.lines))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::DeviceConfig;
+
+    /// A trace request copies the records under the lock and is formatted
+    /// after it: `apply` (what runs under the lock) must not format.
+    #[test]
+    fn trace_requests_are_formatted_outside_the_lock() {
+        let mut device = Device::new(DeviceConfig::default()).unwrap();
+        for i in 0..100 {
+            device.read(i, 0, 0, 8);
+        }
+        let requests = [
+            (Request::Trace, TraceFormat::Entries),
+            (Request::TraceLines { since: 0 }, TraceFormat::Lines),
+            (Request::TraceAccesses { since: 50 }, TraceFormat::Accesses),
+        ];
+        for (request, format) in requests {
+            let reply = apply(&mut device, 1000, &request);
+            let Reply::Trace { snapshot, format: asked } = &reply else {
+                panic!("{request:?} was answered under the lock: {reply:?}")
+            };
+            assert_eq!(*asked, format);
+            assert!(snapshot.records.len() >= 50);
+            let Reply::Now(response) = reply.format() else { panic!("not formatted") };
+            match format {
+                TraceFormat::Lines => assert!(response.trace_lines.is_some_and(|t| t.lines.len() >= 100)),
+                TraceFormat::Entries => assert_eq!(response.trace.map(|t| t.len()), Some(100)),
+                // Records 50..100 of the reads (the ring started at 0).
+                TraceFormat::Accesses => {
+                    let t = response.trace_accesses.expect("trace_accesses payload");
+                    assert_eq!((t.first_seq, t.next_seq, t.accesses.len()), (0, 100, 50));
+                    assert_eq!(t.accesses[0].time_ns, 50);
+                }
+            }
+        }
     }
 }

@@ -38,6 +38,11 @@ pub enum CpuListError {
 /// width would refuse the second spelling of a list it took in the first.
 pub const MAX_CPU_NUMBER: u32 = 8191;
 
+/// The most CPUs perfbed's guest runs with, on either host: the guest
+/// kernel's `CONFIG_NR_CPUS` (`images/kernel/config.fragment`). xtask's
+/// `--cpus` and perfbed-vmm's limit are this one number.
+pub const GUEST_MAX_CPUS: u8 = 64;
+
 /// Parses a CPU list such as `"0-1,3"` (whitespace around items is ignored;
 /// an empty or all-blank string is the empty list). The result is sorted and
 /// free of duplicates.

@@ -21,7 +21,7 @@ pub mod host;
 pub mod line;
 pub mod regs;
 
-pub use control::{ClientError, ControlClient, ControlServer, Request, Response, TraceLines};
+pub use control::{ClientError, ControlClient, ControlServer, Request, Response, TraceAccesses, TraceLines};
 pub use device::{
     AssignmentRecord, Assignments, ASSIGNMENT_LOG_CAPACITY, dropped_line, event_name, format_record, parse_event, trace_file, AccessKind, BadAccessCounts, BadAccessKind,
     ConfigError, Device, DeviceConfig, DeviceError, DeviceState, DomainState, OccupancyEntry, RateEntry, SlotState,

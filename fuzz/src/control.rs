@@ -47,6 +47,7 @@ pub fn run(bytes: &[u8]) {
                     assert_eq!(device.state(now), before, "a refused request changed the device: {:?}", String::from_utf8_lossy(&line));
                 }
             }
+            Reply::Trace { .. } => panic!("respond() left a trace unformatted"),
             Reply::WaitLanded { timeout_ms } => {
                 let mut pending = device.pending_bytes(now);
                 assert!(pending > 0, "wait_landed deferred with nothing pending");

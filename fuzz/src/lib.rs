@@ -6,3 +6,4 @@ pub mod agent;
 pub mod config;
 pub mod control;
 pub mod registers;
+pub mod vmm_bus;

@@ -1,13 +1,20 @@
 //! The host end of the agent channel: a Unix socket joined to the virtio
-//! console, served from the event loop.
+//! console, and the console's queue notifiers, all served from the event
+//! loop (an event-manager subscriber).
 //!
 //! Like QEMU's `-chardev socket,server=on,wait=on`, the VMM listens, waits
 //! for one client, and only then starts the guest, so nothing the guest says
-//! is lost. Guest output is written to the socket by the console itself
-//! (from the vCPU that notified); host input arrives here.
+//! is lost.
+//!
+//! Nothing here blocks: the socket is non-blocking, the console buffers a
+//! bounded amount of guest output and this subscriber watches the socket for
+//! writability only while some waits ([`Console::output_pending`]), and for
+//! readability only while the console takes more input
+//! ([`Console::input_paused`]). The vCPUs' notifies arrive as eventfds (KVM
+//! ioeventfds), so a vCPU never waits for the host's reader: while the
+//! reader is slow the guest's writers wait in the guest (back-pressure).
 
 use std::io;
-use std::os::unix::io::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -18,8 +25,9 @@ use vmm_sys_util::eventfd::EventFd;
 use crate::devices::virtio::console::Console;
 use crate::devices::virtio::mmio::MmioTransport;
 
-const STREAM: u32 = 1;
-const RESUME: u32 = 2;
+const STREAM: u32 = 0;
+/// Queue `i`'s notifier is `NOTIFIER + i`.
+const NOTIFIER: u32 = 1;
 
 /// Binds `path` (replacing a stale socket) and waits for the one client.
 pub fn accept_one(path: &Path) -> io::Result<UnixStream> {
@@ -38,92 +46,121 @@ pub fn accept_one(path: &Path) -> io::Result<UnixStream> {
 }
 
 struct State {
-    connected: bool,
-    paused: bool,
+    /// The socket's registered interest; `None` once it hung up (or with
+    /// no socket).
+    watching: Option<EventSet>,
 }
 
 pub struct AgentChannel {
-    stream: UnixStream,
-    resume: EventFd,
+    stream: Option<UnixStream>,
+    notifiers: Vec<EventFd>,
     console: Arc<MmioTransport<Console>>,
     state: Mutex<State>,
 }
 
 impl AgentChannel {
-    /// Joins `stream` to the console: its write half becomes the console's
-    /// output. `resume` is the eventfd the console writes when paused input
-    /// may flow again.
-    pub fn new(stream: UnixStream, resume: EventFd, console: Arc<MmioTransport<Console>>) -> io::Result<AgentChannel> {
-        let output = stream.try_clone()?;
-        console.poll(|c| c.connect(Box::new(output)));
-        Ok(AgentChannel { stream, resume, console, state: Mutex::new(State { connected: true, paused: false }) })
-    }
-
-    fn stream_events(&self) -> Events {
-        Events::with_data(&self.stream, STREAM, EventSet::IN | EventSet::HANG_UP | EventSet::ERROR)
+    /// Serves `console`'s queue notifiers and, with a `stream`, joins it to
+    /// the console (made non-blocking; its write half becomes the console's
+    /// output).
+    pub fn new(stream: Option<UnixStream>, console: Arc<MmioTransport<Console>>) -> io::Result<AgentChannel> {
+        let notifiers = console.notifiers()?;
+        if let Some(stream) = &stream {
+            stream.set_nonblocking(true)?;
+            let output = stream.try_clone()?;
+            console.with_device(|c| c.connect(Box::new(output)));
+        }
+        let watching = stream.as_ref().map(|_| EventSet::IN);
+        Ok(AgentChannel { stream, notifiers, console, state: Mutex::new(State { watching }) })
     }
 
     fn read_input(&self, ops: &mut EventOps, state: &mut State) {
+        let Some(stream) = &self.stream else { return };
         let mut buf = [0u8; 4096];
-        // Non-blocking for this call only: the console writes to the same
-        // socket from vCPU threads and wants blocking writes.
-        // SAFETY: `buf` is valid for `buf.len()` bytes and the fd is open.
-        let n = unsafe { libc::recv(self.stream.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
-        if n > 0 {
-            let mut paused = false;
-            self.console.poll(|c| paused = c.push_input(&buf[..n as usize]));
-            if paused && !state.paused {
-                state.paused = true;
-                let _ = ops.remove(self.stream_events());
+        match io::Read::read(&mut &*stream, &mut buf) {
+            Ok(0) => self.hang_up(ops, state),
+            Ok(n) => {
+                self.console.with_device(|c| c.push_input(&buf[..n]));
             }
-            return;
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => {}
+            Err(_) => self.hang_up(ops, state),
         }
-        if n < 0 {
-            let err = io::Error::last_os_error();
-            if matches!(err.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EINTR)) {
-                return;
-            }
-        }
-        self.hang_up(ops, state);
     }
 
     fn hang_up(&self, ops: &mut EventOps, state: &mut State) {
-        if state.connected {
-            state.connected = false;
-            if !state.paused {
-                let _ = ops.remove(self.stream_events());
+        if let (Some(stream), Some(watching)) = (&self.stream, state.watching.take()) {
+            let _ = ops.remove(Events::with_data(stream, STREAM, watching));
+            self.console.with_device(|c| c.disconnect());
+            eprintln!("perfbed-vmm: the agent socket's client went away; the guest's port is closed");
+        }
+    }
+
+    /// Lets the console move what it can, then watches the socket for what
+    /// the console now waits for.
+    fn run_console(&self, ops: &mut EventOps, state: &mut State) {
+        let (_, more) = self.console.poll(|_| ());
+        if more {
+            // Come back after the other ready events (level-triggered).
+            if let Some(evt) = self.notifiers.first() {
+                let _ = evt.write(1);
             }
-            self.console.poll(|c| c.disconnect());
-            eprintln!("perfbed-vmm: the agent socket's client went away; guest output on the console is dropped");
+        }
+        let (Some(stream), Some(watching)) = (&self.stream, state.watching) else {
+            return;
+        };
+        let (connected, pending, paused) =
+            self.console.with_device(|c| (c.is_connected(), c.output_pending(), c.input_paused()));
+        if !connected {
+            // The console's writer failed: the client is gone.
+            return self.hang_up(ops, state);
+        }
+        let mut want = EventSet::empty();
+        if !paused {
+            want |= EventSet::IN;
+        }
+        if pending {
+            want |= EventSet::OUT;
+        }
+        if want != watching {
+            if ops.modify(Events::with_data(stream, STREAM, want)).is_ok() {
+                state.watching = Some(want);
+            } else {
+                eprintln!("perfbed-vmm: cannot change what the agent socket is watched for");
+            }
         }
     }
 }
 
 impl EventSubscriber for AgentChannel {
     fn init(&self, ops: &mut EventOps) {
-        if let Err(e) = ops.add(self.stream_events()) {
-            eprintln!("perfbed-vmm: watching the agent socket: {e:?}");
+        for (i, evt) in self.notifiers.iter().enumerate() {
+            if let Err(e) = ops.add(Events::with_data(evt, NOTIFIER + i as u32, EventSet::IN)) {
+                eprintln!("perfbed-vmm: watching the console's queue {i}: {e:?}");
+            }
         }
-        if let Err(e) = ops.add(Events::with_data(&self.resume, RESUME, EventSet::IN)) {
-            eprintln!("perfbed-vmm: watching the console's resume event: {e:?}");
+        if let Some(stream) = &self.stream {
+            if let Err(e) = ops.add(Events::with_data(stream, STREAM, EventSet::IN)) {
+                eprintln!("perfbed-vmm: watching the agent socket: {e:?}");
+            }
         }
     }
 
     fn process(&self, events: Events, ops: &mut EventOps) {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let set = events.event_set();
         match events.data() {
-            STREAM if events.event_set().contains(EventSet::IN) => self.read_input(ops, &mut state),
-            STREAM => self.hang_up(ops, &mut state),
-            RESUME => {
-                let _ = self.resume.read();
-                if state.paused {
-                    state.paused = false;
-                    if state.connected {
-                        let _ = ops.add(self.stream_events());
-                    }
+            STREAM => {
+                if set.contains(EventSet::IN) {
+                    self.read_input(ops, &mut state);
+                } else if set.intersects(EventSet::HANG_UP | EventSet::ERROR) && !set.contains(EventSet::OUT) {
+                    self.hang_up(ops, &mut state);
                 }
             }
-            _ => {}
+            n => {
+                if let Some(evt) = self.notifiers.get((n - NOTIFIER) as usize) {
+                    let _ = evt.read();
+                }
+            }
         }
+        self.run_console(ops, &mut state);
     }
 }

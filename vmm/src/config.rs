@@ -12,9 +12,9 @@ use perfbed_device::{ConfigError, DeviceConfig};
 
 use crate::boot::loader::detect_format;
 
-/// Most vCPUs: the MP table must fit in the last KiB of base memory, where
-/// the kernel looks for it (and the device's CPU sets hold 64).
-pub const MAX_VCPUS: u8 = 32;
+/// Most vCPUs: the guest kernel's `CONFIG_NR_CPUS`, xtask's `--cpus` limit
+/// as well (the MP table would fit 140).
+pub const MAX_VCPUS: u8 = perfbed_device::cpus::GUEST_MAX_CPUS;
 /// Least guest memory: the kernel, the initramfs and the boot structures
 /// must fit below the MMIO hole with room to spare.
 pub const MIN_MEMORY_MIB: u32 = 64;
@@ -244,10 +244,13 @@ mod tests {
     fn bad_shapes_are_refused_with_the_flag() {
         let mut c = config();
         c.machine.vcpus = 0;
-        assert_eq!(c.validate().unwrap_err().to_string(), "--cpus 0: need 1 to 32 vCPUs");
+        assert_eq!(c.validate().unwrap_err().to_string(), "--cpus 0: need 1 to 64 vCPUs");
         let mut c = config();
-        c.machine.vcpus = 33;
-        assert!(matches!(c.validate(), Err(ConfigurationError::Vcpus(33))));
+        c.machine.vcpus = 65;
+        assert!(matches!(c.validate(), Err(ConfigurationError::Vcpus(65))));
+        c.machine.vcpus = 64;
+        c.device.domains = default_domains(64);
+        c.validate().unwrap();
         let mut c = config();
         c.machine.memory_mib = 8;
         assert!(c.validate().unwrap_err().to_string().starts_with("--memory 8"));

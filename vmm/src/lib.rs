@@ -10,7 +10,8 @@
 //!   virtio console, and the monitoring device;
 //! - [`agent_channel`]: the agent socket served from the event loop;
 //! - [`vmm`]: assembling and running a VM;
-//! - [`bench`]: the exit-cost benchmark; [`stats`]: the VMM's own figures.
+//! - [`bench`]: the exit-cost benchmark; [`stats`]: the VMM's own figures;
+//!   [`panic_report`]: those figures and the serial log on a panic too.
 //!
 //! The command line (`src/main.rs`) is a thin layer over [`VmmConfig`].
 
@@ -20,6 +21,7 @@ pub mod boot;
 pub mod config;
 pub mod devices;
 pub mod memory;
+pub mod panic_report;
 pub mod stats;
 pub mod vcpu;
 pub mod vmm;

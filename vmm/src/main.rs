@@ -38,7 +38,7 @@ struct Cli {
     /// Kernel command line (the VMM appends its device announcements).
     #[arg(long, value_name = "TEXT", default_value = "console=ttyS0")]
     cmdline: String,
-    /// Number of vCPUs (1-32).
+    /// Number of vCPUs (1-64).
     #[arg(long, value_name = "N", default_value_t = 1)]
     cpus: u8,
     /// Guest RAM in MiB (64-65536).
@@ -70,7 +70,7 @@ struct Cli {
     /// Serve the device's control socket here (JSON lines, as the QEMU host).
     #[arg(long, value_name = "PATH")]
     control_socket: Option<PathBuf>,
-    /// Carry the guest's virtio console (/dev/hvc0) on a Unix socket here;
+    /// Carry the guest's virtio-console port (/dev/vport0p1) on a Unix socket here;
     /// the guest starts once a client connects.
     #[arg(long, value_name = "PATH")]
     agent_socket: Option<PathBuf>,

@@ -26,9 +26,13 @@ pub const PD_ADDR: u64 = 0xb000;
 pub const CMDLINE_ADDR: u64 = 0x2_0000;
 /// The x86 kernel's COMMAND_LINE_SIZE.
 pub const CMDLINE_MAX: usize = 2048;
-/// The MP floating pointer and table: the last KiB of base memory, one of
-/// the places the kernel scans.
-pub const MPTABLE_ADDR: u64 = 0x9_fc00;
+/// The MP configuration table (reserved up to [`BASE_MEMORY_END`]): the
+/// 4 KiB below the end of base memory, room for 140 CPU entries.
+pub const MPTABLE_ADDR: u64 = 0x9_f000;
+/// The MP floating pointer: the start of the last KiB of base memory, where
+/// the kernel scans (`smp_scan_config(639 * 0x400, ..)`); it points to the
+/// table, which may be anywhere.
+pub const MP_FLOATING_ADDR: u64 = 0x9_fc00;
 /// End of base memory (the legacy VGA hole and BIOS area follow).
 pub const BASE_MEMORY_END: u64 = 0xa_0000;
 /// Where high memory, and the kernel, start.

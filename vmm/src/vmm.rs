@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use event_manager::{EventManager, EventOps, EventSet, EventSubscriber, Events, SubscriberOps};
 use kvm_bindings::{kvm_pit_config, kvm_userspace_memory_region, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY};
-use kvm_ioctls::{Cap, Kvm, VmFd};
+use kvm_ioctls::{Cap, IoEventAddress, Kvm, VmFd};
 use perfbed_device::SharedDevice;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 use vmm_sys_util::eventfd::EventFd;
@@ -23,7 +23,7 @@ use crate::devices::bus::{Bus, BusError};
 use crate::devices::perfbed::PerfbedMmio;
 use crate::devices::serial::{ConsoleSink, SerialConsole, COM1_BASE, COM1_IRQ, COM1_LEN};
 use crate::devices::virtio::console::Console;
-use crate::devices::virtio::mmio::{MmioTransport, TransportError};
+use crate::devices::virtio::mmio::{MmioTransport, TransportError, QUEUE_NOTIFY_OFFSET};
 use crate::devices::virtio::Interrupt;
 use crate::memory::{
     create_guest_memory, MemoryError, GDT_ADDR, IDT_ADDR, KVM_IDENTITY_MAP_ADDR, KVM_TSS_ADDR, PERFBED_DEVICE_BASE,
@@ -104,7 +104,6 @@ pub struct Vmm {
     serial: Arc<SerialConsole>,
     panicked: Arc<AtomicBool>,
     console: Arc<MmioTransport<Console>>,
-    console_resume: EventFd,
     device: SharedDevice,
     perfbed: Arc<PerfbedMmio>,
     stats: Arc<Stats>,
@@ -116,7 +115,7 @@ pub struct Vmm {
 /// KVM, a VM with the in-kernel irqchip and PIT, and `memory_mib` of RAM.
 pub(crate) fn create_vm(memory_mib: u32) -> Result<(Kvm, VmFd, GuestMemoryMmap), VmmError> {
     let kvm = Kvm::new().map_err(kvm_error("opening /dev/kvm"))?;
-    for cap in [Cap::Irqchip, Cap::Pit2, Cap::UserMemory, Cap::Irqfd, Cap::ExtCpuid] {
+    for cap in [Cap::Irqchip, Cap::Pit2, Cap::UserMemory, Cap::Irqfd, Cap::Ioeventfd, Cap::ExtCpuid] {
         if !kvm.check_extension(cap) {
             return Err(VmmError::MissingCapability(cap));
         }
@@ -184,10 +183,14 @@ impl Vmm {
             None => None,
         };
         let serial = Arc::new(SerialConsole::new(irqfd(COM1_IRQ)?, ConsoleSink::new(serial_out, panicked.clone())));
-        let console_resume = EventFd::new(libc::EFD_NONBLOCK).map_err(io_error("creating an eventfd"))?;
-        let console_device = Console::new(console_resume.try_clone().map_err(io_error("cloning an eventfd"))?);
         let interrupt = Interrupt::new(irqfd(VIRTIO_CONSOLE_IRQ)?);
-        let console = Arc::new(MmioTransport::new(console_device, memory.clone(), interrupt)?);
+        let console = Arc::new(MmioTransport::new(Console::new(), memory.clone(), interrupt)?);
+        // The guest's queue notifies signal the event loop inside KVM: no
+        // exit to a vCPU thread, which then never touches the device.
+        let notify = IoEventAddress::Mmio(VIRTIO_MMIO_BASE + QUEUE_NOTIFY_OFFSET);
+        for (queue, evt) in console.notifiers().map_err(io_error("cloning an eventfd"))?.iter().enumerate() {
+            vm.register_ioevent(evt, &notify, queue as u32).map_err(kvm_error("registering an ioeventfd"))?;
+        }
         let device = SharedDevice::new(config.device.clone())?;
         let perfbed = Arc::new(PerfbedMmio::new(device.clone()));
 
@@ -224,7 +227,6 @@ impl Vmm {
             serial,
             panicked,
             console,
-            console_resume,
             device,
             perfbed,
             stats: Arc::new(Stats::new(start)),
@@ -248,14 +250,31 @@ impl Vmm {
         };
         let mut events: EventManager<Arc<dyn EventSubscriber + Send + Sync>> =
             EventManager::new().map_err(|e| VmmError::EventLoop(format!("{e:?}")))?;
-        if let Some(path) = &self.config.endpoints.agent_socket {
-            eprintln!("perfbed-vmm: waiting for a client on the agent socket {}", path.display());
-            let stream = accept_one(path).map_err(io_error(format!("accepting on the agent socket {}", path.display())))?;
-            let resume = self.console_resume.try_clone().map_err(io_error("cloning an eventfd"))?;
-            let channel = AgentChannel::new(stream, resume, self.console.clone())
-                .map_err(io_error("joining the agent socket to the console"))?;
-            events.add_subscriber(Arc::new(channel));
-        }
+        let stream = match &self.config.endpoints.agent_socket {
+            Some(path) => {
+                eprintln!("perfbed-vmm: waiting for a client on the agent socket {}", path.display());
+                Some(accept_one(path).map_err(io_error(format!("accepting on the agent socket {}", path.display())))?)
+            }
+            None => None,
+        };
+        let channel =
+            AgentChannel::new(stream, self.console.clone()).map_err(io_error("joining the agent socket to the console"))?;
+        events.add_subscriber(Arc::new(channel));
+
+        let on_panic = (
+            self.serial.clone(),
+            self.stats.clone(),
+            self.io_bus.clone(),
+            self.mmio_bus.clone(),
+            self.perfbed.clone(),
+            self.console.clone(),
+            self.memory.clone(),
+        );
+        crate::panic_report::install(Arc::new(move || {
+            let (serial, stats, io, mmio, perfbed, console, memory) = &on_panic;
+            serial.flush();
+            report(stats, io, mmio, perfbed, console, memory);
+        }));
 
         let ended: Arc<Mutex<Option<VcpuEnd>>> = Arc::new(Mutex::new(None));
         let ended_evt = EventFd::new(libc::EFD_NONBLOCK).map_err(io_error("creating an eventfd"))?;
@@ -315,8 +334,7 @@ fn report(
 ) {
     let (first_run, first_exit) = stats.boot_times();
     let (accesses, handler_ns) = perfbed.handler_time();
-    let mut dropped = 0;
-    console.poll(|c| dropped = c.dropped_output());
+    let dropped = console.with_device(|c| c.dropped_output());
     let mut lines = vec![
         format!("start_to_first_kvm_run_us={}", first_run / 1000),
         format!("start_to_first_exit_us={}", first_exit / 1000),

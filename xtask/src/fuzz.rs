@@ -29,6 +29,11 @@ pub const TARGETS: &[(&str, &str, Option<&str>)] = &[
     ("control_protocol", "the control socket's line reading and requests, from raw bytes", Some("dicts/control.dict")),
     ("agent_protocol", "the agent channel's messages (host side) and requests (agent side)", Some("dicts/agent.dict")),
     ("host_config", "CPU lists, --domains, the QEMU shim's properties, device configs", None),
+    (
+        "vmm_bus",
+        "perfbed-vmm's MMIO bus: any access from any vCPU to the monitoring device and the virtio-mmio console, rings and chains the input writes",
+        None,
+    ),
 ];
 
 #[derive(Args)]

@@ -484,15 +484,7 @@ impl Device {
     /// The register accesses the trace still holds, oldest first (the
     /// `trace` request's answer; [`Device::trace_since`] has every record).
     pub fn trace(&self) -> Vec<TraceEntry> {
-        self.trace
-            .iter()
-            .filter_map(|(_, r)| match r.event {
-                TraceEvent::Access { vcpu, offset, size, kind, value, bad, violation } => {
-                    Some(TraceEntry { time_ns: r.time_ns, vcpu, offset, size, kind, value, bad, violation })
-                }
-                _ => None,
-            })
-            .collect()
+        self.trace_since(0).accesses()
     }
 
     /// Trace records lost to overflow since the last reset.

@@ -16,7 +16,7 @@ use std::fmt::Write as _;
 use super::config::DeviceConfig;
 use super::decode;
 use super::events::event_name;
-use super::trace::{AccessKind, TraceEvent, TraceRecord};
+use super::trace::{AccessKind, TraceEntry, TraceEvent, TraceRecord};
 use crate::cpus::format_cpu_list;
 use crate::regs;
 
@@ -64,6 +64,20 @@ impl TraceSnapshot {
     /// One line per record.
     pub fn lines(&self) -> Vec<String> {
         self.records.iter().map(|(seq, r)| format_record(&self.config, *seq, r)).collect()
+    }
+
+    /// The register accesses among the records, oldest first (the `trace`
+    /// request's answer).
+    pub fn accesses(&self) -> Vec<TraceEntry> {
+        self.records
+            .iter()
+            .filter_map(|(_, r)| match r.event {
+                TraceEvent::Access { vcpu, offset, size, kind, value, bad, violation } => {
+                    Some(TraceEntry { time_ns: r.time_ns, vcpu, offset, size, kind, value, bad, violation })
+                }
+                _ => None,
+            })
+            .collect()
     }
 
 }

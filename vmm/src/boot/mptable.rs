@@ -3,9 +3,11 @@
 //! IOAPIC and how ISA interrupts reach it.
 //!
 //! The floating pointer and the configuration table are built as one byte
-//! image, placed in the last KiB of base memory where the kernel scans.
+//! image from [`MPTABLE_ADDR`] to the end of base memory: the table first,
+//! the floating pointer at [`MP_FLOATING_ADDR`] (the last KiB, where the
+//! kernel scans). The whole range is reserved in the E820 map.
 
-use crate::memory::{BASE_MEMORY_END, IOAPIC_ADDR, LAPIC_ADDR, MPTABLE_ADDR};
+use crate::memory::{BASE_MEMORY_END, IOAPIC_ADDR, LAPIC_ADDR, MPTABLE_ADDR, MP_FLOATING_ADDR};
 
 /// IOAPIC pins; every one is announced as the ISA IRQ of the same number,
 /// matching KVM's default GSI routing (GSI n is pin n).
@@ -39,7 +41,7 @@ const CPU_FEATURES: u32 = 0x201;
 /// Why the table could not be built.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum MpTableError {
-    #[error("an MP table for {0} vCPUs does not fit in the last KiB of base memory")]
+    #[error("an MP table for {0} vCPUs does not fit below the floating pointer")]
     TooLarge(u8),
     #[error("an MP table needs at least one vCPU")]
     NoCpus,
@@ -65,10 +67,10 @@ pub fn build(vcpus: u8) -> Result<Vec<u8>, MpTableError> {
     let table_len = HEADER_LEN
         + usize::from(vcpus) * CPU_ENTRY_LEN
         + (1 + 1 + usize::from(IOAPIC_PINS) + 2) * SMALL_ENTRY_LEN;
-    if (FLOATING_LEN + table_len) as u64 > BASE_MEMORY_END - MPTABLE_ADDR {
+    if table_len as u64 > MP_FLOATING_ADDR - MPTABLE_ADDR {
         return Err(MpTableError::TooLarge(vcpus));
     }
-    let table_addr = MPTABLE_ADDR + FLOATING_LEN as u64;
+    let table_addr = MPTABLE_ADDR;
 
     let mut floating = Vec::with_capacity(FLOATING_LEN);
     floating.extend_from_slice(b"_MP_");
@@ -118,8 +120,10 @@ pub fn build(vcpus: u8) -> Result<Vec<u8>, MpTableError> {
     table.extend_from_slice(&body);
     table[7] = checksum_complement(&table);
 
-    let mut image = floating;
-    image.extend_from_slice(&table);
+    let mut image = table;
+    image.resize((MP_FLOATING_ADDR - MPTABLE_ADDR) as usize, 0);
+    image.extend_from_slice(&floating);
+    image.resize((BASE_MEMORY_END - MPTABLE_ADDR) as usize, 0);
     Ok(image)
 }
 
@@ -142,25 +146,46 @@ mod tests {
         usize::from(u16::from_le_bytes([b[at], b[at + 1]]))
     }
 
+    /// The floating pointer (where the kernel scans) and the table it
+    /// points to.
+    fn parts(image: &[u8]) -> (&[u8], &[u8]) {
+        let at = (MP_FLOATING_ADDR - MPTABLE_ADDR) as usize;
+        let floating = &image[at..at + FLOATING_LEN];
+        let pointer = u64::from(u32::from_le_bytes(floating[4..8].try_into().unwrap()));
+        let start = (pointer - MPTABLE_ADDR) as usize;
+        let table = &image[start..];
+        (floating, &table[..u16_at(table, 4)])
+    }
+
     #[test]
     fn checksums_are_zero_and_lengths_agree() {
-        for vcpus in [1, 2, 4, 8, MAX_VCPUS] {
+        for vcpus in [1, 2, 4, 8, 32, MAX_VCPUS] {
             let image = build(vcpus).unwrap();
-            assert_eq!(&image[..4], b"_MP_");
-            assert_eq!(sum(&image[..FLOATING_LEN]), 0, "floating pointer, {vcpus} vCPUs");
-            let table = &image[FLOATING_LEN..];
+            assert_eq!(image.len() as u64, BASE_MEMORY_END - MPTABLE_ADDR, "the image fills the reserved range");
+            let (floating, table) = parts(&image);
+            assert_eq!(&floating[..4], b"_MP_");
+            assert_eq!(sum(floating), 0, "floating pointer, {vcpus} vCPUs");
             assert_eq!(&table[..4], b"PCMP");
-            assert_eq!(u16_at(table, 4), table.len());
             assert_eq!(sum(table), 0, "configuration table, {vcpus} vCPUs");
-            let pointer = u32::from_le_bytes(image[4..8].try_into().unwrap());
-            assert_eq!(u64::from(pointer), MPTABLE_ADDR + FLOATING_LEN as u64);
+            assert_eq!(u16_at(table, 34), usize::from(vcpus) + 28, "entry count, {vcpus} vCPUs");
+            assert!(MPTABLE_ADDR as usize + table.len() <= MP_FLOATING_ADDR as usize);
         }
+    }
+
+    #[test]
+    fn every_vcpu_has_its_apic_id_and_the_ioapic_the_next() {
+        let image = build(MAX_VCPUS).unwrap();
+        let (_, table) = parts(&image);
+        let cpus: Vec<u8> = (0..usize::from(MAX_VCPUS)).map(|i| table[HEADER_LEN + i * CPU_ENTRY_LEN + 1]).collect();
+        assert_eq!(cpus, (0..MAX_VCPUS).collect::<Vec<_>>());
+        let ioapic = HEADER_LEN + usize::from(MAX_VCPUS) * CPU_ENTRY_LEN + SMALL_ENTRY_LEN;
+        assert_eq!((table[ioapic], table[ioapic + 1]), (ENTRY_IOAPIC, MAX_VCPUS));
     }
 
     #[test]
     fn entries_describe_the_cpus_and_ioapic() {
         let image = build(4).unwrap();
-        let table = &image[FLOATING_LEN..];
+        let (_, table) = parts(&image);
         let mut at = HEADER_LEN;
         let mut cpus = Vec::new();
         let (mut ioapics, mut io_ints, mut local_ints, mut count) = (0, 0, 0, 0);
@@ -195,6 +220,7 @@ mod tests {
     #[test]
     fn sizes_that_do_not_fit_are_refused() {
         assert_eq!(build(0), Err(MpTableError::NoCpus));
-        assert_eq!(build(40), Err(MpTableError::TooLarge(40)));
+        assert_eq!(build(141), Err(MpTableError::TooLarge(141)));
+        assert!(build(140).is_ok());
     }
 }

@@ -14,6 +14,8 @@ pub mod perf_tool;
 pub mod pmu;
 pub mod rng;
 pub mod scope;
+pub mod slot_credit;
+pub mod slow_reader;
 pub mod traffic;
 
 use std::fmt::Write as _;

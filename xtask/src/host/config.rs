@@ -11,7 +11,8 @@ use perfbed_device::DeviceConfig;
 
 use super::Host;
 
-pub const MAX_CPUS: u8 = 64; // the guest kernel's CONFIG_NR_CPUS
+/// The guest kernel's CONFIG_NR_CPUS, perfbed-vmm's limit too.
+pub const MAX_CPUS: u8 = perfbed_device::cpus::GUEST_MAX_CPUS;
 /// Where the monitoring device's registers sit in guest physical memory: a
 /// hole below microvm's virtio-mmio (0xfeb00000) and IOAPIC windows.
 pub const DEVICE_BASE: u64 = 0xfe00_0000;
@@ -128,6 +129,14 @@ pub fn example() -> VmConfig {
 mod tests {
     use super::*;
     use std::fs;
+
+    #[test]
+    fn the_cpu_limit_is_the_guest_kernels_nr_cpus() {
+        let fragment = concat!(env!("CARGO_MANIFEST_DIR"), "/../images/kernel/config.fragment");
+        let text = fs::read_to_string(fragment).unwrap();
+        let nr: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("CONFIG_NR_CPUS=")).collect();
+        assert_eq!(nr, vec![MAX_CPUS.to_string()], "{fragment}");
+    }
 
     #[test]
     fn bad_vm_configs_are_refused_with_the_reason() {

@@ -10,6 +10,7 @@ pub mod cmdline;
 pub mod config;
 pub mod console;
 pub mod control_proxy;
+pub mod cpu_state;
 pub mod monitor;
 pub mod qemu;
 pub mod the_box;

@@ -15,7 +15,9 @@ use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -28,12 +30,16 @@ use crate::cmd;
 use super::cmdline::{base_cmdline, host_tsc_khz, kernel_hz, GuestClock};
 use super::config::{VmConfig, DEVICE_BASE};
 use super::console::{copy_serial, kernel_log_problems};
-use super::{monitor, qemu, the_box, vmm, Accel, Host};
+use super::{cpu_state, monitor, qemu, the_box, vmm, Accel, Host};
 
 /// The device trace's file in a run's folder.
 pub const TRACE_FILE: &str = "trace.txt";
 /// A failed VM's vCPU state (registers, local APICs), beside the serial log.
 pub const CPU_STATE_FILE: &str = "cpu-state.txt";
+/// The same, [`CPU_STATE_GAP`] later: what stayed the same is stuck.
+pub const CPU_STATE_AGAIN_FILE: &str = "cpu-state-again.txt";
+/// Between the two snapshots of a failed VM's vCPUs: many timer periods.
+const CPU_STATE_GAP: Duration = Duration::from_secs(1);
 /// QEMU's human monitor, in the run folder.
 const MONITOR_SOCKET: &str = "monitor.sock";
 
@@ -56,6 +62,8 @@ pub struct Vm {
     before_kill: Option<Box<dyn FnOnce()>>,
     /// The agent channel's socket (QEMU's end).
     agent_socket: PathBuf,
+    /// While set, the reader thread reads nothing (see `pause_reading`).
+    reading_paused: Arc<AtomicBool>,
 }
 
 /// What booting gave: the agent's greeting and how long it took.
@@ -150,7 +158,9 @@ impl Vm {
         let transcript = File::create(config.run_dir.join("agent.log"))?;
         let reader_transcript = transcript.try_clone()?;
         let verbose = config.verbose;
-        thread::spawn(move || read_agent(stream, reader_transcript, tx, verbose));
+        let reading_paused = Arc::new(AtomicBool::new(false));
+        let paused = reading_paused.clone();
+        thread::spawn(move || read_agent(stream, reader_transcript, tx, verbose, &paused));
         let mut vm = Vm {
             child,
             messages,
@@ -164,6 +174,7 @@ impl Vm {
             agent_socket: socket,
             before_kill: None,
             verbose,
+            reading_paused,
         };
         match vm.receive(config.boot_timeout, "the agent's greeting") {
             Ok(AgentMessage::Hello(hello)) => {
@@ -300,10 +311,27 @@ impl Vm {
             return String::new();
         }
         let whose = if self.box_log.is_some() { "the box's L1 vCPU" } else { "the guest's vCPUs" };
-        match monitor::record_cpu_state(socket, &self.serial_log.with_file_name(CPU_STATE_FILE)) {
-            Ok(path) => format!("\nstate of {whose} (registers, local APIC) saved: {}", path.display()),
-            Err(e) => format!("\nstate of {whose}: not recorded ({e:#})"),
+        let first = match monitor::record_cpu_state(socket, &self.serial_log.with_file_name(CPU_STATE_FILE)) {
+            Ok(path) => path,
+            Err(e) => return format!("\nstate of {whose}: not recorded ({e:#})"),
+        };
+        let mut story = format!("\nstate of {whose} (registers, local APIC) saved: {}", first.display());
+        thread::sleep(CPU_STATE_GAP);
+        let Ok(again) = monitor::record_cpu_state(socket, &self.serial_log.with_file_name(CPU_STATE_AGAIN_FILE)) else {
+            return story;
+        };
+        let read = |p: &Path| cpu_state::parse(&fs::read_to_string(p).unwrap_or_default());
+        let (first, again) = (read(&first), read(&again));
+        let stuck = cpu_state::stuck_interrupts(&first, &again, &format!("{CPU_STATE_GAP:?}"));
+        let gap = format!("{CPU_STATE_GAP:?} later");
+        let expired = cpu_state::expired_timer_pending(&[("first snapshot", &first), (&gap, &again)]);
+        for line in stuck.iter().chain(&expired) {
+            story += &format!("\n{whose}, {line}");
         }
+        if !(stuck.is_empty() && expired.is_empty()) && self.box_log.is_some() {
+            story += "\nso the box itself is stuck: L1 (QEMU TCG emulating SVM for L1's KVM, on L1's one vCPU) is not taking its own timer interrupt, whatever the guest inside was doing (docs/box-verification.md)";
+        }
+        story
     }
 
     /// The device's trace as it is now, saved beside the serial log (best
@@ -324,6 +352,20 @@ impl Vm {
 
     /// Writes raw bytes to the agent channel, bypassing the protocol (for
     /// tests of what a broken host side does to the agent).
+    /// Stops (or resumes) reading the agent channel, as a slow host would:
+    /// what the guest sends meanwhile waits in the sockets and the VMM, then
+    /// in the guest. Requests can still be sent (`send_raw`); their answers
+    /// come with `next_message` once reading resumes.
+    pub fn pause_reading(&self, paused: bool) {
+        self.reading_paused.store(paused, Ordering::SeqCst);
+    }
+
+    /// The agent's next message (the answer to a request sent with
+    /// `send_raw`).
+    pub fn next_message(&mut self, timeout: Duration, what: &str) -> Result<AgentMessage> {
+        self.receive(timeout, what)
+    }
+
     pub fn send_raw(&mut self, bytes: &[u8]) -> Result<()> {
         let _ = writeln!(self.transcript, "> (raw) {:?}", String::from_utf8_lossy(bytes));
         self.writer.write_all(bytes).context("writing to the agent channel")
@@ -395,10 +437,19 @@ pub fn connect(socket: &Path, child: &mut Child) -> Result<UnixStream> {
 /// Reads the agent's messages, never holding more than one line of at most
 /// [`MAX_MESSAGE_LINE`] bytes: a guest flooding the channel gets the run
 /// failed with that said, not the host's memory filled.
-fn read_agent(stream: UnixStream, mut transcript: File, tx: mpsc::Sender<Result<AgentMessage, String>>, verbose: bool) {
+fn read_agent(
+    stream: UnixStream,
+    mut transcript: File,
+    tx: mpsc::Sender<Result<AgentMessage, String>>,
+    verbose: bool,
+    paused: &AtomicBool,
+) {
     let mut reader = BufReader::new(stream);
     let mut line = Vec::new();
     loop {
+        while paused.load(Ordering::SeqCst) {
+            thread::sleep(Duration::from_millis(20));
+        }
         let parsed = match read_line_or_stop(&mut reader, &mut line, MAX_MESSAGE_LINE) {
             Err(_) | Ok(Line::End | Line::Unterminated) => break,
             Ok(Line::Blank) => continue,

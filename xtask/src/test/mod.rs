@@ -18,7 +18,7 @@ use crate::host;
 use crate::progress::human;
 use crate::run::scenario::Scenario;
 use crate::run::{scenario_for, RunArgs};
-use vm_tests::{agent_dies_mid_run, bench_quick, boot_and_hotplug, device_scope_pmu, gdb_session, guest_floods_console_and_channel, guest_panic_is_reported, hotplug_selftest_replay, hotplug_stress, module_lifecycle, qemu_killed_mid_run, unresponsive_guest_times_out};
+use vm_tests::{agent_dies_mid_run, bench_quick, boot_and_hotplug, device_scope_pmu, gdb_session, guest_floods_console_and_channel, guest_panic_is_reported, hotplug_selftest_replay, hotplug_stress, module_lifecycle, qemu_killed_mid_run, slow_agent_reader, unresponsive_guest_times_out};
 
 #[derive(Args)]
 pub struct TestArgs {
@@ -154,6 +154,13 @@ const VM_TESTS: &[VmTest] = &[
         variant: Variant::Normal,
         host: host::HostChoice::Vmm,
         run: guest_panic_is_reported,
+    },
+    VmTest {
+        name: "vmm_slow_agent_reader",
+        what: "on perfbed-vmm, the host stops reading the agent channel for 30 s while the agent answers 10 MiB and a shell hotplugs CPUs: the hotplug rate holds (no vCPU waits on the host), every byte arrives, the kernel log stays clean",
+        variant: Variant::Normal,
+        host: host::HostChoice::Vmm,
+        run: slow_agent_reader,
     },
 ];
 

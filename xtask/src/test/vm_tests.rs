@@ -38,6 +38,12 @@ pub fn device_scope_pmu(scenario: &Scenario, accel: &Accel) -> Result<()> {
     checks_on_a_guest(scenario, accel, |vm| scope::run(vm, scenario.request_timeout))
 }
 
+/// `checks::slow_reader` on a booted guest, then a clean power-off and a
+/// kernel log without any report (an RCU stall would be one).
+pub fn slow_agent_reader(scenario: &Scenario, accel: &Accel) -> Result<()> {
+    checks_on_a_guest(scenario, accel, |vm| checks::slow_reader::run(vm, scenario.vm.cpus, scenario.request_timeout))
+}
+
 /// Boots, runs `checks` on the guest, powers it off, and fails on any failed
 /// check or kernel log report.
 fn checks_on_a_guest(scenario: &Scenario, accel: &Accel, checks: impl FnOnce(&mut Vm) -> Result<Vec<checks::Check>>) -> Result<()> {

@@ -1,15 +1,43 @@
 //! The virtio-mmio transport, version 2 (virtio 1.x, "modern" only).
 //!
+//! What it enforces of the driver's side (virtio 1.x §2.1, §3.1, §4.2.2),
+//! each rule a unit test below:
+//! - the status only grows (bits are cleared by writing 0, the reset; a
+//!   write that clears a bit is refused), FAILED is taken at any time;
+//! - FEATURES_OK is kept only with ACKNOWLEDGE and DRIVER set and
+//!   `VIRTIO_F_VERSION_1` among the driver's features (no legacy
+//!   interface); the driver reads it back to see (§3.1.1 step 6); after it,
+//!   the driver's features no longer change;
+//! - DRIVER_OK is taken only once FEATURES_OK is set;
+//! - a queue's QueueNum and addresses change only while its QueueReady is
+//!   0; QueueNum must be a power of two no larger than QueueNumMax, and a
+//!   misaligned address is not taken either;
+//! - making a queue ready whose configuration was refused, or whose rings
+//!   are not in guest memory, leaves it not ready and sets
+//!   DEVICE_NEEDS_RESET (with a configuration interrupt once DRIVER_OK is
+//!   set, §2.1.2);
+//! - after the device used a queue, the driver is interrupted unless its
+//!   available ring's flags say `VRING_AVAIL_F_NO_INTERRUPT` (§2.7.10;
+//!   `EVENT_IDX` is not offered).
+//!
 //! Register accesses come from vCPU threads; the device's backend (the event
 //! loop) gets in through [`MmioTransport::poll`]. One mutex covers both, so
 //! queue state is only ever touched by one thread at a time.
+//!
+//! A vCPU never runs the device: a `QueueNotify` write signals that queue's
+//! notifier eventfd (the VMM registers the same eventfds with KVM as
+//! ioeventfds, so the usual notify does not even leave the kernel), and the
+//! event loop, watching them, calls [`MmioTransport::poll`]. So a register
+//! access only ever waits for the event loop's bounded, non-blocking device
+//! work, never for the host's I/O.
 
 use std::sync::{Mutex, MutexGuard};
 
 use virtio_queue::{Queue, QueueT};
-use vm_memory::GuestMemoryMmap;
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vmm_sys_util::eventfd::EventFd;
 
-use super::{Interrupt, VirtioDevice, VIRTIO_F_VERSION_1};
+use super::{Interrupt, Progress, VirtioDevice, VIRTIO_F_VERSION_1};
 use crate::devices::bus::BusDevice;
 
 const MAGIC: u32 = 0x7472_6976; // "virt"
@@ -41,9 +69,19 @@ const REG_QUEUE_DEVICE_HIGH: u64 = 0x0a4;
 const REG_CONFIG_GENERATION: u64 = 0x0fc;
 const CONFIG_SPACE: u64 = 0x100;
 
+/// The `QueueNotify` register's offset (for registering ioeventfds on it).
+pub const QUEUE_NOTIFY_OFFSET: u64 = REG_QUEUE_NOTIFY;
+
 /// Device status bits.
+const STATUS_ACKNOWLEDGE: u32 = 1;
+const STATUS_DRIVER: u32 = 2;
 const STATUS_DRIVER_OK: u32 = 4;
+const STATUS_FEATURES_OK: u32 = 8;
+const STATUS_NEEDS_RESET: u32 = 0x40;
 const STATUS_FAILED: u32 = 0x80;
+
+/// `VRING_AVAIL_F_NO_INTERRUPT`: the driver asks not to be interrupted.
+const AVAIL_F_NO_INTERRUPT: u16 = 1;
 
 struct State<D> {
     device: D,
@@ -55,6 +93,10 @@ struct State<D> {
     driver_features: u64,
     queue_sel: u32,
     status: u32,
+    /// One per queue: signalled on a notify, watched by the event loop.
+    notifiers: Vec<EventFd>,
+    /// Per queue: a configuration write was refused since the last reset.
+    refused: Vec<bool>,
 }
 
 impl<D: VirtioDevice> State<D> {
@@ -66,13 +108,98 @@ impl<D: VirtioDevice> State<D> {
         self.device.features() | VIRTIO_F_VERSION_1
     }
 
-    fn selected_queue(&mut self) -> Option<&mut Queue> {
-        self.queues.get_mut(self.queue_sel as usize)
+    /// Runs the device once (on the event loop) and interrupts the driver
+    /// for the queues it used; true if it has more to do.
+    fn process(&mut self) -> bool {
+        if !self.live() {
+            return false;
+        }
+        let Progress { used, more } = self.device.process(&mut self.queues, &self.memory);
+        // The used entries are written before the flags are read.
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        let wanted = self.queues.iter().enumerate().filter(|(i, _)| *i < 32 && used & (1 << i) != 0).any(|(_, q)| {
+            let flags = self.memory.read_obj::<u16>(GuestAddress(q.avail_ring())).map(u16::from_le);
+            // Unreadable flags: interrupt, the safe side.
+            flags.map_or(true, |f| f & AVAIL_F_NO_INTERRUPT == 0)
+        });
+        if wanted {
+            self.interrupt.signal_used();
+        }
+        more
     }
 
-    fn process(&mut self) {
-        if self.live() {
-            self.device.process(&mut self.queues, &self.memory, &self.interrupt);
+    /// The device cannot go on until the driver resets it (§2.1.2).
+    fn needs_reset(&mut self) {
+        self.status |= STATUS_NEEDS_RESET;
+        if self.status & STATUS_DRIVER_OK != 0 {
+            self.interrupt.signal_config();
+        }
+    }
+
+    /// A status write other than the reset: see the module's rules.
+    fn write_status(&mut self, value: u32) {
+        let kept = self.status & !STATUS_NEEDS_RESET;
+        if value & kept != kept {
+            return; // clears a bit: refused
+        }
+        let mut new = value & !self.status & !STATUS_NEEDS_RESET;
+        let driver = STATUS_ACKNOWLEDGE | STATUS_DRIVER;
+        if new & STATUS_FEATURES_OK != 0 && (value & driver != driver || self.driver_features & VIRTIO_F_VERSION_1 == 0)
+        {
+            new &= !STATUS_FEATURES_OK;
+        }
+        if new & STATUS_DRIVER_OK != 0 && (self.status | new) & STATUS_FEATURES_OK == 0 {
+            new &= !STATUS_DRIVER_OK;
+        }
+        self.status |= new;
+        if new & STATUS_DRIVER_OK != 0 {
+            // Input may have waited for the driver.
+            self.notify_all();
+        }
+    }
+
+    /// A write to the selected queue's configuration, taken only while the
+    /// queue is not ready; `set` says whether the value was valid.
+    fn configure_queue(&mut self, set: impl FnOnce(&mut Queue) -> bool) {
+        let index = self.queue_sel as usize;
+        let Some(q) = self.queues.get_mut(index) else { return };
+        if q.ready() {
+            return;
+        }
+        if !set(q) {
+            self.refused[index] = true;
+        }
+    }
+
+    fn set_queue_ready(&mut self, ready: bool) {
+        let index = self.queue_sel as usize;
+        let Some(q) = self.queues.get_mut(index) else { return };
+        if !ready {
+            q.set_ready(false);
+            return;
+        }
+        if q.ready() {
+            return;
+        }
+        q.set_ready(true);
+        if self.refused[index] || !q.is_valid(&self.memory) {
+            q.set_ready(false);
+            self.needs_reset();
+        }
+    }
+
+    /// Hands the device's work to the event loop (from a vCPU).
+    fn notify(&self, queue: u32) {
+        if let Some(evt) = self.notifiers.get(queue as usize) {
+            // Fails only when the counter would overflow: a wake-up is
+            // pending anyway.
+            let _ = evt.write(1);
+        }
+    }
+
+    fn notify_all(&self) {
+        for queue in 0..self.notifiers.len() {
+            self.notify(queue as u32);
         }
     }
 
@@ -80,6 +207,7 @@ impl<D: VirtioDevice> State<D> {
         for queue in &mut self.queues {
             queue.reset();
         }
+        self.refused.fill(false);
         self.device.reset();
         self.status = 0;
         self.driver_features = 0;
@@ -114,6 +242,8 @@ impl<D: VirtioDevice> State<D> {
         match offset {
             REG_DEVICE_FEATURES_SEL => self.device_features_sel = value,
             REG_DRIVER_FEATURES_SEL => self.driver_features_sel = value,
+            // Fixed once FEATURES_OK is set.
+            REG_DRIVER_FEATURES if self.status & STATUS_FEATURES_OK != 0 => {}
             REG_DRIVER_FEATURES => {
                 // Only features offered can be taken.
                 let offered = self.offered_features();
@@ -125,42 +255,42 @@ impl<D: VirtioDevice> State<D> {
                 self.driver_features &= offered;
             }
             REG_QUEUE_SEL => self.queue_sel = value,
-            REG_QUEUE_NUM => {
-                if let Some(q) = self.selected_queue() {
-                    q.set_size(value as u16);
-                }
-            }
-            REG_QUEUE_READY => {
-                if let Some(q) = self.selected_queue() {
-                    q.set_ready(value == 1);
-                }
-            }
-            REG_QUEUE_NOTIFY => self.process(),
+            REG_QUEUE_NUM => self.configure_queue(|q| u16::try_from(value).is_ok_and(|n| q.try_set_size(n).is_ok())),
+            REG_QUEUE_READY => self.set_queue_ready(value == 1),
+            REG_QUEUE_NOTIFY => self.notify(value),
             REG_INTERRUPT_ACK => self.interrupt.acknowledge(value),
             REG_STATUS => {
                 if value == 0 {
                     self.reset();
                 } else {
-                    self.status = value;
-                    self.process();
+                    self.write_status(value);
                 }
             }
-            REG_QUEUE_DESC_LOW => self.with_queue(|q| q.set_desc_table_address(Some(value), None)),
-            REG_QUEUE_DESC_HIGH => self.with_queue(|q| q.set_desc_table_address(None, Some(value))),
-            REG_QUEUE_DRIVER_LOW => self.with_queue(|q| q.set_avail_ring_address(Some(value), None)),
-            REG_QUEUE_DRIVER_HIGH => self.with_queue(|q| q.set_avail_ring_address(None, Some(value))),
-            REG_QUEUE_DEVICE_LOW => self.with_queue(|q| q.set_used_ring_address(Some(value), None)),
-            REG_QUEUE_DEVICE_HIGH => self.with_queue(|q| q.set_used_ring_address(None, Some(value))),
+            REG_QUEUE_DESC_LOW | REG_QUEUE_DESC_HIGH => self.configure_queue(|q| {
+                let address = with_half(q.desc_table(), offset == REG_QUEUE_DESC_HIGH, value);
+                q.try_set_desc_table_address(address).is_ok()
+            }),
+            REG_QUEUE_DRIVER_LOW | REG_QUEUE_DRIVER_HIGH => self.configure_queue(|q| {
+                let address = with_half(q.avail_ring(), offset == REG_QUEUE_DRIVER_HIGH, value);
+                q.try_set_avail_ring_address(address).is_ok()
+            }),
+            REG_QUEUE_DEVICE_LOW | REG_QUEUE_DEVICE_HIGH => self.configure_queue(|q| {
+                let address = with_half(q.used_ring(), offset == REG_QUEUE_DEVICE_HIGH, value);
+                q.try_set_used_ring_address(address).is_ok()
+            }),
             // Read-only registers and unknown offsets: ignored.
             _ => {}
         }
     }
+}
 
-    fn with_queue(&mut self, f: impl FnOnce(&mut Queue)) {
-        if let Some(q) = self.selected_queue() {
-            f(q);
-        }
-    }
+/// `address` with its high or low 32 bits replaced by `value`.
+fn with_half(address: u64, high: bool, value: u32) -> GuestAddress {
+    GuestAddress(if high {
+        (address & 0xffff_ffff) | (u64::from(value) << 32)
+    } else {
+        (address & !0xffff_ffff) | u64::from(value)
+    })
 }
 
 /// Why a transport could not be made.
@@ -168,6 +298,8 @@ impl<D: VirtioDevice> State<D> {
 pub enum TransportError {
     #[error("virtio queue of size {0}: {1:?}")]
     Queue(u16, virtio_queue::Error),
+    #[error("creating a queue notifier eventfd: {0}")]
+    Notifier(std::io::Error),
 }
 
 /// A virtio device on the MMIO bus.
@@ -182,6 +314,9 @@ impl<D: VirtioDevice> MmioTransport<D> {
             .iter()
             .map(|&size| Queue::new(size).map_err(|e| TransportError::Queue(size, e)))
             .collect::<Result<Vec<_>, _>>()?;
+        let notifiers = (0..queues.len())
+            .map(|_| EventFd::new(libc::EFD_NONBLOCK).map_err(TransportError::Notifier))
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(MmioTransport {
             state: Mutex::new(State {
                 device,
@@ -193,6 +328,8 @@ impl<D: VirtioDevice> MmioTransport<D> {
                 driver_features: 0,
                 queue_sel: 0,
                 status: 0,
+                refused: vec![false; notifiers.len()],
+                notifiers,
             }),
         })
     }
@@ -202,11 +339,27 @@ impl<D: VirtioDevice> MmioTransport<D> {
     }
 
     /// Runs `f` on the device (to hand it backend input), then lets it move
-    /// data if the driver has made it live.
-    pub fn poll(&self, f: impl FnOnce(&mut D)) {
+    /// data if the driver has made it live; returns `f`'s result and whether
+    /// the device has more to do (call again after other events). For the
+    /// event loop only.
+    pub fn poll<R>(&self, f: impl FnOnce(&mut D) -> R) -> (R, bool) {
         let mut state = self.lock();
-        f(&mut state.device);
-        state.process();
+        let result = f(&mut state.device);
+        let more = state.process();
+        (result, more)
+    }
+
+    /// Runs `f` on the device without letting it move data (to read its
+    /// state or hand it something the next [`MmioTransport::poll`] uses).
+    pub fn with_device<R>(&self, f: impl FnOnce(&mut D) -> R) -> R {
+        f(&mut self.lock().device)
+    }
+
+    /// Clones of the queues' notifier eventfds, in queue order: for the
+    /// event loop to watch and for KVM to signal (ioeventfds with the queue
+    /// index as datamatch on [`QUEUE_NOTIFY_OFFSET`]).
+    pub fn notifiers(&self) -> std::io::Result<Vec<EventFd>> {
+        self.lock().notifiers.iter().map(EventFd::try_clone).collect()
     }
 
     /// The features the driver accepted.
@@ -240,109 +393,4 @@ impl<D: VirtioDevice> BusDevice for MmioTransport<D> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::sync::atomic::{AtomicU32, Ordering};
-    use std::sync::Arc;
-    use vmm_sys_util::eventfd::EventFd;
-
-    struct Fake {
-        processed: Arc<AtomicU32>,
-        resets: Arc<AtomicU32>,
-    }
-
-    impl VirtioDevice for Fake {
-        fn device_type(&self) -> u32 {
-            3
-        }
-        fn features(&self) -> u64 {
-            1 << 1
-        }
-        fn queue_max_sizes(&self) -> &[u16] {
-            &[16, 16]
-        }
-        fn read_config(&self, offset: u64, data: &mut [u8]) {
-            data.fill(offset as u8 + 1);
-        }
-        fn process(&mut self, _: &mut [Queue], _: &GuestMemoryMmap, _: &Interrupt) {
-            self.processed.fetch_add(1, Ordering::SeqCst);
-        }
-        fn reset(&mut self) {
-            self.resets.fetch_add(1, Ordering::SeqCst);
-        }
-    }
-
-    fn transport() -> (MmioTransport<Fake>, Arc<AtomicU32>, Arc<AtomicU32>) {
-        let processed = Arc::new(AtomicU32::new(0));
-        let resets = Arc::new(AtomicU32::new(0));
-        let memory = crate::memory::create_guest_memory(64).unwrap();
-        let interrupt = Interrupt::new(EventFd::new(libc::EFD_NONBLOCK).unwrap());
-        let fake = Fake { processed: processed.clone(), resets: resets.clone() };
-        (MmioTransport::new(fake, memory, interrupt).unwrap(), processed, resets)
-    }
-
-    fn read(t: &MmioTransport<Fake>, offset: u64) -> u32 {
-        let mut data = [0u8; 4];
-        t.read(0, offset, &mut data);
-        u32::from_le_bytes(data)
-    }
-
-    fn write(t: &MmioTransport<Fake>, offset: u64, value: u32) {
-        t.write(0, offset, &value.to_le_bytes());
-    }
-
-    #[test]
-    fn identifies_itself() {
-        let (t, _, _) = transport();
-        assert_eq!(read(&t, REG_MAGIC), MAGIC);
-        assert_eq!(read(&t, REG_VERSION), 2);
-        assert_eq!(read(&t, REG_DEVICE_ID), 3);
-        assert_eq!(read(&t, REG_DEVICE_FEATURES), 1 << 1);
-        write(&t, REG_DEVICE_FEATURES_SEL, 1);
-        assert_eq!(read(&t, REG_DEVICE_FEATURES), 1, "VERSION_1 is bit 32");
-        write(&t, REG_QUEUE_SEL, 1);
-        assert_eq!(read(&t, REG_QUEUE_NUM_MAX), 16);
-        write(&t, REG_QUEUE_SEL, 2);
-        assert_eq!(read(&t, REG_QUEUE_NUM_MAX), 0, "no third queue");
-        let mut config = [0u8; 2];
-        t.read(0, CONFIG_SPACE + 4, &mut config);
-        assert_eq!(config, [5, 5]);
-    }
-
-    #[test]
-    fn only_offered_features_are_taken() {
-        let (t, _, _) = transport();
-        write(&t, REG_DRIVER_FEATURES_SEL, 0);
-        write(&t, REG_DRIVER_FEATURES, 0xffff_ffff);
-        write(&t, REG_DRIVER_FEATURES_SEL, 1);
-        write(&t, REG_DRIVER_FEATURES, 0xffff_ffff);
-        assert_eq!(t.driver_features(), (1 << 1) | VIRTIO_F_VERSION_1);
-    }
-
-    #[test]
-    fn the_device_runs_only_when_live_and_resets_on_zero() {
-        let (t, processed, resets) = transport();
-        write(&t, REG_QUEUE_NOTIFY, 0);
-        assert_eq!(processed.load(Ordering::SeqCst), 0);
-        write(&t, REG_STATUS, 1 | 2 | 8 | STATUS_DRIVER_OK);
-        write(&t, REG_QUEUE_NOTIFY, 0);
-        assert_eq!(processed.load(Ordering::SeqCst), 2);
-        write(&t, REG_STATUS, 0);
-        assert_eq!(resets.load(Ordering::SeqCst), 1);
-        assert_eq!(read(&t, REG_STATUS), 0);
-        t.poll(|_| {});
-        assert_eq!(processed.load(Ordering::SeqCst), 2);
-    }
-
-    #[test]
-    fn odd_accesses_are_ignored() {
-        let (t, _, _) = transport();
-        t.write(0, REG_STATUS, &[4]);
-        t.write(0, REG_STATUS + 1, &[4, 0, 0, 0]);
-        assert_eq!(read(&t, REG_STATUS), 0);
-        let mut byte = [0xaa];
-        t.read(0, REG_MAGIC, &mut byte);
-        assert_eq!(byte, [0]);
-        t.write(0, 0xdead_0000, &[1, 2, 3, 4]);
-    }
-}
+mod tests;

@@ -15,6 +15,9 @@ use vmm_sys_util::eventfd::EventFd;
 pub const VIRTIO_F_VERSION_1: u64 = 1 << 32;
 /// The interrupt status bit for "a queue was used".
 pub const INTERRUPT_USED_RING: u32 = 1;
+/// The interrupt status bit for "the configuration (here: the status's
+/// DEVICE_NEEDS_RESET) changed".
+pub const INTERRUPT_CONFIG: u32 = 2;
 
 /// A device's interrupt: the status the driver reads and acknowledges, and
 /// the irqfd that raises the line.
@@ -37,6 +40,12 @@ impl Interrupt {
         let _ = self.irqfd.write(1);
     }
 
+    /// Tells the driver the device's configuration or status changed.
+    pub fn signal_config(&self) {
+        self.status.fetch_or(INTERRUPT_CONFIG, Ordering::SeqCst);
+        let _ = self.irqfd.write(1);
+    }
+
     pub fn status(&self) -> u32 {
         self.status.load(Ordering::SeqCst)
     }
@@ -44,6 +53,17 @@ impl Interrupt {
     pub fn acknowledge(&self, bits: u32) {
         self.status.fetch_and(!bits, Ordering::SeqCst);
     }
+}
+
+/// What one [`VirtioDevice::process`] call did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Progress {
+    /// The queues (bit `i` for queue `i`) given new used entries: the
+    /// transport decides whether the driver wants an interrupt for them.
+    pub used: u32,
+    /// It stopped at its bound with more to do: call again after the other
+    /// events.
+    pub more: bool,
 }
 
 /// A virtio device behind a transport.
@@ -56,9 +76,13 @@ pub trait VirtioDevice: Send {
     fn queue_max_sizes(&self) -> &[u16];
     /// Reads the device-specific configuration space.
     fn read_config(&self, offset: u64, data: &mut [u8]);
-    /// Moves whatever can move: called when the driver notifies a queue and
-    /// when the device's backend has something. Only called on a live device.
-    fn process(&mut self, queues: &mut [Queue], memory: &GuestMemoryMmap, interrupt: &Interrupt);
+    /// Moves whatever can move: called on the event loop when the driver
+    /// notified a queue and when the device's backend has something. Only
+    /// called on a live device. The work done per call is bounded (it runs
+    /// under the lock the vCPUs' register accesses take) and never waits on
+    /// I/O. It says which queues it used and whether it stopped at that
+    /// bound; the transport sends the interrupts.
+    fn process(&mut self, queues: &mut [Queue], memory: &GuestMemoryMmap) -> Progress;
     /// The driver reset the device.
     fn reset(&mut self);
 }

@@ -1,0 +1,137 @@
+//! A host that stops reading the agent channel while the guest floods it and
+//! hotplugs CPUs: no vCPU may wait on the host.
+//!
+//! The guest's agent answers `FLOOD_REQUESTS` requests for a
+//! `FLOOD_FILE_BYTES` file while the host reads nothing for `STALL`: far
+//! more than every buffer between the agent and the harness holds, so the
+//! agent's writes wait in the guest. Meanwhile a shell in the guest takes
+//! every CPU but 0 offline and online again in a loop, stamping each cycle
+//! with the guest's uptime (one stamp per CPU cycled); CPU offline needs every online CPU to answer
+//! (`stop_machine`), so a vCPU held in the host stops the loop. Passed when
+//! the hotplug rate during the stall is at least half the rate before it,
+//! every answer arrives whole once the host reads again; the caller's clean
+//! kernel log check catches RCU stalls.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use perfbed_agent::{AgentMessage, HostRequest, JobResult, JobSpec};
+
+use super::Check;
+use crate::host::vm::Vm;
+use crate::progress::human;
+
+const FLOOD_FILE: &str = "/tmp/perfbed-flood";
+const FLOOD_FILE_BYTES: usize = 256 << 10;
+const FLOOD_REQUESTS: usize = 40;
+/// How long the host reads nothing.
+const STALL: Duration = Duration::from_secs(30);
+/// The hotplug rate's baseline, just before the stall.
+const BEFORE: Duration = Duration::from_secs(15);
+/// The least share of the baseline rate the stall may keep.
+const MIN_RATE_SHARE: f64 = 0.5;
+
+fn sh(script: &str) -> HostRequest {
+    HostRequest::Run { argv: vec!["/bin/busybox".into(), "sh".into(), "-c".into(), script.into()] }
+}
+
+fn uptime(vm: &mut Vm, timeout: Duration) -> Result<f64> {
+    match vm.request(&HostRequest::ReadFile { path: "/proc/uptime".into() }, timeout)? {
+        AgentMessage::Text { text } => {
+            text.split_whitespace().next().and_then(|t| t.parse().ok()).context("parsing /proc/uptime")
+        }
+        other => bail!("reading /proc/uptime: {other:?}"),
+    }
+}
+
+/// Cycles per second among `stamps` within `from..to` (guest uptime, s).
+fn rate(stamps: &[f64], from: f64, to: f64) -> f64 {
+    stamps.iter().filter(|t| (from..to).contains(*t)).count() as f64 / (to - from)
+}
+
+/// The check on a booted guest of `cpus` vCPUs (at least 2).
+pub fn run(vm: &mut Vm, cpus: u8, timeout: Duration) -> Result<Vec<Check>> {
+    let cpus: Vec<String> = (1..cpus).map(|c| c.to_string()).collect();
+    if cpus.is_empty() {
+        bail!("the slow-reader check needs at least 2 vCPUs");
+    }
+    let made = vm.request(
+        &sh(&format!(
+            "/bin/busybox mkdir -p /tmp && /bin/busybox yes perfbed-slow-reader | /bin/busybox head -c {FLOOD_FILE_BYTES} > {FLOOD_FILE}"
+        )),
+        timeout,
+    )?;
+    if !matches!(made, AgentMessage::Ran { status: Some(0), .. }) {
+        bail!("writing {FLOOD_FILE}: {made:?}");
+    }
+    let content = match vm.request(&HostRequest::ReadFile { path: FLOOD_FILE.into() }, timeout)? {
+        AgentMessage::Text { text } if text.len() == FLOOD_FILE_BYTES => text,
+        other => bail!("reading {FLOOD_FILE} back: {other:?}"),
+    };
+
+    let seconds = (BEFORE + STALL).as_secs() + 120;
+    let script = format!(
+        "end=$(( $(/bin/busybox date +%s) + {seconds} )); while [ $(/bin/busybox date +%s) -lt $end ]; do \
+         for c in {}; do echo 0 > /sys/devices/system/cpu/cpu$c/online; echo 1 > /sys/devices/system/cpu/cpu$c/online; \
+         read up idle < /proc/uptime; echo $up; done; done",
+        cpus.join(" ")
+    );
+    let argv = vec!["/bin/busybox".into(), "sh".into(), "-c".into(), script];
+    let spec = JobSpec::Process { argv, perf_fds: 0, settle_ms: 0 };
+    let job = match vm.request(&HostRequest::StartJob { spec }, timeout)? {
+        AgentMessage::JobStarted { job } => job,
+        other => bail!("starting the hotplug loop: {other:?}"),
+    };
+    std::thread::sleep(BEFORE);
+
+    let stall_start = uptime(vm, timeout)?;
+    vm.pause_reading(true);
+    let request = serde_json::to_string(&HostRequest::ReadFile { path: FLOOD_FILE.into() })? + "\n";
+    for _ in 0..FLOOD_REQUESTS {
+        vm.send_raw(request.as_bytes())?;
+    }
+    std::thread::sleep(STALL);
+    vm.pause_reading(false);
+    let resumed = Instant::now();
+    let mut arrived = Vec::new();
+    for i in 0..FLOOD_REQUESTS {
+        match vm.next_message(timeout, "an answer sent while the host did not read")? {
+            AgentMessage::Text { text } => arrived.push(text == content),
+            other => bail!("answer {} of {FLOOD_REQUESTS} after the stall: {other:?}", i + 1),
+        }
+    }
+    let drained = resumed.elapsed();
+    let stamps: Vec<f64> =
+        match vm.request(&HostRequest::StopJob { job, signal: libc::SIGTERM, timeout_ms: 5000 }, timeout)? {
+            AgentMessage::JobDone(JobResult::Process { stdout, .. }) => {
+                stdout.lines().filter_map(|l| l.trim().parse().ok()).collect()
+            }
+            other => bail!("stopping the hotplug loop: {other:?}"),
+        };
+    // The baseline leaves out its first 2 s (the loop starting up).
+    let before = rate(&stamps, stall_start - BEFORE.as_secs_f64() + 2.0, stall_start);
+    let during = rate(&stamps, stall_start, stall_start + STALL.as_secs_f64());
+
+    let whole = arrived.iter().filter(|w| **w).count();
+    let bytes = whole * FLOOD_FILE_BYTES;
+    let delivery = Check {
+        name: "slow reader: every byte",
+        passed: whole == FLOOD_REQUESTS,
+        detail: format!(
+            "{whole} of {FLOOD_REQUESTS} answers of {FLOOD_FILE_BYTES} bytes arrived whole ({bytes} bytes) in {} once the host read again after {}",
+            human(drained),
+            human(STALL)
+        ),
+    };
+    let stall = Check {
+        name: "slow reader: no vCPU stall",
+        passed: before > 0.0 && during >= MIN_RATE_SHARE * before,
+        detail: format!(
+            "CPU hotplug {during:.2} cycles/s while the host did not read, {before:.2} before ({:.0} %, at least {:.0} % wanted; {} stamps)",
+            if before > 0.0 { 100.0 * during / before } else { 0.0 },
+            MIN_RATE_SHARE * 100.0,
+            stamps.len()
+        ),
+    };
+    Ok(vec![delivery, stall])
+}

@@ -1,0 +1,228 @@
+//! What two snapshots of a hung VM's vCPUs (QEMU's monitor: `info
+//! registers -a`, `info lapic N`, see `monitor.rs`) say: whether a vCPU
+//! sat with interrupts enabled and a deliverable interrupt pending in its
+//! local APIC in both, which no running x86 CPU does for long; and whether
+//! its local APIC timer had expired with its interrupt still pending.
+//!
+//! In the box that is L1's one vCPU not taking its own timer interrupt. In
+//! the hang of 2026-12-02 the first snapshot caught L1's CPU running the
+//! nested guest (RIP in the guest kernel's `io_serial_out`, the guest's
+//! RFLAGS.IF clear) with L1's timer expired and vector 236 pending: under
+//! SVM with `V_INTR_MASKING` (which KVM sets) the nested guest's IF does not
+//! hold off the host's interrupts, they cause a #VMEXIT; QEMU's TCG did not
+//! take it, and L1 reported its CPU stuck for 109 s in that vCPU's thread.
+//! The harness names such a state, rather than leaving a bare timeout that
+//! reads like perfbed's hang.
+
+/// One vCPU as a snapshot shows it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct VcpuState {
+    pub cpu: usize,
+    pub rip: Option<u64>,
+    /// RFLAGS.IF.
+    pub interrupts_enabled: bool,
+    pub halted: bool,
+    /// Vectors pending in the local APIC's IRR.
+    pub irr: Vec<u8>,
+    /// Processor priority (PPR).
+    pub ppr: Option<u8>,
+    /// The local APIC timer's vector (LVTT), if unmasked.
+    pub timer_vector: Option<u8>,
+    /// The timer's current count (0: expired, for a one-shot).
+    pub timer_count: Option<u64>,
+}
+
+impl VcpuState {
+    /// The highest pending vector above the processor priority's class:
+    /// one the CPU takes as soon as interrupts are enabled.
+    pub fn deliverable(&self) -> Option<u8> {
+        let top = *self.irr.iter().max()?;
+        (top >> 4 > self.ppr.unwrap_or(0) >> 4).then_some(top)
+    }
+}
+
+/// The vCPUs of one snapshot's text.
+pub fn parse(text: &str) -> Vec<VcpuState> {
+    let mut cpus: Vec<VcpuState> = Vec::new();
+    let mut lapic_of: Option<usize> = None;
+    for line in text.lines() {
+        if let Some(n) = line.strip_prefix("CPU#").and_then(|n| n.trim().parse().ok()) {
+            cpus.push(VcpuState {
+                cpu: n,
+                ..VcpuState::default()
+            });
+            lapic_of = None;
+            continue;
+        }
+        if let Some(n) = line
+            .strip_prefix("### info lapic ")
+            .and_then(|n| n.trim().parse::<usize>().ok())
+        {
+            lapic_of = cpus.iter().position(|c| c.cpu == n);
+            continue;
+        }
+        match lapic_of {
+            None => {
+                let Some(cpu) = cpus.last_mut() else { continue };
+                if let Some(rip) = field(line, "RIP=") {
+                    cpu.rip = u64::from_str_radix(rip, 16).ok();
+                }
+                if let Some(flags) = field(line, "RFL=").and_then(|f| u64::from_str_radix(f, 16).ok()) {
+                    cpu.interrupts_enabled = flags & (1 << 9) != 0;
+                }
+                if let Some(hlt) = field(line, "HLT=") {
+                    cpu.halted = hlt == "1";
+                }
+            }
+            Some(i) => {
+                let cpu = &mut cpus[i];
+                if let Some(rest) = line.strip_prefix("IRR") {
+                    cpu.irr = rest.split_whitespace().filter_map(|v| v.parse().ok()).collect();
+                } else if line.split_whitespace().next() == Some("LVTT") && !line.contains("masked") {
+                    cpu.timer_vector = line
+                        .split("(vec ")
+                        .nth(1)
+                        .and_then(|v| v.trim_end_matches(')').parse().ok());
+                } else if let Some(count) = field(line, "current_count = ") {
+                    cpu.timer_count = count.parse().ok();
+                } else if let Some(ppr) = field(line, "PPR ") {
+                    cpu.ppr = u8::from_str_radix(ppr.trim_start_matches("0x"), 16).ok();
+                }
+            }
+        }
+    }
+    cpus
+}
+
+/// The word after `key` on `line`.
+fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+    let at = line.find(key)? + key.len();
+    line[at..].split_whitespace().next()
+}
+
+/// A sentence for each vCPU that had interrupts enabled, was not halted,
+/// and held the same deliverable interrupt pending in both snapshots.
+pub fn stuck_interrupts(first: &[VcpuState], second: &[VcpuState], gap: &str) -> Vec<String> {
+    first
+        .iter()
+        .filter_map(|a| {
+            let b = second.iter().find(|b| b.cpu == a.cpu)?;
+            let vector = a.deliverable().filter(|&v| Some(v) == b.deliverable())?;
+            if !(a.interrupts_enabled && b.interrupts_enabled) || a.halted || b.halted {
+                return None;
+            }
+            let what = if a.timer_vector == Some(vector) { "its local APIC timer's" } else { "a" };
+            let rip = |s: &VcpuState| s.rip.map_or("?".into(), |r| format!("{r:#x}"));
+            Some(format!(
+                "vCPU {}: interrupts enabled and {what} vector {vector} pending above its priority (PPR {:#04x}) in two snapshots {gap} apart (RIP {} then {}): it is not taking a deliverable interrupt",
+                a.cpu,
+                a.ppr.unwrap_or(0),
+                rip(a),
+                rip(b)
+            ))
+        })
+        .collect()
+}
+
+/// A sentence for each snapshot in which a vCPU's local APIC timer had
+/// expired (count 0) with its vector pending and deliverable: the interrupt
+/// has waited since the timer fired.
+pub fn expired_timer_pending(snapshots: &[(&str, &[VcpuState])]) -> Vec<String> {
+    let mut out = Vec::new();
+    for (when, cpus) in snapshots {
+        for c in cpus.iter() {
+            if c.timer_count == Some(0) && c.timer_vector.is_some() && c.deliverable() == c.timer_vector {
+                out.push(format!(
+                    "vCPU {} ({when}): its local APIC timer expired and its vector {} pending above its priority, not taken, with RFLAGS.IF {} at RIP {}",
+                    c.cpu,
+                    c.timer_vector.unwrap_or(0),
+                    if c.interrupts_enabled { "set" } else { "clear" },
+                    c.rip.map_or("?".into(), |r| format!("{r:#x}"))
+                ));
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The box hang of 2026-12-01 (cpu-state.txt, trimmed).
+    const HUNG: &str = "### info registers -a
+CPU#0
+RAX=ff147b21845b2100 RBX=ff147b2181dd8bd8 RCX=ff147b214104df80 RDX=000000000000000a
+RIP=ffffffff9bccbb9c RFL=00000246 [---Z-P-] CPL=0 II=0 A20=1 SMM=0 HLT=0
+### info lapic 0
+dumping local APIC state for CPU 0 
+
+LVT0\t 0x00010700 active-hi edge  masked                      ExtINT (vec 0)
+LVTTHMR\t 0x00000000 active-hi edge                              Fixed  (vec 0)
+LVTT\t 0x000000ec active-hi edge                 one-shot     Fixed  (vec 236)
+Timer\t DCR=0x3 (divide by 16) initial_count = 107006 current_count = 0
+ISR\t (none)
+IRR\t 236 
+
+APR 0x00 TPR 0x10 DFR 0x0f LDR 0x01 PPR 0x10
+";
+
+    #[test]
+    fn the_box_hangs_snapshot_reads_as_a_stuck_timer_interrupt() {
+        let cpus = parse(HUNG);
+        assert_eq!(
+            cpus,
+            [VcpuState {
+                cpu: 0,
+                rip: Some(0xffffffff9bccbb9c),
+                interrupts_enabled: true,
+                halted: false,
+                irr: vec![236],
+                ppr: Some(0x10),
+                timer_vector: Some(236),
+                timer_count: Some(0),
+            }]
+        );
+        let said = expired_timer_pending(&[("first", &cpus)]);
+        assert_eq!(said.len(), 1);
+        assert!(
+            said[0].contains("vector 236 pending above its priority, not taken, with RFLAGS.IF set"),
+            "{}",
+            said[0]
+        );
+        let counting = parse(&HUNG.replace("current_count = 0", "current_count = 1149"));
+        assert!(expired_timer_pending(&[("again", &counting)]).is_empty());
+        let said = stuck_interrupts(&cpus, &cpus, "1 s");
+        assert_eq!(said.len(), 1);
+        assert!(
+            said[0].starts_with("vCPU 0: interrupts enabled and its local APIC timer's vector 236 pending"),
+            "{}",
+            said[0]
+        );
+    }
+
+    #[test]
+    fn a_cpu_that_took_it_masks_it_or_halts_is_not_stuck() {
+        let hung = parse(HUNG);
+        let taken = parse(&HUNG.replace("IRR\t 236", "IRR\t (none)"));
+        let masked = parse(&HUNG.replace("RFL=00000246", "RFL=00000046"));
+        let halted = parse(&HUNG.replace("HLT=0", "HLT=1"));
+        let above = parse(&HUNG.replace("PPR 0x10", "PPR 0xf0"));
+        for other in [&taken, &masked, &halted, &above] {
+            assert!(stuck_interrupts(&hung, other, "1 s").is_empty(), "{other:?}");
+        }
+        assert!(stuck_interrupts(&hung, &[], "1 s").is_empty());
+    }
+
+    #[test]
+    fn the_nested_guest_running_with_the_hosts_timer_pending_is_named() {
+        // 2026-12-02: L1's CPU in the nested guest's io_serial_out, the
+        // guest's IF clear, L1's timer expired and pending.
+        let hung = HUNG.replace("RIP=ffffffff9bccbb9c RFL=00000246", "RIP=ffffffff81173e13 RFL=00000002");
+        let cpus = parse(&hung);
+        assert!(stuck_interrupts(&cpus, &cpus, "1 s").is_empty(), "IF clear: not the two-snapshot case");
+        let said = expired_timer_pending(&[("first snapshot", &cpus)]);
+        assert_eq!(said.len(), 1);
+        assert!(said[0].ends_with("with RFLAGS.IF clear at RIP 0xffffffff81173e13"), "{}", said[0]);
+    }
+}
