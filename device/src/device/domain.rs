@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use super::events::cumulative_index;
-use super::interrupt::DomainIrq;
+use super::interrupt::{DomainIrq, SlotIrq};
 use super::traffic::Traffic;
 use crate::cpus::CpuSet;
 use crate::regs::{self, Event};
@@ -34,12 +34,8 @@ pub(super) struct Slot {
     /// `assignments`); meaningless while free.
     pub(super) seq: u64,
     pub(super) assigned_ns: u64,
-    /// Wraps of the counter field seen by the interrupt logic
-    /// (`interrupt::DomainIrq::check_slots`).
-    pub(super) wraps_seen: u64,
-    /// The threshold interrupt was raised since the last correctly placed
-    /// read of the slot's counter.
-    pub(super) threshold_raised: bool,
+    /// The slot's part in the overflow interrupt.
+    pub(super) irq: SlotIrq,
 }
 
 #[derive(Debug, Clone)]

@@ -12,8 +12,17 @@
 
 use std::collections::BTreeMap;
 
-use super::domain::Slot;
 use crate::regs;
+
+/// A slot's part in the overflow interrupt.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct SlotIrq {
+    /// Wraps of the counter field seen so far.
+    pub(super) wraps_seen: u64,
+    /// The threshold was crossed since the slot's last correctly placed
+    /// read (cleared by that read, which re-arms it).
+    pub(super) threshold_raised: bool,
+}
 
 /// The interrupt state of one domain.
 #[derive(Debug, Clone, Default)]
@@ -44,24 +53,20 @@ impl DomainIrq {
             || (self.ctl & regs::IRQ_CTL_CONFIG != 0 && self.config_status != 0)
     }
 
-    /// Raises the status bit of every slot whose counter crossed its mark:
-    /// a wrap of its counter field (on-wrap mode), or `threshold` units
-    /// since its last correctly placed read (threshold mode, once per
+    /// Raises the status bit of every assigned slot whose counter crossed
+    /// its mark: a wrap of its counter field (on-wrap mode), or `threshold`
+    /// units since its last correctly placed read (threshold mode, once per
     /// read). Both marks are kept up to date in either mode, so switching
-    /// modes raises nothing for the past.
-    pub(super) fn check_slots(&mut self, slots: &mut [Slot], unit: u64, wrap: u64) {
+    /// modes raises nothing for the past. Each slot comes as (index, units
+    /// counted, units at its last correct read, its interrupt state).
+    pub(super) fn check_slots<'a>(&mut self, slots: impl Iterator<Item = (usize, u64, u64, &'a mut SlotIrq)>, wrap: u64) {
         let on_wrap = self.ctl & regs::IRQ_CTL_ON_WRAP != 0;
-        for (s, slot) in slots.iter_mut().enumerate() {
-            if slot.assigned.is_none() {
-                continue;
-            }
-            let units = slot.counted / unit.max(1);
+        for (s, units, units_at_read, slot) in slots {
             let wraps = units / wrap.max(1);
             let wrapped = wraps != slot.wraps_seen;
             slot.wraps_seen = wraps;
-            let crossed = self.threshold != 0
-                && !slot.threshold_raised
-                && units.wrapping_sub(slot.units_at_read) >= self.threshold;
+            let crossed =
+                self.threshold != 0 && !slot.threshold_raised && units.wrapping_sub(units_at_read) >= self.threshold;
             if crossed {
                 slot.threshold_raised = true;
             }

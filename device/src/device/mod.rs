@@ -124,7 +124,9 @@ impl Device {
         let wrap = self.mask().wrapping_add(1);
         for d in &mut self.domains {
             d.advance(dt, max_rate);
-            d.irq.check_slots(&mut d.slots, unit, wrap);
+            let slots = d.slots.iter_mut().enumerate().filter(|(_, s)| s.assigned.is_some());
+            let slots = slots.map(|(i, s)| (i, s.counted / unit.max(1), s.units_at_read, &mut s.irq));
+            d.irq.check_slots(slots, wrap);
         }
         self.settle_lines();
     }
@@ -258,7 +260,7 @@ impl Device {
         let overflowed = units.wrapping_sub(slot.units_at_read) >= wrap;
         slot.units_at_read = units;
         // The read re-arms the threshold interrupt.
-        slot.threshold_raised = false;
+        slot.irq.threshold_raised = false;
         let value = units & (wrap - 1);
         if overflowed {
             value | regs::COUNTER_OVERFLOW
