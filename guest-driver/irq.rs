@@ -5,7 +5,7 @@
 //! domain without one is polled only, as on a host without interrupts).
 //!
 //! **What the line is for.** The device raises a domain's line when a slot counted half a wrap
-//! since it was last read (threshold mode, `DOM_IRQ_THRESHOLD` = a quarter wrap), and when
+//! since it was last read (threshold mode, `DOM_IRQ_THRESHOLD` = an eighth of a wrap), and when
 //! the host changed the domain's allowed CPUs (acknowledged and logged; placing the PMU again
 //! needs a perf core entry point this series does not have yet). The handler folds every held slot on the owner,
 //! which re-arms the threshold: under any rate the counters are read before they can wrap twice,
@@ -175,13 +175,14 @@ pub(crate) fn follow(line: &Line, domain: &Domain, owner: Option<u32>) {
 
 /// How many poll periods a domain with a line waits between polls: the device's counters wrap
 /// after `POLLS_PER_WRAP` (5) periods at its maximum rate, so the poll alone still reads them
-/// within a wrap if the interrupt never comes.
-pub(crate) const POLL_FACTOR: u32 = 4;
+/// every 0.4 wrap if the interrupt never comes (a margin a loaded TCG host needs: at 0.8 wrap,
+/// `exact counts` lost wraps with the interrupt broken).
+pub(crate) const POLL_FACTOR: u32 = 2;
 
-/// Turns the domain's interrupts on once its line is requested: threshold at a quarter wrap,
-/// well before the slower poll.
+/// Turns the domain's interrupts on once its line is requested: threshold at an eighth of a
+/// wrap, before the slower poll comes at any rate above a third of the maximum.
 pub(crate) fn enable(domain: &Domain) {
-    let threshold = 1u64 << (domain.dev.width - 2);
+    let threshold = 1u64 << (domain.dev.width - 3);
     domain.dev.mmio.write(domain.reg(regs::DOM_IRQ_THRESHOLD), threshold);
     domain.irq.enabled.store(true, Ordering::Relaxed);
     domain.dev.mmio.write(domain.reg(regs::DOM_IRQ_CTL), CTL_PARKED);

@@ -32,8 +32,8 @@ use crate::checks::Check;
 use crate::guest::pmu_name;
 
 /// Fast enough that a 24-bit counter of 64-byte units (1 GiB) wraps about
-/// once a second and the driver's threshold (a quarter wrap) is crossed
-/// four times a second.
+/// once a second and the driver's threshold (an eighth of a wrap) is
+/// crossed before its poll (every 0.2 s) comes.
 const RATE: u64 = 1024 * MIB;
 /// The rate while parked: a park is unread time, and one longer than a wrap
 /// loses counts by design (`long_park`); this keeps it far below one.
