@@ -82,6 +82,7 @@ use kernel::str::CString;
 use kernel::sync::{new_raw_spinlock, Arc, RawSpinLock};
 
 mod hw;
+mod irq;
 // The device's register map, shared with the device model: not all of it is used here.
 #[allow(unreachable_pub)]
 mod regs;
@@ -124,6 +125,10 @@ const EVENT_FILES: [(EventId, &CStr, &CStr); 3] = [
     (EventId::MbmTotalBytes, c_str!("mbm_total_bytes"), c_str!("event=0x02")),
     (EventId::MbmLocalBytes, c_str!("mbm_local_bytes"), c_str!("event=0x03")),
 ];
+
+/// The PMU's counter files (`DomainPmu::counter`): wraps lost, and interrupts taken on the
+/// owner and elsewhere (`irq.rs`).
+const COUNTER_FILES: [&CStr; 3] = [c_str!("lost_wraps"), c_str!("irqs_on_owner"), c_str!("irqs_off_owner")];
 
 /// How often wrap polling runs at most, and its period when the device gives no maximum rate.
 const MAX_POLL_MS: u32 = 1000;
@@ -336,9 +341,14 @@ fn poll_period_ms(width: u64, unit: u64, max_rate: u64) -> u32 {
     (wrap_ms / POLLS_PER_WRAP).clamp(1, u64::from(MAX_POLL_MS)) as u32
 }
 
-/// Parses the `device=<size>@<base>` parameter (hex numbers, `0x` optional).
-fn parse_device_param(param: &CStr) -> Result<(u64, u64)> {
+/// Parses the `device=<size>@<base>[:<gsi>,...]` parameter (size and base in hex, `0x`
+/// optional; the GSIs in decimal, see [`irq::Gsis`]).
+fn parse_device_param(param: &CStr) -> Result<(u64, u64, irq::Gsis)> {
     let text = param.as_bytes().trim_ascii();
+    let (text, gsis) = match text.iter().position(|&c| c == b':') {
+        Some(colon) => (&text[..colon], irq::Gsis::parse(&text[colon + 1..])),
+        None => (text, Some(irq::Gsis::NONE)),
+    };
     if text.is_empty() {
         pr_err!("missing parameter device=<size>@<base> (e.g. device=0x3000@0xfe000000)\n");
         return Err(EINVAL);
@@ -347,19 +357,19 @@ fn parse_device_param(param: &CStr) -> Result<(u64, u64)> {
         .iter()
         .position(|&c| c == b'@')
         .and_then(|at| Some((parse_hex(&text[..at])?, parse_hex(&text[at + 1..])?)));
-    match parsed {
-        Some((size, base))
+    match (parsed, gsis) {
+        (Some((size, base)), Some(gsis))
             if size >= regs::DOMAIN_BASE
                 && size % 0x1000 == 0
                 && base % 0x1000 == 0
                 && base.checked_add(size).is_some() =>
         {
-            Ok((size, base))
+            Ok((size, base, gsis))
         }
         _ => {
             pr_err!(
-                "malformed parameter device={}: expected <size>@<base> in hex, page-aligned, \
-                 e.g. 0x3000@0xfe000000\n",
+                "malformed parameter device={}: expected <size>@<base>[:<gsi>,...], size and base \
+                 in hex, page-aligned, e.g. 0x3000@0xfe000000:13,14\n",
                 param
             );
             Err(EINVAL)
@@ -503,6 +513,8 @@ struct Domain {
     /// How many times a slot was found to have wrapped more than once unread (sysfs
     /// `lost_wraps`): each time, at least one wrap of counts was lost.
     lost_wraps: AtomicU64,
+    /// The interrupt line's state and statistics (`irq.rs`).
+    irq: irq::DomainIrq,
 }
 
 impl Domain {
@@ -525,6 +537,7 @@ impl Domain {
                 "perfbed_domain"
             ),
             lost_wraps: AtomicU64::new(0),
+            irq: irq::DomainIrq::new(),
         }? Error)
     }
 
@@ -881,6 +894,9 @@ impl Domain {
     fn poll_here(&self) {
         let mut hw = self.hw.lock();
         self.sync_held(&mut hw);
+        if Self::reads_here(&hw) {
+            self.ack_in_poll();
+        }
     }
 
     /// Makes `owner` the CPU that reads the domain (`None`: parked). The slots are read on the
@@ -942,6 +958,9 @@ impl PinnedDrop for Domain {
 struct DomainPmu {
     /// Polls the domain's held slots for wraps; stopped before the domain goes away.
     poller: hw::Poller<Domain>,
+    /// The domain's interrupt line, if the device announced one (`irq.rs`); freed before the
+    /// domain goes away.
+    line: Option<irq::Line>,
 }
 
 impl DomainPmu {
@@ -1099,9 +1118,14 @@ impl Pmu for DomainPmu {
         Self::config_of(event).map_or(true, Config::needs_slot)
     }
 
-    /// `lost_wraps`, the only counter file.
-    fn counter(&self, _index: usize) -> u64 {
-        self.domain().lost_wraps.load(Ordering::Relaxed)
+    /// The counter files, in the order of `COUNTER_FILES`.
+    fn counter(&self, index: usize) -> u64 {
+        let domain = self.domain();
+        match index {
+            0 => domain.lost_wraps.load(Ordering::Relaxed),
+            1 => domain.irq.on_owner.load(Ordering::Relaxed),
+            _ => domain.irq.off_owner.load(Ordering::Relaxed),
+        }
     }
 
     fn filter_allowed_cpus(&self, cpus: &mut CpuMask) -> Result {
@@ -1119,7 +1143,11 @@ impl Pmu for DomainPmu {
             // Called off the new owner: have it read the slots now, not a poll period later.
             self.poller.kick_now();
         }
-        // The poll reads the owner each time: it follows the domain without more ado.
+        // The poll reads the owner each time: it follows the domain without more ado. The
+        // interrupt's affinity does not: point it at the new owner (or away, on a park).
+        if let Some(line) = &self.line {
+            irq::follow(line, domain, owner);
+        }
         match owner {
             Some(cpu) => pr_debug!("perfbed_l3_{}: counting on CPU {}\n", domain.index, cpu),
             None => pr_debug!("perfbed_l3_{}: parked\n", domain.index),
@@ -1141,11 +1169,26 @@ unsafe fn register(
     module: &'static ThisModule,
     dev: &Arc<Device>,
     index: u32,
+    gsi: Option<u32>,
 ) -> Result<Pin<KBox<Registration<DomainPmu>>>> {
     let name = CString::try_from_fmt(kernel::fmt!("perfbed_l3_{}", index))?;
     let domain = Arc::pin_init(Domain::new(dev, index), GFP_KERNEL)?;
     let allowed = domain.allowed;
-    let poller = hw::Poller::new(domain, dev.poll_ms)?;
+    // Requested before the PMU is registered: registering places it, and `migrate_cpu` then
+    // points the line at its CPU. A line that cannot be had leaves the domain to the poll.
+    let line = gsi.and_then(|gsi| match irq::Line::request(gsi, domain.clone(), &name) {
+        Ok(line) => {
+            irq::enable(&domain);
+            Some(line)
+        }
+        Err(e) => {
+            pr_warn!("{}: cannot request interrupt {}: {:?}; polling only\n", &*name, gsi, e);
+            None
+        }
+    });
+    // With a line the poll is the fallback, and slower (`irq::POLL_FACTOR`).
+    let period = if line.is_some() { dev.poll_ms.saturating_mul(irq::POLL_FACTOR) } else { dev.poll_ms };
+    let poller = hw::Poller::new(domain, period)?;
 
     let mut events = KVec::with_capacity(EVENT_FILES.len(), GFP_KERNEL)?;
     for (id, file, value) in EVENT_FILES {
@@ -1161,10 +1204,10 @@ unsafe fn register(
         task_context: TaskContext::Invalid,
         events: &events,
         formats: &FORMATS,
-        counters: &[c_str!("lost_wraps")],
+        counters: &COUNTER_FILES,
     };
     // SAFETY: The caller guarantees what `Registration::new` requires.
-    let init = unsafe { Registration::new(module, &options, DomainPmu { poller }) };
+    let init = unsafe { Registration::new(module, &options, DomainPmu { poller, line }) };
     let pmu = KBox::pin_init(init, GFP_KERNEL).inspect_err(|e| {
         pr_err!(
             "{}: cannot register the PMU (allowed CPUs {:#x}): {:?}\n",
@@ -1176,6 +1219,9 @@ unsafe fn register(
 
     // The perf core placed the PMU during registration, telling the domain its owner through
     // `migrate_cpu`; nothing more to do here.
+    if let Some(line) = &pmu.data().line {
+        pr_info!("{}: interrupt {}\n", &*name, line.irq());
+    }
     match pmu.cpu() {
         Some(cpu) => pr_info!(
             "{}: type {}, allowed CPUs {:#x}, on CPU {}\n",
@@ -1203,7 +1249,7 @@ struct Perfbed {
 
 impl kernel::Module for Perfbed {
     fn init(module: &'static ThisModule) -> Result<Self> {
-        let (size, base) = parse_device_param(hw::device_param())?;
+        let (size, base, gsis) = parse_device_param(hw::device_param())?;
         let mmio = hw::Mmio::map(base, size).inspect_err(|_| {
             pr_err!("cannot map the registers at {:#x} ({:#x} bytes)\n", base, size)
         })?;
@@ -1238,7 +1284,7 @@ impl kernel::Module for Perfbed {
             // if a later registration (or the push) fails and `pmus` is dropped, no event of any
             // of them exists. Once `init` has returned, the registrations live in the module's
             // data until its exit, and every event holds a reference on the module.
-            pmus.push(unsafe { register(module, &dev, d) }?, GFP_KERNEL)?;
+            pmus.push(unsafe { register(module, &dev, d, gsis.of(d)) }?, GFP_KERNEL)?;
         }
         dev.ready.store(true, Ordering::Release);
         Ok(Perfbed {

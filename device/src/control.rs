@@ -76,6 +76,14 @@ pub enum Request {
         /// Bytes.
         bytes: u64,
     },
+    /// Change a domain's allowed CPUs while the guest runs: the device
+    /// raises its configuration-changed interrupt.
+    SetAllowed {
+        /// Domain.
+        domain: u32,
+        /// The new set as a kernel CPU list (`"0-1,3"`; `""` for none).
+        cpus: String,
+    },
     /// Wait until all injected traffic has landed.
     WaitLanded {
         /// Give up after this long (default 10 s).
@@ -273,6 +281,10 @@ pub fn apply(device: &mut Device, now_ns: u64, request: &Request) -> Reply {
             rmid,
             bytes,
         } => done(device.set_occupancy(domain, rmid, bytes)),
+        Request::SetAllowed { domain, ref cpus } => match crate::cpus::parse_cpu_list(cpus) {
+            Ok(list) => done(device.set_allowed(now_ns, domain, &list)),
+            Err(e) => Reply::Now(Response::error(format!("cpus {cpus:?}: {e}"))),
+        },
         Request::WaitLanded { timeout_ms } => match device.pending_bytes(now_ns) {
             0 => Reply::Now(Response {
                 pending_bytes: Some(0),
@@ -658,6 +670,11 @@ impl ControlClient {
             bytes,
         })
         .map(drop)
+    }
+
+    /// Changes domain `domain`'s allowed CPUs to `cpus` (may be empty).
+    pub fn set_allowed(&mut self, domain: u32, cpus: &[u32]) -> Result<(), ClientError> {
+        self.call(&Request::SetAllowed { domain, cpus: crate::cpus::format_cpu_list(cpus) }).map(drop)
     }
 
     /// Waits until all injected traffic has landed.

@@ -24,7 +24,7 @@ pub mod regs;
 pub use control::{ClientError, ControlClient, ControlServer, Request, Response, TraceAccesses, TraceLines};
 pub use device::{
     AssignmentRecord, Assignments, ASSIGNMENT_LOG_CAPACITY, dropped_line, event_name, format_record, parse_event, trace_file, AccessKind, BadAccessCounts, BadAccessKind,
-    ConfigError, Device, DeviceConfig, DeviceError, DeviceState, DomainState, OccupancyEntry, RateEntry, SlotState,
+    ConfigError, Device, DeviceConfig, DeviceError, DeviceState, DomainState, IrqState, OccupancyEntry, RateEntry, SlotState,
     TraceEntry, TraceEvent, TraceRecord, TraceRing, TraceSnapshot, TruthEntry, MAX_QUEUED, MAX_RATE_LIMIT,
     MAX_TRACE_CAPACITY, TRACE_CAPACITY, TRACE_MAGIC,
 };

@@ -20,7 +20,7 @@
 /// little-endian u64.
 pub const MAGIC_VALUE: u64 = u64::from_le_bytes(*b"PERFBED\0");
 /// Value of the `REG_VERSION` register.
-pub const VERSION_VALUE: u64 = 2;
+pub const VERSION_VALUE: u64 = 3;
 
 // ---------------------------------------------------------------------------
 // Global block (all read-only), at offset 0
@@ -86,6 +86,40 @@ pub const SLOT_CTL_OFF: u64 = 0x000;
 pub const SLOT_COUNT_OFF: u64 = 0x008;
 /// Offset of `OCCUPANCY[0]` (RO, one u64 per RMID).
 pub const DOM_OCCUPANCY: u64 = 0x800;
+
+/// Domain register (RW): the domain's interrupt line, see the `IRQ_CTL_*`
+/// bits; other bits are a bad value. Reset 0 (no interrupt).
+pub const DOM_IRQ_CTL: u64 = 0x400;
+/// Domain register (RW): the threshold of the overflow interrupt's
+/// threshold mode, in counter units: a slot raises its `DOM_IRQ_STATUS` bit
+/// once this many units landed in it since its last correctly placed
+/// counter read (or its assignment), once per such read. 0 (the reset
+/// value) never raises; a value above the counter mask is a bad value.
+pub const DOM_IRQ_THRESHOLD: u64 = 0x408;
+/// Domain register (RO, read-and-clear): bit `s` set = slot `s` raised an
+/// overflow since the register was last read. It is counter data: a read
+/// off the owner (or outside the allowed set) is a placement violation,
+/// returns exactly [`COUNTER_ERROR`] and clears nothing.
+pub const DOM_IRQ_STATUS: u64 = 0x410;
+/// Domain register (RO, read-and-clear): what changed in the domain's
+/// configuration since the register was last read (`CONFIG_STATUS_*`).
+/// Readable from any vCPU: a parked domain, or one whose owner just left
+/// the allowed set, must still learn of it.
+pub const DOM_CONFIG_STATUS: u64 = 0x418;
+
+/// `DOM_IRQ_CTL` bit 0: raise the line while `DOM_IRQ_STATUS` is not 0.
+pub const IRQ_CTL_OVERFLOW: u64 = 1 << 0;
+/// `DOM_IRQ_CTL` bit 1: overflow mode "on wrap": a slot raises its status
+/// bit each time its counter field wraps (clear: threshold mode, see
+/// [`DOM_IRQ_THRESHOLD`]).
+pub const IRQ_CTL_ON_WRAP: u64 = 1 << 1;
+/// `DOM_IRQ_CTL` bit 2: raise the line while `DOM_CONFIG_STATUS` is not 0.
+pub const IRQ_CTL_CONFIG: u64 = 1 << 2;
+/// The bits `DOM_IRQ_CTL` accepts.
+pub const IRQ_CTL_VALID: u64 = IRQ_CTL_OVERFLOW | IRQ_CTL_ON_WRAP | IRQ_CTL_CONFIG;
+
+/// `DOM_CONFIG_STATUS` bit 0: the host changed `DOM_ALLOWED_CPUS`.
+pub const CONFIG_STATUS_ALLOWED: u64 = 1 << 0;
 
 /// Reset value of `OWNER`: nobody reads this domain yet.
 pub const NO_OWNER: u64 = u64::MAX;

@@ -286,3 +286,28 @@ fn trace_lines_follow_from_a_record_number_and_the_old_trace_request_still_works
     assert_eq!(reply["trace_dropped"], 5);
     assert_eq!(reply["trace"][0]["kind"], "read");
 }
+
+#[test]
+fn set_allowed_changes_the_register_and_refuses_bad_lists() {
+    let device = SharedDevice::new(DeviceConfig::default()).unwrap();
+    let path = socket_path();
+    let _server = device.serve_control(&path).unwrap();
+    let mut client = ControlClient::connect(&path).unwrap();
+    client.set_allowed(1, &[3]).unwrap();
+    assert_eq!(device.mmio_read(0, regs::domain_reg(1, regs::DOM_ALLOWED_CPUS), 8), 0b1000);
+    assert_eq!(device.mmio_read(0, regs::domain_reg(1, regs::DOM_CONFIG_STATUS), 8), regs::CONFIG_STATUS_ALLOWED);
+    let state = client.state().unwrap();
+    assert_eq!((state.domains[1].allowed_cpu_list.as_str(), state.domains[1].irq.allowed_changes), ("3", 1));
+    let mut stream = UnixStream::connect(&path).unwrap();
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    for bad in [
+        r#"{"op":"set_allowed","domain":1,"cpus":"3-1"}"#,
+        r#"{"op":"set_allowed","domain":9,"cpus":"0"}"#,
+        r#"{"op":"set_allowed","domain":0,"cpus":"64"}"#,
+        r#"{"op":"set_allowed","domain":0}"#,
+    ] {
+        let reply = raw(&mut stream, &mut reader, bad);
+        assert_eq!(reply["ok"], false, "{bad}: {reply}");
+    }
+    assert_eq!(client.state().unwrap().domains[1].allowed_cpus, vec![3], "refused requests changed nothing");
+}

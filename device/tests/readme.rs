@@ -41,6 +41,10 @@ fn readme_offsets_match_regs() {
         ("SLOT_CTL[s]", DOM_SLOTS + SLOT_CTL_OFF),
         ("SLOT_COUNT[s]", DOM_SLOTS + SLOT_COUNT_OFF),
         ("OCCUPANCY[r]", DOM_OCCUPANCY),
+        ("DOM_IRQ_CTL", DOM_IRQ_CTL),
+        ("DOM_IRQ_THRESHOLD", DOM_IRQ_THRESHOLD),
+        ("DOM_IRQ_STATUS", DOM_IRQ_STATUS),
+        ("DOM_CONFIG_STATUS", DOM_CONFIG_STATUS),
     ];
     let rows = rows();
     for &(name, offset) in expected {

@@ -337,7 +337,33 @@ impl Model {
             let d = self.counter_domain(off)?;
             Some((vcpu, d, half, value))
         });
+        // The interrupt status is counter data too: placement-checked (a
+        // violation returns exactly COUNTER_ERROR), but not a counter read.
+        let status = read.and_then(|(vcpu, offset, size, value)| {
+            let (off, half) = Self::aligned(offset, size)?;
+            let d = (0..self.config.domains.len()).find(|&d| regs::domain_reg(d as u64, regs::DOM_IRQ_STATUS) == off)?;
+            Some((vcpu, d, half, value))
+        });
+        if let Some((vcpu, d, half, value)) = status {
+            let (b, a) = (&before.domains[d], &after.domains[d]);
+            let violation = !(b.allowed_cpus.contains(&vcpu) && b.owner == Some(vcpu));
+            let count = |m: &BTreeMap<u32, u64>| m.get(&vcpu).copied().unwrap_or(0);
+            assert_eq!(a.violations, b.violations + u64::from(violation), "{}: domain {d} status read violations", at());
+            assert_eq!(count(&a.violations_by_vcpu), count(&b.violations_by_vcpu) + u64::from(violation), "{}: status read", at());
+            assert_eq!(a.counter_reads_by_vcpu, b.counter_reads_by_vcpu, "{}: a status read is not a counter read", at());
+            if violation {
+                let want = match half {
+                    None => regs::COUNTER_ERROR,
+                    Some(false) => 0,
+                    Some(true) => regs::COUNTER_ERROR >> 32,
+                };
+                assert_eq!(value, want, "{}: domain {d} status read off the owner", at());
+            }
+        }
         for (d, (b, a)) in before.domains.iter().zip(&after.domains).enumerate() {
+            if status.is_some_and(|(_, sd, _, _)| sd == d) {
+                continue;
+            }
             let (vcpu, violation, value, half) = match counter {
                 Some((vcpu, cd, half, value)) if cd == d => {
                     let ok = b.allowed_cpus.contains(&vcpu) && b.owner == Some(vcpu);

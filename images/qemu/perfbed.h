@@ -7,12 +7,15 @@
 #ifndef PERFBED_H
 #define PERFBED_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 /* The vCPU index passed when an access comes from no vCPU (e.g. the monitor). */
 #define PERFBED_NO_VCPU UINT32_MAX
 /* The trace_capacity that means "the device's default" (4096 records). */
 #define PERFBED_TRACE_DEFAULT UINT32_MAX
+/* Most interrupt lines a device has (one per domain, at most 16 domains). */
+#define PERFBED_MAX_LINES 16
 
 struct perfbed_device;
 
@@ -36,7 +39,23 @@ uint64_t perfbed_device_read(struct perfbed_device *dev, uint32_t vcpu,
                              uint64_t offset, uint32_t size);
 void perfbed_device_write(struct perfbed_device *dev, uint32_t vcpu,
                           uint64_t offset, uint32_t size, uint64_t value);
-/* Stops the control socket and frees the device. */
+/* Number of domains (one interrupt line each). */
+uint32_t perfbed_device_domains(const struct perfbed_device *dev);
+/*
+ * Wires the interrupt lines: from now on `changed(opaque, domain, level)` is
+ * called whenever a domain's line may have changed level, from any thread
+ * (a vCPU's access, the control socket, the ticker that lets time pass while
+ * an overflow interrupt is enabled), never under the device's lock; apply
+ * perfbed_device_line_level() when acting on it. Once per device; false if
+ * already wired or the ticker cannot start.
+ */
+bool perfbed_device_connect_lines(struct perfbed_device *dev,
+                                  void (*changed)(void *opaque, uint32_t domain,
+                                                  bool level),
+                                  void *opaque);
+/* The level of domain `domain`'s line now (false for no such domain). */
+bool perfbed_device_line_level(struct perfbed_device *dev, uint32_t domain);
+/* Stops the ticker and the control socket and frees the device. */
 void perfbed_device_free(struct perfbed_device *dev);
 void perfbed_string_free(char *s);
 

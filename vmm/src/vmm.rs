@@ -11,6 +11,7 @@ use std::time::Instant;
 use event_manager::{EventManager, EventOps, EventSet, EventSubscriber, Events, SubscriberOps};
 use kvm_bindings::{kvm_pit_config, kvm_userspace_memory_region, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY};
 use kvm_ioctls::{Cap, IoEventAddress, Kvm, VmFd};
+use perfbed_device::host::Ticker;
 use perfbed_device::SharedDevice;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 use vmm_sys_util::eventfd::EventFd;
@@ -20,7 +21,7 @@ use crate::boot::cmdline::{self, CmdlineError, VirtioMmioSlot};
 use crate::boot::{self, BootEntry, LoadError};
 use crate::config::{ConfigurationError, VmmConfig};
 use crate::devices::bus::{Bus, BusError};
-use crate::devices::perfbed::PerfbedMmio;
+use crate::devices::perfbed::{PerfbedLines, PerfbedMmio};
 use crate::devices::serial::{ConsoleSink, SerialConsole, COM1_BASE, COM1_IRQ, COM1_LEN};
 use crate::devices::virtio::console::Console;
 use crate::devices::virtio::mmio::{MmioTransport, TransportError, QUEUE_NOTIFY_OFFSET};
@@ -34,6 +35,14 @@ use crate::vcpu::{regs, Vcpu, VcpuEnd, VcpuError};
 
 /// The virtio console's interrupt (the first after COM1's, as Firecracker's).
 pub const VIRTIO_CONSOLE_IRQ: u32 = 5;
+/// The monitoring device's interrupt lines, domain `d`'s on
+/// `PERFBED_GSIS[d]`: the GSIs the QEMU host gives it (xtask's
+/// `host::config::DEVICE_GSIS`), so the guest sees one machine on either
+/// host. Domains beyond have no line; the driver polls them.
+pub const PERFBED_GSIS: [u32; 3] = [13, 14, 15];
+/// How often the device's ticker lets time pass while an overflow
+/// interrupt is enabled.
+const PERFBED_TICK: std::time::Duration = std::time::Duration::from_millis(2);
 
 /// Why the VMM could not be built or stopped abnormally.
 #[derive(Debug, thiserror::Error)]
@@ -106,6 +115,8 @@ pub struct Vmm {
     console: Arc<MmioTransport<Console>>,
     device: SharedDevice,
     perfbed: Arc<PerfbedMmio>,
+    /// Lets time pass for the device's interrupts; stopped with the VM.
+    _perfbed_ticker: Ticker,
     stats: Arc<Stats>,
     // Kept for the VM's lifetime: dropping them would close the VM.
     _vm: VmFd,
@@ -193,6 +204,10 @@ impl Vmm {
         }
         let device = SharedDevice::new(config.device.clone())?;
         let perfbed = Arc::new(PerfbedMmio::new(device.clone()));
+        let gsis = &PERFBED_GSIS[..config.device.domains.len().min(PERFBED_GSIS.len())];
+        let lines = gsis.iter().map(|&gsi| irqfd(gsi)).collect::<Result<Vec<_>, _>>()?;
+        device.connect_lines(Arc::new(PerfbedLines::new(lines)));
+        let perfbed_ticker = device.start_ticker(PERFBED_TICK).map_err(io_error("starting the device's ticker"))?;
 
         let mut io_bus = Bus::new("port");
         io_bus.insert("COM1", COM1_BASE, COM1_LEN, serial.clone())?;
@@ -201,7 +216,7 @@ impl Vmm {
         mmio_bus.insert("virtio console", VIRTIO_MMIO_BASE, VIRTIO_MMIO_SIZE, console.clone())?;
 
         let slot = VirtioMmioSlot { base: VIRTIO_MMIO_BASE, size: VIRTIO_MMIO_SIZE, irq: VIRTIO_CONSOLE_IRQ };
-        let cmdline = cmdline::build(&config.kernel.cmdline, Some((device.size(), PERFBED_DEVICE_BASE)), &[slot])?;
+        let cmdline = cmdline::build(&config.kernel.cmdline, Some((device.size(), PERFBED_DEVICE_BASE, gsis)), &[slot])?;
         let entry = boot::load(
             &memory,
             machine.memory_mib,
@@ -229,6 +244,7 @@ impl Vmm {
             console,
             device,
             perfbed,
+            _perfbed_ticker: perfbed_ticker,
             stats: Arc::new(Stats::new(start)),
             _vm: vm,
             _kvm: kvm,

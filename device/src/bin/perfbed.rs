@@ -106,6 +106,16 @@ enum CtlCommand {
         #[arg(long, value_name = "N")]
         bytes: u64,
     },
+    /// Change a domain's allowed CPUs while the guest runs (the device
+    /// raises its configuration-changed interrupt).
+    Allowed {
+        /// Domain.
+        #[arg(long, value_name = "D")]
+        domain: u32,
+        /// The new allowed CPUs, a kernel CPU list ("0-1,3"; "" for none).
+        #[arg(long, value_name = "LIST")]
+        cpus: String,
+    },
     /// Wait until all injected traffic has landed.
     Wait {
         /// Give up after this many milliseconds.
@@ -159,6 +169,7 @@ impl CtlCommand {
                 event,
                 bytes_per_sec,
             },
+            CtlCommand::Allowed { domain, ref cpus } => Request::SetAllowed { domain, cpus: cpus.clone() },
             CtlCommand::Occupancy { ref target, bytes } => Request::SetOccupancy {
                 domain: target.domain,
                 rmid: target.rmid,

@@ -13,6 +13,10 @@ pub(super) enum Reg {
     SlotCtl(usize, usize),
     SlotCount(usize, usize),
     Occupancy(usize, usize),
+    IrqCtl(usize),
+    IrqThreshold(usize),
+    IrqStatus(usize),
+    ConfigStatus(usize),
 }
 
 /// Which part of a register an access covers.
@@ -62,6 +66,10 @@ pub(super) fn lookup(off: u64, domains: usize, slots: u32, rmids: u32) -> Option
     match r {
         regs::DOM_ALLOWED_CPUS => Some(Reg::AllowedCpus(d)),
         regs::DOM_OWNER => Some(Reg::Owner(d)),
+        regs::DOM_IRQ_CTL => Some(Reg::IrqCtl(d)),
+        regs::DOM_IRQ_THRESHOLD => Some(Reg::IrqThreshold(d)),
+        regs::DOM_IRQ_STATUS => Some(Reg::IrqStatus(d)),
+        regs::DOM_CONFIG_STATUS => Some(Reg::ConfigStatus(d)),
         _ if (regs::DOM_SLOTS..slots_end).contains(&r) => {
             let s = ((r - regs::DOM_SLOTS) / regs::SLOT_STRIDE) as usize;
             match (r - regs::DOM_SLOTS) % regs::SLOT_STRIDE {
@@ -80,7 +88,15 @@ impl Reg {
     pub(super) fn domain(self) -> Option<usize> {
         match self {
             Reg::Global(_) => None,
-            Reg::AllowedCpus(d) | Reg::Owner(d) | Reg::SlotCtl(d, _) | Reg::SlotCount(d, _) | Reg::Occupancy(d, _) => Some(d),
+            Reg::AllowedCpus(d)
+            | Reg::Owner(d)
+            | Reg::SlotCtl(d, _)
+            | Reg::SlotCount(d, _)
+            | Reg::Occupancy(d, _)
+            | Reg::IrqCtl(d)
+            | Reg::IrqThreshold(d)
+            | Reg::IrqStatus(d)
+            | Reg::ConfigStatus(d) => Some(d),
         }
     }
 
@@ -94,6 +110,10 @@ impl Reg {
             Reg::SlotCtl(_, s) => format!("SLOT_CTL[{s}]"),
             Reg::SlotCount(_, s) => format!("SLOT_COUNT[{s}]"),
             Reg::Occupancy(_, r) => format!("OCCUPANCY[{r}]"),
+            Reg::IrqCtl(_) => "DOM_IRQ_CTL".into(),
+            Reg::IrqThreshold(_) => "DOM_IRQ_THRESHOLD".into(),
+            Reg::IrqStatus(_) => "DOM_IRQ_STATUS".into(),
+            Reg::ConfigStatus(_) => "DOM_CONFIG_STATUS".into(),
         }
     }
 }

@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 
 use super::events::cumulative_index;
+use super::interrupt::{DomainIrq, SlotIrq};
 use super::traffic::Traffic;
 use crate::cpus::CpuSet;
 use crate::regs::{self, Event};
@@ -33,6 +34,8 @@ pub(super) struct Slot {
     /// `assignments`); meaningless while free.
     pub(super) seq: u64,
     pub(super) assigned_ns: u64,
+    /// The slot's part in the overflow interrupt.
+    pub(super) irq: SlotIrq,
 }
 
 #[derive(Debug, Clone)]
@@ -48,6 +51,8 @@ pub(super) struct Domain {
     pub(super) violations: u64,
     pub(super) violations_by_vcpu: BTreeMap<u32, u64>,
     pub(super) reads_by_vcpu: BTreeMap<u32, u64>,
+    /// The interrupt line and its status registers.
+    pub(super) irq: DomainIrq,
 }
 
 impl Domain {
@@ -62,6 +67,7 @@ impl Domain {
             violations: 0,
             violations_by_vcpu: BTreeMap::new(),
             reads_by_vcpu: BTreeMap::new(),
+            irq: DomainIrq::default(),
         }
     }
 
@@ -76,13 +82,20 @@ impl Domain {
     pub(super) fn placement_check(&mut self, vcpu: u32) -> bool {
         let reads = self.reads_by_vcpu.entry(vcpu).or_insert(0);
         *reads = reads.wrapping_add(1);
+        !self.placement_ok(vcpu)
+    }
+
+    /// Checks a read of counter data that is not a counter (the interrupt
+    /// status) by `vcpu`: counts a violation if it broke the placement rule
+    /// and returns whether it did.
+    pub(super) fn placement_ok(&mut self, vcpu: u32) -> bool {
         let ok = self.allowed.contains(vcpu) && self.owner == u64::from(vcpu);
         if !ok {
             self.violations = self.violations.wrapping_add(1);
             let v = self.violations_by_vcpu.entry(vcpu).or_insert(0);
             *v = v.wrapping_add(1);
         }
-        !ok
+        ok
     }
 }
 

@@ -42,4 +42,12 @@ pub enum DeviceError {
         /// The queue's capacity.
         max: usize,
     },
+    /// A CPU set names a vCPU the device cannot describe.
+    #[error("vCPU {cpu} is out of range (vCPUs are below {max})")]
+    NoSuchCpu {
+        /// The vCPU.
+        cpu: u32,
+        /// The limit.
+        max: u32,
+    },
 }

@@ -10,6 +10,8 @@
 //! - [`domain`]: one domain's placement rule, slots, truth and statistics;
 //! - [`traffic`]: injections and steady rates landing over time;
 //! - [`decode`]: offsets and sizes to registers;
+//! - [`interrupt`]: a domain's interrupt line, its overflow and
+//!   configuration status;
 //! - [`trace`]: the trace ring (accesses, owner changes, host actions) and
 //!   bad-access counts; [`print`]: the trace as text lines;
 //! - [`state`]: the snapshot the control socket reports;
@@ -22,6 +24,7 @@ mod decode;
 mod domain;
 mod errors;
 mod events;
+mod interrupt;
 mod print;
 mod state;
 mod trace;
@@ -39,7 +42,7 @@ use domain::{Assignment, Domain, Slot};
 pub use errors::DeviceError;
 use events::CUMULATIVE;
 pub use events::{event_name, parse_event};
-pub use state::{DeviceState, DomainState, OccupancyEntry, RateEntry, SlotState, TruthEntry};
+pub use state::{DeviceState, DomainState, IrqState, OccupancyEntry, RateEntry, SlotState, TruthEntry};
 pub use print::{dropped_line, format_record, trace_file, TraceSnapshot, TRACE_MAGIC};
 pub use trace::{
     AccessKind, BadAccessCounts, BadAccessKind, TraceEntry, TraceEvent, TraceRecord, TraceRing, MAX_TRACE_CAPACITY,
@@ -53,6 +56,8 @@ enum WriteEffect {
     /// A `SLOT_CTL` was written (assigned, reassigned or released); `old`
     /// is the slot as it was.
     SlotCtl { domain: usize, slot: usize, old: Slot },
+    /// An interrupt register was written (the line settles after it).
+    Irq,
 }
 
 /// The virtual monitoring device.
@@ -65,6 +70,9 @@ pub struct Device {
     bad: BadAccessCounts,
     trace: TraceRing,
     assignments: AssignmentLog,
+    /// Bit `d`: domain `d`'s line changed level since the host last asked
+    /// ([`Device::take_line_changes`]).
+    line_changes: u64,
 }
 
 impl Device {
@@ -85,6 +93,7 @@ impl Device {
             domains,
             bad: BadAccessCounts::default(),
             assignments: AssignmentLog::default(),
+            line_changes: 0,
         })
     }
 
@@ -111,9 +120,81 @@ impl Device {
         let dt = now_ns - self.now_ns;
         self.now_ns = now_ns;
         let max_rate = self.config.max_rate;
+        let unit = self.config.unit_bytes;
+        let wrap = self.mask().wrapping_add(1);
         for d in &mut self.domains {
             d.advance(dt, max_rate);
+            let slots = d.slots.iter_mut().enumerate().filter(|(_, s)| s.assigned.is_some());
+            let slots = slots.map(|(i, s)| (i, s.counted / unit.max(1), s.units_at_read, &mut s.irq));
+            d.irq.check_slots(slots, wrap);
         }
+        self.settle_lines();
+    }
+
+    /// Lets time pass to `now_ns` (landing traffic, raising interrupts):
+    /// what a host's ticker calls while an interrupt is enabled, since
+    /// traffic lands with no guest access to notice it.
+    pub fn tick(&mut self, now_ns: u64) {
+        self.advance(now_ns);
+    }
+
+    /// Brings every line to the level its registers give, recording each
+    /// change (and counting rising edges).
+    fn settle_lines(&mut self) {
+        let mut changes = Vec::new();
+        for (i, d) in self.domains.iter_mut().enumerate() {
+            let level = d.irq.level();
+            if level != d.irq.line {
+                d.irq.line = level;
+                if level {
+                    d.irq.raised = d.irq.raised.wrapping_add(1);
+                }
+                self.line_changes |= 1 << i;
+                changes.push(TraceEvent::Line {
+                    domain: i as u32,
+                    level,
+                    status: d.irq.status,
+                    config_status: d.irq.config_status,
+                });
+            }
+        }
+        for event in changes {
+            self.record(event);
+        }
+    }
+
+    /// The domains whose line changed level since the last call, as a
+    /// bitmask (bit `d` for domain `d`), cleared by the call.
+    pub fn take_line_changes(&mut self) -> u64 {
+        std::mem::take(&mut self.line_changes)
+    }
+
+    /// The level of domain `domain`'s line (false for no such domain).
+    pub fn line_level(&self, domain: u32) -> bool {
+        self.domains.get(domain as usize).is_some_and(|d| d.irq.line)
+    }
+
+    /// Whether any domain has an interrupt enabled, so that time passing
+    /// can change a line (a host's ticker sleeps otherwise).
+    pub fn interrupts_enabled(&self) -> bool {
+        self.domains.iter().any(|d| d.irq.ctl & regs::IRQ_CTL_OVERFLOW != 0)
+    }
+
+    /// The host changes domain `domain`'s allowed CPUs to `cpus` (which may
+    /// be empty): `DOM_ALLOWED_CPUS` reads the new set at once, the owner
+    /// is left as it is (placing the domain again is the driver's job) and
+    /// `DOM_CONFIG_STATUS` raises `CONFIG_STATUS_ALLOWED`.
+    pub fn set_allowed(&mut self, now_ns: u64, domain: u32, cpus: &[u32]) -> Result<(), DeviceError> {
+        let domains = self.domains.len();
+        let set = CpuSet::from_cpus(cpus).map_err(|cpu| DeviceError::NoSuchCpu { cpu, max: regs::MAX_CPUS as u32 })?;
+        self.advance(now_ns);
+        let dom = self.domains.get_mut(domain as usize).ok_or(DeviceError::NoSuchDomain { domain, domains })?;
+        let from = std::mem::replace(&mut dom.allowed, set);
+        dom.irq.config_status |= regs::CONFIG_STATUS_ALLOWED;
+        dom.irq.allowed_changes = dom.irq.allowed_changes.wrapping_add(1);
+        self.record(TraceEvent::Allowed { domain, from: from.0, to: set.0 });
+        self.settle_lines();
+        Ok(())
     }
 
     /// Records `event` at the current time.
@@ -178,6 +259,8 @@ impl Device {
         let units = slot.counted / unit;
         let overflowed = units.wrapping_sub(slot.units_at_read) >= wrap;
         slot.units_at_read = units;
+        // The read re-arms the threshold interrupt.
+        slot.irq.threshold_raised = false;
         let value = units & (wrap - 1);
         if overflowed {
             value | regs::COUNTER_OVERFLOW
@@ -221,6 +304,20 @@ impl Device {
                         self.read_slot_count(d, s)
                     }
                 }
+                Reg::IrqCtl(d) => self.domains.get(d).map_or(0, |x| x.irq.ctl),
+                Reg::IrqThreshold(d) => self.domains.get(d).map_or(0, |x| x.irq.threshold),
+                Reg::IrqStatus(d) => match self.domains.get_mut(d) {
+                    Some(dom) => {
+                        if dom.placement_ok(vcpu) {
+                            dom.irq.read_status(vcpu)
+                        } else {
+                            violation = true;
+                            regs::COUNTER_ERROR
+                        }
+                    }
+                    None => 0,
+                },
+                Reg::ConfigStatus(d) => self.domains.get_mut(d).map_or(0, |x| std::mem::take(&mut x.irq.config_status)),
                 Reg::Occupancy(d, r) => {
                     violation = self.placement_check(d, vcpu);
                     if violation {
@@ -243,6 +340,7 @@ impl Device {
             Err(kind) => (0, Some(kind)),
         };
         self.record(TraceEvent::Access { vcpu, offset, size, kind: AccessKind::Read, value, bad, violation });
+        self.settle_lines();
         value
     }
 
@@ -260,6 +358,7 @@ impl Device {
             Ok(WriteEffect::SlotCtl { domain, slot, old }) => self.slot_changed(domain, slot, old),
             _ => {}
         }
+        self.settle_lines();
     }
 
     /// After a `SLOT_CTL` write: ends the slot's previous assignment, if it
@@ -320,6 +419,7 @@ impl Device {
         let (d, slot) = match reg {
             Reg::Owner(d) => (d, None),
             Reg::SlotCtl(d, s) => (d, Some(s)),
+            Reg::IrqCtl(_) | Reg::IrqThreshold(_) => return self.write_irq_reg(reg, part, value),
             _ => return Err(BadAccessKind::ReadOnly),
         };
         let value = match part {
@@ -367,6 +467,26 @@ impl Device {
                 let old = std::mem::replace(slot, new);
                 Ok(WriteEffect::SlotCtl { domain: d, slot: s, old })
             }
+        }
+    }
+
+    /// A write of `DOM_IRQ_CTL` or `DOM_IRQ_THRESHOLD`.
+    fn write_irq_reg(&mut self, reg: Reg, part: Part, value: u64) -> Result<WriteEffect, BadAccessKind> {
+        let value = match part {
+            Part::Full => value,
+            Part::Low => value & 0xffff_ffff,
+            Part::High => return Err(BadAccessKind::HighHalfWrite),
+        };
+        let mask = self.mask();
+        let ok = match reg {
+            Reg::IrqCtl(d) => self.domains.get_mut(d).is_some_and(|x| x.irq.write_ctl(value)),
+            Reg::IrqThreshold(d) => self.domains.get_mut(d).is_some_and(|x| x.irq.write_threshold(value, mask)),
+            _ => false,
+        };
+        if ok {
+            Ok(WriteEffect::Irq)
+        } else {
+            Err(BadAccessKind::BadValue)
         }
     }
 
@@ -475,6 +595,8 @@ impl Device {
             d.violations = 0;
             d.violations_by_vcpu.clear();
             d.reads_by_vcpu.clear();
+            d.irq.raised = 0;
+            d.irq.acks_by_vcpu.clear();
         }
         self.bad = BadAccessCounts::default();
         self.trace.clear();
@@ -575,6 +697,16 @@ impl Device {
                     violations: d.violations,
                     violations_by_vcpu: d.violations_by_vcpu.clone(),
                     counter_reads_by_vcpu: d.reads_by_vcpu.clone(),
+                    irq: IrqState {
+                        ctl: d.irq.ctl,
+                        threshold: d.irq.threshold,
+                        status: d.irq.status,
+                        config_status: d.irq.config_status,
+                        line: d.irq.line,
+                        raised: d.irq.raised,
+                        acks_by_vcpu: d.irq.acks_by_vcpu.clone(),
+                        allowed_changes: d.irq.allowed_changes,
+                    },
                 }
             })
             .collect::<Vec<_>>();

@@ -17,7 +17,7 @@ use super::config::DeviceConfig;
 use super::decode;
 use super::events::event_name;
 use super::trace::{AccessKind, TraceEntry, TraceEvent, TraceRecord};
-use crate::cpus::format_cpu_list;
+use crate::cpus::{format_cpu_list, CpuSet};
 use crate::regs;
 
 /// The first word of a trace file's header line.
@@ -103,6 +103,15 @@ pub fn dropped_line(next: Option<&str>, count: u64) -> String {
     format!("{time:>12} - dropped count={count}\n")
 }
 
+/// A CPU set as a kernel CPU list, `none` when empty.
+fn cpu_list_or_none(set: CpuSet) -> String {
+    if set.is_empty() {
+        "none".into()
+    } else {
+        format_cpu_list(&set.cpus())
+    }
+}
+
 fn owner_text(owner: u64) -> String {
     if owner == regs::NO_OWNER {
         "none".into()
@@ -143,6 +152,17 @@ pub fn format_record(config: &DeviceConfig, seq: u64, record: &TraceRecord) -> S
         }
         TraceEvent::Occupancy { domain, rmid, bytes } => write!(line, "occupancy dom={domain} rmid={rmid} bytes={bytes}"),
         TraceEvent::Reset => write!(line, "reset"),
+        TraceEvent::Line { domain, level, status, config_status } => write!(
+            line,
+            "irq dom={domain} line={} status={status:#x} config={config_status:#x}",
+            if level { "up" } else { "down" }
+        ),
+        TraceEvent::Allowed { domain, from, to } => write!(
+            line,
+            "allowed dom={domain} from={} to={}",
+            cpu_list_or_none(CpuSet(from)),
+            cpu_list_or_none(CpuSet(to))
+        ),
     };
     line
 }

@@ -89,6 +89,32 @@ pub struct DomainState {
     pub violations_by_vcpu: BTreeMap<u32, u64>,
     /// All counter reads (`SLOT_COUNT`, `OCCUPANCY`) by reading vCPU.
     pub counter_reads_by_vcpu: BTreeMap<u32, u64>,
+    /// The domain's interrupt line and its registers.
+    #[serde(default)]
+    pub irq: IrqState,
+}
+
+/// A domain's interrupt line in a state snapshot.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IrqState {
+    /// `DOM_IRQ_CTL`.
+    pub ctl: u64,
+    /// `DOM_IRQ_THRESHOLD`.
+    pub threshold: u64,
+    /// `DOM_IRQ_STATUS` (not cleared by the snapshot).
+    pub status: u64,
+    /// `DOM_CONFIG_STATUS` (not cleared by the snapshot).
+    pub config_status: u64,
+    /// The line's level.
+    pub line: bool,
+    /// Rising edges of the line since the last reset: interrupts raised.
+    pub raised: u64,
+    /// Status reads that returned and cleared a non-zero
+    /// `DOM_IRQ_STATUS`, by reading vCPU (each from the owner: a read
+    /// elsewhere is a violation and clears nothing).
+    pub acks_by_vcpu: BTreeMap<u32, u64>,
+    /// Allowed-set changes the host made since the device was created.
+    pub allowed_changes: u64,
 }
 
 /// A serializable snapshot of the whole device.

@@ -772,3 +772,110 @@ fn a_trace_record_stays_small() {
     // Recording is a store of one of these into the ring: keep it a few words.
     assert!(std::mem::size_of::<TraceRecord>() <= 48, "{} bytes", std::mem::size_of::<TraceRecord>());
 }
+
+/// Domain 0 of `owned(8, 1, ..)` (256-unit counters of 1 byte) with slot 0
+/// counting (total, RMID 1) and `ctl` in `DOM_IRQ_CTL`.
+fn with_irq(ctl: u64, threshold: u64) -> Device {
+    let mut d = owned(8, 1, SEC);
+    assign(&mut d, 0, 0, Event::MbmTotalBytes, 1);
+    d.write(0, 0, domain_reg(0, DOM_IRQ_THRESHOLD), 8, threshold);
+    d.write(0, 0, domain_reg(0, DOM_IRQ_CTL), 8, ctl);
+    d
+}
+
+fn land(d: &mut Device, now: u64, bytes: u64) {
+    d.inject(now, 0, 1, Event::MbmTotalBytes, bytes).unwrap();
+    // 1 byte/ns: everything has landed 1 µs per KiB later.
+    d.tick(now + bytes + 1);
+}
+
+#[test]
+fn threshold_interrupt_is_raised_once_per_read_and_acked_on_the_owner() {
+    let mut d = with_irq(IRQ_CTL_OVERFLOW, 100);
+    let status = domain_reg(0, DOM_IRQ_STATUS);
+    land(&mut d, 0, 99);
+    assert!(!d.line_level(0), "below the threshold");
+    land(&mut d, 1000, 1);
+    assert!(d.line_level(0), "at the threshold");
+    assert_eq!(d.take_line_changes(), 1);
+    // Off the owner: a violation, nothing cleared, the line stays up.
+    assert_eq!(d.read(2000, 1, status, 8), COUNTER_ERROR);
+    assert!(d.line_level(0));
+    let s = d.state(2000);
+    assert_eq!((s.domains[0].violations, s.domains[0].irq.status), (1, 1));
+    // The owner acks: cleared, the line falls.
+    assert_eq!(d.read(2000, 0, status, 8), 1);
+    assert!(!d.line_level(0));
+    // No counter read since: more traffic raises nothing.
+    land(&mut d, 3000, 200);
+    assert!(!d.line_level(0), "raised once per read");
+    // A counter read re-arms it.
+    d.read(5000, 0, slot_count(0, 0), 8);
+    land(&mut d, 6000, 100);
+    assert!(d.line_level(0));
+    let s = d.state(7000);
+    assert_eq!(s.domains[0].irq.raised, 2);
+    assert_eq!(s.domains[0].irq.acks_by_vcpu, BTreeMap::from([(0, 1)]));
+    assert_eq!(s.domains[0].counter_reads_by_vcpu, BTreeMap::from([(0, 1)]), "status reads are not counter reads");
+}
+
+#[test]
+fn on_wrap_interrupt_is_raised_at_each_wrap() {
+    let mut d = with_irq(IRQ_CTL_OVERFLOW | IRQ_CTL_ON_WRAP, 0);
+    let status = domain_reg(0, DOM_IRQ_STATUS);
+    land(&mut d, 0, 255);
+    assert!(!d.line_level(0));
+    land(&mut d, 1000, 1);
+    assert!(d.line_level(0), "the 8-bit counter wrapped");
+    assert_eq!(d.read(2000, 0, status, 8), 1);
+    land(&mut d, 3000, 255);
+    assert!(!d.line_level(0));
+    land(&mut d, 4000, 1);
+    assert!(d.line_level(0), "the second wrap");
+    // Disabling the interrupt lowers the line and keeps the status.
+    d.write(5000, 0, domain_reg(0, DOM_IRQ_CTL), 8, 0);
+    assert!(!d.line_level(0));
+    assert_eq!(d.read(5000, 0, status, 8), 1);
+}
+
+#[test]
+fn allowed_set_changes_raise_the_configuration_interrupt() {
+    let mut d = with_irq(IRQ_CTL_CONFIG, 0);
+    let allowed = domain_reg(0, DOM_ALLOWED_CPUS);
+    let config = domain_reg(0, DOM_CONFIG_STATUS);
+    d.set_allowed(100, 0, &[1]).unwrap();
+    assert_eq!(d.read(100, 3, allowed, 8), 0b10);
+    assert!(d.line_level(0));
+    // The owner, vCPU 0, is no longer allowed: its counter reads are
+    // violations now, but the configuration status reads from anywhere.
+    assert_eq!(d.read(200, 0, slot_count(0, 0), 8), COUNTER_ERROR);
+    assert_eq!(d.read(200, 3, config, 8), CONFIG_STATUS_ALLOWED);
+    assert!(!d.line_level(0));
+    assert_eq!(d.read(200, 3, config, 8), 0, "read-and-clear");
+    // An empty set is a set; a vCPU the mask cannot hold is refused.
+    d.set_allowed(300, 0, &[]).unwrap();
+    assert_eq!(d.read(300, 0, allowed, 8), 0);
+    assert!(matches!(d.set_allowed(300, 0, &[64]), Err(DeviceError::NoSuchCpu { cpu: 64, .. })));
+    assert!(matches!(d.set_allowed(300, 7, &[0]), Err(DeviceError::NoSuchDomain { domain: 7, .. })));
+    let s = d.state(400);
+    assert_eq!(s.domains[0].irq.allowed_changes, 2);
+    let lines: Vec<String> = d.trace_since(0).lines();
+    assert!(lines.iter().any(|l| l.contains("allowed dom=0 from=0-1 to=1")), "{lines:#?}");
+    assert!(lines.iter().any(|l| l.contains("allowed dom=0 from=1 to=none")), "{lines:#?}");
+    assert!(lines.iter().any(|l| l.contains("irq dom=0 line=up status=0x0 config=0x1")), "{lines:#?}");
+    assert!(lines.iter().any(|l| l.contains("reg=DOM_CONFIG_STATUS")), "{lines:#?}");
+}
+
+#[test]
+fn interrupt_registers_refuse_bad_values() {
+    let mut d = with_irq(0, 0);
+    d.write(0, 0, domain_reg(0, DOM_IRQ_CTL), 8, 1 << 3);
+    d.write(0, 0, domain_reg(0, DOM_IRQ_THRESHOLD), 8, 256);
+    d.write(0, 0, domain_reg(0, DOM_IRQ_STATUS), 8, 0);
+    d.write(0, 0, domain_reg(0, DOM_IRQ_CTL) + 4, 4, 1);
+    let s = d.state(0);
+    assert_eq!((s.bad_accesses.bad_value, s.bad_accesses.read_only, s.bad_accesses.high_half_write), (2, 1, 1));
+    assert_eq!((s.domains[0].irq.ctl, s.domains[0].irq.threshold), (0, 0));
+    d.write(0, 0, domain_reg(0, DOM_IRQ_THRESHOLD), 8, 255);
+    assert_eq!(d.read(0, 3, domain_reg(0, DOM_IRQ_THRESHOLD), 8), 255);
+}

@@ -177,6 +177,26 @@ pub enum TraceEvent {
     /// The host cleared the statistics and the trace (this record starts
     /// the new trace).
     Reset,
+    /// A domain's interrupt line changed level.
+    Line {
+        /// Domain.
+        domain: u32,
+        /// The new level (true: asserted).
+        level: bool,
+        /// `DOM_IRQ_STATUS` then.
+        status: u64,
+        /// `DOM_CONFIG_STATUS` then.
+        config_status: u64,
+    },
+    /// The host changed a domain's allowed CPUs.
+    Allowed {
+        /// Domain.
+        domain: u32,
+        /// The previous `DOM_ALLOWED_CPUS`.
+        from: u64,
+        /// The new one.
+        to: u64,
+    },
 }
 
 /// A [`TraceEvent`] and when it happened.

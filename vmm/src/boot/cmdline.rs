@@ -25,9 +25,15 @@ pub enum CmdlineError {
     DeviceAlreadyAnnounced(String),
 }
 
-/// `perfbed.device=<size>@<base>`, as xtask writes it for the QEMU host.
-pub fn perfbed_device_param(size: u64, base: u64) -> String {
-    format!("perfbed.device={size:#x}@{base:#x}")
+/// `perfbed.device=<size>@<base>[:<gsi>,...]` (each domain's GSI, those
+/// that have one), as xtask writes it for the QEMU host.
+pub fn perfbed_device_param(size: u64, base: u64, gsis: &[u32]) -> String {
+    let mut param = format!("perfbed.device={size:#x}@{base:#x}");
+    if !gsis.is_empty() {
+        let list: Vec<String> = gsis.iter().map(u32::to_string).collect();
+        param += &format!(":{}", list.join(","));
+    }
+    param
 }
 
 /// `virtio_mmio.device=<size>@<base>:<irq>`, as QEMU's microvm writes it.
@@ -37,7 +43,7 @@ pub fn virtio_mmio_param(slot: &VirtioMmioSlot) -> String {
 
 /// The whole command line: `user`, then the monitoring device, then each
 /// virtio-mmio transport.
-pub fn build(user: &str, device: Option<(u64, u64)>, virtio: &[VirtioMmioSlot]) -> Result<Cmdline, CmdlineError> {
+pub fn build(user: &str, device: Option<(u64, u64, &[u32])>, virtio: &[VirtioMmioSlot]) -> Result<Cmdline, CmdlineError> {
     if let Some(word) = user.split_whitespace().find(|w| w.starts_with("perfbed.device=")) {
         return Err(CmdlineError::DeviceAlreadyAnnounced(word.to_string()));
     }
@@ -52,8 +58,8 @@ pub fn build(user: &str, device: Option<(u64, u64)>, virtio: &[VirtioMmioSlot]) 
         })
     };
     push(user)?;
-    if let Some((size, base)) = device {
-        push(&perfbed_device_param(size, base))?;
+    if let Some((size, base, gsis)) = device {
+        push(&perfbed_device_param(size, base, gsis))?;
     }
     for slot in virtio {
         push(&virtio_mmio_param(slot))?;
@@ -72,22 +78,23 @@ mod tests {
     #[test]
     fn devices_follow_the_user_part() {
         let slot = VirtioMmioSlot { base: 0xfeb0_0000, size: 512, irq: 5 };
-        let c = build("console=ttyS0 panic=-1", Some((0x3000, 0xfe00_0000)), &[slot]).unwrap();
+        let c = build("console=ttyS0 panic=-1", Some((0x3000, 0xfe00_0000, &[13, 14])), &[slot]).unwrap();
         assert_eq!(
             text(&c),
-            "console=ttyS0 panic=-1 perfbed.device=0x3000@0xfe000000 virtio_mmio.device=512@0xfeb00000:5"
+            "console=ttyS0 panic=-1 perfbed.device=0x3000@0xfe000000:13,14 virtio_mmio.device=512@0xfeb00000:5"
         );
     }
 
     #[test]
     fn the_device_parameter_matches_the_qemu_hosts() {
-        // xtask/src/host/vm.rs: format!("perfbed.device={:#x}@{DEVICE_BASE:#x}", size)
-        assert_eq!(perfbed_device_param(3 * 4096, 0xfe00_0000), "perfbed.device=0x3000@0xfe000000");
+        // xtask/src/host/config.rs: device_param(size, gsis)
+        assert_eq!(perfbed_device_param(3 * 4096, 0xfe00_0000, &[]), "perfbed.device=0x3000@0xfe000000");
+        assert_eq!(perfbed_device_param(3 * 4096, 0xfe00_0000, &[13, 14]), "perfbed.device=0x3000@0xfe000000:13,14");
     }
 
     #[test]
     fn an_empty_user_part_is_fine() {
-        let c = build("  ", Some((0x1000, 0x2000)), &[]).unwrap();
+        let c = build("  ", Some((0x1000, 0x2000, &[])), &[]).unwrap();
         assert_eq!(text(&c), "perfbed.device=0x1000@0x2000");
     }
 
@@ -96,7 +103,7 @@ mod tests {
         let long = "x".repeat(CMDLINE_MAX);
         assert!(matches!(build(&long, None, &[]), Err(CmdlineError::TooLong)));
         assert!(matches!(
-            build("a perfbed.device=0x1000@0x0", Some((0x1000, 0)), &[]),
+            build("a perfbed.device=0x1000@0x0", Some((0x1000, 0, &[])), &[]),
             Err(CmdlineError::DeviceAlreadyAnnounced(_))
         ));
         assert!(matches!(build("caf\u{e9}", None, &[]), Err(CmdlineError::Invalid(_))));

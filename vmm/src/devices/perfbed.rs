@@ -5,7 +5,9 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
+use perfbed_device::host::InterruptLines;
 use perfbed_device::SharedDevice;
+use vmm_sys_util::eventfd::EventFd;
 
 use super::bus::BusDevice;
 
@@ -30,6 +32,29 @@ impl PerfbedMmio {
         let ns = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
         self.accesses.fetch_add(1, Ordering::Relaxed);
         self.handler_ns.fetch_add(ns, Ordering::Relaxed);
+    }
+}
+
+/// The domains' interrupt lines as KVM irqfds, domain `d`'s the `d`-th
+/// (the domains beyond have none). An irqfd is an edge: each rise of a line
+/// is one write, one interrupt of its GSI; a fall needs nothing.
+pub struct PerfbedLines {
+    irqfds: Vec<EventFd>,
+}
+
+impl PerfbedLines {
+    pub fn new(irqfds: Vec<EventFd>) -> PerfbedLines {
+        PerfbedLines { irqfds }
+    }
+}
+
+impl InterruptLines for PerfbedLines {
+    fn set_level(&self, domain: u32, asserted: bool) {
+        if let Some(irqfd) = self.irqfds.get(domain as usize).filter(|_| asserted) {
+            // A full eventfd counter (2^64 - 2 writes unread) still means
+            // "pending": nothing is lost by ignoring the error.
+            let _ = irqfd.write(1);
+        }
     }
 }
 
@@ -76,6 +101,19 @@ mod tests {
         assert_eq!(mmio.handler_time().0, 2);
         let trace = shared.with(|d, _| d.trace());
         assert!(trace.iter().any(|t| t.vcpu == 2 && t.offset == owner), "{trace:?}");
+    }
+
+    #[test]
+    fn a_rising_line_writes_its_irqfd() {
+        let fds = vec![EventFd::new(libc::EFD_NONBLOCK).unwrap(), EventFd::new(libc::EFD_NONBLOCK).unwrap()];
+        let observers: Vec<EventFd> = fds.iter().map(|f| f.try_clone().unwrap()).collect();
+        let lines = PerfbedLines::new(fds);
+        lines.set_level(1, true);
+        lines.set_level(1, false);
+        lines.set_level(0, false);
+        lines.set_level(7, true);
+        assert_eq!(observers[1].read().unwrap(), 1);
+        assert!(observers[0].read().is_err(), "a fall or no rise writes nothing");
     }
 
     #[test]

@@ -16,6 +16,30 @@ pub const MAX_CPUS: u8 = perfbed_device::cpus::GUEST_MAX_CPUS;
 /// Where the monitoring device's registers sit in guest physical memory: a
 /// hole below microvm's virtio-mmio (0xfeb00000) and IOAPIC windows.
 pub const DEVICE_BASE: u64 = 0xfe00_0000;
+/// The GSIs of the device's interrupt lines, domain `d`'s on
+/// `DEVICE_GSIS[d]`: the ISA IRQs that microvm with `acpi=off` leaves free
+/// after its eight virtio-mmio transports (GSIs 5-12), which its firmware's
+/// MP table announces like every ISA IRQ. A domain beyond the third has no
+/// line; its driver polls. perfbed-vmm uses the same ones.
+pub const DEVICE_GSIS: [u32; 3] = [13, 14, 15];
+
+/// The GSIs of a device with `domains` domains, one per domain while they
+/// last.
+pub fn device_gsis(domains: usize) -> &'static [u32] {
+    &DEVICE_GSIS[..domains.min(DEVICE_GSIS.len())]
+}
+
+/// `perfbed.device=<size>@<base>[:<gsi>,...]`: the device announced the way
+/// virtio-mmio devices are, with each domain's GSI (perfbed-vmm writes the
+/// same for its guests).
+pub fn device_param(size: u64, gsis: &[u32]) -> String {
+    let mut param = format!("perfbed.device={size:#x}@{DEVICE_BASE:#x}");
+    if !gsis.is_empty() {
+        let list: Vec<String> = gsis.iter().map(u32::to_string).collect();
+        param += &format!(":{}", list.join(","));
+    }
+    param
+}
 pub const MIN_MEMORY_MIB: u32 = 128;
 pub const MAX_MEMORY_MIB: u32 = 16384;
 

@@ -8,7 +8,7 @@ use perfbed_device::cpus::format_cpu_list;
 use perfbed_device::DeviceConfig;
 
 use super::Accel;
-use super::config::{VmConfig, DEVICE_BASE};
+use super::config::{device_gsis, VmConfig, DEVICE_BASE};
 
 /// The machine every QEMU boot of perfbed's guest uses.
 pub const MACHINE: &str = "microvm,x-option-roms=off,acpi=off";
@@ -80,6 +80,10 @@ fn device_arg(device: &DeviceConfig, control: &Path) -> String {
     // Only when asked: a QEMU from before the property still takes the rest.
     if device.trace_capacity != perfbed_device::TRACE_CAPACITY {
         arg += &format!(",trace-capacity={}", device.trace_capacity);
+    }
+    let gsis: Vec<String> = device_gsis(device.domains.len()).iter().map(u32::to_string).collect();
+    if !gsis.is_empty() {
+        arg += &format!(",irqs={}", gsis.join(":"));
     }
     arg
 }

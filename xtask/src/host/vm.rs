@@ -28,7 +28,7 @@ use perfbed_device::ControlClient;
 
 use crate::cmd;
 use super::cmdline::{base_cmdline, host_tsc_khz, kernel_hz, GuestClock};
-use super::config::{VmConfig, DEVICE_BASE};
+use super::config::{device_gsis, device_param, VmConfig};
 use super::console::{copy_serial, kernel_log_problems};
 use super::{cpu_state, monitor, qemu, the_box, vmm, Accel, Host};
 
@@ -103,9 +103,9 @@ impl Vm {
         let tcg = matches!(config.host, Host::Qemu) && !accel.kvm;
         let mut cmdline = base_cmdline(&GuestClock { tsc_khz, hz: kernel_hz(&config.vmlinux), tcg });
         if let Host::Qemu = config.host {
-            // Announced like virtio-mmio devices are: size@base (perfbed-vmm
-            // announces its devices itself, the same way).
-            cmdline.push(format!("perfbed.device={:#x}@{DEVICE_BASE:#x}", config.device.size()));
+            // Announced like virtio-mmio devices are: size@base:irqs
+            // (perfbed-vmm announces its devices itself, the same way).
+            cmdline.push(device_param(config.device.size(), device_gsis(config.device.domains.len())));
         }
         cmdline.extend(config.extra_cmdline.iter().cloned());
         let (mut command, console_log) = match &config.host {

@@ -23,6 +23,8 @@ pub const VIOLATION: RGBColor = RGBColor(255, 0, 0);
 const OFFLINE: RGBColor = RGBColor(230, 120, 0);
 const ONLINE: RGBColor = RGBColor(120, 60, 200);
 const CPUMASK: RGBColor = RGBColor(0, 170, 200);
+const INTERRUPT: RGBColor = RGBColor(200, 0, 160);
+const ALLOWED: RGBColor = RGBColor(110, 110, 0);
 const TRUTH: RGBColor = RGBColor(150, 150, 150);
 /// Legend entries of a counter panel, at most.
 const MAX_LEGEND: usize = 8;
@@ -106,6 +108,14 @@ fn owner_panel(area: &Area<'_>, d: usize, dom: &DomainTimeline, end: f64, droppe
         )?
         .label("kernel's cpumask (guest)")
         .legend(|(x, y)| Circle::new((x + 8, y), 6, CPUMASK.stroke_width(2)));
+    chart
+        .draw_series(dom.interrupts.iter().map(|&(t, c)| Rectangle::new([(t, f64::from(c) - 0.1), (t + end / 800.0, f64::from(c) + 0.1)], INTERRUPT.filled())))?
+        .label("interrupt handled (status ack)")
+        .legend(|(x, y)| Rectangle::new([(x + 5, y - 4), (x + 11, y + 4)], INTERRUPT.filled()));
+    chart
+        .draw_series(dom.allowed_changes.iter().map(|(t, _)| PathElement::new(vec![(*t, NO_OWNER_Y - 0.5), (*t, top + 0.5)], ALLOWED.stroke_width(1))))?
+        .label("allowed set changed (host)")
+        .legend(|(x, y)| PathElement::new(vec![(x + 8, y - 6), (x + 8, y + 6)], ALLOWED.stroke_width(1)));
     // The violations last, on top of everything, and only they are red.
     chart.draw_series(dom.violations.iter().map(|&(t, c)| Cross::new((t, f64::from(c)), 6, VIOLATION.stroke_width(2))))?;
     chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw()?;

@@ -51,6 +51,8 @@ fn cell(line: &Line) -> String {
         "rate" => format!("rate r{} {} {} B/s", f("rmid"), event_short(line.field("event")), f("bytes_per_sec")),
         "occupancy" => format!("occupancy r{} {} B", f("rmid"), f("bytes")),
         "reset" => "RESET".into(),
+        "irq" => format!("IRQ {} status={} config={}", f("line"), f("status"), f("config")),
+        "allowed" => format!("ALLOWED {} -> {}", f("from"), f("to")),
         "dropped" => format!("DROPPED {} records", f("count")),
         "guest_offline" | "guest_online" => {
             let took = line.number("took_ns").unwrap_or(0) as f64 / 1e6;

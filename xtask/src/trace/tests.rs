@@ -92,3 +92,26 @@ fn bad_trace_files_are_refused_with_the_reason() {
     let err = Trace::parse(&(header + "12 x read\n")).unwrap_err();
     assert!(format!("{err:#}").contains("trace line 2"), "{err:#}");
 }
+
+#[test]
+fn interrupts_and_allowed_set_changes_are_on_the_timeline() {
+    let mut d = Device::new(DeviceConfig { counter_width: 8, unit_bytes: 1, max_rate: 1_000_000_000, ..DeviceConfig::default() }).unwrap();
+    let status = regs::domain_reg(1, regs::DOM_IRQ_STATUS);
+    d.write(MS, 0, regs::domain_reg(1, regs::DOM_OWNER), 8, 3);
+    d.write(MS, 3, regs::slot_ctl(1, 0), 8, regs::slot_ctl_value(Event::MbmTotalBytes, 4));
+    d.write(MS, 3, regs::domain_reg(1, regs::DOM_IRQ_THRESHOLD), 8, 100);
+    d.write(MS, 3, regs::domain_reg(1, regs::DOM_IRQ_CTL), 8, regs::IRQ_CTL_OVERFLOW);
+    d.inject(2 * MS, 1, 4, Event::MbmTotalBytes, 150).unwrap();
+    d.read(3 * MS, 2, status, 8); // off the owner: a violation, not an interrupt handled
+    d.read(3 * MS, 3, status, 8); // the owner acks
+    d.read(4 * MS, 3, status, 8); // nothing pending: not an interrupt
+    d.set_allowed(5 * MS, 1, &[2]).unwrap();
+    let snap = d.trace_since(0);
+    let trace = Trace::parse(&trace_file(&snap.header(), snap.dropped, &snap.lines())).unwrap();
+    let dom = &timeline::build(&trace).domains[1];
+    assert_eq!(dom.interrupts.len(), 1, "{:?}", dom.interrupts);
+    assert_eq!(dom.interrupts[0].1, 3);
+    assert_eq!(dom.violations.len(), 1);
+    assert_eq!(dom.allowed_changes.len(), 1);
+    assert_eq!(dom.allowed_changes[0].1, "2");
+}

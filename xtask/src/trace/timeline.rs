@@ -47,6 +47,11 @@ pub struct DomainTimeline {
     pub parks: Vec<Ms>,
     /// Counter reads that broke the placement rule: (time, reading CPU).
     pub violations: Vec<(Ms, u32)>,
+    /// Interrupts handled: when and by which vCPU the overflow status was
+    /// read and cleared (the device sees the handler only there).
+    pub interrupts: Vec<(Ms, u32)>,
+    /// When the host changed the domain's allowed CPUs, and to what.
+    pub allowed_changes: Vec<(Ms, String)>,
     /// The CPU the kernel placed the domain's PMU on, as the guest read its
     /// `cpumask` (`None`: parked): where the driver should have moved the
     /// owner.
@@ -175,6 +180,13 @@ pub fn build(trace: &Trace) -> Timeline {
                 truth.bytes = truth.at(t);
                 truth.since = t;
                 truth.rate = line.number("bytes_per_sec").unwrap_or(0) as f64;
+            }
+            "allowed" => dom.allowed_changes.push((t, line.field("to").unwrap_or("?").to_string())),
+            "read" if line.field("reg") == Some("DOM_IRQ_STATUS") && !line.has_flag("violation") => {
+                // A read that found nothing pending handled no interrupt.
+                if let Some(cpu) = line.number("cpu").filter(|_| line.number("value").is_some_and(|v| v != 0)) {
+                    dom.interrupts.push((t, cpu as u32));
+                }
             }
             "read" if line.has_flag("violation") => {
                 dom.violations.push((t, line.number("cpu").unwrap_or(0) as u32));

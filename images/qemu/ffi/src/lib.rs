@@ -5,18 +5,53 @@
 //! [`perfbed_device::SharedDevice`]; the device itself validates every guest
 //! access and never panics on one.
 
-use std::ffi::{c_char, CStr, CString};
+use std::ffi::{c_char, c_void, CStr, CString};
 use std::path::Path;
 use std::ptr;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use perfbed_device::cpus::parse_domain_list;
+use perfbed_device::host::{InterruptLines, Ticker};
 use perfbed_device::{ControlServer, DeviceConfig, SharedDevice};
 
-/// What QEMU holds: the device and its control socket, which lives as long
-/// as the device does.
+/// What QEMU holds: the device, its control socket and, once the lines are
+/// wired, the ticker; both live as long as the device does and are stopped
+/// first when it is freed (fields drop in order), so that no line news
+/// reaches the shim after `perfbed_device_free`.
 pub struct PerfbedDevice {
-    device: SharedDevice,
+    ticker: OnceLock<Ticker>,
     _control: Option<ControlServer>,
+    device: SharedDevice,
+}
+
+/// How often the ticker lets time pass while an overflow interrupt is
+/// enabled: an overflow is seen within this long of landing.
+pub const TICK: Duration = Duration::from_millis(2);
+
+/// The shim's line callback (`perfbed_device_connect_lines`).
+type LineCallback = unsafe extern "C" fn(opaque: *mut c_void, domain: u32, level: bool);
+
+/// The shim's callback and its argument, as an [`InterruptLines`].
+struct ShimLines {
+    changed: LineCallback,
+    opaque: *mut c_void,
+}
+
+// SAFETY: perfbed.h asks the shim for a callback that may be called from any
+// thread (it takes QEMU's global lock or defers to a bottom half), with an
+// `opaque` that stays valid until the device is freed.
+unsafe impl Send for ShimLines {}
+// SAFETY: as for Send: the callback is safe to call concurrently.
+unsafe impl Sync for ShimLines {}
+
+impl InterruptLines for ShimLines {
+    fn set_level(&self, domain: u32, asserted: bool) {
+        // SAFETY: per perfbed.h, `changed` may be called from any thread with
+        // `opaque` until the device is freed, and it is freed only after the
+        // ticker and the control socket, the threads that call this, stop.
+        unsafe { (self.changed)(self.opaque, domain, asserted) }
+    }
 }
 
 /// The `trace_capacity` that means "the device's default"
@@ -71,7 +106,7 @@ fn new_device(properties: &Properties<'_>, control: Option<&Path>) -> Result<Per
         ),
         None => None,
     };
-    Ok(PerfbedDevice { device, _control: control })
+    Ok(PerfbedDevice { ticker: OnceLock::new(), _control: control, device })
 }
 
 /// # Safety
@@ -145,6 +180,43 @@ pub unsafe extern "C" fn perfbed_device_write(dev: *mut PerfbedDevice, vcpu: u32
 }
 
 /// # Safety
+/// `dev` must come from `perfbed_device_new` and not be freed.
+#[no_mangle]
+pub unsafe extern "C" fn perfbed_device_domains(dev: *const PerfbedDevice) -> u32 {
+    // SAFETY: per the contract above.
+    unsafe { &*dev }.device.with(|d, _| d.config().domains.len() as u32)
+}
+
+/// # Safety
+/// `dev` must come from `perfbed_device_new` and not be freed; `changed`
+/// must be safe to call from any thread with `opaque` until `dev` is freed.
+#[no_mangle]
+pub unsafe extern "C" fn perfbed_device_connect_lines(
+    dev: *mut PerfbedDevice,
+    changed: LineCallback,
+    opaque: *mut c_void,
+) -> bool {
+    // SAFETY: per the contract above.
+    let dev = unsafe { &*dev };
+    if dev.ticker.get().is_some() {
+        return false;
+    }
+    let Ok(ticker) = dev.device.start_ticker(TICK) else {
+        return false;
+    };
+    let _ = dev.ticker.set(ticker);
+    dev.device.connect_lines(Arc::new(ShimLines { changed, opaque }))
+}
+
+/// # Safety
+/// `dev` must come from `perfbed_device_new` and not be freed.
+#[no_mangle]
+pub unsafe extern "C" fn perfbed_device_line_level(dev: *mut PerfbedDevice, domain: u32) -> bool {
+    // SAFETY: per the contract above.
+    unsafe { &*dev }.device.line_level(domain)
+}
+
+/// # Safety
 /// `dev` must be NULL or come from `perfbed_device_new`, freed only once.
 #[no_mangle]
 pub unsafe extern "C" fn perfbed_device_free(dev: *mut PerfbedDevice) {
@@ -210,5 +282,35 @@ mod tests {
         assert!(message.contains("9-1"), "{message}");
         // SAFETY: error came from this library, freed once.
         unsafe { perfbed_string_free(error) };
+    }
+
+    /// What the shim's callback saw: (domain, level) pairs.
+    static SEEN: std::sync::Mutex<Vec<(u32, bool)>> = std::sync::Mutex::new(Vec::new());
+
+    unsafe extern "C" fn record(_opaque: *mut c_void, domain: u32, level: bool) {
+        SEEN.lock().unwrap().push((domain, level));
+    }
+
+    #[test]
+    fn the_c_abi_wires_the_lines() {
+        use perfbed_device::regs;
+        let domains = CString::new("0-1:2-3").unwrap();
+        // SAFETY: valid strings, no error pointer wanted.
+        let dev = unsafe { perfbed_device_new(domains.as_ptr(), 0, 0, 0, 0, ptr::null(), TRACE_DEFAULT, ptr::null_mut()) };
+        assert!(!dev.is_null());
+        // SAFETY: dev is live until freed below; `record` may run anywhere.
+        unsafe {
+            assert_eq!(perfbed_device_domains(dev), 2);
+            assert!(perfbed_device_connect_lines(dev, record, ptr::null_mut()));
+            assert!(!perfbed_device_connect_lines(dev, record, ptr::null_mut()), "wired twice");
+            assert!(!perfbed_device_line_level(dev, 1));
+            perfbed_device_write(dev, 0, regs::domain_reg(1, regs::DOM_IRQ_CTL), 8, regs::IRQ_CTL_CONFIG);
+            (*dev).device.with(|d, now| d.set_allowed(now, 1, &[3])).unwrap();
+            assert!(perfbed_device_line_level(dev, 1));
+            assert_eq!(perfbed_device_read(dev, 3, regs::domain_reg(1, regs::DOM_CONFIG_STATUS), 8), 1);
+            assert!(!perfbed_device_line_level(dev, 1));
+            perfbed_device_free(dev);
+        }
+        assert_eq!(*SEEN.lock().unwrap(), vec![(0, false), (1, false), (1, true), (1, false)]);
     }
 }

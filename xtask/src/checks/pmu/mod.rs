@@ -9,6 +9,7 @@ pub mod attacks;
 pub mod context;
 pub mod counts;
 pub mod groups;
+pub mod interrupts;
 pub mod moves;
 pub mod moving_traffic;
 pub mod multiplexing;
@@ -36,6 +37,7 @@ pub fn run(g: &mut Guest, control: ControlClient, control_socket: &std::path::Pa
     let mut checks = vec![registration::sysfs(&mut ctx)?, counts::exact_counts(&mut ctx)?];
     checks.push(moves::migration(&mut ctx)?);
     checks.push(moves::parking(&mut ctx)?);
+    checks.push(interrupts::follow_the_owner(&mut ctx)?);
     checks.push(across_moves::disabled_across_moves(&mut ctx)?);
     checks.push(across_moves::exclusive_after_moves(&mut ctx)?);
     checks.push(across_moves::mixed_group_after_move(&mut ctx)?);
