@@ -211,7 +211,7 @@ pub fn follow_the_owner(ctx: &mut Ctx) -> Result<Check> {
         "interrupts",
         problems,
         format!(
-            "{pmu} (IRQ {irq}) under {} MiB/s: {taken_total} interrupts taken, {on_owner} handled on the owner, {off_owner} on the line's previous target right after a move; affinity followed cpumask {}; acks by vCPU {acked:?}; counted {got} = the truth; 0 placement violations",
+            "{pmu} (IRQ {irq}) under {} MiB/s: {taken_total} interrupts in /proc/interrupts during the phases; over the whole check the driver handled {on_owner} on the owner and left {off_owner} that reached the line's previous target right after a move to the owner's poll; affinity followed cpumask {}; acks by vCPU {acked:?}; counted {got} = the truth; 0 placement violations",
             RATE / MIB,
             path.join(" → ")
         ),
