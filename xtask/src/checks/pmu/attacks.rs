@@ -18,7 +18,7 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use perfbed_agent::{
     AgentMessage, HostRequest, JobResult, JobSpec, PerfAttr, PerfIoctl, PerfOp, PerfOpResult,
 };
@@ -28,7 +28,7 @@ use super::across_moves::turns;
 use super::context::{Ctx, MIB};
 use super::moves::movable_domain;
 use super::multiplexing::{set_sysfs, Window, MUX_INTERVAL_MS};
-use super::redteam::{inject, must, open_with, park, rmid, run_each, Named};
+use super::redteam::{inject, must, open_with, owner, park, rmid, run_each, Named};
 use crate::checks::Check;
 use crate::guest::perf_abi::{
     FLAG_EXCLUSIVE, FLAG_PINNED, FORMAT_GROUP, FORMAT_ID, FORMAT_TOTAL_TIME_ENABLED,
@@ -261,14 +261,6 @@ fn cpu_clock(ctx: &mut Ctx, cpu: i32, group: Option<u32>) -> Result<u32> {
         Ok(h) => Ok(h),
         Err(errno) => bail!("opening cpu-clock on CPU {cpu}: {errno}"),
     }
-}
-
-fn owner(ctx: &mut Ctx, d: usize) -> Result<u32> {
-    ctx.g
-        .cpumask(&pmu_name(d))?
-        .first()
-        .copied()
-        .context("the PMU is parked")
 }
 
 /// J. A mixed group {cpu-clock leader, device sibling} whose leader is

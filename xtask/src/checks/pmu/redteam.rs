@@ -22,7 +22,7 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use perfbed_agent::PerfIoctl;
 use perfbed_device::regs::{whole_units, Event};
 
@@ -87,6 +87,12 @@ pub(super) fn inject(ctx: &mut Ctx, d: usize, rmid: u32, bytes: u64) -> Result<(
 
 /// The shortest park the contract lets a driver leave out of
 /// `time_running` even when no wrap landed: half a wrap's time at the
+/// The CPU the PMU of domain `d` counts on now, from its `cpumask`; an
+/// error if it is parked (a check that means to move it must not guess).
+pub(super) fn owner(ctx: &mut Ctx, d: usize) -> Result<u32> {
+    ctx.g.cpumask(&pmu_name(d))?.first().copied().context("the PMU is parked")
+}
+
 /// device's maximum rate.
 fn park_budget(ctx: &Ctx) -> Duration {
     let wrap = (1u64 << ctx.device.counter_width) * ctx.device.unit_bytes;
@@ -152,7 +158,7 @@ pub fn disabled_across_park(ctx: &mut Ctx) -> Result<Check> {
 ///    again while it is enabled. Each member counts exactly its enabled
 ///    windows.
 pub fn group_ioctls_on_sibling_across_moves(ctx: &mut Ctx) -> Result<Check> {
-    let (d, allowed) = movable_domain(ctx)?;
+    let (d, _) = movable_domain(ctx)?;
     let (r1, r2) = (rmid(ctx, 6), rmid(ctx, 7));
     let leader = open_with(ctx, d, r1, 0, 0, None)?;
     let sibling = open_with(ctx, d, r2, 0, 0, Some(leader))?;
@@ -165,26 +171,16 @@ pub fn group_ioctls_on_sibling_across_moves(ctx: &mut Ctx) -> Result<Check> {
     both(ctx, MIB)?;
     must(ctx, sibling, PerfIoctl::Disable { group: true })?;
     both(ctx, 4 * MIB)?;
-    let owner = ctx
-        .g
-        .cpumask(&pmu_name(d))?
-        .first()
-        .copied()
-        .unwrap_or(allowed[0]);
-    ctx.g.set_online(owner, false)?;
+    let was_owner = owner(ctx, d)?;
+    ctx.g.set_online(was_owner, false)?;
     both(ctx, 8 * MIB)?;
     must(ctx, sibling, PerfIoctl::Enable { group: true })?;
     both(ctx, 2 * MIB)?;
-    ctx.g.set_online(owner, true)?;
-    let owner2 = ctx
-        .g
-        .cpumask(&pmu_name(d))?
-        .first()
-        .copied()
-        .unwrap_or(allowed[0]);
-    ctx.g.set_online(owner2, false)?;
+    ctx.g.set_online(was_owner, true)?;
+    let was_owner2 = owner(ctx, d)?;
+    ctx.g.set_online(was_owner2, false)?;
     both(ctx, MIB)?;
-    ctx.g.set_online(owner2, true)?;
+    ctx.g.set_online(was_owner2, true)?;
     let got = ctx.g.read_many(&[leader, sibling])?;
     ctx.g.close(sibling)?;
     ctx.g.close(leader)?;
@@ -259,13 +255,8 @@ pub fn leader_closed_then_move(ctx: &mut Ctx) -> Result<Check> {
     inject(ctx, d, r2, MIB)?;
     ctx.g.close(leader)?;
     inject(ctx, d, r2, 2 * MIB)?;
-    let owner = ctx
-        .g
-        .cpumask(&pmu_name(d))?
-        .first()
-        .copied()
-        .unwrap_or(allowed[0]);
-    ctx.g.set_online(owner, false)?;
+    let was_owner = owner(ctx, d)?;
+    ctx.g.set_online(was_owner, false)?;
     inject(ctx, d, r2, 4 * MIB)?;
     park(ctx, &allowed, false)?;
     inject(ctx, d, r2, 8 * MIB)?;
@@ -447,15 +438,10 @@ pub fn open_outside_cpumask(ctx: &mut Ctx) -> Result<Check> {
     let mut detail = format!("open on CPU 0 (allowed {allowed:?}): {opened:?}");
     if let Ok(h) = opened {
         inject(ctx, d, rmid, MIB)?;
-        let owner = ctx
-            .g
-            .cpumask(&pmu_name(d))?
-            .first()
-            .copied()
-            .unwrap_or(allowed[0]);
-        ctx.g.set_online(owner, false)?;
+        let was_owner = owner(ctx, d)?;
+        ctx.g.set_online(was_owner, false)?;
         inject(ctx, d, rmid, 2 * MIB)?;
-        ctx.g.set_online(owner, true)?;
+        ctx.g.set_online(was_owner, true)?;
         let got = ctx.count(h)?;
         ctx.g.close(h)?;
         if got != 3 * MIB {
@@ -468,18 +454,13 @@ pub fn open_outside_cpumask(ctx: &mut Ctx) -> Result<Check> {
     }
     let h = open_with(ctx, d, rmid, TIMES, FLAG_DISABLED, None)?;
     inject(ctx, d, rmid, MIB)?;
-    let owner = ctx
-        .g
-        .cpumask(&pmu_name(d))?
-        .first()
-        .copied()
-        .unwrap_or(allowed[0]);
-    ctx.g.set_online(owner, false)?;
+    let was_owner = owner(ctx, d)?;
+    ctx.g.set_online(was_owner, false)?;
     inject(ctx, d, rmid, MIB)?;
     let moved = ctx.g.read(h)?;
     must(ctx, h, PerfIoctl::Enable { group: false })?;
     inject(ctx, d, rmid, 2 * MIB)?;
-    ctx.g.set_online(owner, true)?;
+    ctx.g.set_online(was_owner, true)?;
     inject(ctx, d, rmid, MIB)?;
     let end = ctx.g.read(h)?;
     ctx.g.close(h)?;
