@@ -30,7 +30,8 @@ use crate::devices::perfbed::PerfbedMmio;
 use crate::memory::{MMIO_HOLE_START, PERFBED_DEVICE_BASE};
 use crate::stats::Stats;
 use crate::vcpu::{Vcpu, VcpuEnd};
-use crate::vmm::{create_vm, write_gdt, VmmError};
+use crate::builder::{create_vm, write_gdt};
+use crate::vmm::VmmError;
 
 const CODE_ADDR: u64 = 0x1000;
 const DONE_PORT: u64 = 0xf4;
@@ -79,6 +80,8 @@ fn time_loop(vcpu: &mut Vcpu, addr: u64, io: &Bus, mmio: &Bus, done: &Done, stat
             None => {}
             Some(VcpuEnd::Reset) => return Err(VmmError::VcpuFailed("the benchmark guest reset".into())),
             Some(VcpuEnd::Failed(why)) => return Err(VmmError::VcpuFailed(why)),
+            // Only a handle stops a vCPU; the benchmark runs it bare.
+            Some(VcpuEnd::Stopped) => return Err(VmmError::VcpuFailed("the benchmark vCPU was stopped".into())),
         }
     }
     Ok(started.elapsed().as_nanos() as f64)

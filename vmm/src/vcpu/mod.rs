@@ -6,6 +6,7 @@
 //! local APIC, as on hardware.
 
 pub mod cpuid;
+pub mod handle;
 pub mod regs;
 
 use std::sync::atomic::Ordering;
@@ -43,6 +44,8 @@ pub enum VcpuEnd {
     Reset,
     /// Something KVM or the guest did that the VMM cannot go on from.
     Failed(String),
+    /// The VMM stopped it (the end of the run, a panic, SIGTERM).
+    Stopped,
 }
 
 pub struct Vcpu {
@@ -141,19 +144,38 @@ impl Vcpu {
         None
     }
 
-    /// Runs until the guest resets or something fails.
-    pub fn run(mut self, io: Arc<Bus>, mmio: Arc<Bus>, stats: Arc<Stats>) -> VcpuEnd {
-        if self.index == 0 {
-            stats.note_first_run();
-            if let Some(end) = self.step(&io, &mmio, &stats) {
-                return end;
-            }
-            stats.note_first_exit();
+    /// The vCPU with the buses it dispatches to, ready for its thread
+    /// ([`handle::VcpuHandle::spawn`]).
+    pub fn into_runner(self, io: Arc<Bus>, mmio: Arc<Bus>, stats: Arc<Stats>) -> BusRunner {
+        BusRunner { first_entry: self.index == 0, vcpu: self, io, mmio, stats }
+    }
+}
+
+/// A vCPU thread's work: enter the guest, send each exit to the buses.
+pub struct BusRunner {
+    vcpu: Vcpu,
+    io: Arc<Bus>,
+    mmio: Arc<Bus>,
+    stats: Arc<Stats>,
+    /// The boot vCPU's first entry is timed (the time to the first guest
+    /// instruction and the first exit).
+    first_entry: bool,
+}
+
+impl handle::Runnable for BusRunner {
+    fn step(&mut self) -> Option<VcpuEnd> {
+        if std::mem::take(&mut self.first_entry) {
+            self.stats.note_first_run();
+            let end = self.vcpu.step(&self.io, &self.mmio, &self.stats);
+            self.stats.note_first_exit();
+            return end;
         }
-        loop {
-            if let Some(end) = self.step(&io, &mmio, &stats) {
-                return end;
-            }
-        }
+        self.vcpu.step(&self.io, &self.mmio, &self.stats)
+    }
+
+    fn immediate_exit(&mut self) -> *mut u8 {
+        // The kvm_run page is mapped for the VcpuFd's life, which the
+        // runner owns.
+        &mut self.vcpu.fd.get_kvm_run().immediate_exit
     }
 }
