@@ -14,7 +14,8 @@ use kvm_bindings::{
     kvm_pit_config, kvm_userspace_memory_region, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY,
 };
 use kvm_ioctls::{Cap, IoEventAddress, Kvm, VmFd};
-use perfbed_device::SharedDevice;
+use perfbed_device::cpus::format_cpu_list;
+use perfbed_device::{l3_topology, SharedDevice};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 use vmm_sys_util::eventfd::EventFd;
 
@@ -28,6 +29,7 @@ use crate::devices::virtio::mmio::{MmioTransport, QUEUE_NOTIFY_OFFSET};
 use crate::devices::virtio::Interrupt;
 use crate::memory::{create_guest_memory, GDT_ADDR, IDT_ADDR, KVM_IDENTITY_MAP_ADDR, KVM_TSS_ADDR};
 use crate::stats::Stats;
+use crate::vcpu::cpuid::Placement;
 use crate::vcpu::{regs, Vcpu};
 use crate::vmm::{io_error, kvm_error, Vmm, VmmError};
 
@@ -90,8 +92,21 @@ impl VmmBuilder {
         let supported = kvm
             .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
             .map_err(kvm_error("reading supported CPUID"))?;
+        // Each domain one die and one L3 (see vcpu::cpuid), when they can be.
+        let cpus = u32::from(machine.vcpus);
+        let llc_bits = l3_topology::l3_sharing_bits(cpus, &config.device.domains);
+        for (domain, l3) in l3_topology::mismatches(cpus, &config.device.domains) {
+            eprintln!(
+                "perfbed-vmm: domain {domain} ({}) is not an aligned power-of-two block of CPUs: its CPUs' L3 in the guest is {}",
+                format_cpu_list(&config.device.domains[domain]),
+                format_cpu_list(&l3)
+            );
+        }
         let vcpus = (0..machine.vcpus)
-            .map(|index| Vcpu::new(&vm, &supported, index, machine.vcpus, machine.hide_xsave))
+            .map(|index| {
+                let placement = Placement { index, vcpus: machine.vcpus, llc_bits };
+                Vcpu::new(&vm, &supported, placement, machine.hide_xsave)
+            })
             .collect::<Result<Vec<_>, _>>()?;
         vcpus[0].set_boot_state(&entry)?;
 

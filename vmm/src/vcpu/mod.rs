@@ -34,6 +34,8 @@ pub enum VcpuError {
     Msrs { index: u8, set: usize, wanted: usize },
     #[error("vCPU {index}: building its MSR list failed")]
     MsrList { index: u8 },
+    #[error("vCPU {index}: {entries} CPUID entries are more than KVM takes")]
+    CpuidList { index: u8, entries: usize },
 }
 
 /// How a vCPU's run ended.
@@ -54,19 +56,21 @@ pub struct Vcpu {
 }
 
 impl Vcpu {
-    /// Creates vCPU `index` of `vcpus` with CPUID (`supported`, plus the
-    /// topology), the boot MSRs and the LINT pins set.
-    pub fn new(vm: &VmFd, supported: &CpuId, index: u8, vcpus: u8, hide_xsave: bool) -> Result<Vcpu, VcpuError> {
+    /// Creates the vCPU at `placement` with CPUID (`supported`, plus the
+    /// topology, without the vPMU), the boot MSRs and the LINT pins set.
+    pub fn new(vm: &VmFd, supported: &CpuId, placement: cpuid::Placement, hide_xsave: bool) -> Result<Vcpu, VcpuError> {
+        let index = placement.index;
         let kvm = |what| move |source| VcpuError::Kvm { index, what, source };
         let fd = vm.create_vcpu(u64::from(index)).map_err(kvm("creating it"))?;
-        let mut cpuid = supported.clone();
-        cpuid::apply_topology(cpuid.as_mut_slice(), index, vcpus);
+        let mut entries = supported.as_slice().to_vec();
+        cpuid::apply_topology(&mut entries, placement);
         if hide_xsave {
-            cpuid::hide_xsave(cpuid.as_mut_slice());
+            cpuid::hide_xsave(&mut entries);
         }
         if vm.check_extension(kvm_ioctls::Cap::TscDeadlineTimer) {
-            cpuid::offer_tsc_deadline(cpuid.as_mut_slice());
+            cpuid::offer_tsc_deadline(&mut entries);
         }
+        let cpuid = CpuId::from_entries(&entries).map_err(|_| VcpuError::CpuidList { index, entries: entries.len() })?;
         fd.set_cpuid2(&cpuid).map_err(kvm("setting CPUID"))?;
         let entries = regs::boot_msrs();
         let msrs = Msrs::from_entries(&entries).map_err(|_| VcpuError::MsrList { index })?;
