@@ -66,7 +66,11 @@ mod tests {
             (1, vec![vec![0]]),
             (64, vec![(0..32).collect(), (32..64).collect()]),
         ] {
-            assert_eq!(mismatches(cpus, &domains), vec![], "{cpus} CPUs, {domains:?}");
+            assert_eq!(
+                mismatches(cpus, &domains),
+                vec![],
+                "{cpus} CPUs, {domains:?}"
+            );
         }
         assert_eq!(l3_of(5, 6, &[vec![0, 1, 2, 3], vec![4, 5]]), vec![4, 5]);
         assert_eq!(l3_sharing_bits(16, &[(0..4).collect()]), 2);
@@ -74,8 +78,14 @@ mod tests {
 
     #[test]
     fn other_splits_are_named_with_the_l3_the_guest_sees() {
-        assert_eq!(mismatches(6, &[vec![0, 1, 2], vec![3, 4, 5]]), vec![(0, vec![0, 1, 2, 3]), (1, vec![0, 1, 2, 3])]);
-        assert_eq!(mismatches(4, &[vec![0, 2], vec![1, 3]]), vec![(0, vec![0, 1]), (1, vec![0, 1])]);
+        assert_eq!(
+            mismatches(6, &[vec![0, 1, 2], vec![3, 4, 5]]),
+            vec![(0, vec![0, 1, 2, 3]), (1, vec![0, 1, 2, 3])]
+        );
+        assert_eq!(
+            mismatches(4, &[vec![0, 2], vec![1, 3]]),
+            vec![(0, vec![0, 1]), (1, vec![0, 1])]
+        );
         // Domains that leave CPUs out: each domain is still a block, and the
         // CPUs outside get blocks of their own.
         assert_eq!(mismatches(4, &[vec![0, 1]]), vec![]);
@@ -86,6 +96,9 @@ mod tests {
     #[test]
     fn no_domains_means_one_l3() {
         assert_eq!(l3_of(3, 4, &[]), vec![0, 1, 2, 3]);
-        assert_eq!([1, 2, 3, 4, 5, 8, 9, 64].map(id_bits), [0, 1, 2, 2, 3, 3, 4, 6]);
+        assert_eq!(
+            [1, 2, 3, 4, 5, 8, 9, 64].map(id_bits),
+            [0, 1, 2, 2, 3, 3, 4, 6]
+        );
     }
 }

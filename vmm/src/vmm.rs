@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::ThreadId;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use event_manager::{EventManager, EventOps, EventSet, EventSubscriber, Events, SubscriberOps};
 use kvm_ioctls::{Cap, Kvm, VmFd};
@@ -26,7 +26,7 @@ use crate::devices::virtio::console::Console;
 use crate::devices::virtio::mmio::{MmioTransport, TransportError};
 use crate::memory::MemoryError;
 use crate::stats::{rss_beyond, Stats};
-use crate::vcpu::handle::{stop_and_join, HandleError, VcpuControl, VcpuHandle};
+use crate::vcpu::handle::{stop_all_but, stop_and_join, HandleError, VcpuControl, VcpuHandle};
 use crate::vcpu::{Vcpu, VcpuEnd, VcpuError};
 
 /// How long the end of a run waits for every vCPU to leave KVM and end.
@@ -222,7 +222,7 @@ impl Vmm {
         );
         crate::panic_report::install(Arc::new(move |panicking: ThreadId| {
             let (serial, stats, io, mmio, perfbed, console, memory) = &on_panic;
-            let joined = stop_after_panic(&controls, panicking);
+            let joined = stop_all_but(&controls, panicking, PANIC_VCPU_STOP_PATIENCE);
             serial.flush();
             report(
                 stats,
@@ -274,34 +274,6 @@ impl Vmm {
             )),
         }
     }
-}
-
-/// The panic path's stop: every vCPU but the panicking thread (which will
-/// never get back to its checkpoint) is kicked out of KVM and waited for.
-/// How many ended.
-fn stop_after_panic(controls: &[Arc<VcpuControl>], panicking: ThreadId) -> usize {
-    let others: Vec<&Arc<VcpuControl>> = controls
-        .iter()
-        .filter(|c| c.thread_id() != Some(panicking))
-        .collect();
-    for control in &others {
-        if let Err(e) = control.stop() {
-            eprintln!("perfbed-vmm: {e}");
-        }
-    }
-    let deadline = Instant::now() + PANIC_VCPU_STOP_PATIENCE;
-    others
-        .iter()
-        .filter(
-            |c| match c.wait_ended(deadline.saturating_duration_since(Instant::now())) {
-                Ok(_) => true,
-                Err(e) => {
-                    eprintln!("perfbed-vmm: {e}");
-                    false
-                }
-            },
-        )
-        .count()
 }
 
 /// Wakes the event loop when its eventfd is written (a vCPU ended the run,

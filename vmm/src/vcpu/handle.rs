@@ -394,6 +394,39 @@ pub fn stop_and_join(
     (joined, errors)
 }
 
+/// The panic path's stop: every vCPU but the one on thread `panicking`
+/// (which will never get back to its checkpoint: it is the one waiting for
+/// the report) is kicked out of KVM, then waited for, within `patience` for
+/// all. How many ended; the others are logged.
+pub fn stop_all_but(
+    controls: &[Arc<VcpuControl>],
+    panicking: ThreadId,
+    patience: Duration,
+) -> usize {
+    let others: Vec<&Arc<VcpuControl>> = controls
+        .iter()
+        .filter(|c| c.thread_id() != Some(panicking))
+        .collect();
+    for control in &others {
+        if let Err(e) = control.stop() {
+            eprintln!("perfbed-vmm: {e}");
+        }
+    }
+    let deadline = Instant::now() + patience;
+    others
+        .iter()
+        .filter(
+            |c| match c.wait_ended(deadline.saturating_duration_since(Instant::now())) {
+                Ok(_) => true,
+                Err(e) => {
+                    eprintln!("perfbed-vmm: {e}");
+                    false
+                }
+            },
+        )
+        .count()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -534,6 +567,29 @@ mod tests {
         ));
         handle.stop().unwrap();
         assert_eq!(handle.join(PATIENCE), Ok(VcpuEnd::Reset));
+    }
+
+    #[test]
+    fn the_panic_path_stops_all_but_the_panicking_vcpu() {
+        let handles: Vec<VcpuHandle> = (0..3)
+            .map(|i| VcpuHandle::spawn(i, Sleeper::new(None).0, |_| {}).unwrap())
+            .collect();
+        let controls: Vec<Arc<VcpuControl>> = handles.iter().map(VcpuHandle::control).collect();
+        let deadline = Instant::now() + PATIENCE;
+        while controls.iter().any(|c| c.thread_id().is_none()) {
+            assert!(Instant::now() < deadline, "the threads never started");
+            thread::sleep(Duration::from_millis(1));
+        }
+        // As if vCPU 1's thread had panicked.
+        let panicking = controls[1].thread_id().unwrap();
+        assert_eq!(stop_all_but(&controls, panicking, PATIENCE), 2);
+        assert_eq!(controls[0].wait_ended(Duration::ZERO), Ok(VcpuEnd::Stopped));
+        assert!(matches!(
+            controls[1].wait_ended(Duration::from_millis(50)),
+            Err(HandleError::Timeout { index: 1, .. })
+        ));
+        let (joined, errors) = stop_and_join(handles, PATIENCE);
+        assert!(errors.is_empty() && joined.len() == 3);
     }
 
     #[test]

@@ -28,12 +28,17 @@ pub fn check(guest: &mut Guest, cpus: u8, domains: &[Vec<u32>]) -> Result<Check>
         let want = format_cpu_list(&l3_topology::l3_of(cpu, cpus, domains));
         match guest.read_file(&format!("{base}/cache/index3/shared_cpu_list")) {
             Ok(got) if got == want => {}
-            Ok(got) => problems.push(format!("CPU {cpu}'s L3 is shared by {got}, expected {want}")),
+            Ok(got) => problems.push(format!(
+                "CPU {cpu}'s L3 is shared by {got}, expected {want}"
+            )),
             Err(e) => problems.push(format!("CPU {cpu} has no L3 in its cacheinfo ({e:#})")),
         }
         match guest.read_file(&format!("{base}/topology/die_id")) {
             Ok(got) if got == (cpu >> bits).to_string() => {}
-            Ok(got) => problems.push(format!("CPU {cpu} is on die {got}, expected {}", cpu >> bits)),
+            Ok(got) => problems.push(format!(
+                "CPU {cpu} is on die {got}, expected {}",
+                cpu >> bits
+            )),
             Err(e) => problems.push(format!("CPU {cpu} has no die_id ({e:#})")),
         }
         if cpu & ((1 << bits) - 1) == 0 {
@@ -42,7 +47,11 @@ pub fn check(guest: &mut Guest, cpus: u8, domains: &[Vec<u32>]) -> Result<Check>
     }
     let mismatched = l3_topology::mismatches(cpus, domains);
     let domains_text: Vec<String> = domains.iter().map(|d| format_cpu_list(d)).collect();
-    let mut ok = format!("L3s and dies {} = the domains {}", l3s.join(" : "), domains_text.join(" : "));
+    let mut ok = format!(
+        "L3s and dies {} = the domains {}",
+        l3s.join(" : "),
+        domains_text.join(" : ")
+    );
     if !mismatched.is_empty() {
         ok = format!(
             "L3s and dies {} as perfbed-vmm lays them out; the domains {} are not a power-of-two split, so they cannot match",
@@ -50,5 +59,9 @@ pub fn check(guest: &mut Guest, cpus: u8, domains: &[Vec<u32>]) -> Result<Check>
             domains_text.join(" : ")
         );
     }
-    Ok(Check::from_problems("topology matches the domains", problems, ok))
+    Ok(Check::from_problems(
+        "topology matches the domains",
+        problems,
+        ok,
+    ))
 }
