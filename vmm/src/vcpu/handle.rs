@@ -25,11 +25,21 @@ use std::time::{Duration, Instant};
 
 use vmm_sys_util::signal::{register_signal_handler, Killable, SIGRTMIN};
 
-use super::VcpuEnd;
-
 /// The kick signal's offset from `SIGRTMIN` (real-time signals are not
 /// used by the C runtime).
 pub const KICK_SIGNAL_OFFSET: i32 = 0;
+
+/// How a vCPU's run ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VcpuEnd {
+    /// The guest reset the machine (reboot, triple fault, or a panic's
+    /// reboot): the end of the VM.
+    Reset,
+    /// Something KVM or the guest did that the VMM cannot go on from.
+    Failed(String),
+    /// The VMM stopped it (the end of the run, a panic, SIGTERM).
+    Stopped,
+}
 
 /// What a vCPU thread runs: one guest entry at a time.
 pub trait Runnable: Send + 'static {

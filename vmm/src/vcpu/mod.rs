@@ -38,17 +38,7 @@ pub enum VcpuError {
     CpuidList { index: u8, entries: usize },
 }
 
-/// How a vCPU's run ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum VcpuEnd {
-    /// The guest reset the machine (reboot, triple fault, or a panic's
-    /// reboot): the end of the VM.
-    Reset,
-    /// Something KVM or the guest did that the VMM cannot go on from.
-    Failed(String),
-    /// The VMM stopped it (the end of the run, a panic, SIGTERM).
-    Stopped,
-}
+pub use handle::VcpuEnd;
 
 pub struct Vcpu {
     index: u8,
