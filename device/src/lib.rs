@@ -18,6 +18,7 @@ pub mod control;
 pub mod cpus;
 mod device;
 pub mod host;
+pub mod l3_topology;
 pub mod line;
 pub mod regs;
 

@@ -29,8 +29,10 @@ use crate::devices::bus::{Bus, BusDevice};
 use crate::devices::perfbed::PerfbedMmio;
 use crate::memory::{MMIO_HOLE_START, PERFBED_DEVICE_BASE};
 use crate::stats::Stats;
+use crate::vcpu::cpuid::Placement;
 use crate::vcpu::{Vcpu, VcpuEnd};
-use crate::vmm::{create_vm, write_gdt, VmmError};
+use crate::builder::{create_vm, write_gdt};
+use crate::vmm::VmmError;
 
 const CODE_ADDR: u64 = 0x1000;
 const DONE_PORT: u64 = 0xf4;
@@ -79,6 +81,8 @@ fn time_loop(vcpu: &mut Vcpu, addr: u64, io: &Bus, mmio: &Bus, done: &Done, stat
             None => {}
             Some(VcpuEnd::Reset) => return Err(VmmError::VcpuFailed("the benchmark guest reset".into())),
             Some(VcpuEnd::Failed(why)) => return Err(VmmError::VcpuFailed(why)),
+            // Only a handle stops a vCPU; the benchmark runs it bare.
+            Some(VcpuEnd::Stopped) => return Err(VmmError::VcpuFailed("the benchmark vCPU was stopped".into())),
         }
     }
     Ok(started.elapsed().as_nanos() as f64)
@@ -93,7 +97,7 @@ pub fn exit_costs(iterations: u32) -> Result<ExitCosts, VmmError> {
     let supported = kvm
         .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
         .map_err(|source| VmmError::Kvm { what: "reading supported CPUID", source })?;
-    let mut vcpu = Vcpu::new(&vm, &supported, 0, 1, false)?;
+    let mut vcpu = Vcpu::new(&vm, &supported, Placement { index: 0, vcpus: 1, llc_bits: 0 }, false)?;
     vcpu.set_boot_state(&BootEntry::Pvh { entry: CODE_ADDR, start_info: 0 })?;
 
     let device = SharedDevice::new(DeviceConfig::default())?;

@@ -7,8 +7,8 @@ use std::time::Instant;
 use clap::Parser;
 use perfbed_device::DeviceConfig;
 use perfbed_vmm::config::{default_domains, parse_domain_spec, EndpointsConfig, KernelConfig, MachineConfig};
-use perfbed_vmm::exit_status::{GUEST_PANIC, GUEST_RESET, USAGE, VMM_ERROR};
-use perfbed_vmm::{bench, GuestEnd, Vmm, VmmConfig};
+use perfbed_vmm::exit_status::{GUEST_PANIC, GUEST_RESET, TERMINATED, USAGE, VMM_ERROR};
+use perfbed_vmm::{bench, GuestEnd, Vmm, VmmBuilder, VmmConfig};
 
 const AFTER_HELP: &str = "\
 The VMM adds to the kernel command line the monitoring device
@@ -16,7 +16,9 @@ The VMM adds to the kernel command line the monitoring device
 (virtio_mmio.device=512@0xfeb00000:5), as perfbed's QEMU host does.
 
 Exit status: 0 the guest rebooted or powered off; 1 the VMM failed;
-2 bad arguments; 3 the guest kernel panicked.
+2 bad arguments; 3 the guest kernel panicked; 4 SIGTERM or SIGINT.
+Every vCPU is out of KVM and joined before the exit report
+(`perfbed-vmm: stat vcpus_joined=N`).
 
 Example:
   perfbed-vmm --kernel vmlinux --initramfs initramfs.cpio.gz \\
@@ -134,18 +136,20 @@ fn main() -> ExitCode {
     if let Err(e) = config.validate() {
         return fail(USAGE, e.into());
     }
-    let code = match Vmm::new(config, start).and_then(Vmm::run) {
+    let code = match VmmBuilder::new(config, start).build().and_then(Vmm::run) {
         Ok(GuestEnd::Reset) => GUEST_RESET,
         Ok(GuestEnd::Panicked) => {
             eprintln!("perfbed-vmm: the guest kernel panicked");
             GUEST_PANIC
         }
+        Ok(GuestEnd::Terminated) => TERMINATED,
         Err(e) => {
             eprintln!("perfbed-vmm: error: {e}");
             VMM_ERROR
         }
     };
-    // The vCPU threads are still blocked in KVM: end the process with them.
+    // The vCPU threads have ended; the event loop's helpers (the device's
+    // ticker, the control socket's threads) end with the process.
     std::process::exit(i32::from(code));
 }
 

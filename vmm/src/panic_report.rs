@@ -10,22 +10,25 @@
 
 use std::sync::mpsc;
 use std::sync::Arc;
-use std::thread;
+use std::thread::{self, ThreadId};
 use std::time::Duration;
 
 /// How long the hook waits for the report.
 pub const REPORT_PATIENCE: Duration = Duration::from_secs(2);
 
-/// Makes every later panic run `report` (after the usual message).
-pub fn install(report: Arc<dyn Fn() + Send + Sync>) {
+/// Makes every later panic run `report` (after the usual message), given
+/// the panicking thread (which the report must not wait for: it is the one
+/// waiting).
+pub fn install(report: Arc<dyn Fn(ThreadId) + Send + Sync>) {
     let default = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
         default(info);
         eprintln!("perfbed-vmm: panicked; flushing the serial log and reporting before the process ends");
+        let panicking = thread::current().id();
         let (done, finished) = mpsc::channel();
         let report = report.clone();
         let spawned = thread::Builder::new().name("panic-report".into()).spawn(move || {
-            report();
+            report(panicking);
             let _ = done.send(());
         });
         if spawned.is_err() || finished.recv_timeout(REPORT_PATIENCE).is_err() {
@@ -44,14 +47,16 @@ mod tests {
         let ran = Arc::new(AtomicU32::new(0));
         let counter = ran.clone();
         let previous = std::panic::take_hook();
-        install(Arc::new(move || {
+        let me = thread::current().id();
+        install(Arc::new(move |panicking| {
+            assert_eq!(panicking, me, "the report is told which thread panicked");
             counter.fetch_add(1, Ordering::SeqCst);
         }));
         let caught = std::panic::catch_unwind(|| panic!("on purpose"));
         assert!(caught.is_err());
         assert_eq!(ran.load(Ordering::SeqCst), 1, "the report did not run");
 
-        install(Arc::new(|| thread::sleep(Duration::from_secs(3600))));
+        install(Arc::new(|_| thread::sleep(Duration::from_secs(3600))));
         let started = std::time::Instant::now();
         let caught = std::panic::catch_unwind(|| panic!("on purpose, stuck report"));
         assert!(caught.is_err());

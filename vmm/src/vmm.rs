@@ -1,48 +1,39 @@
-//! [`Vmm`]: a VM assembled from a [`VmmConfig`] in one readable function,
-//! then run until the guest resets.
+//! [`Vmm`]: a VM built by [`crate::builder::VmmBuilder`], run until the
+//! guest resets, something fails, or the VMM is told to stop; every vCPU is
+//! out of KVM and joined before the exit report.
 
-use std::fs::File;
-use std::io::BufWriter;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::thread;
-use std::time::Instant;
+use std::thread::ThreadId;
+use std::time::Duration;
 
 use event_manager::{EventManager, EventOps, EventSet, EventSubscriber, Events, SubscriberOps};
-use kvm_bindings::{kvm_pit_config, kvm_userspace_memory_region, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY};
-use kvm_ioctls::{Cap, IoEventAddress, Kvm, VmFd};
+use kvm_ioctls::{Cap, Kvm, VmFd};
 use perfbed_device::host::Ticker;
 use perfbed_device::SharedDevice;
-use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+use vm_memory::{GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::agent_channel::{accept_one, AgentChannel};
-use crate::boot::cmdline::{self, CmdlineError, VirtioMmioSlot};
-use crate::boot::{self, BootEntry, LoadError};
+use crate::boot::cmdline::CmdlineError;
+use crate::boot::LoadError;
 use crate::config::{ConfigurationError, VmmConfig};
+use crate::device_manager::DeviceManagerError;
 use crate::devices::bus::{Bus, BusError};
-use crate::devices::perfbed::{PerfbedLines, PerfbedMmio};
-use crate::devices::serial::{ConsoleSink, SerialConsole, COM1_BASE, COM1_IRQ, COM1_LEN};
+use crate::devices::perfbed::PerfbedMmio;
+use crate::devices::serial::SerialConsole;
 use crate::devices::virtio::console::Console;
-use crate::devices::virtio::mmio::{MmioTransport, TransportError, QUEUE_NOTIFY_OFFSET};
-use crate::devices::virtio::Interrupt;
-use crate::memory::{
-    create_guest_memory, MemoryError, GDT_ADDR, IDT_ADDR, KVM_IDENTITY_MAP_ADDR, KVM_TSS_ADDR, PERFBED_DEVICE_BASE,
-    VIRTIO_MMIO_BASE, VIRTIO_MMIO_SIZE,
-};
+use crate::devices::virtio::mmio::{MmioTransport, TransportError};
+use crate::memory::MemoryError;
 use crate::stats::{rss_beyond, Stats};
-use crate::vcpu::{regs, Vcpu, VcpuEnd, VcpuError};
+use crate::vcpu::handle::{stop_all_but, stop_and_join, HandleError, VcpuControl, VcpuHandle};
+use crate::vcpu::{Vcpu, VcpuEnd, VcpuError};
 
-/// The virtio console's interrupt (the first after COM1's, as Firecracker's).
-pub const VIRTIO_CONSOLE_IRQ: u32 = 5;
-/// The monitoring device's interrupt lines, domain `d`'s on
-/// `PERFBED_GSIS[d]`: the GSIs the QEMU host gives it (xtask's
-/// `host::config::DEVICE_GSIS`), so the guest sees one machine on either
-/// host. Domains beyond have no line; the driver polls them.
-pub const PERFBED_GSIS: [u32; 3] = [13, 14, 15];
-/// How often the device's ticker lets time pass while an overflow
-/// interrupt is enabled.
-const PERFBED_TICK: std::time::Duration = std::time::Duration::from_millis(2);
+/// How long the end of a run waits for every vCPU to leave KVM and end.
+pub const VCPU_STOP_PATIENCE: Duration = Duration::from_secs(5);
+/// How long the panic path waits for them (within the panic report's own
+/// patience).
+const PANIC_VCPU_STOP_PATIENCE: Duration = Duration::from_millis(1000);
 
 /// Why the VMM could not be built or stopped abnormally.
 #[derive(Debug, thiserror::Error)]
@@ -71,6 +62,10 @@ pub enum VmmError {
     Device(#[from] perfbed_device::ConfigError),
     #[error(transparent)]
     Transport(#[from] TransportError),
+    #[error(transparent)]
+    DeviceManager(#[from] DeviceManagerError),
+    #[error(transparent)]
+    VcpuHandle(#[from] HandleError),
     #[error("{what}: {source}")]
     Io {
         what: String,
@@ -85,12 +80,12 @@ pub enum VmmError {
     VcpuFailed(String),
 }
 
-fn io_error(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> VmmError {
+pub(crate) fn io_error(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> VmmError {
     let what = what.into();
     move |source| VmmError::Io { what, source }
 }
 
-fn kvm_error(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmmError {
+pub(crate) fn kvm_error(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmmError {
     move |source| VmmError::Kvm { what, source }
 }
 
@@ -101,66 +96,28 @@ pub enum GuestEnd {
     Reset,
     /// It panicked (the serial console showed the panic banner) and reset.
     Panicked,
+    /// The VMM got SIGTERM or SIGINT and stopped the guest.
+    Terminated,
 }
 
 /// A built VM, ready to run.
 pub struct Vmm {
-    config: VmmConfig,
-    memory: GuestMemoryMmap,
-    vcpus: Vec<Vcpu>,
-    io_bus: Arc<Bus>,
-    mmio_bus: Arc<Bus>,
-    serial: Arc<SerialConsole>,
-    panicked: Arc<AtomicBool>,
-    console: Arc<MmioTransport<Console>>,
-    device: SharedDevice,
-    perfbed: Arc<PerfbedMmio>,
+    pub(crate) config: VmmConfig,
+    pub(crate) memory: GuestMemoryMmap,
+    pub(crate) vcpus: Vec<Vcpu>,
+    pub(crate) io_bus: Arc<Bus>,
+    pub(crate) mmio_bus: Arc<Bus>,
+    pub(crate) serial: Arc<SerialConsole>,
+    pub(crate) panicked: Arc<AtomicBool>,
+    pub(crate) console: Arc<MmioTransport<Console>>,
+    pub(crate) device: SharedDevice,
+    pub(crate) perfbed: Arc<PerfbedMmio>,
     /// Lets time pass for the device's interrupts; stopped with the VM.
-    _perfbed_ticker: Ticker,
-    stats: Arc<Stats>,
+    pub(crate) _perfbed_ticker: Ticker,
+    pub(crate) stats: Arc<Stats>,
     // Kept for the VM's lifetime: dropping them would close the VM.
-    _vm: VmFd,
-    _kvm: Kvm,
-}
-
-/// KVM, a VM with the in-kernel irqchip and PIT, and `memory_mib` of RAM.
-pub(crate) fn create_vm(memory_mib: u32) -> Result<(Kvm, VmFd, GuestMemoryMmap), VmmError> {
-    let kvm = Kvm::new().map_err(kvm_error("opening /dev/kvm"))?;
-    for cap in [Cap::Irqchip, Cap::Pit2, Cap::UserMemory, Cap::Irqfd, Cap::Ioeventfd, Cap::ExtCpuid] {
-        if !kvm.check_extension(cap) {
-            return Err(VmmError::MissingCapability(cap));
-        }
-    }
-    let vm = kvm.create_vm().map_err(kvm_error("creating the VM"))?;
-    vm.set_tss_address(KVM_TSS_ADDR as usize).map_err(kvm_error("setting the TSS address"))?;
-    vm.set_identity_map_address(KVM_IDENTITY_MAP_ADDR).map_err(kvm_error("setting the identity map address"))?;
-    vm.create_irq_chip().map_err(kvm_error("creating the in-kernel irqchip"))?;
-    let pit = kvm_pit_config { flags: KVM_PIT_SPEAKER_DUMMY, ..Default::default() };
-    vm.create_pit2(pit).map_err(kvm_error("creating the in-kernel PIT"))?;
-    let memory = create_guest_memory(memory_mib)?;
-    for (slot, region) in memory.iter().enumerate() {
-        let host = memory.get_host_address(region.start_addr())?;
-        let region = kvm_userspace_memory_region {
-            slot: slot as u32,
-            guest_phys_addr: region.start_addr().0,
-            memory_size: region.len(),
-            userspace_addr: host as u64,
-            flags: 0,
-        };
-        // SAFETY: the range is our own mapping of guest memory, which lives
-        // (in the Vmm) as long as the VM does.
-        unsafe { vm.set_user_memory_region(region) }.map_err(kvm_error("registering guest memory"))?;
-    }
-    Ok((kvm, vm, memory))
-}
-
-/// The GDT (and an empty IDT) the boot CPU's segments come from.
-pub(crate) fn write_gdt(memory: &GuestMemoryMmap, long_mode: bool) -> Result<(), VmmError> {
-    for (i, entry) in regs::gdt(long_mode).iter().enumerate() {
-        memory.write_obj(*entry, GuestAddress(GDT_ADDR + 8 * i as u64))?;
-    }
-    memory.write_obj(0u64, GuestAddress(IDT_ADDR))?;
-    Ok(())
+    pub(crate) _vm: VmFd,
+    pub(crate) _kvm: Kvm,
 }
 
 /// Host address ranges of the guest's RAM.
@@ -172,110 +129,87 @@ pub(crate) fn guest_ram_ranges(memory: &GuestMemoryMmap) -> Vec<(u64, u64)> {
 }
 
 impl Vmm {
-    /// Builds the VM: KVM objects, memory, devices, the loaded guest and its
-    /// vCPUs, the boot vCPU at the kernel's entry. `start` is when the VMM
-    /// started (for the time to the first guest instruction).
-    pub fn new(config: VmmConfig, start: Instant) -> Result<Vmm, VmmError> {
-        config.validate()?;
-        let machine = config.machine;
-        let (kvm, vm, memory) = create_vm(machine.memory_mib)?;
-        let irqfd = |gsi: u32| -> Result<EventFd, VmmError> {
-            let evt = EventFd::new(libc::EFD_NONBLOCK).map_err(io_error("creating an eventfd"))?;
-            vm.register_irqfd(&evt, gsi).map_err(kvm_error("registering an irqfd"))?;
-            Ok(evt)
-        };
-
-        let panicked = Arc::new(AtomicBool::new(false));
-        let serial_out: Option<Box<dyn std::io::Write + Send>> = match &config.endpoints.serial_log {
-            Some(path) => {
-                let file = File::create(path).map_err(io_error(format!("creating the serial log {}", path.display())))?;
-                Some(Box::new(BufWriter::new(file)))
-            }
-            None => None,
-        };
-        let serial = Arc::new(SerialConsole::new(irqfd(COM1_IRQ)?, ConsoleSink::new(serial_out, panicked.clone())));
-        let interrupt = Interrupt::new(irqfd(VIRTIO_CONSOLE_IRQ)?);
-        let console = Arc::new(MmioTransport::new(Console::new(), memory.clone(), interrupt)?);
-        // The guest's queue notifies signal the event loop inside KVM: no
-        // exit to a vCPU thread, which then never touches the device.
-        let notify = IoEventAddress::Mmio(VIRTIO_MMIO_BASE + QUEUE_NOTIFY_OFFSET);
-        for (queue, evt) in console.notifiers().map_err(io_error("cloning an eventfd"))?.iter().enumerate() {
-            vm.register_ioevent(evt, &notify, queue as u32).map_err(kvm_error("registering an ioeventfd"))?;
-        }
-        let device = SharedDevice::new(config.device.clone())?;
-        let perfbed = Arc::new(PerfbedMmio::new(device.clone()));
-        let gsis = &PERFBED_GSIS[..config.device.domains.len().min(PERFBED_GSIS.len())];
-        let lines = gsis.iter().map(|&gsi| irqfd(gsi)).collect::<Result<Vec<_>, _>>()?;
-        device.connect_lines(Arc::new(PerfbedLines::new(lines)));
-        let perfbed_ticker = device.start_ticker(PERFBED_TICK).map_err(io_error("starting the device's ticker"))?;
-
-        let mut io_bus = Bus::new("port");
-        io_bus.insert("COM1", COM1_BASE, COM1_LEN, serial.clone())?;
-        let mut mmio_bus = Bus::new("MMIO");
-        mmio_bus.insert("perfbed device", PERFBED_DEVICE_BASE, device.size(), perfbed.clone())?;
-        mmio_bus.insert("virtio console", VIRTIO_MMIO_BASE, VIRTIO_MMIO_SIZE, console.clone())?;
-
-        let slot = VirtioMmioSlot { base: VIRTIO_MMIO_BASE, size: VIRTIO_MMIO_SIZE, irq: VIRTIO_CONSOLE_IRQ };
-        let cmdline = cmdline::build(&config.kernel.cmdline, Some((device.size(), PERFBED_DEVICE_BASE, gsis)), &[slot])?;
-        let entry = boot::load(
-            &memory,
-            machine.memory_mib,
-            machine.vcpus,
-            &config.kernel.path,
-            config.kernel.initramfs.as_deref(),
-            &cmdline,
-        )?;
-        write_gdt(&memory, matches!(entry, BootEntry::Linux64 { .. }))?;
-
-        let supported = kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES).map_err(kvm_error("reading supported CPUID"))?;
-        let vcpus = (0..machine.vcpus)
-            .map(|index| Vcpu::new(&vm, &supported, index, machine.vcpus, machine.hide_xsave))
-            .collect::<Result<Vec<_>, _>>()?;
-        vcpus[0].set_boot_state(&entry)?;
-
-        Ok(Vmm {
-            config,
-            memory,
-            vcpus,
-            io_bus: Arc::new(io_bus),
-            mmio_bus: Arc::new(mmio_bus),
-            serial,
-            panicked,
-            console,
-            device,
-            perfbed,
-            _perfbed_ticker: perfbed_ticker,
-            stats: Arc::new(Stats::new(start)),
-            _vm: vm,
-            _kvm: kvm,
-        })
-    }
-
     /// Serves the control socket, waits for the agent socket's client (if
-    /// any), runs the vCPUs and the event loop until the guest resets.
-    /// The vCPU threads are left blocked in the guest: the caller exits the
-    /// process, which ends them.
+    /// any), runs the vCPUs and the event loop until the guest resets, a
+    /// vCPU fails, or SIGTERM/SIGINT arrives; then stops every vCPU, joins
+    /// it, and prints the exit report.
     pub fn run(self) -> Result<GuestEnd, VmmError> {
         let _control = match &self.config.endpoints.control_socket {
-            Some(path) => Some(
-                self.device
-                    .serve_control(path)
-                    .map_err(io_error(format!("serving the control socket {}", path.display())))?,
-            ),
+            Some(path) => Some(self.device.serve_control(path).map_err(io_error(format!(
+                "serving the control socket {}",
+                path.display()
+            )))?),
             None => None,
         };
         let mut events: EventManager<Arc<dyn EventSubscriber + Send + Sync>> =
             EventManager::new().map_err(|e| VmmError::EventLoop(format!("{e:?}")))?;
+        let terminate = crate::termination::watch().map_err(io_error("watching for SIGTERM"))?;
+        let terminated = Arc::new(AtomicBool::new(false));
+        events.add_subscriber(Arc::new(Wake {
+            evt: terminate,
+            flag: Some(terminated.clone()),
+        }));
         let stream = match &self.config.endpoints.agent_socket {
             Some(path) => {
-                eprintln!("perfbed-vmm: waiting for a client on the agent socket {}", path.display());
-                Some(accept_one(path).map_err(io_error(format!("accepting on the agent socket {}", path.display())))?)
+                eprintln!(
+                    "perfbed-vmm: waiting for a client on the agent socket {}",
+                    path.display()
+                );
+                Some(accept_one(path).map_err(io_error(format!(
+                    "accepting on the agent socket {}",
+                    path.display()
+                )))?)
             }
             None => None,
         };
-        let channel =
-            AgentChannel::new(stream, self.console.clone()).map_err(io_error("joining the agent socket to the console"))?;
+        let channel = AgentChannel::new(stream, self.console.clone())
+            .map_err(io_error("joining the agent socket to the console"))?;
         events.add_subscriber(Arc::new(channel));
+
+        let ended: Arc<Mutex<Option<VcpuEnd>>> = Arc::new(Mutex::new(None));
+        let ended_evt =
+            EventFd::new(libc::EFD_NONBLOCK).map_err(io_error("creating an eventfd"))?;
+        let wake = ended_evt
+            .try_clone()
+            .map_err(io_error("cloning an eventfd"))?;
+        events.add_subscriber(Arc::new(Wake {
+            evt: wake,
+            flag: None,
+        }));
+        let vcpus = self.vcpus.len();
+        let mut handles = Vec::with_capacity(vcpus);
+        for vcpu in self.vcpus {
+            let index = u32::from(vcpu.index());
+            let runner = vcpu.into_runner(
+                self.io_bus.clone(),
+                self.mmio_bus.clone(),
+                self.stats.clone(),
+            );
+            let (ended, evt) = (
+                ended.clone(),
+                ended_evt
+                    .try_clone()
+                    .map_err(io_error("cloning an eventfd"))?,
+            );
+            let on_end = move |end: &VcpuEnd| {
+                // A stop is the VMM's own doing, not the run's end.
+                if *end != VcpuEnd::Stopped {
+                    ended
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .get_or_insert(end.clone());
+                    let _ = evt.write(1);
+                }
+            };
+            match VcpuHandle::spawn(index, runner, on_end) {
+                Ok(handle) => handles.push(handle),
+                Err(e) => {
+                    stop_and_join(handles, VCPU_STOP_PATIENCE);
+                    return Err(e.into());
+                }
+            }
+        }
+        let controls: Vec<Arc<VcpuControl>> = handles.iter().map(VcpuHandle::control).collect();
 
         let on_panic = (
             self.serial.clone(),
@@ -286,56 +220,81 @@ impl Vmm {
             self.console.clone(),
             self.memory.clone(),
         );
-        crate::panic_report::install(Arc::new(move || {
+        crate::panic_report::install(Arc::new(move |panicking: ThreadId| {
             let (serial, stats, io, mmio, perfbed, console, memory) = &on_panic;
+            let joined = stop_all_but(&controls, panicking, PANIC_VCPU_STOP_PATIENCE);
             serial.flush();
-            report(stats, io, mmio, perfbed, console, memory);
+            report(
+                stats,
+                io,
+                mmio,
+                perfbed,
+                console,
+                memory,
+                (joined, controls.len()),
+            );
         }));
 
-        let ended: Arc<Mutex<Option<VcpuEnd>>> = Arc::new(Mutex::new(None));
-        let ended_evt = EventFd::new(libc::EFD_NONBLOCK).map_err(io_error("creating an eventfd"))?;
-        events.add_subscriber(Arc::new(EndNotice(ended_evt.try_clone().map_err(io_error("cloning an eventfd"))?)));
-        for vcpu in self.vcpus {
-            let (io, mmio, stats) = (self.io_bus.clone(), self.mmio_bus.clone(), self.stats.clone());
-            let (ended, evt) = (ended.clone(), ended_evt.try_clone().map_err(io_error("cloning an eventfd"))?);
-            thread::Builder::new()
-                .name(format!("vcpu{}", vcpu.index()))
-                .spawn(move || {
-                    let end = vcpu.run(io, mmio, stats);
-                    ended.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(end);
-                    let _ = evt.write(1);
-                })
-                .map_err(io_error("starting a vCPU thread"))?;
-        }
-
         let end = loop {
-            events.run_with_timeout(500).map_err(|e| VmmError::EventLoop(format!("{e:?}")))?;
+            events
+                .run_with_timeout(500)
+                .map_err(|e| VmmError::EventLoop(format!("{e:?}")))?;
             if let Some(end) = ended.lock().unwrap_or_else(|p| p.into_inner()).take() {
-                break end;
+                break Some(end);
+            }
+            if terminated.load(Ordering::SeqCst) {
+                eprintln!("perfbed-vmm: terminated by a signal; stopping the vCPUs");
+                break None;
             }
         };
+        let (joined, errors) = stop_and_join(handles, VCPU_STOP_PATIENCE);
+        for e in &errors {
+            eprintln!("perfbed-vmm: stopping the vCPUs: {e}");
+        }
         self.serial.flush();
-        report(&self.stats, &self.io_bus, &self.mmio_bus, &self.perfbed, &self.console, &self.memory);
+        report(
+            &self.stats,
+            &self.io_bus,
+            &self.mmio_bus,
+            &self.perfbed,
+            &self.console,
+            &self.memory,
+            (joined.len(), vcpus),
+        );
+        if let Some(e) = errors.into_iter().next() {
+            return Err(e.into());
+        }
         match end {
-            VcpuEnd::Reset if self.panicked.load(Ordering::SeqCst) => Ok(GuestEnd::Panicked),
-            VcpuEnd::Reset => Ok(GuestEnd::Reset),
-            VcpuEnd::Failed(why) => Err(VmmError::VcpuFailed(why)),
+            None => Ok(GuestEnd::Terminated),
+            Some(VcpuEnd::Reset) if self.panicked.load(Ordering::SeqCst) => Ok(GuestEnd::Panicked),
+            Some(VcpuEnd::Reset) => Ok(GuestEnd::Reset),
+            Some(VcpuEnd::Failed(why)) => Err(VmmError::VcpuFailed(why)),
+            Some(VcpuEnd::Stopped) => Err(VmmError::VcpuFailed(
+                "a vCPU stopped with no one asking".into(),
+            )),
         }
     }
 }
 
-/// Wakes the event loop when a vCPU has ended the run.
-struct EndNotice(EventFd);
+/// Wakes the event loop when its eventfd is written (a vCPU ended the run,
+/// or a termination signal came, which also sets `flag`).
+struct Wake {
+    evt: EventFd,
+    flag: Option<Arc<AtomicBool>>,
+}
 
-impl EventSubscriber for EndNotice {
+impl EventSubscriber for Wake {
     fn init(&self, ops: &mut EventOps) {
-        if let Err(e) = ops.add(Events::new(&self.0, EventSet::IN)) {
-            eprintln!("perfbed-vmm: watching for the end of the run: {e:?}");
+        if let Err(e) = ops.add(Events::new(&self.evt, EventSet::IN)) {
+            eprintln!("perfbed-vmm: watching an eventfd for the end of the run: {e:?}");
         }
     }
 
     fn process(&self, _events: Events, _ops: &mut EventOps) {
-        let _ = self.0.read();
+        let _ = self.evt.read();
+        if let Some(flag) = &self.flag {
+            flag.store(true, Ordering::SeqCst);
+        }
     }
 }
 
@@ -347,6 +306,7 @@ fn report(
     perfbed: &PerfbedMmio,
     console: &MmioTransport<Console>,
     memory: &GuestMemoryMmap,
+    (joined, vcpus): (usize, usize),
 ) {
     let (first_run, first_exit) = stats.boot_times();
     let (accesses, handler_ns) = perfbed.handler_time();
@@ -361,6 +321,9 @@ fn report(
         format!("device_accesses={accesses}"),
         format!("device_handler_mean_ns={}", handler_ns.checked_div(accesses).unwrap_or(0)),
         format!("console_output_dropped_bytes={dropped}"),
+        // Every vCPU out of KVM_RUN and its thread ended before this line.
+        format!("vcpus_joined={joined}"),
+        format!("vcpus={vcpus}"),
     ];
     for (bus, kind) in [(io, "port"), (mmio, "mmio")] {
         for (addr, count) in bus.top_unknown(3) {

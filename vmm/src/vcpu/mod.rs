@@ -6,6 +6,7 @@
 //! local APIC, as on hardware.
 
 pub mod cpuid;
+pub mod handle;
 pub mod regs;
 
 use std::sync::atomic::Ordering;
@@ -33,17 +34,11 @@ pub enum VcpuError {
     Msrs { index: u8, set: usize, wanted: usize },
     #[error("vCPU {index}: building its MSR list failed")]
     MsrList { index: u8 },
+    #[error("vCPU {index}: {entries} CPUID entries are more than KVM takes")]
+    CpuidList { index: u8, entries: usize },
 }
 
-/// How a vCPU's run ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum VcpuEnd {
-    /// The guest reset the machine (reboot, triple fault, or a panic's
-    /// reboot): the end of the VM.
-    Reset,
-    /// Something KVM or the guest did that the VMM cannot go on from.
-    Failed(String),
-}
+pub use handle::VcpuEnd;
 
 pub struct Vcpu {
     index: u8,
@@ -51,19 +46,21 @@ pub struct Vcpu {
 }
 
 impl Vcpu {
-    /// Creates vCPU `index` of `vcpus` with CPUID (`supported`, plus the
-    /// topology), the boot MSRs and the LINT pins set.
-    pub fn new(vm: &VmFd, supported: &CpuId, index: u8, vcpus: u8, hide_xsave: bool) -> Result<Vcpu, VcpuError> {
+    /// Creates the vCPU at `placement` with CPUID (`supported`, plus the
+    /// topology, without the vPMU), the boot MSRs and the LINT pins set.
+    pub fn new(vm: &VmFd, supported: &CpuId, placement: cpuid::Placement, hide_xsave: bool) -> Result<Vcpu, VcpuError> {
+        let index = placement.index;
         let kvm = |what| move |source| VcpuError::Kvm { index, what, source };
         let fd = vm.create_vcpu(u64::from(index)).map_err(kvm("creating it"))?;
-        let mut cpuid = supported.clone();
-        cpuid::apply_topology(cpuid.as_mut_slice(), index, vcpus);
+        let mut entries = supported.as_slice().to_vec();
+        cpuid::apply_topology(&mut entries, placement);
         if hide_xsave {
-            cpuid::hide_xsave(cpuid.as_mut_slice());
+            cpuid::hide_xsave(&mut entries);
         }
         if vm.check_extension(kvm_ioctls::Cap::TscDeadlineTimer) {
-            cpuid::offer_tsc_deadline(cpuid.as_mut_slice());
+            cpuid::offer_tsc_deadline(&mut entries);
         }
+        let cpuid = CpuId::from_entries(&entries).map_err(|_| VcpuError::CpuidList { index, entries: entries.len() })?;
         fd.set_cpuid2(&cpuid).map_err(kvm("setting CPUID"))?;
         let entries = regs::boot_msrs();
         let msrs = Msrs::from_entries(&entries).map_err(|_| VcpuError::MsrList { index })?;
@@ -141,19 +138,38 @@ impl Vcpu {
         None
     }
 
-    /// Runs until the guest resets or something fails.
-    pub fn run(mut self, io: Arc<Bus>, mmio: Arc<Bus>, stats: Arc<Stats>) -> VcpuEnd {
-        if self.index == 0 {
-            stats.note_first_run();
-            if let Some(end) = self.step(&io, &mmio, &stats) {
-                return end;
-            }
-            stats.note_first_exit();
+    /// The vCPU with the buses it dispatches to, ready for its thread
+    /// ([`handle::VcpuHandle::spawn`]).
+    pub fn into_runner(self, io: Arc<Bus>, mmio: Arc<Bus>, stats: Arc<Stats>) -> BusRunner {
+        BusRunner { first_entry: self.index == 0, vcpu: self, io, mmio, stats }
+    }
+}
+
+/// A vCPU thread's work: enter the guest, send each exit to the buses.
+pub struct BusRunner {
+    vcpu: Vcpu,
+    io: Arc<Bus>,
+    mmio: Arc<Bus>,
+    stats: Arc<Stats>,
+    /// The boot vCPU's first entry is timed (the time to the first guest
+    /// instruction and the first exit).
+    first_entry: bool,
+}
+
+impl handle::Runnable for BusRunner {
+    fn step(&mut self) -> Option<VcpuEnd> {
+        if std::mem::take(&mut self.first_entry) {
+            self.stats.note_first_run();
+            let end = self.vcpu.step(&self.io, &self.mmio, &self.stats);
+            self.stats.note_first_exit();
+            return end;
         }
-        loop {
-            if let Some(end) = self.step(&io, &mmio, &stats) {
-                return end;
-            }
-        }
+        self.vcpu.step(&self.io, &self.mmio, &self.stats)
+    }
+
+    fn immediate_exit(&mut self) -> *mut u8 {
+        // The kvm_run page is mapped for the VcpuFd's life, which the
+        // runner owns.
+        &mut self.vcpu.fd.get_kvm_run().immediate_exit
     }
 }

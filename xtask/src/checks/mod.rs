@@ -16,6 +16,7 @@ pub mod rng;
 pub mod scope;
 pub mod slot_credit;
 pub mod slow_reader;
+pub mod topology;
 pub mod traffic;
 
 use std::fmt::Write as _;

@@ -56,6 +56,11 @@ pub fn run(scenario: &Scenario, accel: &Accel) -> Result<Report> {
     // The device on its own first, driven from the guest without a driver.
     checks.extend(checks::device::checks(&mut vm, scenario.vm.cpus, &scenario.vm.device, scenario.request_timeout)?);
     checks.push(checks::perf_tool::check(&mut vm, scenario.request_timeout)?);
+    if !matches!(scenario.vm.host, crate::host::Host::Qemu) {
+        // perfbed-vmm derives the guest's L3s and dies from the domains.
+        let mut guest = Guest { vm: &mut vm, timeout: scenario.request_timeout };
+        checks.push(checks::topology::check(&mut guest, scenario.vm.cpus, &scenario.vm.device.domains)?);
+    }
 
     // Then perfbed.ko on it: load, and every PMU check.
     let loaded = vm.request(&HostRequest::LoadModule { name: MODULE.into() }, scenario.request_timeout)?;

@@ -29,6 +29,18 @@ pub fn boot_and_hotplug(scenario: &Scenario, accel: &Accel) -> Result<()> {
         bail!("failed checks:\n{}serial log: {}{trace}", report.table(), report.serial_log.display());
     }
     print!("{}", report.table());
+    if !matches!(scenario.vm.host, host::Host::Qemu) {
+        // perfbed-vmm stops every vCPU out of KVM and joins it before its
+        // report: a process that exits with vCPUs inside KVM_RUN fails here.
+        let lines = host::vmm::host_report(&scenario.vm.run_dir);
+        match host::vmm::vcpus_joined(&lines) {
+            Some((joined, total)) if joined == total && total == u32::from(scenario.vm.cpus) => {
+                println!("  perfbed-vmm joined all {total} vCPU threads before its report");
+            }
+            Some((joined, total)) => bail!("perfbed-vmm joined {joined} of {total} vCPU threads (the guest had {})", scenario.vm.cpus),
+            None => bail!("perfbed-vmm's report has no vcpus_joined/vcpus figures:\n{}", lines.join("\n")),
+        }
+    }
     Ok(())
 }
 

@@ -1,0 +1,618 @@
+//! vCPU threads and their handles: kick, pause, resume, stop and join.
+//!
+//! A vCPU thread spends its life inside `KVM_RUN`, which only returns on an
+//! exit the VMM must handle or on a signal. A kick is the pair Firecracker
+//! and Cloud Hypervisor use: the request is published first (a state under
+//! the handle's mutex), then [`KICK_SIGNAL`] is sent to the thread. Its
+//! handler runs on the vCPU thread and sets `kvm_run.immediate_exit`, so
+//! that whichever comes first wins and nothing is lost:
+//! - the thread is inside `KVM_RUN`: the signal makes it return `EINTR`;
+//! - the thread is between runs: it clears `immediate_exit`, *then* reads
+//!   the request before entering again; a request published after that
+//!   read comes with a signal whose `immediate_exit` makes the next
+//!   `KVM_RUN` return at once.
+//!
+//! The machinery is generic over [`Runnable`] so that it can be tested
+//! without KVM (the tests' runner blocks in `nanosleep` the way a vCPU
+//! blocks in `KVM_RUN`).
+
+use std::cell::Cell;
+use std::ptr;
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Once};
+use std::thread::{self, JoinHandle, ThreadId};
+use std::time::{Duration, Instant};
+
+use vmm_sys_util::signal::{register_signal_handler, Killable, SIGRTMIN};
+
+/// The kick signal's offset from `SIGRTMIN` (real-time signals are not
+/// used by the C runtime).
+pub const KICK_SIGNAL_OFFSET: i32 = 0;
+
+/// How a vCPU's run ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VcpuEnd {
+    /// The guest reset the machine (reboot, triple fault, or a panic's
+    /// reboot): the end of the VM.
+    Reset,
+    /// Something KVM or the guest did that the VMM cannot go on from.
+    Failed(String),
+    /// The VMM stopped it (the end of the run, a panic, SIGTERM).
+    Stopped,
+}
+
+/// What a vCPU thread runs: one guest entry at a time.
+pub trait Runnable: Send + 'static {
+    /// Enters the guest once and handles the exit: `Some` when the run is
+    /// over, `None` to go on (an exit handled, or `EINTR` from a kick).
+    fn step(&mut self) -> Option<VcpuEnd>;
+    /// The byte that makes the next entry return at once
+    /// (`kvm_run.immediate_exit`); it must stay valid while the thread runs.
+    fn immediate_exit(&mut self) -> *mut u8;
+}
+
+/// Why a handle's request did not complete.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HandleError {
+    #[error("vCPU {index}: installing the kick signal's handler: {errno}")]
+    SignalHandler { index: u32, errno: i32 },
+    #[error("vCPU {index}: starting its thread: {why}")]
+    Spawn { index: u32, why: String },
+    #[error("vCPU {index}: sending the kick signal: errno {errno}")]
+    Kick { index: u32, errno: i32 },
+    #[error("vCPU {index} did not {what} within {waited:?}")]
+    Timeout {
+        index: u32,
+        what: &'static str,
+        waited: Duration,
+    },
+    #[error("vCPU {index} has already ended ({end:?})")]
+    Ended { index: u32, end: VcpuEnd },
+    #[error("vCPU {index}'s thread panicked")]
+    Panicked { index: u32 },
+}
+
+/// What the VMM asks of a vCPU thread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Request {
+    Run,
+    Pause,
+    Stop,
+}
+
+#[derive(Debug)]
+struct State {
+    request: Request,
+    /// The thread is parked at its checkpoint on a pause.
+    paused: bool,
+    /// The thread has left its loop (and will touch KVM no more).
+    ended: Option<VcpuEnd>,
+    /// The thread's pthread while it is alive, for the kick.
+    pthread: Option<libc::pthread_t>,
+}
+
+/// The part of a handle the vCPU thread and anyone holding it share: the
+/// panic report can stop every vCPU with it without owning the threads.
+pub struct VcpuControl {
+    index: u32,
+    state: Mutex<State>,
+    changed: Condvar,
+    thread: Mutex<Option<ThreadId>>,
+}
+
+impl VcpuControl {
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn index(&self) -> u32 {
+        self.index
+    }
+
+    /// The vCPU's thread, once it started.
+    pub fn thread_id(&self) -> Option<ThreadId> {
+        *self.thread.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Publishes `request` and kicks the thread out of the guest.
+    fn request(&self, request: Request) -> Result<(), HandleError> {
+        let mut state = self.state();
+        if state.request == Request::Stop {
+            // Stopping is final.
+            return Ok(());
+        }
+        state.request = request;
+        self.changed.notify_all();
+        // Kicked under the lock: the thread clears `pthread` under it too
+        // before it ends, so the pthread_t is never that of a gone thread.
+        if let (Some(pthread), None) = (state.pthread, &state.ended) {
+            let kicked = Pthread(pthread).kill(SIGRTMIN() + KICK_SIGNAL_OFFSET);
+            kicked.map_err(|e| HandleError::Kick {
+                index: self.index,
+                errno: e.errno(),
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Kicks the vCPU out of the guest for good: its thread ends with
+    /// [`VcpuEnd::Stopped`] (or whatever end it had reached already).
+    pub fn stop(&self) -> Result<(), HandleError> {
+        self.request(Request::Stop)
+    }
+
+    /// Waits until the thread has ended, at most `patience`.
+    pub fn wait_ended(&self, patience: Duration) -> Result<VcpuEnd, HandleError> {
+        let deadline = Instant::now() + patience;
+        let mut state = self.state();
+        loop {
+            if let Some(end) = &state.ended {
+                return Ok(end.clone());
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(HandleError::Timeout {
+                    index: self.index,
+                    what: "end",
+                    waited: patience,
+                });
+            }
+            state = self
+                .changed
+                .wait_timeout(state, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    /// The thread's checkpoint between guest entries: parks while paused,
+    /// `true` when it must stop.
+    fn checkpoint(&self, immediate_exit: *mut u8) -> bool {
+        // Cleared before the request is read (see the module's doc).
+        // SAFETY: the runner keeps the byte valid while its thread runs, and
+        // only this thread and its own signal handler write it.
+        unsafe { immediate_exit.write_volatile(0) };
+        let mut state = self.state();
+        loop {
+            match state.request {
+                Request::Run => {
+                    if state.paused {
+                        state.paused = false;
+                        self.changed.notify_all();
+                    }
+                    return false;
+                }
+                Request::Stop => return true,
+                Request::Pause => {
+                    if !state.paused {
+                        state.paused = true;
+                        self.changed.notify_all();
+                    }
+                    state = self.changed.wait(state).unwrap_or_else(|p| p.into_inner());
+                }
+            }
+        }
+    }
+
+    fn end(&self, end: VcpuEnd) {
+        let mut state = self.state();
+        state.pthread = None;
+        state.paused = false;
+        state.ended = Some(end);
+        self.changed.notify_all();
+    }
+}
+
+/// A `pthread_t` to kick.
+struct Pthread(libc::pthread_t);
+
+// SAFETY: only built from the pthread of a live vCPU thread, under the
+// control's lock, which the thread takes to clear it before it ends.
+unsafe impl Killable for Pthread {
+    fn pthread_handle(&self) -> libc::pthread_t {
+        self.0
+    }
+}
+
+/// A running vCPU thread.
+pub struct VcpuHandle {
+    control: Arc<VcpuControl>,
+    thread: Option<JoinHandle<()>>,
+}
+
+thread_local! {
+    /// This thread's `immediate_exit` byte, for the kick signal's handler.
+    static KICK_TARGET: Cell<*mut u8> = const { Cell::new(ptr::null_mut()) };
+}
+
+extern "C" fn on_kick(
+    _signal: libc::c_int,
+    _info: *mut libc::siginfo_t,
+    _context: *mut libc::c_void,
+) {
+    // Async-signal-safe: a const-initialized thread-local and one store.
+    let target = KICK_TARGET.with(Cell::get);
+    if !target.is_null() {
+        // SAFETY: set by this thread's run loop to its runner's byte, which
+        // stays valid until the loop clears the pointer.
+        unsafe { target.write_volatile(1) };
+    }
+}
+
+fn install_kick_handler() -> Result<(), i32> {
+    static INSTALL: Once = Once::new();
+    static ERRNO: AtomicI32 = AtomicI32::new(0);
+    INSTALL.call_once(|| {
+        if let Err(e) = register_signal_handler(SIGRTMIN() + KICK_SIGNAL_OFFSET, on_kick) {
+            ERRNO.store(e.errno(), Ordering::SeqCst);
+        }
+    });
+    match ERRNO.load(Ordering::SeqCst) {
+        0 => Ok(()),
+        errno => Err(errno),
+    }
+}
+
+impl VcpuHandle {
+    /// Starts vCPU `index`'s thread running `runner`; `on_end` runs on that
+    /// thread once the loop is over (the guest's reset or a failure, or a
+    /// stop), after KVM is left for good.
+    pub fn spawn(
+        index: u32,
+        mut runner: impl Runnable,
+        on_end: impl FnOnce(&VcpuEnd) + Send + 'static,
+    ) -> Result<VcpuHandle, HandleError> {
+        install_kick_handler().map_err(|errno| HandleError::SignalHandler { index, errno })?;
+        let control = Arc::new(VcpuControl {
+            index,
+            state: Mutex::new(State {
+                request: Request::Run,
+                paused: false,
+                ended: None,
+                pthread: None,
+            }),
+            changed: Condvar::new(),
+            thread: Mutex::new(None),
+        });
+        let shared = control.clone();
+        let thread = thread::Builder::new()
+            .name(format!("vcpu{index}"))
+            .spawn(move || {
+                let immediate_exit = runner.immediate_exit();
+                KICK_TARGET.with(|t| t.set(immediate_exit));
+                {
+                    // SAFETY: pthread_self has no preconditions.
+                    let me = unsafe { libc::pthread_self() };
+                    shared.state().pthread = Some(me);
+                    *shared.thread.lock().unwrap_or_else(|p| p.into_inner()) =
+                        Some(thread::current().id());
+                }
+                let end = loop {
+                    if shared.checkpoint(immediate_exit) {
+                        break VcpuEnd::Stopped;
+                    }
+                    if let Some(end) = runner.step() {
+                        break end;
+                    }
+                };
+                KICK_TARGET.with(|t| t.set(ptr::null_mut()));
+                on_end(&end);
+                shared.end(end);
+            })
+            .map_err(|e| HandleError::Spawn {
+                index,
+                why: e.to_string(),
+            })?;
+        Ok(VcpuHandle {
+            control,
+            thread: Some(thread),
+        })
+    }
+
+    pub fn index(&self) -> u32 {
+        self.control.index
+    }
+
+    /// What the panic path needs to stop this vCPU.
+    pub fn control(&self) -> Arc<VcpuControl> {
+        self.control.clone()
+    }
+
+    /// Kicks the vCPU out of the guest and parks it, and waits (at most
+    /// `patience`) until it is parked.
+    pub fn pause(&self, patience: Duration) -> Result<(), HandleError> {
+        self.control.request(Request::Pause)?;
+        let index = self.control.index;
+        let deadline = Instant::now() + patience;
+        let mut state = self.control.state();
+        loop {
+            if let Some(end) = &state.ended {
+                return Err(HandleError::Ended {
+                    index,
+                    end: end.clone(),
+                });
+            }
+            if state.paused {
+                return Ok(());
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(HandleError::Timeout {
+                    index,
+                    what: "pause",
+                    waited: patience,
+                });
+            }
+            state = self
+                .control
+                .changed
+                .wait_timeout(state, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    /// Lets a paused vCPU run again.
+    pub fn resume(&self) -> Result<(), HandleError> {
+        self.control.request(Request::Run)
+    }
+
+    /// Whether the thread is parked.
+    pub fn is_paused(&self) -> bool {
+        self.control.state().paused
+    }
+
+    /// Kicks the vCPU out of the guest for good.
+    pub fn stop(&self) -> Result<(), HandleError> {
+        self.control.stop()
+    }
+
+    /// Waits (at most `patience`) for the thread to end, joins it and says
+    /// how it ended.
+    pub fn join(mut self, patience: Duration) -> Result<VcpuEnd, HandleError> {
+        let end = self.control.wait_ended(patience)?;
+        if let Some(thread) = self.thread.take() {
+            thread.join().map_err(|_| HandleError::Panicked {
+                index: self.control.index,
+            })?;
+        }
+        Ok(end)
+    }
+}
+
+/// Stops every vCPU, then joins each within `patience` (for all of them
+/// together): the vCPUs that ended, and the errors of those that did not.
+pub fn stop_and_join(
+    handles: Vec<VcpuHandle>,
+    patience: Duration,
+) -> (Vec<(u32, VcpuEnd)>, Vec<HandleError>) {
+    let mut errors = Vec::new();
+    for handle in &handles {
+        if let Err(e) = handle.stop() {
+            errors.push(e);
+        }
+    }
+    let deadline = Instant::now() + patience;
+    let mut joined = Vec::new();
+    for handle in handles {
+        let index = handle.index();
+        match handle.join(deadline.saturating_duration_since(Instant::now())) {
+            Ok(end) => joined.push((index, end)),
+            Err(e) => errors.push(e),
+        }
+    }
+    (joined, errors)
+}
+
+/// The panic path's stop: every vCPU but the one on thread `panicking`
+/// (which will never get back to its checkpoint: it is the one waiting for
+/// the report) is kicked out of KVM, then waited for, within `patience` for
+/// all. How many ended; the others are logged.
+pub fn stop_all_but(
+    controls: &[Arc<VcpuControl>],
+    panicking: ThreadId,
+    patience: Duration,
+) -> usize {
+    let others: Vec<&Arc<VcpuControl>> = controls
+        .iter()
+        .filter(|c| c.thread_id() != Some(panicking))
+        .collect();
+    for control in &others {
+        if let Err(e) = control.stop() {
+            eprintln!("perfbed-vmm: {e}");
+        }
+    }
+    let deadline = Instant::now() + patience;
+    others
+        .iter()
+        .filter(
+            |c| match c.wait_ended(deadline.saturating_duration_since(Instant::now())) {
+                Ok(_) => true,
+                Err(e) => {
+                    eprintln!("perfbed-vmm: {e}");
+                    false
+                }
+            },
+        )
+        .count()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU32;
+
+    /// Blocks the way `KVM_RUN` does: until a signal interrupts it or
+    /// `immediate_exit` is set before it starts; `ends_after` entries in,
+    /// the "guest" resets.
+    struct Sleeper {
+        immediate_exit: Box<u8>,
+        entries: Arc<AtomicU32>,
+        ends_after: Option<u32>,
+    }
+
+    impl Sleeper {
+        fn new(ends_after: Option<u32>) -> (Sleeper, Arc<AtomicU32>) {
+            let entries = Arc::new(AtomicU32::new(0));
+            (
+                Sleeper {
+                    immediate_exit: Box::new(0),
+                    entries: entries.clone(),
+                    ends_after,
+                },
+                entries,
+            )
+        }
+    }
+
+    impl Runnable for Sleeper {
+        fn step(&mut self) -> Option<VcpuEnd> {
+            let n = self.entries.fetch_add(1, Ordering::SeqCst) + 1;
+            if self.ends_after.is_some_and(|last| n >= last) {
+                return Some(VcpuEnd::Reset);
+            }
+            // As KVM_RUN in a halted guest: back with EINTR on a signal, or
+            // at once with immediate_exit set (KVM reads it after the
+            // signal check, so neither can slip in between; the 1 ms naps
+            // stand in for that).
+            loop {
+                // SAFETY: our own byte; the signal handler writes it too.
+                if unsafe { ptr::read_volatile(&*self.immediate_exit) } != 0 {
+                    return None;
+                }
+                let nap = libc::timespec {
+                    tv_sec: 0,
+                    tv_nsec: 1_000_000,
+                };
+                // SAFETY: valid timespec, no remainder wanted.
+                if unsafe { libc::nanosleep(&nap, ptr::null_mut()) } != 0 {
+                    return None;
+                }
+            }
+        }
+
+        fn immediate_exit(&mut self) -> *mut u8 {
+            &mut *self.immediate_exit
+        }
+    }
+
+    const PATIENCE: Duration = Duration::from_secs(10);
+
+    #[test]
+    fn a_stop_kicks_a_blocked_vcpu_out_and_join_reports_it() {
+        let (runner, entries) = Sleeper::new(None);
+        let ended = Arc::new(Mutex::new(None));
+        let seen = ended.clone();
+        let handle = VcpuHandle::spawn(0, runner, move |end| {
+            *seen.lock().unwrap() = Some(end.clone())
+        })
+        .unwrap();
+        while entries.load(Ordering::SeqCst) == 0 {
+            thread::sleep(Duration::from_millis(1));
+        }
+        thread::sleep(Duration::from_millis(20)); // well inside the "guest"
+        handle.stop().unwrap();
+        assert_eq!(handle.join(PATIENCE), Ok(VcpuEnd::Stopped));
+        assert_eq!(*ended.lock().unwrap(), Some(VcpuEnd::Stopped), "on_end ran");
+    }
+
+    #[test]
+    fn pause_parks_the_vcpu_and_resume_lets_it_enter_again() {
+        let (runner, entries) = Sleeper::new(None);
+        let handle = VcpuHandle::spawn(1, runner, |_| {}).unwrap();
+        while entries.load(Ordering::SeqCst) == 0 {
+            thread::sleep(Duration::from_millis(1));
+        }
+        handle.pause(PATIENCE).unwrap();
+        assert!(handle.is_paused());
+        let parked_at = entries.load(Ordering::SeqCst);
+        thread::sleep(Duration::from_millis(50));
+        assert_eq!(
+            entries.load(Ordering::SeqCst),
+            parked_at,
+            "a paused vCPU entered the guest"
+        );
+        handle.resume().unwrap();
+        let deadline = Instant::now() + PATIENCE;
+        while entries.load(Ordering::SeqCst) == parked_at {
+            assert!(
+                Instant::now() < deadline,
+                "the resumed vCPU never entered again"
+            );
+            thread::sleep(Duration::from_millis(1));
+        }
+        assert!(!handle.is_paused());
+        // Paused again, then stopped while parked.
+        handle.pause(PATIENCE).unwrap();
+        handle.stop().unwrap();
+        assert_eq!(handle.join(PATIENCE), Ok(VcpuEnd::Stopped));
+    }
+
+    #[test]
+    fn kicks_are_never_lost_between_entries() {
+        // Many stop requests at random points of the loop: every one must
+        // end the thread, whether it lands in the "guest" or between.
+        for round in 0..200u64 {
+            let (runner, entries) = Sleeper::new(None);
+            let handle = VcpuHandle::spawn(2, runner, |_| {}).unwrap();
+            if round % 2 == 0 {
+                while entries.load(Ordering::SeqCst) == 0 {
+                    std::hint::spin_loop();
+                }
+            }
+            handle.stop().unwrap();
+            assert_eq!(handle.join(PATIENCE), Ok(VcpuEnd::Stopped), "round {round}");
+        }
+    }
+
+    #[test]
+    fn a_guest_end_is_reported_and_later_requests_are_harmless() {
+        let (runner, _) = Sleeper::new(Some(1));
+        let handle = VcpuHandle::spawn(3, runner, |_| {}).unwrap();
+        let control = handle.control();
+        assert_eq!(control.wait_ended(PATIENCE), Ok(VcpuEnd::Reset));
+        assert!(matches!(
+            handle.pause(PATIENCE),
+            Err(HandleError::Ended { index: 3, .. })
+        ));
+        handle.stop().unwrap();
+        assert_eq!(handle.join(PATIENCE), Ok(VcpuEnd::Reset));
+    }
+
+    #[test]
+    fn the_panic_path_stops_all_but_the_panicking_vcpu() {
+        let handles: Vec<VcpuHandle> = (0..3)
+            .map(|i| VcpuHandle::spawn(i, Sleeper::new(None).0, |_| {}).unwrap())
+            .collect();
+        let controls: Vec<Arc<VcpuControl>> = handles.iter().map(VcpuHandle::control).collect();
+        let deadline = Instant::now() + PATIENCE;
+        while controls.iter().any(|c| c.thread_id().is_none()) {
+            assert!(Instant::now() < deadline, "the threads never started");
+            thread::sleep(Duration::from_millis(1));
+        }
+        // As if vCPU 1's thread had panicked.
+        let panicking = controls[1].thread_id().unwrap();
+        assert_eq!(stop_all_but(&controls, panicking, PATIENCE), 2);
+        assert_eq!(controls[0].wait_ended(Duration::ZERO), Ok(VcpuEnd::Stopped));
+        assert!(matches!(
+            controls[1].wait_ended(Duration::from_millis(50)),
+            Err(HandleError::Timeout { index: 1, .. })
+        ));
+        let (joined, errors) = stop_and_join(handles, PATIENCE);
+        assert!(errors.is_empty() && joined.len() == 3);
+    }
+
+    #[test]
+    fn stop_and_join_ends_every_vcpu() {
+        let handles: Vec<VcpuHandle> = (0..8)
+            .map(|i| VcpuHandle::spawn(i, Sleeper::new(None).0, |_| {}).unwrap())
+            .collect();
+        let (joined, errors) = stop_and_join(handles, PATIENCE);
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(
+            joined.iter().map(|(i, _)| *i).collect::<Vec<_>>(),
+            (0..8).collect::<Vec<_>>()
+        );
+        assert!(joined.iter().all(|(_, end)| *end == VcpuEnd::Stopped));
+    }
+}
