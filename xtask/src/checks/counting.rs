@@ -37,6 +37,10 @@
 //! - a pinned group is on whenever the pinned groups alone fit;
 //! - otherwise the group is **maybe** on: perf multiplexes, and which group
 //!   runs when is perf's rotation, which the model does not predict.
+//!   Uncontended holds from the operation that ends the contention (a
+//!   `DISABLE`, a close; patch 0035 reschedules the PMU then), and a group
+//!   left with gauges only by a sibling's close is on from that close
+//!   (patch 0033).
 //!
 //! Closing a leader promotes each sibling to a leader of its own, keeping its
 //! state (perf's `perf_group_detach`): a sibling that was enabled under a
@@ -53,7 +57,9 @@
 //!   bursts of its (domain, event, RMID) that landed while it was counting;
 //!   while it was maybe counting, by at most those bytes; perf's own times
 //!   then settle it: `Δrunning == 0` means nothing was counted, and counting
-//!   for the whole enabled window means every burst was. `RESET` sets the
+//!   for the whole enabled window means every burst was (only for a window
+//!   the times cover: a read while parked resets the times, not the value's
+//!   window). `RESET` sets the
 //!   value to 0 and leaves the times alone;
 //! - an `llc_occupancy` gauge reads the occupancy of its (domain, RMID) at
 //!   the last moment it was counting (rounded down to the device's unit,
@@ -83,7 +89,8 @@
 //!
 //! A parked PMU whose slot events do not all fit at some moment of a park
 //! keeps the extra ones scheduled without a slot, not counting (patch 0026),
-//! and perf does not reschedule them when the contention ends: from that
+//! and a parked PMU is neither rotated (patch 0034) nor rescheduled when the
+//! contention ends: from that
 //! moment until the PMU is placed again its slot events are *maybe*
 //! counting.
 //!
