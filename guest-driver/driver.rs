@@ -49,7 +49,8 @@
 //! - A `del` off the owner while parked that is not part of a move cannot read the slot. If
 //!   the event comes back in the same reschedule, it takes the slot back as it is; if it was
 //!   off (disabled while parked), it keeps what was read before the park, the rest is lost, and
-//!   that time is taken off `time_running` too.
+//!   that time is taken off `time_running` too. A parked PMU is never rotated (patch 0034), so
+//!   only a `DISABLE` takes an event off there: an exclusive group's turn no longer does.
 //! - A `RESET` (the perf core's `pmu::reset`) restarts the event's slot where nobody can read
 //!   it (parked, or kept for an event that went off while parked): the slot is assigned again,
 //!   which zeroes it in the device, so that what landed before the reset, unread, is never
@@ -412,9 +413,10 @@ enum Holder {
     Idle,
     /// The holder was deleted while the domain is parked, outside a move: nobody could read the
     /// slot. If its next `add` sees the same context time, that was a reschedule (another event
-    /// installed beside it) and it takes the slot back as it is. Otherwise it was off (disabled)
-    /// from that `del`: it keeps what was read before the park (`idle_total`) and loses the rest,
-    /// whose time (`idle_lost_ns`) is taken off its `time_running`.
+    /// installed beside it) and it takes the slot back as it is. Otherwise it was off (disabled;
+    /// a parked PMU is not rotated, patch 0034) from that `del`: it keeps what was read before
+    /// the park (`idle_total`) and loses the rest, whose time (`idle_lost_ns`) is taken off its
+    /// `time_running`.
     ParkedIdle,
     /// The holder is moving to another CPU: its `del` ran off the owner as part of a move and its
     /// `add` on the next CPU has not come yet. The slot counts on for it, unread.

@@ -30,7 +30,12 @@ impl Step {
         }
         File::create(log).with_context(|| format!("creating {}", log.display()))?;
         progress::say(&format!("==> {name} (log: {})", log.display()));
-        Ok(Step { name: name.to_string(), log: log.to_path_buf(), start: Instant::now(), spinner: Spinner::start(name) })
+        Ok(Step {
+            name: name.to_string(),
+            log: log.to_path_buf(),
+            start: Instant::now(),
+            spinner: Spinner::start(name),
+        })
     }
 
     /// Runs `cmd` with stdout and stderr appended to the step's log; prints a
@@ -52,7 +57,9 @@ impl Step {
             let (name, start, quiet) = (self.name.clone(), self.start, self.spinner.is_some());
             thread::spawn(move || {
                 // Ends when the sender is dropped (Disconnected), i.e. the command ended.
-                while let Err(mpsc::RecvTimeoutError::Timeout) = done_rx.recv_timeout(Duration::from_secs(15)) {
+                while let Err(mpsc::RecvTimeoutError::Timeout) =
+                    done_rx.recv_timeout(Duration::from_secs(15))
+                {
                     if !quiet {
                         eprintln!("    ... {name}: {} so far", human(start.elapsed()));
                     }
@@ -122,9 +129,16 @@ fn disk_full_hint(log: &Path, tail: &str) -> String {
 /// and carries its stderr.
 pub fn output(cmd: &mut Command) -> Result<String> {
     let shown = display(cmd);
-    let out = cmd.stdin(Stdio::null()).output().with_context(|| format!("starting `{shown}`"))?;
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("starting `{shown}`"))?;
     if !out.status.success() {
-        bail!("`{shown}` failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr).trim());
+        bail!(
+            "`{shown}` failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }

@@ -82,7 +82,10 @@ impl Outcome {
 pub fn run(ws: &Path, args: &FuzzArgs) -> Result<bool> {
     let cargo_fuzz = ensure_cargo_fuzz()?;
     let mut passed = true;
-    for &(target, what, _) in TARGETS.iter().filter(|t| args.target.as_deref().is_none_or(|n| n == t.0)) {
+    for &(target, what, _) in TARGETS
+        .iter()
+        .filter(|t| args.target.as_deref().is_none_or(|n| n == t.0))
+    {
         eprintln!("==> fuzzing {target} for {} s: {what}", args.seconds);
         let outcome = run_target(ws, &cargo_fuzz, target, args.seconds)?;
         println!("{}", outcome.summary());
@@ -103,19 +106,38 @@ pub fn ensure_cargo_fuzz() -> Result<PathBuf> {
     }
     // Installed beside the final folder and renamed into place, so that two
     // runs installing at once never see a half-installed tool.
-    let staging = root.with_file_name(format!("cargo-fuzz-{CARGO_FUZZ_VERSION}.partial-{}", std::process::id()));
+    let staging = root.with_file_name(format!(
+        "cargo-fuzz-{CARGO_FUZZ_VERSION}.partial-{}",
+        std::process::id()
+    ));
     let _ = fs::remove_dir_all(&staging);
     let log = cache::root()?.join("logs/cargo-fuzz.log");
-    let step = Step::start(&format!("installing cargo-fuzz {CARGO_FUZZ_VERSION} from crates.io"), &log)?;
+    let step = Step::start(
+        &format!("installing cargo-fuzz {CARGO_FUZZ_VERSION} from crates.io"),
+        &log,
+    )?;
     step.run(
         Command::new(deps::cargo())
-            .args(["install", "cargo-fuzz", "--locked", "--version", CARGO_FUZZ_VERSION, "--root"])
+            .args([
+                "install",
+                "cargo-fuzz",
+                "--locked",
+                "--version",
+                CARGO_FUZZ_VERSION,
+                "--root",
+            ])
             .arg(&staging),
     )
-    .context("cargo-fuzz could not be installed, so nothing can be fuzzed (is crates.io reachable?)")?;
+    .context(
+        "cargo-fuzz could not be installed, so nothing can be fuzzed (is crates.io reachable?)",
+    )?;
     step.finish();
     if fs::rename(&staging, &root).is_err() && !binary.is_file() {
-        bail!("cannot move cargo-fuzz from {} to {}", staging.display(), root.display());
+        bail!(
+            "cannot move cargo-fuzz from {} to {}",
+            staging.display(),
+            root.display()
+        );
     }
     let _ = fs::remove_dir_all(&staging);
     Ok(binary)
@@ -123,7 +145,12 @@ pub fn ensure_cargo_fuzz() -> Result<PathBuf> {
 
 /// Builds and runs one target for `seconds`; an error means it could not
 /// run at all, a crash is an [`Outcome`].
-pub fn run_target(ws: &Path, cargo_fuzz: &Path, target: &'static str, seconds: u64) -> Result<Outcome> {
+pub fn run_target(
+    ws: &Path,
+    cargo_fuzz: &Path,
+    target: &'static str,
+    seconds: u64,
+) -> Result<Outcome> {
     let dir = ws.join("fuzz");
     let corpus = dir.join("corpus").join(target);
     fs::create_dir_all(&corpus).with_context(|| format!("creating {}", corpus.display()))?;
@@ -137,7 +164,12 @@ pub fn run_target(ws: &Path, cargo_fuzz: &Path, target: &'static str, seconds: u
         .args(["fuzz", "run", target])
         .arg(&corpus)
         .arg(dir.join("seeds").join(target))
-        .args(["--", "-print_final_stats=1", "-malloc_limit_mb=512", "-rss_limit_mb=1024"])
+        .args([
+            "--",
+            "-print_final_stats=1",
+            "-malloc_limit_mb=512",
+            "-rss_limit_mb=1024",
+        ])
         .arg(format!("-max_total_time={seconds}"));
     if let Some(dict) = dict {
         command.arg(format!("-dict={dict}"));
@@ -156,22 +188,46 @@ pub fn run_target(ws: &Path, cargo_fuzz: &Path, target: &'static str, seconds: u
     let crash = crash_input(&text).map(|input| (dir.join(input), story(&text)));
     if status.success() && crash.is_none() {
         if executions == 0 {
-            bail!("{target}: libFuzzer ran no input ({})\n{}", log.display(), cmd::tail(&log, 20));
+            bail!(
+                "{target}: libFuzzer ran no input ({})\n{}",
+                log.display(),
+                cmd::tail(&log, 20)
+            );
         }
     } else if crash.is_none() {
-        bail!("{target}: cargo fuzz failed ({status}) after {}\n--- {} ---\n{}", human(took), log.display(), cmd::tail(&log, 30));
+        bail!(
+            "{target}: cargo fuzz failed ({status}) after {}\n--- {} ---\n{}",
+            human(took),
+            log.display(),
+            cmd::tail(&log, 30)
+        );
     }
-    Ok(Outcome { target, executions, seconds: took.as_secs_f64(), crash, log })
+    Ok(Outcome {
+        target,
+        executions,
+        seconds: took.as_secs_f64(),
+        crash,
+        log,
+    })
 }
 
 /// A `-print_final_stats` value, e.g. `stat::number_of_executed_units: 1234`.
 fn final_stat(log: &str, name: &str) -> Option<u64> {
-    log.lines().rev().find_map(|l| l.strip_prefix(name)?.trim_start_matches(':').trim().parse().ok())
+    log.lines().rev().find_map(|l| {
+        l.strip_prefix(name)?
+            .trim_start_matches(':')
+            .trim()
+            .parse()
+            .ok()
+    })
 }
 
 /// The input libFuzzer saved: "Test unit written to ./artifacts/x/crash-…".
 fn crash_input(log: &str) -> Option<String> {
-    log.lines().find_map(|l| l.split_once("Test unit written to ").map(|(_, path)| path.trim().to_string()))
+    log.lines().find_map(|l| {
+        l.split_once("Test unit written to ")
+            .map(|(_, path)| path.trim().to_string())
+    })
 }
 
 /// The lines that say what went wrong: the panic message, or the sanitizer's
@@ -179,10 +235,19 @@ fn crash_input(log: &str) -> Option<String> {
 fn story(log: &str) -> String {
     let lines: Vec<&str> = log
         .lines()
-        .filter(|l| l.contains("panicked at") || l.contains("SUMMARY:") || l.contains("ERROR: libFuzzer") || l.starts_with("==") && l.contains("ERROR"))
+        .filter(|l| {
+            l.contains("panicked at")
+                || l.contains("SUMMARY:")
+                || l.contains("ERROR: libFuzzer")
+                || l.starts_with("==") && l.contains("ERROR")
+        })
         .take(6)
         .collect();
-    let panic_message = log.lines().skip_while(|l| !l.contains("panicked at")).nth(1).unwrap_or("");
+    let panic_message = log
+        .lines()
+        .skip_while(|l| !l.contains("panicked at"))
+        .nth(1)
+        .unwrap_or("");
     format!("    {}\n    {}", lines.join("\n    "), panic_message.trim())
 }
 
@@ -193,15 +258,24 @@ mod tests {
     #[test]
     fn reads_libfuzzer_output() {
         let log = "INFO: Seed: 1\n#2 INITED\nDone 4242 runs in 21 second(s)\nstat::number_of_executed_units: 4242\nstat::peak_rss_mb: 40\n";
-        assert_eq!(final_stat(log, "stat::number_of_executed_units"), Some(4242));
+        assert_eq!(
+            final_stat(log, "stat::number_of_executed_units"),
+            Some(4242)
+        );
         assert_eq!(crash_input(log), None);
         let crash = "thread '<unnamed>' panicked at src/registers.rs:10:5:\nstep 3 (Step { ns: 1 }): truth fell\n\
                      ==1== ERROR: libFuzzer: deadly signal\nSUMMARY: libFuzzer: deadly signal\n\
                      MS: 1 ChangeBit-; base unit: 0\nartifact_prefix='/w/fuzz/artifacts/device_registers/'; \
                      Test unit written to /w/fuzz/artifacts/device_registers/crash-abc\n";
-        assert_eq!(crash_input(crash).as_deref(), Some("/w/fuzz/artifacts/device_registers/crash-abc"));
+        assert_eq!(
+            crash_input(crash).as_deref(),
+            Some("/w/fuzz/artifacts/device_registers/crash-abc")
+        );
         let story = story(crash);
-        assert!(story.contains("panicked at src/registers.rs") && story.contains("truth fell"), "{story}");
+        assert!(
+            story.contains("panicked at src/registers.rs") && story.contains("truth fell"),
+            "{story}"
+        );
         assert_eq!(final_stat(crash, "stat::number_of_executed_units"), None);
     }
 
@@ -210,9 +284,17 @@ mod tests {
         let ws = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
         let manifest = fs::read_to_string(ws.join("fuzz/Cargo.toml")).unwrap();
         for (target, _, dict) in TARGETS {
-            assert!(ws.join(format!("fuzz/fuzz_targets/{target}.rs")).is_file(), "{target}");
-            assert!(manifest.contains(&format!("name = \"{target}\"")), "{target} is not a [[bin]]");
-            let seeds = fs::read_dir(ws.join(format!("fuzz/seeds/{target}"))).unwrap().count();
+            assert!(
+                ws.join(format!("fuzz/fuzz_targets/{target}.rs")).is_file(),
+                "{target}"
+            );
+            assert!(
+                manifest.contains(&format!("name = \"{target}\"")),
+                "{target} is not a [[bin]]"
+            );
+            let seeds = fs::read_dir(ws.join(format!("fuzz/seeds/{target}")))
+                .unwrap()
+                .count();
             assert!(seeds > 0, "{target} has no seeds");
             if let Some(dict) = dict {
                 assert!(ws.join("fuzz").join(dict).is_file(), "{dict}");

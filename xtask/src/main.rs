@@ -84,10 +84,16 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = build::workspace().and_then(|ws| match cli.command {
         Command::Deps => build::deps::ensure().map(|()| true),
-        Command::Image { debug, gdb } => image::ensure(&ws, run::variant(debug, gdb)).map(|images| {
-            println!("vmlinux:   {}\ninitramfs: {}", images.vmlinux.display(), images.initramfs.display());
-            true
-        }),
+        Command::Image { debug, gdb } => {
+            image::ensure(&ws, run::variant(debug, gdb)).map(|images| {
+                println!(
+                    "vmlinux:   {}\ninitramfs: {}",
+                    images.vmlinux.display(),
+                    images.initramfs.display()
+                );
+                true
+            })
+        }
         Command::Run(args) => run::run(&ws, &args),
         Command::Test(args) => test::run(&ws, &args),
         Command::Fuzz(args) => fuzz::run(&ws, &args),

@@ -37,7 +37,8 @@ impl Spinner {
     pub fn start(name: &str) -> Option<Spinner> {
         let bars = BARS.as_ref()?;
         let bar = bars.add(ProgressBar::new_spinner());
-        let style = ProgressStyle::with_template("    {spinner} {elapsed:>4} {msg}").unwrap_or_else(|_| ProgressStyle::default_spinner());
+        let style = ProgressStyle::with_template("    {spinner} {elapsed:>4} {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_spinner());
         bar.set_style(style);
         bar.set_message(match expected(name) {
             Some(took) => format!("{name} (last time {})", human(took)),
@@ -57,7 +58,9 @@ impl Spinner {
 
 /// Where each step's last duration is kept: per machine, beside the cache.
 fn timings_file() -> Option<PathBuf> {
-    cache::root().ok().map(|root| root.join("logs/timings.json"))
+    cache::root()
+        .ok()
+        .map(|root| root.join("logs/timings.json"))
 }
 
 fn load() -> BTreeMap<String, f64> {
@@ -69,7 +72,11 @@ fn load() -> BTreeMap<String, f64> {
 
 /// How long step `name` took last time, if it ever ran here.
 pub fn expected(name: &str) -> Option<Duration> {
-    load().get(name).copied().filter(|s| s.is_finite() && *s >= 0.0).map(Duration::from_secs_f64)
+    load()
+        .get(name)
+        .copied()
+        .filter(|s| s.is_finite() && *s >= 0.0)
+        .map(Duration::from_secs_f64)
 }
 
 /// Remembers how long step `name` took. Best effort: progress display must
@@ -79,10 +86,16 @@ pub fn record(name: &str, took: Duration) {
     let Some(path) = timings_file() else { return };
     let mut timings = load();
     timings.insert(name.to_string(), took.as_secs_f64());
-    let Ok(text) = serde_json::to_string_pretty(&timings) else { return };
+    let Ok(text) = serde_json::to_string_pretty(&timings) else {
+        return;
+    };
     // Written aside and renamed: another perfbed process may read it meanwhile.
     let aside = path.with_extension(format!("json.{}", std::process::id()));
-    if path.parent().is_some_and(|dir| fs::create_dir_all(dir).is_ok()) && fs::write(&aside, text).is_ok() {
+    if path
+        .parent()
+        .is_some_and(|dir| fs::create_dir_all(dir).is_ok())
+        && fs::write(&aside, text).is_ok()
+    {
         let _ = fs::rename(&aside, &path);
     }
 }

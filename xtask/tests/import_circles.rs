@@ -27,21 +27,31 @@ fn modules(src: &Path) -> BTreeMap<Module, PathBuf> {
     let mut found = BTreeMap::new();
     let mut dirs = vec![src.to_path_buf()];
     while let Some(dir) = dirs.pop() {
-        for entry in fs::read_dir(&dir).unwrap_or_else(|e| panic!("reading {}: {e}", dir.display())) {
+        for entry in fs::read_dir(&dir).unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
+        {
             let path = entry.expect("a directory entry").path();
             if path.is_dir() {
                 dirs.push(path);
                 continue;
             }
-            let Ok(relative) = path.strip_prefix(src) else { continue };
+            let Ok(relative) = path.strip_prefix(src) else {
+                continue;
+            };
             if path.extension().is_none_or(|e| e != "rs") {
                 continue;
             }
-            let mut module: Module = relative.with_extension("").iter().map(|s| s.to_string_lossy().into_owned()).collect();
+            let mut module: Module = relative
+                .with_extension("")
+                .iter()
+                .map(|s| s.to_string_lossy().into_owned())
+                .collect();
             if module.first().is_some_and(|m| m == "bin") {
                 continue;
             }
-            if module.last().is_some_and(|m| ["mod", "lib", "main"].contains(&m.as_str())) {
+            if module
+                .last()
+                .is_some_and(|m| ["mod", "lib", "main"].contains(&m.as_str()))
+            {
                 module.pop();
             }
             found.insert(module, path);
@@ -92,7 +102,10 @@ fn tokens(code: &str) -> Vec<Token> {
             i += 2;
             continue;
         }
-        if c == 'r' && (at(i + 1) == '"' || (at(i + 1) == '#' && (at(i + 2) == '"' || at(i + 2) == '#'))) && (i == 0 || !(at(i - 1).is_alphanumeric() || at(i - 1) == '_')) {
+        if c == 'r'
+            && (at(i + 1) == '"' || (at(i + 1) == '#' && (at(i + 2) == '"' || at(i + 2) == '#')))
+            && (i == 0 || !(at(i - 1).is_alphanumeric() || at(i - 1) == '_'))
+        {
             // A raw string: r"…", r#"…"#.
             let mut hashes = 0;
             i += 1;
@@ -101,7 +114,9 @@ fn tokens(code: &str) -> Vec<Token> {
                 i += 1;
             }
             i += 1;
-            let end: String = std::iter::once('"').chain(std::iter::repeat_n('#', hashes)).collect();
+            let end: String = std::iter::once('"')
+                .chain(std::iter::repeat_n('#', hashes))
+                .collect();
             while i < chars.len() && !chars[i..].starts_with(&end.chars().collect::<Vec<_>>()) {
                 i += 1;
             }
@@ -169,7 +184,11 @@ fn paths_at(tokens: &[Token], mut at: usize, nested: bool) -> (Vec<Vec<String>>,
                         continue;
                     }
                     let (inner, next) = paths_at(tokens, at, true);
-                    all.extend(inner.into_iter().map(|tail| [prefix.clone(), tail].concat()));
+                    all.extend(
+                        inner
+                            .into_iter()
+                            .map(|tail| [prefix.clone(), tail].concat()),
+                    );
                     // Skip what ends an item (`X as Y`, a `*`).
                     at = next.max(at + 1);
                     while !matches!(tokens.get(at), Some(Token::Comma | Token::Close) | None) {
@@ -228,7 +247,10 @@ fn references(module: &Module, code: &str, files: &BTreeMap<Module, PathBuf>) ->
     let paths = all_paths(&tokens(code));
     // Names brought in for modules, and each file's own child modules.
     let mut names: BTreeMap<String, Module> = BTreeMap::new();
-    for child in files.keys().filter(|m| m.len() == module.len() + 1 && m.starts_with(module)) {
+    for child in files
+        .keys()
+        .filter(|m| m.len() == module.len() + 1 && m.starts_with(module))
+    {
         names.insert(child[module.len()].clone(), child.clone());
     }
     for path in &paths {
@@ -245,7 +267,11 @@ fn references(module: &Module, code: &str, files: &BTreeMap<Module, PathBuf>) ->
                 None => continue,
             },
         };
-        if let Some(target) = (0..=absolute.len()).rev().map(|n| absolute[..n].to_vec()).find(|m| files.contains_key(m)) {
+        if let Some(target) = (0..=absolute.len())
+            .rev()
+            .map(|n| absolute[..n].to_vec())
+            .find(|m| files.contains_key(m))
+        {
             if target != *module {
                 out.insert(target);
             }
@@ -260,7 +286,8 @@ fn graph(src: &Path) -> BTreeMap<Module, BTreeSet<Module>> {
     files
         .iter()
         .map(|(module, path)| {
-            let text = fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+            let text = fs::read_to_string(path)
+                .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
             (module.clone(), references(module, code(&text), &files))
         })
         .collect()
@@ -307,7 +334,13 @@ fn circles(graph: &BTreeMap<Module, BTreeSet<Module>>) -> Vec<Vec<Module>> {
             }
         }
     }
-    let mut walk = Walk { graph, index: BTreeMap::new(), low: BTreeMap::new(), stack: Vec::new(), found: Vec::new() };
+    let mut walk = Walk {
+        graph,
+        index: BTreeMap::new(),
+        low: BTreeMap::new(),
+        stack: Vec::new(),
+        found: Vec::new(),
+    };
     for v in graph.keys() {
         if !walk.index.contains_key(v) {
             walk.visit(v);
@@ -318,11 +351,24 @@ fn circles(graph: &BTreeMap<Module, BTreeSet<Module>>) -> Vec<Vec<Module>> {
 }
 
 fn names(circle: &[Module]) -> String {
-    circle.iter().map(|m| if m.is_empty() { "(root)".to_string() } else { m.join("::") }).collect::<Vec<_>>().join(", ")
+    circle
+        .iter()
+        .map(|m| {
+            if m.is_empty() {
+                "(root)".to_string()
+            } else {
+                m.join("::")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask has a parent folder").to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask has a parent folder")
+        .to_path_buf()
 }
 
 #[test]
@@ -330,12 +376,24 @@ fn no_file_imports_another_that_imports_it_back() {
     let mut report = Vec::new();
     for crate_src in ["xtask/src", "device/src", "vmm/src"] {
         let graph = graph(&workspace().join(crate_src));
-        assert!(graph.len() > 5, "{crate_src}: only {} files found", graph.len());
+        assert!(
+            graph.len() > 5,
+            "{crate_src}: only {} files found",
+            graph.len()
+        );
         for circle in circles(&graph) {
-            report.push(format!("{crate_src}: circle of {}: {}", circle.len(), names(&circle)));
+            report.push(format!(
+                "{crate_src}: circle of {}: {}",
+                circle.len(),
+                names(&circle)
+            ));
         }
     }
-    assert!(report.is_empty(), "files that import each other (directly or through others):\n{}", report.join("\n"));
+    assert!(
+        report.is_empty(),
+        "files that import each other (directly or through others):\n{}",
+        report.join("\n")
+    );
 }
 
 #[test]
@@ -348,7 +406,10 @@ fn a_planted_circle_is_found_and_named() {
     // super:: back). `clean` refers to a only from its test module and a
     // comment, and `quoted` only in a string.
     assert_eq!(found, ["a, b, c", "p, p::q"], "the graph: {graph:?}");
-    assert_eq!(graph[&vec!["clean".to_string()]], BTreeSet::from([vec!["a".to_string()]]));
+    assert_eq!(
+        graph[&vec!["clean".to_string()]],
+        BTreeSet::from([vec!["a".to_string()]])
+    );
     assert!(graph[&vec!["quoted".to_string()]].is_empty(), "{graph:?}");
 }
 
@@ -357,5 +418,14 @@ fn paths_are_read_with_their_braced_groups() {
     let t = tokens("crate::a::{self, b::{C, d}, e as f, *};");
     let (paths, _) = paths_at(&t, 0, false);
     let joined: Vec<String> = paths.iter().map(|p| p.join("::")).collect();
-    assert_eq!(joined, ["crate::a", "crate::a::b::C", "crate::a::b::d", "crate::a::e", "crate::a"]);
+    assert_eq!(
+        joined,
+        [
+            "crate::a",
+            "crate::a::b::C",
+            "crate::a::b::d",
+            "crate::a::e",
+            "crate::a"
+        ]
+    );
 }

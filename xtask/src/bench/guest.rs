@@ -12,16 +12,16 @@ use anyhow::{bail, Context, Result};
 use perfbed_agent::{AgentMessage, HostRequest, PerfAttr, ReadTarget};
 use perfbed_device::regs::{self, Event};
 
+use super::report::{Goal, Row};
+use super::stats::Summary;
 use crate::build::image::Images;
 use crate::guest::Guest;
 use crate::guest::{pmu_name, MODULE};
-use crate::host::Accel;
+use crate::host;
 use crate::host::config::DEVICE_BASE;
 use crate::host::vm::Vm;
-use crate::host;
+use crate::host::Accel;
 use crate::run::{scenario_for, RunArgs};
-use super::report::{Goal, Row};
-use super::stats::Summary;
 
 /// Stock Debian QEMU (package qemu-system-x86), the boot baseline.
 const STOCK_QEMU: &str = "/usr/bin/qemu-system-x86_64";
@@ -46,9 +46,19 @@ pub struct Effort {
 impl Effort {
     pub fn new(quick: bool) -> Effort {
         if quick {
-            Effort { boots: 1, reads: 200, read_rounds: 2, hotplug_rounds: 1 }
+            Effort {
+                boots: 1,
+                reads: 200,
+                read_rounds: 2,
+                hotplug_rounds: 1,
+            }
         } else {
-            Effort { boots: 5, reads: 2000, read_rounds: 7, hotplug_rounds: 5 }
+            Effort {
+                boots: 5,
+                reads: 2000,
+                read_rounds: 7,
+                hotplug_rounds: 5,
+            }
         }
     }
 }
@@ -56,7 +66,11 @@ impl Effort {
 pub fn rows(ws: &Path, images: &Images, accel: &Accel, effort: &Effort) -> Result<Vec<Row>> {
     let args = RunArgs::for_tests();
     // The same images on one vCPU (its one domain on CPU 0): what SMP costs.
-    let one_cpu = RunArgs { cpus: 1, domains: Some("0".into()), ..RunArgs::for_tests() };
+    let one_cpu = RunArgs {
+        cpus: 1,
+        domains: Some("0".into()),
+        ..RunArgs::for_tests()
+    };
     let mut rows = Vec::new();
 
     eprintln!(
@@ -64,7 +78,8 @@ pub fn rows(ws: &Path, images: &Images, accel: &Accel, effort: &Effort) -> Resul
         effort.boots, args.cpus, args.cpus
     );
     let (mut ours, mut one, mut stock) = (Vec::new(), Vec::new(), Vec::new());
-    let (mut our_memory, mut stock_memory, mut kernel_part, mut one_kernel_part) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut our_memory, mut stock_memory, mut kernel_part, mut one_kernel_part) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut breakdown = BootBreakdown::default();
     for i in 0..effort.boots {
         let scenario = scenario_for(ws, images, &args, &format!("bench-boot-{i}"))?;
@@ -131,20 +146,34 @@ pub fn rows(ws: &Path, images: &Images, accel: &Accel, effort: &Effort) -> Resul
     let scenario = scenario_for(ws, images, &args, "bench-guest")?;
     let booted = Vm::boot(&scenario.vm, accel)?;
     let mut vm = booted.vm;
-    let mut guest = Guest { vm: &mut vm, timeout: Duration::from_secs(300) };
+    let mut guest = Guest {
+        vm: &mut vm,
+        timeout: Duration::from_secs(300),
+    };
     rows.extend(in_guest(&mut guest, &scenario.vm.device, effort)?);
     let serial_log = vm.serial_log.clone();
     vm.power_off(Duration::from_secs(30))?;
-    let problems = host::console::kernel_log_problems(&fs::read_to_string(&serial_log).unwrap_or_default());
+    let problems =
+        host::console::kernel_log_problems(&fs::read_to_string(&serial_log).unwrap_or_default());
     if !problems.is_empty() {
-        bail!("the benchmark guest's kernel log has problems (see {}):\n  {}", serial_log.display(), problems.join("\n  "));
+        bail!(
+            "the benchmark guest's kernel log has problems (see {}):\n  {}",
+            serial_log.display(),
+            problems.join("\n  ")
+        );
     }
     Ok(rows)
 }
 
 /// Counter reads, dispatch and hotplug, in one guest with perfbed.ko loaded.
-fn in_guest(g: &mut Guest, device: &perfbed_device::DeviceConfig, effort: &Effort) -> Result<Vec<Row>> {
-    g.expect_done(HostRequest::LoadModule { name: MODULE.into() })?;
+fn in_guest(
+    g: &mut Guest,
+    device: &perfbed_device::DeviceConfig,
+    effort: &Effort,
+) -> Result<Vec<Row>> {
+    g.expect_done(HostRequest::LoadModule {
+        name: MODULE.into(),
+    })?;
     let mut rows = reads(g, device, effort, &Place::Qemu)?;
     rows.extend(hotplug(g, device, effort.hotplug_rounds)?);
     Ok(rows)
@@ -154,7 +183,9 @@ fn in_guest(g: &mut Guest, device: &perfbed_device::DeviceConfig, effort: &Effor
 enum Place {
     Qemu,
     /// perfbed-vmm, natively or in the box: `name` says which.
-    Vmm { name: &'static str },
+    Vmm {
+        name: &'static str,
+    },
 }
 
 impl Place {
@@ -171,20 +202,45 @@ impl Place {
 /// native KVM where this machine has VT-x/SVM, else in the box (an L1 Linux
 /// under QEMU TCG running perfbed-vmm on its KVM).
 pub fn vmm_rows(ws: &Path, images: &Images, accel: &Accel, effort: &Effort) -> Result<Vec<Row>> {
-    let args = RunArgs { host: host::HostChoice::Vmm, ..RunArgs::for_tests() };
+    let args = RunArgs {
+        host: host::HostChoice::Vmm,
+        ..RunArgs::for_tests()
+    };
     let scenario = scenario_for(ws, images, &args, "bench-vmm")?;
-    let place = Place::Vmm { name: scenario.vm.host.name() };
-    eprintln!("==> bench: perfbed-{}: a boot and the counter reads", scenario.vm.host.name());
+    let place = Place::Vmm {
+        name: scenario.vm.host.name(),
+    };
+    eprintln!(
+        "==> bench: perfbed-{}: a boot and the counter reads",
+        scenario.vm.host.name()
+    );
     let booted = Vm::boot(&scenario.vm, accel)?;
-    let boot = Row::new(&format!("boot: VM start to agent ready, {} vCPUs{}", args.cpus, place.suffix()), booted.since_spawn.as_secs_f64(), "s")
-        .note(format!(
-            "one boot; guest uptime at agent ready {:.3} s{}",
-            booted.hello.uptime_ms as f64 / 1000.0,
-            if matches!(scenario.vm.host, host::Host::VmmBox(_)) { "; from the box's QEMU start: its L1 Linux boots first" } else { "" }
-        ));
+    let boot = Row::new(
+        &format!(
+            "boot: VM start to agent ready, {} vCPUs{}",
+            args.cpus,
+            place.suffix()
+        ),
+        booted.since_spawn.as_secs_f64(),
+        "s",
+    )
+    .note(format!(
+        "one boot; guest uptime at agent ready {:.3} s{}",
+        booted.hello.uptime_ms as f64 / 1000.0,
+        if matches!(scenario.vm.host, host::Host::VmmBox(_)) {
+            "; from the box's QEMU start: its L1 Linux boots first"
+        } else {
+            ""
+        }
+    ));
     let mut vm = booted.vm;
-    let mut g = Guest { vm: &mut vm, timeout: Duration::from_secs(600) };
-    g.expect_done(HostRequest::LoadModule { name: MODULE.into() })?;
+    let mut g = Guest {
+        vm: &mut vm,
+        timeout: Duration::from_secs(600),
+    };
+    g.expect_done(HostRequest::LoadModule {
+        name: MODULE.into(),
+    })?;
     let mut rows = vec![boot];
     rows.extend(reads(&mut g, &scenario.vm.device, effort, &place)?);
     vm.power_off(Duration::from_secs(60))?;
@@ -197,27 +253,55 @@ pub fn vmm_rows(ws: &Path, images: &Images, accel: &Accel, effort: &Effort) -> R
 ///
 /// On perfbed-vmm there is no QEMU dispatch and no virtio-mmio register to
 /// compare with: its rows are the reads alone.
-fn reads(g: &mut Guest, device: &perfbed_device::DeviceConfig, effort: &Effort, place: &Place) -> Result<Vec<Row>> {
+fn reads(
+    g: &mut Guest,
+    device: &perfbed_device::DeviceConfig,
+    effort: &Effort,
+    place: &Place,
+) -> Result<Vec<Row>> {
     // The last domain (CPUs 2-3 by default): its owner is not CPU 0.
     let domain = device.domains.len() - 1;
     let pmu = pmu_name(domain);
     let ty = g.pmu_type(&pmu)?;
-    let owner = *g.cpumask(&pmu)?.first().with_context(|| format!("{pmu} is parked with every CPU online"))?;
+    let owner = *g
+        .cpumask(&pmu)?
+        .first()
+        .with_context(|| format!("{pmu} is parked with every CPU online"))?;
     let other = if owner == 0 { 1 } else { 0 };
-    let attr = PerfAttr { type_: ty, config: Event::MbmTotalBytes as u64 | 1 << 8, ..PerfAttr::default() };
+    let attr = PerfAttr {
+        type_: ty,
+        config: Event::MbmTotalBytes as u64 | 1 << 8,
+        ..PerfAttr::default()
+    };
     let event = match g.open_as(attr, -1, owner as i32, None)? {
         Ok(handle) => handle,
         Err(errno) => bail!("opening {pmu}/mbm_total_bytes,rmid=1/: {errno}"),
     };
-    let software = PerfAttr { type_: PERF_TYPE_SOFTWARE, config: PERF_COUNT_SW_CPU_CLOCK, ..PerfAttr::default() };
+    let software = PerfAttr {
+        type_: PERF_TYPE_SOFTWARE,
+        config: PERF_COUNT_SW_CPU_CLOCK,
+        ..PerfAttr::default()
+    };
     let sw = match g.open_as(software, -1, owner as i32, None)? {
         Ok(handle) => handle,
         Err(errno) => bail!("opening cpu-clock on CPU {owner}: {errno}"),
     };
     let n = effort.reads;
-    let magic_target = ReadTarget::Mmio { base: DEVICE_BASE, size: device.size(), offset: 0 };
-    let floor_target = ReadTarget::Mmio { base: DEVICE_BASE, size: device.size(), offset: regs::slot_count(domain as u64, 0) };
-    let bare_target = ReadTarget::Mmio { base: VIRTIO_MMIO_BASE, size: 4096, offset: 0 };
+    let magic_target = ReadTarget::Mmio {
+        base: DEVICE_BASE,
+        size: device.size(),
+        offset: 0,
+    };
+    let floor_target = ReadTarget::Mmio {
+        base: DEVICE_BASE,
+        size: device.size(),
+        offset: regs::slot_count(domain as u64, 0),
+    };
+    let bare_target = ReadTarget::Mmio {
+        base: VIRTIO_MMIO_BASE,
+        size: 4096,
+        offset: 0,
+    };
     let mut r = ReadRounds::default();
     for _ in 0..effort.read_rounds {
         let owner_read = time(g, ReadTarget::Event { handle: event }, owner, n)?.0;
@@ -250,20 +334,43 @@ fn reads(g: &mut Guest, device: &perfbed_device::DeviceConfig, effort: &Effort, 
     g.close(event)?;
     g.close(sw)?;
     let s = |samples: &[f64]| Summary::of(samples).context("no read rounds measured");
-    let (owner_read, owner_extra, other_extra) = (s(&r.owner)?, s(&r.owner_extra)?, s(&r.other_extra)?);
+    let (owner_read, owner_extra, other_extra) =
+        (s(&r.owner)?, s(&r.owner_extra)?, s(&r.other_extra)?);
     let rounds = effort.read_rounds;
     let how = format!("median ± half range of {rounds} interleaved rounds of {n} reads in a loop pinned to the CPU; ns per read() or load");
     let at = place.suffix();
     let mut rows = vec![
-        Row::measured(&format!("counter read: read() on the owner CPU{at}"), owner_read, "ns")
-            .against("floor + software read", s(&r.owner_floor)?.median)
-            .goal(Goal::RatioAtMost(1.2))
-            .note(format!("{how}; above floor + software read within each round: {:.0} ± {:.0} ns", owner_extra.median, owner_extra.spread)),
-        Row::measured(&format!("counter read: read() from another CPU{at}"), s(&r.other)?, "ns")
-            .against("owner CPU read()", owner_read.median)
-            .note(format!("above the owner's read within each round: {:.0} ± {:.0} ns", other_extra.median, other_extra.spread)),
-        Row::measured(&format!("counter read: register load via /dev/mem (floor){at}"), s(&r.floor)?, "ns"),
-        Row::measured(&format!("counter read: read() of a software event (cpu-clock){at}"), s(&r.software)?, "ns"),
+        Row::measured(
+            &format!("counter read: read() on the owner CPU{at}"),
+            owner_read,
+            "ns",
+        )
+        .against("floor + software read", s(&r.owner_floor)?.median)
+        .goal(Goal::RatioAtMost(1.2))
+        .note(format!(
+            "{how}; above floor + software read within each round: {:.0} ± {:.0} ns",
+            owner_extra.median, owner_extra.spread
+        )),
+        Row::measured(
+            &format!("counter read: read() from another CPU{at}"),
+            s(&r.other)?,
+            "ns",
+        )
+        .against("owner CPU read()", owner_read.median)
+        .note(format!(
+            "above the owner's read within each round: {:.0} ± {:.0} ns",
+            other_extra.median, other_extra.spread
+        )),
+        Row::measured(
+            &format!("counter read: register load via /dev/mem (floor){at}"),
+            s(&r.floor)?,
+            "ns",
+        ),
+        Row::measured(
+            &format!("counter read: read() of a software event (cpu-clock){at}"),
+            s(&r.software)?,
+            "ns",
+        ),
     ];
     if let Place::Qemu = place {
         rows.push(
@@ -294,10 +401,16 @@ struct ReadRounds {
 
 /// ns per read of `target` from `cpu`, and the last value read.
 fn time(g: &mut Guest, target: ReadTarget, cpu: u32, iterations: u32) -> Result<(f64, u64)> {
-    match g.ask(HostRequest::TimeReads { target: target.clone(), cpu, iterations })? {
-        AgentMessage::Timed { iterations, total_ns, last } if iterations > 0 => {
-            Ok((total_ns as f64 / f64::from(iterations), last))
-        }
+    match g.ask(HostRequest::TimeReads {
+        target: target.clone(),
+        cpu,
+        iterations,
+    })? {
+        AgentMessage::Timed {
+            iterations,
+            total_ns,
+            last,
+        } if iterations > 0 => Ok((total_ns as f64 / f64::from(iterations), last)),
         other => bail!("timing reads of {target:?} on CPU {cpu}: {other:?}"),
     }
 }
@@ -317,16 +430,30 @@ pub struct HotplugRate {
 
 /// Offline+online throughput with each of [`HOTPLUG_EVENTS`] perfbed
 /// events open, spread over the domains, RMIDs and events.
-pub fn hotplug_rates(g: &mut Guest, device: &perfbed_device::DeviceConfig, rounds: u32) -> Result<Vec<HotplugRate>> {
-    let types: Vec<u32> = (0..device.domains.len()).map(|d| g.pmu_type(&pmu_name(d))).collect::<Result<_>>()?;
+pub fn hotplug_rates(
+    g: &mut Guest,
+    device: &perfbed_device::DeviceConfig,
+    rounds: u32,
+) -> Result<Vec<HotplugRate>> {
+    let types: Vec<u32> = (0..device.domains.len())
+        .map(|d| g.pmu_type(&pmu_name(d)))
+        .collect::<Result<_>>()?;
     let movable = device.domains.iter().flatten().filter(|&&c| c != 0).count() as f64;
     let mut rates = Vec::new();
     for events in HOTPLUG_EVENTS {
         let mut handles = Vec::new();
         for i in 0..events {
-            let event = if i % 2 == 0 { Event::MbmTotalBytes } else { Event::MbmLocalBytes };
+            let event = if i % 2 == 0 {
+                Event::MbmTotalBytes
+            } else {
+                Event::MbmLocalBytes
+            };
             let rmid = u64::from(i / 2 % device.rmids);
-            let attr = PerfAttr { type_: types[i as usize % types.len()], config: event as u64 | rmid << 8, ..PerfAttr::default() };
+            let attr = PerfAttr {
+                type_: types[i as usize % types.len()],
+                config: event as u64 | rmid << 8,
+                ..PerfAttr::default()
+            };
             match g.open(attr, None)? {
                 Ok(handle) => handles.push(handle),
                 Err(errno) => bail!("opening hotplug event {i}: {errno}"),
@@ -339,11 +466,21 @@ pub fn hotplug_rates(g: &mut Guest, device: &perfbed_device::DeviceConfig, round
         if let Some(problem) = done.iter().flat_map(|r| &r.problems).next() {
             bail!("hotplug with {events} events: {problem}");
         }
-        let per_round: Vec<f64> = done.iter().map(|r| 2.0 * movable / ((r.offline_us + r.online_us) as f64 / 1e6)).collect();
-        let (off, on): (u64, u64) = done.iter().fold((0, 0), |(a, b), r| (a + r.offline_us, b + r.online_us));
+        let per_round: Vec<f64> = done
+            .iter()
+            .map(|r| 2.0 * movable / ((r.offline_us + r.online_us) as f64 / 1e6))
+            .collect();
+        let (off, on): (u64, u64) = done
+            .iter()
+            .fold((0, 0), |(a, b), r| (a + r.offline_us, b + r.online_us));
         let per_cpu_ms = |us: u64| us as f64 / (movable * done.len() as f64) / 1000.0;
         let ops = Summary::of(&per_round).context("the hotplug answered no rounds")?;
-        rates.push(HotplugRate { events, ops, offline_ms: per_cpu_ms(off), online_ms: per_cpu_ms(on) });
+        rates.push(HotplugRate {
+            events,
+            ops,
+            offline_ms: per_cpu_ms(off),
+            online_ms: per_cpu_ms(on),
+        });
         for handle in handles {
             g.close(handle)?;
         }
@@ -369,21 +506,37 @@ pub fn hotplug_scaling(ws: &Path, images: &Images, accel: &Accel) -> Result<Vec<
     const ROUNDS: u32 = 3;
     let mut rows = Vec::new();
     for (cpus, domains) in SCALING_SHAPES {
-        let args = RunArgs { cpus, domains: Some(domains.into()), ..RunArgs::for_tests() };
+        let args = RunArgs {
+            cpus,
+            domains: Some(domains.into()),
+            ..RunArgs::for_tests()
+        };
         let pmus = domains.split(':').count();
         eprintln!("==> hotplug scaling: {pmus} PMU(s) on {cpus} vCPUs ({domains})");
         let scenario = scenario_for(ws, images, &args, &format!("bench-scaling-{pmus}"))?;
         let mut vm = Vm::boot(&scenario.vm, accel)?.vm;
-        let mut g = Guest { vm: &mut vm, timeout: Duration::from_secs(600) };
-        g.expect_done(HostRequest::LoadModule { name: MODULE.into() })?;
+        let mut g = Guest {
+            vm: &mut vm,
+            timeout: Duration::from_secs(600),
+        };
+        g.expect_done(HostRequest::LoadModule {
+            name: MODULE.into(),
+        })?;
         let rates = hotplug_rates(&mut g, &scenario.vm.device, ROUNDS)?;
         vm.power_off(Duration::from_secs(30))?;
         let none = rates[0].ops.median;
         for r in &rates {
             rows.push(
-                Row::measured(&format!("hotplug: {pmus} PMU(s), {cpus} vCPUs, {} events", r.events), r.ops, "ops/s")
-                    .against("no events", none)
-                    .note(format!("offline {:.1} ms + online {:.1} ms per CPU; {ROUNDS} rounds", r.offline_ms, r.online_ms)),
+                Row::measured(
+                    &format!("hotplug: {pmus} PMU(s), {cpus} vCPUs, {} events", r.events),
+                    r.ops,
+                    "ops/s",
+                )
+                .against("no events", none)
+                .note(format!(
+                    "offline {:.1} ms + online {:.1} ms per CPU; {ROUNDS} rounds",
+                    r.offline_ms, r.online_ms
+                )),
             );
         }
     }
@@ -394,7 +547,12 @@ pub fn hotplug_scaling(ws: &Path, images: &Images, accel: &Accel) -> Result<Vec<
 fn hotplug(g: &mut Guest, device: &perfbed_device::DeviceConfig, rounds: u32) -> Result<Vec<Row>> {
     let rates = hotplug_rates(g, device, rounds)?;
     let none = rates[0].ops.median;
-    let split = |r: &HotplugRate| format!("offline {:.1} ms + online {:.1} ms per CPU", r.offline_ms, r.online_ms);
+    let split = |r: &HotplugRate| {
+        format!(
+            "offline {:.1} ms + online {:.1} ms per CPU",
+            r.offline_ms, r.online_ms
+        )
+    };
     Ok(rates
         .iter()
         .map(|r| match r.events {
@@ -437,25 +595,45 @@ fn stock_boot_to_agent(config: &host::config::VmConfig, accel: &Accel) -> Result
         hz: host::cmdline::kernel_hz(&config.vmlinux),
         tcg: !accel.kvm,
     };
-    host::qemu::guest_args(&mut qemu, config, accel, &host::cmdline::base_cmdline(&clock).join(" "));
-    qemu.arg("-serial").arg(format!("file:{}", config.run_dir.join("serial.log").display()));
+    host::qemu::guest_args(
+        &mut qemu,
+        config,
+        accel,
+        &host::cmdline::base_cmdline(&clock).join(" "),
+    );
+    qemu.arg("-serial").arg(format!(
+        "file:{}",
+        config.run_dir.join("serial.log").display()
+    ));
     host::qemu::agent_port_args(&mut qemu, &socket);
-    fs::write(config.run_dir.join("qemu.cmd"), crate::cmd::display(&qemu) + "\n")?;
+    fs::write(
+        config.run_dir.join("qemu.cmd"),
+        crate::cmd::display(&qemu) + "\n",
+    )?;
     let start = Instant::now();
     let mut child = qemu
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::from(fs::File::create(config.run_dir.join("qemu.log"))?))
+        .stderr(Stdio::from(fs::File::create(
+            config.run_dir.join("qemu.log"),
+        )?))
         .spawn()
         .with_context(|| format!("starting {STOCK_QEMU}"))?;
     let greeting = host::vm::connect(&socket, &mut child).and_then(|stream| {
         stream.set_read_timeout(Some(config.boot_timeout))?;
         let mut line = String::new();
-        BufReader::new(stream).read_line(&mut line).context("reading the agent's greeting")?;
+        BufReader::new(stream)
+            .read_line(&mut line)
+            .context("reading the agent's greeting")?;
         let at = start.elapsed();
         match serde_json::from_str(&line) {
-            Ok(AgentMessage::Hello(_)) => rss_beyond_ram_kib(child.id(), config.memory_mib).map(|memory| (at, memory)),
-            _ => bail!("stock QEMU's guest greeted with {line:?}; see {}", config.run_dir.join("serial.log").display()),
+            Ok(AgentMessage::Hello(_)) => {
+                rss_beyond_ram_kib(child.id(), config.memory_mib).map(|memory| (at, memory))
+            }
+            _ => bail!(
+                "stock QEMU's guest greeted with {line:?}; see {}",
+                config.run_dir.join("serial.log").display()
+            ),
         }
     });
     let _ = child.kill();
@@ -469,7 +647,13 @@ fn rss_beyond_ram_kib(pid: u32, ram_mib: u32) -> Result<f64> {
     let path = format!("/proc/{pid}/smaps");
     let text = fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
     let ram_kib = u64::from(ram_mib) * 1024;
-    let field = |line: &str, name: &str| -> Option<u64> { line.strip_prefix(name)?.split_whitespace().next()?.parse().ok() };
+    let field = |line: &str, name: &str| -> Option<u64> {
+        line.strip_prefix(name)?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
+    };
     let (mut total, mut ram, mut size) = (0u64, 0u64, 0u64);
     for line in text.lines() {
         if let Some(kib) = field(line, "Size:") {
@@ -501,9 +685,20 @@ fn stamped(log: &str) -> Vec<(f64, &str)> {
 /// The `n` longest pauses between consecutive timestamped kernel log lines:
 /// "0.312 s before <line>".
 fn slowest_gaps(log: &str, n: usize) -> Vec<String> {
-    let mut gaps: Vec<(f64, &str)> = stamped(log).windows(2).map(|w| (w[1].0 - w[0].0, w[1].1)).collect();
+    let mut gaps: Vec<(f64, &str)> = stamped(log)
+        .windows(2)
+        .map(|w| (w[1].0 - w[0].0, w[1].1))
+        .collect();
     gaps.sort_by(|a, b| b.0.total_cmp(&a.0));
-    gaps.iter().take(n).map(|(gap, line)| format!("{gap:.3} s before \"{}\"", line.chars().take(60).collect::<String>())).collect()
+    gaps.iter()
+        .take(n)
+        .map(|(gap, line)| {
+            format!(
+                "{gap:.3} s before \"{}\"",
+                line.chars().take(60).collect::<String>()
+            )
+        })
+        .collect()
 }
 
 /// Where one boot's kernel time went, from its log.
@@ -519,9 +714,20 @@ struct BootBreakdown {
 impl BootBreakdown {
     fn of(log: &str) -> BootBreakdown {
         let lines = stamped(log);
-        let at = |what: &str| lines.iter().find(|(_, text)| text.contains(what)).map(|(stamp, _)| *stamp);
-        let smp = at("smp: Bringing up secondary CPUs").zip(at("smp: Brought up")).map(|(from, to)| to - from);
-        BootBreakdown { smp, to_init: at(INIT_LINE), gaps: slowest_gaps(log, 3) }
+        let at = |what: &str| {
+            lines
+                .iter()
+                .find(|(_, text)| text.contains(what))
+                .map(|(stamp, _)| *stamp)
+        };
+        let smp = at("smp: Bringing up secondary CPUs")
+            .zip(at("smp: Brought up"))
+            .map(|(from, to)| to - from);
+        BootBreakdown {
+            smp,
+            to_init: at(INIT_LINE),
+            gaps: slowest_gaps(log, 3),
+        }
     }
 
     fn describe(&self) -> String {
@@ -548,13 +754,19 @@ mod tests {
         assert!((b.smp.unwrap() - 0.15).abs() < 1e-9, "{b:?}");
         let text = b.describe();
         assert!(text.starts_with("SMP bring-up 0.150 s, kernel start to /init 1.200 s; slowest kernel log gaps: 0.611 s before"), "{text}");
-        assert_eq!(BootBreakdown::of("").describe(), "SMP bring-up ?, kernel start to /init ?; slowest kernel log gaps: ");
+        assert_eq!(
+            BootBreakdown::of("").describe(),
+            "SMP bring-up ?, kernel start to /init ?; slowest kernel log gaps: "
+        );
     }
 
     #[test]
     fn slowest_gaps_name_the_line_after_the_pause() {
         let log = "[    0.000000] Linux version\n[    0.100000] a\nno stamp\n[    0.900000] slow one\n[    1.000000] b\n";
-        assert_eq!(slowest_gaps(log, 2), vec!["0.800 s before \"slow one\"", "0.100 s before \"a\""]);
+        assert_eq!(
+            slowest_gaps(log, 2),
+            vec!["0.800 s before \"slow one\"", "0.100 s before \"a\""]
+        );
         assert!(slowest_gaps("", 3).is_empty());
     }
 }

@@ -75,7 +75,11 @@ const EXPECTED_ROWS: &[&str] = &[
 
 /// The expected rows that `rows` lacks.
 pub fn missing_rows(rows: &[Row]) -> Vec<&'static str> {
-    EXPECTED_ROWS.iter().copied().filter(|want| !rows.iter().any(|r| r.name.starts_with(want))).collect()
+    EXPECTED_ROWS
+        .iter()
+        .copied()
+        .filter(|want| !rows.iter().any(|r| r.name.starts_with(want)))
+        .collect()
 }
 
 /// The initramfs before this work, for its size row.
@@ -85,12 +89,19 @@ pub fn run(ws: &Path, args: &BenchArgs) -> Result<bool> {
     if let Some(files) = &args.compare {
         let (a, b) = match files.as_slice() {
             [a, b] => (a.clone(), b.clone()),
-            [a] => (a.clone(), report::saved_runs(ws)?.pop().context("no full run saved in target/perfbed/bench")?),
+            [a] => (
+                a.clone(),
+                report::saved_runs(ws)?
+                    .pop()
+                    .context("no full run saved in target/perfbed/bench")?,
+            ),
             _ => {
                 let mut runs = report::saved_runs(ws)?;
                 match (runs.pop(), runs.pop()) {
                     (Some(latest), Some(previous)) => (previous, latest),
-                    _ => bail!("--compare without files needs two full runs saved in target/perfbed/bench"),
+                    _ => bail!(
+                        "--compare without files needs two full runs saved in target/perfbed/bench"
+                    ),
                 }
             }
         };
@@ -110,7 +121,14 @@ pub fn run(ws: &Path, args: &BenchArgs) -> Result<bool> {
         return Ok(true);
     }
     let rows = measure(ws, args.quick)?;
-    println!("\ncargo xtask bench{}:", if args.quick { " --quick (figures not to quote)" } else { "" });
+    println!(
+        "\ncargo xtask bench{}:",
+        if args.quick {
+            " --quick (figures not to quote)"
+        } else {
+            ""
+        }
+    );
     print!("{}", report::table(&rows));
     let path = report::save(ws, &rows, args.quick)?;
     println!("\n  saved: {}", path.display());
@@ -128,7 +146,9 @@ pub fn measure(ws: &Path, quick: bool) -> Result<Vec<Row>> {
     let effort = guest::Effort::new(quick);
     rows.extend(guest::rows(ws, &images, &accel, &effort)?);
     rows.extend(guest::vmm_rows(ws, &images, &accel, &effort)?);
-    let size = fs::metadata(&images.initramfs).with_context(|| format!("reading {}", images.initramfs.display()))?.len();
+    let size = fs::metadata(&images.initramfs)
+        .with_context(|| format!("reading {}", images.initramfs.display()))?
+        .len();
     rows.push(
         Row::new("memory: initramfs size", size as f64 / 1e6, "MB")
             .against("before this work", INITRAMFS_BEFORE_MB)
@@ -146,7 +166,10 @@ mod tests {
     #[test]
     fn missing_rows_are_named() {
         assert_eq!(missing_rows(&[]).len(), EXPECTED_ROWS.len());
-        let all: Vec<Row> = EXPECTED_ROWS.iter().map(|name| Row::new(&format!("{name} and more"), 1.0, "s")).collect();
+        let all: Vec<Row> = EXPECTED_ROWS
+            .iter()
+            .map(|name| Row::new(&format!("{name} and more"), 1.0, "s"))
+            .collect();
         assert!(missing_rows(&all).is_empty());
         assert_eq!(missing_rows(&all[1..]), vec![EXPECTED_ROWS[0]]);
     }

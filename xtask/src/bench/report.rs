@@ -46,16 +46,30 @@ pub struct Row {
 
 impl Row {
     pub fn new(name: &str, value: f64, unit: &'static str) -> Row {
-        Row { name: name.into(), value, unit, baseline: None, goal: Goal::None, spread: None, note: String::new() }
+        Row {
+            name: name.into(),
+            value,
+            unit,
+            baseline: None,
+            goal: Goal::None,
+            spread: None,
+            note: String::new(),
+        }
     }
 
     /// A row whose value is the median of repeated measurements, with their spread.
     pub fn measured(name: &str, summary: Summary, unit: &'static str) -> Row {
-        Row { spread: Some(summary.spread), ..Row::new(name, summary.median, unit) }
+        Row {
+            spread: Some(summary.spread),
+            ..Row::new(name, summary.median, unit)
+        }
     }
 
     pub fn against(mut self, what: &str, value: f64) -> Row {
-        self.baseline = Some(Baseline { what: what.into(), value });
+        self.baseline = Some(Baseline {
+            what: what.into(),
+            value,
+        });
         self
     }
 
@@ -70,7 +84,10 @@ impl Row {
     }
 
     pub fn ratio(&self) -> Option<f64> {
-        self.baseline.as_ref().filter(|b| b.value > 0.0).map(|b| self.value / b.value)
+        self.baseline
+            .as_ref()
+            .filter(|b| b.value > 0.0)
+            .map(|b| self.value / b.value)
     }
 
     /// Whether the goal is met; `None` when there is no goal or no ratio.
@@ -127,7 +144,14 @@ pub fn short(x: f64) -> String {
 }
 
 pub fn table(rows: &[Row]) -> String {
-    let mut lines = vec![["row".to_string(), "value".into(), "baseline".into(), "ratio".into(), "goal".into(), "met".into()]];
+    let mut lines = vec![[
+        "row".to_string(),
+        "value".into(),
+        "baseline".into(),
+        "ratio".into(),
+        "goal".into(),
+        "met".into(),
+    ]];
     for row in rows {
         lines.push([
             row.name.clone(),
@@ -135,7 +159,9 @@ pub fn table(rows: &[Row]) -> String {
                 Some(spread) => format!("{} ± {} {}", short(row.value), short(spread), row.unit),
                 None => format!("{} {}", short(row.value), row.unit),
             },
-            row.baseline.as_ref().map_or("-".into(), |b| format!("{} {} ({})", short(b.value), row.unit, b.what)),
+            row.baseline.as_ref().map_or("-".into(), |b| {
+                format!("{} {} ({})", short(b.value), row.unit, b.what)
+            }),
             row.ratio().map_or("-".into(), short),
             row.goal_text(),
             match row.met() {
@@ -145,10 +171,22 @@ pub fn table(rows: &[Row]) -> String {
             },
         ]);
     }
-    let widths: Vec<usize> = (0..6).map(|c| lines.iter().map(|l| l[c].chars().count()).max().unwrap_or(0)).collect();
+    let widths: Vec<usize> = (0..6)
+        .map(|c| {
+            lines
+                .iter()
+                .map(|l| l[c].chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
     let mut out = String::new();
     for line in &lines {
-        let cells: Vec<String> = line.iter().zip(&widths).map(|(cell, w)| format!("{cell:<w$}")).collect();
+        let cells: Vec<String> = line
+            .iter()
+            .zip(&widths)
+            .map(|(cell, w)| format!("{cell:<w$}"))
+            .collect();
         let _ = writeln!(out, "  {}", cells.join("  ").trim_end());
     }
     let notes: Vec<&Row> = rows.iter().filter(|r| !r.note.is_empty()).collect();
@@ -166,7 +204,10 @@ pub fn table(rows: &[Row]) -> String {
 pub fn save(workspace: &Path, rows: &[Row], quick: bool) -> Result<PathBuf> {
     let dir = workspace.join("target/perfbed/bench");
     fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs();
     let doc = json!({ "time": now, "quick": quick, "rows": rows.iter().map(Row::to_json).collect::<Vec<_>>() });
     let text = serde_json::to_string_pretty(&doc)? + "\n";
     let path = dir.join(format!("{now}{}.json", if quick { "-quick" } else { "" }));
@@ -183,7 +224,10 @@ pub fn saved_runs(workspace: &Path) -> Result<Vec<PathBuf>> {
     for entry in fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()))? {
         let path = entry?.path();
         let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("");
-        if let (Ok(time), Some("json")) = (stem.parse::<u64>(), path.extension().and_then(|e| e.to_str())) {
+        if let (Ok(time), Some("json")) = (
+            stem.parse::<u64>(),
+            path.extension().and_then(|e| e.to_str()),
+        ) {
             runs.push((time, path));
         }
     }
@@ -203,16 +247,31 @@ struct SavedRow {
 /// The rows of a saved result.
 fn load(path: &Path) -> Result<Vec<SavedRow>> {
     let text = fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let doc: Value = serde_json::from_str(&text).with_context(|| format!("{} is not JSON", path.display()))?;
+    let doc: Value =
+        serde_json::from_str(&text).with_context(|| format!("{} is not JSON", path.display()))?;
     let Some(rows) = doc["rows"].as_array() else {
-        bail!("{} has no \"rows\": not a `cargo xtask bench` result", path.display());
+        bail!(
+            "{} has no \"rows\": not a `cargo xtask bench` result",
+            path.display()
+        );
     };
     rows.iter()
         .map(|r| {
-            let name = r["name"].as_str().context("a row without a name")?.to_string();
-            let value = r["value"].as_f64().with_context(|| format!("row {name:?} without a value"))?;
+            let name = r["name"]
+                .as_str()
+                .context("a row without a name")?
+                .to_string();
+            let value = r["value"]
+                .as_f64()
+                .with_context(|| format!("row {name:?} without a value"))?;
             let unit = r["unit"].as_str().unwrap_or("").to_string();
-            Ok(SavedRow { name, value, unit, ratio: r["ratio"].as_f64(), spread: r["spread"].as_f64() })
+            Ok(SavedRow {
+                name,
+                value,
+                unit,
+                ratio: r["ratio"].as_f64(),
+                spread: r["spread"].as_f64(),
+            })
         })
         .collect()
 }
@@ -237,10 +296,20 @@ pub fn compare(a: &Path, b: &Path) -> Result<String> {
     let (mut moved_rows, mut unjudged) = (Vec::new(), 0);
     for ra in &rows_a {
         let Some(rb) = rows_b.iter().find(|rb| rb.name == ra.name) else {
-            let _ = writeln!(out, "  {}: {} {} -> (not in B)", ra.name, value(ra), ra.unit);
+            let _ = writeln!(
+                out,
+                "  {}: {} {} -> (not in B)",
+                ra.name,
+                value(ra),
+                ra.unit
+            );
             continue;
         };
-        let change = if ra.value != 0.0 { short(rb.value / ra.value) } else { "-".into() };
+        let change = if ra.value != 0.0 {
+            short(rb.value / ra.value)
+        } else {
+            "-".into()
+        };
         let verdict = match moved(ra, rb) {
             Some(true) => {
                 moved_rows.push(ra.name.as_str());
@@ -252,16 +321,41 @@ pub fn compare(a: &Path, b: &Path) -> Result<String> {
                 "no spread to judge by"
             }
         };
-        let (va, vb, unit, qa, qb) = (value(ra), value(rb), &ra.unit, ratio(ra.ratio), ratio(rb.ratio));
-        let _ = writeln!(out, "  {}: {va} -> {vb} {unit} (B/A {change}; {verdict}); ratio {qa} -> {qb}", ra.name);
+        let (va, vb, unit, qa, qb) = (
+            value(ra),
+            value(rb),
+            &ra.unit,
+            ratio(ra.ratio),
+            ratio(rb.ratio),
+        );
+        let _ = writeln!(
+            out,
+            "  {}: {va} -> {vb} {unit} (B/A {change}; {verdict}); ratio {qa} -> {qb}",
+            ra.name
+        );
     }
-    for rb in rows_b.iter().filter(|rb| !rows_a.iter().any(|ra| ra.name == rb.name)) {
-        let _ = writeln!(out, "  {}: (not in A) -> {} {}", rb.name, value(rb), rb.unit);
+    for rb in rows_b
+        .iter()
+        .filter(|rb| !rows_a.iter().any(|ra| ra.name == rb.name))
+    {
+        let _ = writeln!(
+            out,
+            "  {}: (not in A) -> {} {}",
+            rb.name,
+            value(rb),
+            rb.unit
+        );
     }
     if moved_rows.is_empty() {
-        let _ = writeln!(out, "\n  no row moved beyond its spread ({unjudged} row(s) without a spread not judged)");
+        let _ = writeln!(
+            out,
+            "\n  no row moved beyond its spread ({unjudged} row(s) without a spread not judged)"
+        );
     } else {
-        let _ = writeln!(out, "\n  moved beyond their spread ({unjudged} row(s) without a spread not judged):");
+        let _ = writeln!(
+            out,
+            "\n  moved beyond their spread ({unjudged} row(s) without a spread not judged):"
+        );
         for name in moved_rows {
             let _ = writeln!(out, "  - {name}");
         }
@@ -275,58 +369,150 @@ mod tests {
 
     #[test]
     fn goals_are_judged_on_the_ratio_or_the_value() {
-        let row = Row::new("boot", 2.0, "s").against("pc", 4.0).goal(Goal::RatioAtMost(1.0 / 3.0));
+        let row = Row::new("boot", 2.0, "s")
+            .against("pc", 4.0)
+            .goal(Goal::RatioAtMost(1.0 / 3.0));
         assert_eq!(row.ratio(), Some(0.5));
         assert_eq!(row.met(), Some(false));
-        assert_eq!(Row::new("x", 1.0, "s").against("y", 4.0).goal(Goal::RatioAtMost(0.3)).met(), Some(true));
-        assert_eq!(Row::new("x", 96.0, "ops/s").against("y", 100.0).goal(Goal::RatioAtLeast(0.95)).met(), Some(true));
-        assert_eq!(Row::new("x", 94.0, "ops/s").against("y", 100.0).goal(Goal::RatioAtLeast(0.95)).met(), Some(false));
-        assert_eq!(Row::new("x", 120.0, "ns").goal(Goal::AtMost(100.0)).met(), Some(false));
-        assert_eq!(Row::new("x", 1.0, "ns").goal(Goal::RatioAtMost(2.0)).met(), None, "no baseline, no verdict");
+        assert_eq!(
+            Row::new("x", 1.0, "s")
+                .against("y", 4.0)
+                .goal(Goal::RatioAtMost(0.3))
+                .met(),
+            Some(true)
+        );
+        assert_eq!(
+            Row::new("x", 96.0, "ops/s")
+                .against("y", 100.0)
+                .goal(Goal::RatioAtLeast(0.95))
+                .met(),
+            Some(true)
+        );
+        assert_eq!(
+            Row::new("x", 94.0, "ops/s")
+                .against("y", 100.0)
+                .goal(Goal::RatioAtLeast(0.95))
+                .met(),
+            Some(false)
+        );
+        assert_eq!(
+            Row::new("x", 120.0, "ns").goal(Goal::AtMost(100.0)).met(),
+            Some(false)
+        );
+        assert_eq!(
+            Row::new("x", 1.0, "ns").goal(Goal::RatioAtMost(2.0)).met(),
+            None,
+            "no baseline, no verdict"
+        );
         assert_eq!(Row::new("x", 1.0, "ns").against("zero", 0.0).ratio(), None);
     }
 
     #[test]
     fn table_and_json_round_trip_through_compare() {
         let rows = vec![
-            Row::new("boot", 1.5, "s").against("pc", 3.0).goal(Goal::RatioAtMost(0.5)),
-            Row::new("model", 61.0, "ns").goal(Goal::AtMost(100.0)).note("criterion"),
+            Row::new("boot", 1.5, "s")
+                .against("pc", 3.0)
+                .goal(Goal::RatioAtMost(0.5)),
+            Row::new("model", 61.0, "ns")
+                .goal(Goal::AtMost(100.0))
+                .note("criterion"),
         ];
         let text = table(&rows);
-        assert!(text.contains("1.5 s") && text.contains("3 s (pc)") && text.contains("<= 100 ns") && text.contains("- model: criterion"));
+        assert!(
+            text.contains("1.5 s")
+                && text.contains("3 s (pc)")
+                && text.contains("<= 100 ns")
+                && text.contains("- model: criterion")
+        );
         let dir = std::env::temp_dir().join(format!("perfbed-bench-{}", std::process::id()));
         let a = save(&dir, &rows, true).unwrap();
         let mut slower = rows.clone();
         slower[0].value = 3.0;
         slower.pop();
         let b = dir.join("b.json");
-        fs::write(&b, serde_json::to_string(&json!({ "rows": slower.iter().map(Row::to_json).collect::<Vec<_>>() })).unwrap()).unwrap();
+        fs::write(
+            &b,
+            serde_json::to_string(
+                &json!({ "rows": slower.iter().map(Row::to_json).collect::<Vec<_>>() }),
+            )
+            .unwrap(),
+        )
+        .unwrap();
         let diff = compare(&a, &b).unwrap();
-        assert!(diff.contains("boot: 1.5 -> 3 s (B/A 2; no spread to judge by); ratio 0.5 -> 1"), "{diff}");
+        assert!(
+            diff.contains("boot: 1.5 -> 3 s (B/A 2; no spread to judge by); ratio 0.5 -> 1"),
+            "{diff}"
+        );
         assert!(diff.contains("model: 61 ns -> (not in B)"), "{diff}");
-        assert!(diff.contains("no row moved beyond its spread (1 row(s) without a spread not judged)"), "{diff}");
+        assert!(
+            diff.contains("no row moved beyond its spread (1 row(s) without a spread not judged)"),
+            "{diff}"
+        );
         assert!(compare(&a, &dir.join("absent.json")).is_err());
         fs::write(dir.join("target/perfbed/bench/17.json"), "{}").unwrap();
         fs::write(dir.join("target/perfbed/bench/5.json"), "{}").unwrap();
         let runs = saved_runs(&dir).unwrap();
-        let names: Vec<_> = runs.iter().map(|p| p.file_name().unwrap().to_str().unwrap()).collect();
-        assert_eq!(names, ["5.json", "17.json"], "quick runs, latest.json and others are not full runs");
+        let names: Vec<_> = runs
+            .iter()
+            .map(|p| p.file_name().unwrap().to_str().unwrap())
+            .collect();
+        assert_eq!(
+            names,
+            ["5.json", "17.json"],
+            "quick runs, latest.json and others are not full runs"
+        );
         fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
     fn compare_names_the_rows_that_moved_beyond_their_spread() {
         let dir = std::env::temp_dir().join(format!("perfbed-bench-spread-{}", std::process::id()));
-        let read = |v: f64, s: f64| Row::measured("read", Summary { median: v, spread: s }, "ns");
-        let boot = |v: f64, s: f64| Row::measured("boot", Summary { median: v, spread: s }, "s");
+        let read = |v: f64, s: f64| {
+            Row::measured(
+                "read",
+                Summary {
+                    median: v,
+                    spread: s,
+                },
+                "ns",
+            )
+        };
+        let boot = |v: f64, s: f64| {
+            Row::measured(
+                "boot",
+                Summary {
+                    median: v,
+                    spread: s,
+                },
+                "s",
+            )
+        };
         let a = save(&dir, &[read(100.0, 5.0), boot(2.0, 0.1)], true).unwrap();
         let b = dir.join("b.json");
         let rows_b = [read(111.0, 5.0), boot(2.15, 0.1)];
-        fs::write(&b, serde_json::to_string(&json!({ "rows": rows_b.iter().map(Row::to_json).collect::<Vec<_>>() })).unwrap()).unwrap();
+        fs::write(
+            &b,
+            serde_json::to_string(
+                &json!({ "rows": rows_b.iter().map(Row::to_json).collect::<Vec<_>>() }),
+            )
+            .unwrap(),
+        )
+        .unwrap();
         let diff = compare(&a, &b).unwrap();
-        assert!(diff.contains("read: 100 ± 5 -> 111 ± 5 ns (B/A 1.11; MOVED beyond the spread)"), "{diff}");
-        assert!(diff.contains("boot: 2 ± 0.1 -> 2.15 ± 0.1 s (B/A 1.075; within the spread)"), "{diff}");
-        assert!(diff.contains("moved beyond their spread (0 row(s) without a spread not judged):\n  - read\n"), "{diff}");
+        assert!(
+            diff.contains("read: 100 ± 5 -> 111 ± 5 ns (B/A 1.11; MOVED beyond the spread)"),
+            "{diff}"
+        );
+        assert!(
+            diff.contains("boot: 2 ± 0.1 -> 2.15 ± 0.1 s (B/A 1.075; within the spread)"),
+            "{diff}"
+        );
+        assert!(
+            diff.contains(
+                "moved beyond their spread (0 row(s) without a spread not judged):\n  - read\n"
+            ),
+            "{diff}"
+        );
         assert!(!diff.contains("  - boot"), "{diff}");
         assert!(table(&rows_b).contains("111 ± 5 ns"));
         fs::remove_dir_all(&dir).unwrap();

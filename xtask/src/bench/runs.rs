@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use serde_json::json;
 
+use super::report::{Goal, Row};
 use crate::build::deps;
 use crate::progress::human;
-use super::report::{Goal, Row};
 
 /// The issue's goal for the first run on a fresh 2-core machine.
 const COLD_GOAL_S: f64 = 360.0;
@@ -35,25 +35,35 @@ pub fn warm(ws: &Path, quick: bool) -> Result<Row> {
     let (ok, out) = output_of(&mut run)?;
     let wall = start.elapsed();
     if !ok {
-        bail!("the warm `cargo xtask run` failed:\n{}", last_lines(&out, 20));
+        bail!(
+            "the warm `cargo xtask run` failed:\n{}",
+            last_lines(&out, 20)
+        );
     }
     let times = RunTimes::parse(&out).context("the warm run printed no time line")?;
     let inside = times.boot + times.checks;
-    Ok(Row::new("warm run: no-change `cargo xtask run`", wall.as_secs_f64(), "s")
-        .against("boot + checks of the same run", inside.as_secs_f64())
-        .goal(Goal::RatioAtMost(2.0))
-        .note(format!(
-            "wall time from outside; the run itself says images {}, boot {}, checks {}, total {}",
-            human(times.images),
-            human(times.boot),
-            human(times.checks),
-            human(times.total)
-        )))
+    Ok(Row::new(
+        "warm run: no-change `cargo xtask run`",
+        wall.as_secs_f64(),
+        "s",
+    )
+    .against("boot + checks of the same run", inside.as_secs_f64())
+    .goal(Goal::RatioAtMost(2.0))
+    .note(format!(
+        "wall time from outside; the run itself says images {}, boot {}, checks {}, total {}",
+        human(times.images),
+        human(times.boot),
+        human(times.checks),
+        human(times.total)
+    )))
 }
 
 /// Runs `cmd` with stdout and stderr together; (success, text).
 fn output_of(cmd: &mut Command) -> Result<(bool, String)> {
-    let out = cmd.stdin(Stdio::null()).output().with_context(|| format!("running {}", crate::cmd::display(cmd)))?;
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("running {}", crate::cmd::display(cmd)))?;
     let mut text = String::from_utf8_lossy(&out.stderr).into_owned();
     text += &String::from_utf8_lossy(&out.stdout);
     Ok((out.status.success(), text))
@@ -75,8 +85,12 @@ struct RunTimes {
 
 impl RunTimes {
     fn parse(out: &str) -> Option<RunTimes> {
-        let line = out.lines().find_map(|l| l.trim().strip_prefix("time: images "))?;
-        let after = |key: &str| -> Option<Duration> { parse_human(line.split(key).nth(1)?.split([',', '(']).next()?.trim()) };
+        let line = out
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("time: images "))?;
+        let after = |key: &str| -> Option<Duration> {
+            parse_human(line.split(key).nth(1)?.split([',', '(']).next()?.trim())
+        };
         Some(RunTimes {
             images: parse_human(line.split(',').next()?.trim())?,
             boot: after("boot to agent ready ")?,
@@ -92,7 +106,9 @@ fn parse_human(text: &str) -> Option<Duration> {
         return s.parse::<f64>().ok().map(Duration::from_secs_f64);
     }
     let (m, s) = text.strip_suffix('s')?.split_once('m')?;
-    Some(Duration::from_secs(m.parse::<u64>().ok()? * 60 + s.parse::<u64>().ok()?))
+    Some(Duration::from_secs(
+        m.parse::<u64>().ok()? * 60 + s.parse::<u64>().ok()?,
+    ))
 }
 
 /// Where the last cold run's figures are kept between bench runs.
@@ -111,15 +127,31 @@ pub fn cold(ws: &Path, measure: bool) -> Result<Option<Row>> {
         eprintln!("    no cold run measured yet: `cargo xtask bench --cold` (about 10 min)");
         return Ok(None);
     };
-    let doc: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
-    let total = doc["total_s"].as_f64().context("cold.json without total_s")?;
+    let doc: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    let total = doc["total_s"]
+        .as_f64()
+        .context("cold.json without total_s")?;
     let steps: Vec<String> = doc["steps"]
         .as_array()
-        .map(|a| a.iter().filter_map(|s| Some(format!("{} {}", s["step"].as_str()?, human(Duration::from_secs_f64(s["s"].as_f64()?))))).collect())
+        .map(|a| {
+            a.iter()
+                .filter_map(|s| {
+                    Some(format!(
+                        "{} {}",
+                        s["step"].as_str()?,
+                        human(Duration::from_secs_f64(s["s"].as_f64()?))
+                    ))
+                })
+                .collect()
+        })
         .unwrap_or_default();
     Ok(Some(
         Row::new("cold run: first `cargo xtask run`, empty cache", total, "s")
-            .against("before this work (issue 11, not side by side)", COLD_BEFORE_S)
+            .against(
+                "before this work (issue 11, not side by side)",
+                COLD_BEFORE_S,
+            )
             .goal(Goal::AtMost(COLD_GOAL_S))
             .note(format!(
                 "measured {} (load average after: {}; apt not included: packages installed): {}",
@@ -138,8 +170,18 @@ fn measure_cold(ws: &Path) -> Result<()> {
     let _ = fs::remove_dir_all(&dir);
     fs::create_dir_all(&dir)?;
     let clone = dir.join("perfbed");
-    crate::cmd::output(Command::new("git").arg("clone").arg("--quiet").arg(ws).arg(&clone))?;
-    eprintln!("==> bench: cold run in {} with XDG_CACHE_HOME={}/cache (about 10 min)", clone.display(), dir.display());
+    crate::cmd::output(
+        Command::new("git")
+            .arg("clone")
+            .arg("--quiet")
+            .arg(ws)
+            .arg(&clone),
+    )?;
+    eprintln!(
+        "==> bench: cold run in {} with XDG_CACHE_HOME={}/cache (about 10 min)",
+        clone.display(),
+        dir.display()
+    );
     let start = Instant::now();
     let (ok, out) = output_of(
         Command::new("nice")
@@ -153,7 +195,11 @@ fn measure_cold(ws: &Path) -> Result<()> {
     let wall = start.elapsed();
     fs::write(dir.join("run.log"), &out)?;
     if !ok {
-        bail!("the cold run failed (log {}):\n{}", dir.join("run.log").display(), last_lines(&out, 20));
+        bail!(
+            "the cold run failed (log {}):\n{}",
+            dir.join("run.log").display(),
+            last_lines(&out, 20)
+        );
     }
     let mut steps: Vec<serde_json::Value> = out
         .lines()
@@ -165,12 +211,16 @@ fn measure_cold(ws: &Path) -> Result<()> {
     if let Some(times) = RunTimes::parse(&out) {
         // What xtask cannot time itself: cargo building it in the fresh clone.
         steps.insert(0, json!({ "step": "cargo builds xtask", "s": wall.saturating_sub(times.total).as_secs_f64() }));
-        steps.push(json!({ "step": "images (wall, steps overlap)", "s": times.images.as_secs_f64() }));
+        steps.push(
+            json!({ "step": "images (wall, steps overlap)", "s": times.images.as_secs_f64() }),
+        );
         steps.push(json!({ "step": "boot", "s": times.boot.as_secs_f64() }));
         steps.push(json!({ "step": "checks", "s": times.checks.as_secs_f64() }));
     }
     let load = fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    let when = crate::cmd::output(Command::new("date").args(["-u", "+%Y-%m-%d %H:%M UTC"]))?.trim().to_string();
+    let when = crate::cmd::output(Command::new("date").args(["-u", "+%Y-%m-%d %H:%M UTC"]))?
+        .trim()
+        .to_string();
     let doc = json!({ "when": when, "total_s": wall.as_secs_f64(), "steps": steps, "loadavg_after": load.trim() });
     let path = cold_file(ws);
     fs::create_dir_all(path.parent().context("cold.json has a folder")?)?;
@@ -197,7 +247,10 @@ mod tests {
             })
         );
         assert_eq!(RunTimes::parse("no time here"), None);
-        assert_eq!(parse_human(&human(Duration::from_secs(643))), Some(Duration::from_secs(643)));
+        assert_eq!(
+            parse_human(&human(Duration::from_secs(643))),
+            Some(Duration::from_secs(643))
+        );
         assert_eq!(parse_human("soon"), None);
     }
 }

@@ -15,9 +15,9 @@ use clap::Args;
 
 use crate::build::box_image;
 use crate::build::image::{self, Variant};
+use crate::host;
 use crate::host::config::VmConfig;
 use crate::host::the_box;
-use crate::host;
 
 #[derive(Args)]
 pub struct VmmBenchArgs {
@@ -57,8 +57,16 @@ pub fn run(ws: &Path, args: &VmmBenchArgs) -> Result<bool> {
     let iterations = args.iterations.to_string();
     let mut ok = true;
     let accel = host::choose_accel();
-    if fs::OpenOptions::new().read(true).write(true).open("/dev/kvm").is_ok() {
-        let out = Command::new(&vmm).args(["--bench-exits", &iterations]).output().context("running perfbed-vmm")?;
+    if fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/kvm")
+        .is_ok()
+    {
+        let out = Command::new(&vmm)
+            .args(["--bench-exits", &iterations])
+            .output()
+            .context("running perfbed-vmm")?;
         let place = format!("this machine's /dev/kvm ({})", accel.reason);
         ok &= out.status.success() && print_figures(&place, &String::from_utf8_lossy(&out.stdout));
     }
@@ -96,7 +104,10 @@ pub fn run(ws: &Path, args: &VmmBenchArgs) -> Result<bool> {
         &run_dir.join("serial.log"),
         host::cmdline::host_tsc_khz(),
     );
-    eprintln!("==> the exit benchmark in the box (log: {})", box_log.display());
+    eprintln!(
+        "==> the exit benchmark in the box (log: {})",
+        box_log.display()
+    );
     let mut child = qemu
         .stdin(Stdio::null())
         .stdout(Stdio::from(File::create(&box_log)?))
@@ -121,12 +132,16 @@ pub fn run(ws: &Path, args: &VmmBenchArgs) -> Result<bool> {
         }
         if Instant::now() > deadline {
             let _ = child.kill();
-            bail!("the box did not finish the benchmark within 300 s (log: {})", box_log.display());
+            bail!(
+                "the box did not finish the benchmark within 300 s (log: {})",
+                box_log.display()
+            );
         }
         thread::sleep(Duration::from_millis(100));
     };
     let log = fs::read_to_string(&box_log).unwrap_or_default();
-    ok &= status.success() && print_figures(&format!("in the box ({})", box_images.kernel_package), &log);
+    ok &= status.success()
+        && print_figures(&format!("in the box ({})", box_images.kernel_package), &log);
     Ok(ok)
 }
 
@@ -140,6 +155,14 @@ mod tests {
                    perfbed-box: console=ttyS0\nbare_mmio_round_trip_ns=800\ndevice_vs_bare_ratio=1.125\n";
         let got = figures(log);
         let keys: Vec<&str> = got.iter().map(|(k, _)| k.as_str()).collect();
-        assert_eq!(keys, ["iterations", "device_mmio_round_trip_ns", "bare_mmio_round_trip_ns", "device_vs_bare_ratio"]);
+        assert_eq!(
+            keys,
+            [
+                "iterations",
+                "device_mmio_round_trip_ns",
+                "bare_mmio_round_trip_ns",
+                "device_vs_bare_ratio"
+            ]
+        );
     }
 }

@@ -16,10 +16,10 @@ use std::process::Command;
 use anyhow::{bail, Context, Result};
 use perfbed_box_init::{GUEST_INITRAMFS, GUEST_KERNEL, MODULE_ORDER, VMM_PATH};
 
-use crate::cmd::{self, Step};
 use super::cache::{Entry, Key};
 use super::deps;
 use super::image::cpio::{Archive, Kind};
+use crate::cmd::{self, Step};
 
 const KERNEL_RECIPE: &str = "l1-kernel-1";
 const INITRAMFS_RECIPE: &str = "l1-initramfs-2";
@@ -84,7 +84,8 @@ fn l1_package() -> Result<(String, String)> {
 fn l1_kernel() -> Result<L1Kernel> {
     let (package, version) = l1_package()?;
     let mut key = Key::new(KERNEL_RECIPE);
-    key.add("package", package.as_bytes()).add("version", version.as_bytes());
+    key.add("package", package.as_bytes())
+        .add("version", version.as_bytes());
     for (path, params) in MODULES {
         key.add(path, params.as_bytes());
     }
@@ -93,17 +94,32 @@ fn l1_kernel() -> Result<L1Kernel> {
     let modules = MODULES
         .iter()
         .map(|(path, params)| {
-            let name = Path::new(path).file_name().expect("a module path has a name").to_string_lossy().into_owned();
+            let name = Path::new(path)
+                .file_name()
+                .expect("a module path has a name")
+                .to_string_lossy()
+                .into_owned();
             (name.clone(), dir.join("modules").join(&name), *params)
         })
         .collect();
-    let kernel = L1Kernel { vmlinuz: dir.join("vmlinuz"), modules, package: format!("{package} {version}") };
+    let kernel = L1Kernel {
+        vmlinuz: dir.join("vmlinuz"),
+        modules,
+        package: format!("{package} {version}"),
+    };
     if entry.is_ready() {
         return Ok(kernel);
     }
     entry.begin()?;
-    let step = Step::start(&format!("fetching the box's L1 kernel ({package} {version})"), &dir.join("fetch.log"))?;
-    step.run(Command::new("apt-get").current_dir(&dir).args(["download", &format!("{package}={version}")]))?;
+    let step = Step::start(
+        &format!("fetching the box's L1 kernel ({package} {version})"),
+        &dir.join("fetch.log"),
+    )?;
+    step.run(
+        Command::new("apt-get")
+            .current_dir(&dir)
+            .args(["download", &format!("{package}={version}")]),
+    )?;
     let deb = fs::read_dir(&dir)?
         .flatten()
         .map(|e| e.path())
@@ -116,8 +132,11 @@ fn l1_kernel() -> Result<L1Kernel> {
         .next()
         .context("the kernel package has no lib/modules/<release>")?
         .file_name();
-    let vmlinuz = unpacked.join("boot").join(format!("vmlinuz-{}", release.to_string_lossy()));
-    fs::rename(&vmlinuz, &kernel.vmlinuz).with_context(|| format!("moving {}", vmlinuz.display()))?;
+    let vmlinuz = unpacked
+        .join("boot")
+        .join(format!("vmlinuz-{}", release.to_string_lossy()));
+    fs::rename(&vmlinuz, &kernel.vmlinuz)
+        .with_context(|| format!("moving {}", vmlinuz.display()))?;
     fs::create_dir_all(dir.join("modules"))?;
     for ((path, _), (_, dest, _)) in MODULES.iter().zip(&kernel.modules) {
         let from = unpacked.join("lib/modules").join(&release).join(path);
@@ -137,10 +156,16 @@ fn l1_kernel() -> Result<L1Kernel> {
 /// A module's `depends=` list, from its `.modinfo` strings.
 fn module_depends(bytes: &[u8]) -> Vec<String> {
     const KEY: &[u8] = b"\0depends=";
-    let Some(at) = bytes.windows(KEY.len()).position(|w| w == KEY) else { return Vec::new() };
+    let Some(at) = bytes.windows(KEY.len()).position(|w| w == KEY) else {
+        return Vec::new();
+    };
     let rest = &bytes[at + KEY.len()..];
     let end = rest.iter().position(|&b| b == 0).unwrap_or(rest.len());
-    String::from_utf8_lossy(&rest[..end]).split(',').filter(|d| !d.is_empty()).map(|d| d.replace('-', "_")).collect()
+    String::from_utf8_lossy(&rest[..end])
+        .split(',')
+        .filter(|d| !d.is_empty())
+        .map(|d| d.replace('-', "_"))
+        .collect()
 }
 
 /// `modules` (name, contents) ordered so that each comes after what it
@@ -162,7 +187,10 @@ fn load_order(modules: &[(String, Vec<u8>)]) -> Result<Vec<String>> {
                 .filter(|(n, _)| !order.contains(n))
                 .map(|(n, b)| format!("{n} (depends={})", module_depends(b).join(",")))
                 .collect();
-            bail!("the box's modules need modules it does not have: {}", stuck.join("; "));
+            bail!(
+                "the box's modules need modules it does not have: {}",
+                stuck.join("; ")
+            );
         }
     }
     Ok(order)
@@ -173,16 +201,31 @@ fn load_order(modules: &[(String, Vec<u8>)]) -> Result<Vec<String>> {
 pub fn build_binaries(workspace: &Path) -> Result<(PathBuf, PathBuf)> {
     const TARGET: &str = "x86_64-unknown-linux-gnu";
     let target_dir = workspace.join("target");
-    let step = Step::start("building perfbed-vmm and the box's /init", &target_dir.join("perfbed/logs/vmm.log"))?;
+    let step = Step::start(
+        "building perfbed-vmm and the box's /init",
+        &target_dir.join("perfbed/logs/vmm.log"),
+    )?;
     step.run(
         Command::new(deps::cargo())
             .current_dir(workspace)
-            .args(["build", "--release", "-p", "perfbed-vmm", "-p", "perfbed-box-init", "--target", TARGET])
+            .args([
+                "build",
+                "--release",
+                "-p",
+                "perfbed-vmm",
+                "-p",
+                "perfbed-box-init",
+                "--target",
+                TARGET,
+            ])
             .env("RUSTFLAGS", "-C target-feature=+crt-static"),
     )?;
     step.finish();
     let release = target_dir.join(TARGET).join("release");
-    Ok((release.join("perfbed-vmm"), release.join("perfbed-box-init")))
+    Ok((
+        release.join("perfbed-vmm"),
+        release.join("perfbed-box-init"),
+    ))
 }
 
 /// Everything the box boots, for this guest.
@@ -193,8 +236,16 @@ pub fn ensure(workspace: &Path, guest_vmlinux: &Path, guest_initramfs: &Path) ->
     let mut files: Vec<(String, Vec<u8>, bool)> = vec![
         ("init".into(), read(&init)?, true),
         (VMM_PATH.trim_start_matches('/').into(), read(&vmm)?, true),
-        (GUEST_KERNEL.trim_start_matches('/').into(), read(guest_vmlinux)?, false),
-        (GUEST_INITRAMFS.trim_start_matches('/').into(), read(guest_initramfs)?, false),
+        (
+            GUEST_KERNEL.trim_start_matches('/').into(),
+            read(guest_vmlinux)?,
+            false,
+        ),
+        (
+            GUEST_INITRAMFS.trim_start_matches('/').into(),
+            read(guest_initramfs)?,
+            false,
+        ),
     ];
     let mut modules = Vec::new();
     for (name, path, _) in &kernel.modules {
@@ -202,7 +253,11 @@ pub fn ensure(workspace: &Path, guest_vmlinux: &Path, guest_initramfs: &Path) ->
     }
     let mut order = String::new();
     for name in load_order(&modules)? {
-        let params = kernel.modules.iter().find(|(n, _, _)| *n == name).map_or("", |(_, _, p)| *p);
+        let params = kernel
+            .modules
+            .iter()
+            .find(|(n, _, _)| *n == name)
+            .map_or("", |(_, _, p)| *p);
         order += &format!("{name} {params}\n");
     }
     for (name, bytes) in modules {
@@ -216,8 +271,11 @@ pub fn ensure(workspace: &Path, guest_vmlinux: &Path, guest_initramfs: &Path) ->
     }
     let entry = Entry::new("l1-initramfs", &key)?;
     let cpio = entry.dir.join("initramfs.cpio");
-    let images =
-        BoxImages { kernel: kernel.vmlinuz.clone(), initramfs: cpio.clone(), kernel_package: kernel.package.clone() };
+    let images = BoxImages {
+        kernel: kernel.vmlinuz.clone(),
+        initramfs: cpio.clone(),
+        kernel_package: kernel.package.clone(),
+    };
     if entry.is_ready() {
         return Ok(images);
     }
@@ -228,7 +286,13 @@ pub fn ensure(workspace: &Path, guest_vmlinux: &Path, guest_initramfs: &Path) ->
     }
     archive.add("dev/console", Kind::CharDevice { major: 5, minor: 1 });
     for (path, bytes, executable) in &files {
-        archive.add(path, Kind::File { data: bytes, executable: *executable });
+        archive.add(
+            path,
+            Kind::File {
+                data: bytes,
+                executable: *executable,
+            },
+        );
     }
     fs::write(&cpio, archive.finish()).with_context(|| format!("writing {}", cpio.display()))?;
     entry.mark_ready()?;
@@ -257,9 +321,16 @@ mod tests {
         let order = load_order(&modules).unwrap();
         let at = |n: &str| order.iter().position(|o| o == n).unwrap();
         assert!(at("virtio_ring.ko") < at("virtio.ko"));
-        assert!(at("irqbypass.ko") < at("kvm.ko") && at("kvm.ko") < at("kvm-amd.ko") && at("ccp.ko") < at("kvm-amd.ko"));
+        assert!(
+            at("irqbypass.ko") < at("kvm.ko")
+                && at("kvm.ko") < at("kvm-amd.ko")
+                && at("ccp.ko") < at("kvm-amd.ko")
+        );
         let missing = vec![("virtio.ko".to_string(), module("virtio_ring"))];
-        assert!(load_order(&missing).unwrap_err().to_string().contains("virtio.ko (depends=virtio_ring)"));
+        assert!(load_order(&missing)
+            .unwrap_err()
+            .to_string()
+            .contains("virtio.ko (depends=virtio_ring)"));
         assert_eq!(module_depends(b"no modinfo"), Vec::<String>::new());
     }
 }

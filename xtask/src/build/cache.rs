@@ -43,7 +43,11 @@ impl Key {
     /// a stable order.
     pub fn add_tree(&mut self, name: &str, dir: &Path) -> Result<&mut Key> {
         for file in files_below(dir)? {
-            let rel = file.strip_prefix(dir).expect("below dir").to_string_lossy().into_owned();
+            let rel = file
+                .strip_prefix(dir)
+                .expect("below dir")
+                .to_string_lossy()
+                .into_owned();
             let bytes = fs::read(&file).with_context(|| format!("reading {}", file.display()))?;
             self.add(&format!("{name}/{rel}"), &bytes);
         }
@@ -127,7 +131,11 @@ impl Entry {
                 flock(&lock, libc::LOCK_SH, &what)?;
             }
         }
-        Ok(Entry { dir, lock: Some(lock), ready })
+        Ok(Entry {
+            dir,
+            lock: Some(lock),
+            ready,
+        })
     }
 
     /// Whether the artifact is complete. A complete one is marked as used
@@ -136,7 +144,10 @@ impl Entry {
         if !self.ready {
             return false;
         }
-        if let Ok(file) = fs::OpenOptions::new().write(true).open(self.dir.join("READY")) {
+        if let Ok(file) = fs::OpenOptions::new()
+            .write(true)
+            .open(self.dir.join("READY"))
+        {
             let _ = file.set_modified(std::time::SystemTime::now());
         }
         true
@@ -160,14 +171,25 @@ impl Entry {
         if let Some(lock) = &self.lock {
             flock(lock, libc::LOCK_SH, &self.dir.display().to_string())?;
         }
-        let kind = self.dir.parent().expect("an entry lives in its kind's folder");
+        let kind = self
+            .dir
+            .parent()
+            .expect("an entry lives in its kind's folder");
         let name = kind.file_name().unwrap_or_default().to_string_lossy();
         for old in entries_to_prune(kind, keep(&name))? {
             // Skip an entry another process holds; take it exclusively while
             // removing it so that nobody starts using it meanwhile.
-            let Ok(lock) = fs::OpenOptions::new().write(true).open(lock_path(&old)) else { continue };
+            let Ok(lock) = fs::OpenOptions::new().write(true).open(lock_path(&old)) else {
+                continue;
+            };
             // SAFETY: flock on a file descriptor this function owns.
-            if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            if unsafe {
+                libc::flock(
+                    std::os::fd::AsRawFd::as_raw_fd(&lock),
+                    libc::LOCK_EX | libc::LOCK_NB,
+                )
+            } != 0
+            {
                 continue;
             }
             eprintln!("    pruning the old cache entry {}", old.display());
@@ -182,7 +204,10 @@ impl Drop for Entry {
     /// using the artifact's paths after the `Entry` is gone.
     fn drop(&mut self) {
         if let Some(lock) = self.lock.take() {
-            HELD_LOCKS.lock().unwrap_or_else(|e| e.into_inner()).push(lock);
+            HELD_LOCKS
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(lock);
         }
     }
 }
@@ -264,7 +289,11 @@ fn entries_to_prune(kind: &Path, keep: usize) -> Result<Vec<PathBuf>> {
         }
     }
     finished.sort_by_key(|(modified, _)| std::cmp::Reverse(*modified));
-    Ok(finished.into_iter().skip(keep).map(|(_, dir)| dir).collect())
+    Ok(finished
+        .into_iter()
+        .skip(keep)
+        .map(|(_, dir)| dir)
+        .collect())
 }
 
 #[cfg(test)]
@@ -286,7 +315,11 @@ mod tests {
         assert_eq!(entries_to_prune(&kind, 2).unwrap(), vec![kind.join("a")]);
         assert!(entries_to_prune(&kind, 3).unwrap().is_empty());
         // Using the oldest makes it the newest: the next oldest goes instead.
-        let entry = |name: &str| Entry { dir: kind.join(name), lock: None, ready: kind.join(name).join("READY").exists() };
+        let entry = |name: &str| Entry {
+            dir: kind.join(name),
+            lock: None,
+            ready: kind.join(name).join("READY").exists(),
+        };
         assert!(entry("a").is_ready());
         assert!(!entry("c").is_ready());
         assert_eq!(entries_to_prune(&kind, 2).unwrap(), vec![kind.join("b")]);
@@ -309,15 +342,32 @@ mod tests {
             tx.send(entry.is_ready()).unwrap();
         });
         std::thread::sleep(std::time::Duration::from_millis(200));
-        assert!(rx.try_recv().is_err(), "the second user must wait while the entry is built");
+        assert!(
+            rx.try_recv().is_err(),
+            "the second user must wait while the entry is built"
+        );
         fs::write(builder.dir.join("artifact"), b"x").unwrap();
         builder.mark_ready().unwrap();
-        assert!(rx.recv().unwrap(), "the second user sees the finished entry");
+        assert!(
+            rx.recv().unwrap(),
+            "the second user sees the finished entry"
+        );
         waiter.join().unwrap();
         // Both hold it shared now: nobody may prune it.
-        let lock = fs::OpenOptions::new().write(true).open(lock_path(&kind.join("k"))).unwrap();
+        let lock = fs::OpenOptions::new()
+            .write(true)
+            .open(lock_path(&kind.join("k")))
+            .unwrap();
         // SAFETY: flock on a file this test owns.
-        assert_ne!(unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX | libc::LOCK_NB) }, 0);
+        assert_ne!(
+            unsafe {
+                libc::flock(
+                    std::os::fd::AsRawFd::as_raw_fd(&lock),
+                    libc::LOCK_EX | libc::LOCK_NB,
+                )
+            },
+            0
+        );
         fs::remove_dir_all(&kind).unwrap();
     }
 

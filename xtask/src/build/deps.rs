@@ -11,8 +11,14 @@ use crate::cmd::{self, Step};
 /// Debian packages the image build and the boot need, and why.
 pub const PACKAGES: &[(&str, &str)] = &[
     ("linux-source-6.12", "the guest kernel's source"),
-    ("rustc-web", "rustc 1.96 for the kernel's Rust (/usr/bin/rustc)"),
-    ("rust-web-src", "the Rust library source the kernel builds core from"),
+    (
+        "rustc-web",
+        "rustc 1.96 for the kernel's Rust (/usr/bin/rustc)",
+    ),
+    (
+        "rust-web-src",
+        "the Rust library source the kernel builds core from",
+    ),
     ("libclang-dev", "libclang for bindgen"),
     ("gcc", "the kernel's C compiler"),
     ("make", "kbuild"),
@@ -35,12 +41,17 @@ pub const PACKAGES: &[(&str, &str)] = &[
     ("seabios", "firmware for QEMU's pc machine"),
     ("linux-perf", "the real perf tool, copied into the guest"),
     ("busybox-static", "sleep and friends in the guest"),
-    ("gdb", "the scripted gdb session on the guest kernel (VM test gdb_session)"),
+    (
+        "gdb",
+        "the scripted gdb session on the guest kernel (VM test gdb_session)",
+    ),
 ];
 
 /// Debian packages only `cargo xtask bench` needs, and why.
-pub const BENCH_PACKAGES: &[(&str, &str)] =
-    &[("qemu-system-x86", "stock Debian QEMU, the boot baseline (`-M pc`) of `cargo xtask bench`")];
+pub const BENCH_PACKAGES: &[(&str, &str)] = &[(
+    "qemu-system-x86",
+    "stock Debian QEMU, the boot baseline (`-M pc`) of `cargo xtask bench`",
+)];
 
 /// Installs the benchmark's own packages if missing.
 pub fn ensure_bench() -> Result<()> {
@@ -119,14 +130,21 @@ fn ensure_qemu_source() -> Result<()> {
 /// deb-src twins of the machine's Debian `deb` sources (deb822 stanzas in
 /// `debian.sources`, or one-line entries in `sources.list`).
 fn deb_src_stanzas() -> Result<String> {
-    let deb822 = std::fs::read_to_string("/etc/apt/sources.list.d/debian.sources").unwrap_or_default();
+    let deb822 =
+        std::fs::read_to_string("/etc/apt/sources.list.d/debian.sources").unwrap_or_default();
     let mut out = String::new();
     for stanza in deb822.split("\n\n") {
         if stanza.lines().any(|l| l.trim() == "Types: deb") {
             let twin: Vec<String> = stanza
                 .lines()
                 .filter(|l| !l.starts_with('#'))
-                .map(|l| if l.trim() == "Types: deb" { "Types: deb-src".to_string() } else { l.to_string() })
+                .map(|l| {
+                    if l.trim() == "Types: deb" {
+                        "Types: deb-src".to_string()
+                    } else {
+                        l.to_string()
+                    }
+                })
                 .collect();
             out += &twin.join("\n");
             out += "\n\n";
@@ -141,10 +159,16 @@ fn deb_src_stanzas() -> Result<String> {
     if !lines.is_empty() {
         // One-line entries cannot go in a .sources file: convert them.
         for line in lines {
-            let mut words = line.split_whitespace().skip(1).filter(|w| !w.starts_with('['));
+            let mut words = line
+                .split_whitespace()
+                .skip(1)
+                .filter(|w| !w.starts_with('['));
             if let (Some(uri), Some(suite)) = (words.next(), words.next()) {
                 let components: Vec<&str> = words.collect();
-                out += &format!("Types: deb-src\nURIs: {uri}\nSuites: {suite}\nComponents: {}\n\n", components.join(" "));
+                out += &format!(
+                    "Types: deb-src\nURIs: {uri}\nSuites: {suite}\nComponents: {}\n\n",
+                    components.join(" ")
+                );
             }
         }
     }
@@ -159,7 +183,11 @@ fn missing_of(packages: &[(&'static str, &str)]) -> Result<Vec<&'static str>> {
     if which("dpkg-query").is_none() {
         bail!(
             "dpkg-query not found: perfbed expects Debian 12. Install the equivalents of: {}",
-            PACKAGES.iter().map(|(p, _)| *p).collect::<Vec<_>>().join(" ")
+            PACKAGES
+                .iter()
+                .map(|(p, _)| *p)
+                .collect::<Vec<_>>()
+                .join(" ")
         );
     }
     let mut missing = Vec::new();
@@ -179,7 +207,12 @@ fn install_packages(missing: &[&str]) -> Result<()> {
     let list = missing.join(" ");
     let command = format!("apt-get update && apt-get install -y --no-install-recommends {list}");
     for package in missing {
-        let why = PACKAGES.iter().chain(BENCH_PACKAGES).find(|(p, _)| p == package).map(|(_, w)| *w).unwrap_or("");
+        let why = PACKAGES
+            .iter()
+            .chain(BENCH_PACKAGES)
+            .find(|(p, _)| p == package)
+            .map(|(_, w)| *w)
+            .unwrap_or("");
         eprintln!("    missing: {package} ({why})");
     }
     // SAFETY: geteuid has no preconditions and cannot fail.
@@ -190,14 +223,19 @@ fn install_packages(missing: &[&str]) -> Result<()> {
         bail!("apt-get not found; install these packages by hand: {list}");
     }
     let log = cache::root()?.join("logs/apt.log");
-    let step = Step::start(&format!("installing {} Debian packages", missing.len()), &log)?;
+    let step = Step::start(
+        &format!("installing {} Debian packages", missing.len()),
+        &log,
+    )?;
     let apt = |args: &[&str]| {
         let mut c = Command::new("apt-get");
         c.args(args).env("DEBIAN_FRONTEND", "noninteractive");
         c
     };
     step.run(&mut apt(&["update", "-q"])).map_err(|e| {
-        e.context(format!("apt is unavailable (no network or no sources?); needed: {list}"))
+        e.context(format!(
+            "apt is unavailable (no network or no sources?); needed: {list}"
+        ))
     })?;
     let mut install = apt(&["install", "-y", "-q", "--no-install-recommends"]);
     install.args(missing);
@@ -207,12 +245,25 @@ fn install_packages(missing: &[&str]) -> Result<()> {
 }
 
 fn install_bindgen(target: &std::path::Path) -> Result<()> {
-    let root = target.parent().and_then(|p| p.parent()).expect("<root>/bin/bindgen");
+    let root = target
+        .parent()
+        .and_then(|p| p.parent())
+        .expect("<root>/bin/bindgen");
     let log = cache::root()?.join("logs/bindgen.log");
-    let step = Step::start(&format!("installing bindgen-cli {BINDGEN_VERSION} from crates.io"), &log)?;
+    let step = Step::start(
+        &format!("installing bindgen-cli {BINDGEN_VERSION} from crates.io"),
+        &log,
+    )?;
     step.run(
         Command::new(cargo())
-            .args(["install", "bindgen-cli", "--locked", "--version", BINDGEN_VERSION, "--root"])
+            .args([
+                "install",
+                "bindgen-cli",
+                "--locked",
+                "--version",
+                BINDGEN_VERSION,
+                "--root",
+            ])
             .arg(root),
     )?;
     step.finish();
@@ -222,12 +273,16 @@ fn install_bindgen(target: &std::path::Path) -> Result<()> {
 /// The cargo that runs xtask (rustup's), not Debian's `/usr/bin/cargo` that
 /// cargo-web may have installed.
 pub fn cargo() -> PathBuf {
-    std::env::var_os("CARGO").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("cargo"))
+    std::env::var_os("CARGO")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("cargo"))
 }
 
 pub fn which(program: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path).map(|d| d.join(program)).find(|p| p.is_file())
+    std::env::split_paths(&path)
+        .map(|d| d.join(program))
+        .find(|p| p.is_file())
 }
 
 /// The first line of `program --version`, for cache keys and reports.

@@ -14,7 +14,10 @@ use anyhow::{Context, Result};
 
 /// The workspace root: xtask lives one level below it.
 pub fn workspace() -> Result<PathBuf> {
-    let manifest = std::env::var_os("CARGO_MANIFEST_DIR").context("run this through `cargo xtask`")?;
-    Ok(Path::new(&manifest).parent().context("xtask has a parent folder")?.to_path_buf())
+    let manifest =
+        std::env::var_os("CARGO_MANIFEST_DIR").context("run this through `cargo xtask`")?;
+    Ok(Path::new(&manifest)
+        .parent()
+        .context("xtask has a parent folder")?
+        .to_path_buf())
 }
-

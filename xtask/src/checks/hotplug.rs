@@ -11,14 +11,20 @@ pub fn check(requested: u32, results: &[HotplugRound]) -> Check {
     let failed: Vec<&HotplugRound> = results.iter().filter(|r| !r.problems.is_empty()).collect();
     let passed_rounds = results.len() - failed.len();
     let n = results.len().max(1) as u64;
-    let avg = |f: fn(&HotplugRound) -> u64| Duration::from_micros(results.iter().map(f).sum::<u64>() / n);
+    let avg =
+        |f: fn(&HotplugRound) -> u64| Duration::from_micros(results.iter().map(f).sum::<u64>() / n);
     let mut detail = format!(
         "{passed_rounds}/{requested} rounds passed (all CPUs but 0 off, then on; offline {} / online {} per round)",
         human_ms(avg(|r| r.offline_us)),
         human_ms(avg(|r| r.online_us)),
     );
     if let Some(first) = failed.first() {
-        let _ = write!(detail, "; round {}: {}", first.round, first.problems.join("; "));
+        let _ = write!(
+            detail,
+            "; round {}: {}",
+            first.round,
+            first.problems.join("; ")
+        );
     }
     Check {
         name: "CPU hotplug",
@@ -36,7 +42,12 @@ mod tests {
     use super::*;
 
     fn round(n: u32, problems: &[&str]) -> HotplugRound {
-        HotplugRound { round: n, offline_us: 1000, online_us: 500, problems: problems.iter().map(|s| s.to_string()).collect() }
+        HotplugRound {
+            round: n,
+            offline_us: 1000,
+            online_us: 500,
+            problems: problems.iter().map(|s| s.to_string()).collect(),
+        }
     }
 
     #[test]

@@ -49,7 +49,11 @@ pub struct Report {
 pub fn clean_log_check(serial_log: &std::path::Path) -> Check {
     let log = std::fs::read_to_string(serial_log).unwrap_or_default();
     let problems = kernel_log_problems(&log);
-    Check::from_problems("clean kernel log", problems, "no WARN, BUG, oops, lockdep or RCU report".into())
+    Check::from_problems(
+        "clean kernel log",
+        problems,
+        "no WARN, BUG, oops, lockdep or RCU report".into(),
+    )
 }
 
 impl Check {
@@ -57,7 +61,11 @@ impl Check {
     /// every problem.
     pub fn from_problems(name: &'static str, problems: Vec<String>, ok: String) -> Check {
         let passed = problems.is_empty();
-        Check { name, passed, detail: if passed { ok } else { problems.join("; ") } }
+        Check {
+            name,
+            passed,
+            detail: if passed { ok } else { problems.join("; ") },
+        }
     }
 }
 
@@ -89,4 +97,3 @@ impl Report {
         out
     }
 }
-

@@ -60,18 +60,24 @@ mod tests {
 
     #[test]
     fn same_seed_same_stream_and_seeds_differ() {
-        let a: Vec<u64> = (0..8).map({
-            let mut r = Rng::new(42);
-            move |_| r.next_u64()
-        }).collect();
-        let b: Vec<u64> = (0..8).map({
-            let mut r = Rng::new(42);
-            move |_| r.next_u64()
-        }).collect();
-        let c: Vec<u64> = (0..8).map({
-            let mut r = Rng::new(43);
-            move |_| r.next_u64()
-        }).collect();
+        let a: Vec<u64> = (0..8)
+            .map({
+                let mut r = Rng::new(42);
+                move |_| r.next_u64()
+            })
+            .collect();
+        let b: Vec<u64> = (0..8)
+            .map({
+                let mut r = Rng::new(42);
+                move |_| r.next_u64()
+            })
+            .collect();
+        let c: Vec<u64> = (0..8)
+            .map({
+                let mut r = Rng::new(43);
+                move |_| r.next_u64()
+            })
+            .collect();
         assert_eq!(a, b);
         assert_ne!(a, c);
     }
@@ -85,7 +91,10 @@ mod tests {
             assert!((3..=7).contains(&x));
             seen[(x - 3) as usize] = true;
         }
-        assert!(seen.iter().all(|&s| s), "every value of 3..=7 drawn: {seen:?}");
+        assert!(
+            seen.iter().all(|&s| s),
+            "every value of 3..=7 drawn: {seen:?}"
+        );
         let mut v: Vec<u32> = (0..20).collect();
         r.shuffle(&mut v);
         let mut sorted = v.clone();

@@ -32,7 +32,11 @@ const RACE_KEEP: u32 = 400;
 
 /// A step's check: `passed` and what was seen.
 fn check(name: &'static str, passed: bool, detail: String) -> Check {
-    Check { name, passed, detail }
+    Check {
+        name,
+        passed,
+        detail,
+    }
 }
 
 fn probe_open(g: &mut Guest, pmu_type: u32) -> Result<crate::guest::Opened> {
@@ -40,7 +44,16 @@ fn probe_open(g: &mut Guest, pmu_type: u32) -> Result<crate::guest::Opened> {
 }
 
 fn probe_open_on(g: &mut Guest, pmu_type: u32, cpu: i32) -> Result<crate::guest::Opened> {
-    g.open_as(PerfAttr { type_: pmu_type, config: PROBE_CONFIG, ..PerfAttr::default() }, -1, cpu, None)
+    g.open_as(
+        PerfAttr {
+            type_: pmu_type,
+            config: PROBE_CONFIG,
+            ..PerfAttr::default()
+        },
+        -1,
+        cpu,
+        None,
+    )
 }
 
 /// The CPU a probe event says it is counted on (its value minus one).
@@ -51,14 +64,22 @@ fn probe_cpu(g: &mut Guest, handle: u32) -> Result<i64> {
 pub fn run(vm: &mut Vm, timeout: Duration) -> Result<Vec<Check>> {
     let mut g = Guest { vm, timeout };
     let mut checks = Vec::new();
-    g.expect_done(HostRequest::LoadModule { name: MODULE.into() })?;
+    g.expect_done(HostRequest::LoadModule {
+        name: MODULE.into(),
+    })?;
     let (type_a, type_b) = (g.pmu_type(PMU_A)?, g.pmu_type(PMU_B)?);
 
     // Placed inside the allowed set at registration.
     let (mask_a, mask_b) = (g.cpumask(PMU_A)?, g.cpumask(PMU_B)?);
     let placed = mask_a.len() == 1 && A_ALLOWED.contains(&mask_a[0]) && mask_b == [B_ALLOWED];
-    checks.push(check("placed in its set", placed, format!("{PMU_A} on {mask_a:?} (allowed {A_ALLOWED:?}), {PMU_B} on {mask_b:?}")));
-    let Some(&first) = mask_a.first() else { return Ok(checks) };
+    checks.push(check(
+        "placed in its set",
+        placed,
+        format!("{PMU_A} on {mask_a:?} (allowed {A_ALLOWED:?}), {PMU_B} on {mask_b:?}"),
+    ));
+    let Some(&first) = mask_a.first() else {
+        return Ok(checks);
+    };
 
     // An event counts on the PMU's CPU, whatever CPU it was opened on.
     let e1 = match probe_open(&mut g, type_a)? {
@@ -66,10 +87,18 @@ pub fn run(vm: &mut Vm, timeout: Duration) -> Result<Vec<Check>> {
         Err(errno) => bail!("opening a probe event on {PMU_A}: {errno}"),
     };
     let on = probe_cpu(&mut g, e1)?;
-    checks.push(check("event bound to pmu->cpu", on == i64::from(first), format!("opened with cpu=0, counts on CPU {on}")));
+    checks.push(check(
+        "event bound to pmu->cpu",
+        on == i64::from(first),
+        format!("opened with cpu=0, counts on CPU {on}"),
+    ));
 
     // The owner CPU goes: the PMU and its event move to the other allowed CPU.
-    let other = if first == A_ALLOWED[0] { A_ALLOWED[1] } else { A_ALLOWED[0] };
+    let other = if first == A_ALLOWED[0] {
+        A_ALLOWED[1]
+    } else {
+        A_ALLOWED[0]
+    };
     g.set_online(first, false)?;
     let (mask, on) = (g.cpumask(PMU_A)?, probe_cpu(&mut g, e1)?);
     checks.push(check(
@@ -80,7 +109,11 @@ pub fn run(vm: &mut Vm, timeout: Duration) -> Result<Vec<Check>> {
 
     // The last allowed CPU goes: parked, opens refused, the event keeps its value.
     g.set_online(other, false)?;
-    let (mask, refused, kept) = (g.cpumask(PMU_A)?, probe_open(&mut g, type_a)?, probe_cpu(&mut g, e1)?);
+    let (mask, refused, kept) = (
+        g.cpumask(PMU_A)?,
+        probe_open(&mut g, type_a)?,
+        probe_cpu(&mut g, e1)?,
+    );
     checks.push(check(
         "parks when its set is offline",
         mask.is_empty() && refused == Err("ENODEV".into()) && kept == i64::from(other),
@@ -125,8 +158,18 @@ pub fn run(vm: &mut Vm, timeout: Duration) -> Result<Vec<Check>> {
 
     // Opens racing moves: each succeeds where the PMU is, or fails with
     // ENODEV while it is parked; a move is never the caller's problem.
-    let attr = PerfAttr { type_: type_a, config: PROBE_CONFIG, ..PerfAttr::default() };
-    let race = match g.ask(HostRequest::PerfOpenRace { attr, cpu: 0, hotplug_ops: RACE_HOTPLUG_OPS, toggle_cpus: A_ALLOWED.to_vec(), keep: RACE_KEEP })? {
+    let attr = PerfAttr {
+        type_: type_a,
+        config: PROBE_CONFIG,
+        ..PerfAttr::default()
+    };
+    let race = match g.ask(HostRequest::PerfOpenRace {
+        attr,
+        cpu: 0,
+        hotplug_ops: RACE_HOTPLUG_OPS,
+        toggle_cpus: A_ALLOWED.to_vec(),
+        keep: RACE_KEEP,
+    })? {
         AgentMessage::Race(race) => race,
         other => bail!("the open race: {other:?}"),
     };
@@ -135,7 +178,11 @@ pub fn run(vm: &mut Vm, timeout: Duration) -> Result<Vec<Check>> {
     // opens did meet moves and were waited or tried again, not just lucky.
     let (waits, retries) = g.open_waits_and_retries(PMU_A)?;
     let home = mask.first().map(|&c| u64::from(c) + 1);
-    let strays = race.final_values.iter().filter(|&&v| Some(v) != home).count();
+    let strays = race
+        .final_values
+        .iter()
+        .filter(|&&v| Some(v) != home)
+        .count();
     let only_parked = race.other_errors.iter().all(|e| e.starts_with("ENODEV:"));
     checks.push(check(
         "opens racing hotplug",
@@ -176,6 +223,8 @@ pub fn run(vm: &mut Vm, timeout: Duration) -> Result<Vec<Check>> {
     for handle in [Some(e1), reopened.ok()].into_iter().flatten() {
         g.close(handle)?;
     }
-    g.expect_done(HostRequest::UnloadModule { name: MODULE.into() })?;
+    g.expect_done(HostRequest::UnloadModule {
+        name: MODULE.into(),
+    })?;
     Ok(checks)
 }

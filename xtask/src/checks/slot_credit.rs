@@ -209,7 +209,9 @@ pub fn rotation_bias(
     let mut bias: BTreeMap<(u32, u32), i64> = BTreeMap::new();
     for a in accesses.iter().filter(|a| a.bad.is_none() && !a.violation) {
         if a.kind == AccessKind::Write {
-            if let Some(d) = (0..shape.domains).find(|&d| a.offset == regs::domain_reg(d, regs::DOM_OWNER)) {
+            if let Some(d) =
+                (0..shape.domains).find(|&d| a.offset == regs::domain_reg(d, regs::DOM_OWNER))
+            {
                 last_read.retain(|k, _| u64::from(k.0) != d);
                 continue;
             }
@@ -230,8 +232,15 @@ pub fn rotation_bias(
                 if !(from_ns..=to_ns).contains(&a.time_ns) {
                     continue;
                 }
-                let held = |slot: &&(u32, u32)| slot.0 == d && (holder.contains_key(slot) || **slot == (d, s));
-                let Some(stamp) = last_read.iter().filter(|(k, _)| held(k)).map(|(_, &t)| t).min() else {
+                let held = |slot: &&(u32, u32)| {
+                    slot.0 == d && (holder.contains_key(slot) || **slot == (d, s))
+                };
+                let Some(stamp) = last_read
+                    .iter()
+                    .filter(|(k, _)| held(k))
+                    .map(|(_, &t)| t)
+                    .min()
+                else {
                     continue;
                 };
                 if let (Some(rmid), Some(&read)) = (ends, last_read.get(&(d, s))) {
@@ -306,7 +315,14 @@ mod tests {
         }
     }
 
-    fn record(seq: u64, d: u32, s: u32, from: u64, to: Option<u64>, counted: u64) -> AssignmentRecord {
+    fn record(
+        seq: u64,
+        d: u32,
+        s: u32,
+        from: u64,
+        to: Option<u64>,
+        counted: u64,
+    ) -> AssignmentRecord {
         AssignmentRecord {
             seq,
             domain: d,
@@ -331,10 +347,17 @@ mod tests {
             write(40, 1, 0, ctl),
             read(50, 1, 0, 1),
         ];
-        let records = [record(0, 1, 0, 10, Some(40), 7 * 64), record(1, 1, 0, 40, None, 64)];
+        let records = [
+            record(0, 1, 0, 10, Some(40), 7 * 64),
+            record(1, 1, 0, 40, None, 64),
+        ];
         let credits = replay(SHAPE, &records, &trace).unwrap();
         assert_eq!(
-            (credits[0].read_bytes, credits[0].reads, credits[0].unread_bytes()),
+            (
+                credits[0].read_bytes,
+                credits[0].reads,
+                credits[0].unread_bytes()
+            ),
             (5 * 64, 2, 2 * 64)
         );
         assert_eq!((credits[1].read_bytes, credits[1].unread_bytes()), (64, 0));
@@ -370,7 +393,10 @@ mod tests {
             read(5, 0, 0, 6),
         ];
         let records = [record(0, 0, 0, 1, None, 6 * 64)];
-        assert_eq!(replay(SHAPE, &records, &trace).unwrap()[0].read_bytes, 6 * 64);
+        assert_eq!(
+            replay(SHAPE, &records, &trace).unwrap()[0].read_bytes,
+            6 * 64
+        );
     }
 
     #[test]
@@ -415,8 +441,18 @@ mod tests {
         // A move between the reads and the write: only slot 0's read after
         // it stamps the rotation.
         let mut moved = trace.to_vec();
-        let owner = TraceEntry { offset: regs::domain_reg(0, regs::DOM_OWNER), kind: AccessKind::Write, ..trace[0] };
-        moved.insert(3, TraceEntry { time_ns: 300, ..owner });
+        let owner = TraceEntry {
+            offset: regs::domain_reg(0, regs::DOM_OWNER),
+            kind: AccessKind::Write,
+            ..trace[0]
+        };
+        moved.insert(
+            3,
+            TraceEntry {
+                time_ns: 300,
+                ..owner
+            },
+        );
         let bias = rotation_bias(SHAPE, &records, &moved, 50, 1000);
         assert_eq!(bias, BTreeMap::from([((0, 0), 0), ((0, 2), -200)]));
     }

@@ -32,14 +32,28 @@ const BEFORE: Duration = Duration::from_secs(15);
 const MIN_RATE_SHARE: f64 = 0.5;
 
 fn sh(script: &str) -> HostRequest {
-    HostRequest::Run { argv: vec!["/bin/busybox".into(), "sh".into(), "-c".into(), script.into()] }
+    HostRequest::Run {
+        argv: vec![
+            "/bin/busybox".into(),
+            "sh".into(),
+            "-c".into(),
+            script.into(),
+        ],
+    }
 }
 
 fn uptime(vm: &mut Vm, timeout: Duration) -> Result<f64> {
-    match vm.request(&HostRequest::ReadFile { path: "/proc/uptime".into() }, timeout)? {
-        AgentMessage::Text { text } => {
-            text.split_whitespace().next().and_then(|t| t.parse().ok()).context("parsing /proc/uptime")
-        }
+    match vm.request(
+        &HostRequest::ReadFile {
+            path: "/proc/uptime".into(),
+        },
+        timeout,
+    )? {
+        AgentMessage::Text { text } => text
+            .split_whitespace()
+            .next()
+            .and_then(|t| t.parse().ok())
+            .context("parsing /proc/uptime"),
         other => bail!("reading /proc/uptime: {other:?}"),
     }
 }
@@ -61,10 +75,21 @@ pub fn run(vm: &mut Vm, cpus: u8, timeout: Duration) -> Result<Vec<Check>> {
         )),
         timeout,
     )?;
-    if !matches!(made, AgentMessage::Ran { status: Some(0), .. }) {
+    if !matches!(
+        made,
+        AgentMessage::Ran {
+            status: Some(0),
+            ..
+        }
+    ) {
         bail!("writing {FLOOD_FILE}: {made:?}");
     }
-    let content = match vm.request(&HostRequest::ReadFile { path: FLOOD_FILE.into() }, timeout)? {
+    let content = match vm.request(
+        &HostRequest::ReadFile {
+            path: FLOOD_FILE.into(),
+        },
+        timeout,
+    )? {
         AgentMessage::Text { text } if text.len() == FLOOD_FILE_BYTES => text,
         other => bail!("reading {FLOOD_FILE} back: {other:?}"),
     };
@@ -77,7 +102,11 @@ pub fn run(vm: &mut Vm, cpus: u8, timeout: Duration) -> Result<Vec<Check>> {
         cpus.join(" ")
     );
     let argv = vec!["/bin/busybox".into(), "sh".into(), "-c".into(), script];
-    let spec = JobSpec::Process { argv, perf_fds: 0, settle_ms: 0 };
+    let spec = JobSpec::Process {
+        argv,
+        perf_fds: 0,
+        settle_ms: 0,
+    };
     let job = match vm.request(&HostRequest::StartJob { spec }, timeout)? {
         AgentMessage::JobStarted { job } => job,
         other => bail!("starting the hotplug loop: {other:?}"),
@@ -86,7 +115,9 @@ pub fn run(vm: &mut Vm, cpus: u8, timeout: Duration) -> Result<Vec<Check>> {
 
     let stall_start = uptime(vm, timeout)?;
     vm.pause_reading(true);
-    let request = serde_json::to_string(&HostRequest::ReadFile { path: FLOOD_FILE.into() })? + "\n";
+    let request = serde_json::to_string(&HostRequest::ReadFile {
+        path: FLOOD_FILE.into(),
+    })? + "\n";
     for _ in 0..FLOOD_REQUESTS {
         vm.send_raw(request.as_bytes())?;
     }
@@ -97,19 +128,33 @@ pub fn run(vm: &mut Vm, cpus: u8, timeout: Duration) -> Result<Vec<Check>> {
     for i in 0..FLOOD_REQUESTS {
         match vm.next_message(timeout, "an answer sent while the host did not read")? {
             AgentMessage::Text { text } => arrived.push(text == content),
-            other => bail!("answer {} of {FLOOD_REQUESTS} after the stall: {other:?}", i + 1),
+            other => bail!(
+                "answer {} of {FLOOD_REQUESTS} after the stall: {other:?}",
+                i + 1
+            ),
         }
     }
     let drained = resumed.elapsed();
-    let stamps: Vec<f64> =
-        match vm.request(&HostRequest::StopJob { job, signal: libc::SIGTERM, timeout_ms: 5000 }, timeout)? {
-            AgentMessage::JobDone(JobResult::Process { stdout, .. }) => {
-                stdout.lines().filter_map(|l| l.trim().parse().ok()).collect()
-            }
-            other => bail!("stopping the hotplug loop: {other:?}"),
-        };
+    let stamps: Vec<f64> = match vm.request(
+        &HostRequest::StopJob {
+            job,
+            signal: libc::SIGTERM,
+            timeout_ms: 5000,
+        },
+        timeout,
+    )? {
+        AgentMessage::JobDone(JobResult::Process { stdout, .. }) => stdout
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect(),
+        other => bail!("stopping the hotplug loop: {other:?}"),
+    };
     // The baseline leaves out its first 2 s (the loop starting up).
-    let before = rate(&stamps, stall_start - BEFORE.as_secs_f64() + 2.0, stall_start);
+    let before = rate(
+        &stamps,
+        stall_start - BEFORE.as_secs_f64() + 2.0,
+        stall_start,
+    );
     let during = rate(&stamps, stall_start, stall_start + STALL.as_secs_f64());
 
     let whole = arrived.iter().filter(|w| **w).count();

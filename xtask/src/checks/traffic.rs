@@ -44,7 +44,13 @@ const MAX_RATE_UNITS: u64 = 1 << 18;
 impl Injector {
     /// Starts injecting for `keys` (and setting the occupancy of
     /// `occupancy` (domain, RMID) pairs) until stopped.
-    pub fn start(mut control: ControlClient, keys: Vec<Key>, occupancy: Vec<(u32, u32)>, unit: u64, mut rng: Rng) -> Injector {
+    pub fn start(
+        mut control: ControlClient,
+        keys: Vec<Key>,
+        occupancy: Vec<(u32, u32)>,
+        unit: u64,
+        mut rng: Rng,
+    ) -> Injector {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let thread = std::thread::spawn(move || -> Result<TrafficStats> {
@@ -55,18 +61,28 @@ impl Injector {
                 match rng.below(10) {
                     0..=4 => {
                         let bytes = rng.range(1, MAX_BURST_UNITS) * unit;
-                        control.inject(key.domain, key.rmid, key.event, bytes).context("injecting a burst")?;
+                        control
+                            .inject(key.domain, key.rmid, key.event, bytes)
+                            .context("injecting a burst")?;
                         stats.bursts += 1;
                         stats.burst_bytes += bytes;
                     }
                     5..=7 => {
-                        let rate = if rng.chance(25) { 0 } else { rng.range(1, MAX_RATE_UNITS) * unit };
-                        control.set_rate(key.domain, key.rmid, key.event, rate).context("setting a rate")?;
+                        let rate = if rng.chance(25) {
+                            0
+                        } else {
+                            rng.range(1, MAX_RATE_UNITS) * unit
+                        };
+                        control
+                            .set_rate(key.domain, key.rmid, key.event, rate)
+                            .context("setting a rate")?;
                         stats.rate_changes += 1;
                     }
                     _ => {
                         if let Some(&(domain, rmid)) = rng.pick(&occupancy) {
-                            control.set_occupancy(domain, rmid, rng.range(0, 1 << 20) * unit).context("setting an occupancy")?;
+                            control
+                                .set_occupancy(domain, rmid, rng.range(0, 1 << 20) * unit)
+                                .context("setting an occupancy")?;
                             stats.occupancy_changes += 1;
                         }
                     }
@@ -74,7 +90,9 @@ impl Injector {
             }
             // Quiet: every steady rate off, so that the truth stops moving.
             for key in &keys {
-                control.set_rate(key.domain, key.rmid, key.event, 0).context("clearing a rate")?;
+                control
+                    .set_rate(key.domain, key.rmid, key.event, 0)
+                    .context("clearing a rate")?;
             }
             Ok(stats)
         });
@@ -85,6 +103,8 @@ impl Injector {
     /// bursts to land.
     pub fn stop(self) -> Result<TrafficStats> {
         self.stop.store(true, Ordering::Release);
-        self.thread.join().map_err(|_| anyhow::anyhow!("the traffic thread panicked"))?
+        self.thread
+            .join()
+            .map_err(|_| anyhow::anyhow!("the traffic thread panicked"))?
     }
 }

@@ -49,8 +49,11 @@ pub fn module_sections(guest: &mut Guest<'_>, name: &str) -> Result<Vec<(String,
     let mut sections = Vec::new();
     for section in SECTIONS {
         let path = format!("/sys/module/{name}/sections/{section}");
-        let Ok(text) = guest.read_file(&path) else { continue };
-        let address = u64::from_str_radix(text.trim_start_matches("0x"), 16).with_context(|| format!("{path}: {text:?}"))?;
+        let Ok(text) = guest.read_file(&path) else {
+            continue;
+        };
+        let address = u64::from_str_radix(text.trim_start_matches("0x"), 16)
+            .with_context(|| format!("{path}: {text:?}"))?;
         sections.push((section.to_string(), address));
     }
     match sections.first() {
@@ -74,13 +77,26 @@ pub fn add_symbol_file(ko: &Path, sections: &[(String, u64)]) -> String {
 
 /// Reads the module's sections, writes `add-symbol-file` into
 /// `run_dir/<name>.gdb` and prints how to use it.
-pub fn announce_module(guest: &mut Guest<'_>, name: &str, ko: &Path, vmlinux: &Path, port: u16, run_dir: &Path) -> Result<PathBuf> {
+pub fn announce_module(
+    guest: &mut Guest<'_>,
+    name: &str,
+    ko: &Path,
+    vmlinux: &Path,
+    port: u16,
+    run_dir: &Path,
+) -> Result<PathBuf> {
     let sections = module_sections(guest, name)?;
     let script = run_dir.join(format!("{name}.gdb"));
     fs::write(&script, add_symbol_file(ko, &sections) + "\n")?;
-    println!("==> {name}.ko is loaded at {:#x}; in gdb (Ctrl-C first):", sections[0].1);
+    println!(
+        "==> {name}.ko is loaded at {:#x}; in gdb (Ctrl-C first):",
+        sections[0].1
+    );
     println!("      source {}\n      continue", script.display());
-    println!("    or attach afresh:\n      {}", attach_command(vmlinux, port, &[format!("source {}", script.display())]));
+    println!(
+        "    or attach afresh:\n      {}",
+        attach_command(vmlinux, port, &[format!("source {}", script.display())])
+    );
     Ok(script)
 }
 
@@ -96,7 +112,10 @@ impl BatchGdb {
     pub fn start(vmlinux: &Path, script: &Path) -> Result<BatchGdb> {
         let mut child = Command::new("gdb")
             .args(["-q", "-batch", "-nx", "-iex"])
-            .arg(format!("add-auto-load-safe-path {}", scripts_dir(vmlinux).display()))
+            .arg(format!(
+                "add-auto-load-safe-path {}",
+                scripts_dir(vmlinux).display()
+            ))
             .arg("-x")
             .arg(script)
             .arg(vmlinux)
@@ -106,9 +125,15 @@ impl BatchGdb {
             .spawn()
             .context("starting gdb (Debian's gdb package; `cargo xtask deps` installs it)")?;
         let (tx, lines) = mpsc::channel();
-        for stream in [child.stdout.take().map(|s| Box::new(s) as Box<dyn std::io::Read + Send>), child.stderr.take().map(|s| Box::new(s) as _)]
-            .into_iter()
-            .flatten()
+        for stream in [
+            child
+                .stdout
+                .take()
+                .map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
+            child.stderr.take().map(|s| Box::new(s) as _),
+        ]
+        .into_iter()
+        .flatten()
         {
             let tx = tx.clone();
             std::thread::spawn(move || {
@@ -119,7 +144,11 @@ impl BatchGdb {
                 }
             });
         }
-        Ok(BatchGdb { child, lines, transcript: Vec::new() })
+        Ok(BatchGdb {
+            child,
+            lines,
+            transcript: Vec::new(),
+        })
     }
 
     /// Waits for a line containing `needle`.
@@ -135,7 +164,10 @@ impl BatchGdb {
                         return Ok(());
                     }
                 }
-                Err(_) => bail!("gdb did not print {needle:?} within {timeout:?}; it said:\n{}", self.transcript.join("\n")),
+                Err(_) => bail!(
+                    "gdb did not print {needle:?} within {timeout:?}; it said:\n{}",
+                    self.transcript.join("\n")
+                ),
             }
         }
     }
@@ -160,7 +192,10 @@ impl BatchGdb {
             }
             if std::time::Instant::now() > deadline {
                 let _ = self.child.kill();
-                bail!("gdb did not finish within {timeout:?}:\n{}", self.transcript.join("\n"));
+                bail!(
+                    "gdb did not finish within {timeout:?}:\n{}",
+                    self.transcript.join("\n")
+                );
             }
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -190,8 +225,16 @@ const MAGIC_TEXT: &str = "0x0044454246524550";
 /// mode with its symbols, break in its read callback, run the real `perf
 /// stat` so that it is hit, print the backtrace, read `REG_MAGIC` through
 /// the driver's mapping, detach, and let perf finish. Returns gdb's output.
-pub fn scripted_session(guest: &mut Guest<'_>, vmlinux: &Path, ko: &Path, port: u16, run_dir: &Path) -> Result<String> {
-    guest.expect_done(perfbed_agent::HostRequest::LoadModule { name: crate::guest::MODULE.into() })?;
+pub fn scripted_session(
+    guest: &mut Guest<'_>,
+    vmlinux: &Path,
+    ko: &Path,
+    port: u16,
+    run_dir: &Path,
+) -> Result<String> {
+    guest.expect_done(perfbed_agent::HostRequest::LoadModule {
+        name: crate::guest::MODULE.into(),
+    })?;
     let sections = module_sections(guest, crate::guest::MODULE)?;
     let (callback, offset) = read_callback_symbol(ko)?;
     // By address: the name is a Rust v0 mangled one, the offset is exact.
@@ -222,7 +265,19 @@ pub fn scripted_session(guest: &mut Guest<'_>, vmlinux: &Path, ko: &Path, port: 
     // gdb continues the guest now. perf stat -I reads the count while the
     // event runs, which calls the PMU's read (a final read after disabling
     // would not): that hits the breakpoint.
-    let perf = ["/usr/bin/perf", "stat", "-a", "-x,", "-I", "200", "-e", "perfbed_l3_0/mbm_total_bytes,rmid=3/", "/bin/busybox", "sleep", "1"];
+    let perf = [
+        "/usr/bin/perf",
+        "stat",
+        "-a",
+        "-x,",
+        "-I",
+        "200",
+        "-e",
+        "perfbed_l3_0/mbm_total_bytes,rmid=3/",
+        "/bin/busybox",
+        "sleep",
+        "1",
+    ];
     let (status, _, stderr) = guest.run(&perf)?;
     let output = gdb.finish(Duration::from_secs(60))?;
     fs::write(run_dir.join("gdb.log"), &output)?;
@@ -231,12 +286,19 @@ pub fn scripted_session(guest: &mut Guest<'_>, vmlinux: &Path, ko: &Path, port: 
         problems.push(format!("perf stat exited {status:?}: {}", stderr.trim()));
     }
     let backtrace: Vec<&str> = output.lines().filter(|l| l.starts_with('#')).collect();
-    if !backtrace.first().is_some_and(|l| l.contains("DomainPmu") && l.contains("read")) {
-        problems.push(format!("the backtrace does not start in perfbed.ko's read callback: {backtrace:?}"));
+    if !backtrace
+        .first()
+        .is_some_and(|l| l.contains("DomainPmu") && l.contains("read"))
+    {
+        problems.push(format!(
+            "the backtrace does not start in perfbed.ko's read callback: {backtrace:?}"
+        ));
     }
     let register = output.split("PERFBED-REGISTER").nth(1).unwrap_or("");
     if !register.contains(MAGIC_TEXT) {
-        problems.push(format!("x/gx at the mapping did not show REG_MAGIC {MAGIC_TEXT}"));
+        problems.push(format!(
+            "x/gx at the mapping did not show REG_MAGIC {MAGIC_TEXT}"
+        ));
     }
     if !problems.is_empty() {
         bail!("{}\n--- gdb ---\n{output}", problems.join("\n"));
@@ -248,8 +310,16 @@ pub fn scripted_session(guest: &mut Guest<'_>, vmlinux: &Path, ko: &Path, port: 
 /// demangled name is `<... as kernel::perf::Pmu>::read`) and its offset in
 /// `.text`.
 fn read_callback_symbol(ko: &Path) -> Result<(String, u64)> {
-    let out = Command::new("nm").arg("--defined-only").arg(ko).output().context("running nm")?;
-    let demangled = Command::new("nm").args(["--defined-only", "--demangle"]).arg(ko).output().context("running nm")?;
+    let out = Command::new("nm")
+        .arg("--defined-only")
+        .arg(ko)
+        .output()
+        .context("running nm")?;
+    let demangled = Command::new("nm")
+        .args(["--defined-only", "--demangle"])
+        .arg(ko)
+        .output()
+        .context("running nm")?;
     let raw = String::from_utf8_lossy(&out.stdout);
     let nice = String::from_utf8_lossy(&demangled.stdout);
     let found: Vec<(String, u64)> = raw
@@ -266,6 +336,9 @@ fn read_callback_symbol(ko: &Path) -> Result<(String, u64)> {
         .collect();
     match found.as_slice() {
         [one] => Ok(one.clone()),
-        _ => bail!("perfbed.ko has {} functions named like {READ_CALLBACK}: {found:?}", found.len()),
+        _ => bail!(
+            "perfbed.ko has {} functions named like {READ_CALLBACK}: {found:?}",
+            found.len()
+        ),
     }
 }

@@ -54,7 +54,9 @@ impl Guest<'_> {
         let mut count = |file: &str| -> Result<u64> {
             let path = format!("/sys/bus/event_source/devices/{pmu}/{file}");
             let text = self.read_file(&path)?;
-            text.trim().parse().with_context(|| format!("{path}: {text:?} is not a count"))
+            text.trim()
+                .parse()
+                .with_context(|| format!("{path}: {text:?} is not a count"))
         };
         Ok((count("open_waits")?, count("open_retries")?))
     }
@@ -78,8 +80,19 @@ impl Guest<'_> {
         self.open_as(attr, -1, 0, group)
     }
 
-    pub fn open_as(&mut self, attr: PerfAttr, pid: i32, cpu: i32, group: Option<u32>) -> Result<Opened> {
-        match self.ask(HostRequest::PerfOpen { attr, pid, cpu, group })? {
+    pub fn open_as(
+        &mut self,
+        attr: PerfAttr,
+        pid: i32,
+        cpu: i32,
+        group: Option<u32>,
+    ) -> Result<Opened> {
+        match self.ask(HostRequest::PerfOpen {
+            attr,
+            pid,
+            cpu,
+            group,
+        })? {
             AgentMessage::PerfOpened { handle } => Ok(Ok(handle)),
             AgentMessage::Errno { name, .. } => Ok(Err(name)),
             other => bail!("perf_event_open: {other:?}"),
@@ -87,8 +100,21 @@ impl Guest<'_> {
     }
 
     /// perf_event_open with PERF_FLAG_* `flags` (FD_CLOEXEC is always added).
-    pub fn open_flags(&mut self, attr: PerfAttr, pid: i32, cpu: i32, group: Option<u32>, flags: u64) -> Result<Opened> {
-        match self.ask(HostRequest::PerfOpenFlags { attr, pid, cpu, group, flags })? {
+    pub fn open_flags(
+        &mut self,
+        attr: PerfAttr,
+        pid: i32,
+        cpu: i32,
+        group: Option<u32>,
+        flags: u64,
+    ) -> Result<Opened> {
+        match self.ask(HostRequest::PerfOpenFlags {
+            attr,
+            pid,
+            cpu,
+            group,
+            flags,
+        })? {
             AgentMessage::PerfOpened { handle } => Ok(Ok(handle)),
             AgentMessage::Errno { name, .. } => Ok(Err(name)),
             other => bail!("perf_event_open: {other:?}"),
@@ -96,8 +122,15 @@ impl Guest<'_> {
     }
 
     /// An ioctl on an open event: its return value, or the errno's name.
-    pub fn ioctl(&mut self, handle: u32, ioctl: PerfIoctl) -> Result<std::result::Result<u64, String>> {
-        match self.ask(HostRequest::PerfIoctl { handle, ioctl: ioctl.clone() })? {
+    pub fn ioctl(
+        &mut self,
+        handle: u32,
+        ioctl: PerfIoctl,
+    ) -> Result<std::result::Result<u64, String>> {
+        match self.ask(HostRequest::PerfIoctl {
+            handle,
+            ioctl: ioctl.clone(),
+        })? {
             AgentMessage::PerfValues { values } if values.len() == 1 => Ok(Ok(values[0])),
             AgentMessage::Errno { name, .. } => Ok(Err(name)),
             other => bail!("{ioctl:?} on event {handle}: {other:?}"),
@@ -115,7 +148,9 @@ impl Guest<'_> {
     /// The words of a read() of each event, all read by one request (so
     /// within microseconds of each other in the guest).
     pub fn read_many(&mut self, handles: &[u32]) -> Result<Vec<Vec<u64>>> {
-        match self.ask(HostRequest::PerfReadMany { handles: handles.to_vec() })? {
+        match self.ask(HostRequest::PerfReadMany {
+            handles: handles.to_vec(),
+        })? {
             AgentMessage::PerfValuesMany { values } if values.len() == handles.len() => Ok(values),
             other => bail!("reading events {handles:?}: {other:?}"),
         }
@@ -127,8 +162,14 @@ impl Guest<'_> {
 
     /// Runs a program in the guest: (exit status, stdout, stderr).
     pub fn run(&mut self, argv: &[&str]) -> Result<(Option<i32>, String, String)> {
-        match self.ask(HostRequest::Run { argv: argv.iter().map(|s| s.to_string()).collect() })? {
-            AgentMessage::Ran { status, stdout, stderr } => Ok((status, stdout, stderr)),
+        match self.ask(HostRequest::Run {
+            argv: argv.iter().map(|s| s.to_string()).collect(),
+        })? {
+            AgentMessage::Ran {
+                status,
+                stdout,
+                stderr,
+            } => Ok((status, stdout, stderr)),
             other => bail!("running {argv:?}: {other:?}"),
         }
     }

@@ -79,7 +79,9 @@ pub fn base_cmdline(clock: &GuestClock) -> Vec<String> {
 /// with every CPU calibrating its delay loop.
 pub fn kernel_hz(vmlinux: &Path) -> Option<u64> {
     let config = fs::read_to_string(vmlinux.parent()?.join(".config")).ok()?;
-    config.lines().find_map(|line| line.strip_prefix("CONFIG_HZ=")?.trim().parse().ok())
+    config
+        .lines()
+        .find_map(|line| line.strip_prefix("CONFIG_HZ=")?.trim().parse().ok())
 }
 
 #[cfg(test)]
@@ -88,14 +90,34 @@ mod tests {
 
     #[test]
     fn lpj_needs_the_kernels_hz_and_noapictimer_tcg() {
-        let tcg = GuestClock { tsc_khz: 2_600_000, hz: Some(250), tcg: true };
+        let tcg = GuestClock {
+            tsc_khz: 2_600_000,
+            hz: Some(250),
+            tcg: true,
+        };
         let line = base_cmdline(&tcg);
-        assert!(line.contains(&"lpj=10400000".to_string()) && line.contains(&"noapictimer".to_string()), "{line:?}");
+        assert!(
+            line.contains(&"lpj=10400000".to_string()) && line.contains(&"noapictimer".to_string()),
+            "{line:?}"
+        );
         assert!(line.contains(&"no_timer_check".to_string()), "{line:?}");
-        assert!(line.contains(&"tsc_early_khz=2600000".to_string()), "{line:?}");
-        let kvm = base_cmdline(&GuestClock { hz: None, tcg: false, ..tcg });
-        assert!(!kvm.iter().any(|a| a.starts_with("lpj=") || a == "noapictimer" || a == "no_timer_check"), "{kvm:?}");
-        assert!(!base_cmdline(&GuestClock { hz: Some(0), ..tcg }).iter().any(|a| a.starts_with("lpj=")));
+        assert!(
+            line.contains(&"tsc_early_khz=2600000".to_string()),
+            "{line:?}"
+        );
+        let kvm = base_cmdline(&GuestClock {
+            hz: None,
+            tcg: false,
+            ..tcg
+        });
+        assert!(
+            !kvm.iter()
+                .any(|a| a.starts_with("lpj=") || a == "noapictimer" || a == "no_timer_check"),
+            "{kvm:?}"
+        );
+        assert!(!base_cmdline(&GuestClock { hz: Some(0), ..tcg })
+            .iter()
+            .any(|a| a.starts_with("lpj=")));
     }
 
     #[test]
@@ -103,10 +125,18 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("perfbed-hz-{}", std::process::id()));
         fs::create_dir_all(&dir).unwrap();
         assert_eq!(kernel_hz(&dir.join("vmlinux")), None, "no .config");
-        fs::write(dir.join(".config"), "CONFIG_HZ_250=y\nCONFIG_HZ=250\n# CONFIG_HZ_1000 is not set\n").unwrap();
+        fs::write(
+            dir.join(".config"),
+            "CONFIG_HZ_250=y\nCONFIG_HZ=250\n# CONFIG_HZ_1000 is not set\n",
+        )
+        .unwrap();
         assert_eq!(kernel_hz(&dir.join("vmlinux")), Some(250));
         fs::write(dir.join(".config"), "CONFIG_HZ_PERIODIC=y\n").unwrap();
-        assert_eq!(kernel_hz(&dir.join("vmlinux")), None, "CONFIG_HZ_PERIODIC is not CONFIG_HZ");
+        assert_eq!(
+            kernel_hz(&dir.join("vmlinux")),
+            None,
+            "CONFIG_HZ_PERIODIC is not CONFIG_HZ"
+        );
         fs::remove_dir_all(&dir).unwrap();
     }
 

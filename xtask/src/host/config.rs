@@ -83,15 +83,23 @@ pub struct GdbStub {
 impl VmConfig {
     pub fn validate(&self) -> Result<()> {
         check_size(self.cpus, self.memory_mib)?;
-        self.device.validate().map_err(|e| anyhow!("the device: {e}"))?;
+        self.device
+            .validate()
+            .map_err(|e| anyhow!("the device: {e}"))?;
         for (d, cpus) in self.device.domains.iter().enumerate() {
             if let Some(cpu) = cpus.iter().find(|&&c| c >= u32::from(self.cpus)) {
-                bail!("domain {d} allows CPU {cpu}, but the guest has CPUs 0-{}", self.cpus - 1);
+                bail!(
+                    "domain {d} allows CPU {cpu}, but the guest has CPUs 0-{}",
+                    self.cpus - 1
+                );
             }
         }
         check_elf_kernel(&self.vmlinux)?;
         if !self.initramfs.is_file() {
-            bail!("initramfs {} is missing; `cargo xtask image` builds it", self.initramfs.display());
+            bail!(
+                "initramfs {} is missing; `cargo xtask image` builds it",
+                self.initramfs.display()
+            );
         }
         Ok(())
     }
@@ -112,9 +120,13 @@ pub fn check_size(cpus: u8, memory_mib: u32) -> Result<()> {
 /// or truncated file here rather than in QEMU's terser words.
 pub fn check_elf_kernel(path: &Path) -> Result<()> {
     let mut magic = [0u8; 4];
-    let mut file = File::open(path).with_context(|| format!("kernel image {} cannot be opened", path.display()))?;
+    let mut file = File::open(path)
+        .with_context(|| format!("kernel image {} cannot be opened", path.display()))?;
     if file.read_exact(&mut magic).is_err() || magic != *b"\x7fELF" {
-        bail!("kernel image {} is not an ELF vmlinux (perfbed boots a PVH vmlinux, not a bzImage)", path.display());
+        bail!(
+            "kernel image {} is not an ELF vmlinux (perfbed boots a PVH vmlinux, not a bzImage)",
+            path.display()
+        );
     }
     Ok(())
 }
@@ -123,9 +135,15 @@ pub fn check_elf_kernel(path: &Path) -> Result<()> {
 /// (with the process id, so that two runs started in the same millisecond
 /// never share one).
 pub fn new_run_dir(workspace: &Path, name: &str) -> PathBuf {
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
     let pid = std::process::id();
-    workspace.join("target/perfbed/runs").join(format!("{}-{:03}-{pid}-{name}", now.as_secs(), now.subsec_millis()))
+    workspace.join("target/perfbed/runs").join(format!(
+        "{}-{:03}-{pid}-{name}",
+        now.as_secs(),
+        now.subsec_millis()
+    ))
 }
 
 /// A valid configuration for tests of what is built from one (nothing is
@@ -156,9 +174,15 @@ mod tests {
 
     #[test]
     fn the_cpu_limit_is_the_guest_kernels_nr_cpus() {
-        let fragment = concat!(env!("CARGO_MANIFEST_DIR"), "/../images/kernel/config.fragment");
+        let fragment = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../images/kernel/config.fragment"
+        );
         let text = fs::read_to_string(fragment).unwrap();
-        let nr: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("CONFIG_NR_CPUS=")).collect();
+        let nr: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("CONFIG_NR_CPUS="))
+            .collect();
         assert_eq!(nr, vec![MAX_CPUS.to_string()], "{fragment}");
     }
 
@@ -187,15 +211,38 @@ mod tests {
         };
         good.validate().unwrap();
         let err = |c: VmConfig| c.validate().unwrap_err().to_string();
-        assert!(err(VmConfig { cpus: 0, ..good.clone() }).contains("--cpus 0"));
-        assert!(err(VmConfig { cpus: 65, ..good.clone() }).contains("1 to 64"));
-        assert!(err(VmConfig { memory_mib: 1, ..good.clone() }).contains("--memory 1"));
-        assert!(err(VmConfig { cpus: 2, ..good.clone() }).contains("domain 1 allows CPU 2"));
-        assert!(err(VmConfig { vmlinux: dir.join("absent"), ..good.clone() }).contains("cannot be opened"));
+        assert!(err(VmConfig {
+            cpus: 0,
+            ..good.clone()
+        })
+        .contains("--cpus 0"));
+        assert!(err(VmConfig {
+            cpus: 65,
+            ..good.clone()
+        })
+        .contains("1 to 64"));
+        assert!(err(VmConfig {
+            memory_mib: 1,
+            ..good.clone()
+        })
+        .contains("--memory 1"));
+        assert!(err(VmConfig {
+            cpus: 2,
+            ..good.clone()
+        })
+        .contains("domain 1 allows CPU 2"));
+        assert!(err(VmConfig {
+            vmlinux: dir.join("absent"),
+            ..good.clone()
+        })
+        .contains("cannot be opened"));
         let bz = dir.join("bzImage");
         fs::write(&bz, b"MZ\0\0not elf").unwrap();
-        assert!(err(VmConfig { vmlinux: bz, ..good.clone() }).contains("not an ELF vmlinux"));
+        assert!(err(VmConfig {
+            vmlinux: bz,
+            ..good.clone()
+        })
+        .contains("not an ELF vmlinux"));
         fs::remove_dir_all(&dir).unwrap();
     }
-
 }

@@ -13,7 +13,14 @@ pub const SERIAL_LOG_LIMIT: u64 = 64 << 20;
 /// With `verbose`, each line also goes to stderr, prefixed `serial| `.
 pub fn copy_serial(from: impl Read, to: File, verbose: bool) {
     if verbose {
-        copy_capped(from, SerialEcho { to, line: Vec::new() }, SERIAL_LOG_LIMIT);
+        copy_capped(
+            from,
+            SerialEcho {
+                to,
+                line: Vec::new(),
+            },
+            SERIAL_LOG_LIMIT,
+        );
     } else {
         copy_capped(from, to, SERIAL_LOG_LIMIT);
     }
@@ -88,7 +95,10 @@ pub fn kernel_log_problems(log: &str) -> Vec<String> {
         "list_add corruption",
         "list_del corruption",
     ];
-    log.lines().filter(|l| SIGNS.iter().any(|s| l.contains(s))).map(|l| l.trim().to_string()).collect()
+    log.lines()
+        .filter(|l| SIGNS.iter().any(|s| l.contains(s)))
+        .map(|l| l.trim().to_string())
+        .collect()
 }
 
 #[cfg(test)]
@@ -115,12 +125,22 @@ mod tests {
         copy_capped(&flood[..], &mut out, 4096);
         let text = String::from_utf8(out).unwrap();
         assert!(text.starts_with(&"x".repeat(4096)));
-        assert!(!text[4096..].contains('x'), "nothing past the limit is kept");
-        assert!(text.contains("serial log limit of 4096 bytes reached"), "{}", &text[4096..]);
-        assert!(text.contains("[perfbed: 5904 bytes of console output dropped]"), "{}", &text[4096..]);
+        assert!(
+            !text[4096..].contains('x'),
+            "nothing past the limit is kept"
+        );
+        assert!(
+            text.contains("serial log limit of 4096 bytes reached"),
+            "{}",
+            &text[4096..]
+        );
+        assert!(
+            text.contains("[perfbed: 5904 bytes of console output dropped]"),
+            "{}",
+            &text[4096..]
+        );
         let mut out = Vec::new();
         copy_capped(&b"quiet\n"[..], &mut out, 4096);
         assert_eq!(out, b"quiet\n");
     }
-
 }

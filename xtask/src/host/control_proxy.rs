@@ -36,7 +36,10 @@ impl Upstream {
             stream.write_all(b"\n")?;
             let mut reply = String::new();
             if reader.read_line(&mut reply)? == 0 {
-                return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "the box closed the control connection"));
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "the box closed the control connection",
+                ));
             }
             Ok(reply)
         })();
@@ -63,8 +66,12 @@ fn connect(path: &Path) -> std::io::Result<UnixStream> {
 /// over one connection to `upstream`.
 pub fn start(listen: &Path, upstream: &Path) -> Result<()> {
     let _ = std::fs::remove_file(listen);
-    let listener = UnixListener::bind(listen).with_context(|| format!("serving the control socket {}", listen.display()))?;
-    let upstream = Arc::new(Mutex::new(Upstream { path: upstream.to_path_buf(), conn: None }));
+    let listener = UnixListener::bind(listen)
+        .with_context(|| format!("serving the control socket {}", listen.display()))?;
+    let upstream = Arc::new(Mutex::new(Upstream {
+        path: upstream.to_path_buf(),
+        conn: None,
+    }));
     std::thread::spawn(move || {
         for client in listener.incoming() {
             let Ok(client) = client else { break };
@@ -76,13 +83,21 @@ pub fn start(listen: &Path, upstream: &Path) -> Result<()> {
 }
 
 fn serve(client: UnixStream, upstream: &Mutex<Upstream>) {
-    let Ok(mut writer) = client.try_clone() else { return };
+    let Ok(mut writer) = client.try_clone() else {
+        return;
+    };
     for line in BufReader::new(client).lines() {
         let Ok(line) = line else { return };
-        let reply = upstream.lock().unwrap_or_else(|e| e.into_inner()).call(&line);
+        let reply = upstream
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .call(&line);
         let reply = match reply {
             Ok(reply) => reply,
-            Err(e) => format!("{}\n", serde_json::json!({ "ok": false, "error": format!("the box's control relay: {e}") })),
+            Err(e) => format!(
+                "{}\n",
+                serde_json::json!({ "ok": false, "error": format!("the box's control relay: {e}") })
+            ),
         };
         if writer.write_all(reply.as_bytes()).is_err() {
             return;

@@ -46,7 +46,10 @@ pub fn parse(text: &str) -> Vec<VcpuState> {
     let mut cpus: Vec<VcpuState> = Vec::new();
     let mut lapic_of: Option<usize> = None;
     for line in text.lines() {
-        if let Some(n) = line.strip_prefix("CPU#").and_then(|n| n.trim().parse().ok()) {
+        if let Some(n) = line
+            .strip_prefix("CPU#")
+            .and_then(|n| n.trim().parse().ok())
+        {
             cpus.push(VcpuState {
                 cpu: n,
                 ..VcpuState::default()
@@ -67,7 +70,9 @@ pub fn parse(text: &str) -> Vec<VcpuState> {
                 if let Some(rip) = field(line, "RIP=") {
                     cpu.rip = u64::from_str_radix(rip, 16).ok();
                 }
-                if let Some(flags) = field(line, "RFL=").and_then(|f| u64::from_str_radix(f, 16).ok()) {
+                if let Some(flags) =
+                    field(line, "RFL=").and_then(|f| u64::from_str_radix(f, 16).ok())
+                {
                     cpu.interrupts_enabled = flags & (1 << 9) != 0;
                 }
                 if let Some(hlt) = field(line, "HLT=") {
@@ -77,8 +82,12 @@ pub fn parse(text: &str) -> Vec<VcpuState> {
             Some(i) => {
                 let cpu = &mut cpus[i];
                 if let Some(rest) = line.strip_prefix("IRR") {
-                    cpu.irr = rest.split_whitespace().filter_map(|v| v.parse().ok()).collect();
-                } else if line.split_whitespace().next() == Some("LVTT") && !line.contains("masked") {
+                    cpu.irr = rest
+                        .split_whitespace()
+                        .filter_map(|v| v.parse().ok())
+                        .collect();
+                } else if line.split_whitespace().next() == Some("LVTT") && !line.contains("masked")
+                {
                     cpu.timer_vector = line
                         .split("(vec ")
                         .nth(1)
@@ -131,7 +140,10 @@ pub fn expired_timer_pending(snapshots: &[(&str, &[VcpuState])]) -> Vec<String> 
     let mut out = Vec::new();
     for (when, cpus) in snapshots {
         for c in cpus.iter() {
-            if c.timer_count == Some(0) && c.timer_vector.is_some() && c.deliverable() == c.timer_vector {
+            if c.timer_count == Some(0)
+                && c.timer_vector.is_some()
+                && c.deliverable() == c.timer_vector
+            {
                 out.push(format!(
                     "vCPU {} ({when}): its local APIC timer expired and its vector {} pending above its priority, not taken, with RFLAGS.IF {} at RIP {}",
                     c.cpu,
@@ -186,7 +198,8 @@ APR 0x00 TPR 0x10 DFR 0x0f LDR 0x01 PPR 0x10
         let said = expired_timer_pending(&[("first", &cpus)]);
         assert_eq!(said.len(), 1);
         assert!(
-            said[0].contains("vector 236 pending above its priority, not taken, with RFLAGS.IF set"),
+            said[0]
+                .contains("vector 236 pending above its priority, not taken, with RFLAGS.IF set"),
             "{}",
             said[0]
         );
@@ -195,7 +208,9 @@ APR 0x00 TPR 0x10 DFR 0x0f LDR 0x01 PPR 0x10
         let said = stuck_interrupts(&cpus, &cpus, "1 s");
         assert_eq!(said.len(), 1);
         assert!(
-            said[0].starts_with("vCPU 0: interrupts enabled and its local APIC timer's vector 236 pending"),
+            said[0].starts_with(
+                "vCPU 0: interrupts enabled and its local APIC timer's vector 236 pending"
+            ),
             "{}",
             said[0]
         );
@@ -209,7 +224,10 @@ APR 0x00 TPR 0x10 DFR 0x0f LDR 0x01 PPR 0x10
         let halted = parse(&HUNG.replace("HLT=0", "HLT=1"));
         let above = parse(&HUNG.replace("PPR 0x10", "PPR 0xf0"));
         for other in [&taken, &masked, &halted, &above] {
-            assert!(stuck_interrupts(&hung, other, "1 s").is_empty(), "{other:?}");
+            assert!(
+                stuck_interrupts(&hung, other, "1 s").is_empty(),
+                "{other:?}"
+            );
         }
         assert!(stuck_interrupts(&hung, &[], "1 s").is_empty());
     }
@@ -218,11 +236,21 @@ APR 0x00 TPR 0x10 DFR 0x0f LDR 0x01 PPR 0x10
     fn the_nested_guest_running_with_the_hosts_timer_pending_is_named() {
         // 2026-12-02: L1's CPU in the nested guest's io_serial_out, the
         // guest's IF clear, L1's timer expired and pending.
-        let hung = HUNG.replace("RIP=ffffffff9bccbb9c RFL=00000246", "RIP=ffffffff81173e13 RFL=00000002");
+        let hung = HUNG.replace(
+            "RIP=ffffffff9bccbb9c RFL=00000246",
+            "RIP=ffffffff81173e13 RFL=00000002",
+        );
         let cpus = parse(&hung);
-        assert!(stuck_interrupts(&cpus, &cpus, "1 s").is_empty(), "IF clear: not the two-snapshot case");
+        assert!(
+            stuck_interrupts(&cpus, &cpus, "1 s").is_empty(),
+            "IF clear: not the two-snapshot case"
+        );
         let said = expired_timer_pending(&[("first snapshot", &cpus)]);
         assert_eq!(said.len(), 1);
-        assert!(said[0].ends_with("with RFLAGS.IF clear at RIP 0xffffffff81173e13"), "{}", said[0]);
+        assert!(
+            said[0].ends_with("with RFLAGS.IF clear at RIP 0xffffffff81173e13"),
+            "{}",
+            said[0]
+        );
     }
 }

@@ -60,7 +60,10 @@ impl HostChoice {
     /// The `--host` value that asks for this (clap's own spelling of it).
     pub fn name(self) -> String {
         use clap::ValueEnum;
-        self.to_possible_value().expect("no choice is skipped").get_name().to_string()
+        self.to_possible_value()
+            .expect("no choice is skipped")
+            .get_name()
+            .to_string()
     }
 }
 
@@ -77,13 +80,22 @@ pub enum Placement {
 pub fn choose_host(choice: HostChoice, accel: &Accel) -> (Placement, String) {
     match (choice, accel.kvm) {
         (HostChoice::Qemu, _) => (Placement::Qemu, "asked for (--host qemu)".into()),
-        (HostChoice::Auto, true) | (HostChoice::Vmm, true) => (Placement::VmmNative, accel.reason.clone()),
-        (HostChoice::Auto, false) => {
-            (Placement::Qemu, format!("no native KVM for perfbed-vmm: {}; `--host vmm` runs it in the box", accel.reason))
+        (HostChoice::Auto, true) | (HostChoice::Vmm, true) => {
+            (Placement::VmmNative, accel.reason.clone())
         }
+        (HostChoice::Auto, false) => (
+            Placement::Qemu,
+            format!(
+                "no native KVM for perfbed-vmm: {}; `--host vmm` runs it in the box",
+                accel.reason
+            ),
+        ),
         (HostChoice::Vmm, false) => (
             Placement::VmmBox,
-            format!("no native KVM ({}): an L1 Linux with KVM under QEMU TCG runs it", accel.reason),
+            format!(
+                "no native KVM ({}): an L1 Linux with KVM under QEMU TCG runs it",
+                accel.reason
+            ),
         ),
     }
 }
@@ -104,7 +116,10 @@ pub fn choose_accel() -> Accel {
         .flat_map(|l| l.split_whitespace())
         .find(|f| *f == "vmx" || *f == "svm")
         .map(str::to_string);
-    let kvm_dev = fs::OpenOptions::new().read(true).write(true).open("/dev/kvm");
+    let kvm_dev = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/kvm");
     match (hw, kvm_dev) {
         (Some(flag), Ok(_)) => Accel { kvm: true, reason: format!("the CPU has {flag} and /dev/kvm is usable") },
         (Some(flag), Err(e)) => Accel { kvm: false, reason: format!("the CPU has {flag} but /dev/kvm cannot be opened ({e})") },
@@ -118,11 +133,22 @@ pub fn choose_accel() -> Accel {
 
 /// The host `placement` names, with what it needs built: perfbed-vmm, and
 /// for the box its L1 kernel and an initramfs holding this guest.
-pub fn build_host(workspace: &Path, placement: Placement, guest_vmlinux: &Path, guest_initramfs: &Path) -> Result<Host> {
+pub fn build_host(
+    workspace: &Path,
+    placement: Placement,
+    guest_vmlinux: &Path,
+    guest_initramfs: &Path,
+) -> Result<Host> {
     Ok(match placement {
         Placement::Qemu => Host::Qemu,
-        Placement::VmmNative => Host::VmmNative { vmm: box_image::build_binaries(workspace)?.0 },
-        Placement::VmmBox => Host::VmmBox(box_image::ensure(workspace, guest_vmlinux, guest_initramfs)?),
+        Placement::VmmNative => Host::VmmNative {
+            vmm: box_image::build_binaries(workspace)?.0,
+        },
+        Placement::VmmBox => Host::VmmBox(box_image::ensure(
+            workspace,
+            guest_vmlinux,
+            guest_initramfs,
+        )?),
     })
 }
 

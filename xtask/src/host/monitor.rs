@@ -33,12 +33,15 @@ pub fn qemu_arg(socket: &Path) -> String {
 /// Asks the monitor at `socket` for every vCPU's registers and local APIC
 /// and writes the answers to `out`, each under its command.
 pub fn record_cpu_state(socket: &Path, out: &Path) -> Result<PathBuf> {
-    let mut stream = UnixStream::connect(socket).with_context(|| format!("connecting to QEMU's monitor {}", socket.display()))?;
+    let mut stream = UnixStream::connect(socket)
+        .with_context(|| format!("connecting to QEMU's monitor {}", socket.display()))?;
     stream.set_read_timeout(Some(Duration::from_millis(200)))?;
     read_to_prompt(&mut stream).context("the monitor's banner")?;
     let mut ask = |command: &str, text: &mut String| -> Result<String> {
         stream.write_all(format!("{command}\n").as_bytes())?;
-        let answer = clean_answer(&read_to_prompt(&mut stream).with_context(|| format!("the answer to `{command}`"))?);
+        let answer = clean_answer(
+            &read_to_prompt(&mut stream).with_context(|| format!("the answer to `{command}`"))?,
+        );
         *text += &format!("### {command}\n{answer}\n");
         Ok(answer)
     };
@@ -59,12 +62,19 @@ fn read_to_prompt(stream: &mut UnixStream) -> Result<String> {
     let mut buf = [0u8; 4096];
     while !String::from_utf8_lossy(&bytes).ends_with(PROMPT) {
         if Instant::now() > deadline {
-            bail!("no prompt within {ANSWER_TIMEOUT:?} ({} bytes so far)", bytes.len());
+            bail!(
+                "no prompt within {ANSWER_TIMEOUT:?} ({} bytes so far)",
+                bytes.len()
+            );
         }
         match stream.read(&mut buf) {
             Ok(0) => bail!("the monitor closed the connection"),
             Ok(n) => bytes.extend_from_slice(&buf[..n]),
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
             Err(e) => return Err(e.into()),
         }
     }
@@ -96,14 +106,16 @@ mod tests {
         let listener = UnixListener::bind(socket).unwrap();
         thread::spawn(move || {
             let (mut s, _) = listener.accept().unwrap();
-            s.write_all(b"QEMU 7.2.20 monitor - type 'help'\r\n(qemu) ").unwrap();
+            s.write_all(b"QEMU 7.2.20 monitor - type 'help'\r\n(qemu) ")
+                .unwrap();
             let mut asked = Vec::new();
             let mut line = Vec::new();
             let mut byte = [0u8; 1];
             while s.read(&mut byte).unwrap_or(0) == 1 {
                 if byte[0] == b'\n' {
                     let command = String::from_utf8(std::mem::take(&mut line)).unwrap();
-                    s.write_all(format!("{command}\r\n{answer}\r\n(qemu) ").as_bytes()).unwrap();
+                    s.write_all(format!("{command}\r\n{answer}\r\n(qemu) ").as_bytes())
+                        .unwrap();
                     asked.push(command);
                 } else {
                     line.push(byte[0]);
@@ -124,7 +136,10 @@ mod tests {
         let text = fs::read_to_string(out).unwrap();
         assert!(text.starts_with("### info registers -a\nCPU#0\nRIP=ffffffff81000000\nCPU#1\nRIP=0\n### info lapic 0\n"), "{text}");
         assert!(text.contains("### info lapic 1\n"), "{text}");
-        assert_eq!(monitor.join().unwrap(), ["info registers -a", "info lapic 0", "info lapic 1"]);
+        assert_eq!(
+            monitor.join().unwrap(),
+            ["info registers -a", "info lapic 0", "info lapic 1"]
+        );
         assert!(record_cpu_state(&dir.join("none.sock"), &dir.join("x")).is_err());
         let _ = fs::remove_dir_all(&dir);
     }

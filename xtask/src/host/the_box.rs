@@ -11,9 +11,9 @@ use std::process::{Command, ExitStatus};
 use anyhow::Result;
 use perfbed_box_init::{encode_args, PORT_AGENT, PORT_CONTROL, PORT_SERIAL};
 
-use crate::build::box_image::BoxImages;
 use super::config::VmConfig;
 use super::{control_proxy, vmm};
+use crate::build::box_image::BoxImages;
 
 /// L1's RAM beyond the guest's: its kernel, the initramfs (held in RAM) and
 /// the VMM.
@@ -23,11 +23,27 @@ const L1_OVERHEAD_MIB: u32 = 640;
 /// `cmdline`, its agent socket, control socket and serial log at the given
 /// paths. The box relays one control connection; xtask serves the usual
 /// socket to its several clients over it.
-pub fn command(config: &VmConfig, images: &BoxImages, cmdline: &[String], agent_socket: &Path, control_socket: &Path, serial_log: &Path, tsc_khz: u64) -> Result<Command> {
+pub fn command(
+    config: &VmConfig,
+    images: &BoxImages,
+    cmdline: &[String],
+    agent_socket: &Path,
+    control_socket: &Path,
+    serial_log: &Path,
+    tsc_khz: u64,
+) -> Result<Command> {
     let args = vmm::vmm_args(config, cmdline);
     let relayed = config.run_dir.join("control-box.sock");
     control_proxy::start(control_socket, &relayed)?;
-    Ok(qemu_command(config, images, &args, agent_socket, &relayed, serial_log, tsc_khz))
+    Ok(qemu_command(
+        config,
+        images,
+        &args,
+        agent_socket,
+        &relayed,
+        serial_log,
+        tsc_khz,
+    ))
 }
 
 /// The QEMU command that boots the box (sized for `config`'s guest) to run
@@ -55,38 +71,61 @@ pub fn qemu_command(
     for dir in &config.firmware_dirs {
         qemu.arg("-L").arg(dir);
     }
-    qemu.args(["-M", "microvm", "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot"])
-        // One vCPU: two corrupt L1 under TCG with SVM (shared/FACTS.md).
-        .args(["-accel", "tcg", "-cpu", "max", "-smp", "1"])
-        .arg("-m")
-        .arg((config.memory_mib + L1_OVERHEAD_MIB).to_string())
-        .arg("-kernel")
-        .arg(&images.kernel)
-        .arg("-initrd")
-        .arg(&images.initramfs)
-        .arg("-append")
-        .arg(l1_cmdline.join(" "))
-        .args(["-chardev", "stdio,id=l1console,signal=off", "-serial", "chardev:l1console"])
-        .args(["-device", "isa-debug-exit,iobase=0xf4,iosize=1"])
-        .args(["-device", "virtio-serial-device,max_ports=4"])
-        .arg("-chardev")
-        .arg(format!("socket,id=agent,path={},server=on,wait=on", agent_socket.display()))
-        .arg("-device")
-        .arg(format!("virtserialport,chardev=agent,name={PORT_AGENT}"))
-        .arg("-chardev")
-        .arg(format!("socket,id=control,path={},server=on,wait=off", control_socket.display()))
-        .arg("-device")
-        .arg(format!("virtserialport,chardev=control,name={PORT_CONTROL}"))
-        .arg("-chardev")
-        .arg(format!("file,id=serial,path={}", serial_log.display()))
-        .arg("-device")
-        .arg(format!("virtserialport,chardev=serial,name={PORT_SERIAL}"));
+    qemu.args([
+        "-M",
+        "microvm",
+        "-nodefaults",
+        "-no-user-config",
+        "-display",
+        "none",
+        "-no-reboot",
+    ])
+    // One vCPU: two corrupt L1 under TCG with SVM (shared/FACTS.md).
+    .args(["-accel", "tcg", "-cpu", "max", "-smp", "1"])
+    .arg("-m")
+    .arg((config.memory_mib + L1_OVERHEAD_MIB).to_string())
+    .arg("-kernel")
+    .arg(&images.kernel)
+    .arg("-initrd")
+    .arg(&images.initramfs)
+    .arg("-append")
+    .arg(l1_cmdline.join(" "))
+    .args([
+        "-chardev",
+        "stdio,id=l1console,signal=off",
+        "-serial",
+        "chardev:l1console",
+    ])
+    .args(["-device", "isa-debug-exit,iobase=0xf4,iosize=1"])
+    .args(["-device", "virtio-serial-device,max_ports=4"])
+    .arg("-chardev")
+    .arg(format!(
+        "socket,id=agent,path={},server=on,wait=on",
+        agent_socket.display()
+    ))
+    .arg("-device")
+    .arg(format!("virtserialport,chardev=agent,name={PORT_AGENT}"))
+    .arg("-chardev")
+    .arg(format!(
+        "socket,id=control,path={},server=on,wait=off",
+        control_socket.display()
+    ))
+    .arg("-device")
+    .arg(format!(
+        "virtserialport,chardev=control,name={PORT_CONTROL}"
+    ))
+    .arg("-chardev")
+    .arg(format!("file,id=serial,path={}", serial_log.display()))
+    .arg("-device")
+    .arg(format!("virtserialport,chardev=serial,name={PORT_SERIAL}"));
     qemu
 }
 
 /// The box's QEMU exit status in perfbed-vmm's terms.
 pub fn describe_exit(status: ExitStatus) -> String {
-    let Some(code) = status.code() else { return format!("the box's QEMU was killed ({status})") };
+    let Some(code) = status.code() else {
+        return format!("the box's QEMU was killed ({status})");
+    };
     match perfbed_box_init::vmm_status_from_qemu(code) {
         Ok(0) => "perfbed-vmm exited: the guest rebooted".into(),
         Ok(3) => "perfbed-vmm exited with status 3: the guest panicked".into(),
@@ -98,15 +137,30 @@ pub fn describe_exit(status: ExitStatus) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::host::config;
     use crate::cmd;
+    use crate::host::config;
 
     #[test]
     fn the_box_has_one_vcpu_and_the_three_ports() {
-        let images = BoxImages { kernel: "bzImage".into(), initramfs: "l1.cpio".into(), kernel_package: String::new() };
-        let qemu = qemu_command(&config::example(), &images, &[], Path::new("a.sock"), Path::new("c.sock"), Path::new("s.log"), 1);
+        let images = BoxImages {
+            kernel: "bzImage".into(),
+            initramfs: "l1.cpio".into(),
+            kernel_package: String::new(),
+        };
+        let qemu = qemu_command(
+            &config::example(),
+            &images,
+            &[],
+            Path::new("a.sock"),
+            Path::new("c.sock"),
+            Path::new("s.log"),
+            1,
+        );
         let line = cmd::display(&qemu);
-        assert!(line.contains("-smp 1") && line.contains("-cpu max"), "{line}");
+        assert!(
+            line.contains("-smp 1") && line.contains("-cpu max"),
+            "{line}"
+        );
         assert!(line.contains("-m 1152"), "{line}");
         for port in [PORT_AGENT, PORT_CONTROL, PORT_SERIAL] {
             assert!(line.contains(&format!("name={port}")), "{line}");

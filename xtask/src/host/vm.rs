@@ -26,11 +26,11 @@ use perfbed_agent::{parse_agent_message, AgentMessage, Hello, HostRequest, MAX_M
 use perfbed_device::line::{read_line_or_stop, Line};
 use perfbed_device::ControlClient;
 
-use crate::cmd;
 use super::cmdline::{base_cmdline, host_tsc_khz, kernel_hz, GuestClock};
 use super::config::{device_gsis, device_param, VmConfig};
 use super::console::{copy_serial, kernel_log_problems};
 use super::{cpu_state, monitor, qemu, the_box, vmm, Accel, Host};
+use crate::cmd;
 
 /// The device trace's file in a run's folder.
 pub const TRACE_FILE: &str = "trace.txt";
@@ -80,7 +80,8 @@ pub struct Booted {
 impl Vm {
     pub fn boot(config: &VmConfig, accel: &Accel) -> Result<Booted> {
         config.validate()?;
-        fs::create_dir_all(&config.run_dir).with_context(|| format!("creating {}", config.run_dir.display()))?;
+        fs::create_dir_all(&config.run_dir)
+            .with_context(|| format!("creating {}", config.run_dir.display()))?;
         let socket = config.run_dir.join("agent.sock");
         let control_socket = config.run_dir.join("control.sock");
         // perfbed-vmm has no monitor; QEMU's (the guest's, or the box's L1)
@@ -101,18 +102,39 @@ impl Vm {
         // Only perfbed's QEMU on TCG runs the guest without hardware
         // virtualisation: the box's L1 is TCG, but its L2 runs on KVM.
         let tcg = matches!(config.host, Host::Qemu) && !accel.kvm;
-        let mut cmdline = base_cmdline(&GuestClock { tsc_khz, hz: kernel_hz(&config.vmlinux), tcg });
+        let mut cmdline = base_cmdline(&GuestClock {
+            tsc_khz,
+            hz: kernel_hz(&config.vmlinux),
+            tcg,
+        });
         if let Host::Qemu = config.host {
             // Announced like virtio-mmio devices are: size@base:irqs
             // (perfbed-vmm announces its devices itself, the same way).
-            cmdline.push(device_param(config.device.size(), device_gsis(config.device.domains.len())));
+            cmdline.push(device_param(
+                config.device.size(),
+                device_gsis(config.device.domains.len()),
+            ));
         }
         cmdline.extend(config.extra_cmdline.iter().cloned());
         let (mut command, console_log) = match &config.host {
-            Host::Qemu => (qemu::command(config, accel, &cmdline, &socket, &control_socket), Some(serial_log.clone())),
-            Host::VmmNative { vmm } => (vmm::command(vmm, config, &cmdline, &socket, &control_socket, &serial_log), None),
+            Host::Qemu => (
+                qemu::command(config, accel, &cmdline, &socket, &control_socket),
+                Some(serial_log.clone()),
+            ),
+            Host::VmmNative { vmm } => (
+                vmm::command(vmm, config, &cmdline, &socket, &control_socket, &serial_log),
+                None,
+            ),
             Host::VmmBox(images) => (
-                the_box::command(config, images, &cmdline, &socket, &control_socket, &serial_log, tsc_khz)?,
+                the_box::command(
+                    config,
+                    images,
+                    &cmdline,
+                    &socket,
+                    &control_socket,
+                    &serial_log,
+                    tsc_khz,
+                )?,
                 Some(config.run_dir.join("box.log")),
             ),
         };
@@ -123,12 +145,19 @@ impl Vm {
         if let Some(monitor) = &monitor_socket {
             command.arg("-monitor").arg(monitor::qemu_arg(monitor));
         }
-        fs::write(config.run_dir.join("qemu.cmd"), cmd::display(&command) + "\n")?;
+        fs::write(
+            config.run_dir.join("qemu.cmd"),
+            cmd::display(&command) + "\n",
+        )?;
         die_with_xtask(&mut command);
         let spawned = Instant::now();
         let mut child = command
             .stdin(Stdio::null())
-            .stdout(if console_log.is_some() { Stdio::piped() } else { Stdio::null() })
+            .stdout(if console_log.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
             .stderr(Stdio::from(File::create(&qemu_log)?))
             .spawn()
             .with_context(|| format!("starting {}", command.get_program().to_string_lossy()))?;
@@ -150,7 +179,10 @@ impl Vm {
         // QEMU runs the guest from the moment we are connected (or, stopped
         // for gdb, once gdb continues it).
         if let Some(gdb) = config.gdb.as_ref().filter(|g| g.stopped) {
-            println!("==> the guest is stopped for gdb on 127.0.0.1:{}; attach with:\n      {}", gdb.port, gdb.hint);
+            println!(
+                "==> the guest is stopped for gdb on 127.0.0.1:{}; attach with:\n      {}",
+                gdb.port, gdb.hint
+            );
         }
         let started = Instant::now();
         let writer = stream.try_clone()?;
@@ -177,9 +209,12 @@ impl Vm {
             reading_paused,
         };
         match vm.receive(config.boot_timeout, "the agent's greeting") {
-            Ok(AgentMessage::Hello(hello)) => {
-                Ok(Booted { boot_time: started.elapsed(), since_spawn: spawned.elapsed(), hello, vm })
-            }
+            Ok(AgentMessage::Hello(hello)) => Ok(Booted {
+                boot_time: started.elapsed(),
+                since_spawn: spawned.elapsed(),
+                hello,
+                vm,
+            }),
             Ok(other) => Err(vm.fail(anyhow!("the agent sent {other:?} before its greeting"))),
             Err(e) => Err(e),
         }
@@ -200,7 +235,9 @@ impl Vm {
         if let Err(e) = self.writer.write_all(line.as_bytes()) {
             // A dead QEMU closes the channel: name that, not the broken pipe.
             let why = match self.wait_briefly() {
-                Some(status) => format!("QEMU exited ({status}) while sending {request:?} to the agent ({e})"),
+                Some(status) => {
+                    format!("QEMU exited ({status}) while sending {request:?} to the agent ({e})")
+                }
                 None => format!("sending {request:?} to the agent: {e}"),
             };
             return Err(self.fail(anyhow!(why)));
@@ -228,7 +265,9 @@ impl Vm {
                 return Ok(());
             }
             if Instant::now() > deadline {
-                return Err(self.fail(anyhow!("the guest did not stop within {timeout:?} of powering off")));
+                return Err(self.fail(anyhow!(
+                    "the guest did not stop within {timeout:?} of powering off"
+                )));
             }
             thread::sleep(Duration::from_millis(20));
         }
@@ -251,7 +290,9 @@ impl Vm {
                     return Err(self.fail(anyhow!("{why} while waiting for {what}")));
                 }
                 Err(RecvTimeoutError::Timeout) if Instant::now() > deadline => {
-                    return Err(self.fail(anyhow!("no answer within {timeout:?} while waiting for {what}")));
+                    return Err(self.fail(anyhow!(
+                        "no answer within {timeout:?} while waiting for {what}"
+                    )));
                 }
                 Err(RecvTimeoutError::Timeout) => {}
             }
@@ -291,7 +332,11 @@ impl Vm {
             story += &format!("\nkernel log problems:\n  {}", problems.join("\n  "));
         }
         if let Some(box_log) = &self.box_log {
-            story += &format!("\n--- the box (L1 console, {}) ---\n{}", box_log.display(), cmd::tail(box_log, 8));
+            story += &format!(
+                "\n--- the box (L1 console, {}) ---\n{}",
+                box_log.display(),
+                cmd::tail(box_log, 8)
+            );
         }
         anyhow!(
             "{story}\n--- last lines of the serial log ---\n{}\n--- QEMU: {} ---\nserial log saved: {}{}{}",
@@ -306,25 +351,41 @@ impl Vm {
     /// The vCPUs' registers and local APICs from QEMU's monitor, saved
     /// beside the serial log; a line for the failure's story.
     fn record_cpu_state(&mut self) -> String {
-        let Some(socket) = &self.monitor_socket else { return String::new() };
+        let Some(socket) = &self.monitor_socket else {
+            return String::new();
+        };
         if !matches!(self.child.try_wait(), Ok(None)) {
             return String::new();
         }
-        let whose = if self.box_log.is_some() { "the box's L1 vCPU" } else { "the guest's vCPUs" };
-        let first = match monitor::record_cpu_state(socket, &self.serial_log.with_file_name(CPU_STATE_FILE)) {
+        let whose = if self.box_log.is_some() {
+            "the box's L1 vCPU"
+        } else {
+            "the guest's vCPUs"
+        };
+        let first = match monitor::record_cpu_state(
+            socket,
+            &self.serial_log.with_file_name(CPU_STATE_FILE),
+        ) {
             Ok(path) => path,
             Err(e) => return format!("\nstate of {whose}: not recorded ({e:#})"),
         };
-        let mut story = format!("\nstate of {whose} (registers, local APIC) saved: {}", first.display());
+        let mut story = format!(
+            "\nstate of {whose} (registers, local APIC) saved: {}",
+            first.display()
+        );
         thread::sleep(CPU_STATE_GAP);
-        let Ok(again) = monitor::record_cpu_state(socket, &self.serial_log.with_file_name(CPU_STATE_AGAIN_FILE)) else {
+        let Ok(again) = monitor::record_cpu_state(
+            socket,
+            &self.serial_log.with_file_name(CPU_STATE_AGAIN_FILE),
+        ) else {
             return story;
         };
         let read = |p: &Path| cpu_state::parse(&fs::read_to_string(p).unwrap_or_default());
         let (first, again) = (read(&first), read(&again));
         let stuck = cpu_state::stuck_interrupts(&first, &again, &format!("{CPU_STATE_GAP:?}"));
         let gap = format!("{CPU_STATE_GAP:?} later");
-        let expired = cpu_state::expired_timer_pending(&[("first snapshot", &first), (&gap, &again)]);
+        let expired =
+            cpu_state::expired_timer_pending(&[("first snapshot", &first), (&gap, &again)]);
         for line in stuck.iter().chain(&expired) {
             story += &format!("\n{whose}, {line}");
         }
@@ -337,7 +398,10 @@ impl Vm {
     /// The device's trace as it is now, saved beside the serial log (best
     /// effort: the device may already be gone).
     fn save_device_trace(&self) -> Option<PathBuf> {
-        let text = ControlClient::connect(&self.control_socket).ok()?.trace_text().ok()?;
+        let text = ControlClient::connect(&self.control_socket)
+            .ok()?
+            .trace_text()
+            .ok()?;
         let path = self.serial_log.with_file_name(TRACE_FILE);
         fs::write(&path, text).ok()?;
         Some(path)
@@ -367,8 +431,14 @@ impl Vm {
     }
 
     pub fn send_raw(&mut self, bytes: &[u8]) -> Result<()> {
-        let _ = writeln!(self.transcript, "> (raw) {:?}", String::from_utf8_lossy(bytes));
-        self.writer.write_all(bytes).context("writing to the agent channel")
+        let _ = writeln!(
+            self.transcript,
+            "> (raw) {:?}",
+            String::from_utf8_lossy(bytes)
+        );
+        self.writer
+            .write_all(bytes)
+            .context("writing to the agent channel")
     }
 
     /// Ends QEMU if it still runs, reaps it, and removes the sockets it
@@ -380,7 +450,14 @@ impl Vm {
         }
         let _ = self.child.wait();
         let _ = self.writer.shutdown(std::net::Shutdown::Both);
-        for socket in [Some(&self.agent_socket), Some(&self.control_socket), self.monitor_socket.as_ref()].into_iter().flatten() {
+        for socket in [
+            Some(&self.agent_socket),
+            Some(&self.control_socket),
+            self.monitor_socket.as_ref(),
+        ]
+        .into_iter()
+        .flatten()
+        {
             let _ = fs::remove_file(socket);
         }
     }
@@ -428,7 +505,10 @@ pub fn connect(socket: &Path, child: &mut Child) -> Result<UnixStream> {
             return Ok(stream);
         }
         if Instant::now() > deadline {
-            bail!("QEMU did not open the agent socket {} within 30 s", socket.display());
+            bail!(
+                "QEMU did not open the agent socket {} within 30 s",
+                socket.display()
+            );
         }
         thread::sleep(Duration::from_millis(10));
     }
@@ -455,7 +535,10 @@ fn read_agent(
             Ok(Line::Blank) => continue,
             Ok(Line::TooLong) => {
                 // Nothing after it can be trusted to be a message.
-                let _ = writeln!(transcript, "< (a line longer than {MAX_MESSAGE_LINE} bytes; stopped reading)");
+                let _ = writeln!(
+                    transcript,
+                    "< (a line longer than {MAX_MESSAGE_LINE} bytes; stopped reading)"
+                );
                 let _ = tx.send(Err(format!("the agent sent a line longer than {MAX_MESSAGE_LINE} bytes (a guest flooding the channel?)")));
                 break;
             }

@@ -11,7 +11,14 @@ use super::Host;
 /// perfbed-vmm on this machine's /dev/kvm for `config`'s guest, with
 /// perfbed's kernel command line `cmdline` and its endpoints at the given
 /// paths (it writes the guest's serial log itself).
-pub fn command(vmm: &Path, config: &VmConfig, cmdline: &[String], agent_socket: &Path, control_socket: &Path, serial_log: &Path) -> Command {
+pub fn command(
+    vmm: &Path,
+    config: &VmConfig,
+    cmdline: &[String],
+    agent_socket: &Path,
+    control_socket: &Path,
+    serial_log: &Path,
+) -> Command {
     let mut command = Command::new(vmm);
     command
         .arg("--kernel")
@@ -55,7 +62,10 @@ pub fn vmm_args(config: &VmConfig, cmdline: &[String]) -> Vec<String> {
     }
     for domain in &config.device.domains {
         args.push("--pmu-domain".into());
-        args.push(format!("cpus={}", perfbed_device::cpus::format_cpu_list(domain)));
+        args.push(format!(
+            "cpus={}",
+            perfbed_device::cpus::format_cpu_list(domain)
+        ));
     }
     args
 }
@@ -100,11 +110,29 @@ mod tests {
 
     #[test]
     fn the_vmm_gets_the_guests_shape_and_device() {
-        let args = vmm_args(&config::example(), &["console=ttyS0".into(), "panic=-1".into()]);
+        let args = vmm_args(
+            &config::example(),
+            &["console=ttyS0".into(), "panic=-1".into()],
+        );
         let joined = args.join(" ");
-        assert!(joined.contains("--cpus 4 --memory 512 --cmdline console=ttyS0 panic=-1"), "{joined}");
-        assert!(joined.ends_with("--pmu-domain cpus=0-1 --pmu-domain cpus=2-3"), "{joined}");
-        assert!(joined.contains("--pmu-rmids 8 --pmu-slots 4 --pmu-counter-width 24"), "{joined}");
-        assert!(joined.contains(&format!("--pmu-trace-capacity {}", perfbed_device::TRACE_CAPACITY)), "{joined}");
+        assert!(
+            joined.contains("--cpus 4 --memory 512 --cmdline console=ttyS0 panic=-1"),
+            "{joined}"
+        );
+        assert!(
+            joined.ends_with("--pmu-domain cpus=0-1 --pmu-domain cpus=2-3"),
+            "{joined}"
+        );
+        assert!(
+            joined.contains("--pmu-rmids 8 --pmu-slots 4 --pmu-counter-width 24"),
+            "{joined}"
+        );
+        assert!(
+            joined.contains(&format!(
+                "--pmu-trace-capacity {}",
+                perfbed_device::TRACE_CAPACITY
+            )),
+            "{joined}"
+        );
     }
 }

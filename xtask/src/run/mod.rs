@@ -113,7 +113,8 @@ impl RunArgs {
 
     fn device(&self) -> Result<perfbed_device::DeviceConfig> {
         let domains = match &self.domains {
-            Some(spec) => perfbed_device::cpus::parse_domain_list(spec).map_err(|e| anyhow::anyhow!("--domains {spec:?}: {e}"))?,
+            Some(spec) => perfbed_device::cpus::parse_domain_list(spec)
+                .map_err(|e| anyhow::anyhow!("--domains {spec:?}: {e}"))?,
             None => default_domains(self.cpus),
         };
         Ok(perfbed_device::DeviceConfig {
@@ -150,7 +151,12 @@ pub fn run(ws: &Path, args: &RunArgs) -> Result<bool> {
             if accel.kvm { "KVM" } else { "QEMU TCG" },
             accel.reason
         ),
-        host => eprintln!("==> booting {} vCPUs, {} MiB on perfbed-vmm, {}", args.cpus, args.memory, host.name()),
+        host => eprintln!(
+            "==> booting {} vCPUs, {} MiB on perfbed-vmm, {}",
+            args.cpus,
+            args.memory,
+            host.name()
+        ),
     }
     let report = match scenario::run(&scenario, &accel) {
         Ok(report) => report,
@@ -175,15 +181,35 @@ pub fn up(ws: &Path, args: &RunArgs, hold: Duration) -> Result<bool> {
     let images = image::ensure_for(ws, variant(args.debug, args.gdb), image::Purpose::Run)?;
     let scenario = scenario_for(ws, &images, args, "up")?;
     let mut booted = host::vm::Vm::boot(&scenario.vm, &host::choose_accel())?;
-    println!("guest up in {} (kernel {}, CPUs {})", human(booted.boot_time), booted.hello.kernel_release, booted.hello.cpus_online);
+    println!(
+        "guest up in {} (kernel {}, CPUs {})",
+        human(booted.boot_time),
+        booted.hello.kernel_release,
+        booted.hello.cpus_online
+    );
     if let Some(stub) = &scenario.vm.gdb {
         // Loaded now, so that gdb can have its symbols from the start.
-        let mut guest = guest::Guest { vm: &mut booted.vm, timeout: scenario.request_timeout };
-        guest.expect_done(perfbed_agent::HostRequest::LoadModule { name: guest::MODULE.into() })?;
-        gdb::announce_module(&mut guest, guest::MODULE, &scenario.driver, &scenario.vm.vmlinux, stub.port, &scenario.vm.run_dir)?;
+        let mut guest = guest::Guest {
+            vm: &mut booted.vm,
+            timeout: scenario.request_timeout,
+        };
+        guest.expect_done(perfbed_agent::HostRequest::LoadModule {
+            name: guest::MODULE.into(),
+        })?;
+        gdb::announce_module(
+            &mut guest,
+            guest::MODULE,
+            &scenario.driver,
+            &scenario.vm.vmlinux,
+            stub.port,
+            &scenario.vm.run_dir,
+        )?;
     }
     println!("  control socket: {}", booted.vm.control_socket.display());
-    println!("    try: cargo run -q -p perfbed-device --bin perfbed -- ctl --socket {} state", booted.vm.control_socket.display());
+    println!(
+        "    try: cargo run -q -p perfbed-device --bin perfbed -- ctl --socket {} state",
+        booted.vm.control_socket.display()
+    );
     println!("  serial log:     {}", booted.vm.serial_log.display());
     println!("powering off in {}", human(hold));
     std::thread::sleep(hold);
@@ -201,9 +227,15 @@ fn check_args(args: &RunArgs) -> Result<()> {
         anyhow::bail!("--timeout 0: give the guest at least a second");
     }
     let device = args.device()?;
-    device.validate().map_err(|e| anyhow::anyhow!("--domains: {e}"))?;
+    device
+        .validate()
+        .map_err(|e| anyhow::anyhow!("--domains: {e}"))?;
     // Migration and parking take a whole domain offline, and CPU 0 cannot go.
-    if !device.domains.iter().any(|cpus| cpus.len() >= 2 && !cpus.contains(&0)) {
+    if !device
+        .domains
+        .iter()
+        .any(|cpus| cpus.len() >= 2 && !cpus.contains(&0))
+    {
         anyhow::bail!(
             "the scenario needs a domain of two or more CPUs other than CPU 0 to take offline (domains {:?}); \
              try --cpus 4 --domains 0-1:2-3",
@@ -214,14 +246,26 @@ fn check_args(args: &RunArgs) -> Result<()> {
 }
 
 /// The scenario `args` ask for, on these images, with its own log folder.
-pub fn scenario_for(ws: &Path, images: &image::Images, args: &RunArgs, name: &str) -> Result<scenario::Scenario> {
-    let vmlinux = args.kernel.clone().unwrap_or_else(|| images.vmlinux.clone());
+pub fn scenario_for(
+    ws: &Path,
+    images: &image::Images,
+    args: &RunArgs,
+    name: &str,
+) -> Result<scenario::Scenario> {
+    let vmlinux = args
+        .kernel
+        .clone()
+        .unwrap_or_else(|| images.vmlinux.clone());
     let gdb = args.gdb.then(|| host::config::GdbStub {
         port: args.gdb_port,
         stopped: true,
         hint: gdb::attach_command(&vmlinux, args.gdb_port, &[]),
     });
-    let patience = if args.gdb { GDB_PATIENCE.max(Duration::from_secs(args.timeout)) } else { Duration::from_secs(args.timeout) };
+    let patience = if args.gdb {
+        GDB_PATIENCE.max(Duration::from_secs(args.timeout))
+    } else {
+        Duration::from_secs(args.timeout)
+    };
     let (placement, why) = host::choose_host(args.host, &host::choose_accel());
     if args.gdb && placement != host::Placement::Qemu {
         anyhow::bail!("--gdb uses QEMU's gdbstub: add --host qemu (perfbed-vmm has no gdb server)");
@@ -231,10 +275,17 @@ pub fn scenario_for(ws: &Path, images: &image::Images, args: &RunArgs, name: &st
         eprintln!("==> host: {} ({why})", host.name());
     }
     if let host::Host::VmmBox(images) = &host {
-        eprintln!("    the box: L1 kernel {}, initramfs {}", images.kernel_package, images.initramfs.display());
+        eprintln!(
+            "    the box: L1 kernel {}, initramfs {}",
+            images.kernel_package,
+            images.initramfs.display()
+        );
     }
     let vm = host::config::VmConfig {
-        qemu: args.qemu.clone().unwrap_or_else(|| images.qemu.binary.clone()),
+        qemu: args
+            .qemu
+            .clone()
+            .unwrap_or_else(|| images.qemu.binary.clone()),
         firmware_dirs: images.qemu.firmware_dirs.clone(),
         device: args.device()?,
         vmlinux,
@@ -270,4 +321,3 @@ mod tests {
         assert_eq!(default_domains(1), vec![vec![0]]);
     }
 }
-

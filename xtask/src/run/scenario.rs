@@ -12,9 +12,9 @@ use perfbed_device::ControlClient;
 use crate::checks::{self, clean_log_check, Check, Report};
 use crate::debug::gdb;
 use crate::guest::{Guest, MODULE};
-use crate::host::Accel;
 use crate::host::config::VmConfig;
 use crate::host::vm::Vm;
+use crate::host::Accel;
 use crate::progress::human;
 use crate::trace::{save_trace_and_plot, SavedTrace};
 
@@ -44,7 +44,10 @@ pub fn run(scenario: &Scenario, accel: &Accel) -> Result<Report> {
     checks.push(Check {
         name: "kernel version",
         passed: hello.kernel_release == scenario.expected_release,
-        detail: format!("{} (built {})", hello.kernel_release, scenario.expected_release),
+        detail: format!(
+            "{} (built {})",
+            hello.kernel_release, scenario.expected_release
+        ),
     });
     let all_cpus: Vec<u32> = (0..u32::from(scenario.vm.cpus)).collect();
     let want_online = format_cpu_list(&all_cpus);
@@ -54,7 +57,12 @@ pub fn run(scenario: &Scenario, accel: &Accel) -> Result<Report> {
         detail: format!("{} (expected {want_online})", hello.cpus_online),
     });
     // The device on its own first, driven from the guest without a driver.
-    checks.extend(checks::device::checks(&mut vm, scenario.vm.cpus, &scenario.vm.device, scenario.request_timeout)?);
+    checks.extend(checks::device::checks(
+        &mut vm,
+        scenario.vm.cpus,
+        &scenario.vm.device,
+        scenario.request_timeout,
+    )?);
     checks.push(checks::perf_tool::check(&mut vm, scenario.request_timeout)?);
     if !matches!(scenario.vm.host, crate::host::Host::Qemu) {
         // perfbed-vmm derives the guest's L3s and dies from the domains.
@@ -63,28 +71,62 @@ pub fn run(scenario: &Scenario, accel: &Accel) -> Result<Report> {
     }
 
     // Then perfbed.ko on it: load, and every PMU check.
-    let loaded = vm.request(&HostRequest::LoadModule { name: MODULE.into() }, scenario.request_timeout)?;
+    let loaded = vm.request(
+        &HostRequest::LoadModule {
+            name: MODULE.into(),
+        },
+        scenario.request_timeout,
+    )?;
     let module_ok = loaded == AgentMessage::Done;
     checks.push(Check {
         name: "module loaded",
         passed: module_ok,
-        detail: if module_ok { "perfbed.ko (finds the device from perfbed.device=)".into() } else { format!("perfbed.ko: {loaded:?}") },
+        detail: if module_ok {
+            "perfbed.ko (finds the device from perfbed.device=)".into()
+        } else {
+            format!("perfbed.ko: {loaded:?}")
+        },
     });
     if let (true, Some(stub)) = (module_ok, &scenario.vm.gdb) {
-        let mut guest = Guest { vm: &mut vm, timeout: scenario.request_timeout };
-        gdb::announce_module(&mut guest, MODULE, &scenario.driver, &scenario.vm.vmlinux, stub.port, &scenario.vm.run_dir)?;
+        let mut guest = Guest {
+            vm: &mut vm,
+            timeout: scenario.request_timeout,
+        };
+        gdb::announce_module(
+            &mut guest,
+            MODULE,
+            &scenario.driver,
+            &scenario.vm.vmlinux,
+            stub.port,
+            &scenario.vm.run_dir,
+        )?;
     }
     if module_ok {
-        let control = ControlClient::connect(&vm.control_socket).context("connecting to the device's control socket")?;
+        let control = ControlClient::connect(&vm.control_socket)
+            .context("connecting to the device's control socket")?;
         let control_socket = vm.control_socket.clone();
-        let mut guest = Guest { vm: &mut vm, timeout: scenario.request_timeout };
-        checks.extend(checks::pmu::run(&mut guest, control, &control_socket, &scenario.vm.device)?);
+        let mut guest = Guest {
+            vm: &mut vm,
+            timeout: scenario.request_timeout,
+        };
+        checks.extend(checks::pmu::run(
+            &mut guest,
+            control,
+            &control_socket,
+            &scenario.vm.device,
+        )?);
     }
 
     let rounds = scenario.hotplug_rounds;
     match vm.request(&HostRequest::Hotplug { rounds }, scenario.request_timeout)? {
-        AgentMessage::Hotplug { rounds: results } => checks.push(checks::hotplug::check(rounds, &results)),
-        other => checks.push(Check { name: "CPU hotplug", passed: false, detail: format!("agent answered {other:?}") }),
+        AgentMessage::Hotplug { rounds: results } => {
+            checks.push(checks::hotplug::check(rounds, &results))
+        }
+        other => checks.push(Check {
+            name: "CPU hotplug",
+            passed: false,
+            detail: format!("agent answered {other:?}"),
+        }),
     }
 
     let serial_log = vm.serial_log.clone();
@@ -115,7 +157,10 @@ pub fn run(scenario: &Scenario, accel: &Accel) -> Result<Report> {
 }
 
 pub fn print_report(report: &Report, image_time: Duration, total: Duration) {
-    println!("\nperfbed run: {}", if report.passed() { "PASSED" } else { "FAILED" });
+    println!(
+        "\nperfbed run: {}",
+        if report.passed() { "PASSED" } else { "FAILED" }
+    );
     print!("{}", report.table());
     println!(
         "  time: images {}, boot to agent ready {} (guest uptime {}), checks {}, total {}",
@@ -140,4 +185,3 @@ pub fn print_trace(saved: Option<&SavedTrace>) {
         println!("  (the trace has no guest events: {why})");
     }
 }
-

@@ -11,8 +11,8 @@ use anyhow::{Context, Result};
 use clap::Args;
 
 use crate::build::image;
-use crate::host::vm::Vm;
 use crate::host;
+use crate::host::vm::Vm;
 use crate::progress::human;
 use crate::run::{scenario_for, RunArgs};
 
@@ -79,7 +79,10 @@ pub fn run(ws: &Path, args: &BootStressArgs) -> Result<bool> {
             }
         }
     }
-    println!("\nboot-stress: {} boots per condition, VM start to agent ready", args.boots);
+    println!(
+        "\nboot-stress: {} boots per condition, VM start to agent ready",
+        args.boots
+    );
     let [idle, loaded] = &mut times;
     let (idle_stats, loaded_stats) = (Stats::of(idle), Stats::of(loaded));
     for (label, stats) in [("idle", &idle_stats), ("loaded", &loaded_stats)] {
@@ -96,7 +99,10 @@ pub fn run(ws: &Path, args: &BootStressArgs) -> Result<bool> {
         }
     }
     if let (Some(i), Some(l)) = (&idle_stats, &loaded_stats) {
-        println!("  loaded/idle median ratio: {:.2}", l.median.as_secs_f64() / i.median.as_secs_f64());
+        println!(
+            "  loaded/idle median ratio: {:.2}",
+            l.median.as_secs_f64() / i.median.as_secs_f64()
+        );
     }
     println!("  failures or hangs: {}", failures.len());
     for failure in &failures {
@@ -115,6 +121,11 @@ struct Stats {
 impl Stats {
     fn of(times: &mut [Duration]) -> Option<Stats> {
         times.sort_unstable();
-        Some(Stats { n: times.len(), median: times.get(times.len() / 2).copied()?, min: *times.first()?, max: *times.last()? })
+        Some(Stats {
+            n: times.len(),
+            median: times.get(times.len() / 2).copied()?,
+            min: *times.first()?,
+            max: *times.last()?,
+        })
     }
 }

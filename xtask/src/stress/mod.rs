@@ -26,24 +26,29 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use perfbed_agent::{AgentMessage, HostRequest, HotplugBatchResult, HotplugOp, JobSpec, PerfAttr, PerfIoctl};
+use perfbed_agent::{
+    AgentMessage, HostRequest, HotplugBatchResult, HotplugOp, JobSpec, PerfAttr, PerfIoctl,
+};
 use perfbed_device::regs::Event;
 use perfbed_device::{ControlClient, DeviceConfig};
 
 use crate::build::image::{self, Variant};
-use crate::checks::{clean_log_check, Check};
 use crate::checks::rng::Rng;
 use crate::checks::traffic::{Injector, Key};
-use crate::guest::Guest;
+use crate::checks::{clean_log_check, Check};
 use crate::guest::perf_abi::{FORMAT_GROUP, FORMAT_TOTAL_TIME_ENABLED, FORMAT_TOTAL_TIME_RUNNING};
+use crate::guest::Guest;
 use crate::guest::{pmu_name, MODULE};
-use crate::host::Accel;
+use crate::host;
 use crate::host::config::VmConfig;
 use crate::host::vm::Vm;
-use crate::host;
+use crate::host::Accel;
 use crate::progress::human;
 use crate::run::default_domains;
-use jobs::{check_batch_shape, kernel_open_retries, open, open_loop_check, perf_stat_counts, start_job, start_perf_stat, stop_job, violations_check};
+use jobs::{
+    check_batch_shape, kernel_open_retries, open, open_loop_check, perf_stat_counts, start_job,
+    start_perf_stat, stop_job, violations_check,
+};
 use placements::Placements;
 use report::{cap, check_finals, StressReport, Watched, WatchedKind};
 use schedule::{Op, Step, Topology};
@@ -154,18 +159,38 @@ impl StressArgs {
 
 pub fn run(ws: &Path, args: &StressArgs) -> Result<bool> {
     let seed = args.seed.unwrap_or_else(clock_seed);
-    let variant = if args.normal { Variant::Normal } else { Variant::Debug };
+    let variant = if args.normal {
+        Variant::Normal
+    } else {
+        Variant::Debug
+    };
     host::config::check_size(args.cpus, args.memory)?;
     let device = device(args.cpus, args.domains.as_deref())?;
-    let replay = format!("cargo xtask stress --cycles {} --seed {seed}{}", args.cycles, args.guest_flags());
+    let replay = format!(
+        "cargo xtask stress --cycles {} --seed {seed}{}",
+        args.cycles,
+        args.guest_flags()
+    );
     // Refuse a topology the schedule cannot use before minutes go into a build.
-    schedule::generate(&topology(args.cpus, &device), seed, 1).map_err(|e| anyhow::anyhow!("{}", e.0))?;
+    schedule::generate(&topology(args.cpus, &device), seed, 1)
+        .map_err(|e| anyhow::anyhow!("{}", e.0))?;
     let images = image::ensure(ws, variant)?;
     let accel = host::choose_accel();
     let (placement, why) = host::choose_host(args.host, &accel);
     let host = host::build_host(ws, placement, &images.vmlinux, &images.initramfs)?;
     let config = StressConfig {
-        vm: VmConfig { host, ..guest_vm(ws, &images, device, args.cpus, args.memory, "stress", Duration::from_secs(args.timeout)) },
+        vm: VmConfig {
+            host,
+            ..guest_vm(
+                ws,
+                &images,
+                device,
+                args.cpus,
+                args.memory,
+                "stress",
+                Duration::from_secs(args.timeout),
+            )
+        },
         cycles: args.cycles,
         seed,
         timeout: Duration::from_secs(args.timeout),
@@ -190,7 +215,15 @@ pub fn run(ws: &Path, args: &StressArgs) -> Result<bool> {
 
 /// A guest of the hotplug commands on perfbed's QEMU (the stress may put it
 /// on another host).
-fn guest_vm(ws: &Path, images: &image::Images, device: DeviceConfig, cpus: u8, memory_mib: u32, name: &str, boot_timeout: Duration) -> VmConfig {
+fn guest_vm(
+    ws: &Path,
+    images: &image::Images,
+    device: DeviceConfig,
+    cpus: u8,
+    memory_mib: u32,
+    name: &str,
+    boot_timeout: Duration,
+) -> VmConfig {
     VmConfig {
         qemu: images.qemu.binary.clone(),
         firmware_dirs: images.qemu.firmware_dirs.clone(),
@@ -209,7 +242,9 @@ fn guest_vm(ws: &Path, images: &image::Images, device: DeviceConfig, cpus: u8, m
 }
 
 fn clock_seed() -> u64 {
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
     now.as_secs() ^ u64::from(now.subsec_nanos())
 }
 
@@ -219,27 +254,56 @@ pub fn device(cpus: u8, domains: Option<&str>) -> Result<DeviceConfig> {
     let domains = match domains {
         Some(spec) => spec
             .split(':')
-            .map(|d| perfbed_device::cpus::parse_cpu_list(d).map_err(|e| anyhow::anyhow!("--domains {spec:?}: {e}")))
+            .map(|d| {
+                perfbed_device::cpus::parse_cpu_list(d)
+                    .map_err(|e| anyhow::anyhow!("--domains {spec:?}: {e}"))
+            })
             .collect::<Result<_>>()?,
         None => default_domains(cpus),
     };
-    let device = DeviceConfig { domains, rmids: RMIDS, slots: SLOTS, ..DeviceConfig::default() };
-    device.validate().map_err(|e| anyhow::anyhow!("--domains: {e}"))?;
-    if let Some(cpu) = device.domains.iter().flatten().find(|&&c| c >= u32::from(cpus)) {
-        bail!("--domains allows CPU {cpu}, but the guest has CPUs 0-{}", cpus - 1);
+    let device = DeviceConfig {
+        domains,
+        rmids: RMIDS,
+        slots: SLOTS,
+        ..DeviceConfig::default()
+    };
+    device
+        .validate()
+        .map_err(|e| anyhow::anyhow!("--domains: {e}"))?;
+    if let Some(cpu) = device
+        .domains
+        .iter()
+        .flatten()
+        .find(|&&c| c >= u32::from(cpus))
+    {
+        bail!(
+            "--domains allows CPU {cpu}, but the guest has CPUs 0-{}",
+            cpus - 1
+        );
     }
     if parking_domain(&device).is_none() {
-        bail!("the stress needs a domain without CPU 0, to park (domains {})", domains_text(&device));
+        bail!(
+            "the stress needs a domain without CPU 0, to park (domains {})",
+            domains_text(&device)
+        );
     }
     Ok(device)
 }
 
 fn domains_text(device: &DeviceConfig) -> String {
-    device.domains.iter().map(|d| perfbed_agent::format_cpu_list(d)).collect::<Vec<_>>().join(":")
+    device
+        .domains
+        .iter()
+        .map(|d| perfbed_agent::format_cpu_list(d))
+        .collect::<Vec<_>>()
+        .join(":")
 }
 
 fn topology(cpus: u8, device: &DeviceConfig) -> Topology {
-    Topology { cpus: u32::from(cpus), domains: device.domains.clone() }
+    Topology {
+        cpus: u32::from(cpus),
+        domains: device.domains.clone(),
+    }
 }
 
 /// The last domain without CPU 0: it parks, and perf stat counts on it.
@@ -257,8 +321,12 @@ const FINAL_BURST: u64 = 64 << 10;
 /// Boots, runs the stress, powers off. An `Err` means the run could not
 /// complete; it still names the seed, the replay and the kept logs.
 pub fn execute(config: &StressConfig, accel: &Accel) -> Result<StressReport> {
-    let steps = schedule::generate(&topology(config.vm.cpus, &config.vm.device), config.seed, config.cycles)
-        .map_err(|e| anyhow::anyhow!("{}", e.0))?;
+    let steps = schedule::generate(
+        &topology(config.vm.cpus, &config.vm.device),
+        config.seed,
+        config.cycles,
+    )
+    .map_err(|e| anyhow::anyhow!("{}", e.0))?;
     let failed = |e: anyhow::Error| {
         e.context(format!(
             "the stress did not complete; seed {}; replay with: {}\nrun folder (serial log, device trace): {}",
@@ -280,7 +348,9 @@ pub fn execute(config: &StressConfig, accel: &Accel) -> Result<StressReport> {
         keep_trace(&socket, &trace_file);
     }
     vm.power_off(Duration::from_secs(60)).map_err(failed)?;
-    report.checks.push(clean_log_check(&config.vm.run_dir.join("serial.log")));
+    report
+        .checks
+        .push(clean_log_check(&config.vm.run_dir.join("serial.log")));
     Ok(report)
 }
 
@@ -305,15 +375,21 @@ fn save_trace(socket: &Path, file: &Path) -> Result<()> {
 fn stress(vm: &mut Vm, config: &StressConfig, steps: &[Step]) -> Result<StressReport> {
     let device = &config.vm.device;
     let run_dir = &config.vm.run_dir;
-    let mut g = Guest { vm, timeout: config.timeout };
-    g.expect_done(HostRequest::LoadModule { name: MODULE.into() })?;
+    let mut g = Guest {
+        vm,
+        timeout: config.timeout,
+    };
+    g.expect_done(HostRequest::LoadModule {
+        name: MODULE.into(),
+    })?;
     let domains = device.domains.len();
     let pmus: Vec<String> = (0..domains).map(pmu_name).collect();
     let mut types = Vec::new();
     for pmu in &pmus {
         types.push(g.pmu_type(pmu)?);
     }
-    let mut control = ControlClient::connect(&vm_control(run_dir)).context("connecting to the device's control socket")?;
+    let mut control = ControlClient::connect(&vm_control(run_dir))
+        .context("connecting to the device's control socket")?;
     control.reset_stats()?;
     let mut rng = Rng::new(config.seed);
     let traffic_rng = rng.fork(1);
@@ -332,43 +408,100 @@ fn stress(vm: &mut Vm, config: &StressConfig, steps: &[Step]) -> Result<StressRe
     for (d, pmu) in pmus.iter().enumerate() {
         let d32 = d as u32;
         for event in [Event::MbmTotalBytes, Event::MbmLocalBytes] {
-            let key = Key { domain: d32, rmid: RMID_SINGLE, event };
+            let key = Key {
+                domain: d32,
+                rmid: RMID_SINGLE,
+                event,
+            };
             let handle = open(&mut g, attr(d, event, RMID_SINGLE, timed), None)?;
-            watched.push(Watched { name: format!("{}/{event:?},rmid={RMID_SINGLE}/", pmu), handle, kind: WatchedKind::Single(key) });
+            watched.push(Watched {
+                name: format!("{}/{event:?},rmid={RMID_SINGLE}/", pmu),
+                handle,
+                kind: WatchedKind::Single(key),
+            });
             keys.push(key);
         }
-        let leader = open(&mut g, attr(d, Event::MbmTotalBytes, RMID_GROUP, timed | FORMAT_GROUP), None)?;
-        open(&mut g, attr(d, Event::MbmLocalBytes, RMID_GROUP, 0), Some(leader))?;
-        open(&mut g, attr(d, Event::LlcOccupancy, RMID_GROUP, 0), Some(leader))?;
-        watched.push(Watched { name: format!("{} group rmid={RMID_GROUP}", pmu), handle: leader, kind: WatchedKind::Group { domain: d32, rmid: RMID_GROUP } });
-        keys.push(Key { domain: d32, rmid: RMID_GROUP, event: Event::MbmTotalBytes });
-        keys.push(Key { domain: d32, rmid: RMID_GROUP, event: Event::MbmLocalBytes });
+        let leader = open(
+            &mut g,
+            attr(d, Event::MbmTotalBytes, RMID_GROUP, timed | FORMAT_GROUP),
+            None,
+        )?;
+        open(
+            &mut g,
+            attr(d, Event::MbmLocalBytes, RMID_GROUP, 0),
+            Some(leader),
+        )?;
+        open(
+            &mut g,
+            attr(d, Event::LlcOccupancy, RMID_GROUP, 0),
+            Some(leader),
+        )?;
+        watched.push(Watched {
+            name: format!("{} group rmid={RMID_GROUP}", pmu),
+            handle: leader,
+            kind: WatchedKind::Group {
+                domain: d32,
+                rmid: RMID_GROUP,
+            },
+        });
+        keys.push(Key {
+            domain: d32,
+            rmid: RMID_GROUP,
+            event: Event::MbmTotalBytes,
+        });
+        keys.push(Key {
+            domain: d32,
+            rmid: RMID_GROUP,
+            event: Event::MbmLocalBytes,
+        });
         occupancy.push((d32, RMID_GROUP));
     }
 
     // The open-close loop: a gauge (no slot) and a slot event on each domain.
     let loop_attrs: Vec<PerfAttr> = (0..domains)
-        .flat_map(|d| [attr(d, Event::LlcOccupancy, RMID_LOOP_OCCUPANCY, 0), attr(d, Event::MbmTotalBytes, RMID_LOOP_TOTAL, 0)])
+        .flat_map(|d| {
+            [
+                attr(d, Event::LlcOccupancy, RMID_LOOP_OCCUPANCY, 0),
+                attr(d, Event::MbmTotalBytes, RMID_LOOP_TOTAL, 0),
+            ]
+        })
         .collect();
-    let loop_job = start_job(&mut g, JobSpec::OpenCloseLoop { attrs: loop_attrs, pause_us: 200 })?;
+    let loop_job = start_job(
+        &mut g,
+        JobSpec::OpenCloseLoop {
+            attrs: loop_attrs,
+            pause_us: 200,
+        },
+    )?;
 
     // The real perf stat, on the domain that parks, by name (scaled to MB)
     // and by raw terms (bytes, exact).
     let stat_domain = parking_domain(device).expect("checked by device()");
     let (stat_job, named, raw) = start_perf_stat(&mut g, &pmus[stat_domain], RMID_PERF_STAT)?;
-    let stat_key = Key { domain: stat_domain as u32, rmid: RMID_PERF_STAT, event: Event::MbmTotalBytes };
+    let stat_key = Key {
+        domain: stat_domain as u32,
+        rmid: RMID_PERF_STAT,
+        event: Event::MbmTotalBytes,
+    };
     keys.push(stat_key);
 
     // Everything is open and counting: the truth from here on is theirs.
     let before = control.state()?;
-    let injector = Injector::start(ControlClient::connect(&vm_control(run_dir))?, keys.clone(), occupancy, device.unit_bytes, traffic_rng);
+    let injector = Injector::start(
+        ControlClient::connect(&vm_control(run_dir))?,
+        keys.clone(),
+        occupancy,
+        device.unit_bytes,
+        traffic_rng,
+    );
 
     let mut checks = Vec::new();
     let mut placements = Placements::default();
     let mut op_errors = Vec::new();
     // Each event's first bad read, and how many more.
     let mut read_problems: BTreeMap<u32, (String, u64)> = BTreeMap::new();
-    let mut bad_read = |handle: u32, problem: String| read_problems.entry(handle).or_insert((problem, 0)).1 += 1;
+    let mut bad_read =
+        |handle: u32, problem: String| read_problems.entry(handle).or_insert((problem, 0)).1 += 1;
     let mut last: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
     let (mut writes, mut op_time, mut reads) = (0u64, Duration::ZERO, 0u64);
     let read_handles: Vec<u32> = watched.iter().map(|w| w.handle).collect();
@@ -394,16 +527,23 @@ fn stress(vm: &mut Vm, config: &StressConfig, steps: &[Step]) -> Result<StressRe
             .flat_map(|s| &s.ops)
             .map(|op| match *op {
                 Op::Set { cpu, online } => HotplugOp::Set { cpu, online },
-                Op::FlapOwner { domain } => HotplugOp::FlapOwner { pmu: pmus[domain].clone() },
+                Op::FlapOwner { domain } => HotplugOp::FlapOwner {
+                    pmu: pmus[domain].clone(),
+                },
             })
             .collect();
         let op_count = ops.len();
-        let request = HostRequest::HotplugBatch { ops, watch_pmus: pmus.clone(), read_handles: read_handles.clone() };
+        let request = HostRequest::HotplugBatch {
+            ops,
+            watch_pmus: pmus.clone(),
+            read_handles: read_handles.clone(),
+        };
         let result: HotplugBatchResult = match g.ask(request)? {
             AgentMessage::HotplugBatch(result) => result,
             other => bail!("hotplug batch {batch_no}: {other:?}"),
         };
-        check_batch_shape(&result, op_count, read_handles.len()).with_context(|| format!("hotplug batch {batch_no}"))?;
+        check_batch_shape(&result, op_count, read_handles.len())
+            .with_context(|| format!("hotplug batch {batch_no}"))?;
         placements.add(&result);
         for (i, op) in result.ops.iter().enumerate() {
             writes += u64::from(op.writes);
@@ -415,7 +555,8 @@ fn stress(vm: &mut Vm, config: &StressConfig, steps: &[Step]) -> Result<StressRe
                 reads += 1;
                 match read {
                     Ok(values) => {
-                        if matches!(w.kind, WatchedKind::Group { .. }) && values.first() != Some(&3) {
+                        if matches!(w.kind, WatchedKind::Group { .. }) && values.first() != Some(&3)
+                        {
                             bad_read(w.handle, format!("{} read {values:?} after batch {batch_no} op {i}: not a group of 3 any more", w.name));
                         } else if let Some(prev) = last.get(&w.handle) {
                             for &word in w.cumulative_words() {
@@ -426,7 +567,13 @@ fn stress(vm: &mut Vm, config: &StressConfig, steps: &[Step]) -> Result<StressRe
                         }
                         last.insert(w.handle, values.clone());
                     }
-                    Err(errno) => bad_read(w.handle, format!("{} read failed after batch {batch_no} op {i}: {errno}", w.name)),
+                    Err(errno) => bad_read(
+                        w.handle,
+                        format!(
+                            "{} read failed after batch {batch_no} op {i}: {errno}",
+                            w.name
+                        ),
+                    ),
                 }
             }
         }
@@ -444,7 +591,10 @@ fn stress(vm: &mut Vm, config: &StressConfig, steps: &[Step]) -> Result<StressRe
     for w in &watched {
         let keys = match w.kind {
             WatchedKind::Single(key) => vec![(key.domain, key.rmid, key.event)],
-            WatchedKind::Group { domain, rmid } => vec![(domain, rmid, Event::MbmTotalBytes), (domain, rmid, Event::MbmLocalBytes)],
+            WatchedKind::Group { domain, rmid } => vec![
+                (domain, rmid, Event::MbmTotalBytes),
+                (domain, rmid, Event::MbmLocalBytes),
+            ],
         };
         for (domain, rmid, event) in keys {
             control.inject(domain, rmid, event, FINAL_BURST)?;
@@ -471,8 +621,19 @@ fn stress(vm: &mut Vm, config: &StressConfig, steps: &[Step]) -> Result<StressRe
     // The events were open before the schedule started and are read after it
     // ended; the guest's clock runs with the host's (90 %: clock slack).
     let min_enabled_ns = (schedule_time.as_nanos() * 9 / 10) as u64;
-    let mut tally = check_finals(&watched, &finals, &before, &after, device.unit_bytes, min_enabled_ns);
-    let delta = |key: Key| after.truth(key.domain, key.rmid, key.event).wrapping_sub(before.truth(key.domain, key.rmid, key.event));
+    let mut tally = check_finals(
+        &watched,
+        &finals,
+        &before,
+        &after,
+        device.unit_bytes,
+        min_enabled_ns,
+    );
+    let delta = |key: Key| {
+        after
+            .truth(key.domain, key.rmid, key.event)
+            .wrapping_sub(before.truth(key.domain, key.rmid, key.event))
+    };
     let stat_truth = delta(stat_key);
     let stat_detail = match perf_stat_counts(&stat_result, &named, &raw) {
         Ok(stat) => {
@@ -480,15 +641,27 @@ fn stress(vm: &mut Vm, config: &StressConfig, steps: &[Step]) -> Result<StressRe
             let truth_mb = stat_truth as f64 / (1u64 << 20) as f64;
             // perf prints MB with two decimals: equal to the truth rounded so.
             if (stat.named_mb - truth_mb).abs() > 0.0051 {
-                tally.count_problems.push(format!("perf stat {named}: {:.2} MB, the device's truth {truth_mb:.4} MB", stat.named_mb));
+                tally.count_problems.push(format!(
+                    "perf stat {named}: {:.2} MB, the device's truth {truth_mb:.4} MB",
+                    stat.named_mb
+                ));
             }
             if stat.run_ns.iter().any(|&ns| ns < min_enabled_ns as f64) {
-                tally.time_problems.push(format!("perf stat counted for {:?} ns of a run of at least {min_enabled_ns} ns", stat.run_ns));
+                tally.time_problems.push(format!(
+                    "perf stat counted for {:?} ns of a run of at least {min_enabled_ns} ns",
+                    stat.run_ns
+                ));
             }
             if stat.running_pct.iter().any(|&p| p < 100.0) {
-                tally.time_problems.push(format!("perf stat ran {:?} % of the time", stat.running_pct));
+                tally.time_problems.push(format!(
+                    "perf stat ran {:?} % of the time",
+                    stat.running_pct
+                ));
             }
-            format!("perf stat -a: {:.2} MB and {} bytes, truth {} bytes, running {:?} %", stat.named_mb, stat.raw_bytes, stat_truth, stat.running_pct)
+            format!(
+                "perf stat -a: {:.2} MB and {} bytes, truth {} bytes, running {:?} %",
+                stat.named_mb, stat.raw_bytes, stat_truth, stat.running_pct
+            )
         }
         Err(e) => {
             tally.count_problems.push(format!("perf stat: {e:#}"));
@@ -496,20 +669,54 @@ fn stress(vm: &mut Vm, config: &StressConfig, steps: &[Step]) -> Result<StressRe
         }
     };
 
-    checks.push(Check::from_problems("hotplug operations", op_errors, format!("{} sysfs writes, all succeeded", writes)));
-    let read_problems = read_problems.into_values().map(|(first, n)| if n > 1 { format!("{first} (and {} more bad reads)", n - 1) } else { first }).collect();
-    checks.push(Check::from_problems("reads during hotplug", read_problems, format!("{reads} reads, none failed or went down")));
+    checks.push(Check::from_problems(
+        "hotplug operations",
+        op_errors,
+        format!("{} sysfs writes, all succeeded", writes),
+    ));
+    let read_problems = read_problems
+        .into_values()
+        .map(|(first, n)| {
+            if n > 1 {
+                format!("{first} (and {} more bad reads)", n - 1)
+            } else {
+                first
+            }
+        })
+        .collect();
+    checks.push(Check::from_problems(
+        "reads during hotplug",
+        read_problems,
+        format!("{reads} reads, none failed or went down"),
+    ));
     checks.push(Check::from_problems(
         "exact counts",
         cap(tally.count_problems),
-        format!("{} counts equal the device's truth; {stat_detail}", tally.compared),
+        format!(
+            "{} counts equal the device's truth; {stat_detail}",
+            tally.compared
+        ),
     ));
-    checks.push(Check::from_problems("time running", tally.time_problems, "time_running == time_enabled for every event".into()));
+    checks.push(Check::from_problems(
+        "time running",
+        tally.time_problems,
+        "time_running == time_enabled for every event".into(),
+    ));
     let mut placement_problems = placements.odd.clone();
     if placements.parks == 0 || placements.unparks == 0 || placements.moves == 0 {
-        placement_problems.push(format!("the run saw {} moves, {} parks, {} unparks: some kind never happened", placements.moves, placements.parks, placements.unparks));
+        placement_problems.push(format!(
+            "the run saw {} moves, {} parks, {} unparks: some kind never happened",
+            placements.moves, placements.parks, placements.unparks
+        ));
     }
-    checks.push(Check::from_problems("moves and parks", placement_problems, format!("{} moves, {} parks, {} unparks", placements.moves, placements.parks, placements.unparks)));
+    checks.push(Check::from_problems(
+        "moves and parks",
+        placement_problems,
+        format!(
+            "{} moves, {} parks, {} unparks",
+            placements.moves, placements.parks, placements.unparks
+        ),
+    ));
     checks.push(open_loop_check(&loop_result));
     checks.push(violations_check(&after));
 
@@ -544,7 +751,10 @@ mod tests {
     fn the_stress_device_refuses_domains_that_cannot_park() {
         assert!(device(4, None).is_ok());
         assert!(device(16, Some("0-3:4-7:8-11:12-15")).is_ok());
-        assert!(device(2, Some("0-1")).unwrap_err().to_string().contains("without CPU 0"));
+        assert!(device(2, Some("0-1"))
+            .unwrap_err()
+            .to_string()
+            .contains("without CPU 0"));
         assert!(device(4, Some("0-1:2-5")).is_err());
     }
 }

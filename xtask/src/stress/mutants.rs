@@ -52,11 +52,19 @@ pub fn all(ws: &Path) -> Result<Vec<Mutant>> {
         (KERNEL_DIR, "patch", MutantKind::KernelPatch),
         (KERNEL_DIR, "series", MutantKind::KernelSeries),
     ] {
-        let Ok(entries) = fs::read_dir(ws.join(dir)) else { continue };
+        let Ok(entries) = fs::read_dir(ws.join(dir)) else {
+            continue;
+        };
         let mut found: Vec<Mutant> = entries
             .filter_map(|e| e.ok().map(|e| e.path()))
             .filter(|p| p.extension().is_some_and(|e| e == ext))
-            .filter_map(|p| Some(Mutant { name: p.file_stem()?.to_str()?.to_string(), kind: kind.clone(), file: p }))
+            .filter_map(|p| {
+                Some(Mutant {
+                    name: p.file_stem()?.to_str()?.to_string(),
+                    kind: kind.clone(),
+                    file: p,
+                })
+            })
             .collect();
         found.sort_by(|a, b| a.name.cmp(&b.name));
         out.extend(found);
@@ -70,7 +78,10 @@ pub fn find(ws: &Path, name: &str) -> Result<Mutant> {
     let names: Vec<&str> = all.iter().map(|m| m.name.as_str()).collect();
     let found = all.iter().find(|m| m.name == name).cloned();
     found.with_context(|| {
-        format!("no mutant {name:?} (in {DRIVER_DIR}/ or {KERNEL_DIR}/); there are: {}", names.join(", "))
+        format!(
+            "no mutant {name:?} (in {DRIVER_DIR}/ or {KERNEL_DIR}/); there are: {}",
+            names.join(", ")
+        )
     })
 }
 
@@ -101,7 +112,13 @@ pub fn driver_tree(ws: &Path, mutant: &Mutant) -> Result<PathBuf> {
 fn apply(root: &Path, patch: &Path) -> Result<()> {
     let input = fs::File::open(patch).with_context(|| format!("opening {}", patch.display()))?;
     let out = Command::new("patch")
-        .args(["-p1", "--batch", "--forward", "--no-backup-if-mismatch", "-d"])
+        .args([
+            "-p1",
+            "--batch",
+            "--forward",
+            "--no-backup-if-mismatch",
+            "-d",
+        ])
         .arg(root)
         .stdin(input)
         .output()
@@ -122,15 +139,26 @@ fn apply(root: &Path, patch: &Path) -> Result<()> {
 /// `images/kernel/`): for a `.patch`, the series then the mutant; for a
 /// `.series`, its lines in order (a line that is neither a file nor a patch
 /// of the series is an error).
-pub fn kernel_patches(mutant: &Mutant, series: &[PathBuf], kernel_dir: &Path) -> Result<Vec<PathBuf>> {
+pub fn kernel_patches(
+    mutant: &Mutant,
+    series: &[PathBuf],
+    kernel_dir: &Path,
+) -> Result<Vec<PathBuf>> {
     match mutant.kind {
         MutantKind::Driver => bail!("{} is a driver mutant", mutant.name),
-        MutantKind::KernelPatch => Ok(series.iter().cloned().chain([mutant.file.clone()]).collect()),
+        MutantKind::KernelPatch => Ok(series
+            .iter()
+            .cloned()
+            .chain([mutant.file.clone()])
+            .collect()),
         MutantKind::KernelSeries => {
-            let text =
-                fs::read_to_string(&mutant.file).with_context(|| format!("reading {}", mutant.file.display()))?;
-            let wanted: Vec<&str> =
-                text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')).collect();
+            let text = fs::read_to_string(&mutant.file)
+                .with_context(|| format!("reading {}", mutant.file.display()))?;
+            let wanted: Vec<&str> = text
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty() && !l.starts_with('#'))
+                .collect();
             let mut out = Vec::new();
             for name in &wanted {
                 let file = kernel_dir.join(name);
@@ -138,12 +166,12 @@ pub fn kernel_patches(mutant: &Mutant, series: &[PathBuf], kernel_dir: &Path) ->
                     out.push(file);
                     continue;
                 }
-                let found = series.iter().find(|p| p.file_name().is_some_and(|f| f == *name));
-                out.push(
-                    found
-                        .cloned()
-                        .with_context(|| format!("{}: no patch {name} in the series", mutant.file.display()))?,
-                );
+                let found = series
+                    .iter()
+                    .find(|p| p.file_name().is_some_and(|f| f == *name));
+                out.push(found.cloned().with_context(|| {
+                    format!("{}: no patch {name} in the series", mutant.file.display())
+                })?);
             }
             Ok(out)
         }
@@ -155,7 +183,8 @@ mod tests {
     use super::*;
 
     fn scratch(name: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("perfbed-mutants-{name}-{}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("perfbed-mutants-{name}-{}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
         fs::create_dir_all(&dir).unwrap();
         dir
@@ -166,35 +195,63 @@ mod tests {
         let ws = scratch("ws");
         fs::create_dir_all(ws.join(DRIVER_DIR)).unwrap();
         fs::create_dir_all(ws.join(KERNEL_DIR)).unwrap();
-        fs::write(ws.join("guest-driver/driver.rs"), "fn a() {}\nfn b() { 1 }\n").unwrap();
+        fs::write(
+            ws.join("guest-driver/driver.rs"),
+            "fn a() {}\nfn b() { 1 }\n",
+        )
+        .unwrap();
         let patch = "# Planted bug: b gives 2.\n\n--- a/guest-driver/driver.rs\n+++ b/guest-driver/driver.rs\n@@ -1,2 +1,2 @@\n fn a() {}\n-fn b() { 1 }\n+fn b() { 2 }\n";
         fs::write(ws.join(DRIVER_DIR).join("two.patch"), patch).unwrap();
-        fs::write(ws.join(KERNEL_DIR).join("seed.series"), "# as posted\n0001-a.patch\nmutants/seed/shim.patch\n")
-            .unwrap();
+        fs::write(
+            ws.join(KERNEL_DIR).join("seed.series"),
+            "# as posted\n0001-a.patch\nmutants/seed/shim.patch\n",
+        )
+        .unwrap();
         fs::create_dir_all(ws.join(KERNEL_DIR).join("seed")).unwrap();
         fs::write(ws.join(KERNEL_DIR).join("seed/shim.patch"), "").unwrap();
         fs::write(ws.join(KERNEL_DIR).join("README.md"), "not a mutant").unwrap();
         let all = all(&ws).unwrap();
         assert_eq!(
-            all.iter().map(|m| (m.name.as_str(), m.kind.clone())).collect::<Vec<_>>(),
-            vec![("two", MutantKind::Driver), ("seed", MutantKind::KernelSeries)]
+            all.iter()
+                .map(|m| (m.name.as_str(), m.kind.clone()))
+                .collect::<Vec<_>>(),
+            vec![
+                ("two", MutantKind::Driver),
+                ("seed", MutantKind::KernelSeries)
+            ]
         );
         assert_eq!(all[0].summary(), "Planted bug: b gives 2.");
         let tree = driver_tree(&ws, &all[0]).unwrap();
-        assert_eq!(fs::read_to_string(tree.join("driver.rs")).unwrap(), "fn a() {}\nfn b() { 2 }\n");
+        assert_eq!(
+            fs::read_to_string(tree.join("driver.rs")).unwrap(),
+            "fn a() {}\nfn b() { 2 }\n"
+        );
         assert_eq!(
             fs::read_to_string(ws.join("guest-driver/driver.rs")).unwrap(),
             "fn a() {}\nfn b() { 1 }\n",
             "the work tree is untouched"
         );
         // Applied again to a changed driver, it says it does not apply.
-        fs::write(ws.join("guest-driver/driver.rs"), "fn a() {}\nfn b() { 3 }\n").unwrap();
+        fs::write(
+            ws.join("guest-driver/driver.rs"),
+            "fn a() {}\nfn b() { 3 }\n",
+        )
+        .unwrap();
         let e = driver_tree(&ws, &all[0]).unwrap_err();
         assert!(format!("{e:#}").contains("does not apply"), "{e:#}");
-        let series = vec![PathBuf::from("p/0001-a.patch"), PathBuf::from("p/0002-b.patch")];
+        let series = vec![
+            PathBuf::from("p/0001-a.patch"),
+            PathBuf::from("p/0002-b.patch"),
+        ];
         let kernel_dir = ws.join("images/kernel");
         let chosen = kernel_patches(&all[1], &series, &kernel_dir).unwrap();
-        assert_eq!(chosen, vec![PathBuf::from("p/0001-a.patch"), kernel_dir.join("mutants/seed/shim.patch")]);
+        assert_eq!(
+            chosen,
+            vec![
+                PathBuf::from("p/0001-a.patch"),
+                kernel_dir.join("mutants/seed/shim.patch")
+            ]
+        );
         fs::write(ws.join(KERNEL_DIR).join("bad.series"), "0003-none.patch\n").unwrap();
         let bad = find(&ws, "bad").unwrap();
         assert!(kernel_patches(&bad, &series, &kernel_dir).is_err());

@@ -78,7 +78,10 @@ mod tests {
         assert_eq!((p.moves, p.parks, p.unparks), (2, 1, 1));
         assert!(p.odd.is_empty());
         let mut bad = Placements::default();
-        bad.add(&HotplugBatchResult { masks_before: vec!["1".into()], ops: vec![op(&[], &["1-2"])] });
+        bad.add(&HotplugBatchResult {
+            masks_before: vec!["1".into()],
+            ops: vec![op(&[], &["1-2"])],
+        });
         assert_eq!(bad.odd.len(), 1);
     }
 }

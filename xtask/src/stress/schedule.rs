@@ -44,9 +44,14 @@ pub const ALL_KINDS: [StepKind; 8] = [
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Op {
-    Set { cpu: u32, online: bool },
+    Set {
+        cpu: u32,
+        online: bool,
+    },
     /// Offline the CPU domain `domain`'s PMU counts on, then online it.
-    FlapOwner { domain: usize },
+    FlapOwner {
+        domain: usize,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -75,11 +80,17 @@ impl State<'_> {
     }
 
     fn offline(&self) -> Vec<u32> {
-        (1..self.topo.cpus).filter(|c| !self.online.contains(c)).collect()
+        (1..self.topo.cpus)
+            .filter(|c| !self.online.contains(c))
+            .collect()
     }
 
     fn online_in(&self, domain: usize) -> Vec<u32> {
-        self.topo.domains[domain].iter().copied().filter(|c| self.online.contains(c)).collect()
+        self.topo.domains[domain]
+            .iter()
+            .copied()
+            .filter(|c| self.online.contains(c))
+            .collect()
     }
 
     fn set(&mut self, ops: &mut Vec<Op>, cpu: u32, online: bool) {
@@ -95,7 +106,9 @@ impl State<'_> {
 
     /// Domains whose PMU can be made to move: two CPUs online.
     fn flappable(&self) -> Vec<usize> {
-        (0..self.topo.domains.len()).filter(|&d| self.online_in(d).len() >= 2).collect()
+        (0..self.topo.domains.len())
+            .filter(|&d| self.online_in(d).len() >= 2)
+            .collect()
     }
 
     /// Domains that can park (no CPU 0) and are not parked yet.
@@ -106,7 +119,9 @@ impl State<'_> {
     }
 
     fn parked(&self) -> Vec<usize> {
-        (0..self.topo.domains.len()).filter(|&d| self.online_in(d).is_empty()).collect()
+        (0..self.topo.domains.len())
+            .filter(|&d| self.online_in(d).is_empty())
+            .collect()
     }
 
     /// The ops of one step of `kind`, or None where it cannot be done now.
@@ -182,7 +197,13 @@ impl State<'_> {
     fn shuffle_returning(&self, cpus: &mut Vec<u32>, rng: &mut Rng) {
         cpus.retain(|c| !self.online.contains(c));
         rng.shuffle(cpus);
-        let stack_order: Vec<u32> = self.offline_order.iter().rev().copied().filter(|c| cpus.contains(c)).collect();
+        let stack_order: Vec<u32> = self
+            .offline_order
+            .iter()
+            .rev()
+            .copied()
+            .filter(|c| cpus.contains(c))
+            .collect();
         if cpus.len() >= 2 && *cpus == stack_order {
             cpus.rotate_left(1);
         }
@@ -197,13 +218,22 @@ pub struct NoSchedule(pub String);
 /// more step that brings them all back.
 pub fn generate(topo: &Topology, seed: u64, cycles: u32) -> Result<Vec<Step>, NoSchedule> {
     if topo.cpus < 2 {
-        return Err(NoSchedule("the stress needs a CPU besides CPU 0 to take offline".into()));
+        return Err(NoSchedule(
+            "the stress needs a CPU besides CPU 0 to take offline".into(),
+        ));
     }
     if let Some(cpu) = topo.domains.iter().flatten().find(|&&c| c >= topo.cpus) {
-        return Err(NoSchedule(format!("a domain allows CPU {cpu}, but the guest has {} CPUs", topo.cpus)));
+        return Err(NoSchedule(format!(
+            "a domain allows CPU {cpu}, but the guest has {} CPUs",
+            topo.cpus
+        )));
     }
     let mut rng = Rng::new(seed);
-    let mut state = State { topo, online: (0..topo.cpus).collect(), offline_order: Vec::new() };
+    let mut state = State {
+        topo,
+        online: (0..topo.cpus).collect(),
+        offline_order: Vec::new(),
+    };
     let mut steps = Vec::with_capacity(cycles as usize + 1);
     // A deck of every kind, dealt in a shuffled order: each kind comes round
     // once per deck (if it can be done where it falls), so even a short run
@@ -226,7 +256,10 @@ pub fn generate(topo: &Topology, seed: u64, cycles: u32) -> Result<Vec<Step>, No
         state.set(&mut ops, cpu, true);
     }
     if !ops.is_empty() {
-        steps.push(Step { kind: StepKind::ReturnShuffled, ops });
+        steps.push(Step {
+            kind: StepKind::ReturnShuffled,
+            ops,
+        });
     }
     Ok(steps)
 }
@@ -236,18 +269,30 @@ mod tests {
     use super::*;
 
     fn four() -> Topology {
-        Topology { cpus: 4, domains: vec![vec![0, 1], vec![2, 3]] }
+        Topology {
+            cpus: 4,
+            domains: vec![vec![0, 1], vec![2, 3]],
+        }
     }
 
     fn sixteen() -> Topology {
-        Topology { cpus: 16, domains: (0..4).map(|d| (4 * d..4 * d + 4).collect()).collect() }
+        Topology {
+            cpus: 16,
+            domains: (0..4).map(|d| (4 * d..4 * d + 4).collect()).collect(),
+        }
     }
 
     #[test]
     fn the_same_seed_gives_the_same_schedule() {
         for topo in [four(), sixteen()] {
-            assert_eq!(generate(&topo, 99, 300).unwrap(), generate(&topo, 99, 300).unwrap());
-            assert_ne!(generate(&topo, 99, 300).unwrap(), generate(&topo, 100, 300).unwrap());
+            assert_eq!(
+                generate(&topo, 99, 300).unwrap(),
+                generate(&topo, 99, 300).unwrap()
+            );
+            assert_ne!(
+                generate(&topo, 99, 300).unwrap(),
+                generate(&topo, 100, 300).unwrap()
+            );
         }
     }
 
@@ -257,7 +302,12 @@ mod tests {
             for seed in 0..50 {
                 let steps = generate(&topo, seed, 60).unwrap();
                 let kinds: BTreeSet<StepKind> = steps.iter().map(|s| s.kind).collect();
-                assert_eq!(kinds, ALL_KINDS.into_iter().collect(), "seed {seed}, {} CPUs", topo.cpus);
+                assert_eq!(
+                    kinds,
+                    ALL_KINDS.into_iter().collect(),
+                    "seed {seed}, {} CPUs",
+                    topo.cpus
+                );
             }
         }
     }
@@ -273,23 +323,43 @@ mod tests {
             let before = online.clone();
             for op in &step.ops {
                 match *op {
-                    Op::Set { cpu: 0, online: false } => return Err(format!("step {i} offlines CPU 0")),
-                    Op::Set { cpu, online: true } if !online.insert(cpu) => return Err(format!("step {i}: CPU {cpu} was online")),
-                    Op::Set { cpu, online: false } if !online.remove(&cpu) => return Err(format!("step {i}: CPU {cpu} was offline")),
+                    Op::Set {
+                        cpu: 0,
+                        online: false,
+                    } => return Err(format!("step {i} offlines CPU 0")),
+                    Op::Set { cpu, online: true } if !online.insert(cpu) => {
+                        return Err(format!("step {i}: CPU {cpu} was online"))
+                    }
+                    Op::Set { cpu, online: false } if !online.remove(&cpu) => {
+                        return Err(format!("step {i}: CPU {cpu} was offline"))
+                    }
                     Op::Set { .. } => {}
                     Op::FlapOwner { domain } => {
-                        let up = topo.domains[domain].iter().filter(|c| online.contains(c)).count();
+                        let up = topo.domains[domain]
+                            .iter()
+                            .filter(|c| online.contains(c))
+                            .count();
                         if up < 2 {
-                            return Err(format!("step {i} flaps domain {domain} with {up} CPU online"));
+                            return Err(format!(
+                                "step {i} flaps domain {domain} with {up} CPU online"
+                            ));
                         }
                     }
                 }
             }
             let expect_same = matches!(step.kind, StepKind::FlapOwner | StepKind::Toggle);
             if expect_same != (online == before) {
-                return Err(format!("step {i} ({:?}) changed the online set {before:?} → {online:?}", step.kind));
+                return Err(format!(
+                    "step {i} ({:?}) changed the online set {before:?} → {online:?}",
+                    step.kind
+                ));
             }
-            if step.kind == StepKind::Park && step.ops.iter().any(|op| matches!(op, Op::Set { online: true, .. })) {
+            if step.kind == StepKind::Park
+                && step
+                    .ops
+                    .iter()
+                    .any(|op| matches!(op, Op::Set { online: true, .. }))
+            {
                 return Err(format!("step {i} parks by bringing a CPU online"));
             }
         }
@@ -301,11 +371,15 @@ mod tests {
 
     #[test]
     fn schedules_are_consistent_and_never_offline_cpu0() {
-        let odd = Topology { cpus: 5, domains: vec![vec![0], vec![1, 2, 3], vec![3, 4]] };
+        let odd = Topology {
+            cpus: 5,
+            domains: vec![vec![0], vec![1, 2, 3], vec![3, 4]],
+        };
         for topo in [four(), sixteen(), odd] {
             for seed in 0..200 {
                 let steps = generate(&topo, seed, 80).unwrap();
-                replay(&topo, &steps).unwrap_or_else(|e| panic!("seed {seed}, {} CPUs: {e}", topo.cpus));
+                replay(&topo, &steps)
+                    .unwrap_or_else(|e| panic!("seed {seed}, {} CPUs: {e}", topo.cpus));
             }
         }
     }
@@ -314,13 +388,46 @@ mod tests {
     fn the_replay_check_catches_bad_schedules() {
         let topo = four();
         let bad = [
-            vec![Step { kind: StepKind::OfflineOne, ops: vec![Op::Set { cpu: 0, online: false }] }],
-            vec![Step { kind: StepKind::OnlineOne, ops: vec![Op::Set { cpu: 2, online: true }] }],
-            vec![Step { kind: StepKind::OfflineOne, ops: vec![Op::Set { cpu: 2, online: false }] }],
+            vec![Step {
+                kind: StepKind::OfflineOne,
+                ops: vec![Op::Set {
+                    cpu: 0,
+                    online: false,
+                }],
+            }],
+            vec![Step {
+                kind: StepKind::OnlineOne,
+                ops: vec![Op::Set {
+                    cpu: 2,
+                    online: true,
+                }],
+            }],
+            vec![Step {
+                kind: StepKind::OfflineOne,
+                ops: vec![Op::Set {
+                    cpu: 2,
+                    online: false,
+                }],
+            }],
             vec![
-                Step { kind: StepKind::OfflineOne, ops: vec![Op::Set { cpu: 3, online: false }] },
-                Step { kind: StepKind::FlapOwner, ops: vec![Op::FlapOwner { domain: 1 }] },
-                Step { kind: StepKind::OnlineOne, ops: vec![Op::Set { cpu: 3, online: true }] },
+                Step {
+                    kind: StepKind::OfflineOne,
+                    ops: vec![Op::Set {
+                        cpu: 3,
+                        online: false,
+                    }],
+                },
+                Step {
+                    kind: StepKind::FlapOwner,
+                    ops: vec![Op::FlapOwner { domain: 1 }],
+                },
+                Step {
+                    kind: StepKind::OnlineOne,
+                    ops: vec![Op::Set {
+                        cpu: 3,
+                        online: true,
+                    }],
+                },
             ],
         ];
         for steps in bad {
@@ -337,12 +444,21 @@ mod tests {
             // The CPUs offline, in the order they left.
             let mut order: Vec<u32> = Vec::new();
             for step in &steps {
-                let back: Vec<u32> = step.ops.iter().filter_map(|op| match *op {
-                    Op::Set { cpu, online: true } => Some(cpu),
-                    _ => None,
-                }).collect();
+                let back: Vec<u32> = step
+                    .ops
+                    .iter()
+                    .filter_map(|op| match *op {
+                        Op::Set { cpu, online: true } => Some(cpu),
+                        _ => None,
+                    })
+                    .collect();
                 if step.kind == StepKind::ReturnShuffled && back.len() >= 2 {
-                    let stack: Vec<u32> = order.iter().rev().copied().filter(|c| back.contains(c)).collect();
+                    let stack: Vec<u32> = order
+                        .iter()
+                        .rev()
+                        .copied()
+                        .filter(|c| back.contains(c))
+                        .collect();
                     assert_ne!(back, stack, "seed {seed}: CPUs returned in stack order");
                     differed += 1;
                 }
@@ -360,7 +476,10 @@ mod tests {
 
     #[test]
     fn a_guest_without_a_second_cpu_gets_no_schedule() {
-        let topo = Topology { cpus: 1, domains: vec![vec![0]] };
+        let topo = Topology {
+            cpus: 1,
+            domains: vec![vec![0]],
+        };
         assert!(generate(&topo, 1, 10).is_err());
     }
 }

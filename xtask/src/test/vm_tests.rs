@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 
 use crate::checks::{self, scope};
-use crate::host::Accel;
-use crate::host::vm::Vm;
 use crate::host;
+use crate::host::vm::Vm;
+use crate::host::Accel;
 use crate::progress::human;
 use crate::run::scenario::{self, Scenario};
 use crate::stress;
@@ -19,14 +19,30 @@ const STRESS_CYCLES: u32 = 200;
 const STRESS_SEED: u64 = 8;
 /// The park rounds after the kernel's selftest, as first reported.
 const SELFTEST_ROUNDS: u32 = 200;
+/// The short lifecycle stress: operations and seed. Seed 17's first 2,500
+/// operations cover every kind of operation and, with patches 0033-0035,
+/// match the model (about 2 min of stress on a loaded 2-core TCG host).
+const LIFECYCLE_OPS: u32 = 2500;
+const LIFECYCLE_SEED: u64 = 17;
 
 pub fn boot_and_hotplug(scenario: &Scenario, accel: &Accel) -> Result<()> {
     let report = scenario::run(scenario, accel)?;
     if !report.passed() {
         let trace = report.trace.as_ref().map_or(String::new(), |t| {
-            format!("\ndevice trace: {}{}", t.trace.display(), t.plot.as_ref().map_or(String::new(), |p| format!("\ntimeline plot: {}", p.display())))
+            format!(
+                "\ndevice trace: {}{}",
+                t.trace.display(),
+                t.plot.as_ref().map_or(String::new(), |p| format!(
+                    "\ntimeline plot: {}",
+                    p.display()
+                ))
+            )
         });
-        bail!("failed checks:\n{}serial log: {}{trace}", report.table(), report.serial_log.display());
+        bail!(
+            "failed checks:\n{}serial log: {}{trace}",
+            report.table(),
+            report.serial_log.display()
+        );
     }
     print!("{}", report.table());
     if !matches!(scenario.vm.host, host::Host::Qemu) {
@@ -47,18 +63,26 @@ pub fn boot_and_hotplug(scenario: &Scenario, accel: &Accel) -> Result<()> {
 /// The device-scope test (`checks::scope`) on a booted guest, then a clean
 /// power-off and a kernel log without any report.
 pub fn device_scope_pmu(scenario: &Scenario, accel: &Accel) -> Result<()> {
-    checks_on_a_guest(scenario, accel, |vm| scope::run(vm, scenario.request_timeout))
+    checks_on_a_guest(scenario, accel, |vm| {
+        scope::run(vm, scenario.request_timeout)
+    })
 }
 
 /// `checks::slow_reader` on a booted guest, then a clean power-off and a
 /// kernel log without any report (an RCU stall would be one).
 pub fn slow_agent_reader(scenario: &Scenario, accel: &Accel) -> Result<()> {
-    checks_on_a_guest(scenario, accel, |vm| checks::slow_reader::run(vm, scenario.vm.cpus, scenario.request_timeout))
+    checks_on_a_guest(scenario, accel, |vm| {
+        checks::slow_reader::run(vm, scenario.vm.cpus, scenario.request_timeout)
+    })
 }
 
 /// Boots, runs `checks` on the guest, powers it off, and fails on any failed
 /// check or kernel log report.
-fn checks_on_a_guest(scenario: &Scenario, accel: &Accel, checks: impl FnOnce(&mut Vm) -> Result<Vec<checks::Check>>) -> Result<()> {
+fn checks_on_a_guest(
+    scenario: &Scenario,
+    accel: &Accel,
+    checks: impl FnOnce(&mut Vm) -> Result<Vec<checks::Check>>,
+) -> Result<()> {
     let booted = Vm::boot(&scenario.vm, accel)?;
     let mut vm = booted.vm;
     let checks = checks(&mut vm)?;
@@ -66,7 +90,11 @@ fn checks_on_a_guest(scenario: &Scenario, accel: &Accel, checks: impl FnOnce(&mu
     vm.power_off(Duration::from_secs(30))?;
     let report = checks::Report::from_checks(checks, &serial_log);
     if !report.passed() {
-        bail!("failed checks:\n{}serial log: {}", report.table(), serial_log.display());
+        bail!(
+            "failed checks:\n{}serial log: {}",
+            report.table(),
+            serial_log.display()
+        );
     }
     print!("{}", report.table());
     Ok(())
@@ -77,26 +105,54 @@ fn checks_on_a_guest(scenario: &Scenario, accel: &Accel, checks: impl FnOnce(&mu
 pub fn gdb_session(scenario: &Scenario, accel: &Accel) -> Result<()> {
     let mut config = scenario.vm.clone();
     let port = free_port()?;
-    config.gdb = Some(host::config::GdbStub { port, stopped: false, hint: String::new() });
+    config.gdb = Some(host::config::GdbStub {
+        port,
+        stopped: false,
+        hint: String::new(),
+    });
     let booted = Vm::boot(&config, accel)?;
-    println!("  the gdb kernel booted to the agent in {}", human(booted.boot_time));
+    println!(
+        "  the gdb kernel booted to the agent in {}",
+        human(booted.boot_time)
+    );
     let mut vm = booted.vm;
-    let mut guest = crate::guest::Guest { vm: &mut vm, timeout: scenario.request_timeout };
-    let output = crate::debug::gdb::scripted_session(&mut guest, &config.vmlinux, &scenario.driver, port, &config.run_dir)?;
+    let mut guest = crate::guest::Guest {
+        vm: &mut vm,
+        timeout: scenario.request_timeout,
+    };
+    let output = crate::debug::gdb::scripted_session(
+        &mut guest,
+        &config.vmlinux,
+        &scenario.driver,
+        port,
+        &config.run_dir,
+    )?;
     let serial_log = vm.serial_log.clone();
     vm.power_off(Duration::from_secs(30))?;
     let report = checks::Report::from_checks(vec![], &serial_log);
     if !report.passed() {
-        bail!("failed checks:\n{}serial log: {}", report.table(), serial_log.display());
+        bail!(
+            "failed checks:\n{}serial log: {}",
+            report.table(),
+            serial_log.display()
+        );
     }
-    let backtrace: Vec<&str> = output.lines().filter(|l| l.starts_with('#')).take(3).collect();
-    println!("  gdb stopped in: {}", backtrace.join("\n                  "));
+    let backtrace: Vec<&str> = output
+        .lines()
+        .filter(|l| l.starts_with('#'))
+        .take(3)
+        .collect();
+    println!(
+        "  gdb stopped in: {}",
+        backtrace.join("\n                  ")
+    );
     Ok(())
 }
 
 /// A TCP port on 127.0.0.1 that nothing listens on now.
 fn free_port() -> Result<u16> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").context("finding a free port for gdb")?;
+    let listener =
+        std::net::TcpListener::bind("127.0.0.1:0").context("finding a free port for gdb")?;
     Ok(listener.local_addr()?.port())
 }
 
@@ -105,7 +161,10 @@ pub fn hotplug_stress(scenario: &Scenario, accel: &Accel) -> Result<()> {
     let mut vm = scenario.vm.clone();
     vm.device = stress::device(vm.cpus, None)?;
     let config = stress::StressConfig {
-        replay: format!("cargo xtask stress --cycles {STRESS_CYCLES} --seed {STRESS_SEED} --cpus {}", vm.cpus),
+        replay: format!(
+            "cargo xtask stress --cycles {STRESS_CYCLES} --seed {STRESS_SEED} --cpus {}",
+            vm.cpus
+        ),
         vm,
         cycles: STRESS_CYCLES,
         seed: STRESS_SEED,
@@ -119,10 +178,44 @@ pub fn hotplug_stress(scenario: &Scenario, accel: &Accel) -> Result<()> {
     Ok(())
 }
 
-/// The short lifecycle stress: operations and seed.
+/// The lifecycle stress (`cargo xtask stress --lifecycle`) at a fixed seed:
+/// every operation's result as the counting model says, no EBUSY, no
+/// placement violation, a clean kernel log.
+pub fn lifecycle_stress(scenario: &Scenario, accel: &Accel) -> Result<()> {
+    let mut vm = scenario.vm.clone();
+    vm.device = stress::device(vm.cpus, None)?;
+    vm.device.slots = stress::lifecycle::SLOTS;
+    let config = stress::lifecycle::run::LifecycleConfig {
+        ops: LIFECYCLE_OPS,
+        seed: LIFECYCLE_SEED,
+        timeout: scenario.request_timeout,
+        replay: format!(
+            "cargo xtask stress --lifecycle {LIFECYCLE_OPS} --seed {LIFECYCLE_SEED} --cpus {}",
+            vm.cpus
+        ),
+        stop_at_first: false,
+    };
+    let report = stress::lifecycle::execute(&vm, accel, &config)?;
+    let failed: Vec<String> = report
+        .checks
+        .iter()
+        .filter(|c| !c.passed)
+        .map(|c| format!("{}: {}", c.name, c.detail))
+        .collect();
+    if !failed.is_empty() {
+        bail!("{}\n{}", failed.join("\n"), report.text(&config));
+    }
+    print!("{}", report.text(&config));
+    Ok(())
+}
+
 /// `cargo xtask hotplug-selftest` on the run's VM.
 pub fn hotplug_selftest_replay(scenario: &Scenario, accel: &Accel) -> Result<()> {
-    let config = stress::selftest::SelftestConfig { vm: scenario.vm.clone(), rounds: SELFTEST_ROUNDS, timeout: scenario.request_timeout };
+    let config = stress::selftest::SelftestConfig {
+        vm: scenario.vm.clone(),
+        rounds: SELFTEST_ROUNDS,
+        timeout: scenario.request_timeout,
+    };
     let report = stress::selftest::execute(&config, accel)?;
     if !report.passed() {
         bail!("{}", report.table());
@@ -143,7 +236,10 @@ pub fn bench_quick(_scenario: &Scenario, _accel: &Accel) -> Result<()> {
     }
     let broken: Vec<String> = rows
         .iter()
-        .filter(|r| !r.value.is_finite() || (r.baseline.is_some() && r.ratio().is_none_or(|x| !x.is_finite())))
+        .filter(|r| {
+            !r.value.is_finite()
+                || (r.baseline.is_some() && r.ratio().is_none_or(|x| !x.is_finite()))
+        })
         .map(|r| format!("{}: {} (ratio {:?})", r.name, r.value, r.ratio()))
         .collect();
     if !broken.is_empty() {
@@ -171,7 +267,11 @@ pub fn guest_panic_is_reported(scenario: &Scenario, accel: &Accel) -> Result<()>
         bail!("the error does not point to a saved serial log:\n{error}");
     }
     // The box boots an L1 Linux under TCG before the guest: more time.
-    let limit = Duration::from_secs(if matches!(config.host, host::Host::VmmBox(_)) { 180 } else { 60 });
+    let limit = Duration::from_secs(if matches!(config.host, host::Host::VmmBox(_)) {
+        180
+    } else {
+        60
+    });
     if start.elapsed() > limit {
         bail!("the panic took {} to be noticed", human(start.elapsed()));
     }
@@ -185,8 +285,13 @@ pub fn unresponsive_guest_times_out(scenario: &Scenario, accel: &Accel) -> Resul
     let mut vm = booted.vm;
     let timeout = Duration::from_secs(3);
     let start = Instant::now();
-    let error = match vm.request(&perfbed_agent::HostRequest::Hotplug { rounds: 1_000_000 }, timeout) {
-        Ok(answer) => bail!("the agent answered a million hotplug rounds within {timeout:?}: {answer:?}"),
+    let error = match vm.request(
+        &perfbed_agent::HostRequest::Hotplug { rounds: 1_000_000 },
+        timeout,
+    ) {
+        Ok(answer) => {
+            bail!("the agent answered a million hotplug rounds within {timeout:?}: {answer:?}")
+        }
         Err(e) => format!("{e:#}"),
     };
     if !error.contains("no answer within") || !error.contains("serial log saved") {
@@ -208,11 +313,17 @@ pub fn qemu_killed_mid_run(scenario: &Scenario, accel: &Accel) -> Result<()> {
     let control = vm.control_socket.clone();
     let agent = scenario.vm.run_dir.join("agent.sock");
     if !control.exists() || !agent.exists() {
-        bail!("the running VM has no control socket or agent socket in {}", scenario.vm.run_dir.display());
+        bail!(
+            "the running VM has no control socket or agent socket in {}",
+            scenario.vm.run_dir.display()
+        );
     }
     // SAFETY: kill(2) on the pid of a child this process started and has not reaped.
     if unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) } != 0 {
-        bail!("cannot kill QEMU (pid {pid}): {}", std::io::Error::last_os_error());
+        bail!(
+            "cannot kill QEMU (pid {pid}): {}",
+            std::io::Error::last_os_error()
+        );
     }
     let (error, took) = next_request_fails(vm, "a killed QEMU")?;
     let mut problems = Vec::new();
@@ -220,7 +331,9 @@ pub fn qemu_killed_mid_run(scenario: &Scenario, accel: &Accel) -> Result<()> {
         problems.push(format!("the error does not say QEMU was killed:\n{error}"));
     }
     if !error.contains("serial log saved") || !scenario.vm.run_dir.join("serial.log").is_file() {
-        problems.push(format!("the error does not point to a kept serial log:\n{error}"));
+        problems.push(format!(
+            "the error does not point to a kept serial log:\n{error}"
+        ));
     }
     if took > Duration::from_secs(10) {
         problems.push(format!("noticing the dead QEMU took {}", human(took)));
@@ -229,7 +342,10 @@ pub fn qemu_killed_mid_run(scenario: &Scenario, accel: &Accel) -> Result<()> {
     if !problems.is_empty() {
         bail!("{}", problems.join("\n"));
     }
-    println!("    what the user sees: {}", error.lines().next().unwrap_or(""));
+    println!(
+        "    what the user sees: {}",
+        error.lines().next().unwrap_or("")
+    );
     Ok(())
 }
 
@@ -242,19 +358,43 @@ pub fn guest_floods_console_and_channel(scenario: &Scenario, accel: &Accel) -> R
     let booted = Vm::boot(&scenario.vm, accel)?;
     let mut vm = booted.vm;
     let timeout = Duration::from_secs(30);
-    let sh = |script: &str| HostRequest::Run { argv: vec!["/bin/busybox".into(), "sh".into(), "-c".into(), script.into()] };
-    let started = vm.request(&sh("/bin/busybox yes 'perfbed console flood' > /dev/console 2>&1 < /dev/null &"), timeout)?;
-    if !matches!(started, AgentMessage::Ran { status: Some(0), .. }) {
+    let sh = |script: &str| HostRequest::Run {
+        argv: vec![
+            "/bin/busybox".into(),
+            "sh".into(),
+            "-c".into(),
+            script.into(),
+        ],
+    };
+    let started = vm.request(
+        &sh("/bin/busybox yes 'perfbed console flood' > /dev/console 2>&1 < /dev/null &"),
+        timeout,
+    )?;
+    if !matches!(
+        started,
+        AgentMessage::Ran {
+            status: Some(0),
+            ..
+        }
+    ) {
         bail!("starting the console flood: {started:?}");
     }
     std::thread::sleep(Duration::from_secs(3));
-    let answer = vm.request(&HostRequest::ReadFile { path: "/proc/uptime".into() }, timeout)?;
+    let answer = vm.request(
+        &HostRequest::ReadFile {
+            path: "/proc/uptime".into(),
+        },
+        timeout,
+    )?;
     if !matches!(answer, AgentMessage::Text { .. }) {
         bail!("during the console flood the agent answered {answer:?}");
     }
     let serial_log = vm.serial_log.clone();
     let flooded = std::fs::read(&serial_log).unwrap_or_default();
-    let lines = flooded.windows(21).filter(|w| w == b"perfbed console flood").count();
+    let lines = flooded
+        .windows(21)
+        .filter(|w| w == b"perfbed console flood")
+        .count();
     if lines < 100 {
         bail!("the serial log has {lines} flood lines after 3 s: the console was not drained");
     }
@@ -268,13 +408,21 @@ pub fn guest_floods_console_and_channel(scenario: &Scenario, accel: &Accel) -> R
     let size = std::fs::metadata(&serial_log).map(|m| m.len()).unwrap_or(0);
     let mut problems = Vec::new();
     if !error.contains("longer than") || !error.contains("flooding the channel") {
-        problems.push(format!("the channel flood's error does not say so:\n{error}"));
+        problems.push(format!(
+            "the channel flood's error does not say so:\n{error}"
+        ));
     }
     if took >= timeout {
-        problems.push(format!("the channel flood was noticed only after {}", human(took)));
+        problems.push(format!(
+            "the channel flood was noticed only after {}",
+            human(took)
+        ));
     }
     if size > host::console::SERIAL_LOG_LIMIT + 4096 {
-        problems.push(format!("the serial log grew to {size} bytes, over the {} limit", host::console::SERIAL_LOG_LIMIT));
+        problems.push(format!(
+            "the serial log grew to {size} bytes, over the {} limit",
+            host::console::SERIAL_LOG_LIMIT
+        ));
     }
     if !problems.is_empty() {
         bail!("{}", problems.join("\n"));
@@ -292,9 +440,16 @@ pub fn module_lifecycle(scenario: &Scenario, accel: &Accel) -> Result<()> {
     checks_on_a_guest(scenario, accel, |vm| {
         let serial_log = vm.serial_log.clone();
         let mut control = perfbed_device::ControlClient::connect(&vm.control_socket)?;
-        let mut g = crate::guest::Guest { vm, timeout: scenario.request_timeout };
+        let mut g = crate::guest::Guest {
+            vm,
+            timeout: scenario.request_timeout,
+        };
         Ok(vec![
-            crate::checks::module_lifecycle::bad_device_params(&mut g, &serial_log, scenario.vm.device.size())?,
+            crate::checks::module_lifecycle::bad_device_params(
+                &mut g,
+                &serial_log,
+                scenario.vm.device.size(),
+            )?,
             crate::checks::module_lifecycle::load_unload(&mut g, &mut control)?,
         ])
     })
@@ -313,20 +468,36 @@ pub fn agent_dies_mid_run(scenario: &Scenario, accel: &Accel) -> Result<()> {
     let log = std::fs::read_to_string(&serial_log).unwrap_or_default();
     let mut problems = Vec::new();
     if !error.contains("QEMU exited") || !error.contains("serial log saved") {
-        problems.push(format!("the error does not say the VM ended and where its log is:\n{error}"));
+        problems.push(format!(
+            "the error does not say the VM ended and where its log is:\n{error}"
+        ));
     }
     if !log.contains("perfbed-agent: fatal") {
-        problems.push(format!("the serial log {} lacks the agent's fatal error", serial_log.display()));
+        problems.push(format!(
+            "the serial log {} lacks the agent's fatal error",
+            serial_log.display()
+        ));
     }
     if took > Duration::from_secs(30) {
-        problems.push(format!("the agent's death was noticed after {}", human(took)));
+        problems.push(format!(
+            "the agent's death was noticed after {}",
+            human(took)
+        ));
     }
     problems.extend(left_behind(pid, &scenario.vm.run_dir));
     if !problems.is_empty() {
         bail!("{}", problems.join("\n"));
     }
-    let last_words = log.lines().find(|l| l.contains("perfbed-agent: fatal")).unwrap_or("").trim();
-    println!("    after {}: {}; the serial log says: {last_words}", human(took), error.lines().next().unwrap_or(""));
+    let last_words = log
+        .lines()
+        .find(|l| l.contains("perfbed-agent: fatal"))
+        .unwrap_or("")
+        .trim();
+    println!(
+        "    after {}: {}; the serial log says: {last_words}",
+        human(took),
+        error.lines().next().unwrap_or("")
+    );
     Ok(())
 }
 
@@ -348,7 +519,9 @@ fn left_behind(qemu_pid: u32, run_dir: &Path) -> Vec<String> {
 /// the error the harness gave and how long it took to give it.
 fn next_request_fails(mut vm: Vm, who: &str) -> Result<(String, Duration)> {
     let start = Instant::now();
-    let request = perfbed_agent::HostRequest::ReadFile { path: "/proc/uptime".into() };
+    let request = perfbed_agent::HostRequest::ReadFile {
+        path: "/proc/uptime".into(),
+    };
     let error = match vm.request(&request, Duration::from_secs(60)) {
         Ok(answer) => bail!("{who} answered: {answer:?}"),
         Err(e) => format!("{e:#}"),

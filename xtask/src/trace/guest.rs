@@ -19,9 +19,16 @@ impl ClockOffset {
     /// From a clock sync on `cpu` whose guest stamps are `before`/`after`:
     /// the device's last read of `REG_MAGIC` from that CPU in `device_lines`
     /// is that read.
-    pub fn from_sync(device_lines: &[Line], cpu: u32, before: u64, after: u64) -> Option<ClockOffset> {
+    pub fn from_sync(
+        device_lines: &[Line],
+        cpu: u32,
+        before: u64,
+        after: u64,
+    ) -> Option<ClockOffset> {
         let read = device_lines.iter().rev().find(|l| {
-            l.kind == "read" && l.field("reg") == Some("REG_MAGIC") && l.number("cpu") == Some(u64::from(cpu))
+            l.kind == "read"
+                && l.field("reg") == Some("REG_MAGIC")
+                && l.number("cpu") == Some(u64::from(cpu))
         })?;
         let guest_mid = (i128::from(before) + i128::from(after)) / 2;
         Some(ClockOffset(i128::from(read.time_ns) - guest_mid))
@@ -71,7 +78,12 @@ pub fn merge(device_text: &str, guest: &[String]) -> String {
     let mut rows = device_text.lines();
     let header = rows.next().unwrap_or_default();
     let mut all: Vec<&str> = rows.chain(guest.iter().map(String::as_str)).collect();
-    all.sort_by_key(|l| l.split_whitespace().next().and_then(|t| t.parse::<u64>().ok()).unwrap_or(0));
+    all.sort_by_key(|l| {
+        l.split_whitespace()
+            .next()
+            .and_then(|t| t.parse::<u64>().ok())
+            .unwrap_or(0)
+    });
     let mut out = format!("{header}\n");
     for line in all {
         out.push_str(line);

@@ -23,8 +23,8 @@ use clap::Args;
 use perfbed_agent::{AgentMessage, HostRequest};
 use perfbed_device::ControlClient;
 
-use crate::host::vm::Vm;
 use crate::host;
+use crate::host::vm::Vm;
 
 pub use model::Trace;
 
@@ -38,7 +38,8 @@ pub struct TraceArgs {
 }
 
 pub fn command(args: &TraceArgs) -> Result<bool> {
-    let text = fs::read_to_string(&args.file).with_context(|| format!("reading {}", args.file.display()))?;
+    let text = fs::read_to_string(&args.file)
+        .with_context(|| format!("reading {}", args.file.display()))?;
     let trace = Trace::parse(&text).with_context(|| format!("{}", args.file.display()))?;
     match &args.plot {
         Some(out) => {
@@ -75,8 +76,18 @@ pub fn save_trace_and_plot(run_dir: &Path, vm: &mut Vm, plot: bool) -> Result<Sa
     // The guest's side first: its clock sync is the last REG_MAGIC read.
     let guest = (|| -> Result<(Vec<perfbed_agent::GuestEvent>, (u64, u64))> {
         // One page: REG_MAGIC is at offset 0.
-        let sync = match vm.request(&HostRequest::ClockSync { base: host::config::DEVICE_BASE, size: 4096, cpu: 0 }, timeout)? {
-            AgentMessage::ClockSync { before_ns, after_ns } => (before_ns, after_ns),
+        let sync = match vm.request(
+            &HostRequest::ClockSync {
+                base: host::config::DEVICE_BASE,
+                size: 4096,
+                cpu: 0,
+            },
+            timeout,
+        )? {
+            AgentMessage::ClockSync {
+                before_ns,
+                after_ns,
+            } => (before_ns, after_ns),
             other => anyhow::bail!("clock sync: {other:?}"),
         };
         match vm.request(&HostRequest::Events, timeout)? {
@@ -84,14 +95,21 @@ pub fn save_trace_and_plot(run_dir: &Path, vm: &mut Vm, plot: bool) -> Result<Sa
             other => anyhow::bail!("guest events: {other:?}"),
         }
     })();
-    let mut control = ControlClient::connect(&vm.control_socket).context("connecting to the device's control socket")?;
+    let mut control = ControlClient::connect(&vm.control_socket)
+        .context("connecting to the device's control socket")?;
     let device_text = control.trace_text()?;
     let (text, guest_missing) = match guest {
         Ok((events, (before, after))) => {
             let device = Trace::parse(&device_text)?;
             match guest::ClockOffset::from_sync(&device.lines, 0, before, after) {
-                Some(offset) => (guest::merge(&device_text, &guest::lines(&events, offset)), None),
-                None => (device_text, Some("the device trace lost the clock-sync read".to_string())),
+                Some(offset) => (
+                    guest::merge(&device_text, &guest::lines(&events, offset)),
+                    None,
+                ),
+                None => (
+                    device_text,
+                    Some("the device trace lost the clock-sync read".to_string()),
+                ),
             }
         }
         Err(e) => (device_text, Some(format!("{e:#}"))),
@@ -105,7 +123,11 @@ pub fn save_trace_and_plot(run_dir: &Path, vm: &mut Vm, plot: bool) -> Result<Sa
     } else {
         None
     };
-    Ok(SavedTrace { trace: path, plot, guest_missing })
+    Ok(SavedTrace {
+        trace: path,
+        plot,
+        guest_missing,
+    })
 }
 
 /// Draws `run_dir/trace.txt` (saved by a VM that failed) into
@@ -114,8 +136,15 @@ pub fn plot_saved(run_dir: &Path) -> Option<SavedTrace> {
     let path = run_dir.join(host::vm::TRACE_FILE);
     let text = fs::read_to_string(&path).ok()?;
     let out = run_dir.join("trace.svg");
-    let plot = Trace::parse(&text).ok().and_then(|t| write_plot(&t, &out).ok()).map(|_| out);
-    Some(SavedTrace { trace: path, plot, guest_missing: Some("the guest stopped answering".into()) })
+    let plot = Trace::parse(&text)
+        .ok()
+        .and_then(|t| write_plot(&t, &out).ok())
+        .map(|_| out);
+    Some(SavedTrace {
+        trace: path,
+        plot,
+        guest_missing: Some("the guest stopped answering".into()),
+    })
 }
 
 #[cfg(test)]

@@ -56,10 +56,17 @@ impl Line {
 
     pub fn parse(text: &str) -> Result<Line> {
         let mut words = text.split_whitespace();
-        let time_ns = words.next().context("an empty line")?.parse().with_context(|| format!("no time in {text:?}"))?;
+        let time_ns = words
+            .next()
+            .context("an empty line")?
+            .parse()
+            .with_context(|| format!("no time in {text:?}"))?;
         let seq = match words.next().context("no record number")? {
             "-" => None,
-            n => Some(n.parse().with_context(|| format!("bad record number in {text:?}"))?),
+            n => Some(
+                n.parse()
+                    .with_context(|| format!("bad record number in {text:?}"))?,
+            ),
         };
         let kind = words.next().context("no kind")?.to_string();
         let mut fields = BTreeMap::new();
@@ -72,7 +79,13 @@ impl Line {
                 None => flags.push(word.to_string()),
             }
         }
-        Ok(Line { time_ns, seq, kind, fields, flags })
+        Ok(Line {
+            time_ns,
+            seq,
+            kind,
+            fields,
+            flags,
+        })
     }
 }
 

@@ -28,19 +28,26 @@ const ALLOWED: RGBColor = RGBColor(110, 110, 0);
 const TRUTH: RGBColor = RGBColor(150, 150, 150);
 /// Legend entries of a counter panel, at most.
 const MAX_LEGEND: usize = 8;
-const COUNTERS: [RGBColor; 4] = [RGBColor(40, 90, 200), RGBColor(0, 150, 60), RGBColor(200, 0, 160), RGBColor(150, 110, 0)];
+const COUNTERS: [RGBColor; 4] = [
+    RGBColor(40, 90, 200),
+    RGBColor(0, 150, 60),
+    RGBColor(200, 0, 160),
+    RGBColor(150, 110, 0),
+];
 
 /// The timeline as an SVG document.
 pub fn svg(timeline: &Timeline) -> Result<String> {
     let mut out = String::new();
     let rows = timeline.domains.len().max(1) * 2;
     {
-        let root = SVGBackend::with_string(&mut out, (WIDTH, PANEL_HEIGHT * rows as u32)).into_drawing_area();
+        let root = SVGBackend::with_string(&mut out, (WIDTH, PANEL_HEIGHT * rows as u32))
+            .into_drawing_area();
         root.fill(&WHITE).map_err(|e| anyhow!("plot: {e}"))?;
         let panels = root.split_evenly((rows, 1));
         let end = timeline.end.max(1.0) * 1.01;
         for (d, dom) in timeline.domains.iter().enumerate() {
-            owner_panel(&panels[2 * d], d, dom, end, timeline.dropped).map_err(|e| anyhow!("plot: {e}"))?;
+            owner_panel(&panels[2 * d], d, dom, end, timeline.dropped)
+                .map_err(|e| anyhow!("plot: {e}"))?;
             counter_panel(&panels[2 * d + 1], d, dom, end).map_err(|e| anyhow!("plot: {e}"))?;
         }
         root.present().map_err(|e| anyhow!("plot: {e}"))?;
@@ -51,7 +58,13 @@ pub fn svg(timeline: &Timeline) -> Result<String> {
 type Area<'a> = DrawingArea<SVGBackend<'a>, plotters::coord::Shift>;
 type DrawResult = std::result::Result<(), DrawingAreaErrorKind<std::io::Error>>;
 
-fn owner_panel(area: &Area<'_>, d: usize, dom: &DomainTimeline, end: f64, dropped: u64) -> DrawResult {
+fn owner_panel(
+    area: &Area<'_>,
+    d: usize,
+    dom: &DomainTimeline,
+    end: f64,
+    dropped: u64,
+) -> DrawResult {
     let top = dom.allowed.iter().copied().max().unwrap_or(0).max(1) as f64;
     let mut caption = format!("domain {d}: owner CPU (allowed {:?})", dom.allowed);
     if dropped > 0 {
@@ -81,44 +94,91 @@ fn owner_panel(area: &Area<'_>, d: usize, dom: &DomainTimeline, end: f64, droppe
         steps.push((t, now));
     }
     steps.push((end, now));
-    chart.draw_series(LineSeries::new(steps, OWNER_LINE.stroke_width(2)))?.label("owner").legend(|(x, y)| {
-        PathElement::new(vec![(x, y), (x + 16, y)], OWNER_LINE.stroke_width(2))
-    });
     chart
-        .draw_series(dom.moves.iter().chain(&dom.places).map(|&(t, c)| Circle::new((t, f64::from(c)), 5, MOVE.filled())))?
+        .draw_series(LineSeries::new(steps, OWNER_LINE.stroke_width(2)))?
+        .label("owner")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], OWNER_LINE.stroke_width(2)));
+    chart
+        .draw_series(
+            dom.moves
+                .iter()
+                .chain(&dom.places)
+                .map(|&(t, c)| Circle::new((t, f64::from(c)), 5, MOVE.filled())),
+        )?
         .label("placed / moved")
         .legend(|(x, y)| Circle::new((x + 8, y), 5, MOVE.filled()));
     chart
-        .draw_series(dom.parks.iter().map(|&t| Rectangle::new([(t, NO_OWNER_Y - 0.15), (t + end / 400.0, NO_OWNER_Y + 0.15)], PARK.filled())))?
+        .draw_series(dom.parks.iter().map(|&t| {
+            Rectangle::new(
+                [(t, NO_OWNER_Y - 0.15), (t + end / 400.0, NO_OWNER_Y + 0.15)],
+                PARK.filled(),
+            )
+        }))?
         .label("parked")
         .legend(|(x, y)| Rectangle::new([(x + 5, y - 5), (x + 11, y + 5)], PARK.filled()));
     chart
-        .draw_series(dom.offline.iter().map(|&(t, c)| TriangleMarker::new((t, f64::from(c) + 0.25), 5, OFFLINE.filled())))?
+        .draw_series(
+            dom.offline
+                .iter()
+                .map(|&(t, c)| TriangleMarker::new((t, f64::from(c) + 0.25), 5, OFFLINE.filled())),
+        )?
         .label("CPU offline")
         .legend(|(x, y)| TriangleMarker::new((x + 8, y), 5, OFFLINE.filled()));
     chart
-        .draw_series(dom.online.iter().map(|&(t, c)| TriangleMarker::new((t, f64::from(c) - 0.25), 5, ONLINE.filled())))?
+        .draw_series(
+            dom.online
+                .iter()
+                .map(|&(t, c)| TriangleMarker::new((t, f64::from(c) - 0.25), 5, ONLINE.filled())),
+        )?
         .label("CPU online")
         .legend(|(x, y)| TriangleMarker::new((x + 8, y), 5, ONLINE.filled()));
     chart
-        .draw_series(
-            dom.cpumask
-                .iter()
-                .map(|&(t, c)| Circle::new((t, c.map_or(NO_OWNER_Y, f64::from)), 8, CPUMASK.stroke_width(2))),
-        )?
+        .draw_series(dom.cpumask.iter().map(|&(t, c)| {
+            Circle::new(
+                (t, c.map_or(NO_OWNER_Y, f64::from)),
+                8,
+                CPUMASK.stroke_width(2),
+            )
+        }))?
         .label("kernel's cpumask (guest)")
         .legend(|(x, y)| Circle::new((x + 8, y), 6, CPUMASK.stroke_width(2)));
     chart
-        .draw_series(dom.interrupts.iter().map(|&(t, c)| Rectangle::new([(t, f64::from(c) - 0.1), (t + end / 800.0, f64::from(c) + 0.1)], INTERRUPT.filled())))?
+        .draw_series(dom.interrupts.iter().map(|&(t, c)| {
+            Rectangle::new(
+                [
+                    (t, f64::from(c) - 0.1),
+                    (t + end / 800.0, f64::from(c) + 0.1),
+                ],
+                INTERRUPT.filled(),
+            )
+        }))?
         .label("interrupt handled (status ack)")
         .legend(|(x, y)| Rectangle::new([(x + 5, y - 4), (x + 11, y + 4)], INTERRUPT.filled()));
     chart
-        .draw_series(dom.allowed_changes.iter().map(|(t, _)| PathElement::new(vec![(*t, NO_OWNER_Y - 0.5), (*t, top + 0.5)], ALLOWED.stroke_width(1))))?
+        .draw_series(dom.allowed_changes.iter().map(|(t, _)| {
+            PathElement::new(
+                vec![(*t, NO_OWNER_Y - 0.5), (*t, top + 0.5)],
+                ALLOWED.stroke_width(1),
+            )
+        }))?
         .label("allowed set changed (host)")
-        .legend(|(x, y)| PathElement::new(vec![(x + 8, y - 6), (x + 8, y + 6)], ALLOWED.stroke_width(1)));
+        .legend(|(x, y)| {
+            PathElement::new(
+                vec![(x + 8, y - 6), (x + 8, y + 6)],
+                ALLOWED.stroke_width(1),
+            )
+        });
     // The violations last, on top of everything, and only they are red.
-    chart.draw_series(dom.violations.iter().map(|&(t, c)| Cross::new((t, f64::from(c)), 6, VIOLATION.stroke_width(2))))?;
-    chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw()?;
+    chart.draw_series(
+        dom.violations
+            .iter()
+            .map(|&(t, c)| Cross::new((t, f64::from(c)), 6, VIOLATION.stroke_width(2))),
+    )?;
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()?;
     Ok(())
 }
 
@@ -138,7 +198,11 @@ fn counter_panel(area: &Area<'_>, d: usize, dom: &DomainTimeline, end: f64) -> D
         .x_label_area_size(28)
         .y_label_area_size(44)
         .build_cartesian_2d(0f64..end, 0f64..top * 1.05)?;
-    chart.configure_mesh().x_desc("time (ms)").y_desc("MB").draw()?;
+    chart
+        .configure_mesh()
+        .x_desc("time (ms)")
+        .y_desc("MB")
+        .draw()?;
     // One colour and one legend entry per (slot, event, RMID), however
     // often the driver reassigned it.
     let mut labels: Vec<&str> = Vec::new();
@@ -149,14 +213,21 @@ fn counter_panel(area: &Area<'_>, d: usize, dom: &DomainTimeline, end: f64) -> D
         let index = known.unwrap_or(labels.len());
         let color = COUNTERS[index % COUNTERS.len()];
         let points: Vec<(f64, f64)> = series.counter.iter().map(|&(t, b)| (t, b / 1e6)).collect();
-        let drawn = chart.draw_series(LineSeries::new(points, color.stroke_width(1)).point_size(2))?;
+        let drawn =
+            chart.draw_series(LineSeries::new(points, color.stroke_width(1)).point_size(2))?;
         if known.is_none() && labels.len() < MAX_LEGEND {
             labels.push(&series.label);
-            drawn.label(series.label.clone()).legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color));
+            drawn
+                .label(series.label.clone())
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color));
         }
     }
     if !labels.is_empty() {
-        chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw()?;
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()?;
     }
     Ok(())
 }

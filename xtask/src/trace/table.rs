@@ -47,17 +47,40 @@ fn cell(line: &Line) -> String {
             text
         }
         "owner" => format!("{} owner {} -> {}", owner_change(line), f("from"), f("to")),
-        "inject" => format!("+{} B r{} {}", f("bytes"), f("rmid"), event_short(line.field("event"))),
-        "rate" => format!("rate r{} {} {} B/s", f("rmid"), event_short(line.field("event")), f("bytes_per_sec")),
+        "inject" => format!(
+            "+{} B r{} {}",
+            f("bytes"),
+            f("rmid"),
+            event_short(line.field("event"))
+        ),
+        "rate" => format!(
+            "rate r{} {} {} B/s",
+            f("rmid"),
+            event_short(line.field("event")),
+            f("bytes_per_sec")
+        ),
         "occupancy" => format!("occupancy r{} {} B", f("rmid"), f("bytes")),
         "reset" => "RESET".into(),
-        "irq" => format!("IRQ {} status={} config={}", f("line"), f("status"), f("config")),
+        "irq" => format!(
+            "IRQ {} status={} config={}",
+            f("line"),
+            f("status"),
+            f("config")
+        ),
         "allowed" => format!("ALLOWED {} -> {}", f("from"), f("to")),
         "dropped" => format!("DROPPED {} records", f("count")),
         "guest_offline" | "guest_online" => {
             let took = line.number("took_ns").unwrap_or(0) as f64 / 1e6;
-            let failed = if line.has_flag("failed") { " FAILED" } else { "" };
-            format!("cpu{} {} ({took:.1} ms){failed}", f("cpu"), &line.kind["guest_".len()..])
+            let failed = if line.has_flag("failed") {
+                " FAILED"
+            } else {
+                ""
+            };
+            format!(
+                "cpu{} {} ({took:.1} ms){failed}",
+                f("cpu"),
+                &line.kind["guest_".len()..]
+            )
         }
         "guest_perf_open" => format!("open type={} {} -> {}", f("type"), f("config"), f("result")),
         "guest_perf_close" => format!("close {}", f("handle")),
@@ -78,7 +101,14 @@ fn column(line: &Line, domains: usize) -> usize {
 pub fn render(trace: &Trace) -> String {
     let domains = trace.shape.domains.len();
     let mut heads = vec!["device".to_string()];
-    heads.extend(trace.shape.domains.iter().enumerate().map(|(d, cpus)| format!("domain {d} (CPUs {})", format_cpu_list(cpus))));
+    heads.extend(
+        trace
+            .shape
+            .domains
+            .iter()
+            .enumerate()
+            .map(|(d, cpus)| format!("domain {d} (CPUs {})", format_cpu_list(cpus))),
+    );
     heads.push("guest".into());
     let mut out = String::new();
     let _ = write!(out, "{:>11} ", "time ms");
@@ -99,7 +129,11 @@ pub fn render(trace: &Trace) -> String {
         out.push('\n');
     }
     if trace.shape.dropped > 0 {
-        let _ = writeln!(out, "({} older records were dropped: raise --trace-capacity)", trace.shape.dropped);
+        let _ = writeln!(
+            out,
+            "({} older records were dropped: raise --trace-capacity)",
+            trace.shape.dropped
+        );
     }
     out
 }

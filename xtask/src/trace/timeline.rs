@@ -123,15 +123,25 @@ fn event_id(name: Option<&str>) -> u64 {
 
 /// The slot index of a `SLOT_CTL[s]`/`SLOT_COUNT[s]` register name.
 fn slot_of(reg: &str, prefix: &str) -> Option<u32> {
-    reg.strip_prefix(prefix)?.strip_prefix('[')?.strip_suffix(']')?.parse().ok()
+    reg.strip_prefix(prefix)?
+        .strip_prefix('[')?
+        .strip_suffix(']')?
+        .parse()
+        .ok()
 }
 
 pub fn build(trace: &Trace) -> Timeline {
     let shape = &trace.shape;
     let start = trace.lines.first().map_or(0, |l| l.time_ns);
     let ms = |l: &Line| l.time_ns.saturating_sub(start) as f64 / 1e6;
-    let mut domains: Vec<DomainTimeline> =
-        shape.domains.iter().map(|cpus| DomainTimeline { allowed: cpus.clone(), ..Default::default() }).collect();
+    let mut domains: Vec<DomainTimeline> = shape
+        .domains
+        .iter()
+        .map(|cpus| DomainTimeline {
+            allowed: cpus.clone(),
+            ..Default::default()
+        })
+        .collect();
     let mut truths: Vec<BTreeMap<(u64, u64), Truth>> = vec![BTreeMap::new(); domains.len()];
     // The current series of each (domain, slot), an index into `slots`.
     let mut current: BTreeMap<(usize, u32), usize> = BTreeMap::new();
@@ -141,22 +151,37 @@ pub fn build(trace: &Trace) -> Timeline {
         if let Some(cpu) = line.number("cpu").map(|c| c as u32) {
             if line.kind == "guest_offline" || line.kind == "guest_online" {
                 for d in domains.iter_mut().filter(|d| d.allowed.contains(&cpu)) {
-                    if line.kind == "guest_offline" { d.offline.push((t, cpu)) } else { d.online.push((t, cpu)) }
+                    if line.kind == "guest_offline" {
+                        d.offline.push((t, cpu))
+                    } else {
+                        d.online.push((t, cpu))
+                    }
                 }
                 continue;
             }
         }
         if line.kind == "guest_cpumask" {
-            let pmu_domain = line.field("pmu").and_then(|p| p.strip_prefix(PMU_PREFIX)).and_then(|d| d.parse::<usize>().ok());
+            let pmu_domain = line
+                .field("pmu")
+                .and_then(|p| p.strip_prefix(PMU_PREFIX))
+                .and_then(|d| d.parse::<usize>().ok());
             if let Some(dom) = pmu_domain.and_then(|d| domains.get_mut(d)) {
-                let cpu = line.field("cpus").and_then(|c| c.split([',', '-']).next()).and_then(|c| c.parse().ok());
+                let cpu = line
+                    .field("cpus")
+                    .and_then(|c| c.split([',', '-']).next())
+                    .and_then(|c| c.parse().ok());
                 dom.cpumask.push((t, cpu));
             }
             continue;
         }
-        let Some(d) = line.domain().filter(|&d| d < domains.len()) else { continue };
+        let Some(d) = line.domain().filter(|&d| d < domains.len()) else {
+            continue;
+        };
         let dom = &mut domains[d];
-        let key = (event_id(line.field("event")), line.number("rmid").unwrap_or(0));
+        let key = (
+            event_id(line.field("event")),
+            line.number("rmid").unwrap_or(0),
+        );
         match line.kind.as_str() {
             "owner" => {
                 let to = line.number("to").map(|c| c as u32);
@@ -181,24 +206,36 @@ pub fn build(trace: &Trace) -> Timeline {
                 truth.since = t;
                 truth.rate = line.number("bytes_per_sec").unwrap_or(0) as f64;
             }
-            "allowed" => dom.allowed_changes.push((t, line.field("to").unwrap_or("?").to_string())),
-            "read" if line.field("reg") == Some("DOM_IRQ_STATUS") && !line.has_flag("violation") => {
+            "allowed" => dom
+                .allowed_changes
+                .push((t, line.field("to").unwrap_or("?").to_string())),
+            "read"
+                if line.field("reg") == Some("DOM_IRQ_STATUS") && !line.has_flag("violation") =>
+            {
                 // A read that found nothing pending handled no interrupt.
-                if let Some(cpu) = line.number("cpu").filter(|_| line.number("value").is_some_and(|v| v != 0)) {
+                if let Some(cpu) = line
+                    .number("cpu")
+                    .filter(|_| line.number("value").is_some_and(|v| v != 0))
+                {
                     dom.interrupts.push((t, cpu as u32));
                 }
             }
             "read" if line.has_flag("violation") => {
-                dom.violations.push((t, line.number("cpu").unwrap_or(0) as u32));
+                dom.violations
+                    .push((t, line.number("cpu").unwrap_or(0) as u32));
             }
             "write" if line.field("bad").is_none() => {
-                let (Some(slot), Some(value)) = (line.field("reg").and_then(|r| slot_of(r, "SLOT_CTL")), line.number("value")) else {
+                let (Some(slot), Some(value)) = (
+                    line.field("reg").and_then(|r| slot_of(r, "SLOT_CTL")),
+                    line.number("value"),
+                ) else {
                     continue;
                 };
                 current.remove(&(d, slot));
                 if value & regs::SLOT_CTL_ASSIGNED != 0 {
                     let key = (regs::slot_ctl_event(value), regs::slot_ctl_rmid(value));
-                    let event = regs::Event::from_u64(key.0).map_or("?".to_string(), |e| e.to_string());
+                    let event =
+                        regs::Event::from_u64(key.0).map_or("?".to_string(), |e| e.to_string());
                     let truth_base = truths[d].get(&key).map_or(0.0, |tr| tr.at(t));
                     dom.slots.push(SlotSeries {
                         slot,
@@ -211,18 +248,26 @@ pub fn build(trace: &Trace) -> Timeline {
                 }
             }
             "read" if line.field("bad").is_none() => {
-                let Some(slot) = line.field("reg").and_then(|r| slot_of(r, "SLOT_COUNT")) else { continue };
-                let Some(raw) = line.number("value").filter(|v| v & (regs::COUNTER_ERROR | regs::COUNTER_UNAVAILABLE) == 0) else {
+                let Some(slot) = line.field("reg").and_then(|r| slot_of(r, "SLOT_COUNT")) else {
                     continue;
                 };
-                let Some(&i) = current.get(&(d, slot)) else { continue };
+                let Some(raw) = line
+                    .number("value")
+                    .filter(|v| v & (regs::COUNTER_ERROR | regs::COUNTER_UNAVAILABLE) == 0)
+                else {
+                    continue;
+                };
+                let Some(&i) = current.get(&(d, slot)) else {
+                    continue;
+                };
                 let series = &mut dom.slots[i];
                 if series.last_raw.is_some_and(|last| raw < last) {
                     series.wraps += 1;
                 }
                 series.last_raw = Some(raw);
                 let bytes = (series.wraps as f64 * wrap + raw as f64) * shape.unit as f64;
-                let truth = truths[d].get(&series.key).map_or(0.0, |tr| tr.at(t)) - series.truth_base;
+                let truth =
+                    truths[d].get(&series.key).map_or(0.0, |tr| tr.at(t)) - series.truth_base;
                 series.counter.push((t, bytes));
                 series.truth.push((t, truth));
             }
@@ -230,5 +275,9 @@ pub fn build(trace: &Trace) -> Timeline {
         }
     }
     let end = trace.lines.last().map_or(0.0, ms);
-    Timeline { end, domains, dropped: shape.dropped }
+    Timeline {
+        end,
+        domains,
+        dropped: shape.dropped,
+    }
 }

@@ -15,11 +15,21 @@ const TARGET: &str = "x86_64-unknown-linux-gnu";
 
 pub fn build(workspace: &Path) -> Result<PathBuf> {
     let target_dir = workspace.join("target");
-    let step = Step::start("building the guest agent", &target_dir.join("perfbed/logs/agent.log"))?;
+    let step = Step::start(
+        "building the guest agent",
+        &target_dir.join("perfbed/logs/agent.log"),
+    )?;
     step.run(
         Command::new(deps::cargo())
             .current_dir(workspace)
-            .args(["build", "--release", "--package", "perfbed-agent", "--target", TARGET])
+            .args([
+                "build",
+                "--release",
+                "--package",
+                "perfbed-agent",
+                "--target",
+                TARGET,
+            ])
             .env("RUSTFLAGS", "-C target-feature=+crt-static"),
     )?;
     step.finish();

@@ -21,14 +21,19 @@ pub enum Kind<'a> {
 
 impl Archive {
     pub fn new() -> Archive {
-        Archive { bytes: Vec::new(), next_ino: 1 }
+        Archive {
+            bytes: Vec::new(),
+            next_ino: 1,
+        }
     }
 
     /// Adds `path` (relative, no leading `/`). Parents must come first.
     pub fn add(&mut self, path: &str, kind: Kind) {
         let (mode, data, rdev): (u32, &[u8], (u32, u32)) = match kind {
             Kind::Dir => (0o040755, &[], (0, 0)),
-            Kind::File { data, executable } => (if executable { 0o100755 } else { 0o100644 }, data, (0, 0)),
+            Kind::File { data, executable } => {
+                (if executable { 0o100755 } else { 0o100644 }, data, (0, 0))
+            }
             Kind::CharDevice { major, minor } => (0o020600, &[], (major, minor)),
         };
         let ino = self.next_ino;
@@ -48,10 +53,13 @@ impl Archive {
     fn header(&mut self, name: &str, ino: u32, mode: u32, nlink: u32, size: u32, rdev: (u32, u32)) {
         let namesize = name.len() as u32 + 1;
         // ino mode uid gid nlink mtime filesize devmajor devminor rdevmajor rdevminor namesize check
-        let fields = [ino, mode, 0, 0, nlink, 0, size, 0, 0, rdev.0, rdev.1, namesize, 0];
+        let fields = [
+            ino, mode, 0, 0, nlink, 0, size, 0, 0, rdev.0, rdev.1, namesize, 0,
+        ];
         self.bytes.extend_from_slice(MAGIC.as_bytes());
         for field in fields {
-            self.bytes.extend_from_slice(format!("{field:08x}").as_bytes());
+            self.bytes
+                .extend_from_slice(format!("{field:08x}").as_bytes());
         }
         self.bytes.extend_from_slice(name.as_bytes());
         self.bytes.push(0);
@@ -80,10 +88,13 @@ mod tests {
         loop {
             assert_eq!(&bytes[at..at + 6], MAGIC.as_bytes());
             assert_eq!(at % 4, 0);
-            let (mode, size, namesize) = (field(at, 1), field(at, 6) as usize, field(at, 11) as usize);
+            let (mode, size, namesize) =
+                (field(at, 1), field(at, 6) as usize, field(at, 11) as usize);
             let rdev = (field(at, 9), field(at, 10));
             let name_at = at + 110;
-            let name = std::str::from_utf8(&bytes[name_at..name_at + namesize - 1]).unwrap().to_string();
+            let name = std::str::from_utf8(&bytes[name_at..name_at + namesize - 1])
+                .unwrap()
+                .to_string();
             assert_eq!(bytes[name_at + namesize - 1], 0);
             let data_at = (name_at + namesize + 3) & !3;
             let data = bytes[data_at..data_at + size].to_vec();
@@ -101,15 +112,30 @@ mod tests {
         let mut a = Archive::new();
         a.add("dev", Kind::Dir);
         a.add("dev/console", Kind::CharDevice { major: 5, minor: 1 });
-        a.add("init", Kind::File { data: b"12345", executable: true });
-        a.add("etc-x", Kind::File { data: b"", executable: false });
+        a.add(
+            "init",
+            Kind::File {
+                data: b"12345",
+                executable: true,
+            },
+        );
+        a.add(
+            "etc-x",
+            Kind::File {
+                data: b"",
+                executable: false,
+            },
+        );
         let entries = parse(&a.finish());
         assert_eq!(entries.len(), 4);
         assert_eq!(entries[0].0, "dev");
         assert_eq!(entries[0].1, 0o040755);
         assert_eq!(entries[1].2, (5, 1));
         assert_eq!(entries[1].1 & 0o170000, 0o020000);
-        assert_eq!((entries[2].0.as_str(), entries[2].1, entries[2].3.as_slice()), ("init", 0o100755, &b"12345"[..]));
+        assert_eq!(
+            (entries[2].0.as_str(), entries[2].1, entries[2].3.as_slice()),
+            ("init", 0o100755, &b"12345"[..])
+        );
         assert_eq!(entries[3].3, b"");
     }
 
@@ -117,7 +143,13 @@ mod tests {
     fn same_contents_give_the_same_bytes() {
         let build = || {
             let mut a = Archive::new();
-            a.add("init", Kind::File { data: b"x", executable: true });
+            a.add(
+                "init",
+                Kind::File {
+                    data: b"x",
+                    executable: true,
+                },
+            );
             a.finish()
         };
         assert_eq!(build(), build());

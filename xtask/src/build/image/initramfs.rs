@@ -6,19 +6,24 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 
-use crate::build::cache::{Entry, Key};
 use super::cpio::{Archive, Kind};
+use crate::build::cache::{Entry, Key};
 
 const RECIPE: &str = "initramfs-4";
 
 fn read(path: &str) -> Result<Vec<u8>> {
-    fs::read(path).with_context(|| format!("reading {path} for the initramfs (is its package installed? `cargo xtask deps`)"))
+    fs::read(path).with_context(|| {
+        format!("reading {path} for the initramfs (is its package installed? `cargo xtask deps`)")
+    })
 }
 
 /// The shared libraries (and the dynamic loader) a host program needs, as
 /// `ldd` resolves them; none for a static program.
 fn shared_libraries(program: &str) -> Result<Vec<String>> {
-    let out = std::process::Command::new("ldd").arg(program).output().context("running ldd")?;
+    let out = std::process::Command::new("ldd")
+        .arg(program)
+        .output()
+        .context("running ldd")?;
     let text = String::from_utf8_lossy(&out.stdout);
     if !out.status.success() {
         // ldd fails on static programs ("not a dynamic executable").
@@ -60,20 +65,31 @@ pub fn ensure(agent: &Path, modules: &[PathBuf], scripts: &[(&str, PathBuf)]) ->
     // Files at their host paths (relative), with their contents.
     let mut files: Vec<(String, Vec<u8>, bool)> = Vec::new();
     for (guest_path, host_path) in scripts {
-        let bytes = fs::read(host_path).with_context(|| format!("reading {}", host_path.display()))?;
+        let bytes =
+            fs::read(host_path).with_context(|| format!("reading {}", host_path.display()))?;
         files.push((guest_path.trim_start_matches('/').to_string(), bytes, true));
     }
     for program in HOST_PROGRAMS {
-        files.push((program.trim_start_matches('/').to_string(), read(program)?, true));
+        files.push((
+            program.trim_start_matches('/').to_string(),
+            read(program)?,
+            true,
+        ));
         for lib in shared_libraries(program)? {
-            if !files.iter().any(|(p, _, _)| *p == lib.trim_start_matches('/')) {
+            if !files
+                .iter()
+                .any(|(p, _, _)| *p == lib.trim_start_matches('/'))
+            {
                 files.push((lib.trim_start_matches('/').to_string(), read(&lib)?, true));
             }
         }
     }
     let mut module_bytes = Vec::new();
     for ko in modules {
-        let name = ko.file_name().context("a module path has a file name")?.to_string_lossy();
+        let name = ko
+            .file_name()
+            .context("a module path has a file name")?
+            .to_string_lossy();
         let bytes = fs::read(ko).with_context(|| format!("reading {}", ko.display()))?;
         module_bytes.push((format!("lib/modules/{name}"), bytes));
     }
@@ -98,22 +114,49 @@ pub fn ensure(agent: &Path, modules: &[PathBuf], scripts: &[(&str, PathBuf)]) ->
     // The kernel opens /dev/console for init's stdio before anything mounts
     // devtmpfs; without it the agent's fatal errors would go nowhere.
     archive.add("dev/console", Kind::CharDevice { major: 5, minor: 1 });
-    archive.add("init", Kind::File { data: &agent_bytes, executable: true });
+    archive.add(
+        "init",
+        Kind::File {
+            data: &agent_bytes,
+            executable: true,
+        },
+    );
     for (path, bytes) in &module_bytes {
-        archive.add(path, Kind::File { data: bytes, executable: false });
+        archive.add(
+            path,
+            Kind::File {
+                data: bytes,
+                executable: false,
+            },
+        );
     }
     let mut dirs: Vec<String> = BASE_DIRS.map(String::from).to_vec();
     for (path, bytes, executable) in &files {
         // Parents first, each once.
         let mut parent = String::new();
-        for part in path.split('/').collect::<Vec<_>>().split_last().map_or(&[][..], |(_, dirs)| dirs) {
-            parent = if parent.is_empty() { part.to_string() } else { format!("{parent}/{part}") };
+        for part in path
+            .split('/')
+            .collect::<Vec<_>>()
+            .split_last()
+            .map_or(&[][..], |(_, dirs)| dirs)
+        {
+            parent = if parent.is_empty() {
+                part.to_string()
+            } else {
+                format!("{parent}/{part}")
+            };
             if !dirs.contains(&parent) {
                 archive.add(&parent, Kind::Dir);
                 dirs.push(parent.clone());
             }
         }
-        archive.add(path, Kind::File { data: bytes, executable: *executable });
+        archive.add(
+            path,
+            Kind::File {
+                data: bytes,
+                executable: *executable,
+            },
+        );
     }
     fs::write(&cpio, archive.finish()).with_context(|| format!("writing {}", cpio.display()))?;
     entry.mark_ready()?;

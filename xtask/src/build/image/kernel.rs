@@ -51,7 +51,9 @@ impl Variant {
 
     /// The config fragments merged onto tinyconfig, in order.
     fn fragments(self) -> Vec<&'static str> {
-        std::iter::once(BASE_FRAGMENT).chain(self.extra_fragment()).collect()
+        std::iter::once(BASE_FRAGMENT)
+            .chain(self.extra_fragment())
+            .collect()
     }
 }
 
@@ -78,7 +80,9 @@ impl Kernel {
             format!("BINDGEN={}", deps::bindgen()?.display()),
         ]);
         // rustup's proxies read these; the kernel must use Debian's rustc alone.
-        make.env_remove("RUSTUP_TOOLCHAIN").env_remove("RUSTFLAGS").env_remove("CARGO_ENCODED_RUSTFLAGS");
+        make.env_remove("RUSTUP_TOOLCHAIN")
+            .env_remove("RUSTFLAGS")
+            .env_remove("CARGO_ENCODED_RUSTFLAGS");
         Ok(make)
     }
 }
@@ -108,7 +112,12 @@ impl Inputs {
         let fragments = variant
             .fragments()
             .iter()
-            .map(|name| Ok((name.to_string(), fs::read(dir.join(name)).with_context(|| format!("reading {name}"))?)))
+            .map(|name| {
+                Ok((
+                    name.to_string(),
+                    fs::read(dir.join(name)).with_context(|| format!("reading {name}"))?,
+                ))
+            })
             .collect::<Result<_>>()?;
         let series = patches(workspace)?;
         let chosen = match choose {
@@ -118,8 +127,15 @@ impl Inputs {
         let patches = chosen
             .iter()
             .map(|patch| {
-                let name = patch.file_name().context("a patch has a name")?.to_string_lossy().into_owned();
-                Ok((name, fs::read(patch).with_context(|| format!("reading {}", patch.display()))?))
+                let name = patch
+                    .file_name()
+                    .context("a patch has a name")?
+                    .to_string_lossy()
+                    .into_owned();
+                Ok((
+                    name,
+                    fs::read(patch).with_context(|| format!("reading {}", patch.display()))?,
+                ))
             })
             .collect::<Result<_>>()?;
         Ok(Inputs { fragments, patches })
@@ -134,25 +150,46 @@ impl Inputs {
             fs::write(&path, bytes).with_context(|| format!("writing {}", path.display()))?;
             Ok(path)
         };
-        let fragments = self.fragments.iter().map(|(name, bytes)| write(name.clone(), bytes)).collect::<Result<_>>()?;
-        let patches = self.patches.iter().map(|(name, bytes)| write(format!("patches/{name}"), bytes)).collect::<Result<_>>()?;
+        let fragments = self
+            .fragments
+            .iter()
+            .map(|(name, bytes)| write(name.clone(), bytes))
+            .collect::<Result<_>>()?;
+        let patches = self
+            .patches
+            .iter()
+            .map(|(name, bytes)| write(format!("patches/{name}"), bytes))
+            .collect::<Result<_>>()?;
         Ok((fragments, patches))
     }
 }
 
 fn key(inputs: &Inputs) -> Result<Key> {
     let mut key = Key::new(RECIPE);
-    let version = cmd::output(Command::new("dpkg-query").args(["-W", "-f=${Version}", SOURCE_PACKAGE]))
-        .with_context(|| format!("{SOURCE_PACKAGE} is not installed; run `cargo xtask deps`"))?;
+    let version =
+        cmd::output(Command::new("dpkg-query").args(["-W", "-f=${Version}", SOURCE_PACKAGE]))
+            .with_context(|| {
+                format!("{SOURCE_PACKAGE} is not installed; run `cargo xtask deps`")
+            })?;
     key.add("source-package", version.as_bytes());
     // The base fragment's historical name in the key is "fragment".
     for (name, bytes) in &inputs.fragments {
-        key.add(if name == BASE_FRAGMENT { "fragment" } else { name }, bytes);
+        key.add(
+            if name == BASE_FRAGMENT {
+                "fragment"
+            } else {
+                name
+            },
+            bytes,
+        );
     }
     for (name, bytes) in &inputs.patches {
         key.add(&format!("patches/{name}"), bytes);
     }
-    key.add("rustc", cmd::output(Command::new(RUSTC).arg("--version").arg("--verbose"))?.as_bytes());
+    key.add(
+        "rustc",
+        cmd::output(Command::new(RUSTC).arg("--version").arg("--verbose"))?.as_bytes(),
+    );
     key.add("bindgen", deps::BINDGEN_VERSION.as_bytes());
     key.add("gcc", deps::version_of("gcc")?.as_bytes());
     Ok(key)
@@ -170,7 +207,11 @@ pub const KERNEL_TREE_ENV: &str = "PERFBED_KERNEL_TREE";
 ///
 /// `choose` picks the patches from the series (all of them for `None`):
 /// each choice is a kernel of its own in the cache.
-pub fn ensure_patched(workspace: &Path, variant: Variant, choose: Option<ChoosePatches>) -> Result<Kernel> {
+pub fn ensure_patched(
+    workspace: &Path,
+    variant: Variant,
+    choose: Option<ChoosePatches>,
+) -> Result<Kernel> {
     if let Some(tree) = std::env::var_os(KERNEL_TREE_ENV).filter(|t| !t.is_empty()) {
         if choose.is_some() {
             anyhow::bail!("{KERNEL_TREE_ENV} names a tree of one's own: a kernel mutant needs perfbed's own build");
@@ -188,33 +229,59 @@ pub fn ensure_patched(workspace: &Path, variant: Variant, choose: Option<ChooseP
         .context("reading the kernel release")?
         .trim()
         .to_string();
-    Ok(Kernel { vmlinux: tree.join("vmlinux"), tree, release, key: key.hex() })
+    Ok(Kernel {
+        vmlinux: tree.join("vmlinux"),
+        tree,
+        release,
+        key: key.hex(),
+    })
 }
 
 /// A built kernel tree of the developer's ([`KERNEL_TREE_ENV`]). Its key
 /// (which the modules' keys build on) covers its configuration, its exported
 /// symbols and when its `vmlinux` was linked.
 fn own_tree(tree: &Path) -> Result<Kernel> {
-    let tree = tree.canonicalize().with_context(|| format!("{KERNEL_TREE_ENV}={}: no such folder", tree.display()))?;
+    let tree = tree
+        .canonicalize()
+        .with_context(|| format!("{KERNEL_TREE_ENV}={}: no such folder", tree.display()))?;
     let vmlinux = tree.join("vmlinux");
     let read = |name: &str| {
-        fs::read(tree.join(name))
-            .with_context(|| format!("{KERNEL_TREE_ENV}={}: no {name}; configure and build the tree first", tree.display()))
+        fs::read(tree.join(name)).with_context(|| {
+            format!(
+                "{KERNEL_TREE_ENV}={}: no {name}; configure and build the tree first",
+                tree.display()
+            )
+        })
     };
     let mut key = Key::new("own-kernel-1");
     key.add("tree", tree.to_string_lossy().as_bytes());
     key.add(".config", &read(".config")?);
     key.add("Module.symvers", &read("Module.symvers")?);
-    let linked = fs::metadata(&vmlinux).and_then(|m| m.modified()).with_context(|| format!("{}", vmlinux.display()))?;
+    let linked = fs::metadata(&vmlinux)
+        .and_then(|m| m.modified())
+        .with_context(|| format!("{}", vmlinux.display()))?;
     key.add("vmlinux-mtime", format!("{linked:?}").as_bytes());
-    let release = String::from_utf8_lossy(&read("include/config/kernel.release")?).trim().to_string();
-    eprintln!("==> using the kernel tree {} ({release}) from {KERNEL_TREE_ENV}", tree.display());
-    Ok(Kernel { vmlinux, tree, release, key: key.hex() })
+    let release = String::from_utf8_lossy(&read("include/config/kernel.release")?)
+        .trim()
+        .to_string();
+    eprintln!(
+        "==> using the kernel tree {} ({release}) from {KERNEL_TREE_ENV}",
+        tree.display()
+    );
+    Ok(Kernel {
+        vmlinux,
+        tree,
+        release,
+        key: key.hex(),
+    })
 }
 
 fn build(inputs: &Inputs, variant: Variant, entry: &Entry, tree: &Path) -> Result<()> {
     entry.begin()?;
-    let title = format!("building the {} guest kernel (about 4 min on 2 cores)", variant.name());
+    let title = format!(
+        "building the {} guest kernel (about 4 min on 2 cores)",
+        variant.name()
+    );
     let step = Step::start(&title, &entry.dir.join("build.log"))?;
     let (fragments, patches) = inputs.write(&entry.dir.join("inputs"))?;
     // Kconfig needs bindgen (Rust is only offered when it runs), the source
@@ -222,7 +289,9 @@ fn build(inputs: &Inputs, variant: Variant, entry: &Entry, tree: &Path) -> Resul
     let prepared = std::thread::scope(|s| {
         let bindgen = s.spawn(deps::ensure_bindgen);
         let unpacked = unpack(&step, entry, tree, &patches);
-        bindgen.join().map_err(|_| anyhow::anyhow!("the bindgen install thread panicked"))??;
+        bindgen
+            .join()
+            .map_err(|_| anyhow::anyhow!("the bindgen install thread panicked"))??;
         unpacked
     });
     prepared?;
@@ -256,11 +325,23 @@ fn build(inputs: &Inputs, variant: Variant, entry: &Entry, tree: &Path) -> Resul
 
 /// The kernel source unpacked as `tree`, with the patches applied.
 fn unpack(step: &Step, entry: &Entry, tree: &Path, patches: &[PathBuf]) -> Result<()> {
-    step.run(Command::new("tar").arg("-xf").arg(SOURCE_TARBALL).arg("-C").arg(&entry.dir))?;
+    step.run(
+        Command::new("tar")
+            .arg("-xf")
+            .arg(SOURCE_TARBALL)
+            .arg("-C")
+            .arg(&entry.dir),
+    )?;
     fs::rename(entry.dir.join("linux-source-6.12"), tree).context("renaming the unpacked tree")?;
     for patch in patches {
-        step.run(Command::new("patch").args(["-p1", "--forward", "--batch", "-d"]).arg(tree).arg("-i").arg(patch))
-            .with_context(|| format!("applying {}", patch.display()))?;
+        step.run(
+            Command::new("patch")
+                .args(["-p1", "--forward", "--batch", "-d"])
+                .arg(tree)
+                .arg("-i")
+                .arg(patch),
+        )
+        .with_context(|| format!("applying {}", patch.display()))?;
     }
     Ok(())
 }
@@ -282,12 +363,17 @@ pub fn dropped_options(fragment: &str, config: &str) -> Vec<String> {
             if line == format!("# {name} is not set") {
                 return Some("n".into());
             }
-            line.strip_prefix(name)?.strip_prefix('=').map(|v| v.to_string())
+            line.strip_prefix(name)?
+                .strip_prefix('=')
+                .map(|v| v.to_string())
         })
     };
     let mut dropped = Vec::new();
     for line in fragment.lines().map(str::trim) {
-        let (name, want) = if let Some(rest) = line.strip_prefix("# ").and_then(|l| l.strip_suffix(" is not set")) {
+        let (name, want) = if let Some(rest) = line
+            .strip_prefix("# ")
+            .and_then(|l| l.strip_suffix(" is not set"))
+        {
             (rest.to_string(), "n".to_string())
         } else if line.starts_with("CONFIG_") {
             match line.split_once('=') {
@@ -315,7 +401,12 @@ fn warnings_are_errors(log: &Path) -> Result<()> {
             "the kernel built with {} warning(s) (see {}):\n{}",
             warnings.len(),
             log.display(),
-            warnings.iter().take(10).copied().collect::<Vec<_>>().join("\n")
+            warnings
+                .iter()
+                .take(10)
+                .copied()
+                .collect::<Vec<_>>()
+                .join("\n")
         );
     }
     Ok(())
@@ -331,7 +422,11 @@ mod tests {
         let config = "CONFIG_A=y\nCONFIG_B=4\nCONFIG_C=y\n# CONFIG_D is not set\n";
         assert_eq!(
             dropped_options(fragment, config),
-            vec!["CONFIG_B: asked 8, got 4", "CONFIG_C: asked n, got y", "CONFIG_D: asked y, got n"]
+            vec![
+                "CONFIG_B: asked 8, got 4",
+                "CONFIG_C: asked n, got y",
+                "CONFIG_D: asked y, got n"
+            ]
         );
         assert!(dropped_options(fragment, "CONFIG_A=y\nCONFIG_B=8\nCONFIG_D=y\n").is_empty());
     }

@@ -50,24 +50,47 @@ pub fn ensure_for(workspace: &Path, variant: Variant, purpose: Purpose) -> Resul
 
 /// [`ensure_for`] with perfbed.ko built from `driver` (a folder laid out as
 /// `guest-driver/`, such as a planted-bug copy) instead of `guest-driver/`.
-pub fn ensure_with_driver(workspace: &Path, variant: Variant, purpose: Purpose, driver: Option<&Path>) -> Result<Images> {
+pub fn ensure_with_driver(
+    workspace: &Path,
+    variant: Variant,
+    purpose: Purpose,
+    driver: Option<&Path>,
+) -> Result<Images> {
     ensure_mutated(workspace, variant, purpose, driver, None)
 }
 
 /// [`ensure`] with a kernel of the patches `choose` picks from the series
 /// (a planted-bug kernel).
-pub fn ensure_with_kernel_patches(workspace: &Path, variant: Variant, choose: kernel::ChoosePatches) -> Result<Images> {
+pub fn ensure_with_kernel_patches(
+    workspace: &Path,
+    variant: Variant,
+    choose: kernel::ChoosePatches,
+) -> Result<Images> {
     ensure_mutated(workspace, variant, Purpose::Test, None, Some(choose))
 }
 
-fn ensure_mutated(workspace: &Path, variant: Variant, purpose: Purpose, driver: Option<&Path>, choose: Option<kernel::ChoosePatches>) -> Result<Images> {
+fn ensure_mutated(
+    workspace: &Path,
+    variant: Variant,
+    purpose: Purpose,
+    driver: Option<&Path>,
+    choose: Option<kernel::ChoosePatches>,
+) -> Result<Images> {
     crate::build::deps::ensure_packages()?;
     std::thread::scope(|s| {
         let qemu = s.spawn(|| qemu::ensure(workspace));
         let guest = guest_images(workspace, variant, purpose, driver, choose);
-        let qemu = qemu.join().map_err(|_| anyhow::anyhow!("the QEMU build thread panicked"))?;
+        let qemu = qemu
+            .join()
+            .map_err(|_| anyhow::anyhow!("the QEMU build thread panicked"))?;
         let (kernel, initramfs, driver) = guest?;
-        Ok(Images { vmlinux: kernel.vmlinux, initramfs, kernel_release: kernel.release, qemu: qemu?, driver })
+        Ok(Images {
+            vmlinux: kernel.vmlinux,
+            initramfs,
+            kernel_release: kernel.release,
+            qemu: qemu?,
+            driver,
+        })
     })
 }
 
@@ -91,11 +114,20 @@ fn guest_images(
     let mut modules = vec![driver.clone()];
     if purpose == Purpose::Test {
         // Loaded only by the device-scope test (images/kernel/scope-test).
-        modules.push(module::ensure(workspace, &kernel, "images/kernel/scope-test", "perfbed_scope_test", &[])?);
+        modules.push(module::ensure(
+            workspace,
+            &kernel,
+            "images/kernel/scope-test",
+            "perfbed_scope_test",
+            &[],
+        )?);
     }
     let agent = agent::build(workspace)?;
     // The kernel's own cpu-hotplug selftest, from the tree the guest runs.
-    let selftest = [(initramfs::SELFTEST_IN_GUEST, kernel.tree.join(initramfs::SELFTEST_IN_TREE))];
+    let selftest = [(
+        initramfs::SELFTEST_IN_GUEST,
+        kernel.tree.join(initramfs::SELFTEST_IN_TREE),
+    )];
     let initramfs = initramfs::ensure(&agent, &modules, &selftest)?;
     Ok((kernel, initramfs, driver))
 }

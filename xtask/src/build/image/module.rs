@@ -6,9 +6,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
+use super::kernel::Kernel;
 use crate::build::cache::{self, Entry, Key};
 use crate::cmd::Step;
-use super::kernel::Kernel;
 
 const RECIPE: &str = "module-1";
 
@@ -20,13 +20,22 @@ const RECIPE: &str = "module-1";
 /// `shared` names workspace files copied next to the module's sources, such
 /// as the device's register map (`device/src/regs.rs`), which the driver
 /// compiles as `mod regs;`: one definition for the device and the driver.
-pub fn ensure(workspace: &Path, kernel: &Kernel, dir: &str, name: &str, shared: &[&str]) -> Result<PathBuf> {
+pub fn ensure(
+    workspace: &Path,
+    kernel: &Kernel,
+    dir: &str,
+    name: &str,
+    shared: &[&str],
+) -> Result<PathBuf> {
     let sources = workspace.join(dir);
     let mut key = Key::new(RECIPE);
     key.add("kernel", kernel.key.as_bytes());
     key.add_tree(dir, &sources)?;
     for file in shared {
-        key.add(file, &fs::read(workspace.join(file)).with_context(|| format!("reading {file}"))?);
+        key.add(
+            file,
+            &fs::read(workspace.join(file)).with_context(|| format!("reading {file}"))?,
+        );
     }
     let entry = Entry::new("module", &key)?;
     let ko = entry.dir.join("build").join(format!("{name}.ko"));
@@ -43,11 +52,18 @@ pub fn ensure(workspace: &Path, kernel: &Kernel, dir: &str, name: &str, shared: 
         fs::copy(&file, &to).with_context(|| format!("copying {}", file.display()))?;
     }
     for file in shared {
-        let name = Path::new(file).file_name().context("a shared file has a name")?;
-        fs::copy(workspace.join(file), build.join(name)).with_context(|| format!("copying {file}"))?;
+        let name = Path::new(file)
+            .file_name()
+            .context("a shared file has a name")?;
+        fs::copy(workspace.join(file), build.join(name))
+            .with_context(|| format!("copying {file}"))?;
     }
     let step = Step::start(&format!("building {name}.ko"), &entry.dir.join("build.log"))?;
-    step.run(Kernel::make(&kernel.tree)?.arg(format!("M={}", build.display())).arg("modules"))?;
+    step.run(
+        Kernel::make(&kernel.tree)?
+            .arg(format!("M={}", build.display()))
+            .arg("modules"),
+    )?;
     entry.mark_ready()?;
     step.finish();
     Ok(ko)

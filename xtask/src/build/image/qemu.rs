@@ -56,8 +56,14 @@ pub fn ensure(workspace: &Path) -> Result<Qemu> {
     let version = source_version()?;
     let mut key = Key::new(RECIPE);
     key.add("source", version.as_bytes());
-    for name in SHIM_FILES.iter().chain(["devices.mak", "0001-hw-misc-add-perfbed.patch"].iter()) {
-        key.add(name, &fs::read(shim.join(name)).with_context(|| format!("reading images/qemu/{name}"))?);
+    for name in SHIM_FILES
+        .iter()
+        .chain(["devices.mak", "0001-hw-misc-add-perfbed.patch"].iter())
+    {
+        key.add(
+            name,
+            &fs::read(shim.join(name)).with_context(|| format!("reading images/qemu/{name}"))?,
+        );
     }
     key.add("configure", CONFIGURE.join(" ").as_bytes());
     key.add("gcc", deps::version_of("gcc")?.as_bytes());
@@ -67,7 +73,10 @@ pub fn ensure(workspace: &Path) -> Result<Qemu> {
         build_tree(&entry, &tree, &shim, &version, &staticlib)?;
     }
     let binary = linked_binary(&entry, &tree, &staticlib)?;
-    Ok(Qemu { binary, firmware_dirs: FIRMWARE_DIRS.iter().map(PathBuf::from).collect() })
+    Ok(Qemu {
+        binary,
+        firmware_dirs: FIRMWARE_DIRS.iter().map(PathBuf::from).collect(),
+    })
 }
 
 /// How many linked binaries (one per device library) an entry keeps.
@@ -97,7 +106,10 @@ fn linked_binary(entry: &Entry, tree: &Path, staticlib: &Path) -> Result<PathBuf
     let built = tree.join("build/qemu-system-x86_64");
     let installed_lib = tree.join("hw/misc/perfbed").join(STATICLIB);
     if fs::read(&installed_lib).ok().as_deref() != Some(&lib[..]) || !built.is_file() {
-        let step = Step::start("linking QEMU with this device library", &entry.dir.join("link.log"))?;
+        let step = Step::start(
+            "linking QEMU with this device library",
+            &entry.dir.join("link.log"),
+        )?;
         fs::write(&installed_lib, &lib)?;
         let _ = fs::remove_file(&built);
         step.run(&mut ninja(tree))?;
@@ -116,7 +128,8 @@ fn prune_linked(linked: &Path, keep: usize) -> Result<()> {
     let mut dirs = Vec::new();
     for entry in fs::read_dir(linked)? {
         let dir = entry?.path();
-        let Ok(modified) = fs::metadata(dir.join("qemu-system-x86_64")).and_then(|m| m.modified()) else {
+        let Ok(modified) = fs::metadata(dir.join("qemu-system-x86_64")).and_then(|m| m.modified())
+        else {
             continue;
         };
         dirs.push((modified, dir));
@@ -131,12 +144,17 @@ fn prune_linked(linked: &Path, keep: usize) -> Result<()> {
 /// The Rust device as a static library, by the cargo that runs xtask.
 fn build_staticlib(workspace: &Path) -> Result<PathBuf> {
     let target = workspace.join("target");
-    let step = Step::start("building the device library for QEMU", &target.join("perfbed/logs/qemu-ffi.log"))?;
-    step.run(
-        Command::new(deps::cargo())
-            .current_dir(workspace)
-            .args(["build", "--release", "--package", "perfbed-qemu", "--lib"]),
+    let step = Step::start(
+        "building the device library for QEMU",
+        &target.join("perfbed/logs/qemu-ffi.log"),
     )?;
+    step.run(Command::new(deps::cargo()).current_dir(workspace).args([
+        "build",
+        "--release",
+        "--package",
+        "perfbed-qemu",
+        "--lib",
+    ]))?;
     step.finish();
     Ok(target.join("release").join(STATICLIB))
 }
@@ -147,21 +165,34 @@ fn source_version() -> Result<String> {
     let uris = cmd::output(Command::new("apt-get").args(["source", "--print-uris", "qemu"]))
         .context("no QEMU source package is available; `cargo xtask deps` enables deb-src")?;
     uris.split_whitespace()
-        .find_map(|word| word.strip_prefix("qemu_").and_then(|w| w.strip_suffix(".dsc")))
+        .find_map(|word| {
+            word.strip_prefix("qemu_")
+                .and_then(|w| w.strip_suffix(".dsc"))
+        })
         .map(str::to_string)
         .context("`apt-get source --print-uris qemu` named no .dsc")
 }
 
-fn build_tree(entry: &Entry, tree: &Path, shim: &Path, version: &str, staticlib: &Path) -> Result<()> {
+fn build_tree(
+    entry: &Entry,
+    tree: &Path,
+    shim: &Path,
+    version: &str,
+    staticlib: &Path,
+) -> Result<()> {
     entry.begin()?;
-    let step = Step::start("building QEMU 7.2 with the perfbed device (about 2.5 min)", &entry.dir.join("build.log"))?;
+    let step = Step::start(
+        "building QEMU 7.2 with the perfbed device (about 2.5 min)",
+        &entry.dir.join("build.log"),
+    )?;
     let download = entry.dir.join("source");
     fs::create_dir_all(&download)?;
-    step.run(
-        Command::new("apt-get")
-            .current_dir(&download)
-            .args(["source", "--download-only", "-q", "qemu"]),
-    )?;
+    step.run(Command::new("apt-get").current_dir(&download).args([
+        "source",
+        "--download-only",
+        "-q",
+        "qemu",
+    ]))?;
     let dsc = download.join(format!("qemu_{version}.dsc"));
     if !dsc.is_file() {
         bail!("apt fetched another QEMU source than {version} (did the package lists change?); run again");
@@ -174,7 +205,10 @@ fn build_tree(entry: &Entry, tree: &Path, shim: &Path, version: &str, staticlib:
         fs::copy(shim.join(name), dir.join(name)).with_context(|| format!("copying {name}"))?;
     }
     fs::copy(staticlib, dir.join(STATICLIB))?;
-    fs::copy(shim.join("devices.mak"), tree.join("configs/devices/x86_64-softmmu/perfbed.mak"))?;
+    fs::copy(
+        shim.join("devices.mak"),
+        tree.join("configs/devices/x86_64-softmmu/perfbed.mak"),
+    )?;
     step.run(
         Command::new("patch")
             .args(["-p1", "--forward", "--batch", "-d"])
@@ -184,10 +218,17 @@ fn build_tree(entry: &Entry, tree: &Path, shim: &Path, version: &str, staticlib:
     )?;
     let build = tree.join("build");
     fs::create_dir_all(&build)?;
-    step.run(Command::new("../configure").current_dir(&build).args(CONFIGURE))?;
+    step.run(
+        Command::new("../configure")
+            .current_dir(&build)
+            .args(CONFIGURE),
+    )?;
     step.run(&mut ninja(tree))?;
     if !tree.join("build/qemu-system-x86_64").is_file() {
-        bail!("the QEMU build finished without a qemu-system-x86_64 (see {})", step.log().display());
+        bail!(
+            "the QEMU build finished without a qemu-system-x86_64 (see {})",
+            step.log().display()
+        );
     }
     entry.mark_ready()?;
     step.finish();
@@ -197,6 +238,10 @@ fn build_tree(entry: &Entry, tree: &Path, shim: &Path, version: &str, staticlib:
 fn ninja(tree: &Path) -> Command {
     let jobs = std::thread::available_parallelism().map_or(2, |n| n.get());
     let mut ninja = Command::new("ninja");
-    ninja.arg("-C").arg(tree.join("build")).arg(format!("-j{jobs}")).arg("qemu-system-x86_64");
+    ninja
+        .arg("-C")
+        .arg(tree.join("build"))
+        .arg(format!("-j{jobs}"))
+        .arg("qemu-system-x86_64");
     ninja
 }

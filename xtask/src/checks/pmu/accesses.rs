@@ -23,13 +23,23 @@ fn verdict(state: &DeviceState) -> Check {
     let mut problems = Vec::new();
     for (d, domain) in state.domains.iter().enumerate() {
         if domain.violations != 0 {
-            problems.push(format!("domain {d}: {} placement violations, by vCPU {:?}", domain.violations, domain.violations_by_vcpu));
+            problems.push(format!(
+                "domain {d}: {} placement violations, by vCPU {:?}",
+                domain.violations, domain.violations_by_vcpu
+            ));
         }
     }
     if state.bad_accesses.total != 0 {
-        problems.push(format!("{} bad accesses: {:?}", state.bad_accesses.total, state.bad_accesses));
+        problems.push(format!(
+            "{} bad accesses: {:?}",
+            state.bad_accesses.total, state.bad_accesses
+        ));
     }
-    let reads: u64 = state.domains.iter().flat_map(|d| d.counter_reads_by_vcpu.values()).sum();
+    let reads: u64 = state
+        .domains
+        .iter()
+        .flat_map(|d| d.counter_reads_by_vcpu.values())
+        .sum();
     Check::from_problems(
         "driver's accesses",
         problems,
@@ -47,7 +57,13 @@ mod tests {
     fn owned() -> Device {
         let mut device = Device::new(DeviceConfig::default()).unwrap();
         device.write(0, 0, regs::domain_reg(0, regs::DOM_OWNER), 8, 1);
-        device.write(0, 0, regs::slot_ctl(0, 0), 8, regs::slot_ctl_value(Event::MbmTotalBytes, 1));
+        device.write(
+            0,
+            0,
+            regs::slot_ctl(0, 0),
+            8,
+            regs::slot_ctl_value(Event::MbmTotalBytes, 1),
+        );
         device
     }
 
@@ -57,7 +73,11 @@ mod tests {
         device.read(1, 1, regs::slot_count(0, 0), 8);
         let check = verdict(&device.state(2));
         assert!(check.passed, "{}", check.detail);
-        assert!(check.detail.starts_with("1 counter reads"), "{}", check.detail);
+        assert!(
+            check.detail.starts_with("1 counter reads"),
+            "{}",
+            check.detail
+        );
     }
 
     #[test]
@@ -66,7 +86,13 @@ mod tests {
         device.read(1, 0, regs::slot_count(0, 0), 8);
         let check = verdict(&device.state(2));
         assert!(!check.passed);
-        assert!(check.detail.contains("domain 0: 1 placement violations, by vCPU {0: 1}"), "{}", check.detail);
+        assert!(
+            check
+                .detail
+                .contains("domain 0: 1 placement violations, by vCPU {0: 1}"),
+            "{}",
+            check.detail
+        );
 
         let mut device = owned();
         device.read(1, 1, regs::slot_count(0, 0) + 1, 8);

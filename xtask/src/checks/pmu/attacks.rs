@@ -479,6 +479,39 @@ pub fn more_events_than_slots_parked(ctx: &mut Ctx) -> Result<Check> {
 ///    multiplexed, so from then on it runs all the time it is enabled.
 ///    (No move in between: a move recomputes the caps, patch 0011.)
 pub fn promoted_gauge_not_multiplexed(ctx: &mut Ctx) -> Result<Check> {
+    gauge_left_alone_not_multiplexed(
+        ctx,
+        "attack: promoted gauge not multiplexed",
+        Alone::LeaderClosed,
+    )
+}
+
+/// N2. The same from the other side (patch 0033): {llc_occupancy leader,
+///    mbm sibling}, and the mbm sibling closed. The leader is left a group
+///    of gauges only, never multiplexed from the close on, not only from
+///    the next rotation.
+pub fn gauge_leader_not_multiplexed(ctx: &mut Ctx) -> Result<Check> {
+    gauge_left_alone_not_multiplexed(
+        ctx,
+        "attack: gauge leader alone not multiplexed",
+        Alone::SiblingClosed,
+    )
+}
+
+/// Which member of {mbm, llc_occupancy} is closed to leave the gauge alone.
+#[derive(Clone, Copy)]
+enum Alone {
+    /// The mbm leader: the gauge sibling is promoted.
+    LeaderClosed,
+    /// The mbm sibling: the gauge leader stays.
+    SiblingClosed,
+}
+
+fn gauge_left_alone_not_multiplexed(
+    ctx: &mut Ctx,
+    name: &'static str,
+    alone: Alone,
+) -> Result<Check> {
     let d = 0;
     let interval_file = format!(
         "/sys/bus/event_source/devices/{}/perf_event_mux_interval_ms",
@@ -486,44 +519,55 @@ pub fn promoted_gauge_not_multiplexed(ctx: &mut Ctx) -> Result<Check> {
     );
     let default_interval = ctx.g.read_file(&interval_file)?;
     set_sysfs(ctx.g, &interval_file, &MUX_INTERVAL_MS.to_string())?;
-    let result = promoted_gauge(ctx, d);
+    let result = gauge_left_alone(ctx, d, alone);
     set_sysfs(ctx.g, &interval_file, default_interval.trim())?;
     let (problems, detail) = result?;
-    Ok(Check::from_problems(
-        "attack: promoted gauge not multiplexed",
-        problems,
-        detail,
-    ))
+    Ok(Check::from_problems(name, problems, detail))
 }
 
-fn promoted_gauge(ctx: &mut Ctx, d: usize) -> Result<(Vec<String>, String)> {
+fn gauge_left_alone(ctx: &mut Ctx, d: usize, alone: Alone) -> Result<(Vec<String>, String)> {
     let r = rmid(ctx, 22);
-    let leader = open_with(ctx, d, r, TIMES, 0, None)?;
     let mut attr = ctx.attr(d, Event::LlcOccupancy, r);
     attr.read_format = TIMES;
-    let gauge = match ctx.g.open(attr, Some(leader))? {
-        Ok(h) => h,
-        Err(errno) => bail!("opening llc_occupancy as a sibling of mbm: {errno}"),
+    let (counter, gauge) = match alone {
+        Alone::LeaderClosed => {
+            let leader = open_with(ctx, d, r, TIMES, 0, None)?;
+            match ctx.g.open(attr, Some(leader))? {
+                Ok(h) => (leader, h),
+                Err(errno) => bail!("opening llc_occupancy as a sibling of mbm: {errno}"),
+            }
+        }
+        Alone::SiblingClosed => {
+            let leader = match ctx.g.open(attr, None)? {
+                Ok(h) => h,
+                Err(errno) => bail!("opening llc_occupancy: {errno}"),
+            };
+            (open_with(ctx, d, r, TIMES, 0, Some(leader))?, leader)
+        }
     };
     let mut others = Vec::new();
     // One more than the slots: they contend with each other even once the
-    // leader is gone, so a gauge treated as a counter would be rotated out.
+    // counter is gone, so a gauge treated as a counter would be rotated out.
     for i in 0..=ctx.device.slots {
         others.push(open_with(ctx, d, rmid(ctx, 23 + i), TIMES, 0, None)?);
     }
     // While grouped with a counter the gauge is multiplexed with it.
-    let grouped = turns(ctx, leader, gauge);
-    ctx.g.close(leader)?;
-    let promoted = turns(ctx, others[0], gauge);
+    let grouped = turns(ctx, counter, gauge);
+    ctx.g.close(counter)?;
+    let alone_share = turns(ctx, others[0], gauge);
     for h in others.into_iter().chain([gauge]) {
         ctx.g.close(h)?;
     }
-    let ((_, grouped), (other, promoted)) = (grouped?, promoted?);
+    let ((_, grouped), (other, alone_share)) = (grouped?, alone_share?);
+    let how = match alone {
+        Alone::LeaderClosed => "the llc_occupancy promoted by its mbm leader's close",
+        Alone::SiblingClosed => "the llc_occupancy leader left alone by its mbm sibling's close",
+    };
     let mut problems = Vec::new();
-    if promoted < 1.0 {
+    if alone_share < 1.0 {
         problems.push(format!(
-            "the llc_occupancy promoted by its mbm leader's close ran {:.1} % of a second beside {} mbm events on {} slots (one ran {:.0} %): a gauge is never multiplexed (it ran {:.0} % in the group)",
-            100.0 * promoted,
+            "{how} ran {:.1} % of a second beside {} mbm events on {} slots (one ran {:.0} %): a gauge is never multiplexed (it ran {:.0} % in the group)",
+            100.0 * alone_share,
             ctx.device.slots + 1,
             ctx.device.slots,
             100.0 * other,
@@ -533,10 +577,10 @@ fn promoted_gauge(ctx: &mut Ctx, d: usize) -> Result<(Vec<String>, String)> {
     Ok((
         problems,
         format!(
-            "{}: llc_occupancy in an mbm group ran {:.0} %, promoted by the leader's close {:.0} % (an mbm event beside it {:.0} %)",
+            "{}: llc_occupancy in an mbm group ran {:.0} %, alone after the close {:.0} % (an mbm event beside it {:.0} %)",
             pmu_name(d),
             100.0 * grouped,
-            100.0 * promoted,
+            100.0 * alone_share,
             100.0 * other
         ),
     ))
@@ -629,7 +673,7 @@ pub fn gauge_reset(ctx: &mut Ctx) -> Result<Check> {
 
 /// Every attack, in order; each leaves every CPU online and nothing open.
 pub fn run(ctx: &mut Ctx) -> Result<Vec<Check>> {
-    let checks: [Named; 9] = [
+    let checks: [Named; 10] = [
         (
             "attack: enable/disable storm during moves",
             enable_disable_storm_during_moves,
@@ -653,6 +697,10 @@ pub fn run(ctx: &mut Ctx) -> Result<Vec<Check>> {
         (
             "attack: promoted gauge not multiplexed",
             promoted_gauge_not_multiplexed,
+        ),
+        (
+            "attack: gauge leader alone not multiplexed",
+            gauge_leader_not_multiplexed,
         ),
     ];
     run_each(ctx, &checks)

@@ -35,7 +35,11 @@ pub struct Ctx<'a, 'b> {
 
 impl Ctx<'_, '_> {
     pub fn attr(&self, domain: usize, event: Event, rmid: u32) -> PerfAttr {
-        PerfAttr { type_: self.types[domain], config: config(event, rmid), ..PerfAttr::default() }
+        PerfAttr {
+            type_: self.types[domain],
+            config: config(event, rmid),
+            ..PerfAttr::default()
+        }
     }
 
     /// Opens an event that must open.
@@ -43,7 +47,10 @@ impl Ctx<'_, '_> {
         let attr = self.attr(domain, event, rmid);
         match self.g.open(attr, None)? {
             Ok(handle) => Ok(handle),
-            Err(errno) => bail!("opening {}/{event:?},rmid={rmid}/: {errno}", pmu_name(domain)),
+            Err(errno) => bail!(
+                "opening {}/{event:?},rmid={rmid}/: {errno}",
+                pmu_name(domain)
+            ),
         }
     }
 
@@ -52,15 +59,19 @@ impl Ctx<'_, '_> {
     }
 
     pub fn truth(state: &DeviceState, domain: usize, rmid: u32, event: Event) -> u64 {
-        state.domains[domain].truth.iter().find(|t| t.rmid == rmid && t.event == event).map_or(0, |t| t.bytes)
+        state.domains[domain]
+            .truth
+            .iter()
+            .find(|t| t.rmid == rmid && t.event == event)
+            .map_or(0, |t| t.bytes)
     }
 
     pub fn inject_and_land(&mut self, injections: &[(usize, u32, Event, u64)]) -> Result<()> {
         for &(d, rmid, event, bytes) in injections {
             self.control.inject(d as u32, rmid, event, bytes)?;
         }
-        self.control.wait_landed(self.g.timeout.as_millis() as u64)?;
+        self.control
+            .wait_landed(self.g.timeout.as_millis() as u64)?;
         Ok(())
     }
 }
-

@@ -4,9 +4,9 @@
 use anyhow::Result;
 use perfbed_device::regs::Event;
 
+use super::context::{Ctx, MIB, UNIT};
 use crate::checks::Check;
 use crate::guest::pmu_name;
-use super::context::{Ctx, MIB, UNIT};
 
 /// 2. Exact counts for every event and several RMIDs in both domains,
 ///    including a total that wraps the hardware counter three times.
@@ -15,7 +15,12 @@ pub fn exact_counts(ctx: &mut Ctx) -> Result<Check> {
     let mut plan = Vec::new(); // (domain, event, rmid, bytes)
     for d in 0..ctx.device.domains.len() {
         let d64 = d as u64;
-        plan.push((d, Event::MbmTotalBytes, 1, 3 * wrap + 4096 * (d64 + 1) + 640));
+        plan.push((
+            d,
+            Event::MbmTotalBytes,
+            1,
+            3 * wrap + 4096 * (d64 + 1) + 640,
+        ));
         plan.push((d, Event::MbmTotalBytes, 3, 10 * MIB + 128 * (d64 + 1)));
         plan.push((d, Event::MbmLocalBytes, 3, 5 * MIB + 64));
     }
@@ -23,7 +28,9 @@ pub fn exact_counts(ctx: &mut Ctx) -> Result<Check> {
     for &(d, event, rmid, _) in &plan {
         handles.push(ctx.open(d, event, rmid)?);
     }
-    let occupancy: Vec<(usize, u64)> = (0..ctx.device.domains.len()).map(|d| (d, (12_345 + d as u64) * ctx.device.unit_bytes)).collect();
+    let occupancy: Vec<(usize, u64)> = (0..ctx.device.domains.len())
+        .map(|d| (d, (12_345 + d as u64) * ctx.device.unit_bytes))
+        .collect();
     let mut occ_handles = Vec::new();
     for &(d, bytes) in &occupancy {
         ctx.control.set_occupancy(d as u32, 5, bytes)?;
@@ -35,13 +42,19 @@ pub fn exact_counts(ctx: &mut Ctx) -> Result<Check> {
     for (&(d, event, rmid, bytes), &h) in plan.iter().zip(&handles) {
         let got = ctx.count(h)?;
         if got != bytes {
-            problems.push(format!("{}/{event:?},rmid={rmid}/ counted {got}, injected {bytes}", pmu_name(d)));
+            problems.push(format!(
+                "{}/{event:?},rmid={rmid}/ counted {got}, injected {bytes}",
+                pmu_name(d)
+            ));
         }
     }
     for (&(d, bytes), &h) in occupancy.iter().zip(&occ_handles) {
         let got = ctx.count(h)?;
         if got != bytes {
-            problems.push(format!("{}/llc_occupancy,rmid=5/ reads {got}, set {bytes}", pmu_name(d)));
+            problems.push(format!(
+                "{}/llc_occupancy,rmid=5/ reads {got}, set {bytes}",
+                pmu_name(d)
+            ));
         }
     }
     for h in handles.into_iter().chain(occ_handles) {
@@ -57,10 +70,22 @@ pub fn exact_counts(ctx: &mut Ctx) -> Result<Check> {
 ///    under a steady rate.
 pub fn perf_stat(ctx: &mut Ctx) -> Result<Check> {
     let (d, rmid, rate) = (0usize, 3u32, 64 * MIB);
-    ctx.control.set_rate(d as u32, rmid, Event::MbmTotalBytes, rate)?;
+    ctx.control
+        .set_rate(d as u32, rmid, Event::MbmTotalBytes, rate)?;
     let spec = format!("{}/mbm_total_bytes,rmid={rmid}/", pmu_name(d));
-    let result = ctx.g.run(&["/usr/bin/perf", "stat", "-a", "-x,", "-e", &spec, "/bin/busybox", "sleep", "2"]);
-    ctx.control.set_rate(d as u32, rmid, Event::MbmTotalBytes, 0)?;
+    let result = ctx.g.run(&[
+        "/usr/bin/perf",
+        "stat",
+        "-a",
+        "-x,",
+        "-e",
+        &spec,
+        "/bin/busybox",
+        "sleep",
+        "2",
+    ]);
+    ctx.control
+        .set_rate(d as u32, rmid, Event::MbmTotalBytes, 0)?;
     let (status, _, stderr) = result?;
     // CSV: value,unit,event,run time (ns),percentage running,... where the
     // event is printed as given, commas included.
@@ -84,4 +109,3 @@ pub fn perf_stat(ctx: &mut Ctx) -> Result<Check> {
     }
     Ok(Check::from_problems("perf stat", problems, detail))
 }
-

@@ -4,10 +4,13 @@ use anyhow::{bail, Result};
 use perfbed_agent::PerfAttr;
 use perfbed_device::regs::Event;
 
-use crate::checks::Check;
-use crate::guest::perf_abi::{FLAG_EXCLUDE_USER, FORMAT_GROUP, FORMAT_TOTAL_TIME_ENABLED, FORMAT_TOTAL_TIME_RUNNING, PERF_COUNT_SW_CPU_CLOCK, PERF_TYPE_SOFTWARE};
-use crate::guest::pmu_name;
 use super::context::{config, Ctx, MIB};
+use crate::checks::Check;
+use crate::guest::perf_abi::{
+    FLAG_EXCLUDE_USER, FORMAT_GROUP, FORMAT_TOTAL_TIME_ENABLED, FORMAT_TOTAL_TIME_RUNNING,
+    PERF_COUNT_SW_CPU_CLOCK, PERF_TYPE_SOFTWARE,
+};
+use crate::guest::pmu_name;
 
 /// 6. A group read of a domain's three events; the groups that must be refused.
 pub fn groups(ctx: &mut Ctx) -> Result<Check> {
@@ -27,18 +30,29 @@ pub fn groups(ctx: &mut Ctx) -> Result<Check> {
             Err(errno) => problems.push(format!("a {event:?} sibling was refused: {errno}")),
         }
     }
-    ctx.control.set_occupancy(d as u32, rmid, 4096 * ctx.device.unit_bytes)?;
-    ctx.inject_and_land(&[(d, rmid, Event::MbmTotalBytes, 2 * MIB), (d, rmid, Event::MbmLocalBytes, MIB)])?;
+    ctx.control
+        .set_occupancy(d as u32, rmid, 4096 * ctx.device.unit_bytes)?;
+    ctx.inject_and_land(&[
+        (d, rmid, Event::MbmTotalBytes, 2 * MIB),
+        (d, rmid, Event::MbmLocalBytes, MIB),
+    ])?;
     let v = ctx.g.read(leader)?;
     let want = [3, 2 * MIB, MIB, 4096 * ctx.device.unit_bytes];
     // GROUP|TOTAL_TIME_ENABLED|TOTAL_TIME_RUNNING: nr, enabled, running, values...
     if v.len() < 6 || v[0] != want[0] || v[3..6] != want[1..] || v[1] != v[2] {
-        problems.push(format!("group read {v:?}, expected nr 3, enabled == running, values {:?}", &want[1..]));
+        problems.push(format!(
+            "group read {v:?}, expected nr 3, enabled == running, values {:?}",
+            &want[1..]
+        ));
     }
 
     // A software event may join, on the group's CPU.
     let cpu = ctx.g.cpumask(&pmu_name(d))?.first().copied().unwrap_or(0) as i32;
-    let sw = PerfAttr { type_: PERF_TYPE_SOFTWARE, config: PERF_COUNT_SW_CPU_CLOCK, ..PerfAttr::default() };
+    let sw = PerfAttr {
+        type_: PERF_TYPE_SOFTWARE,
+        config: PERF_COUNT_SW_CPU_CLOCK,
+        ..PerfAttr::default()
+    };
     match ctx.g.open_as(sw, -1, cpu, Some(leader))? {
         Ok(h) => members.push(h),
         Err(errno) => problems.push(format!("a software sibling was refused: {errno}")),
@@ -55,7 +69,10 @@ pub fn groups(ctx: &mut Ctx) -> Result<Check> {
     let mut big_members = vec![big];
     let mut refused_big = None;
     for i in 1..=ctx.device.slots {
-        match ctx.g.open(ctx.attr(d, Event::MbmTotalBytes, i % ctx.device.rmids), Some(big))? {
+        match ctx.g.open(
+            ctx.attr(d, Event::MbmTotalBytes, i % ctx.device.rmids),
+            Some(big),
+        )? {
             Ok(h) => big_members.push(h),
             Err(errno) => {
                 refused_big = Some((i + 1, errno));
@@ -78,13 +95,20 @@ pub fn groups(ctx: &mut Ctx) -> Result<Check> {
             Ok(h) => h,
             Err(errno) => bail!("opening a leader: {errno}"),
         };
-        mixed = Some(ctx.g.open(ctx.attr(1, Event::MbmTotalBytes, 1), Some(leader))?);
+        mixed = Some(
+            ctx.g
+                .open(ctx.attr(1, Event::MbmTotalBytes, 1), Some(leader))?,
+        );
         if let Some(Ok(h)) = mixed {
             ctx.g.close(h)?;
         }
         ctx.g.close(leader)?;
         if mixed != Some(Err("EINVAL".into())) {
-            problems.push(format!("a {} event in a {} group gave {mixed:?}, expected EINVAL", pmu_name(1), pmu_name(0)));
+            problems.push(format!(
+                "a {} event in a {} group gave {mixed:?}, expected EINVAL",
+                pmu_name(1),
+                pmu_name(0)
+            ));
         }
     }
     Ok(Check::from_problems("groups", problems, format!("group read of 3 events exact and co-scheduled; software sibling joins; {}-event group refused (EINVAL); cross-PMU group refused ({mixed:?})", slots + 1)))
@@ -95,13 +119,67 @@ pub fn bad_attributes(ctx: &mut Ctx) -> Result<Check> {
     let d = 0;
     let good = ctx.attr(d, Event::MbmTotalBytes, 1);
     let cases: Vec<(&str, PerfAttr, i32, i32, &str)> = vec![
-        ("wrong type", PerfAttr { type_: good.type_ + 1000, ..good.clone() }, -1, 0, "ENOENT"),
-        ("unknown event", PerfAttr { config: 0x09, ..good.clone() }, -1, 0, "EINVAL"),
-        ("unknown config bits", PerfAttr { config: good.config | 1 << 40, ..good.clone() }, -1, 0, "EINVAL"),
-        ("RMID out of range", PerfAttr { config: config(Event::MbmTotalBytes, ctx.device.rmids + 100), ..good.clone() }, -1, 0, "EINVAL"),
-        ("exclude_user", PerfAttr { flags: FLAG_EXCLUDE_USER, ..good.clone() }, -1, 0, "EINVAL"),
+        (
+            "wrong type",
+            PerfAttr {
+                type_: good.type_ + 1000,
+                ..good.clone()
+            },
+            -1,
+            0,
+            "ENOENT",
+        ),
+        (
+            "unknown event",
+            PerfAttr {
+                config: 0x09,
+                ..good.clone()
+            },
+            -1,
+            0,
+            "EINVAL",
+        ),
+        (
+            "unknown config bits",
+            PerfAttr {
+                config: good.config | 1 << 40,
+                ..good.clone()
+            },
+            -1,
+            0,
+            "EINVAL",
+        ),
+        (
+            "RMID out of range",
+            PerfAttr {
+                config: config(Event::MbmTotalBytes, ctx.device.rmids + 100),
+                ..good.clone()
+            },
+            -1,
+            0,
+            "EINVAL",
+        ),
+        (
+            "exclude_user",
+            PerfAttr {
+                flags: FLAG_EXCLUDE_USER,
+                ..good.clone()
+            },
+            -1,
+            0,
+            "EINVAL",
+        ),
         ("per-task", good.clone(), 0, -1, "EINVAL"),
-        ("sampling", PerfAttr { sample_period: 1000, ..good.clone() }, -1, 0, "EOPNOTSUPP"),
+        (
+            "sampling",
+            PerfAttr {
+                sample_period: 1000,
+                ..good.clone()
+            },
+            -1,
+            0,
+            "EOPNOTSUPP",
+        ),
     ];
     let mut problems = Vec::new();
     let mut seen = Vec::new();
@@ -110,11 +188,17 @@ pub fn bad_attributes(ctx: &mut Ctx) -> Result<Check> {
         if let Ok(h) = got {
             ctx.g.close(h)?;
         }
-        seen.push(format!("{name}: {}", got.as_ref().err().map_or("opened", |e| e.as_str())));
+        seen.push(format!(
+            "{name}: {}",
+            got.as_ref().err().map_or("opened", |e| e.as_str())
+        ));
         if got != Err(want.into()) {
             problems.push(format!("{name}: {got:?}, expected {want}"));
         }
     }
-    Ok(Check::from_problems("bad attributes", problems, seen.join(", ")))
+    Ok(Check::from_problems(
+        "bad attributes",
+        problems,
+        seen.join(", "),
+    ))
 }
-

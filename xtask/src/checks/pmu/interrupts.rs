@@ -46,16 +46,28 @@ const RMID: u32 = 7;
 /// (only online CPUs have a column).
 pub fn irq_counts(text: &str, pmu: &str) -> Option<(u32, BTreeMap<u32, u64>)> {
     let mut lines = text.lines();
-    let cpus: Vec<u32> = lines.next()?.split_whitespace().filter_map(|c| c.strip_prefix("CPU")?.parse().ok()).collect();
+    let cpus: Vec<u32> = lines
+        .next()?
+        .split_whitespace()
+        .filter_map(|c| c.strip_prefix("CPU")?.parse().ok())
+        .collect();
     for line in lines {
         let mut words = line.split_whitespace();
-        let Some(irq) = words.next().and_then(|w| w.strip_suffix(':')).and_then(|w| w.parse::<u32>().ok()) else {
+        let Some(irq) = words
+            .next()
+            .and_then(|w| w.strip_suffix(':'))
+            .and_then(|w| w.parse::<u32>().ok())
+        else {
             continue;
         };
         if line.split_whitespace().last() != Some(pmu) {
             continue;
         }
-        let counts = cpus.iter().zip(words).map(|(&cpu, n)| Some((cpu, n.parse::<u64>().ok()?))).collect::<Option<_>>()?;
+        let counts = cpus
+            .iter()
+            .zip(words)
+            .map(|(&cpu, n)| Some((cpu, n.parse::<u64>().ok()?)))
+            .collect::<Option<_>>()?;
         return Some((irq, counts));
     }
     None
@@ -82,16 +94,30 @@ struct Phase {
 fn counter_file(ctx: &mut Ctx, pmu: &str, name: &str) -> Result<u64> {
     let path = format!("/sys/bus/event_source/devices/{pmu}/{name}");
     let text = ctx.g.read_file(&path)?;
-    text.trim().parse().with_context(|| format!("{path}: {text:?}"))
+    text.trim()
+        .parse()
+        .with_context(|| format!("{path}: {text:?}"))
 }
 
 /// The device's acks (status reads that cleared an interrupt) by vCPU.
 fn acks(state: &DeviceState, d: usize) -> BTreeMap<u32, u64> {
-    state.domains.get(d).map(|dom| dom.irq.acks_by_vcpu.clone()).unwrap_or_default()
+    state
+        .domains
+        .get(d)
+        .map(|dom| dom.irq.acks_by_vcpu.clone())
+        .unwrap_or_default()
 }
 
 /// The verdict on what was seen; pure, for the unit tests.
-fn verdict(pmu: &str, irq: u32, phases: &[Phase], allowed: &[u32], off_owner: u64, on_owner: u64, violations: u64) -> Vec<String> {
+fn verdict(
+    pmu: &str,
+    irq: u32,
+    phases: &[Phase],
+    allowed: &[u32],
+    off_owner: u64,
+    on_owner: u64,
+    violations: u64,
+) -> Vec<String> {
     let mut problems = Vec::new();
     for p in phases {
         match p.cpumask.as_slice() {
@@ -103,9 +129,13 @@ fn verdict(pmu: &str, irq: u32, phases: &[Phase], allowed: &[u32], off_owner: u6
                         format_cpu_list(&p.affinity)
                     ));
                 }
-                let elsewhere: BTreeMap<&u32, &u64> = p.taken.iter().filter(|(cpu, _)| *cpu != owner).collect();
+                let elsewhere: BTreeMap<&u32, &u64> =
+                    p.taken.iter().filter(|(cpu, _)| *cpu != owner).collect();
                 if elsewhere.values().copied().sum::<u64>() > 1 {
-                    problems.push(format!("{}: interrupts taken on CPUs other than the owner {owner}: {elsewhere:?}", p.what));
+                    problems.push(format!(
+                        "{}: interrupts taken on CPUs other than the owner {owner}: {elsewhere:?}",
+                        p.what
+                    ));
                 }
             }
             [] => {
@@ -118,7 +148,10 @@ fn verdict(pmu: &str, irq: u32, phases: &[Phase], allowed: &[u32], off_owner: u6
                     ));
                 }
                 if !p.taken.is_empty() {
-                    problems.push(format!("{}: parked, yet overflow interrupts were taken: {:?}", p.what, p.taken));
+                    problems.push(format!(
+                        "{}: parked, yet overflow interrupts were taken: {:?}",
+                        p.what, p.taken
+                    ));
                 }
             }
             more => problems.push(format!("{}: cpumask {more:?} is not one CPU", p.what)),
@@ -131,10 +164,15 @@ fn verdict(pmu: &str, irq: u32, phases: &[Phase], allowed: &[u32], off_owner: u6
         ));
     }
     if on_owner == 0 {
-        problems.push(format!("no interrupt was handled on the owner (irqs_on_owner stayed put) under {} MiB/s", RATE / MIB));
+        problems.push(format!(
+            "no interrupt was handled on the owner (irqs_on_owner stayed put) under {} MiB/s",
+            RATE / MIB
+        ));
     }
     if violations != 0 {
-        problems.push(format!("the device counted {violations} placement violations in the domain"));
+        problems.push(format!(
+            "the device counted {violations} placement violations in the domain"
+        ));
     }
     problems
 }
@@ -157,56 +195,103 @@ pub fn follow_the_owner(ctx: &mut Ctx) -> Result<Check> {
     let (acks_before, violations_before) = (acks(&state, d), state.domains[d].violations);
     let start = Ctx::truth(&state, d, RMID, Event::MbmTotalBytes);
     let h = ctx.open(d, Event::MbmTotalBytes, RMID)?;
-    ctx.control.set_rate(d as u32, RMID, Event::MbmTotalBytes, RATE)?;
+    ctx.control
+        .set_rate(d as u32, RMID, Event::MbmTotalBytes, RATE)?;
 
     let mut phases = Vec::new();
     // Each step changes the placement, then traffic flows for a phase.
     let steps: Vec<(String, Vec<(u32, bool)>, u64)> = vec![
         ("placed".into(), vec![], RATE),
-        (format!("CPU {} offline (a move)", allowed[0]), vec![(allowed[0], false)], RATE),
-        (format!("CPUs {} offline (a park)", format_cpu_list(&allowed)), allowed[1..].iter().map(|&c| (c, false)).collect(), PARKED_RATE),
-        (format!("CPU {} back (placed again)", allowed[0]), vec![(allowed[0], true)], RATE),
+        (
+            format!("CPU {} offline (a move)", allowed[0]),
+            vec![(allowed[0], false)],
+            RATE,
+        ),
+        (
+            format!("CPUs {} offline (a park)", format_cpu_list(&allowed)),
+            allowed[1..].iter().map(|&c| (c, false)).collect(),
+            PARKED_RATE,
+        ),
+        (
+            format!("CPU {} back (placed again)", allowed[0]),
+            vec![(allowed[0], true)],
+            RATE,
+        ),
     ];
     for (what, hotplug, rate) in steps {
         if rate != RATE {
-            ctx.control.set_rate(d as u32, RMID, Event::MbmTotalBytes, rate)?;
+            ctx.control
+                .set_rate(d as u32, RMID, Event::MbmTotalBytes, rate)?;
         }
         for (cpu, online) in hotplug {
             ctx.g.set_online(cpu, online)?;
         }
         if rate == RATE {
-            ctx.control.set_rate(d as u32, RMID, Event::MbmTotalBytes, rate)?;
+            ctx.control
+                .set_rate(d as u32, RMID, Event::MbmTotalBytes, rate)?;
         }
         let cpumask = ctx.g.cpumask(&pmu)?;
-        let affinity = parse_cpu_list(ctx.g.read_file(&affinity_file)?.trim()).with_context(|| affinity_file.clone())?;
-        let Some((_, before)) = irq_counts(&ctx.g.read_file("/proc/interrupts")?, &pmu) else { bail!("{pmu}'s line left /proc/interrupts") };
+        let affinity = parse_cpu_list(ctx.g.read_file(&affinity_file)?.trim())
+            .with_context(|| affinity_file.clone())?;
+        let Some((_, before)) = irq_counts(&ctx.g.read_file("/proc/interrupts")?, &pmu) else {
+            bail!("{pmu}'s line left /proc/interrupts")
+        };
         thread::sleep(PHASE);
-        let Some((_, after)) = irq_counts(&ctx.g.read_file("/proc/interrupts")?, &pmu) else { bail!("{pmu}'s line left /proc/interrupts") };
-        phases.push(Phase { what, cpumask, affinity, taken: taken(&before, &after) });
+        let Some((_, after)) = irq_counts(&ctx.g.read_file("/proc/interrupts")?, &pmu) else {
+            bail!("{pmu}'s line left /proc/interrupts")
+        };
+        phases.push(Phase {
+            what,
+            cpumask,
+            affinity,
+            taken: taken(&before, &after),
+        });
     }
     for &cpu in &allowed[1..] {
         ctx.g.set_online(cpu, true)?;
     }
-    ctx.control.set_rate(d as u32, RMID, Event::MbmTotalBytes, 0)?;
+    ctx.control
+        .set_rate(d as u32, RMID, Event::MbmTotalBytes, 0)?;
     let got = ctx.count(h)?;
     ctx.g.close(h)?;
     let state = ctx.control.state()?;
-    let truth = whole_units(Ctx::truth(&state, d, RMID, Event::MbmTotalBytes) - start, ctx.device.unit_bytes);
+    let truth = whole_units(
+        Ctx::truth(&state, d, RMID, Event::MbmTotalBytes) - start,
+        ctx.device.unit_bytes,
+    );
     let off_owner = counter_file(ctx, &pmu, "irqs_off_owner")? - off_before;
     let on_owner = counter_file(ctx, &pmu, "irqs_on_owner")? - on_before;
     let acks_now = acks(&state, d);
-    let acked: BTreeMap<u32, u64> =
-        acks_now.iter().map(|(cpu, n)| (*cpu, n - acks_before.get(cpu).copied().unwrap_or(0))).filter(|(_, n)| *n > 0).collect();
+    let acked: BTreeMap<u32, u64> = acks_now
+        .iter()
+        .map(|(cpu, n)| (*cpu, n - acks_before.get(cpu).copied().unwrap_or(0)))
+        .filter(|(_, n)| *n > 0)
+        .collect();
     let violations = state.domains[d].violations - violations_before;
-    let mut problems = verdict(&pmu, irq, &phases, &allowed, off_owner, on_owner, violations);
+    let mut problems = verdict(
+        &pmu, irq, &phases, &allowed, off_owner, on_owner, violations,
+    );
     if got != truth {
-        problems.push(format!("counted {got} across the moves, the device's truth is {truth} (in whole units)"));
+        problems.push(format!(
+            "counted {got} across the moves, the device's truth is {truth} (in whole units)"
+        ));
     }
     if let Some(cpu) = acked.keys().find(|cpu| !allowed.contains(cpu)) {
-        problems.push(format!("the device saw CPU {cpu}, outside the domain, ack an interrupt: {acked:?}"));
+        problems.push(format!(
+            "the device saw CPU {cpu}, outside the domain, ack an interrupt: {acked:?}"
+        ));
     }
     let taken_total: u64 = phases.iter().flat_map(|p| p.taken.values()).sum();
-    let path: Vec<String> = phases.iter().map(|p| if p.cpumask.is_empty() { "parked".into() } else { format_cpu_list(&p.cpumask) }).collect();
+    let path: Vec<String> = phases
+        .iter()
+        .map(|p| {
+            if p.cpumask.is_empty() {
+                "parked".into()
+            } else {
+                format_cpu_list(&p.cpumask)
+            }
+        })
+        .collect();
     Ok(Check::from_problems(
         "interrupts",
         problems,
@@ -235,21 +320,58 @@ mod tests {
     }
 
     fn phase(cpumask: &[u32], affinity: &[u32], taken: &[(u32, u64)]) -> Phase {
-        Phase { what: "p".into(), cpumask: cpumask.to_vec(), affinity: affinity.to_vec(), taken: taken.iter().copied().collect() }
+        Phase {
+            what: "p".into(),
+            cpumask: cpumask.to_vec(),
+            affinity: affinity.to_vec(),
+            taken: taken.iter().copied().collect(),
+        }
     }
 
     #[test]
     fn an_affinity_left_behind_is_named() {
-        let good = [phase(&[2], &[2], &[(2, 3)]), phase(&[3], &[3], &[(3, 2)]), phase(&[], &[0, 1], &[]), phase(&[2], &[2], &[(2, 1)])];
+        let good = [
+            phase(&[2], &[2], &[(2, 3)]),
+            phase(&[3], &[3], &[(3, 2)]),
+            phase(&[], &[0, 1], &[]),
+            phase(&[2], &[2], &[(2, 1)]),
+        ];
         assert!(verdict("perfbed_l3_1", 14, &good, &[2, 3], 0, 6, 0).is_empty());
-        let strays = [phase(&[2], &[2], &[(2, 3), (0, 1)]), phase(&[3], &[3], &[(3, 2)])];
-        assert!(verdict("perfbed_l3_1", 14, &strays, &[2, 3], 2, 5, 0).is_empty(), "one stray per placement");
+        let strays = [
+            phase(&[2], &[2], &[(2, 3), (0, 1)]),
+            phase(&[3], &[3], &[(3, 2)]),
+        ];
+        assert!(
+            verdict("perfbed_l3_1", 14, &strays, &[2, 3], 2, 5, 0).is_empty(),
+            "one stray per placement"
+        );
         let stuck = [phase(&[2], &[2], &[(2, 3)]), phase(&[3], &[2], &[(0, 2)])];
         let problems = verdict("perfbed_l3_1", 14, &stuck, &[2, 3], 3, 3, 0);
-        assert!(problems.iter().any(|p| p.contains("did not follow the PMU")), "{problems:?}");
-        assert!(problems.iter().any(|p| p.contains("other than the owner 3")), "{problems:?}");
-        assert!(problems.iter().any(|p| p.contains("irqs_off_owner")), "{problems:?}");
-        let silent = verdict("perfbed_l3_1", 14, &[phase(&[2], &[2], &[])], &[2, 3], 0, 0, 1);
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.contains("did not follow the PMU")),
+            "{problems:?}"
+        );
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.contains("other than the owner 3")),
+            "{problems:?}"
+        );
+        assert!(
+            problems.iter().any(|p| p.contains("irqs_off_owner")),
+            "{problems:?}"
+        );
+        let silent = verdict(
+            "perfbed_l3_1",
+            14,
+            &[phase(&[2], &[2], &[])],
+            &[2, 3],
+            0,
+            0,
+            1,
+        );
         assert_eq!(silent.len(), 2, "{silent:?}");
     }
 }

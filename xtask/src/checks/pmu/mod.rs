@@ -27,14 +27,27 @@ use context::Ctx;
 
 /// Runs every check; the driver must be loaded. `control_socket` is the
 /// device's, for checks that inject from a thread of their own.
-pub fn run(g: &mut Guest, control: ControlClient, control_socket: &std::path::Path, device: &DeviceConfig) -> Result<Vec<Check>> {
+pub fn run(
+    g: &mut Guest,
+    control: ControlClient,
+    control_socket: &std::path::Path,
+    device: &DeviceConfig,
+) -> Result<Vec<Check>> {
     let mut types = Vec::new();
     for d in 0..device.domains.len() {
         types.push(g.pmu_type(&pmu_name(d))?);
     }
-    let mut ctx = Ctx { g, control, device: device.clone(), types };
+    let mut ctx = Ctx {
+        g,
+        control,
+        device: device.clone(),
+        types,
+    };
     ctx.control.reset_stats()?;
-    let mut checks = vec![registration::sysfs(&mut ctx)?, counts::exact_counts(&mut ctx)?];
+    let mut checks = vec![
+        registration::sysfs(&mut ctx)?,
+        counts::exact_counts(&mut ctx)?,
+    ];
     checks.push(moves::migration(&mut ctx)?);
     checks.push(moves::parking(&mut ctx)?);
     checks.push(interrupts::follow_the_owner(&mut ctx)?);
@@ -42,14 +55,25 @@ pub fn run(g: &mut Guest, control: ControlClient, control_socket: &std::path::Pa
     checks.push(across_moves::exclusive_after_moves(&mut ctx)?);
     checks.push(across_moves::mixed_group_after_move(&mut ctx)?);
     checks.push(across_moves::opens_racing_moves(&mut ctx)?);
-    checks.push(moving_traffic::check(ctx.g, &mut ctx.control, control_socket, &ctx.device, &ctx.types)?);
+    checks.push(moving_traffic::check(
+        ctx.g,
+        &mut ctx.control,
+        control_socket,
+        &ctx.device,
+        &ctx.types,
+    )?);
     checks.push(multiplexing::multiplexing(&mut ctx)?);
     checks.push(semantics::disable_window(&mut ctx)?);
     checks.push(semantics::multiplexed_park(&mut ctx)?);
     checks.push(semantics::long_park(&mut ctx)?);
     checks.push(groups::groups(&mut ctx)?);
     checks.push(groups::bad_attributes(&mut ctx)?);
-    checks.push(perf_matrix::run(ctx.g, &mut ctx.control, &ctx.device, &ctx.types)?);
+    checks.push(perf_matrix::run(
+        ctx.g,
+        &mut ctx.control,
+        &ctx.device,
+        &ctx.types,
+    )?);
     checks.push(counts::perf_stat(&mut ctx)?);
     checks.extend(redteam::run(&mut ctx)?);
     checks.extend(attacks::run(&mut ctx)?);
@@ -57,4 +81,3 @@ pub fn run(g: &mut Guest, control: ControlClient, control_socket: &std::path::Pa
     checks.push(accesses::check(&mut ctx)?);
     Ok(checks)
 }
-

@@ -7,15 +7,24 @@ use anyhow::{bail, Result};
 use perfbed_device::regs::whole_units;
 use perfbed_device::regs::Event;
 
+use super::context::{Ctx, MIB};
 use crate::checks::Check;
 use crate::guest::{pmu_name, Opened};
-use super::context::{Ctx, MIB};
 
 /// The domain whose CPUs can all go offline (CPU 0 cannot) and its set.
 pub fn movable_domain(ctx: &Ctx) -> Result<(usize, Vec<u32>)> {
-    match ctx.device.domains.iter().enumerate().find(|(_, cpus)| cpus.len() >= 2 && !cpus.contains(&0)) {
+    match ctx
+        .device
+        .domains
+        .iter()
+        .enumerate()
+        .find(|(_, cpus)| cpus.len() >= 2 && !cpus.contains(&0))
+    {
         Some((d, cpus)) => Ok((d, cpus.clone())),
-        None => bail!("no domain with two CPUs besides CPU 0 to take offline (domains {:?})", ctx.device.domains),
+        None => bail!(
+            "no domain with two CPUs besides CPU 0 to take offline (domains {:?})",
+            ctx.device.domains
+        ),
     }
 }
 
@@ -33,7 +42,8 @@ pub fn migration(ctx: &mut Ctx) -> Result<Check> {
     ctx.inject_and_land(&[(d, 2, Event::MbmTotalBytes, 3 * MIB)])?;
     let before = ctx.g.cpumask(&pmu_name(d))?;
     let owner = *before.first().unwrap_or(&allowed[0]);
-    ctx.control.set_rate(d as u32, 2, Event::MbmTotalBytes, MOVING_RATE)?;
+    ctx.control
+        .set_rate(d as u32, 2, Event::MbmTotalBytes, MOVING_RATE)?;
     ctx.g.set_online(owner, false)?;
     let after = ctx.g.cpumask(&pmu_name(d))?;
     ctx.g.set_online(owner, true)?;
@@ -42,18 +52,30 @@ pub fn migration(ctx: &mut Ctx) -> Result<Check> {
     let got = ctx.count(h)?;
     ctx.g.close(h)?;
     let state = ctx.control.state()?;
-    let truth = whole_units(Ctx::truth(&state, d, 2, Event::MbmTotalBytes) - start, ctx.device.unit_bytes);
+    let truth = whole_units(
+        Ctx::truth(&state, d, 2, Event::MbmTotalBytes) - start,
+        ctx.device.unit_bytes,
+    );
     let violations: u64 = state.domains.iter().map(|dom| dom.violations).sum();
     let mut problems = Vec::new();
     if after.len() != 1 || after == before || !allowed.contains(&after[0]) {
-        problems.push(format!("cpumask {before:?} → {after:?} after CPU {owner} went offline (allowed {allowed:?})"));
+        problems.push(format!(
+            "cpumask {before:?} → {after:?} after CPU {owner} went offline (allowed {allowed:?})"
+        ));
     }
     if got != truth {
         problems.push(format!("counted {got} across the move and back, the device's truth is {truth} (in whole units)"));
     }
     if violations != 0 {
-        let by: BTreeMap<usize, &BTreeMap<u32, u64>> = state.domains.iter().enumerate().map(|(i, dom)| (i, &dom.violations_by_vcpu)).collect();
-        problems.push(format!("the device counted {violations} placement violations: {by:?}"));
+        let by: BTreeMap<usize, &BTreeMap<u32, u64>> = state
+            .domains
+            .iter()
+            .enumerate()
+            .map(|(i, dom)| (i, &dom.violations_by_vcpu))
+            .collect();
+        problems.push(format!(
+            "the device counted {violations} placement violations: {by:?}"
+        ));
     }
     Ok(Check::from_problems(
         "migration",
@@ -74,7 +96,8 @@ pub fn parking(ctx: &mut Ctx) -> Result<Check> {
     let kept = ctx.open(d, Event::MbmTotalBytes, 4)?;
     let start = Ctx::truth(&ctx.control.state()?, d, 4, Event::MbmTotalBytes);
     ctx.inject_and_land(&[(d, 4, Event::MbmTotalBytes, MIB)])?;
-    ctx.control.set_rate(d as u32, 4, Event::MbmTotalBytes, MOVING_RATE)?;
+    ctx.control
+        .set_rate(d as u32, 4, Event::MbmTotalBytes, MOVING_RATE)?;
     for &cpu in &allowed {
         ctx.g.set_online(cpu, false)?;
     }
@@ -84,7 +107,10 @@ pub fn parking(ctx: &mut Ctx) -> Result<Check> {
     let parked_value = ctx.count(kept)?;
     ctx.inject_and_land(&[(d, 4, Event::MbmTotalBytes, 5 * MIB)])?;
     let parked_state = ctx.control.state()?;
-    let parked_truth = whole_units(Ctx::truth(&parked_state, d, 4, Event::MbmTotalBytes) - start, ctx.device.unit_bytes);
+    let parked_truth = whole_units(
+        Ctx::truth(&parked_state, d, 4, Event::MbmTotalBytes) - start,
+        ctx.device.unit_bytes,
+    );
     ctx.g.set_online(allowed[0], true)?;
     let back = ctx.g.cpumask(&pmu_name(d))?;
     let returned_value = ctx.count(kept)?;
@@ -101,7 +127,10 @@ pub fn parking(ctx: &mut Ctx) -> Result<Check> {
     let final_value = ctx.count(kept)?;
     ctx.g.close(kept)?;
     let final_state = ctx.control.state()?;
-    let final_truth = whole_units(Ctx::truth(&final_state, d, 4, Event::MbmTotalBytes) - start, ctx.device.unit_bytes);
+    let final_truth = whole_units(
+        Ctx::truth(&final_state, d, 4, Event::MbmTotalBytes) - start,
+        ctx.device.unit_bytes,
+    );
     let mut problems = Vec::new();
     if !mask.is_empty() || refused != Err("ENODEV".into()) {
         problems.push(format!("with CPUs {allowed:?} offline: cpumask {mask:?}, open gave {refused:?} (want empty, ENODEV)"));
@@ -111,7 +140,11 @@ pub fn parking(ctx: &mut Ctx) -> Result<Check> {
         problems.push(format!("the open event read {parked_value} while parked, more than the {parked_truth} that landed"));
     }
     if back != [allowed[0]] || fresh != Some(2 * MIB) {
-        problems.push(format!("after CPU {} returned: cpumask {back:?}, a new event counted {fresh:?} of {}", allowed[0], 2 * MIB));
+        problems.push(format!(
+            "after CPU {} returned: cpumask {back:?}, a new event counted {fresh:?} of {}",
+            allowed[0],
+            2 * MIB
+        ));
     }
     if returned_value != parked_truth || final_value != final_truth {
         problems.push(format!(
@@ -127,4 +160,3 @@ pub fn parking(ctx: &mut Ctx) -> Result<Check> {
         ),
     ))
 }
-

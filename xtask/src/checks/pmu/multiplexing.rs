@@ -11,11 +11,11 @@ use anyhow::{bail, Result};
 use perfbed_device::regs::Event;
 use perfbed_device::{Assignments, TraceAccesses};
 
+use super::context::{Ctx, MIB};
 use crate::checks::slot_credit::{self, Shape};
 use crate::checks::Check;
 use crate::guest::perf_abi::{FORMAT_TOTAL_TIME_ENABLED, FORMAT_TOTAL_TIME_RUNNING};
 use crate::guest::{pmu_name, Guest};
-use super::context::{Ctx, MIB};
 
 /// 5. More events than slots under a steady rate: perf multiplexes, and
 ///    - each event's raw count is exactly the sum, over the slot
@@ -86,15 +86,28 @@ pub fn multiplexing(ctx: &mut Ctx) -> Result<Check> {
     let d = 0;
     let events = ctx.device.slots as usize + 2;
     let rate = 32 * MIB;
-    let interval_file = format!("/sys/bus/event_source/devices/{}/perf_event_mux_interval_ms", pmu_name(d));
+    let interval_file = format!(
+        "/sys/bus/event_source/devices/{}/perf_event_mux_interval_ms",
+        pmu_name(d)
+    );
     let default_interval = ctx.g.read_file(&interval_file)?;
     set_sysfs(ctx.g, &interval_file, &MUX_INTERVAL_MS.to_string())?;
     let result = multiplexed_counts(ctx, d, events, rate);
     set_sysfs(ctx.g, &interval_file, default_interval.trim())?;
-    let Multiplexed { mut problems, per_event, worst, worst_rotation, silence_ns, unread_bytes, exact } = result?;
+    let Multiplexed {
+        mut problems,
+        per_event,
+        worst,
+        worst_rotation,
+        silence_ns,
+        unread_bytes,
+        exact,
+    } = result?;
     let interval = ctx.g.read_file(&interval_file)?;
     if interval.trim() != default_interval.trim() {
-        problems.push(format!("{interval_file} is {interval:?} after the check, was {default_interval:?}"));
+        problems.push(format!(
+            "{interval_file} is {interval:?} after the check, was {default_interval:?}"
+        ));
     }
     let scaled = format!(
         "scaled counts within {:.1} % of the truth once perf's rotations are taken out (the largest rotation effect {:+.1} %; longest pause between accesses {} ms; {unread_bytes} bytes counted after their slots' last reads)",
@@ -156,7 +169,11 @@ impl ReadWindow {
 /// Reads `ids` (in one request each time, so that none is closed or moved
 /// between), then again after `during`, noting the device's time around
 /// each read.
-pub(super) fn read_window(ctx: &mut Ctx, ids: &[u32], during: impl FnOnce(&mut Ctx) -> Result<()>) -> Result<ReadWindow> {
+pub(super) fn read_window(
+    ctx: &mut Ctx,
+    ids: &[u32],
+    during: impl FnOnce(&mut Ctx) -> Result<()>,
+) -> Result<ReadWindow> {
     let a = ctx.control.state()?.now_ns;
     let start = ctx.g.read_many(ids)?;
     let b = ctx.control.state()?.now_ns;
@@ -164,7 +181,11 @@ pub(super) fn read_window(ctx: &mut Ctx, ids: &[u32], during: impl FnOnce(&mut C
     let c = ctx.control.state()?.now_ns;
     let end = ctx.g.read_many(ids)?;
     let d = ctx.control.state()?.now_ns;
-    Ok(ReadWindow { start, end, brackets: [a, b, c, d] })
+    Ok(ReadWindow {
+        start,
+        end,
+        brackets: [a, b, c, d],
+    })
 }
 
 /// Where the device's record (trace and assignments) stood at a moment:
@@ -216,7 +237,13 @@ pub(super) fn shape(ctx: &Ctx) -> Shape {
 /// `window` by (relative), from their bias in device ns
 /// (`slot_credit::rotation_bias` over `traffic_ns` of traffic): counted
 /// time b beyond perf's running time scales to b x enabled / running.
-pub(super) fn rotation_effect(bias: &BTreeMap<(u32, u32), i64>, d: usize, rmid: u32, window: &Window, traffic_ns: f64) -> f64 {
+pub(super) fn rotation_effect(
+    bias: &BTreeMap<(u32, u32), i64>,
+    d: usize,
+    rmid: u32,
+    window: &Window,
+    traffic_ns: f64,
+) -> f64 {
     let b = bias.get(&(d as u32, rmid)).copied().unwrap_or(0) as f64;
     b * window.enabled as f64 / (window.running.max(1) as f64 * traffic_ns)
 }
@@ -279,7 +306,12 @@ pub(super) fn open_multiplexed(ctx: &mut Ctx, d: usize, events: usize) -> Result
 }
 
 /// The multiplexing check's measurement.
-pub fn multiplexed_counts(ctx: &mut Ctx, d: usize, events: usize, rate: u64) -> Result<Multiplexed> {
+pub fn multiplexed_counts(
+    ctx: &mut Ctx,
+    d: usize,
+    events: usize,
+    rate: u64,
+) -> Result<Multiplexed> {
     let mark = RecordMark::now(ctx)?;
     let handles = open_multiplexed(ctx, d, events)?;
     let gauge_rmid = ctx.device.rmids - 1;
@@ -293,7 +325,8 @@ pub fn multiplexed_counts(ctx: &mut Ctx, d: usize, events: usize, rate: u64) -> 
     };
     let ids: Vec<u32> = handles.iter().map(|&(_, h)| h).collect();
     for &(rmid, _) in &handles {
-        ctx.control.set_rate(d as u32, rmid, Event::MbmTotalBytes, rate)?;
+        ctx.control
+            .set_rate(d as u32, rmid, Event::MbmTotalBytes, rate)?;
     }
     // The window lies inside the traffic, so the rate is the same all
     // through it, as the estimate assumes; the device times around each
@@ -303,7 +336,8 @@ pub fn multiplexed_counts(ctx: &mut Ctx, d: usize, events: usize, rate: u64) -> 
         Ok(())
     })?;
     for &(rmid, _) in &handles {
-        ctx.control.set_rate(d as u32, rmid, Event::MbmTotalBytes, 0)?;
+        ctx.control
+            .set_rate(d as u32, rmid, Event::MbmTotalBytes, 0)?;
     }
     ctx.control.wait_landed(ctx.g.timeout.as_millis() as u64)?;
     let (start, end) = (&window.start, &window.end);
@@ -331,7 +365,11 @@ pub fn multiplexed_counts(ctx: &mut Ctx, d: usize, events: usize, rate: u64) -> 
     for (((&(rmid, _), s), e), l) in handles.iter().zip(start).zip(end).zip(&last) {
         let served: Vec<_> = credits
             .iter()
-            .filter(|c| c.record.domain == d as u32 && c.record.event == Event::MbmTotalBytes && c.record.rmid == rmid)
+            .filter(|c| {
+                c.record.domain == d as u32
+                    && c.record.event == Event::MbmTotalBytes
+                    && c.record.rmid == rmid
+            })
             .collect();
         let credited: u64 = served.iter().map(|c| c.read_bytes).sum();
         let counted: u64 = served.iter().map(|c| c.record.counted_bytes).sum();
@@ -352,7 +390,9 @@ pub fn multiplexed_counts(ctx: &mut Ctx, d: usize, events: usize, rate: u64) -> 
         // one after another, each event's window its own.
         let truth = (rate as f64 * window.enabled as f64 / 1e9) as u64;
         let (Some((scaled, ran)), true) = (window.scaled(), truth > 0) else {
-            problems.push(format!("rmid {rmid}: over the traffic ({truth} bytes) {window:?}: not multiplexed"));
+            problems.push(format!(
+                "rmid {rmid}: over the traffic ({truth} bytes) {window:?}: not multiplexed"
+            ));
             continue;
         };
         let error = scaled / truth as f64 - 1.0;
@@ -380,16 +420,29 @@ pub fn multiplexed_counts(ctx: &mut Ctx, d: usize, events: usize, rate: u64) -> 
         }
     }
     // Its whole life: from nothing to its one read.
-    let Window { value, enabled, running } = Window::between(&[], &gauge_read);
+    let Window {
+        value,
+        enabled,
+        running,
+    } = Window::between(&[], &gauge_read);
     if enabled == 0 || running != enabled {
         problems.push(format!("llc_occupancy: time_running {running} vs time_enabled {enabled}: a gauge was multiplexed"));
     }
     if value != occupancy {
-        problems.push(format!("llc_occupancy: {value} bytes, the device's occupancy {occupancy}"));
+        problems.push(format!(
+            "llc_occupancy: {value} bytes, the device's occupancy {occupancy}"
+        ));
     }
-    Ok(Multiplexed { problems, per_event, worst, worst_rotation, silence_ns, unread_bytes, exact })
+    Ok(Multiplexed {
+        problems,
+        per_event,
+        worst,
+        worst_rotation,
+        silence_ns,
+        unread_bytes,
+        exact,
+    })
 }
-
 
 #[cfg(test)]
 mod tests {
@@ -400,7 +453,14 @@ mod tests {
         // Before the window the event ran 400 of 1000 ns and counted 100;
         // in it, 1000 of 2000 ns for 1000 more: 2000 over the window.
         let window = Window::between(&[100, 1000, 400], &[1100, 3000, 1400]);
-        assert_eq!(window, Window { value: 1000, enabled: 2000, running: 1000 });
+        assert_eq!(
+            window,
+            Window {
+                value: 1000,
+                enabled: 2000,
+                running: 1000
+            }
+        );
         assert_eq!(window.scaled(), Some((2000.0, 0.5)));
         // Scaling the whole life instead would give 1100 x 3000 / 1400.
         assert!((1100.0 * 3000.0 / 1400.0 - 2000.0f64).abs() > 300.0);
@@ -408,8 +468,14 @@ mod tests {
 
     #[test]
     fn a_window_not_multiplexed_has_no_scaled_count() {
-        assert_eq!(Window::between(&[0, 0, 0], &[500, 1000, 1000]).scaled(), None);
-        assert_eq!(Window::between(&[7, 100, 50], &[7, 1100, 50]).scaled(), None);
+        assert_eq!(
+            Window::between(&[0, 0, 0], &[500, 1000, 1000]).scaled(),
+            None
+        );
+        assert_eq!(
+            Window::between(&[7, 100, 50], &[7, 1100, 50]).scaled(),
+            None
+        );
         assert_eq!(Window::between(&[], &[]).scaled(), None);
     }
 }

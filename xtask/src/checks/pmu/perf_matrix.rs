@@ -14,8 +14,8 @@ use perfbed_device::regs::Event;
 use perfbed_device::{ControlClient, DeviceConfig};
 
 use crate::checks::Check;
-use crate::guest::{Guest, Opened};
 use crate::guest::perf_abi::*;
+use crate::guest::{Guest, Opened};
 
 type Run = Box<dyn Fn(&mut Matrix) -> Result<String>>;
 
@@ -26,8 +26,16 @@ struct Case {
     run: Run,
 }
 
-fn case(name: impl Into<String>, want: &str, run: impl Fn(&mut Matrix) -> Result<String> + 'static) -> Case {
-    Case { name: name.into(), want: want.into(), run: Box::new(run) }
+fn case(
+    name: impl Into<String>,
+    want: &str,
+    run: impl Fn(&mut Matrix) -> Result<String> + 'static,
+) -> Case {
+    Case {
+        name: name.into(),
+        want: want.into(),
+        run: Box::new(run),
+    }
 }
 
 pub struct Matrix<'a, 'b> {
@@ -48,7 +56,11 @@ fn outcome(opened: &Opened) -> String {
 
 impl Matrix<'_, '_> {
     fn attr(&self, domain: usize, event: Event, rmid: u32) -> PerfAttr {
-        PerfAttr { type_: self.types[domain], config: event as u64 | u64::from(rmid) << 8, ..PerfAttr::default() }
+        PerfAttr {
+            type_: self.types[domain],
+            config: event as u64 | u64::from(rmid) << 8,
+            ..PerfAttr::default()
+        }
     }
 
     /// The default event: domain 0, mbm_total_bytes, RMID 1.
@@ -57,7 +69,14 @@ impl Matrix<'_, '_> {
     }
 
     /// Opens and remembers the event for closing after the case.
-    fn open(&mut self, attr: PerfAttr, pid: i32, cpu: i32, group: Option<u32>, flags: u64) -> Result<Opened> {
+    fn open(
+        &mut self,
+        attr: PerfAttr,
+        pid: i32,
+        cpu: i32,
+        group: Option<u32>,
+        flags: u64,
+    ) -> Result<Opened> {
         let opened = self.g.open_flags(attr, pid, cpu, group, flags)?;
         if let Ok(h) = opened {
             self.open.push(h);
@@ -86,14 +105,22 @@ impl Matrix<'_, '_> {
     }
 
     fn inject(&mut self, domain: usize, rmid: u32, bytes: u64) -> Result<()> {
-        self.control.inject(domain as u32, rmid, Event::MbmTotalBytes, bytes)?;
-        self.control.wait_landed(self.g.timeout.as_millis() as u64)?;
+        self.control
+            .inject(domain as u32, rmid, Event::MbmTotalBytes, bytes)?;
+        self.control
+            .wait_landed(self.g.timeout.as_millis() as u64)?;
         Ok(())
     }
 
     /// The number of u64 words a read of an event with `read_format` gives.
     fn words(&mut self, read_format: u64) -> Result<String> {
-        let h = self.must_open(PerfAttr { read_format, ..self.good() }, None)?;
+        let h = self.must_open(
+            PerfAttr {
+                read_format,
+                ..self.good()
+            },
+            None,
+        )?;
         Ok(format!("{} words", self.g.read(h)?.len()))
     }
 
@@ -124,7 +151,11 @@ fn flag_case(name: &str, flags: u64, want: &str) -> Case {
 fn cases(device: &DeviceConfig) -> Vec<Case> {
     let rmids = device.rmids;
     let slots = device.slots;
-    let other_domain_cpu = device.domains.get(1).and_then(|d| d.first().copied()).unwrap_or(0) as i32;
+    let other_domain_cpu = device
+        .domains
+        .get(1)
+        .and_then(|d| d.first().copied())
+        .unwrap_or(0) as i32;
     let mut cases = vec![
         // The event itself.
         case("type of no PMU", "ENOENT", |m| {
@@ -369,39 +400,66 @@ fn cases(device: &DeviceConfig) -> Vec<Case> {
         }),
     ];
     // Offline CPUs: the last CPU of the domain that can go offline.
-    if let Some((d, cpus)) = device.domains.iter().enumerate().find(|(_, c)| c.len() >= 2 && !c.contains(&0)) {
+    if let Some((d, cpus)) = device
+        .domains
+        .iter()
+        .enumerate()
+        .find(|(_, c)| c.len() >= 2 && !c.contains(&0))
+    {
         let cpu = *cpus.last().expect("two CPUs");
         let cpus = cpus.clone();
-        cases.push(case(format!("cpu {cpu} offline, its own domain's PMU"), "opened", move |m| {
-            m.g.set_online(cpu, false)?;
-            let opened = m.open(m.attr(d, Event::MbmTotalBytes, 1), -1, cpu as i32, None, 0);
-            m.g.set_online(cpu, true)?;
-            Ok(outcome(&opened?))
-        }));
-        cases.push(case(format!("cpu {cpu} offline, domain 0's PMU"), "opened", move |m| {
-            m.g.set_online(cpu, false)?;
-            let opened = m.open(m.good(), -1, cpu as i32, None, 0);
-            m.g.set_online(cpu, true)?;
-            Ok(outcome(&opened?))
-        }));
-        cases.push(case(format!("all of domain {d}'s CPUs offline (parked)"), "ENODEV", move |m| {
-            for &c in &cpus {
-                m.g.set_online(c, false)?;
-            }
-            let opened = m.open(m.attr(d, Event::MbmTotalBytes, 1), -1, 0, None, 0);
-            for &c in &cpus {
-                m.g.set_online(c, true)?;
-            }
-            Ok(outcome(&opened?))
-        }));
+        cases.push(case(
+            format!("cpu {cpu} offline, its own domain's PMU"),
+            "opened",
+            move |m| {
+                m.g.set_online(cpu, false)?;
+                let opened = m.open(m.attr(d, Event::MbmTotalBytes, 1), -1, cpu as i32, None, 0);
+                m.g.set_online(cpu, true)?;
+                Ok(outcome(&opened?))
+            },
+        ));
+        cases.push(case(
+            format!("cpu {cpu} offline, domain 0's PMU"),
+            "opened",
+            move |m| {
+                m.g.set_online(cpu, false)?;
+                let opened = m.open(m.good(), -1, cpu as i32, None, 0);
+                m.g.set_online(cpu, true)?;
+                Ok(outcome(&opened?))
+            },
+        ));
+        cases.push(case(
+            format!("all of domain {d}'s CPUs offline (parked)"),
+            "ENODEV",
+            move |m| {
+                for &c in &cpus {
+                    m.g.set_online(c, false)?;
+                }
+                let opened = m.open(m.attr(d, Event::MbmTotalBytes, 1), -1, 0, None, 0);
+                for &c in &cpus {
+                    m.g.set_online(c, true)?;
+                }
+                Ok(outcome(&opened?))
+            },
+        ));
     }
     cases
 }
 
 /// Runs every case; the driver must be loaded.
-pub fn run(g: &mut Guest, control: &mut ControlClient, device: &DeviceConfig, types: &[u32]) -> Result<Check> {
+pub fn run(
+    g: &mut Guest,
+    control: &mut ControlClient,
+    device: &DeviceConfig,
+    types: &[u32],
+) -> Result<Check> {
     let cases = cases(device);
-    let mut m = Matrix { g, control, types: types.to_vec(), open: Vec::new() };
+    let mut m = Matrix {
+        g,
+        control,
+        types: types.to_vec(),
+        open: Vec::new(),
+    };
     let mut problems = Vec::new();
     for case in &cases {
         let got = (case.run)(&mut m);

@@ -90,7 +90,11 @@ pub(super) fn inject(ctx: &mut Ctx, d: usize, rmid: u32, bytes: u64) -> Result<(
 /// The CPU the PMU of domain `d` counts on now, from its `cpumask`; an
 /// error if it is parked (a check that means to move it must not guess).
 pub(super) fn owner(ctx: &mut Ctx, d: usize) -> Result<u32> {
-    ctx.g.cpumask(&pmu_name(d))?.first().copied().context("the PMU is parked")
+    ctx.g
+        .cpumask(&pmu_name(d))?
+        .first()
+        .copied()
+        .context("the PMU is parked")
 }
 
 /// device's maximum rate.

@@ -15,7 +15,8 @@ use perfbed_device::regs::{whole_units, Event};
 use super::context::{Ctx, MIB};
 use super::moves::movable_domain;
 use super::multiplexing::{
-    open_multiplexed, read_window, rotation_effect, set_sysfs, shape, RecordMark, Window, MUX_INTERVAL_MS,
+    open_multiplexed, read_window, rotation_effect, set_sysfs, shape, RecordMark, Window,
+    MUX_INTERVAL_MS,
 };
 use crate::checks::slot_credit;
 use crate::checks::Check;
@@ -210,7 +211,8 @@ fn multiplexed_park_counts(
     let (start, end) = (&window.start, &window.end);
     let (record, trace) = mark.since(ctx)?;
     let (from_ns, to_ns) = window.span();
-    let bias = slot_credit::rotation_bias(shape(ctx), &record.records, &trace.accesses, from_ns, to_ns);
+    let bias =
+        slot_credit::rotation_bias(shape(ctx), &record.records, &trace.accesses, from_ns, to_ns);
     let traffic_ns = to_ns.saturating_sub(from_ns).max(1) as f64;
     for &h in &ids {
         ctx.g.close(h)?;

@@ -55,7 +55,14 @@ pub fn run(ws: &Path, args: &StressArgs) -> Result<bool> {
     let ops = args.lifecycle.unwrap_or(MUTANT_OPS);
     let seed = args.seed.unwrap_or_else(clock_seed);
     let (report, config) = lifecycle(ws, args, ops, seed, None, false)?;
-    println!("\nperfbed stress --lifecycle: {}", if report_passed(&report) { "PASSED" } else { "FAILED" });
+    println!(
+        "\nperfbed stress --lifecycle: {}",
+        if report_passed(&report) {
+            "PASSED"
+        } else {
+            "FAILED"
+        }
+    );
     print!("{}", checks_text(&report));
     print!("{}", report.text(&config));
     Ok(report_passed(&report))
@@ -63,11 +70,16 @@ pub fn run(ws: &Path, args: &StressArgs) -> Result<bool> {
 
 /// `--journal FILE`: the replay of a saved journal, every finding printed.
 fn replay_file(file: &Path) -> Result<bool> {
-    let text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
-    let (header, entries) = journal::from_text(&text).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    let (header, entries) =
+        journal::from_text(&text).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
     let replayed = replay(header.shape(), &entries);
     for f in &replayed.findings {
-        println!("operation {}: {}\n    {:?}", f.index, f.text, entries[f.index].step);
+        println!(
+            "operation {}: {}\n    {:?}",
+            f.index, f.text, entries[f.index].step
+        );
     }
     println!(
         "{} operations, {} reads, {} values: {} mismatches against the model (seed {}; the run: {})",
@@ -86,11 +98,21 @@ fn report_passed(report: &LifecycleReport) -> bool {
 }
 
 fn checks_text(report: &LifecycleReport) -> String {
-    let width = report.checks.iter().map(|c| c.name.len()).max().unwrap_or(0);
+    let width = report
+        .checks
+        .iter()
+        .map(|c| c.name.len())
+        .max()
+        .unwrap_or(0);
     let mut out = String::new();
     for check in &report.checks {
-        let _ =
-            writeln!(out, "  {}  {:width$}  {}", if check.passed { "PASS" } else { "FAIL" }, check.name, check.detail);
+        let _ = writeln!(
+            out,
+            "  {}  {:width$}  {}",
+            if check.passed { "PASS" } else { "FAIL" },
+            check.name,
+            check.detail
+        );
     }
     out
 }
@@ -127,16 +149,31 @@ pub fn run_name(mutant: &Mutant) -> String {
 }
 
 /// A mutant's row of the table, from its run (an `Err`: it did not run).
-pub fn mutant_row(mutant: &Mutant, replay: String, start: Instant, result: Result<LifecycleReport>) -> MutantRow {
+pub fn mutant_row(
+    mutant: &Mutant,
+    replay: String,
+    start: Instant,
+    result: Result<LifecycleReport>,
+) -> MutantRow {
     let (caught_at, error) = match result {
         Ok(report) => (caught(&report), None),
         Err(e) => (None, Some(format!("{e:#}"))),
     };
-    MutantRow { name: mutant.name.clone(), caught_at, time: start.elapsed(), replay, error }
+    MutantRow {
+        name: mutant.name.clone(),
+        caught_at,
+        time: start.elapsed(),
+        replay,
+        error,
+    }
 }
 
 /// The images a mutant's guest boots: its driver, or its kernel.
-pub fn mutant_images(ws: &Path, variant: Variant, mutant: Option<&Mutant>) -> Result<image::Images> {
+pub fn mutant_images(
+    ws: &Path,
+    variant: Variant,
+    mutant: Option<&Mutant>,
+) -> Result<image::Images> {
     match mutant {
         None => image::ensure(ws, variant),
         Some(m) if m.kind == MutantKind::Driver => {
@@ -153,7 +190,9 @@ pub fn mutant_images(ws: &Path, variant: Variant, mutant: Option<&Mutant>) -> Re
 /// other failing check (a splat, a violation: counted as operation 0 of
 /// the end).
 fn caught(report: &LifecycleReport) -> Option<usize> {
-    report.caught_at().or_else(|| (!report_passed(report)).then_some(report.steps))
+    report
+        .caught_at()
+        .or_else(|| (!report_passed(report)).then_some(report.steps))
 }
 
 pub fn table_text(rows: &[MutantRow]) -> String {
@@ -165,7 +204,13 @@ pub fn table_text(rows: &[MutantRow]) -> String {
             (Some(n), None) => format!("caught after {n} operations"),
             (None, None) => "NOT CAUGHT".to_string(),
         };
-        let _ = writeln!(out, "  {:width$}  {verdict} ({})\n    {}", r.name, human(r.time), r.replay);
+        let _ = writeln!(
+            out,
+            "  {:width$}  {verdict} ({})\n    {}",
+            r.name,
+            human(r.time),
+            r.replay
+        );
         if let Some(e) = &r.error {
             for line in e.lines().skip(1) {
                 let _ = writeln!(out, "      {line}");
@@ -176,7 +221,10 @@ pub fn table_text(rows: &[MutantRow]) -> String {
 }
 
 fn replay_command(args: &StressArgs, ops: u32, seed: u64, mutant: Option<&str>) -> String {
-    let mut cmd = format!("cargo xtask stress --lifecycle {ops} --seed {seed}{}", args.guest_flags());
+    let mut cmd = format!(
+        "cargo xtask stress --lifecycle {ops} --seed {seed}{}",
+        args.guest_flags()
+    );
     if let Some(m) = mutant {
         let _ = write!(cmd, " --mutant {m}");
     }
@@ -192,7 +240,11 @@ fn lifecycle(
     mutant: Option<&Mutant>,
     stop_at_first: bool,
 ) -> Result<(LifecycleReport, LifecycleConfig)> {
-    let variant = if args.normal { Variant::Normal } else { Variant::Debug };
+    let variant = if args.normal {
+        Variant::Normal
+    } else {
+        Variant::Debug
+    };
     config::check_size(args.cpus, args.memory)?;
     let mut device = device(args.cpus, args.domains.as_deref())?;
     device.slots = SLOTS;
@@ -202,7 +254,10 @@ fn lifecycle(
     let host = host::build_host(ws, placement, &images.vmlinux, &images.initramfs)?;
     let timeout = Duration::from_secs(args.timeout);
     let name = mutant.map_or_else(|| "lifecycle".to_string(), run_name);
-    let vm = VmConfig { host, ..guest_vm(ws, &images, device, args.cpus, args.memory, &name, timeout) };
+    let vm = VmConfig {
+        host,
+        ..guest_vm(ws, &images, device, args.cpus, args.memory, &name, timeout)
+    };
     let config = LifecycleConfig {
         ops,
         seed,

@@ -110,7 +110,11 @@ impl Generator {
                 self.opened.insert(expect, *event);
                 self.next_handle = expect + 1;
             }
-            Step::Ioctl { handle, ioctl, group } => self.model.ioctl(handle, ioctl.model(), group),
+            Step::Ioctl {
+                handle,
+                ioctl,
+                group,
+            } => self.model.ioctl(handle, ioctl.model(), group),
             Step::Close { handle } => {
                 self.model.close(handle);
                 self.opened.remove(&handle);
@@ -139,12 +143,20 @@ impl Generator {
     }
 
     fn read_format(&mut self, group: bool) -> ReadFormat {
-        ReadFormat { times: self.rng.chance(80), id: self.rng.chance(30), group }
+        ReadFormat {
+            times: self.rng.chance(80),
+            id: self.rng.chance(30),
+            group,
+        }
     }
 
     /// A device event of domain `d`: a gauge or one of the two counters.
     fn device_event(&mut self, d: u32, disabled: bool, group: Option<Handle>) -> Opened {
-        let event = if self.rng.chance(20) { 1 } else { self.rng.range(2, 3) as u32 };
+        let event = if self.rng.chance(20) {
+            1
+        } else {
+            self.rng.range(2, 3) as u32
+        };
         let rmid = self.rng.range(1, u64::from(FUZZ_RMIDS)) as u32;
         Opened {
             pmu: Some(d),
@@ -177,8 +189,12 @@ impl Generator {
 
     /// Slots the pinned groups of `d` need, all members counted.
     fn pinned_slots(&self, d: u32) -> u32 {
-        let pinned_leaders: BTreeSet<Handle> =
-            self.opened.iter().filter(|(_, o)| o.pinned && o.group.is_none()).map(|(&h, _)| h).collect();
+        let pinned_leaders: BTreeSet<Handle> = self
+            .opened
+            .iter()
+            .filter(|(_, o)| o.pinned && o.group.is_none())
+            .map(|(&h, _)| h)
+            .collect();
         self.opened
             .iter()
             .filter(|&(&h, o)| {
@@ -197,9 +213,13 @@ impl Generator {
         let mut event = self.device_event(d, disabled, None);
         // Pinned only where the pinned groups still fit: a pinned group that
         // cannot go on is in error, which is not what this stress is about.
-        event.pinned = event.event != 1 && self.pinned_slots(d) < self.shape.slots && self.rng.chance(10);
+        event.pinned =
+            event.event != 1 && self.pinned_slots(d) < self.shape.slots && self.rng.chance(10);
         event.exclusive = !event.pinned && self.rng.chance(8);
-        vec![Step::Open { event, expect: self.next_handle }]
+        vec![Step::Open {
+            event,
+            expect: self.next_handle,
+        }]
     }
 
     fn open_group(&mut self) -> Vec<Step> {
@@ -220,7 +240,10 @@ impl Generator {
         let group_read = self.rng.chance(70);
         leader.read_format = self.read_format(group_read);
         leader.exclusive = self.rng.chance(10);
-        let mut steps = vec![Step::Open { event: leader, expect: leader_handle }];
+        let mut steps = vec![Step::Open {
+            event: leader,
+            expect: leader_handle,
+        }];
         let siblings = self.rng.range(1, 3);
         let mut next = leader_handle + 1;
         for _ in 0..siblings {
@@ -237,7 +260,10 @@ impl Generator {
             sibling.read_format = self.read_format(group_read);
             // Expect the handle only if the model expects the open to
             // succeed (the first siblings are already in the model).
-            steps.push(Step::Open { event: sibling, expect: next });
+            steps.push(Step::Open {
+                event: sibling,
+                expect: next,
+            });
             next += 1;
         }
         // Handles after a refused sibling shift: let `expect` settle them
@@ -248,7 +274,10 @@ impl Generator {
         for step in steps {
             if let Step::Open { event, .. } = step {
                 let ok = scratch.predict_open(&event.spec()).is_ok();
-                fixed.push(Step::Open { event, expect: handle });
+                fixed.push(Step::Open {
+                    event,
+                    expect: handle,
+                });
                 if ok {
                     scratch.open(handle, event.spec());
                     handle += 1;
@@ -267,7 +296,9 @@ impl Generator {
     }
 
     fn ioctl(&mut self) -> Vec<Step> {
-        let Some(handle) = self.handle() else { return vec![] };
+        let Some(handle) = self.handle() else {
+            return vec![];
+        };
         // No ioctl while the PMU is parked: the driver cannot read its
         // counters then, so what lands before it is placed again is not
         // exactly specified (see the model), and the stress wants exact
@@ -287,16 +318,24 @@ impl Generator {
         if parked {
             return vec![];
         }
-        vec![Step::Ioctl { handle, ioctl, group: self.rng.chance(40) }]
+        vec![Step::Ioctl {
+            handle,
+            ioctl,
+            group: self.rng.chance(40),
+        }]
     }
 
     fn read(&mut self) -> Vec<Step> {
-        let Some(handle) = self.handle() else { return vec![] };
+        let Some(handle) = self.handle() else {
+            return vec![];
+        };
         vec![Step::Read { handle }]
     }
 
     fn close(&mut self) -> Vec<Step> {
-        let Some(handle) = self.handle() else { return vec![] };
+        let Some(handle) = self.handle() else {
+            return vec![];
+        };
         vec![Step::Close { handle }]
     }
 
@@ -314,23 +353,44 @@ impl Generator {
             Some(&key) if self.rng.chance(85) => key,
             _ => {
                 let d = self.domain();
-                (d, self.rng.range(2, 3) as u32, self.rng.range(1, u64::from(FUZZ_RMIDS)) as u32)
+                (
+                    d,
+                    self.rng.range(2, 3) as u32,
+                    self.rng.range(1, u64::from(FUZZ_RMIDS)) as u32,
+                )
             }
         };
         let bytes = self.rng.range(1, MAX_BURST_UNITS) * self.shape.unit_bytes;
-        vec![Step::Burst { domain, event, rmid, bytes }]
+        vec![Step::Burst {
+            domain,
+            event,
+            rmid,
+            bytes,
+        }]
     }
 
     fn occupancy(&mut self) -> Vec<Step> {
         let domain = self.domain();
         let rmid = self.rng.range(1, u64::from(FUZZ_RMIDS)) as u32;
-        vec![Step::Occupancy { domain, rmid, bytes: self.rng.range(0, 1 << 20) * self.shape.unit_bytes / 16 }]
+        vec![Step::Occupancy {
+            domain,
+            rmid,
+            bytes: self.rng.range(0, 1 << 20) * self.shape.unit_bytes / 16,
+        }]
     }
 
     fn rate(&mut self) -> Vec<Step> {
         let domain = self.domain();
-        let bytes_per_sec = if self.rng.chance(30) { 0 } else { self.rng.range(1, 64) << 20 };
-        vec![Step::Rate { domain, rmid: RMID_RATE, bytes_per_sec }]
+        let bytes_per_sec = if self.rng.chance(30) {
+            0
+        } else {
+            self.rng.range(1, 64) << 20
+        };
+        vec![Step::Rate {
+            domain,
+            rmid: RMID_RATE,
+            bytes_per_sec,
+        }]
     }
 
     fn move_pmu(&mut self) -> Vec<Step> {
@@ -354,7 +414,11 @@ impl Generator {
             Some(_) if !self.domains[d].contains(&0) => vec![Step::Park { domain }],
             Some(_) => {
                 // Bring back a CPU that a park took, if the domain misses one.
-                let missing: Vec<u32> = self.domains[d].iter().copied().filter(|c| !self.online.contains(c)).collect();
+                let missing: Vec<u32> = self.domains[d]
+                    .iter()
+                    .copied()
+                    .filter(|c| !self.online.contains(c))
+                    .collect();
                 match self.rng.pick(&missing) {
                     Some(&cpu) => vec![Step::Online { cpu }],
                     None => vec![],
@@ -368,7 +432,11 @@ impl Generator {
         if self.owners[domain as usize].is_none() {
             return vec![];
         }
-        let how = if self.rng.chance(50) { StatHow::Interval } else { StatHow::Control };
+        let how = if self.rng.chance(50) {
+            StatHow::Interval
+        } else {
+            StatHow::Control
+        };
         let n = self.rng.range(2, 5);
         let bursts = (0..n)
             .map(|i| {
@@ -377,7 +445,12 @@ impl Generator {
                 (bytes, how == StatHow::Interval || i % 2 == 1)
             })
             .collect();
-        vec![Step::PerfStat { domain, rmid: RMID_PERF_STAT, how, bursts }]
+        vec![Step::PerfStat {
+            domain,
+            rmid: RMID_PERF_STAT,
+            how,
+            bursts,
+        }]
     }
 }
 
@@ -385,10 +458,23 @@ impl Generator {
 mod tests {
     use super::*;
 
-    const SHAPE: DeviceShape = DeviceShape { pmus: 2, slots: 4, unit_bytes: 64, counter_width: 24, max_rate: 2 << 30 };
+    const SHAPE: DeviceShape = DeviceShape {
+        pmus: 2,
+        slots: 4,
+        unit_bytes: 64,
+        counter_width: 24,
+        max_rate: 2 << 30,
+    };
 
     fn generator(seed: u64) -> Generator {
-        Generator::new(seed, SHAPE, vec![vec![0, 1], vec![2, 3]], 4, vec![Some(0), Some(2)], 1)
+        Generator::new(
+            seed,
+            SHAPE,
+            vec![vec![0, 1], vec![2, 3]],
+            4,
+            vec![Some(0), Some(2)],
+            1,
+        )
     }
 
     #[test]
@@ -418,7 +504,10 @@ mod tests {
                 Step::Unpark { .. } => "unpark",
                 Step::Online { .. } => "online",
                 Step::OthersOpen { .. } => "others",
-                Step::PerfStat { how: StatHow::Interval, .. } => "perf stat -I",
+                Step::PerfStat {
+                    how: StatHow::Interval,
+                    ..
+                } => "perf stat -I",
                 Step::PerfStat { .. } => "perf stat --control",
             })
             .collect();
@@ -460,7 +549,10 @@ mod tests {
                     Step::Unpark { domain, .. } => parked[domain as usize] = false,
                     Step::Ioctl { handle, .. } => {
                         let d = opened[&handle].pmu;
-                        assert!(!d.is_some_and(|d: u32| parked[d as usize]), "an ioctl on a parked PMU");
+                        assert!(
+                            !d.is_some_and(|d: u32| parked[d as usize]),
+                            "an ioctl on a parked PMU"
+                        );
                     }
                     _ => {}
                 }

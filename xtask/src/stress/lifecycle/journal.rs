@@ -89,10 +89,23 @@ impl Opened {
     pub fn spec(&self) -> OpenSpec {
         let kind = match self.pmu {
             None => Kind::Software,
-            Some(pmu) if self.event == 1 => Kind::Gauge { pmu, rmid: self.rmid },
-            Some(pmu) => Kind::Counter { pmu, event: self.event, rmid: self.rmid },
+            Some(pmu) if self.event == 1 => Kind::Gauge {
+                pmu,
+                rmid: self.rmid,
+            },
+            Some(pmu) => Kind::Counter {
+                pmu,
+                event: self.event,
+                rmid: self.rmid,
+            },
         };
-        OpenSpec { kind, disabled: self.disabled, pinned: self.pinned, exclusive: self.exclusive, group: self.group }
+        OpenSpec {
+            kind,
+            disabled: self.disabled,
+            pinned: self.pinned,
+            exclusive: self.exclusive,
+            group: self.group,
+        }
     }
 }
 
@@ -221,8 +234,19 @@ pub struct Entry {
 /// The agent operation a perf step is, with the attr filled in by `attr`.
 pub fn perf_op(step: &Step, attr: impl Fn(&Opened) -> perfbed_agent::PerfAttr) -> Option<PerfOp> {
     Some(match *step {
-        Step::Open { ref event, .. } => PerfOp::Open { attr: attr(event), cpu: event.cpu, group: event.group },
-        Step::Ioctl { handle, ioctl, group } => PerfOp::Ioctl { handle, ioctl: ioctl.agent(group) },
+        Step::Open { ref event, .. } => PerfOp::Open {
+            attr: attr(event),
+            cpu: event.cpu,
+            group: event.group,
+        },
+        Step::Ioctl {
+            handle,
+            ioctl,
+            group,
+        } => PerfOp::Ioctl {
+            handle,
+            ioctl: ioctl.agent(group),
+        },
         Step::Read { handle } => PerfOp::Read { handle },
         Step::Close { handle } => PerfOp::Close { handle },
         _ => return None,
@@ -245,8 +269,18 @@ mod tests {
             replay: "cargo xtask stress".into(),
         };
         let entries = vec![
-            Entry { step: Step::Move { domain: 1 }, result: Ok(vec![3]), took_ns: 5, at_ns: 10 },
-            Entry { step: Step::Read { handle: 2 }, result: Err("EBADF".into()), took_ns: 1, at_ns: 12 },
+            Entry {
+                step: Step::Move { domain: 1 },
+                result: Ok(vec![3]),
+                took_ns: 5,
+                at_ns: 10,
+            },
+            Entry {
+                step: Step::Read { handle: 2 },
+                result: Err("EBADF".into()),
+                took_ns: 1,
+                at_ns: 12,
+            },
         ];
         let text = to_text(&header, &entries).unwrap();
         assert_eq!(text.lines().count(), 3);

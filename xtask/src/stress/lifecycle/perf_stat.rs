@@ -38,11 +38,16 @@ pub fn run(
     bursts: &[(u64, bool)],
     wait_ms: u64,
 ) -> Result<Result<Vec<u64>, String>> {
-    let spec = format!("{pmu}/event={:#04x},rmid={rmid}/", Event::MbmTotalBytes as u64);
+    let spec = format!(
+        "{pmu}/event={:#04x},rmid={rmid}/",
+        Event::MbmTotalBytes as u64
+    );
     // --no-scale: the raw count, which the model knows exactly (perf scales
     // a multiplexed count by default).
-    let mut argv: Vec<String> =
-        ["/usr/bin/perf", "stat", "-a", "--no-scale", "-x,"].iter().map(|s| s.to_string()).collect();
+    let mut argv: Vec<String> = ["/usr/bin/perf", "stat", "-a", "--no-scale", "-x,"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
     match how {
         StatHow::Interval => argv.extend(["-I".to_string(), INTERVAL_MS.to_string()]),
         StatHow::Control => {
@@ -56,20 +61,36 @@ pub fn run(
             if status != Some(0) {
                 bail!("making perf stat's control FIFOs: {stderr}");
             }
-            argv.extend(["-D".to_string(), "-1".to_string(), "--control".to_string(), format!("fifo:{CTL},{ACK}")]);
+            argv.extend([
+                "-D".to_string(),
+                "-1".to_string(),
+                "--control".to_string(),
+                format!("fifo:{CTL},{ACK}"),
+            ]);
         }
     }
     argv.extend(["-e".to_string(), spec.clone()]);
-    let job = start_job(g, JobSpec::Process { argv, perf_fds: 1, settle_ms: 150 })?;
+    let job = start_job(
+        g,
+        JobSpec::Process {
+            argv,
+            perf_fds: 1,
+            settle_ms: 150,
+        },
+    )?;
     let mut enabled = how == StatHow::Interval;
     for &(bytes, counted) in bursts {
         if how == StatHow::Control && counted != enabled {
             let command = if counted { "enable" } else { "disable" };
-            let script = format!("echo {command} > {CTL} && read -t 10 reply < {ACK} && [ \"$reply\" = ack ]");
+            let script = format!(
+                "echo {command} > {CTL} && read -t 10 reply < {ACK} && [ \"$reply\" = ack ]"
+            );
             let (status, _, stderr) = g.run(&["/bin/bash", "-c", &script])?;
             if status != Some(0) {
                 let _ = stop_job(g, job, libc::SIGINT);
-                return Ok(Err(format!("perf stat --control {command}: no ack ({stderr})")));
+                return Ok(Err(format!(
+                    "perf stat --control {command}: no ack ({stderr})"
+                )));
             }
             enabled = counted;
         }
@@ -82,10 +103,18 @@ pub fn run(
     let JobResult::Process { stderr, stdout, .. } = &result else {
         bail!("perf stat: not a process result: {result:?}")
     };
-    Ok(count(stderr, &spec, how).map(|n| vec![n]).map_err(|e| format!("{e}; stdout {stdout:?}")))
+    Ok(count(stderr, &spec, how)
+        .map(|n| vec![n])
+        .map_err(|e| format!("{e}; stdout {stdout:?}")))
 }
 
-fn inject(control: &mut ControlClient, domain: u32, rmid: u32, bytes: u64, wait_ms: u64) -> Result<()> {
+fn inject(
+    control: &mut ControlClient,
+    domain: u32,
+    rmid: u32,
+    bytes: u64,
+    wait_ms: u64,
+) -> Result<()> {
     control.inject(domain, rmid, Event::MbmTotalBytes, bytes)?;
     control.wait_landed(wait_ms)?;
     Ok(())
@@ -109,13 +138,18 @@ fn count(stderr: &str, spec: &str, how: StatHow) -> Result<u64, String> {
         let n: u64 = if value == "<not counted>" {
             0
         } else {
-            value.parse().map_err(|_| format!("perf stat printed {value:?} in {line:?}"))?
+            value
+                .parse()
+                .map_err(|_| format!("perf stat printed {value:?} in {line:?}"))?
         };
         total += n;
         lines += 1;
     }
     if lines == 0 {
-        return Err(format!("perf stat printed no line for {spec}: {}", stderr.trim()));
+        return Err(format!(
+            "perf stat printed no line for {spec}: {}",
+            stderr.trim()
+        ));
     }
     Ok(total)
 }
@@ -131,11 +165,30 @@ mod tests {
         let intervals = "#  time,counts\n     0.100,64,,perfbed_l3_1/event=0x02,rmid=6/,100000,100.00,,\n     0.200,<not counted>,,x,0,0,,\n     0.200,128,,perfbed_l3_1/event=0x02,rmid=6/,100000,100.00,,\n";
         assert_eq!(count(intervals, SPEC, StatHow::Interval), Ok(192));
         let not_counted = "     0.300,<not counted>,,perfbed_l3_1/event=0x02,rmid=6/,0,0.00,,\n";
-        assert_eq!(count(&(intervals.to_string() + not_counted), SPEC, StatHow::Interval), Ok(192));
+        assert_eq!(
+            count(
+                &(intervals.to_string() + not_counted),
+                SPEC,
+                StatHow::Interval
+            ),
+            Ok(192)
+        );
         let last = "640,,perfbed_l3_1/event=0x02,rmid=6/,2000,100.00,,\n";
         assert_eq!(count(last, SPEC, StatHow::Control), Ok(640));
-        assert_eq!(count("<not counted>,,perfbed_l3_1/event=0x02,rmid=6/,0,0.00,,\n", SPEC, StatHow::Control), Ok(0));
-        assert!(count("<not supported>,,perfbed_l3_1/event=0x02,rmid=6/,0,0.00,,\n", SPEC, StatHow::Control).is_err());
+        assert_eq!(
+            count(
+                "<not counted>,,perfbed_l3_1/event=0x02,rmid=6/,0,0.00,,\n",
+                SPEC,
+                StatHow::Control
+            ),
+            Ok(0)
+        );
+        assert!(count(
+            "<not supported>,,perfbed_l3_1/event=0x02,rmid=6/,0,0.00,,\n",
+            SPEC,
+            StatHow::Control
+        )
+        .is_err());
         assert!(count("", SPEC, StatHow::Control).is_err());
     }
 }

@@ -53,23 +53,37 @@ pub fn replay(shape: DeviceShape, journal: &[Entry]) -> Replay {
                         model.open(*expect, spec);
                         formats.insert(*expect, event.read_format);
                     }
-                    (Ok(()), Ok(words)) => {
-                        find(format!("the open gave handle {words:?}, the stress expected {expect}"))
-                    }
+                    (Ok(()), Ok(words)) => find(format!(
+                        "the open gave handle {words:?}, the stress expected {expect}"
+                    )),
                     (Err(r), Err(errno)) if r.errno() == errno => {}
                     (Ok(()), Err(errno)) => {
                         if errno == "EBUSY" {
                             out.ebusy += 1;
                         }
-                        find(format!("the open failed with {errno}, the model expected it to open"))
+                        find(format!(
+                            "the open failed with {errno}, the model expected it to open"
+                        ))
                     }
-                    (Err(r), got) => find(format!("the open gave {got:?}, the model expected {} ({r:?})", r.errno())),
+                    (Err(r), got) => find(format!(
+                        "the open gave {got:?}, the model expected {} ({r:?})",
+                        r.errno()
+                    )),
                 }
             }
-            (Step::Ioctl { handle, ioctl, group }, result) => match (model.is_open(*handle), result) {
+            (
+                Step::Ioctl {
+                    handle,
+                    ioctl,
+                    group,
+                },
+                result,
+            ) => match (model.is_open(*handle), result) {
                 (true, Ok(_)) => model.ioctl(*handle, ioctl.model(), *group),
                 (false, Err(errno)) if errno == "EBADF" => {}
-                (open, got) => find(format!("{ioctl:?} (group {group}) on event {handle} (open: {open}) gave {got:?}")),
+                (open, got) => find(format!(
+                    "{ioctl:?} (group {group}) on event {handle} (open: {open}) gave {got:?}"
+                )),
             },
             (Step::Read { handle }, result) => {
                 let Some(&format) = formats.get(handle).filter(|_| model.is_open(*handle)) else {
@@ -85,8 +99,11 @@ pub fn replay(shape: DeviceShape, journal: &[Entry]) -> Replay {
                         continue;
                     }
                 };
-                let members =
-                    if format.group { model.group(model.leader(*handle).unwrap_or(*handle)) } else { vec![*handle] };
+                let members = if format.group {
+                    model.group(model.leader(*handle).unwrap_or(*handle))
+                } else {
+                    vec![*handle]
+                };
                 let members = match reads::parse(words, format, *handle, &members) {
                     Ok(m) => m,
                     Err(e) => {
@@ -103,9 +120,17 @@ pub fn replay(shape: DeviceShape, journal: &[Entry]) -> Replay {
                     if let Some(id) = m.id {
                         let first = *ids.entry(m.handle).or_insert(id);
                         if first != id {
-                            find(format!("event {}'s PERF_FORMAT_ID changed from {first} to {id}", m.handle));
-                        } else if let Some((other, _)) = ids.iter().find(|&(&h, &i)| i == id && h != m.handle) {
-                            find(format!("events {} and {other} read the same id {id}", m.handle));
+                            find(format!(
+                                "event {}'s PERF_FORMAT_ID changed from {first} to {id}",
+                                m.handle
+                            ));
+                        } else if let Some((other, _)) =
+                            ids.iter().find(|&(&h, &i)| i == id && h != m.handle)
+                        {
+                            find(format!(
+                                "events {} and {other} read the same id {id}",
+                                m.handle
+                            ));
                         }
                     }
                 }
@@ -119,8 +144,23 @@ pub fn replay(shape: DeviceShape, journal: &[Entry]) -> Replay {
                 ids.remove(handle);
             }
             (_, Err(e)) => find(format!("{:?} failed: {e}", entry.step)),
-            (&Step::Burst { domain, event, rmid, bytes }, Ok(_)) => model.burst(domain, event, rmid, bytes),
-            (&Step::Occupancy { domain, rmid, bytes }, Ok(_)) => model.occupancy(domain, rmid, bytes),
+            (
+                &Step::Burst {
+                    domain,
+                    event,
+                    rmid,
+                    bytes,
+                },
+                Ok(_),
+            ) => model.burst(domain, event, rmid, bytes),
+            (
+                &Step::Occupancy {
+                    domain,
+                    rmid,
+                    bytes,
+                },
+                Ok(_),
+            ) => model.occupancy(domain, rmid, bytes),
             (Step::Rate { .. } | Step::Online { .. }, Ok(_)) => {}
             (&Step::Move { domain }, Ok(_)) => model.moved(domain),
             (&Step::OthersOpen { domain }, Ok(_)) => model.others_may_open(domain),
@@ -132,10 +172,31 @@ pub fn replay(shape: DeviceShape, journal: &[Entry]) -> Replay {
                 let since = parked_at.remove(&domain).unwrap_or(entry.at_ns);
                 model.unpark(domain, entry.at_ns.saturating_sub(since));
             }
-            (Step::PerfStat { domain, rmid, how, bursts }, Ok(words)) => {
-                let kind = Kind::Counter { pmu: *domain, event: 2, rmid: *rmid };
+            (
+                Step::PerfStat {
+                    domain,
+                    rmid,
+                    how,
+                    bursts,
+                },
+                Ok(words),
+            ) => {
+                let kind = Kind::Counter {
+                    pmu: *domain,
+                    event: 2,
+                    rmid: *rmid,
+                };
                 let disabled = *how == StatHow::Control;
-                model.open(PERF_STAT_HANDLE, OpenSpec { kind, disabled, pinned: false, exclusive: false, group: None });
+                model.open(
+                    PERF_STAT_HANDLE,
+                    OpenSpec {
+                        kind,
+                        disabled,
+                        pinned: false,
+                        exclusive: false,
+                        group: None,
+                    },
+                );
                 for &(bytes, counted) in bursts {
                     if *how == StatHow::Control && counted != model.is_enabled(PERF_STAT_HANDLE) {
                         let ioctl = if counted {
@@ -148,7 +209,14 @@ pub fn replay(shape: DeviceShape, journal: &[Entry]) -> Replay {
                     model.burst(*domain, 2, *rmid, bytes);
                 }
                 let value = words.first().copied().unwrap_or(0);
-                for mismatch in model.read(PERF_STAT_HANDLE, Observed { value, enabled: None, running: None }) {
+                for mismatch in model.read(
+                    PERF_STAT_HANDLE,
+                    Observed {
+                        value,
+                        enabled: None,
+                        running: None,
+                    },
+                ) {
                     find(format!("perf stat ({how:?}): {mismatch}"));
                 }
                 model.close(PERF_STAT_HANDLE);
@@ -163,8 +231,18 @@ mod tests {
     use super::super::journal::{IoctlName, Opened};
     use super::*;
 
-    const SHAPE: DeviceShape = DeviceShape { pmus: 2, slots: 4, unit_bytes: 64, counter_width: 24, max_rate: 2 << 30 };
-    const TIMED: ReadFormat = ReadFormat { times: true, id: false, group: false };
+    const SHAPE: DeviceShape = DeviceShape {
+        pmus: 2,
+        slots: 4,
+        unit_bytes: 64,
+        counter_width: 24,
+        max_rate: 2 << 30,
+    };
+    const TIMED: ReadFormat = ReadFormat {
+        times: true,
+        id: false,
+        group: false,
+    };
 
     fn open(expect: Handle, disabled: bool) -> Entry {
         let event = Opened {
@@ -182,19 +260,54 @@ mod tests {
     }
 
     fn ok(step: Step, words: Vec<u64>) -> Entry {
-        Entry { step, result: Ok(words), took_ns: 1000, at_ns: 0 }
+        Entry {
+            step,
+            result: Ok(words),
+            took_ns: 1000,
+            at_ns: 0,
+        }
     }
 
     #[test]
     fn the_first_differing_step_is_named() {
         let journal = vec![
             open(1, false),
-            ok(Step::Burst { domain: 1, event: 2, rmid: 3, bytes: 640 }, vec![]),
+            ok(
+                Step::Burst {
+                    domain: 1,
+                    event: 2,
+                    rmid: 3,
+                    bytes: 640,
+                },
+                vec![],
+            ),
             ok(Step::Read { handle: 1 }, vec![640, 10, 10]),
-            ok(Step::Ioctl { handle: 1, ioctl: IoctlName::Disable, group: false }, vec![0]),
-            ok(Step::Burst { domain: 1, event: 2, rmid: 3, bytes: 6400 }, vec![]),
+            ok(
+                Step::Ioctl {
+                    handle: 1,
+                    ioctl: IoctlName::Disable,
+                    group: false,
+                },
+                vec![0],
+            ),
+            ok(
+                Step::Burst {
+                    domain: 1,
+                    event: 2,
+                    rmid: 3,
+                    bytes: 6400,
+                },
+                vec![],
+            ),
             ok(Step::Move { domain: 1 }, vec![]),
-            ok(Step::Ioctl { handle: 1, ioctl: IoctlName::Enable, group: false }, vec![0]),
+            ok(
+                Step::Ioctl {
+                    handle: 1,
+                    ioctl: IoctlName::Enable,
+                    group: false,
+                },
+                vec![0],
+            ),
             // The disabled window counted: the bug the model is for.
             ok(Step::Read { handle: 1 }, vec![640 + 6400, 30, 30]),
             ok(Step::Close { handle: 1 }, vec![]),
@@ -212,13 +325,26 @@ mod tests {
     fn refusals_and_handles_are_checked() {
         let journal = vec![
             ok(Step::Park { domain: 1 }, vec![]),
-            Entry { step: open(1, false).step, result: Err("ENODEV".into()), took_ns: 5, at_ns: 0 },
-            Entry { step: open(1, false).step, result: Err("EBUSY".into()), took_ns: 7, at_ns: 0 },
+            Entry {
+                step: open(1, false).step,
+                result: Err("ENODEV".into()),
+                took_ns: 5,
+                at_ns: 0,
+            },
+            Entry {
+                step: open(1, false).step,
+                result: Err("EBUSY".into()),
+                took_ns: 7,
+                at_ns: 0,
+            },
             ok(Step::Unpark { domain: 1, cpu: 2 }, vec![]),
             ok(open(1, true).step, vec![2]),
         ];
         let r = replay(SHAPE, &journal);
-        assert_eq!(r.findings.iter().map(|f| f.index).collect::<Vec<_>>(), vec![2, 4]);
+        assert_eq!(
+            r.findings.iter().map(|f| f.index).collect::<Vec<_>>(),
+            vec![2, 4]
+        );
         assert_eq!((r.ebusy, r.longest_open_ns), (0, 1000));
     }
 
@@ -226,7 +352,15 @@ mod tests {
     fn perf_stat_through_its_control_fifo_counts_only_enabled_bursts() {
         let stat = |value| {
             let bursts = vec![(64, false), (128, true), (256, false), (512, true)];
-            ok(Step::PerfStat { domain: 0, rmid: 5, how: StatHow::Control, bursts }, vec![value])
+            ok(
+                Step::PerfStat {
+                    domain: 0,
+                    rmid: 5,
+                    how: StatHow::Control,
+                    bursts,
+                },
+                vec![value],
+            )
         };
         assert_eq!(replay(SHAPE, &[stat(640)]).findings, vec![]);
         assert_eq!(replay(SHAPE, &[stat(960)]).findings.len(), 1);

@@ -72,8 +72,16 @@ impl LifecycleReport {
             self.longest_open_ns as f64 / 1e6,
         );
         if let Some((finding, step)) = &self.first {
-            let _ = writeln!(out, "  first mismatch at operation {} ({step:?}):\n    {}", finding.index, finding.text);
-            let _ = writeln!(out, "  seed {}; replay with:\n    {}", config.seed, config.replay);
+            let _ = writeln!(
+                out,
+                "  first mismatch at operation {} ({step:?}):\n    {}",
+                finding.index, finding.text
+            );
+            let _ = writeln!(
+                out,
+                "  seed {}; replay with:\n    {}",
+                config.seed, config.replay
+            );
         }
         let _ = writeln!(out, "  journal: {}", self.journal.display());
         out
@@ -120,16 +128,38 @@ pub fn run(
         owners.push(g.cpumask(pmu)?.first().copied());
     }
     let first_handle = probe_next_handle(g)?;
-    let mut generator = Generator::new(config.seed, shape, device.domains.clone(), cpus, owners, first_handle);
+    let mut generator = Generator::new(
+        config.seed,
+        shape,
+        device.domains.clone(),
+        cpus,
+        owners,
+        first_handle,
+    );
     let attr = |o: &Opened| attr_of(o, types);
 
     // Opens racing moves: a loop of gauge opens on every PMU, all run long.
     let loop_attrs: Vec<PerfAttr> = (0..pmus.len())
-        .map(|d| PerfAttr { type_: types[d], config: 1 | u64::from(RMID_LOOP) << 8, ..PerfAttr::default() })
+        .map(|d| PerfAttr {
+            type_: types[d],
+            config: 1 | u64::from(RMID_LOOP) << 8,
+            ..PerfAttr::default()
+        })
         .collect();
-    let loop_job = start_job(g, JobSpec::OpenCloseLoop { attrs: loop_attrs, pause_us: 500 })?;
+    let loop_job = start_job(
+        g,
+        JobSpec::OpenCloseLoop {
+            attrs: loop_attrs,
+            pause_us: 500,
+        },
+    )?;
     let mut journal: Vec<Entry> = (0..pmus.len() as u32)
-        .map(|domain| Entry { step: Step::OthersOpen { domain }, result: Ok(vec![]), took_ns: 0, at_ns: 0 })
+        .map(|domain| Entry {
+            step: Step::OthersOpen { domain },
+            result: Ok(vec![]),
+            took_ns: 0,
+            at_ns: 0,
+        })
         .collect();
 
     let start = Instant::now();
@@ -157,7 +187,8 @@ pub fn run(
         }
         for step in generator.next() {
             if perf_op(&step, attr).is_some() {
-                let opens = matches!(step, Step::Open { expect, .. } if generator.format(expect).is_some());
+                let opens =
+                    matches!(step, Step::Open { expect, .. } if generator.format(expect).is_some());
                 pending.push((step, opens));
                 if pending.len() >= BATCH {
                     desync |= flush(g, &mut pending, &attr, &mut journal, start)?;
@@ -188,16 +219,25 @@ pub fn run(
         .with_context(|| format!("writing {}", journal_path.display()))?;
 
     let replayed = replay(shape, &journal);
-    let first = replayed.findings.first().map(|f| (f.clone(), journal[f.index].step.clone()));
+    let first = replayed
+        .findings
+        .first()
+        .map(|f| (f.clone(), journal[f.index].step.clone()));
     let mut checks = Vec::new();
-    let shown: Vec<String> =
-        replayed.findings.iter().take(8).map(|f| format!("operation {}: {}", f.index, f.text)).collect();
+    let shown: Vec<String> = replayed
+        .findings
+        .iter()
+        .take(8)
+        .map(|f| format!("operation {}: {}", f.index, f.text))
+        .collect();
     let mut problems = shown;
     if replayed.findings.len() > 8 {
         problems.push(format!("and {} more", replayed.findings.len() - 8));
     }
     if desync {
-        problems.push("an open's handle was not the one the generator expected: the run stopped there".into());
+        problems.push(
+            "an open's handle was not the one the generator expected: the run stopped there".into(),
+        );
     }
     checks.push(Check::from_problems(
         "lifecycle against the model",
@@ -210,11 +250,20 @@ pub fn run(
         ),
     ));
     let mut ebusy = replayed.ebusy;
-    if let JobResult::OpenCloseLoop { attempts, errors, .. } = &loop_result {
+    if let JobResult::OpenCloseLoop {
+        attempts, errors, ..
+    } = &loop_result
+    {
         ebusy += errors.get("EBUSY").copied().unwrap_or(0);
-        let bad: BTreeMap<&String, &u64> = errors.iter().filter(|(k, _)| k.as_str() != "ENODEV").collect();
-        let problems =
-            if bad.is_empty() { vec![] } else { vec![format!("{attempts} opens racing moves: refused {bad:?}")] };
+        let bad: BTreeMap<&String, &u64> = errors
+            .iter()
+            .filter(|(k, _)| k.as_str() != "ENODEV")
+            .collect();
+        let problems = if bad.is_empty() {
+            vec![]
+        } else {
+            vec![format!("{attempts} opens racing moves: refused {bad:?}")]
+        };
         checks.push(Check::from_problems(
             "opens racing moves",
             problems,
@@ -235,7 +284,11 @@ pub fn run(
 
 /// The handle the agent gives its next event: opens and closes one.
 fn probe_next_handle(g: &mut Guest) -> Result<u32> {
-    let attr = PerfAttr { type_: PERF_TYPE_SOFTWARE, config: PERF_COUNT_SW_CPU_CLOCK, ..PerfAttr::default() };
+    let attr = PerfAttr {
+        type_: PERF_TYPE_SOFTWARE,
+        config: PERF_COUNT_SW_CPU_CLOCK,
+        ..PerfAttr::default()
+    };
     match g.open_as(attr, -1, 0, None)? {
         Ok(handle) => {
             g.close(handle)?;
@@ -269,10 +322,19 @@ fn attr_of(o: &Opened, types: &[u32]) -> PerfAttr {
         read_format |= FORMAT_GROUP;
     }
     let (type_, config) = match o.pmu {
-        Some(d) => (types[d as usize], u64::from(o.event) | u64::from(o.rmid) << 8),
+        Some(d) => (
+            types[d as usize],
+            u64::from(o.event) | u64::from(o.rmid) << 8,
+        ),
         None => (PERF_TYPE_SOFTWARE, PERF_COUNT_SW_CPU_CLOCK),
     };
-    PerfAttr { type_, config, flags, read_format, ..PerfAttr::default() }
+    PerfAttr {
+        type_,
+        config,
+        flags,
+        read_format,
+        ..PerfAttr::default()
+    }
 }
 
 /// Sends the pending perf steps as one batch; says whether an open gave a
@@ -288,7 +350,10 @@ fn flush(
     if pending.is_empty() {
         return Ok(false);
     }
-    let ops: Vec<PerfOp> = pending.iter().filter_map(|(s, _)| perf_op(s, attr)).collect();
+    let ops: Vec<PerfOp> = pending
+        .iter()
+        .filter_map(|(s, _)| perf_op(s, attr))
+        .collect();
     let results = match g.ask(HostRequest::PerfOps { ops })? {
         AgentMessage::PerfOps { results } if results.len() == pending.len() => results,
         other => bail!("a batch of {} perf operations: {other:?}", pending.len()),
@@ -296,10 +361,19 @@ fn flush(
     let mut desync = false;
     for ((step, expected), r) in pending.drain(..).zip(results) {
         if let Step::Open { expect, .. } = step {
-            let got = r.result.as_ref().ok().map(|w| w.as_slice() == [u64::from(expect)]);
+            let got = r
+                .result
+                .as_ref()
+                .ok()
+                .map(|w| w.as_slice() == [u64::from(expect)]);
             desync |= got.is_some() != expected || got == Some(false);
         }
-        journal.push(Entry { step, result: r.result, took_ns: r.took_ns, at_ns: since(run_start) });
+        journal.push(Entry {
+            step,
+            result: r.result,
+            took_ns: r.took_ns,
+            at_ns: since(run_start),
+        });
     }
     Ok(desync)
 }
@@ -325,65 +399,122 @@ fn host_step(
     let start = Instant::now();
     let wait_ms = timeout.as_millis() as u64;
     let result: Result<Vec<u64>, String> = match &step {
-        &Step::Burst { domain, event: e, rmid, bytes } => {
+        &Step::Burst {
+            domain,
+            event: e,
+            rmid,
+            bytes,
+        } => {
             control.inject(domain, rmid, event(e), bytes)?;
             control.wait_landed(wait_ms)?;
             Ok(vec![])
         }
-        &Step::Occupancy { domain, rmid, bytes } => {
+        &Step::Occupancy {
+            domain,
+            rmid,
+            bytes,
+        } => {
             control.set_occupancy(domain, rmid, bytes)?;
             Ok(vec![])
         }
-        &Step::Rate { domain, bytes_per_sec, .. } => {
+        &Step::Rate {
+            domain,
+            bytes_per_sec,
+            ..
+        } => {
             control.set_rate(domain, RMID_RATE, Event::MbmLocalBytes, bytes_per_sec)?;
             Ok(vec![])
         }
-        &Step::Move { domain } => {
-            hotplug(g, &pmus[domain as usize], vec![HotplugOp::FlapOwner { pmu: pmus[domain as usize].clone() }])?
-        }
+        &Step::Move { domain } => hotplug(
+            g,
+            &pmus[domain as usize],
+            vec![HotplugOp::FlapOwner {
+                pmu: pmus[domain as usize].clone(),
+            }],
+        )?,
         &Step::Park { domain } => {
             let cpus = &device.domains[domain as usize];
-            let ops = cpus.iter().map(|&cpu| HotplugOp::Set { cpu, online: false }).collect();
+            let ops = cpus
+                .iter()
+                .map(|&cpu| HotplugOp::Set { cpu, online: false })
+                .collect();
             match hotplug(g, &pmus[domain as usize], ops)? {
                 Ok(mask) if mask.is_empty() => Ok(vec![]),
-                Ok(mask) => Err(format!("{} still on CPU {mask:?} with all its CPUs offline", pmus[domain as usize])),
+                Ok(mask) => Err(format!(
+                    "{} still on CPU {mask:?} with all its CPUs offline",
+                    pmus[domain as usize]
+                )),
                 Err(e) => Err(e),
             }
         }
-        &Step::Unpark { domain, cpu } => {
-            hotplug(g, &pmus[domain as usize], vec![HotplugOp::Set { cpu, online: true }])?
-        }
+        &Step::Unpark { domain, cpu } => hotplug(
+            g,
+            &pmus[domain as usize],
+            vec![HotplugOp::Set { cpu, online: true }],
+        )?,
         &Step::Online { cpu } => {
             g.set_online(cpu, true)?;
             Ok(vec![])
         }
-        Step::PerfStat { domain, rmid, how, bursts } => {
-            super::perf_stat::run(g, control, &pmus[*domain as usize], *domain, *rmid, *how, bursts, wait_ms)?
-        }
-        Step::OthersOpen { .. } | Step::Open { .. } | Step::Ioctl { .. } | Step::Read { .. } | Step::Close { .. } => {
+        Step::PerfStat {
+            domain,
+            rmid,
+            how,
+            bursts,
+        } => super::perf_stat::run(
+            g,
+            control,
+            &pmus[*domain as usize],
+            *domain,
+            *rmid,
+            *how,
+            bursts,
+            wait_ms,
+        )?,
+        Step::OthersOpen { .. }
+        | Step::Open { .. }
+        | Step::Ioctl { .. }
+        | Step::Read { .. }
+        | Step::Close { .. } => {
             bail!("{step:?} is not a host step")
         }
     };
     let took_ns = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
-    Ok(Entry { step, result, took_ns, at_ns: since(run_start) })
+    Ok(Entry {
+        step,
+        result,
+        took_ns,
+        at_ns: since(run_start),
+    })
 }
 
 /// Runs hotplug `ops`; answers the PMU's CPU after them (`[]` if parked).
 fn hotplug(g: &mut Guest, pmu: &str, ops: Vec<HotplugOp>) -> Result<Result<Vec<u64>, String>> {
     let n = ops.len();
-    let result =
-        match g.ask(HostRequest::HotplugBatch { ops, watch_pmus: vec![pmu.to_string()], read_handles: vec![] })? {
-            AgentMessage::HotplugBatch(r) if r.ops.len() == n => r,
-            other => bail!("a hotplug batch of {n}: {other:?}"),
-        };
+    let result = match g.ask(HostRequest::HotplugBatch {
+        ops,
+        watch_pmus: vec![pmu.to_string()],
+        read_handles: vec![],
+    })? {
+        AgentMessage::HotplugBatch(r) if r.ops.len() == n => r,
+        other => bail!("a hotplug batch of {n}: {other:?}"),
+    };
     if let Some(e) = result.ops.iter().find_map(|op| op.error.clone()) {
         return Ok(Err(e));
     }
-    let mask = result.ops.last().and_then(|op| op.masks.first()).cloned().unwrap_or_default();
+    let mask = result
+        .ops
+        .last()
+        .and_then(|op| op.masks.first())
+        .cloned()
+        .unwrap_or_default();
     if mask.is_empty() {
         return Ok(Ok(vec![]));
     }
-    Ok(mask.parse::<u64>().map(|cpu| vec![cpu]).map_err(|_| format!("{pmu}/cpumask {mask:?} is not one CPU")))
+    Ok(mask
+        .parse::<u64>()
+        .map(|cpu| vec![cpu])
+        .map_err(|_| format!("{pmu}/cpumask {mask:?} is not one CPU")))
 }
 
 #[cfg(test)]
@@ -401,13 +532,26 @@ mod tests {
             pinned: false,
             exclusive: true,
             group: None,
-            read_format: ReadFormat { times: true, id: true, group: false },
+            read_format: ReadFormat {
+                times: true,
+                id: true,
+                group: false,
+            },
             cpu: 0,
         };
         let a = attr_of(&o, &[10, 11]);
-        assert_eq!((a.type_, a.config, a.flags), (11, 3 | 4 << 8, FLAG_DISABLED | FLAG_EXCLUSIVE));
-        assert_eq!(a.read_format, FORMAT_TOTAL_TIME_ENABLED | FORMAT_TOTAL_TIME_RUNNING | FORMAT_ID);
+        assert_eq!(
+            (a.type_, a.config, a.flags),
+            (11, 3 | 4 << 8, FLAG_DISABLED | FLAG_EXCLUSIVE)
+        );
+        assert_eq!(
+            a.read_format,
+            FORMAT_TOTAL_TIME_ENABLED | FORMAT_TOTAL_TIME_RUNNING | FORMAT_ID
+        );
         let sw = attr_of(&Opened { pmu: None, ..o }, &[10, 11]);
-        assert_eq!((sw.type_, sw.config), (PERF_TYPE_SOFTWARE, PERF_COUNT_SW_CPU_CLOCK));
+        assert_eq!(
+            (sw.type_, sw.config),
+            (PERF_TYPE_SOFTWARE, PERF_COUNT_SW_CPU_CLOCK)
+        );
     }
 }
