@@ -328,7 +328,11 @@ fn build(inputs: &Inputs, variant: Variant, entry: &Entry, tree: &Path) -> Resul
     }
     step.run(Kernel::make(tree)?.arg("rustavailable"))?;
     let jobs = std::thread::available_parallelism().map_or(2, |n| n.get());
-    step.run(Kernel::make(tree)?.arg(format!("-j{jobs}")).args(variant.make_targets()))?;
+    step.run(
+        Kernel::make(tree)?
+            .arg(format!("-j{jobs}"))
+            .args(variant.make_targets()),
+    )?;
     warnings_are_errors(step.log())?;
     entry.mark_ready()?;
     step.finish();
