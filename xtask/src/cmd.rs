@@ -108,6 +108,21 @@ pub fn free_bytes(path: &Path) -> Option<u64> {
     Some(st.f_bavail as u64 * st.f_frsize as u64)
 }
 
+/// CPU time (user + system) of every child process this one has waited for,
+/// and theirs: the difference across a command is the CPU it cost.
+pub fn children_cpu_time() -> Duration {
+    // SAFETY: getrusage writes into the struct we pass and keeps no pointer.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; RUSAGE_CHILDREN is a valid `who`.
+    if unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage) } != 0 {
+        return Duration::ZERO;
+    }
+    let of = |t: libc::timeval| {
+        Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
+    };
+    of(usage.ru_utime) + of(usage.ru_stime)
+}
+
 /// When a failed step ran out of disk, says so plainly (its log may be
 /// cut short, since it is on the same full disk).
 fn disk_full_hint(log: &Path, tail: &str) -> String {

@@ -132,6 +132,21 @@ pub fn cold(ws: &Path, measure: bool) -> Result<Option<Row>> {
     let total = doc["total_s"]
         .as_f64()
         .context("cold.json without total_s")?;
+    // The CPU the run cost over the cores it had: no build schedule can
+    // finish sooner than that.
+    let floor = match (doc["cpu_s"].as_f64(), doc["cores"].as_u64()) {
+        (Some(cpu), Some(cores)) if cores > 0 => {
+            let floor = cpu / cores as f64;
+            let secs = |s: f64| human(Duration::from_secs_f64(s));
+            format!(
+                "CPU user + sys {}: floor {} on {cores} cores, wall/floor {:.2}; ",
+                secs(cpu),
+                secs(floor),
+                total / floor
+            )
+        }
+        _ => "CPU time not recorded; ".to_string(),
+    };
     let steps: Vec<String> = doc["steps"]
         .as_array()
         .map(|a| {
@@ -148,18 +163,37 @@ pub fn cold(ws: &Path, measure: bool) -> Result<Option<Row>> {
         .unwrap_or_default();
     Ok(Some(
         Row::new("cold run: first `cargo xtask run`, empty cache", total, "s")
-            .against(
-                "before this work (issue 11, not side by side)",
-                COLD_BEFORE_S,
-            )
+            .against("before this work (issue 11, not side by side)", COLD_BEFORE_S)
             .goal(Goal::AtMost(COLD_GOAL_S))
             .note(format!(
-                "measured {} (load average after: {}; apt not included: packages installed): {}",
+                "{floor}measured {} {} (load average after: {}; apt not included: packages installed): {}",
                 doc["when"].as_str().unwrap_or("?"),
+                measured_tree(ws, doc["commit"].as_str()),
                 doc["loadavg_after"].as_str().unwrap_or("?"),
                 steps.join(", ")
             )),
     ))
+}
+
+/// Which tree a saved cold run measured, against the work tree's HEAD now:
+/// a figure of an older tree must say so.
+fn measured_tree(ws: &Path, commit: Option<&str>) -> String {
+    let Some(commit) = commit else {
+        return "of an unrecorded commit".into();
+    };
+    let short = &commit[..commit.len().min(10)];
+    let range = format!("{commit}..HEAD");
+    let since = crate::cmd::output(
+        Command::new("git")
+            .arg("-C")
+            .arg(ws)
+            .args(["rev-list", "--count", &range]),
+    );
+    match since.ok().and_then(|n| n.trim().parse::<u64>().ok()) {
+        Some(0) => format!("of HEAD ({short})"),
+        Some(n) => format!("of {short}, {n} commit(s) before HEAD: not this tree's figure"),
+        None => format!("of {short}, not an ancestor of HEAD: not this tree's figure"),
+    }
 }
 
 /// A fresh clone of the committed work tree, run with an empty cache
@@ -182,6 +216,14 @@ fn measure_cold(ws: &Path) -> Result<()> {
         clone.display(),
         dir.display()
     );
+    let commit = crate::cmd::output(
+        Command::new("git")
+            .arg("-C")
+            .arg(&clone)
+            .args(["rev-parse", "HEAD"]),
+    )?;
+    let commit = commit.trim();
+    let cpu_before = crate::cmd::children_cpu_time();
     let start = Instant::now();
     let (ok, out) = output_of(
         Command::new("nice")
@@ -193,6 +235,7 @@ fn measure_cold(ws: &Path) -> Result<()> {
             .env_remove("CARGO_TARGET_DIR"),
     )?;
     let wall = start.elapsed();
+    let cpu = crate::cmd::children_cpu_time().saturating_sub(cpu_before);
     fs::write(dir.join("run.log"), &out)?;
     if !ok {
         bail!(
@@ -221,7 +264,16 @@ fn measure_cold(ws: &Path) -> Result<()> {
     let when = crate::cmd::output(Command::new("date").args(["-u", "+%Y-%m-%d %H:%M UTC"]))?
         .trim()
         .to_string();
-    let doc = json!({ "when": when, "total_s": wall.as_secs_f64(), "steps": steps, "loadavg_after": load.trim() });
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let doc = json!({
+        "when": when,
+        "commit": commit,
+        "total_s": wall.as_secs_f64(),
+        "cpu_s": cpu.as_secs_f64(),
+        "cores": cores,
+        "steps": steps,
+        "loadavg_after": load.trim(),
+    });
     let path = cold_file(ws);
     fs::create_dir_all(path.parent().context("cold.json has a folder")?)?;
     fs::write(&path, serde_json::to_string_pretty(&doc)? + "\n")?;
@@ -252,5 +304,42 @@ mod tests {
             Some(Duration::from_secs(643))
         );
         assert_eq!(parse_human("soon"), None);
+    }
+
+    #[test]
+    fn the_cold_row_shows_its_cpu_floor_and_which_tree_it_measured() {
+        let ws = std::env::temp_dir().join(format!("perfbed-cold-row-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&ws);
+        fs::create_dir_all(cold_file(&ws).parent().unwrap()).unwrap();
+        assert!(cold(&ws, false).unwrap().is_none());
+
+        let doc = json!({ "when": "then", "commit": "0123456789abcdef", "total_s": 450.0, "cpu_s": 600.0, "cores": 2, "steps": [] });
+        fs::write(cold_file(&ws), doc.to_string()).unwrap();
+        let row = cold(&ws, false).unwrap().unwrap();
+        assert_eq!(row.value, 450.0);
+        // Not a git work tree: the commit cannot be this tree's.
+        for want in [
+            "CPU user + sys 10m00s",
+            "floor 5m00s on 2 cores",
+            "wall/floor 1.50",
+            "of 0123456789, not an ancestor",
+        ] {
+            assert!(row.note.contains(want), "{want:?} not in {:?}", row.note);
+        }
+
+        // A file from before the CPU time was kept says so.
+        fs::write(
+            cold_file(&ws),
+            json!({ "when": "then", "total_s": 450.0 }).to_string(),
+        )
+        .unwrap();
+        let row = cold(&ws, false).unwrap().unwrap();
+        assert!(
+            row.note.contains("CPU time not recorded")
+                && row.note.contains("of an unrecorded commit"),
+            "{}",
+            row.note
+        );
+        fs::remove_dir_all(&ws).unwrap();
     }
 }

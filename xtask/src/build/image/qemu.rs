@@ -41,6 +41,11 @@ const CONFIGURE: &[&str] = &[
 /// Our files, copied into the QEMU tree's `hw/misc/perfbed/`.
 const SHIM_FILES: &[&str] = &["perfbed.c", "perfbed.h", "meson.build"];
 const STATICLIB: &str = "libperfbed_qemu.a";
+/// Our patches to QEMU's tree (images/qemu/), applied in this order.
+const PATCHES: &[&str] = &[
+    "0001-hw-misc-add-perfbed.patch",
+    "0002-hw-acpi-no-pc_madt_cpu_entry-stub.patch",
+];
 /// Firmware from Debian's packages, in the order QEMU must search it (qboot
 /// for microvm lives in the first; SeaBIOS's copy would shadow it).
 pub const FIRMWARE_DIRS: &[&str] = &["/usr/share/qemu", "/usr/share/seabios"];
@@ -58,7 +63,8 @@ pub fn ensure(workspace: &Path) -> Result<Qemu> {
     key.add("source", version.as_bytes());
     for name in SHIM_FILES
         .iter()
-        .chain(["devices.mak", "0001-hw-misc-add-perfbed.patch"].iter())
+        .chain(["devices.mak"].iter())
+        .chain(PATCHES)
     {
         key.add(
             name,
@@ -209,13 +215,15 @@ fn build_tree(
         shim.join("devices.mak"),
         tree.join("configs/devices/x86_64-softmmu/perfbed.mak"),
     )?;
-    step.run(
-        Command::new("patch")
-            .args(["-p1", "--forward", "--batch", "-d"])
-            .arg(tree)
-            .arg("-i")
-            .arg(shim.join("0001-hw-misc-add-perfbed.patch")),
-    )?;
+    for patch in PATCHES {
+        step.run(
+            Command::new("patch")
+                .args(["-p1", "--forward", "--batch", "-d"])
+                .arg(tree)
+                .arg("-i")
+                .arg(shim.join(patch)),
+        )?;
+    }
     let build = tree.join("build");
     fs::create_dir_all(&build)?;
     step.run(
