@@ -4,9 +4,10 @@
 //! (`perfbed ctl allowed`) and sets `CONFIG_STATUS_ALLOWED` in `DOM_CONFIG_STATUS`, which raises
 //! the domain's interrupt if the line has `IRQ_CTL_CONFIG` (always, placed or parked).
 //!
-//! **What happens.** Whoever reads the status first (the interrupt handler, or the poll, which
-//! reads it too, as the fallback and for hosts without a line) calls [`Domain::note_allowed`]:
-//! it stores the new `DOM_ALLOWED_CPUS` at once and kicks the domain's [`Replacement`], a work.
+//! **What happens.** Whoever looks first (the interrupt handler, or the poll, which looks too, as
+//! the fallback and for hosts without a line) runs [`Domain::check_config`]: it stores the new
+//! `DOM_ALLOWED_CPUS` at once, acknowledges the status and kicks the domain's [`Replacement`],
+//! a work.
 //! The work reads the register again (the last change wins when several come close together),
 //! stores it and calls [`Registration::update_allowed_cpus`]: the perf core runs
 //! `filter_allowed_cpus` (which answers from the stored set) and moves the PMU with its events
@@ -14,13 +15,15 @@
 //! parked and one is now. `migrate_cpu` then does what it does on hotplug: the owner register,
 //! the slots read on the way out and in, the interrupt's affinity (`irq::follow`).
 //!
-//! **No read from a CPU the device no longer allows.** Between the host's change and the work's
-//! move the owner may already be outside the new set, where every counter or status read is a
-//! placement violation. [`Domain::note_allowed`] stores the set before anything else, and
+//! **No read from a CPU the device no longer allows.** The device checks reads against the new
+//! set from the moment the driver reads `DOM_CONFIG_STATUS` (until then against the set the
+//! driver was placed by). [`Domain::check_config`] stores the new set *before* that read, and
 //! `reads_here` asks it, so from then on the old owner's handler, poll and perf callbacks leave
-//! the counters to the device (which keeps counting) and the new owner catches up. Only a read
-//! that raced the host's change itself, before the status was seen, can still be wrong; the
-//! device flags it and the driver ignores it.
+//! the counters to the device (which keeps counting) and the new owner catches up: no read is
+//! ever checked against a set the driver does not know. (Only a second change landing between
+//! the two register reads, microseconds apart, could still catch one read out; the device
+//! flags it and the driver ignores the value.) A `del` of an event on the old owner in that
+//! interval leaves its slot counting, as in a move.
 //!
 //! **Locking.** `update_allowed_cpus` takes the CPU hotplug lock and the perf core's PMU lock,
 //! and sleeps, so it runs in the work (process context), never in the handler. The work holds
@@ -134,21 +137,25 @@ impl Domain {
         allowed
     }
 
-    /// Reads `DOM_CONFIG_STATUS` (from any CPU: the device allows it) and, if the allowed set
-    /// changed, acts on it. Returns the status read. Safe in atomic context.
+    /// Looks for an allowed-set change and acts on it; returns `DOM_CONFIG_STATUS` as read.
+    /// Safe in atomic context.
+    ///
+    /// `DOM_ALLOWED_CPUS` is read and stored *before* `DOM_CONFIG_STATUS`: the device checks
+    /// reads against the new set only once that status is read (acknowledged), so by then no
+    /// CPU of this driver reads by the old one. Both registers may be read from any CPU.
     pub(crate) fn check_config(&self) -> u64 {
+        let known = self.allowed();
+        if self.read_allowed() != known {
+            // Seen before the status says so: stop reading from an owner it drops, now.
+            self.replacement.kick_now();
+        }
         let config = self.dev.mmio.read(self.reg(regs::DOM_CONFIG_STATUS));
         if config & regs::CONFIG_STATUS_ALLOWED != 0 {
-            self.note_allowed();
+            // A change between the two reads is stored now; the work reads the set again too.
+            self.read_allowed();
+            self.replacement.kick_now();
         }
         config
-    }
-
-    /// The device's allowed set changed: stop reading from an owner it no longer allows, and
-    /// have the work place the PMU again.
-    fn note_allowed(&self) {
-        self.read_allowed();
-        self.replacement.kick_now();
     }
 
     /// After registration: the work may place the PMU from now on. Kicked once, for a change
