@@ -25,7 +25,9 @@
 //! flags it and the driver ignores the value.) A `del` of an event on the old owner in that
 //! interval leaves its slot counting, as in a move.
 //!
-//! **Locking.** `update_allowed_cpus` takes the CPU hotplug lock and the perf core's PMU lock,
+//! **Locking.** [`Domain::check_config`] runs under the domain's raw spinlock (interrupts off),
+//! as every counter read and its `reads_here` check do: that is what makes "stored before
+//! acknowledged" hold for a read racing on another CPU. `update_allowed_cpus` takes the CPU hotplug lock and the perf core's PMU lock,
 //! and sleeps, so it runs in the work (process context), never in the handler. The work holds
 //! [`Replacement`]'s mutex around the call; nothing the perf core calls under its locks
 //! (`filter_allowed_cpus`, `migrate_cpu`) takes that mutex, so the order is always the mutex,
@@ -40,7 +42,7 @@ use kernel::sync::{new_mutex, Arc, Mutex};
 
 use crate::hw;
 use crate::regs;
-use crate::{Domain, DomainPmu};
+use crate::{Domain, DomainHw, DomainPmu};
 use kernel::perf::Registration;
 
 /// A registered PMU, for the work.
@@ -130,10 +132,21 @@ impl hw::Poll for Replacement {
 }
 
 impl Domain {
-    /// Stores `DOM_ALLOWED_CPUS` as the set the domain is placed by, and returns it.
-    pub(crate) fn read_allowed(&self) -> u64 {
+    /// Stores `DOM_ALLOWED_CPUS` as the set the domain is placed by, and returns it. Under the
+    /// domain's lock (`_hw`), like every counter read and its `reads_here` check: a read on the
+    /// owner either comes before the store (and before the acknowledgement, so the device still
+    /// checks it against the old set) or sees the new set; and two of these never store out of
+    /// the order they read in.
+    fn store_allowed(&self, _hw: &mut DomainHw) -> u64 {
         let allowed = self.dev.mmio.read(self.reg(regs::DOM_ALLOWED_CPUS));
         self.allowed.store(allowed, core::sync::atomic::Ordering::Relaxed);
+        allowed
+    }
+
+    /// [`Domain::store_allowed`] from process context.
+    pub(crate) fn read_allowed(&self) -> u64 {
+        let mut allowed = 0;
+        hw::with_irqs_off(|| allowed = self.store_allowed(&mut self.hw.lock()));
         allowed
     }
 
@@ -143,16 +156,16 @@ impl Domain {
     /// `DOM_ALLOWED_CPUS` is read and stored *before* `DOM_CONFIG_STATUS`: the device checks
     /// reads against the new set only once that status is read (acknowledged), so by then no
     /// CPU of this driver reads by the old one. Both registers may be read from any CPU.
-    pub(crate) fn check_config(&self) -> u64 {
+    pub(crate) fn check_config(&self, hw: &mut DomainHw) -> u64 {
         let known = self.allowed();
-        if self.read_allowed() != known {
+        if self.store_allowed(hw) != known {
             // Seen before the status says so: stop reading from an owner it drops, now.
             self.replacement.kick_now();
         }
         let config = self.dev.mmio.read(self.reg(regs::DOM_CONFIG_STATUS));
         if config & regs::CONFIG_STATUS_ALLOWED != 0 {
             // A change between the two reads is stored now; the work reads the set again too.
-            self.read_allowed();
+            self.store_allowed(hw);
             self.replacement.kick_now();
         }
         config

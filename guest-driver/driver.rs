@@ -935,7 +935,9 @@ impl hw::Poll for Domain {
     fn poll(&self) -> bool {
         // An allowed-set change, in case its interrupt went missing or there is no line; before
         // the slots, so an owner no longer allowed does not read them (`allowed.rs`).
-        self.check_config();
+        hw::with_irqs_off(|| {
+            self.check_config(&mut self.hw.lock());
+        });
         // Without a line only the poll sees configuration changes: it never stops.
         let keep_polling = !self.irq.enabled.load(Ordering::Relaxed);
         let mut state = (None, false);

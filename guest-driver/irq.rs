@@ -115,9 +115,9 @@ const CTL_PARKED: u64 = regs::IRQ_CTL_CONFIG;
 impl Domain {
     /// The interrupt handler: on the owner, acks the status and folds every held slot.
     fn handle_irq(&self) -> bool {
-        // First, so that an owner the device no longer allows reads nothing (`allowed.rs`).
-        let config = self.check_config();
         let mut hw = self.hw.lock();
+        // First, so that an owner the device no longer allows reads nothing (`allowed.rs`).
+        let config = self.check_config(&mut hw);
         if !self.reads_here(&hw) {
             // A configuration change may come anywhere (the line is pointed away from the
             // domain while parked): only an overflow interrupt has to reach the owner.
