@@ -82,6 +82,7 @@ use kernel::prelude::*;
 use kernel::str::CString;
 use kernel::sync::{new_raw_spinlock, Arc, RawSpinLock};
 
+mod allowed;
 mod hw;
 mod irq;
 // The device's register map, shared with the device model: not all of it is used here.
@@ -507,8 +508,11 @@ struct DomainHw {
 #[pin_data(PinnedDrop)]
 struct Domain {
     index: u32,
-    /// The `ALLOWED_CPUS` mask.
-    allowed: u64,
+    /// The `ALLOWED_CPUS` mask as last read: at probe, then whenever the device says it changed
+    /// (`allowed.rs`). Read by `filter_allowed_cpus` under the perf core's PMU lock.
+    allowed: AtomicU64,
+    /// Places the PMU again after the allowed set changed (`allowed.rs`).
+    replacement: hw::Poller<allowed::Replacement>,
     dev: Arc<Device>,
     #[pin]
     hw: RawSpinLock<DomainHw>,
@@ -526,7 +530,8 @@ impl Domain {
             .read(regs::domain_reg(index.into(), regs::DOM_ALLOWED_CPUS));
         try_pin_init!(Domain {
             index,
-            allowed,
+            allowed: AtomicU64::new(allowed),
+            replacement: allowed::Replacement::new_work()?,
             dev: dev.clone(),
             hw <- new_raw_spinlock!(
                 DomainHw {
@@ -544,7 +549,12 @@ impl Domain {
     }
 
     fn is_allowed(&self, cpu: u32) -> bool {
-        cpu < 64 && self.allowed & (1u64 << cpu) != 0
+        cpu < 64 && self.allowed() & (1u64 << cpu) != 0
+    }
+
+    /// The allowed set the driver places the domain by (`DOM_ALLOWED_CPUS` as last read).
+    fn allowed(&self) -> u64 {
+        self.allowed.load(Ordering::Relaxed)
     }
 
     fn reg(&self, reg: u64) -> u64 {
@@ -571,9 +581,11 @@ impl Domain {
         }
     }
 
-    /// Whether this CPU may read the domain's counters now.
-    fn reads_here(hw: &DomainHw) -> bool {
-        hw.owner == Some(perf::current_cpu())
+    /// Whether this CPU may read the domain's counters now: it is the owner and, as far as the
+    /// driver knows, still allowed (after an allowed-set change that dropped the owner, nobody
+    /// reads until the perf core has moved or parked the PMU; see `allowed.rs`).
+    fn reads_here(&self, hw: &DomainHw) -> bool {
+        hw.owner.is_some_and(|cpu| cpu == perf::current_cpu() && self.is_allowed(cpu))
     }
 
     /// Reads a counter register; `None` (and a warning) if the device flags the value as
@@ -691,7 +703,7 @@ impl Domain {
             self.assign(hw, slot, event, config);
             return Ok(());
         }
-        if Self::reads_here(hw) {
+        if self.reads_here(hw) {
             let moving = hw.slots[..self.dev.slots]
                 .iter()
                 .position(|s| s.state == Holder::Moving);
@@ -771,7 +783,7 @@ impl Domain {
         let Some(slot) = self.slot_of(hw, event) else {
             return;
         };
-        if Self::reads_here(hw) {
+        if self.reads_here(hw) {
             // Folded just now (by `stop`).
             let s = &mut hw.slots[slot];
             s.state = Holder::Idle;
@@ -815,7 +827,7 @@ impl Domain {
         if state == Holder::Idle {
             return;
         }
-        if state != Holder::ParkedIdle && Self::reads_here(hw) && self.sync_slot(hw, slot) {
+        if state != Holder::ParkedIdle && self.reads_here(hw) && self.sync_slot(hw, slot) {
             event.hw_prev_count().set(hw.slots[slot].total);
             return;
         }
@@ -853,7 +865,7 @@ impl Domain {
     /// Brings the count of `event` up to date, if this CPU reads the domain; elsewhere (in
     /// transit, parked) the device keeps counting and the next read on the owner catches up.
     fn fold(&self, hw: &mut DomainHw, event: &Event, config: Config) {
-        if !Self::reads_here(hw) {
+        if !self.reads_here(hw) {
             return;
         }
         if !config.needs_slot() {
@@ -881,7 +893,7 @@ impl Domain {
 
     /// Reads every held slot, if this CPU reads the domain.
     fn sync_held(&self, hw: &mut DomainHw) {
-        if !Self::reads_here(hw) {
+        if !self.reads_here(hw) {
             return;
         }
         for slot in 0..self.dev.slots {
@@ -896,7 +908,7 @@ impl Domain {
     fn poll_here(&self) {
         let mut hw = self.hw.lock();
         self.sync_held(&mut hw);
-        if Self::reads_here(&hw) {
+        if self.reads_here(&hw) {
             self.ack_in_poll();
         }
     }
@@ -913,7 +925,7 @@ impl Domain {
             self.sync_held(&mut hw);
             self.set_owner(&mut hw, owner);
             self.sync_held(&mut hw);
-            later = owner.is_some() && !Self::reads_here(&hw) && hw.held > 0;
+            later = owner.is_some() && !self.reads_here(&hw) && hw.held > 0;
         });
         later
     }
@@ -921,6 +933,13 @@ impl Domain {
 
 impl hw::Poll for Domain {
     fn poll(&self) -> bool {
+        // An allowed-set change, in case its interrupt went missing or there is no line; before
+        // the slots, so an owner no longer allowed does not read them (`allowed.rs`).
+        hw::with_irqs_off(|| {
+            self.check_config(&mut self.hw.lock());
+        });
+        // Without a line only the poll sees configuration changes: it never stops.
+        let keep_polling = !self.irq.enabled.load(Ordering::Relaxed);
         let mut state = (None, false);
         hw::with_irqs_off(|| {
             let hw = self.hw.lock();
@@ -929,7 +948,7 @@ impl hw::Poll for Domain {
         let (owner, held) = state;
         if !held {
             // Nothing to poll; `add` kicks the poller again.
-            return false;
+            return keep_polling;
         }
         if let Some(cpu) = owner {
             // An offline owner (`ENXIO`) is left alone: the perf core moves the domain away.
@@ -1172,10 +1191,10 @@ unsafe fn register(
     dev: &Arc<Device>,
     index: u32,
     gsi: Option<u32>,
-) -> Result<Pin<KBox<Registration<DomainPmu>>>> {
+) -> Result<DomainRegistration> {
     let name = CString::try_from_fmt(kernel::fmt!("perfbed_l3_{}", index))?;
     let domain = Arc::pin_init(Domain::new(dev, index), GFP_KERNEL)?;
-    let allowed = domain.allowed;
+    let allowed = domain.allowed();
     // Requested before the PMU is registered: registering places it, and `migrate_cpu` then
     // points the line at its CPU. A line that cannot be had leaves the domain to the poll.
     let line = gsi.and_then(|gsi| match irq::Line::request(gsi, domain.clone(), &name) {
@@ -1220,7 +1239,14 @@ unsafe fn register(
     })?;
 
     // The perf core placed the PMU during registration, telling the domain its owner through
-    // `migrate_cpu`; nothing more to do here.
+    // `migrate_cpu`. From now on an allowed-set change places it again (`allowed.rs`), and the
+    // poll watches for one (it never stops on a domain without a line).
+    let registered = DomainRegistration(pmu);
+    let pmu = &registered.0;
+    // SAFETY: The registration is pinned in its box, which `registered` owns from here on and
+    // whose drop detaches it before unregistering.
+    unsafe { pmu.data().domain().attach_pmu(pmu) };
+    pmu.data().poller.kick();
     if let Some(line) = &pmu.data().line {
         pr_info!("{}: interrupt {}\n", &*name, line.irq());
     }
@@ -1239,12 +1265,22 @@ unsafe fn register(
             allowed
         ),
     }
-    Ok(pmu)
+    Ok(registered)
+}
+
+/// A domain's registered PMU. Dropping it stops the re-placement work from using the PMU
+/// (`allowed.rs`) before the PMU is unregistered.
+struct DomainRegistration(Pin<KBox<Registration<DomainPmu>>>);
+
+impl Drop for DomainRegistration {
+    fn drop(&mut self) {
+        self.0.data().domain().detach_pmu();
+    }
 }
 
 struct Perfbed {
     /// Dropped first: unregistering the PMUs stops their polls and releases their slots.
-    _pmus: KVec<Pin<KBox<Registration<DomainPmu>>>>,
+    _pmus: KVec<DomainRegistration>,
     /// Unmapped last, when the domains no longer use it.
     _dev: Arc<Device>,
 }

@@ -6,8 +6,8 @@
 //!
 //! **What the line is for.** The device raises a domain's line when a slot counted half a wrap
 //! since it was last read (threshold mode, `DOM_IRQ_THRESHOLD` = an eighth of a wrap), and when
-//! the host changed the domain's allowed CPUs (acknowledged and logged; placing the PMU again
-//! needs a perf core entry point this series does not have yet). The handler folds every held slot on the owner,
+//! the host changed the domain's allowed CPUs (`allowed.rs`: a work asks the perf core to place
+//! the PMU again). The handler folds every held slot on the owner,
 //! which re-arms the threshold: under any rate the counters are read before they can wrap twice,
 //! without waiting for the poll. The poll stays as the fallback, [`POLL_FACTOR`] times slower
 //! for a domain with a line (at the device's maximum rate still more often than a counter
@@ -115,20 +115,15 @@ const CTL_PARKED: u64 = regs::IRQ_CTL_CONFIG;
 impl Domain {
     /// The interrupt handler: on the owner, acks the status and folds every held slot.
     fn handle_irq(&self) -> bool {
-        let config = self.dev.mmio.read(self.reg(regs::DOM_CONFIG_STATUS));
-        if config & regs::CONFIG_STATUS_ALLOWED != 0 {
-            let allowed = self.dev.mmio.read(self.reg(regs::DOM_ALLOWED_CPUS));
-            crate::hw::warn_ratelimited!(
-                "perfbed_l3_{}: the device's allowed CPUs are now {:#x}; placed by {:#x} until \
-                 the perf core can place the PMU again\n",
-                self.index,
-                allowed,
-                self.allowed
-            );
-        }
         let mut hw = self.hw.lock();
-        if !Self::reads_here(&hw) {
-            self.irq.off_owner.fetch_add(1, Ordering::Relaxed);
+        // First, so that an owner the device no longer allows reads nothing (`allowed.rs`).
+        let config = self.check_config(&mut hw);
+        if !self.reads_here(&hw) {
+            // A configuration change may come anywhere (the line is pointed away from the
+            // domain while parked): only an overflow interrupt has to reach the owner.
+            if config == 0 {
+                self.irq.off_owner.fetch_add(1, Ordering::Relaxed);
+            }
             return true;
         }
         let status = self.dev.mmio.read(self.reg(regs::DOM_IRQ_STATUS));
@@ -160,7 +155,7 @@ pub(crate) fn follow(line: &Line, domain: &Domain, owner: Option<u32>) {
         }
         None => {
             domain.dev.mmio.write(domain.reg(regs::DOM_IRQ_CTL), CTL_PARKED);
-            line.set_affinity_away(domain.allowed)
+            line.set_affinity_away(domain.allowed())
         }
     };
     if let Err(e) = result {

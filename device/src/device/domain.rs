@@ -40,7 +40,13 @@ pub(super) struct Slot {
 
 #[derive(Debug, Clone)]
 pub(super) struct Domain {
+    /// What `DOM_ALLOWED_CPUS` reads: the set the host gave last.
     pub(super) allowed: CpuSet,
+    /// The set the placement rule checks reads against: `allowed` as it was
+    /// when the driver last acknowledged a change (read `DOM_CONFIG_STATUS`
+    /// with `CONFIG_STATUS_ALLOWED` set), so that a driver that learns of a
+    /// change from that read is never caught out by it before.
+    pub(super) enforced: CpuSet,
     /// The `OWNER` register.
     pub(super) owner: u64,
     pub(super) slots: Vec<Slot>,
@@ -59,6 +65,7 @@ impl Domain {
     pub(super) fn new(allowed: CpuSet, slots: usize, rmids: usize) -> Domain {
         Domain {
             allowed,
+            enforced: allowed,
             owner: regs::NO_OWNER,
             slots: vec![Slot::default(); slots],
             truth: vec![[0; 2]; rmids],
@@ -77,8 +84,19 @@ impl Domain {
         traffic.advance(dt, max_rate, |rmid, event, bytes| land(truth, slots, rmid, event, bytes));
     }
 
+    /// A read of `DOM_CONFIG_STATUS` (from any vCPU): returns the status and
+    /// clears it; if it said the allowed set changed, the placement rule
+    /// takes the new set from now on.
+    pub(super) fn acknowledge_config(&mut self) -> u64 {
+        let status = std::mem::take(&mut self.irq.config_status);
+        if status & regs::CONFIG_STATUS_ALLOWED != 0 {
+            self.enforced = self.allowed;
+        }
+        status
+    }
+
     /// Counts a counter read by `vcpu`; returns whether it broke the
-    /// placement rule (outside the allowed set, or not the owner).
+    /// placement rule (outside the enforced allowed set, or not the owner).
     pub(super) fn placement_check(&mut self, vcpu: u32) -> bool {
         let reads = self.reads_by_vcpu.entry(vcpu).or_insert(0);
         *reads = reads.wrapping_add(1);
@@ -89,7 +107,7 @@ impl Domain {
     /// status) by `vcpu`: counts a violation if it broke the placement rule
     /// and returns whether it did.
     pub(super) fn placement_ok(&mut self, vcpu: u32) -> bool {
-        let ok = self.allowed.contains(vcpu) && self.owner == u64::from(vcpu);
+        let ok = self.enforced.contains(vcpu) && self.owner == u64::from(vcpu);
         if !ok {
             self.violations = self.violations.wrapping_add(1);
             let v = self.violations_by_vcpu.entry(vcpu).or_insert(0);

@@ -183,7 +183,8 @@ impl Device {
     /// The host changes domain `domain`'s allowed CPUs to `cpus` (which may
     /// be empty): `DOM_ALLOWED_CPUS` reads the new set at once, the owner
     /// is left as it is (placing the domain again is the driver's job) and
-    /// `DOM_CONFIG_STATUS` raises `CONFIG_STATUS_ALLOWED`.
+    /// `DOM_CONFIG_STATUS` raises `CONFIG_STATUS_ALLOWED`. The placement
+    /// rule takes the new set once the driver reads that status.
     pub fn set_allowed(&mut self, now_ns: u64, domain: u32, cpus: &[u32]) -> Result<(), DeviceError> {
         let domains = self.domains.len();
         let set = CpuSet::from_cpus(cpus).map_err(|cpu| DeviceError::NoSuchCpu { cpu, max: regs::MAX_CPUS as u32 })?;
@@ -317,7 +318,7 @@ impl Device {
                     }
                     None => 0,
                 },
-                Reg::ConfigStatus(d) => self.domains.get_mut(d).map_or(0, |x| std::mem::take(&mut x.irq.config_status)),
+                Reg::ConfigStatus(d) => self.domains.get_mut(d).map_or(0, Domain::acknowledge_config),
                 Reg::Occupancy(d, r) => {
                     violation = self.placement_check(d, vcpu);
                     if violation {

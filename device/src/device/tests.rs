@@ -846,11 +846,14 @@ fn allowed_set_changes_raise_the_configuration_interrupt() {
     d.set_allowed(100, 0, &[1]).unwrap();
     assert_eq!(d.read(100, 3, allowed, 8), 0b10);
     assert!(d.line_level(0));
-    // The owner, vCPU 0, is no longer allowed: its counter reads are
-    // violations now, but the configuration status reads from anywhere.
-    assert_eq!(d.read(200, 0, slot_count(0, 0), 8), COUNTER_ERROR);
+    // Until the driver reads the configuration status (from anywhere), the
+    // placement rule keeps the set it was placed by: the owner, vCPU 0,
+    // still reads its counter.
+    assert_eq!(d.read(150, 0, slot_count(0, 0), 8) & COUNTER_ERROR, 0);
     assert_eq!(d.read(200, 3, config, 8), CONFIG_STATUS_ALLOWED);
     assert!(!d.line_level(0));
+    // Acknowledged: vCPU 0 is no longer allowed, its reads are violations.
+    assert_eq!(d.read(200, 0, slot_count(0, 0), 8), COUNTER_ERROR);
     assert_eq!(d.read(200, 3, config, 8), 0, "read-and-clear");
     // An empty set is a set; a vCPU the mask cannot hold is refused.
     d.set_allowed(300, 0, &[]).unwrap();

@@ -10,6 +10,7 @@
 //! landed before its final read, so every final count must equal the
 //! device's truth exactly.
 
+mod allowed;
 pub mod boot;
 mod jobs;
 pub mod lifecycle;
@@ -522,58 +523,59 @@ fn stress(vm: &mut Vm, config: &StressConfig, steps: &[Step]) -> Result<StressRe
                 placements.unparks
             ));
         }
-        let ops: Vec<HotplugOp> = batch
-            .iter()
-            .flat_map(|s| &s.ops)
-            .map(|op| match *op {
-                Op::Set { cpu, online } => HotplugOp::Set { cpu, online },
-                Op::FlapOwner { domain } => HotplugOp::FlapOwner {
-                    pmu: pmus[domain].clone(),
-                },
-            })
-            .collect();
-        let op_count = ops.len();
-        let request = HostRequest::HotplugBatch {
-            ops,
-            watch_pmus: pmus.clone(),
-            read_handles: read_handles.clone(),
-        };
-        let result: HotplugBatchResult = match g.ask(request)? {
-            AgentMessage::HotplugBatch(result) => result,
-            other => bail!("hotplug batch {batch_no}: {other:?}"),
-        };
-        check_batch_shape(&result, op_count, read_handles.len())
-            .with_context(|| format!("hotplug batch {batch_no}"))?;
-        placements.add(&result);
-        for (i, op) in result.ops.iter().enumerate() {
-            writes += u64::from(op.writes);
-            op_time += Duration::from_micros(op.us);
-            if let Some(e) = &op.error {
-                op_errors.push(format!("batch {batch_no} op {i}: {e}"));
-            }
-            for (w, read) in watched.iter().zip(&op.reads) {
-                reads += 1;
-                match read {
-                    Ok(values) => {
-                        if matches!(w.kind, WatchedKind::Group { .. }) && values.first() != Some(&3)
-                        {
-                            bad_read(w.handle, format!("{} read {values:?} after batch {batch_no} op {i}: not a group of 3 any more", w.name));
-                        } else if let Some(prev) = last.get(&w.handle) {
-                            for &word in w.cumulative_words() {
-                                if values.get(word) < prev.get(word) {
-                                    bad_read(w.handle, format!("{} went down after batch {batch_no} op {i}: {prev:?} → {values:?}", w.name));
+        for segment in segments(batch, &pmus) {
+            let ops = match segment {
+                Segment::Guest(ops) => ops,
+                Segment::Allowed { domain, cpus, parks } => {
+                    let change = allowed::change(&mut g, &mut control, &pmus[domain], domain, cpus, parks)?;
+                    placements.allowed_change(domain, &change.from, &change.to);
+                    op_errors.extend(change.problem.map(|p| format!("batch {batch_no}: {p}")));
+                    continue;
+                }
+            };
+            let op_count = ops.len();
+            let request = HostRequest::HotplugBatch {
+                ops,
+                watch_pmus: pmus.clone(),
+                read_handles: read_handles.clone(),
+            };
+            let result: HotplugBatchResult = match g.ask(request)? {
+                AgentMessage::HotplugBatch(result) => result,
+                other => bail!("hotplug batch {batch_no}: {other:?}"),
+            };
+            check_batch_shape(&result, op_count, read_handles.len())
+                .with_context(|| format!("hotplug batch {batch_no}"))?;
+            placements.add(&result);
+            for (i, op) in result.ops.iter().enumerate() {
+                writes += u64::from(op.writes);
+                op_time += Duration::from_micros(op.us);
+                if let Some(e) = &op.error {
+                    op_errors.push(format!("batch {batch_no} op {i}: {e}"));
+                }
+                for (w, read) in watched.iter().zip(&op.reads) {
+                    reads += 1;
+                    match read {
+                        Ok(values) => {
+                            if matches!(w.kind, WatchedKind::Group { .. }) && values.first() != Some(&3)
+                            {
+                                bad_read(w.handle, format!("{} read {values:?} after batch {batch_no} op {i}: not a group of 3 any more", w.name));
+                            } else if let Some(prev) = last.get(&w.handle) {
+                                for &word in w.cumulative_words() {
+                                    if values.get(word) < prev.get(word) {
+                                        bad_read(w.handle, format!("{} went down after batch {batch_no} op {i}: {prev:?} → {values:?}", w.name));
+                                    }
                                 }
                             }
+                            last.insert(w.handle, values.clone());
                         }
-                        last.insert(w.handle, values.clone());
-                    }
-                    Err(errno) => bad_read(
-                        w.handle,
-                        format!(
-                            "{} read failed after batch {batch_no} op {i}: {errno}",
-                            w.name
+                        Err(errno) => bad_read(
+                            w.handle,
+                            format!(
+                                "{} read failed after batch {batch_no} op {i}: {errno}",
+                                w.name
+                            ),
                         ),
-                    ),
+                    }
                 }
             }
         }
@@ -741,6 +743,34 @@ fn stress(vm: &mut Vm, config: &StressConfig, steps: &[Step]) -> Result<StressRe
         replay: config.replay.clone(),
         run_dir: run_dir.clone(),
     })
+}
+
+/// A batch's steps as the stress carries them out: guest hotplug operations
+/// in one agent request, up to each allowed-set change, which the host makes.
+enum Segment<'a> {
+    Guest(Vec<HotplugOp>),
+    Allowed { domain: usize, cpus: &'a [u32], parks: bool },
+}
+
+fn segments<'a>(steps: &'a [Step], pmus: &[String]) -> Vec<Segment<'a>> {
+    let mut out = Vec::new();
+    let mut guest = Vec::new();
+    for op in steps.iter().flat_map(|s| &s.ops) {
+        match *op {
+            Op::Set { cpu, online } => guest.push(HotplugOp::Set { cpu, online }),
+            Op::FlapOwner { domain } => guest.push(HotplugOp::FlapOwner { pmu: pmus[domain].clone() }),
+            Op::SetAllowed { domain, ref cpus, parks } => {
+                if !guest.is_empty() {
+                    out.push(Segment::Guest(std::mem::take(&mut guest)));
+                }
+                out.push(Segment::Allowed { domain, cpus, parks });
+            }
+        }
+    }
+    if !guest.is_empty() {
+        out.push(Segment::Guest(guest));
+    }
+    out
 }
 
 #[cfg(test)]

@@ -8,6 +8,10 @@ pub struct Placements {
     pub moves: u64,
     pub parks: u64,
     pub unparks: u64,
+    /// Allowed-set changes the host made, and how many of them moved,
+    /// parked or placed the PMU (also in `moves`, `parks`, `unparks`).
+    pub allowed_changes: u64,
+    pub replaced_by_allowed: u64,
     /// Masks that were neither empty nor one CPU, or unreadable.
     pub odd: Vec<String>,
 }
@@ -25,6 +29,15 @@ impl Placements {
             (false, false) if from != to => self.moves += 1,
             _ => {}
         }
+    }
+
+    /// Adds the looks before and after an allowed-set change of PMU `pmu`.
+    pub fn allowed_change(&mut self, pmu: usize, from: &str, to: &str) {
+        self.allowed_changes += 1;
+        if from != to {
+            self.replaced_by_allowed += 1;
+        }
+        self.transition(pmu, from, to);
     }
 
     /// Adds one batch's looks, in the order they were taken.

@@ -95,6 +95,11 @@ impl StressReport {
             "  PMUs: {} moves, {} parks, {} unparks seen in cpumask",
             p.moves, p.parks, p.unparks
         );
+        let _ = writeln!(
+            out,
+            "  allowed-set changes: {}, {} of them moved, parked or placed a PMU",
+            p.allowed_changes, p.replaced_by_allowed
+        );
         if let Some(JobResult::OpenCloseLoop {
             attempts,
             opened,

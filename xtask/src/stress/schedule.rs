@@ -1,5 +1,6 @@
 //! The stress run's hotplug schedule, generated from a seed: a list of
-//! steps (one step = one cycle), each a few CPU operations of one kind.
+//! steps (one step = one cycle), each a few CPU operations of one kind, or
+//! a change of a domain's allowed set by the host and its restoration.
 //!
 //! The generator keeps the online set it expects, so every step is valid
 //! where it stands (a CPU goes offline only if it is online, and so on),
@@ -29,9 +30,13 @@ pub enum StepKind {
     OfflineOne,
     /// One CPU comes online.
     OnlineOne,
+    /// The host shrinks a domain's allowed set to a random part of its CPUs
+    /// (empty, or without the owner, sometimes), the PMU is placed again
+    /// (moved, parked or left where it is), and the set is restored.
+    AllowedChange,
 }
 
-pub const ALL_KINDS: [StepKind; 8] = [
+pub const ALL_KINDS: [StepKind; 9] = [
     StepKind::FlapOwner,
     StepKind::Park,
     StepKind::Unpark,
@@ -40,6 +45,7 @@ pub const ALL_KINDS: [StepKind; 8] = [
     StepKind::ReturnShuffled,
     StepKind::OfflineOne,
     StepKind::OnlineOne,
+    StepKind::AllowedChange,
 ];
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,6 +57,14 @@ pub enum Op {
     /// Offline the CPU domain `domain`'s PMU counts on, then online it.
     FlapOwner {
         domain: usize,
+    },
+    /// The host changes domain `domain`'s allowed set to `cpus`, and the
+    /// stress waits for the PMU to be placed again: parked if `parks` (no
+    /// CPU of `cpus` online), else on a CPU of `cpus`.
+    SetAllowed {
+        domain: usize,
+        cpus: Vec<u32>,
+        parks: bool,
     },
 }
 
@@ -187,6 +201,26 @@ impl State<'_> {
             StepKind::OnlineOne => {
                 let cpu = *rng.pick(&self.offline())?;
                 self.set(&mut ops, cpu, true);
+            }
+            StepKind::AllowedChange => {
+                let domains: Vec<usize> = (0..self.topo.domains.len()).collect();
+                let domain = *rng.pick(&domains)?;
+                let original = self.topo.domains[domain].clone();
+                // Each CPU kept at even odds: the owner often goes, and now
+                // and then every CPU.
+                let part: Vec<u32> = original
+                    .iter()
+                    .copied()
+                    .filter(|_| rng.chance(50))
+                    .collect();
+                for cpus in [part, original] {
+                    let parks = !cpus.iter().any(|c| self.online.contains(c));
+                    ops.push(Op::SetAllowed {
+                        domain,
+                        cpus,
+                        parks,
+                    });
+                }
             }
         }
         Some(ops)
@@ -345,9 +379,38 @@ mod tests {
                             ));
                         }
                     }
+                    Op::SetAllowed {
+                        domain,
+                        ref cpus,
+                        parks,
+                    } => {
+                        if cpus.iter().any(|c| !topo.domains[domain].contains(c)) {
+                            return Err(format!(
+                                "step {i} allows {cpus:?}, outside domain {domain}"
+                            ));
+                        }
+                        if parks == cpus.iter().any(|c| online.contains(c)) {
+                            return Err(format!(
+                                "step {i} expects parks={parks} for {cpus:?} with {online:?} online"
+                            ));
+                        }
+                    }
                 }
             }
-            let expect_same = matches!(step.kind, StepKind::FlapOwner | StepKind::Toggle);
+            let expect_same = matches!(
+                step.kind,
+                StepKind::FlapOwner | StepKind::Toggle | StepKind::AllowedChange
+            );
+            if step.kind == StepKind::AllowedChange {
+                match step.ops.last() {
+                    Some(Op::SetAllowed { domain, cpus, .. }) if *cpus == topo.domains[*domain] => {}
+                    last => {
+                        return Err(format!(
+                            "step {i} leaves a domain's allowed set changed: {last:?}"
+                        ))
+                    }
+                }
+            }
             if expect_same != (online == before) {
                 return Err(format!(
                     "step {i} ({:?}) changed the online set {before:?} → {online:?}",
@@ -429,6 +492,22 @@ mod tests {
                     }],
                 },
             ],
+            vec![Step {
+                kind: StepKind::AllowedChange,
+                ops: vec![Op::SetAllowed {
+                    domain: 1,
+                    cpus: vec![3],
+                    parks: false,
+                }],
+            }],
+            vec![Step {
+                kind: StepKind::AllowedChange,
+                ops: vec![Op::SetAllowed {
+                    domain: 1,
+                    cpus: vec![2, 3],
+                    parks: true,
+                }],
+            }],
         ];
         for steps in bad {
             assert!(replay(&topo, &steps).is_err(), "{steps:?}");
@@ -466,7 +545,7 @@ mod tests {
                     match *op {
                         Op::Set { cpu, online: false } => order.push(cpu),
                         Op::Set { cpu, online: true } => order.retain(|&c| c != cpu),
-                        Op::FlapOwner { .. } => {}
+                        Op::FlapOwner { .. } | Op::SetAllowed { .. } => {}
                     }
                 }
             }

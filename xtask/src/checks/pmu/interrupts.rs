@@ -91,7 +91,7 @@ struct Phase {
 }
 
 /// What the driver's counter file `name` of `pmu` says.
-fn counter_file(ctx: &mut Ctx, pmu: &str, name: &str) -> Result<u64> {
+pub(super) fn counter_file(ctx: &mut Ctx, pmu: &str, name: &str) -> Result<u64> {
     let path = format!("/sys/bus/event_source/devices/{pmu}/{name}");
     let text = ctx.g.read_file(&path)?;
     text.trim()

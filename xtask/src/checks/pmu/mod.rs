@@ -4,6 +4,7 @@
 //! compared with the device's ground truth while CPUs come and go.
 
 pub mod accesses;
+pub mod allowed_sets;
 pub mod across_moves;
 pub mod attacks;
 pub mod context;
@@ -51,6 +52,8 @@ pub fn run(
     checks.push(moves::migration(&mut ctx)?);
     checks.push(moves::parking(&mut ctx)?);
     checks.push(interrupts::follow_the_owner(&mut ctx)?);
+    checks.push(allowed_sets::changes(&mut ctx)?);
+    checks.push(allowed_sets::with_reset_and_disable(&mut ctx)?);
     checks.push(across_moves::disabled_across_moves(&mut ctx)?);
     checks.push(across_moves::exclusive_after_moves(&mut ctx)?);
     checks.push(across_moves::mixed_group_after_move(&mut ctx)?);
