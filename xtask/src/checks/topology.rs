@@ -5,10 +5,8 @@
 //! is one L3 and one die"; with others the guest cannot match them (dense
 //! APIC IDs) and the check says so, and still judges the guest by the rule.
 //!
-//! Run on perfbed-vmm only: the QEMU host starts `-smp N` (one socket of N
-//! cores, one die), so its guest's topology is not derived from the domains
-//! at all; laying QEMU's CPUs out by `-smp sockets/dies` and checking what
-//! QEMU 7.2's TCG cache leaves then say is not done yet (docs/vmm-and-box.md).
+//! Run on both hosts: perfbed-vmm lays its CPUID out by the rule, and the
+//! QEMU host passes `-smp` sockets and cores by it (`host/qemu.rs`).
 
 use anyhow::Result;
 use perfbed_device::cpus::format_cpu_list;
@@ -54,7 +52,7 @@ pub fn check(guest: &mut Guest, cpus: u8, domains: &[Vec<u32>]) -> Result<Check>
     );
     if !mismatched.is_empty() {
         ok = format!(
-            "L3s and dies {} as perfbed-vmm lays them out; the domains {} are not a power-of-two split, so they cannot match",
+            "L3s and dies {} as the rule lays them out; the domains {} are not a power-of-two split, so they cannot match",
             l3s.join(" : "),
             domains_text.join(" : ")
         );

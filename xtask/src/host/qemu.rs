@@ -5,6 +5,7 @@ use std::path::Path;
 use std::process::Command;
 
 use perfbed_device::cpus::format_cpu_list;
+use perfbed_device::l3_topology;
 use perfbed_device::DeviceConfig;
 
 use super::config::{device_gsis, VmConfig, DEVICE_BASE};
@@ -62,7 +63,7 @@ pub fn guest_args(qemu: &mut Command, config: &VmConfig, accel: &Accel, cmdline:
         qemu.args(["-accel", "tcg", "-cpu", "max"]);
     }
     qemu.arg("-smp")
-        .arg(config.cpus.to_string())
+        .arg(smp_arg(u32::from(config.cpus), &config.device.domains))
         .arg("-m")
         .arg(config.memory_mib.to_string())
         .arg("-kernel")
@@ -71,6 +72,24 @@ pub fn guest_args(qemu: &mut Command, config: &VmConfig, accel: &Accel, cmdline:
         .arg(&config.initramfs)
         .arg("-append")
         .arg(cmdline);
+}
+
+/// `-smp` laying the CPUs out as perfbed-vmm's CPUID does
+/// (`perfbed_device::l3_topology`): aligned blocks of `2^b` CPUs, each one
+/// L3 and one die as Linux reads them. The blocks are QEMU *sockets*, not
+/// dies: `microvm` refuses `dies=` in QEMU 7.2 (only `pc` sets
+/// `dies_supported`). With one die per socket QEMU's leaf 4 (its own cache
+/// model: `host-cache-info` is off and `l3-cache` on by default, for `host`
+/// too) shares the L3 among `1 << die_offset` APIC IDs, the socket, and
+/// Linux, with no die level in leaf 0xB, takes the package's shift for the
+/// die's, so `die_id` is the socket. APIC IDs are core numbers
+/// (`threads=1`, `cores=2^b`), dense from 0 as in perfbed-vmm; when the last
+/// block is short (6 CPUs in blocks of 4) `maxcpus` holds the full blocks
+/// and the missing CPUs are never present.
+fn smp_arg(cpus: u32, domains: &[Vec<u32>]) -> String {
+    let cores = 1u32 << l3_topology::l3_sharing_bits(cpus, domains);
+    let sockets = cpus.div_ceil(cores);
+    format!("cpus={cpus},maxcpus={},sockets={sockets},dies=1,cores={cores},threads=1", sockets * cores)
 }
 
 /// The agent's virtio-serial port, on a socket QEMU serves and waits on
@@ -110,4 +129,23 @@ fn device_arg(device: &DeviceConfig, control: &Path) -> String {
         arg += &format!(",irqs={}", gsis.join(":"));
     }
     arg
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn smp_makes_each_power_of_two_block_a_socket() {
+        let halves = [vec![0, 1], vec![2, 3]];
+        assert_eq!(smp_arg(4, &halves), "cpus=4,maxcpus=4,sockets=2,dies=1,cores=2,threads=1");
+        let quarters: Vec<Vec<u32>> = (0..4).map(|d| (4 * d..4 * d + 4).collect()).collect();
+        assert_eq!(smp_arg(16, &quarters), "cpus=16,maxcpus=16,sockets=4,dies=1,cores=4,threads=1");
+        // A short last block: the missing CPUs are slots, never present.
+        assert_eq!(smp_arg(6, &[vec![0, 1, 2, 3], vec![4, 5]]), "cpus=6,maxcpus=8,sockets=2,dies=1,cores=4,threads=1");
+        // Not a power-of-two split: the blocks of the largest domain, as perfbed-vmm.
+        assert_eq!(smp_arg(6, &[vec![0, 1, 2], vec![3, 4, 5]]), "cpus=6,maxcpus=8,sockets=2,dies=1,cores=4,threads=1");
+        assert_eq!(smp_arg(1, &[vec![0]]), "cpus=1,maxcpus=1,sockets=1,dies=1,cores=1,threads=1");
+        assert_eq!(smp_arg(3, &[]), "cpus=3,maxcpus=4,sockets=1,dies=1,cores=4,threads=1");
+    }
 }
