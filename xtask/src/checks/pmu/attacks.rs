@@ -577,9 +577,13 @@ fn gauge_left_alone(ctx: &mut Ctx, d: usize, alone: Alone) -> Result<(Vec<String
     Ok((
         problems,
         format!(
-            "{}: llc_occupancy in an mbm group ran {:.0} %, alone after the close {:.0} % (an mbm event beside it {:.0} %)",
+            "{}: llc_occupancy in an mbm group ran {:.0} %, {} {:.0} % (an mbm event beside it {:.0} %)",
             pmu_name(d),
             100.0 * grouped,
+            match alone {
+                Alone::LeaderClosed => "promoted by the leader's close",
+                Alone::SiblingClosed => "left leading alone by the sibling's close",
+            },
             100.0 * alone_share,
             100.0 * other
         ),
