@@ -28,7 +28,7 @@ use perfbed_device::regs::Event;
 
 use super::context::{Ctx, MIB};
 use super::moves::movable_domain;
-use super::redteam::{inject, must, open_with, owner, rmid, Named};
+use super::redteam::{inject, must, open_with, owner, rmid, truth, Named};
 use crate::checks::Check;
 use crate::guest::perf_abi::{
     FORMAT_TOTAL_TIME_ENABLED, FORMAT_TOTAL_TIME_RUNNING, PERF_COUNT_SW_CPU_CLOCK,
@@ -83,15 +83,6 @@ fn violations(ctx: &mut Ctx) -> Result<u64> {
         .iter()
         .map(|s| s.violations)
         .sum())
-}
-
-fn truth(ctx: &mut Ctx, d: usize, r: u32) -> Result<u64> {
-    Ok(Ctx::truth(
-        &ctx.control.state()?,
-        d,
-        r,
-        Event::MbmTotalBytes,
-    ))
 }
 
 /// Checks a settle and names what it waited for.
