@@ -23,7 +23,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
-use perfbed_agent::{PerfAttr, PerfIoctl};
+use perfbed_agent::{AgentMessage, HostRequest, PerfAttr, PerfIoctl};
 use perfbed_device::regs::Event;
 
 use super::context::{Ctx, MIB};
@@ -34,7 +34,7 @@ use crate::guest::perf_abi::{
     FORMAT_TOTAL_TIME_ENABLED, FORMAT_TOTAL_TIME_RUNNING, PERF_COUNT_SW_CPU_CLOCK,
     PERF_TYPE_SOFTWARE,
 };
-use crate::guest::pmu_name;
+use crate::guest::{pmu_name, MODULE};
 
 const TIMES: u64 = FORMAT_TOTAL_TIME_ENABLED | FORMAT_TOTAL_TIME_RUNNING;
 
@@ -622,11 +622,79 @@ pub fn same_set_changes_nothing(ctx: &mut Ctx) -> Result<Check> {
     ))
 }
 
+/// A11. Changes while perfbed.ko is not loaded, after changes made while it
+///      was: loaded again, it is placed by the set the device has now (a
+///      one-CPU set: that CPU; an empty one: parked, opens ENODEV), and a
+///      change after the load still places it; counts exact, 0 violations.
+pub fn reload_after_changes(ctx: &mut Ctx) -> Result<Check> {
+    let (d, allowed) = movable_domain(ctx)?;
+    let r = rmid(ctx, 5);
+    let mut problems = Vec::new();
+    let v0 = violations(ctx)?;
+    let first = other(&allowed, owner(ctx, d)?);
+    let then = other(&allowed, first);
+    set(ctx, d, &[first])?;
+    expect_settled(ctx, d, Some(&[first]), "before unload", &mut problems)?;
+    let reload = |ctx: &mut Ctx, during: &[u32]| -> Result<()> {
+        let gone = ctx.g.ask(HostRequest::UnloadModule {
+            name: MODULE.into(),
+        })?;
+        set(ctx, d, during)?;
+        let back = ctx.g.ask(HostRequest::LoadModule {
+            name: MODULE.into(),
+        })?;
+        if gone != AgentMessage::Done || back != AgentMessage::Done {
+            bail!("unload {gone:?}, load {back:?}");
+        }
+        for x in 0..ctx.types.len() {
+            ctx.types[x] = ctx.g.pmu_type(&pmu_name(x))?;
+        }
+        Ok(())
+    };
+    reload(ctx, &[then])?;
+    let placed = expect_settled(ctx, d, Some(&[then]), "loaded with S={then}", &mut problems)?;
+    let h = open_with(ctx, d, r, TIMES, 0, None)?;
+    let start = truth(ctx, d, r)?;
+    inject(ctx, d, r, MIB)?;
+    let w = ctx.g.read(h)?;
+    judge_read("after reload", &w, truth(ctx, d, r)? - start, &mut problems);
+    ctx.g.close(h)?;
+    reload(ctx, &[])?;
+    let parked = expect_settled(ctx, d, None, "loaded with S empty", &mut problems)?;
+    match ctx.g.open(ctx.attr(d, Event::MbmTotalBytes, r), None)? {
+        Err(e) if e == "ENODEV" => {}
+        Ok(x) => {
+            ctx.g.close(x)?;
+            problems.push("loaded with S empty, an open succeeded (want ENODEV)".into());
+        }
+        Err(e) => problems.push(format!(
+            "loaded with S empty, an open gave {e} (want ENODEV)"
+        )),
+    }
+    set(ctx, d, &allowed)?;
+    let again = expect_settled(
+        ctx,
+        d,
+        Some(&allowed),
+        "change after the load",
+        &mut problems,
+    )?;
+    let v = violations(ctx)? - v0;
+    if v != 0 {
+        problems.push(format!("{v} placement violations"));
+    }
+    Ok(Check::from_problems(
+        "allowed-attack: reload after changes",
+        problems,
+        format!("S={{{first}}}, unloaded, S={{{then}}}, loaded: {placed:?}, counted {} = truth; unloaded, S empty, loaded: {parked:?}, ENODEV; S={allowed:?}: {again:?}; 0 violations", w[0]),
+    ))
+}
+
 /// Runs each attack; whatever it did, the domain's set is restored and
 /// every CPU is online again before the next, so one broken attack never
 /// hides the others' verdicts.
 pub fn run(ctx: &mut Ctx) -> Result<Vec<Check>> {
-    let checks: [Named; 10] = [
+    let checks: [Named; 11] = [
         (
             "allowed-attack: change racing offline",
             change_racing_offline_of_target,
@@ -655,6 +723,7 @@ pub fn run(ctx: &mut Ctx) -> Result<Vec<Check>> {
             "allowed-attack: owner kept, nothing moves",
             same_set_changes_nothing,
         ),
+        ("allowed-attack: reload after changes", reload_after_changes),
     ];
     let (d, allowed) = movable_domain(ctx)?;
     let mut out = Vec::new();
