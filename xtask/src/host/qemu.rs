@@ -89,7 +89,10 @@ pub fn guest_args(qemu: &mut Command, config: &VmConfig, accel: &Accel, cmdline:
 fn smp_arg(cpus: u32, domains: &[Vec<u32>]) -> String {
     let cores = 1u32 << l3_topology::l3_sharing_bits(cpus, domains);
     let sockets = cpus.div_ceil(cores);
-    format!("cpus={cpus},maxcpus={},sockets={sockets},dies=1,cores={cores},threads=1", sockets * cores)
+    format!(
+        "cpus={cpus},maxcpus={},sockets={sockets},dies=1,cores={cores},threads=1",
+        sockets * cores
+    )
 }
 
 /// The agent's virtio-serial port, on a socket QEMU serves and waits on
@@ -138,14 +141,32 @@ mod tests {
     #[test]
     fn smp_makes_each_power_of_two_block_a_socket() {
         let halves = [vec![0, 1], vec![2, 3]];
-        assert_eq!(smp_arg(4, &halves), "cpus=4,maxcpus=4,sockets=2,dies=1,cores=2,threads=1");
+        assert_eq!(
+            smp_arg(4, &halves),
+            "cpus=4,maxcpus=4,sockets=2,dies=1,cores=2,threads=1"
+        );
         let quarters: Vec<Vec<u32>> = (0..4).map(|d| (4 * d..4 * d + 4).collect()).collect();
-        assert_eq!(smp_arg(16, &quarters), "cpus=16,maxcpus=16,sockets=4,dies=1,cores=4,threads=1");
+        assert_eq!(
+            smp_arg(16, &quarters),
+            "cpus=16,maxcpus=16,sockets=4,dies=1,cores=4,threads=1"
+        );
         // A short last block: the missing CPUs are slots, never present.
-        assert_eq!(smp_arg(6, &[vec![0, 1, 2, 3], vec![4, 5]]), "cpus=6,maxcpus=8,sockets=2,dies=1,cores=4,threads=1");
+        assert_eq!(
+            smp_arg(6, &[vec![0, 1, 2, 3], vec![4, 5]]),
+            "cpus=6,maxcpus=8,sockets=2,dies=1,cores=4,threads=1"
+        );
         // Not a power-of-two split: the blocks of the largest domain, as perfbed-vmm.
-        assert_eq!(smp_arg(6, &[vec![0, 1, 2], vec![3, 4, 5]]), "cpus=6,maxcpus=8,sockets=2,dies=1,cores=4,threads=1");
-        assert_eq!(smp_arg(1, &[vec![0]]), "cpus=1,maxcpus=1,sockets=1,dies=1,cores=1,threads=1");
-        assert_eq!(smp_arg(3, &[]), "cpus=3,maxcpus=4,sockets=1,dies=1,cores=4,threads=1");
+        assert_eq!(
+            smp_arg(6, &[vec![0, 1, 2], vec![3, 4, 5]]),
+            "cpus=6,maxcpus=8,sockets=2,dies=1,cores=4,threads=1"
+        );
+        assert_eq!(
+            smp_arg(1, &[vec![0]]),
+            "cpus=1,maxcpus=1,sockets=1,dies=1,cores=1,threads=1"
+        );
+        assert_eq!(
+            smp_arg(3, &[]),
+            "cpus=3,maxcpus=4,sockets=1,dies=1,cores=4,threads=1"
+        );
     }
 }

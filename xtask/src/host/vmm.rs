@@ -90,7 +90,13 @@ pub fn host_report(run_dir: &Path) -> Vec<String> {
 /// of how many.
 pub fn vcpus_joined(report: &[String]) -> Option<(u32, u32)> {
     let figure = |key: &str| {
-        report.iter().find_map(|l| l.split_once("perfbed-vmm: stat ")?.1.strip_prefix(key)?.parse::<u32>().ok())
+        report.iter().find_map(|l| {
+            l.split_once("perfbed-vmm: stat ")?
+                .1
+                .strip_prefix(key)?
+                .parse::<u32>()
+                .ok()
+        })
     };
     Some((figure("vcpus_joined=")?, figure("vcpus=")?))
 }
@@ -102,7 +108,11 @@ mod tests {
 
     #[test]
     fn the_joined_vcpus_are_read_from_the_report() {
-        let report = ["perfbed-vmm: stat io_exits=3", "[ 1.0] perfbed-vmm: stat vcpus_joined=3", "perfbed-vmm: stat vcpus=4"];
+        let report = [
+            "perfbed-vmm: stat io_exits=3",
+            "[ 1.0] perfbed-vmm: stat vcpus_joined=3",
+            "perfbed-vmm: stat vcpus=4",
+        ];
         let report: Vec<String> = report.iter().map(|l| l.to_string()).collect();
         assert_eq!(vcpus_joined(&report), Some((3, 4)));
         assert_eq!(vcpus_joined(&report[..2]), None, "no total, no figure");

@@ -65,8 +65,15 @@ pub fn run(scenario: &Scenario, accel: &Accel) -> Result<Report> {
     )?);
     checks.push(checks::perf_tool::check(&mut vm, scenario.request_timeout)?);
     // Both hosts derive the guest's L3s and dies from the domains.
-    let mut guest = Guest { vm: &mut vm, timeout: scenario.request_timeout };
-    checks.push(checks::topology::check(&mut guest, scenario.vm.cpus, &scenario.vm.device.domains)?);
+    let mut guest = Guest {
+        vm: &mut vm,
+        timeout: scenario.request_timeout,
+    };
+    checks.push(checks::topology::check(
+        &mut guest,
+        scenario.vm.cpus,
+        &scenario.vm.device.domains,
+    )?);
 
     // Then perfbed.ko on it: load, and every PMU check.
     let loaded = vm.request(

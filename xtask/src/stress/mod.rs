@@ -526,8 +526,13 @@ fn stress(vm: &mut Vm, config: &StressConfig, steps: &[Step]) -> Result<StressRe
         for segment in segments(batch, &pmus) {
             let ops = match segment {
                 Segment::Guest(ops) => ops,
-                Segment::Allowed { domain, cpus, parks } => {
-                    let change = allowed::change(&mut g, &mut control, &pmus[domain], domain, cpus, parks)?;
+                Segment::Allowed {
+                    domain,
+                    cpus,
+                    parks,
+                } => {
+                    let change =
+                        allowed::change(&mut g, &mut control, &pmus[domain], domain, cpus, parks)?;
                     placements.allowed_change(domain, &change.from, &change.to);
                     op_errors.extend(change.problem.map(|p| format!("batch {batch_no}: {p}")));
                     continue;
@@ -556,7 +561,8 @@ fn stress(vm: &mut Vm, config: &StressConfig, steps: &[Step]) -> Result<StressRe
                     reads += 1;
                     match read {
                         Ok(values) => {
-                            if matches!(w.kind, WatchedKind::Group { .. }) && values.first() != Some(&3)
+                            if matches!(w.kind, WatchedKind::Group { .. })
+                                && values.first() != Some(&3)
                             {
                                 bad_read(w.handle, format!("{} read {values:?} after batch {batch_no} op {i}: not a group of 3 any more", w.name));
                             } else if let Some(prev) = last.get(&w.handle) {
@@ -749,7 +755,11 @@ fn stress(vm: &mut Vm, config: &StressConfig, steps: &[Step]) -> Result<StressRe
 /// in one agent request, up to each allowed-set change, which the host makes.
 enum Segment<'a> {
     Guest(Vec<HotplugOp>),
-    Allowed { domain: usize, cpus: &'a [u32], parks: bool },
+    Allowed {
+        domain: usize,
+        cpus: &'a [u32],
+        parks: bool,
+    },
 }
 
 fn segments<'a>(steps: &'a [Step], pmus: &[String]) -> Vec<Segment<'a>> {
@@ -758,12 +768,22 @@ fn segments<'a>(steps: &'a [Step], pmus: &[String]) -> Vec<Segment<'a>> {
     for op in steps.iter().flat_map(|s| &s.ops) {
         match *op {
             Op::Set { cpu, online } => guest.push(HotplugOp::Set { cpu, online }),
-            Op::FlapOwner { domain } => guest.push(HotplugOp::FlapOwner { pmu: pmus[domain].clone() }),
-            Op::SetAllowed { domain, ref cpus, parks } => {
+            Op::FlapOwner { domain } => guest.push(HotplugOp::FlapOwner {
+                pmu: pmus[domain].clone(),
+            }),
+            Op::SetAllowed {
+                domain,
+                ref cpus,
+                parks,
+            } => {
                 if !guest.is_empty() {
                     out.push(Segment::Guest(std::mem::take(&mut guest)));
                 }
-                out.push(Segment::Allowed { domain, cpus, parks });
+                out.push(Segment::Allowed {
+                    domain,
+                    cpus,
+                    parks,
+                });
             }
         }
     }

@@ -403,7 +403,8 @@ mod tests {
             );
             if step.kind == StepKind::AllowedChange {
                 match step.ops.last() {
-                    Some(Op::SetAllowed { domain, cpus, .. }) if *cpus == topo.domains[*domain] => {}
+                    Some(Op::SetAllowed { domain, cpus, .. }) if *cpus == topo.domains[*domain] => {
+                    }
                     last => {
                         return Err(format!(
                             "step {i} leaves a domain's allowed set changed: {last:?}"

@@ -53,8 +53,14 @@ pub fn boot_and_hotplug(scenario: &Scenario, accel: &Accel) -> Result<()> {
             Some((joined, total)) if joined == total && total == u32::from(scenario.vm.cpus) => {
                 println!("  perfbed-vmm joined all {total} vCPU threads before its report");
             }
-            Some((joined, total)) => bail!("perfbed-vmm joined {joined} of {total} vCPU threads (the guest had {})", scenario.vm.cpus),
-            None => bail!("perfbed-vmm's report has no vcpus_joined/vcpus figures:\n{}", lines.join("\n")),
+            Some((joined, total)) => bail!(
+                "perfbed-vmm joined {joined} of {total} vCPU threads (the guest had {})",
+                scenario.vm.cpus
+            ),
+            None => bail!(
+                "perfbed-vmm's report has no vcpus_joined/vcpus figures:\n{}",
+                lines.join("\n")
+            ),
         }
     }
     Ok(())

@@ -4,8 +4,9 @@
 //! compared with the device's ground truth while CPUs come and go.
 
 pub mod accesses;
-pub mod allowed_sets;
 pub mod across_moves;
+pub mod allowed_attacks;
+pub mod allowed_sets;
 pub mod attacks;
 pub mod context;
 pub mod counts;
@@ -80,6 +81,7 @@ pub fn run(
     checks.push(counts::perf_stat(&mut ctx)?);
     checks.extend(redteam::run(&mut ctx)?);
     checks.extend(attacks::run(&mut ctx)?);
+    checks.extend(allowed_attacks::run(&mut ctx)?);
     checks.push(registration::unload(&mut ctx)?);
     checks.push(accesses::check(&mut ctx)?);
     Ok(checks)

@@ -1,0 +1,784 @@
+//! Red-team attacks on allowed sets that change at run time
+//! (`perfbed ctl allowed`, the driver's configuration interrupt, the perf
+//! core's `perf_pmu_update_allowed_cpus()`), written from the promise alone
+//! before reading its implementation:
+//!
+//! - a PMU whose owner is outside the new set moves into it, counts exact
+//!   against the device's truth, `time_running == time_enabled`;
+//! - a set with no online CPU parks the PMU although its CPU is online
+//!   (`cpumask` empty, opens `ENODEV`), events stay open and catch up when
+//!   a CPU of the set comes online;
+//! - the last of close changes wins; a change to one domain leaves another
+//!   alone; a set equal to the current one changes nothing;
+//! - a malformed set (unknown domain, CPU beyond the device) is refused
+//!   with an error and loses nothing;
+//! - a change racing a RESET, a DISABLE, a cpu-clock sibling, the new
+//!   owner's offline, or an open never costs a byte or a wrong errno;
+//! - none of it makes a placement violation.
+//!
+//! Every traffic burst lands (`wait_landed`) while the PMU is settled, so
+//! every expected count is exact. Each attack restores the domain's set and
+//! brings every CPU back online, whatever happened.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Result};
+use perfbed_agent::{AgentMessage, HostRequest, PerfAttr, PerfIoctl};
+use perfbed_device::regs::Event;
+
+use super::context::{Ctx, MIB};
+use super::moves::movable_domain;
+use super::redteam::{inject, must, open_with, owner, rmid, truth, Named};
+use crate::checks::Check;
+use crate::guest::perf_abi::{
+    FORMAT_TOTAL_TIME_ENABLED, FORMAT_TOTAL_TIME_RUNNING, PERF_COUNT_SW_CPU_CLOCK,
+    PERF_TYPE_SOFTWARE,
+};
+use crate::guest::{pmu_name, MODULE};
+
+const TIMES: u64 = FORMAT_TOTAL_TIME_ENABLED | FORMAT_TOTAL_TIME_RUNNING;
+
+/// How long a change may take to be acted on under TCG on a loaded
+/// machine (irq, work, perf core); far above the tens of milliseconds it
+/// takes, so a miss means it never happened.
+const SETTLE: Duration = Duration::from_secs(30);
+
+/// Where a PMU must end up for a settled change: on one CPU of `want`
+/// (`Some`), or parked (`None`).
+fn settled(mask: &[u32], want: Option<&[u32]>) -> bool {
+    match (mask, want) {
+        ([], None) => true,
+        ([cpu], Some(set)) => set.contains(cpu),
+        _ => false,
+    }
+}
+
+/// Polls `cpumask` until it satisfies `want`; the mask seen last either way.
+fn settle(ctx: &mut Ctx, d: usize, want: Option<&[u32]>) -> Result<(bool, Vec<u32>)> {
+    let pmu = pmu_name(d);
+    let start = Instant::now();
+    loop {
+        let mask = ctx.g.cpumask(&pmu)?;
+        if settled(&mask, want) {
+            return Ok((true, mask));
+        }
+        if start.elapsed() > SETTLE {
+            return Ok((false, mask));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn set(ctx: &mut Ctx, d: usize, cpus: &[u32]) -> Result<()> {
+    ctx.control
+        .set_allowed(d as u32, cpus)
+        .map_err(|e| anyhow::anyhow!("perfbed ctl allowed --domain {d} --cpus {cpus:?}: {e}"))
+}
+
+fn violations(ctx: &mut Ctx) -> Result<u64> {
+    Ok(ctx
+        .control
+        .state()?
+        .domains
+        .iter()
+        .map(|s| s.violations)
+        .sum())
+}
+
+/// Checks a settle and names what it waited for.
+fn expect_settled(
+    ctx: &mut Ctx,
+    d: usize,
+    want: Option<&[u32]>,
+    what: &str,
+    problems: &mut Vec<String>,
+) -> Result<Vec<u32>> {
+    let (ok, mask) = settle(ctx, d, want)?;
+    if !ok {
+        problems.push(format!(
+            "{what}: cpumask {mask:?} after {}s (want {})",
+            SETTLE.as_secs(),
+            want.map_or("parked".to_string(), |s| format!("a CPU of {s:?}"))
+        ));
+    }
+    Ok(mask)
+}
+
+/// Judges an event read with [`TIMES`]: exact value, running == enabled.
+fn judge_read(what: &str, w: &[u64], want: u64, problems: &mut Vec<String>) {
+    if w[0] != want {
+        problems.push(format!(
+            "{what}: counted {} (want {want}, the device's truth)",
+            w[0]
+        ));
+    }
+    if w.len() >= 3 && w[1] != w[2] {
+        problems.push(format!(
+            "{what}: time_enabled {} != time_running {}",
+            w[1], w[2]
+        ));
+    }
+}
+
+/// The CPU of `allowed` that is not `cpu`.
+fn other(allowed: &[u32], cpu: u32) -> u32 {
+    allowed.iter().copied().find(|&c| c != cpu).unwrap_or(cpu)
+}
+
+/// A1. `S = {c}` and `c` goes offline right after the change is issued
+///     (before the driver may have acted): the PMU must end parked (no
+///     online CPU in S), then, with `c` back, placed on `c`; the event
+///     open throughout counts exactly.
+pub fn change_racing_offline_of_target(ctx: &mut Ctx) -> Result<Check> {
+    let (d, allowed) = movable_domain(ctx)?;
+    let r = rmid(ctx, 2);
+    let mut problems = Vec::new();
+    let h = open_with(ctx, d, r, TIMES, 0, None)?;
+    let start = truth(ctx, d, r)?;
+    inject(ctx, d, r, MIB)?;
+    let target = other(&allowed, owner(ctx, d)?);
+    set(ctx, d, &[target])?;
+    ctx.g.set_online(target, false)?;
+    let parked = expect_settled(ctx, d, None, "S={target} then CPU offline", &mut problems)?;
+    inject(ctx, d, r, 2 * MIB)?;
+    ctx.g.set_online(target, true)?;
+    let back = expect_settled(ctx, d, Some(&[target]), "CPU back online", &mut problems)?;
+    inject(ctx, d, r, 4 * MIB)?;
+    let w = ctx.g.read(h)?;
+    let want = truth(ctx, d, r)? - start;
+    if w[0] != want {
+        problems.push(format!("counted {} (want {want})", w[0]));
+    }
+    ctx.g.close(h)?;
+    Ok(Check::from_problems(
+        "allowed-attack: change racing offline",
+        problems,
+        format!("S={{{target}}} then CPU {target} offline: cpumask {parked:?} (parked); online: {back:?}; counted {} = the truth", w[0]),
+    ))
+}
+
+/// A2. S holds only an offline CPU while the owner is online: the PMU parks
+///     (cpumask empty, opens ENODEV); onlining that CPU places it there and
+///     the event catches up exactly with what landed while parked.
+pub fn only_offline_cpus_then_online(ctx: &mut Ctx) -> Result<Check> {
+    let (d, allowed) = movable_domain(ctx)?;
+    let r = rmid(ctx, 3);
+    let mut problems = Vec::new();
+    let h = open_with(ctx, d, r, TIMES, 0, None)?;
+    let start = truth(ctx, d, r)?;
+    let own = owner(ctx, d)?;
+    let off = other(&allowed, own);
+    ctx.g.set_online(off, false)?;
+    expect_settled(ctx, d, Some(&[own]), "offline a non-owner", &mut problems)?;
+    inject(ctx, d, r, MIB)?;
+    set(ctx, d, &[off])?;
+    let parked = expect_settled(ctx, d, None, "S of an offline CPU", &mut problems)?;
+    let opened = ctx.g.open(ctx.attr(d, Event::MbmTotalBytes, r), None)?;
+    match opened {
+        Err(ref e) if e == "ENODEV" => {}
+        Ok(x) => {
+            ctx.g.close(x)?;
+            problems.push("parked by the set, an open succeeded (want ENODEV)".into());
+        }
+        Err(e) => problems.push(format!("parked by the set, an open gave {e} (want ENODEV)")),
+    }
+    inject(ctx, d, r, 2 * MIB)?;
+    ctx.g.set_online(off, true)?;
+    let back = expect_settled(ctx, d, Some(&[off]), "the set's CPU online", &mut problems)?;
+    let caught_up = ctx.g.read(h)?;
+    let want_up = truth(ctx, d, r)? - start;
+    if caught_up[0] != want_up {
+        problems.push(format!(
+            "after placement: {} (want {want_up}, parked traffic included)",
+            caught_up[0]
+        ));
+    }
+    inject(ctx, d, r, 4 * MIB)?;
+    let w = ctx.g.read(h)?;
+    let want = truth(ctx, d, r)? - start;
+    if w[0] != want {
+        problems.push(format!("counted {} (want {want})", w[0]));
+    }
+    ctx.g.close(h)?;
+    Ok(Check::from_problems(
+        "allowed-attack: only offline CPUs, then online",
+        problems,
+        format!("owner {own} online, S={{{off}}} offline: cpumask {parked:?}, open ENODEV; CPU {off} online → {back:?}, caught up {} = truth, ended {} = truth", caught_up[0], w[0]),
+    ))
+}
+
+/// A3. Malformed changes: an unknown domain and a CPU beyond the device
+///     are refused with an error; the set, the placement and the count are
+///     unchanged.
+pub fn malformed_sets(ctx: &mut Ctx) -> Result<Check> {
+    let (d, allowed) = movable_domain(ctx)?;
+    let r = rmid(ctx, 4);
+    let mut problems = Vec::new();
+    let h = open_with(ctx, d, r, TIMES, 0, None)?;
+    let start = truth(ctx, d, r)?;
+    let before_mask = ctx.g.cpumask(&pmu_name(d))?;
+    let before_set = ctx.control.state()?.domains[d].allowed_cpu_list.clone();
+    let domains = ctx.device.domains.len() as u32;
+    let mut errors = Vec::new();
+    for (what, dom, cpus) in [
+        ("unknown domain", domains + 7, allowed.clone()),
+        ("CPU 200", d as u32, vec![200u32]),
+        (
+            "CPU 4096 with good ones",
+            d as u32,
+            [allowed.clone(), vec![4096]].concat(),
+        ),
+    ] {
+        match ctx.control.set_allowed(dom, &cpus) {
+            Ok(()) => problems.push(format!("{what}: accepted (want a clear error)")),
+            Err(e) => errors.push(format!("{what}: {e}")),
+        }
+    }
+    // Anything the driver would do with a change is done by then.
+    std::thread::sleep(Duration::from_millis(500));
+    inject(ctx, d, r, 3 * MIB)?;
+    let after_set = ctx.control.state()?.domains[d].allowed_cpu_list.clone();
+    let after_mask = ctx.g.cpumask(&pmu_name(d))?;
+    if after_set != before_set || after_mask != before_mask {
+        problems.push(format!(
+            "after refused changes: set {before_set} → {after_set}, cpumask {before_mask:?} → {after_mask:?}"
+        ));
+    }
+    let w = ctx.g.read(h)?;
+    judge_read(
+        "after refused changes",
+        &w,
+        truth(ctx, d, r)? - start,
+        &mut problems,
+    );
+    ctx.g.close(h)?;
+    Ok(Check::from_problems(
+        "allowed-attack: malformed sets refused",
+        problems,
+        format!(
+            "{}; set {after_set} and cpumask {after_mask:?} unchanged, counted {} = truth",
+            errors.join("; "),
+            w[0]
+        ),
+    ))
+}
+
+/// A4. Five changes back to back, none waited for: the last wins (the PMU
+///     ends on its CPU and stays there), the count is exact, no violation.
+pub fn back_to_back_last_wins(ctx: &mut Ctx) -> Result<Check> {
+    let (d, allowed) = movable_domain(ctx)?;
+    let r = rmid(ctx, 5);
+    let mut problems = Vec::new();
+    let h = open_with(ctx, d, r, TIMES, 0, None)?;
+    let start = truth(ctx, d, r)?;
+    let v0 = violations(ctx)?;
+    inject(ctx, d, r, MIB)?;
+    let own = owner(ctx, d)?;
+    let last = other(&allowed, own);
+    let seq: Vec<Vec<u32>> = vec![vec![last], vec![], vec![own], allowed.clone(), vec![last]];
+    for _ in 0..3 {
+        for s in &seq {
+            set(ctx, d, s)?;
+        }
+    }
+    let mask = expect_settled(
+        ctx,
+        d,
+        Some(&[last]),
+        "after 15 back-to-back changes",
+        &mut problems,
+    )?;
+    // Stays: no stale change lands late.
+    std::thread::sleep(Duration::from_millis(1000));
+    let later = ctx.g.cpumask(&pmu_name(d))?;
+    if later != [last] {
+        problems.push(format!(
+            "a second after settling on [{last}] the cpumask is {later:?}: a stale change won"
+        ));
+    }
+    inject(ctx, d, r, 2 * MIB)?;
+    let w = ctx.g.read(h)?;
+    judge_read(
+        "after the changes",
+        &w,
+        truth(ctx, d, r)? - start,
+        &mut problems,
+    );
+    let v = violations(ctx)? - v0;
+    if v != 0 {
+        problems.push(format!("{v} placement violations"));
+    }
+    ctx.g.close(h)?;
+    Ok(Check::from_problems(
+        "allowed-attack: back-to-back changes, last wins",
+        problems,
+        format!("15 changes without waiting, last {{{last}}}: cpumask {mask:?}, still {later:?} 1 s later; counted {} = truth, running = enabled; 0 violations", w[0]),
+    ))
+}
+
+/// A5. A change while the event is disabled: traffic landed while it was
+///     disabled (before, during and after the move) is not counted; once
+///     enabled it counts exactly its windows.
+pub fn change_while_disabled(ctx: &mut Ctx) -> Result<Check> {
+    let (d, allowed) = movable_domain(ctx)?;
+    let r = rmid(ctx, 6);
+    let mut problems = Vec::new();
+    let h = open_with(ctx, d, r, TIMES, 0, None)?;
+    inject(ctx, d, r, MIB)?;
+    must(ctx, h, PerfIoctl::Disable { group: false })?;
+    inject(ctx, d, r, 2 * MIB)?;
+    let target = other(&allowed, owner(ctx, d)?);
+    set(ctx, d, &[target])?;
+    let moved = expect_settled(
+        ctx,
+        d,
+        Some(&[target]),
+        "move while disabled",
+        &mut problems,
+    )?;
+    inject(ctx, d, r, 4 * MIB)?;
+    set(ctx, d, &[])?;
+    expect_settled(ctx, d, None, "park while disabled", &mut problems)?;
+    inject(ctx, d, r, 8 * MIB)?;
+    set(ctx, d, &allowed)?;
+    expect_settled(
+        ctx,
+        d,
+        Some(&allowed),
+        "placed while disabled",
+        &mut problems,
+    )?;
+    let disabled = ctx.g.read(h)?[0];
+    must(ctx, h, PerfIoctl::Enable { group: false })?;
+    inject(ctx, d, r, 16 * MIB)?;
+    let w = ctx.g.read(h)?;
+    if disabled != MIB {
+        problems.push(format!(
+            "disabled across move and park: {disabled} (want {MIB})"
+        ));
+    }
+    if w[0] != 17 * MIB {
+        problems.push(format!(
+            "enabled again: {} (want {}: 1 + 16 MiB)",
+            w[0],
+            17 * MIB
+        ));
+    }
+    ctx.g.close(h)?;
+    Ok(Check::from_problems(
+        "allowed-attack: change while disabled",
+        problems,
+        format!("disabled, moved to {moved:?}, parked, placed: held {disabled}; enabled: {} = only its windows", w[0]),
+    ))
+}
+
+/// A6. A change in the very next instruction after RESET (and a RESET
+///     right after a change, before it settled): the count after the last
+///     RESET is exactly the traffic after it.
+pub fn reset_racing_change(ctx: &mut Ctx) -> Result<Check> {
+    let (d, allowed) = movable_domain(ctx)?;
+    let r = rmid(ctx, 7);
+    let mut problems = Vec::new();
+    let h = open_with(ctx, d, r, TIMES, 0, None)?;
+    inject(ctx, d, r, 3 * MIB)?;
+    let target = other(&allowed, owner(ctx, d)?);
+    set(ctx, d, &[target])?;
+    must(ctx, h, PerfIoctl::Reset { group: false })?;
+    expect_settled(ctx, d, Some(&[target]), "change then RESET", &mut problems)?;
+    inject(ctx, d, r, 2 * MIB)?;
+    let a = ctx.g.read(h)?[0];
+    if a != 2 * MIB {
+        problems.push(format!(
+            "RESET right after a change: {a} (want {})",
+            2 * MIB
+        ));
+    }
+    must(ctx, h, PerfIoctl::Reset { group: false })?;
+    set(ctx, d, &[])?;
+    expect_settled(ctx, d, None, "RESET then park", &mut problems)?;
+    inject(ctx, d, r, 5 * MIB)?;
+    set(ctx, d, &allowed)?;
+    expect_settled(ctx, d, Some(&allowed), "placed again", &mut problems)?;
+    inject(ctx, d, r, MIB)?;
+    let b = ctx.g.read(h)?[0];
+    if b != 6 * MIB {
+        problems.push(format!("RESET then park and place: {b} (want {})", 6 * MIB));
+    }
+    ctx.g.close(h)?;
+    Ok(Check::from_problems(
+        "allowed-attack: RESET racing a change",
+        problems,
+        format!("change+RESET: {a} = 2 MiB after it; RESET+park+place: {b} = 6 MiB after it"),
+    ))
+}
+
+/// A7. A device leader with a cpu-clock sibling through a move and a park
+///     made by changes: the device event counts exactly, the group stays
+///     whole (the sibling keeps counting when the leader is placed).
+pub fn group_with_cpu_clock(ctx: &mut Ctx) -> Result<Check> {
+    let (d, allowed) = movable_domain(ctx)?;
+    let r = rmid(ctx, 1);
+    let mut problems = Vec::new();
+    let leader = open_with(ctx, d, r, TIMES, 0, None)?;
+    let clock = PerfAttr {
+        type_: PERF_TYPE_SOFTWARE,
+        config: PERF_COUNT_SW_CPU_CLOCK,
+        read_format: TIMES,
+        ..PerfAttr::default()
+    };
+    let sib = match ctx.g.open(clock, Some(leader))? {
+        Ok(s) => s,
+        Err(e) => bail!("cpu-clock sibling of {}: {e}", pmu_name(d)),
+    };
+    let start = truth(ctx, d, r)?;
+    inject(ctx, d, r, MIB)?;
+    let target = other(&allowed, owner(ctx, d)?);
+    set(ctx, d, &[target])?;
+    expect_settled(ctx, d, Some(&[target]), "move", &mut problems)?;
+    inject(ctx, d, r, 2 * MIB)?;
+    set(ctx, d, &[])?;
+    expect_settled(ctx, d, None, "park", &mut problems)?;
+    inject(ctx, d, r, 4 * MIB)?;
+    set(ctx, d, &allowed)?;
+    expect_settled(ctx, d, Some(&allowed), "place", &mut problems)?;
+    let c1 = ctx.g.read(sib)?[0];
+    inject(ctx, d, r, 8 * MIB)?;
+    std::thread::sleep(Duration::from_millis(200));
+    let c2 = ctx.g.read(sib)?[0];
+    let w = ctx.g.read(leader)?;
+    let want = truth(ctx, d, r)? - start;
+    if w[0] != want {
+        problems.push(format!("leader counted {} (want {want})", w[0]));
+    }
+    if c2 <= c1 {
+        problems.push(format!(
+            "cpu-clock sibling stuck at {c1} → {c2} after the PMU was placed again"
+        ));
+    }
+    ctx.g.close(sib)?;
+    ctx.g.close(leader)?;
+    Ok(Check::from_problems(
+        "allowed-attack: group with cpu-clock",
+        problems,
+        format!(
+            "moved, parked, placed by changes: leader {} = truth, cpu-clock {c1} → {c2} ns",
+            w[0]
+        ),
+    ))
+}
+
+/// A8. Opens issued right after each change, before it settled: each
+///     succeeds (and counts exactly) or, only when the PMU is parked at one
+///     end of the change (it parks, or it was parked and the change has not
+///     placed it yet), gets ENODEV; never EBUSY or anything else. After an
+///     ENODEV, an open once the change settled on a CPU must succeed.
+pub fn opens_racing_changes(ctx: &mut Ctx) -> Result<Check> {
+    let (d, allowed) = movable_domain(ctx)?;
+    let r = rmid(ctx, 2);
+    let mut problems = Vec::new();
+    let mut outcomes = Vec::new();
+    let sets: Vec<Vec<u32>> = vec![
+        vec![allowed[1]],
+        vec![],
+        vec![allowed[0]],
+        vec![],
+        allowed.clone(),
+    ];
+    let mut was_parked = false;
+    for s in &sets {
+        set(ctx, d, s)?;
+        let opened = ctx.g.open(ctx.attr(d, Event::MbmTotalBytes, r), None)?;
+        let want = if s.is_empty() {
+            None
+        } else {
+            Some(s.as_slice())
+        };
+        expect_settled(ctx, d, want, &format!("S={s:?}"), &mut problems)?;
+        match opened {
+            Ok(h) => {
+                let start = truth(ctx, d, r)?;
+                let base = ctx.g.read(h)?[0];
+                inject(ctx, d, r, MIB)?;
+                let got = ctx.g.read(h)?[0] - base;
+                let t = truth(ctx, d, r)? - start;
+                if got != t {
+                    problems.push(format!(
+                        "S={s:?}: opened in the change, counted {got} (want {t})"
+                    ));
+                }
+                ctx.g.close(h)?;
+                outcomes.push("ok".to_string());
+            }
+            Err(e) if e == "ENODEV" && s.is_empty() => outcomes.push(e),
+            Err(e) if e == "ENODEV" && was_parked => {
+                // Still parked when it opened; placed now, so opens work.
+                match ctx.g.open(ctx.attr(d, Event::MbmTotalBytes, r), None)? {
+                    Ok(h) => ctx.g.close(h)?,
+                    Err(again) => problems.push(format!(
+                        "S={s:?}: ENODEV racing the placement, then {again} once placed"
+                    )),
+                }
+                outcomes.push(format!("{e} (still parked), then ok"));
+            }
+            Err(e) => {
+                problems.push(format!("S={s:?}: an open racing the change gave {e}"));
+                outcomes.push(e);
+            }
+        }
+        was_parked = s.is_empty();
+    }
+    Ok(Check::from_problems(
+        "allowed-attack: opens racing changes",
+        problems,
+        format!(
+            "5 changes, an open right after each: {}",
+            outcomes.join(", ")
+        ),
+    ))
+}
+
+/// A9. Changes to one domain leave the other alone: its cpumask stays, its
+///     event counts exactly, no violation anywhere.
+pub fn other_domain_undisturbed(ctx: &mut Ctx) -> Result<Check> {
+    let (d, allowed) = movable_domain(ctx)?;
+    let Some(o) = (0..ctx.device.domains.len()).find(|&x| x != d) else {
+        bail!("one domain only");
+    };
+    let r = rmid(ctx, 3);
+    let mut problems = Vec::new();
+    let v0 = violations(ctx)?;
+    let h = open_with(ctx, o, r, TIMES, 0, None)?;
+    let start = truth(ctx, o, r)?;
+    let mask0 = ctx.g.cpumask(&pmu_name(o))?;
+    for s in [vec![allowed[1]], vec![], allowed.clone()] {
+        set(ctx, d, &s)?;
+        let want = if s.is_empty() {
+            None
+        } else {
+            Some(s.as_slice())
+        };
+        expect_settled(ctx, d, want, &format!("S={s:?}"), &mut problems)?;
+        inject(ctx, o, r, MIB)?;
+        let m = ctx.g.cpumask(&pmu_name(o))?;
+        if m != mask0 {
+            problems.push(format!(
+                "{} moved {mask0:?} → {m:?} on a change to {}",
+                pmu_name(o),
+                pmu_name(d)
+            ));
+        }
+    }
+    let w = ctx.g.read(h)?;
+    judge_read(&pmu_name(o), &w, truth(ctx, o, r)? - start, &mut problems);
+    let v = violations(ctx)? - v0;
+    if v != 0 {
+        problems.push(format!("{v} placement violations"));
+    }
+    ctx.g.close(h)?;
+    Ok(Check::from_problems(
+        "allowed-attack: other domain undisturbed",
+        problems,
+        format!(
+            "{} moved, parked, placed: {} stayed on {mask0:?}, counted {} = truth; 0 violations",
+            pmu_name(d),
+            pmu_name(o),
+            w[0]
+        ),
+    ))
+}
+
+/// A10. A change to the set the domain already has, and to a subset that
+///      keeps the owner: nothing moves, an open right after succeeds.
+pub fn same_set_changes_nothing(ctx: &mut Ctx) -> Result<Check> {
+    let (d, allowed) = movable_domain(ctx)?;
+    let r = rmid(ctx, 4);
+    let mut problems = Vec::new();
+    let own = owner(ctx, d)?;
+    for s in [allowed.clone(), vec![own], allowed.clone()] {
+        set(ctx, d, &s)?;
+        match ctx.g.open(ctx.attr(d, Event::MbmTotalBytes, r), None)? {
+            Ok(h) => {
+                let start = truth(ctx, d, r)?;
+                inject(ctx, d, r, MIB)?;
+                let got = ctx.g.read(h)?[0];
+                let t = truth(ctx, d, r)? - start;
+                if got != t {
+                    problems.push(format!("S={s:?}: counted {got} (want {t})"));
+                }
+                ctx.g.close(h)?;
+            }
+            Err(e) => problems.push(format!("S={s:?} keeps owner {own}: an open gave {e}")),
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        let m = ctx.g.cpumask(&pmu_name(d))?;
+        if m != [own] {
+            problems.push(format!("S={s:?} keeps owner {own}: cpumask became {m:?}"));
+        }
+    }
+    Ok(Check::from_problems(
+        "allowed-attack: owner kept, nothing moves",
+        problems,
+        format!("S = {allowed:?}, [{own}], {allowed:?}: stayed on {own}, opens right after each counted exactly"),
+    ))
+}
+
+/// A11. Changes while perfbed.ko is not loaded, after changes made while it
+///      was: loaded again, it is placed by the set the device has now (a
+///      one-CPU set: that CPU; an empty one: parked, opens ENODEV), and a
+///      change after the load still places it; counts exact, 0 violations.
+pub fn reload_after_changes(ctx: &mut Ctx) -> Result<Check> {
+    let (d, allowed) = movable_domain(ctx)?;
+    let r = rmid(ctx, 5);
+    let mut problems = Vec::new();
+    let v0 = violations(ctx)?;
+    let first = other(&allowed, owner(ctx, d)?);
+    let then = other(&allowed, first);
+    set(ctx, d, &[first])?;
+    expect_settled(ctx, d, Some(&[first]), "before unload", &mut problems)?;
+    let reload = |ctx: &mut Ctx, during: &[u32]| -> Result<()> {
+        let gone = ctx.g.ask(HostRequest::UnloadModule {
+            name: MODULE.into(),
+        })?;
+        set(ctx, d, during)?;
+        let back = ctx.g.ask(HostRequest::LoadModule {
+            name: MODULE.into(),
+        })?;
+        if gone != AgentMessage::Done || back != AgentMessage::Done {
+            bail!("unload {gone:?}, load {back:?}");
+        }
+        for x in 0..ctx.types.len() {
+            ctx.types[x] = ctx.g.pmu_type(&pmu_name(x))?;
+        }
+        Ok(())
+    };
+    reload(ctx, &[then])?;
+    let placed = expect_settled(ctx, d, Some(&[then]), "loaded with S={then}", &mut problems)?;
+    let h = open_with(ctx, d, r, TIMES, 0, None)?;
+    let start = truth(ctx, d, r)?;
+    inject(ctx, d, r, MIB)?;
+    let w = ctx.g.read(h)?;
+    judge_read("after reload", &w, truth(ctx, d, r)? - start, &mut problems);
+    ctx.g.close(h)?;
+    reload(ctx, &[])?;
+    let parked = expect_settled(ctx, d, None, "loaded with S empty", &mut problems)?;
+    match ctx.g.open(ctx.attr(d, Event::MbmTotalBytes, r), None)? {
+        Err(e) if e == "ENODEV" => {}
+        Ok(x) => {
+            ctx.g.close(x)?;
+            problems.push("loaded with S empty, an open succeeded (want ENODEV)".into());
+        }
+        Err(e) => problems.push(format!(
+            "loaded with S empty, an open gave {e} (want ENODEV)"
+        )),
+    }
+    set(ctx, d, &allowed)?;
+    let again = expect_settled(
+        ctx,
+        d,
+        Some(&allowed),
+        "change after the load",
+        &mut problems,
+    )?;
+    let v = violations(ctx)? - v0;
+    if v != 0 {
+        problems.push(format!("{v} placement violations"));
+    }
+    Ok(Check::from_problems(
+        "allowed-attack: reload after changes",
+        problems,
+        format!("S={{{first}}}, unloaded, S={{{then}}}, loaded: {placed:?}, counted {} = truth; unloaded, S empty, loaded: {parked:?}, ENODEV; S={allowed:?}: {again:?}; 0 violations", w[0]),
+    ))
+}
+
+/// Runs each attack; whatever it did, the domain's set is restored and
+/// every CPU is online again before the next, so one broken attack never
+/// hides the others' verdicts.
+pub fn run(ctx: &mut Ctx) -> Result<Vec<Check>> {
+    let checks: [Named; 11] = [
+        (
+            "allowed-attack: change racing offline",
+            change_racing_offline_of_target,
+        ),
+        (
+            "allowed-attack: only offline CPUs, then online",
+            only_offline_cpus_then_online,
+        ),
+        ("allowed-attack: malformed sets refused", malformed_sets),
+        (
+            "allowed-attack: back-to-back changes, last wins",
+            back_to_back_last_wins,
+        ),
+        (
+            "allowed-attack: change while disabled",
+            change_while_disabled,
+        ),
+        ("allowed-attack: RESET racing a change", reset_racing_change),
+        ("allowed-attack: group with cpu-clock", group_with_cpu_clock),
+        ("allowed-attack: opens racing changes", opens_racing_changes),
+        (
+            "allowed-attack: other domain undisturbed",
+            other_domain_undisturbed,
+        ),
+        (
+            "allowed-attack: owner kept, nothing moves",
+            same_set_changes_nothing,
+        ),
+        ("allowed-attack: reload after changes", reload_after_changes),
+    ];
+    let (d, allowed) = movable_domain(ctx)?;
+    let mut out = Vec::new();
+    for &(name, check) in &checks {
+        let result = check(ctx);
+        for cpu in ctx
+            .device
+            .domains
+            .iter()
+            .flatten()
+            .copied()
+            .filter(|&c| c != 0)
+            .collect::<Vec<_>>()
+        {
+            ctx.g.set_online(cpu, true)?;
+        }
+        set(ctx, d, &allowed)?;
+        let mut problems = Vec::new();
+        expect_settled(ctx, d, Some(&allowed), "restoring the set", &mut problems)?;
+        out.push(match result {
+            Ok(mut c) if !problems.is_empty() => {
+                c.passed = false;
+                c.detail = format!("{}; {}", c.detail, problems.join("; "));
+                c
+            }
+            Ok(c) => c,
+            Err(e) => Check::from_problems(
+                name,
+                vec![format!("could not finish: {e:#}")],
+                String::new(),
+            ),
+        });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settled_tells_placed_from_parked_and_outside() {
+        assert!(settled(&[3], Some(&[2, 3])));
+        assert!(!settled(&[1], Some(&[2, 3])));
+        assert!(!settled(&[], Some(&[2, 3])));
+        assert!(settled(&[], None));
+        assert!(!settled(&[2], None));
+    }
+
+    #[test]
+    fn a_wrong_count_or_stopped_time_is_named() {
+        let mut p = Vec::new();
+        judge_read("x", &[5, 10, 10], 5, &mut p);
+        assert!(p.is_empty());
+        judge_read("x", &[4, 10, 9], 5, &mut p);
+        assert_eq!(p.len(), 2, "{p:?}");
+    }
+}
