@@ -34,7 +34,7 @@ const MODULES: &[(&str, &str)] = &[
     ("kernel/virt/lib/irqbypass.ko", ""),
     ("kernel/drivers/crypto/ccp/ccp.ko", ""),
     ("kernel/arch/x86/kvm/kvm.ko", ""),
-    ("kernel/arch/x86/kvm/kvm-amd.ko", "npt=1"),
+    ("kernel/arch/x86/kvm/kvm-amd.ko", "npt=1 vgif=0"),
     ("kernel/drivers/virtio/virtio_ring.ko", ""),
     ("kernel/drivers/virtio/virtio.ko", ""),
     ("kernel/drivers/virtio/virtio_mmio.ko", ""),
