@@ -4,26 +4,32 @@
 //! (`perfbed ctl allowed`) and sets `CONFIG_STATUS_ALLOWED` in `DOM_CONFIG_STATUS`, which raises
 //! the domain's interrupt if the line has `IRQ_CTL_CONFIG` (always, placed or parked).
 //!
-//! **What happens.** Whoever looks first (the interrupt handler, or the poll, which looks too, as
-//! the fallback and for hosts without a line) runs [`Domain::check_config`]: it stores the new
-//! `DOM_ALLOWED_CPUS` at once, acknowledges the status and kicks the domain's [`Replacement`],
-//! a work.
-//! The work reads the register again (the last change wins when several come close together),
-//! stores it and calls [`Registration::update_allowed_cpus`]: the perf core runs
-//! `filter_allowed_cpus` (which answers from the stored set) and moves the PMU with its events
-//! if its CPU is no longer allowed, parks it if no allowed CPU is online, places it if it was
-//! parked and one is now. `migrate_cpu` then does what it does on hotplug: the owner register,
+//! **What happens.** The device numbers the sets: `DOM_ALLOWED_GEN` goes one up at each change,
+//! and the device checks reads against the set of the generation the driver last wrote to
+//! `DOM_ALLOWED_ACK` (it remembers the last 64). Whoever looks first (the interrupt handler, or
+//! the poll, which looks too, as the fallback and for hosts without a line) runs
+//! [`Domain::check_config`]: if the device is at a generation the domain is not, it reads the set
+//! with its generation (generation, set, generation again, until the two agree), stores both,
+//! acknowledges that generation and kicks the domain's [`Replacement`], a work. The work brings
+//! the domain up to date the same way and calls [`Registration::update_allowed_cpus`]: the perf
+//! core runs `filter_allowed_cpus` (which answers from the stored set) and moves the PMU with its
+//! events if its CPU is no longer allowed, parks it if no allowed CPU is online, places it if it
+//! was parked and one is now. `migrate_cpu` then does what it does on hotplug: the owner register,
 //! the slots read on the way out and in, the interrupt's affinity (`irq::follow`).
 //!
-//! **No read from a CPU the device no longer allows.** The device checks reads against the new
-//! set from the moment the driver reads `DOM_CONFIG_STATUS` (until then against the set the
-//! driver was placed by). [`Domain::check_config`] stores the new set *before* that read, and
-//! `reads_here` asks it, so from then on the old owner's handler, poll and perf callbacks leave
-//! the counters to the device (which keeps counting) and the new owner catches up: no read is
-//! ever checked against a set the driver does not know. (Only a second change landing between
-//! the two register reads, microseconds apart, could still catch one read out; the device
-//! flags it and the driver ignores the value.) A `del` of an event on the old owner in that
-//! interval leaves its slot counting, as in a move.
+//! **The last change wins, none is missed.** Every change raises `DOM_CONFIG_STATUS`, and so the
+//! line, again; a look that finds the domain behind the device's generation kicks the work, and a
+//! kick while the work runs makes it run once more. So after the last change the work runs at
+//! least once with the last generation stored, and places the PMU by it.
+//!
+//! **No read from a CPU the device does not allow.** The device checks a read against exactly the
+//! set the driver stored: the store and the acknowledgement happen together under the domain's
+//! lock, as every counter read and its `reads_here` check do. From the moment a set is stored the
+//! old owner's handler, poll and perf callbacks leave the counters to the device (which keeps
+//! counting) if it drops them, and the new owner catches up. A `del` of an event on the old owner
+//! in that interval leaves its slot counting, as in a move. (Version 3 acknowledged by reading
+//! `DOM_CONFIG_STATUS`, so a change landing between that read and the read of the set made the
+//! device check against a set the driver had not seen: 15 changes back to back caught reads out.)
 //!
 //! **Locking.** [`Domain::check_config`] runs under the domain's raw spinlock (interrupts off),
 //! as every counter read and its `reads_here` check do: that is what makes "stored before
@@ -43,6 +49,7 @@ use kernel::sync::{new_mutex, Arc, Mutex};
 use crate::hw;
 use crate::regs;
 use crate::{Domain, DomainHw, DomainPmu};
+use core::sync::atomic::Ordering;
 use kernel::perf::Registration;
 
 /// A registered PMU, for the work.
@@ -131,41 +138,67 @@ impl hw::Poll for Replacement {
     }
 }
 
+/// Reads domain `index`'s allowed set with its generation: `DOM_ALLOWED_GEN`, then
+/// `DOM_ALLOWED_CPUS`, then `DOM_ALLOWED_GEN` again; the same generation twice means the set is
+/// that generation's. `None` if the host changed it between the two each of `tries` times.
+pub(crate) fn generation(mmio: &hw::Mmio, index: u32, tries: u32) -> Option<(u64, u64)> {
+    let reg = |r| regs::domain_reg(index.into(), r);
+    for _ in 0..tries {
+        let gen = mmio.read(reg(regs::DOM_ALLOWED_GEN));
+        let set = mmio.read(reg(regs::DOM_ALLOWED_CPUS));
+        if mmio.read(reg(regs::DOM_ALLOWED_GEN)) == gen {
+            return Some((gen, set));
+        }
+    }
+    None
+}
+
+/// How often [`Domain::sync_allowed`] reads again a set that changed while it read it, before it
+/// leaves it to the work (interrupts are off meanwhile).
+const SYNC_TRIES: u32 = 8;
+
 impl Domain {
-    /// Stores `DOM_ALLOWED_CPUS` as the set the domain is placed by, and returns it. Under the
-    /// domain's lock (`_hw`), like every counter read and its `reads_here` check: a read on the
-    /// owner either comes before the store (and before the acknowledgement, so the device still
-    /// checks it against the old set) or sees the new set; and two of these never store out of
-    /// the order they read in.
-    fn store_allowed(&self, _hw: &mut DomainHw) -> u64 {
-        let allowed = self.dev.mmio.read(self.reg(regs::DOM_ALLOWED_CPUS));
-        self.allowed.store(allowed, core::sync::atomic::Ordering::Relaxed);
-        allowed
+    /// Brings the domain to the device's newest allowed-set generation, if it is not there
+    /// already: reads the set with its generation, stores both, and acknowledges the generation
+    /// (`DOM_ALLOWED_ACK`), which makes the device check reads against exactly that set. Under
+    /// the domain's lock (`_hw`), like every counter read and its `reads_here` check, so no read
+    /// of this driver ever falls between the store and the acknowledgement. Returns whether the
+    /// stored generation changed, or could not be brought up to date (then nothing changed and
+    /// the work tries again).
+    fn sync_allowed(&self, _hw: &mut DomainHw) -> bool {
+        let known = self.allowed_gen.load(Ordering::Relaxed);
+        if self.dev.mmio.read(self.reg(regs::DOM_ALLOWED_GEN)) == known {
+            return false;
+        }
+        if let Some((gen, set)) = generation(&self.dev.mmio, self.index, SYNC_TRIES) {
+            self.allowed.store(set, Ordering::Relaxed);
+            self.allowed_gen.store(gen, Ordering::Relaxed);
+            self.dev.mmio.write(self.reg(regs::DOM_ALLOWED_ACK), gen);
+        }
+        true
     }
 
-    /// [`Domain::store_allowed`] from process context.
+    /// [`Domain::sync_allowed`] from process context; returns the allowed set stored.
     pub(crate) fn read_allowed(&self) -> u64 {
-        let mut allowed = 0;
-        hw::with_irqs_off(|| allowed = self.store_allowed(&mut self.hw.lock()));
-        allowed
-    }
-
-    /// Looks for an allowed-set change and acts on it; returns `DOM_CONFIG_STATUS` as read.
-    /// Safe in atomic context.
-    ///
-    /// `DOM_ALLOWED_CPUS` is read and stored *before* `DOM_CONFIG_STATUS`: the device checks
-    /// reads against the new set only once that status is read (acknowledged), so by then no
-    /// CPU of this driver reads by the old one. Both registers may be read from any CPU.
-    pub(crate) fn check_config(&self, hw: &mut DomainHw) -> u64 {
-        let known = self.allowed();
-        if self.store_allowed(hw) != known {
-            // Seen before the status says so: stop reading from an owner it drops, now.
+        let mut again = false;
+        hw::with_irqs_off(|| again = self.sync_allowed(&mut self.hw.lock()));
+        if again && self.dev.mmio.read(self.reg(regs::DOM_ALLOWED_GEN)) != self.allowed_gen.load(Ordering::Relaxed) {
+            // Still behind (the host changes faster than a read): once more after this one.
             self.replacement.kick_now();
         }
+        self.allowed()
+    }
+
+    /// Looks for an allowed-set change and acts on it; returns `DOM_CONFIG_STATUS` as read
+    /// (which lowers the line). Safe in atomic context.
+    ///
+    /// The status only says that something changed; the generation says what: a domain behind
+    /// the device's generation is brought up to it ([`Domain::sync_allowed`]) at once, so that
+    /// an owner the new set drops stops reading now, and the work is kicked to place the PMU by
+    /// it. A change landing after this raises the status, and so the line, again.
+    pub(crate) fn check_config(&self, hw: &mut DomainHw) -> u64 {
         let config = self.dev.mmio.read(self.reg(regs::DOM_CONFIG_STATUS));
-        if config & regs::CONFIG_STATUS_ALLOWED != 0 {
-            // A change between the two reads is stored now; the work reads the set again too.
-            self.store_allowed(hw);
+        if self.sync_allowed(hw) {
             self.replacement.kick_now();
         }
         config

@@ -511,6 +511,9 @@ struct Domain {
     /// The `ALLOWED_CPUS` mask as last read: at probe, then whenever the device says it changed
     /// (`allowed.rs`). Read by `filter_allowed_cpus` under the perf core's PMU lock.
     allowed: AtomicU64,
+    /// The generation of `allowed` (`DOM_ALLOWED_GEN`), which the driver acknowledged to the
+    /// device (`DOM_ALLOWED_ACK`). Written under `hw`.
+    allowed_gen: AtomicU64,
     /// Places the PMU again after the allowed set changed (`allowed.rs`).
     replacement: hw::Poller<allowed::Replacement>,
     dev: Arc<Device>,
@@ -525,12 +528,21 @@ struct Domain {
 
 impl Domain {
     fn new(dev: &Arc<Device>, index: u32) -> impl PinInit<Self, Error> + '_ {
-        let allowed = dev
-            .mmio
-            .read(regs::domain_reg(index.into(), regs::DOM_ALLOWED_CPUS));
+        // Nothing reads the domain yet: its set is acknowledged before anything does, whatever
+        // generation the device is at (a driver loaded again after changes).
+        // Should the host change it faster than it can be read, the domain starts parked (an
+        // empty set) with a generation no change has, so the first look reads it again.
+        let (allowed_gen, allowed) = match allowed::generation(&dev.mmio, index, 1000) {
+            Some((gen, set)) => {
+                dev.mmio.write(regs::domain_reg(index.into(), regs::DOM_ALLOWED_ACK), gen);
+                (gen, set)
+            }
+            None => (u64::MAX, 0),
+        };
         try_pin_init!(Domain {
             index,
             allowed: AtomicU64::new(allowed),
+            allowed_gen: AtomicU64::new(allowed_gen),
             replacement: allowed::Replacement::new_work()?,
             dev: dev.clone(),
             hw <- new_raw_spinlock!(

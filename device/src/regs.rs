@@ -20,7 +20,7 @@
 /// little-endian u64.
 pub const MAGIC_VALUE: u64 = u64::from_le_bytes(*b"PERFBED\0");
 /// Value of the `REG_VERSION` register.
-pub const VERSION_VALUE: u64 = 3;
+pub const VERSION_VALUE: u64 = 4;
 
 // ---------------------------------------------------------------------------
 // Global block (all read-only), at offset 0
@@ -104,8 +104,26 @@ pub const DOM_IRQ_STATUS: u64 = 0x410;
 /// Domain register (RO, read-and-clear): what changed in the domain's
 /// configuration since the register was last read (`CONFIG_STATUS_*`).
 /// Readable from any vCPU: a parked domain, or one whose owner just left
-/// the allowed set, must still learn of it.
+/// the allowed set, must still learn of it. Reading it acknowledges
+/// nothing: [`DOM_ALLOWED_ACK`] does.
 pub const DOM_CONFIG_STATUS: u64 = 0x418;
+/// Domain register (RO): the generation of the set `DOM_ALLOWED_CPUS` reads
+/// now: 0 at reset, one more at each change the host makes. Readable from
+/// any vCPU. A driver reads it before and after `DOM_ALLOWED_CPUS`; equal
+/// twice, the set read is that generation's.
+pub const DOM_ALLOWED_GEN: u64 = 0x420;
+/// Domain register (RW): the generation of the allowed set the driver
+/// places the domain by. Writing generation `g` makes the placement rule
+/// check reads against generation `g`'s set from then on, also when newer
+/// changes came meanwhile (the device remembers the last
+/// [`ALLOWED_HISTORY`] sets). A generation newer than `DOM_ALLOWED_GEN` or
+/// older than the history, or a write other than full width, is a bad
+/// access and changes nothing. Reads the generation acknowledged last
+/// (0 at reset: the set the device was created with).
+pub const DOM_ALLOWED_ACK: u64 = 0x428;
+/// How many allowed-set generations before the current one
+/// `DOM_ALLOWED_ACK` still accepts.
+pub const ALLOWED_HISTORY: u64 = 64;
 
 /// `DOM_IRQ_CTL` bit 0: raise the line while `DOM_IRQ_STATUS` is not 0.
 pub const IRQ_CTL_OVERFLOW: u64 = 1 << 0;

@@ -17,6 +17,8 @@ pub(super) enum Reg {
     IrqThreshold(usize),
     IrqStatus(usize),
     ConfigStatus(usize),
+    AllowedGen(usize),
+    AllowedAck(usize),
 }
 
 /// Which part of a register an access covers.
@@ -70,6 +72,8 @@ pub(super) fn lookup(off: u64, domains: usize, slots: u32, rmids: u32) -> Option
         regs::DOM_IRQ_THRESHOLD => Some(Reg::IrqThreshold(d)),
         regs::DOM_IRQ_STATUS => Some(Reg::IrqStatus(d)),
         regs::DOM_CONFIG_STATUS => Some(Reg::ConfigStatus(d)),
+        regs::DOM_ALLOWED_GEN => Some(Reg::AllowedGen(d)),
+        regs::DOM_ALLOWED_ACK => Some(Reg::AllowedAck(d)),
         _ if (regs::DOM_SLOTS..slots_end).contains(&r) => {
             let s = ((r - regs::DOM_SLOTS) / regs::SLOT_STRIDE) as usize;
             match (r - regs::DOM_SLOTS) % regs::SLOT_STRIDE {
@@ -96,7 +100,9 @@ impl Reg {
             | Reg::IrqCtl(d)
             | Reg::IrqThreshold(d)
             | Reg::IrqStatus(d)
-            | Reg::ConfigStatus(d) => Some(d),
+            | Reg::ConfigStatus(d)
+            | Reg::AllowedGen(d)
+            | Reg::AllowedAck(d) => Some(d),
         }
     }
 
@@ -114,6 +120,8 @@ impl Reg {
             Reg::IrqThreshold(_) => "DOM_IRQ_THRESHOLD".into(),
             Reg::IrqStatus(_) => "DOM_IRQ_STATUS".into(),
             Reg::ConfigStatus(_) => "DOM_CONFIG_STATUS".into(),
+            Reg::AllowedGen(_) => "DOM_ALLOWED_GEN".into(),
+            Reg::AllowedAck(_) => "DOM_ALLOWED_ACK".into(),
         }
     }
 }

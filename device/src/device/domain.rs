@@ -42,11 +42,18 @@ pub(super) struct Slot {
 pub(super) struct Domain {
     /// What `DOM_ALLOWED_CPUS` reads: the set the host gave last.
     pub(super) allowed: CpuSet,
-    /// The set the placement rule checks reads against: `allowed` as it was
-    /// when the driver last acknowledged a change (read `DOM_CONFIG_STATUS`
-    /// with `CONFIG_STATUS_ALLOWED` set), so that a driver that learns of a
-    /// change from that read is never caught out by it before.
+    /// The set the placement rule checks reads against: the set of the
+    /// generation the driver acknowledged last (`DOM_ALLOWED_ACK`), so that
+    /// a driver is never caught out by a change it has not placed by yet,
+    /// however many came meanwhile.
     pub(super) enforced: CpuSet,
+    /// `DOM_ALLOWED_GEN`: the generation of `allowed`.
+    pub(super) allowed_gen: u64,
+    /// `DOM_ALLOWED_ACK`: the generation of `enforced`.
+    pub(super) acked_gen: u64,
+    /// The sets of the generations before `allowed_gen`, newest last, at
+    /// most `ALLOWED_HISTORY` of them.
+    pub(super) history: std::collections::VecDeque<CpuSet>,
     /// The `OWNER` register.
     pub(super) owner: u64,
     pub(super) slots: Vec<Slot>,
@@ -66,6 +73,9 @@ impl Domain {
         Domain {
             allowed,
             enforced: allowed,
+            allowed_gen: 0,
+            acked_gen: 0,
+            history: std::collections::VecDeque::new(),
             owner: regs::NO_OWNER,
             slots: vec![Slot::default(); slots],
             truth: vec![[0; 2]; rmids],
@@ -84,15 +94,33 @@ impl Domain {
         traffic.advance(dt, max_rate, |rmid, event, bytes| land(truth, slots, rmid, event, bytes));
     }
 
-    /// A read of `DOM_CONFIG_STATUS` (from any vCPU): returns the status and
-    /// clears it; if it said the allowed set changed, the placement rule
-    /// takes the new set from now on.
-    pub(super) fn acknowledge_config(&mut self) -> u64 {
-        let status = std::mem::take(&mut self.irq.config_status);
-        if status & regs::CONFIG_STATUS_ALLOWED != 0 {
-            self.enforced = self.allowed;
+    /// The host's change of the allowed set to `set`: a new generation.
+    pub(super) fn change_allowed(&mut self, set: CpuSet) {
+        self.history.push_back(std::mem::replace(&mut self.allowed, set));
+        if self.history.len() as u64 > regs::ALLOWED_HISTORY {
+            self.history.pop_front();
         }
-        status
+        self.allowed_gen = self.allowed_gen.wrapping_add(1);
+    }
+
+    /// A write of `gen` to `DOM_ALLOWED_ACK`: the placement rule takes that
+    /// generation's set from now on. Returns false (and changes nothing) for
+    /// a generation not current and not in the history.
+    pub(super) fn acknowledge_allowed(&mut self, gen: u64) -> bool {
+        let Some(back) = self.allowed_gen.checked_sub(gen) else {
+            return false;
+        };
+        let set = if back == 0 {
+            self.allowed
+        } else {
+            let Some(i) = (self.history.len() as u64).checked_sub(back) else {
+                return false;
+            };
+            self.history[i as usize]
+        };
+        self.enforced = set;
+        self.acked_gen = gen;
+        true
     }
 
     /// Counts a counter read by `vcpu`; returns whether it broke the

@@ -182,15 +182,17 @@ impl Device {
 
     /// The host changes domain `domain`'s allowed CPUs to `cpus` (which may
     /// be empty): `DOM_ALLOWED_CPUS` reads the new set at once, the owner
-    /// is left as it is (placing the domain again is the driver's job) and
-    /// `DOM_CONFIG_STATUS` raises `CONFIG_STATUS_ALLOWED`. The placement
-    /// rule takes the new set once the driver reads that status.
+    /// is left as it is (placing the domain again is the driver's job),
+    /// `DOM_ALLOWED_GEN` goes one up and `DOM_CONFIG_STATUS` raises
+    /// `CONFIG_STATUS_ALLOWED`. The placement rule takes the new set once
+    /// the driver writes its generation to `DOM_ALLOWED_ACK`.
     pub fn set_allowed(&mut self, now_ns: u64, domain: u32, cpus: &[u32]) -> Result<(), DeviceError> {
         let domains = self.domains.len();
         let set = CpuSet::from_cpus(cpus).map_err(|cpu| DeviceError::NoSuchCpu { cpu, max: regs::MAX_CPUS as u32 })?;
         self.advance(now_ns);
         let dom = self.domains.get_mut(domain as usize).ok_or(DeviceError::NoSuchDomain { domain, domains })?;
-        let from = std::mem::replace(&mut dom.allowed, set);
+        let from = dom.allowed;
+        dom.change_allowed(set);
         dom.irq.config_status |= regs::CONFIG_STATUS_ALLOWED;
         dom.irq.allowed_changes = dom.irq.allowed_changes.wrapping_add(1);
         self.record(TraceEvent::Allowed { domain, from: from.0, to: set.0 });
@@ -318,7 +320,9 @@ impl Device {
                     }
                     None => 0,
                 },
-                Reg::ConfigStatus(d) => self.domains.get_mut(d).map_or(0, Domain::acknowledge_config),
+                Reg::ConfigStatus(d) => self.domains.get_mut(d).map_or(0, |x| std::mem::take(&mut x.irq.config_status)),
+                Reg::AllowedGen(d) => self.domains.get(d).map_or(0, |x| x.allowed_gen),
+                Reg::AllowedAck(d) => self.domains.get(d).map_or(0, |x| x.acked_gen),
                 Reg::Occupancy(d, r) => {
                     violation = self.placement_check(d, vcpu);
                     if violation {
@@ -421,6 +425,13 @@ impl Device {
             Reg::Owner(d) => (d, None),
             Reg::SlotCtl(d, s) => (d, Some(s)),
             Reg::IrqCtl(_) | Reg::IrqThreshold(_) => return self.write_irq_reg(reg, part, value),
+            Reg::AllowedAck(d) => {
+                if part != Part::Full {
+                    return Err(BadAccessKind::BadValue);
+                }
+                let dom = self.domains.get_mut(d).ok_or(BadAccessKind::UnknownOffset)?;
+                return if dom.acknowledge_allowed(value) { Ok(WriteEffect::Irq) } else { Err(BadAccessKind::BadValue) };
+            }
             _ => return Err(BadAccessKind::ReadOnly),
         };
         let value = match part {

@@ -846,15 +846,21 @@ fn allowed_set_changes_raise_the_configuration_interrupt() {
     d.set_allowed(100, 0, &[1]).unwrap();
     assert_eq!(d.read(100, 3, allowed, 8), 0b10);
     assert!(d.line_level(0));
-    // Until the driver reads the configuration status (from anywhere), the
+    let gen = domain_reg(0, DOM_ALLOWED_GEN);
+    let ack = domain_reg(0, DOM_ALLOWED_ACK);
+    assert_eq!(d.read(100, 3, gen, 8), 1);
+    // Until the driver acknowledges the generation (from anywhere), the
     // placement rule keeps the set it was placed by: the owner, vCPU 0,
-    // still reads its counter.
+    // still reads its counter, also after the status was read.
     assert_eq!(d.read(150, 0, slot_count(0, 0), 8) & COUNTER_ERROR, 0);
     assert_eq!(d.read(200, 3, config, 8), CONFIG_STATUS_ALLOWED);
     assert!(!d.line_level(0));
+    assert_eq!(d.read(200, 0, slot_count(0, 0), 8) & COUNTER_ERROR, 0);
+    assert_eq!(d.read(200, 3, config, 8), 0, "read-and-clear");
+    d.write(200, 3, ack, 8, 1);
+    assert_eq!(d.read(200, 3, ack, 8), 1);
     // Acknowledged: vCPU 0 is no longer allowed, its reads are violations.
     assert_eq!(d.read(200, 0, slot_count(0, 0), 8), COUNTER_ERROR);
-    assert_eq!(d.read(200, 3, config, 8), 0, "read-and-clear");
     // An empty set is a set; a vCPU the mask cannot hold is refused.
     d.set_allowed(300, 0, &[]).unwrap();
     assert_eq!(d.read(300, 0, allowed, 8), 0);
@@ -867,6 +873,38 @@ fn allowed_set_changes_raise_the_configuration_interrupt() {
     assert!(lines.iter().any(|l| l.contains("allowed dom=0 from=1 to=none")), "{lines:#?}");
     assert!(lines.iter().any(|l| l.contains("irq dom=0 line=up status=0x0 config=0x1")), "{lines:#?}");
     assert!(lines.iter().any(|l| l.contains("reg=DOM_CONFIG_STATUS")), "{lines:#?}");
+}
+
+#[test]
+fn an_acknowledged_generation_is_enforced_whatever_came_after() {
+    let mut d = with_irq(IRQ_CTL_CONFIG, 0);
+    let gen = domain_reg(0, DOM_ALLOWED_GEN);
+    let ack = domain_reg(0, DOM_ALLOWED_ACK);
+    // Generation 1 = {1}, 2 = {} (parked), 3 = {0}.
+    d.set_allowed(100, 0, &[1]).unwrap();
+    d.set_allowed(100, 0, &[]).unwrap();
+    d.set_allowed(100, 0, &[0]).unwrap();
+    assert_eq!(d.read(100, 3, gen, 8), 3);
+    // The driver read generation 2's set and says so: {} is enforced though
+    // {0} is current, so vCPU 0 is caught.
+    d.write(200, 3, ack, 8, 2);
+    assert_eq!(d.read(200, 0, slot_count(0, 0), 8), COUNTER_ERROR);
+    d.write(300, 3, ack, 8, 3);
+    assert_eq!(d.read(300, 0, slot_count(0, 0), 8) & COUNTER_ERROR, 0);
+    // A generation to come, one older than the history, a half write: bad
+    // values, nothing changes.
+    let bad = d.state(300).bad_accesses.bad_value;
+    d.write(400, 3, ack, 8, 4);
+    d.write(400, 3, ack, 4, 1);
+    for _ in 0..ALLOWED_HISTORY + 1 {
+        d.set_allowed(500, 0, &[0]).unwrap();
+    }
+    d.write(600, 3, ack, 8, 0);
+    assert_eq!(d.state(600).bad_accesses.bad_value, bad + 3);
+    assert_eq!(d.read(600, 3, ack, 8), 3);
+    // The oldest generation still remembered is accepted.
+    d.write(700, 3, ack, 8, 4 + 1);
+    assert_eq!(d.read(700, 3, ack, 8), 5);
 }
 
 #[test]
