@@ -28,6 +28,7 @@ use perfbed_device::regs::Event;
 
 use super::context::{Ctx, MIB};
 use super::moves::movable_domain;
+use super::multiplexing::Window;
 use super::redteam::{inject, must, open_with, owner, rmid, truth, Named};
 use crate::checks::Check;
 use crate::guest::perf_abi::{
@@ -731,11 +732,145 @@ pub fn reload_after_changes(ctx: &mut Ctx) -> Result<Check> {
     ))
 }
 
+/// A12. Changes while more events are open than the domain has slots:
+///     a move, a park and a placement by allowed-set changes, with bursts
+///     before, between and after. Each event obeys the multiplexing rules
+///     of the contract over the whole window: its value never exceeds what
+///     landed for it, `Δrunning == 0` means nothing counted, running
+///     throughout means everything counted, running never exceeds enabled;
+///     no placement violation.
+pub fn change_while_multiplexed(ctx: &mut Ctx) -> Result<Check> {
+    let (d, allowed) = movable_domain(ctx)?;
+    let n = ctx.device.slots as usize + 2;
+    if n > ctx.device.rmids as usize {
+        bail!(
+            "{n} events need {n} RMIDs, the device has {}",
+            ctx.device.rmids
+        );
+    }
+    let rmids: Vec<u32> = (0..n as u32).map(|i| rmid(ctx, i)).collect();
+    let mut problems = Vec::new();
+    let v0 = violations(ctx)?;
+    let mut handles = Vec::new();
+    for &r in &rmids {
+        handles.push(open_with(ctx, d, r, TIMES, 0, None)?);
+    }
+    let burst = |ctx: &mut Ctx, bytes: u64| -> Result<()> {
+        let inj: Vec<_> = rmids
+            .iter()
+            .map(|&r| (d, r, Event::MbmTotalBytes, bytes))
+            .collect();
+        ctx.inject_and_land(&inj)
+    };
+    let start = ctx.g.read_many(&handles)?;
+    burst(ctx, MIB)?;
+    let target = other(&allowed, owner(ctx, d)?);
+    set(ctx, d, &[target])?;
+    let moved = expect_settled(ctx, d, Some(&[target]), "S={target}", &mut problems)?;
+    burst(ctx, 2 * MIB)?;
+    set(ctx, d, &[])?;
+    expect_settled(ctx, d, None, "S empty", &mut problems)?;
+    burst(ctx, 4 * MIB)?;
+    set(ctx, d, &allowed)?;
+    let back = expect_settled(ctx, d, Some(&allowed), "S restored", &mut problems)?;
+    burst(ctx, 8 * MIB)?;
+    // Lets rotation give every event a turn after the last burst.
+    std::thread::sleep(Duration::from_millis(300));
+    let end = ctx.g.read_many(&handles)?;
+    for &h in &handles {
+        ctx.g.close(h)?;
+    }
+    let landed = 15 * MIB;
+    for (i, r) in rmids.iter().enumerate() {
+        let e = &end[i];
+        let w = Window::between(&start[i], e);
+        let bad = w.value > landed
+            || w.running > w.enabled
+            || (w.running == 0 && w.value != 0)
+            || (w.running == w.enabled && w.value != landed);
+        if bad {
+            problems.push(format!(
+                "rmid {r}: {landed} landed: value {}, Δenabled {} Δrunning {}",
+                w.value, w.enabled, w.running
+            ));
+        }
+    }
+    let v = violations(ctx)? - v0;
+    if v != 0 {
+        problems.push(format!("{v} placement violations"));
+    }
+    Ok(Check::from_problems(
+        "allowed-attack: changes while multiplexed",
+        problems,
+        format!(
+            "{n} events on {} slots, moved to {moved:?}, parked, placed on {back:?}: every value within the multiplexing rules ({}); 0 violations",
+            ctx.device.slots,
+            end.iter()
+                .zip(&start)
+                .map(|(e, s)| {
+                    let w = Window::between(s, e);
+                    format!("{:.0} %", 100.0 * w.running as f64 / w.enabled.max(1) as f64)
+                })
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    ))
+}
+
+/// A13. `S = {t}` and the *old* owner goes offline right after the change
+///     is issued: whichever acts first (the change's re-placement or the
+///     hotplug), the PMU ends on `t`, the event counts exactly, no
+///     violation; onlining the old owner moves nothing.
+pub fn change_racing_offline_of_owner(ctx: &mut Ctx) -> Result<Check> {
+    let (d, allowed) = movable_domain(ctx)?;
+    let r = rmid(ctx, 7);
+    let mut problems = Vec::new();
+    let v0 = violations(ctx)?;
+    let ev = Counted::open(ctx, d, r)?;
+    ev.inject(ctx, MIB)?;
+    let own = owner(ctx, d)?;
+    let target = other(&allowed, own);
+    if own == 0 {
+        bail!("the owner is CPU 0, which cannot go offline");
+    }
+    set(ctx, d, &[target])?;
+    ctx.g.set_online(own, false)?;
+    let moved = expect_settled(
+        ctx,
+        d,
+        Some(&[target]),
+        "S={target}, old owner offline",
+        &mut problems,
+    )?;
+    ev.inject(ctx, 2 * MIB)?;
+    ctx.g.set_online(own, true)?;
+    // Anything the online could wrongly do is done by then.
+    std::thread::sleep(Duration::from_millis(500));
+    let after = ctx.g.cpumask(&pmu_name(d))?;
+    if after != [target] {
+        problems.push(format!(
+            "the old owner {own} back online: cpumask {after:?} (want [{target}])"
+        ));
+    }
+    ev.inject(ctx, 4 * MIB)?;
+    let w = ev.judge(ctx, "at the end", &mut problems)?;
+    ev.close(ctx)?;
+    let v = violations(ctx)? - v0;
+    if v != 0 {
+        problems.push(format!("{v} placement violations"));
+    }
+    Ok(Check::from_problems(
+        "allowed-attack: change racing the old owner's offline",
+        problems,
+        format!("S={{{target}}} then owner {own} offline: cpumask {moved:?}; {own} online: {after:?}; counted {} = truth, running = enabled; 0 violations", w[0]),
+    ))
+}
+
 /// Runs each attack; whatever it did, the domain's set is restored and
 /// every CPU is online again before the next, so one broken attack never
 /// hides the others' verdicts.
 pub fn run(ctx: &mut Ctx) -> Result<Vec<Check>> {
-    let checks: [Named; 11] = [
+    let checks: [Named; 13] = [
         (
             "allowed-attack: change racing offline",
             change_racing_offline_of_target,
@@ -765,6 +900,14 @@ pub fn run(ctx: &mut Ctx) -> Result<Vec<Check>> {
             same_set_changes_nothing,
         ),
         ("allowed-attack: reload after changes", reload_after_changes),
+        (
+            "allowed-attack: changes while multiplexed",
+            change_while_multiplexed,
+        ),
+        (
+            "allowed-attack: change racing the old owner's offline",
+            change_racing_offline_of_owner,
+        ),
     ];
     let (d, allowed) = movable_domain(ctx)?;
     let mut out = Vec::new();
