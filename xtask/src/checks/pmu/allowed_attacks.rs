@@ -29,7 +29,7 @@ use perfbed_device::regs::Event;
 use super::context::{Ctx, MIB};
 use super::moves::movable_domain;
 use super::multiplexing::Window;
-use super::redteam::{inject, must, open_with, owner, rmid, truth, Named};
+use super::redteam::{inject, must, open_with, owner, rmid, truth, Many, Named};
 use crate::checks::Check;
 use crate::guest::perf_abi::{
     FORMAT_TOTAL_TIME_ENABLED, FORMAT_TOTAL_TIME_RUNNING, PERF_COUNT_SW_CPU_CLOCK,
@@ -84,6 +84,16 @@ fn violations(ctx: &mut Ctx) -> Result<u64> {
         .iter()
         .map(|s| s.violations)
         .sum())
+}
+
+/// Adds a problem if the device counted placement violations since `v0`
+/// (from [`violations`]).
+fn no_new_violations(ctx: &mut Ctx, v0: u64, problems: &mut Vec<String>) -> Result<()> {
+    let v = violations(ctx)? - v0;
+    if v != 0 {
+        problems.push(format!("{v} placement violations"));
+    }
+    Ok(())
 }
 
 /// Checks a settle and names what it waited for.
@@ -329,10 +339,7 @@ pub fn back_to_back_last_wins(ctx: &mut Ctx) -> Result<Check> {
     }
     ev.inject(ctx, 2 * MIB)?;
     let w = ev.judge(ctx, "after the changes", &mut problems)?;
-    let v = violations(ctx)? - v0;
-    if v != 0 {
-        problems.push(format!("{v} placement violations"));
-    }
+    no_new_violations(ctx, v0, &mut problems)?;
     ev.close(ctx)?;
     Ok(Check::from_problems(
         "allowed-attack: back-to-back changes, last wins",
@@ -614,10 +621,7 @@ pub fn other_domain_undisturbed(ctx: &mut Ctx) -> Result<Check> {
         }
     }
     let w = ev.judge(ctx, &pmu_name(o), &mut problems)?;
-    let v = violations(ctx)? - v0;
-    if v != 0 {
-        problems.push(format!("{v} placement violations"));
-    }
+    no_new_violations(ctx, v0, &mut problems)?;
     ev.close(ctx)?;
     Ok(Check::from_problems(
         "allowed-attack: other domain undisturbed",
@@ -721,10 +725,7 @@ pub fn reload_after_changes(ctx: &mut Ctx) -> Result<Check> {
         "change after the load",
         &mut problems,
     )?;
-    let v = violations(ctx)? - v0;
-    if v != 0 {
-        problems.push(format!("{v} placement violations"));
-    }
+    no_new_violations(ctx, v0, &mut problems)?;
     Ok(Check::from_problems(
         "allowed-attack: reload after changes",
         problems,
@@ -742,26 +743,11 @@ pub fn reload_after_changes(ctx: &mut Ctx) -> Result<Check> {
 pub fn change_while_multiplexed(ctx: &mut Ctx) -> Result<Check> {
     let (d, allowed) = movable_domain(ctx)?;
     let n = ctx.device.slots as usize + 2;
-    if n > ctx.device.rmids as usize {
-        bail!(
-            "{n} events need {n} RMIDs, the device has {}",
-            ctx.device.rmids
-        );
-    }
-    let rmids: Vec<u32> = (0..n as u32).map(|i| rmid(ctx, i)).collect();
     let mut problems = Vec::new();
     let v0 = violations(ctx)?;
-    let mut handles = Vec::new();
-    for &r in &rmids {
-        handles.push(open_with(ctx, d, r, TIMES, 0, None)?);
-    }
-    let burst = |ctx: &mut Ctx, bytes: u64| -> Result<()> {
-        let inj: Vec<_> = rmids
-            .iter()
-            .map(|&r| (d, r, Event::MbmTotalBytes, bytes))
-            .collect();
-        ctx.inject_and_land(&inj)
-    };
+    let many = Many::open(ctx, d, n, TIMES)?;
+    let (rmids, handles) = (many.rmids.clone(), many.handles.clone());
+    let burst = |ctx: &mut Ctx, bytes: u64| many.burst(ctx, bytes);
     let start = ctx.g.read_many(&handles)?;
     burst(ctx, MIB)?;
     let target = other(&allowed, owner(ctx, d)?);
@@ -777,9 +763,7 @@ pub fn change_while_multiplexed(ctx: &mut Ctx) -> Result<Check> {
     // Lets rotation give every event a turn after the last burst.
     std::thread::sleep(Duration::from_millis(300));
     let end = ctx.g.read_many(&handles)?;
-    for &h in &handles {
-        ctx.g.close(h)?;
-    }
+    many.close(ctx)?;
     let landed = 15 * MIB;
     for (i, r) in rmids.iter().enumerate() {
         let e = &end[i];
@@ -795,10 +779,7 @@ pub fn change_while_multiplexed(ctx: &mut Ctx) -> Result<Check> {
             ));
         }
     }
-    let v = violations(ctx)? - v0;
-    if v != 0 {
-        problems.push(format!("{v} placement violations"));
-    }
+    no_new_violations(ctx, v0, &mut problems)?;
     Ok(Check::from_problems(
         "allowed-attack: changes while multiplexed",
         problems,
@@ -855,10 +836,7 @@ pub fn change_racing_offline_of_owner(ctx: &mut Ctx) -> Result<Check> {
     ev.inject(ctx, 4 * MIB)?;
     let w = ev.judge(ctx, "at the end", &mut problems)?;
     ev.close(ctx)?;
-    let v = violations(ctx)? - v0;
-    if v != 0 {
-        problems.push(format!("{v} placement violations"));
-    }
+    no_new_violations(ctx, v0, &mut problems)?;
     Ok(Check::from_problems(
         "allowed-attack: change racing the old owner's offline",
         problems,

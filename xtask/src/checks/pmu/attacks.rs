@@ -28,7 +28,7 @@ use super::across_moves::turns;
 use super::context::{Ctx, MIB};
 use super::moves::movable_domain;
 use super::multiplexing::{set_sysfs, Window, MUX_INTERVAL_MS};
-use super::redteam::{inject, must, open_with, owner, park, rmid, run_each, Named};
+use super::redteam::{inject, must, open_with, owner, park, rmid, run_each, Many, Named};
 use crate::checks::Check;
 use crate::guest::perf_abi::{
     FLAG_EXCLUSIVE, FLAG_PINNED, FORMAT_GROUP, FORMAT_ID, FORMAT_TOTAL_TIME_ENABLED,
@@ -403,24 +403,9 @@ pub fn exclusive_across_park(ctx: &mut Ctx) -> Result<Check> {
 pub fn more_events_than_slots_parked(ctx: &mut Ctx) -> Result<Check> {
     let (d, allowed) = movable_domain(ctx)?;
     let n = ctx.device.slots as usize + 2;
-    let rmids: Vec<u32> = (0..n as u32).map(|i| rmid(ctx, i)).collect();
-    if rmids.len() > ctx.device.rmids as usize {
-        bail!(
-            "{n} events need {n} RMIDs, the device has {}",
-            ctx.device.rmids
-        );
-    }
-    let mut handles = Vec::new();
-    for &r in &rmids {
-        handles.push(open_with(ctx, d, r, TIMES, 0, None)?);
-    }
-    let burst = |ctx: &mut Ctx, bytes: u64| -> Result<()> {
-        let inj: Vec<_> = rmids
-            .iter()
-            .map(|&r| (d, r, Event::MbmTotalBytes, bytes))
-            .collect();
-        ctx.inject_and_land(&inj)
-    };
+    let many = Many::open(ctx, d, n, TIMES)?;
+    let (rmids, handles) = (many.rmids.clone(), many.handles.clone());
+    let burst = |ctx: &mut Ctx, bytes: u64| many.burst(ctx, bytes);
     let start = ctx.g.read_many(&handles)?;
     burst(ctx, MIB)?;
     std::thread::sleep(Duration::from_millis(100));
@@ -439,9 +424,7 @@ pub fn more_events_than_slots_parked(ctx: &mut Ctx) -> Result<Check> {
     burst(ctx, 8 * MIB)?;
     std::thread::sleep(Duration::from_millis(100));
     let end = ctx.g.read_many(&handles)?;
-    for &h in &handles {
-        ctx.g.close(h)?;
-    }
+    many.close(ctx)?;
     let mut problems = reset_errors;
     let landed_after_reset = 12 * MIB;
     for (i, r) in rmids.iter().enumerate() {
