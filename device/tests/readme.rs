@@ -45,6 +45,8 @@ fn readme_offsets_match_regs() {
         ("DOM_IRQ_THRESHOLD", DOM_IRQ_THRESHOLD),
         ("DOM_IRQ_STATUS", DOM_IRQ_STATUS),
         ("DOM_CONFIG_STATUS", DOM_CONFIG_STATUS),
+        ("DOM_ALLOWED_GEN", DOM_ALLOWED_GEN),
+        ("DOM_ALLOWED_ACK", DOM_ALLOWED_ACK),
     ];
     let rows = rows();
     for &(name, offset) in expected {
