@@ -23,7 +23,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
-use perfbed_agent::{AgentMessage, HostRequest, PerfAttr, PerfIoctl};
+use perfbed_agent::{AgentMessage, HostRequest, JobResult, JobSpec, PerfAttr, PerfIoctl};
 use perfbed_device::regs::Event;
 
 use super::context::{Ctx, MIB};
@@ -844,11 +844,111 @@ pub fn change_racing_offline_of_owner(ctx: &mut Ctx) -> Result<Check> {
     ))
 }
 
+/// Sums the values of `spec`'s interval lines in `perf stat -I -x,`
+/// output (`time,value,unit,event,...`); `<not counted>` is 0 (nothing
+/// ran, so by the contract nothing counted). Returns the sum and how many
+/// lines there were.
+fn interval_sum(stderr: &str, spec: &str) -> Result<(u64, usize)> {
+    let mut sum = 0u64;
+    let mut lines = 0;
+    for line in stderr.lines() {
+        let Some((head, _)) = line.split_once(&format!(",{spec},")) else {
+            continue;
+        };
+        lines += 1;
+        let value = head.split(',').nth(1).unwrap_or("").trim();
+        if value.starts_with('<') {
+            continue;
+        }
+        let v: u64 = value
+            .parse()
+            .map_err(|_| anyhow::anyhow!("{spec}: value {value:?} in {line:?}"))?;
+        sum += v;
+    }
+    Ok((sum, lines))
+}
+
+/// A14. The real `perf stat -a -I 100 --no-scale` on the raw event, running
+///     across a move, a park and a placement made by allowed-set changes,
+///     with bursts between: its intervals add up to exactly what landed.
+pub fn perf_stat_intervals_across_changes(ctx: &mut Ctx) -> Result<Check> {
+    let (d, allowed) = movable_domain(ctx)?;
+    let r = rmid(ctx, 6);
+    let mut problems = Vec::new();
+    let v0 = violations(ctx)?;
+    let raw = format!(
+        "{}/event={:#04x},rmid={r}/",
+        pmu_name(d),
+        Event::MbmTotalBytes as u64
+    );
+    let argv = [
+        "/usr/bin/perf",
+        "stat",
+        "-a",
+        "-I",
+        "100",
+        "--no-scale",
+        "-x,",
+        "-e",
+        &raw,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let job = match ctx.g.ask(HostRequest::StartJob {
+        spec: JobSpec::Process {
+            argv,
+            perf_fds: 1,
+            settle_ms: 200,
+        },
+    })? {
+        AgentMessage::JobStarted { job } => job,
+        other => bail!("starting perf stat -I: {other:?}"),
+    };
+    inject(ctx, d, r, MIB)?;
+    let target = other(&allowed, owner(ctx, d)?);
+    set(ctx, d, &[target])?;
+    expect_settled(ctx, d, Some(&[target]), "S={target}", &mut problems)?;
+    inject(ctx, d, r, 2 * MIB)?;
+    set(ctx, d, &[])?;
+    expect_settled(ctx, d, None, "S empty", &mut problems)?;
+    inject(ctx, d, r, 4 * MIB)?;
+    set(ctx, d, &allowed)?;
+    expect_settled(ctx, d, Some(&allowed), "S restored", &mut problems)?;
+    inject(ctx, d, r, 8 * MIB)?;
+    // Two more intervals, so the last burst is printed.
+    std::thread::sleep(Duration::from_millis(300));
+    let result = match ctx.g.ask(HostRequest::StopJob {
+        job,
+        signal: 2,
+        timeout_ms: 20_000,
+    })? {
+        AgentMessage::JobDone(result) => result,
+        other => bail!("stopping perf stat -I: {other:?}"),
+    };
+    let JobResult::Process { stderr, .. } = &result else {
+        bail!("perf stat -I: not a process result: {result:?}")
+    };
+    let (sum, lines) = interval_sum(stderr, &raw)?;
+    let landed = 15 * MIB;
+    if sum != landed {
+        problems.push(format!(
+            "{lines} intervals add up to {sum} (want {landed}, what landed)"
+        ));
+    }
+    no_new_violations(ctx, v0, &mut problems)?;
+    Ok(Check::from_problems(
+        "allowed-attack: perf stat -I across changes",
+        problems,
+        format!("perf stat -a -I 100 --no-scale -e {raw} across a move to {target}, a park and a placement: {lines} intervals add up to {sum} = what landed; 0 violations"),
+    ))
+}
+
 /// Runs each attack; whatever it did, the domain's set is restored and
 /// every CPU is online again before the next, so one broken attack never
 /// hides the others' verdicts.
 pub fn run(ctx: &mut Ctx) -> Result<Vec<Check>> {
-    let checks: [Named; 13] = [
+    let checks: [Named; 14] = [
         (
             "allowed-attack: change racing offline",
             change_racing_offline_of_target,
@@ -885,6 +985,10 @@ pub fn run(ctx: &mut Ctx) -> Result<Vec<Check>> {
         (
             "allowed-attack: change racing the old owner's offline",
             change_racing_offline_of_owner,
+        ),
+        (
+            "allowed-attack: perf stat -I across changes",
+            perf_stat_intervals_across_changes,
         ),
     ];
     let (d, allowed) = movable_domain(ctx)?;
@@ -925,6 +1029,16 @@ pub fn run(ctx: &mut Ctx) -> Result<Vec<Check>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn intervals_add_up_and_not_counted_is_nothing() {
+        let spec = "perfbed_l3_1/event=0x02,rmid=6/";
+        let out = format!(
+            "     0.100,1048576,,{spec},100,100.00,,\n     0.200,<not counted>,,{spec},0,0.00,,\n     0.300,2097152,,{spec},100,100.00,,\nother line\n"
+        );
+        assert_eq!(interval_sum(&out, spec).unwrap(), (3 * MIB, 3));
+        assert!(interval_sum(&format!("0.1,x,,{spec},1"), spec).is_err());
+    }
 
     #[test]
     fn settled_tells_placed_from_parked_and_outside() {
