@@ -563,11 +563,11 @@ fn affinity_after(
     let file = format!("/proc/irq/{irq}/smp_affinity_list");
     let text = g.read_file(&file)?;
     let affinity = parse_cpu_list(&text).map_err(|e| anyhow::anyhow!("{file} {text:?}: {e}"))?;
-    let cpus = &device.domains[domain as usize];
-    let wrong = match mask.first() {
-        Some(&owner) => affinity != [owner as u32],
-        None => affinity.iter().any(|c| cpus.contains(c)),
-    };
+    let wrong = affinity_wrong(
+        mask.first().copied(),
+        &affinity,
+        &device.domains[domain as usize],
+    );
     Ok(wrong.then(|| {
         format!(
             "operation {index} ({:?}): {file} is {text} but cpumask is {}: the interrupt did not follow the PMU",
@@ -575,6 +575,16 @@ fn affinity_after(
             mask.first().map_or("empty (parked)".to_string(), u64::to_string)
         )
     }))
+}
+
+/// Whether an interrupt's affinity `affinity` is wrong for a PMU owned by
+/// `owner` (`None`: parked) in a domain of CPUs `cpus`: placed, it must be
+/// the owner alone; parked, none of the domain's CPUs.
+fn affinity_wrong(owner: Option<u64>, affinity: &[u32], cpus: &[u32]) -> bool {
+    match owner {
+        Some(owner) => affinity != [owner as u32],
+        None => affinity.iter().any(|c| cpus.contains(c)),
+    }
 }
 
 /// Runs hotplug `ops`; answers the PMU's CPU after them (`[]` if parked).
@@ -610,6 +620,22 @@ fn hotplug(g: &mut Guest, pmu: &str, ops: Vec<HotplugOp>) -> Result<Result<Vec<u
 mod tests {
     use super::*;
     use crate::stress::lifecycle::journal::ReadFormat;
+
+    #[test]
+    fn an_affinity_is_right_on_the_owner_alone_or_outside_a_parked_domain() {
+        let domain = [2, 3];
+        assert!(!affinity_wrong(Some(3), &[3], &domain));
+        assert!(affinity_wrong(Some(3), &[2], &domain), "the CPU it left");
+        assert!(
+            affinity_wrong(Some(3), &[0, 1, 2, 3], &domain),
+            "where the kernel put it"
+        );
+        assert!(!affinity_wrong(None, &[0, 1], &domain));
+        assert!(
+            affinity_wrong(None, &[1, 2], &domain),
+            "parked, inside the domain"
+        );
+    }
 
     #[test]
     fn journaled_opens_become_the_attrs_they_say() {
