@@ -217,8 +217,9 @@ pub fn lifecycle_stress(scenario: &Scenario, accel: &Accel) -> Result<()> {
 
 /// Every driver mutant (`guest-driver/mutants/`) built into its own
 /// perfbed.ko and run through the short lifecycle stress of
-/// `cargo xtask stress --mutants` (seed 17, at most 600 operations, stopping
-/// at the first failure): each must be caught, by a mismatch against the
+/// `cargo xtask stress --mutants` (seed 17 or the mutant's own
+/// `# Lifecycle seed:`, at most 600 operations, stopping at the first
+/// failure): each must be caught, by a mismatch against the
 /// model or by the lifecycle's named checks (the interrupt's affinity after
 /// every move, park and unpark). Prints the table: caught after how many
 /// operations, and the replay command.
@@ -231,8 +232,9 @@ pub fn driver_mutants(scenario: &Scenario, accel: &Accel) -> Result<()> {
             continue;
         }
         let start = Instant::now();
+        let seed = mutant.seed()?.unwrap_or(MUTANT_SEED);
         let replay = format!(
-            "cargo xtask stress --lifecycle {MUTANT_OPS} --seed {MUTANT_SEED} --cpus {} --mutant {}",
+            "cargo xtask stress --lifecycle {MUTANT_OPS} --seed {seed} --cpus {} --mutant {}",
             scenario.vm.cpus, mutant.name
         );
         let result = (|| {
@@ -249,7 +251,7 @@ pub fn driver_mutants(scenario: &Scenario, accel: &Accel) -> Result<()> {
             };
             let config = stress::lifecycle::run::LifecycleConfig {
                 ops: MUTANT_OPS,
-                seed: MUTANT_SEED,
+                seed,
                 timeout: scenario.request_timeout,
                 replay: replay.clone(),
                 stop_at_first: true,
