@@ -148,7 +148,7 @@ const VM_TESTS: &[VmTest] = &[
     },
     VmTest {
         name: "driver_mutants",
-        what: "on the debug kernel, each planted driver bug (guest-driver/mutants/) in its own perfbed.ko, run through the lifecycle stress at seed 17 (at most 600 operations, stopping at the first failure): every one caught, by a mismatch against the model or by a named check",
+        what: "on the debug kernel, each planted driver bug (guest-driver/mutants/) in its own perfbed.ko, run through the lifecycle stress at seed 17 or its own `# Lifecycle seed:` (at most 600 operations, stopping at the first failure): every one caught, by a mismatch against the model or by a named check",
         variant: Variant::Debug,
         host: host::HostChoice::Qemu,
         run: driver_mutants,
