@@ -33,12 +33,40 @@ pub struct Mutant {
 }
 
 impl Mutant {
+    /// The lifecycle seed that catches it, if its file names one on a line
+    /// `# Lifecycle seed: N` (the seed whose first operations reach the
+    /// bug's state; without one, the table's common seed).
+    pub fn seed(&self) -> Result<Option<u64>> {
+        let text = fs::read_to_string(&self.file)
+            .with_context(|| format!("reading {}", self.file.display()))?;
+        lifecycle_seed(&text).with_context(|| format!("{}", self.file.display()))
+    }
+
     /// The first line of its file (without a comment's `#`): what it plants.
     pub fn summary(&self) -> String {
         let text = fs::read_to_string(&self.file).unwrap_or_default();
         let first = text.lines().next().unwrap_or_default();
         first.trim_start_matches('#').trim().to_string()
     }
+}
+
+/// The seed of a `# Lifecycle seed: N` line among a patch's leading
+/// comment lines.
+fn lifecycle_seed(text: &str) -> Result<Option<u64>> {
+    for line in text.lines().take_while(|l| l.starts_with('#')) {
+        if let Some(rest) = line
+            .trim_start_matches('#')
+            .trim()
+            .strip_prefix("Lifecycle seed:")
+        {
+            let seed = rest.trim();
+            return seed
+                .parse()
+                .map(Some)
+                .with_context(|| format!("\"Lifecycle seed: {seed}\" is not a number"));
+        }
+    }
+    Ok(None)
 }
 
 const DRIVER_DIR: &str = "guest-driver/mutants";
@@ -188,6 +216,17 @@ mod tests {
         let _ = fs::remove_dir_all(&dir);
         fs::create_dir_all(&dir).unwrap();
         dir
+    }
+
+    #[test]
+    fn a_mutant_names_its_seed_in_its_leading_comments_only() {
+        let with = "# Planted.\n# Lifecycle seed: 3\n--- a/x\n";
+        assert_eq!(lifecycle_seed(with).unwrap(), Some(3));
+        assert_eq!(
+            lifecycle_seed("# Planted.\n--- a/x\n+# Lifecycle seed: 4\n").unwrap(),
+            None
+        );
+        assert!(lifecycle_seed("# Lifecycle seed: three\n").is_err());
     }
 
     #[test]

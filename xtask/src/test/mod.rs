@@ -19,10 +19,10 @@ use crate::progress::human;
 use crate::run::scenario::Scenario;
 use crate::run::{scenario_for, RunArgs};
 use vm_tests::{
-    agent_dies_mid_run, bench_quick, boot_and_hotplug, device_scope_pmu, gdb_session,
-    guest_floods_console_and_channel, guest_panic_is_reported, hotplug_selftest_replay,
-    hotplug_stress, lifecycle_stress, module_lifecycle, qemu_killed_mid_run, slow_agent_reader,
-    unresponsive_guest_times_out,
+    agent_dies_mid_run, bench_quick, boot_and_hotplug, device_scope_pmu, driver_mutants,
+    gdb_session, guest_floods_console_and_channel, guest_panic_is_reported,
+    hotplug_selftest_replay, hotplug_stress, lifecycle_stress, module_lifecycle,
+    qemu_killed_mid_run, slow_agent_reader, unresponsive_guest_times_out,
 };
 
 #[derive(Args)]
@@ -145,6 +145,13 @@ const VM_TESTS: &[VmTest] = &[
         variant: Variant::Debug,
         host: host::HostChoice::Qemu,
         run: lifecycle_stress,
+    },
+    VmTest {
+        name: "driver_mutants",
+        what: "on the debug kernel, each planted driver bug (guest-driver/mutants/) in its own perfbed.ko, run through the lifecycle stress at seed 17 or its own `# Lifecycle seed:` (at most 600 operations, stopping at the first failure): every one caught, by a mismatch against the model or by a named check",
+        variant: Variant::Debug,
+        host: host::HostChoice::Qemu,
+        run: driver_mutants,
     },
     VmTest {
         name: "hotplug_selftest_replay",

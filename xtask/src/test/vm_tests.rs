@@ -215,6 +215,62 @@ pub fn lifecycle_stress(scenario: &Scenario, accel: &Accel) -> Result<()> {
     Ok(())
 }
 
+/// Every driver mutant (`guest-driver/mutants/`) built into its own
+/// perfbed.ko and run through the short lifecycle stress of
+/// `cargo xtask stress --mutants` (seed 17 or the mutant's own
+/// `# Lifecycle seed:`, at most 600 operations, stopping at the first
+/// failure): each must be caught, by a mismatch against the
+/// model or by the lifecycle's named checks (the interrupt's affinity after
+/// every move, park and unpark). Prints the table: caught after how many
+/// operations, and the replay command.
+pub fn driver_mutants(scenario: &Scenario, accel: &Accel) -> Result<()> {
+    use stress::lifecycle::cli::{self as lc, MUTANT_OPS, MUTANT_SEED};
+    let ws = crate::build::workspace()?;
+    let mut rows = Vec::new();
+    for mutant in stress::mutants::all(&ws)? {
+        if mutant.kind != stress::mutants::MutantKind::Driver {
+            continue;
+        }
+        let start = Instant::now();
+        let seed = mutant.seed()?.unwrap_or(MUTANT_SEED);
+        let replay = format!(
+            "cargo xtask stress --lifecycle {MUTANT_OPS} --seed {seed} --cpus {} --mutant {}",
+            scenario.vm.cpus, mutant.name
+        );
+        let result = (|| {
+            let images =
+                lc::mutant_images(&ws, crate::build::image::Variant::Debug, Some(&mutant))?;
+            let mut device = stress::device(scenario.vm.cpus, None)?;
+            device.slots = stress::lifecycle::SLOTS;
+            let vm = crate::host::config::VmConfig {
+                vmlinux: images.vmlinux.clone(),
+                initramfs: images.initramfs.clone(),
+                device,
+                run_dir: crate::host::config::new_run_dir(&ws, &lc::run_name(&mutant)),
+                ..scenario.vm.clone()
+            };
+            let config = stress::lifecycle::run::LifecycleConfig {
+                ops: MUTANT_OPS,
+                seed,
+                timeout: scenario.request_timeout,
+                replay: replay.clone(),
+                stop_at_first: true,
+            };
+            stress::lifecycle::execute(&vm, accel, &config)
+        })();
+        rows.push(lc::mutant_row(&mutant, replay, start, result));
+    }
+    let table = lc::table_text(&rows);
+    if rows.is_empty() {
+        bail!("no driver mutants in guest-driver/mutants/");
+    }
+    if rows.iter().any(|r| r.caught_at.is_none()) {
+        bail!("a driver mutant was not caught:{table}");
+    }
+    print!("{table}");
+    Ok(())
+}
+
 /// `cargo xtask hotplug-selftest` on the run's VM.
 pub fn hotplug_selftest_replay(scenario: &Scenario, accel: &Accel) -> Result<()> {
     let config = stress::selftest::SelftestConfig {

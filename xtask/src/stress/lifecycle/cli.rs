@@ -21,7 +21,7 @@ use super::run::{LifecycleConfig, LifecycleReport};
 use super::SLOTS;
 
 /// Operations of a mutant's run unless `--lifecycle` says otherwise, and
-/// its seed unless `--seed` does: enough to catch every mutant of the
+/// its seed unless `--seed` or the mutant's `# Lifecycle seed:` line does: enough to catch every mutant of the
 /// table, short enough for `cargo xtask test`.
 pub const MUTANT_OPS: u32 = 600;
 pub const MUTANT_SEED: u64 = 17;
@@ -134,7 +134,10 @@ pub fn table(ws: &Path, args: &StressArgs) -> Result<Vec<MutantRow>> {
 
 fn run_mutant(ws: &Path, args: &StressArgs, mutant: &Mutant) -> Result<MutantRow> {
     let ops = args.lifecycle.unwrap_or(MUTANT_OPS);
-    let seed = args.seed.unwrap_or(MUTANT_SEED);
+    let seed = match args.seed {
+        Some(seed) => seed,
+        None => mutant.seed()?.unwrap_or(MUTANT_SEED),
+    };
     eprintln!("==> mutant {}: {}", mutant.name, mutant.summary());
     let start = Instant::now();
     let replay = replay_command(args, ops, seed, Some(&mutant.name));

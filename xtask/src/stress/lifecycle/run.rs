@@ -11,10 +11,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use perfbed_agent::{AgentMessage, HostRequest, HotplugOp, JobResult, JobSpec, PerfAttr, PerfOp};
+use perfbed_device::cpus::parse_cpu_list;
 use perfbed_device::regs::Event;
 use perfbed_device::{ControlClient, DeviceConfig};
 
 use crate::checks::counting::DeviceShape;
+use crate::checks::pmu::interrupts::irq_counts;
 use crate::checks::Check;
 use crate::guest::perf_abi::{
     FLAG_DISABLED, FLAG_EXCLUSIVE, FLAG_PINNED, FORMAT_GROUP, FORMAT_ID, FORMAT_TOTAL_TIME_ENABLED,
@@ -56,6 +58,9 @@ pub struct LifecycleReport {
     pub ebusy: u64,
     pub longest_open_ns: u64,
     pub journal: PathBuf,
+    /// The first move, park or unpark after which the interrupt's affinity
+    /// did not follow the PMU.
+    pub first_affinity: Option<usize>,
 }
 
 impl LifecycleReport {
@@ -87,9 +92,14 @@ impl LifecycleReport {
         out
     }
 
-    /// The index of the first mismatching operation, if any.
+    /// The index of the first operation that failed, if any: a mismatch
+    /// against the model, or an interrupt affinity left behind.
     pub fn caught_at(&self) -> Option<usize> {
-        self.first.as_ref().map(|(f, _)| f.index)
+        let mismatch = self.first.as_ref().map(|(f, _)| f.index);
+        match (mismatch, self.first_affinity) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 }
 
@@ -128,6 +138,22 @@ pub fn run(
         owners.push(g.cpumask(pmu)?.first().copied());
     }
     let first_handle = probe_next_handle(g)?;
+    // Each PMU's interrupt line: after every move, park and unpark its
+    // affinity must follow the PMU (a driver that leaves it behind counts
+    // right, as the owner's poll reads the counters, so only this sees it).
+    let interrupts = g.read_file("/proc/interrupts")?;
+    let irqs: Vec<Option<u32>> = pmus
+        .iter()
+        .map(|pmu| irq_counts(&interrupts, pmu).map(|(irq, _)| irq))
+        .collect();
+    let mut affinity_problems: Vec<String> = pmus
+        .iter()
+        .zip(&irqs)
+        .filter(|(_, irq)| irq.is_none())
+        .map(|(pmu, _)| format!("{pmu} has no line in /proc/interrupts"))
+        .collect();
+    let mut affinity_checked = 0u64;
+    let mut first_affinity: Option<usize> = None;
     let mut generator = Generator::new(
         config.seed,
         shape,
@@ -169,7 +195,10 @@ pub fn run(
     let mut pending: Vec<(Step, bool)> = Vec::new();
     let mut desync = false;
     let mut replayed_at = 0;
-    while journal.len() < config.ops as usize && !desync {
+    while journal.len() < config.ops as usize
+        && !desync
+        && !(config.stop_at_first && first_affinity.is_some())
+    {
         if config.stop_at_first && journal.len() >= replayed_at + REPLAY_EVERY {
             replayed_at = journal.len();
             if !replay(shape, &journal).findings.is_empty() {
@@ -197,6 +226,11 @@ pub fn run(
             }
             desync |= flush(g, &mut pending, &attr, &mut journal, start)?;
             let entry = host_step(g, control, device, pmus, step, config.timeout, start)?;
+            if let Some(problem) = affinity_after(g, device, &irqs, &entry, journal.len())? {
+                first_affinity.get_or_insert(journal.len());
+                affinity_problems.push(problem);
+            }
+            affinity_checked += u64::from(placement_step(&entry.step).is_some());
             generator.observe(&entry);
             journal.push(entry);
         }
@@ -249,6 +283,18 @@ pub fn run(
             replayed.values
         ),
     ));
+    let affinity_count = affinity_problems.len();
+    affinity_problems.truncate(8);
+    if affinity_count > 8 {
+        affinity_problems.push(format!("and {} more", affinity_count - 8));
+    }
+    checks.push(Check::from_problems(
+        "interrupt follows the PMU",
+        affinity_problems,
+        format!(
+            "after {affinity_checked} moves, parks and unparks: smp_affinity_list the owner, or outside a parked domain"
+        ),
+    ));
     let mut ebusy = replayed.ebusy;
     if let JobResult::OpenCloseLoop {
         attempts, errors, ..
@@ -279,6 +325,7 @@ pub fn run(
         ebusy,
         longest_open_ns: replayed.longest_open_ns,
         journal: journal_path,
+        first_affinity,
     })
 }
 
@@ -488,6 +535,58 @@ fn host_step(
     })
 }
 
+/// The domain a move, park or unpark changed the placement of.
+fn placement_step(step: &Step) -> Option<u32> {
+    match *step {
+        Step::Move { domain } | Step::Park { domain } | Step::Unpark { domain, .. } => Some(domain),
+        _ => None,
+    }
+}
+
+/// After a move, park or unpark that succeeded: what is wrong with the
+/// domain's interrupt affinity, if anything. Placed, it is the owner alone;
+/// parked, it holds none of the domain's CPUs (as the `interrupts` check of
+/// `cargo xtask run` says).
+fn affinity_after(
+    g: &mut Guest,
+    device: &DeviceConfig,
+    irqs: &[Option<u32>],
+    entry: &Entry,
+    index: usize,
+) -> Result<Option<String>> {
+    let Some(domain) = placement_step(&entry.step) else {
+        return Ok(None);
+    };
+    let (Ok(mask), Some(irq)) = (&entry.result, irqs[domain as usize]) else {
+        return Ok(None);
+    };
+    let file = format!("/proc/irq/{irq}/smp_affinity_list");
+    let text = g.read_file(&file)?;
+    let affinity = parse_cpu_list(&text).map_err(|e| anyhow::anyhow!("{file} {text:?}: {e}"))?;
+    let wrong = affinity_wrong(
+        mask.first().copied(),
+        &affinity,
+        &device.domains[domain as usize],
+    );
+    Ok(wrong.then(|| {
+        format!(
+            "operation {index} ({:?}): {file} is {text} but cpumask is {}: the interrupt did not follow the PMU",
+            entry.step,
+            mask.first().map_or("empty (parked)".to_string(), u64::to_string)
+        )
+    }))
+}
+
+/// Whether an interrupt's affinity `affinity` is wrong for a PMU owned by
+/// `owner` (`None`: parked) in a domain of CPUs `cpus`: placed, it must be
+/// the owner alone; parked, none of the domain's CPUs.
+fn affinity_wrong(owner: Option<u64>, affinity: &[u32], cpus: &[u32]) -> bool {
+    match owner {
+        Some(owner) => affinity != [owner as u32],
+        None => affinity.iter().any(|c| cpus.contains(c)),
+    }
+}
+
 /// Runs hotplug `ops`; answers the PMU's CPU after them (`[]` if parked).
 fn hotplug(g: &mut Guest, pmu: &str, ops: Vec<HotplugOp>) -> Result<Result<Vec<u64>, String>> {
     let n = ops.len();
@@ -521,6 +620,22 @@ fn hotplug(g: &mut Guest, pmu: &str, ops: Vec<HotplugOp>) -> Result<Result<Vec<u
 mod tests {
     use super::*;
     use crate::stress::lifecycle::journal::ReadFormat;
+
+    #[test]
+    fn an_affinity_is_right_on_the_owner_alone_or_outside_a_parked_domain() {
+        let domain = [2, 3];
+        assert!(!affinity_wrong(Some(3), &[3], &domain));
+        assert!(affinity_wrong(Some(3), &[2], &domain), "the CPU it left");
+        assert!(
+            affinity_wrong(Some(3), &[0, 1, 2, 3], &domain),
+            "where the kernel put it"
+        );
+        assert!(!affinity_wrong(None, &[0, 1], &domain));
+        assert!(
+            affinity_wrong(None, &[1, 2], &domain),
+            "parked, inside the domain"
+        );
+    }
 
     #[test]
     fn journaled_opens_become_the_attrs_they_say() {
