@@ -501,8 +501,14 @@ const SCALING_SHAPES: [(u8, &str); 4] = [
 /// `bench --hotplug-scaling`: offline+online ops/s for each number of
 /// events open on each shape of [`SCALING_SHAPES`], each against the same
 /// guest with no events (the CPU count differs between shapes, and hotplug
-/// costs grow with it: compare within a shape).
-pub fn hotplug_scaling(ws: &Path, images: &Images, accel: &Accel) -> Result<Vec<Row>> {
+/// costs grow with it: compare within a shape). `kernel_args` go at the end
+/// of every guest's command line.
+pub fn hotplug_scaling(
+    ws: &Path,
+    images: &Images,
+    accel: &Accel,
+    kernel_args: &[String],
+) -> Result<Vec<Row>> {
     const ROUNDS: u32 = 3;
     let mut rows = Vec::new();
     for (cpus, domains) in SCALING_SHAPES {
@@ -513,7 +519,11 @@ pub fn hotplug_scaling(ws: &Path, images: &Images, accel: &Accel) -> Result<Vec<
         };
         let pmus = domains.split(':').count();
         eprintln!("==> hotplug scaling: {pmus} PMU(s) on {cpus} vCPUs ({domains})");
-        let scenario = scenario_for(ws, images, &args, &format!("bench-scaling-{pmus}"))?;
+        let mut scenario = scenario_for(ws, images, &args, &format!("bench-scaling-{pmus}"))?;
+        scenario
+            .vm
+            .extra_cmdline
+            .extend(kernel_args.iter().cloned());
         let mut vm = Vm::boot(&scenario.vm, accel)?.vm;
         let mut g = Guest {
             vm: &mut vm,

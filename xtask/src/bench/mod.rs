@@ -43,6 +43,11 @@ pub struct BenchArgs {
     /// 4 and 16 PMUs (a guest booted for each; a few minutes under TCG).
     #[arg(long, conflicts_with_all = ["quick", "cold"])]
     hotplug_scaling: bool,
+    /// With --hotplug-scaling: an argument appended to every guest's kernel
+    /// command line (repeatable), for A/B runs such as
+    /// `rcupdate.rcu_expedited=1`.
+    #[arg(long, requires = "hotplug_scaling", value_name = "ARG")]
+    kernel_arg: Vec<String>,
     /// Compare saved results instead of measuring, naming the rows that
     /// moved beyond their spread: A against B; with one file, it against the
     /// latest full run; with none, the previous full run against the latest.
@@ -116,7 +121,7 @@ pub fn run(ws: &Path, args: &BenchArgs) -> Result<bool> {
     if args.hotplug_scaling {
         deps::ensure_packages()?;
         let images = image::ensure_for(ws, image::Variant::Normal, image::Purpose::Run)?;
-        let rows = guest::hotplug_scaling(ws, &images, &host::choose_accel())?;
+        let rows = guest::hotplug_scaling(ws, &images, &host::choose_accel(), &args.kernel_arg)?;
         print!("{}", report::table(&rows));
         return Ok(true);
     }
