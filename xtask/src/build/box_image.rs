@@ -21,7 +21,8 @@ use super::deps;
 use super::image::cpio::{Archive, Kind};
 use crate::cmd::{self, Step};
 
-const KERNEL_RECIPE: &str = "l1-kernel-1";
+/// 2: the package's `System.map` kept, to name a hung box's RIP.
+const KERNEL_RECIPE: &str = "l1-kernel-2";
 const INITRAMFS_RECIPE: &str = "l1-initramfs-2";
 /// The kernel package apt's metapackage points at.
 const METAPACKAGE: &str = "linux-image-amd64";
@@ -48,12 +49,16 @@ pub struct BoxImages {
     pub initramfs: PathBuf,
     /// The L1 kernel package, for reports.
     pub kernel_package: String,
+    /// The L1 kernel's `System.map` (from its package), to name the
+    /// function a hung box's RIP was in.
+    pub system_map: PathBuf,
 }
 
-/// The L1 kernel: Debian's package, unpacked, only the bzImage and the
-/// modules the box loads kept.
+/// The L1 kernel: Debian's package, unpacked, only the bzImage, its
+/// `System.map` and the modules the box loads kept.
 struct L1Kernel {
     vmlinuz: PathBuf,
+    system_map: PathBuf,
     modules: Vec<(String, PathBuf, &'static str)>,
     package: String,
 }
@@ -104,6 +109,7 @@ fn l1_kernel() -> Result<L1Kernel> {
         .collect();
     let kernel = L1Kernel {
         vmlinuz: dir.join("vmlinuz"),
+        system_map: dir.join("System.map"),
         modules,
         package: format!("{package} {version}"),
     };
@@ -137,6 +143,10 @@ fn l1_kernel() -> Result<L1Kernel> {
         .join(format!("vmlinuz-{}", release.to_string_lossy()));
     fs::rename(&vmlinuz, &kernel.vmlinuz)
         .with_context(|| format!("moving {}", vmlinuz.display()))?;
+    let map = unpacked
+        .join("boot")
+        .join(format!("System.map-{}", release.to_string_lossy()));
+    fs::rename(&map, &kernel.system_map).with_context(|| format!("moving {}", map.display()))?;
     fs::create_dir_all(dir.join("modules"))?;
     for ((path, _), (_, dest, _)) in MODULES.iter().zip(&kernel.modules) {
         let from = unpacked.join("lib/modules").join(&release).join(path);
@@ -275,6 +285,7 @@ pub fn ensure(workspace: &Path, guest_vmlinux: &Path, guest_initramfs: &Path) ->
         kernel: kernel.vmlinuz.clone(),
         initramfs: cpio.clone(),
         kernel_package: kernel.package.clone(),
+        system_map: kernel.system_map.clone(),
     };
     if entry.is_ready() {
         return Ok(images);

@@ -63,6 +63,9 @@ pub fn qemu_command(
         "panic=-1".into(),
         "mitigations=off".into(),
         "loglevel=4".into(),
+        // L1 linked where its System.map says, so that a hung box's RIP
+        // names a function (host::symbols).
+        "nokaslr".into(),
         format!("tsc_early_khz={tsc_khz}"),
         "tsc=reliable".into(),
         encode_args(vmm_args),
@@ -146,6 +149,7 @@ mod tests {
             kernel: "bzImage".into(),
             initramfs: "l1.cpio".into(),
             kernel_package: String::new(),
+            system_map: "System.map".into(),
         };
         let qemu = qemu_command(
             &config::example(),
@@ -162,6 +166,7 @@ mod tests {
             "{line}"
         );
         assert!(line.contains("-m 1152"), "{line}");
+        assert!(line.contains(" nokaslr "), "{line}");
         for port in [PORT_AGENT, PORT_CONTROL, PORT_SERIAL] {
             assert!(line.contains(&format!("name={port}")), "{line}");
         }

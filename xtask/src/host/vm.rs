@@ -29,6 +29,7 @@ use perfbed_device::ControlClient;
 use super::cmdline::{base_cmdline, host_tsc_khz, kernel_hz, GuestClock};
 use super::config::{device_gsis, device_param, VmConfig};
 use super::console::{copy_serial, kernel_log_problems};
+use super::symbols::{self, SystemMap};
 use super::{cpu_state, monitor, qemu, the_box, vmm, Accel, Host};
 use crate::cmd;
 
@@ -56,6 +57,9 @@ pub struct Vm {
     pub control_socket: PathBuf,
     /// QEMU's human monitor (the guest's QEMU, or the box's).
     monitor_socket: Option<PathBuf>,
+    /// The kernels a snapshot's RIP may be in, each with its `System.map`:
+    /// the guest's, and in the box L1's.
+    system_maps: Vec<(&'static str, PathBuf)>,
     verbose: bool,
     /// Run once before a failing VM is stopped, while the device still
     /// answers (the stress saves the device's trace there).
@@ -142,6 +146,13 @@ impl Vm {
             Host::VmmBox(_) => console_log.clone(),
             _ => None,
         };
+        let mut system_maps = vec![(
+            "the guest's kernel",
+            config.vmlinux.with_file_name("System.map"),
+        )];
+        if let Host::VmmBox(images) = &config.host {
+            system_maps.push(("L1's kernel", images.system_map.clone()));
+        }
         if let Some(monitor) = &monitor_socket {
             command.arg("-monitor").arg(monitor::qemu_arg(monitor));
         }
@@ -203,6 +214,7 @@ impl Vm {
             box_log,
             control_socket,
             monitor_socket,
+            system_maps,
             agent_socket: socket,
             before_kill: None,
             verbose,
@@ -389,8 +401,34 @@ impl Vm {
         for line in stuck.iter().chain(&expired) {
             story += &format!("\n{whose}, {line}");
         }
+        story += &self.name_rips(first.iter().chain(&again).filter_map(|c| c.rip));
         if !(stuck.is_empty() && expired.is_empty()) && self.box_log.is_some() {
             story += "\nso the box itself is stuck: L1 (QEMU TCG emulating SVM for L1's KVM, on L1's one vCPU) is not taking its own timer interrupt, whatever the guest inside was doing (docs/box-verification.md)";
+        }
+        story
+    }
+
+    /// A line for each distinct RIP: the function it is in, in each kernel
+    /// it may belong to (a map that cannot be read is said so).
+    fn name_rips(&self, rips: impl Iterator<Item = u64>) -> String {
+        let mut maps = Vec::new();
+        let mut story = String::new();
+        for (kernel, path) in &self.system_maps {
+            match SystemMap::load(path) {
+                Ok(map) => maps.push((*kernel, map)),
+                Err(e) => story += &format!("\nno symbols for {kernel}: {e:#}"),
+            }
+        }
+        if maps.is_empty() {
+            return story;
+        }
+        let maps: Vec<(&str, &SystemMap)> = maps.iter().map(|(k, m)| (*k, m)).collect();
+        let mut seen = Vec::new();
+        for rip in rips {
+            if !seen.contains(&rip) {
+                seen.push(rip);
+                story += &format!("\n{}", symbols::describe(rip, &maps));
+            }
         }
         story
     }
