@@ -41,6 +41,9 @@ pub const CPU_STATE_FILE: &str = "cpu-state.txt";
 pub const CPU_STATE_AGAIN_FILE: &str = "cpu-state-again.txt";
 /// Between the two snapshots of a failed VM's vCPUs: many timer periods.
 const CPU_STATE_GAP: Duration = Duration::from_secs(1);
+/// Written into the run folder when the diagnosis of a failed box run says
+/// the box itself was stuck (its lines inside); read by [`box_hung`].
+pub const BOX_STUCK_FILE: &str = "box-stuck.txt";
 /// QEMU's human monitor, in the run folder.
 const MONITOR_SOCKET: &str = "monitor.sock";
 
@@ -403,6 +406,9 @@ impl Vm {
         }
         story += &self.name_rips(first.iter().chain(&again).filter_map(|c| c.rip));
         if !(stuck.is_empty() && expired.is_empty()) && self.box_log.is_some() {
+            let lines: Vec<&String> = stuck.iter().chain(&expired).collect();
+            let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
+            let _ = fs::write(self.serial_log.with_file_name(BOX_STUCK_FILE), text);
             story += "\nso the box itself is stuck: L1 (QEMU TCG emulating SVM for L1's KVM, on L1's one vCPU) is not taking its own timer interrupt, whatever the guest inside was doing (docs/box-verification.md)";
         }
         story
@@ -444,6 +450,15 @@ impl Vm {
         fs::write(&path, text).ok()?;
         Some(path)
     }
+}
+
+/// The diagnosis of a box run in `run_dir` that failed because the box
+/// itself was stuck (L1 not taking its own timer interrupt), if the failure
+/// was diagnosed so; `None` for every other failure.
+pub fn box_hung(run_dir: &Path) -> Option<String> {
+    fs::read_to_string(run_dir.join(BOX_STUCK_FILE))
+        .ok()
+        .filter(|t| !t.trim().is_empty())
 }
 
 impl Vm {
