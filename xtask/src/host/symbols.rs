@@ -74,8 +74,19 @@ impl SystemMap {
     }
 }
 
+/// Where x86-64 Linux maps modules (`MODULES_VADDR` without KASLR): the
+/// guest's perfbed.ko, L1's kvm and kvm-amd. No System.map covers them.
+const MODULES_START: u64 = 0xffff_ffff_a000_0000;
+
 /// One sentence on `rip` in each named kernel's map.
 pub fn describe(rip: u64, maps: &[(&str, &SystemMap)]) -> String {
+    if rip >= MODULES_START {
+        let kernels: Vec<&str> = maps.iter().map(|(k, _)| *k).collect();
+        return format!(
+            "RIP {rip:#x} is in the modules' area of {} (no System.map covers modules)",
+            kernels.join(" or ")
+        );
+    }
     let each: Vec<String> = maps
         .iter()
         .map(|(kernel, map)| match map.resolve(rip) {
@@ -133,6 +144,10 @@ ffffffff81300000 T _etext
         assert_eq!(
             describe(0xffffffff81250000, &[("L1's kernel", &l1)]),
             "RIP 0xffffffff81250000 is outside the text of L1's kernel"
+        );
+        assert_eq!(
+            describe(0xffffffffc0251ba5, &[("the guest's kernel", &guest), ("L1's kernel", &l1)]),
+            "RIP 0xffffffffc0251ba5 is in the modules' area of the guest's kernel or L1's kernel (no System.map covers modules)"
         );
     }
 }
