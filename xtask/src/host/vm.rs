@@ -405,7 +405,17 @@ impl Vm {
             story += &format!("\n{whose}, {line}");
         }
         story += &self.name_rips(first.iter().chain(&again).filter_map(|c| c.rip));
-        if !(stuck.is_empty() && expired.is_empty()) && self.box_log.is_some() {
+        let stuck_timer = cpu_state::timer_stuck_in_both(&first, &again);
+        if !stuck_timer.is_empty() || !stuck.is_empty() {
+            story += &format!(
+                "\n{whose}: the timer interrupt stayed pending and untaken across both snapshots (vCPUs {stuck_timer:?})"
+            );
+        } else if !expired.is_empty() {
+            story += &format!(
+                "\n{whose}: the pending timer interrupt was taken by the second snapshot, so this VM was not stuck there; the hang is not the box's own"
+            );
+        }
+        if !(stuck.is_empty() && stuck_timer.is_empty()) && self.box_log.is_some() {
             let lines: Vec<&String> = stuck.iter().chain(&expired).collect();
             let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
             let _ = fs::write(self.serial_log.with_file_name(BOX_STUCK_FILE), text);
