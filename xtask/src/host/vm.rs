@@ -347,6 +347,14 @@ impl Vm {
             story += &format!("\nkernel log problems:\n  {}", problems.join("\n  "));
         }
         if let Some(box_log) = &self.box_log {
+            let text = fs::read_to_string(box_log).unwrap_or_default();
+            let marker = self.serial_log.with_file_name(BOX_STUCK_FILE);
+            if let Some(line) = the_box::l1_timer_missing(&text) {
+                if !marker.exists() {
+                    let _ = fs::write(&marker, format!("L1's kernel: {line}\n"));
+                }
+                story += &format!("\nL1's own kernel says its timer did not fire: {line}\nso the box itself is stuck (docs/box-verification.md)");
+            }
             story += &format!(
                 "\n--- the box (L1 console, {}) ---\n{}",
                 box_log.display(),
