@@ -420,7 +420,7 @@ impl Vm {
             );
         } else if !expired.is_empty() {
             story += &format!(
-                "\n{whose}: the pending timer interrupt was taken by the second snapshot, so this VM was not stuck there; the hang is not the box's own"
+                "\n{whose}: its expired timer was pending in one snapshot only, so the snapshots alone do not show it stuck"
             );
         }
         if !(stuck.is_empty() && stuck_timer.is_empty()) && self.box_log.is_some() {
