@@ -90,7 +90,7 @@ impl AgentChannel {
         if let (Some(stream), Some(watching)) = (&self.stream, state.watching.take()) {
             let _ = ops.remove(Events::with_data(stream, STREAM, watching));
             self.console.with_device(|c| c.disconnect());
-            eprintln!("perfbed-vmm: the agent socket's client went away; the guest's port is closed");
+            log::info!("the agent socket's client went away; the guest's port is closed");
         }
     }
 
@@ -124,7 +124,7 @@ impl AgentChannel {
             if ops.modify(Events::with_data(stream, STREAM, want)).is_ok() {
                 state.watching = Some(want);
             } else {
-                eprintln!("perfbed-vmm: cannot change what the agent socket is watched for");
+                log::error!("cannot change what the agent socket is watched for");
             }
         }
     }
@@ -134,12 +134,12 @@ impl EventSubscriber for AgentChannel {
     fn init(&self, ops: &mut EventOps) {
         for (i, evt) in self.notifiers.iter().enumerate() {
             if let Err(e) = ops.add(Events::with_data(evt, NOTIFIER + i as u32, EventSet::IN)) {
-                eprintln!("perfbed-vmm: watching the console's queue {i}: {e:?}");
+                log::error!("watching the console's queue {i}: {e:?}");
             }
         }
         if let Some(stream) = &self.stream {
             if let Err(e) = ops.add(Events::with_data(stream, STREAM, EventSet::IN)) {
-                eprintln!("perfbed-vmm: watching the agent socket: {e:?}");
+                log::error!("watching the agent socket: {e:?}");
             }
         }
     }

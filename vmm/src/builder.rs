@@ -96,8 +96,8 @@ impl VmmBuilder {
         let cpus = u32::from(machine.vcpus);
         let llc_bits = l3_topology::l3_sharing_bits(cpus, &config.device.domains);
         for (domain, l3) in l3_topology::mismatches(cpus, &config.device.domains) {
-            eprintln!(
-                "perfbed-vmm: domain {domain} ({}) is not an aligned power-of-two block of CPUs: its CPUs' L3 in the guest is {}",
+            log::warn!(
+                "domain {domain} ({}) is not an aligned power-of-two block of CPUs: its CPUs' L3 in the guest is {}",
                 format_cpu_list(&config.device.domains[domain]),
                 format_cpu_list(&l3)
             );

@@ -18,6 +18,8 @@
 //! - [`bench`]: the exit-cost benchmark; [`stats`]: the VMM's own figures;
 //!   [`panic_report`]: those figures and the serial log on a panic too.
 //!
+//! - [`logger`]: the `log` crate's records to stderr.
+//!
 //! The command line (`src/main.rs`) is a thin layer over [`VmmConfig`].
 
 pub mod agent_channel;
@@ -28,6 +30,7 @@ pub mod builder;
 pub mod config;
 pub mod device_manager;
 pub mod devices;
+pub mod logger;
 pub mod memory;
 pub mod panic_report;
 pub mod stats;

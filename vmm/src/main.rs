@@ -115,6 +115,7 @@ impl Cli {
 
 fn main() -> ExitCode {
     let start = Instant::now();
+    perfbed_vmm::logger::init();
     let cli = Cli::parse();
     if let Some(iterations) = cli.bench_exits {
         return match bench::exit_costs(iterations) {
@@ -139,12 +140,12 @@ fn main() -> ExitCode {
     let code = match VmmBuilder::new(config, start).build().and_then(Vmm::run) {
         Ok(GuestEnd::Reset) => GUEST_RESET,
         Ok(GuestEnd::Panicked) => {
-            eprintln!("perfbed-vmm: the guest kernel panicked");
+            log::info!("the guest kernel panicked");
             GUEST_PANIC
         }
         Ok(GuestEnd::Terminated) => TERMINATED,
         Err(e) => {
-            eprintln!("perfbed-vmm: error: {e}");
+            log::error!("{e}");
             VMM_ERROR
         }
     };
@@ -155,6 +156,6 @@ fn main() -> ExitCode {
 
 fn fail(code: u8, error: anyhow::Error) -> ExitCode {
     // Every error's message already carries its cause.
-    eprintln!("perfbed-vmm: error: {error}");
+    log::error!("{error}");
     ExitCode::from(code)
 }

@@ -23,7 +23,7 @@ pub fn install(report: Arc<dyn Fn(ThreadId) + Send + Sync>) {
     let default = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
         default(info);
-        eprintln!("perfbed-vmm: panicked; flushing the serial log and reporting before the process ends");
+        log::error!("panicked; flushing the serial log and reporting before the process ends");
         let panicking = thread::current().id();
         let (done, finished) = mpsc::channel();
         let report = report.clone();
@@ -32,7 +32,7 @@ pub fn install(report: Arc<dyn Fn(ThreadId) + Send + Sync>) {
             let _ = done.send(());
         });
         if spawned.is_err() || finished.recv_timeout(REPORT_PATIENCE).is_err() {
-            eprintln!("perfbed-vmm: the report did not finish within {REPORT_PATIENCE:?} (a lock held by the panicking thread?)");
+            log::error!("the report did not finish within {REPORT_PATIENCE:?} (a lock held by the panicking thread?)");
         }
     }));
 }

@@ -151,8 +151,8 @@ impl Vmm {
         }));
         let stream = match &self.config.endpoints.agent_socket {
             Some(path) => {
-                eprintln!(
-                    "perfbed-vmm: waiting for a client on the agent socket {}",
+                log::info!(
+                    "waiting for a client on the agent socket {}",
                     path.display()
                 );
                 Some(accept_one(path).map_err(io_error(format!(
@@ -243,13 +243,13 @@ impl Vmm {
                 break Some(end);
             }
             if terminated.load(Ordering::SeqCst) {
-                eprintln!("perfbed-vmm: terminated by a signal; stopping the vCPUs");
+                log::info!("terminated by a signal; stopping the vCPUs");
                 break None;
             }
         };
         let (joined, errors) = stop_and_join(handles, VCPU_STOP_PATIENCE);
         for e in &errors {
-            eprintln!("perfbed-vmm: stopping the vCPUs: {e}");
+            log::error!("stopping the vCPUs: {e}");
         }
         self.serial.flush();
         report(
@@ -286,7 +286,7 @@ struct Wake {
 impl EventSubscriber for Wake {
     fn init(&self, ops: &mut EventOps) {
         if let Err(e) = ops.add(Events::new(&self.evt, EventSet::IN)) {
-            eprintln!("perfbed-vmm: watching an eventfd for the end of the run: {e:?}");
+            log::error!("watching an eventfd for the end of the run: {e:?}");
         }
     }
 
@@ -334,6 +334,7 @@ fn report(
         lines.push(format!("rss_beyond_guest_ram_kib={}", rss / 1024));
     }
     for line in lines {
+        // The report, not a log record: printed at any log level.
         eprintln!("perfbed-vmm: stat {line}");
     }
 }

@@ -119,8 +119,8 @@ impl Bus {
             *count += 1;
         } else if logged.len() < MAX_LOGGED_UNKNOWN {
             logged.insert(addr, 1);
-            eprintln!(
-                "perfbed-vmm: vCPU {vcpu}: {size}-byte {what} of unhandled {} {addr:#x} (logged once per address)",
+            log::warn!(
+                "vCPU {vcpu}: {size}-byte {what} of unhandled {} {addr:#x} (logged once per address)",
                 self.kind
             );
         }

@@ -419,7 +419,7 @@ pub fn stop_all_but(
         .collect();
     for control in &others {
         if let Err(e) = control.stop() {
-            eprintln!("perfbed-vmm: {e}");
+            log::error!("{e}");
         }
     }
     let deadline = Instant::now() + patience;
@@ -429,7 +429,7 @@ pub fn stop_all_but(
             |c| match c.wait_ended(deadline.saturating_duration_since(Instant::now())) {
                 Ok(_) => true,
                 Err(e) => {
-                    eprintln!("perfbed-vmm: {e}");
+                    log::error!("{e}");
                     false
                 }
             },

@@ -21,7 +21,9 @@ use super::deps;
 use super::image::cpio::{Archive, Kind};
 use crate::cmd::{self, Step};
 
-const KERNEL_RECIPE: &str = "l1-kernel-1";
+/// 3: the kernel's `System.map` (from its -dbg package) kept, to name a
+/// hung box's RIP.
+const KERNEL_RECIPE: &str = "l1-kernel-3";
 const INITRAMFS_RECIPE: &str = "l1-initramfs-2";
 /// The kernel package apt's metapackage points at.
 const METAPACKAGE: &str = "linux-image-amd64";
@@ -48,12 +50,16 @@ pub struct BoxImages {
     pub initramfs: PathBuf,
     /// The L1 kernel package, for reports.
     pub kernel_package: String,
+    /// The L1 kernel's `System.map` (from its -dbg package), to name the
+    /// function a hung box's RIP was in.
+    pub system_map: PathBuf,
 }
 
 /// The L1 kernel: Debian's package, unpacked, only the bzImage and the
-/// modules the box loads kept.
+/// modules the box loads kept, and the `System.map` from its -dbg package.
 struct L1Kernel {
     vmlinuz: PathBuf,
+    system_map: PathBuf,
     modules: Vec<(String, PathBuf, &'static str)>,
     package: String,
 }
@@ -104,6 +110,7 @@ fn l1_kernel() -> Result<L1Kernel> {
         .collect();
     let kernel = L1Kernel {
         vmlinuz: dir.join("vmlinuz"),
+        system_map: dir.join("System.map"),
         modules,
         package: format!("{package} {version}"),
     };
@@ -115,16 +122,7 @@ fn l1_kernel() -> Result<L1Kernel> {
         &format!("fetching the box's L1 kernel ({package} {version})"),
         &dir.join("fetch.log"),
     )?;
-    step.run(
-        Command::new("apt-get")
-            .current_dir(&dir)
-            .args(["download", &format!("{package}={version}")]),
-    )?;
-    let deb = fs::read_dir(&dir)?
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| p.extension().is_some_and(|e| e == "deb"))
-        .context("apt-get download left no .deb")?;
+    let deb = apt_download(&step, &dir, &format!("{package}={version}"))?;
     let unpacked = dir.join("unpacked");
     step.run(Command::new("dpkg").arg("-x").arg(&deb).arg(&unpacked))?;
     let release = fs::read_dir(unpacked.join("lib/modules"))?
@@ -148,9 +146,62 @@ fn l1_kernel() -> Result<L1Kernel> {
     // The rest (hundreds of MB of modules) is not needed.
     fs::remove_dir_all(&unpacked)?;
     fs::remove_file(&deb)?;
+    if let Err(e) = fetch_system_map(&step, &dir, &package, &version, &kernel.system_map) {
+        // Only a hung box's story needs it: say so, and go on without it.
+        eprintln!("warning: no System.map for the box's L1 kernel ({e:#}); a hung box's RIP will name only the guest's functions");
+    }
     step.finish();
     entry.mark_ready()?;
     Ok(kernel)
+}
+
+/// `apt-get download package=version` into `dir`: the .deb it left.
+fn apt_download(step: &Step, dir: &Path, spec: &str) -> Result<PathBuf> {
+    step.run(
+        Command::new("apt-get")
+            .current_dir(dir)
+            .args(["download", spec]),
+    )?;
+    fs::read_dir(dir)?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|e| e == "deb"))
+        .context("apt-get download left no .deb")
+}
+
+/// The L1 kernel's real `System.map`: the kernel package's own is a stub
+/// ("The real System.map is in the linux-image-<version>-dbg package"),
+/// so it comes from `<package>-dbg` (859 MB for 6.1.0-57). The map is
+/// the tar stream's first member, so tar stops after it (0.2 s, where
+/// unpacking the whole package takes minutes); the package is then deleted.
+fn fetch_system_map(
+    step: &Step,
+    dir: &Path,
+    package: &str,
+    version: &str,
+    out: &Path,
+) -> Result<()> {
+    let dbg = dir.join("dbg");
+    fs::create_dir_all(&dbg)?;
+    let result = (|| {
+        let deb = apt_download(step, &dbg, &format!("{package}-dbg={version}"))?;
+        // dpkg-deb dies of SIGPIPE once tar has its member; the pipeline's
+        // status is tar's.
+        step.run(Command::new("sh").current_dir(&dbg).arg("-c").arg(format!(
+            "dpkg-deb --fsys-tarfile '{}' | tar -x --wildcards --occurrence=1 './usr/lib/debug/boot/System.map-*'",
+            deb.display()
+        )))?;
+        let boot = dbg.join("usr/lib/debug/boot");
+        let map = fs::read_dir(&boot)
+            .with_context(|| format!("reading {}", boot.display()))?
+            .flatten()
+            .map(|e| e.path())
+            .next()
+            .context("the -dbg package had no System.map")?;
+        fs::rename(&map, out).with_context(|| format!("moving {}", map.display()))
+    })();
+    let _ = fs::remove_dir_all(&dbg);
+    result
 }
 
 /// A module's `depends=` list, from its `.modinfo` strings.
@@ -275,6 +326,7 @@ pub fn ensure(workspace: &Path, guest_vmlinux: &Path, guest_initramfs: &Path) ->
         kernel: kernel.vmlinuz.clone(),
         initramfs: cpio.clone(),
         kernel_package: kernel.package.clone(),
+        system_map: kernel.system_map.clone(),
     };
     if entry.is_ready() {
         return Ok(images);

@@ -157,6 +157,26 @@ pub fn expired_timer_pending(snapshots: &[(&str, &[VcpuState])]) -> Vec<String> 
     out
 }
 
+/// The vCPUs whose local APIC timer had expired with its vector pending
+/// and deliverable in *both* snapshots: the interrupt was not taken in all
+/// the time between them, whatever RFLAGS.IF said. A single snapshot with
+/// IF clear proves nothing (a kernel runs with interrupts off for short
+/// stretches); the second snapshot of a live CPU shows the timer re-armed
+/// or its vector gone (box run of 2026-12-02: IF clear in L1's
+/// `__wake_up_common` with the timer pending, 1 s later L1 in user mode
+/// with the timer counting and IRR empty).
+pub fn timer_stuck_in_both(first: &[VcpuState], second: &[VcpuState]) -> Vec<usize> {
+    let expired = |c: &VcpuState| {
+        c.timer_count == Some(0) && c.timer_vector.is_some() && c.deliverable() == c.timer_vector
+    };
+    first
+        .iter()
+        .filter(|a| expired(a))
+        .filter(|a| second.iter().any(|b| b.cpu == a.cpu && expired(b)))
+        .map(|a| a.cpu)
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -252,5 +272,20 @@ APR 0x00 TPR 0x10 DFR 0x0f LDR 0x01 PPR 0x10
             "{}",
             said[0]
         );
+    }
+
+    #[test]
+    fn only_a_timer_left_pending_across_both_snapshots_is_stuck() {
+        let hung = parse(&HUNG.replace("RFL=00000246", "RFL=00000012"));
+        assert_eq!(timer_stuck_in_both(&hung, &hung), [0]);
+        // 2026-12-02: 1 s later the timer was re-armed and IRR empty.
+        let alive = parse(
+            &HUNG
+                .replace("current_count = 0", "current_count = 29390")
+                .replace("IRR\t 236", "IRR\t (none)"),
+        );
+        assert!(timer_stuck_in_both(&hung, &alive).is_empty());
+        assert!(timer_stuck_in_both(&alive, &hung).is_empty());
+        assert!(timer_stuck_in_both(&hung, &[]).is_empty());
     }
 }

@@ -13,6 +13,7 @@ pub mod control_proxy;
 pub mod cpu_state;
 pub mod monitor;
 pub mod qemu;
+pub mod symbols;
 pub mod the_box;
 pub mod vm;
 pub mod vmm;

@@ -63,6 +63,9 @@ pub fn qemu_command(
         "panic=-1".into(),
         "mitigations=off".into(),
         "loglevel=4".into(),
+        // L1 linked where its System.map says, so that a hung box's RIP
+        // names a function (host::symbols).
+        "nokaslr".into(),
         format!("tsc_early_khz={tsc_khz}"),
         "tsc=reliable".into(),
         encode_args(vmm_args),
@@ -134,6 +137,18 @@ pub fn describe_exit(status: ExitStatus) -> String {
     }
 }
 
+/// L1's own word that its timer interrupt was not handled: its RCU's
+/// "kthread timer wakeup didn't happen for N jiffies" line (on L1's one
+/// CPU, nothing but L1 not taking its own timer interrupt explains it).
+/// The second positive sign of a box self-hang beside
+/// `cpu_state::timer_stuck_in_both`.
+pub fn l1_timer_missing(box_log: &str) -> Option<&str> {
+    box_log
+        .lines()
+        .find(|l| l.contains("kthread timer wakeup didn't happen"))
+        .map(str::trim)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -146,6 +161,7 @@ mod tests {
             kernel: "bzImage".into(),
             initramfs: "l1.cpio".into(),
             kernel_package: String::new(),
+            system_map: "System.map".into(),
         };
         let qemu = qemu_command(
             &config::example(),
@@ -162,9 +178,24 @@ mod tests {
             "{line}"
         );
         assert!(line.contains("-m 1152"), "{line}");
+        assert!(line.contains(" nokaslr "), "{line}");
         for port in [PORT_AGENT, PORT_CONTROL, PORT_SERIAL] {
             assert!(line.contains(&format!("name={port}")), "{line}");
         }
         assert!(line.contains("path=a.sock,server=on,wait=on"), "{line}");
+    }
+
+    #[test]
+    fn l1s_rcu_saying_its_timer_did_not_fire_is_found() {
+        let log = "[  156.402772] rcu: INFO: rcu_preempt self-detected stall on CPU\n[  156.404565] rcu: rcu_preempt kthread timer wakeup didn't happen for 29784 jiffies! g6057\n";
+        assert_eq!(
+            l1_timer_missing(log),
+            Some("[  156.404565] rcu: rcu_preempt kthread timer wakeup didn't happen for 29784 jiffies! g6057")
+        );
+        // A plain stall (a busy guest vCPU thread) is not that.
+        assert_eq!(
+            l1_timer_missing("[ 1.0] rcu: INFO: rcu_preempt self-detected stall on CPU\n"),
+            None
+        );
     }
 }

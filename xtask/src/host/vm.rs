@@ -29,6 +29,7 @@ use perfbed_device::ControlClient;
 use super::cmdline::{base_cmdline, host_tsc_khz, kernel_hz, GuestClock};
 use super::config::{device_gsis, device_param, VmConfig};
 use super::console::{copy_serial, kernel_log_problems};
+use super::symbols::{self, SystemMap};
 use super::{cpu_state, monitor, qemu, the_box, vmm, Accel, Host};
 use crate::cmd;
 
@@ -40,6 +41,9 @@ pub const CPU_STATE_FILE: &str = "cpu-state.txt";
 pub const CPU_STATE_AGAIN_FILE: &str = "cpu-state-again.txt";
 /// Between the two snapshots of a failed VM's vCPUs: many timer periods.
 const CPU_STATE_GAP: Duration = Duration::from_secs(1);
+/// Written into the run folder when the diagnosis of a failed box run says
+/// the box itself was stuck (its lines inside); read by [`box_hung`].
+pub const BOX_STUCK_FILE: &str = "box-stuck.txt";
 /// QEMU's human monitor, in the run folder.
 const MONITOR_SOCKET: &str = "monitor.sock";
 
@@ -56,6 +60,9 @@ pub struct Vm {
     pub control_socket: PathBuf,
     /// QEMU's human monitor (the guest's QEMU, or the box's).
     monitor_socket: Option<PathBuf>,
+    /// The kernels a snapshot's RIP may be in, each with its `System.map`:
+    /// the guest's, and in the box L1's.
+    system_maps: Vec<(&'static str, PathBuf)>,
     verbose: bool,
     /// Run once before a failing VM is stopped, while the device still
     /// answers (the stress saves the device's trace there).
@@ -142,6 +149,13 @@ impl Vm {
             Host::VmmBox(_) => console_log.clone(),
             _ => None,
         };
+        let mut system_maps = vec![(
+            "the guest's kernel",
+            config.vmlinux.with_file_name("System.map"),
+        )];
+        if let Host::VmmBox(images) = &config.host {
+            system_maps.push(("L1's kernel", images.system_map.clone()));
+        }
         if let Some(monitor) = &monitor_socket {
             command.arg("-monitor").arg(monitor::qemu_arg(monitor));
         }
@@ -203,6 +217,7 @@ impl Vm {
             box_log,
             control_socket,
             monitor_socket,
+            system_maps,
             agent_socket: socket,
             before_kill: None,
             verbose,
@@ -332,6 +347,14 @@ impl Vm {
             story += &format!("\nkernel log problems:\n  {}", problems.join("\n  "));
         }
         if let Some(box_log) = &self.box_log {
+            let text = fs::read_to_string(box_log).unwrap_or_default();
+            let marker = self.serial_log.with_file_name(BOX_STUCK_FILE);
+            if let Some(line) = the_box::l1_timer_missing(&text) {
+                if !marker.exists() {
+                    let _ = fs::write(&marker, format!("L1's kernel: {line}\n"));
+                }
+                story += &format!("\nL1's own kernel says its timer did not fire: {line}\nso the box itself is stuck (docs/box-verification.md)");
+            }
             story += &format!(
                 "\n--- the box (L1 console, {}) ---\n{}",
                 box_log.display(),
@@ -389,8 +412,47 @@ impl Vm {
         for line in stuck.iter().chain(&expired) {
             story += &format!("\n{whose}, {line}");
         }
-        if !(stuck.is_empty() && expired.is_empty()) && self.box_log.is_some() {
+        story += &self.name_rips(first.iter().chain(&again).filter_map(|c| c.rip));
+        let stuck_timer = cpu_state::timer_stuck_in_both(&first, &again);
+        if !stuck_timer.is_empty() || !stuck.is_empty() {
+            story += &format!(
+                "\n{whose}: the timer interrupt stayed pending and untaken across both snapshots (vCPUs {stuck_timer:?})"
+            );
+        } else if !expired.is_empty() {
+            story += &format!(
+                "\n{whose}: its expired timer was pending in one snapshot only, so the snapshots alone do not show it stuck"
+            );
+        }
+        if !(stuck.is_empty() && stuck_timer.is_empty()) && self.box_log.is_some() {
+            let lines: Vec<&String> = stuck.iter().chain(&expired).collect();
+            let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
+            let _ = fs::write(self.serial_log.with_file_name(BOX_STUCK_FILE), text);
             story += "\nso the box itself is stuck: L1 (QEMU TCG emulating SVM for L1's KVM, on L1's one vCPU) is not taking its own timer interrupt, whatever the guest inside was doing (docs/box-verification.md)";
+        }
+        story
+    }
+
+    /// A line for each distinct RIP: the function it is in, in each kernel
+    /// it may belong to (a map that cannot be read is said so).
+    fn name_rips(&self, rips: impl Iterator<Item = u64>) -> String {
+        let mut maps = Vec::new();
+        let mut story = String::new();
+        for (kernel, path) in &self.system_maps {
+            match SystemMap::load(path) {
+                Ok(map) => maps.push((*kernel, map)),
+                Err(e) => story += &format!("\nno symbols for {kernel}: {e:#}"),
+            }
+        }
+        if maps.is_empty() {
+            return story;
+        }
+        let maps: Vec<(&str, &SystemMap)> = maps.iter().map(|(k, m)| (*k, m)).collect();
+        let mut seen = Vec::new();
+        for rip in rips {
+            if !seen.contains(&rip) {
+                seen.push(rip);
+                story += &format!("\n{}", symbols::describe(rip, &maps));
+            }
         }
         story
     }
@@ -406,6 +468,15 @@ impl Vm {
         fs::write(&path, text).ok()?;
         Some(path)
     }
+}
+
+/// The diagnosis of a box run in `run_dir` that failed because the box
+/// itself was stuck (L1 not taking its own timer interrupt), if the failure
+/// was diagnosed so; `None` for every other failure.
+pub fn box_hung(run_dir: &Path) -> Option<String> {
+    fs::read_to_string(run_dir.join(BOX_STUCK_FILE))
+        .ok()
+        .filter(|t| !t.trim().is_empty())
 }
 
 impl Vm {

@@ -3,7 +3,8 @@
 
 mod vm_tests;
 
-use std::path::Path;
+use std::fs;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
@@ -53,6 +54,14 @@ struct VmTest {
     host: host::HostChoice,
     run: fn(&Scenario, &Accel) -> Result<()>,
 }
+
+/// The VM tests that run their box scenario once more when the box itself
+/// hung: the harness's two snapshots of L1's vCPU showed its own expired
+/// local APIC timer pending and not taken (`host::cpu_state`), a fault of
+/// QEMU 7.2's TCG emulating nested SVM, not of perfbed
+/// (docs/box-verification.md). A workaround, said loudly and counted; any
+/// other failure, and a second hang, fail the test.
+const RERUN_ON_BOX_HANG: &[&str] = &["vmm_end_to_end"];
 
 const VM_TESTS: &[VmTest] = &[
     VmTest {
@@ -270,6 +279,7 @@ fn run_vm_tests(ws: &Path, args: &TestArgs) -> Result<bool> {
         accel.reason
     );
     let mut failures = 0;
+    let mut box_hang_reruns = 0;
     for test in &tests {
         let (_, images) = images
             .iter()
@@ -281,7 +291,23 @@ fn run_vm_tests(ws: &Path, args: &TestArgs) -> Result<bool> {
         };
         let scenario = scenario_for(ws, images, &run_args, test.name)?;
         let start = Instant::now();
-        let result = (test.run)(&scenario, &accel);
+        let run_dir = scenario.vm.run_dir.clone();
+        let _ = fs::remove_file(run_dir.join(host::vm::BOX_STUCK_FILE));
+        let mut result = (test.run)(&scenario, &accel);
+        if let Some(why) = box_hang_rerun(test.name, &result, &run_dir) {
+            if let Err(e) = &result {
+                box_hang_reruns += 1;
+                let kept = keep_run_dir(&run_dir, "box-hang")?;
+                println!(
+                    "test {} ... THE BOX ITSELF HUNG (QEMU TCG's nested SVM, not perfbed; docs/box-verification.md), rerunning it once (box-hang reruns in this run: {box_hang_reruns}):\n  {}\n  the hung attempt ({e}) is kept in {}",
+                    test.name,
+                    why.trim().replace('\n', "\n  "),
+                    kept.display()
+                );
+                let _ = fs::remove_file(run_dir.join(host::vm::BOX_STUCK_FILE));
+                result = (test.run)(&scenario, &accel);
+            }
+        }
         let took = human(start.elapsed());
         match result {
             Ok(()) => println!("test {} ... ok ({took}): {}", test.name, test.what),
@@ -295,8 +321,78 @@ fn run_vm_tests(ws: &Path, args: &TestArgs) -> Result<bool> {
         }
     }
     println!(
-        "VM tests: {} passed, {failures} failed",
-        tests.len() - failures
+        "VM tests: {} passed, {failures} failed{}",
+        tests.len() - failures,
+        if box_hang_reruns > 0 {
+            format!(", {box_hang_reruns} rerun after the box itself hung (QEMU TCG nested-SVM workaround)")
+        } else {
+            String::new()
+        }
     );
     Ok(failures == 0)
+}
+
+/// Why `test`'s failed `result` gets its one rerun: only a test in
+/// [`RERUN_ON_BOX_HANG`] whose run the harness diagnosed as the box itself
+/// being stuck; `None` for a pass and for any other failure.
+fn box_hang_rerun(test: &str, result: &Result<()>, run_dir: &Path) -> Option<String> {
+    if result.is_ok() || !RERUN_ON_BOX_HANG.contains(&test) {
+        return None;
+    }
+    host::vm::box_hung(run_dir)
+}
+
+/// Copies the regular files of a failed attempt's run folder to a sibling
+/// `<folder>-<why>` (replacing an older copy), so a rerun keeps its logs.
+fn keep_run_dir(run_dir: &Path, why: &str) -> Result<PathBuf> {
+    let name = run_dir
+        .file_name()
+        .map_or("run".into(), |n| n.to_string_lossy().into_owned());
+    let kept = run_dir.with_file_name(format!("{name}-{why}"));
+    let _ = fs::remove_dir_all(&kept);
+    fs::create_dir_all(&kept).with_context(|| format!("creating {}", kept.display()))?;
+    for entry in fs::read_dir(run_dir)?.flatten() {
+        if entry.file_type().is_ok_and(|t| t.is_file()) {
+            fs::copy(entry.path(), kept.join(entry.file_name()))?;
+        }
+    }
+    Ok(kept)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_diagnosed_box_hang_of_a_listed_test_is_rerun() {
+        let dir = std::env::temp_dir().join(format!("perfbed-rerun-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let run_dir = dir.join("vmm_end_to_end");
+        fs::create_dir_all(&run_dir).unwrap();
+        fs::write(run_dir.join("serial.log"), "guest log").unwrap();
+        let failed: Result<()> = Err(anyhow::anyhow!("no answer within 120s"));
+        // A failure without the diagnosis (a perfbed bug, a check) is final.
+        assert_eq!(box_hang_rerun("vmm_end_to_end", &failed, &run_dir), None);
+        fs::write(run_dir.join(host::vm::BOX_STUCK_FILE), "").unwrap();
+        assert_eq!(box_hang_rerun("vmm_end_to_end", &failed, &run_dir), None);
+        fs::write(
+            run_dir.join(host::vm::BOX_STUCK_FILE),
+            "vCPU 0 (first snapshot): its local APIC timer expired\n",
+        )
+        .unwrap();
+        assert!(box_hang_rerun("vmm_end_to_end", &failed, &run_dir)
+            .is_some_and(|why| why.contains("timer expired")));
+        assert_eq!(box_hang_rerun("vmm_end_to_end", &Ok(()), &run_dir), None);
+        assert_eq!(
+            box_hang_rerun("vmm_guest_panic_is_reported", &failed, &run_dir),
+            None
+        );
+        let kept = keep_run_dir(&run_dir, "box-hang").unwrap();
+        assert_eq!(kept, dir.join("vmm_end_to_end-box-hang"));
+        assert_eq!(
+            fs::read_to_string(kept.join("serial.log")).unwrap(),
+            "guest log"
+        );
+        let _ = fs::remove_dir_all(&dir);
+    }
 }
