@@ -229,6 +229,31 @@ mod tests {
         assert!(lifecycle_seed("# Lifecycle seed: three\n").is_err());
     }
 
+    /// A driver change that breaks a mutant's context fails here, at once, rather than in the
+    /// `driver_mutants` VM test minutes later (a merge once left one mutant unappliable).
+    #[test]
+    fn every_driver_mutant_of_the_repository_applies_to_its_driver() {
+        let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+        let ws = scratch("repo");
+        for file in crate::build::cache::files_below(&repo.join("guest-driver")).unwrap() {
+            let to = ws.join(file.strip_prefix(repo).unwrap());
+            fs::create_dir_all(to.parent().unwrap()).unwrap();
+            fs::copy(&file, &to).unwrap();
+        }
+        let drivers: Vec<Mutant> = all(&ws)
+            .unwrap()
+            .into_iter()
+            .filter(|m| m.kind == MutantKind::Driver)
+            .collect();
+        assert!(!drivers.is_empty(), "no driver mutants found in {DRIVER_DIR}");
+        for mutant in &drivers {
+            if let Err(e) = driver_tree(&ws, mutant) {
+                panic!("{}: {e:#}", mutant.name);
+            }
+        }
+        fs::remove_dir_all(&ws).unwrap();
+    }
+
     #[test]
     fn mutants_are_found_by_kind_and_a_driver_mutant_is_applied_to_a_copy() {
         let ws = scratch("ws");
