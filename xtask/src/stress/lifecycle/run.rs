@@ -253,6 +253,9 @@ pub fn run(
         .with_context(|| format!("writing {}", journal_path.display()))?;
 
     let replayed = replay(shape, &journal);
+    if !replayed.findings.is_empty() {
+        keep_assignments(control, run_dir, since(start))?;
+    }
     let first = replayed
         .findings
         .first()
@@ -327,6 +330,22 @@ pub fn run(
         journal: journal_path,
         first_affinity,
     })
+}
+
+/// Saves the device's slot-level truth beside the journal for a run that
+/// differed from the model (`lifecycle-assignments.json`): every slot
+/// assignment with its device times, and `host_at_ns`, the journal's clock
+/// (`at_ns`) at the device's `now_ns`, so that a journal entry's device time
+/// is `now_ns - (host_at_ns - at_ns)`, to within the control socket's
+/// round trip.
+fn keep_assignments(control: &mut ControlClient, run_dir: &Path, host_at_ns: u64) -> Result<()> {
+    let assignments = control.assignments(0)?;
+    let text = serde_json::to_string(&serde_json::json!({
+        "host_at_ns": host_at_ns,
+        "assignments": assignments,
+    }))?;
+    let path = run_dir.join("lifecycle-assignments.json");
+    std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))
 }
 
 /// The handle the agent gives its next event: opens and closes one.
