@@ -36,10 +36,16 @@
 //!   the slot back, the first read there catching up. The same holds for a park (no owner):
 //!   the events wait, scheduled, on another CPU with their slots counting, and catch up when an
 //!   allowed CPU returns.
+//! - A move may install an event without scheduling it (it waits for its turn there, or its
+//!   leader does). The core says so once the move's installs are done
+//!   ([`Pmu::moved_unscheduled`], patch 0051): its slot is read and folded as at a `del` on
+//!   the owner (or, when the move was a park, kept as at a `del` there), so it counts nothing
+//!   while the event is off and others may take it.
 //! - A slot whose holder is moving or parked has counts nobody has read: no other event takes
 //!   it while nobody can read it. On the owner, an event short of a slot may take one from an
-//!   event whose move left it unscheduled; the slot is read first and what it counted is kept
-//!   for that event, which gets it at its next `add`, read or fold. Exact both ways.
+//!   event still moving (between the new owner's `migrate_cpu` and the end of the move); the
+//!   slot is read first and what it counted is kept for that event, which gets it at its next
+//!   `add`, read or fold. Exact both ways.
 //! - While parked, an event that holds no slot and finds none free is scheduled without one
 //!   (nobody could count it anyway, and failing it would stop the holders behind it from
 //!   scheduling): it counts nothing, and perf is told so ([`Event::set_counting`]), so its
@@ -819,6 +825,63 @@ impl Domain {
         }
     }
 
+    /// Lets go of the slot a move left to `event`, which the move installed on its new CPU but did
+    /// not schedule (it waits for its turn, or was disabled since): the perf core says so once the
+    /// move's installs are done ([`Pmu::moved_unscheduled`]). What the slot counted up to now
+    /// landed while the event was scheduled or in transit, which perf credits as running: it is
+    /// the event's. What lands from now until its next `add` is not, and others may need the
+    /// slot meanwhile.
+    ///
+    /// - Moving, on the owner: the slot is read and its count folded, as a `del` on the owner
+    ///   does, and the slot left [`Holder::Idle`] from now: another event may take it, and the
+    ///   event's next `add` (at a later context time) assigns it afresh.
+    /// - Moving, while parked (the move was the park): nobody can read the slot, as for a `del`
+    ///   there: [`Holder::ParkedIdle`].
+    /// - [`Holder::ParkedIdle`] (off since a `del` while parked), on the owner: the event keeps
+    ///   what was read before the park and loses the rest with its time, as its next `add` would
+    ///   have settled it, and the slot goes idle instead of being kept for it.
+    fn settle_moved(&self, hw: &mut DomainHw, event: &Event) {
+        let Some(slot) = self.slot_of(hw, event) else {
+            return;
+        };
+        let on_owner = self.reads_here(hw);
+        match hw.slots[slot].state {
+            Holder::Moving if on_owner => {
+                if self.sync_slot(hw, slot) {
+                    let total = hw.slots[slot].total;
+                    let prev = event.hw_prev_count().xchg(total);
+                    event
+                        .count()
+                        .add(total.wrapping_sub(prev).wrapping_mul(self.dev.unit));
+                }
+                // A slot that could not be read: its unread time is lost (`lost_ns`), paid below.
+            }
+            Holder::Moving => {
+                let s = &mut hw.slots[slot];
+                s.state = Holder::ParkedIdle;
+                s.idle_time = event.ctx_time();
+                s.idle_total = s.total;
+                s.idle_lost_ns = s.lost_ns + perf::clock_ns().saturating_sub(s.read_ns);
+                s.moved_at = event.hw_prev_count().read();
+                return;
+            }
+            Holder::ParkedIdle if on_owner => {
+                let s = hw.slots[slot];
+                let read = s.idle_total.wrapping_sub(event.hw_prev_count().read());
+                event.count().add(read.wrapping_mul(self.dev.unit));
+                event.hw_prev_count().set(s.idle_total);
+                event.discount_running(s.idle_lost_ns);
+                // What the slot holds beyond `idle_total` is lost: nobody may count it.
+                hw.slots[slot].lost_ns = 0;
+            }
+            _ => return,
+        }
+        self.pay_owed(hw, event, true);
+        let s = &mut hw.slots[slot];
+        s.state = Holder::Idle;
+        s.idle_time = event.ctx_time();
+    }
+
     /// Restarts the count of `event` from zero at a `RESET` (the perf core zeroes the count
     /// itself after this): nothing that landed before may reach it afterwards. On the owner a
     /// scheduled event's slot is read and its baseline moved there. Where nobody can read the
@@ -1122,6 +1185,16 @@ impl Pmu for DomainPmu {
         if let Some(mut hw) = hw {
             domain.fold(&mut hw, event, config);
         }
+    }
+
+    /// A move installed `event` without scheduling it: see [`Domain::settle_moved`].
+    fn moved_unscheduled(&self, event: &Event) {
+        if !Self::config_of(event).is_some_and(Config::needs_slot) {
+            return;
+        }
+        let domain = self.domain();
+        let mut hw = domain.hw.lock();
+        domain.settle_moved(&mut hw, event);
     }
 
     /// `PERF_EVENT_IOC_RESET`: see [`Domain::restart`]. A gauge's count is the occupancy at its
