@@ -200,6 +200,7 @@ pub fn lifecycle_stress(scenario: &Scenario, accel: &Accel) -> Result<()> {
             vm.cpus
         ),
         stop_at_first: false,
+        parked_ioctls: false,
     };
     let report = stress::lifecycle::execute(&vm, accel, &config)?;
     let failed: Vec<String> = report
@@ -255,6 +256,7 @@ pub fn driver_mutants(scenario: &Scenario, accel: &Accel) -> Result<()> {
                 timeout: scenario.request_timeout,
                 replay: replay.clone(),
                 stop_at_first: true,
+                parked_ioctls: false,
             };
             stress::lifecycle::execute(&vm, accel, &config)
         })();

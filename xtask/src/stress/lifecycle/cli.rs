@@ -228,6 +228,9 @@ fn replay_command(args: &StressArgs, ops: u32, seed: u64, mutant: Option<&str>) 
         "cargo xtask stress --lifecycle {ops} --seed {seed}{}",
         args.guest_flags()
     );
+    if args.parked_ioctls {
+        cmd += " --parked-ioctls";
+    }
     if let Some(m) = mutant {
         let _ = write!(cmd, " --mutant {m}");
     }
@@ -267,6 +270,7 @@ fn lifecycle(
         timeout,
         replay: replay_command(args, ops, seed, mutant.map(|m| m.name.as_str())),
         stop_at_first,
+        parked_ioctls: args.parked_ioctls,
     };
     eprintln!(
         "==> stress --lifecycle: {ops} operations, seed {seed}, {} vCPUs, {} slots per domain, {} kernel, under {}",

@@ -42,6 +42,8 @@ pub struct LifecycleConfig {
     pub replay: String,
     /// Stop at the first mismatch (a planted bug's run: how soon it is caught).
     pub stop_at_first: bool,
+    /// Also ioctls on events of parked PMUs (`--parked-ioctls`).
+    pub parked_ioctls: bool,
 }
 
 /// With `stop_at_first`, how many operations between two replays.
@@ -161,7 +163,8 @@ pub fn run(
         cpus,
         owners,
         first_handle,
-    );
+    )
+    .with_parked_ioctls(config.parked_ioctls);
     let attr = |o: &Opened| attr_of(o, types);
 
     // Opens racing moves: a loop of gauge opens on every PMU, all run long.
