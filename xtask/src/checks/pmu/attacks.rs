@@ -31,7 +31,7 @@ use super::multiplexing::{set_sysfs, Window, MUX_INTERVAL_MS};
 use super::redteam::{inject, must, open_with, owner, park, rmid, run_each, Many, Named};
 use crate::checks::Check;
 use crate::guest::perf_abi::{
-    FLAG_EXCLUSIVE, FLAG_PINNED, FORMAT_GROUP, FORMAT_ID, FORMAT_TOTAL_TIME_ENABLED,
+    FLAG_DISABLED, FLAG_EXCLUSIVE, FLAG_PINNED, FORMAT_GROUP, FORMAT_ID, FORMAT_TOTAL_TIME_ENABLED,
     FORMAT_TOTAL_TIME_RUNNING, PERF_COUNT_SW_CPU_CLOCK, PERF_TYPE_SOFTWARE,
 };
 use crate::guest::pmu_name;
@@ -658,9 +658,146 @@ pub fn gauge_reset(ctx: &mut Ctx) -> Result<Check> {
     ))
 }
 
+/// O. An event a move left waiting for its turn, disabled at once. An
+///    exclusive mbm event X is opened first, then an mbm event A: enabled,
+///    they take turns. A move installs events in the order they were opened
+///    and schedules each at its install, so after a move X is on and A
+///    waits (the core tells the driver so, patch 0051). Each round makes the
+///    move while A is the one counting: both enabled with a short mux
+///    interval until a read shows A running, the interval then made longer
+///    than a round so that nothing rotates until the round ends. At once
+///    both are disabled (A first: X first would end the contention and have
+///    A scheduled at once, patch 0035), a burst lands, and each is enabled
+///    alone, read and disabled again. Nothing landed while either was
+///    enabled after the move: no value may move, and alone each runs all the
+///    time it is enabled. A driver that kept A's counter running for it
+///    after the move (planted bug `moved-unscheduled-ignored`) counts the
+///    burst A was disabled through.
+pub fn disabled_while_waiting_after_a_move(ctx: &mut Ctx) -> Result<Check> {
+    let (d, _) = movable_domain(ctx)?;
+    let interval_file = format!(
+        "/sys/bus/event_source/devices/{}/perf_event_mux_interval_ms",
+        pmu_name(d)
+    );
+    let default_interval = ctx.g.read_file(&interval_file)?;
+    let result = waiting_after_moves(ctx, d, &interval_file);
+    set_sysfs(ctx.g, &interval_file, default_interval.trim())?;
+    result
+}
+
+/// The mux interval while a round must not rotate: longer than the steps
+/// from the move to the last read. A rotation timer armed with it expires,
+/// and stops if nothing contends, before the next round (which waits
+/// longer), so that the round's short interval takes effect at once (perf
+/// applies a new interval only to a timer that is not running).
+const NO_ROTATION_MS: u64 = 1500;
+
+/// Short turns until a read shows A counting, at most.
+const TURNS_TO_WAIT: usize = 30;
+
+fn waiting_after_moves(ctx: &mut Ctx, d: usize, interval_file: &str) -> Result<Check> {
+    const ROUNDS: usize = 2;
+    let (rx, ra) = (rmid(ctx, 11), rmid(ctx, 12));
+    let disabled = FLAG_DISABLED;
+    let x = open_with(ctx, d, rx, TIMES, FLAG_EXCLUSIVE | disabled, None)?;
+    let a = open_with(ctx, d, ra, TIMES, disabled, None)?;
+    let handles = [a, x];
+    let names = ["A", "X (exclusive)"];
+    let burst: Vec<_> = [rx, ra]
+        .iter()
+        .map(|&r| (d, r, Event::MbmTotalBytes, MIB))
+        .collect();
+    let short = MUX_INTERVAL_MS.to_string();
+    let long = NO_ROTATION_MS.to_string();
+    let mut problems = Vec::new();
+    let mut turns = Vec::new();
+    for round in 0..ROUNDS {
+        // Nothing enabled: the last round's timer runs out and stops.
+        std::thread::sleep(Duration::from_millis(NO_ROTATION_MS + 200));
+        set_sysfs(ctx.g, interval_file, &short)?;
+        must(ctx, x, PerfIoctl::Enable { group: false })?;
+        must(ctx, a, PerfIoctl::Enable { group: false })?;
+        let mut waited = None;
+        for turn in 0..TURNS_TO_WAIT {
+            set_sysfs(ctx.g, interval_file, &short)?;
+            std::thread::sleep(Duration::from_millis(u64::from(MUX_INTERVAL_MS) * 3 / 2));
+            // The timer armed with the short interval rotates once more,
+            // then rearms with the long one.
+            set_sysfs(ctx.g, interval_file, &long)?;
+            std::thread::sleep(Duration::from_millis(u64::from(MUX_INTERVAL_MS) * 3 / 2));
+            let first = ctx.g.read(a)?;
+            std::thread::sleep(Duration::from_millis(20));
+            let second = ctx.g.read(a)?;
+            if Window::between(&first, &second).running > 0 {
+                waited = Some(turn + 1);
+                break;
+            }
+        }
+        let Some(waited) = waited else {
+            problems.push(format!(
+                "round {round}: A never counted in {TURNS_TO_WAIT} turns beside the exclusive X"
+            ));
+            break;
+        };
+        turns.push(waited);
+        let was_owner = owner(ctx, d)?;
+        ctx.g.set_online(was_owner, false)?;
+        let disable: Vec<PerfOp> = handles
+            .iter()
+            .map(|&h| PerfOp::Ioctl {
+                handle: h,
+                ioctl: PerfIoctl::Disable { group: false },
+            })
+            .chain(handles.iter().map(|&h| PerfOp::Read { handle: h }))
+            .collect();
+        let results = perf_ops(ctx, disable)?;
+        ctx.inject_and_land(&burst)?;
+        for (i, &h) in handles.iter().enumerate() {
+            let was = words(&results[2 + i], "read after the DISABLE")?;
+            let alone = perf_ops(
+                ctx,
+                vec![
+                    PerfOp::Ioctl {
+                        handle: h,
+                        ioctl: PerfIoctl::Enable { group: false },
+                    },
+                    PerfOp::Read { handle: h },
+                    PerfOp::Ioctl {
+                        handle: h,
+                        ioctl: PerfIoctl::Disable { group: false },
+                    },
+                    PerfOp::Read { handle: h },
+                ],
+            )?;
+            let on = words(&alone[1], "read enabled alone")?;
+            let off = words(&alone[3], "read disabled again")?;
+            let w = Window::between(&was, &off);
+            if on[0] != was[0] || off[0] != was[0] || w.running != w.enabled {
+                problems.push(format!(
+                    "round {round}, {}: {} when disabled right after the move, 1 MiB landed while disabled, then enabled alone: read {}, {} when disabled again; Δenabled {} Δrunning {} (want the value unchanged, running = enabled)",
+                    names[i], was[0], on[0], off[0], w.enabled, w.running
+                ));
+            }
+        }
+        ctx.g.set_online(was_owner, true)?;
+    }
+    for h in handles {
+        ctx.g.close(h)?;
+    }
+    Ok(Check::from_problems(
+        "attack: disabled while waiting after a move",
+        problems,
+        format!(
+            "{}: {} moves made while A counted beside an exclusive X (after {turns:?} short turns), each followed by DISABLE, 1 MiB, then each enabled alone: no value moved, each ran all the time it was enabled",
+            pmu_name(d),
+            turns.len()
+        ),
+    ))
+}
+
 /// Every attack, in order; each leaves every CPU online and nothing open.
 pub fn run(ctx: &mut Ctx) -> Result<Vec<Check>> {
-    let checks: [Named; 10] = [
+    let checks: [Named; 11] = [
         (
             "attack: enable/disable storm during moves",
             enable_disable_storm_during_moves,
@@ -688,6 +825,10 @@ pub fn run(ctx: &mut Ctx) -> Result<Vec<Check>> {
         (
             "attack: gauge leader alone not multiplexed",
             gauge_leader_not_multiplexed,
+        ),
+        (
+            "attack: disabled while waiting after a move",
+            disabled_while_waiting_after_a_move,
         ),
     ];
     run_each(ctx, &checks)

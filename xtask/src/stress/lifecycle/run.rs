@@ -34,6 +34,7 @@ use super::replay::{replay, Finding};
 const BATCH: usize = 32;
 
 /// What a lifecycle run is.
+#[derive(Clone)]
 pub struct LifecycleConfig {
     pub ops: u32,
     pub seed: u64,
