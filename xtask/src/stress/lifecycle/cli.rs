@@ -31,6 +31,8 @@ pub struct MutantRow {
     pub name: String,
     /// The operation that first differed from the model, if any.
     pub caught_at: Option<usize>,
+    /// The check that caught it.
+    pub caught_by: Option<&'static str>,
     pub time: Duration,
     pub replay: String,
     /// Why the run could not be made (a patch that does not apply, ...).
@@ -158,13 +160,14 @@ pub fn mutant_row(
     start: Instant,
     result: Result<LifecycleReport>,
 ) -> MutantRow {
-    let (caught_at, error) = match result {
+    let ((caught_at, caught_by), error) = match result {
         Ok(report) => (caught(&report), None),
-        Err(e) => (None, Some(format!("{e:#}"))),
+        Err(e) => ((None, None), Some(format!("{e:#}"))),
     };
     MutantRow {
         name: mutant.name.clone(),
         caught_at,
+        caught_by,
         time: start.elapsed(),
         replay,
         error,
@@ -192,10 +195,12 @@ pub fn mutant_images(
 /// Where a run first failed: its first mismatch against the model, or any
 /// other failing check (a splat, a violation: counted as operation 0 of
 /// the end).
-fn caught(report: &LifecycleReport) -> Option<usize> {
-    report
-        .caught_at()
-        .or_else(|| (!report_passed(report)).then_some(report.steps))
+fn caught(report: &LifecycleReport) -> (Option<usize>, Option<&'static str>) {
+    let failed = report.checks.iter().find(|c| !c.passed).map(|c| c.name);
+    match report.caught_at() {
+        Some(at) => (Some(at), failed),
+        None => (failed.map(|_| report.steps), failed),
+    }
 }
 
 pub fn table_text(rows: &[MutantRow]) -> String {
@@ -204,7 +209,10 @@ pub fn table_text(rows: &[MutantRow]) -> String {
     for r in rows {
         let verdict = match (&r.caught_at, &r.error) {
             (_, Some(e)) => format!("NOT RUN: {}", e.lines().next().unwrap_or("")),
-            (Some(n), None) => format!("caught after {n} operations"),
+            (Some(n), None) => match r.caught_by {
+                Some(check) => format!("caught after {n} operations by \"{check}\""),
+                None => format!("caught after {n} operations"),
+            },
             (None, None) => "NOT CAUGHT".to_string(),
         };
         let _ = writeln!(
