@@ -149,11 +149,21 @@ pub fn run(
         .iter()
         .map(|pmu| irq_counts(&interrupts, pmu).map(|(irq, _)| irq))
         .collect();
+    // The hosts give lines to the first domains only (`DEVICE_GSIS`); the
+    // others are polled, and must have no line.
+    let lines = crate::host::config::device_gsis(pmus.len()).len();
     let mut affinity_problems: Vec<String> = pmus
         .iter()
         .zip(&irqs)
-        .filter(|(_, irq)| irq.is_none())
-        .map(|(pmu, _)| format!("{pmu} has no line in /proc/interrupts"))
+        .enumerate()
+        .filter(|(d, (_, irq))| irq.is_some() != (*d < lines))
+        .map(|(d, (pmu, _))| {
+            if d < lines {
+                format!("{pmu} has no line in /proc/interrupts")
+            } else {
+                format!("{pmu} has a line in /proc/interrupts, but the host gives lines to {lines} domains")
+            }
+        })
         .collect();
     let mut affinity_checked = 0u64;
     let mut first_affinity: Option<usize> = None;
@@ -299,7 +309,12 @@ pub fn run(
         "interrupt follows the PMU",
         affinity_problems,
         format!(
-            "after {affinity_checked} moves, parks and unparks: smp_affinity_list the owner, or outside a parked domain"
+            "after {affinity_checked} moves, parks and unparks: smp_affinity_list the owner, or outside a parked domain{}",
+            if lines < pmus.len() {
+                format!(" ({} of {} PMUs have a line; the rest are polled)", lines, pmus.len())
+            } else {
+                String::new()
+            }
         ),
     ));
     let mut ebusy = replayed.ebusy;
