@@ -784,6 +784,10 @@ fn waiting_after_moves(ctx: &mut Ctx, d: usize, interval_file: &str) -> Result<C
     for h in handles {
         ctx.g.close(h)?;
     }
+    // The last round's timer, armed with the long interval, runs out and
+    // stops: perf leaves a PMU's mux timers armed when it is unregistered,
+    // and one firing after perfbed.ko is unloaded takes the guest down.
+    std::thread::sleep(Duration::from_millis(NO_ROTATION_MS + 200));
     Ok(Check::from_problems(
         "attack: disabled while waiting after a move",
         problems,
