@@ -51,7 +51,8 @@
 //!   scheduling): it counts nothing, and perf is told so ([`Event::set_counting`]), so its
 //!   `time_running` stands still until its `del` and perf scales its count as for
 //!   multiplexing. A slot freed meanwhile (a close) is not handed to it before its next `add`:
-//!   perf does not reschedule a parked PMU's events when the contention ends.
+//!   perf does not reschedule a parked PMU's events when the contention ends (only when a
+//!   leader's close promotes its siblings, patch 0054: a reschedule like any other).
 //! - A `del` off the owner while parked that is not part of a move cannot read the slot. If
 //!   the event comes back in the same reschedule, it takes the slot back as it is; if it was
 //!   off (disabled while parked), it keeps what was read before the park, the rest is lost, and
