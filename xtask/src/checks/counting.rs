@@ -48,7 +48,9 @@
 //!
 //! From these, for each event over a *window* (from its open, or its previous
 //! read, to this read):
-//! - `time_enabled` grows exactly while the event is enabled: a window
+//! - `time_enabled` grows exactly while the event is enabled, by perf's
+//!   effective state (a sibling whose leader is disabled counts as
+//!   disabled): a window
 //!   disabled throughout leaves it unchanged, to the nanosecond;
 //! - `time_running` grows exactly while it is counting: counting throughout
 //!   means `Δrunning == Δenabled`, never counting means `Δrunning == 0`,
@@ -968,7 +970,7 @@ impl Model {
                         counting = Counting::Maybe;
                     }
                 }
-                (h, (e.enabled, counting))
+                (h, (e.enabled && leader_on(e.leader), counting))
             })
             .collect();
         (status, fit)
@@ -1155,13 +1157,19 @@ mod tests {
     }
 
     #[test]
-    fn a_sibling_under_a_disabled_leader_is_enabled_but_not_running() {
+    fn a_sibling_under_a_disabled_leader_has_its_clocks_stopped_until_the_leader_is_on() {
         let mut m = Model::new(SHAPE);
         m.open(1, counter(0, 1).disabled());
         m.open(2, counter(0, 2).under(1));
         m.burst(0, TOTAL, 2, 640);
-        assert_eq!(fields(&mut m, 2, seen(0, 100, 0)), vec![]);
+        // perf's effective state: the leader's OFF stops the sibling's
+        // time_enabled too, whatever the sibling's own state.
+        assert_eq!(fields(&mut m, 2, seen(0, 0, 0)), vec![]);
+        assert!(m.is_enabled(2));
         assert_eq!(fields(&mut m, 1, seen(0, 0, 0)), vec![]);
+        // A move must not change that (patch 0056).
+        m.moved(0);
+        assert_eq!(fields(&mut m, 2, seen(0, 5, 0)), vec![Field::Enabled]);
         // Enabling the group through the sibling enables the leader.
         m.ioctl(2, Ioctl::Enable, true);
         assert!(m.is_enabled(1));
