@@ -6,6 +6,11 @@
 //! 32-bit PAE (3 levels), long mode with 4 or 5 levels (CR4.LA57), with 2 MiB
 //! and 1 GiB pages. Legacy 32-bit paging without PAE is not walked (Linux on
 //! x86-64 never uses it).
+//!
+//! Before the kernel turns paging on (gdb stopped at the first instruction),
+//! its own addresses have no translation yet: [`Paging::translate_text`]
+//! then places them by Linux's kernel image map (`__START_KERNEL_map`), so
+//! that `break start_kernel` can be set from the start, as on QEMU's TCG.
 
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
@@ -64,6 +69,23 @@ impl Paging {
     }
 }
 
+/// Linux x86-64's `__START_KERNEL_map`: the kernel image's virtual
+/// addresses are this plus its physical ones (a kernel that is not
+/// relocated, as perfbed's gdb kernel, has `phys_base` 0).
+pub const START_KERNEL_MAP: u64 = 0xffff_ffff_8000_0000;
+
+impl Paging {
+    /// [`Paging::translate`], or with paging still off, a kernel image
+    /// address placed by [`START_KERNEL_MAP`] (where an `int3` must go to
+    /// be hit once the kernel's tables map it).
+    pub fn translate_text(&self, memory: &GuestMemoryMmap, gva: u64) -> Result<u64, PagingError> {
+        if self.cr0 & CR0_PG == 0 && gva >= START_KERNEL_MAP {
+            return Ok(gva - START_KERNEL_MAP);
+        }
+        self.translate(memory, gva)
+    }
+}
+
 /// Walks `levels` levels of 512 8-byte entries from `table`.
 fn walk(memory: &GuestMemoryMmap, mut table: u64, gva: u64, levels: u8) -> Result<u64, PagingError> {
     for level in (1..=levels).rev() {
@@ -111,6 +133,17 @@ mod tests {
         let m = memory();
         let off = Paging { cr0: 1, ..Paging::default() };
         assert_eq!(off.translate(&m, 0x100_0000), Ok(0x100_0000));
+    }
+
+    #[test]
+    fn kernel_text_is_placed_by_the_image_map_until_paging_is_on() {
+        let m = memory();
+        let off = Paging { cr0: 1, ..Paging::default() };
+        // vmlinux's start_kernel in the gdb kernel, loaded at 16 MiB.
+        assert_eq!(off.translate_text(&m, 0xffff_ffff_816c_e5a3), Ok(0x16c_e5a3));
+        assert_eq!(off.translate_text(&m, 0x100_0000), Ok(0x100_0000));
+        // Once paging is on, only the tables count.
+        assert!(LONG_4.translate_text(&m, 0xffff_ffff_816c_e5a3).is_err());
     }
 
     #[test]

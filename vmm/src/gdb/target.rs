@@ -386,7 +386,7 @@ impl SwBreakpoint for VmTarget {
     fn add_sw_breakpoint(&mut self, addr: u64, _kind: usize) -> TargetResult<bool, Self> {
         // Kernel text is mapped alike on every vCPU: vCPU 0's tables do.
         let paging = self.paging(0).map_err(TargetError::Fatal)?;
-        let Ok(gpa) = paging.translate(&self.memory, addr) else {
+        let Ok(gpa) = paging.translate_text(&self.memory, addr) else {
             return Ok(false);
         };
         Ok(self.breakpoints.insert(&self.memory, addr, gpa).is_ok())
