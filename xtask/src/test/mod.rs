@@ -184,6 +184,13 @@ const VM_TESTS: &[VmTest] = &[
         run: guest_panic_is_reported,
     },
     VmTest {
+        name: "vmm_gdb_session",
+        what: "gdb_session on perfbed-vmm's gdb stub (on native KVM, else in the box, its port relayed through L1): the breakpoint in perfbed.ko's read callback, the backtrace, REG_MAGIC read through the driver's mapping, the detach",
+        variant: Variant::Gdb,
+        host: host::HostChoice::Vmm,
+        run: gdb_session,
+    },
+    VmTest {
         name: "vmm_slow_agent_reader",
         what: "on perfbed-vmm, the host stops reading the agent channel for 30 s while the agent answers 10 MiB and a shell hotplugs CPUs: the hotplug rate holds (no vCPU waits on the host), every byte arrives, the kernel log stays clean",
         variant: Variant::Normal,
