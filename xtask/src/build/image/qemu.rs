@@ -45,6 +45,8 @@ const STATICLIB: &str = "libperfbed_qemu.a";
 const PATCHES: &[&str] = &[
     "0001-hw-misc-add-perfbed.patch",
     "0002-hw-acpi-no-pc_madt_cpu_entry-stub.patch",
+    // The box's KVM sees its guest's int3 (gdb's breakpoints on perfbed-vmm).
+    "0003-target-i386-svm-int3-bp-intercept.patch",
 ];
 /// Firmware from Debian's packages, in the order QEMU must search it (qboot
 /// for microvm lives in the first; SeaBIOS's copy would shadow it).
