@@ -167,17 +167,28 @@ impl VcpuControl {
 
     /// Waits until the thread has ended, at most `patience`.
     pub fn wait_ended(&self, patience: Duration) -> Result<VcpuEnd, HandleError> {
+        self.wait_until(patience, "end", |state| state.ended.clone().map(Ok))
+    }
+
+    /// Waits (at most `patience`) until `outcome` has an answer from the
+    /// state.
+    fn wait_until<T>(
+        &self,
+        patience: Duration,
+        what: &'static str,
+        outcome: impl Fn(&State) -> Option<Result<T, HandleError>>,
+    ) -> Result<T, HandleError> {
         let deadline = Instant::now() + patience;
         let mut state = self.state();
         loop {
-            if let Some(end) = &state.ended {
-                return Ok(end.clone());
+            if let Some(result) = outcome(&state) {
+                return result;
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return Err(HandleError::Timeout {
                     index: self.index,
-                    what: "end",
+                    what,
                     waited: patience,
                 });
             }
@@ -223,32 +234,13 @@ impl VcpuControl {
     pub fn pause(&self, patience: Duration) -> Result<(), HandleError> {
         self.request(Request::Pause)?;
         let index = self.index;
-        let deadline = Instant::now() + patience;
-        let mut state = self.state();
-        loop {
-            if let Some(end) = &state.ended {
-                return Err(HandleError::Ended {
-                    index,
-                    end: end.clone(),
-                });
-            }
-            if state.paused {
-                return Ok(());
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(HandleError::Timeout {
-                    index,
-                    what: "pause",
-                    waited: patience,
-                });
-            }
-            state = self
-                .changed
-                .wait_timeout(state, left)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
-        }
+        self.wait_until(patience, "pause", |state| match &state.ended {
+            Some(end) => Some(Err(HandleError::Ended {
+                index,
+                end: end.clone(),
+            })),
+            None => state.paused.then_some(Ok(())),
+        })
     }
 
     /// Lets a paused vCPU run again.
