@@ -279,7 +279,7 @@ pub fn scenario_for(
             images.initramfs.display()
         );
     }
-    let vm = host::config::VmConfig {
+    let mut vm = host::config::VmConfig {
         qemu: args
             .qemu
             .clone()
@@ -297,6 +297,9 @@ pub fn scenario_for(
         verbose: args.verbose,
         host,
     };
+    if args.gdb && args.qemu.is_none() {
+        use_box_qemu_for_gdb(ws, &mut vm)?;
+    }
     vm.validate()?;
     Ok(scenario::Scenario {
         vm,
@@ -306,6 +309,16 @@ pub fn scenario_for(
         plot: args.plot,
         driver: images.driver.clone(),
     })
+}
+
+/// In the box, gdb's breakpoints need perfbed's QEMU with the INT3
+/// intercept patch (`image::qemu::ensure_for_box_gdb`); elsewhere `vm`
+/// keeps its QEMU.
+pub fn use_box_qemu_for_gdb(ws: &Path, vm: &mut host::config::VmConfig) -> Result<()> {
+    if matches!(vm.host, host::Host::VmmBox(_)) {
+        vm.qemu = image::qemu::ensure_for_box_gdb(ws)?.binary;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
