@@ -250,7 +250,7 @@ pub fn group_reads_racing_moves(ctx: &mut Ctx) -> Result<Check> {
 }
 
 /// A cpu-clock event on `cpu`, read with times.
-fn cpu_clock(ctx: &mut Ctx, cpu: i32, group: Option<u32>) -> Result<u32> {
+pub(super) fn cpu_clock(ctx: &mut Ctx, cpu: i32, group: Option<u32>) -> Result<u32> {
     let clock = PerfAttr {
         type_: PERF_TYPE_SOFTWARE,
         config: PERF_COUNT_SW_CPU_CLOCK,

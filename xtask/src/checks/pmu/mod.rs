@@ -12,6 +12,7 @@ pub mod context;
 pub mod counts;
 pub mod groups;
 pub mod interrupts;
+pub mod move_attacks;
 pub mod moves;
 pub mod moving_traffic;
 pub mod multiplexing;
@@ -81,6 +82,7 @@ pub fn run(
     checks.push(counts::perf_stat(&mut ctx)?);
     checks.extend(redteam::run(&mut ctx)?);
     checks.extend(attacks::run(&mut ctx)?);
+    checks.extend(move_attacks::run(&mut ctx)?);
     checks.extend(allowed_attacks::run(&mut ctx)?);
     checks.push(registration::unload(&mut ctx)?);
     checks.push(accesses::check(&mut ctx)?);

@@ -1,0 +1,814 @@
+//! Red-team attacks on what a move and a park do to events that are not
+//! counting when it happens (docs/counting-semantics.md, "Where this differs
+//! from upstream scoped PMUs": a move is seamless, an event the move leaves
+//! unscheduled stops counting at the move's end; "Parks and wraps"), written
+//! from the contract alone: a group sibling whose leader is off (a device
+//! or a cpu-clock leader) across moves, more events than slots and an
+//! exclusive event crossing moves under a long mux interval (so a window is
+//! all or nothing and the contract's rules bite), a pinned event among
+//! multiplexed ones, a gauge in an mbm group with group ioctls issued on a
+//! sibling right after moves, and contention ended by closes while parked.
+//!
+//! Every burst lands between two operations; each window is judged by the
+//! contract's rules ([`judge_window`]), and exactly where the contract says
+//! the event counts for sure. Moves are made by taking the owner offline
+//! (the PMU moves to the domain's other CPU) and bringing it back (nothing
+//! moves then).
+
+use anyhow::{bail, Result};
+use perfbed_agent::PerfIoctl;
+use perfbed_device::regs::Event;
+
+use super::attacks::cpu_clock;
+use super::context::{Ctx, MIB};
+use super::moves::movable_domain;
+use super::multiplexing::{set_sysfs, Window};
+use super::redteam::{must, open_with, owner, park, rmid, run_each, Many, Named};
+use crate::checks::Check;
+use crate::guest::perf_abi::{
+    FLAG_EXCLUSIVE, FLAG_PINNED, FORMAT_TOTAL_TIME_ENABLED, FORMAT_TOTAL_TIME_RUNNING,
+};
+use crate::guest::pmu_name;
+
+const TIMES: u64 = FORMAT_TOTAL_TIME_ENABLED | FORMAT_TOTAL_TIME_RUNNING;
+
+/// A mux interval no check outlasts: a multiplexed event is rotated in or
+/// out by a move or an ioctl, not by the timer, within a check.
+const LONG_MUX_MS: u32 = 60_000;
+
+/// Two reads a few microseconds apart (one `read_many`) may differ by this
+/// much in `time_enabled` between events enabled the same time.
+const SKEW_NS: u64 = 2_000_000;
+
+/// Moves domain `d`'s PMU once: its owner goes offline. Returns that CPU,
+/// to bring back online (which moves nothing).
+fn move_away(ctx: &mut Ctx, d: usize) -> Result<u32> {
+    let o = owner(ctx, d)?;
+    ctx.g.set_online(o, false)?;
+    Ok(o)
+}
+
+/// Runs `f` with domain `d`'s mux interval set to `ms`, and restores it.
+fn with_mux_interval<T>(
+    ctx: &mut Ctx,
+    d: usize,
+    ms: u32,
+    f: impl FnOnce(&mut Ctx) -> Result<T>,
+) -> Result<T> {
+    let file = format!(
+        "/sys/bus/event_source/devices/{}/perf_event_mux_interval_ms",
+        pmu_name(d)
+    );
+    let default = ctx.g.read_file(&file)?;
+    set_sysfs(ctx.g, &file, &ms.to_string())?;
+    let out = f(ctx);
+    set_sysfs(ctx.g, &file, default.trim())?;
+    out
+}
+
+/// The contract's rules for one window (reads `start`, `end` with
+/// [`TIMES`]) of an event that may be counting, in which `landed` bytes
+/// landed for it: clocks never go back, running never leads enabled, the
+/// value never exceeds what landed, `Δrunning == 0` ⇒ nothing counted,
+/// running throughout ⇒ everything counted.
+fn judge_window(what: &str, start: &[u64], end: &[u64], landed: u64, problems: &mut Vec<String>) {
+    let w = Window::between(start, end);
+    let back = end[1] < start[1] || end[2] < start[2] || end[0] < start[0];
+    let bad = back
+        || end[2] > end[1]
+        || w.value > landed
+        || (w.running == 0 && w.value != 0)
+        || (w.running == w.enabled && w.enabled > 0 && w.value != landed);
+    if bad {
+        problems.push(format!(
+            "{what}: {landed} landed; read {start:?} → {end:?}: Δvalue {} Δenabled {} Δrunning {} (want Δvalue <= landed, 0 if Δrunning = 0, = landed if Δrunning = Δenabled; nothing going back)",
+            w.value as i64, w.enabled, w.running
+        ));
+    }
+}
+
+/// An event counting for sure through a window: exactly `landed`, and
+/// `Δrunning == Δenabled > 0`.
+fn judge_exact(what: &str, start: &[u64], end: &[u64], landed: u64, problems: &mut Vec<String>) {
+    let w = Window::between(start, end);
+    if end[0] < start[0] || w.value != landed || w.running != w.enabled || w.enabled == 0 {
+        problems.push(format!(
+            "{what}: {landed} landed; read {start:?} → {end:?}: Δvalue {} Δenabled {} Δrunning {} (want Δvalue = landed, Δrunning = Δenabled > 0: it counts for sure)",
+            w.value as i64, w.enabled, w.running
+        ));
+    }
+}
+
+/// Which kind of leader a group of device siblings has.
+#[derive(Clone, Copy)]
+enum Leader {
+    /// An `mbm_total_bytes` event of the same PMU.
+    Device,
+    /// A cpu-clock event on the owner CPU (a software leader).
+    CpuClock,
+}
+
+/// S1. `{leader, mbm sibling}` plus a lone reference event: the leader is
+///     DISABLEd alone (the sibling stays enabled, its leader off), the PMU
+///     moves twice with bursts between, then the leader is ENABLEd. While
+///     the leader is off the sibling is enabled but never counting: its
+///     value stays, `Δrunning == 0` (a move must not credit it as waiting
+///     for a reschedule), its `time_enabled` grows as the reference's; the
+///     leader's clocks stand still. After the ENABLE both count exactly at
+///     100 %; the reference counts everything at 100 % throughout.
+pub fn sibling_of_disabled_leader_across_moves(ctx: &mut Ctx) -> Result<Check> {
+    sibling_of_disabled_leader(ctx, Leader::Device)
+}
+
+/// S2. As S1 with a cpu-clock leader on the owner CPU.
+pub fn sibling_of_disabled_cpu_clock_leader_across_moves(ctx: &mut Ctx) -> Result<Check> {
+    sibling_of_disabled_leader(ctx, Leader::CpuClock)
+}
+
+fn sibling_of_disabled_leader(ctx: &mut Ctx, kind: Leader) -> Result<Check> {
+    let (d, _) = movable_domain(ctx)?;
+    let (r1, r2, r3) = (rmid(ctx, 1), rmid(ctx, 2), rmid(ctx, 3));
+    let leader = match kind {
+        Leader::Device => open_with(ctx, d, r1, TIMES, 0, None)?,
+        Leader::CpuClock => {
+            let cpu = owner(ctx, d)? as i32;
+            cpu_clock(ctx, cpu, None)?
+        }
+    };
+    let sibling = open_with(ctx, d, r2, TIMES, 0, Some(leader))?;
+    let reference = open_with(ctx, d, r3, TIMES, 0, None)?;
+    let hs = [leader, sibling, reference];
+    let all = |ctx: &mut Ctx, b: u64| -> Result<()> {
+        ctx.inject_and_land(&[
+            (d, r1, Event::MbmTotalBytes, b),
+            (d, r2, Event::MbmTotalBytes, b),
+            (d, r3, Event::MbmTotalBytes, b),
+        ])
+    };
+    let first = ctx.g.read_many(&hs)?;
+    all(ctx, MIB)?;
+    must(ctx, leader, PerfIoctl::Disable { group: false })?;
+    let a = ctx.g.read_many(&hs)?;
+    all(ctx, 2 * MIB)?;
+    let o1 = move_away(ctx, d)?;
+    let b = ctx.g.read_many(&hs)?;
+    all(ctx, 4 * MIB)?;
+    ctx.g.set_online(o1, true)?;
+    let o2 = move_away(ctx, d)?;
+    all(ctx, 8 * MIB)?;
+    ctx.g.set_online(o2, true)?;
+    let c = ctx.g.read_many(&hs)?;
+    must(ctx, leader, PerfIoctl::Enable { group: false })?;
+    let e = ctx.g.read_many(&hs)?;
+    all(ctx, 16 * MIB)?;
+    let f = ctx.g.read_many(&hs)?;
+    ctx.g.close(sibling)?;
+    ctx.g.close(leader)?;
+    ctx.g.close(reference)?;
+    let mut problems = Vec::new();
+    let off = "leader off, 2 MiB, move, 4 MiB, move, 8 MiB";
+    for (when, r) in [("right after the first move", &b), ("after both moves", &c)] {
+        if r[1][0] != a[1][0] || r[1][2] != a[1][2] {
+            problems.push(format!(
+                "sibling, {off}: read {when} {:?} after {:?} at the leader's DISABLE (want value and time_running unchanged: it is not counting)",
+                r[1], a[1]
+            ));
+        }
+        if matches!(kind, Leader::Device) && r[0] != a[0] {
+            problems.push(format!(
+                "disabled leader, read {when} {:?} after {:?} at its DISABLE (want all three unchanged)",
+                r[0], a[0]
+            ));
+        }
+        let (sib, refd) = (
+            r[1][1].saturating_sub(a[1][1]),
+            r[2][1].saturating_sub(a[2][1]),
+        );
+        if sib.abs_diff(refd) > SKEW_NS {
+            problems.push(format!(
+                "sibling of an off leader, read {when}: Δtime_enabled {sib} while a lone event's grew {refd} (it is enabled all along)"
+            ));
+        }
+    }
+    if matches!(kind, Leader::Device) {
+        judge_exact(
+            "leader before its DISABLE, 1 MiB",
+            &first[0],
+            &a[0],
+            MIB,
+            &mut problems,
+        );
+        judge_exact(
+            "leader after its ENABLE, 16 MiB",
+            &e[0],
+            &f[0],
+            16 * MIB,
+            &mut problems,
+        );
+    }
+    judge_exact(
+        "sibling before the leader's DISABLE, 1 MiB",
+        &first[1],
+        &a[1],
+        MIB,
+        &mut problems,
+    );
+    judge_exact(
+        "sibling after the leader's ENABLE, 16 MiB",
+        &e[1],
+        &f[1],
+        16 * MIB,
+        &mut problems,
+    );
+    judge_exact(
+        "lone reference event across both moves",
+        &first[2],
+        &f[2],
+        31 * MIB,
+        &mut problems,
+    );
+    let (name, what) = match kind {
+        Leader::Device => (
+            "move-attack: sibling of disabled leader across moves",
+            "mbm",
+        ),
+        Leader::CpuClock => (
+            "move-attack: sibling of disabled cpu-clock leader across moves",
+            "cpu-clock",
+        ),
+    };
+    Ok(Check::from_problems(
+        name,
+        problems,
+        format!(
+            "{}: {{{what} leader, mbm sibling}}: the sibling counted {} = 1 + 16 MiB, time_running still through 2 moves with its leader off (Δenabled {} ns, Δrunning {}), the lone event {} at 100 %",
+            pmu_name(d),
+            f[1][0],
+            c[1][1].saturating_sub(a[1][1]),
+            c[1][2].saturating_sub(a[1][2]),
+            f[2][0]
+        ),
+    ))
+}
+
+/// S3. Two more events than slots under a long mux interval, four rounds
+///     of: read, a burst, read, a move, a read right after it, a burst,
+///     read. Each window obeys the rules ([`judge_window`]): the move's own
+///     window, where nothing landed, never gains a byte; no more than
+///     `slots` events are running in any window (`Σ Δrunning <= slots ×
+///     Δenabled`: a move credits as running only the events it found
+///     scheduled). Then a move, two closed right after it: the rest counts
+///     for sure, exactly, at 100 %; then another move and a RESET of each
+///     right after it: each counts only what lands after the RESET.
+pub fn multiplexed_across_moves(ctx: &mut Ctx) -> Result<Check> {
+    let (d, _) = movable_domain(ctx)?;
+    with_mux_interval(ctx, d, LONG_MUX_MS, |ctx| multiplexed_moves(ctx, d))
+}
+
+fn multiplexed_moves(ctx: &mut Ctx, d: usize) -> Result<Check> {
+    let slots = ctx.device.slots as usize;
+    let n = slots + 2;
+    let many = Many::open(ctx, d, n, TIMES)?;
+    let (rmids, handles) = (many.rmids.clone(), many.handles.clone());
+    let mut problems = Vec::new();
+    let mut shares = Vec::new();
+    for round in 1..=4u64 {
+        let a = ctx.g.read_many(&handles)?;
+        many.burst(ctx, round * MIB)?;
+        let b = ctx.g.read_many(&handles)?;
+        let o = move_away(ctx, d)?;
+        let c = ctx.g.read_many(&handles)?;
+        many.burst(ctx, 2 * round * MIB)?;
+        let e = ctx.g.read_many(&handles)?;
+        ctx.g.set_online(o, true)?;
+        for (i, r) in rmids.iter().enumerate() {
+            let what = |w: &str| format!("round {round}, rmid {r}: {w}");
+            judge_window(
+                &what("before the move"),
+                &a[i],
+                &b[i],
+                round * MIB,
+                &mut problems,
+            );
+            judge_window(
+                &what("the move (nothing landed)"),
+                &b[i],
+                &c[i],
+                0,
+                &mut problems,
+            );
+            judge_window(
+                &what("after the move"),
+                &c[i],
+                &e[i],
+                2 * round * MIB,
+                &mut problems,
+            );
+        }
+        let running: u64 = (0..n).map(|i| e[i][2].saturating_sub(a[i][2])).sum();
+        let enabled = (0..n)
+            .map(|i| e[i][1].saturating_sub(a[i][1]))
+            .max()
+            .unwrap_or(0);
+        if running > slots as u64 * enabled + n as u64 * SKEW_NS {
+            problems.push(format!(
+                "round {round}: {n} events on {slots} slots ran {running} ns in all across a move, more than {slots} × the window's {enabled} ns"
+            ));
+        }
+        shares.push(format!("{:.1}", running as f64 / enabled.max(1) as f64));
+        if problems.len() > 6 {
+            break;
+        }
+    }
+    let o = move_away(ctx, d)?;
+    let (gone, rest) = handles.split_at(2);
+    for &h in gone {
+        ctx.g.close(h)?;
+    }
+    let rest = rest.to_vec();
+    let rest_rmids = rmids[2..].to_vec();
+    let s0 = ctx.g.read_many(&rest)?;
+    many.burst(ctx, 3 * MIB)?;
+    let s1 = ctx.g.read_many(&rest)?;
+    ctx.g.set_online(o, true)?;
+    for (i, r) in rest_rmids.iter().enumerate() {
+        judge_exact(
+            &format!(
+                "rmid {r}, two events closed right after a move ({slots} left on {slots} slots)"
+            ),
+            &s0[i],
+            &s1[i],
+            3 * MIB,
+            &mut problems,
+        );
+    }
+    many.burst(ctx, 5 * MIB)?;
+    let o = move_away(ctx, d)?;
+    for &h in &rest {
+        must(ctx, h, PerfIoctl::Reset { group: false })?;
+    }
+    let z = ctx.g.read_many(&rest)?;
+    many.burst(ctx, 7 * MIB)?;
+    let y = ctx.g.read_many(&rest)?;
+    ctx.g.set_online(o, true)?;
+    for (i, r) in rest_rmids.iter().enumerate() {
+        if z[i][0] != 0 || z[i][1] < s1[i][1] || z[i][2] < s1[i][2] {
+            problems.push(format!(
+                "rmid {r}: 5 MiB, move, RESET: read {:?} after {:?} (want value 0, times kept)",
+                z[i], s1[i]
+            ));
+        }
+        judge_exact(
+            &format!("rmid {r}, RESET right after a move, 7 MiB"),
+            &z[i],
+            &y[i],
+            7 * MIB,
+            &mut problems,
+        );
+    }
+    for h in rest {
+        ctx.g.close(h)?;
+    }
+    Ok(Check::from_problems(
+        "move-attack: multiplexed across moves",
+        problems,
+        format!(
+            "{}: {n} events on {slots} slots, mux {LONG_MUX_MS} ms, 4 moves: every window within the rules, events running per round {}; two closed right after a move: the rest exact at 100 %; RESET right after a move: exact",
+            pmu_name(d),
+            shares.join(", ")
+        ),
+    ))
+}
+
+/// S4. An exclusive event and two plain ones under a long mux interval,
+///     three rounds of burst, move, burst: every window within the rules,
+///     and the exclusive one never running beside a plain one (`Δrunning`
+///     of the exclusive + a plain ≤ `Δenabled`). Then a DISABLE of the
+///     exclusive right after a move: the plain ones count for sure, exactly
+///     at 100 %, and the disabled one stands still; ENABLE, a move, the
+///     exclusive closed right after it: the plain ones again exactly at 100 %.
+pub fn exclusive_across_moves(ctx: &mut Ctx) -> Result<Check> {
+    let (d, _) = movable_domain(ctx)?;
+    with_mux_interval(ctx, d, LONG_MUX_MS, |ctx| exclusive_moves(ctx, d))
+}
+
+fn exclusive_moves(ctx: &mut Ctx, d: usize) -> Result<Check> {
+    let rs = [rmid(ctx, 4), rmid(ctx, 5), rmid(ctx, 6)];
+    let ex = open_with(ctx, d, rs[0], TIMES, FLAG_EXCLUSIVE, None)?;
+    let p1 = open_with(ctx, d, rs[1], TIMES, 0, None)?;
+    let p2 = open_with(ctx, d, rs[2], TIMES, 0, None)?;
+    let hs = [ex, p1, p2];
+    let burst = |ctx: &mut Ctx, b: u64, which: &[u32]| -> Result<()> {
+        let inj: Vec<_> = which
+            .iter()
+            .map(|&r| (d, r, Event::MbmTotalBytes, b))
+            .collect();
+        ctx.inject_and_land(&inj)
+    };
+    let mut problems = Vec::new();
+    let mut turns = Vec::new();
+    for round in 1..=3u64 {
+        let a = ctx.g.read_many(&hs)?;
+        burst(ctx, round * MIB, &rs)?;
+        let b = ctx.g.read_many(&hs)?;
+        let o = move_away(ctx, d)?;
+        let c = ctx.g.read_many(&hs)?;
+        burst(ctx, 2 * round * MIB, &rs)?;
+        let e = ctx.g.read_many(&hs)?;
+        ctx.g.set_online(o, true)?;
+        for (i, r) in rs.iter().enumerate() {
+            let what = |w: &str| format!("round {round}, rmid {r}: {w}");
+            judge_window(
+                &what("before the move"),
+                &a[i],
+                &b[i],
+                round * MIB,
+                &mut problems,
+            );
+            judge_window(
+                &what("the move (nothing landed)"),
+                &b[i],
+                &c[i],
+                0,
+                &mut problems,
+            );
+            judge_window(
+                &what("after the move"),
+                &c[i],
+                &e[i],
+                2 * round * MIB,
+                &mut problems,
+            );
+        }
+        let w: Vec<Window> = (0..3).map(|i| Window::between(&a[i], &e[i])).collect();
+        for p in 1..3 {
+            if w[0].running + w[p].running > w[0].enabled.max(w[p].enabled) + SKEW_NS {
+                problems.push(format!(
+                    "round {round}: across a move the exclusive event ran {} ns and a plain one {} ns of a {} ns window (an exclusive group runs alone)",
+                    w[0].running, w[p].running, w[0].enabled
+                ));
+            }
+        }
+        turns.push(format!(
+            "{:.0}/{:.0} %",
+            100.0 * w[0].running as f64 / w[0].enabled.max(1) as f64,
+            100.0 * w[1].running as f64 / w[1].enabled.max(1) as f64
+        ));
+    }
+    let o = move_away(ctx, d)?;
+    must(ctx, ex, PerfIoctl::Disable { group: false })?;
+    let f0 = ctx.g.read_many(&hs)?;
+    burst(ctx, 3 * MIB, &rs)?;
+    let f1 = ctx.g.read_many(&hs)?;
+    ctx.g.set_online(o, true)?;
+    if f1[0] != f0[0] {
+        problems.push(format!(
+            "the exclusive event DISABLEd right after a move, 3 MiB: read {:?} after {:?} (want unchanged)",
+            f1[0], f0[0]
+        ));
+    }
+    for i in 1..3 {
+        judge_exact(
+            &format!(
+                "plain rmid {}, the exclusive one DISABLEd right after a move",
+                rs[i]
+            ),
+            &f0[i],
+            &f1[i],
+            3 * MIB,
+            &mut problems,
+        );
+    }
+    must(ctx, ex, PerfIoctl::Enable { group: false })?;
+    burst(ctx, MIB, &rs)?;
+    let o = move_away(ctx, d)?;
+    ctx.g.close(ex)?;
+    let g0 = ctx.g.read_many(&hs[1..])?;
+    burst(ctx, 5 * MIB, &rs)?;
+    let g1 = ctx.g.read_many(&hs[1..])?;
+    ctx.g.set_online(o, true)?;
+    for i in 0..2 {
+        judge_exact(
+            &format!(
+                "plain rmid {}, the exclusive one closed right after a move",
+                rs[i + 1]
+            ),
+            &g0[i],
+            &g1[i],
+            5 * MIB,
+            &mut problems,
+        );
+    }
+    ctx.g.close(p1)?;
+    ctx.g.close(p2)?;
+    Ok(Check::from_problems(
+        "move-attack: exclusive across moves",
+        problems,
+        format!(
+            "{}: exclusive/plain ran {} over 3 rounds with a move; DISABLE or close of the exclusive right after a move: the plain ones exact at 100 %",
+            pmu_name(d),
+            turns.join(", ")
+        ),
+    ))
+}
+
+/// S5. A pinned event among `slots` plain ones (one more than the slots,
+///     multiplexed at the default interval): the pinned group alone fits,
+///     so it counts for sure through two moves, exactly, at 100 %; the
+///     plain ones obey the rules.
+pub fn pinned_among_multiplexed_across_moves(ctx: &mut Ctx) -> Result<Check> {
+    let (d, _) = movable_domain(ctx)?;
+    let slots = ctx.device.slots as usize;
+    let many = Many::open(ctx, d, slots + 1, TIMES)?;
+    // The pinned event takes the last RMID Many used: rmid(slots + 1).
+    let pr = rmid(ctx, slots as u32 + 1);
+    if many.rmids.contains(&pr) {
+        bail!("the device has too few RMIDs for {} events", slots + 2);
+    }
+    let pinned = open_with(ctx, d, pr, TIMES, FLAG_PINNED, None)?;
+    let mut hs = vec![pinned];
+    hs.extend(&many.handles);
+    let both = |ctx: &mut Ctx, b: u64| -> Result<()> {
+        many.burst(ctx, b)?;
+        super::redteam::inject(ctx, d, pr, b)
+    };
+    let a = ctx.g.read_many(&hs)?;
+    both(ctx, MIB)?;
+    let o1 = move_away(ctx, d)?;
+    let b = ctx.g.read_many(&hs)?;
+    both(ctx, 2 * MIB)?;
+    ctx.g.set_online(o1, true)?;
+    let o2 = move_away(ctx, d)?;
+    both(ctx, 4 * MIB)?;
+    ctx.g.set_online(o2, true)?;
+    let c = ctx.g.read_many(&hs)?;
+    ctx.g.close(pinned)?;
+    let rmids = many.rmids.clone();
+    many.close(ctx)?;
+    let mut problems = Vec::new();
+    judge_exact(
+        "the pinned event, 1 MiB, move, read",
+        &a[0],
+        &b[0],
+        MIB,
+        &mut problems,
+    );
+    judge_exact(
+        "the pinned event through two moves",
+        &a[0],
+        &c[0],
+        7 * MIB,
+        &mut problems,
+    );
+    for (i, r) in rmids.iter().enumerate() {
+        judge_window(
+            &format!("plain rmid {r} through two moves"),
+            &a[i + 1],
+            &c[i + 1],
+            7 * MIB,
+            &mut problems,
+        );
+    }
+    Ok(Check::from_problems(
+        "move-attack: pinned among multiplexed across moves",
+        problems,
+        format!(
+            "{}: pinned + {} plain on {slots} slots: the pinned one counted {} = 7 MiB at 100 % through 2 moves; plain ones ran {}",
+            pmu_name(d),
+            slots + 1,
+            c[0][0].wrapping_sub(a[0][0]),
+            (1..hs.len())
+                .map(|i| format!("{:.0} %", 100.0 * Window::between(&a[i], &c[i]).running as f64 / Window::between(&a[i], &c[i]).enabled.max(1) as f64))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    ))
+}
+
+/// S6. `{mbm_total leader, llc_occupancy sibling, mbm_local sibling}` of
+///     one RMID: RESET|GROUP issued on the gauge right after a move zeroes
+///     both counters (the gauge, counting, reads the occupancy again);
+///     DISABLE|GROUP on a sibling right after a second move freezes all
+///     three (the gauge keeps the occupancy of its last counting moment
+///     though the occupancy changes); ENABLE|GROUP on the gauge: it reads
+///     the new occupancy and the counters count exactly. Every member at
+///     100 % while enabled (two counters: no contention).
+pub fn gauge_group_ioctls_after_moves(ctx: &mut Ctx) -> Result<Check> {
+    let (d, _) = movable_domain(ctx)?;
+    let r = rmid(ctx, 7);
+    let unit = ctx.device.unit_bytes;
+    let (occ1, occ2) = (1234 * unit, 4321 * unit);
+    ctx.control.set_occupancy(d as u32, r, occ1)?;
+    let leader = open_with(ctx, d, r, TIMES, 0, None)?;
+    let open_member = |ctx: &mut Ctx, ev: Event| -> Result<u32> {
+        let mut attr = ctx.attr(d, ev, r);
+        attr.read_format = TIMES;
+        match ctx.g.open(attr, Some(leader))? {
+            Ok(h) => Ok(h),
+            Err(errno) => bail!("opening {ev:?} as a sibling: {errno}"),
+        }
+    };
+    let gauge = open_member(ctx, Event::LlcOccupancy)?;
+    let local = open_member(ctx, Event::MbmLocalBytes)?;
+    let hs = [leader, gauge, local];
+    let burst = |ctx: &mut Ctx, b: u64| -> Result<()> {
+        ctx.inject_and_land(&[
+            (d, r, Event::MbmTotalBytes, b),
+            (d, r, Event::MbmLocalBytes, 2 * b),
+        ])
+    };
+    let first = ctx.g.read_many(&hs)?;
+    burst(ctx, MIB)?;
+    let o = move_away(ctx, d)?;
+    must(ctx, gauge, PerfIoctl::Reset { group: true })?;
+    let x = ctx.g.read_many(&hs)?;
+    burst(ctx, 2 * MIB)?;
+    ctx.g.set_online(o, true)?;
+    let y = ctx.g.read_many(&hs)?;
+    let o = move_away(ctx, d)?;
+    must(ctx, local, PerfIoctl::Disable { group: true })?;
+    let z0 = ctx.g.read_many(&hs)?;
+    burst(ctx, 4 * MIB)?;
+    ctx.control.set_occupancy(d as u32, r, occ2)?;
+    let z1 = ctx.g.read_many(&hs)?;
+    must(ctx, gauge, PerfIoctl::Enable { group: true })?;
+    let w = ctx.g.read_many(&hs)?;
+    burst(ctx, 8 * MIB)?;
+    ctx.g.set_online(o, true)?;
+    let v = ctx.g.read_many(&hs)?;
+    for h in [local, gauge, leader] {
+        ctx.g.close(h)?;
+    }
+    ctx.control.set_occupancy(d as u32, r, 0)?;
+    let mut problems = Vec::new();
+    let values = |r: &[Vec<u64>]| [r[0][0], r[1][0], r[2][0]];
+    let want = [
+        (
+            "RESET|GROUP on the gauge right after a move",
+            &x,
+            [0, occ1, 0],
+        ),
+        (
+            "then 2 MiB (4 local) and the old owner back",
+            &y,
+            [2 * MIB, occ1, 4 * MIB],
+        ),
+        (
+            "DISABLE|GROUP on a sibling right after a move",
+            &z0,
+            [2 * MIB, occ1, 4 * MIB],
+        ),
+        (
+            "then 4 MiB (8 local) and the occupancy changed, disabled",
+            &z1,
+            [2 * MIB, occ1, 4 * MIB],
+        ),
+        ("ENABLE|GROUP on the gauge", &w, [2 * MIB, occ2, 4 * MIB]),
+        (
+            "then 8 MiB (16 local) and the old owner back",
+            &v,
+            [10 * MIB, occ2, 20 * MIB],
+        ),
+    ];
+    for (what, r, want) in want {
+        if values(r) != want {
+            problems.push(format!(
+                "{{mbm_total, llc_occupancy, mbm_local}}, {what}: values {:?}, want {want:?}",
+                values(r)
+            ));
+        }
+    }
+    for (i, name) in ["mbm_total leader", "gauge", "mbm_local"]
+        .iter()
+        .enumerate()
+    {
+        let on1 = Window::between(&first[i], &z0[i]);
+        let off = Window::between(&z0[i], &z1[i]);
+        let on2 = Window::between(&w[i], &v[i]);
+        if on1.running != on1.enabled
+            || on2.running != on2.enabled
+            || off.enabled != 0
+            || off.running != 0
+        {
+            problems.push(format!(
+                "{name}: enabled through a move Δenabled {} Δrunning {}; disabled Δenabled {} Δrunning {} (want 0 0); enabled again through a move Δenabled {} Δrunning {} (want equal)",
+                on1.enabled, on1.running, off.enabled, off.running, on2.enabled, on2.running
+            ));
+        }
+    }
+    Ok(Check::from_problems(
+        "move-attack: gauge group ioctls after moves",
+        problems,
+        format!(
+            "{}: group ioctls on siblings right after moves: values {:?} at the end, 100 % running while enabled, clocks still while disabled",
+            pmu_name(d),
+            values(&v)
+        ),
+    ))
+}
+
+/// S7. Two more events than slots, parked: a burst, two of them closed
+///     while parked (the contention ends, but nothing reschedules a parked
+///     PMU), a burst, the return. Over the whole check each remaining event
+///     obeys the rules; once placed again they fit, so from the return
+///     each counts for sure: exactly, at 100 %.
+pub fn contention_closed_while_parked(ctx: &mut Ctx) -> Result<Check> {
+    let (d, allowed) = movable_domain(ctx)?;
+    let slots = ctx.device.slots as usize;
+    let n = slots + 2;
+    let many = Many::open(ctx, d, n, TIMES)?;
+    let (rmids, handles) = (many.rmids.clone(), many.handles.clone());
+    let (gone, rest) = handles.split_at(2);
+    let (rest, rest_rmids) = (rest.to_vec(), rmids[2..].to_vec());
+    let s = ctx.g.read_many(&rest)?;
+    many.burst(ctx, MIB)?;
+    park(ctx, &allowed, false)?;
+    many.burst(ctx, 2 * MIB)?;
+    for &h in gone {
+        ctx.g.close(h)?;
+    }
+    many.burst(ctx, 4 * MIB)?;
+    park(ctx, &allowed, true)?;
+    let u0 = ctx.g.read_many(&rest)?;
+    many.burst(ctx, 8 * MIB)?;
+    let u1 = ctx.g.read_many(&rest)?;
+    let o = move_away(ctx, d)?;
+    many.burst(ctx, 16 * MIB)?;
+    let u2 = ctx.g.read_many(&rest)?;
+    ctx.g.set_online(o, true)?;
+    for h in rest {
+        ctx.g.close(h)?;
+    }
+    let mut problems = Vec::new();
+    for (i, r) in rest_rmids.iter().enumerate() {
+        judge_window(
+            &format!("rmid {r}: open to the return"),
+            &s[i],
+            &u0[i],
+            7 * MIB,
+            &mut problems,
+        );
+        judge_exact(
+            &format!("rmid {r}: placed again, {slots} events on {slots} slots"),
+            &u0[i],
+            &u1[i],
+            8 * MIB,
+            &mut problems,
+        );
+        judge_exact(
+            &format!("rmid {r}: then a move"),
+            &u1[i],
+            &u2[i],
+            16 * MIB,
+            &mut problems,
+        );
+    }
+    Ok(Check::from_problems(
+        "move-attack: contention closed while parked",
+        problems,
+        format!(
+            "{}: {n} events on {slots} slots, 2 closed while parked: the rest ran {} until the return, exact at 100 % after it",
+            pmu_name(d),
+            (0..s.len())
+                .map(|i| format!("{:.0} %", 100.0 * Window::between(&s[i], &u0[i]).running as f64 / Window::between(&s[i], &u0[i]).enabled.max(1) as f64))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    ))
+}
+
+/// Every attack, in order; each leaves every CPU online, nothing open and
+/// the mux interval as it found it.
+pub fn run(ctx: &mut Ctx) -> Result<Vec<Check>> {
+    let checks: [Named; 7] = [
+        (
+            "move-attack: sibling of disabled leader across moves",
+            sibling_of_disabled_leader_across_moves,
+        ),
+        (
+            "move-attack: sibling of disabled cpu-clock leader across moves",
+            sibling_of_disabled_cpu_clock_leader_across_moves,
+        ),
+        (
+            "move-attack: multiplexed across moves",
+            multiplexed_across_moves,
+        ),
+        (
+            "move-attack: exclusive across moves",
+            exclusive_across_moves,
+        ),
+        (
+            "move-attack: pinned among multiplexed across moves",
+            pinned_among_multiplexed_across_moves,
+        ),
+        (
+            "move-attack: gauge group ioctls after moves",
+            gauge_group_ioctls_after_moves,
+        ),
+        (
+            "move-attack: contention closed while parked",
+            contention_closed_while_parked,
+        ),
+    ];
+    run_each(ctx, &checks)
+}
