@@ -117,15 +117,33 @@ enum Leader {
 ///     leader's clocks stand still. After the ENABLE both count exactly at
 ///     100 %; the reference counts everything at 100 % throughout.
 pub fn sibling_of_disabled_leader_across_moves(ctx: &mut Ctx) -> Result<Check> {
-    sibling_of_disabled_leader(ctx, Leader::Device)
+    sibling_of_disabled_leader(ctx, Leader::Device, EnabledRule::AsWithoutMove)
 }
 
 /// S2. As S1 with a cpu-clock leader on the owner CPU.
 pub fn sibling_of_disabled_cpu_clock_leader_across_moves(ctx: &mut Ctx) -> Result<Check> {
-    sibling_of_disabled_leader(ctx, Leader::CpuClock)
+    sibling_of_disabled_leader(ctx, Leader::CpuClock, EnabledRule::AsWithoutMove)
 }
 
-fn sibling_of_disabled_leader(ctx: &mut Ctx, kind: Leader) -> Result<Check> {
+/// S1b. As S1, judged by the contract's word on `time_enabled` itself: the
+///     sibling is enabled (its own state is on), so its `time_enabled` grows
+///     as the lone event's all along, in the window without a move too.
+pub fn sibling_of_disabled_leader_enabled_time(ctx: &mut Ctx) -> Result<Check> {
+    sibling_of_disabled_leader(ctx, Leader::Device, EnabledRule::OwnState)
+}
+
+/// How a check judges the `time_enabled` of a sibling whose leader is off.
+#[derive(Clone, Copy)]
+enum EnabledRule {
+    /// The contract's text: "Enabled" is the event's own state, and
+    /// `time_enabled` grows exactly while it is enabled.
+    OwnState,
+    /// Whatever perf's clocks do for it without a move (the first window),
+    /// a move does too: 0 stays 0, the lone event's stays the lone event's.
+    AsWithoutMove,
+}
+
+fn sibling_of_disabled_leader(ctx: &mut Ctx, kind: Leader, rule: EnabledRule) -> Result<Check> {
     let (d, _) = movable_domain(ctx)?;
     let (r1, r2, r3) = (rmid(ctx, 1), rmid(ctx, 2), rmid(ctx, 3));
     let leader = match kind {
@@ -148,8 +166,12 @@ fn sibling_of_disabled_leader(ctx: &mut Ctx, kind: Leader) -> Result<Check> {
     let first = ctx.g.read_many(&hs)?;
     all(ctx, MIB)?;
     must(ctx, leader, PerfIoctl::Disable { group: false })?;
-    let a = ctx.g.read_many(&hs)?;
+    let a0 = ctx.g.read_many(&hs)?;
+    // A window without a move first, as long as a move's: what perf's own
+    // clocks do for a sibling of an off leader, to tell a move's part.
     all(ctx, 2 * MIB)?;
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let a = ctx.g.read_many(&hs)?;
     let o1 = move_away(ctx, d)?;
     let b = ctx.g.read_many(&hs)?;
     all(ctx, 4 * MIB)?;
@@ -166,17 +188,22 @@ fn sibling_of_disabled_leader(ctx: &mut Ctx, kind: Leader) -> Result<Check> {
     ctx.g.close(leader)?;
     ctx.g.close(reference)?;
     let mut problems = Vec::new();
+    let mut enabled = Vec::new();
     let off = "leader off, 2 MiB, move, 4 MiB, move, 8 MiB";
-    for (when, r) in [("right after the first move", &b), ("after both moves", &c)] {
+    for (when, r, a) in [
+        ("100 ms later, no move yet", &a, &a0),
+        ("right after the first move", &b, &a),
+        ("after both moves", &c, &a),
+    ] {
         if r[1][0] != a[1][0] || r[1][2] != a[1][2] {
             problems.push(format!(
-                "sibling, {off}: read {when} {:?} after {:?} at the leader's DISABLE (want value and time_running unchanged: it is not counting)",
+                "sibling, {off}: read {when} {:?} after {:?} (want value and time_running unchanged: it is not counting)",
                 r[1], a[1]
             ));
         }
         if matches!(kind, Leader::Device) && r[0] != a[0] {
             problems.push(format!(
-                "disabled leader, read {when} {:?} after {:?} at its DISABLE (want all three unchanged)",
+                "disabled leader, read {when} {:?} after {:?} (want all three unchanged)",
                 r[0], a[0]
             ));
         }
@@ -184,10 +211,41 @@ fn sibling_of_disabled_leader(ctx: &mut Ctx, kind: Leader) -> Result<Check> {
             r[1][1].saturating_sub(a[1][1]),
             r[2][1].saturating_sub(a[2][1]),
         );
-        if sib.abs_diff(refd) > SKEW_NS {
-            problems.push(format!(
-                "sibling of an off leader, read {when}: Δtime_enabled {sib} while a lone event's grew {refd} (it is enabled all along)"
-            ));
+        enabled.push(format!("{when}: {sib} of {refd} ns"));
+        let (sib0, ref0) = (
+            a[1][1].saturating_sub(a0[1][1]),
+            a[2][1].saturating_sub(a0[2][1]),
+        );
+        let without_move = if sib0 == 0 {
+            Some(0)
+        } else if sib0.abs_diff(ref0) <= SKEW_NS {
+            Some(refd)
+        } else {
+            None
+        };
+        let want = match rule {
+            EnabledRule::OwnState => Some(refd),
+            EnabledRule::AsWithoutMove => without_move,
+        };
+        let ok = match (rule, want) {
+            (_, None) => false,
+            (EnabledRule::AsWithoutMove, Some(0)) => sib == 0,
+            (_, Some(w)) => sib.abs_diff(w) <= SKEW_NS,
+        };
+        if !ok {
+            problems.push(match rule {
+                EnabledRule::OwnState => format!(
+                    "sibling of an off leader, read {when}: Δtime_enabled {sib} while a lone event's grew {refd} (the contract: it is enabled, its own state is on, so its time_enabled grows as the lone event's)"
+                ),
+                EnabledRule::AsWithoutMove => format!(
+                    "sibling of an off leader, read {when}: Δtime_enabled {sib} while a lone event's grew {refd}; in a window without a move it grew {sib0} of {ref0} ns (a move must not change how its clocks run: want {})",
+                    match without_move {
+                        Some(0) => "0".to_string(),
+                        Some(_) => "the lone event's".to_string(),
+                        None => "0 or the lone event's, not a part of it".to_string(),
+                    }
+                ),
+            });
         }
     }
     if matches!(kind, Leader::Device) {
@@ -227,12 +285,16 @@ fn sibling_of_disabled_leader(ctx: &mut Ctx, kind: Leader) -> Result<Check> {
         31 * MIB,
         &mut problems,
     );
-    let (name, what) = match kind {
-        Leader::Device => (
+    let (name, what) = match (kind, rule) {
+        (Leader::Device, EnabledRule::OwnState) => (
+            "move-attack: sibling of disabled leader enabled time",
+            "mbm",
+        ),
+        (Leader::Device, EnabledRule::AsWithoutMove) => (
             "move-attack: sibling of disabled leader across moves",
             "mbm",
         ),
-        Leader::CpuClock => (
+        (Leader::CpuClock, _) => (
             "move-attack: sibling of disabled cpu-clock leader across moves",
             "cpu-clock",
         ),
@@ -241,11 +303,11 @@ fn sibling_of_disabled_leader(ctx: &mut Ctx, kind: Leader) -> Result<Check> {
         name,
         problems,
         format!(
-            "{}: {{{what} leader, mbm sibling}}: the sibling counted {} = 1 + 16 MiB, time_running still through 2 moves with its leader off (Δenabled {} ns, Δrunning {}), the lone event {} at 100 %",
+            "{}: {{{what} leader, mbm sibling}}: the sibling counted {} = 1 + 16 MiB, time_running still through 2 moves with its leader off (Δrunning {}), time_enabled {}; the lone event {} at 100 %",
             pmu_name(d),
             f[1][0],
-            c[1][1].saturating_sub(a[1][1]),
             c[1][2].saturating_sub(a[1][2]),
+            enabled.join(", "),
             f[2][0]
         ),
     ))
@@ -777,10 +839,165 @@ pub fn contention_closed_while_parked(ctx: &mut Ctx) -> Result<Check> {
     ))
 }
 
+/// S8. A group `{mbm leader, mbm sibling}` opened after `slots - 1` lone
+///     events under a long mux interval, so it waits for its turn; two
+///     rounds of burst, move, burst: each member's windows obey the rules
+///     and the two members run together (equal `Δrunning`). A lone event
+///     closed right after a move: the group fits and counts for sure, both
+///     exactly at 100 %. DISABLE|GROUP issued on the sibling right after a
+///     move freezes both; ENABLE|GROUP: exact again. The leader closed right
+///     after a move: the promoted sibling counts on exactly at 100 %.
+pub fn waiting_group_across_moves(ctx: &mut Ctx) -> Result<Check> {
+    let (d, _) = movable_domain(ctx)?;
+    with_mux_interval(ctx, d, LONG_MUX_MS, |ctx| waiting_group(ctx, d))
+}
+
+fn waiting_group(ctx: &mut Ctx, d: usize) -> Result<Check> {
+    let slots = ctx.device.slots as usize;
+    let lone = Many::open(ctx, d, slots - 1, TIMES)?;
+    let (gl, gs) = (rmid(ctx, slots as u32 - 1), rmid(ctx, slots as u32));
+    if lone.rmids.contains(&gl) || lone.rmids.contains(&gs) || gl == gs {
+        bail!("the device has too few RMIDs for {} events", slots + 1);
+    }
+    let leader = open_with(ctx, d, gl, TIMES, 0, None)?;
+    let sibling = open_with(ctx, d, gs, TIMES, 0, Some(leader))?;
+    let pair = [leader, sibling];
+    let both = |ctx: &mut Ctx, b: u64| -> Result<()> {
+        lone.burst(ctx, b)?;
+        ctx.inject_and_land(&[
+            (d, gl, Event::MbmTotalBytes, b),
+            (d, gs, Event::MbmTotalBytes, 2 * b),
+        ])
+    };
+    let mut problems = Vec::new();
+    let mut ran = Vec::new();
+    for round in 1..=2u64 {
+        let a = ctx.g.read_many(&pair)?;
+        both(ctx, round * MIB)?;
+        let b = ctx.g.read_many(&pair)?;
+        let o = move_away(ctx, d)?;
+        let c = ctx.g.read_many(&pair)?;
+        both(ctx, 2 * round * MIB)?;
+        let e = ctx.g.read_many(&pair)?;
+        ctx.g.set_online(o, true)?;
+        for (i, k) in [(0, 1), (1, 2)] {
+            let what = |w: &str| format!("round {round}, group member {i}: {w}");
+            judge_window(
+                &what("before the move"),
+                &a[i],
+                &b[i],
+                k * round * MIB,
+                &mut problems,
+            );
+            judge_window(
+                &what("the move (nothing landed)"),
+                &b[i],
+                &c[i],
+                0,
+                &mut problems,
+            );
+            judge_window(
+                &what("after the move"),
+                &c[i],
+                &e[i],
+                2 * k * round * MIB,
+                &mut problems,
+            );
+        }
+        let (wl, ws) = (Window::between(&a[0], &e[0]), Window::between(&a[1], &e[1]));
+        if wl.running.abs_diff(ws.running) > SKEW_NS {
+            problems.push(format!(
+                "round {round}: across a move the leader ran {} ns and its sibling {} ns (a group runs together)",
+                wl.running, ws.running
+            ));
+        }
+        ran.push(format!(
+            "{:.0} %",
+            100.0 * wl.running as f64 / wl.enabled.max(1) as f64
+        ));
+    }
+    let o = move_away(ctx, d)?;
+    ctx.g.close(lone.handles[0])?;
+    let f0 = ctx.g.read_many(&pair)?;
+    both(ctx, 3 * MIB)?;
+    let f1 = ctx.g.read_many(&pair)?;
+    ctx.g.set_online(o, true)?;
+    judge_exact(
+        "leader, a lone event closed right after a move",
+        &f0[0],
+        &f1[0],
+        3 * MIB,
+        &mut problems,
+    );
+    judge_exact(
+        "sibling, a lone event closed right after a move",
+        &f0[1],
+        &f1[1],
+        6 * MIB,
+        &mut problems,
+    );
+    let o = move_away(ctx, d)?;
+    must(ctx, sibling, PerfIoctl::Disable { group: true })?;
+    let g0 = ctx.g.read_many(&pair)?;
+    both(ctx, 4 * MIB)?;
+    let g1 = ctx.g.read_many(&pair)?;
+    must(ctx, sibling, PerfIoctl::Enable { group: true })?;
+    let g2 = ctx.g.read_many(&pair)?;
+    both(ctx, 5 * MIB)?;
+    let g3 = ctx.g.read_many(&pair)?;
+    ctx.g.set_online(o, true)?;
+    if g1 != g0 {
+        problems.push(format!(
+            "DISABLE|GROUP on the sibling right after a move, 4 MiB: read {g1:?} after {g0:?} (want unchanged)"
+        ));
+    }
+    judge_exact(
+        "leader, ENABLE|GROUP on the sibling",
+        &g2[0],
+        &g3[0],
+        5 * MIB,
+        &mut problems,
+    );
+    judge_exact(
+        "sibling, ENABLE|GROUP on it",
+        &g2[1],
+        &g3[1],
+        10 * MIB,
+        &mut problems,
+    );
+    let o = move_away(ctx, d)?;
+    ctx.g.close(leader)?;
+    let h0 = ctx.g.read(sibling)?;
+    both(ctx, 6 * MIB)?;
+    let h1 = ctx.g.read(sibling)?;
+    ctx.g.set_online(o, true)?;
+    judge_exact(
+        "the sibling promoted by its leader's close right after a move",
+        &h0,
+        &h1,
+        12 * MIB,
+        &mut problems,
+    );
+    ctx.g.close(sibling)?;
+    for &h in &lone.handles[1..] {
+        ctx.g.close(h)?;
+    }
+    Ok(Check::from_problems(
+        "move-attack: waiting group across moves",
+        problems,
+        format!(
+            "{}: a 2-event group beside {} lone events on {slots} slots ran {} of two windows with a move, together; exact at 100 % once a lone event closed, after DISABLE/ENABLE|GROUP on the sibling and promoted by its leader's close, each right after a move",
+            pmu_name(d),
+            slots - 1,
+            ran.join(", ")
+        ),
+    ))
+}
+
 /// Every attack, in order; each leaves every CPU online, nothing open and
 /// the mux interval as it found it.
 pub fn run(ctx: &mut Ctx) -> Result<Vec<Check>> {
-    let checks: [Named; 7] = [
+    let checks: [Named; 9] = [
         (
             "move-attack: sibling of disabled leader across moves",
             sibling_of_disabled_leader_across_moves,
@@ -788,6 +1005,10 @@ pub fn run(ctx: &mut Ctx) -> Result<Vec<Check>> {
         (
             "move-attack: sibling of disabled cpu-clock leader across moves",
             sibling_of_disabled_cpu_clock_leader_across_moves,
+        ),
+        (
+            "move-attack: sibling of disabled leader enabled time",
+            sibling_of_disabled_leader_enabled_time,
         ),
         (
             "move-attack: multiplexed across moves",
@@ -808,6 +1029,10 @@ pub fn run(ctx: &mut Ctx) -> Result<Vec<Check>> {
         (
             "move-attack: contention closed while parked",
             contention_closed_while_parked,
+        ),
+        (
+            "move-attack: waiting group across moves",
+            waiting_group_across_moves,
         ),
     ];
     run_each(ctx, &checks)
