@@ -26,7 +26,8 @@ use super::multiplexing::{set_sysfs, Window};
 use super::redteam::{must, open_with, owner, park, rmid, run_each, Many, Named};
 use crate::checks::Check;
 use crate::guest::perf_abi::{
-    FLAG_EXCLUSIVE, FLAG_PINNED, FORMAT_TOTAL_TIME_ENABLED, FORMAT_TOTAL_TIME_RUNNING,
+    FLAG_DISABLED, FLAG_EXCLUSIVE, FLAG_PINNED, FORMAT_TOTAL_TIME_ENABLED,
+    FORMAT_TOTAL_TIME_RUNNING,
 };
 use crate::guest::pmu_name;
 
@@ -994,10 +995,441 @@ fn waiting_group(ctx: &mut Ctx, d: usize) -> Result<Check> {
     ))
 }
 
+/// S9. A group `{mbm leader, mbm sibling}` that counted, then made to wait
+///     for its turn (DISABLE|GROUP, `slots - 1` lone events opened, ENABLE|GROUP,
+///     under a long mux interval): across a move its windows obey the rules;
+///     RESET|GROUP right after another move zeroes both and keeps the times;
+///     a lone event closed: from then both count for sure, exactly at 100 %,
+///     and nothing that landed before the RESET ever counts.
+pub fn reset_of_waiting_group_after_move(ctx: &mut Ctx) -> Result<Check> {
+    let (d, _) = movable_domain(ctx)?;
+    with_mux_interval(ctx, d, LONG_MUX_MS, |ctx| reset_of_waiting_group(ctx, d))
+}
+
+fn reset_of_waiting_group(ctx: &mut Ctx, d: usize) -> Result<Check> {
+    let slots = ctx.device.slots as usize;
+    let (gl, gs) = (rmid(ctx, slots as u32 - 1), rmid(ctx, slots as u32));
+    let leader = open_with(ctx, d, gl, TIMES, 0, None)?;
+    let sibling = open_with(ctx, d, gs, TIMES, 0, Some(leader))?;
+    let pair = [leader, sibling];
+    let group = |ctx: &mut Ctx, b: u64| -> Result<()> {
+        ctx.inject_and_land(&[
+            (d, gl, Event::MbmTotalBytes, b),
+            (d, gs, Event::MbmTotalBytes, 2 * b),
+        ])
+    };
+    let mut problems = Vec::new();
+    let s = ctx.g.read_many(&pair)?;
+    group(ctx, MIB)?;
+    must(ctx, leader, PerfIoctl::Disable { group: true })?;
+    let counted = ctx.g.read_many(&pair)?;
+    judge_exact(
+        "leader, counting alone",
+        &s[0],
+        &counted[0],
+        MIB,
+        &mut problems,
+    );
+    judge_exact(
+        "sibling, counting alone",
+        &s[1],
+        &counted[1],
+        2 * MIB,
+        &mut problems,
+    );
+    let lone = Many::open(ctx, d, slots - 1, TIMES)?;
+    if lone.rmids.contains(&gl) || lone.rmids.contains(&gs) || gl == gs {
+        bail!("the device has too few RMIDs for {} events", slots + 1);
+    }
+    must(ctx, sibling, PerfIoctl::Enable { group: true })?;
+    let all = |ctx: &mut Ctx, b: u64| -> Result<()> {
+        lone.burst(ctx, b)?;
+        group(ctx, b)
+    };
+    let a = ctx.g.read_many(&pair)?;
+    all(ctx, 2 * MIB)?;
+    let o = move_away(ctx, d)?;
+    let b = ctx.g.read_many(&pair)?;
+    all(ctx, 4 * MIB)?;
+    let c = ctx.g.read_many(&pair)?;
+    ctx.g.set_online(o, true)?;
+    for (i, k) in [(0, 1), (1, 2)] {
+        let what = |w: &str| format!("group member {i}, waiting: {w}");
+        judge_window(
+            &what("2 MiB, move"),
+            &a[i],
+            &b[i],
+            2 * k * MIB,
+            &mut problems,
+        );
+        judge_window(
+            &what("after the move, 4 MiB"),
+            &b[i],
+            &c[i],
+            4 * k * MIB,
+            &mut problems,
+        );
+    }
+    let o = move_away(ctx, d)?;
+    must(ctx, leader, PerfIoctl::Reset { group: true })?;
+    let z = ctx.g.read_many(&pair)?;
+    all(ctx, 8 * MIB)?;
+    ctx.g.close(lone.handles[0])?;
+    let f0 = ctx.g.read_many(&pair)?;
+    all(ctx, 16 * MIB)?;
+    let f1 = ctx.g.read_many(&pair)?;
+    ctx.g.set_online(o, true)?;
+    for h in [sibling, leader] {
+        ctx.g.close(h)?;
+    }
+    for &h in &lone.handles[1..] {
+        ctx.g.close(h)?;
+    }
+    for (i, k) in [(0, 1), (1, 2)] {
+        if z[i][0] != 0 || z[i][1] < c[i][1] || z[i][2] < c[i][2] {
+            problems.push(format!(
+                "group member {i}: RESET|GROUP right after a move read {:?} after {:?} (want value 0, times kept)",
+                z[i], c[i]
+            ));
+        }
+        judge_window(
+            &format!("group member {i}: after the RESET, 8 MiB, a lone event closed"),
+            &z[i],
+            &f0[i],
+            8 * k * MIB,
+            &mut problems,
+        );
+        judge_exact(
+            &format!("group member {i}: fits, 16 MiB"),
+            &f0[i],
+            &f1[i],
+            16 * k * MIB,
+            &mut problems,
+        );
+    }
+    Ok(Check::from_problems(
+        "move-attack: reset of waiting group after move",
+        problems,
+        format!(
+            "{}: a group that counted, then waited beside {} lone events on {slots} slots (ran {} of a window with a move), RESET|GROUP right after a move, then fitting: counted {} and {} = only what landed after the RESET while counting",
+            pmu_name(d),
+            slots - 1,
+            {
+                let w = Window::between(&a[0], &c[0]);
+                format!("{:.0} %", 100.0 * w.running as f64 / w.enabled.max(1) as f64)
+            },
+            f1[0][0],
+            f1[1][0]
+        ),
+    ))
+}
+
+/// S10. An exclusive event and two plain ones under a long mux interval;
+///     the PMU parks, the exclusive one is DISABLEd while parked (nothing
+///     reschedules a parked PMU, so the plain ones may be counting until
+///     the return), the PMU is placed again: the plain ones count for sure
+///     from the return, exactly at 100 %, the disabled one stands still.
+///     ENABLE, park, the exclusive one closed while parked, the return: the
+///     plain ones again exactly at 100 %. Every window within the rules.
+pub fn exclusive_ended_while_parked(ctx: &mut Ctx) -> Result<Check> {
+    let (d, allowed) = movable_domain(ctx)?;
+    with_mux_interval(ctx, d, LONG_MUX_MS, |ctx| {
+        exclusive_parked(ctx, d, &allowed)
+    })
+}
+
+fn exclusive_parked(ctx: &mut Ctx, d: usize, allowed: &[u32]) -> Result<Check> {
+    let rs = [rmid(ctx, 4), rmid(ctx, 5), rmid(ctx, 6)];
+    let ex = open_with(ctx, d, rs[0], TIMES, FLAG_EXCLUSIVE, None)?;
+    let p1 = open_with(ctx, d, rs[1], TIMES, 0, None)?;
+    let p2 = open_with(ctx, d, rs[2], TIMES, 0, None)?;
+    let hs = [ex, p1, p2];
+    let burst = |ctx: &mut Ctx, b: u64| -> Result<()> {
+        let inj: Vec<_> = rs
+            .iter()
+            .map(|&r| (d, r, Event::MbmTotalBytes, b))
+            .collect();
+        ctx.inject_and_land(&inj)
+    };
+    let mut problems = Vec::new();
+    let s = ctx.g.read_many(&hs)?;
+    burst(ctx, MIB)?;
+    park(ctx, allowed, false)?;
+    burst(ctx, 2 * MIB)?;
+    must(ctx, ex, PerfIoctl::Disable { group: false })?;
+    let off = ctx.g.read_many(&hs)?;
+    burst(ctx, 4 * MIB)?;
+    park(ctx, allowed, true)?;
+    let u0 = ctx.g.read_many(&hs)?;
+    burst(ctx, 8 * MIB)?;
+    let u1 = ctx.g.read_many(&hs)?;
+    must(ctx, ex, PerfIoctl::Enable { group: false })?;
+    let e0 = ctx.g.read_many(&hs)?;
+    burst(ctx, 16 * MIB)?;
+    park(ctx, allowed, false)?;
+    burst(ctx, 32 * MIB)?;
+    ctx.g.close(ex)?;
+    burst(ctx, 64 * MIB)?;
+    park(ctx, allowed, true)?;
+    let v0 = ctx.g.read_many(&hs[1..])?;
+    burst(ctx, 128 * MIB)?;
+    let v1 = ctx.g.read_many(&hs[1..])?;
+    ctx.g.close(p1)?;
+    ctx.g.close(p2)?;
+    for (i, r) in rs.iter().enumerate() {
+        judge_window(
+            &format!(
+                "rmid {r}: open, 1 MiB, park, 2 MiB, the exclusive DISABLEd, 4 MiB, the return"
+            ),
+            &s[i],
+            &u0[i],
+            7 * MIB,
+            &mut problems,
+        );
+    }
+    // Its value and time_enabled stand still; what its time_running does
+    // after a DISABLE while parked is S12's to judge.
+    if u1[0][..2] != off[0][..2] {
+        problems.push(format!(
+            "the exclusive event, DISABLEd while parked: read {:?} after the return and 8 MiB, {:?} at its DISABLE (want value and time_enabled unchanged)",
+            u1[0], off[0]
+        ));
+    }
+    for i in 1..3 {
+        judge_exact(
+            &format!(
+                "plain rmid {}, the exclusive one DISABLEd while parked, placed again",
+                rs[i]
+            ),
+            &u0[i],
+            &u1[i],
+            8 * MIB,
+            &mut problems,
+        );
+        judge_window(&format!("plain rmid {}: ENABLE of the exclusive, 16 MiB, park, 32 MiB, its close, 64 MiB, the return", rs[i]), &e0[i], &v0[i - 1], 112 * MIB, &mut problems);
+        judge_exact(
+            &format!(
+                "plain rmid {}, the exclusive one closed while parked, placed again",
+                rs[i]
+            ),
+            &v0[i - 1],
+            &v1[i - 1],
+            128 * MIB,
+            &mut problems,
+        );
+    }
+    Ok(Check::from_problems(
+        "move-attack: exclusive ended while parked",
+        problems,
+        format!(
+            "{}: an exclusive event DISABLEd, then closed, while parked: the plain ones exact at 100 % after each return ({} and {})",
+            pmu_name(d),
+            v1[0][0],
+            v1[1][0]
+        ),
+    ))
+}
+
+/// S11. `slots + 1` events, the last opened disabled (the rest fit): it is
+///     ENABLEd right after a move (now they contend: every window within
+///     the rules, and it never counts what landed before its ENABLE); a
+///     slot holder DISABLEd right after a second move: the rest, the late
+///     one with them, count for sure, exactly at 100 %.
+pub fn enable_right_after_move_contended(ctx: &mut Ctx) -> Result<Check> {
+    let (d, _) = movable_domain(ctx)?;
+    with_mux_interval(ctx, d, LONG_MUX_MS, |ctx| enable_after_move(ctx, d))
+}
+
+fn enable_after_move(ctx: &mut Ctx, d: usize) -> Result<Check> {
+    let slots = ctx.device.slots as usize;
+    let many = Many::open(ctx, d, slots, TIMES)?;
+    let lr = rmid(ctx, slots as u32);
+    if many.rmids.contains(&lr) {
+        bail!("the device has too few RMIDs for {} events", slots + 1);
+    }
+    let late = open_with(ctx, d, lr, TIMES, FLAG_DISABLED, None)?;
+    let mut hs = many.handles.clone();
+    hs.push(late);
+    let mut rmids = many.rmids.clone();
+    rmids.push(lr);
+    let all = |ctx: &mut Ctx, b: u64| -> Result<()> {
+        many.burst(ctx, b)?;
+        super::redteam::inject(ctx, d, lr, b)
+    };
+    let mut problems = Vec::new();
+    all(ctx, MIB)?;
+    let o = move_away(ctx, d)?;
+    must(ctx, late, PerfIoctl::Enable { group: false })?;
+    let a = ctx.g.read_many(&hs)?;
+    all(ctx, 2 * MIB)?;
+    let b = ctx.g.read_many(&hs)?;
+    ctx.g.set_online(o, true)?;
+    let o = move_away(ctx, d)?;
+    let c = ctx.g.read_many(&hs)?;
+    must(ctx, hs[0], PerfIoctl::Disable { group: false })?;
+    let e0 = ctx.g.read_many(&hs)?;
+    all(ctx, 4 * MIB)?;
+    let e1 = ctx.g.read_many(&hs)?;
+    ctx.g.set_online(o, true)?;
+    for h in hs.iter().copied() {
+        ctx.g.close(h)?;
+    }
+    if a[slots][0] != 0 {
+        problems.push(format!(
+            "the late event: 1 MiB while disabled, move, ENABLE: read {:?} (want value 0)",
+            a[slots]
+        ));
+    }
+    for (i, r) in rmids.iter().enumerate() {
+        judge_window(
+            &format!("rmid {r}: ENABLE of the late one, 2 MiB"),
+            &a[i],
+            &b[i],
+            2 * MIB,
+            &mut problems,
+        );
+        judge_window(
+            &format!("rmid {r}: a move (nothing landed)"),
+            &b[i],
+            &c[i],
+            0,
+            &mut problems,
+        );
+        if i == 0 {
+            if e1[0] != e0[0] {
+                problems.push(format!(
+                    "rmid {r}, DISABLEd right after a move: read {:?} after {:?} (want unchanged)",
+                    e1[0], e0[0]
+                ));
+            }
+        } else {
+            judge_exact(
+                &format!(
+                    "rmid {r}: one DISABLEd right after a move, {slots} left on {slots} slots"
+                ),
+                &e0[i],
+                &e1[i],
+                4 * MIB,
+                &mut problems,
+            );
+        }
+    }
+    Ok(Check::from_problems(
+        "move-attack: enable right after move contended",
+        problems,
+        format!(
+            "{}: a disabled event ENABLEd right after a move beside {slots} on {slots} slots ran {:.0} % of the next window; a slot holder DISABLEd right after a move: the other {slots} exact at 100 %",
+            pmu_name(d),
+            {
+                let w = Window::between(&a[slots], &b[slots]);
+                100.0 * w.running as f64 / w.enabled.max(1) as f64
+            }
+        ),
+    ))
+}
+
+/// S12. `time_running` never goes down (the contract, "Parks and wraps": a
+///     park's interval is left out, not taken back). Two events of one RMID
+///     each: A is DISABLEd while parked, B stays enabled; both are read
+///     while parked, after a park longer than the wrap budget, before and
+///     after A's DISABLE, then after the return; A is ENABLEd and counts
+///     exactly at 100 % after it. No read's clocks may be below an earlier
+///     read's, and A's stand still from its DISABLE to its ENABLE.
+pub fn running_never_back_after_park(ctx: &mut Ctx) -> Result<Check> {
+    let (d, allowed) = movable_domain(ctx)?;
+    let (ra, rb) = (rmid(ctx, 1), rmid(ctx, 2));
+    let a = open_with(ctx, d, ra, TIMES, 0, None)?;
+    let b = open_with(ctx, d, rb, TIMES, 0, None)?;
+    let hs = [a, b];
+    let both = |ctx: &mut Ctx, x: u64| -> Result<()> {
+        ctx.inject_and_land(&[
+            (d, ra, Event::MbmTotalBytes, x),
+            (d, rb, Event::MbmTotalBytes, x),
+        ])
+    };
+    let mut reads = vec![("open", ctx.g.read_many(&hs)?)];
+    both(ctx, MIB)?;
+    reads.push(("1 MiB", ctx.g.read_many(&hs)?));
+    park(ctx, &allowed, false)?;
+    both(ctx, 2 * MIB)?;
+    std::thread::sleep(std::time::Duration::from_millis(400));
+    reads.push(("parked 400 ms, 2 MiB", ctx.g.read_many(&hs)?));
+    must(ctx, a, PerfIoctl::Disable { group: false })?;
+    let off = ctx.g.read_many(&hs)?;
+    reads.push(("A DISABLEd while parked", off.clone()));
+    both(ctx, 4 * MIB)?;
+    park(ctx, &allowed, true)?;
+    reads.push(("the return, 4 MiB", ctx.g.read_many(&hs)?));
+    both(ctx, 8 * MIB)?;
+    let before_enable = ctx.g.read_many(&hs)?;
+    reads.push(("8 MiB", before_enable.clone()));
+    must(ctx, a, PerfIoctl::Enable { group: false })?;
+    let on = ctx.g.read_many(&hs)?;
+    reads.push(("A ENABLEd", on.clone()));
+    both(ctx, 16 * MIB)?;
+    let end = ctx.g.read_many(&hs)?;
+    reads.push(("16 MiB", end.clone()));
+    ctx.g.close(a)?;
+    ctx.g.close(b)?;
+    let mut problems = Vec::new();
+    for (i, name) in ["A", "B"].iter().enumerate() {
+        for pair in reads.windows(2) {
+            let ((w0, r0), (w1, r1)) = (&pair[0], &pair[1]);
+            if r1[i][1] < r0[i][1] || r1[i][2] < r0[i][2] || r1[i][2] > r1[i][1] {
+                problems.push(format!(
+                    "{name}: read after \"{w1}\" {:?} follows {:?} after \"{w0}\" (time_enabled and time_running never go back, running <= enabled)",
+                    r1[i], r0[i]
+                ));
+            }
+        }
+    }
+    if before_enable[0] != off[0] {
+        problems.push(format!(
+            "A, DISABLEd while parked: read {:?} after the return and 12 MiB, {:?} at its DISABLE (want unchanged)",
+            before_enable[0], off[0]
+        ));
+    }
+    judge_exact(
+        "A, ENABLEd after the return, 16 MiB",
+        &on[0],
+        &end[0],
+        16 * MIB,
+        &mut problems,
+    );
+    judge_window(
+        "A from its open (1 MiB, park, 2 MiB, DISABLE, 4 + 8 MiB not counted, ENABLE, 16 MiB)",
+        &reads[0].1[0],
+        &end[0],
+        19 * MIB,
+        &mut problems,
+    );
+    if end[1][0] != 31 * MIB {
+        problems.push(format!(
+            "B, enabled throughout: counted {} (want {}: a park's count stays exact)",
+            end[1][0],
+            31 * MIB
+        ));
+    }
+    Ok(Check::from_problems(
+        "move-attack: running never back after park",
+        problems,
+        format!(
+            "{}: A DISABLEd while parked and B enabled, read 7 times through a park of 400 ms: clocks never back; A ends at {} ({:?} running of {:?} enabled), B {} ({:?} of {:?})",
+            pmu_name(d),
+            end[0][0],
+            std::time::Duration::from_nanos(end[0][2]),
+            std::time::Duration::from_nanos(end[0][1]),
+            end[1][0],
+            std::time::Duration::from_nanos(end[1][2]),
+            std::time::Duration::from_nanos(end[1][1])
+        ),
+    ))
+}
+
 /// Every attack, in order; each leaves every CPU online, nothing open and
 /// the mux interval as it found it.
 pub fn run(ctx: &mut Ctx) -> Result<Vec<Check>> {
-    let checks: [Named; 9] = [
+    let checks: [Named; 13] = [
         (
             "move-attack: sibling of disabled leader across moves",
             sibling_of_disabled_leader_across_moves,
@@ -1033,6 +1465,22 @@ pub fn run(ctx: &mut Ctx) -> Result<Vec<Check>> {
         (
             "move-attack: waiting group across moves",
             waiting_group_across_moves,
+        ),
+        (
+            "move-attack: reset of waiting group after move",
+            reset_of_waiting_group_after_move,
+        ),
+        (
+            "move-attack: exclusive ended while parked",
+            exclusive_ended_while_parked,
+        ),
+        (
+            "move-attack: enable right after move contended",
+            enable_right_after_move_contended,
+        ),
+        (
+            "move-attack: running never back after park",
+            running_never_back_after_park,
         ),
     ];
     run_each(ctx, &checks)
