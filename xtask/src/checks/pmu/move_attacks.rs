@@ -67,6 +67,13 @@ fn with_mux_interval<T>(
     out
 }
 
+/// Runs `check` on the movable domain with its mux interval set to
+/// [`LONG_MUX_MS`], and restores it.
+fn under_long_mux(ctx: &mut Ctx, check: fn(&mut Ctx, usize) -> Result<Check>) -> Result<Check> {
+    let (d, _) = movable_domain(ctx)?;
+    with_mux_interval(ctx, d, LONG_MUX_MS, |ctx| check(ctx, d))
+}
+
 /// The contract's rules for one window (reads `start`, `end` with
 /// [`TIMES`]) of an event that may be counting, in which `landed` bytes
 /// landed for it: clocks never go back, running never leads enabled, the
@@ -98,6 +105,61 @@ fn judge_exact(what: &str, start: &[u64], end: &[u64], landed: u64, problems: &m
             w.value as i64, w.enabled, w.running
         ));
     }
+}
+
+/// The reads of a `read_many`, one per event.
+type Reads = Vec<Vec<u64>>;
+
+/// One round of read, a burst of `round` MiB, read, a move, a read right
+/// after it, a burst of `2 × round` MiB, read, over `hs` (`names[i]` for
+/// `hs[i]`, which gets `scale[i]` bytes for each byte of a burst), each of
+/// the three windows judged by the rules ([`judge_window`]; the move's own
+/// lands nothing). Returns the first and the last read.
+#[allow(clippy::too_many_arguments)]
+fn round_across_move(
+    ctx: &mut Ctx,
+    d: usize,
+    hs: &[u32],
+    names: &[String],
+    scale: &[u64],
+    round: u64,
+    burst: &dyn Fn(&mut Ctx, u64) -> Result<()>,
+    problems: &mut Vec<String>,
+) -> Result<(Reads, Reads)> {
+    let a = ctx.g.read_many(hs)?;
+    burst(ctx, round * MIB)?;
+    let b = ctx.g.read_many(hs)?;
+    let o = move_away(ctx, d)?;
+    let c = ctx.g.read_many(hs)?;
+    burst(ctx, 2 * round * MIB)?;
+    let e = ctx.g.read_many(hs)?;
+    ctx.g.set_online(o, true)?;
+    for (i, name) in names.iter().enumerate() {
+        let what = |w: &str| format!("round {round}, {name}: {w}");
+        let k = scale[i];
+        judge_window(
+            &what("before the move"),
+            &a[i],
+            &b[i],
+            k * round * MIB,
+            problems,
+        );
+        judge_window(
+            &what("the move (nothing landed)"),
+            &b[i],
+            &c[i],
+            0,
+            problems,
+        );
+        judge_window(
+            &what("after the move"),
+            &c[i],
+            &e[i],
+            2 * k * round * MIB,
+            problems,
+        );
+    }
+    Ok((a, e))
 }
 
 /// Which kind of leader a group of device siblings has.
@@ -324,8 +386,7 @@ fn sibling_of_disabled_leader(ctx: &mut Ctx, kind: Leader, rule: EnabledRule) ->
 ///     for sure, exactly, at 100 %; then another move and a RESET of each
 ///     right after it: each counts only what lands after the RESET.
 pub fn multiplexed_across_moves(ctx: &mut Ctx) -> Result<Check> {
-    let (d, _) = movable_domain(ctx)?;
-    with_mux_interval(ctx, d, LONG_MUX_MS, |ctx| multiplexed_moves(ctx, d))
+    under_long_mux(ctx, multiplexed_moves)
 }
 
 fn multiplexed_moves(ctx: &mut Ctx, d: usize) -> Result<Check> {
@@ -336,38 +397,17 @@ fn multiplexed_moves(ctx: &mut Ctx, d: usize) -> Result<Check> {
     let mut problems = Vec::new();
     let mut shares = Vec::new();
     for round in 1..=4u64 {
-        let a = ctx.g.read_many(&handles)?;
-        many.burst(ctx, round * MIB)?;
-        let b = ctx.g.read_many(&handles)?;
-        let o = move_away(ctx, d)?;
-        let c = ctx.g.read_many(&handles)?;
-        many.burst(ctx, 2 * round * MIB)?;
-        let e = ctx.g.read_many(&handles)?;
-        ctx.g.set_online(o, true)?;
-        for (i, r) in rmids.iter().enumerate() {
-            let what = |w: &str| format!("round {round}, rmid {r}: {w}");
-            judge_window(
-                &what("before the move"),
-                &a[i],
-                &b[i],
-                round * MIB,
-                &mut problems,
-            );
-            judge_window(
-                &what("the move (nothing landed)"),
-                &b[i],
-                &c[i],
-                0,
-                &mut problems,
-            );
-            judge_window(
-                &what("after the move"),
-                &c[i],
-                &e[i],
-                2 * round * MIB,
-                &mut problems,
-            );
-        }
+        let names: Vec<String> = rmids.iter().map(|r| format!("rmid {r}")).collect();
+        let (a, e) = round_across_move(
+            ctx,
+            d,
+            &handles,
+            &names,
+            &vec![1; n],
+            round,
+            &|ctx: &mut Ctx, b: u64| many.burst(ctx, b),
+            &mut problems,
+        )?;
         let running: u64 = (0..n).map(|i| e[i][2].saturating_sub(a[i][2])).sum();
         let enabled = (0..n)
             .map(|i| e[i][1].saturating_sub(a[i][1]))
@@ -443,6 +483,38 @@ fn multiplexed_moves(ctx: &mut Ctx, d: usize) -> Result<Check> {
     ))
 }
 
+/// An exclusive `mbm_total_bytes` event and two plain ones of domain `d`
+/// (RMIDs `rs`, handles `hs`, the exclusive one first, opened first).
+struct Trio {
+    d: usize,
+    rs: [u32; 3],
+    hs: [u32; 3],
+}
+
+impl Trio {
+    fn open(ctx: &mut Ctx, d: usize) -> Result<Trio> {
+        let rs = [rmid(ctx, 4), rmid(ctx, 5), rmid(ctx, 6)];
+        let ex = open_with(ctx, d, rs[0], TIMES, FLAG_EXCLUSIVE, None)?;
+        let p1 = open_with(ctx, d, rs[1], TIMES, 0, None)?;
+        let p2 = open_with(ctx, d, rs[2], TIMES, 0, None)?;
+        Ok(Trio {
+            d,
+            rs,
+            hs: [ex, p1, p2],
+        })
+    }
+
+    /// Lets `bytes` land into each of the three RMIDs.
+    fn burst(&self, ctx: &mut Ctx, bytes: u64) -> Result<()> {
+        let inj: Vec<_> = self
+            .rs
+            .iter()
+            .map(|&r| (self.d, r, Event::MbmTotalBytes, bytes))
+            .collect();
+        ctx.inject_and_land(&inj)
+    }
+}
+
 /// S4. An exclusive event and two plain ones under a long mux interval,
 ///     three rounds of burst, move, burst: every window within the rules,
 ///     and the exclusive one never running beside a plain one (`Δrunning`
@@ -451,58 +523,28 @@ fn multiplexed_moves(ctx: &mut Ctx, d: usize) -> Result<Check> {
 ///     at 100 %, and the disabled one stands still; ENABLE, a move, the
 ///     exclusive closed right after it: the plain ones again exactly at 100 %.
 pub fn exclusive_across_moves(ctx: &mut Ctx) -> Result<Check> {
-    let (d, _) = movable_domain(ctx)?;
-    with_mux_interval(ctx, d, LONG_MUX_MS, |ctx| exclusive_moves(ctx, d))
+    under_long_mux(ctx, exclusive_moves)
 }
 
 fn exclusive_moves(ctx: &mut Ctx, d: usize) -> Result<Check> {
-    let rs = [rmid(ctx, 4), rmid(ctx, 5), rmid(ctx, 6)];
-    let ex = open_with(ctx, d, rs[0], TIMES, FLAG_EXCLUSIVE, None)?;
-    let p1 = open_with(ctx, d, rs[1], TIMES, 0, None)?;
-    let p2 = open_with(ctx, d, rs[2], TIMES, 0, None)?;
-    let hs = [ex, p1, p2];
-    let burst = |ctx: &mut Ctx, b: u64, which: &[u32]| -> Result<()> {
-        let inj: Vec<_> = which
-            .iter()
-            .map(|&r| (d, r, Event::MbmTotalBytes, b))
-            .collect();
-        ctx.inject_and_land(&inj)
-    };
+    let trio = Trio::open(ctx, d)?;
+    let (rs, hs) = (trio.rs, trio.hs);
+    let [ex, p1, p2] = hs;
+    let burst = |ctx: &mut Ctx, b: u64| trio.burst(ctx, b);
     let mut problems = Vec::new();
     let mut turns = Vec::new();
     for round in 1..=3u64 {
-        let a = ctx.g.read_many(&hs)?;
-        burst(ctx, round * MIB, &rs)?;
-        let b = ctx.g.read_many(&hs)?;
-        let o = move_away(ctx, d)?;
-        let c = ctx.g.read_many(&hs)?;
-        burst(ctx, 2 * round * MIB, &rs)?;
-        let e = ctx.g.read_many(&hs)?;
-        ctx.g.set_online(o, true)?;
-        for (i, r) in rs.iter().enumerate() {
-            let what = |w: &str| format!("round {round}, rmid {r}: {w}");
-            judge_window(
-                &what("before the move"),
-                &a[i],
-                &b[i],
-                round * MIB,
-                &mut problems,
-            );
-            judge_window(
-                &what("the move (nothing landed)"),
-                &b[i],
-                &c[i],
-                0,
-                &mut problems,
-            );
-            judge_window(
-                &what("after the move"),
-                &c[i],
-                &e[i],
-                2 * round * MIB,
-                &mut problems,
-            );
-        }
+        let names: Vec<String> = rs.iter().map(|r| format!("rmid {r}")).collect();
+        let (a, e) = round_across_move(
+            ctx,
+            d,
+            &hs,
+            &names,
+            &[1, 1, 1],
+            round,
+            &|ctx: &mut Ctx, b: u64| burst(ctx, b),
+            &mut problems,
+        )?;
         let w: Vec<Window> = (0..3).map(|i| Window::between(&a[i], &e[i])).collect();
         for p in 1..3 {
             if w[0].running + w[p].running > w[0].enabled.max(w[p].enabled) + SKEW_NS {
@@ -521,7 +563,7 @@ fn exclusive_moves(ctx: &mut Ctx, d: usize) -> Result<Check> {
     let o = move_away(ctx, d)?;
     must(ctx, ex, PerfIoctl::Disable { group: false })?;
     let f0 = ctx.g.read_many(&hs)?;
-    burst(ctx, 3 * MIB, &rs)?;
+    burst(ctx, 3 * MIB)?;
     let f1 = ctx.g.read_many(&hs)?;
     ctx.g.set_online(o, true)?;
     if f1[0] != f0[0] {
@@ -543,11 +585,11 @@ fn exclusive_moves(ctx: &mut Ctx, d: usize) -> Result<Check> {
         );
     }
     must(ctx, ex, PerfIoctl::Enable { group: false })?;
-    burst(ctx, MIB, &rs)?;
+    burst(ctx, MIB)?;
     let o = move_away(ctx, d)?;
     ctx.g.close(ex)?;
     let g0 = ctx.g.read_many(&hs[1..])?;
-    burst(ctx, 5 * MIB, &rs)?;
+    burst(ctx, 5 * MIB)?;
     let g1 = ctx.g.read_many(&hs[1..])?;
     ctx.g.set_online(o, true)?;
     for i in 0..2 {
@@ -849,8 +891,7 @@ pub fn contention_closed_while_parked(ctx: &mut Ctx) -> Result<Check> {
 ///     move freezes both; ENABLE|GROUP: exact again. The leader closed right
 ///     after a move: the promoted sibling counts on exactly at 100 %.
 pub fn waiting_group_across_moves(ctx: &mut Ctx) -> Result<Check> {
-    let (d, _) = movable_domain(ctx)?;
-    with_mux_interval(ctx, d, LONG_MUX_MS, |ctx| waiting_group(ctx, d))
+    under_long_mux(ctx, waiting_group)
 }
 
 fn waiting_group(ctx: &mut Ctx, d: usize) -> Result<Check> {
@@ -873,38 +914,9 @@ fn waiting_group(ctx: &mut Ctx, d: usize) -> Result<Check> {
     let mut problems = Vec::new();
     let mut ran = Vec::new();
     for round in 1..=2u64 {
-        let a = ctx.g.read_many(&pair)?;
-        both(ctx, round * MIB)?;
-        let b = ctx.g.read_many(&pair)?;
-        let o = move_away(ctx, d)?;
-        let c = ctx.g.read_many(&pair)?;
-        both(ctx, 2 * round * MIB)?;
-        let e = ctx.g.read_many(&pair)?;
-        ctx.g.set_online(o, true)?;
-        for (i, k) in [(0, 1), (1, 2)] {
-            let what = |w: &str| format!("round {round}, group member {i}: {w}");
-            judge_window(
-                &what("before the move"),
-                &a[i],
-                &b[i],
-                k * round * MIB,
-                &mut problems,
-            );
-            judge_window(
-                &what("the move (nothing landed)"),
-                &b[i],
-                &c[i],
-                0,
-                &mut problems,
-            );
-            judge_window(
-                &what("after the move"),
-                &c[i],
-                &e[i],
-                2 * k * round * MIB,
-                &mut problems,
-            );
-        }
+        let names = ["group leader".to_string(), "group sibling".to_string()];
+        let (a, e) =
+            round_across_move(ctx, d, &pair, &names, &[1, 2], round, &both, &mut problems)?;
         let (wl, ws) = (Window::between(&a[0], &e[0]), Window::between(&a[1], &e[1]));
         if wl.running.abs_diff(ws.running) > SKEW_NS {
             problems.push(format!(
@@ -996,19 +1008,26 @@ fn waiting_group(ctx: &mut Ctx, d: usize) -> Result<Check> {
 }
 
 /// S9. A group `{mbm leader, mbm sibling}` that counted, then made to wait
-///     for its turn (DISABLE|GROUP, `slots - 1` lone events opened, ENABLE|GROUP,
-///     under a long mux interval): across a move its windows obey the rules;
+///     for its turn (opened after `slots - 1` lone events, one of them
+///     disabled until the group has counted; a long mux interval): across
+///     a move its windows obey the rules;
 ///     RESET|GROUP right after another move zeroes both and keeps the times;
 ///     a lone event closed: from then both count for sure, exactly at 100 %,
 ///     and nothing that landed before the RESET ever counts.
 pub fn reset_of_waiting_group_after_move(ctx: &mut Ctx) -> Result<Check> {
-    let (d, _) = movable_domain(ctx)?;
-    with_mux_interval(ctx, d, LONG_MUX_MS, |ctx| reset_of_waiting_group(ctx, d))
+    under_long_mux(ctx, reset_of_waiting_group)
 }
 
 fn reset_of_waiting_group(ctx: &mut Ctx, d: usize) -> Result<Check> {
     let slots = ctx.device.slots as usize;
+    // Lone events first (perf schedules groups in open order), one of them
+    // disabled so that the group, opened after them, fits and counts.
+    let lone = Many::open(ctx, d, slots - 1, TIMES)?;
     let (gl, gs) = (rmid(ctx, slots as u32 - 1), rmid(ctx, slots as u32));
+    if lone.rmids.contains(&gl) || lone.rmids.contains(&gs) || gl == gs {
+        bail!("the device has too few RMIDs for {} events", slots + 1);
+    }
+    must(ctx, lone.handles[0], PerfIoctl::Disable { group: false })?;
     let leader = open_with(ctx, d, gl, TIMES, 0, None)?;
     let sibling = open_with(ctx, d, gs, TIMES, 0, Some(leader))?;
     let pair = [leader, sibling];
@@ -1021,27 +1040,17 @@ fn reset_of_waiting_group(ctx: &mut Ctx, d: usize) -> Result<Check> {
     let mut problems = Vec::new();
     let s = ctx.g.read_many(&pair)?;
     group(ctx, MIB)?;
-    must(ctx, leader, PerfIoctl::Disable { group: true })?;
     let counted = ctx.g.read_many(&pair)?;
+    judge_exact("leader, fitting", &s[0], &counted[0], MIB, &mut problems);
     judge_exact(
-        "leader, counting alone",
-        &s[0],
-        &counted[0],
-        MIB,
-        &mut problems,
-    );
-    judge_exact(
-        "sibling, counting alone",
+        "sibling, fitting",
         &s[1],
         &counted[1],
         2 * MIB,
         &mut problems,
     );
-    let lone = Many::open(ctx, d, slots - 1, TIMES)?;
-    if lone.rmids.contains(&gl) || lone.rmids.contains(&gs) || gl == gs {
-        bail!("the device has too few RMIDs for {} events", slots + 1);
-    }
-    must(ctx, sibling, PerfIoctl::Enable { group: true })?;
+    // The disabled lone event back on: it comes first, the group waits.
+    must(ctx, lone.handles[0], PerfIoctl::Enable { group: false })?;
     let all = |ctx: &mut Ctx, b: u64| -> Result<()> {
         lone.burst(ctx, b)?;
         group(ctx, b)
@@ -1132,25 +1141,16 @@ fn reset_of_waiting_group(ctx: &mut Ctx, d: usize) -> Result<Check> {
 ///     ENABLE, park, the exclusive one closed while parked, the return: the
 ///     plain ones again exactly at 100 %. Every window within the rules.
 pub fn exclusive_ended_while_parked(ctx: &mut Ctx) -> Result<Check> {
-    let (d, allowed) = movable_domain(ctx)?;
-    with_mux_interval(ctx, d, LONG_MUX_MS, |ctx| {
-        exclusive_parked(ctx, d, &allowed)
-    })
+    under_long_mux(ctx, exclusive_parked)
 }
 
-fn exclusive_parked(ctx: &mut Ctx, d: usize, allowed: &[u32]) -> Result<Check> {
-    let rs = [rmid(ctx, 4), rmid(ctx, 5), rmid(ctx, 6)];
-    let ex = open_with(ctx, d, rs[0], TIMES, FLAG_EXCLUSIVE, None)?;
-    let p1 = open_with(ctx, d, rs[1], TIMES, 0, None)?;
-    let p2 = open_with(ctx, d, rs[2], TIMES, 0, None)?;
-    let hs = [ex, p1, p2];
-    let burst = |ctx: &mut Ctx, b: u64| -> Result<()> {
-        let inj: Vec<_> = rs
-            .iter()
-            .map(|&r| (d, r, Event::MbmTotalBytes, b))
-            .collect();
-        ctx.inject_and_land(&inj)
-    };
+fn exclusive_parked(ctx: &mut Ctx, d: usize) -> Result<Check> {
+    let (_, allowed) = movable_domain(ctx)?;
+    let allowed = &allowed[..];
+    let trio = Trio::open(ctx, d)?;
+    let (rs, hs) = (trio.rs, trio.hs);
+    let [ex, p1, p2] = hs;
+    let burst = |ctx: &mut Ctx, b: u64| trio.burst(ctx, b);
     let mut problems = Vec::new();
     let s = ctx.g.read_many(&hs)?;
     burst(ctx, MIB)?;
@@ -1236,8 +1236,7 @@ fn exclusive_parked(ctx: &mut Ctx, d: usize, allowed: &[u32]) -> Result<Check> {
 ///     slot holder DISABLEd right after a second move: the rest, the late
 ///     one with them, count for sure, exactly at 100 %.
 pub fn enable_right_after_move_contended(ctx: &mut Ctx) -> Result<Check> {
-    let (d, _) = movable_domain(ctx)?;
-    with_mux_interval(ctx, d, LONG_MUX_MS, |ctx| enable_after_move(ctx, d))
+    under_long_mux(ctx, enable_after_move)
 }
 
 fn enable_after_move(ctx: &mut Ctx, d: usize) -> Result<Check> {
