@@ -33,9 +33,15 @@ use crate::guest::pmu_name;
 
 const TIMES: u64 = FORMAT_TOTAL_TIME_ENABLED | FORMAT_TOTAL_TIME_RUNNING;
 
-/// A mux interval no check outlasts: a multiplexed event is rotated in or
-/// out by a move or an ioctl, not by the timer, within a check.
-const LONG_MUX_MS: u32 = 60_000;
+/// A mux interval longer than a check's windows: a multiplexed event is
+/// rotated in or out by a move or an ioctl, seldom by the timer, within a
+/// check (a rotation only makes the rules bite less). Not longer: perf
+/// core arms each CPU's mux timer of the PMU when the interval is written
+/// and does not cancel it when the PMU is unregistered, so a timer still
+/// pending when perfbed.ko is unloaded (the `module unload` check) is
+/// freed armed, and the guest hangs or oopses once the module is loaded
+/// again (seen with 60 s); [`with_mux_interval`] waits it out.
+const LONG_MUX_MS: u32 = 2_000;
 
 /// Two reads a few microseconds apart (one `read_many`) may differ by this
 /// much in `time_enabled` between events enabled the same time.
@@ -49,7 +55,8 @@ fn move_away(ctx: &mut Ctx, d: usize) -> Result<u32> {
     Ok(o)
 }
 
-/// Runs `f` with domain `d`'s mux interval set to `ms`, and restores it.
+/// Runs `f` with domain `d`'s mux interval set to `ms`, restores it, and
+/// waits until no mux timer armed with `ms` is left.
 fn with_mux_interval<T>(
     ctx: &mut Ctx,
     d: usize,
@@ -64,6 +71,10 @@ fn with_mux_interval<T>(
     set_sysfs(ctx.g, &file, &ms.to_string())?;
     let out = f(ctx);
     set_sysfs(ctx.g, &file, default.trim())?;
+    // A timer armed with `ms` (at the write, or re-armed by a rotation
+    // until the restore) fires within `ms` and, nothing left to rotate,
+    // stops: none stays armed with the long interval (see [`LONG_MUX_MS`]).
+    std::thread::sleep(std::time::Duration::from_millis(u64::from(ms) + 500));
     out
 }
 
