@@ -1436,10 +1436,248 @@ pub fn running_never_back_after_park(ctx: &mut Ctx) -> Result<Check> {
     ))
 }
 
+/// S13. Groups enabled and counting through moves, each member read right
+///     after each move: `{llc_occupancy leader, mbm_total, mbm_local}` (the
+///     leader takes no slot) and `{cpu-clock leader, mbm_total}`. A move is
+///     seamless: every device member counts exactly what landed, at 100 %
+///     (a sibling waiting for its leader's install is counting, patch 0053),
+///     the gauge reads the occupancy.
+pub fn groups_seamless_across_moves(ctx: &mut Ctx) -> Result<Check> {
+    let (d, _) = movable_domain(ctx)?;
+    let (r1, r2) = (rmid(ctx, 3), rmid(ctx, 4));
+    let occ = 777 * ctx.device.unit_bytes;
+    ctx.control.set_occupancy(d as u32, r1, occ)?;
+    let mut gauge = ctx.attr(d, Event::LlcOccupancy, r1);
+    gauge.read_format = TIMES;
+    let gl = match ctx.g.open(gauge, None)? {
+        Ok(h) => h,
+        Err(errno) => bail!("opening llc_occupancy: {errno}"),
+    };
+    let total = open_with(ctx, d, r1, TIMES, 0, Some(gl))?;
+    let mut local = ctx.attr(d, Event::MbmLocalBytes, r1);
+    local.read_format = TIMES;
+    let local = match ctx.g.open(local, Some(gl))? {
+        Ok(h) => h,
+        Err(errno) => bail!("opening mbm_local_bytes as a sibling: {errno}"),
+    };
+    let cpu = owner(ctx, d)? as i32;
+    let clock = cpu_clock(ctx, cpu, None)?;
+    let csib = open_with(ctx, d, r2, TIMES, 0, Some(clock))?;
+    let hs = [gl, total, local, clock, csib];
+    let burst = |ctx: &mut Ctx, b: u64| -> Result<()> {
+        ctx.inject_and_land(&[
+            (d, r1, Event::MbmTotalBytes, b),
+            (d, r1, Event::MbmLocalBytes, 2 * b),
+            (d, r2, Event::MbmTotalBytes, 3 * b),
+        ])
+    };
+    let mut problems = Vec::new();
+    let mut reads = vec![ctx.g.read_many(&hs)?];
+    let mut landed = [0u64; 3];
+    for round in 1..=3u64 {
+        burst(ctx, round * MIB)?;
+        let o = move_away(ctx, d)?;
+        reads.push(ctx.g.read_many(&hs)?);
+        burst(ctx, 2 * round * MIB)?;
+        ctx.g.set_online(o, true)?;
+        reads.push(ctx.g.read_many(&hs)?);
+        for (k, m) in landed.iter_mut().zip([1, 2, 3]) {
+            *k += 3 * m * round * MIB;
+        }
+    }
+    let (first, last) = (&reads[0], &reads[reads.len() - 1]);
+    for h in [local, total, gl, csib, clock] {
+        ctx.g.close(h)?;
+    }
+    ctx.control.set_occupancy(d as u32, r1, 0)?;
+    let members = [
+        ("mbm_total under a gauge leader", 1, landed[0]),
+        ("mbm_local under a gauge leader", 2, landed[1]),
+        ("mbm_total under a cpu-clock leader", 4, landed[2]),
+    ];
+    for (name, i, want) in members {
+        judge_exact(
+            &format!("{name}, 3 moves"),
+            &first[i],
+            &last[i],
+            want,
+            &mut problems,
+        );
+    }
+    for (n, r) in reads.iter().enumerate() {
+        for (name, i) in [("gauge leader", 0), ("cpu-clock leader", 3)] {
+            if r[i][2] != r[i][1] {
+                problems.push(format!(
+                    "read {n} (odd: right after a move): the {name} enabled {} running {} (want equal: a move is seamless)",
+                    r[i][1], r[i][2]
+                ));
+            }
+        }
+        if r[0][0] != occ {
+            problems.push(format!(
+                "read {n}: the gauge leader read {} (want the occupancy {occ})",
+                r[0][0]
+            ));
+        }
+    }
+    Ok(Check::from_problems(
+        "move-attack: groups seamless across moves",
+        problems,
+        format!(
+            "{}: {{llc_occupancy, mbm_total, mbm_local}} and {{cpu-clock, mbm_total}} through 3 moves, read right after each: {}, {} and {} exact at 100 %, the gauge {occ}",
+            pmu_name(d),
+            last[1][0] - first[1][0],
+            last[2][0] - first[2][0],
+            last[4][0] - first[4][0]
+        ),
+    ))
+}
+
+/// S14. DISABLE and ENABLE while parked: 1 MiB, park, 2 MiB, DISABLE,
+///     4 MiB, ENABLE, 8 MiB, the return, 16 MiB. The 4 MiB landed while it
+///     was disabled never count (at most 1 + 2 + 8 + 16 MiB, at least the
+///     1 MiB before the park and the 16 after the return); from the return
+///     it counts for sure, exactly at 100 %. (Whether its clocks go back is
+///     S12's to judge.)
+pub fn disable_enable_while_parked(ctx: &mut Ctx) -> Result<Check> {
+    let (d, allowed) = movable_domain(ctx)?;
+    let r = rmid(ctx, 5);
+    let h = open_with(ctx, d, r, TIMES, 0, None)?;
+    let start = ctx.g.read(h)?;
+    super::redteam::inject(ctx, d, r, MIB)?;
+    park(ctx, &allowed, false)?;
+    super::redteam::inject(ctx, d, r, 2 * MIB)?;
+    must(ctx, h, PerfIoctl::Disable { group: false })?;
+    super::redteam::inject(ctx, d, r, 4 * MIB)?;
+    must(ctx, h, PerfIoctl::Enable { group: false })?;
+    super::redteam::inject(ctx, d, r, 8 * MIB)?;
+    park(ctx, &allowed, true)?;
+    let back = ctx.g.read(h)?;
+    super::redteam::inject(ctx, d, r, 16 * MIB)?;
+    let end = ctx.g.read(h)?;
+    ctx.g.close(h)?;
+    let mut problems = Vec::new();
+    let got = end[0] - start[0];
+    if !(17 * MIB..=27 * MIB).contains(&got) || back[0] > 11 * MIB {
+        problems.push(format!(
+            "1 MiB, park, 2 MiB, DISABLE, 4 MiB, ENABLE, 8 MiB, the return: read {back:?}; 16 MiB: read {end:?}: counted {got} (want between {} and {}, never the 4 MiB landed while disabled; at most {} at the return)",
+            17 * MIB,
+            27 * MIB,
+            11 * MIB
+        ));
+    }
+    judge_exact(
+        "after the return, 16 MiB",
+        &back,
+        &end,
+        16 * MIB,
+        &mut problems,
+    );
+    // Enabled all along but for the 4 MiB: 27 MiB landed while enabled, so
+    // a count short of them must not claim 100 % running.
+    let whole = Window::between(&start, &end);
+    if whole.running == whole.enabled && got != 27 * MIB {
+        problems.push(format!(
+            "from the open: counted {got} of the {} landed while enabled, yet Δrunning {} = Δenabled {} (a short count that claims 100 % running)",
+            27 * MIB,
+            whole.running,
+            whole.enabled
+        ));
+    }
+    Ok(Check::from_problems(
+        "move-attack: disable and enable while parked",
+        problems,
+        format!(
+            "{}: DISABLE and ENABLE in one park: counted {got} ({} MiB of the 1 + 2 + 8 landed while enabled until the return, then 16 MiB exact at 100 %)",
+            pmu_name(d),
+            back[0] / MIB
+        ),
+    ))
+}
+
+/// S15. `{mbm leader, mbm sibling}`, the leader DISABLEd: 1 MiB, park (the
+///     park installs the sibling without scheduling it: its leader is off),
+///     2 MiB, the leader ENABLEd while parked, 4 MiB (maybe counting), the
+///     return, 8 MiB. Neither ever counts the 1 + 2 MiB landed while the
+///     leader was off; from the return both count for sure, exactly at
+///     100 %; every window within the rules.
+pub fn leader_enabled_while_parked(ctx: &mut Ctx) -> Result<Check> {
+    let (d, allowed) = movable_domain(ctx)?;
+    let (r1, r2) = (rmid(ctx, 6), rmid(ctx, 7));
+    let leader = open_with(ctx, d, r1, TIMES, 0, None)?;
+    let sibling = open_with(ctx, d, r2, TIMES, 0, Some(leader))?;
+    let pair = [leader, sibling];
+    let both = |ctx: &mut Ctx, b: u64| -> Result<()> {
+        ctx.inject_and_land(&[
+            (d, r1, Event::MbmTotalBytes, b),
+            (d, r2, Event::MbmTotalBytes, 2 * b),
+        ])
+    };
+    let s = ctx.g.read_many(&pair)?;
+    both(ctx, MIB / 2)?;
+    must(ctx, leader, PerfIoctl::Disable { group: false })?;
+    let off = ctx.g.read_many(&pair)?;
+    both(ctx, MIB)?;
+    park(ctx, &allowed, false)?;
+    both(ctx, 2 * MIB)?;
+    must(ctx, leader, PerfIoctl::Enable { group: false })?;
+    let on = ctx.g.read_many(&pair)?;
+    both(ctx, 4 * MIB)?;
+    park(ctx, &allowed, true)?;
+    let back = ctx.g.read_many(&pair)?;
+    both(ctx, 8 * MIB)?;
+    let end = ctx.g.read_many(&pair)?;
+    ctx.g.close(sibling)?;
+    ctx.g.close(leader)?;
+    let mut problems = Vec::new();
+    for (i, k) in [(0, 1), (1, 2)] {
+        let name = ["leader", "sibling"][i];
+        judge_exact(
+            &format!("{name}, 0.5 MiB before the DISABLE"),
+            &s[i],
+            &off[i],
+            k * MIB / 2,
+            &mut problems,
+        );
+        if on[i][0] != off[i][0] {
+            problems.push(format!(
+                "{name}: leader off, 1 MiB, park, 2 MiB, leader ENABLEd while parked: read {:?} after {:?} (want the value unchanged)",
+                on[i], off[i]
+            ));
+        }
+        judge_window(
+            &format!("{name}: ENABLEd while parked, 4 MiB, the return"),
+            &on[i],
+            &back[i],
+            4 * k * MIB,
+            &mut problems,
+        );
+        judge_exact(
+            &format!("{name}: after the return, 8 MiB"),
+            &back[i],
+            &end[i],
+            8 * k * MIB,
+            &mut problems,
+        );
+    }
+    Ok(Check::from_problems(
+        "move-attack: leader enabled while parked",
+        problems,
+        format!(
+            "{}: a group whose leader was off through a park's start, ENABLEd while parked: counted {} and {} (never the 1 + 2 MiB landed while the leader was off; {} and {} of the 4 MiB landed after the ENABLE while parked)",
+            pmu_name(d),
+            end[0][0],
+            end[1][0],
+            back[0][0] - on[0][0],
+            back[1][0] - on[1][0]
+        ),
+    ))
+}
+
 /// Every attack, in order; each leaves every CPU online, nothing open and
 /// the mux interval as it found it.
 pub fn run(ctx: &mut Ctx) -> Result<Vec<Check>> {
-    let checks: [Named; 13] = [
+    let checks: [Named; 16] = [
         (
             "move-attack: sibling of disabled leader across moves",
             sibling_of_disabled_leader_across_moves,
@@ -1491,6 +1729,18 @@ pub fn run(ctx: &mut Ctx) -> Result<Vec<Check>> {
         (
             "move-attack: running never back after park",
             running_never_back_after_park,
+        ),
+        (
+            "move-attack: groups seamless across moves",
+            groups_seamless_across_moves,
+        ),
+        (
+            "move-attack: disable and enable while parked",
+            disable_enable_while_parked,
+        ),
+        (
+            "move-attack: leader enabled while parked",
+            leader_enabled_while_parked,
         ),
     ];
     run_each(ctx, &checks)
