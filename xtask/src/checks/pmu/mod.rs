@@ -16,6 +16,7 @@ pub mod move_attacks;
 pub mod moves;
 pub mod moving_traffic;
 pub mod multiplexing;
+pub mod park_attacks;
 pub mod perf_matrix;
 pub mod redteam;
 pub mod registration;
@@ -83,6 +84,7 @@ pub fn run(
     checks.extend(redteam::run(&mut ctx)?);
     checks.extend(attacks::run(&mut ctx)?);
     checks.extend(move_attacks::run(&mut ctx)?);
+    checks.extend(park_attacks::run(&mut ctx)?);
     checks.extend(allowed_attacks::run(&mut ctx)?);
     checks.push(registration::unload(&mut ctx)?);
     checks.push(accesses::check(&mut ctx)?);

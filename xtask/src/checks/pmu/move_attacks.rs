@@ -1,13 +1,14 @@
-//! Red-team attacks on what a move and a park do to events that are not
-//! counting when it happens (docs/counting-semantics.md, "Where this differs
-//! from upstream scoped PMUs": a move is seamless, an event the move leaves
-//! unscheduled stops counting at the move's end; "Parks and wraps"), written
-//! from the contract alone: a group sibling whose leader is off (a device
-//! or a cpu-clock leader) across moves, more events than slots and an
-//! exclusive event crossing moves under a long mux interval (so a window is
-//! all or nothing and the contract's rules bite), a pinned event among
-//! multiplexed ones, a gauge in an mbm group with group ioctls issued on a
-//! sibling right after moves, and contention ended by closes while parked.
+//! Red-team attacks on what a move does to events, counting or not when it
+//! happens (docs/counting-semantics.md, "Where this differs from upstream
+//! scoped PMUs": a move is seamless, an event the move leaves unscheduled
+//! stops counting at the move's end), written from the contract alone: a
+//! group sibling whose leader is off (a device or a cpu-clock leader)
+//! across moves; more events than slots, a waiting group and an exclusive
+//! event crossing moves under a long mux interval (so a window is all or
+//! nothing and the contract's rules bite), each then closed, DISABLEd,
+//! ENABLEd or RESET right after a move; a pinned event among multiplexed
+//! ones; groups with gauge and cpu-clock leaders read right after moves.
+//! The attacks on parks are `park_attacks.rs`, with these helpers.
 //!
 //! Every burst lands between two operations; each window is judged by the
 //! contract's rules ([`judge_window`]), and exactly where the contract says
@@ -23,7 +24,7 @@ use super::attacks::cpu_clock;
 use super::context::{Ctx, MIB};
 use super::moves::movable_domain;
 use super::multiplexing::{set_sysfs, Window};
-use super::redteam::{must, open_with, owner, park, rmid, run_each, Many, Named};
+use super::redteam::{must, open_with, owner, rmid, run_each, Many, Named};
 use crate::checks::Check;
 use crate::guest::perf_abi::{
     FLAG_DISABLED, FLAG_EXCLUSIVE, FLAG_PINNED, FORMAT_TOTAL_TIME_ENABLED,
@@ -31,7 +32,7 @@ use crate::guest::perf_abi::{
 };
 use crate::guest::pmu_name;
 
-const TIMES: u64 = FORMAT_TOTAL_TIME_ENABLED | FORMAT_TOTAL_TIME_RUNNING;
+pub(super) const TIMES: u64 = FORMAT_TOTAL_TIME_ENABLED | FORMAT_TOTAL_TIME_RUNNING;
 
 /// A mux interval longer than a check's windows: a multiplexed event is
 /// rotated in or out by a move or an ioctl, seldom by the timer, within a
@@ -41,15 +42,15 @@ const TIMES: u64 = FORMAT_TOTAL_TIME_ENABLED | FORMAT_TOTAL_TIME_RUNNING;
 /// pending when perfbed.ko is unloaded (the `module unload` check) is
 /// freed armed, and the guest hangs or oopses once the module is loaded
 /// again (seen with 60 s); [`with_mux_interval`] waits it out.
-const LONG_MUX_MS: u32 = 2_000;
+pub(super) const LONG_MUX_MS: u32 = 2_000;
 
 /// Two reads a few microseconds apart (one `read_many`) may differ by this
 /// much in `time_enabled` between events enabled the same time.
-const SKEW_NS: u64 = 2_000_000;
+pub(super) const SKEW_NS: u64 = 2_000_000;
 
 /// Moves domain `d`'s PMU once: its owner goes offline. Returns that CPU,
 /// to bring back online (which moves nothing).
-fn move_away(ctx: &mut Ctx, d: usize) -> Result<u32> {
+pub(super) fn move_away(ctx: &mut Ctx, d: usize) -> Result<u32> {
     let o = owner(ctx, d)?;
     ctx.g.set_online(o, false)?;
     Ok(o)
@@ -57,7 +58,7 @@ fn move_away(ctx: &mut Ctx, d: usize) -> Result<u32> {
 
 /// Runs `f` with domain `d`'s mux interval set to `ms`, restores it, and
 /// waits until no mux timer armed with `ms` is left.
-fn with_mux_interval<T>(
+pub(super) fn with_mux_interval<T>(
     ctx: &mut Ctx,
     d: usize,
     ms: u32,
@@ -80,7 +81,10 @@ fn with_mux_interval<T>(
 
 /// Runs `check` on the movable domain with its mux interval set to
 /// [`LONG_MUX_MS`], and restores it.
-fn under_long_mux(ctx: &mut Ctx, check: fn(&mut Ctx, usize) -> Result<Check>) -> Result<Check> {
+pub(super) fn under_long_mux(
+    ctx: &mut Ctx,
+    check: fn(&mut Ctx, usize) -> Result<Check>,
+) -> Result<Check> {
     let (d, _) = movable_domain(ctx)?;
     with_mux_interval(ctx, d, LONG_MUX_MS, |ctx| check(ctx, d))
 }
@@ -90,7 +94,13 @@ fn under_long_mux(ctx: &mut Ctx, check: fn(&mut Ctx, usize) -> Result<Check>) ->
 /// landed for it: clocks never go back, running never leads enabled, the
 /// value never exceeds what landed, `Δrunning == 0` ⇒ nothing counted,
 /// running throughout ⇒ everything counted.
-fn judge_window(what: &str, start: &[u64], end: &[u64], landed: u64, problems: &mut Vec<String>) {
+pub(super) fn judge_window(
+    what: &str,
+    start: &[u64],
+    end: &[u64],
+    landed: u64,
+    problems: &mut Vec<String>,
+) {
     let w = Window::between(start, end);
     let back = end[1] < start[1] || end[2] < start[2] || end[0] < start[0];
     let bad = back
@@ -108,7 +118,13 @@ fn judge_window(what: &str, start: &[u64], end: &[u64], landed: u64, problems: &
 
 /// An event counting for sure through a window: exactly `landed`, and
 /// `Δrunning == Δenabled > 0`.
-fn judge_exact(what: &str, start: &[u64], end: &[u64], landed: u64, problems: &mut Vec<String>) {
+pub(super) fn judge_exact(
+    what: &str,
+    start: &[u64],
+    end: &[u64],
+    landed: u64,
+    problems: &mut Vec<String>,
+) {
     let w = Window::between(start, end);
     if end[0] < start[0] || w.value != landed || w.running != w.enabled || w.enabled == 0 {
         problems.push(format!(
@@ -496,14 +512,14 @@ fn multiplexed_moves(ctx: &mut Ctx, d: usize) -> Result<Check> {
 
 /// An exclusive `mbm_total_bytes` event and two plain ones of domain `d`
 /// (RMIDs `rs`, handles `hs`, the exclusive one first, opened first).
-struct Trio {
+pub(super) struct Trio {
     d: usize,
-    rs: [u32; 3],
-    hs: [u32; 3],
+    pub(super) rs: [u32; 3],
+    pub(super) hs: [u32; 3],
 }
 
 impl Trio {
-    fn open(ctx: &mut Ctx, d: usize) -> Result<Trio> {
+    pub(super) fn open(ctx: &mut Ctx, d: usize) -> Result<Trio> {
         let rs = [rmid(ctx, 4), rmid(ctx, 5), rmid(ctx, 6)];
         let ex = open_with(ctx, d, rs[0], TIMES, FLAG_EXCLUSIVE, None)?;
         let p1 = open_with(ctx, d, rs[1], TIMES, 0, None)?;
@@ -516,7 +532,7 @@ impl Trio {
     }
 
     /// Lets `bytes` land into each of the three RMIDs.
-    fn burst(&self, ctx: &mut Ctx, bytes: u64) -> Result<()> {
+    pub(super) fn burst(&self, ctx: &mut Ctx, bytes: u64) -> Result<()> {
         let inj: Vec<_> = self
             .rs
             .iter()
@@ -823,76 +839,6 @@ pub fn gauge_group_ioctls_after_moves(ctx: &mut Ctx) -> Result<Check> {
     ))
 }
 
-/// S7. Two more events than slots, parked: a burst, two of them closed
-///     while parked (the contention ends, but nothing reschedules a parked
-///     PMU), a burst, the return. Over the whole check each remaining event
-///     obeys the rules; once placed again they fit, so from the return
-///     each counts for sure: exactly, at 100 %.
-pub fn contention_closed_while_parked(ctx: &mut Ctx) -> Result<Check> {
-    let (d, allowed) = movable_domain(ctx)?;
-    let slots = ctx.device.slots as usize;
-    let n = slots + 2;
-    let many = Many::open(ctx, d, n, TIMES)?;
-    let (rmids, handles) = (many.rmids.clone(), many.handles.clone());
-    let (gone, rest) = handles.split_at(2);
-    let (rest, rest_rmids) = (rest.to_vec(), rmids[2..].to_vec());
-    let s = ctx.g.read_many(&rest)?;
-    many.burst(ctx, MIB)?;
-    park(ctx, &allowed, false)?;
-    many.burst(ctx, 2 * MIB)?;
-    for &h in gone {
-        ctx.g.close(h)?;
-    }
-    many.burst(ctx, 4 * MIB)?;
-    park(ctx, &allowed, true)?;
-    let u0 = ctx.g.read_many(&rest)?;
-    many.burst(ctx, 8 * MIB)?;
-    let u1 = ctx.g.read_many(&rest)?;
-    let o = move_away(ctx, d)?;
-    many.burst(ctx, 16 * MIB)?;
-    let u2 = ctx.g.read_many(&rest)?;
-    ctx.g.set_online(o, true)?;
-    for h in rest {
-        ctx.g.close(h)?;
-    }
-    let mut problems = Vec::new();
-    for (i, r) in rest_rmids.iter().enumerate() {
-        judge_window(
-            &format!("rmid {r}: open to the return"),
-            &s[i],
-            &u0[i],
-            7 * MIB,
-            &mut problems,
-        );
-        judge_exact(
-            &format!("rmid {r}: placed again, {slots} events on {slots} slots"),
-            &u0[i],
-            &u1[i],
-            8 * MIB,
-            &mut problems,
-        );
-        judge_exact(
-            &format!("rmid {r}: then a move"),
-            &u1[i],
-            &u2[i],
-            16 * MIB,
-            &mut problems,
-        );
-    }
-    Ok(Check::from_problems(
-        "move-attack: contention closed while parked",
-        problems,
-        format!(
-            "{}: {n} events on {slots} slots, 2 closed while parked: the rest ran {} until the return, exact at 100 % after it",
-            pmu_name(d),
-            (0..s.len())
-                .map(|i| format!("{:.0} %", 100.0 * Window::between(&s[i], &u0[i]).running as f64 / Window::between(&s[i], &u0[i]).enabled.max(1) as f64))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
-    ))
-}
-
 /// S8. A group `{mbm leader, mbm sibling}` opened after `slots - 1` lone
 ///     events under a long mux interval, so it waits for its turn; two
 ///     rounds of burst, move, burst: each member's windows obey the rules
@@ -1144,103 +1090,6 @@ fn reset_of_waiting_group(ctx: &mut Ctx, d: usize) -> Result<Check> {
     ))
 }
 
-/// S10. An exclusive event and two plain ones under a long mux interval;
-///     the PMU parks, the exclusive one is DISABLEd while parked (nothing
-///     reschedules a parked PMU, so the plain ones may be counting until
-///     the return), the PMU is placed again: the plain ones count for sure
-///     from the return, exactly at 100 %, the disabled one stands still.
-///     ENABLE, park, the exclusive one closed while parked, the return: the
-///     plain ones again exactly at 100 %. Every window within the rules.
-pub fn exclusive_ended_while_parked(ctx: &mut Ctx) -> Result<Check> {
-    under_long_mux(ctx, exclusive_parked)
-}
-
-fn exclusive_parked(ctx: &mut Ctx, d: usize) -> Result<Check> {
-    let (_, allowed) = movable_domain(ctx)?;
-    let allowed = &allowed[..];
-    let trio = Trio::open(ctx, d)?;
-    let (rs, hs) = (trio.rs, trio.hs);
-    let [ex, p1, p2] = hs;
-    let burst = |ctx: &mut Ctx, b: u64| trio.burst(ctx, b);
-    let mut problems = Vec::new();
-    let s = ctx.g.read_many(&hs)?;
-    burst(ctx, MIB)?;
-    park(ctx, allowed, false)?;
-    burst(ctx, 2 * MIB)?;
-    must(ctx, ex, PerfIoctl::Disable { group: false })?;
-    let off = ctx.g.read_many(&hs)?;
-    burst(ctx, 4 * MIB)?;
-    park(ctx, allowed, true)?;
-    let u0 = ctx.g.read_many(&hs)?;
-    burst(ctx, 8 * MIB)?;
-    let u1 = ctx.g.read_many(&hs)?;
-    must(ctx, ex, PerfIoctl::Enable { group: false })?;
-    let e0 = ctx.g.read_many(&hs)?;
-    burst(ctx, 16 * MIB)?;
-    park(ctx, allowed, false)?;
-    burst(ctx, 32 * MIB)?;
-    ctx.g.close(ex)?;
-    burst(ctx, 64 * MIB)?;
-    park(ctx, allowed, true)?;
-    let v0 = ctx.g.read_many(&hs[1..])?;
-    burst(ctx, 128 * MIB)?;
-    let v1 = ctx.g.read_many(&hs[1..])?;
-    ctx.g.close(p1)?;
-    ctx.g.close(p2)?;
-    for (i, r) in rs.iter().enumerate() {
-        judge_window(
-            &format!(
-                "rmid {r}: open, 1 MiB, park, 2 MiB, the exclusive DISABLEd, 4 MiB, the return"
-            ),
-            &s[i],
-            &u0[i],
-            7 * MIB,
-            &mut problems,
-        );
-    }
-    // Its value and time_enabled stand still; what its time_running does
-    // after a DISABLE while parked is S12's to judge.
-    if u1[0][..2] != off[0][..2] {
-        problems.push(format!(
-            "the exclusive event, DISABLEd while parked: read {:?} after the return and 8 MiB, {:?} at its DISABLE (want value and time_enabled unchanged)",
-            u1[0], off[0]
-        ));
-    }
-    for i in 1..3 {
-        judge_exact(
-            &format!(
-                "plain rmid {}, the exclusive one DISABLEd while parked, placed again",
-                rs[i]
-            ),
-            &u0[i],
-            &u1[i],
-            8 * MIB,
-            &mut problems,
-        );
-        judge_window(&format!("plain rmid {}: ENABLE of the exclusive, 16 MiB, park, 32 MiB, its close, 64 MiB, the return", rs[i]), &e0[i], &v0[i - 1], 112 * MIB, &mut problems);
-        judge_exact(
-            &format!(
-                "plain rmid {}, the exclusive one closed while parked, placed again",
-                rs[i]
-            ),
-            &v0[i - 1],
-            &v1[i - 1],
-            128 * MIB,
-            &mut problems,
-        );
-    }
-    Ok(Check::from_problems(
-        "move-attack: exclusive ended while parked",
-        problems,
-        format!(
-            "{}: an exclusive event DISABLEd, then closed, while parked: the plain ones exact at 100 % after each return ({} and {})",
-            pmu_name(d),
-            v1[0][0],
-            v1[1][0]
-        ),
-    ))
-}
-
 /// S11. `slots + 1` events, the last opened disabled (the rest fit): it is
 ///     ENABLEd right after a move (now they contend: every window within
 ///     the rules, and it never counts what landed before its ENABLE); a
@@ -1334,104 +1183,6 @@ fn enable_after_move(ctx: &mut Ctx, d: usize) -> Result<Check> {
                 let w = Window::between(&a[slots], &b[slots]);
                 100.0 * w.running as f64 / w.enabled.max(1) as f64
             }
-        ),
-    ))
-}
-
-/// S12. `time_running` never goes down (the contract, "Parks and wraps": a
-///     park's interval is left out, not taken back). Two events of one RMID
-///     each: A is DISABLEd while parked, B stays enabled; both are read
-///     while parked, after a park longer than the wrap budget, before and
-///     after A's DISABLE, then after the return; A is ENABLEd and counts
-///     exactly at 100 % after it. No read's clocks may be below an earlier
-///     read's, and A's stand still from its DISABLE to its ENABLE.
-pub fn running_never_back_after_park(ctx: &mut Ctx) -> Result<Check> {
-    let (d, allowed) = movable_domain(ctx)?;
-    let (ra, rb) = (rmid(ctx, 1), rmid(ctx, 2));
-    let a = open_with(ctx, d, ra, TIMES, 0, None)?;
-    let b = open_with(ctx, d, rb, TIMES, 0, None)?;
-    let hs = [a, b];
-    let both = |ctx: &mut Ctx, x: u64| -> Result<()> {
-        ctx.inject_and_land(&[
-            (d, ra, Event::MbmTotalBytes, x),
-            (d, rb, Event::MbmTotalBytes, x),
-        ])
-    };
-    let mut reads = vec![("open", ctx.g.read_many(&hs)?)];
-    both(ctx, MIB)?;
-    reads.push(("1 MiB", ctx.g.read_many(&hs)?));
-    park(ctx, &allowed, false)?;
-    both(ctx, 2 * MIB)?;
-    std::thread::sleep(std::time::Duration::from_millis(400));
-    reads.push(("parked 400 ms, 2 MiB", ctx.g.read_many(&hs)?));
-    must(ctx, a, PerfIoctl::Disable { group: false })?;
-    let off = ctx.g.read_many(&hs)?;
-    reads.push(("A DISABLEd while parked", off.clone()));
-    both(ctx, 4 * MIB)?;
-    park(ctx, &allowed, true)?;
-    reads.push(("the return, 4 MiB", ctx.g.read_many(&hs)?));
-    both(ctx, 8 * MIB)?;
-    let before_enable = ctx.g.read_many(&hs)?;
-    reads.push(("8 MiB", before_enable.clone()));
-    must(ctx, a, PerfIoctl::Enable { group: false })?;
-    let on = ctx.g.read_many(&hs)?;
-    reads.push(("A ENABLEd", on.clone()));
-    both(ctx, 16 * MIB)?;
-    let end = ctx.g.read_many(&hs)?;
-    reads.push(("16 MiB", end.clone()));
-    ctx.g.close(a)?;
-    ctx.g.close(b)?;
-    let mut problems = Vec::new();
-    for (i, name) in ["A", "B"].iter().enumerate() {
-        for pair in reads.windows(2) {
-            let ((w0, r0), (w1, r1)) = (&pair[0], &pair[1]);
-            if r1[i][1] < r0[i][1] || r1[i][2] < r0[i][2] || r1[i][2] > r1[i][1] {
-                problems.push(format!(
-                    "{name}: read after \"{w1}\" {:?} follows {:?} after \"{w0}\" (time_enabled and time_running never go back, running <= enabled)",
-                    r1[i], r0[i]
-                ));
-            }
-        }
-    }
-    if before_enable[0] != off[0] {
-        problems.push(format!(
-            "A, DISABLEd while parked: read {:?} after the return and 12 MiB, {:?} at its DISABLE (want unchanged)",
-            before_enable[0], off[0]
-        ));
-    }
-    judge_exact(
-        "A, ENABLEd after the return, 16 MiB",
-        &on[0],
-        &end[0],
-        16 * MIB,
-        &mut problems,
-    );
-    judge_window(
-        "A from its open (1 MiB, park, 2 MiB, DISABLE, 4 + 8 MiB not counted, ENABLE, 16 MiB)",
-        &reads[0].1[0],
-        &end[0],
-        19 * MIB,
-        &mut problems,
-    );
-    if end[1][0] != 31 * MIB {
-        problems.push(format!(
-            "B, enabled throughout: counted {} (want {}: a park's count stays exact)",
-            end[1][0],
-            31 * MIB
-        ));
-    }
-    Ok(Check::from_problems(
-        "move-attack: running never back after park",
-        problems,
-        format!(
-            "{}: A DISABLEd while parked and B enabled, read 7 times through a park of 400 ms: clocks never back; A ends at {} ({:?} running of {:?} enabled), B {} ({:?} of {:?})",
-            pmu_name(d),
-            end[0][0],
-            std::time::Duration::from_nanos(end[0][2]),
-            std::time::Duration::from_nanos(end[0][1]),
-            end[1][0],
-            std::time::Duration::from_nanos(end[1][2]),
-            std::time::Duration::from_nanos(end[1][1])
         ),
     ))
 }
@@ -1533,151 +1284,10 @@ pub fn groups_seamless_across_moves(ctx: &mut Ctx) -> Result<Check> {
     ))
 }
 
-/// S14. DISABLE and ENABLE while parked: 1 MiB, park, 2 MiB, DISABLE,
-///     4 MiB, ENABLE, 8 MiB, the return, 16 MiB. The 4 MiB landed while it
-///     was disabled never count (at most 1 + 2 + 8 + 16 MiB, at least the
-///     1 MiB before the park and the 16 after the return); from the return
-///     it counts for sure, exactly at 100 %. (Whether its clocks go back is
-///     S12's to judge.)
-pub fn disable_enable_while_parked(ctx: &mut Ctx) -> Result<Check> {
-    let (d, allowed) = movable_domain(ctx)?;
-    let r = rmid(ctx, 5);
-    let h = open_with(ctx, d, r, TIMES, 0, None)?;
-    let start = ctx.g.read(h)?;
-    super::redteam::inject(ctx, d, r, MIB)?;
-    park(ctx, &allowed, false)?;
-    super::redteam::inject(ctx, d, r, 2 * MIB)?;
-    must(ctx, h, PerfIoctl::Disable { group: false })?;
-    super::redteam::inject(ctx, d, r, 4 * MIB)?;
-    must(ctx, h, PerfIoctl::Enable { group: false })?;
-    super::redteam::inject(ctx, d, r, 8 * MIB)?;
-    park(ctx, &allowed, true)?;
-    let back = ctx.g.read(h)?;
-    super::redteam::inject(ctx, d, r, 16 * MIB)?;
-    let end = ctx.g.read(h)?;
-    ctx.g.close(h)?;
-    let mut problems = Vec::new();
-    let got = end[0] - start[0];
-    if !(17 * MIB..=27 * MIB).contains(&got) || back[0] > 11 * MIB {
-        problems.push(format!(
-            "1 MiB, park, 2 MiB, DISABLE, 4 MiB, ENABLE, 8 MiB, the return: read {back:?}; 16 MiB: read {end:?}: counted {got} (want between {} and {}, never the 4 MiB landed while disabled; at most {} at the return)",
-            17 * MIB,
-            27 * MIB,
-            11 * MIB
-        ));
-    }
-    judge_exact(
-        "after the return, 16 MiB",
-        &back,
-        &end,
-        16 * MIB,
-        &mut problems,
-    );
-    // Enabled all along but for the 4 MiB: 27 MiB landed while enabled, so
-    // a count short of them must not claim 100 % running.
-    let whole = Window::between(&start, &end);
-    if whole.running == whole.enabled && got != 27 * MIB {
-        problems.push(format!(
-            "from the open: counted {got} of the {} landed while enabled, yet Δrunning {} = Δenabled {} (a short count that claims 100 % running)",
-            27 * MIB,
-            whole.running,
-            whole.enabled
-        ));
-    }
-    Ok(Check::from_problems(
-        "move-attack: disable and enable while parked",
-        problems,
-        format!(
-            "{}: DISABLE and ENABLE in one park: counted {got} ({} MiB of the 1 + 2 + 8 landed while enabled until the return, then 16 MiB exact at 100 %)",
-            pmu_name(d),
-            back[0] / MIB
-        ),
-    ))
-}
-
-/// S15. `{mbm leader, mbm sibling}`, the leader DISABLEd: 1 MiB, park (the
-///     park installs the sibling without scheduling it: its leader is off),
-///     2 MiB, the leader ENABLEd while parked, 4 MiB (maybe counting), the
-///     return, 8 MiB. Neither ever counts the 1 + 2 MiB landed while the
-///     leader was off; from the return both count for sure, exactly at
-///     100 %; every window within the rules.
-pub fn leader_enabled_while_parked(ctx: &mut Ctx) -> Result<Check> {
-    let (d, allowed) = movable_domain(ctx)?;
-    let (r1, r2) = (rmid(ctx, 6), rmid(ctx, 7));
-    let leader = open_with(ctx, d, r1, TIMES, 0, None)?;
-    let sibling = open_with(ctx, d, r2, TIMES, 0, Some(leader))?;
-    let pair = [leader, sibling];
-    let both = |ctx: &mut Ctx, b: u64| -> Result<()> {
-        ctx.inject_and_land(&[
-            (d, r1, Event::MbmTotalBytes, b),
-            (d, r2, Event::MbmTotalBytes, 2 * b),
-        ])
-    };
-    let s = ctx.g.read_many(&pair)?;
-    both(ctx, MIB / 2)?;
-    must(ctx, leader, PerfIoctl::Disable { group: false })?;
-    let off = ctx.g.read_many(&pair)?;
-    both(ctx, MIB)?;
-    park(ctx, &allowed, false)?;
-    both(ctx, 2 * MIB)?;
-    must(ctx, leader, PerfIoctl::Enable { group: false })?;
-    let on = ctx.g.read_many(&pair)?;
-    both(ctx, 4 * MIB)?;
-    park(ctx, &allowed, true)?;
-    let back = ctx.g.read_many(&pair)?;
-    both(ctx, 8 * MIB)?;
-    let end = ctx.g.read_many(&pair)?;
-    ctx.g.close(sibling)?;
-    ctx.g.close(leader)?;
-    let mut problems = Vec::new();
-    for (i, k) in [(0, 1), (1, 2)] {
-        let name = ["leader", "sibling"][i];
-        judge_exact(
-            &format!("{name}, 0.5 MiB before the DISABLE"),
-            &s[i],
-            &off[i],
-            k * MIB / 2,
-            &mut problems,
-        );
-        if on[i][0] != off[i][0] {
-            problems.push(format!(
-                "{name}: leader off, 1 MiB, park, 2 MiB, leader ENABLEd while parked: read {:?} after {:?} (want the value unchanged)",
-                on[i], off[i]
-            ));
-        }
-        judge_window(
-            &format!("{name}: ENABLEd while parked, 4 MiB, the return"),
-            &on[i],
-            &back[i],
-            4 * k * MIB,
-            &mut problems,
-        );
-        judge_exact(
-            &format!("{name}: after the return, 8 MiB"),
-            &back[i],
-            &end[i],
-            8 * k * MIB,
-            &mut problems,
-        );
-    }
-    Ok(Check::from_problems(
-        "move-attack: leader enabled while parked",
-        problems,
-        format!(
-            "{}: a group whose leader was off through a park's start, ENABLEd while parked: counted {} and {} (never the 1 + 2 MiB landed while the leader was off; {} and {} of the 4 MiB landed after the ENABLE while parked)",
-            pmu_name(d),
-            end[0][0],
-            end[1][0],
-            back[0][0] - on[0][0],
-            back[1][0] - on[1][0]
-        ),
-    ))
-}
-
 /// Every attack, in order; each leaves every CPU online, nothing open and
 /// the mux interval as it found it.
 pub fn run(ctx: &mut Ctx) -> Result<Vec<Check>> {
-    let checks: [Named; 16] = [
+    let checks: [Named; 11] = [
         (
             "move-attack: sibling of disabled leader across moves",
             sibling_of_disabled_leader_across_moves,
@@ -1707,10 +1317,6 @@ pub fn run(ctx: &mut Ctx) -> Result<Vec<Check>> {
             gauge_group_ioctls_after_moves,
         ),
         (
-            "move-attack: contention closed while parked",
-            contention_closed_while_parked,
-        ),
-        (
             "move-attack: waiting group across moves",
             waiting_group_across_moves,
         ),
@@ -1719,28 +1325,12 @@ pub fn run(ctx: &mut Ctx) -> Result<Vec<Check>> {
             reset_of_waiting_group_after_move,
         ),
         (
-            "move-attack: exclusive ended while parked",
-            exclusive_ended_while_parked,
-        ),
-        (
             "move-attack: enable right after move contended",
             enable_right_after_move_contended,
         ),
         (
-            "move-attack: running never back after park",
-            running_never_back_after_park,
-        ),
-        (
             "move-attack: groups seamless across moves",
             groups_seamless_across_moves,
-        ),
-        (
-            "move-attack: disable and enable while parked",
-            disable_enable_while_parked,
-        ),
-        (
-            "move-attack: leader enabled while parked",
-            leader_enabled_while_parked,
         ),
     ];
     run_each(ctx, &checks)
