@@ -20,7 +20,7 @@ use anyhow::{bail, Result};
 use perfbed_agent::PerfIoctl;
 use perfbed_device::regs::Event;
 
-use super::attacks::cpu_clock;
+use super::attacks::{cpu_clock, finish_mover, start_mover};
 use super::context::{Ctx, MIB};
 use super::moves::movable_domain;
 use super::multiplexing::{set_sysfs, Window};
@@ -1284,10 +1284,85 @@ pub fn groups_seamless_across_moves(ctx: &mut Ctx) -> Result<Check> {
     ))
 }
 
+/// S14. Two more events than slots rotating at the default mux interval
+///     while a guest thread moves the PMU back and forth: ten windows, each
+///     with a burst landed in it, each event's window within the rules,
+///     and never more than `slots` of them running (`Σ Δrunning <= slots ×
+///     Δenabled`: a move credits a wait as running only to an event it
+///     found scheduled). Then two closed: the rest exact at 100 %.
+pub fn rotating_during_moves(ctx: &mut Ctx) -> Result<Check> {
+    let (d, allowed) = movable_domain(ctx)?;
+    let slots = ctx.device.slots as usize;
+    let n = slots + 2;
+    let many = Many::open(ctx, d, n, TIMES)?;
+    let (rmids, handles) = (many.rmids.clone(), many.handles.clone());
+    let mut problems = Vec::new();
+    let mover = start_mover(ctx, &allowed, 6)?;
+    let mut prev = ctx.g.read_many(&handles)?;
+    let mut shares = Vec::new();
+    for w in 1..=10u64 {
+        many.burst(ctx, MIB)?;
+        let cur = ctx.g.read_many(&handles)?;
+        for (i, r) in rmids.iter().enumerate() {
+            judge_window(
+                &format!("window {w}, rmid {r}"),
+                &prev[i],
+                &cur[i],
+                MIB,
+                &mut problems,
+            );
+        }
+        let running: u64 = (0..n).map(|i| cur[i][2].saturating_sub(prev[i][2])).sum();
+        let enabled = (0..n)
+            .map(|i| cur[i][1].saturating_sub(prev[i][1]))
+            .max()
+            .unwrap_or(0);
+        if running > slots as u64 * enabled + n as u64 * SKEW_NS {
+            problems.push(format!(
+                "window {w}: {n} events on {slots} slots ran {running} ns in all while moving, more than {slots} × the window's {enabled} ns"
+            ));
+        }
+        shares.push(format!("{:.1}", running as f64 / enabled.max(1) as f64));
+        prev = cur;
+        if problems.len() > 6 {
+            break;
+        }
+    }
+    finish_mover(ctx, mover)?;
+    for &h in &handles[..2] {
+        ctx.g.close(h)?;
+    }
+    let rest = handles[2..].to_vec();
+    let s0 = ctx.g.read_many(&rest)?;
+    many.burst(ctx, 3 * MIB)?;
+    let s1 = ctx.g.read_many(&rest)?;
+    for (i, r) in rmids[2..].iter().enumerate() {
+        judge_exact(
+            &format!("rmid {r}, two closed after the moves"),
+            &s0[i],
+            &s1[i],
+            3 * MIB,
+            &mut problems,
+        );
+    }
+    for h in rest {
+        ctx.g.close(h)?;
+    }
+    Ok(Check::from_problems(
+        "move-attack: rotating during moves",
+        problems,
+        format!(
+            "{}: {n} events on {slots} slots rotating while CPUs {allowed:?} toggled: every window within the rules, events running per window {}; two closed: the rest exact at 100 %",
+            pmu_name(d),
+            shares.join(", ")
+        ),
+    ))
+}
+
 /// Every attack, in order; each leaves every CPU online, nothing open and
 /// the mux interval as it found it.
 pub fn run(ctx: &mut Ctx) -> Result<Vec<Check>> {
-    let checks: [Named; 11] = [
+    let checks: [Named; 12] = [
         (
             "move-attack: sibling of disabled leader across moves",
             sibling_of_disabled_leader_across_moves,
@@ -1332,6 +1407,7 @@ pub fn run(ctx: &mut Ctx) -> Result<Vec<Check>> {
             "move-attack: groups seamless across moves",
             groups_seamless_across_moves,
         ),
+        ("move-attack: rotating during moves", rotating_during_moves),
     ];
     run_each(ctx, &checks)
 }
