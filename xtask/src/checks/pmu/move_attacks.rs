@@ -403,6 +403,34 @@ fn sibling_of_disabled_leader(ctx: &mut Ctx, kind: Leader, rule: EnabledRule) ->
     ))
 }
 
+/// Closes the first two of `many`'s events, lets 3 MiB land, and judges
+/// each of the others (now as many as the slots) exact at 100 %; returns
+/// their handles, their RMIDs and that last read.
+fn close_two_rest_exact(
+    ctx: &mut Ctx,
+    many: &Many,
+    when: &str,
+    problems: &mut Vec<String>,
+) -> Result<(Vec<u32>, Vec<u32>, Reads)> {
+    for &h in &many.handles[..2] {
+        ctx.g.close(h)?;
+    }
+    let (rest, rmids) = (many.handles[2..].to_vec(), many.rmids[2..].to_vec());
+    let s0 = ctx.g.read_many(&rest)?;
+    many.burst(ctx, 3 * MIB)?;
+    let s1 = ctx.g.read_many(&rest)?;
+    for (i, r) in rmids.iter().enumerate() {
+        judge_exact(
+            &format!("rmid {r}, two events {when}, {} left", rest.len()),
+            &s0[i],
+            &s1[i],
+            3 * MIB,
+            problems,
+        );
+    }
+    Ok((rest, rmids, s1))
+}
+
 /// S3. Two more events than slots under a long mux interval, four rounds
 ///     of: read, a burst, read, a move, a read right after it, a burst,
 ///     read. Each window obeys the rules ([`judge_window`]): the move's own
@@ -451,27 +479,9 @@ fn multiplexed_moves(ctx: &mut Ctx, d: usize) -> Result<Check> {
         }
     }
     let o = move_away(ctx, d)?;
-    let (gone, rest) = handles.split_at(2);
-    for &h in gone {
-        ctx.g.close(h)?;
-    }
-    let rest = rest.to_vec();
-    let rest_rmids = rmids[2..].to_vec();
-    let s0 = ctx.g.read_many(&rest)?;
-    many.burst(ctx, 3 * MIB)?;
-    let s1 = ctx.g.read_many(&rest)?;
+    let (rest, rest_rmids, s1) =
+        close_two_rest_exact(ctx, &many, "closed right after a move", &mut problems)?;
     ctx.g.set_online(o, true)?;
-    for (i, r) in rest_rmids.iter().enumerate() {
-        judge_exact(
-            &format!(
-                "rmid {r}, two events closed right after a move ({slots} left on {slots} slots)"
-            ),
-            &s0[i],
-            &s1[i],
-            3 * MIB,
-            &mut problems,
-        );
-    }
     many.burst(ctx, 5 * MIB)?;
     let o = move_away(ctx, d)?;
     for &h in &rest {
@@ -1329,22 +1339,7 @@ pub fn rotating_during_moves(ctx: &mut Ctx) -> Result<Check> {
         }
     }
     finish_mover(ctx, mover)?;
-    for &h in &handles[..2] {
-        ctx.g.close(h)?;
-    }
-    let rest = handles[2..].to_vec();
-    let s0 = ctx.g.read_many(&rest)?;
-    many.burst(ctx, 3 * MIB)?;
-    let s1 = ctx.g.read_many(&rest)?;
-    for (i, r) in rmids[2..].iter().enumerate() {
-        judge_exact(
-            &format!("rmid {r}, two closed after the moves"),
-            &s0[i],
-            &s1[i],
-            3 * MIB,
-            &mut problems,
-        );
-    }
+    let (rest, _, _) = close_two_rest_exact(ctx, &many, "closed after the moves", &mut problems)?;
     for h in rest {
         ctx.g.close(h)?;
     }
