@@ -24,7 +24,7 @@ use super::attacks::{cpu_clock, finish_mover, start_mover};
 use super::context::{Ctx, MIB};
 use super::moves::movable_domain;
 use super::multiplexing::{set_sysfs, Window};
-use super::redteam::{must, open_with, owner, rmid, run_each, Many, Named};
+use super::redteam::{must, open_with, owner, park, rmid, run_each, Many, Named};
 use crate::checks::Check;
 use crate::guest::perf_abi::{
     FLAG_DISABLED, FLAG_EXCLUSIVE, FLAG_PINNED, FORMAT_TOTAL_TIME_ENABLED,
@@ -207,19 +207,46 @@ enum Leader {
 ///     leader's clocks stand still. After the ENABLE both count exactly at
 ///     100 %; the reference counts everything at 100 % throughout.
 pub fn sibling_of_disabled_leader_across_moves(ctx: &mut Ctx) -> Result<Check> {
-    sibling_of_disabled_leader(ctx, Leader::Device, EnabledRule::AsWithoutMove)
+    sibling_of_disabled_leader(
+        ctx,
+        Leader::Device,
+        EnabledRule::AsWithoutMove,
+        Hop::TwoMoves,
+    )
 }
 
 /// S2. As S1 with a cpu-clock leader on the owner CPU.
 pub fn sibling_of_disabled_cpu_clock_leader_across_moves(ctx: &mut Ctx) -> Result<Check> {
-    sibling_of_disabled_leader(ctx, Leader::CpuClock, EnabledRule::AsWithoutMove)
+    sibling_of_disabled_leader(
+        ctx,
+        Leader::CpuClock,
+        EnabledRule::AsWithoutMove,
+        Hop::TwoMoves,
+    )
 }
 
 /// S1b. As S1, judged by the contract's word on `time_enabled` itself: the
 ///     sibling is enabled (its own state is on), so its `time_enabled` grows
 ///     as the lone event's all along, in the window without a move too.
 pub fn sibling_of_disabled_leader_enabled_time(ctx: &mut Ctx) -> Result<Check> {
-    sibling_of_disabled_leader(ctx, Leader::Device, EnabledRule::OwnState)
+    sibling_of_disabled_leader(ctx, Leader::Device, EnabledRule::OwnState, Hop::TwoMoves)
+}
+
+/// S2b. As S1 with a park for the two moves: the park installs the sibling
+///     of an off leader elsewhere and the return installs it again; its
+///     clocks run as without a park. (The lone reference event is judged
+///     by its count only: a park may be left out of its time_running.)
+pub fn sibling_of_disabled_leader_across_park(ctx: &mut Ctx) -> Result<Check> {
+    sibling_of_disabled_leader(ctx, Leader::Device, EnabledRule::AsWithoutMove, Hop::Park)
+}
+
+/// How the PMU of a check goes away and comes back.
+#[derive(Clone, Copy)]
+enum Hop {
+    /// Its owner goes offline, back online, and the new owner too.
+    TwoMoves,
+    /// Every allowed CPU offline (a park), then back online.
+    Park,
 }
 
 /// How a check judges the `time_enabled` of a sibling whose leader is off.
@@ -233,8 +260,13 @@ enum EnabledRule {
     AsWithoutMove,
 }
 
-fn sibling_of_disabled_leader(ctx: &mut Ctx, kind: Leader, rule: EnabledRule) -> Result<Check> {
-    let (d, _) = movable_domain(ctx)?;
+fn sibling_of_disabled_leader(
+    ctx: &mut Ctx,
+    kind: Leader,
+    rule: EnabledRule,
+    hop: Hop,
+) -> Result<Check> {
+    let (d, allowed) = movable_domain(ctx)?;
     let (r1, r2, r3) = (rmid(ctx, 1), rmid(ctx, 2), rmid(ctx, 3));
     let leader = match kind {
         Leader::Device => open_with(ctx, d, r1, TIMES, 0, None)?,
@@ -262,13 +294,26 @@ fn sibling_of_disabled_leader(ctx: &mut Ctx, kind: Leader, rule: EnabledRule) ->
     all(ctx, 2 * MIB)?;
     std::thread::sleep(std::time::Duration::from_millis(100));
     let a = ctx.g.read_many(&hs)?;
-    let o1 = move_away(ctx, d)?;
-    let b = ctx.g.read_many(&hs)?;
-    all(ctx, 4 * MIB)?;
-    ctx.g.set_online(o1, true)?;
-    let o2 = move_away(ctx, d)?;
-    all(ctx, 8 * MIB)?;
-    ctx.g.set_online(o2, true)?;
+    let b = match hop {
+        Hop::TwoMoves => {
+            let o1 = move_away(ctx, d)?;
+            let b = ctx.g.read_many(&hs)?;
+            all(ctx, 4 * MIB)?;
+            ctx.g.set_online(o1, true)?;
+            let o2 = move_away(ctx, d)?;
+            all(ctx, 8 * MIB)?;
+            ctx.g.set_online(o2, true)?;
+            b
+        }
+        Hop::Park => {
+            park(ctx, &allowed, false)?;
+            let b = ctx.g.read_many(&hs)?;
+            all(ctx, 4 * MIB)?;
+            all(ctx, 8 * MIB)?;
+            park(ctx, &allowed, true)?;
+            b
+        }
+    };
     let c = ctx.g.read_many(&hs)?;
     must(ctx, leader, PerfIoctl::Enable { group: false })?;
     let e = ctx.g.read_many(&hs)?;
@@ -279,11 +324,22 @@ fn sibling_of_disabled_leader(ctx: &mut Ctx, kind: Leader, rule: EnabledRule) ->
     ctx.g.close(reference)?;
     let mut problems = Vec::new();
     let mut enabled = Vec::new();
-    let off = "leader off, 2 MiB, move, 4 MiB, move, 8 MiB";
+    let (off, first_hop, both_hops) = match hop {
+        Hop::TwoMoves => (
+            "leader off, 2 MiB, move, 4 MiB, move, 8 MiB",
+            "right after the first move",
+            "after both moves",
+        ),
+        Hop::Park => (
+            "leader off, 2 MiB, park, 4 + 8 MiB, the return",
+            "right after the park began",
+            "after the return",
+        ),
+    };
     for (when, r, a) in [
         ("100 ms later, no move yet", &a, &a0),
-        ("right after the first move", &b, &a),
-        ("after both moves", &c, &a),
+        (first_hop, &b, &a),
+        (both_hops, &c, &a),
     ] {
         if r[1][0] != a[1][0] || r[1][2] != a[1][2] {
             problems.push(format!(
@@ -368,23 +424,36 @@ fn sibling_of_disabled_leader(ctx: &mut Ctx, kind: Leader, rule: EnabledRule) ->
         16 * MIB,
         &mut problems,
     );
-    judge_exact(
-        "lone reference event across both moves",
-        &first[2],
-        &f[2],
-        31 * MIB,
-        &mut problems,
-    );
-    let (name, what) = match (kind, rule) {
-        (Leader::Device, EnabledRule::OwnState) => (
+    match hop {
+        Hop::TwoMoves => judge_exact(
+            "lone reference event across both moves",
+            &first[2],
+            &f[2],
+            31 * MIB,
+            &mut problems,
+        ),
+        Hop::Park if f[2][0] - first[2][0] != 31 * MIB || f[2][2] > f[2][1] => {
+            problems.push(format!(
+                "lone reference event across the park: read {:?} → {:?} (want 31 MiB counted, running <= enabled)",
+                first[2], f[2]
+            ))
+        }
+        Hop::Park => {}
+    }
+    let (name, what) = match (kind, rule, hop) {
+        (Leader::Device, EnabledRule::OwnState, _) => (
             "move-attack: sibling of disabled leader enabled time",
             "mbm",
         ),
-        (Leader::Device, EnabledRule::AsWithoutMove) => (
+        (Leader::Device, EnabledRule::AsWithoutMove, Hop::TwoMoves) => (
             "move-attack: sibling of disabled leader across moves",
             "mbm",
         ),
-        (Leader::CpuClock, _) => (
+        (Leader::Device, EnabledRule::AsWithoutMove, Hop::Park) => (
+            "move-attack: sibling of disabled leader across a park",
+            "mbm",
+        ),
+        (Leader::CpuClock, _, _) => (
             "move-attack: sibling of disabled cpu-clock leader across moves",
             "cpu-clock",
         ),
@@ -1357,7 +1426,7 @@ pub fn rotating_during_moves(ctx: &mut Ctx) -> Result<Check> {
 /// Every attack, in order; each leaves every CPU online, nothing open and
 /// the mux interval as it found it.
 pub fn run(ctx: &mut Ctx) -> Result<Vec<Check>> {
-    let checks: [Named; 12] = [
+    let checks: [Named; 13] = [
         (
             "move-attack: sibling of disabled leader across moves",
             sibling_of_disabled_leader_across_moves,
@@ -1369,6 +1438,10 @@ pub fn run(ctx: &mut Ctx) -> Result<Vec<Check>> {
         (
             "move-attack: sibling of disabled leader enabled time",
             sibling_of_disabled_leader_enabled_time,
+        ),
+        (
+            "move-attack: sibling of disabled leader across a park",
+            sibling_of_disabled_leader_across_park,
         ),
         (
             "move-attack: multiplexed across moves",
