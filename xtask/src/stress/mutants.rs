@@ -245,7 +245,10 @@ mod tests {
             .into_iter()
             .filter(|m| m.kind == MutantKind::Driver)
             .collect();
-        assert!(!drivers.is_empty(), "no driver mutants found in {DRIVER_DIR}");
+        assert!(
+            !drivers.is_empty(),
+            "no driver mutants found in {DRIVER_DIR}"
+        );
         for mutant in &drivers {
             if let Err(e) = driver_tree(&ws, mutant) {
                 panic!("{}: {e:#}", mutant.name);

@@ -41,7 +41,7 @@ const TIMES: u64 = FORMAT_TOTAL_TIME_ENABLED | FORMAT_TOTAL_TIME_RUNNING;
 /// A bash loop in the guest that takes each of `cpus` offline and back, one
 /// at a time, `rounds` times: with two CPUs in the domain every round moves
 /// the PMU at least once, and it never parks.
-fn start_mover(ctx: &mut Ctx, cpus: &[u32], rounds: u32) -> Result<u32> {
+pub(super) fn start_mover(ctx: &mut Ctx, cpus: &[u32], rounds: u32) -> Result<u32> {
     let toggles: Vec<String> = cpus
         .iter()
         .map(|c| format!("echo 0 > /sys/devices/system/cpu/cpu{c}/online; echo 1 > /sys/devices/system/cpu/cpu{c}/online"))
@@ -62,7 +62,7 @@ fn start_mover(ctx: &mut Ctx, cpus: &[u32], rounds: u32) -> Result<u32> {
 
 /// Waits for the mover to end by itself and fails unless it exited 0 (a
 /// hotplug write refused, or the loop killed).
-fn finish_mover(ctx: &mut Ctx, job: u32) -> Result<()> {
+pub(super) fn finish_mover(ctx: &mut Ctx, job: u32) -> Result<()> {
     match ctx.g.ask(HostRequest::StopJob {
         job,
         signal: 0,
@@ -250,7 +250,7 @@ pub fn group_reads_racing_moves(ctx: &mut Ctx) -> Result<Check> {
 }
 
 /// A cpu-clock event on `cpu`, read with times.
-fn cpu_clock(ctx: &mut Ctx, cpu: i32, group: Option<u32>) -> Result<u32> {
+pub(super) fn cpu_clock(ctx: &mut Ctx, cpu: i32, group: Option<u32>) -> Result<u32> {
     let clock = PerfAttr {
         type_: PERF_TYPE_SOFTWARE,
         config: PERF_COUNT_SW_CPU_CLOCK,
