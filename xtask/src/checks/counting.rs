@@ -83,7 +83,8 @@
 //! never an inexact count claimed as fully running. A park long enough that
 //! a wrap *could* have landed (half a wrap's time at the device's maximum
 //! rate: the driver sees time, not traffic) may show less running too, but
-//! its count stays exact; `time_running` never goes down.
+//! its count stays exact; `time_running` never goes down (but after a
+//! `DISABLE` while parked, docs/counting-semantics.md's open exception).
 //!
 //! An event enabled while its PMU is parked, that has never been scheduled,
 //! may or may not count what lands before the PMU is placed again: the model

@@ -225,11 +225,12 @@ pub fn sibling_of_disabled_cpu_clock_leader_across_moves(ctx: &mut Ctx) -> Resul
     )
 }
 
-/// S1b. As S1, judged by the contract's word on `time_enabled` itself: the
-///     sibling is enabled (its own state is on), so its `time_enabled` grows
-///     as the lone event's all along, in the window without a move too.
+/// S1b. As S1, judged by the contract's word on `time_enabled` itself:
+///     perf's effective state, so the sibling of an off leader counts as
+///     disabled and its `time_enabled` stands still all along, in the
+///     window without a move too.
 pub fn sibling_of_disabled_leader_enabled_time(ctx: &mut Ctx) -> Result<Check> {
-    sibling_of_disabled_leader(ctx, Leader::Device, EnabledRule::OwnState, Hop::TwoMoves)
+    sibling_of_disabled_leader(ctx, Leader::Device, EnabledRule::LeaderState, Hop::TwoMoves)
 }
 
 /// S2b. As S1 with a park for the two moves: the park installs the sibling
@@ -252,9 +253,9 @@ enum Hop {
 /// How a check judges the `time_enabled` of a sibling whose leader is off.
 #[derive(Clone, Copy)]
 enum EnabledRule {
-    /// The contract's text: "Enabled" is the event's own state, and
-    /// `time_enabled` grows exactly while it is enabled.
-    OwnState,
+    /// The contract's text: `time_enabled` follows perf's effective state,
+    /// so a sibling whose leader is off gains none.
+    LeaderState,
     /// Whatever perf's clocks do for it without a move (the first window),
     /// a move does too: 0 stays 0, the lone event's stays the lone event's.
     AsWithoutMove,
@@ -370,18 +371,18 @@ fn sibling_of_disabled_leader(
             None
         };
         let want = match rule {
-            EnabledRule::OwnState => Some(refd),
+            EnabledRule::LeaderState => Some(0),
             EnabledRule::AsWithoutMove => without_move,
         };
         let ok = match (rule, want) {
             (_, None) => false,
-            (EnabledRule::AsWithoutMove, Some(0)) => sib == 0,
+            (_, Some(0)) => sib == 0,
             (_, Some(w)) => sib.abs_diff(w) <= SKEW_NS,
         };
         if !ok {
             problems.push(match rule {
-                EnabledRule::OwnState => format!(
-                    "sibling of an off leader, read {when}: Δtime_enabled {sib} while a lone event's grew {refd} (the contract: it is enabled, its own state is on, so its time_enabled grows as the lone event's)"
+                EnabledRule::LeaderState => format!(
+                    "sibling of an off leader, read {when}: Δtime_enabled {sib} while a lone event's grew {refd} (the contract: its leader is off, so perf counts it as disabled and its time_enabled stands still)"
                 ),
                 EnabledRule::AsWithoutMove => format!(
                     "sibling of an off leader, read {when}: Δtime_enabled {sib} while a lone event's grew {refd}; in a window without a move it grew {sib0} of {ref0} ns (a move must not change how its clocks run: want {})",
@@ -441,7 +442,7 @@ fn sibling_of_disabled_leader(
         Hop::Park => {}
     }
     let (name, what) = match (kind, rule, hop) {
-        (Leader::Device, EnabledRule::OwnState, _) => (
+        (Leader::Device, EnabledRule::LeaderState, _) => (
             "move-attack: sibling of disabled leader enabled time",
             "mbm",
         ),
