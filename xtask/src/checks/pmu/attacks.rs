@@ -692,8 +692,11 @@ pub fn disabled_while_waiting_after_a_move(ctx: &mut Ctx) -> Result<Check> {
 /// applies a new interval only to a timer that is not running).
 const NO_ROTATION_MS: u64 = 1500;
 
-/// Short turns until a read shows A counting, at most.
-const TURNS_TO_WAIT: usize = 30;
+/// Short turns until a read shows A counting, at most. Once a turn has
+/// armed the rotation timer with the long interval, the short one only
+/// applies when it fires: A can take a few long intervals to come on (9
+/// turns seen on 16 vCPUs).
+const TURNS_TO_WAIT: usize = 60;
 
 fn waiting_after_moves(ctx: &mut Ctx, d: usize, interval_file: &str) -> Result<Check> {
     const ROUNDS: usize = 2;
