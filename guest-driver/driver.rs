@@ -817,13 +817,19 @@ impl Domain {
         } else {
             // Parked, on the CPU that keeps the events: a reschedule or the event going off;
             // its next `add` tells which.
-            let s = &mut hw.slots[slot];
-            s.state = Holder::ParkedIdle;
-            s.idle_time = event.ctx_time();
-            s.idle_total = s.total;
-            s.idle_lost_ns = s.lost_ns + perf::clock_ns().saturating_sub(s.read_ns);
-            s.moved_at = event.hw_prev_count().read();
+            Self::park_idle(hw, slot, event);
         }
+    }
+
+    /// Keeps `slot` for `event`, off since now on a CPU that cannot read it: see
+    /// [`Holder::ParkedIdle`].
+    fn park_idle(hw: &mut DomainHw, slot: usize, event: &Event) {
+        let s = &mut hw.slots[slot];
+        s.state = Holder::ParkedIdle;
+        s.idle_time = event.ctx_time();
+        s.idle_total = s.total;
+        s.idle_lost_ns = s.lost_ns + perf::clock_ns().saturating_sub(s.read_ns);
+        s.moved_at = event.hw_prev_count().read();
     }
 
     /// Lets go of the slot a move left to `event`, which the move installed on its new CPU but did
@@ -858,12 +864,7 @@ impl Domain {
                 // A slot that could not be read: its unread time is lost (`lost_ns`), paid below.
             }
             Holder::Moving => {
-                let s = &mut hw.slots[slot];
-                s.state = Holder::ParkedIdle;
-                s.idle_time = event.ctx_time();
-                s.idle_total = s.total;
-                s.idle_lost_ns = s.lost_ns + perf::clock_ns().saturating_sub(s.read_ns);
-                s.moved_at = event.hw_prev_count().read();
+                Self::park_idle(hw, slot, event);
                 return;
             }
             Holder::ParkedIdle if on_owner => {

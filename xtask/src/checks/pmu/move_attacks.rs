@@ -89,6 +89,20 @@ pub(super) fn under_long_mux(
     with_mux_interval(ctx, d, LONG_MUX_MS, |ctx| check(ctx, d))
 }
 
+/// Over one window between the reads `start` and `end` of several events on
+/// one PMU: their running time added up, the longest enabled time, and
+/// whether more ran at once than the PMU has `slots` (beyond the reads' skew).
+fn running_at_once(start: &[Vec<u64>], end: &[Vec<u64>], slots: usize) -> (u64, u64, bool) {
+    let n = start.len().min(end.len());
+    let running: u64 = (0..n).map(|i| end[i][2].saturating_sub(start[i][2])).sum();
+    let enabled = (0..n)
+        .map(|i| end[i][1].saturating_sub(start[i][1]))
+        .max()
+        .unwrap_or(0);
+    let over = running > slots as u64 * enabled + n as u64 * SKEW_NS;
+    (running, enabled, over)
+}
+
 /// The contract's rules for one window (reads `start`, `end` with
 /// [`TIMES`]) of an event that may be counting, in which `landed` bytes
 /// landed for it: clocks never go back, running never leads enabled, the
@@ -533,12 +547,8 @@ fn multiplexed_moves(ctx: &mut Ctx, d: usize) -> Result<Check> {
             &|ctx: &mut Ctx, b: u64| many.burst(ctx, b),
             &mut problems,
         )?;
-        let running: u64 = (0..n).map(|i| e[i][2].saturating_sub(a[i][2])).sum();
-        let enabled = (0..n)
-            .map(|i| e[i][1].saturating_sub(a[i][1]))
-            .max()
-            .unwrap_or(0);
-        if running > slots as u64 * enabled + n as u64 * SKEW_NS {
+        let (running, enabled, over) = running_at_once(&a, &e, slots);
+        if over {
             problems.push(format!(
                 "round {round}: {n} events on {slots} slots ran {running} ns in all across a move, more than {slots} × the window's {enabled} ns"
             ));
@@ -1392,12 +1402,8 @@ pub fn rotating_during_moves(ctx: &mut Ctx) -> Result<Check> {
                 &mut problems,
             );
         }
-        let running: u64 = (0..n).map(|i| cur[i][2].saturating_sub(prev[i][2])).sum();
-        let enabled = (0..n)
-            .map(|i| cur[i][1].saturating_sub(prev[i][1]))
-            .max()
-            .unwrap_or(0);
-        if running > slots as u64 * enabled + n as u64 * SKEW_NS {
+        let (running, enabled, over) = running_at_once(&prev, &cur, slots);
+        if over {
             problems.push(format!(
                 "window {w}: {n} events on {slots} slots ran {running} ns in all while moving, more than {slots} × the window's {enabled} ns"
             ));
