@@ -229,6 +229,28 @@ mod tests {
         assert!(lifecycle_seed("# Lifecycle seed: three\n").is_err());
     }
 
+    /// A kernel series naming a patch or shim that was renamed or removed fails here, not after
+    /// the minutes of unpacking a kernel for `stress --mutant` (whether the files still apply is
+    /// only known to that build).
+    #[test]
+    fn every_kernel_series_of_the_repository_names_files_that_exist() {
+        let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+        let kernel_dir = repo.join("images/kernel");
+        let mut series = crate::build::cache::files_below(&kernel_dir.join("patches")).unwrap();
+        series.retain(|p| p.extension().is_some_and(|e| e == "patch"));
+        let lists: Vec<Mutant> = all(repo)
+            .unwrap()
+            .into_iter()
+            .filter(|m| m.kind == MutantKind::KernelSeries)
+            .collect();
+        assert!(!lists.is_empty(), "no kernel series in {KERNEL_DIR}");
+        for mutant in &lists {
+            let chosen = kernel_patches(mutant, &series, &kernel_dir)
+                .unwrap_or_else(|e| panic!("{}: {e:#}", mutant.name));
+            assert!(!chosen.is_empty(), "{} lists no patch", mutant.name);
+        }
+    }
+
     /// A driver change that breaks a mutant's context fails here, at once, rather than in the
     /// `driver_mutants` VM test minutes later (a merge once left one mutant unappliable).
     #[test]
