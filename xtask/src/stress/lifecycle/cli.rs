@@ -245,6 +245,21 @@ fn replay_command(args: &StressArgs, ops: u32, seed: u64, mutant: Option<&str>) 
     cmd
 }
 
+/// The `cargo xtask run` check a mutant names, checked before anything is
+/// built: a misspelt name fails now, not after a kernel build and a boot.
+fn named_check(mutant: &Mutant) -> Result<Option<String>> {
+    let check = mutant.run_check()?;
+    if let Some(name) = &check {
+        if !crate::checks::pmu::can_run_alone(name) {
+            bail!(
+                "{} names the check {name:?}, which cannot run on its own",
+                mutant.file.display()
+            );
+        }
+    }
+    Ok(check)
+}
+
 /// Builds what the run needs (the mutant's driver or kernel), boots, runs.
 fn lifecycle(
     ws: &Path,
@@ -262,6 +277,10 @@ fn lifecycle(
     config::check_size(args.cpus, args.memory)?;
     let mut device = device(args.cpus, args.domains.as_deref())?;
     device.slots = SLOTS;
+    let run_check = match mutant {
+        Some(m) => named_check(m)?,
+        None => None,
+    };
     let images = mutant_images(ws, variant, mutant)?;
     let accel = host::choose_accel();
     let (placement, why) = host::choose_host(args.host, &accel);
@@ -279,6 +298,7 @@ fn lifecycle(
         replay: replay_command(args, ops, seed, mutant.map(|m| m.name.as_str())),
         stop_at_first,
         parked_ioctls: args.parked_ioctls,
+        run_check,
     };
     eprintln!(
         "==> stress --lifecycle: {ops} operations, seed {seed}, {} vCPUs, {} slots per domain, {} kernel, under {}",

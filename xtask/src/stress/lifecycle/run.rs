@@ -45,6 +45,9 @@ pub struct LifecycleConfig {
     pub stop_at_first: bool,
     /// Also ioctls on events of parked PMUs (`--parked-ioctls`).
     pub parked_ioctls: bool,
+    /// A `cargo xtask run` check to run before the random operations: the
+    /// one a kernel mutant names as the check that must catch it.
+    pub run_check: Option<String>,
 }
 
 /// With `stop_at_first`, how many operations between two replays.
