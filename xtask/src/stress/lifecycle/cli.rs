@@ -192,11 +192,15 @@ pub fn mutant_images(
     }
 }
 
-/// Where a run first failed: its first mismatch against the model, or any
-/// other failing check (a splat, a violation: counted as operation 0 of
-/// the end).
+/// Where a run first failed: a check before the random operations (after
+/// 0 of them), its first mismatch against the model, or any other failing
+/// check (a splat, a violation: counted as the last operation).
 fn caught(report: &LifecycleReport) -> (Option<usize>, Option<&'static str>) {
-    let failed = report.checks.iter().find(|c| !c.passed).map(|c| c.name);
+    let first_failed = report.checks.iter().position(|c| !c.passed);
+    let failed = first_failed.map(|i| report.checks[i].name);
+    if first_failed.is_some_and(|i| i < report.prologue) {
+        return (Some(0), failed);
+    }
     match report.caught_at() {
         Some(at) => (Some(at), failed),
         None => (failed.map(|_| report.steps), failed),

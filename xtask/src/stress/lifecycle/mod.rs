@@ -109,6 +109,7 @@ fn on_guest(
         },
         &vm_config.run_dir,
     )?;
+    report.prologue = prologue.len();
     report.checks.splice(0..0, prologue);
     let state = control.state()?;
     report.checks.push(super::jobs::violations_check(&state));

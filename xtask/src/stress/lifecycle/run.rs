@@ -56,6 +56,8 @@ const REPLAY_EVERY: usize = 40;
 /// What a lifecycle run saw.
 pub struct LifecycleReport {
     pub checks: Vec<Check>,
+    /// How many of `checks` ran before the random operations (the first ones).
+    pub prologue: usize,
     pub steps: usize,
     pub time: Duration,
     /// The first finding, with the step it is about.
@@ -343,6 +345,7 @@ pub fn run(
     }
     Ok(LifecycleReport {
         checks,
+        prologue: 0,
         steps: journal.len(),
         time,
         first,
