@@ -72,24 +72,24 @@ const SEMANTICS: &[(&str, CtxCheck)] = &[
 
 /// Whether the check called `name` is one `run_named` runs.
 pub fn can_run_alone(name: &str) -> bool {
+    alone().any(|(n, _)| *n == name)
+}
+
+/// The checks that can run on their own.
+fn alone() -> impl Iterator<Item = &'static (&'static str, CtxCheck)> {
     AROUND_MOVES
         .iter()
         .chain(SEMANTICS)
-        .any(|(n, _)| *n == name)
+        .chain(park_attacks::CHECKS)
 }
 
 /// Runs the check called `name` among those that can run on their own
-/// (what a kernel mutant names as the check that must catch it).
+/// (what a mutant names as the check that must catch it).
 pub fn run_named(ctx: &mut Ctx, name: &str) -> Result<Check> {
-    let mut all = AROUND_MOVES.iter().chain(SEMANTICS);
-    match all.find(|(n, _)| *n == name) {
+    match alone().find(|(n, _)| *n == name) {
         Some(&(name, check)) => run_one(ctx, name, check),
         None => {
-            let names: Vec<&str> = AROUND_MOVES
-                .iter()
-                .chain(SEMANTICS)
-                .map(|(n, _)| *n)
-                .collect();
+            let names: Vec<&str> = alone().map(|(n, _)| *n).collect();
             bail!(
                 "no check {name:?} runs on its own; these do: {}",
                 names.join(", ")

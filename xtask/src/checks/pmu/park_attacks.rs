@@ -448,30 +448,32 @@ pub fn leader_enabled_while_parked(ctx: &mut Ctx) -> Result<Check> {
     ))
 }
 
-/// Every attack, in order; each leaves every CPU online, nothing open and
-/// the mux interval as it found it.
+/// Every attack, in order, each by the name its `Check` carries; each
+/// leaves every CPU online, nothing open and the mux interval as it found
+/// it.
+pub(super) const CHECKS: &[Named] = &[
+    (
+        "park-attack: contention closed while parked",
+        contention_closed_while_parked,
+    ),
+    (
+        "park-attack: exclusive ended while parked",
+        exclusive_ended_while_parked,
+    ),
+    (
+        "park-attack: running never back after park",
+        running_never_back_after_park,
+    ),
+    (
+        "park-attack: disable and enable while parked",
+        disable_enable_while_parked,
+    ),
+    (
+        "park-attack: leader enabled while parked",
+        leader_enabled_while_parked,
+    ),
+];
+
 pub fn run(ctx: &mut Ctx) -> Result<Vec<Check>> {
-    let checks: [Named; 5] = [
-        (
-            "park-attack: contention closed while parked",
-            contention_closed_while_parked,
-        ),
-        (
-            "park-attack: exclusive ended while parked",
-            exclusive_ended_while_parked,
-        ),
-        (
-            "park-attack: running never back after park",
-            running_never_back_after_park,
-        ),
-        (
-            "park-attack: disable and enable while parked",
-            disable_enable_while_parked,
-        ),
-        (
-            "park-attack: leader enabled while parked",
-            leader_enabled_while_parked,
-        ),
-    ];
-    run_each(ctx, &checks)
+    run_each(ctx, CHECKS)
 }
