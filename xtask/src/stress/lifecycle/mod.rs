@@ -110,10 +110,31 @@ fn on_guest(
         &vm_config.run_dir,
     )?;
     report.prologue = prologue.len();
+    for pmu in &pmus {
+        // A kernel without the figures (the seed as posted) has nothing to report.
+        if let Ok(waits) = open_waits(&mut g, pmu) {
+            report.waits.push(waits);
+        }
+    }
     report.checks.splice(0..0, prologue);
     let state = control.state()?;
     report.checks.push(super::jobs::violations_check(&state));
     Ok(report)
+}
+
+/// The PMU's open-wait figures (patches 0007 and 0014).
+fn open_waits(g: &mut Guest, pmu: &str) -> Result<run::OpenWaits> {
+    let mut figure = |file: &str| -> Result<u64> {
+        let path = format!("/sys/bus/event_source/devices/{pmu}/{file}");
+        let text = g.read_file(&path)?;
+        text.trim().parse().with_context(|| format!("{path}: {text:?}"))
+    };
+    Ok(run::OpenWaits {
+        pmu: pmu.to_string(),
+        waits: figure("open_waits")?,
+        longest_sleep_ns: figure("open_wait_max_ns")?,
+        longest_move_ns: figure("move_max_ns")?,
+    })
 }
 
 /// A fixed sequence before the random operations: events a move left
