@@ -420,11 +420,11 @@ enum Holder {
     /// afresh. Another event may take it: nothing in it is unread.
     Idle,
     /// The holder was deleted while the domain is parked, outside a move: nobody could read the
-    /// slot. If its next `add` sees the same context time, that was a reschedule (another event
-    /// installed beside it) and it takes the slot back as it is. Otherwise it was off (disabled;
-    /// a parked PMU is not rotated, patch 0034) from that `del`: it keeps what was read before
-    /// the park (`idle_total`) and loses the rest, whose time (`idle_lost_ns`) is taken off its
-    /// `time_running`.
+    /// slot, so the driver froze it (`SLOT_CTL_FROZEN`, a write any CPU may make). Its counter
+    /// holds exactly what the holder counted up to the `del`, unread. The holder's next `add`
+    /// thaws it and counts on from there, whether the `del` and `add` were one reschedule
+    /// (another event installed beside it) or the event was off for a while (disabled; a parked
+    /// PMU is not rotated, patch 0034): what landed while it was off never reached the slot.
     ParkedIdle,
     /// The holder is moving to another CPU: its `del` ran off the owner as part of a move and its
     /// `add` on the next CPU has not come yet. The slot counts on for it, unread.
@@ -434,7 +434,7 @@ enum Holder {
 /// A counter slot as the driver sees it.
 #[derive(Clone, Copy)]
 struct Slot {
-    /// The `SLOT_CTL` value written to it, 0 when free.
+    /// The `SLOT_CTL` value that assigned it (without `SLOT_CTL_FROZEN`), 0 when free.
     ctl: u64,
     /// [`Event::key`] of the event that holds the slot (0 when free).
     holder: usize,
@@ -447,9 +447,6 @@ struct Slot {
     moved_at: u64,
     /// [`Event::ctx_time`] at the holder's `del`, for [`Holder::Idle`] and [`Holder::ParkedIdle`].
     idle_time: u64,
-    /// For [`Holder::ParkedIdle`]: `total` at the `del`, and the unread time up to it.
-    idle_total: u64,
-    idle_lost_ns: u64,
     /// [`perf::clock_ns`] at the last good read (or the assignment): counts since then are
     /// unread.
     read_ns: u64,
@@ -467,8 +464,6 @@ impl Slot {
         total: 0,
         moved_at: 0,
         idle_time: 0,
-        idle_total: 0,
-        idle_lost_ns: 0,
         read_ns: 0,
         lost_ns: 0,
     };
@@ -694,16 +689,14 @@ impl Domain {
     /// slot. `EAGAIN` otherwise: perf multiplexes.
     fn take_slot(&self, hw: &mut DomainHw, event: &Event, config: Config) -> Result {
         if let Some(slot) = self.slot_of(hw, event) {
-            let s = &mut hw.slots[slot];
-            if s.state == Holder::ParkedIdle && s.idle_time != event.ctx_time() {
-                // Off since a `del` nobody could read: keep what was read before it.
-                let read = s.idle_total.wrapping_sub(event.hw_prev_count().read());
-                event.count().add(read.wrapping_mul(self.dev.unit));
-                event.discount_running(s.idle_lost_ns);
-                self.assign(hw, slot, event, config);
+            if hw.slots[slot].state == Holder::ParkedIdle {
+                // Frozen since a `del` nobody could read: it counts on from what it holds.
+                self.set_frozen(hw, slot, false);
+                hw.slots[slot].state = Holder::Scheduled;
                 return Ok(());
             }
-            if !matches!(s.state, Holder::Idle | Holder::ParkedIdle) || s.idle_time == event.ctx_time() {
+            let s = &mut hw.slots[slot];
+            if s.state != Holder::Idle || s.idle_time == event.ctx_time() {
                 // Its slot counted on while it moved, or through a reschedule perf credits as
                 // running; the next read on the owner catches up.
                 s.state = Holder::Scheduled;
@@ -817,19 +810,25 @@ impl Domain {
         } else {
             // Parked, on the CPU that keeps the events: a reschedule or the event going off;
             // its next `add` tells which.
-            Self::park_idle(hw, slot, event);
+            self.park_idle(hw, slot, event);
         }
     }
 
     /// Keeps `slot` for `event`, off since now on a CPU that cannot read it: see
     /// [`Holder::ParkedIdle`].
-    fn park_idle(hw: &mut DomainHw, slot: usize, event: &Event) {
+    fn park_idle(&self, hw: &mut DomainHw, slot: usize, event: &Event) {
+        self.set_frozen(hw, slot, true);
         let s = &mut hw.slots[slot];
         s.state = Holder::ParkedIdle;
         s.idle_time = event.ctx_time();
-        s.idle_total = s.total;
-        s.idle_lost_ns = s.lost_ns + perf::clock_ns().saturating_sub(s.read_ns);
-        s.moved_at = event.hw_prev_count().read();
+    }
+
+    /// Freezes or thaws `slot` in place (`SLOT_CTL_FROZEN`): its count and assignment go on. A
+    /// write, not a read: any CPU may, parked or not.
+    fn set_frozen(&self, hw: &DomainHw, slot: usize, frozen: bool) {
+        let ctl = hw.slots[slot].ctl;
+        let value = if frozen { ctl | regs::SLOT_CTL_FROZEN } else { ctl };
+        self.dev.mmio.write(self.slot_ctl_reg(slot), value);
     }
 
     /// Lets go of the slot a move left to `event`, which the move installed on its new CPU but did
@@ -844,16 +843,16 @@ impl Domain {
     ///   event's next `add` (at a later context time) assigns it afresh.
     /// - Moving, while parked (the move was the park): nobody can read the slot, as for a `del`
     ///   there: [`Holder::ParkedIdle`].
-    /// - [`Holder::ParkedIdle`] (off since a `del` while parked), on the owner: the event keeps
-    ///   what was read before the park and loses the rest with its time, as its next `add` would
-    ///   have settled it, and the slot goes idle instead of being kept for it.
+    /// - [`Holder::ParkedIdle`] (frozen since a `del` while parked), on the owner: the slot is
+    ///   read and its count folded, exact (nothing landed in it after the `del`), then thawed and
+    ///   left [`Holder::Idle`] as for a move.
     fn settle_moved(&self, hw: &mut DomainHw, event: &Event) {
         let Some(slot) = self.slot_of(hw, event) else {
             return;
         };
         let on_owner = self.reads_here(hw);
         match hw.slots[slot].state {
-            Holder::Moving if on_owner => {
+            state @ (Holder::Moving | Holder::ParkedIdle) if on_owner => {
                 if self.sync_slot(hw, slot) {
                     let total = hw.slots[slot].total;
                     let prev = event.hw_prev_count().xchg(total);
@@ -862,19 +861,13 @@ impl Domain {
                         .add(total.wrapping_sub(prev).wrapping_mul(self.dev.unit));
                 }
                 // A slot that could not be read: its unread time is lost (`lost_ns`), paid below.
+                if state == Holder::ParkedIdle {
+                    self.set_frozen(hw, slot, false);
+                }
             }
             Holder::Moving => {
-                Self::park_idle(hw, slot, event);
+                self.park_idle(hw, slot, event);
                 return;
-            }
-            Holder::ParkedIdle if on_owner => {
-                let s = hw.slots[slot];
-                let read = s.idle_total.wrapping_sub(event.hw_prev_count().read());
-                event.count().add(read.wrapping_mul(self.dev.unit));
-                event.hw_prev_count().set(s.idle_total);
-                event.discount_running(s.idle_lost_ns);
-                // What the slot holds beyond `idle_total` is lost: nobody may count it.
-                hw.slots[slot].lost_ns = 0;
             }
             _ => return,
         }
@@ -887,10 +880,10 @@ impl Domain {
     /// Restarts the count of `event` from zero at a `RESET` (the perf core zeroes the count
     /// itself after this): nothing that landed before may reach it afterwards. On the owner a
     /// scheduled event's slot is read and its baseline moved there. Where nobody can read the
-    /// slot (parked), and for a slot kept for an event that is off since a `del` nobody could
+    /// slot (parked), and for a slot frozen for an event that is off since a `del` nobody could
     /// read ([`Holder::ParkedIdle`]), the slot is assigned again, which zeroes it in the device
-    /// (a write: any CPU may), so what lands from now on is counted exactly at the next read on
-    /// an owner. An event that is off since a `del` on the owner was folded then and starts
+    /// (a write: any CPU may; a frozen slot stays frozen), so what lands from now on is counted
+    /// exactly at the next read on an owner. An event that is off since a `del` on the owner was folded then and starts
     /// afresh at its next `add`. Counts owed to the event are dropped.
     fn restart(&self, hw: &mut DomainHw, event: &Event, config: Config) {
         let key = event.key();
@@ -908,15 +901,14 @@ impl Domain {
             event.hw_prev_count().set(hw.slots[slot].total);
             return;
         }
-        self.dev.mmio.write(self.slot_ctl_reg(slot), config.slot_ctl());
+        let frozen = if state == Holder::ParkedIdle { regs::SLOT_CTL_FROZEN } else { 0 };
+        self.dev.mmio.write(self.slot_ctl_reg(slot), config.slot_ctl() | frozen);
+        // The unread counts before the reset are not lost but reset. Time lost to a wrap before
+        // stays lost (`lost_ns`).
         let s = &mut hw.slots[slot];
         s.last = 0;
         s.total = 0;
         s.moved_at = 0;
-        s.idle_total = 0;
-        // The unread counts before the reset are not lost but reset: no time to take off for
-        // them. Time lost to a wrap before stays lost.
-        s.idle_lost_ns = s.lost_ns;
         s.read_ns = perf::clock_ns();
         event.hw_prev_count().set(0);
     }

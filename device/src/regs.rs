@@ -20,7 +20,7 @@
 /// little-endian u64.
 pub const MAGIC_VALUE: u64 = u64::from_le_bytes(*b"PERFBED\0");
 /// Value of the `REG_VERSION` register.
-pub const VERSION_VALUE: u64 = 4;
+pub const VERSION_VALUE: u64 = 5;
 
 // ---------------------------------------------------------------------------
 // Global block (all read-only), at offset 0
@@ -165,6 +165,13 @@ pub const MAX_COUNTER_WIDTH: u64 = 61;
 
 /// `SLOT_CTL` bit 63: the slot is assigned.
 pub const SLOT_CTL_ASSIGNED: u64 = 1 << 63;
+/// `SLOT_CTL` bit 62: the slot is frozen: it counts nothing and keeps its
+/// count. A write to an assigned slot that changes only this bit freezes or
+/// thaws it without resetting the count or ending the assignment (as MPAM's
+/// `MSMON_CFG_*_CTL.EN` stops a monitor in place): a driver that cannot read
+/// the slot where it is (a parked domain) can still stop it exactly when an
+/// event goes off, and read it later on the owner.
+pub const SLOT_CTL_FROZEN: u64 = 1 << 62;
 /// `SLOT_CTL` bits 8..24: the RMID.
 pub const SLOT_CTL_RMID_SHIFT: u64 = 8;
 /// Mask of the RMID field after shifting.
@@ -173,7 +180,10 @@ pub const SLOT_CTL_RMID_MASK: u64 = 0xffff;
 pub const SLOT_CTL_EVENT_MASK: u64 = 0xff;
 /// Bits that must be zero in a `SLOT_CTL` write.
 pub const SLOT_CTL_RESERVED: u64 =
-    !(SLOT_CTL_ASSIGNED | (SLOT_CTL_RMID_MASK << SLOT_CTL_RMID_SHIFT) | SLOT_CTL_EVENT_MASK);
+    !(SLOT_CTL_ASSIGNED
+        | SLOT_CTL_FROZEN
+        | (SLOT_CTL_RMID_MASK << SLOT_CTL_RMID_SHIFT)
+        | SLOT_CTL_EVENT_MASK);
 
 /// The `SLOT_CTL` value that assigns `event` of `rmid` to a slot.
 pub const fn slot_ctl_value(event: Event, rmid: u64) -> u64 {

@@ -38,6 +38,13 @@ pub(super) struct Slot {
     pub(super) irq: SlotIrq,
 }
 
+impl Slot {
+    /// Whether the slot is frozen (`SLOT_CTL_FROZEN`): nothing lands in it.
+    pub(super) fn is_frozen(&self) -> bool {
+        self.ctl & regs::SLOT_CTL_FROZEN != 0
+    }
+}
+
 #[derive(Debug, Clone)]
 pub(super) struct Domain {
     /// What `DOM_ALLOWED_CPUS` reads: the set the host gave last.
@@ -157,7 +164,7 @@ fn land(truth: &mut [[u64; 2]], slots: &mut [Slot], rmid: u32, event: Event, byt
         *t = t.wrapping_add(bytes);
     }
     let want = Assignment { event, rmid };
-    for slot in slots.iter_mut().filter(|s| s.assigned == Some(want)) {
+    for slot in slots.iter_mut().filter(|s| s.assigned == Some(want) && !s.is_frozen()) {
         slot.counted = slot.counted.wrapping_add(bytes);
     }
 }

@@ -58,6 +58,8 @@ enum WriteEffect {
     SlotCtl { domain: usize, slot: usize, old: Slot },
     /// An interrupt register was written (the line settles after it).
     Irq,
+    /// An assigned `SLOT_CTL` was frozen or thawed (`SLOT_CTL_FROZEN`).
+    Freeze,
 }
 
 /// The virtual monitoring device.
@@ -454,6 +456,11 @@ impl Device {
             }
             Some(s) => {
                 let slot = dom.slots.get_mut(s).ok_or(BadAccessKind::UnknownOffset)?;
+                if slot.assigned.is_some() && slot.ctl ^ value == regs::SLOT_CTL_FROZEN {
+                    // Frozen or thawed in place: the same assignment, its count kept.
+                    slot.ctl = value;
+                    return Ok(WriteEffect::Freeze);
+                }
                 if value == 0 {
                     let old = std::mem::take(slot);
                     return Ok(WriteEffect::SlotCtl { domain: d, slot: s, old });

@@ -308,6 +308,51 @@ fn slots_count_only_while_assigned() {
     assert_eq!(d.state(4 * SEC).bad_accesses.total, 0);
 }
 
+/// `SLOT_CTL_FROZEN`: a frozen slot counts nothing and keeps its count and
+/// its assignment; toggling only that bit is no new assignment, from any
+/// vCPU (a write is never a placement violation); writing the frozen value
+/// again resets, as repeating any value does.
+#[test]
+fn a_frozen_slot_keeps_its_count_and_its_assignment() {
+    let mut d = owned(24, 1, 1 << 40);
+    let count = |d: &mut Device, now| d.read(now, 0, slot_count(0, 0), 8);
+    let ctl = slot_ctl_value(Event::MbmTotalBytes, 4);
+    assign(&mut d, 0, 0, Event::MbmTotalBytes, 4);
+    d.inject(0, 0, 4, Event::MbmTotalBytes, 7).unwrap();
+    assert_eq!(count(&mut d, SEC), 7);
+    // vCPU 3 is not in the domain: it may still freeze.
+    d.write(SEC, 3, slot_ctl(0, 0), 8, ctl | SLOT_CTL_FROZEN);
+    d.inject(SEC, 0, 4, Event::MbmTotalBytes, 5).unwrap();
+    assert_eq!(count(&mut d, 2 * SEC), 7);
+    let state = d.state(2 * SEC);
+    assert_eq!(state.domains[0].slots[0].assignment, Some(0));
+    assert_eq!(state.domains[0].slots[0].counted_bytes, 7);
+    assert_eq!(state.truth(0, 4, Event::MbmTotalBytes), 12);
+    d.write(2 * SEC, 3, slot_ctl(0, 0), 8, ctl);
+    d.inject(2 * SEC, 0, 4, Event::MbmTotalBytes, 3).unwrap();
+    assert_eq!(count(&mut d, 3 * SEC), 10);
+    assert_eq!(d.state(3 * SEC).domains[0].slots[0].assignment, Some(0));
+    // Frozen again, then the frozen value repeated: a reset, frozen.
+    d.write(3 * SEC, 0, slot_ctl(0, 0), 8, ctl | SLOT_CTL_FROZEN);
+    d.write(3 * SEC, 0, slot_ctl(0, 0), 8, ctl | SLOT_CTL_FROZEN);
+    d.inject(3 * SEC, 0, 4, Event::MbmTotalBytes, 2).unwrap();
+    assert_eq!(count(&mut d, 4 * SEC), 0);
+    let a = d.assignments(4 * SEC, 0);
+    let seqs: Vec<_> = a.records.iter().map(|r| (r.seq, r.counted_bytes, r.released_ns.is_some())).collect();
+    assert_eq!(seqs, vec![(0, 10, true), (1, 0, false)]);
+    // A free slot assigned frozen counts nothing until thawed.
+    d.write(4 * SEC, 0, slot_ctl(0, 1), 8, ctl | SLOT_CTL_FROZEN);
+    d.inject(4 * SEC, 0, 4, Event::MbmTotalBytes, 4).unwrap();
+    assert_eq!(d.read(5 * SEC, 0, slot_count(0, 1), 8), 0);
+    d.write(5 * SEC, 0, slot_ctl(0, 1), 8, ctl);
+    d.inject(5 * SEC, 0, 4, Event::MbmTotalBytes, 6).unwrap();
+    assert_eq!(d.read(6 * SEC, 0, slot_count(0, 1), 8), 6);
+    let state = d.state(6 * SEC);
+    assert_eq!(state.truth(0, 4, Event::MbmTotalBytes), 27);
+    assert_eq!(state.bad_accesses.total, 0);
+    assert_eq!(state.domains[0].violations, 0);
+}
+
 #[test]
 fn traffic_landing_after_reassignment_goes_to_the_new_assignment() {
     let mut d = owned(24, 1, 1000);

@@ -42,6 +42,15 @@ impl Mutant {
         lifecycle_seed(&text).with_context(|| format!("{}", self.file.display()))
     }
 
+    /// The `cargo xtask run` check its file names on a line `# Must be
+    /// caught by the check "NAME" ...`: the runner runs that check on the
+    /// mutant's guest before the random operations.
+    pub fn run_check(&self) -> Result<Option<String>> {
+        let text = fs::read_to_string(&self.file)
+            .with_context(|| format!("reading {}", self.file.display()))?;
+        Ok(named_run_check(&text))
+    }
+
     /// The first line of its file (without a comment's `#`): what it plants.
     pub fn summary(&self) -> String {
         let text = fs::read_to_string(&self.file).unwrap_or_default();
@@ -67,6 +76,18 @@ fn lifecycle_seed(text: &str) -> Result<Option<u64>> {
         }
     }
     Ok(None)
+}
+
+/// The NAME of a `# Must be caught by the check "NAME"` line among a
+/// patch's leading comment lines.
+fn named_run_check(text: &str) -> Option<String> {
+    const PREFIX: &str = "Must be caught by the check \"";
+    text.lines()
+        .take_while(|l| l.starts_with('#'))
+        .find_map(|line| {
+            let rest = line.trim_start_matches('#').trim().strip_prefix(PREFIX)?;
+            Some(rest.split('"').next()?.to_string())
+        })
 }
 
 const DRIVER_DIR: &str = "guest-driver/mutants";
@@ -249,6 +270,37 @@ mod tests {
                 .unwrap_or_else(|e| panic!("{}: {e:#}", mutant.name));
             assert!(!chosen.is_empty(), "{} lists no patch", mutant.name);
         }
+    }
+
+    #[test]
+    fn a_mutant_names_its_run_check_in_its_leading_comments_only() {
+        let with = "# Planted.\n# Must be caught by the check \"mixed group after a move\" of `cargo xtask run`\n--- a/x\n";
+        assert_eq!(
+            named_run_check(with).as_deref(),
+            Some("mixed group after a move")
+        );
+        let later = "# Planted.\n--- a/x\n+# Must be caught by the check \"parking\"\n";
+        assert_eq!(named_run_check(later), None);
+    }
+
+    /// Every check a kernel mutant of the repository names is one that can
+    /// run on its own: a misspelt name would fail only minutes into a
+    /// kernel build and a boot.
+    #[test]
+    fn every_check_a_mutant_names_runs_on_its_own() {
+        let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+        let mut named = 0;
+        for mutant in all(repo).unwrap() {
+            if let Some(check) = mutant.run_check().unwrap() {
+                assert!(
+                    crate::checks::pmu::can_run_alone(&check),
+                    "{} names {check:?}, which does not run on its own",
+                    mutant.name
+                );
+                named += 1;
+            }
+        }
+        assert!(named >= 4, "only {named} mutants name a check");
     }
 
     /// A driver change that breaks a mutant's context fails here, at once, rather than in the

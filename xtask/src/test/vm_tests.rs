@@ -201,6 +201,7 @@ pub fn lifecycle_stress(scenario: &Scenario, accel: &Accel) -> Result<()> {
         ),
         stop_at_first: false,
         parked_ioctls: false,
+        run_check: None,
     };
     let report = stress::lifecycle::execute(&vm, accel, &config)?;
     let failed: Vec<String> = report
@@ -257,6 +258,7 @@ pub fn driver_mutants(scenario: &Scenario, accel: &Accel) -> Result<()> {
                 replay: replay.clone(),
                 stop_at_first: true,
                 parked_ioctls: false,
+                run_check: mutant.run_check()?,
             };
             stress::lifecycle::execute(&vm, accel, &config)
         })();

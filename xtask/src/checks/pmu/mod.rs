@@ -22,12 +22,94 @@ pub mod redteam;
 pub mod registration;
 pub mod semantics;
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 use perfbed_device::{ControlClient, DeviceConfig};
 
 use crate::checks::Check;
 use crate::guest::{pmu_name, Guest};
 use context::Ctx;
+
+/// A check that needs nothing but the context, and leaves the PMUs as it
+/// found them: one `cargo xtask run` check that can also run on its own.
+pub type CtxCheck = fn(&mut Ctx) -> Result<Check>;
+
+/// Moves, parks, interrupts and allowed sets, in `run`'s order, each by the
+/// name its `Check` carries.
+const AROUND_MOVES: &[(&str, CtxCheck)] = &[
+    ("migration", moves::migration),
+    ("parking", moves::parking),
+    ("interrupts", interrupts::follow_the_owner),
+    ("allowed sets", allowed_sets::changes),
+    (
+        "interrupts with RESET and DISABLE",
+        allowed_sets::with_reset_and_disable,
+    ),
+    (
+        "disabled across a move and a park",
+        across_moves::disabled_across_moves,
+    ),
+    (
+        "exclusive and groups after moves",
+        across_moves::exclusive_after_moves,
+    ),
+    (
+        "mixed group after a move",
+        across_moves::mixed_group_after_move,
+    ),
+    ("opens racing moves", across_moves::opens_racing_moves),
+];
+
+/// perf's counting semantics under multiplexing, DISABLE, parks and groups,
+/// in `run`'s order.
+const SEMANTICS: &[(&str, CtxCheck)] = &[
+    ("multiplexing", multiplexing::multiplexing),
+    ("disable window", semantics::disable_window),
+    ("multiplexing through a park", semantics::multiplexed_park),
+    ("park longer than a wrap", semantics::long_park),
+    ("groups", groups::groups),
+    ("bad attributes", groups::bad_attributes),
+];
+
+/// Whether the check called `name` is one `run_named` runs.
+pub fn can_run_alone(name: &str) -> bool {
+    alone().any(|(n, _)| *n == name)
+}
+
+/// The checks that can run on their own.
+fn alone() -> impl Iterator<Item = &'static (&'static str, CtxCheck)> {
+    AROUND_MOVES
+        .iter()
+        .chain(SEMANTICS)
+        .chain(park_attacks::CHECKS)
+}
+
+/// Runs the check called `name` among those that can run on their own
+/// (what a mutant names as the check that must catch it).
+pub fn run_named(ctx: &mut Ctx, name: &str) -> Result<Check> {
+    match alone().find(|(n, _)| *n == name) {
+        Some(&(name, check)) => run_one(ctx, name, check),
+        None => {
+            let names: Vec<&str> = alone().map(|(n, _)| *n).collect();
+            bail!(
+                "no check {name:?} runs on its own; these do: {}",
+                names.join(", ")
+            )
+        }
+    }
+}
+
+/// One check of the tables; its `Check` must carry the table's name, or
+/// `run_named` would look it up under a name no report shows.
+fn run_one(ctx: &mut Ctx, name: &str, check: CtxCheck) -> Result<Check> {
+    let done = check(ctx)?;
+    if done.name != name {
+        bail!(
+            "the check listed as {name:?} reports itself as {:?}",
+            done.name
+        );
+    }
+    Ok(done)
+}
 
 /// Runs every check; the driver must be loaded. `control_socket` is the
 /// device's, for checks that inject from a thread of their own.
@@ -52,15 +134,9 @@ pub fn run(
         registration::sysfs(&mut ctx)?,
         counts::exact_counts(&mut ctx)?,
     ];
-    checks.push(moves::migration(&mut ctx)?);
-    checks.push(moves::parking(&mut ctx)?);
-    checks.push(interrupts::follow_the_owner(&mut ctx)?);
-    checks.push(allowed_sets::changes(&mut ctx)?);
-    checks.push(allowed_sets::with_reset_and_disable(&mut ctx)?);
-    checks.push(across_moves::disabled_across_moves(&mut ctx)?);
-    checks.push(across_moves::exclusive_after_moves(&mut ctx)?);
-    checks.push(across_moves::mixed_group_after_move(&mut ctx)?);
-    checks.push(across_moves::opens_racing_moves(&mut ctx)?);
+    for &(name, check) in AROUND_MOVES {
+        checks.push(run_one(&mut ctx, name, check)?);
+    }
     checks.push(moving_traffic::check(
         ctx.g,
         &mut ctx.control,
@@ -68,12 +144,9 @@ pub fn run(
         &ctx.device,
         &ctx.types,
     )?);
-    checks.push(multiplexing::multiplexing(&mut ctx)?);
-    checks.push(semantics::disable_window(&mut ctx)?);
-    checks.push(semantics::multiplexed_park(&mut ctx)?);
-    checks.push(semantics::long_park(&mut ctx)?);
-    checks.push(groups::groups(&mut ctx)?);
-    checks.push(groups::bad_attributes(&mut ctx)?);
+    for &(name, check) in SEMANTICS {
+        checks.push(run_one(&mut ctx, name, check)?);
+    }
     checks.push(perf_matrix::run(
         ctx.g,
         &mut ctx.control,

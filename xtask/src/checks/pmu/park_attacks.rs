@@ -135,24 +135,32 @@ fn exclusive_parked(ctx: &mut Ctx, d: usize) -> Result<Check> {
     ctx.g.close(p1)?;
     ctx.g.close(p2)?;
     for (i, r) in rs.iter().enumerate() {
+        // The exclusive one is enabled for the first 1 + 2 MiB only.
+        let (what, landed) = if i == 0 {
+            ("the exclusive DISABLEd", 3 * MIB)
+        } else {
+            ("the exclusive DISABLEd, 4 MiB", 7 * MIB)
+        };
         judge_window(
-            &format!(
-                "rmid {r}: open, 1 MiB, park, 2 MiB, the exclusive DISABLEd, 4 MiB, the return"
-            ),
+            &format!("rmid {r}: open, 1 MiB, park, 2 MiB, {what}, the return"),
             &s[i],
             &u0[i],
-            7 * MIB,
+            landed,
             &mut problems,
         );
     }
-    // Disabled: its time_enabled stands still from the DISABLE, its value
-    // from the return (a read while parked leaves the value's window
-    // open: what landed while it counted before the DISABLE may show only
-    // after the return), and never more than landed while it was enabled.
-    // What its time_running does after a DISABLE while parked is P3's.
-    if u1[0][1] != off[0][1] || u1[0][0] != u0[0][0] || u1[0][0] > s[0][0] + 3 * MIB {
+    // Disabled: its clocks stand still from the DISABLE, its value from
+    // the return (a read while parked leaves the value's window open: what
+    // landed while it counted before the DISABLE shows only after the
+    // return), and never more than landed while it was enabled (its slot,
+    // if it had one, frozen at the DISABLE: SLOT_CTL_FROZEN).
+    if u1[0][1] != off[0][1]
+        || u1[0][2] != off[0][2]
+        || u1[0][0] != u0[0][0]
+        || u1[0][0] > s[0][0] + 3 * MIB
+    {
         problems.push(format!(
-            "the exclusive event, DISABLEd while parked after 1 + 2 MiB: read {:?} at its DISABLE, {:?} at the return, {:?} after 8 MiB more (want time_enabled unchanged from the DISABLE, the value from the return, at most 3 MiB)",
+            "the exclusive event, DISABLEd while parked after 1 + 2 MiB: read {:?} at its DISABLE, {:?} at the return, {:?} after 8 MiB more (want both clocks unchanged from the DISABLE, the value from the return, at most 3 MiB)",
             off[0], u0[0], u1[0]
         ));
     }
@@ -187,6 +195,114 @@ fn exclusive_parked(ctx: &mut Ctx, d: usize) -> Result<Check> {
             pmu_name(d),
             v1[0][0],
             v1[1][0]
+        ),
+    ))
+}
+
+/// P3. `time_running` never goes down (the contract, "Parks and wraps": a
+///     park's interval is left out, not taken back). Two events of one RMID
+///     each: A is DISABLEd while parked, B stays enabled; both are read
+///     while parked, after a park longer than the wrap budget, before and
+///     after A's DISABLE, then after the return; A is ENABLEd and counts
+///     exactly at 100 % after it. No read's clocks may be below an earlier
+///     read's, and A's stand still from its DISABLE to its ENABLE; A's
+///     value at the return is exactly the 3 MiB landed before its DISABLE.
+pub fn running_never_back_after_park(ctx: &mut Ctx) -> Result<Check> {
+    let (d, allowed) = movable_domain(ctx)?;
+    let (ra, rb) = (rmid(ctx, 1), rmid(ctx, 2));
+    let a = open_with(ctx, d, ra, TIMES, 0, None)?;
+    let b = open_with(ctx, d, rb, TIMES, 0, None)?;
+    let hs = [a, b];
+    let both = |ctx: &mut Ctx, x: u64| -> Result<()> {
+        ctx.inject_and_land(&[
+            (d, ra, Event::MbmTotalBytes, x),
+            (d, rb, Event::MbmTotalBytes, x),
+        ])
+    };
+    let mut reads = vec![("open", ctx.g.read_many(&hs)?)];
+    both(ctx, MIB)?;
+    reads.push(("1 MiB", ctx.g.read_many(&hs)?));
+    park(ctx, &allowed, false)?;
+    both(ctx, 2 * MIB)?;
+    std::thread::sleep(std::time::Duration::from_millis(400));
+    reads.push(("parked 400 ms, 2 MiB", ctx.g.read_many(&hs)?));
+    must(ctx, a, PerfIoctl::Disable { group: false })?;
+    let off = ctx.g.read_many(&hs)?;
+    reads.push(("A DISABLEd while parked", off.clone()));
+    both(ctx, 4 * MIB)?;
+    park(ctx, &allowed, true)?;
+    reads.push(("the return, 4 MiB", ctx.g.read_many(&hs)?));
+    both(ctx, 8 * MIB)?;
+    let before_enable = ctx.g.read_many(&hs)?;
+    reads.push(("8 MiB", before_enable.clone()));
+    must(ctx, a, PerfIoctl::Enable { group: false })?;
+    let on = ctx.g.read_many(&hs)?;
+    reads.push(("A ENABLEd", on.clone()));
+    both(ctx, 16 * MIB)?;
+    let end = ctx.g.read_many(&hs)?;
+    reads.push(("16 MiB", end.clone()));
+    ctx.g.close(a)?;
+    ctx.g.close(b)?;
+    let mut problems = Vec::new();
+    for (i, name) in ["A", "B"].iter().enumerate() {
+        for pair in reads.windows(2) {
+            let ((w0, r0), (w1, r1)) = (&pair[0], &pair[1]);
+            if r1[i][1] < r0[i][1] || r1[i][2] < r0[i][2] || r1[i][2] > r1[i][1] {
+                problems.push(format!(
+                    "{name}: read after \"{w1}\" {:?} follows {:?} after \"{w0}\" (time_enabled and time_running never go back, running <= enabled)",
+                    r1[i], r0[i]
+                ));
+            }
+        }
+    }
+    // Disabled: its clocks stand still from the DISABLE; its value, read
+    // exactly at the return (a read while parked leaves the value's window
+    // open), is the 1 + 2 MiB landed while it was enabled: the device froze
+    // its slot at the DISABLE (SLOT_CTL_FROZEN).
+    let returned = &reads[4].1[0];
+    if before_enable[0][1] != off[0][1]
+        || before_enable[0][2] != off[0][2]
+        || before_enable[0][0] != returned[0]
+        || returned[0] != 3 * MIB
+    {
+        problems.push(format!(
+            "A, DISABLEd while parked after 1 + 2 MiB: read {:?} at its DISABLE, {:?} at the return, {:?} after 8 MiB more (want both clocks unchanged from the DISABLE, the value from the return, exactly 3 MiB)",
+            off[0], returned, before_enable[0]
+        ));
+    }
+    judge_exact(
+        "A, ENABLEd after the return, 16 MiB",
+        &on[0],
+        &end[0],
+        16 * MIB,
+        &mut problems,
+    );
+    judge_window(
+        "A from its open (1 MiB, park, 2 MiB, DISABLE, 4 + 8 MiB not counted, ENABLE, 16 MiB)",
+        &reads[0].1[0],
+        &end[0],
+        19 * MIB,
+        &mut problems,
+    );
+    if end[1][0] != 31 * MIB {
+        problems.push(format!(
+            "B, enabled throughout: counted {} (want {}: a park's count stays exact)",
+            end[1][0],
+            31 * MIB
+        ));
+    }
+    Ok(Check::from_problems(
+        "park-attack: running never back after park",
+        problems,
+        format!(
+            "{}: A DISABLEd while parked and B enabled, read 7 times through a park of 400 ms: clocks never back; A ends at {} ({:?} running of {:?} enabled), B {} ({:?} of {:?})",
+            pmu_name(d),
+            end[0][0],
+            std::time::Duration::from_nanos(end[0][2]),
+            std::time::Duration::from_nanos(end[0][1]),
+            end[1][0],
+            std::time::Duration::from_nanos(end[1][2]),
+            std::time::Duration::from_nanos(end[1][1])
         ),
     ))
 }
@@ -332,26 +448,32 @@ pub fn leader_enabled_while_parked(ctx: &mut Ctx) -> Result<Check> {
     ))
 }
 
-/// Every attack, in order; each leaves every CPU online, nothing open and
-/// the mux interval as it found it.
+/// Every attack, in order, each by the name its `Check` carries; each
+/// leaves every CPU online, nothing open and the mux interval as it found
+/// it.
+pub(super) const CHECKS: &[Named] = &[
+    (
+        "park-attack: contention closed while parked",
+        contention_closed_while_parked,
+    ),
+    (
+        "park-attack: exclusive ended while parked",
+        exclusive_ended_while_parked,
+    ),
+    (
+        "park-attack: running never back after park",
+        running_never_back_after_park,
+    ),
+    (
+        "park-attack: disable and enable while parked",
+        disable_enable_while_parked,
+    ),
+    (
+        "park-attack: leader enabled while parked",
+        leader_enabled_while_parked,
+    ),
+];
+
 pub fn run(ctx: &mut Ctx) -> Result<Vec<Check>> {
-    let checks: [Named; 4] = [
-        (
-            "park-attack: contention closed while parked",
-            contention_closed_while_parked,
-        ),
-        (
-            "park-attack: exclusive ended while parked",
-            exclusive_ended_while_parked,
-        ),
-        (
-            "park-attack: disable and enable while parked",
-            disable_enable_while_parked,
-        ),
-        (
-            "park-attack: leader enabled while parked",
-            leader_enabled_while_parked,
-        ),
-    ];
-    run_each(ctx, &checks)
+    run_each(ctx, CHECKS)
 }

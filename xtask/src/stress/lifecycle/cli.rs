@@ -192,11 +192,15 @@ pub fn mutant_images(
     }
 }
 
-/// Where a run first failed: its first mismatch against the model, or any
-/// other failing check (a splat, a violation: counted as operation 0 of
-/// the end).
+/// Where a run first failed: a check before the random operations (after
+/// 0 of them), its first mismatch against the model, or any other failing
+/// check (a splat, a violation: counted as the last operation).
 fn caught(report: &LifecycleReport) -> (Option<usize>, Option<&'static str>) {
-    let failed = report.checks.iter().find(|c| !c.passed).map(|c| c.name);
+    let first_failed = report.checks.iter().position(|c| !c.passed);
+    let failed = first_failed.map(|i| report.checks[i].name);
+    if first_failed.is_some_and(|i| i < report.prologue) {
+        return (Some(0), failed);
+    }
     match report.caught_at() {
         Some(at) => (Some(at), failed),
         None => (failed.map(|_| report.steps), failed),
@@ -245,6 +249,21 @@ fn replay_command(args: &StressArgs, ops: u32, seed: u64, mutant: Option<&str>) 
     cmd
 }
 
+/// The `cargo xtask run` check a mutant names, checked before anything is
+/// built: a misspelt name fails now, not after a kernel build and a boot.
+fn named_check(mutant: &Mutant) -> Result<Option<String>> {
+    let check = mutant.run_check()?;
+    if let Some(name) = &check {
+        if !crate::checks::pmu::can_run_alone(name) {
+            bail!(
+                "{} names the check {name:?}, which cannot run on its own",
+                mutant.file.display()
+            );
+        }
+    }
+    Ok(check)
+}
+
 /// Builds what the run needs (the mutant's driver or kernel), boots, runs.
 fn lifecycle(
     ws: &Path,
@@ -262,6 +281,10 @@ fn lifecycle(
     config::check_size(args.cpus, args.memory)?;
     let mut device = device(args.cpus, args.domains.as_deref())?;
     device.slots = SLOTS;
+    let run_check = match mutant {
+        Some(m) => named_check(m)?,
+        None => None,
+    };
     let images = mutant_images(ws, variant, mutant)?;
     let accel = host::choose_accel();
     let (placement, why) = host::choose_host(args.host, &accel);
@@ -279,6 +302,7 @@ fn lifecycle(
         replay: replay_command(args, ops, seed, mutant.map(|m| m.name.as_str())),
         stop_at_first,
         parked_ioctls: args.parked_ioctls,
+        run_check,
     };
     eprintln!(
         "==> stress --lifecycle: {ops} operations, seed {seed}, {} vCPUs, {} slots per domain, {} kernel, under {}",

@@ -18,6 +18,7 @@ use perfbed_device::ControlClient;
 use crate::checks::pmu::attacks;
 use crate::checks::pmu::context::Ctx;
 use crate::checks::pmu::moves::movable_domain;
+use crate::checks::pmu::run_named;
 use crate::checks::{clean_log_check, Check};
 use crate::guest::Guest;
 use crate::guest::{pmu_name, MODULE};
@@ -77,10 +78,20 @@ fn on_guest(
     let mut control =
         ControlClient::connect(&socket).context("connecting to the device's control socket")?;
     control.reset_stats()?;
-    let waiting = waiting_after_a_move(&mut g, &socket, device, &types)?;
-    // A planted bug's run stops at its first failure: this one, before any
-    // random operation.
-    let ops = if config.stop_at_first && !waiting.passed {
+    let mut prologue = vec![waiting_after_a_move(&mut g, &socket, device, &types)?];
+    if let Some(name) = &config.run_check {
+        let mut ctx = Ctx {
+            g: &mut g,
+            control: ControlClient::connect(&socket)
+                .context("connecting to the device's control socket")?,
+            device: device.clone(),
+            types: types.clone(),
+        };
+        prologue.push(run_named(&mut ctx, name)?);
+    }
+    // A planted bug's run stops at its first failure: one of these, before
+    // any random operation.
+    let ops = if config.stop_at_first && prologue.iter().any(|c| !c.passed) {
         0
     } else {
         config.ops
@@ -98,10 +109,32 @@ fn on_guest(
         },
         &vm_config.run_dir,
     )?;
-    report.checks.insert(0, waiting);
+    report.prologue = prologue.len();
+    for pmu in &pmus {
+        // A kernel without the figures (the seed as posted) has nothing to report.
+        if let Ok(waits) = open_waits(&mut g, pmu) {
+            report.waits.push(waits);
+        }
+    }
+    report.checks.splice(0..0, prologue);
     let state = control.state()?;
     report.checks.push(super::jobs::violations_check(&state));
     Ok(report)
+}
+
+/// The PMU's open-wait figures (patches 0007 and 0014).
+fn open_waits(g: &mut Guest, pmu: &str) -> Result<run::OpenWaits> {
+    let mut figure = |file: &str| -> Result<u64> {
+        let path = format!("/sys/bus/event_source/devices/{pmu}/{file}");
+        let text = g.read_file(&path)?;
+        text.trim().parse().with_context(|| format!("{path}: {text:?}"))
+    };
+    Ok(run::OpenWaits {
+        pmu: pmu.to_string(),
+        waits: figure("open_waits")?,
+        longest_sleep_ns: figure("open_wait_max_ns")?,
+        longest_move_ns: figure("move_max_ns")?,
+    })
 }
 
 /// A fixed sequence before the random operations: events a move left

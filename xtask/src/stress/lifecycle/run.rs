@@ -45,6 +45,9 @@ pub struct LifecycleConfig {
     pub stop_at_first: bool,
     /// Also ioctls on events of parked PMUs (`--parked-ioctls`).
     pub parked_ioctls: bool,
+    /// A `cargo xtask run` check to run before the random operations: the
+    /// one a kernel mutant names as the check that must catch it.
+    pub run_check: Option<String>,
 }
 
 /// With `stop_at_first`, how many operations between two replays.
@@ -53,6 +56,8 @@ const REPLAY_EVERY: usize = 40;
 /// What a lifecycle run saw.
 pub struct LifecycleReport {
     pub checks: Vec<Check>,
+    /// How many of `checks` ran before the random operations (the first ones).
+    pub prologue: usize,
     pub steps: usize,
     pub time: Duration,
     /// The first finding, with the step it is about.
@@ -64,6 +69,18 @@ pub struct LifecycleReport {
     /// The first move, park or unpark after which the interrupt's affinity
     /// did not follow the PMU.
     pub first_affinity: Option<usize>,
+    /// Per PMU, the kernel's own figures at the end (patches 0007 and
+    /// 0014): opens that waited for a move, the longest such sleep and the
+    /// longest move. Reported, not judged: a timing on a shared machine.
+    pub waits: Vec<OpenWaits>,
+}
+
+/// One PMU's open-wait figures from sysfs.
+pub struct OpenWaits {
+    pub pmu: String,
+    pub waits: u64,
+    pub longest_sleep_ns: u64,
+    pub longest_move_ns: u64,
 }
 
 impl LifecycleReport {
@@ -89,6 +106,21 @@ impl LifecycleReport {
                 out,
                 "  seed {}; replay with:\n    {}",
                 config.seed, config.replay
+            );
+        }
+        for w in &self.waits {
+            let _ = writeln!(
+                out,
+                "  {}: {} opens waited for a move, the longest sleep {:.1} ms, the longest move {:.1} ms{}",
+                w.pmu,
+                w.waits,
+                w.longest_sleep_ns as f64 / 1e6,
+                w.longest_move_ns as f64 / 1e6,
+                if w.longest_sleep_ns > w.longest_move_ns {
+                    " (a sleep longer than any move: the wake-up ran late, or one open waited for two moves)"
+                } else {
+                    ""
+                }
             );
         }
         let _ = writeln!(out, "  journal: {}", self.journal.display());
@@ -340,6 +372,8 @@ pub fn run(
     }
     Ok(LifecycleReport {
         checks,
+        prologue: 0,
+        waits: Vec::new(),
         steps: journal.len(),
         time,
         first,
