@@ -151,7 +151,17 @@ impl Guest<'_> {
         match self.ask(HostRequest::PerfReadMany {
             handles: handles.to_vec(),
         })? {
-            AgentMessage::PerfValuesMany { values } if values.len() == handles.len() => Ok(values),
+            AgentMessage::PerfValuesMany { values } if values.len() == handles.len() => {
+                // As `read`: a read() of 0 bytes is perf's end of file for an event
+                // in the error state, which no check can judge by its words.
+                if let Some(i) = values.iter().position(Vec::is_empty) {
+                    bail!(
+                        "reading events {handles:?}: event {} read 0 bytes (perf put it in the error state: a pinned group that could not be scheduled?)",
+                        handles[i]
+                    );
+                }
+                Ok(values)
+            }
             other => bail!("reading events {handles:?}: {other:?}"),
         }
     }
