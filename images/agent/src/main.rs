@@ -88,7 +88,6 @@ fn handle(
     journal: &mut Journal,
     cmdline: &str,
 ) -> AgentMessage {
-    let errno = |e: perf::SysError| AgentMessage::Errno { errno: e.errno, name: perf::errno_name(e.errno), call: e.call.into() };
     let done = |r: Result<(), String>| r.map_or_else(|error| AgentMessage::Error { error }, |()| AgentMessage::Done);
     match request {
         HostRequest::ReadFile { path } => match fs::read_to_string(&path) {
@@ -174,12 +173,7 @@ fn handle(
             AgentMessage::HotplugBatch(batch::run(&ops, &watch_pmus, &read_handles, events))
         }
         HostRequest::PerfOps { ops } => AgentMessage::PerfOps { results: perf_ops::run(ops, events, journal) },
-        HostRequest::PerfReadMany { handles } => {
-            match handles.iter().map(|&h| events.read(h)).collect::<Result<Vec<_>, _>>() {
-                Ok(values) => AgentMessage::PerfValuesMany { values },
-                Err(e) => errno(e),
-            }
-        }
+        HostRequest::PerfReadMany { handles } => read_many(events, &handles),
         HostRequest::StartJob { spec } => match jobs.start(&spec) {
             Ok(job) => AgentMessage::JobStarted { job },
             Err(error) => AgentMessage::Error { error },
@@ -190,6 +184,41 @@ fn handle(
         },
         HostRequest::PowerOff | HostRequest::FloodChannel => unreachable!("handled by the request loop"),
     }
+}
+
+/// A failed perf call, as the host sees it.
+fn errno(e: perf::SysError) -> AgentMessage {
+    AgentMessage::Errno { errno: e.errno, name: perf::errno_name(e.errno), call: e.call.into() }
+}
+
+/// A `PerfReadMany` pass that took longer than this (the vCPU was preempted
+/// between two reads, on a loaded host) is made again.
+const READ_MANY_SPAN: Duration = Duration::from_micros(500);
+/// Passes made at most; the quickest is answered.
+const READ_MANY_PASSES: u32 = 8;
+
+/// Reads every handle within microseconds of each other, as the host's
+/// checks that add up several events' clocks over one window assume (a
+/// read has no side effect on the counts, so a slow pass is simply made
+/// again).
+fn read_many(events: &mut perf::Events, handles: &[u32]) -> AgentMessage {
+    let mut quickest: Option<(Duration, Vec<Vec<u64>>)> = None;
+    for _ in 0..READ_MANY_PASSES {
+        let start = Instant::now();
+        let values = match handles.iter().map(|&h| events.read(h)).collect::<Result<Vec<_>, _>>() {
+            Ok(values) => values,
+            Err(e) => return errno(e),
+        };
+        let span = start.elapsed();
+        if quickest.as_ref().is_none_or(|(best, _)| span < *best) {
+            quickest = Some((span, values));
+        }
+        if span <= READ_MANY_SPAN {
+            break;
+        }
+    }
+    let (_, values) = quickest.expect("at least one pass");
+    AgentMessage::PerfValuesMany { values }
 }
 
 /// Takes one CPU offline or online through sysfs.

@@ -145,8 +145,9 @@ impl Guest<'_> {
         }
     }
 
-    /// The words of a read() of each event, all read by one request (so
-    /// within microseconds of each other in the guest).
+    /// The words of a read() of each event, all read by one request, within
+    /// microseconds of each other in the guest (the agent makes a pass that
+    /// took over 0.5 ms, its vCPU preempted, again: up to 8 passes).
     pub fn read_many(&mut self, handles: &[u32]) -> Result<Vec<Vec<u64>>> {
         match self.ask(HostRequest::PerfReadMany {
             handles: handles.to_vec(),
