@@ -443,7 +443,12 @@ struct Slot {
     last: u64,
     /// Counter units since the slot was assigned, as a 64-bit count that does not wrap.
     total: u64,
-    /// The holder's `hw.prev_count` when it started moving: what of `total` it has counted.
+    /// `total` at the holder's last fold: what of it the holder's count has. (The job of perf's
+    /// `hw.prev_count`, kept here, under the lock the read path holds anyway, rather than in the
+    /// event, where each access is a call into the kernel crate: a slot and its holder's baseline
+    /// live and die together.)
+    folded: u64,
+    /// `folded` when the holder started moving: what of `total` it has counted.
     moved_at: u64,
     /// [`Event::ctx_time`] at the holder's `del`, for [`Holder::Idle`] and [`Holder::ParkedIdle`].
     idle_time: u64,
@@ -462,6 +467,7 @@ impl Slot {
         state: Holder::Free,
         last: 0,
         total: 0,
+        folded: 0,
         moved_at: 0,
         idle_time: 0,
         read_ns: 0,
@@ -479,9 +485,81 @@ struct Owed {
     lost_ns: u64,
 }
 
+impl Owed {
+    const UNUSED: Owed = Owed { key: 0, units: 0, lost_ns: 0 };
+}
+
 /// How many events can be owed counts at once; when all are in use, a moving event's slot is not
 /// taken (the event short of a slot waits for a rotation).
 const MAX_OWED: usize = 2 * regs::MAX_SLOTS as usize;
+
+/// The counts owed to events, with how many entries are in use. Every fold on the owner looks its
+/// event up here, and almost always nothing is owed (only a slot taken from a moving event puts an
+/// entry here): with the count, that look-up is one comparison instead of a scan of `MAX_OWED`
+/// entries under the domain's lock on every `read()`.
+struct OwedTable {
+    entries: [Owed; MAX_OWED],
+    /// Entries whose key is not 0.
+    used: usize,
+}
+
+impl OwedTable {
+    const EMPTY: OwedTable = OwedTable { entries: [Owed::UNUSED; MAX_OWED], used: 0 };
+
+    /// An unused entry, for [`OwedTable::insert`].
+    fn free_entry(&self) -> Option<usize> {
+        self.entries.iter().position(|o| o.key == 0)
+    }
+
+    /// Fills the unused entry `entry` (from [`OwedTable::free_entry`]).
+    fn insert(&mut self, entry: usize, owed: Owed) {
+        if self.entries[entry].key == 0 && owed.key != 0 {
+            self.used += 1;
+        }
+        self.entries[entry] = owed;
+    }
+
+    /// The first entry of `event`; its key is not even asked for when nothing is owed.
+    #[inline]
+    fn find(&self, event: &Event) -> Option<usize> {
+        if self.used == 0 {
+            return None;
+        }
+        let key = event.key();
+        self.entries.iter().position(|o| o.key == key)
+    }
+
+    /// Makes entry `entry` unused.
+    fn remove(&mut self, entry: usize) {
+        if self.entries[entry].key != 0 {
+            self.used -= 1;
+        }
+        self.entries[entry] = Owed::UNUSED;
+    }
+
+    /// Drops the counts owed to the event with key `key`, keeping its entries (and the time they
+    /// lost) for its next `add` or `del`.
+    fn drop_units(&mut self, key: usize) {
+        if self.used == 0 {
+            return;
+        }
+        for owed in self.entries.iter_mut().filter(|o| o.key == key) {
+            owed.units = 0;
+        }
+    }
+
+    /// Makes every entry of the event with key `key` unused.
+    fn forget(&mut self, key: usize) {
+        if self.used == 0 {
+            return;
+        }
+        for entry in 0..MAX_OWED {
+            if self.entries[entry].key == key {
+                self.remove(entry);
+            }
+        }
+    }
+}
 
 /// `hw.idx` of an event that holds no slot.
 const NO_SLOT: i32 = -1;
@@ -497,7 +575,7 @@ struct DomainHw {
     slots: [Slot; regs::MAX_SLOTS as usize],
     /// Number of slots held by an event.
     held: u32,
-    owed: [Owed; MAX_OWED],
+    owed: OwedTable,
     /// The owner before the last change: between `migrate_cpu` and the perf core moving the
     /// events away, they still run there.
     previous_owner: Option<u32>,
@@ -552,7 +630,7 @@ impl Domain {
                     owner: None,
                     slots: [Slot::FREE; regs::MAX_SLOTS as usize],
                     held: 0,
-                    owed: [Owed { key: 0, units: 0, lost_ns: 0 }; MAX_OWED],
+                    owed: OwedTable::EMPTY,
                     previous_owner: None,
                 },
                 "perfbed_domain"
@@ -598,34 +676,45 @@ impl Domain {
     /// Whether this CPU may read the domain's counters now: it is the owner and, as far as the
     /// driver knows, still allowed (after an allowed-set change that dropped the owner, nobody
     /// reads until the perf core has moved or parked the PMU; see `allowed.rs`).
+    #[inline]
     fn reads_here(&self, hw: &DomainHw) -> bool {
         hw.owner.is_some_and(|cpu| cpu == perf::current_cpu() && self.is_allowed(cpu))
     }
 
     /// Reads a counter register; `None` (and a warning) if the device flags the value as
-    /// unusable. The value keeps its `COUNTER_OVERFLOW` bit.
+    /// unusable. The value keeps its `COUNTER_OVERFLOW` bit. Inlined, with [`Domain::sync_slot`],
+    /// into the read path: see [`hw::Mmio::read`].
+    #[inline]
     fn read_counter(&self, offset: u64) -> Option<u64> {
         let value = self.dev.mmio.read(offset);
         if value & (regs::COUNTER_ERROR | regs::COUNTER_UNAVAILABLE) != 0 {
-            let what = if value & regs::COUNTER_ERROR != 0 {
-                "placement error"
-            } else {
-                "counter unavailable"
-            };
-            warn_ratelimited!(
-                "perfbed_l3_{}: {} reading register {:#x} on CPU {} (value {:#x}), ignored\n",
-                self.index,
-                what,
-                offset,
-                perf::current_cpu(),
-                value
-            );
+            self.warn_unusable(offset, value);
             return None;
         }
         Some(value)
     }
 
+    /// The warning of [`Domain::read_counter`] for a counter `value` read at `offset` that the
+    /// device flagged as unusable.
+    #[cold]
+    fn warn_unusable(&self, offset: u64, value: u64) {
+        let what = if value & regs::COUNTER_ERROR != 0 {
+            "placement error"
+        } else {
+            "counter unavailable"
+        };
+        warn_ratelimited!(
+            "perfbed_l3_{}: {} reading register {:#x} on CPU {} (value {:#x}), ignored\n",
+            self.index,
+            what,
+            offset,
+            perf::current_cpu(),
+            value
+        );
+    }
+
     /// Folds the hardware counter of `slot` into its 64-bit total. The caller owns the domain.
+    #[inline]
     fn sync_slot(&self, hw: &mut DomainHw, slot: usize) -> bool {
         let Some(value) = self.read_counter(self.slot_count_reg(slot)) else {
             return false;
@@ -634,18 +723,7 @@ impl Domain {
         let clock = perf::clock_ns();
         let s = &mut hw.slots[slot];
         if value & regs::COUNTER_OVERFLOW != 0 {
-            // Whole wraps went unread (a park longer than a wrap at the device's rate): how much
-            // landed since the last good read is unknowable. Count none of it, and none of its
-            // time as running, so that perf scales the count over the gap and shows it.
-            s.lost_ns += clock.saturating_sub(s.read_ns);
-            self.lost_wraps.fetch_add(1, Ordering::Relaxed);
-            warn_ratelimited!(
-                "perfbed_l3_{}: slot {} wrapped more than once unread (parked too long?): {} ms \
-                 of counts lost, not counted as running\n",
-                self.index,
-                slot,
-                clock.saturating_sub(s.read_ns) / 1_000_000
-            );
+            self.lose_wraps(s, slot, clock);
         } else {
             // The poll period keeps this below one wrap, and the device flags it when it was not.
             let delta = now.wrapping_sub(s.last) & self.dev.mask;
@@ -656,7 +734,24 @@ impl Domain {
         true
     }
 
+    /// Whole wraps of `slot` went unread (a park longer than a wrap at the device's rate): how
+    /// much landed since the last good read is unknowable. None of it is counted, and none of its
+    /// time as running (up to `clock`), so that perf scales the count over the gap and shows it.
+    #[cold]
+    fn lose_wraps(&self, s: &mut Slot, slot: usize, clock: u64) {
+        s.lost_ns += clock.saturating_sub(s.read_ns);
+        self.lost_wraps.fetch_add(1, Ordering::Relaxed);
+        warn_ratelimited!(
+            "perfbed_l3_{}: slot {} wrapped more than once unread (parked too long?): {} ms \
+             of counts lost, not counted as running\n",
+            self.index,
+            slot,
+            clock.saturating_sub(s.read_ns) / 1_000_000
+        );
+    }
+
     /// The slot `event` holds, if any.
+    #[inline]
     fn slot_of(&self, hw: &DomainHw, event: &Event) -> Option<usize> {
         usize::try_from(event.hw_idx())
             .ok()
@@ -680,7 +775,6 @@ impl Domain {
         };
         // CAST: slot numbers are below `MAX_SLOTS`.
         event.set_hw_idx(slot as i32);
-        event.hw_prev_count().set(0);
     }
 
     /// Schedules `event` on a slot counting `config`: the one it still holds (back from a move),
@@ -719,7 +813,7 @@ impl Domain {
             let moving = hw.slots[..self.dev.slots]
                 .iter()
                 .position(|s| s.state == Holder::Moving);
-            let entry = hw.owed.iter().position(|o| o.key == 0);
+            let entry = hw.owed.free_entry();
             if let (Some(slot), Some(entry)) = (moving, entry) {
                 self.take_from_mover(hw, slot, entry);
                 self.assign(hw, slot, event, config);
@@ -749,11 +843,14 @@ impl Domain {
             s.lost_ns += now.saturating_sub(s.read_ns);
         }
         let s = hw.slots[slot];
-        hw.owed[entry] = Owed {
-            key: s.holder,
-            units: s.total.wrapping_sub(s.moved_at),
-            lost_ns: s.lost_ns,
-        };
+        hw.owed.insert(
+            entry,
+            Owed {
+                key: s.holder,
+                units: s.total.wrapping_sub(s.moved_at),
+                lost_ns: s.lost_ns,
+            },
+        );
         hw.slots[slot] = Slot::FREE;
         hw.held -= 1;
     }
@@ -761,13 +858,14 @@ impl Domain {
     /// Gives `event` what is owed to it, if anything: counts its slot made while it moved and,
     /// from `add` and `del` only (see [`Event::discount_running`]), time to take off its
     /// `time_running`, its own slot's included.
+    #[inline]
     fn pay_owed(&self, hw: &mut DomainHw, event: &Event, discount: bool) {
-        let key = event.key();
-        if let Some(owed) = hw.owed.iter_mut().find(|o| o.key == key) {
+        if let Some(entry) = hw.owed.find(event) {
+            let owed = &mut hw.owed.entries[entry];
             event.count().add(owed.units.wrapping_mul(self.dev.unit));
             owed.units = 0;
             if owed.lost_ns == 0 || (discount && event.discount_running(owed.lost_ns)) {
-                *owed = Owed { key: 0, units: 0, lost_ns: 0 };
+                hw.owed.remove(entry);
             }
         }
         if !discount {
@@ -806,7 +904,7 @@ impl Domain {
         {
             let s = &mut hw.slots[slot];
             s.state = Holder::Moving;
-            s.moved_at = event.hw_prev_count().read();
+            s.moved_at = s.folded;
         } else {
             // Parked, on the CPU that keeps the events: a reschedule or the event going off;
             // its next `add` tells which.
@@ -854,11 +952,7 @@ impl Domain {
         match hw.slots[slot].state {
             state @ (Holder::Moving | Holder::ParkedIdle) if on_owner => {
                 if self.sync_slot(hw, slot) {
-                    let total = hw.slots[slot].total;
-                    let prev = event.hw_prev_count().xchg(total);
-                    event
-                        .count()
-                        .add(total.wrapping_sub(prev).wrapping_mul(self.dev.unit));
+                    self.credit(hw, slot, event);
                 }
                 // A slot that could not be read: its unread time is lost (`lost_ns`), paid below.
                 if state == Holder::ParkedIdle {
@@ -886,10 +980,7 @@ impl Domain {
     /// exactly at the next read on an owner. An event that is off since a `del` on the owner was folded then and starts
     /// afresh at its next `add`. Counts owed to the event are dropped.
     fn restart(&self, hw: &mut DomainHw, event: &Event, config: Config) {
-        let key = event.key();
-        for owed in hw.owed.iter_mut().filter(|o| o.key == key) {
-            owed.units = 0;
-        }
+        hw.owed.drop_units(event.key());
         let Some(slot) = self.slot_of(hw, event) else {
             return;
         };
@@ -898,7 +989,8 @@ impl Domain {
             return;
         }
         if state != Holder::ParkedIdle && self.reads_here(hw) && self.sync_slot(hw, slot) {
-            event.hw_prev_count().set(hw.slots[slot].total);
+            let s = &mut hw.slots[slot];
+            s.folded = s.total;
             return;
         }
         let frozen = if state == Holder::ParkedIdle { regs::SLOT_CTL_FROZEN } else { 0 };
@@ -908,9 +1000,9 @@ impl Domain {
         let s = &mut hw.slots[slot];
         s.last = 0;
         s.total = 0;
+        s.folded = 0;
         s.moved_at = 0;
         s.read_ns = perf::clock_ns();
-        event.hw_prev_count().set(0);
     }
 
     /// Frees the slot `event` holds, if any, and forgets what is owed to it.
@@ -925,39 +1017,54 @@ impl Domain {
 
     /// Forgets what is owed to `event`, which is being freed.
     fn forget_owed(hw: &mut DomainHw, event: &Event) {
-        let key = event.key();
-        for owed in hw.owed.iter_mut().filter(|o| o.key == key) {
-            *owed = Owed { key: 0, units: 0, lost_ns: 0 };
-        }
+        hw.owed.forget(event.key());
     }
 
     /// Brings the count of `event` up to date, if this CPU reads the domain; elsewhere (in
     /// transit, parked) the device keeps counting and the next read on the owner catches up.
-    fn fold(&self, hw: &mut DomainHw, event: &Event, config: Config) {
+    ///
+    /// The slot comes first: an event that holds one counts an `mbm_*` event (a gauge never
+    /// holds a slot), so the common read needs neither the event's config nor a search, only its
+    /// `hw.idx` checked against the slot's holder.
+    fn fold(&self, hw: &mut DomainHw, event: &Event) {
         if !self.reads_here(hw) {
             return;
         }
-        if !config.needs_slot() {
-            // A gauge: the count is the current occupancy.
-            let offset = regs::occupancy(self.index.into(), config.rmid);
-            if let Some(value) = self.read_counter(offset) {
-                let units = value & self.dev.mask;
-                event.count().set(units.saturating_mul(self.dev.unit));
+        if let Some(slot) = self.slot_of(hw, event) {
+            self.pay_owed(hw, event, false);
+            if self.sync_slot(hw, slot) {
+                self.credit(hw, slot, event);
             }
             return;
         }
-        self.pay_owed(hw, event, false);
-        let Some(slot) = self.slot_of(hw, event) else {
+        let Some(config) = DomainPmu::config_of(event) else {
             return;
         };
-        if !self.sync_slot(hw, slot) {
+        if config.needs_slot() {
+            // An `mbm_*` event without a slot has nothing to read, but what a slot counted for it
+            // may be owed (it lost its own to another while it moved).
+            self.pay_owed(hw, event, false);
             return;
         }
-        let total = hw.slots[slot].total;
-        let prev = event.hw_prev_count().xchg(total);
-        event
-            .count()
-            .add(total.wrapping_sub(prev).wrapping_mul(self.dev.unit));
+        // A gauge: the count is the current occupancy.
+        let offset = regs::occupancy(self.index.into(), config.rmid);
+        if let Some(value) = self.read_counter(offset) {
+            let units = value & self.dev.mask;
+            event.count().set(units.saturating_mul(self.dev.unit));
+        }
+    }
+
+    /// Adds to the count of `event` what its `slot`, just read, counted since its last fold.
+    #[inline]
+    fn credit(&self, hw: &mut DomainHw, slot: usize, event: &Event) {
+        let s = &mut hw.slots[slot];
+        let units = s.total.wrapping_sub(s.folded);
+        s.folded = s.total;
+        // Nothing new (a read of a counter that saw no traffic since the last): the count is
+        // not touched at all.
+        if units != 0 {
+            event.count().add(units.wrapping_mul(self.dev.unit));
+        }
     }
 
     /// Reads every held slot, if this CPU reads the domain.
@@ -1152,11 +1259,9 @@ impl Pmu for DomainPmu {
     fn stop(&self, event: &Event, flags: Flags) {
         let state = event.hw_state();
         if !state.contains(HwState::STOPPED) && flags.contains(Flags::UPDATE) {
-            if let Some(config) = Self::config_of(event) {
-                let domain = self.domain();
-                let mut hw = domain.hw.lock();
-                domain.fold(&mut hw, event, config);
-            }
+            let domain = self.domain();
+            let mut hw = domain.hw.lock();
+            domain.fold(&mut hw, event);
         }
         event.set_hw_state(HwState::STOPPED | HwState::UPTODATE);
     }
@@ -1165,19 +1270,18 @@ impl Pmu for DomainPmu {
         if event.hw_state().contains(HwState::STOPPED) {
             return;
         }
-        let Some(config) = Self::config_of(event) else {
-            return;
-        };
         let domain = self.domain();
         // In NMI context this may have interrupted a holder of the lock on this very CPU: never
-        // wait there. The count stays as it was; the next read catches up.
-        let hw = if perf::in_nmi() {
-            domain.hw.try_lock()
-        } else {
-            Some(domain.hw.lock())
+        // wait there. The count stays as it was; the next read catches up. The lock is tried
+        // first: uncontended, the common case, it is taken without asking whether this is NMI
+        // context at all.
+        let hw = match domain.hw.try_lock() {
+            Some(hw) => Some(hw),
+            None if perf::in_nmi() => None,
+            None => Some(domain.hw.lock()),
         };
         if let Some(mut hw) = hw {
-            domain.fold(&mut hw, event, config);
+            domain.fold(&mut hw, event);
         }
     }
 

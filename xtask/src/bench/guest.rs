@@ -165,6 +165,28 @@ pub fn rows(ws: &Path, images: &Images, accel: &Accel, effort: &Effort) -> Resul
     Ok(rows)
 }
 
+/// The counter-read rows alone (`bench --reads`): one guest on perfbed's
+/// QEMU, perfbed.ko loaded, the same interleaved rounds as the full bench.
+pub fn read_rows(ws: &Path, images: &Images, accel: &Accel, effort: &Effort) -> Result<Vec<Row>> {
+    let args = RunArgs::for_tests();
+    let scenario = scenario_for(ws, images, &args, "bench-reads")?;
+    eprintln!(
+        "==> bench: {} interleaved rounds of the counter reads, {} reads each",
+        effort.read_rounds, effort.reads
+    );
+    let mut vm = Vm::boot(&scenario.vm, accel)?.vm;
+    let mut g = Guest {
+        vm: &mut vm,
+        timeout: Duration::from_secs(300),
+    };
+    g.expect_done(HostRequest::LoadModule {
+        name: MODULE.into(),
+    })?;
+    let rows = reads(&mut g, &scenario.vm.device, effort, &Place::Qemu)?;
+    vm.power_off(Duration::from_secs(30))?;
+    Ok(rows)
+}
+
 /// Counter reads, dispatch and hotplug, in one guest with perfbed.ko loaded.
 fn in_guest(
     g: &mut Guest,

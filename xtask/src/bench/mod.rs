@@ -48,6 +48,17 @@ pub struct BenchArgs {
     /// `rcupdate.rcu_expedited=1`.
     #[arg(long, requires = "hotplug_scaling", value_name = "ARG")]
     kernel_arg: Vec<String>,
+    /// Measure only the counter-read rows (one guest on perfbed's QEMU,
+    /// the full bench's interleaved rounds), for comparing one driver
+    /// change: saved as `<time>-reads.json`, which `--compare A B` takes
+    /// and the full runs' comparisons leave out.
+    #[arg(long, conflicts_with_all = ["quick", "cold", "hotplug_scaling"])]
+    reads: bool,
+    /// With --reads: interleaved rounds instead of the full bench's 7. On a
+    /// loaded host a round's loops lose time to other processes at random,
+    /// and more rounds give the median more to stand on.
+    #[arg(long, requires = "reads", value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    read_rounds: Option<u32>,
     /// Compare saved results instead of measuring, naming the rows that
     /// moved beyond their spread: A against B; with one file, it against the
     /// latest full run; with none, the previous full run against the latest.
@@ -125,6 +136,19 @@ pub fn run(ws: &Path, args: &BenchArgs) -> Result<bool> {
         print!("{}", report::table(&rows));
         return Ok(true);
     }
+    if args.reads {
+        deps::ensure_packages()?;
+        let images = image::ensure_for(ws, image::Variant::Normal, image::Purpose::Run)?;
+        let mut effort = guest::Effort::new(false);
+        if let Some(rounds) = args.read_rounds {
+            effort.read_rounds = rounds;
+        }
+        let rows = guest::read_rows(ws, &images, &host::choose_accel(), &effort)?;
+        print!("{}", report::table(&rows));
+        let path = report::save(ws, &rows, report::Kind::Reads)?;
+        println!("\n  saved: {}", path.display());
+        return Ok(true);
+    }
     let rows = measure(ws, args.quick)?;
     println!(
         "\ncargo xtask bench{}:",
@@ -135,7 +159,8 @@ pub fn run(ws: &Path, args: &BenchArgs) -> Result<bool> {
         }
     );
     print!("{}", report::table(&rows));
-    let path = report::save(ws, &rows, args.quick)?;
+    let kind = if args.quick { report::Kind::Quick } else { report::Kind::Full };
+    let path = report::save(ws, &rows, kind)?;
     println!("\n  saved: {}", path.display());
     Ok(true)
 }

@@ -199,20 +199,39 @@ pub fn table(rows: &[Row]) -> String {
     out
 }
 
-/// Writes the rows to `target/perfbed/bench/<unix time>.json` and
-/// `latest.json`; returns the first path.
-pub fn save(workspace: &Path, rows: &[Row], quick: bool) -> Result<PathBuf> {
+/// What a saved result measured: its file name says it, and only a full
+/// run is one of [`saved_runs`].
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Full,
+    Quick,
+    /// `--reads`: the counter-read rows alone.
+    Reads,
+}
+
+/// Writes the rows to `target/perfbed/bench/<unix time><kind>.json` and,
+/// but for a reads-only run (a part of the table), `latest.json`; returns
+/// the first path.
+pub fn save(workspace: &Path, rows: &[Row], kind: Kind) -> Result<PathBuf> {
     let dir = workspace.join("target/perfbed/bench");
     fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default()
         .as_secs();
+    let quick = kind == Kind::Quick;
     let doc = json!({ "time": now, "quick": quick, "rows": rows.iter().map(Row::to_json).collect::<Vec<_>>() });
     let text = serde_json::to_string_pretty(&doc)? + "\n";
-    let path = dir.join(format!("{now}{}.json", if quick { "-quick" } else { "" }));
+    let suffix = match kind {
+        Kind::Full => "",
+        Kind::Quick => "-quick",
+        Kind::Reads => "-reads",
+    };
+    let path = dir.join(format!("{now}{suffix}.json"));
     fs::write(&path, &text).with_context(|| format!("writing {}", path.display()))?;
-    fs::write(dir.join("latest.json"), &text)?;
+    if kind != Kind::Reads {
+        fs::write(dir.join("latest.json"), &text)?;
+    }
     Ok(path)
 }
 
@@ -425,7 +444,7 @@ mod tests {
                 && text.contains("- model: criterion")
         );
         let dir = std::env::temp_dir().join(format!("perfbed-bench-{}", std::process::id()));
-        let a = save(&dir, &rows, true).unwrap();
+        let a = save(&dir, &rows, Kind::Quick).unwrap();
         let mut slower = rows.clone();
         slower[0].value = 3.0;
         slower.pop();
@@ -451,6 +470,14 @@ mod tests {
         assert!(compare(&a, &dir.join("absent.json")).is_err());
         fs::write(dir.join("target/perfbed/bench/17.json"), "{}").unwrap();
         fs::write(dir.join("target/perfbed/bench/5.json"), "{}").unwrap();
+        let latest = fs::read_to_string(dir.join("target/perfbed/bench/latest.json")).unwrap();
+        let reads = save(&dir, &rows[..1], Kind::Reads).unwrap();
+        assert!(reads.to_str().unwrap().ends_with("-reads.json"), "{}", reads.display());
+        assert_eq!(
+            fs::read_to_string(dir.join("target/perfbed/bench/latest.json")).unwrap(),
+            latest,
+            "a reads-only run is not the latest table"
+        );
         let runs = saved_runs(&dir).unwrap();
         let names: Vec<_> = runs
             .iter()
@@ -459,7 +486,7 @@ mod tests {
         assert_eq!(
             names,
             ["5.json", "17.json"],
-            "quick runs, latest.json and others are not full runs"
+            "quick and reads-only runs, latest.json and others are not full runs"
         );
         fs::remove_dir_all(&dir).unwrap();
     }
@@ -487,7 +514,7 @@ mod tests {
                 "s",
             )
         };
-        let a = save(&dir, &[read(100.0, 5.0), boot(2.0, 0.1)], true).unwrap();
+        let a = save(&dir, &[read(100.0, 5.0), boot(2.0, 0.1)], Kind::Quick).unwrap();
         let b = dir.join("b.json");
         let rows_b = [read(111.0, 5.0), boot(2.15, 0.1)];
         fs::write(
