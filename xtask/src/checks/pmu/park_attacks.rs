@@ -3,7 +3,7 @@
 //! events of a PMU with none of its allowed CPUs online — contention ended
 //! by closes while parked, an exclusive event DISABLEd or closed while
 //! parked, DISABLE and ENABLE in one park, a group's leader ENABLEd while
-//! parked.
+//! parked, an event ENABLEd while parked beside a slot frozen for another.
 //! Each burst lands between two operations; each window is judged by the
 //! rules ([`judge_window`]) and exactly from the return, when the PMU is
 //! placed again and uncontended ([`judge_exact`]). The helpers are
@@ -19,6 +19,7 @@ use super::moves::movable_domain;
 use super::multiplexing::Window;
 use super::redteam::{must, open_with, park, rmid, run_each, Many, Named};
 use crate::checks::Check;
+use crate::guest::perf_abi::FLAG_DISABLED;
 use crate::guest::pmu_name;
 
 /// P1. Two more events than slots, parked: a burst, two of them closed
@@ -448,6 +449,88 @@ pub fn leader_enabled_while_parked(ctx: &mut Ctx) -> Result<Check> {
     ))
 }
 
+/// P6. A slot frozen while parked stays its event's: as many events as
+///     slots, all counting, and one more opened disabled. Park, 1 MiB
+///     each, DISABLE the first (its slot frozen, its 1 MiB unread), ENABLE
+///     the extra one while parked: no slot is free (the frozen one is kept
+///     for the disabled event), so it waits, not counting. 2 MiB, the
+///     return, 4 MiB. The disabled event reads exactly its 1 MiB from the
+///     return on; the others count 1 + 2 + 4 MiB exactly at 100 %; the
+///     extra one counts within the rules throughout.
+pub fn frozen_slot_kept_while_parked(ctx: &mut Ctx) -> Result<Check> {
+    let (d, allowed) = movable_domain(ctx)?;
+    let slots = ctx.device.slots as usize;
+    let many = Many::open(ctx, d, slots, TIMES)?;
+    let extra_rmid = rmid(ctx, slots as u32);
+    let extra = open_with(ctx, d, extra_rmid, TIMES, FLAG_DISABLED, None)?;
+    let mut all = many.handles.clone();
+    all.push(extra);
+    let mut rmids = many.rmids.clone();
+    rmids.push(extra_rmid);
+    let burst = |ctx: &mut Ctx, b: u64| {
+        let inj: Vec<_> = rmids.iter().map(|&r| (d, r, Event::MbmTotalBytes, b)).collect();
+        ctx.inject_and_land(&inj)
+    };
+    let s = ctx.g.read_many(&all)?;
+    park(ctx, &allowed, false)?;
+    burst(ctx, MIB)?;
+    must(ctx, all[0], PerfIoctl::Disable { group: false })?;
+    must(ctx, extra, PerfIoctl::Enable { group: false })?;
+    let on = ctx.g.read_many(&all)?;
+    burst(ctx, 2 * MIB)?;
+    park(ctx, &allowed, true)?;
+    let back = ctx.g.read_many(&all)?;
+    burst(ctx, 4 * MIB)?;
+    let end = ctx.g.read_many(&all)?;
+    for h in all.iter().copied() {
+        ctx.g.close(h)?;
+    }
+    let mut problems = Vec::new();
+    if back[0][0] != s[0][0] + MIB || end[0][0] != back[0][0] {
+        problems.push(format!(
+            "rmid {}, DISABLEd while parked after 1 MiB: read {:?} at the open, {:?} at the return, {:?} after 4 MiB more (want exactly 1 MiB from the return on: its frozen slot is its own)",
+            rmids[0], s[0], back[0], end[0]
+        ));
+    }
+    for i in 1..slots {
+        judge_exact(
+            &format!("rmid {}, enabled throughout", rmids[i]),
+            &s[i],
+            &end[i],
+            7 * MIB,
+            &mut problems,
+        );
+    }
+    let x = slots;
+    judge_window(
+        &format!("rmid {extra_rmid}, ENABLEd while parked with no slot free, 2 MiB, the return"),
+        &on[x],
+        &back[x],
+        2 * MIB,
+        &mut problems,
+    );
+    // After the return it gets the disabled event's slot once the move has
+    // settled that one, at the PMU's next rotation: within the rules, not
+    // for sure from the first instant.
+    judge_window(
+        &format!("rmid {extra_rmid}, after the return"),
+        &back[x],
+        &end[x],
+        4 * MIB,
+        &mut problems,
+    );
+    Ok(Check::from_problems(
+        "park-attack: frozen slot kept while parked",
+        problems,
+        format!(
+            "{}: {slots} events on {slots} slots, one DISABLEd while parked and one more ENABLEd then: the disabled one reads {} of its 1 MiB, the extra one {} of the 4 MiB after the return",
+            pmu_name(d),
+            end[0][0] - s[0][0],
+            end[x][0] - back[x][0]
+        ),
+    ))
+}
+
 /// Every attack, in order, each by the name its `Check` carries; each
 /// leaves every CPU online, nothing open and the mux interval as it found
 /// it.
@@ -471,6 +554,10 @@ pub(super) const CHECKS: &[Named] = &[
     (
         "park-attack: leader enabled while parked",
         leader_enabled_while_parked,
+    ),
+    (
+        "park-attack: frozen slot kept while parked",
+        frozen_slot_kept_while_parked,
     ),
 ];
 
