@@ -120,6 +120,7 @@ pub fn reset_then_enable_while_parked(ctx: &mut Ctx) -> Result<Check> {
     must(ctx, b, PerfIoctl::Reset { group: false })?;
     let z = ctx.g.read_many(&hs)?;
     both(ctx, 8 * MIB)?;
+    let pre = ctx.g.read_many(&hs)?;
     must(ctx, a, PerfIoctl::Enable { group: false })?;
     let on = ctx.g.read_many(&hs)?;
     both(ctx, 16 * MIB)?;
@@ -153,6 +154,7 @@ pub fn reset_then_enable_while_parked(ctx: &mut Ctx) -> Result<Check> {
                 ("open", &s[i]),
                 ("DISABLE while parked", &off[i]),
                 ("RESET while parked", &z[i]),
+                ("8 MiB", &pre[i]),
                 ("A ENABLEd while parked", &on[i]),
                 ("the return", &u[i]),
                 ("32 MiB", &u1[i]),
@@ -164,9 +166,9 @@ pub fn reset_then_enable_while_parked(ctx: &mut Ctx) -> Result<Check> {
     }
     // A: RESET at 0, then only what landed after its ENABLE.
     clocks_still(
-        "A: DISABLE to ENABLE, all while parked",
+        "A: DISABLE to right before its ENABLE, all while parked",
         &off[0],
-        &on[0],
+        &pre[0],
         &mut problems,
     );
     if u[0][0] != 16 * MIB {
@@ -176,13 +178,6 @@ pub fn reset_then_enable_while_parked(ctx: &mut Ctx) -> Result<Check> {
             bursts_in(u[0][0])
         ));
     }
-    judge_window(
-        "A: ENABLEd while parked, 16 MiB, the return",
-        &on[0],
-        &u[0],
-        16 * MIB,
-        &mut problems,
-    );
     judge_exact(
         "A: after the return, 32 MiB",
         &u[0],
@@ -251,19 +246,22 @@ pub fn toggled_in_one_park(ctx: &mut Ctx) -> Result<Check> {
     both(ctx, MIB)?;
     park(ctx, &allowed, false)?;
     both(ctx, 2 * MIB)?;
+    // Each toggle: its name, the name of the read right before it, ENABLE
+    // or DISABLE, and the MiB that land after it.
     let toggles = [
-        ("DISABLE 1", false, 4),
-        ("ENABLE 1", true, 8),
-        ("DISABLE 2", false, 16),
-        ("ENABLE 2", true, 32),
-        ("DISABLE 3", false, 64),
+        ("DISABLE 1", "before DISABLE 1", false, 4),
+        ("ENABLE 1", "before ENABLE 1", true, 8),
+        ("DISABLE 2", "before DISABLE 2", false, 16),
+        ("ENABLE 2", "before ENABLE 2", true, 32),
+        ("DISABLE 3", "before DISABLE 3", false, 64),
     ];
-    for &(name, on, burst) in &toggles {
+    for &(name, before, on, burst) in &toggles {
         let io = if on {
             PerfIoctl::Enable { group: false }
         } else {
             PerfIoctl::Disable { group: false }
         };
+        reads.push((before, ctx.g.read_many(&hs)?));
         must(ctx, a, io)?;
         reads.push((name, ctx.g.read_many(&hs)?));
         both(ctx, burst * MIB)?;
@@ -291,8 +289,8 @@ pub fn toggled_in_one_park(ctx: &mut Ctx) -> Result<Check> {
         clocks_never_back(name, &series, &mut problems);
     }
     for (from, to) in [
-        ("DISABLE 1", "ENABLE 1"),
-        ("DISABLE 2", "ENABLE 2"),
+        ("DISABLE 1", "before ENABLE 1"),
+        ("DISABLE 2", "before ENABLE 2"),
         ("DISABLE 3", "the return"),
         ("DISABLE 3", "128 MiB, still disabled"),
     ] {
@@ -458,7 +456,8 @@ pub fn groups_frozen_while_parked(ctx: &mut Ctx) -> Result<Check> {
 ///     it was counting: the 1 + 2 MiB before L's DISABLE, never the 4 MiB
 ///     while its leader was off, the 8 MiB at most (within the rules), the
 ///     16 MiB exactly at 100 %; its time_running stands still while its
-///     leader is off and never goes back.
+///     leader is off and never goes back. (A read while parked leaves the
+///     value's window open, so no window is judged from one.)
 pub fn off_leader_closed_while_parked(ctx: &mut Ctx) -> Result<Check> {
     let (d, allowed) = movable_domain(ctx)?;
     let ([l, s], [rl, rs]) = open_two(ctx, d, 5, 6, true)?;
@@ -512,13 +511,6 @@ pub fn off_leader_closed_while_parked(ctx: &mut Ctx) -> Result<Check> {
             bursts_in(got)
         ));
     }
-    judge_window(
-        "S: promoted while parked, 8 MiB, the return",
-        &closed,
-        &u,
-        8 * MIB,
-        &mut problems,
-    );
     judge_exact(
         "S: after the return, 16 MiB",
         &u,
