@@ -864,6 +864,130 @@ pub fn several_frozen_while_contended(ctx: &mut Ctx) -> Result<Check> {
     ))
 }
 
+/// F7. A frozen slot carried, unread, through a placement, a move and a
+///     second park. Three events: A, B and a reference R. 1 MiB, park,
+///     2 MiB, A and B DISABLEd while parked (frozen, 3 MiB unread), 4 MiB,
+///     the PMU placed on one allowed CPU and moved at once to the other
+///     (no read between), B ENABLEd there, 8 MiB, a second park, A ENABLEd
+///     while parked, 16 MiB, the return, 32 MiB. The contract: the next
+///     read on an owner counts a frozen slot exactly, whatever came
+///     between; a move never changes whether an event is enabled. So B
+///     counts exactly 1 + 2 + 8 + 16 + 32 MiB (enabled, alone on its
+///     slots, a park's count exact); A counts the 1 + 2 MiB, never the 4 or
+///     8 MiB landed while disabled, the 16 MiB at most (enabled while
+///     parked after it was taken off: maybe counting), the 32 MiB exactly
+///     at 100 %; R counts all 63 MiB; no clock goes back.
+pub fn frozen_through_move_and_second_park(ctx: &mut Ctx) -> Result<Check> {
+    let (d, allowed) = movable_domain(ctx)?;
+    let (c0, c1) = (allowed[0], allowed[1]);
+    let ([a, b], [ra, rb]) = open_two(ctx, d, 2, 3, false)?;
+    let rr = rmid(ctx, 4);
+    let reference = open_with(ctx, d, rr, TIMES, 0, None)?;
+    let hs = [a, b, reference];
+    let every = [(ra, 1), (rb, 1), (rr, 1)];
+    let burst = |ctx: &mut Ctx, x: u64| burst_each(ctx, d, &every, x);
+    let s = ctx.g.read_many(&hs)?;
+    burst(ctx, MIB)?;
+    park(ctx, &allowed, false)?;
+    burst(ctx, 2 * MIB)?;
+    must(ctx, a, PerfIoctl::Disable { group: false })?;
+    must(ctx, b, PerfIoctl::Disable { group: false })?;
+    let off = ctx.g.read_many(&hs)?;
+    burst(ctx, 4 * MIB)?;
+    ctx.g.set_online(c0, true)?;
+    for &c in &allowed[1..] {
+        ctx.g.set_online(c, true)?;
+    }
+    ctx.g.set_online(c0, false)?;
+    must(ctx, b, PerfIoctl::Enable { group: false })?;
+    let moved = ctx.g.read_many(&hs)?;
+    burst(ctx, 8 * MIB)?;
+    let before_park = ctx.g.read_many(&hs)?;
+    park(ctx, &allowed[1..], false)?;
+    must(ctx, a, PerfIoctl::Enable { group: false })?;
+    burst(ctx, 16 * MIB)?;
+    park(ctx, &allowed, true)?;
+    let u = ctx.g.read_many(&hs)?;
+    burst(ctx, 32 * MIB)?;
+    let end = ctx.g.read_many(&hs)?;
+    for h in hs {
+        ctx.g.close(h)?;
+    }
+    let mut problems = Vec::new();
+    for (i, name) in ["A", "B", "R"].iter().enumerate() {
+        clocks_never_back(
+            name,
+            &[
+                ("open", &s[i]),
+                ("DISABLEs while parked", &off[i]),
+                ("placed, moved, B ENABLEd", &moved[i]),
+                ("8 MiB", &before_park[i]),
+                ("the second return", &u[i]),
+                ("32 MiB", &end[i]),
+            ],
+            &mut problems,
+        );
+    }
+    let a_got = u[0][0].wrapping_sub(s[0][0]);
+    if a_got != 3 * MIB && a_got != 19 * MIB {
+        problems.push(format!(
+            "A: 1 MiB, park, 2 MiB, DISABLE, 4 MiB, placed on CPU {c0} and moved to CPU {c1} unread, 8 MiB, park, ENABLE, 16 MiB, the return: counted {} (want 1 + 2 MiB, or 1 + 2 + 16 MiB: never the 4 + 8 MiB landed while disabled)",
+            bursts_in(a_got)
+        ));
+    }
+    clocks_still(
+        "A: DISABLEd while parked, placed, moved, 8 MiB, before the second park",
+        &off[0],
+        &before_park[0],
+        &mut problems,
+    );
+    if before_park[0][0] != s[0][0] + 3 * MIB {
+        problems.push(format!(
+            "A: disabled, its frozen slot carried through a placement and a move: read {:?} on the new owner (want exactly the 1 + 2 MiB frozen at its DISABLE)",
+            before_park[0]
+        ));
+    }
+    judge_exact(
+        "A: after the return, 32 MiB",
+        &u[0],
+        &end[0],
+        32 * MIB,
+        &mut problems,
+    );
+    let b_got = end[1][0].wrapping_sub(s[1][0]);
+    if b_got != 59 * MIB {
+        problems.push(format!(
+            "B: 1 MiB, park, 2 MiB, DISABLE, 4 MiB, placed and moved unread, ENABLE, 8 MiB, park, 16 MiB, the return, 32 MiB: counted {} (want exactly 1 + 2 + 8 + 16 + 32 MiB)",
+            bursts_in(b_got)
+        ));
+    }
+    judge_exact(
+        "B: ENABLEd right after the move, 8 MiB",
+        &moved[1],
+        &before_park[1],
+        8 * MIB,
+        &mut problems,
+    );
+    let r_got = end[2][0].wrapping_sub(s[2][0]);
+    if r_got != 63 * MIB {
+        problems.push(format!(
+            "R, enabled throughout two parks and a move: counted {} (want all 63 MiB)",
+            bursts_in(r_got)
+        ));
+    }
+    Ok(Check::from_problems(
+        "freeze-attack: frozen through move and second park",
+        problems,
+        format!(
+            "{}: frozen while parked, placed on CPU {c0} and moved to CPU {c1} unread, parked again: A {} (ENABLEd in the second park), B {} (ENABLEd after the move), R {}",
+            pmu_name(d),
+            bursts_in(end[0][0].wrapping_sub(s[0][0])),
+            bursts_in(b_got),
+            bursts_in(r_got)
+        ),
+    ))
+}
+
 /// Every attack, in order, each by the name its `Check` carries; each
 /// leaves every CPU online, nothing open and the mux interval as it found
 /// it.
@@ -888,6 +1012,10 @@ pub(super) const CHECKS: &[Named] = &[
     (
         "freeze-attack: several frozen while contended",
         several_frozen_while_contended,
+    ),
+    (
+        "freeze-attack: frozen through move and second park",
+        frozen_through_move_and_second_park,
     ),
 ];
 
