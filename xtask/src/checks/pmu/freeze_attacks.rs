@@ -988,6 +988,141 @@ pub fn frozen_through_move_and_second_park(ctx: &mut Ctx) -> Result<Check> {
     ))
 }
 
+/// Polls domain `d`'s `cpumask` until `ok` holds of it (30 s at most, far
+/// above what a change takes); the mask seen last, and whether it held.
+fn wait_mask(ctx: &mut Ctx, d: usize, ok: impl Fn(&[u32]) -> bool) -> Result<(bool, Vec<u32>)> {
+    let start = std::time::Instant::now();
+    loop {
+        let mask = ctx.g.cpumask(&pmu_name(d))?;
+        if ok(&mask) || start.elapsed() > std::time::Duration::from_secs(30) {
+            return Ok((ok(&mask), mask));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// Sets domain `d`'s allowed CPUs from the host.
+fn set_allowed(ctx: &mut Ctx, d: usize, cpus: &[u32]) -> Result<()> {
+    ctx.control
+        .set_allowed(d as u32, cpus)
+        .map_err(|e| anyhow::anyhow!("allowed set {cpus:?} for domain {d}: {e}"))
+}
+
+/// F8. A slot frozen in a park made by the host (the allowed set emptied,
+///     every CPU still online), then the PMU placed by a new set on CPU 1,
+///     outside the domain's own CPUs. A and a reference R: 1 MiB, the set
+///     emptied, 2 MiB, A DISABLEd while parked (frozen, 3 MiB unread),
+///     4 MiB, the set {1}, a read there, A ENABLEd, 8 MiB, the set given
+///     back, 16 MiB. The contract ("Allowed sets that change at run
+///     time"): a park by the set is a park, a placement by it a placement,
+///     so the read on the new owner counts A's frozen slot exactly (1 + 2
+///     MiB), never the 4 MiB; after its ENABLE A counts exactly at 100 %
+///     across the move back; R counts all 31 MiB; no clock goes back.
+pub fn frozen_placed_by_allowed_set(ctx: &mut Ctx) -> Result<Check> {
+    let (d, allowed) = movable_domain(ctx)?;
+    let out = placed_by_set(ctx, d, &allowed);
+    if out.is_err() {
+        // Give the set back for the checks that follow, even half-way.
+        set_allowed(ctx, d, &allowed)?;
+    }
+    out
+}
+
+fn placed_by_set(ctx: &mut Ctx, d: usize, allowed: &[u32]) -> Result<Check> {
+    let target = 1u32;
+    if allowed.contains(&target) {
+        bail!("CPU {target} is already domain {d}'s ({allowed:?})");
+    }
+    let ([a, reference], [ra, rr]) = open_two(ctx, d, 5, 6, false)?;
+    let hs = [a, reference];
+    let both = |ctx: &mut Ctx, x: u64| burst_each(ctx, d, &[(ra, 1), (rr, 1)], x);
+    let mut problems = Vec::new();
+    let s = ctx.g.read_many(&hs)?;
+    both(ctx, MIB)?;
+    set_allowed(ctx, d, &[])?;
+    let (parked, m0) = wait_mask(ctx, d, |m| m.is_empty())?;
+    both(ctx, 2 * MIB)?;
+    must(ctx, a, PerfIoctl::Disable { group: false })?;
+    let off = ctx.g.read_many(&hs)?;
+    both(ctx, 4 * MIB)?;
+    set_allowed(ctx, d, &[target])?;
+    let (placed, m1) = wait_mask(ctx, d, |m| m == [target])?;
+    let there = ctx.g.read_many(&hs)?;
+    must(ctx, a, PerfIoctl::Enable { group: false })?;
+    let on = ctx.g.read_many(&hs)?;
+    both(ctx, 8 * MIB)?;
+    let mid = ctx.g.read_many(&hs)?;
+    set_allowed(ctx, d, allowed)?;
+    let (home, m2) = wait_mask(ctx, d, |m| m.len() == 1 && allowed.contains(&m[0]))?;
+    both(ctx, 16 * MIB)?;
+    let end = ctx.g.read_many(&hs)?;
+    for h in hs {
+        ctx.g.close(h)?;
+    }
+    for (ok, m, what) in [
+        (parked, &m0, "the set emptied: parked"),
+        (placed, &m1, "the set {1}: on CPU 1"),
+        (home, &m2, "the set given back: on one of its CPUs"),
+    ] {
+        if !ok {
+            problems.push(format!("{what}: cpumask {m:?} after 30 s"));
+        }
+    }
+    for (i, name) in ["A", "R"].iter().enumerate() {
+        clocks_never_back(
+            name,
+            &[
+                ("open", &s[i]),
+                ("A DISABLEd while parked", &off[i]),
+                ("placed on CPU 1", &there[i]),
+                ("A ENABLEd", &on[i]),
+                ("8 MiB", &mid[i]),
+                ("moved back, 16 MiB", &end[i]),
+            ],
+            &mut problems,
+        );
+    }
+    clocks_still(
+        "A: DISABLEd while parked, placed on CPU 1",
+        &off[0],
+        &there[0],
+        &mut problems,
+    );
+    let a_got = there[0][0].wrapping_sub(s[0][0]);
+    if a_got != 3 * MIB {
+        problems.push(format!(
+            "A: 1 MiB, the set emptied (parked), 2 MiB, DISABLE, 4 MiB, placed on CPU 1 by the set {{1}}: read {:?}: counted {} (want exactly the 1 + 2 MiB frozen at its DISABLE)",
+            there[0],
+            bursts_in(a_got)
+        ));
+    }
+    judge_exact(
+        "A: ENABLEd on CPU 1, 8 MiB, moved back, 16 MiB",
+        &on[0],
+        &end[0],
+        24 * MIB,
+        &mut problems,
+    );
+    let r_got = end[1][0].wrapping_sub(s[1][0]);
+    if r_got != 31 * MIB {
+        problems.push(format!(
+            "R, enabled throughout: counted {} (want all 31 MiB)",
+            bursts_in(r_got)
+        ));
+    }
+    Ok(Check::from_problems(
+        "freeze-attack: frozen placed by allowed set",
+        problems,
+        format!(
+            "{}: parked by an empty set, A DISABLEd there, placed on CPU 1 by a set: A read {} there, {} after its ENABLE; R {}",
+            pmu_name(d),
+            bursts_in(a_got),
+            bursts_in(end[0][0].wrapping_sub(on[0][0])),
+            bursts_in(r_got)
+        ),
+    ))
+}
+
 /// Every attack, in order, each by the name its `Check` carries; each
 /// leaves every CPU online, nothing open and the mux interval as it found
 /// it.
@@ -1016,6 +1151,10 @@ pub(super) const CHECKS: &[Named] = &[
     (
         "freeze-attack: frozen through move and second park",
         frozen_through_move_and_second_park,
+    ),
+    (
+        "freeze-attack: frozen placed by allowed set",
+        frozen_placed_by_allowed_set,
     ),
 ];
 
