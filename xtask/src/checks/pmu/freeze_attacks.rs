@@ -1123,6 +1123,152 @@ fn placed_by_set(ctx: &mut Ctx, d: usize, allowed: &[u32]) -> Result<Check> {
     ))
 }
 
+/// F9. Three events of one RMID (the device lets several slots count the
+///     same (event, RMID)): A and B enabled, C opened disabled. 1 MiB,
+///     park, 2 MiB, A DISABLEd while parked, 4 MiB, the return, 8 MiB, A
+///     ENABLEd, 16 MiB; a second park, 32 MiB, B DISABLEd while parked,
+///     64 MiB, A RESET and C ENABLEd while parked, 128 MiB, the return,
+///     256 MiB. The contract holds per event: A's freeze stops A alone,
+///     B's stops B alone. So at the first return A reads exactly 1 + 2 MiB
+///     and B 1 + 2 + 4 + 8 MiB; after A's ENABLE both count the 16 MiB
+///     exactly at 100 %; at the end A reads exactly 128 + 256 MiB (RESET
+///     while parked, enabled), B exactly its 1 + 2 + 4 + 8 + 16 + 32 MiB,
+///     C 256 MiB, or 128 + 256 MiB if it counted once ENABLEd while parked
+///     (maybe counting), never the bursts before its ENABLE.
+pub fn frozen_beside_same_rmid(ctx: &mut Ctx) -> Result<Check> {
+    let (d, allowed) = movable_domain(ctx)?;
+    let r = rmid(ctx, 7);
+    let a = open_with(ctx, d, r, TIMES, 0, None)?;
+    let b = open_with(ctx, d, r, TIMES, 0, None)?;
+    let c = open_with(ctx, d, r, TIMES, FLAG_DISABLED, None)?;
+    let hs = [a, b, c];
+    let burst = |ctx: &mut Ctx, x: u64| burst_each(ctx, d, &[(r, 1)], x);
+    let s = ctx.g.read_many(&hs)?;
+    burst(ctx, MIB)?;
+    park(ctx, &allowed, false)?;
+    burst(ctx, 2 * MIB)?;
+    must(ctx, a, PerfIoctl::Disable { group: false })?;
+    burst(ctx, 4 * MIB)?;
+    park(ctx, &allowed, true)?;
+    burst(ctx, 8 * MIB)?;
+    let u = ctx.g.read_many(&hs)?;
+    must(ctx, a, PerfIoctl::Enable { group: false })?;
+    let on = ctx.g.read_many(&hs)?;
+    burst(ctx, 16 * MIB)?;
+    let mid = ctx.g.read_many(&hs)?;
+    park(ctx, &allowed, false)?;
+    burst(ctx, 32 * MIB)?;
+    must(ctx, b, PerfIoctl::Disable { group: false })?;
+    burst(ctx, 64 * MIB)?;
+    must(ctx, a, PerfIoctl::Reset { group: false })?;
+    must(ctx, c, PerfIoctl::Enable { group: false })?;
+    burst(ctx, 128 * MIB)?;
+    park(ctx, &allowed, true)?;
+    let back = ctx.g.read_many(&hs)?;
+    burst(ctx, 256 * MIB)?;
+    let end = ctx.g.read_many(&hs)?;
+    for h in hs {
+        ctx.g.close(h)?;
+    }
+    let mut problems = Vec::new();
+    for (i, name) in ["A", "B", "C"].iter().enumerate() {
+        clocks_never_back(
+            name,
+            &[
+                ("open", &s[i]),
+                ("the first return, 8 MiB", &u[i]),
+                ("A ENABLEd", &on[i]),
+                ("16 MiB", &mid[i]),
+                ("the second return", &back[i]),
+                ("256 MiB", &end[i]),
+            ],
+            &mut problems,
+        );
+    }
+    let got = |v: &[Vec<u64>], i: usize| v[i][0].wrapping_sub(s[i][0]);
+    let mut want = |what: &str, have: u64, wanted: &[u64]| {
+        if !wanted.contains(&have) {
+            let w: Vec<String> = wanted.iter().map(|&x| bursts_in(x)).collect();
+            problems.push(format!(
+                "{what}: counted {} (want {})",
+                bursts_in(have),
+                w.join(" or ")
+            ));
+        }
+    };
+    want(
+        "A, DISABLEd while parked beside B on its RMID, at the first return",
+        got(&u, 0),
+        &[3 * MIB],
+    );
+    want(
+        "B, enabled beside A's frozen slot on one RMID, at the first return",
+        got(&u, 1),
+        &[15 * MIB],
+    );
+    want(
+        "A, RESET while parked in the second park, at the end",
+        end[0][0],
+        &[384 * MIB],
+    );
+    want(
+        "B, DISABLEd in the second park, at the end",
+        got(&end, 1),
+        &[63 * MIB],
+    );
+    want(
+        "C, opened disabled, ENABLEd in the second park, at the end",
+        got(&end, 2),
+        &[256 * MIB, 384 * MIB],
+    );
+    judge_exact(
+        "A, ENABLEd after the first return, 16 MiB",
+        &on[0],
+        &mid[0],
+        16 * MIB,
+        &mut problems,
+    );
+    judge_exact(
+        "B beside it, 16 MiB",
+        &on[1],
+        &mid[1],
+        16 * MIB,
+        &mut problems,
+    );
+    judge_exact(
+        "A after the second return, 256 MiB",
+        &back[0],
+        &end[0],
+        256 * MIB,
+        &mut problems,
+    );
+    judge_exact(
+        "C after the second return, 256 MiB",
+        &back[2],
+        &end[2],
+        256 * MIB,
+        &mut problems,
+    );
+    clocks_still(
+        "B, DISABLEd in the second park, after it",
+        &back[1],
+        &end[1],
+        &mut problems,
+    );
+    Ok(Check::from_problems(
+        "freeze-attack: frozen beside same rmid",
+        problems,
+        format!(
+            "{}: three events of RMID {r}, one frozen while parked beside the others twice: A {} at the first return, {} at the end (RESET while parked); B {}; C {}",
+            pmu_name(d),
+            bursts_in(got(&u, 0)),
+            bursts_in(end[0][0]),
+            bursts_in(got(&end, 1)),
+            bursts_in(got(&end, 2))
+        ),
+    ))
+}
+
 /// Every attack, in order, each by the name its `Check` carries; each
 /// leaves every CPU online, nothing open and the mux interval as it found
 /// it.
@@ -1155,6 +1301,10 @@ pub(super) const CHECKS: &[Named] = &[
     (
         "freeze-attack: frozen placed by allowed set",
         frozen_placed_by_allowed_set,
+    ),
+    (
+        "freeze-attack: frozen beside same rmid",
+        frozen_beside_same_rmid,
     ),
 ];
 
