@@ -10,6 +10,7 @@ pub mod allowed_sets;
 pub mod attacks;
 pub mod context;
 pub mod counts;
+pub mod freeze_attacks;
 pub mod groups;
 pub mod interrupts;
 pub mod move_attacks;
@@ -81,6 +82,7 @@ fn alone() -> impl Iterator<Item = &'static (&'static str, CtxCheck)> {
         .iter()
         .chain(SEMANTICS)
         .chain(park_attacks::CHECKS)
+        .chain(freeze_attacks::CHECKS)
 }
 
 /// Runs the check called `name` among those that can run on their own
@@ -158,6 +160,7 @@ pub fn run(
     checks.extend(attacks::run(&mut ctx)?);
     checks.extend(move_attacks::run(&mut ctx)?);
     checks.extend(park_attacks::run(&mut ctx)?);
+    checks.extend(freeze_attacks::run(&mut ctx)?);
     checks.extend(allowed_attacks::run(&mut ctx)?);
     checks.push(registration::unload(&mut ctx)?);
     checks.push(accesses::check(&mut ctx)?);
