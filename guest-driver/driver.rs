@@ -53,14 +53,16 @@
 //!   multiplexing. A slot freed meanwhile (a close) is not handed to it before its next `add`:
 //!   perf does not reschedule a parked PMU's events when the contention ends (only when a
 //!   leader's close promotes its siblings, patch 0054: a reschedule like any other).
-//! - A `del` off the owner while parked that is not part of a move cannot read the slot. If
-//!   the event comes back in the same reschedule, it takes the slot back as it is; if it was
-//!   off (disabled while parked), it keeps what was read before the park, the rest is lost, and
-//!   that time is taken off `time_running` too. A parked PMU is never rotated (patch 0034), so
-//!   only a `DISABLE` takes an event off there: an exclusive group's turn no longer does.
+//! - A `del` off the owner while parked that is not part of a move cannot read the slot, so it
+//!   freezes it in the device (`SLOT_CTL_FROZEN`, a write any CPU may make): the counter keeps
+//!   exactly what the event counted up to the `del`, and nothing after. The event's next `add`
+//!   thaws it and counts on from there (a reschedule, or an `ENABLE` after a `DISABLE`); a move
+//!   that places the PMU reads it exactly on the owner. Nothing is taken off `time_running`. A
+//!   parked PMU is never rotated (patch 0034), so only a `DISABLE` takes an event off there: an
+//!   exclusive group's turn no longer does.
 //! - A `RESET` (the perf core's `pmu::reset`) restarts the event's slot where nobody can read
-//!   it (parked, or kept for an event that went off while parked): the slot is assigned again,
-//!   which zeroes it in the device, so that what landed before the reset, unread, is never
+//!   it (parked, or frozen for an event that went off while parked): the slot is assigned again
+//!   (frozen still, if it was), which zeroes it in the device, so that what landed before the reset, unread, is never
 //!   counted after it, and what lands after it is, exactly. On the owner the core's read folds
 //!   the count first and the baseline moves to it.
 //! - A park can outlast a counter's wrap. When an allowed CPU returns, the slots are read at
