@@ -47,20 +47,25 @@ impl Guest<'_> {
         }
     }
 
-    /// The CPUs in a PMU's `cpumask` file (empty while parked).
+    /// A count in one of a device-scope PMU's sysfs files (`open_waits`,
+    /// `move_max_ns`, `lost_wraps`, `irqs_on_owner`, ...).
+    pub fn pmu_count(&mut self, pmu: &str, file: &str) -> Result<u64> {
+        let path = format!("/sys/bus/event_source/devices/{pmu}/{file}");
+        let text = self.read_file(&path)?;
+        text.parse()
+            .with_context(|| format!("{path}: {text:?} is not a count"))
+    }
+
     /// A device-scope PMU's sysfs `open_waits` and `open_retries` (patch
     /// 0007): what CPU hotplug cost its opens inside the kernel.
     pub fn open_waits_and_retries(&mut self, pmu: &str) -> Result<(u64, u64)> {
-        let mut count = |file: &str| -> Result<u64> {
-            let path = format!("/sys/bus/event_source/devices/{pmu}/{file}");
-            let text = self.read_file(&path)?;
-            text.trim()
-                .parse()
-                .with_context(|| format!("{path}: {text:?} is not a count"))
-        };
-        Ok((count("open_waits")?, count("open_retries")?))
+        Ok((
+            self.pmu_count(pmu, "open_waits")?,
+            self.pmu_count(pmu, "open_retries")?,
+        ))
     }
 
+    /// The CPUs in a PMU's `cpumask` file (empty while parked).
     pub fn cpumask(&mut self, pmu: &str) -> Result<Vec<u32>> {
         let text = self.read_file(&format!("/sys/bus/event_source/devices/{pmu}/cpumask"))?;
         parse_cpu_list(&text).map_err(|e| anyhow::anyhow!("{pmu}/cpumask {text:?}: {e}"))

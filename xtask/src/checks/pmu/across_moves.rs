@@ -268,9 +268,7 @@ pub fn mixed_group_after_move(ctx: &mut Ctx) -> Result<Check> {
 
 /// A device PMU's sysfs figure (patches 0007, 0014).
 fn figure(ctx: &mut Ctx, d: usize, file: &str) -> Result<u64> {
-    let path = format!("/sys/bus/event_source/devices/{}/{file}", pmu_name(d));
-    let text = ctx.g.read_file(&path)?;
-    text.parse().with_context(|| format!("{path}: {text:?}"))
+    ctx.g.pmu_count(&pmu_name(d), file)
 }
 
 /// Hotplug operations the open race of [`opens_racing_moves`] makes.

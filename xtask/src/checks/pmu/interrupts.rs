@@ -92,11 +92,7 @@ struct Phase {
 
 /// What the driver's counter file `name` of `pmu` says.
 pub(super) fn counter_file(ctx: &mut Ctx, pmu: &str, name: &str) -> Result<u64> {
-    let path = format!("/sys/bus/event_source/devices/{pmu}/{name}");
-    let text = ctx.g.read_file(&path)?;
-    text.trim()
-        .parse()
-        .with_context(|| format!("{path}: {text:?}"))
+    ctx.g.pmu_count(pmu, name)
 }
 
 /// The device's acks (status reads that cleared an interrupt) by vCPU.

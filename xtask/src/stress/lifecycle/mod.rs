@@ -124,16 +124,11 @@ fn on_guest(
 
 /// The PMU's open-wait figures (patches 0007 and 0014).
 fn open_waits(g: &mut Guest, pmu: &str) -> Result<run::OpenWaits> {
-    let mut figure = |file: &str| -> Result<u64> {
-        let path = format!("/sys/bus/event_source/devices/{pmu}/{file}");
-        let text = g.read_file(&path)?;
-        text.trim().parse().with_context(|| format!("{path}: {text:?}"))
-    };
     Ok(run::OpenWaits {
         pmu: pmu.to_string(),
-        waits: figure("open_waits")?,
-        longest_sleep_ns: figure("open_wait_max_ns")?,
-        longest_move_ns: figure("move_max_ns")?,
+        waits: g.pmu_count(pmu, "open_waits")?,
+        longest_sleep_ns: g.pmu_count(pmu, "open_wait_max_ns")?,
+        longest_move_ns: g.pmu_count(pmu, "move_max_ns")?,
     })
 }
 
