@@ -18,6 +18,10 @@
 //! Counts are in bytes (counter units times the device's unit); sysfs gives perf the scale to
 //! MB.
 //!
+//! At registration each domain's allowed set is compared with the kernel's cacheinfo (the L3
+//! its CPUs share, `topology.rs`) and the log says whether they agree; the PMU is placed by the
+//! device's set either way.
+//!
 //! **Counting semantics** (DESIGN.md, "Counting semantics"; the model xtask's checks and stress
 //! compare against). An event counts exactly the traffic that landed in its slot while it was
 //! enabled and scheduled, whatever happened meanwhile; `time_running` is the time it was
@@ -94,6 +98,7 @@ use kernel::sync::{new_raw_spinlock, Arc, RawSpinLock};
 mod allowed;
 mod hw;
 mod irq;
+mod topology;
 // The device's register map, shared with the device model: not all of it is used here.
 #[allow(unreachable_pub)]
 mod regs;
@@ -1380,6 +1385,7 @@ unsafe fn register(
     let name = CString::try_from_fmt(kernel::fmt!("perfbed_l3_{}", index))?;
     let domain = Arc::pin_init(Domain::new(dev, index), GFP_KERNEL)?;
     let allowed = domain.allowed();
+    topology::report(&name, allowed);
     // Requested before the PMU is registered: registering places it, and `migrate_cpu` then
     // points the line at its CPU. A line that cannot be had leaves the domain to the poll.
     let line = gsi.and_then(|gsi| match irq::Line::request(gsi, domain.clone(), &name) {

@@ -1,10 +1,13 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
  * The C side of perfbed.ko, kept small and free of logic: the module
- * parameter, MMIO, cross-CPU calls and a self-rearming delayed work.
+ * parameter, MMIO, cross-CPU calls, a self-rearming delayed work and the
+ * kernel's cacheinfo.
  * See glue.h; the driver itself is in driver.rs.
  */
 
+#include <linux/cacheinfo.h>
+#include <linux/cpu.h>
 #include <linux/io.h>
 #include <linux/irqflags.h>
 #include <linux/jiffies.h>
@@ -113,4 +116,38 @@ void perfbed_poller_destroy(struct perfbed_poller *poller)
 	/* Also waits out a work that re-arms itself. */
 	cancel_delayed_work_sync(&poller->work);
 	kfree(poller);
+}
+
+int perfbed_l3_shared_cpus(unsigned int cpu, u64 *shared)
+{
+	struct cpu_cacheinfo *cci;
+	unsigned int i, sharer;
+	int ret = -ENOENT;
+
+	/* Hotplug updates the sibling maps and may free an offline CPU's leaves. */
+	cpus_read_lock();
+	if (cpu >= nr_cpu_ids || !cpu_online(cpu)) {
+		ret = -ENXIO;
+		goto out;
+	}
+	cci = get_cpu_cacheinfo(cpu);
+	for (i = 0; cci->info_list && i < cci->num_leaves; i++) {
+		struct cacheinfo *leaf = cci->info_list + i;
+
+		if (leaf->level != 3)
+			continue;
+		*shared = 0;
+		ret = 0;
+		for_each_cpu(sharer, &leaf->shared_cpu_map) {
+			if (sharer >= 64) {
+				ret = -ERANGE;
+				break;
+			}
+			*shared |= 1ULL << sharer;
+		}
+		break;
+	}
+out:
+	cpus_read_unlock();
+	return ret;
 }

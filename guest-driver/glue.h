@@ -38,4 +38,13 @@ void perfbed_poller_kick(struct perfbed_poller *poller);
 void perfbed_poller_kick_now(struct perfbed_poller *poller);
 void perfbed_poller_destroy(struct perfbed_poller *poller);
 
+/*
+ * The CPUs that share @cpu's level-3 cache by the kernel's cacheinfo (what
+ * /sys/devices/system/cpu/cpuN/cache/index3/shared_cpu_list shows), as a
+ * mask of CPUs 0-63 in *@shared. -ENXIO if @cpu is offline, -ENOENT if it
+ * has no level-3 leaf, -ERANGE if a sharer is CPU 64 or above. Sleeps (the
+ * CPU hotplug lock).
+ */
+int perfbed_l3_shared_cpus(unsigned int cpu, u64 *shared);
+
 #endif /* PERFBED_GLUE_H */

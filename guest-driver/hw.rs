@@ -37,6 +37,7 @@ extern "C" {
     fn perfbed_poller_kick(poller: *mut RawPoller);
     fn perfbed_poller_kick_now(poller: *mut RawPoller);
     fn perfbed_poller_destroy(poller: *mut RawPoller);
+    fn perfbed_l3_shared_cpus(cpu: c_uint, shared: *mut u64) -> c_int;
 }
 
 /// Returns the `device=` module parameter (empty when not given).
@@ -175,6 +176,19 @@ pub(crate) fn on_cpu(cpu: u32, f: impl FnOnce() + Send) -> Result {
         kernel::error::to_result(ret)
     }
     run(cpu, f)
+}
+
+/// The CPUs (0-63, as a mask) that share `cpu`'s level-3 cache by the kernel's cacheinfo.
+/// Fails with `ENXIO` if `cpu` is offline, `ENOENT` if the kernel knows no L3 for it, `ERANGE`
+/// if a sharer is CPU 64 or above.
+///
+/// Must be called from process context (it takes the CPU hotplug lock).
+pub(crate) fn l3_shared_cpus(cpu: u32) -> Result<u64> {
+    let mut shared = 0u64;
+    // SAFETY: `perfbed_l3_shared_cpus` reads the kernel's cacheinfo under the CPU hotplug lock
+    // and writes only `*shared`, a valid `u64` on this stack frame.
+    let ret = unsafe { perfbed_l3_shared_cpus(cpu, &mut shared) };
+    kernel::error::to_result(ret).map(|()| shared)
 }
 
 /// The work a [`Poller`] does.

@@ -7,6 +7,15 @@
 //!
 //! Run on both hosts: perfbed-vmm lays its CPUID out by the rule, and the
 //! QEMU host passes `-smp` sockets and cores by it (`host/qemu.rs`).
+//!
+//! perfbed.ko makes the same comparison from inside (`guest-driver/topology.rs`):
+//! at registration it logs whether each domain's allowed set is one L3 by the
+//! kernel's cacheinfo. [`driver_cross_check`] holds its first load's lines to
+//! the rule too.
+
+use std::path::Path;
+use std::thread;
+use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use perfbed_device::cpus::format_cpu_list;
@@ -17,6 +26,24 @@ use crate::guest::Guest;
 
 /// Reads every CPU's L3 and die and compares them with the rule.
 pub fn check(guest: &mut Guest, cpus: u8, domains: &[Vec<u32>]) -> Result<Check> {
+    check_named("topology matches the domains", guest, cpus, domains)
+}
+
+/// [`check`] again once CPUs have gone offline and come back: the kernel
+/// rebuilds a returning CPU's sharing maps then, not from CPUID but by
+/// comparing cache leaves (`drivers/base/cacheinfo.c`), and 6.12 without
+/// ACPI or device tree took every L2 and L3 for system-wide there (kernel
+/// patch 0060).
+pub fn check_after_hotplug(guest: &mut Guest, cpus: u8, domains: &[Vec<u32>]) -> Result<Check> {
+    check_named("topology after CPU hotplug", guest, cpus, domains)
+}
+
+fn check_named(
+    name: &'static str,
+    guest: &mut Guest,
+    cpus: u8,
+    domains: &[Vec<u32>],
+) -> Result<Check> {
     let cpus = u32::from(cpus);
     let bits = l3_topology::l3_sharing_bits(cpus, domains);
     let mut problems = Vec::new();
@@ -57,9 +84,182 @@ pub fn check(guest: &mut Guest, cpus: u8, domains: &[Vec<u32>]) -> Result<Check>
             domains_text.join(" : ")
         );
     }
-    Ok(Check::from_problems(
-        "topology matches the domains",
+    Ok(Check::from_problems(name, problems, ok))
+}
+
+/// The line perfbed.ko logs at its first load for domain `d`, once it is in
+/// the serial log (the console is copied there by another thread: waits up
+/// to two seconds for it).
+fn first_cross_check_line(serial_log: &Path, d: usize) -> Option<String> {
+    let prefix = format!("perfbed_l3_{d}: allowed CPUs ");
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let log = std::fs::read(serial_log).unwrap_or_default();
+        let found = String::from_utf8_lossy(&log)
+            .lines()
+            .filter_map(|l| l.split_once(&prefix).map(|(_, rest)| rest.to_string()))
+            .find(|rest| rest.contains("cacheinfo"));
+        if found.is_some() || Instant::now() >= deadline {
+            return found;
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A mask of CPUs 0-63 as the driver prints it (`{:#x}`).
+fn mask_of(cpus: &[u32]) -> u64 {
+    cpus.iter().filter(|&&c| c < 64).fold(0, |m, &c| m | 1 << c)
+}
+
+/// perfbed.ko's own comparison of each domain's allowed set with the
+/// kernel's cacheinfo, at its first load (all CPUs online): "share one L3"
+/// where the rule makes the domain an L3, "differ" where it cannot, with the
+/// L3 the driver names being the one the rule gives that CPU.
+pub fn driver_cross_check(serial_log: &Path, cpus: u8, domains: &[Vec<u32>]) -> Check {
+    let cpus = u32::from(cpus);
+    let mismatched: Vec<usize> = l3_topology::mismatches(cpus, domains)
+        .into_iter()
+        .map(|(d, _)| d)
+        .collect();
+    let mut problems = Vec::new();
+    let mut seen = Vec::new();
+    for (d, domain) in domains.iter().enumerate() {
+        let allowed = format!("{:#x}", mask_of(domain));
+        let Some(line) = first_cross_check_line(serial_log, d) else {
+            problems.push(format!("perfbed_l3_{d} logged no cacheinfo cross-check"));
+            continue;
+        };
+        let Some(rest) = line.strip_prefix(&allowed) else {
+            problems.push(format!("perfbed_l3_{d}: expected allowed CPUs {allowed}: {line}"));
+            continue;
+        };
+        if !mismatched.contains(&d) {
+            if rest.starts_with(" share one L3") {
+                seen.push(format!("{d} agrees"));
+            } else {
+                problems.push(format!("perfbed_l3_{d} should agree with cacheinfo: {line}"));
+            }
+            continue;
+        }
+        // " differ from the kernel's cacheinfo: CPU <c>'s L3 is shared by <mask>; ..."
+        let named = rest
+            .split_once(": CPU ")
+            .and_then(|(_, r)| r.split_once("'s L3 is shared by "))
+            .and_then(|(cpu, r)| {
+                let mask = r.split(';').next()?.trim().trim_start_matches("0x");
+                Some((cpu.parse::<u32>().ok()?, u64::from_str_radix(mask, 16).ok()?))
+            });
+        match named {
+            Some((cpu, l3)) if l3 == mask_of(&l3_topology::l3_of(cpu, cpus, domains)) => {
+                seen.push(format!("{d} differs (CPU {cpu}'s L3 {l3:#x})"))
+            }
+            _ => problems.push(format!(
+                "perfbed_l3_{d} should name a CPU and the L3 the rule gives it: {line}"
+            )),
+        }
+    }
+    Check::from_problems(
+        "driver's cacheinfo cross-check",
         problems,
-        ok,
-    ))
+        format!("perfbed.ko at load: domain {}", seen.join(", ")),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn log_with(lines: &[&str]) -> tempfile_log::Log {
+        tempfile_log::Log::new(lines)
+    }
+
+    /// A serial log in a file of its own, removed when dropped.
+    mod tempfile_log {
+        use std::path::PathBuf;
+
+        pub struct Log(pub PathBuf);
+
+        impl Log {
+            pub fn new(lines: &[&str]) -> Log {
+                let path = std::env::temp_dir().join(format!(
+                    "perfbed-topology-test-{}-{:?}.log",
+                    std::process::id(),
+                    std::thread::current().id()
+                ));
+                std::fs::write(&path, lines.join("\n")).unwrap();
+                Log(path)
+            }
+        }
+
+        impl Drop for Log {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_file(&self.0);
+            }
+        }
+    }
+
+    const AGREE_0: &str = "[    0.69] perfbed: perfbed_l3_0: allowed CPUs 0x3 share one L3 by the kernel's cacheinfo";
+    const AGREE_1: &str = "[    0.69] perfbed: perfbed_l3_1: allowed CPUs 0xc share one L3 by the kernel's cacheinfo";
+
+    #[test]
+    fn aligned_domains_must_agree() {
+        let domains = vec![vec![0, 1], vec![2, 3]];
+        let log = log_with(&[AGREE_0, AGREE_1]);
+        let check = driver_cross_check(&log.0, 4, &domains);
+        assert!(check.passed, "{}", check.detail);
+        // A driver that says "differ" for a domain the rule makes an L3 fails.
+        let log = log_with(&[
+            AGREE_0,
+            "perfbed: perfbed_l3_1: allowed CPUs 0xc differ from the kernel's cacheinfo: CPU 2's L3 is shared by 0xf; placing by the device",
+        ]);
+        let check = driver_cross_check(&log.0, 4, &domains);
+        assert!(!check.passed, "{}", check.detail);
+    }
+
+    #[test]
+    fn only_the_first_load_counts() {
+        let domains = vec![vec![0, 1], vec![2, 3]];
+        let log = log_with(&[
+            AGREE_0,
+            "perfbed: perfbed_l3_1: allowed CPUs 0xc differ from the kernel's cacheinfo: CPU 2's L3 is shared by 0xf; placing by the device",
+            AGREE_1,
+        ]);
+        assert!(!driver_cross_check(&log.0, 4, &domains).passed);
+    }
+
+    #[test]
+    fn unaligned_domains_must_differ_with_the_rules_l3() {
+        // 0-2 : 3-5 on 6 CPUs: the L3s are 0-3 and 4-5.
+        let domains = vec![vec![0, 1, 2], vec![3, 4, 5]];
+        let right = log_with(&[
+            "perfbed: perfbed_l3_0: allowed CPUs 0x7 differ from the kernel's cacheinfo: CPU 0's L3 is shared by 0xf; placing by the device",
+            "perfbed: perfbed_l3_1: allowed CPUs 0x38 differ from the kernel's cacheinfo: CPU 3's L3 is shared by 0xf; placing by the device",
+        ]);
+        let check = driver_cross_check(&right.0, 6, &domains);
+        assert!(check.passed, "{}", check.detail);
+        let wrong_l3 = log_with(&[
+            "perfbed: perfbed_l3_0: allowed CPUs 0x7 differ from the kernel's cacheinfo: CPU 0's L3 is shared by 0x7; placing by the device",
+            "perfbed: perfbed_l3_1: allowed CPUs 0x38 differ from the kernel's cacheinfo: CPU 3's L3 is shared by 0xf; placing by the device",
+        ]);
+        assert!(!driver_cross_check(&wrong_l3.0, 6, &domains).passed);
+        let agreeing = log_with(&[
+            "perfbed: perfbed_l3_0: allowed CPUs 0x7 share one L3 by the kernel's cacheinfo",
+            "perfbed: perfbed_l3_1: allowed CPUs 0x38 differ from the kernel's cacheinfo: CPU 3's L3 is shared by 0xf; placing by the device",
+        ]);
+        assert!(!driver_cross_check(&agreeing.0, 6, &domains).passed);
+    }
+
+    #[test]
+    fn a_missing_line_or_another_set_fails() {
+        let domains = vec![vec![0, 1], vec![2, 3]];
+        let missing = log_with(&[AGREE_0]);
+        let check = driver_cross_check(&missing.0, 4, &domains);
+        assert!(!check.passed);
+        assert!(check.detail.contains("perfbed_l3_1 logged no"), "{}", check.detail);
+        let other_set = log_with(&[
+            AGREE_0,
+            "perfbed: perfbed_l3_1: allowed CPUs 0x8 share one L3 by the kernel's cacheinfo",
+        ]);
+        assert!(!driver_cross_check(&other_set.0, 4, &domains).passed);
+    }
 }

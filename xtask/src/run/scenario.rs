@@ -65,15 +65,7 @@ pub fn run(scenario: &Scenario, accel: &Accel) -> Result<Report> {
     )?);
     checks.push(checks::perf_tool::check(&mut vm, scenario.request_timeout)?);
     // Both hosts derive the guest's L3s and dies from the domains.
-    let mut guest = Guest {
-        vm: &mut vm,
-        timeout: scenario.request_timeout,
-    };
-    checks.push(checks::topology::check(
-        &mut guest,
-        scenario.vm.cpus,
-        &scenario.vm.device.domains,
-    )?);
+    checks.push(topology_check(&mut vm, scenario, false)?);
 
     // Then perfbed.ko on it: load, and every PMU check.
     let loaded = vm.request(
@@ -92,6 +84,13 @@ pub fn run(scenario: &Scenario, accel: &Accel) -> Result<Report> {
             format!("perfbed.ko: {loaded:?}")
         },
     });
+    if module_ok {
+        checks.push(checks::topology::driver_cross_check(
+            &vm.serial_log,
+            scenario.vm.cpus,
+            &scenario.vm.device.domains,
+        ));
+    }
     if let (true, Some(stub)) = (module_ok, &scenario.vm.gdb) {
         let mut guest = Guest {
             vm: &mut vm,
@@ -125,7 +124,8 @@ pub fn run(scenario: &Scenario, accel: &Accel) -> Result<Report> {
     let rounds = scenario.hotplug_rounds;
     match vm.request(&HostRequest::Hotplug { rounds }, scenario.request_timeout)? {
         AgentMessage::Hotplug { rounds: results } => {
-            checks.push(checks::hotplug::check(rounds, &results))
+            checks.push(checks::hotplug::check(rounds, &results));
+            checks.push(topology_check(&mut vm, scenario, true)?);
         }
         other => checks.push(Check {
             name: "CPU hotplug",
@@ -159,6 +159,21 @@ pub fn run(scenario: &Scenario, accel: &Accel) -> Result<Report> {
         serial_log,
         trace,
     })
+}
+
+/// The guest's L3s and dies against the domains, at boot or after the
+/// hotplug rounds.
+fn topology_check(vm: &mut Vm, scenario: &Scenario, after_hotplug: bool) -> Result<Check> {
+    let mut guest = Guest {
+        vm,
+        timeout: scenario.request_timeout,
+    };
+    let (cpus, domains) = (scenario.vm.cpus, &scenario.vm.device.domains);
+    if after_hotplug {
+        checks::topology::check_after_hotplug(&mut guest, cpus, domains)
+    } else {
+        checks::topology::check(&mut guest, cpus, domains)
+    }
 }
 
 pub fn print_report(report: &Report, image_time: Duration, total: Duration) {
