@@ -158,6 +158,11 @@ pub fn run(ws: &Path, args: &RunArgs) -> Result<bool> {
             host.name()
         ),
     }
+    // Known before the boot, so that `perfbed ctl` can follow this run live.
+    eprintln!(
+        "    control socket: {} (once the VM starts)",
+        scenario.vm.control_socket().display()
+    );
     let report = match scenario::run(&scenario, &accel) {
         Ok(report) => report,
         Err(e) => {
