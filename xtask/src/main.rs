@@ -77,6 +77,11 @@ enum Command {
         /// How long to keep the VM up.
         #[arg(long, default_value_t = 60)]
         seconds: u64,
+        /// Once the guest is up, run this program of the initramfs in it and
+        /// print its output (repeatable, in order; the words split on
+        /// spaces, e.g. --exec '/usr/bin/lscpu -C').
+        #[arg(long, value_name = "COMMAND")]
+        exec: Vec<String>,
     },
 }
 
@@ -104,7 +109,9 @@ fn main() -> ExitCode {
         Command::Stress(args) => stress::run(&ws, &args),
         Command::HotplugSelftest(args) => stress::selftest::run(&ws, &args),
         Command::VmmBench(args) => bench::vmm_exit::run(&ws, &args),
-        Command::Up { run, seconds } => run::up(&ws, &run, Duration::from_secs(seconds)),
+        Command::Up { run, seconds, exec } => {
+            run::up(&ws, &run, Duration::from_secs(seconds), &exec)
+        }
     });
     match result {
         Ok(true) => ExitCode::SUCCESS,

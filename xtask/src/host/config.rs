@@ -81,6 +81,12 @@ pub struct GdbStub {
 }
 
 impl VmConfig {
+    /// The device's control socket: `control.sock` in the run folder, on
+    /// every host (it exists once the host has started).
+    pub fn control_socket(&self) -> PathBuf {
+        self.run_dir.join("control.sock")
+    }
+
     pub fn validate(&self) -> Result<()> {
         check_size(self.cpus, self.memory_mib)?;
         self.device

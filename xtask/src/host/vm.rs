@@ -90,7 +90,7 @@ impl Vm {
         fs::create_dir_all(&config.run_dir)
             .with_context(|| format!("creating {}", config.run_dir.display()))?;
         let socket = config.run_dir.join("agent.sock");
-        let control_socket = config.run_dir.join("control.sock");
+        let control_socket = config.control_socket();
         // perfbed-vmm has no monitor; QEMU's (the guest's, or the box's L1)
         // records the vCPUs' state of a VM that failed.
         let monitor_socket = match config.host {

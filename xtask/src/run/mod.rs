@@ -158,6 +158,11 @@ pub fn run(ws: &Path, args: &RunArgs) -> Result<bool> {
             host.name()
         ),
     }
+    // Known before the boot, so that `perfbed ctl` can follow this run live.
+    eprintln!(
+        "    control socket: {} (once the VM starts)",
+        scenario.vm.control_socket().display()
+    );
     let report = match scenario::run(&scenario, &accel) {
         Ok(report) => report,
         Err(e) => {
@@ -176,7 +181,9 @@ pub fn run(ws: &Path, args: &RunArgs) -> Result<bool> {
     Ok(report.passed())
 }
 
-pub fn up(ws: &Path, args: &RunArgs, hold: Duration) -> Result<bool> {
+/// Boots the guest, runs each of `exec` in it (printing what it wrote),
+/// and keeps it up for `hold`.
+pub fn up(ws: &Path, args: &RunArgs, hold: Duration, exec: &[String]) -> Result<bool> {
     check_args(args)?;
     let images = image::ensure_for(ws, variant(args.debug, args.gdb), image::Purpose::Run)?;
     let scenario = scenario_for(ws, &images, args, "up")?;
@@ -205,6 +212,22 @@ pub fn up(ws: &Path, args: &RunArgs, hold: Duration) -> Result<bool> {
             &scenario.vm.run_dir,
         )?;
     }
+    let mut ran_ok = true;
+    for command in exec {
+        let argv: Vec<&str> = command.split_whitespace().collect();
+        let mut guest = guest::Guest {
+            vm: &mut booted.vm,
+            timeout: scenario.request_timeout,
+        };
+        let (status, stdout, stderr) = guest.run(&argv)?;
+        println!("$ {command}");
+        print!("{stdout}");
+        eprint!("{stderr}");
+        if status != Some(0) {
+            println!("(exit status {status:?})");
+            ran_ok = false;
+        }
+    }
     println!("  control socket: {}", booted.vm.control_socket.display());
     println!(
         "    try: cargo run -q -p perfbed-device --bin perfbed -- ctl --socket {} state",
@@ -214,7 +237,7 @@ pub fn up(ws: &Path, args: &RunArgs, hold: Duration) -> Result<bool> {
     println!("powering off in {}", human(hold));
     std::thread::sleep(hold);
     booted.vm.power_off(Duration::from_secs(30))?;
-    Ok(true)
+    Ok(ran_ok)
 }
 
 /// Refuses bad arguments before minutes go into a build.

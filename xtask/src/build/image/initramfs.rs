@@ -53,9 +53,17 @@ const BASE_DIRS: [&str; 5] = ["dev", "proc", "sys", "lib", "lib/modules"];
 
 /// Host programs copied into the guest with the shared libraries they need:
 /// the real perf tool (Debian's linux-perf), a static busybox for the
-/// little commands around it (`busybox sleep`), and bash for the kernel's
-/// selftest scripts.
-pub const HOST_PROGRAMS: &[&str] = &["/usr/bin/perf", "/bin/busybox", "/bin/bash"];
+/// little commands around it (`busybox sleep`), bash for the kernel's
+/// selftest scripts, and util-linux's lscpu (busybox has none), so that
+/// the guest's topology as a user sees it can be shown (`cargo xtask up
+/// --exec /usr/bin/lscpu`; issue 18: the domains' L3s and dies). lscpu
+/// adds about 130 KB and libsmartcols about 250 KB.
+pub const HOST_PROGRAMS: &[&str] = &[
+    "/usr/bin/perf",
+    "/bin/busybox",
+    "/bin/bash",
+    "/usr/bin/lscpu",
+];
 
 /// Returns the cached initramfs for this agent and these modules, which go
 /// to `/lib/modules` for the agent to load when the host asks, and these
