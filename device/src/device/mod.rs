@@ -642,7 +642,7 @@ impl Device {
             first_seq: self.trace.first_seq(),
             next_seq: self.trace.next_seq(),
             dropped: self.trace.dropped(),
-            records: self.trace.iter().filter(|(seq, _)| *seq >= since).map(|(seq, r)| (seq, *r)).collect(),
+            records: self.trace.iter_since(since).map(|(seq, r)| (seq, *r)).collect(),
         }
     }
 

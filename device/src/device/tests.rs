@@ -803,6 +803,12 @@ fn a_small_trace_ring_keeps_the_newest_records_and_counts_the_rest() {
     assert_eq!((snap.first_seq, snap.next_seq, snap.dropped, snap.records.len()), (7, 10, 7, 3));
     let times: Vec<u64> = snap.records.iter().map(|(_, r)| r.time_ns).collect();
     assert_eq!(times, [7, 8, 9]);
+    // From a record number on, across the ring's wrap point: older than the
+    // oldest kept gives all, newer than the newest none.
+    for (since, want) in [(0, vec![7, 8, 9]), (8, vec![8, 9]), (9, vec![9]), (10, vec![]), (99, vec![])] {
+        let seqs: Vec<u64> = d.trace_since(since).records.iter().map(|(seq, _)| *seq).collect();
+        assert_eq!(seqs, want, "since {since}");
+    }
     let file = trace_file(&snap.header(), snap.dropped, &snap.lines());
     assert_eq!(file.lines().nth(1).map(|l| l.split_whitespace().collect::<Vec<_>>()), Some(vec!["7", "-", "dropped", "count=7"]));
     // Capacity 0 records nothing and counts everything as dropped.

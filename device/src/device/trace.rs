@@ -287,4 +287,13 @@ impl TraceRing {
         let (newer, older) = self.records.split_at(self.oldest.min(self.records.len()));
         (self.first_seq()..).zip(older.iter().chain(newer))
     }
+
+    /// The records kept from sequence number `since` on (all of them if
+    /// `since` is older), oldest first. Goes straight to `since` rather
+    /// than past every older record: a `trace --follow` poll asks for the
+    /// few new records of a full ring under the device's lock.
+    pub fn iter_since(&self, since: u64) -> impl Iterator<Item = (u64, &TraceRecord)> {
+        let skip = since.saturating_sub(self.first_seq()).min(self.records.len() as u64);
+        self.iter().skip(skip as usize)
+    }
 }
