@@ -208,7 +208,8 @@ impl Vmm {
                 self.stats.clone(),
                 debugger.clone(),
             );
-            shared.push(runner.shared());
+            // Some exactly when there is a debugger, which is when gdb below needs them.
+            shared.extend(runner.shared());
             let (ended, evt) = (
                 ended.clone(),
                 ended_evt

@@ -201,7 +201,32 @@ impl Vcpu {
         stats: Arc<Stats>,
         debugger: Option<Arc<dyn DebugExits>>,
     ) -> BusRunner {
-        BusRunner { first_entry: self.index == 0, vcpu: Arc::new(Mutex::new(self)), io, mmio, stats, debugger }
+        // Only a debugger reaches a vCPU from another thread: without one
+        // the thread owns its vCPU and takes no lock around an entry.
+        let vcpu = match debugger {
+            Some(_) => Holder::Shared(Arc::new(Mutex::new(self))),
+            None => Holder::Alone(self),
+        };
+        let first_entry = vcpu.index() == 0;
+        BusRunner { first_entry, vcpu, exits: Exits { io, mmio, stats, debugger } }
+    }
+}
+
+/// How a vCPU thread holds its vCPU.
+enum Holder {
+    /// No debugger: nobody else touches it.
+    Alone(Vcpu),
+    /// A debugger may reach it while it is paused; the thread locks it for
+    /// each entry.
+    Shared(SharedVcpu),
+}
+
+impl Holder {
+    fn index(&self) -> u8 {
+        match self {
+            Holder::Alone(vcpu) => vcpu.index,
+            Holder::Shared(vcpu) => lock(vcpu).index,
+        }
     }
 }
 
@@ -215,21 +240,48 @@ pub fn lock(vcpu: &SharedVcpu) -> MutexGuard<'_, Vcpu> {
 
 /// A vCPU thread's work: enter the guest, send each exit to the buses.
 pub struct BusRunner {
-    vcpu: SharedVcpu,
-    io: Arc<Bus>,
-    mmio: Arc<Bus>,
-    stats: Arc<Stats>,
-    debugger: Option<Arc<dyn DebugExits>>,
+    vcpu: Holder,
+    exits: Exits,
     /// The boot vCPU's first entry is timed (the time to the first guest
     /// instruction and the first exit).
     first_entry: bool,
 }
 
+/// Where a vCPU's exits go.
+struct Exits {
+    io: Arc<Bus>,
+    mmio: Arc<Bus>,
+    stats: Arc<Stats>,
+    debugger: Option<Arc<dyn DebugExits>>,
+}
+
 impl BusRunner {
     /// The vCPU, for the debugger (its thread takes the lock for each
-    /// entry; a paused vCPU's is free).
-    pub fn shared(&self) -> SharedVcpu {
-        self.vcpu.clone()
+    /// entry; a paused vCPU's is free); `None` when the runner has no
+    /// debugger.
+    pub fn shared(&self) -> Option<SharedVcpu> {
+        match &self.vcpu {
+            Holder::Alone(_) => None,
+            Holder::Shared(vcpu) => Some(vcpu.clone()),
+        }
+    }
+}
+
+impl Exits {
+    /// Enters the guest once on `vcpu` and handles the exit.
+    fn entry(&self, vcpu: &mut Vcpu, first: bool) -> handle::Step {
+        if first {
+            self.stats.note_first_run();
+        }
+        let exit = vcpu.step(&self.io, &self.mmio, &self.stats);
+        if first {
+            self.stats.note_first_exit();
+        }
+        match exit {
+            Exit::Handled => handle::Step::Go,
+            Exit::Debug(debug) => self.on_debug_exit(vcpu, &debug),
+            Exit::End(end) => handle::Step::End(end),
+        }
     }
 
     fn on_debug_exit(&self, vcpu: &Vcpu, exit: &DebugExit) -> handle::Step {
@@ -248,24 +300,18 @@ impl BusRunner {
 impl handle::Runnable for BusRunner {
     fn step(&mut self) -> handle::Step {
         let first = std::mem::take(&mut self.first_entry);
-        let mut vcpu = lock(&self.vcpu);
-        if first {
-            self.stats.note_first_run();
-        }
-        let exit = vcpu.step(&self.io, &self.mmio, &self.stats);
-        if first {
-            self.stats.note_first_exit();
-        }
-        match exit {
-            Exit::Handled => handle::Step::Go,
-            Exit::Debug(debug) => self.on_debug_exit(&vcpu, &debug),
-            Exit::End(end) => handle::Step::End(end),
+        match &mut self.vcpu {
+            Holder::Alone(vcpu) => self.exits.entry(vcpu, first),
+            Holder::Shared(vcpu) => self.exits.entry(&mut lock(vcpu), first),
         }
     }
 
     fn immediate_exit(&mut self) -> *mut u8 {
         // The kvm_run page is mapped for the VcpuFd's life, which the
-        // runner's share of the vCPU keeps.
-        &mut lock(&self.vcpu).fd.get_kvm_run().immediate_exit
+        // runner (alone or with its share of the vCPU) keeps.
+        match &mut self.vcpu {
+            Holder::Alone(vcpu) => &mut vcpu.fd.get_kvm_run().immediate_exit,
+            Holder::Shared(vcpu) => &mut lock(vcpu).fd.get_kvm_run().immediate_exit,
+        }
     }
 }
