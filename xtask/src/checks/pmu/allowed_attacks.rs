@@ -22,7 +22,7 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use perfbed_agent::{AgentMessage, HostRequest, JobResult, JobSpec, PerfAttr, PerfIoctl};
 use perfbed_device::regs::Event;
 
@@ -1004,7 +1004,11 @@ pub fn run(ctx: &mut Ctx) -> Result<Vec<Check>> {
             .filter(|&c| c != 0)
             .collect::<Vec<_>>()
         {
-            ctx.g.set_online(cpu, true)?;
+            // If the guest is gone, say why the check stopped too.
+            ctx.g.set_online(cpu, true).with_context(|| match &result {
+                Err(e) => format!("bringing CPU {cpu} back online after \"{name}\" could not finish: {e:#}"),
+                Ok(_) => format!("bringing CPU {cpu} back online after \"{name}\""),
+            })?;
         }
         set(ctx, d, &allowed)?;
         let mut problems = Vec::new();

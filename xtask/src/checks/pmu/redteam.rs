@@ -571,7 +571,10 @@ pub(super) fn run_each(ctx: &mut Ctx, checks: &[Named]) -> Result<Vec<Check>> {
                     .filter(|&c| c != 0)
                     .collect();
                 for cpu in cpus {
-                    ctx.g.set_online(cpu, true)?;
+                    // If the guest is gone, say why the check stopped too.
+                    ctx.g.set_online(cpu, true).with_context(|| {
+                        format!("bringing CPU {cpu} back online after \"{name}\" could not finish: {e:#}")
+                    })?;
                 }
                 out.push(Check::from_problems(
                     name,
