@@ -161,6 +161,15 @@ fn mask_of(cpus: &[u32]) -> u64 {
     cpus.iter().filter(|&&c| c < 64).fold(0, |m, &c| m | 1 << c)
 }
 
+/// The CPU and L3 mask a "differ" line names:
+/// `... differ from the kernel's cacheinfo: CPU <c>'s L3 is shared by <mask>; ...`.
+fn named_cpu_and_l3(rest: &str) -> Option<(u32, u64)> {
+    let (_, r) = rest.split_once(": CPU ")?;
+    let (cpu, r) = r.split_once("'s L3 is shared by ")?;
+    let mask = r.split(';').next()?.trim().trim_start_matches("0x");
+    Some((cpu.parse::<u32>().ok()?, u64::from_str_radix(mask, 16).ok()?))
+}
+
 /// perfbed.ko's own comparison of each domain's allowed set with the
 /// kernel's cacheinfo, at its first load (all CPUs online): "share one L3"
 /// where the rule makes the domain an L3, "differ" where it cannot, with the
@@ -191,15 +200,7 @@ pub fn driver_cross_check(serial_log: &Path, cpus: u8, domains: &[Vec<u32>]) -> 
             }
             continue;
         }
-        // " differ from the kernel's cacheinfo: CPU <c>'s L3 is shared by <mask>; ..."
-        let named = rest
-            .split_once(": CPU ")
-            .and_then(|(_, r)| r.split_once("'s L3 is shared by "))
-            .and_then(|(cpu, r)| {
-                let mask = r.split(';').next()?.trim().trim_start_matches("0x");
-                Some((cpu.parse::<u32>().ok()?, u64::from_str_radix(mask, 16).ok()?))
-            });
-        match named {
+        match named_cpu_and_l3(rest) {
             Some((cpu, l3)) if l3 == mask_of(&l3_topology::l3_of(cpu, cpus, domains)) => {
                 seen.push(format!("{d} differs (CPU {cpu}'s L3 {l3:#x})"))
             }
@@ -213,6 +214,149 @@ pub fn driver_cross_check(serial_log: &Path, cpus: u8, domains: &[Vec<u32>]) -> 
         problems,
         format!("perfbed.ko at load: domain {}", seen.join(", ")),
     )
+}
+
+/// What perfbed.ko's comparison (`guest-driver/topology.rs`) says of a
+/// domain when only `online` CPUs are online: it compares the online
+/// allowed CPUs with the kernel's L3 maps, which hold online CPUs only.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Every online allowed CPU's L3 is shared by exactly the online allowed CPUs.
+    Shares,
+    /// Some online allowed CPU's L3 (its online part) is another set.
+    Differs,
+    NoneOnline,
+}
+
+/// The rule's L3 of `cpu`, as the kernel's map holds it with `online` CPUs.
+fn online_l3_of(cpu: u32, cpus: u32, domains: &[Vec<u32>], online: &[u32]) -> Vec<u32> {
+    l3_topology::l3_of(cpu, cpus, domains)
+        .into_iter()
+        .filter(|c| online.contains(c))
+        .collect()
+}
+
+/// [`Verdict`] for `domain` by the rule. Note that it depends on which CPUs
+/// are online: a domain that cannot be an L3 (`0-2` of `0-2:3-5`) "shares
+/// one L3" while the CPUs that break it (3) are offline.
+pub fn expected_verdict(cpus: u32, domains: &[Vec<u32>], domain: &[u32], online: &[u32]) -> Verdict {
+    let mut allowed: Vec<u32> = domain.iter().copied().filter(|c| online.contains(c)).collect();
+    allowed.sort_unstable();
+    if allowed.is_empty() {
+        return Verdict::NoneOnline;
+    }
+    if allowed
+        .iter()
+        .all(|&c| online_l3_of(c, cpus, domains, online) == allowed)
+    {
+        Verdict::Shares
+    } else {
+        Verdict::Differs
+    }
+}
+
+/// The CPUs [`driver_cross_check_offline`] takes offline: every CPU of the
+/// last domain of two or more CPUs without CPU 0 (the run insists on one),
+/// so that it is "none online" and, where the split is not aligned, its
+/// neighbours' L3 maps shrink.
+fn offline_for_reload(domains: &[Vec<u32>]) -> Vec<u32> {
+    domains
+        .iter()
+        .rev()
+        .find(|d| d.len() >= 2 && !d.contains(&0))
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// Judges the cross-check lines perfbed.ko logged in `log` (the serial log
+/// from a load on) against [`expected_verdict`] with `online` CPUs online.
+fn judge_reload(log: &str, cpus: u32, domains: &[Vec<u32>], online: &[u32]) -> (Vec<String>, Vec<String>) {
+    let mut problems = Vec::new();
+    let mut seen = Vec::new();
+    for (d, domain) in domains.iter().enumerate() {
+        let prefix = format!("perfbed_l3_{d}: allowed CPUs {:#x}", mask_of(domain));
+        let Some(rest) = log
+            .lines()
+            .filter_map(|l| l.split_once(&prefix).map(|(_, r)| r.to_string()))
+            .find(|r| r.contains("cacheinfo"))
+        else {
+            problems.push(format!("perfbed_l3_{d} logged no cacheinfo cross-check on reload"));
+            continue;
+        };
+        let want = expected_verdict(cpus, domains, domain, online);
+        let got = if rest.starts_with(" share one L3") {
+            Verdict::Shares
+        } else if rest.starts_with(": none online") {
+            Verdict::NoneOnline
+        } else {
+            Verdict::Differs
+        };
+        if got != want {
+            problems.push(format!(
+                "with CPUs {} online, perfbed_l3_{d} should say {want:?}:{rest}",
+                format_cpu_list(online)
+            ));
+            continue;
+        }
+        if got == Verdict::Differs {
+            match named_cpu_and_l3(&rest) {
+                Some((cpu, l3)) if l3 == mask_of(&online_l3_of(cpu, cpus, domains, online)) => {}
+                _ => {
+                    problems.push(format!(
+                        "perfbed_l3_{d} should name an online CPU and its L3's online CPUs:{rest}"
+                    ));
+                    continue;
+                }
+            }
+        }
+        seen.push(format!("{d} {want:?}"));
+    }
+    (problems, seen)
+}
+
+/// perfbed.ko reloaded with a whole domain offline ([`offline_for_reload`]):
+/// its per-domain lines follow [`expected_verdict`], "none online" for that
+/// domain. Expects the module loaded and every CPU online; leaves both so.
+pub fn driver_cross_check_offline(
+    guest: &mut Guest,
+    cpus: u8,
+    domains: &[Vec<u32>],
+) -> Result<Check> {
+    use crate::guest::MODULE;
+    use perfbed_agent::HostRequest;
+    let cpus = u32::from(cpus);
+    let offline = offline_for_reload(domains);
+    let online: Vec<u32> = (0..cpus).filter(|c| !offline.contains(c)).collect();
+    // Loaded after the PMU checks; an earlier failure may have left it out.
+    let _ = guest.ask(HostRequest::UnloadModule { name: MODULE.into() })?;
+    for &cpu in offline.iter().rev() {
+        guest.set_online(cpu, false)?;
+    }
+    let serial_log = guest.vm.serial_log.clone();
+    let from = std::fs::metadata(&serial_log).map(|m| m.len()).unwrap_or(0) as usize;
+    guest.expect_done(HostRequest::LoadModule { name: MODULE.into() })?;
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let (problems, seen) = loop {
+        let log = std::fs::read(&serial_log).unwrap_or_default();
+        let log = String::from_utf8_lossy(log.get(from..).unwrap_or_default()).into_owned();
+        let judged = judge_reload(&log, cpus, domains, &online);
+        if judged.0.is_empty() || Instant::now() >= deadline {
+            break judged;
+        }
+        thread::sleep(Duration::from_millis(100));
+    };
+    for &cpu in &offline {
+        guest.set_online(cpu, true)?;
+    }
+    Ok(Check::from_problems(
+        "driver's cross-check with a domain offline",
+        problems,
+        format!(
+            "perfbed.ko reloaded with CPUs {} offline: domain {}",
+            format_cpu_list(&offline),
+            seen.join(", ")
+        ),
+    ))
 }
 
 #[cfg(test)]
@@ -311,5 +455,53 @@ mod tests {
             "perfbed: perfbed_l3_1: allowed CPUs 0x8 share one L3 by the kernel's cacheinfo",
         ]);
         assert!(!driver_cross_check(&other_set.0, 4, &domains).passed);
+    }
+
+    #[test]
+    fn verdicts_follow_the_online_cpus() {
+        let halves = vec![vec![0, 1], vec![2, 3]];
+        assert_eq!(offline_for_reload(&halves), vec![2, 3]);
+        assert_eq!(expected_verdict(4, &halves, &halves[0], &[0, 1]), Verdict::Shares);
+        assert_eq!(expected_verdict(4, &halves, &halves[1], &[0, 1]), Verdict::NoneOnline);
+        // One CPU of a domain back: its L3 is itself.
+        assert_eq!(expected_verdict(4, &halves, &halves[1], &[0, 1, 3]), Verdict::Shares);
+        let interleaved = vec![vec![0, 2], vec![1, 3]];
+        assert_eq!(expected_verdict(4, &interleaved, &interleaved[0], &[0, 1, 2, 3]), Verdict::Differs);
+        // The ambiguity of "comparing only online allowed CPUs": 0-2 of
+        // 0-2:3-5 cannot be an L3 (the L3 is 0-3), yet with 3-5 offline the
+        // kernel's maps agree with it and the driver says it shares one L3.
+        let thirds = vec![vec![0, 1, 2], vec![3, 4, 5]];
+        assert!(!l3_topology::mismatches(6, &thirds).is_empty());
+        assert_eq!(offline_for_reload(&thirds), vec![3, 4, 5]);
+        assert_eq!(expected_verdict(6, &thirds, &thirds[0], &[0, 1, 2]), Verdict::Shares);
+        assert_eq!(expected_verdict(6, &thirds, &thirds[0], &[0, 1, 2, 4, 5]), Verdict::Shares);
+        assert_eq!(expected_verdict(6, &thirds, &thirds[1], &[0, 1, 2, 4, 5]), Verdict::Shares);
+        assert_eq!(expected_verdict(6, &thirds, &thirds[0], &[0, 1, 2, 3, 4, 5]), Verdict::Differs);
+    }
+
+    #[test]
+    fn a_reload_is_judged_by_the_online_cpus() {
+        let thirds = vec![vec![0, 1, 2], vec![3, 4, 5]];
+        // Seen on QEMU (TCG), 6 CPUs, 0-2:3-5, CPU 3 offline.
+        let log = "[ 2.1] perfbed: perfbed_l3_0: allowed CPUs 0x7 share one L3 by the kernel's cacheinfo\n\
+                   [ 2.1] perfbed: perfbed_l3_1: allowed CPUs 0x38 share one L3 by the kernel's cacheinfo";
+        let (problems, _) = judge_reload(log, 6, &thirds, &[0, 1, 2, 4, 5]);
+        assert!(problems.is_empty(), "{problems:?}");
+        let log = "perfbed: perfbed_l3_0: allowed CPUs 0x7 share one L3 by the kernel's cacheinfo\n\
+                   perfbed: perfbed_l3_1: allowed CPUs 0x38: none online, not compared with the kernel's cacheinfo";
+        let (problems, seen) = judge_reload(log, 6, &thirds, &[0, 1, 2]);
+        assert!(problems.is_empty(), "{problems:?}");
+        assert_eq!(seen, ["0 Shares", "1 NoneOnline"]);
+        // Saying "differ" with the whole L3's mask (offline CPUs in it) fails.
+        let log = "perfbed: perfbed_l3_0: allowed CPUs 0x5 differ from the kernel's cacheinfo: CPU 2's L3 is shared by 0xc; placing by the device\n\
+                   perfbed: perfbed_l3_1: allowed CPUs 0xa differ from the kernel's cacheinfo: CPU 1's L3 is shared by 0x3; placing by the device";
+        let interleaved = vec![vec![0, 2], vec![1, 3]];
+        let (problems, _) = judge_reload(log, 4, &interleaved, &[0, 1, 2]);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        let (problems, _) = judge_reload(log, 4, &interleaved, &[0, 1, 2, 3]);
+        assert!(problems.is_empty(), "{problems:?}");
+        // A missing line fails.
+        let (problems, _) = judge_reload("", 4, &interleaved, &[0, 1, 2, 3]);
+        assert_eq!(problems.len(), 2);
     }
 }

@@ -110,7 +110,14 @@ pub fn agent_port_args(qemu: &mut Command, socket: &Path) {
 
 /// The `-device perfbed,...` argument of perfbed's QEMU (images/qemu/perfbed.c).
 fn device_arg(device: &DeviceConfig, control: &Path) -> String {
-    let domains: Vec<String> = device.domains.iter().map(|d| format_cpu_list(d)).collect();
+    // QEMU splits `-device` options at commas and reads `,,` as one: a
+    // domain that is not one range (`0,2`) must be escaped, or QEMU takes
+    // `2:1` for a property name and refuses to start.
+    let domains: Vec<String> = device
+        .domains
+        .iter()
+        .map(|d| format_cpu_list(d).replace(',', ",,"))
+        .collect();
     let mut arg = format!(
         "perfbed,addr={DEVICE_BASE:#x},domains={},rmids={},slots={},width={},max-rate={},control={}",
         domains.join(":"),
@@ -137,6 +144,22 @@ fn device_arg(device: &DeviceConfig, control: &Path) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn domains_that_are_not_one_range_have_their_commas_escaped() {
+        let device = DeviceConfig {
+            domains: vec![vec![0, 2], vec![1, 3]],
+            ..DeviceConfig::default()
+        };
+        let arg = device_arg(&device, Path::new("/run/control.sock"));
+        assert!(arg.contains(",domains=0,,2:1,,3,rmids="), "{arg}");
+        let device = DeviceConfig {
+            domains: vec![vec![0, 1], vec![2, 3]],
+            ..DeviceConfig::default()
+        };
+        let arg = device_arg(&device, Path::new("/run/control.sock"));
+        assert!(arg.contains(",domains=0-1:2-3,rmids="), "{arg}");
+    }
 
     #[test]
     fn smp_makes_each_power_of_two_block_a_socket() {

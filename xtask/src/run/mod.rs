@@ -139,7 +139,7 @@ pub fn default_domains(cpus: u8) -> Vec<Vec<u32>> {
 
 pub fn run(ws: &Path, args: &RunArgs) -> Result<bool> {
     let total = Instant::now();
-    check_args(args)?;
+    check_args(args, true)?;
     let images = image::ensure_for(ws, variant(args.debug, args.gdb), image::Purpose::Run)?;
     let accel = host::choose_accel();
     let scenario = scenario_for(ws, &images, args, "run")?;
@@ -185,7 +185,7 @@ pub fn run(ws: &Path, args: &RunArgs) -> Result<bool> {
 /// Boots the guest, runs each of `exec` in it (printing what it wrote),
 /// and keeps it up for `hold`.
 pub fn up(ws: &Path, args: &RunArgs, hold: Duration, exec: &[String]) -> Result<bool> {
-    check_args(args)?;
+    check_args(args, false)?;
     let images = image::ensure_for(ws, variant(args.debug, args.gdb), image::Purpose::Run)?;
     let scenario = scenario_for(ws, &images, args, "up")?;
     let mut booted = host::vm::Vm::boot(&scenario.vm, &host::choose_accel())?;
@@ -241,8 +241,10 @@ pub fn up(ws: &Path, args: &RunArgs, hold: Duration, exec: &[String]) -> Result<
     Ok(ran_ok)
 }
 
-/// Refuses bad arguments before minutes go into a build.
-fn check_args(args: &RunArgs) -> Result<()> {
+/// Refuses bad arguments before minutes go into a build. `scenario`: the
+/// run's checks follow, which need a domain to take offline; `up` boots any
+/// valid layout (1 CPU, one domain, a CPU per domain).
+fn check_args(args: &RunArgs, scenario: bool) -> Result<()> {
     host::config::check_size(args.cpus, args.memory)?;
     if let Some(kernel) = &args.kernel {
         host::config::check_elf_kernel(kernel)?;
@@ -255,11 +257,11 @@ fn check_args(args: &RunArgs) -> Result<()> {
         .validate()
         .map_err(|e| anyhow::anyhow!("--domains: {e}"))?;
     // Migration and parking take a whole domain offline, and CPU 0 cannot go.
-    if !device
+    let offlinable = device
         .domains
         .iter()
-        .any(|cpus| cpus.len() >= 2 && !cpus.contains(&0))
-    {
+        .any(|cpus| cpus.len() >= 2 && !cpus.contains(&0));
+    if scenario && !offlinable {
         anyhow::bail!(
             "the scenario needs a domain of two or more CPUs other than CPU 0 to take offline (domains {:?}); \
              try --cpus 4 --domains 0-1:2-3",

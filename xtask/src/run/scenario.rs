@@ -126,6 +126,17 @@ pub fn run(scenario: &Scenario, accel: &Accel) -> Result<Report> {
         AgentMessage::Hotplug { rounds: results } => {
             checks.push(checks::hotplug::check(rounds, &results));
             checks.push(topology_check(&mut vm, scenario, true)?);
+            if module_ok {
+                let mut guest = Guest {
+                    vm: &mut vm,
+                    timeout: scenario.request_timeout,
+                };
+                checks.push(checks::topology::driver_cross_check_offline(
+                    &mut guest,
+                    scenario.vm.cpus,
+                    &scenario.vm.device.domains,
+                )?);
+            }
         }
         other => checks.push(Check {
             name: "CPU hotplug",
