@@ -107,8 +107,7 @@ fn checks_on_a_guest(
 }
 
 /// The scripted gdb session (`gdb::scripted_session`) on a guest served by
-/// its host's gdb stub (QEMU's gdbstub, or perfbed-vmm's, natively or in the
-/// box), then a clean power-off and a kernel log without reports.
+/// QEMU's gdbstub, then a clean power-off and a kernel log without reports.
 pub fn gdb_session(scenario: &Scenario, accel: &Accel) -> Result<()> {
     let mut config = scenario.vm.clone();
     let port = free_port()?;
@@ -119,16 +118,15 @@ pub fn gdb_session(scenario: &Scenario, accel: &Accel) -> Result<()> {
     });
     let booted = Vm::boot(&config, accel)?;
     println!(
-        "  the gdb kernel booted to the agent in {} on {}",
-        human(booted.boot_time),
-        config.host.name()
+        "  the gdb kernel booted to the agent in {}",
+        human(booted.boot_time)
     );
     let mut vm = booted.vm;
     let mut guest = crate::guest::Guest {
         vm: &mut vm,
         timeout: scenario.request_timeout,
     };
-    let session = crate::debug::gdb::scripted_session(
+    let output = crate::debug::gdb::scripted_session(
         &mut guest,
         &config.vmlinux,
         &scenario.driver,
@@ -145,8 +143,7 @@ pub fn gdb_session(scenario: &Scenario, accel: &Accel) -> Result<()> {
             serial_log.display()
         );
     }
-    let backtrace: Vec<&str> = session
-        .output
+    let backtrace: Vec<&str> = output
         .lines()
         .filter(|l| l.starts_with('#'))
         .take(3)
@@ -155,9 +152,6 @@ pub fn gdb_session(scenario: &Scenario, accel: &Accel) -> Result<()> {
         "  gdb stopped in: {}",
         backtrace.join("\n                  ")
     );
-    if let Some(took) = session.to_breakpoint {
-        println!("  from gdb's continue to the breakpoint's backtrace: {}", human(took));
-    }
     Ok(())
 }
 

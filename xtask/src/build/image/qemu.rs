@@ -46,15 +46,6 @@ const PATCHES: &[&str] = &[
     "0001-hw-misc-add-perfbed.patch",
     "0002-hw-acpi-no-pc_madt_cpu_entry-stub.patch",
 ];
-/// The box's QEMU when gdb debugs perfbed-vmm's guest in it: the patches
-/// above, then one that lets the box's KVM see its guest's `int3` (gdb's
-/// breakpoints). Only there: with it, plain box runs hung more often on
-/// 2026-12-03 (docs/vmm-and-box.md, "gdb on perfbed-vmm").
-const BOX_GDB_PATCHES: &[&str] = &[
-    "0001-hw-misc-add-perfbed.patch",
-    "0002-hw-acpi-no-pc_madt_cpu_entry-stub.patch",
-    "0003-target-i386-svm-int3-bp-intercept.patch",
-];
 /// Firmware from Debian's packages, in the order QEMU must search it (qboot
 /// for microvm lives in the first; SeaBIOS's copy would shadow it).
 pub const FIRMWARE_DIRS: &[&str] = &["/usr/share/qemu", "/usr/share/seabios"];
@@ -65,15 +56,6 @@ pub struct Qemu {
 }
 
 pub fn ensure(workspace: &Path) -> Result<Qemu> {
-    ensure_with(workspace, PATCHES)
-}
-
-/// perfbed's QEMU for the box when gdb debugs its guest ([`BOX_GDB_PATCHES`]).
-pub fn ensure_for_box_gdb(workspace: &Path) -> Result<Qemu> {
-    ensure_with(workspace, BOX_GDB_PATCHES)
-}
-
-fn ensure_with(workspace: &Path, patches: &[&str]) -> Result<Qemu> {
     let shim = workspace.join("images/qemu");
     let staticlib = build_staticlib(workspace)?;
     let version = source_version()?;
@@ -82,7 +64,7 @@ fn ensure_with(workspace: &Path, patches: &[&str]) -> Result<Qemu> {
     for name in SHIM_FILES
         .iter()
         .chain(["devices.mak"].iter())
-        .chain(patches)
+        .chain(PATCHES)
     {
         key.add(
             name,
@@ -94,7 +76,7 @@ fn ensure_with(workspace: &Path, patches: &[&str]) -> Result<Qemu> {
     let entry = Entry::new("qemu", &key)?;
     let tree = entry.dir.join("qemu");
     if !entry.is_ready() {
-        build_tree(&entry, &tree, &shim, &version, &staticlib, patches)?;
+        build_tree(&entry, &tree, &shim, &version, &staticlib)?;
     }
     let binary = linked_binary(&entry, &tree, &staticlib)?;
     Ok(Qemu {
@@ -203,7 +185,6 @@ fn build_tree(
     shim: &Path,
     version: &str,
     staticlib: &Path,
-    patches: &[&str],
 ) -> Result<()> {
     entry.begin()?;
     let step = Step::start(
@@ -234,7 +215,7 @@ fn build_tree(
         shim.join("devices.mak"),
         tree.join("configs/devices/x86_64-softmmu/perfbed.mak"),
     )?;
-    for patch in patches {
+    for patch in PATCHES {
         step.run(
             Command::new("patch")
                 .args(["-p1", "--forward", "--batch", "-d"])
