@@ -137,25 +137,6 @@ fn check_named(
     Ok(Check::from_problems(name, problems, ok))
 }
 
-/// The line perfbed.ko logs at its first load for domain `d`, once it is in
-/// the serial log (the console is copied there by another thread: waits up
-/// to two seconds for it).
-fn first_cross_check_line(serial_log: &Path, d: usize) -> Option<String> {
-    let prefix = format!("perfbed_l3_{d}: allowed CPUs ");
-    let deadline = Instant::now() + Duration::from_secs(2);
-    loop {
-        let log = std::fs::read(serial_log).unwrap_or_default();
-        let found = String::from_utf8_lossy(&log)
-            .lines()
-            .filter_map(|l| l.split_once(&prefix).map(|(_, rest)| rest.to_string()))
-            .find(|rest| rest.contains("cacheinfo"));
-        if found.is_some() || Instant::now() >= deadline {
-            return found;
-        }
-        thread::sleep(Duration::from_millis(100));
-    }
-}
-
 /// A mask of CPUs 0-63 as the driver prints it (`{:#x}`).
 fn mask_of(cpus: &[u32]) -> u64 {
     cpus.iter().filter(|&&c| c < 64).fold(0, |m, &c| m | 1 << c)
@@ -176,44 +157,35 @@ fn named_cpu_and_l3(rest: &str) -> Option<(u32, u64)> {
 /// L3 the driver names being the one the rule gives that CPU.
 pub fn driver_cross_check(serial_log: &Path, cpus: u8, domains: &[Vec<u32>]) -> Check {
     let cpus = u32::from(cpus);
-    let mismatched: Vec<usize> = l3_topology::mismatches(cpus, domains)
-        .into_iter()
-        .map(|(d, _)| d)
-        .collect();
-    let mut problems = Vec::new();
-    let mut seen = Vec::new();
-    for (d, domain) in domains.iter().enumerate() {
-        let allowed = format!("{:#x}", mask_of(domain));
-        let Some(line) = first_cross_check_line(serial_log, d) else {
-            problems.push(format!("perfbed_l3_{d} logged no cacheinfo cross-check"));
-            continue;
-        };
-        let Some(rest) = line.strip_prefix(&allowed) else {
-            problems.push(format!("perfbed_l3_{d}: expected allowed CPUs {allowed}: {line}"));
-            continue;
-        };
-        if !mismatched.contains(&d) {
-            if rest.starts_with(" share one L3") {
-                seen.push(format!("{d} agrees"));
-            } else {
-                problems.push(format!("perfbed_l3_{d} should agree with cacheinfo: {line}"));
-            }
-            continue;
-        }
-        match named_cpu_and_l3(rest) {
-            Some((cpu, l3)) if l3 == mask_of(&l3_topology::l3_of(cpu, cpus, domains)) => {
-                seen.push(format!("{d} differs (CPU {cpu}'s L3 {l3:#x})"))
-            }
-            _ => problems.push(format!(
-                "perfbed_l3_{d} should name a CPU and the L3 the rule gives it: {line}"
-            )),
-        }
-    }
+    let online: Vec<u32> = (0..cpus).collect();
+    let (problems, seen) = judge_logged(serial_log, 0, cpus, domains, &online);
     Check::from_problems(
         "driver's cacheinfo cross-check",
         problems,
         format!("perfbed.ko at load: domain {}", seen.join(", ")),
     )
+}
+
+/// Judges perfbed.ko's first cross-check lines in the serial log from byte
+/// `from` on with [`judge_lines`], waiting up to two seconds for them (the
+/// console is copied to the log by another thread).
+fn judge_logged(
+    serial_log: &Path,
+    from: usize,
+    cpus: u32,
+    domains: &[Vec<u32>],
+    online: &[u32],
+) -> (Vec<String>, Vec<String>) {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let log = std::fs::read(serial_log).unwrap_or_default();
+        let log = String::from_utf8_lossy(log.get(from..).unwrap_or_default()).into_owned();
+        let judged = judge_lines(&log, cpus, domains, online);
+        if judged.0.is_empty() || Instant::now() >= deadline {
+            return judged;
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// What perfbed.ko's comparison (`guest-driver/topology.rs`) says of a
@@ -268,9 +240,11 @@ fn offline_for_reload(domains: &[Vec<u32>]) -> Vec<u32> {
         .unwrap_or_default()
 }
 
-/// Judges the cross-check lines perfbed.ko logged in `log` (the serial log
-/// from a load on) against [`expected_verdict`] with `online` CPUs online.
-fn judge_reload(log: &str, cpus: u32, domains: &[Vec<u32>], online: &[u32]) -> (Vec<String>, Vec<String>) {
+/// Judges the first cross-check line perfbed.ko logged for each domain in
+/// `log` (the serial log from a load on) against [`expected_verdict`] with
+/// `online` CPUs online; a "differ" must name an online CPU and the online
+/// CPUs of the L3 the rule gives it.
+fn judge_lines(log: &str, cpus: u32, domains: &[Vec<u32>], online: &[u32]) -> (Vec<String>, Vec<String>) {
     let mut problems = Vec::new();
     let mut seen = Vec::new();
     for (d, domain) in domains.iter().enumerate() {
@@ -280,7 +254,7 @@ fn judge_reload(log: &str, cpus: u32, domains: &[Vec<u32>], online: &[u32]) -> (
             .filter_map(|l| l.split_once(&prefix).map(|(_, r)| r.to_string()))
             .find(|r| r.contains("cacheinfo"))
         else {
-            problems.push(format!("perfbed_l3_{d} logged no cacheinfo cross-check on reload"));
+            problems.push(format!("perfbed_l3_{d} logged no cacheinfo cross-check"));
             continue;
         };
         let want = expected_verdict(cpus, domains, domain, online);
@@ -335,16 +309,7 @@ pub fn driver_cross_check_offline(
     let serial_log = guest.vm.serial_log.clone();
     let from = std::fs::metadata(&serial_log).map(|m| m.len()).unwrap_or(0) as usize;
     guest.expect_done(HostRequest::LoadModule { name: MODULE.into() })?;
-    let deadline = Instant::now() + Duration::from_secs(2);
-    let (problems, seen) = loop {
-        let log = std::fs::read(&serial_log).unwrap_or_default();
-        let log = String::from_utf8_lossy(log.get(from..).unwrap_or_default()).into_owned();
-        let judged = judge_reload(&log, cpus, domains, &online);
-        if judged.0.is_empty() || Instant::now() >= deadline {
-            break judged;
-        }
-        thread::sleep(Duration::from_millis(100));
-    };
+    let (problems, seen) = judge_logged(&serial_log, from, cpus, domains, &online);
     for &cpu in &offline {
         guest.set_online(cpu, true)?;
     }
@@ -485,23 +450,23 @@ mod tests {
         // Seen on QEMU (TCG), 6 CPUs, 0-2:3-5, CPU 3 offline.
         let log = "[ 2.1] perfbed: perfbed_l3_0: allowed CPUs 0x7 share one L3 by the kernel's cacheinfo\n\
                    [ 2.1] perfbed: perfbed_l3_1: allowed CPUs 0x38 share one L3 by the kernel's cacheinfo";
-        let (problems, _) = judge_reload(log, 6, &thirds, &[0, 1, 2, 4, 5]);
+        let (problems, _) = judge_lines(log, 6, &thirds, &[0, 1, 2, 4, 5]);
         assert!(problems.is_empty(), "{problems:?}");
         let log = "perfbed: perfbed_l3_0: allowed CPUs 0x7 share one L3 by the kernel's cacheinfo\n\
                    perfbed: perfbed_l3_1: allowed CPUs 0x38: none online, not compared with the kernel's cacheinfo";
-        let (problems, seen) = judge_reload(log, 6, &thirds, &[0, 1, 2]);
+        let (problems, seen) = judge_lines(log, 6, &thirds, &[0, 1, 2]);
         assert!(problems.is_empty(), "{problems:?}");
         assert_eq!(seen, ["0 Shares", "1 NoneOnline"]);
         // Saying "differ" with the whole L3's mask (offline CPUs in it) fails.
         let log = "perfbed: perfbed_l3_0: allowed CPUs 0x5 differ from the kernel's cacheinfo: CPU 2's L3 is shared by 0xc; placing by the device\n\
                    perfbed: perfbed_l3_1: allowed CPUs 0xa differ from the kernel's cacheinfo: CPU 1's L3 is shared by 0x3; placing by the device";
         let interleaved = vec![vec![0, 2], vec![1, 3]];
-        let (problems, _) = judge_reload(log, 4, &interleaved, &[0, 1, 2]);
+        let (problems, _) = judge_lines(log, 4, &interleaved, &[0, 1, 2]);
         assert_eq!(problems.len(), 1, "{problems:?}");
-        let (problems, _) = judge_reload(log, 4, &interleaved, &[0, 1, 2, 3]);
+        let (problems, _) = judge_lines(log, 4, &interleaved, &[0, 1, 2, 3]);
         assert!(problems.is_empty(), "{problems:?}");
         // A missing line fails.
-        let (problems, _) = judge_reload("", 4, &interleaved, &[0, 1, 2, 3]);
+        let (problems, _) = judge_lines("", 4, &interleaved, &[0, 1, 2, 3]);
         assert_eq!(problems.len(), 2);
     }
 }
