@@ -14,6 +14,8 @@ use std::process::Command;
 use std::thread;
 use std::time::{Duration, Instant};
 
+mod stall_watch;
+
 use perfbed_box_init::{
     decode_args, BOX_FAILED, DEBUG_EXIT_PORT, GUEST_INITRAMFS, GUEST_KERNEL, MODULE_ORDER, PORT_AGENT, PORT_CONTROL,
     PORT_SERIAL, VMM_PATH,
@@ -67,6 +69,7 @@ fn run() -> Result<u8, String> {
         .arg(&serial_port)
         .spawn()
         .map_err(|e| format!("starting {VMM_PATH}: {e}"))?;
+    stall_watch::spawn(vmm.id());
 
     // The VMM serves the control socket before it waits for the agent
     // socket's client, and starts the guest once we connect there.

@@ -1,0 +1,108 @@
+//! A watch on perfbed-vmm's vCPU threads from inside the box: a vCPU thread
+//! that sleeps in L1's kernel for seconds anywhere but KVM's own halt wait
+//! freezes its guest CPU, and nothing on the host can see where it sleeps.
+//! Each such stall is printed once on L1's console (the harness keeps it in
+//! `box.log`) with the thread's kernel stack, and again when it ends.
+
+use std::collections::HashMap;
+use std::fs;
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// How often the threads are sampled.
+const SAMPLE: Duration = Duration::from_millis(500);
+/// How long a thread must sleep in one place, without using CPU time, to be
+/// reported.
+const STALL: Duration = Duration::from_secs(5);
+
+/// One sample of a thread.
+#[derive(Clone, PartialEq, Eq)]
+struct ThreadState {
+    wchan: String,
+    cpu_ticks: u64,
+}
+
+/// Where a thread was first seen in its current state, and whether that
+/// stall was reported.
+struct Watched {
+    state: ThreadState,
+    since: Instant,
+    reported: bool,
+}
+
+/// Starts the watch on process `pid`; it ends with the process.
+pub fn spawn(pid: u32) {
+    let _ = thread::Builder::new().name("stall-watch".into()).spawn(move || watch(pid));
+}
+
+fn watch(pid: u32) {
+    let mut watched: HashMap<String, Watched> = HashMap::new();
+    loop {
+        thread::sleep(SAMPLE);
+        let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else { return };
+        let now = Instant::now();
+        for task in tasks.flatten() {
+            let tid = task.file_name().to_string_lossy().into_owned();
+            let dir = task.path();
+            let comm = fs::read_to_string(dir.join("comm")).unwrap_or_default().trim().to_string();
+            if !comm.starts_with("vcpu") {
+                continue;
+            }
+            let Some(state) = sample(&dir) else { continue };
+            let entry = watched.entry(tid.clone()).or_insert(Watched { state: state.clone(), since: now, reported: false });
+            if entry.state != state {
+                if entry.reported {
+                    eprintln!(
+                        "perfbed-box: stall-watch: {comm} (tid {tid}) runs again after {:.1} s in {}",
+                        now.duration_since(entry.since).as_secs_f64(),
+                        entry.state.wchan
+                    );
+                }
+                *entry = Watched { state, since: now, reported: false };
+                continue;
+            }
+            if !entry.reported && now.duration_since(entry.since) >= STALL && is_stall(&entry.state.wchan) {
+                entry.reported = true;
+                let stack = fs::read_to_string(dir.join("stack")).unwrap_or_else(|e| format!("(no stack: {e})\n"));
+                eprintln!(
+                    "perfbed-box: stall-watch: {comm} (tid {tid}) has slept in {} for {:.1} s without CPU time; its L1 kernel stack:\n{}",
+                    entry.state.wchan,
+                    now.duration_since(entry.since).as_secs_f64(),
+                    stack.trim_end()
+                );
+            }
+        }
+    }
+}
+
+/// A thread's wait channel and CPU time (user + system ticks), if readable.
+fn sample(dir: &std::path::Path) -> Option<ThreadState> {
+    let wchan = fs::read_to_string(dir.join("wchan")).ok()?;
+    let stat = fs::read_to_string(dir.join("stat")).ok()?;
+    // Fields after the command's closing parenthesis: state is the first,
+    // utime and stime the 12th and 13th.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let cpu_ticks = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some(ThreadState { wchan: wchan.trim().to_string(), cpu_ticks })
+}
+
+/// Whether sleeping in `wchan` stalls the guest: KVM's halt wait is the
+/// guest's own idle, and a running thread has no wait channel.
+fn is_stall(wchan: &str) -> bool {
+    !(wchan.is_empty() || wchan == "0" || wchan.starts_with("kvm_vcpu"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_stall;
+
+    #[test]
+    fn halt_waits_and_running_threads_are_not_stalls() {
+        assert!(!is_stall(""));
+        assert!(!is_stall("0"));
+        assert!(!is_stall("kvm_vcpu_block"));
+        assert!(is_stall("wait_port_writable"));
+        assert!(is_stall("futex_wait_queue"));
+    }
+}
