@@ -584,7 +584,10 @@ struct DomainHw {
     held: u32,
     owed: OwedTable,
     /// The owner before the last change: between `migrate_cpu` and the perf core moving the
-    /// events away, they still run there.
+    /// events away, they still run there. A park's window ends at the first `add` while parked
+    /// (the move installed the events on the CPU that keeps them, [`Domain::take_slot`]): that
+    /// CPU may be the one the domain left (patch 0063), and a `del` there from then on is an
+    /// event going off while parked, not one moving.
     previous_owner: Option<u32>,
 }
 
@@ -789,6 +792,10 @@ impl Domain {
     /// kept for it). While the domain is parked an event that finds none is scheduled without a
     /// slot. `EAGAIN` otherwise: perf multiplexes.
     fn take_slot(&self, hw: &mut DomainHw, event: &Event, config: Config) -> Result {
+        if hw.owner.is_none() {
+            // Parked, and an event is scheduled: the park's move is over (see `previous_owner`).
+            hw.previous_owner = None;
+        }
         if let Some(slot) = self.slot_of(hw, event) {
             if hw.slots[slot].state == Holder::ParkedIdle {
                 // Frozen since a `del` nobody could read: it counts on from what it holds.

@@ -1009,30 +1009,67 @@ fn set_allowed(ctx: &mut Ctx, d: usize, cpus: &[u32]) -> Result<()> {
 }
 
 /// F8. A slot frozen in a park made by the host (the allowed set emptied,
-///     every CPU still online), then the PMU placed by a new set on CPU 1,
-///     outside the domain's own CPUs. A and a reference R: 1 MiB, the set
-///     emptied, 2 MiB, A DISABLEd while parked (frozen, 3 MiB unread),
-///     4 MiB, the set {1}, a read there, A ENABLEd, 8 MiB, the set given
-///     back, 16 MiB. The contract ("Allowed sets that change at run
+///     every CPU still online), then the PMU placed by a new set on CPU 0,
+///     outside the domain's own CPUs (`movable_domain` never holds CPU 0,
+///     whatever the layout, and CPU 0 never goes offline). A and a
+///     reference R: 1 MiB, the set emptied, 2 MiB, A DISABLEd while parked
+///     (frozen, 3 MiB unread), 4 MiB, the set {0}, a read there, A
+///     ENABLEd, 8 MiB, the set given back, 16 MiB. The contract ("Allowed sets that change at run
 ///     time"): a park by the set is a park, a placement by it a placement,
 ///     so the read on the new owner counts A's frozen slot exactly (1 + 2
 ///     MiB), never the 4 MiB; after its ENABLE A counts exactly at 100 %
 ///     across the move back; R counts all 31 MiB; no clock goes back.
 pub fn frozen_placed_by_allowed_set(ctx: &mut Ctx) -> Result<Check> {
     let (d, allowed) = movable_domain(ctx)?;
-    let out = placed_by_set(ctx, d, &allowed);
+    if allowed.contains(&0) {
+        bail!("CPU 0 is already domain {d}'s ({allowed:?})");
+    }
+    with_set_given_back(ctx, d, &allowed, |ctx| {
+        placed_by_set(ctx, d, &allowed, "freeze-attack: frozen placed by allowed set")
+    })
+}
+
+/// F8b. F8 on the domain of CPU 0, the CPU that holds a parked PMU's
+///      events: the PMU counts on CPU 0, the emptied set parks it where
+///      its events already are, and the set {0} places it back there. Its
+///      events never change CPU, yet the park and the placement are a
+///      park and a placement (kernel patch 0063): the same exact counts
+///      as F8's.
+pub fn frozen_parked_on_holding_cpu(ctx: &mut Ctx) -> Result<Check> {
+    let Some(d) = ctx.device.domains.iter().position(|cpus| cpus.contains(&0)) else {
+        bail!("no domain holds CPU 0 (domains {:?})", ctx.device.domains);
+    };
+    let allowed = ctx.device.domains[d].clone();
+    with_set_given_back(ctx, d, &allowed, |ctx| {
+        // On CPU 0 first, so that the park leaves the events where they are.
+        set_allowed(ctx, d, &[0])?;
+        let (on_zero, mask) = wait_mask(ctx, d, |m| m == [0])?;
+        if !on_zero {
+            bail!("{}: the set {{0}}: cpumask {mask:?} after 30 s", pmu_name(d));
+        }
+        placed_by_set(ctx, d, &allowed, "freeze-attack: frozen parked on holding cpu")
+    })
+}
+
+/// Runs `check`, and gives domain `d` its set back if it fails, even
+/// half-way, for the checks that follow.
+fn with_set_given_back(
+    ctx: &mut Ctx,
+    d: usize,
+    allowed: &[u32],
+    check: impl FnOnce(&mut Ctx) -> Result<Check>,
+) -> Result<Check> {
+    let out = check(ctx);
     if out.is_err() {
-        // Give the set back for the checks that follow, even half-way.
-        set_allowed(ctx, d, &allowed)?;
+        set_allowed(ctx, d, allowed)?;
     }
     out
 }
 
-fn placed_by_set(ctx: &mut Ctx, d: usize, allowed: &[u32]) -> Result<Check> {
-    let target = 1u32;
-    if allowed.contains(&target) {
-        bail!("CPU {target} is already domain {d}'s ({allowed:?})");
-    }
+/// F8's sequence on domain `d` (allowed set `allowed`), placed by the set
+/// {0}; `name` is the check's.
+fn placed_by_set(ctx: &mut Ctx, d: usize, allowed: &[u32], name: &'static str) -> Result<Check> {
+    let target = 0u32;
     let ([a, reference], [ra, rr]) = open_two(ctx, d, 5, 6, false)?;
     let hs = [a, reference];
     let both = |ctx: &mut Ctx, x: u64| burst_each(ctx, d, &[(ra, 1), (rr, 1)], x);
@@ -1061,7 +1098,7 @@ fn placed_by_set(ctx: &mut Ctx, d: usize, allowed: &[u32]) -> Result<Check> {
     }
     for (ok, m, what) in [
         (parked, &m0, "the set emptied: parked"),
-        (placed, &m1, "the set {1}: on CPU 1"),
+        (placed, &m1, "the set {0}: on CPU 0"),
         (home, &m2, "the set given back: on one of its CPUs"),
     ] {
         if !ok {
@@ -1074,7 +1111,7 @@ fn placed_by_set(ctx: &mut Ctx, d: usize, allowed: &[u32]) -> Result<Check> {
             &[
                 ("open", &s[i]),
                 ("A DISABLEd while parked", &off[i]),
-                ("placed on CPU 1", &there[i]),
+                ("placed on CPU 0", &there[i]),
                 ("A ENABLEd", &on[i]),
                 ("8 MiB", &mid[i]),
                 ("moved back, 16 MiB", &end[i]),
@@ -1083,7 +1120,7 @@ fn placed_by_set(ctx: &mut Ctx, d: usize, allowed: &[u32]) -> Result<Check> {
         );
     }
     clocks_still(
-        "A: DISABLEd while parked, placed on CPU 1",
+        "A: DISABLEd while parked, placed on CPU 0",
         &off[0],
         &there[0],
         &mut problems,
@@ -1091,13 +1128,13 @@ fn placed_by_set(ctx: &mut Ctx, d: usize, allowed: &[u32]) -> Result<Check> {
     let a_got = there[0][0].wrapping_sub(s[0][0]);
     if a_got != 3 * MIB {
         problems.push(format!(
-            "A: 1 MiB, the set emptied (parked), 2 MiB, DISABLE, 4 MiB, placed on CPU 1 by the set {{1}}: read {:?}: counted {} (want exactly the 1 + 2 MiB frozen at its DISABLE)",
+            "A: 1 MiB, the set emptied (parked), 2 MiB, DISABLE, 4 MiB, placed on CPU 0 by the set {{0}}: read {:?}: counted {} (want exactly the 1 + 2 MiB frozen at its DISABLE)",
             there[0],
             bursts_in(a_got)
         ));
     }
     judge_exact(
-        "A: ENABLEd on CPU 1, 8 MiB, moved back, 16 MiB",
+        "A: ENABLEd on CPU 0, 8 MiB, moved back, 16 MiB",
         &on[0],
         &end[0],
         24 * MIB,
@@ -1111,10 +1148,10 @@ fn placed_by_set(ctx: &mut Ctx, d: usize, allowed: &[u32]) -> Result<Check> {
         ));
     }
     Ok(Check::from_problems(
-        "freeze-attack: frozen placed by allowed set",
+        name,
         problems,
         format!(
-            "{}: parked by an empty set, A DISABLEd there, placed on CPU 1 by a set: A read {} there, {} after its ENABLE; R {}",
+            "{}: parked by an empty set, A DISABLEd there, placed on CPU 0 by a set: A read {} there, {} after its ENABLE; R {}",
             pmu_name(d),
             bursts_in(a_got),
             bursts_in(end[0][0].wrapping_sub(on[0][0])),
@@ -1301,6 +1338,10 @@ pub(super) const CHECKS: &[Named] = &[
     (
         "freeze-attack: frozen placed by allowed set",
         frozen_placed_by_allowed_set,
+    ),
+    (
+        "freeze-attack: frozen parked on holding cpu",
+        frozen_parked_on_holding_cpu,
     ),
     (
         "freeze-attack: frozen beside same rmid",
