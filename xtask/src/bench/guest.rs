@@ -21,6 +21,7 @@ use crate::host;
 use crate::host::config::DEVICE_BASE;
 use crate::host::vm::Vm;
 use crate::host::Accel;
+use crate::run::scenario::Scenario;
 use crate::run::{scenario_for, RunArgs};
 
 /// Stock Debian QEMU (package qemu-system-x86), the boot baseline.
@@ -229,6 +230,42 @@ pub fn vmm_rows(ws: &Path, images: &Images, accel: &Accel, effort: &Effort) -> R
         ..RunArgs::for_tests()
     };
     let scenario = scenario_for(ws, images, &args, "bench-vmm")?;
+    let run_dir = &scenario.vm.run_dir;
+    let mut attempt = 0;
+    loop {
+        let _ = fs::remove_file(run_dir.join(host::vm::BOX_STUCK_FILE));
+        let error = match vmm_rows_once(&scenario, &args, accel, effort) {
+            Ok(rows) => return Ok(rows),
+            Err(e) => e,
+        };
+        // As the tests do (`test::RERUN_ON_BOX_HANG`): only a run the
+        // harness diagnosed as the box itself stuck runs again, loudly.
+        let Some(why) = host::vm::box_hung(run_dir) else {
+            return Err(error);
+        };
+        attempt += 1;
+        if attempt > host::vm::BOX_HANG_RERUNS {
+            return Err(error.context(format!(
+                "the box itself hung {attempt} times in a row"
+            )));
+        }
+        let kept = host::vm::keep_run_dir(run_dir, &format!("box-hang-{attempt}"))?;
+        eprintln!(
+            "==> bench: THE BOX ITSELF HUNG (QEMU TCG's nested SVM, not perfbed; docs/box-verification.md), rerun {attempt} of at most {}:\n  {}\n  the hung attempt ({error}) is kept in {}",
+            host::vm::BOX_HANG_RERUNS,
+            why.trim().replace('\n', "\n  "),
+            kept.display()
+        );
+    }
+}
+
+/// One boot of perfbed-vmm and its rows.
+fn vmm_rows_once(
+    scenario: &Scenario,
+    args: &RunArgs,
+    accel: &Accel,
+    effort: &Effort,
+) -> Result<Vec<Row>> {
     let place = Place::Vmm {
         name: scenario.vm.host.name(),
     };

@@ -44,6 +44,12 @@ const CPU_STATE_GAP: Duration = Duration::from_secs(1);
 /// Written into the run folder when the diagnosis of a failed box run says
 /// the box itself was stuck (its lines inside); read by [`box_hung`].
 pub const BOX_STUCK_FILE: &str = "box-stuck.txt";
+/// How many times a box scenario runs again after the box itself hung
+/// ([`box_hung`]): the tests in `test::RERUN_ON_BOX_HANG` and the bench's
+/// perfbed-vmm rows. The box hangs in about one `run --host vmm` in five to
+/// ten on a 2-core host (2026-12-03), so one rerun left CI red once in
+/// twenty-odd runs.
+pub const BOX_HANG_RERUNS: u32 = 2;
 /// QEMU's human monitor, in the run folder.
 const MONITOR_SOCKET: &str = "monitor.sock";
 
@@ -483,6 +489,23 @@ pub fn box_hung(run_dir: &Path) -> Option<String> {
     fs::read_to_string(run_dir.join(BOX_STUCK_FILE))
         .ok()
         .filter(|t| !t.trim().is_empty())
+}
+
+/// Copies the regular files of a failed attempt's run folder to a sibling
+/// `<folder>-<why>` (replacing an older copy), so a rerun keeps its logs.
+pub fn keep_run_dir(run_dir: &Path, why: &str) -> Result<PathBuf> {
+    let name = run_dir
+        .file_name()
+        .map_or("run".into(), |n| n.to_string_lossy().into_owned());
+    let kept = run_dir.with_file_name(format!("{name}-{why}"));
+    let _ = fs::remove_dir_all(&kept);
+    fs::create_dir_all(&kept).with_context(|| format!("creating {}", kept.display()))?;
+    for entry in fs::read_dir(run_dir)?.flatten() {
+        if entry.file_type().is_ok_and(|t| t.is_file()) {
+            fs::copy(entry.path(), kept.join(entry.file_name()))?;
+        }
+    }
+    Ok(kept)
 }
 
 impl Vm {

@@ -4,7 +4,7 @@
 mod vm_tests;
 
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
 
@@ -62,12 +62,11 @@ struct VmTest {
 /// SVM, not of perfbed (docs/box-verification.md). A workaround, said
 /// loudly and counted; any other failure, and a third hang in a row, fail
 /// the test.
-const RERUN_ON_BOX_HANG: &[&str] = &["vmm_end_to_end"];
-
-/// How many times a listed test runs again after a box hang. The box hangs
-/// in about one `run --host vmm` in five to ten on a 2-core host (2026-12-03),
-/// so one rerun left CI red once in twenty-odd runs.
-const BOX_HANG_RERUNS: u32 = 2;
+const RERUN_ON_BOX_HANG: &[&str] = &[
+    "vmm_end_to_end",
+    "vmm_guest_panic_is_reported",
+    "vmm_slow_agent_reader",
+];
 
 const VM_TESTS: &[VmTest] = &[
     VmTest {
@@ -300,16 +299,17 @@ fn run_vm_tests(ws: &Path, args: &TestArgs) -> Result<bool> {
         let run_dir = scenario.vm.run_dir.clone();
         let _ = fs::remove_file(run_dir.join(host::vm::BOX_STUCK_FILE));
         let mut result = (test.run)(&scenario, &accel);
-        for attempt in 1..=BOX_HANG_RERUNS {
+        for attempt in 1..=host::vm::BOX_HANG_RERUNS {
             let Some(why) = box_hang_rerun(test.name, &result, &run_dir) else {
                 break;
             };
             if let Err(e) = &result {
                 box_hang_reruns += 1;
-                let kept = keep_run_dir(&run_dir, &format!("box-hang-{attempt}"))?;
+                let kept = host::vm::keep_run_dir(&run_dir, &format!("box-hang-{attempt}"))?;
                 println!(
-                    "test {} ... THE BOX ITSELF HUNG (QEMU TCG's nested SVM, not perfbed; docs/box-verification.md), rerun {attempt} of at most {BOX_HANG_RERUNS} (box-hang reruns in this run: {box_hang_reruns}):\n  {}\n  the hung attempt ({e}) is kept in {}",
+                    "test {} ... THE BOX ITSELF HUNG (QEMU TCG's nested SVM, not perfbed; docs/box-verification.md), rerun {attempt} of at most {} (box-hang reruns in this run: {box_hang_reruns}):\n  {}\n  the hung attempt ({e}) is kept in {}",
                     test.name,
+                    host::vm::BOX_HANG_RERUNS,
                     why.trim().replace('\n', "\n  "),
                     kept.display()
                 );
@@ -351,23 +351,6 @@ fn box_hang_rerun(test: &str, result: &Result<()>, run_dir: &Path) -> Option<Str
     host::vm::box_hung(run_dir)
 }
 
-/// Copies the regular files of a failed attempt's run folder to a sibling
-/// `<folder>-<why>` (replacing an older copy), so a rerun keeps its logs.
-fn keep_run_dir(run_dir: &Path, why: &str) -> Result<PathBuf> {
-    let name = run_dir
-        .file_name()
-        .map_or("run".into(), |n| n.to_string_lossy().into_owned());
-    let kept = run_dir.with_file_name(format!("{name}-{why}"));
-    let _ = fs::remove_dir_all(&kept);
-    fs::create_dir_all(&kept).with_context(|| format!("creating {}", kept.display()))?;
-    for entry in fs::read_dir(run_dir)?.flatten() {
-        if entry.file_type().is_ok_and(|t| t.is_file()) {
-            fs::copy(entry.path(), kept.join(entry.file_name()))?;
-        }
-    }
-    Ok(kept)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -396,7 +379,7 @@ mod tests {
             box_hang_rerun("vmm_guest_panic_is_reported", &failed, &run_dir),
             None
         );
-        let kept = keep_run_dir(&run_dir, "box-hang").unwrap();
+        let kept = host::vm::keep_run_dir(&run_dir, "box-hang").unwrap();
         assert_eq!(kept, dir.join("vmm_end_to_end-box-hang"));
         assert_eq!(
             fs::read_to_string(kept.join("serial.log")).unwrap(),
