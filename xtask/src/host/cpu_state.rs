@@ -30,6 +30,68 @@ pub struct VcpuState {
     pub timer_vector: Option<u8>,
     /// The timer's current count (0: expired, for a one-shot).
     pub timer_count: Option<u64>,
+    /// What decides whether QEMU's TCG takes a pending interrupt, from the
+    /// `INTREQ=` line perfbed's QEMU adds to `info registers` (patch 0003).
+    pub tcg: Option<TcgInterruptState>,
+}
+
+/// The vCPU loop's view of interrupts in perfbed's QEMU (TCG): the request
+/// bits it polls, GIF, and in an SVM guest the host's IF at VMRUN.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TcgInterruptState {
+    /// `CPUState::interrupt_request`.
+    pub request: u32,
+    /// In an SVM guest (`HF_GUEST_MASK`).
+    pub in_guest: bool,
+    pub gif: bool,
+    /// The host's RFLAGS.IF at VMRUN, which gates external interrupts in
+    /// the guest under V_INTR_MASKING.
+    pub hif: bool,
+    pub vintr: bool,
+}
+
+/// `CPU_INTERRUPT_HARD` and `CPU_INTERRUPT_POLL` (QEMU 7.2).
+const INTERRUPT_HARD: u32 = 0x2;
+const INTERRUPT_POLL: u32 = 0x10;
+
+impl TcgInterruptState {
+    /// Parses the `INTREQ=... GUEST=. GIF=. HIF=. VINTR=. ...` line.
+    fn parse(line: &str) -> Option<TcgInterruptState> {
+        let flag = |key: &str| field(line, key).map(|v| v == "1");
+        Some(TcgInterruptState {
+            request: u32::from_str_radix(field(line, "INTREQ=")?, 16).ok()?,
+            in_guest: flag("GUEST=")?,
+            gif: flag("GIF=")?,
+            hif: flag("HIF=")?,
+            vintr: flag("VINTR=")?,
+        })
+    }
+
+    /// Why a pending external interrupt is not being taken, as far as these
+    /// bits tell.
+    pub fn why_not_taken(&self) -> String {
+        let requested = self.request & (INTERRUPT_HARD | INTERRUPT_POLL) != 0;
+        let bits = format!(
+            "interrupt_request {:#x}, GIF {}, {}",
+            self.request,
+            u8::from(self.gif),
+            if self.in_guest {
+                format!("in an SVM guest, V_INTR_MASKING {} HIF {}", u8::from(self.vintr), u8::from(self.hif))
+            } else {
+                "not in an SVM guest".into()
+            }
+        );
+        let verdict = if !requested {
+            "no HARD or POLL request is raised: the vCPU loop was never told (a lost request)"
+        } else if !self.gif {
+            "requested, but GIF is clear"
+        } else if self.in_guest && self.vintr && !self.hif {
+            "requested, but the host's IF at VMRUN (HIF) was clear"
+        } else {
+            "requested and deliverable by these bits: the vCPU loop is not looking"
+        };
+        format!("QEMU: {bits}: {verdict}")
+    }
 }
 
 impl VcpuState {
@@ -77,6 +139,9 @@ pub fn parse(text: &str) -> Vec<VcpuState> {
                 }
                 if let Some(hlt) = field(line, "HLT=") {
                     cpu.halted = hlt == "1";
+                }
+                if line.starts_with("INTREQ=") {
+                    cpu.tcg = TcgInterruptState::parse(line);
                 }
             }
             Some(i) => {
@@ -145,11 +210,12 @@ pub fn expired_timer_pending(snapshots: &[(&str, &[VcpuState])]) -> Vec<String> 
                 && c.deliverable() == c.timer_vector
             {
                 out.push(format!(
-                    "vCPU {} ({when}): its local APIC timer expired and its vector {} pending above its priority, not taken, with RFLAGS.IF {} at RIP {}",
+                    "vCPU {} ({when}): its local APIC timer expired and its vector {} pending above its priority, not taken, with RFLAGS.IF {} at RIP {}{}",
                     c.cpu,
                     c.timer_vector.unwrap_or(0),
                     if c.interrupts_enabled { "set" } else { "clear" },
-                    c.rip.map_or("?".into(), |r| format!("{r:#x}"))
+                    c.rip.map_or("?".into(), |r| format!("{r:#x}")),
+                    c.tcg.as_ref().map_or(String::new(), |t| format!("; {}", t.why_not_taken()))
                 ));
             }
         }
@@ -213,6 +279,7 @@ APR 0x00 TPR 0x10 DFR 0x0f LDR 0x01 PPR 0x10
                 ppr: Some(0x10),
                 timer_vector: Some(236),
                 timer_count: Some(0),
+                tcg: None,
             }]
         );
         let said = expired_timer_pending(&[("first", &cpus)]);
@@ -234,6 +301,28 @@ APR 0x00 TPR 0x10 DFR 0x0f LDR 0x01 PPR 0x10
             "{}",
             said[0]
         );
+    }
+
+    #[test]
+    fn perfbed_qemus_interrupt_line_says_why_the_timer_waits() {
+        let line = "INTREQ=00000000 EXITREQ=0 ICOUNT_DECR=00000000 GUEST=1 GIF=1 HIF=1 VINTR=1 VGIF=1 NMI_BLOCKED=0 INT_CTL=01000000 INTERCEPT=0000000000000000";
+        let hung = HUNG.replace("HLT=0\n", &format!("HLT=0\n{line}\n"));
+        let cpus = parse(&hung);
+        let tcg = cpus[0].tcg.clone().expect("the INTREQ line is read");
+        assert_eq!(
+            tcg,
+            TcgInterruptState { request: 0, in_guest: true, gif: true, hif: true, vintr: true }
+        );
+        let said = expired_timer_pending(&[("first", &cpus)]);
+        assert!(said[0].contains("no HARD or POLL request is raised"), "{}", said[0]);
+        let requested = TcgInterruptState { request: 0x2, ..tcg.clone() };
+        assert!(requested.why_not_taken().contains("the vCPU loop is not looking"));
+        let hif_clear = TcgInterruptState { request: 0x2, hif: false, ..tcg.clone() };
+        assert!(hif_clear.why_not_taken().contains("HIF) was clear"));
+        let gif_clear = TcgInterruptState { request: 0x10, gif: false, ..tcg };
+        assert!(gif_clear.why_not_taken().contains("GIF is clear"));
+        // A stock QEMU prints no such line: nothing is made up.
+        assert_eq!(parse(HUNG)[0].tcg, None);
     }
 
     #[test]
