@@ -18,14 +18,17 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
+use perfbed_agent::PerfIoctl;
 use perfbed_device::regs::{whole_units, Event};
 
 use super::attacks::cpu_clock;
 use super::context::{Ctx, MIB};
-use super::freeze_attacks::{set_allowed, wait_mask};
-use super::move_attacks::TIMES;
+use super::freeze_attacks::{
+    burst_each, bursts_in, clocks_never_back, clocks_still, open_two, set_allowed, wait_mask,
+};
+use super::move_attacks::{judge_exact, TIMES};
 use super::moves::movable_domain;
-use super::redteam::{open_with, rmid, run_each, truth, Named};
+use super::redteam::{must, open_with, rmid, run_each, truth, Named};
 use crate::checks::Check;
 use crate::guest::pmu_name;
 
@@ -278,6 +281,211 @@ pub fn traffic_through_other_domain_on_cpu0(ctx: &mut Ctx) -> Result<Check> {
     })
 }
 
+/// H4. A group DISABLEd with PERF_IOC_FLAG_GROUP while parked on CPU 0,
+///     where it counted. CPU 0's domain on CPU 0, a cpu-clock on CPU 0,
+///     `{L, S}` (S gets twice each burst) and a reference R: 1 MiB, the
+///     set emptied (parked in place), 2 MiB, DISABLE|GROUP issued on S,
+///     4 MiB, the set {0} (placed in place), a read, 8 MiB, a read,
+///     ENABLE|GROUP on L, 16 MiB, parked in place again, 32 MiB, placed
+///     again. The contract: both members frozen at the DISABLE, read
+///     exactly at the placement (L 1 + 2, S twice that), unchanged and
+///     clocks still while disabled; after the ENABLE exactly 16 + 32 MiB
+///     (×2 for S) at 100 %; R all 63 MiB.
+pub fn group_frozen_on_holding_cpu(ctx: &mut Ctx) -> Result<Check> {
+    let (d, _) = holding_domain(ctx)?;
+    with_defaults_back(ctx, |ctx| {
+        place(ctx, d, &[0], &[0])?;
+        let clock = cpu_clock(ctx, 0, None)?;
+        let ([l, s], [rl, rs]) = open_two(ctx, d, 1, 2, true)?;
+        let rr = rmid(ctx, 3);
+        let reference = open_with(ctx, d, rr, TIMES, 0, None)?;
+        let hs = [l, s, reference];
+        let every = [(rl, 1), (rs, 2), (rr, 1)];
+        let burst = |ctx: &mut Ctx, x: u64| burst_each(ctx, d, &every, x);
+        let st = ctx.g.read_many(&hs)?;
+        burst(ctx, MIB)?;
+        place(ctx, d, &[], &[])?;
+        burst(ctx, 2 * MIB)?;
+        must(ctx, s, PerfIoctl::Disable { group: true })?;
+        let off = ctx.g.read_many(&hs)?;
+        burst(ctx, 4 * MIB)?;
+        place(ctx, d, &[0], &[0])?;
+        let there = ctx.g.read_many(&hs)?;
+        burst(ctx, 8 * MIB)?;
+        let still = ctx.g.read_many(&hs)?;
+        must(ctx, l, PerfIoctl::Enable { group: true })?;
+        let on = ctx.g.read_many(&hs)?;
+        burst(ctx, 16 * MIB)?;
+        place(ctx, d, &[], &[])?;
+        burst(ctx, 32 * MIB)?;
+        place(ctx, d, &[0], &[0])?;
+        let end = ctx.g.read_many(&hs)?;
+        for h in hs {
+            ctx.g.close(h)?;
+        }
+        ctx.g.close(clock)?;
+        let mut problems = Vec::new();
+        let names = ["L", "S", "R"];
+        for (i, name) in names.iter().enumerate() {
+            clocks_never_back(
+                name,
+                &[
+                    ("open", &st[i]),
+                    ("DISABLE|GROUP while parked on CPU 0", &off[i]),
+                    ("placed on CPU 0", &there[i]),
+                    ("8 MiB, disabled", &still[i]),
+                    ("ENABLE|GROUP", &on[i]),
+                    ("parked and placed on CPU 0 again", &end[i]),
+                ],
+                &mut problems,
+            );
+        }
+        let mut counted = Vec::new();
+        for (i, name) in names[..2].iter().enumerate() {
+            let m = every[i].1;
+            let got = there[i][0].wrapping_sub(st[i][0]);
+            counted.push(format!("{name} {}", bursts_in(got)));
+            if got != 3 * m * MIB || still[i][0] != there[i][0] {
+                problems.push(format!(
+                    "{name}: {m} MiB, parked on CPU 0 in place, {} MiB, DISABLE|GROUP, {} MiB, placed on CPU 0: read {:?}: counted {} (want exactly the {} MiB frozen at the DISABLE), then {} after {} MiB more while disabled (want unchanged)",
+                    2 * m,
+                    4 * m,
+                    there[i],
+                    bursts_in(got),
+                    3 * m,
+                    bursts_in(still[i][0].wrapping_sub(st[i][0])),
+                    8 * m
+                ));
+            }
+            clocks_still(
+                &format!("{name}: DISABLE|GROUP while parked to after the placement, 8 MiB"),
+                &off[i],
+                &still[i],
+                &mut problems,
+            );
+            judge_exact(
+                &format!(
+                    "{name}: ENABLE|GROUP on CPU 0, {} MiB, parked and placed in place, {} MiB",
+                    16 * m,
+                    32 * m
+                ),
+                &on[i],
+                &end[i],
+                48 * m * MIB,
+                &mut problems,
+            );
+        }
+        judge_exact(
+            "R, enabled throughout",
+            &st[2],
+            &end[2],
+            63 * MIB,
+            &mut problems,
+        );
+        Ok(Check::from_problems(
+            "hold-attack: group frozen on holding cpu",
+            problems,
+            format!(
+                "{}: {{L, S}} DISABLEd with PERF_IOC_FLAG_GROUP while parked on CPU 0, placed there: {} at the placement; exact after the ENABLE; R {}",
+                pmu_name(d),
+                counted.join(", "),
+                bursts_in(end[2][0].wrapping_sub(st[2][0]))
+            ),
+        ))
+    })
+}
+
+/// H5. RESET while parked on CPU 0. CPU 0's domain on CPU 0, a cpu-clock
+///     on CPU 0, A and B enabled, a reference R: 1 MiB, parked in place,
+///     2 MiB, A RESET; B DISABLEd, RESET and ENABLEd, all while parked;
+///     4 MiB, placed on CPU 0, 8 MiB. The contract: RESET zeroes the
+///     value, and what landed before it, unread in the parked PMU, never
+///     counts after it; an ENABLE thaws the slot, parked or not. So A and
+///     B read 0 right after, exactly 4 MiB at the placement, exactly 4 + 8
+///     MiB at the end (the last window at 100 %); R all 15 MiB.
+pub fn reset_while_parked_on_holding_cpu(ctx: &mut Ctx) -> Result<Check> {
+    let (d, _) = holding_domain(ctx)?;
+    with_defaults_back(ctx, |ctx| {
+        place(ctx, d, &[0], &[0])?;
+        let clock = cpu_clock(ctx, 0, None)?;
+        let ([a, b], [ra, rb]) = open_two(ctx, d, 4, 5, false)?;
+        let rr = rmid(ctx, 6);
+        let reference = open_with(ctx, d, rr, TIMES, 0, None)?;
+        let hs = [a, b, reference];
+        let every = [(ra, 1), (rb, 1), (rr, 1)];
+        let burst = |ctx: &mut Ctx, x: u64| burst_each(ctx, d, &every, x);
+        let st = ctx.g.read_many(&hs)?;
+        burst(ctx, MIB)?;
+        place(ctx, d, &[], &[])?;
+        burst(ctx, 2 * MIB)?;
+        must(ctx, a, PerfIoctl::Reset { group: false })?;
+        must(ctx, b, PerfIoctl::Disable { group: false })?;
+        must(ctx, b, PerfIoctl::Reset { group: false })?;
+        must(ctx, b, PerfIoctl::Enable { group: false })?;
+        let z = ctx.g.read_many(&hs)?;
+        burst(ctx, 4 * MIB)?;
+        place(ctx, d, &[0], &[0])?;
+        let there = ctx.g.read_many(&hs)?;
+        burst(ctx, 8 * MIB)?;
+        let end = ctx.g.read_many(&hs)?;
+        for h in hs {
+            ctx.g.close(h)?;
+        }
+        ctx.g.close(clock)?;
+        let mut problems = Vec::new();
+        let names = ["A (RESET)", "B (DISABLE, RESET, ENABLE)", "R"];
+        for (i, name) in names.iter().enumerate() {
+            clocks_never_back(
+                name,
+                &[
+                    ("open", &st[i]),
+                    ("the RESETs while parked on CPU 0", &z[i]),
+                    ("placed on CPU 0", &there[i]),
+                    ("8 MiB", &end[i]),
+                ],
+                &mut problems,
+            );
+        }
+        for (i, name) in names[..2].iter().enumerate() {
+            if z[i][0] != 0 || there[i][0] != 4 * MIB || end[i][0] != 12 * MIB {
+                problems.push(format!(
+                    "{name}: 1 MiB, parked on CPU 0 in place, 2 MiB, RESET while parked, 4 MiB, placed on CPU 0, 8 MiB: read {} then {} at the placement, {} at the end (want 0, exactly 4 MiB, exactly 4 + 8 MiB: what landed before the RESET never counts after it)",
+                    bursts_in(z[i][0]),
+                    bursts_in(there[i][0]),
+                    bursts_in(end[i][0])
+                ));
+            }
+            judge_exact(
+                &format!("{name}: placed on CPU 0, 8 MiB"),
+                &there[i],
+                &end[i],
+                8 * MIB,
+                &mut problems,
+            );
+        }
+        judge_exact(
+            "R, enabled throughout",
+            &st[2],
+            &end[2],
+            15 * MIB,
+            &mut problems,
+        );
+        Ok(Check::from_problems(
+            "hold-attack: reset while parked on holding cpu",
+            problems,
+            format!(
+                "{}: RESET while parked on CPU 0 (one event also DISABLEd and ENABLEd around it): {} and {} at the placement, {} and {} at the end; R {}",
+                pmu_name(d),
+                bursts_in(there[0][0]),
+                bursts_in(there[1][0]),
+                bursts_in(end[0][0]),
+                bursts_in(end[1][0]),
+                bursts_in(end[2][0].wrapping_sub(st[2][0]))
+            ),
+        ))
+    })
+}
+
 /// Every attack, in order, each by the name its `Check` carries; each
 /// leaves every CPU online, nothing open, the mux interval as it found it
 /// and both domains on their default sets.
@@ -293,6 +501,14 @@ pub(super) const CHECKS: &[Named] = &[
     (
         "hold-attack: traffic through other domain on cpu 0",
         traffic_through_other_domain_on_cpu0,
+    ),
+    (
+        "hold-attack: group frozen on holding cpu",
+        group_frozen_on_holding_cpu,
+    ),
+    (
+        "hold-attack: reset while parked on holding cpu",
+        reset_while_parked_on_holding_cpu,
     ),
 ];
 
