@@ -26,10 +26,13 @@ use super::context::{Ctx, MIB};
 use super::freeze_attacks::{
     burst_each, bursts_in, clocks_never_back, clocks_still, open_two, set_allowed, wait_mask,
 };
-use super::move_attacks::{judge_exact, TIMES};
+use super::move_attacks::{
+    judge_exact, judge_window, with_mux_interval, LONG_MUX_MS, SKEW_NS, TIMES,
+};
 use super::moves::movable_domain;
-use super::redteam::{must, open_with, rmid, run_each, truth, Named};
+use super::redteam::{must, open_with, rmid, run_each, truth, Many, Named};
 use crate::checks::Check;
+use crate::guest::perf_abi::FLAG_DISABLED;
 use crate::guest::pmu_name;
 
 /// Steady traffic while the PMU parks and is placed: 64 MiB/s, so that a
@@ -486,6 +489,454 @@ pub fn reset_while_parked_on_holding_cpu(ctx: &mut Ctx) -> Result<Check> {
     })
 }
 
+/// Over one window between `start` and `end` reads of events of one PMU:
+/// whether more ran at once than it has `slots` (beyond the reads' skew).
+fn over_slots(start: &[Vec<u64>], end: &[Vec<u64>], slots: usize) -> Option<String> {
+    let n = start.len().min(end.len());
+    let running: u64 = (0..n).map(|i| end[i][2].saturating_sub(start[i][2])).sum();
+    let enabled = (0..n)
+        .map(|i| end[i][1].saturating_sub(start[i][1]))
+        .max()
+        .unwrap_or(0);
+    (running > slots as u64 * enabled + n as u64 * SKEW_NS).then(|| {
+        format!("Δrunning adds up to {running} ns over {enabled} ns enabled: more than {slots} slots at once")
+    })
+}
+
+/// H6. More slot events than slots, parked in place on CPU 0 and placed
+///     back. CPU 0's domain on CPU 0, a cpu-clock on CPU 0, slots + 2
+///     events (a long mux interval): 1 MiB, parked in place, 2 MiB, a
+///     read while parked, 4 MiB, placed on CPU 0, 8 MiB, two closed, 16
+///     MiB. The contract: contended windows obey the rules (never above
+///     what landed, nothing if never running, all if running throughout,
+///     running never above enabled, never more running at once than
+///     slots, no clock or value back); once two are closed the rest fit
+///     and count exactly at 100 %.
+pub fn contended_on_holding_cpu(ctx: &mut Ctx) -> Result<Check> {
+    let (d, _) = holding_domain(ctx)?;
+    with_defaults_back(ctx, |ctx| {
+        place(ctx, d, &[0], &[0])?;
+        with_mux_interval(ctx, d, LONG_MUX_MS, |ctx| contended(ctx, d))
+    })
+}
+
+fn contended(ctx: &mut Ctx, d: usize) -> Result<Check> {
+    let slots = ctx.device.slots as usize;
+    let n = slots + 2;
+    let clock = cpu_clock(ctx, 0, None)?;
+    let many = Many::open(ctx, d, n, TIMES)?;
+    let (rmids, hs) = (many.rmids.clone(), many.handles.clone());
+    let s = ctx.g.read_many(&hs)?;
+    many.burst(ctx, MIB)?;
+    place(ctx, d, &[], &[])?;
+    many.burst(ctx, 2 * MIB)?;
+    let p = ctx.g.read_many(&hs)?;
+    many.burst(ctx, 4 * MIB)?;
+    place(ctx, d, &[0], &[0])?;
+    let u = ctx.g.read_many(&hs)?;
+    many.burst(ctx, 8 * MIB)?;
+    let u1 = ctx.g.read_many(&hs)?;
+    for &h in &hs[..2] {
+        ctx.g.close(h)?;
+    }
+    let rest = hs[2..].to_vec();
+    let g0 = ctx.g.read_many(&rest)?;
+    many.burst(ctx, 16 * MIB)?;
+    let g1 = ctx.g.read_many(&rest)?;
+    for h in rest {
+        ctx.g.close(h)?;
+    }
+    ctx.g.close(clock)?;
+    let mut problems = Vec::new();
+    let mut counts = Vec::new();
+    for (i, r) in rmids.iter().enumerate() {
+        let name = format!("rmid {r}");
+        let mut series: Vec<(&str, &[u64])> = vec![
+            ("open", &s[i]),
+            ("parked in place, 2 MiB", &p[i]),
+            ("placed on CPU 0", &u[i]),
+            ("8 MiB", &u1[i]),
+        ];
+        if i >= 2 {
+            series.push(("two closed", &g0[i - 2]));
+            series.push(("16 MiB", &g1[i - 2]));
+        }
+        clocks_never_back(&name, &series, &mut problems);
+        for (a, b, what) in [
+            (&s[i], &p[i], "open to the read while parked"),
+            (&p[i], &u[i], "the read while parked to the placement"),
+            (&u[i], &u1[i], "the placement to 8 MiB"),
+        ] {
+            if b[0] < a[0] {
+                problems.push(format!(
+                    "{name}: value went back from {a:?} to {b:?} ({what})"
+                ));
+            }
+        }
+        counts.push(bursts_in(u[i][0].wrapping_sub(s[i][0])));
+        judge_window(
+            &format!("{name}: {n} on {slots} slots, 1 MiB, parked on CPU 0 in place, 2 + 4 MiB, placed on CPU 0"),
+            &s[i],
+            &u[i],
+            7 * MIB,
+            &mut problems,
+        );
+        judge_window(
+            &format!("{name}: placed on CPU 0, contended, 8 MiB"),
+            &u[i],
+            &u1[i],
+            8 * MIB,
+            &mut problems,
+        );
+        if i >= 2 {
+            judge_exact(
+                &format!("{name}: two closed, {} on {slots} slots, 16 MiB", n - 2),
+                &g0[i - 2],
+                &g1[i - 2],
+                16 * MIB,
+                &mut problems,
+            );
+        }
+    }
+    for (a, b, what) in [
+        (&s, &u, "open to the placement"),
+        (&u, &u1, "after the placement"),
+    ] {
+        if let Some(p) = over_slots(a, b, slots) {
+            problems.push(format!("{what}: {p}"));
+        }
+    }
+    Ok(Check::from_problems(
+        "hold-attack: contended on holding cpu",
+        problems,
+        format!(
+            "{}: {n} events on {slots} slots parked in place on CPU 0 and placed back: {} to the placement (7 MiB landed), within the rules; exact after two closes",
+            pmu_name(d),
+            counts.join(", ")
+        ),
+    ))
+}
+
+/// H7. Rounds of parks and placements, no read between. CPU 0's domain, a
+///     cpu-clock on CPU 0; A enabled throughout, B, C: 1 MiB, parked in
+///     place, 2 MiB, placed on CPU 1 (a real move), 4 MiB, parked (moved
+///     back to CPU 0), 8 MiB, B DISABLEd, 16 MiB, placed on CPU 0 (in
+///     place), 32 MiB, parked in place, C RESET, 64 MiB, B ENABLEd, 128
+///     MiB, placed on CPU 0. The contract: A all 255 MiB at 100 %; B the
+///     1 + 2 + 4 + 8 MiB frozen at its DISABLE and the 128 after its
+///     ENABLE; C 64 + 128 MiB from its RESET.
+pub fn rounds_without_reads(ctx: &mut Ctx) -> Result<Check> {
+    let (d, allowed) = holding_domain(ctx)?;
+    let Some(&other) = allowed.iter().find(|&&c| c != 0) else {
+        bail!("domain {d} ({allowed:?}) has no CPU besides CPU 0");
+    };
+    with_defaults_back(ctx, |ctx| {
+        place(ctx, d, &[0], &[0])?;
+        let clock = cpu_clock(ctx, 0, None)?;
+        let ([a, b], [ra, rb]) = open_two(ctx, d, 1, 2, false)?;
+        let rc = rmid(ctx, 3);
+        let c = open_with(ctx, d, rc, TIMES, 0, None)?;
+        let hs = [a, b, c];
+        let every = [(ra, 1), (rb, 1), (rc, 1)];
+        let burst = |ctx: &mut Ctx, x: u64| burst_each(ctx, d, &every, x);
+        let st = ctx.g.read_many(&hs)?;
+        burst(ctx, MIB)?;
+        place(ctx, d, &[], &[])?;
+        burst(ctx, 2 * MIB)?;
+        place(ctx, d, &[other], &[other])?;
+        burst(ctx, 4 * MIB)?;
+        place(ctx, d, &[], &[])?;
+        burst(ctx, 8 * MIB)?;
+        must(ctx, b, PerfIoctl::Disable { group: false })?;
+        burst(ctx, 16 * MIB)?;
+        place(ctx, d, &[0], &[0])?;
+        burst(ctx, 32 * MIB)?;
+        place(ctx, d, &[], &[])?;
+        must(ctx, c, PerfIoctl::Reset { group: false })?;
+        burst(ctx, 64 * MIB)?;
+        must(ctx, b, PerfIoctl::Enable { group: false })?;
+        burst(ctx, 128 * MIB)?;
+        place(ctx, d, &[0], &[0])?;
+        let end = ctx.g.read_many(&hs)?;
+        for h in hs {
+            ctx.g.close(h)?;
+        }
+        ctx.g.close(clock)?;
+        let mut problems = Vec::new();
+        for (i, name) in ["A", "B", "C"].iter().enumerate() {
+            clocks_never_back(
+                name,
+                &[("open", &st[i]), ("the end", &end[i])],
+                &mut problems,
+            );
+        }
+        judge_exact(
+            "A, enabled throughout",
+            &st[0],
+            &end[0],
+            255 * MIB,
+            &mut problems,
+        );
+        let b_got = end[1][0].wrapping_sub(st[1][0]);
+        if b_got != 143 * MIB {
+            problems.push(format!(
+                "B: 1, park, 2, CPU {other}, 4, park, 8, DISABLE, 16, CPU 0, 32, park, 64, ENABLE, 128, CPU 0: counted {} (want exactly 1 + 2 + 4 + 8 + 128 MiB)",
+                bursts_in(b_got)
+            ));
+        }
+        if end[2][0] != 192 * MIB {
+            problems.push(format!(
+                "C: RESET while parked in place on CPU 0, 64, 128 MiB, placed on CPU 0: read {} (want exactly 64 + 128 MiB)",
+                bursts_in(end[2][0])
+            ));
+        }
+        Ok(Check::from_problems(
+            "hold-attack: rounds without reads",
+            problems,
+            format!(
+                "{}: parked in place, to CPU {other}, parked, frozen, CPU 0, parked in place, RESET, thawed, CPU 0, no read between: A {}, B {}, C {}",
+                pmu_name(d),
+                bursts_in(end[0][0].wrapping_sub(st[0][0])),
+                bursts_in(b_got),
+                bursts_in(end[2][0])
+            ),
+        ))
+    })
+}
+
+/// H8. Opens and a first ENABLE while parked on CPU 0. CPU 0's domain on
+///     CPU 0, a cpu-clock on CPU 0, D opened disabled and a reference R:
+///     1 MiB, parked in place, an open (ENODEV), 2 MiB, D ENABLEd while
+///     parked, 4 MiB, placed on CPU 0, 8 MiB. The contract: new opens
+///     ENODEV while parked; D never counts what landed before its ENABLE
+///     (4 MiB at the placement if it counted once ENABLEd while parked, 0
+///     if only from the placement), then exactly 8 MiB at 100 %; R all 15.
+pub fn enabled_while_parked_on_holding_cpu(ctx: &mut Ctx) -> Result<Check> {
+    let (d, _) = holding_domain(ctx)?;
+    with_defaults_back(ctx, |ctx| {
+        place(ctx, d, &[0], &[0])?;
+        let clock = cpu_clock(ctx, 0, None)?;
+        let (rd, rr) = (rmid(ctx, 4), rmid(ctx, 5));
+        let dd = open_with(ctx, d, rd, TIMES, FLAG_DISABLED, None)?;
+        let reference = open_with(ctx, d, rr, TIMES, 0, None)?;
+        let hs = [dd, reference];
+        let every = [(rd, 1), (rr, 1)];
+        let burst = |ctx: &mut Ctx, x: u64| burst_each(ctx, d, &every, x);
+        let mut problems = Vec::new();
+        let st = ctx.g.read_many(&hs)?;
+        burst(ctx, MIB)?;
+        place(ctx, d, &[], &[])?;
+        let opened = ctx
+            .g
+            .open(ctx.attr(d, Event::MbmTotalBytes, rmid(ctx, 7)), None)?;
+        match opened {
+            Err(ref e) if e == "ENODEV" => {}
+            Ok(x) => {
+                ctx.g.close(x)?;
+                problems.push("parked in place on CPU 0, an open succeeded (want ENODEV)".into());
+            }
+            Err(e) => problems.push(format!(
+                "parked in place on CPU 0, an open gave {e} (want ENODEV)"
+            )),
+        }
+        burst(ctx, 2 * MIB)?;
+        must(ctx, dd, PerfIoctl::Enable { group: false })?;
+        let on = ctx.g.read_many(&hs)?;
+        burst(ctx, 4 * MIB)?;
+        place(ctx, d, &[0], &[0])?;
+        let there = ctx.g.read_many(&hs)?;
+        burst(ctx, 8 * MIB)?;
+        let end = ctx.g.read_many(&hs)?;
+        for h in hs {
+            ctx.g.close(h)?;
+        }
+        ctx.g.close(clock)?;
+        for (i, name) in ["D", "R"].iter().enumerate() {
+            clocks_never_back(
+                name,
+                &[
+                    ("open", &st[i]),
+                    ("D ENABLEd while parked on CPU 0", &on[i]),
+                    ("placed on CPU 0", &there[i]),
+                    ("8 MiB", &end[i]),
+                ],
+                &mut problems,
+            );
+        }
+        if st[0] != [0, 0, 0] || on[0][0] != 0 || on[0][1] > 100_000_000 {
+            problems.push(format!(
+                "D: opened disabled, read {:?}; 1 + 2 MiB, ENABLEd while parked: read {:?} (want 0, 0, 0 then value 0 and time_enabled only since the ENABLE)",
+                st[0], on[0]
+            ));
+        }
+        let got = there[0][0];
+        if got != 0 && got != 4 * MIB {
+            problems.push(format!(
+                "D: opened disabled, 1 MiB, parked, 2 MiB, ENABLEd while parked, 4 MiB, placed on CPU 0: counted {} (want 4 MiB, or 0 if it counts from the placement; never the 1 + 2 MiB before its ENABLE)",
+                bursts_in(got)
+            ));
+        }
+        judge_exact(
+            "D: placed on CPU 0, 8 MiB",
+            &there[0],
+            &end[0],
+            8 * MIB,
+            &mut problems,
+        );
+        judge_exact(
+            "R, enabled throughout",
+            &st[1],
+            &end[1],
+            15 * MIB,
+            &mut problems,
+        );
+        Ok(Check::from_problems(
+            "hold-attack: enabled while parked on holding cpu",
+            problems,
+            format!(
+                "{}: parked in place on CPU 0: open ENODEV; D ENABLEd there counted {} to the placement, {} after; R {}",
+                pmu_name(d),
+                bursts_in(got),
+                bursts_in(end[0][0].wrapping_sub(there[0][0])),
+                bursts_in(end[1][0].wrapping_sub(st[1][0]))
+            ),
+        ))
+    })
+}
+
+/// H9. CPU hotplug while parked by the set on CPU 0. CPU 0's domain, a
+///     cpu-clock on CPU 0, A and B: 1 MiB, the set emptied (parked in
+///     place), 2 MiB, B DISABLEd (frozen), 4 MiB, CPU 1 offline, 8 MiB,
+///     the set {1} (still parked: its only CPU is offline), 16 MiB, CPU 1
+///     online (placed there by hotplug: a real move off the holding CPU),
+///     32 MiB, B ENABLEd, 64 MiB, the set {0} (moved back to CPU 0), 128
+///     MiB. The contract: A all 255 MiB; B the 1 + 2 MiB frozen at its
+///     DISABLE, read exactly on CPU 1, and 64 + 128 MiB after its ENABLE;
+///     no clock back; running = enabled for A if its park was short.
+pub fn hotplug_while_parked_by_set(ctx: &mut Ctx) -> Result<Check> {
+    let (d, allowed) = holding_domain(ctx)?;
+    let Some(&other) = allowed.iter().find(|&&c| c != 0) else {
+        bail!("domain {d} ({allowed:?}) has no CPU besides CPU 0");
+    };
+    let out = with_defaults_back(ctx, |ctx| hotplug_parked(ctx, d, other));
+    // Whatever happened, the CPU comes back.
+    ctx.g.set_online(other, true)?;
+    out
+}
+
+fn hotplug_parked(ctx: &mut Ctx, d: usize, other: u32) -> Result<Check> {
+    place(ctx, d, &[0], &[0])?;
+    let clock = cpu_clock(ctx, 0, None)?;
+    let ([a, b], [ra, rb]) = open_two(ctx, d, 5, 6, false)?;
+    let hs = [a, b];
+    let every = [(ra, 1), (rb, 1)];
+    let burst = |ctx: &mut Ctx, x: u64| burst_each(ctx, d, &every, x);
+    let mut problems = Vec::new();
+    let st = ctx.g.read_many(&hs)?;
+    burst(ctx, MIB)?;
+    let parked_at = Instant::now();
+    place(ctx, d, &[], &[])?;
+    burst(ctx, 2 * MIB)?;
+    must(ctx, b, PerfIoctl::Disable { group: false })?;
+    let off = ctx.g.read_many(&hs)?;
+    burst(ctx, 4 * MIB)?;
+    ctx.g.set_online(other, false)?;
+    burst(ctx, 8 * MIB)?;
+    set_allowed(ctx, d, &[other])?;
+    // The change is seen (interrupt or poll) and leaves it parked.
+    std::thread::sleep(Duration::from_millis(300));
+    let mask = ctx.g.cpumask(&pmu_name(d))?;
+    if !mask.is_empty() {
+        problems.push(format!(
+            "the set {{{other}}} with CPU {other} offline: cpumask {mask:?} (want parked)"
+        ));
+    }
+    burst(ctx, 16 * MIB)?;
+    ctx.g.set_online(other, true)?;
+    let park = parked_at.elapsed();
+    let (ok, mask) = wait_mask(ctx, d, |m| m == [other])?;
+    if !ok {
+        problems.push(format!(
+            "CPU {other} online with the set {{{other}}}: cpumask {mask:?} after 30 s (want [{other}])"
+        ));
+    }
+    let placed = ctx.g.read_many(&hs)?;
+    burst(ctx, 32 * MIB)?;
+    must(ctx, b, PerfIoctl::Enable { group: false })?;
+    let on = ctx.g.read_many(&hs)?;
+    burst(ctx, 64 * MIB)?;
+    place(ctx, d, &[0], &[0])?;
+    burst(ctx, 128 * MIB)?;
+    let end = ctx.g.read_many(&hs)?;
+    for h in hs {
+        ctx.g.close(h)?;
+    }
+    ctx.g.close(clock)?;
+    for (i, name) in ["A", "B"].iter().enumerate() {
+        clocks_never_back(
+            name,
+            &[
+                ("open", &st[i]),
+                ("B DISABLEd while parked", &off[i]),
+                ("placed on CPU 1 by hotplug", &placed[i]),
+                ("B ENABLEd", &on[i]),
+                ("moved to CPU 0, 128 MiB", &end[i]),
+            ],
+            &mut problems,
+        );
+    }
+    let a_at = placed[0][0].wrapping_sub(st[0][0]);
+    if a_at != 31 * MIB {
+        problems.push(format!(
+            "A: parked by the set on CPU 0 through CPU {other} offline, the set {{{other}}}, CPU {other} online: read {} at the placement (want exactly 1 + 2 + 4 + 8 + 16 MiB)",
+            bursts_in(a_at)
+        ));
+    }
+    let a_all = end[0][0].wrapping_sub(st[0][0]);
+    let (en, run) = (
+        end[0][1].wrapping_sub(st[0][1]),
+        end[0][2].wrapping_sub(st[0][2]),
+    );
+    if a_all != 255 * MIB || run > en || (park < SHORT_PARK && run != en) {
+        problems.push(format!(
+            "A, enabled throughout: counted {}, Δenabled {en} Δrunning {run}, park {park:?} (want all 255 MiB; running = enabled for a park under {SHORT_PARK:?})",
+            bursts_in(a_all)
+        ));
+    }
+    clocks_still(
+        "B: DISABLEd while parked to the placement on CPU 1",
+        &off[1],
+        &placed[1],
+        &mut problems,
+    );
+    let b_at = placed[1][0].wrapping_sub(st[1][0]);
+    if b_at != 3 * MIB {
+        problems.push(format!(
+            "B: DISABLEd while parked on CPU 0, placed on CPU {other} by hotplug: read {:?}: counted {} (want exactly the 1 + 2 MiB frozen at its DISABLE)",
+            placed[1],
+            bursts_in(b_at)
+        ));
+    }
+    judge_exact(
+        "B: ENABLEd on CPU 1, 64 MiB, moved to CPU 0, 128 MiB",
+        &on[1],
+        &end[1],
+        192 * MIB,
+        &mut problems,
+    );
+    Ok(Check::from_problems(
+        "hold-attack: hotplug while parked by set",
+        problems,
+        format!(
+            "{}: parked by the set on CPU 0, CPU {other} offline and the set {{{other}}} (still parked), CPU {other} online (placed there), then moved back to CPU 0: A {}, B {} frozen then {} (park {park:?})",
+            pmu_name(d),
+            bursts_in(a_all),
+            bursts_in(b_at),
+            bursts_in(end[1][0].wrapping_sub(on[1][0]))
+        ),
+    ))
+}
+
 /// Every attack, in order, each by the name its `Check` carries; each
 /// leaves every CPU online, nothing open, the mux interval as it found it
 /// and both domains on their default sets.
@@ -509,6 +960,19 @@ pub(super) const CHECKS: &[Named] = &[
     (
         "hold-attack: reset while parked on holding cpu",
         reset_while_parked_on_holding_cpu,
+    ),
+    (
+        "hold-attack: contended on holding cpu",
+        contended_on_holding_cpu,
+    ),
+    ("hold-attack: rounds without reads", rounds_without_reads),
+    (
+        "hold-attack: enabled while parked on holding cpu",
+        enabled_while_parked_on_holding_cpu,
+    ),
+    (
+        "hold-attack: hotplug while parked by set",
+        hotplug_while_parked_by_set,
     ),
 ];
 
