@@ -937,6 +937,112 @@ fn hotplug_parked(ctx: &mut Ctx, d: usize, other: u32) -> Result<Check> {
     ))
 }
 
+/// H10. A park in place on CPU 0 longer than two wraps at the device's
+///      maximum rate, read while parked, placed on CPU 0. CPU 0's domain
+///      on CPU 0, a cpu-clock on CPU 0, A: the set emptied, the maximum
+///      rate for 1.2 s, a read while parked, the set {0}, a read, 1 MiB.
+///      The contract ("Parks and wraps"): either the count is exact at
+///      100 % running, or the lost interval is left out of time_running
+///      (and `lost_wraps` counts it); time_running never goes down (left
+///      out, not taken back), so no read after the placement shows less
+///      running than the read while parked; never more counted than
+///      landed; exact at 100 % after the placement.
+pub fn wrap_lost_parked_on_holding_cpu(ctx: &mut Ctx) -> Result<Check> {
+    let (d, _) = holding_domain(ctx)?;
+    with_defaults_back(ctx, |ctx| {
+        place(ctx, d, &[0], &[0])?;
+        wrap_lost(
+            ctx,
+            d,
+            &[0],
+            "hold-attack: wrap lost while parked on holding cpu",
+        )
+    })
+}
+
+/// H11. H10 on the other domain: parked by its emptied set (its events
+///      held on CPU 0), past two wraps, read while parked, placed back on
+///      its own CPUs by its set. The same rules.
+pub fn wrap_lost_held_on_cpu0(ctx: &mut Ctx) -> Result<Check> {
+    let (d, allowed) = movable_domain(ctx)?;
+    with_defaults_back(ctx, |ctx| {
+        wrap_lost(
+            ctx,
+            d,
+            &allowed,
+            "hold-attack: wrap lost while held on cpu 0",
+        )
+    })
+}
+
+/// H10 and H11: domain `d` parked by an empty set, traffic at the maximum
+/// rate past two wraps, a read while parked, placed by the set `home`.
+fn wrap_lost(ctx: &mut Ctx, d: usize, home: &[u32], name: &'static str) -> Result<Check> {
+    let rate = ctx.device.max_rate;
+    let wrap = (1u64 << ctx.device.counter_width) * ctx.device.unit_bytes;
+    let park = Duration::from_millis(1200);
+    if (park.as_secs_f64() * rate as f64) < 2.0 * wrap as f64 {
+        bail!("a {park:?} park at {rate} B/s is not two wraps of {wrap} bytes: the check needs a faster device");
+    }
+    let lost_file = format!("/sys/bus/event_source/devices/{}/lost_wraps", pmu_name(d));
+    let lost_before: u64 = ctx.g.read_file(&lost_file)?.trim().parse()?;
+    let clock = cpu_clock(ctx, 0, None)?;
+    let r = rmid(ctx, 7);
+    let a = open_with(ctx, d, r, TIMES, 0, None)?;
+    let t0 = truth(ctx, d, r)?;
+    let s = ctx.g.read(a)?;
+    place(ctx, d, &[], &[])?;
+    ctx.control
+        .set_rate(d as u32, r, Event::MbmTotalBytes, rate)?;
+    std::thread::sleep(park);
+    ctx.control.set_rate(d as u32, r, Event::MbmTotalBytes, 0)?;
+    ctx.inject_and_land(&[])?;
+    let p = ctx.g.read(a)?;
+    let t1 = truth(ctx, d, r)?;
+    place(ctx, d, home, home)?;
+    let u = ctx.g.read(a)?;
+    let mask = ctx.g.cpumask(&pmu_name(d))?;
+    burst_each(ctx, d, &[(r, 1)], MIB)?;
+    let e = ctx.g.read(a)?;
+    ctx.g.close(a)?;
+    ctx.g.close(clock)?;
+    let lost_after: u64 = ctx.g.read_file(&lost_file)?.trim().parse()?;
+    let landed = whole_units(t1.wrapping_sub(t0), ctx.device.unit_bytes);
+    let mut problems = Vec::new();
+    clocks_never_back(
+        "A",
+        &[
+            ("open", &s),
+            ("parked by the empty set past two wraps", &p),
+            ("placed again", &u),
+            ("1 MiB", &e),
+        ],
+        &mut problems,
+    );
+    let got = u[0].wrapping_sub(s[0]);
+    let (en, run) = (u[1].wrapping_sub(s[1]), u[2].wrapping_sub(s[2]));
+    if got > landed || (run == en && got != landed) {
+        problems.push(format!(
+            "A: counted {got}, Δenabled {en} Δrunning {run} (want exact at 100 %, or less than 100 % running; never above what landed)"
+        ));
+    }
+    if got != landed && lost_after <= lost_before {
+        problems.push(format!("{lost_file} stayed {lost_before} through the loss"));
+    }
+    judge_exact("A: placed again, 1 MiB", &u, &e, MIB, &mut problems);
+    let summary = format!(
+        "{}: parked by the empty set (events on CPU 0) for {park:?} at {} MiB/s ({:.1} wraps), placed on {mask:?}: counted {got} of {landed} bytes, running {:.1} % (read while parked {p:?}, after the placement {u:?}); lost_wraps {lost_before} → {lost_after}",
+        pmu_name(d),
+        rate / MIB,
+        landed as f64 / wrap as f64,
+        100.0 * run as f64 / en.max(1) as f64,
+    );
+    if !problems.is_empty() {
+        problems.push(summary.clone());
+    }
+    Ok(Check::from_problems(name, problems, summary))
+}
+
 /// Every attack, in order, each by the name its `Check` carries; each
 /// leaves every CPU online, nothing open, the mux interval as it found it
 /// and both domains on their default sets.
@@ -973,6 +1079,14 @@ pub(super) const CHECKS: &[Named] = &[
     (
         "hold-attack: hotplug while parked by set",
         hotplug_while_parked_by_set,
+    ),
+    (
+        "hold-attack: wrap lost while parked on holding cpu",
+        wrap_lost_parked_on_holding_cpu,
+    ),
+    (
+        "hold-attack: wrap lost while held on cpu 0",
+        wrap_lost_held_on_cpu0,
     ),
 ];
 
