@@ -28,7 +28,7 @@ use crate::guest::perf_abi::{FLAG_DISABLED, FLAG_EXCLUSIVE, FLAG_PINNED};
 use crate::guest::pmu_name;
 
 /// Both clocks of `b` equal `a`'s: the event was disabled between them.
-fn clocks_still(what: &str, a: &[u64], b: &[u64], problems: &mut Vec<String>) {
+pub(super) fn clocks_still(what: &str, a: &[u64], b: &[u64], problems: &mut Vec<String>) {
     if a[1] != b[1] || a[2] != b[2] {
         problems.push(format!(
             "{what}: read {a:?} then {b:?} (want time_enabled and time_running unchanged: disabled between)"
@@ -38,7 +38,7 @@ fn clocks_still(what: &str, a: &[u64], b: &[u64], problems: &mut Vec<String>) {
 
 /// Over a series of reads of one event (name, read): neither clock ever
 /// goes back, and running never leads enabled.
-fn clocks_never_back(what: &str, reads: &[(&str, &[u64])], problems: &mut Vec<String>) {
+pub(super) fn clocks_never_back(what: &str, reads: &[(&str, &[u64])], problems: &mut Vec<String>) {
     for pair in reads.windows(2) {
         let ((w0, r0), (w1, r1)) = (pair[0], pair[1]);
         if r1[1] < r0[1] || r1[2] < r0[2] || r1[2] > r1[1] {
@@ -50,7 +50,7 @@ fn clocks_never_back(what: &str, reads: &[(&str, &[u64])], problems: &mut Vec<St
 }
 
 /// The bursts (in MiB, powers of two) a count of `bytes` is made of.
-fn bursts_in(bytes: u64) -> String {
+pub(super) fn bursts_in(bytes: u64) -> String {
     if !bytes.is_multiple_of(MIB) {
         return format!("{bytes} bytes, not whole MiB");
     }
@@ -68,7 +68,7 @@ fn bursts_in(bytes: u64) -> String {
 
 /// Lets `x` bytes land into each RMID of `rs` (times its scale) in domain
 /// `d`, in one burst.
-fn burst_each(ctx: &mut Ctx, d: usize, rs: &[(u32, u64)], x: u64) -> Result<()> {
+pub(super) fn burst_each(ctx: &mut Ctx, d: usize, rs: &[(u32, u64)], x: u64) -> Result<()> {
     let inj: Vec<_> = rs
         .iter()
         .map(|&(r, k)| (d, r, Event::MbmTotalBytes, k * x))
@@ -79,7 +79,7 @@ fn burst_each(ctx: &mut Ctx, d: usize, rs: &[(u32, u64)], x: u64) -> Result<()> 
 /// Two `mbm_total_bytes` events of domain `d` on RMIDs `rmid(n0)` and
 /// `rmid(n1)`, the second in the first's group if `grouped`: their handles
 /// and RMIDs.
-fn open_two(
+pub(super) fn open_two(
     ctx: &mut Ctx,
     d: usize,
     n0: u32,
@@ -990,7 +990,11 @@ pub fn frozen_through_move_and_second_park(ctx: &mut Ctx) -> Result<Check> {
 
 /// Polls domain `d`'s `cpumask` until `ok` holds of it (30 s at most, far
 /// above what a change takes); the mask seen last, and whether it held.
-fn wait_mask(ctx: &mut Ctx, d: usize, ok: impl Fn(&[u32]) -> bool) -> Result<(bool, Vec<u32>)> {
+pub(super) fn wait_mask(
+    ctx: &mut Ctx,
+    d: usize,
+    ok: impl Fn(&[u32]) -> bool,
+) -> Result<(bool, Vec<u32>)> {
     let start = std::time::Instant::now();
     loop {
         let mask = ctx.g.cpumask(&pmu_name(d))?;
@@ -1002,7 +1006,7 @@ fn wait_mask(ctx: &mut Ctx, d: usize, ok: impl Fn(&[u32]) -> bool) -> Result<(bo
 }
 
 /// Sets domain `d`'s allowed CPUs from the host.
-fn set_allowed(ctx: &mut Ctx, d: usize, cpus: &[u32]) -> Result<()> {
+pub(super) fn set_allowed(ctx: &mut Ctx, d: usize, cpus: &[u32]) -> Result<()> {
     ctx.control
         .set_allowed(d as u32, cpus)
         .map_err(|e| anyhow::anyhow!("allowed set {cpus:?} for domain {d}: {e}"))
@@ -1025,7 +1029,12 @@ pub fn frozen_placed_by_allowed_set(ctx: &mut Ctx) -> Result<Check> {
         bail!("CPU 0 is already domain {d}'s ({allowed:?})");
     }
     with_set_given_back(ctx, d, &allowed, |ctx| {
-        placed_by_set(ctx, d, &allowed, "freeze-attack: frozen placed by allowed set")
+        placed_by_set(
+            ctx,
+            d,
+            &allowed,
+            "freeze-attack: frozen placed by allowed set",
+        )
     })
 }
 
@@ -1045,9 +1054,17 @@ pub fn frozen_parked_on_holding_cpu(ctx: &mut Ctx) -> Result<Check> {
         set_allowed(ctx, d, &[0])?;
         let (on_zero, mask) = wait_mask(ctx, d, |m| m == [0])?;
         if !on_zero {
-            bail!("{}: the set {{0}}: cpumask {mask:?} after 30 s", pmu_name(d));
+            bail!(
+                "{}: the set {{0}}: cpumask {mask:?} after 30 s",
+                pmu_name(d)
+            );
         }
-        placed_by_set(ctx, d, &allowed, "freeze-attack: frozen parked on holding cpu")
+        placed_by_set(
+            ctx,
+            d,
+            &allowed,
+            "freeze-attack: frozen parked on holding cpu",
+        )
     })
 }
 

@@ -12,6 +12,7 @@ pub mod context;
 pub mod counts;
 pub mod freeze_attacks;
 pub mod groups;
+pub mod hold_attacks;
 pub mod interrupts;
 pub mod move_attacks;
 pub mod moves;
@@ -83,6 +84,7 @@ fn alone() -> impl Iterator<Item = &'static (&'static str, CtxCheck)> {
         .chain(SEMANTICS)
         .chain(park_attacks::CHECKS)
         .chain(freeze_attacks::CHECKS)
+        .chain(hold_attacks::CHECKS)
 }
 
 /// Runs the check called `name` among those that can run on their own
@@ -161,6 +163,7 @@ pub fn run(
     checks.extend(move_attacks::run(&mut ctx)?);
     checks.extend(park_attacks::run(&mut ctx)?);
     checks.extend(freeze_attacks::run(&mut ctx)?);
+    checks.extend(hold_attacks::run(&mut ctx)?);
     checks.extend(allowed_attacks::run(&mut ctx)?);
     checks.push(registration::unload(&mut ctx)?);
     checks.push(accesses::check(&mut ctx)?);
