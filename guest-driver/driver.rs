@@ -893,11 +893,13 @@ impl Domain {
         }
     }
 
-    /// Takes `event` off its slot at its `del`. On the owner the count was just folded: the slot
-    /// is released. In a move, the slot counts on for it; so it does for a `del` on the CPU the
-    /// domain is leaving, between `migrate_cpu` and the move (a rotation or a close there), and
-    /// for one while the domain is owned elsewhere. Any other `del` off the owner happens while
-    /// parked, on the CPU that keeps the events: see [`Holder::ParkedIdle`].
+    /// Takes `event` off its slot at its `del`. In a move, the slot counts on for it, even on
+    /// the owner (a placement on the CPU that holds the parked events moves them in place, patch
+    /// 0063: perf credits the transit as running, so the slot must count it). Otherwise, on the
+    /// owner the count was just folded: the slot is released. The slot counts on too for a
+    /// `del` on the CPU the domain is leaving, between `migrate_cpu` and the move (a rotation or
+    /// a close there), and for one while the domain is owned elsewhere. Any other `del` off the
+    /// owner happens while parked, on the CPU that keeps the events: see [`Holder::ParkedIdle`].
     fn unschedule(&self, hw: &mut DomainHw, event: &Event) {
         if event.hw_idx() == PARKED_NO_SLOT {
             // Not counted since its `add`; perf's "not counting" ends with this `del`.
@@ -907,12 +909,13 @@ impl Domain {
         let Some(slot) = self.slot_of(hw, event) else {
             return;
         };
-        if self.reads_here(hw) {
+        let in_transit = event.in_transit();
+        if self.reads_here(hw) && !in_transit {
             // Folded just now (by `stop`).
             let s = &mut hw.slots[slot];
             s.state = Holder::Idle;
             s.idle_time = event.ctx_time();
-        } else if event.in_transit()
+        } else if in_transit
             || hw.owner.is_some()
             || hw.previous_owner == Some(perf::current_cpu())
         {

@@ -30,6 +30,8 @@ pub struct Scenario {
     pub plot: bool,
     /// perfbed.ko as built, for gdb's symbols.
     pub driver: PathBuf,
+    /// Run the checks of known, open bugs too (`--known-bugs`).
+    pub known_bugs: bool,
 }
 
 /// Boots and runs the scenario. An `Err` means the run could not complete
@@ -118,6 +120,7 @@ pub fn run(scenario: &Scenario, accel: &Accel) -> Result<Report> {
             control,
             &control_socket,
             &scenario.vm.device,
+            scenario.known_bugs,
         )?);
     }
 

@@ -1080,6 +1080,15 @@ pub(super) const CHECKS: &[Named] = &[
         "hold-attack: hotplug while parked by set",
         hotplug_while_parked_by_set,
     ),
+];
+
+/// Checks of a known, open bug, run with `cargo xtask run --known-bugs`
+/// (and by name): a park longer than a wrap that a read saw while parked
+/// has its unread interval taken back from `time_running` at the placement,
+/// so `time_running` goes down, which the contract forbids
+/// (docs/counting-semantics.md, "Known violations"). They fail until it is
+/// fixed; then they move to [`CHECKS`].
+pub(super) const KNOWN_BUGS: &[Named] = &[
     (
         "hold-attack: wrap lost while parked on holding cpu",
         wrap_lost_parked_on_holding_cpu,
@@ -1092,4 +1101,9 @@ pub(super) const CHECKS: &[Named] = &[
 
 pub fn run(ctx: &mut Ctx) -> Result<Vec<Check>> {
     run_each(ctx, CHECKS)
+}
+
+/// The checks of [`KNOWN_BUGS`].
+pub fn run_known_bugs(ctx: &mut Ctx) -> Result<Vec<Check>> {
+    run_each(ctx, KNOWN_BUGS)
 }

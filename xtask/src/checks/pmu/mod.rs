@@ -85,6 +85,7 @@ fn alone() -> impl Iterator<Item = &'static (&'static str, CtxCheck)> {
         .chain(park_attacks::CHECKS)
         .chain(freeze_attacks::CHECKS)
         .chain(hold_attacks::CHECKS)
+        .chain(hold_attacks::KNOWN_BUGS)
 }
 
 /// Runs the check called `name` among those that can run on their own
@@ -116,12 +117,15 @@ fn run_one(ctx: &mut Ctx, name: &str, check: CtxCheck) -> Result<Check> {
 }
 
 /// Runs every check; the driver must be loaded. `control_socket` is the
-/// device's, for checks that inject from a thread of their own.
+/// device's, for checks that inject from a thread of their own. With
+/// `known_bugs`, the checks of known, open bugs run too (they fail until
+/// the bug is fixed).
 pub fn run(
     g: &mut Guest,
     control: ControlClient,
     control_socket: &std::path::Path,
     device: &DeviceConfig,
+    known_bugs: bool,
 ) -> Result<Vec<Check>> {
     let mut types = Vec::new();
     for d in 0..device.domains.len() {
@@ -164,6 +168,9 @@ pub fn run(
     checks.extend(park_attacks::run(&mut ctx)?);
     checks.extend(freeze_attacks::run(&mut ctx)?);
     checks.extend(hold_attacks::run(&mut ctx)?);
+    if known_bugs {
+        checks.extend(hold_attacks::run_known_bugs(&mut ctx)?);
+    }
     checks.extend(allowed_attacks::run(&mut ctx)?);
     checks.push(registration::unload(&mut ctx)?);
     checks.push(accesses::check(&mut ctx)?);
