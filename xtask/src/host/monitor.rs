@@ -11,6 +11,9 @@ use std::fs;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -24,6 +27,80 @@ const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
 /// Every vCPU's registers; then, for each vCPU it lists, its local APIC
 /// (timer mode and count, IRR/ISR: is an interrupt stuck).
 const REGISTERS: &str = "info registers -a";
+
+/// A question the monitor answers without touching any vCPU.
+const HEARTBEAT_COMMAND: &str = "info status";
+
+/// A thread that asks the box's QEMU monitor a harmless question every
+/// `period`, so that QEMU's main loop wakes at least that often.
+///
+/// Why: the box's hangs with L1 alive (docs/box-verification.md, 2026-12-03
+/// night) look like QEMU's main loop asleep past a due timer of L1's
+/// (QEMU 7.2, TCG): L1 idle in HLT with its local APIC timer expired and
+/// its interrupt not raised, the guest frozen for exactly the harness's
+/// 120 s, and running again the moment the harness connected to this
+/// monitor to take its snapshot. A wake-up a second bounds such a sleep.
+/// A workaround, counted in the run folder (`heartbeats`); it never runs
+/// during the harness's own snapshot ([`Heartbeat::stop`] first).
+pub struct Heartbeat {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+    answered: Arc<AtomicU64>,
+}
+
+impl Heartbeat {
+    pub fn start(socket: PathBuf, period: Duration) -> Heartbeat {
+        let stop = Arc::new(AtomicBool::new(false));
+        let answered = Arc::new(AtomicU64::new(0));
+        let (flag, count) = (stop.clone(), answered.clone());
+        let thread = thread::Builder::new()
+            .name("box-heartbeat".into())
+            .spawn(move || {
+                while !flag.load(Ordering::SeqCst) {
+                    thread::sleep(period);
+                    if flag.load(Ordering::SeqCst) {
+                        break;
+                    }
+                    // Not there yet (QEMU waits for the agent's socket
+                    // first) or busy with another client: next time.
+                    if ask(&socket, HEARTBEAT_COMMAND).is_ok() {
+                        count.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            })
+            .ok();
+        Heartbeat { stop, thread, answered }
+    }
+
+    /// How many questions the monitor answered.
+    pub fn answered(&self) -> u64 {
+        self.answered.load(Ordering::Relaxed)
+    }
+
+    /// Stops the thread and waits until it has let go of the monitor.
+    pub fn stop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for Heartbeat {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Connects to the monitor at `socket`, asks `command` and hangs up.
+fn ask(socket: &Path, command: &str) -> Result<()> {
+    let mut stream = UnixStream::connect(socket)?;
+    stream.set_read_timeout(Some(Duration::from_millis(200)))?;
+    read_to_prompt(&mut stream)?;
+    stream.write_all(format!("{command}\n").as_bytes())?;
+    read_to_prompt(&mut stream)?;
+    Ok(())
+}
 
 /// The `-monitor` argument for a monitor on `socket`.
 pub fn qemu_arg(socket: &Path) -> String {

@@ -52,6 +52,10 @@ pub const BOX_STUCK_FILE: &str = "box-stuck.txt";
 pub const BOX_HANG_RERUNS: u32 = 2;
 /// QEMU's human monitor, in the run folder.
 const MONITOR_SOCKET: &str = "monitor.sock";
+/// How often the box's QEMU main loop is woken ([`monitor::Heartbeat`]).
+const HEARTBEAT_PERIOD: Duration = Duration::from_secs(1);
+/// How many wake-ups the box's QEMU answered, written when the VM stops.
+const HEARTBEATS_FILE: &str = "heartbeats.txt";
 
 pub struct Vm {
     child: Child,
@@ -77,6 +81,9 @@ pub struct Vm {
     agent_socket: PathBuf,
     /// While set, the reader thread reads nothing (see `pause_reading`).
     reading_paused: Arc<AtomicBool>,
+    /// In the box: the wake-ups of its QEMU's main loop
+    /// ([`monitor::Heartbeat`]).
+    heartbeat: Option<monitor::Heartbeat>,
 }
 
 /// What booting gave: the agent's greeting and how long it took.
@@ -182,6 +189,13 @@ impl Vm {
             .spawn()
             .with_context(|| format!("starting {}", command.get_program().to_string_lossy()))?;
 
+        let heartbeat = match (&config.host, &monitor_socket) {
+            (Host::VmmBox(_), Some(monitor)) => {
+                Some(monitor::Heartbeat::start(monitor.clone(), HEARTBEAT_PERIOD))
+            }
+            _ => None,
+        };
+
         if let (Some(stdout), Some(path)) = (child.stdout.take(), &console_log) {
             let log = File::create(path)?;
             let verbose = config.verbose;
@@ -228,6 +242,7 @@ impl Vm {
             before_kill: None,
             verbose,
             reading_paused,
+            heartbeat,
         };
         match vm.receive(config.boot_timeout, "the agent's greeting") {
             Ok(AgentMessage::Hello(hello)) => Ok(Booted {
@@ -380,6 +395,8 @@ impl Vm {
     /// The vCPUs' registers and local APICs from QEMU's monitor, saved
     /// beside the serial log; a line for the failure's story.
     fn record_cpu_state(&mut self) -> String {
+        // The snapshot must see the hang as it is, and have the monitor.
+        self.stop_heartbeat();
         let Some(socket) = &self.monitor_socket else {
             return String::new();
         };
@@ -544,7 +561,20 @@ impl Vm {
     /// Ends QEMU if it still runs, reaps it, and removes the sockets it
     /// leaves behind when it dies without cleaning up (killed, crashed, or
     /// exiting without running the device's destructor). The logs stay.
+    /// Stops the box's heartbeat, if any, and writes how often it was
+    /// answered to the run folder.
+    fn stop_heartbeat(&mut self) {
+        if let Some(mut heartbeat) = self.heartbeat.take() {
+            heartbeat.stop();
+            let _ = fs::write(
+                self.serial_log.with_file_name(HEARTBEATS_FILE),
+                format!("{} wake-ups of the box's QEMU main loop answered\n", heartbeat.answered()),
+            );
+        }
+    }
+
     fn stop(&mut self) {
+        self.stop_heartbeat();
         if let Ok(None) = self.child.try_wait() {
             let _ = self.child.kill();
         }
