@@ -12,7 +12,7 @@ use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
@@ -32,44 +32,84 @@ const REGISTERS: &str = "info registers -a";
 const HEARTBEAT_COMMAND: &str = "info status";
 
 /// A thread that asks the box's QEMU monitor a harmless question every
-/// `period`, so that QEMU's main loop wakes at least that often.
+/// `period` and notes when it got no answer: QEMU's main loop, which
+/// answers the monitor, was busy or blocked then.
 ///
 /// Why: the box's hangs with L1 alive (docs/box-verification.md, 2026-12-03
-/// night) look like QEMU's main loop asleep past a due timer of L1's
-/// (QEMU 7.2, TCG): L1 idle in HLT with its local APIC timer expired and
-/// its interrupt not raised, the guest frozen for exactly the harness's
-/// 120 s, and running again the moment the harness connected to this
-/// monitor to take its snapshot. A wake-up a second bounds such a sleep.
-/// A workaround, counted in the run folder (`heartbeats`); it never runs
-/// during the harness's own snapshot ([`Heartbeat::stop`] first).
+/// night) first looked like QEMU's main loop asleep past a due timer of
+/// L1's, the guest running again the moment the harness connected to this
+/// monitor for its snapshot. A question a second would bound such a sleep;
+/// the first hang with it running showed the monitor silent instead, for
+/// most of the hang. Its silences go to the run folder (`heartbeats.txt`)
+/// and into the diagnosis of a failed box run ([`Heartbeat::silences`]).
+/// It never runs during the harness's own snapshot ([`Heartbeat::stop`]
+/// first).
 pub struct Heartbeat {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
     answered: Arc<AtomicU64>,
+    silences: Arc<Mutex<Vec<Silence>>>,
+}
+
+/// A stretch in which the monitor answered nothing, after it had answered
+/// once: from the first question left unanswered to the next answer (or
+/// the heartbeat's end), in seconds since the heartbeat started.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Silence {
+    pub from_s: f64,
+    pub to_s: f64,
+    /// Whether it lasted to the heartbeat's end (the monitor never answered
+    /// again).
+    pub open: bool,
+}
+
+impl Silence {
+    pub fn seconds(&self) -> f64 {
+        self.to_s - self.from_s
+    }
 }
 
 impl Heartbeat {
     pub fn start(socket: PathBuf, period: Duration) -> Heartbeat {
         let stop = Arc::new(AtomicBool::new(false));
         let answered = Arc::new(AtomicU64::new(0));
-        let (flag, count) = (stop.clone(), answered.clone());
+        let silences = Arc::new(Mutex::new(Vec::new()));
+        let (flag, count, found) = (stop.clone(), answered.clone(), silences.clone());
         let thread = thread::Builder::new()
             .name("box-heartbeat".into())
             .spawn(move || {
+                let started = Instant::now();
+                let mut silent_since: Option<f64> = None;
                 while !flag.load(Ordering::SeqCst) {
                     thread::sleep(period);
                     if flag.load(Ordering::SeqCst) {
                         break;
                     }
-                    // Not there yet (QEMU waits for the agent's socket
-                    // first) or busy with another client: next time.
+                    let asked = started.elapsed().as_secs_f64();
+                    // Before the first answer the monitor is not there yet
+                    // (QEMU waits for the agent's socket first).
                     if ask(&socket, HEARTBEAT_COMMAND).is_ok() {
+                        if let Some(from_s) = silent_since.take() {
+                            let to_s = started.elapsed().as_secs_f64();
+                            found.lock().unwrap().push(Silence { from_s, to_s, open: false });
+                        }
                         count.fetch_add(1, Ordering::Relaxed);
+                    } else if count.load(Ordering::Relaxed) > 0 && silent_since.is_none() {
+                        silent_since = Some(asked);
                     }
+                }
+                if let Some(from_s) = silent_since {
+                    let to_s = started.elapsed().as_secs_f64();
+                    found.lock().unwrap().push(Silence { from_s, to_s, open: true });
                 }
             })
             .ok();
-        Heartbeat { stop, thread, answered }
+        Heartbeat { stop, thread, answered, silences }
+    }
+
+    /// The monitor's silences so far (complete once stopped).
+    pub fn silences(&self) -> Vec<Silence> {
+        self.silences.lock().unwrap().clone()
     }
 
     /// How many questions the monitor answered.

@@ -54,8 +54,13 @@ pub const BOX_HANG_RERUNS: u32 = 2;
 const MONITOR_SOCKET: &str = "monitor.sock";
 /// How often the box's QEMU main loop is woken ([`monitor::Heartbeat`]).
 const HEARTBEAT_PERIOD: Duration = Duration::from_secs(1);
-/// How many wake-ups the box's QEMU answered, written when the VM stops.
+/// How many questions the box's QEMU monitor answered, and its silences,
+/// written when the VM stops.
 const HEARTBEATS_FILE: &str = "heartbeats.txt";
+/// A silence of the box's QEMU monitor this long means its main loop was
+/// blocked: the box itself was stuck, whatever the guest did (nothing in
+/// L1 holds QEMU's main loop that long).
+const BOX_SILENCE: Duration = Duration::from_secs(30);
 
 pub struct Vm {
     child: Child,
@@ -81,9 +86,10 @@ pub struct Vm {
     agent_socket: PathBuf,
     /// While set, the reader thread reads nothing (see `pause_reading`).
     reading_paused: Arc<AtomicBool>,
-    /// In the box: the wake-ups of its QEMU's main loop
-    /// ([`monitor::Heartbeat`]).
+    /// In the box: questions to its QEMU's monitor ([`monitor::Heartbeat`]),
+    /// and the silences they met once stopped.
     heartbeat: Option<monitor::Heartbeat>,
+    monitor_silences: Vec<monitor::Silence>,
 }
 
 /// What booting gave: the agent's greeting and how long it took.
@@ -243,6 +249,7 @@ impl Vm {
             verbose,
             reading_paused,
             heartbeat,
+            monitor_silences: Vec::new(),
         };
         match vm.receive(config.boot_timeout, "the agent's greeting") {
             Ok(AgentMessage::Hello(hello)) => Ok(Booted {
@@ -375,6 +382,21 @@ impl Vm {
                     let _ = fs::write(&marker, format!("L1's kernel: {line}\n"));
                 }
                 story += &format!("\nL1's own kernel says its timer did not fire: {line}\nso the box itself is stuck (docs/box-verification.md)");
+            }
+            if let Some(s) = self
+                .monitor_silences
+                .iter()
+                .find(|s| s.seconds() >= BOX_SILENCE.as_secs_f64())
+            {
+                let line = format!(
+                    "the box's QEMU monitor answered nothing for {:.0} s (from {:.0} s after QEMU's start): its main loop was blocked",
+                    s.seconds(),
+                    s.from_s
+                );
+                if !marker.exists() {
+                    let _ = fs::write(&marker, format!("{line}\n"));
+                }
+                story += &format!("\n{line}, so the box itself is stuck (docs/box-verification.md)");
             }
             story += &format!(
                 "\n--- the box (L1 console, {}) ---\n{}",
@@ -566,10 +588,21 @@ impl Vm {
     fn stop_heartbeat(&mut self) {
         if let Some(mut heartbeat) = self.heartbeat.take() {
             heartbeat.stop();
-            let _ = fs::write(
-                self.serial_log.with_file_name(HEARTBEATS_FILE),
-                format!("{} wake-ups of the box's QEMU main loop answered\n", heartbeat.answered()),
+            self.monitor_silences = heartbeat.silences();
+            let mut text = format!(
+                "{} questions answered by the box's QEMU monitor (one a second)\n",
+                heartbeat.answered()
             );
+            for s in &self.monitor_silences {
+                text += &format!(
+                    "no answer from {:.1} s to {:.1} s ({:.1} s){}\n",
+                    s.from_s,
+                    s.to_s,
+                    s.seconds(),
+                    if s.open { ", to the end" } else { "" }
+                );
+            }
+            let _ = fs::write(self.serial_log.with_file_name(HEARTBEATS_FILE), text);
         }
     }
 
