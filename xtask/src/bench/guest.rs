@@ -251,7 +251,7 @@ pub fn vmm_rows(ws: &Path, images: &Images, accel: &Accel, effort: &Effort) -> R
         }
         let kept = host::vm::keep_run_dir(run_dir, &format!("box-hang-{attempt}"))?;
         eprintln!(
-            "==> bench: THE BOX ITSELF HUNG (QEMU TCG's nested SVM, not perfbed; docs/box-verification.md), rerun {attempt} of at most {}:\n  {}\n  the hung attempt ({error}) is kept in {}",
+            "==> bench: THE BOX ITSELF HUNG (its QEMU under TCG or L1, not perfbed; docs/box-verification.md), rerun {attempt} of at most {}:\n  {}\n  the hung attempt ({error}) is kept in {}",
             host::vm::BOX_HANG_RERUNS,
             why.trim().replace('\n', "\n  "),
             kept.display()

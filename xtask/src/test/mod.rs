@@ -57,11 +57,12 @@ struct VmTest {
 
 /// The VM tests that run their box scenario again when the box itself
 /// hung: the harness's snapshots of L1's vCPU showed its own expired local
-/// APIC timer pending and not taken (`host::cpu_state`), or L1's console
-/// said its timer did not fire, a fault of QEMU 7.2's TCG emulating nested
-/// SVM, not of perfbed (docs/box-verification.md). A workaround, said
-/// loudly and counted; any other failure, and a third hang in a row, fail
-/// the test.
+/// APIC timer pending and not taken (`host::cpu_state`), L1's console said
+/// its timer did not fire, or the box's QEMU monitor answered nothing for
+/// 30 s (its main loop blocked): faults of the box (QEMU 7.2 under TCG
+/// emulating nested SVM, L1), not of perfbed (docs/box-verification.md). A
+/// workaround, said loudly and counted; any other failure, and a third hang
+/// in a row, fail the test.
 const RERUN_ON_BOX_HANG: &[&str] = &[
     "vmm_end_to_end",
     "vmm_guest_panic_is_reported",
@@ -307,7 +308,7 @@ fn run_vm_tests(ws: &Path, args: &TestArgs) -> Result<bool> {
                 box_hang_reruns += 1;
                 let kept = host::vm::keep_run_dir(&run_dir, &format!("box-hang-{attempt}"))?;
                 println!(
-                    "test {} ... THE BOX ITSELF HUNG (QEMU TCG's nested SVM, not perfbed; docs/box-verification.md), rerun {attempt} of at most {} (box-hang reruns in this run: {box_hang_reruns}):\n  {}\n  the hung attempt ({e}) is kept in {}",
+                    "test {} ... THE BOX ITSELF HUNG (its QEMU under TCG or L1, not perfbed; docs/box-verification.md), rerun {attempt} of at most {} (box-hang reruns in this run: {box_hang_reruns}):\n  {}\n  the hung attempt ({e}) is kept in {}",
                     test.name,
                     host::vm::BOX_HANG_RERUNS,
                     why.trim().replace('\n', "\n  "),
