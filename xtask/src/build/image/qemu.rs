@@ -46,6 +46,7 @@ const PATCHES: &[&str] = &[
     "0001-hw-misc-add-perfbed.patch",
     "0002-hw-acpi-no-pc_madt_cpu_entry-stub.patch",
     "0003-target-i386-show-interrupt-gates-in-info-registers.patch",
+    "0004-target-i386-svm-interrupt_request-under-the-BQL.patch",
 ];
 /// Firmware from Debian's packages, in the order QEMU must search it (qboot
 /// for microvm lives in the first; SeaBIOS's copy would shadow it).
