@@ -11,6 +11,7 @@ use std::fs;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
@@ -51,6 +52,19 @@ pub struct Heartbeat {
     silences: Arc<Mutex<Vec<Silence>>>,
 }
 
+/// How long the monitor may stay silent before the heartbeat takes a
+/// backtrace of every thread of the box's QEMU (once a run).
+const SILENCE_BACKTRACE_AFTER: f64 = 20.0;
+/// How long that backtrace may take.
+const BACKTRACE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Where the heartbeat saves the backtrace of a silent QEMU.
+pub struct SilenceBacktrace {
+    /// The box's QEMU.
+    pub pid: u32,
+    pub out: PathBuf,
+}
+
 /// A stretch in which the monitor answered nothing, after it had answered
 /// once: from the first question left unanswered to the next answer (or
 /// the heartbeat's end), in seconds since the heartbeat started.
@@ -70,7 +84,15 @@ impl Silence {
 }
 
 impl Heartbeat {
-    pub fn start(socket: PathBuf, period: Duration) -> Heartbeat {
+    /// Starts asking the monitor at `socket` every `period`; with
+    /// `backtrace`, a silence of 20 s gets every QEMU thread's backtrace
+    /// (Debian's gdb in batch mode, attached for a moment) saved there,
+    /// once: what holds its main loop.
+    pub fn start(
+        socket: PathBuf,
+        period: Duration,
+        backtrace: Option<SilenceBacktrace>,
+    ) -> Heartbeat {
         let stop = Arc::new(AtomicBool::new(false));
         let answered = Arc::new(AtomicU64::new(0));
         let silences = Arc::new(Mutex::new(Vec::new()));
@@ -80,6 +102,7 @@ impl Heartbeat {
             .spawn(move || {
                 let started = Instant::now();
                 let mut silent_since: Option<f64> = None;
+                let mut backtrace = backtrace;
                 while !flag.load(Ordering::SeqCst) {
                     thread::sleep(period);
                     if flag.load(Ordering::SeqCst) {
@@ -96,6 +119,13 @@ impl Heartbeat {
                         count.fetch_add(1, Ordering::Relaxed);
                     } else if count.load(Ordering::Relaxed) > 0 && silent_since.is_none() {
                         silent_since = Some(asked);
+                    }
+                    if let Some(from_s) = silent_since {
+                        if started.elapsed().as_secs_f64() - from_s >= SILENCE_BACKTRACE_AFTER {
+                            if let Some(to) = backtrace.take() {
+                                save_backtrace(&to, from_s);
+                            }
+                        }
                     }
                 }
                 if let Some(from_s) = silent_since {
@@ -130,6 +160,41 @@ impl Drop for Heartbeat {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// Saves every thread's backtrace of process `to.pid` (gdb in batch mode),
+/// with a header saying when the silence began; gdb is killed if it takes
+/// longer than [`BACKTRACE_TIMEOUT`].
+fn save_backtrace(to: &SilenceBacktrace, silent_from_s: f64) {
+    let header = format!(
+        "# the box's QEMU (pid {}): its monitor silent since {silent_from_s:.1} s after the heartbeat started\n",
+        to.pid
+    );
+    let Ok(file) = fs::File::create(&to.out) else { return };
+    let mut file = file;
+    let _ = file.write_all(header.as_bytes());
+    let (Ok(stdout), Ok(stderr)) = (file.try_clone(), file.try_clone()) else { return };
+    let child = Command::new("gdb")
+        .args(["-nx", "-batch", "-p", &to.pid.to_string()])
+        .args(["-ex", "set pagination off", "-ex", "thread apply all bt 40"])
+        .stdin(Stdio::null())
+        .stdout(stdout)
+        .stderr(stderr)
+        .spawn();
+    let Ok(mut child) = child else {
+        let _ = file.write_all(b"# gdb could not start\n");
+        return;
+    };
+    let deadline = Instant::now() + BACKTRACE_TIMEOUT;
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = file.write_all(b"# gdb took too long and was killed\n");
 }
 
 /// Connects to the monitor at `socket`, asks `command` and hangs up.
@@ -258,6 +323,61 @@ mod tests {
             ["info registers -a", "info lapic 0", "info lapic 1"]
         );
         assert!(record_cpu_state(&dir.join("none.sock"), &dir.join("x")).is_err());
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    /// A monitor that answers `info status` while `answering` is set and
+    /// hangs up at once otherwise, for `connections` connections.
+    fn flaky_monitor(socket: &Path, answering: Arc<AtomicBool>, connections: usize) -> JoinHandle<()> {
+        let listener = std::os::unix::net::UnixListener::bind(socket).unwrap();
+        thread::spawn(move || {
+            for stream in listener.incoming().take(connections) {
+                let mut s = stream.unwrap();
+                if !answering.load(Ordering::SeqCst) {
+                    continue;
+                }
+                s.write_all(b"QEMU monitor\r\n(qemu) ").unwrap();
+                let mut line = Vec::new();
+                let mut byte = [0u8; 1];
+                while s.read(&mut byte).unwrap_or(0) == 1 && byte[0] != b'\n' {
+                    line.push(byte[0]);
+                }
+                let _ = s.write_all(b"VM status: running\r\n(qemu) ");
+            }
+        })
+    }
+
+    #[test]
+    fn the_heartbeat_counts_answers_and_notes_the_silences_between() {
+        let dir = std::env::temp_dir().join(format!("perfbed-heartbeat-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        let socket = dir.join("m.sock");
+        let answering = Arc::new(AtomicBool::new(true));
+        let _monitor = flaky_monitor(&socket, answering.clone(), 10_000);
+        let period = Duration::from_millis(20);
+        let mut heartbeat = Heartbeat::start(socket.clone(), period, None);
+        let wait_for = |what: &dyn Fn() -> bool| {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !what() {
+                assert!(Instant::now() < deadline, "the heartbeat did not get there");
+                thread::sleep(period);
+            }
+        };
+        wait_for(&|| heartbeat.answered() >= 3);
+        answering.store(false, Ordering::SeqCst);
+        thread::sleep(period * 10);
+        let before = heartbeat.answered();
+        answering.store(true, Ordering::SeqCst);
+        wait_for(&|| heartbeat.answered() >= before + 3);
+        answering.store(false, Ordering::SeqCst);
+        thread::sleep(period * 5);
+        heartbeat.stop();
+        let silences = heartbeat.silences();
+        assert_eq!(silences.len(), 2, "{silences:?}");
+        assert!(!silences[0].open && silences[1].open, "{silences:?}");
+        assert!(silences[0].seconds() >= 0.1, "{silences:?}");
+        assert!(silences[0].to_s <= silences[1].from_s, "{silences:?}");
         let _ = fs::remove_dir_all(&dir);
     }
 }

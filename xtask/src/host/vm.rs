@@ -57,6 +57,9 @@ const HEARTBEAT_PERIOD: Duration = Duration::from_secs(1);
 /// How many questions the box's QEMU monitor answered, and its silences,
 /// written when the VM stops.
 const HEARTBEATS_FILE: &str = "heartbeats.txt";
+/// Every thread's backtrace of the box's QEMU, taken when its monitor went
+/// silent for 20 s.
+const QEMU_THREADS_FILE: &str = "box-qemu-threads.txt";
 /// A silence of the box's QEMU monitor this long means its main loop was
 /// blocked: the box itself was stuck, whatever the guest did (nothing in
 /// L1 holds QEMU's main loop that long).
@@ -196,9 +199,14 @@ impl Vm {
             .with_context(|| format!("starting {}", command.get_program().to_string_lossy()))?;
 
         let heartbeat = match (&config.host, &monitor_socket) {
-            (Host::VmmBox(_), Some(monitor)) => {
-                Some(monitor::Heartbeat::start(monitor.clone(), HEARTBEAT_PERIOD))
-            }
+            (Host::VmmBox(_), Some(monitor)) => Some(monitor::Heartbeat::start(
+                monitor.clone(),
+                HEARTBEAT_PERIOD,
+                Some(monitor::SilenceBacktrace {
+                    pid: child.id(),
+                    out: config.run_dir.join(QEMU_THREADS_FILE),
+                }),
+            )),
             _ => None,
         };
 
