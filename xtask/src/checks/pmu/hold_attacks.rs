@@ -31,6 +31,7 @@ use super::move_attacks::{
 };
 use super::moves::movable_domain;
 use super::redteam::{must, open_with, rmid, run_each, truth, Many, Named};
+use super::semantics::{lost_wraps_file, two_wrap_park};
 use crate::checks::Check;
 use crate::guest::perf_abi::FLAG_DISABLED;
 use crate::guest::pmu_name;
@@ -978,13 +979,8 @@ pub fn wrap_lost_held_on_cpu0(ctx: &mut Ctx) -> Result<Check> {
 /// H10 and H11: domain `d` parked by an empty set, traffic at the maximum
 /// rate past two wraps, a read while parked, placed by the set `home`.
 fn wrap_lost(ctx: &mut Ctx, d: usize, home: &[u32], name: &'static str) -> Result<Check> {
-    let rate = ctx.device.max_rate;
-    let wrap = (1u64 << ctx.device.counter_width) * ctx.device.unit_bytes;
-    let park = Duration::from_millis(1200);
-    if (park.as_secs_f64() * rate as f64) < 2.0 * wrap as f64 {
-        bail!("a {park:?} park at {rate} B/s is not two wraps of {wrap} bytes: the check needs a faster device");
-    }
-    let lost_file = format!("/sys/bus/event_source/devices/{}/lost_wraps", pmu_name(d));
+    let (park, rate, wrap) = two_wrap_park(ctx)?;
+    let lost_file = lost_wraps_file(d);
     let lost_before: u64 = ctx.g.read_file(&lost_file)?.trim().parse()?;
     let clock = cpu_clock(ctx, 0, None)?;
     let r = rmid(ctx, 7);

@@ -256,6 +256,24 @@ fn multiplexed_park_counts(
 /// How long [`multiplexed_park`] parks the domain.
 const PARK: Duration = Duration::from_secs(1);
 
+/// A park at the device's maximum rate long enough for two wraps of a
+/// counter (1.2 s), with that rate and a wrap in bytes; an error if the
+/// device is too slow for it.
+pub(super) fn two_wrap_park(ctx: &Ctx) -> Result<(Duration, u64, u64)> {
+    let rate = ctx.device.max_rate;
+    let wrap = (1u64 << ctx.device.counter_width) * ctx.device.unit_bytes;
+    let park = Duration::from_millis(1200);
+    if (park.as_secs_f64() * rate as f64) < 2.0 * wrap as f64 {
+        bail!("a {park:?} park at {rate} B/s is not two wraps of {wrap} bytes: the check needs a faster device");
+    }
+    Ok((park, rate, wrap))
+}
+
+/// The sysfs file where domain `d`'s PMU counts the wraps it lost.
+pub(super) fn lost_wraps_file(d: usize) -> String {
+    format!("/sys/bus/event_source/devices/{}/lost_wraps", pmu_name(d))
+}
+
 /// 3. A park longer than two wraps at the device's maximum rate: perf must
 ///    either count it exactly or show the loss, time not running, so that
 ///    its scaled count estimates the truth; and the PMU's `lost_wraps`
@@ -263,13 +281,8 @@ const PARK: Duration = Duration::from_secs(1);
 ///    100.00 % running.)
 pub fn long_park(ctx: &mut Ctx) -> Result<Check> {
     let (d, allowed) = movable_domain(ctx)?;
-    let rate = ctx.device.max_rate;
-    let wrap = (1u64 << ctx.device.counter_width) * ctx.device.unit_bytes;
-    let park = Duration::from_millis(1200);
-    if (park.as_secs_f64() * rate as f64) < 2.0 * wrap as f64 {
-        bail!("a {park:?} park at {rate} B/s is not two wraps of {wrap} bytes: the check needs a faster device");
-    }
-    let lost_file = format!("/sys/bus/event_source/devices/{}/lost_wraps", pmu_name(d));
+    let (park, rate, wrap) = two_wrap_park(ctx)?;
+    let lost_file = lost_wraps_file(d);
     let mut problems = Vec::new();
     let mut lost_wraps = |ctx: &mut Ctx| match ctx
         .g
