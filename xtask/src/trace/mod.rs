@@ -1,22 +1,24 @@
 //! The device's trace, decoded and drawn: `cargo xtask trace FILE [--plot
-//! out.svg]`, and [`save_trace_and_plot`], which `run` (and `stress`) call
-//! to keep a run's trace, with the guest's events on the same time axis,
-//! beside its logs.
+//! out.svg] [--from S] [--to S]`, and [`save_trace_and_plot`], which `run`
+//! calls to keep a run's trace, with the guest's events and the checks'
+//! spans on the same time axis, beside its logs.
 //!
 //! - [`model`]: a trace file read back;
 //! - [`guest`]: the agent's events moved onto the device's clock;
+//! - [`spans`]: which checks ran when, on the device's clock;
 //! - [`table`]: the decoded table; [`timeline`]: what the plot shows;
 //!   [`plot`]: drawing it.
 
 mod guest;
 mod model;
 mod plot;
+pub mod spans;
 mod table;
 mod timeline;
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use clap::Args;
@@ -35,25 +37,106 @@ pub struct TraceArgs {
     /// Draw the run's timeline into this SVG file instead of printing.
     #[arg(long)]
     plot: Option<PathBuf>,
+    /// Start of the window to print or draw, in seconds on the device's
+    /// clock (the times the table and the plot show).
+    #[arg(long, value_name = "S", value_parser = parse_seconds)]
+    from: Option<f64>,
+    /// End of the window, in seconds on the device's clock.
+    #[arg(long, value_name = "S", value_parser = parse_seconds)]
+    to: Option<f64>,
+}
+
+/// A `--from`/`--to` value: a finite, non-negative number of seconds.
+fn parse_seconds(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(s) if s.is_finite() && s >= 0.0 => Ok(s),
+        _ => Err(format!(
+            "{text:?} is not a time: give seconds on the device's clock, such as 12.5"
+        )),
+    }
+}
+
+/// The part of a trace to print or draw, in seconds on the device's clock.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Window {
+    pub from: f64,
+    pub to: f64,
+}
+
+/// Why a `--from`/`--to` pair does not fit a trace.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum WindowError {
+    #[error("--from {from} is not before --to {to}")]
+    Reversed { from: f64, to: f64 },
+    #[error("the window {from} s to {to} s is outside the trace, which runs from {start:.6} s to {end:.6} s")]
+    Outside {
+        from: f64,
+        to: f64,
+        start: f64,
+        end: f64,
+    },
+}
+
+impl Window {
+    /// The window `from`..`to` (each defaulting to the trace's edge) of a
+    /// trace that runs from `start` to `end`; it must overlap the trace.
+    pub fn new(
+        from: Option<f64>,
+        to: Option<f64>,
+        start: f64,
+        end: f64,
+    ) -> Result<Window, WindowError> {
+        let (from, to) = (from.unwrap_or(start), to.unwrap_or(end));
+        if to < start || from > end {
+            return Err(WindowError::Outside {
+                from,
+                to,
+                start,
+                end,
+            });
+        }
+        if from >= to {
+            return Err(WindowError::Reversed { from, to });
+        }
+        Ok(Window { from, to })
+    }
+
+    pub fn contains(&self, time_ns: u64) -> bool {
+        (self.from..=self.to).contains(&timeline::secs(time_ns))
+    }
 }
 
 pub fn command(args: &TraceArgs) -> Result<bool> {
     let text = fs::read_to_string(&args.file)
         .with_context(|| format!("reading {}", args.file.display()))?;
     let trace = Trace::parse(&text).with_context(|| format!("{}", args.file.display()))?;
+    let edge = |l: Option<&model::Line>| l.map_or(0.0, |l| timeline::secs(l.time_ns));
+    let window = match (args.from, args.to) {
+        (None, None) => None,
+        (from, to) => Some(Window::new(
+            from,
+            to,
+            edge(trace.lines.first()),
+            edge(trace.lines.last()),
+        )?),
+    };
     match &args.plot {
         Some(out) => {
-            let marks = write_plot(&trace, out)?;
-            println!("plot: {} ({marks:?})", out.display());
+            let marks = write_plot(&trace, window, out)?;
+            let size = fs::metadata(out).map_or(0, |m| m.len());
+            println!("plot: {} ({} KiB, {marks:?})", out.display(), size / 1024);
         }
-        None => print!("{}", table::render(&trace)),
+        None => print!("{}", table::render(&trace, window)),
     }
     Ok(true)
 }
 
-/// Draws `trace` into `out`; returns what it drew.
-pub fn write_plot(trace: &Trace, out: &Path) -> Result<timeline::Marks> {
-    let timeline = timeline::build(trace);
+/// Draws `trace` (or its `window`) into `out`; returns what it drew.
+pub fn write_plot(trace: &Trace, window: Option<Window>, out: &Path) -> Result<timeline::Marks> {
+    let mut timeline = timeline::build(trace);
+    if let Some(w) = window {
+        timeline = timeline.window(w.from, w.to);
+    }
     fs::write(out, plot::svg(&timeline)?).with_context(|| format!("writing {}", out.display()))?;
     Ok(timeline.marks())
 }
@@ -68,10 +151,15 @@ pub struct SavedTrace {
 }
 
 /// Saves the device's trace as `trace.txt` in `run_dir`, with the guest's
-/// events (when the guest still answers) merged in on the device's clock,
-/// and, with `plot`, draws it into `trace.svg`. The VM must still run: the
-/// trace lives in the device.
-pub fn save_trace_and_plot(run_dir: &Path, vm: &mut Vm, plot: bool) -> Result<SavedTrace> {
+/// events (when the guest still answers) and the checks' `spans` merged in
+/// on the device's clock, and, with `plot`, draws it into `trace.svg`. The
+/// VM must still run: the trace lives in the device.
+pub fn save_trace_and_plot(
+    run_dir: &Path,
+    vm: &mut Vm,
+    plot: bool,
+    spans: &[spans::Span],
+) -> Result<SavedTrace> {
     let timeout = Duration::from_secs(30);
     // The guest's side first: its clock sync is the last REG_MAGIC read.
     let guest = (|| -> Result<(Vec<perfbed_agent::GuestEvent>, (u64, u64))> {
@@ -98,27 +186,34 @@ pub fn save_trace_and_plot(run_dir: &Path, vm: &mut Vm, plot: bool) -> Result<Sa
     let mut control = ControlClient::connect(&vm.control_socket)
         .context("connecting to the device's control socket")?;
     let device_text = control.trace_text()?;
-    let (text, guest_missing) = match guest {
+    // The host's clock against the device's, for the checks' spans.
+    let before = Instant::now();
+    let device_ns = control.state()?.now_ns;
+    let clock = spans::HostClock {
+        at: before + before.elapsed() / 2,
+        device_ns,
+    };
+    let device = Trace::parse(&device_text)?;
+    let first_ns = device.lines.first().map_or(0, |l| l.time_ns);
+    let mut extra = spans::lines(spans, clock, first_ns);
+    let guest_missing = match guest {
         Ok((events, (before, after))) => {
-            let device = Trace::parse(&device_text)?;
             match guest::ClockOffset::from_sync(&device.lines, 0, before, after) {
-                Some(offset) => (
-                    guest::merge(&device_text, &guest::lines(&events, offset)),
-                    None,
-                ),
-                None => (
-                    device_text,
-                    Some("the device trace lost the clock-sync read".to_string()),
-                ),
+                Some(offset) => {
+                    extra.extend(guest::lines(&events, offset));
+                    None
+                }
+                None => Some("the device trace lost the clock-sync read".to_string()),
             }
         }
-        Err(e) => (device_text, Some(format!("{e:#}"))),
+        Err(e) => Some(format!("{e:#}")),
     };
+    let text = guest::merge(&device_text, &extra);
     let path = run_dir.join(host::vm::TRACE_FILE);
     fs::write(&path, &text).with_context(|| format!("writing {}", path.display()))?;
     let plot = if plot {
         let out = run_dir.join("trace.svg");
-        write_plot(&Trace::parse(&text)?, &out)?;
+        write_plot(&Trace::parse(&text)?, None, &out)?;
         Some(out)
     } else {
         None
@@ -138,7 +233,7 @@ pub fn plot_saved(run_dir: &Path) -> Option<SavedTrace> {
     let out = run_dir.join("trace.svg");
     let plot = Trace::parse(&text)
         .ok()
-        .and_then(|t| write_plot(&t, &out).ok())
+        .and_then(|t| write_plot(&t, None, &out).ok())
         .map(|_| out);
     Some(SavedTrace {
         trace: path,
