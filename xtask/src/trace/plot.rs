@@ -36,6 +36,8 @@ const COUNTER_LANE: u32 = 64;
 const LEGEND_ROW: u32 = 16;
 /// Time ticks along the axis, at most.
 const MAX_TICKS: usize = 12;
+/// Lines keep the extremes of columns this many pixels wide.
+const LINE_COLUMN: f64 = 2.0;
 /// Counter dots closer than this many pixels are thinned.
 const DOT_SPACING: f64 = 4.0;
 const FONT: &str = "sans-serif";
@@ -363,7 +365,7 @@ fn lanes(timeline: &Timeline) -> Vec<Lane<'_>> {
 /// the domain names.
 fn owner_rows(dom: &DomainTimeline) -> Vec<Option<u32>> {
     let mut cpus: Vec<u32> = dom.allowed.clone();
-    cpus.extend(dom.initial_owner);
+    cpus.extend(dom.initial_owner.flatten());
     cpus.extend(dom.owner.iter().filter_map(|&(_, o)| o));
     for marks in [
         &dom.violations,
@@ -384,7 +386,10 @@ fn owner_rows(dom: &DomainTimeline) -> Vec<Option<u32>> {
 }
 
 fn owner_legend(dom: &DomainTimeline) -> Legend {
-    let mut e = vec![(Marker::Line(OWNER_LINE, 2), "owner CPU".to_string())];
+    let mut e = vec![(
+        Marker::Line(OWNER_LINE, 2),
+        "owner CPU (device)".to_string(),
+    )];
     let mut add = |present: bool, m: Marker, text: &str| {
         if present {
             e.push((m, text.to_string()));
@@ -399,12 +404,12 @@ fn owner_legend(dom: &DomainTimeline) -> Legend {
     add(
         !dom.offline.is_empty(),
         Marker::Down(OFFLINE),
-        "CPU offline (guest)",
+        "CPU offline done (guest)",
     );
     add(
         !dom.online.is_empty(),
         Marker::Up(ONLINE),
-        "CPU online (guest)",
+        "CPU online done (guest)",
     );
     add(
         !dom.cpumask.is_empty(),
@@ -514,7 +519,7 @@ fn draw_lane(area: &Area<'_>, lane_spec: &Lane<'_>, tl: &Timeline) -> DrawResult
             let px = (end - start) / f64::from(DATA_WIDTH);
             for s in all() {
                 chart.draw_series(LineSeries::new(
-                    log_bytes(&thin(&s.truth, start, px)),
+                    log_bytes(&thin(&s.truth, start, px * LINE_COLUMN)),
                     TRUTH.stroke_width(4),
                 ))?;
             }
@@ -526,7 +531,7 @@ fn draw_lane(area: &Area<'_>, lane_spec: &Lane<'_>, tl: &Timeline) -> DrawResult
                 let color = COUNTERS[i % COUNTERS.len()];
                 for s in series {
                     chart.draw_series(LineSeries::new(
-                        log_bytes(&thin(&s.counter, start, px)),
+                        log_bytes(&thin(&s.counter, start, px * LINE_COLUMN)),
                         color,
                     ))?;
                     let y_px = ytop / f64::from(COUNTER_LANE);
@@ -699,15 +704,17 @@ fn draw_owner(
 ) -> DrawResult {
     let row = |c: Option<u32>| rows.iter().position(|&r| r == c).unwrap_or(0) as f64;
     let px = (end - start) / f64::from(DATA_WIDTH);
-    // The owner as a step line: each value holds until the next change.
-    let mut now = row(dom.initial_owner);
-    let mut steps = vec![(start, now)];
+    // The owner as a step line: each value holds until the next change;
+    // before the first, only if the trace tells.
+    let mut now = dom.initial_owner.map(row);
+    let mut steps: Vec<(f64, f64)> = now.map(|y| (start, y)).into_iter().collect();
     for &(t, owner) in &dom.owner {
-        steps.push((t, now));
-        now = row(owner);
-        steps.push((t, now));
+        steps.extend(now.map(|y| (t, y)));
+        let y = row(owner);
+        steps.push((t, y));
+        now = Some(y);
     }
-    steps.push((end, now));
+    steps.extend(now.map(|y| (end, y)));
     chart.draw_series(LineSeries::new(
         thin(&steps, start, px),
         OWNER_LINE.stroke_width(2),

@@ -369,7 +369,7 @@ fn a_window_keeps_what_happened_in_it_and_the_owner_it_started_with() {
     let w = whole.window(0.0055, 0.0085);
     assert_eq!((w.start, w.end), (0.0055, 0.0085));
     let dom = &w.domains[1];
-    assert_eq!(dom.initial_owner, Some(3));
+    assert_eq!(dom.initial_owner, Some(Some(3)));
     assert_eq!(dom.moves.iter().map(|m| m.1).collect::<Vec<_>>(), [2]);
     assert!(dom.parks.is_empty());
     assert_eq!(dom.violations.len(), 1);
@@ -498,4 +498,86 @@ fn guest_kernel_events_land_in_their_domains_lane() {
     let svg = plot::svg(&timeline).unwrap();
     assert!(svg.contains("cpuhp_exit"));
     assert!(svg.contains("kernel events (guest tracepoints)"));
+}
+
+#[test]
+fn a_long_busy_trace_draws_under_a_megabyte_with_every_violation() {
+    // A minute of a busy run: four slots per domain read every 10 ms (six
+    // reads a pixel column), the owner moving every 100 ms, a violation
+    // every 10 s. Drawn mark by mark this would be several megabytes.
+    let mut d = Device::new(DeviceConfig {
+        trace_capacity: 1 << 20,
+        ..DeviceConfig::default()
+    })
+    .unwrap();
+    let (step, end) = (10 * MS, 60_000 * MS);
+    for dom in 0..2u32 {
+        let owner = dom * 2;
+        d.write(
+            MS,
+            owner,
+            regs::domain_reg(u64::from(dom), regs::DOM_OWNER),
+            8,
+            u64::from(owner),
+        );
+        for slot in 0..4 {
+            let value = regs::slot_ctl_value(Event::MbmTotalBytes, slot);
+            d.write(
+                MS,
+                owner,
+                regs::slot_ctl(u64::from(dom), u64::from(slot)),
+                8,
+                value,
+            );
+            d.set_rate(
+                MS,
+                dom,
+                slot as u32,
+                Event::MbmTotalBytes,
+                1 << (20 + 2 * slot),
+            )
+            .unwrap();
+        }
+    }
+    let mut t = 10 * MS;
+    let mut records = 0;
+    while t < end {
+        for dom in 0..2u32 {
+            let owner = dom * 2 + ((t / (100 * MS)) % 2) as u32;
+            if t % (100 * MS) == 0 {
+                d.write(
+                    t,
+                    owner,
+                    regs::domain_reg(u64::from(dom), regs::DOM_OWNER),
+                    8,
+                    u64::from(owner),
+                );
+            }
+            for slot in 0..4u64 {
+                d.read(t, owner, regs::slot_count(u64::from(dom), slot), 8);
+                records += 1;
+            }
+            if t % (10_000 * MS) == 0 {
+                d.read(t, owner ^ 1, regs::slot_count(u64::from(dom), 0), 8);
+            }
+        }
+        t += step;
+    }
+    let snap = d.trace_since(0);
+    assert_eq!(snap.dropped, 0);
+    let trace = Trace::parse(&trace_file(&snap.header(), snap.dropped, &snap.lines())).unwrap();
+    let timeline = timeline::build(&trace);
+    let marks = timeline.marks();
+    assert!(marks.counter_points >= records, "{marks:?}");
+    assert_eq!(marks.violations, 2 * 5);
+    let svg = plot::svg(&timeline).unwrap();
+    assert!(svg.len() < 1 << 20, "{} bytes", svg.len());
+    let red = format!(
+        "stroke=\"#{:02X}{:02X}{:02X}\"",
+        plot::VIOLATION.0,
+        plot::VIOLATION.1,
+        plot::VIOLATION.2
+    );
+    // Every violation drawn (two strokes each), and each domain's legend.
+    assert_eq!(svg.matches(&red).count(), 2 * marks.violations + 2 * 2);
 }

@@ -91,8 +91,9 @@ pub struct CheckBand {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct DomainTimeline {
     pub allowed: Vec<u32>,
-    /// The owner when the trace starts (the first change's `from`).
-    pub initial_owner: Option<u32>,
+    /// The owner when the trace starts (the first change's `from`; `None`:
+    /// unknown, the trace has no change).
+    pub initial_owner: Option<Option<u32>>,
     /// Every owner change: (time, new owner), `None` for no owner.
     pub owner: Vec<(Secs, Option<u32>)>,
     /// Owner changes from one CPU to another: (time, new CPU).
@@ -121,13 +122,14 @@ pub struct DomainTimeline {
 }
 
 impl DomainTimeline {
-    /// The owner at `t` (after every change at or before it).
-    pub fn owner_at(&self, t: Secs) -> Option<u32> {
+    /// The owner at `t` (after every change at or before it); `None`:
+    /// unknown.
+    pub fn owner_at(&self, t: Secs) -> Option<Option<u32>> {
         self.owner
             .iter()
             .take_while(|&&(at, _)| at <= t)
             .last()
-            .map_or(self.initial_owner, |&(_, o)| o)
+            .map_or(self.initial_owner, |&(_, o)| Some(o))
     }
 
     /// The counter lanes: one per (event, RMID) that counted something,
@@ -387,7 +389,7 @@ pub fn build(trace: &Trace) -> Timeline {
                 let to = line.number("to").map(|c| c as u32);
                 let from = line.number("from");
                 if dom.owner.is_empty() {
-                    dom.initial_owner = from.map(|c| c as u32);
+                    dom.initial_owner = Some(from.map(|c| c as u32));
                 }
                 dom.owner.push((t, to));
                 match (from, to) {
