@@ -16,7 +16,7 @@ use crate::host::config::VmConfig;
 use crate::host::vm::Vm;
 use crate::host::Accel;
 use crate::progress::human;
-use crate::trace::spans::CheckLog;
+use crate::checks::log::CheckLog;
 use crate::trace::{save_trace_and_plot, SavedTrace};
 
 #[derive(Debug, Clone)]

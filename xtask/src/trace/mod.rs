@@ -15,6 +15,7 @@ mod plot;
 pub mod spans;
 mod table;
 mod timeline;
+mod window;
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -29,6 +30,8 @@ use crate::host;
 use crate::host::vm::Vm;
 
 pub use model::Trace;
+use window::parse_seconds;
+pub use window::Window;
 
 #[derive(Args)]
 pub struct TraceArgs {
@@ -44,66 +47,6 @@ pub struct TraceArgs {
     /// End of the window, in seconds on the device's clock.
     #[arg(long, value_name = "S", value_parser = parse_seconds)]
     to: Option<f64>,
-}
-
-/// A `--from`/`--to` value: a finite, non-negative number of seconds.
-fn parse_seconds(text: &str) -> Result<f64, String> {
-    match text.trim().parse::<f64>() {
-        Ok(s) if s.is_finite() && s >= 0.0 => Ok(s),
-        _ => Err(format!(
-            "{text:?} is not a time: give seconds on the device's clock, such as 12.5"
-        )),
-    }
-}
-
-/// The part of a trace to print or draw, in seconds on the device's clock.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Window {
-    pub from: f64,
-    pub to: f64,
-}
-
-/// Why a `--from`/`--to` pair does not fit a trace.
-#[derive(Debug, thiserror::Error, PartialEq)]
-pub enum WindowError {
-    #[error("--from {from} is not before --to {to}")]
-    Reversed { from: f64, to: f64 },
-    #[error("the window {from} s to {to} s is outside the trace, which runs from {start:.6} s to {end:.6} s")]
-    Outside {
-        from: f64,
-        to: f64,
-        start: f64,
-        end: f64,
-    },
-}
-
-impl Window {
-    /// The window `from`..`to` (each defaulting to the trace's edge) of a
-    /// trace that runs from `start` to `end`; it must overlap the trace.
-    pub fn new(
-        from: Option<f64>,
-        to: Option<f64>,
-        start: f64,
-        end: f64,
-    ) -> Result<Window, WindowError> {
-        let (from, to) = (from.unwrap_or(start), to.unwrap_or(end));
-        if to < start || from > end {
-            return Err(WindowError::Outside {
-                from,
-                to,
-                start,
-                end,
-            });
-        }
-        if from >= to {
-            return Err(WindowError::Reversed { from, to });
-        }
-        Ok(Window { from, to })
-    }
-
-    pub fn contains(&self, time_ns: u64) -> bool {
-        (self.from..=self.to).contains(&timeline::secs(time_ns))
-    }
 }
 
 pub fn command(args: &TraceArgs) -> Result<bool> {

@@ -151,6 +151,8 @@ pub fn spread<T: PartialEq + Clone>(marks: &[(f64, T)], lo: f64, width: f64) -> 
     out
 }
 
+/// A counter lane's labelled powers of a thousand, at most.
+const MAX_LOG_TICKS: usize = 3;
 /// Counter lanes are drawn on a log scale from here (a counter's unit is
 /// 64 bytes): a lane's y is `log10(bytes / FLOOR_BYTES)`, 0 at and below.
 const FLOOR_BYTES: f64 = 64.0;
@@ -163,16 +165,18 @@ fn log_bytes(points: &[(f64, f64)]) -> Vec<(f64, f64)> {
         .collect()
 }
 
-/// A log lane's ticks (0, then every third power of ten above the floor:
-/// 1 KB, 1 MB, 1 GB...) and its top, for counts up to `top` bytes.
+/// A log lane's ticks (0, then powers of a thousand above the floor: 1 KB,
+/// 1 MB, 1 GB..., every second or third of them when there would be more
+/// than [`MAX_LOG_TICKS`]) and its top, for counts up to `top` bytes.
 fn byte_decades(top: f64) -> (Vec<f64>, f64) {
     let ytop = (top / FLOOR_BYTES).log10().max(1.0) * 1.08;
+    let powers: Vec<f64> = (1..)
+        .map(|k| f64::from(3 * k) - FLOOR_BYTES.log10())
+        .take_while(|&y| y <= ytop)
+        .collect();
+    let stride = powers.len().div_ceil(MAX_LOG_TICKS).max(1);
     let mut ticks = vec![0.0];
-    let mut power = 3;
-    while f64::from(power) - FLOOR_BYTES.log10() <= ytop {
-        ticks.push(f64::from(power) - FLOOR_BYTES.log10());
-        power += 3;
-    }
+    ticks.extend(powers.iter().rev().step_by(stride).rev());
     (ticks, ytop)
 }
 
@@ -193,7 +197,7 @@ pub fn apart(points: &[(f64, f64)], dx: f64, dy: f64) -> Vec<(f64, f64)> {
 
 /// A byte count in a few characters.
 pub fn bytes_label(b: f64) -> String {
-    const UNITS: [&str; 5] = ["B", "KB", "MB", "GB", "TB"];
+    const UNITS: [&str; 9] = ["B", "KB", "MB", "GB", "TB", "PB", "EB", "ZB", "YB"];
     let mut v = b;
     let mut u = 0;
     while v.abs() >= 1000.0 && u + 1 < UNITS.len() {
@@ -658,17 +662,20 @@ fn draw_checks(chart: &mut Chart<'_, '_>, bands: &[CheckBand], start: f64, end: 
             BAND[i % 2]
         };
         let row = if i % 2 == 0 { 1.55 } else { 0.75 };
+        // A band that runs past the trace's last record stops at the axis.
+        let (from, to) = (b.start.max(start), b.end.min(end));
+        if from >= to {
+            continue;
+        }
+        let (low, high) = if i % 2 == 0 { (1.0, 1.95) } else { (0.2, 1.15) };
         chart.draw_series(std::iter::once(Rectangle::new(
-            [
-                (b.start, if i % 2 == 0 { 1.0 } else { 0.2 }),
-                (b.end, if i % 2 == 0 { 1.95 } else { 1.15 }),
-            ],
+            [(from, low), (to, high)],
             color.filled(),
         )))?;
-        let text = fit(&b.names, (b.end - b.start) * px_per_s - 4.0);
+        let text = fit(&b.names, (to - from) * px_per_s - 4.0);
         if !text.is_empty() {
             chart.draw_series(std::iter::once(
-                EmptyElement::at((b.start, row)) + Text::new(text, (2, -6), (FONT, 11)),
+                EmptyElement::at((from, row)) + Text::new(text, (2, -6), (FONT, 11)),
             ))?;
         }
     }

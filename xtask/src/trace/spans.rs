@@ -1,9 +1,7 @@
-//! Which checks ran when: [`CheckLog`] collects a run's checks as they
-//! finish, and the host's clock at each; the time between one collection
-//! and the next is the span of what was collected (one check, or a family
-//! that reports several at once). Saved with the trace as `host_check`
-//! lines on the device's clock, they are the bands along the plot's time
-//! axis:
+//! Which checks ran when: the [`Span`]s that `checks::CheckLog` records
+//! (a check, or a family that reports several at once, and the host's time
+//! it took), saved with the trace as `host_check` lines on the device's
+//! clock; they are the bands along the plot's time axis:
 //!
 //! ```text
 //! <start_ns> - host_check until=<end_ns> failed=<n> names=<name>,<name>...
@@ -12,84 +10,15 @@
 //! A name is written with `%` escapes for the characters the trace's
 //! `key=value` words cannot hold (space, `,`, `=`, `%`).
 
-use std::ops::Deref;
 use std::time::Instant;
 
-use crate::checks::Check;
-
-/// Checks collected so far, and when each batch of them finished.
-pub struct CheckLog {
-    checks: Vec<Check>,
-    spans: Vec<Span>,
-    last: Instant,
-}
-
-/// One batch of checks and the host's time it took.
+/// A batch of checks and the host's time it took.
 #[derive(Debug, Clone)]
 pub struct Span {
-    start: Instant,
-    end: Instant,
-    names: Vec<&'static str>,
-    failed: usize,
-}
-
-impl Default for CheckLog {
-    fn default() -> Self {
-        CheckLog::new()
-    }
-}
-
-impl CheckLog {
-    /// An empty log whose first span starts now.
-    pub fn new() -> CheckLog {
-        CheckLog {
-            checks: Vec::new(),
-            spans: Vec::new(),
-            last: Instant::now(),
-        }
-    }
-
-    pub fn push(&mut self, check: Check) {
-        self.extend([check]);
-    }
-
-    /// Adds `checks`, which ran since the previous addition, as one span.
-    pub fn extend(&mut self, checks: impl IntoIterator<Item = Check>) {
-        let end = Instant::now();
-        let first = self.checks.len();
-        self.checks.extend(checks);
-        let batch = &self.checks[first..];
-        if !batch.is_empty() {
-            self.spans.push(Span {
-                start: self.last,
-                end,
-                names: batch.iter().map(|c| c.name).collect(),
-                failed: batch.iter().filter(|c| !c.passed).count(),
-            });
-        }
-        self.last = end;
-    }
-
-    /// Starts the next span now: what ran since the last addition was no
-    /// check's (a module load, the trace's saving).
-    pub fn skip(&mut self) {
-        self.last = Instant::now();
-    }
-
-    pub fn spans(&self) -> &[Span] {
-        &self.spans
-    }
-
-    pub fn into_checks(self) -> Vec<Check> {
-        self.checks
-    }
-}
-
-impl Deref for CheckLog {
-    type Target = [Check];
-    fn deref(&self) -> &[Check] {
-        &self.checks
-    }
+    pub start: Instant,
+    pub end: Instant,
+    pub names: Vec<&'static str>,
+    pub failed: usize,
 }
 
 /// The host's clock against the device's: the device's `now_ns` read at

@@ -8,7 +8,7 @@ use perfbed_device::cpus::format_cpu_list;
 
 use super::model::{Line, Trace};
 use super::timeline::secs;
-use super::Window;
+use super::window::Window;
 
 const CELL: usize = 36;
 

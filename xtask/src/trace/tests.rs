@@ -4,6 +4,7 @@ use perfbed_device::{trace_file, Device, DeviceConfig};
 
 use super::*;
 use clap::Parser;
+use window::WindowError;
 
 const MS: u64 = 1_000_000;
 
@@ -441,7 +442,7 @@ fn bad_windows_are_refused_with_the_reason() {
 
 #[test]
 fn check_spans_become_bands_on_the_device_clock() {
-    let mut log = spans::CheckLog::new();
+    let mut log = crate::checks::log::CheckLog::new();
     let check = |name, passed| crate::checks::Check {
         name,
         passed,
@@ -580,4 +581,14 @@ fn a_long_busy_trace_draws_under_a_megabyte_with_every_violation() {
     );
     // Every violation drawn (two strokes each), and each domain's legend.
     assert_eq!(svg.matches(&red).count(), 2 * marks.violations + 2 * 2);
+}
+
+#[test]
+fn byte_labels_stay_short_however_large_the_count() {
+    assert_eq!(plot::bytes_label(0.0), "0 B");
+    assert_eq!(plot::bytes_label(64.0), "64 B");
+    assert_eq!(plot::bytes_label(3.48e9), "3.48 GB");
+    assert_eq!(plot::bytes_label(146.4e6), "146.4 MB");
+    // A counter gone wrong (unwrapped past any real traffic).
+    assert_eq!(plot::bytes_label(1e21), "1 ZB");
 }

@@ -228,7 +228,7 @@ pub struct Marks {
 
 impl Timeline {
     /// The part of the timeline from `from` to `to` (a checked
-    /// [`super::Window`]): marks outside it are left out, the owner at
+    /// `--from`/`--to` window): marks outside it are left out, the owner at
     /// `from` is where the owner line starts, and a check band crossing an
     /// edge is cut there.
     pub fn window(&self, from: Secs, to: Secs) -> Timeline {

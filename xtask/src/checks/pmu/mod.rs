@@ -29,7 +29,7 @@ use perfbed_device::{ControlClient, DeviceConfig};
 
 use crate::checks::Check;
 use crate::guest::{pmu_name, Guest};
-use crate::trace::spans::CheckLog;
+use crate::checks::log::CheckLog;
 use context::Ctx;
 
 /// A check that needs nothing but the context, and leaves the PMUs as it
