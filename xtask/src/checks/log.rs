@@ -52,12 +52,6 @@ impl CheckLog {
         self.last = end;
     }
 
-    /// Starts the next span now: what ran since the last addition was no
-    /// check's (a module load).
-    pub fn skip(&mut self) {
-        self.last = Instant::now();
-    }
-
     pub fn spans(&self) -> &[Span] {
         &self.spans
     }

@@ -414,6 +414,11 @@ fn bad_windows_are_refused_with_the_reason() {
         Window::new(Some(5.0), Some(2.0), 0.0, 10.0),
         Err(WindowError::Reversed { from: 5.0, to: 2.0 })
     );
+    // Reversed, and before the trace too: reversed is what to fix first.
+    assert_eq!(
+        Window::new(Some(5.0), Some(2.0), 2.1, 11.0),
+        Err(WindowError::Reversed { from: 5.0, to: 2.0 })
+    );
     assert!(matches!(
         Window::new(Some(3.0), Some(3.0), 0.0, 10.0),
         Err(WindowError::Reversed { .. })

@@ -43,6 +43,12 @@ impl Window {
         start: f64,
         end: f64,
     ) -> Result<Window, WindowError> {
+        // Both given and reversed: say so, wherever they fall.
+        if let (Some(from), Some(to)) = (from, to) {
+            if from >= to {
+                return Err(WindowError::Reversed { from, to });
+            }
+        }
         let (from, to) = (from.unwrap_or(start), to.unwrap_or(end));
         if to < start || from > end {
             return Err(WindowError::Outside {
