@@ -170,9 +170,11 @@ fn log_bytes(points: &[(f64, f64)]) -> Vec<(f64, f64)> {
 /// than [`MAX_LOG_TICKS`]) and its top, for counts up to `top` bytes.
 fn byte_decades(top: f64) -> (Vec<f64>, f64) {
     let ytop = (top / FLOOR_BYTES).log10().max(1.0) * 1.08;
+    // A label too near the lane's 0 would be drawn over it.
     let powers: Vec<f64> = (1..)
         .map(|k| f64::from(3 * k) - FLOOR_BYTES.log10())
         .take_while(|&y| y <= ytop)
+        .filter(|&y| y >= 0.15 * ytop)
         .collect();
     let stride = powers.len().div_ceil(MAX_LOG_TICKS).max(1);
     let mut ticks = vec![0.0];
