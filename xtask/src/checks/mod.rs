@@ -9,6 +9,7 @@
 pub mod counting;
 pub mod device;
 pub mod hotplug;
+pub mod log;
 pub mod module_lifecycle;
 pub mod perf_tool;
 pub mod pmu;

@@ -16,6 +16,7 @@ use crate::host::config::VmConfig;
 use crate::host::vm::Vm;
 use crate::host::Accel;
 use crate::progress::human;
+use crate::checks::log::CheckLog;
 use crate::trace::{save_trace_and_plot, SavedTrace};
 
 #[derive(Debug, Clone)]
@@ -41,7 +42,8 @@ pub fn run(scenario: &Scenario, accel: &Accel) -> Result<Report> {
     let booted = Vm::boot(&scenario.vm, accel)?;
     let (mut vm, hello) = (booted.vm, booted.hello);
     let checks_start = Instant::now();
-    let mut checks = Vec::new();
+    // Each check's time is kept for the trace's plot.
+    let mut checks = CheckLog::new();
 
     checks.push(Check {
         name: "kernel version",
@@ -115,13 +117,14 @@ pub fn run(scenario: &Scenario, accel: &Accel) -> Result<Report> {
             vm: &mut vm,
             timeout: scenario.request_timeout,
         };
-        checks.extend(checks::pmu::run(
+        checks::pmu::run(
             &mut guest,
             control,
             &control_socket,
             &scenario.vm.device,
             scenario.known_bugs,
-        )?);
+            &mut checks,
+        )?;
     }
 
     let rounds = scenario.hotplug_rounds;
@@ -151,7 +154,7 @@ pub fn run(scenario: &Scenario, accel: &Accel) -> Result<Report> {
     let serial_log = vm.serial_log.clone();
     // While the VM still runs: the trace lives in the device.
     let trace = if scenario.plot || !checks.iter().all(|c| c.passed) {
-        match save_trace_and_plot(&scenario.vm.run_dir, &mut vm, true) {
+        match save_trace_and_plot(&scenario.vm.run_dir, &mut vm, true, checks.spans()) {
             Ok(saved) => Some(saved),
             Err(e) => {
                 // The checks' verdict matters more than the picture.
@@ -166,7 +169,7 @@ pub fn run(scenario: &Scenario, accel: &Accel) -> Result<Report> {
     checks.push(clean_log_check(&serial_log));
 
     Ok(Report {
-        checks,
+        checks: checks.into_checks(),
         boot_time: booted.boot_time,
         guest_uptime_at_ready: Duration::from_millis(hello.uptime_ms),
         checks_time: checks_start.elapsed(),

@@ -29,6 +29,7 @@ use perfbed_device::{ControlClient, DeviceConfig};
 
 use crate::checks::Check;
 use crate::guest::{pmu_name, Guest};
+use crate::checks::log::CheckLog;
 use context::Ctx;
 
 /// A check that needs nothing but the context, and leaves the PMUs as it
@@ -116,17 +117,18 @@ fn run_one(ctx: &mut Ctx, name: &str, check: CtxCheck) -> Result<Check> {
     Ok(done)
 }
 
-/// Runs every check; the driver must be loaded. `control_socket` is the
-/// device's, for checks that inject from a thread of their own. With
-/// `known_bugs`, the checks of known, open bugs run too (they fail until
-/// the bug is fixed).
+/// Runs every check into `checks`; the driver must be loaded.
+/// `control_socket` is the device's, for checks that inject from a thread
+/// of their own. With `known_bugs`, the checks of known, open bugs run too
+/// (they fail until the bug is fixed).
 pub fn run(
     g: &mut Guest,
     control: ControlClient,
     control_socket: &std::path::Path,
     device: &DeviceConfig,
     known_bugs: bool,
-) -> Result<Vec<Check>> {
+    checks: &mut CheckLog,
+) -> Result<()> {
     let mut types = Vec::new();
     for d in 0..device.domains.len() {
         types.push(g.pmu_type(&pmu_name(d))?);
@@ -138,10 +140,8 @@ pub fn run(
         types,
     };
     ctx.control.reset_stats()?;
-    let mut checks = vec![
-        registration::sysfs(&mut ctx)?,
-        counts::exact_counts(&mut ctx)?,
-    ];
+    checks.push(registration::sysfs(&mut ctx)?);
+    checks.push(counts::exact_counts(&mut ctx)?);
     for &(name, check) in AROUND_MOVES {
         checks.push(run_one(&mut ctx, name, check)?);
     }
@@ -174,5 +174,5 @@ pub fn run(
     checks.extend(allowed_attacks::run(&mut ctx)?);
     checks.push(registration::unload(&mut ctx)?);
     checks.push(accesses::check(&mut ctx)?);
-    Ok(checks)
+    Ok(())
 }
