@@ -103,6 +103,8 @@ pub struct PerfAttr {
     #[serde(default)]
     pub clockid: i32,
     #[serde(default)]
+    pub sample_regs_intr: u64,
+    #[serde(default)]
     pub aux_watermark: u32,
     #[serde(default)]
     pub sample_max_stack: u16,

@@ -73,6 +73,9 @@ const SEMANTICS: &[(&str, CtxCheck)] = &[
     ("bad attributes", groups::bad_attributes),
 ];
 
+/// Every `perf_event_attr` field, flag and bit against the errno it must get.
+const ATTRIBUTES: &[(&str, CtxCheck)] = &[("perf_event_open matrix", perf_matrix::check)];
+
 /// Whether the check called `name` is one `run_named` runs.
 pub fn can_run_alone(name: &str) -> bool {
     alone().any(|(n, _)| *n == name)
@@ -83,6 +86,7 @@ fn alone() -> impl Iterator<Item = &'static (&'static str, CtxCheck)> {
     AROUND_MOVES
         .iter()
         .chain(SEMANTICS)
+        .chain(ATTRIBUTES)
         .chain(park_attacks::CHECKS)
         .chain(freeze_attacks::CHECKS)
         .chain(hold_attacks::CHECKS)
@@ -155,12 +159,9 @@ pub fn run(
     for &(name, check) in SEMANTICS {
         checks.push(run_one(&mut ctx, name, check)?);
     }
-    checks.push(perf_matrix::run(
-        ctx.g,
-        &mut ctx.control,
-        &ctx.device,
-        &ctx.types,
-    )?);
+    for &(name, check) in ATTRIBUTES {
+        checks.push(run_one(&mut ctx, name, check)?);
+    }
     checks.push(counts::perf_stat(&mut ctx)?);
     checks.extend(redteam::run(&mut ctx)?);
     checks.extend(attacks::run(&mut ctx)?);
