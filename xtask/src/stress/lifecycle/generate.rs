@@ -516,6 +516,9 @@ mod tests {
                 Step::Park { .. } => "park",
                 Step::Unpark { .. } => "unpark",
                 Step::Online { .. } => "online",
+                Step::Offline { .. } => "offline",
+                Step::Allowed { .. } => "allowed",
+                Step::Wait { .. } => "wait",
                 Step::OthersOpen { .. } => "others",
                 Step::PerfStat {
                     how: StatHow::Interval,

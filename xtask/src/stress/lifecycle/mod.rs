@@ -8,6 +8,8 @@ mod perf_stat;
 pub mod reads;
 pub mod replay;
 pub mod run;
+pub mod scenario;
+pub mod scenario_run;
 
 use std::time::Duration;
 
