@@ -1042,4 +1042,43 @@ mod tests {
                 .unwrap();
         assert_eq!(wants_against_model(&refused, shape)[0].line, 3);
     }
+
+    /// Every `.scn` file under `dir`, sorted.
+    fn library(dir: &Path) -> Vec<PathBuf> {
+        let mut out = Vec::new();
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                out.extend(library(&path));
+            } else if path.extension().is_some_and(|e| e == "scn") {
+                out.push(path);
+            }
+        }
+        out.sort();
+        out
+    }
+
+    #[test]
+    fn the_library_parses_and_the_model_allows_its_wants() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios");
+        let files = library(&root);
+        assert!(files.len() >= 5, "{files:?}");
+        let device = crate::stress::device(4, None).unwrap();
+        let shape = DeviceShape {
+            slots: super::super::SLOTS,
+            ..crate::stress::lifecycle::run::shape(&device)
+        };
+        for file in files {
+            let text = std::fs::read_to_string(&file).unwrap();
+            let s = parse(&file, &text, &layout(), 1).unwrap_or_else(|e| panic!("{e}"));
+            assert!(s.check.is_some(), "{}: no `# check:` header", file.display());
+            assert!(
+                s.ops.iter().any(|o| !o.wants.is_empty()),
+                "{}: no want",
+                file.display()
+            );
+            let refused = wants_against_model(&s, shape);
+            assert_eq!(refused, vec![], "{}", file.display());
+        }
+    }
 }

@@ -182,16 +182,17 @@ fn on_guest(
     control.reset_stats()?;
     let layout = layout(cpus, device);
     let mut checks = Vec::new();
+    let env = Env {
+        pmus: &pmus,
+        types: &types,
+        device,
+        timeout,
+    };
+    home(&mut g, &mut control, &env)?;
     for (file, text) in texts {
         // Numbered from the agent's next handle this time.
         let first = probe_next_handle(&mut g)?;
         let scenario = parse(file, text, &layout, first).map_err(anyhow::Error::from)?;
-        let env = Env {
-            pmus: &pmus,
-            types: &types,
-            device,
-            timeout,
-        };
         let journal = carry_out(&mut g, &mut control, &env, &scenario)?;
         let path = run_dir.join(format!(
             "{}.jsonl",
@@ -356,7 +357,8 @@ fn want_problem(
 }
 
 /// Leaves the guest as the scenario found it: its events closed, its
-/// allowed sets the defaults, every CPU online, no rate.
+/// allowed sets the defaults, every CPU online, no rate, each PMU on its
+/// domain's first CPU.
 fn restore(
     g: &mut Guest,
     control: &mut ControlClient,
@@ -404,13 +406,27 @@ fn restore(
     for cpu in cpus.filter(|c| !online.contains(c)) {
         g.set_online(cpu, true)?;
     }
-    for (pmu, cpus) in env.pmus.iter().zip(&env.device.domains) {
-        let (ok, mask) = g.wait_cpumask(pmu, |m| m.len() == 1 && cpus.contains(&m[0]))?;
-        if !ok {
-            bail!(
-                "after {}: {pmu} did not come back on its CPUs {cpus:?} (cpumask {mask:?})",
-                scenario.file.display()
-            );
+    home(g, control, env)
+}
+
+/// Puts every PMU on its domain's first CPU (through an allowed set of
+/// that CPU alone, then the default set, which keeps it there), so that
+/// each scenario starts with the owners its `offline` lines can name.
+fn home(g: &mut Guest, control: &mut ControlClient, env: &Env) -> Result<()> {
+    for (d, (pmu, cpus)) in (0u32..).zip(env.pmus.iter().zip(&env.device.domains)) {
+        let first = cpus[0];
+        let (_, mask) = g.wait_cpumask(pmu, |m| m.len() == 1 && cpus.contains(&m[0]))?;
+        if mask == [first] {
+            continue;
+        }
+        for set in [vec![first], cpus.clone()] {
+            control
+                .set_allowed(d, &set)
+                .map_err(|e| anyhow::anyhow!("{pmu}: the allowed set {set:?}: {e}"))?;
+            let (ok, mask) = g.wait_cpumask(pmu, |m| m == [first])?;
+            if !ok {
+                bail!("{pmu}: the allowed set {set:?}: cpumask {mask:?}, want [{first}]");
+            }
         }
     }
     Ok(())
