@@ -98,8 +98,8 @@ pub enum Want {
 /// The operations a line can start with.
 const OPERATIONS: &str = "open (as NAME = open ...), enable, disable, reset, read, want, close, burst, occupancy, rate, move, park, unpark, offline, online, allowed, wait";
 
-/// The errnos an open may be refused with.
-const ERRNOS: [&str; 4] = ["ENODEV", "EINVAL", "EBADF", "EBUSY"];
+/// The errnos the model expects an open to be refused with.
+const ERRNOS: [&str; 3] = ["ENODEV", "EINVAL", "EBADF"];
 
 /// Parses `text`, read from `file`, for a guest of `layout`; the agent's
 /// next handle is `first_handle` (the parser numbers the opens from it).
@@ -283,8 +283,14 @@ impl Parser<'_> {
                     ));
                 }
                 if op == "move" {
-                    if self.parked(domain) {
-                        return Err(format!("domain {domain} is parked here: nothing to move"));
+                    let online = self.allowed[domain as usize]
+                        .iter()
+                        .filter(|c| self.online.contains(c))
+                        .count();
+                    if online < 2 {
+                        return Err(format!(
+                            "domain {domain} has {online} allowed CPU online here: a move needs two (the owner goes, another takes over)"
+                        ));
                     }
                     Step::Move { domain }
                 } else {
@@ -526,6 +532,13 @@ impl Parser<'_> {
         let Some(last) = self.ops.last_mut() else {
             return Err("a want follows the read or the open it is about".into());
         };
+        let errno_like = what.starts_with('E') && what.chars().all(|c| c.is_ascii_uppercase());
+        if errno_like && !ERRNOS.contains(what) {
+            return Err(format!(
+                "`{what}`: the model refuses opens with {} only",
+                ERRNOS.join(", ")
+            ));
+        }
         if ERRNOS.contains(what) {
             let handle = self.names.get(*name).copied();
             let Step::Open { expect, .. } = last.step else {
@@ -941,6 +954,9 @@ mod tests {
         }
         assert_eq!(refused("offline 0\n").1, "CPU 0 never goes offline");
         assert!(refused("park holding\n").1.contains("CPU 0"));
+        assert!(refused("offline 3\nmove movable\n")
+            .1
+            .contains("a move needs two"));
     }
 
     #[test]
@@ -1008,6 +1024,13 @@ mod tests {
         );
         let (_, message) = refused("a = open 0 mbm_total_bytes rmid=1\nread a\nwant a ENODEV\n");
         assert!(message.contains("must follow a's open"), "{message}");
+        let (_, message) = refused("a = open 0 mbm_total_bytes rmid=1\nwant a EBUSY\n");
+        assert!(
+            message.contains("with ENODEV, EINVAL, EBADF only"),
+            "{message}"
+        );
+        let (_, message) = refused("a = open 0 mbm_total_bytes rmid=1\nread a\nwant a ENODEV\n");
+        assert!(message.contains("must follow a's open"), "{message}");
     }
 
     #[test]
@@ -1038,7 +1061,7 @@ mod tests {
         assert_eq!(found.len(), 1, "{found:?}");
         assert_eq!(found[0].line, 8);
         let refused =
-            parsed("park movable\na = open movable mbm_total_bytes rmid=1\nwant a EBUSY\n")
+            parsed("park movable\na = open movable mbm_total_bytes rmid=1\nwant a EINVAL\n")
                 .unwrap();
         assert_eq!(wants_against_model(&refused, shape)[0].line, 3);
     }
@@ -1071,7 +1094,11 @@ mod tests {
         for file in files {
             let text = std::fs::read_to_string(&file).unwrap();
             let s = parse(&file, &text, &layout(), 1).unwrap_or_else(|e| panic!("{e}"));
-            assert!(s.check.is_some(), "{}: no `# check:` header", file.display());
+            assert!(
+                s.check.is_some(),
+                "{}: no `# check:` header",
+                file.display()
+            );
             assert!(
                 s.ops.iter().any(|o| !o.wants.is_empty()),
                 "{}: no want",
