@@ -86,6 +86,21 @@ pub struct Opened {
 }
 
 impl Opened {
+    /// A cpu-clock event on `cpu`, enabled, in `group` if given.
+    pub fn cpu_clock(cpu: i32, group: Option<Handle>, read_format: ReadFormat) -> Opened {
+        Opened {
+            pmu: None,
+            event: 0,
+            rmid: 0,
+            disabled: false,
+            pinned: false,
+            exclusive: false,
+            group,
+            read_format,
+            cpu,
+        }
+    }
+
     pub fn spec(&self) -> OpenSpec {
         let kind = match self.pmu {
             None => Kind::Software,

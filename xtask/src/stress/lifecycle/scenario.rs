@@ -426,21 +426,12 @@ impl Parser<'_> {
             ));
         }
         let usage = "expected `NAME = open DOMAIN EVENT rmid=N [ATTRS]` or `NAME = open cpu-clock cpu=CPU [ATTRS]`";
-        let mut event = Opened {
-            pmu: None,
-            event: 0,
-            rmid: 0,
-            disabled: false,
-            pinned: false,
-            exclusive: false,
-            group: None,
-            read_format: ReadFormat {
-                times: false,
-                id: false,
-                group: false,
-            },
-            cpu: 0,
+        let no_format = ReadFormat {
+            times: false,
+            id: false,
+            group: false,
         };
+        let mut event = Opened::cpu_clock(0, None, no_format);
         let mut on_owner = None;
         let attrs = match args {
             ["cpu-clock", attrs @ ..] => {

@@ -8,12 +8,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use perfbed_agent::HostRequest;
 use perfbed_device::{ControlClient, DeviceConfig};
 
 use crate::checks::counting::Handle;
 use crate::checks::{clean_log_check, Check};
-use crate::guest::{pmu_name, Guest, MODULE};
+use crate::guest::Guest;
 use crate::host;
 use crate::host::vm::Vm;
 use crate::progress::human;
@@ -169,17 +168,7 @@ fn on_guest(
 ) -> Result<Vec<Check>> {
     let socket = vm.control_socket.clone();
     let mut g = Guest { vm, timeout };
-    g.expect_done(HostRequest::LoadModule {
-        name: MODULE.into(),
-    })?;
-    let pmus: Vec<String> = (0..device.domains.len()).map(pmu_name).collect();
-    let mut types = Vec::new();
-    for pmu in &pmus {
-        types.push(g.pmu_type(pmu)?);
-    }
-    let mut control =
-        ControlClient::connect(&socket).context("connecting to the device's control socket")?;
-    control.reset_stats()?;
+    let (pmus, types, mut control) = super::load_driver(&mut g, &socket, device)?;
     let layout = layout(cpus, device);
     let mut checks = Vec::new();
     let env = Env {
