@@ -659,6 +659,28 @@ impl Parser<'_> {
     }
 }
 
+/// The scenario files `paths` name: each file as it is, each folder's
+/// `.scn` files at any depth, sorted.
+pub fn files_under(paths: &[PathBuf]) -> std::io::Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    for path in paths {
+        if !path.is_dir() {
+            out.push(path.clone());
+            continue;
+        }
+        let mut found = Vec::new();
+        for entry in std::fs::read_dir(path)? {
+            let entry = entry?.path();
+            if entry.is_dir() || entry.extension().is_some_and(|e| e == "scn") {
+                found.push(entry);
+            }
+        }
+        found.sort();
+        out.extend(files_under(&found)?);
+    }
+    Ok(out)
+}
+
 /// A device event by its sysfs name (`mbm_total_bytes`, ...): its id.
 fn device_event(word: &str) -> Result<u32, String> {
     EVENT_FILES
@@ -1057,25 +1079,10 @@ mod tests {
         assert_eq!(wants_against_model(&refused, shape)[0].line, 3);
     }
 
-    /// Every `.scn` file under `dir`, sorted.
-    fn library(dir: &Path) -> Vec<PathBuf> {
-        let mut out = Vec::new();
-        for entry in std::fs::read_dir(dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                out.extend(library(&path));
-            } else if path.extension().is_some_and(|e| e == "scn") {
-                out.push(path);
-            }
-        }
-        out.sort();
-        out
-    }
-
     #[test]
     fn the_library_parses_and_the_model_allows_its_wants() {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios");
-        let files = library(&root);
+        let files = files_under(&[root]).unwrap();
         assert!(files.len() >= 5, "{files:?}");
         let device = crate::stress::device(4, None).unwrap();
         let shape = DeviceShape {

@@ -22,11 +22,12 @@ use super::journal::{self, perf_op, Entry, Header, Opened, Step};
 use super::reads;
 use super::replay::replay;
 use super::run::{attr_of, flush, host_step, probe_next_handle, shape};
-use super::scenario::{parse, wants_against_model, Layout, Scenario, Want};
+use super::scenario::{files_under, parse, wants_against_model, Layout, Scenario, Want};
 
 #[derive(Args, Clone)]
 pub struct ScenarioArgs {
-    /// Scenario files (scenarios/README.md says how to write one).
+    /// Scenario files, or folders of them (`.scn`, at any depth):
+    /// scenarios/README.md says how to write one.
     #[arg(required = true, value_name = "FILE")]
     pub files: Vec<PathBuf>,
     /// Guest vCPUs.
@@ -111,7 +112,8 @@ fn files_word(n: usize) -> String {
 pub fn run(ws: &Path, args: &ScenarioArgs) -> Result<bool> {
     let guest = args.guest();
     let device = guest.device()?;
-    let texts = load(&args.files, &layout(args.cpus, &device), &device)?;
+    let files = files_under(&args.files).context("listing the scenario files")?;
+    let texts = load(&files, &layout(args.cpus, &device), &device)?;
     let (vm_config, accel, under) = guest.vm(ws, None, "scenario")?;
     eprintln!(
         "==> scenario: {} files, {} vCPUs, {} slots per domain, {} kernel, under {under}",
