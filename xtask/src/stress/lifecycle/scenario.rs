@@ -799,8 +799,8 @@ pub fn wants_against_model(scenario: &Scenario, shape: DeviceShape) -> Vec<Scena
                     if let Want::Value {
                         line,
                         handle,
+                        name,
                         bytes,
-                        ..
                     } = want
                     {
                         let seen = Observed {
@@ -809,7 +809,13 @@ pub fn wants_against_model(scenario: &Scenario, shape: DeviceShape) -> Vec<Scena
                             running: None,
                         };
                         for m in model.read(*handle, seen) {
-                            find(*line, format!("the model does not allow it: {m}"));
+                            find(
+                                *line,
+                                format!(
+                                    "the model does not allow {name} {bytes}: {} {} since its last read, expected {}",
+                                    m.field, m.got, m.expected
+                                ),
+                            );
                         }
                     }
                 }
