@@ -266,6 +266,17 @@ fn check_args(args: &RunArgs, scenario: bool) -> Result<()> {
     device
         .validate()
         .map_err(|e| anyhow::anyhow!("--domains: {e}"))?;
+    let names = scenario::check_names(args.known_bugs);
+    if let Some(p) = args
+        .check
+        .iter()
+        .find(|p| !names.iter().any(|n| n.contains(p.as_str())))
+    {
+        anyhow::bail!(
+            "--check {p:?} names no check of the run; its checks are:\n  {}",
+            names.join("\n  ")
+        );
+    }
     // Migration and parking take a whole domain offline, and CPU 0 cannot go.
     let offlinable = device
         .domains

@@ -45,6 +45,31 @@ const DEVICE_CHECKS: [&str; 4] = [
     "ground truth",
 ];
 
+/// The checks of the hotplug rounds at the end.
+const HOTPLUG_CHECKS: [&str; 3] = [
+    "CPU hotplug",
+    "topology after CPU hotplug",
+    "driver's cross-check with a domain offline",
+];
+
+/// The printed names of every check of a run, in order. `kernel version`,
+/// `CPUs online`, `module loaded` and `clean kernel log` are reported
+/// whatever `--check` selects.
+pub fn check_names(known_bugs: bool) -> Vec<&'static str> {
+    let mut names = vec!["kernel version", "CPUs online"];
+    names.extend(DEVICE_CHECKS);
+    names.extend([
+        "perf tool",
+        "topology matches the domains",
+        "module loaded",
+        "driver's cacheinfo cross-check",
+    ]);
+    names.extend(checks::pmu::names(known_bugs));
+    names.extend(HOTPLUG_CHECKS);
+    names.push("clean kernel log");
+    names
+}
+
 /// Boots and runs the scenario. An `Err` means the run could not complete
 /// (the guest hung, panicked or never came up); failed checks are in the
 /// report.
@@ -144,14 +169,7 @@ pub fn run(scenario: &Scenario, accel: &Accel) -> Result<Report> {
     }
 
     let rounds = scenario.hotplug_rounds;
-    let hotplug = [
-        "CPU hotplug",
-        "topology after CPU hotplug",
-        "driver's cross-check with a domain offline",
-    ];
-    if !hotplug.iter().any(|name| select.wants(name)) {
-        // Nothing asked for below but the kernel log's verdict.
-    } else {
+    if HOTPLUG_CHECKS.iter().any(|name| select.wants(name)) {
         match vm.request(&HostRequest::Hotplug { rounds }, scenario.request_timeout)? {
             AgentMessage::Hotplug { rounds: results } => {
                 checks.push(checks::hotplug::check(rounds, &results));
@@ -192,18 +210,6 @@ pub fn run(scenario: &Scenario, accel: &Accel) -> Result<Report> {
     };
     vm.power_off(Duration::from_secs(30))?;
     checks.push(clean_log_check(&serial_log));
-    // The checks that cost nothing (the boot's own) and the kernel log's
-    // verdict stay; the rest ran only if selected.
-    checks.retain(|c| {
-        select.wants(c.name)
-            || [
-                "kernel version",
-                "CPUs online",
-                "module loaded",
-                "clean kernel log",
-            ]
-            .contains(&c.name)
-    });
 
     Ok(Report {
         checks,

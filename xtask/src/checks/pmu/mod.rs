@@ -145,6 +145,25 @@ pub fn run(
         types,
     };
     ctx.control.reset_stats()?;
+    let mut checks = Vec::new();
+    for (name, check) in plan(control_socket, known_bugs) {
+        if select.wants(name) {
+            checks.extend(check(&mut ctx)?);
+        }
+    }
+    Ok(checks)
+}
+
+/// The printed names of the checks `run` runs, in order.
+pub fn names(known_bugs: bool) -> Vec<&'static str> {
+    plan(std::path::Path::new(""), known_bugs)
+        .into_iter()
+        .map(|(name, _)| name)
+        .collect()
+}
+
+/// Every check of `run`, in order, by its printed name.
+fn plan(control_socket: &std::path::Path, known_bugs: bool) -> Vec<Planned<'_>> {
     let one = |check: CtxCheck| move |ctx: &mut Ctx| Ok(vec![check(ctx)?]);
     let named = |&(name, check): &'static (&'static str, CtxCheck)| -> Planned {
         (
@@ -214,11 +233,5 @@ pub fn run(
     }));
     plan.push(("module unload", Box::new(one(registration::unload))));
     plan.push(("driver's accesses", Box::new(one(accesses::check))));
-    let mut checks = Vec::new();
-    for (name, check) in &plan {
-        if select.wants(name) {
-            checks.extend(check(&mut ctx)?);
-        }
-    }
-    Ok(checks)
+    plan
 }

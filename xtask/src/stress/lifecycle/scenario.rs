@@ -1098,9 +1098,14 @@ mod tests {
         for file in files {
             let text = std::fs::read_to_string(&file).unwrap();
             let s = parse(&file, &text, &layout(), 1).unwrap_or_else(|e| panic!("{e}"));
+            let names = crate::run::scenario::check_names(true);
+            let check = s
+                .check
+                .as_deref()
+                .unwrap_or_else(|| panic!("{}: no `# check:` header", file.display()));
             assert!(
-                s.check.is_some(),
-                "{}: no `# check:` header",
+                names.contains(&check),
+                "{}: `# check: {check}` is no check of cargo xtask run",
                 file.display()
             );
             assert!(
