@@ -48,6 +48,10 @@ pub struct ScenarioArgs {
     /// Which VMM runs the guest (as for `stress`).
     #[arg(long, value_enum, default_value_t = host::HostChoice::Qemu)]
     pub host: host::HostChoice,
+    /// Plant the named bug first (a driver or kernel mutant, as for
+    /// `stress --mutant`): the scenarios that must catch it then fail.
+    #[arg(long, value_name = "NAME")]
+    pub mutant: Option<String>,
 }
 
 impl ScenarioArgs {
@@ -114,10 +118,21 @@ pub fn run(ws: &Path, args: &ScenarioArgs) -> Result<bool> {
     let device = guest.device()?;
     let files = files_under(&args.files).context("listing the scenario files")?;
     let texts = load(&files, &layout(args.cpus, &device), &device)?;
-    let (vm_config, accel, under) = guest.vm(ws, None, "scenario")?;
+    let mutant = match &args.mutant {
+        Some(name) => Some(crate::stress::mutants::find(ws, name)?),
+        None => None,
+    };
+    let name = mutant
+        .as_ref()
+        .map_or("scenario".into(), super::cli::run_name);
+    let (vm_config, accel, under) = guest.vm(ws, mutant.as_ref(), &name)?;
     eprintln!(
-        "==> scenario: {} files, {} vCPUs, {} slots per domain, {} kernel, under {under}",
+        "==> scenario: {} file{}{}, {} vCPUs, {} slots per domain, {} kernel, under {under}",
         texts.len(),
+        if texts.len() == 1 { "" } else { "s" },
+        mutant
+            .as_ref()
+            .map_or(String::new(), |m| format!(", mutant {}", m.name)),
         vm_config.cpus,
         device.slots,
         guest.variant().name()
