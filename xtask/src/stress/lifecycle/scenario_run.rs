@@ -286,10 +286,11 @@ fn carry_out(
 fn judge(scenario: &Scenario, journal: &[Entry], device: &DeviceConfig) -> Check {
     let at = |line: usize| format!("{}:{line}", scenario.file.display());
     let replayed = replay(shape(device), journal);
-    let mut problems: Vec<String> = replayed
+    // By line: the model's findings and the unmet wants, in file order.
+    let mut problems: Vec<(usize, String)> = replayed
         .findings
         .iter()
-        .map(|f| format!("{}: {}", at(scenario.ops[f.index].line), f.text))
+        .map(|f| (scenario.ops[f.index].line, f.text.clone()))
         .collect();
     let mut formats = std::collections::BTreeMap::new();
     for (op, entry) in scenario.ops.iter().zip(journal) {
@@ -298,10 +299,15 @@ fn judge(scenario: &Scenario, journal: &[Entry], device: &DeviceConfig) -> Check
         }
         for want in &op.wants {
             if let Some(problem) = want_problem(want, &op.shows, entry, &formats) {
-                problems.push(format!("{}: {problem}", at(want_line(want))));
+                problems.push((want_line(want), problem));
             }
         }
     }
+    problems.sort_by_key(|&(line, _)| line);
+    let problems = problems
+        .into_iter()
+        .map(|(line, text)| format!("{}: {text}", at(line)))
+        .collect();
     let name = scenario
         .check
         .clone()
