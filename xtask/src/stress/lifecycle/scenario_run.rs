@@ -14,6 +14,7 @@ use crate::checks::counting::Handle;
 use crate::checks::{clean_log_check, Check};
 use crate::guest::Guest;
 use crate::host;
+use crate::host::config::VmConfig;
 use crate::host::vm::Vm;
 use crate::progress::human;
 
@@ -138,18 +139,7 @@ pub fn run(ws: &Path, args: &ScenarioArgs) -> Result<bool> {
         guest.variant().name()
     );
     let start = Instant::now();
-    let booted = Vm::boot(&vm_config, &accel)?;
-    let mut vm = booted.vm;
-    let mut checks = on_guest(
-        &mut vm,
-        &vm_config.device,
-        args.cpus,
-        &texts,
-        guest.timeout,
-        &vm_config.run_dir,
-    )?;
-    vm.power_off(Duration::from_secs(60))?;
-    checks.push(clean_log_check(&vm_config.run_dir.join("serial.log")));
+    let (checks, boot_time) = execute(&vm_config, &accel, &texts, guest.timeout)?;
     let passed = checks.iter().all(|c| c.passed);
     println!(
         "\nperfbed scenario: {}",
@@ -166,11 +156,36 @@ pub fn run(ws: &Path, args: &ScenarioArgs) -> Result<bool> {
     }
     println!(
         "  time: boot {}, total {}; journals in {}",
-        human(booted.boot_time),
+        human(boot_time),
         human(start.elapsed()),
         vm_config.run_dir.display()
     );
     Ok(passed)
+}
+
+/// Boots `vm_config`, carries out the scenarios `texts` (each file's
+/// path and text, refused already if bad), powers off: one check per
+/// scenario, the placement violations and the kernel log's; and how long
+/// the boot took.
+pub fn execute(
+    vm_config: &VmConfig,
+    accel: &host::Accel,
+    texts: &[(PathBuf, String)],
+    timeout: Duration,
+) -> Result<(Vec<Check>, Duration)> {
+    let booted = Vm::boot(vm_config, accel)?;
+    let mut vm = booted.vm;
+    let mut checks = on_guest(
+        &mut vm,
+        &vm_config.device,
+        vm_config.cpus,
+        texts,
+        timeout,
+        &vm_config.run_dir,
+    )?;
+    vm.power_off(Duration::from_secs(60))?;
+    checks.push(clean_log_check(&vm_config.run_dir.join("serial.log")));
+    Ok((checks, booted.boot_time))
 }
 
 /// Loads the driver and runs each scenario; one check per scenario, then
