@@ -62,6 +62,8 @@ pub struct Scenario {
     /// stands for.
     pub check: Option<String>,
     pub ops: Vec<Op>,
+    /// Each opened event's name, by the handle it got.
+    pub names: BTreeMap<Handle, String>,
 }
 
 /// One operation: its line, the journal step, and what the line pins.
@@ -112,6 +114,7 @@ pub fn parse(
     let mut p = Parser {
         layout,
         names: BTreeMap::new(),
+        handles: BTreeMap::new(),
         opened: BTreeMap::new(),
         next_handle: first_handle,
         online: (0..layout.cpus).collect(),
@@ -143,6 +146,7 @@ pub fn parse(
         file: file.to_path_buf(),
         check,
         ops: p.ops,
+        names: p.handles,
     })
 }
 
@@ -156,6 +160,8 @@ struct Parser<'a> {
     online: BTreeSet<u32>,
     allowed: Vec<Vec<u32>>,
     ops: Vec<Op>,
+    /// Every name an open gave, by handle.
+    handles: BTreeMap<Handle, String>,
 }
 
 impl Parser<'_> {
@@ -507,6 +513,7 @@ impl Parser<'_> {
         });
         self.next_handle += 1;
         self.names.insert(name.to_string(), expect);
+        self.handles.insert(expect, name.to_string());
         self.opened.insert(expect, event);
         Ok(())
     }
@@ -545,6 +552,7 @@ impl Parser<'_> {
             });
             self.names.remove(*name);
             self.opened.remove(&expect);
+            self.handles.remove(&expect);
             self.next_handle -= 1;
             return Ok(());
         }

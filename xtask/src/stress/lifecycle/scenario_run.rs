@@ -319,10 +319,19 @@ fn judge(scenario: &Scenario, journal: &[Entry], device: &DeviceConfig) -> Check
         }
     }
     problems.sort_by_key(|&(line, _)| line);
-    let problems = problems
+    let mut problems: Vec<String> = problems
         .into_iter()
         .map(|(line, text)| format!("{}: {text}", at(line)))
         .collect();
+    if !problems.is_empty() {
+        // The model names events by handle.
+        let legend: Vec<String> = scenario
+            .names
+            .iter()
+            .map(|(h, name)| format!("{name} = event {h}"))
+            .collect();
+        problems.push(format!("(events: {})", legend.join(", ")));
+    }
     let name = scenario
         .check
         .clone()
@@ -530,6 +539,11 @@ mod tests {
         assert!(judge(&s, &journal_of(&s, &[vec![1 << 20]]), &device).passed);
         let more = judge(&s, &journal_of(&s, &[vec![2 << 20]]), &device);
         assert!(!more.passed);
+        assert!(
+            more.detail.ends_with("(events: a = event 1)"),
+            "{}",
+            more.detail
+        );
         assert!(
             more.detail.starts_with("q.scn:3: read of event 1"),
             "{}",
