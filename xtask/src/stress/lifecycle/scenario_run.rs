@@ -155,7 +155,7 @@ pub fn run(ws: &Path, args: &ScenarioArgs) -> Result<bool> {
         );
     }
     println!(
-        "  time: boot {}, total {}; journals in {}",
+        "  time: boot {}, boot to the last verdict {}; journals in {}",
         human(boot_time),
         human(start.elapsed()),
         vm_config.run_dir.display()
