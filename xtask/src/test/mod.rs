@@ -23,7 +23,7 @@ use vm_tests::{
     agent_dies_mid_run, bench_quick, boot_and_hotplug, device_scope_pmu, driver_mutants,
     gdb_session, guest_floods_console_and_channel, guest_panic_is_reported,
     hotplug_selftest_replay, hotplug_stress, lifecycle_stress, module_lifecycle,
-    qemu_killed_mid_run, slow_agent_reader, unresponsive_guest_times_out,
+    qemu_killed_mid_run, scenario_library, slow_agent_reader, unresponsive_guest_times_out,
 };
 
 #[derive(Args)]
@@ -160,6 +160,13 @@ const VM_TESTS: &[VmTest] = &[
         variant: Variant::Debug,
         host: host::HostChoice::Qemu,
         run: lifecycle_stress,
+    },
+    VmTest {
+        name: "scenario_library",
+        what: "on the debug kernel, every scenario of scenarios/ (cargo xtask scenario scenarios): each read as the counting model and the file's want lines say, 0 violations, clean log",
+        variant: Variant::Debug,
+        host: host::HostChoice::Qemu,
+        run: scenario_library,
     },
     VmTest {
         name: "driver_mutants",

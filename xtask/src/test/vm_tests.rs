@@ -217,6 +217,34 @@ pub fn lifecycle_stress(scenario: &Scenario, accel: &Accel) -> Result<()> {
     Ok(())
 }
 
+/// The scenario library (`cargo xtask scenario scenarios`): every file of
+/// `scenarios/` on one lifecycle guest, each read as the counting model
+/// and the file's `want` lines say, no violation, a clean kernel log.
+pub fn scenario_library(scenario: &Scenario, accel: &Accel) -> Result<()> {
+    use stress::lifecycle::scenario::files_under;
+    use stress::lifecycle::scenario_run::{execute, layout, load};
+    let ws = crate::build::workspace()?;
+    let mut vm = scenario.vm.clone();
+    vm.device = stress::device(vm.cpus, None)?;
+    vm.device.slots = stress::lifecycle::SLOTS;
+    let files = files_under(&[ws.join("scenarios")])?;
+    let texts = load(&files, &layout(vm.cpus, &vm.device), &vm.device)?;
+    let (checks, _) = execute(&vm, accel, &texts, scenario.request_timeout)?;
+    let failed: Vec<String> = checks
+        .iter()
+        .filter(|c| !c.passed)
+        .map(|c| format!("{}: {}", c.name, c.detail))
+        .collect();
+    if !failed.is_empty() {
+        bail!("{}", failed.join("\n"));
+    }
+    println!(
+        "  {} scenarios as the model and their wants say",
+        texts.len()
+    );
+    Ok(())
+}
+
 /// Every driver mutant (`guest-driver/mutants/`) built into its own
 /// perfbed.ko and run through the short lifecycle stress of
 /// `cargo xtask stress --mutants` (seed 17 or the mutant's own
