@@ -23,6 +23,7 @@ use crate::boot::{self, BootEntry};
 use crate::config::VmmConfig;
 use crate::device_manager::DeviceManager;
 use crate::devices::perfbed::{PerfbedLines, PerfbedMmio};
+use crate::devices::power_off::PowerOffPort;
 use crate::devices::serial::{ConsoleSink, SerialConsole, COM1_BASE, COM1_IRQ, COM1_LEN};
 use crate::devices::virtio::console::Console;
 use crate::devices::virtio::mmio::{MmioTransport, QUEUE_NOTIFY_OFFSET};
@@ -62,6 +63,8 @@ impl VmmBuilder {
 
         let panicked = Arc::new(AtomicBool::new(false));
         let serial = attach_serial(&vm, &mut devices, &config, panicked.clone())?;
+        let power_off = Arc::new(PowerOffPort::default());
+        devices.add_power_off_port(power_off.clone())?;
         let console = attach_console(&vm, &mut devices, &memory)?;
         let device = SharedDevice::new(config.device.clone())?;
         let placement =
@@ -119,6 +122,7 @@ impl VmmBuilder {
             mmio_bus: Arc::new(mmio_bus),
             serial,
             panicked,
+            power_off,
             console,
             device,
             perfbed,

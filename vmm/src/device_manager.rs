@@ -26,6 +26,7 @@ use crate::allocator::{AllocationError, GsiAllocator, MmioWindow};
 use crate::boot::cmdline::{self, CmdlineError, VirtioMmioSlot};
 use crate::boot::mptable::IOAPIC_PINS;
 use crate::devices::bus::{Bus, BusDevice, BusError};
+use crate::devices::power_off::{PowerOffPort, POWER_OFF_PORT};
 use crate::memory::{PERFBED_DEVICE_BASE, VIRTIO_MMIO_BASE, VIRTIO_MMIO_SIZE};
 
 /// The monitoring device's interrupt lines, domain `d`'s on
@@ -70,6 +71,8 @@ pub struct DeviceManager {
     gsis: GsiAllocator,
     monitoring: Option<MonitoringPlacement>,
     virtio_slots: Vec<VirtioMmioSlot>,
+    /// The agent's power-off port, announced on the command line.
+    power_off_port: Option<u16>,
 }
 
 impl Default for DeviceManager {
@@ -99,6 +102,7 @@ impl DeviceManager {
             gsis: GsiAllocator::new(FIRST_DEVICE_GSI, u32::from(IOAPIC_PINS) - 1, &[]),
             monitoring: None,
             virtio_slots: Vec::new(),
+            power_off_port: None,
         }
     }
 
@@ -111,6 +115,14 @@ impl DeviceManager {
         device: Arc<dyn BusDevice>,
     ) -> Result<(), DeviceManagerError> {
         Ok(self.io_bus.insert(name, base, len, device)?)
+    }
+
+    /// The agent's power-off port at [`POWER_OFF_PORT`], announced to the
+    /// agent on the kernel command line.
+    pub fn add_power_off_port(&mut self, device: Arc<PowerOffPort>) -> Result<(), DeviceManagerError> {
+        self.add_legacy_port("power-off", u64::from(POWER_OFF_PORT), 1, device)?;
+        self.power_off_port = Some(POWER_OFF_PORT);
+        Ok(())
     }
 
     /// Places the monitoring device of `size` bytes with a line for each of
@@ -193,7 +205,11 @@ impl DeviceManager {
             .monitoring
             .as_ref()
             .map(|m| (m.size, m.base, m.gsis.as_slice()));
-        cmdline::build(user, monitoring, &self.virtio_slots)
+        let user = match self.power_off_port {
+            Some(port) => format!("{user} {}{port:#x}", perfbed_agent::POWER_OFF_PORT_PARAM),
+            None => user.to_string(),
+        };
+        cmdline::build(&user, monitoring, &self.virtio_slots)
     }
 
     /// The buses, for the vCPUs to dispatch to.
@@ -304,5 +320,19 @@ mod tests {
             dm.reserve_monitoring_device(0x1000, 1),
             Err(DeviceManagerError::SecondMonitoringDevice(_))
         ));
+    }
+
+    #[test]
+    fn the_power_off_port_is_on_the_port_bus_and_announced_to_the_agent() {
+        let mut dm = DeviceManager::new();
+        assert_eq!(text(&dm.kernel_cmdline("console=ttyS0").unwrap()), "console=ttyS0", "none announced before");
+        let port = Arc::new(PowerOffPort::default());
+        dm.add_power_off_port(port.clone()).unwrap();
+        let cmdline = text(&dm.kernel_cmdline("console=ttyS0").unwrap());
+        assert_eq!(perfbed_agent::power_off_port(&cmdline), Some(POWER_OFF_PORT), "{cmdline}");
+        let (io, _) = dm.into_buses();
+        io.write(0, u64::from(POWER_OFF_PORT), &[0]);
+        assert!(port.requested());
+        assert_eq!(io.unknown_accesses(), 0);
     }
 }

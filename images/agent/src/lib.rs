@@ -28,6 +28,22 @@ pub const CONSOLE_DEVICE: &str = "/dev/hvc0";
 /// dotted parameters to no one, but keeps them in `/proc/cmdline`).
 pub const CMDLINE_PREFIX: &str = "perfbed_agent.";
 
+/// Kernel command-line parameter with which perfbed-vmm announces its
+/// power-off port (`perfbed_agent.power_off_port=0xf4`): the agent writes a
+/// byte there just before it reboots to end the VM, so that the VMM tells a
+/// clean power-off from a triple fault. The QEMU host announces none.
+pub const POWER_OFF_PORT_PARAM: &str = "perfbed_agent.power_off_port=";
+
+/// The power-off port `cmdline` announces, if any (hex with `0x`, or
+/// decimal).
+pub fn power_off_port(cmdline: &str) -> Option<u16> {
+    let value = cmdline.split_whitespace().find_map(|w| w.strip_prefix(POWER_OFF_PORT_PARAM))?;
+    match value.strip_prefix("0x") {
+        Some(hex) => u16::from_str_radix(hex, 16).ok(),
+        None => value.parse().ok(),
+    }
+}
+
 /// Guest-side facts gathered before the agent is ready for requests.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Hello {
@@ -426,6 +442,15 @@ pub fn parse_agent_message(line: &[u8]) -> Result<AgentMessage, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_power_off_port_is_read_from_the_command_line() {
+        assert_eq!(power_off_port("console=ttyS0 perfbed_agent.power_off_port=0xf4 quiet"), Some(0xf4));
+        assert_eq!(power_off_port("perfbed_agent.power_off_port=244"), Some(0xf4));
+        assert_eq!(power_off_port("console=ttyS0 reboot=t"), None, "the QEMU host announces none");
+        assert_eq!(power_off_port("perfbed_agent.power_off_port=0x10000"), None);
+        assert_eq!(power_off_port("perfbed_agent.power_off_port=f4"), None);
+    }
 
     #[test]
     fn requests_and_messages_are_one_line_of_json() {

@@ -403,16 +403,37 @@ fn uptime_ms() -> Result<u64, String> {
 /// Ends the VM. perfbed's guests have no ACPI (QEMU's microvm with
 /// `acpi=off`), so there is no power-off: the agent reboots instead, the
 /// kernel command line's `reboot=t` makes that an immediate triple fault, and
-/// the VMM, started with `-no-reboot`, exits on it.
+/// the VMM, started with `-no-reboot`, exits on it. perfbed-vmm announces a
+/// power-off port on the command line; the agent writes it first, so that
+/// the VMM knows this reset for a power-off and not a crash.
 fn power_off() -> ! {
-    // SAFETY: sync and reboot take no pointers; as PID 1 we may reboot.
+    // SAFETY: sync takes no arguments.
+    unsafe { libc::sync() };
+    if let Some(port) = fs::read_to_string("/proc/cmdline").ok().and_then(|c| perfbed_agent::power_off_port(&c)) {
+        announce_power_off(port);
+    }
+    // SAFETY: reboot takes no pointers; as PID 1 we may reboot.
     unsafe {
-        libc::sync();
         libc::reboot(libc::RB_AUTOBOOT);
     }
     // reboot() only returns on failure; PID 1 must not exit.
     eprintln!("perfbed-agent: reboot failed: {}", std::io::Error::last_os_error());
     loop {
         std::thread::sleep(Duration::from_secs(3600));
+    }
+}
+
+/// One byte out to the VMM's power-off `port` (perfbed_agent's
+/// `POWER_OFF_PORT_PARAM`); a failure is logged, and the reboot that follows
+/// then reads as an unexpected reset.
+fn announce_power_off(port: u16) {
+    // SAFETY: ioperm for one port, as PID 1 (root); then one byte out to the
+    // port it granted.
+    unsafe {
+        if libc::ioperm(u64::from(port), 1, 1) != 0 {
+            eprintln!("perfbed-agent: ioperm({port:#x}): {}", std::io::Error::last_os_error());
+            return;
+        }
+        std::arch::asm!("out dx, al", in("dx") port, in("al") 0u8, options(nomem, nostack));
     }
 }
