@@ -23,7 +23,7 @@ use crate::boot::{self, BootEntry};
 use crate::config::VmmConfig;
 use crate::device_manager::DeviceManager;
 use crate::devices::perfbed::{PerfbedLines, PerfbedMmio};
-use crate::devices::power_off::PowerOffPort;
+use crate::devices::power_off::PowerOff;
 use crate::devices::serial::{ConsoleSink, SerialConsole, COM1_BASE, COM1_IRQ, COM1_LEN};
 use crate::devices::virtio::console::Console;
 use crate::devices::virtio::mmio::{MmioTransport, QUEUE_NOTIFY_OFFSET};
@@ -63,8 +63,6 @@ impl VmmBuilder {
 
         let panicked = Arc::new(AtomicBool::new(false));
         let serial = attach_serial(&vm, &mut devices, &config, panicked.clone())?;
-        let power_off = Arc::new(PowerOffPort::default());
-        devices.add_power_off_port(power_off.clone())?;
         let console = attach_console(&vm, &mut devices, &memory)?;
         let device = SharedDevice::new(config.device.clone())?;
         let placement =
@@ -77,6 +75,8 @@ impl VmmBuilder {
         device.connect_lines(Arc::new(PerfbedLines::new(lines)));
         let perfbed = Arc::new(PerfbedMmio::new(device.clone()));
         devices.attach_monitoring_device(perfbed.clone())?;
+        let power_off = Arc::new(PowerOff::default());
+        devices.add_power_off(power_off.clone())?;
         let perfbed_ticker = device
             .start_ticker(PERFBED_TICK)
             .map_err(io_error("starting the device's ticker"))?;

@@ -3,8 +3,8 @@
 //! reads back and names (docs/vmm-and-box.md has the same table).
 //!
 //! A clean power-off is told apart from any other reset by the agent's
-//! power-off port ([`crate::devices::power_off`]): the guest's agent writes
-//! it just before it reboots (with `reboot=t`, a triple fault), so a reset
+//! power-off register ([`crate::devices::power_off`]): the guest's agent
+//! writes it just before it reboots (with `reboot=t`, a triple fault), so a reset
 //! without that write (a triple fault of a broken guest, a `reboot` by
 //! someone else) is unexpected.
 
@@ -14,7 +14,8 @@ use crate::vmm::{GuestEnd, VmmError};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 pub enum ExitStatus {
-    /// The agent powered the guest off (its port written, then the reset).
+    /// The agent powered the guest off (its register written, then the
+    /// reset).
     PoweredOff = 0,
     /// The VMM itself failed (KVM set-up, I/O, a `KVM_RUN` error).
     HostError = 1,

@@ -14,8 +14,8 @@ The VMM adds to the kernel command line the monitoring device
 (perfbed.device=<size>@0xfe000000) and the virtio console
 (virtio_mmio.device=512@0xfeb00000:5), as perfbed's QEMU host does.
 
-Exit status: 0 the agent powered the guest off (it writes port 0xf4,
-announced as perfbed_agent.power_off_port=0xf4, before its reboot);
+Exit status: 0 the agent powered the guest off (it writes an MMIO page
+announced as perfbed_agent.power_off=<address> before its reboot);
 1 the VMM failed; 2 bad arguments; 3 the guest kernel panicked;
 4 SIGTERM or SIGINT; 5 the guest reset without the agent's power-off
 or a panic (a triple fault); 6 KVM could not run the guest (failed

@@ -21,7 +21,7 @@ use crate::config::{ConfigurationError, VmmConfig};
 use crate::device_manager::DeviceManagerError;
 use crate::devices::bus::{Bus, BusError};
 use crate::devices::perfbed::PerfbedMmio;
-use crate::devices::power_off::PowerOffPort;
+use crate::devices::power_off::PowerOff;
 use crate::devices::serial::SerialConsole;
 use crate::devices::virtio::console::Console;
 use crate::devices::virtio::mmio::{MmioTransport, TransportError};
@@ -93,8 +93,8 @@ pub(crate) fn kvm_error(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) ->
 /// How the guest ended (each has its [`crate::exit_status::ExitStatus`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum GuestEnd {
-    /// The agent wrote the power-off port, then reset (its power-off is a
-    /// reboot).
+    /// The agent wrote the power-off register, then reset (its power-off is
+    /// a reboot).
     PoweredOff,
     /// It panicked (the serial console showed the panic banner) and reset.
     Panicked,
@@ -108,7 +108,7 @@ pub enum GuestEnd {
 }
 
 /// How a run ended, from the first vCPU end (`None`: a termination signal),
-/// whether the agent wrote its power-off port, and whether the guest
+/// whether the agent wrote its power-off register, and whether the guest
 /// panicked.
 pub fn guest_end(end: Option<VcpuEnd>, powered_off: bool, panicked: bool) -> Result<GuestEnd, VmmError> {
     match end {
@@ -133,7 +133,7 @@ pub struct Vmm {
     pub(crate) mmio_bus: Arc<Bus>,
     pub(crate) serial: Arc<SerialConsole>,
     pub(crate) panicked: Arc<AtomicBool>,
-    pub(crate) power_off: Arc<PowerOffPort>,
+    pub(crate) power_off: Arc<PowerOff>,
     pub(crate) console: Arc<MmioTransport<Console>>,
     pub(crate) device: SharedDevice,
     pub(crate) perfbed: Arc<PerfbedMmio>,

@@ -404,13 +404,16 @@ fn uptime_ms() -> Result<u64, String> {
 /// `acpi=off`), so there is no power-off: the agent reboots instead, the
 /// kernel command line's `reboot=t` makes that an immediate triple fault, and
 /// the VMM, started with `-no-reboot`, exits on it. perfbed-vmm announces a
-/// power-off port on the command line; the agent writes it first, so that
-/// the VMM knows this reset for a power-off and not a crash.
+/// power-off register on the command line; the agent writes it first, so
+/// that the VMM knows this reset for a power-off and not a crash.
 fn power_off() -> ! {
     // SAFETY: sync takes no arguments.
     unsafe { libc::sync() };
-    if let Some(port) = fs::read_to_string("/proc/cmdline").ok().and_then(|c| perfbed_agent::power_off_port(&c)) {
-        announce_power_off(port);
+    if let Some(address) = fs::read_to_string("/proc/cmdline").ok().and_then(|c| perfbed_agent::power_off_address(&c)) {
+        if let Err(e) = announce_power_off(address) {
+            // The reboot that follows then reads as an unexpected reset.
+            eprintln!("perfbed-agent: writing the power-off register: {e}");
+        }
     }
     // SAFETY: reboot takes no pointers; as PID 1 we may reboot.
     unsafe {
@@ -423,17 +426,12 @@ fn power_off() -> ! {
     }
 }
 
-/// One byte out to the VMM's power-off `port` (perfbed_agent's
-/// `POWER_OFF_PORT_PARAM`); a failure is logged, and the reboot that follows
-/// then reads as an unexpected reset.
-fn announce_power_off(port: u16) {
-    // SAFETY: ioperm for one port, as PID 1 (root); then one byte out to the
-    // port it granted.
-    unsafe {
-        if libc::ioperm(u64::from(port), 1, 1) != 0 {
-            eprintln!("perfbed-agent: ioperm({port:#x}): {}", std::io::Error::last_os_error());
-            return;
-        }
-        std::arch::asm!("out dx, al", in("dx") port, in("al") 0u8, options(nomem, nostack));
-    }
+/// Writes the VMM's power-off register at `address` (perfbed_agent's
+/// `POWER_OFF_PARAM`), through a `/dev/mem` mapping of its page.
+fn announce_power_off(address: u64) -> Result<(), String> {
+    let page = mmio::Mapping::new(address, 4096)?;
+    let register = page.register(0)?;
+    // SAFETY: an aligned register inside the mapping, which outlives the write.
+    unsafe { register.write_volatile(0) };
+    Ok(())
 }
