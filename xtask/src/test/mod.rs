@@ -67,8 +67,8 @@ struct VmTest {
 const RERUN_ON_BOX_HANG: &[&str] = &[
     "vmm_end_to_end",
     "vmm_guest_panic_is_reported",
-    "vmm_unexpected_reset_is_reported",
-    "vmm_terminated_while_waiting_for_the_agent",
+    "vmm_unexpected_reset",
+    "vmm_sigterm_before_agent",
     "vmm_slow_agent_reader",
 ];
 
@@ -193,14 +193,14 @@ const VM_TESTS: &[VmTest] = &[
         run: guest_panic_is_reported,
     },
     VmTest {
-        name: "vmm_unexpected_reset_is_reported",
+        name: "vmm_unexpected_reset",
         what: "on perfbed-vmm, a guest that reboots without the agent's power-off (`reboot -f`, a triple fault with reboot=t) ends the VMM with its unexpected-reset status (5), named by the harness",
         variant: Variant::Normal,
         host: host::HostChoice::Vmm,
         run: unexpected_reset_is_reported,
     },
     VmTest {
-        name: "vmm_terminated_while_waiting_for_the_agent",
+        name: "vmm_sigterm_before_agent",
         what: "in the box, SIGTERM to perfbed-vmm while it waits for the agent's client ends it with its terminated status (4) and its report",
         variant: Variant::Normal,
         host: host::HostChoice::Vmm,
