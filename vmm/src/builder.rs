@@ -23,7 +23,7 @@ use crate::boot::{self, BootEntry};
 use crate::config::VmmConfig;
 use crate::device_manager::DeviceManager;
 use crate::devices::perfbed::{PerfbedLines, PerfbedMmio};
-use crate::devices::serial::{ConsoleSink, SerialConsole, COM1_BASE, COM1_IRQ, COM1_LEN};
+use crate::devices::serial::{SerialConsole, COM1_BASE, COM1_IRQ, COM1_LEN, OUTPUT_RING};
 use crate::devices::virtio::console::Console;
 use crate::devices::virtio::mmio::{MmioTransport, QUEUE_NOTIFY_OFFSET};
 use crate::devices::virtio::Interrupt;
@@ -155,10 +155,10 @@ fn attach_serial(
         }
         None => None,
     };
-    let serial = Arc::new(SerialConsole::new(
-        irqfd(vm, COM1_IRQ)?,
-        ConsoleSink::new(out, panicked),
-    ));
+    let serial = Arc::new(
+        SerialConsole::new(irqfd(vm, COM1_IRQ)?, out, panicked, OUTPUT_RING)
+            .map_err(io_error("creating the serial log's eventfd"))?,
+    );
     devices.add_legacy_port("COM1", COM1_BASE, COM1_LEN, serial.clone())?;
     Ok(serial)
 }

@@ -165,6 +165,7 @@ impl Vmm {
         let channel = AgentChannel::new(stream, self.console.clone())
             .map_err(io_error("joining the agent socket to the console"))?;
         events.add_subscriber(Arc::new(channel));
+        events.add_subscriber(self.serial.clone());
 
         let ended: Arc<Mutex<Option<VcpuEnd>>> = Arc::new(Mutex::new(None));
         let ended_evt =
@@ -225,6 +226,7 @@ impl Vmm {
             let joined = stop_all_but(&controls, panicking, PANIC_VCPU_STOP_PATIENCE);
             serial.flush();
             report(
+                serial,
                 stats,
                 io,
                 mmio,
@@ -239,6 +241,11 @@ impl Vmm {
             events
                 .run_with_timeout(500)
                 .map_err(|e| VmmError::EventLoop(format!("{e:?}")))?;
+            // What the vCPUs left for the host: a partial line of serial
+            // output, the first accesses to an unhandled address.
+            self.serial.drain();
+            self.io_bus.log_new_unknown();
+            self.mmio_bus.log_new_unknown();
             if let Some(end) = ended.lock().unwrap_or_else(|p| p.into_inner()).take() {
                 break Some(end);
             }
@@ -253,6 +260,7 @@ impl Vmm {
         }
         self.serial.flush();
         report(
+            &self.serial,
             &self.stats,
             &self.io_bus,
             &self.mmio_bus,
@@ -300,6 +308,7 @@ impl EventSubscriber for Wake {
 
 /// The run's figures, one `perfbed-vmm: stat key=value` line each.
 fn report(
+    serial: &SerialConsole,
     stats: &Stats,
     io: &Bus,
     mmio: &Bus,
@@ -321,6 +330,7 @@ fn report(
         format!("device_accesses={accesses}"),
         format!("device_handler_mean_ns={}", handler_ns.checked_div(accesses).unwrap_or(0)),
         format!("console_output_dropped_bytes={dropped}"),
+        format!("serial_output_dropped_bytes={}", serial.dropped_output()),
         // Every vCPU out of KVM_RUN and its thread ended before this line.
         format!("vcpus_joined={joined}"),
         format!("vcpus={vcpus}"),
