@@ -71,8 +71,8 @@ pub struct AgentChannel {
 
 impl AgentChannel {
     /// Serves `console`'s queue notifiers and, with a `stream`, joins it to
-    /// the console (made non-blocking; its write half becomes the console's
-    /// output).
+    /// the console (made non-blocking; the console's output is written to
+    /// it from here).
     pub fn new(stream: Option<UnixStream>, console: Arc<MmioTransport<Console>>) -> io::Result<AgentChannel> {
         let notifiers = console.notifiers()?;
         if let Some(stream) = &stream {
