@@ -17,7 +17,7 @@
 
 use std::io::{self, Write};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 
 use event_manager::{EventOps, EventSet, EventSubscriber, Events};
 use vm_superio::serial::NoEvents;
@@ -188,7 +188,10 @@ impl SerialConsole {
     /// loop, the exit and panic paths; never a vCPU). A failing log (a
     /// full disk) is dropped: the guest's output is lost, not the guest.
     pub fn drain(&self) {
-        let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
+        self.drain_into(self.log.lock().unwrap_or_else(|p| p.into_inner()));
+    }
+
+    fn drain_into(&self, mut log: MutexGuard<'_, Option<Box<dyn Write + Send>>>) {
         let mut buf = [0u8; 4096];
         let mut wrote = false;
         loop {
@@ -214,9 +217,17 @@ impl SerialConsole {
         }
     }
 
-    /// Flushes the log (at exit): [`SerialConsole::drain`].
+    /// Flushes the log at exit and from the panic hook: a
+    /// [`SerialConsole::drain`] that gives up after 200 ms if the log stays
+    /// locked (the panic came from inside a drain on this very thread).
     pub fn flush(&self) {
-        self.drain();
+        for _ in 0..200 {
+            match self.log.try_lock() {
+                Ok(log) => return self.drain_into(log),
+                Err(TryLockError::Poisoned(p)) => return self.drain_into(p.into_inner()),
+                Err(TryLockError::WouldBlock) => std::thread::sleep(std::time::Duration::from_millis(1)),
+            }
+        }
     }
 
     /// Bytes of serial output dropped because the ring was full.
@@ -365,6 +376,18 @@ mod tests {
         let got = log.0.lock().unwrap().len() as u64;
         assert_eq!(got + com1.dropped_output(), 1001, "every byte logged or counted");
         assert!(com1.dropped_output() >= 1001 - 200, "the ring holds 100: {} dropped", com1.dropped_output());
+    }
+
+    #[test]
+    fn the_exit_flush_gives_up_on_a_log_locked_for_good() {
+        let (com1, log, _) = console();
+        com1.write(0, 0, b"z");
+        let held = com1.log.lock().unwrap(); // as a panic inside a drain leaves it
+        com1.flush();
+        drop(held);
+        assert!(log.0.lock().unwrap().is_empty());
+        com1.flush();
+        assert_eq!(log.0.lock().unwrap().as_slice(), b"z");
     }
 
     #[test]

@@ -247,11 +247,6 @@ impl Console {
         self.to_driver.len()
     }
 
-    /// Host input waiting for the guest's buffers.
-    pub fn pending_input(&self) -> usize {
-        self.input.len()
-    }
-
     /// Guest output held for the writer (at most [`OUTPUT_CAPACITY`]).
     pub fn buffered_output(&self) -> usize {
         self.buffered.len()
