@@ -183,7 +183,11 @@ impl Harness {
             }
             // One descriptor a chain, at the slot the avail index names.
             let head = self.rig.avail_idx(CONTROL_TRANSMIT) % size;
-            self.rig.add_chain(CONTROL_TRANSMIT, head, &[Descriptor { addr: CONTROL_DATA as u32, len: 8, write: false }]);
+            self.rig.add_chain(
+                CONTROL_TRANSMIT,
+                head,
+                &[Descriptor { addr: CONTROL_DATA as u32, len: 8, write: false }],
+            );
         }
     }
 
@@ -268,7 +272,12 @@ impl Harness {
             }
         }
         assert!(self.in_flight.is_empty(), "{} chains never used", self.in_flight.len());
-        assert!(self.rig.host_got == self.expected, "the host got {} bytes of {}", self.rig.host_got.len(), self.expected.len());
+        assert!(
+            self.rig.host_got == self.expected,
+            "the host got {} bytes of {}",
+            self.rig.host_got.len(),
+            self.expected.len()
+        );
         let dropped = self.rig.console.with_device(|c| c.dropped_output());
         assert_eq!(dropped, self.unreadable, "bytes dropped: only the unreadable buffers'");
         self.rig.serial.drain();
