@@ -226,12 +226,11 @@ impl Vmm {
             let joined = stop_all_but(&controls, panicking, PANIC_VCPU_STOP_PATIENCE);
             serial.flush();
             report(
-                serial,
                 stats,
                 io,
                 mmio,
                 perfbed,
-                console,
+                (serial, console),
                 memory,
                 (joined, controls.len()),
             );
@@ -260,12 +259,11 @@ impl Vmm {
         }
         self.serial.flush();
         report(
-            &self.serial,
             &self.stats,
             &self.io_bus,
             &self.mmio_bus,
             &self.perfbed,
-            &self.console,
+            (&self.serial, &self.console),
             &self.memory,
             (joined.len(), vcpus),
         );
@@ -308,12 +306,11 @@ impl EventSubscriber for Wake {
 
 /// The run's figures, one `perfbed-vmm: stat key=value` line each.
 fn report(
-    serial: &SerialConsole,
     stats: &Stats,
     io: &Bus,
     mmio: &Bus,
     perfbed: &PerfbedMmio,
-    console: &MmioTransport<Console>,
+    (serial, console): (&SerialConsole, &MmioTransport<Console>),
     memory: &GuestMemoryMmap,
     (joined, vcpus): (usize, usize),
 ) {

@@ -148,7 +148,7 @@ impl Bus {
     pub fn log_new_unknown(&self) {
         for (addr, count, slot) in self.tracked_unknown() {
             if !slot.logged.swap(true, Ordering::Relaxed) {
-                log::warn!("guest accessed the unhandled {} address {addr:#x} ({count} times so far; logged once per address)", self.kind);
+                log::warn!("guest accessed the unhandled {} address {addr:#x} ({count} accesses so far; logged once per address)", self.kind);
             }
         }
     }
