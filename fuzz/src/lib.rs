@@ -6,4 +6,6 @@ pub mod agent;
 pub mod config;
 pub mod control;
 pub mod registers;
+pub mod vmm_rig;
 pub mod vmm_bus;
+pub mod vmm_console;

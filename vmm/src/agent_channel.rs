@@ -13,6 +13,12 @@
 //! ([`Console::input_paused`]). The vCPUs' notifies arrive as eventfds (KVM
 //! ioeventfds), so a vCPU never waits for the host's reader: while the
 //! reader is slow the guest's writers wait in the guest (back-pressure).
+//!
+//! No lock is held across the socket's `read(2)` or `write(2)`: output is
+//! copied out of the console under the transport's lock (which the vCPUs'
+//! register accesses take), written after it is dropped, and only then
+//! taken from the console ([`Console::consume_output`]); input is read into
+//! a buffer first and handed over after.
 
 use std::io;
 use std::os::fd::AsRawFd;
@@ -73,10 +79,15 @@ pub fn accept_one(path: &Path, stop: &EventFd) -> io::Result<Option<UnixStream>>
     Ok(stream)
 }
 
+/// Guest output copied out per `write(2)`.
+const WRITE_CHUNK: usize = 16 * 1024;
+
 struct State {
     /// The socket's registered interest; `None` once it hung up (or with
     /// no socket).
     watching: Option<EventSet>,
+    /// Output copied out of the console for one write.
+    out: Vec<u8>,
 }
 
 pub struct AgentChannel {
@@ -88,17 +99,42 @@ pub struct AgentChannel {
 
 impl AgentChannel {
     /// Serves `console`'s queue notifiers and, with a `stream`, joins it to
-    /// the console (made non-blocking; its write half becomes the console's
-    /// output).
+    /// the console (made non-blocking; the console's output is written to
+    /// it from here).
     pub fn new(stream: Option<UnixStream>, console: Arc<MmioTransport<Console>>) -> io::Result<AgentChannel> {
         let notifiers = console.notifiers()?;
         if let Some(stream) = &stream {
             stream.set_nonblocking(true)?;
-            let output = stream.try_clone()?;
-            console.with_device(|c| c.connect(Box::new(output)));
+            console.with_device(|c| c.connect());
         }
         let watching = stream.as_ref().map(|_| EventSet::IN);
-        Ok(AgentChannel { stream, notifiers, console, state: Mutex::new(State { watching }) })
+        let state = State { watching, out: vec![0; WRITE_CHUNK] };
+        Ok(AgentChannel { stream, notifiers, console, state: Mutex::new(state) })
+    }
+
+    /// Writes what the socket takes of the console's output, each chunk
+    /// copied out under the transport's lock and written without it; true
+    /// if any was written (the console has room for more of the guest's).
+    fn write_output(&self, ops: &mut EventOps, state: &mut State) -> bool {
+        let Some(stream) = &self.stream else { return false };
+        let mut wrote = false;
+        while state.watching.is_some() {
+            let n = self.console.with_device(|c| c.peek_output(&mut state.out));
+            if n == 0 {
+                break;
+            }
+            match io::Write::write(&mut &*stream, &state.out[..n]) {
+                Ok(0) => self.hang_up(ops, state),
+                Ok(written) => {
+                    self.console.with_device(|c| c.consume_output(written));
+                    wrote = true;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(_) => self.hang_up(ops, state),
+            }
+        }
+        wrote
     }
 
     fn read_input(&self, ops: &mut EventOps, state: &mut State) {
@@ -126,7 +162,8 @@ impl AgentChannel {
     /// the console now waits for.
     fn run_console(&self, ops: &mut EventOps, state: &mut State) {
         let (_, more) = self.console.poll(|_| ());
-        if more {
+        // Room made by the write may let the device take more chains.
+        if self.write_output(ops, state) || more {
             // Come back after the other ready events (level-triggered).
             if let Some(evt) = self.notifiers.first() {
                 let _ = evt.write(1);
@@ -135,12 +172,7 @@ impl AgentChannel {
         let (Some(stream), Some(watching)) = (&self.stream, state.watching) else {
             return;
         };
-        let (connected, pending, paused) =
-            self.console.with_device(|c| (c.is_connected(), c.output_pending(), c.input_paused()));
-        if !connected {
-            // The console's writer failed: the client is gone.
-            return self.hang_up(ops, state);
-        }
+        let (pending, paused) = self.console.with_device(|c| (c.output_pending(), c.input_paused()));
         let mut want = EventSet::empty();
         if !paused {
             want |= EventSet::IN;

@@ -24,7 +24,7 @@ use crate::config::VmmConfig;
 use crate::device_manager::DeviceManager;
 use crate::devices::perfbed::{PerfbedLines, PerfbedMmio};
 use crate::devices::power_off::PowerOff;
-use crate::devices::serial::{ConsoleSink, SerialConsole, COM1_BASE, COM1_IRQ, COM1_LEN};
+use crate::devices::serial::{SerialConsole, COM1_BASE, COM1_IRQ, COM1_LEN, OUTPUT_RING};
 use crate::devices::virtio::console::Console;
 use crate::devices::virtio::mmio::{MmioTransport, QUEUE_NOTIFY_OFFSET};
 use crate::devices::virtio::Interrupt;
@@ -159,10 +159,10 @@ fn attach_serial(
         }
         None => None,
     };
-    let serial = Arc::new(SerialConsole::new(
-        irqfd(vm, COM1_IRQ)?,
-        ConsoleSink::new(out, panicked),
-    ));
+    let serial = Arc::new(
+        SerialConsole::new(irqfd(vm, COM1_IRQ)?, out, panicked, OUTPUT_RING)
+            .map_err(io_error("creating the serial log's eventfd"))?,
+    );
     devices.add_legacy_port("COM1", COM1_BASE, COM1_LEN, serial.clone())?;
     Ok(serial)
 }

@@ -194,7 +194,7 @@ impl Vmm {
                         &self.io_bus,
                         &self.mmio_bus,
                         &self.perfbed,
-                        &self.console,
+                        (&self.serial, &self.console),
                         &self.memory,
                         (0, self.vcpus.len()),
                     );
@@ -207,6 +207,7 @@ impl Vmm {
         let channel = AgentChannel::new(stream, self.console.clone())
             .map_err(io_error("joining the agent socket to the console"))?;
         events.add_subscriber(Arc::new(channel));
+        events.add_subscriber(self.serial.clone());
 
         let ended: Arc<Mutex<Option<VcpuEnd>>> = Arc::new(Mutex::new(None));
         let ended_evt =
@@ -271,7 +272,7 @@ impl Vmm {
                 io,
                 mmio,
                 perfbed,
-                console,
+                (serial, console),
                 memory,
                 (joined, controls.len()),
             );
@@ -281,6 +282,11 @@ impl Vmm {
             events
                 .run_with_timeout(500)
                 .map_err(|e| VmmError::EventLoop(format!("{e:?}")))?;
+            // What the vCPUs left for the host: a partial line of serial
+            // output, the first accesses to an unhandled address.
+            self.serial.drain();
+            self.io_bus.log_new_unknown();
+            self.mmio_bus.log_new_unknown();
             if let Some(end) = ended.lock().unwrap_or_else(|p| p.into_inner()).take() {
                 break Some(end);
             }
@@ -299,7 +305,7 @@ impl Vmm {
             &self.io_bus,
             &self.mmio_bus,
             &self.perfbed,
-            &self.console,
+            (&self.serial, &self.console),
             &self.memory,
             (joined.len(), vcpus),
         );
@@ -338,7 +344,7 @@ fn report(
     io: &Bus,
     mmio: &Bus,
     perfbed: &PerfbedMmio,
-    console: &MmioTransport<Console>,
+    (serial, console): (&SerialConsole, &MmioTransport<Console>),
     memory: &GuestMemoryMmap,
     (joined, vcpus): (usize, usize),
 ) {
@@ -355,6 +361,7 @@ fn report(
         format!("device_accesses={accesses}"),
         format!("device_handler_mean_ns={}", handler_ns.checked_div(accesses).unwrap_or(0)),
         format!("console_output_dropped_bytes={dropped}"),
+        format!("serial_output_dropped_bytes={}", serial.dropped_output()),
         // Every vCPU out of KVM_RUN and its thread ended before this line.
         format!("vcpus_joined={joined}"),
         format!("vcpus={vcpus}"),

@@ -34,6 +34,11 @@ pub const TARGETS: &[(&str, &str, Option<&str>)] = &[
         "perfbed-vmm's MMIO bus: any access from any vCPU to the monitoring device and the virtio-mmio console, rings and chains the input writes",
         None,
     ),
+    (
+        "vmm_console",
+        "perfbed-vmm's agent channel and serial port with an oracle: the host gets exactly the guest's bytes, in order, once; bounded VMM state under control floods",
+        None,
+    ),
 ];
 
 #[derive(Args)]

@@ -1,13 +1,25 @@
 //! The 8250 serial console (vm-superio) on COM1, its output to a log file.
 //!
-//! The output is also watched for the kernel's panic banner: a panicking
-//! guest (`panic=-1`) and a rebooting one both end in a reset, and this is
-//! how the VMM tells them apart for its exit status.
+//! A vCPU's write to the transmit register never touches the file: the byte
+//! goes into [`OutputRing`], a bounded single-producer single-consumer ring
+//! of atomics, and the event loop drains it into the log
+//! ([`SerialConsole::drain`], woken by an eventfd at each line's end and at
+//! half full, and at every turn of its loop). A full ring drops the byte
+//! and counts it ([`SerialConsole::dropped_output`]); the vCPU never waits.
+//! The only lock a vCPU takes is the UART's own, which nothing holds across
+//! I/O (the producer's side of the ring is used under it, so there is one
+//! producer at a time; the consumer's side is under the log's lock, which
+//! no vCPU takes).
+//!
+//! The output is also watched for the kernel's panic banner (on the vCPU,
+//! in memory): a panicking guest (`panic=-1`) and a rebooting one both end
+//! in a reset, and this is how the VMM tells them apart for its exit status.
 
 use std::io::{self, Write};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 
+use event_manager::{EventOps, EventSet, EventSubscriber, Events};
 use vm_superio::serial::NoEvents;
 use vm_superio::{Serial, Trigger};
 use vmm_sys_util::eventfd::EventFd;
@@ -19,6 +31,8 @@ pub const COM1_BASE: u64 = 0x3f8;
 pub const COM1_LEN: u64 = 8;
 pub const COM1_IRQ: u32 = 4;
 
+/// Serial output held for the event loop.
+pub const OUTPUT_RING: usize = 256 * 1024;
 /// What the kernel prints when it panics.
 const PANIC_BANNER: &[u8] = b"Kernel panic - not syncing";
 /// Longest line kept for the banner search.
@@ -34,22 +48,88 @@ impl Trigger for IrqTrigger {
     }
 }
 
-/// The console's output: a log (or nothing), watched line by line.
-pub struct ConsoleSink {
-    out: Option<Box<dyn Write + Send>>,
-    line: Vec<u8>,
-    panicked: Arc<AtomicBool>,
+/// A bounded ring of bytes for one producer and one consumer at a time,
+/// atomics only. `head` (the consumer's) and `tail` (the producer's) count
+/// bytes ever taken and given; a byte's slot is its count modulo the
+/// capacity. The producer publishes a byte with a release store of `tail`
+/// after writing its slot; the consumer frees slots with a release store of
+/// `head` after reading them; each acquires the other's index, so neither
+/// reads a slot the other is writing.
+pub struct OutputRing {
+    slots: Box<[AtomicU8]>,
+    head: AtomicUsize,
+    tail: AtomicUsize,
+    dropped: AtomicU64,
 }
 
-impl ConsoleSink {
-    pub fn new(out: Option<Box<dyn Write + Send>>, panicked: Arc<AtomicBool>) -> ConsoleSink {
-        ConsoleSink { out, line: Vec::new(), panicked }
+impl OutputRing {
+    pub fn new(capacity: usize) -> OutputRing {
+        OutputRing {
+            slots: (0..capacity.max(1)).map(|_| AtomicU8::new(0)).collect(),
+            head: AtomicUsize::new(0),
+            tail: AtomicUsize::new(0),
+            dropped: AtomicU64::new(0),
+        }
     }
+
+    /// Adds `byte` (the producer); a full ring drops and counts it. Returns
+    /// the bytes held after.
+    fn push(&self, byte: u8) -> usize {
+        let tail = self.tail.load(Ordering::Relaxed);
+        let held = tail.wrapping_sub(self.head.load(Ordering::Acquire));
+        if held == self.slots.len() {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+            return held;
+        }
+        self.slots[tail % self.slots.len()].store(byte, Ordering::Relaxed);
+        self.tail.store(tail.wrapping_add(1), Ordering::Release);
+        held + 1
+    }
+
+    /// Moves the oldest bytes into `out` (the consumer); returns how many.
+    fn pop(&self, out: &mut [u8]) -> usize {
+        let head = self.head.load(Ordering::Relaxed);
+        let held = self.tail.load(Ordering::Acquire).wrapping_sub(head);
+        let n = held.min(out.len());
+        for (i, byte) in out[..n].iter_mut().enumerate() {
+            *byte = self.slots[head.wrapping_add(i) % self.slots.len()].load(Ordering::Relaxed);
+        }
+        self.head.store(head.wrapping_add(n), Ordering::Release);
+        n
+    }
+
+    /// Bytes held now.
+    pub fn len(&self) -> usize {
+        self.tail.load(Ordering::Acquire).wrapping_sub(self.head.load(Ordering::Acquire))
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Bytes dropped because the ring was full.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+}
+
+/// The UART's output side, on the vCPU: into the ring, watched line by
+/// line for the panic banner.
+pub struct ConsoleSink {
+    ring: Arc<OutputRing>,
+    wake: EventFd,
+    line: Vec<u8>,
+    panicked: Arc<AtomicBool>,
 }
 
 impl Write for ConsoleSink {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         for &byte in buf {
+            let held = self.ring.push(byte);
             if byte == b'\n' {
                 if self.line.windows(PANIC_BANNER.len()).any(|w| w == PANIC_BANNER) {
                     self.panicked.store(true, Ordering::SeqCst);
@@ -58,41 +138,120 @@ impl Write for ConsoleSink {
             } else if self.line.len() < MAX_LINE {
                 self.line.push(byte);
             }
-        }
-        if let Some(out) = &mut self.out {
-            // Whole lines reach the log at once (a panic's last words must
-            // be there even if the VMM is killed); a full disk must not stop
-            // the guest: the log loses bytes.
-            let flush = buf.contains(&b'\n');
-            if out.write_all(buf).is_err() || (flush && out.flush().is_err()) {
-                self.out = None;
+            // Whole lines reach the log soon (a panic's last words must be
+            // there even if the VMM is killed); an eventfd write never
+            // waits (a full counter means a wake-up is pending).
+            if byte == b'\n' || held == self.ring.capacity() / 2 {
+                let _ = self.wake.write(1);
             }
         }
         Ok(buf.len())
     }
 
     fn flush(&mut self) -> io::Result<()> {
-        match &mut self.out {
-            Some(out) => out.flush(),
-            None => Ok(()),
-        }
+        Ok(())
     }
 }
 
-/// COM1 on the port bus.
+/// COM1 on the port bus, and its log.
 pub struct SerialConsole {
     serial: Mutex<Serial<IrqTrigger, NoEvents, ConsoleSink>>,
+    ring: Arc<OutputRing>,
+    /// The log, written by the event loop (and the exit path) only.
+    log: Mutex<Option<Box<dyn Write + Send>>>,
+    wake: EventFd,
+    dropped_reported: AtomicU64,
 }
 
 impl SerialConsole {
-    pub fn new(irq: EventFd, sink: ConsoleSink) -> SerialConsole {
-        SerialConsole { serial: Mutex::new(Serial::new(IrqTrigger(irq), sink)) }
+    /// COM1 raising `irq`, its output to `log` (or nowhere) through a ring
+    /// of `capacity` bytes ([`OUTPUT_RING`]).
+    pub fn new(
+        irq: EventFd,
+        log: Option<Box<dyn Write + Send>>,
+        panicked: Arc<AtomicBool>,
+        capacity: usize,
+    ) -> io::Result<SerialConsole> {
+        let ring = Arc::new(OutputRing::new(capacity));
+        let wake = EventFd::new(libc::EFD_NONBLOCK)?;
+        let sink = ConsoleSink { ring: ring.clone(), wake: wake.try_clone()?, line: Vec::new(), panicked };
+        Ok(SerialConsole {
+            serial: Mutex::new(Serial::new(IrqTrigger(irq), sink)),
+            ring,
+            log: Mutex::new(log),
+            wake,
+            dropped_reported: AtomicU64::new(0),
+        })
     }
 
-    /// Flushes the log (at exit).
+    /// Writes what the ring holds to the log and flushes it (the event
+    /// loop, the exit and panic paths; never a vCPU). A failing log (a
+    /// full disk) is dropped: the guest's output is lost, not the guest.
+    pub fn drain(&self) {
+        self.drain_into(self.log.lock().unwrap_or_else(|p| p.into_inner()));
+    }
+
+    fn drain_into(&self, mut log: MutexGuard<'_, Option<Box<dyn Write + Send>>>) {
+        let mut buf = [0u8; 4096];
+        let mut wrote = false;
+        loop {
+            let n = self.ring.pop(&mut buf);
+            if n == 0 {
+                break;
+            }
+            if let Some(out) = log.as_mut() {
+                if out.write_all(&buf[..n]).is_err() {
+                    *log = None;
+                }
+                wrote = true;
+            }
+        }
+        if let Some(out) = log.as_mut() {
+            if wrote && out.flush().is_err() {
+                *log = None;
+            }
+        }
+        let dropped = self.ring.dropped();
+        if dropped > self.dropped_reported.swap(dropped, Ordering::Relaxed) {
+            log::warn!("the serial log lost {dropped} bytes so far: the guest printed faster than the log was written");
+        }
+    }
+
+    /// Flushes the log at exit and from the panic hook: a
+    /// [`SerialConsole::drain`] that gives up after 200 ms if the log stays
+    /// locked (the panic came from inside a drain on this very thread).
     pub fn flush(&self) {
-        let mut serial = self.serial.lock().unwrap_or_else(|p| p.into_inner());
-        let _ = serial.writer_mut().flush();
+        for _ in 0..200 {
+            match self.log.try_lock() {
+                Ok(log) => return self.drain_into(log),
+                Err(TryLockError::Poisoned(p)) => return self.drain_into(p.into_inner()),
+                Err(TryLockError::WouldBlock) => std::thread::sleep(std::time::Duration::from_millis(1)),
+            }
+        }
+    }
+
+    /// Bytes of serial output dropped because the ring was full.
+    pub fn dropped_output(&self) -> u64 {
+        self.ring.dropped()
+    }
+
+    /// Bytes waiting in the ring for the event loop.
+    pub fn pending_output(&self) -> usize {
+        self.ring.len()
+    }
+}
+
+/// The event loop's side: the wake-up eventfd drains the ring.
+impl EventSubscriber for SerialConsole {
+    fn init(&self, ops: &mut EventOps) {
+        if let Err(e) = ops.add(Events::new(&self.wake, EventSet::IN)) {
+            log::error!("watching the serial log's eventfd: {e:?}");
+        }
+    }
+
+    fn process(&self, _events: Events, _ops: &mut EventOps) {
+        let _ = self.wake.read();
+        self.drain();
     }
 }
 
@@ -107,7 +266,7 @@ impl BusDevice for SerialConsole {
     fn write(&self, _vcpu: u32, offset: u64, data: &[u8]) {
         let mut serial = self.serial.lock().unwrap_or_else(|p| p.into_inner());
         for (i, byte) in data.iter().enumerate() {
-            // Only a failing interrupt trigger errs; the byte is logged anyway.
+            // Only a failing interrupt trigger errs; the byte is kept anyway.
             let _ = serial.write((offset + i as u64) as u8, *byte);
         }
     }
@@ -129,12 +288,16 @@ mod tests {
         }
     }
 
-    fn console() -> (SerialConsole, Shared, Arc<AtomicBool>) {
+    fn console_with(capacity: usize) -> (SerialConsole, Shared, Arc<AtomicBool>) {
         let log = Shared::default();
         let panicked = Arc::new(AtomicBool::new(false));
-        let sink = ConsoleSink::new(Some(Box::new(log.clone())), panicked.clone());
         let irq = EventFd::new(libc::EFD_NONBLOCK).unwrap();
-        (SerialConsole::new(irq, sink), log, panicked)
+        let com1 = SerialConsole::new(irq, Some(Box::new(log.clone())), panicked.clone(), capacity).unwrap();
+        (com1, log, panicked)
+    }
+
+    fn console() -> (SerialConsole, Shared, Arc<AtomicBool>) {
+        console_with(OUTPUT_RING)
     }
 
     #[test]
@@ -143,6 +306,9 @@ mod tests {
         for b in b"hello\n" {
             com1.write(0, 0, &[*b]); // THR
         }
+        assert!(log.0.lock().unwrap().is_empty(), "the vCPU's write reaches the ring, not the log");
+        assert_eq!(com1.wake.read().unwrap(), 1, "the line's end wakes the event loop");
+        com1.drain();
         assert_eq!(log.0.lock().unwrap().as_slice(), b"hello\n");
         assert!(!panicked.load(Ordering::SeqCst));
         let mut lsr = [0u8];
@@ -175,9 +341,82 @@ mod tests {
                 Ok(())
             }
         }
-        let mut sink = ConsoleSink::new(Some(Box::new(Broken)), Arc::new(AtomicBool::new(false)));
-        assert_eq!(sink.write(b"abc").unwrap(), 3);
-        assert!(sink.out.is_none());
-        assert_eq!(sink.write(b"def").unwrap(), 3);
+        let irq = EventFd::new(libc::EFD_NONBLOCK).unwrap();
+        let com1 = SerialConsole::new(irq, Some(Box::new(Broken)), Arc::default(), 64).unwrap();
+        com1.write(0, 0, b"a");
+        com1.drain();
+        assert!(com1.log.lock().unwrap().is_none());
+        com1.write(0, 0, b"b");
+        com1.drain();
+        assert!(com1.ring.is_empty());
+    }
+
+    /// A log that blocks until told to go on: the vCPU's writes must not.
+    #[test]
+    fn a_stalled_log_never_stops_the_vcpu_and_an_overflow_is_counted() {
+        let (com1, log, _) = console_with(100);
+        let com1 = Arc::new(com1);
+        let held = log.0.lock().unwrap();
+        let drainer = {
+            let com1 = com1.clone();
+            std::thread::spawn(move || {
+                com1.write(0, 0, b"x");
+                com1.drain() // blocks on the log's lock, held above
+            })
+        };
+        // The vCPU writes 1000 bytes while the drain is stuck in the log.
+        let start = std::time::Instant::now();
+        for _ in 0..1000 {
+            com1.write(0, 0, b"y");
+        }
+        assert!(start.elapsed() < std::time::Duration::from_secs(5), "the vCPU waited");
+        drop(held);
+        drainer.join().unwrap();
+        com1.drain();
+        let got = log.0.lock().unwrap().len() as u64;
+        assert_eq!(got + com1.dropped_output(), 1001, "every byte logged or counted");
+        assert!(com1.dropped_output() >= 1001 - 200, "the ring holds 100: {} dropped", com1.dropped_output());
+    }
+
+    #[test]
+    fn the_exit_flush_gives_up_on_a_log_locked_for_good() {
+        let (com1, log, _) = console();
+        com1.write(0, 0, b"z");
+        let held = com1.log.lock().unwrap(); // as a panic inside a drain leaves it
+        com1.flush();
+        drop(held);
+        assert!(log.0.lock().unwrap().is_empty());
+        com1.flush();
+        assert_eq!(log.0.lock().unwrap().as_slice(), b"z");
+    }
+
+    #[test]
+    fn the_ring_keeps_order_across_its_wrap() {
+        let ring = OutputRing::new(7);
+        let mut got = Vec::new();
+        let mut buf = [0u8; 5];
+        for i in 0..100u8 {
+            assert_eq!(ring.push(i), usize::from(i % 3) + 1);
+            if i % 3 == 2 {
+                let n = ring.pop(&mut buf);
+                got.extend_from_slice(&buf[..n]);
+            }
+        }
+        let n = ring.pop(&mut buf);
+        got.extend_from_slice(&buf[..n]);
+        assert_eq!(got, (0..100).collect::<Vec<u8>>());
+        assert_eq!(ring.dropped(), 0);
+    }
+
+    #[test]
+    fn string_output_reaches_the_log_whole() {
+        // `rep outsb` of a line to THR, through the port bus.
+        let (com1, log, _) = console();
+        let mut bus = crate::devices::bus::Bus::new("port");
+        let com1 = Arc::new(com1);
+        bus.insert("COM1", COM1_BASE, COM1_LEN, com1.clone()).unwrap();
+        bus.write_string(0, COM1_BASE, 1, b"rep outsb\n");
+        com1.drain();
+        assert_eq!(log.0.lock().unwrap().as_slice(), b"rep outsb\n");
     }
 }

@@ -102,13 +102,9 @@ impl Vcpu {
     pub fn step(&mut self, io: &Bus, mmio: &Bus, stats: &Stats) -> Option<VcpuEnd> {
         let vcpu = u32::from(self.index);
         match self.fd.run() {
-            Ok(VcpuExit::IoIn(port, data)) => {
+            Ok(VcpuExit::IoIn(..) | VcpuExit::IoOut(..)) => {
                 stats.io_exits.fetch_add(1, Ordering::Relaxed);
-                io.read(vcpu, u64::from(port), data);
-            }
-            Ok(VcpuExit::IoOut(port, data)) => {
-                stats.io_exits.fetch_add(1, Ordering::Relaxed);
-                io.write(vcpu, u64::from(port), data);
+                self.port_io(io);
             }
             Ok(VcpuExit::MmioRead(addr, data)) => {
                 stats.mmio_exits.fetch_add(1, Ordering::Relaxed);
@@ -123,6 +119,35 @@ impl Vcpu {
             Err(e) => return Some(VcpuEnd::Failed(format!("vCPU {vcpu}: KVM_RUN: {e}"))),
         }
         None
+    }
+
+    /// Sends the port I/O exit KVM just made to `io`. A string instruction
+    /// (`rep outs`/`rep ins`) exits with `count` accesses of `size` bytes,
+    /// which go to the one port one after the other; kvm-ioctls' exit gives
+    /// only their bytes, so the size is read from `kvm_run` itself.
+    fn port_io(&mut self, io: &Bus) {
+        let vcpu = u32::from(self.index);
+        let run = self.fd.get_kvm_run();
+        if run.exit_reason != kvm_bindings::KVM_EXIT_IO {
+            return;
+        }
+        // SAFETY: the exit reason is KVM_EXIT_IO, so `io` is the member of
+        // the union the kernel filled.
+        let exit = unsafe { run.__bindgen_anon_1.io };
+        let (size, len) = (usize::from(exit.size), usize::from(exit.size) * exit.count as usize);
+        let base = (run as *mut kvm_bindings::kvm_run).cast::<u8>();
+        // SAFETY: as in kvm-ioctls' `VcpuFd::run`, which builds the same
+        // slice: the kernel puts the data `data_offset` bytes into the
+        // vCPU's kvm_run mapping (KVM_GET_VCPU_MMAP_SIZE bytes, mapped for
+        // the vCPU's life), `count * size` bytes of it; `self.fd` stays
+        // borrowed mutably while the slice lives.
+        let data = unsafe { std::slice::from_raw_parts_mut(base.add(exit.data_offset as usize), len) };
+        let port = u64::from(exit.port);
+        if u32::from(exit.direction) == kvm_bindings::KVM_EXIT_IO_OUT {
+            io.write_string(vcpu, port, size, data);
+        } else {
+            io.read_string(vcpu, port, size, data);
+        }
     }
 
     /// The vCPU with the buses it dispatches to, ready for its thread

@@ -10,26 +10,39 @@
 //! generic port's writer sleeps while the transmit queue is full and is
 //! woken by the used-buffer interrupt.
 //!
-//! Output (port 1's transmitq) goes through a bounded buffer to a
-//! non-blocking writer: a chain is taken from the queue only while the
-//! buffer has room (a chain larger than the room is taken in parts and
-//! used once all of it is buffered), so while the host does not read, the
-//! guest's writers wait and nothing is dropped. One [`VirtioDevice::process`]
-//! call moves at most [`OUTPUT_CAPACITY`] bytes and [`MAX_CHAINS_PER_CALL`]
-//! chains per queue. With no host connected the port is closed for the guest
-//! (`PORT_OPEN` 0, so its writes wait and its reads see end of file), and
-//! buffers already queued are used without being copied (counted as
-//! dropped).
+//! Output (port 1's transmitq) goes through a bounded buffer that the host
+//! side takes from ([`Console::peek_output`], [`Console::consume_output`]):
+//! the device never writes to the host itself, so whoever holds the
+//! transport's lock never waits on host I/O. A chain is taken from the
+//! queue only while the buffer has room (a chain larger than the room is
+//! taken in parts and used once all of it is buffered), so while the host
+//! does not read, the guest's writers wait and nothing is dropped. One
+//! [`VirtioDevice::process`] call moves at most [`OUTPUT_CAPACITY`] bytes and
+//! [`MAX_CHAINS_PER_CALL`] chains per queue. With no host connected the port
+//! is closed for the guest (`PORT_OPEN` 0, so its writes wait and its reads
+//! see end of file), and buffers already queued are used without being
+//! copied (counted as dropped).
+//!
+//! Against a hostile driver:
+//! - the messages owed to the driver are two pending flags (the port's
+//!   add, its latest open state), not a queue: a driver that repeats
+//!   DEVICE_READY or PORT_READY and never posts control receive buffers
+//!   costs nothing ([`MAX_PENDING_CONTROL`]);
+//! - a transmit buffer that cannot be read (its address is not guest RAM)
+//!   is counted as dropped and the resume point moves past it, so a chain
+//!   taken in parts sends each byte at most once;
+//! - guest addresses are added with checked arithmetic: a descriptor
+//!   rewritten between two passes to wrap the address space is a bad
+//!   address (its bytes dropped and counted), never an overflow.
 //!
 //! Input is queued here by the event loop and copied into port 1's receive
 //! buffers; past [`MAX_PENDING_INPUT`] the event loop stops reading the
 //! socket until the guest has taken half of it ([`Console::input_paused`]).
 
 use std::collections::VecDeque;
-use std::io::{ErrorKind, Write};
 
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Address, Bytes, GuestMemoryMmap};
 
 use super::{Progress, VirtioDevice};
 
@@ -63,6 +76,9 @@ pub const MAX_PENDING_INPUT: usize = 64 * 1024;
 pub const MAX_CHAINS_PER_CALL: usize = 256;
 /// Largest chunk copied through the VMM at once.
 const CHUNK: usize = 4096;
+/// Control messages ever owed to the driver at once: the port's add and
+/// its open state.
+pub const MAX_PENDING_CONTROL: usize = 2;
 
 /// `struct virtio_console_control`: little-endian id, event, value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,17 +106,52 @@ impl ControlMessage {
     }
 }
 
+/// The control messages owed to the driver, as flags: repeating a request
+/// sets a flag already set. The add goes first (the port must exist before
+/// it opens).
+#[derive(Debug, Default)]
+struct ToDriver {
+    add: bool,
+    /// The port's latest open state not yet told.
+    open: Option<u16>,
+}
+
+impl ToDriver {
+    fn front(&self) -> Option<ControlMessage> {
+        let (event, value) = if self.add { (DEVICE_ADD, 0) } else { (PORT_OPEN, self.open?) };
+        Some(ControlMessage { id: AGENT_PORT, event, value })
+    }
+
+    fn pop_front(&mut self) {
+        if self.add {
+            self.add = false;
+        } else {
+            self.open = None;
+        }
+    }
+
+    fn len(&self) -> usize {
+        usize::from(self.add) + usize::from(self.open.is_some())
+    }
+
+    fn clear(&mut self) {
+        *self = ToDriver::default();
+    }
+}
+
 pub struct Console {
-    output: Option<Box<dyn Write + Send>>,
-    /// Guest output not yet taken by the writer, at most [`OUTPUT_CAPACITY`].
+    /// A host takes the output.
+    connected: bool,
+    /// Guest output not yet taken by the host, at most [`OUTPUT_CAPACITY`].
     buffered: VecDeque<u8>,
-    /// Bytes of the transmit chain at the queue's next position already in
-    /// `buffered` (a chain taken in parts).
+    /// Bytes of the transmit chain at the queue's next position already
+    /// gone past (buffered, or dropped as unreadable): a chain taken in
+    /// parts resumes there.
     taken_of_next: u64,
     input: VecDeque<u8>,
     paused: bool,
     /// Control messages waiting for the driver's control receive buffers.
-    to_driver: VecDeque<ControlMessage>,
+    to_driver: ToDriver,
     port_ready: bool,
     dropped_output: u64,
 }
@@ -115,21 +166,21 @@ impl Console {
     /// A console whose output goes nowhere until [`Console::connect`].
     pub fn new() -> Console {
         Console {
-            output: None,
+            connected: false,
             buffered: VecDeque::new(),
             taken_of_next: 0,
             input: VecDeque::new(),
             paused: false,
-            to_driver: VecDeque::new(),
+            to_driver: ToDriver::default(),
             port_ready: false,
             dropped_output: 0,
         }
     }
 
-    /// Where the guest's output goes from now on: a writer that never blocks
-    /// (a non-blocking socket; `WouldBlock` means "later").
-    pub fn connect(&mut self, output: Box<dyn Write + Send>) {
-        self.output = Some(output);
+    /// A host takes the guest's output from now on
+    /// ([`Console::peek_output`]).
+    pub fn connect(&mut self) {
+        self.connected = true;
         if self.port_ready {
             self.tell_driver(PORT_OPEN, 1);
         }
@@ -137,7 +188,7 @@ impl Console {
 
     /// The host side went away: the port is closed for the guest.
     pub fn disconnect(&mut self) {
-        if self.output.take().is_some() {
+        if std::mem::take(&mut self.connected) {
             self.dropped_output += self.buffered.len() as u64;
             self.buffered.clear();
             if self.port_ready {
@@ -147,7 +198,7 @@ impl Console {
     }
 
     pub fn is_connected(&self) -> bool {
-        self.output.is_some()
+        self.connected
     }
 
     /// Queues host input; says whether the event loop should stop reading
@@ -165,9 +216,35 @@ impl Console {
         self.paused
     }
 
-    /// Whether guest output waits for the writer (watch it for writability).
+    /// Whether guest output waits for the host (watch it for writability).
     pub fn output_pending(&self) -> bool {
-        self.output.is_some() && !self.buffered.is_empty()
+        self.connected && !self.buffered.is_empty()
+    }
+
+    /// Copies the oldest buffered output into `out` without taking it;
+    /// returns how many bytes. The host writes them with no lock held, then
+    /// says how many it wrote ([`Console::consume_output`]).
+    pub fn peek_output(&self, out: &mut [u8]) -> usize {
+        let (front, back) = self.buffered.as_slices();
+        let n = front.len().min(out.len());
+        out[..n].copy_from_slice(&front[..n]);
+        let m = back.len().min(out.len() - n);
+        out[n..n + m].copy_from_slice(&back[..m]);
+        n + m
+    }
+
+    /// The host wrote the oldest `n` bytes of the output (at most what
+    /// [`Console::peek_output`] gave); they leave the buffer and make room
+    /// for more of the guest's chains.
+    pub fn consume_output(&mut self, n: usize) {
+        let n = n.min(self.buffered.len());
+        self.buffered.drain(..n);
+    }
+
+    /// Control messages waiting for the driver's buffers (at most
+    /// [`MAX_PENDING_CONTROL`]).
+    pub fn pending_control(&self) -> usize {
+        self.to_driver.len()
     }
 
     /// Guest output held for the writer (at most [`OUTPUT_CAPACITY`]).
@@ -181,33 +258,20 @@ impl Console {
     }
 
     fn tell_driver(&mut self, event: u16, value: u16) {
-        self.to_driver.push_back(ControlMessage { id: AGENT_PORT, event, value });
-    }
-
-    /// Writes what the writer takes now.
-    fn flush_output(&mut self) {
-        while !self.buffered.is_empty() {
-            let Some(out) = &mut self.output else { return };
-            let (front, _) = self.buffered.as_slices();
-            match out.write(front) {
-                Ok(0) => return self.disconnect(),
-                Ok(n) => drop(self.buffered.drain(..n)),
-                Err(e) if e.kind() == ErrorKind::WouldBlock => return,
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(_) => return self.disconnect(),
-            }
+        match event {
+            DEVICE_ADD => self.to_driver.add = true,
+            _ => self.to_driver.open = Some(value),
         }
     }
 
-    /// Moves port 1's output into the buffer (and on to the writer) within
-    /// the per-call bounds; true if it stopped at a bound with more queued.
+    /// Moves port 1's output into the buffer within the per-call bounds;
+    /// true if it stopped at a bound with more queued and room to take it.
     fn transmit(&mut self, queue: &mut Queue, memory: &GuestMemoryMmap, used: &mut bool) -> bool {
         let mut budget = OUTPUT_CAPACITY;
         for _ in 0..MAX_CHAINS_PER_CALL {
-            self.flush_output();
             let room = OUTPUT_CAPACITY - self.buffered.len();
-            if self.output.is_some() && (room == 0 || budget == 0) {
-                // Full: the writer's readiness brings us back. Out of budget
+            if self.connected && (room == 0 || budget == 0) {
+                // Full: the host taking output brings us back. Out of budget
                 // with room: the caller calls again.
                 return room > 0;
             }
@@ -215,7 +279,7 @@ impl Console {
                 return false;
             };
             let head = chain.head_index();
-            if self.output.is_none() {
+            if !self.connected {
                 let len: u64 = chain.readable().map(|d| u64::from(d.len())).sum();
                 self.dropped_output += len.saturating_sub(self.taken_of_next);
                 self.taken_of_next = 0;
@@ -225,6 +289,9 @@ impl Console {
             }
             let limit = room.min(budget);
             let mut copied = 0usize;
+            // How far into the chain this pass went: bytes copied and bytes
+            // dropped as unreadable alike.
+            let mut passed = 0u64;
             let mut skip = self.taken_of_next;
             let mut complete = true;
             let mut chunk = [0u8; CHUNK];
@@ -234,7 +301,8 @@ impl Console {
                     skip -= len;
                     continue;
                 }
-                let (mut addr, mut left) = (desc.addr().0 + skip, len - skip);
+                let mut left = len - skip;
+                let mut addr = desc.addr().checked_add(skip);
                 skip = 0;
                 while left > 0 {
                     if copied == limit {
@@ -242,14 +310,18 @@ impl Console {
                         break 'descriptors;
                     }
                     let n = (left as usize).min(CHUNK).min(limit - copied);
-                    if memory.read_slice(&mut chunk[..n], GuestAddress(addr)).is_err() {
-                        // A bad address: the rest of this buffer is skipped.
+                    let read = addr.and_then(|a| memory.read_slice(&mut chunk[..n], a).ok());
+                    if read.is_none() {
+                        // A bad address (or one that wraps): the rest of
+                        // this buffer is dropped, and passed.
                         self.dropped_output += left;
+                        passed += left;
                         break;
                     }
                     self.buffered.extend(&chunk[..n]);
                     copied += n;
-                    addr += n as u64;
+                    passed += n as u64;
+                    addr = addr.and_then(|a| a.checked_add(n as u64));
                     left -= n as u64;
                 }
             }
@@ -260,11 +332,10 @@ impl Console {
                 *used = true;
             } else {
                 // The rest stays in the queue: the guest sees back-pressure.
-                self.taken_of_next += copied as u64;
+                self.taken_of_next += passed;
                 queue.go_to_previous_position();
             }
         }
-        self.flush_output();
         true
     }
 
@@ -312,17 +383,17 @@ impl Console {
     fn handle_control(&mut self, message: ControlMessage) {
         match message.event {
             DEVICE_READY if message.value == 1 => {
-                self.to_driver.push_back(ControlMessage { id: AGENT_PORT, event: DEVICE_ADD, value: 0 });
+                self.tell_driver(DEVICE_ADD, 0);
                 // In the same batch as the add: Linux handles both in one
                 // work item, so no reader of the new port can see it closed
                 // (its read() is end of file until PORT_OPEN 1).
-                if self.output.is_some() {
+                if self.connected {
                     self.tell_driver(PORT_OPEN, 1);
                 }
             }
             PORT_READY if message.id == AGENT_PORT && message.value == 1 => {
                 self.port_ready = true;
-                if self.output.is_some() {
+                if self.connected {
                     self.tell_driver(PORT_OPEN, 1);
                 }
             }
@@ -334,7 +405,7 @@ impl Console {
 
     /// Writes waiting control messages into the driver's buffers.
     fn write_control(&mut self, queue: &mut Queue, memory: &GuestMemoryMmap, used: &mut bool) {
-        while let Some(message) = self.to_driver.front().copied() {
+        while let Some(message) = self.to_driver.front() {
             let Some(chain) = queue.pop_descriptor_chain(memory) else {
                 return;
             };
@@ -365,16 +436,17 @@ impl Console {
             let head = chain.head_index();
             let mut written = 0u32;
             for desc in chain.writable() {
-                let (mut addr, mut room) = (desc.addr().0, desc.len() as usize);
+                let (mut addr, mut room) = (Some(desc.addr()), desc.len() as usize);
                 while room > 0 && !self.input.is_empty() {
                     let n = room.min(self.input.len()).min(CHUNK);
                     let (front, _) = self.input.as_slices();
                     let n = n.min(front.len());
-                    if memory.write_slice(&front[..n], GuestAddress(addr)).is_err() {
-                        break; // a bad address: skip this buffer
-                    }
+                    // A bad address (or one that wraps): skip this buffer.
+                    let Some(at) = addr.filter(|a| memory.write_slice(&front[..n], *a).is_ok()) else {
+                        break;
+                    };
                     self.input.drain(..n);
-                    addr += n as u64;
+                    addr = at.checked_add(n as u64);
                     room -= n;
                     written += n as u32;
                 }

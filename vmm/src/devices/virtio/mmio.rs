@@ -18,7 +18,8 @@
 //!   set, §2.1.2);
 //! - after the device used a queue, the driver is interrupted unless its
 //!   available ring's flags say `VRING_AVAIL_F_NO_INTERRUPT` (§2.7.10;
-//!   `EVENT_IDX` is not offered).
+//!   `EVENT_IDX` is not offered);
+//! - there is no shared memory region: SHMLenLow/High read -1 (§4.2.2).
 //!
 //! Register accesses come from vCPU threads; the device's backend (the event
 //! loop) gets in through [`MmioTransport::poll`]. One mutex covers both, so
@@ -29,7 +30,8 @@
 //! ioeventfds, so the usual notify does not even leave the kernel), and the
 //! event loop, watching them, calls [`MmioTransport::poll`]. So a register
 //! access only ever waits for the event loop's bounded, non-blocking device
-//! work, never for the host's I/O.
+//! work, never for the host's I/O: the event loop copies the device's
+//! output out under the lock and writes it to the host after dropping it.
 
 use std::sync::{Mutex, MutexGuard};
 
@@ -66,6 +68,8 @@ const REG_QUEUE_DRIVER_LOW: u64 = 0x090;
 const REG_QUEUE_DRIVER_HIGH: u64 = 0x094;
 const REG_QUEUE_DEVICE_LOW: u64 = 0x0a0;
 const REG_QUEUE_DEVICE_HIGH: u64 = 0x0a4;
+const REG_SHM_LEN_LOW: u64 = 0x0b0;
+const REG_SHM_LEN_HIGH: u64 = 0x0b4;
 const REG_CONFIG_GENERATION: u64 = 0x0fc;
 const CONFIG_SPACE: u64 = 0x100;
 
@@ -234,6 +238,9 @@ impl<D: VirtioDevice> State<D> {
             REG_INTERRUPT_STATUS => self.interrupt.status(),
             REG_STATUS => self.status,
             REG_CONFIG_GENERATION => 0,
+            // No shared memory region: whatever SHMSel says, its length
+            // reads as -1 (§4.2.2), which Linux takes for "none".
+            REG_SHM_LEN_LOW | REG_SHM_LEN_HIGH => u32::MAX,
             _ => 0,
         }
     }

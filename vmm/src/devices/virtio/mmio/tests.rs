@@ -133,6 +133,18 @@ fn identifies_itself() {
 }
 
 #[test]
+fn there_is_no_shared_memory_region() {
+    let r = rig();
+    // SHMSel (0xac), SHMLenLow (0xb0), SHMLenHigh (0xb4): -1 for any
+    // region (virtio 1.2 §4.2.2), which Linux's vm_get_shm_region takes for
+    // "none"; 0 would be a region of length 0.
+    for region in [0, 1, u32::MAX] {
+        r.write(0xac, region);
+        assert_eq!((r.read(0xb0), r.read(0xb4)), (u32::MAX, u32::MAX), "region {region}");
+    }
+}
+
+#[test]
 fn only_offered_features_are_taken() {
     let r = rig();
     r.negotiate(u64::MAX);
