@@ -3,9 +3,9 @@
 //! - `guest-driver/mutants/<name>.patch`: the driver, `patch -p1` from the
 //!   repository root (a module rebuild: cheap, `cargo xtask test` runs them);
 //! - `images/kernel/mutants/<name>.patch`: the kernel, applied after the
-//!   series; `images/kernel/mutants/<name>.series`: the patches to apply
-//!   instead of the series (the seed as posted), one a line, each a file
-//!   relative to `images/kernel/` or the name of one of the series' patches;
+//!   series and the testbed's patches; `images/kernel/mutants/<name>.series`:
+//!   the patches to apply instead of both (the seed as posted), one a line,
+//!   each a file relative to `images/kernel/` or the name of one of them;
 //!   `#` starts a comment. Each is a kernel build: run on demand only.
 //!
 //! A patch file may start with lines of prose (`#` comments: what bug it
@@ -184,10 +184,10 @@ fn apply(root: &Path, patch: &Path) -> Result<()> {
 }
 
 /// The kernel patch list a kernel mutant asks for, given the series
-/// (`series`: the series' patches in order, in `kernel_dir`, which is
-/// `images/kernel/`): for a `.patch`, the series then the mutant; for a
-/// `.series`, its lines in order (a line that is neither a file nor a patch
-/// of the series is an error).
+/// (`series`: the series' patches then the testbed's, in order, below
+/// `kernel_dir`, which is `images/kernel/`): for a `.patch`, those then the
+/// mutant; for a `.series`, its lines in order (a line that is neither a
+/// file nor one of those patches is an error).
 pub fn kernel_patches(
     mutant: &Mutant,
     series: &[PathBuf],
@@ -257,8 +257,7 @@ mod tests {
     fn every_kernel_series_of_the_repository_names_files_that_exist() {
         let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
         let kernel_dir = repo.join("images/kernel");
-        let mut series = crate::build::cache::files_below(&kernel_dir.join("patches")).unwrap();
-        series.retain(|p| p.extension().is_some_and(|e| e == "patch"));
+        let series = crate::build::image::kernel::patches(repo).unwrap();
         let lists: Vec<Mutant> = all(repo)
             .unwrap()
             .into_iter()

@@ -110,7 +110,9 @@ pub fn images_dir(workspace: &Path) -> PathBuf {
 struct Inputs {
     /// (file name, contents): the config fragments in merge order.
     fragments: Vec<(String, Vec<u8>)>,
-    /// (file name, contents): the patches in the order they apply.
+    /// (name, contents): the patches in the order they apply, each named by
+    /// its path below `images/kernel/` (`patches/…`, `testbed-patches/…`,
+    /// `mutants/…`).
     patches: Vec<(String, Vec<u8>)>,
 }
 
@@ -139,11 +141,16 @@ impl Inputs {
         let patches = chosen
             .iter()
             .map(|patch| {
-                let name = patch
-                    .file_name()
-                    .context("a patch has a name")?
-                    .to_string_lossy()
-                    .into_owned();
+                let name = match patch.strip_prefix(&dir) {
+                    Ok(below) => below.to_string_lossy().into_owned(),
+                    Err(_) => format!(
+                        "patches/{}",
+                        patch
+                            .file_name()
+                            .context("a patch has a name")?
+                            .to_string_lossy()
+                    ),
+                };
                 Ok((
                     name,
                     fs::read(patch).with_context(|| format!("reading {}", patch.display()))?,
@@ -153,12 +160,14 @@ impl Inputs {
         Ok(Inputs { fragments, patches })
     }
 
-    /// Writes the inputs into `dir` (fragments, then `patches/`); returns
-    /// their paths in order.
+    /// Writes the inputs into `dir` (fragments, then the patches below the
+    /// folders they come from); returns their paths in order.
     fn write(&self, dir: &Path) -> Result<(Vec<PathBuf>, Vec<PathBuf>)> {
-        fs::create_dir_all(dir.join("patches"))?;
         let write = |rel: String, bytes: &[u8]| -> Result<PathBuf> {
             let path = dir.join(rel);
+            if let Some(parent) = path.parent() {
+                fs::create_dir_all(parent)?;
+            }
             fs::write(&path, bytes).with_context(|| format!("writing {}", path.display()))?;
             Ok(path)
         };
@@ -170,7 +179,7 @@ impl Inputs {
         let patches = self
             .patches
             .iter()
-            .map(|(name, bytes)| write(format!("patches/{name}"), bytes))
+            .map(|(name, bytes)| write(name.clone(), bytes))
             .collect::<Result<_>>()?;
         Ok((fragments, patches))
     }
@@ -196,7 +205,7 @@ fn key(inputs: &Inputs) -> Result<Key> {
         );
     }
     for (name, bytes) in &inputs.patches {
-        key.add(&format!("patches/{name}"), bytes);
+        key.add(name, bytes);
     }
     key.add(
         "rustc",
@@ -362,12 +371,22 @@ fn unpack(step: &Step, entry: &Entry, tree: &Path, patches: &[PathBuf]) -> Resul
     Ok(())
 }
 
-/// The kernel patches, in the order they apply: `images/kernel/patches/*.patch`
-/// sorted by name (other files there, such as its README, are not patches).
-fn patches(workspace: &Path) -> Result<Vec<PathBuf>> {
-    let mut patches = cache::files_below(&images_dir(workspace).join("patches"))?;
-    patches.retain(|p| p.extension().is_some_and(|e| e == "patch"));
-    Ok(patches)
+/// The folders of kernel patches below `images/kernel/`, in the order they
+/// apply: the series as it would be posted, then what only the testbed
+/// needs (see each folder's README).
+pub const PATCH_DIRS: [&str; 2] = ["patches", "testbed-patches"];
+
+/// The kernel patches, in the order they apply: the `*.patch` files of each
+/// of [`PATCH_DIRS`] in turn, sorted by name (other files there, such as a
+/// README, are not patches).
+pub fn patches(workspace: &Path) -> Result<Vec<PathBuf>> {
+    let mut all = Vec::new();
+    for dir in PATCH_DIRS {
+        let mut patches = cache::files_below(&images_dir(workspace).join(dir))?;
+        patches.retain(|p| p.extension().is_some_and(|e| e == "patch"));
+        all.extend(patches);
+    }
+    Ok(all)
 }
 
 /// Options from the fragment whose value is not what the final .config has.
