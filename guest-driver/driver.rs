@@ -1215,7 +1215,7 @@ impl Pmu for DomainPmu {
         // (arm_dsu_pmu, arm-ccn): a branch stack, whose `branch_sample_type` filters branches by
         // privilege level and kind, as `exclude_*` would. Every other bit only shapes samples,
         // which a counting event never writes, or the ids of the core's side-band records.
-        if hw::has_branch_stack(event) {
+        if event.has_branch_stack() {
             return Err(EINVAL);
         }
         self.domain().dev.check_config(event)?;

@@ -152,8 +152,3 @@ out:
 	cpus_read_unlock();
 	return ret;
 }
-
-bool perfbed_event_has_branch_stack(struct perf_event *event)
-{
-	return has_branch_stack(event);
-}
