@@ -338,6 +338,7 @@ pub fn scenario_for(
         plot: args.plot,
         driver: images.driver.clone(),
         known_bugs: args.known_bugs,
+        fail_injection: images.variant == image::Variant::Debug,
     })
 }
 

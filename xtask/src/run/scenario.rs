@@ -11,7 +11,7 @@ use perfbed_device::ControlClient;
 
 use crate::checks::{self, clean_log_check, Check, Report};
 use crate::debug::gdb;
-use crate::guest::{Guest, MODULE};
+use crate::guest::{pmu_name, Guest, MODULE};
 use crate::host::config::VmConfig;
 use crate::host::vm::Vm;
 use crate::host::Accel;
@@ -32,6 +32,9 @@ pub struct Scenario {
     pub driver: PathBuf,
     /// Run the checks of known, open bugs too (`--known-bugs`).
     pub known_bugs: bool,
+    /// The kernel can fail a hotplug operation at a chosen state
+    /// (`CONFIG_CPU_HOTPLUG_STATE_CONTROL`: the debug kernel).
+    pub fail_injection: bool,
 }
 
 /// Boots and runs the scenario. An `Err` means the run could not complete
@@ -66,6 +69,7 @@ pub fn run(scenario: &Scenario, accel: &Accel) -> Result<Report> {
         scenario.request_timeout,
     )?);
     checks.push(checks::perf_tool::check(&mut vm, scenario.request_timeout)?);
+    checks.extend(perf_tool_tracing(&mut vm, scenario)?);
     // Both hosts derive the guest's L3s and dies from the domains.
     checks.push(topology_check(&mut vm, scenario, false)?);
 
@@ -115,12 +119,18 @@ pub fn run(scenario: &Scenario, accel: &Accel) -> Result<Report> {
             vm: &mut vm,
             timeout: scenario.request_timeout,
         };
+        let last_domain = scenario.vm.device.domains.len() - 1;
+        checks.push(checks::perf_tool::record_refused(
+            &mut guest,
+            &format!("{}/mbm_total_bytes,rmid=2/", pmu_name(last_domain)),
+        )?);
         checks.extend(checks::pmu::run(
             &mut guest,
             control,
             &control_socket,
             &scenario.vm.device,
             scenario.known_bugs,
+            scenario.fail_injection,
         )?);
     }
 
@@ -173,6 +183,23 @@ pub fn run(scenario: &Scenario, accel: &Accel) -> Result<Report> {
         serial_log,
         trace,
     })
+}
+
+/// perf on the guest kernel's tracing: the hotplug tracepoints counted
+/// across a CPU's offline and online (the last CPU: CPU 0 cannot go), and
+/// `perf trace`.
+fn perf_tool_tracing(vm: &mut Vm, scenario: &Scenario) -> Result<Vec<Check>> {
+    let mut guest = Guest {
+        vm,
+        timeout: scenario.request_timeout,
+    };
+    let mut checks = Vec::new();
+    if scenario.vm.cpus > 1 {
+        let cpu = u32::from(scenario.vm.cpus) - 1;
+        checks.push(checks::perf_tool::cpuhp_tracepoints(&mut guest, cpu, 2)?);
+    }
+    checks.push(checks::perf_tool::trace(&mut guest)?);
+    Ok(checks)
 }
 
 /// The guest's L3s and dies against the domains, at boot or after the

@@ -12,6 +12,7 @@ pub mod context;
 pub mod counts;
 pub mod freeze_attacks;
 pub mod groups;
+pub mod hotplug_fail;
 pub mod hold_attacks;
 pub mod interrupts;
 pub mod move_attacks;
@@ -119,13 +120,16 @@ fn run_one(ctx: &mut Ctx, name: &str, check: CtxCheck) -> Result<Check> {
 /// Runs every check; the driver must be loaded. `control_socket` is the
 /// device's, for checks that inject from a thread of their own. With
 /// `known_bugs`, the checks of known, open bugs run too (they fail until
-/// the bug is fixed).
+/// the bug is fixed). With `fail_injection` (a kernel with
+/// `CONFIG_CPU_HOTPLUG_STATE_CONTROL`: the debug one), hotplug operations
+/// that fail at perf's states and roll back too.
 pub fn run(
     g: &mut Guest,
     control: ControlClient,
     control_socket: &std::path::Path,
     device: &DeviceConfig,
     known_bugs: bool,
+    fail_injection: bool,
 ) -> Result<Vec<Check>> {
     let mut types = Vec::new();
     for d in 0..device.domains.len() {
@@ -172,6 +176,9 @@ pub fn run(
         checks.extend(hold_attacks::run_known_bugs(&mut ctx)?);
     }
     checks.extend(allowed_attacks::run(&mut ctx)?);
+    if fail_injection {
+        checks.push(hotplug_fail::fail_injection(&mut ctx)?);
+    }
     checks.push(registration::unload(&mut ctx)?);
     checks.push(accesses::check(&mut ctx)?);
     Ok(checks)
