@@ -5,8 +5,8 @@
 //!
 //! The kernel fails the operation with `EAGAIN` when it reaches the state
 //! armed in `/sys/devices/system/cpu/cpuN/hotplug/fail` and disarms it; an
-//! offline rolls back up to `online`, an online back down to
-//! `ap:online-idle` (the CPU runs, but the kernel calls it offline). A state
+//! offline rolls back up to `online`, an online back down below the state
+//! (on the 6.12 debug kernel, seen at every state tried: to `offline`). A state
 //! with no callback in the operation's direction is never reached: the
 //! operation completes, the state stays armed, and the row says so.
 
