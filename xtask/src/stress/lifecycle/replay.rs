@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use crate::checks::counting::{DeviceShape, Handle, Kind, Model, Observed, OpenSpec};
 
-use super::journal::{Entry, ReadFormat, StatHow, Step};
+use super::journal::{Entry, ReadFormat, StatHow, Step, PARKED};
 use super::reads;
 
 /// A step whose result the model does not allow.
@@ -161,7 +161,27 @@ pub fn replay(shape: DeviceShape, journal: &[Entry]) -> Replay {
                 },
                 Ok(_),
             ) => model.occupancy(domain, rmid, bytes),
-            (Step::Rate { .. } | Step::Online { .. }, Ok(_)) => {}
+            (Step::Rate { .. } | Step::Online { .. } | Step::Wait { .. }, Ok(_)) => {}
+            (Step::Offline { .. }, Ok(owners)) => {
+                for (domain, &owner) in (0u32..).zip(owners) {
+                    placed(
+                        &mut model,
+                        &mut parked_at,
+                        domain,
+                        owner != PARKED,
+                        entry.at_ns,
+                    );
+                }
+            }
+            (&Step::Allowed { domain, .. }, Ok(mask)) => {
+                placed(
+                    &mut model,
+                    &mut parked_at,
+                    domain,
+                    !mask.is_empty(),
+                    entry.at_ns,
+                );
+            }
             (&Step::Move { domain }, Ok(_)) => model.moved(domain),
             (&Step::OthersOpen { domain }, Ok(_)) => model.others_may_open(domain),
             (&Step::Park { domain }, Ok(_)) => {
@@ -224,6 +244,30 @@ pub fn replay(shape: DeviceShape, journal: &[Entry]) -> Replay {
         }
     }
     out
+}
+
+/// A domain after a step that may have parked it or placed it again (an
+/// offline, an allowed set): the model parks it, places it after the time
+/// it was parked, or sees a move.
+fn placed(
+    model: &mut Model,
+    parked_at: &mut BTreeMap<u32, u64>,
+    domain: u32,
+    placed: bool,
+    at_ns: u64,
+) {
+    match (model.is_parked(domain), placed) {
+        (false, false) => {
+            parked_at.insert(domain, at_ns);
+            model.park(domain);
+        }
+        (true, true) => {
+            let since = parked_at.remove(&domain).unwrap_or(at_ns);
+            model.unpark(domain, at_ns.saturating_sub(since));
+        }
+        (true, false) => {}
+        (false, true) => model.moved(domain),
+    }
 }
 
 #[cfg(test)]
