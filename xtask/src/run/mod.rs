@@ -266,7 +266,7 @@ fn check_args(args: &RunArgs, scenario: bool) -> Result<()> {
     device
         .validate()
         .map_err(|e| anyhow::anyhow!("--domains: {e}"))?;
-    let names = scenario::check_names(args.known_bugs);
+    let names = scenario::check_names(args.known_bugs, args.debug);
     if let Some(p) = args
         .check
         .iter()
@@ -355,6 +355,7 @@ pub fn scenario_for(
         plot: args.plot,
         driver: images.driver.clone(),
         known_bugs: args.known_bugs,
+        fail_injection: images.variant == image::Variant::Debug,
         select: crate::checks::Select::matching(&args.check),
     })
 }

@@ -11,7 +11,7 @@ use perfbed_device::ControlClient;
 
 use crate::checks::{self, clean_log_check, Check, Report, Select};
 use crate::debug::gdb;
-use crate::guest::{Guest, MODULE};
+use crate::guest::{pmu_name, Guest, MODULE};
 use crate::host::config::VmConfig;
 use crate::host::vm::Vm;
 use crate::host::Accel;
@@ -33,6 +33,9 @@ pub struct Scenario {
     pub driver: PathBuf,
     /// Run the checks of known, open bugs too (`--known-bugs`).
     pub known_bugs: bool,
+    /// The kernel can fail a hotplug operation at a chosen state
+    /// (`CONFIG_CPU_HOTPLUG_STATE_CONTROL`: the debug kernel).
+    pub fail_injection: bool,
     /// Which checks run (`--check`); the boot and the driver's load
     /// happen whatever it says.
     pub select: Select,
@@ -55,21 +58,28 @@ const HOTPLUG_CHECKS: [&str; 3] = [
 
 /// The printed names of every check of a run, in order. `kernel version`,
 /// `CPUs online`, `module loaded` and `clean kernel log` are reported
-/// whatever `--check` selects.
-pub fn check_names(known_bugs: bool) -> Vec<&'static str> {
+/// whatever `--check` selects. `fail_injection`: the debug kernel's run.
+pub fn check_names(known_bugs: bool, fail_injection: bool) -> Vec<&'static str> {
     let mut names = vec!["kernel version", "CPUs online"];
     names.extend(DEVICE_CHECKS);
     names.extend([
         "perf tool",
+    ]);
+    names.extend(PERF_TRACING_CHECKS);
+    names.extend([
         "topology matches the domains",
         "module loaded",
         "driver's cacheinfo cross-check",
+        "perf record refused",
     ]);
-    names.extend(checks::pmu::names(known_bugs));
+    names.extend(checks::pmu::names(known_bugs, fail_injection));
     names.extend(HOTPLUG_CHECKS);
     names.push("clean kernel log");
     names
 }
+
+/// perf on the guest kernel's tracing ([`perf_tool_tracing`]).
+const PERF_TRACING_CHECKS: [&str; 2] = ["perf stat cpuhp tracepoints", "perf trace"];
 
 /// Boots and runs the scenario. An `Err` means the run could not complete
 /// (the guest hung, panicked or never came up); failed checks are in the
@@ -109,6 +119,7 @@ pub fn run(scenario: &Scenario, accel: &Accel) -> Result<Report> {
     if select.wants("perf tool") {
         checks.push(checks::perf_tool::check(&mut vm, scenario.request_timeout)?);
     }
+    checks.extend(perf_tool_tracing(&mut vm, scenario)?);
     // Both hosts derive the guest's L3s and dies from the domains.
     if select.wants("topology matches the domains") {
         checks.push(topology_check(&mut vm, scenario, false)?);
@@ -160,12 +171,20 @@ pub fn run(scenario: &Scenario, accel: &Accel) -> Result<Report> {
             vm: &mut vm,
             timeout: scenario.request_timeout,
         };
+        if select.wants("perf record refused") {
+            let last_domain = scenario.vm.device.domains.len() - 1;
+            checks.push(checks::perf_tool::record_refused(
+                &mut guest,
+                &format!("{}/mbm_total_bytes,rmid=2/", pmu_name(last_domain)),
+            )?);
+        }
         checks::pmu::run(
             &mut guest,
             control,
             &control_socket,
             &scenario.vm.device,
             scenario.known_bugs,
+            scenario.fail_injection,
             select,
             &mut checks,
         )?;
@@ -222,6 +241,26 @@ pub fn run(scenario: &Scenario, accel: &Accel) -> Result<Report> {
         serial_log,
         trace,
     })
+}
+
+/// perf on the guest kernel's tracing: the hotplug tracepoints counted
+/// across a CPU's offline and online (the last CPU: CPU 0 cannot go), and
+/// `perf trace`.
+fn perf_tool_tracing(vm: &mut Vm, scenario: &Scenario) -> Result<Vec<Check>> {
+    let mut guest = Guest {
+        vm,
+        timeout: scenario.request_timeout,
+    };
+    let [cpuhp, trace] = PERF_TRACING_CHECKS;
+    let mut checks = Vec::new();
+    if scenario.vm.cpus > 1 && scenario.select.wants(cpuhp) {
+        let cpu = u32::from(scenario.vm.cpus) - 1;
+        checks.push(checks::perf_tool::cpuhp_tracepoints(&mut guest, cpu, 2)?);
+    }
+    if scenario.select.wants(trace) {
+        checks.push(checks::perf_tool::trace(&mut guest)?);
+    }
+    Ok(checks)
 }
 
 /// The guest's L3s and dies against the domains, at boot or after the

@@ -23,6 +23,8 @@ pub struct Images {
     pub qemu: qemu::Qemu,
     /// perfbed.ko as built (with its symbols), for gdb.
     pub driver: PathBuf,
+    /// Which kernel `vmlinux` is.
+    pub variant: Variant,
 }
 
 pub use kernel::Variant;
@@ -90,6 +92,7 @@ fn ensure_mutated(
             kernel_release: kernel.release,
             qemu: qemu?,
             driver,
+            variant,
         })
     })
 }

@@ -12,6 +12,7 @@ pub mod context;
 pub mod counts;
 pub mod freeze_attacks;
 pub mod groups;
+pub mod hotplug_fail;
 pub mod hold_attacks;
 pub mod interrupts;
 pub mod move_attacks;
@@ -131,13 +132,17 @@ type Planned<'s> = (
 /// of the plan one span of the trace's bands); the driver must be loaded.
 /// `control_socket` is the device's, for checks that inject from a thread
 /// of their own. With `known_bugs`, the checks of known, open bugs run too
-/// (they fail until the bug is fixed).
+/// (they fail until the bug is fixed). With `fail_injection` (a kernel with
+/// `CONFIG_CPU_HOTPLUG_STATE_CONTROL`: the debug one), hotplug operations
+/// that fail at perf's states and roll back too.
+#[allow(clippy::too_many_arguments)]
 pub fn run(
     g: &mut Guest,
     control: ControlClient,
     control_socket: &std::path::Path,
     device: &DeviceConfig,
     known_bugs: bool,
+    fail_injection: bool,
     select: &Select,
     checks: &mut CheckLog,
 ) -> Result<()> {
@@ -152,7 +157,7 @@ pub fn run(
         types,
     };
     ctx.control.reset_stats()?;
-    for (name, check) in plan(control_socket, known_bugs) {
+    for (name, check) in plan(control_socket, known_bugs, fail_injection) {
         if select.wants(name) {
             checks.extend(check(&mut ctx)?);
         }
@@ -161,15 +166,19 @@ pub fn run(
 }
 
 /// The printed names of the checks `run` runs, in order.
-pub fn names(known_bugs: bool) -> Vec<&'static str> {
-    plan(std::path::Path::new(""), known_bugs)
+pub fn names(known_bugs: bool, fail_injection: bool) -> Vec<&'static str> {
+    plan(std::path::Path::new(""), known_bugs, fail_injection)
         .into_iter()
         .map(|(name, _)| name)
         .collect()
 }
 
 /// Every check of `run`, in order, by its printed name.
-fn plan(control_socket: &std::path::Path, known_bugs: bool) -> Vec<Planned<'_>> {
+fn plan(
+    control_socket: &std::path::Path,
+    known_bugs: bool,
+    fail_injection: bool,
+) -> Vec<Planned<'_>> {
     let one = |check: CtxCheck| move |ctx: &mut Ctx| Ok(vec![check(ctx)?]);
     let named = |&(name, check): &'static (&'static str, CtxCheck)| -> Planned {
         (
@@ -227,6 +236,12 @@ fn plan(control_socket: &std::path::Path, known_bugs: bool) -> Vec<Planned<'_>> 
             }),
         )
     }));
+    if fail_injection {
+        plan.push((
+            "hotplug fail injection",
+            Box::new(one(hotplug_fail::fail_injection)),
+        ));
+    }
     plan.push(("module unload", Box::new(one(registration::unload))));
     plan.push(("driver's accesses", Box::new(one(accesses::check))));
     plan

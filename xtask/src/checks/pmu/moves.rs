@@ -32,7 +32,7 @@ pub fn movable_domain(ctx: &Ctx) -> Result<(usize, Vec<u32>)> {
 
 /// Steady traffic that flows while CPUs move: 64 MiB/s, so that a move
 /// (tens of milliseconds under TCG) always has some land while it is under way.
-const MOVING_RATE: u64 = 64 * MIB;
+pub const MOVING_RATE: u64 = 64 * MIB;
 
 /// 3. The owner CPU goes while traffic flows: `cpumask` moves inside the
 ///    set, the count is exactly the traffic that landed while the event was
