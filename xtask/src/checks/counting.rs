@@ -802,6 +802,7 @@ impl Model {
     }
 
     /// What the next read of `handle` must show (`None`: not open).
+    #[allow(dead_code)]
     pub fn expect(&self, handle: Handle) -> Option<Expected> {
         let mut now = self.clone();
         now.fold();
