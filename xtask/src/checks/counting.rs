@@ -83,19 +83,47 @@
 //! never an inexact count claimed as fully running. A park long enough that
 //! a wrap *could* have landed (half a wrap's time at the device's maximum
 //! rate: the driver sees time, not traffic) may show less running too, but
-//! its count stays exact; `time_running` never goes down (but after a
-//! `DISABLE` while parked, docs/counting-semantics.md's open exception).
+//! its count stays exact; `time_running` never goes down.
 //!
-//! An event enabled while its PMU is parked, that has never been scheduled,
-//! may or may not count what lands before the PMU is placed again: the model
-//! treats that epoch as *maybe* counting.
+//! An event DISABLEd while its PMU is parked has its slot frozen
+//! (`SLOT_CTL_FROZEN`): its count is exact, nothing after the DISABLE
+//! reaches it, and its own ENABLE thaws the slot, counting on for sure. The
+//! frozen slot keeps its place (counts against the domain's slots for the
+//! rest of the park) until that ENABLE or the placement. An event *put on*
+//! its PMU while parked in any other way (enabled, its leader enabled, or
+//! promoted by its leader's close) is *maybe* counting until the PMU is
+//! placed again.
 //!
 //! A parked PMU whose slot events do not all fit at some moment of a park
 //! keeps the extra ones scheduled without a slot, not counting (patch 0026),
 //! and a parked PMU is neither rotated (patch 0034) nor rescheduled when the
 //! contention ends: from that
 //! moment until the PMU is placed again its slot events are *maybe*
-//! counting.
+//! counting. A gauge read while parked shows exactly what its last fold
+//! left (0 after a RESET while parked).
+//!
+//! # Rules across events, and clocks that never go back
+//!
+//! Neither clock of an event ever goes back, across all its reads. Over the
+//! window between two moments at which several events of one PMU were read
+//! (reads one after the other), for those enabled with an enabled leader
+//! throughout, allowing [`READ_SKEW_NS`] per read: at most `slots` counters
+//! run at once (`Σ Δrunning <= slots × Δenabled`), an exclusive group runs
+//! alone, and a group's `mbm_*` members run together (equal `Δrunning`,
+//! in a window without a park or a placement).
+//!
+//! # CPUs going offline
+//!
+//! A group of software events only lives in its CPU's context; when that
+//! CPU goes offline perf takes every event out of it with `DETACH_GROUP`
+//! (`__perf_event_exit_context()`): single events, `OFF`, never scheduled
+//! again, also once the CPU is back ([`Model::cpu_offline`]).
+//!
+//! # Foreseeing reads
+//!
+//! [`Model::expect`] says what the next read of an event must show;
+//! [`Model::predict`] also takes such a read as the baseline, so that a
+//! journal's reads can be foreseen on the host.
 //!
 //! # Mismatches
 //!
