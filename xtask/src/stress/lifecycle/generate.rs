@@ -21,8 +21,11 @@ pub const FUZZ_RMIDS: u32 = 4;
 pub const RMID_LOOP: u32 = 5;
 pub const RMID_PERF_STAT: u32 = 6;
 pub const RMID_RATE: u32 = 7;
-/// Most events open at once (more than the slots of one domain).
+/// Most events open at once (more than the slots of one domain), besides
+/// those of groups of cpu-clock events only, which have a budget of their
+/// own so that they are open when their CPU goes offline.
 const MAX_OPEN: usize = 14;
+const MAX_SOFTWARE: usize = 6;
 /// Largest burst in counter units (256 KiB of 64 B: far from a wrap).
 const MAX_BURST_UNITS: u64 = 4096;
 
@@ -229,7 +232,7 @@ impl Generator {
     }
 
     fn open_single(&mut self) -> Vec<Step> {
-        if self.opened.len() >= MAX_OPEN {
+        if self.open_besides_software() >= MAX_OPEN {
             return vec![];
         }
         let d = self.domain();
@@ -247,11 +250,11 @@ impl Generator {
     }
 
     fn open_group(&mut self) -> Vec<Step> {
-        if self.opened.len() + 4 > MAX_OPEN {
-            return vec![];
-        }
         if self.rng.chance(25) {
             return self.open_software_group();
+        }
+        if self.open_besides_software() + 4 > MAX_OPEN {
+            return vec![];
         }
         let d = self.domain();
         let leader_handle = self.next_handle;
@@ -322,6 +325,9 @@ impl Generator {
     /// goes (a CPU going offline takes its groups apart for good, see
     /// `Model::cpu_offline`).
     fn open_software_group(&mut self) -> Vec<Step> {
+        if self.opened.len() - self.open_besides_software() + 4 > MAX_SOFTWARE {
+            return vec![];
+        }
         let online: Vec<u32> = self.online.iter().copied().collect();
         let Some(&cpu) = self.rng.pick(&online) else {
             return vec![];
@@ -348,6 +354,20 @@ impl Generator {
                 }
             })
             .collect()
+    }
+
+    /// Open events other than those of groups of cpu-clock events only.
+    fn open_besides_software(&self) -> usize {
+        self.opened
+            .keys()
+            .filter(|&&h| {
+                let leader = self.model.leader(h).unwrap_or(h);
+                self.model
+                    .group(leader)
+                    .iter()
+                    .any(|m| self.opened.get(m).is_some_and(|o| o.pmu.is_some()))
+            })
+            .count()
     }
 
     fn handle(&mut self) -> Option<Handle> {
@@ -632,7 +652,7 @@ mod tests {
                     _ => {}
                 }
             }
-            assert!(g.opened.len() <= MAX_OPEN);
+            assert!(g.opened.len() <= MAX_OPEN + MAX_SOFTWARE);
         }
         assert!(next > 100, "only {next} opens");
     }
