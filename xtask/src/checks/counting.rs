@@ -670,14 +670,12 @@ impl Model {
             let Some(e) = self.events.get_mut(&h) else {
                 continue;
             };
+            // perf enables and disables a detached event through a call on
+            // its CPU, which does nothing while that CPU is offline.
+            let unreachable = e.detached && e.cpu.is_some_and(|c| self.offline.contains(&c));
             match ioctl {
-                // perf enables a detached event through a call on its CPU,
-                // which does nothing while that CPU is offline.
-                Ioctl::Enable => {
-                    if !(e.detached && e.cpu.is_some_and(|c| self.offline.contains(&c))) {
-                        e.enabled = true;
-                    }
-                }
+                Ioctl::Enable | Ioctl::Disable if unreachable => {}
+                Ioctl::Enable => e.enabled = true,
                 // Exact also while parked: the driver freezes the slot at
                 // the DISABLE (`SLOT_CTL_FROZEN`), see `note_scheduled`.
                 Ioctl::Disable => e.enabled = false,
@@ -723,7 +721,8 @@ impl Model {
         self.offline.insert(cpu);
         let moment = self.moment;
         for (&h, e) in self.events.iter_mut() {
-            if e.group_pmu.is_none() && e.cpu == Some(cpu) {
+            // One detached already is in no context's list: untouched.
+            if e.group_pmu.is_none() && e.cpu == Some(cpu) && !e.detached {
                 e.detached = true;
                 e.enabled = false;
                 e.leader = h;
@@ -2135,6 +2134,14 @@ mod tests {
         );
         assert_eq!(fields(&mut m, 2, seen(0, 200, 120)), vec![]);
         assert_eq!(fields(&mut m, 7, seen(0, 300, 300)), vec![]);
+        // Out of every context's list, a second offline leaves it as it is
+        // (INACTIVE: enabled, never running), and a DISABLE while its CPU
+        // is offline does not reach it.
+        m.cpu_offline(3);
+        assert!(m.is_enabled(2));
+        m.ioctl(2, Ioctl::Disable, false);
+        assert!(m.is_enabled(2));
+        assert_eq!(fields(&mut m, 2, seen(0, 260, 120)), vec![]);
     }
 
     #[test]
