@@ -109,7 +109,7 @@
 //! (reads one after the other), for those enabled with an enabled leader
 //! throughout, allowing [`READ_SKEW_NS`] per read: at most `slots` counters
 //! run at once (`Σ Δrunning <= slots × Δenabled`), an exclusive group runs
-//! alone, and a group's `mbm_*` members run together (equal `Δrunning`,
+//! alone (beside pinned groups only, as perf schedules it), and a group's `mbm_*` members run together (equal `Δrunning`,
 //! in a window without a park or a placement).
 //!
 //! # CPUs going offline
@@ -1090,7 +1090,7 @@ impl Model {
     /// - at most `slots` counters run at once: `Σ Δrunning <= slots ×
     ///   Δenabled` over its `mbm_*` events;
     /// - an exclusive group runs alone: its `Δrunning` plus any other
-    ///   group's is at most `Δenabled`;
+    ///   flexible group's is at most `Δenabled` (pinned ones may run beside it);
     /// - a group's members run together: equal `Δrunning` for its `mbm_*`
     ///   members, in a window without a park or a placement.
     fn across_events(&mut self, handle: Handle, en: u64, run: u64) -> Vec<Mismatch> {
@@ -1172,9 +1172,13 @@ impl Model {
             if !self.events.get(&x).is_some_and(|e| e.spec.exclusive) {
                 continue;
             }
+            // perf keeps an exclusive group from sharing the PMU with
+            // flexible groups only (`group_can_go_on()` looks at the list
+            // of its own kind): pinned ones go on first and stay beside it.
+            let flexible = |g: Handle| !self.events.get(&g).is_some_and(|e| e.spec.pinned);
             if let Some((&g, &(_, rg))) = groups
                 .iter()
-                .filter(|(&g, _)| g != x)
+                .filter(|(&g, _)| g != x && flexible(g))
                 .max_by_key(|(_, r)| r.1)
             {
                 if rx + rg > wall + 2 * READ_SKEW_NS {
@@ -2078,6 +2082,16 @@ mod tests {
         assert_eq!(fields(&mut turns, 2, seen(0, s, s / 2)), vec![]);
         assert_eq!(fields(&mut m, 1, seen(0, s, 8 * s / 10)), vec![]);
         assert_eq!(fields(&mut m, 2, seen(0, s, s / 2)), vec![Field::Running]);
+        // A pinned group goes on before it and stays beside it (seed 17,
+        // operation 833).
+        let mut m = Model::new(SHAPE);
+        m.open(1, counter(0, 1).exclusive());
+        m.open(2, counter(0, 2).pinned());
+        assert_eq!(fields(&mut m, 1, seen(0, 0, 0)), vec![]);
+        assert_eq!(fields(&mut m, 2, seen(0, 0, 0)), vec![]);
+        m.moved(0);
+        assert_eq!(fields(&mut m, 1, seen(0, s, s / 2)), vec![]);
+        assert_eq!(fields(&mut m, 2, seen(0, s, s)), vec![]);
         // {1, 2} and two more: multiplexed, the pair in and out together.
         let mut m = Model::new(SHAPE);
         m.open(1, counter(0, 1));
