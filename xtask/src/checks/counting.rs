@@ -401,6 +401,10 @@ struct EventState {
     /// Frozen by its own DISABLE (not its leader's): its ENABLE thaws the
     /// slot and it counts on from there.
     frozen_own: bool,
+    /// A software event promoted by its disabled leader's close in a CPU's
+    /// context: upstream leaves it to that context's next schedule-in,
+    /// which the model does not see (maybe counting from then on).
+    waits_schedule_in: bool,
     /// The last moment it was not enabled with an enabled leader, or was
     /// opened, detached or promoted: the rules across events hold for a
     /// window after it.
@@ -622,6 +626,7 @@ impl Model {
                 parked_on: false,
                 frozen: false,
                 frozen_own: false,
+                waits_schedule_in: false,
                 // Opened at the operation that began this moment.
                 steady_since: self.moment - 1,
                 value: 0,
@@ -638,12 +643,15 @@ impl Model {
     /// A close; a leader's siblings become leaders of their own.
     pub fn close(&mut self, handle: Handle) {
         self.epoch();
-        if self.events.remove(&handle).is_none() {
+        let Some(closed) = self.events.remove(&handle) else {
             return;
-        }
+        };
         let moment = self.moment;
         for (&h, e) in self.events.iter_mut() {
             if e.leader == handle {
+                // Patch 0054 reschedules a device PMU at the close; a CPU's
+                // context of software events is upstream's.
+                e.waits_schedule_in |= e.group_pmu.is_none() && !closed.enabled;
                 e.leader = h;
                 e.steady_since = moment - 1;
             }
@@ -1383,7 +1391,9 @@ impl Model {
                 // parked its value is whatever the last fold left.
                 let parked = e.spec.kind.pmu().is_some_and(|p| self.is_parked(p));
                 let gauge = matches!(e.spec.kind, Kind::Gauge { .. });
-                if counting == Counting::Yes && (e.parked_on || parked && gauge) {
+                if counting == Counting::Yes
+                    && (e.parked_on || parked && gauge || e.waits_schedule_in)
+                {
                     counting = Counting::Maybe;
                 }
                 // A parked PMU contended during this park: see
@@ -2156,6 +2166,28 @@ mod tests {
         m.ioctl(2, Ioctl::Disable, false);
         assert!(m.is_enabled(2));
         assert_eq!(fields(&mut m, 2, seen(0, 260, 120)), vec![]);
+    }
+
+    #[test]
+    fn a_software_sibling_promoted_by_its_disabled_leaders_close_waits_for_a_schedule_in() {
+        // Seed 3, operation 1119: {106 disabled, 107, 108} cpu-clock on CPU
+        // 1, the leader closed; upstream schedules the promoted siblings at
+        // the CPU context's next schedule-in, if any.
+        let mut m = Model::new(SHAPE);
+        m.open_on(1, software().disabled(), Some(1));
+        m.open_on(2, software().under(1), Some(1));
+        m.open_on(3, counter(0, 1).disabled(), None);
+        m.open_on(4, counter(0, 2).under(3), None);
+        assert_eq!(fields(&mut m, 2, seen(0, 0, 0)), vec![]);
+        assert_eq!(fields(&mut m, 4, seen(0, 0, 0)), vec![]);
+        m.close(1);
+        m.close(3);
+        assert_eq!(fields(&mut m, 2, seen(0, 50, 0)), vec![]);
+        assert_eq!(fields(&mut m, 4, seen(0, 50, 0)), vec![]);
+        m.moved(0);
+        assert_eq!(fields(&mut m, 2, seen(0, 100, 0)), vec![]);
+        // A device PMU is rescheduled at the close (patch 0054).
+        assert_eq!(fields(&mut m, 4, seen(0, 100, 0)), vec![Field::Running]);
     }
 
     #[test]
