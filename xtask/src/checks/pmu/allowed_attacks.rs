@@ -1006,9 +1006,7 @@ pub fn run(ctx: &mut Ctx) -> Result<Vec<Check>> {
         {
             // If the guest is gone, say why the check stopped too.
             ctx.g.set_online(cpu, true).with_context(|| match &result {
-                Err(e) => format!(
-                    "bringing CPU {cpu} back online after \"{name}\" could not finish: {e:#}"
-                ),
+                Err(e) => format!("bringing CPU {cpu} back online after \"{name}\" could not finish: {e:#}"),
                 Ok(_) => format!("bringing CPU {cpu} back online after \"{name}\""),
             })?;
         }

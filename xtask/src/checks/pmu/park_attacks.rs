@@ -469,10 +469,7 @@ pub fn frozen_slot_kept_while_parked(ctx: &mut Ctx) -> Result<Check> {
     let mut rmids = many.rmids.clone();
     rmids.push(extra_rmid);
     let burst = |ctx: &mut Ctx, b: u64| {
-        let inj: Vec<_> = rmids
-            .iter()
-            .map(|&r| (d, r, Event::MbmTotalBytes, b))
-            .collect();
+        let inj: Vec<_> = rmids.iter().map(|&r| (d, r, Event::MbmTotalBytes, b)).collect();
         ctx.inject_and_land(&inj)
     };
     let s = ctx.g.read_many(&all)?;
