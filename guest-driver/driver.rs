@@ -78,7 +78,9 @@
 //! - Cgroup and task events are refused (the PMU has no task context, so the perf core refuses
 //!   both with `EINVAL`), and so is every attribute a counting device PMU cannot honour:
 //!   sampling, `sigtrap` and `precise_ip` (`EOPNOTSUPP`, as for perf's PMUs without the
-//!   feature), `exclude_*`, `config1`-`config3` and unknown `config` bits (`EINVAL`).
+//!   feature), `exclude_*`, a branch stack (`PERF_SAMPLE_BRANCH_STACK`, whatever its
+//!   `branch_sample_type`), `config1`-`config3` and unknown `config` bits (`EINVAL`).
+//!   docs/attributes.md goes through every bit of `sample_type` and `branch_sample_type`.
 //!
 //! The domain's state is behind a raw spinlock (the PMU callbacks run under the perf context's
 //! raw lock), always taken with interrupts off; `read` may run in NMI context and then only tries
@@ -1207,6 +1209,13 @@ impl Pmu for DomainPmu {
         // Filters it cannot apply (`PERF_PMU_CAP_NO_EXCLUDE` makes the core refuse these too),
         // and another PMU type's field.
         if event.has_exclude() || event.bp_type() != 0 {
+            return Err(EINVAL);
+        }
+        // Of `sample_type`, the one bit perf's device PMUs refuse on a counting event too
+        // (arm_dsu_pmu, arm-ccn): a branch stack, whose `branch_sample_type` filters branches by
+        // privilege level and kind, as `exclude_*` would. Every other bit only shapes samples,
+        // which a counting event never writes, or the ids of the core's side-band records.
+        if hw::has_branch_stack(event) {
             return Err(EINVAL);
         }
         self.domain().dev.check_config(event)?;

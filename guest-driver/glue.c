@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
  * The C side of perfbed.ko, kept small and free of logic: the module
- * parameter, MMIO, cross-CPU calls, a self-rearming delayed work and the
- * kernel's cacheinfo.
+ * parameter, MMIO, cross-CPU calls, a self-rearming delayed work, the
+ * kernel's cacheinfo and an event attribute the Rust abstraction lacks.
  * See glue.h; the driver itself is in driver.rs.
  */
 
@@ -12,6 +12,7 @@
 #include <linux/irqflags.h>
 #include <linux/jiffies.h>
 #include <linux/moduleparam.h>
+#include <linux/perf_event.h>
 #include <linux/ratelimit.h>
 #include <linux/slab.h>
 #include <linux/smp.h>
@@ -150,4 +151,9 @@ int perfbed_l3_shared_cpus(unsigned int cpu, u64 *shared)
 out:
 	cpus_read_unlock();
 	return ret;
+}
+
+bool perfbed_event_has_branch_stack(struct perf_event *event)
+{
+	return has_branch_stack(event);
 }

@@ -9,6 +9,7 @@
 
 #include <linux/types.h>
 
+struct perf_event;
 struct perfbed_poller;
 
 /* The `device=<size>@<base>` module parameter (NUL-terminated, read-only). */
@@ -46,5 +47,11 @@ void perfbed_poller_destroy(struct perfbed_poller *poller);
  * CPU hotplug lock).
  */
 int perfbed_l3_shared_cpus(unsigned int cpu, u64 *shared);
+
+/*
+ * The kernel's has_branch_stack(): whether @event's attr.sample_type asks for
+ * PERF_SAMPLE_BRANCH_STACK (kernel::perf::Event has no accessor for it).
+ */
+bool perfbed_event_has_branch_stack(struct perf_event *event);
 
 #endif /* PERFBED_GLUE_H */

@@ -6,6 +6,7 @@
 use kernel::ffi::{c_char, c_int, c_uint, c_void};
 use core::ptr::{self, NonNull};
 
+use kernel::perf::Event;
 use kernel::prelude::*;
 use kernel::sync::Arc;
 
@@ -38,6 +39,7 @@ extern "C" {
     fn perfbed_poller_kick_now(poller: *mut RawPoller);
     fn perfbed_poller_destroy(poller: *mut RawPoller);
     fn perfbed_l3_shared_cpus(cpu: c_uint, shared: *mut u64) -> c_int;
+    fn perfbed_event_has_branch_stack(event: *mut c_void) -> bool;
 }
 
 /// Returns the `device=` module parameter (empty when not given).
@@ -52,6 +54,17 @@ pub(crate) fn ratelimit() -> bool {
     // SAFETY: `perfbed_ratelimit` only updates a static ratelimit state under its own lock; it
     // may be called from any context.
     unsafe { perfbed_ratelimit() }
+}
+
+/// Whether `event` asks for a branch stack (`PERF_SAMPLE_BRANCH_STACK` in `attr.sample_type`),
+/// which 6.12's [`Event`] has no accessor for: the kernel's `has_branch_stack()`.
+pub(crate) fn has_branch_stack(event: &Event) -> bool {
+    // CAST: [`Event::key`] is the event's address, as its documentation says.
+    let raw = event.key() as *mut c_void;
+    // SAFETY: `raw` is the `struct perf_event` that `event` wraps, alive while `&Event` is (for
+    // the callback that was given it); `has_branch_stack()` only reads its `attr.sample_type`,
+    // which the perf core writes before the event reaches any PMU callback.
+    unsafe { perfbed_event_has_branch_stack(raw) }
 }
 
 /// Prints a warning, rate-limited (there is no `pr_warn_ratelimited!` in 6.12's Rust).

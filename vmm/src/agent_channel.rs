@@ -15,6 +15,7 @@
 //! reader is slow the guest's writers wait in the guest (back-pressure).
 
 use std::io;
+use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -29,8 +30,11 @@ const STREAM: u32 = 0;
 /// Queue `i`'s notifier is `NOTIFIER + i`.
 const NOTIFIER: u32 = 1;
 
-/// Binds `path` (replacing a stale socket) and waits for the one client.
-pub fn accept_one(path: &Path) -> io::Result<UnixStream> {
+/// Binds `path` (replacing a stale socket) and waits for the one client,
+/// or until `stop` (the termination eventfd) becomes readable: `None` then.
+/// The wait is a `poll(2)` on both, since std's `accept` retries on `EINTR`
+/// and would sleep through SIGTERM.
+pub fn accept_one(path: &Path, stop: &EventFd) -> io::Result<Option<UnixStream>> {
     if let Ok(meta) = std::fs::symlink_metadata(path) {
         use std::os::unix::fs::FileTypeExt;
         if meta.file_type().is_socket() {
@@ -38,10 +42,34 @@ pub fn accept_one(path: &Path) -> io::Result<UnixStream> {
         }
     }
     let listener = UnixListener::bind(path)?;
-    let (stream, _) = listener.accept()?;
+    listener.set_nonblocking(true)?;
+    let stream = loop {
+        match listener.accept() {
+            Ok((stream, _)) => break Some(stream),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+        let mut fds = [
+            libc::pollfd { fd: listener.as_raw_fd(), events: libc::POLLIN, revents: 0 },
+            libc::pollfd { fd: stop.as_raw_fd(), events: libc::POLLIN, revents: 0 },
+        ];
+        // SAFETY: two valid pollfds, for the call's length.
+        let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
+        if rc < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+            return Err(io::Error::last_os_error());
+        }
+        if fds[1].revents & libc::POLLIN != 0 {
+            break None;
+        }
+    };
     // One client only: later connections are refused.
     drop(listener);
     let _ = std::fs::remove_file(path);
+    if let Some(stream) = &stream {
+        // The accepted socket must not inherit the listener's mode here;
+        // `AgentChannel::new` sets what it needs.
+        stream.set_nonblocking(false)?;
+    }
     Ok(stream)
 }
 
@@ -162,5 +190,55 @@ impl EventSubscriber for AgentChannel {
             }
         }
         self.run_console(ops, &mut state);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::*;
+
+    fn socket_path(name: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("perfbed-vmm-accept-{}-{name}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir.join("agent.sock")
+    }
+
+    #[test]
+    fn the_wait_for_the_client_ends_when_the_termination_eventfd_is_written() {
+        let path = socket_path("stop");
+        let stop = EventFd::new(libc::EFD_NONBLOCK).unwrap();
+        let writer = stop.try_clone().unwrap();
+        let start = Instant::now();
+        let signaller = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            writer.write(1).unwrap();
+        });
+        let accepted = accept_one(&path, &stop).unwrap();
+        signaller.join().unwrap();
+        assert!(accepted.is_none(), "no client connected");
+        assert!(start.elapsed() < Duration::from_secs(5), "took {:?}", start.elapsed());
+        assert!(!path.exists(), "the socket file is left behind");
+        assert_eq!(stop.read().unwrap(), 1, "the event stays for the event loop");
+    }
+
+    #[test]
+    fn a_client_is_accepted_and_its_stream_is_blocking() {
+        let path = socket_path("client");
+        let stop = EventFd::new(libc::EFD_NONBLOCK).unwrap();
+        let client_path = path.clone();
+        let client = std::thread::spawn(move || loop {
+            if let Ok(stream) = UnixStream::connect(&client_path) {
+                return stream;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        });
+        let stream = accept_one(&path, &stop).unwrap().expect("a client");
+        let mut client = client.join().unwrap();
+        io::Write::write_all(&mut client, b"hi").unwrap();
+        let mut buf = [0u8; 2];
+        io::Read::read_exact(&mut &stream, &mut buf).unwrap();
+        assert_eq!(&buf, b"hi");
     }
 }

@@ -80,7 +80,7 @@ fn time_loop(vcpu: &mut Vcpu, addr: u64, io: &Bus, mmio: &Bus, done: &Done, stat
         match vcpu.step(io, mmio, stats) {
             None => {}
             Some(VcpuEnd::Reset) => return Err(VmmError::VcpuFailed("the benchmark guest reset".into())),
-            Some(VcpuEnd::Failed(why)) => return Err(VmmError::VcpuFailed(why)),
+            Some(VcpuEnd::Failed(why) | VcpuEnd::KvmFailure(why)) => return Err(VmmError::VcpuFailed(why)),
             // Only a handle stops a vCPU; the benchmark runs it bare.
             Some(VcpuEnd::Stopped) => return Err(VmmError::VcpuFailed("the benchmark vCPU was stopped".into())),
         }

@@ -23,6 +23,7 @@ use crate::boot::{self, BootEntry};
 use crate::config::VmmConfig;
 use crate::device_manager::DeviceManager;
 use crate::devices::perfbed::{PerfbedLines, PerfbedMmio};
+use crate::devices::power_off::PowerOff;
 use crate::devices::serial::{ConsoleSink, SerialConsole, COM1_BASE, COM1_IRQ, COM1_LEN};
 use crate::devices::virtio::console::Console;
 use crate::devices::virtio::mmio::{MmioTransport, QUEUE_NOTIFY_OFFSET};
@@ -74,6 +75,8 @@ impl VmmBuilder {
         device.connect_lines(Arc::new(PerfbedLines::new(lines)));
         let perfbed = Arc::new(PerfbedMmio::new(device.clone()));
         devices.attach_monitoring_device(perfbed.clone())?;
+        let power_off = Arc::new(PowerOff::default());
+        devices.add_power_off(power_off.clone())?;
         let perfbed_ticker = device
             .start_ticker(PERFBED_TICK)
             .map_err(io_error("starting the device's ticker"))?;
@@ -119,6 +122,7 @@ impl VmmBuilder {
             mmio_bus: Arc::new(mmio_bus),
             serial,
             panicked,
+            power_off,
             console,
             device,
             perfbed,

@@ -26,6 +26,7 @@ use crate::allocator::{AllocationError, GsiAllocator, MmioWindow};
 use crate::boot::cmdline::{self, CmdlineError, VirtioMmioSlot};
 use crate::boot::mptable::IOAPIC_PINS;
 use crate::devices::bus::{Bus, BusDevice, BusError};
+use crate::devices::power_off::{PowerOff, POWER_OFF_SIZE};
 use crate::memory::{PERFBED_DEVICE_BASE, VIRTIO_MMIO_BASE, VIRTIO_MMIO_SIZE};
 
 /// The monitoring device's interrupt lines, domain `d`'s on
@@ -50,6 +51,8 @@ pub enum DeviceManagerError {
     Bus(#[from] BusError),
     #[error("a second monitoring device ({0}); the guest's driver takes one")]
     SecondMonitoringDevice(&'static str),
+    #[error("{0} placed before the monitoring device, which must be first in its window")]
+    BeforeMonitoringDevice(&'static str),
 }
 
 /// The monitoring device as placed: where and on which lines.
@@ -70,6 +73,9 @@ pub struct DeviceManager {
     gsis: GsiAllocator,
     monitoring: Option<MonitoringPlacement>,
     virtio_slots: Vec<VirtioMmioSlot>,
+    /// The agent's power-off register's address, announced on the command
+    /// line.
+    power_off: Option<u64>,
 }
 
 impl Default for DeviceManager {
@@ -99,6 +105,7 @@ impl DeviceManager {
             gsis: GsiAllocator::new(FIRST_DEVICE_GSI, u32::from(IOAPIC_PINS) - 1, &[]),
             monitoring: None,
             virtio_slots: Vec::new(),
+            power_off: None,
         }
     }
 
@@ -111,6 +118,24 @@ impl DeviceManager {
         device: Arc<dyn BusDevice>,
     ) -> Result<(), DeviceManagerError> {
         Ok(self.io_bus.insert(name, base, len, device)?)
+    }
+
+    /// The agent's power-off register: a page of the platform window after
+    /// the monitoring device (which must be placed first: it sits at the
+    /// window's start on both hosts), announced to the agent on the kernel
+    /// command line. Returns its address.
+    pub fn add_power_off(&mut self, device: Arc<PowerOff>) -> Result<u64, DeviceManagerError> {
+        const NAME: &str = "the power-off register";
+        if self.monitoring.is_none() {
+            return Err(DeviceManagerError::BeforeMonitoringDevice(NAME));
+        }
+        let base = self
+            .platform
+            .allocate(POWER_OFF_SIZE)
+            .map_err(|source| DeviceManagerError::Allocation { device: NAME, source })?;
+        self.mmio_bus.insert("power-off", base, POWER_OFF_SIZE, device)?;
+        self.power_off = Some(base);
+        Ok(base)
     }
 
     /// Places the monitoring device of `size` bytes with a line for each of
@@ -193,7 +218,11 @@ impl DeviceManager {
             .monitoring
             .as_ref()
             .map(|m| (m.size, m.base, m.gsis.as_slice()));
-        cmdline::build(user, monitoring, &self.virtio_slots)
+        let user = match self.power_off {
+            Some(base) => format!("{user} {}{base:#x}", perfbed_agent::POWER_OFF_PARAM),
+            None => user.to_string(),
+        };
+        cmdline::build(&user, monitoring, &self.virtio_slots)
     }
 
     /// The buses, for the vCPUs to dispatch to.
@@ -304,5 +333,27 @@ mod tests {
             dm.reserve_monitoring_device(0x1000, 1),
             Err(DeviceManagerError::SecondMonitoringDevice(_))
         ));
+    }
+
+    #[test]
+    fn the_power_off_register_follows_the_monitoring_device_and_is_announced_to_the_agent() {
+        let mut dm = DeviceManager::new();
+        let register = Arc::new(PowerOff::default());
+        assert!(matches!(
+            dm.add_power_off(register.clone()),
+            Err(DeviceManagerError::BeforeMonitoringDevice(_))
+        ));
+        assert_eq!(text(&dm.kernel_cmdline("console=ttyS0").unwrap()), "console=ttyS0", "none announced before");
+        dm.reserve_monitoring_device(0x3000, 1).unwrap();
+        dm.attach_monitoring_device(Arc::new(Echo)).unwrap();
+        let base = dm.add_power_off(register.clone()).unwrap();
+        assert_eq!(base, 0xfe00_3000, "the page after the monitoring device");
+        let cmdline = text(&dm.kernel_cmdline("console=ttyS0").unwrap());
+        assert_eq!(perfbed_agent::power_off_address(&cmdline), Some(base), "{cmdline}");
+        assert!(cmdline.contains("perfbed.device=0x3000@0xfe000000"), "{cmdline}");
+        let (_, mmio) = dm.into_buses();
+        mmio.write(0, base, &[0; 8]);
+        assert!(register.requested());
+        assert_eq!(mmio.unknown_accesses(), 0);
     }
 }

@@ -18,6 +18,7 @@
 //! - [`bench`]: the exit-cost benchmark; [`stats`]: the VMM's own figures;
 //!   [`panic_report`]: those figures and the serial log on a panic too.
 //!
+//! - [`exit_status`]: how a run ended, as the process's exit status.
 //! - [`logger`]: the `log` crate's records to stderr.
 //!
 //! The command line (`src/main.rs`) is a thin layer over [`VmmConfig`].
@@ -30,6 +31,7 @@ pub mod builder;
 pub mod config;
 pub mod device_manager;
 pub mod devices;
+pub mod exit_status;
 pub mod logger;
 pub mod memory;
 pub mod panic_report;
@@ -40,19 +42,5 @@ pub mod vmm;
 
 pub use builder::VmmBuilder;
 pub use config::VmmConfig;
+pub use exit_status::ExitStatus;
 pub use vmm::{GuestEnd, Vmm, VmmError};
-
-/// Exit statuses of `perfbed-vmm`.
-pub mod exit_status {
-    /// The guest rebooted or powered off.
-    pub const GUEST_RESET: u8 = 0;
-    /// The VMM failed (KVM, I/O, a vCPU KVM could not run).
-    pub const VMM_ERROR: u8 = 1;
-    /// Bad command line or configuration.
-    pub const USAGE: u8 = 2;
-    /// The guest kernel panicked.
-    pub const GUEST_PANIC: u8 = 3;
-    /// SIGTERM or SIGINT stopped the VMM (its vCPUs joined, its figures
-    /// reported).
-    pub const TERMINATED: u8 = 4;
-}

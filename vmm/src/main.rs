@@ -7,18 +7,21 @@ use std::time::Instant;
 use clap::Parser;
 use perfbed_device::DeviceConfig;
 use perfbed_vmm::config::{default_domains, parse_domain_spec, EndpointsConfig, KernelConfig, MachineConfig};
-use perfbed_vmm::exit_status::{GUEST_PANIC, GUEST_RESET, TERMINATED, USAGE, VMM_ERROR};
-use perfbed_vmm::{bench, GuestEnd, Vmm, VmmBuilder, VmmConfig};
+use perfbed_vmm::{bench, ExitStatus, GuestEnd, Vmm, VmmBuilder, VmmConfig};
 
 const AFTER_HELP: &str = "\
 The VMM adds to the kernel command line the monitoring device
 (perfbed.device=<size>@0xfe000000) and the virtio console
 (virtio_mmio.device=512@0xfeb00000:5), as perfbed's QEMU host does.
 
-Exit status: 0 the guest rebooted or powered off; 1 the VMM failed;
-2 bad arguments; 3 the guest kernel panicked; 4 SIGTERM or SIGINT.
-Every vCPU is out of KVM and joined before the exit report
-(`perfbed-vmm: stat vcpus_joined=N`).
+Exit status: 0 the agent powered the guest off (it writes an MMIO page
+announced as perfbed_agent.power_off=<address> before its reboot);
+1 the VMM failed; 2 bad arguments; 3 the guest kernel panicked;
+4 SIGTERM or SIGINT; 5 the guest reset without the agent's power-off
+or a panic (a triple fault); 6 KVM could not run the guest (failed
+entry, internal error). Every vCPU is out of KVM and joined before the
+exit report (`perfbed-vmm: stat vcpus_joined=N`), which ends with
+`perfbed-vmm: exit status N (name): meaning`.
 
 Example:
   perfbed-vmm --kernel vmlinux --initramfs initramfs.cpio.gz \\
@@ -127,35 +130,32 @@ fn main() -> ExitCode {
                 println!("device_vs_bare_ratio={:.3}", c.device_round_trip_ns / c.bare_round_trip_ns);
                 ExitCode::SUCCESS
             }
-            Err(e) => fail(VMM_ERROR, e.into()),
+            Err(e) => fail(ExitStatus::HostError, e.into()),
         };
     }
     let Some(kernel) = cli.kernel.clone() else {
-        return fail(USAGE, anyhow::anyhow!("--kernel is required"));
+        return fail(ExitStatus::Usage, anyhow::anyhow!("--kernel is required"));
     };
     let config = cli.config(kernel);
     if let Err(e) = config.validate() {
-        return fail(USAGE, e.into());
+        return fail(ExitStatus::Usage, e.into());
     }
-    let code = match VmmBuilder::new(config, start).build().and_then(Vmm::run) {
-        Ok(GuestEnd::Reset) => GUEST_RESET,
-        Ok(GuestEnd::Panicked) => {
-            log::info!("the guest kernel panicked");
-            GUEST_PANIC
-        }
-        Ok(GuestEnd::Terminated) => TERMINATED,
-        Err(e) => {
-            log::error!("{e}");
-            VMM_ERROR
-        }
-    };
+    let outcome = VmmBuilder::new(config, start).build().and_then(Vmm::run);
+    match &outcome {
+        Ok(GuestEnd::KvmFailure(why)) => log::error!("{why}"),
+        Err(e) => log::error!("{e}"),
+        Ok(_) => {}
+    }
+    let status = ExitStatus::of(&outcome);
+    // The report's last line, at any log level.
+    eprintln!("{}", status.report_line());
     // The vCPU threads have ended; the event loop's helpers (the device's
     // ticker, the control socket's threads) end with the process.
-    std::process::exit(i32::from(code));
+    std::process::exit(i32::from(status.code()));
 }
 
-fn fail(code: u8, error: anyhow::Error) -> ExitCode {
+fn fail(status: ExitStatus, error: anyhow::Error) -> ExitCode {
     // Every error's message already carries its cause.
     log::error!("{error}");
-    ExitCode::from(code)
+    ExitCode::from(status.code())
 }

@@ -21,6 +21,7 @@ use crate::config::{ConfigurationError, VmmConfig};
 use crate::device_manager::DeviceManagerError;
 use crate::devices::bus::{Bus, BusError};
 use crate::devices::perfbed::PerfbedMmio;
+use crate::devices::power_off::PowerOff;
 use crate::devices::serial::SerialConsole;
 use crate::devices::virtio::console::Console;
 use crate::devices::virtio::mmio::{MmioTransport, TransportError};
@@ -89,15 +90,38 @@ pub(crate) fn kvm_error(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) ->
     move |source| VmmError::Kvm { what, source }
 }
 
-/// How the guest ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How the guest ended (each has its [`crate::exit_status::ExitStatus`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum GuestEnd {
-    /// It rebooted or powered off (the agent's power-off is a reboot).
-    Reset,
+    /// The agent wrote the power-off register, then reset (its power-off is
+    /// a reboot).
+    PoweredOff,
     /// It panicked (the serial console showed the panic banner) and reset.
     Panicked,
+    /// It reset or shut down with neither: a triple fault, or a reboot the
+    /// agent did not make.
+    UnexpectedReset,
     /// The VMM got SIGTERM or SIGINT and stopped the guest.
     Terminated,
+    /// KVM could not run a vCPU (the reason).
+    KvmFailure(String),
+}
+
+/// How a run ended, from the first vCPU end (`None`: a termination signal),
+/// whether the agent wrote its power-off register, and whether the guest
+/// panicked.
+pub fn guest_end(end: Option<VcpuEnd>, powered_off: bool, panicked: bool) -> Result<GuestEnd, VmmError> {
+    match end {
+        None => Ok(GuestEnd::Terminated),
+        // A panic wins: a panicking kernel never writes the port, but a
+        // port written before a panic is still a panic.
+        Some(VcpuEnd::Reset) if panicked => Ok(GuestEnd::Panicked),
+        Some(VcpuEnd::Reset) if powered_off => Ok(GuestEnd::PoweredOff),
+        Some(VcpuEnd::Reset) => Ok(GuestEnd::UnexpectedReset),
+        Some(VcpuEnd::KvmFailure(why)) => Ok(GuestEnd::KvmFailure(why)),
+        Some(VcpuEnd::Failed(why)) => Err(VmmError::VcpuFailed(why)),
+        Some(VcpuEnd::Stopped) => Err(VmmError::VcpuFailed("a vCPU stopped with no one asking".into())),
+    }
 }
 
 /// A built VM, ready to run.
@@ -109,6 +133,7 @@ pub struct Vmm {
     pub(crate) mmio_bus: Arc<Bus>,
     pub(crate) serial: Arc<SerialConsole>,
     pub(crate) panicked: Arc<AtomicBool>,
+    pub(crate) power_off: Arc<PowerOff>,
     pub(crate) console: Arc<MmioTransport<Console>>,
     pub(crate) device: SharedDevice,
     pub(crate) perfbed: Arc<PerfbedMmio>,
@@ -144,6 +169,7 @@ impl Vmm {
         let mut events: EventManager<Arc<dyn EventSubscriber + Send + Sync>> =
             EventManager::new().map_err(|e| VmmError::EventLoop(format!("{e:?}")))?;
         let terminate = crate::termination::watch().map_err(io_error("watching for SIGTERM"))?;
+        let terminate_wait = terminate.try_clone().map_err(io_error("cloning an eventfd"))?;
         let terminated = Arc::new(AtomicBool::new(false));
         events.add_subscriber(Arc::new(Wake {
             evt: terminate,
@@ -155,10 +181,26 @@ impl Vmm {
                     "waiting for a client on the agent socket {}",
                     path.display()
                 );
-                Some(accept_one(path).map_err(io_error(format!(
+                let accepted = accept_one(path, &terminate_wait).map_err(io_error(format!(
                     "accepting on the agent socket {}",
                     path.display()
-                )))?)
+                )))?;
+                if accepted.is_none() {
+                    // No vCPU has started: nothing to stop or join.
+                    log::info!("terminated by a signal while waiting for the agent's client");
+                    self.serial.flush();
+                    report(
+                        &self.stats,
+                        &self.io_bus,
+                        &self.mmio_bus,
+                        &self.perfbed,
+                        &self.console,
+                        &self.memory,
+                        (0, self.vcpus.len()),
+                    );
+                    return Ok(GuestEnd::Terminated);
+                }
+                accepted
             }
             None => None,
         };
@@ -264,15 +306,7 @@ impl Vmm {
         if let Some(e) = errors.into_iter().next() {
             return Err(e.into());
         }
-        match end {
-            None => Ok(GuestEnd::Terminated),
-            Some(VcpuEnd::Reset) if self.panicked.load(Ordering::SeqCst) => Ok(GuestEnd::Panicked),
-            Some(VcpuEnd::Reset) => Ok(GuestEnd::Reset),
-            Some(VcpuEnd::Failed(why)) => Err(VmmError::VcpuFailed(why)),
-            Some(VcpuEnd::Stopped) => Err(VmmError::VcpuFailed(
-                "a vCPU stopped with no one asking".into(),
-            )),
-        }
+        guest_end(end, self.power_off.requested(), self.panicked.load(Ordering::SeqCst))
     }
 }
 
@@ -336,5 +370,26 @@ fn report(
     for line in lines {
         // The report, not a log record: printed at any log level.
         eprintln!("perfbed-vmm: stat {line}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reset_is_a_power_off_only_after_the_agents_write_and_a_panic_wins() {
+        let reset = || Some(VcpuEnd::Reset);
+        assert_eq!(guest_end(reset(), true, false).unwrap(), GuestEnd::PoweredOff);
+        assert_eq!(guest_end(reset(), false, false).unwrap(), GuestEnd::UnexpectedReset);
+        assert_eq!(guest_end(reset(), false, true).unwrap(), GuestEnd::Panicked);
+        assert_eq!(guest_end(reset(), true, true).unwrap(), GuestEnd::Panicked);
+        assert_eq!(guest_end(None, true, true).unwrap(), GuestEnd::Terminated);
+        assert_eq!(
+            guest_end(Some(VcpuEnd::KvmFailure("entry".into())), true, false).unwrap(),
+            GuestEnd::KvmFailure("entry".into())
+        );
+        assert!(matches!(guest_end(Some(VcpuEnd::Failed("EFAULT".into())), false, false), Err(VmmError::VcpuFailed(_))));
+        assert!(guest_end(Some(VcpuEnd::Stopped), false, false).is_err());
     }
 }

@@ -51,6 +51,10 @@ enum Command {
     /// Hotplug storm under live traffic on a seeded schedule: every count
     /// must equal the device's truth (debug kernel by default).
     Stress(stress::StressArgs),
+    /// Carry out scenario files (scenarios/README.md) on the lifecycle
+    /// guest, each replayed through the counting model (debug kernel by
+    /// default); a bad line is refused before anything boots.
+    Scenario(stress::lifecycle::scenario_run::ScenarioArgs),
     /// The kernel's cpu-hotplug selftest (cpu-on-off-test.sh -a), then rounds
     /// that park and unpark a domain, under a steady rate: perf stat -a must
     /// count exactly the device's truth, at 100 % (debug kernel by default)
@@ -107,6 +111,7 @@ fn main() -> ExitCode {
         Command::Trace(args) => trace::command(&args),
         Command::Stress(args) if args.is_lifecycle() => stress::lifecycle::cli::run(&ws, &args),
         Command::Stress(args) => stress::run(&ws, &args),
+        Command::Scenario(args) => stress::lifecycle::scenario_run::run(&ws, &args),
         Command::HotplugSelftest(args) => stress::selftest::run(&ws, &args),
         Command::VmmBench(args) => bench::vmm_exit::run(&ws, &args),
         Command::Up { run, seconds, exec } => {

@@ -28,6 +28,20 @@ pub const CONSOLE_DEVICE: &str = "/dev/hvc0";
 /// dotted parameters to no one, but keeps them in `/proc/cmdline`).
 pub const CMDLINE_PREFIX: &str = "perfbed_agent.";
 
+/// Kernel command-line parameter with which perfbed-vmm announces its
+/// power-off register (`perfbed_agent.power_off=0xfe003000`, an MMIO page):
+/// the agent writes it just before it reboots to end the VM, so that the
+/// VMM tells a clean power-off from a triple fault. The QEMU host announces
+/// none.
+pub const POWER_OFF_PARAM: &str = "perfbed_agent.power_off=";
+
+/// The power-off register's address `cmdline` announces, if any (hex with
+/// `0x`, page aligned).
+pub fn power_off_address(cmdline: &str) -> Option<u64> {
+    let value = cmdline.split_whitespace().find_map(|w| w.strip_prefix(POWER_OFF_PARAM))?;
+    u64::from_str_radix(value.strip_prefix("0x")?, 16).ok().filter(|a| a.is_multiple_of(4096))
+}
+
 /// Guest-side facts gathered before the agent is ready for requests.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Hello {
@@ -102,6 +116,8 @@ pub struct PerfAttr {
     pub sample_stack_user: u32,
     #[serde(default)]
     pub clockid: i32,
+    #[serde(default)]
+    pub sample_regs_intr: u64,
     #[serde(default)]
     pub aux_watermark: u32,
     #[serde(default)]
@@ -426,6 +442,14 @@ pub fn parse_agent_message(line: &[u8]) -> Result<AgentMessage, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_power_off_register_is_read_from_the_command_line() {
+        assert_eq!(power_off_address("console=ttyS0 perfbed_agent.power_off=0xfe003000 quiet"), Some(0xfe00_3000));
+        assert_eq!(power_off_address("console=ttyS0 reboot=t"), None, "the QEMU host announces none");
+        assert_eq!(power_off_address("perfbed_agent.power_off=0xfe003008"), None, "not a page");
+        assert_eq!(power_off_address("perfbed_agent.power_off=fe003000"), None);
+    }
 
     #[test]
     fn requests_and_messages_are_one_line_of_json() {

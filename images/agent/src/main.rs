@@ -403,11 +403,20 @@ fn uptime_ms() -> Result<u64, String> {
 /// Ends the VM. perfbed's guests have no ACPI (QEMU's microvm with
 /// `acpi=off`), so there is no power-off: the agent reboots instead, the
 /// kernel command line's `reboot=t` makes that an immediate triple fault, and
-/// the VMM, started with `-no-reboot`, exits on it.
+/// the VMM, started with `-no-reboot`, exits on it. perfbed-vmm announces a
+/// power-off register on the command line; the agent writes it first, so
+/// that the VMM knows this reset for a power-off and not a crash.
 fn power_off() -> ! {
-    // SAFETY: sync and reboot take no pointers; as PID 1 we may reboot.
+    // SAFETY: sync takes no arguments.
+    unsafe { libc::sync() };
+    if let Some(address) = fs::read_to_string("/proc/cmdline").ok().and_then(|c| perfbed_agent::power_off_address(&c)) {
+        if let Err(e) = announce_power_off(address) {
+            // The reboot that follows then reads as an unexpected reset.
+            eprintln!("perfbed-agent: writing the power-off register: {e}");
+        }
+    }
+    // SAFETY: reboot takes no pointers; as PID 1 we may reboot.
     unsafe {
-        libc::sync();
         libc::reboot(libc::RB_AUTOBOOT);
     }
     // reboot() only returns on failure; PID 1 must not exit.
@@ -415,4 +424,14 @@ fn power_off() -> ! {
     loop {
         std::thread::sleep(Duration::from_secs(3600));
     }
+}
+
+/// Writes the VMM's power-off register at `address` (perfbed_agent's
+/// `POWER_OFF_PARAM`), through a `/dev/mem` mapping of its page.
+fn announce_power_off(address: u64) -> Result<(), String> {
+    let page = mmio::Mapping::new(address, 4096)?;
+    let register = page.register(0)?;
+    // SAFETY: an aligned register inside the mapping, which outlives the write.
+    unsafe { register.write_volatile(0) };
+    Ok(())
 }

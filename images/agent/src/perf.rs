@@ -102,6 +102,7 @@ fn raw_attr(attr: &PerfAttr) -> RawAttr {
         sample_regs_user: attr.sample_regs_user,
         sample_stack_user: attr.sample_stack_user,
         clockid: attr.clockid,
+        sample_regs_intr: attr.sample_regs_intr,
         aux_watermark: attr.aux_watermark,
         sample_max_stack: attr.sample_max_stack,
         aux_sample_size: attr.aux_sample_size,

@@ -19,6 +19,20 @@ pub const ARGS_KEY: &str = "perfbed_box.vmm=";
 /// with a status when perfbed-vmm failed: QEMU exits with `(code << 1) | 1`.
 pub const DEBUG_EXIT_PORT: u16 = 0xf4;
 
+/// A word in the guest's command line (perfbed-vmm's `--cmdline`) that
+/// makes `/init` send SIGTERM to perfbed-vmm while it waits for the agent's
+/// client, instead of connecting: the hook of the test that a signal ends
+/// that wait (the guest's kernel ignores the dotted word).
+pub const TERMINATE_BEFORE_AGENT: &str = "perfbed_box.terminate_before_agent";
+
+/// Whether perfbed-vmm's arguments carry [`TERMINATE_BEFORE_AGENT`] in the
+/// guest's command line.
+pub fn terminate_before_agent(vmm_args: &[String]) -> bool {
+    vmm_args
+        .windows(2)
+        .any(|w| w[0] == "--cmdline" && w[1].split_whitespace().any(|word| word == TERMINATE_BEFORE_AGENT))
+}
+
 /// `/init` itself failed (before or around perfbed-vmm).
 pub const BOX_FAILED: u8 = 0x7f;
 
@@ -91,5 +105,15 @@ mod tests {
         assert!(vmm_status_from_qemu((i32::from(BOX_FAILED) << 1) | 1).is_err());
         assert!(vmm_status_from_qemu(2).is_err());
         assert!(vmm_status_from_qemu(1).is_err());
+    }
+
+    #[test]
+    fn the_terminate_hook_is_a_word_of_the_guests_command_line_only() {
+        let args = |cmdline: &str| ["--cpus", "2", "--cmdline", cmdline].map(String::from).to_vec();
+        assert!(terminate_before_agent(&args("console=ttyS0 perfbed_box.terminate_before_agent")));
+        assert!(!terminate_before_agent(&args("console=ttyS0")));
+        assert!(!terminate_before_agent(&args("perfbed_box.terminate_before_agent_not")));
+        let elsewhere = ["--serial-log", TERMINATE_BEFORE_AGENT].map(String::from).to_vec();
+        assert!(!terminate_before_agent(&elsewhere));
     }
 }

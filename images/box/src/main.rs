@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 mod stall_watch;
 
 use perfbed_box_init::{
-    decode_args, BOX_FAILED, DEBUG_EXIT_PORT, GUEST_INITRAMFS, GUEST_KERNEL, MODULE_ORDER, PORT_AGENT, PORT_CONTROL,
+    decode_args, terminate_before_agent, BOX_FAILED, DEBUG_EXIT_PORT, GUEST_INITRAMFS, GUEST_KERNEL, MODULE_ORDER, PORT_AGENT, PORT_CONTROL,
     PORT_SERIAL, VMM_PATH,
 };
 
@@ -75,8 +75,16 @@ fn run() -> Result<u8, String> {
     // socket's client, and starts the guest once we connect there.
     let control = connect(Path::new(CONTROL_SOCKET), &mut vmm)?;
     relay(control, &control_port)?;
-    let agent = connect(Path::new(AGENT_SOCKET), &mut vmm)?;
-    relay(agent, &agent_port)?;
+    if terminate_before_agent(&args) {
+        // The signal test: perfbed-vmm now waits for our connection.
+        wait_for(Path::new(AGENT_SOCKET), Duration::from_secs(30))?;
+        eprintln!("perfbed-box: sending SIGTERM to perfbed-vmm while it waits for the agent's client");
+        // SAFETY: kill(2) on our child's pid, not yet reaped.
+        unsafe { libc::kill(vmm.id() as libc::pid_t, libc::SIGTERM) };
+    } else {
+        let agent = connect(Path::new(AGENT_SOCKET), &mut vmm)?;
+        relay(agent, &agent_port)?;
+    }
 
     let status = vmm.wait().map_err(|e| format!("waiting for perfbed-vmm: {e}"))?;
     eprintln!("perfbed-box: perfbed-vmm exited: {status}");

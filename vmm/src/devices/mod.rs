@@ -3,5 +3,6 @@
 
 pub mod bus;
 pub mod perfbed;
+pub mod power_off;
 pub mod serial;
 pub mod virtio;

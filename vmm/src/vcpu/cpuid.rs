@@ -52,7 +52,9 @@ const AMD_ECX_PERFCTR_CORE: u32 = 1 << 23;
 const LEVEL_TYPE_SMT: u32 = 1;
 const LEVEL_TYPE_CORE: u32 = 2;
 const LEVEL_TYPE_DIE: u32 = 5;
-/// 16 MiB, 16-way, 64-byte lines, in 0x8000_0006 EDX's encoding.
+/// The L3 given to a CPU that lists none: 16 MiB, 16-way, 64-byte lines.
+const SYNTHETIC_L3_KIB: u32 = 16 * 1024;
+/// The same, in 0x8000_0006 EDX's encoding.
 const AMD_SYNTHETIC_L3: u32 = (32 << 18) | (0x8 << 12) | (1 << 8) | 64;
 
 /// Bits of APIC ID that number `n` cores: ceil(log2 n).
@@ -113,11 +115,12 @@ fn level(function: u32, index: u32, shift: u32, cpus: u32, level_type: u32, apic
     }
 }
 
-/// One 0x8000_001D subleaf: `kind` 1 data, 2 instruction, 3 unified.
-fn amd_cache(index: u32, kind: u32, level: u32, kib: u32, ways: u32, sharing: u32) -> kvm_cpuid_entry2 {
+/// One subleaf of leaf 4 or 0x8000_001D (they share the layout): `kind`
+/// 1 data, 2 instruction, 3 unified.
+fn cache_leaf(function: u32, index: u32, kind: u32, level: u32, kib: u32, ways: u32, sharing: u32) -> kvm_cpuid_entry2 {
     let sets = kib * 1024 / (64 * ways);
     kvm_cpuid_entry2 {
-        function: LEAF_AMD_CACHE_TOPOLOGY,
+        function,
         index,
         flags: KVM_CPUID_FLAG_SIGNIFCANT_INDEX,
         // Self-initializing (bit 8), threads sharing it - 1.
@@ -131,14 +134,43 @@ fn amd_cache(index: u32, kind: u32, level: u32, kib: u32, ways: u32, sharing: u3
 
 /// The cache leaves for an AMD CPU that lists no L3 (see the module's doc).
 fn amd_caches(l3_sharing: u32) -> [kvm_cpuid_entry2; 5] {
+    let f = LEAF_AMD_CACHE_TOPOLOGY;
     [
-        amd_cache(0, 1, 1, 32, 8, 0),
-        amd_cache(1, 2, 1, 32, 8, 0),
-        amd_cache(2, 3, 2, 512, 8, 0),
-        amd_cache(3, 3, 3, 16 * 1024, 16, l3_sharing),
+        cache_leaf(f, 0, 1, 1, 32, 8, 0),
+        cache_leaf(f, 1, 2, 1, 32, 8, 0),
+        cache_leaf(f, 2, 3, 2, 512, 8, 0),
+        cache_leaf(f, 3, 3, 3, SYNTHETIC_L3_KIB, 16, l3_sharing),
         // No more caches.
         kvm_cpuid_entry2 { function: LEAF_AMD_CACHE_TOPOLOGY, index: 4, flags: KVM_CPUID_FLAG_SIGNIFCANT_INDEX, ..Default::default() },
     ]
+}
+
+/// Adds an L3 to the leaf-4 list of an Intel CPU that lists none (Core 2
+/// and older have their last level at L2): the guest's L3 is where the
+/// domains are drawn, so it must have one. Its sharing and core fields are
+/// written with the others afterwards.
+fn give_intel_l3(entries: &mut Vec<kvm_cpuid_entry2>) {
+    let listed = entries.iter().filter(|e| e.function == LEAF_CACHE_PARAMS && e.eax & 0x1f != 0).count() as u32;
+    entries.retain(|e| !(e.function == LEAF_CACHE_PARAMS && e.eax & 0x1f == 0));
+    let f = LEAF_CACHE_PARAMS;
+    entries.push(cache_leaf(f, listed, 3, 3, SYNTHETIC_L3_KIB, 16, 0));
+    entries.push(kvm_cpuid_entry2 { function: f, index: listed + 1, flags: KVM_CPUID_FLAG_SIGNIFCANT_INDEX, ..Default::default() });
+}
+
+/// AMD family 0x17 models up to 0x1F (Zen 1 and Zen+): Linux
+/// (`cacheinfo_amd_init_llc_id`) takes their L3 from APIC ID bit 3 and
+/// ignores 0x8000_001D, so the guest's L3s would be blocks of 8 CPUs
+/// whatever the domains. They are shown as model 0x20 (Dali, still Zen 1
+/// to Linux's errata), whose L3 Linux reads from 0x8000_001D. Leaves 1 and
+/// 0x8000_0001 both carry the signature.
+fn renumber_zen1(entries: &mut [kvm_cpuid_entry2]) {
+    for e in entries.iter_mut().filter(|e| e.function == LEAF_FEATURES || e.function == LEAF_AMD_FEATURES) {
+        let family = ((e.eax >> 8) & 0xf) + ((e.eax >> 20) & 0xff);
+        let model = ((e.eax >> 4) & 0xf) | (((e.eax >> 16) & 0xf) << 4);
+        if family == 0x17 && model <= 0x1f {
+            e.eax = (e.eax & !0x000f_00f0) | (0x2 << 16);
+        }
+    }
 }
 
 /// Writes the topology leaves of `entries` for vCPU `at` (see the module's
@@ -150,8 +182,14 @@ pub fn apply_topology(entries: &mut Vec<kvm_cpuid_entry2>, at: Placement) {
     let shift = at.package_bits();
     let llc = at.llc_bits();
     let l3_sharing = (1u32 << llc) - 1;
-    let lists_l3 = |e: &kvm_cpuid_entry2| e.function == LEAF_AMD_CACHE_TOPOLOGY && (e.eax >> 5) & 0x7 == 3;
-    let synthetic_caches = amd && !entries.iter().any(lists_l3);
+    let lists_l3 = |function| move |e: &kvm_cpuid_entry2| e.function == function && (e.eax >> 5) & 0x7 == 3;
+    let synthetic_caches = amd && !entries.iter().any(lists_l3(LEAF_AMD_CACHE_TOPOLOGY));
+    if !amd && !entries.iter().any(lists_l3(LEAF_CACHE_PARAMS)) {
+        give_intel_l3(entries);
+    }
+    if amd {
+        renumber_zen1(entries);
+    }
     for e in entries.iter_mut() {
         match e.function {
             // 0x1F must be readable: raise the basic range to it.

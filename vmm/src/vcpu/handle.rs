@@ -35,7 +35,10 @@ pub enum VcpuEnd {
     /// The guest reset the machine (reboot, triple fault, or a panic's
     /// reboot): the end of the VM.
     Reset,
-    /// Something KVM or the guest did that the VMM cannot go on from.
+    /// KVM could not run the guest: a failed entry, an internal
+    /// (emulation) error, or an exit the VMM does not handle.
+    KvmFailure(String),
+    /// `KVM_RUN` itself failed (the host's side).
     Failed(String),
     /// The VMM stopped it (the end of the run, a panic, SIGTERM).
     Stopped,

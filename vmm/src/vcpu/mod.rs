@@ -118,20 +118,7 @@ impl Vcpu {
                 stats.mmio_exits.fetch_add(1, Ordering::Relaxed);
                 mmio.write(vcpu, addr, data);
             }
-            Ok(VcpuExit::Shutdown) => return Some(VcpuEnd::Reset),
-            // x86 reports no system events without ACPI, but a reset is a
-            // reset however it arrives.
-            Ok(VcpuExit::SystemEvent(..)) => return Some(VcpuEnd::Reset),
-            Ok(VcpuExit::Hlt) => return Some(VcpuEnd::Failed(format!("vCPU {vcpu} halted outside the in-kernel irqchip"))),
-            Ok(VcpuExit::FailEntry(reason, cpu)) => {
-                return Some(VcpuEnd::Failed(format!(
-                    "vCPU {vcpu}: KVM could not enter the guest (hardware reason {reason:#x}, host CPU {cpu})"
-                )))
-            }
-            Ok(VcpuExit::InternalError) => {
-                return Some(VcpuEnd::Failed(format!("vCPU {vcpu}: KVM internal error (emulation failure)")))
-            }
-            Ok(other) => return Some(VcpuEnd::Failed(format!("vCPU {vcpu}: unexpected exit {other:?}"))),
+            Ok(other) => return Some(end_of(vcpu, other)),
             Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {}
             Err(e) => return Some(VcpuEnd::Failed(format!("vCPU {vcpu}: KVM_RUN: {e}"))),
         }
@@ -142,6 +129,25 @@ impl Vcpu {
     /// ([`handle::VcpuHandle::spawn`]).
     pub fn into_runner(self, io: Arc<Bus>, mmio: Arc<Bus>, stats: Arc<Stats>) -> BusRunner {
         BusRunner { first_entry: self.index == 0, vcpu: self, io, mmio, stats }
+    }
+}
+
+/// The end of the run a vCPU's exit other than port or MMIO I/O means.
+fn end_of(vcpu: u32, exit: VcpuExit) -> VcpuEnd {
+    match exit {
+        // A triple fault (`reboot=t`'s reset, or a broken guest's).
+        VcpuExit::Shutdown => VcpuEnd::Reset,
+        // x86 reports no system events without ACPI, but a reset is a
+        // reset however it arrives.
+        VcpuExit::SystemEvent(..) => VcpuEnd::Reset,
+        VcpuExit::Hlt => VcpuEnd::KvmFailure(format!("vCPU {vcpu} halted outside the in-kernel irqchip")),
+        VcpuExit::FailEntry(reason, cpu) => VcpuEnd::KvmFailure(format!(
+            "vCPU {vcpu}: KVM could not enter the guest (hardware reason {reason:#x}, host CPU {cpu})"
+        )),
+        VcpuExit::InternalError => {
+            VcpuEnd::KvmFailure(format!("vCPU {vcpu}: KVM internal error (emulation failure)"))
+        }
+        other => VcpuEnd::KvmFailure(format!("vCPU {vcpu}: unexpected exit {other:?}")),
     }
 }
 
@@ -171,5 +177,22 @@ impl handle::Runnable for BusRunner {
         // The kvm_run page is mapped for the VcpuFd's life, which the
         // runner owns.
         &mut self.vcpu.fd.get_kvm_run().immediate_exit
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resets_end_the_run_as_resets_and_failure_exits_as_kvm_failures() {
+        assert_eq!(end_of(0, VcpuExit::Shutdown), VcpuEnd::Reset);
+        assert_eq!(end_of(0, VcpuExit::SystemEvent(kvm_bindings::KVM_SYSTEM_EVENT_RESET, &[])), VcpuEnd::Reset);
+        for exit in [VcpuExit::FailEntry(0x21, 1), VcpuExit::InternalError, VcpuExit::Hlt, VcpuExit::Debug(Default::default())] {
+            let what = format!("{exit:?}");
+            assert!(matches!(end_of(2, exit), VcpuEnd::KvmFailure(ref why) if why.starts_with("vCPU 2")), "{what}");
+        }
+        let VcpuEnd::KvmFailure(why) = end_of(0, VcpuExit::FailEntry(0x21, 3)) else { unreachable!() };
+        assert!(why.contains("hardware reason 0x21") && why.contains("host CPU 3"), "{why}");
     }
 }

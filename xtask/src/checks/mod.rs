@@ -9,6 +9,7 @@
 pub mod counting;
 pub mod device;
 pub mod hotplug;
+pub mod log;
 pub mod module_lifecycle;
 pub mod perf_tool;
 pub mod pmu;
@@ -56,6 +57,26 @@ pub fn clean_log_check(serial_log: &std::path::Path) -> Check {
     )
 }
 
+/// Which checks a run carries out: every one, or those whose printed
+/// names contain one of the patterns (`cargo xtask run --check`).
+#[derive(Debug, Clone, Default)]
+pub struct Select {
+    patterns: Vec<String>,
+}
+
+impl Select {
+    pub fn matching(patterns: &[String]) -> Select {
+        Select {
+            patterns: patterns.to_vec(),
+        }
+    }
+
+    /// Whether the check printed as `name` runs.
+    pub fn wants(&self, name: &str) -> bool {
+        self.patterns.is_empty() || self.patterns.iter().any(|p| name.contains(p.as_str()))
+    }
+}
+
 impl Check {
     /// Passes when nothing went wrong: the detail is then `ok`, otherwise
     /// every problem.
@@ -95,5 +116,20 @@ impl Report {
             let _ = writeln!(out, "  {mark}  {:width$}  {}", check.name, check.detail);
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Select;
+
+    #[test]
+    fn a_selection_runs_the_checks_whose_names_contain_a_pattern() {
+        let all = Select::default();
+        assert!(all.wants("anything"));
+        let some = Select::matching(&["park".into(), "exact counts".into()]);
+        assert!(some.wants("redteam: disabled across park"));
+        assert!(some.wants("exact counts"));
+        assert!(!some.wants("migration"));
     }
 }

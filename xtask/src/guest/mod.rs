@@ -71,6 +71,23 @@ impl Guest<'_> {
         parse_cpu_list(&text).map_err(|e| anyhow::anyhow!("{pmu}/cpumask {text:?}: {e}"))
     }
 
+    /// Polls a PMU's `cpumask` until `ok` holds of it (30 s at most, far
+    /// above what a placement takes); the mask seen last, and whether it held.
+    pub fn wait_cpumask(
+        &mut self,
+        pmu: &str,
+        ok: impl Fn(&[u32]) -> bool,
+    ) -> Result<(bool, Vec<u32>)> {
+        let start = std::time::Instant::now();
+        loop {
+            let mask = self.cpumask(pmu)?;
+            if ok(&mask) || start.elapsed() > std::time::Duration::from_secs(30) {
+                return Ok((ok(&mask), mask));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
     pub fn pmu_type(&mut self, pmu: &str) -> Result<u32> {
         let text = self.read_file(&format!("/sys/bus/event_source/devices/{pmu}/type"))?;
         text.parse().with_context(|| format!("{pmu}/type {text:?}"))

@@ -55,10 +55,76 @@ pub const FORMAT_ID: u64 = 1 << 2;
 pub const FORMAT_GROUP: u64 = 1 << 3;
 pub const FORMAT_LOST: u64 = 1 << 4;
 
-// sample_type and branch_sample_type.
-pub const SAMPLE_IP: u64 = 1 << 0;
+// sample_type: PERF_SAMPLE_<name> is bit i of SAMPLE_TYPE_BITS[i]; PERF_SAMPLE_MAX is the
+// first undefined bit.
+pub const SAMPLE_TYPE_BITS: [&str; 25] = [
+    "IP",
+    "TID",
+    "TIME",
+    "ADDR",
+    "READ",
+    "CALLCHAIN",
+    "ID",
+    "CPU",
+    "PERIOD",
+    "STREAM_ID",
+    "RAW",
+    "BRANCH_STACK",
+    "REGS_USER",
+    "STACK_USER",
+    "WEIGHT",
+    "DATA_SRC",
+    "IDENTIFIER",
+    "TRANSACTION",
+    "REGS_INTR",
+    "PHYS_ADDR",
+    "AUX",
+    "CGROUP",
+    "DATA_PAGE_SIZE",
+    "CODE_PAGE_SIZE",
+    "WEIGHT_STRUCT",
+];
+pub const SAMPLE_MAX: u64 = 1 << SAMPLE_TYPE_BITS.len();
 pub const SAMPLE_BRANCH_STACK: u64 = 1 << 11;
+pub const SAMPLE_REGS_USER: u64 = 1 << 12;
+pub const SAMPLE_STACK_USER: u64 = 1 << 13;
+pub const SAMPLE_WEIGHT: u64 = 1 << 14;
+pub const SAMPLE_REGS_INTR: u64 = 1 << 18;
+pub const SAMPLE_AUX: u64 = 1 << 20;
+pub const SAMPLE_WEIGHT_STRUCT: u64 = 1 << 24;
+
+// branch_sample_type: PERF_SAMPLE_BRANCH_<name> is bit i of BRANCH_SAMPLE_BITS[i]; the first
+// three are privilege levels (PERF_SAMPLE_BRANCH_PLM_ALL), the rest kinds and modifiers.
+pub const BRANCH_SAMPLE_BITS: [&str; 20] = [
+    "USER",
+    "KERNEL",
+    "HV",
+    "ANY",
+    "ANY_CALL",
+    "ANY_RETURN",
+    "IND_CALL",
+    "ABORT_TX",
+    "IN_TX",
+    "NO_TX",
+    "COND",
+    "CALL_STACK",
+    "IND_JUMP",
+    "CALL",
+    "NO_FLAGS",
+    "NO_CYCLES",
+    "TYPE_SAVE",
+    "HW_INDEX",
+    "PRIV_SAVE",
+    "COUNTERS",
+];
+pub const BRANCH_MAX: u64 = 1 << BRANCH_SAMPLE_BITS.len();
+pub const BRANCH_PLM_ALL: u64 = 0b111;
 pub const BRANCH_ANY: u64 = 1 << 3;
+
+// Registers for sample_regs_user and sample_regs_intr (x86-64's perf_regs.h).
+pub const REG_X86_IP: u64 = 1 << 8;
+/// XMM0, an extended register (two bits: 128 bits wide).
+pub const REG_X86_XMM0: u64 = 0b11 << 32;
 
 // perf_event_open flags.
 pub const OPEN_FLAG_FD_NO_GROUP: u64 = 1 << 0;

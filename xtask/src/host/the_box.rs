@@ -130,9 +130,7 @@ pub fn describe_exit(status: ExitStatus) -> String {
         return format!("the box's QEMU was killed ({status})");
     };
     match perfbed_box_init::vmm_status_from_qemu(code) {
-        Ok(0) => "perfbed-vmm exited: the guest rebooted".into(),
-        Ok(3) => "perfbed-vmm exited with status 3: the guest panicked".into(),
-        Ok(vmm) => format!("perfbed-vmm exited with status {vmm} (see box.log)"),
+        Ok(vmm) => format!("{} (see box.log)", vmm::describe_code(i32::from(vmm))),
         Err(why) => why,
     }
 }

@@ -93,6 +93,14 @@ pub struct Vm {
     /// and the silences they met once stopped.
     heartbeat: Option<monitor::Heartbeat>,
     monitor_silences: Vec<monitor::Silence>,
+    /// Names the host process's exit status in its own terms (QEMU's, or
+    /// perfbed-vmm's table, natively or through the box).
+    describe_exit: fn(ExitStatus) -> String,
+}
+
+/// QEMU's exit status, as it is.
+fn describe_qemu_exit(status: ExitStatus) -> String {
+    format!("QEMU exited ({status})")
 }
 
 /// What booting gave: the agent's greeting and how long it took.
@@ -258,6 +266,11 @@ impl Vm {
             reading_paused,
             heartbeat,
             monitor_silences: Vec::new(),
+            describe_exit: match config.host {
+                Host::Qemu => describe_qemu_exit,
+                Host::VmmNative { .. } => vmm::describe_exit,
+                Host::VmmBox(_) => the_box::describe_exit,
+            },
         };
         match vm.receive(config.boot_timeout, "the agent's greeting") {
             Ok(AgentMessage::Hello(hello)) => Ok(Booted {
@@ -286,9 +299,10 @@ impl Vm {
         if let Err(e) = self.writer.write_all(line.as_bytes()) {
             // A dead QEMU closes the channel: name that, not the broken pipe.
             let why = match self.wait_briefly() {
-                Some(status) => {
-                    format!("QEMU exited ({status}) while sending {request:?} to the agent ({e})")
-                }
+                Some(status) => format!(
+                    "{} while sending {request:?} to the agent ({e})",
+                    (self.describe_exit)(status)
+                ),
                 None => format!("sending {request:?} to the agent: {e}"),
             };
             return Err(self.fail(anyhow!(why)));
@@ -311,7 +325,8 @@ impl Vm {
         loop {
             if let Some(status) = self.child.try_wait()? {
                 if !status.success() {
-                    return Err(self.fail(anyhow!("QEMU exited with {status}")));
+                    let why = (self.describe_exit)(status);
+                    return Err(self.fail(anyhow!("after the power-off, {why}")));
                 }
                 return Ok(());
             }
@@ -334,8 +349,7 @@ impl Vm {
                     // The channel closes when QEMU exits; let it finish.
                     let status = self.wait_briefly();
                     let why = match status {
-                        Some(s) if self.box_log.is_some() => the_box::describe_exit(s),
-                        Some(s) => format!("QEMU exited ({s})"),
+                        Some(s) => (self.describe_exit)(s),
                         None => "the agent channel closed".into(),
                     };
                     return Err(self.fail(anyhow!("{why} while waiting for {what}")));

@@ -3,7 +3,9 @@
 
 use std::fs;
 use std::path::Path;
-use std::process::Command;
+use std::process::{Command, ExitStatus};
+
+use perfbed_vmm::ExitStatus as VmmExit;
 
 use super::config::VmConfig;
 use super::Host;
@@ -70,6 +72,27 @@ pub fn vmm_args(config: &VmConfig, cmdline: &[String]) -> Vec<String> {
     args
 }
 
+/// perfbed-vmm's exit `status`, named from its table.
+pub fn describe_exit(status: ExitStatus) -> String {
+    match status.code() {
+        Some(code) => describe_code(code),
+        None => format!("perfbed-vmm was killed ({status})"),
+    }
+}
+
+/// perfbed-vmm's exit code `code` (native, or passed on by the box), named
+/// from its table ([`perfbed_vmm::ExitStatus`]).
+pub fn describe_code(code: i32) -> String {
+    match u8::try_from(code).ok().and_then(VmmExit::from_code) {
+        Some(status) => format!(
+            "perfbed-vmm exited with status {code} ({}): {}",
+            status.name(),
+            status.meaning()
+        ),
+        None => format!("perfbed-vmm exited with status {code}, which is not one of its own"),
+    }
+}
+
 /// perfbed-vmm's own report and the box's timing, from the run's host log
 /// (the box's console, or perfbed-vmm's stderr when it runs natively).
 pub fn host_report(run_dir: &Path) -> Vec<String> {
@@ -78,7 +101,11 @@ pub fn host_report(run_dir: &Path) -> Vec<String> {
         .filter_map(|name| fs::read_to_string(run_dir.join(name)).ok())
         .flat_map(|log| {
             log.lines()
-                .filter(|l| l.contains("perfbed-vmm: stat ") || l.contains("perfbed-box: L1 ready"))
+                .filter(|l| {
+                    l.contains("perfbed-vmm: stat ")
+                        || l.contains("perfbed-vmm: exit status ")
+                        || l.contains("perfbed-box: L1 ready")
+                })
                 .map(|l| l.trim().to_string())
                 .collect::<Vec<_>>()
         })
@@ -116,6 +143,18 @@ mod tests {
         let report: Vec<String> = report.iter().map(|l| l.to_string()).collect();
         assert_eq!(vcpus_joined(&report), Some((3, 4)));
         assert_eq!(vcpus_joined(&report[..2]), None, "no total, no figure");
+    }
+
+    #[test]
+    fn every_exit_status_is_named_and_others_are_not_taken_for_one() {
+        let named: Vec<String> = VmmExit::ALL.iter().map(|s| describe_code(i32::from(s.code()))).collect();
+        for (status, text) in VmmExit::ALL.iter().zip(&named) {
+            assert!(text.contains(&format!("({})", status.name())), "{text}");
+        }
+        assert!(named[0].contains("powered-off") && named[3].contains("panicked"), "{named:?}");
+        assert!(named[5].contains("triple fault"), "{}", named[5]);
+        assert!(describe_code(42).contains("not one of its own"));
+        assert!(describe_code(-1).contains("not one of its own"));
     }
 
     #[test]

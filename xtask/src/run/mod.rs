@@ -75,6 +75,11 @@ pub struct RunArgs {
     /// bug is fixed; docs/counting-semantics.md, "Known violations").
     #[arg(long)]
     pub known_bugs: bool,
+    /// Run only the checks whose printed names contain PATTERN
+    /// (repeatable), after the boot and the driver's load: one check's
+    /// verdict fast after an edit.
+    #[arg(long, value_name = "PATTERN")]
+    pub check: Vec<String>,
 }
 
 /// How long a guest stopped for gdb may take to boot, and a request to
@@ -113,6 +118,7 @@ impl RunArgs {
             verbose: false,
             host: host::HostChoice::Qemu,
             known_bugs: false,
+            check: vec![],
         }
     }
 
@@ -260,6 +266,17 @@ fn check_args(args: &RunArgs, scenario: bool) -> Result<()> {
     device
         .validate()
         .map_err(|e| anyhow::anyhow!("--domains: {e}"))?;
+    let names = scenario::check_names(args.known_bugs);
+    if let Some(p) = args
+        .check
+        .iter()
+        .find(|p| !names.iter().any(|n| n.contains(p.as_str())))
+    {
+        anyhow::bail!(
+            "--check {p:?} names no check of the run; its checks are:\n  {}",
+            names.join("\n  ")
+        );
+    }
     // Migration and parking take a whole domain offline, and CPU 0 cannot go.
     let offlinable = device
         .domains
@@ -338,6 +355,7 @@ pub fn scenario_for(
         plot: args.plot,
         driver: images.driver.clone(),
         known_bugs: args.known_bugs,
+        select: crate::checks::Select::matching(&args.check),
     })
 }
 

@@ -9,13 +9,14 @@ use anyhow::{Context, Result};
 use perfbed_agent::{format_cpu_list, AgentMessage, HostRequest};
 use perfbed_device::ControlClient;
 
-use crate::checks::{self, clean_log_check, Check, Report};
+use crate::checks::{self, clean_log_check, Check, Report, Select};
 use crate::debug::gdb;
 use crate::guest::{Guest, MODULE};
 use crate::host::config::VmConfig;
 use crate::host::vm::Vm;
 use crate::host::Accel;
 use crate::progress::human;
+use crate::checks::log::CheckLog;
 use crate::trace::{save_trace_and_plot, SavedTrace};
 
 #[derive(Debug, Clone)]
@@ -32,6 +33,42 @@ pub struct Scenario {
     pub driver: PathBuf,
     /// Run the checks of known, open bugs too (`--known-bugs`).
     pub known_bugs: bool,
+    /// Which checks run (`--check`); the boot and the driver's load
+    /// happen whatever it says.
+    pub select: Select,
+}
+
+/// The device's own checks, as [`checks::device::checks`] names them.
+const DEVICE_CHECKS: [&str; 4] = [
+    "device self-description",
+    "counter reads",
+    "placement enforcement",
+    "ground truth",
+];
+
+/// The checks of the hotplug rounds at the end.
+const HOTPLUG_CHECKS: [&str; 3] = [
+    "CPU hotplug",
+    "topology after CPU hotplug",
+    "driver's cross-check with a domain offline",
+];
+
+/// The printed names of every check of a run, in order. `kernel version`,
+/// `CPUs online`, `module loaded` and `clean kernel log` are reported
+/// whatever `--check` selects.
+pub fn check_names(known_bugs: bool) -> Vec<&'static str> {
+    let mut names = vec!["kernel version", "CPUs online"];
+    names.extend(DEVICE_CHECKS);
+    names.extend([
+        "perf tool",
+        "topology matches the domains",
+        "module loaded",
+        "driver's cacheinfo cross-check",
+    ]);
+    names.extend(checks::pmu::names(known_bugs));
+    names.extend(HOTPLUG_CHECKS);
+    names.push("clean kernel log");
+    names
 }
 
 /// Boots and runs the scenario. An `Err` means the run could not complete
@@ -41,7 +78,8 @@ pub fn run(scenario: &Scenario, accel: &Accel) -> Result<Report> {
     let booted = Vm::boot(&scenario.vm, accel)?;
     let (mut vm, hello) = (booted.vm, booted.hello);
     let checks_start = Instant::now();
-    let mut checks = Vec::new();
+    // Each check's time is kept for the trace's plot.
+    let mut checks = CheckLog::new();
 
     checks.push(Check {
         name: "kernel version",
@@ -58,16 +96,23 @@ pub fn run(scenario: &Scenario, accel: &Accel) -> Result<Report> {
         passed: hello.cpus_online == want_online,
         detail: format!("{} (expected {want_online})", hello.cpus_online),
     });
+    let select = &scenario.select;
     // The device on its own first, driven from the guest without a driver.
-    checks.extend(checks::device::checks(
-        &mut vm,
-        scenario.vm.cpus,
-        &scenario.vm.device,
-        scenario.request_timeout,
-    )?);
-    checks.push(checks::perf_tool::check(&mut vm, scenario.request_timeout)?);
+    if DEVICE_CHECKS.iter().any(|name| select.wants(name)) {
+        checks.extend(checks::device::checks(
+            &mut vm,
+            scenario.vm.cpus,
+            &scenario.vm.device,
+            scenario.request_timeout,
+        )?);
+    }
+    if select.wants("perf tool") {
+        checks.push(checks::perf_tool::check(&mut vm, scenario.request_timeout)?);
+    }
     // Both hosts derive the guest's L3s and dies from the domains.
-    checks.push(topology_check(&mut vm, scenario, false)?);
+    if select.wants("topology matches the domains") {
+        checks.push(topology_check(&mut vm, scenario, false)?);
+    }
 
     // Then perfbed.ko on it: load, and every PMU check.
     let loaded = vm.request(
@@ -86,7 +131,7 @@ pub fn run(scenario: &Scenario, accel: &Accel) -> Result<Report> {
             format!("perfbed.ko: {loaded:?}")
         },
     });
-    if module_ok {
+    if module_ok && select.wants("driver's cacheinfo cross-check") {
         checks.push(checks::topology::driver_cross_check(
             &vm.serial_log,
             scenario.vm.cpus,
@@ -115,43 +160,47 @@ pub fn run(scenario: &Scenario, accel: &Accel) -> Result<Report> {
             vm: &mut vm,
             timeout: scenario.request_timeout,
         };
-        checks.extend(checks::pmu::run(
+        checks::pmu::run(
             &mut guest,
             control,
             &control_socket,
             &scenario.vm.device,
             scenario.known_bugs,
-        )?);
+            select,
+            &mut checks,
+        )?;
     }
 
     let rounds = scenario.hotplug_rounds;
-    match vm.request(&HostRequest::Hotplug { rounds }, scenario.request_timeout)? {
-        AgentMessage::Hotplug { rounds: results } => {
-            checks.push(checks::hotplug::check(rounds, &results));
-            checks.push(topology_check(&mut vm, scenario, true)?);
-            if module_ok {
-                let mut guest = Guest {
-                    vm: &mut vm,
-                    timeout: scenario.request_timeout,
-                };
-                checks.push(checks::topology::driver_cross_check_offline(
-                    &mut guest,
-                    scenario.vm.cpus,
-                    &scenario.vm.device.domains,
-                )?);
+    if HOTPLUG_CHECKS.iter().any(|name| select.wants(name)) {
+        match vm.request(&HostRequest::Hotplug { rounds }, scenario.request_timeout)? {
+            AgentMessage::Hotplug { rounds: results } => {
+                checks.push(checks::hotplug::check(rounds, &results));
+                checks.push(topology_check(&mut vm, scenario, true)?);
+                if module_ok {
+                    let mut guest = Guest {
+                        vm: &mut vm,
+                        timeout: scenario.request_timeout,
+                    };
+                    checks.push(checks::topology::driver_cross_check_offline(
+                        &mut guest,
+                        scenario.vm.cpus,
+                        &scenario.vm.device.domains,
+                    )?);
+                }
             }
+            other => checks.push(Check {
+                name: "CPU hotplug",
+                passed: false,
+                detail: format!("agent answered {other:?}"),
+            }),
         }
-        other => checks.push(Check {
-            name: "CPU hotplug",
-            passed: false,
-            detail: format!("agent answered {other:?}"),
-        }),
     }
 
     let serial_log = vm.serial_log.clone();
     // While the VM still runs: the trace lives in the device.
     let trace = if scenario.plot || !checks.iter().all(|c| c.passed) {
-        match save_trace_and_plot(&scenario.vm.run_dir, &mut vm, true) {
+        match save_trace_and_plot(&scenario.vm.run_dir, &mut vm, true, checks.spans()) {
             Ok(saved) => Some(saved),
             Err(e) => {
                 // The checks' verdict matters more than the picture.
@@ -166,7 +215,7 @@ pub fn run(scenario: &Scenario, accel: &Accel) -> Result<Report> {
     checks.push(clean_log_check(&serial_log));
 
     Ok(Report {
-        checks,
+        checks: checks.into_checks(),
         boot_time: booted.boot_time,
         guest_uptime_at_ready: Duration::from_millis(hello.uptime_ms),
         checks_time: checks_start.elapsed(),

@@ -23,7 +23,9 @@ use vm_tests::{
     agent_dies_mid_run, bench_quick, boot_and_hotplug, device_scope_pmu, driver_mutants,
     gdb_session, guest_floods_console_and_channel, guest_panic_is_reported,
     hotplug_selftest_replay, hotplug_stress, lifecycle_stress, module_lifecycle,
-    qemu_killed_mid_run, slow_agent_reader, unresponsive_guest_times_out,
+    qemu_killed_mid_run, scenario_library, slow_agent_reader,
+    terminated_while_waiting_for_the_agent, unexpected_reset_is_reported,
+    unresponsive_guest_times_out,
 };
 
 #[derive(Args)]
@@ -66,6 +68,8 @@ struct VmTest {
 const RERUN_ON_BOX_HANG: &[&str] = &[
     "vmm_end_to_end",
     "vmm_guest_panic_is_reported",
+    "vmm_unexpected_reset",
+    "vmm_sigterm_before_agent",
     "vmm_slow_agent_reader",
 ];
 
@@ -162,6 +166,13 @@ const VM_TESTS: &[VmTest] = &[
         run: lifecycle_stress,
     },
     VmTest {
+        name: "scenario_library",
+        what: "on the debug kernel, every scenario of scenarios/ (cargo xtask scenario scenarios): each read as the counting model and the file's want lines say, 0 violations, clean log",
+        variant: Variant::Debug,
+        host: host::HostChoice::Qemu,
+        run: scenario_library,
+    },
+    VmTest {
         name: "driver_mutants",
         what: "on the debug kernel, each planted driver bug (guest-driver/mutants/) in its own perfbed.ko, run through the lifecycle stress at seed 17 or its own `# Lifecycle seed:` (at most 600 operations, stopping at the first failure): every one caught, by a mismatch against the model or by a named check",
         variant: Variant::Debug,
@@ -188,6 +199,20 @@ const VM_TESTS: &[VmTest] = &[
         variant: Variant::Normal,
         host: host::HostChoice::Vmm,
         run: guest_panic_is_reported,
+    },
+    VmTest {
+        name: "vmm_unexpected_reset",
+        what: "on perfbed-vmm, a guest that reboots without the agent's power-off (`reboot -f`, a triple fault with reboot=t) ends the VMM with its unexpected-reset status (5), named by the harness",
+        variant: Variant::Normal,
+        host: host::HostChoice::Vmm,
+        run: unexpected_reset_is_reported,
+    },
+    VmTest {
+        name: "vmm_sigterm_before_agent",
+        what: "in the box, SIGTERM to perfbed-vmm while it waits for the agent's client ends it with its terminated status (4) and its report",
+        variant: Variant::Normal,
+        host: host::HostChoice::Vmm,
+        run: terminated_while_waiting_for_the_agent,
     },
     VmTest {
         name: "vmm_slow_agent_reader",

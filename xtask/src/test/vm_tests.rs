@@ -49,6 +49,13 @@ pub fn boot_and_hotplug(scenario: &Scenario, accel: &Accel) -> Result<()> {
         // perfbed-vmm stops every vCPU out of KVM and joins it before its
         // report: a process that exits with vCPUs inside KVM_RUN fails here.
         let lines = host::vmm::host_report(&scenario.vm.run_dir);
+        let powered_off = perfbed_vmm::ExitStatus::PoweredOff.report_line();
+        if !lines.iter().any(|l| l.contains(&powered_off)) {
+            bail!(
+                "perfbed-vmm's report does not end with {powered_off:?}:\n{}",
+                lines.join("\n")
+            );
+        }
         match host::vmm::vcpus_joined(&lines) {
             Some((joined, total)) if joined == total && total == u32::from(scenario.vm.cpus) => {
                 println!("  perfbed-vmm joined all {total} vCPU threads before its report");
@@ -217,6 +224,34 @@ pub fn lifecycle_stress(scenario: &Scenario, accel: &Accel) -> Result<()> {
     Ok(())
 }
 
+/// The scenario library (`cargo xtask scenario scenarios`): every file of
+/// `scenarios/` on one lifecycle guest, each read as the counting model
+/// and the file's `want` lines say, no violation, a clean kernel log.
+pub fn scenario_library(scenario: &Scenario, accel: &Accel) -> Result<()> {
+    use stress::lifecycle::scenario::files_under;
+    use stress::lifecycle::scenario_run::{execute, layout, load};
+    let ws = crate::build::workspace()?;
+    let mut vm = scenario.vm.clone();
+    vm.device = stress::device(vm.cpus, None)?;
+    vm.device.slots = stress::lifecycle::SLOTS;
+    let files = files_under(&[ws.join("scenarios")])?;
+    let texts = load(&files, &layout(vm.cpus, &vm.device), &vm.device)?;
+    let (checks, _) = execute(&vm, accel, &texts, scenario.request_timeout)?;
+    let failed: Vec<String> = checks
+        .iter()
+        .filter(|c| !c.passed)
+        .map(|c| format!("{}: {}", c.name, c.detail))
+        .collect();
+    if !failed.is_empty() {
+        bail!("{}", failed.join("\n"));
+    }
+    println!(
+        "  {} scenarios as the model and their wants say",
+        texts.len()
+    );
+    Ok(())
+}
+
 /// Every driver mutant (`guest-driver/mutants/`) built into its own
 /// perfbed.ko and run through the short lifecycle stress of
 /// `cargo xtask stress --mutants` (seed 17 or the mutant's own
@@ -329,6 +364,9 @@ pub fn guest_panic_is_reported(scenario: &Scenario, accel: &Accel) -> Result<()>
     if !error.contains("the guest kernel panicked") {
         bail!("the error does not name the panic:\n{error}");
     }
+    if !matches!(config.host, host::Host::Qemu) && !error.contains("status 3 (guest-panic)") {
+        bail!("the error does not name perfbed-vmm's panic status:\n{error}");
+    }
     if !error.contains("serial log saved") || !config.run_dir.join("serial.log").is_file() {
         bail!("the error does not point to a saved serial log:\n{error}");
     }
@@ -341,6 +379,71 @@ pub fn guest_panic_is_reported(scenario: &Scenario, accel: &Accel) -> Result<()>
     if start.elapsed() > limit {
         bail!("the panic took {} to be noticed", human(start.elapsed()));
     }
+    Ok(())
+}
+
+/// A guest that resets without the agent's power-off (`reboot -f` from a
+/// shell: with `reboot=t`, a triple fault): perfbed-vmm must end with its
+/// unexpected-reset status, not the power-off's 0, and the harness say so.
+pub fn unexpected_reset_is_reported(scenario: &Scenario, accel: &Accel) -> Result<()> {
+    let booted = Vm::boot(&scenario.vm, accel)?;
+    let mut vm = booted.vm;
+    let start = Instant::now();
+    let reboot = perfbed_agent::HostRequest::Run {
+        argv: vec!["/bin/busybox".into(), "reboot".into(), "-f".into()],
+    };
+    let error = match vm.request(&reboot, Duration::from_secs(60)) {
+        Ok(answer) => bail!("the guest answered its own reboot: {answer:?}"),
+        Err(e) => format!("{e:#}"),
+    };
+    let wanted = "status 5 (unexpected-reset)";
+    if !error.contains(wanted) {
+        bail!("the error does not say {wanted:?}:\n{error}");
+    }
+    println!(
+        "    after {}: {}",
+        human(start.elapsed()),
+        error.lines().next().unwrap_or("")
+    );
+    Ok(())
+}
+
+/// SIGTERM to perfbed-vmm while it waits for the agent's client (sent by
+/// the box's `/init`, told by `perfbed_box.terminate_before_agent`): it
+/// must end at once with its terminated status and its report, which std's
+/// `accept` (retrying on EINTR) never let it do.
+pub fn terminated_while_waiting_for_the_agent(scenario: &Scenario, accel: &Accel) -> Result<()> {
+    if !matches!(scenario.vm.host, host::Host::VmmBox(_)) {
+        bail!("the SIGTERM of this test is sent by the box's /init; natively perfbed-vmm runs no /init to send it (not written yet)");
+    }
+    let mut config = scenario.vm.clone();
+    config
+        .extra_cmdline
+        .push(perfbed_box_init::TERMINATE_BEFORE_AGENT.into());
+    config.boot_timeout = Duration::from_secs(240);
+    let start = Instant::now();
+    let error = match Vm::boot(&config, accel) {
+        Ok(_) => bail!("the guest booted although perfbed-vmm was sent SIGTERM"),
+        Err(e) => format!("{e:#}"),
+    };
+    let took = start.elapsed();
+    let wanted = "status 4 (terminated)";
+    if !error.contains(wanted) {
+        bail!("the error does not say {wanted:?} (after {}):\n{error}", human(took));
+    }
+    let lines = host::vmm::host_report(&config.run_dir);
+    let terminated = perfbed_vmm::ExitStatus::Terminated.report_line();
+    if !lines.iter().any(|l| l.contains(&terminated)) || host::vmm::vcpus_joined(&lines).is_none() {
+        bail!(
+            "perfbed-vmm's report lacks its figures or {terminated:?}:\n{}",
+            lines.join("\n")
+        );
+    }
+    println!(
+        "    after {}: {}",
+        human(took),
+        error.lines().next().unwrap_or("")
+    );
     Ok(())
 }
 

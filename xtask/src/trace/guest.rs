@@ -72,12 +72,13 @@ pub fn lines(events: &[GuestEvent], offset: ClockOffset) -> Vec<String> {
         .collect()
 }
 
-/// The device's trace file with `guest` lines merged in, in time order
-/// (a stable sort: records of one instant keep their order).
-pub fn merge(device_text: &str, guest: &[String]) -> String {
+/// The device's trace file with `extra` lines (the guest's, the checks')
+/// merged in, in time order (a stable sort: records of one instant keep
+/// their order).
+pub fn merge(device_text: &str, extra: &[String]) -> String {
     let mut rows = device_text.lines();
     let header = rows.next().unwrap_or_default();
-    let mut all: Vec<&str> = rows.chain(guest.iter().map(String::as_str)).collect();
+    let mut all: Vec<&str> = rows.chain(extra.iter().map(String::as_str)).collect();
     all.sort_by_key(|l| {
         l.split_whitespace()
             .next()

@@ -1,22 +1,25 @@
 //! The device's trace, decoded and drawn: `cargo xtask trace FILE [--plot
-//! out.svg]`, and [`save_trace_and_plot`], which `run` (and `stress`) call
-//! to keep a run's trace, with the guest's events on the same time axis,
-//! beside its logs.
+//! out.svg] [--from S] [--to S]`, and [`save_trace_and_plot`], which `run`
+//! calls to keep a run's trace, with the guest's events and the checks'
+//! spans on the same time axis, beside its logs.
 //!
 //! - [`model`]: a trace file read back;
 //! - [`guest`]: the agent's events moved onto the device's clock;
+//! - [`spans`]: which checks ran when, on the device's clock;
 //! - [`table`]: the decoded table; [`timeline`]: what the plot shows;
 //!   [`plot`]: drawing it.
 
 mod guest;
 mod model;
 mod plot;
+pub mod spans;
 mod table;
 mod timeline;
+mod window;
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use clap::Args;
@@ -27,6 +30,8 @@ use crate::host;
 use crate::host::vm::Vm;
 
 pub use model::Trace;
+use window::parse_seconds;
+pub use window::Window;
 
 #[derive(Args)]
 pub struct TraceArgs {
@@ -35,25 +40,46 @@ pub struct TraceArgs {
     /// Draw the run's timeline into this SVG file instead of printing.
     #[arg(long)]
     plot: Option<PathBuf>,
+    /// Start of the window to print or draw, in seconds on the device's
+    /// clock (the times the table and the plot show).
+    #[arg(long, value_name = "S", value_parser = parse_seconds)]
+    from: Option<f64>,
+    /// End of the window, in seconds on the device's clock.
+    #[arg(long, value_name = "S", value_parser = parse_seconds)]
+    to: Option<f64>,
 }
 
 pub fn command(args: &TraceArgs) -> Result<bool> {
     let text = fs::read_to_string(&args.file)
         .with_context(|| format!("reading {}", args.file.display()))?;
     let trace = Trace::parse(&text).with_context(|| format!("{}", args.file.display()))?;
+    let edge = |l: Option<&model::Line>| l.map_or(0.0, |l| timeline::secs(l.time_ns));
+    let window = match (args.from, args.to) {
+        (None, None) => None,
+        (from, to) => Some(Window::new(
+            from,
+            to,
+            edge(trace.lines.first()),
+            edge(trace.lines.last()),
+        )?),
+    };
     match &args.plot {
         Some(out) => {
-            let marks = write_plot(&trace, out)?;
-            println!("plot: {} ({marks:?})", out.display());
+            let marks = write_plot(&trace, window, out)?;
+            let size = fs::metadata(out).map_or(0, |m| m.len());
+            println!("plot: {} ({} KiB, {marks:?})", out.display(), size / 1024);
         }
-        None => print!("{}", table::render(&trace)),
+        None => print!("{}", table::render(&trace, window)),
     }
     Ok(true)
 }
 
-/// Draws `trace` into `out`; returns what it drew.
-pub fn write_plot(trace: &Trace, out: &Path) -> Result<timeline::Marks> {
-    let timeline = timeline::build(trace);
+/// Draws `trace` (or its `window`) into `out`; returns what it drew.
+pub fn write_plot(trace: &Trace, window: Option<Window>, out: &Path) -> Result<timeline::Marks> {
+    let mut timeline = timeline::build(trace);
+    if let Some(w) = window {
+        timeline = timeline.window(w.from, w.to);
+    }
     fs::write(out, plot::svg(&timeline)?).with_context(|| format!("writing {}", out.display()))?;
     Ok(timeline.marks())
 }
@@ -68,10 +94,15 @@ pub struct SavedTrace {
 }
 
 /// Saves the device's trace as `trace.txt` in `run_dir`, with the guest's
-/// events (when the guest still answers) merged in on the device's clock,
-/// and, with `plot`, draws it into `trace.svg`. The VM must still run: the
-/// trace lives in the device.
-pub fn save_trace_and_plot(run_dir: &Path, vm: &mut Vm, plot: bool) -> Result<SavedTrace> {
+/// events (when the guest still answers) and the checks' `spans` merged in
+/// on the device's clock, and, with `plot`, draws it into `trace.svg`. The
+/// VM must still run: the trace lives in the device.
+pub fn save_trace_and_plot(
+    run_dir: &Path,
+    vm: &mut Vm,
+    plot: bool,
+    spans: &[spans::Span],
+) -> Result<SavedTrace> {
     let timeout = Duration::from_secs(30);
     // The guest's side first: its clock sync is the last REG_MAGIC read.
     let guest = (|| -> Result<(Vec<perfbed_agent::GuestEvent>, (u64, u64))> {
@@ -98,27 +129,34 @@ pub fn save_trace_and_plot(run_dir: &Path, vm: &mut Vm, plot: bool) -> Result<Sa
     let mut control = ControlClient::connect(&vm.control_socket)
         .context("connecting to the device's control socket")?;
     let device_text = control.trace_text()?;
-    let (text, guest_missing) = match guest {
+    // The host's clock against the device's, for the checks' spans.
+    let before = Instant::now();
+    let device_ns = control.state()?.now_ns;
+    let clock = spans::HostClock {
+        at: before + before.elapsed() / 2,
+        device_ns,
+    };
+    let device = Trace::parse(&device_text)?;
+    let first_ns = device.lines.first().map_or(0, |l| l.time_ns);
+    let mut extra = spans::lines(spans, clock, first_ns);
+    let guest_missing = match guest {
         Ok((events, (before, after))) => {
-            let device = Trace::parse(&device_text)?;
             match guest::ClockOffset::from_sync(&device.lines, 0, before, after) {
-                Some(offset) => (
-                    guest::merge(&device_text, &guest::lines(&events, offset)),
-                    None,
-                ),
-                None => (
-                    device_text,
-                    Some("the device trace lost the clock-sync read".to_string()),
-                ),
+                Some(offset) => {
+                    extra.extend(guest::lines(&events, offset));
+                    None
+                }
+                None => Some("the device trace lost the clock-sync read".to_string()),
             }
         }
-        Err(e) => (device_text, Some(format!("{e:#}"))),
+        Err(e) => Some(format!("{e:#}")),
     };
+    let text = guest::merge(&device_text, &extra);
     let path = run_dir.join(host::vm::TRACE_FILE);
     fs::write(&path, &text).with_context(|| format!("writing {}", path.display()))?;
     let plot = if plot {
         let out = run_dir.join("trace.svg");
-        write_plot(&Trace::parse(&text)?, &out)?;
+        write_plot(&Trace::parse(&text)?, None, &out)?;
         Some(out)
     } else {
         None
@@ -138,7 +176,7 @@ pub fn plot_saved(run_dir: &Path) -> Option<SavedTrace> {
     let out = run_dir.join("trace.svg");
     let plot = Trace::parse(&text)
         .ok()
-        .and_then(|t| write_plot(&t, &out).ok())
+        .and_then(|t| write_plot(&t, None, &out).ok())
         .map(|_| out);
     Some(SavedTrace {
         trace: path,

@@ -7,6 +7,8 @@ use std::fmt::Write as _;
 use perfbed_device::cpus::format_cpu_list;
 
 use super::model::{Line, Trace};
+use super::timeline::secs;
+use super::window::Window;
 
 const CELL: usize = 36;
 
@@ -69,6 +71,16 @@ fn cell(line: &Line) -> String {
         ),
         "allowed" => format!("ALLOWED {} -> {}", f("from"), f("to")),
         "dropped" => format!("DROPPED {} records", f("count")),
+        "host_check" => {
+            let names = line
+                .field("names")
+                .map(super::spans::parse_names)
+                .unwrap_or_default()
+                .join(", ");
+            let until = line.number("until").map_or(0.0, secs);
+            format!("CHECK {names} (to {until:.3} s)")
+        }
+        "guest_kernel" => format!("cpu{} {}", f("cpu"), f("event")),
         "guest_offline" | "guest_online" => {
             let took = line.number("took_ns").unwrap_or(0) as f64 / 1e6;
             let failed = if line.has_flag("failed") {
@@ -89,8 +101,8 @@ fn cell(line: &Line) -> String {
     }
 }
 
-/// The column a line goes in: 0 the device's global block, 1..=D the
-/// domains, D+1 the guest.
+/// The column a line goes in: 0 the device's global block (and the host's
+/// check spans), 1..=D the domains, D+1 the guest.
 fn column(line: &Line, domains: usize) -> usize {
     if line.kind.starts_with("guest_") {
         return domains + 1;
@@ -98,7 +110,9 @@ fn column(line: &Line, domains: usize) -> usize {
     line.domain().filter(|&d| d < domains).map_or(0, |d| d + 1)
 }
 
-pub fn render(trace: &Trace) -> String {
+/// The table of `trace`'s records (those in `window`, if given); times in
+/// seconds on the device's clock.
+pub fn render(trace: &Trace, window: Option<Window>) -> String {
     let domains = trace.shape.domains.len();
     let mut heads = vec!["device".to_string()];
     heads.extend(
@@ -111,16 +125,18 @@ pub fn render(trace: &Trace) -> String {
     );
     heads.push("guest".into());
     let mut out = String::new();
-    let _ = write!(out, "{:>11} ", "time ms");
+    let _ = write!(out, "{:>12} ", "time s");
     for h in &heads {
         let _ = write!(out, "| {h:CELL$} ");
     }
     out.push('\n');
-    let start = trace.lines.first().map_or(0, |l| l.time_ns);
-    for line in &trace.lines {
+    for line in trace
+        .lines
+        .iter()
+        .filter(|l| window.is_none_or(|w| w.contains(l.time_ns)))
+    {
         let col = column(line, domains);
-        let ms = line.time_ns.saturating_sub(start) as f64 / 1e6;
-        let _ = write!(out, "{ms:>11.3} ");
+        let _ = write!(out, "{:>12.6} ", secs(line.time_ns));
         for c in 0..heads.len() {
             let text = if c == col { cell(line) } else { String::new() };
             let _ = write!(out, "| {text:CELL$} ");

@@ -3,6 +3,8 @@ use perfbed_device::regs::{self, Event};
 use perfbed_device::{trace_file, Device, DeviceConfig};
 
 use super::*;
+use clap::Parser;
+use window::WindowError;
 
 const MS: u64 = 1_000_000;
 
@@ -136,19 +138,20 @@ fn a_recorded_run_plots_its_moves_parks_violations_and_hotplug_marks() {
         plot::VIOLATION.1,
         plot::VIOLATION.2
     );
+    // (and the legend's one cross, in the lane that has violations)
     assert_eq!(
         svg.matches(&red).count(),
-        2 * marks.violations,
+        2 * marks.violations + 2,
         "{}",
         &svg[..svg.len().min(2000)]
     );
-    assert!(svg.contains("domain 1: owner CPU"));
+    assert!(svg.contains("domain 1 (allowed CPUs [2, 3])"));
 }
 
 #[test]
 fn the_table_puts_each_record_in_its_domain_column() {
     let trace = Trace::parse(&recorded_run()).unwrap();
-    let table = table::render(&trace);
+    let table = table::render(&trace, None);
     let row = |needle: &str| {
         table
             .lines()
@@ -232,4 +235,365 @@ fn interrupts_and_allowed_set_changes_are_on_the_timeline() {
     assert_eq!(dom.violations.len(), 1);
     assert_eq!(dom.allowed_changes.len(), 1);
     assert_eq!(dom.allowed_changes[0].1, "2");
+}
+
+/// `n` points of a counter with a spike and a dip among them.
+fn noisy(n: usize) -> Vec<(f64, f64)> {
+    (0..n)
+        .map(|i| {
+            let v = match i {
+                i if i == n / 3 => 1e9,
+                i if i == 2 * n / 3 => -5.0,
+                i => (i % 7) as f64,
+            };
+            (i as f64 / n as f64, v)
+        })
+        .collect()
+}
+
+#[test]
+fn thinning_keeps_each_columns_extremes_and_at_most_four_points_a_column() {
+    let points = noisy(100_000);
+    let columns = 250;
+    let thinned = plot::thin(&points, 0.0, 1.0 / columns as f64);
+    assert!(thinned.len() <= 4 * columns, "{} points", thinned.len());
+    assert!(thinned.len() >= 2 * columns, "{} points", thinned.len());
+    // The spike, the dip, the first and the last survive.
+    for p in [
+        points[0],
+        points[points.len() - 1],
+        points[points.len() / 3],
+        points[2 * points.len() / 3],
+    ] {
+        assert!(thinned.contains(&p), "{p:?} lost");
+    }
+    // Every column keeps its own lowest and highest.
+    let column = |t: f64| (t * columns as f64).floor() as usize;
+    for c in 0..columns {
+        let of = |v: &[(f64, f64)]| -> (f64, f64) {
+            v.iter()
+                .filter(|p| column(p.0) == c)
+                .fold((f64::MAX, f64::MIN), |(lo, hi), p| {
+                    (lo.min(p.1), hi.max(p.1))
+                })
+        };
+        assert_eq!(of(&thinned), of(&points), "column {c}");
+    }
+    // In time order, no point twice.
+    assert!(thinned.windows(2).all(|w| w[0].0 < w[1].0));
+}
+
+#[test]
+fn overlapping_marks_are_drawn_once_per_column_and_row() {
+    let marks: Vec<(f64, u32)> = (0..1000).map(|i| (i as f64 / 1000.0, i % 2)).collect();
+    let kept = plot::spread(&marks, 0.0, 0.1);
+    // Ten columns, two rows each.
+    assert_eq!(kept.len(), 20, "{kept:?}");
+    let dots = plot::apart(&[(0.0, 0.0), (0.1, 0.0), (0.5, 0.0), (0.6, 9.0)], 0.4, 5.0);
+    assert_eq!(dots, [(0.0, 0.0), (0.5, 0.0), (0.6, 9.0)]);
+}
+
+#[test]
+fn the_time_axis_ticks_in_seconds_at_round_steps() {
+    // A whole run: 85 s, from 2.1 s on the device's clock.
+    let (ticks, decimals) = plot::time_ticks(2.1, 87.3, 12);
+    assert_eq!(ticks, [10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0]);
+    assert_eq!(decimals, 0);
+    let labels: Vec<String> = ticks
+        .iter()
+        .map(|&t| plot::tick_label(t, decimals))
+        .collect();
+    assert_eq!(labels[0], "10");
+    // A single move: a quarter of a second.
+    let (ticks, decimals) = plot::time_ticks(5.21, 5.46, 12);
+    assert_eq!(decimals, 2);
+    let labels: Vec<String> = ticks
+        .iter()
+        .map(|&t| plot::tick_label(t, decimals))
+        .collect();
+    assert_eq!(labels, ["5.25", "5.30", "5.35", "5.40", "5.45"]);
+    // Milliseconds of a move, and never more ticks than asked for.
+    for (lo, hi) in [(0.001, 0.0103), (0.0, 1e-6), (3.0, 3000.0), (0.5, 0.7)] {
+        let (ticks, _) = plot::time_ticks(lo, hi, 12);
+        assert!((2..=12).contains(&ticks.len()), "{lo}..{hi}: {ticks:?}");
+        assert!(ticks.iter().all(|t| (lo..=hi).contains(t)), "{ticks:?}");
+    }
+    let (ticks, decimals) = plot::time_ticks(0.001, 0.0103, 12);
+    assert_eq!(plot::tick_label(ticks[0], decimals), "0.001");
+}
+
+#[test]
+fn a_counter_reassigned_has_one_lane_and_one_legend_entry_per_slot() {
+    let mut d = Device::new(DeviceConfig::default()).unwrap();
+    let ctl = |s| regs::slot_ctl(1, s);
+    let total4 = regs::slot_ctl_value(Event::MbmTotalBytes, 4);
+    d.write(MS, 0, regs::domain_reg(1, regs::DOM_OWNER), 8, 3);
+    // Slot 0 counts (total, RMID 4) twice, slot 1 once between, and slot 0
+    // (local, RMID 4) once.
+    for (t, slot, value) in [
+        (1, 0, total4),
+        (3, 0, 0),
+        (4, 1, total4),
+        (5, 1, 0),
+        (6, 0, total4),
+        (8, 0, regs::slot_ctl_value(Event::MbmLocalBytes, 4)),
+    ] {
+        d.write(t * MS, 3, ctl(slot), 8, value);
+        d.inject(t * MS, 1, 4, Event::MbmTotalBytes, 6400).unwrap();
+        d.read(t * MS + 1, 3, regs::slot_count(1, slot), 8);
+    }
+    let snap = d.trace_since(0);
+    let trace = Trace::parse(&trace_file(&snap.header(), snap.dropped, &snap.lines())).unwrap();
+    let timeline = timeline::build(&trace);
+    let lanes = timeline.domains[1].counter_lanes();
+    let entries: Vec<Vec<(u32, usize)>> = lanes
+        .iter()
+        .map(|l| l.entries.iter().map(|(k, s)| (k.slot, s.len())).collect())
+        .collect();
+    // (total, 4): slot 0 with its two assignments, slot 1; (local, 4): slot 0.
+    assert_eq!(entries, [vec![(0, 2), (1, 1)], vec![(0, 1)]]);
+    let svg = plot::svg(&timeline).unwrap();
+    for label in [
+        "slot 0: mbm_total_bytes rmid 4",
+        "slot 1: mbm_total_bytes rmid 4",
+        "slot 0: mbm_local_bytes rmid 4",
+    ] {
+        assert_eq!(svg.matches(label).count(), 1, "{label}");
+    }
+}
+
+#[test]
+fn a_window_keeps_what_happened_in_it_and_the_owner_it_started_with() {
+    let trace = Trace::parse(&recorded_run()).unwrap();
+    let whole = timeline::build(&trace);
+    // From just before the move (6 ms) to before the park (9 ms).
+    let w = whole.window(0.0055, 0.0085);
+    assert_eq!((w.start, w.end), (0.0055, 0.0085));
+    let dom = &w.domains[1];
+    assert_eq!(dom.initial_owner, Some(Some(3)));
+    assert_eq!(dom.moves.iter().map(|m| m.1).collect::<Vec<_>>(), [2]);
+    assert!(dom.parks.is_empty());
+    assert_eq!(dom.violations.len(), 1);
+    assert_eq!(dom.offline.iter().map(|o| o.1).collect::<Vec<_>>(), [3]);
+    // Of the counter's reads at 3, 5 and 8 ms only the last.
+    assert_eq!(
+        dom.slots
+            .iter()
+            .map(|s| s.counter.len())
+            .collect::<Vec<_>>(),
+        [1]
+    );
+    // The printed table keeps the same window.
+    let window = Window::new(Some(0.0055), Some(0.0085), 0.001, 0.010).unwrap();
+    let table = table::render(&trace, Some(window));
+    assert!(table.contains("MOVE owner 3 -> 2"), "{table}");
+    assert!(!table.contains("PARK"), "{table}");
+    assert!(!table.contains("SLOT_CTL"), "{table}");
+    assert!(table::render(&trace, None).contains("PARK"));
+}
+
+/// `cargo xtask trace`'s arguments, parsed as the command line would be.
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    args: TraceArgs,
+}
+
+#[test]
+fn bad_windows_are_refused_with_the_reason() {
+    for bad in ["abc", "-1", "NaN", "inf", ""] {
+        let err = Cli::try_parse_from(["trace", "t.txt", &format!("--from={bad}")])
+            .err()
+            .unwrap_or_else(|| panic!("--from {bad:?} accepted"))
+            .to_string();
+        assert!(err.contains("not a time"), "{bad:?}: {err}");
+    }
+    let ok = Cli::try_parse_from(["trace", "t.txt", "--from", "1.5", "--to", "2"]).unwrap();
+    assert_eq!((ok.args.from, ok.args.to), (Some(1.5), Some(2.0)));
+    assert_eq!(
+        Window::new(Some(5.0), Some(2.0), 0.0, 10.0),
+        Err(WindowError::Reversed { from: 5.0, to: 2.0 })
+    );
+    // Reversed, and before the trace too: reversed is what to fix first.
+    assert_eq!(
+        Window::new(Some(5.0), Some(2.0), 2.1, 11.0),
+        Err(WindowError::Reversed { from: 5.0, to: 2.0 })
+    );
+    assert!(matches!(
+        Window::new(Some(3.0), Some(3.0), 0.0, 10.0),
+        Err(WindowError::Reversed { .. })
+    ));
+    // Past the end, with --to left to default: outside, not reversed.
+    let outside = Window::new(Some(20.0), None, 1.0, 10.0).unwrap_err();
+    assert!(matches!(outside, WindowError::Outside { .. }));
+    assert!(
+        outside
+            .to_string()
+            .contains("runs from 1.000000 s to 10.000000 s"),
+        "{outside}"
+    );
+    assert!(matches!(
+        Window::new(None, Some(0.5), 1.0, 10.0),
+        Err(WindowError::Outside { .. })
+    ));
+    assert_eq!(
+        Window::new(Some(2.0), None, 1.0, 10.0),
+        Ok(Window {
+            from: 2.0,
+            to: 10.0
+        })
+    );
+}
+
+#[test]
+fn check_spans_become_bands_on_the_device_clock() {
+    let mut log = crate::checks::log::CheckLog::new();
+    let check = |name, passed| crate::checks::Check {
+        name,
+        passed,
+        detail: String::new(),
+    };
+    std::thread::sleep(std::time::Duration::from_millis(2));
+    log.push(check("perf_event_open matrix", true));
+    std::thread::sleep(std::time::Duration::from_millis(2));
+    log.extend([check("x=1, 50% off", false), check("groups", true)]);
+    assert_eq!(log.len(), 3);
+    // The device's clock read 1 s when the host's read `at`.
+    let clock = spans::HostClock {
+        at: std::time::Instant::now(),
+        device_ns: 1_000_000_000,
+    };
+    let lines = spans::lines(log.spans(), clock, 0);
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    let text = format!(
+        "{} domains=0-1 rmids=8 slots=4 width=24 unit=64 dropped=0\n{}\n",
+        perfbed_device::TRACE_MAGIC,
+        lines.join("\n")
+    );
+    let timeline = timeline::build(&Trace::parse(&text).unwrap());
+    let bands = &timeline.checks;
+    assert_eq!(bands[0].names, ["perf_event_open matrix"]);
+    assert_eq!(bands[1].names, ["x=1, 50% off", "groups"]);
+    assert_eq!((bands[0].failed, bands[1].failed), (0, 1));
+    // Back to back, each at least the 2 ms slept, all before the clock read.
+    assert!(bands[0].end - bands[0].start >= 0.002);
+    assert_eq!(bands[0].end, bands[1].start);
+    assert!(bands[1].end <= 1.0);
+    // Spans that ended before the trace's first record are left out.
+    assert!(spans::lines(log.spans(), clock, 1_000_000_000).is_empty());
+    let svg = plot::svg(&timeline).unwrap();
+    assert!(svg.contains("perf_event_open matrix"), "{svg}");
+}
+
+#[test]
+fn guest_kernel_events_land_in_their_domains_lane() {
+    let text = format!(
+        "{} domains=0-1:2-3 rmids=8 slots=4 width=24 unit=64 dropped=0\n\
+         1000 - guest_kernel event=cpuhp_enter cpu=3 target=0 step=213 fn=perf_event_exit_cpu guest_ns=5\n\
+         2000 - guest_kernel event=cpuhp_exit cpu=3 state=0 step=213 ret=0 guest_ns=6\n\
+         3000 - guest_kernel cpu=1\n",
+        perfbed_device::TRACE_MAGIC
+    );
+    let timeline = timeline::build(&Trace::parse(&text).unwrap());
+    assert!(timeline.domains[0].kernel.is_empty());
+    let events = &timeline.domains[1].kernel;
+    assert_eq!(events.len(), 2, "{events:?}");
+    assert_eq!(events[0].event, "cpuhp_enter");
+    assert_eq!(events[0].cpu, 3);
+    assert_eq!(events[0].detail, "fn=perf_event_exit_cpu step=213 target=0");
+    let svg = plot::svg(&timeline).unwrap();
+    assert!(svg.contains("cpuhp_exit"));
+    assert!(svg.contains("kernel events (guest tracepoints)"));
+}
+
+#[test]
+fn a_long_busy_trace_draws_under_a_megabyte_with_every_violation() {
+    // A minute of a busy run: four slots per domain read every 10 ms (six
+    // reads a pixel column), the owner moving every 100 ms, a violation
+    // every 10 s. Drawn mark by mark this would be several megabytes.
+    let mut d = Device::new(DeviceConfig {
+        trace_capacity: 1 << 20,
+        ..DeviceConfig::default()
+    })
+    .unwrap();
+    let (step, end) = (10 * MS, 60_000 * MS);
+    for dom in 0..2u32 {
+        let owner = dom * 2;
+        d.write(
+            MS,
+            owner,
+            regs::domain_reg(u64::from(dom), regs::DOM_OWNER),
+            8,
+            u64::from(owner),
+        );
+        for slot in 0..4 {
+            let value = regs::slot_ctl_value(Event::MbmTotalBytes, slot);
+            d.write(
+                MS,
+                owner,
+                regs::slot_ctl(u64::from(dom), u64::from(slot)),
+                8,
+                value,
+            );
+            d.set_rate(
+                MS,
+                dom,
+                slot as u32,
+                Event::MbmTotalBytes,
+                1 << (20 + 2 * slot),
+            )
+            .unwrap();
+        }
+    }
+    let mut t = 10 * MS;
+    let mut records = 0;
+    while t < end {
+        for dom in 0..2u32 {
+            let owner = dom * 2 + ((t / (100 * MS)) % 2) as u32;
+            if t % (100 * MS) == 0 {
+                d.write(
+                    t,
+                    owner,
+                    regs::domain_reg(u64::from(dom), regs::DOM_OWNER),
+                    8,
+                    u64::from(owner),
+                );
+            }
+            for slot in 0..4u64 {
+                d.read(t, owner, regs::slot_count(u64::from(dom), slot), 8);
+                records += 1;
+            }
+            if t % (10_000 * MS) == 0 {
+                d.read(t, owner ^ 1, regs::slot_count(u64::from(dom), 0), 8);
+            }
+        }
+        t += step;
+    }
+    let snap = d.trace_since(0);
+    assert_eq!(snap.dropped, 0);
+    let trace = Trace::parse(&trace_file(&snap.header(), snap.dropped, &snap.lines())).unwrap();
+    let timeline = timeline::build(&trace);
+    let marks = timeline.marks();
+    assert!(marks.counter_points >= records, "{marks:?}");
+    assert_eq!(marks.violations, 2 * 5);
+    let svg = plot::svg(&timeline).unwrap();
+    assert!(svg.len() < 1 << 20, "{} bytes", svg.len());
+    let red = format!(
+        "stroke=\"#{:02X}{:02X}{:02X}\"",
+        plot::VIOLATION.0,
+        plot::VIOLATION.1,
+        plot::VIOLATION.2
+    );
+    // Every violation drawn (two strokes each), and each domain's legend.
+    assert_eq!(svg.matches(&red).count(), 2 * marks.violations + 2 * 2);
+}
+
+#[test]
+fn byte_labels_stay_short_however_large_the_count() {
+    assert_eq!(plot::bytes_label(0.0), "0 B");
+    assert_eq!(plot::bytes_label(64.0), "64 B");
+    assert_eq!(plot::bytes_label(3.48e9), "3.48 GB");
+    assert_eq!(plot::bytes_label(146.4e6), "146.4 MB");
+    // A counter gone wrong (unwrapped past any real traffic).
+    assert_eq!(plot::bytes_label(1e21), "1 ZB");
 }

@@ -944,56 +944,58 @@ pub fn perf_stat_intervals_across_changes(ctx: &mut Ctx) -> Result<Check> {
     ))
 }
 
-/// Runs each attack; whatever it did, the domain's set is restored and
-/// every CPU is online again before the next, so one broken attack never
-/// hides the others' verdicts.
-pub fn run(ctx: &mut Ctx) -> Result<Vec<Check>> {
-    let checks: [Named; 14] = [
-        (
-            "allowed-attack: change racing offline",
-            change_racing_offline_of_target,
-        ),
-        (
-            "allowed-attack: only offline CPUs, then online",
-            only_offline_cpus_then_online,
-        ),
-        ("allowed-attack: malformed sets refused", malformed_sets),
-        (
-            "allowed-attack: back-to-back changes, last wins",
-            back_to_back_last_wins,
-        ),
-        (
-            "allowed-attack: change while disabled",
-            change_while_disabled,
-        ),
-        ("allowed-attack: RESET racing a change", reset_racing_change),
-        ("allowed-attack: group with cpu-clock", group_with_cpu_clock),
-        ("allowed-attack: opens racing changes", opens_racing_changes),
-        (
-            "allowed-attack: other domain undisturbed",
-            other_domain_undisturbed,
-        ),
-        (
-            "allowed-attack: owner kept, nothing moves",
-            same_set_changes_nothing,
-        ),
-        ("allowed-attack: reload after changes", reload_after_changes),
-        (
-            "allowed-attack: changes while multiplexed",
-            change_while_multiplexed,
-        ),
-        (
-            "allowed-attack: change racing the old owner's offline",
-            change_racing_offline_of_owner,
-        ),
-        (
-            "allowed-attack: perf stat -I across changes",
-            perf_stat_intervals_across_changes,
-        ),
-    ];
+/// Its checks, in order.
+pub(super) const CHECKS: &[Named] = &[
+    (
+        "allowed-attack: change racing offline",
+        change_racing_offline_of_target,
+    ),
+    (
+        "allowed-attack: only offline CPUs, then online",
+        only_offline_cpus_then_online,
+    ),
+    ("allowed-attack: malformed sets refused", malformed_sets),
+    (
+        "allowed-attack: back-to-back changes, last wins",
+        back_to_back_last_wins,
+    ),
+    (
+        "allowed-attack: change while disabled",
+        change_while_disabled,
+    ),
+    ("allowed-attack: RESET racing a change", reset_racing_change),
+    ("allowed-attack: group with cpu-clock", group_with_cpu_clock),
+    ("allowed-attack: opens racing changes", opens_racing_changes),
+    (
+        "allowed-attack: other domain undisturbed",
+        other_domain_undisturbed,
+    ),
+    (
+        "allowed-attack: owner kept, nothing moves",
+        same_set_changes_nothing,
+    ),
+    ("allowed-attack: reload after changes", reload_after_changes),
+    (
+        "allowed-attack: changes while multiplexed",
+        change_while_multiplexed,
+    ),
+    (
+        "allowed-attack: change racing the old owner's offline",
+        change_racing_offline_of_owner,
+    ),
+    (
+        "allowed-attack: perf stat -I across changes",
+        perf_stat_intervals_across_changes,
+    ),
+];
+
+/// Runs each of `checks` (of [`CHECKS`]); whatever it did, the domain's
+/// set is restored and every CPU is online again before the next, so one
+/// broken attack never hides the others' verdicts.
+pub(super) fn run_these(ctx: &mut Ctx, checks: &[Named]) -> Result<Vec<Check>> {
     let (d, allowed) = movable_domain(ctx)?;
     let mut out = Vec::new();
-    for &(name, check) in &checks {
+    for &(name, check) in checks {
         let result = check(ctx);
         for cpu in ctx
             .device
@@ -1006,7 +1008,9 @@ pub fn run(ctx: &mut Ctx) -> Result<Vec<Check>> {
         {
             // If the guest is gone, say why the check stopped too.
             ctx.g.set_online(cpu, true).with_context(|| match &result {
-                Err(e) => format!("bringing CPU {cpu} back online after \"{name}\" could not finish: {e:#}"),
+                Err(e) => format!(
+                    "bringing CPU {cpu} back online after \"{name}\" could not finish: {e:#}"
+                ),
                 Ok(_) => format!("bringing CPU {cpu} back online after \"{name}\""),
             })?;
         }

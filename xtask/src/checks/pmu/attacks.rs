@@ -28,7 +28,7 @@ use super::across_moves::turns;
 use super::context::{Ctx, MIB};
 use super::moves::movable_domain;
 use super::multiplexing::{set_sysfs, Window, MUX_INTERVAL_MS};
-use super::redteam::{inject, must, open_with, owner, park, rmid, run_each, Many, Named};
+use super::redteam::{inject, must, open_with, owner, park, rmid, Many, Named};
 use crate::checks::Check;
 use crate::guest::perf_abi::{
     FLAG_DISABLED, FLAG_EXCLUSIVE, FLAG_PINNED, FORMAT_GROUP, FORMAT_ID, FORMAT_TOTAL_TIME_ENABLED,
@@ -802,41 +802,38 @@ fn waiting_after_moves(ctx: &mut Ctx, d: usize, interval_file: &str) -> Result<C
     ))
 }
 
-/// Every attack, in order; each leaves every CPU online and nothing open.
-pub fn run(ctx: &mut Ctx) -> Result<Vec<Check>> {
-    let checks: [Named; 11] = [
-        (
-            "attack: enable/disable storm during moves",
-            enable_disable_storm_during_moves,
-        ),
-        ("attack: group reads racing moves", group_reads_racing_moves),
-        (
-            "attack: mixed leader closed while parked",
-            mixed_leader_closed_while_parked,
-        ),
-        ("attack: pinned across park", pinned_across_park),
-        (
-            "attack: reset of event disabled while parked",
-            reset_of_event_disabled_while_parked,
-        ),
-        ("attack: gauge reset", gauge_reset),
-        ("attack: exclusive across park", exclusive_across_park),
-        (
-            "attack: more events than slots parked",
-            more_events_than_slots_parked,
-        ),
-        (
-            "attack: promoted gauge not multiplexed",
-            promoted_gauge_not_multiplexed,
-        ),
-        (
-            "attack: gauge leader alone not multiplexed",
-            gauge_leader_not_multiplexed,
-        ),
-        (
-            "attack: disabled while waiting after a move",
-            disabled_while_waiting_after_a_move,
-        ),
-    ];
-    run_each(ctx, &checks)
-}
+/// Its checks, in order.
+pub(super) const CHECKS: &[Named] = &[
+    (
+        "attack: enable/disable storm during moves",
+        enable_disable_storm_during_moves,
+    ),
+    ("attack: group reads racing moves", group_reads_racing_moves),
+    (
+        "attack: mixed leader closed while parked",
+        mixed_leader_closed_while_parked,
+    ),
+    ("attack: pinned across park", pinned_across_park),
+    (
+        "attack: reset of event disabled while parked",
+        reset_of_event_disabled_while_parked,
+    ),
+    ("attack: gauge reset", gauge_reset),
+    ("attack: exclusive across park", exclusive_across_park),
+    (
+        "attack: more events than slots parked",
+        more_events_than_slots_parked,
+    ),
+    (
+        "attack: promoted gauge not multiplexed",
+        promoted_gauge_not_multiplexed,
+    ),
+    (
+        "attack: gauge leader alone not multiplexed",
+        gauge_leader_not_multiplexed,
+    ),
+    (
+        "attack: disabled while waiting after a move",
+        disabled_while_waiting_after_a_move,
+    ),
+];

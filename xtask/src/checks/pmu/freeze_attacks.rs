@@ -22,7 +22,7 @@ use perfbed_device::regs::Event;
 use super::context::{Ctx, MIB};
 use super::move_attacks::{judge_exact, judge_window, move_away, under_long_mux, TIMES};
 use super::moves::movable_domain;
-use super::redteam::{must, open_with, park, rmid, run_each, Many, Named};
+use super::redteam::{must, open_with, park, rmid, Many, Named};
 use crate::checks::Check;
 use crate::guest::perf_abi::{FLAG_DISABLED, FLAG_EXCLUSIVE, FLAG_PINNED};
 use crate::guest::pmu_name;
@@ -988,21 +988,14 @@ pub fn frozen_through_move_and_second_park(ctx: &mut Ctx) -> Result<Check> {
     ))
 }
 
-/// Polls domain `d`'s `cpumask` until `ok` holds of it (30 s at most, far
-/// above what a change takes); the mask seen last, and whether it held.
+/// Polls domain `d`'s `cpumask` until `ok` holds of it
+/// ([`crate::guest::Guest::wait_cpumask`]).
 pub(super) fn wait_mask(
     ctx: &mut Ctx,
     d: usize,
     ok: impl Fn(&[u32]) -> bool,
 ) -> Result<(bool, Vec<u32>)> {
-    let start = std::time::Instant::now();
-    loop {
-        let mask = ctx.g.cpumask(&pmu_name(d))?;
-        if ok(&mask) || start.elapsed() > std::time::Duration::from_secs(30) {
-            return Ok((ok(&mask), mask));
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    ctx.g.wait_cpumask(&pmu_name(d), ok)
 }
 
 /// Sets domain `d`'s allowed CPUs from the host.
@@ -1365,7 +1358,3 @@ pub(super) const CHECKS: &[Named] = &[
         frozen_beside_same_rmid,
     ),
 ];
-
-pub fn run(ctx: &mut Ctx) -> Result<Vec<Check>> {
-    run_each(ctx, CHECKS)
-}

@@ -30,7 +30,7 @@ use super::move_attacks::{
     judge_exact, judge_window, with_mux_interval, LONG_MUX_MS, SKEW_NS, TIMES,
 };
 use super::moves::movable_domain;
-use super::redteam::{must, open_with, rmid, run_each, truth, Many, Named};
+use super::redteam::{must, open_with, rmid, truth, Many, Named};
 use super::semantics::{lost_wraps_file, two_wrap_park};
 use crate::checks::Check;
 use crate::guest::perf_abi::FLAG_DISABLED;
@@ -1094,12 +1094,3 @@ pub(super) const KNOWN_BUGS: &[Named] = &[
         wrap_lost_held_on_cpu0,
     ),
 ];
-
-pub fn run(ctx: &mut Ctx) -> Result<Vec<Check>> {
-    run_each(ctx, CHECKS)
-}
-
-/// The checks of [`KNOWN_BUGS`].
-pub fn run_known_bugs(ctx: &mut Ctx) -> Result<Vec<Check>> {
-    run_each(ctx, KNOWN_BUGS)
-}

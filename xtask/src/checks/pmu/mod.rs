@@ -27,8 +27,9 @@ pub mod semantics;
 use anyhow::{bail, Result};
 use perfbed_device::{ControlClient, DeviceConfig};
 
-use crate::checks::Check;
+use crate::checks::{Check, Select};
 use crate::guest::{pmu_name, Guest};
+use crate::checks::log::CheckLog;
 use context::Ctx;
 
 /// A check that needs nothing but the context, and leaves the PMUs as it
@@ -72,6 +73,9 @@ const SEMANTICS: &[(&str, CtxCheck)] = &[
     ("bad attributes", groups::bad_attributes),
 ];
 
+/// Every `perf_event_attr` field, flag and bit against the errno it must get.
+const ATTRIBUTES: &[(&str, CtxCheck)] = &[("perf_event_open matrix", perf_matrix::check)];
+
 /// Whether the check called `name` is one `run_named` runs.
 pub fn can_run_alone(name: &str) -> bool {
     alone().any(|(n, _)| *n == name)
@@ -82,6 +86,7 @@ fn alone() -> impl Iterator<Item = &'static (&'static str, CtxCheck)> {
     AROUND_MOVES
         .iter()
         .chain(SEMANTICS)
+        .chain(ATTRIBUTES)
         .chain(park_attacks::CHECKS)
         .chain(freeze_attacks::CHECKS)
         .chain(hold_attacks::CHECKS)
@@ -116,17 +121,26 @@ fn run_one(ctx: &mut Ctx, name: &str, check: CtxCheck) -> Result<Check> {
     Ok(done)
 }
 
-/// Runs every check; the driver must be loaded. `control_socket` is the
-/// device's, for checks that inject from a thread of their own. With
-/// `known_bugs`, the checks of known, open bugs run too (they fail until
-/// the bug is fixed).
+/// One entry of `run`'s plan: the check's printed name and how it runs.
+type Planned<'s> = (
+    &'static str,
+    Box<dyn Fn(&mut Ctx) -> Result<Vec<Check>> + 's>,
+);
+
+/// Runs the checks `select` asks for, in order, into `checks` (each entry
+/// of the plan one span of the trace's bands); the driver must be loaded.
+/// `control_socket` is the device's, for checks that inject from a thread
+/// of their own. With `known_bugs`, the checks of known, open bugs run too
+/// (they fail until the bug is fixed).
 pub fn run(
     g: &mut Guest,
     control: ControlClient,
     control_socket: &std::path::Path,
     device: &DeviceConfig,
     known_bugs: bool,
-) -> Result<Vec<Check>> {
+    select: &Select,
+    checks: &mut CheckLog,
+) -> Result<()> {
     let mut types = Vec::new();
     for d in 0..device.domains.len() {
         types.push(g.pmu_type(&pmu_name(d))?);
@@ -138,41 +152,82 @@ pub fn run(
         types,
     };
     ctx.control.reset_stats()?;
-    let mut checks = vec![
-        registration::sysfs(&mut ctx)?,
-        counts::exact_counts(&mut ctx)?,
+    for (name, check) in plan(control_socket, known_bugs) {
+        if select.wants(name) {
+            checks.extend(check(&mut ctx)?);
+        }
+    }
+    Ok(())
+}
+
+/// The printed names of the checks `run` runs, in order.
+pub fn names(known_bugs: bool) -> Vec<&'static str> {
+    plan(std::path::Path::new(""), known_bugs)
+        .into_iter()
+        .map(|(name, _)| name)
+        .collect()
+}
+
+/// Every check of `run`, in order, by its printed name.
+fn plan(control_socket: &std::path::Path, known_bugs: bool) -> Vec<Planned<'_>> {
+    let one = |check: CtxCheck| move |ctx: &mut Ctx| Ok(vec![check(ctx)?]);
+    let named = |&(name, check): &'static (&'static str, CtxCheck)| -> Planned {
+        (
+            name,
+            Box::new(move |ctx: &mut Ctx| Ok(vec![run_one(ctx, name, check)?])),
+        )
+    };
+    let each = |entry: &'static redteam::Named| -> Planned {
+        (
+            entry.0,
+            Box::new(move |ctx: &mut Ctx| redteam::run_each(ctx, std::slice::from_ref(entry))),
+        )
+    };
+    let mut plan: Vec<Planned> = vec![
+        ("PMUs and sysfs", Box::new(one(registration::sysfs))),
+        ("exact counts", Box::new(one(counts::exact_counts))),
     ];
-    for &(name, check) in AROUND_MOVES {
-        checks.push(run_one(&mut ctx, name, check)?);
+    plan.extend(AROUND_MOVES.iter().map(named));
+    plan.push((
+        "traffic while moving",
+        Box::new(move |ctx: &mut Ctx| {
+            Ok(vec![moving_traffic::check(
+                ctx.g,
+                &mut ctx.control,
+                control_socket,
+                &ctx.device,
+                &ctx.types,
+            )?])
+        }),
+    ));
+    plan.extend(SEMANTICS.iter().map(named));
+    plan.extend(ATTRIBUTES.iter().map(named));
+    plan.push(("perf stat", Box::new(one(counts::perf_stat))));
+    let known: &[redteam::Named] = if known_bugs {
+        hold_attacks::KNOWN_BUGS
+    } else {
+        &[]
+    };
+    for table in [
+        redteam::CHECKS,
+        attacks::CHECKS,
+        move_attacks::CHECKS,
+        park_attacks::CHECKS,
+        freeze_attacks::CHECKS,
+        hold_attacks::CHECKS,
+        known,
+    ] {
+        plan.extend(table.iter().map(each));
     }
-    checks.push(moving_traffic::check(
-        ctx.g,
-        &mut ctx.control,
-        control_socket,
-        &ctx.device,
-        &ctx.types,
-    )?);
-    for &(name, check) in SEMANTICS {
-        checks.push(run_one(&mut ctx, name, check)?);
-    }
-    checks.push(perf_matrix::run(
-        ctx.g,
-        &mut ctx.control,
-        &ctx.device,
-        &ctx.types,
-    )?);
-    checks.push(counts::perf_stat(&mut ctx)?);
-    checks.extend(redteam::run(&mut ctx)?);
-    checks.extend(attacks::run(&mut ctx)?);
-    checks.extend(move_attacks::run(&mut ctx)?);
-    checks.extend(park_attacks::run(&mut ctx)?);
-    checks.extend(freeze_attacks::run(&mut ctx)?);
-    checks.extend(hold_attacks::run(&mut ctx)?);
-    if known_bugs {
-        checks.extend(hold_attacks::run_known_bugs(&mut ctx)?);
-    }
-    checks.extend(allowed_attacks::run(&mut ctx)?);
-    checks.push(registration::unload(&mut ctx)?);
-    checks.push(accesses::check(&mut ctx)?);
-    Ok(checks)
+    plan.extend(allowed_attacks::CHECKS.iter().map(|entry| -> Planned {
+        (
+            entry.0,
+            Box::new(move |ctx: &mut Ctx| {
+                allowed_attacks::run_these(ctx, std::slice::from_ref(entry))
+            }),
+        )
+    }));
+    plan.push(("module unload", Box::new(one(registration::unload))));
+    plan.push(("driver's accesses", Box::new(one(accesses::check))));
+    plan
 }

@@ -24,7 +24,7 @@ use super::attacks::{cpu_clock, finish_mover, start_mover};
 use super::context::{Ctx, MIB};
 use super::moves::movable_domain;
 use super::multiplexing::{set_sysfs, Window};
-use super::redteam::{must, open_with, owner, park, rmid, run_each, Many, Named};
+use super::redteam::{must, open_with, owner, park, rmid, Many, Named};
 use crate::checks::Check;
 use crate::guest::perf_abi::{
     FLAG_DISABLED, FLAG_EXCLUSIVE, FLAG_PINNED, FORMAT_TOTAL_TIME_ENABLED,
@@ -1430,59 +1430,55 @@ pub fn rotating_during_moves(ctx: &mut Ctx) -> Result<Check> {
     ))
 }
 
-/// Every attack, in order; each leaves every CPU online, nothing open and
-/// the mux interval as it found it.
-pub fn run(ctx: &mut Ctx) -> Result<Vec<Check>> {
-    let checks: [Named; 13] = [
-        (
-            "move-attack: sibling of disabled leader across moves",
-            sibling_of_disabled_leader_across_moves,
-        ),
-        (
-            "move-attack: sibling of disabled cpu-clock leader across moves",
-            sibling_of_disabled_cpu_clock_leader_across_moves,
-        ),
-        (
-            "move-attack: sibling of disabled leader enabled time",
-            sibling_of_disabled_leader_enabled_time,
-        ),
-        (
-            "move-attack: sibling of disabled leader across a park",
-            sibling_of_disabled_leader_across_park,
-        ),
-        (
-            "move-attack: multiplexed across moves",
-            multiplexed_across_moves,
-        ),
-        (
-            "move-attack: exclusive across moves",
-            exclusive_across_moves,
-        ),
-        (
-            "move-attack: pinned among multiplexed across moves",
-            pinned_among_multiplexed_across_moves,
-        ),
-        (
-            "move-attack: gauge group ioctls after moves",
-            gauge_group_ioctls_after_moves,
-        ),
-        (
-            "move-attack: waiting group across moves",
-            waiting_group_across_moves,
-        ),
-        (
-            "move-attack: reset of waiting group after move",
-            reset_of_waiting_group_after_move,
-        ),
-        (
-            "move-attack: enable right after move contended",
-            enable_right_after_move_contended,
-        ),
-        (
-            "move-attack: groups seamless across moves",
-            groups_seamless_across_moves,
-        ),
-        ("move-attack: rotating during moves", rotating_during_moves),
-    ];
-    run_each(ctx, &checks)
-}
+/// Its checks, in order.
+pub(super) const CHECKS: &[Named] = &[
+    (
+        "move-attack: sibling of disabled leader across moves",
+        sibling_of_disabled_leader_across_moves,
+    ),
+    (
+        "move-attack: sibling of disabled cpu-clock leader across moves",
+        sibling_of_disabled_cpu_clock_leader_across_moves,
+    ),
+    (
+        "move-attack: sibling of disabled leader enabled time",
+        sibling_of_disabled_leader_enabled_time,
+    ),
+    (
+        "move-attack: sibling of disabled leader across a park",
+        sibling_of_disabled_leader_across_park,
+    ),
+    (
+        "move-attack: multiplexed across moves",
+        multiplexed_across_moves,
+    ),
+    (
+        "move-attack: exclusive across moves",
+        exclusive_across_moves,
+    ),
+    (
+        "move-attack: pinned among multiplexed across moves",
+        pinned_among_multiplexed_across_moves,
+    ),
+    (
+        "move-attack: gauge group ioctls after moves",
+        gauge_group_ioctls_after_moves,
+    ),
+    (
+        "move-attack: waiting group across moves",
+        waiting_group_across_moves,
+    ),
+    (
+        "move-attack: reset of waiting group after move",
+        reset_of_waiting_group_after_move,
+    ),
+    (
+        "move-attack: enable right after move contended",
+        enable_right_after_move_contended,
+    ),
+    (
+        "move-attack: groups seamless across moves",
+        groups_seamless_across_moves,
+    ),
+    ("move-attack: rotating during moves", rotating_during_moves),
+];

@@ -11,16 +11,18 @@ use super::context::{Ctx, MIB};
 use crate::checks::Check;
 use crate::guest::{pmu_name, Opened};
 
+/// The first domain of `domains` with two CPUs or more, none of them CPU
+/// 0 (which cannot go offline): its owner can move and it can park.
+pub fn movable_in(domains: &[Vec<u32>]) -> Option<usize> {
+    domains
+        .iter()
+        .position(|cpus| cpus.len() >= 2 && !cpus.contains(&0))
+}
+
 /// The domain whose CPUs can all go offline (CPU 0 cannot) and its set.
 pub fn movable_domain(ctx: &Ctx) -> Result<(usize, Vec<u32>)> {
-    match ctx
-        .device
-        .domains
-        .iter()
-        .enumerate()
-        .find(|(_, cpus)| cpus.len() >= 2 && !cpus.contains(&0))
-    {
-        Some((d, cpus)) => Ok((d, cpus.clone())),
+    match movable_in(&ctx.device.domains) {
+        Some(d) => Ok((d, ctx.device.domains[d].clone())),
         None => bail!(
             "no domain with two CPUs besides CPU 0 to take offline (domains {:?})",
             ctx.device.domains

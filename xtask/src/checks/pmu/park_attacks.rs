@@ -17,7 +17,7 @@ use super::context::{Ctx, MIB};
 use super::move_attacks::{judge_exact, judge_window, move_away, under_long_mux, Trio, TIMES};
 use super::moves::movable_domain;
 use super::multiplexing::Window;
-use super::redteam::{must, open_with, park, rmid, run_each, Many, Named};
+use super::redteam::{must, open_with, park, rmid, Many, Named};
 use crate::checks::Check;
 use crate::guest::perf_abi::FLAG_DISABLED;
 use crate::guest::pmu_name;
@@ -469,7 +469,10 @@ pub fn frozen_slot_kept_while_parked(ctx: &mut Ctx) -> Result<Check> {
     let mut rmids = many.rmids.clone();
     rmids.push(extra_rmid);
     let burst = |ctx: &mut Ctx, b: u64| {
-        let inj: Vec<_> = rmids.iter().map(|&r| (d, r, Event::MbmTotalBytes, b)).collect();
+        let inj: Vec<_> = rmids
+            .iter()
+            .map(|&r| (d, r, Event::MbmTotalBytes, b))
+            .collect();
         ctx.inject_and_land(&inj)
     };
     let s = ctx.g.read_many(&all)?;
@@ -562,7 +565,3 @@ pub(super) const CHECKS: &[Named] = &[
         frozen_slot_kept_while_parked,
     ),
 ];
-
-pub fn run(ctx: &mut Ctx) -> Result<Vec<Check>> {
-    run_each(ctx, CHECKS)
-}

@@ -13,6 +13,7 @@ use perfbed_agent::{PerfAttr, PerfIoctl};
 use perfbed_device::regs::Event;
 use perfbed_device::{ControlClient, DeviceConfig};
 
+use super::context::Ctx;
 use crate::checks::Check;
 use crate::guest::perf_abi::*;
 use crate::guest::{Guest, Opened};
@@ -148,6 +149,41 @@ fn flag_case(name: &str, flags: u64, want: &str) -> Case {
     })
 }
 
+/// What a counting event (no period) with the one `sample_type` bit `name` gets.
+fn sample_type_want(name: &str) -> &'static str {
+    match name {
+        // The driver, as perf's device PMUs (arm_dsu_pmu, arm-ccn) refuse it.
+        "BRANCH_STACK" => "EINVAL",
+        // The core: the guest kernel has no CONFIG_CGROUP_PERF.
+        "CGROUP" => "EINVAL",
+        // The rest shape samples, which a counting event never writes, or the ids of the
+        // core's side-band records: the core honours them, the driver has nothing to do.
+        _ => "opened",
+    }
+}
+
+/// What a counting event gets with `PERF_SAMPLE_BRANCH_STACK` and any one `branch_sample_type`
+/// bit: a privilege level alone (USER, KERNEL, HV) the core refuses, as it names no branch kind;
+/// any other the core accepts and the driver refuses, as it refuses every branch stack.
+const BRANCH_BIT_WANT: &str = "EINVAL";
+
+/// `attr` with the `sample_type` bit `bit` and what that bit needs to be well-formed: a branch
+/// kind, a register, an aligned stack size.
+fn with_sample_bit(attr: PerfAttr, bit: u64) -> PerfAttr {
+    let mut attr = PerfAttr {
+        sample_type: bit,
+        ..attr
+    };
+    match bit {
+        SAMPLE_BRANCH_STACK => attr.branch_sample_type = BRANCH_ANY,
+        SAMPLE_REGS_USER => attr.sample_regs_user = REG_X86_IP,
+        SAMPLE_REGS_INTR => attr.sample_regs_intr = REG_X86_IP,
+        SAMPLE_STACK_USER => attr.sample_stack_user = 8192,
+        _ => {}
+    }
+    attr
+}
+
 fn cases(device: &DeviceConfig) -> Vec<Case> {
     let rmids = device.rmids;
     let slots = device.slots;
@@ -182,15 +218,47 @@ fn cases(device: &DeviceConfig) -> Vec<Case> {
         case("sample_period (sampling)", "EOPNOTSUPP", |m| m.try_attr(PerfAttr { sample_period: 1000, ..m.good() })),
         case("freq with sample_freq (sampling)", "EOPNOTSUPP", |m| m.try_attr(PerfAttr { flags: FLAG_FREQ, sample_period: 100, ..m.good() })),
         case("sample_period with bit 63", "EINVAL", |m| m.try_attr(PerfAttr { sample_period: 1 << 63, ..m.good() })),
-        case("sample_type without a period (counting)", "opened", |m| m.try_attr(PerfAttr { sample_type: SAMPLE_IP, ..m.good() })),
-        case("branch stack without a period", "opened", |m| {
-            m.try_attr(PerfAttr { sample_type: SAMPLE_BRANCH_STACK, branch_sample_type: BRANCH_ANY, ..m.good() })
-        }),
+        case("freq with sample_freq 0 (counting)", "opened", |m| m.try_attr(PerfAttr { flags: FLAG_FREQ, ..m.good() })),
         flag_case("aux_output", FLAG_AUX_OUTPUT, "EOPNOTSUPP"),
+        // sample_type and branch_sample_type beyond one well-formed bit (the bits one by one
+        // follow this list): what the core makes of them, before and after the driver.
+        case("PERF_SAMPLE_BRANCH_STACK with a period (sampling, refused first)", "EOPNOTSUPP", |m| {
+            m.try_attr(with_sample_bit(PerfAttr { sample_period: 1000, ..m.good() }, SAMPLE_BRANCH_STACK))
+        }),
+        case("PERF_SAMPLE_BRANCH_STACK with no branch kind", "EINVAL", |m| {
+            m.try_attr(PerfAttr { sample_type: SAMPLE_BRANCH_STACK, branch_sample_type: BRANCH_PLM_ALL, ..m.good() })
+        }),
+        case("PERF_SAMPLE_BRANCH_STACK with USER|KERNEL|HV|ANY", "EINVAL", |m| {
+            m.try_attr(PerfAttr { sample_type: SAMPLE_BRANCH_STACK, branch_sample_type: BRANCH_PLM_ALL | BRANCH_ANY, ..m.good() })
+        }),
+        case("branch_sample_type ANY without PERF_SAMPLE_BRANCH_STACK (ignored)", "opened", |m| {
+            m.try_attr(PerfAttr { branch_sample_type: BRANCH_ANY, ..m.good() })
+        }),
+        case("branch_sample_type of undefined bits without PERF_SAMPLE_BRANCH_STACK (ignored)", "opened", |m| {
+            m.try_attr(PerfAttr { branch_sample_type: !(BRANCH_MAX - 1), ..m.good() })
+        }),
+        case("PERF_SAMPLE_REGS_USER naming no register", "EINVAL", |m| m.try_attr(PerfAttr { sample_type: SAMPLE_REGS_USER, ..m.good() })),
+        case("PERF_SAMPLE_REGS_USER with XMM0 (an extended register)", "EOPNOTSUPP", |m| {
+            m.try_attr(PerfAttr { sample_type: SAMPLE_REGS_USER, sample_regs_user: REG_X86_IP | REG_X86_XMM0, ..m.good() })
+        }),
+        case("PERF_SAMPLE_REGS_INTR naming no register", "EINVAL", |m| m.try_attr(PerfAttr { sample_type: SAMPLE_REGS_INTR, ..m.good() })),
+        case("PERF_SAMPLE_STACK_USER of 4 bytes (not 8-aligned)", "EINVAL", |m| {
+            m.try_attr(PerfAttr { sample_type: SAMPLE_STACK_USER, sample_stack_user: 4, ..m.good() })
+        }),
+        case("PERF_SAMPLE_WEIGHT with PERF_SAMPLE_WEIGHT_STRUCT", "EINVAL", |m| {
+            m.try_attr(PerfAttr { sample_type: SAMPLE_WEIGHT | SAMPLE_WEIGHT_STRUCT, ..m.good() })
+        }),
+        case("PERF_SAMPLE_AUX with aux_sample_size, no AUX leader", "EINVAL", |m| {
+            m.try_attr(PerfAttr { sample_type: SAMPLE_AUX, aux_sample_size: 4096, ..m.good() })
+        }),
+        case("sample_type PERF_SAMPLE_MAX (the first undefined bit)", "EINVAL", |m| m.try_attr(PerfAttr { sample_type: SAMPLE_MAX, ..m.good() })),
         // Flags the core checks.
         flag_case("a reserved flag bit", FLAG_RESERVED_BIT, "EINVAL"),
         case("an unknown read_format bit", "EINVAL", |m| m.try_attr(PerfAttr { read_format: 1 << 5, ..m.good() })),
         case("an unknown sample_type bit", "EINVAL", |m| m.try_attr(PerfAttr { sample_type: 1 << 62, ..m.good() })),
+        case("an unknown branch_sample_type bit", "EINVAL", |m| {
+            m.try_attr(PerfAttr { sample_type: SAMPLE_BRANCH_STACK, branch_sample_type: BRANCH_MAX | BRANCH_ANY, ..m.good() })
+        }),
         flag_case("inherit_thread without inherit", FLAG_INHERIT_THREAD, "EINVAL"),
         flag_case("sigtrap without remove_on_exec", FLAG_SIGTRAP, "EINVAL"),
         flag_case("remove_on_exec with enable_on_exec", FLAG_REMOVE_ON_EXEC | FLAG_ENABLE_ON_EXEC, "EINVAL"),
@@ -399,6 +467,30 @@ fn cases(device: &DeviceConfig) -> Vec<Case> {
             m.ioctl(h, PerfIoctl::QueryBpf)
         }),
     ];
+    // Every sample_type bit alone, on a counting event, then every branch_sample_type bit
+    // alone under PERF_SAMPLE_BRANCH_STACK: docs/attributes.md says why each gets what it gets.
+    for (i, name) in SAMPLE_TYPE_BITS.iter().enumerate() {
+        let bit = 1 << i;
+        cases.push(case(
+            format!("PERF_SAMPLE_{name} (counting)"),
+            sample_type_want(name),
+            move |m| m.try_attr(with_sample_bit(m.good(), bit)),
+        ));
+    }
+    for (i, name) in BRANCH_SAMPLE_BITS.iter().enumerate() {
+        let bit = 1 << i;
+        cases.push(case(
+            format!("PERF_SAMPLE_BRANCH_STACK with PERF_SAMPLE_BRANCH_{name}"),
+            BRANCH_BIT_WANT,
+            move |m| {
+                m.try_attr(PerfAttr {
+                    sample_type: SAMPLE_BRANCH_STACK,
+                    branch_sample_type: bit,
+                    ..m.good()
+                })
+            },
+        ));
+    }
     // Offline CPUs: the last CPU of the domain that can go offline.
     if let Some((d, cpus)) = device
         .domains
@@ -446,8 +538,13 @@ fn cases(device: &DeviceConfig) -> Vec<Case> {
     cases
 }
 
+/// The matrix as a check of its own (what a driver mutant can name).
+pub fn check(ctx: &mut Ctx) -> Result<Check> {
+    run(ctx.g, &mut ctx.control, &ctx.device, &ctx.types)
+}
+
 /// Runs every case; the driver must be loaded.
-pub fn run(
+fn run(
     g: &mut Guest,
     control: &mut ControlClient,
     device: &DeviceConfig,
@@ -474,7 +571,7 @@ pub fn run(
     Ok(Check::from_problems(
         "perf_event_open matrix",
         problems,
-        format!("{passed} of {} cases: attr fields and flags, pid/cpu, PERF_FLAG_*, groups, read_format, ioctls, offline CPUs", cases.len()),
+        format!("{passed} of {} cases: attr fields and flags, every sample_type and branch_sample_type bit, pid/cpu, PERF_FLAG_*, groups, read_format, ioctls, offline CPUs", cases.len()),
     ))
 }
 
@@ -490,5 +587,28 @@ mod tests {
         names.sort_unstable();
         names.dedup();
         assert_eq!(names.len(), cases.len(), "case names repeat");
+    }
+
+    /// docs/attributes.md's tables give every bit the outcome its case expects, so the page
+    /// cannot drift from the check.
+    #[test]
+    fn the_docs_give_every_bit_its_outcome() {
+        let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .unwrap();
+        let docs = std::fs::read_to_string(repo.join("docs/attributes.md")).unwrap();
+        let has_row = |bit: usize, name: &str, want: &str| {
+            let row = format!("| {bit} | `{name}` | {want} |");
+            assert!(
+                docs.lines().any(|l| l.starts_with(&row)),
+                "docs/attributes.md has no row {row:?}"
+            );
+        };
+        for (bit, name) in SAMPLE_TYPE_BITS.iter().enumerate() {
+            has_row(bit, &format!("PERF_SAMPLE_{name}"), sample_type_want(name));
+        }
+        for (bit, name) in BRANCH_SAMPLE_BITS.iter().enumerate() {
+            has_row(bit, &format!("PERF_SAMPLE_BRANCH_{name}"), BRANCH_BIT_WANT);
+        }
     }
 }

@@ -524,31 +524,25 @@ pub fn open_outside_cpumask(ctx: &mut Ctx) -> Result<Check> {
     ))
 }
 
-/// Every attack, in order; each leaves every CPU online and nothing open.
-/// A check that cannot finish (an open refused, the agent's error) is a
-/// FAIL naming the error, and the next one still runs: its CPUs are brought
-/// back first.
-pub fn run(ctx: &mut Ctx) -> Result<Vec<Check>> {
-    let checks: [Named; 7] = [
-        ("redteam: disabled across park", disabled_across_park),
-        (
-            "redteam: group ioctls on sibling across moves",
-            group_ioctls_on_sibling_across_moves,
-        ),
-        ("redteam: reset while parked", reset_while_parked),
-        ("redteam: leader closed then move", leader_closed_then_move),
-        (
-            "redteam: every read_format while parked",
-            every_read_format_while_parked,
-        ),
-        ("redteam: odd ioctls", odd_ioctls),
-        (
-            "redteam: open outside cpumask, disabled open moved",
-            open_outside_cpumask,
-        ),
-    ];
-    run_each(ctx, &checks)
-}
+/// Its checks, in order.
+pub(super) const CHECKS: &[Named] = &[
+    ("redteam: disabled across park", disabled_across_park),
+    (
+        "redteam: group ioctls on sibling across moves",
+        group_ioctls_on_sibling_across_moves,
+    ),
+    ("redteam: reset while parked", reset_while_parked),
+    ("redteam: leader closed then move", leader_closed_then_move),
+    (
+        "redteam: every read_format while parked",
+        every_read_format_while_parked,
+    ),
+    ("redteam: odd ioctls", odd_ioctls),
+    (
+        "redteam: open outside cpumask, disabled open moved",
+        open_outside_cpumask,
+    ),
+];
 
 /// A check and its name, for [`run_each`].
 pub(super) type Named = (&'static str, fn(&mut Ctx) -> Result<Check>);

@@ -264,6 +264,80 @@ fn named_check(mutant: &Mutant) -> Result<Option<String>> {
     Ok(check)
 }
 
+/// The guest of a lifecycle run, and of a scenario's: the stress device
+/// with [`SLOTS`] slots, the debug kernel unless `--normal`, on the host
+/// asked for.
+pub struct GuestShape {
+    pub cpus: u8,
+    pub domains: Option<String>,
+    pub memory: u32,
+    pub normal: bool,
+    pub host: host::HostChoice,
+    pub timeout: Duration,
+}
+
+impl GuestShape {
+    fn of(args: &StressArgs) -> GuestShape {
+        GuestShape {
+            cpus: args.cpus,
+            domains: args.domains.clone(),
+            memory: args.memory,
+            normal: args.normal,
+            host: args.host,
+            timeout: Duration::from_secs(args.timeout),
+        }
+    }
+
+    pub fn variant(&self) -> Variant {
+        if self.normal {
+            Variant::Normal
+        } else {
+            Variant::Debug
+        }
+    }
+
+    /// The device, checked against the guest's size.
+    pub fn device(&self) -> Result<perfbed_device::DeviceConfig> {
+        config::check_size(self.cpus, self.memory)?;
+        let mut device = device(self.cpus, self.domains.as_deref())?;
+        device.slots = SLOTS;
+        Ok(device)
+    }
+
+    /// Builds what the guest needs (with `mutant`'s driver or kernel) and
+    /// its VM, in a run folder called `name`; says which host and why.
+    pub fn vm(
+        &self,
+        ws: &Path,
+        mutant: Option<&Mutant>,
+        name: &str,
+    ) -> Result<(VmConfig, host::Accel, String)> {
+        let device = self.device()?;
+        let images = mutant_images(ws, self.variant(), mutant)?;
+        let accel = host::choose_accel();
+        let (placement, why) = host::choose_host(self.host, &accel);
+        let host = host::build_host(ws, placement, &images.vmlinux, &images.initramfs)?;
+        let vm = VmConfig {
+            host,
+            ..guest_vm(
+                ws,
+                &images,
+                device,
+                self.cpus,
+                self.memory,
+                name,
+                self.timeout,
+            )
+        };
+        let under = if why.is_empty() {
+            vm.host.name().to_string()
+        } else {
+            format!("{}: {why}", vm.host.name())
+        };
+        Ok((vm, accel, under))
+    }
+}
+
 /// Builds what the run needs (the mutant's driver or kernel), boots, runs.
 fn lifecycle(
     ws: &Path,
@@ -273,43 +347,28 @@ fn lifecycle(
     mutant: Option<&Mutant>,
     stop_at_first: bool,
 ) -> Result<(LifecycleReport, LifecycleConfig)> {
-    let variant = if args.normal {
-        Variant::Normal
-    } else {
-        Variant::Debug
-    };
-    config::check_size(args.cpus, args.memory)?;
-    let mut device = device(args.cpus, args.domains.as_deref())?;
-    device.slots = SLOTS;
+    let shape = GuestShape::of(args);
+    shape.device()?;
     let run_check = match mutant {
         Some(m) => named_check(m)?,
         None => None,
     };
-    let images = mutant_images(ws, variant, mutant)?;
-    let accel = host::choose_accel();
-    let (placement, why) = host::choose_host(args.host, &accel);
-    let host = host::build_host(ws, placement, &images.vmlinux, &images.initramfs)?;
-    let timeout = Duration::from_secs(args.timeout);
     let name = mutant.map_or_else(|| "lifecycle".to_string(), run_name);
-    let vm = VmConfig {
-        host,
-        ..guest_vm(ws, &images, device, args.cpus, args.memory, &name, timeout)
-    };
+    let (vm, accel, under) = shape.vm(ws, mutant, &name)?;
     let config = LifecycleConfig {
         ops,
         seed,
-        timeout,
+        timeout: shape.timeout,
         replay: replay_command(args, ops, seed, mutant.map(|m| m.name.as_str())),
         stop_at_first,
         parked_ioctls: !args.no_parked_ioctls,
         run_check,
     };
     eprintln!(
-        "==> stress --lifecycle: {ops} operations, seed {seed}, {} vCPUs, {} slots per domain, {} kernel, under {}",
+        "==> stress --lifecycle: {ops} operations, seed {seed}, {} vCPUs, {} slots per domain, {} kernel, under {under}",
         vm.cpus,
         SLOTS,
-        variant.name(),
-        if why.is_empty() { vm.host.name().to_string() } else { format!("{}: {why}", vm.host.name()) }
+        shape.variant().name(),
     );
     let report = super::execute(&vm, &accel, &config)?;
     Ok((report, config))

@@ -201,17 +201,7 @@ impl Generator {
     /// A cpu-clock event on domain `d`'s CPU (for a mixed group).
     fn software_event(&mut self, d: u32, group: Option<Handle>) -> Option<Opened> {
         let cpu = self.owners[d as usize]? as i32;
-        Some(Opened {
-            pmu: None,
-            event: 0,
-            rmid: 0,
-            disabled: false,
-            pinned: false,
-            exclusive: false,
-            group,
-            read_format: self.read_format(false),
-            cpu,
-        })
+        Some(Opened::cpu_clock(cpu, group, self.read_format(false)))
     }
 
     /// Slots the pinned groups of `d` need, all members counted.
@@ -598,6 +588,9 @@ mod tests {
                 Step::Park { .. } => "park",
                 Step::Unpark { .. } => "unpark",
                 Step::Online { .. } => "online",
+                Step::Offline { .. } => "offline",
+                Step::Allowed { .. } => "allowed",
+                Step::Wait { .. } => "wait",
                 Step::OthersOpen { .. } => "others",
                 Step::PerfStat {
                     how: StatHow::Interval,

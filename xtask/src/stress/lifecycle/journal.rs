@@ -146,6 +146,21 @@ pub struct Opened {
 }
 
 impl Opened {
+    /// A cpu-clock event on `cpu`, enabled, in `group` if given.
+    pub fn cpu_clock(cpu: i32, group: Option<Handle>, read_format: ReadFormat) -> Opened {
+        Opened {
+            pmu: None,
+            event: 0,
+            rmid: 0,
+            disabled: false,
+            pinned: false,
+            exclusive: false,
+            group,
+            read_format,
+            cpu,
+        }
+    }
+
     pub fn spec(&self) -> OpenSpec {
         let kind = match self.pmu {
             None => Kind::Software,
@@ -228,6 +243,22 @@ pub enum Step {
     Online {
         cpu: u32,
     },
+    /// A CPU taken offline (written by a scenario): the result is each
+    /// domain's CPU after it, [`PARKED`] for a domain it parked.
+    Offline {
+        cpu: u32,
+    },
+    /// The device gave the domain a new allowed set (a scenario's
+    /// `allowed`), and its `cpumask` followed: the result is the CPU it
+    /// counts on, empty when the set parked it.
+    Allowed {
+        domain: u32,
+        cpus: Vec<u32>,
+    },
+    /// The host waited (a scenario's `wait`).
+    Wait {
+        ms: u64,
+    },
     /// The real `perf stat` on a (domain, mbm_total_bytes, RMID): its
     /// bursts, and which of them it must count (see `perf_stat.rs`).
     PerfStat {
@@ -237,6 +268,9 @@ pub enum Step {
         bursts: Vec<(u64, bool)>,
     },
 }
+
+/// An [`Step::Offline`] result's word for a parked domain.
+pub const PARKED: u64 = u64::MAX;
 
 /// Which way perf stat ran.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

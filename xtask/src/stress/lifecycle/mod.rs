@@ -8,6 +8,8 @@ mod perf_stat;
 pub mod reads;
 pub mod replay;
 pub mod run;
+pub mod scenario;
+pub mod scenario_run;
 
 use std::time::Duration;
 
@@ -67,17 +69,7 @@ fn on_guest(
         vm,
         timeout: config.timeout,
     };
-    g.expect_done(HostRequest::LoadModule {
-        name: MODULE.into(),
-    })?;
-    let pmus: Vec<String> = (0..device.domains.len()).map(pmu_name).collect();
-    let mut types = Vec::new();
-    for pmu in &pmus {
-        types.push(g.pmu_type(pmu)?);
-    }
-    let mut control =
-        ControlClient::connect(&socket).context("connecting to the device's control socket")?;
-    control.reset_stats()?;
+    let (pmus, types, mut control) = load_driver(&mut g, &socket, device)?;
     let mut prologue = vec![waiting_after_a_move(&mut g, &socket, device, &types)?];
     if let Some(name) = &config.run_check {
         let mut ctx = Ctx {
@@ -120,6 +112,27 @@ fn on_guest(
     let state = control.state()?;
     report.checks.push(super::jobs::violations_check(&state));
     Ok(report)
+}
+
+/// Loads the driver: the PMUs' names and types, and a connection to the
+/// device's control socket with its statistics reset.
+pub fn load_driver(
+    g: &mut Guest,
+    socket: &std::path::Path,
+    device: &perfbed_device::DeviceConfig,
+) -> Result<(Vec<String>, Vec<u32>, ControlClient)> {
+    g.expect_done(HostRequest::LoadModule {
+        name: MODULE.into(),
+    })?;
+    let pmus: Vec<String> = (0..device.domains.len()).map(pmu_name).collect();
+    let mut types = Vec::new();
+    for pmu in &pmus {
+        types.push(g.pmu_type(pmu)?);
+    }
+    let mut control =
+        ControlClient::connect(socket).context("connecting to the device's control socket")?;
+    control.reset_stats()?;
+    Ok((pmus, types, control))
 }
 
 /// The PMU's open-wait figures (patches 0007 and 0014).

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use crate::checks::counting::{DeviceShape, Expected, Handle, Kind, Model, Observed, OpenSpec};
 
-use super::journal::{Cpus, Entry, Opened, ReadFormat, StatHow, Step};
+use super::journal::{Cpus, Entry, Opened, ReadFormat, StatHow, Step, PARKED};
 use super::reads;
 
 /// A step whose result the model does not allow.
@@ -31,6 +31,13 @@ pub struct Replay {
     /// Reads checked, member values compared.
     pub reads: u64,
     pub values: u64,
+}
+
+/// Replays `journal` on a device of `shape`, not knowing which CPUs its
+/// moves and parks take offline (no rule of CPUs going offline applies
+/// but to its `Offline` steps).
+pub fn replay(shape: DeviceShape, journal: &[Entry]) -> Replay {
+    replay_on(shape, &Cpus::default(), journal)
 }
 
 /// The CPU an open binds a group of software events to.
@@ -168,7 +175,34 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
                 },
                 Ok(_),
             ) => model.occupancy(domain, rmid, bytes),
-            (Step::Rate { .. }, Ok(_)) => {}
+            (Step::Rate { .. } | Step::Wait { .. }, Ok(_)) => {}
+            (&Step::Offline { cpu }, Ok(owners)) => {
+                model.cpu_offline(cpu);
+                for (domain, &owner) in (0u32..).zip(owners) {
+                    placed(
+                        &mut model,
+                        &mut parked_at,
+                        domain,
+                        owner != PARKED,
+                        entry.at_ns,
+                    );
+                    if let Some(o) = cpus.owners.get_mut(domain as usize) {
+                        *o = (owner != PARKED).then_some(owner as u32);
+                    }
+                }
+            }
+            (&Step::Allowed { domain, .. }, Ok(mask)) => {
+                placed(
+                    &mut model,
+                    &mut parked_at,
+                    domain,
+                    !mask.is_empty(),
+                    entry.at_ns,
+                );
+                if let Some(o) = cpus.owners.get_mut(domain as usize) {
+                    *o = mask.first().map(|&c| c as u32);
+                }
+            }
             (&Step::OthersOpen { domain }, Ok(_)) => model.others_may_open(domain),
             (
                 step @ (Step::Move { .. }
@@ -346,10 +380,35 @@ pub fn predict(shape: DeviceShape, cpus: &Cpus, steps: &[Step]) -> Vec<Predicted
                 }
                 cpus.step(&mut model, step, Some(cpu), 0);
             }
-            Step::Rate { .. } | Step::PerfStat { .. } => {}
+            &Step::Offline { cpu } => model.cpu_offline(cpu),
+            Step::Rate { .. } | Step::PerfStat { .. } | Step::Allowed { .. } | Step::Wait { .. } => {}
         }
     }
     out
+}
+
+/// A domain after a step that may have parked it or placed it again (an
+/// offline, an allowed set): the model parks it, places it after the time
+/// it was parked, or sees a move.
+fn placed(
+    model: &mut Model,
+    parked_at: &mut BTreeMap<u32, u64>,
+    domain: u32,
+    placed: bool,
+    at_ns: u64,
+) {
+    match (model.is_parked(domain), placed) {
+        (false, false) => {
+            parked_at.insert(domain, at_ns);
+            model.park(domain);
+        }
+        (true, true) => {
+            let since = parked_at.remove(&domain).unwrap_or(at_ns);
+            model.unpark(domain, at_ns.saturating_sub(since));
+        }
+        (true, false) => {}
+        (false, true) => model.moved(domain),
+    }
 }
 
 #[cfg(test)]

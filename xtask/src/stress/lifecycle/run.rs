@@ -27,7 +27,7 @@ use crate::progress::human;
 
 use super::super::jobs::{start_job, stop_job};
 use super::generate::{Generator, RMID_LOOP, RMID_RATE};
-use super::journal::{self, perf_op, Cpus, Entry, Header, Opened, Step};
+use super::journal::{self, perf_op, Cpus, Entry, Header, Opened, Step, PARKED};
 use super::replay::{replay_on, Finding};
 
 /// Perf steps sent to the agent in one request, at most.
@@ -407,7 +407,7 @@ fn keep_assignments(control: &mut ControlClient, run_dir: &Path, host_at_ns: u64
 }
 
 /// The handle the agent gives its next event: opens and closes one.
-fn probe_next_handle(g: &mut Guest) -> Result<u32> {
+pub(super) fn probe_next_handle(g: &mut Guest) -> Result<u32> {
     let attr = PerfAttr {
         type_: PERF_TYPE_SOFTWARE,
         config: PERF_COUNT_SW_CPU_CLOCK,
@@ -423,7 +423,7 @@ fn probe_next_handle(g: &mut Guest) -> Result<u32> {
 }
 
 /// The attr of a journaled open.
-fn attr_of(o: &Opened, types: &[u32]) -> PerfAttr {
+pub(super) fn attr_of(o: &Opened, types: &[u32]) -> PerfAttr {
     let mut flags = 0;
     if o.disabled {
         flags |= FLAG_DISABLED;
@@ -464,7 +464,7 @@ fn attr_of(o: &Opened, types: &[u32]) -> PerfAttr {
 /// Sends the pending perf steps as one batch; says whether an open gave a
 /// handle other than the one the generator expected (its later choices
 /// would then name the wrong events).
-fn flush(
+pub(super) fn flush(
     g: &mut Guest,
     pending: &mut Vec<(Step, bool)>,
     attr: &impl Fn(&Opened) -> PerfAttr,
@@ -511,7 +511,7 @@ fn event(id: u32) -> Event {
 }
 
 /// Carries out a host step (traffic, hotplug, perf stat).
-fn host_step(
+pub(super) fn host_step(
     g: &mut Guest,
     control: &mut ControlClient,
     device: &DeviceConfig,
@@ -578,6 +578,34 @@ fn host_step(
         )?,
         &Step::Online { cpu } => {
             g.set_online(cpu, true)?;
+            Ok(vec![])
+        }
+        &Step::Offline { cpu } => offline(g, pmus, cpu)?,
+        Step::Allowed { domain, cpus } => {
+            let pmu = &pmus[*domain as usize];
+            control
+                .set_allowed(*domain, cpus)
+                .map_err(|e| anyhow::anyhow!("allowed set {cpus:?} for {pmu}: {e}"))?;
+            let online = parse_cpu_list(g.read_file("/sys/devices/system/cpu/online")?.trim())
+                .map_err(|e| anyhow::anyhow!("/sys/devices/system/cpu/online: {e}"))?;
+            let want: Vec<u32> = cpus
+                .iter()
+                .copied()
+                .filter(|c| online.contains(c))
+                .collect();
+            match g.wait_cpumask(pmu, |m| match m {
+                [] => want.is_empty(),
+                [cpu] => want.contains(cpu),
+                _ => false,
+            })? {
+                (true, mask) => Ok(mask.into_iter().map(u64::from).collect()),
+                (false, mask) => Err(format!(
+                    "{pmu}: the allowed set {cpus:?} (online {want:?}): cpumask {mask:?} after 30 s"
+                )),
+            }
+        }
+        &Step::Wait { ms } => {
+            std::thread::sleep(Duration::from_millis(ms));
             Ok(vec![])
         }
         Step::PerfStat {
@@ -662,6 +690,34 @@ fn affinity_wrong(owner: Option<u64>, affinity: &[u32], cpus: &[u32]) -> bool {
         Some(owner) => affinity != [owner as u32],
         None => affinity.iter().any(|c| cpus.contains(c)),
     }
+}
+
+/// Takes `cpu` offline; answers each PMU's CPU after it ([`PARKED`] for
+/// one it parked).
+fn offline(g: &mut Guest, pmus: &[String], cpu: u32) -> Result<Result<Vec<u64>, String>> {
+    let result = match g.ask(HostRequest::HotplugBatch {
+        ops: vec![HotplugOp::Set { cpu, online: false }],
+        watch_pmus: pmus.to_vec(),
+        read_handles: vec![],
+    })? {
+        AgentMessage::HotplugBatch(r) if r.ops.len() == 1 => r,
+        other => bail!("taking CPU {cpu} offline: {other:?}"),
+    };
+    let op = &result.ops[0];
+    if let Some(e) = &op.error {
+        return Ok(Err(e.clone()));
+    }
+    Ok(op
+        .masks
+        .iter()
+        .zip(pmus)
+        .map(|(mask, pmu)| match mask.trim() {
+            "" => Ok(PARKED),
+            m => m
+                .parse::<u64>()
+                .map_err(|_| format!("{pmu}/cpumask {mask:?} is not one CPU")),
+        })
+        .collect())
 }
 
 /// Runs hotplug `ops`; answers the PMU's CPU after them (`[]` if parked).

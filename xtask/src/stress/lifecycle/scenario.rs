@@ -1,0 +1,1128 @@
+//! The scenario file: a lifecycle journal written by hand, one operation a
+//! line, in the order the guest and the host carry them out (syzkaller's
+//! reproducers are the model). It parses into the journal's own [`Step`]s,
+//! so that a scenario's run is replayed through the same model as a
+//! lifecycle run; every step keeps its file's line, so that a finding
+//! names it. scenarios/README.md is the user's guide; in short:
+//!
+//! ```text
+//! # check: disabled across a move          (the printed name, optional)
+//! a = open movable mbm_total_bytes rmid=1 read=times
+//! c = open cpu-clock cpu=owner(movable) group=a
+//! enable a group | disable a | reset a group
+//! burst movable mbm_total_bytes rmid=1 4MiB
+//! occupancy movable rmid=2 1MiB | rate movable 64MiB/s
+//! read a
+//! want a 4MiB                                (the read's value of a)
+//! move movable | park movable | unpark movable [CPU]
+//! offline 3 | online 3
+//! allowed movable 0 | allowed movable none | allowed movable default
+//! wait 300ms
+//! close a
+//! ```
+//!
+//! Everything that can be refused without a guest is refused here, before
+//! a VM boots: the error names the file, the line and what was expected.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use perfbed_device::cpus::parse_cpu_list;
+
+use crate::checks::counting::{DeviceShape, Handle, Model, Observed};
+use crate::checks::pmu::context::EVENT_FILES;
+use crate::checks::pmu::moves::movable_in;
+
+use super::journal::{IoctlName, Opened, ReadFormat, Step};
+
+/// A scenario refused: where, and what was expected there.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}:{line}: {message}", file.display())]
+pub struct ScenarioError {
+    pub file: PathBuf,
+    pub line: usize,
+    pub message: String,
+}
+
+/// The guest a scenario runs on, as far as the parser must know it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Layout {
+    pub cpus: u32,
+    /// Each domain's allowed CPUs at boot.
+    pub domains: Vec<Vec<u32>>,
+    pub rmids: u32,
+}
+
+/// A parsed scenario.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Scenario {
+    pub file: PathBuf,
+    /// The `# check:` header: the name of the `cargo xtask run` check it
+    /// stands for.
+    pub check: Option<String>,
+    pub ops: Vec<Op>,
+    /// Each opened event's name, by the handle it got.
+    pub names: BTreeMap<Handle, String>,
+}
+
+/// One operation: its line, the journal step, and what the line pins.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Op {
+    pub line: usize,
+    pub step: Step,
+    /// An open on `cpu=owner(d)`: the runner puts domain `d`'s CPU, as its
+    /// `cpumask` shows it then, into the step.
+    pub on_owner: Option<u32>,
+    /// For a read: the events it shows, in the order it shows them.
+    pub shows: Vec<Handle>,
+    /// For a placement step: the domains it parks (`true`) or places
+    /// again (`false`), as the parser predicts from the online CPUs and
+    /// the allowed sets.
+    pub parks: Vec<(u32, bool)>,
+    pub wants: Vec<Want>,
+}
+
+/// A `want` line: what the model must predict and the run must show.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Want {
+    /// The read before it shows `handle` with this value.
+    Value {
+        line: usize,
+        handle: Handle,
+        name: String,
+        bytes: u64,
+    },
+    /// The open before it is refused with this errno.
+    Refused { line: usize, errno: String },
+}
+
+/// The operations a line can start with.
+const OPERATIONS: &str = "open (as NAME = open ...), enable, disable, reset, read, want, close, burst, occupancy, rate, move, park, unpark, offline, online, allowed, wait";
+
+/// The errnos the model expects an open to be refused with.
+const ERRNOS: [&str; 3] = ["ENODEV", "EINVAL", "EBADF"];
+
+/// Parses `text`, read from `file`, for a guest of `layout`; the agent's
+/// next handle is `first_handle` (the parser numbers the opens from it).
+pub fn parse(
+    file: &Path,
+    text: &str,
+    layout: &Layout,
+    first_handle: Handle,
+) -> Result<Scenario, ScenarioError> {
+    let mut p = Parser {
+        layout,
+        names: BTreeMap::new(),
+        handles: BTreeMap::new(),
+        opened: BTreeMap::new(),
+        next_handle: first_handle,
+        online: (0..layout.cpus).collect(),
+        allowed: layout.domains.clone(),
+        ops: Vec::new(),
+    };
+    let mut check = None;
+    for (i, raw) in text.lines().enumerate() {
+        let line = i + 1;
+        let err = |message: String| ScenarioError {
+            file: file.to_path_buf(),
+            line,
+            message,
+        };
+        if let Some(name) = raw.trim().strip_prefix("# check:") {
+            if check.is_some() {
+                return Err(err("a second `# check:` header".into()));
+            }
+            check = Some(name.trim().to_string());
+            continue;
+        }
+        let body = raw.split('#').next().unwrap_or("").trim();
+        if body.is_empty() {
+            continue;
+        }
+        p.line(line, body).map_err(err)?;
+    }
+    Ok(Scenario {
+        file: file.to_path_buf(),
+        check,
+        ops: p.ops,
+        names: p.handles,
+    })
+}
+
+struct Parser<'a> {
+    layout: &'a Layout,
+    /// Open events by name.
+    names: BTreeMap<String, Handle>,
+    /// Open events by handle, as opened.
+    opened: BTreeMap<Handle, Opened>,
+    next_handle: Handle,
+    online: BTreeSet<u32>,
+    allowed: Vec<Vec<u32>>,
+    ops: Vec<Op>,
+    /// Every name an open gave, by handle.
+    handles: BTreeMap<Handle, String>,
+}
+
+impl Parser<'_> {
+    fn line(&mut self, line: usize, body: &str) -> Result<(), String> {
+        let words: Vec<&str> = body.split_whitespace().collect();
+        if words.len() >= 2 && words[1] == "=" {
+            return match words.get(2) {
+                Some(&"open") => self.open(line, words[0], &words[3..]),
+                _ => Err(format!(
+                    "`{} = ...`: expected `{} = open ...`",
+                    words[0], words[0]
+                )),
+            };
+        }
+        let (op, args) = (words[0], &words[1..]);
+        let was = self.parked_all();
+        let step = match op {
+            "open" => return Err("an open needs a name: `NAME = open ...`".into()),
+            "want" => return self.want(line, args),
+            "enable" | "disable" | "reset" => {
+                let (name, group) = match args {
+                    [name] => (name, false),
+                    [name, "group"] => (name, true),
+                    _ => return Err(format!("expected `{op} NAME` or `{op} NAME group`")),
+                };
+                let ioctl = match op {
+                    "enable" => IoctlName::Enable,
+                    "disable" => IoctlName::Disable,
+                    _ => IoctlName::Reset,
+                };
+                Step::Ioctl {
+                    handle: self.handle(name)?,
+                    ioctl,
+                    group,
+                }
+            }
+            "read" => {
+                let [name] = args else {
+                    return Err("expected `read NAME`".into());
+                };
+                let handle = self.handle(name)?;
+                let shows = if self.opened[&handle].read_format.group {
+                    let leader = self.opened[&handle].group.unwrap_or(handle);
+                    std::iter::once(leader)
+                        .chain(
+                            self.opened
+                                .iter()
+                                .filter(|(_, o)| o.group == Some(leader))
+                                .map(|(&h, _)| h),
+                        )
+                        .collect()
+                } else {
+                    vec![handle]
+                };
+                return self.push(line, Step::Read { handle }, shows, was);
+            }
+            "close" => {
+                let [name] = args else {
+                    return Err("expected `close NAME`".into());
+                };
+                let handle = self.handle(name)?;
+                self.names.remove(*name);
+                self.opened.remove(&handle);
+                // A closed leader's siblings stay open, each a group of
+                // its own (perf promotes them).
+                for o in self.opened.values_mut() {
+                    if o.group == Some(handle) {
+                        o.group = None;
+                    }
+                }
+                Step::Close { handle }
+            }
+            "burst" => {
+                let [domain, event, rmid, bytes] = args else {
+                    return Err("expected `burst DOMAIN EVENT rmid=N BYTES`".into());
+                };
+                let domain = self.domain(domain)?;
+                let event = device_event(event)?;
+                if event == 1 {
+                    return Err(
+                        "llc_occupancy is a gauge: set it with `occupancy DOMAIN rmid=N BYTES`"
+                            .into(),
+                    );
+                }
+                Step::Burst {
+                    domain,
+                    event,
+                    rmid: self.rmid(rmid)?,
+                    bytes: bytes_of(bytes)?,
+                }
+            }
+            "occupancy" => {
+                let [domain, rmid, bytes] = args else {
+                    return Err("expected `occupancy DOMAIN rmid=N BYTES`".into());
+                };
+                Step::Occupancy {
+                    domain: self.domain(domain)?,
+                    rmid: self.rmid(rmid)?,
+                    bytes: bytes_of(bytes)?,
+                }
+            }
+            "rate" => {
+                let [domain, rate] = args else {
+                    return Err("expected `rate DOMAIN BYTES/s` (0/s stops it)".into());
+                };
+                let Some(per_sec) = rate.strip_suffix("/s") else {
+                    return Err(format!("`{rate}`: expected a rate such as 64MiB/s"));
+                };
+                Step::Rate {
+                    domain: self.domain(domain)?,
+                    rmid: super::generate::RMID_RATE,
+                    bytes_per_sec: bytes_of(per_sec)?,
+                }
+            }
+            "move" | "park" => {
+                let [domain] = args else {
+                    return Err(format!("expected `{op} DOMAIN`"));
+                };
+                let domain = self.domain(domain)?;
+                if self.layout.domains[domain as usize].contains(&0)
+                    || self.allowed[domain as usize].contains(&0)
+                {
+                    return Err(format!(
+                        "domain {domain} allows CPU 0, which never goes offline: `{op}` needs a domain without it (`movable`)"
+                    ));
+                }
+                if op == "move" {
+                    let online = self.allowed[domain as usize]
+                        .iter()
+                        .filter(|c| self.online.contains(c))
+                        .count();
+                    if online < 2 {
+                        return Err(format!(
+                            "domain {domain} has {online} allowed CPU online here: a move needs two (the owner goes, another takes over)"
+                        ));
+                    }
+                    Step::Move { domain }
+                } else {
+                    for cpu in &self.layout.domains[domain as usize] {
+                        self.online.remove(cpu);
+                    }
+                    Step::Park { domain }
+                }
+            }
+            "unpark" => {
+                let (domain, cpu) = match args {
+                    [domain] => (self.domain(domain)?, None),
+                    [domain, cpu] => (self.domain(domain)?, Some(self.cpu(cpu)?)),
+                    _ => return Err("expected `unpark DOMAIN [CPU]`".into()),
+                };
+                if !self.parked(domain) {
+                    return Err(format!("domain {domain} is not parked here"));
+                }
+                let cpus = &self.layout.domains[domain as usize];
+                let cpu = cpu.unwrap_or(cpus[0]);
+                if !cpus.contains(&cpu) {
+                    return Err(format!(
+                        "CPU {cpu} is not domain {domain}'s (CPUs {cpus:?})"
+                    ));
+                }
+                self.online.insert(cpu);
+                Step::Unpark { domain, cpu }
+            }
+            "offline" | "online" => {
+                let [cpu] = args else {
+                    return Err(format!("expected `{op} CPU`"));
+                };
+                let cpu = self.cpu(cpu)?;
+                if op == "offline" {
+                    if cpu == 0 {
+                        return Err("CPU 0 never goes offline".into());
+                    }
+                    if !self.online.remove(&cpu) {
+                        return Err(format!("CPU {cpu} is offline here already"));
+                    }
+                    Step::Offline { cpu }
+                } else {
+                    // Back on a parked domain's CPU: the domain is placed
+                    // again, which the journal calls an unpark.
+                    let unparks = (0..self.allowed.len() as u32)
+                        .find(|&d| self.parked(d) && self.allowed[d as usize].contains(&cpu));
+                    if !self.online.insert(cpu) {
+                        return Err(format!("CPU {cpu} is online here already"));
+                    }
+                    match unparks {
+                        Some(domain) => Step::Unpark { domain, cpu },
+                        None => Step::Online { cpu },
+                    }
+                }
+            }
+            "allowed" => {
+                let [domain, set] = args else {
+                    return Err(
+                        "expected `allowed DOMAIN CPUS` (a list such as 2-3, `none` or `default`)"
+                            .into(),
+                    );
+                };
+                let domain = self.domain(domain)?;
+                let cpus = match *set {
+                    "none" => vec![],
+                    "default" => self.layout.domains[domain as usize].clone(),
+                    list => parse_cpu_list(list).map_err(|e| {
+                        format!(
+                            "`{list}`: {e}; expected a CPU list such as 2-3, `none` or `default`"
+                        )
+                    })?,
+                };
+                for &cpu in &cpus {
+                    self.check_cpu(cpu)?;
+                }
+                self.allowed[domain as usize] = cpus.clone();
+                Step::Allowed { domain, cpus }
+            }
+            "wait" => {
+                let [time] = args else {
+                    return Err("expected `wait TIME` (such as 300ms or 2s)".into());
+                };
+                Step::Wait {
+                    ms: millis_of(time)?,
+                }
+            }
+            other => {
+                return Err(format!(
+                    "unknown operation `{other}`; expected one of: {OPERATIONS}"
+                ))
+            }
+        };
+        self.push(line, step, vec![], was)
+    }
+
+    /// Adds a step with the parks it makes or ends (`was`: which domains
+    /// were parked before it).
+    fn push(
+        &mut self,
+        line: usize,
+        step: Step,
+        shows: Vec<Handle>,
+        was: Vec<bool>,
+    ) -> Result<(), String> {
+        let parks = self
+            .parked_all()
+            .into_iter()
+            .zip(was)
+            .enumerate()
+            .filter(|(_, (now, before))| now != before)
+            .map(|(d, (now, _))| (d as u32, now))
+            .collect();
+        self.ops.push(Op {
+            line,
+            step,
+            on_owner: None,
+            shows,
+            parks,
+            wants: vec![],
+        });
+        Ok(())
+    }
+
+    /// `NAME = open DOMAIN EVENT rmid=N ATTRS...` or
+    /// `NAME = open cpu-clock cpu=CPU ATTRS...`.
+    fn open(&mut self, line: usize, name: &str, args: &[&str]) -> Result<(), String> {
+        if !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+            return Err(format!("`{name}`: a name is letters, digits and `_`"));
+        }
+        if self.names.contains_key(name) {
+            return Err(format!(
+                "`{name}` is open already (close it first, or pick another name)"
+            ));
+        }
+        let usage = "expected `NAME = open DOMAIN EVENT rmid=N [ATTRS]` or `NAME = open cpu-clock cpu=CPU [ATTRS]`";
+        let no_format = ReadFormat {
+            times: false,
+            id: false,
+            group: false,
+        };
+        let mut event = Opened::cpu_clock(0, None, no_format);
+        let mut on_owner = None;
+        let attrs = match args {
+            ["cpu-clock", attrs @ ..] => {
+                event.cpu = -1;
+                attrs
+            }
+            [domain, ev, rmid, attrs @ ..] => {
+                event.pmu = Some(self.domain(domain)?);
+                event.event = device_event(ev)?;
+                event.rmid = self.rmid(rmid)?;
+                attrs
+            }
+            _ => return Err(usage.into()),
+        };
+        for attr in attrs {
+            let (key, value) = attr.split_once('=').unwrap_or((attr, ""));
+            match (key, value) {
+                ("disabled", "") => event.disabled = true,
+                ("pinned", "") => event.pinned = true,
+                ("exclusive", "") => event.exclusive = true,
+                ("group", leader) => {
+                    let h = self.handle(leader)?;
+                    if self.opened[&h].group.is_some() {
+                        return Err(format!("`{leader}` is a sibling: group= names a leader"));
+                    }
+                    event.group = Some(h);
+                }
+                ("read", formats) => {
+                    for f in formats.split(',') {
+                        match f {
+                            "times" => event.read_format.times = true,
+                            "id" => event.read_format.id = true,
+                            "group" => event.read_format.group = true,
+                            other => {
+                                return Err(format!(
+                                    "read format `{other}`: expected times, id or group (comma-separated)"
+                                ))
+                            }
+                        }
+                    }
+                }
+                ("cpu", cpu) => {
+                    if let Some(role) = cpu.strip_prefix("owner(").and_then(|r| r.strip_suffix(')')) {
+                        if event.pmu.is_some() {
+                            return Err("cpu=owner(...) is for cpu-clock; a device event counts on its PMU's CPU".into());
+                        }
+                        on_owner = Some(self.domain(role)?);
+                    } else {
+                        let cpu = self.cpu(cpu)?;
+                        event.cpu = cpu as i32;
+                    }
+                }
+                _ => {
+                    return Err(format!(
+                        "`{attr}`: expected disabled, pinned, exclusive, group=NAME, read=times,id,group or cpu=CPU|owner(DOMAIN)"
+                    ))
+                }
+            }
+        }
+        if event.pmu.is_none() && event.cpu < 0 && on_owner.is_none() {
+            return Err("a cpu-clock event needs cpu=CPU or cpu=owner(DOMAIN)".into());
+        }
+        let expect = self.next_handle;
+        let step = Step::Open { event, expect };
+        let parks = vec![];
+        self.ops.push(Op {
+            line,
+            step,
+            on_owner,
+            shows: vec![],
+            parks,
+            wants: vec![],
+        });
+        self.next_handle += 1;
+        self.names.insert(name.to_string(), expect);
+        self.handles.insert(expect, name.to_string());
+        self.opened.insert(expect, event);
+        Ok(())
+    }
+
+    /// `want NAME BYTES` after a read that shows NAME, or `want NAME
+    /// ERRNO` after NAME's open.
+    fn want(&mut self, line: usize, args: &[&str]) -> Result<(), String> {
+        let [name, what] = args else {
+            return Err(
+                "expected `want NAME BYTES` after a read, or `want NAME ERRNO` after NAME's open"
+                    .into(),
+            );
+        };
+        let Some(last) = self.ops.last_mut() else {
+            return Err("a want follows the read or the open it is about".into());
+        };
+        let errno_like = what.starts_with('E') && what.chars().all(|c| c.is_ascii_uppercase());
+        if errno_like && !ERRNOS.contains(what) {
+            return Err(format!(
+                "`{what}`: the model refuses opens with {} only",
+                ERRNOS.join(", ")
+            ));
+        }
+        if ERRNOS.contains(what) {
+            let handle = self.names.get(*name).copied();
+            let Step::Open { expect, .. } = last.step else {
+                return Err(format!("`want {name} {what}` must follow {name}'s open"));
+            };
+            if handle != Some(expect) {
+                return Err(format!("`want {name} {what}` must follow {name}'s open"));
+            }
+            // Refused: it takes no handle, and its name stays unbound.
+            last.wants.push(Want::Refused {
+                line,
+                errno: what.to_string(),
+            });
+            self.names.remove(*name);
+            self.opened.remove(&expect);
+            self.handles.remove(&expect);
+            self.next_handle -= 1;
+            return Ok(());
+        }
+        let Some(&handle) = self.names.get(*name) else {
+            return Err(self.not_open(name));
+        };
+        if !matches!(last.step, Step::Read { .. }) || !last.shows.contains(&handle) {
+            return Err(format!(
+                "`want {name} ...` must follow a read that shows {name} (`read {name}`, or a group read of its group)"
+            ));
+        }
+        let bytes =
+            bytes_of(what).map_err(|e| format!("{e}, or an errno ({})", ERRNOS.join(", ")))?;
+        last.wants.push(Want::Value {
+            line,
+            handle,
+            name: name.to_string(),
+            bytes,
+        });
+        Ok(())
+    }
+
+    fn handle(&self, name: &str) -> Result<Handle, String> {
+        self.names
+            .get(name)
+            .copied()
+            .ok_or_else(|| self.not_open(name))
+    }
+
+    fn not_open(&self, name: &str) -> String {
+        let open: Vec<&str> = self.names.keys().map(String::as_str).collect();
+        format!(
+            "`{name}` is not open here (open: {})",
+            if open.is_empty() {
+                "none".to_string()
+            } else {
+                open.join(", ")
+            }
+        )
+    }
+
+    /// A domain: its number, `movable` (two CPUs or more, none of them
+    /// CPU 0: it can move and park) or `holding` (CPU 0's: parked events
+    /// wait on CPU 0).
+    fn domain(&self, word: &str) -> Result<u32, String> {
+        let domains = &self.layout.domains;
+        let found = match word {
+            "movable" => movable_in(domains),
+            "holding" => domains.iter().position(|cpus| cpus.contains(&0)),
+            n => match n.parse::<usize>() {
+                Ok(d) if d < domains.len() => Some(d),
+                Ok(d) => {
+                    return Err(format!(
+                        "domain {d}: the device has domains 0-{}",
+                        domains.len() - 1
+                    ))
+                }
+                Err(_) => {
+                    return Err(format!(
+                        "`{word}`: expected a domain (a number, `movable` or `holding`)"
+                    ))
+                }
+            },
+        };
+        found
+            .map(|d| d as u32)
+            .ok_or_else(|| format!("no `{word}` domain in the layout {domains:?}"))
+    }
+
+    fn rmid(&self, word: &str) -> Result<u32, String> {
+        let rmid = word
+            .strip_prefix("rmid=")
+            .and_then(|n| n.parse::<u32>().ok())
+            .ok_or_else(|| format!("`{word}`: expected rmid=NUMBER"))?;
+        if rmid >= self.layout.rmids {
+            return Err(format!(
+                "rmid={rmid}: the device has RMIDs 0-{}",
+                self.layout.rmids - 1
+            ));
+        }
+        Ok(rmid)
+    }
+
+    fn cpu(&self, word: &str) -> Result<u32, String> {
+        let cpu = word
+            .parse::<u32>()
+            .map_err(|_| format!("`{word}`: expected a CPU number"))?;
+        self.check_cpu(cpu)?;
+        Ok(cpu)
+    }
+
+    fn check_cpu(&self, cpu: u32) -> Result<(), String> {
+        if cpu >= self.layout.cpus {
+            return Err(format!(
+                "CPU {cpu}: the guest has CPUs 0-{}",
+                self.layout.cpus - 1
+            ));
+        }
+        Ok(())
+    }
+
+    fn parked(&self, domain: u32) -> bool {
+        !self.allowed[domain as usize]
+            .iter()
+            .any(|c| self.online.contains(c))
+    }
+
+    fn parked_all(&self) -> Vec<bool> {
+        (0..self.allowed.len() as u32)
+            .map(|d| self.parked(d))
+            .collect()
+    }
+}
+
+/// The scenario files `paths` name: each file as it is, each folder's
+/// `.scn` files at any depth, sorted.
+pub fn files_under(paths: &[PathBuf]) -> std::io::Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    for path in paths {
+        if !path.is_dir() {
+            out.push(path.clone());
+            continue;
+        }
+        let mut found = Vec::new();
+        for entry in std::fs::read_dir(path)? {
+            let entry = entry?.path();
+            if entry.is_dir() || entry.extension().is_some_and(|e| e == "scn") {
+                found.push(entry);
+            }
+        }
+        found.sort();
+        out.extend(files_under(&found)?);
+    }
+    Ok(out)
+}
+
+/// A device event by its sysfs name (`mbm_total_bytes`, ...): its id.
+fn device_event(word: &str) -> Result<u32, String> {
+    EVENT_FILES
+        .iter()
+        .find(|(name, _)| *name == word)
+        .map(|&(_, e)| e as u32)
+        .ok_or_else(|| {
+            let names: Vec<&str> = EVENT_FILES.iter().map(|(n, _)| *n).collect();
+            format!(
+                "`{word}`: expected an event ({}) or cpu-clock",
+                names.join(", ")
+            )
+        })
+}
+
+/// Bytes: a number with an optional unit (`640`, `64KiB`, `4MiB`, `1GiB`).
+fn bytes_of(word: &str) -> Result<u64, String> {
+    let (number, unit) = split_unit(word);
+    let scale = match unit {
+        "" | "B" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        _ => {
+            return Err(format!(
+                "`{word}`: expected bytes such as 640, 64KiB or 4MiB"
+            ))
+        }
+    };
+    number
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(scale))
+        .ok_or_else(|| format!("`{word}`: expected bytes such as 640, 64KiB or 4MiB"))
+}
+
+/// Milliseconds: `300ms` or `2s`.
+fn millis_of(word: &str) -> Result<u64, String> {
+    let (number, unit) = split_unit(word);
+    let scale = match unit {
+        "ms" => 1,
+        "s" => 1000,
+        _ => return Err(format!("`{word}`: expected a time such as 300ms or 2s")),
+    };
+    number
+        .parse::<u64>()
+        .map(|n| n * scale)
+        .map_err(|_| format!("`{word}`: expected a time such as 300ms or 2s"))
+}
+
+fn split_unit(word: &str) -> (&str, &str) {
+    let at = word
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(word.len());
+    word.split_at(at)
+}
+
+impl fmt::Display for Want {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Want::Value { name, bytes, .. } => write!(f, "want {name} {bytes}"),
+            Want::Refused { errno, .. } => write!(f, "want {errno}"),
+        }
+    }
+}
+
+/// The wants the model contradicts, on the host, without a guest: the
+/// steps replayed through the model with each wanted value as the read's.
+/// (A scenario whose wants the model rejects can only fail.)
+pub fn wants_against_model(scenario: &Scenario, shape: DeviceShape) -> Vec<ScenarioError> {
+    let mut model = Model::new(shape);
+    let mut out = Vec::new();
+    for op in &scenario.ops {
+        let mut find = |line: usize, message: String| {
+            out.push(ScenarioError {
+                file: scenario.file.clone(),
+                line,
+                message,
+            })
+        };
+        match &op.step {
+            Step::Open { event, expect } => {
+                let predicted = model.predict_open(&event.spec());
+                match (op.wants.first(), predicted) {
+                    (Some(Want::Refused { line, errno }), p) => {
+                        if p.map_err(|r| r.errno()) != Err(errno.as_str()) {
+                            find(*line, format!("the model predicts {p:?} for this open, not {errno}"));
+                        }
+                    }
+                    (_, Ok(())) => model.open(*expect, event.spec()),
+                    (_, Err(r)) => find(
+                        op.line,
+                        format!("the model refuses this open with {} ({r:?}): add `want NAME {}` or change it", r.errno(), r.errno()),
+                    ),
+                }
+            }
+            Step::Ioctl {
+                handle,
+                ioctl,
+                group,
+            } => model.ioctl(*handle, ioctl.model(), *group),
+            Step::Close { handle } => model.close(*handle),
+            &Step::Burst {
+                domain,
+                event,
+                rmid,
+                bytes,
+            } => model.burst(domain, event, rmid, bytes),
+            &Step::Occupancy {
+                domain,
+                rmid,
+                bytes,
+            } => model.occupancy(domain, rmid, bytes),
+            Step::Read { .. } => {
+                for want in &op.wants {
+                    if let Want::Value {
+                        line,
+                        handle,
+                        name,
+                        bytes,
+                    } = want
+                    {
+                        let seen = Observed {
+                            value: *bytes,
+                            enabled: None,
+                            running: None,
+                        };
+                        for m in model.read(*handle, seen) {
+                            find(
+                                *line,
+                                format!(
+                                    "the model does not allow {name} {bytes}: {} {} since its last read, expected {}",
+                                    m.field, m.got, m.expected
+                                ),
+                            );
+                        }
+                    }
+                }
+            }
+            _ => {
+                for &(domain, parks) in &op.parks {
+                    if parks {
+                        model.park(domain);
+                    } else {
+                        model.unpark(domain, 0);
+                    }
+                }
+                if let &Step::Move { domain } = &op.step {
+                    model.moved(domain);
+                }
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layout() -> Layout {
+        Layout {
+            cpus: 4,
+            domains: vec![vec![0, 1], vec![2, 3]],
+            rmids: 8,
+        }
+    }
+
+    fn parsed(text: &str) -> Result<Scenario, ScenarioError> {
+        parse(Path::new("t.scn"), text, &layout(), 1)
+    }
+
+    /// The refusal of `text`: its line and message.
+    fn refused(text: &str) -> (usize, String) {
+        let e = parsed(text).expect_err("must be refused");
+        assert_eq!(e.file, Path::new("t.scn"));
+        (e.line, e.message)
+    }
+
+    #[test]
+    fn a_scenario_becomes_the_journals_steps() {
+        let s = parsed(
+            "# check: disabled across a move\n\
+             a = open movable mbm_total_bytes rmid=1 disabled read=times,group\n\
+             c = open cpu-clock cpu=owner(movable) group=a  # a mixed group\n\
+             \n\
+             enable a group\n\
+             burst movable mbm_total_bytes rmid=1 4MiB\n\
+             read a\n\
+             want a 4MiB\n\
+             park movable\n\
+             unpark movable 3\n\
+             close a\n",
+        )
+        .unwrap();
+        assert_eq!(s.check.as_deref(), Some("disabled across a move"));
+        let lines: Vec<usize> = s.ops.iter().map(|o| o.line).collect();
+        assert_eq!(lines, vec![2, 3, 5, 6, 7, 9, 10, 11]);
+        let Step::Open { event, expect } = &s.ops[0].step else {
+            panic!("{:?}", s.ops[0]);
+        };
+        assert_eq!(
+            (event.pmu, event.event, event.rmid, event.disabled, *expect),
+            (Some(1), 2, 1, true, 1)
+        );
+        assert_eq!(s.ops[1].on_owner, Some(1));
+        assert!(matches!(
+            s.ops[1].step,
+            Step::Open {
+                event: Opened { group: Some(1), .. },
+                expect: 2
+            }
+        ));
+        assert_eq!(s.ops[4].shows, vec![1, 2]);
+        assert_eq!(
+            s.ops[4].wants,
+            vec![Want::Value {
+                line: 8,
+                handle: 1,
+                name: "a".into(),
+                bytes: 4 << 20
+            }]
+        );
+        assert_eq!(s.ops[5].parks, vec![(1, true)]);
+        assert_eq!(s.ops[6].step, Step::Unpark { domain: 1, cpu: 3 });
+        assert_eq!(s.ops[6].parks, vec![(1, false)]);
+    }
+
+    #[test]
+    fn handles_follow_the_opens_that_open() {
+        let s = parsed(
+            "park movable\n\
+             a = open movable mbm_total_bytes rmid=1\n\
+             want a ENODEV\n\
+             unpark movable\n\
+             a = open movable mbm_total_bytes rmid=1\n\
+             b = open holding llc_occupancy rmid=2\n",
+        )
+        .unwrap();
+        let expects: Vec<Handle> = s
+            .ops
+            .iter()
+            .filter_map(|o| match o.step {
+                Step::Open { expect, .. } => Some(expect),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(expects, vec![1, 1, 2], "the refused open takes no handle");
+    }
+
+    #[test]
+    fn an_unknown_operation_is_refused_with_the_operations() {
+        let (line, message) = refused("a = open 0 mbm_total_bytes rmid=1\n\nflap movable\n");
+        assert_eq!(line, 3);
+        assert!(message.contains("unknown operation `flap`"), "{message}");
+        assert!(message.contains("move, park, unpark"), "{message}");
+    }
+
+    #[test]
+    fn a_handle_used_before_its_open_or_after_its_close_is_refused() {
+        let (line, message) = refused("read a\n");
+        assert_eq!(
+            (line, message.as_str()),
+            (1, "`a` is not open here (open: none)")
+        );
+        let (line, message) =
+            refused("a = open 0 mbm_total_bytes rmid=1\nb = open 0 mbm_local_bytes rmid=1\nclose a\nenable a\n");
+        assert_eq!(
+            (line, message.as_str()),
+            (4, "`a` is not open here (open: b)")
+        );
+        let (line, message) = refused("b = open 0 mbm_total_bytes rmid=1 group=a\n");
+        assert_eq!(line, 1);
+        assert!(message.contains("`a` is not open"), "{message}");
+    }
+
+    #[test]
+    fn a_cpu_the_guest_does_not_have_is_refused() {
+        for text in [
+            "offline 4\n",
+            "c = open cpu-clock cpu=9\n",
+            "allowed movable 2-5\n",
+            "park movable\nunpark movable 7\n",
+        ] {
+            let (_, message) = refused(text);
+            assert!(
+                message.contains("the guest has CPUs 0-3"),
+                "{text:?}: {message}"
+            );
+        }
+        assert_eq!(refused("offline 0\n").1, "CPU 0 never goes offline");
+        assert!(refused("park holding\n").1.contains("CPU 0"));
+        assert!(refused("offline 3\nmove movable\n")
+            .1
+            .contains("a move needs two"));
+    }
+
+    #[test]
+    fn a_malformed_attr_is_refused_with_what_is_expected() {
+        let cases = [
+            (
+                "a = open 0 mbm_total_bytes rmid=x\n",
+                "expected rmid=NUMBER",
+            ),
+            ("a = open 0 mbm_total_bytes rmid=9\n", "RMIDs 0-7"),
+            (
+                "a = open 0 mbm_bytes rmid=1\n",
+                "expected an event (llc_occupancy, mbm_total_bytes, mbm_local_bytes) or cpu-clock",
+            ),
+            (
+                "a = open 0 mbm_total_bytes rmid=1 pinnned\n",
+                "`pinnned`: expected disabled, pinned",
+            ),
+            (
+                "a = open 0 mbm_total_bytes rmid=1 read=times,ids\n",
+                "read format `ids`",
+            ),
+            (
+                "a = open 5 mbm_total_bytes rmid=1\n",
+                "domain 5: the device has domains 0-1",
+            ),
+            ("a = open 0\n", "expected `NAME = open DOMAIN EVENT"),
+            ("c = open cpu-clock\n", "needs cpu=CPU or cpu=owner(DOMAIN)"),
+            (
+                "a = open 0 mbm_total_bytes rmid=1 cpu=owner(0)\n",
+                "cpu=owner(...) is for cpu-clock",
+            ),
+            ("open 0 mbm_total_bytes rmid=1\n", "an open needs a name"),
+            (
+                "burst 0 mbm_total_bytes rmid=1 4MB\n",
+                "expected bytes such as",
+            ),
+            ("rate 0 64MiB\n", "expected a rate such as 64MiB/s"),
+            ("wait 3 minutes\n", "expected `wait TIME`"),
+        ];
+        for (text, want) in cases {
+            let (line, message) = refused(text);
+            assert_eq!(line, 1, "{text:?}");
+            assert!(
+                message.contains(want),
+                "{text:?}: {message:?} lacks {want:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_want_must_follow_what_it_is_about() {
+        let (line, message) = refused("a = open 0 mbm_total_bytes rmid=1\nwant a 4MiB\n");
+        assert_eq!(line, 2);
+        assert!(
+            message.contains("must follow a read that shows a"),
+            "{message}"
+        );
+        let (_, message) = refused(
+            "a = open 0 mbm_total_bytes rmid=1\nb = open 0 mbm_total_bytes rmid=2\nread b\nwant a 0\n",
+        );
+        assert!(
+            message.contains("must follow a read that shows a"),
+            "{message}"
+        );
+        let (_, message) = refused("a = open 0 mbm_total_bytes rmid=1\nread a\nwant a ENODEV\n");
+        assert!(message.contains("must follow a's open"), "{message}");
+        let (_, message) = refused("a = open 0 mbm_total_bytes rmid=1\nwant a EBUSY\n");
+        assert!(
+            message.contains("with ENODEV, EINVAL, EBADF only"),
+            "{message}"
+        );
+        let (_, message) = refused("a = open 0 mbm_total_bytes rmid=1\nread a\nwant a ENODEV\n");
+        assert!(message.contains("must follow a's open"), "{message}");
+    }
+
+    #[test]
+    fn the_model_judges_the_wants_without_a_guest() {
+        let shape = DeviceShape {
+            pmus: 2,
+            slots: 4,
+            unit_bytes: 64,
+            counter_width: 24,
+            max_rate: 1 << 30,
+        };
+        let text = |want: &str| {
+            format!(
+                "a = open movable mbm_total_bytes rmid=1 read=times\n\
+                 burst movable mbm_total_bytes rmid=1 1MiB\n\
+                 disable a\n\
+                 burst movable mbm_total_bytes rmid=1 2MiB\n\
+                 move movable\n\
+                 enable a\n\
+                 read a\n\
+                 want a {want}\n"
+            )
+        };
+        let right = parsed(&text("1MiB")).unwrap();
+        assert_eq!(wants_against_model(&right, shape), vec![]);
+        let wrong = parsed(&text("3MiB")).unwrap();
+        let found = wants_against_model(&wrong, shape);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].line, 8);
+        let refused =
+            parsed("park movable\na = open movable mbm_total_bytes rmid=1\nwant a EINVAL\n")
+                .unwrap();
+        assert_eq!(wants_against_model(&refused, shape)[0].line, 3);
+    }
+
+    #[test]
+    fn the_library_parses_and_the_model_allows_its_wants() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios");
+        let files = files_under(&[root]).unwrap();
+        assert!(files.len() >= 5, "{files:?}");
+        let device = crate::stress::device(4, None).unwrap();
+        let shape = DeviceShape {
+            slots: super::super::SLOTS,
+            ..crate::stress::lifecycle::run::shape(&device)
+        };
+        for file in files {
+            let text = std::fs::read_to_string(&file).unwrap();
+            let s = parse(&file, &text, &layout(), 1).unwrap_or_else(|e| panic!("{e}"));
+            let names = crate::run::scenario::check_names(true);
+            let check = s
+                .check
+                .as_deref()
+                .unwrap_or_else(|| panic!("{}: no `# check:` header", file.display()));
+            assert!(
+                names.contains(&check),
+                "{}: `# check: {check}` is no check of cargo xtask run",
+                file.display()
+            );
+            assert!(
+                s.ops.iter().any(|o| !o.wants.is_empty()),
+                "{}: no want",
+                file.display()
+            );
+            let refused = wants_against_model(&s, shape);
+            assert_eq!(refused, vec![], "{}", file.display());
+        }
+    }
+}
