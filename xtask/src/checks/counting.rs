@@ -83,19 +83,47 @@
 //! never an inexact count claimed as fully running. A park long enough that
 //! a wrap *could* have landed (half a wrap's time at the device's maximum
 //! rate: the driver sees time, not traffic) may show less running too, but
-//! its count stays exact; `time_running` never goes down (but after a
-//! `DISABLE` while parked, docs/counting-semantics.md's open exception).
+//! its count stays exact; `time_running` never goes down.
 //!
-//! An event enabled while its PMU is parked, that has never been scheduled,
-//! may or may not count what lands before the PMU is placed again: the model
-//! treats that epoch as *maybe* counting.
+//! An event DISABLEd while its PMU is parked has its slot frozen
+//! (`SLOT_CTL_FROZEN`): its count is exact, nothing after the DISABLE
+//! reaches it, and its own ENABLE thaws the slot, counting on for sure. The
+//! frozen slot keeps its place (counts against the domain's slots for the
+//! rest of the park) until that ENABLE or the placement. An event *put on*
+//! its PMU while parked in any other way (enabled, its leader enabled, or
+//! promoted by its leader's close) is *maybe* counting until the PMU is
+//! placed again.
 //!
 //! A parked PMU whose slot events do not all fit at some moment of a park
 //! keeps the extra ones scheduled without a slot, not counting (patch 0026),
 //! and a parked PMU is neither rotated (patch 0034) nor rescheduled when the
 //! contention ends: from that
 //! moment until the PMU is placed again its slot events are *maybe*
-//! counting.
+//! counting. A gauge read while parked shows exactly what its last fold
+//! left (0 after a RESET while parked).
+//!
+//! # Rules across events, and clocks that never go back
+//!
+//! Neither clock of an event ever goes back, across all its reads. Over the
+//! window between two moments at which several events of one PMU were read
+//! (reads one after the other), for those enabled with an enabled leader
+//! throughout, allowing [`READ_SKEW_NS`] per read: at most `slots` counters
+//! run at once (`Σ Δrunning <= slots × Δenabled`), an exclusive group runs
+//! alone (beside pinned groups only, as perf schedules it), and a group's `mbm_*` members run together (equal `Δrunning`,
+//! in a window without a park or a placement).
+//!
+//! # CPUs going offline
+//!
+//! A group of software events only lives in its CPU's context; when that
+//! CPU goes offline perf takes every event out of it with `DETACH_GROUP`
+//! (`__perf_event_exit_context()`): single events, `OFF`, never scheduled
+//! again, also once the CPU is back ([`Model::cpu_offline`]).
+//!
+//! # Foreseeing reads
+//!
+//! [`Model::expect`] says what the next read of an event must show;
+//! [`Model::predict`] also takes such a read as the baseline, so that a
+//! journal's reads can be foreseen on the host.
 //!
 //! # Mismatches
 //!
@@ -104,7 +132,7 @@
 //! baseline, so one wrong count is reported once, at the first read that
 //! shows it, and later reads are judged on what happened after it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 /// An event's handle (the agent's).
@@ -235,6 +263,62 @@ enum Counting {
     Maybe,
 }
 
+/// How far apart two reads issued one after the other may be, in ns (a
+/// read's system call on a loaded guest): the slack of the rules that
+/// compare several events' clocks.
+pub const READ_SKEW_NS: u64 = 2_000_000;
+
+/// What the model requires of one time field of the next read, over the
+/// window since the event's last read that showed times.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TimeRule {
+    /// Unchanged: disabled (`time_enabled`) or not counting
+    /// (`time_running`) throughout.
+    Unchanged,
+    /// `time_enabled` grows by any amount (never goes back).
+    Grows,
+    /// `time_running` grows exactly as `time_enabled`: counting throughout.
+    AsEnabled,
+    /// `time_running` grows by at most `time_enabled`'s growth.
+    AtMostEnabled,
+}
+
+/// What the model requires of the value of the next read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ValueRule {
+    /// An `mbm_*` count grows by `lo..=hi` bytes from `base` (exact when
+    /// equal). Where the window was multiplexed perf's times settle it:
+    /// `Δrunning == 0` ⇒ `+lo` (`settle_zero`), running for the whole
+    /// enabled window ⇒ `+hi` (`settle_full`). `lossy`: a park let a whole
+    /// wrap land, so a short count is right when `Δrunning < Δenabled`.
+    Bytes {
+        base: u64,
+        lo: u64,
+        hi: u64,
+        settle_zero: bool,
+        settle_full: bool,
+        lossy: bool,
+    },
+    /// The PMU is parked: at least `base` (the last fold), at most `hi`
+    /// more; the window stays open until a read after the placement.
+    Parked { base: u64, hi: u64 },
+    /// An `llc_occupancy` gauge reads exactly this many bytes.
+    Gauge(u64),
+    /// Not predicted (a cpu-clock's time; a gauge whose fold is unknown).
+    Any,
+}
+
+/// What the model requires of the next read of one event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Expected {
+    pub value: ValueRule,
+    pub enabled: TimeRule,
+    pub running: TimeRule,
+    /// The times of the last read that showed them (the rules' baseline).
+    pub enabled_ns: u64,
+    pub running_ns: u64,
+}
+
 /// What the model knows about one number's change since its baseline.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Window {
@@ -251,10 +335,6 @@ struct Window {
     maybe_bytes: u64,
     /// A park let a whole wrap land: the count may be short if perf shows it.
     lossy: bool,
-    /// A DISABLE while the PMU was parked: the driver could not read the
-    /// counter then, so what it had not folded may come in later; only
-    /// "never backwards" holds.
-    unbounded: bool,
     /// A read while the PMU was parked showed times but left the value
     /// window open (nobody could read the counter): perf's times since
     /// cover only the end of this window, so they cannot settle a
@@ -272,7 +352,6 @@ impl Window {
         sure_bytes: 0,
         maybe_bytes: 0,
         lossy: false,
-        unbounded: false,
         times_younger: false,
     };
 
@@ -302,16 +381,38 @@ struct EventState {
     /// close (perf does not move a group back to its software context),
     /// and a promoted sibling keeps its old group's.
     group_pmu: Option<u32>,
+    /// The CPU whose context holds a group of software events only (the
+    /// CPU its leader was opened on), if the model was told.
+    cpu: Option<u32>,
     enabled: bool,
-    /// Scheduled at least once (an `add` ran), as far as the model can tell.
-    ever_on: bool,
-    /// Enabled for the first time while its PMU was parked and not placed
-    /// since: counts nothing sure until the PMU is placed.
-    enabled_parked: bool,
+    /// Taken out of its CPU's context when that CPU went offline (perf's
+    /// `__perf_event_exit_context()`): never scheduled again.
+    detached: bool,
+    /// On its PMU after the last operation, as perf schedules it (enabled,
+    /// leader enabled, the group not kept off).
+    on: bool,
+    /// Put on its PMU while the PMU was parked, other than by an ENABLE
+    /// that thaws its own frozen slot: maybe counting until placed.
+    parked_on: bool,
+    /// Taken off its PMU while parked: its slot is frozen and stays its
+    /// own (keeps its place) until an ENABLE thaws it or the placement
+    /// reads it.
+    frozen: bool,
+    /// Frozen by its own DISABLE (not its leader's): its ENABLE thaws the
+    /// slot and it counts on from there.
+    frozen_own: bool,
+    /// A software event promoted by its disabled leader's close in a CPU's
+    /// context: upstream leaves it to that context's next schedule-in,
+    /// which the model does not see (maybe counting from then on).
+    waits_schedule_in: bool,
+    /// The last moment it was not enabled with an enabled leader, or was
+    /// opened, detached or promoted: the rules across events hold for a
+    /// window after it.
+    steady_since: u64,
     /// The value baseline and what happened since.
     value: u64,
     value_window: Window,
-    /// Gauge: the value the last counting epoch left (None: unknown).
+    /// Gauge: the value the last fold left (None: unknown).
     gauge: Option<u64>,
     /// The time baseline (the last read that showed times) and what happened since.
     enabled_ns: u64,
@@ -319,9 +420,19 @@ struct EventState {
     time_window: Window,
 }
 
+/// The times of a PMU's events read at one moment (reads one after the
+/// other, no other operation between them).
+#[derive(Debug, Clone, Default)]
+struct Batch {
+    moment: u64,
+    times: BTreeMap<Handle, (u64, u64)>,
+}
+
 #[derive(Debug, Clone, Default)]
 struct PmuState {
     parked: bool,
+    /// The moment of its last park or placement.
+    placed_moment: u64,
     /// Events the model does not know of may be open on the PMU (another
     /// process's): an exclusive group may then have to give way.
     others: bool,
@@ -334,6 +445,9 @@ struct PmuState {
     /// sure to count.
     contended_in_park: bool,
     occupancy: BTreeMap<u32, u64>,
+    /// The reads of the current moment and of the one before.
+    batch: Batch,
+    prev_batch: Batch,
 }
 
 /// The device's shape as the model needs it.
@@ -366,12 +480,27 @@ impl DeviceShape {
     }
 }
 
+/// One event's state in an epoch, as perf schedules it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Status {
+    /// Enabled by perf's effective state (its own and its leader's).
+    enabled: bool,
+    /// On its PMU (scheduled, or in a parked PMU's keeping).
+    on: bool,
+    counting: Counting,
+}
+
 /// The model: every open event and PMU.
 #[derive(Debug, Clone)]
 pub struct Model {
     shape: DeviceShape,
     pmus: Vec<PmuState>,
     events: BTreeMap<Handle, EventState>,
+    /// CPUs offline now (of those the model was told about).
+    offline: BTreeSet<u32>,
+    /// Counts operations: reads at one moment are reads one after the
+    /// other.
+    moment: u64,
 }
 
 impl Model {
@@ -380,6 +509,8 @@ impl Model {
             shape,
             pmus: vec![PmuState::default(); shape.pmus as usize],
             events: BTreeMap::new(),
+            offline: BTreeSet::new(),
+            moment: 1,
         }
     }
 
@@ -431,6 +562,11 @@ impl Model {
             // A sibling cannot lead: perf refuses with EINVAL.
             return Err(Refusal::BadGroup);
         }
+        // A group of software events lives in its CPU's context, which
+        // takes no opens while that CPU is offline.
+        if l.group_pmu.is_none() && l.cpu.is_some_and(|c| self.offline.contains(&c)) {
+            return Err(Refusal::Parked);
+        }
         let members = self.group(leader);
         let mut pmu = spec.kind.pmu();
         let mut slots = u32::from(spec.kind.needs_slot());
@@ -454,8 +590,15 @@ impl Model {
         Ok(())
     }
 
-    /// An open that succeeded under `handle`.
+    /// An open that succeeded under `handle`, on no CPU the model follows.
     pub fn open(&mut self, handle: Handle, spec: OpenSpec) {
+        self.open_on(handle, spec, None);
+    }
+
+    /// An open that succeeded under `handle`, its `cpu` argument `cpu`
+    /// (what a group of software events is bound to; see
+    /// [`Model::cpu_offline`]).
+    pub fn open_on(&mut self, handle: Handle, spec: OpenSpec, cpu: Option<u32>) {
         self.epoch();
         let leader = spec.group.unwrap_or(handle);
         let group_pmu = self
@@ -466,15 +609,26 @@ impl Model {
         for e in self.events.values_mut().filter(|e| e.leader == leader) {
             e.group_pmu = group_pmu;
         }
+        let (cpu, detached) = match self.events.get(&leader) {
+            Some(l) if leader != handle => (l.cpu, l.detached),
+            _ => (cpu, false),
+        };
         self.events.insert(
             handle,
             EventState {
                 spec,
                 leader,
                 group_pmu,
+                cpu,
                 enabled: !spec.disabled,
-                ever_on: false,
-                enabled_parked: false,
+                detached,
+                on: false,
+                parked_on: false,
+                frozen: false,
+                frozen_own: false,
+                waits_schedule_in: false,
+                // Opened at the operation that began this moment.
+                steady_since: self.moment - 1,
                 value: 0,
                 value_window: Window::FRESH,
                 gauge: Some(0),
@@ -489,13 +643,22 @@ impl Model {
     /// A close; a leader's siblings become leaders of their own.
     pub fn close(&mut self, handle: Handle) {
         self.epoch();
-        if self.events.remove(&handle).is_none() {
+        let Some(closed) = self.events.remove(&handle) else {
             return;
-        }
+        };
+        let moment = self.moment;
         for (&h, e) in self.events.iter_mut() {
             if e.leader == handle {
+                // Patch 0054 reschedules a device PMU at the close; a CPU's
+                // context of software events is upstream's.
+                e.waits_schedule_in |= e.group_pmu.is_none() && !closed.enabled;
                 e.leader = h;
+                e.steady_since = moment - 1;
             }
+        }
+        for p in &mut self.pmus {
+            p.batch.times.remove(&handle);
+            p.prev_batch.times.remove(&handle);
         }
         self.note_scheduled();
     }
@@ -512,34 +675,25 @@ impl Model {
             vec![handle]
         };
         for h in targets {
-            let parked = self.events[&h]
-                .spec
-                .kind
-                .pmu()
-                .is_some_and(|p| self.is_parked(p));
             let Some(e) = self.events.get_mut(&h) else {
                 continue;
             };
+            // perf enables and disables a detached event through a call on
+            // its CPU, which does nothing while that CPU is offline.
+            let unreachable = e.detached && e.cpu.is_some_and(|c| self.offline.contains(&c));
             match ioctl {
-                Ioctl::Enable => {
-                    if !e.enabled && parked && !e.ever_on {
-                        e.enabled_parked = true;
-                    }
-                    e.enabled = true;
-                }
+                Ioctl::Enable | Ioctl::Disable if unreachable => {}
+                Ioctl::Enable => e.enabled = true,
+                // Exact also while parked: the driver freezes the slot at
+                // the DISABLE (`SLOT_CTL_FROZEN`), see `note_scheduled`.
                 Ioctl::Disable => e.enabled = false,
+                // Exact also while parked (patch 0031's pmu::reset: the
+                // driver restarts the slot nobody can read).
                 Ioctl::Reset => {
                     e.value = 0;
                     e.value_window = Window::FRESH;
                     e.gauge = Some(0);
                 }
-            }
-            // A RESET while parked is exact (patch 0031's pmu::reset: the
-            // driver restarts the slot nobody can read); a DISABLE is not
-            // (what the driver had not folded may come in later).
-            if parked && ioctl == Ioctl::Disable {
-                e.value_window.any_maybe = true;
-                e.value_window.unbounded = true;
             }
         }
         self.note_scheduled();
@@ -561,11 +715,44 @@ impl Model {
         self.epoch();
     }
 
+    /// `cpu` went offline. perf's `__perf_event_exit_context()` takes
+    /// every event out of the CPU's context with `DETACH_GROUP`: each group
+    /// of software events only that was opened on `cpu` (see
+    /// [`Model::open_on`]) falls apart into single events, each `OFF`
+    /// (disabled, its clocks and count still), and they stay out of the
+    /// context when the CPU comes back: never scheduled again, an ENABLE
+    /// makes them `INACTIVE` at most. Device events are not in a CPU's
+    /// context: their PMU moves or parks (see [`Model::moved`],
+    /// [`Model::park`]).
+    pub fn cpu_offline(&mut self, cpu: u32) {
+        self.epoch();
+        self.offline.insert(cpu);
+        let moment = self.moment;
+        for (&h, e) in self.events.iter_mut() {
+            // One detached already is in no context's list: untouched.
+            if e.group_pmu.is_none() && e.cpu == Some(cpu) && !e.detached {
+                e.detached = true;
+                e.enabled = false;
+                e.leader = h;
+                e.steady_since = moment - 1;
+            }
+        }
+        self.note_scheduled();
+    }
+
+    /// `cpu` is online again: its detached events stay detached.
+    pub fn cpu_online(&mut self, cpu: u32) {
+        self.epoch();
+        self.offline.remove(&cpu);
+    }
+
     /// None of the PMU's allowed CPUs is online any more.
     pub fn park(&mut self, pmu: u32) {
         self.epoch();
+        let moment = self.moment;
         if let Some(p) = self.pmus.get_mut(pmu as usize) {
             p.parked = true;
+            p.placed_moment = moment;
             p.parked_bytes.clear();
             p.contended_in_park = false;
         }
@@ -578,10 +765,12 @@ impl Model {
         self.epoch();
         let wrap = self.shape.wrap_bytes();
         let long = self.shape.could_wrap_in(parked_ns);
+        let moment = self.moment;
         let Some(p) = self.pmus.get_mut(pmu as usize) else {
             return;
         };
         p.parked = false;
+        p.placed_moment = moment;
         p.contended_in_park = false;
         let lossy: Vec<(u32, u32)> = p
             .parked_bytes
@@ -608,8 +797,12 @@ impl Model {
                     e.time_window.lossy = true;
                 }
             }
+            // Placed: every event is added on the owner, and the
+            // placement reads the frozen slots.
             if e.spec.kind.pmu() == Some(pmu) {
-                e.enabled_parked = false;
+                e.parked_on = false;
+                e.frozen = false;
+                e.frozen_own = false;
             }
         }
         self.note_scheduled();
@@ -618,12 +811,12 @@ impl Model {
     /// `bytes` of `event` for `rmid` landed in domain `pmu`, all within the
     /// current epoch.
     pub fn burst(&mut self, pmu: u32, event: u32, rmid: u32, bytes: u64) {
+        self.moment += 1;
         let status = self.statuses();
         let want = Kind::Counter { pmu, event, rmid };
         for (h, e) in self.events.iter_mut() {
             if e.spec.kind == want {
-                let c = status[h].1;
-                e.value_window.burst(c, bytes);
+                e.value_window.burst(status[h].counting, bytes);
             }
         }
         if let Some(p) = self.pmus.get_mut(pmu as usize) {
@@ -643,16 +836,100 @@ impl Model {
         self.note_scheduled();
     }
 
+    /// What the next read of `handle` must show (`None`: not open).
+    #[allow(dead_code)]
+    pub fn expect(&self, handle: Handle) -> Option<Expected> {
+        let mut now = self.clone();
+        now.fold();
+        now.expect_folded(handle)
+    }
+
+    /// [`Model::expect`] once the current epoch is folded in.
+    fn expect_folded(&self, handle: Handle) -> Option<Expected> {
+        let e = self.events.get(&handle)?;
+        let parked = e.spec.kind.pmu().is_some_and(|p| self.is_parked(p));
+        let t = e.time_window;
+        let enabled = if t.enabled_none {
+            TimeRule::Unchanged
+        } else {
+            TimeRule::Grows
+        };
+        let running = if t.counting_none {
+            TimeRule::Unchanged
+        } else if t.counting_all && !t.lossy {
+            TimeRule::AsEnabled
+        } else {
+            TimeRule::AtMostEnabled
+        };
+        let w = e.value_window;
+        let hi = w.sure_bytes.wrapping_add(w.maybe_bytes);
+        let value = match e.spec.kind {
+            // Nobody can read the counter while the PMU is parked: the
+            // value is what the last fold left, and what landed since
+            // shows once it is placed again.
+            Kind::Counter { .. } if parked => ValueRule::Parked { base: e.value, hi },
+            Kind::Counter { .. } => ValueRule::Bytes {
+                base: e.value,
+                lo: w.sure_bytes,
+                hi,
+                settle_zero: !w.times_younger,
+                settle_full: w.enabled_all && !w.times_younger,
+                lossy: w.lossy,
+            },
+            // A gauge reads its register on the owner only: parked, it
+            // shows what the last fold left.
+            Kind::Gauge { .. } => match self.gauge_now(handle).filter(|_| !parked).or(e.gauge) {
+                Some(bytes) => ValueRule::Gauge(bytes),
+                None => ValueRule::Any,
+            },
+            Kind::Software => ValueRule::Any,
+        };
+        Some(Expected {
+            value,
+            enabled,
+            running,
+            enabled_ns: e.enabled_ns,
+            running_ns: e.running_ns,
+        })
+    }
+
+    /// What the next read of `handle` must show, as [`Model::expect`];
+    /// the model then takes a read that shows it (the least count, the
+    /// clocks grown by 1 ms where they grow) as its baseline, so that a
+    /// journal's reads can be foreseen without a guest.
+    pub fn predict(&mut self, handle: Handle) -> Option<Expected> {
+        let want = self.expect(handle)?;
+        let value = match want.value {
+            ValueRule::Bytes { base, lo, .. } => base.wrapping_add(lo),
+            ValueRule::Parked { base, .. } => base,
+            ValueRule::Gauge(bytes) => bytes,
+            ValueRule::Any => self.events[&handle].value,
+        };
+        let d_en = if want.enabled == TimeRule::Unchanged {
+            0
+        } else {
+            1_000_000
+        };
+        let d_run = match want.running {
+            TimeRule::Unchanged => 0,
+            TimeRule::AsEnabled | TimeRule::Grows => d_en,
+            TimeRule::AtMostEnabled => d_en / 2,
+        };
+        let _ = self.read(
+            handle,
+            Observed {
+                value,
+                enabled: Some(want.enabled_ns + d_en),
+                running: Some(want.running_ns + d_run),
+            },
+        );
+        Some(want)
+    }
+
     /// Checks one read of `handle` and takes it as the new baseline.
     pub fn read(&mut self, handle: Handle, seen: Observed) -> Vec<Mismatch> {
-        self.epoch();
-        let gauge_now = self.gauge_now(handle);
-        let parked = self
-            .events
-            .get(&handle)
-            .and_then(|e| e.spec.kind.pmu())
-            .is_some_and(|p| self.is_parked(p));
-        let Some(e) = self.events.get_mut(&handle) else {
+        self.fold();
+        let Some(want) = self.expect_folded(handle) else {
             return vec![Mismatch {
                 handle,
                 field: Field::Value,
@@ -670,37 +947,36 @@ impl Model {
             })
         };
         // Times first: the value's derived checks use them.
-        let mut times = None;
-        if let (Some(en), Some(run)) = (seen.enabled, seen.running) {
-            let w = e.time_window;
-            let d_en = en.wrapping_sub(e.enabled_ns);
-            let d_run = run.wrapping_sub(e.running_ns);
-            if en < e.enabled_ns {
+        let times = seen.enabled.zip(seen.running);
+        if let Some((en, run)) = times {
+            let d_en = en.wrapping_sub(want.enabled_ns);
+            let d_run = run.wrapping_sub(want.running_ns);
+            if en < want.enabled_ns {
                 mismatch(
                     Field::Enabled,
-                    format!(">= {} (never decreases)", e.enabled_ns),
+                    format!(">= {} (never decreases)", want.enabled_ns),
                     en.to_string(),
                 );
-            } else if w.enabled_none && d_en != 0 {
+            } else if want.enabled == TimeRule::Unchanged && d_en != 0 {
                 mismatch(
                     Field::Enabled,
-                    format!("unchanged at {} (disabled since)", e.enabled_ns),
+                    format!("unchanged at {} (disabled since)", want.enabled_ns),
                     format!("+{d_en}"),
                 );
             }
-            if run < e.running_ns {
+            if run < want.running_ns {
                 mismatch(
                     Field::Running,
-                    format!(">= {} (never decreases)", e.running_ns),
+                    format!(">= {} (never decreases)", want.running_ns),
                     run.to_string(),
                 );
-            } else if w.counting_none && d_run != 0 {
+            } else if want.running == TimeRule::Unchanged && d_run != 0 {
                 mismatch(
                     Field::Running,
-                    format!("unchanged at {} (not counting since)", e.running_ns),
+                    format!("unchanged at {} (not counting since)", want.running_ns),
                     format!("+{d_run}"),
                 );
-            } else if w.counting_all && !w.lossy && d_run != d_en {
+            } else if want.running == TimeRule::AsEnabled && d_run != d_en {
                 mismatch(
                     Field::Running,
                     format!("+{d_en}, as time_enabled (counting throughout)"),
@@ -713,69 +989,68 @@ impl Model {
                     format!("+{d_run}"),
                 );
             }
-            times = Some((d_en, d_run));
-            e.enabled_ns = en;
-            e.running_ns = run;
-            e.time_window = Window::FRESH;
         }
-        match e.spec.kind {
-            Kind::Counter { .. } => {
-                let w = e.value_window;
-                let got = seen.value.wrapping_sub(e.value);
-                let lo = w.sure_bytes;
-                let hi = w.sure_bytes.wrapping_add(w.maybe_bytes);
-                let short_ok = w.lossy && times.is_some_and(|(en, run)| run < en);
-                if parked || w.unbounded {
-                    // Nobody can read the counter while the PMU is parked:
-                    // the value is what the last fold left, and what landed
-                    // since shows once it is placed again. The window stays
-                    // open until a read after that.
-                    if seen.value < e.value {
-                        mismatch(
-                            Field::Value,
-                            format!(">= {} (counts never go back)", e.value),
-                            seen.value.to_string(),
-                        );
-                    } else if got > hi && !w.unbounded {
-                        mismatch(
-                            Field::Value,
-                            format!("<= +{hi} (parked: at most what landed)"),
-                            format!("+{got}"),
-                        );
-                    }
-                    if parked {
-                        e.value_window.times_younger |= times.is_some();
-                        return out;
-                    }
-                } else if seen.value < e.value && !short_ok {
+        let deltas = times.map(|(en, run)| {
+            (
+                en.wrapping_sub(want.enabled_ns),
+                run.wrapping_sub(want.running_ns),
+            )
+        });
+        let mut keep_window = false;
+        match want.value {
+            ValueRule::Parked { base, hi } => {
+                let got = seen.value.wrapping_sub(base);
+                if seen.value < base {
                     mismatch(
                         Field::Value,
-                        format!(">= {} (counts never go back without RESET)", e.value),
+                        format!(">= {base} (counts never go back)"),
                         seen.value.to_string(),
                     );
-                } else if !w.any_maybe {
-                    if got != lo && !(short_ok && got < lo) {
-                        mismatch(Field::Value, format!("+{lo}"), format!("+{got}"));
-                    }
-                } else if got < lo || got > hi {
+                } else if got > hi {
                     mismatch(
                         Field::Value,
-                        format!("+{lo}..=+{hi} (multiplexed)"),
+                        format!("<= +{hi} (parked: at most what landed)"),
                         format!("+{got}"),
                     );
-                } else if let Some((d_en, d_run)) = times.filter(|_| !w.times_younger) {
-                    // perf's own times settle a multiplexed window. The time
-                    // window holds the value window (a read without times
-                    // resets only the latter), so what they say of the
-                    // longer one holds for the shorter; unless a parked read
-                    // reset the times and not the value.
-                    if d_run == 0 && got != lo {
+                }
+                keep_window = true;
+            }
+            ValueRule::Bytes {
+                base,
+                lo,
+                hi,
+                settle_zero,
+                settle_full,
+                lossy,
+            } => {
+                let got = seen.value.wrapping_sub(base);
+                let short_ok = lossy && deltas.is_some_and(|(en, run)| run < en);
+                let range = if lo == hi {
+                    format!("+{lo}")
+                } else {
+                    format!("+{lo}..=+{hi} (multiplexed)")
+                };
+                if seen.value < base && !short_ok {
+                    mismatch(
+                        Field::Value,
+                        format!(">= {base} (counts never go back without RESET)"),
+                        seen.value.to_string(),
+                    );
+                } else if got > hi || (got < lo && !short_ok) {
+                    mismatch(Field::Value, range, format!("+{got}"));
+                } else if let (Some((d_en, d_run)), true) = (deltas, lo < hi) {
+                    // perf's own times settle a multiplexed window. The
+                    // time window holds the value window (a read without
+                    // times resets only the latter), so what they say of
+                    // the longer one holds for the shorter; unless a parked
+                    // read reset the times and not the value.
+                    if settle_zero && d_run == 0 && got != lo {
                         mismatch(
                             Field::Value,
                             format!("+{lo} (time_running did not grow)"),
                             format!("+{got}"),
                         );
-                    } else if w.enabled_all && d_run == d_en && got != hi && !short_ok {
+                    } else if settle_full && d_run == d_en && got != hi && !short_ok {
                         mismatch(
                             Field::Value,
                             format!("+{hi} (time_running grew as time_enabled)"),
@@ -784,23 +1059,152 @@ impl Model {
                     }
                 }
             }
-            Kind::Gauge { .. } => {
-                if let Some(want) = gauge_now.or(e.gauge) {
-                    if seen.value != want {
-                        mismatch(
-                            Field::Value,
-                            format!("{want} (the occupancy when it last counted)"),
-                            seen.value.to_string(),
-                        );
-                    }
+            ValueRule::Gauge(want) => {
+                if seen.value != want {
+                    mismatch(
+                        Field::Value,
+                        format!("{want} (the occupancy when it last counted)"),
+                        seen.value.to_string(),
+                    );
                 }
             }
-            Kind::Software => {}
+            ValueRule::Any => {}
         }
-        e.value = seen.value;
-        e.value_window = Window::FRESH;
-        if matches!(e.spec.kind, Kind::Gauge { .. }) {
-            e.gauge = Some(seen.value);
+        let e = self.events.get_mut(&handle).expect("expect() found it");
+        if let Some((en, run)) = times {
+            e.enabled_ns = en;
+            e.running_ns = run;
+            e.time_window = Window::FRESH;
+        }
+        if keep_window {
+            e.value_window.times_younger |= times.is_some();
+        } else {
+            e.value = seen.value;
+            e.value_window = Window::FRESH;
+            if matches!(e.spec.kind, Kind::Gauge { .. }) {
+                e.gauge = Some(seen.value);
+            }
+        }
+        if let Some((en, run)) = times {
+            out.extend(self.across_events(handle, en, run));
+        }
+        out
+    }
+
+    /// The rules across the events of one device PMU, over the window
+    /// between two moments at which they were all read, for the events
+    /// enabled with an enabled leader throughout it (the skew of reads
+    /// issued one after the other allowed for):
+    /// - at most `slots` counters run at once: `Σ Δrunning <= slots ×
+    ///   Δenabled` over its `mbm_*` events;
+    /// - an exclusive group runs alone: its `Δrunning` plus any other
+    ///   flexible group's is at most `Δenabled` (pinned ones may run beside it);
+    /// - a group's members run together: equal `Δrunning` for its `mbm_*`
+    ///   members, in a window without a park or a placement.
+    fn across_events(&mut self, handle: Handle, en: u64, run: u64) -> Vec<Mismatch> {
+        let Some(p) = self.events.get(&handle).and_then(|e| e.group_pmu) else {
+            return vec![];
+        };
+        let moment = self.moment;
+        let pmu = &mut self.pmus[p as usize];
+        if pmu.batch.moment != moment {
+            if !pmu.batch.times.is_empty() {
+                pmu.prev_batch = std::mem::take(&mut pmu.batch);
+            }
+            pmu.batch = Batch {
+                moment,
+                times: BTreeMap::new(),
+            };
+        }
+        pmu.batch.times.insert(handle, (en, run));
+        let pmu = &self.pmus[p as usize];
+        let since = pmu.prev_batch.moment;
+        // (handle, leader, mbm_*, Δenabled, Δrunning)
+        let common: Vec<(Handle, Handle, bool, u64, u64)> = pmu
+            .batch
+            .times
+            .iter()
+            .filter_map(|(h, &(en, run))| {
+                let &(en0, run0) = pmu.prev_batch.times.get(h)?;
+                let e = self.events.get(h)?;
+                (e.group_pmu == Some(p) && e.steady_since < since).then_some((
+                    *h,
+                    e.leader,
+                    e.spec.kind.needs_slot(),
+                    en.saturating_sub(en0),
+                    run.saturating_sub(run0),
+                ))
+            })
+            .collect();
+        if common.len() < 2 {
+            return vec![];
+        }
+        let mut out = Vec::new();
+        let mut mismatch = |expected: String, got: String| {
+            out.push(Mismatch {
+                handle,
+                field: Field::Running,
+                expected,
+                got,
+            })
+        };
+        let names = |set: &mut dyn Iterator<Item = Handle>| {
+            set.map(|h| h.to_string()).collect::<Vec<_>>().join(", ")
+        };
+        let wall = common.iter().map(|c| c.3).max().unwrap_or(0);
+        let counters: Vec<_> = common.iter().filter(|c| c.2).collect();
+        let sum: u64 = counters.iter().map(|c| c.4).sum();
+        let skew = common.len() as u64 * READ_SKEW_NS;
+        if sum > u64::from(self.shape.slots) * wall + skew {
+            mismatch(
+                format!(
+                    "<= {} × +{wall} (at most {} counters run at once)",
+                    self.shape.slots, self.shape.slots
+                ),
+                format!(
+                    "Σ +{sum} over events {}",
+                    names(&mut counters.iter().map(|c| c.0))
+                ),
+            );
+        }
+        let mut groups: BTreeMap<Handle, (u64, u64)> = BTreeMap::new();
+        for c in &common {
+            let g = groups.entry(c.1).or_insert((u64::MAX, 0));
+            if c.2 {
+                *g = (g.0.min(c.4), g.1.max(c.4));
+            } else {
+                g.1 = g.1.max(c.4);
+            }
+        }
+        for (&x, &(_, rx)) in &groups {
+            if !self.events.get(&x).is_some_and(|e| e.spec.exclusive) {
+                continue;
+            }
+            // perf keeps an exclusive group from sharing the PMU with
+            // flexible groups only (`group_can_go_on()` looks at the list
+            // of its own kind): pinned ones go on first and stay beside it.
+            let flexible = |g: Handle| !self.events.get(&g).is_some_and(|e| e.spec.pinned);
+            if let Some((&g, &(_, rg))) = groups
+                .iter()
+                .filter(|(&g, _)| g != x && flexible(g))
+                .max_by_key(|(_, r)| r.1)
+            {
+                if rx + rg > wall + 2 * READ_SKEW_NS {
+                    mismatch(
+                        format!("+{rx} and +{rg} to add up to <= +{wall} (an exclusive group runs alone)"),
+                        format!("exclusive group {x} +{rx}, group {g} +{rg}"),
+                    );
+                }
+            }
+        }
+        let placed = !pmu.parked && pmu.placed_moment < since;
+        for (&g, &(lo, hi)) in &groups {
+            if placed && lo != u64::MAX && hi - lo > READ_SKEW_NS {
+                mismatch(
+                    format!("equal time_running for group {g}'s counters (members run together)"),
+                    format!("+{lo} to +{hi}"),
+                );
+            }
         }
         out
     }
@@ -811,30 +1215,46 @@ impl Model {
         let Kind::Gauge { pmu, rmid } = e.spec.kind else {
             return None;
         };
-        let status = self.statuses();
-        match status.get(&handle)?.1 {
-            Counting::Yes => Some(
-                self.shape.gauge_bytes(
-                    self.pmus[pmu as usize]
-                        .occupancy
-                        .get(&rmid)
-                        .copied()
-                        .unwrap_or(0),
-                ),
-            ),
+        match self.statuses().get(&handle)?.counting {
+            Counting::Yes => Some(self.occupancy_now(pmu, rmid)),
             _ => None,
         }
     }
 
-    /// Ends the current epoch: folds every event's state in it into its windows.
+    fn occupancy_now(&self, pmu: u32, rmid: u32) -> u64 {
+        self.shape.gauge_bytes(
+            self.pmus[pmu as usize]
+                .occupancy
+                .get(&rmid)
+                .copied()
+                .unwrap_or(0),
+        )
+    }
+
+    /// Ends the current epoch at an operation.
     fn epoch(&mut self) {
+        self.fold();
+        self.moment += 1;
+    }
+
+    /// Folds every event's state in the current epoch into its windows.
+    fn fold(&mut self) {
         let status = self.statuses();
+        let moment = self.moment;
+        let parked: Vec<bool> = self.pmus.iter().map(|p| p.parked).collect();
         for (h, e) in self.events.iter_mut() {
-            let (enabled, counting) = status[h];
-            e.value_window.epoch(enabled, counting);
-            e.time_window.epoch(enabled, counting);
-            if let (Kind::Gauge { .. }, Counting::Maybe) = (e.spec.kind, counting) {
-                e.gauge = None;
+            let s = status[h];
+            e.value_window.epoch(s.enabled, s.counting);
+            e.time_window.epoch(s.enabled, s.counting);
+            if !s.enabled {
+                e.steady_since = moment;
+            }
+            // A gauge that may have been folded or not: unknown. A parked
+            // one is folded by nobody: it keeps its last fold.
+            if let (Kind::Gauge { pmu, .. }, Counting::Maybe) = (e.spec.kind, s.counting) {
+                if !parked[pmu as usize] {
+                    e.gauge = None;
+                }
             }
         }
         // A gauge that counts takes the occupancy at its next fold; the
@@ -842,17 +1262,10 @@ impl Model {
         let gauges: Vec<(Handle, u64)> = self
             .events
             .iter()
-            .filter_map(|(&h, e)| match (e.spec.kind, status[&h].1) {
-                (Kind::Gauge { pmu, rmid }, Counting::Yes) => Some((
-                    h,
-                    self.shape.gauge_bytes(
-                        self.pmus[pmu as usize]
-                            .occupancy
-                            .get(&rmid)
-                            .copied()
-                            .unwrap_or(0),
-                    ),
-                )),
+            .filter_map(|(&h, e)| match (e.spec.kind, status[&h].counting) {
+                (Kind::Gauge { pmu, rmid }, Counting::Yes) => {
+                    Some((h, self.occupancy_now(pmu, rmid)))
+                }
                 _ => None,
             })
             .collect();
@@ -863,27 +1276,41 @@ impl Model {
         }
     }
 
-    /// Records which events are now scheduled for sure (for `ever_on`), and
-    /// which parked PMUs are contended.
+    /// After an operation: which events it put on or took off a parked
+    /// PMU (see `EventState::parked_on` and `frozen`), and which parked
+    /// PMUs are contended.
     fn note_scheduled(&mut self) {
-        let (status, fit) = self.schedule();
+        let status = self.statuses();
+        let parked: Vec<bool> = self.pmus.iter().map(|p| p.parked).collect();
         for (h, e) in self.events.iter_mut() {
-            if status[h].1 == Counting::Yes {
-                e.ever_on = true;
+            let on = status[h].on;
+            let in_park = e.spec.kind.pmu().is_some_and(|p| parked[p as usize]);
+            if in_park && on && !e.on && !(e.frozen_own && e.enabled) {
+                e.parked_on = true;
             }
+            if in_park && !on && e.on && e.spec.kind.needs_slot() {
+                e.frozen = true;
+                e.frozen_own = !e.enabled;
+            }
+            if on {
+                e.frozen = false;
+                e.frozen_own = false;
+            }
+            e.on = on;
         }
+        let fit = self.schedule().1;
         for (p, fits) in self.pmus.iter_mut().zip(fit) {
             p.contended_in_park |= p.parked && !fits;
         }
     }
 
-    /// Per event: enabled, and counting, in the current epoch.
-    fn statuses(&self) -> BTreeMap<Handle, (bool, Counting)> {
+    /// Per event: its status in the current epoch.
+    fn statuses(&self) -> BTreeMap<Handle, Status> {
         self.schedule().0
     }
 
     /// [`Model::statuses`], and per PMU whether all its groups fit now.
-    fn schedule(&self) -> (BTreeMap<Handle, (bool, Counting)>, Vec<bool>) {
+    fn schedule(&self) -> (BTreeMap<Handle, Status>, Vec<bool>) {
         // The groups on each device PMU (a mixed group is on its device PMU).
         let group_pmu: BTreeMap<Handle, Option<u32>> = self
             .events
@@ -909,6 +1336,13 @@ impl Model {
                 .filter(|e| e.leader == l && e.enabled && e.spec.kind.needs_slot())
                 .count() as u32
         };
+        // Slots frozen in a park: they keep their place.
+        let frozen = |pmu: u32| -> u32 {
+            self.events
+                .values()
+                .filter(|e| e.frozen && e.spec.kind.pmu() == Some(pmu))
+                .count() as u32
+        };
         let mut on: BTreeMap<Handle, Counting> = BTreeMap::new();
         let mut fit = Vec::new();
         for pmu in 0..self.shape.pmus {
@@ -919,10 +1353,11 @@ impl Model {
                 .collect();
             let excl = |l: Handle| self.events[&l].spec.exclusive;
             let pinned = |l: Handle| self.events[&l].spec.pinned;
+            let held = frozen(pmu);
             // Whether a set of groups can all be on together.
             let fits = |set: &[Handle]| {
                 let slots: u32 = set.iter().map(|&l| need(l)).sum();
-                slots <= self.shape.slots && !(set.len() > 1 && set.iter().any(|&l| excl(l)))
+                slots + held <= self.shape.slots && !(set.len() > 1 && set.iter().any(|&l| excl(l)))
             };
             let others = usize::from(self.pmus[pmu as usize].others);
             let clash = groups.len() + others > 1 && groups.iter().any(|&l| excl(l));
@@ -944,20 +1379,21 @@ impl Model {
             .iter()
             .map(|(&h, e)| {
                 let group_on = match group_pmu.get(&e.leader).copied().flatten() {
+                    None if e.detached => Counting::No,
                     None => Counting::Yes,
                     Some(_) => on.get(&e.leader).copied().unwrap_or(Counting::No),
                 };
-                let mut counting = if e.enabled && leader_on(e.leader) {
-                    group_on
-                } else {
-                    Counting::No
-                };
-                // Enabled first while parked: not added yet, and nothing to
-                // add it. A gauge reads its register on the owner only, so
-                // while parked its value is whatever the last fold left.
+                let enabled = e.enabled && leader_on(e.leader);
+                let mut counting = if enabled { group_on } else { Counting::No };
+                let is_on = counting != Counting::No;
+                // Put on while parked: not added for sure until placed. A
+                // gauge reads its register on the owner only, so while
+                // parked its value is whatever the last fold left.
                 let parked = e.spec.kind.pmu().is_some_and(|p| self.is_parked(p));
                 let gauge = matches!(e.spec.kind, Kind::Gauge { .. });
-                if counting == Counting::Yes && (e.enabled_parked || parked && gauge) {
+                if counting == Counting::Yes
+                    && (e.parked_on || parked && gauge || e.waits_schedule_in)
+                {
                     counting = Counting::Maybe;
                 }
                 // A parked PMU contended during this park: see
@@ -971,7 +1407,14 @@ impl Model {
                         counting = Counting::Maybe;
                     }
                 }
-                (h, (e.enabled && leader_on(e.leader), counting))
+                (
+                    h,
+                    Status {
+                        enabled,
+                        on: is_on,
+                        counting,
+                    },
+                )
             })
             .collect();
         (status, fit)
@@ -1430,5 +1873,356 @@ mod tests {
             ),
             vec![Field::Value]
         );
+    }
+
+    const MIB: u64 = 1 << 20;
+
+    fn value_only(value: u64) -> Observed {
+        Observed {
+            value,
+            enabled: None,
+            running: None,
+        }
+    }
+
+    /// F2 ("freeze-attack: toggled in one park") to the return: E toggled
+    /// DISABLE, ENABLE, DISABLE, ENABLE, DISABLE in one park with a burst
+    /// after each, R enabled throughout.
+    fn f2_to_the_return() -> Model {
+        let mut m = Model::new(SHAPE);
+        m.open(1, counter(0, 1));
+        m.open(2, counter(0, 1));
+        m.burst(0, TOTAL, 1, MIB);
+        m.park(0);
+        m.burst(0, TOTAL, 1, 2 * MIB);
+        for (i, ioctl) in [
+            Ioctl::Disable,
+            Ioctl::Enable,
+            Ioctl::Disable,
+            Ioctl::Enable,
+            Ioctl::Disable,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            m.ioctl(1, ioctl, false);
+            m.burst(0, TOTAL, 1, (4 << i) * MIB);
+        }
+        m.unpark(0, 1000);
+        m
+    }
+
+    #[test]
+    fn a_disable_while_parked_freezes_the_count_exactly() {
+        // The contract: frozen at each DISABLE, thawed by its own ENABLE
+        // (counting on from there, parked or not): 1 + 2 + 8 + 32 MiB.
+        let mut m = f2_to_the_return();
+        assert_eq!(fields(&mut m, 1, value_only(43 * MIB)), vec![]);
+        assert_eq!(fields(&mut m, 2, value_only(127 * MIB)), vec![]);
+        m.burst(0, TOTAL, 1, 128 * MIB);
+        assert_eq!(fields(&mut m, 1, value_only(43 * MIB)), vec![]);
+        m.ioctl(1, Ioctl::Enable, false);
+        m.burst(0, TOTAL, 1, 256 * MIB);
+        assert_eq!(fields(&mut m, 1, value_only(299 * MIB)), vec![]);
+        // The `parked-disable-not-frozen` mutant: the 4 + 16 + 64 MiB
+        // landed while disabled counted too.
+        let mut m = f2_to_the_return();
+        assert_eq!(fields(&mut m, 1, value_only(127 * MIB)), vec![Field::Value]);
+        // And a thawed slot counts for sure: missing the 8 MiB is wrong.
+        let mut m = f2_to_the_return();
+        assert_eq!(fields(&mut m, 1, value_only(35 * MIB)), vec![Field::Value]);
+    }
+
+    #[test]
+    fn a_frozen_slot_keeps_its_place_so_one_more_enabled_in_the_park_contends() {
+        // P6 on two slots: A and B hold them, C opened disabled.
+        let mut m = Model::new(SHAPE);
+        m.open(1, counter(0, 1));
+        m.open(2, counter(0, 2));
+        m.open(3, counter(0, 3).disabled());
+        assert_eq!(fields(&mut m, 2, seen(0, 0, 0)), vec![]);
+        m.park(0);
+        m.burst(0, TOTAL, 1, MIB);
+        m.ioctl(1, Ioctl::Disable, false);
+        // A's frozen slot is still A's: C has none, the park is contended,
+        // and every slot event is maybe counting until the placement.
+        m.ioctl(3, Ioctl::Enable, false);
+        m.burst(0, TOTAL, 2, 2 * MIB);
+        m.unpark(0, 1000);
+        m.burst(0, TOTAL, 2, 4 * MIB);
+        assert_eq!(fields(&mut m.clone(), 2, seen(4 * MIB, 100, 60)), vec![]);
+        assert_eq!(fields(&mut m, 2, seen(6 * MIB, 100, 60)), vec![]);
+        // A reads exactly what landed before its DISABLE.
+        assert_eq!(fields(&mut m.clone(), 1, value_only(MIB)), vec![]);
+        assert_eq!(fields(&mut m, 1, value_only(0)), vec![Field::Value]);
+        // Placed, all three fit: C counts for sure (P6's extra event after
+        // the return).
+        m.read(3, seen(0, 50, 20));
+        m.burst(0, TOTAL, 3, 8 * MIB);
+        assert_eq!(fields(&mut m.clone(), 3, seen(8 * MIB, 150, 120)), vec![]);
+        assert_eq!(
+            fields(&mut m, 3, seen(0, 150, 20)),
+            vec![Field::Running, Field::Value]
+        );
+    }
+
+    #[test]
+    fn an_event_put_on_while_parked_is_maybe_until_placed() {
+        // P5: the leader of {L, S} DISABLEd before the park, ENABLEd in it.
+        let mut m = Model::new(SHAPE);
+        m.open(1, counter(0, 1));
+        m.open(2, counter(0, 2).under(1));
+        m.ioctl(1, Ioctl::Disable, false);
+        m.burst(0, TOTAL, 1, MIB);
+        m.park(0);
+        m.burst(0, TOTAL, 1, 2 * MIB);
+        m.ioctl(1, Ioctl::Enable, false);
+        m.burst(0, TOTAL, 1, 4 * MIB);
+        m.unpark(0, 1000);
+        m.burst(0, TOTAL, 1, 8 * MIB);
+        assert_eq!(fields(&mut m.clone(), 1, value_only(8 * MIB)), vec![]);
+        assert_eq!(fields(&mut m.clone(), 1, value_only(12 * MIB)), vec![]);
+        assert_eq!(fields(&mut m, 1, value_only(15 * MIB)), vec![Field::Value]);
+        // F4: {L, S}, L DISABLEd then closed while parked: S, promoted,
+        // may count from its promotion (3 or 11 MiB), never the 4 MiB
+        // landed while its leader was off; placed, it counts for sure.
+        let mut m = Model::new(SHAPE);
+        m.open(1, counter(0, 1));
+        m.open(2, counter(0, 2).under(1));
+        m.burst(0, TOTAL, 2, MIB);
+        m.park(0);
+        m.burst(0, TOTAL, 2, 2 * MIB);
+        m.ioctl(1, Ioctl::Disable, false);
+        m.burst(0, TOTAL, 2, 4 * MIB);
+        m.close(1);
+        m.burst(0, TOTAL, 2, 8 * MIB);
+        m.unpark(0, 1000);
+        assert_eq!(fields(&mut m.clone(), 2, value_only(3 * MIB)), vec![]);
+        assert_eq!(
+            fields(&mut m.clone(), 2, value_only(15 * MIB)),
+            vec![Field::Value]
+        );
+        assert_eq!(fields(&mut m, 2, value_only(11 * MIB)), vec![]);
+        m.burst(0, TOTAL, 2, 16 * MIB);
+        assert_eq!(fields(&mut m, 2, value_only(27 * MIB)), vec![]);
+    }
+
+    #[test]
+    fn a_parked_gauge_reads_its_last_fold_and_zero_after_a_reset() {
+        // "attack: gauge reset".
+        let bytes = 4321 * 64;
+        let mut m = Model::new(SHAPE);
+        m.occupancy(0, 4, bytes);
+        m.open(1, gauge(0, 4));
+        assert_eq!(fields(&mut m, 1, value_only(bytes)), vec![]);
+        m.ioctl(1, Ioctl::Reset, false);
+        assert_eq!(fields(&mut m, 1, value_only(bytes)), vec![]);
+        m.park(0);
+        m.occupancy(0, 4, 2 * bytes);
+        assert_eq!(
+            fields(&mut m.clone(), 1, value_only(999)),
+            vec![Field::Value]
+        );
+        assert_eq!(fields(&mut m, 1, value_only(bytes)), vec![]);
+        m.ioctl(1, Ioctl::Reset, false);
+        assert_eq!(
+            fields(&mut m.clone(), 1, value_only(999)),
+            vec![Field::Value]
+        );
+        assert_eq!(fields(&mut m, 1, value_only(0)), vec![]);
+        m.unpark(0, 1000);
+        assert_eq!(fields(&mut m, 1, value_only(2 * bytes)), vec![]);
+    }
+
+    #[test]
+    fn neither_clock_ever_goes_back_also_read_while_parked() {
+        let mut m = Model::new(SHAPE);
+        m.open(1, counter(0, 1));
+        assert_eq!(fields(&mut m, 1, seen(0, 1000, 1000)), vec![]);
+        // Both back by as much: every growth rule holds, only this one
+        // sees it.
+        assert_eq!(
+            fields(&mut m.clone(), 1, seen(0, 900, 900)),
+            vec![Field::Enabled, Field::Running]
+        );
+        // Issue 31's known bug: shown while parked, taken back at the
+        // placement.
+        m.park(0);
+        assert_eq!(fields(&mut m, 1, seen(0, 2000, 2000)), vec![]);
+        m.unpark(0, 1000);
+        assert_eq!(fields(&mut m, 1, seen(0, 2100, 1500)), vec![Field::Running]);
+    }
+
+    #[test]
+    fn at_most_slots_counters_run_at_once() {
+        let mut m = Model::new(SHAPE);
+        for h in 1..=3 {
+            m.open(h, counter(0, h));
+        }
+        for h in 1..=3 {
+            assert_eq!(fields(&mut m, h, seen(0, 0, 0)), vec![]);
+        }
+        let s = 1_000_000_000;
+        m.moved(0);
+        // Two of three at a time, each alone within the rules.
+        assert_eq!(fields(&mut m.clone(), 1, seen(0, s, 9 * s / 10)), vec![]);
+        let mut two_thirds = m.clone();
+        for h in 1..=3 {
+            assert_eq!(fields(&mut two_thirds, h, seen(0, s, 2 * s / 3)), vec![]);
+        }
+        assert_eq!(fields(&mut m, 1, seen(0, s, 9 * s / 10)), vec![]);
+        assert_eq!(fields(&mut m, 2, seen(0, s, 9 * s / 10)), vec![]);
+        assert_eq!(
+            fields(&mut m, 3, seen(0, s, 9 * s / 10)),
+            vec![Field::Running]
+        );
+    }
+
+    #[test]
+    fn an_exclusive_group_runs_alone_and_a_groups_members_together() {
+        let s = 1_000_000_000;
+        let mut m = Model::new(SHAPE);
+        m.open(1, counter(0, 1).exclusive());
+        m.open(2, counter(0, 2));
+        assert_eq!(fields(&mut m, 1, seen(0, 0, 0)), vec![]);
+        assert_eq!(fields(&mut m, 2, seen(0, 0, 0)), vec![]);
+        m.moved(0);
+        let mut turns = m.clone();
+        assert_eq!(fields(&mut turns, 1, seen(0, s, s / 2)), vec![]);
+        assert_eq!(fields(&mut turns, 2, seen(0, s, s / 2)), vec![]);
+        assert_eq!(fields(&mut m, 1, seen(0, s, 8 * s / 10)), vec![]);
+        assert_eq!(fields(&mut m, 2, seen(0, s, s / 2)), vec![Field::Running]);
+        // A pinned group goes on before it and stays beside it (seed 17,
+        // operation 833).
+        let mut m = Model::new(SHAPE);
+        m.open(1, counter(0, 1).exclusive());
+        m.open(2, counter(0, 2).pinned());
+        assert_eq!(fields(&mut m, 1, seen(0, 0, 0)), vec![]);
+        assert_eq!(fields(&mut m, 2, seen(0, 0, 0)), vec![]);
+        m.moved(0);
+        assert_eq!(fields(&mut m, 1, seen(0, s, s / 2)), vec![]);
+        assert_eq!(fields(&mut m, 2, seen(0, s, s)), vec![]);
+        // {1, 2} and two more: multiplexed, the pair in and out together.
+        let mut m = Model::new(SHAPE);
+        m.open(1, counter(0, 1));
+        m.open(2, counter(0, 2).under(1));
+        m.open(3, counter(0, 3));
+        m.open(4, counter(0, 4));
+        assert_eq!(fields(&mut m, 1, seen(0, 0, 0)), vec![]);
+        assert_eq!(fields(&mut m, 2, seen(0, 0, 0)), vec![]);
+        m.moved(0);
+        let mut together = m.clone();
+        assert_eq!(fields(&mut together, 1, seen(0, s, s / 2)), vec![]);
+        assert_eq!(fields(&mut together, 2, seen(0, s, s / 2)), vec![]);
+        assert_eq!(fields(&mut m, 1, seen(0, s, s / 2)), vec![]);
+        assert_eq!(fields(&mut m, 2, seen(0, s, s / 5)), vec![Field::Running]);
+    }
+
+    #[test]
+    fn a_cpu_going_offline_takes_its_software_groups_apart_for_good() {
+        let mut m = Model::new(SHAPE);
+        m.open_on(1, software(), Some(3));
+        m.open_on(2, software().under(1), Some(3));
+        m.open_on(3, software().under(1), Some(3));
+        // A mixed group lives in its device PMU's context: it moves.
+        m.open_on(4, software(), Some(3));
+        m.open_on(5, counter(0, 1).under(4), Some(3));
+        // Another CPU's group is left alone.
+        m.open_on(6, software(), Some(2));
+        m.open_on(7, software().under(6), Some(2));
+        assert_eq!(fields(&mut m, 2, seen(0, 100, 100)), vec![]);
+        m.cpu_offline(3);
+        assert_eq!(fields(&mut m, 2, seen(0, 120, 120)), vec![]);
+        assert_eq!(m.group(1), vec![1]);
+        assert_eq!(m.group(2), vec![2]);
+        assert_eq!(m.group(4), vec![4, 5]);
+        assert_eq!(m.group(6), vec![6, 7]);
+        assert_eq!(m.predict_open(&software().under(2)), Err(Refusal::Parked));
+        // OFF: its clocks stand still; an ENABLE while the CPU is offline
+        // does nothing.
+        m.ioctl(2, Ioctl::Enable, false);
+        assert!(!m.is_enabled(2));
+        m.cpu_online(3);
+        assert_eq!(m.group(1), vec![1], "the CPU's return makes no group whole");
+        assert_eq!(
+            fields(&mut m.clone(), 2, seen(0, 150, 150)),
+            vec![Field::Enabled, Field::Running]
+        );
+        assert_eq!(fields(&mut m, 2, seen(0, 120, 120)), vec![]);
+        // Enabled now, but out of the context: never scheduled.
+        m.ioctl(2, Ioctl::Enable, true);
+        assert!(m.is_enabled(2) && !m.is_enabled(1));
+        assert_eq!(
+            fields(&mut m.clone(), 2, seen(0, 200, 200)),
+            vec![Field::Running]
+        );
+        assert_eq!(fields(&mut m, 2, seen(0, 200, 120)), vec![]);
+        assert_eq!(fields(&mut m, 7, seen(0, 300, 300)), vec![]);
+        // Out of every context's list, a second offline leaves it as it is
+        // (INACTIVE: enabled, never running), and a DISABLE while its CPU
+        // is offline does not reach it.
+        m.cpu_offline(3);
+        assert!(m.is_enabled(2));
+        m.ioctl(2, Ioctl::Disable, false);
+        assert!(m.is_enabled(2));
+        assert_eq!(fields(&mut m, 2, seen(0, 260, 120)), vec![]);
+    }
+
+    #[test]
+    fn a_software_sibling_promoted_by_its_disabled_leaders_close_waits_for_a_schedule_in() {
+        // Seed 3, operation 1119: {106 disabled, 107, 108} cpu-clock on CPU
+        // 1, the leader closed; upstream schedules the promoted siblings at
+        // the CPU context's next schedule-in, if any.
+        let mut m = Model::new(SHAPE);
+        m.open_on(1, software().disabled(), Some(1));
+        m.open_on(2, software().under(1), Some(1));
+        m.open_on(3, counter(0, 1).disabled(), None);
+        m.open_on(4, counter(0, 2).under(3), None);
+        assert_eq!(fields(&mut m, 2, seen(0, 0, 0)), vec![]);
+        assert_eq!(fields(&mut m, 4, seen(0, 0, 0)), vec![]);
+        m.close(1);
+        m.close(3);
+        assert_eq!(fields(&mut m, 2, seen(0, 50, 0)), vec![]);
+        assert_eq!(fields(&mut m, 4, seen(0, 50, 0)), vec![]);
+        m.moved(0);
+        assert_eq!(fields(&mut m, 2, seen(0, 100, 0)), vec![]);
+        // A device PMU is rescheduled at the close (patch 0054).
+        assert_eq!(fields(&mut m, 4, seen(0, 100, 0)), vec![Field::Running]);
+    }
+
+    #[test]
+    fn predict_says_what_a_read_must_show_and_takes_it_as_the_baseline() {
+        let mut m = f2_to_the_return();
+        let exact = |base, bytes| ValueRule::Bytes {
+            base,
+            lo: bytes,
+            hi: bytes,
+            settle_zero: true,
+            settle_full: false,
+            lossy: false,
+        };
+        let want = m.predict(1).unwrap();
+        assert_eq!(want.value, exact(0, 43 * MIB));
+        assert_eq!(want.running, TimeRule::AtMostEnabled);
+        m.ioctl(1, Ioctl::Enable, false);
+        m.burst(0, TOTAL, 1, 256 * MIB);
+        let want = m.predict(1).unwrap();
+        assert_eq!(
+            want.value,
+            ValueRule::Bytes {
+                base: 43 * MIB,
+                lo: 256 * MIB,
+                hi: 256 * MIB,
+                settle_zero: true,
+                settle_full: false,
+                lossy: false,
+            }
+        );
+        assert_eq!(
+            want.running,
+            TimeRule::AtMostEnabled,
+            "disabled until the ENABLE"
+        );
+        assert_eq!(m.predict(9), None);
     }
 }

@@ -104,12 +104,10 @@ pub struct StressArgs {
     /// With --mutants: the kernel mutants too (a kernel build each).
     #[arg(long, requires = "mutants")]
     kernel_mutants: bool,
-    /// With --lifecycle: ENABLE, DISABLE and RESET also events whose PMU is
-    /// parked (off by default, so a seed replays as before). The model holds
-    /// an event disabled while parked only to "never backwards" until its
-    /// next read on an owner.
+    /// With --lifecycle: no ENABLE, DISABLE or RESET of events whose PMU is
+    /// parked (the generator issues them by default).
     #[arg(long)]
-    parked_ioctls: bool,
+    no_parked_ioctls: bool,
     /// Replay a lifecycle journal (lifecycle-journal.jsonl of a run folder)
     /// against the model, without a guest, and print what differs.
     #[arg(long, value_name = "FILE")]

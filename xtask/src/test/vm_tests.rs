@@ -207,7 +207,7 @@ pub fn lifecycle_stress(scenario: &Scenario, accel: &Accel) -> Result<()> {
             vm.cpus
         ),
         stop_at_first: false,
-        parked_ioctls: false,
+        parked_ioctls: true,
         run_check: None,
     };
     let report = stress::lifecycle::execute(&vm, accel, &config)?;
@@ -292,7 +292,7 @@ pub fn driver_mutants(scenario: &Scenario, accel: &Accel) -> Result<()> {
                 timeout: scenario.request_timeout,
                 replay: replay.clone(),
                 stop_at_first: true,
-                parked_ioctls: false,
+                parked_ioctls: true,
                 run_check: mutant.run_check()?,
             };
             stress::lifecycle::execute(&vm, accel, &config)

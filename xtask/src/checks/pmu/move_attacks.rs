@@ -46,7 +46,7 @@ pub(super) const LONG_MUX_MS: u32 = 2_000;
 
 /// Two reads a few microseconds apart (one `read_many`) may differ by this
 /// much in `time_enabled` between events enabled the same time.
-pub(super) const SKEW_NS: u64 = 2_000_000;
+pub(super) const SKEW_NS: u64 = crate::checks::counting::READ_SKEW_NS;
 
 /// Moves domain `d`'s PMU once: its owner goes offline. Returns that CPU,
 /// to bring back online (which moves nothing).

@@ -456,7 +456,8 @@ pub fn leader_enabled_while_parked(ctx: &mut Ctx) -> Result<Check> {
 ///     for the disabled event), so it waits, not counting. 2 MiB, the
 ///     return, 4 MiB. The disabled event reads exactly its 1 MiB from the
 ///     return on; the others count 1 + 2 + 4 MiB exactly at 100 %; the
-///     extra one counts within the rules throughout.
+///     extra one counts within the rules until the return, and exactly the
+///     4 MiB at 100 % after it (every slot event fits once placed).
 pub fn frozen_slot_kept_while_parked(ctx: &mut Ctx) -> Result<Check> {
     let (d, allowed) = movable_domain(ctx)?;
     let slots = ctx.device.slots as usize;
@@ -512,10 +513,11 @@ pub fn frozen_slot_kept_while_parked(ctx: &mut Ctx) -> Result<Check> {
         2 * MIB,
         &mut problems,
     );
-    // After the return it gets the disabled event's slot once the move has
-    // settled that one, at the PMU's next rotation: within the rules, not
-    // for sure from the first instant.
-    judge_window(
+    // Placed, every slot event fits: the placement ends the contention as
+    // a DISABLE does, so it counts for sure from there
+    // (docs/counting-semantics.md, "Where the checks settled with the
+    // model").
+    judge_exact(
         &format!("rmid {extra_rmid}, after the return"),
         &back[x],
         &end[x],

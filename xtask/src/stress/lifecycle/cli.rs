@@ -16,7 +16,7 @@ use crate::stress::mutants::{self, Mutant, MutantKind};
 use crate::stress::{clock_seed, device, guest_vm, StressArgs};
 
 use super::journal;
-use super::replay::replay;
+use super::replay::replay_on;
 use super::run::{LifecycleConfig, LifecycleReport};
 use super::SLOTS;
 
@@ -76,7 +76,7 @@ fn replay_file(file: &Path) -> Result<bool> {
         std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
     let (header, entries) =
         journal::from_text(&text).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
-    let replayed = replay(header.shape(), &entries);
+    let replayed = replay_on(header.shape(), &header.cpus, &entries);
     for f in &replayed.findings {
         println!(
             "operation {}: {}\n    {:?}",
@@ -240,8 +240,8 @@ fn replay_command(args: &StressArgs, ops: u32, seed: u64, mutant: Option<&str>) 
         "cargo xtask stress --lifecycle {ops} --seed {seed}{}",
         args.guest_flags()
     );
-    if args.parked_ioctls {
-        cmd += " --parked-ioctls";
+    if args.no_parked_ioctls {
+        cmd += " --no-parked-ioctls";
     }
     if let Some(m) = mutant {
         let _ = write!(cmd, " --mutant {m}");
@@ -361,7 +361,7 @@ fn lifecycle(
         timeout: shape.timeout,
         replay: replay_command(args, ops, seed, mutant.map(|m| m.name.as_str())),
         stop_at_first,
-        parked_ioctls: args.parked_ioctls,
+        parked_ioctls: !args.no_parked_ioctls,
         run_check,
     };
     eprintln!(

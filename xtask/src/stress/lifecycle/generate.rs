@@ -21,8 +21,11 @@ pub const FUZZ_RMIDS: u32 = 4;
 pub const RMID_LOOP: u32 = 5;
 pub const RMID_PERF_STAT: u32 = 6;
 pub const RMID_RATE: u32 = 7;
-/// Most events open at once (more than the slots of one domain).
+/// Most events open at once (more than the slots of one domain), besides
+/// those of groups of cpu-clock events only, which have a budget of their
+/// own so that they are open when their CPU goes offline.
 const MAX_OPEN: usize = 14;
+const MAX_SOFTWARE: usize = 6;
 /// Largest burst in counter units (256 KiB of 64 B: far from a wrap).
 const MAX_BURST_UNITS: u64 = 4096;
 
@@ -61,15 +64,13 @@ impl Generator {
             model: Model::new(shape),
             opened: BTreeMap::new(),
             next_handle: first_handle,
-            parked_ioctls: false,
+            parked_ioctls: true,
         }
     }
 
-    /// Also issue ioctls on events whose PMU is parked (off by default, so
-    /// that a seed's sequence stays what it was): a `DISABLE` there leaves
-    /// what the driver had not read unknowable, so the model then only
-    /// holds such an event to "never backwards" until its next fold; `ENABLE`
-    /// and `RESET` stay exact.
+    /// Also issue ioctls on events whose PMU is parked (on by default): a
+    /// `DISABLE` there freezes the slot, exact as on an owner; an `ENABLE`
+    /// puts an event on that the model holds to "maybe" until the placement.
     pub fn with_parked_ioctls(mut self, on: bool) -> Generator {
         self.parked_ioctls = on;
         self
@@ -108,7 +109,16 @@ impl Generator {
     /// Takes in what really happened (the owners a hotplug step left).
     pub fn observe(&mut self, entry: &Entry) {
         match (&entry.step, &entry.result) {
-            (&Step::Move { domain }, Ok(words)) | (&Step::Unpark { domain, .. }, Ok(words)) => {
+            (&Step::Move { domain }, Ok(words)) => {
+                // The owner went offline and came back: its software
+                // groups fell apart (see `Model::cpu_offline`).
+                if let Some(cpu) = self.owners[domain as usize] {
+                    self.model.cpu_offline(cpu);
+                    self.model.cpu_online(cpu);
+                }
+                self.owners[domain as usize] = words.first().map(|&c| c as u32);
+            }
+            (&Step::Unpark { domain, .. }, Ok(words)) => {
                 self.owners[domain as usize] = words.first().map(|&c| c as u32);
             }
             _ => {}
@@ -119,7 +129,8 @@ impl Generator {
     fn expect(&mut self, step: &Step) {
         match *step {
             Step::Open { ref event, expect } if self.model.predict_open(&event.spec()).is_ok() => {
-                self.model.open(expect, event.spec());
+                self.model
+                    .open_on(expect, event.spec(), u32::try_from(event.cpu).ok());
                 self.opened.insert(expect, *event);
                 self.next_handle = expect + 1;
             }
@@ -133,19 +144,22 @@ impl Generator {
                 self.opened.remove(&handle);
             }
             Step::Park { domain } => {
-                for cpu in &self.domains[domain as usize] {
-                    self.online.remove(cpu);
+                for &cpu in &self.domains[domain as usize] {
+                    self.online.remove(&cpu);
+                    self.model.cpu_offline(cpu);
                 }
                 self.owners[domain as usize] = None;
                 self.model.park(domain);
             }
             Step::Unpark { domain, cpu } => {
                 self.online.insert(cpu);
+                self.model.cpu_online(cpu);
                 self.owners[domain as usize] = Some(cpu);
                 self.model.unpark(domain, 0);
             }
             Step::Online { cpu } => {
                 self.online.insert(cpu);
+                self.model.cpu_online(cpu);
             }
             _ => {}
         }
@@ -208,7 +222,7 @@ impl Generator {
     }
 
     fn open_single(&mut self) -> Vec<Step> {
-        if self.opened.len() >= MAX_OPEN {
+        if self.open_besides_software() >= MAX_OPEN {
             return vec![];
         }
         let d = self.domain();
@@ -226,7 +240,10 @@ impl Generator {
     }
 
     fn open_group(&mut self) -> Vec<Step> {
-        if self.opened.len() + 4 > MAX_OPEN {
+        if self.rng.chance(25) {
+            return self.open_software_group();
+        }
+        if self.open_besides_software() + 4 > MAX_OPEN {
             return vec![];
         }
         let d = self.domain();
@@ -293,6 +310,56 @@ impl Generator {
         fixed
     }
 
+    /// A group of cpu-clock events only, on any online CPU alike: those
+    /// that moves and parks take offline as often as CPU 0, which never
+    /// goes (a CPU going offline takes its groups apart for good, see
+    /// `Model::cpu_offline`).
+    fn open_software_group(&mut self) -> Vec<Step> {
+        if self.opened.len() - self.open_besides_software() + 4 > MAX_SOFTWARE {
+            return vec![];
+        }
+        let online: Vec<u32> = self.online.iter().copied().collect();
+        let Some(&cpu) = self.rng.pick(&online) else {
+            return vec![];
+        };
+        let leader = self.next_handle;
+        let members = self.rng.range(2, 4) as u32;
+        (0..members)
+            .map(|i| {
+                let group_read = self.rng.chance(if i == 0 { 70 } else { 30 });
+                let event = Opened {
+                    pmu: None,
+                    event: 0,
+                    rmid: 0,
+                    disabled: i == 0 && self.rng.chance(20),
+                    pinned: false,
+                    exclusive: false,
+                    group: (i > 0).then_some(leader),
+                    read_format: self.read_format(group_read),
+                    cpu: cpu as i32,
+                };
+                Step::Open {
+                    event,
+                    expect: leader + i,
+                }
+            })
+            .collect()
+    }
+
+    /// Open events other than those of groups of cpu-clock events only.
+    fn open_besides_software(&self) -> usize {
+        self.opened
+            .keys()
+            .filter(|&&h| {
+                let leader = self.model.leader(h).unwrap_or(h);
+                self.model
+                    .group(leader)
+                    .iter()
+                    .any(|m| self.opened.get(m).is_some_and(|o| o.pmu.is_some()))
+            })
+            .count()
+    }
+
     fn handle(&mut self) -> Option<Handle> {
         let handles: Vec<Handle> = self.opened.keys().copied().collect();
         self.rng.pick(&handles).copied()
@@ -329,6 +396,21 @@ impl Generator {
     }
 
     fn read(&mut self) -> Vec<Step> {
+        // Now and then every event of a domain, one read after the other:
+        // what the model's rules across events judge.
+        if self.rng.chance(25) {
+            let d = self.domain();
+            let model = &self.model;
+            return self
+                .opened
+                .iter()
+                .filter(|&(&h, o)| {
+                    let leader = model.leader(h).unwrap_or(h);
+                    o.pmu == Some(d) || self.opened.get(&leader).is_some_and(|l| l.pmu == Some(d))
+                })
+                .map(|(&handle, _)| Step::Read { handle })
+                .collect();
+        }
         let Some(handle) = self.handle() else {
             return vec![];
         };
@@ -539,7 +621,7 @@ mod tests {
 
     #[test]
     fn handles_follow_the_agents_numbering_and_no_ioctl_lands_on_a_parked_pmu() {
-        let mut g = generator(11);
+        let mut g = generator(11).with_parked_ioctls(false);
         let mut parked = [false; 2];
         let mut opened = BTreeMap::new();
         let mut next = 1;
@@ -563,13 +645,13 @@ mod tests {
                     _ => {}
                 }
             }
-            assert!(g.opened.len() <= MAX_OPEN);
+            assert!(g.opened.len() <= MAX_OPEN + MAX_SOFTWARE);
         }
         assert!(next > 100, "only {next} opens");
     }
 
     #[test]
-    fn parked_ioctls_land_on_parked_pmus_only_when_asked_and_keep_the_default_sequence() {
+    fn parked_ioctls_land_on_parked_pmus_unless_turned_off_and_by_default() {
         let on_parked = |mut g: Generator| {
             let mut parked = [false; 2];
             let mut count = 0;
@@ -593,12 +675,42 @@ mod tests {
             }
             count
         };
-        assert_eq!(on_parked(generator(11)), 0);
-        assert!(on_parked(generator(11).with_parked_ioctls(true)) > 10);
+        assert_eq!(on_parked(generator(11).with_parked_ioctls(false)), 0);
+        assert!(on_parked(generator(11)) > 10);
         let mut a = generator(5);
-        let mut b = generator(5).with_parked_ioctls(false);
+        let mut b = generator(5).with_parked_ioctls(true);
         let sa: Vec<Step> = (0..500).flat_map(|_| a.next()).collect();
         let sb: Vec<Step> = (0..500).flat_map(|_| b.next()).collect();
         assert_eq!(sa, sb);
+    }
+
+    #[test]
+    fn software_groups_land_on_the_cpus_that_go_offline_as_often_as_on_cpu_0() {
+        let mut g = generator(3);
+        let mut per_cpu: BTreeMap<i32, u32> = BTreeMap::new();
+        for _ in 0..4000 {
+            let steps = g.open_software_group();
+            assert!((2..=4).contains(&steps.len()), "{steps:?}");
+            let cpus: BTreeSet<i32> = steps
+                .iter()
+                .map(|s| match s {
+                    Step::Open { event, .. } if event.pmu.is_none() => event.cpu,
+                    other => panic!("{other:?}"),
+                })
+                .collect();
+            assert_eq!(cpus.len(), 1, "one CPU per group: {steps:?}");
+            *per_cpu.entry(*cpus.first().unwrap()).or_insert(0) += 1;
+        }
+        // CPUs 1 to 3 go offline (moves, parks); CPU 0 never does.
+        for cpu in 0..4 {
+            let n = per_cpu.get(&cpu).copied().unwrap_or(0);
+            assert!(n >= 800, "CPU {cpu}: {n} of 4000 ({per_cpu:?})");
+        }
+        // An offline CPU gets none.
+        g.online.remove(&3);
+        assert!((0..400).all(|_| !matches!(
+            g.open_software_group().first(),
+            Some(Step::Open { event, .. }) if event.cpu == 3
+        )));
     }
 }

@@ -6,7 +6,7 @@
 use perfbed_agent::PerfOp;
 use serde::{Deserialize, Serialize};
 
-use crate::checks::counting::{DeviceShape, Handle, Ioctl, Kind, OpenSpec};
+use crate::checks::counting::{DeviceShape, Handle, Ioctl, Kind, Model, OpenSpec};
 
 /// The journal file's first line: what the replay needs besides the steps.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -20,6 +20,66 @@ pub struct Header {
     pub seed: u64,
     /// The command that runs the stress again.
     pub replay: String,
+    /// Each domain's CPUs and where its PMU was at the start (empty in a
+    /// journal from before they were recorded: the replay then cannot
+    /// tell which CPU a move or a park takes offline).
+    #[serde(default, flatten)]
+    pub cpus: Cpus,
+}
+
+/// The CPUs the host steps take offline and bring back: each domain's
+/// allowed CPUs and owner, followed through moves, parks and unparks.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cpus {
+    #[serde(default)]
+    pub domains: Vec<Vec<u32>>,
+    #[serde(default)]
+    pub owners: Vec<Option<u32>>,
+}
+
+impl Cpus {
+    /// Tells `model` what host step `step` did to CPUs and placements;
+    /// `owner` is the PMU's CPU after it (a move's or an unpark's result),
+    /// `parked_ns` how long an unparked domain was parked.
+    pub fn step(&mut self, model: &mut Model, step: &Step, owner: Option<u32>, parked_ns: u64) {
+        match *step {
+            Step::Move { domain } => {
+                let old = self.owner(domain);
+                if let Some(cpu) = old {
+                    model.cpu_offline(cpu);
+                }
+                model.moved(domain);
+                if let Some(cpu) = old {
+                    model.cpu_online(cpu);
+                }
+                self.set_owner(domain, owner.or(old));
+            }
+            Step::Park { domain } => {
+                for &cpu in self.domains.get(domain as usize).into_iter().flatten() {
+                    model.cpu_offline(cpu);
+                }
+                model.park(domain);
+                self.set_owner(domain, None);
+            }
+            Step::Unpark { domain, cpu } => {
+                model.cpu_online(cpu);
+                model.unpark(domain, parked_ns);
+                self.set_owner(domain, owner.or(Some(cpu)));
+            }
+            Step::Online { cpu } => model.cpu_online(cpu),
+            _ => {}
+        }
+    }
+
+    fn owner(&self, domain: u32) -> Option<u32> {
+        self.owners.get(domain as usize).copied().flatten()
+    }
+
+    fn set_owner(&mut self, domain: u32, owner: Option<u32>) {
+        if let Some(o) = self.owners.get_mut(domain as usize) {
+            *o = owner;
+        }
+    }
 }
 
 fn default_max_rate() -> u64 {
@@ -301,6 +361,10 @@ mod tests {
             max_rate: 1 << 30,
             seed: 9,
             replay: "cargo xtask stress".into(),
+            cpus: Cpus {
+                domains: vec![vec![0, 1], vec![2, 3]],
+                owners: vec![Some(0), None],
+            },
         };
         let entries = vec![
             Entry {
@@ -319,6 +383,10 @@ mod tests {
         let text = to_text(&header, &entries).unwrap();
         assert_eq!(text.lines().count(), 3);
         assert_eq!(from_text(&text).unwrap(), (header, entries));
+        // A header from before the CPUs were recorded still reads.
+        let old =
+            r#"{"pmus":2,"slots":4,"unit_bytes":64,"counter_width":24,"seed":9,"replay":"x"}"#;
+        assert_eq!(from_text(old).unwrap().0.cpus, Cpus::default());
         let e = from_text(&(text + "{\"step\":\"nope\"}\n")).unwrap_err();
         assert!(e.starts_with("line 4"), "{e}");
     }

@@ -1,6 +1,7 @@
 //! The real `perf stat` as a lifecycle step, two ways:
-//! - `perf stat -a -I 100`: every burst lands while it counts; its interval
-//!   counts must add up to all of them;
+//! - `perf stat -a -I 100`: enabled through its control FIFO before the
+//!   first burst, every burst lands while it counts; its interval counts
+//!   must add up to all of them;
 //! - `perf stat -a -D -1 --control fifo:CTL,ACK`: it starts disabled and is
 //!   enabled and disabled through its control FIFO between bursts (each
 //!   command waits for perf's `ack`); it must count exactly the bursts that
@@ -48,27 +49,29 @@ pub fn run(
         .iter()
         .map(|s| s.to_string())
         .collect();
-    match how {
-        StatHow::Interval => argv.extend(["-I".to_string(), INTERVAL_MS.to_string()]),
-        StatHow::Control => {
-            let (status, _, stderr) = g.run(&[
-                "/bin/bash",
-                "-c",
-                &format!(
-                    "/bin/busybox mkdir -p /tmp && /bin/busybox rm -f {CTL} {ACK} && /bin/busybox mkfifo {CTL} {ACK}"
-                ),
-            ])?;
-            if status != Some(0) {
-                bail!("making perf stat's control FIFOs: {stderr}");
-            }
-            argv.extend([
-                "-D".to_string(),
-                "-1".to_string(),
-                "--control".to_string(),
-                format!("fifo:{CTL},{ACK}"),
-            ]);
-        }
+    if how == StatHow::Interval {
+        argv.extend(["-I".to_string(), INTERVAL_MS.to_string()]);
     }
+    // Both ways start disabled and are enabled through the control FIFO,
+    // whose ack says that perf's counters are on: between opening its fd
+    // and enabling it perf may take seconds on a loaded guest (seed 3 once
+    // counted none of its bursts so).
+    let (status, _, stderr) = g.run(&[
+        "/bin/bash",
+        "-c",
+        &format!(
+            "/bin/busybox mkdir -p /tmp && /bin/busybox rm -f {CTL} {ACK} && /bin/busybox mkfifo {CTL} {ACK}"
+        ),
+    ])?;
+    if status != Some(0) {
+        bail!("making perf stat's control FIFOs: {stderr}");
+    }
+    argv.extend([
+        "-D".to_string(),
+        "-1".to_string(),
+        "--control".to_string(),
+        format!("fifo:{CTL},{ACK}"),
+    ]);
     argv.extend(["-e".to_string(), spec.clone()]);
     let job = start_job(
         g,
@@ -78,9 +81,9 @@ pub fn run(
             settle_ms: 150,
         },
     )?;
-    let mut enabled = how == StatHow::Interval;
+    let mut enabled = false;
     for &(bytes, counted) in bursts {
-        if how == StatHow::Control && counted != enabled {
+        if counted != enabled {
             let command = if counted { "enable" } else { "disable" };
             let script = format!(
                 "echo {command} > {CTL} && read -t 10 reply < {ACK} && [ \"$reply\" = ack ]"

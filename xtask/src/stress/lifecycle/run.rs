@@ -27,8 +27,8 @@ use crate::progress::human;
 
 use super::super::jobs::{start_job, stop_job};
 use super::generate::{Generator, RMID_LOOP, RMID_RATE};
-use super::journal::{self, perf_op, Entry, Header, Opened, Step, PARKED};
-use super::replay::{replay, Finding};
+use super::journal::{self, perf_op, Cpus, Entry, Header, Opened, Step, PARKED};
+use super::replay::{replay_on, Finding};
 
 /// Perf steps sent to the agent in one request, at most.
 const BATCH: usize = 32;
@@ -43,7 +43,7 @@ pub struct LifecycleConfig {
     pub replay: String,
     /// Stop at the first mismatch (a planted bug's run: how soon it is caught).
     pub stop_at_first: bool,
-    /// Also ioctls on events of parked PMUs (`--parked-ioctls`).
+    /// Also ioctls on events of parked PMUs (unless `--no-parked-ioctls`).
     pub parked_ioctls: bool,
     /// A `cargo xtask run` check to run before the random operations: the
     /// one a kernel mutant names as the check that must catch it.
@@ -199,6 +199,10 @@ pub fn run(
         .collect();
     let mut affinity_checked = 0u64;
     let mut first_affinity: Option<usize> = None;
+    let start_cpus = Cpus {
+        domains: device.domains.clone(),
+        owners: owners.clone(),
+    };
     let mut generator = Generator::new(
         config.seed,
         shape,
@@ -247,7 +251,7 @@ pub fn run(
     {
         if config.stop_at_first && journal.len() >= replayed_at + REPLAY_EVERY {
             replayed_at = journal.len();
-            if !replay(shape, &journal).findings.is_empty() {
+            if !replay_on(shape, &start_cpus, &journal).findings.is_empty() {
                 break;
             }
         }
@@ -294,11 +298,12 @@ pub fn run(
         max_rate: shape.max_rate,
         seed: config.seed,
         replay: config.replay.clone(),
+        cpus: start_cpus.clone(),
     };
     std::fs::write(&journal_path, journal::to_text(&header, &journal)?)
         .with_context(|| format!("writing {}", journal_path.display()))?;
 
-    let replayed = replay(shape, &journal);
+    let replayed = replay_on(shape, &start_cpus, &journal);
     if !replayed.findings.is_empty() {
         keep_assignments(control, run_dir, since(start))?;
     }

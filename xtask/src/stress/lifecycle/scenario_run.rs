@@ -228,6 +228,7 @@ fn on_guest(
             max_rate: device.max_rate,
             seed: 0,
             replay: format!("cargo xtask scenario {}", file.display()),
+            cpus: journal::Cpus::default(),
         };
         std::fs::write(&path, journal::to_text(&header, &journal)?)
             .with_context(|| format!("writing {}", path.display()))?;
