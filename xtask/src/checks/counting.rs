@@ -323,8 +323,7 @@ pub struct Expected {
 /// What the model knows about one number's change since its baseline.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Window {
-    /// Enabled in every epoch / in none.
-    enabled_all: bool,
+    /// Enabled in no epoch.
     enabled_none: bool,
     /// Counting in every epoch it was enabled in (neither clock grows in
     /// the others, so both grow alike) / in none (`Maybe` breaks both).
@@ -346,7 +345,6 @@ struct Window {
 
 impl Window {
     const FRESH: Window = Window {
-        enabled_all: true,
         enabled_none: true,
         counting_all: true,
         counting_none: true,
@@ -358,7 +356,6 @@ impl Window {
     };
 
     fn epoch(&mut self, enabled: bool, counting: Counting) {
-        self.enabled_all &= enabled;
         self.enabled_none &= !enabled;
         self.counting_all &= !enabled || counting == Counting::Yes;
         self.counting_none &= counting == Counting::No;
@@ -875,7 +872,9 @@ impl Model {
                 lo: w.sure_bytes,
                 hi,
                 settle_zero: !w.times_younger,
-                settle_full: w.enabled_all && !w.times_younger,
+                // Running whenever enabled: counting whenever enabled, also
+                // across a DISABLE (no burst lands for it while disabled).
+                settle_full: !w.times_younger,
                 lossy: w.lossy,
             },
             // A gauge reads its register on the owner only: parked, it
@@ -2209,7 +2208,7 @@ mod tests {
             lo: bytes,
             hi: bytes,
             settle_zero: true,
-            settle_full: false,
+            settle_full: true,
             lossy: false,
         };
         let want = m.predict(1).unwrap();
@@ -2226,7 +2225,7 @@ mod tests {
                 lo: 256 * MIB,
                 hi: 256 * MIB,
                 settle_zero: true,
-                settle_full: false,
+                settle_full: true,
                 lossy: false,
             }
         );
@@ -2259,5 +2258,22 @@ mod tests {
         m.unpark(0, 1000);
         assert_eq!(fields(&mut m.clone(), 1, seen(128, 300, 250)), vec![]);
         assert_eq!(fields(&mut m, 1, seen(128, 300, 200)), vec![Field::Running]);
+    }
+
+    #[test]
+    fn times_that_ran_whenever_enabled_settle_a_multiplexed_count_across_a_disable() {
+        let mut m = Model::new(SHAPE);
+        for h in 1..=3 {
+            m.open(h, counter(0, 1));
+        }
+        assert_eq!(fields(&mut m, 1, seen(0, 100, 50)), vec![]);
+        m.ioctl(1, Ioctl::Disable, false);
+        m.burst(0, TOTAL, 1, 64);
+        m.ioctl(1, Ioctl::Enable, false);
+        m.burst(0, TOTAL, 1, 1024);
+        // Running for all the time it was enabled: it counted the 1024.
+        assert_eq!(fields(&mut m.clone(), 1, seen(1024, 200, 150)), vec![]);
+        assert_eq!(fields(&mut m.clone(), 1, seen(512, 200, 120)), vec![]);
+        assert_eq!(fields(&mut m, 1, seen(512, 200, 150)), vec![Field::Value]);
     }
 }
