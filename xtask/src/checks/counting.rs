@@ -80,7 +80,8 @@
 //! park lets one (event, RMID) of a domain gain a whole counter wrap or more
 //! (`2^width` units), the driver cannot tell how many wraps it lost: the
 //! model then accepts either the exact count with `Δrunning == Δenabled`, or
-//! `Δrunning < Δenabled` (perf shows less than 100 % running and scales),
+//! a count short by whole wraps with `Δrunning < Δenabled` (perf shows less
+//! than 100 % running and scales),
 //! never an inexact count claimed as fully running. A park long enough that
 //! a wrap *could* have landed (half a wrap's time at the device's maximum
 //! rate: the driver sees time, not traffic) may show less running too, but
@@ -291,7 +292,8 @@ pub enum ValueRule {
     /// equal). Where the window was multiplexed perf's times settle it:
     /// `Δrunning == 0` ⇒ `+lo` (`settle_zero`), running for the whole
     /// enabled window ⇒ `+hi` (`settle_full`). `lossy`: a park let a whole
-    /// wrap land, so a short count is right when `Δrunning < Δenabled`.
+    /// wrap land, so a count short by whole wraps is right when
+    /// `Δrunning < Δenabled`.
     Bytes {
         base: u64,
         lo: u64,
@@ -1025,7 +1027,15 @@ impl Model {
                 lossy,
             } => {
                 let got = seen.value.wrapping_sub(base);
-                let short_ok = lossy && deltas.is_some_and(|(en, run)| run < en);
+                // What landed is still in the counter modulo its width: a
+                // lost wrap leaves the count short by whole wraps.
+                let wrap = self.shape.wrap_bytes();
+                let whole_wraps = seen.value >= base && got < lo && {
+                    let k = (lo - got).div_ceil(wrap);
+                    got.saturating_add(k.saturating_mul(wrap)) <= hi
+                };
+                let short_ok =
+                    lossy && whole_wraps && deltas.is_some_and(|(en, run)| run < en);
                 let range = if lo == hi {
                     format!("+{lo}")
                 } else {
@@ -2275,5 +2285,25 @@ mod tests {
         assert_eq!(fields(&mut m.clone(), 1, seen(1024, 200, 150)), vec![]);
         assert_eq!(fields(&mut m.clone(), 1, seen(512, 200, 120)), vec![]);
         assert_eq!(fields(&mut m, 1, seen(512, 200, 150)), vec![Field::Value]);
+    }
+
+    #[test]
+    fn a_count_short_of_a_lost_wrap_is_short_by_whole_wraps() {
+        // What landed is still in the counter modulo its width: the
+        // driver may miss wraps, never part of one.
+        let shape = DeviceShape {
+            counter_width: 8,
+            ..SHAPE
+        };
+        let wrap = 256 * 64;
+        let mut m = Model::new(shape);
+        m.open(1, counter(0, 1));
+        m.open(2, counter(0, 1));
+        m.park(0);
+        m.burst(0, TOTAL, 1, 3 * wrap + 640);
+        m.unpark(0, 1000);
+        assert_eq!(fields(&mut m, 1, seen(wrap + 640, 100, 40)), vec![]);
+        assert_eq!(fields(&mut m.clone(), 2, seen(640, 100, 40)), vec![]);
+        assert_eq!(fields(&mut m, 2, seen(0, 100, 40)), vec![Field::Value]);
     }
 }
