@@ -106,7 +106,8 @@
 //!
 //! # Rules across events, and clocks that never go back
 //!
-//! Neither clock of an event ever goes back, across all its reads. Over the
+//! Neither clock of an event ever goes back, across all its reads, nor does
+//! its count but by a `RESET` (a count a read while parked showed too). Over the
 //! window between two moments at which several events of one PMU were read
 //! (reads one after the other), for those enabled with an enabled leader
 //! throughout, allowing [`READ_SKEW_NS`] per read: at most `slots` counters
@@ -412,6 +413,9 @@ struct EventState {
     steady_since: u64,
     /// The value baseline and what happened since.
     value: u64,
+    /// The most a read while parked showed since the baseline (it leaves
+    /// the window open): a count shown is never taken back but by RESET.
+    shown: u64,
     value_window: Window,
     /// Gauge: the value the last fold left (None: unknown).
     gauge: Option<u64>,
@@ -631,6 +635,7 @@ impl Model {
                 // Opened at the operation that began this moment.
                 steady_since: self.moment - 1,
                 value: 0,
+                shown: 0,
                 value_window: Window::FRESH,
                 gauge: Some(0),
                 enabled_ns: 0,
@@ -692,6 +697,7 @@ impl Model {
                 // driver restarts the slot nobody can read).
                 Ioctl::Reset => {
                     e.value = 0;
+                    e.shown = 0;
                     e.value_window = Window::FRESH;
                     e.gauge = Some(0);
                 }
@@ -1000,13 +1006,15 @@ impl Model {
             )
         });
         let mut keep_window = false;
+        let shown = self.events[&handle].shown;
         match want.value {
             ValueRule::Parked { base, hi } => {
                 let got = seen.value.wrapping_sub(base);
-                if seen.value < base {
+                let floor = base.max(shown);
+                if seen.value < floor {
                     mismatch(
                         Field::Value,
-                        format!(">= {base} (counts never go back)"),
+                        format!(">= {floor} (counts never go back)"),
                         seen.value.to_string(),
                     );
                 } else if got > hi {
@@ -1045,6 +1053,12 @@ impl Model {
                     mismatch(
                         Field::Value,
                         format!(">= {base} (counts never go back without RESET)"),
+                        seen.value.to_string(),
+                    );
+                } else if seen.value < shown && !short_ok {
+                    mismatch(
+                        Field::Value,
+                        format!(">= {shown} (shown while parked; counts never go back without RESET)"),
                         seen.value.to_string(),
                     );
                 } else if got > hi || (got < lo && !short_ok) {
@@ -1089,8 +1103,10 @@ impl Model {
         }
         if keep_window {
             e.value_window.times_younger |= times.is_some();
+            e.shown = e.shown.max(seen.value);
         } else {
             e.value = seen.value;
+            e.shown = 0;
             e.value_window = Window::FRESH;
             if matches!(e.spec.kind, Kind::Gauge { .. }) {
                 e.gauge = Some(seen.value);
@@ -2295,5 +2311,25 @@ mod tests {
         assert_eq!(fields(&mut m.clone(), 1, seen(1024, 200, 150)), vec![]);
         assert_eq!(fields(&mut m.clone(), 1, seen(512, 200, 120)), vec![]);
         assert_eq!(fields(&mut m, 1, seen(512, 200, 150)), vec![Field::Value]);
+    }
+
+    #[test]
+    fn a_count_shown_while_parked_is_never_taken_back() {
+        // Three counters on two slots: multiplexed, any count up to what
+        // landed; but once shown, a count stays.
+        let mut m = Model::new(SHAPE);
+        for h in 1..=3 {
+            m.open(h, counter(0, 1));
+        }
+        m.park(0);
+        m.burst(0, TOTAL, 1, 640);
+        assert_eq!(fields(&mut m, 1, value_only(640)), vec![]);
+        assert_eq!(fields(&mut m.clone(), 1, value_only(0)), vec![Field::Value]);
+        m.unpark(0, 1000);
+        assert_eq!(fields(&mut m.clone(), 1, value_only(640)), vec![]);
+        assert_eq!(fields(&mut m.clone(), 1, value_only(0)), vec![Field::Value]);
+        // A RESET takes it back, as it should.
+        m.ioctl(1, Ioctl::Reset, false);
+        assert_eq!(fields(&mut m, 1, value_only(0)), vec![]);
     }
 }
