@@ -102,7 +102,8 @@
 //! contention ends: from that
 //! moment until the PMU is placed again its slot events are *maybe*
 //! counting. A gauge read while parked shows exactly what its last fold
-//! left (0 after a RESET while parked).
+//! left (0 after a RESET while parked); it takes no slot, so its clocks
+//! run on alike.
 //!
 //! # Rules across events, and clocks that never go back
 //!
@@ -1286,11 +1287,13 @@ impl Model {
         }
         // A gauge that counts takes the occupancy at its next fold; the
         // occupancy only changes at an operation, so the epoch's is the one.
+        // A gauge reads its register on the owner only: parked, nobody
+        // folds it.
         let gauges: Vec<(Handle, u64)> = self
             .events
             .iter()
             .filter_map(|(&h, e)| match (e.spec.kind, status[&h].counting) {
-                (Kind::Gauge { pmu, rmid }, Counting::Yes) => {
+                (Kind::Gauge { pmu, rmid }, Counting::Yes) if !parked[pmu as usize] => {
                     Some((h, self.occupancy_now(pmu, rmid)))
                 }
                 _ => None,
@@ -1414,13 +1417,10 @@ impl Model {
                 let mut counting = if enabled { group_on } else { Counting::No };
                 let is_on = counting != Counting::No;
                 // Put on while parked: not added for sure until placed. A
-                // gauge reads its register on the owner only, so while
-                // parked its value is whatever the last fold left.
+                // parked gauge counts on (its clocks run, it needs no
+                // slot), but `fold` leaves its value at the last fold.
                 let parked = e.spec.kind.pmu().is_some_and(|p| self.is_parked(p));
-                let gauge = matches!(e.spec.kind, Kind::Gauge { .. });
-                if counting == Counting::Yes
-                    && (e.parked_on || parked && gauge || e.waits_schedule_in)
-                {
+                if counting == Counting::Yes && (e.parked_on || e.waits_schedule_in) {
                     counting = Counting::Maybe;
                 }
                 // A parked PMU contended during this park: see
@@ -2331,5 +2331,23 @@ mod tests {
         // A RESET takes it back, as it should.
         m.ioctl(1, Ioctl::Reset, false);
         assert_eq!(fields(&mut m, 1, value_only(0)), vec![]);
+    }
+
+    #[test]
+    fn a_parked_gauge_keeps_running_though_its_value_is_the_last_fold() {
+        let mut m = Model::new(SHAPE);
+        m.occupancy(0, 4, 640);
+        m.open(1, gauge(0, 4));
+        assert_eq!(fields(&mut m, 1, seen(640, 100, 100)), vec![]);
+        m.park(0);
+        m.occupancy(0, 4, 6400);
+        // Attached and enabled, no slot to miss: its clocks run on.
+        assert_eq!(
+            fields(&mut m.clone(), 1, seen(640, 200, 150)),
+            vec![Field::Running]
+        );
+        assert_eq!(fields(&mut m, 1, seen(640, 200, 200)), vec![]);
+        m.unpark(0, 1000);
+        assert_eq!(fields(&mut m, 1, seen(6400, 300, 300)), vec![]);
     }
 }
