@@ -51,7 +51,11 @@
 //! - `time_enabled` grows exactly while the event is enabled, by perf's
 //!   effective state (a sibling whose leader is disabled counts as
 //!   disabled): a window
-//!   disabled throughout leaves it unchanged, to the nanosecond;
+//!   disabled throughout leaves it unchanged, to the nanosecond, and one in
+//!   which time passed (an operation, a burst) while it was enabled moves
+//!   it, as time passed while counting for sure moves `time_running`
+//!   (from a read that showed times; not for a detached event's
+//!   `time_enabled` nor a lossy park's running);
 //! - `time_running` grows exactly while it is counting: counting throughout
 //!   (or whenever it was enabled: neither clock grows while it is not)
 //!   means `Δrunning == Δenabled`, never counting means `Δrunning == 0`,
@@ -345,6 +349,10 @@ struct Window {
     /// cover only the end of this window, so they cannot settle a
     /// multiplexed value in it.
     times_younger: bool,
+    /// Time passed (an operation or a burst) while the event was enabled /
+    /// counting for sure: its clock cannot have stood still.
+    enabled_passed: bool,
+    counted_passed: bool,
 }
 
 impl Window {
@@ -357,6 +365,8 @@ impl Window {
         maybe_bytes: 0,
         lossy: false,
         times_younger: false,
+        enabled_passed: false,
+        counted_passed: false,
     };
 
     fn epoch(&mut self, enabled: bool, counting: Counting) {
@@ -364,6 +374,13 @@ impl Window {
         self.counting_all &= !enabled || counting == Counting::Yes;
         self.counting_none &= counting == Counting::No;
         self.any_maybe |= counting == Counting::Maybe;
+    }
+
+    /// Time passed in the current epoch (an operation ends it, or a burst
+    /// lands in it).
+    fn passed(&mut self, s: Status) {
+        self.enabled_passed |= s.enabled;
+        self.counted_passed |= s.counting == Counting::Yes;
     }
 
     fn burst(&mut self, counting: Counting, bytes: u64) {
@@ -421,6 +438,8 @@ struct EventState {
     /// Gauge: the value the last fold left (None: unknown).
     gauge: Option<u64>,
     /// The time baseline (the last read that showed times) and what happened since.
+    /// `times_read`: a read showed them (not the open's zeros).
+    times_read: bool,
     enabled_ns: u64,
     running_ns: u64,
     time_window: Window,
@@ -639,6 +658,7 @@ impl Model {
                 shown: 0,
                 value_window: Window::FRESH,
                 gauge: Some(0),
+                times_read: false,
                 enabled_ns: 0,
                 running_ns: 0,
                 time_window: Window::FRESH,
@@ -823,6 +843,7 @@ impl Model {
         let status = self.statuses();
         let want = Kind::Counter { pmu, event, rmid };
         for (h, e) in self.events.iter_mut() {
+            e.time_window.passed(status[h]);
             if e.spec.kind == want {
                 e.value_window.burst(status[h].counting, bytes);
             }
@@ -958,6 +979,18 @@ impl Model {
         };
         // Times first: the value's derived checks use them.
         let times = seen.enabled.zip(seen.running);
+        // Time passed while it was enabled (counting for sure) since a read
+        // showed its times: perf's clock moved (a detached event's
+        // time_enabled may stand still, a lossy park's running too).
+        let (must_grow, must_run) = {
+            let e = &self.events[&handle];
+            let t = e.time_window;
+            let since_read = e.times_read && !e.detached;
+            (
+                since_read && t.enabled_passed,
+                since_read && t.counted_passed && !t.lossy,
+            )
+        };
         if let Some((en, run)) = times {
             let d_en = en.wrapping_sub(want.enabled_ns);
             let d_run = run.wrapping_sub(want.running_ns);
@@ -972,6 +1005,12 @@ impl Model {
                     Field::Enabled,
                     format!("unchanged at {} (disabled since)", want.enabled_ns),
                     format!("+{d_en}"),
+                );
+            } else if must_grow && d_en == 0 {
+                mismatch(
+                    Field::Enabled,
+                    format!("> {} (enabled while time passed)", want.enabled_ns),
+                    "+0".into(),
                 );
             }
             if run < want.running_ns {
@@ -997,6 +1036,12 @@ impl Model {
                     Field::Running,
                     format!("<= +{d_en} (time_enabled's growth)"),
                     format!("+{d_run}"),
+                );
+            } else if must_run && d_run == 0 {
+                mismatch(
+                    Field::Running,
+                    format!("> {} (counting while time passed)", want.running_ns),
+                    "+0".into(),
                 );
             }
         }
@@ -1098,6 +1143,7 @@ impl Model {
         }
         let e = self.events.get_mut(&handle).expect("expect() found it");
         if let Some((en, run)) = times {
+            e.times_read = true;
             e.enabled_ns = en;
             e.running_ns = run;
             e.time_window = Window::FRESH;
@@ -1262,6 +1308,10 @@ impl Model {
     /// Ends the current epoch at an operation.
     fn epoch(&mut self) {
         self.fold();
+        let status = self.statuses();
+        for (h, e) in self.events.iter_mut() {
+            e.time_window.passed(status[h]);
+        }
         self.moment += 1;
     }
 
@@ -1707,8 +1757,8 @@ mod tests {
         assert_eq!(fields(&mut m, 3, seen(6400, 10, 10)), vec![]);
         m.ioctl(3, Ioctl::Disable, false);
         m.occupancy(0, 4, 128);
-        assert_eq!(fields(&mut m, 3, seen(6400, 10, 10)), vec![]);
-        assert_eq!(fields(&mut m, 3, seen(128, 10, 10)), vec![Field::Value]);
+        assert_eq!(fields(&mut m, 3, seen(6400, 15, 15)), vec![]);
+        assert_eq!(fields(&mut m, 3, seen(128, 15, 15)), vec![Field::Value]);
     }
 
     #[test]
@@ -1738,7 +1788,8 @@ mod tests {
             vec![Field::Running, Field::Value]
         );
         m.others_may_open(0);
-        assert_eq!(fields(&mut m, 1, seen(0, 20, 5)), vec![]);
+        // Alone until then: it ran.
+        assert_eq!(fields(&mut m, 1, seen(0, 20, 6)), vec![]);
         m.burst(0, TOTAL, 1, 64);
         assert_eq!(fields(&mut m, 1, seen(64, 30, 10)), vec![]);
     }
@@ -2349,5 +2400,30 @@ mod tests {
         assert_eq!(fields(&mut m, 1, seen(640, 200, 200)), vec![]);
         m.unpark(0, 1000);
         assert_eq!(fields(&mut m, 1, seen(6400, 300, 300)), vec![]);
+    }
+
+    #[test]
+    fn an_enabled_event_read_again_after_an_operation_shows_its_clocks_moved() {
+        // A parked read that shows the times of the read before the park
+        // (perf's context time standing still while no CPU holds it):
+        // the contract's clocks run on through a park.
+        let mut m = Model::new(SHAPE);
+        m.open(1, counter(0, 1));
+        m.moved(0);
+        assert_eq!(fields(&mut m, 1, seen(0, 1000, 1000)), vec![]);
+        m.park(0);
+        m.burst(0, TOTAL, 1, 640);
+        assert_eq!(
+            fields(&mut m.clone(), 1, seen(0, 1000, 1000)),
+            vec![Field::Enabled, Field::Running]
+        );
+        assert_eq!(fields(&mut m, 1, seen(0, 1500, 1500)), vec![]);
+        // Reads one after the other, nothing between: nothing is owed.
+        assert_eq!(fields(&mut m, 1, seen(0, 1500, 1500)), vec![]);
+        // Disabled: both stand still, as before.
+        m.ioctl(1, Ioctl::Disable, false);
+        assert_eq!(fields(&mut m, 1, seen(0, 1600, 1600)), vec![]);
+        m.moved(0);
+        assert_eq!(fields(&mut m, 1, seen(0, 1600, 1600)), vec![]);
     }
 }
