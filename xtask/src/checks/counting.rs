@@ -118,7 +118,8 @@
 //! throughout, allowing [`READ_SKEW_NS`] per read: at most `slots` counters
 //! run at once (`Σ Δrunning <= slots × Δenabled`), an exclusive group runs
 //! alone (beside pinned groups only, as perf schedules it), and a group's `mbm_*` members run together (equal `Δrunning`,
-//! in a window without a park or a placement).
+//! in a window without a park or a placement); and each one's
+//! `time_enabled` grew as the others' (its clock is the context's).
 //!
 //! # CPUs going offline
 //!
@@ -1174,7 +1175,9 @@ impl Model {
     /// - an exclusive group runs alone: its `Δrunning` plus any other
     ///   flexible group's is at most `Δenabled` (pinned ones may run beside it);
     /// - a group's members run together: equal `Δrunning` for its `mbm_*`
-    ///   members, in a window without a park or a placement.
+    ///   members, in a window without a park or a placement;
+    /// - each grew `time_enabled` as the others did (reported once, at the
+    ///   read of the one that differs from an event read before it).
     fn across_events(&mut self, handle: Handle, en: u64, run: u64) -> Vec<Mismatch> {
         let Some(p) = self.events.get(&handle).and_then(|e| e.group_pmu) else {
             return vec![];
@@ -1278,6 +1281,21 @@ impl Model {
                     format!("equal time_running for group {g}'s counters (members run together)"),
                     format!("+{lo} to +{hi}"),
                 );
+            }
+        }
+        // Enabled throughout the same window: the same growth of
+        // time_enabled (the context's clock), each read's skew allowed for.
+        if let Some(&(_, _, _, mine, _)) = common.iter().find(|c| c.0 == handle) {
+            if let Some(other) = common.iter().find(|c| c.3.abs_diff(mine) > skew) {
+                out.push(Mismatch {
+                    handle,
+                    field: Field::Enabled,
+                    expected: format!(
+                        "+{} as event {} (both enabled throughout the window)",
+                        other.3, other.0
+                    ),
+                    got: format!("+{mine}"),
+                });
             }
         }
         out
@@ -2425,5 +2443,26 @@ mod tests {
         assert_eq!(fields(&mut m, 1, seen(0, 1600, 1600)), vec![]);
         m.moved(0);
         assert_eq!(fields(&mut m, 1, seen(0, 1600, 1600)), vec![]);
+    }
+
+    #[test]
+    fn events_enabled_throughout_one_window_show_the_same_time_enabled() {
+        // Two events of one PMU, enabled throughout between two moments
+        // at which both were read: perf's clock is the context's, so both
+        // grew alike (a move that loses one event's enabled time shows
+        // here only: each one alone runs as it is enabled).
+        let s = 1_000_000_000;
+        let mut m = Model::new(SHAPE);
+        m.open(1, counter(0, 1));
+        m.open(2, counter(0, 2));
+        assert_eq!(fields(&mut m, 1, seen(0, 10, 10)), vec![]);
+        assert_eq!(fields(&mut m, 2, seen(0, 10, 10)), vec![]);
+        m.moved(0);
+        assert_eq!(fields(&mut m, 1, seen(0, s, s)), vec![]);
+        assert_eq!(fields(&mut m.clone(), 2, seen(0, s + 5, s + 5)), vec![]);
+        assert_eq!(
+            fields(&mut m, 2, seen(0, s / 2, s / 2)),
+            vec![Field::Enabled]
+        );
     }
 }
