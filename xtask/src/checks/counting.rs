@@ -71,6 +71,7 @@
 //! - an `llc_occupancy` gauge reads the occupancy of its (domain, RMID) at
 //!   the last moment it was counting (rounded down to the device's unit,
 //!   saturated at its width), 0 if it never counted since its open or reset;
+//!   taking turns, one of those it may have seen last, or its last fold;
 //! - a cpu-clock event's value is time, which the model does not predict; its
 //!   times follow the rules above.
 //!
@@ -438,6 +439,9 @@ struct EventState {
     value_window: Window,
     /// Gauge: the value the last fold left (None: unknown).
     gauge: Option<u64>,
+    /// Gauge, its fold unknown (multiplexed): the values it may show, the
+    /// last fold and each occupancy while it was maybe counting.
+    gauge_maybe: BTreeSet<u64>,
     /// The time baseline (the last read that showed times) and what happened since.
     /// `times_read`: a read showed them (not the open's zeros).
     times_read: bool,
@@ -659,6 +663,7 @@ impl Model {
                 shown: 0,
                 value_window: Window::FRESH,
                 gauge: Some(0),
+                gauge_maybe: BTreeSet::new(),
                 times_read: false,
                 enabled_ns: 0,
                 running_ns: 0,
@@ -722,6 +727,7 @@ impl Model {
                     e.shown = 0;
                     e.value_window = Window::FRESH;
                     e.gauge = Some(0);
+                    e.gauge_maybe.clear();
                 }
             }
         }
@@ -935,7 +941,10 @@ impl Model {
             ValueRule::Bytes { base, lo, .. } => base.wrapping_add(lo),
             ValueRule::Parked { base, .. } => base,
             ValueRule::Gauge(bytes) => bytes,
-            ValueRule::Any => self.events[&handle].value,
+            ValueRule::Any => {
+                let e = &self.events[&handle];
+                e.gauge_maybe.first().copied().unwrap_or(e.value)
+            }
         };
         let d_en = if want.enabled == TimeRule::Unchanged {
             0
@@ -1054,6 +1063,7 @@ impl Model {
         });
         let mut keep_window = false;
         let shown = self.events[&handle].shown;
+        let gauge_maybe = &self.events[&handle].gauge_maybe;
         match want.value {
             ValueRule::Parked { base, hi } => {
                 let got = seen.value.wrapping_sub(base);
@@ -1140,6 +1150,13 @@ impl Model {
                     );
                 }
             }
+            ValueRule::Any if !gauge_maybe.is_empty() && !gauge_maybe.contains(&seen.value) => {
+                mismatch(
+                    Field::Value,
+                    format!("one of {gauge_maybe:?} (an occupancy it may have seen last)"),
+                    seen.value.to_string(),
+                );
+            }
             ValueRule::Any => {}
         }
         let e = self.events.get_mut(&handle).expect("expect() found it");
@@ -1158,6 +1175,7 @@ impl Model {
             e.value_window = Window::FRESH;
             if matches!(e.spec.kind, Kind::Gauge { .. }) {
                 e.gauge = Some(seen.value);
+                e.gauge_maybe.clear();
             }
         }
         if let Some((en, run)) = times {
@@ -1345,31 +1363,32 @@ impl Model {
             if !s.enabled {
                 e.steady_since = moment;
             }
-            // A gauge that may have been folded or not: unknown. A parked
-            // one is folded by nobody: it keeps its last fold.
-            if let (Kind::Gauge { pmu, .. }, Counting::Maybe) = (e.spec.kind, s.counting) {
-                if !parked[pmu as usize] {
-                    e.gauge = None;
-                }
-            }
         }
         // A gauge that counts takes the occupancy at its next fold; the
         // occupancy only changes at an operation, so the epoch's is the one.
-        // A gauge reads its register on the owner only: parked, nobody
-        // folds it.
-        let gauges: Vec<(Handle, u64)> = self
+        // One that may have been folded or not: unknown, one of its last
+        // fold and the occupancies it may have seen. A gauge reads its
+        // register on the owner only: parked, nobody folds it.
+        let gauges: Vec<(Handle, Counting, u64)> = self
             .events
             .iter()
             .filter_map(|(&h, e)| match (e.spec.kind, status[&h].counting) {
-                (Kind::Gauge { pmu, rmid }, Counting::Yes) if !parked[pmu as usize] => {
-                    Some((h, self.occupancy_now(pmu, rmid)))
+                (Kind::Gauge { pmu, rmid }, c) if c != Counting::No && !parked[pmu as usize] => {
+                    Some((h, c, self.occupancy_now(pmu, rmid)))
                 }
                 _ => None,
             })
             .collect();
-        for (h, v) in gauges {
-            if let Some(e) = self.events.get_mut(&h) {
+        for (h, c, v) in gauges {
+            let Some(e) = self.events.get_mut(&h) else {
+                continue;
+            };
+            if c == Counting::Yes {
                 e.gauge = Some(v);
+                e.gauge_maybe.clear();
+            } else {
+                e.gauge_maybe.extend(e.gauge.take());
+                e.gauge_maybe.insert(v);
             }
         }
     }
@@ -2464,5 +2483,31 @@ mod tests {
             fields(&mut m, 2, seen(0, s / 2, s / 2)),
             vec![Field::Enabled]
         );
+    }
+
+    #[test]
+    fn a_multiplexed_gauge_reads_an_occupancy_it_may_have_seen() {
+        // A gauge beside an exclusive group takes turns: which occupancy
+        // it last folded is perf's rotation, but it is one of them, or
+        // its last fold, never a number the domain never held.
+        let mut m = Model::new(SHAPE);
+        m.occupancy(0, 4, 640);
+        m.open(1, gauge(0, 4));
+        assert_eq!(fields(&mut m, 1, value_only(640)), vec![]);
+        m.open(2, counter(0, 1).exclusive());
+        m.occupancy(0, 4, 1280);
+        m.occupancy(0, 4, 1920);
+        for v in [640, 1280, 1920] {
+            assert_eq!(fields(&mut m.clone(), 1, value_only(v)), vec![]);
+        }
+        assert_eq!(
+            fields(&mut m.clone(), 1, value_only(12345)),
+            vec![Field::Value]
+        );
+        // A RESET while it takes turns: 0 until it counts, or what it saw.
+        m.ioctl(1, Ioctl::Reset, false);
+        assert_eq!(fields(&mut m.clone(), 1, value_only(0)), vec![]);
+        assert_eq!(fields(&mut m.clone(), 1, value_only(1920)), vec![]);
+        assert_eq!(fields(&mut m, 1, value_only(640)), vec![Field::Value]);
     }
 }
