@@ -1105,7 +1105,9 @@ impl Model {
                 } else if seen.value < shown && !short_ok {
                     mismatch(
                         Field::Value,
-                        format!(">= {shown} (shown while parked; counts never go back without RESET)"),
+                        format!(
+                            ">= {shown} (shown while parked; counts never go back without RESET)"
+                        ),
                         seen.value.to_string(),
                     );
                 } else if got > hi || (got < lo && !short_ok) {
