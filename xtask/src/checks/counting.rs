@@ -1294,7 +1294,8 @@ impl Model {
             }
         }
         // Enabled throughout the same window: the same growth of
-        // time_enabled (the context's clock), each read's skew allowed for.
+        // time_enabled (the context's clock), each read's skew allowed for
+        // at both ends.
         // Not for pinned groups: perf puts one that does not fit in ERROR,
         // where its clock stops, a state the model does not know (it keeps
         // such a group enabled, maybe counting).
@@ -1303,7 +1304,7 @@ impl Model {
         };
         let mut unpinned_common = common.iter().filter(unpinned);
         if let Some(&(_, _, _, mine, _)) = unpinned_common.clone().find(|c| c.0 == handle) {
-            if let Some(other) = unpinned_common.find(|c| c.3.abs_diff(mine) > skew) {
+            if let Some(other) = unpinned_common.find(|c| c.3.abs_diff(mine) > 2 * skew) {
                 out.push(Mismatch {
                     handle,
                     field: Field::Enabled,
