@@ -574,17 +574,7 @@ mod tests {
             group: true,
         };
         let clock = |expect: Handle, group: Option<Handle>| {
-            let event = Opened {
-                pmu: None,
-                event: 0,
-                rmid: 0,
-                disabled: false,
-                pinned: false,
-                exclusive: false,
-                group,
-                read_format: grouped,
-                cpu: 3,
-            };
+            let event = Opened::cpu_clock(3, group, grouped);
             ok(Step::Open { event, expect }, vec![u64::from(expect)])
         };
         let read = |words| ok(Step::Read { handle: 2 }, words);
