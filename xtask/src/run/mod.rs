@@ -42,7 +42,8 @@ pub struct RunArgs {
     /// Use this QEMU instead of perfbed's build (it must have `-device perfbed`).
     #[arg(long)]
     pub qemu: Option<PathBuf>,
-    /// Boot the debug kernel (lockdep, PROVE_RCU, DEBUG_ATOMIC_SLEEP, DEBUG_LIST).
+    /// Boot the debug kernel (lockdep, PROVE_RCU, DEBUG_ATOMIC_SLEEP, DEBUG_LIST,
+    /// KFENCE, debugobjects).
     #[arg(long)]
     pub debug: bool,
     /// Records the device's trace keeps (older ones are dropped and counted;
