@@ -18,13 +18,9 @@ use crate::agent_channel::{accept_one, AgentChannel};
 use crate::boot::cmdline::CmdlineError;
 use crate::boot::LoadError;
 use crate::config::{ConfigurationError, VmmConfig};
-use crate::device_manager::DeviceManagerError;
-use crate::devices::bus::{Bus, BusError};
-use crate::devices::perfbed::PerfbedMmio;
-use crate::devices::power_off::PowerOff;
-use crate::devices::serial::SerialConsole;
-use crate::devices::virtio::console::Console;
-use crate::devices::virtio::mmio::{MmioTransport, TransportError};
+use crate::device_manager::{DeviceManager, DeviceManagerError};
+use crate::devices::bus::BusError;
+use crate::devices::virtio::mmio::TransportError;
 use crate::memory::MemoryError;
 use crate::stats::{rss_beyond, Stats};
 use crate::vcpu::handle::{stop_all_but, stop_and_join, HandleError, VcpuControl, VcpuHandle};
@@ -129,14 +125,10 @@ pub struct Vmm {
     pub(crate) config: VmmConfig,
     pub(crate) memory: GuestMemoryMmap,
     pub(crate) vcpus: Vec<Vcpu>,
-    pub(crate) io_bus: Arc<Bus>,
-    pub(crate) mmio_bus: Arc<Bus>,
-    pub(crate) serial: Arc<SerialConsole>,
+    /// The buses and every device on them, for the whole run.
+    pub(crate) devices: DeviceManager,
     pub(crate) panicked: Arc<AtomicBool>,
-    pub(crate) power_off: Arc<PowerOff>,
-    pub(crate) console: Arc<MmioTransport<Console>>,
     pub(crate) device: SharedDevice,
-    pub(crate) perfbed: Arc<PerfbedMmio>,
     /// Lets time pass for the device's interrupts; stopped with the VM.
     pub(crate) _perfbed_ticker: Ticker,
     pub(crate) stats: Arc<Stats>,
@@ -188,26 +180,22 @@ impl Vmm {
                 if accepted.is_none() {
                     // No vCPU has started: nothing to stop or join.
                     log::info!("terminated by a signal while waiting for the agent's client");
-                    self.serial.flush();
-                    report(
-                        &self.stats,
-                        &self.io_bus,
-                        &self.mmio_bus,
-                        &self.perfbed,
-                        (&self.serial, &self.console),
-                        &self.memory,
-                        (0, self.vcpus.len()),
-                    );
+                    report(&self.stats, &self.devices, &self.memory, (0, self.vcpus.len()));
                     return Ok(GuestEnd::Terminated);
                 }
                 accepted
             }
             None => None,
         };
-        let channel = AgentChannel::new(stream, self.console.clone())
-            .map_err(io_error("joining the agent socket to the console"))?;
-        events.add_subscriber(Arc::new(channel));
-        events.add_subscriber(self.serial.clone());
+        let devices = Arc::new(self.devices);
+        if let Some(console) = devices.console() {
+            let channel = AgentChannel::new(stream, console.clone())
+                .map_err(io_error("joining the agent socket to the console"))?;
+            events.add_subscriber(Arc::new(channel));
+        }
+        if let Some(serial) = devices.serial() {
+            events.add_subscriber(serial.clone());
+        }
 
         let ended: Arc<Mutex<Option<VcpuEnd>>> = Arc::new(Mutex::new(None));
         let ended_evt =
@@ -224,8 +212,8 @@ impl Vmm {
         for vcpu in self.vcpus {
             let index = u32::from(vcpu.index());
             let runner = vcpu.into_runner(
-                self.io_bus.clone(),
-                self.mmio_bus.clone(),
+                devices.io_bus().clone(),
+                devices.mmio_bus().clone(),
                 self.stats.clone(),
             );
             let (ended, evt) = (
@@ -254,28 +242,11 @@ impl Vmm {
         }
         let controls: Vec<Arc<VcpuControl>> = handles.iter().map(VcpuHandle::control).collect();
 
-        let on_panic = (
-            self.serial.clone(),
-            self.stats.clone(),
-            self.io_bus.clone(),
-            self.mmio_bus.clone(),
-            self.perfbed.clone(),
-            self.console.clone(),
-            self.memory.clone(),
-        );
+        let on_panic = (self.stats.clone(), devices.clone(), self.memory.clone());
         crate::panic_report::install(Arc::new(move |panicking: ThreadId| {
-            let (serial, stats, io, mmio, perfbed, console, memory) = &on_panic;
+            let (stats, devices, memory) = &on_panic;
             let joined = stop_all_but(&controls, panicking, PANIC_VCPU_STOP_PATIENCE);
-            serial.flush();
-            report(
-                stats,
-                io,
-                mmio,
-                perfbed,
-                (serial, console),
-                memory,
-                (joined, controls.len()),
-            );
+            report(stats, devices, memory, (joined, controls.len()));
         }));
 
         let end = loop {
@@ -284,9 +255,7 @@ impl Vmm {
                 .map_err(|e| VmmError::EventLoop(format!("{e:?}")))?;
             // What the vCPUs left for the host: a partial line of serial
             // output, the first accesses to an unhandled address.
-            self.serial.drain();
-            self.io_bus.log_new_unknown();
-            self.mmio_bus.log_new_unknown();
+            devices.drain();
             if let Some(end) = ended.lock().unwrap_or_else(|p| p.into_inner()).take() {
                 break Some(end);
             }
@@ -299,20 +268,11 @@ impl Vmm {
         for e in &errors {
             log::error!("stopping the vCPUs: {e}");
         }
-        self.serial.flush();
-        report(
-            &self.stats,
-            &self.io_bus,
-            &self.mmio_bus,
-            &self.perfbed,
-            (&self.serial, &self.console),
-            &self.memory,
-            (joined.len(), vcpus),
-        );
+        report(&self.stats, &devices, &self.memory, (joined.len(), vcpus));
         if let Some(e) = errors.into_iter().next() {
             return Err(e.into());
         }
-        guest_end(end, self.power_off.requested(), self.panicked.load(Ordering::SeqCst))
+        guest_end(end, devices.powered_off(), self.panicked.load(Ordering::SeqCst))
     }
 }
 
@@ -338,39 +298,26 @@ impl EventSubscriber for Wake {
     }
 }
 
-/// The run's figures, one `perfbed-vmm: stat key=value` line each.
+/// The exit report: the serial log flushed, then the run's figures, one
+/// `perfbed-vmm: stat key=value` line each.
 fn report(
     stats: &Stats,
-    io: &Bus,
-    mmio: &Bus,
-    perfbed: &PerfbedMmio,
-    (serial, console): (&SerialConsole, &MmioTransport<Console>),
+    devices: &DeviceManager,
     memory: &GuestMemoryMmap,
     (joined, vcpus): (usize, usize),
 ) {
+    devices.flush();
     let (first_run, first_exit) = stats.boot_times();
-    let (accesses, handler_ns) = perfbed.handler_time();
-    let dropped = console.with_device(|c| c.dropped_output());
     let mut lines = vec![
         format!("start_to_first_kvm_run_us={}", first_run / 1000),
         format!("start_to_first_exit_us={}", first_exit / 1000),
         format!("io_exits={}", stats.io_exits.load(Ordering::Relaxed)),
         format!("mmio_exits={}", stats.mmio_exits.load(Ordering::Relaxed)),
-        format!("unhandled_port_accesses={}", io.unknown_accesses()),
-        format!("unhandled_mmio_accesses={}", mmio.unknown_accesses()),
-        format!("device_accesses={accesses}"),
-        format!("device_handler_mean_ns={}", handler_ns.checked_div(accesses).unwrap_or(0)),
-        format!("console_output_dropped_bytes={dropped}"),
-        format!("serial_output_dropped_bytes={}", serial.dropped_output()),
-        // Every vCPU out of KVM_RUN and its thread ended before this line.
-        format!("vcpus_joined={joined}"),
-        format!("vcpus={vcpus}"),
     ];
-    for (bus, kind) in [(io, "port"), (mmio, "mmio")] {
-        for (addr, count) in bus.top_unknown(3) {
-            lines.push(format!("unhandled_{kind}_{addr:#x}={count}"));
-        }
-    }
+    lines.extend(devices.figures());
+    // Every vCPU out of KVM_RUN and its thread ended before these lines.
+    lines.push(format!("vcpus_joined={joined}"));
+    lines.push(format!("vcpus={vcpus}"));
     if let Some(rss) = rss_beyond(&guest_ram_ranges(memory)) {
         lines.push(format!("rss_beyond_guest_ram_kib={}", rss / 1024));
     }

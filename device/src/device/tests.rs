@@ -171,7 +171,7 @@ fn overflow_is_flagged_only_when_a_wrap_went_unread() {
     d.inject(20 * SEC, 0, 1, Event::MbmTotalBytes, 200).unwrap();
     assert_eq!(d.read(21 * SEC, 1, slot_count(0, 0), 8), COUNTER_ERROR);
     d.inject(22 * SEC, 0, 1, Event::MbmTotalBytes, 56).unwrap();
-    assert_eq!(read(&mut d, 23 * SEC), (2550 + 256) % 256 | COUNTER_OVERFLOW);
+    assert_eq!(read(&mut d, 23 * SEC), ((2550 + 256) % 256) | COUNTER_OVERFLOW);
     // Reassigning starts afresh.
     d.inject(24 * SEC, 0, 1, Event::MbmTotalBytes, 300).unwrap();
     assign(&mut d, 25 * SEC, 0, Event::MbmTotalBytes, 1);
