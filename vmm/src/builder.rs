@@ -60,6 +60,9 @@ impl VmmBuilder {
         let machine = config.machine;
         let (kvm, vm, memory) = create_vm(machine.memory_mib)?;
         let mut devices = DeviceManager::new();
+        if config.endpoints.record_accesses > 0 {
+            devices.record_accesses(config.endpoints.record_accesses)?;
+        }
 
         let panicked = Arc::new(AtomicBool::new(false));
         attach_serial(&vm, &mut devices, &config, panicked.clone())?;

@@ -54,6 +54,9 @@ pub struct EndpointsConfig {
     pub agent_socket: Option<PathBuf>,
     /// The 8250 serial console's output; without it the output is dropped.
     pub serial_log: Option<PathBuf>,
+    /// Keep each bus's first this many accesses and print them at the end
+    /// (`perfbed-vmm: access` lines: the fuzz targets' seeds); 0: none.
+    pub record_accesses: usize,
 }
 
 /// Everything a [`crate::Vmm`] needs.

@@ -33,6 +33,7 @@ use linux_loader::cmdline::Cmdline;
 use crate::allocator::{AllocationError, GsiAllocator, MmioWindow};
 use crate::boot::cmdline::{self, CmdlineError, VirtioMmioSlot};
 use crate::boot::mptable::IOAPIC_PINS;
+use crate::devices::access_record::AccessRecord;
 use crate::devices::bus::{Bus, BusDevice, BusError};
 use crate::devices::perfbed::PerfbedMmio;
 use crate::devices::power_off::{PowerOff, POWER_OFF_SIZE};
@@ -280,6 +281,24 @@ impl DeviceManager {
             None => user.to_string(),
         };
         cmdline::build(&user, monitoring, &self.virtio_slots)
+    }
+
+    /// Keeps each bus's first `capacity` accesses for [`Self::recorded_accesses`].
+    pub fn record_accesses(&mut self, capacity: usize) -> Result<(), DeviceManagerError> {
+        for bus in [&mut self.io_bus, &mut self.mmio_bus] {
+            Self::bus_mut(bus, "an access record")?.record_into(Arc::new(AccessRecord::new(capacity)));
+        }
+        Ok(())
+    }
+
+    /// The recorded accesses, `port ...` lines then `mmio ...` lines (see
+    /// [`AccessRecord::lines`]).
+    pub fn recorded_accesses(&self) -> Vec<String> {
+        [(&self.io_bus, "port"), (&self.mmio_bus, "mmio")]
+            .iter()
+            .filter_map(|(bus, kind)| Some(bus.record()?.lines(kind)))
+            .flatten()
+            .collect()
     }
 
     /// The port bus, for the vCPUs to dispatch to.

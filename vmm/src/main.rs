@@ -82,6 +82,10 @@ struct Cli {
     /// Write the serial console (ttyS0) here.
     #[arg(long, value_name = "PATH")]
     serial_log: Option<PathBuf>,
+    /// Keep each bus's first N guest accesses and print them at the end as
+    /// `perfbed-vmm: access` lines (seeds for the fuzz targets).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    record_accesses: usize,
     /// Instead of booting, measure N device MMIO exits against N bare exits
     /// on one vCPU and print the figures.
     #[arg(long, value_name = "N", conflicts_with = "kernel")]
@@ -111,6 +115,7 @@ impl Cli {
                 control_socket: self.control_socket,
                 agent_socket: self.agent_socket,
                 serial_log: self.serial_log,
+                record_accesses: self.record_accesses,
             },
         }
     }

@@ -325,6 +325,9 @@ fn report(
         // The report, not a log record: printed at any log level.
         eprintln!("perfbed-vmm: stat {line}");
     }
+    for line in devices.recorded_accesses() {
+        eprintln!("perfbed-vmm: access {line}");
+    }
 }
 
 #[cfg(test)]

@@ -14,6 +14,8 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
+use super::access_record::AccessRecord;
+
 /// A device on a bus. `offset` is relative to the device's base; `vcpu` is
 /// the index of the vCPU that made the access. Implementations lock what
 /// they need themselves and never panic on any offset or size.
@@ -58,13 +60,24 @@ pub struct Bus {
     unknown: AtomicU64,
     /// Accesses per unknown address, open addressing, filled lock-free.
     tracked: Box<[UnknownSlot]>,
+    /// The first accesses, when asked for (fuzz seeds).
+    record: Option<Arc<AccessRecord>>,
 }
 
 impl Bus {
     /// An empty bus; `kind` names it in log lines ("port", "MMIO").
     pub fn new(kind: &'static str) -> Bus {
         let tracked = (0..MAX_TRACKED_UNKNOWN).map(|_| UnknownSlot::default()).collect();
-        Bus { kind, entries: Vec::new(), unknown: AtomicU64::new(0), tracked }
+        Bus { kind, entries: Vec::new(), unknown: AtomicU64::new(0), tracked, record: None }
+    }
+
+    /// Keeps the first accesses from now on in `record`.
+    pub fn record_into(&mut self, record: Arc<AccessRecord>) {
+        self.record = Some(record);
+    }
+
+    pub fn record(&self) -> Option<&AccessRecord> {
+        self.record.as_deref()
     }
 
     /// Places `device` at `base..base + len`.
@@ -99,10 +112,16 @@ impl Bus {
                 self.note_unknown(addr);
             }
         }
+        if let Some(record) = &self.record {
+            record.note(vcpu, addr, data, false);
+        }
     }
 
     /// Dispatches a write; with no device there, counts and drops it.
     pub fn write(&self, vcpu: u32, addr: u64, data: &[u8]) {
+        if let Some(record) = &self.record {
+            record.note(vcpu, addr, data, true);
+        }
         match self.find(addr, data.len()) {
             Some((entry, offset)) => entry.device.write(vcpu, offset, data),
             None => self.note_unknown(addr),
