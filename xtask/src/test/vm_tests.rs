@@ -83,10 +83,29 @@ pub fn device_scope_pmu(scenario: &Scenario, accel: &Accel) -> Result<()> {
 
 /// `checks::slow_reader` on a booted guest, then a clean power-off and a
 /// kernel log without any report (an RCU stall would be one).
+/// In the box, where the serial console was stalled too, perfbed-vmm's
+/// report must count the serial bytes its ring dropped and its log say so:
+/// the vCPUs dropped what the host could not take instead of waiting.
 pub fn slow_agent_reader(scenario: &Scenario, accel: &Accel) -> Result<()> {
     checks_on_a_guest(scenario, accel, |vm| {
         checks::slow_reader::run(vm, scenario.vm.cpus, scenario.request_timeout)
-    })
+    })?;
+    if let host::Host::VmmBox(_) = scenario.vm.host {
+        let lines = host::vmm::host_report(&scenario.vm.run_dir);
+        let dropped = host::vmm::stat(&lines, "serial_output_dropped_bytes");
+        let box_log = std::fs::read_to_string(scenario.vm.run_dir.join("box.log")).unwrap_or_default();
+        let warned = box_log.contains("the serial log lost");
+        match dropped {
+            Some(n) if n > 0 && warned => println!(
+                "  perfbed-vmm dropped {n} bytes of serial output while the host did not read, counted and logged"
+            ),
+            _ => bail!(
+                "the stalled serial console's overflow was not counted and logged (serial_output_dropped_bytes {dropped:?}, warning in box.log: {warned}): either the vCPUs waited for the host or the guest's flood did not fill perfbed-vmm's ring\n{}",
+                lines.join("\n")
+            ),
+        }
+    }
+    Ok(())
 }
 
 /// Boots, runs `checks` on the guest, powers it off, and fails on any failed
