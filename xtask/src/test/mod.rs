@@ -237,6 +237,7 @@ pub fn run(ws: &Path, args: &TestArgs) -> Result<bool> {
         if !status.success() {
             eprintln!("unit tests FAILED ({status})");
         }
+        passed &= lint(ws);
     }
     if !args.vm_only && !args.unit_only {
         passed &= run_fuzz_tests(ws, args.fuzz_seconds);
@@ -249,6 +250,45 @@ pub fn run(ws: &Path, args: &TestArgs) -> Result<bool> {
         if passed { "PASSED" } else { "FAILED" }
     );
     Ok(passed)
+}
+
+/// The lints of the unit stage: clippy with every warning an error, and
+/// rustfmt's check, over the workspace (the fuzz crate is its own
+/// workspace, built by the fuzz stage).
+const LINTS: &[(&str, &[&str], &str)] = &[
+    (
+        "clippy",
+        &["clippy", "--workspace", "--all-targets", "--quiet", "--", "-D", "warnings"],
+        "fix the warnings above; a clippy false positive gets a targeted #[allow] with the reason",
+    ),
+    (
+        "rustfmt",
+        &["fmt", "--all", "--check"],
+        "the files above are not formatted as rustfmt would: run `cargo fmt --all`",
+    ),
+];
+
+fn lint(ws: &Path) -> bool {
+    if let Err(e) = deps::ensure_lint_tools() {
+        println!("test lint ... FAILED: {e:#}");
+        return false;
+    }
+    let mut passed = true;
+    for (name, args, fix) in LINTS {
+        eprintln!("==> {name}: cargo {}", args.join(" "));
+        let ok = Command::new(deps::cargo())
+            .current_dir(ws)
+            .args(*args)
+            .status()
+            .is_ok_and(|s| s.success());
+        if ok {
+            println!("test {name} ... ok");
+        } else {
+            println!("test {name} ... FAILED: {fix}");
+        }
+        passed &= ok;
+    }
+    passed
 }
 
 /// Each fuzz target for a short while: a crash, or a target that cannot be
