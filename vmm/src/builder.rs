@@ -108,7 +108,11 @@ impl VmmBuilder {
         }
         let vcpus = (0..machine.vcpus)
             .map(|index| {
-                let placement = Placement { index, vcpus: machine.vcpus, llc_bits };
+                let placement = Placement {
+                    index,
+                    vcpus: machine.vcpus,
+                    llc_bits,
+                };
                 Vcpu::new(&vm, &supported, placement, machine.hide_xsave)
             })
             .collect::<Result<Vec<_>, _>>()?;

@@ -134,7 +134,10 @@ impl DeviceManager {
     }
 
     /// A bus to insert into: only before the vCPUs hold it.
-    fn bus_mut<'a>(bus: &'a mut Arc<Bus>, name: &'static str) -> Result<&'a mut Bus, DeviceManagerError> {
+    fn bus_mut<'a>(
+        bus: &'a mut Arc<Bus>,
+        name: &'static str,
+    ) -> Result<&'a mut Bus, DeviceManagerError> {
         Arc::get_mut(bus).ok_or(DeviceManagerError::Running(name))
     }
 
@@ -166,10 +169,12 @@ impl DeviceManager {
             return Err(DeviceManagerError::BeforeMonitoringDevice(NAME));
         }
         let bus = Self::bus_mut(&mut self.mmio_bus, NAME)?;
-        let base = self
-            .platform
-            .allocate(POWER_OFF_SIZE)
-            .map_err(|source| DeviceManagerError::Allocation { device: NAME, source })?;
+        let base = self.platform.allocate(POWER_OFF_SIZE).map_err(|source| {
+            DeviceManagerError::Allocation {
+                device: NAME,
+                source,
+            }
+        })?;
         bus.insert("power-off", base, POWER_OFF_SIZE, device.clone())?;
         self.power_off = Some(base);
         self.power_off_register = Some(device);
@@ -286,7 +291,8 @@ impl DeviceManager {
     /// Keeps each bus's first `capacity` accesses for [`Self::recorded_accesses`].
     pub fn record_accesses(&mut self, capacity: usize) -> Result<(), DeviceManagerError> {
         for bus in [&mut self.io_bus, &mut self.mmio_bus] {
-            Self::bus_mut(bus, "an access record")?.record_into(Arc::new(AccessRecord::new(capacity)));
+            Self::bus_mut(bus, "an access record")?
+                .record_into(Arc::new(AccessRecord::new(capacity)));
         }
         Ok(())
     }
@@ -321,7 +327,9 @@ impl DeviceManager {
 
     /// Whether the agent wrote its power-off register.
     pub fn powered_off(&self) -> bool {
-        self.power_off_register.as_ref().is_some_and(|r| r.requested())
+        self.power_off_register
+            .as_ref()
+            .is_some_and(|r| r.requested())
     }
 
     /// The event loop's turn: what the vCPUs left for the host (serial
@@ -344,13 +352,22 @@ impl DeviceManager {
     /// The devices' part of the exit report, `key=value` each.
     pub fn figures(&self) -> Vec<String> {
         let (accesses, handler_ns) = self.perfbed.as_ref().map_or((0, 0), |p| p.handler_time());
-        let dropped = self.console.as_ref().map_or(0, |c| c.with_device(|c| c.dropped_output()));
+        let dropped = self
+            .console
+            .as_ref()
+            .map_or(0, |c| c.with_device(|c| c.dropped_output()));
         let serial_dropped = self.serial.as_ref().map_or(0, |s| s.dropped_output());
         let mut lines = vec![
             format!("unhandled_port_accesses={}", self.io_bus.unknown_accesses()),
-            format!("unhandled_mmio_accesses={}", self.mmio_bus.unknown_accesses()),
+            format!(
+                "unhandled_mmio_accesses={}",
+                self.mmio_bus.unknown_accesses()
+            ),
             format!("device_accesses={accesses}"),
-            format!("device_handler_mean_ns={}", handler_ns.checked_div(accesses).unwrap_or(0)),
+            format!(
+                "device_handler_mean_ns={}",
+                handler_ns.checked_div(accesses).unwrap_or(0)
+            ),
             format!("console_output_dropped_bytes={dropped}"),
             format!("serial_output_dropped_bytes={serial_dropped}"),
         ];
@@ -475,14 +492,25 @@ mod tests {
             dm.add_power_off(register.clone()),
             Err(DeviceManagerError::BeforeMonitoringDevice(_))
         ));
-        assert_eq!(text(&dm.kernel_cmdline("console=ttyS0").unwrap()), "console=ttyS0", "none announced before");
+        assert_eq!(
+            text(&dm.kernel_cmdline("console=ttyS0").unwrap()),
+            "console=ttyS0",
+            "none announced before"
+        );
         dm.reserve_monitoring_device(0x3000, 1).unwrap();
         dm.place_monitoring_device(Arc::new(Echo)).unwrap();
         let base = dm.add_power_off(register.clone()).unwrap();
         assert_eq!(base, 0xfe00_3000, "the page after the monitoring device");
         let cmdline = text(&dm.kernel_cmdline("console=ttyS0").unwrap());
-        assert_eq!(perfbed_agent::power_off_address(&cmdline), Some(base), "{cmdline}");
-        assert!(cmdline.contains("perfbed.device=0x3000@0xfe000000"), "{cmdline}");
+        assert_eq!(
+            perfbed_agent::power_off_address(&cmdline),
+            Some(base),
+            "{cmdline}"
+        );
+        assert!(
+            cmdline.contains("perfbed.device=0x3000@0xfe000000"),
+            "{cmdline}"
+        );
         assert!(!dm.powered_off());
         dm.mmio_bus().write(0, base, &[0; 8]);
         assert!(register.requested() && dm.powered_off());
@@ -492,7 +520,8 @@ mod tests {
     #[test]
     fn the_devices_stay_while_the_vcpus_hold_the_buses_and_none_is_added_under_them() {
         let mut dm = DeviceManager::new();
-        dm.add_legacy_port("COM1", 0x3f8, 8, Arc::new(Echo)).unwrap();
+        dm.add_legacy_port("COM1", 0x3f8, 8, Arc::new(Echo))
+            .unwrap();
         let vcpu_io = dm.io_bus().clone();
         let vcpu_mmio = dm.mmio_bus().clone();
         assert_eq!(
@@ -510,11 +539,22 @@ mod tests {
         );
         let mut byte = [0u8];
         vcpu_io.read(0, 0x3f8, &mut byte);
-        assert_eq!(byte, [1], "the vCPUs' bus still reaches the manager's device");
+        assert_eq!(
+            byte,
+            [1],
+            "the vCPUs' bus still reaches the manager's device"
+        );
         vcpu_mmio.read(0, 0xfeb0_0000, &mut byte);
-        assert_eq!(dm.mmio_bus().unknown_accesses(), 1, "one bus, seen from both sides");
-        assert!(dm.figures().contains(&"unhandled_mmio_accesses=1".to_string()));
+        assert_eq!(
+            dm.mmio_bus().unknown_accesses(),
+            1,
+            "one bus, seen from both sides"
+        );
+        assert!(dm
+            .figures()
+            .contains(&"unhandled_mmio_accesses=1".to_string()));
         drop((vcpu_io, vcpu_mmio));
-        dm.add_legacy_port("COM2", 0x2f8, 8, Arc::new(Echo)).unwrap();
+        dm.add_legacy_port("COM2", 0x2f8, 8, Arc::new(Echo))
+            .unwrap();
     }
 }

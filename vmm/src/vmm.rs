@@ -106,7 +106,11 @@ pub enum GuestEnd {
 /// How a run ended, from the first vCPU end (`None`: a termination signal),
 /// whether the agent wrote its power-off register, and whether the guest
 /// panicked.
-pub fn guest_end(end: Option<VcpuEnd>, powered_off: bool, panicked: bool) -> Result<GuestEnd, VmmError> {
+pub fn guest_end(
+    end: Option<VcpuEnd>,
+    powered_off: bool,
+    panicked: bool,
+) -> Result<GuestEnd, VmmError> {
     match end {
         None => Ok(GuestEnd::Terminated),
         // A panic wins: a panicking kernel never writes the port, but a
@@ -116,7 +120,9 @@ pub fn guest_end(end: Option<VcpuEnd>, powered_off: bool, panicked: bool) -> Res
         Some(VcpuEnd::Reset) => Ok(GuestEnd::UnexpectedReset),
         Some(VcpuEnd::KvmFailure(why)) => Ok(GuestEnd::KvmFailure(why)),
         Some(VcpuEnd::Failed(why)) => Err(VmmError::VcpuFailed(why)),
-        Some(VcpuEnd::Stopped) => Err(VmmError::VcpuFailed("a vCPU stopped with no one asking".into())),
+        Some(VcpuEnd::Stopped) => Err(VmmError::VcpuFailed(
+            "a vCPU stopped with no one asking".into(),
+        )),
     }
 }
 
@@ -141,7 +147,12 @@ pub struct Vmm {
 pub(crate) fn guest_ram_ranges(memory: &GuestMemoryMmap) -> Vec<(u64, u64)> {
     memory
         .iter()
-        .filter_map(|r| memory.get_host_address(r.start_addr()).ok().map(|h| (h as u64, r.len())))
+        .filter_map(|r| {
+            memory
+                .get_host_address(r.start_addr())
+                .ok()
+                .map(|h| (h as u64, r.len()))
+        })
         .collect()
 }
 
@@ -161,7 +172,9 @@ impl Vmm {
         let mut events: EventManager<Arc<dyn EventSubscriber + Send + Sync>> =
             EventManager::new().map_err(|e| VmmError::EventLoop(format!("{e:?}")))?;
         let terminate = crate::termination::watch().map_err(io_error("watching for SIGTERM"))?;
-        let terminate_wait = terminate.try_clone().map_err(io_error("cloning an eventfd"))?;
+        let terminate_wait = terminate
+            .try_clone()
+            .map_err(io_error("cloning an eventfd"))?;
         let terminated = Arc::new(AtomicBool::new(false));
         events.add_subscriber(Arc::new(Wake {
             evt: terminate,
@@ -180,7 +193,12 @@ impl Vmm {
                 if accepted.is_none() {
                     // No vCPU has started: nothing to stop or join.
                     log::info!("terminated by a signal while waiting for the agent's client");
-                    report(&self.stats, &self.devices, &self.memory, (0, self.vcpus.len()));
+                    report(
+                        &self.stats,
+                        &self.devices,
+                        &self.memory,
+                        (0, self.vcpus.len()),
+                    );
                     return Ok(GuestEnd::Terminated);
                 }
                 accepted
@@ -272,7 +290,11 @@ impl Vmm {
         if let Some(e) = errors.into_iter().next() {
             return Err(e.into());
         }
-        guest_end(end, devices.powered_off(), self.panicked.load(Ordering::SeqCst))
+        guest_end(
+            end,
+            devices.powered_off(),
+            self.panicked.load(Ordering::SeqCst),
+        )
     }
 }
 
@@ -337,8 +359,14 @@ mod tests {
     #[test]
     fn a_reset_is_a_power_off_only_after_the_agents_write_and_a_panic_wins() {
         let reset = || Some(VcpuEnd::Reset);
-        assert_eq!(guest_end(reset(), true, false).unwrap(), GuestEnd::PoweredOff);
-        assert_eq!(guest_end(reset(), false, false).unwrap(), GuestEnd::UnexpectedReset);
+        assert_eq!(
+            guest_end(reset(), true, false).unwrap(),
+            GuestEnd::PoweredOff
+        );
+        assert_eq!(
+            guest_end(reset(), false, false).unwrap(),
+            GuestEnd::UnexpectedReset
+        );
         assert_eq!(guest_end(reset(), false, true).unwrap(), GuestEnd::Panicked);
         assert_eq!(guest_end(reset(), true, true).unwrap(), GuestEnd::Panicked);
         assert_eq!(guest_end(None, true, true).unwrap(), GuestEnd::Terminated);
@@ -346,7 +374,10 @@ mod tests {
             guest_end(Some(VcpuEnd::KvmFailure("entry".into())), true, false).unwrap(),
             GuestEnd::KvmFailure("entry".into())
         );
-        assert!(matches!(guest_end(Some(VcpuEnd::Failed("EFAULT".into())), false, false), Err(VmmError::VcpuFailed(_))));
+        assert!(matches!(
+            guest_end(Some(VcpuEnd::Failed("EFAULT".into())), false, false),
+            Err(VmmError::VcpuFailed(_))
+        ));
         assert!(guest_end(Some(VcpuEnd::Stopped), false, false).is_err());
     }
 }

@@ -15,16 +15,31 @@ fn cpumask_path(pmu: &str) -> String {
 
 /// The `cpumask` files of `pmus`, in order; a missing file reads as "?".
 fn masks(pmus: &[String]) -> Vec<String> {
-    pmus.iter().map(|pmu| read_trimmed(&cpumask_path(pmu)).unwrap_or_else(|_| "?".into())).collect()
+    pmus.iter()
+        .map(|pmu| read_trimmed(&cpumask_path(pmu)).unwrap_or_else(|_| "?".into()))
+        .collect()
 }
 
-pub fn run(ops: &[HotplugOp], watch_pmus: &[String], read_handles: &[u32], events: &Events) -> HotplugBatchResult {
+pub fn run(
+    ops: &[HotplugOp],
+    watch_pmus: &[String],
+    read_handles: &[u32],
+    events: &Events,
+) -> HotplugBatchResult {
     let masks_before = masks(watch_pmus);
-    let ops = ops.iter().map(|op| run_op(op, watch_pmus, read_handles, events)).collect();
+    let ops = ops
+        .iter()
+        .map(|op| run_op(op, watch_pmus, read_handles, events))
+        .collect();
     HotplugBatchResult { masks_before, ops }
 }
 
-fn run_op(op: &HotplugOp, watch_pmus: &[String], read_handles: &[u32], events: &Events) -> HotplugOpResult {
+fn run_op(
+    op: &HotplugOp,
+    watch_pmus: &[String],
+    read_handles: &[u32],
+    events: &Events,
+) -> HotplugOpResult {
     let start = Instant::now();
     let mut between = Vec::new();
     let (writes, error) = match op {
@@ -40,7 +55,15 @@ fn run_op(op: &HotplugOp, watch_pmus: &[String], read_handles: &[u32], events: &
                         between = masks(watch_pmus);
                         let looked = paused.elapsed();
                         let result = set_cpu_online(owner, true).err();
-                        return finish(start.elapsed().saturating_sub(looked), 2, result, between, watch_pmus, read_handles, events);
+                        return finish(
+                            start.elapsed().saturating_sub(looked),
+                            2,
+                            result,
+                            between,
+                            watch_pmus,
+                            read_handles,
+                            events,
+                        );
                     }
                     Err(e) => (1, Some(e)),
                 },
@@ -49,7 +72,15 @@ fn run_op(op: &HotplugOp, watch_pmus: &[String], read_handles: &[u32], events: &
             Err(e) => (0, Some(e)),
         },
     };
-    finish(start.elapsed(), writes, error, between, watch_pmus, read_handles, events)
+    finish(
+        start.elapsed(),
+        writes,
+        error,
+        between,
+        watch_pmus,
+        read_handles,
+        events,
+    )
 }
 
 fn finish(
@@ -68,6 +99,9 @@ fn finish(
         masks: masks(watch_pmus),
         between,
         online: read_trimmed(&format!("{CPU_SYSFS}/online")).unwrap_or_else(|e| e),
-        reads: read_handles.iter().map(|&h| events.read(h).map_err(|e| errno_name(e.errno))).collect(),
+        reads: read_handles
+            .iter()
+            .map(|&h| events.read(h).map_err(|e| errno_name(e.errno)))
+            .collect(),
     }
 }
