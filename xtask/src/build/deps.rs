@@ -108,10 +108,17 @@ pub fn ensure_lint_tools() -> Result<()> {
         );
     };
     let step = Step::start(
-        &format!("adding the toolchain's {} with rustup", missing.join(" and ")),
+        &format!(
+            "adding the toolchain's {} with rustup",
+            missing.join(" and ")
+        ),
         &cache::root()?.join("logs/rustup-components.log"),
     )?;
-    step.run(Command::new(rustup).args(["component", "add"]).args(&missing))?;
+    step.run(
+        Command::new(rustup)
+            .args(["component", "add"])
+            .args(&missing),
+    )?;
     step.finish();
     Ok(())
 }

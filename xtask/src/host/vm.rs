@@ -444,7 +444,8 @@ impl Vm {
                 if !marker.exists() {
                     let _ = fs::write(&marker, format!("{line}\n"));
                 }
-                story += &format!("\n{line}, so the box itself is stuck (docs/box-verification.md)");
+                story +=
+                    &format!("\n{line}, so the box itself is stuck (docs/box-verification.md)");
             }
             story += &format!(
                 "\n--- the box (L1 console, {}) ---\n{}",
@@ -521,7 +522,7 @@ impl Vm {
         // perfbed-vmm that blocked would leave L1 idle, taking its timer.
         // One snapshot is weaker evidence than two, so it only buys the
         // listed tests their reruns (`test::RERUN_ON_BOX_HANG`).
-        let l1_timer_untaken = !(stuck.is_empty() && stuck_timer.is_empty()) || !expired.is_empty();
+        let l1_timer_untaken = !(stuck.is_empty() && stuck_timer.is_empty() && expired.is_empty());
         if l1_timer_untaken && self.box_log.is_some() {
             let lines: Vec<&String> = stuck.iter().chain(&expired).collect();
             let text: String = lines.iter().map(|l| format!("{l}\n")).collect();

@@ -258,7 +258,15 @@ pub fn run(ws: &Path, args: &TestArgs) -> Result<bool> {
 const LINTS: &[(&str, &[&str], &str)] = &[
     (
         "clippy",
-        &["clippy", "--workspace", "--all-targets", "--quiet", "--", "-D", "warnings"],
+        &[
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--quiet",
+            "--",
+            "-D",
+            "warnings",
+        ],
         "fix the warnings above; a clippy false positive gets a targeted #[allow] with the reason",
     ),
     (
@@ -425,7 +433,9 @@ mod tests {
     fn only_a_diagnosed_box_hang_of_a_listed_test_is_rerun() {
         for name in RERUN_ON_BOX_HANG {
             assert!(
-                VM_TESTS.iter().any(|t| t.name == *name && t.host == host::HostChoice::Vmm),
+                VM_TESTS
+                    .iter()
+                    .any(|t| t.name == *name && t.host == host::HostChoice::Vmm),
                 "{name} is no VM test on perfbed-vmm"
             );
         }

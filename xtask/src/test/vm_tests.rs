@@ -93,7 +93,8 @@ pub fn slow_agent_reader(scenario: &Scenario, accel: &Accel) -> Result<()> {
     if let host::Host::VmmBox(_) = scenario.vm.host {
         let lines = host::vmm::host_report(&scenario.vm.run_dir);
         let dropped = host::vmm::stat(&lines, "serial_output_dropped_bytes");
-        let box_log = std::fs::read_to_string(scenario.vm.run_dir.join("box.log")).unwrap_or_default();
+        let box_log =
+            std::fs::read_to_string(scenario.vm.run_dir.join("box.log")).unwrap_or_default();
         let warned = box_log.contains("the serial log lost");
         match dropped {
             Some(n) if n > 0 && warned => println!(
@@ -448,7 +449,10 @@ pub fn terminated_while_waiting_for_the_agent(scenario: &Scenario, accel: &Accel
     let took = start.elapsed();
     let wanted = "status 4 (terminated)";
     if !error.contains(wanted) {
-        bail!("the error does not say {wanted:?} (after {}):\n{error}", human(took));
+        bail!(
+            "the error does not say {wanted:?} (after {}):\n{error}",
+            human(took)
+        );
     }
     let lines = host::vmm::host_report(&config.run_dir);
     let terminated = perfbed_vmm::ExitStatus::Terminated.report_line();
