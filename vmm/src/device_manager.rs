@@ -356,7 +356,10 @@ impl DeviceManager {
             .console
             .as_ref()
             .map_or(0, |c| c.with_device(|c| c.dropped_output()));
-        let serial_dropped = self.serial.as_ref().map_or(0, |s| s.dropped_output());
+        let (serial_written, serial_dropped) = self
+            .serial
+            .as_ref()
+            .map_or((0, 0), |s| (s.output_bytes(), s.dropped_output()));
         let mut lines = vec![
             format!("unhandled_port_accesses={}", self.io_bus.unknown_accesses()),
             format!(
@@ -369,6 +372,7 @@ impl DeviceManager {
                 handler_ns.checked_div(accesses).unwrap_or(0)
             ),
             format!("console_output_dropped_bytes={dropped}"),
+            format!("serial_output_bytes={serial_written}"),
             format!("serial_output_dropped_bytes={serial_dropped}"),
         ];
         for (bus, kind) in [(&self.io_bus, "port"), (&self.mmio_bus, "mmio")] {

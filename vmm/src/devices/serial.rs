@@ -117,6 +117,11 @@ impl OutputRing {
     pub fn dropped(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)
     }
+
+    /// Bytes ever given to the ring, kept or dropped.
+    pub fn given(&self) -> u64 {
+        self.tail.load(Ordering::Acquire) as u64 + self.dropped()
+    }
 }
 
 /// The UART's output side, on the vCPU: into the ring, watched line by
@@ -246,6 +251,11 @@ impl SerialConsole {
     /// Bytes of serial output dropped because the ring was full.
     pub fn dropped_output(&self) -> u64 {
         self.ring.dropped()
+    }
+
+    /// Bytes the guest wrote to the transmit register, kept or dropped.
+    pub fn output_bytes(&self) -> u64 {
+        self.ring.given()
     }
 
     /// Bytes waiting in the ring for the event loop.
@@ -403,6 +413,7 @@ mod tests {
             1001,
             "every byte logged or counted"
         );
+        assert_eq!(com1.output_bytes(), 1001, "every byte the guest wrote");
         assert!(
             com1.dropped_output() >= 1001 - 200,
             "the ring holds 100: {} dropped",

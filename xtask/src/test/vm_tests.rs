@@ -98,10 +98,12 @@ pub fn slow_agent_reader(scenario: &Scenario, accel: &Accel) -> Result<()> {
         let warned = box_log.contains("the serial log lost");
         match dropped {
             Some(n) if n > 0 && warned => println!(
-                "  perfbed-vmm dropped {n} bytes of serial output while the host did not read, counted and logged"
+                "  perfbed-vmm dropped {n} of {} bytes of serial output while the host did not read, counted and logged",
+                host::vmm::stat(&lines, "serial_output_bytes").unwrap_or(0)
             ),
             _ => bail!(
-                "the stalled serial console's overflow was not counted and logged (serial_output_dropped_bytes {dropped:?}, warning in box.log: {warned}): either the vCPUs waited for the host or the guest's flood did not fill perfbed-vmm's ring\n{}",
+                "the stalled serial console's overflow was not counted and logged (serial_output_dropped_bytes {dropped:?} of serial_output_bytes {:?}, warning in box.log: {warned}): either the vCPUs waited for the host or the guest's flood did not fill perfbed-vmm's ring and the buffers after it\n{}",
+                host::vmm::stat(&lines, "serial_output_bytes"),
                 lines.join("\n")
             ),
         }
