@@ -239,6 +239,13 @@ pub enum HotplugOp {
     /// Skipped (no error) when the PMU is parked or sits on CPU 0, which
     /// cannot go offline.
     FlapOwner { pmu: String },
+    /// Take `cpu` offline or online with hotplug state `state` armed in its
+    /// `hotplug/fail` (`CONFIG_CPU_HOTPLUG_STATE_CONTROL`): the kernel fails
+    /// the operation there with `EAGAIN`, rolls it back and disarms the
+    /// state. An operation that completes without reaching the state is
+    /// undone (the state disarmed, the CPU back), so the online set is
+    /// unchanged either way; [`HotplugOpResult::injected`] says which.
+    FailAt { cpu: u32, online: bool, state: i64 },
 }
 
 /// What one [`HotplugOp`] did.
@@ -261,6 +268,10 @@ pub struct HotplugOpResult {
     /// Each handle of the request's `read_handles` read after the op (its
     /// u64 words), or the errno's name.
     pub reads: Vec<Result<Vec<u64>, String>>,
+    /// For [`HotplugOp::FailAt`]: whether the operation failed at the armed
+    /// state (`true`) or completed without reaching it and was undone.
+    #[serde(default)]
+    pub injected: Option<bool>,
 }
 
 /// The answer to a [`HostRequest::HotplugBatch`].
@@ -662,12 +673,21 @@ mod tests {
                 HotplugOp::FlapOwner {
                     pmu: "perfbed_l3_1".into(),
                 },
+                HotplugOp::FailAt {
+                    cpu: 3,
+                    online: true,
+                    state: 155,
+                },
             ],
             watch_pmus: vec!["perfbed_l3_1".into()],
             read_handles: vec![1, 2],
         };
         let line = serde_json::to_string(&req).unwrap();
         assert!(line.contains(r#""op":"flap_owner""#), "{line}");
+        assert!(
+            line.contains(r#""op":"fail_at","cpu":3,"online":true,"state":155"#),
+            "{line}"
+        );
         assert_eq!(serde_json::from_str::<HostRequest>(&line).unwrap(), req);
         let msg = AgentMessage::HotplugBatch(HotplugBatchResult {
             masks_before: vec!["2".into()],
@@ -679,6 +699,7 @@ mod tests {
                 between: vec![],
                 online: "0-1".into(),
                 reads: vec![Ok(vec![1, 2, 3]), Err("EBADF".into())],
+                injected: Some(true),
             }],
         });
         let line = serde_json::to_string(&msg).unwrap();

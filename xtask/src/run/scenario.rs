@@ -17,7 +17,7 @@ use crate::host::config::VmConfig;
 use crate::host::vm::Vm;
 use crate::host::Accel;
 use crate::progress::human;
-use crate::trace::{save_trace_and_plot, SavedTrace};
+use crate::trace::{self, save_trace_and_plot, SavedTrace};
 
 #[derive(Debug, Clone)]
 pub struct Scenario {
@@ -85,6 +85,12 @@ const PERF_TRACING_CHECKS: [&str; 2] = ["perf stat cpuhp tracepoints", "perf tra
 pub fn run(scenario: &Scenario, accel: &Accel) -> Result<Report> {
     let booted = Vm::boot(&scenario.vm, accel)?;
     let (mut vm, hello) = (booted.vm, booted.hello);
+    // The guest kernel's hotplug states and placements, for the trace a
+    // failed check or `--plot` keeps; the run does not depend on them.
+    match trace::guest_kernel::start(&mut vm, scenario.request_timeout) {
+        Ok(what) => println!("guest kernel tracing: {what}"),
+        Err(e) => eprintln!("warning: the guest kernel's tracing is off: {e:#}"),
+    }
     let checks_start = Instant::now();
     // Each check's time is kept for the trace's plot.
     let mut checks = CheckLog::new();

@@ -153,7 +153,7 @@ const VM_TESTS: &[VmTest] = &[
     },
     VmTest {
         name: "hotplug_stress",
-        what: "on the debug kernel, a short seeded hotplug storm under live traffic: every count exact, no EBUSY, 0 violations, clean log",
+        what: "on the debug kernel, a short seeded hotplug storm under live traffic, hotplug fail injection among it: every count exact, every rollback's placement as the rule says, no EBUSY, 0 violations, clean log",
         variant: Variant::Debug,
         host: host::HostChoice::Qemu,
         run: hotplug_stress,

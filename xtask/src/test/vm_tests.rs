@@ -197,12 +197,13 @@ pub fn hotplug_stress(scenario: &Scenario, accel: &Accel) -> Result<()> {
     vm.device = stress::device(vm.cpus, None)?;
     let config = stress::StressConfig {
         replay: format!(
-            "cargo xtask stress --cycles {STRESS_CYCLES} --seed {STRESS_SEED} --cpus {}",
+            "cargo xtask stress --cycles {STRESS_CYCLES} --seed {STRESS_SEED} --cpus {} --fail-injection",
             vm.cpus
         ),
         vm,
         cycles: STRESS_CYCLES,
         seed: STRESS_SEED,
+        fail_injection: true,
         timeout: scenario.request_timeout,
     };
     let report = stress::execute(&config, accel)?;

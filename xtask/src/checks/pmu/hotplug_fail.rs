@@ -24,7 +24,7 @@ use crate::host::console::kernel_log_problems;
 
 const CPU_SYSFS: &str = "/sys/devices/system/cpu";
 /// perf's own hotplug state, where the perf core moves device-scope PMUs.
-const PERF_STATE: &str = "perf:online";
+pub const PERF_STATE: &str = "perf:online";
 /// What names the driver's own dynamic state, if it registers one.
 const DRIVER_STATE: &str = "perfbed";
 /// `CPUHP_INVALID`: a CPU's fail injection disarmed.
@@ -184,7 +184,11 @@ fn read_number(g: &mut Guest, path: &str) -> Result<i64> {
 /// [`AROUND_PERF`] failable states above perf's, down to perf's and the
 /// [`AROUND_PERF`] failable states below it. A state is failable when the
 /// kernel takes it in the fail file (it has a callback and is not atomic).
-fn chosen_states(g: &mut Guest, states: &[HotplugState], cpu: u32) -> Result<Vec<HotplugState>> {
+pub fn chosen_states(
+    g: &mut Guest,
+    states: &[HotplugState],
+    cpu: u32,
+) -> Result<Vec<HotplugState>> {
     let Some(perf) = states.iter().position(|s| s.name == PERF_STATE) else {
         bail!("no {PERF_STATE:?} among the hotplug states");
     };
