@@ -235,10 +235,13 @@ pub enum Reply {
 /// Parses one request line (without its newline); a bad one gives the
 /// error message that says why.
 pub fn parse_request(line: &[u8]) -> Result<Request, String> {
-    let request = serde_json::from_slice::<Request>(line).map_err(|e| format!("bad request: {e}"))?;
+    let request =
+        serde_json::from_slice::<Request>(line).map_err(|e| format!("bad request: {e}"))?;
     match request {
         Request::WaitLanded { timeout_ms } if timeout_ms > MAX_WAIT_MS => {
-            return Err(format!("bad request: timeout_ms {timeout_ms} is above the limit of {MAX_WAIT_MS}"));
+            return Err(format!(
+                "bad request: timeout_ms {timeout_ms} is above the limit of {MAX_WAIT_MS}"
+            ));
         }
         // serde's `deny_unknown_fields` does not reach an internally tagged
         // unit variant: check that `op` is its only field.
@@ -246,7 +249,9 @@ pub fn parse_request(line: &[u8]) -> Result<Request, String> {
             let fields: serde_json::Map<String, serde_json::Value> =
                 serde_json::from_slice(line).map_err(|e| format!("bad request: {e}"))?;
             if let Some(field) = fields.keys().find(|k| *k != "op") {
-                return Err(format!("bad request: unknown field `{field}`: this op takes none"));
+                return Err(format!(
+                    "bad request: unknown field `{field}`: this op takes none"
+                ));
             }
         }
         _ => {}
@@ -511,7 +516,9 @@ fn accept_loop(
                 }
                 let open = connections.lock().map_or(0, |map| map.len());
                 if open >= MAX_CONNECTIONS {
-                    let busy = Response::error(format!("too many connections ({open} open): try again later"));
+                    let busy = Response::error(format!(
+                        "too many connections ({open} open): try again later"
+                    ));
                     // Best effort: the client may not even read it.
                     let _ = stream.set_write_timeout(Some(ACCEPT_POLL));
                     let _ = stream.write_all(&encode(&busy));
@@ -674,7 +681,11 @@ impl ControlClient {
 
     /// Changes domain `domain`'s allowed CPUs to `cpus` (may be empty).
     pub fn set_allowed(&mut self, domain: u32, cpus: &[u32]) -> Result<(), ClientError> {
-        self.call(&Request::SetAllowed { domain, cpus: crate::cpus::format_cpu_list(cpus) }).map(drop)
+        self.call(&Request::SetAllowed {
+            domain,
+            cpus: crate::cpus::format_cpu_list(cpus),
+        })
+        .map(drop)
     }
 
     /// Waits until all injected traffic has landed.
@@ -750,14 +761,22 @@ mod tests {
         ];
         for (request, format) in requests {
             let reply = apply(&mut device, 1000, &request);
-            let Reply::Trace { snapshot, format: asked } = &reply else {
+            let Reply::Trace {
+                snapshot,
+                format: asked,
+            } = &reply
+            else {
                 panic!("{request:?} was answered under the lock: {reply:?}")
             };
             assert_eq!(*asked, format);
             assert!(snapshot.records.len() >= 50);
-            let Reply::Now(response) = reply.format() else { panic!("not formatted") };
+            let Reply::Now(response) = reply.format() else {
+                panic!("not formatted")
+            };
             match format {
-                TraceFormat::Lines => assert!(response.trace_lines.is_some_and(|t| t.lines.len() >= 100)),
+                TraceFormat::Lines => {
+                    assert!(response.trace_lines.is_some_and(|t| t.lines.len() >= 100))
+                }
                 TraceFormat::Entries => assert_eq!(response.trace.map(|t| t.len()), Some(100)),
                 // Records 50..100 of the reads (the ring started at 0).
                 TraceFormat::Accesses => {

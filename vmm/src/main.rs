@@ -6,7 +6,9 @@ use std::time::Instant;
 
 use clap::Parser;
 use perfbed_device::DeviceConfig;
-use perfbed_vmm::config::{default_domains, parse_domain_spec, EndpointsConfig, KernelConfig, MachineConfig};
+use perfbed_vmm::config::{
+    default_domains, parse_domain_spec, EndpointsConfig, KernelConfig, MachineConfig,
+};
 use perfbed_vmm::{bench, ExitStatus, GuestEnd, Vmm, VmmBuilder, VmmConfig};
 
 const AFTER_HELP: &str = "\
@@ -82,6 +84,10 @@ struct Cli {
     /// Write the serial console (ttyS0) here.
     #[arg(long, value_name = "PATH")]
     serial_log: Option<PathBuf>,
+    /// Keep each bus's first N guest accesses and print them at the end as
+    /// `perfbed-vmm: access` lines (seeds for the fuzz targets).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    record_accesses: usize,
     /// Instead of booting, measure N device MMIO exits against N bare exits
     /// on one vCPU and print the figures.
     #[arg(long, value_name = "N", conflicts_with = "kernel")]
@@ -94,10 +100,22 @@ fn parse_domain(spec: &str) -> Result<Vec<u32>, String> {
 
 impl Cli {
     fn config(self, kernel: PathBuf) -> VmmConfig {
-        let domains = if self.pmu_domains.is_empty() { default_domains(self.cpus) } else { self.pmu_domains };
+        let domains = if self.pmu_domains.is_empty() {
+            default_domains(self.cpus)
+        } else {
+            self.pmu_domains
+        };
         VmmConfig {
-            kernel: KernelConfig { path: kernel, initramfs: self.initramfs, cmdline: self.cmdline },
-            machine: MachineConfig { vcpus: self.cpus, memory_mib: self.memory, hide_xsave: self.no_xsave },
+            kernel: KernelConfig {
+                path: kernel,
+                initramfs: self.initramfs,
+                cmdline: self.cmdline,
+            },
+            machine: MachineConfig {
+                vcpus: self.cpus,
+                memory_mib: self.memory,
+                hide_xsave: self.no_xsave,
+            },
             device: DeviceConfig {
                 domains,
                 rmids: self.pmu_rmids,
@@ -111,6 +129,7 @@ impl Cli {
                 control_socket: self.control_socket,
                 agent_socket: self.agent_socket,
                 serial_log: self.serial_log,
+                record_accesses: self.record_accesses,
             },
         }
     }
@@ -127,7 +146,10 @@ fn main() -> ExitCode {
                 println!("device_mmio_round_trip_ns={:.0}", c.device_round_trip_ns);
                 println!("device_mmio_handler_ns={:.0}", c.device_handler_ns);
                 println!("bare_mmio_round_trip_ns={:.0}", c.bare_round_trip_ns);
-                println!("device_vs_bare_ratio={:.3}", c.device_round_trip_ns / c.bare_round_trip_ns);
+                println!(
+                    "device_vs_bare_ratio={:.3}",
+                    c.device_round_trip_ns / c.bare_round_trip_ns
+                );
                 ExitCode::SUCCESS
             }
             Err(e) => fail(ExitStatus::HostError, e.into()),

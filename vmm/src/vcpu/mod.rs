@@ -31,7 +31,11 @@ pub enum VcpuError {
         source: kvm_ioctls::Error,
     },
     #[error("vCPU {index}: KVM took {set} of {wanted} MSRs")]
-    Msrs { index: u8, set: usize, wanted: usize },
+    Msrs {
+        index: u8,
+        set: usize,
+        wanted: usize,
+    },
     #[error("vCPU {index}: building its MSR list failed")]
     MsrList { index: u8 },
     #[error("vCPU {index}: {entries} CPUID entries are more than KVM takes")]
@@ -48,10 +52,23 @@ pub struct Vcpu {
 impl Vcpu {
     /// Creates the vCPU at `placement` with CPUID (`supported`, plus the
     /// topology, without the vPMU), the boot MSRs and the LINT pins set.
-    pub fn new(vm: &VmFd, supported: &CpuId, placement: cpuid::Placement, hide_xsave: bool) -> Result<Vcpu, VcpuError> {
+    pub fn new(
+        vm: &VmFd,
+        supported: &CpuId,
+        placement: cpuid::Placement,
+        hide_xsave: bool,
+    ) -> Result<Vcpu, VcpuError> {
         let index = placement.index;
-        let kvm = |what| move |source| VcpuError::Kvm { index, what, source };
-        let fd = vm.create_vcpu(u64::from(index)).map_err(kvm("creating it"))?;
+        let kvm = |what| {
+            move |source| VcpuError::Kvm {
+                index,
+                what,
+                source,
+            }
+        };
+        let fd = vm
+            .create_vcpu(u64::from(index))
+            .map_err(kvm("creating it"))?;
         let mut entries = supported.as_slice().to_vec();
         cpuid::apply_topology(&mut entries, placement);
         if hide_xsave {
@@ -60,17 +77,25 @@ impl Vcpu {
         if vm.check_extension(kvm_ioctls::Cap::TscDeadlineTimer) {
             cpuid::offer_tsc_deadline(&mut entries);
         }
-        let cpuid = CpuId::from_entries(&entries).map_err(|_| VcpuError::CpuidList { index, entries: entries.len() })?;
+        let cpuid = CpuId::from_entries(&entries).map_err(|_| VcpuError::CpuidList {
+            index,
+            entries: entries.len(),
+        })?;
         fd.set_cpuid2(&cpuid).map_err(kvm("setting CPUID"))?;
         let entries = regs::boot_msrs();
         let msrs = Msrs::from_entries(&entries).map_err(|_| VcpuError::MsrList { index })?;
         let set = fd.set_msrs(&msrs).map_err(kvm("setting MSRs"))?;
         if set != entries.len() {
-            return Err(VcpuError::Msrs { index, set, wanted: entries.len() });
+            return Err(VcpuError::Msrs {
+                index,
+                set,
+                wanted: entries.len(),
+            });
         }
         let mut lapic = fd.get_lapic().map_err(kvm("reading the local APIC"))?;
         regs::set_lint(&mut lapic);
-        fd.set_lapic(&lapic).map_err(kvm("setting the local APIC"))?;
+        fd.set_lapic(&lapic)
+            .map_err(kvm("setting the local APIC"))?;
         Ok(Vcpu { index, fd })
     }
 
@@ -78,19 +103,38 @@ impl Vcpu {
     /// guest memory at [`GDT_ADDR`]).
     pub fn set_boot_state(&self, entry: &BootEntry) -> Result<(), VcpuError> {
         let index = self.index;
-        let kvm = |what| move |source| VcpuError::Kvm { index, what, source };
-        let mut sregs = self.fd.get_sregs().map_err(kvm("reading special registers"))?;
+        let kvm = |what| {
+            move |source| VcpuError::Kvm {
+                index,
+                what,
+                source,
+            }
+        };
+        let mut sregs = self
+            .fd
+            .get_sregs()
+            .map_err(kvm("reading special registers"))?;
         regs::boot_sregs(&mut sregs, entry, GDT_ADDR, IDT_ADDR);
-        self.fd.set_sregs(&sregs).map_err(kvm("setting special registers"))?;
-        self.fd.set_regs(&regs::boot_regs(entry)).map_err(kvm("setting registers"))?;
-        self.fd.set_fpu(&regs::boot_fpu()).map_err(kvm("setting the FPU"))?;
+        self.fd
+            .set_sregs(&sregs)
+            .map_err(kvm("setting special registers"))?;
+        self.fd
+            .set_regs(&regs::boot_regs(entry))
+            .map_err(kvm("setting registers"))?;
+        self.fd
+            .set_fpu(&regs::boot_fpu())
+            .map_err(kvm("setting the FPU"))?;
         Ok(())
     }
 
     /// Sets the general registers (the exit benchmark's small programs).
     pub fn set_regs(&self, regs: &kvm_bindings::kvm_regs) -> Result<(), VcpuError> {
         let index = self.index;
-        self.fd.set_regs(regs).map_err(|source| VcpuError::Kvm { index, what: "setting registers", source })
+        self.fd.set_regs(regs).map_err(|source| VcpuError::Kvm {
+            index,
+            what: "setting registers",
+            source,
+        })
     }
 
     pub fn index(&self) -> u8 {
@@ -134,14 +178,18 @@ impl Vcpu {
         // SAFETY: the exit reason is KVM_EXIT_IO, so `io` is the member of
         // the union the kernel filled.
         let exit = unsafe { run.__bindgen_anon_1.io };
-        let (size, len) = (usize::from(exit.size), usize::from(exit.size) * exit.count as usize);
+        let (size, len) = (
+            usize::from(exit.size),
+            usize::from(exit.size) * exit.count as usize,
+        );
         let base = (run as *mut kvm_bindings::kvm_run).cast::<u8>();
         // SAFETY: as in kvm-ioctls' `VcpuFd::run`, which builds the same
         // slice: the kernel puts the data `data_offset` bytes into the
         // vCPU's kvm_run mapping (KVM_GET_VCPU_MMAP_SIZE bytes, mapped for
         // the vCPU's life), `count * size` bytes of it; `self.fd` stays
         // borrowed mutably while the slice lives.
-        let data = unsafe { std::slice::from_raw_parts_mut(base.add(exit.data_offset as usize), len) };
+        let data =
+            unsafe { std::slice::from_raw_parts_mut(base.add(exit.data_offset as usize), len) };
         let port = u64::from(exit.port);
         if u32::from(exit.direction) == kvm_bindings::KVM_EXIT_IO_OUT {
             io.write_string(vcpu, port, size, data);
@@ -153,7 +201,13 @@ impl Vcpu {
     /// The vCPU with the buses it dispatches to, ready for its thread
     /// ([`handle::VcpuHandle::spawn`]).
     pub fn into_runner(self, io: Arc<Bus>, mmio: Arc<Bus>, stats: Arc<Stats>) -> BusRunner {
-        BusRunner { first_entry: self.index == 0, vcpu: self, io, mmio, stats }
+        BusRunner {
+            first_entry: self.index == 0,
+            vcpu: self,
+            io,
+            mmio,
+            stats,
+        }
     }
 }
 
@@ -212,12 +266,31 @@ mod tests {
     #[test]
     fn resets_end_the_run_as_resets_and_failure_exits_as_kvm_failures() {
         assert_eq!(end_of(0, VcpuExit::Shutdown), VcpuEnd::Reset);
-        assert_eq!(end_of(0, VcpuExit::SystemEvent(kvm_bindings::KVM_SYSTEM_EVENT_RESET, &[])), VcpuEnd::Reset);
-        for exit in [VcpuExit::FailEntry(0x21, 1), VcpuExit::InternalError, VcpuExit::Hlt, VcpuExit::Debug(Default::default())] {
+        assert_eq!(
+            end_of(
+                0,
+                VcpuExit::SystemEvent(kvm_bindings::KVM_SYSTEM_EVENT_RESET, &[])
+            ),
+            VcpuEnd::Reset
+        );
+        for exit in [
+            VcpuExit::FailEntry(0x21, 1),
+            VcpuExit::InternalError,
+            VcpuExit::Hlt,
+            VcpuExit::Debug(Default::default()),
+        ] {
             let what = format!("{exit:?}");
-            assert!(matches!(end_of(2, exit), VcpuEnd::KvmFailure(ref why) if why.starts_with("vCPU 2")), "{what}");
+            assert!(
+                matches!(end_of(2, exit), VcpuEnd::KvmFailure(ref why) if why.starts_with("vCPU 2")),
+                "{what}"
+            );
         }
-        let VcpuEnd::KvmFailure(why) = end_of(0, VcpuExit::FailEntry(0x21, 3)) else { unreachable!() };
-        assert!(why.contains("hardware reason 0x21") && why.contains("host CPU 3"), "{why}");
+        let VcpuEnd::KvmFailure(why) = end_of(0, VcpuExit::FailEntry(0x21, 3)) else {
+            unreachable!()
+        };
+        assert!(
+            why.contains("hardware reason 0x21") && why.contains("host CPU 3"),
+            "{why}"
+        );
     }
 }

@@ -37,6 +37,10 @@ pub fn command(
     command
 }
 
+/// Set to N, perfbed-vmm keeps the guest's first N accesses to each bus and
+/// prints them at the end of the run (`perfbed-vmm: access` lines).
+pub const RECORD_ACCESSES_ENV: &str = "PERFBED_VMM_RECORD_ACCESSES";
+
 /// perfbed-vmm's arguments for `config` (the box adds the kernel, the
 /// initramfs and the endpoints).
 pub fn vmm_args(config: &VmConfig, cmdline: &[String]) -> Vec<String> {
@@ -61,6 +65,12 @@ pub fn vmm_args(config: &VmConfig, cmdline: &[String]) -> Vec<String> {
     if matches!(config.host, Host::VmmBox(_)) {
         // TCG's SVM does not make XSETBV exit (see perfbed-vmm --help).
         args.push("--no-xsave".into());
+    }
+    // Seeds for the fuzz targets: the guest's first accesses to each bus,
+    // printed at the end of the run (fuzz/src/recorded.rs reads them).
+    if let Some(n) = std::env::var_os(RECORD_ACCESSES_ENV) {
+        args.push("--record-accesses".into());
+        args.push(n.to_string_lossy().into_owned());
     }
     for domain in &config.device.domains {
         args.push("--pmu-domain".into());
@@ -116,16 +126,20 @@ pub fn host_report(run_dir: &Path) -> Vec<String> {
 /// how many vCPU threads it stopped out of KVM and joined before reporting,
 /// of how many.
 pub fn vcpus_joined(report: &[String]) -> Option<(u32, u32)> {
-    let figure = |key: &str| {
-        report.iter().find_map(|l| {
-            l.split_once("perfbed-vmm: stat ")?
-                .1
-                .strip_prefix(key)?
-                .parse::<u32>()
-                .ok()
-        })
-    };
-    Some((figure("vcpus_joined=")?, figure("vcpus=")?))
+    let figure = |key| stat(report, key).and_then(|n| u32::try_from(n).ok());
+    Some((figure("vcpus_joined")?, figure("vcpus")?))
+}
+
+/// One `perfbed-vmm: stat key=N` figure of its report.
+pub fn stat(report: &[String], key: &str) -> Option<u64> {
+    report.iter().find_map(|l| {
+        l.split_once("perfbed-vmm: stat ")?
+            .1
+            .strip_prefix(key)?
+            .strip_prefix('=')?
+            .parse()
+            .ok()
+    })
 }
 
 #[cfg(test)]
@@ -147,11 +161,17 @@ mod tests {
 
     #[test]
     fn every_exit_status_is_named_and_others_are_not_taken_for_one() {
-        let named: Vec<String> = VmmExit::ALL.iter().map(|s| describe_code(i32::from(s.code()))).collect();
+        let named: Vec<String> = VmmExit::ALL
+            .iter()
+            .map(|s| describe_code(i32::from(s.code())))
+            .collect();
         for (status, text) in VmmExit::ALL.iter().zip(&named) {
             assert!(text.contains(&format!("({})", status.name())), "{text}");
         }
-        assert!(named[0].contains("powered-off") && named[3].contains("panicked"), "{named:?}");
+        assert!(
+            named[0].contains("powered-off") && named[3].contains("panicked"),
+            "{named:?}"
+        );
         assert!(named[5].contains("triple fault"), "{}", named[5]);
         assert!(describe_code(42).contains("not one of its own"));
         assert!(describe_code(-1).contains("not one of its own"));

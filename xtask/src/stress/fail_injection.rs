@@ -90,7 +90,11 @@ impl Tally {
             let after = &done.masks;
             if let HotplugOp::FailAt { cpu, online, state } = *op {
                 self.names.insert(state, failable.name(state).to_string());
-                let at = format!("batch {batch_no} op {i} ({} of CPU {cpu} failing at {state} {})", if online { "online" } else { "offline" }, failable.name(state));
+                let at = format!(
+                    "batch {batch_no} op {i} ({} of CPU {cpu} failing at {state} {})",
+                    if online { "online" } else { "offline" },
+                    failable.name(state)
+                );
                 match done.injected {
                     Some(injected) => {
                         *self.outcomes.entry((state, online, injected)).or_default() += 1;
@@ -112,7 +116,9 @@ impl Tally {
                             }
                         }
                     }
-                    None => self.problems.push(format!("{at}: no outcome ({:?})", done.error)),
+                    None => self
+                        .problems
+                        .push(format!("{at}: no outcome ({:?})", done.error)),
                 }
             }
             // A flap's middle look does not matter here: the last one does.
@@ -122,10 +128,17 @@ impl Tally {
 
     pub fn check(&self) -> Check {
         let mut problems = self.problems.clone();
-        let injected: u32 = self.outcomes.iter().filter(|((_, _, inj), _)| *inj).map(|(_, n)| n).sum();
+        let injected: u32 = self
+            .outcomes
+            .iter()
+            .filter(|((_, _, inj), _)| *inj)
+            .map(|(_, n)| n)
+            .sum();
         let total: u32 = self.outcomes.values().sum();
         if total > 0 && injected == 0 {
-            problems.push(format!("none of {total} operations failed at its state: no rollback was tried"));
+            problems.push(format!(
+                "none of {total} operations failed at its state: no rollback was tried"
+            ));
         }
         if total == 0 {
             problems.push("the schedule dealt no fail-injection step".into());
@@ -153,7 +166,11 @@ fn placement_problem(
     injected: bool,
     (was, is): (&str, &str),
 ) -> Option<String> {
-    let here: Vec<u32> = cpus.iter().copied().filter(|c| online_now.contains(c)).collect();
+    let here: Vec<u32> = cpus
+        .iter()
+        .copied()
+        .filter(|c| online_now.contains(c))
+        .collect();
     let is_cpu = match is {
         "" => None,
         text => match text.parse::<u32>() {
@@ -164,7 +181,9 @@ fn placement_problem(
     // The rule for any operation: on an online CPU of the domain, parked
     // only when none is.
     match is_cpu {
-        Some(c) if !here.contains(&c) => return Some(format!("is on CPU {c}, not an online CPU of {cpus:?}")),
+        Some(c) if !here.contains(&c) => {
+            return Some(format!("is on CPU {c}, not an online CPU of {cpus:?}"))
+        }
         None if !here.is_empty() => return Some(format!("is parked with {here:?} online")),
         _ => {}
     }
@@ -175,7 +194,8 @@ fn placement_problem(
     let owner = was.parse::<u32>().ok();
     let moved_off = !online && owner == Some(cpu) && cpus.contains(&cpu) && state < perf;
     if !moved_off {
-        return (was != is).then(|| format!("moved {was:?} → {is:?}, where the rollback leaves it"));
+        return (was != is)
+            .then(|| format!("moved {was:?} → {is:?}, where the rollback leaves it"));
     }
     let others: Vec<u32> = here.iter().copied().filter(|&c| c != cpu).collect();
     match is_cpu {
@@ -193,7 +213,12 @@ mod tests {
     const PERF: i64 = 155;
     const DOMAIN: [u32; 2] = [2, 3];
 
-    fn problem(op: (u32, bool, i64), injected: bool, online: &[u32], masks: (&str, &str)) -> Option<String> {
+    fn problem(
+        op: (u32, bool, i64),
+        injected: bool,
+        online: &[u32],
+        masks: (&str, &str),
+    ) -> Option<String> {
         placement_problem(&DOMAIN, online, (op.0, op.1, op.2, PERF), injected, masks)
     }
 
@@ -216,16 +241,29 @@ mod tests {
         assert_eq!(problem((2, true, 160), true, &[0, 1], ("", "")), None);
         assert!(problem((2, true, 160), true, &[0, 1], ("", "2")).is_some());
         // A non-owner's failed offline does not move the PMU.
-        assert_eq!(problem((3, false, 140), true, &[0, 1, 2, 3], ("2", "2")), None);
+        assert_eq!(
+            problem((3, false, 140), true, &[0, 1, 2, 3], ("2", "2")),
+            None
+        );
         assert!(problem((3, false, 140), true, &[0, 1, 2, 3], ("2", "3")).is_some());
         // Another domain's PMU never moves.
-        assert!(placement_problem(&[0, 1], &[0, 1, 2, 3], (2, false, 140, PERF), true, ("1", "0")).is_some());
+        assert!(placement_problem(
+            &[0, 1],
+            &[0, 1, 2, 3],
+            (2, false, 140, PERF),
+            true,
+            ("1", "0")
+        )
+        .is_some());
     }
 
     #[test]
     fn every_pmu_sits_on_an_online_cpu_of_its_domain() {
         // Not reached (completed and undone): only the general rule.
-        assert_eq!(problem((2, false, 140), false, &[0, 1, 2, 3], ("2", "3")), None);
+        assert_eq!(
+            problem((2, false, 140), false, &[0, 1, 2, 3], ("2", "3")),
+            None
+        );
         assert!(problem((2, false, 140), false, &[0, 1, 2, 3], ("2", "")).is_some());
         assert!(problem((2, false, 140), false, &[0, 1, 3], ("3", "2")).is_some());
         assert!(problem((2, false, 140), false, &[0, 1, 2, 3], ("2", "2-3")).is_some());

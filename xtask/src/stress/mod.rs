@@ -183,7 +183,11 @@ pub fn run(ws: &Path, args: &StressArgs) -> Result<bool> {
         "cargo xtask stress --cycles {} --seed {seed}{}{}",
         args.cycles,
         args.guest_flags(),
-        if args.fail_injection { " --fail-injection" } else { "" }
+        if args.fail_injection {
+            " --fail-injection"
+        } else {
+            ""
+        }
     );
     // Refuse a topology the schedule cannot use before minutes go into a build.
     schedule::generate(
@@ -192,7 +196,7 @@ pub fn run(ws: &Path, args: &StressArgs) -> Result<bool> {
         1,
         &schedule::kinds(args.fail_injection),
     )
-        .map_err(|e| anyhow::anyhow!("{}", e.0))?;
+    .map_err(|e| anyhow::anyhow!("{}", e.0))?;
     let images = image::ensure(ws, variant)?;
     let accel = host::choose_accel();
     let (placement, why) = host::choose_host(args.host, &accel);

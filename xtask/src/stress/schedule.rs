@@ -426,7 +426,9 @@ mod tests {
                     Op::FailAt { cpu: 0, .. } => {
                         return Err(format!("step {i} fails a hotplug of CPU 0"))
                     }
-                    Op::FailAt { cpu, online: up, .. } if online.contains(&cpu) == up => {
+                    Op::FailAt {
+                        cpu, online: up, ..
+                    } if online.contains(&cpu) == up => {
                         return Err(format!(
                             "step {i} fails CPU {cpu} {} where it already is",
                             if up { "online" } else { "offline" }

@@ -53,7 +53,10 @@ pub fn start(vm: &mut Vm, timeout: Duration) -> Result<String> {
             ..
         } => Ok(stdout.trim().to_string()),
         AgentMessage::Ran { status, stderr, .. } => {
-            bail!("turning the guest's tracing on exited {status:?}: {}", stderr.trim())
+            bail!(
+                "turning the guest's tracing on exited {status:?}: {}",
+                stderr.trim()
+            )
         }
         other => bail!("turning the guest's tracing on: {other:?}"),
     }
@@ -97,7 +100,11 @@ fn record(line: &str) -> Option<Record<'_>> {
     let (secs, frac) = stamp.split_once('.')?;
     let digits = frac.len().min(9);
     let frac_ns: u64 = frac[..digits].parse::<u64>().ok()? * 10u64.pow(9 - digits as u32);
-    let ns = secs.parse::<u64>().ok()?.checked_mul(1_000_000_000)?.checked_add(frac_ns)?;
+    let ns = secs
+        .parse::<u64>()
+        .ok()?
+        .checked_mul(1_000_000_000)?
+        .checked_add(frac_ns)?;
     let (event, fields) = rest[colon + 2..].split_once(':')?;
     Some(Record {
         ns,
@@ -147,7 +154,11 @@ pub fn lines(ftrace: &str, offset: ClockOffset) -> Vec<String> {
     for record in ftrace.lines().filter_map(record) {
         let mut fields = pairs(record.fields);
         let field = |fields: &[(String, String)], k: &str| {
-            fields.iter().find(|(key, _)| key == k).map(|(_, v)| v.clone()).unwrap_or_default()
+            fields
+                .iter()
+                .find(|(key, _)| key == k)
+                .map(|(_, v)| v.clone())
+                .unwrap_or_default()
         };
         let keep = match record.event {
             "cpuhp_enter" | "cpuhp_multi_enter" | "cpuhp_exit" => true,
@@ -167,7 +178,11 @@ pub fn lines(ftrace: &str, offset: ClockOffset) -> Vec<String> {
                 // The lane is the domain of the CPU the PMU gets, or for a
                 // park of the CPU that parked it (an offline's runs on the
                 // CPU going down).
-                let cpu = if to.starts_with('-') { record.ran_on.to_string() } else { to };
+                let cpu = if to.starts_with('-') {
+                    record.ran_on.to_string()
+                } else {
+                    to
+                };
                 fields.retain(|(k, _)| k != "cpu" && k != "pmu");
                 fields.insert(0, ("cpu".into(), cpu));
                 fields.push(("ran_on".into(), record.ran_on.to_string()));
@@ -213,7 +228,10 @@ mod tests {
     #[test]
     fn perf_states_and_placements_become_guest_kernel_lines() {
         let lines = lines(FTRACE, ClockOffset(1_000));
-        let bodies: Vec<&str> = lines.iter().map(|l| l.split_once(" - ").unwrap().1).collect();
+        let bodies: Vec<&str> = lines
+            .iter()
+            .map(|l| l.split_once(" - ").unwrap().1)
+            .collect();
         assert_eq!(
             bodies,
             [
