@@ -573,49 +573,6 @@ fn gauge_left_alone(ctx: &mut Ctx, d: usize, alone: Alone) -> Result<(Vec<String
     ))
 }
 
-/// O. RESET of an event disabled while parked (the driver keeps what it
-///    read before the park for such an event, to give it at its next
-///    `add`): 1 MiB, park, 2 MiB, DISABLE, RESET, unpark, 4 MiB (disabled),
-///    ENABLE, 8 MiB. Only the 8 MiB count: nothing kept from before the
-///    RESET may come back at the ENABLE.
-pub fn reset_of_event_disabled_while_parked(ctx: &mut Ctx) -> Result<Check> {
-    let (d, allowed) = movable_domain(ctx)?;
-    let r = rmid(ctx, 29);
-    let h = open_with(ctx, d, r, TIMES, 0, None)?;
-    inject(ctx, d, r, MIB)?;
-    park(ctx, &allowed, false)?;
-    inject(ctx, d, r, 2 * MIB)?;
-    must(ctx, h, PerfIoctl::Disable { group: false })?;
-    must(ctx, h, PerfIoctl::Reset { group: false })?;
-    let reset = ctx.g.read(h)?;
-    park(ctx, &allowed, true)?;
-    inject(ctx, d, r, 4 * MIB)?;
-    let off = ctx.g.read(h)?;
-    must(ctx, h, PerfIoctl::Enable { group: false })?;
-    inject(ctx, d, r, 8 * MIB)?;
-    let end = ctx.g.read(h)?;
-    ctx.g.close(h)?;
-    let mut problems = Vec::new();
-    if reset[0] != 0 || off[0] != 0 || end[0] != 8 * MIB || end[2] > end[1] {
-        problems.push(format!(
-            "1 MiB, park, 2 MiB, DISABLE, RESET: read {reset:?}; unpark, 4 MiB disabled: read {off:?} (want value 0 both); ENABLE, 8 MiB: value {} enabled {} running {} (want {}, running <= enabled)",
-            end[0],
-            end[1],
-            end[2],
-            8 * MIB
-        ));
-    }
-    Ok(Check::from_problems(
-        "attack: reset of event disabled while parked",
-        problems,
-        format!(
-            "{}: counted {} = only the 8 MiB after the ENABLE",
-            pmu_name(d),
-            end[0]
-        ),
-    ))
-}
-
 /// P. RESET of an llc_occupancy gauge: on the owner it reads the occupancy
 ///    again at once (it is counting); while parked 0 until it counts, and
 ///    the occupancy again after the return.
@@ -814,10 +771,6 @@ pub(super) const CHECKS: &[Named] = &[
         mixed_leader_closed_while_parked,
     ),
     ("attack: pinned across park", pinned_across_park),
-    (
-        "attack: reset of event disabled while parked",
-        reset_of_event_disabled_while_parked,
-    ),
     ("attack: gauge reset", gauge_reset),
     ("attack: exclusive across park", exclusive_across_park),
     (

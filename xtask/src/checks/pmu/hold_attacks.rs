@@ -399,97 +399,6 @@ pub fn group_frozen_on_holding_cpu(ctx: &mut Ctx) -> Result<Check> {
     })
 }
 
-/// H5. RESET while parked on CPU 0. CPU 0's domain on CPU 0, a cpu-clock
-///     on CPU 0, A and B enabled, a reference R: 1 MiB, parked in place,
-///     2 MiB, A RESET; B DISABLEd, RESET and ENABLEd, all while parked;
-///     4 MiB, placed on CPU 0, 8 MiB. The contract: RESET zeroes the
-///     value, and what landed before it, unread in the parked PMU, never
-///     counts after it; an ENABLE thaws the slot, parked or not. So A and
-///     B read 0 right after, exactly 4 MiB at the placement, exactly 4 + 8
-///     MiB at the end (the last window at 100 %); R all 15 MiB.
-pub fn reset_while_parked_on_holding_cpu(ctx: &mut Ctx) -> Result<Check> {
-    let (d, _) = holding_domain(ctx)?;
-    with_defaults_back(ctx, |ctx| {
-        place(ctx, d, &[0], &[0])?;
-        let clock = cpu_clock(ctx, 0, None)?;
-        let ([a, b], [ra, rb]) = open_two(ctx, d, 4, 5, false)?;
-        let rr = rmid(ctx, 6);
-        let reference = open_with(ctx, d, rr, TIMES, 0, None)?;
-        let hs = [a, b, reference];
-        let every = [(ra, 1), (rb, 1), (rr, 1)];
-        let burst = |ctx: &mut Ctx, x: u64| burst_each(ctx, d, &every, x);
-        let st = ctx.g.read_many(&hs)?;
-        burst(ctx, MIB)?;
-        place(ctx, d, &[], &[])?;
-        burst(ctx, 2 * MIB)?;
-        must(ctx, a, PerfIoctl::Reset { group: false })?;
-        must(ctx, b, PerfIoctl::Disable { group: false })?;
-        must(ctx, b, PerfIoctl::Reset { group: false })?;
-        must(ctx, b, PerfIoctl::Enable { group: false })?;
-        let z = ctx.g.read_many(&hs)?;
-        burst(ctx, 4 * MIB)?;
-        place(ctx, d, &[0], &[0])?;
-        let there = ctx.g.read_many(&hs)?;
-        burst(ctx, 8 * MIB)?;
-        let end = ctx.g.read_many(&hs)?;
-        for h in hs {
-            ctx.g.close(h)?;
-        }
-        ctx.g.close(clock)?;
-        let mut problems = Vec::new();
-        let names = ["A (RESET)", "B (DISABLE, RESET, ENABLE)", "R"];
-        for (i, name) in names.iter().enumerate() {
-            clocks_never_back(
-                name,
-                &[
-                    ("open", &st[i]),
-                    ("the RESETs while parked on CPU 0", &z[i]),
-                    ("placed on CPU 0", &there[i]),
-                    ("8 MiB", &end[i]),
-                ],
-                &mut problems,
-            );
-        }
-        for (i, name) in names[..2].iter().enumerate() {
-            if z[i][0] != 0 || there[i][0] != 4 * MIB || end[i][0] != 12 * MIB {
-                problems.push(format!(
-                    "{name}: 1 MiB, parked on CPU 0 in place, 2 MiB, RESET while parked, 4 MiB, placed on CPU 0, 8 MiB: read {} then {} at the placement, {} at the end (want 0, exactly 4 MiB, exactly 4 + 8 MiB: what landed before the RESET never counts after it)",
-                    bursts_in(z[i][0]),
-                    bursts_in(there[i][0]),
-                    bursts_in(end[i][0])
-                ));
-            }
-            judge_exact(
-                &format!("{name}: placed on CPU 0, 8 MiB"),
-                &there[i],
-                &end[i],
-                8 * MIB,
-                &mut problems,
-            );
-        }
-        judge_exact(
-            "R, enabled throughout",
-            &st[2],
-            &end[2],
-            15 * MIB,
-            &mut problems,
-        );
-        Ok(Check::from_problems(
-            "hold-attack: reset while parked on holding cpu",
-            problems,
-            format!(
-                "{}: RESET while parked on CPU 0 (one event also DISABLEd and ENABLEd around it): {} and {} at the placement, {} and {} at the end; R {}",
-                pmu_name(d),
-                bursts_in(there[0][0]),
-                bursts_in(there[1][0]),
-                bursts_in(end[0][0]),
-                bursts_in(end[1][0]),
-                bursts_in(end[2][0].wrapping_sub(st[2][0]))
-            ),
-        ))
-    })
-}
-
 /// Over one window between `start` and `end` reads of events of one PMU:
 /// whether more ran at once than it has `slots` (beyond the reads' skew).
 fn over_slots(start: &[Vec<u64>], end: &[Vec<u64>], slots: usize) -> Option<String> {
@@ -1058,10 +967,6 @@ pub(super) const CHECKS: &[Named] = &[
     (
         "hold-attack: group frozen on holding cpu",
         group_frozen_on_holding_cpu,
-    ),
-    (
-        "hold-attack: reset while parked on holding cpu",
-        reset_while_parked_on_holding_cpu,
     ),
     (
         "hold-attack: contended on holding cpu",
