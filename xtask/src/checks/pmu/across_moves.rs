@@ -25,8 +25,8 @@ use super::moves::movable_domain;
 use super::multiplexing::Window;
 use crate::checks::Check;
 use crate::guest::perf_abi::{
-    FLAG_EXCLUSIVE, FORMAT_TOTAL_TIME_ENABLED,
-    FORMAT_TOTAL_TIME_RUNNING, PERF_COUNT_SW_CPU_CLOCK, PERF_TYPE_SOFTWARE,
+    FLAG_EXCLUSIVE, FORMAT_TOTAL_TIME_ENABLED, FORMAT_TOTAL_TIME_RUNNING, PERF_COUNT_SW_CPU_CLOCK,
+    PERF_TYPE_SOFTWARE,
 };
 use crate::guest::pmu_name;
 

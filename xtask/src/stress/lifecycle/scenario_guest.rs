@@ -109,12 +109,7 @@ pub fn library() -> Result<&'static [Written]> {
 /// loaded): each PMU put on its domain's first CPU, the file parsed with
 /// the agent's next handle, its journal saved into `journal_dir`; its
 /// verdict, the guest left as the scenario found it.
-pub fn carry_out_file(
-    ctx: &mut Ctx,
-    file: &Path,
-    text: &str,
-    journal_dir: &Path,
-) -> Result<Check> {
+pub fn carry_out_file(ctx: &mut Ctx, file: &Path, text: &str, journal_dir: &Path) -> Result<Check> {
     let Ctx {
         g,
         control,
