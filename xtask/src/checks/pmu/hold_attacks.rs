@@ -33,7 +33,6 @@ use super::moves::movable_domain;
 use super::redteam::{must, open_with, rmid, truth, Many, Named};
 use super::semantics::{lost_wraps_file, two_wrap_park};
 use crate::checks::Check;
-use crate::guest::perf_abi::FLAG_DISABLED;
 use crate::guest::pmu_name;
 
 /// Steady traffic while the PMU parks and is placed: 64 MiB/s, so that a
@@ -285,120 +284,6 @@ pub fn traffic_through_other_domain_on_cpu0(ctx: &mut Ctx) -> Result<Check> {
     })
 }
 
-/// H4. A group DISABLEd with PERF_IOC_FLAG_GROUP while parked on CPU 0,
-///     where it counted. CPU 0's domain on CPU 0, a cpu-clock on CPU 0,
-///     `{L, S}` (S gets twice each burst) and a reference R: 1 MiB, the
-///     set emptied (parked in place), 2 MiB, DISABLE|GROUP issued on S,
-///     4 MiB, the set {0} (placed in place), a read, 8 MiB, a read,
-///     ENABLE|GROUP on L, 16 MiB, parked in place again, 32 MiB, placed
-///     again. The contract: both members frozen at the DISABLE, read
-///     exactly at the placement (L 1 + 2, S twice that), unchanged and
-///     clocks still while disabled; after the ENABLE exactly 16 + 32 MiB
-///     (×2 for S) at 100 %; R all 63 MiB.
-pub fn group_frozen_on_holding_cpu(ctx: &mut Ctx) -> Result<Check> {
-    let (d, _) = holding_domain(ctx)?;
-    with_defaults_back(ctx, |ctx| {
-        place(ctx, d, &[0], &[0])?;
-        let clock = cpu_clock(ctx, 0, None)?;
-        let ([l, s], [rl, rs]) = open_two(ctx, d, 1, 2, true)?;
-        let rr = rmid(ctx, 3);
-        let reference = open_with(ctx, d, rr, TIMES, 0, None)?;
-        let hs = [l, s, reference];
-        let every = [(rl, 1), (rs, 2), (rr, 1)];
-        let burst = |ctx: &mut Ctx, x: u64| burst_each(ctx, d, &every, x);
-        let st = ctx.g.read_many(&hs)?;
-        burst(ctx, MIB)?;
-        place(ctx, d, &[], &[])?;
-        burst(ctx, 2 * MIB)?;
-        must(ctx, s, PerfIoctl::Disable { group: true })?;
-        let off = ctx.g.read_many(&hs)?;
-        burst(ctx, 4 * MIB)?;
-        place(ctx, d, &[0], &[0])?;
-        let there = ctx.g.read_many(&hs)?;
-        burst(ctx, 8 * MIB)?;
-        let still = ctx.g.read_many(&hs)?;
-        must(ctx, l, PerfIoctl::Enable { group: true })?;
-        let on = ctx.g.read_many(&hs)?;
-        burst(ctx, 16 * MIB)?;
-        place(ctx, d, &[], &[])?;
-        burst(ctx, 32 * MIB)?;
-        place(ctx, d, &[0], &[0])?;
-        let end = ctx.g.read_many(&hs)?;
-        for h in hs {
-            ctx.g.close(h)?;
-        }
-        ctx.g.close(clock)?;
-        let mut problems = Vec::new();
-        let names = ["L", "S", "R"];
-        for (i, name) in names.iter().enumerate() {
-            clocks_never_back(
-                name,
-                &[
-                    ("open", &st[i]),
-                    ("DISABLE|GROUP while parked on CPU 0", &off[i]),
-                    ("placed on CPU 0", &there[i]),
-                    ("8 MiB, disabled", &still[i]),
-                    ("ENABLE|GROUP", &on[i]),
-                    ("parked and placed on CPU 0 again", &end[i]),
-                ],
-                &mut problems,
-            );
-        }
-        let mut counted = Vec::new();
-        for (i, name) in names[..2].iter().enumerate() {
-            let m = every[i].1;
-            let got = there[i][0].wrapping_sub(st[i][0]);
-            counted.push(format!("{name} {}", bursts_in(got)));
-            if got != 3 * m * MIB || still[i][0] != there[i][0] {
-                problems.push(format!(
-                    "{name}: {m} MiB, parked on CPU 0 in place, {} MiB, DISABLE|GROUP, {} MiB, placed on CPU 0: read {:?}: counted {} (want exactly the {} MiB frozen at the DISABLE), then {} after {} MiB more while disabled (want unchanged)",
-                    2 * m,
-                    4 * m,
-                    there[i],
-                    bursts_in(got),
-                    3 * m,
-                    bursts_in(still[i][0].wrapping_sub(st[i][0])),
-                    8 * m
-                ));
-            }
-            clocks_still(
-                &format!("{name}: DISABLE|GROUP while parked to after the placement, 8 MiB"),
-                &off[i],
-                &still[i],
-                &mut problems,
-            );
-            judge_exact(
-                &format!(
-                    "{name}: ENABLE|GROUP on CPU 0, {} MiB, parked and placed in place, {} MiB",
-                    16 * m,
-                    32 * m
-                ),
-                &on[i],
-                &end[i],
-                48 * m * MIB,
-                &mut problems,
-            );
-        }
-        judge_exact(
-            "R, enabled throughout",
-            &st[2],
-            &end[2],
-            63 * MIB,
-            &mut problems,
-        );
-        Ok(Check::from_problems(
-            "hold-attack: group frozen on holding cpu",
-            problems,
-            format!(
-                "{}: {{L, S}} DISABLEd with PERF_IOC_FLAG_GROUP while parked on CPU 0, placed there: {} at the placement; exact after the ENABLE; R {}",
-                pmu_name(d),
-                counted.join(", "),
-                bursts_in(end[2][0].wrapping_sub(st[2][0]))
-            ),
-        ))
-    })
-}
-
 /// Over one window between `start` and `end` reads of events of one PMU:
 /// whether more ran at once than it has `slots` (beyond the reads' skew).
 fn over_slots(start: &[Vec<u64>], end: &[Vec<u64>], slots: usize) -> Option<String> {
@@ -609,106 +494,6 @@ pub fn rounds_without_reads(ctx: &mut Ctx) -> Result<Check> {
                 bursts_in(end[0][0].wrapping_sub(st[0][0])),
                 bursts_in(b_got),
                 bursts_in(end[2][0])
-            ),
-        ))
-    })
-}
-
-/// H8. Opens and a first ENABLE while parked on CPU 0. CPU 0's domain on
-///     CPU 0, a cpu-clock on CPU 0, D opened disabled and a reference R:
-///     1 MiB, parked in place, an open (ENODEV), 2 MiB, D ENABLEd while
-///     parked, 4 MiB, placed on CPU 0, 8 MiB. The contract: new opens
-///     ENODEV while parked; D never counts what landed before its ENABLE
-///     (4 MiB at the placement if it counted once ENABLEd while parked, 0
-///     if only from the placement), then exactly 8 MiB at 100 %; R all 15.
-pub fn enabled_while_parked_on_holding_cpu(ctx: &mut Ctx) -> Result<Check> {
-    let (d, _) = holding_domain(ctx)?;
-    with_defaults_back(ctx, |ctx| {
-        place(ctx, d, &[0], &[0])?;
-        let clock = cpu_clock(ctx, 0, None)?;
-        let (rd, rr) = (rmid(ctx, 4), rmid(ctx, 5));
-        let dd = open_with(ctx, d, rd, TIMES, FLAG_DISABLED, None)?;
-        let reference = open_with(ctx, d, rr, TIMES, 0, None)?;
-        let hs = [dd, reference];
-        let every = [(rd, 1), (rr, 1)];
-        let burst = |ctx: &mut Ctx, x: u64| burst_each(ctx, d, &every, x);
-        let mut problems = Vec::new();
-        let st = ctx.g.read_many(&hs)?;
-        burst(ctx, MIB)?;
-        place(ctx, d, &[], &[])?;
-        let opened = ctx
-            .g
-            .open(ctx.attr(d, Event::MbmTotalBytes, rmid(ctx, 7)), None)?;
-        match opened {
-            Err(ref e) if e == "ENODEV" => {}
-            Ok(x) => {
-                ctx.g.close(x)?;
-                problems.push("parked in place on CPU 0, an open succeeded (want ENODEV)".into());
-            }
-            Err(e) => problems.push(format!(
-                "parked in place on CPU 0, an open gave {e} (want ENODEV)"
-            )),
-        }
-        burst(ctx, 2 * MIB)?;
-        must(ctx, dd, PerfIoctl::Enable { group: false })?;
-        let on = ctx.g.read_many(&hs)?;
-        burst(ctx, 4 * MIB)?;
-        place(ctx, d, &[0], &[0])?;
-        let there = ctx.g.read_many(&hs)?;
-        burst(ctx, 8 * MIB)?;
-        let end = ctx.g.read_many(&hs)?;
-        for h in hs {
-            ctx.g.close(h)?;
-        }
-        ctx.g.close(clock)?;
-        for (i, name) in ["D", "R"].iter().enumerate() {
-            clocks_never_back(
-                name,
-                &[
-                    ("open", &st[i]),
-                    ("D ENABLEd while parked on CPU 0", &on[i]),
-                    ("placed on CPU 0", &there[i]),
-                    ("8 MiB", &end[i]),
-                ],
-                &mut problems,
-            );
-        }
-        if st[0] != [0, 0, 0] || on[0][0] != 0 || on[0][1] > 100_000_000 {
-            problems.push(format!(
-                "D: opened disabled, read {:?}; 1 + 2 MiB, ENABLEd while parked: read {:?} (want 0, 0, 0 then value 0 and time_enabled only since the ENABLE)",
-                st[0], on[0]
-            ));
-        }
-        let got = there[0][0];
-        if got != 0 && got != 4 * MIB {
-            problems.push(format!(
-                "D: opened disabled, 1 MiB, parked, 2 MiB, ENABLEd while parked, 4 MiB, placed on CPU 0: counted {} (want 4 MiB, or 0 if it counts from the placement; never the 1 + 2 MiB before its ENABLE)",
-                bursts_in(got)
-            ));
-        }
-        judge_exact(
-            "D: placed on CPU 0, 8 MiB",
-            &there[0],
-            &end[0],
-            8 * MIB,
-            &mut problems,
-        );
-        judge_exact(
-            "R, enabled throughout",
-            &st[1],
-            &end[1],
-            15 * MIB,
-            &mut problems,
-        );
-        Ok(Check::from_problems(
-            "hold-attack: enabled while parked on holding cpu",
-            problems,
-            format!(
-                "{}: parked in place on CPU 0: open ENODEV; D ENABLEd there counted {} to the placement, {} after; R {}",
-                pmu_name(d),
-                bursts_in(got),
-                bursts_in(end[0][0].wrapping_sub(there[0][0])),
-                bursts_in(end[1][0].wrapping_sub(st[1][0]))
             ),
         ))
     })
@@ -965,18 +750,10 @@ pub(super) const CHECKS: &[Named] = &[
         traffic_through_other_domain_on_cpu0,
     ),
     (
-        "hold-attack: group frozen on holding cpu",
-        group_frozen_on_holding_cpu,
-    ),
-    (
         "hold-attack: contended on holding cpu",
         contended_on_holding_cpu,
     ),
     ("hold-attack: rounds without reads", rounds_without_reads),
-    (
-        "hold-attack: enabled while parked on holding cpu",
-        enabled_while_parked_on_holding_cpu,
-    ),
     (
         "hold-attack: hotplug while parked by set",
         hotplug_while_parked_by_set,
