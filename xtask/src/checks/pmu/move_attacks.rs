@@ -807,128 +807,6 @@ pub fn pinned_among_multiplexed_across_moves(ctx: &mut Ctx) -> Result<Check> {
     ))
 }
 
-/// S6. `{mbm_total leader, llc_occupancy sibling, mbm_local sibling}` of
-///     one RMID: RESET|GROUP issued on the gauge right after a move zeroes
-///     both counters (the gauge, counting, reads the occupancy again);
-///     DISABLE|GROUP on a sibling right after a second move freezes all
-///     three (the gauge keeps the occupancy of its last counting moment
-///     though the occupancy changes); ENABLE|GROUP on the gauge: it reads
-///     the new occupancy and the counters count exactly. Every member at
-///     100 % while enabled (two counters: no contention).
-pub fn gauge_group_ioctls_after_moves(ctx: &mut Ctx) -> Result<Check> {
-    let (d, _) = movable_domain(ctx)?;
-    let r = rmid(ctx, 7);
-    let unit = ctx.device.unit_bytes;
-    let (occ1, occ2) = (1234 * unit, 4321 * unit);
-    ctx.control.set_occupancy(d as u32, r, occ1)?;
-    let leader = open_with(ctx, d, r, TIMES, 0, None)?;
-    let open_member = |ctx: &mut Ctx, ev: Event| -> Result<u32> {
-        let mut attr = ctx.attr(d, ev, r);
-        attr.read_format = TIMES;
-        match ctx.g.open(attr, Some(leader))? {
-            Ok(h) => Ok(h),
-            Err(errno) => bail!("opening {ev:?} as a sibling: {errno}"),
-        }
-    };
-    let gauge = open_member(ctx, Event::LlcOccupancy)?;
-    let local = open_member(ctx, Event::MbmLocalBytes)?;
-    let hs = [leader, gauge, local];
-    let burst = |ctx: &mut Ctx, b: u64| -> Result<()> {
-        ctx.inject_and_land(&[
-            (d, r, Event::MbmTotalBytes, b),
-            (d, r, Event::MbmLocalBytes, 2 * b),
-        ])
-    };
-    let first = ctx.g.read_many(&hs)?;
-    burst(ctx, MIB)?;
-    let o = move_away(ctx, d)?;
-    must(ctx, gauge, PerfIoctl::Reset { group: true })?;
-    let x = ctx.g.read_many(&hs)?;
-    burst(ctx, 2 * MIB)?;
-    ctx.g.set_online(o, true)?;
-    let y = ctx.g.read_many(&hs)?;
-    let o = move_away(ctx, d)?;
-    must(ctx, local, PerfIoctl::Disable { group: true })?;
-    let z0 = ctx.g.read_many(&hs)?;
-    burst(ctx, 4 * MIB)?;
-    ctx.control.set_occupancy(d as u32, r, occ2)?;
-    let z1 = ctx.g.read_many(&hs)?;
-    must(ctx, gauge, PerfIoctl::Enable { group: true })?;
-    let w = ctx.g.read_many(&hs)?;
-    burst(ctx, 8 * MIB)?;
-    ctx.g.set_online(o, true)?;
-    let v = ctx.g.read_many(&hs)?;
-    for h in [local, gauge, leader] {
-        ctx.g.close(h)?;
-    }
-    ctx.control.set_occupancy(d as u32, r, 0)?;
-    let mut problems = Vec::new();
-    let values = |r: &[Vec<u64>]| [r[0][0], r[1][0], r[2][0]];
-    let want = [
-        (
-            "RESET|GROUP on the gauge right after a move",
-            &x,
-            [0, occ1, 0],
-        ),
-        (
-            "then 2 MiB (4 local) and the old owner back",
-            &y,
-            [2 * MIB, occ1, 4 * MIB],
-        ),
-        (
-            "DISABLE|GROUP on a sibling right after a move",
-            &z0,
-            [2 * MIB, occ1, 4 * MIB],
-        ),
-        (
-            "then 4 MiB (8 local) and the occupancy changed, disabled",
-            &z1,
-            [2 * MIB, occ1, 4 * MIB],
-        ),
-        ("ENABLE|GROUP on the gauge", &w, [2 * MIB, occ2, 4 * MIB]),
-        (
-            "then 8 MiB (16 local) and the old owner back",
-            &v,
-            [10 * MIB, occ2, 20 * MIB],
-        ),
-    ];
-    for (what, r, want) in want {
-        if values(r) != want {
-            problems.push(format!(
-                "{{mbm_total, llc_occupancy, mbm_local}}, {what}: values {:?}, want {want:?}",
-                values(r)
-            ));
-        }
-    }
-    for (i, name) in ["mbm_total leader", "gauge", "mbm_local"]
-        .iter()
-        .enumerate()
-    {
-        let on1 = Window::between(&first[i], &z0[i]);
-        let off = Window::between(&z0[i], &z1[i]);
-        let on2 = Window::between(&w[i], &v[i]);
-        if on1.running != on1.enabled
-            || on2.running != on2.enabled
-            || off.enabled != 0
-            || off.running != 0
-        {
-            problems.push(format!(
-                "{name}: enabled through a move Δenabled {} Δrunning {}; disabled Δenabled {} Δrunning {} (want 0 0); enabled again through a move Δenabled {} Δrunning {} (want equal)",
-                on1.enabled, on1.running, off.enabled, off.running, on2.enabled, on2.running
-            ));
-        }
-    }
-    Ok(Check::from_problems(
-        "move-attack: gauge group ioctls after moves",
-        problems,
-        format!(
-            "{}: group ioctls on siblings right after moves: values {:?} at the end, 100 % running while enabled, clocks still while disabled",
-            pmu_name(d),
-            values(&v)
-        ),
-    ))
-}
-
 /// S8. A group `{mbm leader, mbm sibling}` opened after `slots - 1` lone
 ///     events under a long mux interval, so it waits for its turn; two
 ///     rounds of burst, move, burst: each member's windows obey the rules
@@ -1459,10 +1337,6 @@ pub(super) const CHECKS: &[Named] = &[
     (
         "move-attack: pinned among multiplexed across moves",
         pinned_among_multiplexed_across_moves,
-    ),
-    (
-        "move-attack: gauge group ioctls after moves",
-        gauge_group_ioctls_after_moves,
     ),
     (
         "move-attack: waiting group across moves",
