@@ -214,48 +214,6 @@ pub fn change_racing_offline_of_target(ctx: &mut Ctx) -> Result<Check> {
     ))
 }
 
-/// A2. S holds only an offline CPU while the owner is online: the PMU parks
-///     (cpumask empty, opens ENODEV); onlining that CPU places it there and
-///     the event catches up exactly with what landed while parked.
-pub fn only_offline_cpus_then_online(ctx: &mut Ctx) -> Result<Check> {
-    let (d, allowed) = movable_domain(ctx)?;
-    let r = rmid(ctx, 3);
-    let mut problems = Vec::new();
-    let ev = Counted::open(ctx, d, r)?;
-    let own = owner(ctx, d)?;
-    let off = other(&allowed, own);
-    ctx.g.set_online(off, false)?;
-    expect_settled(ctx, d, Some(&[own]), "offline a non-owner", &mut problems)?;
-    ev.inject(ctx, MIB)?;
-    set(ctx, d, &[off])?;
-    let parked = expect_settled(ctx, d, None, "S of an offline CPU", &mut problems)?;
-    let opened = ctx.g.open(ctx.attr(d, Event::MbmTotalBytes, r), None)?;
-    match opened {
-        Err(ref e) if e == "ENODEV" => {}
-        Ok(x) => {
-            ctx.g.close(x)?;
-            problems.push("parked by the set, an open succeeded (want ENODEV)".into());
-        }
-        Err(e) => problems.push(format!("parked by the set, an open gave {e} (want ENODEV)")),
-    }
-    ev.inject(ctx, 2 * MIB)?;
-    ctx.g.set_online(off, true)?;
-    let back = expect_settled(ctx, d, Some(&[off]), "the set's CPU online", &mut problems)?;
-    let caught_up = ev.judge_count(
-        ctx,
-        "after placement (parked traffic included)",
-        &mut problems,
-    )?;
-    ev.inject(ctx, 4 * MIB)?;
-    let w = ev.judge_count(ctx, "at the end", &mut problems)?;
-    ev.close(ctx)?;
-    Ok(Check::from_problems(
-        "allowed-attack: only offline CPUs, then online",
-        problems,
-        format!("owner {own} online, S={{{off}}} offline: cpumask {parked:?}, open ENODEV; CPU {off} online → {back:?}, caught up {} = truth, ended {} = truth", caught_up[0], w[0]),
-    ))
-}
-
 /// A3. Malformed changes: an unknown domain and a CPU beyond the device
 ///     are refused with an error; the set, the placement and the count are
 ///     unchanged.
@@ -345,62 +303,6 @@ pub fn back_to_back_last_wins(ctx: &mut Ctx) -> Result<Check> {
         "allowed-attack: back-to-back changes, last wins",
         problems,
         format!("15 changes without waiting, last {{{last}}}: cpumask {mask:?}, still {later:?} 1 s later; counted {} = truth, running = enabled; 0 violations", w[0]),
-    ))
-}
-
-/// A5. A change while the event is disabled: traffic landed while it was
-///     disabled (before, during and after the move) is not counted; once
-///     enabled it counts exactly its windows.
-pub fn change_while_disabled(ctx: &mut Ctx) -> Result<Check> {
-    let (d, allowed) = movable_domain(ctx)?;
-    let r = rmid(ctx, 6);
-    let mut problems = Vec::new();
-    let h = open_with(ctx, d, r, TIMES, 0, None)?;
-    inject(ctx, d, r, MIB)?;
-    must(ctx, h, PerfIoctl::Disable { group: false })?;
-    inject(ctx, d, r, 2 * MIB)?;
-    let target = other(&allowed, owner(ctx, d)?);
-    set(ctx, d, &[target])?;
-    let moved = expect_settled(
-        ctx,
-        d,
-        Some(&[target]),
-        "move while disabled",
-        &mut problems,
-    )?;
-    inject(ctx, d, r, 4 * MIB)?;
-    set(ctx, d, &[])?;
-    expect_settled(ctx, d, None, "park while disabled", &mut problems)?;
-    inject(ctx, d, r, 8 * MIB)?;
-    set(ctx, d, &allowed)?;
-    expect_settled(
-        ctx,
-        d,
-        Some(&allowed),
-        "placed while disabled",
-        &mut problems,
-    )?;
-    let disabled = ctx.g.read(h)?[0];
-    must(ctx, h, PerfIoctl::Enable { group: false })?;
-    inject(ctx, d, r, 16 * MIB)?;
-    let w = ctx.g.read(h)?;
-    if disabled != MIB {
-        problems.push(format!(
-            "disabled across move and park: {disabled} (want {MIB})"
-        ));
-    }
-    if w[0] != 17 * MIB {
-        problems.push(format!(
-            "enabled again: {} (want {}: 1 + 16 MiB)",
-            w[0],
-            17 * MIB
-        ));
-    }
-    ctx.g.close(h)?;
-    Ok(Check::from_problems(
-        "allowed-attack: change while disabled",
-        problems,
-        format!("disabled, moved to {moved:?}, parked, placed: held {disabled}; enabled: {} = only its windows", w[0]),
     ))
 }
 
@@ -950,18 +852,10 @@ pub(super) const CHECKS: &[Named] = &[
         "allowed-attack: change racing offline",
         change_racing_offline_of_target,
     ),
-    (
-        "allowed-attack: only offline CPUs, then online",
-        only_offline_cpus_then_online,
-    ),
     ("allowed-attack: malformed sets refused", malformed_sets),
     (
         "allowed-attack: back-to-back changes, last wins",
         back_to_back_last_wins,
-    ),
-    (
-        "allowed-attack: change while disabled",
-        change_while_disabled,
     ),
     ("allowed-attack: RESET racing a change", reset_racing_change),
     ("allowed-attack: group with cpu-clock", group_with_cpu_clock),
