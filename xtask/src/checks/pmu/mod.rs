@@ -204,7 +204,6 @@ fn plan(
     };
     let mut plan: Vec<Planned> = vec![
         ("PMUs and sysfs", Box::new(one(registration::sysfs))),
-        ("exact counts", Box::new(one(counts::exact_counts))),
     ];
     plan.extend(AROUND_MOVES.iter().map(named));
     plan.push((
