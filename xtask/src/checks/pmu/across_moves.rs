@@ -2,17 +2,16 @@
 //! the perf core half): each check replays, as a new user would, a symptom
 //! that the kernel patches 0010–0014 fix, and fails without them.
 //!
-//! The promises checked (DESIGN.md, "Counting semantics"):
-//! - a move or a park never changes whether an event is enabled: a disabled
-//!   event keeps its value and its `time_enabled` across both (0010);
+//! The promises checked here (DESIGN.md, "Counting semantics"; a disabled
+//! event across a move and a park, 0010, and a software sibling joining a
+//! moved device group, 0013, are scenarios: `scenarios/moves`,
+//! `scenarios/groups`):
 //! - a group's capabilities survive moves: an exclusive event and a group
 //!   {cpu-clock leader, device sibling} on the same PMU still take turns
 //!   after moves (0011);
 //! - an open that races a move waits for it and never fails with EBUSY;
 //!   how long it slept, beside how long the moves took, is measured in the
-//!   kernel and reported (0012, 0014);
-//! - a software sibling joins a device group on the group's CPU, whatever
-//!   CPU it was opened on, also after the PMU moved (0013).
+//!   kernel and reported (0012, 0014).
 
 use std::time::Duration;
 

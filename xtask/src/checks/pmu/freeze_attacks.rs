@@ -5,11 +5,11 @@
 //! the DISABLE and never goes back) and on the batched move of patch 0057
 //! (every event of a PMU off and on in one cross call each, the context's
 //! time frozen from the first add to the settle). Written from the
-//! contract alone: RESET of a frozen event while parked, DISABLE and
-//! ENABLE toggled in one park, group DISABLEs while parked with a leader
-//! closed there too, a sibling of a leader DISABLEd and closed while
-//! parked, a crowded move right after the DISABLE that ends contention,
-//! and several frozen slots at once in a contended park.
+//! contract alone: a sibling of a leader DISABLEd and closed while parked,
+//! a crowded move right after the DISABLE that ends contention, and
+//! several frozen slots at once in a contended park. The other freeze
+//! attacks are scenarios (`scenarios/freezes`, `scenarios/holding-cpu`,
+//! `scenarios/allowed`).
 //!
 //! Burst sizes are distinct powers of two, so a count names the bursts it
 //! took. Each window is judged by the rules ([`judge_window`]) or exactly

@@ -2,17 +2,9 @@
 //! DESIGN.md "Counting semantics"): operation sequences a perf user can issue
 //! that the other checks do not, each judged against the written promise and
 //! the device's truth. Every traffic burst is injected and landed between two
-//! operations, so each expected count is exact, not a rate estimate:
+//! operations, so each expected count is exact, not a rate estimate (the
+//! attacks the counting model can judge are scenarios, `scenarios/`):
 //!
-//! - disabled across a park: traffic while disabled (before, during and after
-//!   the park) is never counted, and `time_enabled` does not move while the
-//!   event is disabled, parked or not;
-//! - group DISABLE/ENABLE issued on a sibling around a move: both members
-//!   count exactly their enabled windows;
-//! - RESET while parked: the value restarts at 0 at the RESET; what landed
-//!   before it, even unread in the parked slot, is not counted after it;
-//! - closing a group leader while a sibling lives, then moving: the promoted
-//!   sibling counts on exactly;
 //! - a group read with every read_format while parked: values never lead the
 //!   truth, `time_running <= time_enabled`, and it is exact after the return;
 //! - REFRESH/PERIOD/SET_FILTER/SET_OUTPUT on a counting event: refused or
