@@ -19,17 +19,12 @@ use anyhow::{bail, Context, Result};
 use perfbed_agent::{AgentMessage, HostRequest, PerfAttr};
 use perfbed_device::regs::Event;
 
-use super::context::Ctx;
+use super::context::{Ctx, TIMES};
 use super::moves::movable_domain;
 use super::multiplexing::Window;
 use crate::checks::Check;
-use crate::guest::perf_abi::{
-    FLAG_EXCLUSIVE, FORMAT_TOTAL_TIME_ENABLED, FORMAT_TOTAL_TIME_RUNNING, PERF_COUNT_SW_CPU_CLOCK,
-    PERF_TYPE_SOFTWARE,
-};
+use crate::guest::perf_abi::{FLAG_EXCLUSIVE, PERF_COUNT_SW_CPU_CLOCK, PERF_TYPE_SOFTWARE};
 use crate::guest::pmu_name;
-
-const TIMES: u64 = FORMAT_TOTAL_TIME_ENABLED | FORMAT_TOTAL_TIME_RUNNING;
 
 /// Takes the CPU `pmu` counts on offline and brings it back: the PMU moves
 /// to another allowed CPU (and stays there). Returns (from, to).

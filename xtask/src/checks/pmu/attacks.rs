@@ -25,18 +25,16 @@ use perfbed_agent::{
 use perfbed_device::regs::Event;
 
 use super::across_moves::turns;
-use super::context::{Ctx, MIB};
+use super::context::{Ctx, MIB, TIMES};
 use super::moves::movable_domain;
 use super::multiplexing::{set_sysfs, Window, MUX_INTERVAL_MS};
 use super::redteam::{inject, must, open_with, owner, park, rmid, Named};
 use crate::checks::Check;
 use crate::guest::perf_abi::{
-    FLAG_DISABLED, FLAG_EXCLUSIVE, FORMAT_GROUP, FORMAT_ID, FORMAT_TOTAL_TIME_ENABLED,
-    FORMAT_TOTAL_TIME_RUNNING, PERF_COUNT_SW_CPU_CLOCK, PERF_TYPE_SOFTWARE,
+    FLAG_DISABLED, FLAG_EXCLUSIVE, FORMAT_GROUP, FORMAT_ID, PERF_COUNT_SW_CPU_CLOCK,
+    PERF_TYPE_SOFTWARE,
 };
 use crate::guest::pmu_name;
-
-const TIMES: u64 = FORMAT_TOTAL_TIME_ENABLED | FORMAT_TOTAL_TIME_RUNNING;
 
 /// A bash loop in the guest that takes each of `cpus` offline and back, one
 /// at a time, `rounds` times: with two CPUs in the domain every round moves

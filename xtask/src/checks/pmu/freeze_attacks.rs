@@ -19,8 +19,8 @@ use anyhow::{bail, Result};
 use perfbed_agent::PerfIoctl;
 use perfbed_device::regs::Event;
 
-use super::context::{Ctx, MIB};
-use super::move_attacks::{judge_exact, judge_window, move_away, under_long_mux, TIMES};
+use super::context::{Ctx, MIB, TIMES};
+use super::move_attacks::{judge_exact, judge_window, move_away, under_long_mux};
 use super::moves::movable_domain;
 use super::redteam::{must, open_with, park, rmid, Many, Named};
 use crate::checks::Check;

@@ -22,13 +22,11 @@ use perfbed_agent::PerfIoctl;
 use perfbed_device::regs::{whole_units, Event};
 
 use super::attacks::cpu_clock;
-use super::context::{Ctx, MIB};
+use super::context::{Ctx, MIB, TIMES};
 use super::freeze_attacks::{
     burst_each, bursts_in, clocks_never_back, clocks_still, open_two, set_allowed, wait_mask,
 };
-use super::move_attacks::{
-    judge_exact, judge_window, with_mux_interval, LONG_MUX_MS, SKEW_NS, TIMES,
-};
+use super::move_attacks::{judge_exact, judge_window, with_mux_interval, LONG_MUX_MS, SKEW_NS};
 use super::moves::movable_domain;
 use super::redteam::{must, open_with, rmid, truth, Many, Named};
 use super::semantics::{lost_wraps_file, two_wrap_park};

@@ -21,18 +21,13 @@ use perfbed_agent::PerfIoctl;
 use perfbed_device::regs::Event;
 
 use super::attacks::{cpu_clock, finish_mover, start_mover};
-use super::context::{Ctx, MIB};
+use super::context::{Ctx, MIB, TIMES};
 use super::moves::movable_domain;
 use super::multiplexing::{set_sysfs, Window};
 use super::redteam::{must, open_with, owner, park, rmid, Many, Named};
 use crate::checks::Check;
-use crate::guest::perf_abi::{
-    FLAG_DISABLED, FLAG_EXCLUSIVE, FLAG_PINNED, FORMAT_TOTAL_TIME_ENABLED,
-    FORMAT_TOTAL_TIME_RUNNING,
-};
+use crate::guest::perf_abi::{FLAG_DISABLED, FLAG_EXCLUSIVE, FLAG_PINNED};
 use crate::guest::pmu_name;
-
-pub(super) const TIMES: u64 = FORMAT_TOTAL_TIME_ENABLED | FORMAT_TOTAL_TIME_RUNNING;
 
 /// A mux interval longer than a check's windows: a multiplexed event is
 /// rotated in or out by a move or an ioctl, seldom by the timer, within a

@@ -13,8 +13,8 @@ use anyhow::Result;
 use perfbed_agent::PerfIoctl;
 use perfbed_device::regs::Event;
 
-use super::context::{Ctx, MIB};
-use super::move_attacks::{judge_exact, judge_window, move_away, under_long_mux, Trio, TIMES};
+use super::context::{Ctx, MIB, TIMES};
+use super::move_attacks::{judge_exact, judge_window, move_away, under_long_mux, Trio};
 use super::moves::movable_domain;
 use super::multiplexing::Window;
 use super::redteam::{must, open_with, park, rmid, Many, Named};

@@ -18,16 +18,11 @@ use anyhow::{bail, Context, Result};
 use perfbed_agent::PerfIoctl;
 use perfbed_device::regs::Event;
 
-use super::context::{Ctx, MIB};
+use super::context::{Ctx, MIB, TIMES};
 use super::moves::movable_domain;
 use crate::checks::Check;
-use crate::guest::perf_abi::{
-    FLAG_DISABLED, FORMAT_GROUP, FORMAT_ID, FORMAT_LOST, FORMAT_TOTAL_TIME_ENABLED,
-    FORMAT_TOTAL_TIME_RUNNING,
-};
+use crate::guest::perf_abi::{FLAG_DISABLED, FORMAT_GROUP, FORMAT_ID, FORMAT_LOST};
 use crate::guest::pmu_name;
-
-const TIMES: u64 = FORMAT_TOTAL_TIME_ENABLED | FORMAT_TOTAL_TIME_RUNNING;
 
 pub(super) fn must(ctx: &mut Ctx, handle: u32, ioctl: PerfIoctl) -> Result<()> {
     let name = format!("{ioctl:?}");
