@@ -410,93 +410,6 @@ fn contended(ctx: &mut Ctx, d: usize) -> Result<Check> {
     ))
 }
 
-/// H7. Rounds of parks and placements, no read between. CPU 0's domain, a
-///     cpu-clock on CPU 0; A enabled throughout, B, C: 1 MiB, parked in
-///     place, 2 MiB, placed on CPU 1 (a real move), 4 MiB, parked (moved
-///     back to CPU 0), 8 MiB, B DISABLEd, 16 MiB, placed on CPU 0 (in
-///     place), 32 MiB, parked in place, C RESET, 64 MiB, B ENABLEd, 128
-///     MiB, placed on CPU 0. The contract: A all 255 MiB at 100 %; B the
-///     1 + 2 + 4 + 8 MiB frozen at its DISABLE and the 128 after its
-///     ENABLE; C 64 + 128 MiB from its RESET.
-pub fn rounds_without_reads(ctx: &mut Ctx) -> Result<Check> {
-    let (d, allowed) = holding_domain(ctx)?;
-    let Some(&other) = allowed.iter().find(|&&c| c != 0) else {
-        bail!("domain {d} ({allowed:?}) has no CPU besides CPU 0");
-    };
-    with_defaults_back(ctx, |ctx| {
-        place(ctx, d, &[0], &[0])?;
-        let clock = cpu_clock(ctx, 0, None)?;
-        let ([a, b], [ra, rb]) = open_two(ctx, d, 1, 2, false)?;
-        let rc = rmid(ctx, 3);
-        let c = open_with(ctx, d, rc, TIMES, 0, None)?;
-        let hs = [a, b, c];
-        let every = [(ra, 1), (rb, 1), (rc, 1)];
-        let burst = |ctx: &mut Ctx, x: u64| burst_each(ctx, d, &every, x);
-        let st = ctx.g.read_many(&hs)?;
-        burst(ctx, MIB)?;
-        place(ctx, d, &[], &[])?;
-        burst(ctx, 2 * MIB)?;
-        place(ctx, d, &[other], &[other])?;
-        burst(ctx, 4 * MIB)?;
-        place(ctx, d, &[], &[])?;
-        burst(ctx, 8 * MIB)?;
-        must(ctx, b, PerfIoctl::Disable { group: false })?;
-        burst(ctx, 16 * MIB)?;
-        place(ctx, d, &[0], &[0])?;
-        burst(ctx, 32 * MIB)?;
-        place(ctx, d, &[], &[])?;
-        must(ctx, c, PerfIoctl::Reset { group: false })?;
-        burst(ctx, 64 * MIB)?;
-        must(ctx, b, PerfIoctl::Enable { group: false })?;
-        burst(ctx, 128 * MIB)?;
-        place(ctx, d, &[0], &[0])?;
-        let end = ctx.g.read_many(&hs)?;
-        for h in hs {
-            ctx.g.close(h)?;
-        }
-        ctx.g.close(clock)?;
-        let mut problems = Vec::new();
-        for (i, name) in ["A", "B", "C"].iter().enumerate() {
-            clocks_never_back(
-                name,
-                &[("open", &st[i]), ("the end", &end[i])],
-                &mut problems,
-            );
-        }
-        judge_exact(
-            "A, enabled throughout",
-            &st[0],
-            &end[0],
-            255 * MIB,
-            &mut problems,
-        );
-        let b_got = end[1][0].wrapping_sub(st[1][0]);
-        if b_got != 143 * MIB {
-            problems.push(format!(
-                "B: 1, park, 2, CPU {other}, 4, park, 8, DISABLE, 16, CPU 0, 32, park, 64, ENABLE, 128, CPU 0: counted {} (want exactly 1 + 2 + 4 + 8 + 128 MiB)",
-                bursts_in(b_got)
-            ));
-        }
-        if end[2][0] != 192 * MIB {
-            problems.push(format!(
-                "C: RESET while parked in place on CPU 0, 64, 128 MiB, placed on CPU 0: read {} (want exactly 64 + 128 MiB)",
-                bursts_in(end[2][0])
-            ));
-        }
-        Ok(Check::from_problems(
-            "hold-attack: rounds without reads",
-            problems,
-            format!(
-                "{}: parked in place, to CPU {other}, parked, frozen, CPU 0, parked in place, RESET, thawed, CPU 0, no read between: A {}, B {}, C {}",
-                pmu_name(d),
-                bursts_in(end[0][0].wrapping_sub(st[0][0])),
-                bursts_in(b_got),
-                bursts_in(end[2][0])
-            ),
-        ))
-    })
-}
-
 /// H9. CPU hotplug while parked by the set on CPU 0. CPU 0's domain, a
 ///     cpu-clock on CPU 0, A and B: 1 MiB, the set emptied (parked in
 ///     place), 2 MiB, B DISABLEd (frozen), 4 MiB, CPU 1 offline, 8 MiB,
@@ -751,7 +664,6 @@ pub(super) const CHECKS: &[Named] = &[
         "hold-attack: contended on holding cpu",
         contended_on_holding_cpu,
     ),
-    ("hold-attack: rounds without reads", rounds_without_reads),
     (
         "hold-attack: hotplug while parked by set",
         hotplug_while_parked_by_set,
