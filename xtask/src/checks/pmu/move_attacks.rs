@@ -26,7 +26,7 @@ use super::moves::movable_domain;
 use super::multiplexing::{set_sysfs, Window};
 use super::redteam::{must, open_with, owner, park, rmid, Many, Named};
 use crate::checks::Check;
-use crate::guest::perf_abi::{FLAG_DISABLED, FLAG_EXCLUSIVE, FLAG_PINNED};
+use crate::guest::perf_abi::{FLAG_DISABLED, FLAG_EXCLUSIVE};
 use crate::guest::pmu_name;
 
 /// A mux interval longer than a check's windows: a multiplexed event is
@@ -729,79 +729,6 @@ fn exclusive_moves(ctx: &mut Ctx, d: usize) -> Result<Check> {
     ))
 }
 
-/// S5. A pinned event among `slots` plain ones (one more than the slots,
-///     multiplexed at the default interval): the pinned group alone fits,
-///     so it counts for sure through two moves, exactly, at 100 %; the
-///     plain ones obey the rules.
-pub fn pinned_among_multiplexed_across_moves(ctx: &mut Ctx) -> Result<Check> {
-    let (d, _) = movable_domain(ctx)?;
-    let slots = ctx.device.slots as usize;
-    let many = Many::open(ctx, d, slots + 1, TIMES)?;
-    // The pinned event takes the last RMID Many used: rmid(slots + 1).
-    let pr = rmid(ctx, slots as u32 + 1);
-    if many.rmids.contains(&pr) {
-        bail!("the device has too few RMIDs for {} events", slots + 2);
-    }
-    let pinned = open_with(ctx, d, pr, TIMES, FLAG_PINNED, None)?;
-    let mut hs = vec![pinned];
-    hs.extend(&many.handles);
-    let both = |ctx: &mut Ctx, b: u64| -> Result<()> {
-        many.burst(ctx, b)?;
-        super::redteam::inject(ctx, d, pr, b)
-    };
-    let a = ctx.g.read_many(&hs)?;
-    both(ctx, MIB)?;
-    let o1 = move_away(ctx, d)?;
-    let b = ctx.g.read_many(&hs)?;
-    both(ctx, 2 * MIB)?;
-    ctx.g.set_online(o1, true)?;
-    let o2 = move_away(ctx, d)?;
-    both(ctx, 4 * MIB)?;
-    ctx.g.set_online(o2, true)?;
-    let c = ctx.g.read_many(&hs)?;
-    ctx.g.close(pinned)?;
-    let rmids = many.rmids.clone();
-    many.close(ctx)?;
-    let mut problems = Vec::new();
-    judge_exact(
-        "the pinned event, 1 MiB, move, read",
-        &a[0],
-        &b[0],
-        MIB,
-        &mut problems,
-    );
-    judge_exact(
-        "the pinned event through two moves",
-        &a[0],
-        &c[0],
-        7 * MIB,
-        &mut problems,
-    );
-    for (i, r) in rmids.iter().enumerate() {
-        judge_window(
-            &format!("plain rmid {r} through two moves"),
-            &a[i + 1],
-            &c[i + 1],
-            7 * MIB,
-            &mut problems,
-        );
-    }
-    Ok(Check::from_problems(
-        "move-attack: pinned among multiplexed across moves",
-        problems,
-        format!(
-            "{}: pinned + {} plain on {slots} slots: the pinned one counted {} = 7 MiB at 100 % through 2 moves; plain ones ran {}",
-            pmu_name(d),
-            slots + 1,
-            c[0][0].wrapping_sub(a[0][0]),
-            (1..hs.len())
-                .map(|i| format!("{:.0} %", 100.0 * Window::between(&a[i], &c[i]).running as f64 / Window::between(&a[i], &c[i]).enabled.max(1) as f64))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
-    ))
-}
-
 /// S8. A group `{mbm leader, mbm sibling}` opened after `slots - 1` lone
 ///     events under a long mux interval, so it waits for its turn; two
 ///     rounds of burst, move, burst: each member's windows obey the rules
@@ -1328,10 +1255,6 @@ pub(super) const CHECKS: &[Named] = &[
     (
         "move-attack: exclusive across moves",
         exclusive_across_moves,
-    ),
-    (
-        "move-attack: pinned among multiplexed across moves",
-        pinned_among_multiplexed_across_moves,
     ),
     (
         "move-attack: waiting group across moves",
