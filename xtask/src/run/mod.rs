@@ -267,7 +267,7 @@ fn check_args(args: &RunArgs, scenario: bool) -> Result<()> {
     device
         .validate()
         .map_err(|e| anyhow::anyhow!("--domains: {e}"))?;
-    let names = scenario::check_names(args.known_bugs, args.debug);
+    let names = scenario::check_names(args.known_bugs, args.debug)?;
     if let Some(p) = args
         .check
         .iter()
@@ -277,6 +277,12 @@ fn check_args(args: &RunArgs, scenario: bool) -> Result<()> {
             "--check {p:?} names no check of the run; its checks are:\n  {}",
             names.join("\n  ")
         );
+    }
+    // The scenario library's lines, refused now rather than after the boot.
+    if scenario {
+        use crate::stress::lifecycle::scenario_guest::{layout, library, load};
+        let files: Vec<PathBuf> = library()?.iter().map(|s| s.file.clone()).collect();
+        load(&files, &layout(args.cpus, &device), &device)?;
     }
     // Migration and parking take a whole domain offline, and CPU 0 cannot go.
     let offlinable = device

@@ -59,7 +59,7 @@ const HOTPLUG_CHECKS: [&str; 3] = [
 /// The printed names of every check of a run, in order. `kernel version`,
 /// `CPUs online`, `module loaded` and `clean kernel log` are reported
 /// whatever `--check` selects. `fail_injection`: the debug kernel's run.
-pub fn check_names(known_bugs: bool, fail_injection: bool) -> Vec<&'static str> {
+pub fn check_names(known_bugs: bool, fail_injection: bool) -> Result<Vec<&'static str>> {
     let mut names = vec!["kernel version", "CPUs online"];
     names.extend(DEVICE_CHECKS);
     names.extend(["perf tool"]);
@@ -70,10 +70,10 @@ pub fn check_names(known_bugs: bool, fail_injection: bool) -> Vec<&'static str> 
         "driver's cacheinfo cross-check",
         "perf record refused",
     ]);
-    names.extend(checks::pmu::names(known_bugs, fail_injection));
+    names.extend(checks::pmu::names(known_bugs, fail_injection)?);
     names.extend(HOTPLUG_CHECKS);
     names.push("clean kernel log");
-    names
+    Ok(names)
 }
 
 /// perf on the guest kernel's tracing ([`perf_tool_tracing`]).

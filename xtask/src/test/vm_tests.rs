@@ -252,7 +252,8 @@ pub fn lifecycle_stress(scenario: &Scenario, accel: &Accel) -> Result<()> {
 /// and the file's `want` lines say, no violation, a clean kernel log.
 pub fn scenario_library(scenario: &Scenario, accel: &Accel) -> Result<()> {
     use stress::lifecycle::scenario::files_under;
-    use stress::lifecycle::scenario_run::{execute, layout, load};
+    use stress::lifecycle::scenario_guest::{layout, load};
+    use stress::lifecycle::scenario_run::execute;
     let ws = crate::build::workspace()?;
     let mut vm = scenario.vm.clone();
     vm.device = stress::device(vm.cpus, None)?;
