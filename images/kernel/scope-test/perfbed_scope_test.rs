@@ -24,7 +24,7 @@
 use kernel::c_str;
 use kernel::perf::{
     self, Capabilities, CpuMask, Event, EventAttr, Flags, FormatAttr, HwState, Options, Pmu,
-    Registration, Scope, TaskContext,
+    Registration, ScheduledEvent, Scope, TaskContext,
 };
 use kernel::prelude::*;
 
@@ -112,11 +112,11 @@ macro_rules! probe_callbacks {
             probe::event_init(event)
         }
 
-        fn add(&self, event: &Event, flags: Flags) -> Result {
+        fn add(&self, event: &ScheduledEvent, flags: Flags) -> Result {
             probe::add(event, flags)
         }
 
-        fn del(&self, event: &Event, _flags: Flags) {
+        fn del(&self, event: &ScheduledEvent, _flags: Flags) {
             probe::stop(event, Flags::UPDATE, self.reads_here());
         }
 
