@@ -5,7 +5,8 @@
 //! one. From userspace the agent follows the PMUs as CPUs go
 //! offline and online, parks them, places them again (an event open across
 //! the park comes back with them), and races opens against hotplug: none
-//! may fail because of a move.
+//! may fail because of a move. A group member the PMU refuses is released
+//! (its `live_events` counter file).
 
 use std::time::Duration;
 
@@ -56,6 +57,18 @@ fn probe_open_on(g: &mut Guest, pmu_type: u32, cpu: i32) -> Result<crate::guest:
     )
 }
 
+/// A probe event in the group that `leader` leads.
+fn probe_open_in(g: &mut Guest, pmu_type: u32, leader: u32) -> Result<crate::guest::Opened> {
+    g.open(
+        PerfAttr {
+            type_: pmu_type,
+            config: PROBE_CONFIG,
+            ..PerfAttr::default()
+        },
+        Some(leader),
+    )
+}
+
 /// The CPU a probe event says it is counted on (its value minus one).
 fn probe_cpu(g: &mut Guest, handle: u32) -> Result<i64> {
     Ok(g.read(handle)?[0] as i64 - 1)
@@ -92,6 +105,24 @@ pub fn run(vm: &mut Vm, timeout: Duration) -> Result<Vec<Check>> {
         on == i64::from(first),
         format!("opened with cpu=0, counts on CPU {on}"),
     ));
+
+    // A group member the PMU refuses (`check_group`: one probe event per group) is released
+    // as any event whose creation fails: what its `event_init` took goes back.
+    let live_before = g.pmu_count(PMU_A, "live_events")?;
+    let refused_before = g.pmu_count(PMU_A, "groups_refused")?;
+    let sibling = probe_open_in(&mut g, type_a, e1)?;
+    let live_after = g.pmu_count(PMU_A, "live_events")?;
+    let refused = g.pmu_count(PMU_A, "groups_refused")? - refused_before;
+    checks.push(check(
+        "a refused group member is released",
+        sibling == Err("EINVAL".into()) && refused == 1 && live_after == live_before,
+        format!(
+            "a second probe event in the group of the first: {sibling:?}, refused by check_group {refused} time(s); live events {live_before} before, {live_after} after"
+        ),
+    ));
+    if let Ok(handle) = sibling {
+        g.close(handle)?;
+    }
 
     // The owner CPU goes: the PMU and its event move to the other allowed CPU.
     let other = if first == A_ALLOWED[0] {
