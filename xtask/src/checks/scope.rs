@@ -44,29 +44,22 @@ fn probe_open(g: &mut Guest, pmu_type: u32) -> Result<crate::guest::Opened> {
     probe_open_on(g, pmu_type, 0)
 }
 
+/// The probe event of the PMU of type `pmu_type`.
+fn probe_attr(pmu_type: u32) -> PerfAttr {
+    PerfAttr {
+        type_: pmu_type,
+        config: PROBE_CONFIG,
+        ..PerfAttr::default()
+    }
+}
+
 fn probe_open_on(g: &mut Guest, pmu_type: u32, cpu: i32) -> Result<crate::guest::Opened> {
-    g.open_as(
-        PerfAttr {
-            type_: pmu_type,
-            config: PROBE_CONFIG,
-            ..PerfAttr::default()
-        },
-        -1,
-        cpu,
-        None,
-    )
+    g.open_as(probe_attr(pmu_type), -1, cpu, None)
 }
 
 /// A probe event in the group that `leader` leads.
 fn probe_open_in(g: &mut Guest, pmu_type: u32, leader: u32) -> Result<crate::guest::Opened> {
-    g.open(
-        PerfAttr {
-            type_: pmu_type,
-            config: PROBE_CONFIG,
-            ..PerfAttr::default()
-        },
-        Some(leader),
-    )
+    g.open(probe_attr(pmu_type), Some(leader))
 }
 
 /// The CPU a probe event says it is counted on (its value minus one).
@@ -189,11 +182,7 @@ pub fn run(vm: &mut Vm, timeout: Duration) -> Result<Vec<Check>> {
 
     // Opens racing moves: each succeeds where the PMU is, or fails with
     // ENODEV while it is parked; a move is never the caller's problem.
-    let attr = PerfAttr {
-        type_: type_a,
-        config: PROBE_CONFIG,
-        ..PerfAttr::default()
-    };
+    let attr = probe_attr(type_a);
     let race = match g.ask(HostRequest::PerfOpenRace {
         attr,
         cpu: 0,
