@@ -52,8 +52,8 @@
 //!   `add`, read or fold. Exact both ways.
 //! - While parked, an event that holds no slot and finds none free is scheduled without one
 //!   (nobody could count it anyway, and failing it would stop the holders behind it from
-//!   scheduling): it counts nothing, and perf is told so ([`Event::set_counting`]), so its
-//!   `time_running` stands still until its `del` and perf scales its count as for
+//!   scheduling): it counts nothing, and perf is told so ([`ScheduledEvent::set_counting`]),
+//!   so its `time_running` stands still until its `del` and perf scales its count as for
 //!   multiplexing. A slot freed meanwhile (a close) is not handed to it before its next `add`:
 //!   perf does not reschedule a parked PMU's events when the contention ends (only when a
 //!   leader's close promotes its siblings, patch 0054: a reschedule like any other).
@@ -90,8 +90,8 @@ use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use kernel::c_str;
 use kernel::perf::{
-    self, Capabilities, CpuMask, Event, EventAttr, Flags, FormatAttr, Group, HwState, Options,
-    Pmu, Registration, Scope, TaskContext,
+    self, Capabilities, CpuMask, Event, EventAttr, Flags, FormatAttr, Group, HwState, LockedEvent,
+    Options, Pmu, Registration, ScheduledEvent, Scope, TaskContext,
 };
 use kernel::prelude::*;
 use kernel::str::CString;
@@ -459,7 +459,8 @@ struct Slot {
     folded: u64,
     /// `folded` when the holder started moving: what of `total` it has counted.
     moved_at: u64,
-    /// [`Event::ctx_time`] at the holder's `del`, for [`Holder::Idle`] and [`Holder::ParkedIdle`].
+    /// [`LockedEvent::ctx_time`] at the holder's `del`, for [`Holder::Idle`] and
+    /// [`Holder::ParkedIdle`].
     idle_time: u64,
     /// [`perf::clock_ns`] at the last good read (or the assignment): counts since then are
     /// unread.
@@ -573,7 +574,7 @@ impl OwedTable {
 /// `hw.idx` of an event that holds no slot.
 const NO_SLOT: i32 = -1;
 /// `hw.idx` of an event scheduled without a slot while its domain is parked, and marked as not
-/// counting ([`Event::set_counting`]) until its `del`.
+/// counting ([`ScheduledEvent::set_counting`]) until its `del`.
 const PARKED_NO_SLOT: i32 = -2;
 
 /// The state of a domain shared by its PMU callbacks and its poll.
@@ -793,7 +794,7 @@ impl Domain {
     /// else a free one, else, on the owner, one whose holder is moving (read first, its count
     /// kept for it). While the domain is parked an event that finds none is scheduled without a
     /// slot. `EAGAIN` otherwise: perf multiplexes.
-    fn take_slot(&self, hw: &mut DomainHw, event: &Event, config: Config) -> Result {
+    fn take_slot(&self, hw: &mut DomainHw, event: &ScheduledEvent, config: Config) -> Result {
         if hw.owner.is_none() {
             // Parked, and an event is scheduled: the park's move is over (see `previous_owner`).
             hw.previous_owner = None;
@@ -871,25 +872,38 @@ impl Domain {
         hw.held -= 1;
     }
 
-    /// Gives `event` what is owed to it, if anything: counts its slot made while it moved and,
-    /// from `add` and `del` only (see [`Event::discount_running`]), time to take off its
-    /// `time_running`, its own slot's included.
+    /// Gives `event` the counts owed to it, if any: what its slot made while it moved, and was
+    /// taken from it (see [`Domain::take_from_mover`]). Time owed stays for
+    /// [`Domain::settle_owed`].
     #[inline]
-    fn pay_owed(&self, hw: &mut DomainHw, event: &Event, discount: bool) {
+    fn pay_owed(&self, hw: &mut DomainHw, event: &Event) {
         if let Some(entry) = hw.owed.find(event) {
             let owed = &mut hw.owed.entries[entry];
             event.count().add(owed.units.wrapping_mul(self.dev.unit));
             owed.units = 0;
-            if owed.lost_ns == 0 || (discount && event.discount_running(owed.lost_ns)) {
+            if owed.lost_ns == 0 {
                 hw.owed.remove(entry);
             }
         }
-        if !discount {
-            return;
+    }
+
+    /// Gives `event` all that is owed to it: the counts, and time to take off its `time_running`,
+    /// its own slot's included. The time needs the perf context's lock (a [`LockedEvent`]: `add`,
+    /// `del`, `moved_unscheduled`); `read` leaves it owed.
+    #[inline]
+    fn settle_owed(&self, hw: &mut DomainHw, event: &LockedEvent) {
+        if let Some(entry) = hw.owed.find(event) {
+            let owed = hw.owed.entries[entry];
+            event.count().add(owed.units.wrapping_mul(self.dev.unit));
+            if owed.lost_ns != 0 {
+                event.discount_running(owed.lost_ns);
+            }
+            hw.owed.remove(entry);
         }
         if let Some(slot) = self.slot_of(hw, event) {
             let lost = hw.slots[slot].lost_ns;
-            if lost != 0 && event.discount_running(lost) {
+            if lost != 0 {
+                event.discount_running(lost);
                 hw.slots[slot].lost_ns = 0;
             }
         }
@@ -902,7 +916,7 @@ impl Domain {
     /// `del` on the CPU the domain is leaving, between `migrate_cpu` and the move (a rotation or
     /// a close there), and for one while the domain is owned elsewhere. Any other `del` off the
     /// owner happens while parked, on the CPU that keeps the events: see [`Holder::ParkedIdle`].
-    fn unschedule(&self, hw: &mut DomainHw, event: &Event) {
+    fn unschedule(&self, hw: &mut DomainHw, event: &LockedEvent) {
         if event.hw_idx() == PARKED_NO_SLOT {
             // Not counted since its `add`; perf's "not counting" ends with this `del`.
             event.set_hw_idx(NO_SLOT);
@@ -933,7 +947,7 @@ impl Domain {
 
     /// Keeps `slot` for `event`, off since now on a CPU that cannot read it: see
     /// [`Holder::ParkedIdle`].
-    fn park_idle(&self, hw: &mut DomainHw, slot: usize, event: &Event) {
+    fn park_idle(&self, hw: &mut DomainHw, slot: usize, event: &LockedEvent) {
         self.set_frozen(hw, slot, true);
         let s = &mut hw.slots[slot];
         s.state = Holder::ParkedIdle;
@@ -963,7 +977,7 @@ impl Domain {
     /// - [`Holder::ParkedIdle`] (frozen since a `del` while parked), on the owner: the slot is
     ///   read and its count folded, exact (nothing landed in it after the `del`), then thawed and
     ///   left [`Holder::Idle`] as for a move.
-    fn settle_moved(&self, hw: &mut DomainHw, event: &Event) {
+    fn settle_moved(&self, hw: &mut DomainHw, event: &LockedEvent) {
         let Some(slot) = self.slot_of(hw, event) else {
             return;
         };
@@ -984,7 +998,7 @@ impl Domain {
             }
             _ => return,
         }
-        self.pay_owed(hw, event, true);
+        self.settle_owed(hw, event);
         let s = &mut hw.slots[slot];
         s.state = Holder::Idle;
         s.idle_time = event.ctx_time();
@@ -1050,7 +1064,7 @@ impl Domain {
             return;
         }
         if let Some(slot) = self.slot_of(hw, event) {
-            self.pay_owed(hw, event, false);
+            self.pay_owed(hw, event);
             if self.sync_slot(hw, slot) {
                 self.credit(hw, slot, event);
             }
@@ -1062,7 +1076,7 @@ impl Domain {
         if config.needs_slot() {
             // An `mbm_*` event without a slot has nothing to read, but what a slot counted for it
             // may be owed (it lost its own to another while it moved).
-            self.pay_owed(hw, event, false);
+            self.pay_owed(hw, event);
             return;
         }
         // A gauge: the count is the current occupancy.
@@ -1243,7 +1257,7 @@ impl Pmu for DomainPmu {
         Ok(())
     }
 
-    fn add(&self, event: &Event, flags: Flags) -> Result {
+    fn add(&self, event: &ScheduledEvent, flags: Flags) -> Result {
         let config = Self::config_of(event).ok_or(EINVAL)?;
         if config.needs_slot() {
             let domain = self.domain();
@@ -1256,7 +1270,7 @@ impl Pmu for DomainPmu {
             // every access here delays the slot write of the event added after it, and under a
             // hypervisor each access is a VM exit (see `multiplexing` in xtask's pmu_checks).
             domain.take_slot(&mut hw, event, config)?;
-            domain.pay_owed(&mut hw, event, true);
+            domain.settle_owed(&mut hw, event);
             drop(hw);
             self.poller.kick();
         }
@@ -1267,13 +1281,13 @@ impl Pmu for DomainPmu {
         Ok(())
     }
 
-    fn del(&self, event: &Event, _flags: Flags) {
+    fn del(&self, event: &ScheduledEvent, _flags: Flags) {
         // On the owner this folds the count one last time.
         self.stop(event, Flags::UPDATE);
         if Self::config_of(event).is_some_and(Config::needs_slot) {
             let domain = self.domain();
             let mut hw = domain.hw.lock();
-            domain.pay_owed(&mut hw, event, true);
+            domain.settle_owed(&mut hw, event);
             domain.unschedule(&mut hw, event);
         }
     }
@@ -1312,7 +1326,7 @@ impl Pmu for DomainPmu {
     }
 
     /// A move installed `event` without scheduling it: see [`Domain::settle_moved`].
-    fn moved_unscheduled(&self, event: &Event) {
+    fn moved_unscheduled(&self, event: &LockedEvent) {
         if !Self::config_of(event).is_some_and(Config::needs_slot) {
             return;
         }
@@ -1323,7 +1337,7 @@ impl Pmu for DomainPmu {
 
     /// `PERF_EVENT_IOC_RESET`: see [`Domain::restart`]. A gauge's count is the occupancy at its
     /// last read, which the perf core zeroes; nothing is kept for it.
-    fn reset(&self, event: &Event) {
+    fn reset(&self, event: &LockedEvent) {
         let Some(config) = Self::config_of(event).filter(|c| c.needs_slot()) else {
             return;
         };

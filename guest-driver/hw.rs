@@ -6,7 +6,6 @@
 use kernel::ffi::{c_char, c_int, c_uint, c_void};
 use core::ptr::{self, NonNull};
 
-use kernel::perf::Event;
 use kernel::prelude::*;
 use kernel::sync::Arc;
 

@@ -11,9 +11,13 @@
 //!   `cpumask`), which must behave as before the device-scope patch.
 //!
 //! Each has one counting-only event, `events/cpu` (`event=0x01`, with `format/event` at
-//! `config:0-7`). Reading such an event sets its count to the number of the CPU the read runs on
-//! plus one. The perf core reads an active CPU-bound event on the CPU it counts on, so userspace
-//! sees where the event really is: its value is the PMU's `cpumask` CPU plus one.
+//! `config:0-7`). A device-scope PMU has one counter: a group may hold one of its events
+//! ([`Pmu::check_group`]), and its counter files `live_events` (events its `event_init` accepted
+//! and its `event_destroy` has not released yet) and `groups_refused` show that a refused group
+//! member is released all the same. Reading such an event sets its count to the number of the
+//! CPU the read runs on plus one. The perf core reads an active CPU-bound event on the CPU it
+//! counts on, so userspace sees where the event really is: its value is the PMU's `cpumask` CPU
+//! plus one.
 //!
 //! Like a real device, a device-scope PMU here is only read on the CPU the perf core placed it
 //! on (which `migrate_cpu` tells it, before the events move): reads elsewhere, while an event is
@@ -23,12 +27,12 @@
 
 use kernel::c_str;
 use kernel::perf::{
-    self, Capabilities, CpuMask, Event, EventAttr, Flags, FormatAttr, HwState, Options, Pmu,
-    Registration, Scope, TaskContext,
+    self, Capabilities, CpuMask, Event, EventAttr, Flags, FormatAttr, Group, HwState, Options,
+    Pmu, Registration, ScheduledEvent, Scope, TaskContext,
 };
 use kernel::prelude::*;
 
-use core::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 
 module! {
     type: ScopeTest,
@@ -48,6 +52,8 @@ static READY: AtomicBool = AtomicBool::new(false);
 
 static EVENTS: [EventAttr<'static>; 1] = [EventAttr::new(c_str!("cpu"), c_str!("event=0x01"))];
 static FORMATS: [FormatAttr<'static>; 1] = [FormatAttr::new(c_str!("event"), c_str!("config:0-7"))];
+/// The counter files of a device-scope test PMU, in the order of [`ScopePmu::counter`].
+static SCOPE_COUNTERS: [&CStr; 2] = [c_str!("live_events"), c_str!("groups_refused")];
 
 /// The probe's behaviour, shared by every test PMU: reading an event sets its
 /// count to the CPU the read runs on, plus one.
@@ -108,15 +114,11 @@ mod probe {
 /// callbacks differ between the PMUs, and `#[vtable]` needs those spelled out.)
 macro_rules! probe_callbacks {
     () => {
-        fn event_init(&self, event: &Event) -> Result {
-            probe::event_init(event)
-        }
-
-        fn add(&self, event: &Event, flags: Flags) -> Result {
+        fn add(&self, event: &ScheduledEvent, flags: Flags) -> Result {
             probe::add(event, flags)
         }
 
-        fn del(&self, event: &Event, _flags: Flags) {
+        fn del(&self, event: &ScheduledEvent, _flags: Flags) {
             probe::stop(event, Flags::UPDATE, self.reads_here());
         }
 
@@ -140,6 +142,10 @@ struct ScopePmu {
     name: &'static CStr,
     allowed: &'static [u32],
     cpu: AtomicI32,
+    /// Events `event_init` accepted that `event_destroy` has not released yet.
+    live: AtomicU64,
+    /// Group members `check_group` refused.
+    refused: AtomicU64,
 }
 
 impl ScopePmu {
@@ -148,6 +154,8 @@ impl ScopePmu {
             name,
             allowed,
             cpu: AtomicI32::new(-1),
+            live: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
         }
     }
 
@@ -159,6 +167,32 @@ impl ScopePmu {
 #[vtable]
 impl Pmu for ScopePmu {
     probe_callbacks!();
+
+    fn event_init(&self, event: &Event) -> Result {
+        probe::event_init(event)?;
+        self.live.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// One counter: a group holds at most one of this PMU's events.
+    fn check_group(&self, event: &Event, group: &Group<'_>) -> Result {
+        if group.members().any(|member| member.is_of_pmu(event)) {
+            self.refused.fetch_add(1, Ordering::Relaxed);
+            return Err(EINVAL);
+        }
+        Ok(())
+    }
+
+    fn event_destroy(&self, _event: &Event) {
+        self.live.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    fn counter(&self, index: usize) -> u64 {
+        match index {
+            0 => self.live.load(Ordering::Relaxed),
+            _ => self.refused.load(Ordering::Relaxed),
+        }
+    }
 
     fn filter_allowed_cpus(&self, cpus: &mut CpuMask) -> Result {
         cpus.and_cpus(self.allowed);
@@ -189,6 +223,10 @@ impl CorePmu {
 #[vtable]
 impl Pmu for CorePmu {
     probe_callbacks!();
+
+    fn event_init(&self, event: &Event) -> Result {
+        probe::event_init(event)
+    }
 }
 
 /// Registers the test PMU `name` with `scope`.
@@ -201,6 +239,7 @@ unsafe fn register<T: Pmu>(
     module: &'static ThisModule,
     name: &'static CStr,
     scope: Scope,
+    counters: &'static [&'static CStr],
     pmu: T,
 ) -> Result<Pin<KBox<Registration<T>>>> {
     let options = Options {
@@ -210,7 +249,7 @@ unsafe fn register<T: Pmu>(
         task_context: TaskContext::Invalid,
         events: &EVENTS,
         formats: &FORMATS,
-        counters: &[],
+        counters,
     };
     // SAFETY: The caller guarantees what `Registration::new` requires.
     let pmu = KBox::pin_init(unsafe { Registration::new(module, &options, pmu) }, GFP_KERNEL)?;
@@ -236,9 +275,9 @@ impl kernel::Module for ScopeTest {
         // the module's exit, and every event holds a reference on the module.
         let test = unsafe {
             ScopeTest {
-                _a: register(module, a, Scope::Device, ScopePmu::new(a, &[1, 2]))?,
-                _b: register(module, b, Scope::Device, ScopePmu::new(b, &[3]))?,
-                _core: register(module, c_str!("perfbed_scope_core"), Scope::Core, CorePmu)?,
+                _a: register(module, a, Scope::Device, &SCOPE_COUNTERS, ScopePmu::new(a, &[1, 2]))?,
+                _b: register(module, b, Scope::Device, &SCOPE_COUNTERS, ScopePmu::new(b, &[3]))?,
+                _core: register(module, c_str!("perfbed_scope_core"), Scope::Core, &[], CorePmu)?,
             }
         };
         READY.store(true, Ordering::Release);

@@ -5,7 +5,8 @@
 //! one. From userspace the agent follows the PMUs as CPUs go
 //! offline and online, parks them, places them again (an event open across
 //! the park comes back with them), and races opens against hotplug: none
-//! may fail because of a move.
+//! may fail because of a move. A group member the PMU refuses is released
+//! (its `live_events` counter file).
 
 use std::time::Duration;
 
@@ -43,17 +44,22 @@ fn probe_open(g: &mut Guest, pmu_type: u32) -> Result<crate::guest::Opened> {
     probe_open_on(g, pmu_type, 0)
 }
 
+/// The probe event of the PMU of type `pmu_type`.
+fn probe_attr(pmu_type: u32) -> PerfAttr {
+    PerfAttr {
+        type_: pmu_type,
+        config: PROBE_CONFIG,
+        ..PerfAttr::default()
+    }
+}
+
 fn probe_open_on(g: &mut Guest, pmu_type: u32, cpu: i32) -> Result<crate::guest::Opened> {
-    g.open_as(
-        PerfAttr {
-            type_: pmu_type,
-            config: PROBE_CONFIG,
-            ..PerfAttr::default()
-        },
-        -1,
-        cpu,
-        None,
-    )
+    g.open_as(probe_attr(pmu_type), -1, cpu, None)
+}
+
+/// A probe event in the group that `leader` leads.
+fn probe_open_in(g: &mut Guest, pmu_type: u32, leader: u32) -> Result<crate::guest::Opened> {
+    g.open(probe_attr(pmu_type), Some(leader))
 }
 
 /// The CPU a probe event says it is counted on (its value minus one).
@@ -92,6 +98,24 @@ pub fn run(vm: &mut Vm, timeout: Duration) -> Result<Vec<Check>> {
         on == i64::from(first),
         format!("opened with cpu=0, counts on CPU {on}"),
     ));
+
+    // A group member the PMU refuses (`check_group`: one probe event per group) is released
+    // as any event whose creation fails: what its `event_init` took goes back.
+    let live_before = g.pmu_count(PMU_A, "live_events")?;
+    let refused_before = g.pmu_count(PMU_A, "groups_refused")?;
+    let sibling = probe_open_in(&mut g, type_a, e1)?;
+    let live_after = g.pmu_count(PMU_A, "live_events")?;
+    let refused = g.pmu_count(PMU_A, "groups_refused")? - refused_before;
+    checks.push(check(
+        "a refused group member is released",
+        sibling == Err("EINVAL".into()) && refused == 1 && live_after == live_before,
+        format!(
+            "a second probe event in the group of the first: {sibling:?}, refused by check_group {refused} time(s); live events {live_before} before, {live_after} after"
+        ),
+    ));
+    if let Ok(handle) = sibling {
+        g.close(handle)?;
+    }
 
     // The owner CPU goes: the PMU and its event move to the other allowed CPU.
     let other = if first == A_ALLOWED[0] {
@@ -158,11 +182,7 @@ pub fn run(vm: &mut Vm, timeout: Duration) -> Result<Vec<Check>> {
 
     // Opens racing moves: each succeeds where the PMU is, or fails with
     // ENODEV while it is parked; a move is never the caller's problem.
-    let attr = PerfAttr {
-        type_: type_a,
-        config: PROBE_CONFIG,
-        ..PerfAttr::default()
-    };
+    let attr = probe_attr(type_a);
     let race = match g.ask(HostRequest::PerfOpenRace {
         attr,
         cpu: 0,
