@@ -1,12 +1,14 @@
 //! The real perf tool runs in the guest: counting, and what the guest
 //! kernel's tracing gives it (tracepoints as events, syscall tracing), and
-//! what it must refuse on a device-scope PMU (sampling).
+//! what it must refuse on a device-scope PMU (sampling); and perf's own test
+//! suite, as the guest's tree ships it, on the device's PMUs.
 
 use std::time::Duration;
 
 use anyhow::Result;
 
 use super::Check;
+use crate::build::image::perf;
 use crate::guest::Guest;
 use crate::host::vm::Vm;
 
@@ -14,26 +16,31 @@ const PERF: &str = "/usr/bin/perf";
 const BUSYBOX: &str = "/bin/busybox";
 
 /// perf's words for a PMU that refuses a sampling event with `EOPNOTSUPP`
-/// (perf 6.1's `evsel__open_strerror`).
+/// (`evsel__open_strerror`).
 pub const SAMPLING_REFUSED: &str = "PMU Hardware doesn't support sampling/overflow-interrupts";
 /// perf's words when the guest kernel has no eventfd (perf record's wakeup).
 const NO_EVENTFD: &str = "Failed to create wakeup eventfd";
 
-/// The real perf tool, copied into the guest with its libraries, runs.
-pub fn check(vm: &mut Vm, timeout: Duration) -> Result<Check> {
+/// The perf tool built from the guest kernel's tree (its version is the
+/// kernel's) runs in the guest.
+pub fn check(vm: &mut Vm, timeout: Duration, kernel_release: &str) -> Result<Check> {
     let mut guest = Guest { vm, timeout };
-    let (status, _, stderr) = guest.run(&[
-        PERF,
-        "stat",
-        "-x,",
-        "-e",
-        "task-clock",
-        BUSYBOX,
-        "true",
-    ])?;
+    let (_, version, _) = guest.run(&[PERF, "--version"])?;
+    let version = version.trim().to_string();
+    if !perf::version_matches(&version, kernel_release) {
+        return Ok(Check {
+            name: "perf tool",
+            passed: false,
+            detail: format!(
+                "the guest's perf is {version:?}, not the guest kernel's {kernel_release}"
+            ),
+        });
+    }
+    let (status, _, stderr) =
+        guest.run(&[PERF, "stat", "-x,", "-e", "task-clock", BUSYBOX, "true"])?;
     let passed = status == Some(0) && stderr.contains("task-clock");
     let detail = if passed {
-        "`perf stat -e task-clock busybox true` runs in the guest".to_string()
+        format!("{version} (the guest kernel's tree): `perf stat -e task-clock busybox true` runs in the guest")
     } else {
         format!("perf stat exited {status:?}: {}", stderr.trim())
     };
@@ -65,9 +72,13 @@ pub fn record_refused(g: &mut Guest, spec: &str) -> Result<Check> {
     let problem = if status == Some(0) {
         Some(format!("perf record of {spec} succeeded: {said}"))
     } else if stderr.contains(NO_EVENTFD) {
-        Some(format!("perf record never reached the PMU (no eventfd in the guest kernel): {said}"))
+        Some(format!(
+            "perf record never reached the PMU (no eventfd in the guest kernel): {said}"
+        ))
     } else if !stderr.contains(SAMPLING_REFUSED) {
-        Some(format!("perf record exited {status:?} without the PMU's refusal of sampling: {said}"))
+        Some(format!(
+            "perf record exited {status:?} without the PMU's refusal of sampling: {said}"
+        ))
     } else {
         None
     };
@@ -99,7 +110,12 @@ pub fn cpuhp_tracepoints(g: &mut Guest, cpu: u32, cycles: u32) -> Result<Check> 
     let ops = u64::from(2 * cycles);
     let counts: Vec<(String, Option<u64>)> = ["cpuhp_enter", "cpuhp_multi_enter", "cpuhp_exit"]
         .iter()
-        .map(|name| (name.to_string(), csv_count(&stderr, &format!("cpuhp:{name}"))))
+        .map(|name| {
+            (
+                name.to_string(),
+                csv_count(&stderr, &format!("cpuhp:{name}")),
+            )
+        })
         .collect();
     let count = |name: &str| counts.iter().find(|(n, _)| n == name).and_then(|(_, c)| *c);
     let shown = counts
@@ -109,7 +125,10 @@ pub fn cpuhp_tracepoints(g: &mut Guest, cpu: u32, cycles: u32) -> Result<Check> 
         .join(", ");
     let mut problems = Vec::new();
     if status != Some(0) {
-        problems.push(format!("perf stat exited {status:?}: {}", first_lines(&stderr, 3)));
+        problems.push(format!(
+            "perf stat exited {status:?}: {}",
+            first_lines(&stderr, 3)
+        ));
     }
     for name in ["cpuhp_enter", "cpuhp_exit"] {
         match count(name) {
@@ -134,7 +153,9 @@ pub fn trace(g: &mut Guest) -> Result<Check> {
     // "4.2 ( 0.07 ms): busybox/56 brk()      = 0xbfcf000".
     let calls = stderr
         .lines()
-        .filter(|l| l.contains("busybox/") && l.split_once(')').is_some_and(|(_, r)| r.contains(" = ")))
+        .filter(|l| {
+            l.contains("busybox/") && l.split_once(')').is_some_and(|(_, r)| r.contains(" = "))
+        })
         .count();
     let exited = stderr.contains("exit_group(");
     let mut problems = Vec::new();
@@ -151,6 +172,163 @@ pub fn trace(g: &mut Guest) -> Result<Check> {
     ))
 }
 
+/// What a `perf test` must give in perfbed's guest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expect {
+    /// Ok; anything else fails the check.
+    Pass,
+    /// Skipped, for the reason given (whose: perf's, the guest's or TCG's).
+    Skip(&'static str),
+}
+
+/// The `perf test`s (by perf's own description) that apply to an
+/// uncore-like PMU: event parsing from sysfs for every PMU, the sysfs PMU
+/// format and aliases, `perf list`, `perf stat` and its output linters, and
+/// an open of every PMU event. What one gives other than expected fails the
+/// check, a Skip that starts to pass included, so this list stays true.
+pub const PERF_TESTS: &[(&str, Expect)] = &[
+    ("Parse event definition strings", Expect::Pass),
+    ("Sysfs PMU tests", Expect::Pass),
+    ("perf list tests", Expect::Skip(NO_PYTHON)),
+    ("perf stat tests", Expect::Pass),
+    ("perf stat CSV output linter", Expect::Pass),
+    ("perf stat STD output linter", Expect::Pass),
+    ("perf stat JSON output linter", Expect::Skip(NO_PYTHON)),
+    ("perf stat csv summary test", Expect::Pass),
+    ("perf all PMU test", Expect::Pass),
+];
+
+/// The guest's: perf's scripts check their output with Python, which the
+/// guest does not carry (perf is built `NO_LIBPYTHON=1`; Python would add
+/// some 30 MB to an initramfs that is loaded at every boot).
+const NO_PYTHON: &str = "the guest has no Python for the script's JSON checks";
+
+/// Where the shell tests run: busybox's applets as commands (`/bin/sh` is
+/// its ash, as on Debian a POSIX shell, not bash) and `perf` on the PATH.
+/// The stat linters' event check (`perf stat -e cpu-clock`) is pointed at
+/// `PERFBED_EVENT` by a bash function the `#!/bin/bash` linters inherit.
+const SHELL_SETUP: &str = r#"/bin/busybox --install -s /bin 2>/dev/null
+export PATH=/usr/bin:/bin
+perf() {
+    if [ "$1" = stat ] && [ "$2" = -e ] && [ "$3" = cpu-clock ]; then
+        shift 3
+        command perf stat -e "$PERFBED_EVENT" "$@"
+    else
+        command perf "$@"
+    fi
+}
+export -f perf
+"#;
+
+/// One line of `perf test`'s verdicts: ("6.2", "Parsing of all PMU events
+/// from sysfs", "Ok" | "FAILED!" | "Skip" | "Skip (reason)").
+fn verdict_line(line: &str) -> Option<(&str, &str, &str)> {
+    let (number, rest) = line.trim().split_once(": ")?;
+    if number.is_empty() || !number.chars().all(|c| c.is_ascii_digit() || c == '.') {
+        return None;
+    }
+    let (desc, result) = rest.rsplit_once(" : ")?;
+    let result = result.trim();
+    (result == "Ok" || result == "FAILED!" || result.starts_with("Skip")).then_some((
+        number,
+        desc.trim(),
+        result,
+    ))
+}
+
+/// The verdicts of `perf test`'s output for the test described `desc`: its
+/// own line, or its subtests' (numbered below its own number).
+fn verdicts<'a>(output: &'a str, desc: &str) -> Vec<(&'a str, &'a str, &'a str)> {
+    let lines: Vec<&str> = output.lines().collect();
+    let Some(number) = lines.iter().find_map(|l| {
+        let (number, rest) = l.trim().split_once(": ")?;
+        (rest.trim_end().trim_end_matches(':').trim_end() == desc
+            || rest
+                .rsplit_once(" : ")
+                .is_some_and(|(d, _)| d.trim() == desc))
+        .then_some(number)
+    }) else {
+        return Vec::new();
+    };
+    let sub = format!("{number}.");
+    lines
+        .iter()
+        .filter_map(|l| verdict_line(l))
+        .filter(|(n, _, _)| *n == number || n.starts_with(&sub))
+        .collect()
+}
+
+/// Whether `verdicts` are what `expect` asks; the problem if not.
+fn judge(desc: &str, expect: Expect, verdicts: &[(&str, &str, &str)]) -> Option<String> {
+    if verdicts.is_empty() {
+        return Some(format!("perf test printed no verdict for \"{desc}\""));
+    }
+    let shown = || {
+        verdicts
+            .iter()
+            .map(|(n, d, r)| format!("{n} {d}: {r}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let all = |f: &dyn Fn(&str) -> bool| verdicts.iter().all(|(_, _, r)| f(r));
+    match expect {
+        Expect::Pass if all(&|r| r == "Ok") => None,
+        Expect::Pass => Some(format!("expected to pass: {}", shown())),
+        Expect::Skip(_) if all(&|r| r.starts_with("Skip")) => None,
+        Expect::Skip(why) => Some(format!("expected a skip ({why}), got: {}", shown())),
+    }
+}
+
+/// perf's own test suite ([`PERF_TESTS`]) in the guest, with its shell
+/// tests from the guest's tree, the linters' event a device event (`event`,
+/// such as `perfbed_l3_0/mbm_total_bytes,rmid=1/`); one check per test.
+pub fn perf_tests(g: &mut Guest, event: &str) -> Result<Vec<Check>> {
+    let names: Vec<String> = PERF_TESTS.iter().map(|(d, _)| format!("'{d}'")).collect();
+    let script = format!(
+        "{SHELL_SETUP}export PERFBED_EVENT='{event}'\nexec {PERF} test {}",
+        names.join(" ")
+    );
+    let (status, stdout, stderr) = g.run(&["/bin/bash", "-c", &script])?;
+    let output = format!("{stdout}\n{stderr}");
+    let mut checks = Vec::new();
+    for (desc, expect) in PERF_TESTS {
+        let found = verdicts(&output, desc);
+        let mut problem = judge(desc, *expect, &found);
+        if problem.is_some() && !found.is_empty() {
+            // perf's own account: the verbose run of that test alone.
+            let verbose = format!(
+                "{SHELL_SETUP}export PERFBED_EVENT='{event}'\nexec {PERF} test -v '{desc}' 2>&1"
+            );
+            let (_, out, _) = g.run(&["/bin/bash", "-c", &verbose])?;
+            let tail: Vec<&str> = out.trim().lines().rev().take(12).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            problem = problem.map(|p| format!("{p}; perf test -v: {}", tail.join(" | ")));
+        }
+        if found.is_empty() {
+            problem = Some(format!(
+                "{} (perf test exited {status:?}: {})",
+                problem.unwrap_or_default(),
+                first_lines(&output, 3)
+            ));
+        }
+        let results = found
+            .iter()
+            .map(|(_, _, r)| *r)
+            .collect::<Vec<_>>()
+            .join(", ");
+        let ok = match expect {
+            Expect::Pass => format!("perf test: {results}"),
+            Expect::Skip(why) => format!("perf test: {results} — expected: {why}"),
+        };
+        checks.push(Check::from_problems(
+            desc,
+            problem.into_iter().collect(),
+            ok,
+        ));
+    }
+    Ok(checks)
+}
+
 /// The value of `event` in perf stat's CSV output (`value,unit,event,...`).
 fn csv_count(csv: &str, event: &str) -> Option<u64> {
     csv.lines().find_map(|line| {
@@ -165,7 +343,7 @@ fn first_lines(text: &str, n: usize) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::csv_count;
+    use super::{csv_count, judge, verdicts, Expect};
 
     #[test]
     fn csv_counts_are_found_by_event() {
@@ -173,5 +351,30 @@ mod tests {
         assert_eq!(csv_count(out, "cpuhp:cpuhp_enter"), Some(12));
         assert_eq!(csv_count(out, "cpuhp:cpuhp_exit"), None);
         assert_eq!(csv_count(out, "cpuhp:cpuhp_multi_enter"), None);
+    }
+
+    #[test]
+    fn perf_test_verdicts_are_read_per_test_and_subtest() {
+        let out = "  6: Parse event definition strings                          :\n  6.1: Test event parsing                                     : Ok\n  6.2: Parsing of all PMU events from sysfs                   : FAILED!\n 66: Event groups                                           : Skip (no uncore)\n107: perf all PMU test                                      : Ok\n";
+        let parse = verdicts(out, "Parse event definition strings");
+        assert_eq!(parse.len(), 2);
+        assert_eq!(
+            parse[1],
+            ("6.2", "Parsing of all PMU events from sysfs", "FAILED!")
+        );
+        assert!(judge("Parse event definition strings", Expect::Pass, &parse).is_some());
+        let all = verdicts(out, "perf all PMU test");
+        assert_eq!(all, vec![("107", "perf all PMU test", "Ok")]);
+        assert!(judge("perf all PMU test", Expect::Pass, &all).is_none());
+        // A skip expected is fine; a pass where a skip was expected is not.
+        let groups = verdicts(out, "Event groups");
+        assert!(judge("Event groups", Expect::Skip("why"), &groups).is_none());
+        assert!(judge("perf all PMU test", Expect::Skip("why"), &all).is_some());
+        assert!(judge(
+            "perf list tests",
+            Expect::Pass,
+            &verdicts(out, "perf list tests")
+        )
+        .is_some());
     }
 }

@@ -429,7 +429,10 @@ pub fn terminated_while_waiting_for_the_agent(scenario: &Scenario, accel: &Accel
     let took = start.elapsed();
     let wanted = "status 4 (terminated)";
     if !error.contains(wanted) {
-        bail!("the error does not say {wanted:?} (after {}):\n{error}", human(took));
+        bail!(
+            "the error does not say {wanted:?} (after {}):\n{error}",
+            human(took)
+        );
     }
     let lines = host::vmm::host_report(&config.run_dir);
     let terminated = perfbed_vmm::ExitStatus::Terminated.report_line();
@@ -621,6 +624,28 @@ pub fn module_lifecycle(scenario: &Scenario, accel: &Accel) -> Result<()> {
             )?,
             crate::checks::module_lifecycle::load_unload(&mut g, &mut control)?,
         ])
+    })
+}
+
+/// perf's own test suite (`checks::perf_tool::PERF_TESTS`) in the guest,
+/// with perfbed.ko loaded: one verdict per test, then a clean power-off and
+/// a clean log.
+pub fn perf_test_suite(scenario: &Scenario, accel: &Accel) -> Result<()> {
+    checks_on_a_guest(scenario, accel, |vm| {
+        let mut g = crate::guest::Guest {
+            vm,
+            // perf's "all PMU test" runs perf stat on every PMU event, each a
+            // few hundred ms under TCG.
+            timeout: scenario.request_timeout.max(Duration::from_secs(600)),
+        };
+        g.expect_done(perfbed_agent::HostRequest::LoadModule {
+            name: crate::guest::MODULE.into(),
+        })?;
+        let event = format!("{}/mbm_total_bytes,rmid=1/", crate::guest::pmu_name(0));
+        let started = Instant::now();
+        let checks = checks::perf_tool::perf_tests(&mut g, &event)?;
+        println!("  perf's tests took {}", human(started.elapsed()));
+        Ok(checks)
     })
 }
 
