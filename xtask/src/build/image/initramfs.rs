@@ -62,7 +62,9 @@ const BASE_DIRS: [&str; 6] = ["dev", "proc", "sys", "tmp", "lib", "lib/modules"]
 /// selftest scripts, and util-linux's lscpu (busybox has none), so that
 /// the guest's topology as a user sees it can be shown (`cargo xtask up
 /// --exec /usr/bin/lscpu`; issue 18: the domains' L3s and dies). lscpu
-/// adds about 130 KB and libsmartcols about 250 KB.
+/// adds about 130 KB and libsmartcols about 250 KB. coreutils' mktemp
+/// (44 KB) for perf's shell tests: their templates end in five X's, which
+/// busybox's mktemp refuses (it wants six).
 pub const HOST_PROGRAMS: &[&str] = &["/bin/busybox", "/bin/bash", "/usr/bin/lscpu"];
 
 /// Returns the cached initramfs for this agent and these modules, which go
