@@ -212,13 +212,14 @@ const NO_PYTHON: &str = "the guest has no Python for the script's JSON checks";
 /// Where the shell tests run: busybox's applets as commands (`/bin/sh` is
 /// its ash, as on Debian a POSIX shell, not bash) and `perf` on the PATH.
 /// The stat linters' event check (`perf stat -e cpu-clock`) is pointed at
-/// `PERFBED_EVENT` by a bash function the `#!/bin/bash` linters inherit.
+/// `PERFBED_EVENT`, system-wide (`-a`: a device counts no task), by a bash
+/// function the `#!/bin/bash` linters inherit.
 const SHELL_SETUP: &str = r#"/bin/busybox --install -s /bin 2>/dev/null
 export PATH=/usr/bin:/bin
 perf() {
     if [ "$1" = stat ] && [ "$2" = -e ] && [ "$3" = cpu-clock ]; then
         shift 3
-        command perf stat -e "$PERFBED_EVENT" "$@"
+        command perf stat -a -e "$PERFBED_EVENT" "$@"
     else
         command perf "$@"
     fi
