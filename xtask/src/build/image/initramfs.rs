@@ -65,7 +65,12 @@ const BASE_DIRS: [&str; 6] = ["dev", "proc", "sys", "tmp", "lib", "lib/modules"]
 /// adds about 130 KB and libsmartcols about 250 KB. coreutils' mktemp
 /// (44 KB) for perf's shell tests: their templates end in five X's, which
 /// busybox's mktemp refuses (it wants six).
-pub const HOST_PROGRAMS: &[&str] = &["/bin/busybox", "/bin/bash", "/usr/bin/lscpu"];
+pub const HOST_PROGRAMS: &[&str] = &[
+    "/bin/busybox",
+    "/bin/bash",
+    "/usr/bin/lscpu",
+    "/usr/bin/mktemp",
+];
 
 /// Returns the cached initramfs for this agent and these modules, which go
 /// to `/lib/modules` for the agent to load when the host asks, these
