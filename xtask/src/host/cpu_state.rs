@@ -76,11 +76,7 @@ impl TcgInterruptState {
             self.request,
             u8::from(self.gif),
             if self.in_guest {
-                format!(
-                    "in an SVM guest, V_INTR_MASKING {} HIF {}",
-                    u8::from(self.vintr),
-                    u8::from(self.hif)
-                )
+                format!("in an SVM guest, V_INTR_MASKING {} HIF {}", u8::from(self.vintr), u8::from(self.hif))
             } else {
                 "not in an SVM guest".into()
             }
@@ -315,38 +311,15 @@ APR 0x00 TPR 0x10 DFR 0x0f LDR 0x01 PPR 0x10
         let tcg = cpus[0].tcg.clone().expect("the INTREQ line is read");
         assert_eq!(
             tcg,
-            TcgInterruptState {
-                request: 0,
-                in_guest: true,
-                gif: true,
-                hif: true,
-                vintr: true
-            }
+            TcgInterruptState { request: 0, in_guest: true, gif: true, hif: true, vintr: true }
         );
         let said = expired_timer_pending(&[("first", &cpus)]);
-        assert!(
-            said[0].contains("no HARD or POLL request is raised"),
-            "{}",
-            said[0]
-        );
-        let requested = TcgInterruptState {
-            request: 0x2,
-            ..tcg.clone()
-        };
-        assert!(requested
-            .why_not_taken()
-            .contains("the vCPU loop is not looking"));
-        let hif_clear = TcgInterruptState {
-            request: 0x2,
-            hif: false,
-            ..tcg.clone()
-        };
+        assert!(said[0].contains("no HARD or POLL request is raised"), "{}", said[0]);
+        let requested = TcgInterruptState { request: 0x2, ..tcg.clone() };
+        assert!(requested.why_not_taken().contains("the vCPU loop is not looking"));
+        let hif_clear = TcgInterruptState { request: 0x2, hif: false, ..tcg.clone() };
         assert!(hif_clear.why_not_taken().contains("HIF) was clear"));
-        let gif_clear = TcgInterruptState {
-            request: 0x10,
-            gif: false,
-            ..tcg
-        };
+        let gif_clear = TcgInterruptState { request: 0x10, gif: false, ..tcg };
         assert!(gif_clear.why_not_taken().contains("GIF is clear"));
         // A stock QEMU prints no such line: nothing is made up.
         assert_eq!(parse(HUNG)[0].tcg, None);

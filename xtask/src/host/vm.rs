@@ -418,8 +418,7 @@ impl Vm {
                 if !marker.exists() {
                     let _ = fs::write(&marker, format!("{line}\n"));
                 }
-                story +=
-                    &format!("\n{line}, so the box itself is stuck (docs/box-verification.md)");
+                story += &format!("\n{line}, so the box itself is stuck (docs/box-verification.md)");
             }
             story += &format!(
                 "\n--- the box (L1 console, {}) ---\n{}",

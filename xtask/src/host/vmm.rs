@@ -147,17 +147,11 @@ mod tests {
 
     #[test]
     fn every_exit_status_is_named_and_others_are_not_taken_for_one() {
-        let named: Vec<String> = VmmExit::ALL
-            .iter()
-            .map(|s| describe_code(i32::from(s.code())))
-            .collect();
+        let named: Vec<String> = VmmExit::ALL.iter().map(|s| describe_code(i32::from(s.code()))).collect();
         for (status, text) in VmmExit::ALL.iter().zip(&named) {
             assert!(text.contains(&format!("({})", status.name())), "{text}");
         }
-        assert!(
-            named[0].contains("powered-off") && named[3].contains("panicked"),
-            "{named:?}"
-        );
+        assert!(named[0].contains("powered-off") && named[3].contains("panicked"), "{named:?}");
         assert!(named[5].contains("triple fault"), "{}", named[5]);
         assert!(describe_code(42).contains("not one of its own"));
         assert!(describe_code(-1).contains("not one of its own"));

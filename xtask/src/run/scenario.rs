@@ -9,7 +9,6 @@ use anyhow::{Context, Result};
 use perfbed_agent::{format_cpu_list, AgentMessage, HostRequest};
 use perfbed_device::ControlClient;
 
-use crate::checks::log::CheckLog;
 use crate::checks::{self, clean_log_check, Check, Report, Select};
 use crate::debug::gdb;
 use crate::guest::{pmu_name, Guest, MODULE};
@@ -17,6 +16,7 @@ use crate::host::config::VmConfig;
 use crate::host::vm::Vm;
 use crate::host::Accel;
 use crate::progress::human;
+use crate::checks::log::CheckLog;
 use crate::trace::{save_trace_and_plot, SavedTrace};
 
 #[derive(Debug, Clone)]
@@ -62,7 +62,9 @@ const HOTPLUG_CHECKS: [&str; 3] = [
 pub fn check_names(known_bugs: bool, fail_injection: bool) -> Vec<&'static str> {
     let mut names = vec!["kernel version", "CPUs online"];
     names.extend(DEVICE_CHECKS);
-    names.extend(["perf tool"]);
+    names.extend([
+        "perf tool",
+    ]);
     names.extend(PERF_TRACING_CHECKS);
     names.extend([
         "topology matches the domains",

@@ -392,9 +392,7 @@ mod tests {
     fn only_a_diagnosed_box_hang_of_a_listed_test_is_rerun() {
         for name in RERUN_ON_BOX_HANG {
             assert!(
-                VM_TESTS
-                    .iter()
-                    .any(|t| t.name == *name && t.host == host::HostChoice::Vmm),
+                VM_TESTS.iter().any(|t| t.name == *name && t.host == host::HostChoice::Vmm),
                 "{name} is no VM test on perfbed-vmm"
             );
         }

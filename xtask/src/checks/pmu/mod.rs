@@ -12,8 +12,8 @@ pub mod context;
 pub mod counts;
 pub mod freeze_attacks;
 pub mod groups;
-pub mod hold_attacks;
 pub mod hotplug_fail;
+pub mod hold_attacks;
 pub mod interrupts;
 pub mod move_attacks;
 pub mod moves;
@@ -28,9 +28,9 @@ pub mod semantics;
 use anyhow::{bail, Result};
 use perfbed_device::{ControlClient, DeviceConfig};
 
-use crate::checks::log::CheckLog;
 use crate::checks::{Check, Select};
 use crate::guest::{pmu_name, Guest};
+use crate::checks::log::CheckLog;
 use context::Ctx;
 
 /// A check that needs nothing but the context, and leaves the PMUs as it

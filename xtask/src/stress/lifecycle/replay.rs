@@ -381,10 +381,7 @@ pub fn predict(shape: DeviceShape, cpus: &Cpus, steps: &[Step]) -> Vec<Predicted
                 cpus.step(&mut model, step, Some(cpu), 0);
             }
             &Step::Offline { cpu } => model.cpu_offline(cpu),
-            Step::Rate { .. }
-            | Step::PerfStat { .. }
-            | Step::Allowed { .. }
-            | Step::Wait { .. } => {}
+            Step::Rate { .. } | Step::PerfStat { .. } | Step::Allowed { .. } | Step::Wait { .. } => {}
         }
     }
     out
