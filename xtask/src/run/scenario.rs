@@ -121,7 +121,11 @@ pub fn run(scenario: &Scenario, accel: &Accel) -> Result<Report> {
         )?);
     }
     if select.wants("perf tool") {
-        checks.push(checks::perf_tool::check(&mut vm, scenario.request_timeout)?);
+        checks.push(checks::perf_tool::check(
+            &mut vm,
+            scenario.request_timeout,
+            &scenario.expected_release,
+        )?);
     }
     checks.extend(perf_tool_tracing(&mut vm, scenario)?);
     // Both hosts derive the guest's L3s and dies from the domains.

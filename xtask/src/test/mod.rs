@@ -22,7 +22,7 @@ use crate::run::{scenario_for, RunArgs};
 use vm_tests::{
     agent_dies_mid_run, bench_quick, boot_and_hotplug, device_scope_pmu, driver_mutants,
     gdb_session, guest_floods_console_and_channel, guest_panic_is_reported,
-    hotplug_selftest_replay, hotplug_stress, lifecycle_stress, module_lifecycle,
+    hotplug_selftest_replay, hotplug_stress, lifecycle_stress, module_lifecycle, perf_test_suite,
     qemu_killed_mid_run, scenario_library, slow_agent_reader,
     terminated_while_waiting_for_the_agent, unexpected_reset_is_reported,
     unresponsive_guest_times_out,
@@ -129,6 +129,13 @@ const VM_TESTS: &[VmTest] = &[
         variant: Variant::Normal,
         host: host::HostChoice::Qemu,
         run: module_lifecycle,
+    },
+    VmTest {
+        name: "perf_test_suite",
+        what: "perf's own tests that apply to a device-scope PMU (event parsing from sysfs, sysfs PMU, perf list, perf stat and its output linters on a perfbed event, every PMU event), with the perf built from the guest's tree: each gives what checks::perf_tool::PERF_TESTS says, skips with their reasons",
+        variant: Variant::Normal,
+        host: host::HostChoice::Qemu,
+        run: perf_test_suite,
     },
     VmTest {
         name: "bench_quick",

@@ -651,6 +651,28 @@ pub fn module_lifecycle(scenario: &Scenario, accel: &Accel) -> Result<()> {
     })
 }
 
+/// perf's own test suite (`checks::perf_tool::PERF_TESTS`) in the guest,
+/// with perfbed.ko loaded: one verdict per test, then a clean power-off and
+/// a clean log.
+pub fn perf_test_suite(scenario: &Scenario, accel: &Accel) -> Result<()> {
+    checks_on_a_guest(scenario, accel, |vm| {
+        let mut g = crate::guest::Guest {
+            vm,
+            // perf's "all PMU test" runs perf stat on every PMU event, each a
+            // few hundred ms under TCG.
+            timeout: scenario.request_timeout.max(Duration::from_secs(600)),
+        };
+        g.expect_done(perfbed_agent::HostRequest::LoadModule {
+            name: crate::guest::MODULE.into(),
+        })?;
+        let event = format!("{}/mbm_total_bytes,rmid=1/", crate::guest::pmu_name(0));
+        let started = Instant::now();
+        let checks = checks::perf_tool::perf_tests(&mut g, &event)?;
+        println!("  perf's tests took {}", human(started.elapsed()));
+        Ok(checks)
+    })
+}
+
 /// The agent dies mid-run. Being PID 1 it cannot just exit: on a fatal
 /// error it says why on the console and powers the guest off. A line that
 /// is not UTF-8 is such an error today (the agent reads text lines).

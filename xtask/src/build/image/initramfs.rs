@@ -1,15 +1,18 @@
-//! The guest's initramfs: the agent as `/init`, the modules it loads, and the
-//! few nodes the kernel needs before devtmpfs is mounted.
+//! The guest's initramfs: the agent as `/init`, the modules it loads, perf
+//! built from the guest's tree with its shell tests, and the few nodes the
+//! kernel needs before devtmpfs is mounted.
 
 use std::fs;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 
 use super::cpio::{Archive, Kind};
+use super::perf::{self, Perf};
 use crate::build::cache::{Entry, Key};
 
-const RECIPE: &str = "initramfs-4";
+const RECIPE: &str = "initramfs-5";
 
 fn read(path: &str) -> Result<Vec<u8>> {
     fs::read(path).with_context(|| {
@@ -49,26 +52,35 @@ pub const SELFTEST_IN_GUEST: &str = "usr/share/perfbed/cpu-on-off-test.sh";
 /// The selftest in the kernel tree the guest is built from.
 pub const SELFTEST_IN_TREE: &str = "tools/testing/selftests/cpu-hotplug/cpu-on-off-test.sh";
 
-const BASE_DIRS: [&str; 5] = ["dev", "proc", "sys", "lib", "lib/modules"];
+/// `tmp` for the scripts' `mktemp` (perf's shell tests).
+const BASE_DIRS: [&str; 6] = ["dev", "proc", "sys", "tmp", "lib", "lib/modules"];
 
-/// Host programs copied into the guest with the shared libraries they need:
-/// the real perf tool (Debian's linux-perf), a static busybox for the
-/// little commands around it (`busybox sleep`), bash for the kernel's
+/// Host programs copied into the guest with the shared libraries they need
+/// (perf, built from the guest's tree, comes the same way): a static
+/// busybox for the little commands around perf (`busybox sleep`), bash for
+/// the kernel's
 /// selftest scripts, and util-linux's lscpu (busybox has none), so that
 /// the guest's topology as a user sees it can be shown (`cargo xtask up
 /// --exec /usr/bin/lscpu`; issue 18: the domains' L3s and dies). lscpu
-/// adds about 130 KB and libsmartcols about 250 KB.
+/// adds about 130 KB and libsmartcols about 250 KB. coreutils' mktemp
+/// (44 KB) for perf's shell tests: their templates end in five X's, which
+/// busybox's mktemp refuses (it wants six).
 pub const HOST_PROGRAMS: &[&str] = &[
-    "/usr/bin/perf",
     "/bin/busybox",
     "/bin/bash",
     "/usr/bin/lscpu",
+    "/usr/bin/mktemp",
 ];
 
 /// Returns the cached initramfs for this agent and these modules, which go
-/// to `/lib/modules` for the agent to load when the host asks, and these
-/// scripts (guest path, host path), executable.
-pub fn ensure(agent: &Path, modules: &[PathBuf], scripts: &[(&str, PathBuf)]) -> Result<PathBuf> {
+/// to `/lib/modules` for the agent to load when the host asks, these
+/// scripts (guest path, host path), executable, and perf with its tests.
+pub fn ensure(
+    agent: &Path,
+    modules: &[PathBuf],
+    scripts: &[(&str, PathBuf)],
+    perf: &Perf,
+) -> Result<PathBuf> {
     let agent_bytes = fs::read(agent).with_context(|| format!("reading {}", agent.display()))?;
     // Files at their host paths (relative), with their contents.
     let mut files: Vec<(String, Vec<u8>, bool)> = Vec::new();
@@ -77,12 +89,20 @@ pub fn ensure(agent: &Path, modules: &[PathBuf], scripts: &[(&str, PathBuf)]) ->
             fs::read(host_path).with_context(|| format!("reading {}", host_path.display()))?;
         files.push((guest_path.trim_start_matches('/').to_string(), bytes, true));
     }
-    for program in HOST_PROGRAMS {
-        files.push((
-            program.trim_start_matches('/').to_string(),
-            read(program)?,
-            true,
-        ));
+    for test in crate::build::cache::files_below(&perf.tests)? {
+        let rel = test.strip_prefix(&perf.tests).expect("below the tests");
+        let executable = fs::metadata(&test)?.permissions().mode() & 0o111 != 0;
+        let bytes = fs::read(&test).with_context(|| format!("reading {}", test.display()))?;
+        let guest_path = Path::new(perf::TESTS_IN_GUEST).join(rel);
+        files.push((guest_path.to_string_lossy().into_owned(), bytes, executable));
+    }
+    let perf_binary = perf.binary.to_string_lossy();
+    let programs = HOST_PROGRAMS
+        .iter()
+        .map(|p| (p.trim_start_matches('/'), *p))
+        .chain([(perf::IN_GUEST, perf_binary.as_ref())]);
+    for (guest_path, program) in programs {
+        files.push((guest_path.to_string(), read(program)?, true));
         for lib in shared_libraries(program)? {
             if !files
                 .iter()

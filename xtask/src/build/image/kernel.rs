@@ -80,6 +80,9 @@ pub struct Kernel {
     pub release: String,
     /// The cache key, which the module's key builds on.
     pub key: String,
+    /// A key of the tree's sources alone (source package and patches, not
+    /// the configuration): what tools built from the tree, perf, key on.
+    pub source: String,
 }
 
 impl Kernel {
@@ -186,14 +189,24 @@ impl Inputs {
     }
 }
 
+fn source_version() -> Result<String> {
+    cmd::output(Command::new("dpkg-query").args(["-W", "-f=${Version}", SOURCE_PACKAGE]))
+        .with_context(|| format!("{SOURCE_PACKAGE} is not installed; run `cargo xtask deps`"))
+}
+
+/// The tree's sources: the source package and the patches.
+fn source_key(inputs: &Inputs) -> Result<Key> {
+    let mut key = Key::new("kernel-source-1");
+    key.add("source-package", source_version()?.as_bytes());
+    for (name, bytes) in &inputs.patches {
+        key.add(name, bytes);
+    }
+    Ok(key)
+}
+
 fn key(inputs: &Inputs) -> Result<Key> {
     let mut key = Key::new(RECIPE);
-    let version =
-        cmd::output(Command::new("dpkg-query").args(["-W", "-f=${Version}", SOURCE_PACKAGE]))
-            .with_context(|| {
-                format!("{SOURCE_PACKAGE} is not installed; run `cargo xtask deps`")
-            })?;
-    key.add("source-package", version.as_bytes());
+    key.add("source-package", source_version()?.as_bytes());
     // The base fragment's historical name in the key is "fragment".
     for (name, bytes) in &inputs.fragments {
         key.add(
@@ -224,39 +237,62 @@ fn key(inputs: &Inputs) -> Result<Key> {
 /// perfbed's patches; the variant asked for does not apply to it.
 pub const KERNEL_TREE_ENV: &str = "PERFBED_KERNEL_TREE";
 
+/// Builds something from the patched tree (given it and the kernel's
+/// `source` key) while the kernel builds in it.
+pub type Beside<'a, T> = &'a (dyn Fn(&Path, &str) -> Result<T> + Sync);
+
 /// Returns the cached kernel, building it first if its inputs changed, or
 /// the developer's own tree if [`KERNEL_TREE_ENV`] names one.
 ///
 /// `choose` picks the patches from the series (all of them for `None`):
 /// each choice is a kernel of its own in the cache.
-pub fn ensure_patched(
+///
+/// If the kernel has to be built, `beside` runs on
+/// a thread of its own once the tree is patched, while the kernel's make
+/// runs: a kernel build leaves a core idle for long stretches (rustc builds
+/// `core` and `kernel` alone, vmlinux links alone). Returns its result, or
+/// `None` if the kernel was cached (the caller builds from `Kernel::tree`).
+pub fn ensure_patched_beside<T: Send>(
     workspace: &Path,
     variant: Variant,
     choose: Option<ChoosePatches>,
-) -> Result<Kernel> {
+    beside: Option<Beside<T>>,
+) -> Result<(Kernel, Option<T>)> {
     if let Some(tree) = std::env::var_os(KERNEL_TREE_ENV).filter(|t| !t.is_empty()) {
         if choose.is_some() {
             anyhow::bail!("{KERNEL_TREE_ENV} names a tree of one's own: a kernel mutant needs perfbed's own build");
         }
-        return own_tree(Path::new(&tree));
+        return Ok((own_tree(Path::new(&tree))?, None));
     }
     let inputs = Inputs::read(workspace, variant, choose)?;
     let key = key(&inputs)?;
+    let source = source_key(&inputs)?.hex();
     let entry = Entry::new("kernel", &key)?;
     let tree = entry.dir.join("linux");
+    let mut built_beside = None;
     if !entry.is_ready() {
-        build(&inputs, variant, &entry, &tree)?;
+        built_beside = build(
+            &inputs,
+            variant,
+            &entry,
+            &tree,
+            beside.map(|f| (f, source.as_str())),
+        )?;
     }
     let release = fs::read_to_string(tree.join("include/config/kernel.release"))
         .context("reading the kernel release")?
         .trim()
         .to_string();
-    Ok(Kernel {
-        vmlinux: tree.join("vmlinux"),
-        tree,
-        release,
-        key: key.hex(),
-    })
+    Ok((
+        Kernel {
+            vmlinux: tree.join("vmlinux"),
+            tree,
+            release,
+            key: key.hex(),
+            source,
+        },
+        built_beside,
+    ))
 }
 
 /// A built kernel tree of the developer's ([`KERNEL_TREE_ENV`]). Its key
@@ -294,11 +330,18 @@ fn own_tree(tree: &Path) -> Result<Kernel> {
         vmlinux,
         tree,
         release,
+        source: key.hex(),
         key: key.hex(),
     })
 }
 
-fn build(inputs: &Inputs, variant: Variant, entry: &Entry, tree: &Path) -> Result<()> {
+fn build<T: Send>(
+    inputs: &Inputs,
+    variant: Variant,
+    entry: &Entry,
+    tree: &Path,
+    beside: Option<(Beside<T>, &str)>,
+) -> Result<Option<T>> {
     entry.begin()?;
     let title = format!(
         "building the {} guest kernel (about 4 min on 2 cores)",
@@ -317,16 +360,35 @@ fn build(inputs: &Inputs, variant: Variant, entry: &Entry, tree: &Path) -> Resul
         unpacked
     });
     prepared?;
+    std::thread::scope(|s| {
+        let beside = beside.map(|(f, source)| s.spawn(move || f(tree, source)));
+        let built = make(&step, variant, tree, &fragments);
+        let beside = beside
+            .map(|t| {
+                t.join().map_err(|_| {
+                    anyhow::anyhow!("the thread building beside the kernel panicked")
+                })?
+            })
+            .transpose();
+        built?;
+        entry.mark_ready()?;
+        step.finish();
+        beside
+    })
+}
+
+/// Configures and builds the unpacked, patched tree.
+fn make(step: &Step, variant: Variant, tree: &Path, fragments: &[PathBuf]) -> Result<()> {
     step.run(Kernel::make(tree)?.arg("tinyconfig"))?;
     step.run(
         Command::new(tree.join("scripts/kconfig/merge_config.sh"))
             .current_dir(tree)
             .args(["-m", ".config"])
-            .args(&fragments),
+            .args(fragments),
     )?;
     step.run(Kernel::make(tree)?.arg("olddefconfig"))?;
     let got = fs::read_to_string(tree.join(".config"))?;
-    for fragment in &fragments {
+    for fragment in fragments {
         let dropped = dropped_options(&fs::read_to_string(fragment)?, &got);
         if !dropped.is_empty() {
             bail!(
@@ -343,10 +405,7 @@ fn build(inputs: &Inputs, variant: Variant, entry: &Entry, tree: &Path) -> Resul
             .arg(format!("-j{jobs}"))
             .args(variant.make_targets()),
     )?;
-    warnings_are_errors(step.log())?;
-    entry.mark_ready()?;
-    step.finish();
-    Ok(())
+    warnings_are_errors(step.log())
 }
 
 /// The kernel source unpacked as `tree`, with the patches applied.

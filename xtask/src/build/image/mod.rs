@@ -8,6 +8,7 @@ pub mod cpio;
 pub mod initramfs;
 pub mod kernel;
 pub mod module;
+pub mod perf;
 pub mod qemu;
 
 use std::path::{Path, PathBuf};
@@ -106,9 +107,16 @@ fn guest_images(
     driver: Option<&Path>,
     choose: Option<kernel::ChoosePatches>,
 ) -> Result<(kernel::Kernel, PathBuf, PathBuf)> {
-    // A kernel build installs bindgen while it unpacks the source; modules
-    // built against a cached kernel need it too.
-    let kernel = kernel::ensure_patched(workspace, variant, choose)?;
+    // A kernel build installs bindgen while it unpacks the source, and
+    // builds perf from the patched tree beside its own make; modules built
+    // against a cached kernel need bindgen too, and perf from a cached
+    // kernel's tree builds now.
+    let (kernel, perf) =
+        kernel::ensure_patched_beside(workspace, variant, choose, Some(&perf::ensure))?;
+    let perf = match perf {
+        Some(perf) => perf,
+        None => perf::ensure(&kernel.tree, &kernel.source)?,
+    };
     crate::build::deps::ensure_bindgen()?;
     // Loaded by the scenario once the device has been checked on its own.
     // An absolute folder replaces the workspace's (Path::join).
@@ -126,11 +134,12 @@ fn guest_images(
         )?);
     }
     let agent = agent::build(workspace)?;
-    // The kernel's own cpu-hotplug selftest, from the tree the guest runs.
+    // The kernel's own cpu-hotplug selftest and perf, from the tree the
+    // guest runs.
     let selftest = [(
         initramfs::SELFTEST_IN_GUEST,
         kernel.tree.join(initramfs::SELFTEST_IN_TREE),
     )];
-    let initramfs = initramfs::ensure(&agent, &modules, &selftest)?;
+    let initramfs = initramfs::ensure(&agent, &modules, &selftest, &perf)?;
     Ok((kernel, initramfs, driver))
 }

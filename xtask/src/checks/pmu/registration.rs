@@ -45,7 +45,10 @@ pub fn sysfs(ctx: &mut Ctx) -> Result<Check> {
             }
         }
     }
-    let (status, stdout, stderr) = ctx.g.run(&["/usr/bin/perf", "list", "pmu"])?;
+    // `-v`: perf 6.12 lists the instances of a PMU whose names differ only
+    // in a `_N` suffix once (as `perfbed_l3/...`), unless asked for the long
+    // descriptions.
+    let (status, stdout, stderr) = ctx.g.run(&["/usr/bin/perf", "list", "-v", "pmu"])?;
     for d in 0..ctx.device.domains.len() {
         for (name, _) in EVENT_FILES {
             let entry = format!("{}/{name}/", pmu_name(d));
