@@ -33,14 +33,15 @@
 //!   to at most the domain's slots, and no exclusive group shares the PMU
 //!   with another group. Then every such group is on. Gauges
 //!   (`llc_occupancy`) take no slot, and a non-exclusive group that needs no
-//!   slot is always on (`takes_counter`: perf never multiplexes it);
+//!   slot is on whenever no exclusive group shares the PMU with it
+//!   (`takes_counter`: perf never multiplexes it for slots);
 //! - a pinned group is on whenever the pinned groups alone fit;
 //! - otherwise the group is **maybe** on: perf multiplexes, and which group
 //!   runs when is perf's rotation, which the model does not predict.
 //!   Uncontended holds from the operation that ends the contention (a
-//!   `DISABLE`, a close; patch 0035 reschedules the PMU then), and a group
+//!   `DISABLE`, a close; patch 0009 reschedules the PMU then), and a group
 //!   left with gauges only by a sibling's close is on from that close
-//!   (patch 0033).
+//!   (patch 0008).
 //!
 //! Closing a leader promotes each sibling to a leader of its own, keeping its
 //! state (perf's `perf_group_detach`): a sibling that was enabled under a
@@ -101,13 +102,16 @@
 //! placed again.
 //!
 //! A parked PMU whose slot events do not all fit at some moment of a park
-//! keeps the extra ones scheduled without a slot, not counting (patch 0026),
-//! and a parked PMU is neither rotated (patch 0034) nor rescheduled when the
+//! keeps the extra ones scheduled without a slot, not counting (patch 0007),
+//! and a parked PMU is neither rotated (patch 0009) nor rescheduled when the
 //! contention ends: from that
 //! moment until the PMU is placed again its slot events are *maybe*
-//! counting. A gauge read while parked shows exactly what its last fold
-//! left (0 after a RESET while parked); it takes no slot, so its clocks
-//! run on alike.
+//! counting. If the contention is an exclusive group sharing the PMU with
+//! another group, the groups that were on when the park began stay on,
+//! whichever they were, so every event of the PMU, gauges too, is *maybe*
+//! counting until the placement. A gauge read while parked shows exactly
+//! what its last fold left (0 after a RESET while parked); it takes no
+//! slot, so short of such a clash its clocks run on alike.
 //!
 //! # Rules across events, and clocks that never go back
 //!
@@ -472,6 +476,12 @@ struct PmuState {
     /// ends, so until the PMU is placed again none of its slot events is
     /// sure to count.
     contended_in_park: bool,
+    /// An exclusive group with an enabled leader shared the PMU with
+    /// another group at some moment of the current park: the groups that
+    /// were on when the park began stay on, the exclusive one or the
+    /// others, and perf puts none on when the clash ends, so until the PMU
+    /// is placed again none of its events, gauges too, is sure to count.
+    clashed_in_park: bool,
     occupancy: BTreeMap<u32, u64>,
     /// The reads of the current moment and of the one before.
     batch: Batch,
@@ -506,6 +516,16 @@ impl DeviceShape {
         let max_units = (1u64 << self.counter_width.min(61)) - 1;
         (bytes / self.unit_bytes.max(1)).min(max_units) * self.unit_bytes
     }
+}
+
+/// Whether a PMU's groups fit at a moment.
+#[derive(Debug, Clone, Copy)]
+struct Fit {
+    /// All of them can be on together.
+    all: bool,
+    /// An exclusive group with an enabled leader shares the PMU with
+    /// another group.
+    clash: bool,
 }
 
 /// One event's state in an epoch, as perf schedules it.
@@ -788,6 +808,7 @@ impl Model {
             p.placed_moment = moment;
             p.parked_bytes.clear();
             p.contended_in_park = false;
+            p.clashed_in_park = false;
         }
         self.note_scheduled();
     }
@@ -805,6 +826,7 @@ impl Model {
         p.parked = false;
         p.placed_moment = moment;
         p.contended_in_park = false;
+        p.clashed_in_park = false;
         let lossy: Vec<(u32, u32)> = p
             .parked_bytes
             .iter()
@@ -1416,8 +1438,9 @@ impl Model {
             e.on = on;
         }
         let fit = self.schedule().1;
-        for (p, fits) in self.pmus.iter_mut().zip(fit) {
-            p.contended_in_park |= p.parked && !fits;
+        for (p, f) in self.pmus.iter_mut().zip(fit) {
+            p.contended_in_park |= p.parked && !f.all;
+            p.clashed_in_park |= p.parked && f.clash;
         }
     }
 
@@ -1427,7 +1450,7 @@ impl Model {
     }
 
     /// [`Model::statuses`], and per PMU whether all its groups fit now.
-    fn schedule(&self) -> (BTreeMap<Handle, Status>, Vec<bool>) {
+    fn schedule(&self) -> (BTreeMap<Handle, Status>, Vec<Fit>) {
         // The groups on each device PMU (a mixed group is on its device PMU).
         let group_pmu: BTreeMap<Handle, Option<u32>> = self
             .events
@@ -1479,7 +1502,10 @@ impl Model {
             let others = usize::from(self.pmus[pmu as usize].others);
             let clash = groups.len() + others > 1 && groups.iter().any(|&l| excl(l));
             let all_fit = fits(&groups) && !clash;
-            fit.push(all_fit);
+            fit.push(Fit {
+                all: all_fit,
+                clash,
+            });
             let pinned_set: Vec<Handle> = groups.iter().copied().filter(|&l| pinned(l)).collect();
             let pinned_fit = fits(&pinned_set);
             for &l in &groups {
@@ -1491,46 +1517,51 @@ impl Model {
                 on.insert(l, c);
             }
         }
-        let status = self
-            .events
-            .iter()
-            .map(|(&h, e)| {
-                let group_on = match group_pmu.get(&e.leader).copied().flatten() {
-                    None if e.detached => Counting::No,
-                    None => Counting::Yes,
-                    Some(_) => on.get(&e.leader).copied().unwrap_or(Counting::No),
-                };
-                let enabled = e.enabled && leader_on(e.leader);
-                let mut counting = if enabled { group_on } else { Counting::No };
-                let is_on = counting != Counting::No;
-                // Put on while parked: not added for sure until placed. A
-                // parked gauge counts on (its clocks run, it needs no
-                // slot), but `fold` leaves its value at the last fold.
-                let parked = e.spec.kind.pmu().is_some_and(|p| self.is_parked(p));
-                if counting == Counting::Yes && (e.parked_on || e.waits_schedule_in) {
-                    counting = Counting::Maybe;
-                }
-                // A parked PMU contended during this park: see
-                // `PmuState::contended_in_park`.
-                let contended = |p: u32| {
-                    self.pmus[p as usize].contended_in_park
-                        || !fit.get(p as usize).copied().unwrap_or(true)
-                };
-                if let Kind::Counter { pmu, .. } = e.spec.kind {
-                    if counting == Counting::Yes && parked && contended(pmu) {
+        let status =
+            self.events
+                .iter()
+                .map(|(&h, e)| {
+                    let group_on = match group_pmu.get(&e.leader).copied().flatten() {
+                        None if e.detached => Counting::No,
+                        None => Counting::Yes,
+                        Some(_) => on.get(&e.leader).copied().unwrap_or(Counting::No),
+                    };
+                    let enabled = e.enabled && leader_on(e.leader);
+                    let mut counting = if enabled { group_on } else { Counting::No };
+                    let is_on = counting != Counting::No;
+                    // Put on while parked: not added for sure until placed. A
+                    // parked gauge counts on (its clocks run, it needs no
+                    // slot), but `fold` leaves its value at the last fold.
+                    let parked = e.spec.kind.pmu().is_some_and(|p| self.is_parked(p));
+                    if counting == Counting::Yes && (e.parked_on || e.waits_schedule_in) {
                         counting = Counting::Maybe;
                     }
-                }
-                (
-                    h,
-                    Status {
-                        enabled,
-                        on: is_on,
-                        counting,
-                    },
-                )
-            })
-            .collect();
+                    // A parked PMU contended during this park: see
+                    // `PmuState::contended_in_park` (its slot events) and
+                    // `clashed_in_park` (all its events).
+                    let pmu_state =
+                        e.spec.kind.pmu().and_then(|p| {
+                            Some((self.pmus.get(p as usize)?, *fit.get(p as usize)?))
+                        });
+                    if let (Some((state, now)), true) = (pmu_state, parked) {
+                        let clashed = state.clashed_in_park || now.clash;
+                        let contended = state.contended_in_park || !now.all;
+                        if counting == Counting::Yes
+                            && (clashed || (contended && e.spec.kind.needs_slot()))
+                        {
+                            counting = Counting::Maybe;
+                        }
+                    }
+                    (
+                        h,
+                        Status {
+                            enabled,
+                            on: is_on,
+                            counting,
+                        },
+                    )
+                })
+                .collect();
         (status, fit)
     }
 }
@@ -2461,6 +2492,55 @@ mod tests {
         assert_eq!(fields(&mut m, 1, seen(0, 1600, 1600)), vec![]);
         m.moved(0);
         assert_eq!(fields(&mut m, 1, seen(0, 1600, 1600)), vec![]);
+    }
+
+    #[test]
+    fn a_park_in_which_an_exclusive_group_clashed_leaves_every_event_maybe_until_placed() {
+        // `stress --lifecycle 10000 --seed 3`, operation 7573: an exclusive
+        // group shared the PMU with a counter and a gauge when it parked;
+        // the exclusive group was the one on, so the gauge stood still
+        // through the park, also after the exclusive group's DISABLE ended
+        // the clash (perf puts nothing on while parked).
+        let mut m = Model::new(SHAPE);
+        m.open(1, counter(0, 1).exclusive());
+        m.open(2, counter(0, 2));
+        m.open(3, gauge(0, 4));
+        assert_eq!(fields(&mut m, 3, seen(0, 1000, 500)), vec![]);
+        m.park(0);
+        assert_eq!(fields(&mut m, 3, seen(0, 1200, 600)), vec![]);
+        m.ioctl(1, Ioctl::Disable, false);
+        m.burst(0, TOTAL, 2, 640);
+        assert_eq!(fields(&mut m, 3, seen(0, 1500, 600)), vec![]);
+        // Placed: every event is on for sure again, and its clock moves.
+        m.unpark(0, 1000);
+        m.burst(0, TOTAL, 2, 640);
+        assert_eq!(
+            fields(&mut m.clone(), 3, seen(0, 1800, 600)),
+            vec![Field::Running]
+        );
+        assert_eq!(fields(&mut m, 3, seen(0, 1800, 900)), vec![]);
+    }
+
+    #[test]
+    fn a_park_short_of_slots_leaves_its_gauges_counting_for_sure() {
+        // Contention for slots alone: a gauge takes none and goes on
+        // whatever did not fit (patch 0008), so its clock moves through
+        // the park.
+        let mut m = Model::new(SHAPE);
+        m.open(1, counter(0, 1));
+        m.open(2, counter(0, 2));
+        m.open(3, counter(0, 3));
+        m.open(4, gauge(0, 4));
+        assert_eq!(fields(&mut m, 4, seen(0, 1000, 1000)), vec![]);
+        m.park(0);
+        assert_eq!(fields(&mut m, 4, seen(0, 1200, 1200)), vec![]);
+        m.ioctl(1, Ioctl::Disable, false);
+        m.burst(0, TOTAL, 2, 640);
+        assert_eq!(
+            fields(&mut m.clone(), 4, seen(0, 1500, 1200)),
+            vec![Field::Running]
+        );
+        assert_eq!(fields(&mut m, 4, seen(0, 1500, 1500)), vec![]);
     }
 
     #[test]
