@@ -119,7 +119,8 @@
 //! its count but by a `RESET` (a count a read while parked showed too). Over the
 //! window between two moments at which several events of one PMU were read
 //! (reads one after the other), for those enabled with an enabled leader
-//! throughout, allowing [`READ_SKEW_NS`] per read: at most `slots` counters
+//! throughout, allowing [`READ_SKEW_NS`] per read and what the two moments'
+//! reads took ([`Model::read_took`]): at most `slots` counters
 //! run at once (`Σ Δrunning <= slots × Δenabled`), an exclusive group runs
 //! alone (beside pinned groups only, as perf schedules it), and a group's `mbm_*` members run together (equal `Δrunning`,
 //! in a window without a park or a placement); and each one's
@@ -458,6 +459,9 @@ struct EventState {
 struct Batch {
     moment: u64,
     times: BTreeMap<Handle, (u64, u64)>,
+    /// How long the moment's reads took up to the last one of this PMU's
+    /// (see [`Model::read_took`]).
+    took_ns: u64,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -549,6 +553,8 @@ pub struct Model {
     /// Counts operations: reads at one moment are reads one after the
     /// other.
     moment: u64,
+    /// The moment whose reads took `.1` ns so far (see [`Model::read_took`]).
+    reads_took: (u64, u64),
 }
 
 impl Model {
@@ -559,7 +565,18 @@ impl Model {
             events: BTreeMap::new(),
             offline: BTreeSet::new(),
             moment: 1,
+            reads_took: (0, 0),
         }
+    }
+
+    /// The next read's system call took `ns` (the journal's measure): reads
+    /// one after the other are that much further apart than
+    /// [`READ_SKEW_NS`] each, which the rules across events allow for.
+    pub fn read_took(&mut self, ns: u64) {
+        if self.reads_took.0 != self.moment {
+            self.reads_took = (self.moment, 0);
+        }
+        self.reads_took.1 = self.reads_took.1.saturating_add(ns);
     }
 
     pub fn is_open(&self, handle: Handle) -> bool {
@@ -1223,9 +1240,13 @@ impl Model {
             pmu.batch = Batch {
                 moment,
                 times: BTreeMap::new(),
+                took_ns: 0,
             };
         }
         pmu.batch.times.insert(handle, (en, run));
+        if self.reads_took.0 == moment {
+            pmu.batch.took_ns = self.reads_took.1;
+        }
         let pmu = &self.pmus[p as usize];
         let since = pmu.prev_batch.moment;
         // (handle, leader, mbm_*, Δenabled, Δrunning)
@@ -1263,7 +1284,10 @@ impl Model {
         let wall = common.iter().map(|c| c.3).max().unwrap_or(0);
         let counters: Vec<_> = common.iter().filter(|c| c.2).collect();
         let sum: u64 = counters.iter().map(|c| c.4).sum();
-        let skew = common.len() as u64 * READ_SKEW_NS;
+        // Each read's skew, and what the two moments' reads measurably took
+        // beyond it (a read's system call on a loaded guest).
+        let took = pmu.prev_batch.took_ns + pmu.batch.took_ns;
+        let skew = common.len() as u64 * READ_SKEW_NS + took;
         if sum > u64::from(self.shape.slots) * wall + skew {
             mismatch(
                 format!(
@@ -1298,7 +1322,7 @@ impl Model {
                 .filter(|(&g, _)| g != x && flexible(g))
                 .max_by_key(|(_, r)| r.1)
             {
-                if rx + rg > wall + 2 * READ_SKEW_NS {
+                if rx + rg > wall + 2 * READ_SKEW_NS + took {
                     mismatch(
                         format!("+{rx} and +{rg} to add up to <= +{wall} (an exclusive group runs alone)"),
                         format!("exclusive group {x} +{rx}, group {g} +{rg}"),
@@ -1308,7 +1332,7 @@ impl Model {
         }
         let placed = !pmu.parked && pmu.placed_moment < since;
         for (&g, &(lo, hi)) in &groups {
-            if placed && lo != u64::MAX && hi - lo > READ_SKEW_NS {
+            if placed && lo != u64::MAX && hi - lo > READ_SKEW_NS + took {
                 mismatch(
                     format!("equal time_running for group {g}'s counters (members run together)"),
                     format!("+{lo} to +{hi}"),
@@ -2562,6 +2586,44 @@ mod tests {
             fields(&mut m, 2, seen(0, s / 2, s / 2)),
             vec![Field::Enabled]
         );
+    }
+
+    #[test]
+    fn reads_that_took_long_widen_the_rules_across_events_by_what_they_took() {
+        // `stress --lifecycle 10000 --seed 3` (the generator that draws
+        // software groups on the CPUs that go offline), operation 6149:
+        // two moments of reads of four events each, single reads taking up
+        // to 10.5 ms on the loaded guest; two events' time_enabled grew
+        // 16 ms apart, past four reads' 2 ms each at both ends.
+        let ms = 1_000_000;
+        let read = |m: &mut Model, took: u64, h: Handle, en: u64| {
+            m.read_took(took);
+            fields(m, h, seen(0, en, en))
+        };
+        let mut m = Model::new(SHAPE);
+        for h in 1..=4 {
+            m.open(h, gauge(0, h));
+        }
+        for h in 1..=4 {
+            assert_eq!(read(&mut m, 0, h, 10), vec![]);
+        }
+        m.moved(0);
+        let mut quick = m.clone();
+        for h in 1..=3 {
+            assert_eq!(read(&mut quick, 0, h, 100 * ms), vec![]);
+        }
+        assert_eq!(read(&mut quick, 0, 4, 117 * ms), vec![Field::Enabled]);
+        // The same numbers from reads that took 10 ms each: allowed.
+        let mut slow = m.clone();
+        for h in 1..=3 {
+            assert_eq!(read(&mut slow, 10 * ms, h, 100 * ms), vec![]);
+        }
+        assert_eq!(read(&mut slow, 10 * ms, 4, 117 * ms), vec![]);
+        // Not beyond what they took (1 ms each here).
+        for h in 1..=3 {
+            assert_eq!(read(&mut m, ms, h, 100 * ms), vec![]);
+        }
+        assert_eq!(read(&mut m, ms, 4, 130 * ms), vec![Field::Enabled]);
     }
 
     #[test]

@@ -126,6 +126,7 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
                     }
                 };
                 out.reads += 1;
+                model.read_took(entry.took_ns);
                 for m in members {
                     out.values += 1;
                     for mismatch in model.read(m.handle, m.observed) {
