@@ -27,6 +27,10 @@ use vm_tests::{
     terminated_while_waiting_for_the_agent, unexpected_reset_is_reported,
     unresponsive_guest_times_out,
 };
+/// The lifecycle VM test's length and seed (the generator's tests count
+/// what that run meets).
+#[cfg(test)]
+pub(crate) use vm_tests::{LIFECYCLE_OPS, LIFECYCLE_SEED};
 
 #[derive(Args)]
 pub struct TestArgs {

@@ -22,8 +22,8 @@ const SELFTEST_ROUNDS: u32 = 200;
 /// The short lifecycle stress: operations and seed. Seed 17's first 2,500
 /// operations cover every kind of operation and, with patches 0033-0035,
 /// match the model (about 2 min of stress on a loaded 2-core TCG host).
-const LIFECYCLE_OPS: u32 = 2500;
-const LIFECYCLE_SEED: u64 = 17;
+pub(crate) const LIFECYCLE_OPS: u32 = 2500;
+pub(crate) const LIFECYCLE_SEED: u64 = 17;
 
 pub fn boot_and_hotplug(scenario: &Scenario, accel: &Accel) -> Result<()> {
     let report = scenario::run(scenario, accel)?;

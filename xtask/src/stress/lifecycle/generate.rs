@@ -310,18 +310,24 @@ impl Generator {
         fixed
     }
 
-    /// A group of cpu-clock events only, on any online CPU alike: those
-    /// that moves and parks take offline as often as CPU 0, which never
-    /// goes (a CPU going offline takes its groups apart for good, see
-    /// `Model::cpu_offline`).
+    /// A group of cpu-clock events only, on CPU 0 (which never goes
+    /// offline) or on one of the CPUs that moves and parks take offline,
+    /// each alike (a CPU going offline takes its groups apart for good, see
+    /// `Model::cpu_offline`); none on a CPU that stays online anyway, which
+    /// would only hold the budget. Nothing if the CPU drawn is offline.
     fn open_software_group(&mut self) -> Vec<Step> {
         if self.opened.len() - self.open_besides_software() + 4 > MAX_SOFTWARE {
             return vec![];
         }
-        let online: Vec<u32> = self.online.iter().copied().collect();
-        let Some(&cpu) = self.rng.pick(&online) else {
+        let mut cpus = self.cpus_that_go_offline();
+        cpus.insert(0);
+        let cpus: Vec<u32> = cpus.into_iter().collect();
+        let Some(&cpu) = self.rng.pick(&cpus) else {
             return vec![];
         };
+        if !self.online.contains(&cpu) {
+            return vec![];
+        }
         let leader = self.next_handle;
         let members = self.rng.range(2, 4) as u32;
         (0..members)
@@ -341,6 +347,23 @@ impl Generator {
                 Step::Open {
                     event,
                     expect: leader + i,
+                }
+            })
+            .collect()
+    }
+
+    /// The CPUs that `move_pmu` and `park_or_unpark` may take offline: the
+    /// owner of a domain with CPU 0 while it is not CPU 0, and every CPU of
+    /// the other domains (offline ones included: they come back).
+    fn cpus_that_go_offline(&self) -> BTreeSet<u32> {
+        self.domains
+            .iter()
+            .zip(&self.owners)
+            .flat_map(|(cpus, &owner)| {
+                if cpus.contains(&0) {
+                    owner.filter(|&c| c != 0).into_iter().collect()
+                } else {
+                    cpus.clone()
                 }
             })
             .collect()
@@ -687,7 +710,7 @@ mod tests {
     fn software_groups_land_on_the_cpus_that_go_offline_as_often_as_on_cpu_0() {
         let mut g = generator(3);
         let mut per_cpu: BTreeMap<i32, u32> = BTreeMap::new();
-        for _ in 0..4000 {
+        for _ in 0..3000 {
             let steps = g.open_software_group();
             assert!((2..=4).contains(&steps.len()), "{steps:?}");
             let cpus: BTreeSet<i32> = steps
@@ -700,16 +723,96 @@ mod tests {
             assert_eq!(cpus.len(), 1, "one CPU per group: {steps:?}");
             *per_cpu.entry(*cpus.first().unwrap()).or_insert(0) += 1;
         }
-        // CPUs 1 to 3 go offline (moves, parks); CPU 0 never does.
-        for cpu in 0..4 {
+        // Domain 1's CPUs 2 and 3 go offline (moves, parks) as often as
+        // CPU 0 is drawn; CPU 1, domain 0's other CPU while its owner is
+        // CPU 0, never goes, so it gets none.
+        for cpu in [0, 2, 3] {
             let n = per_cpu.get(&cpu).copied().unwrap_or(0);
-            assert!(n >= 800, "CPU {cpu}: {n} of 4000 ({per_cpu:?})");
+            assert!(n >= 850, "CPU {cpu}: {n} of 3000 ({per_cpu:?})");
         }
-        // An offline CPU gets none.
-        g.online.remove(&3);
-        assert!((0..400).all(|_| !matches!(
+        assert_eq!(per_cpu.get(&1), None, "{per_cpu:?}");
+        // Domain 0 placed on CPU 1: a move takes it offline, so it is drawn.
+        g.owners[0] = Some(1);
+        assert!((0..100).any(|_| matches!(
             g.open_software_group().first(),
+            Some(Step::Open { event, .. }) if event.cpu == 1
+        )));
+        // An offline CPU gets none.
+        g.owners[0] = Some(0);
+        g.online.remove(&3);
+        let drawn: Vec<Vec<Step>> = (0..400).map(|_| g.open_software_group()).collect();
+        assert!(drawn.iter().any(|s| s.is_empty()));
+        assert!(drawn.iter().all(|s| !matches!(
+            s.first(),
             Some(Step::Open { event, .. }) if event.cpu == 3
         )));
+    }
+
+    #[test]
+    fn the_ci_seed_takes_software_groups_apart_by_moves_and_parks() {
+        // The lifecycle VM test's seed and length, on its guest (4 CPUs,
+        // domains 0-1 and 2-3 placed on CPUs 0 and 2), a move answered with
+        // the domain's other CPU: how often a move or a park takes a CPU
+        // offline while a group of cpu-clock events is open on it, and how
+        // many reads then see an event of such a group (the rule "a CPU
+        // going offline takes its groups apart, also when it returns").
+        let mut g = generator(crate::test::LIFECYCLE_SEED);
+        let mut apart: BTreeSet<Handle> = BTreeSet::new();
+        let (mut groups, mut reads, mut ops) = (0, 0, 0u32);
+        while ops < crate::test::LIFECYCLE_OPS {
+            for step in g.next() {
+                ops += 1;
+                let offline: Vec<u32> = match step {
+                    Step::Move { domain } => g.owners[domain as usize].into_iter().collect(),
+                    Step::Park { domain } => g.domains[domain as usize].clone(),
+                    _ => vec![],
+                };
+                let leaders: BTreeSet<Handle> = g
+                    .opened
+                    .iter()
+                    .filter(|(h, o)| {
+                        o.pmu.is_none()
+                            && o.group.is_none()
+                            && offline.contains(&(o.cpu as u32))
+                            && !apart.contains(h)
+                    })
+                    .map(|(&h, _)| h)
+                    .collect();
+                groups += leaders.len();
+                apart.extend(
+                    g.opened
+                        .iter()
+                        .filter(|(&h, o)| leaders.contains(&o.group.unwrap_or(h)))
+                        .map(|(&h, _)| h),
+                );
+                if let Step::Read { handle } = step {
+                    reads += usize::from(apart.contains(&handle));
+                }
+                let result = match step {
+                    Step::Move { domain } => {
+                        let d = &g.domains[domain as usize];
+                        let owner = g.owners[domain as usize];
+                        Ok(d.iter()
+                            .copied()
+                            .filter(|&c| Some(c) != owner)
+                            .map(u64::from)
+                            .collect())
+                    }
+                    Step::Unpark { cpu, .. } => Ok(vec![u64::from(cpu)]),
+                    _ => Ok(vec![]),
+                };
+                g.observe(&Entry {
+                    step,
+                    result,
+                    took_ns: 0,
+                    at_ns: 0,
+                });
+            }
+        }
+        eprintln!(
+            "seed {}, {ops} operations: {groups} groups taken apart, {reads} reads of their events",
+            crate::test::LIFECYCLE_SEED
+        );
+        assert!(groups >= 3 && reads >= 10, "{groups} groups, {reads} reads");
     }
 }

@@ -2,7 +2,7 @@
 //! semantics and names every step whose result differs from it. The first
 //! finding is the one to look at: later ones may follow from it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::checks::counting::{DeviceShape, Expected, Handle, Kind, Model, Observed, OpenSpec};
 
@@ -126,6 +126,7 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
                     }
                 };
                 out.reads += 1;
+                model.read_took(entry.took_ns);
                 for m in members {
                     out.values += 1;
                     for mismatch in model.read(m.handle, m.observed) {
@@ -301,17 +302,96 @@ pub struct Predicted {
 /// the kernel would refuse it. Perf stat steps are not predicted.
 #[allow(dead_code)]
 pub fn predict(shape: DeviceShape, cpus: &Cpus, steps: &[Step]) -> Vec<Predicted> {
-    let mut cpus = cpus.clone();
-    let mut online: Vec<bool> = Vec::new();
-    let mut model = Model::new(shape);
-    let mut formats: BTreeMap<Handle, ReadFormat> = BTreeMap::new();
+    let mut p = Predictor::new(shape, cpus);
     let mut out = Vec::new();
     for (index, step) in steps.iter().enumerate() {
+        let Step::Read { handle } = *step else {
+            p.step(step);
+            continue;
+        };
+        let Some(members) = p.shows(handle) else {
+            continue;
+        };
+        let members = members
+            .into_iter()
+            .filter_map(|h| Some((h, p.model.predict(h)?)))
+            .collect();
+        out.push(Predicted {
+            index,
+            handle,
+            members,
+        });
+    }
+    out
+}
+
+/// The model fed a journal's steps without a guest: what [`predict`] and a
+/// scenario's wants (`scenario::wants_against_model`) replay. Every step
+/// but a read is taken to do what the model says it does (see
+/// [`Predictor::step`]); a read is the caller's to judge or predict, on
+/// [`Predictor::model`].
+pub struct Predictor {
+    pub model: Model,
+    cpus: Cpus,
+    /// Each domain's allowed CPUs (its CPUs until an `Allowed` step).
+    allowed: Vec<Vec<u32>>,
+    /// CPUs offline now.
+    offline: BTreeSet<u32>,
+    formats: BTreeMap<Handle, ReadFormat>,
+}
+
+impl Predictor {
+    pub fn new(shape: DeviceShape, cpus: &Cpus) -> Predictor {
+        Predictor {
+            model: Model::new(shape),
+            cpus: cpus.clone(),
+            allowed: cpus.domains.clone(),
+            offline: BTreeSet::new(),
+            formats: BTreeMap::new(),
+        }
+    }
+
+    /// Domain `domain`'s CPU now (`None`: parked, or not known).
+    pub fn owner(&self, domain: u32) -> Option<u32> {
+        self.cpus.owners.get(domain as usize).copied().flatten()
+    }
+
+    /// The events a read of `handle` shows (its group for a group read),
+    /// `None` if it names no open event.
+    pub fn shows(&self, handle: Handle) -> Option<Vec<Handle>> {
+        let format = self
+            .formats
+            .get(&handle)
+            .filter(|_| self.model.is_open(handle))?;
+        Some(if format.group {
+            self.model
+                .group(self.model.leader(handle).unwrap_or(handle))
+        } else {
+            vec![handle]
+        })
+    }
+
+    /// The first of `domain`'s allowed CPUs online now, other than `not`.
+    fn allowed_online(&self, domain: u32, not: Option<u32>) -> Option<u32> {
+        self.allowed.get(domain as usize).and_then(|c| {
+            c.iter()
+                .copied()
+                .find(|&c| Some(c) != not && !self.offline.contains(&c))
+        })
+    }
+
+    /// Feeds `step` to the model as the guest would have done it: an open
+    /// the model allows opens, a move leaves the PMU on the domain's next
+    /// allowed CPU online, an offline or an allowed set parks each domain
+    /// left with no allowed CPU online and places it again on the first
+    /// one that is; a read changes nothing here.
+    pub fn step(&mut self, step: &Step) {
+        let model = &mut self.model;
         match step {
             Step::Open { event, expect } => {
                 if model.predict_open(&event.spec()).is_ok() {
                     model.open_on(*expect, event.spec(), bound_cpu(event));
-                    formats.insert(*expect, event.read_format);
+                    self.formats.insert(*expect, event.read_format);
                 }
             }
             Step::Ioctl {
@@ -319,28 +399,10 @@ pub fn predict(shape: DeviceShape, cpus: &Cpus, steps: &[Step]) -> Vec<Predicted
                 ioctl,
                 group,
             } => model.ioctl(*handle, ioctl.model(), *group),
-            Step::Read { handle } => {
-                let Some(format) = formats.get(handle).filter(|_| model.is_open(*handle)) else {
-                    continue;
-                };
-                let members = if format.group {
-                    model.group(model.leader(*handle).unwrap_or(*handle))
-                } else {
-                    vec![*handle]
-                };
-                let members = members
-                    .into_iter()
-                    .filter_map(|h| Some((h, model.predict(h)?)))
-                    .collect();
-                out.push(Predicted {
-                    index,
-                    handle: *handle,
-                    members,
-                });
-            }
+            Step::Read { .. } => {}
             Step::Close { handle } => {
                 model.close(*handle);
-                formats.remove(handle);
+                self.formats.remove(handle);
             }
             &Step::Burst {
                 domain,
@@ -354,40 +416,61 @@ pub fn predict(shape: DeviceShape, cpus: &Cpus, steps: &[Step]) -> Vec<Predicted
                 bytes,
             } => model.occupancy(domain, rmid, bytes),
             &Step::OthersOpen { domain } => model.others_may_open(domain),
-            Step::Move { domain } => {
-                // The PMU goes to the domain's first other CPU online.
-                let d = *domain as usize;
-                let old = cpus.owners.get(d).copied().flatten();
-                let next = cpus.domains.get(d).and_then(|c| {
-                    c.iter()
-                        .copied()
-                        .find(|&c| Some(c) != old && online.get(c as usize).is_none_or(|&on| on))
-                });
-                cpus.step(&mut model, step, next, 0);
+            &Step::Move { domain } => {
+                let next = self.allowed_online(domain, self.owner(domain));
+                self.cpus.step(&mut self.model, step, next, 0);
             }
-            Step::Park { domain } => {
-                for &c in cpus.domains.get(*domain as usize).into_iter().flatten() {
-                    if online.len() <= c as usize {
-                        online.resize(c as usize + 1, true);
-                    }
-                    online[c as usize] = false;
-                }
-                cpus.step(&mut model, step, None, 0);
+            &Step::Park { domain } => {
+                let cpus = self.cpus.domains.get(domain as usize);
+                self.offline.extend(cpus.into_iter().flatten());
+                self.cpus.step(&mut self.model, step, None, 0);
             }
             &Step::Unpark { cpu, .. } | &Step::Online { cpu } => {
-                if let Some(on) = online.get_mut(cpu as usize) {
-                    *on = true;
-                }
-                cpus.step(&mut model, step, Some(cpu), 0);
+                self.offline.remove(&cpu);
+                self.cpus.step(&mut self.model, step, Some(cpu), 0);
             }
-            &Step::Offline { cpu } => model.cpu_offline(cpu),
-            Step::Rate { .. }
-            | Step::PerfStat { .. }
-            | Step::Allowed { .. }
-            | Step::Wait { .. } => {}
+            &Step::Offline { cpu } => {
+                self.offline.insert(cpu);
+                self.model.cpu_offline(cpu);
+                for domain in 0..self.allowed.len() as u32 {
+                    self.place(domain);
+                }
+            }
+            Step::Allowed { domain, cpus } => {
+                if let Some(a) = self.allowed.get_mut(*domain as usize) {
+                    a.clone_from(cpus);
+                }
+                self.place(*domain);
+            }
+            Step::Rate { .. } | Step::PerfStat { .. } | Step::Wait { .. } => {}
         }
     }
-    out
+
+    /// After an offline or an allowed set: `domain` stays on its CPU if
+    /// that is still allowed and online, else goes to the first allowed
+    /// CPU online, or parks (as the replay tells the model, see
+    /// [`placed`]).
+    fn place(&mut self, domain: u32) {
+        let owner = self.owner(domain);
+        let kept = owner.filter(|&c| {
+            !self.offline.contains(&c)
+                && self
+                    .allowed
+                    .get(domain as usize)
+                    .is_some_and(|a| a.contains(&c))
+        });
+        let now = kept.or_else(|| self.allowed_online(domain, None));
+        placed(
+            &mut self.model,
+            &mut BTreeMap::new(),
+            domain,
+            now.is_some(),
+            0,
+        );
+        if let Some(o) = self.cpus.owners.get_mut(domain as usize) {
+            *o = now;
+        }
+    }
 }
 
 /// A domain after a step that may have parked it or placed it again (an
@@ -665,5 +748,32 @@ mod tests {
         // model that let a DISABLE while parked count on would widen it.
         assert_eq!(bytes(0), (43 * mib, 43 * mib));
         assert_eq!(bytes(1), (127 * mib, 127 * mib));
+    }
+
+    #[test]
+    fn the_predictor_parks_and_places_a_domain_by_its_allowed_cpus_online() {
+        let cpus = Cpus {
+            domains: vec![vec![0, 1], vec![2, 3]],
+            owners: vec![Some(0), Some(2)],
+        };
+        let mut p = Predictor::new(SHAPE, &cpus);
+        p.step(&Step::Allowed {
+            domain: 1,
+            cpus: vec![3],
+        });
+        assert_eq!((p.owner(1), p.model.is_parked(1)), (Some(3), false));
+        // Its last allowed CPU goes: parked; CPU 2 allowed again: placed.
+        p.step(&Step::Offline { cpu: 3 });
+        assert_eq!((p.owner(1), p.model.is_parked(1)), (None, true));
+        assert_eq!(p.owner(0), Some(0));
+        p.step(&Step::Allowed {
+            domain: 1,
+            cpus: vec![2, 3],
+        });
+        assert_eq!((p.owner(1), p.model.is_parked(1)), (Some(2), false));
+        // A move leaves it on the next allowed CPU online (none here: it
+        // stays where it was).
+        p.step(&Step::Move { domain: 1 });
+        assert_eq!(p.owner(1), Some(2));
     }
 }

@@ -30,11 +30,12 @@ use std::path::{Path, PathBuf};
 
 use perfbed_device::cpus::parse_cpu_list;
 
-use crate::checks::counting::{DeviceShape, Handle, Model, Observed};
+use crate::checks::counting::{DeviceShape, Handle, Observed};
 use crate::checks::pmu::context::EVENT_FILES;
 use crate::checks::pmu::moves::movable_in;
 
-use super::journal::{IoctlName, Opened, ReadFormat, Step};
+use super::journal::{Cpus, IoctlName, Opened, ReadFormat, Step};
+use super::replay;
 
 /// A scenario refused: where, and what was expected there.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -64,6 +65,8 @@ pub struct Scenario {
     pub ops: Vec<Op>,
     /// Each opened event's name, by the handle it got.
     pub names: BTreeMap<Handle, String>,
+    /// The layout's domains it was parsed for (their allowed CPUs at boot).
+    pub domains: Vec<Vec<u32>>,
 }
 
 /// One operation: its line, the journal step, and what the line pins.
@@ -147,6 +150,7 @@ pub fn parse(
         check,
         ops: p.ops,
         names: p.handles,
+        domains: layout.domains.clone(),
     })
 }
 
@@ -756,10 +760,20 @@ impl fmt::Display for Want {
 }
 
 /// The wants the model contradicts, on the host, without a guest: the
-/// steps replayed through the model with each wanted value as the read's.
-/// (A scenario whose wants the model rejects can only fail.)
+/// steps fed to the model as [`replay::predict`] feeds them (one
+/// dispatch, [`replay::Predictor`]), each wanted value taken as the read's
+/// and each domain placed on its first CPU at the start. (A scenario whose
+/// wants the model rejects can only fail.)
 pub fn wants_against_model(scenario: &Scenario, shape: DeviceShape) -> Vec<ScenarioError> {
-    let mut model = Model::new(shape);
+    let cpus = Cpus {
+        domains: scenario.domains.clone(),
+        owners: scenario
+            .domains
+            .iter()
+            .map(|d| d.first().copied())
+            .collect(),
+    };
+    let mut p = replay::Predictor::new(shape, &cpus);
     let mut out = Vec::new();
     for op in &scenario.ops {
         let mut find = |line: usize, message: String| {
@@ -769,39 +783,26 @@ pub fn wants_against_model(scenario: &Scenario, shape: DeviceShape) -> Vec<Scena
                 message,
             })
         };
-        match &op.step {
-            Step::Open { event, expect } => {
-                let predicted = model.predict_open(&event.spec());
+        let mut step = op.step.clone();
+        match &mut step {
+            Step::Open { event, .. } => {
+                if let Some(cpu) = op.on_owner.and_then(|d| p.owner(d)) {
+                    event.cpu = cpu as i32;
+                }
+                let predicted = p.model.predict_open(&event.spec());
                 match (op.wants.first(), predicted) {
                     (Some(Want::Refused { line, errno }), p) => {
                         if p.map_err(|r| r.errno()) != Err(errno.as_str()) {
                             find(*line, format!("the model predicts {p:?} for this open, not {errno}"));
                         }
                     }
-                    (_, Ok(())) => model.open(*expect, event.spec()),
+                    (_, Ok(())) => {}
                     (_, Err(r)) => find(
                         op.line,
                         format!("the model refuses this open with {} ({r:?}): add `want NAME {}` or change it", r.errno(), r.errno()),
                     ),
                 }
             }
-            Step::Ioctl {
-                handle,
-                ioctl,
-                group,
-            } => model.ioctl(*handle, ioctl.model(), *group),
-            Step::Close { handle } => model.close(*handle),
-            &Step::Burst {
-                domain,
-                event,
-                rmid,
-                bytes,
-            } => model.burst(domain, event, rmid, bytes),
-            &Step::Occupancy {
-                domain,
-                rmid,
-                bytes,
-            } => model.occupancy(domain, rmid, bytes),
             Step::Read { .. } => {
                 for want in &op.wants {
                     if let Want::Value {
@@ -816,7 +817,7 @@ pub fn wants_against_model(scenario: &Scenario, shape: DeviceShape) -> Vec<Scena
                             enabled: None,
                             running: None,
                         };
-                        for m in model.read(*handle, seen) {
+                        for m in p.model.read(*handle, seen) {
                             find(
                                 *line,
                                 format!(
@@ -828,19 +829,9 @@ pub fn wants_against_model(scenario: &Scenario, shape: DeviceShape) -> Vec<Scena
                     }
                 }
             }
-            _ => {
-                for &(domain, parks) in &op.parks {
-                    if parks {
-                        model.park(domain);
-                    } else {
-                        model.unpark(domain, 0);
-                    }
-                }
-                if let &Step::Move { domain } = &op.step {
-                    model.moved(domain);
-                }
-            }
+            _ => {}
         }
+        p.step(&step);
     }
     out
 }
