@@ -677,9 +677,12 @@ impl ControlClient {
         self.call(&Request::SetAllowed { domain, cpus: crate::cpus::format_cpu_list(cpus) }).map(drop)
     }
 
-    /// Waits until all injected traffic has landed.
+    /// Waits until all injected traffic has landed, at most `timeout_ms`
+    /// and never more than the server takes ([`MAX_WAIT_MS`]): a caller's
+    /// patience for a guest held in gdb is an hour, traffic lands in
+    /// seconds.
     pub fn wait_landed(&mut self, timeout_ms: u64) -> Result<(), ClientError> {
-        self.call(&Request::WaitLanded { timeout_ms }).map(drop)
+        self.call(&Request::WaitLanded { timeout_ms: timeout_ms.min(MAX_WAIT_MS) }).map(drop)
     }
 
     /// A snapshot of the device.

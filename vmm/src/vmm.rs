@@ -25,10 +25,13 @@ use crate::devices::power_off::PowerOff;
 use crate::devices::serial::SerialConsole;
 use crate::devices::virtio::console::Console;
 use crate::devices::virtio::mmio::{MmioTransport, TransportError};
+use crate::gdb::hub::Hub;
+use crate::gdb::target::VmTarget;
+use crate::gdb::{GdbError, Listener};
 use crate::memory::MemoryError;
 use crate::stats::{rss_beyond, Stats};
-use crate::vcpu::handle::{stop_all_but, stop_and_join, HandleError, VcpuControl, VcpuHandle};
-use crate::vcpu::{Vcpu, VcpuEnd, VcpuError};
+use crate::vcpu::handle::{stop_all_but, stop_and_join, HandleError, Start, VcpuControl, VcpuHandle};
+use crate::vcpu::{DebugExits, SharedVcpu, Vcpu, VcpuEnd, VcpuError};
 
 /// How long the end of a run waits for every vCPU to leave KVM and end.
 pub const VCPU_STOP_PATIENCE: Duration = Duration::from_secs(5);
@@ -67,6 +70,8 @@ pub enum VmmError {
     DeviceManager(#[from] DeviceManagerError),
     #[error(transparent)]
     VcpuHandle(#[from] HandleError),
+    #[error(transparent)]
+    Gdb(#[from] GdbError),
     #[error("{what}: {source}")]
     Io {
         what: String,
@@ -166,6 +171,17 @@ impl Vmm {
             )))?),
             None => None,
         };
+        // Bound before the guest waits for its agent, so that gdb can
+        // connect as soon as the VMM runs.
+        let gdb = match &self.config.endpoints.gdb {
+            Some(config) => {
+                let listener = Listener::bind(&config.listen)?;
+                let hub = Arc::new(Hub::new().map_err(io_error("creating gdb's eventfd"))?);
+                log::info!("gdb: listening on {:?}{}", config.listen, if config.stopped { ", the vCPUs stopped until gdb continues" } else { "" });
+                Some((listener, hub, config.stopped))
+            }
+            None => None,
+        };
         let mut events: EventManager<Arc<dyn EventSubscriber + Send + Sync>> =
             EventManager::new().map_err(|e| VmmError::EventLoop(format!("{e:?}")))?;
         let terminate = crate::termination::watch().map_err(io_error("watching for SIGTERM"))?;
@@ -221,13 +237,22 @@ impl Vmm {
         }));
         let vcpus = self.vcpus.len();
         let mut handles = Vec::with_capacity(vcpus);
+        let mut shared: Vec<SharedVcpu> = Vec::with_capacity(vcpus);
+        let debugger = gdb.as_ref().map(|(_, hub, _)| hub.clone() as Arc<dyn DebugExits>);
+        let start = match &gdb {
+            Some((_, _, true)) => Start::Paused,
+            _ => Start::Running,
+        };
         for vcpu in self.vcpus {
             let index = u32::from(vcpu.index());
             let runner = vcpu.into_runner(
                 self.io_bus.clone(),
                 self.mmio_bus.clone(),
                 self.stats.clone(),
+                debugger.clone(),
             );
+            // Some exactly when there is a debugger, which is when gdb below needs them.
+            shared.extend(runner.shared());
             let (ended, evt) = (
                 ended.clone(),
                 ended_evt
@@ -244,7 +269,7 @@ impl Vmm {
                     let _ = evt.write(1);
                 }
             };
-            match VcpuHandle::spawn(index, runner, on_end) {
+            match VcpuHandle::spawn_with(index, runner, on_end, start) {
                 Ok(handle) => handles.push(handle),
                 Err(e) => {
                     stop_and_join(handles, VCPU_STOP_PATIENCE);
@@ -253,6 +278,13 @@ impl Vmm {
             }
         }
         let controls: Vec<Arc<VcpuControl>> = handles.iter().map(VcpuHandle::control).collect();
+        if let Some((listener, hub, _)) = gdb {
+            let target = VmTarget::new(shared, controls.clone(), self.memory.clone(), self.mmio_bus.clone(), hub);
+            if let Err(e) = crate::gdb::serve(listener, target) {
+                stop_and_join(handles, VCPU_STOP_PATIENCE);
+                return Err(e.into());
+            }
+        }
 
         let on_panic = (
             self.serial.clone(),

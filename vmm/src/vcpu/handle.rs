@@ -12,6 +12,10 @@
 //!   read comes with a signal whose `immediate_exit` makes the next
 //!   `KVM_RUN` return at once.
 //!
+//! A vCPU may also park itself: a runner whose step returns
+//! [`Step::Park`] (a debug exit, for gdb) is paused as if asked, and stays
+//! parked until someone resumes it.
+//!
 //! The machinery is generic over [`Runnable`] so that it can be tested
 //! without KVM (the tests' runner blocks in `nanosleep` the way a vCPU
 //! blocks in `KVM_RUN`).
@@ -44,11 +48,21 @@ pub enum VcpuEnd {
     Stopped,
 }
 
+/// What one guest entry came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// Go on: an exit handled, or `EINTR` from a kick.
+    Go,
+    /// Park this vCPU until it is resumed (it stopped for the debugger).
+    Park,
+    /// The run is over.
+    End(VcpuEnd),
+}
+
 /// What a vCPU thread runs: one guest entry at a time.
 pub trait Runnable: Send + 'static {
-    /// Enters the guest once and handles the exit: `Some` when the run is
-    /// over, `None` to go on (an exit handled, or `EINTR` from a kick).
-    fn step(&mut self) -> Option<VcpuEnd>;
+    /// Enters the guest once and handles the exit.
+    fn step(&mut self) -> Step;
     /// The byte that makes the next entry return at once
     /// (`kvm_run.immediate_exit`); it must stay valid while the thread runs.
     fn immediate_exit(&mut self) -> *mut u8;
@@ -73,6 +87,16 @@ pub enum HandleError {
     Ended { index: u32, end: VcpuEnd },
     #[error("vCPU {index}'s thread panicked")]
     Panicked { index: u32 },
+}
+
+/// How a vCPU thread starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Start {
+    /// Entering the guest at once.
+    Running,
+    /// Parked before its first entry, until resumed (gdb's "stopped at the
+    /// first instruction").
+    Paused,
 }
 
 /// What the VMM asks of a vCPU thread.
@@ -146,17 +170,28 @@ impl VcpuControl {
 
     /// Waits until the thread has ended, at most `patience`.
     pub fn wait_ended(&self, patience: Duration) -> Result<VcpuEnd, HandleError> {
+        self.wait_until(patience, "end", |state| state.ended.clone().map(Ok))
+    }
+
+    /// Waits (at most `patience`) until `outcome` has an answer from the
+    /// state.
+    fn wait_until<T>(
+        &self,
+        patience: Duration,
+        what: &'static str,
+        outcome: impl Fn(&State) -> Option<Result<T, HandleError>>,
+    ) -> Result<T, HandleError> {
         let deadline = Instant::now() + patience;
         let mut state = self.state();
         loop {
-            if let Some(end) = &state.ended {
-                return Ok(end.clone());
+            if let Some(result) = outcome(&state) {
+                return result;
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return Err(HandleError::Timeout {
                     index: self.index,
-                    what: "end",
+                    what,
                     waited: patience,
                 });
             }
@@ -194,6 +229,39 @@ impl VcpuControl {
                     state = self.changed.wait(state).unwrap_or_else(|p| p.into_inner());
                 }
             }
+        }
+    }
+
+    /// Kicks the vCPU out of the guest and parks it, and waits (at most
+    /// `patience`) until it is parked.
+    pub fn pause(&self, patience: Duration) -> Result<(), HandleError> {
+        self.request(Request::Pause)?;
+        let index = self.index;
+        self.wait_until(patience, "pause", |state| match &state.ended {
+            Some(end) => Some(Err(HandleError::Ended {
+                index,
+                end: end.clone(),
+            })),
+            None => state.paused.then_some(Ok(())),
+        })
+    }
+
+    /// Lets a paused vCPU run again.
+    pub fn resume(&self) -> Result<(), HandleError> {
+        self.request(Request::Run)
+    }
+
+    /// Whether the thread is parked.
+    pub fn is_paused(&self) -> bool {
+        self.state().paused
+    }
+
+    /// Parks the calling vCPU thread at its next checkpoint (its runner
+    /// asked to, [`Step::Park`]); a stop already asked for wins.
+    fn park_self(&self) {
+        let mut state = self.state();
+        if state.request == Request::Run {
+            state.request = Request::Pause;
         }
     }
 
@@ -262,14 +330,28 @@ impl VcpuHandle {
     /// stop), after KVM is left for good.
     pub fn spawn(
         index: u32,
+        runner: impl Runnable,
+        on_end: impl FnOnce(&VcpuEnd) + Send + 'static,
+    ) -> Result<VcpuHandle, HandleError> {
+        VcpuHandle::spawn_with(index, runner, on_end, Start::Running)
+    }
+
+    /// [`VcpuHandle::spawn`], parked before its first entry when `start`
+    /// says so.
+    pub fn spawn_with(
+        index: u32,
         mut runner: impl Runnable,
         on_end: impl FnOnce(&VcpuEnd) + Send + 'static,
+        start: Start,
     ) -> Result<VcpuHandle, HandleError> {
         install_kick_handler().map_err(|errno| HandleError::SignalHandler { index, errno })?;
         let control = Arc::new(VcpuControl {
             index,
             state: Mutex::new(State {
-                request: Request::Run,
+                request: match start {
+                    Start::Running => Request::Run,
+                    Start::Paused => Request::Pause,
+                },
                 paused: false,
                 ended: None,
                 pthread: None,
@@ -294,8 +376,10 @@ impl VcpuHandle {
                     if shared.checkpoint(immediate_exit) {
                         break VcpuEnd::Stopped;
                     }
-                    if let Some(end) = runner.step() {
-                        break end;
+                    match runner.step() {
+                        Step::Go => {}
+                        Step::Park => shared.park_self(),
+                        Step::End(end) => break end,
                     }
                 };
                 KICK_TARGET.with(|t| t.set(ptr::null_mut()));
@@ -324,45 +408,17 @@ impl VcpuHandle {
     /// Kicks the vCPU out of the guest and parks it, and waits (at most
     /// `patience`) until it is parked.
     pub fn pause(&self, patience: Duration) -> Result<(), HandleError> {
-        self.control.request(Request::Pause)?;
-        let index = self.control.index;
-        let deadline = Instant::now() + patience;
-        let mut state = self.control.state();
-        loop {
-            if let Some(end) = &state.ended {
-                return Err(HandleError::Ended {
-                    index,
-                    end: end.clone(),
-                });
-            }
-            if state.paused {
-                return Ok(());
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(HandleError::Timeout {
-                    index,
-                    what: "pause",
-                    waited: patience,
-                });
-            }
-            state = self
-                .control
-                .changed
-                .wait_timeout(state, left)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
-        }
+        self.control.pause(patience)
     }
 
     /// Lets a paused vCPU run again.
     pub fn resume(&self) -> Result<(), HandleError> {
-        self.control.request(Request::Run)
+        self.control.resume()
     }
 
     /// Whether the thread is parked.
     pub fn is_paused(&self) -> bool {
-        self.control.state().paused
+        self.control.is_paused()
     }
 
     /// Kicks the vCPU out of the guest for good.
@@ -452,6 +508,8 @@ mod tests {
         immediate_exit: Box<u8>,
         entries: Arc<AtomicU32>,
         ends_after: Option<u32>,
+        /// Entries after which the runner asks to park (a debug exit).
+        parks_at: Vec<u32>,
     }
 
     impl Sleeper {
@@ -462,6 +520,7 @@ mod tests {
                     immediate_exit: Box::new(0),
                     entries: entries.clone(),
                     ends_after,
+                    parks_at: Vec::new(),
                 },
                 entries,
             )
@@ -469,10 +528,13 @@ mod tests {
     }
 
     impl Runnable for Sleeper {
-        fn step(&mut self) -> Option<VcpuEnd> {
+        fn step(&mut self) -> Step {
             let n = self.entries.fetch_add(1, Ordering::SeqCst) + 1;
             if self.ends_after.is_some_and(|last| n >= last) {
-                return Some(VcpuEnd::Reset);
+                return Step::End(VcpuEnd::Reset);
+            }
+            if self.parks_at.contains(&n) {
+                return Step::Park;
             }
             // As KVM_RUN in a halted guest: back with EINTR on a signal, or
             // at once with immediate_exit set (KVM reads it after the
@@ -481,7 +543,7 @@ mod tests {
             loop {
                 // SAFETY: our own byte; the signal handler writes it too.
                 if unsafe { ptr::read_volatile(&*self.immediate_exit) } != 0 {
-                    return None;
+                    return Step::Go;
                 }
                 let nap = libc::timespec {
                     tv_sec: 0,
@@ -489,7 +551,7 @@ mod tests {
                 };
                 // SAFETY: valid timespec, no remainder wanted.
                 if unsafe { libc::nanosleep(&nap, ptr::null_mut()) } != 0 {
-                    return None;
+                    return Step::Go;
                 }
             }
         }
@@ -547,6 +609,44 @@ mod tests {
         assert!(!handle.is_paused());
         // Paused again, then stopped while parked.
         handle.pause(PATIENCE).unwrap();
+        handle.stop().unwrap();
+        assert_eq!(handle.join(PATIENCE), Ok(VcpuEnd::Stopped));
+    }
+
+    #[test]
+    fn a_vcpu_started_paused_never_enters_until_resumed() {
+        let (runner, entries) = Sleeper::new(None);
+        let handle = VcpuHandle::spawn_with(4, runner, |_| {}, Start::Paused).unwrap();
+        handle.pause(PATIENCE).unwrap();
+        thread::sleep(Duration::from_millis(50));
+        assert_eq!(entries.load(Ordering::SeqCst), 0, "it entered the guest while paused");
+        handle.resume().unwrap();
+        let deadline = Instant::now() + PATIENCE;
+        while entries.load(Ordering::SeqCst) == 0 {
+            assert!(Instant::now() < deadline, "the resumed vCPU never entered");
+            thread::sleep(Duration::from_millis(1));
+        }
+        handle.stop().unwrap();
+        assert_eq!(handle.join(PATIENCE), Ok(VcpuEnd::Stopped));
+    }
+
+    #[test]
+    fn a_runner_that_parks_stays_parked_until_resumed() {
+        let (mut runner, entries) = Sleeper::new(None);
+        runner.parks_at = vec![1];
+        let handle = VcpuHandle::spawn(5, runner, |_| {}).unwrap();
+        let deadline = Instant::now() + PATIENCE;
+        while !handle.is_paused() {
+            assert!(Instant::now() < deadline, "the runner's park was not honoured");
+            thread::sleep(Duration::from_millis(1));
+        }
+        thread::sleep(Duration::from_millis(50));
+        assert_eq!(entries.load(Ordering::SeqCst), 1, "a parked vCPU entered again");
+        handle.resume().unwrap();
+        while entries.load(Ordering::SeqCst) < 2 {
+            assert!(Instant::now() < deadline, "the resumed vCPU never entered");
+            thread::sleep(Duration::from_millis(1));
+        }
         handle.stop().unwrap();
         assert_eq!(handle.join(PATIENCE), Ok(VcpuEnd::Stopped));
     }

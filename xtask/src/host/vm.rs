@@ -235,6 +235,15 @@ impl Vm {
         // QEMU runs the guest from the moment we are connected (or, stopped
         // for gdb, once gdb continues it).
         if let Some(gdb) = config.gdb.as_ref().filter(|g| g.stopped) {
+            if let Some(log) = &box_log {
+                // The box's port takes gdb at once, but nothing answers it
+                // until L1 has booted and perfbed-vmm listens.
+                if let Err(e) = wait_for_line(log, the_box::GDB_READY, config.boot_timeout, &mut child) {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(e);
+                }
+            }
             println!(
                 "==> the guest is stopped for gdb on 127.0.0.1:{}; attach with:\n      {}",
                 gdb.port, gdb.hint
@@ -651,6 +660,23 @@ impl Vm {
 impl Drop for Vm {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// Waits until the host's log `path` has a line containing `needle`.
+fn wait_for_line(path: &Path, needle: &str, timeout: Duration, child: &mut Child) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if fs::read_to_string(path).is_ok_and(|log| log.contains(needle)) {
+            return Ok(());
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            bail!("the host exited ({status}) before {needle:?} in {}", path.display());
+        }
+        if Instant::now() > deadline {
+            bail!("no {needle:?} in {} within {timeout:?}", path.display());
+        }
+        thread::sleep(Duration::from_millis(200));
     }
 }
 

@@ -62,6 +62,16 @@ pub fn vmm_args(config: &VmConfig, cmdline: &[String]) -> Vec<String> {
         // TCG's SVM does not make XSETBV exit (see perfbed-vmm --help).
         args.push("--no-xsave".into());
     }
+    if let Some(gdb) = &config.gdb {
+        match config.host {
+            // The box's /init relays its gdb port to this socket in L1.
+            Host::VmmBox(_) => args.extend(["--gdb-socket".into(), perfbed_box_init::GDB_SOCKET.into()]),
+            _ => args.extend(["--gdb-port".into(), gdb.port.to_string()]),
+        }
+        if gdb.stopped {
+            args.push("--gdb-stopped".into());
+        }
+    }
     for domain in &config.device.domains {
         args.push("--pmu-domain".into());
         args.push(format!(
@@ -155,6 +165,26 @@ mod tests {
         assert!(named[5].contains("triple fault"), "{}", named[5]);
         assert!(describe_code(42).contains("not one of its own"));
         assert!(describe_code(-1).contains("not one of its own"));
+    }
+
+    #[test]
+    fn gdb_is_a_port_natively_and_the_boxs_socket_in_the_box() {
+        let mut config = config::example();
+        assert!(!vmm_args(&config, &[]).iter().any(|a| a.starts_with("--gdb")));
+        config.gdb = Some(config::GdbStub { port: 4321, stopped: true, hint: String::new() });
+        config.host = Host::VmmNative { vmm: "perfbed-vmm".into() };
+        let joined = vmm_args(&config, &[]).join(" ");
+        assert!(joined.ends_with("--gdb-port 4321 --gdb-stopped") || joined.contains("--gdb-port 4321 --gdb-stopped "), "{joined}");
+        config.host = Host::VmmBox(crate::build::box_image::BoxImages {
+            kernel: "bzImage".into(),
+            initramfs: "l1.cpio".into(),
+            kernel_package: String::new(),
+            system_map: "System.map".into(),
+        });
+        config.gdb.as_mut().unwrap().stopped = false;
+        let args = vmm_args(&config, &[]);
+        assert!(perfbed_box_init::wants_gdb(&args), "{args:?}");
+        assert!(!args.iter().any(|a| a == "--gdb-port" || a == "--gdb-stopped"), "{args:?}");
     }
 
     #[test]

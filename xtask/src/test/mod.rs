@@ -18,7 +18,7 @@ use crate::host;
 use crate::host::Accel;
 use crate::progress::human;
 use crate::run::scenario::Scenario;
-use crate::run::{scenario_for, RunArgs};
+use crate::run::{scenario_for, use_box_qemu_for_gdb, RunArgs};
 use vm_tests::{
     agent_dies_mid_run, bench_quick, boot_and_hotplug, device_scope_pmu, driver_mutants,
     gdb_session, guest_floods_console_and_channel, guest_panic_is_reported,
@@ -215,6 +215,13 @@ const VM_TESTS: &[VmTest] = &[
         run: terminated_while_waiting_for_the_agent,
     },
     VmTest {
+        name: "vmm_gdb_session",
+        what: "gdb_session on perfbed-vmm's gdb stub (on native KVM, else in the box, its port relayed through L1): the breakpoint in perfbed.ko's read callback, the backtrace, REG_MAGIC read through the driver's mapping, the detach",
+        variant: Variant::Gdb,
+        host: host::HostChoice::Vmm,
+        run: gdb_session,
+    },
+    VmTest {
         name: "vmm_slow_agent_reader",
         what: "on perfbed-vmm, the host stops reading the agent channel for 30 s while the agent answers 10 MiB and a shell hotplugs CPUs: the hotplug rate holds (no vCPU waits on the host), every byte arrives, the kernel log stays clean",
         variant: Variant::Normal,
@@ -320,7 +327,10 @@ fn run_vm_tests(ws: &Path, args: &TestArgs) -> Result<bool> {
             host: test.host,
             ..RunArgs::for_tests()
         };
-        let scenario = scenario_for(ws, images, &run_args, test.name)?;
+        let mut scenario = scenario_for(ws, images, &run_args, test.name)?;
+        if test.variant == Variant::Gdb {
+            use_box_qemu_for_gdb(ws, &mut scenario.vm)?;
+        }
         let start = Instant::now();
         let run_dir = scenario.vm.run_dir.clone();
         let _ = fs::remove_file(run_dir.join(host::vm::BOX_STUCK_FILE));

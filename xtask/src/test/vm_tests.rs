@@ -114,7 +114,8 @@ fn checks_on_a_guest(
 }
 
 /// The scripted gdb session (`gdb::scripted_session`) on a guest served by
-/// QEMU's gdbstub, then a clean power-off and a kernel log without reports.
+/// its host's gdb stub (QEMU's gdbstub, or perfbed-vmm's, natively or in the
+/// box), then a clean power-off and a kernel log without reports.
 pub fn gdb_session(scenario: &Scenario, accel: &Accel) -> Result<()> {
     let mut config = scenario.vm.clone();
     let port = free_port()?;
@@ -125,15 +126,16 @@ pub fn gdb_session(scenario: &Scenario, accel: &Accel) -> Result<()> {
     });
     let booted = Vm::boot(&config, accel)?;
     println!(
-        "  the gdb kernel booted to the agent in {}",
-        human(booted.boot_time)
+        "  the gdb kernel booted to the agent in {} on {}",
+        human(booted.boot_time),
+        config.host.name()
     );
     let mut vm = booted.vm;
     let mut guest = crate::guest::Guest {
         vm: &mut vm,
         timeout: scenario.request_timeout,
     };
-    let output = crate::debug::gdb::scripted_session(
+    let session = crate::debug::gdb::scripted_session(
         &mut guest,
         &config.vmlinux,
         &scenario.driver,
@@ -150,7 +152,8 @@ pub fn gdb_session(scenario: &Scenario, accel: &Accel) -> Result<()> {
             serial_log.display()
         );
     }
-    let backtrace: Vec<&str> = output
+    let backtrace: Vec<&str> = session
+        .output
         .lines()
         .filter(|l| l.starts_with('#'))
         .take(3)
@@ -159,6 +162,9 @@ pub fn gdb_session(scenario: &Scenario, accel: &Accel) -> Result<()> {
         "  gdb stopped in: {}",
         backtrace.join("\n                  ")
     );
+    if let Some(took) = session.to_breakpoint {
+        println!("  from gdb's continue to the breakpoint's backtrace: {}", human(took));
+    }
     Ok(())
 }
 
