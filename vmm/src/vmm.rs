@@ -3,14 +3,14 @@
 //! out of KVM and joined before the exit report.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::ThreadId;
 use std::time::Duration;
 
 use event_manager::{EventManager, EventOps, EventSet, EventSubscriber, Events, SubscriberOps};
 use kvm_ioctls::{Cap, Kvm, VmFd};
 use perfbed_device::host::Ticker;
-use perfbed_device::SharedDevice;
+use perfbed_device::{ControlServer, SharedDevice};
 use vm_memory::{GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 use vmm_sys_util::eventfd::EventFd;
 
@@ -31,7 +31,7 @@ use crate::gdb::{GdbError, Listener};
 use crate::memory::MemoryError;
 use crate::stats::{rss_beyond, Stats};
 use crate::vcpu::handle::{stop_all_but, stop_and_join, HandleError, Start, VcpuControl, VcpuHandle};
-use crate::vcpu::{DebugExits, SharedVcpu, Vcpu, VcpuEnd, VcpuError};
+use crate::vcpu::{snapshot, DebugExits, SharedVcpu, Vcpu, VcpuEnd, VcpuError};
 
 /// How long the end of a run waits for every vCPU to leave KVM and end.
 pub const VCPU_STOP_PATIENCE: Duration = Duration::from_secs(5);
@@ -164,11 +164,13 @@ impl Vmm {
     /// vCPU fails, or SIGTERM/SIGINT arrives; then stops every vCPU, joins
     /// it, and prints the exit report.
     pub fn run(self) -> Result<GuestEnd, VmmError> {
+        // The control socket answers `cpu_state` once the vCPUs run.
+        let vcpu_controls: Arc<OnceLock<Vec<Arc<VcpuControl>>>> = Arc::default();
         let _control = match &self.config.endpoints.control_socket {
-            Some(path) => Some(self.device.serve_control(path).map_err(io_error(format!(
-                "serving the control socket {}",
-                path.display()
-            )))?),
+            Some(path) => Some(
+                ControlServer::start(self.device.clone(), path, Some(snapshot::control_source(vcpu_controls.clone())))
+                    .map_err(io_error(format!("serving the control socket {}", path.display())))?,
+            ),
             None => None,
         };
         // Bound before the guest waits for its agent, so that gdb can
@@ -278,6 +280,7 @@ impl Vmm {
             }
         }
         let controls: Vec<Arc<VcpuControl>> = handles.iter().map(VcpuHandle::control).collect();
+        let _ = vcpu_controls.set(controls.clone());
         if let Some((listener, hub, _)) = gdb {
             let target = VmTarget::new(shared, controls.clone(), self.memory.clone(), self.mmio_bus.clone(), hub);
             if let Err(e) = crate::gdb::serve(listener, target) {
@@ -327,6 +330,9 @@ impl Vmm {
                 break None;
             }
         };
+        if let Some(why) = unexpected(end.as_ref(), self.power_off.requested(), self.panicked.load(Ordering::SeqCst)) {
+            snapshot::report(vcpu_controls.get().map_or(&[][..], Vec::as_slice), &why);
+        }
         let (joined, errors) = stop_and_join(handles, VCPU_STOP_PATIENCE);
         for e in &errors {
             log::error!("stopping the vCPUs: {e}");
@@ -345,6 +351,16 @@ impl Vmm {
             return Err(e.into());
         }
         guest_end(end, self.power_off.requested(), self.panicked.load(Ordering::SeqCst))
+    }
+}
+
+/// Why the vCPUs' state is worth keeping at the end of a run that ended
+/// with `end`: a KVM failure or a reset nobody asked for.
+fn unexpected(end: Option<&VcpuEnd>, powered_off: bool, panicked: bool) -> Option<String> {
+    match guest_end(end.cloned(), powered_off, panicked) {
+        Ok(GuestEnd::KvmFailure(why)) => Some(format!("KVM failure: {why}")),
+        Ok(GuestEnd::UnexpectedReset) => Some("the guest reset with neither the agent's power-off nor a panic".into()),
+        _ => None,
     }
 }
 

@@ -12,6 +12,11 @@
 //!   read comes with a signal whose `immediate_exit` makes the next
 //!   `KVM_RUN` return at once.
 //!
+//! A snapshot of the vCPU's state is asked the same way (a flag published,
+//! then the kick): the thread takes it at its checkpoint, running or
+//! parked, and goes on as it was. A thread whose guest ended the run takes
+//! one before it ends, so the state that ended it can still be read.
+//!
 //! A vCPU may also park itself: a runner whose step returns
 //! [`Step::Park`] (a debug exit, for gdb) is paused as if asked, and stays
 //! parked until someone resumes it.
@@ -28,6 +33,8 @@ use std::thread::{self, JoinHandle, ThreadId};
 use std::time::{Duration, Instant};
 
 use vmm_sys_util::signal::{register_signal_handler, Killable, SIGRTMIN};
+
+use super::snapshot::VcpuSnapshot;
 
 /// The kick signal's offset from `SIGRTMIN` (real-time signals are not
 /// used by the C runtime).
@@ -66,6 +73,8 @@ pub trait Runnable: Send + 'static {
     /// The byte that makes the next entry return at once
     /// (`kvm_run.immediate_exit`); it must stay valid while the thread runs.
     fn immediate_exit(&mut self) -> *mut u8;
+    /// The vCPU's state, read between entries (why not, if it cannot be).
+    fn snapshot(&mut self) -> Result<VcpuSnapshot, String>;
 }
 
 /// Why a handle's request did not complete.
@@ -116,6 +125,17 @@ struct State {
     ended: Option<VcpuEnd>,
     /// The thread's pthread while it is alive, for the kick.
     pthread: Option<libc::pthread_t>,
+    /// A snapshot is asked for and not taken yet.
+    snapshot_asked: bool,
+    /// The last snapshot taken (on request, or as the guest ended the run).
+    snapshot: Option<Result<VcpuSnapshot, String>>,
+}
+
+/// What the thread does after its checkpoint.
+enum Checkpoint {
+    Enter,
+    Stop,
+    Snapshot,
 }
 
 /// The part of a handle the vCPU thread and anyone holding it share: the
@@ -204,23 +224,27 @@ impl VcpuControl {
     }
 
     /// The thread's checkpoint between guest entries: parks while paused,
-    /// `true` when it must stop.
-    fn checkpoint(&self, immediate_exit: *mut u8) -> bool {
+    /// leaves to stop or to take a snapshot.
+    fn checkpoint(&self, immediate_exit: *mut u8) -> Checkpoint {
         // Cleared before the request is read (see the module's doc).
         // SAFETY: the runner keeps the byte valid while its thread runs, and
         // only this thread and its own signal handler write it.
         unsafe { immediate_exit.write_volatile(0) };
         let mut state = self.state();
         loop {
+            if state.snapshot_asked && state.request != Request::Stop {
+                state.snapshot_asked = false;
+                return Checkpoint::Snapshot;
+            }
             match state.request {
                 Request::Run => {
                     if state.paused {
                         state.paused = false;
                         self.changed.notify_all();
                     }
-                    return false;
+                    return Checkpoint::Enter;
                 }
-                Request::Stop => return true,
+                Request::Stop => return Checkpoint::Stop,
                 Request::Pause => {
                     if !state.paused {
                         state.paused = true;
@@ -251,6 +275,37 @@ impl VcpuControl {
         self.request(Request::Run)
     }
 
+    /// The vCPU's state, taken by its thread at its next checkpoint (it is
+    /// kicked out of the guest for it, and goes on as it was), waiting at
+    /// most `patience`; for a vCPU whose thread has ended, the state it
+    /// ended in (a guest's end) or the end.
+    pub fn snapshot(&self, patience: Duration) -> Result<Result<VcpuSnapshot, String>, HandleError> {
+        {
+            let mut state = self.state();
+            if state.ended.is_none() {
+                state.snapshot = None;
+                state.snapshot_asked = true;
+                self.changed.notify_all();
+                if let Some(pthread) = state.pthread {
+                    Pthread(pthread)
+                        .kill(SIGRTMIN() + KICK_SIGNAL_OFFSET)
+                        .map_err(|e| HandleError::Kick { index: self.index, errno: e.errno() })?;
+                }
+            }
+        }
+        let index = self.index;
+        self.wait_until(patience, "take a snapshot", |state| match (&state.snapshot, &state.ended) {
+            (Some(taken), _) => Some(Ok(taken.clone())),
+            (None, Some(end)) => Some(Err(HandleError::Ended { index, end: end.clone() })),
+            (None, None) => None,
+        })
+    }
+
+    fn put_snapshot(&self, taken: Result<VcpuSnapshot, String>) {
+        self.state().snapshot = Some(taken);
+        self.changed.notify_all();
+    }
+
     /// Whether the thread is parked.
     pub fn is_paused(&self) -> bool {
         self.state().paused
@@ -269,6 +324,10 @@ impl VcpuControl {
         let mut state = self.state();
         state.pthread = None;
         state.paused = false;
+        if end == VcpuEnd::Stopped {
+            // Only a guest's end leaves its state to read.
+            state.snapshot = None;
+        }
         state.ended = Some(end);
         self.changed.notify_all();
     }
@@ -355,6 +414,8 @@ impl VcpuHandle {
                 paused: false,
                 ended: None,
                 pthread: None,
+                snapshot_asked: false,
+                snapshot: None,
             }),
             changed: Condvar::new(),
             thread: Mutex::new(None),
@@ -373,13 +434,22 @@ impl VcpuHandle {
                         Some(thread::current().id());
                 }
                 let end = loop {
-                    if shared.checkpoint(immediate_exit) {
-                        break VcpuEnd::Stopped;
+                    match shared.checkpoint(immediate_exit) {
+                        Checkpoint::Enter => {}
+                        Checkpoint::Stop => break VcpuEnd::Stopped,
+                        Checkpoint::Snapshot => {
+                            shared.put_snapshot(runner.snapshot());
+                            continue;
+                        }
                     }
                     match runner.step() {
                         Step::Go => {}
                         Step::Park => shared.park_self(),
-                        Step::End(end) => break end,
+                        Step::End(end) => {
+                            // The state the guest ended the run in.
+                            shared.put_snapshot(runner.snapshot());
+                            break end;
+                        }
                     }
                 };
                 KICK_TARGET.with(|t| t.set(ptr::null_mut()));
@@ -559,6 +629,13 @@ mod tests {
         fn immediate_exit(&mut self) -> *mut u8 {
             &mut *self.immediate_exit
         }
+
+        /// The number of entries so far, as RIP.
+        fn snapshot(&mut self) -> Result<VcpuSnapshot, String> {
+            let mut taken = VcpuSnapshot::default();
+            taken.regs.rip = u64::from(self.entries.load(Ordering::SeqCst));
+            Ok(taken)
+        }
     }
 
     const PATIENCE: Duration = Duration::from_secs(10);
@@ -717,5 +794,43 @@ mod tests {
             (0..8).collect::<Vec<_>>()
         );
         assert!(joined.iter().all(|(_, end)| *end == VcpuEnd::Stopped));
+    }
+
+    #[test]
+    fn a_snapshot_is_taken_running_or_parked_and_the_vcpu_goes_on_as_it_was() {
+        let (runner, entries) = Sleeper::new(None);
+        let handle = VcpuHandle::spawn(0, runner, |_| {}).unwrap();
+        while entries.load(Ordering::SeqCst) == 0 {
+            thread::sleep(Duration::from_millis(1));
+        }
+        thread::sleep(Duration::from_millis(20)); // well inside the "guest"
+        let control = handle.control();
+        let taken = control.snapshot(PATIENCE).unwrap().unwrap();
+        assert!(taken.regs.rip >= 1, "taken after an entry: {}", taken.regs.rip);
+        let deadline = Instant::now() + PATIENCE;
+        while u64::from(entries.load(Ordering::SeqCst)) <= taken.regs.rip {
+            assert!(Instant::now() < deadline, "the vCPU did not enter again after its snapshot");
+            thread::sleep(Duration::from_millis(1));
+        }
+        handle.pause(PATIENCE).unwrap();
+        let parked_at = entries.load(Ordering::SeqCst);
+        let taken = control.snapshot(PATIENCE).unwrap().unwrap();
+        assert_eq!(taken.regs.rip, u64::from(parked_at));
+        thread::sleep(Duration::from_millis(30));
+        assert!(handle.is_paused(), "a snapshot resumed a paused vCPU");
+        assert_eq!(entries.load(Ordering::SeqCst), parked_at);
+        handle.stop().unwrap();
+        assert_eq!(handle.join(PATIENCE), Ok(VcpuEnd::Stopped));
+        assert!(matches!(control.snapshot(PATIENCE), Err(HandleError::Ended { end: VcpuEnd::Stopped, .. })));
+    }
+
+    #[test]
+    fn a_vcpu_whose_guest_ended_the_run_keeps_the_state_it_ended_in() {
+        let (runner, _entries) = Sleeper::new(Some(1));
+        let handle = VcpuHandle::spawn(0, runner, |_| {}).unwrap();
+        let control = handle.control();
+        assert_eq!(control.wait_ended(PATIENCE), Ok(VcpuEnd::Reset));
+        assert_eq!(control.snapshot(PATIENCE).unwrap().unwrap().regs.rip, 1);
+        assert_eq!(handle.join(PATIENCE), Ok(VcpuEnd::Reset));
     }
 }

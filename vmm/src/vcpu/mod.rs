@@ -8,6 +8,7 @@
 pub mod cpuid;
 pub mod handle;
 pub mod regs;
+pub mod snapshot;
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -335,6 +336,14 @@ impl handle::Runnable for BusRunner {
             Holder::Alone(vcpu) => self.exits.entry(vcpu, first),
             Holder::Shared(vcpu) => self.exits.entry(&mut lock(vcpu), first),
         }
+    }
+
+    fn snapshot(&mut self) -> Result<snapshot::VcpuSnapshot, String> {
+        let taken = match &self.vcpu {
+            Holder::Alone(vcpu) => vcpu.snapshot(),
+            Holder::Shared(vcpu) => lock(vcpu).snapshot(),
+        };
+        taken.map_err(|e| e.to_string())
     }
 
     fn immediate_exit(&mut self) -> *mut u8 {

@@ -2,9 +2,12 @@
 //! ([`the_box`](super::the_box) passes it the same arguments).
 
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus};
 
+use anyhow::{anyhow, Context, Result};
+use perfbed_device::ControlClient;
+use perfbed_vmm::vcpu::snapshot::{BEGIN_MARKER, END_MARKER};
 use perfbed_vmm::ExitStatus as VmmExit;
 
 use super::config::VmConfig;
@@ -122,6 +125,43 @@ pub fn host_report(run_dir: &Path) -> Vec<String> {
         .collect()
 }
 
+/// perfbed-vmm's guest vCPUs (registers, local APICs, pending events), in
+/// the run folder: asked of its control socket, or cut out of its log when
+/// it captured them itself (a KVM failure, an unexpected reset).
+pub const VCPU_STATE_FILE: &str = "vcpu-state.txt";
+
+/// Asks perfbed-vmm on `control_socket` for its vCPUs' state now and saves
+/// it as `out`.
+pub fn request_vcpu_state(control_socket: &Path, out: &Path) -> Result<PathBuf> {
+    let text = ControlClient::connect(control_socket)
+        .and_then(|mut c| c.cpu_state())
+        .map_err(|e| anyhow!("asking {} for the vCPUs' state: {e}", control_socket.display()))?;
+    fs::write(out, text).with_context(|| format!("writing {}", out.display()))?;
+    Ok(out.to_path_buf())
+}
+
+/// The last capture perfbed-vmm printed itself (between its markers) in
+/// the run's host log, saved as [`VCPU_STATE_FILE`], with the reason it
+/// gave; `None` when it printed none.
+pub fn save_logged_vcpu_state(run_dir: &Path) -> Option<(PathBuf, String)> {
+    let log = ["box.log", "vmm.log"].iter().find_map(|name| fs::read_to_string(run_dir.join(name)).ok())?;
+    let (why, text) = logged_vcpu_state(&log)?;
+    let path = run_dir.join(VCPU_STATE_FILE);
+    fs::write(&path, text).ok()?;
+    Some((path, why))
+}
+
+/// The reason and text of the last capture in `log` (lines as the console
+/// gave them, `\r` and all).
+fn logged_vcpu_state(log: &str) -> Option<(String, String)> {
+    let begin = log.rfind(BEGIN_MARKER)?;
+    let rest = &log[begin + BEGIN_MARKER.len()..];
+    let (why, body) = rest.split_once('\n')?;
+    let body = &body[..body.find(END_MARKER)?];
+    let text: String = body.lines().map(|l| format!("{}\n", l.trim_end_matches('\r'))).collect();
+    Some((why.trim_start_matches(':').trim().to_string(), text))
+}
+
 /// perfbed-vmm's `vcpus_joined=J` and `vcpus=N` figures from its report:
 /// how many vCPU threads it stopped out of KVM and joined before reporting,
 /// of how many.
@@ -153,6 +193,21 @@ mod tests {
         let report: Vec<String> = report.iter().map(|l| l.to_string()).collect();
         assert_eq!(vcpus_joined(&report), Some((3, 4)));
         assert_eq!(vcpus_joined(&report[..2]), None, "no total, no figure");
+    }
+
+    #[test]
+    fn the_vmms_own_capture_is_cut_out_of_its_log() {
+        let taken = perfbed_vmm::vcpu::snapshot::VcpuSnapshot { index: 1, ..Default::default() };
+        let capture = perfbed_vmm::vcpu::snapshot::render(&[Ok(taken)]);
+        let log = format!(
+            "[ 1.0] booting\r\n{BEGIN_MARKER}: a reset\r\n{}{END_MARKER}\r\nperfbed-vmm: stat vcpus=2\n",
+            capture.replace('\n', "\r\n")
+        );
+        let (why, text) = logged_vcpu_state(&log).expect("a capture");
+        assert_eq!((why.as_str(), text.as_str()), ("a reset", capture.as_str()));
+        assert_eq!(super::super::cpu_state::parse(&text).len(), 1);
+        assert_eq!(logged_vcpu_state("no capture\n"), None);
+        assert_eq!(logged_vcpu_state(&format!("{BEGIN_MARKER}: cut short\nCPU#0\n")), None, "no end marker");
     }
 
     #[test]

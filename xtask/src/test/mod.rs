@@ -202,7 +202,7 @@ const VM_TESTS: &[VmTest] = &[
     },
     VmTest {
         name: "vmm_unexpected_reset",
-        what: "on perfbed-vmm, a guest that reboots without the agent's power-off (`reboot -f`, a triple fault with reboot=t) ends the VMM with its unexpected-reset status (5), named by the harness",
+        what: "on perfbed-vmm, every vCPU's state on request (the control socket's cpu_state), then a guest that reboots without the agent's power-off (`reboot -f`, a triple fault with reboot=t) ends the VMM with its unexpected-reset status (5), named by the harness, and the vCPUs' state it captured saved in the run folder and decoded",
         variant: Variant::Normal,
         host: host::HostChoice::Vmm,
         run: unexpected_reset_is_reported,

@@ -394,6 +394,11 @@ pub fn guest_panic_is_reported(scenario: &Scenario, accel: &Accel) -> Result<()>
 pub fn unexpected_reset_is_reported(scenario: &Scenario, accel: &Accel) -> Result<()> {
     let booted = Vm::boot(&scenario.vm, accel)?;
     let mut vm = booted.vm;
+    // On request, while the guest runs: every vCPU, each one read.
+    let asked = scenario.vm.run_dir.join("vcpu-state-asked.txt");
+    host::vmm::request_vcpu_state(&vm.control_socket, &asked)?;
+    let cpus = read_vcpu_capture(&asked, scenario.vm.cpus)?;
+    println!("    on request: {}", host::cpu_state::describe(&cpus).join("; "));
     let start = Instant::now();
     let reboot = perfbed_agent::HostRequest::Run {
         argv: vec!["/bin/busybox".into(), "reboot".into(), "-f".into()],
@@ -411,7 +416,27 @@ pub fn unexpected_reset_is_reported(scenario: &Scenario, accel: &Accel) -> Resul
         human(start.elapsed()),
         error.lines().next().unwrap_or("")
     );
+    // perfbed-vmm's own capture of the reset, saved and decoded.
+    let saved = scenario.vm.run_dir.join(host::vmm::VCPU_STATE_FILE);
+    let said = "perfbed-vmm's vCPUs (the guest reset with neither the agent's power-off nor a panic) saved";
+    if !error.contains(said) {
+        bail!("the error does not say {said:?}:\n{error}");
+    }
+    let cpus = read_vcpu_capture(&saved, scenario.vm.cpus)?;
+    println!("    at the reset: {}", host::cpu_state::describe(&cpus).join("; "));
     Ok(())
+}
+
+/// The vCPUs of a perfbed-vmm capture at `path`: all `cpus` of them, each
+/// with its registers and local APIC read.
+fn read_vcpu_capture(path: &Path, cpus: u8) -> Result<Vec<host::cpu_state::VcpuState>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let read = host::cpu_state::parse(&text);
+    let complete = |c: &host::cpu_state::VcpuState| c.rip.is_some() && c.cr3.is_some() && c.ppr.is_some();
+    if read.len() != usize::from(cpus) || !read.iter().all(complete) {
+        bail!("{} has {} of {cpus} vCPUs complete ({read:?}):\n{text}", path.display(), read.iter().filter(|c| complete(c)).count());
+    }
+    Ok(read)
 }
 
 /// SIGTERM to perfbed-vmm while it waits for the agent's client (sent by
