@@ -21,7 +21,7 @@ use crate::run::scenario::Scenario;
 use crate::run::{scenario_for, use_box_qemu_for_gdb, RunArgs};
 use vm_tests::{
     agent_dies_mid_run, bench_quick, boot_and_hotplug, device_scope_pmu, driver_mutants,
-    gdb_session, guest_floods_console_and_channel, guest_panic_is_reported,
+    gdb_session, guest_floods_console_and_channel, guest_panic_is_reported, hang_is_captured,
     hotplug_selftest_replay, hotplug_stress, lifecycle_stress, module_lifecycle,
     qemu_killed_mid_run, scenario_library, slow_agent_reader,
     terminated_while_waiting_for_the_agent, unexpected_reset_is_reported,
@@ -143,6 +143,20 @@ const VM_TESTS: &[VmTest] = &[
         variant: Variant::Debug,
         host: host::HostChoice::Qemu,
         run: device_scope_pmu,
+    },
+    VmTest {
+        name: "hang_capture",
+        what: "a guest hung on purpose (`halt -f`: every CPU in hlt with interrupts off) goes silent; the harness's timeout saves its vCPUs from QEMU's monitor and reads every one as halted with interrupts disabled",
+        variant: Variant::Normal,
+        host: host::HostChoice::Qemu,
+        run: hang_is_captured,
+    },
+    VmTest {
+        name: "vmm_hang_capture",
+        what: "the same hang on perfbed-vmm (natively, or in the box): its vCPUs' state, asked of its control socket, saved as vcpu-state.txt and decoded by the same reader, every vCPU halted with interrupts disabled",
+        variant: Variant::Normal,
+        host: host::HostChoice::Vmm,
+        run: hang_is_captured,
     },
     VmTest {
         name: "gdb_session",

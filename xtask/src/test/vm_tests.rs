@@ -427,7 +427,46 @@ pub fn unexpected_reset_is_reported(scenario: &Scenario, accel: &Accel) -> Resul
     Ok(())
 }
 
-/// The vCPUs of a perfbed-vmm capture at `path`: all `cpus` of them, each
+/// How long the hang test waits for the agent's answer that never comes.
+const HANG_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// A hang on purpose: `halt -f` stops every CPU with interrupts off (the
+/// kernel's `machine_halt`: the others stopped by IPI, each in `hlt` with
+/// RFLAGS.IF clear), so the agent never answers. The harness's timeout
+/// then records the vCPUs (QEMU's monitor, or perfbed-vmm's control
+/// socket); the capture must be saved, name every vCPU, and read as
+/// halted with interrupts disabled.
+pub fn hang_is_captured(scenario: &Scenario, accel: &Accel) -> Result<()> {
+    let booted = Vm::boot(&scenario.vm, accel)?;
+    let mut vm = booted.vm;
+    let start = Instant::now();
+    let halt = perfbed_agent::HostRequest::Run {
+        argv: vec!["/bin/busybox".into(), "halt".into(), "-f".into()],
+    };
+    let error = match vm.request(&halt, HANG_TIMEOUT) {
+        Ok(answer) => bail!("the guest answered its own halt: {answer:?}"),
+        Err(e) => format!("{e:#}"),
+    };
+    let (file, said) = match scenario.vm.host {
+        host::Host::Qemu => (host::vm::CPU_STATE_FILE, "state of the guest's vCPUs (registers, local APIC) saved"),
+        _ => (host::vmm::VCPU_STATE_FILE, "perfbed-vmm's vCPUs (asked when the run failed) saved"),
+    };
+    if !error.contains("no answer within") || !error.contains(said) {
+        bail!("the error does not say the agent went silent and {said:?}:\n{error}");
+    }
+    let cpus = read_vcpu_capture(&scenario.vm.run_dir.join(file), scenario.vm.cpus)?;
+    let decoded = host::cpu_state::describe(&cpus);
+    if let Some(awake) = cpus.iter().position(|c| c.interrupts_enabled || !c.halted) {
+        bail!("after halt -f, {} (not halted with interrupts off)", decoded[awake]);
+    }
+    println!("    after {} ({} of it the agent's silence):", human(start.elapsed()), human(HANG_TIMEOUT));
+    for line in decoded {
+        println!("      {line}");
+    }
+    Ok(())
+}
+
+/// The vCPUs of a capture at `path` (either host's): all `cpus` of them, each
 /// with its registers and local APIC read.
 fn read_vcpu_capture(path: &Path, cpus: u8) -> Result<Vec<host::cpu_state::VcpuState>> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
