@@ -30,8 +30,8 @@ use crate::gdb::target::VmTarget;
 use crate::gdb::{GdbError, Listener};
 use crate::memory::MemoryError;
 use crate::stats::{rss_beyond, Stats};
-use crate::vcpu::handle::{stop_all_but, stop_and_join, HandleError, Start, VcpuControl, VcpuHandle};
-use crate::vcpu::{snapshot, DebugExits, SharedVcpu, Vcpu, VcpuEnd, VcpuError};
+use crate::vcpu::handle::{self, stop_all_but, stop_and_join, HandleError, Start, VcpuControl, VcpuHandle};
+use crate::vcpu::{DebugExits, SharedVcpu, Vcpu, VcpuEnd, VcpuError};
 
 /// How long the end of a run waits for every vCPU to leave KVM and end.
 pub const VCPU_STOP_PATIENCE: Duration = Duration::from_secs(5);
@@ -168,7 +168,7 @@ impl Vmm {
         let vcpu_controls: Arc<OnceLock<Vec<Arc<VcpuControl>>>> = Arc::default();
         let _control = match &self.config.endpoints.control_socket {
             Some(path) => Some(
-                ControlServer::start(self.device.clone(), path, Some(snapshot::control_source(vcpu_controls.clone())))
+                ControlServer::start(self.device.clone(), path, Some(handle::control_source(vcpu_controls.clone())))
                     .map_err(io_error(format!("serving the control socket {}", path.display())))?,
             ),
             None => None,
@@ -331,7 +331,7 @@ impl Vmm {
             }
         };
         if let Some(why) = unexpected(end.as_ref(), self.power_off.requested(), self.panicked.load(Ordering::SeqCst)) {
-            snapshot::report(vcpu_controls.get().map_or(&[][..], Vec::as_slice), &why);
+            handle::report(vcpu_controls.get().map_or(&[][..], Vec::as_slice), &why);
         }
         let (joined, errors) = stop_and_join(handles, VCPU_STOP_PATIENCE);
         for e in &errors {

@@ -28,13 +28,18 @@
 use std::cell::Cell;
 use std::ptr;
 use std::sync::atomic::{AtomicI32, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, Once};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Once, OnceLock};
 use std::thread::{self, JoinHandle, ThreadId};
 use std::time::{Duration, Instant};
 
 use vmm_sys_util::signal::{register_signal_handler, Killable, SIGRTMIN};
 
-use super::snapshot::VcpuSnapshot;
+use perfbed_device::control::CpuStateSource;
+
+use super::snapshot::{render, VcpuSnapshot, BEGIN_MARKER, END_MARKER};
+
+/// How long a capture waits for each vCPU's thread to take its snapshot.
+pub const SNAPSHOT_PATIENCE: Duration = Duration::from_secs(2);
 
 /// The kick signal's offset from `SIGRTMIN` (real-time signals are not
 /// used by the C runtime).
@@ -564,6 +569,32 @@ pub fn stop_all_but(
             },
         )
         .count()
+}
+
+/// Every vCPU's state as [`render`]'s text: each live vCPU is kicked out
+/// of the guest for it (and goes on), an ended one gives the state its
+/// guest ended the run in.
+pub fn capture(controls: &[Arc<VcpuControl>]) -> String {
+    let taken: Vec<Result<VcpuSnapshot, String>> = controls
+        .iter()
+        .map(|c| c.snapshot(SNAPSHOT_PATIENCE).map_err(|e| e.to_string()).and_then(|s| s))
+        .collect();
+    render(&taken)
+}
+
+/// Prints [`capture`] to stderr between [`BEGIN_MARKER`] and
+/// [`END_MARKER`] (at any log level), saying why it was taken.
+pub fn report(controls: &[Arc<VcpuControl>], why: &str) {
+    eprintln!("{BEGIN_MARKER}: {why}\n{}{END_MARKER}", capture(controls));
+}
+
+/// The control socket's answer to `cpu_state`, once the vCPUs exist
+/// (`vcpus` is set when they are spawned).
+pub fn control_source(vcpus: Arc<OnceLock<Vec<Arc<VcpuControl>>>>) -> CpuStateSource {
+    Arc::new(move || match vcpus.get() {
+        Some(controls) => Ok(capture(controls)),
+        None => Err("the vCPUs have not started yet (the VMM waits for the agent's client)".into()),
+    })
 }
 
 #[cfg(test)]

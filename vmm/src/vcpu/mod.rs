@@ -225,6 +225,22 @@ impl Vcpu {
     }
 }
 
+impl Vcpu {
+    /// Reads this vCPU's state (its thread, between entries).
+    pub fn snapshot(&self) -> Result<snapshot::VcpuSnapshot, VcpuError> {
+        let index = self.index;
+        let kvm = |what| move |source| VcpuError::Kvm { index, what, source };
+        Ok(snapshot::VcpuSnapshot {
+            index,
+            regs: self.fd.get_regs().map_err(kvm("reading registers"))?,
+            sregs: self.fd.get_sregs().map_err(kvm("reading special registers"))?,
+            events: self.fd.get_vcpu_events().map_err(kvm("reading pending events"))?,
+            lapic: self.fd.get_lapic().map_err(kvm("reading the local APIC"))?,
+            mp_state: self.fd.get_mp_state().map_err(kvm("reading the MP state"))?,
+        })
+    }
+}
+
 /// The end of the run a vCPU's exit other than port or MMIO I/O means.
 fn end_of(vcpu: u32, exit: VcpuExit) -> VcpuEnd {
     match exit {

@@ -4,22 +4,13 @@
 //! reader (`xtask/src/host/cpu_state.rs`) decodes either host's capture.
 //!
 //! A snapshot is taken on the vCPU's own thread between two entries
-//! ([`super::handle::VcpuControl::snapshot`]): KVM's `GET` ioctls on a vCPU
-//! that is not in `KVM_RUN`, no host I/O. The text is made and written
-//! elsewhere.
+//! (`Vcpu::snapshot`, asked through `handle::VcpuControl::snapshot`): KVM's
+//! `GET` ioctls on a vCPU that is not in `KVM_RUN`, no host I/O. The text is
+//! made and written elsewhere (`handle::capture`).
 
 use std::fmt::Write as _;
-use std::sync::{Arc, OnceLock};
-use std::time::Duration;
 
 use kvm_bindings::{kvm_lapic_state, kvm_mp_state, kvm_regs, kvm_segment, kvm_sregs, kvm_vcpu_events};
-use perfbed_device::control::CpuStateSource;
-
-use super::handle::VcpuControl;
-use super::{Vcpu, VcpuError};
-
-/// How long a capture waits for each vCPU's thread to take its snapshot.
-pub const SNAPSHOT_PATIENCE: Duration = Duration::from_secs(2);
 
 /// What a capture of every vCPU starts with (the text QEMU's monitor
 /// answers to the same command starts its section with `### `).
@@ -38,22 +29,6 @@ pub struct VcpuSnapshot {
     pub events: kvm_vcpu_events,
     pub lapic: kvm_lapic_state,
     pub mp_state: kvm_mp_state,
-}
-
-impl Vcpu {
-    /// Reads this vCPU's state (its thread, between entries).
-    pub fn snapshot(&self) -> Result<VcpuSnapshot, VcpuError> {
-        let index = self.index;
-        let kvm = |what| move |source| VcpuError::Kvm { index, what, source };
-        Ok(VcpuSnapshot {
-            index,
-            regs: self.fd.get_regs().map_err(kvm("reading registers"))?,
-            sregs: self.fd.get_sregs().map_err(kvm("reading special registers"))?,
-            events: self.fd.get_vcpu_events().map_err(kvm("reading pending events"))?,
-            lapic: self.fd.get_lapic().map_err(kvm("reading the local APIC"))?,
-            mp_state: self.fd.get_mp_state().map_err(kvm("reading the MP state"))?,
-        })
-    }
 }
 
 /// Local APIC register offsets (Intel SDM vol. 3, table 11-1).
@@ -266,32 +241,6 @@ pub fn render(vcpus: &[Result<VcpuSnapshot, String>]) -> String {
         local_apic(&mut out, s);
     }
     out
-}
-
-/// Every vCPU's state as [`render`]'s text: each live vCPU is kicked out
-/// of the guest for it (and goes on), an ended one gives the state its
-/// guest ended the run in.
-pub fn capture(controls: &[Arc<VcpuControl>]) -> String {
-    let taken: Vec<Result<VcpuSnapshot, String>> = controls
-        .iter()
-        .map(|c| c.snapshot(SNAPSHOT_PATIENCE).map_err(|e| e.to_string()).and_then(|s| s))
-        .collect();
-    render(&taken)
-}
-
-/// Prints [`capture`] to stderr between [`BEGIN_MARKER`] and
-/// [`END_MARKER`] (at any log level), saying why it was taken.
-pub fn report(controls: &[Arc<VcpuControl>], why: &str) {
-    eprintln!("{BEGIN_MARKER}: {why}\n{}{END_MARKER}", capture(controls));
-}
-
-/// The control socket's answer to `cpu_state`, once the vCPUs exist
-/// (`vcpus` is set when they are spawned).
-pub fn control_source(vcpus: Arc<OnceLock<Vec<Arc<VcpuControl>>>>) -> CpuStateSource {
-    Arc::new(move || match vcpus.get() {
-        Some(controls) => Ok(capture(controls)),
-        None => Err("the vCPUs have not started yet (the VMM waits for the agent's client)".into()),
-    })
 }
 
 #[cfg(test)]
