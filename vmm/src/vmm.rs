@@ -447,4 +447,16 @@ mod tests {
         assert!(matches!(guest_end(Some(VcpuEnd::Failed("EFAULT".into())), false, false), Err(VmmError::VcpuFailed(_))));
         assert!(guest_end(Some(VcpuEnd::Stopped), false, false).is_err());
     }
+
+    #[test]
+    fn the_vcpus_are_captured_at_a_kvm_failure_or_an_unasked_reset_only() {
+        let reset = Some(VcpuEnd::Reset);
+        assert!(unexpected(reset.as_ref(), false, false).is_some_and(|why| why.contains("reset")));
+        let failed = Some(VcpuEnd::KvmFailure("vCPU 1: KVM internal error".into()));
+        assert_eq!(unexpected(failed.as_ref(), true, false).as_deref(), Some("KVM failure: vCPU 1: KVM internal error"));
+        assert_eq!(unexpected(reset.as_ref(), true, false), None, "the agent's power-off");
+        assert_eq!(unexpected(reset.as_ref(), false, true), None, "a panic has its own report");
+        assert_eq!(unexpected(None, false, false), None, "a termination signal");
+        assert_eq!(unexpected(Some(&VcpuEnd::Failed("EFAULT".into())), false, false), None, "the host's error");
+    }
 }
