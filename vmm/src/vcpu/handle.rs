@@ -132,8 +132,12 @@ struct State {
     pthread: Option<libc::pthread_t>,
     /// A snapshot is asked for and not taken yet.
     snapshot_asked: bool,
-    /// The last snapshot taken (on request, or as the guest ended the run).
+    /// The snapshot taken on the last request.
     snapshot: Option<Result<VcpuSnapshot, String>>,
+    /// The one taken as the guest ended the run (kept apart: a request
+    /// that comes after the loop ended, before the thread did, is never
+    /// served and must find it).
+    last: Option<Result<VcpuSnapshot, String>>,
 }
 
 /// What the thread does after its checkpoint.
@@ -299,16 +303,21 @@ impl VcpuControl {
             }
         }
         let index = self.index;
-        self.wait_until(patience, "take a snapshot", |state| match (&state.snapshot, &state.ended) {
-            (Some(taken), _) => Some(Ok(taken.clone())),
-            (None, Some(end)) => Some(Err(HandleError::Ended { index, end: end.clone() })),
-            (None, None) => None,
+        self.wait_until(patience, "take a snapshot", |state| match (&state.snapshot, &state.ended, &state.last) {
+            (Some(taken), _, _) => Some(Ok(taken.clone())),
+            (None, Some(_), Some(last)) => Some(Ok(last.clone())),
+            (None, Some(end), None) => Some(Err(HandleError::Ended { index, end: end.clone() })),
+            (None, None, _) => None,
         })
     }
 
     fn put_snapshot(&self, taken: Result<VcpuSnapshot, String>) {
         self.state().snapshot = Some(taken);
         self.changed.notify_all();
+    }
+
+    fn put_last(&self, taken: Result<VcpuSnapshot, String>) {
+        self.state().last = Some(taken);
     }
 
     /// Whether the thread is parked.
@@ -329,10 +338,8 @@ impl VcpuControl {
         let mut state = self.state();
         state.pthread = None;
         state.paused = false;
-        if end == VcpuEnd::Stopped {
-            // Only a guest's end leaves its state to read.
-            state.snapshot = None;
-        }
+        // Only a guest's end leaves its state to read.
+        state.snapshot = None;
         state.ended = Some(end);
         self.changed.notify_all();
     }
@@ -421,6 +428,7 @@ impl VcpuHandle {
                 pthread: None,
                 snapshot_asked: false,
                 snapshot: None,
+                last: None,
             }),
             changed: Condvar::new(),
             thread: Mutex::new(None),
@@ -452,7 +460,7 @@ impl VcpuHandle {
                         Step::Park => shared.park_self(),
                         Step::End(end) => {
                             // The state the guest ended the run in.
-                            shared.put_snapshot(runner.snapshot());
+                            shared.put_last(runner.snapshot());
                             break end;
                         }
                     }
@@ -862,6 +870,30 @@ mod tests {
         let control = handle.control();
         assert_eq!(control.wait_ended(PATIENCE), Ok(VcpuEnd::Reset));
         assert_eq!(control.snapshot(PATIENCE).unwrap().unwrap().regs.rip, 1);
+        assert_eq!(handle.join(PATIENCE), Ok(VcpuEnd::Reset));
+    }
+
+    /// The VMM asks for every vCPU's state as soon as one ends the run
+    /// (`on_end` tells it): the ended one's request comes after its loop,
+    /// before its thread ends, and must get the state it ended in (it got
+    /// "has already ended" before `last` was kept apart).
+    #[test]
+    fn a_request_between_a_guests_end_and_the_threads_end_gets_the_last_state() {
+        let (runner, _entries) = Sleeper::new(Some(1));
+        let (in_on_end, wait_in_on_end) = std::sync::mpsc::channel();
+        let (go, wait_go) = std::sync::mpsc::channel::<()>();
+        let handle = VcpuHandle::spawn(0, runner, move |_| {
+            in_on_end.send(()).unwrap();
+            wait_go.recv().unwrap();
+        })
+        .unwrap();
+        wait_in_on_end.recv_timeout(PATIENCE).unwrap();
+        let control = handle.control();
+        let asking = thread::spawn(move || control.snapshot(PATIENCE));
+        thread::sleep(Duration::from_millis(50)); // the request is published
+        go.send(()).unwrap();
+        let taken = asking.join().unwrap().expect("the state it ended in").unwrap();
+        assert_eq!(taken.regs.rip, 1);
         assert_eq!(handle.join(PATIENCE), Ok(VcpuEnd::Reset));
     }
 }
