@@ -15,13 +15,33 @@ use perfbed_device::{Device, DeviceConfig, SharedDevice};
 fn busy_device() -> Device {
     let mut device = Device::new(DeviceConfig::default()).expect("the default config is valid");
     for d in 0..2u64 {
-        device.write(0, (d * 2) as u32, regs::domain_reg(d, regs::DOM_OWNER), 8, d * 2);
+        device.write(
+            0,
+            (d * 2) as u32,
+            regs::domain_reg(d, regs::DOM_OWNER),
+            8,
+            d * 2,
+        );
         for s in 0..4u64 {
-            let event = if s % 2 == 0 { Event::MbmTotalBytes } else { Event::MbmLocalBytes };
-            device.write(0, (d * 2) as u32, regs::slot_ctl(d, s), 8, regs::slot_ctl_value(event, s));
+            let event = if s % 2 == 0 {
+                Event::MbmTotalBytes
+            } else {
+                Event::MbmLocalBytes
+            };
+            device.write(
+                0,
+                (d * 2) as u32,
+                regs::slot_ctl(d, s),
+                8,
+                regs::slot_ctl_value(event, s),
+            );
         }
-        device.set_rate(0, d as u32, 1, Event::MbmTotalBytes, 100 << 20).expect("rate fits");
-        device.inject(0, d as u32, 2, Event::MbmLocalBytes, u64::MAX / 4).expect("valid injection");
+        device
+            .set_rate(0, d as u32, 1, Event::MbmTotalBytes, 100 << 20)
+            .expect("rate fits");
+        device
+            .inject(0, d as u32, 2, Event::MbmLocalBytes, u64::MAX / 4)
+            .expect("valid injection");
     }
     device
 }
@@ -35,7 +55,10 @@ struct ThreadCpuTime;
 static NANOSECONDS: WallTime = WallTime;
 
 fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: a valid timespec for the kernel to fill; this clock always exists.
     unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
@@ -95,7 +118,13 @@ fn model(c: &mut Bench) {
     group.bench_function("slot_ctl_write", |b| {
         b.iter(|| {
             now += 1000;
-            device.write(now, 0, regs::slot_ctl(0, 3), 8, regs::slot_ctl_value(Event::MbmTotalBytes, 5))
+            device.write(
+                now,
+                0,
+                regs::slot_ctl(0, 3),
+                8,
+                regs::slot_ctl_value(Event::MbmTotalBytes, 5),
+            )
         })
     });
     group.finish();
@@ -105,7 +134,12 @@ fn model(c: &mut Bench) {
 fn shared(c: &mut Bench) {
     let shared = SharedDevice::new(DeviceConfig::default()).expect("the default config is valid");
     shared.mmio_write(0, regs::domain_reg(0, regs::DOM_OWNER), 8, 0);
-    shared.mmio_write(0, regs::slot_ctl(0, 0), 8, regs::slot_ctl_value(Event::MbmTotalBytes, 1));
+    shared.mmio_write(
+        0,
+        regs::slot_ctl(0, 0),
+        8,
+        regs::slot_ctl_value(Event::MbmTotalBytes, 1),
+    );
     let mut group = c.benchmark_group("shared");
     group.bench_function("owner_counter_read", |b| {
         b.iter(|| black_box(shared.mmio_read(0, regs::slot_count(0, 0), 8)))

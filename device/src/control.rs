@@ -247,10 +247,13 @@ pub enum Reply {
 /// Parses one request line (without its newline); a bad one gives the
 /// error message that says why.
 pub fn parse_request(line: &[u8]) -> Result<Request, String> {
-    let request = serde_json::from_slice::<Request>(line).map_err(|e| format!("bad request: {e}"))?;
+    let request =
+        serde_json::from_slice::<Request>(line).map_err(|e| format!("bad request: {e}"))?;
     match request {
         Request::WaitLanded { timeout_ms } if timeout_ms > MAX_WAIT_MS => {
-            return Err(format!("bad request: timeout_ms {timeout_ms} is above the limit of {MAX_WAIT_MS}"));
+            return Err(format!(
+                "bad request: timeout_ms {timeout_ms} is above the limit of {MAX_WAIT_MS}"
+            ));
         }
         // serde's `deny_unknown_fields` does not reach an internally tagged
         // unit variant: check that `op` is its only field.
@@ -258,7 +261,9 @@ pub fn parse_request(line: &[u8]) -> Result<Request, String> {
             let fields: serde_json::Map<String, serde_json::Value> =
                 serde_json::from_slice(line).map_err(|e| format!("bad request: {e}"))?;
             if let Some(field) = fields.keys().find(|k| *k != "op") {
-                return Err(format!("bad request: unknown field `{field}`: this op takes none"));
+                return Err(format!(
+                    "bad request: unknown field `{field}`: this op takes none"
+                ));
             }
         }
         _ => {}
@@ -334,14 +339,18 @@ pub fn apply(device: &mut Device, now_ns: u64, request: &Request) -> Reply {
 }
 
 /// The refusal of [`Request::CpuState`] by a host that gives none.
-const NO_CPU_STATE: &str = "this host gives no vCPU state on its control socket (QEMU's is on its monitor)";
+const NO_CPU_STATE: &str =
+    "this host gives no vCPU state on its control socket (QEMU's is on its monitor)";
 
 /// The response to a request line: [`Request::CpuState`] from `cpu_state`
 /// (outside the device's lock), any other from the device.
 fn answer_line(device: &SharedDevice, cpu_state: Option<&CpuStateSource>, line: &[u8]) -> Response {
     match (parse_request(line), cpu_state) {
         (Ok(Request::CpuState), Some(source)) => match source() {
-            Ok(text) => Response { cpu_state: Some(text), ..Response::ok() },
+            Ok(text) => Response {
+                cpu_state: Some(text),
+                ..Response::ok()
+            },
             Err(why) => Response::error(why),
         },
         _ => handle_line(device, line),
@@ -454,7 +463,11 @@ fn encode(response: &Response) -> Vec<u8> {
 /// Serves one connection until the client closes it (or the server stops).
 /// A line the client did not finish (no newline before it closed) is not a
 /// request: it is dropped unanswered and changes nothing.
-fn serve_connection(device: &SharedDevice, cpu_state: Option<&CpuStateSource>, stream: UnixStream) -> io::Result<()> {
+fn serve_connection(
+    device: &SharedDevice,
+    cpu_state: Option<&CpuStateSource>,
+    stream: UnixStream,
+) -> io::Result<()> {
     let mut writer = stream.try_clone()?;
     let mut reader = BufReader::new(stream);
     let mut line = Vec::new();
@@ -494,7 +507,11 @@ pub struct ControlServer {
 impl ControlServer {
     /// Binds `path` (replacing a stale socket file) and starts serving;
     /// `cpu_state` answers [`Request::CpuState`] (a host with vCPUs to show).
-    pub fn start(device: SharedDevice, path: &Path, cpu_state: Option<CpuStateSource>) -> io::Result<ControlServer> {
+    pub fn start(
+        device: SharedDevice,
+        path: &Path,
+        cpu_state: Option<CpuStateSource>,
+    ) -> io::Result<ControlServer> {
         if let Ok(meta) = std::fs::symlink_metadata(path) {
             if meta.file_type().is_socket() {
                 std::fs::remove_file(path)?;
@@ -542,7 +559,9 @@ fn accept_loop(
                 }
                 let open = connections.lock().map_or(0, |map| map.len());
                 if open >= MAX_CONNECTIONS {
-                    let busy = Response::error(format!("too many connections ({open} open): try again later"));
+                    let busy = Response::error(format!(
+                        "too many connections ({open} open): try again later"
+                    ));
                     // Best effort: the client may not even read it.
                     let _ = stream.set_write_timeout(Some(ACCEPT_POLL));
                     let _ = stream.write_all(&encode(&busy));
@@ -706,7 +725,11 @@ impl ControlClient {
 
     /// Changes domain `domain`'s allowed CPUs to `cpus` (may be empty).
     pub fn set_allowed(&mut self, domain: u32, cpus: &[u32]) -> Result<(), ClientError> {
-        self.call(&Request::SetAllowed { domain, cpus: crate::cpus::format_cpu_list(cpus) }).map(drop)
+        self.call(&Request::SetAllowed {
+            domain,
+            cpus: crate::cpus::format_cpu_list(cpus),
+        })
+        .map(drop)
     }
 
     /// Waits until all injected traffic has landed, at most `timeout_ms`
@@ -714,7 +737,10 @@ impl ControlClient {
     /// patience for a guest held in gdb is an hour, traffic lands in
     /// seconds.
     pub fn wait_landed(&mut self, timeout_ms: u64) -> Result<(), ClientError> {
-        self.call(&Request::WaitLanded { timeout_ms: timeout_ms.min(MAX_WAIT_MS) }).map(drop)
+        self.call(&Request::WaitLanded {
+            timeout_ms: timeout_ms.min(MAX_WAIT_MS),
+        })
+        .map(drop)
     }
 
     /// A snapshot of the device.
@@ -726,7 +752,9 @@ impl ControlClient {
 
     /// The host's vCPUs as text ([`Request::CpuState`]).
     pub fn cpu_state(&mut self) -> Result<String, ClientError> {
-        self.call(&Request::CpuState)?.cpu_state.ok_or(ClientError::MissingPayload("cpu_state"))
+        self.call(&Request::CpuState)?
+            .cpu_state
+            .ok_or(ClientError::MissingPayload("cpu_state"))
     }
 
     /// Clears the statistics and the trace.
@@ -790,14 +818,22 @@ mod tests {
         ];
         for (request, format) in requests {
             let reply = apply(&mut device, 1000, &request);
-            let Reply::Trace { snapshot, format: asked } = &reply else {
+            let Reply::Trace {
+                snapshot,
+                format: asked,
+            } = &reply
+            else {
                 panic!("{request:?} was answered under the lock: {reply:?}")
             };
             assert_eq!(*asked, format);
             assert!(snapshot.records.len() >= 50);
-            let Reply::Now(response) = reply.format() else { panic!("not formatted") };
+            let Reply::Now(response) = reply.format() else {
+                panic!("not formatted")
+            };
             match format {
-                TraceFormat::Lines => assert!(response.trace_lines.is_some_and(|t| t.lines.len() >= 100)),
+                TraceFormat::Lines => {
+                    assert!(response.trace_lines.is_some_and(|t| t.lines.len() >= 100))
+                }
                 TraceFormat::Entries => assert_eq!(response.trace.map(|t| t.len()), Some(100)),
                 // Records 50..100 of the reads (the ring started at 0).
                 TraceFormat::Accesses => {
@@ -816,15 +852,26 @@ mod tests {
         let device = SharedDevice::new(DeviceConfig::default()).unwrap();
         let line = br#"{"op":"cpu_state"}"#;
         let refused = answer_line(&device, None, line);
-        assert_eq!((refused.ok, refused.error.as_deref()), (false, Some(NO_CPU_STATE)));
+        assert_eq!(
+            (refused.ok, refused.error.as_deref()),
+            (false, Some(NO_CPU_STATE))
+        );
         let source: CpuStateSource = Arc::new(|| Ok("### info registers -a\nCPU#0\n".into()));
         let answered = answer_line(&device, Some(&source), line);
         assert!(answered.ok);
-        assert_eq!(answered.cpu_state.as_deref(), Some("### info registers -a\nCPU#0\n"));
+        assert_eq!(
+            answered.cpu_state.as_deref(),
+            Some("### info registers -a\nCPU#0\n")
+        );
         let failing: CpuStateSource = Arc::new(|| Err("not yet".into()));
-        assert_eq!(answer_line(&device, Some(&failing), line).error.as_deref(), Some("not yet"));
+        assert_eq!(
+            answer_line(&device, Some(&failing), line).error.as_deref(),
+            Some("not yet")
+        );
         // Other requests still reach the device; a stray field is refused.
-        assert!(answer_line(&device, Some(&source), br#"{"op":"state"}"#).state.is_some());
+        assert!(answer_line(&device, Some(&source), br#"{"op":"state"}"#)
+            .state
+            .is_some());
         assert!(!answer_line(&device, Some(&source), br#"{"op":"cpu_state","x":1}"#).ok);
     }
 }

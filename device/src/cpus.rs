@@ -52,10 +52,13 @@ pub fn parse_cpu_list(list: &str) -> Result<Vec<u32>, CpuListError> {
         return Ok(cpus);
     }
     let number = |s: &str| -> Result<u32, CpuListError> {
-        let cpu = s.trim().parse::<u32>().map_err(|_| CpuListError::BadNumber {
-            item: s.trim().to_string(),
-            list: list.to_string(),
-        })?;
+        let cpu = s
+            .trim()
+            .parse::<u32>()
+            .map_err(|_| CpuListError::BadNumber {
+                item: s.trim().to_string(),
+                list: list.to_string(),
+            })?;
         if cpu > MAX_CPU_NUMBER {
             return Err(CpuListError::CpuTooLarge(cpu));
         }
@@ -193,7 +196,10 @@ mod tests {
             parse_cpu_list("3-1"),
             Err(CpuListError::ReversedRange { first: 3, last: 1 })
         );
-        assert_eq!(parse_cpu_list("0-4294967295"), Err(CpuListError::CpuTooLarge(4294967295)));
+        assert_eq!(
+            parse_cpu_list("0-4294967295"),
+            Err(CpuListError::CpuTooLarge(4294967295))
+        );
         assert_eq!(parse_cpu_list("8192"), Err(CpuListError::CpuTooLarge(8192)));
         assert_eq!(parse_cpu_list("8191").unwrap(), vec![8191]);
     }
@@ -202,20 +208,37 @@ mod tests {
     /// is one wide range. Whatever is accepted is accepted again formatted.
     #[test]
     fn an_accepted_list_is_accepted_again_in_canonical_form() {
-        for list in ["0-345,5,518,6,099-3745,5,0974-5039,5,772", "0-8191", "8191,0-4000,4001-8190"] {
+        for list in [
+            "0-345,5,518,6,099-3745,5,0974-5039,5,772",
+            "0-8191",
+            "8191,0-4000,4001-8190",
+        ] {
             let cpus = parse_cpu_list(list).unwrap();
             let formatted = format_cpu_list(&cpus);
-            assert_eq!(parse_cpu_list(&formatted), Ok(cpus), "{list:?} -> {formatted:?}");
+            assert_eq!(
+                parse_cpu_list(&formatted),
+                Ok(cpus),
+                "{list:?} -> {formatted:?}"
+            );
         }
-        assert_eq!(format_cpu_list(&parse_cpu_list("0-345,99-3745,974-5039").unwrap()), "0-5039");
+        assert_eq!(
+            format_cpu_list(&parse_cpu_list("0-345,99-3745,974-5039").unwrap()),
+            "0-5039"
+        );
     }
 
     #[test]
     fn parses_domain_lists() {
-        assert_eq!(parse_domain_list("0-1:2-3").unwrap(), vec![vec![0, 1], vec![2, 3]]);
+        assert_eq!(
+            parse_domain_list("0-1:2-3").unwrap(),
+            vec![vec![0, 1], vec![2, 3]]
+        );
         assert_eq!(parse_domain_list("5").unwrap(), vec![vec![5]]);
         assert_eq!(parse_domain_list("0:").unwrap(), vec![vec![0], vec![]]);
-        assert!(matches!(parse_domain_list("0-1:x"), Err(CpuListError::BadNumber { .. })));
+        assert!(matches!(
+            parse_domain_list("0-1:x"),
+            Err(CpuListError::BadNumber { .. })
+        ));
     }
 
     #[test]

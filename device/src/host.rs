@@ -110,17 +110,22 @@ impl SharedDevice {
         let stop = Arc::new(AtomicBool::new(false));
         let device = self.clone();
         let stopping = stop.clone();
-        let thread = thread::Builder::new().name("perfbed-ticker".into()).spawn(move || {
-            while !stopping.load(Ordering::Relaxed) {
-                thread::sleep(period);
-                device.with(|d, now| {
-                    if d.interrupts_enabled() {
-                        d.tick(now);
-                    }
-                });
-            }
-        })?;
-        Ok(Ticker { stop, thread: Some(thread) })
+        let thread = thread::Builder::new()
+            .name("perfbed-ticker".into())
+            .spawn(move || {
+                while !stopping.load(Ordering::Relaxed) {
+                    thread::sleep(period);
+                    device.with(|d, now| {
+                        if d.interrupts_enabled() {
+                            d.tick(now);
+                        }
+                    });
+                }
+            })?;
+        Ok(Ticker {
+            stop,
+            thread: Some(thread),
+        })
     }
 
     fn lock(&self) -> MutexGuard<'_, Device> {
@@ -137,7 +142,11 @@ impl SharedDevice {
             let mut device = self.lock();
             let now = self.now_ns();
             let result = f(&mut device, now);
-            let changes = if self.lines.get().is_some() { device.take_line_changes() } else { 0 };
+            let changes = if self.lines.get().is_some() {
+                device.take_line_changes()
+            } else {
+                0
+            };
             let mut levels = 0u64;
             for d in (0..64).filter(|d| changes & (1 << d) != 0) {
                 if device.line_level(d) {
@@ -201,19 +210,38 @@ mod tests {
         recorder.0.lock().unwrap().clear();
         // Domain 1, owned by vCPU 2, one slot, an interrupt at 16 units.
         shared.mmio_write(2, regs::domain_reg(1, regs::DOM_OWNER), 8, 2);
-        shared.mmio_write(2, regs::slot_ctl(1, 0), 8, regs::slot_ctl_value(crate::Event::MbmTotalBytes, 1));
+        shared.mmio_write(
+            2,
+            regs::slot_ctl(1, 0),
+            8,
+            regs::slot_ctl_value(crate::Event::MbmTotalBytes, 1),
+        );
         shared.mmio_write(2, regs::domain_reg(1, regs::DOM_IRQ_THRESHOLD), 8, 16);
-        shared.mmio_write(2, regs::domain_reg(1, regs::DOM_IRQ_CTL), 8, regs::IRQ_CTL_OVERFLOW);
+        shared.mmio_write(
+            2,
+            regs::domain_reg(1, regs::DOM_IRQ_CTL),
+            8,
+            regs::IRQ_CTL_OVERFLOW,
+        );
         assert!(recorder.0.lock().unwrap().is_empty(), "nothing landed yet");
         let _ticker = shared.start_ticker(Duration::from_millis(1)).unwrap();
-        shared.with(|d, now| d.inject(now, 1, 1, crate::Event::MbmTotalBytes, 64 * 16)).unwrap();
+        shared
+            .with(|d, now| d.inject(now, 1, 1, crate::Event::MbmTotalBytes, 64 * 16))
+            .unwrap();
         let deadline = Instant::now() + Duration::from_secs(10);
         while !shared.line_level(1) && Instant::now() < deadline {
             thread::sleep(Duration::from_millis(1));
         }
-        assert_eq!(*recorder.0.lock().unwrap(), vec![(1, true)], "the ticker raised the line");
+        assert_eq!(
+            *recorder.0.lock().unwrap(),
+            vec![(1, true)],
+            "the ticker raised the line"
+        );
         // The owner acks: the line falls.
-        assert_eq!(shared.mmio_read(2, regs::domain_reg(1, regs::DOM_IRQ_STATUS), 8), 1);
+        assert_eq!(
+            shared.mmio_read(2, regs::domain_reg(1, regs::DOM_IRQ_STATUS), 8),
+            1
+        );
         assert_eq!(*recorder.0.lock().unwrap(), vec![(1, true), (1, false)]);
     }
 

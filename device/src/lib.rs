@@ -22,12 +22,15 @@ pub mod l3_topology;
 pub mod line;
 pub mod regs;
 
-pub use control::{ClientError, ControlClient, ControlServer, Request, Response, TraceAccesses, TraceLines};
+pub use control::{
+    ClientError, ControlClient, ControlServer, Request, Response, TraceAccesses, TraceLines,
+};
 pub use device::{
-    AssignmentRecord, Assignments, ASSIGNMENT_LOG_CAPACITY, dropped_line, event_name, format_record, parse_event, trace_file, AccessKind, BadAccessCounts, BadAccessKind,
-    ConfigError, Device, DeviceConfig, DeviceError, DeviceState, DomainState, IrqState, OccupancyEntry, RateEntry, SlotState,
-    TraceEntry, TraceEvent, TraceRecord, TraceRing, TraceSnapshot, TruthEntry, MAX_QUEUED, MAX_RATE_LIMIT,
-    MAX_TRACE_CAPACITY, TRACE_CAPACITY, TRACE_MAGIC,
+    dropped_line, event_name, format_record, parse_event, trace_file, AccessKind, AssignmentRecord,
+    Assignments, BadAccessCounts, BadAccessKind, ConfigError, Device, DeviceConfig, DeviceError,
+    DeviceState, DomainState, IrqState, OccupancyEntry, RateEntry, SlotState, TraceEntry,
+    TraceEvent, TraceRecord, TraceRing, TraceSnapshot, TruthEntry, ASSIGNMENT_LOG_CAPACITY,
+    MAX_QUEUED, MAX_RATE_LIMIT, MAX_TRACE_CAPACITY, TRACE_CAPACITY, TRACE_MAGIC,
 };
 pub use host::SharedDevice;
 pub use regs::Event;

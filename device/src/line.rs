@@ -31,11 +31,20 @@ pub fn read_line<R: BufRead>(reader: &mut R, line: &mut Vec<u8>, max: usize) -> 
 /// [`read_line`], but a line is reported [`Line::TooLong`] as soon as it
 /// passes `max` bytes, without reading on to its newline (which may never
 /// come): for a peer that is not trusted to stop.
-pub fn read_line_or_stop<R: BufRead>(reader: &mut R, line: &mut Vec<u8>, max: usize) -> io::Result<Line> {
+pub fn read_line_or_stop<R: BufRead>(
+    reader: &mut R,
+    line: &mut Vec<u8>,
+    max: usize,
+) -> io::Result<Line> {
     read_line_with(reader, line, max, true)
 }
 
-fn read_line_with<R: BufRead>(reader: &mut R, line: &mut Vec<u8>, max: usize, stop: bool) -> io::Result<Line> {
+fn read_line_with<R: BufRead>(
+    reader: &mut R,
+    line: &mut Vec<u8>,
+    max: usize,
+    stop: bool,
+) -> io::Result<Line> {
     line.clear();
     let mut too_long = false;
     let mut started = false;
@@ -47,7 +56,11 @@ fn read_line_with<R: BufRead>(reader: &mut R, line: &mut Vec<u8>, max: usize, st
         };
         if buf.is_empty() {
             line.clear();
-            return Ok(if started { Line::Unterminated } else { Line::End });
+            return Ok(if started {
+                Line::Unterminated
+            } else {
+                Line::End
+            });
         }
         started = true;
         let newline = buf.iter().position(|&b| b == b'\n');
@@ -110,7 +123,10 @@ mod tests {
             assert_eq!(got, want, "buffer capacity {capacity}");
         }
         assert_eq!(lines(b"", 4, 8), vec![(Line::End, vec![])]);
-        assert_eq!(lines(b"abcd\n", 4, 2), vec![(Line::Text, b"abcd".to_vec()), (Line::End, vec![])]);
+        assert_eq!(
+            lines(b"abcd\n", 4, 2),
+            vec![(Line::Text, b"abcd".to_vec()), (Line::End, vec![])]
+        );
         assert_eq!(lines(b"abcde\n", 4, 2)[0].0, Line::TooLong);
     }
 
@@ -120,10 +136,16 @@ mod tests {
         let mut endless = std::io::repeat(0).take(1 << 30);
         let mut reader = BufReader::with_capacity(64, &mut endless);
         let mut line = Vec::new();
-        assert_eq!(read_line_or_stop(&mut reader, &mut line, 1000).unwrap(), Line::TooLong);
+        assert_eq!(
+            read_line_or_stop(&mut reader, &mut line, 1000).unwrap(),
+            Line::TooLong
+        );
         assert!(line.is_empty());
         let mut reader = BufReader::new(Cursor::new(b"ok\n".to_vec()));
-        assert_eq!(read_line_or_stop(&mut reader, &mut line, 1000).unwrap(), Line::Text);
+        assert_eq!(
+            read_line_or_stop(&mut reader, &mut line, 1000).unwrap(),
+            Line::Text
+        );
         assert_eq!(line, b"ok");
     }
 }

@@ -179,11 +179,10 @@ pub const SLOT_CTL_RMID_MASK: u64 = 0xffff;
 /// `SLOT_CTL` bits 0..8: the event id.
 pub const SLOT_CTL_EVENT_MASK: u64 = 0xff;
 /// Bits that must be zero in a `SLOT_CTL` write.
-pub const SLOT_CTL_RESERVED: u64 =
-    !(SLOT_CTL_ASSIGNED
-        | SLOT_CTL_FROZEN
-        | (SLOT_CTL_RMID_MASK << SLOT_CTL_RMID_SHIFT)
-        | SLOT_CTL_EVENT_MASK);
+pub const SLOT_CTL_RESERVED: u64 = !(SLOT_CTL_ASSIGNED
+    | SLOT_CTL_FROZEN
+    | (SLOT_CTL_RMID_MASK << SLOT_CTL_RMID_SHIFT)
+    | SLOT_CTL_EVENT_MASK);
 
 /// The `SLOT_CTL` value that assigns `event` of `rmid` to a slot.
 pub const fn slot_ctl_value(event: Event, rmid: u64) -> u64 {

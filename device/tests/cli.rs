@@ -4,7 +4,10 @@
 use std::process::{Command, Output};
 
 fn perfbed(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_perfbed")).args(args).output().unwrap()
+    Command::new(env!("CARGO_BIN_EXE_perfbed"))
+        .args(args)
+        .output()
+        .unwrap()
 }
 
 fn stderr(out: &Output) -> String {
@@ -33,7 +36,9 @@ fn every_command_has_help() {
         let help = String::from_utf8_lossy(&out.stdout);
         assert!(help.contains("Usage: perfbed"), "{args:?}: {help}");
     }
-    let help = String::from_utf8_lossy(&perfbed(&["ctl", "--socket", "s", "rate", "--help"]).stdout).into_owned();
+    let help =
+        String::from_utf8_lossy(&perfbed(&["ctl", "--socket", "s", "rate", "--help"]).stdout)
+            .into_owned();
     for flag in ["--domain", "--rmid", "--event", "--bytes-per-sec"] {
         assert!(help.contains(flag), "rate --help lacks {flag}: {help}");
     }
@@ -42,13 +47,85 @@ fn every_command_has_help() {
 #[test]
 fn usage_errors_name_the_flag() {
     let cases: &[(&[&str], &str)] = &[
-        (&["ctl", "--socket", "s", "inject", "--domain", "x", "--rmid", "0", "--event", "mbm_total_bytes", "--bytes", "1"], "--domain"),
-        (&["ctl", "--socket", "s", "inject", "--domain", "0", "--rmid", "-1", "--event", "mbm_total_bytes", "--bytes", "1"], "-1"),
-        (&["ctl", "--socket", "s", "inject", "--domain", "0", "--rmid", "0", "--event", "nope", "--bytes", "1"], "--event"),
-        (&["ctl", "--socket", "s", "inject", "--domain", "0", "--rmid", "0", "--event", "mbm_total_bytes"], "--bytes"),
-        (&["ctl", "--socket", "s", "occupancy", "--domain", "0", "--rmid", "0", "--bytes", "99999999999999999999"], "--bytes"),
-        (&["ctl", "--socket", "s", "wait", "--timeout-ms", "soon"], "--timeout-ms"),
-        (&["ctl", "--socket", "s", "state", "--bogus", "1"], "--bogus"),
+        (
+            &[
+                "ctl",
+                "--socket",
+                "s",
+                "inject",
+                "--domain",
+                "x",
+                "--rmid",
+                "0",
+                "--event",
+                "mbm_total_bytes",
+                "--bytes",
+                "1",
+            ],
+            "--domain",
+        ),
+        (
+            &[
+                "ctl",
+                "--socket",
+                "s",
+                "inject",
+                "--domain",
+                "0",
+                "--rmid",
+                "-1",
+                "--event",
+                "mbm_total_bytes",
+                "--bytes",
+                "1",
+            ],
+            "-1",
+        ),
+        (
+            &[
+                "ctl", "--socket", "s", "inject", "--domain", "0", "--rmid", "0", "--event",
+                "nope", "--bytes", "1",
+            ],
+            "--event",
+        ),
+        (
+            &[
+                "ctl",
+                "--socket",
+                "s",
+                "inject",
+                "--domain",
+                "0",
+                "--rmid",
+                "0",
+                "--event",
+                "mbm_total_bytes",
+            ],
+            "--bytes",
+        ),
+        (
+            &[
+                "ctl",
+                "--socket",
+                "s",
+                "occupancy",
+                "--domain",
+                "0",
+                "--rmid",
+                "0",
+                "--bytes",
+                "99999999999999999999",
+            ],
+            "--bytes",
+        ),
+        (
+            &["ctl", "--socket", "s", "wait", "--timeout-ms", "soon"],
+            "--timeout-ms",
+        ),
+        (
+            &["ctl", "--socket", "s", "state", "--bogus", "1"],
+            "--bogus",
+        ),
         (&["ctl", "state"], "--socket"),
         (&["serve"], "--socket"),
         (&["frobnicate"], "frobnicate"),
@@ -57,7 +134,10 @@ fn usage_errors_name_the_flag() {
         let out = perfbed(args);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {out:?}");
         let err = stderr(&out);
-        assert!(err.contains(named), "{args:?}: the error does not name {named}: {err}");
+        assert!(
+            err.contains(named),
+            "{args:?}: the error does not name {named}: {err}"
+        );
     }
 }
 
@@ -67,5 +147,8 @@ fn a_missing_socket_is_named() {
     let out = perfbed(&["ctl", "--socket", path.to_str().unwrap(), "state"]);
     assert_eq!(out.status.code(), Some(1), "{out:?}");
     let err = stderr(&out);
-    assert!(err.contains("cannot connect to") && err.contains(path.to_str().unwrap()), "{err}");
+    assert!(
+        err.contains("cannot connect to") && err.contains(path.to_str().unwrap()),
+        "{err}"
+    );
 }

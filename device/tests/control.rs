@@ -74,7 +74,14 @@ fn inject_wait_state_and_errors() {
     // Slot-level truth through the socket: the one ongoing assignment.
     let a = client.assignments(0).unwrap();
     assert_eq!(a.records.len(), 1);
-    assert_eq!((a.records[0].slot, a.records[0].rmid, a.records[0].released_ns), (0, 5, None));
+    assert_eq!(
+        (
+            a.records[0].slot,
+            a.records[0].rmid,
+            a.records[0].released_ns
+        ),
+        (0, 5, None)
+    );
     assert_eq!(a.records[0].counted_bytes, 1 << 20);
     assert!(client.assignments(1).unwrap().records.is_empty());
 
@@ -189,7 +196,10 @@ fn requests_round_trip_on_the_wire() {
         serde_json::from_str::<Request>(r#"{"op":"assignments","since":3}"#).unwrap(),
         Request::Assignments { since: 3 }
     );
-    assert_eq!(serde_json::from_str::<Request>(r#"{"op":"assignments"}"#).unwrap(), Request::Assignments { since: 0 });
+    assert_eq!(
+        serde_json::from_str::<Request>(r#"{"op":"assignments"}"#).unwrap(),
+        Request::Assignments { since: 0 }
+    );
     assert!(serde_json::from_str::<Request>(r#"{"op":"assignments","from":3}"#).is_err());
     let ok: Response = serde_json::from_str(r#"{"ok":true}"#).unwrap();
     assert!(ok.ok && ok.error.is_none() && ok.state.is_none());
@@ -261,17 +271,41 @@ fn several_clients_and_the_cli() {
 
 #[test]
 fn trace_lines_follow_from_a_record_number_and_the_old_trace_request_still_works() {
-    let device = SharedDevice::new(DeviceConfig { trace_capacity: 8, ..DeviceConfig::default() }).unwrap();
+    let device = SharedDevice::new(DeviceConfig {
+        trace_capacity: 8,
+        ..DeviceConfig::default()
+    })
+    .unwrap();
     let path = socket_path();
     let _server = device.serve_control(&path).unwrap();
     let mut client = ControlClient::connect(&path).unwrap();
     device.mmio_write(0, regs::domain_reg(0, regs::DOM_OWNER), 8, 1);
     client.inject(0, 2, Event::MbmTotalBytes, 640).unwrap();
     let first = client.trace_lines(0).unwrap();
-    assert_eq!((first.first_seq, first.next_seq, first.dropped, first.lines.len()), (0, 3, 0, 3));
-    assert!(first.header.starts_with(perfbed_device::TRACE_MAGIC), "{}", first.header);
-    assert!(first.lines[1].contains(" owner dom=0 from=none to=1 cpu=0"), "{}", first.lines[1]);
-    assert!(first.lines[2].contains(" inject dom=0 rmid=2 event=mbm_total_bytes bytes=640"), "{}", first.lines[2]);
+    assert_eq!(
+        (
+            first.first_seq,
+            first.next_seq,
+            first.dropped,
+            first.lines.len()
+        ),
+        (0, 3, 0, 3)
+    );
+    assert!(
+        first.header.starts_with(perfbed_device::TRACE_MAGIC),
+        "{}",
+        first.header
+    );
+    assert!(
+        first.lines[1].contains(" owner dom=0 from=none to=1 cpu=0"),
+        "{}",
+        first.lines[1]
+    );
+    assert!(
+        first.lines[2].contains(" inject dom=0 rmid=2 event=mbm_total_bytes bytes=640"),
+        "{}",
+        first.lines[2]
+    );
     // A follower asks for what came after; nothing new is an empty answer.
     assert!(client.trace_lines(first.next_seq).unwrap().lines.is_empty());
     for _ in 0..10 {
@@ -279,9 +313,23 @@ fn trace_lines_follow_from_a_record_number_and_the_old_trace_request_still_works
     }
     let next = client.trace_lines(first.next_seq).unwrap();
     // 10 new records, but the ring keeps 8: the follower sees the gap.
-    assert_eq!((next.first_seq, next.next_seq, next.dropped, next.lines.len()), (5, 13, 5, 8));
+    assert_eq!(
+        (
+            next.first_seq,
+            next.next_seq,
+            next.dropped,
+            next.lines.len()
+        ),
+        (5, 13, 5, 8)
+    );
     let text = client.trace_text().unwrap();
-    assert_eq!(text.lines().filter(|l| l.contains(" dropped count=5")).count(), 1, "{text}");
+    assert_eq!(
+        text.lines()
+            .filter(|l| l.contains(" dropped count=5"))
+            .count(),
+        1,
+        "{text}"
+    );
     // The old JSON request: accesses only, and now how many were dropped.
     let raw = client.request_line(r#"{"op":"trace"}"#).unwrap();
     let reply: serde_json::Value = serde_json::from_str(&raw).unwrap();
@@ -297,10 +345,22 @@ fn set_allowed_changes_the_register_and_refuses_bad_lists() {
     let _server = device.serve_control(&path).unwrap();
     let mut client = ControlClient::connect(&path).unwrap();
     client.set_allowed(1, &[3]).unwrap();
-    assert_eq!(device.mmio_read(0, regs::domain_reg(1, regs::DOM_ALLOWED_CPUS), 8), 0b1000);
-    assert_eq!(device.mmio_read(0, regs::domain_reg(1, regs::DOM_CONFIG_STATUS), 8), regs::CONFIG_STATUS_ALLOWED);
+    assert_eq!(
+        device.mmio_read(0, regs::domain_reg(1, regs::DOM_ALLOWED_CPUS), 8),
+        0b1000
+    );
+    assert_eq!(
+        device.mmio_read(0, regs::domain_reg(1, regs::DOM_CONFIG_STATUS), 8),
+        regs::CONFIG_STATUS_ALLOWED
+    );
     let state = client.state().unwrap();
-    assert_eq!((state.domains[1].allowed_cpu_list.as_str(), state.domains[1].irq.allowed_changes), ("3", 1));
+    assert_eq!(
+        (
+            state.domains[1].allowed_cpu_list.as_str(),
+            state.domains[1].irq.allowed_changes
+        ),
+        ("3", 1)
+    );
     let mut stream = UnixStream::connect(&path).unwrap();
     let mut reader = BufReader::new(stream.try_clone().unwrap());
     for bad in [
@@ -312,5 +372,9 @@ fn set_allowed_changes_the_register_and_refuses_bad_lists() {
         let reply = raw(&mut stream, &mut reader, bad);
         assert_eq!(reply["ok"], false, "{bad}: {reply}");
     }
-    assert_eq!(client.state().unwrap().domains[1].allowed_cpus, vec![3], "refused requests changed nothing");
+    assert_eq!(
+        client.state().unwrap().domains[1].allowed_cpus,
+        vec![3],
+        "refused requests changed nothing"
+    );
 }

@@ -65,11 +65,19 @@ fn bad_requests_are_refused_with_a_reason_and_change_nothing() {
     for (request, because) in cases {
         let reply = raw.send(request);
         assert_refused(&reply, because, request);
-        assert_eq!(snapshot(&device), before, "{} changed the device", String::from_utf8_lossy(request));
+        assert_eq!(
+            snapshot(&device),
+            before,
+            "{} changed the device",
+            String::from_utf8_lossy(request)
+        );
     }
     // The same connection still serves.
     assert_eq!(raw.send(b"{\"op\":\"state\"}")["ok"], true);
-    assert_eq!(client.state().unwrap().truth(0, 1, Event::MbmTotalBytes), 4096);
+    assert_eq!(
+        client.state().unwrap().truth(0, 1, Event::MbmTotalBytes),
+        4096
+    );
 }
 
 #[test]
@@ -89,7 +97,9 @@ fn clients_that_leave_mid_request_change_nothing() {
     // A request sent whole, then the client leaves without reading the
     // reply: it is carried out, and the failed reply harms nothing.
     let mut stream = UnixStream::connect(&path).unwrap();
-    stream.write_all(b"{\"op\":\"state\"}\n{\"op\":\"trace\"}\n").unwrap();
+    stream
+        .write_all(b"{\"op\":\"state\"}\n{\"op\":\"trace\"}\n")
+        .unwrap();
     stream.shutdown(std::net::Shutdown::Both).unwrap();
     drop(stream);
     thread::sleep(Duration::from_millis(100));
@@ -97,7 +107,10 @@ fn clients_that_leave_mid_request_change_nothing() {
     let mut client = ControlClient::connect(&path).unwrap();
     client.inject(0, 1, Event::MbmTotalBytes, 64).unwrap();
     client.wait_landed(5000).unwrap();
-    assert_eq!(client.state().unwrap().truth(0, 1, Event::MbmTotalBytes), 64);
+    assert_eq!(
+        client.state().unwrap().truth(0, 1, Event::MbmTotalBytes),
+        64
+    );
 }
 
 #[test]
@@ -109,7 +122,9 @@ fn sixty_four_clients_at_once() {
             thread::spawn(move || {
                 let mut client = ControlClient::connect(&path).unwrap();
                 for _ in 0..10 {
-                    client.inject(i % 2, i % 8, Event::MbmLocalBytes, 100).unwrap();
+                    client
+                        .inject(i % 2, i % 8, Event::MbmLocalBytes, 100)
+                        .unwrap();
                     client.state().unwrap();
                 }
                 let mut raw = Raw::connect(&path);
@@ -122,7 +137,10 @@ fn sixty_four_clients_at_once() {
         c.join().unwrap();
     }
     let state = snapshot(&device);
-    let total: u64 = (0..2).flat_map(|d| (0..8).map(move |r| (d, r))).map(|(d, r)| state.truth(d, r, Event::MbmLocalBytes)).sum();
+    let total: u64 = (0..2)
+        .flat_map(|d| (0..8).map(move |r| (d, r)))
+        .map(|(d, r)| state.truth(d, r, Event::MbmLocalBytes))
+        .sum();
     assert_eq!(total, 64 * 10 * 100);
     assert_eq!(state.pending_bytes, 0);
 }

@@ -28,7 +28,11 @@ fn a_10_mib_line_is_refused_without_being_buffered() {
     let writer = {
         let mut stream = raw.stream.try_clone().unwrap();
         thread::spawn(move || {
-            stream.write_all(br#"{"op":"inject","domain":0,"rmid":1,"event":"mbm_total_bytes","bytes":1"#).unwrap();
+            stream
+                .write_all(
+                    br#"{"op":"inject","domain":0,"rmid":1,"event":"mbm_total_bytes","bytes":1"#,
+                )
+                .unwrap();
             let chunk = vec![b' '; 64 * 1024];
             for _ in 0..160 {
                 stream.write_all(&chunk).unwrap();
@@ -38,12 +42,23 @@ fn a_10_mib_line_is_refused_without_being_buffered() {
     };
     let reply = raw.reply();
     writer.join().unwrap();
-    assert_refused(&reply, &format!("request longer than {MAX_LINE} bytes"), b"(10 MiB line)");
-    assert_eq!(snapshot(&device), before, "the long line was not carried out");
+    assert_refused(
+        &reply,
+        &format!("request longer than {MAX_LINE} bytes"),
+        b"(10 MiB line)",
+    );
+    assert_eq!(
+        snapshot(&device),
+        before,
+        "the long line was not carried out"
+    );
     let grew = peak_rss_kib().saturating_sub(peak_before);
-    assert!(grew < 4 * 1024, "peak memory grew by {grew} KiB reading a 10 MiB line");
+    assert!(
+        grew < 4 * 1024,
+        "peak memory grew by {grew} KiB reading a 10 MiB line"
+    );
     // The connection goes on with the next line.
-    let reply = raw.send(br#"{"op":"inject","domain":0,"rmid":1,"event":"mbm_total_bytes","bytes":1}"#);
+    let reply =
+        raw.send(br#"{"op":"inject","domain":0,"rmid":1,"event":"mbm_total_bytes","bytes":1}"#);
     assert_eq!(reply["ok"], true, "{reply}");
 }
-

@@ -5,6 +5,7 @@
 pub mod agent;
 pub mod config;
 pub mod control;
+pub mod recorded;
 pub mod registers;
 pub mod vmm_rig;
 pub mod vmm_bus;

@@ -67,8 +67,8 @@ pub enum Op {
 pub struct Input {
     /// Start from a live device, as Linux leaves it: every queue of
     /// `1 << (n % 9)` entries (the console's maxima cap some), DRIVER_OK.
-    live: Option<u8>,
-    ops: Vec<Op>,
+    pub live: Option<u8>,
+    pub ops: Vec<Op>,
 }
 
 fn apply(rig: &mut Rig, op: &Op) {

@@ -67,7 +67,7 @@ pub enum Op {
 
 #[derive(Arbitrary, Debug)]
 pub struct Input {
-    ops: Vec<Op>,
+    pub ops: Vec<Op>,
 }
 
 /// A chain on the transmit queue not used yet.

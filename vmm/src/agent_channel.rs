@@ -52,12 +52,22 @@ pub fn accept_one(path: &Path, stop: &EventFd) -> io::Result<Option<UnixStream>>
     let stream = loop {
         match listener.accept() {
             Ok((stream, _)) => break Some(stream),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e)
+                if e.kind() == io::ErrorKind::WouldBlock
+                    || e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }
         let mut fds = [
-            libc::pollfd { fd: listener.as_raw_fd(), events: libc::POLLIN, revents: 0 },
-            libc::pollfd { fd: stop.as_raw_fd(), events: libc::POLLIN, revents: 0 },
+            libc::pollfd {
+                fd: listener.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: stop.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
         ];
         // SAFETY: two valid pollfds, for the call's length.
         let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
@@ -101,22 +111,35 @@ impl AgentChannel {
     /// Serves `console`'s queue notifiers and, with a `stream`, joins it to
     /// the console (made non-blocking; the console's output is written to
     /// it from here).
-    pub fn new(stream: Option<UnixStream>, console: Arc<MmioTransport<Console>>) -> io::Result<AgentChannel> {
+    pub fn new(
+        stream: Option<UnixStream>,
+        console: Arc<MmioTransport<Console>>,
+    ) -> io::Result<AgentChannel> {
         let notifiers = console.notifiers()?;
         if let Some(stream) = &stream {
             stream.set_nonblocking(true)?;
             console.with_device(|c| c.connect());
         }
         let watching = stream.as_ref().map(|_| EventSet::IN);
-        let state = State { watching, out: vec![0; WRITE_CHUNK] };
-        Ok(AgentChannel { stream, notifiers, console, state: Mutex::new(state) })
+        let state = State {
+            watching,
+            out: vec![0; WRITE_CHUNK],
+        };
+        Ok(AgentChannel {
+            stream,
+            notifiers,
+            console,
+            state: Mutex::new(state),
+        })
     }
 
     /// Writes what the socket takes of the console's output, each chunk
     /// copied out under the transport's lock and written without it; true
     /// if any was written (the console has room for more of the guest's).
     fn write_output(&self, ops: &mut EventOps, state: &mut State) -> bool {
-        let Some(stream) = &self.stream else { return false };
+        let Some(stream) = &self.stream else {
+            return false;
+        };
         let mut wrote = false;
         while state.watching.is_some() {
             let n = self.console.with_device(|c| c.peek_output(&mut state.out));
@@ -145,7 +168,11 @@ impl AgentChannel {
             Ok(n) => {
                 self.console.with_device(|c| c.push_input(&buf[..n]));
             }
-            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                ) => {}
             Err(_) => self.hang_up(ops, state),
         }
     }
@@ -172,7 +199,9 @@ impl AgentChannel {
         let (Some(stream), Some(watching)) = (&self.stream, state.watching) else {
             return;
         };
-        let (pending, paused) = self.console.with_device(|c| (c.output_pending(), c.input_paused()));
+        let (pending, paused) = self
+            .console
+            .with_device(|c| (c.output_pending(), c.input_paused()));
         let mut want = EventSet::empty();
         if !paused {
             want |= EventSet::IN;
@@ -211,7 +240,9 @@ impl EventSubscriber for AgentChannel {
             STREAM => {
                 if set.contains(EventSet::IN) {
                     self.read_input(ops, &mut state);
-                } else if set.intersects(EventSet::HANG_UP | EventSet::ERROR) && !set.contains(EventSet::OUT) {
+                } else if set.intersects(EventSet::HANG_UP | EventSet::ERROR)
+                    && !set.contains(EventSet::OUT)
+                {
                     self.hang_up(ops, &mut state);
                 }
             }
@@ -232,7 +263,8 @@ mod tests {
     use super::*;
 
     fn socket_path(name: &str) -> std::path::PathBuf {
-        let dir = std::env::temp_dir().join(format!("perfbed-vmm-accept-{}-{name}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("perfbed-vmm-accept-{}-{name}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         dir.join("agent.sock")
     }
@@ -250,9 +282,17 @@ mod tests {
         let accepted = accept_one(&path, &stop).unwrap();
         signaller.join().unwrap();
         assert!(accepted.is_none(), "no client connected");
-        assert!(start.elapsed() < Duration::from_secs(5), "took {:?}", start.elapsed());
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "took {:?}",
+            start.elapsed()
+        );
         assert!(!path.exists(), "the socket file is left behind");
-        assert_eq!(stop.read().unwrap(), 1, "the event stays for the event loop");
+        assert_eq!(
+            stop.read().unwrap(),
+            1,
+            "the event stays for the event loop"
+        );
     }
 
     #[test]

@@ -25,13 +25,13 @@ use perfbed_device::{regs as device_regs, DeviceConfig, SharedDevice};
 use vm_memory::{Bytes, GuestAddress};
 
 use crate::boot::BootEntry;
+use crate::builder::{create_vm, write_gdt};
 use crate::devices::bus::{Bus, BusDevice};
 use crate::devices::perfbed::PerfbedMmio;
 use crate::memory::{MMIO_HOLE_START, PERFBED_DEVICE_BASE};
 use crate::stats::Stats;
 use crate::vcpu::cpuid::Placement;
 use crate::vcpu::{Exit, Vcpu, VcpuEnd};
-use crate::builder::{create_vm, write_gdt};
 use crate::vmm::VmmError;
 
 const CODE_ADDR: u64 = 0x1000;
@@ -55,7 +55,17 @@ pub struct ExitCosts {
 pub fn program(iterations: u32) -> Vec<u8> {
     let mut code = vec![0xb9];
     code.extend_from_slice(&iterations.to_le_bytes());
-    code.extend_from_slice(&[0x8b, 0x03, 0x49, 0x75, 0xfb, 0xe6, DONE_PORT as u8, 0xeb, 0xfe]);
+    code.extend_from_slice(&[
+        0x8b,
+        0x03,
+        0x49,
+        0x75,
+        0xfb,
+        0xe6,
+        DONE_PORT as u8,
+        0xeb,
+        0xfe,
+    ]);
     code
 }
 
@@ -71,8 +81,20 @@ impl BusDevice for Done {
 }
 
 /// Runs the program with `%ebx = addr`; the wall time of the run.
-fn time_loop(vcpu: &mut Vcpu, addr: u64, io: &Bus, mmio: &Bus, done: &Done, stats: &Stats) -> Result<f64, VmmError> {
-    let regs = kvm_regs { rip: CODE_ADDR, rbx: addr, rflags: 2, ..Default::default() };
+fn time_loop(
+    vcpu: &mut Vcpu,
+    addr: u64,
+    io: &Bus,
+    mmio: &Bus,
+    done: &Done,
+    stats: &Stats,
+) -> Result<f64, VmmError> {
+    let regs = kvm_regs {
+        rip: CODE_ADDR,
+        rbx: addr,
+        rflags: 2,
+        ..Default::default()
+    };
     vcpu.set_regs(&regs)?;
     done.0.store(false, Ordering::SeqCst);
     let started = Instant::now();
@@ -81,12 +103,22 @@ fn time_loop(vcpu: &mut Vcpu, addr: u64, io: &Bus, mmio: &Bus, done: &Done, stat
             Exit::Handled => {}
             // No debugger sets guest debugging here.
             Exit::Debug(exit) => {
-                return Err(VmmError::VcpuFailed(format!("the benchmark guest took a debug exit: {exit:?}")))
+                return Err(VmmError::VcpuFailed(format!(
+                    "the benchmark guest took a debug exit: {exit:?}"
+                )))
             }
-            Exit::End(VcpuEnd::Reset) => return Err(VmmError::VcpuFailed("the benchmark guest reset".into())),
-            Exit::End(VcpuEnd::Failed(why) | VcpuEnd::KvmFailure(why)) => return Err(VmmError::VcpuFailed(why)),
+            Exit::End(VcpuEnd::Reset) => {
+                return Err(VmmError::VcpuFailed("the benchmark guest reset".into()))
+            }
+            Exit::End(VcpuEnd::Failed(why) | VcpuEnd::KvmFailure(why)) => {
+                return Err(VmmError::VcpuFailed(why))
+            }
             // Only a handle stops a vCPU; the benchmark runs it bare.
-            Exit::End(VcpuEnd::Stopped) => return Err(VmmError::VcpuFailed("the benchmark vCPU was stopped".into())),
+            Exit::End(VcpuEnd::Stopped) => {
+                return Err(VmmError::VcpuFailed(
+                    "the benchmark vCPU was stopped".into(),
+                ))
+            }
         }
     }
     Ok(started.elapsed().as_nanos() as f64)
@@ -100,9 +132,24 @@ pub fn exit_costs(iterations: u32) -> Result<ExitCosts, VmmError> {
     memory.write_slice(&program(iterations), GuestAddress(CODE_ADDR))?;
     let supported = kvm
         .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
-        .map_err(|source| VmmError::Kvm { what: "reading supported CPUID", source })?;
-    let mut vcpu = Vcpu::new(&vm, &supported, Placement { index: 0, vcpus: 1, llc_bits: 0 }, false)?;
-    vcpu.set_boot_state(&BootEntry::Pvh { entry: CODE_ADDR, start_info: 0 })?;
+        .map_err(|source| VmmError::Kvm {
+            what: "reading supported CPUID",
+            source,
+        })?;
+    let mut vcpu = Vcpu::new(
+        &vm,
+        &supported,
+        Placement {
+            index: 0,
+            vcpus: 1,
+            llc_bits: 0,
+        },
+        false,
+    )?;
+    vcpu.set_boot_state(&BootEntry::Pvh {
+        entry: CODE_ADDR,
+        start_info: 0,
+    })?;
 
     let device = SharedDevice::new(DeviceConfig::default())?;
     let perfbed = Arc::new(PerfbedMmio::new(device.clone()));
@@ -110,7 +157,12 @@ pub fn exit_costs(iterations: u32) -> Result<ExitCosts, VmmError> {
     let mut io = Bus::new("port");
     io.insert("done", DONE_PORT, 1, done.clone())?;
     let mut mmio = Bus::new("MMIO");
-    mmio.insert("perfbed device", PERFBED_DEVICE_BASE, device.size(), perfbed.clone())?;
+    mmio.insert(
+        "perfbed device",
+        PERFBED_DEVICE_BASE,
+        device.size(),
+        perfbed.clone(),
+    )?;
     let stats = Stats::new(Instant::now());
 
     let register = PERFBED_DEVICE_BASE + device_regs::REG_MAGIC;
@@ -138,7 +190,10 @@ mod tests {
     fn the_program_loops_back_to_its_read() {
         let code = program(0x1234_5678);
         assert_eq!(code[0], 0xb9);
-        assert_eq!(u32::from_le_bytes(code[1..5].try_into().unwrap()), 0x1234_5678);
+        assert_eq!(
+            u32::from_le_bytes(code[1..5].try_into().unwrap()),
+            0x1234_5678
+        );
         // jnz's displacement is relative to the next instruction (0x100a).
         let jnz_next = 0x0a_i64;
         assert_eq!(jnz_next + i64::from(code[9] as i8), 0x05);
@@ -147,10 +202,21 @@ mod tests {
 
     #[test]
     fn the_unclaimed_address_is_free_even_beside_the_largest_device() {
-        let largest = perfbed_device::DeviceConfig { domains: vec![vec![0]; 16], rmids: 256, slots: 32, ..Default::default() };
+        let largest = perfbed_device::DeviceConfig {
+            domains: vec![vec![0]; 16],
+            rmids: 256,
+            slots: 32,
+            ..Default::default()
+        };
         let device = SharedDevice::new(largest).unwrap();
         let mut mmio = Bus::new("MMIO");
-        mmio.insert("perfbed device", PERFBED_DEVICE_BASE, device.size(), Arc::new(PerfbedMmio::new(device))).unwrap();
+        mmio.insert(
+            "perfbed device",
+            PERFBED_DEVICE_BASE,
+            device.size(),
+            Arc::new(PerfbedMmio::new(device)),
+        )
+        .unwrap();
         assert!(!mmio.is_claimed(UNCLAIMED_ADDR, 4));
         assert!(mmio.is_claimed(PERFBED_DEVICE_BASE + device_regs::REG_MAGIC, 8));
     }

@@ -24,7 +24,7 @@ use crate::config::VmmConfig;
 use crate::device_manager::DeviceManager;
 use crate::devices::perfbed::{PerfbedLines, PerfbedMmio};
 use crate::devices::power_off::PowerOff;
-use crate::devices::serial::{SerialConsole, COM1_BASE, COM1_IRQ, COM1_LEN, OUTPUT_RING};
+use crate::devices::serial::{SerialConsole, COM1_IRQ, OUTPUT_RING};
 use crate::devices::virtio::console::Console;
 use crate::devices::virtio::mmio::{MmioTransport, QUEUE_NOTIFY_OFFSET};
 use crate::devices::virtio::Interrupt;
@@ -60,10 +60,13 @@ impl VmmBuilder {
         let machine = config.machine;
         let (kvm, vm, memory) = create_vm(machine.memory_mib)?;
         let mut devices = DeviceManager::new();
+        if config.endpoints.record_accesses > 0 {
+            devices.record_accesses(config.endpoints.record_accesses)?;
+        }
 
         let panicked = Arc::new(AtomicBool::new(false));
-        let serial = attach_serial(&vm, &mut devices, &config, panicked.clone())?;
-        let console = attach_console(&vm, &mut devices, &memory)?;
+        attach_serial(&vm, &mut devices, &config, panicked.clone())?;
+        attach_console(&vm, &mut devices, &memory)?;
         let device = SharedDevice::new(config.device.clone())?;
         let placement =
             devices.reserve_monitoring_device(device.size(), config.device.domains.len())?;
@@ -73,10 +76,8 @@ impl VmmBuilder {
             .map(|&gsi| irqfd(&vm, gsi))
             .collect::<Result<Vec<_>, _>>()?;
         device.connect_lines(Arc::new(PerfbedLines::new(lines)));
-        let perfbed = Arc::new(PerfbedMmio::new(device.clone()));
-        devices.attach_monitoring_device(perfbed.clone())?;
-        let power_off = Arc::new(PowerOff::default());
-        devices.add_power_off(power_off.clone())?;
+        devices.attach_monitoring_device(Arc::new(PerfbedMmio::new(device.clone())))?;
+        devices.add_power_off(Arc::new(PowerOff::default()))?;
         let perfbed_ticker = device
             .start_ticker(PERFBED_TICK)
             .map_err(io_error("starting the device's ticker"))?;
@@ -107,25 +108,23 @@ impl VmmBuilder {
         }
         let vcpus = (0..machine.vcpus)
             .map(|index| {
-                let placement = Placement { index, vcpus: machine.vcpus, llc_bits };
+                let placement = Placement {
+                    index,
+                    vcpus: machine.vcpus,
+                    llc_bits,
+                };
                 Vcpu::new(&vm, &supported, placement, machine.hide_xsave)
             })
             .collect::<Result<Vec<_>, _>>()?;
         vcpus[0].set_boot_state(&entry)?;
 
-        let (io_bus, mmio_bus) = devices.into_buses();
         Ok(Vmm {
             config,
             memory,
             vcpus,
-            io_bus: Arc::new(io_bus),
-            mmio_bus: Arc::new(mmio_bus),
-            serial,
+            devices,
             panicked,
-            power_off,
-            console,
             device,
-            perfbed,
             _perfbed_ticker: perfbed_ticker,
             stats: Arc::new(Stats::new(start)),
             _vm: vm,
@@ -148,7 +147,7 @@ fn attach_serial(
     devices: &mut DeviceManager,
     config: &VmmConfig,
     panicked: Arc<AtomicBool>,
-) -> Result<Arc<SerialConsole>, VmmError> {
+) -> Result<(), VmmError> {
     let out: Option<Box<dyn std::io::Write + Send>> = match &config.endpoints.serial_log {
         Some(path) => {
             let file = File::create(path).map_err(io_error(format!(
@@ -159,12 +158,10 @@ fn attach_serial(
         }
         None => None,
     };
-    let serial = Arc::new(
-        SerialConsole::new(irqfd(vm, COM1_IRQ)?, out, panicked, OUTPUT_RING)
-            .map_err(io_error("creating the serial log's eventfd"))?,
-    );
-    devices.add_legacy_port("COM1", COM1_BASE, COM1_LEN, serial.clone())?;
-    Ok(serial)
+    let serial = SerialConsole::new(irqfd(vm, COM1_IRQ)?, out, panicked, OUTPUT_RING)
+        .map_err(io_error("creating the serial log's eventfd"))?;
+    devices.add_serial(Arc::new(serial))?;
+    Ok(())
 }
 
 /// The virtio console in the next virtio-mmio slot, its queue notifies on
@@ -174,7 +171,7 @@ fn attach_console(
     vm: &VmFd,
     devices: &mut DeviceManager,
     memory: &GuestMemoryMmap,
-) -> Result<Arc<MmioTransport<Console>>, VmmError> {
+) -> Result<(), VmmError> {
     const NAME: &str = "virtio console";
     let slot = devices.reserve_virtio_slot(NAME)?;
     let interrupt = Interrupt::new(irqfd(vm, slot.irq)?);
@@ -193,8 +190,8 @@ fn attach_console(
         vm.register_ioevent(evt, &notify, queue as u32)
             .map_err(kvm_error("registering an ioeventfd"))?;
     }
-    devices.attach_virtio(NAME, slot, console.clone())?;
-    Ok(console)
+    devices.attach_console(NAME, slot, console)?;
+    Ok(())
 }
 
 /// KVM, a VM with the in-kernel irqchip and PIT, and `memory_mib` of RAM.

@@ -54,6 +54,9 @@ pub struct EndpointsConfig {
     pub agent_socket: Option<PathBuf>,
     /// The 8250 serial console's output; without it the output is dropped.
     pub serial_log: Option<PathBuf>,
+    /// Keep each bus's first this many accesses and print them at the end
+    /// (`perfbed-vmm: access` lines: the fuzz targets' seeds); 0: none.
+    pub record_accesses: usize,
     /// gdb's remote protocol for the guest (`crate::gdb`).
     pub gdb: Option<GdbConfig>,
 }
@@ -141,7 +144,10 @@ impl VmmConfig {
         }
         check_domains(&self.device.domains, vcpus)?;
         self.device.validate()?;
-        let kernel_error = |source| ConfigurationError::Kernel { path: self.kernel.path.clone(), source };
+        let kernel_error = |source| ConfigurationError::Kernel {
+            path: self.kernel.path.clone(),
+            source,
+        };
         let mut head = Vec::with_capacity(0x210);
         std::fs::File::open(&self.kernel.path)
             .and_then(|file| file.take(0x210).read_to_end(&mut head))
@@ -236,7 +242,8 @@ mod tests {
     fn temp_file(name: &str) -> PathBuf {
         static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let path = std::env::temp_dir().join(format!("perfbed-vmm-{}-{n}-{name}", std::process::id()));
+        let path =
+            std::env::temp_dir().join(format!("perfbed-vmm-{}-{n}-{name}", std::process::id()));
         std::fs::write(&path, b"\x7fELF\x02\x01\x01").unwrap();
         path
     }
@@ -248,7 +255,11 @@ mod tests {
                 initramfs: None,
                 cmdline: "console=ttyS0".into(),
             },
-            machine: MachineConfig { vcpus: 4, memory_mib: 512, hide_xsave: false },
+            machine: MachineConfig {
+                vcpus: 4,
+                memory_mib: 512,
+                hide_xsave: false,
+            },
             device: DeviceConfig::default(),
             endpoints: EndpointsConfig::default(),
         }
@@ -263,7 +274,10 @@ mod tests {
     fn bad_shapes_are_refused_with_the_flag() {
         let mut c = config();
         c.machine.vcpus = 0;
-        assert_eq!(c.validate().unwrap_err().to_string(), "--cpus 0: need 1 to 64 vCPUs");
+        assert_eq!(
+            c.validate().unwrap_err().to_string(),
+            "--cpus 0: need 1 to 64 vCPUs"
+        );
         let mut c = config();
         c.machine.vcpus = 65;
         assert!(matches!(c.validate(), Err(ConfigurationError::Vcpus(65))));
@@ -272,7 +286,11 @@ mod tests {
         c.validate().unwrap();
         let mut c = config();
         c.machine.memory_mib = 8;
-        assert!(c.validate().unwrap_err().to_string().starts_with("--memory 8"));
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .starts_with("--memory 8"));
         let mut c = config();
         c.kernel.cmdline.push('\0');
         assert!(matches!(c.validate(), Err(ConfigurationError::CmdlineNul)));
@@ -287,10 +305,16 @@ mod tests {
         let mut c = config();
         c.kernel.path = temp_file("text");
         std::fs::write(&c.kernel.path, b"not a kernel").unwrap();
-        assert!(matches!(c.validate(), Err(ConfigurationError::KernelFormat(_))));
+        assert!(matches!(
+            c.validate(),
+            Err(ConfigurationError::KernelFormat(_))
+        ));
         let mut c = config();
         c.kernel.initramfs = Some("/nonexistent/initramfs".into());
-        assert!(matches!(c.validate(), Err(ConfigurationError::Initramfs { .. })));
+        assert!(matches!(
+            c.validate(),
+            Err(ConfigurationError::Initramfs { .. })
+        ));
     }
 
     #[test]
@@ -298,11 +322,17 @@ mod tests {
         let mut c = config();
         c.machine.vcpus = 2;
         let message = c.validate().unwrap_err().to_string();
-        assert_eq!(message, "--pmu-domain 1 (2-3) allows CPU 2, but the guest has CPUs 0-1");
+        assert_eq!(
+            message,
+            "--pmu-domain 1 (2-3) allows CPU 2, but the guest has CPUs 0-1"
+        );
         let mut c = config();
         c.device.domains = vec![vec![0, 1, 2], vec![2, 3]];
         let message = c.validate().unwrap_err().to_string();
-        assert_eq!(message, "--pmu-domain 0 and --pmu-domain 1 overlap on CPUs 2");
+        assert_eq!(
+            message,
+            "--pmu-domain 0 and --pmu-domain 1 overlap on CPUs 2"
+        );
         let mut c = config();
         c.device.domains = vec![];
         assert!(matches!(c.validate(), Err(ConfigurationError::Device(_))));
@@ -311,10 +341,19 @@ mod tests {
     #[test]
     fn domain_specs() {
         assert_eq!(parse_domain_spec("cpus=0-1,3").unwrap(), vec![0, 1, 3]);
-        assert_eq!(parse_domain_spec("0-1"), Err(DomainSpecError::Syntax("0-1".into())));
-        assert_eq!(parse_domain_spec("cpu=0"), Err(DomainSpecError::UnknownKey("cpu".into())));
+        assert_eq!(
+            parse_domain_spec("0-1"),
+            Err(DomainSpecError::Syntax("0-1".into()))
+        );
+        assert_eq!(
+            parse_domain_spec("cpu=0"),
+            Err(DomainSpecError::UnknownKey("cpu".into()))
+        );
         assert_eq!(parse_domain_spec("cpus="), Err(DomainSpecError::Empty));
-        assert!(matches!(parse_domain_spec("cpus=x"), Err(DomainSpecError::CpuList(_))));
+        assert!(matches!(
+            parse_domain_spec("cpus=x"),
+            Err(DomainSpecError::CpuList(_))
+        ));
     }
 
     #[test]

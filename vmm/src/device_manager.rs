@@ -1,6 +1,14 @@
-//! The device manager: owns the port and MMIO buses, hands devices their
-//! MMIO ranges and GSIs, and writes the kernel command line's announcements
-//! of what it placed (the guest has no ACPI or device tree to find them).
+//! The device manager: owns the port and MMIO buses and the devices on
+//! them, from the build to the end of the run; hands devices their MMIO
+//! ranges and GSIs, and writes the kernel command line's announcements of
+//! what it placed (the guest has no ACPI or device tree to find them).
+//!
+//! While the VM runs, the vCPUs dispatch through its buses (shared
+//! read-only: a lookup takes no lock), the event loop drains what the
+//! devices left for the host ([`DeviceManager::drain`]), and the exit
+//! report reads their figures ([`DeviceManager::figures`]). A device added
+//! once the vCPUs hold the buses is refused ([`DeviceManagerError::Running`]):
+//! hotplugging a device needs a bus whose table can be swapped under them.
 //!
 //! It knows nothing of KVM, like the devices: the builder
 //! ([`crate::builder`]) asks it for a range and a GSI, wires the GSI's irqfd
@@ -25,8 +33,13 @@ use linux_loader::cmdline::Cmdline;
 use crate::allocator::{AllocationError, GsiAllocator, MmioWindow};
 use crate::boot::cmdline::{self, CmdlineError, VirtioMmioSlot};
 use crate::boot::mptable::IOAPIC_PINS;
+use crate::devices::access_record::AccessRecord;
 use crate::devices::bus::{Bus, BusDevice, BusError};
+use crate::devices::perfbed::PerfbedMmio;
 use crate::devices::power_off::{PowerOff, POWER_OFF_SIZE};
+use crate::devices::serial::{SerialConsole, COM1_BASE, COM1_LEN};
+use crate::devices::virtio::console::Console;
+use crate::devices::virtio::mmio::MmioTransport;
 use crate::memory::{PERFBED_DEVICE_BASE, VIRTIO_MMIO_BASE, VIRTIO_MMIO_SIZE};
 
 /// The monitoring device's interrupt lines, domain `d`'s on
@@ -53,6 +66,8 @@ pub enum DeviceManagerError {
     SecondMonitoringDevice(&'static str),
     #[error("{0} placed before the monitoring device, which must be first in its window")]
     BeforeMonitoringDevice(&'static str),
+    #[error("adding {0} while the vCPUs run: the buses cannot change under them yet")]
+    Running(&'static str),
 }
 
 /// The monitoring device as placed: where and on which lines.
@@ -66,8 +81,8 @@ pub struct MonitoringPlacement {
 
 /// The buses and what sits on them.
 pub struct DeviceManager {
-    io_bus: Bus,
-    mmio_bus: Bus,
+    io_bus: Arc<Bus>,
+    mmio_bus: Arc<Bus>,
     platform: MmioWindow,
     virtio: MmioWindow,
     gsis: GsiAllocator,
@@ -76,6 +91,11 @@ pub struct DeviceManager {
     /// The agent's power-off register's address, announced on the command
     /// line.
     power_off: Option<u64>,
+    /// The devices the host side talks to besides dispatching to them.
+    serial: Option<Arc<SerialConsole>>,
+    console: Option<Arc<MmioTransport<Console>>>,
+    perfbed: Option<Arc<PerfbedMmio>>,
+    power_off_register: Option<Arc<PowerOff>>,
 }
 
 impl Default for DeviceManager {
@@ -88,8 +108,8 @@ impl DeviceManager {
     /// Empty buses over perfbed's layout.
     pub fn new() -> DeviceManager {
         DeviceManager {
-            io_bus: Bus::new("port"),
-            mmio_bus: Bus::new("MMIO"),
+            io_bus: Arc::new(Bus::new("port")),
+            mmio_bus: Arc::new(Bus::new("MMIO")),
             platform: MmioWindow::new(
                 "platform device",
                 PERFBED_DEVICE_BASE,
@@ -106,7 +126,19 @@ impl DeviceManager {
             monitoring: None,
             virtio_slots: Vec::new(),
             power_off: None,
+            serial: None,
+            console: None,
+            perfbed: None,
+            power_off_register: None,
         }
+    }
+
+    /// A bus to insert into: only before the vCPUs hold it.
+    fn bus_mut<'a>(
+        bus: &'a mut Arc<Bus>,
+        name: &'static str,
+    ) -> Result<&'a mut Bus, DeviceManagerError> {
+        Arc::get_mut(bus).ok_or(DeviceManagerError::Running(name))
     }
 
     /// A legacy port device at its architectural address (COM1 at 0x3f8).
@@ -117,7 +149,14 @@ impl DeviceManager {
         len: u64,
         device: Arc<dyn BusDevice>,
     ) -> Result<(), DeviceManagerError> {
-        Ok(self.io_bus.insert(name, base, len, device)?)
+        Ok(Self::bus_mut(&mut self.io_bus, name)?.insert(name, base, len, device)?)
+    }
+
+    /// COM1, the serial console.
+    pub fn add_serial(&mut self, serial: Arc<SerialConsole>) -> Result<(), DeviceManagerError> {
+        self.add_legacy_port("COM1", COM1_BASE, COM1_LEN, serial.clone())?;
+        self.serial = Some(serial);
+        Ok(())
     }
 
     /// The agent's power-off register: a page of the platform window after
@@ -129,12 +168,16 @@ impl DeviceManager {
         if self.monitoring.is_none() {
             return Err(DeviceManagerError::BeforeMonitoringDevice(NAME));
         }
-        let base = self
-            .platform
-            .allocate(POWER_OFF_SIZE)
-            .map_err(|source| DeviceManagerError::Allocation { device: NAME, source })?;
-        self.mmio_bus.insert("power-off", base, POWER_OFF_SIZE, device)?;
+        let bus = Self::bus_mut(&mut self.mmio_bus, NAME)?;
+        let base = self.platform.allocate(POWER_OFF_SIZE).map_err(|source| {
+            DeviceManagerError::Allocation {
+                device: NAME,
+                source,
+            }
+        })?;
+        bus.insert("power-off", base, POWER_OFF_SIZE, device.clone())?;
         self.power_off = Some(base);
+        self.power_off_register = Some(device);
         Ok(base)
     }
 
@@ -169,6 +212,15 @@ impl DeviceManager {
     /// gave it.
     pub fn attach_monitoring_device(
         &mut self,
+        device: Arc<PerfbedMmio>,
+    ) -> Result<(), DeviceManagerError> {
+        self.place_monitoring_device(device.clone())?;
+        self.perfbed = Some(device);
+        Ok(())
+    }
+
+    fn place_monitoring_device(
+        &mut self,
         device: Arc<dyn BusDevice>,
     ) -> Result<(), DeviceManagerError> {
         let Some(placement) = &self.monitoring else {
@@ -179,9 +231,9 @@ impl DeviceManager {
                 },
             });
         };
-        Ok(self
-            .mmio_bus
-            .insert("perfbed device", placement.base, placement.size, device)?)
+        let (base, size) = (placement.base, placement.size);
+        let bus = Self::bus_mut(&mut self.mmio_bus, "the monitoring device")?;
+        Ok(bus.insert("perfbed device", base, size, device)?)
     }
 
     /// The next virtio-mmio slot and a GSI for it.
@@ -206,9 +258,20 @@ impl DeviceManager {
         slot: VirtioMmioSlot,
         transport: Arc<dyn BusDevice>,
     ) -> Result<(), DeviceManagerError> {
-        self.mmio_bus
-            .insert(name, slot.base, slot.size, transport)?;
+        Self::bus_mut(&mut self.mmio_bus, name)?.insert(name, slot.base, slot.size, transport)?;
         self.virtio_slots.push(slot);
+        Ok(())
+    }
+
+    /// The virtio console (the agent channel) in `slot`.
+    pub fn attach_console(
+        &mut self,
+        name: &'static str,
+        slot: VirtioMmioSlot,
+        console: Arc<MmioTransport<Console>>,
+    ) -> Result<(), DeviceManagerError> {
+        self.attach_virtio(name, slot, console.clone())?;
+        self.console = Some(console);
         Ok(())
     }
 
@@ -225,9 +288,99 @@ impl DeviceManager {
         cmdline::build(&user, monitoring, &self.virtio_slots)
     }
 
-    /// The buses, for the vCPUs to dispatch to.
-    pub fn into_buses(self) -> (Bus, Bus) {
-        (self.io_bus, self.mmio_bus)
+    /// Keeps each bus's first `capacity` accesses for [`Self::recorded_accesses`].
+    pub fn record_accesses(&mut self, capacity: usize) -> Result<(), DeviceManagerError> {
+        for bus in [&mut self.io_bus, &mut self.mmio_bus] {
+            Self::bus_mut(bus, "an access record")?
+                .record_into(Arc::new(AccessRecord::new(capacity)));
+        }
+        Ok(())
+    }
+
+    /// The recorded accesses, `port ...` lines then `mmio ...` lines (see
+    /// [`AccessRecord::lines`]).
+    pub fn recorded_accesses(&self) -> Vec<String> {
+        [(&self.io_bus, "port"), (&self.mmio_bus, "mmio")]
+            .iter()
+            .filter_map(|(bus, kind)| Some(bus.record()?.lines(kind)))
+            .flatten()
+            .collect()
+    }
+
+    /// The port bus, for the vCPUs to dispatch to.
+    pub fn io_bus(&self) -> &Arc<Bus> {
+        &self.io_bus
+    }
+
+    /// The MMIO bus, for the vCPUs to dispatch to.
+    pub fn mmio_bus(&self) -> &Arc<Bus> {
+        &self.mmio_bus
+    }
+
+    pub fn serial(&self) -> Option<&Arc<SerialConsole>> {
+        self.serial.as_ref()
+    }
+
+    pub fn console(&self) -> Option<&Arc<MmioTransport<Console>>> {
+        self.console.as_ref()
+    }
+
+    /// Whether the agent wrote its power-off register.
+    pub fn powered_off(&self) -> bool {
+        self.power_off_register
+            .as_ref()
+            .is_some_and(|r| r.requested())
+    }
+
+    /// The event loop's turn: what the vCPUs left for the host (serial
+    /// output, the first accesses to an unhandled address) goes out.
+    pub fn drain(&self) {
+        if let Some(serial) = &self.serial {
+            serial.drain();
+        }
+        self.io_bus.log_new_unknown();
+        self.mmio_bus.log_new_unknown();
+    }
+
+    /// At the run's end: the serial log written out whole.
+    pub fn flush(&self) {
+        if let Some(serial) = &self.serial {
+            serial.flush();
+        }
+    }
+
+    /// The devices' part of the exit report, `key=value` each.
+    pub fn figures(&self) -> Vec<String> {
+        let (accesses, handler_ns) = self.perfbed.as_ref().map_or((0, 0), |p| p.handler_time());
+        let dropped = self
+            .console
+            .as_ref()
+            .map_or(0, |c| c.with_device(|c| c.dropped_output()));
+        let (serial_written, serial_dropped) = self
+            .serial
+            .as_ref()
+            .map_or((0, 0), |s| (s.output_bytes(), s.dropped_output()));
+        let mut lines = vec![
+            format!("unhandled_port_accesses={}", self.io_bus.unknown_accesses()),
+            format!(
+                "unhandled_mmio_accesses={}",
+                self.mmio_bus.unknown_accesses()
+            ),
+            format!("device_accesses={accesses}"),
+            format!(
+                "device_handler_mean_ns={}",
+                handler_ns.checked_div(accesses).unwrap_or(0)
+            ),
+            format!("console_output_dropped_bytes={dropped}"),
+            format!("serial_output_bytes={serial_written}"),
+            format!("serial_output_dropped_bytes={serial_dropped}"),
+        ];
+        for (bus, kind) in [(&self.io_bus, "port"), (&self.mmio_bus, "mmio")] {
+            for (addr, count) in bus.top_unknown(3) {
+                lines.push(format!("unhandled_{kind}_{addr:#x}={count}"));
+            }
+        }
+        lines
     }
 }
 
@@ -272,12 +425,12 @@ mod tests {
                 gsis: vec![13, 14]
             }
         );
-        dm.attach_monitoring_device(Arc::new(Echo)).unwrap();
+        dm.place_monitoring_device(Arc::new(Echo)).unwrap();
         assert_eq!(
             text(&dm.kernel_cmdline("console=ttyS0").unwrap()),
             "console=ttyS0 perfbed.device=0x3000@0xfe000000:13,14 virtio_mmio.device=512@0xfeb00000:5"
         );
-        let (io, mmio) = dm.into_buses();
+        let (io, mmio) = (dm.io_bus(), dm.mmio_bus());
         let mut byte = [0u8];
         io.read(0, 0x3f9, &mut byte);
         assert_eq!(byte, [2]);
@@ -325,7 +478,7 @@ mod tests {
         ));
         let mut dm = DeviceManager::new();
         assert!(
-            dm.attach_monitoring_device(Arc::new(Echo)).is_err(),
+            dm.place_monitoring_device(Arc::new(Echo)).is_err(),
             "attached before placed"
         );
         dm.reserve_monitoring_device(room, 1).unwrap();
@@ -343,17 +496,69 @@ mod tests {
             dm.add_power_off(register.clone()),
             Err(DeviceManagerError::BeforeMonitoringDevice(_))
         ));
-        assert_eq!(text(&dm.kernel_cmdline("console=ttyS0").unwrap()), "console=ttyS0", "none announced before");
+        assert_eq!(
+            text(&dm.kernel_cmdline("console=ttyS0").unwrap()),
+            "console=ttyS0",
+            "none announced before"
+        );
         dm.reserve_monitoring_device(0x3000, 1).unwrap();
-        dm.attach_monitoring_device(Arc::new(Echo)).unwrap();
+        dm.place_monitoring_device(Arc::new(Echo)).unwrap();
         let base = dm.add_power_off(register.clone()).unwrap();
         assert_eq!(base, 0xfe00_3000, "the page after the monitoring device");
         let cmdline = text(&dm.kernel_cmdline("console=ttyS0").unwrap());
-        assert_eq!(perfbed_agent::power_off_address(&cmdline), Some(base), "{cmdline}");
-        assert!(cmdline.contains("perfbed.device=0x3000@0xfe000000"), "{cmdline}");
-        let (_, mmio) = dm.into_buses();
-        mmio.write(0, base, &[0; 8]);
-        assert!(register.requested());
-        assert_eq!(mmio.unknown_accesses(), 0);
+        assert_eq!(
+            perfbed_agent::power_off_address(&cmdline),
+            Some(base),
+            "{cmdline}"
+        );
+        assert!(
+            cmdline.contains("perfbed.device=0x3000@0xfe000000"),
+            "{cmdline}"
+        );
+        assert!(!dm.powered_off());
+        dm.mmio_bus().write(0, base, &[0; 8]);
+        assert!(register.requested() && dm.powered_off());
+        assert_eq!(dm.mmio_bus().unknown_accesses(), 0);
+    }
+
+    #[test]
+    fn the_devices_stay_while_the_vcpus_hold_the_buses_and_none_is_added_under_them() {
+        let mut dm = DeviceManager::new();
+        dm.add_legacy_port("COM1", 0x3f8, 8, Arc::new(Echo))
+            .unwrap();
+        let vcpu_io = dm.io_bus().clone();
+        let vcpu_mmio = dm.mmio_bus().clone();
+        assert_eq!(
+            dm.add_legacy_port("COM2", 0x2f8, 8, Arc::new(Echo)),
+            Err(DeviceManagerError::Running("COM2"))
+        );
+        let slot = dm.reserve_virtio_slot("late").unwrap();
+        assert_eq!(
+            dm.attach_virtio("late", slot, Arc::new(Echo)),
+            Err(DeviceManagerError::Running("late"))
+        );
+        assert!(
+            !text(&dm.kernel_cmdline("").unwrap()).contains("virtio_mmio"),
+            "a device refused is not announced"
+        );
+        let mut byte = [0u8];
+        vcpu_io.read(0, 0x3f8, &mut byte);
+        assert_eq!(
+            byte,
+            [1],
+            "the vCPUs' bus still reaches the manager's device"
+        );
+        vcpu_mmio.read(0, 0xfeb0_0000, &mut byte);
+        assert_eq!(
+            dm.mmio_bus().unknown_accesses(),
+            1,
+            "one bus, seen from both sides"
+        );
+        assert!(dm
+            .figures()
+            .contains(&"unhandled_mmio_accesses=1".to_string()));
+        drop((vcpu_io, vcpu_mmio));
+        dm.add_legacy_port("COM2", 0x2f8, 8, Arc::new(Echo))
+            .unwrap();
     }
 }

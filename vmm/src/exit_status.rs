@@ -80,7 +80,9 @@ impl ExitStatus {
             ExitStatus::UnexpectedReset => {
                 "the guest reset without the agent's power-off or a panic (a triple fault?)"
             }
-            ExitStatus::KvmFailure => "KVM could not run the guest (a failed entry or an internal error)",
+            ExitStatus::KvmFailure => {
+                "KVM could not run the guest (a failed entry or an internal error)"
+            }
         }
     }
 
@@ -98,7 +100,12 @@ impl ExitStatus {
 
     /// The report's line for it, on stderr at the end of every run.
     pub fn report_line(self) -> String {
-        format!("perfbed-vmm: exit status {} ({}): {}", self.code(), self.name(), self.meaning())
+        format!(
+            "perfbed-vmm: exit status {} ({}): {}",
+            self.code(),
+            self.name(),
+            self.meaning()
+        )
     }
 }
 
@@ -116,7 +123,11 @@ mod tests {
             }
         }
         assert_eq!(ExitStatus::from_code(7), None);
-        assert_eq!(ExitStatus::from_code(0x7f), None, "the box's own failure is not ours");
+        assert_eq!(
+            ExitStatus::from_code(0x7f),
+            None,
+            "the box's own failure is not ours"
+        );
         // What scripts and the box rely on: 0 is only a clean power-off.
         assert_eq!(ExitStatus::PoweredOff.code(), 0);
     }
@@ -128,7 +139,10 @@ mod tests {
             (Ok(GuestEnd::Panicked), ExitStatus::GuestPanic),
             (Ok(GuestEnd::UnexpectedReset), ExitStatus::UnexpectedReset),
             (Ok(GuestEnd::Terminated), ExitStatus::Terminated),
-            (Ok(GuestEnd::KvmFailure("entry".into())), ExitStatus::KvmFailure),
+            (
+                Ok(GuestEnd::KvmFailure("entry".into())),
+                ExitStatus::KvmFailure,
+            ),
             (Err(VmmError::EventLoop("x".into())), ExitStatus::HostError),
         ];
         for (outcome, status) in cases {

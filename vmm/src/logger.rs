@@ -81,7 +81,10 @@ mod tests {
     #[test]
     fn each_level_reads_as_before_the_log_crate() {
         assert_eq!(
-            format_line(Level::Info, "waiting for a client on the agent socket a.sock"),
+            format_line(
+                Level::Info,
+                "waiting for a client on the agent socket a.sock"
+            ),
             "perfbed-vmm: waiting for a client on the agent socket a.sock\n"
         );
         assert_eq!(format_line(Level::Error, "x"), "perfbed-vmm: error: x\n");

@@ -7,7 +7,8 @@ use std::time::Instant;
 use clap::Parser;
 use perfbed_device::DeviceConfig;
 use perfbed_vmm::config::{
-    default_domains, parse_domain_spec, EndpointsConfig, GdbConfig, GdbListen, KernelConfig, MachineConfig,
+    default_domains, parse_domain_spec, EndpointsConfig, GdbConfig, GdbListen, KernelConfig,
+    MachineConfig,
 };
 use perfbed_vmm::{bench, ExitStatus, GuestEnd, Vmm, VmmBuilder, VmmConfig};
 
@@ -95,6 +96,10 @@ struct Cli {
     /// the first instruction, until gdb continues (QEMU's -S).
     #[arg(long)]
     gdb_stopped: bool,
+    /// Keep each bus's first N guest accesses and print them at the end as
+    /// `perfbed-vmm: access` lines (seeds for the fuzz targets).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    record_accesses: usize,
     /// Instead of booting, measure N device MMIO exits against N bare exits
     /// on one vCPU and print the figures.
     #[arg(long, value_name = "N", conflicts_with = "kernel")]
@@ -107,10 +112,22 @@ fn parse_domain(spec: &str) -> Result<Vec<u32>, String> {
 
 impl Cli {
     fn config(self, kernel: PathBuf) -> VmmConfig {
-        let domains = if self.pmu_domains.is_empty() { default_domains(self.cpus) } else { self.pmu_domains };
+        let domains = if self.pmu_domains.is_empty() {
+            default_domains(self.cpus)
+        } else {
+            self.pmu_domains
+        };
         VmmConfig {
-            kernel: KernelConfig { path: kernel, initramfs: self.initramfs, cmdline: self.cmdline },
-            machine: MachineConfig { vcpus: self.cpus, memory_mib: self.memory, hide_xsave: self.no_xsave },
+            kernel: KernelConfig {
+                path: kernel,
+                initramfs: self.initramfs,
+                cmdline: self.cmdline,
+            },
+            machine: MachineConfig {
+                vcpus: self.cpus,
+                memory_mib: self.memory,
+                hide_xsave: self.no_xsave,
+            },
             device: DeviceConfig {
                 domains,
                 rmids: self.pmu_rmids,
@@ -125,10 +142,17 @@ impl Cli {
                 agent_socket: self.agent_socket,
                 serial_log: self.serial_log,
                 gdb: match (self.gdb_port, self.gdb_socket) {
-                    (Some(port), _) => Some(GdbConfig { listen: GdbListen::Tcp(port), stopped: self.gdb_stopped }),
-                    (None, Some(path)) => Some(GdbConfig { listen: GdbListen::Unix(path), stopped: self.gdb_stopped }),
+                    (Some(port), _) => Some(GdbConfig {
+                        listen: GdbListen::Tcp(port),
+                        stopped: self.gdb_stopped,
+                    }),
+                    (None, Some(path)) => Some(GdbConfig {
+                        listen: GdbListen::Unix(path),
+                        stopped: self.gdb_stopped,
+                    }),
                     (None, None) => None,
                 },
+                record_accesses: self.record_accesses,
             },
         }
     }
@@ -145,7 +169,10 @@ fn main() -> ExitCode {
                 println!("device_mmio_round_trip_ns={:.0}", c.device_round_trip_ns);
                 println!("device_mmio_handler_ns={:.0}", c.device_handler_ns);
                 println!("bare_mmio_round_trip_ns={:.0}", c.bare_round_trip_ns);
-                println!("device_vs_bare_ratio={:.3}", c.device_round_trip_ns / c.bare_round_trip_ns);
+                println!(
+                    "device_vs_bare_ratio={:.3}",
+                    c.device_round_trip_ns / c.bare_round_trip_ns
+                );
                 ExitCode::SUCCESS
             }
             Err(e) => fail(ExitStatus::HostError, e.into()),
@@ -155,7 +182,10 @@ fn main() -> ExitCode {
         return fail(ExitStatus::Usage, anyhow::anyhow!("--kernel is required"));
     };
     if cli.gdb_stopped && cli.gdb_port.is_none() && cli.gdb_socket.is_none() {
-        return fail(ExitStatus::Usage, anyhow::anyhow!("--gdb-stopped needs --gdb-port or --gdb-socket"));
+        return fail(
+            ExitStatus::Usage,
+            anyhow::anyhow!("--gdb-stopped needs --gdb-port or --gdb-socket"),
+        );
     }
     let config = cli.config(kernel);
     if let Err(e) = config.validate() {

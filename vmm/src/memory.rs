@@ -105,7 +105,10 @@ mod tests {
     fn big_guests_continue_above_4_gib() {
         let ranges = ram_ranges(4096);
         assert_eq!(ranges[0], (GuestAddress(0), MMIO_HOLE_START));
-        assert_eq!(ranges[1], (GuestAddress(FOUR_GIB), 4096 * MIB - MMIO_HOLE_START));
+        assert_eq!(
+            ranges[1],
+            (GuestAddress(FOUR_GIB), 4096 * MIB - MMIO_HOLE_START)
+        );
         assert_eq!(ranges.iter().map(|r| r.1).sum::<u64>(), 4096 * MIB);
         assert_eq!(low_ram_end(4096), MMIO_HOLE_START);
     }
@@ -113,18 +116,38 @@ mod tests {
     #[test]
     fn fixed_addresses_do_not_collide() {
         let boot = [
-            GDT_ADDR, IDT_ADDR, PVH_START_INFO_ADDR, PVH_MODLIST_ADDR, PVH_MEMMAP_ADDR, ZERO_PAGE_ADDR, PML4_ADDR,
-            PDPT_ADDR, PD_ADDR, CMDLINE_ADDR,
+            GDT_ADDR,
+            IDT_ADDR,
+            PVH_START_INFO_ADDR,
+            PVH_MODLIST_ADDR,
+            PVH_MEMMAP_ADDR,
+            ZERO_PAGE_ADDR,
+            PML4_ADDR,
+            PDPT_ADDR,
+            PD_ADDR,
+            CMDLINE_ADDR,
         ];
         assert!(boot.windows(2).all(|w| w[0] < w[1]));
         assert!(CMDLINE_ADDR + CMDLINE_MAX as u64 <= MPTABLE_ADDR);
-        let mmio = [PERFBED_DEVICE_BASE, VIRTIO_MMIO_BASE, IOAPIC_ADDR, LAPIC_ADDR, KVM_IDENTITY_MAP_ADDR, KVM_TSS_ADDR];
+        let mmio = [
+            PERFBED_DEVICE_BASE,
+            VIRTIO_MMIO_BASE,
+            IOAPIC_ADDR,
+            LAPIC_ADDR,
+            KVM_IDENTITY_MAP_ADDR,
+            KVM_TSS_ADDR,
+        ];
         assert!(mmio.windows(2).all(|w| w[0] < w[1]));
-        assert!(mmio.iter().all(|&a| (MMIO_HOLE_START..FOUR_GIB).contains(&a)));
+        assert!(mmio
+            .iter()
+            .all(|&a| (MMIO_HOLE_START..FOUR_GIB).contains(&a)));
         // The largest device the register map allows ends before virtio-mmio.
         use perfbed_device::regs;
         let largest = regs::device_size(regs::MAX_DOMAINS, regs::MAX_RMIDS, regs::MAX_SLOTS);
-        assert!(PERFBED_DEVICE_BASE + largest <= VIRTIO_MMIO_BASE, "{largest:#x}");
+        assert!(
+            PERFBED_DEVICE_BASE + largest <= VIRTIO_MMIO_BASE,
+            "{largest:#x}"
+        );
     }
 
     #[test]

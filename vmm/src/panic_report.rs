@@ -27,10 +27,12 @@ pub fn install(report: Arc<dyn Fn(ThreadId) + Send + Sync>) {
         let panicking = thread::current().id();
         let (done, finished) = mpsc::channel();
         let report = report.clone();
-        let spawned = thread::Builder::new().name("panic-report".into()).spawn(move || {
-            report(panicking);
-            let _ = done.send(());
-        });
+        let spawned = thread::Builder::new()
+            .name("panic-report".into())
+            .spawn(move || {
+                report(panicking);
+                let _ = done.send(());
+            });
         if spawned.is_err() || finished.recv_timeout(REPORT_PATIENCE).is_err() {
             log::error!("the report did not finish within {REPORT_PATIENCE:?} (a lock held by the panicking thread?)");
         }
@@ -60,7 +62,11 @@ mod tests {
         let started = std::time::Instant::now();
         let caught = std::panic::catch_unwind(|| panic!("on purpose, stuck report"));
         assert!(caught.is_err());
-        assert!(started.elapsed() < REPORT_PATIENCE * 3, "the hook waited {:?}", started.elapsed());
+        assert!(
+            started.elapsed() < REPORT_PATIENCE * 3,
+            "the hook waited {:?}",
+            started.elapsed()
+        );
         std::panic::set_hook(previous);
     }
 }

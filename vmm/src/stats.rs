@@ -28,22 +28,37 @@ impl Stats {
     }
 
     fn since_start(&self) -> u64 {
-        u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX).max(1)
+        u64::try_from(self.start.elapsed().as_nanos())
+            .unwrap_or(u64::MAX)
+            .max(1)
     }
 
     /// The boot vCPU is about to enter the guest for the first time.
     pub fn note_first_run(&self) {
-        let _ = self.first_run_ns.compare_exchange(0, self.since_start(), Ordering::SeqCst, Ordering::SeqCst);
+        let _ = self.first_run_ns.compare_exchange(
+            0,
+            self.since_start(),
+            Ordering::SeqCst,
+            Ordering::SeqCst,
+        );
     }
 
     /// The boot vCPU came back from the guest (its first exit).
     pub fn note_first_exit(&self) {
-        let _ = self.first_exit_ns.compare_exchange(0, self.since_start(), Ordering::SeqCst, Ordering::SeqCst);
+        let _ = self.first_exit_ns.compare_exchange(
+            0,
+            self.since_start(),
+            Ordering::SeqCst,
+            Ordering::SeqCst,
+        );
     }
 
     /// Nanoseconds from VMM start to the first KVM_RUN and to the first exit.
     pub fn boot_times(&self) -> (u64, u64) {
-        (self.first_run_ns.load(Ordering::SeqCst), self.first_exit_ns.load(Ordering::SeqCst))
+        (
+            self.first_run_ns.load(Ordering::SeqCst),
+            self.first_exit_ns.load(Ordering::SeqCst),
+        )
     }
 }
 
@@ -61,13 +76,21 @@ pub fn rss_outside(smaps: &str, guest: &[(u64, u64)]) -> u64 {
     for line in smaps.lines() {
         let first = line.split_whitespace().next().unwrap_or("");
         if let Some((from, to)) = first.split_once('-').filter(|_| !first.ends_with(':')) {
-            let (Ok(from), Ok(to)) = (u64::from_str_radix(from, 16), u64::from_str_radix(to, 16)) else {
+            let (Ok(from), Ok(to)) = (u64::from_str_radix(from, 16), u64::from_str_radix(to, 16))
+            else {
                 continue;
             };
-            counted = !guest.iter().any(|&(start, len)| from >= start && to <= start + len);
+            counted = !guest
+                .iter()
+                .any(|&(start, len)| from >= start && to <= start + len);
         } else if let Some(rest) = line.strip_prefix("Rss:") {
             if counted {
-                total_kib += rest.trim().trim_end_matches("kB").trim().parse::<u64>().unwrap_or(0);
+                total_kib += rest
+                    .trim()
+                    .trim_end_matches("kB")
+                    .trim()
+                    .parse::<u64>()
+                    .unwrap_or(0);
             }
         }
     }
@@ -91,7 +114,10 @@ Rss:                  12 kB
 
     #[test]
     fn guest_ram_is_left_out() {
-        assert_eq!(rss_outside(SMAPS, &[(0x7f00_0000_0000, 0x2000_0000)]), (800 + 12) * 1024);
+        assert_eq!(
+            rss_outside(SMAPS, &[(0x7f00_0000_0000, 0x2000_0000)]),
+            (800 + 12) * 1024
+        );
         assert_eq!(rss_outside(SMAPS, &[]), (800 + 100_000 + 12) * 1024);
     }
 

@@ -18,19 +18,17 @@ use crate::agent_channel::{accept_one, AgentChannel};
 use crate::boot::cmdline::CmdlineError;
 use crate::boot::LoadError;
 use crate::config::{ConfigurationError, VmmConfig};
-use crate::device_manager::DeviceManagerError;
-use crate::devices::bus::{Bus, BusError};
-use crate::devices::perfbed::PerfbedMmio;
-use crate::devices::power_off::PowerOff;
-use crate::devices::serial::SerialConsole;
-use crate::devices::virtio::console::Console;
-use crate::devices::virtio::mmio::{MmioTransport, TransportError};
+use crate::device_manager::{DeviceManager, DeviceManagerError};
+use crate::devices::bus::BusError;
+use crate::devices::virtio::mmio::TransportError;
 use crate::gdb::hub::Hub;
 use crate::gdb::target::VmTarget;
 use crate::gdb::{GdbError, Listener};
 use crate::memory::MemoryError;
 use crate::stats::{rss_beyond, Stats};
-use crate::vcpu::handle::{self, stop_all_but, stop_and_join, HandleError, Start, VcpuControl, VcpuHandle};
+use crate::vcpu::handle::{
+    self, stop_all_but, stop_and_join, HandleError, Start, VcpuControl, VcpuHandle,
+};
 use crate::vcpu::{DebugExits, SharedVcpu, Vcpu, VcpuEnd, VcpuError};
 
 /// How long the end of a run waits for every vCPU to leave KVM and end.
@@ -115,7 +113,11 @@ pub enum GuestEnd {
 /// How a run ended, from the first vCPU end (`None`: a termination signal),
 /// whether the agent wrote its power-off register, and whether the guest
 /// panicked.
-pub fn guest_end(end: Option<VcpuEnd>, powered_off: bool, panicked: bool) -> Result<GuestEnd, VmmError> {
+pub fn guest_end(
+    end: Option<VcpuEnd>,
+    powered_off: bool,
+    panicked: bool,
+) -> Result<GuestEnd, VmmError> {
     match end {
         None => Ok(GuestEnd::Terminated),
         // A panic wins: a panicking kernel never writes the port, but a
@@ -125,7 +127,9 @@ pub fn guest_end(end: Option<VcpuEnd>, powered_off: bool, panicked: bool) -> Res
         Some(VcpuEnd::Reset) => Ok(GuestEnd::UnexpectedReset),
         Some(VcpuEnd::KvmFailure(why)) => Ok(GuestEnd::KvmFailure(why)),
         Some(VcpuEnd::Failed(why)) => Err(VmmError::VcpuFailed(why)),
-        Some(VcpuEnd::Stopped) => Err(VmmError::VcpuFailed("a vCPU stopped with no one asking".into())),
+        Some(VcpuEnd::Stopped) => Err(VmmError::VcpuFailed(
+            "a vCPU stopped with no one asking".into(),
+        )),
     }
 }
 
@@ -134,14 +138,10 @@ pub struct Vmm {
     pub(crate) config: VmmConfig,
     pub(crate) memory: GuestMemoryMmap,
     pub(crate) vcpus: Vec<Vcpu>,
-    pub(crate) io_bus: Arc<Bus>,
-    pub(crate) mmio_bus: Arc<Bus>,
-    pub(crate) serial: Arc<SerialConsole>,
+    /// The buses and every device on them, for the whole run.
+    pub(crate) devices: DeviceManager,
     pub(crate) panicked: Arc<AtomicBool>,
-    pub(crate) power_off: Arc<PowerOff>,
-    pub(crate) console: Arc<MmioTransport<Console>>,
     pub(crate) device: SharedDevice,
-    pub(crate) perfbed: Arc<PerfbedMmio>,
     /// Lets time pass for the device's interrupts; stopped with the VM.
     pub(crate) _perfbed_ticker: Ticker,
     pub(crate) stats: Arc<Stats>,
@@ -154,7 +154,12 @@ pub struct Vmm {
 pub(crate) fn guest_ram_ranges(memory: &GuestMemoryMmap) -> Vec<(u64, u64)> {
     memory
         .iter()
-        .filter_map(|r| memory.get_host_address(r.start_addr()).ok().map(|h| (h as u64, r.len())))
+        .filter_map(|r| {
+            memory
+                .get_host_address(r.start_addr())
+                .ok()
+                .map(|h| (h as u64, r.len()))
+        })
         .collect()
 }
 
@@ -168,8 +173,15 @@ impl Vmm {
         let vcpu_controls: Arc<OnceLock<Vec<Arc<VcpuControl>>>> = Arc::default();
         let _control = match &self.config.endpoints.control_socket {
             Some(path) => Some(
-                ControlServer::start(self.device.clone(), path, Some(handle::control_source(vcpu_controls.clone())))
-                    .map_err(io_error(format!("serving the control socket {}", path.display())))?,
+                ControlServer::start(
+                    self.device.clone(),
+                    path,
+                    Some(handle::control_source(vcpu_controls.clone())),
+                )
+                .map_err(io_error(format!(
+                    "serving the control socket {}",
+                    path.display()
+                )))?,
             ),
             None => None,
         };
@@ -179,7 +191,15 @@ impl Vmm {
             Some(config) => {
                 let listener = Listener::bind(&config.listen)?;
                 let hub = Arc::new(Hub::new().map_err(io_error("creating gdb's eventfd"))?);
-                log::info!("gdb: listening on {:?}{}", config.listen, if config.stopped { ", the vCPUs stopped until gdb continues" } else { "" });
+                log::info!(
+                    "gdb: listening on {:?}{}",
+                    config.listen,
+                    if config.stopped {
+                        ", the vCPUs stopped until gdb continues"
+                    } else {
+                        ""
+                    }
+                );
                 Some((listener, hub, config.stopped))
             }
             None => None,
@@ -187,7 +207,9 @@ impl Vmm {
         let mut events: EventManager<Arc<dyn EventSubscriber + Send + Sync>> =
             EventManager::new().map_err(|e| VmmError::EventLoop(format!("{e:?}")))?;
         let terminate = crate::termination::watch().map_err(io_error("watching for SIGTERM"))?;
-        let terminate_wait = terminate.try_clone().map_err(io_error("cloning an eventfd"))?;
+        let terminate_wait = terminate
+            .try_clone()
+            .map_err(io_error("cloning an eventfd"))?;
         let terminated = Arc::new(AtomicBool::new(false));
         events.add_subscriber(Arc::new(Wake {
             evt: terminate,
@@ -206,13 +228,9 @@ impl Vmm {
                 if accepted.is_none() {
                     // No vCPU has started: nothing to stop or join.
                     log::info!("terminated by a signal while waiting for the agent's client");
-                    self.serial.flush();
                     report(
                         &self.stats,
-                        &self.io_bus,
-                        &self.mmio_bus,
-                        &self.perfbed,
-                        (&self.serial, &self.console),
+                        &self.devices,
                         &self.memory,
                         (0, self.vcpus.len()),
                     );
@@ -222,10 +240,15 @@ impl Vmm {
             }
             None => None,
         };
-        let channel = AgentChannel::new(stream, self.console.clone())
-            .map_err(io_error("joining the agent socket to the console"))?;
-        events.add_subscriber(Arc::new(channel));
-        events.add_subscriber(self.serial.clone());
+        let devices = Arc::new(self.devices);
+        if let Some(console) = devices.console() {
+            let channel = AgentChannel::new(stream, console.clone())
+                .map_err(io_error("joining the agent socket to the console"))?;
+            events.add_subscriber(Arc::new(channel));
+        }
+        if let Some(serial) = devices.serial() {
+            events.add_subscriber(serial.clone());
+        }
 
         let ended: Arc<Mutex<Option<VcpuEnd>>> = Arc::new(Mutex::new(None));
         let ended_evt =
@@ -240,7 +263,9 @@ impl Vmm {
         let vcpus = self.vcpus.len();
         let mut handles = Vec::with_capacity(vcpus);
         let mut shared: Vec<SharedVcpu> = Vec::with_capacity(vcpus);
-        let debugger = gdb.as_ref().map(|(_, hub, _)| hub.clone() as Arc<dyn DebugExits>);
+        let debugger = gdb
+            .as_ref()
+            .map(|(_, hub, _)| hub.clone() as Arc<dyn DebugExits>);
         let start = match &gdb {
             Some((_, _, true)) => Start::Paused,
             _ => Start::Running,
@@ -248,8 +273,8 @@ impl Vmm {
         for vcpu in self.vcpus {
             let index = u32::from(vcpu.index());
             let runner = vcpu.into_runner(
-                self.io_bus.clone(),
-                self.mmio_bus.clone(),
+                devices.io_bus().clone(),
+                devices.mmio_bus().clone(),
                 self.stats.clone(),
                 debugger.clone(),
             );
@@ -282,35 +307,24 @@ impl Vmm {
         let controls: Vec<Arc<VcpuControl>> = handles.iter().map(VcpuHandle::control).collect();
         let _ = vcpu_controls.set(controls.clone());
         if let Some((listener, hub, _)) = gdb {
-            let target = VmTarget::new(shared, controls.clone(), self.memory.clone(), self.mmio_bus.clone(), hub);
+            let target = VmTarget::new(
+                shared,
+                controls.clone(),
+                self.memory.clone(),
+                devices.mmio_bus().clone(),
+                hub,
+            );
             if let Err(e) = crate::gdb::serve(listener, target) {
                 stop_and_join(handles, VCPU_STOP_PATIENCE);
                 return Err(e.into());
             }
         }
 
-        let on_panic = (
-            self.serial.clone(),
-            self.stats.clone(),
-            self.io_bus.clone(),
-            self.mmio_bus.clone(),
-            self.perfbed.clone(),
-            self.console.clone(),
-            self.memory.clone(),
-        );
+        let on_panic = (self.stats.clone(), devices.clone(), self.memory.clone());
         crate::panic_report::install(Arc::new(move |panicking: ThreadId| {
-            let (serial, stats, io, mmio, perfbed, console, memory) = &on_panic;
+            let (stats, devices, memory) = &on_panic;
             let joined = stop_all_but(&controls, panicking, PANIC_VCPU_STOP_PATIENCE);
-            serial.flush();
-            report(
-                stats,
-                io,
-                mmio,
-                perfbed,
-                (serial, console),
-                memory,
-                (joined, controls.len()),
-            );
+            report(stats, devices, memory, (joined, controls.len()));
         }));
 
         let end = loop {
@@ -319,9 +333,7 @@ impl Vmm {
                 .map_err(|e| VmmError::EventLoop(format!("{e:?}")))?;
             // What the vCPUs left for the host: a partial line of serial
             // output, the first accesses to an unhandled address.
-            self.serial.drain();
-            self.io_bus.log_new_unknown();
-            self.mmio_bus.log_new_unknown();
+            devices.drain();
             if let Some(end) = ended.lock().unwrap_or_else(|p| p.into_inner()).take() {
                 break Some(end);
             }
@@ -330,27 +342,26 @@ impl Vmm {
                 break None;
             }
         };
-        if let Some(why) = unexpected(end.as_ref(), self.power_off.requested(), self.panicked.load(Ordering::SeqCst)) {
+        if let Some(why) = unexpected(
+            end.as_ref(),
+            devices.powered_off(),
+            self.panicked.load(Ordering::SeqCst),
+        ) {
             handle::report(vcpu_controls.get().map_or(&[][..], Vec::as_slice), &why);
         }
         let (joined, errors) = stop_and_join(handles, VCPU_STOP_PATIENCE);
         for e in &errors {
             log::error!("stopping the vCPUs: {e}");
         }
-        self.serial.flush();
-        report(
-            &self.stats,
-            &self.io_bus,
-            &self.mmio_bus,
-            &self.perfbed,
-            (&self.serial, &self.console),
-            &self.memory,
-            (joined.len(), vcpus),
-        );
+        report(&self.stats, &devices, &self.memory, (joined.len(), vcpus));
         if let Some(e) = errors.into_iter().next() {
             return Err(e.into());
         }
-        guest_end(end, self.power_off.requested(), self.panicked.load(Ordering::SeqCst))
+        guest_end(
+            end,
+            devices.powered_off(),
+            self.panicked.load(Ordering::SeqCst),
+        )
     }
 }
 
@@ -359,7 +370,9 @@ impl Vmm {
 fn unexpected(end: Option<&VcpuEnd>, powered_off: bool, panicked: bool) -> Option<String> {
     match guest_end(end.cloned(), powered_off, panicked) {
         Ok(GuestEnd::KvmFailure(why)) => Some(format!("KVM failure: {why}")),
-        Ok(GuestEnd::UnexpectedReset) => Some("the guest reset with neither the agent's power-off nor a panic".into()),
+        Ok(GuestEnd::UnexpectedReset) => {
+            Some("the guest reset with neither the agent's power-off nor a panic".into())
+        }
         _ => None,
     }
 }
@@ -386,45 +399,35 @@ impl EventSubscriber for Wake {
     }
 }
 
-/// The run's figures, one `perfbed-vmm: stat key=value` line each.
+/// The exit report: the serial log flushed, then the run's figures, one
+/// `perfbed-vmm: stat key=value` line each.
 fn report(
     stats: &Stats,
-    io: &Bus,
-    mmio: &Bus,
-    perfbed: &PerfbedMmio,
-    (serial, console): (&SerialConsole, &MmioTransport<Console>),
+    devices: &DeviceManager,
     memory: &GuestMemoryMmap,
     (joined, vcpus): (usize, usize),
 ) {
+    devices.flush();
     let (first_run, first_exit) = stats.boot_times();
-    let (accesses, handler_ns) = perfbed.handler_time();
-    let dropped = console.with_device(|c| c.dropped_output());
     let mut lines = vec![
         format!("start_to_first_kvm_run_us={}", first_run / 1000),
         format!("start_to_first_exit_us={}", first_exit / 1000),
         format!("io_exits={}", stats.io_exits.load(Ordering::Relaxed)),
         format!("mmio_exits={}", stats.mmio_exits.load(Ordering::Relaxed)),
-        format!("unhandled_port_accesses={}", io.unknown_accesses()),
-        format!("unhandled_mmio_accesses={}", mmio.unknown_accesses()),
-        format!("device_accesses={accesses}"),
-        format!("device_handler_mean_ns={}", handler_ns.checked_div(accesses).unwrap_or(0)),
-        format!("console_output_dropped_bytes={dropped}"),
-        format!("serial_output_dropped_bytes={}", serial.dropped_output()),
-        // Every vCPU out of KVM_RUN and its thread ended before this line.
-        format!("vcpus_joined={joined}"),
-        format!("vcpus={vcpus}"),
     ];
-    for (bus, kind) in [(io, "port"), (mmio, "mmio")] {
-        for (addr, count) in bus.top_unknown(3) {
-            lines.push(format!("unhandled_{kind}_{addr:#x}={count}"));
-        }
-    }
+    lines.extend(devices.figures());
+    // Every vCPU out of KVM_RUN and its thread ended before these lines.
+    lines.push(format!("vcpus_joined={joined}"));
+    lines.push(format!("vcpus={vcpus}"));
     if let Some(rss) = rss_beyond(&guest_ram_ranges(memory)) {
         lines.push(format!("rss_beyond_guest_ram_kib={}", rss / 1024));
     }
     for line in lines {
         // The report, not a log record: printed at any log level.
         eprintln!("perfbed-vmm: stat {line}");
+    }
+    for line in devices.recorded_accesses() {
+        eprintln!("perfbed-vmm: access {line}");
     }
 }
 
@@ -435,8 +438,14 @@ mod tests {
     #[test]
     fn a_reset_is_a_power_off_only_after_the_agents_write_and_a_panic_wins() {
         let reset = || Some(VcpuEnd::Reset);
-        assert_eq!(guest_end(reset(), true, false).unwrap(), GuestEnd::PoweredOff);
-        assert_eq!(guest_end(reset(), false, false).unwrap(), GuestEnd::UnexpectedReset);
+        assert_eq!(
+            guest_end(reset(), true, false).unwrap(),
+            GuestEnd::PoweredOff
+        );
+        assert_eq!(
+            guest_end(reset(), false, false).unwrap(),
+            GuestEnd::UnexpectedReset
+        );
         assert_eq!(guest_end(reset(), false, true).unwrap(), GuestEnd::Panicked);
         assert_eq!(guest_end(reset(), true, true).unwrap(), GuestEnd::Panicked);
         assert_eq!(guest_end(None, true, true).unwrap(), GuestEnd::Terminated);
@@ -444,7 +453,10 @@ mod tests {
             guest_end(Some(VcpuEnd::KvmFailure("entry".into())), true, false).unwrap(),
             GuestEnd::KvmFailure("entry".into())
         );
-        assert!(matches!(guest_end(Some(VcpuEnd::Failed("EFAULT".into())), false, false), Err(VmmError::VcpuFailed(_))));
+        assert!(matches!(
+            guest_end(Some(VcpuEnd::Failed("EFAULT".into())), false, false),
+            Err(VmmError::VcpuFailed(_))
+        ));
         assert!(guest_end(Some(VcpuEnd::Stopped), false, false).is_err());
     }
 
@@ -453,10 +465,25 @@ mod tests {
         let reset = Some(VcpuEnd::Reset);
         assert!(unexpected(reset.as_ref(), false, false).is_some_and(|why| why.contains("reset")));
         let failed = Some(VcpuEnd::KvmFailure("vCPU 1: KVM internal error".into()));
-        assert_eq!(unexpected(failed.as_ref(), true, false).as_deref(), Some("KVM failure: vCPU 1: KVM internal error"));
-        assert_eq!(unexpected(reset.as_ref(), true, false), None, "the agent's power-off");
-        assert_eq!(unexpected(reset.as_ref(), false, true), None, "a panic has its own report");
+        assert_eq!(
+            unexpected(failed.as_ref(), true, false).as_deref(),
+            Some("KVM failure: vCPU 1: KVM internal error")
+        );
+        assert_eq!(
+            unexpected(reset.as_ref(), true, false),
+            None,
+            "the agent's power-off"
+        );
+        assert_eq!(
+            unexpected(reset.as_ref(), false, true),
+            None,
+            "a panic has its own report"
+        );
         assert_eq!(unexpected(None, false, false), None, "a termination signal");
-        assert_eq!(unexpected(Some(&VcpuEnd::Failed("EFAULT".into())), false, false), None, "the host's error");
+        assert_eq!(
+            unexpected(Some(&VcpuEnd::Failed("EFAULT".into())), false, false),
+            None,
+            "the host's error"
+        );
     }
 }

@@ -49,25 +49,60 @@ fn layouts() -> Vec<(u8, Vec<Vec<u32>>)> {
 }
 
 /// Leaves whose subleaf (ECX) matters.
-const INDEXED: &[u32] = &[0x4, 0x7, 0xb, 0xd, 0xf, 0x10, 0x12, 0x14, 0x17, 0x18, 0x1d, 0x1f, 0x8000_001d, 0x8000_0020, 0x8000_0026];
+const INDEXED: &[u32] = &[
+    0x4,
+    0x7,
+    0xb,
+    0xd,
+    0xf,
+    0x10,
+    0x12,
+    0x14,
+    0x17,
+    0x18,
+    0x1d,
+    0x1f,
+    0x8000_001d,
+    0x8000_0020,
+    0x8000_0026,
+];
 
 /// A fixture's leaves: `CPUID llllllll: eax-ebx-ecx-edx [SL nn] ...` lines
 /// (a leaf listed again without `[SL nn]` is its next subleaf).
 fn load(name: &str) -> Vec<kvm_cpuid_entry2> {
     let path = format!("{}/tests/host_cpuid/{name}.txt", env!("CARGO_MANIFEST_DIR"));
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
-    assert!(text.lines().any(|l| l.starts_with("# Source: ")), "{name} does not name its source");
+    assert!(
+        text.lines().any(|l| l.starts_with("# Source: ")),
+        "{name} does not name its source"
+    );
     let mut entries: Vec<kvm_cpuid_entry2> = Vec::new();
     for line in text.lines().filter(|l| l.starts_with("CPUID ")) {
         let (leaf, rest) = line["CPUID ".len()..].split_once(": ").unwrap();
         let function = u32::from_str_radix(leaf, 16).unwrap();
-        let regs: Vec<u32> = rest[..35].split('-').map(|r| u32::from_str_radix(r, 16).unwrap()).collect();
+        let regs: Vec<u32> = rest[..35]
+            .split('-')
+            .map(|r| u32::from_str_radix(r, 16).unwrap())
+            .collect();
         let index = match rest.find("[SL ") {
             Some(at) => u32::from_str_radix(&rest[at + 4..at + 6], 16).unwrap(),
             None => entries.iter().filter(|e| e.function == function).count() as u32,
         };
-        let flags = if INDEXED.contains(&function) { KVM_CPUID_FLAG_SIGNIFCANT_INDEX } else { 0 };
-        entries.push(kvm_cpuid_entry2 { function, index, flags, eax: regs[0], ebx: regs[1], ecx: regs[2], edx: regs[3], ..Default::default() });
+        let flags = if INDEXED.contains(&function) {
+            KVM_CPUID_FLAG_SIGNIFCANT_INDEX
+        } else {
+            0
+        };
+        entries.push(kvm_cpuid_entry2 {
+            function,
+            index,
+            flags,
+            eax: regs[0],
+            ebx: regs[1],
+            ecx: regs[2],
+            edx: regs[3],
+            ..Default::default()
+        });
     }
     assert!(entries.len() > 10, "{name}: {} leaves", entries.len());
     entries
@@ -79,7 +114,11 @@ fn load(name: &str) -> Vec<kvm_cpuid_entry2> {
 /// information"), the extended range capped at 0x8000_0022; leaves 1, 4,
 /// 0x8000_0006 and 0x8000_001D passed through.
 fn as_kvm_reports(host: &[kvm_cpuid_entry2]) -> Vec<kvm_cpuid_entry2> {
-    let mut entries: Vec<kvm_cpuid_entry2> = host.iter().filter(|e| e.function < 0x8000_0000 || e.function <= 0x8000_0022).copied().collect();
+    let mut entries: Vec<kvm_cpuid_entry2> = host
+        .iter()
+        .filter(|e| e.function < 0x8000_0000 || e.function <= 0x8000_0022)
+        .copied()
+        .collect();
     for e in &mut entries {
         match e.function {
             0xb | 0x1f if e.index == 0 => (e.eax, e.ebx, e.ecx) = (0, 0, 0),
@@ -92,13 +131,24 @@ fn as_kvm_reports(host: &[kvm_cpuid_entry2]) -> Vec<kvm_cpuid_entry2> {
 }
 
 /// Every vCPU's CPUID, as perfbed-vmm builds it for `domains`.
-fn guest_cpuid(host: &[kvm_cpuid_entry2], vcpus: u8, domains: &[Vec<u32>]) -> Vec<Vec<kvm_cpuid_entry2>> {
+fn guest_cpuid(
+    host: &[kvm_cpuid_entry2],
+    vcpus: u8,
+    domains: &[Vec<u32>],
+) -> Vec<Vec<kvm_cpuid_entry2>> {
     let supported = as_kvm_reports(host);
     let llc_bits = l3_sharing_bits(u32::from(vcpus), domains);
     (0..vcpus)
         .map(|index| {
             let mut entries = supported.clone();
-            apply_topology(&mut entries, Placement { index, vcpus, llc_bits });
+            apply_topology(
+                &mut entries,
+                Placement {
+                    index,
+                    vcpus,
+                    llc_bits,
+                },
+            );
             entries
         })
         .collect()
@@ -107,7 +157,9 @@ fn guest_cpuid(host: &[kvm_cpuid_entry2], vcpus: u8, domains: &[Vec<u32>]) -> Ve
 /// The CPUs (by APIC ID, which is the CPU number) whose `key` equals CPU
 /// `cpu`'s.
 fn same(keys: &[u32], cpu: usize) -> Vec<u32> {
-    (0..keys.len() as u32).filter(|&i| keys[i as usize] == keys[cpu]).collect()
+    (0..keys.len() as u32)
+        .filter(|&i| keys[i as usize] == keys[cpu])
+        .collect()
 }
 
 fn order(n: u32) -> u32 {
@@ -127,13 +179,19 @@ fn rule_violations(cpus: &[Vec<kvm_cpuid_entry2>], domains: &[Vec<u32>]) -> Vec<
         let apic_id = c.leaf(0x1f, 0)[3];
         assert_eq!(apic_id, i as u32, "x2APIC ID of vCPU {i}");
         let cache = if amd { 0x8000_001d } else { 0x4 };
-        let sharing = (0..8).map(|s| c.leaf(cache, s)[0]).find(|eax| (eax >> 5) & 7 == 3).map(|eax| (eax >> 14) & 0xfff);
+        let sharing = (0..8)
+            .map(|s| c.leaf(cache, s)[0])
+            .find(|eax| (eax >> 5) & 7 == 3)
+            .map(|eax| (eax >> 14) & 0xfff);
         let Some(sharing) = sharing else {
             return vec![format!("leaves: vCPU {i} has no L3 in leaf {cache:#x}")];
         };
         l3.push(apic_id >> order(sharing + 1));
         // 0x1F: the die is the APIC ID above the core level's shift.
-        let core = (0..8).map(|s| c.leaf(0x1f, s)).find(|l| (l[2] >> 8) & 0xff == 2).expect("0x1F has a core level");
+        let core = (0..8)
+            .map(|s| c.leaf(0x1f, s))
+            .find(|l| (l[2] >> 8) & 0xff == 2)
+            .expect("0x1F has a core level");
         die.push(apic_id >> (core[0] & 0x1f));
         if amd {
             node.push(c.leaf(0x8000_001e, 0)[2] & 0xff);
@@ -148,7 +206,9 @@ fn rule_violations(cpus: &[Vec<kvm_cpuid_entry2>], domains: &[Vec<u32>]) -> Vec<
             }
             let got = same(keys, cpu);
             if got != wanted {
-                problems.push(format!("leaves: vCPU {cpu}'s {what} is CPUs {got:?}, the rule says {wanted:?}"));
+                problems.push(format!(
+                    "leaves: vCPU {cpu}'s {what} is CPUs {got:?}, the rule says {wanted:?}"
+                ));
             }
         }
     }
@@ -166,11 +226,16 @@ fn linux_violations(cpus: &[Vec<kvm_cpuid_entry2>], domains: &[Vec<u32>]) -> Vec
         let wanted = l3_of(cpu as u32, n, domains);
         let got = l3_shared_cpu_map(&derived, cpu);
         if got.as_ref() != Some(&wanted) {
-            problems.push(format!("Linux: CPU {cpu}'s L3 shared_cpu_map is {got:?}, the rule says {wanted:?} ({:?})", derived[cpu]));
+            problems.push(format!(
+                "Linux: CPU {cpu}'s L3 shared_cpu_map is {got:?}, the rule says {wanted:?} ({:?})",
+                derived[cpu]
+            ));
         }
         let die = same(&dies, cpu);
         if die != wanted {
-            problems.push(format!("Linux: CPU {cpu}'s die holds CPUs {die:?}, the rule says {wanted:?}"));
+            problems.push(format!(
+                "Linux: CPU {cpu}'s die holds CPUs {die:?}, the rule says {wanted:?}"
+            ));
         }
     }
     problems
@@ -181,8 +246,13 @@ fn check(fixture: &str) -> Vec<String> {
     let mut problems = Vec::new();
     for (vcpus, domains) in layouts() {
         let cpus = guest_cpuid(&host, vcpus, &domains);
-        for p in rule_violations(&cpus, &domains).into_iter().chain(linux_violations(&cpus, &domains)) {
-            problems.push(format!("{fixture}, {vcpus} vCPUs, domains {domains:?}: {p}"));
+        for p in rule_violations(&cpus, &domains)
+            .into_iter()
+            .chain(linux_violations(&cpus, &domains))
+        {
+            problems.push(format!(
+                "{fixture}, {vcpus} vCPUs, domains {domains:?}: {p}"
+            ));
         }
     }
     problems
@@ -191,7 +261,12 @@ fn check(fixture: &str) -> Vec<String> {
 #[test]
 fn every_host_dump_gives_the_domains_l3s_and_dies_by_the_leaves_and_by_linux() {
     let problems: Vec<String> = FIXTURES.iter().flat_map(|f| check(f)).collect();
-    assert!(problems.is_empty(), "{} problems:\n{}", problems.len(), problems.join("\n"));
+    assert!(
+        problems.is_empty(),
+        "{} problems:\n{}",
+        problems.len(),
+        problems.join("\n")
+    );
 }
 
 #[test]
@@ -201,13 +276,25 @@ fn the_fixtures_cover_both_vendors_with_and_without_0x1f_and_topoext() {
         .map(|f| {
             let e = load(f);
             let c = Cpuid(&e);
-            (c.is_amd(), c.leaf(0x1f, 1)[1] != 0, c.leaf(0x8000_0001, 0)[2] & (1 << 22) != 0)
+            (
+                c.is_amd(),
+                c.leaf(0x1f, 1)[1] != 0,
+                c.leaf(0x8000_0001, 0)[2] & (1 << 22) != 0,
+            )
         })
         .collect();
     for wanted in [(false, true), (false, false)] {
-        assert!(host.iter().any(|&(amd, x1f, _)| (amd, x1f) == wanted), "Intel with 0x1F {}", wanted.1);
+        assert!(
+            host.iter().any(|&(amd, x1f, _)| (amd, x1f) == wanted),
+            "Intel with 0x1F {}",
+            wanted.1
+        );
     }
     for wanted in [true, false] {
-        assert!(host.iter().any(|&(amd, _, topoext)| amd && topoext == wanted), "AMD with TopoExt {wanted}");
+        assert!(
+            host.iter()
+                .any(|&(amd, _, topoext)| amd && topoext == wanted),
+            "AMD with TopoExt {wanted}"
+        );
     }
 }

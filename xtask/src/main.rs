@@ -37,7 +37,8 @@ enum Command {
     Deps,
     /// Build the guest kernel, perfbed.ko, the initramfs and QEMU (cached).
     Image {
-        /// The debug kernel (lockdep, PROVE_RCU, DEBUG_ATOMIC_SLEEP, DEBUG_LIST).
+        /// The debug kernel (lockdep, PROVE_RCU, DEBUG_ATOMIC_SLEEP, DEBUG_LIST,
+        /// KFENCE, debugobjects).
         #[arg(long)]
         debug: bool,
         /// The kernel with DWARF debug information for gdb.

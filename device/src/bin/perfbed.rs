@@ -151,7 +151,9 @@ enum CtlCommand {
 
 /// Parses `--event`; clap names the flag in the error.
 fn event_arg(name: &str) -> Result<Event, String> {
-    parse_event(name).ok_or_else(|| "unknown event (use llc_occupancy, mbm_total_bytes or mbm_local_bytes)".to_string())
+    parse_event(name).ok_or_else(|| {
+        "unknown event (use llc_occupancy, mbm_total_bytes or mbm_local_bytes)".to_string()
+    })
 }
 
 impl CtlCommand {
@@ -163,19 +165,30 @@ impl CtlCommand {
             CtlCommand::Wait { timeout_ms } => Request::WaitLanded { timeout_ms },
             CtlCommand::Assignments { since } => Request::Assignments { since },
             CtlCommand::Vcpus => Request::CpuState,
-            CtlCommand::Inject { ref target, event, bytes } => Request::Inject {
+            CtlCommand::Inject {
+                ref target,
+                event,
+                bytes,
+            } => Request::Inject {
                 domain: target.domain,
                 rmid: target.rmid,
                 event,
                 bytes,
             },
-            CtlCommand::Rate { ref target, event, bytes_per_sec } => Request::SetRate {
+            CtlCommand::Rate {
+                ref target,
+                event,
+                bytes_per_sec,
+            } => Request::SetRate {
                 domain: target.domain,
                 rmid: target.rmid,
                 event,
                 bytes_per_sec,
             },
-            CtlCommand::Allowed { domain, ref cpus } => Request::SetAllowed { domain, cpus: cpus.clone() },
+            CtlCommand::Allowed { domain, ref cpus } => Request::SetAllowed {
+                domain,
+                cpus: cpus.clone(),
+            },
             CtlCommand::Occupancy { ref target, bytes } => Request::SetOccupancy {
                 domain: target.domain,
                 rmid: target.rmid,
@@ -191,13 +204,18 @@ const FOLLOW_POLL: std::time::Duration = std::time::Duration::from_millis(100);
 /// Prints the text trace; with `follow`, keeps printing new records until
 /// the device goes away (a gap means records were dropped between polls).
 fn text_trace(socket: &Path, follow: bool) -> Result<bool> {
-    let mut client =
-        ControlClient::connect(socket).map_err(|e| anyhow!("cannot connect to {}: {e}", socket.display()))?;
+    let mut client = ControlClient::connect(socket)
+        .map_err(|e| anyhow!("cannot connect to {}: {e}", socket.display()))?;
     let mut out = std::io::stdout().lock();
     let first = client.trace_lines(0).map_err(|e| anyhow!("{e}"))?;
     let text = perfbed_device::trace_file(&first.header, first.dropped, &first.lines);
     // A closed stdout ends the stream without an error.
-    if out.write_all(text.as_bytes()).and_then(|()| out.flush()).is_err() || !follow {
+    if out
+        .write_all(text.as_bytes())
+        .and_then(|()| out.flush())
+        .is_err()
+        || !follow
+    {
         return Ok(true);
     }
     let mut since = first.next_seq;
@@ -209,13 +227,20 @@ fn text_trace(socket: &Path, follow: bool) -> Result<bool> {
         };
         let mut text = String::new();
         if t.first_seq > since {
-            text += &perfbed_device::dropped_line(t.lines.first().map(String::as_str), t.first_seq - since);
+            text += &perfbed_device::dropped_line(
+                t.lines.first().map(String::as_str),
+                t.first_seq - since,
+            );
         }
         for line in &t.lines {
             text += line;
             text.push('\n');
         }
-        if out.write_all(text.as_bytes()).and_then(|()| out.flush()).is_err() {
+        if out
+            .write_all(text.as_bytes())
+            .and_then(|()| out.flush())
+            .is_err()
+        {
             return Ok(true);
         }
         since = t.next_seq;
@@ -232,7 +257,9 @@ fn ctl(args: &Ctl) -> Result<bool> {
     // ClientError's message already includes its source: no chain.
     let mut client = ControlClient::connect(&args.socket)
         .map_err(|e| anyhow!("cannot connect to {}: {e}", args.socket.display()))?;
-    let response = client.request(&args.request.request()).map_err(|e| anyhow!("{e}"))?;
+    let response = client
+        .request(&args.request.request())
+        .map_err(|e| anyhow!("{e}"))?;
     let text = match (&args.request, &response.cpu_state) {
         // The vCPUs' text as it is, for the eye and for `cpu-state.txt`.
         (CtlCommand::Vcpus, Some(state)) => state.trim_end().to_string(),
@@ -241,7 +268,10 @@ fn ctl(args: &Ctl) -> Result<bool> {
     // A closed stdout (`perfbed ctl ... state | head`) is not an error.
     let _ = writeln!(std::io::stdout().lock(), "{text}");
     if !response.ok {
-        eprintln!("perfbed: refused: {}", response.error.as_deref().unwrap_or("no reason given"));
+        eprintln!(
+            "perfbed: refused: {}",
+            response.error.as_deref().unwrap_or("no reason given")
+        );
     }
     Ok(response.ok)
 }

@@ -86,9 +86,19 @@ impl AssignmentLog {
         now_ns: u64,
         ongoing: impl Iterator<Item = AssignmentRecord>,
     ) -> Assignments {
-        let mut records: Vec<AssignmentRecord> =
-            self.ended.iter().copied().chain(ongoing).filter(|r| r.seq >= since).collect();
+        let mut records: Vec<AssignmentRecord> = self
+            .ended
+            .iter()
+            .copied()
+            .chain(ongoing)
+            .filter(|r| r.seq >= since)
+            .collect();
         records.sort_by_key(|r| r.seq);
-        Assignments { now_ns, next_seq: self.next_seq, dropped: self.dropped, records }
+        Assignments {
+            now_ns,
+            next_seq: self.next_seq,
+            dropped: self.dropped,
+            records,
+        }
     }
 }

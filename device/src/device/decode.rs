@@ -82,7 +82,9 @@ pub(super) fn lookup(off: u64, domains: usize, slots: u32, rmids: u32) -> Option
                 _ => None,
             }
         }
-        _ if (regs::DOM_OCCUPANCY..occ_end).contains(&r) => Some(Reg::Occupancy(d, ((r - regs::DOM_OCCUPANCY) / 8) as usize)),
+        _ if (regs::DOM_OCCUPANCY..occ_end).contains(&r) => {
+            Some(Reg::Occupancy(d, ((r - regs::DOM_OCCUPANCY) / 8) as usize))
+        }
         _ => None,
     }
 }

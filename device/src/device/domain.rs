@@ -97,13 +97,21 @@ impl Domain {
 
     /// Lets `dt` ns of traffic land into the truth and the slots.
     pub(super) fn advance(&mut self, dt: u64, max_rate: u64) {
-        let Domain { traffic, truth, slots, .. } = self;
-        traffic.advance(dt, max_rate, |rmid, event, bytes| land(truth, slots, rmid, event, bytes));
+        let Domain {
+            traffic,
+            truth,
+            slots,
+            ..
+        } = self;
+        traffic.advance(dt, max_rate, |rmid, event, bytes| {
+            land(truth, slots, rmid, event, bytes)
+        });
     }
 
     /// The host's change of the allowed set to `set`: a new generation.
     pub(super) fn change_allowed(&mut self, set: CpuSet) {
-        self.history.push_back(std::mem::replace(&mut self.allowed, set));
+        self.history
+            .push_back(std::mem::replace(&mut self.allowed, set));
         if self.history.len() as u64 > regs::ALLOWED_HISTORY {
             self.history.pop_front();
         }
@@ -164,7 +172,10 @@ fn land(truth: &mut [[u64; 2]], slots: &mut [Slot], rmid: u32, event: Event, byt
         *t = t.wrapping_add(bytes);
     }
     let want = Assignment { event, rmid };
-    for slot in slots.iter_mut().filter(|s| s.assigned == Some(want) && !s.is_frozen()) {
+    for slot in slots
+        .iter_mut()
+        .filter(|s| s.assigned == Some(want) && !s.is_frozen())
+    {
         slot.counted = slot.counted.wrapping_add(bytes);
     }
 }

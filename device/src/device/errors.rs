@@ -35,7 +35,9 @@ pub enum DeviceError {
         max: u64,
     },
     /// The domain's injection queue is full.
-    #[error("domain {domain}: {max} injections already queued; wait for them to land (wait_landed)")]
+    #[error(
+        "domain {domain}: {max} injections already queued; wait for them to land (wait_landed)"
+    )]
     QueueFull {
         /// The domain.
         domain: u32,

@@ -59,14 +59,19 @@ impl DomainIrq {
     /// read). Both marks are kept up to date in either mode, so switching
     /// modes raises nothing for the past. Each slot comes as (index, units
     /// counted, units at its last correct read, its interrupt state).
-    pub(super) fn check_slots<'a>(&mut self, slots: impl Iterator<Item = (usize, u64, u64, &'a mut SlotIrq)>, wrap: u64) {
+    pub(super) fn check_slots<'a>(
+        &mut self,
+        slots: impl Iterator<Item = (usize, u64, u64, &'a mut SlotIrq)>,
+        wrap: u64,
+    ) {
         let on_wrap = self.ctl & regs::IRQ_CTL_ON_WRAP != 0;
         for (s, units, units_at_read, slot) in slots {
             let wraps = units / wrap.max(1);
             let wrapped = wraps != slot.wraps_seen;
             slot.wraps_seen = wraps;
-            let crossed =
-                self.threshold != 0 && !slot.threshold_raised && units.wrapping_sub(units_at_read) >= self.threshold;
+            let crossed = self.threshold != 0
+                && !slot.threshold_raised
+                && units.wrapping_sub(units_at_read) >= self.threshold;
             if crossed {
                 slot.threshold_raised = true;
             }

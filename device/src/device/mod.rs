@@ -33,21 +33,23 @@ mod traffic;
 use crate::cpus::{format_cpu_list, CpuSet};
 use crate::regs::{self, Event};
 
-pub use assignments::{AssignmentRecord, Assignments, ASSIGNMENT_LOG_CAPACITY};
 use assignments::AssignmentLog;
+pub use assignments::{AssignmentRecord, Assignments, ASSIGNMENT_LOG_CAPACITY};
 pub use config::{ConfigError, DeviceConfig, MAX_RATE_LIMIT};
-pub use traffic::MAX_QUEUED;
 use decode::{Part, Reg};
 use domain::{Assignment, Domain, Slot};
 pub use errors::DeviceError;
 use events::CUMULATIVE;
 pub use events::{event_name, parse_event};
-pub use state::{DeviceState, DomainState, IrqState, OccupancyEntry, RateEntry, SlotState, TruthEntry};
 pub use print::{dropped_line, format_record, trace_file, TraceSnapshot, TRACE_MAGIC};
-pub use trace::{
-    AccessKind, BadAccessCounts, BadAccessKind, TraceEntry, TraceEvent, TraceRecord, TraceRing, MAX_TRACE_CAPACITY,
-    TRACE_CAPACITY,
+pub use state::{
+    DeviceState, DomainState, IrqState, OccupancyEntry, RateEntry, SlotState, TruthEntry,
 };
+pub use trace::{
+    AccessKind, BadAccessCounts, BadAccessKind, TraceEntry, TraceEvent, TraceRecord, TraceRing,
+    MAX_TRACE_CAPACITY, TRACE_CAPACITY,
+};
+pub use traffic::MAX_QUEUED;
 
 /// What a register write changed.
 enum WriteEffect {
@@ -55,7 +57,11 @@ enum WriteEffect {
     Owner { domain: u32, from: u64, to: u64 },
     /// A `SLOT_CTL` was written (assigned, reassigned or released); `old`
     /// is the slot as it was.
-    SlotCtl { domain: usize, slot: usize, old: Slot },
+    SlotCtl {
+        domain: usize,
+        slot: usize,
+        old: Slot,
+    },
     /// An interrupt register was written (the line settles after it).
     Irq,
     /// An assigned `SLOT_CTL` was frozen or thawed (`SLOT_CTL_FROZEN`).
@@ -85,7 +91,13 @@ impl Device {
         let domains = config
             .domains
             .iter()
-            .map(|cpus| Domain::new(CpuSet::from_cpus(cpus).unwrap_or_default(), config.slots as usize, rmids))
+            .map(|cpus| {
+                Domain::new(
+                    CpuSet::from_cpus(cpus).unwrap_or_default(),
+                    config.slots as usize,
+                    rmids,
+                )
+            })
             .collect();
         Ok(Device {
             trace: TraceRing::new(config.trace_capacity),
@@ -126,8 +138,13 @@ impl Device {
         let wrap = self.mask().wrapping_add(1);
         for d in &mut self.domains {
             d.advance(dt, max_rate);
-            let slots = d.slots.iter_mut().enumerate().filter(|(_, s)| s.assigned.is_some());
-            let slots = slots.map(|(i, s)| (i, s.counted / unit.max(1), s.units_at_read, &mut s.irq));
+            let slots = d
+                .slots
+                .iter_mut()
+                .enumerate()
+                .filter(|(_, s)| s.assigned.is_some());
+            let slots =
+                slots.map(|(i, s)| (i, s.counted / unit.max(1), s.units_at_read, &mut s.irq));
             d.irq.check_slots(slots, wrap);
         }
         self.settle_lines();
@@ -173,13 +190,17 @@ impl Device {
 
     /// The level of domain `domain`'s line (false for no such domain).
     pub fn line_level(&self, domain: u32) -> bool {
-        self.domains.get(domain as usize).is_some_and(|d| d.irq.line)
+        self.domains
+            .get(domain as usize)
+            .is_some_and(|d| d.irq.line)
     }
 
     /// Whether any domain has an interrupt enabled, so that time passing
     /// can change a line (a host's ticker sleeps otherwise).
     pub fn interrupts_enabled(&self) -> bool {
-        self.domains.iter().any(|d| d.irq.ctl & regs::IRQ_CTL_OVERFLOW != 0)
+        self.domains
+            .iter()
+            .any(|d| d.irq.ctl & regs::IRQ_CTL_OVERFLOW != 0)
     }
 
     /// The host changes domain `domain`'s allowed CPUs to `cpus` (which may
@@ -188,31 +209,57 @@ impl Device {
     /// `DOM_ALLOWED_GEN` goes one up and `DOM_CONFIG_STATUS` raises
     /// `CONFIG_STATUS_ALLOWED`. The placement rule takes the new set once
     /// the driver writes its generation to `DOM_ALLOWED_ACK`.
-    pub fn set_allowed(&mut self, now_ns: u64, domain: u32, cpus: &[u32]) -> Result<(), DeviceError> {
+    pub fn set_allowed(
+        &mut self,
+        now_ns: u64,
+        domain: u32,
+        cpus: &[u32],
+    ) -> Result<(), DeviceError> {
         let domains = self.domains.len();
-        let set = CpuSet::from_cpus(cpus).map_err(|cpu| DeviceError::NoSuchCpu { cpu, max: regs::MAX_CPUS as u32 })?;
+        let set = CpuSet::from_cpus(cpus).map_err(|cpu| DeviceError::NoSuchCpu {
+            cpu,
+            max: regs::MAX_CPUS as u32,
+        })?;
         self.advance(now_ns);
-        let dom = self.domains.get_mut(domain as usize).ok_or(DeviceError::NoSuchDomain { domain, domains })?;
+        let dom = self
+            .domains
+            .get_mut(domain as usize)
+            .ok_or(DeviceError::NoSuchDomain { domain, domains })?;
         let from = dom.allowed;
         dom.change_allowed(set);
         dom.irq.config_status |= regs::CONFIG_STATUS_ALLOWED;
         dom.irq.allowed_changes = dom.irq.allowed_changes.wrapping_add(1);
-        self.record(TraceEvent::Allowed { domain, from: from.0, to: set.0 });
+        self.record(TraceEvent::Allowed {
+            domain,
+            from: from.0,
+            to: set.0,
+        });
         self.settle_lines();
         Ok(())
     }
 
     /// Records `event` at the current time.
     fn record(&mut self, event: TraceEvent) {
-        if let TraceEvent::Access { bad: Some(kind), .. } = event {
+        if let TraceEvent::Access {
+            bad: Some(kind), ..
+        } = event
+        {
             self.bad.count(kind);
         }
-        self.trace.push(TraceRecord { time_ns: self.now_ns, event });
+        self.trace.push(TraceRecord {
+            time_ns: self.now_ns,
+            event,
+        });
     }
 
     /// The register at 8-byte aligned offset `off`, if any.
     fn lookup(&self, off: u64) -> Option<Reg> {
-        decode::lookup(off, self.domains.len(), self.config.slots, self.config.rmids)
+        decode::lookup(
+            off,
+            self.domains.len(),
+            self.config.slots,
+            self.config.rmids,
+        )
     }
 
     fn global_value(&self, off: u64) -> Option<u64> {
@@ -282,7 +329,9 @@ impl Device {
     /// Counts a counter read of domain `d` by `vcpu`; returns whether it broke
     /// the placement rule.
     fn placement_check(&mut self, d: usize, vcpu: u32) -> bool {
-        self.domains.get_mut(d).is_none_or(|dom| dom.placement_check(vcpu))
+        self.domains
+            .get_mut(d)
+            .is_none_or(|dom| dom.placement_check(vcpu))
     }
 
     /// A guest read of `size` bytes at `offset` from `vcpu` at `now_ns`.
@@ -322,7 +371,10 @@ impl Device {
                     }
                     None => 0,
                 },
-                Reg::ConfigStatus(d) => self.domains.get_mut(d).map_or(0, |x| std::mem::take(&mut x.irq.config_status)),
+                Reg::ConfigStatus(d) => self
+                    .domains
+                    .get_mut(d)
+                    .map_or(0, |x| std::mem::take(&mut x.irq.config_status)),
                 Reg::AllowedGen(d) => self.domains.get(d).map_or(0, |x| x.allowed_gen),
                 Reg::AllowedAck(d) => self.domains.get(d).map_or(0, |x| x.acked_gen),
                 Reg::Occupancy(d, r) => {
@@ -346,7 +398,15 @@ impl Device {
             Ok(v) => (v, None),
             Err(kind) => (0, Some(kind)),
         };
-        self.record(TraceEvent::Access { vcpu, offset, size, kind: AccessKind::Read, value, bad, violation });
+        self.record(TraceEvent::Access {
+            vcpu,
+            offset,
+            size,
+            kind: AccessKind::Read,
+            value,
+            bad,
+            violation,
+        });
         self.settle_lines();
         value
     }
@@ -357,10 +417,23 @@ impl Device {
         self.advance(now_ns);
         let result = self.do_write(offset, size, value);
         let bad = result.as_ref().err().copied();
-        self.record(TraceEvent::Access { vcpu, offset, size, kind: AccessKind::Write, value, bad, violation: false });
+        self.record(TraceEvent::Access {
+            vcpu,
+            offset,
+            size,
+            kind: AccessKind::Write,
+            value,
+            bad,
+            violation: false,
+        });
         match result {
             Ok(WriteEffect::Owner { domain, from, to }) if from != to => {
-                self.record(TraceEvent::Owner { domain, from, to, vcpu });
+                self.record(TraceEvent::Owner {
+                    domain,
+                    from,
+                    to,
+                    vcpu,
+                });
             }
             Ok(WriteEffect::SlotCtl { domain, slot, old }) => self.slot_changed(domain, slot, old),
             _ => {}
@@ -384,7 +457,11 @@ impl Device {
             });
         }
         let now_ns = self.now_ns;
-        let Some(s) = self.domains.get_mut(domain).and_then(|d| d.slots.get_mut(slot)) else {
+        let Some(s) = self
+            .domains
+            .get_mut(domain)
+            .and_then(|d| d.slots.get_mut(slot))
+        else {
             return;
         };
         if s.assigned.is_some() {
@@ -416,7 +493,12 @@ impl Device {
     }
 
     /// Carries out a write and says what it changed.
-    fn do_write(&mut self, offset: u64, size: u32, value: u64) -> Result<WriteEffect, BadAccessKind> {
+    fn do_write(
+        &mut self,
+        offset: u64,
+        size: u32,
+        value: u64,
+    ) -> Result<WriteEffect, BadAccessKind> {
         let (off, part) = decode::split(offset, size)?;
         let reg = self.lookup(off).ok_or(BadAccessKind::UnknownOffset)?;
         if let Reg::Global(g) = reg {
@@ -431,8 +513,15 @@ impl Device {
                 if part != Part::Full {
                     return Err(BadAccessKind::BadValue);
                 }
-                let dom = self.domains.get_mut(d).ok_or(BadAccessKind::UnknownOffset)?;
-                return if dom.acknowledge_allowed(value) { Ok(WriteEffect::Irq) } else { Err(BadAccessKind::BadValue) };
+                let dom = self
+                    .domains
+                    .get_mut(d)
+                    .ok_or(BadAccessKind::UnknownOffset)?;
+                return if dom.acknowledge_allowed(value) {
+                    Ok(WriteEffect::Irq)
+                } else {
+                    Err(BadAccessKind::BadValue)
+                };
             }
             _ => return Err(BadAccessKind::ReadOnly),
         };
@@ -452,7 +541,11 @@ impl Device {
                     return Err(BadAccessKind::BadValue);
                 }
                 let from = std::mem::replace(&mut dom.owner, value);
-                Ok(WriteEffect::Owner { domain: d as u32, from, to: value })
+                Ok(WriteEffect::Owner {
+                    domain: d as u32,
+                    from,
+                    to: value,
+                })
             }
             Some(s) => {
                 let slot = dom.slots.get_mut(s).ok_or(BadAccessKind::UnknownOffset)?;
@@ -463,7 +556,11 @@ impl Device {
                 }
                 if value == 0 {
                     let old = std::mem::take(slot);
-                    return Ok(WriteEffect::SlotCtl { domain: d, slot: s, old });
+                    return Ok(WriteEffect::SlotCtl {
+                        domain: d,
+                        slot: s,
+                        old,
+                    });
                 }
                 if value & regs::SLOT_CTL_ASSIGNED == 0 || value & regs::SLOT_CTL_RESERVED != 0 {
                     return Err(BadAccessKind::BadValue);
@@ -484,13 +581,22 @@ impl Device {
                     ..Slot::default()
                 };
                 let old = std::mem::replace(slot, new);
-                Ok(WriteEffect::SlotCtl { domain: d, slot: s, old })
+                Ok(WriteEffect::SlotCtl {
+                    domain: d,
+                    slot: s,
+                    old,
+                })
             }
         }
     }
 
     /// A write of `DOM_IRQ_CTL` or `DOM_IRQ_THRESHOLD`.
-    fn write_irq_reg(&mut self, reg: Reg, part: Part, value: u64) -> Result<WriteEffect, BadAccessKind> {
+    fn write_irq_reg(
+        &mut self,
+        reg: Reg,
+        part: Part,
+        value: u64,
+    ) -> Result<WriteEffect, BadAccessKind> {
         let value = match part {
             Part::Full => value,
             Part::Low => value & 0xffff_ffff,
@@ -498,8 +604,14 @@ impl Device {
         };
         let mask = self.mask();
         let ok = match reg {
-            Reg::IrqCtl(d) => self.domains.get_mut(d).is_some_and(|x| x.irq.write_ctl(value)),
-            Reg::IrqThreshold(d) => self.domains.get_mut(d).is_some_and(|x| x.irq.write_threshold(value, mask)),
+            Reg::IrqCtl(d) => self
+                .domains
+                .get_mut(d)
+                .is_some_and(|x| x.irq.write_ctl(value)),
+            Reg::IrqThreshold(d) => self
+                .domains
+                .get_mut(d)
+                .is_some_and(|x| x.irq.write_threshold(value, mask)),
             _ => false,
         };
         if ok {
@@ -549,10 +661,18 @@ impl Device {
         self.advance(now_ns);
         if let Some(dom) = self.domains.get_mut(d) {
             if !dom.traffic.inject(rmid, event, bytes) {
-                return Err(DeviceError::QueueFull { domain, max: MAX_QUEUED });
+                return Err(DeviceError::QueueFull {
+                    domain,
+                    max: MAX_QUEUED,
+                });
             }
         }
-        self.record(TraceEvent::Inject { domain, rmid, event, bytes });
+        self.record(TraceEvent::Inject {
+            domain,
+            rmid,
+            event,
+            bytes,
+        });
         Ok(())
     }
 
@@ -580,7 +700,12 @@ impl Device {
         if let Some(dom) = self.domains.get_mut(d) {
             dom.traffic.set_rate(rmid, event, bytes_per_sec);
         }
-        self.record(TraceEvent::Rate { domain, rmid, event, bytes_per_sec });
+        self.record(TraceEvent::Rate {
+            domain,
+            rmid,
+            event,
+            bytes_per_sec,
+        });
         Ok(())
     }
 
@@ -594,7 +719,11 @@ impl Device {
         {
             *o = bytes;
         }
-        self.record(TraceEvent::Occupancy { domain, rmid, bytes });
+        self.record(TraceEvent::Occupancy {
+            domain,
+            rmid,
+            bytes,
+        });
         Ok(())
     }
 
@@ -642,7 +771,11 @@ impl Device {
             first_seq: self.trace.first_seq(),
             next_seq: self.trace.next_seq(),
             dropped: self.trace.dropped(),
-            records: self.trace.iter_since(since).map(|(seq, r)| (seq, *r)).collect(),
+            records: self
+                .trace
+                .iter_since(since)
+                .map(|(seq, r)| (seq, *r))
+                .collect(),
         }
     }
 
@@ -697,7 +830,11 @@ impl Device {
                 let steady_rates = d
                     .traffic
                     .rates()
-                    .map(|(rmid, event, bytes_per_sec)| RateEntry { rmid, event, bytes_per_sec })
+                    .map(|(rmid, event, bytes_per_sec)| RateEntry {
+                        rmid,
+                        event,
+                        bytes_per_sec,
+                    })
                     .collect();
                 let allowed_cpus = d.allowed.cpus();
                 DomainState {

@@ -63,7 +63,10 @@ impl TraceSnapshot {
 
     /// One line per record.
     pub fn lines(&self) -> Vec<String> {
-        self.records.iter().map(|(seq, r)| format_record(&self.config, *seq, r)).collect()
+        self.records
+            .iter()
+            .map(|(seq, r)| format_record(&self.config, *seq, r))
+            .collect()
     }
 
     /// The register accesses among the records, oldest first (the `trace`
@@ -72,14 +75,28 @@ impl TraceSnapshot {
         self.records
             .iter()
             .filter_map(|(_, r)| match r.event {
-                TraceEvent::Access { vcpu, offset, size, kind, value, bad, violation } => {
-                    Some(TraceEntry { time_ns: r.time_ns, vcpu, offset, size, kind, value, bad, violation })
-                }
+                TraceEvent::Access {
+                    vcpu,
+                    offset,
+                    size,
+                    kind,
+                    value,
+                    bad,
+                    violation,
+                } => Some(TraceEntry {
+                    time_ns: r.time_ns,
+                    vcpu,
+                    offset,
+                    size,
+                    kind,
+                    value,
+                    bad,
+                    violation,
+                }),
                 _ => None,
             })
             .collect()
     }
-
 }
 
 /// A trace file's text: the header, a `dropped` line when the ring lost
@@ -99,7 +116,9 @@ pub fn trace_file(header: &str, dropped: u64, lines: &[String]) -> String {
 /// The line that says `count` records were lost before `next` (the first
 /// line after the gap), stamped with `next`'s time.
 pub fn dropped_line(next: Option<&str>, count: u64) -> String {
-    let time = next.and_then(|l| l.split_whitespace().next()).unwrap_or("0");
+    let time = next
+        .and_then(|l| l.split_whitespace().next())
+        .unwrap_or("0");
     format!("{time:>12} - dropped count={count}\n")
 }
 
@@ -124,13 +143,28 @@ fn owner_text(owner: u64) -> String {
 pub fn format_record(config: &DeviceConfig, seq: u64, record: &TraceRecord) -> String {
     let mut line = format!("{:>12} {seq} ", record.time_ns);
     let _ = match record.event {
-        TraceEvent::Access { vcpu, offset, size, kind, value, bad, violation } => {
+        TraceEvent::Access {
+            vcpu,
+            offset,
+            size,
+            kind,
+            value,
+            bad,
+            violation,
+        } => {
             let word = match kind {
                 AccessKind::Read => "read",
                 AccessKind::Write => "write",
             };
-            let reg = decode::lookup(offset & !7, config.domains.len(), config.slots, config.rmids);
-            let dom = reg.and_then(|r| r.domain()).map_or("-".to_string(), |d| d.to_string());
+            let reg = decode::lookup(
+                offset & !7,
+                config.domains.len(),
+                config.slots,
+                config.rmids,
+            );
+            let dom = reg
+                .and_then(|r| r.domain())
+                .map_or("-".to_string(), |d| d.to_string());
             let name = reg.map_or("UNKNOWN".to_string(), |r| r.name());
             let _ = write!(line, "{word} cpu={vcpu} dom={dom} reg={name} off={offset:#x} size={size} value={value:#x}");
             if violation {
@@ -141,18 +175,55 @@ pub fn format_record(config: &DeviceConfig, seq: u64, record: &TraceRecord) -> S
                 None => Ok(()),
             }
         }
-        TraceEvent::Owner { domain, from, to, vcpu } => {
-            write!(line, "owner dom={domain} from={} to={} cpu={vcpu}", owner_text(from), owner_text(to))
+        TraceEvent::Owner {
+            domain,
+            from,
+            to,
+            vcpu,
+        } => {
+            write!(
+                line,
+                "owner dom={domain} from={} to={} cpu={vcpu}",
+                owner_text(from),
+                owner_text(to)
+            )
         }
-        TraceEvent::Inject { domain, rmid, event, bytes } => {
-            write!(line, "inject dom={domain} rmid={rmid} event={} bytes={bytes}", event_name(event))
+        TraceEvent::Inject {
+            domain,
+            rmid,
+            event,
+            bytes,
+        } => {
+            write!(
+                line,
+                "inject dom={domain} rmid={rmid} event={} bytes={bytes}",
+                event_name(event)
+            )
         }
-        TraceEvent::Rate { domain, rmid, event, bytes_per_sec } => {
-            write!(line, "rate dom={domain} rmid={rmid} event={} bytes_per_sec={bytes_per_sec}", event_name(event))
+        TraceEvent::Rate {
+            domain,
+            rmid,
+            event,
+            bytes_per_sec,
+        } => {
+            write!(
+                line,
+                "rate dom={domain} rmid={rmid} event={} bytes_per_sec={bytes_per_sec}",
+                event_name(event)
+            )
         }
-        TraceEvent::Occupancy { domain, rmid, bytes } => write!(line, "occupancy dom={domain} rmid={rmid} bytes={bytes}"),
+        TraceEvent::Occupancy {
+            domain,
+            rmid,
+            bytes,
+        } => write!(line, "occupancy dom={domain} rmid={rmid} bytes={bytes}"),
         TraceEvent::Reset => write!(line, "reset"),
-        TraceEvent::Line { domain, level, status, config_status } => write!(
+        TraceEvent::Line {
+            domain,
+            level,
+            status,
+            config_status,
+        } => write!(
             line,
             "irq dom={domain} line={} status={status:#x} config={config_status:#x}",
             if level { "up" } else { "down" }

@@ -1,6 +1,6 @@
 use super::*;
-use std::collections::BTreeMap;
 use crate::regs::*;
+use std::collections::BTreeMap;
 
 const SEC: u64 = 1_000_000_000;
 
@@ -131,7 +131,11 @@ fn counting_is_exact_and_wraps() {
         let overflowed = total / u128::from(unit) >= 1u128 << width;
         let value = d.read(now, 0, slot_count(0, 1), 8);
         assert_eq!(value & COUNTER_OVERFLOW != 0, overflowed, "width {width}");
-        assert_eq!(u128::from(value & !COUNTER_OVERFLOW), expect, "width {width}");
+        assert_eq!(
+            u128::from(value & !COUNTER_OVERFLOW),
+            expect,
+            "width {width}"
+        );
         let state = d.state(now);
         assert_eq!(u128::from(state.domains[0].slots[1].counted_bytes), total);
         assert_eq!(u128::from(state.truth(0, 3, Event::MbmTotalBytes)), total);
@@ -171,7 +175,10 @@ fn overflow_is_flagged_only_when_a_wrap_went_unread() {
     d.inject(20 * SEC, 0, 1, Event::MbmTotalBytes, 200).unwrap();
     assert_eq!(d.read(21 * SEC, 1, slot_count(0, 0), 8), COUNTER_ERROR);
     d.inject(22 * SEC, 0, 1, Event::MbmTotalBytes, 56).unwrap();
-    assert_eq!(read(&mut d, 23 * SEC), (2550 + 256) % 256 | COUNTER_OVERFLOW);
+    assert_eq!(
+        read(&mut d, 23 * SEC),
+        ((2550 + 256) % 256) | COUNTER_OVERFLOW
+    );
     // Reassigning starts afresh.
     d.inject(24 * SEC, 0, 1, Event::MbmTotalBytes, 300).unwrap();
     assign(&mut d, 25 * SEC, 0, Event::MbmTotalBytes, 1);
@@ -338,7 +345,11 @@ fn a_frozen_slot_keeps_its_count_and_its_assignment() {
     d.inject(3 * SEC, 0, 4, Event::MbmTotalBytes, 2).unwrap();
     assert_eq!(count(&mut d, 4 * SEC), 0);
     let a = d.assignments(4 * SEC, 0);
-    let seqs: Vec<_> = a.records.iter().map(|r| (r.seq, r.counted_bytes, r.released_ns.is_some())).collect();
+    let seqs: Vec<_> = a
+        .records
+        .iter()
+        .map(|r| (r.seq, r.counted_bytes, r.released_ns.is_some()))
+        .collect();
     assert_eq!(seqs, vec![(0, 10, true), (1, 0, false)]);
     // A free slot assigned frozen counts nothing until thawed.
     d.write(4 * SEC, 0, slot_ctl(0, 1), 8, ctl | SLOT_CTL_FROZEN);
@@ -368,7 +379,10 @@ fn every_assignment_is_kept_with_what_it_counted() {
     let mut d = owned(24, 1, 1 << 40);
     let released = |d: &mut Device, now| {
         let a = d.assignments(now, 0);
-        a.records.iter().map(|r| (r.seq, r.slot, r.rmid, r.released_ns, r.counted_bytes)).collect::<Vec<_>>()
+        a.records
+            .iter()
+            .map(|r| (r.seq, r.slot, r.rmid, r.released_ns, r.counted_bytes))
+            .collect::<Vec<_>>()
     };
     d.inject(0, 0, 4, Event::MbmTotalBytes, 100).unwrap();
     assign(&mut d, SEC, 0, Event::MbmTotalBytes, 4);
@@ -412,7 +426,10 @@ fn the_assignment_log_is_bounded() {
     assert_eq!((a.next_seq, a.dropped), (n, 2));
     // The oldest two ended ones fell out; the ongoing one is always there.
     assert_eq!(a.records.first().map(|r| r.seq), Some(2));
-    assert_eq!(a.records.last().map(|r| (r.seq, r.released_ns)), Some((n - 1, None)));
+    assert_eq!(
+        a.records.last().map(|r| (r.seq, r.released_ns)),
+        Some((n - 1, None))
+    );
     assert_eq!(a.records.len(), ASSIGNMENT_LOG_CAPACITY + 1);
 }
 
@@ -600,7 +617,10 @@ fn trace_is_bounded_and_reset_stats_keeps_counts() {
     assert_eq!(s.trace_len, TRACE_CAPACITY);
     assert_eq!(s.domains[0].violations, TRACE_CAPACITY as u64 + 10);
     // The set-up, the injection and the first reads fell out of the ring.
-    assert_eq!(s.trace_dropped, d.trace_since(0).next_seq - TRACE_CAPACITY as u64);
+    assert_eq!(
+        s.trace_dropped,
+        d.trace_since(0).next_seq - TRACE_CAPACITY as u64
+    );
     assert!(s.trace_dropped > 11);
     d.reset_stats();
     let s = d.state(2 * SEC);
@@ -658,14 +678,19 @@ fn the_injection_queue_is_bounded() {
     let mut d = device(DeviceConfig::default());
     // Alternating RMIDs cannot share a queue entry.
     for i in 0..MAX_QUEUED {
-        d.inject(0, 0, (i % 2) as u32, Event::MbmTotalBytes, 1).unwrap();
+        d.inject(0, 0, (i % 2) as u32, Event::MbmTotalBytes, 1)
+            .unwrap();
     }
     // The same (rmid, event) as the last entry still merges into it.
-    d.inject(0, 0, ((MAX_QUEUED - 1) % 2) as u32, Event::MbmTotalBytes, 1).unwrap();
+    d.inject(0, 0, ((MAX_QUEUED - 1) % 2) as u32, Event::MbmTotalBytes, 1)
+        .unwrap();
     let before = d.state(0);
     assert_eq!(
         d.inject(0, 0, (MAX_QUEUED % 2) as u32, Event::MbmTotalBytes, 1),
-        Err(DeviceError::QueueFull { domain: 0, max: MAX_QUEUED })
+        Err(DeviceError::QueueFull {
+            domain: 0,
+            max: MAX_QUEUED
+        })
     );
     assert_eq!(d.state(0), before, "a refused injection changes nothing");
     // The other domain has its own queue; once landed, room again.
@@ -766,7 +791,13 @@ fn the_trace_records_owner_changes_host_actions_and_decodes_names_when_printed()
     let mut d = Device::new(DeviceConfig::default()).unwrap();
     d.write(10, 0, domain_reg(1, DOM_OWNER), 8, 3);
     d.write(11, 0, domain_reg(1, DOM_OWNER), 8, 3); // unchanged: no owner record
-    d.write(12, 3, slot_ctl(1, 2), 8, slot_ctl_value(Event::MbmLocalBytes, 5));
+    d.write(
+        12,
+        3,
+        slot_ctl(1, 2),
+        8,
+        slot_ctl_value(Event::MbmLocalBytes, 5),
+    );
     d.inject(20, 1, 5, Event::MbmLocalBytes, 4096).unwrap();
     d.set_rate(21, 0, 1, Event::MbmTotalBytes, 1000).unwrap();
     d.set_occupancy(1, 2, 640).unwrap();
@@ -776,15 +807,62 @@ fn the_trace_records_owner_changes_host_actions_and_decodes_names_when_printed()
     let snap = d.trace_since(0);
     assert_eq!((snap.first_seq, snap.next_seq, snap.dropped), (0, 9, 0));
     let lines = snap.lines();
-    let words: Vec<Vec<&str>> = lines.iter().map(|l| l.split_whitespace().collect()).collect();
-    assert_eq!(words[0], ["10", "0", "write", "cpu=0", "dom=1", "reg=DOM_OWNER", "off=0x2008", "size=8", "value=0x3"]);
-    assert_eq!(words[1], ["10", "1", "owner", "dom=1", "from=none", "to=3", "cpu=0"]);
+    let words: Vec<Vec<&str>> = lines
+        .iter()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(
+        words[0],
+        [
+            "10",
+            "0",
+            "write",
+            "cpu=0",
+            "dom=1",
+            "reg=DOM_OWNER",
+            "off=0x2008",
+            "size=8",
+            "value=0x3"
+        ]
+    );
+    assert_eq!(
+        words[1],
+        ["10", "1", "owner", "dom=1", "from=none", "to=3", "cpu=0"]
+    );
     assert_eq!(words[2][2], "write");
     assert_eq!(words[3][5], "reg=SLOT_CTL[2]");
-    assert_eq!(words[4], ["20", "4", "inject", "dom=1", "rmid=5", "event=mbm_local_bytes", "bytes=4096"]);
-    assert_eq!(words[5], ["21", "5", "rate", "dom=0", "rmid=1", "event=mbm_total_bytes", "bytes_per_sec=1000"]);
-    assert_eq!(words[6], ["21", "6", "occupancy", "dom=1", "rmid=2", "bytes=640"]);
-    assert_eq!(words[7][..6], ["30", "7", "read", "cpu=2", "dom=1", "reg=SLOT_COUNT[2]"]);
+    assert_eq!(
+        words[4],
+        [
+            "20",
+            "4",
+            "inject",
+            "dom=1",
+            "rmid=5",
+            "event=mbm_local_bytes",
+            "bytes=4096"
+        ]
+    );
+    assert_eq!(
+        words[5],
+        [
+            "21",
+            "5",
+            "rate",
+            "dom=0",
+            "rmid=1",
+            "event=mbm_total_bytes",
+            "bytes_per_sec=1000"
+        ]
+    );
+    assert_eq!(
+        words[6],
+        ["21", "6", "occupancy", "dom=1", "rmid=2", "bytes=640"]
+    );
+    assert_eq!(
+        words[7][..6],
+        ["30", "7", "read", "cpu=2", "dom=1", "reg=SLOT_COUNT[2]"]
+    );
     assert_eq!(words[7].last(), Some(&"violation"));
     assert_eq!(words[8][3..6], ["cpu=1", "dom=-", "reg=UNKNOWN"]);
     assert_eq!(words[8].last(), Some(&"bad=unknown_offset"));
@@ -795,33 +873,76 @@ fn the_trace_records_owner_changes_host_actions_and_decodes_names_when_printed()
 
 #[test]
 fn a_small_trace_ring_keeps_the_newest_records_and_counts_the_rest() {
-    let mut d = Device::new(DeviceConfig { trace_capacity: 3, ..DeviceConfig::default() }).unwrap();
+    let mut d = Device::new(DeviceConfig {
+        trace_capacity: 3,
+        ..DeviceConfig::default()
+    })
+    .unwrap();
     for t in 0..10 {
         d.read(t, 0, REG_MAGIC, 8);
     }
     let snap = d.trace_since(0);
-    assert_eq!((snap.first_seq, snap.next_seq, snap.dropped, snap.records.len()), (7, 10, 7, 3));
+    assert_eq!(
+        (
+            snap.first_seq,
+            snap.next_seq,
+            snap.dropped,
+            snap.records.len()
+        ),
+        (7, 10, 7, 3)
+    );
     let times: Vec<u64> = snap.records.iter().map(|(_, r)| r.time_ns).collect();
     assert_eq!(times, [7, 8, 9]);
     // From a record number on, across the ring's wrap point: older than the
     // oldest kept gives all, newer than the newest none.
-    for (since, want) in [(0, vec![7, 8, 9]), (8, vec![8, 9]), (9, vec![9]), (10, vec![]), (99, vec![])] {
-        let seqs: Vec<u64> = d.trace_since(since).records.iter().map(|(seq, _)| *seq).collect();
+    for (since, want) in [
+        (0, vec![7, 8, 9]),
+        (8, vec![8, 9]),
+        (9, vec![9]),
+        (10, vec![]),
+        (99, vec![]),
+    ] {
+        let seqs: Vec<u64> = d
+            .trace_since(since)
+            .records
+            .iter()
+            .map(|(seq, _)| *seq)
+            .collect();
         assert_eq!(seqs, want, "since {since}");
     }
     let file = trace_file(&snap.header(), snap.dropped, &snap.lines());
-    assert_eq!(file.lines().nth(1).map(|l| l.split_whitespace().collect::<Vec<_>>()), Some(vec!["7", "-", "dropped", "count=7"]));
+    assert_eq!(
+        file.lines()
+            .nth(1)
+            .map(|l| l.split_whitespace().collect::<Vec<_>>()),
+        Some(vec!["7", "-", "dropped", "count=7"])
+    );
     // Capacity 0 records nothing and counts everything as dropped.
-    let mut off = Device::new(DeviceConfig { trace_capacity: 0, ..DeviceConfig::default() }).unwrap();
+    let mut off = Device::new(DeviceConfig {
+        trace_capacity: 0,
+        ..DeviceConfig::default()
+    })
+    .unwrap();
     off.read(0, 0, REG_MAGIC, 8);
-    assert_eq!((off.trace_since(0).records.len(), off.trace_dropped()), (0, 1));
-    assert!(Device::new(DeviceConfig { trace_capacity: MAX_TRACE_CAPACITY + 1, ..DeviceConfig::default() }).is_err());
+    assert_eq!(
+        (off.trace_since(0).records.len(), off.trace_dropped()),
+        (0, 1)
+    );
+    assert!(Device::new(DeviceConfig {
+        trace_capacity: MAX_TRACE_CAPACITY + 1,
+        ..DeviceConfig::default()
+    })
+    .is_err());
 }
 
 #[test]
 fn a_trace_record_stays_small() {
     // Recording is a store of one of these into the ring: keep it a few words.
-    assert!(std::mem::size_of::<TraceRecord>() <= 48, "{} bytes", std::mem::size_of::<TraceRecord>());
+    assert!(
+        std::mem::size_of::<TraceRecord>() <= 48,
+        "{} bytes",
+        std::mem::size_of::<TraceRecord>()
+    );
 }
 
 /// Domain 0 of `owned(8, 1, ..)` (256-unit counters of 1 byte) with slot 0
@@ -867,7 +988,11 @@ fn threshold_interrupt_is_raised_once_per_read_and_acked_on_the_owner() {
     let s = d.state(7000);
     assert_eq!(s.domains[0].irq.raised, 2);
     assert_eq!(s.domains[0].irq.acks_by_vcpu, BTreeMap::from([(0, 1)]));
-    assert_eq!(s.domains[0].counter_reads_by_vcpu, BTreeMap::from([(0, 1)]), "status reads are not counter reads");
+    assert_eq!(
+        s.domains[0].counter_reads_by_vcpu,
+        BTreeMap::from([(0, 1)]),
+        "status reads are not counter reads"
+    );
 }
 
 #[test]
@@ -915,15 +1040,39 @@ fn allowed_set_changes_raise_the_configuration_interrupt() {
     // An empty set is a set; a vCPU the mask cannot hold is refused.
     d.set_allowed(300, 0, &[]).unwrap();
     assert_eq!(d.read(300, 0, allowed, 8), 0);
-    assert!(matches!(d.set_allowed(300, 0, &[64]), Err(DeviceError::NoSuchCpu { cpu: 64, .. })));
-    assert!(matches!(d.set_allowed(300, 7, &[0]), Err(DeviceError::NoSuchDomain { domain: 7, .. })));
+    assert!(matches!(
+        d.set_allowed(300, 0, &[64]),
+        Err(DeviceError::NoSuchCpu { cpu: 64, .. })
+    ));
+    assert!(matches!(
+        d.set_allowed(300, 7, &[0]),
+        Err(DeviceError::NoSuchDomain { domain: 7, .. })
+    ));
     let s = d.state(400);
     assert_eq!(s.domains[0].irq.allowed_changes, 2);
     let lines: Vec<String> = d.trace_since(0).lines();
-    assert!(lines.iter().any(|l| l.contains("allowed dom=0 from=0-1 to=1")), "{lines:#?}");
-    assert!(lines.iter().any(|l| l.contains("allowed dom=0 from=1 to=none")), "{lines:#?}");
-    assert!(lines.iter().any(|l| l.contains("irq dom=0 line=up status=0x0 config=0x1")), "{lines:#?}");
-    assert!(lines.iter().any(|l| l.contains("reg=DOM_CONFIG_STATUS")), "{lines:#?}");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("allowed dom=0 from=0-1 to=1")),
+        "{lines:#?}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("allowed dom=0 from=1 to=none")),
+        "{lines:#?}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("irq dom=0 line=up status=0x0 config=0x1")),
+        "{lines:#?}"
+    );
+    assert!(
+        lines.iter().any(|l| l.contains("reg=DOM_CONFIG_STATUS")),
+        "{lines:#?}"
+    );
 }
 
 #[test]
@@ -966,7 +1115,14 @@ fn interrupt_registers_refuse_bad_values() {
     d.write(0, 0, domain_reg(0, DOM_IRQ_STATUS), 8, 0);
     d.write(0, 0, domain_reg(0, DOM_IRQ_CTL) + 4, 4, 1);
     let s = d.state(0);
-    assert_eq!((s.bad_accesses.bad_value, s.bad_accesses.read_only, s.bad_accesses.high_half_write), (2, 1, 1));
+    assert_eq!(
+        (
+            s.bad_accesses.bad_value,
+            s.bad_accesses.read_only,
+            s.bad_accesses.high_half_write
+        ),
+        (2, 1, 1)
+    );
     assert_eq!((s.domains[0].irq.ctl, s.domains[0].irq.threshold), (0, 0));
     d.write(0, 0, domain_reg(0, DOM_IRQ_THRESHOLD), 8, 255);
     assert_eq!(d.read(0, 3, domain_reg(0, DOM_IRQ_THRESHOLD), 8), 255);

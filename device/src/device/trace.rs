@@ -228,7 +228,13 @@ impl TraceRing {
     /// An empty ring of `capacity` records (0: record nothing). The memory
     /// is taken now, so recording never allocates.
     pub fn new(capacity: usize) -> TraceRing {
-        TraceRing { records: Vec::with_capacity(capacity), capacity, oldest: 0, next_seq: 0, dropped: 0 }
+        TraceRing {
+            records: Vec::with_capacity(capacity),
+            capacity,
+            oldest: 0,
+            next_seq: 0,
+            dropped: 0,
+        }
     }
 
     /// Records `record`, overwriting the oldest one when full.
@@ -293,7 +299,9 @@ impl TraceRing {
     /// than past every older record: a `trace --follow` poll asks for the
     /// few new records of a full ring under the device's lock.
     pub fn iter_since(&self, since: u64) -> impl Iterator<Item = (u64, &TraceRecord)> {
-        let skip = since.saturating_sub(self.first_seq()).min(self.records.len() as u64);
+        let skip = since
+            .saturating_sub(self.first_seq())
+            .min(self.records.len() as u64);
         self.iter().skip(skip as usize)
     }
 }

@@ -26,7 +26,10 @@ const NS_PER_SEC_U64: u64 = 1_000_000_000;
 /// A budget in byte·ns as (whole bytes, remainder in byte·ns below 1e9).
 fn whole_bytes(budget: u128) -> (u128, u128) {
     match u64::try_from(budget) {
-        Ok(b) => (u128::from(b / NS_PER_SEC_U64), u128::from(b % NS_PER_SEC_U64)),
+        Ok(b) => (
+            u128::from(b / NS_PER_SEC_U64),
+            u128::from(b % NS_PER_SEC_U64),
+        ),
         Err(_) => (budget / NS_PER_SEC, budget % NS_PER_SEC),
     }
 }
@@ -60,7 +63,9 @@ pub(super) struct Traffic {
 impl Traffic {
     /// Injected bytes not landed yet.
     pub(super) fn pending(&self) -> u64 {
-        self.queue.iter().fold(0u64, |acc, p| acc.saturating_add(p.bytes))
+        self.queue
+            .iter()
+            .fold(0u64, |acc, p| acc.saturating_add(p.bytes))
     }
 
     /// Queues `bytes` of (rmid, event) behind what is already queued;
@@ -87,7 +92,10 @@ impl Traffic {
 
     /// The steady rate of every (rmid, event) but this one, summed.
     pub(super) fn steady_total_except(&self, rmid: u32, event: Event) -> u128 {
-        let own = self.rate_index(rmid, event).ok().map_or(0, |i| u128::from(self.rates[i].1.bytes_per_sec));
+        let own = self
+            .rate_index(rmid, event)
+            .ok()
+            .map_or(0, |i| u128::from(self.rates[i].1.bytes_per_sec));
         self.steady_total - own
     }
 
@@ -99,42 +107,64 @@ impl Traffic {
             }
             (Ok(i), _) => {
                 let rate = &mut self.rates[i].1;
-                self.steady_total = self.steady_total - u128::from(rate.bytes_per_sec) + u128::from(bytes_per_sec);
+                self.steady_total =
+                    self.steady_total - u128::from(rate.bytes_per_sec) + u128::from(bytes_per_sec);
                 rate.bytes_per_sec = bytes_per_sec;
             }
             (Err(_), 0) => {}
             (Err(i), _) => {
-                self.rates.insert(i, ((rmid, event), Rate { bytes_per_sec, carry: 0 }));
+                self.rates.insert(
+                    i,
+                    (
+                        (rmid, event),
+                        Rate {
+                            bytes_per_sec,
+                            carry: 0,
+                        },
+                    ),
+                );
                 self.steady_total += u128::from(bytes_per_sec);
             }
         }
     }
 
     fn rate_index(&self, rmid: u32, event: Event) -> Result<usize, usize> {
-        self.rates.binary_search_by(|(key, _)| key.cmp(&(rmid, event)))
+        self.rates
+            .binary_search_by(|(key, _)| key.cmp(&(rmid, event)))
     }
 
     /// The non-zero steady rates: (rmid, event, bytes per second).
     pub(super) fn rates(&self) -> impl Iterator<Item = (u32, Event, u64)> + '_ {
-        self.rates.iter().map(|&((rmid, event), ref r)| (rmid, event, r.bytes_per_sec))
+        self.rates
+            .iter()
+            .map(|&((rmid, event), ref r)| (rmid, event, r.bytes_per_sec))
     }
 
     /// Lets `dt` ns of traffic land, calling `land(rmid, event, bytes)` for
     /// each part that does. Steady rates first; the queue, FIFO, gets what
     /// they leave of `max_rate`.
-    pub(super) fn advance(&mut self, dt: u64, max_rate: u64, mut land: impl FnMut(u32, Event, u64)) {
+    pub(super) fn advance(
+        &mut self,
+        dt: u64,
+        max_rate: u64,
+        mut land: impl FnMut(u32, Event, u64),
+    ) {
         if self.rates.is_empty() && self.queue.is_empty() {
             return;
         }
         let dt = u128::from(dt);
         for &mut ((rmid, event), ref mut rate) in &mut self.rates {
-            let budget = rate.carry.saturating_add(u128::from(rate.bytes_per_sec).saturating_mul(dt));
+            let budget = rate
+                .carry
+                .saturating_add(u128::from(rate.bytes_per_sec).saturating_mul(dt));
             let (bytes, carry) = whole_bytes(budget);
             rate.carry = carry;
             land(rmid, event, u64::try_from(bytes).unwrap_or(u64::MAX));
         }
         let queue_rate = u128::from(max_rate).saturating_sub(self.steady_total);
-        let budget = self.queue_carry.saturating_add(queue_rate.saturating_mul(dt));
+        let budget = self
+            .queue_carry
+            .saturating_add(queue_rate.saturating_mul(dt));
         // Taking whole bytes leaves the remainder below 1e9 byte·ns as it is.
         let (mut bytes, carry) = whole_bytes(budget);
         while let Some(front) = self.queue.front_mut() {

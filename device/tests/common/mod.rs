@@ -32,13 +32,21 @@ pub struct Raw {
 impl Raw {
     pub fn connect(path: &Path) -> Raw {
         let stream = UnixStream::connect(path).unwrap();
-        stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-        Raw { reader: BufReader::new(stream.try_clone().unwrap()), stream }
+        stream
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        Raw {
+            reader: BufReader::new(stream.try_clone().unwrap()),
+            stream,
+        }
     }
 
     pub fn reply(&mut self) -> serde_json::Value {
         let mut line = String::new();
-        assert!(self.reader.read_line(&mut line).unwrap() > 0, "the server closed the connection");
+        assert!(
+            self.reader.read_line(&mut line).unwrap() > 0,
+            "the server closed the connection"
+        );
         serde_json::from_str(&line).unwrap_or_else(|e| panic!("reply {line:?} is not JSON: {e}"))
     }
 
@@ -59,7 +67,11 @@ pub fn snapshot(device: &SharedDevice) -> DeviceState {
 pub fn assert_refused(reply: &serde_json::Value, because: &str, request: &[u8]) {
     let shown = String::from_utf8_lossy(&request[..request.len().min(120)]).into_owned();
     assert_eq!(reply["ok"], false, "{shown} -> {reply}");
-    let error = reply["error"].as_str().unwrap_or_else(|| panic!("{shown}: no error text in {reply}"));
-    assert!(error.contains(because), "{shown}: error {error:?} does not say {because:?}");
+    let error = reply["error"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{shown}: no error text in {reply}"));
+    assert!(
+        error.contains(because),
+        "{shown}: error {error:?} does not say {because:?}"
+    );
 }
-

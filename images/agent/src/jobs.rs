@@ -16,7 +16,10 @@ use crate::perf;
 
 enum Job {
     Process(Child),
-    Loop { stop: Arc<AtomicBool>, thread: JoinHandle<JobResult> },
+    Loop {
+        stop: Arc<AtomicBool>,
+        thread: JoinHandle<JobResult>,
+    },
 }
 
 /// Running jobs, by id.
@@ -32,7 +35,11 @@ const PERF_FDS_PATIENCE: Duration = Duration::from_secs(30);
 impl Jobs {
     pub fn start(&mut self, spec: &JobSpec) -> Result<u32, String> {
         let job = match spec {
-            JobSpec::Process { argv, perf_fds, settle_ms } => {
+            JobSpec::Process {
+                argv,
+                perf_fds,
+                settle_ms,
+            } => {
                 let (program, args) = argv.split_first().ok_or("start: empty argv")?;
                 let mut child = Command::new(program)
                     .args(args)
@@ -54,7 +61,11 @@ impl Jobs {
                     return Err("an open-close loop needs at least one attr".into());
                 }
                 let stop = Arc::new(AtomicBool::new(false));
-                let (attrs, pause, flag) = (attrs.clone(), Duration::from_micros(*pause_us), stop.clone());
+                let (attrs, pause, flag) = (
+                    attrs.clone(),
+                    Duration::from_micros(*pause_us),
+                    stop.clone(),
+                );
                 let thread = std::thread::spawn(move || open_close_loop(&attrs, pause, &flag));
                 Job::Loop { stop, thread }
             }
@@ -69,7 +80,9 @@ impl Jobs {
             Job::Process(child) => stop_process(child, signal, timeout),
             Job::Loop { stop, thread } => {
                 stop.store(true, Ordering::Release);
-                thread.join().map_err(|_| "the open-close loop panicked".to_string())
+                thread
+                    .join()
+                    .map_err(|_| "the open-close loop panicked".to_string())
             }
         }
     }
@@ -77,7 +90,9 @@ impl Jobs {
 
 /// Perf event descriptors the process holds (`anon_inode:[perf_event]`).
 fn perf_fd_count(pid: u32) -> usize {
-    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) else { return 0 };
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return 0;
+    };
     dir.filter_map(|e| e.ok())
         .filter_map(|e| std::fs::read_link(e.path()).ok())
         .filter(|target| target.to_string_lossy().contains("perf_event"))
@@ -92,10 +107,15 @@ fn wait_perf_fds(child: &mut Child, wanted: u32) -> Result<(), String> {
             if let Some(mut err) = child.stderr.take() {
                 let _ = err.read_to_string(&mut stderr);
             }
-            return Err(format!("exited ({status}) before opening {wanted} perf events: {}", stderr.trim()));
+            return Err(format!(
+                "exited ({status}) before opening {wanted} perf events: {}",
+                stderr.trim()
+            ));
         }
         if start.elapsed() > PERF_FDS_PATIENCE {
-            return Err(format!("did not open {wanted} perf events within {PERF_FDS_PATIENCE:?}"));
+            return Err(format!(
+                "did not open {wanted} perf events within {PERF_FDS_PATIENCE:?}"
+            ));
         }
         std::thread::sleep(Duration::from_millis(5));
     }
@@ -109,11 +129,16 @@ fn stop_process(mut child: Child, signal: i32, timeout: Duration) -> Result<JobR
     unsafe { libc::kill(child.id() as libc::pid_t, signal) };
     let start = Instant::now();
     let status = loop {
-        match child.try_wait().map_err(|e| format!("waiting for the job: {e}"))? {
+        match child
+            .try_wait()
+            .map_err(|e| format!("waiting for the job: {e}"))?
+        {
             Some(status) => break status,
             None if start.elapsed() > timeout => {
                 let _ = child.kill();
-                break child.wait().map_err(|e| format!("waiting for the job: {e}"))?;
+                break child
+                    .wait()
+                    .map_err(|e| format!("waiting for the job: {e}"))?;
             }
             None => std::thread::sleep(Duration::from_millis(5)),
         }
@@ -126,7 +151,11 @@ fn stop_process(mut child: Child, signal: i32, timeout: Duration) -> Result<JobR
     if let Some(mut err) = child.stderr.take() {
         let _ = err.read_to_string(&mut stderr);
     }
-    Ok(JobResult::Process { status: status.code(), stdout, stderr })
+    Ok(JobResult::Process {
+        status: status.code(),
+        stdout,
+        stderr,
+    })
 }
 
 fn open_close_loop(attrs: &[PerfAttr], pause: Duration, stop: &AtomicBool) -> JobResult {
@@ -151,5 +180,10 @@ fn open_close_loop(attrs: &[PerfAttr], pause: Duration, stop: &AtomicBool) -> Jo
             std::thread::sleep(pause);
         }
     }
-    JobResult::OpenCloseLoop { attempts, opened, errors, read_errors }
+    JobResult::OpenCloseLoop {
+        attempts,
+        opened,
+        errors,
+        read_errors,
+    }
 }

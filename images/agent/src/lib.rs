@@ -38,8 +38,12 @@ pub const POWER_OFF_PARAM: &str = "perfbed_agent.power_off=";
 /// The power-off register's address `cmdline` announces, if any (hex with
 /// `0x`, page aligned).
 pub fn power_off_address(cmdline: &str) -> Option<u64> {
-    let value = cmdline.split_whitespace().find_map(|w| w.strip_prefix(POWER_OFF_PARAM))?;
-    u64::from_str_radix(value.strip_prefix("0x")?, 16).ok().filter(|a| a.is_multiple_of(4096))
+    let value = cmdline
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix(POWER_OFF_PARAM))?;
+    u64::from_str_radix(value.strip_prefix("0x")?, 16)
+        .ok()
+        .filter(|a| a.is_multiple_of(4096))
 }
 
 /// Guest-side facts gathered before the agent is ready for requests.
@@ -138,20 +142,40 @@ pub struct PerfAttr {
 #[serde(tag = "ioctl", rename_all = "snake_case")]
 pub enum PerfIoctl {
     /// `group`: PERF_IOC_FLAG_GROUP, the whole group.
-    Enable { group: bool },
-    Disable { group: bool },
-    Reset { group: bool },
-    Refresh { count: i32 },
-    Period { period: u64 },
+    Enable {
+        group: bool,
+    },
+    Disable {
+        group: bool,
+    },
+    Reset {
+        group: bool,
+    },
+    Refresh {
+        count: i32,
+    },
+    Period {
+        period: u64,
+    },
     /// Answers the event's id.
     Id,
     /// Redirect output to another event's buffer (`None`: -1, none).
-    SetOutput { target: Option<u32> },
-    SetFilter { filter: String },
-    PauseOutput { pause: bool },
-    ModifyAttributes { attr: PerfAttr },
+    SetOutput {
+        target: Option<u32>,
+    },
+    SetFilter {
+        filter: String,
+    },
+    PauseOutput {
+        pause: bool,
+    },
+    ModifyAttributes {
+        attr: PerfAttr,
+    },
     /// A bpf program fd (-1: none).
-    SetBpf { fd: i32 },
+    SetBpf {
+        fd: i32,
+    },
     QueryBpf,
 }
 
@@ -162,7 +186,11 @@ pub enum PerfIoctl {
 pub enum PerfOp {
     /// perf_event_open(attr, -1, cpu, group leader's handle or -1, 0):
     /// answers `[handle]`.
-    Open { attr: PerfAttr, cpu: i32, group: Option<u32> },
+    Open {
+        attr: PerfAttr,
+        cpu: i32,
+        group: Option<u32>,
+    },
     /// An ioctl: answers `[its return value]`.
     Ioctl { handle: u32, ioctl: PerfIoctl },
     /// read(): answers the u64 words the read format gives.
@@ -211,6 +239,13 @@ pub enum HotplugOp {
     /// Skipped (no error) when the PMU is parked or sits on CPU 0, which
     /// cannot go offline.
     FlapOwner { pmu: String },
+    /// Take `cpu` offline or online with hotplug state `state` armed in its
+    /// `hotplug/fail` (`CONFIG_CPU_HOTPLUG_STATE_CONTROL`): the kernel fails
+    /// the operation there with `EAGAIN`, rolls it back and disarms the
+    /// state. An operation that completes without reaching the state is
+    /// undone (the state disarmed, the CPU back), so the online set is
+    /// unchanged either way; [`HotplugOpResult::injected`] says which.
+    FailAt { cpu: u32, online: bool, state: i64 },
 }
 
 /// What one [`HotplugOp`] did.
@@ -233,6 +268,10 @@ pub struct HotplugOpResult {
     /// Each handle of the request's `read_handles` read after the op (its
     /// u64 words), or the errno's name.
     pub reads: Vec<Result<Vec<u64>, String>>,
+    /// For [`HotplugOp::FailAt`]: whether the operation failed at the armed
+    /// state (`true`) or completed without reaching it and was undone.
+    #[serde(default)]
+    pub injected: Option<bool>,
 }
 
 /// The answer to a [`HostRequest::HotplugBatch`].
@@ -251,7 +290,11 @@ pub enum JobSpec {
     /// The start is answered once the process holds `perf_fds` perf event
     /// descriptors (0: at once) and then `settle_ms` more have passed, so
     /// that a `perf stat` is counting before the host starts traffic.
-    Process { argv: Vec<String>, perf_fds: u32, settle_ms: u64 },
+    Process {
+        argv: Vec<String>,
+        perf_fds: u32,
+        settle_ms: u64,
+    },
     /// A thread that opens an event of each attr in turn (system-wide, on
     /// CPU 0), reads it and closes it, pausing `pause_us` between opens.
     OpenCloseLoop { attrs: Vec<PerfAttr>, pause_us: u64 },
@@ -262,7 +305,11 @@ pub enum JobSpec {
 #[serde(tag = "job", rename_all = "snake_case")]
 pub enum JobResult {
     /// The process's exit status (None if killed by a signal) and output.
-    Process { status: Option<i32>, stdout: String, stderr: String },
+    Process {
+        status: Option<i32>,
+        stdout: String,
+        stderr: String,
+    },
     OpenCloseLoop {
         attempts: u64,
         opened: u64,
@@ -288,47 +335,95 @@ pub enum ReadTarget {
 #[serde(tag = "request", rename_all = "snake_case")]
 pub enum HostRequest {
     /// Read a (sysfs, proc) file's text.
-    ReadFile { path: String },
+    ReadFile {
+        path: String,
+    },
     /// Take one CPU offline or bring it online through sysfs.
-    SetCpuOnline { cpu: u32, online: bool },
+    SetCpuOnline {
+        cpu: u32,
+        online: bool,
+    },
     /// Load a module of the initramfs (`/lib/modules/<name>.ko`), with its
     /// parameters from the kernel command line (`<name>.<param>=<value>`).
-    LoadModule { name: String },
+    LoadModule {
+        name: String,
+    },
     /// Load a module of the initramfs with exactly these parameters (the
     /// kernel command line's are not used).
-    LoadModuleWith { name: String, params: String },
+    LoadModuleWith {
+        name: String,
+        params: String,
+    },
     /// Unload a module (delete_module).
-    UnloadModule { name: String },
+    UnloadModule {
+        name: String,
+    },
     /// perf_event_open(attr, pid, cpu, group leader's handle or -1, 0);
     /// the event stays open under a handle until closed.
-    PerfOpen { attr: PerfAttr, pid: i32, cpu: i32, group: Option<u32> },
+    PerfOpen {
+        attr: PerfAttr,
+        pid: i32,
+        cpu: i32,
+        group: Option<u32>,
+    },
     /// [`HostRequest::PerfOpen`] with `flags` (PERF_FLAG_*) added to the
     /// agent's own PERF_FLAG_FD_CLOEXEC.
-    PerfOpenFlags { attr: PerfAttr, pid: i32, cpu: i32, group: Option<u32>, flags: u64 },
+    PerfOpenFlags {
+        attr: PerfAttr,
+        pid: i32,
+        cpu: i32,
+        group: Option<u32>,
+        flags: u64,
+    },
     /// An ioctl on an open event: [`AgentMessage::PerfValues`] with the
     /// ioctl's return value (the id for [`PerfIoctl::Id`]), or the errno.
-    PerfIoctl { handle: u32, ioctl: PerfIoctl },
+    PerfIoctl {
+        handle: u32,
+        ioctl: PerfIoctl,
+    },
     /// read() an open event: the u64 words the read format gives.
-    PerfRead { handle: u32 },
-    PerfClose { handle: u32 },
+    PerfRead {
+        handle: u32,
+    },
+    PerfClose {
+        handle: u32,
+    },
     /// While a second thread takes `toggle_cpus` offline and online again one
     /// at a time, `hotplug_ops` times, open (and read) events of `attr` on
     /// `cpu` in a loop; keep the first `keep` that open, close the others at
     /// once; then bring every toggled CPU back, read each kept event and
     /// close them all.
-    PerfOpenRace { attr: PerfAttr, cpu: i32, hotplug_ops: u32, toggle_cpus: Vec<u32>, keep: u32 },
+    PerfOpenRace {
+        attr: PerfAttr,
+        cpu: i32,
+        hotplug_ops: u32,
+        toggle_cpus: Vec<u32>,
+        keep: u32,
+    },
     /// Map `size` bytes of physical memory at `base` (through `/dev/mem`) and
     /// make `accesses` in order, each from its CPU. A way to drive a device
     /// from the guest without a driver: for checking the device emulation.
-    Mmio { base: u64, size: u64, accesses: Vec<MmioAccess> },
+    Mmio {
+        base: u64,
+        size: u64,
+        accesses: Vec<MmioAccess>,
+    },
     /// Pinned to `cpu`, read `target` `iterations` times in a tight loop and
     /// say how long that took (for `cargo xtask bench`).
-    TimeReads { target: ReadTarget, cpu: u32, iterations: u32 },
+    TimeReads {
+        target: ReadTarget,
+        cpu: u32,
+        iterations: u32,
+    },
     /// Take every CPU but 0 offline and back online, `rounds` times, checking
     /// `/sys/devices/system/cpu/online` after each CPU.
-    Hotplug { rounds: u32 },
+    Hotplug {
+        rounds: u32,
+    },
     /// Run a program of the initramfs (e.g. the real `perf`) and wait for it.
-    Run { argv: Vec<String> },
+    Run {
+        argv: Vec<String>,
+    },
     /// The guest events recorded since the last `events` request
     /// (answered with [`AgentMessage::Events`]).
     Events,
@@ -336,26 +431,44 @@ pub enum HostRequest {
     /// readings of the guest's clock (answered with
     /// [`AgentMessage::ClockSync`]): the device records that read with its
     /// own time, which puts both clocks on one axis.
-    ClockSync { base: u64, size: u64, cpu: u32 },
+    ClockSync {
+        base: u64,
+        size: u64,
+        cpu: u32,
+    },
     /// Carry out `ops` in order, one after the other; after each, read the
     /// `cpumask` of every PMU of `watch_pmus` and every event of
     /// `read_handles`. Answered with [`AgentMessage::HotplugBatch`]; an op
     /// that fails is reported and the batch carries on.
-    HotplugBatch { ops: Vec<HotplugOp>, watch_pmus: Vec<String>, read_handles: Vec<u32> },
+    HotplugBatch {
+        ops: Vec<HotplugOp>,
+        watch_pmus: Vec<String>,
+        read_handles: Vec<u32>,
+    },
     /// Carry out perf operations in order, each timed and journaled
     /// ([`GuestEventKind::PerfOp`]); one that fails is answered with its
     /// errno and the batch carries on. Answered with
     /// [`AgentMessage::PerfOps`], one result per operation.
-    PerfOps { ops: Vec<PerfOp> },
+    PerfOps {
+        ops: Vec<PerfOp>,
+    },
     /// read() several open events: [`AgentMessage::PerfValuesMany`], or the
     /// first failure's errno.
-    PerfReadMany { handles: Vec<u32> },
+    PerfReadMany {
+        handles: Vec<u32>,
+    },
     /// Start a background job; answered with [`AgentMessage::JobStarted`]
     /// while the job runs on.
-    StartJob { spec: JobSpec },
+    StartJob {
+        spec: JobSpec,
+    },
     /// Stop a background job (a process gets `signal`, then SIGKILL after
     /// `timeout_ms`) and collect what it did: [`AgentMessage::JobDone`].
-    StopJob { job: u32, signal: i32, timeout_ms: u64 },
+    StopJob {
+        job: u32,
+        signal: i32,
+        timeout_ms: u64,
+    },
     /// Sync and power the guest off. The agent answers before it does.
     PowerOff,
     /// Fault injection for the harness's own test: write bytes without a
@@ -378,50 +491,107 @@ pub struct GuestEvent {
 pub enum GuestEventKind {
     /// A CPU went offline (the write to its `online` file returned at
     /// `time_ns`, after `took_ns`); `ok` false if the kernel refused.
-    CpuOffline { cpu: u32, took_ns: u64, ok: bool },
+    CpuOffline {
+        cpu: u32,
+        took_ns: u64,
+        ok: bool,
+    },
     /// A CPU came online.
-    CpuOnline { cpu: u32, took_ns: u64, ok: bool },
+    CpuOnline {
+        cpu: u32,
+        took_ns: u64,
+        ok: bool,
+    },
     /// perf_event_open: `result` is the handle or the errno's name.
-    PerfOpen { pmu_type: u32, config: u64, cpu: i32, result: String },
-    PerfClose { handle: u32 },
+    PerfOpen {
+        pmu_type: u32,
+        config: u64,
+        cpu: i32,
+        result: String,
+    },
+    PerfClose {
+        handle: u32,
+    },
     /// An operation of a [`HostRequest::PerfOps`] batch and what it did
     /// (`time_ns` is when it returned).
-    PerfOp { op: PerfOp, took_ns: u64, result: Result<Vec<u64>, String> },
+    PerfOp {
+        op: PerfOp,
+        took_ns: u64,
+        result: Result<Vec<u64>, String>,
+    },
     /// A PMU's `cpumask` file was read.
-    Cpumask { pmu: String, cpus: String },
+    Cpumask {
+        pmu: String,
+        cpus: String,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "message", rename_all = "snake_case")]
 pub enum AgentMessage {
     Hello(Hello),
-    Hotplug { rounds: Vec<HotplugRound> },
+    Hotplug {
+        rounds: Vec<HotplugRound>,
+    },
     /// One value per access: what a read returned, 0 for a write.
-    Mmio { values: Vec<u64> },
+    Mmio {
+        values: Vec<u64>,
+    },
     /// The request was carried out.
     Done,
     /// A timing loop's result: `iterations` reads in `total_ns`; `last` is
     /// the last value read (so a broken read shows).
-    Timed { iterations: u32, total_ns: u64, last: u64 },
-    Text { text: String },
-    PerfOpened { handle: u32 },
-    PerfValues { values: Vec<u64> },
-    PerfValuesMany { values: Vec<Vec<u64>> },
-    PerfOps { results: Vec<PerfOpResult> },
+    Timed {
+        iterations: u32,
+        total_ns: u64,
+        last: u64,
+    },
+    Text {
+        text: String,
+    },
+    PerfOpened {
+        handle: u32,
+    },
+    PerfValues {
+        values: Vec<u64>,
+    },
+    PerfValuesMany {
+        values: Vec<Vec<u64>>,
+    },
+    PerfOps {
+        results: Vec<PerfOpResult>,
+    },
     HotplugBatch(HotplugBatchResult),
-    JobStarted { job: u32 },
+    JobStarted {
+        job: u32,
+    },
     JobDone(JobResult),
     Race(RaceResult),
     /// A program's exit status (None if killed by a signal) and output.
-    Ran { status: Option<i32>, stdout: String, stderr: String },
+    Ran {
+        status: Option<i32>,
+        stdout: String,
+        stderr: String,
+    },
     /// A system call failed: its errno (positive) and name, e.g. 16 "EBUSY".
-    Errno { errno: i32, name: String, call: String },
+    Errno {
+        errno: i32,
+        name: String,
+        call: String,
+    },
     PoweringOff,
     /// A request the agent could not parse or carry out.
-    Error { error: String },
-    Events { events: Vec<GuestEvent> },
+    Error {
+        error: String,
+    },
+    Events {
+        events: Vec<GuestEvent>,
+    },
     /// The guest's clock just before and just after the device read.
-    ClockSync { before_ns: u64, after_ns: u64 },
+    ClockSync {
+        before_ns: u64,
+        after_ns: u64,
+    },
 }
 
 /// Longest agent message line the host accepts: a guest that floods the
@@ -445,9 +615,20 @@ mod tests {
 
     #[test]
     fn the_power_off_register_is_read_from_the_command_line() {
-        assert_eq!(power_off_address("console=ttyS0 perfbed_agent.power_off=0xfe003000 quiet"), Some(0xfe00_3000));
-        assert_eq!(power_off_address("console=ttyS0 reboot=t"), None, "the QEMU host announces none");
-        assert_eq!(power_off_address("perfbed_agent.power_off=0xfe003008"), None, "not a page");
+        assert_eq!(
+            power_off_address("console=ttyS0 perfbed_agent.power_off=0xfe003000 quiet"),
+            Some(0xfe00_3000)
+        );
+        assert_eq!(
+            power_off_address("console=ttyS0 reboot=t"),
+            None,
+            "the QEMU host announces none"
+        );
+        assert_eq!(
+            power_off_address("perfbed_agent.power_off=0xfe003008"),
+            None,
+            "not a page"
+        );
         assert_eq!(power_off_address("perfbed_agent.power_off=fe003000"), None);
     }
 
@@ -457,27 +638,56 @@ mod tests {
         let line = serde_json::to_string(&req).unwrap();
         assert_eq!(line, r#"{"request":"hotplug","rounds":3}"#);
         assert_eq!(serde_json::from_str::<HostRequest>(&line).unwrap(), req);
-        let msg = AgentMessage::Error { error: "no\nnewline".into() };
+        let msg = AgentMessage::Error {
+            error: "no\nnewline".into(),
+        };
         let line = serde_json::to_string(&msg).unwrap();
         assert!(!line.contains('\n'));
         assert_eq!(serde_json::from_str::<AgentMessage>(&line).unwrap(), msg);
         let msg = AgentMessage::Events {
-            events: vec![GuestEvent { time_ns: 5, kind: GuestEventKind::CpuOffline { cpu: 2, took_ns: 9, ok: true } }],
+            events: vec![GuestEvent {
+                time_ns: 5,
+                kind: GuestEventKind::CpuOffline {
+                    cpu: 2,
+                    took_ns: 9,
+                    ok: true,
+                },
+            }],
         };
         let line = serde_json::to_string(&msg).unwrap();
-        assert_eq!(line, r#"{"message":"events","events":[{"time_ns":5,"event":"cpu_offline","cpu":2,"took_ns":9,"ok":true}]}"#);
+        assert_eq!(
+            line,
+            r#"{"message":"events","events":[{"time_ns":5,"event":"cpu_offline","cpu":2,"took_ns":9,"ok":true}]}"#
+        );
         assert_eq!(serde_json::from_str::<AgentMessage>(&line).unwrap(), msg);
     }
 
     #[test]
     fn batch_and_job_requests_round_trip() {
         let req = HostRequest::HotplugBatch {
-            ops: vec![HotplugOp::Set { cpu: 2, online: false }, HotplugOp::FlapOwner { pmu: "perfbed_l3_1".into() }],
+            ops: vec![
+                HotplugOp::Set {
+                    cpu: 2,
+                    online: false,
+                },
+                HotplugOp::FlapOwner {
+                    pmu: "perfbed_l3_1".into(),
+                },
+                HotplugOp::FailAt {
+                    cpu: 3,
+                    online: true,
+                    state: 155,
+                },
+            ],
             watch_pmus: vec!["perfbed_l3_1".into()],
             read_handles: vec![1, 2],
         };
         let line = serde_json::to_string(&req).unwrap();
         assert!(line.contains(r#""op":"flap_owner""#), "{line}");
+        assert!(
+            line.contains(r#""op":"fail_at","cpu":3,"online":true,"state":155"#),
+            "{line}"
+        );
         assert_eq!(serde_json::from_str::<HostRequest>(&line).unwrap(), req);
         let msg = AgentMessage::HotplugBatch(HotplugBatchResult {
             masks_before: vec!["2".into()],
@@ -489,32 +699,60 @@ mod tests {
                 between: vec![],
                 online: "0-1".into(),
                 reads: vec![Ok(vec![1, 2, 3]), Err("EBADF".into())],
+                injected: Some(true),
             }],
         });
         let line = serde_json::to_string(&msg).unwrap();
         assert_eq!(serde_json::from_str::<AgentMessage>(&line).unwrap(), msg);
         let req = HostRequest::PerfOps {
             ops: vec![
-                PerfOp::Open { attr: PerfAttr { flags: 1, ..PerfAttr::default() }, cpu: 2, group: Some(3) },
-                PerfOp::Ioctl { handle: 4, ioctl: PerfIoctl::Reset { group: true } },
+                PerfOp::Open {
+                    attr: PerfAttr {
+                        flags: 1,
+                        ..PerfAttr::default()
+                    },
+                    cpu: 2,
+                    group: Some(3),
+                },
+                PerfOp::Ioctl {
+                    handle: 4,
+                    ioctl: PerfIoctl::Reset { group: true },
+                },
                 PerfOp::Read { handle: 4 },
                 PerfOp::Close { handle: 4 },
             ],
         };
         let line = serde_json::to_string(&req).unwrap();
-        assert!(line.starts_with(r#"{"request":"perf_ops","ops":[{"op":"open","#), "{line}");
+        assert!(
+            line.starts_with(r#"{"request":"perf_ops","ops":[{"op":"open","#),
+            "{line}"
+        );
         assert_eq!(serde_json::from_str::<HostRequest>(&line).unwrap(), req);
         let msg = AgentMessage::PerfOps {
             results: vec![
-                PerfOpResult { time_ns: 9, took_ns: 2, result: Ok(vec![5]) },
-                PerfOpResult { time_ns: 12, took_ns: 1, result: Err("EBUSY".into()) },
+                PerfOpResult {
+                    time_ns: 9,
+                    took_ns: 2,
+                    result: Ok(vec![5]),
+                },
+                PerfOpResult {
+                    time_ns: 12,
+                    took_ns: 1,
+                    result: Err("EBUSY".into()),
+                },
             ],
         };
         let line = serde_json::to_string(&msg).unwrap();
         assert!(line.contains(r#"{"Err":"EBUSY"}"#), "{line}");
         assert_eq!(serde_json::from_str::<AgentMessage>(&line).unwrap(), msg);
-        let spec = JobSpec::OpenCloseLoop { attrs: vec![PerfAttr::default()], pause_us: 100 };
+        let spec = JobSpec::OpenCloseLoop {
+            attrs: vec![PerfAttr::default()],
+            pause_us: 100,
+        };
         let req = HostRequest::StartJob { spec };
-        assert_eq!(serde_json::from_str::<HostRequest>(&serde_json::to_string(&req).unwrap()).unwrap(), req);
+        assert_eq!(
+            serde_json::from_str::<HostRequest>(&serde_json::to_string(&req).unwrap()).unwrap(),
+            req
+        );
     }
 }

@@ -15,8 +15,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use perfbed_agent::{
-    format_cpu_list, parse_cpu_list, AgentMessage, GuestEventKind, Hello, HostRequest, HotplugRound,
-    CHANNEL_DEVICES, CONSOLE_DEVICE,
+    format_cpu_list, parse_cpu_list, AgentMessage, GuestEventKind, Hello, HostRequest,
+    HotplugRound, CHANNEL_DEVICES, CONSOLE_DEVICE,
 };
 
 use journal::Journal;
@@ -44,7 +44,9 @@ fn run() -> Result<(), String> {
     mount_basics()?;
     let cmdline = read_trimmed("/proc/cmdline")?;
     let channel = open_channel(Duration::from_secs(10))?;
-    let mut writer = channel.try_clone().map_err(|e| format!("dup the agent channel: {e}"))?;
+    let mut writer = channel
+        .try_clone()
+        .map_err(|e| format!("dup the agent channel: {e}"))?;
     let hello = Hello {
         kernel_release: read_trimmed("/proc/sys/kernel/osrelease")?,
         cpus_online: read_trimmed(&format!("{CPU_SYSFS}/online"))?,
@@ -69,11 +71,15 @@ fn run() -> Result<(), String> {
             Ok(HostRequest::FloodChannel) => {
                 let junk = [b'y'; 4096];
                 loop {
-                    writer.write_all(&junk).map_err(|e| format!("flooding the agent channel: {e}"))?;
+                    writer
+                        .write_all(&junk)
+                        .map_err(|e| format!("flooding the agent channel: {e}"))?;
                 }
             }
             Ok(request) => handle(request, &mut events, &mut jobs, &mut journal, &cmdline),
-            Err(e) => AgentMessage::Error { error: format!("bad request {line:?}: {e}") },
+            Err(e) => AgentMessage::Error {
+                error: format!("bad request {line:?}: {e}"),
+            },
         };
         send(&mut writer, &reply)?;
     }
@@ -88,45 +94,85 @@ fn handle(
     journal: &mut Journal,
     cmdline: &str,
 ) -> AgentMessage {
-    let done = |r: Result<(), String>| r.map_or_else(|error| AgentMessage::Error { error }, |()| AgentMessage::Done);
+    let done = |r: Result<(), String>| {
+        r.map_or_else(
+            |error| AgentMessage::Error { error },
+            |()| AgentMessage::Done,
+        )
+    };
     match request {
         HostRequest::ReadFile { path } => match fs::read_to_string(&path) {
             Ok(text) => {
-                if let Some(pmu) = path.strip_prefix("/sys/bus/event_source/devices/").and_then(|p| p.strip_suffix("/cpumask")) {
+                if let Some(pmu) = path
+                    .strip_prefix("/sys/bus/event_source/devices/")
+                    .and_then(|p| p.strip_suffix("/cpumask"))
+                {
                     let cpus = text.trim().to_string();
-                    journal.record(journal::now_ns(), GuestEventKind::Cpumask { pmu: pmu.into(), cpus });
+                    journal.record(
+                        journal::now_ns(),
+                        GuestEventKind::Cpumask {
+                            pmu: pmu.into(),
+                            cpus,
+                        },
+                    );
                 }
                 AgentMessage::Text { text }
             }
-            Err(e) => AgentMessage::Error { error: format!("read {path}: {e}") },
+            Err(e) => AgentMessage::Error {
+                error: format!("read {path}: {e}"),
+            },
         },
-        HostRequest::SetCpuOnline { cpu, online } => done(set_cpu_online_recorded(cpu, online, journal)),
-        HostRequest::LoadModule { name } => {
-            done(load_module(&Path::new(MODULE_DIR).join(format!("{name}.ko")), cmdline))
+        HostRequest::SetCpuOnline { cpu, online } => {
+            done(set_cpu_online_recorded(cpu, online, journal))
         }
+        HostRequest::LoadModule { name } => done(load_module(
+            &Path::new(MODULE_DIR).join(format!("{name}.ko")),
+            cmdline,
+        )),
         HostRequest::LoadModuleWith { name, params } => {
             let path = Path::new(MODULE_DIR).join(format!("{name}.ko"));
             done(finit_module(&path, &params).map_err(|e| format!("{}: {e}", path.display())))
         }
         HostRequest::UnloadModule { name } => done(unload_module(&name)),
-        HostRequest::PerfOpen { attr, pid, cpu, group } => {
+        HostRequest::PerfOpen {
+            attr,
+            pid,
+            cpu,
+            group,
+        } => {
             let opened = events.open(&attr, pid, cpu, group);
             let result = match &opened {
                 Ok(handle) => handle.to_string(),
                 Err(e) => perf::errno_name(e.errno),
             };
-            journal.record(journal::now_ns(), GuestEventKind::PerfOpen { pmu_type: attr.type_, config: attr.config, cpu, result });
+            journal.record(
+                journal::now_ns(),
+                GuestEventKind::PerfOpen {
+                    pmu_type: attr.type_,
+                    config: attr.config,
+                    cpu,
+                    result,
+                },
+            );
             match opened {
                 Ok(handle) => AgentMessage::PerfOpened { handle },
                 Err(e) => errno(e),
             }
         }
-        HostRequest::PerfOpenFlags { attr, pid, cpu, group, flags } => match events.open_flags(&attr, pid, cpu, group, flags) {
+        HostRequest::PerfOpenFlags {
+            attr,
+            pid,
+            cpu,
+            group,
+            flags,
+        } => match events.open_flags(&attr, pid, cpu, group, flags) {
             Ok(handle) => AgentMessage::PerfOpened { handle },
             Err(e) => errno(e),
         },
         HostRequest::PerfIoctl { handle, ioctl } => match events.ioctl(handle, &ioctl) {
-            Ok(value) => AgentMessage::PerfValues { values: vec![value] },
+            Ok(value) => AgentMessage::PerfValues {
+                values: vec![value],
+            },
             Err(e) => errno(e),
         },
         HostRequest::PerfRead { handle } => match events.read(handle) {
@@ -135,13 +181,25 @@ fn handle(
         },
         HostRequest::PerfClose { handle } => {
             journal.record(journal::now_ns(), GuestEventKind::PerfClose { handle });
-            events.close(handle).map_or_else(errno, |()| AgentMessage::Done)
+            events
+                .close(handle)
+                .map_or_else(errno, |()| AgentMessage::Done)
         }
-        HostRequest::PerfOpenRace { attr, cpu, hotplug_ops, toggle_cpus, keep } => match perf::open_race(&attr, cpu, hotplug_ops, &toggle_cpus, keep) {
+        HostRequest::PerfOpenRace {
+            attr,
+            cpu,
+            hotplug_ops,
+            toggle_cpus,
+            keep,
+        } => match perf::open_race(&attr, cpu, hotplug_ops, &toggle_cpus, keep) {
             Ok(result) => AgentMessage::Race(result),
             Err(error) => AgentMessage::Error { error },
         },
-        HostRequest::TimeReads { target, cpu, iterations } => match timing::time_reads(&target, cpu, iterations, events) {
+        HostRequest::TimeReads {
+            target,
+            cpu,
+            iterations,
+        } => match timing::time_reads(&target, cpu, iterations, events) {
             Ok(message) => message,
             Err(error) => AgentMessage::Error { error },
         },
@@ -149,46 +207,77 @@ fn handle(
             Ok(rounds) => AgentMessage::Hotplug { rounds },
             Err(error) => AgentMessage::Error { error },
         },
-        HostRequest::Mmio { base, size, accesses } => match mmio::run(base, size, &accesses) {
+        HostRequest::Mmio {
+            base,
+            size,
+            accesses,
+        } => match mmio::run(base, size, &accesses) {
             Ok(values) => AgentMessage::Mmio { values },
             Err(error) => AgentMessage::Error { error },
         },
         HostRequest::Run { argv } => match argv.split_first() {
-            Some((program, args)) => match std::process::Command::new(program).args(args).output() {
-                Ok(out) => AgentMessage::Ran {
-                    status: out.status.code(),
-                    stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-                    stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-                },
-                Err(e) => AgentMessage::Error { error: format!("running {program}: {e}") },
+            Some((program, args)) => {
+                match std::process::Command::new(program).args(args).output() {
+                    Ok(out) => AgentMessage::Ran {
+                        status: out.status.code(),
+                        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+                        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+                    },
+                    Err(e) => AgentMessage::Error {
+                        error: format!("running {program}: {e}"),
+                    },
+                }
+            }
+            None => AgentMessage::Error {
+                error: "run: empty argv".into(),
             },
-            None => AgentMessage::Error { error: "run: empty argv".into() },
         },
-        HostRequest::Events => AgentMessage::Events { events: journal.take() },
-        HostRequest::ClockSync { base, size, cpu } => match mmio::clock_sync(base, size, cpu, journal::now_ns) {
-            Ok((before_ns, after_ns)) => AgentMessage::ClockSync { before_ns, after_ns },
-            Err(error) => AgentMessage::Error { error },
+        HostRequest::Events => AgentMessage::Events {
+            events: journal.take(),
         },
-        HostRequest::HotplugBatch { ops, watch_pmus, read_handles } => {
-            AgentMessage::HotplugBatch(batch::run(&ops, &watch_pmus, &read_handles, events))
+        HostRequest::ClockSync { base, size, cpu } => {
+            match mmio::clock_sync(base, size, cpu, journal::now_ns) {
+                Ok((before_ns, after_ns)) => AgentMessage::ClockSync {
+                    before_ns,
+                    after_ns,
+                },
+                Err(error) => AgentMessage::Error { error },
+            }
         }
-        HostRequest::PerfOps { ops } => AgentMessage::PerfOps { results: perf_ops::run(ops, events, journal) },
+        HostRequest::HotplugBatch {
+            ops,
+            watch_pmus,
+            read_handles,
+        } => AgentMessage::HotplugBatch(batch::run(&ops, &watch_pmus, &read_handles, events)),
+        HostRequest::PerfOps { ops } => AgentMessage::PerfOps {
+            results: perf_ops::run(ops, events, journal),
+        },
         HostRequest::PerfReadMany { handles } => read_many(events, &handles),
         HostRequest::StartJob { spec } => match jobs.start(&spec) {
             Ok(job) => AgentMessage::JobStarted { job },
             Err(error) => AgentMessage::Error { error },
         },
-        HostRequest::StopJob { job, signal, timeout_ms } => match jobs.stop(job, signal, Duration::from_millis(timeout_ms)) {
+        HostRequest::StopJob {
+            job,
+            signal,
+            timeout_ms,
+        } => match jobs.stop(job, signal, Duration::from_millis(timeout_ms)) {
             Ok(result) => AgentMessage::JobDone(result),
             Err(error) => AgentMessage::Error { error },
         },
-        HostRequest::PowerOff | HostRequest::FloodChannel => unreachable!("handled by the request loop"),
+        HostRequest::PowerOff | HostRequest::FloodChannel => {
+            unreachable!("handled by the request loop")
+        }
     }
 }
 
 /// A failed perf call, as the host sees it.
 fn errno(e: perf::SysError) -> AgentMessage {
-    AgentMessage::Errno { errno: e.errno, name: perf::errno_name(e.errno), call: e.call.into() }
+    AgentMessage::Errno {
+        errno: e.errno,
+        name: perf::errno_name(e.errno),
+        call: e.call.into(),
+    }
 }
 
 /// A `PerfReadMany` pass that took longer than this (the vCPU was preempted
@@ -205,7 +294,11 @@ fn read_many(events: &mut perf::Events, handles: &[u32]) -> AgentMessage {
     let mut quickest: Option<(Duration, Vec<Vec<u64>>)> = None;
     for _ in 0..READ_MANY_PASSES {
         let start = Instant::now();
-        let values = match handles.iter().map(|&h| events.read(h)).collect::<Result<Vec<_>, _>>() {
+        let values = match handles
+            .iter()
+            .map(|&h| events.read(h))
+            .collect::<Result<Vec<_>, _>>()
+        {
             Ok(values) => values,
             Err(e) => return errno(e),
         };
@@ -224,8 +317,12 @@ fn read_many(events: &mut perf::Events, handles: &[u32]) -> AgentMessage {
 /// Takes one CPU offline or online through sysfs.
 pub fn set_cpu_online(cpu: u32, online: bool) -> Result<(), String> {
     let path = format!("{CPU_SYSFS}/cpu{cpu}/online");
-    fs::write(&path, if online { "1" } else { "0" })
-        .map_err(|e| format!("taking CPU {cpu} {}: {e}", if online { "online" } else { "offline" }))
+    fs::write(&path, if online { "1" } else { "0" }).map_err(|e| {
+        format!(
+            "taking CPU {cpu} {}: {e}",
+            if online { "online" } else { "offline" }
+        )
+    })
 }
 
 /// [`set_cpu_online`], recorded in the journal.
@@ -234,7 +331,11 @@ fn set_cpu_online_recorded(cpu: u32, online: bool, journal: &mut Journal) -> Res
     let result = set_cpu_online(cpu, online);
     let end = journal::now_ns();
     let (took_ns, ok) = (end.saturating_sub(start), result.is_ok());
-    let kind = if online { GuestEventKind::CpuOnline { cpu, took_ns, ok } } else { GuestEventKind::CpuOffline { cpu, took_ns, ok } };
+    let kind = if online {
+        GuestEventKind::CpuOnline { cpu, took_ns, ok }
+    } else {
+        GuestEventKind::CpuOffline { cpu, took_ns, ok }
+    };
     journal.record(end, kind);
     result
 }
@@ -244,7 +345,10 @@ fn unload_module(name: &str) -> Result<(), String> {
     // SAFETY: a valid NUL-terminated name that outlives the call.
     let rc = unsafe { libc::syscall(libc::SYS_delete_module, c_name.as_ptr(), libc::O_NONBLOCK) };
     if rc != 0 {
-        return Err(format!("delete_module {name}: {}", std::io::Error::last_os_error()));
+        return Err(format!(
+            "delete_module {name}: {}",
+            std::io::Error::last_os_error()
+        ));
     }
     Ok(())
 }
@@ -258,16 +362,24 @@ fn send(writer: &mut fs::File, message: &AgentMessage) -> Result<(), String> {
 }
 
 fn mount_basics() -> Result<(), String> {
-    for (source, target, fstype) in
-        [("proc", "/proc", "proc"), ("sysfs", "/sys", "sysfs"), ("devtmpfs", "/dev", "devtmpfs")]
-    {
+    for (source, target, fstype) in [
+        ("proc", "/proc", "proc"),
+        ("sysfs", "/sys", "sysfs"),
+        ("devtmpfs", "/dev", "devtmpfs"),
+    ] {
         fs::create_dir_all(target).map_err(|e| format!("mkdir {target}: {e}"))?;
         let c = |s: &str| CString::new(s).expect("no NUL in a literal");
         let (source, target_c, fstype) = (c(source), c(target), c(fstype));
         // SAFETY: all three are valid NUL-terminated strings that outlive the
         // call, and a NULL data pointer is allowed for these filesystems.
         let rc = unsafe {
-            libc::mount(source.as_ptr(), target_c.as_ptr(), fstype.as_ptr(), 0, std::ptr::null())
+            libc::mount(
+                source.as_ptr(),
+                target_c.as_ptr(),
+                fstype.as_ptr(),
+                0,
+                std::ptr::null(),
+            )
         };
         let err = std::io::Error::last_os_error();
         // devtmpfs may already be mounted by the kernel (DEVTMPFS_MOUNT).
@@ -281,9 +393,16 @@ fn mount_basics() -> Result<(), String> {
 /// Loads a module, passing it the `<module>.<param>=<value>` settings of the
 /// kernel command line as modprobe would (`perfbed.device=...`).
 fn load_module(path: &Path, cmdline: &str) -> Result<(), String> {
-    let name = path.file_stem().unwrap_or_default().to_string_lossy().replace('-', "_");
+    let name = path
+        .file_stem()
+        .unwrap_or_default()
+        .to_string_lossy()
+        .replace('-', "_");
     let prefix = format!("{name}.");
-    let params: Vec<&str> = cmdline.split_whitespace().filter_map(|arg| arg.strip_prefix(&prefix)).collect();
+    let params: Vec<&str> = cmdline
+        .split_whitespace()
+        .filter_map(|arg| arg.strip_prefix(&prefix))
+        .collect();
     finit_module(path, &params.join(" ")).map_err(|e| format!("{}: {e}", path.display()))
 }
 
@@ -314,7 +433,9 @@ fn open_channel(patience: Duration) -> Result<fs::File, String> {
             }
         }
         if start.elapsed() > patience {
-            return Err(format!("none of {CHANNEL_DEVICES:?} appeared within {patience:?}"));
+            return Err(format!(
+                "none of {CHANNEL_DEVICES:?} appeared within {patience:?}"
+            ));
         }
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -329,13 +450,19 @@ fn set_raw(file: &fs::File) -> Result<(), String> {
     let mut tio: libc::termios = unsafe { std::mem::zeroed() };
     // SAFETY: fd is open for the lifetime of `file`; tio is a valid termios.
     if unsafe { libc::tcgetattr(fd, &mut tio) } != 0 {
-        return Err(format!("tcgetattr {CONSOLE_DEVICE}: {}", std::io::Error::last_os_error()));
+        return Err(format!(
+            "tcgetattr {CONSOLE_DEVICE}: {}",
+            std::io::Error::last_os_error()
+        ));
     }
     // SAFETY: tio is a valid termios obtained above.
     unsafe { libc::cfmakeraw(&mut tio) };
     // SAFETY: as for tcgetattr.
     if unsafe { libc::tcsetattr(fd, libc::TCSANOW, &tio) } != 0 {
-        return Err(format!("tcsetattr {CONSOLE_DEVICE}: {}", std::io::Error::last_os_error()));
+        return Err(format!(
+            "tcsetattr {CONSOLE_DEVICE}: {}",
+            std::io::Error::last_os_error()
+        ));
     }
     Ok(())
 }
@@ -343,7 +470,8 @@ fn set_raw(file: &fs::File) -> Result<(), String> {
 /// Takes every hotpluggable CPU offline one by one, then online again, for
 /// `rounds` rounds, checking the kernel's online mask after every step.
 fn hotplug(rounds: u32, journal: &mut Journal) -> Result<Vec<HotplugRound>, String> {
-    let online = parse_cpu_list(&read_trimmed(&format!("{CPU_SYSFS}/online"))?).map_err(|e| e.to_string())?;
+    let online = parse_cpu_list(&read_trimmed(&format!("{CPU_SYSFS}/online"))?)
+        .map_err(|e| e.to_string())?;
     // CPU 0 has no `online` file on x86 unless BOOTPARAM_HOTPLUG_CPU0.
     let movable: Vec<u32> = online
         .iter()
@@ -367,13 +495,24 @@ fn hotplug(rounds: u32, journal: &mut Journal) -> Result<Vec<HotplugRound>, Stri
             hotplug_step(cpu, true, &expected, &mut problems, journal);
         }
         let online_us = start.elapsed().as_micros() as u64;
-        results.push(HotplugRound { round, offline_us, online_us, problems });
+        results.push(HotplugRound {
+            round,
+            offline_us,
+            online_us,
+            problems,
+        });
     }
     Ok(results)
 }
 
 /// One hotplug step, then the kernel's online mask checked against `expected`.
-fn hotplug_step(cpu: u32, online: bool, expected: &[u32], problems: &mut Vec<String>, journal: &mut Journal) {
+fn hotplug_step(
+    cpu: u32,
+    online: bool,
+    expected: &[u32],
+    problems: &mut Vec<String>,
+    journal: &mut Journal,
+) {
     let verb = if online { "online" } else { "offline" };
     if let Err(e) = set_cpu_online_recorded(cpu, online, journal) {
         problems.push(e);
@@ -381,13 +520,17 @@ fn hotplug_step(cpu: u32, online: bool, expected: &[u32], problems: &mut Vec<Str
     let want = format_cpu_list(expected);
     match read_trimmed(&format!("{CPU_SYSFS}/online")) {
         Ok(got) if got == want => {}
-        Ok(got) => problems.push(format!("after CPU {cpu} {verb}: online is {got:?}, expected {want:?}")),
+        Ok(got) => problems.push(format!(
+            "after CPU {cpu} {verb}: online is {got:?}, expected {want:?}"
+        )),
         Err(e) => problems.push(e),
     }
 }
 
 pub fn read_trimmed(path: &str) -> Result<String, String> {
-    fs::read_to_string(path).map(|s| s.trim().to_string()).map_err(|e| format!("read {path}: {e}"))
+    fs::read_to_string(path)
+        .map(|s| s.trim().to_string())
+        .map_err(|e| format!("read {path}: {e}"))
 }
 
 fn uptime_ms() -> Result<u64, String> {
@@ -409,7 +552,10 @@ fn uptime_ms() -> Result<u64, String> {
 fn power_off() -> ! {
     // SAFETY: sync takes no arguments.
     unsafe { libc::sync() };
-    if let Some(address) = fs::read_to_string("/proc/cmdline").ok().and_then(|c| perfbed_agent::power_off_address(&c)) {
+    if let Some(address) = fs::read_to_string("/proc/cmdline")
+        .ok()
+        .and_then(|c| perfbed_agent::power_off_address(&c))
+    {
         if let Err(e) = announce_power_off(address) {
             // The reboot that follows then reads as an unexpected reset.
             eprintln!("perfbed-agent: writing the power-off register: {e}");
@@ -420,7 +566,10 @@ fn power_off() -> ! {
         libc::reboot(libc::RB_AUTOBOOT);
     }
     // reboot() only returns on failure; PID 1 must not exit.
-    eprintln!("perfbed-agent: reboot failed: {}", std::io::Error::last_os_error());
+    eprintln!(
+        "perfbed-agent: reboot failed: {}",
+        std::io::Error::last_os_error()
+    );
     loop {
         std::thread::sleep(Duration::from_secs(3600));
     }

@@ -19,9 +19,12 @@ impl Mapping {
     pub fn new(base: u64, size: u64) -> Result<Mapping, String> {
         let size = usize::try_from(size).map_err(|_| format!("size {size:#x} too large"))?;
         if size == 0 || !base.is_multiple_of(4096) {
-            return Err(format!("bad region {size:#x}@{base:#x}: empty or not page aligned"));
+            return Err(format!(
+                "bad region {size:#x}@{base:#x}: empty or not page aligned"
+            ));
         }
-        let offset = libc::off_t::try_from(base).map_err(|_| format!("base {base:#x} too large"))?;
+        let offset =
+            libc::off_t::try_from(base).map_err(|_| format!("base {base:#x} too large"))?;
         let mem = OpenOptions::new()
             .read(true)
             .write(true)
@@ -40,9 +43,15 @@ impl Mapping {
             )
         };
         if ptr == libc::MAP_FAILED {
-            return Err(format!("mmap {size:#x}@{base:#x}: {}", std::io::Error::last_os_error()));
+            return Err(format!(
+                "mmap {size:#x}@{base:#x}: {}",
+                std::io::Error::last_os_error()
+            ));
         }
-        Ok(Mapping { ptr: ptr.cast(), size })
+        Ok(Mapping {
+            ptr: ptr.cast(),
+            size,
+        })
     }
 
     pub fn register(&self, offset: u64) -> Result<*mut u64, String> {
@@ -51,7 +60,10 @@ impl Mapping {
                 // SAFETY: in bounds and 8-byte aligned, checked above.
                 Ok(unsafe { self.ptr.add(o) }.cast())
             }
-            _ => Err(format!("offset {offset:#x} is not an aligned register inside {:#x} bytes", self.size)),
+            _ => Err(format!(
+                "offset {offset:#x} is not an aligned register inside {:#x} bytes",
+                self.size
+            )),
         }
     }
 }
@@ -73,11 +85,20 @@ pub fn run(base: u64, size: u64, accesses: &[MmioAccess]) -> Result<Vec<u64>, St
 
 /// Reads `REG_MAGIC` (offset 0) from `cpu` between two readings of `clock`:
 /// (before, after).
-pub fn clock_sync(base: u64, size: u64, cpu: u32, clock: fn() -> u64) -> Result<(u64, u64), String> {
+pub fn clock_sync(
+    base: u64,
+    size: u64,
+    cpu: u32,
+    clock: fn() -> u64,
+) -> Result<(u64, u64), String> {
     let mapping = Mapping::new(base, size)?;
     let saved = affinity()?;
     // Pinned first, so that only the read itself lies between the stamps.
-    let pin = MmioAccess { cpu, offset: 0, write: None };
+    let pin = MmioAccess {
+        cpu,
+        offset: 0,
+        write: None,
+    };
     access(&mapping, &pin)?;
     let before = clock();
     // SAFETY: offset 0 is inside the mapping and 8-byte aligned.
@@ -121,7 +142,10 @@ pub fn affinity() -> Result<libc::cpu_set_t, String> {
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
     // SAFETY: valid pointer and size for this thread's affinity.
     if unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) } != 0 {
-        return Err(format!("sched_getaffinity: {}", std::io::Error::last_os_error()));
+        return Err(format!(
+            "sched_getaffinity: {}",
+            std::io::Error::last_os_error()
+        ));
     }
     Ok(set)
 }
@@ -129,7 +153,10 @@ pub fn affinity() -> Result<libc::cpu_set_t, String> {
 pub fn set_affinity(set: &libc::cpu_set_t) -> Result<(), String> {
     // SAFETY: valid pointer and size; the kernel migrates us before returning.
     if unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(set), set) } != 0 {
-        return Err(format!("sched_setaffinity: {}", std::io::Error::last_os_error()));
+        return Err(format!(
+            "sched_setaffinity: {}",
+            std::io::Error::last_os_error()
+        ));
     }
     Ok(())
 }

@@ -55,7 +55,10 @@ pub struct SysError {
 
 impl SysError {
     fn last(call: &'static str) -> SysError {
-        SysError { errno: std::io::Error::last_os_error().raw_os_error().unwrap_or(0), call }
+        SysError {
+            errno: std::io::Error::last_os_error().raw_os_error().unwrap_or(0),
+            call,
+        }
     }
 }
 
@@ -88,7 +91,11 @@ pub fn errno_name(errno: i32) -> String {
 fn raw_attr(attr: &PerfAttr) -> RawAttr {
     RawAttr {
         type_: attr.type_,
-        size: if attr.size == 0 { std::mem::size_of::<RawAttr>() as u32 } else { attr.size },
+        size: if attr.size == 0 {
+            std::mem::size_of::<RawAttr>() as u32
+        } else {
+            attr.size
+        },
         config: attr.config,
         sample_period: attr.sample_period,
         sample_type: attr.sample_type,
@@ -120,17 +127,35 @@ pub fn open(attr: &PerfAttr, pid: i32, cpu: i32, group_fd: i32) -> Result<OwnedF
 /// perf_event_open with PERF_FLAG_* `flags` besides PERF_FLAG_FD_CLOEXEC.
 /// A size above the agent's own is padded with zeroes (the kernel accepts
 /// zero tails); the buffer is a page, the most the kernel reads.
-pub fn open_with(attr: &PerfAttr, pid: i32, cpu: i32, group_fd: i32, flags: u64) -> Result<OwnedFd, SysError> {
+pub fn open_with(
+    attr: &PerfAttr,
+    pid: i32,
+    cpu: i32,
+    group_fd: i32,
+    flags: u64,
+) -> Result<OwnedFd, SysError> {
     let raw = raw_attr(attr);
     let mut page = vec![0u8; 4096];
     // SAFETY: RawAttr is plain old data of 136 bytes; the page holds it.
-    let bytes = unsafe { std::slice::from_raw_parts(&raw as *const RawAttr as *const u8, std::mem::size_of::<RawAttr>()) };
+    let bytes = unsafe {
+        std::slice::from_raw_parts(
+            &raw as *const RawAttr as *const u8,
+            std::mem::size_of::<RawAttr>(),
+        )
+    };
     page[..bytes.len()].copy_from_slice(bytes);
     // SAFETY: page holds a perf_event_attr and as many bytes as the kernel
     // may read (attr.size is at most a page, or the kernel refuses it
     // before reading); it outlives the call. The rest are plain integers.
     let fd = unsafe {
-        libc::syscall(libc::SYS_perf_event_open, page.as_ptr(), pid, cpu, group_fd, flags as libc::c_ulong | PERF_FLAG_FD_CLOEXEC)
+        libc::syscall(
+            libc::SYS_perf_event_open,
+            page.as_ptr(),
+            pid,
+            cpu,
+            group_fd,
+            flags as libc::c_ulong | PERF_FLAG_FD_CLOEXEC,
+        )
     };
     if fd < 0 {
         return Err(SysError::last("perf_event_open"));
@@ -143,8 +168,14 @@ pub fn open_with(attr: &PerfAttr, pid: i32, cpu: i32, group_fd: i32, flags: u64)
 pub fn read(fd: &OwnedFd) -> Result<Vec<u64>, SysError> {
     let mut buf = [0u8; 8 * 64];
     let mut file = File::from(fd.try_clone().map_err(|_| SysError::last("dup"))?);
-    let n = file.read(&mut buf).map_err(|e| SysError { errno: e.raw_os_error().unwrap_or(0), call: "read" })?;
-    Ok(buf[..n].chunks_exact(8).map(|w| u64::from_ne_bytes(w.try_into().expect("8 bytes"))).collect())
+    let n = file.read(&mut buf).map_err(|e| SysError {
+        errno: e.raw_os_error().unwrap_or(0),
+        call: "read",
+    })?;
+    Ok(buf[..n]
+        .chunks_exact(8)
+        .map(|w| u64::from_ne_bytes(w.try_into().expect("8 bytes")))
+        .collect())
 }
 
 // PERF_EVENT_IOC_* (uapi/linux/perf_event.h): _IO/_IOR/_IOW('$', n, ...).
@@ -187,12 +218,25 @@ pub struct Events {
 }
 
 impl Events {
-    pub fn open(&mut self, attr: &PerfAttr, pid: i32, cpu: i32, group: Option<u32>) -> Result<u32, SysError> {
+    pub fn open(
+        &mut self,
+        attr: &PerfAttr,
+        pid: i32,
+        cpu: i32,
+        group: Option<u32>,
+    ) -> Result<u32, SysError> {
         self.open_flags(attr, pid, cpu, group, 0)
     }
 
     /// perf_event_open with PERF_FLAG_* `flags`.
-    pub fn open_flags(&mut self, attr: &PerfAttr, pid: i32, cpu: i32, group: Option<u32>, flags: u64) -> Result<u32, SysError> {
+    pub fn open_flags(
+        &mut self,
+        attr: &PerfAttr,
+        pid: i32,
+        cpu: i32,
+        group: Option<u32>,
+        flags: u64,
+    ) -> Result<u32, SysError> {
         let group_fd = match group {
             Some(handle) => self.fd(handle)?.as_raw_fd(),
             None => -1,
@@ -205,7 +249,10 @@ impl Events {
 
     /// The open descriptor behind a handle (borrowed).
     pub fn fd(&self, handle: u32) -> Result<&OwnedFd, SysError> {
-        self.open.get(&handle).ok_or(SysError { errno: libc::EBADF, call: "handle" })
+        self.open.get(&handle).ok_or(SysError {
+            errno: libc::EBADF,
+            call: "handle",
+        })
     }
 
     /// An ioctl on an open event: its return value (the id for `Id`).
@@ -231,7 +278,10 @@ impl Events {
                 ioctl_ret(fd, IOC_SET_OUTPUT, target as i64 as u64)
             }
             PerfIoctl::SetFilter { filter } => {
-                let c = std::ffi::CString::new(filter.as_str()).map_err(|_| SysError { errno: libc::EINVAL, call: "filter with NUL" })?;
+                let c = std::ffi::CString::new(filter.as_str()).map_err(|_| SysError {
+                    errno: libc::EINVAL,
+                    call: "filter with NUL",
+                })?;
                 ioctl_ret(fd, IOC_SET_FILTER, c.as_ptr() as u64)
             }
             PerfIoctl::PauseOutput { pause } => ioctl_ret(fd, IOC_PAUSE_OUTPUT, u64::from(*pause)),
@@ -241,24 +291,39 @@ impl Events {
             }
             PerfIoctl::SetBpf { fd: prog } => ioctl_ret(fd, IOC_SET_BPF, *prog as i64 as u64),
             PerfIoctl::QueryBpf => {
-                let mut q = QueryBpf { ids_len: 0, prog_cnt: 0 };
+                let mut q = QueryBpf {
+                    ids_len: 0,
+                    prog_cnt: 0,
+                };
                 ioctl_ret(fd, IOC_QUERY_BPF, &mut q as *mut QueryBpf as u64)
             }
         }
     }
 
     pub fn read(&self, handle: u32) -> Result<Vec<u64>, SysError> {
-        read(self.open.get(&handle).ok_or(SysError { errno: libc::EBADF, call: "handle" })?)
+        read(self.open.get(&handle).ok_or(SysError {
+            errno: libc::EBADF,
+            call: "handle",
+        })?)
     }
 
     pub fn close(&mut self, handle: u32) -> Result<(), SysError> {
-        self.open.remove(&handle).map(drop).ok_or(SysError { errno: libc::EBADF, call: "handle" })
+        self.open.remove(&handle).map(drop).ok_or(SysError {
+            errno: libc::EBADF,
+            call: "handle",
+        })
     }
 }
 
 /// Opens events in a loop while another thread toggles CPUs `hotplug_ops`
 /// times; see the protocol.
-pub fn open_race(attr: &PerfAttr, cpu: i32, hotplug_ops: u32, toggle_cpus: &[u32], keep: u32) -> Result<RaceResult, String> {
+pub fn open_race(
+    attr: &PerfAttr,
+    cpu: i32,
+    hotplug_ops: u32,
+    toggle_cpus: &[u32],
+    keep: u32,
+) -> Result<RaceResult, String> {
     if toggle_cpus.is_empty() || hotplug_ops == 0 {
         return Err("the race needs CPUs to toggle and a number of hotplug operations".into());
     }
@@ -269,7 +334,8 @@ pub fn open_race(attr: &PerfAttr, cpu: i32, hotplug_ops: u32, toggle_cpus: &[u32
         std::thread::spawn(move || -> Result<(), String> {
             let result = (|| {
                 // Each CPU offline then online, one at a time, round and round.
-                let steps: Vec<(u32, bool)> = cpus.iter().flat_map(|&c| [(c, false), (c, true)]).collect();
+                let steps: Vec<(u32, bool)> =
+                    cpus.iter().flat_map(|&c| [(c, false), (c, true)]).collect();
                 for &(cpu, online) in steps.iter().cycle().take(hotplug_ops as usize) {
                     crate::set_cpu_online(cpu, online)?;
                     ops.fetch_add(1, Ordering::Relaxed);
@@ -298,19 +364,30 @@ pub fn open_race(attr: &PerfAttr, cpu: i32, hotplug_ops: u32, toggle_cpus: &[u32
             Err(e) => *errors.entry(errno_name(e.errno)).or_default() += 1,
         }
     }
-    toggler.join().map_err(|_| "the hotplug thread panicked".to_string())??;
+    toggler
+        .join()
+        .map_err(|_| "the hotplug thread panicked".to_string())??;
     for &c in toggle_cpus {
         crate::set_cpu_online(c, true)?;
     }
     let mut final_values = Vec::new();
     for fd in &kept {
-        final_values.push(read(fd).map_err(|e| format!("{}: {}", e.call, errno_name(e.errno)))?.first().copied().unwrap_or(0));
+        final_values.push(
+            read(fd)
+                .map_err(|e| format!("{}: {}", e.call, errno_name(e.errno)))?
+                .first()
+                .copied()
+                .unwrap_or(0),
+        );
     }
     Ok(RaceResult {
         attempts,
         opened,
         busy,
-        other_errors: errors.into_iter().map(|(k, v)| format!("{k}: {v}")).collect(),
+        other_errors: errors
+            .into_iter()
+            .map(|(k, v)| format!("{k}: {v}"))
+            .collect(),
         hotplug_ops: ops.load(Ordering::Relaxed),
         final_values,
     })

@@ -11,14 +11,21 @@ use crate::perf::Events;
 
 /// Pinned to `cpu`, reads `target` `iterations` times; the affinity is
 /// restored afterwards whatever happened.
-pub fn time_reads(target: &ReadTarget, cpu: u32, iterations: u32, events: &Events) -> Result<AgentMessage, String> {
+pub fn time_reads(
+    target: &ReadTarget,
+    cpu: u32,
+    iterations: u32,
+    events: &Events,
+) -> Result<AgentMessage, String> {
     if iterations == 0 {
         return Err("time_reads: 0 iterations".into());
     }
     let saved = mmio::affinity()?;
     let result = mmio::pin_to(cpu).and_then(|()| match target {
         ReadTarget::Event { handle } => {
-            let fd = events.fd(*handle).map_err(|_| format!("no open event {handle}"))?;
+            let fd = events
+                .fd(*handle)
+                .map_err(|_| format!("no open event {handle}"))?;
             time_event_reads(fd.as_raw_fd(), iterations)
         }
         ReadTarget::Mmio { base, size, offset } => {
@@ -28,7 +35,11 @@ pub fn time_reads(target: &ReadTarget, cpu: u32, iterations: u32, events: &Event
     });
     mmio::set_affinity(&saved)?;
     let (total_ns, last) = result?;
-    Ok(AgentMessage::Timed { iterations, total_ns, last })
+    Ok(AgentMessage::Timed {
+        iterations,
+        total_ns,
+        last,
+    })
 }
 
 fn time_event_reads(fd: i32, iterations: u32) -> Result<(u64, u64), String> {
@@ -39,7 +50,10 @@ fn time_event_reads(fd: i32, iterations: u32) -> Result<(u64, u64), String> {
         // for its whole size.
         let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), std::mem::size_of_val(&buf)) };
         if n < 8 {
-            return Err(format!("read of a perf event gave {n}: {}", std::io::Error::last_os_error()));
+            return Err(format!(
+                "read of a perf event gave {n}: {}",
+                std::io::Error::last_os_error()
+            ));
         }
     }
     Ok((elapsed_ns(start), buf[0]))

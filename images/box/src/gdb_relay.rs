@@ -30,7 +30,10 @@ pub fn start(port: PathBuf, socket: PathBuf) -> Result<(), String> {
         wait_for_host(&port);
         match connect(&socket) {
             Ok(stub) => {
-                eprintln!("perfbed-box: gdb connected; relaying it to {}", socket.display());
+                eprintln!(
+                    "perfbed-box: gdb connected; relaying it to {}",
+                    socket.display()
+                );
                 if let Err(e) = session(&port, stub) {
                     eprintln!("perfbed-box: gdb relay: {e}");
                 }
@@ -60,7 +63,11 @@ fn poll(fds: &mut [libc::pollfd], timeout_ms: i32) -> io::Result<()> {
 }
 
 fn pollfd(fd: i32) -> libc::pollfd {
-    libc::pollfd { fd, events: libc::POLLIN, revents: 0 }
+    libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    }
 }
 
 /// Returns once the host side of `port` is connected.

@@ -21,7 +21,8 @@ pub const GDB_SOCKET: &str = "/run/gdb.sock";
 
 /// Whether perfbed-vmm's arguments ask for gdb on [`GDB_SOCKET`].
 pub fn wants_gdb(args: &[String]) -> bool {
-    args.windows(2).any(|w| w[0] == "--gdb-socket" && w[1] == GDB_SOCKET)
+    args.windows(2)
+        .any(|w| w[0] == "--gdb-socket" && w[1] == GDB_SOCKET)
 }
 
 /// L1 kernel command-line key carrying perfbed-vmm's arguments.
@@ -40,9 +41,12 @@ pub const TERMINATE_BEFORE_AGENT: &str = "perfbed_box.terminate_before_agent";
 /// Whether perfbed-vmm's arguments carry [`TERMINATE_BEFORE_AGENT`] in the
 /// guest's command line.
 pub fn terminate_before_agent(vmm_args: &[String]) -> bool {
-    vmm_args
-        .windows(2)
-        .any(|w| w[0] == "--cmdline" && w[1].split_whitespace().any(|word| word == TERMINATE_BEFORE_AGENT))
+    vmm_args.windows(2).any(|w| {
+        w[0] == "--cmdline"
+            && w[1]
+                .split_whitespace()
+                .any(|word| word == TERMINATE_BEFORE_AGENT)
+    })
 }
 
 /// `/init` itself failed (before or around perfbed-vmm).
@@ -67,12 +71,16 @@ pub fn encode_args(args: &[String]) -> String {
 
 /// The arguments from L1's `/proc/cmdline`, if the key is there and valid.
 pub fn decode_args(cmdline: &str) -> Option<Vec<String>> {
-    let hex = cmdline.split_whitespace().find_map(|w| w.strip_prefix(ARGS_KEY))?;
+    let hex = cmdline
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix(ARGS_KEY))?;
     if hex.len() % 2 != 0 {
         return None;
     }
-    let bytes: Option<Vec<u8>> =
-        (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok()).collect();
+    let bytes: Option<Vec<u8>> = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
+        .collect();
     let text = String::from_utf8(bytes?).ok()?;
     if text.is_empty() {
         return Some(Vec::new());
@@ -85,7 +93,9 @@ pub fn decode_args(cmdline: &str) -> Option<Vec<String>> {
 pub fn vmm_status_from_qemu(qemu_status: i32) -> Result<u8, String> {
     match qemu_status {
         0 => Ok(0),
-        s if s & 1 == 1 && (s >> 1) == i32::from(BOX_FAILED) => Err("the box's /init failed (see the L1 log)".into()),
+        s if s & 1 == 1 && (s >> 1) == i32::from(BOX_FAILED) => {
+            Err("the box's /init failed (see the L1 log)".into())
+        }
         s if s & 1 == 1 && (1..=255).contains(&(s >> 1)) => Ok((s >> 1) as u8),
         s => Err(format!("the box's QEMU exited with status {s}")),
     }
@@ -97,9 +107,15 @@ mod tests {
 
     #[test]
     fn args_survive_the_kernel_command_line() {
-        let args: Vec<String> = ["--cmdline", "console=ttyS0 panic=-1 a=\"b c\"", "--cpus", "4", ""]
-            .map(String::from)
-            .to_vec();
+        let args: Vec<String> = [
+            "--cmdline",
+            "console=ttyS0 panic=-1 a=\"b c\"",
+            "--cpus",
+            "4",
+            "",
+        ]
+        .map(String::from)
+        .to_vec();
         let word = encode_args(&args);
         assert!(!word.contains(' ') && !word.contains('"'));
         let cmdline = format!("console=ttyS0 {word} quiet");
@@ -113,7 +129,13 @@ mod tests {
     #[test]
     fn gdb_is_asked_for_by_the_socket_argument() {
         let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        assert!(wants_gdb(&args(&["--cpus", "4", "--gdb-socket", GDB_SOCKET, "--gdb-stopped"])));
+        assert!(wants_gdb(&args(&[
+            "--cpus",
+            "4",
+            "--gdb-socket",
+            GDB_SOCKET,
+            "--gdb-stopped"
+        ])));
         assert!(!wants_gdb(&args(&["--cpus", "4"])));
         assert!(!wants_gdb(&args(&["--gdb-socket", "/elsewhere"])));
         assert!(!wants_gdb(&args(&[GDB_SOCKET])));
@@ -130,11 +152,21 @@ mod tests {
 
     #[test]
     fn the_terminate_hook_is_a_word_of_the_guests_command_line_only() {
-        let args = |cmdline: &str| ["--cpus", "2", "--cmdline", cmdline].map(String::from).to_vec();
-        assert!(terminate_before_agent(&args("console=ttyS0 perfbed_box.terminate_before_agent")));
+        let args = |cmdline: &str| {
+            ["--cpus", "2", "--cmdline", cmdline]
+                .map(String::from)
+                .to_vec()
+        };
+        assert!(terminate_before_agent(&args(
+            "console=ttyS0 perfbed_box.terminate_before_agent"
+        )));
         assert!(!terminate_before_agent(&args("console=ttyS0")));
-        assert!(!terminate_before_agent(&args("perfbed_box.terminate_before_agent_not")));
-        let elsewhere = ["--serial-log", TERMINATE_BEFORE_AGENT].map(String::from).to_vec();
+        assert!(!terminate_before_agent(&args(
+            "perfbed_box.terminate_before_agent_not"
+        )));
+        let elsewhere = ["--serial-log", TERMINATE_BEFORE_AGENT]
+            .map(String::from)
+            .to_vec();
         assert!(!terminate_before_agent(&elsewhere));
     }
 }

@@ -19,8 +19,9 @@ use std::time::{Duration, Instant};
 mod stall_watch;
 
 use perfbed_box_init::{
-    decode_args, terminate_before_agent, wants_gdb, BOX_FAILED, DEBUG_EXIT_PORT, GDB_SOCKET, GUEST_INITRAMFS,
-    GUEST_KERNEL, MODULE_ORDER, PORT_AGENT, PORT_CONTROL, PORT_GDB, PORT_SERIAL, VMM_PATH,
+    decode_args, terminate_before_agent, wants_gdb, BOX_FAILED, DEBUG_EXIT_PORT, GDB_SOCKET,
+    GUEST_INITRAMFS, GUEST_KERNEL, MODULE_ORDER, PORT_AGENT, PORT_CONTROL, PORT_GDB, PORT_SERIAL,
+    VMM_PATH,
 };
 
 const AGENT_SOCKET: &str = "/run/agent.sock";
@@ -39,24 +40,37 @@ fn main() {
 
 fn run() -> Result<u8, String> {
     let started = Instant::now();
-    for (source, target, fstype) in [("proc", "/proc", "proc"), ("sysfs", "/sys", "sysfs"), ("devtmpfs", "/dev", "devtmpfs")] {
+    for (source, target, fstype) in [
+        ("proc", "/proc", "proc"),
+        ("sysfs", "/sys", "sysfs"),
+        ("devtmpfs", "/dev", "devtmpfs"),
+    ] {
         mount(source, target, fstype)?;
     }
     fs::create_dir_all("/run").map_err(|e| format!("creating /run: {e}"))?;
     load_modules()?;
     wait_for(Path::new("/dev/kvm"), Duration::from_secs(10))?;
-    let cmdline = fs::read_to_string("/proc/cmdline").map_err(|e| format!("reading /proc/cmdline: {e}"))?;
-    let args = decode_args(&cmdline).ok_or("no perfbed-vmm arguments on the kernel command line")?;
+    let cmdline =
+        fs::read_to_string("/proc/cmdline").map_err(|e| format!("reading /proc/cmdline: {e}"))?;
+    let args =
+        decode_args(&cmdline).ok_or("no perfbed-vmm arguments on the kernel command line")?;
     if args.first().map(String::as_str) == Some("--bench-exits") {
         // The exit benchmark needs no guest and no ports: its figures go to
         // the console.
-        let status = Command::new(VMM_PATH).args(&args).status().map_err(|e| format!("starting {VMM_PATH}: {e}"))?;
+        let status = Command::new(VMM_PATH)
+            .args(&args)
+            .status()
+            .map_err(|e| format!("starting {VMM_PATH}: {e}"))?;
         return Ok(status.code().map_or(BOX_FAILED, |c| c as u8));
     }
     let agent_port = find_port(PORT_AGENT)?;
     let control_port = find_port(PORT_CONTROL)?;
     let serial_port = find_port(PORT_SERIAL)?;
-    let gdb_port = if wants_gdb(&args) { Some(find_port(PORT_GDB)?) } else { None };
+    let gdb_port = if wants_gdb(&args) {
+        Some(find_port(PORT_GDB)?)
+    } else {
+        None
+    };
     let uptime = fs::read_to_string("/proc/uptime").unwrap_or_default();
     eprintln!(
         "perfbed-box: L1 ready: uptime {} s, /init took {} ms; starting perfbed-vmm",
@@ -67,7 +81,12 @@ fn run() -> Result<u8, String> {
     let mut vmm = Command::new(VMM_PATH)
         .args(["--kernel", GUEST_KERNEL, "--initramfs", GUEST_INITRAMFS])
         .args(&args)
-        .args(["--agent-socket", AGENT_SOCKET, "--control-socket", CONTROL_SOCKET])
+        .args([
+            "--agent-socket",
+            AGENT_SOCKET,
+            "--control-socket",
+            CONTROL_SOCKET,
+        ])
         .arg("--serial-log")
         .arg(&serial_port)
         .spawn()
@@ -84,7 +103,9 @@ fn run() -> Result<u8, String> {
     if terminate_before_agent(&args) {
         // The signal test: perfbed-vmm now waits for our connection.
         wait_for(Path::new(AGENT_SOCKET), Duration::from_secs(30))?;
-        eprintln!("perfbed-box: sending SIGTERM to perfbed-vmm while it waits for the agent's client");
+        eprintln!(
+            "perfbed-box: sending SIGTERM to perfbed-vmm while it waits for the agent's client"
+        );
         // SAFETY: kill(2) on our child's pid, not yet reaped.
         unsafe { libc::kill(vmm.id() as libc::pid_t, libc::SIGTERM) };
     } else {
@@ -92,7 +113,9 @@ fn run() -> Result<u8, String> {
         relay(agent, &agent_port)?;
     }
 
-    let status = vmm.wait().map_err(|e| format!("waiting for perfbed-vmm: {e}"))?;
+    let status = vmm
+        .wait()
+        .map_err(|e| format!("waiting for perfbed-vmm: {e}"))?;
     eprintln!("perfbed-box: perfbed-vmm exited: {status}");
     Ok(status.code().map_or(BOX_FAILED, |c| c as u8))
 }
@@ -102,7 +125,15 @@ fn mount(source: &str, target: &str, fstype: &str) -> Result<(), String> {
     let c = |s: &str| CString::new(s).map_err(|e| e.to_string());
     let (source_c, target_c, fstype_c) = (c(source)?, c(target)?, c(fstype)?);
     // SAFETY: three NUL-terminated strings that outlive the call, no data.
-    let rc = unsafe { libc::mount(source_c.as_ptr(), target_c.as_ptr(), fstype_c.as_ptr(), 0, std::ptr::null()) };
+    let rc = unsafe {
+        libc::mount(
+            source_c.as_ptr(),
+            target_c.as_ptr(),
+            fstype_c.as_ptr(),
+            0,
+            std::ptr::null(),
+        )
+    };
     let err = io::Error::last_os_error();
     if rc != 0 && err.raw_os_error() != Some(libc::EBUSY) {
         return Err(format!("mount {target}: {err}"));
@@ -112,7 +143,8 @@ fn mount(source: &str, target: &str, fstype: &str) -> Result<(), String> {
 
 /// Loads `/lib/modules/order`'s modules: `<file> [params]` a line.
 fn load_modules() -> Result<(), String> {
-    let order = fs::read_to_string(format!("/{MODULE_ORDER}")).map_err(|e| format!("reading /{MODULE_ORDER}: {e}"))?;
+    let order = fs::read_to_string(format!("/{MODULE_ORDER}"))
+        .map_err(|e| format!("reading /{MODULE_ORDER}: {e}"))?;
     for line in order.lines().filter(|l| !l.trim().is_empty()) {
         let (file, params) = line.split_once(' ').unwrap_or((line, ""));
         let path = format!("/lib/modules/{file}");
@@ -120,7 +152,14 @@ fn load_modules() -> Result<(), String> {
         let params_c = CString::new(params).map_err(|e| e.to_string())?;
         // SAFETY: finit_module reads the open file and the NUL-terminated
         // parameters, both valid for the call.
-        let rc = unsafe { libc::syscall(libc::SYS_finit_module, module.as_raw_fd(), params_c.as_ptr(), 0) };
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_finit_module,
+                module.as_raw_fd(),
+                params_c.as_ptr(),
+                0,
+            )
+        };
         let err = io::Error::last_os_error();
         if rc != 0 && err.raw_os_error() != Some(libc::EEXIST) {
             return Err(format!("loading {path} ({params}): {err}"));
@@ -133,7 +172,10 @@ fn wait_for(path: &Path, timeout: Duration) -> Result<(), String> {
     let deadline = Instant::now() + timeout;
     while !path.exists() {
         if Instant::now() > deadline {
-            return Err(format!("{} did not appear within {timeout:?}", path.display()));
+            return Err(format!(
+                "{} did not appear within {timeout:?}",
+                path.display()
+            ));
         }
         thread::sleep(Duration::from_millis(20));
     }
@@ -155,7 +197,9 @@ fn find_port(name: &str) -> Result<PathBuf, String> {
             }
         }
         if Instant::now() > deadline {
-            return Err(format!("no virtio-serial port named {name} (is virtio_console loaded?)"));
+            return Err(format!(
+                "no virtio-serial port named {name} (is virtio_console loaded?)"
+            ));
         }
         thread::sleep(Duration::from_millis(20));
     }
@@ -168,10 +212,16 @@ fn connect(socket: &Path, vmm: &mut std::process::Child) -> Result<UnixStream, S
             return Ok(stream);
         }
         if let Ok(Some(status)) = vmm.try_wait() {
-            return Err(format!("perfbed-vmm exited ({status}) before serving {}", socket.display()));
+            return Err(format!(
+                "perfbed-vmm exited ({status}) before serving {}",
+                socket.display()
+            ));
         }
         if Instant::now() > deadline {
-            return Err(format!("perfbed-vmm did not serve {} within 30 s", socket.display()));
+            return Err(format!(
+                "perfbed-vmm did not serve {} within 30 s",
+                socket.display()
+            ));
         }
         thread::sleep(Duration::from_millis(10));
     }

@@ -38,7 +38,9 @@ struct Watched {
 
 /// Starts the watch on process `pid`; it ends with the process.
 pub fn spawn(pid: u32) {
-    let _ = thread::Builder::new().name("stall-watch".into()).spawn(move || watch(pid));
+    let _ = thread::Builder::new()
+        .name("stall-watch".into())
+        .spawn(move || watch(pid));
 }
 
 fn watch(pid: u32) {
@@ -48,21 +50,30 @@ fn watch(pid: u32) {
     let mut busy = (0u64, Instant::now(), false);
     loop {
         thread::sleep(SAMPLE);
-        let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else { return };
+        let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else {
+            return;
+        };
         let now = Instant::now();
         let mut vcpu_runs = 0;
         let mut vcpus = Vec::new();
         for task in tasks.flatten() {
             let tid = task.file_name().to_string_lossy().into_owned();
             let dir = task.path();
-            let comm = fs::read_to_string(dir.join("comm")).unwrap_or_default().trim().to_string();
+            let comm = fs::read_to_string(dir.join("comm"))
+                .unwrap_or_default()
+                .trim()
+                .to_string();
             if !comm.starts_with("vcpu") {
                 continue;
             }
             let Some(state) = sample(&dir) else { continue };
             vcpu_runs += state.runs;
             vcpus.push((comm.clone(), dir.clone(), state.wchan.clone()));
-            let entry = watched.entry(tid.clone()).or_insert(Watched { state: state.clone(), since: now, reported: false });
+            let entry = watched.entry(tid.clone()).or_insert(Watched {
+                state: state.clone(),
+                since: now,
+                reported: false,
+            });
             if entry.state != state {
                 if entry.reported {
                     eprintln!(
@@ -71,12 +82,20 @@ fn watch(pid: u32) {
                         entry.state.wchan
                     );
                 }
-                *entry = Watched { state, since: now, reported: false };
+                *entry = Watched {
+                    state,
+                    since: now,
+                    reported: false,
+                };
                 continue;
             }
-            if !entry.reported && now.duration_since(entry.since) >= STALL && is_stall(&entry.state.wchan) {
+            if !entry.reported
+                && now.duration_since(entry.since) >= STALL
+                && is_stall(&entry.state.wchan)
+            {
                 entry.reported = true;
-                let stack = fs::read_to_string(dir.join("stack")).unwrap_or_else(|e| format!("(no stack: {e})\n"));
+                let stack = fs::read_to_string(dir.join("stack"))
+                    .unwrap_or_else(|e| format!("(no stack: {e})\n"));
                 eprintln!(
                     "perfbed-box: stall-watch: {comm} (tid {tid}) has slept in {} for {:.1} s without running; its L1 kernel stack:\n{}",
                     entry.state.wchan,
@@ -146,7 +165,10 @@ fn sample(dir: &std::path::Path) -> Option<ThreadState> {
             fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?
         }
     };
-    Some(ThreadState { wchan: wchan.trim().to_string(), runs })
+    Some(ThreadState {
+        wchan: wchan.trim().to_string(),
+        runs,
+    })
 }
 
 /// Whether sleeping in `wchan` stalls the guest: KVM's halt wait is the

@@ -21,7 +21,9 @@ pub enum CmdlineError {
     TooLong,
     #[error("the kernel command line: {0}")]
     Invalid(CmdlineLibError),
-    #[error("the command line already announces the monitoring device ({0}); the VMM does that itself")]
+    #[error(
+        "the command line already announces the monitoring device ({0}); the VMM does that itself"
+    )]
     DeviceAlreadyAnnounced(String),
 }
 
@@ -38,13 +40,23 @@ pub fn perfbed_device_param(size: u64, base: u64, gsis: &[u32]) -> String {
 
 /// `virtio_mmio.device=<size>@<base>:<irq>`, as QEMU's microvm writes it.
 pub fn virtio_mmio_param(slot: &VirtioMmioSlot) -> String {
-    format!("virtio_mmio.device={}@{:#x}:{}", slot.size, slot.base, slot.irq)
+    format!(
+        "virtio_mmio.device={}@{:#x}:{}",
+        slot.size, slot.base, slot.irq
+    )
 }
 
 /// The whole command line: `user`, then the monitoring device, then each
 /// virtio-mmio transport.
-pub fn build(user: &str, device: Option<(u64, u64, &[u32])>, virtio: &[VirtioMmioSlot]) -> Result<Cmdline, CmdlineError> {
-    if let Some(word) = user.split_whitespace().find(|w| w.starts_with("perfbed.device=")) {
+pub fn build(
+    user: &str,
+    device: Option<(u64, u64, &[u32])>,
+    virtio: &[VirtioMmioSlot],
+) -> Result<Cmdline, CmdlineError> {
+    if let Some(word) = user
+        .split_whitespace()
+        .find(|w| w.starts_with("perfbed.device="))
+    {
         return Err(CmdlineError::DeviceAlreadyAnnounced(word.to_string()));
     }
     let mut cmdline = Cmdline::new(CMDLINE_MAX).map_err(CmdlineError::Invalid)?;
@@ -77,8 +89,17 @@ mod tests {
 
     #[test]
     fn devices_follow_the_user_part() {
-        let slot = VirtioMmioSlot { base: 0xfeb0_0000, size: 512, irq: 5 };
-        let c = build("console=ttyS0 panic=-1", Some((0x3000, 0xfe00_0000, &[13, 14])), &[slot]).unwrap();
+        let slot = VirtioMmioSlot {
+            base: 0xfeb0_0000,
+            size: 512,
+            irq: 5,
+        };
+        let c = build(
+            "console=ttyS0 panic=-1",
+            Some((0x3000, 0xfe00_0000, &[13, 14])),
+            &[slot],
+        )
+        .unwrap();
         assert_eq!(
             text(&c),
             "console=ttyS0 panic=-1 perfbed.device=0x3000@0xfe000000:13,14 virtio_mmio.device=512@0xfeb00000:5"
@@ -88,8 +109,14 @@ mod tests {
     #[test]
     fn the_device_parameter_matches_the_qemu_hosts() {
         // xtask/src/host/config.rs: device_param(size, gsis)
-        assert_eq!(perfbed_device_param(3 * 4096, 0xfe00_0000, &[]), "perfbed.device=0x3000@0xfe000000");
-        assert_eq!(perfbed_device_param(3 * 4096, 0xfe00_0000, &[13, 14]), "perfbed.device=0x3000@0xfe000000:13,14");
+        assert_eq!(
+            perfbed_device_param(3 * 4096, 0xfe00_0000, &[]),
+            "perfbed.device=0x3000@0xfe000000"
+        );
+        assert_eq!(
+            perfbed_device_param(3 * 4096, 0xfe00_0000, &[13, 14]),
+            "perfbed.device=0x3000@0xfe000000:13,14"
+        );
     }
 
     #[test]
@@ -101,11 +128,17 @@ mod tests {
     #[test]
     fn too_long_and_doubled_are_refused() {
         let long = "x".repeat(CMDLINE_MAX);
-        assert!(matches!(build(&long, None, &[]), Err(CmdlineError::TooLong)));
+        assert!(matches!(
+            build(&long, None, &[]),
+            Err(CmdlineError::TooLong)
+        ));
         assert!(matches!(
             build("a perfbed.device=0x1000@0x0", Some((0x1000, 0, &[])), &[]),
             Err(CmdlineError::DeviceAlreadyAnnounced(_))
         ));
-        assert!(matches!(build("caf\u{e9}", None, &[]), Err(CmdlineError::Invalid(_))));
+        assert!(matches!(
+            build("caf\u{e9}", None, &[]),
+            Err(CmdlineError::Invalid(_))
+        ));
     }
 }

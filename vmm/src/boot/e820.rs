@@ -24,15 +24,27 @@ pub struct E820Entry {
 /// RAM above 4 GiB.
 pub fn memory_map(memory_mib: u32) -> Vec<E820Entry> {
     let mut map = vec![
-        E820Entry { addr: 0, size: MPTABLE_ADDR, kind: E820Kind::Ram },
-        E820Entry { addr: MPTABLE_ADDR, size: BASE_MEMORY_END - MPTABLE_ADDR, kind: E820Kind::Reserved },
+        E820Entry {
+            addr: 0,
+            size: MPTABLE_ADDR,
+            kind: E820Kind::Ram,
+        },
+        E820Entry {
+            addr: MPTABLE_ADDR,
+            size: BASE_MEMORY_END - MPTABLE_ADDR,
+            kind: E820Kind::Reserved,
+        },
     ];
     for (start, len) in ram_ranges(memory_mib) {
         let start = start.0;
         let end = start + len;
         let from = start.max(HIMEM_START);
         if end > from {
-            map.push(E820Entry { addr: from, size: end - from, kind: E820Kind::Ram });
+            map.push(E820Entry {
+                addr: from,
+                size: end - from,
+                kind: E820Kind::Ram,
+            });
         }
     }
     map
@@ -46,7 +58,10 @@ mod tests {
     const MIB: u64 = 1 << 20;
 
     fn ram(map: &[E820Entry]) -> u64 {
-        map.iter().filter(|e| e.kind == E820Kind::Ram).map(|e| e.size).sum()
+        map.iter()
+            .filter(|e| e.kind == E820Kind::Ram)
+            .map(|e| e.size)
+            .sum()
     }
 
     #[test]
@@ -54,7 +69,10 @@ mod tests {
         for mib in [64, 512, 3072, 4096, 16384] {
             let map = memory_map(mib);
             for pair in map.windows(2) {
-                assert!(pair[0].addr + pair[0].size <= pair[1].addr, "{mib} MiB: {pair:?}");
+                assert!(
+                    pair[0].addr + pair[0].size <= pair[1].addr,
+                    "{mib} MiB: {pair:?}"
+                );
             }
         }
     }
@@ -74,6 +92,8 @@ mod tests {
             assert!(end <= MMIO_HOLE_START || e.addr >= FOUR_GIB, "{e:?}");
         }
         assert_eq!(map.last().unwrap().addr, FOUR_GIB);
-        assert!(map.iter().any(|e| e.addr == MPTABLE_ADDR && e.kind == E820Kind::Reserved));
+        assert!(map
+            .iter()
+            .any(|e| e.addr == MPTABLE_ADDR && e.kind == E820Kind::Reserved));
     }
 }

@@ -11,15 +11,17 @@ use std::path::Path;
 
 use linux_loader::cmdline::Cmdline;
 use linux_loader::loader::bootparam::boot_params;
-use linux_loader::loader::elf::start_info::{hvm_memmap_table_entry, hvm_modlist_entry, hvm_start_info};
+use linux_loader::loader::elf::start_info::{
+    hvm_memmap_table_entry, hvm_modlist_entry, hvm_start_info,
+};
 use linux_loader::loader::{load_cmdline, BzImage, Elf, KernelLoader, PvhBootCapability};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use super::e820::{memory_map, E820Entry};
 use super::mptable;
 use crate::memory::{
-    low_ram_end, CMDLINE_ADDR, HIMEM_START, PD_ADDR, PDPT_ADDR, PML4_ADDR, PVH_MEMMAP_ADDR, PVH_MODLIST_ADDR,
-    PVH_START_INFO_ADDR, ZERO_PAGE_ADDR,
+    low_ram_end, CMDLINE_ADDR, HIMEM_START, PDPT_ADDR, PD_ADDR, PML4_ADDR, PVH_MEMMAP_ADDR,
+    PVH_MODLIST_ADDR, PVH_START_INFO_ADDR, ZERO_PAGE_ADDR,
 };
 
 const XEN_HVM_START_MAGIC: u32 = 0x336e_c578;
@@ -33,7 +35,11 @@ pub enum BootEntry {
     /// 32-bit protected mode at `entry`, `%ebx` = `start_info`.
     Pvh { entry: u64, start_info: u64 },
     /// 64-bit long mode at `entry`, `%rsi` = `zero_page`, CR3 = `pml4`.
-    Linux64 { entry: u64, zero_page: u64, pml4: u64 },
+    Linux64 {
+        entry: u64,
+        zero_page: u64,
+        pml4: u64,
+    },
 }
 
 /// Why the guest could not be loaded.
@@ -54,7 +60,11 @@ pub enum LoadError {
     #[error("the ELF kernel has no PVH entry note (CONFIG_PVH): it cannot be booted directly")]
     NoPvhEntry,
     #[error("the initramfs ({size} bytes) does not fit between the kernel's end {kernel_end:#x} and the end of low RAM {ram_end:#x}")]
-    InitramfsTooLarge { size: u64, kernel_end: u64, ram_end: u64 },
+    InitramfsTooLarge {
+        size: u64,
+        kernel_end: u64,
+        ram_end: u64,
+    },
     #[error("writing boot data to guest memory: {0}")]
     Memory(#[source] vm_memory::GuestMemoryError),
     #[error("writing the command line: {0}")]
@@ -85,7 +95,11 @@ pub fn detect_format(head: &[u8]) -> Option<KernelFormat> {
 /// RAM, above the kernel.
 pub fn initramfs_address(size: u64, kernel_end: u64, memory_mib: u32) -> Result<u64, LoadError> {
     let ram_end = low_ram_end(memory_mib);
-    let too_large = || LoadError::InitramfsTooLarge { size, kernel_end, ram_end };
+    let too_large = || LoadError::InitramfsTooLarge {
+        size,
+        kernel_end,
+        ram_end,
+    };
     let addr = ram_end.checked_sub(size).ok_or_else(too_large)? & !(PAGE - 1);
     if addr < kernel_end {
         return Err(too_large());
@@ -110,14 +124,18 @@ pub fn load(
     cmdline: &Cmdline,
 ) -> Result<BootEntry, LoadError> {
     let open = |path: &Path| {
-        File::open(path).map_err(|source| LoadError::Open { path: path.display().to_string(), source })
+        File::open(path).map_err(|source| LoadError::Open {
+            path: path.display().to_string(),
+            source,
+        })
     };
     let mut kernel = open(kernel_path)?;
     let mut head = vec![0u8; 0x210];
     let n = kernel.read(&mut head).map_err(LoadError::Read)?;
     head.truncate(n);
     kernel.seek(SeekFrom::Start(0)).map_err(LoadError::Read)?;
-    let format = detect_format(&head).ok_or_else(|| LoadError::UnknownFormat(kernel_path.display().to_string()))?;
+    let format = detect_format(&head)
+        .ok_or_else(|| LoadError::UnknownFormat(kernel_path.display().to_string()))?;
     let himem = Some(GuestAddress(HIMEM_START));
     let loaded = match format {
         KernelFormat::Elf => Elf::load(memory, None, &mut kernel, himem),
@@ -150,10 +168,16 @@ pub fn load(
                 return Err(LoadError::NoPvhEntry);
             };
             write_pvh_start_info(memory, &map, initramfs)?;
-            Ok(BootEntry::Pvh { entry: entry.0, start_info: PVH_START_INFO_ADDR })
+            Ok(BootEntry::Pvh {
+                entry: entry.0,
+                start_info: PVH_START_INFO_ADDR,
+            })
         }
         KernelFormat::BzImage => {
-            let cmdline_len = cmdline.as_cstring().map(|c| c.as_bytes().len()).unwrap_or(0);
+            let cmdline_len = cmdline
+                .as_cstring()
+                .map(|c| c.as_bytes().len())
+                .unwrap_or(0);
             write_zero_page(memory, &map, initramfs, loaded.setup_header, cmdline_len)?;
             write_page_tables(memory)?;
             Ok(BootEntry::Linux64 {
@@ -180,13 +204,22 @@ fn write_pvh_start_info(
         ..Default::default()
     };
     if let Some(initramfs) = initramfs {
-        let module = hvm_modlist_entry { paddr: initramfs.addr, size: initramfs.size, ..Default::default() };
+        let module = hvm_modlist_entry {
+            paddr: initramfs.addr,
+            size: initramfs.size,
+            ..Default::default()
+        };
         write(memory.write_obj(module, GuestAddress(PVH_MODLIST_ADDR)))?;
         info.nr_modules = 1;
         info.modlist_paddr = PVH_MODLIST_ADDR;
     }
     for (i, e) in map.iter().enumerate() {
-        let entry = hvm_memmap_table_entry { addr: e.addr, size: e.size, type_: e.kind as u32, reserved: 0 };
+        let entry = hvm_memmap_table_entry {
+            addr: e.addr,
+            size: e.size,
+            type_: e.kind as u32,
+            reserved: 0,
+        };
         let at = PVH_MEMMAP_ADDR + (i * std::mem::size_of::<hvm_memmap_table_entry>()) as u64;
         write(memory.write_obj(entry, GuestAddress(at)))?;
     }
@@ -220,7 +253,9 @@ fn write_zero_page(
         slot.r#type = e.kind as u32;
     }
     params.e820_entries = map.len().min(params.e820_table.len()) as u8;
-    memory.write_obj(params, GuestAddress(ZERO_PAGE_ADDR)).map_err(LoadError::Memory)
+    memory
+        .write_obj(params, GuestAddress(ZERO_PAGE_ADDR))
+        .map_err(LoadError::Memory)
 }
 
 /// Identity-maps the first GiB with 2 MiB pages, enough for the kernel's
@@ -228,7 +263,11 @@ fn write_zero_page(
 fn write_page_tables(memory: &GuestMemoryMmap) -> Result<(), LoadError> {
     const PRESENT_RW: u64 = 0x3;
     const HUGE: u64 = 0x80;
-    let write = |value: u64, at: u64| memory.write_obj(value, GuestAddress(at)).map_err(LoadError::Memory);
+    let write = |value: u64, at: u64| {
+        memory
+            .write_obj(value, GuestAddress(at))
+            .map_err(LoadError::Memory)
+    };
     write(PDPT_ADDR | PRESENT_RW, PML4_ADDR)?;
     write(PD_ADDR | PRESENT_RW, PDPT_ADDR)?;
     for i in 0..512u64 {

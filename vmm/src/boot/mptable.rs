@@ -98,11 +98,38 @@ pub fn build(vcpus: u8) -> Result<Vec<u8>, MpTableError> {
     body.extend_from_slice(&(IOAPIC_ADDR as u32).to_le_bytes());
     for pin in 0..IOAPIC_PINS {
         // Flags 0: polarity and trigger conform to the bus (ISA: edge, high).
-        body.extend_from_slice(&[ENTRY_IO_INTERRUPT, INT_TYPE_INT, 0, 0, ISA_BUS, pin, ioapic_id(vcpus), pin]);
+        body.extend_from_slice(&[
+            ENTRY_IO_INTERRUPT,
+            INT_TYPE_INT,
+            0,
+            0,
+            ISA_BUS,
+            pin,
+            ioapic_id(vcpus),
+            pin,
+        ]);
     }
     // LINT0 takes the 8259's ExtINT, LINT1 NMIs, on every local APIC (0xff).
-    body.extend_from_slice(&[ENTRY_LOCAL_INTERRUPT, INT_TYPE_EXTINT, 0, 0, ISA_BUS, 0, 0xff, 0]);
-    body.extend_from_slice(&[ENTRY_LOCAL_INTERRUPT, INT_TYPE_NMI, 0, 0, ISA_BUS, 0, 0xff, 1]);
+    body.extend_from_slice(&[
+        ENTRY_LOCAL_INTERRUPT,
+        INT_TYPE_EXTINT,
+        0,
+        0,
+        ISA_BUS,
+        0,
+        0xff,
+        0,
+    ]);
+    body.extend_from_slice(&[
+        ENTRY_LOCAL_INTERRUPT,
+        INT_TYPE_NMI,
+        0,
+        0,
+        ISA_BUS,
+        0,
+        0xff,
+        1,
+    ]);
 
     let mut header = Vec::with_capacity(HEADER_LEN);
     header.extend_from_slice(b"PCMP");
@@ -161,13 +188,21 @@ mod tests {
     fn checksums_are_zero_and_lengths_agree() {
         for vcpus in [1, 2, 4, 8, 32, MAX_VCPUS] {
             let image = build(vcpus).unwrap();
-            assert_eq!(image.len() as u64, BASE_MEMORY_END - MPTABLE_ADDR, "the image fills the reserved range");
+            assert_eq!(
+                image.len() as u64,
+                BASE_MEMORY_END - MPTABLE_ADDR,
+                "the image fills the reserved range"
+            );
             let (floating, table) = parts(&image);
             assert_eq!(&floating[..4], b"_MP_");
             assert_eq!(sum(floating), 0, "floating pointer, {vcpus} vCPUs");
             assert_eq!(&table[..4], b"PCMP");
             assert_eq!(sum(table), 0, "configuration table, {vcpus} vCPUs");
-            assert_eq!(u16_at(table, 34), usize::from(vcpus) + 28, "entry count, {vcpus} vCPUs");
+            assert_eq!(
+                u16_at(table, 34),
+                usize::from(vcpus) + 28,
+                "entry count, {vcpus} vCPUs"
+            );
             assert!(MPTABLE_ADDR as usize + table.len() <= MP_FLOATING_ADDR as usize);
         }
     }
@@ -176,10 +211,15 @@ mod tests {
     fn every_vcpu_has_its_apic_id_and_the_ioapic_the_next() {
         let image = build(MAX_VCPUS).unwrap();
         let (_, table) = parts(&image);
-        let cpus: Vec<u8> = (0..usize::from(MAX_VCPUS)).map(|i| table[HEADER_LEN + i * CPU_ENTRY_LEN + 1]).collect();
+        let cpus: Vec<u8> = (0..usize::from(MAX_VCPUS))
+            .map(|i| table[HEADER_LEN + i * CPU_ENTRY_LEN + 1])
+            .collect();
         assert_eq!(cpus, (0..MAX_VCPUS).collect::<Vec<_>>());
         let ioapic = HEADER_LEN + usize::from(MAX_VCPUS) * CPU_ENTRY_LEN + SMALL_ENTRY_LEN;
-        assert_eq!((table[ioapic], table[ioapic + 1]), (ENTRY_IOAPIC, MAX_VCPUS));
+        assert_eq!(
+            (table[ioapic], table[ioapic + 1]),
+            (ENTRY_IOAPIC, MAX_VCPUS)
+        );
     }
 
     #[test]

@@ -14,6 +14,8 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
+use super::access_record::AccessRecord;
+
 /// A device on a bus. `offset` is relative to the device's base; `vcpu` is
 /// the index of the vCPU that made the access. Implementations lock what
 /// they need themselves and never panic on any offset or size.
@@ -28,7 +30,12 @@ pub enum BusError {
     #[error("{name}: range {base:#x}+{len:#x} is empty or wraps")]
     BadRange { name: String, base: u64, len: u64 },
     #[error("{name} at {base:#x}+{len:#x} overlaps {other}")]
-    Overlap { name: String, base: u64, len: u64, other: String },
+    Overlap {
+        name: String,
+        base: u64,
+        len: u64,
+        other: String,
+    },
 }
 
 struct Entry {
@@ -58,27 +65,72 @@ pub struct Bus {
     unknown: AtomicU64,
     /// Accesses per unknown address, open addressing, filled lock-free.
     tracked: Box<[UnknownSlot]>,
+    /// The first accesses, when asked for (fuzz seeds).
+    record: Option<Arc<AccessRecord>>,
 }
 
 impl Bus {
     /// An empty bus; `kind` names it in log lines ("port", "MMIO").
     pub fn new(kind: &'static str) -> Bus {
-        let tracked = (0..MAX_TRACKED_UNKNOWN).map(|_| UnknownSlot::default()).collect();
-        Bus { kind, entries: Vec::new(), unknown: AtomicU64::new(0), tracked }
+        let tracked = (0..MAX_TRACKED_UNKNOWN)
+            .map(|_| UnknownSlot::default())
+            .collect();
+        Bus {
+            kind,
+            entries: Vec::new(),
+            unknown: AtomicU64::new(0),
+            tracked,
+            record: None,
+        }
+    }
+
+    /// Keeps the first accesses from now on in `record`.
+    pub fn record_into(&mut self, record: Arc<AccessRecord>) {
+        self.record = Some(record);
+    }
+
+    pub fn record(&self) -> Option<&AccessRecord> {
+        self.record.as_deref()
     }
 
     /// Places `device` at `base..base + len`.
-    pub fn insert(&mut self, name: &str, base: u64, len: u64, device: Arc<dyn BusDevice>) -> Result<(), BusError> {
-        let end = base.checked_add(len).filter(|_| len > 0).ok_or_else(|| BusError::BadRange {
-            name: name.to_string(),
-            base,
-            len,
-        })?;
-        if let Some(other) = self.entries.iter().find(|e| base < e.base + e.len && e.base < end) {
-            return Err(BusError::Overlap { name: name.to_string(), base, len, other: other.name.clone() });
+    pub fn insert(
+        &mut self,
+        name: &str,
+        base: u64,
+        len: u64,
+        device: Arc<dyn BusDevice>,
+    ) -> Result<(), BusError> {
+        let end = base
+            .checked_add(len)
+            .filter(|_| len > 0)
+            .ok_or_else(|| BusError::BadRange {
+                name: name.to_string(),
+                base,
+                len,
+            })?;
+        if let Some(other) = self
+            .entries
+            .iter()
+            .find(|e| base < e.base + e.len && e.base < end)
+        {
+            return Err(BusError::Overlap {
+                name: name.to_string(),
+                base,
+                len,
+                other: other.name.clone(),
+            });
         }
         let at = self.entries.partition_point(|e| e.base < base);
-        self.entries.insert(at, Entry { base, len, name: name.to_string(), device });
+        self.entries.insert(
+            at,
+            Entry {
+                base,
+                len,
+                name: name.to_string(),
+                device,
+            },
+        );
         Ok(())
     }
 
@@ -99,10 +151,16 @@ impl Bus {
                 self.note_unknown(addr);
             }
         }
+        if let Some(record) = &self.record {
+            record.note(vcpu, addr, data, false);
+        }
     }
 
     /// Dispatches a write; with no device there, counts and drops it.
     pub fn write(&self, vcpu: u32, addr: u64, data: &[u8]) {
+        if let Some(record) = &self.record {
+            record.note(vcpu, addr, data, true);
+        }
         match self.find(addr, data.len()) {
             Some((entry, offset)) => entry.device.write(vcpu, offset, data),
             None => self.note_unknown(addr),
@@ -163,13 +221,18 @@ impl Bus {
     /// Counts an access to nothing: lock-free, on the vCPU's thread.
     fn note_unknown(&self, addr: u64) {
         self.unknown.fetch_add(1, Ordering::Relaxed);
-        let Some(key) = addr.checked_add(1) else { return };
+        let Some(key) = addr.checked_add(1) else {
+            return;
+        };
         let slots = self.tracked.len();
         // Fibonacci hashing spreads nearby ports over the table.
         let start = (addr.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) as usize % slots;
         for probe in 0..slots {
             let slot = &self.tracked[(start + probe) % slots];
-            let found = match slot.key.compare_exchange(0, key, Ordering::AcqRel, Ordering::Acquire) {
+            let found = match slot
+                .key
+                .compare_exchange(0, key, Ordering::AcqRel, Ordering::Acquire)
+            {
                 Ok(_) => true,
                 Err(other) => other == key,
             };
@@ -247,10 +310,13 @@ mod tests {
         assert_eq!(bus.tracked_unknown().count(), MAX_TRACKED_UNKNOWN);
         assert_eq!(bus.top_unknown(2), vec![(8, 3), (0, 2)]);
         // Each address counted apart, each once.
-        let mut addrs: Vec<u64> = bus.tracked_unknown().map(|(a, c, _)| {
-            assert!(c >= 2);
-            a
-        }).collect();
+        let mut addrs: Vec<u64> = bus
+            .tracked_unknown()
+            .map(|(a, c, _)| {
+                assert!(c >= 2);
+                a
+            })
+            .collect();
         addrs.sort();
         addrs.dedup();
         assert_eq!(addrs.len(), MAX_TRACKED_UNKNOWN);
@@ -270,9 +336,14 @@ mod tests {
             })
             .collect();
         threads.into_iter().for_each(|t| t.join().unwrap());
-        assert_eq!(bus.top_unknown(4), vec![(0x80, 13_336), (0x81, 13_332), (0x82, 13_332)]);
+        assert_eq!(
+            bus.top_unknown(4),
+            vec![(0x80, 13_336), (0x81, 13_332), (0x82, 13_332)]
+        );
         bus.log_new_unknown();
-        assert!(bus.tracked_unknown().all(|(_, _, slot)| slot.logged.load(Ordering::Relaxed)));
+        assert!(bus
+            .tracked_unknown()
+            .all(|(_, _, slot)| slot.logged.load(Ordering::Relaxed)));
     }
 
     /// Records every access in order.
@@ -300,8 +371,13 @@ mod tests {
         bus.write_string(0, 0x3f8, 1, b"abc");
         // rep outsw of two words to 0x3fa: two 2-byte writes there.
         bus.write_string(0, 0x3fa, 2, &[1, 2, 3, 4]);
-        let want: Vec<(u64, Vec<u8>)> =
-            vec![(0, b"a".to_vec()), (0, b"b".to_vec()), (0, b"c".to_vec()), (2, vec![1, 2]), (2, vec![3, 4])];
+        let want: Vec<(u64, Vec<u8>)> = vec![
+            (0, b"a".to_vec()),
+            (0, b"b".to_vec()),
+            (0, b"c".to_vec()),
+            (2, vec![1, 2]),
+            (2, vec![3, 4]),
+        ];
         assert_eq!(*uart.accesses.lock().unwrap(), want);
         uart.accesses.lock().unwrap().clear();
         let mut data = [0u8; 3];
@@ -313,11 +389,18 @@ mod tests {
     #[test]
     fn overlaps_and_empty_ranges_are_refused() {
         let mut bus = Bus::new("MMIO");
-        bus.insert("a", 0x1000, 0x100, Arc::new(Probe::default())).unwrap();
-        let err = bus.insert("b", 0x10ff, 1, Arc::new(Probe::default())).unwrap_err();
+        bus.insert("a", 0x1000, 0x100, Arc::new(Probe::default()))
+            .unwrap();
+        let err = bus
+            .insert("b", 0x10ff, 1, Arc::new(Probe::default()))
+            .unwrap_err();
         assert!(matches!(err, BusError::Overlap { ref other, .. } if other == "a"));
-        bus.insert("c", 0x1100, 1, Arc::new(Probe::default())).unwrap();
-        assert!(matches!(bus.insert("d", 0, 0, Arc::new(Probe::default())), Err(BusError::BadRange { .. })));
+        bus.insert("c", 0x1100, 1, Arc::new(Probe::default()))
+            .unwrap();
+        assert!(matches!(
+            bus.insert("d", 0, 0, Arc::new(Probe::default())),
+            Err(BusError::BadRange { .. })
+        ));
         assert!(matches!(
             bus.insert("e", u64::MAX, 2, Arc::new(Probe::default())),
             Err(BusError::BadRange { .. })

@@ -20,12 +20,19 @@ pub struct PerfbedMmio {
 
 impl PerfbedMmio {
     pub fn new(device: SharedDevice) -> PerfbedMmio {
-        PerfbedMmio { device, accesses: AtomicU64::new(0), handler_ns: AtomicU64::new(0) }
+        PerfbedMmio {
+            device,
+            accesses: AtomicU64::new(0),
+            handler_ns: AtomicU64::new(0),
+        }
     }
 
     /// Accesses handled, and the time spent inside the device for them.
     pub fn handler_time(&self) -> (u64, u64) {
-        (self.accesses.load(Ordering::Relaxed), self.handler_ns.load(Ordering::Relaxed))
+        (
+            self.accesses.load(Ordering::Relaxed),
+            self.handler_ns.load(Ordering::Relaxed),
+        )
     }
 
     fn account(&self, started: Instant) {
@@ -65,7 +72,10 @@ impl BusDevice for PerfbedMmio {
         // so pass the size through as it is.
         let value = self.device.mmio_read(vcpu, offset, data.len() as u32);
         let bytes = value.to_le_bytes();
-        for (out, byte) in data.iter_mut().zip(bytes.iter().chain(std::iter::repeat(&0))) {
+        for (out, byte) in data
+            .iter_mut()
+            .zip(bytes.iter().chain(std::iter::repeat(&0)))
+        {
             *out = *byte;
         }
         self.account(started);
@@ -77,7 +87,8 @@ impl BusDevice for PerfbedMmio {
         for (slot, byte) in bytes.iter_mut().zip(data) {
             *slot = *byte;
         }
-        self.device.mmio_write(vcpu, offset, data.len() as u32, u64::from_le_bytes(bytes));
+        self.device
+            .mmio_write(vcpu, offset, data.len() as u32, u64::from_le_bytes(bytes));
         self.account(started);
     }
 }
@@ -100,12 +111,18 @@ mod tests {
         assert_eq!(shared.mmio_read(2, owner, 8), 3);
         assert_eq!(mmio.handler_time().0, 2);
         let trace = shared.with(|d, _| d.trace());
-        assert!(trace.iter().any(|t| t.vcpu == 2 && t.offset == owner), "{trace:?}");
+        assert!(
+            trace.iter().any(|t| t.vcpu == 2 && t.offset == owner),
+            "{trace:?}"
+        );
     }
 
     #[test]
     fn a_rising_line_writes_its_irqfd() {
-        let fds = vec![EventFd::new(libc::EFD_NONBLOCK).unwrap(), EventFd::new(libc::EFD_NONBLOCK).unwrap()];
+        let fds = vec![
+            EventFd::new(libc::EFD_NONBLOCK).unwrap(),
+            EventFd::new(libc::EFD_NONBLOCK).unwrap(),
+        ];
         let observers: Vec<EventFd> = fds.iter().map(|f| f.try_clone().unwrap()).collect();
         let lines = PerfbedLines::new(fds);
         lines.set_level(1, true);
@@ -113,7 +130,10 @@ mod tests {
         lines.set_level(0, false);
         lines.set_level(7, true);
         assert_eq!(observers[1].read().unwrap(), 1);
-        assert!(observers[0].read().is_err(), "a fall or no rise writes nothing");
+        assert!(
+            observers[0].read().is_err(),
+            "a fall or no rise writes nothing"
+        );
     }
 
     #[test]

@@ -100,7 +100,9 @@ impl OutputRing {
 
     /// Bytes held now.
     pub fn len(&self) -> usize {
-        self.tail.load(Ordering::Acquire).wrapping_sub(self.head.load(Ordering::Acquire))
+        self.tail
+            .load(Ordering::Acquire)
+            .wrapping_sub(self.head.load(Ordering::Acquire))
     }
 
     pub fn is_empty(&self) -> bool {
@@ -114,6 +116,11 @@ impl OutputRing {
     /// Bytes dropped because the ring was full.
     pub fn dropped(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)
+    }
+
+    /// Bytes ever given to the ring, kept or dropped.
+    pub fn given(&self) -> u64 {
+        self.tail.load(Ordering::Acquire) as u64 + self.dropped()
     }
 }
 
@@ -131,7 +138,11 @@ impl Write for ConsoleSink {
         for &byte in buf {
             let held = self.ring.push(byte);
             if byte == b'\n' {
-                if self.line.windows(PANIC_BANNER.len()).any(|w| w == PANIC_BANNER) {
+                if self
+                    .line
+                    .windows(PANIC_BANNER.len())
+                    .any(|w| w == PANIC_BANNER)
+                {
                     self.panicked.store(true, Ordering::SeqCst);
                 }
                 self.line.clear();
@@ -174,7 +185,12 @@ impl SerialConsole {
     ) -> io::Result<SerialConsole> {
         let ring = Arc::new(OutputRing::new(capacity));
         let wake = EventFd::new(libc::EFD_NONBLOCK)?;
-        let sink = ConsoleSink { ring: ring.clone(), wake: wake.try_clone()?, line: Vec::new(), panicked };
+        let sink = ConsoleSink {
+            ring: ring.clone(),
+            wake: wake.try_clone()?,
+            line: Vec::new(),
+            panicked,
+        };
         Ok(SerialConsole {
             serial: Mutex::new(Serial::new(IrqTrigger(irq), sink)),
             ring,
@@ -225,7 +241,9 @@ impl SerialConsole {
             match self.log.try_lock() {
                 Ok(log) => return self.drain_into(log),
                 Err(TryLockError::Poisoned(p)) => return self.drain_into(p.into_inner()),
-                Err(TryLockError::WouldBlock) => std::thread::sleep(std::time::Duration::from_millis(1)),
+                Err(TryLockError::WouldBlock) => {
+                    std::thread::sleep(std::time::Duration::from_millis(1))
+                }
             }
         }
     }
@@ -233,6 +251,11 @@ impl SerialConsole {
     /// Bytes of serial output dropped because the ring was full.
     pub fn dropped_output(&self) -> u64 {
         self.ring.dropped()
+    }
+
+    /// Bytes the guest wrote to the transmit register, kept or dropped.
+    pub fn output_bytes(&self) -> u64 {
+        self.ring.given()
     }
 
     /// Bytes waiting in the ring for the event loop.
@@ -292,7 +315,8 @@ mod tests {
         let log = Shared::default();
         let panicked = Arc::new(AtomicBool::new(false));
         let irq = EventFd::new(libc::EFD_NONBLOCK).unwrap();
-        let com1 = SerialConsole::new(irq, Some(Box::new(log.clone())), panicked.clone(), capacity).unwrap();
+        let com1 = SerialConsole::new(irq, Some(Box::new(log.clone())), panicked.clone(), capacity)
+            .unwrap();
         (com1, log, panicked)
     }
 
@@ -306,8 +330,15 @@ mod tests {
         for b in b"hello\n" {
             com1.write(0, 0, &[*b]); // THR
         }
-        assert!(log.0.lock().unwrap().is_empty(), "the vCPU's write reaches the ring, not the log");
-        assert_eq!(com1.wake.read().unwrap(), 1, "the line's end wakes the event loop");
+        assert!(
+            log.0.lock().unwrap().is_empty(),
+            "the vCPU's write reaches the ring, not the log"
+        );
+        assert_eq!(
+            com1.wake.read().unwrap(),
+            1,
+            "the line's end wakes the event loop"
+        );
         com1.drain();
         assert_eq!(log.0.lock().unwrap().as_slice(), b"hello\n");
         assert!(!panicked.load(Ordering::SeqCst));
@@ -369,13 +400,25 @@ mod tests {
         for _ in 0..1000 {
             com1.write(0, 0, b"y");
         }
-        assert!(start.elapsed() < std::time::Duration::from_secs(5), "the vCPU waited");
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(5),
+            "the vCPU waited"
+        );
         drop(held);
         drainer.join().unwrap();
         com1.drain();
         let got = log.0.lock().unwrap().len() as u64;
-        assert_eq!(got + com1.dropped_output(), 1001, "every byte logged or counted");
-        assert!(com1.dropped_output() >= 1001 - 200, "the ring holds 100: {} dropped", com1.dropped_output());
+        assert_eq!(
+            got + com1.dropped_output(),
+            1001,
+            "every byte logged or counted"
+        );
+        assert_eq!(com1.output_bytes(), 1001, "every byte the guest wrote");
+        assert!(
+            com1.dropped_output() >= 1001 - 200,
+            "the ring holds 100: {} dropped",
+            com1.dropped_output()
+        );
     }
 
     #[test]
@@ -414,7 +457,8 @@ mod tests {
         let (com1, log, _) = console();
         let mut bus = crate::devices::bus::Bus::new("port");
         let com1 = Arc::new(com1);
-        bus.insert("COM1", COM1_BASE, COM1_LEN, com1.clone()).unwrap();
+        bus.insert("COM1", COM1_BASE, COM1_LEN, com1.clone())
+            .unwrap();
         bus.write_string(0, COM1_BASE, 1, b"rep outsb\n");
         com1.drain();
         assert_eq!(log.0.lock().unwrap().as_slice(), b"rep outsb\n");

@@ -31,7 +31,12 @@ pub struct Breakpoints {
 
 impl Breakpoints {
     /// Writes an `int3` at `gva` (physical `gpa`); setting one twice is one.
-    pub fn insert(&mut self, memory: &GuestMemoryMmap, gva: u64, gpa: u64) -> Result<(), BreakpointError> {
+    pub fn insert(
+        &mut self,
+        memory: &GuestMemoryMmap,
+        gva: u64,
+        gpa: u64,
+    ) -> Result<(), BreakpointError> {
         if self.inserted.contains_key(&gva) {
             return Ok(());
         }
@@ -96,7 +101,8 @@ mod tests {
 
     fn memory() -> GuestMemoryMmap {
         let m = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10000)]).unwrap();
-        m.write_slice(&[0x55, 0x48, 0x89, 0xe5], GuestAddress(0x2000)).unwrap();
+        m.write_slice(&[0x55, 0x48, 0x89, 0xe5], GuestAddress(0x2000))
+            .unwrap();
         m
     }
 
@@ -148,7 +154,13 @@ mod tests {
     fn a_breakpoint_outside_ram_is_refused() {
         let m = memory();
         let mut bps = Breakpoints::default();
-        assert_eq!(bps.insert(&m, 0x1000, 0xfe00_0000), Err(BreakpointError::NotRam { gva: 0x1000, gpa: 0xfe00_0000 }));
+        assert_eq!(
+            bps.insert(&m, 0x1000, 0xfe00_0000),
+            Err(BreakpointError::NotRam {
+                gva: 0x1000,
+                gpa: 0xfe00_0000
+            })
+        );
         assert!(bps.is_empty());
     }
 }

@@ -39,7 +39,10 @@ pub struct Hub {
 
 impl Hub {
     pub fn new() -> std::io::Result<Hub> {
-        Ok(Hub { state: Mutex::new(State::default()), wake: EventFd::new(libc::EFD_NONBLOCK)? })
+        Ok(Hub {
+            state: Mutex::new(State::default()),
+            wake: EventFd::new(libc::EFD_NONBLOCK)?,
+        })
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -87,16 +90,34 @@ mod tests {
     fn only_the_debuggers_exits_are_claimed() {
         let hub = Hub::new().unwrap();
         hub.arm(vec![0xffff_ffff_8100_0000], [2].into_iter().collect());
-        let bp = |pc| DebugExit { exception: BREAKPOINT_VECTOR, pc };
+        let bp = |pc| DebugExit {
+            exception: BREAKPOINT_VECTOR,
+            pc,
+        };
         // The guest's own int3 (text patching) is not the debugger's.
         assert!(!hub.claim(0, &bp(0xffff_ffff_8100_0010)));
         assert!(hub.claim(1, &bp(0xffff_ffff_8100_0000)));
         // A step's trap only on the vCPU that was asked to step.
-        let step = DebugExit { exception: DEBUG_VECTOR, pc: 0x1234 };
+        let step = DebugExit {
+            exception: DEBUG_VECTOR,
+            pc: 0x1234,
+        };
         assert!(!hub.claim(0, &step));
         assert!(hub.claim(2, &step));
-        assert_eq!(hub.take_stop(), Some(Stop { vcpu: 1, kind: StopKind::Breakpoint }));
-        assert_eq!(hub.take_stop(), Some(Stop { vcpu: 2, kind: StopKind::Step }));
+        assert_eq!(
+            hub.take_stop(),
+            Some(Stop {
+                vcpu: 1,
+                kind: StopKind::Breakpoint
+            })
+        );
+        assert_eq!(
+            hub.take_stop(),
+            Some(Stop {
+                vcpu: 2,
+                kind: StopKind::Step
+            })
+        );
         assert_eq!(hub.take_stop(), None);
     }
 
@@ -104,11 +125,23 @@ mod tests {
     fn arming_drops_stale_stops_and_wakes() {
         let hub = Hub::new().unwrap();
         hub.arm(vec![0x1000], BTreeSet::new());
-        assert!(hub.claim(3, &DebugExit { exception: BREAKPOINT_VECTOR, pc: 0x1000 }));
+        assert!(hub.claim(
+            3,
+            &DebugExit {
+                exception: BREAKPOINT_VECTOR,
+                pc: 0x1000
+            }
+        ));
         assert_eq!(hub.wake.read().unwrap(), 1, "the stub was not woken");
         hub.arm(vec![], BTreeSet::new());
         assert_eq!(hub.take_stop(), None);
         // With the breakpoint gone, the same int3 is the guest's.
-        assert!(!hub.claim(3, &DebugExit { exception: BREAKPOINT_VECTOR, pc: 0x1000 }));
+        assert!(!hub.claim(
+            3,
+            &DebugExit {
+                exception: BREAKPOINT_VECTOR,
+                pc: 0x1000
+            }
+        ));
     }
 }

@@ -62,11 +62,15 @@ impl Listener {
         match listen {
             GdbListen::Tcp(port) => {
                 let what = format!("127.0.0.1:{port}");
-                TcpListener::bind(("127.0.0.1", *port)).map(Listener::Tcp).map_err(failed(what))
+                TcpListener::bind(("127.0.0.1", *port))
+                    .map(Listener::Tcp)
+                    .map_err(failed(what))
             }
             GdbListen::Unix(path) => {
                 let _ = std::fs::remove_file(path);
-                UnixListener::bind(path).map(Listener::Unix).map_err(failed(path.display().to_string()))
+                UnixListener::bind(path)
+                    .map(Listener::Unix)
+                    .map_err(failed(path.display().to_string()))
             }
         }
     }
@@ -109,7 +113,9 @@ pub fn serve(listener: Listener, mut target: VmTarget) -> Result<JoinHandle<()>,
             let ended = GdbStub::new(conn).run_blocking::<StubLoop>(&mut target);
             match ended {
                 Ok(DisconnectReason::Disconnect) => log::info!("gdb: detached; the vCPUs run on"),
-                Ok(DisconnectReason::Kill) => log::info!("gdb: kill asked; the vCPUs run on (power the guest off instead)"),
+                Ok(DisconnectReason::Kill) => {
+                    log::info!("gdb: kill asked; the vCPUs run on (power the guest off instead)")
+                }
                 Ok(other) => log::info!("gdb: session ended ({other:?}); the vCPUs run on"),
                 Err(e) => log::warn!("gdb: session ended: {e}; the vCPUs run on"),
             }
@@ -144,8 +150,16 @@ impl BlockingEventLoop for StubLoop {
                 return Ok(Event::TargetStopped(VmTarget::stop_reason(stop)));
             }
             let mut fds = [
-                libc::pollfd { fd: conn_fd, events: libc::POLLIN, revents: 0 },
-                libc::pollfd { fd: target.hub.wake.as_raw_fd(), events: libc::POLLIN, revents: 0 },
+                libc::pollfd {
+                    fd: conn_fd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: target.hub.wake.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
             ];
             // SAFETY: two valid pollfd structs for the call's length; both
             // descriptors stay open across it (gdbstub owns the stream, the
@@ -167,6 +181,9 @@ impl BlockingEventLoop for StubLoop {
 
     fn on_interrupt(target: &mut VmTarget) -> Result<Option<Self::StopReason>, TargetFailure> {
         target.pause_all()?;
-        Ok(Some(MultiThreadStopReason::SignalWithThread { tid: target::tid(0), signal: Signal::SIGINT }))
+        Ok(Some(MultiThreadStopReason::SignalWithThread {
+            tid: target::tid(0),
+            signal: Signal::SIGINT,
+        }))
     }
 }

@@ -87,7 +87,12 @@ impl Paging {
 }
 
 /// Walks `levels` levels of 512 8-byte entries from `table`.
-fn walk(memory: &GuestMemoryMmap, mut table: u64, gva: u64, levels: u8) -> Result<u64, PagingError> {
+fn walk(
+    memory: &GuestMemoryMmap,
+    mut table: u64,
+    gva: u64,
+    levels: u8,
+) -> Result<u64, PagingError> {
     for level in (1..=levels).rev() {
         let shift = 12 + 9 * u32::from(level - 1);
         let entry = read_entry(memory, table + ((gva >> shift) & 0x1ff) * 8, gva)?;
@@ -105,7 +110,9 @@ fn walk(memory: &GuestMemoryMmap, mut table: u64, gva: u64, levels: u8) -> Resul
 }
 
 fn read_entry(memory: &GuestMemoryMmap, at: u64, gva: u64) -> Result<u64, PagingError> {
-    memory.read_obj::<u64>(GuestAddress(at)).map_err(|_| PagingError::TableOutsideRam { gva, table: at })
+    memory
+        .read_obj::<u64>(GuestAddress(at))
+        .map_err(|_| PagingError::TableOutsideRam { gva, table: at })
 }
 
 #[cfg(test)]
@@ -119,28 +126,44 @@ mod tests {
     }
 
     fn set(memory: &GuestMemoryMmap, table: u64, index: u64, entry: u64) {
-        memory.write_obj(entry, GuestAddress(table + index * 8)).unwrap();
+        memory
+            .write_obj(entry, GuestAddress(table + index * 8))
+            .unwrap();
     }
 
     fn idx(gva: u64, level: u32) -> u64 {
         (gva >> (12 + 9 * (level - 1))) & 0x1ff
     }
 
-    const LONG_4: Paging = Paging { cr0: CR0_PG | 1, cr3: 0x10_0000, cr4: CR4_PAE, efer: EFER_LMA | (1 << 8) };
+    const LONG_4: Paging = Paging {
+        cr0: CR0_PG | 1,
+        cr3: 0x10_0000,
+        cr4: CR4_PAE,
+        efer: EFER_LMA | (1 << 8),
+    };
 
     #[test]
     fn paging_off_is_the_identity() {
         let m = memory();
-        let off = Paging { cr0: 1, ..Paging::default() };
+        let off = Paging {
+            cr0: 1,
+            ..Paging::default()
+        };
         assert_eq!(off.translate(&m, 0x100_0000), Ok(0x100_0000));
     }
 
     #[test]
     fn kernel_text_is_placed_by_the_image_map_until_paging_is_on() {
         let m = memory();
-        let off = Paging { cr0: 1, ..Paging::default() };
+        let off = Paging {
+            cr0: 1,
+            ..Paging::default()
+        };
         // vmlinux's start_kernel in the gdb kernel, loaded at 16 MiB.
-        assert_eq!(off.translate_text(&m, 0xffff_ffff_816c_e5a3), Ok(0x16c_e5a3));
+        assert_eq!(
+            off.translate_text(&m, 0xffff_ffff_816c_e5a3),
+            Ok(0x16c_e5a3)
+        );
         assert_eq!(off.translate_text(&m, 0x100_0000), Ok(0x100_0000));
         // Once paging is on, only the tables count.
         assert!(LONG_4.translate_text(&m, 0xffff_ffff_816c_e5a3).is_err());
@@ -160,26 +183,48 @@ mod tests {
         assert_eq!(LONG_4.translate(&m, text + 0x5123), Ok(0x200_0123));
         // 2 MiB: the next directory entry maps 0x100_0000 as one page.
         set(&m, pd, idx(text, 2) + 1, 0x100_0000 | PAGE_SIZE_BIT | 3);
-        assert_eq!(LONG_4.translate(&m, text + 2 * MIB + 0x1_2345), Ok(0x101_2345));
+        assert_eq!(
+            LONG_4.translate(&m, text + 2 * MIB + 0x1_2345),
+            Ok(0x101_2345)
+        );
         // 1 GiB: the direct map's first gigabyte.
         let direct = 0xffff_8880_0000_0000u64;
         set(&m, pml4, idx(direct, 4), 0x10_4000 | 3);
         set(&m, 0x10_4000, idx(direct, 3), PAGE_SIZE_BIT | 3);
         assert_eq!(LONG_4.translate(&m, direct + 0x3fe_dcba), Ok(0x3fe_dcba));
         // Not present at the page table, and at the top.
-        assert_eq!(LONG_4.translate(&m, text + 0x6000), Err(PagingError::NotMapped { gva: text + 0x6000, level: 1 }));
-        assert_eq!(LONG_4.translate(&m, 0x4000), Err(PagingError::NotMapped { gva: 0x4000, level: 4 }));
+        assert_eq!(
+            LONG_4.translate(&m, text + 0x6000),
+            Err(PagingError::NotMapped {
+                gva: text + 0x6000,
+                level: 1
+            })
+        );
+        assert_eq!(
+            LONG_4.translate(&m, 0x4000),
+            Err(PagingError::NotMapped {
+                gva: 0x4000,
+                level: 4
+            })
+        );
     }
 
     #[test]
     fn five_levels_add_one_more_table() {
         let m = memory();
-        let paging = Paging { cr4: CR4_PAE | CR4_LA57, ..LONG_4 };
+        let paging = Paging {
+            cr4: CR4_PAE | CR4_LA57,
+            ..LONG_4
+        };
         let gva = 0xff11_0000_0040_1000u64;
         let tables = [0x10_0000u64, 0x10_1000, 0x10_2000, 0x10_3000, 0x10_4000];
         for level in (1..=5u32).rev() {
             let table = tables[(5 - level) as usize];
-            let next = if level == 1 { 0x30_0000 } else { tables[(6 - level) as usize] };
+            let next = if level == 1 {
+                0x30_0000
+            } else {
+                tables[(6 - level) as usize]
+            };
             set(&m, table, idx(gva, level), next | 1);
         }
         assert_eq!(paging.translate(&m, gva + 0x10), Ok(0x30_0010));
@@ -190,7 +235,12 @@ mod tests {
     #[test]
     fn pae_walks_the_pdpt_then_two_levels() {
         let m = memory();
-        let paging = Paging { cr0: CR0_PG | 1, cr3: 0x10_0020, cr4: CR4_PAE, efer: 0 };
+        let paging = Paging {
+            cr0: CR0_PG | 1,
+            cr3: 0x10_0020,
+            cr4: CR4_PAE,
+            efer: 0,
+        };
         let gva = 0xc040_2abcu64;
         set(&m, 0x10_0020, 3, 0x10_1000 | 1);
         set(&m, 0x10_1000, (gva >> 21) & 0x1ff, 0x10_2000 | 1);
@@ -201,9 +251,21 @@ mod tests {
     #[test]
     fn a_table_outside_ram_and_legacy_paging_are_errors() {
         let m = memory();
-        let far = Paging { cr3: 0x1_0000_0000, ..LONG_4 };
-        assert!(matches!(far.translate(&m, 0x1000), Err(PagingError::TableOutsideRam { .. })));
-        let legacy = Paging { cr0: CR0_PG | 1, ..Paging::default() };
-        assert_eq!(legacy.translate(&m, 0x1000), Err(PagingError::Unsupported { gva: 0x1000 }));
+        let far = Paging {
+            cr3: 0x1_0000_0000,
+            ..LONG_4
+        };
+        assert!(matches!(
+            far.translate(&m, 0x1000),
+            Err(PagingError::TableOutsideRam { .. })
+        ));
+        let legacy = Paging {
+            cr0: CR0_PG | 1,
+            ..Paging::default()
+        };
+        assert_eq!(
+            legacy.translate(&m, 0x1000),
+            Err(PagingError::Unsupported { gva: 0x1000 })
+        );
     }
 }

@@ -19,8 +19,8 @@ pub fn to_gdb(regs: &kvm_regs, sregs: &kvm_sregs, fpu: &kvm_fpu) -> X86_64CoreRe
     }
     X86_64CoreRegs {
         regs: [
-            regs.rax, regs.rbx, regs.rcx, regs.rdx, regs.rsi, regs.rdi, regs.rbp, regs.rsp, regs.r8, regs.r9,
-            regs.r10, regs.r11, regs.r12, regs.r13, regs.r14, regs.r15,
+            regs.rax, regs.rbx, regs.rcx, regs.rdx, regs.rsi, regs.rdi, regs.rbp, regs.rsp,
+            regs.r8, regs.r9, regs.r10, regs.r11, regs.r12, regs.r13, regs.r14, regs.r15,
         ],
         eflags: regs.rflags as u32,
         rip: regs.rip,
@@ -74,12 +74,16 @@ pub fn from_gdb(gdb: &X86_64CoreRegs, regs: &mut kvm_regs, fpu: &mut kvm_fpu) {
 /// FXSAVE's abridged tag (bit i: register i valid) as the full x87 tag
 /// word (two bits each, 3: empty).
 fn full_tag_word(abridged: u8) -> u32 {
-    (0..8).filter(|i| abridged & (1 << i) == 0).fold(0, |word, i| word | (3 << (2 * i)))
+    (0..8)
+        .filter(|i| abridged & (1 << i) == 0)
+        .fold(0, |word, i| word | (3 << (2 * i)))
 }
 
 /// The full tag word as FXSAVE's abridged one (any tag but 3 is valid).
 fn abridged_tag_word(full: u32) -> u8 {
-    (0..8).filter(|i| (full >> (2 * i)) & 3 != 3).fold(0, |bits, i| bits | (1 << i))
+    (0..8)
+        .filter(|i| (full >> (2 * i)) & 3 != 3)
+        .fold(0, |bits, i| bits | (1 << i))
 }
 
 #[cfg(test)]
@@ -106,7 +110,12 @@ mod tests {
         let mut sregs = kvm_sregs::default();
         sregs.cs.selector = 0x10;
         sregs.ss.selector = 0x18;
-        let mut fpu = kvm_fpu { fcw: 0x37f, ftwx: 0b0000_0001, mxcsr: 0x1f80, ..Default::default() };
+        let mut fpu = kvm_fpu {
+            fcw: 0x37f,
+            ftwx: 0b0000_0001,
+            mxcsr: 0x1f80,
+            ..Default::default()
+        };
         fpu.fpr[0][..10].copy_from_slice(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
         fpu.xmm[15] = [0xab; 16];
         (regs, sregs, fpu)
@@ -120,12 +129,22 @@ mod tests {
         assert_eq!(&gdb.regs[..8], &[1, 2, 3, 4, 5, 6, 8, 7]);
         assert_eq!((gdb.regs[8], gdb.regs[15]), (9, 16));
         assert_eq!(gdb.pc(), 0xffff_ffff_8100_0000);
-        assert_eq!((gdb.eflags, gdb.segments.cs, gdb.segments.ss), (0x246, 0x10, 0x18));
+        assert_eq!(
+            (gdb.eflags, gdb.segments.cs, gdb.segments.ss),
+            (0x246, 0x10, 0x18)
+        );
         // On the wire: rip right after r15, little-endian.
         let mut wire = Vec::new();
         gdb.gdb_serialize(|b| wire.push(b.unwrap_or(0)));
-        assert_eq!(&wire[16 * 8..17 * 8], &0xffff_ffff_8100_0000u64.to_le_bytes());
-        assert_eq!(&wire[6 * 8..7 * 8], &8u64.to_le_bytes(), "rbp is gdb's 7th register");
+        assert_eq!(
+            &wire[16 * 8..17 * 8],
+            &0xffff_ffff_8100_0000u64.to_le_bytes()
+        );
+        assert_eq!(
+            &wire[6 * 8..7 * 8],
+            &8u64.to_le_bytes(),
+            "rbp is gdb's 7th register"
+        );
     }
 
     #[test]
@@ -140,7 +159,10 @@ mod tests {
         from_gdb(&gdb, &mut back, &mut back_fpu);
         assert_eq!(back, regs);
         assert_eq!(back_fpu.fpr[0], fpu.fpr[0]);
-        assert_eq!((back_fpu.ftwx, back_fpu.fcw, back_fpu.mxcsr), (fpu.ftwx, fpu.fcw, fpu.mxcsr));
+        assert_eq!(
+            (back_fpu.ftwx, back_fpu.fcw, back_fpu.mxcsr),
+            (fpu.ftwx, fpu.fcw, fpu.mxcsr)
+        );
         assert_eq!(back_fpu.xmm, fpu.xmm);
     }
 
@@ -149,7 +171,10 @@ mod tests {
         let (regs, sregs, fpu) = sample();
         let mut gdb = to_gdb(&regs, &sregs, &fpu);
         gdb.eflags = 0x202;
-        let mut back = kvm_regs { rflags: 0x1_0000_0246, ..regs };
+        let mut back = kvm_regs {
+            rflags: 0x1_0000_0246,
+            ..regs
+        };
         from_gdb(&gdb, &mut back, &mut kvm_fpu::default());
         assert_eq!(back.rflags, 0x1_0000_0202);
     }

@@ -17,12 +17,15 @@ use gdbstub::target::ext::base::multithread::{
     MultiThreadSchedulerLockingOps, MultiThreadSingleStep, MultiThreadSingleStepOps,
 };
 use gdbstub::target::ext::base::BaseOps;
-use gdbstub::target::ext::breakpoints::{Breakpoints as BreakpointsExt, BreakpointsOps, SwBreakpoint, SwBreakpointOps};
+use gdbstub::target::ext::breakpoints::{
+    Breakpoints as BreakpointsExt, BreakpointsOps, SwBreakpoint, SwBreakpointOps,
+};
 use gdbstub::target::{Target, TargetError, TargetResult};
 use gdbstub_arch::x86::reg::X86_64CoreRegs;
 use gdbstub_arch::x86::X86_64_SSE;
 use kvm_bindings::{
-    kvm_guest_debug, KVM_GUESTDBG_BLOCKIRQ, KVM_GUESTDBG_ENABLE, KVM_GUESTDBG_SINGLESTEP, KVM_GUESTDBG_USE_SW_BP,
+    kvm_guest_debug, KVM_GUESTDBG_BLOCKIRQ, KVM_GUESTDBG_ENABLE, KVM_GUESTDBG_SINGLESTEP,
+    KVM_GUESTDBG_USE_SW_BP,
 };
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
@@ -146,22 +149,37 @@ impl VmTarget {
     pub fn stop_reason(stop: Stop) -> MultiThreadStopReason<u64> {
         match stop.kind {
             StopKind::Breakpoint => MultiThreadStopReason::SwBreak(tid(usize::from(stop.vcpu))),
-            StopKind::Step => {
-                MultiThreadStopReason::SignalWithThread { tid: tid(usize::from(stop.vcpu)), signal: Signal::SIGTRAP }
-            }
+            StopKind::Step => MultiThreadStopReason::SignalWithThread {
+                tid: tid(usize::from(stop.vcpu)),
+                signal: Signal::SIGTRAP,
+            },
         }
     }
 
     fn paging(&self, index: usize) -> Result<Paging, TargetFailure> {
-        let sregs = lock(&self.vcpus[index]).fd().get_sregs().map_err(kvm(index, "reading special registers"))?;
-        Ok(Paging { cr0: sregs.cr0, cr3: sregs.cr3, cr4: sregs.cr4, efer: sregs.efer })
+        let sregs = lock(&self.vcpus[index])
+            .fd()
+            .get_sregs()
+            .map_err(kvm(index, "reading special registers"))?;
+        Ok(Paging {
+            cr0: sregs.cr0,
+            cr3: sregs.cr3,
+            cr4: sregs.cr4,
+            efer: sregs.efer,
+        })
     }
 
     /// Reads or writes `len` bytes at `gva` as vCPU `index` sees them, a
     /// page at a time: RAM, or the MMIO bus (a device register read by the
     /// debugger, as QEMU's gdbstub does) in accesses of at most 8 bytes.
     /// How many bytes it got to.
-    fn access(&self, index: usize, gva: u64, len: usize, mut each: impl FnMut(Place, usize) -> bool) -> usize {
+    fn access(
+        &self,
+        index: usize,
+        gva: u64,
+        len: usize,
+        mut each: impl FnMut(Place, usize) -> bool,
+    ) -> usize {
         let Ok(paging) = self.paging(index) else {
             return 0;
         };
@@ -201,15 +219,23 @@ impl VmTarget {
                 control |= KVM_GUESTDBG_BLOCKIRQ;
             }
         }
-        let debug = kvm_guest_debug { control, ..Default::default() };
+        let debug = kvm_guest_debug {
+            control,
+            ..Default::default()
+        };
         let vcpu = lock(&self.vcpus[index]);
         match vcpu.fd().set_guest_debug(&debug) {
             Err(e) if e.errno() == libc::EINVAL && control & KVM_GUESTDBG_BLOCKIRQ != 0 => {
                 // Older KVM: steps may enter an interrupt handler.
                 log::warn!("gdb: KVM has no KVM_GUESTDBG_BLOCKIRQ; a step may land in an interrupt handler");
                 self.block_irq = false;
-                let debug = kvm_guest_debug { control: control & !KVM_GUESTDBG_BLOCKIRQ, ..Default::default() };
-                vcpu.fd().set_guest_debug(&debug).map_err(kvm(index, "setting guest debugging"))
+                let debug = kvm_guest_debug {
+                    control: control & !KVM_GUESTDBG_BLOCKIRQ,
+                    ..Default::default()
+                };
+                vcpu.fd()
+                    .set_guest_debug(&debug)
+                    .map_err(kvm(index, "setting guest debugging"))
             }
             other => other.map_err(kvm(index, "setting guest debugging")),
         }
@@ -243,9 +269,18 @@ impl MultiThreadBase for VmTarget {
         let index = self.vcpu(tid)?;
         let vcpu = lock(&self.vcpus[index]);
         let fd = vcpu.fd();
-        let r = fd.get_regs().map_err(kvm(index, "reading registers")).map_err(TargetError::Fatal)?;
-        let s = fd.get_sregs().map_err(kvm(index, "reading special registers")).map_err(TargetError::Fatal)?;
-        let f = fd.get_fpu().map_err(kvm(index, "reading the FPU")).map_err(TargetError::Fatal)?;
+        let r = fd
+            .get_regs()
+            .map_err(kvm(index, "reading registers"))
+            .map_err(TargetError::Fatal)?;
+        let s = fd
+            .get_sregs()
+            .map_err(kvm(index, "reading special registers"))
+            .map_err(TargetError::Fatal)?;
+        let f = fd
+            .get_fpu()
+            .map_err(kvm(index, "reading the FPU"))
+            .map_err(TargetError::Fatal)?;
         *out = regs::to_gdb(&r, &s, &f);
         Ok(())
     }
@@ -254,11 +289,21 @@ impl MultiThreadBase for VmTarget {
         let index = self.vcpu(tid)?;
         let vcpu = lock(&self.vcpus[index]);
         let fd = vcpu.fd();
-        let mut r = fd.get_regs().map_err(kvm(index, "reading registers")).map_err(TargetError::Fatal)?;
-        let mut f = fd.get_fpu().map_err(kvm(index, "reading the FPU")).map_err(TargetError::Fatal)?;
+        let mut r = fd
+            .get_regs()
+            .map_err(kvm(index, "reading registers"))
+            .map_err(TargetError::Fatal)?;
+        let mut f = fd
+            .get_fpu()
+            .map_err(kvm(index, "reading the FPU"))
+            .map_err(TargetError::Fatal)?;
         regs::from_gdb(from, &mut r, &mut f);
-        fd.set_regs(&r).map_err(kvm(index, "setting registers")).map_err(TargetError::Fatal)?;
-        fd.set_fpu(&f).map_err(kvm(index, "setting the FPU")).map_err(TargetError::Fatal)?;
+        fd.set_regs(&r)
+            .map_err(kvm(index, "setting registers"))
+            .map_err(TargetError::Fatal)?;
+        fd.set_fpu(&f)
+            .map_err(kvm(index, "setting the FPU"))
+            .map_err(TargetError::Fatal)?;
         Ok(())
     }
 
@@ -269,7 +314,9 @@ impl MultiThreadBase for VmTarget {
         let vcpu = index as u32;
         let mut out = vec![0u8; len];
         let n = self.access(index, start, len, |place, at| match place {
-            Place::Ram(gpa, n) => memory.read_slice(&mut out[at..at + n], GuestAddress(gpa)).is_ok(),
+            Place::Ram(gpa, n) => memory
+                .read_slice(&mut out[at..at + n], GuestAddress(gpa))
+                .is_ok(),
             Place::Mmio(gpa, n) => {
                 mmio.read(vcpu, gpa, &mut out[at..at + n]);
                 true
@@ -290,7 +337,9 @@ impl MultiThreadBase for VmTarget {
         let (memory, mmio) = (&self.memory, &self.mmio);
         let vcpu = index as u32;
         let n = self.access(index, start, bytes.len(), |place, at| match place {
-            Place::Ram(gpa, n) => memory.write_slice(&bytes[at..at + n], GuestAddress(gpa)).is_ok(),
+            Place::Ram(gpa, n) => memory
+                .write_slice(&bytes[at..at + n], GuestAddress(gpa))
+                .is_ok(),
             Place::Mmio(gpa, n) => {
                 mmio.write(vcpu, gpa, &bytes[at..at + n]);
                 true
@@ -302,7 +351,10 @@ impl MultiThreadBase for VmTarget {
         Ok(())
     }
 
-    fn list_active_threads(&mut self, thread_is_active: &mut dyn FnMut(Tid)) -> Result<(), Self::Error> {
+    fn list_active_threads(
+        &mut self,
+        thread_is_active: &mut dyn FnMut(Tid),
+    ) -> Result<(), Self::Error> {
         for index in 0..self.vcpus.len() {
             thread_is_active(tid(index));
         }
@@ -317,8 +369,10 @@ impl MultiThreadBase for VmTarget {
 
 impl MultiThreadResume for VmTarget {
     fn resume(&mut self) -> Result<(), Self::Error> {
-        let stepping: BTreeSet<u8> =
-            (0..self.vcpus.len()).filter(|&i| self.actions[i] == Some(Action::Step)).map(|i| i as u8).collect();
+        let stepping: BTreeSet<u8> = (0..self.vcpus.len())
+            .filter(|&i| self.actions[i] == Some(Action::Step))
+            .map(|i| i as u8)
+            .collect();
         for index in 0..self.vcpus.len() {
             self.set_guest_debug(index, stepping.contains(&(index as u8)))?;
         }
@@ -340,7 +394,11 @@ impl MultiThreadResume for VmTarget {
         Ok(())
     }
 
-    fn set_resume_action_continue(&mut self, tid: Tid, _signal: Option<Signal>) -> Result<(), Self::Error> {
+    fn set_resume_action_continue(
+        &mut self,
+        tid: Tid,
+        _signal: Option<Signal>,
+    ) -> Result<(), Self::Error> {
         // A signal means nothing to a kernel: it is dropped, as QEMU does.
         if let Some(action) = self.actions.get_mut(tid.get() - 1) {
             *action = Some(Action::Continue);
@@ -360,7 +418,11 @@ impl MultiThreadResume for VmTarget {
 }
 
 impl MultiThreadSingleStep for VmTarget {
-    fn set_resume_action_step(&mut self, tid: Tid, _signal: Option<Signal>) -> Result<(), Self::Error> {
+    fn set_resume_action_step(
+        &mut self,
+        tid: Tid,
+        _signal: Option<Signal>,
+    ) -> Result<(), Self::Error> {
         if let Some(action) = self.actions.get_mut(tid.get() - 1) {
             *action = Some(Action::Step);
         }

@@ -96,13 +96,25 @@ impl Placement {
 /// Whether leaf 0 says AuthenticAMD (or HygonGenuine).
 fn is_amd(entries: &[kvm_cpuid_entry2]) -> bool {
     entries.iter().find(|e| e.function == 0).is_some_and(|e| {
-        let vendor = [e.ebx.to_le_bytes(), e.edx.to_le_bytes(), e.ecx.to_le_bytes()].concat();
+        let vendor = [
+            e.ebx.to_le_bytes(),
+            e.edx.to_le_bytes(),
+            e.ecx.to_le_bytes(),
+        ]
+        .concat();
         vendor == b"AuthenticAMD" || vendor == b"HygonGenuine"
     })
 }
 
 /// One subleaf of 0xB or 0x1F.
-fn level(function: u32, index: u32, shift: u32, cpus: u32, level_type: u32, apic_id: u32) -> kvm_cpuid_entry2 {
+fn level(
+    function: u32,
+    index: u32,
+    shift: u32,
+    cpus: u32,
+    level_type: u32,
+    apic_id: u32,
+) -> kvm_cpuid_entry2 {
     kvm_cpuid_entry2 {
         function,
         index,
@@ -117,7 +129,15 @@ fn level(function: u32, index: u32, shift: u32, cpus: u32, level_type: u32, apic
 
 /// One subleaf of leaf 4 or 0x8000_001D (they share the layout): `kind`
 /// 1 data, 2 instruction, 3 unified.
-fn cache_leaf(function: u32, index: u32, kind: u32, level: u32, kib: u32, ways: u32, sharing: u32) -> kvm_cpuid_entry2 {
+fn cache_leaf(
+    function: u32,
+    index: u32,
+    kind: u32,
+    level: u32,
+    kib: u32,
+    ways: u32,
+    sharing: u32,
+) -> kvm_cpuid_entry2 {
     let sets = kib * 1024 / (64 * ways);
     kvm_cpuid_entry2 {
         function,
@@ -141,7 +161,12 @@ fn amd_caches(l3_sharing: u32) -> [kvm_cpuid_entry2; 5] {
         cache_leaf(f, 2, 3, 2, 512, 8, 0),
         cache_leaf(f, 3, 3, 3, SYNTHETIC_L3_KIB, 16, l3_sharing),
         // No more caches.
-        kvm_cpuid_entry2 { function: LEAF_AMD_CACHE_TOPOLOGY, index: 4, flags: KVM_CPUID_FLAG_SIGNIFCANT_INDEX, ..Default::default() },
+        kvm_cpuid_entry2 {
+            function: LEAF_AMD_CACHE_TOPOLOGY,
+            index: 4,
+            flags: KVM_CPUID_FLAG_SIGNIFCANT_INDEX,
+            ..Default::default()
+        },
     ]
 }
 
@@ -150,11 +175,19 @@ fn amd_caches(l3_sharing: u32) -> [kvm_cpuid_entry2; 5] {
 /// domains are drawn, so it must have one. Its sharing and core fields are
 /// written with the others afterwards.
 fn give_intel_l3(entries: &mut Vec<kvm_cpuid_entry2>) {
-    let listed = entries.iter().filter(|e| e.function == LEAF_CACHE_PARAMS && e.eax & 0x1f != 0).count() as u32;
+    let listed = entries
+        .iter()
+        .filter(|e| e.function == LEAF_CACHE_PARAMS && e.eax & 0x1f != 0)
+        .count() as u32;
     entries.retain(|e| !(e.function == LEAF_CACHE_PARAMS && e.eax & 0x1f == 0));
     let f = LEAF_CACHE_PARAMS;
     entries.push(cache_leaf(f, listed, 3, 3, SYNTHETIC_L3_KIB, 16, 0));
-    entries.push(kvm_cpuid_entry2 { function: f, index: listed + 1, flags: KVM_CPUID_FLAG_SIGNIFCANT_INDEX, ..Default::default() });
+    entries.push(kvm_cpuid_entry2 {
+        function: f,
+        index: listed + 1,
+        flags: KVM_CPUID_FLAG_SIGNIFCANT_INDEX,
+        ..Default::default()
+    });
 }
 
 /// AMD family 0x17 models up to 0x1F (Zen 1 and Zen+): Linux
@@ -164,7 +197,10 @@ fn give_intel_l3(entries: &mut Vec<kvm_cpuid_entry2>) {
 /// to Linux's errata), whose L3 Linux reads from 0x8000_001D. Leaves 1 and
 /// 0x8000_0001 both carry the signature.
 fn renumber_zen1(entries: &mut [kvm_cpuid_entry2]) {
-    for e in entries.iter_mut().filter(|e| e.function == LEAF_FEATURES || e.function == LEAF_AMD_FEATURES) {
+    for e in entries
+        .iter_mut()
+        .filter(|e| e.function == LEAF_FEATURES || e.function == LEAF_AMD_FEATURES)
+    {
         let family = ((e.eax >> 8) & 0xf) + ((e.eax >> 20) & 0xff);
         let model = ((e.eax >> 4) & 0xf) | (((e.eax >> 16) & 0xf) << 4);
         if family == 0x17 && model <= 0x1f {
@@ -182,7 +218,8 @@ pub fn apply_topology(entries: &mut Vec<kvm_cpuid_entry2>, at: Placement) {
     let shift = at.package_bits();
     let llc = at.llc_bits();
     let l3_sharing = (1u32 << llc) - 1;
-    let lists_l3 = |function| move |e: &kvm_cpuid_entry2| e.function == function && (e.eax >> 5) & 0x7 == 3;
+    let lists_l3 =
+        |function| move |e: &kvm_cpuid_entry2| e.function == function && (e.eax >> 5) & 0x7 == 3;
     let synthetic_caches = amd && !entries.iter().any(lists_l3(LEAF_AMD_CACHE_TOPOLOGY));
     if !amd && !entries.iter().any(lists_l3(LEAF_CACHE_PARAMS)) {
         give_intel_l3(entries);
@@ -236,7 +273,7 @@ pub fn apply_topology(entries: &mut Vec<kvm_cpuid_entry2>, at: Placement) {
             LEAF_AMD_EXT_APIC if amd => {
                 e.eax = apic_id;
                 e.ebx = apic_id & 0xff; // core ID; one thread per core
-                // Node (die) ID, nodes per package - 1 (3 bits).
+                                        // Node (die) ID, nodes per package - 1 (3 bits).
                 e.ecx = ((apic_id >> llc) & 0xff) | ((at.dies() - 1).min(7) << 8);
             }
             _ => {}
@@ -299,12 +336,23 @@ mod tests {
     use super::*;
 
     fn leaf(function: u32, index: u32) -> kvm_cpuid_entry2 {
-        kvm_cpuid_entry2 { function, index, ..Default::default() }
+        kvm_cpuid_entry2 {
+            function,
+            index,
+            ..Default::default()
+        }
     }
 
     fn vendor(name: &[u8; 12]) -> kvm_cpuid_entry2 {
         let word = |i: usize| u32::from_le_bytes(name[i..i + 4].try_into().unwrap());
-        kvm_cpuid_entry2 { function: 0, eax: 0x1f, ebx: word(0), edx: word(4), ecx: word(8), ..Default::default() }
+        kvm_cpuid_entry2 {
+            function: 0,
+            eax: 0x1f,
+            ebx: word(0),
+            edx: word(4),
+            ecx: word(8),
+            ..Default::default()
+        }
     }
 
     fn entries(vendor_name: &[u8; 12]) -> Vec<kvm_cpuid_entry2> {
@@ -326,20 +374,33 @@ mod tests {
     }
 
     fn find(e: &[kvm_cpuid_entry2], function: u32, index: u32) -> kvm_cpuid_entry2 {
-        *e.iter().find(|x| x.function == function && x.index == index).unwrap()
+        *e.iter()
+            .find(|x| x.function == function && x.index == index)
+            .unwrap()
     }
 
     #[test]
     fn bits_for_core_counts() {
-        assert_eq!([1, 2, 3, 4, 5, 8, 9, 32].map(core_id_bits), [0, 1, 2, 2, 3, 3, 4, 5]);
+        assert_eq!(
+            [1, 2, 3, 4, 5, 8, 9, 32].map(core_id_bits),
+            [0, 1, 2, 2, 3, 3, 4, 5]
+        );
     }
 
     fn at(index: u8, vcpus: u8, llc_bits: u32) -> Placement {
-        Placement { index, vcpus, llc_bits }
+        Placement {
+            index,
+            vcpus,
+            llc_bits,
+        }
     }
 
     fn levels(e: &[kvm_cpuid_entry2], function: u32) -> Vec<(u32, u32, u32, u32)> {
-        let mut l: Vec<_> = e.iter().filter(|x| x.function == function).map(|x| (x.index, x.eax, x.ebx, x.ecx >> 8)).collect();
+        let mut l: Vec<_> = e
+            .iter()
+            .filter(|x| x.function == function)
+            .map(|x| (x.index, x.eax, x.ebx, x.ecx >> 8))
+            .collect();
         l.sort();
         l
     }
@@ -356,13 +417,31 @@ mod tests {
             assert_ne!(features.ecx & ECX_HYPERVISOR, 0);
             let smt = find(&e, LEAF_EXT_TOPOLOGY, 0);
             let core = find(&e, LEAF_EXT_TOPOLOGY, 1);
-            assert_eq!((smt.eax, smt.ebx, smt.ecx >> 8, smt.edx), (0, 1, LEVEL_TYPE_SMT, u32::from(index)));
-            assert_eq!((core.eax, core.ebx, core.ecx >> 8, core.edx), (2, 4, LEVEL_TYPE_CORE, u32::from(index)));
+            assert_eq!(
+                (smt.eax, smt.ebx, smt.ecx >> 8, smt.edx),
+                (0, 1, LEVEL_TYPE_SMT, u32::from(index))
+            );
+            assert_eq!(
+                (core.eax, core.ebx, core.ecx >> 8, core.edx),
+                (2, 4, LEVEL_TYPE_CORE, u32::from(index))
+            );
             assert_eq!(core.ecx & 0xff, 1);
             assert_eq!(find(&e, LEAF_CACHE_PARAMS, 3).eax >> 26, 3);
-            assert_eq!((find(&e, LEAF_CACHE_PARAMS, 3).eax >> 14) & 0xfff, 3, "L3 shared by all");
-            assert_eq!((find(&e, LEAF_CACHE_PARAMS, 0).eax >> 14) & 0xfff, 0, "L1 private");
-            assert_eq!(find(&e, LEAF_AMD_SIZES, 0).ecx, 0, "AMD leaves untouched on Intel");
+            assert_eq!(
+                (find(&e, LEAF_CACHE_PARAMS, 3).eax >> 14) & 0xfff,
+                3,
+                "L3 shared by all"
+            );
+            assert_eq!(
+                (find(&e, LEAF_CACHE_PARAMS, 0).eax >> 14) & 0xfff,
+                0,
+                "L1 private"
+            );
+            assert_eq!(
+                find(&e, LEAF_AMD_SIZES, 0).ecx,
+                0,
+                "AMD leaves untouched on Intel"
+            );
             assert_eq!(find(&e, LEAF_V2_EXT_TOPOLOGY, 2).edx, u32::from(index));
         }
     }
@@ -375,10 +454,24 @@ mod tests {
         e[0].eax = 0xd;
         apply_topology(&mut e, at(5, 6, 2));
         assert_eq!(find(&e, LEAF_VENDOR, 0).eax, 0x1f, "0x1F made readable");
-        assert_eq!(levels(&e, LEAF_EXT_TOPOLOGY), vec![(0, 0, 1, 1), (1, 3, 6, 2), (2, 0, 0, 0)]);
-        assert_eq!(levels(&e, LEAF_V2_EXT_TOPOLOGY), vec![(0, 0, 1, 1), (1, 2, 2, 2), (2, 3, 6, 5), (3, 0, 0, 0)]);
-        assert_eq!((find(&e, LEAF_CACHE_PARAMS, 3).eax >> 14) & 0xfff, 3, "the L3 is the die's 4");
-        assert_eq!(find(&e, LEAF_CACHE_PARAMS, 3).eax >> 26, 7, "8 APIC IDs in the package");
+        assert_eq!(
+            levels(&e, LEAF_EXT_TOPOLOGY),
+            vec![(0, 0, 1, 1), (1, 3, 6, 2), (2, 0, 0, 0)]
+        );
+        assert_eq!(
+            levels(&e, LEAF_V2_EXT_TOPOLOGY),
+            vec![(0, 0, 1, 1), (1, 2, 2, 2), (2, 3, 6, 5), (3, 0, 0, 0)]
+        );
+        assert_eq!(
+            (find(&e, LEAF_CACHE_PARAMS, 3).eax >> 14) & 0xfff,
+            3,
+            "the L3 is the die's 4"
+        );
+        assert_eq!(
+            find(&e, LEAF_CACHE_PARAMS, 3).eax >> 26,
+            7,
+            "8 APIC IDs in the package"
+        );
         // Linux's L3 id: APIC ID >> get_count_order(sharing + 1).
         assert_eq!(5 >> core_id_bits(4), 1);
     }
@@ -386,7 +479,12 @@ mod tests {
     #[test]
     fn an_amd_cpu_without_an_l3_is_given_the_cache_leaves() {
         // As TCG's CPU in the box: no TopoExt, no 0x8000_001D/1E, no L3.
-        let mut e = vec![vendor(b"AuthenticAMD"), leaf(LEAF_AMD_EXT_MAX, 0), leaf(LEAF_AMD_FEATURES, 0), leaf(LEAF_AMD_L2_L3, 0)];
+        let mut e = vec![
+            vendor(b"AuthenticAMD"),
+            leaf(LEAF_AMD_EXT_MAX, 0),
+            leaf(LEAF_AMD_FEATURES, 0),
+            leaf(LEAF_AMD_L2_L3, 0),
+        ];
         e[1].eax = 0x8000_0008;
         apply_topology(&mut e, at(3, 4, 1));
         assert_eq!(find(&e, LEAF_AMD_EXT_MAX, 0).eax, LEAF_AMD_EXT_APIC);
@@ -396,28 +494,53 @@ mod tests {
             .map(|i| find(&e, LEAF_AMD_CACHE_TOPOLOGY, i))
             .map(|c| (c.eax & 0x1f, (c.eax >> 5) & 0x7, (c.eax >> 14) & 0xfff))
             .collect();
-        assert_eq!(caches, vec![(1, 1, 0), (2, 1, 0), (3, 2, 0), (3, 3, 1), (0, 0, 0)]);
+        assert_eq!(
+            caches,
+            vec![(1, 1, 0), (2, 1, 0), (3, 2, 0), (3, 3, 1), (0, 0, 0)]
+        );
         let l3 = find(&e, LEAF_AMD_CACHE_TOPOLOGY, 3);
         let bytes = (l3.ebx & 0xfff) as u64 + 1;
         let ways = u64::from(l3.ebx >> 22) + 1;
         assert_eq!(bytes * ways * (u64::from(l3.ecx) + 1), 16 << 20, "16 MiB");
         let ext = find(&e, LEAF_AMD_EXT_APIC, 0);
-        assert_eq!((ext.eax, ext.ecx & 0xff, (ext.ecx >> 8) & 7), (3, 1, 1), "vCPU 3 on node 1 of 2");
+        assert_eq!(
+            (ext.eax, ext.ecx & 0xff, (ext.ecx >> 8) & 7),
+            (3, 1, 1),
+            "vCPU 3 on node 1 of 2"
+        );
     }
 
     #[test]
     fn the_vpmu_is_off() {
         let mut e = entries(b"AuthenticAMD");
-        e.push(kvm_cpuid_entry2 { function: LEAF_ARCH_PMU, eax: 0x0804_3004, ebx: 1, edx: 0x603, ..Default::default() });
-        e.push(kvm_cpuid_entry2 { function: LEAF_AMD_PERFMON_V2, eax: 1, ebx: 6, ..Default::default() });
-        let features = e.iter_mut().find(|x| x.function == LEAF_AMD_FEATURES).unwrap();
+        e.push(kvm_cpuid_entry2 {
+            function: LEAF_ARCH_PMU,
+            eax: 0x0804_3004,
+            ebx: 1,
+            edx: 0x603,
+            ..Default::default()
+        });
+        e.push(kvm_cpuid_entry2 {
+            function: LEAF_AMD_PERFMON_V2,
+            eax: 1,
+            ebx: 6,
+            ..Default::default()
+        });
+        let features = e
+            .iter_mut()
+            .find(|x| x.function == LEAF_AMD_FEATURES)
+            .unwrap();
         features.ecx = AMD_ECX_PERFCTR_CORE | 1;
         apply_topology(&mut e, at(0, 2, 0));
         let pmu = find(&e, LEAF_ARCH_PMU, 0);
         assert_eq!((pmu.eax, pmu.ebx, pmu.ecx, pmu.edx), (0, 0, 0, 0));
         assert_eq!(find(&e, LEAF_AMD_PERFMON_V2, 0).eax, 0);
         assert_eq!(find(&e, LEAF_AMD_FEATURES, 0).ecx & AMD_ECX_PERFCTR_CORE, 0);
-        assert_ne!(find(&e, LEAF_AMD_FEATURES, 0).ecx & 1, 0, "other features stay");
+        assert_ne!(
+            find(&e, LEAF_AMD_FEATURES, 0).ecx & 1,
+            0,
+            "other features stay"
+        );
     }
 
     #[test]
@@ -436,10 +559,25 @@ mod tests {
         assert_ne!(find(&e, LEAF_AMD_FEATURES, 0).ecx & AMD_ECX_CMP_LEGACY, 0);
         let ext = find(&e, LEAF_AMD_EXT_APIC, 0);
         assert_eq!((ext.eax, ext.ecx & 0xff, (ext.ecx >> 8) & 0x7), (2, 1, 1));
-        assert_eq!((find(&e, LEAF_AMD_CACHE_TOPOLOGY, 3).eax >> 14) & 0xfff, 1, "the L3 is shared by 2");
-        assert_eq!((find(&e, LEAF_AMD_CACHE_TOPOLOGY, 0).eax >> 14) & 0xfff, 0, "the L1 is private");
-        assert_eq!(find(&e, LEAF_AMD_CACHE_TOPOLOGY, 3).eax & 0x3fff, (3 << 5) | 0x3);
-        assert_eq!(find(&e, LEAF_AMD_L2_L3, 0).edx, AMD_SYNTHETIC_L3, "an L3 given where there was none");
+        assert_eq!(
+            (find(&e, LEAF_AMD_CACHE_TOPOLOGY, 3).eax >> 14) & 0xfff,
+            1,
+            "the L3 is shared by 2"
+        );
+        assert_eq!(
+            (find(&e, LEAF_AMD_CACHE_TOPOLOGY, 0).eax >> 14) & 0xfff,
+            0,
+            "the L1 is private"
+        );
+        assert_eq!(
+            find(&e, LEAF_AMD_CACHE_TOPOLOGY, 3).eax & 0x3fff,
+            (3 << 5) | 0x3
+        );
+        assert_eq!(
+            find(&e, LEAF_AMD_L2_L3, 0).edx,
+            AMD_SYNTHETIC_L3,
+            "an L3 given where there was none"
+        );
     }
 
     #[test]
@@ -453,8 +591,19 @@ mod tests {
     #[test]
     fn xsave_can_be_hidden() {
         let mut e = vec![
-            kvm_cpuid_entry2 { function: LEAF_FEATURES, ecx: ECX_XSAVE | ECX_OSXSAVE | ECX_AVX | 1, ..Default::default() },
-            kvm_cpuid_entry2 { function: LEAF_XSAVE, index: 0, eax: 7, ebx: 576, ecx: 832, ..Default::default() },
+            kvm_cpuid_entry2 {
+                function: LEAF_FEATURES,
+                ecx: ECX_XSAVE | ECX_OSXSAVE | ECX_AVX | 1,
+                ..Default::default()
+            },
+            kvm_cpuid_entry2 {
+                function: LEAF_XSAVE,
+                index: 0,
+                eax: 7,
+                ebx: 576,
+                ecx: 832,
+                ..Default::default()
+            },
         ];
         hide_xsave(&mut e);
         assert_eq!(e[0].ecx, 1, "SSE3 stays");

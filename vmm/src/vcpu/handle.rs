@@ -288,7 +288,10 @@ impl VcpuControl {
     /// kicked out of the guest for it, and goes on as it was), waiting at
     /// most `patience`; for a vCPU whose thread has ended, the state it
     /// ended in (a guest's end) or the end.
-    pub fn snapshot(&self, patience: Duration) -> Result<Result<VcpuSnapshot, String>, HandleError> {
+    pub fn snapshot(
+        &self,
+        patience: Duration,
+    ) -> Result<Result<VcpuSnapshot, String>, HandleError> {
         {
             let mut state = self.state();
             if state.ended.is_none() {
@@ -298,16 +301,24 @@ impl VcpuControl {
                 if let Some(pthread) = state.pthread {
                     Pthread(pthread)
                         .kill(SIGRTMIN() + KICK_SIGNAL_OFFSET)
-                        .map_err(|e| HandleError::Kick { index: self.index, errno: e.errno() })?;
+                        .map_err(|e| HandleError::Kick {
+                            index: self.index,
+                            errno: e.errno(),
+                        })?;
                 }
             }
         }
         let index = self.index;
-        self.wait_until(patience, "take a snapshot", |state| match (&state.snapshot, &state.ended, &state.last) {
-            (Some(taken), _, _) => Some(Ok(taken.clone())),
-            (None, Some(_), Some(last)) => Some(Ok(last.clone())),
-            (None, Some(end), None) => Some(Err(HandleError::Ended { index, end: end.clone() })),
-            (None, None, _) => None,
+        self.wait_until(patience, "take a snapshot", |state| {
+            match (&state.snapshot, &state.ended, &state.last) {
+                (Some(taken), _, _) => Some(Ok(taken.clone())),
+                (None, Some(_), Some(last)) => Some(Ok(last.clone())),
+                (None, Some(end), None) => Some(Err(HandleError::Ended {
+                    index,
+                    end: end.clone(),
+                })),
+                (None, None, _) => None,
+            }
         })
     }
 
@@ -585,7 +596,11 @@ pub fn stop_all_but(
 pub fn capture(controls: &[Arc<VcpuControl>]) -> String {
     let taken: Vec<Result<VcpuSnapshot, String>> = controls
         .iter()
-        .map(|c| c.snapshot(SNAPSHOT_PATIENCE).map_err(|e| e.to_string()).and_then(|s| s))
+        .map(|c| {
+            c.snapshot(SNAPSHOT_PATIENCE)
+                .map_err(|e| e.to_string())
+                .and_then(|s| s)
+        })
         .collect();
     render(&taken)
 }
@@ -735,7 +750,11 @@ mod tests {
         let handle = VcpuHandle::spawn_with(4, runner, |_| {}, Start::Paused).unwrap();
         handle.pause(PATIENCE).unwrap();
         thread::sleep(Duration::from_millis(50));
-        assert_eq!(entries.load(Ordering::SeqCst), 0, "it entered the guest while paused");
+        assert_eq!(
+            entries.load(Ordering::SeqCst),
+            0,
+            "it entered the guest while paused"
+        );
         handle.resume().unwrap();
         let deadline = Instant::now() + PATIENCE;
         while entries.load(Ordering::SeqCst) == 0 {
@@ -753,11 +772,18 @@ mod tests {
         let handle = VcpuHandle::spawn(5, runner, |_| {}).unwrap();
         let deadline = Instant::now() + PATIENCE;
         while !handle.is_paused() {
-            assert!(Instant::now() < deadline, "the runner's park was not honoured");
+            assert!(
+                Instant::now() < deadline,
+                "the runner's park was not honoured"
+            );
             thread::sleep(Duration::from_millis(1));
         }
         thread::sleep(Duration::from_millis(50));
-        assert_eq!(entries.load(Ordering::SeqCst), 1, "a parked vCPU entered again");
+        assert_eq!(
+            entries.load(Ordering::SeqCst),
+            1,
+            "a parked vCPU entered again"
+        );
         handle.resume().unwrap();
         while entries.load(Ordering::SeqCst) < 2 {
             assert!(Instant::now() < deadline, "the resumed vCPU never entered");
@@ -845,10 +871,17 @@ mod tests {
         thread::sleep(Duration::from_millis(20)); // well inside the "guest"
         let control = handle.control();
         let taken = control.snapshot(PATIENCE).unwrap().unwrap();
-        assert!(taken.regs.rip >= 1, "taken after an entry: {}", taken.regs.rip);
+        assert!(
+            taken.regs.rip >= 1,
+            "taken after an entry: {}",
+            taken.regs.rip
+        );
         let deadline = Instant::now() + PATIENCE;
         while u64::from(entries.load(Ordering::SeqCst)) <= taken.regs.rip {
-            assert!(Instant::now() < deadline, "the vCPU did not enter again after its snapshot");
+            assert!(
+                Instant::now() < deadline,
+                "the vCPU did not enter again after its snapshot"
+            );
             thread::sleep(Duration::from_millis(1));
         }
         handle.pause(PATIENCE).unwrap();
@@ -860,7 +893,13 @@ mod tests {
         assert_eq!(entries.load(Ordering::SeqCst), parked_at);
         handle.stop().unwrap();
         assert_eq!(handle.join(PATIENCE), Ok(VcpuEnd::Stopped));
-        assert!(matches!(control.snapshot(PATIENCE), Err(HandleError::Ended { end: VcpuEnd::Stopped, .. })));
+        assert!(matches!(
+            control.snapshot(PATIENCE),
+            Err(HandleError::Ended {
+                end: VcpuEnd::Stopped,
+                ..
+            })
+        ));
     }
 
     #[test]
@@ -892,7 +931,11 @@ mod tests {
         let asking = thread::spawn(move || control.snapshot(PATIENCE));
         thread::sleep(Duration::from_millis(50)); // the request is published
         go.send(()).unwrap();
-        let taken = asking.join().unwrap().expect("the state it ended in").unwrap();
+        let taken = asking
+            .join()
+            .unwrap()
+            .expect("the state it ended in")
+            .unwrap();
         assert_eq!(taken.regs.rip, 1);
         assert_eq!(handle.join(PATIENCE), Ok(VcpuEnd::Reset));
     }

@@ -32,7 +32,11 @@ pub enum VcpuError {
         source: kvm_ioctls::Error,
     },
     #[error("vCPU {index}: KVM took {set} of {wanted} MSRs")]
-    Msrs { index: u8, set: usize, wanted: usize },
+    Msrs {
+        index: u8,
+        set: usize,
+        wanted: usize,
+    },
     #[error("vCPU {index}: building its MSR list failed")]
     MsrList { index: u8 },
     #[error("vCPU {index}: {entries} CPUID entries are more than KVM takes")]
@@ -82,10 +86,23 @@ pub struct Vcpu {
 impl Vcpu {
     /// Creates the vCPU at `placement` with CPUID (`supported`, plus the
     /// topology, without the vPMU), the boot MSRs and the LINT pins set.
-    pub fn new(vm: &VmFd, supported: &CpuId, placement: cpuid::Placement, hide_xsave: bool) -> Result<Vcpu, VcpuError> {
+    pub fn new(
+        vm: &VmFd,
+        supported: &CpuId,
+        placement: cpuid::Placement,
+        hide_xsave: bool,
+    ) -> Result<Vcpu, VcpuError> {
         let index = placement.index;
-        let kvm = |what| move |source| VcpuError::Kvm { index, what, source };
-        let fd = vm.create_vcpu(u64::from(index)).map_err(kvm("creating it"))?;
+        let kvm = |what| {
+            move |source| VcpuError::Kvm {
+                index,
+                what,
+                source,
+            }
+        };
+        let fd = vm
+            .create_vcpu(u64::from(index))
+            .map_err(kvm("creating it"))?;
         let mut entries = supported.as_slice().to_vec();
         cpuid::apply_topology(&mut entries, placement);
         if hide_xsave {
@@ -94,17 +111,25 @@ impl Vcpu {
         if vm.check_extension(kvm_ioctls::Cap::TscDeadlineTimer) {
             cpuid::offer_tsc_deadline(&mut entries);
         }
-        let cpuid = CpuId::from_entries(&entries).map_err(|_| VcpuError::CpuidList { index, entries: entries.len() })?;
+        let cpuid = CpuId::from_entries(&entries).map_err(|_| VcpuError::CpuidList {
+            index,
+            entries: entries.len(),
+        })?;
         fd.set_cpuid2(&cpuid).map_err(kvm("setting CPUID"))?;
         let entries = regs::boot_msrs();
         let msrs = Msrs::from_entries(&entries).map_err(|_| VcpuError::MsrList { index })?;
         let set = fd.set_msrs(&msrs).map_err(kvm("setting MSRs"))?;
         if set != entries.len() {
-            return Err(VcpuError::Msrs { index, set, wanted: entries.len() });
+            return Err(VcpuError::Msrs {
+                index,
+                set,
+                wanted: entries.len(),
+            });
         }
         let mut lapic = fd.get_lapic().map_err(kvm("reading the local APIC"))?;
         regs::set_lint(&mut lapic);
-        fd.set_lapic(&lapic).map_err(kvm("setting the local APIC"))?;
+        fd.set_lapic(&lapic)
+            .map_err(kvm("setting the local APIC"))?;
         Ok(Vcpu { index, fd })
     }
 
@@ -112,19 +137,38 @@ impl Vcpu {
     /// guest memory at [`GDT_ADDR`]).
     pub fn set_boot_state(&self, entry: &BootEntry) -> Result<(), VcpuError> {
         let index = self.index;
-        let kvm = |what| move |source| VcpuError::Kvm { index, what, source };
-        let mut sregs = self.fd.get_sregs().map_err(kvm("reading special registers"))?;
+        let kvm = |what| {
+            move |source| VcpuError::Kvm {
+                index,
+                what,
+                source,
+            }
+        };
+        let mut sregs = self
+            .fd
+            .get_sregs()
+            .map_err(kvm("reading special registers"))?;
         regs::boot_sregs(&mut sregs, entry, GDT_ADDR, IDT_ADDR);
-        self.fd.set_sregs(&sregs).map_err(kvm("setting special registers"))?;
-        self.fd.set_regs(&regs::boot_regs(entry)).map_err(kvm("setting registers"))?;
-        self.fd.set_fpu(&regs::boot_fpu()).map_err(kvm("setting the FPU"))?;
+        self.fd
+            .set_sregs(&sregs)
+            .map_err(kvm("setting special registers"))?;
+        self.fd
+            .set_regs(&regs::boot_regs(entry))
+            .map_err(kvm("setting registers"))?;
+        self.fd
+            .set_fpu(&regs::boot_fpu())
+            .map_err(kvm("setting the FPU"))?;
         Ok(())
     }
 
     /// Sets the general registers (the exit benchmark's small programs).
     pub fn set_regs(&self, regs: &kvm_bindings::kvm_regs) -> Result<(), VcpuError> {
         let index = self.index;
-        self.fd.set_regs(regs).map_err(|source| VcpuError::Kvm { index, what: "setting registers", source })
+        self.fd.set_regs(regs).map_err(|source| VcpuError::Kvm {
+            index,
+            what: "setting registers",
+            source,
+        })
     }
 
     pub fn index(&self) -> u8 {
@@ -142,13 +186,24 @@ impl Vcpu {
     /// exception, RIP past the instruction, on the next entry.
     pub fn reinject_breakpoint(&self) -> Result<(), VcpuError> {
         let index = self.index;
-        let kvm = |what| move |source| VcpuError::Kvm { index, what, source };
-        let mut events = self.fd.get_vcpu_events().map_err(kvm("reading pending events"))?;
+        let kvm = |what| {
+            move |source| VcpuError::Kvm {
+                index,
+                what,
+                source,
+            }
+        };
+        let mut events = self
+            .fd
+            .get_vcpu_events()
+            .map_err(kvm("reading pending events"))?;
         events.exception.injected = 1;
         events.exception.nr = BREAKPOINT_VECTOR as u8;
         events.exception.has_error_code = 0;
         events.exception.error_code = 0;
-        self.fd.set_vcpu_events(&events).map_err(kvm("injecting #BP"))
+        self.fd
+            .set_vcpu_events(&events)
+            .map_err(kvm("injecting #BP"))
     }
 
     /// Enters the guest once and handles the exit.
@@ -167,7 +222,12 @@ impl Vcpu {
                 stats.mmio_exits.fetch_add(1, Ordering::Relaxed);
                 mmio.write(vcpu, addr, data);
             }
-            Ok(VcpuExit::Debug(arch)) => return Exit::Debug(DebugExit { exception: arch.exception, pc: arch.pc }),
+            Ok(VcpuExit::Debug(arch)) => {
+                return Exit::Debug(DebugExit {
+                    exception: arch.exception,
+                    pc: arch.pc,
+                })
+            }
             Ok(other) => return Exit::End(end_of(vcpu, other)),
             Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {}
             Err(e) => return Exit::End(VcpuEnd::Failed(format!("vCPU {vcpu}: KVM_RUN: {e}"))),
@@ -188,14 +248,18 @@ impl Vcpu {
         // SAFETY: the exit reason is KVM_EXIT_IO, so `io` is the member of
         // the union the kernel filled.
         let exit = unsafe { run.__bindgen_anon_1.io };
-        let (size, len) = (usize::from(exit.size), usize::from(exit.size) * exit.count as usize);
+        let (size, len) = (
+            usize::from(exit.size),
+            usize::from(exit.size) * exit.count as usize,
+        );
         let base = (run as *mut kvm_bindings::kvm_run).cast::<u8>();
         // SAFETY: as in kvm-ioctls' `VcpuFd::run`, which builds the same
         // slice: the kernel puts the data `data_offset` bytes into the
         // vCPU's kvm_run mapping (KVM_GET_VCPU_MMAP_SIZE bytes, mapped for
         // the vCPU's life), `count * size` bytes of it; `self.fd` stays
         // borrowed mutably while the slice lives.
-        let data = unsafe { std::slice::from_raw_parts_mut(base.add(exit.data_offset as usize), len) };
+        let data =
+            unsafe { std::slice::from_raw_parts_mut(base.add(exit.data_offset as usize), len) };
         let port = u64::from(exit.port);
         if u32::from(exit.direction) == kvm_bindings::KVM_EXIT_IO_OUT {
             io.write_string(vcpu, port, size, data);
@@ -221,7 +285,16 @@ impl Vcpu {
             None => Holder::Alone(self),
         };
         let first_entry = vcpu.index() == 0;
-        BusRunner { first_entry, vcpu, exits: Exits { io, mmio, stats, debugger } }
+        BusRunner {
+            first_entry,
+            vcpu,
+            exits: Exits {
+                io,
+                mmio,
+                stats,
+                debugger,
+            },
+        }
     }
 }
 
@@ -229,14 +302,29 @@ impl Vcpu {
     /// Reads this vCPU's state (its thread, between entries).
     pub fn snapshot(&self) -> Result<snapshot::VcpuSnapshot, VcpuError> {
         let index = self.index;
-        let kvm = |what| move |source| VcpuError::Kvm { index, what, source };
+        let kvm = |what| {
+            move |source| VcpuError::Kvm {
+                index,
+                what,
+                source,
+            }
+        };
         Ok(snapshot::VcpuSnapshot {
             index,
             regs: self.fd.get_regs().map_err(kvm("reading registers"))?,
-            sregs: self.fd.get_sregs().map_err(kvm("reading special registers"))?,
-            events: self.fd.get_vcpu_events().map_err(kvm("reading pending events"))?,
+            sregs: self
+                .fd
+                .get_sregs()
+                .map_err(kvm("reading special registers"))?,
+            events: self
+                .fd
+                .get_vcpu_events()
+                .map_err(kvm("reading pending events"))?,
             lapic: self.fd.get_lapic().map_err(kvm("reading the local APIC"))?,
-            mp_state: self.fd.get_mp_state().map_err(kvm("reading the MP state"))?,
+            mp_state: self
+                .fd
+                .get_mp_state()
+                .map_err(kvm("reading the MP state"))?,
         })
     }
 }
@@ -333,7 +421,11 @@ impl Exits {
     }
 
     fn on_debug_exit(&self, vcpu: &Vcpu, exit: &DebugExit) -> handle::Step {
-        if self.debugger.as_ref().is_some_and(|d| d.claim(vcpu.index, exit)) {
+        if self
+            .debugger
+            .as_ref()
+            .is_some_and(|d| d.claim(vcpu.index, exit))
+        {
             return handle::Step::Park;
         }
         if exit.exception == BREAKPOINT_VECTOR {
@@ -379,12 +471,31 @@ mod tests {
     #[test]
     fn resets_end_the_run_as_resets_and_failure_exits_as_kvm_failures() {
         assert_eq!(end_of(0, VcpuExit::Shutdown), VcpuEnd::Reset);
-        assert_eq!(end_of(0, VcpuExit::SystemEvent(kvm_bindings::KVM_SYSTEM_EVENT_RESET, &[])), VcpuEnd::Reset);
-        for exit in [VcpuExit::FailEntry(0x21, 1), VcpuExit::InternalError, VcpuExit::Hlt, VcpuExit::Debug(Default::default())] {
+        assert_eq!(
+            end_of(
+                0,
+                VcpuExit::SystemEvent(kvm_bindings::KVM_SYSTEM_EVENT_RESET, &[])
+            ),
+            VcpuEnd::Reset
+        );
+        for exit in [
+            VcpuExit::FailEntry(0x21, 1),
+            VcpuExit::InternalError,
+            VcpuExit::Hlt,
+            VcpuExit::Debug(Default::default()),
+        ] {
             let what = format!("{exit:?}");
-            assert!(matches!(end_of(2, exit), VcpuEnd::KvmFailure(ref why) if why.starts_with("vCPU 2")), "{what}");
+            assert!(
+                matches!(end_of(2, exit), VcpuEnd::KvmFailure(ref why) if why.starts_with("vCPU 2")),
+                "{what}"
+            );
         }
-        let VcpuEnd::KvmFailure(why) = end_of(0, VcpuExit::FailEntry(0x21, 3)) else { unreachable!() };
-        assert!(why.contains("hardware reason 0x21") && why.contains("host CPU 3"), "{why}");
+        let VcpuEnd::KvmFailure(why) = end_of(0, VcpuExit::FailEntry(0x21, 3)) else {
+            unreachable!()
+        };
+        assert!(
+            why.contains("hardware reason 0x21") && why.contains("host CPU 3"),
+            "{why}"
+        );
     }
 }

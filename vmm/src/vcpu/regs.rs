@@ -37,7 +37,12 @@ pub const fn gdt_entry(flags: u16, base: u32, limit: u32) -> u64 {
 /// The GDT the boot CPU starts with: null, code (32- or 64-bit), data, TSS.
 pub fn gdt(long_mode: bool) -> [u64; 4] {
     let code = if long_mode { 0xa09b } else { 0xc09b };
-    [0, gdt_entry(code, 0, 0xfffff), gdt_entry(0xc093, 0, 0xfffff), gdt_entry(0x808b, 0, 0xfffff)]
+    [
+        0,
+        gdt_entry(code, 0, 0xfffff),
+        gdt_entry(0xc093, 0, 0xfffff),
+        gdt_entry(0x808b, 0, 0xfffff),
+    ]
 }
 
 /// The segment register KVM needs for GDT slot `slot` holding `entry`.
@@ -46,7 +51,11 @@ pub fn segment(slot: u16, entry: u64) -> kvm_segment {
     let raw_limit = ((entry & 0xffff) | (((entry >> 48) & 0xf) << 16)) as u32;
     kvm_segment {
         base: ((entry >> 16) & 0xff_ffff) | (((entry >> 56) & 0xff) << 24),
-        limit: if granular { (raw_limit << 12) | 0xfff } else { raw_limit },
+        limit: if granular {
+            (raw_limit << 12) | 0xfff
+        } else {
+            raw_limit
+        },
         selector: slot * 8,
         type_: ((entry >> 40) & 0xf) as u8,
         s: ((entry >> 44) & 1) as u8,
@@ -96,13 +105,18 @@ pub fn boot_sregs(sregs: &mut kvm_sregs, entry: &BootEntry, gdt_addr: u64, idt_a
 
 /// The general registers at the first instruction.
 pub fn boot_regs(entry: &BootEntry) -> kvm_regs {
-    let mut regs = kvm_regs { rflags: 0x2, ..Default::default() };
+    let mut regs = kvm_regs {
+        rflags: 0x2,
+        ..Default::default()
+    };
     match *entry {
         BootEntry::Pvh { entry, start_info } => {
             regs.rip = entry;
             regs.rbx = start_info;
         }
-        BootEntry::Linux64 { entry, zero_page, .. } => {
+        BootEntry::Linux64 {
+            entry, zero_page, ..
+        } => {
             regs.rip = entry;
             regs.rsi = zero_page;
             regs.rsp = BOOT_STACK;
@@ -114,7 +128,11 @@ pub fn boot_regs(entry: &BootEntry) -> kvm_regs {
 
 /// x87 and SSE control words as after a reset.
 pub fn boot_fpu() -> kvm_fpu {
-    kvm_fpu { fcw: 0x37f, mxcsr: 0x1f80, ..Default::default() }
+    kvm_fpu {
+        fcw: 0x37f,
+        mxcsr: 0x1f80,
+        ..Default::default()
+    }
 }
 
 const MSR_IA32_SYSENTER_CS: u32 = 0x174;
@@ -130,7 +148,11 @@ const MISC_ENABLE_FAST_STRING: u64 = 1;
 
 /// MSRs every vCPU starts with: the syscall MSRs cleared and fast strings on.
 pub fn boot_msrs() -> Vec<kvm_msr_entry> {
-    let entry = |index, data| kvm_msr_entry { index, data, ..Default::default() };
+    let entry = |index, data| kvm_msr_entry {
+        index,
+        data,
+        ..Default::default()
+    };
     vec![
         entry(MSR_IA32_SYSENTER_CS, 0),
         entry(MSR_IA32_SYSENTER_ESP, 0),
@@ -187,13 +209,19 @@ mod tests {
             assert_eq!((tss.type_, tss.s), (0xb, 0));
         }
         assert_eq!(gdt_entry(0xc09b, 0x1234_5678, 0xabcde) >> 56, 0x12);
-        assert_eq!(segment(1, gdt_entry(0x409b, 0x1234_5678, 0xabcde)).base, 0x1234_5678);
+        assert_eq!(
+            segment(1, gdt_entry(0x409b, 0x1234_5678, 0xabcde)).base,
+            0x1234_5678
+        );
         assert_eq!(segment(1, gdt_entry(0x409b, 0, 0xabcde)).limit, 0xabcde);
     }
 
     #[test]
     fn pvh_starts_in_protected_mode_with_the_start_info() {
-        let entry = BootEntry::Pvh { entry: 0x100_0000, start_info: 0x6000 };
+        let entry = BootEntry::Pvh {
+            entry: 0x100_0000,
+            start_info: 0x6000,
+        };
         let mut sregs = kvm_sregs::default();
         boot_sregs(&mut sregs, &entry, 0x500, 0x520);
         assert_eq!(sregs.cr0 & (CR0_PE | CR0_PG), CR0_PE);
@@ -206,7 +234,11 @@ mod tests {
 
     #[test]
     fn bzimage_starts_in_long_mode_with_the_zero_page() {
-        let entry = BootEntry::Linux64 { entry: 0x100_0200, zero_page: 0x7000, pml4: 0x9000 };
+        let entry = BootEntry::Linux64 {
+            entry: 0x100_0200,
+            zero_page: 0x7000,
+            pml4: 0x9000,
+        };
         let mut sregs = kvm_sregs::default();
         boot_sregs(&mut sregs, &entry, 0x500, 0x520);
         assert_eq!(sregs.cr3, 0x9000);
@@ -230,7 +262,12 @@ mod tests {
     #[test]
     fn msrs_enable_fast_strings() {
         let msrs = boot_msrs();
-        assert!(msrs.iter().any(|m| m.index == MSR_IA32_MISC_ENABLE && m.data == 1));
-        assert!(msrs.iter().filter(|m| m.index != MSR_IA32_MISC_ENABLE).all(|m| m.data == 0));
+        assert!(msrs
+            .iter()
+            .any(|m| m.index == MSR_IA32_MISC_ENABLE && m.data == 1));
+        assert!(msrs
+            .iter()
+            .filter(|m| m.index != MSR_IA32_MISC_ENABLE)
+            .all(|m| m.data == 0));
     }
 }

@@ -10,7 +10,9 @@
 
 use std::fmt::Write as _;
 
-use kvm_bindings::{kvm_lapic_state, kvm_mp_state, kvm_regs, kvm_segment, kvm_sregs, kvm_vcpu_events};
+use kvm_bindings::{
+    kvm_lapic_state, kvm_mp_state, kvm_regs, kvm_segment, kvm_sregs, kvm_vcpu_events,
+};
 
 /// What a capture of every vCPU starts with (the text QEMU's monitor
 /// answers to the same command starts its section with `### `).
@@ -65,7 +67,9 @@ fn reg(lapic: &kvm_lapic_state, offset: usize) -> u32 {
 /// The vectors set in a 256-bit register (ISR, IRR, TMR: eight words 16
 /// bytes apart).
 fn vectors(lapic: &kvm_lapic_state, base: usize) -> Vec<u8> {
-    (0..=255u8).filter(|&v| reg(lapic, base + usize::from(v / 32) * 0x10) & (1 << (v % 32)) != 0).collect()
+    (0..=255u8)
+        .filter(|&v| reg(lapic, base + usize::from(v / 32) * 0x10) & (1 << (v % 32)) != 0)
+        .collect()
 }
 
 fn vector_list(vectors: &[u8]) -> String {
@@ -94,9 +98,21 @@ fn lvt(out: &mut String, name: &str, value: u32, timer: bool) {
     let _ = writeln!(
         out,
         "{name}\t 0x{value:08x} {} {} {} {} {mode} (vec {})",
-        if value & (1 << 13) != 0 { "active-lo" } else { "active-hi" },
-        if value & (1 << 15) != 0 { "level" } else { "edge " },
-        if value & (1 << 16) != 0 { "masked" } else { "      " },
+        if value & (1 << 13) != 0 {
+            "active-lo"
+        } else {
+            "active-hi"
+        },
+        if value & (1 << 15) != 0 {
+            "level"
+        } else {
+            "edge "
+        },
+        if value & (1 << 16) != 0 {
+            "masked"
+        } else {
+            "      "
+        },
         if timer { timer_mode } else { "            " },
         value & 0xff
     );
@@ -113,15 +129,27 @@ fn segment(out: &mut String, name: &str, s: &kvm_segment) {
         | (u32::from(s.l) << 21)
         | (u32::from(s.db) << 22)
         | (u32::from(s.g) << 23);
-    let _ = writeln!(out, "{name}={:04x} {:016x} {:08x} {flags:08x}", s.selector, s.base, s.limit);
+    let _ = writeln!(
+        out,
+        "{name}={:04x} {:016x} {:08x} {flags:08x}",
+        s.selector, s.base, s.limit
+    );
 }
 
 /// RFLAGS' arithmetic flags as QEMU shows them (`[D O S Z A P C]`).
 fn eflags_letters(rflags: u64) -> String {
-    [(10, 'D'), (11, 'O'), (7, 'S'), (6, 'Z'), (4, 'A'), (2, 'P'), (0, 'C')]
-        .iter()
-        .map(|&(bit, c)| if rflags & (1 << bit) != 0 { c } else { '-' })
-        .collect()
+    [
+        (10, 'D'),
+        (11, 'O'),
+        (7, 'S'),
+        (6, 'Z'),
+        (4, 'A'),
+        (2, 'P'),
+        (0, 'C'),
+    ]
+    .iter()
+    .map(|&(bit, c)| if rflags & (1 << bit) != 0 { c } else { '-' })
+    .collect()
 }
 
 /// One vCPU's `info registers` block: `CPU#N` and its lines.
@@ -129,10 +157,26 @@ fn registers(out: &mut String, s: &VcpuSnapshot) {
     let r = &s.regs;
     let sr = &s.sregs;
     let _ = writeln!(out, "CPU#{}", s.index);
-    let _ = writeln!(out, "RAX={:016x} RBX={:016x} RCX={:016x} RDX={:016x}", r.rax, r.rbx, r.rcx, r.rdx);
-    let _ = writeln!(out, "RSI={:016x} RDI={:016x} RBP={:016x} RSP={:016x}", r.rsi, r.rdi, r.rbp, r.rsp);
-    let _ = writeln!(out, "R8 ={:016x} R9 ={:016x} R10={:016x} R11={:016x}", r.r8, r.r9, r.r10, r.r11);
-    let _ = writeln!(out, "R12={:016x} R13={:016x} R14={:016x} R15={:016x}", r.r12, r.r13, r.r14, r.r15);
+    let _ = writeln!(
+        out,
+        "RAX={:016x} RBX={:016x} RCX={:016x} RDX={:016x}",
+        r.rax, r.rbx, r.rcx, r.rdx
+    );
+    let _ = writeln!(
+        out,
+        "RSI={:016x} RDI={:016x} RBP={:016x} RSP={:016x}",
+        r.rsi, r.rdi, r.rbp, r.rsp
+    );
+    let _ = writeln!(
+        out,
+        "R8 ={:016x} R9 ={:016x} R10={:016x} R11={:016x}",
+        r.r8, r.r9, r.r10, r.r11
+    );
+    let _ = writeln!(
+        out,
+        "R12={:016x} R13={:016x} R14={:016x} R15={:016x}",
+        r.r12, r.r13, r.r14, r.r15
+    );
     let halted = s.mp_state.mp_state == kvm_bindings::KVM_MP_STATE_HALTED;
     let _ = writeln!(
         out,
@@ -145,13 +189,30 @@ fn registers(out: &mut String, s: &VcpuSnapshot) {
         s.events.smi.smm,
         u8::from(halted)
     );
-    for (name, seg) in [("ES ", &sr.es), ("CS ", &sr.cs), ("SS ", &sr.ss), ("DS ", &sr.ds), ("FS ", &sr.fs), ("GS ", &sr.gs), ("LDT", &sr.ldt), ("TR ", &sr.tr)] {
+    for (name, seg) in [
+        ("ES ", &sr.es),
+        ("CS ", &sr.cs),
+        ("SS ", &sr.ss),
+        ("DS ", &sr.ds),
+        ("FS ", &sr.fs),
+        ("GS ", &sr.gs),
+        ("LDT", &sr.ldt),
+        ("TR ", &sr.tr),
+    ] {
         segment(out, name, seg);
     }
     let _ = writeln!(out, "GDT=     {:016x} {:08x}", sr.gdt.base, sr.gdt.limit);
     let _ = writeln!(out, "IDT=     {:016x} {:08x}", sr.idt.base, sr.idt.limit);
-    let _ = writeln!(out, "CR0={:08x} CR2={:016x} CR3={:016x} CR4={:08x}", sr.cr0, sr.cr2, sr.cr3, sr.cr4);
-    let _ = writeln!(out, "EFER={:016x} APIC_BASE={:016x} CR8={:x}", sr.efer, sr.apic_base, sr.cr8);
+    let _ = writeln!(
+        out,
+        "CR0={:08x} CR2={:016x} CR3={:016x} CR4={:08x}",
+        sr.cr0, sr.cr2, sr.cr3, sr.cr4
+    );
+    let _ = writeln!(
+        out,
+        "EFER={:016x} APIC_BASE={:016x} CR8={:x}",
+        sr.efer, sr.apic_base, sr.cr8
+    );
     let e = &s.events;
     // perfbed-vmm's own line, as perfbed's QEMU adds its INTREQ line: what
     // KVM holds to deliver at the next entry (KVM_GET_VCPU_EVENTS).
@@ -202,7 +263,11 @@ fn local_apic(out: &mut String, s: &VcpuSnapshot) {
     let _ = writeln!(
         out,
         "SPIV\t 0x{spiv:08x} APIC {}, focus={}, spurious vec {}",
-        if spiv & (1 << 8) != 0 { "enabled" } else { "disabled" },
+        if spiv & (1 << 8) != 0 {
+            "enabled"
+        } else {
+            "disabled"
+        },
         if spiv & (1 << 9) != 0 { "off" } else { "on" },
         spiv & 0xff
     );
@@ -255,10 +320,20 @@ mod tests {
 
     /// A vCPU spinning with interrupts off, its timer expired and pending.
     pub fn spinning() -> VcpuSnapshot {
-        let mut s = VcpuSnapshot { index: 1, ..Default::default() };
+        let mut s = VcpuSnapshot {
+            index: 1,
+            ..Default::default()
+        };
         s.regs.rip = 0xffff_ffff_8100_1234;
         s.regs.rflags = 0x46;
-        s.sregs.cs = kvm_segment { selector: 0x10, type_: 11, s: 1, present: 1, l: 1, ..Default::default() };
+        s.sregs.cs = kvm_segment {
+            selector: 0x10,
+            type_: 11,
+            s: 1,
+            present: 1,
+            l: 1,
+            ..Default::default()
+        };
         s.sregs.cr0 = 0x8005_0033;
         s.events.nmi.pending = 1;
         set(&mut s.lapic, apic::LVTT, 0xec);
@@ -277,16 +352,43 @@ mod tests {
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines[0], REGISTERS_HEADING);
         assert_eq!(lines[1], "CPU#1");
-        assert!(text.contains("RIP=ffffffff81001234 RFL=00000046 [---Z-P-] CPL=0 II=0 A20=1 SMM=0 HLT=0\n"), "{text}");
-        assert!(text.contains("CS =0010 0000000000000000 00000000 00209b00\n"), "{text}");
+        assert!(
+            text.contains(
+                "RIP=ffffffff81001234 RFL=00000046 [---Z-P-] CPL=0 II=0 A20=1 SMM=0 HLT=0\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("CS =0010 0000000000000000 00000000 00209b00\n"),
+            "{text}"
+        );
         assert!(text.contains("CR0=80050033 "), "{text}");
         assert!(text.contains(" NMI_PEND=1 "), "{text}");
-        assert!(text.contains("# not read: vCPU 2 has already ended\n"), "{text}");
+        assert!(
+            text.contains("# not read: vCPU 2 has already ended\n"),
+            "{text}"
+        );
         assert!(text.contains("### info lapic 1\n"), "{text}");
-        assert!(text.contains("LVTT\t 0x000000ec active-hi edge         one-shot     Fixed  (vec 236)\n"), "{text}");
-        assert!(text.contains("LVT0\t 0x00010700 active-hi edge  masked              ExtINT (vec 0)\n"), "{text}");
-        assert!(text.contains("Timer\t DCR=0x0 (divide by 2) initial_count = 107006 current_count = 0\n"), "{text}");
-        assert!(text.contains("IRR\t 236 \n") && text.contains("ISR\t 34 \n"), "{text}");
+        assert!(
+            text.contains(
+                "LVTT\t 0x000000ec active-hi edge         one-shot     Fixed  (vec 236)\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("LVT0\t 0x00010700 active-hi edge  masked              ExtINT (vec 0)\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "Timer\t DCR=0x0 (divide by 2) initial_count = 107006 current_count = 0\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("IRR\t 236 \n") && text.contains("ISR\t 34 \n"),
+            "{text}"
+        );
         assert!(text.contains("PPR 0x10\n"), "{text}");
         assert!(text.contains("SPIV\t 0x000001ff APIC enabled"), "{text}");
         // The failed vCPU has no APIC section.
@@ -295,11 +397,20 @@ mod tests {
 
     #[test]
     fn the_timer_divisor_follows_the_sdms_table() {
-        for (dcr, divisor) in [(0b0000, 2), (0b0011, 16), (0b1000, 32), (0b1010, 128), (0b1011, 1)] {
+        for (dcr, divisor) in [
+            (0b0000, 2),
+            (0b0011, 16),
+            (0b1000, 32),
+            (0b1010, 128),
+            (0b1011, 1),
+        ] {
             let mut s = spinning();
             set(&mut s.lapic, apic::TDCR, dcr);
             let text = render(&[Ok(s)]);
-            assert!(text.contains(&format!("(divide by {divisor})")), "DCR {dcr:#b}: {text}");
+            assert!(
+                text.contains(&format!("(divide by {divisor})")),
+                "DCR {dcr:#b}: {text}"
+            );
         }
     }
 }

@@ -16,7 +16,11 @@ pub struct Cpuid<'a>(pub &'a [kvm_cpuid_entry2]);
 
 impl Cpuid<'_> {
     pub fn leaf(&self, function: u32, index: u32) -> [u32; 4] {
-        let max = if function >= 0x8000_0000 { self.raw(0x8000_0000, 0)[0] } else { self.raw(0, 0)[0] };
+        let max = if function >= 0x8000_0000 {
+            self.raw(0x8000_0000, 0)[0]
+        } else {
+            self.raw(0, 0)[0]
+        };
         if function > max && function != 0 && function != 0x8000_0000 {
             return [0; 4];
         }
@@ -27,7 +31,8 @@ impl Cpuid<'_> {
         self.0
             .iter()
             .find(|e| {
-                e.function == function && (e.flags & KVM_CPUID_FLAG_SIGNIFCANT_INDEX == 0 || e.index == index)
+                e.function == function
+                    && (e.flags & KVM_CPUID_FLAG_SIGNIFCANT_INDEX == 0 || e.index == index)
             })
             .map_or([0; 4], |e| [e.eax, e.ebx, e.ecx, e.edx])
     }
@@ -128,10 +133,13 @@ pub fn derive(c: &Cpuid) -> Derived {
         // of the threads sharing it; the LLC is the L3 (else the L2).
         let leaves = cache_leaves(c, 4);
         let id_of = |level: u32| {
-            leaves.iter().find(|(l, _)| *l == level).map(|(_, sharing)| {
-                let order = count_order(sharing + 1);
-                (apic_id & !((1 << order) - 1), order)
-            })
+            leaves
+                .iter()
+                .find(|(l, _)| *l == level)
+                .map(|(_, sharing)| {
+                    let order = count_order(sharing + 1);
+                    (apic_id & !((1 << order) - 1), order)
+                })
         };
         let l3 = id_of(3);
         return Derived {
@@ -148,7 +156,11 @@ pub fn derive(c: &Cpuid) -> Derived {
     // cacheinfo_amd_init_llc_id the LLC; without it (and no NODEID MSR in
     // a guest) legacy_set_llc takes the core domain's shift.
     let (amd_node_id, mut llc_id) = (None, None);
-    let amd_node_id = if topoext { Some(c.leaf(0x8000_001e, 0)[2] & 0xff) } else { amd_node_id };
+    let amd_node_id = if topoext {
+        Some(c.leaf(0x8000_001e, 0)[2] & 0xff)
+    } else {
+        amd_node_id
+    };
     if let Some(node) = amd_node_id {
         if c.leaf(0x8000_0006, 0)[3] != 0 {
             llc_id = if family < 0x17 {
@@ -157,7 +169,9 @@ pub fn derive(c: &Cpuid) -> Derived {
                 Some(apic_id >> 3)
             } else {
                 let leaves = cache_leaves(c, 0x8000_001d);
-                leaves.last().map(|(_, sharing)| apic_id >> count_order(sharing + 1))
+                leaves
+                    .last()
+                    .map(|(_, sharing)| apic_id >> count_order(sharing + 1))
             };
         }
     }
@@ -166,7 +180,13 @@ pub fn derive(c: &Cpuid) -> Derived {
         // 0xB's: the package).
         llc_id = Some(apic_id >> core_shift(c));
     }
-    Derived { apic_id, die_id, amd_node_id, llc_id, l3_group: llc_id }
+    Derived {
+        apic_id,
+        die_id,
+        amd_node_id,
+        llc_id,
+        l3_group: llc_id,
+    }
 }
 
 /// The core domain's shift from 0x1F or 0xB (0 without either).
@@ -186,7 +206,11 @@ fn core_shift(c: &Cpuid) -> u32 {
 /// numbers, as listed); `None` when the guest makes no L3 for it.
 pub fn l3_shared_cpu_map(cpus: &[Derived], cpu: usize) -> Option<Vec<u32>> {
     let group = cpus[cpu].l3_group?;
-    Some((0..cpus.len() as u32).filter(|&i| cpus[i as usize].l3_group == Some(group)).collect())
+    Some(
+        (0..cpus.len() as u32)
+            .filter(|&i| cpus[i as usize].l3_group == Some(group))
+            .collect(),
+    )
 }
 
 #[cfg(test)]
@@ -195,6 +219,9 @@ mod tests {
 
     #[test]
     fn count_order_is_the_kernels() {
-        assert_eq!([1, 2, 3, 4, 5, 8, 9].map(count_order), [0, 1, 2, 2, 3, 3, 4]);
+        assert_eq!(
+            [1, 2, 3, 4, 5, 8, 9].map(count_order),
+            [0, 1, 2, 2, 3, 3, 4]
+        );
     }
 }

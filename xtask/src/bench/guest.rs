@@ -245,9 +245,7 @@ pub fn vmm_rows(ws: &Path, images: &Images, accel: &Accel, effort: &Effort) -> R
         };
         attempt += 1;
         if attempt > host::vm::BOX_HANG_RERUNS {
-            return Err(error.context(format!(
-                "the box itself hung {attempt} times in a row"
-            )));
+            return Err(error.context(format!("the box itself hung {attempt} times in a row")));
         }
         let kept = host::vm::keep_run_dir(run_dir, &format!("box-hang-{attempt}"))?;
         eprintln!(

@@ -159,7 +159,11 @@ pub fn run(ws: &Path, args: &BenchArgs) -> Result<bool> {
         }
     );
     print!("{}", report::table(&rows));
-    let kind = if args.quick { report::Kind::Quick } else { report::Kind::Full };
+    let kind = if args.quick {
+        report::Kind::Quick
+    } else {
+        report::Kind::Full
+    };
     let path = report::save(ws, &rows, kind)?;
     println!("\n  saved: {}", path.display());
     Ok(true)

@@ -472,7 +472,11 @@ mod tests {
         fs::write(dir.join("target/perfbed/bench/5.json"), "{}").unwrap();
         let latest = fs::read_to_string(dir.join("target/perfbed/bench/latest.json")).unwrap();
         let reads = save(&dir, &rows[..1], Kind::Reads).unwrap();
-        assert!(reads.to_str().unwrap().ends_with("-reads.json"), "{}", reads.display());
+        assert!(
+            reads.to_str().unwrap().ends_with("-reads.json"),
+            "{}",
+            reads.display()
+        );
         assert_eq!(
             fs::read_to_string(dir.join("target/perfbed/bench/latest.json")).unwrap(),
             latest,

@@ -75,7 +75,52 @@ pub fn bindgen() -> Result<PathBuf> {
 /// Installs whatever is missing; prints nothing when nothing is.
 pub fn ensure() -> Result<()> {
     ensure_packages()?;
+    ensure_lint_tools()?;
     ensure_bindgen()
+}
+
+/// The unit tests' lint tools, as cargo subcommands: rustup's components of
+/// the toolchain that runs xtask. (Debian's `rust-clippy` and `rustfmt`
+/// packages are built for its own rustc 1.63 and cannot check this
+/// workspace, so they are no substitute.)
+pub const LINT_TOOLS: &[(&str, &str)] = &[("clippy", "clippy"), ("fmt", "rustfmt")];
+
+/// Adds the toolchain's missing lint components with rustup; without
+/// rustup, says what is missing and how to get it.
+pub fn ensure_lint_tools() -> Result<()> {
+    let missing: Vec<&str> = LINT_TOOLS
+        .iter()
+        .filter(|(subcommand, _)| {
+            !Command::new(cargo())
+                .args([subcommand, "--version"])
+                .output()
+                .is_ok_and(|o| o.status.success())
+        })
+        .map(|(_, component)| *component)
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let Some(rustup) = which("rustup") else {
+        bail!(
+            "the Rust toolchain lacks {} and there is no rustup to add them; install this toolchain's components (Debian's packages are for its rustc 1.63)",
+            missing.join(" and ")
+        );
+    };
+    let step = Step::start(
+        &format!(
+            "adding the toolchain's {} with rustup",
+            missing.join(" and ")
+        ),
+        &cache::root()?.join("logs/rustup-components.log"),
+    )?;
+    step.run(
+        Command::new(rustup)
+            .args(["component", "add"])
+            .args(&missing),
+    )?;
+    step.finish();
+    Ok(())
 }
 
 /// The Debian packages and QEMU's deb-src entries: what every build step

@@ -22,15 +22,8 @@ const NO_EVENTFD: &str = "Failed to create wakeup eventfd";
 /// The real perf tool, copied into the guest with its libraries, runs.
 pub fn check(vm: &mut Vm, timeout: Duration) -> Result<Check> {
     let mut guest = Guest { vm, timeout };
-    let (status, _, stderr) = guest.run(&[
-        PERF,
-        "stat",
-        "-x,",
-        "-e",
-        "task-clock",
-        BUSYBOX,
-        "true",
-    ])?;
+    let (status, _, stderr) =
+        guest.run(&[PERF, "stat", "-x,", "-e", "task-clock", BUSYBOX, "true"])?;
     let passed = status == Some(0) && stderr.contains("task-clock");
     let detail = if passed {
         "`perf stat -e task-clock busybox true` runs in the guest".to_string()
@@ -65,9 +58,13 @@ pub fn record_refused(g: &mut Guest, spec: &str) -> Result<Check> {
     let problem = if status == Some(0) {
         Some(format!("perf record of {spec} succeeded: {said}"))
     } else if stderr.contains(NO_EVENTFD) {
-        Some(format!("perf record never reached the PMU (no eventfd in the guest kernel): {said}"))
+        Some(format!(
+            "perf record never reached the PMU (no eventfd in the guest kernel): {said}"
+        ))
     } else if !stderr.contains(SAMPLING_REFUSED) {
-        Some(format!("perf record exited {status:?} without the PMU's refusal of sampling: {said}"))
+        Some(format!(
+            "perf record exited {status:?} without the PMU's refusal of sampling: {said}"
+        ))
     } else {
         None
     };
@@ -99,7 +96,12 @@ pub fn cpuhp_tracepoints(g: &mut Guest, cpu: u32, cycles: u32) -> Result<Check> 
     let ops = u64::from(2 * cycles);
     let counts: Vec<(String, Option<u64>)> = ["cpuhp_enter", "cpuhp_multi_enter", "cpuhp_exit"]
         .iter()
-        .map(|name| (name.to_string(), csv_count(&stderr, &format!("cpuhp:{name}"))))
+        .map(|name| {
+            (
+                name.to_string(),
+                csv_count(&stderr, &format!("cpuhp:{name}")),
+            )
+        })
         .collect();
     let count = |name: &str| counts.iter().find(|(n, _)| n == name).and_then(|(_, c)| *c);
     let shown = counts
@@ -109,7 +111,10 @@ pub fn cpuhp_tracepoints(g: &mut Guest, cpu: u32, cycles: u32) -> Result<Check> 
         .join(", ");
     let mut problems = Vec::new();
     if status != Some(0) {
-        problems.push(format!("perf stat exited {status:?}: {}", first_lines(&stderr, 3)));
+        problems.push(format!(
+            "perf stat exited {status:?}: {}",
+            first_lines(&stderr, 3)
+        ));
     }
     for name in ["cpuhp_enter", "cpuhp_exit"] {
         match count(name) {
@@ -134,7 +139,9 @@ pub fn trace(g: &mut Guest) -> Result<Check> {
     // "4.2 ( 0.07 ms): busybox/56 brk()      = 0xbfcf000".
     let calls = stderr
         .lines()
-        .filter(|l| l.contains("busybox/") && l.split_once(')').is_some_and(|(_, r)| r.contains(" = ")))
+        .filter(|l| {
+            l.contains("busybox/") && l.split_once(')').is_some_and(|(_, r)| r.contains(" = "))
+        })
         .count();
     let exited = stderr.contains("exit_group(");
     let mut problems = Vec::new();

@@ -1,10 +1,16 @@
-//! A host that stops reading the agent channel while the guest floods it and
-//! hotplugs CPUs: no vCPU may wait on the host.
+//! A host that stops reading the agent channel and the serial console while
+//! the guest floods both and hotplugs CPUs: no vCPU may wait on the host.
 //!
 //! The guest's agent answers `FLOOD_REQUESTS` requests for a
 //! `FLOOD_FILE_BYTES` file while the host reads nothing for `STALL`: far
 //! more than every buffer between the agent and the harness holds, so the
-//! agent's writes wait in the guest. Meanwhile a shell in the guest takes
+//! agent's writes wait in the guest. A shell in the guest writes
+//! `/dev/ttyS0` without pause, and in the box the harness stops reading the
+//! serial console for the same `STALL` (natively perfbed-vmm writes the
+//! serial log file itself, which does not stall; the check says so): the
+//! UART's bytes then pile up in perfbed-vmm's ring until it drops them,
+//! which the VMM counts and reports (`serial_output_dropped_bytes`, checked
+//! by the VM test after the power-off). Meanwhile a shell in the guest takes
 //! every CPU but 0 offline and online again in a loop, stamping each cycle
 //! with the guest's uptime (one stamp per CPU cycled); CPU offline needs every online CPU to answer
 //! (`stop_machine`), so a vCPU held in the host stops the loop. Passed when
@@ -24,12 +30,23 @@ use crate::progress::human;
 const FLOOD_FILE: &str = "/tmp/perfbed-flood";
 const FLOOD_FILE_BYTES: usize = 256 << 10;
 const FLOOD_REQUESTS: usize = 40;
-/// How long the host reads nothing.
-const STALL: Duration = Duration::from_secs(30);
-/// The hotplug rate's baseline, just before the stall.
-const BEFORE: Duration = Duration::from_secs(15);
-/// The least share of the baseline rate the stall may keep.
+/// How long the host reads nothing. In the box the guest writes its
+/// serial port at about 9 KB/s (424,634 bytes in a 45 s run, 2026-12-04),
+/// so 30 s fit in perfbed-vmm's 256 KiB ring and dropped nothing; 60 s
+/// overflow it by about half, which the VM test requires.
+const STALL: Duration = Duration::from_secs(60);
+/// The hotplug rate's baseline, just before the stall: in the box a cycle
+/// of 3 CPUs takes 5-7 s beside the serial flood, so 15 s held 2 stamps.
+const BEFORE: Duration = Duration::from_secs(30);
+/// The least share of the baseline rate the stall may keep. A vCPU held
+/// by the host stops the loop outright (CPU offline waits for every online
+/// CPU), so the rate would fall to near 0; 0.5 leaves room for the
+/// machine's load to change between the two windows (other VMs and builds
+/// on 2 shared cores, L1 a single TCG thread) without hiding that.
 const MIN_RATE_SHARE: f64 = 0.5;
+/// What the serial log may still grow by once the harness stops reading:
+/// what its copy had in hand (one read of 4 KiB) and some slack.
+const SERIAL_GROWTH_WHILE_STALLED: u64 = 64 << 10;
 
 fn sh(script: &str) -> HostRequest {
     HostRequest::Run {
@@ -111,10 +128,28 @@ pub fn run(vm: &mut Vm, cpus: u8, timeout: Duration) -> Result<Vec<Check>> {
         AgentMessage::JobStarted { job } => job,
         other => bail!("starting the hotplug loop: {other:?}"),
     };
+    let flood = JobSpec::Process {
+        argv: vec![
+            "/bin/busybox".into(),
+            "sh".into(),
+            "-c".into(),
+            "exec /bin/busybox yes perfbed-serial-flood > /dev/ttyS0".into(),
+        ],
+        perf_fds: 0,
+        settle_ms: 0,
+    };
+    let flood = match vm.request(&HostRequest::StartJob { spec: flood }, timeout)? {
+        AgentMessage::JobStarted { job } => job,
+        other => bail!("starting the serial flood: {other:?}"),
+    };
     std::thread::sleep(BEFORE);
 
     let stall_start = uptime(vm, timeout)?;
     vm.pause_reading(true);
+    let serial_stalled = vm.pause_serial(true);
+    let serial_log = vm.serial_log.clone();
+    let serial_size = || std::fs::metadata(&serial_log).map_or(0, |m| m.len());
+    let serial_at_stall = serial_size();
     let request = serde_json::to_string(&HostRequest::ReadFile {
         path: FLOOD_FILE.into(),
     })? + "\n";
@@ -122,6 +157,8 @@ pub fn run(vm: &mut Vm, cpus: u8, timeout: Duration) -> Result<Vec<Check>> {
         vm.send_raw(request.as_bytes())?;
     }
     std::thread::sleep(STALL);
+    let serial_growth = serial_size().saturating_sub(serial_at_stall);
+    vm.pause_serial(false);
     vm.pause_reading(false);
     let resumed = Instant::now();
     let mut arrived = Vec::new();
@@ -135,6 +172,17 @@ pub fn run(vm: &mut Vm, cpus: u8, timeout: Duration) -> Result<Vec<Check>> {
         }
     }
     let drained = resumed.elapsed();
+    match vm.request(
+        &HostRequest::StopJob {
+            job: flood,
+            signal: libc::SIGTERM,
+            timeout_ms: 5000,
+        },
+        timeout,
+    )? {
+        AgentMessage::JobDone(_) => {}
+        other => bail!("stopping the serial flood: {other:?}"),
+    }
     let stamps: Vec<f64> = match vm.request(
         &HostRequest::StopJob {
             job,
@@ -178,5 +226,16 @@ pub fn run(vm: &mut Vm, cpus: u8, timeout: Duration) -> Result<Vec<Check>> {
             stamps.len()
         ),
     };
-    Ok(vec![delivery, stall])
+    let serial = Check {
+        name: "slow reader: serial console stalled",
+        passed: !serial_stalled || serial_growth <= SERIAL_GROWTH_WHILE_STALLED,
+        detail: if serial_stalled {
+            format!(
+                "serial.log grew {serial_growth} bytes while the host did not read it (at most {SERIAL_GROWTH_WHILE_STALLED}), the guest writing /dev/ttyS0 throughout"
+            )
+        } else {
+            "NOT STALLED: this host writes serial.log itself (only the box's serial console goes through xtask); the guest wrote /dev/ttyS0 throughout".into()
+        },
+    };
+    Ok(vec![delivery, stall, serial])
 }

@@ -115,7 +115,11 @@ fn check_named(
             if cpu < other && same_l3 != (id == other_id) {
                 problems.push(format!(
                     "CPUs {cpu} and {other} have L3 ids {id} and {other_id}, but {} L3",
-                    if same_l3 { "share one" } else { "are on different" }
+                    if same_l3 {
+                        "share one"
+                    } else {
+                        "are on different"
+                    }
                 ));
             }
         }
@@ -148,7 +152,10 @@ fn named_cpu_and_l3(rest: &str) -> Option<(u32, u64)> {
     let (_, r) = rest.split_once(": CPU ")?;
     let (cpu, r) = r.split_once("'s L3 is shared by ")?;
     let mask = r.split(';').next()?.trim().trim_start_matches("0x");
-    Some((cpu.parse::<u32>().ok()?, u64::from_str_radix(mask, 16).ok()?))
+    Some((
+        cpu.parse::<u32>().ok()?,
+        u64::from_str_radix(mask, 16).ok()?,
+    ))
 }
 
 /// perfbed.ko's own comparison of each domain's allowed set with the
@@ -211,8 +218,17 @@ fn online_l3_of(cpu: u32, cpus: u32, domains: &[Vec<u32>], online: &[u32]) -> Ve
 /// [`Verdict`] for `domain` by the rule. Note that it depends on which CPUs
 /// are online: a domain that cannot be an L3 (`0-2` of `0-2:3-5`) "shares
 /// one L3" while the CPUs that break it (3) are offline.
-pub fn expected_verdict(cpus: u32, domains: &[Vec<u32>], domain: &[u32], online: &[u32]) -> Verdict {
-    let mut allowed: Vec<u32> = domain.iter().copied().filter(|c| online.contains(c)).collect();
+pub fn expected_verdict(
+    cpus: u32,
+    domains: &[Vec<u32>],
+    domain: &[u32],
+    online: &[u32],
+) -> Verdict {
+    let mut allowed: Vec<u32> = domain
+        .iter()
+        .copied()
+        .filter(|c| online.contains(c))
+        .collect();
     allowed.sort_unstable();
     if allowed.is_empty() {
         return Verdict::NoneOnline;
@@ -244,7 +260,12 @@ fn offline_for_reload(domains: &[Vec<u32>]) -> Vec<u32> {
 /// `log` (the serial log from a load on) against [`expected_verdict`] with
 /// `online` CPUs online; a "differ" must name an online CPU and the online
 /// CPUs of the L3 the rule gives it.
-fn judge_lines(log: &str, cpus: u32, domains: &[Vec<u32>], online: &[u32]) -> (Vec<String>, Vec<String>) {
+fn judge_lines(
+    log: &str,
+    cpus: u32,
+    domains: &[Vec<u32>],
+    online: &[u32],
+) -> (Vec<String>, Vec<String>) {
     let mut problems = Vec::new();
     let mut seen = Vec::new();
     for (d, domain) in domains.iter().enumerate() {
@@ -302,13 +323,17 @@ pub fn driver_cross_check_offline(
     let offline = offline_for_reload(domains);
     let online: Vec<u32> = (0..cpus).filter(|c| !offline.contains(c)).collect();
     // Loaded after the PMU checks; an earlier failure may have left it out.
-    let _ = guest.ask(HostRequest::UnloadModule { name: MODULE.into() })?;
+    let _ = guest.ask(HostRequest::UnloadModule {
+        name: MODULE.into(),
+    })?;
     for &cpu in offline.iter().rev() {
         guest.set_online(cpu, false)?;
     }
     let serial_log = guest.vm.serial_log.clone();
     let from = std::fs::metadata(&serial_log).map(|m| m.len()).unwrap_or(0) as usize;
-    guest.expect_done(HostRequest::LoadModule { name: MODULE.into() })?;
+    guest.expect_done(HostRequest::LoadModule {
+        name: MODULE.into(),
+    })?;
     let (problems, seen) = judge_logged(&serial_log, from, cpus, domains, &online);
     for &cpu in &offline {
         guest.set_online(cpu, true)?;
@@ -357,8 +382,10 @@ mod tests {
         }
     }
 
-    const AGREE_0: &str = "[    0.69] perfbed: perfbed_l3_0: allowed CPUs 0x3 share one L3 by the kernel's cacheinfo";
-    const AGREE_1: &str = "[    0.69] perfbed: perfbed_l3_1: allowed CPUs 0xc share one L3 by the kernel's cacheinfo";
+    const AGREE_0: &str =
+        "[    0.69] perfbed: perfbed_l3_0: allowed CPUs 0x3 share one L3 by the kernel's cacheinfo";
+    const AGREE_1: &str =
+        "[    0.69] perfbed: perfbed_l3_1: allowed CPUs 0xc share one L3 by the kernel's cacheinfo";
 
     #[test]
     fn aligned_domains_must_agree() {
@@ -414,7 +441,11 @@ mod tests {
         let missing = log_with(&[AGREE_0]);
         let check = driver_cross_check(&missing.0, 4, &domains);
         assert!(!check.passed);
-        assert!(check.detail.contains("perfbed_l3_1 logged no"), "{}", check.detail);
+        assert!(
+            check.detail.contains("perfbed_l3_1 logged no"),
+            "{}",
+            check.detail
+        );
         let other_set = log_with(&[
             AGREE_0,
             "perfbed: perfbed_l3_1: allowed CPUs 0x8 share one L3 by the kernel's cacheinfo",
@@ -426,22 +457,46 @@ mod tests {
     fn verdicts_follow_the_online_cpus() {
         let halves = vec![vec![0, 1], vec![2, 3]];
         assert_eq!(offline_for_reload(&halves), vec![2, 3]);
-        assert_eq!(expected_verdict(4, &halves, &halves[0], &[0, 1]), Verdict::Shares);
-        assert_eq!(expected_verdict(4, &halves, &halves[1], &[0, 1]), Verdict::NoneOnline);
+        assert_eq!(
+            expected_verdict(4, &halves, &halves[0], &[0, 1]),
+            Verdict::Shares
+        );
+        assert_eq!(
+            expected_verdict(4, &halves, &halves[1], &[0, 1]),
+            Verdict::NoneOnline
+        );
         // One CPU of a domain back: its L3 is itself.
-        assert_eq!(expected_verdict(4, &halves, &halves[1], &[0, 1, 3]), Verdict::Shares);
+        assert_eq!(
+            expected_verdict(4, &halves, &halves[1], &[0, 1, 3]),
+            Verdict::Shares
+        );
         let interleaved = vec![vec![0, 2], vec![1, 3]];
-        assert_eq!(expected_verdict(4, &interleaved, &interleaved[0], &[0, 1, 2, 3]), Verdict::Differs);
+        assert_eq!(
+            expected_verdict(4, &interleaved, &interleaved[0], &[0, 1, 2, 3]),
+            Verdict::Differs
+        );
         // The ambiguity of "comparing only online allowed CPUs": 0-2 of
         // 0-2:3-5 cannot be an L3 (the L3 is 0-3), yet with 3-5 offline the
         // kernel's maps agree with it and the driver says it shares one L3.
         let thirds = vec![vec![0, 1, 2], vec![3, 4, 5]];
         assert!(!l3_topology::mismatches(6, &thirds).is_empty());
         assert_eq!(offline_for_reload(&thirds), vec![3, 4, 5]);
-        assert_eq!(expected_verdict(6, &thirds, &thirds[0], &[0, 1, 2]), Verdict::Shares);
-        assert_eq!(expected_verdict(6, &thirds, &thirds[0], &[0, 1, 2, 4, 5]), Verdict::Shares);
-        assert_eq!(expected_verdict(6, &thirds, &thirds[1], &[0, 1, 2, 4, 5]), Verdict::Shares);
-        assert_eq!(expected_verdict(6, &thirds, &thirds[0], &[0, 1, 2, 3, 4, 5]), Verdict::Differs);
+        assert_eq!(
+            expected_verdict(6, &thirds, &thirds[0], &[0, 1, 2]),
+            Verdict::Shares
+        );
+        assert_eq!(
+            expected_verdict(6, &thirds, &thirds[0], &[0, 1, 2, 4, 5]),
+            Verdict::Shares
+        );
+        assert_eq!(
+            expected_verdict(6, &thirds, &thirds[1], &[0, 1, 2, 4, 5]),
+            Verdict::Shares
+        );
+        assert_eq!(
+            expected_verdict(6, &thirds, &thirds[0], &[0, 1, 2, 3, 4, 5]),
+            Verdict::Differs
+        );
     }
 
     #[test]

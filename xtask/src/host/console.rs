@@ -4,11 +4,35 @@
 
 use std::fs::File;
 use std::io::{Read, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 /// Most of the serial console kept in `serial.log`: a guest flooding its
 /// console cannot fill the host's disk. The rest is read and dropped, so
 /// QEMU never blocks on it.
 pub const SERIAL_LOG_LIMIT: u64 = 64 << 20;
+
+/// A reader that reads nothing while its flag is set: a host whose sink
+/// stalls, for the tests that stall the guest's console.
+pub struct Pausable<R> {
+    inner: R,
+    paused: Arc<AtomicBool>,
+}
+
+impl<R> Pausable<R> {
+    pub fn new(inner: R, paused: Arc<AtomicBool>) -> Pausable<R> {
+        Pausable { inner, paused }
+    }
+}
+
+impl<R: Read> Read for Pausable<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        while self.paused.load(Ordering::SeqCst) {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        self.inner.read(buf)
+    }
+}
 
 /// With `verbose`, each line also goes to stderr, prefixed `serial| `.
 pub fn copy_serial(from: impl Read, to: File, verbose: bool) {

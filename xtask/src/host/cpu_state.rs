@@ -88,7 +88,11 @@ impl TcgInterruptState {
             self.request,
             u8::from(self.gif),
             if self.in_guest {
-                format!("in an SVM guest, V_INTR_MASKING {} HIF {}", u8::from(self.vintr), u8::from(self.hif))
+                format!(
+                    "in an SVM guest, V_INTR_MASKING {} HIF {}",
+                    u8::from(self.vintr),
+                    u8::from(self.hif)
+                )
             } else {
                 "not in an SVM guest".into()
             }
@@ -194,13 +198,19 @@ pub fn parse(text: &str) -> Vec<VcpuState> {
 /// The set fields of an `EVENTS=` line that mean something is pending or
 /// being injected (the MP state and the vectors' numbers only say which).
 fn pending_events(events: &str) -> Vec<String> {
-    const FLAGS: &[&str] = &["EXC_INJ", "EXC_PEND", "INT_INJ", "NMI_INJ", "NMI_PEND", "SMI_PEND", "SHADOW"];
+    const FLAGS: &[&str] = &[
+        "EXC_INJ", "EXC_PEND", "INT_INJ", "NMI_INJ", "NMI_PEND", "SMI_PEND", "SHADOW",
+    ];
     let value = |key: &str| field(events, &format!("{key}=")).map(str::to_string);
     let mut out = Vec::new();
     for flag in FLAGS {
         if value(flag).is_some_and(|v| v != "0") {
             let detail = match *flag {
-                "EXC_INJ" | "EXC_PEND" => format!(" (vector {}, error {})", value("EXC_NR").unwrap_or_default(), value("EXC_ERR").unwrap_or_default()),
+                "EXC_INJ" | "EXC_PEND" => format!(
+                    " (vector {}, error {})",
+                    value("EXC_NR").unwrap_or_default(),
+                    value("EXC_ERR").unwrap_or_default()
+                ),
                 "INT_INJ" => format!(" (vector {})", value("INT_NR").unwrap_or_default()),
                 _ => String::new(),
             };
@@ -214,14 +224,24 @@ fn pending_events(events: &str) -> Vec<String> {
 /// take interrupts, its local APIC's pending and in-service vectors and
 /// timer, and (perfbed-vmm) the events KVM held for it.
 pub fn describe(cpus: &[VcpuState]) -> Vec<String> {
-    let list = |v: &[u8]| if v.is_empty() { "none".to_string() } else { format!("{v:?}") };
+    let list = |v: &[u8]| {
+        if v.is_empty() {
+            "none".to_string()
+        } else {
+            format!("{v:?}")
+        }
+    };
     cpus.iter()
         .map(|c| {
             let mut line = format!(
                 "vCPU {}: RIP {}, interrupts {}, {}; IRR {}, ISR {}, PPR {:#04x}",
                 c.cpu,
                 c.rip.map_or("?".into(), |r| format!("{r:#x}")),
-                if c.interrupts_enabled { "enabled" } else { "disabled" },
+                if c.interrupts_enabled {
+                    "enabled"
+                } else {
+                    "disabled"
+                },
                 if c.halted { "halted" } else { "running" },
                 list(&c.irr),
                 list(&c.isr),
@@ -388,15 +408,38 @@ APR 0x00 TPR 0x10 DFR 0x0f LDR 0x01 PPR 0x10
         let tcg = cpus[0].tcg.clone().expect("the INTREQ line is read");
         assert_eq!(
             tcg,
-            TcgInterruptState { request: 0, in_guest: true, gif: true, hif: true, vintr: true }
+            TcgInterruptState {
+                request: 0,
+                in_guest: true,
+                gif: true,
+                hif: true,
+                vintr: true
+            }
         );
         let said = expired_timer_pending(&[("first", &cpus)]);
-        assert!(said[0].contains("no HARD or POLL request is raised"), "{}", said[0]);
-        let requested = TcgInterruptState { request: 0x2, ..tcg.clone() };
-        assert!(requested.why_not_taken().contains("the vCPU loop is not looking"));
-        let hif_clear = TcgInterruptState { request: 0x2, hif: false, ..tcg.clone() };
+        assert!(
+            said[0].contains("no HARD or POLL request is raised"),
+            "{}",
+            said[0]
+        );
+        let requested = TcgInterruptState {
+            request: 0x2,
+            ..tcg.clone()
+        };
+        assert!(requested
+            .why_not_taken()
+            .contains("the vCPU loop is not looking"));
+        let hif_clear = TcgInterruptState {
+            request: 0x2,
+            hif: false,
+            ..tcg.clone()
+        };
         assert!(hif_clear.why_not_taken().contains("HIF) was clear"));
-        let gif_clear = TcgInterruptState { request: 0x10, gif: false, ..tcg };
+        let gif_clear = TcgInterruptState {
+            request: 0x10,
+            gif: false,
+            ..tcg
+        };
         assert!(gif_clear.why_not_taken().contains("GIF is clear"));
         // A stock QEMU prints no such line: nothing is made up.
         assert_eq!(parse(HUNG)[0].tcg, None);
@@ -457,7 +500,10 @@ APR 0x00 TPR 0x10 DFR 0x0f LDR 0x01 PPR 0x10
 
     #[test]
     fn perfbed_vmms_capture_is_read_by_the_same_reader() {
-        let mut taken = perfbed_vmm::vcpu::snapshot::VcpuSnapshot { index: 2, ..Default::default() };
+        let mut taken = perfbed_vmm::vcpu::snapshot::VcpuSnapshot {
+            index: 2,
+            ..Default::default()
+        };
         taken.regs.rip = 0xffff_ffff_8100_1234;
         taken.regs.rflags = 0x2;
         taken.sregs.cr3 = 0x1c0_2000;
@@ -474,16 +520,26 @@ APR 0x00 TPR 0x10 DFR 0x0f LDR 0x01 PPR 0x10
         let cpus = parse(&text);
         assert_eq!(cpus.len(), 1, "{text}");
         let c = &cpus[0];
-        assert_eq!((c.cpu, c.rip, c.interrupts_enabled, c.halted), (2, Some(0xffff_ffff_8100_1234), false, false));
-        assert_eq!((c.irr.clone(), c.ppr, c.timer_vector, c.timer_count), (vec![236], Some(0x10), Some(236), Some(0)));
-        assert_eq!((c.cr3, c.pending.clone()), (Some(0x1c0_2000), vec!["NMI_PEND".to_string()]));
+        assert_eq!(
+            (c.cpu, c.rip, c.interrupts_enabled, c.halted),
+            (2, Some(0xffff_ffff_8100_1234), false, false)
+        );
+        assert_eq!(
+            (c.irr.clone(), c.ppr, c.timer_vector, c.timer_count),
+            (vec![236], Some(0x10), Some(236), Some(0))
+        );
+        assert_eq!(
+            (c.cr3, c.pending.clone()),
+            (Some(0x1c0_2000), vec!["NMI_PEND".to_string()])
+        );
         let said = describe(&cpus);
         assert_eq!(
             said,
             ["vCPU 2: RIP 0xffffffff81001234, interrupts disabled, running; IRR [236], ISR none, PPR 0x10, timer vector 236 count 0, vector 236 deliverable, KVM holds NMI_PEND"]
         );
         // The expired timer with interrupts off reads as on QEMU.
-        assert!(expired_timer_pending(&[("capture", &cpus)])[0].contains("with RFLAGS.IF clear at RIP 0xffffffff81001234"));
+        assert!(expired_timer_pending(&[("capture", &cpus)])[0]
+            .contains("with RFLAGS.IF clear at RIP 0xffffffff81001234"));
         let halted = parse(&text.replace("HLT=0", "HLT=1"));
         assert!(describe(&halted)[0].contains("halted"));
     }

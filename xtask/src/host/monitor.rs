@@ -114,7 +114,11 @@ impl Heartbeat {
                     if ask(&socket, HEARTBEAT_COMMAND).is_ok() {
                         if let Some(from_s) = silent_since.take() {
                             let to_s = started.elapsed().as_secs_f64();
-                            found.lock().unwrap().push(Silence { from_s, to_s, open: false });
+                            found.lock().unwrap().push(Silence {
+                                from_s,
+                                to_s,
+                                open: false,
+                            });
                         }
                         count.fetch_add(1, Ordering::Relaxed);
                     } else if count.load(Ordering::Relaxed) > 0 && silent_since.is_none() {
@@ -130,11 +134,20 @@ impl Heartbeat {
                 }
                 if let Some(from_s) = silent_since {
                     let to_s = started.elapsed().as_secs_f64();
-                    found.lock().unwrap().push(Silence { from_s, to_s, open: true });
+                    found.lock().unwrap().push(Silence {
+                        from_s,
+                        to_s,
+                        open: true,
+                    });
                 }
             })
             .ok();
-        Heartbeat { stop, thread, answered, silences }
+        Heartbeat {
+            stop,
+            thread,
+            answered,
+            silences,
+        }
     }
 
     /// The monitor's silences so far (complete once stopped).
@@ -170,10 +183,14 @@ fn save_backtrace(to: &SilenceBacktrace, silent_from_s: f64) {
         "# the box's QEMU (pid {}): its monitor silent since {silent_from_s:.1} s after the heartbeat started\n",
         to.pid
     );
-    let Ok(file) = fs::File::create(&to.out) else { return };
+    let Ok(file) = fs::File::create(&to.out) else {
+        return;
+    };
     let mut file = file;
     let _ = file.write_all(header.as_bytes());
-    let (Ok(stdout), Ok(stderr)) = (file.try_clone(), file.try_clone()) else { return };
+    let (Ok(stdout), Ok(stderr)) = (file.try_clone(), file.try_clone()) else {
+        return;
+    };
     let child = Command::new("gdb")
         .args(["-nx", "-batch", "-p", &to.pid.to_string()])
         .args(["-ex", "set pagination off", "-ex", "thread apply all bt 40"])
@@ -328,7 +345,11 @@ mod tests {
 
     /// A monitor that answers `info status` while `answering` is set and
     /// hangs up at once otherwise, for `connections` connections.
-    fn flaky_monitor(socket: &Path, answering: Arc<AtomicBool>, connections: usize) -> JoinHandle<()> {
+    fn flaky_monitor(
+        socket: &Path,
+        answering: Arc<AtomicBool>,
+        connections: usize,
+    ) -> JoinHandle<()> {
         let listener = std::os::unix::net::UnixListener::bind(socket).unwrap();
         thread::spawn(move || {
             for stream in listener.incoming().take(connections) {

@@ -6,7 +6,7 @@
 //! log; with gdb, a fourth as gdb's TCP port on 127.0.0.1, which the box's
 //! `/init` relays to perfbed-vmm's stub.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus};
 
 use anyhow::Result;
@@ -130,8 +130,13 @@ pub fn qemu_command(
     .arg(format!(
         "virtserialport,chardev=control,name={PORT_CONTROL}"
     ))
+    // The guest's serial console reaches xtask through a socket it reads
+    // (into serial.log), so that a test can stall it (`Vm::pause_serial`).
     .arg("-chardev")
-    .arg(format!("file,id=serial,path={}", serial_log.display()))
+    .arg(format!(
+        "socket,id=serial,path={},server=on,wait=off",
+        serial_socket(serial_log).display()
+    ))
     .arg("-device")
     .arg(format!("virtserialport,chardev=serial,name={PORT_SERIAL}"));
     if let Some(gdb) = &config.gdb {
@@ -144,6 +149,12 @@ pub fn qemu_command(
             .arg(format!("virtserialport,chardev=gdb,name={PORT_GDB}"));
     }
     qemu
+}
+
+/// The socket the box's QEMU serves the guest's serial console on, beside
+/// `serial_log`, where xtask copies it.
+pub fn serial_socket(serial_log: &Path) -> PathBuf {
+    serial_log.with_file_name("serial.sock")
 }
 
 /// The box's QEMU exit status in perfbed-vmm's terms.

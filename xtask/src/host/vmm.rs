@@ -40,6 +40,10 @@ pub fn command(
     command
 }
 
+/// Set to N, perfbed-vmm keeps the guest's first N accesses to each bus and
+/// prints them at the end of the run (`perfbed-vmm: access` lines).
+pub const RECORD_ACCESSES_ENV: &str = "PERFBED_VMM_RECORD_ACCESSES";
+
 /// perfbed-vmm's arguments for `config` (the box adds the kernel, the
 /// initramfs and the endpoints).
 pub fn vmm_args(config: &VmConfig, cmdline: &[String]) -> Vec<String> {
@@ -68,12 +72,20 @@ pub fn vmm_args(config: &VmConfig, cmdline: &[String]) -> Vec<String> {
     if let Some(gdb) = &config.gdb {
         match config.host {
             // The box's /init relays its gdb port to this socket in L1.
-            Host::VmmBox(_) => args.extend(["--gdb-socket".into(), perfbed_box_init::GDB_SOCKET.into()]),
+            Host::VmmBox(_) => {
+                args.extend(["--gdb-socket".into(), perfbed_box_init::GDB_SOCKET.into()])
+            }
             _ => args.extend(["--gdb-port".into(), gdb.port.to_string()]),
         }
         if gdb.stopped {
             args.push("--gdb-stopped".into());
         }
+    }
+    // Seeds for the fuzz targets: the guest's first accesses to each bus,
+    // printed at the end of the run (fuzz/src/recorded.rs reads them).
+    if let Some(n) = std::env::var_os(RECORD_ACCESSES_ENV) {
+        args.push("--record-accesses".into());
+        args.push(n.to_string_lossy().into_owned());
     }
     for domain in &config.device.domains {
         args.push("--pmu-domain".into());
@@ -135,7 +147,12 @@ pub const VCPU_STATE_FILE: &str = "vcpu-state.txt";
 pub fn request_vcpu_state(control_socket: &Path, out: &Path) -> Result<PathBuf> {
     let text = ControlClient::connect(control_socket)
         .and_then(|mut c| c.cpu_state())
-        .map_err(|e| anyhow!("asking {} for the vCPUs' state: {e}", control_socket.display()))?;
+        .map_err(|e| {
+            anyhow!(
+                "asking {} for the vCPUs' state: {e}",
+                control_socket.display()
+            )
+        })?;
     fs::write(out, text).with_context(|| format!("writing {}", out.display()))?;
     Ok(out.to_path_buf())
 }
@@ -144,7 +161,9 @@ pub fn request_vcpu_state(control_socket: &Path, out: &Path) -> Result<PathBuf> 
 /// the run's host log, saved as [`VCPU_STATE_FILE`], with the reason it
 /// gave; `None` when it printed none.
 pub fn save_logged_vcpu_state(run_dir: &Path) -> Option<(PathBuf, String)> {
-    let log = ["box.log", "vmm.log"].iter().find_map(|name| fs::read_to_string(run_dir.join(name)).ok())?;
+    let log = ["box.log", "vmm.log"]
+        .iter()
+        .find_map(|name| fs::read_to_string(run_dir.join(name)).ok())?;
     let (why, text) = logged_vcpu_state(&log)?;
     let path = run_dir.join(VCPU_STATE_FILE);
     fs::write(&path, text).ok()?;
@@ -158,7 +177,10 @@ fn logged_vcpu_state(log: &str) -> Option<(String, String)> {
     let rest = &log[begin + BEGIN_MARKER.len()..];
     let (why, body) = rest.split_once('\n')?;
     let body = &body[..body.find(END_MARKER)?];
-    let text: String = body.lines().map(|l| format!("{}\n", l.trim_end_matches('\r'))).collect();
+    let text: String = body
+        .lines()
+        .map(|l| format!("{}\n", l.trim_end_matches('\r')))
+        .collect();
     Some((why.trim_start_matches(':').trim().to_string(), text))
 }
 
@@ -166,16 +188,20 @@ fn logged_vcpu_state(log: &str) -> Option<(String, String)> {
 /// how many vCPU threads it stopped out of KVM and joined before reporting,
 /// of how many.
 pub fn vcpus_joined(report: &[String]) -> Option<(u32, u32)> {
-    let figure = |key: &str| {
-        report.iter().find_map(|l| {
-            l.split_once("perfbed-vmm: stat ")?
-                .1
-                .strip_prefix(key)?
-                .parse::<u32>()
-                .ok()
-        })
-    };
-    Some((figure("vcpus_joined=")?, figure("vcpus=")?))
+    let figure = |key| stat(report, key).and_then(|n| u32::try_from(n).ok());
+    Some((figure("vcpus_joined")?, figure("vcpus")?))
+}
+
+/// One `perfbed-vmm: stat key=N` figure of its report.
+pub fn stat(report: &[String], key: &str) -> Option<u64> {
+    report.iter().find_map(|l| {
+        l.split_once("perfbed-vmm: stat ")?
+            .1
+            .strip_prefix(key)?
+            .strip_prefix('=')?
+            .parse()
+            .ok()
+    })
 }
 
 #[cfg(test)]
@@ -197,7 +223,10 @@ mod tests {
 
     #[test]
     fn the_vmms_own_capture_is_cut_out_of_its_log() {
-        let taken = perfbed_vmm::vcpu::snapshot::VcpuSnapshot { index: 1, ..Default::default() };
+        let taken = perfbed_vmm::vcpu::snapshot::VcpuSnapshot {
+            index: 1,
+            ..Default::default()
+        };
         let capture = perfbed_vmm::vcpu::snapshot::render(&[Ok(taken)]);
         let log = format!(
             "[ 1.0] booting\r\n{BEGIN_MARKER}: a reset\r\n{}{END_MARKER}\r\nperfbed-vmm: stat vcpus=2\n",
@@ -207,16 +236,26 @@ mod tests {
         assert_eq!((why.as_str(), text.as_str()), ("a reset", capture.as_str()));
         assert_eq!(super::super::cpu_state::parse(&text).len(), 1);
         assert_eq!(logged_vcpu_state("no capture\n"), None);
-        assert_eq!(logged_vcpu_state(&format!("{BEGIN_MARKER}: cut short\nCPU#0\n")), None, "no end marker");
+        assert_eq!(
+            logged_vcpu_state(&format!("{BEGIN_MARKER}: cut short\nCPU#0\n")),
+            None,
+            "no end marker"
+        );
     }
 
     #[test]
     fn every_exit_status_is_named_and_others_are_not_taken_for_one() {
-        let named: Vec<String> = VmmExit::ALL.iter().map(|s| describe_code(i32::from(s.code()))).collect();
+        let named: Vec<String> = VmmExit::ALL
+            .iter()
+            .map(|s| describe_code(i32::from(s.code())))
+            .collect();
         for (status, text) in VmmExit::ALL.iter().zip(&named) {
             assert!(text.contains(&format!("({})", status.name())), "{text}");
         }
-        assert!(named[0].contains("powered-off") && named[3].contains("panicked"), "{named:?}");
+        assert!(
+            named[0].contains("powered-off") && named[3].contains("panicked"),
+            "{named:?}"
+        );
         assert!(named[5].contains("triple fault"), "{}", named[5]);
         assert!(describe_code(42).contains("not one of its own"));
         assert!(describe_code(-1).contains("not one of its own"));
@@ -225,11 +264,23 @@ mod tests {
     #[test]
     fn gdb_is_a_port_natively_and_the_boxs_socket_in_the_box() {
         let mut config = config::example();
-        assert!(!vmm_args(&config, &[]).iter().any(|a| a.starts_with("--gdb")));
-        config.gdb = Some(config::GdbStub { port: 4321, stopped: true, hint: String::new() });
-        config.host = Host::VmmNative { vmm: "perfbed-vmm".into() };
+        assert!(!vmm_args(&config, &[])
+            .iter()
+            .any(|a| a.starts_with("--gdb")));
+        config.gdb = Some(config::GdbStub {
+            port: 4321,
+            stopped: true,
+            hint: String::new(),
+        });
+        config.host = Host::VmmNative {
+            vmm: "perfbed-vmm".into(),
+        };
         let joined = vmm_args(&config, &[]).join(" ");
-        assert!(joined.ends_with("--gdb-port 4321 --gdb-stopped") || joined.contains("--gdb-port 4321 --gdb-stopped "), "{joined}");
+        assert!(
+            joined.ends_with("--gdb-port 4321 --gdb-stopped")
+                || joined.contains("--gdb-port 4321 --gdb-stopped "),
+            "{joined}"
+        );
         config.host = Host::VmmBox(crate::build::box_image::BoxImages {
             kernel: "bzImage".into(),
             initramfs: "l1.cpio".into(),
@@ -239,7 +290,12 @@ mod tests {
         config.gdb.as_mut().unwrap().stopped = false;
         let args = vmm_args(&config, &[]);
         assert!(perfbed_box_init::wants_gdb(&args), "{args:?}");
-        assert!(!args.iter().any(|a| a == "--gdb-port" || a == "--gdb-stopped"), "{args:?}");
+        assert!(
+            !args
+                .iter()
+                .any(|a| a == "--gdb-port" || a == "--gdb-stopped"),
+            "{args:?}"
+        );
     }
 
     #[test]

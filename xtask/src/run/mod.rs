@@ -42,7 +42,8 @@ pub struct RunArgs {
     /// Use this QEMU instead of perfbed's build (it must have `-device perfbed`).
     #[arg(long)]
     pub qemu: Option<PathBuf>,
-    /// Boot the debug kernel (lockdep, PROVE_RCU, DEBUG_ATOMIC_SLEEP, DEBUG_LIST).
+    /// Boot the debug kernel (lockdep, PROVE_RCU, DEBUG_ATOMIC_SLEEP, DEBUG_LIST,
+    /// KFENCE, debugobjects).
     #[arg(long)]
     pub debug: bool,
     /// Records the device's trace keeps (older ones are dropped and counted;
@@ -267,7 +268,7 @@ fn check_args(args: &RunArgs, scenario: bool) -> Result<()> {
     device
         .validate()
         .map_err(|e| anyhow::anyhow!("--domains: {e}"))?;
-    let names = scenario::check_names(args.known_bugs, args.debug);
+    let names = scenario::check_names(args.known_bugs, args.debug)?;
     if let Some(p) = args
         .check
         .iter()
@@ -277,6 +278,12 @@ fn check_args(args: &RunArgs, scenario: bool) -> Result<()> {
             "--check {p:?} names no check of the run; its checks are:\n  {}",
             names.join("\n  ")
         );
+    }
+    // The scenario library's lines, refused now rather than after the boot.
+    if scenario {
+        use crate::stress::lifecycle::scenario_guest::{layout, library, load};
+        let files: Vec<PathBuf> = library()?.iter().map(|s| s.file.clone()).collect();
+        load(&files, &layout(args.cpus, &device), &device)?;
     }
     // Migration and parking take a whole domain offline, and CPU 0 cannot go.
     let offlinable = device

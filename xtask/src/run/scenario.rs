@@ -9,6 +9,7 @@ use anyhow::{Context, Result};
 use perfbed_agent::{format_cpu_list, AgentMessage, HostRequest};
 use perfbed_device::ControlClient;
 
+use crate::checks::log::CheckLog;
 use crate::checks::{self, clean_log_check, Check, Report, Select};
 use crate::debug::gdb;
 use crate::guest::{pmu_name, Guest, MODULE};
@@ -16,8 +17,7 @@ use crate::host::config::VmConfig;
 use crate::host::vm::Vm;
 use crate::host::Accel;
 use crate::progress::human;
-use crate::checks::log::CheckLog;
-use crate::trace::{save_trace_and_plot, SavedTrace};
+use crate::trace::{self, save_trace_and_plot, SavedTrace};
 
 #[derive(Debug, Clone)]
 pub struct Scenario {
@@ -59,12 +59,10 @@ const HOTPLUG_CHECKS: [&str; 3] = [
 /// The printed names of every check of a run, in order. `kernel version`,
 /// `CPUs online`, `module loaded` and `clean kernel log` are reported
 /// whatever `--check` selects. `fail_injection`: the debug kernel's run.
-pub fn check_names(known_bugs: bool, fail_injection: bool) -> Vec<&'static str> {
+pub fn check_names(known_bugs: bool, fail_injection: bool) -> Result<Vec<&'static str>> {
     let mut names = vec!["kernel version", "CPUs online"];
     names.extend(DEVICE_CHECKS);
-    names.extend([
-        "perf tool",
-    ]);
+    names.extend(["perf tool"]);
     names.extend(PERF_TRACING_CHECKS);
     names.extend([
         "topology matches the domains",
@@ -72,10 +70,10 @@ pub fn check_names(known_bugs: bool, fail_injection: bool) -> Vec<&'static str> 
         "driver's cacheinfo cross-check",
         "perf record refused",
     ]);
-    names.extend(checks::pmu::names(known_bugs, fail_injection));
+    names.extend(checks::pmu::names(known_bugs, fail_injection)?);
     names.extend(HOTPLUG_CHECKS);
     names.push("clean kernel log");
-    names
+    Ok(names)
 }
 
 /// perf on the guest kernel's tracing ([`perf_tool_tracing`]).
@@ -87,6 +85,12 @@ const PERF_TRACING_CHECKS: [&str; 2] = ["perf stat cpuhp tracepoints", "perf tra
 pub fn run(scenario: &Scenario, accel: &Accel) -> Result<Report> {
     let booted = Vm::boot(&scenario.vm, accel)?;
     let (mut vm, hello) = (booted.vm, booted.hello);
+    // The guest kernel's hotplug states and placements, for the trace a
+    // failed check or `--plot` keeps; the run does not depend on them.
+    match trace::guest_kernel::start(&mut vm, scenario.request_timeout) {
+        Ok(what) => println!("guest kernel tracing: {what}"),
+        Err(e) => eprintln!("warning: the guest kernel's tracing is off: {e:#}"),
+    }
     let checks_start = Instant::now();
     // Each check's time is kept for the trace's plot.
     let mut checks = CheckLog::new();

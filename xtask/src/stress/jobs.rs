@@ -249,6 +249,7 @@ mod tests {
             between: vec![],
             online: "0-3".into(),
             reads: vec![Ok(vec![1, 2, 3]); reads],
+            injected: None,
         };
         let batch = |ops: Vec<HotplugOpResult>| HotplugBatchResult {
             masks_before: vec![],

@@ -12,6 +12,7 @@
 
 mod allowed;
 pub mod boot;
+mod fail_injection;
 mod jobs;
 pub mod lifecycle;
 pub mod mutants;
@@ -108,6 +109,11 @@ pub struct StressArgs {
     /// parked (the generator issues them by default).
     #[arg(long)]
     no_parked_ioctls: bool,
+    /// Also deal steps that fail a CPU offline or online at a hotplug state
+    /// (`hotplug/fail`, the debug kernel's `CONFIG_CPU_HOTPLUG_STATE_CONTROL`)
+    /// and check the rollback left every PMU where the placement rule says.
+    #[arg(long, conflicts_with = "normal")]
+    fail_injection: bool,
     /// Replay a lifecycle journal (lifecycle-journal.jsonl of a run folder)
     /// against the model, without a guest, and print what differs.
     #[arg(long, value_name = "FILE")]
@@ -134,6 +140,8 @@ pub struct StressConfig {
     pub vm: VmConfig,
     pub cycles: u32,
     pub seed: u64,
+    /// Deal [`schedule::StepKind::FailInjected`] steps too.
+    pub fail_injection: bool,
     pub timeout: Duration,
     pub replay: String,
 }
@@ -172,13 +180,23 @@ pub fn run(ws: &Path, args: &StressArgs) -> Result<bool> {
     host::config::check_size(args.cpus, args.memory)?;
     let device = device(args.cpus, args.domains.as_deref())?;
     let replay = format!(
-        "cargo xtask stress --cycles {} --seed {seed}{}",
+        "cargo xtask stress --cycles {} --seed {seed}{}{}",
         args.cycles,
-        args.guest_flags()
+        args.guest_flags(),
+        if args.fail_injection {
+            " --fail-injection"
+        } else {
+            ""
+        }
     );
     // Refuse a topology the schedule cannot use before minutes go into a build.
-    schedule::generate(&topology(args.cpus, &device), seed, 1)
-        .map_err(|e| anyhow::anyhow!("{}", e.0))?;
+    schedule::generate(
+        &topology(args.cpus, &device),
+        seed,
+        1,
+        &schedule::kinds(args.fail_injection),
+    )
+    .map_err(|e| anyhow::anyhow!("{}", e.0))?;
     let images = image::ensure(ws, variant)?;
     let accel = host::choose_accel();
     let (placement, why) = host::choose_host(args.host, &accel);
@@ -198,6 +216,7 @@ pub fn run(ws: &Path, args: &StressArgs) -> Result<bool> {
         },
         cycles: args.cycles,
         seed,
+        fail_injection: args.fail_injection,
         timeout: Duration::from_secs(args.timeout),
         replay,
     };
@@ -330,6 +349,7 @@ pub fn execute(config: &StressConfig, accel: &Accel) -> Result<StressReport> {
         &topology(config.vm.cpus, &config.vm.device),
         config.seed,
         config.cycles,
+        &schedule::kinds(config.fail_injection),
     )
     .map_err(|e| anyhow::anyhow!("{}", e.0))?;
     let failed = |e: anyhow::Error| {
@@ -393,6 +413,11 @@ fn stress(vm: &mut Vm, config: &StressConfig, steps: &[Step]) -> Result<StressRe
     for pmu in &pmus {
         types.push(g.pmu_type(pmu)?);
     }
+    let failable = if config.fail_injection {
+        Some(fail_injection::Failable::find(&mut g)?)
+    } else {
+        None
+    };
     let mut control = ControlClient::connect(&vm_control(run_dir))
         .context("connecting to the device's control socket")?;
     control.reset_stats()?;
@@ -502,6 +527,7 @@ fn stress(vm: &mut Vm, config: &StressConfig, steps: &[Step]) -> Result<StressRe
 
     let mut checks = Vec::new();
     let mut placements = Placements::default();
+    let mut injections = fail_injection::Tally::default();
     let mut op_errors = Vec::new();
     // Each event's first bad read, and how many more.
     let mut read_problems: BTreeMap<u32, (String, u64)> = BTreeMap::new();
@@ -527,7 +553,7 @@ fn stress(vm: &mut Vm, config: &StressConfig, steps: &[Step]) -> Result<StressRe
                 placements.unparks
             ));
         }
-        for segment in segments(batch, &pmus) {
+        for segment in segments(batch, &pmus, failable.as_ref())? {
             let ops = match segment {
                 Segment::Guest(ops) => ops,
                 Segment::Allowed {
@@ -544,7 +570,7 @@ fn stress(vm: &mut Vm, config: &StressConfig, steps: &[Step]) -> Result<StressRe
             };
             let op_count = ops.len();
             let request = HostRequest::HotplugBatch {
-                ops,
+                ops: ops.clone(),
                 watch_pmus: pmus.clone(),
                 read_handles: read_handles.clone(),
             };
@@ -555,6 +581,9 @@ fn stress(vm: &mut Vm, config: &StressConfig, steps: &[Step]) -> Result<StressRe
             check_batch_shape(&result, op_count, read_handles.len())
                 .with_context(|| format!("hotplug batch {batch_no}"))?;
             placements.add(&result);
+            if let Some(failable) = &failable {
+                injections.add(&ops, &result, &device.domains, failable, batch_no);
+            }
             for (i, op) in result.ops.iter().enumerate() {
                 writes += u64::from(op.writes);
                 op_time += Duration::from_micros(op.us);
@@ -681,6 +710,9 @@ fn stress(vm: &mut Vm, config: &StressConfig, steps: &[Step]) -> Result<StressRe
         }
     };
 
+    if failable.is_some() {
+        checks.push(injections.check());
+    }
     checks.push(Check::from_problems(
         "hotplug operations",
         op_errors,
@@ -766,7 +798,11 @@ enum Segment<'a> {
     },
 }
 
-fn segments<'a>(steps: &'a [Step], pmus: &[String]) -> Vec<Segment<'a>> {
+fn segments<'a>(
+    steps: &'a [Step],
+    pmus: &[String],
+    failable: Option<&fail_injection::Failable>,
+) -> Result<Vec<Segment<'a>>> {
     let mut out = Vec::new();
     let mut guest = Vec::new();
     for op in steps.iter().flat_map(|s| &s.ops) {
@@ -775,6 +811,16 @@ fn segments<'a>(steps: &'a [Step], pmus: &[String]) -> Vec<Segment<'a>> {
             Op::FlapOwner { domain } => guest.push(HotplugOp::FlapOwner {
                 pmu: pmus[domain].clone(),
             }),
+            Op::FailAt { cpu, online, pick } => {
+                let Some(failable) = failable else {
+                    bail!("a fail-injection step in a run that did not look for failable states");
+                };
+                guest.push(HotplugOp::FailAt {
+                    cpu,
+                    online,
+                    state: failable.pick(pick),
+                })
+            }
             Op::SetAllowed {
                 domain,
                 ref cpus,
@@ -794,7 +840,7 @@ fn segments<'a>(steps: &'a [Step], pmus: &[String]) -> Vec<Segment<'a>> {
     if !guest.is_empty() {
         out.push(Segment::Guest(guest));
     }
-    out
+    Ok(out)
 }
 
 #[cfg(test)]

@@ -71,6 +71,7 @@ mod tests {
             between: between.iter().map(|s| s.to_string()).collect(),
             online: String::new(),
             reads: vec![],
+            injected: None,
         }
     }
 

@@ -34,8 +34,14 @@ pub enum StepKind {
     /// (empty, or without the owner, sometimes), the PMU is placed again
     /// (moved, parked or left where it is), and the set is restored.
     AllowedChange,
+    /// One CPU goes offline, or an offline one online, with a hotplug
+    /// state armed to fail: the kernel rolls the operation back (or it
+    /// completes without reaching the state and is undone), so the online
+    /// set stays as it was. Only with `stress --fail-injection`.
+    FailInjected,
 }
 
+/// The kinds a default schedule deals.
 pub const ALL_KINDS: [StepKind; 9] = [
     StepKind::FlapOwner,
     StepKind::Park,
@@ -47,6 +53,16 @@ pub const ALL_KINDS: [StepKind; 9] = [
     StepKind::OnlineOne,
     StepKind::AllowedChange,
 ];
+
+/// The kinds a schedule deals: [`ALL_KINDS`], and with `fail_injection`
+/// [`StepKind::FailInjected`] too.
+pub fn kinds(fail_injection: bool) -> Vec<StepKind> {
+    let mut kinds = ALL_KINDS.to_vec();
+    if fail_injection {
+        kinds.push(StepKind::FailInjected);
+    }
+    kinds
+}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Op {
@@ -65,6 +81,14 @@ pub enum Op {
         domain: usize,
         cpus: Vec<u32>,
         parks: bool,
+    },
+    /// Take `cpu` online or offline with a hotplug state armed to fail:
+    /// the `pick`th (modulo their number) of the failable states the run
+    /// found in the guest.
+    FailAt {
+        cpu: u32,
+        online: bool,
+        pick: u32,
     },
 }
 
@@ -202,6 +226,20 @@ impl State<'_> {
                 let cpu = *rng.pick(&self.offline())?;
                 self.set(&mut ops, cpu, true);
             }
+            StepKind::FailInjected => {
+                let (online, offline) = (self.hotpluggable_online(), self.offline());
+                let bring_online = match (online.is_empty(), offline.is_empty()) {
+                    (true, true) => return None,
+                    (false, false) => rng.chance(50),
+                    (going, _) => going,
+                };
+                let cpu = *rng.pick(if bring_online { &offline } else { &online })?;
+                ops.push(Op::FailAt {
+                    cpu,
+                    online: bring_online,
+                    pick: rng.range(0, 1 << 16) as u32,
+                });
+            }
             StepKind::AllowedChange => {
                 let domains: Vec<usize> = (0..self.topo.domains.len()).collect();
                 let domain = *rng.pick(&domains)?;
@@ -250,7 +288,12 @@ pub struct NoSchedule(pub String);
 
 /// `cycles` steps from `seed`, then, if any CPU is still offline, one
 /// more step that brings them all back.
-pub fn generate(topo: &Topology, seed: u64, cycles: u32) -> Result<Vec<Step>, NoSchedule> {
+pub fn generate(
+    topo: &Topology,
+    seed: u64,
+    cycles: u32,
+    kinds: &[StepKind],
+) -> Result<Vec<Step>, NoSchedule> {
     if topo.cpus < 2 {
         return Err(NoSchedule(
             "the stress needs a CPU besides CPU 0 to take offline".into(),
@@ -275,7 +318,7 @@ pub fn generate(topo: &Topology, seed: u64, cycles: u32) -> Result<Vec<Step>, No
     let mut deck: Vec<StepKind> = Vec::new();
     while steps.len() < cycles as usize {
         if deck.is_empty() {
-            deck = ALL_KINDS.to_vec();
+            deck = kinds.to_vec();
             rng.shuffle(&mut deck);
         }
         let kind = deck.pop().expect("refilled above");
@@ -320,12 +363,12 @@ mod tests {
     fn the_same_seed_gives_the_same_schedule() {
         for topo in [four(), sixteen()] {
             assert_eq!(
-                generate(&topo, 99, 300).unwrap(),
-                generate(&topo, 99, 300).unwrap()
+                generate(&topo, 99, 300, &ALL_KINDS).unwrap(),
+                generate(&topo, 99, 300, &ALL_KINDS).unwrap()
             );
             assert_ne!(
-                generate(&topo, 99, 300).unwrap(),
-                generate(&topo, 100, 300).unwrap()
+                generate(&topo, 99, 300, &ALL_KINDS).unwrap(),
+                generate(&topo, 100, 300, &ALL_KINDS).unwrap()
             );
         }
     }
@@ -333,12 +376,13 @@ mod tests {
     #[test]
     fn every_kind_of_step_comes_up_in_a_short_run() {
         for topo in [four(), sixteen()] {
-            for seed in 0..50 {
-                let steps = generate(&topo, seed, 60).unwrap();
-                let kinds: BTreeSet<StepKind> = steps.iter().map(|s| s.kind).collect();
+            for (seed, fail_injection) in (0..50).zip([false, true].into_iter().cycle()) {
+                let dealt = kinds(fail_injection);
+                let steps = generate(&topo, seed, 60, &dealt).unwrap();
+                let seen: BTreeSet<StepKind> = steps.iter().map(|s| s.kind).collect();
                 assert_eq!(
-                    kinds,
-                    ALL_KINDS.into_iter().collect(),
+                    seen,
+                    dealt.into_iter().collect(),
                     "seed {seed}, {} CPUs",
                     topo.cpus
                 );
@@ -379,6 +423,18 @@ mod tests {
                             ));
                         }
                     }
+                    Op::FailAt { cpu: 0, .. } => {
+                        return Err(format!("step {i} fails a hotplug of CPU 0"))
+                    }
+                    Op::FailAt {
+                        cpu, online: up, ..
+                    } if online.contains(&cpu) == up => {
+                        return Err(format!(
+                            "step {i} fails CPU {cpu} {} where it already is",
+                            if up { "online" } else { "offline" }
+                        ))
+                    }
+                    Op::FailAt { .. } => {}
                     Op::SetAllowed {
                         domain,
                         ref cpus,
@@ -399,7 +455,10 @@ mod tests {
             }
             let expect_same = matches!(
                 step.kind,
-                StepKind::FlapOwner | StepKind::Toggle | StepKind::AllowedChange
+                StepKind::FlapOwner
+                    | StepKind::Toggle
+                    | StepKind::AllowedChange
+                    | StepKind::FailInjected
             );
             if step.kind == StepKind::AllowedChange {
                 match step.ops.last() {
@@ -441,7 +500,7 @@ mod tests {
         };
         for topo in [four(), sixteen(), odd] {
             for seed in 0..200 {
-                let steps = generate(&topo, seed, 80).unwrap();
+                let steps = generate(&topo, seed, 80, &kinds(seed % 2 == 1)).unwrap();
                 replay(&topo, &steps)
                     .unwrap_or_else(|e| panic!("seed {seed}, {} CPUs: {e}", topo.cpus));
             }
@@ -520,7 +579,7 @@ mod tests {
         let topo = sixteen();
         let mut differed = 0;
         for seed in 0..100 {
-            let steps = generate(&topo, seed, 100).unwrap();
+            let steps = generate(&topo, seed, 100, &ALL_KINDS).unwrap();
             // The CPUs offline, in the order they left.
             let mut order: Vec<u32> = Vec::new();
             for step in &steps {
@@ -546,7 +605,7 @@ mod tests {
                     match *op {
                         Op::Set { cpu, online: false } => order.push(cpu),
                         Op::Set { cpu, online: true } => order.retain(|&c| c != cpu),
-                        Op::FlapOwner { .. } | Op::SetAllowed { .. } => {}
+                        Op::FlapOwner { .. } | Op::SetAllowed { .. } | Op::FailAt { .. } => {}
                     }
                 }
             }
@@ -560,6 +619,6 @@ mod tests {
             cpus: 1,
             domains: vec![vec![0]],
         };
-        assert!(generate(&topo, 1, 10).is_err());
+        assert!(generate(&topo, 1, 10, &ALL_KINDS).is_err());
     }
 }

@@ -167,7 +167,7 @@ const VM_TESTS: &[VmTest] = &[
     },
     VmTest {
         name: "hotplug_stress",
-        what: "on the debug kernel, a short seeded hotplug storm under live traffic: every count exact, no EBUSY, 0 violations, clean log",
+        what: "on the debug kernel, a short seeded hotplug storm under live traffic, hotplug fail injection among it: every count exact, every rollback's placement as the rule says, no EBUSY, 0 violations, clean log",
         variant: Variant::Debug,
         host: host::HostChoice::Qemu,
         run: hotplug_stress,
@@ -237,7 +237,7 @@ const VM_TESTS: &[VmTest] = &[
     },
     VmTest {
         name: "vmm_slow_agent_reader",
-        what: "on perfbed-vmm, the host stops reading the agent channel for 30 s while the agent answers 10 MiB and a shell hotplugs CPUs: the hotplug rate holds (no vCPU waits on the host), every byte arrives, the kernel log stays clean",
+        what: "on perfbed-vmm, the host stops reading the agent channel (and in the box the serial console) for 60 s while the agent answers 10 MiB, a shell floods ttyS0 and another hotplugs CPUs: the hotplug rate holds (no vCPU waits on the host), every answer arrives, the serial overflow is counted, the kernel log stays clean",
         variant: Variant::Normal,
         host: host::HostChoice::Vmm,
         run: slow_agent_reader,
@@ -258,6 +258,7 @@ pub fn run(ws: &Path, args: &TestArgs) -> Result<bool> {
         if !status.success() {
             eprintln!("unit tests FAILED ({status})");
         }
+        passed &= lint(ws);
     }
     if !args.vm_only && !args.unit_only {
         passed &= run_fuzz_tests(ws, args.fuzz_seconds);
@@ -270,6 +271,53 @@ pub fn run(ws: &Path, args: &TestArgs) -> Result<bool> {
         if passed { "PASSED" } else { "FAILED" }
     );
     Ok(passed)
+}
+
+/// The lints of the unit stage: clippy with every warning an error, and
+/// rustfmt's check, over the workspace (the fuzz crate is its own
+/// workspace, built by the fuzz stage).
+const LINTS: &[(&str, &[&str], &str)] = &[
+    (
+        "clippy",
+        &[
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--quiet",
+            "--",
+            "-D",
+            "warnings",
+        ],
+        "fix the warnings above; a clippy false positive gets a targeted #[allow] with the reason",
+    ),
+    (
+        "rustfmt",
+        &["fmt", "--all", "--check"],
+        "the files above are not formatted as rustfmt would: run `cargo fmt --all`",
+    ),
+];
+
+fn lint(ws: &Path) -> bool {
+    if let Err(e) = deps::ensure_lint_tools() {
+        println!("test lint ... FAILED: {e:#}");
+        return false;
+    }
+    let mut passed = true;
+    for (name, args, fix) in LINTS {
+        eprintln!("==> {name}: cargo {}", args.join(" "));
+        let ok = Command::new(deps::cargo())
+            .current_dir(ws)
+            .args(*args)
+            .status()
+            .is_ok_and(|s| s.success());
+        if ok {
+            println!("test {name} ... ok");
+        } else {
+            println!("test {name} ... FAILED: {fix}");
+        }
+        passed &= ok;
+    }
+    passed
 }
 
 /// Each fuzz target for a short while: a crash, or a target that cannot be
@@ -409,7 +457,9 @@ mod tests {
     fn only_a_diagnosed_box_hang_of_a_listed_test_is_rerun() {
         for name in RERUN_ON_BOX_HANG {
             assert!(
-                VM_TESTS.iter().any(|t| t.name == *name && t.host == host::HostChoice::Vmm),
+                VM_TESTS
+                    .iter()
+                    .any(|t| t.name == *name && t.host == host::HostChoice::Vmm),
                 "{name} is no VM test on perfbed-vmm"
             );
         }

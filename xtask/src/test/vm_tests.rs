@@ -83,10 +83,32 @@ pub fn device_scope_pmu(scenario: &Scenario, accel: &Accel) -> Result<()> {
 
 /// `checks::slow_reader` on a booted guest, then a clean power-off and a
 /// kernel log without any report (an RCU stall would be one).
+/// In the box, where the serial console was stalled too, perfbed-vmm's
+/// report must count the serial bytes its ring dropped and its log say so:
+/// the vCPUs dropped what the host could not take instead of waiting.
 pub fn slow_agent_reader(scenario: &Scenario, accel: &Accel) -> Result<()> {
     checks_on_a_guest(scenario, accel, |vm| {
         checks::slow_reader::run(vm, scenario.vm.cpus, scenario.request_timeout)
-    })
+    })?;
+    if let host::Host::VmmBox(_) = scenario.vm.host {
+        let lines = host::vmm::host_report(&scenario.vm.run_dir);
+        let dropped = host::vmm::stat(&lines, "serial_output_dropped_bytes");
+        let box_log =
+            std::fs::read_to_string(scenario.vm.run_dir.join("box.log")).unwrap_or_default();
+        let warned = box_log.contains("the serial log lost");
+        match dropped {
+            Some(n) if n > 0 && warned => println!(
+                "  perfbed-vmm dropped {n} of {} bytes of serial output while the host did not read, counted and logged",
+                host::vmm::stat(&lines, "serial_output_bytes").unwrap_or(0)
+            ),
+            _ => bail!(
+                "the stalled serial console's overflow was not counted and logged (serial_output_dropped_bytes {dropped:?} of serial_output_bytes {:?}, warning in box.log: {warned}): either the vCPUs waited for the host or the guest's flood did not fill perfbed-vmm's ring and the buffers after it\n{}",
+                host::vmm::stat(&lines, "serial_output_bytes"),
+                lines.join("\n")
+            ),
+        }
+    }
+    Ok(())
 }
 
 /// Boots, runs `checks` on the guest, powers it off, and fails on any failed
@@ -163,7 +185,10 @@ pub fn gdb_session(scenario: &Scenario, accel: &Accel) -> Result<()> {
         backtrace.join("\n                  ")
     );
     if let Some(took) = session.to_breakpoint {
-        println!("  from gdb's continue to the breakpoint's backtrace: {}", human(took));
+        println!(
+            "  from gdb's continue to the breakpoint's backtrace: {}",
+            human(took)
+        );
     }
     Ok(())
 }
@@ -181,12 +206,13 @@ pub fn hotplug_stress(scenario: &Scenario, accel: &Accel) -> Result<()> {
     vm.device = stress::device(vm.cpus, None)?;
     let config = stress::StressConfig {
         replay: format!(
-            "cargo xtask stress --cycles {STRESS_CYCLES} --seed {STRESS_SEED} --cpus {}",
+            "cargo xtask stress --cycles {STRESS_CYCLES} --seed {STRESS_SEED} --cpus {} --fail-injection",
             vm.cpus
         ),
         vm,
         cycles: STRESS_CYCLES,
         seed: STRESS_SEED,
+        fail_injection: true,
         timeout: scenario.request_timeout,
     };
     let report = stress::execute(&config, accel)?;
@@ -235,7 +261,8 @@ pub fn lifecycle_stress(scenario: &Scenario, accel: &Accel) -> Result<()> {
 /// and the file's `want` lines say, no violation, a clean kernel log.
 pub fn scenario_library(scenario: &Scenario, accel: &Accel) -> Result<()> {
     use stress::lifecycle::scenario::files_under;
-    use stress::lifecycle::scenario_run::{execute, layout, load};
+    use stress::lifecycle::scenario_guest::{layout, load};
+    use stress::lifecycle::scenario_run::execute;
     let ws = crate::build::workspace()?;
     let mut vm = scenario.vm.clone();
     vm.device = stress::device(vm.cpus, None)?;
@@ -398,7 +425,10 @@ pub fn unexpected_reset_is_reported(scenario: &Scenario, accel: &Accel) -> Resul
     let asked = scenario.vm.run_dir.join("vcpu-state-asked.txt");
     host::vmm::request_vcpu_state(&vm.control_socket, &asked)?;
     let cpus = read_vcpu_capture(&asked, scenario.vm.cpus)?;
-    println!("    on request: {}", host::cpu_state::describe(&cpus).join("; "));
+    println!(
+        "    on request: {}",
+        host::cpu_state::describe(&cpus).join("; ")
+    );
     let start = Instant::now();
     let reboot = perfbed_agent::HostRequest::Run {
         argv: vec!["/bin/busybox".into(), "reboot".into(), "-f".into()],
@@ -423,7 +453,10 @@ pub fn unexpected_reset_is_reported(scenario: &Scenario, accel: &Accel) -> Resul
         bail!("the error does not say {said:?}:\n{error}");
     }
     let cpus = read_vcpu_capture(&saved, scenario.vm.cpus)?;
-    println!("    at the reset: {}", host::cpu_state::describe(&cpus).join("; "));
+    println!(
+        "    at the reset: {}",
+        host::cpu_state::describe(&cpus).join("; ")
+    );
     Ok(())
 }
 
@@ -448,8 +481,14 @@ pub fn hang_is_captured(scenario: &Scenario, accel: &Accel) -> Result<()> {
         Err(e) => format!("{e:#}"),
     };
     let (file, said) = match scenario.vm.host {
-        host::Host::Qemu => (host::vm::CPU_STATE_FILE, "state of the guest's vCPUs (registers, local APIC) saved"),
-        _ => (host::vmm::VCPU_STATE_FILE, "perfbed-vmm's vCPUs (asked when the run failed) saved"),
+        host::Host::Qemu => (
+            host::vm::CPU_STATE_FILE,
+            "state of the guest's vCPUs (registers, local APIC) saved",
+        ),
+        _ => (
+            host::vmm::VCPU_STATE_FILE,
+            "perfbed-vmm's vCPUs (asked when the run failed) saved",
+        ),
     };
     if !error.contains("no answer within") || !error.contains(said) {
         bail!("the error does not say the agent went silent and {said:?}:\n{error}");
@@ -457,9 +496,16 @@ pub fn hang_is_captured(scenario: &Scenario, accel: &Accel) -> Result<()> {
     let cpus = read_vcpu_capture(&scenario.vm.run_dir.join(file), scenario.vm.cpus)?;
     let decoded = host::cpu_state::describe(&cpus);
     if let Some(awake) = cpus.iter().position(|c| c.interrupts_enabled || !c.halted) {
-        bail!("after halt -f, {} (not halted with interrupts off)", decoded[awake]);
+        bail!(
+            "after halt -f, {} (not halted with interrupts off)",
+            decoded[awake]
+        );
     }
-    println!("    after {} ({} of it the agent's silence):", human(start.elapsed()), human(HANG_TIMEOUT));
+    println!(
+        "    after {} ({} of it the agent's silence):",
+        human(start.elapsed()),
+        human(HANG_TIMEOUT)
+    );
     for line in decoded {
         println!("      {line}");
     }
@@ -469,11 +515,17 @@ pub fn hang_is_captured(scenario: &Scenario, accel: &Accel) -> Result<()> {
 /// The vCPUs of a capture at `path` (either host's): all `cpus` of them, each
 /// with its registers and local APIC read.
 fn read_vcpu_capture(path: &Path, cpus: u8) -> Result<Vec<host::cpu_state::VcpuState>> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let read = host::cpu_state::parse(&text);
-    let complete = |c: &host::cpu_state::VcpuState| c.rip.is_some() && c.cr3.is_some() && c.ppr.is_some();
+    let complete =
+        |c: &host::cpu_state::VcpuState| c.rip.is_some() && c.cr3.is_some() && c.ppr.is_some();
     if read.len() != usize::from(cpus) || !read.iter().all(complete) {
-        bail!("{} has {} of {cpus} vCPUs complete ({read:?}):\n{text}", path.display(), read.iter().filter(|c| complete(c)).count());
+        bail!(
+            "{} has {} of {cpus} vCPUs complete ({read:?}):\n{text}",
+            path.display(),
+            read.iter().filter(|c| complete(c)).count()
+        );
     }
     Ok(read)
 }
@@ -499,7 +551,10 @@ pub fn terminated_while_waiting_for_the_agent(scenario: &Scenario, accel: &Accel
     let took = start.elapsed();
     let wanted = "status 4 (terminated)";
     if !error.contains(wanted) {
-        bail!("the error does not say {wanted:?} (after {}):\n{error}", human(took));
+        bail!(
+            "the error does not say {wanted:?} (after {}):\n{error}",
+            human(took)
+        );
     }
     let lines = host::vmm::host_report(&config.run_dir);
     let terminated = perfbed_vmm::ExitStatus::Terminated.report_line();

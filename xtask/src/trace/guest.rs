@@ -34,7 +34,7 @@ impl ClockOffset {
         Some(ClockOffset(i128::from(read.time_ns) - guest_mid))
     }
 
-    fn device_time(self, guest_ns: u64) -> u64 {
+    pub(super) fn device_time(self, guest_ns: u64) -> u64 {
         u64::try_from((i128::from(guest_ns) + self.0).max(0)).unwrap_or(u64::MAX)
     }
 }

@@ -5,11 +5,14 @@
 //!
 //! - [`model`]: a trace file read back;
 //! - [`guest`]: the agent's events moved onto the device's clock;
+//! - [`guest_kernel`]: the guest kernel's hotplug tracepoints and the
+//!   placement kprobe, recorded by ftrace, on the same clock;
 //! - [`spans`]: which checks ran when, on the device's clock;
 //! - [`table`]: the decoded table; [`timeline`]: what the plot shows;
 //!   [`plot`]: drawing it.
 
 mod guest;
+pub mod guest_kernel;
 mod model;
 mod plot;
 pub mod spans;
@@ -105,7 +108,7 @@ pub fn save_trace_and_plot(
 ) -> Result<SavedTrace> {
     let timeout = Duration::from_secs(30);
     // The guest's side first: its clock sync is the last REG_MAGIC read.
-    let guest = (|| -> Result<(Vec<perfbed_agent::GuestEvent>, (u64, u64))> {
+    let guest = (|| -> Result<(Vec<perfbed_agent::GuestEvent>, String, (u64, u64))> {
         // One page: REG_MAGIC is at offset 0.
         let sync = match vm.request(
             &HostRequest::ClockSync {
@@ -121,10 +124,13 @@ pub fn save_trace_and_plot(
             } => (before_ns, after_ns),
             other => anyhow::bail!("clock sync: {other:?}"),
         };
-        match vm.request(&HostRequest::Events, timeout)? {
-            AgentMessage::Events { events } => Ok((events, sync)),
+        let events = match vm.request(&HostRequest::Events, timeout)? {
+            AgentMessage::Events { events } => events,
             other => anyhow::bail!("guest events: {other:?}"),
-        }
+        };
+        // A run whose guest never turned its tracing on has an empty buffer.
+        let ftrace = guest_kernel::collect(vm, timeout).unwrap_or_default();
+        Ok((events, ftrace, sync))
     })();
     let mut control = ControlClient::connect(&vm.control_socket)
         .context("connecting to the device's control socket")?;
@@ -140,10 +146,11 @@ pub fn save_trace_and_plot(
     let first_ns = device.lines.first().map_or(0, |l| l.time_ns);
     let mut extra = spans::lines(spans, clock, first_ns);
     let guest_missing = match guest {
-        Ok((events, (before, after))) => {
+        Ok((events, ftrace, (before, after))) => {
             match guest::ClockOffset::from_sync(&device.lines, 0, before, after) {
                 Some(offset) => {
                     extra.extend(guest::lines(&events, offset));
+                    extra.extend(guest_kernel::lines(&ftrace, offset));
                     None
                 }
                 None => Some("the device trace lost the clock-sync read".to_string()),

@@ -528,13 +528,7 @@ fn a_long_busy_trace_draws_under_a_megabyte_with_every_violation() {
         );
         for slot in 0..4 {
             let value = regs::slot_ctl_value(Event::MbmTotalBytes, slot);
-            d.write(
-                MS,
-                owner,
-                regs::slot_ctl(u64::from(dom), u64::from(slot)),
-                8,
-                value,
-            );
+            d.write(MS, owner, regs::slot_ctl(u64::from(dom), slot), 8, value);
             d.set_rate(
                 MS,
                 dom,
@@ -550,7 +544,7 @@ fn a_long_busy_trace_draws_under_a_megabyte_with_every_violation() {
     while t < end {
         for dom in 0..2u32 {
             let owner = dom * 2 + ((t / (100 * MS)) % 2) as u32;
-            if t % (100 * MS) == 0 {
+            if t.is_multiple_of(100 * MS) {
                 d.write(
                     t,
                     owner,
@@ -563,7 +557,7 @@ fn a_long_busy_trace_draws_under_a_megabyte_with_every_violation() {
                 d.read(t, owner, regs::slot_count(u64::from(dom), slot), 8);
                 records += 1;
             }
-            if t % (10_000 * MS) == 0 {
+            if t.is_multiple_of(10_000 * MS) {
                 d.read(t, owner ^ 1, regs::slot_count(u64::from(dom), 0), 8);
             }
         }

@@ -72,10 +72,18 @@ pub struct Properties<'a> {
 
 /// Builds a device config from the shim's properties.
 pub fn config_from_properties(p: &Properties<'_>) -> Result<DeviceConfig, String> {
-    let Properties { domains, rmids, slots, width, max_rate, trace_capacity } = *p;
+    let Properties {
+        domains,
+        rmids,
+        slots,
+        width,
+        max_rate,
+        trace_capacity,
+    } = *p;
     let mut config = DeviceConfig::default();
     if !domains.is_empty() {
-        config.domains = parse_domain_list(domains).map_err(|e| format!("domains={domains:?}: {e}"))?;
+        config.domains =
+            parse_domain_list(domains).map_err(|e| format!("domains={domains:?}: {e}"))?;
     }
     if rmids != 0 {
         config.rmids = rmids;
@@ -95,7 +103,10 @@ pub fn config_from_properties(p: &Properties<'_>) -> Result<DeviceConfig, String
     Ok(config)
 }
 
-fn new_device(properties: &Properties<'_>, control: Option<&Path>) -> Result<PerfbedDevice, String> {
+fn new_device(
+    properties: &Properties<'_>,
+    control: Option<&Path>,
+) -> Result<PerfbedDevice, String> {
     let config = config_from_properties(properties)?;
     let device = SharedDevice::new(config).map_err(|e| e.to_string())?;
     let control = match control {
@@ -106,7 +117,11 @@ fn new_device(properties: &Properties<'_>, control: Option<&Path>) -> Result<Per
         ),
         None => None,
     };
-    Ok(PerfbedDevice { ticker: OnceLock::new(), _control: control, device })
+    Ok(PerfbedDevice {
+        ticker: OnceLock::new(),
+        _control: control,
+        device,
+    })
 }
 
 /// # Safety
@@ -127,7 +142,14 @@ pub unsafe extern "C" fn perfbed_device_new(
     let (domains, control) = unsafe { (optional_str(domains), optional_str(control)) };
     let result = match (domains, control) {
         (Ok(d), Ok(c)) => {
-            let properties = Properties { domains: d.unwrap_or(""), rmids, slots, width, max_rate, trace_capacity };
+            let properties = Properties {
+                domains: d.unwrap_or(""),
+                rmids,
+                slots,
+                width,
+                max_rate,
+                trace_capacity,
+            };
             new_device(&properties, c.map(Path::new))
         }
         _ => Err("a property is not valid UTF-8".to_string()),
@@ -166,7 +188,12 @@ pub unsafe extern "C" fn perfbed_device_size(dev: *const PerfbedDevice) -> u64 {
 /// # Safety
 /// `dev` must come from `perfbed_device_new` and not be freed.
 #[no_mangle]
-pub unsafe extern "C" fn perfbed_device_read(dev: *mut PerfbedDevice, vcpu: u32, offset: u64, size: u32) -> u64 {
+pub unsafe extern "C" fn perfbed_device_read(
+    dev: *mut PerfbedDevice,
+    vcpu: u32,
+    offset: u64,
+    size: u32,
+) -> u64 {
     // SAFETY: per the contract above; the device is shared behind a lock.
     unsafe { &*dev }.device.mmio_read(vcpu, offset, size)
 }
@@ -174,9 +201,17 @@ pub unsafe extern "C" fn perfbed_device_read(dev: *mut PerfbedDevice, vcpu: u32,
 /// # Safety
 /// `dev` must come from `perfbed_device_new` and not be freed.
 #[no_mangle]
-pub unsafe extern "C" fn perfbed_device_write(dev: *mut PerfbedDevice, vcpu: u32, offset: u64, size: u32, value: u64) {
+pub unsafe extern "C" fn perfbed_device_write(
+    dev: *mut PerfbedDevice,
+    vcpu: u32,
+    offset: u64,
+    size: u32,
+    value: u64,
+) {
     // SAFETY: per the contract above.
-    unsafe { &*dev }.device.mmio_write(vcpu, offset, size, value)
+    unsafe { &*dev }
+        .device
+        .mmio_write(vcpu, offset, size, value)
 }
 
 /// # Safety
@@ -184,7 +219,9 @@ pub unsafe extern "C" fn perfbed_device_write(dev: *mut PerfbedDevice, vcpu: u32
 #[no_mangle]
 pub unsafe extern "C" fn perfbed_device_domains(dev: *const PerfbedDevice) -> u32 {
     // SAFETY: per the contract above.
-    unsafe { &*dev }.device.with(|d, _| d.config().domains.len() as u32)
+    unsafe { &*dev }
+        .device
+        .with(|d, _| d.config().domains.len() as u32)
 }
 
 /// # Safety
@@ -205,7 +242,8 @@ pub unsafe extern "C" fn perfbed_device_connect_lines(
         return false;
     };
     let _ = dev.ticker.set(ticker);
-    dev.device.connect_lines(Arc::new(ShimLines { changed, opaque }))
+    dev.device
+        .connect_lines(Arc::new(ShimLines { changed, opaque }))
 }
 
 /// # Safety
@@ -255,7 +293,16 @@ mod tests {
         assert_eq!(c.rmids, DeviceConfig::default().rmids);
         assert_eq!(c.trace_capacity, perfbed_device::TRACE_CAPACITY);
         let c = config_from_properties(&props("0,2", 16, 2, 32, 1 << 20, 0)).unwrap();
-        assert_eq!((c.domains.len(), c.rmids, c.slots, c.counter_width, c.max_rate), (1, 16, 2, 32, 1 << 20));
+        assert_eq!(
+            (
+                c.domains.len(),
+                c.rmids,
+                c.slots,
+                c.counter_width,
+                c.max_rate
+            ),
+            (1, 16, 2, 32, 1 << 20)
+        );
         assert_eq!(c.trace_capacity, 0);
         assert!(config_from_properties(&props("0-x", 0, 0, 0, 0, TRACE_DEFAULT)).is_err());
     }
@@ -265,20 +312,38 @@ mod tests {
         let domains = CString::new("0-1:2-3").unwrap();
         let mut error = ptr::null_mut();
         // SAFETY: valid strings and a valid error pointer.
-        let dev = unsafe { perfbed_device_new(domains.as_ptr(), 0, 0, 0, 0, ptr::null(), TRACE_DEFAULT, &mut error) };
+        let dev = unsafe {
+            perfbed_device_new(
+                domains.as_ptr(),
+                0,
+                0,
+                0,
+                0,
+                ptr::null(),
+                TRACE_DEFAULT,
+                &mut error,
+            )
+        };
         assert!(!dev.is_null() && error.is_null());
         // SAFETY: dev is live until freed below.
         unsafe {
             assert!(perfbed_device_size(dev) >= 4096);
-            assert_eq!(perfbed_device_read(dev, 0, perfbed_device::regs::REG_MAGIC, 8), perfbed_device::regs::MAGIC_VALUE);
+            assert_eq!(
+                perfbed_device_read(dev, 0, perfbed_device::regs::REG_MAGIC, 8),
+                perfbed_device::regs::MAGIC_VALUE
+            );
             perfbed_device_free(dev);
         }
         let bad = CString::new("9-1").unwrap();
         // SAFETY: as above.
-        let dev = unsafe { perfbed_device_new(bad.as_ptr(), 0, 0, 0, 0, ptr::null(), 1 << 20, &mut error) };
+        let dev = unsafe {
+            perfbed_device_new(bad.as_ptr(), 0, 0, 0, 0, ptr::null(), 1 << 20, &mut error)
+        };
         assert!(dev.is_null() && !error.is_null());
         // SAFETY: error came from this library.
-        let message = unsafe { CStr::from_ptr(error) }.to_string_lossy().into_owned();
+        let message = unsafe { CStr::from_ptr(error) }
+            .to_string_lossy()
+            .into_owned();
         assert!(message.contains("9-1"), "{message}");
         // SAFETY: error came from this library, freed once.
         unsafe { perfbed_string_free(error) };
@@ -296,21 +361,50 @@ mod tests {
         use perfbed_device::regs;
         let domains = CString::new("0-1:2-3").unwrap();
         // SAFETY: valid strings, no error pointer wanted.
-        let dev = unsafe { perfbed_device_new(domains.as_ptr(), 0, 0, 0, 0, ptr::null(), TRACE_DEFAULT, ptr::null_mut()) };
+        let dev = unsafe {
+            perfbed_device_new(
+                domains.as_ptr(),
+                0,
+                0,
+                0,
+                0,
+                ptr::null(),
+                TRACE_DEFAULT,
+                ptr::null_mut(),
+            )
+        };
         assert!(!dev.is_null());
         // SAFETY: dev is live until freed below; `record` may run anywhere.
         unsafe {
             assert_eq!(perfbed_device_domains(dev), 2);
             assert!(perfbed_device_connect_lines(dev, record, ptr::null_mut()));
-            assert!(!perfbed_device_connect_lines(dev, record, ptr::null_mut()), "wired twice");
+            assert!(
+                !perfbed_device_connect_lines(dev, record, ptr::null_mut()),
+                "wired twice"
+            );
             assert!(!perfbed_device_line_level(dev, 1));
-            perfbed_device_write(dev, 0, regs::domain_reg(1, regs::DOM_IRQ_CTL), 8, regs::IRQ_CTL_CONFIG);
-            (*dev).device.with(|d, now| d.set_allowed(now, 1, &[3])).unwrap();
+            perfbed_device_write(
+                dev,
+                0,
+                regs::domain_reg(1, regs::DOM_IRQ_CTL),
+                8,
+                regs::IRQ_CTL_CONFIG,
+            );
+            (*dev)
+                .device
+                .with(|d, now| d.set_allowed(now, 1, &[3]))
+                .unwrap();
             assert!(perfbed_device_line_level(dev, 1));
-            assert_eq!(perfbed_device_read(dev, 3, regs::domain_reg(1, regs::DOM_CONFIG_STATUS), 8), 1);
+            assert_eq!(
+                perfbed_device_read(dev, 3, regs::domain_reg(1, regs::DOM_CONFIG_STATUS), 8),
+                1
+            );
             assert!(!perfbed_device_line_level(dev, 1));
             perfbed_device_free(dev);
         }
-        assert_eq!(*SEEN.lock().unwrap(), vec![(0, false), (1, false), (1, true), (1, false)]);
+        assert_eq!(
+            *SEEN.lock().unwrap(),
+            vec![(0, false), (1, false), (1, true), (1, false)]
+        );
     }
 }

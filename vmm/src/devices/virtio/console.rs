@@ -118,8 +118,16 @@ struct ToDriver {
 
 impl ToDriver {
     fn front(&self) -> Option<ControlMessage> {
-        let (event, value) = if self.add { (DEVICE_ADD, 0) } else { (PORT_OPEN, self.open?) };
-        Some(ControlMessage { id: AGENT_PORT, event, value })
+        let (event, value) = if self.add {
+            (DEVICE_ADD, 0)
+        } else {
+            (PORT_OPEN, self.open?)
+        };
+        Some(ControlMessage {
+            id: AGENT_PORT,
+            event,
+            value,
+        })
     }
 
     fn pop_front(&mut self) {
@@ -353,7 +361,12 @@ impl Console {
     }
 
     /// Reads the driver's control messages.
-    fn read_control(&mut self, queue: &mut Queue, memory: &GuestMemoryMmap, used: &mut bool) -> bool {
+    fn read_control(
+        &mut self,
+        queue: &mut Queue,
+        memory: &GuestMemoryMmap,
+        used: &mut bool,
+    ) -> bool {
         for _ in 0..MAX_CHAINS_PER_CALL {
             let Some(chain) = queue.pop_descriptor_chain(memory) else {
                 return false;
@@ -363,7 +376,10 @@ impl Console {
             let mut got = 0;
             for desc in chain.readable() {
                 let n = (desc.len() as usize).min(8 - got);
-                if memory.read_slice(&mut bytes[got..got + n], desc.addr()).is_err() {
+                if memory
+                    .read_slice(&mut bytes[got..got + n], desc.addr())
+                    .is_err()
+                {
                     break;
                 }
                 got += n;
@@ -411,7 +427,12 @@ impl Console {
             };
             let head = chain.head_index();
             let written = match chain.writable().next() {
-                Some(desc) if desc.len() >= 8 && memory.write_slice(&message.to_bytes(), desc.addr()).is_ok() => 8,
+                Some(desc)
+                    if desc.len() >= 8
+                        && memory.write_slice(&message.to_bytes(), desc.addr()).is_ok() =>
+                {
+                    8
+                }
                 _ => 0,
             };
             let _ = queue.add_used(memory, head, written);
@@ -442,7 +463,8 @@ impl Console {
                     let (front, _) = self.input.as_slices();
                     let n = n.min(front.len());
                     // A bad address (or one that wraps): skip this buffer.
-                    let Some(at) = addr.filter(|a| memory.write_slice(&front[..n], *a).is_ok()) else {
+                    let Some(at) = addr.filter(|a| memory.write_slice(&front[..n], *a).is_ok())
+                    else {
                         break;
                     };
                     self.input.drain(..n);
@@ -462,8 +484,14 @@ impl Console {
 }
 
 /// The queue at `index` if the driver made it ready and valid.
-fn ready_queue<'q>(queues: &'q mut [Queue], index: usize, memory: &GuestMemoryMmap) -> Option<&'q mut Queue> {
-    queues.get_mut(index).filter(|q| q.ready() && q.is_valid(memory))
+fn ready_queue<'q>(
+    queues: &'q mut [Queue],
+    index: usize,
+    memory: &GuestMemoryMmap,
+) -> Option<&'q mut Queue> {
+    queues
+        .get_mut(index)
+        .filter(|q| q.ready() && q.is_valid(memory))
 }
 
 impl VirtioDevice for Console {
@@ -484,7 +512,11 @@ impl VirtioDevice for Console {
         let mut config = [0u8; 12];
         config[4..8].copy_from_slice(&MAX_NR_PORTS.to_le_bytes());
         for (i, out) in data.iter_mut().enumerate() {
-            *out = usize::try_from(offset).ok().and_then(|o| config.get(o.checked_add(i)?)).copied().unwrap_or(0);
+            *out = usize::try_from(offset)
+                .ok()
+                .and_then(|o| config.get(o.checked_add(i)?))
+                .copied()
+                .unwrap_or(0);
         }
     }
 
@@ -499,13 +531,17 @@ impl VirtioDevice for Console {
                 }
             }
         };
-        step(CONTROL_TRANSMIT, &mut |q, used| self.read_control(q, memory, used));
+        step(CONTROL_TRANSMIT, &mut |q, used| {
+            self.read_control(q, memory, used)
+        });
         step(CONTROL_RECEIVE, &mut |q, used| {
             self.write_control(q, memory, used);
             false
         });
         step(TRANSMIT, &mut |q, used| self.transmit(q, memory, used));
-        step(PORT0_TRANSMIT, &mut |q, used| Console::discard(q, memory, used));
+        step(PORT0_TRANSMIT, &mut |q, used| {
+            Console::discard(q, memory, used)
+        });
         step(RECEIVE, &mut |q, used| self.receive(q, memory, used));
         progress
     }

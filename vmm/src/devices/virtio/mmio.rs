@@ -121,11 +121,19 @@ impl<D: VirtioDevice> State<D> {
         let Progress { used, more } = self.device.process(&mut self.queues, &self.memory);
         // The used entries are written before the flags are read.
         std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
-        let wanted = self.queues.iter().enumerate().filter(|(i, _)| *i < 32 && used & (1 << i) != 0).any(|(_, q)| {
-            let flags = self.memory.read_obj::<u16>(GuestAddress(q.avail_ring())).map(u16::from_le);
-            // Unreadable flags: interrupt, the safe side.
-            flags.map_or(true, |f| f & AVAIL_F_NO_INTERRUPT == 0)
-        });
+        let wanted = self
+            .queues
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i < 32 && used & (1 << i) != 0)
+            .any(|(_, q)| {
+                let flags = self
+                    .memory
+                    .read_obj::<u16>(GuestAddress(q.avail_ring()))
+                    .map(u16::from_le);
+                // Unreadable flags: interrupt, the safe side.
+                flags.map_or(true, |f| f & AVAIL_F_NO_INTERRUPT == 0)
+            });
         if wanted {
             self.interrupt.signal_used();
         }
@@ -148,7 +156,8 @@ impl<D: VirtioDevice> State<D> {
         }
         let mut new = value & !self.status & !STATUS_NEEDS_RESET;
         let driver = STATUS_ACKNOWLEDGE | STATUS_DRIVER;
-        if new & STATUS_FEATURES_OK != 0 && (value & driver != driver || self.driver_features & VIRTIO_F_VERSION_1 == 0)
+        if new & STATUS_FEATURES_OK != 0
+            && (value & driver != driver || self.driver_features & VIRTIO_F_VERSION_1 == 0)
         {
             new &= !STATUS_FEATURES_OK;
         }
@@ -166,7 +175,9 @@ impl<D: VirtioDevice> State<D> {
     /// queue is not ready; `set` says whether the value was valid.
     fn configure_queue(&mut self, set: impl FnOnce(&mut Queue) -> bool) {
         let index = self.queue_sel as usize;
-        let Some(q) = self.queues.get_mut(index) else { return };
+        let Some(q) = self.queues.get_mut(index) else {
+            return;
+        };
         if q.ready() {
             return;
         }
@@ -177,7 +188,9 @@ impl<D: VirtioDevice> State<D> {
 
     fn set_queue_ready(&mut self, ready: bool) {
         let index = self.queue_sel as usize;
-        let Some(q) = self.queues.get_mut(index) else { return };
+        let Some(q) = self.queues.get_mut(index) else {
+            return;
+        };
         if !ready {
             q.set_ready(false);
             return;
@@ -255,14 +268,21 @@ impl<D: VirtioDevice> State<D> {
                 // Only features offered can be taken.
                 let offered = self.offered_features();
                 match self.driver_features_sel {
-                    0 => self.driver_features = (self.driver_features & !0xffff_ffff) | u64::from(value),
-                    1 => self.driver_features = (self.driver_features & 0xffff_ffff) | (u64::from(value) << 32),
+                    0 => {
+                        self.driver_features =
+                            (self.driver_features & !0xffff_ffff) | u64::from(value)
+                    }
+                    1 => {
+                        self.driver_features =
+                            (self.driver_features & 0xffff_ffff) | (u64::from(value) << 32)
+                    }
                     _ => {}
                 }
                 self.driver_features &= offered;
             }
             REG_QUEUE_SEL => self.queue_sel = value,
-            REG_QUEUE_NUM => self.configure_queue(|q| u16::try_from(value).is_ok_and(|n| q.try_set_size(n).is_ok())),
+            REG_QUEUE_NUM => self
+                .configure_queue(|q| u16::try_from(value).is_ok_and(|n| q.try_set_size(n).is_ok())),
             REG_QUEUE_READY => self.set_queue_ready(value == 1),
             REG_QUEUE_NOTIFY => self.notify(value),
             REG_INTERRUPT_ACK => self.interrupt.acknowledge(value),
@@ -315,7 +335,11 @@ pub struct MmioTransport<D> {
 }
 
 impl<D: VirtioDevice> MmioTransport<D> {
-    pub fn new(device: D, memory: GuestMemoryMmap, interrupt: Interrupt) -> Result<MmioTransport<D>, TransportError> {
+    pub fn new(
+        device: D,
+        memory: GuestMemoryMmap,
+        interrupt: Interrupt,
+    ) -> Result<MmioTransport<D>, TransportError> {
         let queues = device
             .queue_max_sizes()
             .iter()
@@ -366,7 +390,11 @@ impl<D: VirtioDevice> MmioTransport<D> {
     /// event loop to watch and for KVM to signal (ioeventfds with the queue
     /// index as datamatch on [`QUEUE_NOTIFY_OFFSET`]).
     pub fn notifiers(&self) -> std::io::Result<Vec<EventFd>> {
-        self.lock().notifiers.iter().map(EventFd::try_clone).collect()
+        self.lock()
+            .notifiers
+            .iter()
+            .map(EventFd::try_clone)
+            .collect()
     }
 
     /// The features the driver accepted.
@@ -382,8 +410,15 @@ impl<D: VirtioDevice> BusDevice for MmioTransport<D> {
             state.device.read_config(offset - CONFIG_SPACE, data);
             return;
         }
-        let value = if data.len() == 4 && offset.is_multiple_of(4) { state.read32(offset) } else { 0 };
-        for (out, byte) in data.iter_mut().zip(value.to_le_bytes().iter().chain(std::iter::repeat(&0))) {
+        let value = if data.len() == 4 && offset.is_multiple_of(4) {
+            state.read32(offset)
+        } else {
+            0
+        };
+        for (out, byte) in data
+            .iter_mut()
+            .zip(value.to_le_bytes().iter().chain(std::iter::repeat(&0)))
+        {
             *out = *byte;
         }
     }

@@ -29,7 +29,10 @@ pub struct Interrupt {
 
 impl Interrupt {
     pub fn new(irqfd: EventFd) -> Interrupt {
-        Interrupt { status: Arc::new(AtomicU32::new(0)), irqfd: Arc::new(irqfd) }
+        Interrupt {
+            status: Arc::new(AtomicU32::new(0)),
+            irqfd: Arc::new(irqfd),
+        }
     }
 
     /// Tells the driver a queue has new used entries.

@@ -77,8 +77,11 @@ impl Archive {
 mod tests {
     use super::*;
 
-    /// Reads back (name, mode, rdev, data) entries, checking the framing.
-    fn parse(bytes: &[u8]) -> Vec<(String, u32, (u32, u32), Vec<u8>)> {
+    /// One entry read back: name, mode, rdev (major, minor), data.
+    type Entry = (String, u32, (u32, u32), Vec<u8>);
+
+    /// Reads back the entries, checking the framing.
+    fn parse(bytes: &[u8]) -> Vec<Entry> {
         let mut out = Vec::new();
         let mut at = 0;
         let field = |at: usize, i: usize| {

@@ -22,7 +22,8 @@ const RUSTDOC: &str = "/usr/bin/rustdoc";
 const BASE_FRAGMENT: &str = "config.fragment";
 
 /// Which guest kernel: the normal one, the debug one (lockdep, RCU and
-/// atomic-sleep checking, list debugging) that the kernel-patch tests use,
+/// atomic-sleep checking, list debugging, KFENCE, debugobjects) that the
+/// kernel-patch tests use,
 /// or the one with DWARF debug information for gdb.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Variant {

@@ -2,35 +2,29 @@
 //! the perf core half): each check replays, as a new user would, a symptom
 //! that the kernel patches 0010–0014 fix, and fails without them.
 //!
-//! The promises checked (DESIGN.md, "Counting semantics"):
-//! - a move or a park never changes whether an event is enabled: a disabled
-//!   event keeps its value and its `time_enabled` across both (0010);
+//! The promises checked here (DESIGN.md, "Counting semantics"; a disabled
+//! event across a move and a park, 0010, and a software sibling joining a
+//! moved device group, 0013, are scenarios: `scenarios/moves`,
+//! `scenarios/groups`):
 //! - a group's capabilities survive moves: an exclusive event and a group
 //!   {cpu-clock leader, device sibling} on the same PMU still take turns
 //!   after moves (0011);
 //! - an open that races a move waits for it and never fails with EBUSY;
 //!   how long it slept, beside how long the moves took, is measured in the
-//!   kernel and reported (0012, 0014);
-//! - a software sibling joins a device group on the group's CPU, whatever
-//!   CPU it was opened on, also after the PMU moved (0013).
+//!   kernel and reported (0012, 0014).
 
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use perfbed_agent::{AgentMessage, HostRequest, PerfAttr, PerfIoctl};
+use perfbed_agent::{AgentMessage, HostRequest, PerfAttr};
 use perfbed_device::regs::Event;
 
-use super::context::{Ctx, MIB};
+use super::context::{Ctx, TIMES};
 use super::moves::movable_domain;
 use super::multiplexing::Window;
 use crate::checks::Check;
-use crate::guest::perf_abi::{
-    FLAG_DISABLED, FLAG_EXCLUSIVE, FORMAT_GROUP, FORMAT_TOTAL_TIME_ENABLED,
-    FORMAT_TOTAL_TIME_RUNNING, PERF_COUNT_SW_CPU_CLOCK, PERF_TYPE_SOFTWARE,
-};
+use crate::guest::perf_abi::{FLAG_EXCLUSIVE, PERF_COUNT_SW_CPU_CLOCK, PERF_TYPE_SOFTWARE};
 use crate::guest::pmu_name;
-
-const TIMES: u64 = FORMAT_TOTAL_TIME_ENABLED | FORMAT_TOTAL_TIME_RUNNING;
 
 /// Takes the CPU `pmu` counts on offline and brings it back: the PMU moves
 /// to another allowed CPU (and stays there). Returns (from, to).
@@ -49,84 +43,6 @@ fn move_once(ctx: &mut Ctx, d: usize) -> Result<(u32, u32)> {
         ),
     };
     Ok((from, to))
-}
-
-fn ioctl(ctx: &mut Ctx, handle: u32, ioctl: PerfIoctl) -> Result<()> {
-    match ctx.g.ioctl(handle, ioctl.clone())? {
-        Ok(_) => Ok(()),
-        Err(errno) => bail!("{ioctl:?} on event {handle}: {errno}"),
-    }
-}
-
-/// Patch 0010: An event enabled for a while and then disabled keeps its value
-/// and its time_enabled while it stays disabled, across a move and a park,
-/// with traffic landing all along.
-pub fn disabled_across_moves(ctx: &mut Ctx) -> Result<Check> {
-    let (d, allowed) = movable_domain(ctx)?;
-    let rmid = 5;
-    let mut attr = ctx.attr(d, Event::MbmTotalBytes, rmid);
-    attr.read_format = TIMES;
-    attr.flags |= FLAG_DISABLED;
-    let h = match ctx.g.open(attr, None)? {
-        Ok(h) => h,
-        Err(errno) => bail!("opening a disabled event: {errno}"),
-    };
-    ioctl(ctx, h, PerfIoctl::Enable { group: false })?;
-    let enabled_bytes = 2 * MIB;
-    ctx.inject_and_land(&[(d, rmid, Event::MbmTotalBytes, enabled_bytes)])?;
-    ioctl(ctx, h, PerfIoctl::Disable { group: false })?;
-    let off = ctx.g.read(h)?;
-    // Disabled from here on: traffic, a move, more traffic, a park, traffic
-    // while parked, the unpark, traffic.
-    ctx.inject_and_land(&[(d, rmid, Event::MbmTotalBytes, MIB)])?;
-    let (from, to) = move_once(ctx, d)?;
-    ctx.inject_and_land(&[(d, rmid, Event::MbmTotalBytes, MIB)])?;
-    for &cpu in &allowed {
-        ctx.g.set_online(cpu, false)?;
-    }
-    ctx.inject_and_land(&[(d, rmid, Event::MbmTotalBytes, MIB)])?;
-    std::thread::sleep(Duration::from_millis(300));
-    for &cpu in &allowed {
-        ctx.g.set_online(cpu, true)?;
-    }
-    ctx.inject_and_land(&[(d, rmid, Event::MbmTotalBytes, MIB)])?;
-    std::thread::sleep(Duration::from_millis(300));
-    let after = ctx.g.read(h)?;
-    ctx.g.close(h)?;
-    let (before, later) = (Window::between(&[], &off), Window::between(&[], &after));
-    let mut problems = Vec::new();
-    if before.value != enabled_bytes {
-        problems.push(format!(
-            "counted {} while enabled, {enabled_bytes} landed",
-            before.value
-        ));
-    }
-    if later.value != before.value {
-        problems.push(format!(
-            "value {} → {} while disabled across a move and a park ({} bytes landed meanwhile)",
-            before.value,
-            later.value,
-            4 * MIB
-        ));
-    }
-    if later.enabled != before.enabled || later.running != before.running {
-        problems.push(format!(
-            "time_enabled {} → {} ns, time_running {} → {} ns while disabled across a move and a park",
-            before.enabled, later.enabled, before.running, later.running
-        ));
-    }
-    Ok(Check::from_problems(
-        "disabled across a move and a park",
-        problems,
-        format!(
-            "{}: disabled after {enabled_bytes} bytes; moved CPU {from} → {to}, parked, unparked, 4 MiB landed: value {} → {}, time_enabled {} → {} ns",
-            pmu_name(d),
-            before.value,
-            later.value,
-            before.enabled,
-            later.enabled
-        ),
-    ))
 }
 
 /// (share of the window the exclusive event ran, the group's share).
@@ -215,54 +131,6 @@ pub fn exclusive_after_moves(ctx: &mut Ctx) -> Result<Check> {
             100.0 * after.0,
             100.0 * after.1
         ),
-    ))
-}
-
-/// Patch 0013: A cpu-clock sibling joins a device leader after the PMU moved:
-/// opened on the CPU `cpumask` shows, and on the CPU it showed before the
-/// move (what a user who read it a moment earlier has). Both open, and a
-/// group read sees the three events.
-pub fn mixed_group_after_move(ctx: &mut Ctx) -> Result<Check> {
-    let (d, _) = movable_domain(ctx)?;
-    let mut attr = ctx.attr(d, Event::MbmTotalBytes, 6);
-    attr.read_format = FORMAT_GROUP;
-    let leader = match ctx.g.open(attr, None)? {
-        Ok(h) => h,
-        Err(errno) => bail!("opening a device leader: {errno}"),
-    };
-    let moved = move_once(ctx, d);
-    let clock = PerfAttr {
-        type_: PERF_TYPE_SOFTWARE,
-        config: PERF_COUNT_SW_CPU_CLOCK,
-        ..PerfAttr::default()
-    };
-    let mut opened = Vec::new();
-    let mut problems = Vec::new();
-    if let Ok((from, to)) = moved {
-        for (which, cpu) in [("cpumask's", to), ("the pre-move", from)] {
-            match ctx.g.open_as(clock.clone(), -1, cpu as i32, Some(leader))? {
-                Ok(h) => opened.push(h),
-                Err(errno) => {
-                    problems.push(format!("a cpu-clock sibling on {which} CPU {cpu}: {errno}"))
-                }
-            }
-        }
-    }
-    let group = ctx.g.read(leader);
-    for h in opened.into_iter().rev().chain([leader]) {
-        ctx.g.close(h)?;
-    }
-    let (from, to) = moved?;
-    let group = group?;
-    if problems.is_empty() && group.first() != Some(&3) {
-        problems.push(format!(
-            "a group read after the siblings joined gave {group:?}, expected 3 events"
-        ));
-    }
-    Ok(Check::from_problems(
-        "mixed group after a move",
-        problems,
-        format!("{}: moved CPU {from} → {to}; cpu-clock siblings opened on CPU {to} and on CPU {from} joined; group read {group:?}", pmu_name(d)),
     ))
 }
 

@@ -26,18 +26,14 @@ use anyhow::{bail, Context, Result};
 use perfbed_agent::{AgentMessage, HostRequest, JobResult, JobSpec, PerfAttr, PerfIoctl};
 use perfbed_device::regs::Event;
 
-use super::context::{Ctx, MIB};
+use super::context::{Ctx, MIB, TIMES};
+use super::freeze_attacks::set_allowed;
 use super::moves::movable_domain;
 use super::multiplexing::Window;
 use super::redteam::{inject, must, open_with, owner, rmid, truth, Many, Named};
 use crate::checks::Check;
-use crate::guest::perf_abi::{
-    FORMAT_TOTAL_TIME_ENABLED, FORMAT_TOTAL_TIME_RUNNING, PERF_COUNT_SW_CPU_CLOCK,
-    PERF_TYPE_SOFTWARE,
-};
+use crate::guest::perf_abi::{PERF_COUNT_SW_CPU_CLOCK, PERF_TYPE_SOFTWARE};
 use crate::guest::{pmu_name, MODULE};
-
-const TIMES: u64 = FORMAT_TOTAL_TIME_ENABLED | FORMAT_TOTAL_TIME_RUNNING;
 
 /// How long a change may take to be acted on under TCG on a loaded
 /// machine (irq, work, perf core); far above the tens of milliseconds it
@@ -68,12 +64,6 @@ fn settle(ctx: &mut Ctx, d: usize, want: Option<&[u32]>) -> Result<(bool, Vec<u3
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-}
-
-fn set(ctx: &mut Ctx, d: usize, cpus: &[u32]) -> Result<()> {
-    ctx.control
-        .set_allowed(d as u32, cpus)
-        .map_err(|e| anyhow::anyhow!("perfbed ctl allowed --domain {d} --cpus {cpus:?}: {e}"))
 }
 
 fn violations(ctx: &mut Ctx) -> Result<u64> {
@@ -198,7 +188,7 @@ pub fn change_racing_offline_of_target(ctx: &mut Ctx) -> Result<Check> {
     let ev = Counted::open(ctx, d, r)?;
     ev.inject(ctx, MIB)?;
     let target = other(&allowed, owner(ctx, d)?);
-    set(ctx, d, &[target])?;
+    set_allowed(ctx, d, &[target])?;
     ctx.g.set_online(target, false)?;
     let parked = expect_settled(ctx, d, None, "S={target} then CPU offline", &mut problems)?;
     ev.inject(ctx, 2 * MIB)?;
@@ -211,48 +201,6 @@ pub fn change_racing_offline_of_target(ctx: &mut Ctx) -> Result<Check> {
         "allowed-attack: change racing offline",
         problems,
         format!("S={{{target}}} then CPU {target} offline: cpumask {parked:?} (parked); online: {back:?}; counted {} = the truth", w[0]),
-    ))
-}
-
-/// A2. S holds only an offline CPU while the owner is online: the PMU parks
-///     (cpumask empty, opens ENODEV); onlining that CPU places it there and
-///     the event catches up exactly with what landed while parked.
-pub fn only_offline_cpus_then_online(ctx: &mut Ctx) -> Result<Check> {
-    let (d, allowed) = movable_domain(ctx)?;
-    let r = rmid(ctx, 3);
-    let mut problems = Vec::new();
-    let ev = Counted::open(ctx, d, r)?;
-    let own = owner(ctx, d)?;
-    let off = other(&allowed, own);
-    ctx.g.set_online(off, false)?;
-    expect_settled(ctx, d, Some(&[own]), "offline a non-owner", &mut problems)?;
-    ev.inject(ctx, MIB)?;
-    set(ctx, d, &[off])?;
-    let parked = expect_settled(ctx, d, None, "S of an offline CPU", &mut problems)?;
-    let opened = ctx.g.open(ctx.attr(d, Event::MbmTotalBytes, r), None)?;
-    match opened {
-        Err(ref e) if e == "ENODEV" => {}
-        Ok(x) => {
-            ctx.g.close(x)?;
-            problems.push("parked by the set, an open succeeded (want ENODEV)".into());
-        }
-        Err(e) => problems.push(format!("parked by the set, an open gave {e} (want ENODEV)")),
-    }
-    ev.inject(ctx, 2 * MIB)?;
-    ctx.g.set_online(off, true)?;
-    let back = expect_settled(ctx, d, Some(&[off]), "the set's CPU online", &mut problems)?;
-    let caught_up = ev.judge_count(
-        ctx,
-        "after placement (parked traffic included)",
-        &mut problems,
-    )?;
-    ev.inject(ctx, 4 * MIB)?;
-    let w = ev.judge_count(ctx, "at the end", &mut problems)?;
-    ev.close(ctx)?;
-    Ok(Check::from_problems(
-        "allowed-attack: only offline CPUs, then online",
-        problems,
-        format!("owner {own} online, S={{{off}}} offline: cpumask {parked:?}, open ENODEV; CPU {off} online → {back:?}, caught up {} = truth, ended {} = truth", caught_up[0], w[0]),
     ))
 }
 
@@ -319,7 +267,7 @@ pub fn back_to_back_last_wins(ctx: &mut Ctx) -> Result<Check> {
     let seq: Vec<Vec<u32>> = vec![vec![last], vec![], vec![own], allowed.clone(), vec![last]];
     for _ in 0..3 {
         for s in &seq {
-            set(ctx, d, s)?;
+            set_allowed(ctx, d, s)?;
         }
     }
     let mask = expect_settled(
@@ -348,62 +296,6 @@ pub fn back_to_back_last_wins(ctx: &mut Ctx) -> Result<Check> {
     ))
 }
 
-/// A5. A change while the event is disabled: traffic landed while it was
-///     disabled (before, during and after the move) is not counted; once
-///     enabled it counts exactly its windows.
-pub fn change_while_disabled(ctx: &mut Ctx) -> Result<Check> {
-    let (d, allowed) = movable_domain(ctx)?;
-    let r = rmid(ctx, 6);
-    let mut problems = Vec::new();
-    let h = open_with(ctx, d, r, TIMES, 0, None)?;
-    inject(ctx, d, r, MIB)?;
-    must(ctx, h, PerfIoctl::Disable { group: false })?;
-    inject(ctx, d, r, 2 * MIB)?;
-    let target = other(&allowed, owner(ctx, d)?);
-    set(ctx, d, &[target])?;
-    let moved = expect_settled(
-        ctx,
-        d,
-        Some(&[target]),
-        "move while disabled",
-        &mut problems,
-    )?;
-    inject(ctx, d, r, 4 * MIB)?;
-    set(ctx, d, &[])?;
-    expect_settled(ctx, d, None, "park while disabled", &mut problems)?;
-    inject(ctx, d, r, 8 * MIB)?;
-    set(ctx, d, &allowed)?;
-    expect_settled(
-        ctx,
-        d,
-        Some(&allowed),
-        "placed while disabled",
-        &mut problems,
-    )?;
-    let disabled = ctx.g.read(h)?[0];
-    must(ctx, h, PerfIoctl::Enable { group: false })?;
-    inject(ctx, d, r, 16 * MIB)?;
-    let w = ctx.g.read(h)?;
-    if disabled != MIB {
-        problems.push(format!(
-            "disabled across move and park: {disabled} (want {MIB})"
-        ));
-    }
-    if w[0] != 17 * MIB {
-        problems.push(format!(
-            "enabled again: {} (want {}: 1 + 16 MiB)",
-            w[0],
-            17 * MIB
-        ));
-    }
-    ctx.g.close(h)?;
-    Ok(Check::from_problems(
-        "allowed-attack: change while disabled",
-        problems,
-        format!("disabled, moved to {moved:?}, parked, placed: held {disabled}; enabled: {} = only its windows", w[0]),
-    ))
-}
-
 /// A6. A change in the very next instruction after RESET (and a RESET
 ///     right after a change, before it settled): the count after the last
 ///     RESET is exactly the traffic after it.
@@ -414,7 +306,7 @@ pub fn reset_racing_change(ctx: &mut Ctx) -> Result<Check> {
     let h = open_with(ctx, d, r, TIMES, 0, None)?;
     inject(ctx, d, r, 3 * MIB)?;
     let target = other(&allowed, owner(ctx, d)?);
-    set(ctx, d, &[target])?;
+    set_allowed(ctx, d, &[target])?;
     must(ctx, h, PerfIoctl::Reset { group: false })?;
     expect_settled(ctx, d, Some(&[target]), "change then RESET", &mut problems)?;
     inject(ctx, d, r, 2 * MIB)?;
@@ -426,10 +318,10 @@ pub fn reset_racing_change(ctx: &mut Ctx) -> Result<Check> {
         ));
     }
     must(ctx, h, PerfIoctl::Reset { group: false })?;
-    set(ctx, d, &[])?;
+    set_allowed(ctx, d, &[])?;
     expect_settled(ctx, d, None, "RESET then park", &mut problems)?;
     inject(ctx, d, r, 5 * MIB)?;
-    set(ctx, d, &allowed)?;
+    set_allowed(ctx, d, &allowed)?;
     expect_settled(ctx, d, Some(&allowed), "placed again", &mut problems)?;
     inject(ctx, d, r, MIB)?;
     let b = ctx.g.read(h)?[0];
@@ -465,13 +357,13 @@ pub fn group_with_cpu_clock(ctx: &mut Ctx) -> Result<Check> {
     let start = truth(ctx, d, r)?;
     inject(ctx, d, r, MIB)?;
     let target = other(&allowed, owner(ctx, d)?);
-    set(ctx, d, &[target])?;
+    set_allowed(ctx, d, &[target])?;
     expect_settled(ctx, d, Some(&[target]), "move", &mut problems)?;
     inject(ctx, d, r, 2 * MIB)?;
-    set(ctx, d, &[])?;
+    set_allowed(ctx, d, &[])?;
     expect_settled(ctx, d, None, "park", &mut problems)?;
     inject(ctx, d, r, 4 * MIB)?;
-    set(ctx, d, &allowed)?;
+    set_allowed(ctx, d, &allowed)?;
     expect_settled(ctx, d, Some(&allowed), "place", &mut problems)?;
     let c1 = ctx.g.read(sib)?[0];
     inject(ctx, d, r, 8 * MIB)?;
@@ -523,7 +415,7 @@ pub fn opens_racing_changes(ctx: &mut Ctx) -> Result<Check> {
     // and enabled, catch up when placed again").
     let mut held: Option<(u32, u64, u64, String)> = None;
     for s in &sets {
-        set(ctx, d, s)?;
+        set_allowed(ctx, d, s)?;
         let opened = ctx.g.open(ctx.attr(d, Event::MbmTotalBytes, r), None)?;
         let want = if s.is_empty() {
             None
@@ -603,7 +495,7 @@ pub fn other_domain_undisturbed(ctx: &mut Ctx) -> Result<Check> {
     let ev = Counted::open(ctx, o, r)?;
     let mask0 = ctx.g.cpumask(&pmu_name(o))?;
     for s in [vec![allowed[1]], vec![], allowed.clone()] {
-        set(ctx, d, &s)?;
+        set_allowed(ctx, d, &s)?;
         let want = if s.is_empty() {
             None
         } else {
@@ -643,7 +535,7 @@ pub fn same_set_changes_nothing(ctx: &mut Ctx) -> Result<Check> {
     let mut problems = Vec::new();
     let own = owner(ctx, d)?;
     for s in [allowed.clone(), vec![own], allowed.clone()] {
-        set(ctx, d, &s)?;
+        set_allowed(ctx, d, &s)?;
         match ctx.g.open(ctx.attr(d, Event::MbmTotalBytes, r), None)? {
             Ok(h) => {
                 let start = truth(ctx, d, r)?;
@@ -681,13 +573,13 @@ pub fn reload_after_changes(ctx: &mut Ctx) -> Result<Check> {
     let v0 = violations(ctx)?;
     let first = other(&allowed, owner(ctx, d)?);
     let then = other(&allowed, first);
-    set(ctx, d, &[first])?;
+    set_allowed(ctx, d, &[first])?;
     expect_settled(ctx, d, Some(&[first]), "before unload", &mut problems)?;
     let reload = |ctx: &mut Ctx, during: &[u32]| -> Result<()> {
         let gone = ctx.g.ask(HostRequest::UnloadModule {
             name: MODULE.into(),
         })?;
-        set(ctx, d, during)?;
+        set_allowed(ctx, d, during)?;
         let back = ctx.g.ask(HostRequest::LoadModule {
             name: MODULE.into(),
         })?;
@@ -717,7 +609,7 @@ pub fn reload_after_changes(ctx: &mut Ctx) -> Result<Check> {
             "loaded with S empty, an open gave {e} (want ENODEV)"
         )),
     }
-    set(ctx, d, &allowed)?;
+    set_allowed(ctx, d, &allowed)?;
     let again = expect_settled(
         ctx,
         d,
@@ -751,13 +643,13 @@ pub fn change_while_multiplexed(ctx: &mut Ctx) -> Result<Check> {
     let start = ctx.g.read_many(&handles)?;
     burst(ctx, MIB)?;
     let target = other(&allowed, owner(ctx, d)?);
-    set(ctx, d, &[target])?;
+    set_allowed(ctx, d, &[target])?;
     let moved = expect_settled(ctx, d, Some(&[target]), "S={target}", &mut problems)?;
     burst(ctx, 2 * MIB)?;
-    set(ctx, d, &[])?;
+    set_allowed(ctx, d, &[])?;
     expect_settled(ctx, d, None, "S empty", &mut problems)?;
     burst(ctx, 4 * MIB)?;
-    set(ctx, d, &allowed)?;
+    set_allowed(ctx, d, &allowed)?;
     let back = expect_settled(ctx, d, Some(&allowed), "S restored", &mut problems)?;
     burst(ctx, 8 * MIB)?;
     // Lets rotation give every event a turn after the last burst.
@@ -814,7 +706,7 @@ pub fn change_racing_offline_of_owner(ctx: &mut Ctx) -> Result<Check> {
     if own == 0 {
         bail!("the owner is CPU 0, which cannot go offline");
     }
-    set(ctx, d, &[target])?;
+    set_allowed(ctx, d, &[target])?;
     ctx.g.set_online(own, false)?;
     let moved = expect_settled(
         ctx,
@@ -907,13 +799,13 @@ pub fn perf_stat_intervals_across_changes(ctx: &mut Ctx) -> Result<Check> {
     };
     inject(ctx, d, r, MIB)?;
     let target = other(&allowed, owner(ctx, d)?);
-    set(ctx, d, &[target])?;
+    set_allowed(ctx, d, &[target])?;
     expect_settled(ctx, d, Some(&[target]), "S={target}", &mut problems)?;
     inject(ctx, d, r, 2 * MIB)?;
-    set(ctx, d, &[])?;
+    set_allowed(ctx, d, &[])?;
     expect_settled(ctx, d, None, "S empty", &mut problems)?;
     inject(ctx, d, r, 4 * MIB)?;
-    set(ctx, d, &allowed)?;
+    set_allowed(ctx, d, &allowed)?;
     expect_settled(ctx, d, Some(&allowed), "S restored", &mut problems)?;
     inject(ctx, d, r, 8 * MIB)?;
     // Two more intervals, so the last burst is printed.
@@ -950,18 +842,10 @@ pub(super) const CHECKS: &[Named] = &[
         "allowed-attack: change racing offline",
         change_racing_offline_of_target,
     ),
-    (
-        "allowed-attack: only offline CPUs, then online",
-        only_offline_cpus_then_online,
-    ),
     ("allowed-attack: malformed sets refused", malformed_sets),
     (
         "allowed-attack: back-to-back changes, last wins",
         back_to_back_last_wins,
-    ),
-    (
-        "allowed-attack: change while disabled",
-        change_while_disabled,
     ),
     ("allowed-attack: RESET racing a change", reset_racing_change),
     ("allowed-attack: group with cpu-clock", group_with_cpu_clock),
@@ -1014,7 +898,7 @@ pub(super) fn run_these(ctx: &mut Ctx, checks: &[Named]) -> Result<Vec<Check>> {
                 Ok(_) => format!("bringing CPU {cpu} back online after \"{name}\""),
             })?;
         }
-        set(ctx, d, &allowed)?;
+        set_allowed(ctx, d, &allowed)?;
         let mut problems = Vec::new();
         expect_settled(ctx, d, Some(&allowed), "restoring the set", &mut problems)?;
         out.push(match result {

@@ -25,18 +25,16 @@ use perfbed_agent::{
 use perfbed_device::regs::Event;
 
 use super::across_moves::turns;
-use super::context::{Ctx, MIB};
+use super::context::{Ctx, MIB, TIMES};
 use super::moves::movable_domain;
 use super::multiplexing::{set_sysfs, Window, MUX_INTERVAL_MS};
-use super::redteam::{inject, must, open_with, owner, park, rmid, Many, Named};
+use super::redteam::{inject, must, open_with, owner, park, rmid, Named};
 use crate::checks::Check;
 use crate::guest::perf_abi::{
-    FLAG_DISABLED, FLAG_EXCLUSIVE, FLAG_PINNED, FORMAT_GROUP, FORMAT_ID, FORMAT_TOTAL_TIME_ENABLED,
-    FORMAT_TOTAL_TIME_RUNNING, PERF_COUNT_SW_CPU_CLOCK, PERF_TYPE_SOFTWARE,
+    FLAG_DISABLED, FLAG_EXCLUSIVE, FORMAT_GROUP, FORMAT_ID, PERF_COUNT_SW_CPU_CLOCK,
+    PERF_TYPE_SOFTWARE,
 };
 use crate::guest::pmu_name;
-
-const TIMES: u64 = FORMAT_TOTAL_TIME_ENABLED | FORMAT_TOTAL_TIME_RUNNING;
 
 /// A bash loop in the guest that takes each of `cpus` offline and back, one
 /// at a time, `rounds` times: with two CPUs in the domain every round moves
@@ -263,94 +261,6 @@ pub(super) fn cpu_clock(ctx: &mut Ctx, cpu: i32, group: Option<u32>) -> Result<u
     }
 }
 
-/// J. A mixed group {cpu-clock leader, device sibling} whose leader is
-///    closed while the PMU is parked: the promoted sibling keeps counting
-///    everything that lands for it, before, during and after the park.
-pub fn mixed_leader_closed_while_parked(ctx: &mut Ctx) -> Result<Check> {
-    let (d, allowed) = movable_domain(ctx)?;
-    let r = rmid(ctx, 18);
-    let cpu = owner(ctx, d)? as i32;
-    let leader = cpu_clock(ctx, cpu, None)?;
-    let sibling = open_with(ctx, d, r, TIMES, 0, Some(leader))?;
-    inject(ctx, d, r, MIB)?;
-    let park_start = Instant::now();
-    park(ctx, &allowed, false)?;
-    inject(ctx, d, r, 2 * MIB)?;
-    ctx.g.close(leader)?;
-    inject(ctx, d, r, 4 * MIB)?;
-    park(ctx, &allowed, true)?;
-    let park_span = park_start.elapsed();
-    inject(ctx, d, r, 8 * MIB)?;
-    let end = ctx.g.read(sibling)?;
-    ctx.g.close(sibling)?;
-    let mut problems = Vec::new();
-    let left_out = Duration::from_nanos(end[1].saturating_sub(end[2]));
-    if end[0] != 15 * MIB || end[2] > end[1] || left_out > park_span {
-        problems.push(format!(
-            "{{cpu-clock, mbm}}: 1 MiB, park, 2 MiB, close the leader, 4 MiB, unpark, 8 MiB: the sibling counted {} (want {}), enabled {} running {} (at most the park's {park_span:?} left out)",
-            end[0],
-            15 * MIB,
-            end[1],
-            end[2]
-        ));
-    }
-    Ok(Check::from_problems(
-        "attack: mixed leader closed while parked",
-        problems,
-        format!("{}: the promoted device sibling counted {} = 15 MiB, {:?} left out of running (park {park_span:?})", pmu_name(d), end[0], left_out),
-    ))
-}
-
-/// K. A pinned event across a park: a park never changes whether an event
-///    is enabled, so it must not go to perf's ERROR state (a read of 0
-///    bytes) when nothing of its PMU is online; it counts what landed
-///    before, during and after the park, and it is counting again after it.
-pub fn pinned_across_park(ctx: &mut Ctx) -> Result<Check> {
-    let (d, allowed) = movable_domain(ctx)?;
-    let r = rmid(ctx, 19);
-    let h = open_with(ctx, d, r, TIMES, FLAG_PINNED, None)?;
-    inject(ctx, d, r, MIB)?;
-    park(ctx, &allowed, false)?;
-    inject(ctx, d, r, 2 * MIB)?;
-    let parked = ctx.g.read(h);
-    park(ctx, &allowed, true)?;
-    inject(ctx, d, r, 4 * MIB)?;
-    let back = ctx.g.read(h);
-    std::thread::sleep(Duration::from_millis(200));
-    let later = ctx.g.read(h);
-    ctx.g.close(h)?;
-    let mut problems = Vec::new();
-    match (&parked, &back, &later) {
-        (Ok(p), Ok(b), Ok(l)) => {
-            let w = Window::between(b, l);
-            if b[0] != 7 * MIB || l[0] != 7 * MIB || w.running != w.enabled || w.enabled == 0 {
-                problems.push(format!(
-                    "pinned: 1 MiB, park, 2 MiB, unpark, 4 MiB: value {} (want {}); 200 ms later Δenabled {} Δrunning {} (want equal, not 0); read while parked {p:?}",
-                    b[0],
-                    7 * MIB,
-                    w.enabled,
-                    w.running
-                ));
-            }
-        }
-        _ => problems.push(format!(
-            "a pinned event's reads: parked {:?}, after the return {:?}, later {:?} (ERROR state after a park?)",
-            parked.as_ref().map_err(|e| format!("{e:#}")),
-            back.as_ref().map_err(|e| format!("{e:#}")),
-            later.as_ref().map_err(|e| format!("{e:#}"))
-        )),
-    }
-    Ok(Check::from_problems(
-        "attack: pinned across park",
-        problems,
-        format!(
-            "{}: a pinned event counted {} through a park and is counting again",
-            pmu_name(d),
-            back.as_ref().map_or(0, |b| b[0])
-        ),
-    ))
-}
-
 /// L. An exclusive event and a plain one on the same PMU take turns (each
 ///    runs less than the whole window, together no more than it), before a
 ///    park and after it: a park keeps a group's exclusivity as a move does.
@@ -390,67 +300,6 @@ pub fn exclusive_across_park(ctx: &mut Ctx) -> Result<Check> {
             100.0 * before.1,
             100.0 * after.0,
             100.0 * after.1
-        ),
-    ))
-}
-
-/// M. More events than slots, parked with bursts before, during and after
-///    the park: each event's window obeys the multiplexing rules of the
-///    contract: its value never exceeds what landed for it, `Δrunning == 0`
-///    means nothing counted, running throughout means everything counted,
-///    and running never exceeds enabled. A RESET of every event while
-///    parked then zeroes them and leaves the times alone.
-pub fn more_events_than_slots_parked(ctx: &mut Ctx) -> Result<Check> {
-    let (d, allowed) = movable_domain(ctx)?;
-    let n = ctx.device.slots as usize + 2;
-    let many = Many::open(ctx, d, n, TIMES)?;
-    let (rmids, handles) = (many.rmids.clone(), many.handles.clone());
-    let burst = |ctx: &mut Ctx, bytes: u64| many.burst(ctx, bytes);
-    let start = ctx.g.read_many(&handles)?;
-    burst(ctx, MIB)?;
-    std::thread::sleep(Duration::from_millis(100));
-    park(ctx, &allowed, false)?;
-    burst(ctx, 2 * MIB)?;
-    let mut reset_errors = Vec::new();
-    for &h in &handles {
-        if let Err(errno) = ctx.g.ioctl(h, PerfIoctl::Reset { group: false })? {
-            reset_errors.push(format!("handle {h}: {errno}"));
-        }
-    }
-    let after_reset = ctx.g.read_many(&handles)?;
-    burst(ctx, 4 * MIB)?;
-    park(ctx, &allowed, true)?;
-    std::thread::sleep(Duration::from_millis(100));
-    burst(ctx, 8 * MIB)?;
-    std::thread::sleep(Duration::from_millis(100));
-    let end = ctx.g.read_many(&handles)?;
-    many.close(ctx)?;
-    let mut problems = reset_errors;
-    let landed_after_reset = 12 * MIB;
-    for (i, r) in rmids.iter().enumerate() {
-        let (s, z, e) = (&start[i], &after_reset[i], &end[i]);
-        if z[0] != 0 || z[1] < s[1] || z[2] > z[1] {
-            problems.push(format!("rmid {r}: RESET while parked read value {} enabled {} running {} (want 0, times kept: {} {} at open)", z[0], z[1], z[2], s[1], s[2]));
-        }
-        let w = Window::between(z, e);
-        let bad = e[0] > landed_after_reset
-            || e[2] > e[1]
-            || (w.running == 0 && e[0] != 0)
-            || (w.running == w.enabled && e[0] != landed_after_reset);
-        if bad {
-            problems.push(format!(
-                "rmid {r}: after the RESET {landed_after_reset} landed (4 MiB parked, 8 MiB after): value {}, Δenabled {} Δrunning {}",
-                e[0], w.enabled, w.running
-            ));
-        }
-    }
-    Ok(Check::from_problems(
-        "attack: more events than slots parked",
-        problems,
-        format!(
-            "{n} events on {} slots, RESET while parked: every value within the multiplexing rules ({})",
-            ctx.device.slots,
-            end.iter().map(|e| format!("{:.0} %", 100.0 * e[2] as f64 / e[1].max(1) as f64)).collect::<Vec<_>>().join(", ")
         ),
     ))
 }
@@ -569,49 +418,6 @@ fn gauge_left_alone(ctx: &mut Ctx, d: usize, alone: Alone) -> Result<(Vec<String
             },
             100.0 * alone_share,
             100.0 * other
-        ),
-    ))
-}
-
-/// O. RESET of an event disabled while parked (the driver keeps what it
-///    read before the park for such an event, to give it at its next
-///    `add`): 1 MiB, park, 2 MiB, DISABLE, RESET, unpark, 4 MiB (disabled),
-///    ENABLE, 8 MiB. Only the 8 MiB count: nothing kept from before the
-///    RESET may come back at the ENABLE.
-pub fn reset_of_event_disabled_while_parked(ctx: &mut Ctx) -> Result<Check> {
-    let (d, allowed) = movable_domain(ctx)?;
-    let r = rmid(ctx, 29);
-    let h = open_with(ctx, d, r, TIMES, 0, None)?;
-    inject(ctx, d, r, MIB)?;
-    park(ctx, &allowed, false)?;
-    inject(ctx, d, r, 2 * MIB)?;
-    must(ctx, h, PerfIoctl::Disable { group: false })?;
-    must(ctx, h, PerfIoctl::Reset { group: false })?;
-    let reset = ctx.g.read(h)?;
-    park(ctx, &allowed, true)?;
-    inject(ctx, d, r, 4 * MIB)?;
-    let off = ctx.g.read(h)?;
-    must(ctx, h, PerfIoctl::Enable { group: false })?;
-    inject(ctx, d, r, 8 * MIB)?;
-    let end = ctx.g.read(h)?;
-    ctx.g.close(h)?;
-    let mut problems = Vec::new();
-    if reset[0] != 0 || off[0] != 0 || end[0] != 8 * MIB || end[2] > end[1] {
-        problems.push(format!(
-            "1 MiB, park, 2 MiB, DISABLE, RESET: read {reset:?}; unpark, 4 MiB disabled: read {off:?} (want value 0 both); ENABLE, 8 MiB: value {} enabled {} running {} (want {}, running <= enabled)",
-            end[0],
-            end[1],
-            end[2],
-            8 * MIB
-        ));
-    }
-    Ok(Check::from_problems(
-        "attack: reset of event disabled while parked",
-        problems,
-        format!(
-            "{}: counted {} = only the 8 MiB after the ENABLE",
-            pmu_name(d),
-            end[0]
         ),
     ))
 }
@@ -809,21 +615,8 @@ pub(super) const CHECKS: &[Named] = &[
         enable_disable_storm_during_moves,
     ),
     ("attack: group reads racing moves", group_reads_racing_moves),
-    (
-        "attack: mixed leader closed while parked",
-        mixed_leader_closed_while_parked,
-    ),
-    ("attack: pinned across park", pinned_across_park),
-    (
-        "attack: reset of event disabled while parked",
-        reset_of_event_disabled_while_parked,
-    ),
     ("attack: gauge reset", gauge_reset),
     ("attack: exclusive across park", exclusive_across_park),
-    (
-        "attack: more events than slots parked",
-        more_events_than_slots_parked,
-    ),
     (
         "attack: promoted gauge not multiplexed",
         promoted_gauge_not_multiplexed,

@@ -6,6 +6,7 @@ use perfbed_agent::PerfAttr;
 use perfbed_device::regs::Event;
 use perfbed_device::{ControlClient, DeviceConfig, DeviceState};
 
+use crate::guest::perf_abi::{FORMAT_TOTAL_TIME_ENABLED, FORMAT_TOTAL_TIME_RUNNING};
 use crate::guest::{pmu_name, Guest};
 
 /// The driver's event encoding: `format/event` = config:0-7,
@@ -23,6 +24,10 @@ pub const UNIT: &str = "MB";
 pub const SCALE: &str = "9.5367431640625e-07";
 
 pub const MIB: u64 = 1 << 20;
+
+/// The `read_format` of a check that judges clocks: value, time_enabled,
+/// time_running.
+pub const TIMES: u64 = FORMAT_TOTAL_TIME_ENABLED | FORMAT_TOTAL_TIME_RUNNING;
 
 /// What a PMU check holds while it runs.
 pub struct Ctx<'a, 'b> {

@@ -24,7 +24,7 @@ use crate::host::console::kernel_log_problems;
 
 const CPU_SYSFS: &str = "/sys/devices/system/cpu";
 /// perf's own hotplug state, where the perf core moves device-scope PMUs.
-const PERF_STATE: &str = "perf:online";
+pub const PERF_STATE: &str = "perf:online";
 /// What names the driver's own dynamic state, if it registers one.
 const DRIVER_STATE: &str = "perfbed";
 /// `CPUHP_INVALID`: a CPU's fail injection disarmed.
@@ -102,7 +102,9 @@ impl Placement {
     fn holds(&self, mask: &[u32], allowed: &[u32]) -> bool {
         match *self {
             Placement::On(cpu) => mask == [cpu],
-            Placement::OffOf(cpu) => mask.len() == 1 && mask[0] != cpu && allowed.contains(&mask[0]),
+            Placement::OffOf(cpu) => {
+                mask.len() == 1 && mask[0] != cpu && allowed.contains(&mask[0])
+            }
             Placement::Parked => mask.is_empty(),
         }
     }
@@ -182,7 +184,11 @@ fn read_number(g: &mut Guest, path: &str) -> Result<i64> {
 /// [`AROUND_PERF`] failable states above perf's, down to perf's and the
 /// [`AROUND_PERF`] failable states below it. A state is failable when the
 /// kernel takes it in the fail file (it has a callback and is not atomic).
-fn chosen_states(g: &mut Guest, states: &[HotplugState], cpu: u32) -> Result<Vec<HotplugState>> {
+pub fn chosen_states(
+    g: &mut Guest,
+    states: &[HotplugState],
+    cpu: u32,
+) -> Result<Vec<HotplugState>> {
     let Some(perf) = states.iter().position(|s| s.name == PERF_STATE) else {
         bail!("no {PERF_STATE:?} among the hotplug states");
     };
@@ -272,15 +278,21 @@ pub fn fail_injection(ctx: &mut Ctx) -> Result<Check> {
         .collect();
     let injected = |dir: Direction, below_perf: bool| {
         rows.iter().any(|r| {
-            r.direction == dir && r.outcome == Outcome::Injected && (r.state.number < perf) == below_perf
+            r.direction == dir
+                && r.outcome == Outcome::Injected
+                && (r.state.number < perf) == below_perf
         })
     };
     // The point of the check: perf's own callbacks rolled back.
     if !injected(Direction::Offline, true) {
-        problems.push(format!("no offline failed below {PERF_STATE}: perf's teardown was never rolled back"));
+        problems.push(format!(
+            "no offline failed below {PERF_STATE}: perf's teardown was never rolled back"
+        ));
     }
     if !injected(Direction::Online, false) {
-        problems.push(format!("no online failed above {PERF_STATE}: perf's startup was never rolled back"));
+        problems.push(format!(
+            "no online failed above {PERF_STATE}: perf's startup was never rolled back"
+        ));
     }
     let mut detail = format!(
         "{pmu} (CPUs {allowed:?}), event rmid={RMID} open under {} MiB/s; states {}:",
@@ -316,7 +328,11 @@ pub fn fail_injection(ctx: &mut Ctx) -> Result<Check> {
             r.count,
             if r.count == r.truth { "=" } else { "≠" },
             r.truth,
-            if r.new_splats.is_empty() { "" } else { "  SPLAT" },
+            if r.new_splats.is_empty() {
+                ""
+            } else {
+                "  SPLAT"
+            },
         );
     }
     let passed = problems.is_empty();
@@ -357,7 +373,12 @@ fn one(
     if direction == Direction::Online {
         // Owner: the whole domain goes (parked); non-owner: that CPU alone.
         let going: Vec<u32> = match role {
-            Role::Owner => allowed.iter().copied().filter(|&c| c != owner).chain([owner]).collect(),
+            Role::Owner => allowed
+                .iter()
+                .copied()
+                .filter(|&c| c != owner)
+                .chain([owner])
+                .collect(),
             Role::NonOwner => vec![other],
         };
         for cpu in going {
@@ -374,11 +395,13 @@ fn one(
         cpu: target,
         online: direction == Direction::Online,
     });
-    ctx.control.set_rate(d as u32, RMID, Event::MbmTotalBytes, 0)?;
+    ctx.control
+        .set_rate(d as u32, RMID, Event::MbmTotalBytes, 0)?;
     let answer = answer?;
     let armed = read_number(ctx.g, &fail_file(target))?;
     let after = (
-        ctx.g.read_file(&format!("{CPU_SYSFS}/cpu{target}/online"))?,
+        ctx.g
+            .read_file(&format!("{CPU_SYSFS}/cpu{target}/online"))?,
         read_number(ctx.g, &format!("{CPU_SYSFS}/cpu{target}/hotplug/state"))?,
     );
     let mask = ctx.g.cpumask(&pmu)?;
@@ -390,18 +413,28 @@ fn one(
         (other, a) => Outcome::Other(format!("{other:?}, fail={a}")),
     };
     match (&outcome, direction) {
-        (Outcome::Injected, Direction::Offline) if after != ("1".into(), online_state) => {
-            problems.push(format!("the failed offline left online={} state={} (want 1, {online_state})", after.0, after.1))
-        }
+        (Outcome::Injected, Direction::Offline) if after != ("1".into(), online_state) => problems
+            .push(format!(
+                "the failed offline left online={} state={} (want 1, {online_state})",
+                after.0, after.1
+            )),
         (Outcome::Injected, Direction::Online) if after.0 != "0" || after.1 >= state.number => {
-            problems.push(format!("the failed online left online={} state={} (want 0, below {})", after.0, after.1, state.number))
+            problems.push(format!(
+                "the failed online left online={} state={} (want 0, below {})",
+                after.0, after.1, state.number
+            ))
         }
-        (Outcome::Other(what), _) => problems.push(format!("neither failed at the state nor completed: {what}")),
+        (Outcome::Other(what), _) => {
+            problems.push(format!("neither failed at the state nor completed: {what}"))
+        }
         _ => {}
     }
     let want = expected(direction, role, &outcome, state.number, perf, target, owner);
     if !want.holds(&mask, allowed) {
-        problems.push(format!("{pmu}'s cpumask is {mask:?}, the placement rule says {}", want.describe()));
+        problems.push(format!(
+            "{pmu}'s cpumask is {mask:?}, the placement rule says {}",
+            want.describe()
+        ));
     }
     // Back to every CPU of the domain online, nothing armed.
     write(ctx.g, &fail_file(target), &DISARMED.to_string())?
@@ -455,7 +488,13 @@ mod tests {
     fn states_parse_and_bad_lines_are_errors() {
         let states = parse_states("  0: offline\n 93: perf:online\n235: online\n").unwrap();
         assert_eq!(states.len(), 3);
-        assert_eq!(states[1], HotplugState { number: 93, name: "perf:online".into() });
+        assert_eq!(
+            states[1],
+            HotplugState {
+                number: 93,
+                name: "perf:online".into()
+            }
+        );
         assert!(parse_states("perf online\n").is_err());
         assert!(parse_states("x: perf:online\n").is_err());
     }
@@ -465,12 +504,67 @@ mod tests {
         let (perf, owner, other) = (100, 2, 3);
         let injected = Outcome::Injected;
         // Below perf's state the offline ran perf's teardown: the PMU moved.
-        assert_eq!(expected(Direction::Offline, Role::Owner, &injected, 99, perf, owner, owner), Placement::OffOf(owner));
+        assert_eq!(
+            expected(
+                Direction::Offline,
+                Role::Owner,
+                &injected,
+                99,
+                perf,
+                owner,
+                owner
+            ),
+            Placement::OffOf(owner)
+        );
         // At or above it, perf's teardown never ran.
-        assert_eq!(expected(Direction::Offline, Role::Owner, &injected, 100, perf, owner, owner), Placement::On(owner));
-        assert_eq!(expected(Direction::Offline, Role::NonOwner, &injected, 99, perf, other, owner), Placement::On(owner));
-        assert_eq!(expected(Direction::Online, Role::Owner, &injected, 120, perf, owner, owner), Placement::Parked);
-        assert_eq!(expected(Direction::Online, Role::Owner, &Outcome::NotReached, 120, perf, owner, owner), Placement::On(owner));
+        assert_eq!(
+            expected(
+                Direction::Offline,
+                Role::Owner,
+                &injected,
+                100,
+                perf,
+                owner,
+                owner
+            ),
+            Placement::On(owner)
+        );
+        assert_eq!(
+            expected(
+                Direction::Offline,
+                Role::NonOwner,
+                &injected,
+                99,
+                perf,
+                other,
+                owner
+            ),
+            Placement::On(owner)
+        );
+        assert_eq!(
+            expected(
+                Direction::Online,
+                Role::Owner,
+                &injected,
+                120,
+                perf,
+                owner,
+                owner
+            ),
+            Placement::Parked
+        );
+        assert_eq!(
+            expected(
+                Direction::Online,
+                Role::Owner,
+                &Outcome::NotReached,
+                120,
+                perf,
+                owner,
+                owner
+            ),
+            Placement::On(owner)
+        );
         assert!(Placement::OffOf(2).holds(&[3], &[2, 3]));
         assert!(!Placement::OffOf(2).holds(&[2], &[2, 3]));
         assert!(!Placement::OffOf(2).holds(&[1], &[2, 3]));

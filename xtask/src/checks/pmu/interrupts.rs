@@ -173,6 +173,10 @@ fn verdict(
     problems
 }
 
+/// One step of a placement walk: what it does, the CPUs it takes offline
+/// (false) or online (true), and the traffic rate after it.
+type PlacementStep = (String, Vec<(u32, bool)>, u64);
+
 /// Runs the check on the domain whose CPUs can all go offline.
 pub fn follow_the_owner(ctx: &mut Ctx) -> Result<Check> {
     let (d, allowed) = movable_domain(ctx)?;
@@ -196,7 +200,7 @@ pub fn follow_the_owner(ctx: &mut Ctx) -> Result<Check> {
 
     let mut phases = Vec::new();
     // Each step changes the placement, then traffic flows for a phase.
-    let steps: Vec<(String, Vec<(u32, bool)>, u64)> = vec![
+    let steps: Vec<PlacementStep> = vec![
         ("placed".into(), vec![], RATE),
         (
             format!("CPU {} offline (a move)", allowed[0]),

@@ -12,8 +12,8 @@ pub mod context;
 pub mod counts;
 pub mod freeze_attacks;
 pub mod groups;
-pub mod hotplug_fail;
 pub mod hold_attacks;
+pub mod hotplug_fail;
 pub mod interrupts;
 pub mod move_attacks;
 pub mod moves;
@@ -28,9 +28,10 @@ pub mod semantics;
 use anyhow::{bail, Result};
 use perfbed_device::{ControlClient, DeviceConfig};
 
+use crate::checks::log::CheckLog;
 use crate::checks::{Check, Select};
 use crate::guest::{pmu_name, Guest};
-use crate::checks::log::CheckLog;
+use crate::stress::lifecycle::scenario_guest::{self, library, Written};
 use context::Ctx;
 
 /// A check that needs nothing but the context, and leaves the PMUs as it
@@ -49,16 +50,8 @@ const AROUND_MOVES: &[(&str, CtxCheck)] = &[
         allowed_sets::with_reset_and_disable,
     ),
     (
-        "disabled across a move and a park",
-        across_moves::disabled_across_moves,
-    ),
-    (
         "exclusive and groups after moves",
         across_moves::exclusive_after_moves,
-    ),
-    (
-        "mixed group after a move",
-        across_moves::mixed_group_after_move,
     ),
     ("opens racing moves", across_moves::opens_racing_moves),
 ];
@@ -77,9 +70,10 @@ const SEMANTICS: &[(&str, CtxCheck)] = &[
 /// Every `perf_event_attr` field, flag and bit against the errno it must get.
 const ATTRIBUTES: &[(&str, CtxCheck)] = &[("perf_event_open matrix", perf_matrix::check)];
 
-/// Whether the check called `name` is one `run_named` runs.
-pub fn can_run_alone(name: &str) -> bool {
-    alone().any(|(n, _)| *n == name)
+/// Whether the check called `name` is one `run_named` runs: a check of
+/// the tables below or a scenario of the library.
+pub fn can_run_alone(name: &str) -> Result<bool> {
+    Ok(alone().any(|(n, _)| *n == name) || library()?.iter().any(|s| s.check == name))
 }
 
 /// The checks that can run on their own.
@@ -97,10 +91,14 @@ fn alone() -> impl Iterator<Item = &'static (&'static str, CtxCheck)> {
 /// Runs the check called `name` among those that can run on their own
 /// (what a mutant names as the check that must catch it).
 pub fn run_named(ctx: &mut Ctx, name: &str) -> Result<Check> {
+    if let Some(s) = library()?.iter().find(|s| s.check == name) {
+        return run_scenario(ctx, s);
+    }
     match alone().find(|(n, _)| *n == name) {
         Some(&(name, check)) => run_one(ctx, name, check),
         None => {
-            let names: Vec<&str> = alone().map(|(n, _)| *n).collect();
+            let mut names: Vec<&str> = alone().map(|(n, _)| *n).collect();
+            names.extend(library()?.iter().map(|s| s.check));
             bail!(
                 "no check {name:?} runs on its own; these do: {}",
                 names.join(", ")
@@ -120,6 +118,17 @@ fn run_one(ctx: &mut Ctx, name: &str, check: CtxCheck) -> Result<Check> {
         );
     }
     Ok(done)
+}
+
+/// A scenario of the library, its journal saved beside the serial log.
+fn run_scenario(ctx: &mut Ctx, s: &Written) -> Result<Check> {
+    let dir = ctx
+        .g
+        .vm
+        .serial_log
+        .parent()
+        .map_or_else(std::path::PathBuf::new, std::path::Path::to_path_buf);
+    scenario_guest::carry_out_file(ctx, &s.file, &s.text, &dir)
 }
 
 /// One entry of `run`'s plan: the check's printed name and how it runs.
@@ -157,7 +166,7 @@ pub fn run(
         types,
     };
     ctx.control.reset_stats()?;
-    for (name, check) in plan(control_socket, known_bugs, fail_injection) {
+    for (name, check) in plan(control_socket, known_bugs, fail_injection)? {
         if select.wants(name) {
             checks.extend(check(&mut ctx)?);
         }
@@ -166,19 +175,20 @@ pub fn run(
 }
 
 /// The printed names of the checks `run` runs, in order.
-pub fn names(known_bugs: bool, fail_injection: bool) -> Vec<&'static str> {
-    plan(std::path::Path::new(""), known_bugs, fail_injection)
+pub fn names(known_bugs: bool, fail_injection: bool) -> Result<Vec<&'static str>> {
+    Ok(plan(std::path::Path::new(""), known_bugs, fail_injection)?
         .into_iter()
         .map(|(name, _)| name)
-        .collect()
+        .collect())
 }
 
-/// Every check of `run`, in order, by its printed name.
+/// Every check of `run`, in order, by its printed name: the checks in
+/// Rust, and the scenario library (`scenarios/`) after the attacks.
 fn plan(
     control_socket: &std::path::Path,
     known_bugs: bool,
     fail_injection: bool,
-) -> Vec<Planned<'_>> {
+) -> Result<Vec<Planned<'_>>> {
     let one = |check: CtxCheck| move |ctx: &mut Ctx| Ok(vec![check(ctx)?]);
     let named = |&(name, check): &'static (&'static str, CtxCheck)| -> Planned {
         (
@@ -192,10 +202,7 @@ fn plan(
             Box::new(move |ctx: &mut Ctx| redteam::run_each(ctx, std::slice::from_ref(entry))),
         )
     };
-    let mut plan: Vec<Planned> = vec![
-        ("PMUs and sysfs", Box::new(one(registration::sysfs))),
-        ("exact counts", Box::new(one(counts::exact_counts))),
-    ];
+    let mut plan: Vec<Planned> = vec![("PMUs and sysfs", Box::new(one(registration::sysfs)))];
     plan.extend(AROUND_MOVES.iter().map(named));
     plan.push((
         "traffic while moving",
@@ -236,6 +243,12 @@ fn plan(
             }),
         )
     }));
+    for s in library()? {
+        plan.push((
+            s.check,
+            Box::new(move |ctx: &mut Ctx| Ok(vec![run_scenario(ctx, s)?])),
+        ));
+    }
     if fail_injection {
         plan.push((
             "hotplug fail injection",
@@ -244,5 +257,21 @@ fn plan(
     }
     plan.push(("module unload", Box::new(one(registration::unload))));
     plan.push(("driver's accesses", Box::new(one(accesses::check))));
-    plan
+    Ok(plan)
+}
+
+#[cfg(test)]
+mod tests {
+    /// A check in Rust and a scenario of the library (or two scenarios)
+    /// under one name would run twice, and `--check` and a mutant's named
+    /// check could not tell them apart.
+    #[test]
+    fn no_two_checks_share_a_name() {
+        let names = super::names(true, true).unwrap();
+        let mut seen = std::collections::BTreeSet::new();
+        for name in &names {
+            assert!(seen.insert(name), "{name:?} names two checks");
+        }
+        assert!(names.len() > 50, "{} checks", names.len());
+    }
 }

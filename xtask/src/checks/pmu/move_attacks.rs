@@ -21,18 +21,13 @@ use perfbed_agent::PerfIoctl;
 use perfbed_device::regs::Event;
 
 use super::attacks::{cpu_clock, finish_mover, start_mover};
-use super::context::{Ctx, MIB};
+use super::context::{Ctx, MIB, TIMES};
 use super::moves::movable_domain;
 use super::multiplexing::{set_sysfs, Window};
 use super::redteam::{must, open_with, owner, park, rmid, Many, Named};
 use crate::checks::Check;
-use crate::guest::perf_abi::{
-    FLAG_DISABLED, FLAG_EXCLUSIVE, FLAG_PINNED, FORMAT_TOTAL_TIME_ENABLED,
-    FORMAT_TOTAL_TIME_RUNNING,
-};
+use crate::guest::perf_abi::{FLAG_DISABLED, FLAG_EXCLUSIVE};
 use crate::guest::pmu_name;
-
-pub(super) const TIMES: u64 = FORMAT_TOTAL_TIME_ENABLED | FORMAT_TOTAL_TIME_RUNNING;
 
 /// A mux interval longer than a check's windows: a multiplexed event is
 /// rotated in or out by a move or an ioctl, seldom by the timer, within a
@@ -734,201 +729,6 @@ fn exclusive_moves(ctx: &mut Ctx, d: usize) -> Result<Check> {
     ))
 }
 
-/// S5. A pinned event among `slots` plain ones (one more than the slots,
-///     multiplexed at the default interval): the pinned group alone fits,
-///     so it counts for sure through two moves, exactly, at 100 %; the
-///     plain ones obey the rules.
-pub fn pinned_among_multiplexed_across_moves(ctx: &mut Ctx) -> Result<Check> {
-    let (d, _) = movable_domain(ctx)?;
-    let slots = ctx.device.slots as usize;
-    let many = Many::open(ctx, d, slots + 1, TIMES)?;
-    // The pinned event takes the last RMID Many used: rmid(slots + 1).
-    let pr = rmid(ctx, slots as u32 + 1);
-    if many.rmids.contains(&pr) {
-        bail!("the device has too few RMIDs for {} events", slots + 2);
-    }
-    let pinned = open_with(ctx, d, pr, TIMES, FLAG_PINNED, None)?;
-    let mut hs = vec![pinned];
-    hs.extend(&many.handles);
-    let both = |ctx: &mut Ctx, b: u64| -> Result<()> {
-        many.burst(ctx, b)?;
-        super::redteam::inject(ctx, d, pr, b)
-    };
-    let a = ctx.g.read_many(&hs)?;
-    both(ctx, MIB)?;
-    let o1 = move_away(ctx, d)?;
-    let b = ctx.g.read_many(&hs)?;
-    both(ctx, 2 * MIB)?;
-    ctx.g.set_online(o1, true)?;
-    let o2 = move_away(ctx, d)?;
-    both(ctx, 4 * MIB)?;
-    ctx.g.set_online(o2, true)?;
-    let c = ctx.g.read_many(&hs)?;
-    ctx.g.close(pinned)?;
-    let rmids = many.rmids.clone();
-    many.close(ctx)?;
-    let mut problems = Vec::new();
-    judge_exact(
-        "the pinned event, 1 MiB, move, read",
-        &a[0],
-        &b[0],
-        MIB,
-        &mut problems,
-    );
-    judge_exact(
-        "the pinned event through two moves",
-        &a[0],
-        &c[0],
-        7 * MIB,
-        &mut problems,
-    );
-    for (i, r) in rmids.iter().enumerate() {
-        judge_window(
-            &format!("plain rmid {r} through two moves"),
-            &a[i + 1],
-            &c[i + 1],
-            7 * MIB,
-            &mut problems,
-        );
-    }
-    Ok(Check::from_problems(
-        "move-attack: pinned among multiplexed across moves",
-        problems,
-        format!(
-            "{}: pinned + {} plain on {slots} slots: the pinned one counted {} = 7 MiB at 100 % through 2 moves; plain ones ran {}",
-            pmu_name(d),
-            slots + 1,
-            c[0][0].wrapping_sub(a[0][0]),
-            (1..hs.len())
-                .map(|i| format!("{:.0} %", 100.0 * Window::between(&a[i], &c[i]).running as f64 / Window::between(&a[i], &c[i]).enabled.max(1) as f64))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
-    ))
-}
-
-/// S6. `{mbm_total leader, llc_occupancy sibling, mbm_local sibling}` of
-///     one RMID: RESET|GROUP issued on the gauge right after a move zeroes
-///     both counters (the gauge, counting, reads the occupancy again);
-///     DISABLE|GROUP on a sibling right after a second move freezes all
-///     three (the gauge keeps the occupancy of its last counting moment
-///     though the occupancy changes); ENABLE|GROUP on the gauge: it reads
-///     the new occupancy and the counters count exactly. Every member at
-///     100 % while enabled (two counters: no contention).
-pub fn gauge_group_ioctls_after_moves(ctx: &mut Ctx) -> Result<Check> {
-    let (d, _) = movable_domain(ctx)?;
-    let r = rmid(ctx, 7);
-    let unit = ctx.device.unit_bytes;
-    let (occ1, occ2) = (1234 * unit, 4321 * unit);
-    ctx.control.set_occupancy(d as u32, r, occ1)?;
-    let leader = open_with(ctx, d, r, TIMES, 0, None)?;
-    let open_member = |ctx: &mut Ctx, ev: Event| -> Result<u32> {
-        let mut attr = ctx.attr(d, ev, r);
-        attr.read_format = TIMES;
-        match ctx.g.open(attr, Some(leader))? {
-            Ok(h) => Ok(h),
-            Err(errno) => bail!("opening {ev:?} as a sibling: {errno}"),
-        }
-    };
-    let gauge = open_member(ctx, Event::LlcOccupancy)?;
-    let local = open_member(ctx, Event::MbmLocalBytes)?;
-    let hs = [leader, gauge, local];
-    let burst = |ctx: &mut Ctx, b: u64| -> Result<()> {
-        ctx.inject_and_land(&[
-            (d, r, Event::MbmTotalBytes, b),
-            (d, r, Event::MbmLocalBytes, 2 * b),
-        ])
-    };
-    let first = ctx.g.read_many(&hs)?;
-    burst(ctx, MIB)?;
-    let o = move_away(ctx, d)?;
-    must(ctx, gauge, PerfIoctl::Reset { group: true })?;
-    let x = ctx.g.read_many(&hs)?;
-    burst(ctx, 2 * MIB)?;
-    ctx.g.set_online(o, true)?;
-    let y = ctx.g.read_many(&hs)?;
-    let o = move_away(ctx, d)?;
-    must(ctx, local, PerfIoctl::Disable { group: true })?;
-    let z0 = ctx.g.read_many(&hs)?;
-    burst(ctx, 4 * MIB)?;
-    ctx.control.set_occupancy(d as u32, r, occ2)?;
-    let z1 = ctx.g.read_many(&hs)?;
-    must(ctx, gauge, PerfIoctl::Enable { group: true })?;
-    let w = ctx.g.read_many(&hs)?;
-    burst(ctx, 8 * MIB)?;
-    ctx.g.set_online(o, true)?;
-    let v = ctx.g.read_many(&hs)?;
-    for h in [local, gauge, leader] {
-        ctx.g.close(h)?;
-    }
-    ctx.control.set_occupancy(d as u32, r, 0)?;
-    let mut problems = Vec::new();
-    let values = |r: &[Vec<u64>]| [r[0][0], r[1][0], r[2][0]];
-    let want = [
-        (
-            "RESET|GROUP on the gauge right after a move",
-            &x,
-            [0, occ1, 0],
-        ),
-        (
-            "then 2 MiB (4 local) and the old owner back",
-            &y,
-            [2 * MIB, occ1, 4 * MIB],
-        ),
-        (
-            "DISABLE|GROUP on a sibling right after a move",
-            &z0,
-            [2 * MIB, occ1, 4 * MIB],
-        ),
-        (
-            "then 4 MiB (8 local) and the occupancy changed, disabled",
-            &z1,
-            [2 * MIB, occ1, 4 * MIB],
-        ),
-        ("ENABLE|GROUP on the gauge", &w, [2 * MIB, occ2, 4 * MIB]),
-        (
-            "then 8 MiB (16 local) and the old owner back",
-            &v,
-            [10 * MIB, occ2, 20 * MIB],
-        ),
-    ];
-    for (what, r, want) in want {
-        if values(r) != want {
-            problems.push(format!(
-                "{{mbm_total, llc_occupancy, mbm_local}}, {what}: values {:?}, want {want:?}",
-                values(r)
-            ));
-        }
-    }
-    for (i, name) in ["mbm_total leader", "gauge", "mbm_local"]
-        .iter()
-        .enumerate()
-    {
-        let on1 = Window::between(&first[i], &z0[i]);
-        let off = Window::between(&z0[i], &z1[i]);
-        let on2 = Window::between(&w[i], &v[i]);
-        if on1.running != on1.enabled
-            || on2.running != on2.enabled
-            || off.enabled != 0
-            || off.running != 0
-        {
-            problems.push(format!(
-                "{name}: enabled through a move Δenabled {} Δrunning {}; disabled Δenabled {} Δrunning {} (want 0 0); enabled again through a move Δenabled {} Δrunning {} (want equal)",
-                on1.enabled, on1.running, off.enabled, off.running, on2.enabled, on2.running
-            ));
-        }
-    }
-    Ok(Check::from_problems(
-        "move-attack: gauge group ioctls after moves",
-        problems,
-        format!(
-            "{}: group ioctls on siblings right after moves: values {:?} at the end, 100 % running while enabled, clocks still while disabled",
-            pmu_name(d),
-            values(&v)
-        ),
-    ))
-}
-
 /// S8. A group `{mbm leader, mbm sibling}` opened after `slots - 1` lone
 ///     events under a long mux interval, so it waits for its turn; two
 ///     rounds of burst, move, burst: each member's windows obey the rules
@@ -1455,14 +1255,6 @@ pub(super) const CHECKS: &[Named] = &[
     (
         "move-attack: exclusive across moves",
         exclusive_across_moves,
-    ),
-    (
-        "move-attack: pinned among multiplexed across moves",
-        pinned_among_multiplexed_across_moves,
-    ),
-    (
-        "move-attack: gauge group ioctls after moves",
-        gauge_group_ioctls_after_moves,
     ),
     (
         "move-attack: waiting group across moves",

@@ -13,13 +13,12 @@ use anyhow::Result;
 use perfbed_agent::PerfIoctl;
 use perfbed_device::regs::Event;
 
-use super::context::{Ctx, MIB};
-use super::move_attacks::{judge_exact, judge_window, move_away, under_long_mux, Trio, TIMES};
+use super::context::{Ctx, MIB, TIMES};
+use super::move_attacks::{judge_exact, judge_window, move_away, under_long_mux, Trio};
 use super::moves::movable_domain;
 use super::multiplexing::Window;
 use super::redteam::{must, open_with, park, rmid, Many, Named};
 use crate::checks::Check;
-use crate::guest::perf_abi::FLAG_DISABLED;
 use crate::guest::pmu_name;
 
 /// P1. Two more events than slots, parked: a burst, two of them closed
@@ -200,176 +199,6 @@ fn exclusive_parked(ctx: &mut Ctx, d: usize) -> Result<Check> {
     ))
 }
 
-/// P3. `time_running` never goes down (the contract, "Parks and wraps": a
-///     park's interval is left out, not taken back). Two events of one RMID
-///     each: A is DISABLEd while parked, B stays enabled; both are read
-///     while parked, after a park longer than the wrap budget, before and
-///     after A's DISABLE, then after the return; A is ENABLEd and counts
-///     exactly at 100 % after it. No read's clocks may be below an earlier
-///     read's, and A's stand still from its DISABLE to its ENABLE; A's
-///     value at the return is exactly the 3 MiB landed before its DISABLE.
-pub fn running_never_back_after_park(ctx: &mut Ctx) -> Result<Check> {
-    let (d, allowed) = movable_domain(ctx)?;
-    let (ra, rb) = (rmid(ctx, 1), rmid(ctx, 2));
-    let a = open_with(ctx, d, ra, TIMES, 0, None)?;
-    let b = open_with(ctx, d, rb, TIMES, 0, None)?;
-    let hs = [a, b];
-    let both = |ctx: &mut Ctx, x: u64| -> Result<()> {
-        ctx.inject_and_land(&[
-            (d, ra, Event::MbmTotalBytes, x),
-            (d, rb, Event::MbmTotalBytes, x),
-        ])
-    };
-    let mut reads = vec![("open", ctx.g.read_many(&hs)?)];
-    both(ctx, MIB)?;
-    reads.push(("1 MiB", ctx.g.read_many(&hs)?));
-    park(ctx, &allowed, false)?;
-    both(ctx, 2 * MIB)?;
-    std::thread::sleep(std::time::Duration::from_millis(400));
-    reads.push(("parked 400 ms, 2 MiB", ctx.g.read_many(&hs)?));
-    must(ctx, a, PerfIoctl::Disable { group: false })?;
-    let off = ctx.g.read_many(&hs)?;
-    reads.push(("A DISABLEd while parked", off.clone()));
-    both(ctx, 4 * MIB)?;
-    park(ctx, &allowed, true)?;
-    reads.push(("the return, 4 MiB", ctx.g.read_many(&hs)?));
-    both(ctx, 8 * MIB)?;
-    let before_enable = ctx.g.read_many(&hs)?;
-    reads.push(("8 MiB", before_enable.clone()));
-    must(ctx, a, PerfIoctl::Enable { group: false })?;
-    let on = ctx.g.read_many(&hs)?;
-    reads.push(("A ENABLEd", on.clone()));
-    both(ctx, 16 * MIB)?;
-    let end = ctx.g.read_many(&hs)?;
-    reads.push(("16 MiB", end.clone()));
-    ctx.g.close(a)?;
-    ctx.g.close(b)?;
-    let mut problems = Vec::new();
-    for (i, name) in ["A", "B"].iter().enumerate() {
-        for pair in reads.windows(2) {
-            let ((w0, r0), (w1, r1)) = (&pair[0], &pair[1]);
-            if r1[i][1] < r0[i][1] || r1[i][2] < r0[i][2] || r1[i][2] > r1[i][1] {
-                problems.push(format!(
-                    "{name}: read after \"{w1}\" {:?} follows {:?} after \"{w0}\" (time_enabled and time_running never go back, running <= enabled)",
-                    r1[i], r0[i]
-                ));
-            }
-        }
-    }
-    // Disabled: its clocks stand still from the DISABLE; its value, read
-    // exactly at the return (a read while parked leaves the value's window
-    // open), is the 1 + 2 MiB landed while it was enabled: the device froze
-    // its slot at the DISABLE (SLOT_CTL_FROZEN).
-    let returned = &reads[4].1[0];
-    if before_enable[0][1] != off[0][1]
-        || before_enable[0][2] != off[0][2]
-        || before_enable[0][0] != returned[0]
-        || returned[0] != 3 * MIB
-    {
-        problems.push(format!(
-            "A, DISABLEd while parked after 1 + 2 MiB: read {:?} at its DISABLE, {:?} at the return, {:?} after 8 MiB more (want both clocks unchanged from the DISABLE, the value from the return, exactly 3 MiB)",
-            off[0], returned, before_enable[0]
-        ));
-    }
-    judge_exact(
-        "A, ENABLEd after the return, 16 MiB",
-        &on[0],
-        &end[0],
-        16 * MIB,
-        &mut problems,
-    );
-    judge_window(
-        "A from its open (1 MiB, park, 2 MiB, DISABLE, 4 + 8 MiB not counted, ENABLE, 16 MiB)",
-        &reads[0].1[0],
-        &end[0],
-        19 * MIB,
-        &mut problems,
-    );
-    if end[1][0] != 31 * MIB {
-        problems.push(format!(
-            "B, enabled throughout: counted {} (want {}: a park's count stays exact)",
-            end[1][0],
-            31 * MIB
-        ));
-    }
-    Ok(Check::from_problems(
-        "park-attack: running never back after park",
-        problems,
-        format!(
-            "{}: A DISABLEd while parked and B enabled, read 7 times through a park of 400 ms: clocks never back; A ends at {} ({:?} running of {:?} enabled), B {} ({:?} of {:?})",
-            pmu_name(d),
-            end[0][0],
-            std::time::Duration::from_nanos(end[0][2]),
-            std::time::Duration::from_nanos(end[0][1]),
-            end[1][0],
-            std::time::Duration::from_nanos(end[1][2]),
-            std::time::Duration::from_nanos(end[1][1])
-        ),
-    ))
-}
-
-/// P4. DISABLE and ENABLE while parked: 1 MiB, park, 2 MiB, DISABLE,
-///     4 MiB, ENABLE, 8 MiB, the return, 16 MiB. The 4 MiB landed while it
-///     was disabled never count (at most 1 + 2 + 8 + 16 MiB, at least the
-///     1 MiB before the park and the 16 after the return); from the return
-///     it counts for sure, exactly at 100 %. (Whether its clocks go back is
-///     P3's to judge.)
-pub fn disable_enable_while_parked(ctx: &mut Ctx) -> Result<Check> {
-    let (d, allowed) = movable_domain(ctx)?;
-    let r = rmid(ctx, 5);
-    let h = open_with(ctx, d, r, TIMES, 0, None)?;
-    let start = ctx.g.read(h)?;
-    super::redteam::inject(ctx, d, r, MIB)?;
-    park(ctx, &allowed, false)?;
-    super::redteam::inject(ctx, d, r, 2 * MIB)?;
-    must(ctx, h, PerfIoctl::Disable { group: false })?;
-    super::redteam::inject(ctx, d, r, 4 * MIB)?;
-    must(ctx, h, PerfIoctl::Enable { group: false })?;
-    super::redteam::inject(ctx, d, r, 8 * MIB)?;
-    park(ctx, &allowed, true)?;
-    let back = ctx.g.read(h)?;
-    super::redteam::inject(ctx, d, r, 16 * MIB)?;
-    let end = ctx.g.read(h)?;
-    ctx.g.close(h)?;
-    let mut problems = Vec::new();
-    let got = end[0] - start[0];
-    if !(17 * MIB..=27 * MIB).contains(&got) || back[0] > 11 * MIB {
-        problems.push(format!(
-            "1 MiB, park, 2 MiB, DISABLE, 4 MiB, ENABLE, 8 MiB, the return: read {back:?}; 16 MiB: read {end:?}: counted {got} (want between {} and {}, never the 4 MiB landed while disabled; at most {} at the return)",
-            17 * MIB,
-            27 * MIB,
-            11 * MIB
-        ));
-    }
-    judge_exact(
-        "after the return, 16 MiB",
-        &back,
-        &end,
-        16 * MIB,
-        &mut problems,
-    );
-    // Enabled all along but for the 4 MiB: 27 MiB landed while enabled, so
-    // a count short of them must not claim 100 % running.
-    let whole = Window::between(&start, &end);
-    if whole.running == whole.enabled && got != 27 * MIB {
-        problems.push(format!(
-            "from the open: counted {got} of the {} landed while enabled, yet Δrunning {} = Δenabled {} (a short count that claims 100 % running)",
-            27 * MIB,
-            whole.running,
-            whole.enabled
-        ));
-    }
-    Ok(Check::from_problems(
-        "park-attack: disable and enable while parked",
-        problems,
-        format!(
-            "{}: DISABLE and ENABLE in one park: counted {got} ({} MiB of the 1 + 2 + 8 landed while enabled until the return, then 16 MiB exact at 100 %)",
-            pmu_name(d),
-            back[0] / MIB
-        ),
-    ))
-}
-
 /// P5. `{mbm leader, mbm sibling}`, the leader DISABLEd: 1 MiB, park (the
 ///     park installs the sibling without scheduling it: its leader is off),
 ///     2 MiB, the leader ENABLEd while parked, 4 MiB (maybe counting), the
@@ -449,93 +278,6 @@ pub fn leader_enabled_while_parked(ctx: &mut Ctx) -> Result<Check> {
     ))
 }
 
-/// P6. A slot frozen while parked stays its event's: as many events as
-///     slots, all counting, and one more opened disabled. Park, 1 MiB
-///     each, DISABLE the first (its slot frozen, its 1 MiB unread), ENABLE
-///     the extra one while parked: no slot is free (the frozen one is kept
-///     for the disabled event), so it waits, not counting. 2 MiB, the
-///     return, 4 MiB. The disabled event reads exactly its 1 MiB from the
-///     return on; the others count 1 + 2 + 4 MiB exactly at 100 %; the
-///     extra one counts within the rules until the return, and exactly the
-///     4 MiB at 100 % after it (every slot event fits once placed).
-pub fn frozen_slot_kept_while_parked(ctx: &mut Ctx) -> Result<Check> {
-    let (d, allowed) = movable_domain(ctx)?;
-    let slots = ctx.device.slots as usize;
-    let many = Many::open(ctx, d, slots, TIMES)?;
-    let extra_rmid = rmid(ctx, slots as u32);
-    let extra = open_with(ctx, d, extra_rmid, TIMES, FLAG_DISABLED, None)?;
-    let mut all = many.handles.clone();
-    all.push(extra);
-    let mut rmids = many.rmids.clone();
-    rmids.push(extra_rmid);
-    let burst = |ctx: &mut Ctx, b: u64| {
-        let inj: Vec<_> = rmids
-            .iter()
-            .map(|&r| (d, r, Event::MbmTotalBytes, b))
-            .collect();
-        ctx.inject_and_land(&inj)
-    };
-    let s = ctx.g.read_many(&all)?;
-    park(ctx, &allowed, false)?;
-    burst(ctx, MIB)?;
-    must(ctx, all[0], PerfIoctl::Disable { group: false })?;
-    must(ctx, extra, PerfIoctl::Enable { group: false })?;
-    let on = ctx.g.read_many(&all)?;
-    burst(ctx, 2 * MIB)?;
-    park(ctx, &allowed, true)?;
-    let back = ctx.g.read_many(&all)?;
-    burst(ctx, 4 * MIB)?;
-    let end = ctx.g.read_many(&all)?;
-    for h in all.iter().copied() {
-        ctx.g.close(h)?;
-    }
-    let mut problems = Vec::new();
-    if back[0][0] != s[0][0] + MIB || end[0][0] != back[0][0] {
-        problems.push(format!(
-            "rmid {}, DISABLEd while parked after 1 MiB: read {:?} at the open, {:?} at the return, {:?} after 4 MiB more (want exactly 1 MiB from the return on: its frozen slot is its own)",
-            rmids[0], s[0], back[0], end[0]
-        ));
-    }
-    for i in 1..slots {
-        judge_exact(
-            &format!("rmid {}, enabled throughout", rmids[i]),
-            &s[i],
-            &end[i],
-            7 * MIB,
-            &mut problems,
-        );
-    }
-    let x = slots;
-    judge_window(
-        &format!("rmid {extra_rmid}, ENABLEd while parked with no slot free, 2 MiB, the return"),
-        &on[x],
-        &back[x],
-        2 * MIB,
-        &mut problems,
-    );
-    // Placed, every slot event fits: the placement ends the contention as
-    // a DISABLE does, so it counts for sure from there
-    // (docs/counting-semantics.md, "Where the checks settled with the
-    // model").
-    judge_exact(
-        &format!("rmid {extra_rmid}, after the return"),
-        &back[x],
-        &end[x],
-        4 * MIB,
-        &mut problems,
-    );
-    Ok(Check::from_problems(
-        "park-attack: frozen slot kept while parked",
-        problems,
-        format!(
-            "{}: {slots} events on {slots} slots, one DISABLEd while parked and one more ENABLEd then: the disabled one reads {} of its 1 MiB, the extra one {} of the 4 MiB after the return",
-            pmu_name(d),
-            end[0][0] - s[0][0],
-            end[x][0] - back[x][0]
-        ),
-    ))
-}
-
 /// Every attack, in order, each by the name its `Check` carries; each
 /// leaves every CPU online, nothing open and the mux interval as it found
 /// it.
@@ -549,19 +291,7 @@ pub(super) const CHECKS: &[Named] = &[
         exclusive_ended_while_parked,
     ),
     (
-        "park-attack: running never back after park",
-        running_never_back_after_park,
-    ),
-    (
-        "park-attack: disable and enable while parked",
-        disable_enable_while_parked,
-    ),
-    (
         "park-attack: leader enabled while parked",
         leader_enabled_while_parked,
-    ),
-    (
-        "park-attack: frozen slot kept while parked",
-        frozen_slot_kept_while_parked,
     ),
 ];

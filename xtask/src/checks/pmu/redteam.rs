@@ -2,17 +2,9 @@
 //! DESIGN.md "Counting semantics"): operation sequences a perf user can issue
 //! that the other checks do not, each judged against the written promise and
 //! the device's truth. Every traffic burst is injected and landed between two
-//! operations, so each expected count is exact, not a rate estimate:
+//! operations, so each expected count is exact, not a rate estimate (the
+//! attacks the counting model can judge are scenarios, `scenarios/`):
 //!
-//! - disabled across a park: traffic while disabled (before, during and after
-//!   the park) is never counted, and `time_enabled` does not move while the
-//!   event is disabled, parked or not;
-//! - group DISABLE/ENABLE issued on a sibling around a move: both members
-//!   count exactly their enabled windows;
-//! - RESET while parked: the value restarts at 0 at the RESET; what landed
-//!   before it, even unread in the parked slot, is not counted after it;
-//! - closing a group leader while a sibling lives, then moving: the promoted
-//!   sibling counts on exactly;
 //! - a group read with every read_format while parked: values never lead the
 //!   truth, `time_running <= time_enabled`, and it is exact after the return;
 //! - REFRESH/PERIOD/SET_FILTER/SET_OUTPUT on a counting event: refused or
@@ -24,18 +16,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use perfbed_agent::PerfIoctl;
-use perfbed_device::regs::{whole_units, Event};
+use perfbed_device::regs::Event;
 
-use super::context::{Ctx, MIB};
+use super::context::{Ctx, MIB, TIMES};
 use super::moves::movable_domain;
 use crate::checks::Check;
-use crate::guest::perf_abi::{
-    FLAG_DISABLED, FORMAT_GROUP, FORMAT_ID, FORMAT_LOST, FORMAT_TOTAL_TIME_ENABLED,
-    FORMAT_TOTAL_TIME_RUNNING,
-};
+use crate::guest::perf_abi::{FLAG_DISABLED, FORMAT_GROUP, FORMAT_ID, FORMAT_LOST};
 use crate::guest::pmu_name;
-
-const TIMES: u64 = FORMAT_TOTAL_TIME_ENABLED | FORMAT_TOTAL_TIME_RUNNING;
 
 pub(super) fn must(ctx: &mut Ctx, handle: u32, ioctl: PerfIoctl) -> Result<()> {
     let name = format!("{ioctl:?}");
@@ -150,181 +137,6 @@ pub(super) fn park(ctx: &mut Ctx, allowed: &[u32], online: bool) -> Result<()> {
         ctx.g.set_online(cpu, online)?;
     }
     Ok(())
-}
-
-/// A. Disabled before a park, traffic before, during and after it, enabled
-///    once the PMU is back: only the traffic after the ENABLE counts, and
-///    `time_enabled` stays put from DISABLE to ENABLE.
-pub fn disabled_across_park(ctx: &mut Ctx) -> Result<Check> {
-    let (d, allowed) = movable_domain(ctx)?;
-    let rmid = rmid(ctx, 5);
-    let h = open_with(ctx, d, rmid, TIMES, 0, None)?;
-    inject(ctx, d, rmid, 3 * MIB)?;
-    must(ctx, h, PerfIoctl::Disable { group: false })?;
-    let at_disable = ctx.g.read(h)?;
-    inject(ctx, d, rmid, 2 * MIB)?;
-    park(ctx, &allowed, false)?;
-    inject(ctx, d, rmid, 5 * MIB)?;
-    let parked = ctx.g.read(h)?;
-    park(ctx, &allowed, true)?;
-    inject(ctx, d, rmid, 7 * MIB)?;
-    let before_enable = ctx.g.read(h)?;
-    must(ctx, h, PerfIoctl::Enable { group: false })?;
-    inject(ctx, d, rmid, MIB)?;
-    let end = ctx.g.read(h)?;
-    ctx.g.close(h)?;
-    let mut problems = Vec::new();
-    let want = 4 * MIB;
-    if end[0] != want {
-        problems.push(format!(
-            "open, 3 MiB, DISABLE, 2 MiB, park, 5 MiB, unpark, 7 MiB, ENABLE, 1 MiB: counted {}, want {want} (only the enabled 3 + 1 MiB)",
-            end[0]
-        ));
-    }
-    for (when, r) in [
-        ("while parked", &parked),
-        ("after the return, still disabled", &before_enable),
-    ] {
-        if r[0] != 3 * MIB || r[1] != at_disable[1] || r[2] != at_disable[2] {
-            problems.push(format!(
-                "disabled, read {when}: value {} enabled {} running {}; at DISABLE value {} enabled {} running {} (want the same)",
-                r[0], r[1], r[2], at_disable[0], at_disable[1], at_disable[2]
-            ));
-        }
-    }
-    Ok(Check::from_problems(
-        "redteam: disabled across park",
-        problems,
-        format!("{}: disabled through a park, counted {} = only the enabled traffic; time_enabled frozen while disabled", pmu_name(d), end[0]),
-    ))
-}
-
-/// B. A two-event group: DISABLE and ENABLE with PERF_IOC_FLAG_GROUP issued
-///    on the sibling, the owner CPU moved while the group is disabled and
-///    again while it is enabled. Each member counts exactly its enabled
-///    windows.
-pub fn group_ioctls_on_sibling_across_moves(ctx: &mut Ctx) -> Result<Check> {
-    let (d, _) = movable_domain(ctx)?;
-    let (r1, r2) = (rmid(ctx, 6), rmid(ctx, 7));
-    let leader = open_with(ctx, d, r1, 0, 0, None)?;
-    let sibling = open_with(ctx, d, r2, 0, 0, Some(leader))?;
-    let both = |ctx: &mut Ctx, b: u64| -> Result<()> {
-        ctx.inject_and_land(&[
-            (d, r1, Event::MbmTotalBytes, b),
-            (d, r2, Event::MbmTotalBytes, 2 * b),
-        ])
-    };
-    both(ctx, MIB)?;
-    must(ctx, sibling, PerfIoctl::Disable { group: true })?;
-    both(ctx, 4 * MIB)?;
-    let was_owner = owner(ctx, d)?;
-    ctx.g.set_online(was_owner, false)?;
-    both(ctx, 8 * MIB)?;
-    must(ctx, sibling, PerfIoctl::Enable { group: true })?;
-    both(ctx, 2 * MIB)?;
-    ctx.g.set_online(was_owner, true)?;
-    let was_owner2 = owner(ctx, d)?;
-    ctx.g.set_online(was_owner2, false)?;
-    both(ctx, MIB)?;
-    ctx.g.set_online(was_owner2, true)?;
-    let got = ctx.g.read_many(&[leader, sibling])?;
-    ctx.g.close(sibling)?;
-    ctx.g.close(leader)?;
-    let (want1, want2) = (4 * MIB, 8 * MIB);
-    let mut problems = Vec::new();
-    if got[0][0] != want1 || got[1][0] != want2 {
-        problems.push(format!(
-            "group {{rmid {r1}, rmid {r2}}}: x, DISABLE|GROUP on sibling, 4x, move, 8x, ENABLE|GROUP on sibling, 2x, move, x (x = 1 MiB / 2 MiB): counted leader {} sibling {}, want {want1} {want2}",
-            got[0][0], got[1][0]
-        ));
-    }
-    Ok(Check::from_problems(
-        "redteam: group ioctls on sibling across moves",
-        problems,
-        format!(
-            "{}: leader {} sibling {} = their enabled windows",
-            pmu_name(d),
-            got[0][0],
-            got[1][0]
-        ),
-    ))
-}
-
-/// C. RESET while parked: traffic before the park and during it, then RESET
-///    (the PMU still parked), more traffic, the return, more traffic. The
-///    value counts only what landed after the RESET.
-pub fn reset_while_parked(ctx: &mut Ctx) -> Result<Check> {
-    let (d, allowed) = movable_domain(ctx)?;
-    let rmid = rmid(ctx, 8);
-    let h = open_with(ctx, d, rmid, TIMES, 0, None)?;
-    inject(ctx, d, rmid, 3 * MIB)?;
-    park(ctx, &allowed, false)?;
-    inject(ctx, d, rmid, 5 * MIB)?;
-    let reset = ctx.g.ioctl(h, PerfIoctl::Reset { group: false })?;
-    let after_reset = ctx.g.read(h)?;
-    inject(ctx, d, rmid, 2 * MIB)?;
-    park(ctx, &allowed, true)?;
-    inject(ctx, d, rmid, MIB)?;
-    let end = ctx.g.read(h)?;
-    ctx.g.close(h)?;
-    let mut problems = Vec::new();
-    let want = 3 * MIB;
-    // The contract: what lands while parked is counted when the PMU is placed
-    // again, and a park that outlasts the wrap budget may leave its time out
-    // of time_running but the count stays exact. So the 2 MiB after the
-    // RESET count, whatever the times say; the 3 + 5 MiB before it never do.
-    if reset.is_err() || after_reset[0] != 0 || end[0] != want || end[2] > end[1] {
-        problems.push(format!(
-            "open, 3 MiB, park, 5 MiB, RESET ({reset:?}) read {} (enabled {} running {}), 2 MiB, unpark, 1 MiB: counted {} (enabled {} running {}), want {want} (RESET zeroes; the 3 + 5 MiB before it never count, the 2 MiB parked after it do)",
-            after_reset[0], after_reset[1], after_reset[2], end[0], end[1], end[2]
-        ));
-    }
-    Ok(Check::from_problems(
-        "redteam: reset while parked",
-        problems,
-        format!(
-            "{}: RESET while parked, counted {} = what landed after it",
-            pmu_name(d),
-            end[0]
-        ),
-    ))
-}
-
-/// D. A group leader closed while its sibling lives; then the owner moves
-///    and the domain parks: the promoted sibling counts all its traffic.
-pub fn leader_closed_then_move(ctx: &mut Ctx) -> Result<Check> {
-    let (d, allowed) = movable_domain(ctx)?;
-    let (r1, r2) = (rmid(ctx, 9), rmid(ctx, 10));
-    let leader = open_with(ctx, d, r1, 0, 0, None)?;
-    let sibling = open_with(ctx, d, r2, 0, 0, Some(leader))?;
-    let start = truth(ctx, d, r2)?;
-    inject(ctx, d, r2, MIB)?;
-    ctx.g.close(leader)?;
-    inject(ctx, d, r2, 2 * MIB)?;
-    let was_owner = owner(ctx, d)?;
-    ctx.g.set_online(was_owner, false)?;
-    inject(ctx, d, r2, 4 * MIB)?;
-    park(ctx, &allowed, false)?;
-    inject(ctx, d, r2, 8 * MIB)?;
-    park(ctx, &allowed, true)?;
-    inject(ctx, d, r2, 16 * MIB)?;
-    let got = ctx.count(sibling)?;
-    ctx.g.close(sibling)?;
-    let want = whole_units(truth(ctx, d, r2)? - start, ctx.device.unit_bytes);
-    let mut problems = Vec::new();
-    if got != want || want != 31 * MIB {
-        problems.push(format!(
-            "sibling of a closed leader, 1+2 MiB, move, 4 MiB, park, 8 MiB, unpark, 16 MiB: counted {got}, truth {want} (31 MiB injected)"
-        ));
-    }
-    Ok(Check::from_problems(
-        "redteam: leader closed then move",
-        problems,
-        format!(
-            "{}: the promoted sibling counted {got} = the truth across a move and a park",
-            pmu_name(d)
-        ),
-    ))
 }
 
 /// E. A group opened with every read_format, read while parked and after the
@@ -526,13 +338,6 @@ pub fn open_outside_cpumask(ctx: &mut Ctx) -> Result<Check> {
 
 /// Its checks, in order.
 pub(super) const CHECKS: &[Named] = &[
-    ("redteam: disabled across park", disabled_across_park),
-    (
-        "redteam: group ioctls on sibling across moves",
-        group_ioctls_on_sibling_across_moves,
-    ),
-    ("redteam: reset while parked", reset_while_parked),
-    ("redteam: leader closed then move", leader_closed_then_move),
     (
         "redteam: every read_format while parked",
         every_read_format_while_parked,

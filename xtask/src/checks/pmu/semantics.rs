@@ -18,6 +18,7 @@ use super::multiplexing::{
     open_multiplexed, read_window, rotation_effect, set_sysfs, shape, RecordMark, Window,
     MUX_INTERVAL_MS,
 };
+use super::redteam::{must, truth};
 use crate::checks::slot_credit;
 use crate::checks::Check;
 use crate::guest::perf_abi::{FORMAT_TOTAL_TIME_ENABLED, FORMAT_TOTAL_TIME_RUNNING};
@@ -26,24 +27,6 @@ use crate::guest::pmu_name;
 /// The RMID and steady rate of the report: 8 MiB/s on RMID 2.
 const RMID: u32 = 2;
 const RATE: u64 = 8 * MIB;
-
-fn ioctl(ctx: &mut Ctx, handle: u32, ioctl: PerfIoctl) -> Result<()> {
-    let name = format!("{ioctl:?}");
-    match ctx.g.ioctl(handle, ioctl)? {
-        Ok(_) => Ok(()),
-        Err(errno) => bail!("ioctl {name} on handle {handle}: {errno}"),
-    }
-}
-
-/// The truth of `(d, rmid)` mbm_total_bytes now.
-fn truth(ctx: &mut Ctx, d: usize, rmid: u32) -> Result<u64> {
-    Ok(Ctx::truth(
-        &ctx.control.state()?,
-        d,
-        rmid,
-        Event::MbmTotalBytes,
-    ))
-}
 
 /// Runs `op` in the guest and returns the device's truth at that moment: the
 /// middle of the truths read just before and just after it.
@@ -67,9 +50,9 @@ pub fn disable_window(ctx: &mut Ctx) -> Result<Check> {
     // Exact: bursts while enabled, disabled, enabled again.
     let h = ctx.open(d, Event::MbmTotalBytes, RMID)?;
     ctx.inject_and_land(&[(d, RMID, Event::MbmTotalBytes, 3 * MIB)])?;
-    ioctl(ctx, h, PerfIoctl::Disable { group: false })?;
+    must(ctx, h, PerfIoctl::Disable { group: false })?;
     ctx.inject_and_land(&[(d, RMID, Event::MbmTotalBytes, 5 * MIB)])?;
-    ioctl(ctx, h, PerfIoctl::Enable { group: false })?;
+    must(ctx, h, PerfIoctl::Enable { group: false })?;
     ctx.inject_and_land(&[(d, RMID, Event::MbmTotalBytes, MIB + unit)])?;
     let exact = ctx.count(h)?;
     ctx.g.close(h)?;
@@ -98,15 +81,15 @@ pub fn disable_window(ctx: &mut Ctx) -> Result<Check> {
     let Some(h) = h else { bail!("no handle") };
     std::thread::sleep(Duration::from_millis(500));
     let t1 = truth_at(ctx, d, |ctx| {
-        ioctl(ctx, h, PerfIoctl::Disable { group: false })
+        must(ctx, h, PerfIoctl::Disable { group: false })
     })?;
     std::thread::sleep(Duration::from_secs(2));
     let t2 = truth_at(ctx, d, |ctx| {
-        ioctl(ctx, h, PerfIoctl::Enable { group: false })
+        must(ctx, h, PerfIoctl::Enable { group: false })
     })?;
     std::thread::sleep(Duration::from_millis(500));
     let t3 = truth_at(ctx, d, |ctx| {
-        ioctl(ctx, h, PerfIoctl::Disable { group: false })
+        must(ctx, h, PerfIoctl::Disable { group: false })
     })?;
     let read = ctx.g.read(h)?;
     ctx.g.close(h)?;

@@ -254,7 +254,7 @@ fn replay_command(args: &StressArgs, ops: u32, seed: u64, mutant: Option<&str>) 
 fn named_check(mutant: &Mutant) -> Result<Option<String>> {
     let check = mutant.run_check()?;
     if let Some(name) = &check {
-        if !crate::checks::pmu::can_run_alone(name) {
+        if !crate::checks::pmu::can_run_alone(name)? {
             bail!(
                 "{} names the check {name:?}, which cannot run on its own",
                 mutant.file.display()

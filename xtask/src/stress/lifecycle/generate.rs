@@ -660,14 +660,13 @@ mod tests {
                     match step {
                         Step::Park { domain } => parked[domain as usize] = true,
                         Step::Unpark { domain, .. } => parked[domain as usize] = false,
-                        Step::Ioctl { handle, .. } => {
+                        Step::Ioctl { handle, .. }
                             if g.opened
                                 .get(&handle)
                                 .and_then(|o| o.pmu)
-                                .is_some_and(|d| parked[d as usize])
-                            {
-                                count += 1;
-                            }
+                                .is_some_and(|d| parked[d as usize]) =>
+                        {
+                            count += 1;
                         }
                         _ => {}
                     }

@@ -9,6 +9,7 @@ pub mod reads;
 pub mod replay;
 pub mod run;
 pub mod scenario;
+pub mod scenario_guest;
 pub mod scenario_run;
 
 use std::time::Duration;

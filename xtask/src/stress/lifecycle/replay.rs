@@ -361,7 +361,7 @@ pub fn predict(shape: DeviceShape, cpus: &Cpus, steps: &[Step]) -> Vec<Predicted
                 let next = cpus.domains.get(d).and_then(|c| {
                     c.iter()
                         .copied()
-                        .find(|&c| Some(c) != old && !online.get(c as usize).is_some_and(|on| !on))
+                        .find(|&c| Some(c) != old && online.get(c as usize).is_none_or(|&on| on))
                 });
                 cpus.step(&mut model, step, next, 0);
             }
@@ -381,7 +381,10 @@ pub fn predict(shape: DeviceShape, cpus: &Cpus, steps: &[Step]) -> Vec<Predicted
                 cpus.step(&mut model, step, Some(cpu), 0);
             }
             &Step::Offline { cpu } => model.cpu_offline(cpu),
-            Step::Rate { .. } | Step::PerfStat { .. } | Step::Allowed { .. } | Step::Wait { .. } => {}
+            Step::Rate { .. }
+            | Step::PerfStat { .. }
+            | Step::Allowed { .. }
+            | Step::Wait { .. } => {}
         }
     }
     out

@@ -1106,7 +1106,7 @@ mod tests {
         for file in files {
             let text = std::fs::read_to_string(&file).unwrap();
             let s = parse(&file, &text, &layout(), 1).unwrap_or_else(|e| panic!("{e}"));
-            let names = crate::run::scenario::check_names(true, true);
+            let names = crate::run::scenario::check_names(true, true).unwrap();
             let check = s
                 .check
                 .as_deref()

@@ -1,9 +1,9 @@
 use super::*;
 use std::sync::{Arc, Mutex};
-use vm_memory::GuestAddress;
 use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
 use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
 use virtio_queue::mock::MockSplitQueue;
+use vm_memory::GuestAddress;
 
 /// The host side: takes at most `accept` more bytes of output when it
 /// pumps, as the agent channel does (copy out, write, consume).
@@ -15,7 +15,10 @@ struct Sink {
 
 impl Sink {
     fn new(accept: usize) -> Sink {
-        Sink { got: Arc::default(), accept: Arc::new(Mutex::new(accept)) }
+        Sink {
+            got: Arc::default(),
+            accept: Arc::new(Mutex::new(accept)),
+        }
     }
     fn allow(&self, n: usize) {
         *self.accept.lock().unwrap() = n;
@@ -50,10 +53,19 @@ impl<'m> Rig<'m> {
         let mocks: Vec<_> = QUEUE_SIZES
             .iter()
             .enumerate()
-            .map(|(i, &size)| MockSplitQueue::create(memory, GuestAddress(0x10_0000 * (i as u64 + 1)), size))
+            .map(|(i, &size)| {
+                MockSplitQueue::create(memory, GuestAddress(0x10_0000 * (i as u64 + 1)), size)
+            })
             .collect();
-        let queues = mocks.iter().map(|m| m.create_queue::<Queue>().unwrap()).collect();
-        Rig { memory, mocks, queues }
+        let queues = mocks
+            .iter()
+            .map(|m| m.create_queue::<Queue>().unwrap())
+            .collect();
+        Rig {
+            memory,
+            mocks,
+            queues,
+        }
     }
 
     fn process(&mut self, console: &mut Console) -> bool {
@@ -99,7 +111,9 @@ fn pattern(len: usize) -> Vec<u8> {
 fn output_reaches_the_host_and_input_the_guest() {
     let memory = memory();
     let mut rig = Rig::new(&memory);
-    memory.write_slice(b"hello host", GuestAddress(DATA)).unwrap();
+    memory
+        .write_slice(b"hello host", GuestAddress(DATA))
+        .unwrap();
     rig.add_chain(TRANSMIT, 0, &[(DATA, 6), (DATA + 6, 4)], false);
     rig.add_chain(RECEIVE, 0, &[(DATA + 0x1000, 4)], true);
     let sink = Sink::new(usize::MAX);
@@ -108,10 +122,18 @@ fn output_reaches_the_host_and_input_the_guest() {
     assert!(!console.push_input(b"hi guest"));
     let progress = console.process(&mut rig.queues, &memory);
     sink.pump(&mut console);
-    assert_eq!(progress, Progress { used: (1 << TRANSMIT) | (1 << RECEIVE), more: false });
+    assert_eq!(
+        progress,
+        Progress {
+            used: (1 << TRANSMIT) | (1 << RECEIVE),
+            more: false
+        }
+    );
     assert_eq!(sink.got(), b"hello host");
     let mut got = [0u8; 4];
-    memory.read_slice(&mut got, GuestAddress(DATA + 0x1000)).unwrap();
+    memory
+        .read_slice(&mut got, GuestAddress(DATA + 0x1000))
+        .unwrap();
     assert_eq!(&got, b"hi g", "only the buffer's 4 bytes");
     assert_eq!(console.input.len(), 4, "the rest waits for more buffers");
     assert_eq!((rig.used(TRANSMIT), rig.used(RECEIVE)), (1, 1));
@@ -125,16 +147,34 @@ fn a_full_buffer_leaves_the_chain_in_the_queue_and_loses_nothing() {
     let data = pattern(len);
     memory.write_slice(&data, GuestAddress(DATA)).unwrap();
     // One chain larger than the buffer, in two descriptors, then a small one.
-    rig.add_chain(TRANSMIT, 0, &[(DATA, 5000), (DATA + 5000, (len - 5000) as u32)], false);
-    memory.write_slice(b"tail", GuestAddress(DATA + 0x40_0000)).unwrap();
+    rig.add_chain(
+        TRANSMIT,
+        0,
+        &[(DATA, 5000), (DATA + 5000, (len - 5000) as u32)],
+        false,
+    );
+    memory
+        .write_slice(b"tail", GuestAddress(DATA + 0x40_0000))
+        .unwrap();
     rig.add_chain(TRANSMIT, 2, &[(DATA + 0x40_0000, 4)], false);
     let sink = Sink::new(0);
     let mut console = Console::new();
     console.connect();
 
-    assert!(!rig.round(&mut console, &sink), "full: the host taking output brings it back, not a retry");
-    assert_eq!(rig.used(TRANSMIT), 0, "a chain not all buffered must stay in the queue");
-    assert_eq!(console.buffered.len(), OUTPUT_CAPACITY, "the buffer is bounded");
+    assert!(
+        !rig.round(&mut console, &sink),
+        "full: the host taking output brings it back, not a retry"
+    );
+    assert_eq!(
+        rig.used(TRANSMIT),
+        0,
+        "a chain not all buffered must stay in the queue"
+    );
+    assert_eq!(
+        console.buffered.len(),
+        OUTPUT_CAPACITY,
+        "the buffer is bounded"
+    );
     assert!(console.output_pending());
     // The host reads in small steps; every step moves the output on.
     let mut rounds = 0;
@@ -143,7 +183,12 @@ fn a_full_buffer_leaves_the_chain_in_the_queue_and_loses_nothing() {
         sink.pump(&mut console);
         rig.round(&mut console, &sink);
         rounds += 1;
-        assert!(rounds < 1000, "no progress: {} of {} bytes", sink.got().len(), len + 4);
+        assert!(
+            rounds < 1000,
+            "no progress: {} of {} bytes",
+            sink.got().len(),
+            len + 4
+        );
         assert!(console.buffered.len() <= OUTPUT_CAPACITY);
     }
     let mut want = data.clone();
@@ -194,31 +239,79 @@ fn the_driver_gets_the_port_added_and_open() {
     let memory = memory();
     let mut rig = Rig::new(&memory);
     for i in 0..4u16 {
-        rig.add_chain(CONTROL_RECEIVE, i, &[(DATA + 0x100 * u64::from(i), 8)], true);
+        rig.add_chain(
+            CONTROL_RECEIVE,
+            i,
+            &[(DATA + 0x100 * u64::from(i), 8)],
+            true,
+        );
     }
-    let ready = ControlMessage { id: 0, event: DEVICE_READY, value: 1 };
-    memory.write_slice(&ready.to_bytes(), GuestAddress(DATA + 0x1000)).unwrap();
+    let ready = ControlMessage {
+        id: 0,
+        event: DEVICE_READY,
+        value: 1,
+    };
+    memory
+        .write_slice(&ready.to_bytes(), GuestAddress(DATA + 0x1000))
+        .unwrap();
     rig.add_chain(CONTROL_TRANSMIT, 0, &[(DATA + 0x1000, 8)], false);
     let mut console = Console::new();
     console.connect();
     rig.process(&mut console);
     let message = |i: u64| {
         let mut b = [0u8; 8];
-        memory.read_slice(&mut b, GuestAddress(DATA + 0x100 * i)).unwrap();
+        memory
+            .read_slice(&mut b, GuestAddress(DATA + 0x100 * i))
+            .unwrap();
         ControlMessage::from_bytes(b)
     };
-    assert_eq!(message(0), ControlMessage { id: AGENT_PORT, event: DEVICE_ADD, value: 0 });
-    assert_eq!(message(1), ControlMessage { id: AGENT_PORT, event: PORT_OPEN, value: 1 }, "open in the same batch");
+    assert_eq!(
+        message(0),
+        ControlMessage {
+            id: AGENT_PORT,
+            event: DEVICE_ADD,
+            value: 0
+        }
+    );
+    assert_eq!(
+        message(1),
+        ControlMessage {
+            id: AGENT_PORT,
+            event: PORT_OPEN,
+            value: 1
+        },
+        "open in the same batch"
+    );
     assert_eq!(rig.used(CONTROL_RECEIVE), 2);
     // The host going away closes the port for the guest.
-    let port_ready = ControlMessage { id: AGENT_PORT, event: PORT_READY, value: 1 };
-    memory.write_slice(&port_ready.to_bytes(), GuestAddress(DATA + 0x1000)).unwrap();
+    let port_ready = ControlMessage {
+        id: AGENT_PORT,
+        event: PORT_READY,
+        value: 1,
+    };
+    memory
+        .write_slice(&port_ready.to_bytes(), GuestAddress(DATA + 0x1000))
+        .unwrap();
     rig.add_chain(CONTROL_TRANSMIT, 1, &[(DATA + 0x1000, 8)], false);
     rig.process(&mut console);
     console.disconnect();
     rig.process(&mut console);
-    assert_eq!(message(2), ControlMessage { id: AGENT_PORT, event: PORT_OPEN, value: 1 });
-    assert_eq!(message(3), ControlMessage { id: AGENT_PORT, event: PORT_OPEN, value: 0 });
+    assert_eq!(
+        message(2),
+        ControlMessage {
+            id: AGENT_PORT,
+            event: PORT_OPEN,
+            value: 1
+        }
+    );
+    assert_eq!(
+        message(3),
+        ControlMessage {
+            id: AGENT_PORT,
+            event: PORT_OPEN,
+            value: 0
+        }
+    );
     let mut config = [0u8; 4];
     console.read_config(4, &mut config);
     assert_eq!(u32::from_le_bytes(config), MAX_NR_PORTS);
@@ -243,9 +336,14 @@ fn too_much_input_pauses_until_the_guest_drains_it() {
 /// after each batch of the queue's size.
 fn flood_control(rig: &mut Rig, console: &mut Console, message: ControlMessage, times: usize) {
     let size = QUEUE_SIZES[CONTROL_TRANSMIT] as usize;
-    rig.memory.write_slice(&message.to_bytes(), GuestAddress(DATA + 0x2000)).unwrap();
+    rig.memory
+        .write_slice(&message.to_bytes(), GuestAddress(DATA + 0x2000))
+        .unwrap();
     let desc = RawDescriptor::from(SplitDescriptor::new(DATA + 0x2000, 8, 0, 0));
-    rig.mocks[CONTROL_TRANSMIT].desc_table().store(0, desc).unwrap();
+    rig.mocks[CONTROL_TRANSMIT]
+        .desc_table()
+        .store(0, desc)
+        .unwrap();
     // The mock neither wraps its available ring nor keeps it clear of the
     // used ring: one of the test's own.
     let avail = GuestAddress(DATA + 0x3000);
@@ -259,9 +357,16 @@ fn flood_control(rig: &mut Rig, console: &mut Console, message: ControlMessage, 
     for batch in 0..times / size {
         let idx: u16 = rig.memory.read_obj(avail.unchecked_add(2)).unwrap();
         for i in 0..size as u16 {
-            rig.memory.write_obj(0u16, avail.unchecked_add(4 + 2 * u64::from((idx + i) % size as u16))).unwrap();
+            rig.memory
+                .write_obj(
+                    0u16,
+                    avail.unchecked_add(4 + 2 * u64::from((idx + i) % size as u16)),
+                )
+                .unwrap();
         }
-        rig.memory.write_obj(idx.wrapping_add(size as u16), avail.unchecked_add(2)).unwrap();
+        rig.memory
+            .write_obj(idx.wrapping_add(size as u16), avail.unchecked_add(2))
+            .unwrap();
         rig.process(console);
         let read = rig.used(CONTROL_TRANSMIT).wrapping_sub(start);
         assert_eq!(usize::from(read), (batch + 1) * size, "all read");
@@ -274,25 +379,68 @@ fn a_driver_that_floods_the_control_queue_without_receive_buffers_costs_nothing(
     let mut rig = Rig::new(&memory);
     let mut console = Console::new();
     console.connect();
-    flood_control(&mut rig, &mut console, ControlMessage { id: 0, event: DEVICE_READY, value: 1 }, 3200);
-    flood_control(&mut rig, &mut console, ControlMessage { id: AGENT_PORT, event: PORT_READY, value: 1 }, 3200);
+    flood_control(
+        &mut rig,
+        &mut console,
+        ControlMessage {
+            id: 0,
+            event: DEVICE_READY,
+            value: 1,
+        },
+        3200,
+    );
+    flood_control(
+        &mut rig,
+        &mut console,
+        ControlMessage {
+            id: AGENT_PORT,
+            event: PORT_READY,
+            value: 1,
+        },
+        3200,
+    );
     console.disconnect();
     console.connect();
-    assert!(console.to_driver.len() <= 2, "{} messages held for the driver", console.to_driver.len());
+    assert!(
+        console.to_driver.len() <= 2,
+        "{} messages held for the driver",
+        console.to_driver.len()
+    );
     // Once the driver posts buffers it gets the add, then the open: the
     // latest state, once each.
     for i in 0..4u16 {
-        rig.add_chain(CONTROL_RECEIVE, i, &[(DATA + 0x100 * u64::from(i), 8)], true);
+        rig.add_chain(
+            CONTROL_RECEIVE,
+            i,
+            &[(DATA + 0x100 * u64::from(i), 8)],
+            true,
+        );
     }
     rig.process(&mut console);
     assert_eq!(rig.used(CONTROL_RECEIVE), 2);
     let message = |i: u64| {
         let mut b = [0u8; 8];
-        memory.read_slice(&mut b, GuestAddress(DATA + 0x100 * i)).unwrap();
+        memory
+            .read_slice(&mut b, GuestAddress(DATA + 0x100 * i))
+            .unwrap();
         ControlMessage::from_bytes(b)
     };
-    assert_eq!(message(0), ControlMessage { id: AGENT_PORT, event: DEVICE_ADD, value: 0 });
-    assert_eq!(message(1), ControlMessage { id: AGENT_PORT, event: PORT_OPEN, value: 1 });
+    assert_eq!(
+        message(0),
+        ControlMessage {
+            id: AGENT_PORT,
+            event: DEVICE_ADD,
+            value: 0
+        }
+    );
+    assert_eq!(
+        message(1),
+        ControlMessage {
+            id: AGENT_PORT,
+            event: PORT_OPEN,
+            value: 1
+        }
+    );
 }
 
 #[test]
@@ -304,7 +452,12 @@ fn an_unreadable_buffer_in_a_chain_taken_in_parts_is_passed_once() {
     memory.write_slice(&data, GuestAddress(DATA)).unwrap();
     // 100 bytes at an address outside guest memory, then more than the
     // buffer holds: the chain is taken in two parts.
-    rig.add_chain(TRANSMIT, 0, &[(0x4000_0000_0000, 100), (DATA, len as u32)], false);
+    rig.add_chain(
+        TRANSMIT,
+        0,
+        &[(0x4000_0000_0000, 100), (DATA, len as u32)],
+        false,
+    );
     let sink = Sink::new(usize::MAX);
     let mut console = Console::new();
     console.connect();
@@ -315,7 +468,12 @@ fn an_unreadable_buffer_in_a_chain_taken_in_parts_is_passed_once() {
         assert!(rounds < 10);
     }
     assert!(rounds > 1, "taken in parts");
-    assert!(sink.got() == data, "{} bytes reached the host, {} were readable", sink.got().len(), len);
+    assert!(
+        sink.got() == data,
+        "{} bytes reached the host, {} were readable",
+        sink.got().len(),
+        len
+    );
     assert_eq!(console.dropped_output(), 100);
 }
 
@@ -324,7 +482,9 @@ fn a_descriptor_rewritten_to_wrap_the_address_space_is_a_bad_address() {
     let memory = memory();
     let mut rig = Rig::new(&memory);
     let len = OUTPUT_CAPACITY + 5000;
-    memory.write_slice(&pattern(len), GuestAddress(DATA)).unwrap();
+    memory
+        .write_slice(&pattern(len), GuestAddress(DATA))
+        .unwrap();
     rig.add_chain(TRANSMIT, 0, &[(DATA, len as u32)], false);
     let sink = Sink::new(usize::MAX);
     let mut console = Console::new();

@@ -27,7 +27,10 @@ impl VirtioDevice for Fake {
     }
     fn process(&mut self, _: &mut [Queue], _: &GuestMemoryMmap) -> Progress {
         self.processed.fetch_add(1, Ordering::SeqCst);
-        Progress { used: self.uses, more: false }
+        Progress {
+            used: self.uses,
+            more: false,
+        }
     }
     fn reset(&mut self) {
         self.resets.fetch_add(1, Ordering::SeqCst);
@@ -48,8 +51,18 @@ fn rig_using(uses: u32) -> Rig {
     let memory = crate::memory::create_guest_memory(64).unwrap();
     let irq = EventFd::new(libc::EFD_NONBLOCK).unwrap();
     let interrupt = Interrupt::new(irq.try_clone().unwrap());
-    let fake = Fake { processed: processed.clone(), resets: resets.clone(), uses };
-    Rig { t: MmioTransport::new(fake, memory.clone(), interrupt).unwrap(), memory, processed, resets, irq }
+    let fake = Fake {
+        processed: processed.clone(),
+        resets: resets.clone(),
+        uses,
+    };
+    Rig {
+        t: MmioTransport::new(fake, memory.clone(), interrupt).unwrap(),
+        memory,
+        processed,
+        resets,
+        irq,
+    }
 }
 
 fn rig() -> Rig {
@@ -88,9 +101,11 @@ impl Rig {
     fn set_up_queue(&self, queue: u32, base: u64) {
         self.write(REG_QUEUE_SEL, queue);
         self.write(REG_QUEUE_NUM, 16);
-        for (low, value) in
-            [(REG_QUEUE_DESC_LOW, base), (REG_QUEUE_DRIVER_LOW, base + 0x1000), (REG_QUEUE_DEVICE_LOW, base + 0x2000)]
-        {
+        for (low, value) in [
+            (REG_QUEUE_DESC_LOW, base),
+            (REG_QUEUE_DRIVER_LOW, base + 0x1000),
+            (REG_QUEUE_DEVICE_LOW, base + 0x2000),
+        ] {
             self.write(low, value as u32);
             self.write(low + 4, (value >> 32) as u32);
         }
@@ -101,7 +116,10 @@ impl Rig {
         self.negotiate(VIRTIO_F_VERSION_1);
         self.set_up_queue(0, 0x10_0000);
         self.set_up_queue(1, 0x20_0000);
-        self.write(REG_STATUS, ACK_DRIVER | STATUS_FEATURES_OK | STATUS_DRIVER_OK);
+        self.write(
+            REG_STATUS,
+            ACK_DRIVER | STATUS_FEATURES_OK | STATUS_DRIVER_OK,
+        );
         assert_eq!(self.status() & STATUS_DRIVER_OK, STATUS_DRIVER_OK);
     }
 
@@ -140,7 +158,11 @@ fn there_is_no_shared_memory_region() {
     // "none"; 0 would be a region of length 0.
     for region in [0, 1, u32::MAX] {
         r.write(0xac, region);
-        assert_eq!((r.read(0xb0), r.read(0xb4)), (u32::MAX, u32::MAX), "region {region}");
+        assert_eq!(
+            (r.read(0xb0), r.read(0xb4)),
+            (u32::MAX, u32::MAX),
+            "region {region}"
+        );
     }
 }
 
@@ -155,7 +177,11 @@ fn only_offered_features_are_taken() {
 fn features_ok_needs_version_1() {
     let r = rig();
     r.negotiate(1 << 1);
-    assert_eq!(r.status(), ACK_DRIVER, "a legacy driver's FEATURES_OK must not stick");
+    assert_eq!(
+        r.status(),
+        ACK_DRIVER,
+        "a legacy driver's FEATURES_OK must not stick"
+    );
     r.write(REG_STATUS, 0);
     r.negotiate(VIRTIO_F_VERSION_1);
     assert_eq!(r.status(), ACK_DRIVER | STATUS_FEATURES_OK);
@@ -188,7 +214,10 @@ fn driver_ok_needs_features_ok() {
     r.t.poll(|_| {});
     assert_eq!(r.processed.load(Ordering::SeqCst), 0, "the device ran");
     // Refused too when FEATURES_OK was itself refused in the same write.
-    r.write(REG_STATUS, ACK_DRIVER | STATUS_FEATURES_OK | STATUS_DRIVER_OK);
+    r.write(
+        REG_STATUS,
+        ACK_DRIVER | STATUS_FEATURES_OK | STATUS_DRIVER_OK,
+    );
     assert_eq!(r.status(), ACK_DRIVER);
 }
 
@@ -197,9 +226,17 @@ fn status_bits_are_cleared_only_by_a_reset() {
     let r = rig();
     r.negotiate(VIRTIO_F_VERSION_1);
     r.write(REG_STATUS, STATUS_ACKNOWLEDGE | STATUS_FEATURES_OK);
-    assert_eq!(r.status(), ACK_DRIVER | STATUS_FEATURES_OK, "a write clearing DRIVER was taken");
+    assert_eq!(
+        r.status(),
+        ACK_DRIVER | STATUS_FEATURES_OK,
+        "a write clearing DRIVER was taken"
+    );
     r.write(REG_STATUS, ACK_DRIVER | STATUS_FEATURES_OK | STATUS_FAILED);
-    assert_eq!(r.status() & STATUS_FAILED, STATUS_FAILED, "FAILED is taken at any time");
+    assert_eq!(
+        r.status() & STATUS_FAILED,
+        STATUS_FAILED,
+        "FAILED is taken at any time"
+    );
     r.write(REG_STATUS, 0);
     assert_eq!(r.status(), 0);
     assert_eq!(r.resets.load(Ordering::SeqCst), 1);
@@ -215,7 +252,11 @@ fn a_notify_wakes_the_event_loop_and_never_runs_the_device() {
     }
     r.write(REG_QUEUE_NOTIFY, 1);
     r.write(REG_QUEUE_NOTIFY, 7); // no such queue: nothing
-    assert_eq!(r.processed.load(Ordering::SeqCst), 0, "the vCPU ran the device");
+    assert_eq!(
+        r.processed.load(Ordering::SeqCst),
+        0,
+        "the vCPU ran the device"
+    );
     assert_eq!(notifiers[1].read().unwrap(), 1);
     assert!(notifiers[0].read().is_err(), "queue 0 was not notified");
     r.t.poll(|_| {});
@@ -233,7 +274,10 @@ fn the_device_runs_only_when_live_and_resets_on_zero() {
     r.write(REG_STATUS, 0);
     assert_eq!(r.resets.load(Ordering::SeqCst), 1);
     assert_eq!(r.status(), 0);
-    assert!(!r.queue(0, |q| q.ready()), "a reset makes the queues not ready");
+    assert!(
+        !r.queue(0, |q| q.ready()),
+        "a reset makes the queues not ready"
+    );
     r.t.poll(|_| {});
     assert_eq!(r.processed.load(Ordering::SeqCst), 1);
 }
@@ -247,8 +291,13 @@ fn queue_registers_are_fixed_while_the_queue_is_ready() {
     r.write(REG_QUEUE_DESC_LOW, 0x30_0000);
     r.write(REG_QUEUE_DRIVER_LOW, 0x30_1000);
     r.write(REG_QUEUE_DEVICE_HIGH, 1);
-    let (size, desc, avail, used) = r.queue(0, |q| (q.size(), q.desc_table(), q.avail_ring(), q.used_ring()));
-    assert_eq!((size, desc, avail, used), (16, 0x10_0000, 0x10_1000, 0x10_2000));
+    let (size, desc, avail, used) = r.queue(0, |q| {
+        (q.size(), q.desc_table(), q.avail_ring(), q.used_ring())
+    });
+    assert_eq!(
+        (size, desc, avail, used),
+        (16, 0x10_0000, 0x10_1000, 0x10_2000)
+    );
     assert_eq!(r.status() & STATUS_NEEDS_RESET, 0, "ignored, not an error");
     // Once the driver stops the queue it may change it.
     r.write(REG_QUEUE_READY, 0);
@@ -272,7 +321,11 @@ fn queue_num_must_be_a_power_of_two_within_the_maximum() {
         r.write(REG_QUEUE_DEVICE_LOW, 0x10_2000);
         r.write(REG_QUEUE_READY, 1);
         assert_eq!(r.read(REG_QUEUE_READY), 0, "QueueNum {bad}");
-        assert_eq!(r.status() & STATUS_NEEDS_RESET, STATUS_NEEDS_RESET, "QueueNum {bad}");
+        assert_eq!(
+            r.status() & STATUS_NEEDS_RESET,
+            STATUS_NEEDS_RESET,
+            "QueueNum {bad}"
+        );
         // A reset clears it all.
         r.write(REG_STATUS, 0);
         assert_eq!(r.status(), 0);
@@ -300,7 +353,10 @@ fn misaligned_or_absent_rings_need_a_reset() {
     r.write(REG_QUEUE_READY, 1);
     assert_eq!(r.read(REG_QUEUE_READY), 0);
     assert_eq!(r.status() & STATUS_NEEDS_RESET, STATUS_NEEDS_RESET);
-    assert_eq!(r.read(REG_INTERRUPT_STATUS) & super::super::INTERRUPT_CONFIG, super::super::INTERRUPT_CONFIG);
+    assert_eq!(
+        r.read(REG_INTERRUPT_STATUS) & super::super::INTERRUPT_CONFIG,
+        super::super::INTERRUPT_CONFIG
+    );
     assert!(r.interrupted(), "no configuration interrupt");
 }
 
@@ -309,17 +365,27 @@ fn no_interrupt_is_honoured() {
     let r = rig_using(1 << 1);
     r.live();
     let avail_flags = GuestAddress(0x20_1000);
-    r.memory.write_obj(AVAIL_F_NO_INTERRUPT.to_le(), avail_flags).unwrap();
+    r.memory
+        .write_obj(AVAIL_F_NO_INTERRUPT.to_le(), avail_flags)
+        .unwrap();
     r.t.poll(|_| {});
-    assert!(!r.interrupted(), "interrupted although the driver said NO_INTERRUPT");
+    assert!(
+        !r.interrupted(),
+        "interrupted although the driver said NO_INTERRUPT"
+    );
     assert_eq!(r.read(REG_INTERRUPT_STATUS), 0);
     r.memory.write_obj(0u16, avail_flags).unwrap();
     r.t.poll(|_| {});
     assert!(r.interrupted());
-    assert_eq!(r.read(REG_INTERRUPT_STATUS), super::super::INTERRUPT_USED_RING);
+    assert_eq!(
+        r.read(REG_INTERRUPT_STATUS),
+        super::super::INTERRUPT_USED_RING
+    );
     // Flags of a queue the device did not use do not matter.
     r.write(REG_INTERRUPT_ACK, 1);
-    r.memory.write_obj(AVAIL_F_NO_INTERRUPT.to_le(), GuestAddress(0x10_1000)).unwrap();
+    r.memory
+        .write_obj(AVAIL_F_NO_INTERRUPT.to_le(), GuestAddress(0x10_1000))
+        .unwrap();
     r.t.poll(|_| {});
     assert!(r.interrupted());
 }

@@ -1,0 +1,469 @@
+//! A scenario on a booted guest: the library (`scenarios/`), every file
+//! refused with its line before a guest boots, and one file carried out on
+//! a guest with the driver loaded, as an ordinary lifecycle journal
+//! replayed through the model, its verdict one [`Check`]. `cargo xtask
+//! scenario` ([`super::scenario_run`]) and `cargo xtask run` (the checks of
+//! [`crate::checks::pmu`]) both run scenarios through it.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use perfbed_device::{ControlClient, DeviceConfig};
+
+use crate::checks::counting::Handle;
+use crate::checks::pmu::context::Ctx;
+use crate::checks::Check;
+use crate::guest::{pmu_name, Guest};
+
+use super::journal::{self, perf_op, Entry, Header, Opened, Step};
+use super::reads;
+use super::replay::replay;
+use super::run::{attr_of, flush, host_step, probe_next_handle, shape};
+use super::scenario::{files_under, parse, wants_against_model, Layout, Scenario, Want};
+
+/// The layout a scenario is parsed for.
+pub fn layout(cpus: u8, device: &DeviceConfig) -> Layout {
+    Layout {
+        cpus: u32::from(cpus),
+        domains: device.domains.clone(),
+        rmids: device.rmids,
+    }
+}
+
+/// Reads and parses `files` for `layout` (handles from 1), with the wants
+/// the model contradicts: every refusal, each with its file and line.
+pub fn load(
+    files: &[PathBuf],
+    layout: &Layout,
+    device: &DeviceConfig,
+) -> Result<Vec<(PathBuf, String)>> {
+    let mut texts = Vec::new();
+    let mut refused = Vec::new();
+    for file in files {
+        let text =
+            std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+        match parse(file, &text, layout, 1) {
+            Ok(s) => refused.extend(wants_against_model(&s, shape(device))),
+            Err(e) => refused.push(e),
+        }
+        texts.push((file.clone(), text));
+    }
+    if !refused.is_empty() {
+        let lines: Vec<String> = refused.iter().map(ToString::to_string).collect();
+        bail!(
+            "{} refused before the guest boots:\n  {}",
+            files_word(refused.len()),
+            lines.join("\n  ")
+        );
+    }
+    Ok(texts)
+}
+
+fn files_word(n: usize) -> String {
+    if n == 1 {
+        "a scenario line is".into()
+    } else {
+        format!("{n} scenario lines are")
+    }
+}
+
+/// One scenario of the library: its file, its text, and the check it is
+/// in `cargo xtask run` (its `# check:` header, or else its path).
+pub struct Written {
+    pub file: PathBuf,
+    pub text: String,
+    pub check: &'static str,
+}
+
+/// The scenario library, `scenarios/` of the workspace (read once).
+pub fn library() -> Result<&'static [Written]> {
+    static LIBRARY: std::sync::OnceLock<std::result::Result<Vec<Written>, String>> =
+        std::sync::OnceLock::new();
+    let read = || -> Result<Vec<Written>> {
+        let root = crate::build::workspace()?.join("scenarios");
+        let files = files_under(&[root]).context("listing scenarios/")?;
+        let mut library = Vec::new();
+        for file in files {
+            let text = std::fs::read_to_string(&file)
+                .with_context(|| format!("reading {}", file.display()))?;
+            let check = text
+                .lines()
+                .find_map(|l| l.trim().strip_prefix("# check:"))
+                .map_or_else(|| file.display().to_string(), |n| n.trim().to_string());
+            library.push(Written {
+                file,
+                text,
+                check: Box::leak(check.into_boxed_str()),
+            });
+        }
+        Ok(library)
+    };
+    match LIBRARY.get_or_init(|| read().map_err(|e| format!("{e:#}"))) {
+        Ok(library) => Ok(library),
+        Err(e) => bail!("the scenario library: {e}"),
+    }
+}
+
+/// Carries out the scenario `text` of `file` on `ctx`'s guest (the driver
+/// loaded): each PMU put on its domain's first CPU, the file parsed with
+/// the agent's next handle, its journal saved into `journal_dir`; its
+/// verdict, the guest left as the scenario found it.
+pub fn carry_out_file(ctx: &mut Ctx, file: &Path, text: &str, journal_dir: &Path) -> Result<Check> {
+    let Ctx {
+        g,
+        control,
+        device,
+        types,
+    } = ctx;
+    let pmus: Vec<String> = (0..device.domains.len()).map(pmu_name).collect();
+    let env = Env {
+        pmus: &pmus,
+        types,
+        device,
+        timeout: g.timeout,
+    };
+    let possible = g.read_file("/sys/devices/system/cpu/possible")?;
+    let cpus = perfbed_device::cpus::parse_cpu_list(possible.trim())
+        .map_err(|e| anyhow::anyhow!("/sys/devices/system/cpu/possible: {e}"))?
+        .len();
+    let layout = layout(cpus as u8, device);
+    home(g, control, &env)?;
+    // Numbered from the agent's next handle this time.
+    let first = probe_next_handle(g)?;
+    let scenario = parse(file, text, &layout, first).map_err(anyhow::Error::from)?;
+    let journal = carry_out(g, control, &env, &scenario)?;
+    let path = journal_dir.join(format!(
+        "{}.jsonl",
+        file.file_stem()
+            .map_or("scenario".into(), |s| s.to_string_lossy())
+    ));
+    let header = Header {
+        pmus: device.domains.len() as u32,
+        slots: device.slots,
+        unit_bytes: device.unit_bytes,
+        counter_width: device.counter_width,
+        max_rate: device.max_rate,
+        seed: 0,
+        replay: format!("cargo xtask scenario {}", file.display()),
+        cpus: journal::Cpus::default(),
+    };
+    std::fs::write(&path, journal::to_text(&header, &journal)?)
+        .with_context(|| format!("writing {}", path.display()))?;
+    let check = judge(&scenario, &journal, device);
+    restore(g, control, &env, &scenario, &journal)?;
+    Ok(check)
+}
+
+/// What carrying out a step needs besides the guest.
+struct Env<'a> {
+    pmus: &'a [String],
+    types: &'a [u32],
+    device: &'a DeviceConfig,
+    timeout: Duration,
+}
+
+/// Carries out the scenario's steps in order, one journal entry each:
+/// perf steps in batches through the agent, host steps one by one (an
+/// `owner(d)` open is sent alone, with the CPU domain `d`'s cpumask shows).
+fn carry_out(
+    g: &mut Guest,
+    control: &mut ControlClient,
+    env: &Env,
+    scenario: &Scenario,
+) -> Result<Vec<Entry>> {
+    let attr = |o: &Opened| attr_of(o, env.types);
+    let start = Instant::now();
+    let mut journal = Vec::new();
+    let mut pending: Vec<(Step, bool)> = Vec::new();
+    for op in &scenario.ops {
+        let mut step = op.step.clone();
+        if let (Some(d), Step::Open { event, .. }) = (op.on_owner, &mut step) {
+            flush(g, &mut pending, &attr, &mut journal, start)?;
+            event.cpu = match g.cpumask(&env.pmus[d as usize])?.first() {
+                Some(&cpu) => cpu as i32,
+                None => bail!(
+                    "{}:{}: cpu=owner({d}), but {} is parked there",
+                    scenario.file.display(),
+                    op.line,
+                    env.pmus[d as usize]
+                ),
+            };
+        }
+        if perf_op(&step, attr).is_some() {
+            let opens = !op.wants.iter().any(|w| matches!(w, Want::Refused { .. }));
+            pending.push((step, opens));
+            continue;
+        }
+        // A desync (an open that did not give the handle the parser gave
+        // it) shows in the replay as a finding at that open.
+        flush(g, &mut pending, &attr, &mut journal, start)?;
+        journal.push(host_step(
+            g,
+            control,
+            env.device,
+            env.pmus,
+            step,
+            env.timeout,
+            start,
+        )?);
+    }
+    flush(g, &mut pending, &attr, &mut journal, start)?;
+    Ok(journal)
+}
+
+/// The scenario's verdict: the replay's findings and the wants the run
+/// did not show, each at its file and line.
+fn judge(scenario: &Scenario, journal: &[Entry], device: &DeviceConfig) -> Check {
+    let at = |line: usize| format!("{}:{line}", scenario.file.display());
+    let replayed = replay(shape(device), journal);
+    // By line: the model's findings and the unmet wants, in file order.
+    let mut problems: Vec<(usize, String)> = replayed
+        .findings
+        .iter()
+        .map(|f| (scenario.ops[f.index].line, f.text.clone()))
+        .collect();
+    let mut formats = std::collections::BTreeMap::new();
+    for (op, entry) in scenario.ops.iter().zip(journal) {
+        if let Step::Open { event, expect } = &entry.step {
+            formats.insert(*expect, event.read_format);
+        }
+        for want in &op.wants {
+            if let Some(problem) = want_problem(want, &op.shows, entry, &formats) {
+                problems.push((want_line(want), problem));
+            }
+        }
+    }
+    problems.sort_by_key(|&(line, _)| line);
+    let mut problems: Vec<String> = problems
+        .into_iter()
+        .map(|(line, text)| format!("{}: {text}", at(line)))
+        .collect();
+    if !problems.is_empty() {
+        // The model names events by handle.
+        let legend: Vec<String> = scenario
+            .names
+            .iter()
+            .map(|(h, name)| format!("{name} = event {h}"))
+            .collect();
+        problems.push(format!("(events: {})", legend.join(", ")));
+    }
+    let name = scenario
+        .check
+        .clone()
+        .unwrap_or_else(|| scenario.file.display().to_string());
+    Check::from_problems(
+        Box::leak(name.into_boxed_str()),
+        problems,
+        format!(
+            "{}: {} operations, {} reads, {} values, all as the model says",
+            scenario.file.display(),
+            journal.len(),
+            replayed.reads,
+            replayed.values
+        ),
+    )
+}
+
+fn want_line(want: &Want) -> usize {
+    match want {
+        Want::Value { line, .. } | Want::Refused { line, .. } => *line,
+    }
+}
+
+/// What the run showed against one want, if it differs.
+fn want_problem(
+    want: &Want,
+    shows: &[Handle],
+    entry: &Entry,
+    formats: &std::collections::BTreeMap<Handle, journal::ReadFormat>,
+) -> Option<String> {
+    match (want, &entry.result, &entry.step) {
+        (Want::Refused { errno, .. }, Err(got), _) if got == errno => None,
+        (Want::Refused { errno, .. }, got, _) => {
+            Some(format!("the open gave {got:?}, want {errno}"))
+        }
+        (Want::Value { .. }, Err(e), _) => Some(format!("the read failed: {e}")),
+        (
+            Want::Value {
+                handle,
+                name,
+                bytes,
+                ..
+            },
+            Ok(words),
+            &Step::Read { handle: read },
+        ) => {
+            let Some(format) = formats.get(&read) else {
+                return Some(format!(
+                    "the read of {name}: its event's open is not in the journal"
+                ));
+            };
+            match reads::parse(words, *format, read, shows) {
+                Ok(members) => match members.iter().find(|m| m.handle == *handle) {
+                    Some(m) if m.observed.value == *bytes => None,
+                    Some(m) => Some(format!("{name} read {}, want {bytes}", m.observed.value)),
+                    None => Some(format!("the read does not show {name}")),
+                },
+                Err(e) => Some(format!("the read of {name}: {e}")),
+            }
+        }
+        (Want::Value { .. }, Ok(_), step) => Some(format!("a value wanted of {step:?}")),
+    }
+}
+
+/// Leaves the guest as the scenario found it: its events closed, its
+/// allowed sets the defaults, every CPU online, no rate, each PMU on its
+/// domain's first CPU.
+fn restore(
+    g: &mut Guest,
+    control: &mut ControlClient,
+    env: &Env,
+    scenario: &Scenario,
+    journal: &[Entry],
+) -> Result<()> {
+    let mut open: std::collections::BTreeSet<Handle> = std::collections::BTreeSet::new();
+    for entry in journal {
+        match (&entry.step, &entry.result) {
+            (Step::Open { expect, .. }, Ok(words)) if words.as_slice() == [u64::from(*expect)] => {
+                open.insert(*expect);
+            }
+            (Step::Close { handle }, _) => {
+                open.remove(handle);
+            }
+            _ => {}
+        }
+    }
+    for handle in open {
+        let _ = g.close(handle);
+    }
+    for op in &scenario.ops {
+        match op.step {
+            Step::Rate { domain, .. } => {
+                control.set_rate(
+                    domain,
+                    super::generate::RMID_RATE,
+                    perfbed_device::regs::Event::MbmLocalBytes,
+                    0,
+                )?;
+            }
+            Step::Allowed { domain, .. } => {
+                control
+                    .set_allowed(domain, &env.device.domains[domain as usize])
+                    .map_err(|e| anyhow::anyhow!("the default allowed set back: {e}"))?;
+            }
+            _ => {}
+        }
+    }
+    let cpus = env.device.domains.iter().flatten().copied();
+    let online =
+        perfbed_device::cpus::parse_cpu_list(g.read_file("/sys/devices/system/cpu/online")?.trim())
+            .map_err(|e| anyhow::anyhow!("/sys/devices/system/cpu/online: {e}"))?;
+    for cpu in cpus.filter(|c| !online.contains(c)) {
+        g.set_online(cpu, true)?;
+    }
+    home(g, control, env)
+}
+
+/// Puts every PMU on its domain's first CPU (through an allowed set of
+/// that CPU alone, then the default set, which keeps it there), so that
+/// each scenario starts with the owners its `offline` lines can name.
+fn home(g: &mut Guest, control: &mut ControlClient, env: &Env) -> Result<()> {
+    for (d, (pmu, cpus)) in (0u32..).zip(env.pmus.iter().zip(&env.device.domains)) {
+        let first = cpus[0];
+        let (_, mask) = g.wait_cpumask(pmu, |m| m.len() == 1 && cpus.contains(&m[0]))?;
+        if mask == [first] {
+            continue;
+        }
+        for set in [vec![first], cpus.clone()] {
+            control
+                .set_allowed(d, &set)
+                .map_err(|e| anyhow::anyhow!("{pmu}: the allowed set {set:?}: {e}"))?;
+            let (ok, mask) = g.wait_cpumask(pmu, |m| m == [first])?;
+            if !ok {
+                bail!("{pmu}: the allowed set {set:?}: cpumask {mask:?}, want [{first}]");
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn device() -> DeviceConfig {
+        let mut device = crate::stress::device(4, None).unwrap();
+        device.slots = super::super::SLOTS;
+        device
+    }
+
+    /// The journal of `scenario` as if every step did what it says, with
+    /// `reads` as the reads' answers, in order.
+    fn journal_of(scenario: &Scenario, reads: &[Vec<u64>]) -> Vec<Entry> {
+        let mut reads = reads.iter();
+        scenario
+            .ops
+            .iter()
+            .map(|op| Entry {
+                step: op.step.clone(),
+                result: Ok(match op.step {
+                    Step::Open { expect, .. } => vec![u64::from(expect)],
+                    Step::Read { .. } => reads.next().unwrap().clone(),
+                    Step::Park { .. } => vec![],
+                    Step::Unpark { cpu, .. } => vec![u64::from(cpu)],
+                    _ => vec![0],
+                }),
+                took_ns: 1000,
+                at_ns: 0,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_finding_and_an_unmet_want_name_the_file_and_line() {
+        let device = device();
+        let text = "a = open movable mbm_total_bytes rmid=1\n\
+                    burst movable mbm_total_bytes rmid=1 1MiB\n\
+                    park movable\n\
+                    burst movable mbm_total_bytes rmid=1 2MiB\n\
+                    disable a\n\
+                    burst movable mbm_total_bytes rmid=1 4MiB\n\
+                    unpark movable\n\
+                    read a\n\
+                    want a 3MiB\n";
+        let s = parse(Path::new("p.scn"), text, &layout(4, &device), 1).unwrap();
+        let right = judge(&s, &journal_of(&s, &[vec![3 << 20]]), &device);
+        assert!(right.passed, "{}", right.detail);
+        // Counted what landed while disabled: a read the model may allow
+        // (a DISABLE while parked), but not the want.
+        let counted = judge(&s, &journal_of(&s, &[vec![7 << 20]]), &device);
+        assert!(!counted.passed);
+        assert!(
+            counted
+                .detail
+                .contains("p.scn:9: a read 7340032, want 3145728"),
+            "{}",
+            counted.detail
+        );
+        // Counted more than landed, where the model knows it exactly:
+        // its finding, at the read's line, with no want to help it.
+        let plain = "a = open movable mbm_total_bytes rmid=1\n\
+                     burst movable mbm_total_bytes rmid=1 1MiB\n\
+                     read a\n";
+        let s = parse(Path::new("q.scn"), plain, &layout(4, &device), 1).unwrap();
+        assert!(judge(&s, &journal_of(&s, &[vec![1 << 20]]), &device).passed);
+        let more = judge(&s, &journal_of(&s, &[vec![2 << 20]]), &device);
+        assert!(!more.passed);
+        assert!(
+            more.detail.ends_with("(events: a = event 1)"),
+            "{}",
+            more.detail
+        );
+        assert!(
+            more.detail.starts_with("q.scn:3: read of event 1"),
+            "{}",
+            more.detail
+        );
+    }
+}
