@@ -120,7 +120,16 @@ pub enum Request {
         #[serde(default)]
         since: u64,
     },
+    /// The host's vCPUs (registers, local APICs, pending events) as text,
+    /// in the format of QEMU's `info registers -a` and `info lapic N`:
+    /// answered by a host that serves the socket with a [`CpuStateSource`]
+    /// (perfbed-vmm), refused elsewhere.
+    CpuState,
 }
+
+/// What a host gives for [`Request::CpuState`]: the text of its vCPUs'
+/// state, or why it has none. The device knows nothing of how it is made.
+pub type CpuStateSource = Arc<dyn Fn() -> Result<String, String> + Send + Sync>;
 
 /// The `trace_accesses` payload.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -178,6 +187,9 @@ pub struct Response {
     /// Slot assignments (`assignments`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub assignments: Option<Assignments>,
+    /// The host's vCPUs as text (`cpu_state`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_state: Option<String>,
 }
 
 impl Response {
@@ -245,7 +257,7 @@ pub fn parse_request(line: &[u8]) -> Result<Request, String> {
         }
         // serde's `deny_unknown_fields` does not reach an internally tagged
         // unit variant: check that `op` is its only field.
-        Request::State | Request::ResetStats | Request::Trace => {
+        Request::State | Request::ResetStats | Request::Trace | Request::CpuState => {
             let fields: serde_json::Map<String, serde_json::Value> =
                 serde_json::from_slice(line).map_err(|e| format!("bad request: {e}"))?;
             if let Some(field) = fields.keys().find(|k| *k != "op") {
@@ -321,6 +333,27 @@ pub fn apply(device: &mut Device, now_ns: u64, request: &Request) -> Reply {
             assignments: Some(device.assignments(now_ns, since)),
             ..Response::ok()
         }),
+        // The device has no vCPUs; a host that has answers before it.
+        Request::CpuState => Reply::Now(Response::error(NO_CPU_STATE)),
+    }
+}
+
+/// The refusal of [`Request::CpuState`] by a host that gives none.
+const NO_CPU_STATE: &str =
+    "this host gives no vCPU state on its control socket (QEMU's is on its monitor)";
+
+/// The response to a request line: [`Request::CpuState`] from `cpu_state`
+/// (outside the device's lock), any other from the device.
+fn answer_line(device: &SharedDevice, cpu_state: Option<&CpuStateSource>, line: &[u8]) -> Response {
+    match (parse_request(line), cpu_state) {
+        (Ok(Request::CpuState), Some(source)) => match source() {
+            Ok(text) => Response {
+                cpu_state: Some(text),
+                ..Response::ok()
+            },
+            Err(why) => Response::error(why),
+        },
+        _ => handle_line(device, line),
     }
 }
 
@@ -430,7 +463,11 @@ fn encode(response: &Response) -> Vec<u8> {
 /// Serves one connection until the client closes it (or the server stops).
 /// A line the client did not finish (no newline before it closed) is not a
 /// request: it is dropped unanswered and changes nothing.
-fn serve_connection(device: &SharedDevice, stream: UnixStream) -> io::Result<()> {
+fn serve_connection(
+    device: &SharedDevice,
+    cpu_state: Option<&CpuStateSource>,
+    stream: UnixStream,
+) -> io::Result<()> {
     let mut writer = stream.try_clone()?;
     let mut reader = BufReader::new(stream);
     let mut line = Vec::new();
@@ -441,7 +478,7 @@ fn serve_connection(device: &SharedDevice, stream: UnixStream) -> io::Result<()>
             Line::TooLong => Response::error(format!(
                 "request longer than {MAX_LINE} bytes: refused (and skipped up to its newline)"
             )),
-            Line::Text => handle_line(device, &line),
+            Line::Text => answer_line(device, cpu_state, &line),
         };
         writer.write_all(&encode(&response))?;
     }
@@ -453,7 +490,7 @@ impl SharedDevice {
     /// Starts serving the control socket at `path` (a stale socket file there
     /// is replaced). Dropping the returned server stops it.
     pub fn serve_control(&self, path: &Path) -> io::Result<ControlServer> {
-        ControlServer::start(self.clone(), path)
+        ControlServer::start(self.clone(), path, None)
     }
 }
 
@@ -468,8 +505,13 @@ pub struct ControlServer {
 }
 
 impl ControlServer {
-    /// Binds `path` (replacing a stale socket file) and starts serving.
-    pub fn start(device: SharedDevice, path: &Path) -> io::Result<ControlServer> {
+    /// Binds `path` (replacing a stale socket file) and starts serving;
+    /// `cpu_state` answers [`Request::CpuState`] (a host with vCPUs to show).
+    pub fn start(
+        device: SharedDevice,
+        path: &Path,
+        cpu_state: Option<CpuStateSource>,
+    ) -> io::Result<ControlServer> {
         if let Ok(meta) = std::fs::symlink_metadata(path) {
             if meta.file_type().is_socket() {
                 std::fs::remove_file(path)?;
@@ -484,7 +526,7 @@ impl ControlServer {
             let connections = connections.clone();
             thread::Builder::new()
                 .name("perfbed-control".into())
-                .spawn(move || accept_loop(device, listener, stop, connections))?
+                .spawn(move || accept_loop(device, cpu_state, listener, stop, connections))?
         };
         Ok(ControlServer {
             path: path.to_path_buf(),
@@ -502,6 +544,7 @@ impl ControlServer {
 
 fn accept_loop(
     device: SharedDevice,
+    cpu_state: Option<CpuStateSource>,
     listener: UnixListener,
     stop: Arc<AtomicBool>,
     connections: Connections,
@@ -530,11 +573,12 @@ fn accept_loop(
                     }
                 }
                 let device = device.clone();
+                let cpu_state = cpu_state.clone();
                 let conns = connections.clone();
                 let spawned = thread::Builder::new()
                     .name(format!("perfbed-control-{id}"))
                     .spawn(move || {
-                        let _ = serve_connection(&device, stream);
+                        let _ = serve_connection(&device, cpu_state.as_ref(), stream);
                         if let Ok(mut map) = conns.lock() {
                             map.remove(&id);
                         }
@@ -688,9 +732,15 @@ impl ControlClient {
         .map(drop)
     }
 
-    /// Waits until all injected traffic has landed.
+    /// Waits until all injected traffic has landed, at most `timeout_ms`
+    /// and never more than the server takes ([`MAX_WAIT_MS`]): a caller's
+    /// patience for a guest held in gdb is an hour, traffic lands in
+    /// seconds.
     pub fn wait_landed(&mut self, timeout_ms: u64) -> Result<(), ClientError> {
-        self.call(&Request::WaitLanded { timeout_ms }).map(drop)
+        self.call(&Request::WaitLanded {
+            timeout_ms: timeout_ms.min(MAX_WAIT_MS),
+        })
+        .map(drop)
     }
 
     /// A snapshot of the device.
@@ -698,6 +748,13 @@ impl ControlClient {
         self.call(&Request::State)?
             .state
             .ok_or(ClientError::MissingPayload("state"))
+    }
+
+    /// The host's vCPUs as text ([`Request::CpuState`]).
+    pub fn cpu_state(&mut self) -> Result<String, ClientError> {
+        self.call(&Request::CpuState)?
+            .cpu_state
+            .ok_or(ClientError::MissingPayload("cpu_state"))
     }
 
     /// Clears the statistics and the trace.
@@ -786,5 +843,35 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// `cpu_state` is the host's to answer: from its source when it serves
+    /// one (outside the device), refused by a host that has none.
+    #[test]
+    fn cpu_state_is_answered_by_the_hosts_source_or_refused() {
+        let device = SharedDevice::new(DeviceConfig::default()).unwrap();
+        let line = br#"{"op":"cpu_state"}"#;
+        let refused = answer_line(&device, None, line);
+        assert_eq!(
+            (refused.ok, refused.error.as_deref()),
+            (false, Some(NO_CPU_STATE))
+        );
+        let source: CpuStateSource = Arc::new(|| Ok("### info registers -a\nCPU#0\n".into()));
+        let answered = answer_line(&device, Some(&source), line);
+        assert!(answered.ok);
+        assert_eq!(
+            answered.cpu_state.as_deref(),
+            Some("### info registers -a\nCPU#0\n")
+        );
+        let failing: CpuStateSource = Arc::new(|| Err("not yet".into()));
+        assert_eq!(
+            answer_line(&device, Some(&failing), line).error.as_deref(),
+            Some("not yet")
+        );
+        // Other requests still reach the device; a stray field is refused.
+        assert!(answer_line(&device, Some(&source), br#"{"op":"state"}"#)
+            .state
+            .is_some());
+        assert!(!answer_line(&device, Some(&source), br#"{"op":"cpu_state","x":1}"#).ok);
     }
 }

@@ -31,7 +31,7 @@ use crate::devices::perfbed::PerfbedMmio;
 use crate::memory::{MMIO_HOLE_START, PERFBED_DEVICE_BASE};
 use crate::stats::Stats;
 use crate::vcpu::cpuid::Placement;
-use crate::vcpu::{Vcpu, VcpuEnd};
+use crate::vcpu::{Exit, Vcpu, VcpuEnd};
 use crate::vmm::VmmError;
 
 const CODE_ADDR: u64 = 0x1000;
@@ -100,15 +100,21 @@ fn time_loop(
     let started = Instant::now();
     while !done.0.load(Ordering::SeqCst) {
         match vcpu.step(io, mmio, stats) {
-            None => {}
-            Some(VcpuEnd::Reset) => {
+            Exit::Handled => {}
+            // No debugger sets guest debugging here.
+            Exit::Debug(exit) => {
+                return Err(VmmError::VcpuFailed(format!(
+                    "the benchmark guest took a debug exit: {exit:?}"
+                )))
+            }
+            Exit::End(VcpuEnd::Reset) => {
                 return Err(VmmError::VcpuFailed("the benchmark guest reset".into()))
             }
-            Some(VcpuEnd::Failed(why) | VcpuEnd::KvmFailure(why)) => {
+            Exit::End(VcpuEnd::Failed(why) | VcpuEnd::KvmFailure(why)) => {
                 return Err(VmmError::VcpuFailed(why))
             }
             // Only a handle stops a vCPU; the benchmark runs it bare.
-            Some(VcpuEnd::Stopped) => {
+            Exit::End(VcpuEnd::Stopped) => {
                 return Err(VmmError::VcpuFailed(
                     "the benchmark vCPU was stopped".into(),
                 ))

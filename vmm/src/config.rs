@@ -57,6 +57,25 @@ pub struct EndpointsConfig {
     /// Keep each bus's first this many accesses and print them at the end
     /// (`perfbed-vmm: access` lines: the fuzz targets' seeds); 0: none.
     pub record_accesses: usize,
+    /// gdb's remote protocol for the guest (`crate::gdb`).
+    pub gdb: Option<GdbConfig>,
+}
+
+/// Where gdb connects.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GdbListen {
+    /// A TCP port on 127.0.0.1 (as QEMU's `-gdb tcp::PORT`).
+    Tcp(u16),
+    /// A Unix socket (the box relays it to the host).
+    Unix(PathBuf),
+}
+
+/// The gdb stub.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GdbConfig {
+    pub listen: GdbListen,
+    /// The vCPUs start paused until gdb lets them run (QEMU's `-S`).
+    pub stopped: bool,
 }
 
 /// Everything a [`crate::Vmm`] needs.

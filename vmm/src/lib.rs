@@ -13,6 +13,8 @@
 //! - [`devices`]: the buses, the 8250 serial port, virtio-mmio with a
 //!   virtio console, and the monitoring device;
 //! - [`agent_channel`]: the agent socket served from the event loop;
+//! - [`gdb`]: gdb's remote protocol for the guest (a stub thread, vCPUs
+//!   as threads, software breakpoints and single-step through KVM);
 //! - [`vmm`]: running a VM, and stopping it (every vCPU joined before the
 //!   report); [`termination`]: SIGTERM and SIGINT as an event;
 //! - [`bench`]: the exit-cost benchmark; [`stats`]: the VMM's own figures;
@@ -32,6 +34,7 @@ pub mod config;
 pub mod device_manager;
 pub mod devices;
 pub mod exit_status;
+pub mod gdb;
 pub mod logger;
 pub mod memory;
 pub mod panic_report;

@@ -7,7 +7,9 @@
 //! is `PERFBED_VMM_LOG` (`error`, `warn`, `info`, `debug`, `trace`; `info`
 //! when unset or not one of these). The exit report's `perfbed-vmm: stat`
 //! lines are not log records: they are printed whatever the level, since
-//! xtask reads them (`vmm::Vmm::report`).
+//! xtask reads them (`vmm::Vmm::report`). The `gdbstub` crate's own records
+//! (each packet it does not know, at `info`) show from `debug` on, its
+//! warnings and errors always.
 
 use std::io::Write as _;
 
@@ -22,6 +24,9 @@ static LOGGER: StderrLogger = StderrLogger;
 
 impl Log for StderrLogger {
     fn enabled(&self, metadata: &Metadata) -> bool {
+        if metadata.target().starts_with("gdbstub") && metadata.level() > Level::Warn {
+            return log::max_level() >= LevelFilter::Debug;
+        }
         metadata.level() <= log::max_level()
     }
 

@@ -7,7 +7,8 @@ use std::time::Instant;
 use clap::Parser;
 use perfbed_device::DeviceConfig;
 use perfbed_vmm::config::{
-    default_domains, parse_domain_spec, EndpointsConfig, KernelConfig, MachineConfig,
+    default_domains, parse_domain_spec, EndpointsConfig, GdbConfig, GdbListen, KernelConfig,
+    MachineConfig,
 };
 use perfbed_vmm::{bench, ExitStatus, GuestEnd, Vmm, VmmBuilder, VmmConfig};
 
@@ -84,6 +85,17 @@ struct Cli {
     /// Write the serial console (ttyS0) here.
     #[arg(long, value_name = "PATH")]
     serial_log: Option<PathBuf>,
+    /// Serve gdb's remote protocol on this TCP port of 127.0.0.1 (one gdb at
+    /// a time; every vCPU is a thread).
+    #[arg(long, value_name = "PORT", conflicts_with = "gdb_socket")]
+    gdb_port: Option<u16>,
+    /// Serve gdb's remote protocol on this Unix socket instead.
+    #[arg(long, value_name = "PATH")]
+    gdb_socket: Option<PathBuf>,
+    /// With --gdb-port or --gdb-socket: start with every vCPU stopped before
+    /// the first instruction, until gdb continues (QEMU's -S).
+    #[arg(long)]
+    gdb_stopped: bool,
     /// Keep each bus's first N guest accesses and print them at the end as
     /// `perfbed-vmm: access` lines (seeds for the fuzz targets).
     #[arg(long, value_name = "N", default_value_t = 0)]
@@ -129,6 +141,17 @@ impl Cli {
                 control_socket: self.control_socket,
                 agent_socket: self.agent_socket,
                 serial_log: self.serial_log,
+                gdb: match (self.gdb_port, self.gdb_socket) {
+                    (Some(port), _) => Some(GdbConfig {
+                        listen: GdbListen::Tcp(port),
+                        stopped: self.gdb_stopped,
+                    }),
+                    (None, Some(path)) => Some(GdbConfig {
+                        listen: GdbListen::Unix(path),
+                        stopped: self.gdb_stopped,
+                    }),
+                    (None, None) => None,
+                },
                 record_accesses: self.record_accesses,
             },
         }
@@ -158,6 +181,12 @@ fn main() -> ExitCode {
     let Some(kernel) = cli.kernel.clone() else {
         return fail(ExitStatus::Usage, anyhow::anyhow!("--kernel is required"));
     };
+    if cli.gdb_stopped && cli.gdb_port.is_none() && cli.gdb_socket.is_none() {
+        return fail(
+            ExitStatus::Usage,
+            anyhow::anyhow!("--gdb-stopped needs --gdb-port or --gdb-socket"),
+        );
+    }
     let config = cli.config(kernel);
     if let Err(e) = config.validate() {
         return fail(ExitStatus::Usage, e.into());

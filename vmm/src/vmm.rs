@@ -3,14 +3,14 @@
 //! out of KVM and joined before the exit report.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::ThreadId;
 use std::time::Duration;
 
 use event_manager::{EventManager, EventOps, EventSet, EventSubscriber, Events, SubscriberOps};
 use kvm_ioctls::{Cap, Kvm, VmFd};
 use perfbed_device::host::Ticker;
-use perfbed_device::SharedDevice;
+use perfbed_device::{ControlServer, SharedDevice};
 use vm_memory::{GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 use vmm_sys_util::eventfd::EventFd;
 
@@ -21,10 +21,15 @@ use crate::config::{ConfigurationError, VmmConfig};
 use crate::device_manager::{DeviceManager, DeviceManagerError};
 use crate::devices::bus::BusError;
 use crate::devices::virtio::mmio::TransportError;
+use crate::gdb::hub::Hub;
+use crate::gdb::target::VmTarget;
+use crate::gdb::{GdbError, Listener};
 use crate::memory::MemoryError;
 use crate::stats::{rss_beyond, Stats};
-use crate::vcpu::handle::{stop_all_but, stop_and_join, HandleError, VcpuControl, VcpuHandle};
-use crate::vcpu::{Vcpu, VcpuEnd, VcpuError};
+use crate::vcpu::handle::{
+    self, stop_all_but, stop_and_join, HandleError, Start, VcpuControl, VcpuHandle,
+};
+use crate::vcpu::{DebugExits, SharedVcpu, Vcpu, VcpuEnd, VcpuError};
 
 /// How long the end of a run waits for every vCPU to leave KVM and end.
 pub const VCPU_STOP_PATIENCE: Duration = Duration::from_secs(5);
@@ -63,6 +68,8 @@ pub enum VmmError {
     DeviceManager(#[from] DeviceManagerError),
     #[error(transparent)]
     VcpuHandle(#[from] HandleError),
+    #[error(transparent)]
+    Gdb(#[from] GdbError),
     #[error("{what}: {source}")]
     Io {
         what: String,
@@ -162,11 +169,39 @@ impl Vmm {
     /// vCPU fails, or SIGTERM/SIGINT arrives; then stops every vCPU, joins
     /// it, and prints the exit report.
     pub fn run(self) -> Result<GuestEnd, VmmError> {
+        // The control socket answers `cpu_state` once the vCPUs run.
+        let vcpu_controls: Arc<OnceLock<Vec<Arc<VcpuControl>>>> = Arc::default();
         let _control = match &self.config.endpoints.control_socket {
-            Some(path) => Some(self.device.serve_control(path).map_err(io_error(format!(
-                "serving the control socket {}",
-                path.display()
-            )))?),
+            Some(path) => Some(
+                ControlServer::start(
+                    self.device.clone(),
+                    path,
+                    Some(handle::control_source(vcpu_controls.clone())),
+                )
+                .map_err(io_error(format!(
+                    "serving the control socket {}",
+                    path.display()
+                )))?,
+            ),
+            None => None,
+        };
+        // Bound before the guest waits for its agent, so that gdb can
+        // connect as soon as the VMM runs.
+        let gdb = match &self.config.endpoints.gdb {
+            Some(config) => {
+                let listener = Listener::bind(&config.listen)?;
+                let hub = Arc::new(Hub::new().map_err(io_error("creating gdb's eventfd"))?);
+                log::info!(
+                    "gdb: listening on {:?}{}",
+                    config.listen,
+                    if config.stopped {
+                        ", the vCPUs stopped until gdb continues"
+                    } else {
+                        ""
+                    }
+                );
+                Some((listener, hub, config.stopped))
+            }
             None => None,
         };
         let mut events: EventManager<Arc<dyn EventSubscriber + Send + Sync>> =
@@ -227,13 +262,24 @@ impl Vmm {
         }));
         let vcpus = self.vcpus.len();
         let mut handles = Vec::with_capacity(vcpus);
+        let mut shared: Vec<SharedVcpu> = Vec::with_capacity(vcpus);
+        let debugger = gdb
+            .as_ref()
+            .map(|(_, hub, _)| hub.clone() as Arc<dyn DebugExits>);
+        let start = match &gdb {
+            Some((_, _, true)) => Start::Paused,
+            _ => Start::Running,
+        };
         for vcpu in self.vcpus {
             let index = u32::from(vcpu.index());
             let runner = vcpu.into_runner(
                 devices.io_bus().clone(),
                 devices.mmio_bus().clone(),
                 self.stats.clone(),
+                debugger.clone(),
             );
+            // Some exactly when there is a debugger, which is when gdb below needs them.
+            shared.extend(runner.shared());
             let (ended, evt) = (
                 ended.clone(),
                 ended_evt
@@ -250,7 +296,7 @@ impl Vmm {
                     let _ = evt.write(1);
                 }
             };
-            match VcpuHandle::spawn(index, runner, on_end) {
+            match VcpuHandle::spawn_with(index, runner, on_end, start) {
                 Ok(handle) => handles.push(handle),
                 Err(e) => {
                     stop_and_join(handles, VCPU_STOP_PATIENCE);
@@ -259,6 +305,20 @@ impl Vmm {
             }
         }
         let controls: Vec<Arc<VcpuControl>> = handles.iter().map(VcpuHandle::control).collect();
+        let _ = vcpu_controls.set(controls.clone());
+        if let Some((listener, hub, _)) = gdb {
+            let target = VmTarget::new(
+                shared,
+                controls.clone(),
+                self.memory.clone(),
+                devices.mmio_bus().clone(),
+                hub,
+            );
+            if let Err(e) = crate::gdb::serve(listener, target) {
+                stop_and_join(handles, VCPU_STOP_PATIENCE);
+                return Err(e.into());
+            }
+        }
 
         let on_panic = (self.stats.clone(), devices.clone(), self.memory.clone());
         crate::panic_report::install(Arc::new(move |panicking: ThreadId| {
@@ -282,6 +342,13 @@ impl Vmm {
                 break None;
             }
         };
+        if let Some(why) = unexpected(
+            end.as_ref(),
+            devices.powered_off(),
+            self.panicked.load(Ordering::SeqCst),
+        ) {
+            handle::report(vcpu_controls.get().map_or(&[][..], Vec::as_slice), &why);
+        }
         let (joined, errors) = stop_and_join(handles, VCPU_STOP_PATIENCE);
         for e in &errors {
             log::error!("stopping the vCPUs: {e}");
@@ -295,6 +362,18 @@ impl Vmm {
             devices.powered_off(),
             self.panicked.load(Ordering::SeqCst),
         )
+    }
+}
+
+/// Why the vCPUs' state is worth keeping at the end of a run that ended
+/// with `end`: a KVM failure or a reset nobody asked for.
+fn unexpected(end: Option<&VcpuEnd>, powered_off: bool, panicked: bool) -> Option<String> {
+    match guest_end(end.cloned(), powered_off, panicked) {
+        Ok(GuestEnd::KvmFailure(why)) => Some(format!("KVM failure: {why}")),
+        Ok(GuestEnd::UnexpectedReset) => {
+            Some("the guest reset with neither the agent's power-off nor a panic".into())
+        }
+        _ => None,
     }
 }
 
@@ -379,5 +458,32 @@ mod tests {
             Err(VmmError::VcpuFailed(_))
         ));
         assert!(guest_end(Some(VcpuEnd::Stopped), false, false).is_err());
+    }
+
+    #[test]
+    fn the_vcpus_are_captured_at_a_kvm_failure_or_an_unasked_reset_only() {
+        let reset = Some(VcpuEnd::Reset);
+        assert!(unexpected(reset.as_ref(), false, false).is_some_and(|why| why.contains("reset")));
+        let failed = Some(VcpuEnd::KvmFailure("vCPU 1: KVM internal error".into()));
+        assert_eq!(
+            unexpected(failed.as_ref(), true, false).as_deref(),
+            Some("KVM failure: vCPU 1: KVM internal error")
+        );
+        assert_eq!(
+            unexpected(reset.as_ref(), true, false),
+            None,
+            "the agent's power-off"
+        );
+        assert_eq!(
+            unexpected(reset.as_ref(), false, true),
+            None,
+            "a panic has its own report"
+        );
+        assert_eq!(unexpected(None, false, false), None, "a termination signal");
+        assert_eq!(
+            unexpected(Some(&VcpuEnd::Failed("EFAULT".into())), false, false),
+            None,
+            "the host's error"
+        );
     }
 }

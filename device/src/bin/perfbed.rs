@@ -142,6 +142,11 @@ enum CtlCommand {
         #[arg(long, value_name = "N", default_value_t = 0)]
         since: u64,
     },
+    /// The host's vCPUs: registers, segment and control registers, local
+    /// APICs and pending events, as text in the format of QEMU's `info
+    /// registers -a` and `info lapic N` (perfbed-vmm only; QEMU's are on
+    /// its monitor).
+    Vcpus,
 }
 
 /// Parses `--event`; clap names the flag in the error.
@@ -159,6 +164,7 @@ impl CtlCommand {
             CtlCommand::Trace { .. } => Request::Trace,
             CtlCommand::Wait { timeout_ms } => Request::WaitLanded { timeout_ms },
             CtlCommand::Assignments { since } => Request::Assignments { since },
+            CtlCommand::Vcpus => Request::CpuState,
             CtlCommand::Inject {
                 ref target,
                 event,
@@ -254,7 +260,11 @@ fn ctl(args: &Ctl) -> Result<bool> {
     let response = client
         .request(&args.request.request())
         .map_err(|e| anyhow!("{e}"))?;
-    let text = serde_json::to_string_pretty(&response).context("cannot print the response")?;
+    let text = match (&args.request, &response.cpu_state) {
+        // The vCPUs' text as it is, for the eye and for `cpu-state.txt`.
+        (CtlCommand::Vcpus, Some(state)) => state.trim_end().to_string(),
+        _ => serde_json::to_string_pretty(&response).context("cannot print the response")?,
+    };
     // A closed stdout (`perfbed ctl ... state | head`) is not an error.
     let _ = writeln!(std::io::stdout().lock(), "{text}");
     if !response.ok {

@@ -4,13 +4,26 @@
 //! `/init` perfbed-vmm's arguments on L1's kernel command line, and three
 //! virtio-serial ports carry what the host would otherwise reach directly:
 //! the agent channel, the device's control socket and the guest's serial
-//! console. `/init` runs perfbed-vmm, relays the sockets to the ports and
-//! ends L1 with perfbed-vmm's exit status.
+//! console; a fourth, with gdb, carries gdb's connections to perfbed-vmm's
+//! stub (`--gdb-socket` [`GDB_SOCKET`] among the arguments asks for it).
+//! `/init` runs perfbed-vmm, relays the sockets to the ports and ends L1
+//! with perfbed-vmm's exit status.
 
 /// virtio-serial port names (`-device virtserialport,name=...`).
 pub const PORT_AGENT: &str = "perfbed.agent";
 pub const PORT_CONTROL: &str = "perfbed.control";
 pub const PORT_SERIAL: &str = "perfbed.serial";
+pub const PORT_GDB: &str = "perfbed.gdb";
+
+/// Where perfbed-vmm serves gdb in L1 (`--gdb-socket`); `/init` relays each
+/// gdb connection the host makes on [`PORT_GDB`] to it.
+pub const GDB_SOCKET: &str = "/run/gdb.sock";
+
+/// Whether perfbed-vmm's arguments ask for gdb on [`GDB_SOCKET`].
+pub fn wants_gdb(args: &[String]) -> bool {
+    args.windows(2)
+        .any(|w| w[0] == "--gdb-socket" && w[1] == GDB_SOCKET)
+}
 
 /// L1 kernel command-line key carrying perfbed-vmm's arguments.
 pub const ARGS_KEY: &str = "perfbed_box.vmm=";
@@ -111,6 +124,21 @@ mod tests {
         assert_eq!(decode_args("perfbed_box.vmm=abc"), None);
         assert_eq!(decode_args("perfbed_box.vmm=zz"), None);
         assert_eq!(decode_args("perfbed_box.vmm="), Some(vec![]));
+    }
+
+    #[test]
+    fn gdb_is_asked_for_by_the_socket_argument() {
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert!(wants_gdb(&args(&[
+            "--cpus",
+            "4",
+            "--gdb-socket",
+            GDB_SOCKET,
+            "--gdb-stopped"
+        ])));
+        assert!(!wants_gdb(&args(&["--cpus", "4"])));
+        assert!(!wants_gdb(&args(&["--gdb-socket", "/elsewhere"])));
+        assert!(!wants_gdb(&args(&[GDB_SOCKET])));
     }
 
     #[test]

@@ -3,6 +3,8 @@
 //!
 //! See the library (`src/lib.rs`) for the contract with xtask.
 
+mod gdb_relay;
+
 use std::ffi::CString;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
@@ -17,8 +19,9 @@ use std::time::{Duration, Instant};
 mod stall_watch;
 
 use perfbed_box_init::{
-    decode_args, terminate_before_agent, BOX_FAILED, DEBUG_EXIT_PORT, GUEST_INITRAMFS,
-    GUEST_KERNEL, MODULE_ORDER, PORT_AGENT, PORT_CONTROL, PORT_SERIAL, VMM_PATH,
+    decode_args, terminate_before_agent, wants_gdb, BOX_FAILED, DEBUG_EXIT_PORT, GDB_SOCKET,
+    GUEST_INITRAMFS, GUEST_KERNEL, MODULE_ORDER, PORT_AGENT, PORT_CONTROL, PORT_GDB, PORT_SERIAL,
+    VMM_PATH,
 };
 
 const AGENT_SOCKET: &str = "/run/agent.sock";
@@ -63,6 +66,11 @@ fn run() -> Result<u8, String> {
     let agent_port = find_port(PORT_AGENT)?;
     let control_port = find_port(PORT_CONTROL)?;
     let serial_port = find_port(PORT_SERIAL)?;
+    let gdb_port = if wants_gdb(&args) {
+        Some(find_port(PORT_GDB)?)
+    } else {
+        None
+    };
     let uptime = fs::read_to_string("/proc/uptime").unwrap_or_default();
     eprintln!(
         "perfbed-box: L1 ready: uptime {} s, /init took {} ms; starting perfbed-vmm",
@@ -84,6 +92,9 @@ fn run() -> Result<u8, String> {
         .spawn()
         .map_err(|e| format!("starting {VMM_PATH}: {e}"))?;
     stall_watch::spawn(vmm.id());
+    if let Some(port) = gdb_port {
+        gdb_relay::start(port, PathBuf::from(GDB_SOCKET))?;
+    }
 
     // The VMM serves the control socket before it waits for the agent
     // socket's client, and starts the guest once we connect there.

@@ -12,6 +12,15 @@
 //!   read comes with a signal whose `immediate_exit` makes the next
 //!   `KVM_RUN` return at once.
 //!
+//! A snapshot of the vCPU's state is asked the same way (a flag published,
+//! then the kick): the thread takes it at its checkpoint, running or
+//! parked, and goes on as it was. A thread whose guest ended the run takes
+//! one before it ends, so the state that ended it can still be read.
+//!
+//! A vCPU may also park itself: a runner whose step returns
+//! [`Step::Park`] (a debug exit, for gdb) is paused as if asked, and stays
+//! parked until someone resumes it.
+//!
 //! The machinery is generic over [`Runnable`] so that it can be tested
 //! without KVM (the tests' runner blocks in `nanosleep` the way a vCPU
 //! blocks in `KVM_RUN`).
@@ -19,11 +28,18 @@
 use std::cell::Cell;
 use std::ptr;
 use std::sync::atomic::{AtomicI32, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, Once};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Once, OnceLock};
 use std::thread::{self, JoinHandle, ThreadId};
 use std::time::{Duration, Instant};
 
 use vmm_sys_util::signal::{register_signal_handler, Killable, SIGRTMIN};
+
+use perfbed_device::control::CpuStateSource;
+
+use super::snapshot::{render, VcpuSnapshot, BEGIN_MARKER, END_MARKER};
+
+/// How long a capture waits for each vCPU's thread to take its snapshot.
+pub const SNAPSHOT_PATIENCE: Duration = Duration::from_secs(2);
 
 /// The kick signal's offset from `SIGRTMIN` (real-time signals are not
 /// used by the C runtime).
@@ -44,14 +60,26 @@ pub enum VcpuEnd {
     Stopped,
 }
 
+/// What one guest entry came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// Go on: an exit handled, or `EINTR` from a kick.
+    Go,
+    /// Park this vCPU until it is resumed (it stopped for the debugger).
+    Park,
+    /// The run is over.
+    End(VcpuEnd),
+}
+
 /// What a vCPU thread runs: one guest entry at a time.
 pub trait Runnable: Send + 'static {
-    /// Enters the guest once and handles the exit: `Some` when the run is
-    /// over, `None` to go on (an exit handled, or `EINTR` from a kick).
-    fn step(&mut self) -> Option<VcpuEnd>;
+    /// Enters the guest once and handles the exit.
+    fn step(&mut self) -> Step;
     /// The byte that makes the next entry return at once
     /// (`kvm_run.immediate_exit`); it must stay valid while the thread runs.
     fn immediate_exit(&mut self) -> *mut u8;
+    /// The vCPU's state, read between entries (why not, if it cannot be).
+    fn snapshot(&mut self) -> Result<VcpuSnapshot, String>;
 }
 
 /// Why a handle's request did not complete.
@@ -75,6 +103,16 @@ pub enum HandleError {
     Panicked { index: u32 },
 }
 
+/// How a vCPU thread starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Start {
+    /// Entering the guest at once.
+    Running,
+    /// Parked before its first entry, until resumed (gdb's "stopped at the
+    /// first instruction").
+    Paused,
+}
+
 /// What the VMM asks of a vCPU thread.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Request {
@@ -92,6 +130,21 @@ struct State {
     ended: Option<VcpuEnd>,
     /// The thread's pthread while it is alive, for the kick.
     pthread: Option<libc::pthread_t>,
+    /// A snapshot is asked for and not taken yet.
+    snapshot_asked: bool,
+    /// The snapshot taken on the last request.
+    snapshot: Option<Result<VcpuSnapshot, String>>,
+    /// The one taken as the guest ended the run (kept apart: a request
+    /// that comes after the loop ended, before the thread did, is never
+    /// served and must find it).
+    last: Option<Result<VcpuSnapshot, String>>,
+}
+
+/// What the thread does after its checkpoint.
+enum Checkpoint {
+    Enter,
+    Stop,
+    Snapshot,
 }
 
 /// The part of a handle the vCPU thread and anyone holding it share: the
@@ -146,17 +199,28 @@ impl VcpuControl {
 
     /// Waits until the thread has ended, at most `patience`.
     pub fn wait_ended(&self, patience: Duration) -> Result<VcpuEnd, HandleError> {
+        self.wait_until(patience, "end", |state| state.ended.clone().map(Ok))
+    }
+
+    /// Waits (at most `patience`) until `outcome` has an answer from the
+    /// state.
+    fn wait_until<T>(
+        &self,
+        patience: Duration,
+        what: &'static str,
+        outcome: impl Fn(&State) -> Option<Result<T, HandleError>>,
+    ) -> Result<T, HandleError> {
         let deadline = Instant::now() + patience;
         let mut state = self.state();
         loop {
-            if let Some(end) = &state.ended {
-                return Ok(end.clone());
+            if let Some(result) = outcome(&state) {
+                return result;
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return Err(HandleError::Timeout {
                     index: self.index,
-                    what: "end",
+                    what,
                     waited: patience,
                 });
             }
@@ -169,23 +233,27 @@ impl VcpuControl {
     }
 
     /// The thread's checkpoint between guest entries: parks while paused,
-    /// `true` when it must stop.
-    fn checkpoint(&self, immediate_exit: *mut u8) -> bool {
+    /// leaves to stop or to take a snapshot.
+    fn checkpoint(&self, immediate_exit: *mut u8) -> Checkpoint {
         // Cleared before the request is read (see the module's doc).
         // SAFETY: the runner keeps the byte valid while its thread runs, and
         // only this thread and its own signal handler write it.
         unsafe { immediate_exit.write_volatile(0) };
         let mut state = self.state();
         loop {
+            if state.snapshot_asked && state.request != Request::Stop {
+                state.snapshot_asked = false;
+                return Checkpoint::Snapshot;
+            }
             match state.request {
                 Request::Run => {
                     if state.paused {
                         state.paused = false;
                         self.changed.notify_all();
                     }
-                    return false;
+                    return Checkpoint::Enter;
                 }
-                Request::Stop => return true,
+                Request::Stop => return Checkpoint::Stop,
                 Request::Pause => {
                     if !state.paused {
                         state.paused = true;
@@ -197,10 +265,92 @@ impl VcpuControl {
         }
     }
 
+    /// Kicks the vCPU out of the guest and parks it, and waits (at most
+    /// `patience`) until it is parked.
+    pub fn pause(&self, patience: Duration) -> Result<(), HandleError> {
+        self.request(Request::Pause)?;
+        let index = self.index;
+        self.wait_until(patience, "pause", |state| match &state.ended {
+            Some(end) => Some(Err(HandleError::Ended {
+                index,
+                end: end.clone(),
+            })),
+            None => state.paused.then_some(Ok(())),
+        })
+    }
+
+    /// Lets a paused vCPU run again.
+    pub fn resume(&self) -> Result<(), HandleError> {
+        self.request(Request::Run)
+    }
+
+    /// The vCPU's state, taken by its thread at its next checkpoint (it is
+    /// kicked out of the guest for it, and goes on as it was), waiting at
+    /// most `patience`; for a vCPU whose thread has ended, the state it
+    /// ended in (a guest's end) or the end.
+    pub fn snapshot(
+        &self,
+        patience: Duration,
+    ) -> Result<Result<VcpuSnapshot, String>, HandleError> {
+        {
+            let mut state = self.state();
+            if state.ended.is_none() {
+                state.snapshot = None;
+                state.snapshot_asked = true;
+                self.changed.notify_all();
+                if let Some(pthread) = state.pthread {
+                    Pthread(pthread)
+                        .kill(SIGRTMIN() + KICK_SIGNAL_OFFSET)
+                        .map_err(|e| HandleError::Kick {
+                            index: self.index,
+                            errno: e.errno(),
+                        })?;
+                }
+            }
+        }
+        let index = self.index;
+        self.wait_until(patience, "take a snapshot", |state| {
+            match (&state.snapshot, &state.ended, &state.last) {
+                (Some(taken), _, _) => Some(Ok(taken.clone())),
+                (None, Some(_), Some(last)) => Some(Ok(last.clone())),
+                (None, Some(end), None) => Some(Err(HandleError::Ended {
+                    index,
+                    end: end.clone(),
+                })),
+                (None, None, _) => None,
+            }
+        })
+    }
+
+    fn put_snapshot(&self, taken: Result<VcpuSnapshot, String>) {
+        self.state().snapshot = Some(taken);
+        self.changed.notify_all();
+    }
+
+    fn put_last(&self, taken: Result<VcpuSnapshot, String>) {
+        self.state().last = Some(taken);
+    }
+
+    /// Whether the thread is parked.
+    pub fn is_paused(&self) -> bool {
+        self.state().paused
+    }
+
+    /// Parks the calling vCPU thread at its next checkpoint (its runner
+    /// asked to, [`Step::Park`]); a stop already asked for wins.
+    fn park_self(&self) {
+        let mut state = self.state();
+        if state.request == Request::Run {
+            state.request = Request::Pause;
+        }
+    }
+
     fn end(&self, end: VcpuEnd) {
         let mut state = self.state();
         state.pthread = None;
         state.paused = false;
+        // Only a guest's end leaves its state to read.
+        state.snapshot = None;
         state.ended = Some(end);
         self.changed.notify_all();
     }
@@ -262,17 +412,34 @@ impl VcpuHandle {
     /// stop), after KVM is left for good.
     pub fn spawn(
         index: u32,
+        runner: impl Runnable,
+        on_end: impl FnOnce(&VcpuEnd) + Send + 'static,
+    ) -> Result<VcpuHandle, HandleError> {
+        VcpuHandle::spawn_with(index, runner, on_end, Start::Running)
+    }
+
+    /// [`VcpuHandle::spawn`], parked before its first entry when `start`
+    /// says so.
+    pub fn spawn_with(
+        index: u32,
         mut runner: impl Runnable,
         on_end: impl FnOnce(&VcpuEnd) + Send + 'static,
+        start: Start,
     ) -> Result<VcpuHandle, HandleError> {
         install_kick_handler().map_err(|errno| HandleError::SignalHandler { index, errno })?;
         let control = Arc::new(VcpuControl {
             index,
             state: Mutex::new(State {
-                request: Request::Run,
+                request: match start {
+                    Start::Running => Request::Run,
+                    Start::Paused => Request::Pause,
+                },
                 paused: false,
                 ended: None,
                 pthread: None,
+                snapshot_asked: false,
+                snapshot: None,
+                last: None,
             }),
             changed: Condvar::new(),
             thread: Mutex::new(None),
@@ -291,11 +458,22 @@ impl VcpuHandle {
                         Some(thread::current().id());
                 }
                 let end = loop {
-                    if shared.checkpoint(immediate_exit) {
-                        break VcpuEnd::Stopped;
+                    match shared.checkpoint(immediate_exit) {
+                        Checkpoint::Enter => {}
+                        Checkpoint::Stop => break VcpuEnd::Stopped,
+                        Checkpoint::Snapshot => {
+                            shared.put_snapshot(runner.snapshot());
+                            continue;
+                        }
                     }
-                    if let Some(end) = runner.step() {
-                        break end;
+                    match runner.step() {
+                        Step::Go => {}
+                        Step::Park => shared.park_self(),
+                        Step::End(end) => {
+                            // The state the guest ended the run in.
+                            shared.put_last(runner.snapshot());
+                            break end;
+                        }
                     }
                 };
                 KICK_TARGET.with(|t| t.set(ptr::null_mut()));
@@ -324,45 +502,17 @@ impl VcpuHandle {
     /// Kicks the vCPU out of the guest and parks it, and waits (at most
     /// `patience`) until it is parked.
     pub fn pause(&self, patience: Duration) -> Result<(), HandleError> {
-        self.control.request(Request::Pause)?;
-        let index = self.control.index;
-        let deadline = Instant::now() + patience;
-        let mut state = self.control.state();
-        loop {
-            if let Some(end) = &state.ended {
-                return Err(HandleError::Ended {
-                    index,
-                    end: end.clone(),
-                });
-            }
-            if state.paused {
-                return Ok(());
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(HandleError::Timeout {
-                    index,
-                    what: "pause",
-                    waited: patience,
-                });
-            }
-            state = self
-                .control
-                .changed
-                .wait_timeout(state, left)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
-        }
+        self.control.pause(patience)
     }
 
     /// Lets a paused vCPU run again.
     pub fn resume(&self) -> Result<(), HandleError> {
-        self.control.request(Request::Run)
+        self.control.resume()
     }
 
     /// Whether the thread is parked.
     pub fn is_paused(&self) -> bool {
-        self.control.state().paused
+        self.control.is_paused()
     }
 
     /// Kicks the vCPU out of the guest for good.
@@ -440,6 +590,36 @@ pub fn stop_all_but(
         .count()
 }
 
+/// Every vCPU's state as [`render`]'s text: each live vCPU is kicked out
+/// of the guest for it (and goes on), an ended one gives the state its
+/// guest ended the run in.
+pub fn capture(controls: &[Arc<VcpuControl>]) -> String {
+    let taken: Vec<Result<VcpuSnapshot, String>> = controls
+        .iter()
+        .map(|c| {
+            c.snapshot(SNAPSHOT_PATIENCE)
+                .map_err(|e| e.to_string())
+                .and_then(|s| s)
+        })
+        .collect();
+    render(&taken)
+}
+
+/// Prints [`capture`] to stderr between [`BEGIN_MARKER`] and
+/// [`END_MARKER`] (at any log level), saying why it was taken.
+pub fn report(controls: &[Arc<VcpuControl>], why: &str) {
+    eprintln!("{BEGIN_MARKER}: {why}\n{}{END_MARKER}", capture(controls));
+}
+
+/// The control socket's answer to `cpu_state`, once the vCPUs exist
+/// (`vcpus` is set when they are spawned).
+pub fn control_source(vcpus: Arc<OnceLock<Vec<Arc<VcpuControl>>>>) -> CpuStateSource {
+    Arc::new(move || match vcpus.get() {
+        Some(controls) => Ok(capture(controls)),
+        None => Err("the vCPUs have not started yet (the VMM waits for the agent's client)".into()),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -452,6 +632,8 @@ mod tests {
         immediate_exit: Box<u8>,
         entries: Arc<AtomicU32>,
         ends_after: Option<u32>,
+        /// Entries after which the runner asks to park (a debug exit).
+        parks_at: Vec<u32>,
     }
 
     impl Sleeper {
@@ -462,6 +644,7 @@ mod tests {
                     immediate_exit: Box::new(0),
                     entries: entries.clone(),
                     ends_after,
+                    parks_at: Vec::new(),
                 },
                 entries,
             )
@@ -469,10 +652,13 @@ mod tests {
     }
 
     impl Runnable for Sleeper {
-        fn step(&mut self) -> Option<VcpuEnd> {
+        fn step(&mut self) -> Step {
             let n = self.entries.fetch_add(1, Ordering::SeqCst) + 1;
             if self.ends_after.is_some_and(|last| n >= last) {
-                return Some(VcpuEnd::Reset);
+                return Step::End(VcpuEnd::Reset);
+            }
+            if self.parks_at.contains(&n) {
+                return Step::Park;
             }
             // As KVM_RUN in a halted guest: back with EINTR on a signal, or
             // at once with immediate_exit set (KVM reads it after the
@@ -481,7 +667,7 @@ mod tests {
             loop {
                 // SAFETY: our own byte; the signal handler writes it too.
                 if unsafe { ptr::read_volatile(&*self.immediate_exit) } != 0 {
-                    return None;
+                    return Step::Go;
                 }
                 let nap = libc::timespec {
                     tv_sec: 0,
@@ -489,13 +675,20 @@ mod tests {
                 };
                 // SAFETY: valid timespec, no remainder wanted.
                 if unsafe { libc::nanosleep(&nap, ptr::null_mut()) } != 0 {
-                    return None;
+                    return Step::Go;
                 }
             }
         }
 
         fn immediate_exit(&mut self) -> *mut u8 {
             &mut *self.immediate_exit
+        }
+
+        /// The number of entries so far, as RIP.
+        fn snapshot(&mut self) -> Result<VcpuSnapshot, String> {
+            let mut taken = VcpuSnapshot::default();
+            taken.regs.rip = u64::from(self.entries.load(Ordering::SeqCst));
+            Ok(taken)
         }
     }
 
@@ -547,6 +740,55 @@ mod tests {
         assert!(!handle.is_paused());
         // Paused again, then stopped while parked.
         handle.pause(PATIENCE).unwrap();
+        handle.stop().unwrap();
+        assert_eq!(handle.join(PATIENCE), Ok(VcpuEnd::Stopped));
+    }
+
+    #[test]
+    fn a_vcpu_started_paused_never_enters_until_resumed() {
+        let (runner, entries) = Sleeper::new(None);
+        let handle = VcpuHandle::spawn_with(4, runner, |_| {}, Start::Paused).unwrap();
+        handle.pause(PATIENCE).unwrap();
+        thread::sleep(Duration::from_millis(50));
+        assert_eq!(
+            entries.load(Ordering::SeqCst),
+            0,
+            "it entered the guest while paused"
+        );
+        handle.resume().unwrap();
+        let deadline = Instant::now() + PATIENCE;
+        while entries.load(Ordering::SeqCst) == 0 {
+            assert!(Instant::now() < deadline, "the resumed vCPU never entered");
+            thread::sleep(Duration::from_millis(1));
+        }
+        handle.stop().unwrap();
+        assert_eq!(handle.join(PATIENCE), Ok(VcpuEnd::Stopped));
+    }
+
+    #[test]
+    fn a_runner_that_parks_stays_parked_until_resumed() {
+        let (mut runner, entries) = Sleeper::new(None);
+        runner.parks_at = vec![1];
+        let handle = VcpuHandle::spawn(5, runner, |_| {}).unwrap();
+        let deadline = Instant::now() + PATIENCE;
+        while !handle.is_paused() {
+            assert!(
+                Instant::now() < deadline,
+                "the runner's park was not honoured"
+            );
+            thread::sleep(Duration::from_millis(1));
+        }
+        thread::sleep(Duration::from_millis(50));
+        assert_eq!(
+            entries.load(Ordering::SeqCst),
+            1,
+            "a parked vCPU entered again"
+        );
+        handle.resume().unwrap();
+        while entries.load(Ordering::SeqCst) < 2 {
+            assert!(Instant::now() < deadline, "the resumed vCPU never entered");
+            thread::sleep(Duration::from_millis(1));
+        }
         handle.stop().unwrap();
         assert_eq!(handle.join(PATIENCE), Ok(VcpuEnd::Stopped));
     }
@@ -617,5 +859,84 @@ mod tests {
             (0..8).collect::<Vec<_>>()
         );
         assert!(joined.iter().all(|(_, end)| *end == VcpuEnd::Stopped));
+    }
+
+    #[test]
+    fn a_snapshot_is_taken_running_or_parked_and_the_vcpu_goes_on_as_it_was() {
+        let (runner, entries) = Sleeper::new(None);
+        let handle = VcpuHandle::spawn(0, runner, |_| {}).unwrap();
+        while entries.load(Ordering::SeqCst) == 0 {
+            thread::sleep(Duration::from_millis(1));
+        }
+        thread::sleep(Duration::from_millis(20)); // well inside the "guest"
+        let control = handle.control();
+        let taken = control.snapshot(PATIENCE).unwrap().unwrap();
+        assert!(
+            taken.regs.rip >= 1,
+            "taken after an entry: {}",
+            taken.regs.rip
+        );
+        let deadline = Instant::now() + PATIENCE;
+        while u64::from(entries.load(Ordering::SeqCst)) <= taken.regs.rip {
+            assert!(
+                Instant::now() < deadline,
+                "the vCPU did not enter again after its snapshot"
+            );
+            thread::sleep(Duration::from_millis(1));
+        }
+        handle.pause(PATIENCE).unwrap();
+        let parked_at = entries.load(Ordering::SeqCst);
+        let taken = control.snapshot(PATIENCE).unwrap().unwrap();
+        assert_eq!(taken.regs.rip, u64::from(parked_at));
+        thread::sleep(Duration::from_millis(30));
+        assert!(handle.is_paused(), "a snapshot resumed a paused vCPU");
+        assert_eq!(entries.load(Ordering::SeqCst), parked_at);
+        handle.stop().unwrap();
+        assert_eq!(handle.join(PATIENCE), Ok(VcpuEnd::Stopped));
+        assert!(matches!(
+            control.snapshot(PATIENCE),
+            Err(HandleError::Ended {
+                end: VcpuEnd::Stopped,
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn a_vcpu_whose_guest_ended_the_run_keeps_the_state_it_ended_in() {
+        let (runner, _entries) = Sleeper::new(Some(1));
+        let handle = VcpuHandle::spawn(0, runner, |_| {}).unwrap();
+        let control = handle.control();
+        assert_eq!(control.wait_ended(PATIENCE), Ok(VcpuEnd::Reset));
+        assert_eq!(control.snapshot(PATIENCE).unwrap().unwrap().regs.rip, 1);
+        assert_eq!(handle.join(PATIENCE), Ok(VcpuEnd::Reset));
+    }
+
+    /// The VMM asks for every vCPU's state as soon as one ends the run
+    /// (`on_end` tells it): the ended one's request comes after its loop,
+    /// before its thread ends, and must get the state it ended in (it got
+    /// "has already ended" before `last` was kept apart).
+    #[test]
+    fn a_request_between_a_guests_end_and_the_threads_end_gets_the_last_state() {
+        let (runner, _entries) = Sleeper::new(Some(1));
+        let (in_on_end, wait_in_on_end) = std::sync::mpsc::channel();
+        let (go, wait_go) = std::sync::mpsc::channel::<()>();
+        let handle = VcpuHandle::spawn(0, runner, move |_| {
+            in_on_end.send(()).unwrap();
+            wait_go.recv().unwrap();
+        })
+        .unwrap();
+        wait_in_on_end.recv_timeout(PATIENCE).unwrap();
+        let control = handle.control();
+        let asking = thread::spawn(move || control.snapshot(PATIENCE));
+        thread::sleep(Duration::from_millis(50)); // the request is published
+        go.send(()).unwrap();
+        let taken = asking
+            .join()
+            .unwrap()
+            .expect("the state it ended in")
+            .unwrap();
+        assert_eq!(taken.regs.rip, 1);
+        assert_eq!(handle.join(PATIENCE), Ok(VcpuEnd::Reset));
     }
 }

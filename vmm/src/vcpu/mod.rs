@@ -8,9 +8,10 @@
 pub mod cpuid;
 pub mod handle;
 pub mod regs;
+pub mod snapshot;
 
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use kvm_bindings::{CpuId, Msrs};
 use kvm_ioctls::{VcpuExit, VcpuFd, VmFd};
@@ -43,6 +44,39 @@ pub enum VcpuError {
 }
 
 pub use handle::VcpuEnd;
+
+/// The exception vector of `int3`.
+pub const BREAKPOINT_VECTOR: u32 = 3;
+/// The exception vector of a single step's trap.
+pub const DEBUG_VECTOR: u32 = 1;
+
+/// What one guest entry came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Exit {
+    /// An exit the buses handled, or a kick.
+    Handled,
+    /// A debug exit (`KVM_EXIT_DEBUG`, only while a debugger set
+    /// `KVM_SET_GUEST_DEBUG`).
+    Debug(DebugExit),
+    /// The run is over.
+    End(VcpuEnd),
+}
+
+/// A `KVM_EXIT_DEBUG`: which exception, at which linear address (for
+/// `int3`, the instruction itself: KVM leaves RIP on it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DebugExit {
+    pub exception: u32,
+    pub pc: u64,
+}
+
+/// Whoever set the guest debugging (the gdb stub): told of each debug exit
+/// on the vCPU's own thread, it says whether the exit is its own (a
+/// breakpoint it inserted, a step it asked for), in which case the vCPU
+/// parks; any other `int3` goes back to the guest.
+pub trait DebugExits: Send + Sync {
+    fn claim(&self, vcpu: u8, exit: &DebugExit) -> bool;
+}
 
 pub struct Vcpu {
     index: u8,
@@ -141,9 +175,39 @@ impl Vcpu {
         self.index
     }
 
-    /// Enters the guest once and handles the exit; `Some` when the run is
-    /// over.
-    pub fn step(&mut self, io: &Bus, mmio: &Bus, stats: &Stats) -> Option<VcpuEnd> {
+    /// The KVM file, for the debugger's register and debug ioctls (on a
+    /// paused vCPU).
+    pub fn fd(&self) -> &VcpuFd {
+        &self.fd
+    }
+
+    /// Gives the `int3` that just exited back to the guest (the kernel's
+    /// own, as its text patching uses): KVM delivers it as a software
+    /// exception, RIP past the instruction, on the next entry.
+    pub fn reinject_breakpoint(&self) -> Result<(), VcpuError> {
+        let index = self.index;
+        let kvm = |what| {
+            move |source| VcpuError::Kvm {
+                index,
+                what,
+                source,
+            }
+        };
+        let mut events = self
+            .fd
+            .get_vcpu_events()
+            .map_err(kvm("reading pending events"))?;
+        events.exception.injected = 1;
+        events.exception.nr = BREAKPOINT_VECTOR as u8;
+        events.exception.has_error_code = 0;
+        events.exception.error_code = 0;
+        self.fd
+            .set_vcpu_events(&events)
+            .map_err(kvm("injecting #BP"))
+    }
+
+    /// Enters the guest once and handles the exit.
+    pub fn step(&mut self, io: &Bus, mmio: &Bus, stats: &Stats) -> Exit {
         let vcpu = u32::from(self.index);
         match self.fd.run() {
             Ok(VcpuExit::IoIn(..) | VcpuExit::IoOut(..)) => {
@@ -158,11 +222,17 @@ impl Vcpu {
                 stats.mmio_exits.fetch_add(1, Ordering::Relaxed);
                 mmio.write(vcpu, addr, data);
             }
-            Ok(other) => return Some(end_of(vcpu, other)),
+            Ok(VcpuExit::Debug(arch)) => {
+                return Exit::Debug(DebugExit {
+                    exception: arch.exception,
+                    pc: arch.pc,
+                })
+            }
+            Ok(other) => return Exit::End(end_of(vcpu, other)),
             Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {}
-            Err(e) => return Some(VcpuEnd::Failed(format!("vCPU {vcpu}: KVM_RUN: {e}"))),
+            Err(e) => return Exit::End(VcpuEnd::Failed(format!("vCPU {vcpu}: KVM_RUN: {e}"))),
         }
-        None
+        Exit::Handled
     }
 
     /// Sends the port I/O exit KVM just made to `io`. A string instruction
@@ -199,15 +269,63 @@ impl Vcpu {
     }
 
     /// The vCPU with the buses it dispatches to, ready for its thread
-    /// ([`handle::VcpuHandle::spawn`]).
-    pub fn into_runner(self, io: Arc<Bus>, mmio: Arc<Bus>, stats: Arc<Stats>) -> BusRunner {
+    /// ([`handle::VcpuHandle::spawn`]); `debugger` is told of its debug
+    /// exits.
+    pub fn into_runner(
+        self,
+        io: Arc<Bus>,
+        mmio: Arc<Bus>,
+        stats: Arc<Stats>,
+        debugger: Option<Arc<dyn DebugExits>>,
+    ) -> BusRunner {
+        // Only a debugger reaches a vCPU from another thread: without one
+        // the thread owns its vCPU and takes no lock around an entry.
+        let vcpu = match debugger {
+            Some(_) => Holder::Shared(Arc::new(Mutex::new(self))),
+            None => Holder::Alone(self),
+        };
+        let first_entry = vcpu.index() == 0;
         BusRunner {
-            first_entry: self.index == 0,
-            vcpu: self,
-            io,
-            mmio,
-            stats,
+            first_entry,
+            vcpu,
+            exits: Exits {
+                io,
+                mmio,
+                stats,
+                debugger,
+            },
         }
+    }
+}
+
+impl Vcpu {
+    /// Reads this vCPU's state (its thread, between entries).
+    pub fn snapshot(&self) -> Result<snapshot::VcpuSnapshot, VcpuError> {
+        let index = self.index;
+        let kvm = |what| {
+            move |source| VcpuError::Kvm {
+                index,
+                what,
+                source,
+            }
+        };
+        Ok(snapshot::VcpuSnapshot {
+            index,
+            regs: self.fd.get_regs().map_err(kvm("reading registers"))?,
+            sregs: self
+                .fd
+                .get_sregs()
+                .map_err(kvm("reading special registers"))?,
+            events: self
+                .fd
+                .get_vcpu_events()
+                .map_err(kvm("reading pending events"))?,
+            lapic: self.fd.get_lapic().map_err(kvm("reading the local APIC"))?,
+            mp_state: self
+                .fd
+                .get_mp_state()
+                .map_err(kvm("reading the MP state"))?,
+        })
     }
 }
 
@@ -230,32 +348,119 @@ fn end_of(vcpu: u32, exit: VcpuExit) -> VcpuEnd {
     }
 }
 
+/// How a vCPU thread holds its vCPU.
+enum Holder {
+    /// No debugger: nobody else touches it.
+    Alone(Vcpu),
+    /// A debugger may reach it while it is paused; the thread locks it for
+    /// each entry.
+    Shared(SharedVcpu),
+}
+
+impl Holder {
+    fn index(&self) -> u8 {
+        match self {
+            Holder::Alone(vcpu) => vcpu.index,
+            Holder::Shared(vcpu) => lock(vcpu).index,
+        }
+    }
+}
+
+/// A vCPU its thread runs and a debugger may reach while it is paused.
+pub type SharedVcpu = Arc<Mutex<Vcpu>>;
+
+/// Locks a shared vCPU (its thread holds it only inside one entry).
+pub fn lock(vcpu: &SharedVcpu) -> MutexGuard<'_, Vcpu> {
+    vcpu.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// A vCPU thread's work: enter the guest, send each exit to the buses.
 pub struct BusRunner {
-    vcpu: Vcpu,
-    io: Arc<Bus>,
-    mmio: Arc<Bus>,
-    stats: Arc<Stats>,
+    vcpu: Holder,
+    exits: Exits,
     /// The boot vCPU's first entry is timed (the time to the first guest
     /// instruction and the first exit).
     first_entry: bool,
 }
 
-impl handle::Runnable for BusRunner {
-    fn step(&mut self) -> Option<VcpuEnd> {
-        if std::mem::take(&mut self.first_entry) {
-            self.stats.note_first_run();
-            let end = self.vcpu.step(&self.io, &self.mmio, &self.stats);
-            self.stats.note_first_exit();
-            return end;
+/// Where a vCPU's exits go.
+struct Exits {
+    io: Arc<Bus>,
+    mmio: Arc<Bus>,
+    stats: Arc<Stats>,
+    debugger: Option<Arc<dyn DebugExits>>,
+}
+
+impl BusRunner {
+    /// The vCPU, for the debugger (its thread takes the lock for each
+    /// entry; a paused vCPU's is free); `None` when the runner has no
+    /// debugger.
+    pub fn shared(&self) -> Option<SharedVcpu> {
+        match &self.vcpu {
+            Holder::Alone(_) => None,
+            Holder::Shared(vcpu) => Some(vcpu.clone()),
         }
-        self.vcpu.step(&self.io, &self.mmio, &self.stats)
+    }
+}
+
+impl Exits {
+    /// Enters the guest once on `vcpu` and handles the exit.
+    fn entry(&self, vcpu: &mut Vcpu, first: bool) -> handle::Step {
+        if first {
+            self.stats.note_first_run();
+        }
+        let exit = vcpu.step(&self.io, &self.mmio, &self.stats);
+        if first {
+            self.stats.note_first_exit();
+        }
+        match exit {
+            Exit::Handled => handle::Step::Go,
+            Exit::Debug(debug) => self.on_debug_exit(vcpu, &debug),
+            Exit::End(end) => handle::Step::End(end),
+        }
+    }
+
+    fn on_debug_exit(&self, vcpu: &Vcpu, exit: &DebugExit) -> handle::Step {
+        if self
+            .debugger
+            .as_ref()
+            .is_some_and(|d| d.claim(vcpu.index, exit))
+        {
+            return handle::Step::Park;
+        }
+        if exit.exception == BREAKPOINT_VECTOR {
+            if let Err(e) = vcpu.reinject_breakpoint() {
+                return handle::Step::End(VcpuEnd::Failed(e.to_string()));
+            }
+        }
+        handle::Step::Go
+    }
+}
+
+impl handle::Runnable for BusRunner {
+    fn step(&mut self) -> handle::Step {
+        let first = std::mem::take(&mut self.first_entry);
+        match &mut self.vcpu {
+            Holder::Alone(vcpu) => self.exits.entry(vcpu, first),
+            Holder::Shared(vcpu) => self.exits.entry(&mut lock(vcpu), first),
+        }
+    }
+
+    fn snapshot(&mut self) -> Result<snapshot::VcpuSnapshot, String> {
+        let taken = match &self.vcpu {
+            Holder::Alone(vcpu) => vcpu.snapshot(),
+            Holder::Shared(vcpu) => lock(vcpu).snapshot(),
+        };
+        taken.map_err(|e| e.to_string())
     }
 
     fn immediate_exit(&mut self) -> *mut u8 {
         // The kvm_run page is mapped for the VcpuFd's life, which the
-        // runner owns.
-        &mut self.vcpu.fd.get_kvm_run().immediate_exit
+        // runner (alone or with its share of the vCPU) keeps.
+        match &mut self.vcpu {
+            Holder::Alone(vcpu) => &mut vcpu.fd.get_kvm_run().immediate_exit,
+            Holder::Shared(vcpu) => &mut lock(vcpu).fd.get_kvm_run().immediate_exit,
+        }
     }
 }
 

@@ -1,6 +1,8 @@
-//! gdb on the guest kernel and perfbed.ko, through QEMU's gdbstub: the
-//! commands that attach gdb with the symbols of both, and the scripted
-//! session that the `gdb_session` VM test runs.
+//! gdb on the guest kernel and perfbed.ko, through the host's gdb stub
+//! (QEMU's gdbstub, or perfbed-vmm's, natively or relayed by the box: the
+//! same TCP port on 127.0.0.1 either way): the commands that attach gdb
+//! with the symbols of both, and the scripted session that the
+//! `gdb_session` VM tests run.
 //!
 //! The gdb kernel variant (`images/kernel/gdb.fragment`) has DWARF 5 for the
 //! C and the Rust, kallsyms (for `/sys/module/<name>/sections/`) and the
@@ -106,6 +108,10 @@ pub struct BatchGdb {
     child: std::process::Child,
     lines: mpsc::Receiver<String>,
     transcript: Vec<String>,
+    /// When the script's ready mark came, and how long after it the first
+    /// stop's backtrace (`#0 ...`) did.
+    ready_at: Option<std::time::Instant>,
+    pub first_stop_after: Option<Duration>,
 }
 
 impl BatchGdb {
@@ -148,7 +154,20 @@ impl BatchGdb {
             child,
             lines,
             transcript: Vec::new(),
+            ready_at: None,
+            first_stop_after: None,
         })
+    }
+
+    fn note(&mut self, line: String) {
+        let now = std::time::Instant::now();
+        if line.contains(READY_MARK) {
+            self.ready_at.get_or_insert(now);
+        }
+        if line.starts_with("#0") && self.first_stop_after.is_none() {
+            self.first_stop_after = self.ready_at.map(|t| now - t);
+        }
+        self.transcript.push(line);
     }
 
     /// Waits for a line containing `needle`.
@@ -159,7 +178,7 @@ impl BatchGdb {
             match self.lines.recv_timeout(left) {
                 Ok(line) => {
                     let found = line.contains(needle);
-                    self.transcript.push(line);
+                    self.note(line);
                     if found {
                         return Ok(());
                     }
@@ -173,16 +192,16 @@ impl BatchGdb {
     }
 
     /// Waits for gdb to end; returns everything it printed.
-    pub fn finish(mut self, timeout: Duration) -> Result<String> {
+    pub fn finish(&mut self, timeout: Duration) -> Result<String> {
         let deadline = std::time::Instant::now() + timeout;
         loop {
             while let Ok(line) = self.lines.try_recv() {
-                self.transcript.push(line);
+                self.note(line);
             }
             if let Some(status) = self.child.try_wait()? {
                 std::thread::sleep(Duration::from_millis(50));
                 while let Ok(line) = self.lines.try_recv() {
-                    self.transcript.push(line);
+                    self.note(line);
                 }
                 let text = self.transcript.join("\n");
                 if !status.success() {
@@ -219,9 +238,21 @@ const READ_CALLBACK: &str = " as kernel::perf::Pmu>::read";
 const REGISTER_READ: &str = "perfbed_readq";
 /// What `x/gx` at the mapping's start must show: `REG_MAGIC`.
 const MAGIC_TEXT: &str = "0x0044454246524550";
+/// What the script echoes once its breakpoint is set, before it continues.
+const READY_MARK: &str = "PERFBED-GDB-READY";
 
-/// The scripted gdb session of the `gdb_session` VM test, on a booted guest
-/// whose QEMU serves gdb on `port`: load perfbed.ko, attach gdb in batch
+/// What the scripted session saw.
+pub struct Session {
+    /// Everything gdb printed.
+    pub output: String,
+    /// From gdb's `continue` (the script's ready mark) to the breakpoint's
+    /// backtrace: perf's start, the guest reaching the callback, the stop,
+    /// and gdb reading the stack.
+    pub to_breakpoint: Option<Duration>,
+}
+
+/// The scripted gdb session of the `gdb_session` VM tests, on a booted
+/// guest whose host serves gdb on `port`: load perfbed.ko, attach gdb in batch
 /// mode with its symbols, break in its read callback, run the real `perf
 /// stat` so that it is hit, print the backtrace, read `REG_MAGIC` through
 /// the driver's mapping, detach, and let perf finish. Returns gdb's output.
@@ -231,7 +262,7 @@ pub fn scripted_session(
     ko: &Path,
     port: u16,
     run_dir: &Path,
-) -> Result<String> {
+) -> Result<Session> {
     guest.expect_done(perfbed_agent::HostRequest::LoadModule {
         name: crate::guest::MODULE.into(),
     })?;
@@ -247,7 +278,7 @@ pub fn scripted_session(
         add_symbol_file(ko, &sections),
         format!("echo breaking in {callback}\\n"),
         format!("break *{at:#x}"),
-        "echo PERFBED-GDB-READY\\n".into(),
+        format!("echo {READY_MARK}\\n"),
         "continue".into(),
         "bt".into(),
         format!("break {REGISTER_READ}"),
@@ -261,7 +292,7 @@ pub fn scripted_session(
     ];
     fs::write(&script, commands.join("\n") + "\n")?;
     let mut gdb = BatchGdb::start(vmlinux, &script)?;
-    gdb.wait_for("PERFBED-GDB-READY", Duration::from_secs(120))?;
+    gdb.wait_for(READY_MARK, Duration::from_secs(120))?;
     // gdb continues the guest now. perf stat -I reads the count while the
     // event runs, which calls the PMU's read (a final read after disabling
     // would not): that hits the breakpoint.
@@ -303,7 +334,10 @@ pub fn scripted_session(
     if !problems.is_empty() {
         bail!("{}\n--- gdb ---\n{output}", problems.join("\n"));
     }
-    Ok(output)
+    Ok(Session {
+        output,
+        to_breakpoint: gdb.first_stop_after,
+    })
 }
 
 /// The linkage name of perfbed.ko's read callback (the one function whose

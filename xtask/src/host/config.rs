@@ -60,7 +60,7 @@ pub struct VmConfig {
     pub boot_timeout: Duration,
     /// The monitoring device the guest gets.
     pub device: DeviceConfig,
-    /// QEMU's gdbstub, if wanted.
+    /// A gdb stub (QEMU's, or perfbed-vmm's), if wanted.
     pub gdb: Option<GdbStub>,
     /// Show the serial log and the agent transcript live on stderr, each
     /// line prefixed (`serial|`, `agent>`, `agent<`).
@@ -69,14 +69,15 @@ pub struct VmConfig {
     pub host: Host,
 }
 
-/// QEMU's gdbstub for the guest.
+/// The host's gdb stub for the guest (QEMU's gdbstub, or perfbed-vmm's,
+/// whose port the box relays to L1).
 #[derive(Debug, Clone)]
 pub struct GdbStub {
     /// TCP port on 127.0.0.1.
     pub port: u16,
     /// Start with the vCPUs stopped until gdb continues them.
     pub stopped: bool,
-    /// Printed once QEMU waits for gdb: how to attach.
+    /// Printed once the host waits for gdb: how to attach.
     pub hint: String,
 }
 

@@ -13,6 +13,11 @@
 //! take it, and L1 reported its CPU stuck for 109 s in that vCPU's thread.
 //! The harness names such a state, rather than leaving a bare timeout that
 //! reads like perfbed's hang.
+//!
+//! perfbed-vmm writes its vCPUs' state in the same format
+//! (`perfbed_vmm::vcpu::snapshot`, with an `EVENTS=` line of what KVM holds
+//! to deliver), so this one reader decodes both hosts' captures
+//! ([`describe`]).
 
 /// One vCPU as a snapshot shows it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -33,6 +38,13 @@ pub struct VcpuState {
     /// What decides whether QEMU's TCG takes a pending interrupt, from the
     /// `INTREQ=` line perfbed's QEMU adds to `info registers` (patch 0003).
     pub tcg: Option<TcgInterruptState>,
+    /// Vectors in service (ISR).
+    pub isr: Vec<u8>,
+    /// CR3 (whose page tables the vCPU ran on).
+    pub cr3: Option<u64>,
+    /// The events KVM holds for the next entry (perfbed-vmm's `EVENTS=`
+    /// line), those that are set, as `NAME=value`.
+    pub pending: Vec<String>,
 }
 
 /// The vCPU loop's view of interrupts in perfbed's QEMU (TCG): the request
@@ -147,11 +159,22 @@ pub fn parse(text: &str) -> Vec<VcpuState> {
                 if line.starts_with("INTREQ=") {
                     cpu.tcg = TcgInterruptState::parse(line);
                 }
+                if let Some(cr3) = field(line, "CR3=") {
+                    cpu.cr3 = u64::from_str_radix(cr3, 16).ok();
+                }
+                if let Some(events) = line.strip_prefix("EVENTS=") {
+                    cpu.pending = pending_events(events);
+                }
             }
             Some(i) => {
                 let cpu = &mut cpus[i];
                 if let Some(rest) = line.strip_prefix("IRR") {
                     cpu.irr = rest
+                        .split_whitespace()
+                        .filter_map(|v| v.parse().ok())
+                        .collect();
+                } else if let Some(rest) = line.strip_prefix("ISR") {
+                    cpu.isr = rest
                         .split_whitespace()
                         .filter_map(|v| v.parse().ok())
                         .collect();
@@ -170,6 +193,73 @@ pub fn parse(text: &str) -> Vec<VcpuState> {
         }
     }
     cpus
+}
+
+/// The set fields of an `EVENTS=` line that mean something is pending or
+/// being injected (the MP state and the vectors' numbers only say which).
+fn pending_events(events: &str) -> Vec<String> {
+    const FLAGS: &[&str] = &[
+        "EXC_INJ", "EXC_PEND", "INT_INJ", "NMI_INJ", "NMI_PEND", "SMI_PEND", "SHADOW",
+    ];
+    let value = |key: &str| field(events, &format!("{key}=")).map(str::to_string);
+    let mut out = Vec::new();
+    for flag in FLAGS {
+        if value(flag).is_some_and(|v| v != "0") {
+            let detail = match *flag {
+                "EXC_INJ" | "EXC_PEND" => format!(
+                    " (vector {}, error {})",
+                    value("EXC_NR").unwrap_or_default(),
+                    value("EXC_ERR").unwrap_or_default()
+                ),
+                "INT_INJ" => format!(" (vector {})", value("INT_NR").unwrap_or_default()),
+                _ => String::new(),
+            };
+            out.push(format!("{flag}{detail}"));
+        }
+    }
+    out
+}
+
+/// One line per vCPU of a capture, decoded: where it was, whether it could
+/// take interrupts, its local APIC's pending and in-service vectors and
+/// timer, and (perfbed-vmm) the events KVM held for it.
+pub fn describe(cpus: &[VcpuState]) -> Vec<String> {
+    let list = |v: &[u8]| {
+        if v.is_empty() {
+            "none".to_string()
+        } else {
+            format!("{v:?}")
+        }
+    };
+    cpus.iter()
+        .map(|c| {
+            let mut line = format!(
+                "vCPU {}: RIP {}, interrupts {}, {}; IRR {}, ISR {}, PPR {:#04x}",
+                c.cpu,
+                c.rip.map_or("?".into(), |r| format!("{r:#x}")),
+                if c.interrupts_enabled {
+                    "enabled"
+                } else {
+                    "disabled"
+                },
+                if c.halted { "halted" } else { "running" },
+                list(&c.irr),
+                list(&c.isr),
+                c.ppr.unwrap_or(0)
+            );
+            match (c.timer_vector, c.timer_count) {
+                (Some(v), Some(n)) => line += &format!(", timer vector {v} count {n}"),
+                _ => line += ", timer masked",
+            }
+            if let Some(v) = c.deliverable() {
+                line += &format!(", vector {v} deliverable");
+            }
+            if !c.pending.is_empty() {
+                line += &format!(", KVM holds {}", c.pending.join(" "));
+            }
+            line
+        })
+        .collect()
 }
 
 /// The word after `key` on `line`.
@@ -284,6 +374,9 @@ APR 0x00 TPR 0x10 DFR 0x0f LDR 0x01 PPR 0x10
                 timer_vector: Some(236),
                 timer_count: Some(0),
                 tcg: None,
+                isr: vec![],
+                cr3: None,
+                pending: vec![],
             }]
         );
         let said = expired_timer_pending(&[("first", &cpus)]);
@@ -403,5 +496,51 @@ APR 0x00 TPR 0x10 DFR 0x0f LDR 0x01 PPR 0x10
         assert!(timer_stuck_in_both(&hung, &alive).is_empty());
         assert!(timer_stuck_in_both(&alive, &hung).is_empty());
         assert!(timer_stuck_in_both(&hung, &[]).is_empty());
+    }
+
+    #[test]
+    fn perfbed_vmms_capture_is_read_by_the_same_reader() {
+        let mut taken = perfbed_vmm::vcpu::snapshot::VcpuSnapshot {
+            index: 2,
+            ..Default::default()
+        };
+        taken.regs.rip = 0xffff_ffff_8100_1234;
+        taken.regs.rflags = 0x2;
+        taken.sregs.cr3 = 0x1c0_2000;
+        taken.events.nmi.pending = 1;
+        let set = |l: &mut kvm_bindings::kvm_lapic_state, offset: usize, value: u32| {
+            for (i, b) in value.to_le_bytes().iter().enumerate() {
+                l.regs[offset + i] = *b as _;
+            }
+        };
+        set(&mut taken.lapic, 0x320, 0xec); // LVTT, one-shot, vector 236
+        set(&mut taken.lapic, 0x200 + 7 * 0x10, 1 << (236 - 224)); // IRR
+        set(&mut taken.lapic, 0xa0, 0x10); // PPR
+        let text = perfbed_vmm::vcpu::snapshot::render(&[Ok(taken)]);
+        let cpus = parse(&text);
+        assert_eq!(cpus.len(), 1, "{text}");
+        let c = &cpus[0];
+        assert_eq!(
+            (c.cpu, c.rip, c.interrupts_enabled, c.halted),
+            (2, Some(0xffff_ffff_8100_1234), false, false)
+        );
+        assert_eq!(
+            (c.irr.clone(), c.ppr, c.timer_vector, c.timer_count),
+            (vec![236], Some(0x10), Some(236), Some(0))
+        );
+        assert_eq!(
+            (c.cr3, c.pending.clone()),
+            (Some(0x1c0_2000), vec!["NMI_PEND".to_string()])
+        );
+        let said = describe(&cpus);
+        assert_eq!(
+            said,
+            ["vCPU 2: RIP 0xffffffff81001234, interrupts disabled, running; IRR [236], ISR none, PPR 0x10, timer vector 236 count 0, vector 236 deliverable, KVM holds NMI_PEND"]
+        );
+        // The expired timer with interrupts off reads as on QEMU.
+        assert!(expired_timer_pending(&[("capture", &cpus)])[0]
+            .contains("with RFLAGS.IF clear at RIP 0xffffffff81001234"));
+        let halted = parse(&text.replace("HLT=0", "HLT=1"));
+        assert!(describe(&halted)[0].contains("halted"));
     }
 }

@@ -99,6 +99,9 @@ pub struct Vm {
     /// Names the host process's exit status in its own terms (QEMU's, or
     /// perfbed-vmm's table, natively or through the box).
     describe_exit: fn(ExitStatus) -> String,
+    /// The host is perfbed-vmm (natively or in the box): its control socket
+    /// gives its vCPUs' state.
+    vmm_host: bool,
 }
 
 /// QEMU's exit status, as it is.
@@ -260,6 +263,17 @@ impl Vm {
         // QEMU runs the guest from the moment we are connected (or, stopped
         // for gdb, once gdb continues it).
         if let Some(gdb) = config.gdb.as_ref().filter(|g| g.stopped) {
+            if let Some(log) = &box_log {
+                // The box's port takes gdb at once, but nothing answers it
+                // until L1 has booted and perfbed-vmm listens.
+                if let Err(e) =
+                    wait_for_line(log, the_box::GDB_READY, config.boot_timeout, &mut child)
+                {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(e);
+                }
+            }
             println!(
                 "==> the guest is stopped for gdb on 127.0.0.1:{}; attach with:\n      {}",
                 gdb.port, gdb.hint
@@ -292,6 +306,7 @@ impl Vm {
             serial_paused,
             heartbeat,
             monitor_silences: Vec::new(),
+            vmm_host: !matches!(config.host, Host::Qemu),
             describe_exit: match config.host {
                 Host::Qemu => describe_qemu_exit,
                 Host::VmmNative { .. } => vmm::describe_exit,
@@ -406,6 +421,7 @@ impl Vm {
         // The device's trace and the vCPUs' state die with QEMU: keep
         // them first.
         let trace = self.save_device_trace();
+        let mut vcpus = self.ask_vmm_vcpus();
         let cpu_state = self.record_cpu_state();
         if let Some(hook) = self.before_kill.take() {
             hook();
@@ -413,6 +429,9 @@ impl Vm {
         self.stop();
         // Give the serial copier a moment to drain QEMU's last output.
         thread::sleep(Duration::from_millis(100));
+        if vcpus.is_empty() {
+            vcpus = self.logged_vmm_vcpus();
+        }
         let log = fs::read_to_string(&self.serial_log).unwrap_or_default();
         let mut story = error.to_string();
         if let Some(panic) = log.lines().find(|l| l.contains("Kernel panic")) {
@@ -459,8 +478,47 @@ impl Vm {
             cmd::tail(&self.qemu_log, 3),
             self.serial_log.display(),
             trace.map_or(String::new(), |t| format!("\ndevice trace saved: {}", t.display())),
-            cpu_state
+            vcpus + &cpu_state
         )
+    }
+
+    /// perfbed-vmm's vCPUs as they are now, asked of its control socket and
+    /// saved in the run folder; the story's lines (none on QEMU, or once
+    /// perfbed-vmm has exited).
+    fn ask_vmm_vcpus(&mut self) -> String {
+        if !self.vmm_host || !matches!(self.child.try_wait(), Ok(None)) {
+            return String::new();
+        }
+        let out = self.serial_log.with_file_name(vmm::VCPU_STATE_FILE);
+        match vmm::request_vcpu_state(&self.control_socket, &out) {
+            Ok(path) => self.decoded_vmm_vcpus(&path, "asked when the run failed"),
+            Err(e) => format!("\nperfbed-vmm's vCPUs: not recorded ({e:#})"),
+        }
+    }
+
+    /// The capture perfbed-vmm printed itself as it ended the run (a KVM
+    /// failure, an unexpected reset), saved in the run folder.
+    fn logged_vmm_vcpus(&self) -> String {
+        if !self.vmm_host {
+            return String::new();
+        }
+        let Some(run_dir) = self.serial_log.parent() else {
+            return String::new();
+        };
+        match vmm::save_logged_vcpu_state(run_dir) {
+            Some((path, why)) => self.decoded_vmm_vcpus(&path, &why),
+            None => String::new(),
+        }
+    }
+
+    /// Where perfbed-vmm's capture is, and what it says, one line a vCPU.
+    fn decoded_vmm_vcpus(&self, path: &Path, why: &str) -> String {
+        let cpus = cpu_state::parse(&fs::read_to_string(path).unwrap_or_default());
+        let mut story = format!("\nperfbed-vmm's vCPUs ({why}) saved: {}", path.display());
+        for line in cpu_state::describe(&cpus) {
+            story += &format!("\n  {line}");
+        }
+        story + &self.name_rips(cpus.iter().filter_map(|c| c.rip))
     }
 
     /// The vCPUs' registers and local APICs from QEMU's monitor, saved
@@ -499,6 +557,9 @@ impl Vm {
         };
         let read = |p: &Path| cpu_state::parse(&fs::read_to_string(p).unwrap_or_default());
         let (first, again) = (read(&first), read(&again));
+        for line in cpu_state::describe(&first) {
+            story += &format!("\n  {line}");
+        }
         let stuck = cpu_state::stuck_interrupts(&first, &again, &format!("{CPU_STATE_GAP:?}"));
         let gap = format!("{CPU_STATE_GAP:?} later");
         let expired =
@@ -691,6 +752,26 @@ impl Vm {
 impl Drop for Vm {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// Waits until the host's log `path` has a line containing `needle`.
+fn wait_for_line(path: &Path, needle: &str, timeout: Duration, child: &mut Child) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if fs::read_to_string(path).is_ok_and(|log| log.contains(needle)) {
+            return Ok(());
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            bail!(
+                "the host exited ({status}) before {needle:?} in {}",
+                path.display()
+            );
+        }
+        if Instant::now() > deadline {
+            bail!("no {needle:?} in {} within {timeout:?}", path.display());
+        }
+        thread::sleep(Duration::from_millis(200));
     }
 }
 

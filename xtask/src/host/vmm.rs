@@ -2,9 +2,12 @@
 //! ([`the_box`](super::the_box) passes it the same arguments).
 
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus};
 
+use anyhow::{anyhow, Context, Result};
+use perfbed_device::ControlClient;
+use perfbed_vmm::vcpu::snapshot::{BEGIN_MARKER, END_MARKER};
 use perfbed_vmm::ExitStatus as VmmExit;
 
 use super::config::VmConfig;
@@ -66,6 +69,18 @@ pub fn vmm_args(config: &VmConfig, cmdline: &[String]) -> Vec<String> {
         // TCG's SVM does not make XSETBV exit (see perfbed-vmm --help).
         args.push("--no-xsave".into());
     }
+    if let Some(gdb) = &config.gdb {
+        match config.host {
+            // The box's /init relays its gdb port to this socket in L1.
+            Host::VmmBox(_) => {
+                args.extend(["--gdb-socket".into(), perfbed_box_init::GDB_SOCKET.into()])
+            }
+            _ => args.extend(["--gdb-port".into(), gdb.port.to_string()]),
+        }
+        if gdb.stopped {
+            args.push("--gdb-stopped".into());
+        }
+    }
     // Seeds for the fuzz targets: the guest's first accesses to each bus,
     // printed at the end of the run (fuzz/src/recorded.rs reads them).
     if let Some(n) = std::env::var_os(RECORD_ACCESSES_ENV) {
@@ -122,6 +137,53 @@ pub fn host_report(run_dir: &Path) -> Vec<String> {
         .collect()
 }
 
+/// perfbed-vmm's guest vCPUs (registers, local APICs, pending events), in
+/// the run folder: asked of its control socket, or cut out of its log when
+/// it captured them itself (a KVM failure, an unexpected reset).
+pub const VCPU_STATE_FILE: &str = "vcpu-state.txt";
+
+/// Asks perfbed-vmm on `control_socket` for its vCPUs' state now and saves
+/// it as `out`.
+pub fn request_vcpu_state(control_socket: &Path, out: &Path) -> Result<PathBuf> {
+    let text = ControlClient::connect(control_socket)
+        .and_then(|mut c| c.cpu_state())
+        .map_err(|e| {
+            anyhow!(
+                "asking {} for the vCPUs' state: {e}",
+                control_socket.display()
+            )
+        })?;
+    fs::write(out, text).with_context(|| format!("writing {}", out.display()))?;
+    Ok(out.to_path_buf())
+}
+
+/// The last capture perfbed-vmm printed itself (between its markers) in
+/// the run's host log, saved as [`VCPU_STATE_FILE`], with the reason it
+/// gave; `None` when it printed none.
+pub fn save_logged_vcpu_state(run_dir: &Path) -> Option<(PathBuf, String)> {
+    let log = ["box.log", "vmm.log"]
+        .iter()
+        .find_map(|name| fs::read_to_string(run_dir.join(name)).ok())?;
+    let (why, text) = logged_vcpu_state(&log)?;
+    let path = run_dir.join(VCPU_STATE_FILE);
+    fs::write(&path, text).ok()?;
+    Some((path, why))
+}
+
+/// The reason and text of the last capture in `log` (lines as the console
+/// gave them, `\r` and all).
+fn logged_vcpu_state(log: &str) -> Option<(String, String)> {
+    let begin = log.rfind(BEGIN_MARKER)?;
+    let rest = &log[begin + BEGIN_MARKER.len()..];
+    let (why, body) = rest.split_once('\n')?;
+    let body = &body[..body.find(END_MARKER)?];
+    let text: String = body
+        .lines()
+        .map(|l| format!("{}\n", l.trim_end_matches('\r')))
+        .collect();
+    Some((why.trim_start_matches(':').trim().to_string(), text))
+}
+
 /// perfbed-vmm's `vcpus_joined=J` and `vcpus=N` figures from its report:
 /// how many vCPU threads it stopped out of KVM and joined before reporting,
 /// of how many.
@@ -160,6 +222,28 @@ mod tests {
     }
 
     #[test]
+    fn the_vmms_own_capture_is_cut_out_of_its_log() {
+        let taken = perfbed_vmm::vcpu::snapshot::VcpuSnapshot {
+            index: 1,
+            ..Default::default()
+        };
+        let capture = perfbed_vmm::vcpu::snapshot::render(&[Ok(taken)]);
+        let log = format!(
+            "[ 1.0] booting\r\n{BEGIN_MARKER}: a reset\r\n{}{END_MARKER}\r\nperfbed-vmm: stat vcpus=2\n",
+            capture.replace('\n', "\r\n")
+        );
+        let (why, text) = logged_vcpu_state(&log).expect("a capture");
+        assert_eq!((why.as_str(), text.as_str()), ("a reset", capture.as_str()));
+        assert_eq!(super::super::cpu_state::parse(&text).len(), 1);
+        assert_eq!(logged_vcpu_state("no capture\n"), None);
+        assert_eq!(
+            logged_vcpu_state(&format!("{BEGIN_MARKER}: cut short\nCPU#0\n")),
+            None,
+            "no end marker"
+        );
+    }
+
+    #[test]
     fn every_exit_status_is_named_and_others_are_not_taken_for_one() {
         let named: Vec<String> = VmmExit::ALL
             .iter()
@@ -175,6 +259,43 @@ mod tests {
         assert!(named[5].contains("triple fault"), "{}", named[5]);
         assert!(describe_code(42).contains("not one of its own"));
         assert!(describe_code(-1).contains("not one of its own"));
+    }
+
+    #[test]
+    fn gdb_is_a_port_natively_and_the_boxs_socket_in_the_box() {
+        let mut config = config::example();
+        assert!(!vmm_args(&config, &[])
+            .iter()
+            .any(|a| a.starts_with("--gdb")));
+        config.gdb = Some(config::GdbStub {
+            port: 4321,
+            stopped: true,
+            hint: String::new(),
+        });
+        config.host = Host::VmmNative {
+            vmm: "perfbed-vmm".into(),
+        };
+        let joined = vmm_args(&config, &[]).join(" ");
+        assert!(
+            joined.ends_with("--gdb-port 4321 --gdb-stopped")
+                || joined.contains("--gdb-port 4321 --gdb-stopped "),
+            "{joined}"
+        );
+        config.host = Host::VmmBox(crate::build::box_image::BoxImages {
+            kernel: "bzImage".into(),
+            initramfs: "l1.cpio".into(),
+            kernel_package: String::new(),
+            system_map: "System.map".into(),
+        });
+        config.gdb.as_mut().unwrap().stopped = false;
+        let args = vmm_args(&config, &[]);
+        assert!(perfbed_box_init::wants_gdb(&args), "{args:?}");
+        assert!(
+            !args
+                .iter()
+                .any(|a| a == "--gdb-port" || a == "--gdb-stopped"),
+            "{args:?}"
+        );
     }
 
     #[test]

@@ -56,8 +56,9 @@ pub struct RunArgs {
     /// gets them.
     #[arg(long)]
     pub plot: bool,
-    /// Boot the kernel with debug information, stopped, with QEMU's gdbstub;
-    /// print the gdb command lines (vmlinux, then perfbed.ko once loaded).
+    /// Boot the kernel with debug information, stopped, with a gdb stub
+    /// (QEMU's, or perfbed-vmm's with --host vmm, in the box too); print the
+    /// gdb command lines (vmlinux, then perfbed.ko once loaded).
     #[arg(long, conflicts_with = "debug")]
     pub gdb: bool,
     /// The gdbstub's TCP port (on 127.0.0.1).
@@ -321,9 +322,6 @@ pub fn scenario_for(
         Duration::from_secs(args.timeout)
     };
     let (placement, why) = host::choose_host(args.host, &host::choose_accel());
-    if args.gdb && placement != host::Placement::Qemu {
-        anyhow::bail!("--gdb uses QEMU's gdbstub: add --host qemu (perfbed-vmm has no gdb server)");
-    }
     let host = host::build_host(ws, placement, &vmlinux, &images.initramfs)?;
     if args.host != host::HostChoice::Qemu {
         eprintln!("==> host: {} ({why})", host.name());
@@ -335,7 +333,7 @@ pub fn scenario_for(
             images.initramfs.display()
         );
     }
-    let vm = host::config::VmConfig {
+    let mut vm = host::config::VmConfig {
         qemu: args
             .qemu
             .clone()
@@ -353,6 +351,9 @@ pub fn scenario_for(
         verbose: args.verbose,
         host,
     };
+    if args.gdb && args.qemu.is_none() {
+        use_box_qemu_for_gdb(ws, &mut vm)?;
+    }
     vm.validate()?;
     Ok(scenario::Scenario {
         vm,
@@ -365,6 +366,16 @@ pub fn scenario_for(
         fail_injection: images.variant == image::Variant::Debug,
         select: crate::checks::Select::matching(&args.check),
     })
+}
+
+/// In the box, gdb's breakpoints need perfbed's QEMU with the INT3
+/// intercept patch (`image::qemu::ensure_for_box_gdb`); elsewhere `vm`
+/// keeps its QEMU.
+pub fn use_box_qemu_for_gdb(ws: &Path, vm: &mut host::config::VmConfig) -> Result<()> {
+    if matches!(vm.host, host::Host::VmmBox(_)) {
+        vm.qemu = image::qemu::ensure_for_box_gdb(ws)?.binary;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

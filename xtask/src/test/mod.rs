@@ -18,10 +18,10 @@ use crate::host;
 use crate::host::Accel;
 use crate::progress::human;
 use crate::run::scenario::Scenario;
-use crate::run::{scenario_for, RunArgs};
+use crate::run::{scenario_for, use_box_qemu_for_gdb, RunArgs};
 use vm_tests::{
     agent_dies_mid_run, bench_quick, boot_and_hotplug, device_scope_pmu, driver_mutants,
-    gdb_session, guest_floods_console_and_channel, guest_panic_is_reported,
+    gdb_session, guest_floods_console_and_channel, guest_panic_is_reported, hang_is_captured,
     hotplug_selftest_replay, hotplug_stress, lifecycle_stress, module_lifecycle, perf_test_suite,
     qemu_killed_mid_run, scenario_library, slow_agent_reader,
     terminated_while_waiting_for_the_agent, unexpected_reset_is_reported,
@@ -156,6 +156,20 @@ const VM_TESTS: &[VmTest] = &[
         run: device_scope_pmu,
     },
     VmTest {
+        name: "hang_capture",
+        what: "a guest hung on purpose (`halt -f`: every CPU in hlt with interrupts off) goes silent; the harness's timeout saves its vCPUs from QEMU's monitor and reads every one as halted with interrupts disabled",
+        variant: Variant::Normal,
+        host: host::HostChoice::Qemu,
+        run: hang_is_captured,
+    },
+    VmTest {
+        name: "vmm_hang_capture",
+        what: "the same hang on perfbed-vmm (natively, or in the box): its vCPUs' state, asked of its control socket, saved as vcpu-state.txt and decoded by the same reader, every vCPU halted with interrupts disabled",
+        variant: Variant::Normal,
+        host: host::HostChoice::Vmm,
+        run: hang_is_captured,
+    },
+    VmTest {
         name: "gdb_session",
         what: "on the gdb kernel, Debian's gdb in batch mode breaks in perfbed.ko's read callback under `perf stat`, names it in the backtrace, reads REG_MAGIC through the driver's mapping, detaches, and perf finishes",
         variant: Variant::Gdb,
@@ -213,7 +227,7 @@ const VM_TESTS: &[VmTest] = &[
     },
     VmTest {
         name: "vmm_unexpected_reset",
-        what: "on perfbed-vmm, a guest that reboots without the agent's power-off (`reboot -f`, a triple fault with reboot=t) ends the VMM with its unexpected-reset status (5), named by the harness",
+        what: "on perfbed-vmm, every vCPU's state on request (the control socket's cpu_state), then a guest that reboots without the agent's power-off (`reboot -f`, a triple fault with reboot=t) ends the VMM with its unexpected-reset status (5), named by the harness, and the vCPUs' state it captured saved in the run folder and decoded",
         variant: Variant::Normal,
         host: host::HostChoice::Vmm,
         run: unexpected_reset_is_reported,
@@ -224,6 +238,13 @@ const VM_TESTS: &[VmTest] = &[
         variant: Variant::Normal,
         host: host::HostChoice::Vmm,
         run: terminated_while_waiting_for_the_agent,
+    },
+    VmTest {
+        name: "vmm_gdb_session",
+        what: "gdb_session on perfbed-vmm's gdb stub (on native KVM, else in the box, its port relayed through L1): the breakpoint in perfbed.ko's read callback, the backtrace, REG_MAGIC read through the driver's mapping, the detach",
+        variant: Variant::Gdb,
+        host: host::HostChoice::Vmm,
+        run: gdb_session,
     },
     VmTest {
         name: "vmm_slow_agent_reader",
@@ -379,7 +400,10 @@ fn run_vm_tests(ws: &Path, args: &TestArgs) -> Result<bool> {
             host: test.host,
             ..RunArgs::for_tests()
         };
-        let scenario = scenario_for(ws, images, &run_args, test.name)?;
+        let mut scenario = scenario_for(ws, images, &run_args, test.name)?;
+        if test.variant == Variant::Gdb {
+            use_box_qemu_for_gdb(ws, &mut scenario.vm)?;
+        }
         let start = Instant::now();
         let run_dir = scenario.vm.run_dir.clone();
         let _ = fs::remove_file(run_dir.join(host::vm::BOX_STUCK_FILE));

@@ -136,7 +136,8 @@ fn checks_on_a_guest(
 }
 
 /// The scripted gdb session (`gdb::scripted_session`) on a guest served by
-/// QEMU's gdbstub, then a clean power-off and a kernel log without reports.
+/// its host's gdb stub (QEMU's gdbstub, or perfbed-vmm's, natively or in the
+/// box), then a clean power-off and a kernel log without reports.
 pub fn gdb_session(scenario: &Scenario, accel: &Accel) -> Result<()> {
     let mut config = scenario.vm.clone();
     let port = free_port()?;
@@ -147,15 +148,16 @@ pub fn gdb_session(scenario: &Scenario, accel: &Accel) -> Result<()> {
     });
     let booted = Vm::boot(&config, accel)?;
     println!(
-        "  the gdb kernel booted to the agent in {}",
-        human(booted.boot_time)
+        "  the gdb kernel booted to the agent in {} on {}",
+        human(booted.boot_time),
+        config.host.name()
     );
     let mut vm = booted.vm;
     let mut guest = crate::guest::Guest {
         vm: &mut vm,
         timeout: scenario.request_timeout,
     };
-    let output = crate::debug::gdb::scripted_session(
+    let session = crate::debug::gdb::scripted_session(
         &mut guest,
         &config.vmlinux,
         &scenario.driver,
@@ -172,7 +174,8 @@ pub fn gdb_session(scenario: &Scenario, accel: &Accel) -> Result<()> {
             serial_log.display()
         );
     }
-    let backtrace: Vec<&str> = output
+    let backtrace: Vec<&str> = session
+        .output
         .lines()
         .filter(|l| l.starts_with('#'))
         .take(3)
@@ -181,6 +184,12 @@ pub fn gdb_session(scenario: &Scenario, accel: &Accel) -> Result<()> {
         "  gdb stopped in: {}",
         backtrace.join("\n                  ")
     );
+    if let Some(took) = session.to_breakpoint {
+        println!(
+            "  from gdb's continue to the breakpoint's backtrace: {}",
+            human(took)
+        );
+    }
     Ok(())
 }
 
@@ -412,6 +421,14 @@ pub fn guest_panic_is_reported(scenario: &Scenario, accel: &Accel) -> Result<()>
 pub fn unexpected_reset_is_reported(scenario: &Scenario, accel: &Accel) -> Result<()> {
     let booted = Vm::boot(&scenario.vm, accel)?;
     let mut vm = booted.vm;
+    // On request, while the guest runs: every vCPU, each one read.
+    let asked = scenario.vm.run_dir.join("vcpu-state-asked.txt");
+    host::vmm::request_vcpu_state(&vm.control_socket, &asked)?;
+    let cpus = read_vcpu_capture(&asked, scenario.vm.cpus)?;
+    println!(
+        "    on request: {}",
+        host::cpu_state::describe(&cpus).join("; ")
+    );
     let start = Instant::now();
     let reboot = perfbed_agent::HostRequest::Run {
         argv: vec!["/bin/busybox".into(), "reboot".into(), "-f".into()],
@@ -429,7 +446,88 @@ pub fn unexpected_reset_is_reported(scenario: &Scenario, accel: &Accel) -> Resul
         human(start.elapsed()),
         error.lines().next().unwrap_or("")
     );
+    // perfbed-vmm's own capture of the reset, saved and decoded.
+    let saved = scenario.vm.run_dir.join(host::vmm::VCPU_STATE_FILE);
+    let said = "perfbed-vmm's vCPUs (the guest reset with neither the agent's power-off nor a panic) saved";
+    if !error.contains(said) {
+        bail!("the error does not say {said:?}:\n{error}");
+    }
+    let cpus = read_vcpu_capture(&saved, scenario.vm.cpus)?;
+    println!(
+        "    at the reset: {}",
+        host::cpu_state::describe(&cpus).join("; ")
+    );
     Ok(())
+}
+
+/// How long the hang test waits for the agent's answer that never comes.
+const HANG_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// A hang on purpose: `halt -f` stops every CPU with interrupts off (the
+/// kernel's `machine_halt`: the others stopped by IPI, each in `hlt` with
+/// RFLAGS.IF clear), so the agent never answers. The harness's timeout
+/// then records the vCPUs (QEMU's monitor, or perfbed-vmm's control
+/// socket); the capture must be saved, name every vCPU, and read as
+/// halted with interrupts disabled.
+pub fn hang_is_captured(scenario: &Scenario, accel: &Accel) -> Result<()> {
+    let booted = Vm::boot(&scenario.vm, accel)?;
+    let mut vm = booted.vm;
+    let start = Instant::now();
+    let halt = perfbed_agent::HostRequest::Run {
+        argv: vec!["/bin/busybox".into(), "halt".into(), "-f".into()],
+    };
+    let error = match vm.request(&halt, HANG_TIMEOUT) {
+        Ok(answer) => bail!("the guest answered its own halt: {answer:?}"),
+        Err(e) => format!("{e:#}"),
+    };
+    let (file, said) = match scenario.vm.host {
+        host::Host::Qemu => (
+            host::vm::CPU_STATE_FILE,
+            "state of the guest's vCPUs (registers, local APIC) saved",
+        ),
+        _ => (
+            host::vmm::VCPU_STATE_FILE,
+            "perfbed-vmm's vCPUs (asked when the run failed) saved",
+        ),
+    };
+    if !error.contains("no answer within") || !error.contains(said) {
+        bail!("the error does not say the agent went silent and {said:?}:\n{error}");
+    }
+    let cpus = read_vcpu_capture(&scenario.vm.run_dir.join(file), scenario.vm.cpus)?;
+    let decoded = host::cpu_state::describe(&cpus);
+    if let Some(awake) = cpus.iter().position(|c| c.interrupts_enabled || !c.halted) {
+        bail!(
+            "after halt -f, {} (not halted with interrupts off)",
+            decoded[awake]
+        );
+    }
+    println!(
+        "    after {} ({} of it the agent's silence):",
+        human(start.elapsed()),
+        human(HANG_TIMEOUT)
+    );
+    for line in decoded {
+        println!("      {line}");
+    }
+    Ok(())
+}
+
+/// The vCPUs of a capture at `path` (either host's): all `cpus` of them, each
+/// with its registers and local APIC read.
+fn read_vcpu_capture(path: &Path, cpus: u8) -> Result<Vec<host::cpu_state::VcpuState>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let read = host::cpu_state::parse(&text);
+    let complete =
+        |c: &host::cpu_state::VcpuState| c.rip.is_some() && c.cr3.is_some() && c.ppr.is_some();
+    if read.len() != usize::from(cpus) || !read.iter().all(complete) {
+        bail!(
+            "{} has {} of {cpus} vCPUs complete ({read:?}):\n{text}",
+            path.display(),
+            read.iter().filter(|c| complete(c)).count()
+        );
+    }
+    Ok(read)
 }
 
 /// SIGTERM to perfbed-vmm while it waits for the agent's client (sent by

@@ -48,6 +48,17 @@ const PATCHES: &[&str] = &[
     "0003-target-i386-show-interrupt-gates-in-info-registers.patch",
     "0004-target-i386-svm-interrupt_request-under-the-BQL.patch",
 ];
+/// The box's QEMU when gdb debugs perfbed-vmm's guest in it: the patches
+/// above, then one that lets the box's KVM see its guest's `int3` (gdb's
+/// breakpoints). Only there, so that a run without gdb keeps the cached
+/// QEMU (docs/vmm-and-box.md, "gdb on perfbed-vmm").
+const BOX_GDB_PATCHES: &[&str] = &[
+    "0001-hw-misc-add-perfbed.patch",
+    "0002-hw-acpi-no-pc_madt_cpu_entry-stub.patch",
+    "0003-target-i386-show-interrupt-gates-in-info-registers.patch",
+    "0004-target-i386-svm-interrupt_request-under-the-BQL.patch",
+    "0005-target-i386-svm-int3-bp-intercept.patch",
+];
 /// Firmware from Debian's packages, in the order QEMU must search it (qboot
 /// for microvm lives in the first; SeaBIOS's copy would shadow it).
 pub const FIRMWARE_DIRS: &[&str] = &["/usr/share/qemu", "/usr/share/seabios"];
@@ -58,6 +69,15 @@ pub struct Qemu {
 }
 
 pub fn ensure(workspace: &Path) -> Result<Qemu> {
+    ensure_with(workspace, PATCHES)
+}
+
+/// perfbed's QEMU for the box when gdb debugs its guest ([`BOX_GDB_PATCHES`]).
+pub fn ensure_for_box_gdb(workspace: &Path) -> Result<Qemu> {
+    ensure_with(workspace, BOX_GDB_PATCHES)
+}
+
+fn ensure_with(workspace: &Path, patches: &[&str]) -> Result<Qemu> {
     let shim = workspace.join("images/qemu");
     let staticlib = build_staticlib(workspace)?;
     let version = source_version()?;
@@ -66,7 +86,7 @@ pub fn ensure(workspace: &Path) -> Result<Qemu> {
     for name in SHIM_FILES
         .iter()
         .chain(["devices.mak"].iter())
-        .chain(PATCHES)
+        .chain(patches)
     {
         key.add(
             name,
@@ -78,7 +98,7 @@ pub fn ensure(workspace: &Path) -> Result<Qemu> {
     let entry = Entry::new("qemu", &key)?;
     let tree = entry.dir.join("qemu");
     if !entry.is_ready() {
-        build_tree(&entry, &tree, &shim, &version, &staticlib)?;
+        build_tree(&entry, &tree, &shim, &version, &staticlib, patches)?;
     }
     let binary = linked_binary(&entry, &tree, &staticlib)?;
     Ok(Qemu {
@@ -187,6 +207,7 @@ fn build_tree(
     shim: &Path,
     version: &str,
     staticlib: &Path,
+    patches: &[&str],
 ) -> Result<()> {
     entry.begin()?;
     let step = Step::start(
@@ -217,7 +238,7 @@ fn build_tree(
         shim.join("devices.mak"),
         tree.join("configs/devices/x86_64-softmmu/perfbed.mak"),
     )?;
-    for patch in PATCHES {
+    for patch in patches {
         step.run(
             Command::new("patch")
                 .args(["-p1", "--forward", "--batch", "-d"])
