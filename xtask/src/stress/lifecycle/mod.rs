@@ -10,6 +10,8 @@ pub mod replay;
 pub mod run;
 pub mod scenario;
 pub mod scenario_run;
+pub mod scenario_write;
+pub mod shrink;
 
 use std::time::Duration;
 
