@@ -108,6 +108,13 @@ pub struct StressArgs {
     /// parked (the generator issues them by default).
     #[arg(long)]
     no_parked_ioctls: bool,
+    /// With --lifecycle or --mutant: do not shrink a failing run to a
+    /// scenario (by default it is, in the same guest, into the run folder).
+    #[arg(long)]
+    no_shrink: bool,
+    /// Seconds shrinking a failing run may take.
+    #[arg(long, default_value_t = 600, value_name = "SECS")]
+    shrink_time: u64,
     /// Replay a lifecycle journal (lifecycle-journal.jsonl of a run folder)
     /// against the model, without a guest, and print what differs.
     #[arg(long, value_name = "FILE")]
@@ -139,6 +146,15 @@ pub struct StressConfig {
 }
 
 impl StressArgs {
+    /// How long a failing lifecycle run may be shrunk: not with
+    /// `--no-shrink`, nor in the `--mutants` table (each row its own run).
+    pub fn shrink_budget(&self) -> Option<lifecycle::shrink::Budget> {
+        (!self.no_shrink && !self.mutants).then(|| lifecycle::shrink::Budget {
+            time: std::time::Duration::from_secs(self.shrink_time),
+            ..Default::default()
+        })
+    }
+
     /// The flags that choose the guest, as a replay command repeats them
     /// (` --cpus N` first).
     pub fn guest_flags(&self) -> String {

@@ -209,6 +209,7 @@ pub fn lifecycle_stress(scenario: &Scenario, accel: &Accel) -> Result<()> {
         stop_at_first: false,
         parked_ioctls: true,
         run_check: None,
+        shrink: None,
     };
     let report = stress::lifecycle::execute(&vm, accel, &config)?;
     let failed: Vec<String> = report
@@ -236,7 +237,7 @@ pub fn scenario_library(scenario: &Scenario, accel: &Accel) -> Result<()> {
     vm.device.slots = stress::lifecycle::SLOTS;
     let files = files_under(&[ws.join("scenarios")])?;
     let texts = load(&files, &layout(vm.cpus, &vm.device), &vm.device)?;
-    let (checks, _) = execute(&vm, accel, &texts, scenario.request_timeout)?;
+    let (checks, _) = execute(&vm, accel, &texts, scenario.request_timeout, None)?;
     let failed: Vec<String> = checks
         .iter()
         .filter(|c| !c.passed)
@@ -294,6 +295,7 @@ pub fn driver_mutants(scenario: &Scenario, accel: &Accel) -> Result<()> {
                 stop_at_first: true,
                 parked_ioctls: true,
                 run_check: mutant.run_check()?,
+                shrink: None,
             };
             stress::lifecycle::execute(&vm, accel, &config)
         })();

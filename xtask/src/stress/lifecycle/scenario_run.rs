@@ -24,6 +24,7 @@ use super::reads;
 use super::replay::replay;
 use super::run::{attr_of, flush, host_step, probe_next_handle, shape};
 use super::scenario::{files_under, parse, wants_against_model, Layout, Scenario, Want};
+use super::shrink::Budget;
 
 #[derive(Args, Clone)]
 pub struct ScenarioArgs {
@@ -53,6 +54,13 @@ pub struct ScenarioArgs {
     /// `stress --mutant`): the scenarios that must catch it then fail.
     #[arg(long, value_name = "NAME")]
     pub mutant: Option<String>,
+    /// Do not shrink a failing scenario (by default its first finding is
+    /// shrunk, in the same guest, to `NAME.shrunk.scn` in the run folder).
+    #[arg(long)]
+    pub no_shrink: bool,
+    /// Seconds shrinking one failing scenario may take.
+    #[arg(long, default_value_t = 600, value_name = "SECS")]
+    pub shrink_time: u64,
 }
 
 impl ScenarioArgs {
@@ -139,7 +147,11 @@ pub fn run(ws: &Path, args: &ScenarioArgs) -> Result<bool> {
         guest.variant().name()
     );
     let start = Instant::now();
-    let (checks, boot_time) = execute(&vm_config, &accel, &texts, guest.timeout)?;
+    let shrink = (!args.no_shrink).then(|| Budget {
+        time: Duration::from_secs(args.shrink_time),
+        ..Default::default()
+    });
+    let (checks, boot_time) = execute(&vm_config, &accel, &texts, guest.timeout, shrink)?;
     let passed = checks.iter().all(|c| c.passed);
     println!(
         "\nperfbed scenario: {}",
@@ -166,12 +178,14 @@ pub fn run(ws: &Path, args: &ScenarioArgs) -> Result<bool> {
 /// Boots `vm_config`, carries out the scenarios `texts` (each file's
 /// path and text, refused already if bad), powers off: one check per
 /// scenario, the placement violations and the kernel log's; and how long
-/// the boot took.
+/// the boot took. With `shrink`, a scenario the model finds fault with is
+/// shrunk to a smaller one that fails the same way (its check says where).
 pub fn execute(
     vm_config: &VmConfig,
     accel: &host::Accel,
     texts: &[(PathBuf, String)],
     timeout: Duration,
+    shrink: Option<Budget>,
 ) -> Result<(Vec<Check>, Duration)> {
     let booted = Vm::boot(vm_config, accel)?;
     let mut vm = booted.vm;
@@ -182,6 +196,7 @@ pub fn execute(
         texts,
         timeout,
         &vm_config.run_dir,
+        shrink,
     )?;
     vm.power_off(Duration::from_secs(60))?;
     checks.push(clean_log_check(&vm_config.run_dir.join("serial.log")));
@@ -197,6 +212,7 @@ fn on_guest(
     texts: &[(PathBuf, String)],
     timeout: Duration,
     run_dir: &Path,
+    shrink: Option<Budget>,
 ) -> Result<Vec<Check>> {
     let socket = vm.control_socket.clone();
     let mut g = Guest { vm, timeout };
@@ -232,8 +248,30 @@ fn on_guest(
         };
         std::fs::write(&path, journal::to_text(&header, &journal)?)
             .with_context(|| format!("writing {}", path.display()))?;
-        checks.push(judge(&scenario, &journal, device));
-        restore(&mut g, &mut control, &env, &scenario, &journal)?;
+        let mut check = judge(&scenario, &journal, device);
+        let first = replay(shape(device), &journal).findings.into_iter().next();
+        if let (Some(budget), false, Some(first)) = (shrink, check.passed, first) {
+            let failing = super::shrink::Failing {
+                journal: &journal,
+                first,
+            };
+            let file = path.with_extension("shrunk.scn");
+            let said = match super::shrink::on_guest(
+                &mut g,
+                &mut control,
+                &env,
+                &layout,
+                &failing,
+                budget,
+                &file,
+            )? {
+                Some(s) => s.text(),
+                None => "not shrunk: its first finding does not fail the same way alone".into(),
+            };
+            check.detail += &format!("\n    {said}");
+        }
+        checks.push(check);
+        restore(&mut g, &mut control, &env, &journal)?;
     }
     let state = control.state()?;
     checks.push(super::super::jobs::violations_check(&state));
@@ -241,17 +279,17 @@ fn on_guest(
 }
 
 /// What carrying out a step needs besides the guest.
-struct Env<'a> {
-    pmus: &'a [String],
-    types: &'a [u32],
-    device: &'a DeviceConfig,
-    timeout: Duration,
+pub(super) struct Env<'a> {
+    pub pmus: &'a [String],
+    pub types: &'a [u32],
+    pub device: &'a DeviceConfig,
+    pub timeout: Duration,
 }
 
 /// Carries out the scenario's steps in order, one journal entry each:
 /// perf steps in batches through the agent, host steps one by one (an
 /// `owner(d)` open is sent alone, with the CPU domain `d`'s cpumask shows).
-fn carry_out(
+pub(super) fn carry_out(
     g: &mut Guest,
     control: &mut ControlClient,
     env: &Env,
@@ -397,14 +435,13 @@ fn want_problem(
     }
 }
 
-/// Leaves the guest as the scenario found it: its events closed, its
+/// Leaves the guest as a scenario (or a lifecycle run) found it: its events closed, its
 /// allowed sets the defaults, every CPU online, no rate, each PMU on its
 /// domain's first CPU.
-fn restore(
+pub(super) fn restore(
     g: &mut Guest,
     control: &mut ControlClient,
     env: &Env,
-    scenario: &Scenario,
     journal: &[Entry],
 ) -> Result<()> {
     let mut open: std::collections::BTreeSet<Handle> = std::collections::BTreeSet::new();
@@ -422,8 +459,8 @@ fn restore(
     for handle in open {
         let _ = g.close(handle);
     }
-    for op in &scenario.ops {
-        match op.step {
+    for entry in journal {
+        match entry.step {
             Step::Rate { domain, .. } => {
                 control.set_rate(
                     domain,
@@ -453,7 +490,7 @@ fn restore(
 /// Puts every PMU on its domain's first CPU (through an allowed set of
 /// that CPU alone, then the default set, which keeps it there), so that
 /// each scenario starts with the owners its `offline` lines can name.
-fn home(g: &mut Guest, control: &mut ControlClient, env: &Env) -> Result<()> {
+pub(super) fn home(g: &mut Guest, control: &mut ControlClient, env: &Env) -> Result<()> {
     for (d, (pmu, cpus)) in (0u32..).zip(env.pmus.iter().zip(&env.device.domains)) {
         let first = cpus[0];
         let (_, mask) = g.wait_cpumask(pmu, |m| m.len() == 1 && cpus.contains(&m[0]))?;

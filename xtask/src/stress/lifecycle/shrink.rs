@@ -24,12 +24,16 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
+use perfbed_device::ControlClient;
 
 use crate::checks::counting::{DeviceShape, Handle};
+use crate::guest::Guest;
 use crate::progress::human;
 
-use super::journal::{Cpus, Entry, Step};
-use super::replay::{replay_on, Finding};
+use super::journal::{Entry, Step};
+use super::replay::{replay, Finding};
+use super::run::probe_next_handle;
+use super::scenario_run::{carry_out, restore, Env};
 use super::scenario::{parse, wants_against_model, Layout};
 use super::scenario_write::{sayable, writable, write, Line};
 
@@ -274,12 +278,18 @@ pub struct Shrunk {
     pub after: usize,
     pub candidates: usize,
     pub time: Duration,
+    /// Why shrinking stopped before its budget ran out (the guest failed).
+    pub stopped: Option<String>,
 }
 
 impl Shrunk {
     pub fn text(&self) -> String {
+        let stopped = self
+            .stopped
+            .as_ref()
+            .map_or(String::new(), |e| format!("; stopped early: {e}"));
         format!(
-            "shrunk: {} operations to {} in {} ({} candidates run): cargo xtask scenario {}",
+            "shrunk: {} operations to {} in {} ({} candidate runs{stopped}); run it with:\n    cargo xtask scenario {}",
             self.before,
             self.after,
             human(self.time),
@@ -361,7 +371,7 @@ pub fn shrink(
     };
     let deadline = start + budget.time;
     let kept = ddmin(&from, &mut fails, || {
-        Instant::now() < deadline && runs.get() < budget.candidates
+        Instant::now() < deadline && runs.get() < budget.candidates && error.borrow().is_none()
     });
     let mut keep = kept;
     keep.push(target);
@@ -378,6 +388,7 @@ pub fn shrink(
         after: lines.len(),
         candidates: runs.get(),
         time: start.elapsed(),
+        stopped: error.take().map(|e| format!("{e:#}")),
     }))
 }
 
@@ -390,14 +401,39 @@ pub fn same_failure(findings: &[Finding], at: &[usize], target: usize, rule_of: 
         .is_some_and(|f| at.get(f.index) == Some(&target) && rule(&f.text) == rule_of)
 }
 
-/// Replays a candidate's journal with the CPUs every candidate starts
-/// with (each PMU on its domain's first CPU).
-pub fn replay_candidate(shape: DeviceShape, domains: &[Vec<u32>], journal: &[Entry]) -> Vec<Finding> {
-    let cpus = Cpus {
-        domains: domains.to_vec(),
-        owners: domains.iter().map(|c| c.first().copied()).collect(),
+/// Shrinks `failing` on the guest that ran it: the guest's state reset
+/// (the run's events closed, every CPU online, the default allowed sets,
+/// no rate, each PMU on its domain's first CPU), then each candidate
+/// carried out as `cargo xtask scenario` would, judged as it judges, and
+/// the state reset again.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn on_guest(
+    g: &mut Guest,
+    control: &mut ControlClient,
+    env: &Env,
+    layout: &Layout,
+    failing: &Failing,
+    budget: Budget,
+    file: &Path,
+) -> Result<Option<Shrunk>> {
+    restore(g, control, env, failing.journal)?;
+    let shape = super::run::shape(env.device);
+    let target = failing.first.index;
+    let rule_of = rule(&failing.first.text);
+    crate::progress::say(&format!(
+        "    shrinking: the first finding, operation {target}, within {} or {} candidates",
+        human(budget.time),
+        budget.candidates
+    ));
+    let mut oracle = |text: &str, at: &[usize]| -> Result<bool> {
+        let first = probe_next_handle(g)?;
+        let scenario = parse(file, text, layout, first)?;
+        let journal = carry_out(g, control, env, &scenario)?;
+        let findings = replay(shape, &journal).findings;
+        restore(g, control, env, &journal)?;
+        Ok(same_failure(&findings, at, target, &rule_of))
     };
-    replay_on(shape, &cpus, journal).findings
+    shrink(failing, layout, shape, budget, file, &mut oracle)
 }
 
 #[cfg(test)]
