@@ -208,8 +208,8 @@ fn shrink_run(
     budget: shrink::Budget,
 ) -> Result<String> {
     let text = std::fs::read_to_string(path)?;
-    let (_, journal) = journal::from_text(&text)
-        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    let (_, journal) =
+        journal::from_text(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     let env = scenario_run::Env {
         pmus,
         types,

@@ -34,10 +34,8 @@ impl Line {
 /// `perf stat` steps have no line, nor a rate on another RMID than the
 /// scenario's).
 pub fn writable(step: &Step) -> bool {
-    !matches!(
-        step,
-        Step::OthersOpen { .. } | Step::PerfStat { .. }
-    ) && !matches!(step, Step::Rate { rmid, .. } if *rmid != RMID_RATE)
+    !matches!(step, Step::OthersOpen { .. } | Step::PerfStat { .. })
+        && !matches!(step, Step::Rate { rmid, .. } if *rmid != RMID_RATE)
 }
 
 /// `lines` (each with a tag, such as its journal index) as a scenario can
@@ -93,11 +91,11 @@ pub fn write(check: Option<&str>, comments: &[String], lines: &[Line]) -> String
     for c in comments {
         let _ = writeln!(out, "# {c}");
     }
-    for (i, line) in lines.iter().enumerate() {
+    for line in lines {
         if !writable(&line.step) {
             continue;
         }
-        out += &step_text(&line.step, &lines[i + 1..]);
+        out += &step_text(&line.step, lines);
         out.push('\n');
         if let (Step::Open { expect, .. }, Some(errno)) = (&line.step, &line.refused) {
             let _ = writeln!(out, "want e{expect} {errno}");
@@ -109,9 +107,8 @@ pub fn write(check: Option<&str>, comments: &[String], lines: &[Line]) -> String
     out
 }
 
-/// One step's line; `later` are the lines after it (a cpu-clock leader's
-/// device siblings).
-fn step_text(step: &Step, later: &[Line]) -> String {
+/// One step's line; `all` are the scenario's (a cpu-clock event's group).
+fn step_text(step: &Step, all: &[Line]) -> String {
     match step {
         Step::Open { event, expect } => {
             let mut text = match event.pmu {
@@ -124,19 +121,15 @@ fn step_text(step: &Step, later: &[Line]) -> String {
                     // The domain of a device event in its group: its leader's
                     // (a sibling) or a sibling's (a leader).
                     let leader = event.group.unwrap_or(*expect);
-                    let domain = later
-                        .iter()
-                        .map(|l| &l.step)
-                        .chain(std::iter::once(step))
-                        .find_map(|s| match s {
-                            Step::Open { event: o, expect: h }
-                                if o.pmu.is_some()
-                                    && (*h == leader || o.group == Some(leader)) =>
-                            {
-                                o.pmu
-                            }
-                            _ => None,
-                        });
+                    // (A refused open's handle is the next open's.)
+                    let opened = all.iter().filter(|l| l.refused.is_none());
+                    let domain = opened.map(|l| &l.step).find_map(|s| match s {
+                        Step::Open {
+                            event: o,
+                            expect: h,
+                        } if o.pmu.is_some() && (*h == leader || o.group == Some(leader)) => o.pmu,
+                        _ => None,
+                    });
                     match domain {
                         Some(d) => format!("e{expect} = open cpu-clock cpu=owner({d})"),
                         None => format!("e{expect} = open cpu-clock cpu={}", event.cpu),
@@ -305,7 +298,22 @@ mod tests {
             let written: Vec<&Line> = lines.iter().filter(|l| writable(&l.step)).collect();
             assert_eq!(s.ops.len(), written.len(), "seed {seed}");
             let mut owners = 0;
+            let mut device_leaders = std::collections::BTreeSet::new();
             for (op, line) in s.ops.iter().zip(written) {
+                // A cpu-clock sibling of a device leader is on its owner.
+                let opens = line.refused.is_none();
+                if let (Step::Open { event, expect }, true) = (&op.step, opens) {
+                    if event.pmu.is_some() && event.group.is_none() {
+                        device_leaders.insert(*expect);
+                    }
+                    if event.group.is_some_and(|l| device_leaders.contains(&l)) {
+                        assert!(
+                            event.pmu.is_some() || op.on_owner.is_some(),
+                            "seed {seed}, line {}",
+                            op.line
+                        );
+                    }
+                }
                 let mut step = op.step.clone();
                 // An owner's cpu-clock: the CPU is the run's, from the
                 // domain's cpumask; the journal's is one of its CPUs.

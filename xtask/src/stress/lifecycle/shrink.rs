@@ -33,8 +33,8 @@ use crate::progress::human;
 use super::journal::{Entry, Step};
 use super::replay::{replay, Finding};
 use super::run::probe_next_handle;
-use super::scenario_run::{carry_out, restore, Env};
 use super::scenario::{parse, wants_against_model, Layout};
+use super::scenario_run::{carry_out, restore, Env};
 use super::scenario_write::{sayable, writable, write, Line};
 
 /// How long shrinking may take, and how many candidates it may run.
@@ -64,7 +64,9 @@ pub fn ddmin<T: Clone + Ord>(
     let mut current = items.to_vec();
     let mut tested: BTreeMap<Vec<T>, bool> = BTreeMap::new();
     let mut test = |subset: Vec<T>, fails: &mut dyn FnMut(&[T]) -> bool| -> bool {
-        *tested.entry(subset.clone()).or_insert_with(|| fails(&subset))
+        *tested
+            .entry(subset.clone())
+            .or_insert_with(|| fails(&subset))
     };
     let mut n = 2;
     'outer: while current.len() >= 2 && more() {
@@ -155,10 +157,7 @@ pub fn candidate(
                     Err(_) => {}
                 }
             }
-            (
-                Step::Ioctl { handle, .. } | Step::Read { handle } | Step::Close { handle },
-                _,
-            ) => {
+            (Step::Ioctl { handle, .. } | Step::Read { handle } | Step::Close { handle }, _) => {
                 if !live.contains(handle) {
                     continue;
                 }
@@ -191,13 +190,22 @@ pub fn depends(journal: &[Entry], target: usize, domains: &[Vec<u32>]) -> BTreeS
         if let (Step::Open { event, expect }, Ok(_)) = (&e.step, &e.result) {
             opens.insert(
                 *expect,
-                (i, event.group, event.pmu, event.event, event.rmid, event.cpu),
+                (
+                    i,
+                    event.group,
+                    event.pmu,
+                    event.event,
+                    event.rmid,
+                    event.cpu,
+                ),
             );
         }
     }
     let mut group: BTreeSet<Handle> = BTreeSet::new();
     if let Some((h, leader)) = about {
-        let leader = leader.or_else(|| opens.get(&h).and_then(|o| o.1)).unwrap_or(h);
+        let leader = leader
+            .or_else(|| opens.get(&h).and_then(|o| o.1))
+            .unwrap_or(h);
         group.insert(h);
         group.insert(leader);
         group.extend(
@@ -543,12 +551,12 @@ mod tests {
             })
         };
         let journal = vec![
-            open(1, 1, 1, None),         // 0: the group's leader
-            open(2, 1, 2, Some(1)),      // 1: its sibling
-            open(3, 0, 1, None),         // 2: another domain's
-            open(4, 1, 3, None),         // 3: contends for domain 1's slots
-            burst(1, 2),                 // 4: the sibling's key
-            burst(0, 1),                 // 5: domain 0's
+            open(1, 1, 1, None),          // 0: the group's leader
+            open(2, 1, 2, Some(1)),       // 1: its sibling
+            open(3, 0, 1, None),          // 2: another domain's
+            open(4, 1, 3, None),          // 3: contends for domain 1's slots
+            burst(1, 2),                  // 4: the sibling's key
+            burst(0, 1),                  // 5: domain 0's
             ok(Step::Move { domain: 0 }), // 6
             ok(Step::Move { domain: 1 }), // 7
             ok(Step::Read { handle: 3 }), // 8
