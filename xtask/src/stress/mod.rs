@@ -148,10 +148,16 @@ pub struct StressConfig {
 impl StressArgs {
     /// How long a failing lifecycle run may be shrunk: not with
     /// `--no-shrink`, nor in the `--mutants` table (each row its own run).
-    pub fn shrink_budget(&self) -> Option<lifecycle::shrink::Budget> {
-        (!self.no_shrink && !self.mutants).then(|| lifecycle::shrink::Budget {
-            time: std::time::Duration::from_secs(self.shrink_time),
-            ..Default::default()
+    pub fn shrinking(&self) -> Option<lifecycle::shrink::Shrinking> {
+        (!self.no_shrink && !self.mutants).then(|| {
+            let mutant = self
+                .mutant
+                .as_ref()
+                .map_or(String::new(), |m| format!(" --mutant {m}"));
+            lifecycle::shrink::Shrinking::new(
+                std::time::Duration::from_secs(self.shrink_time),
+                format!("cargo xtask scenario{}{mutant}", self.guest_flags()),
+            )
         })
     }
 

@@ -369,7 +369,7 @@ fn lifecycle(
         stop_at_first,
         parked_ioctls: !args.no_parked_ioctls,
         run_check,
-        shrink: args.shrink_budget(),
+        shrink: args.shrinking(),
     };
     eprintln!(
         "==> stress --lifecycle: {ops} operations, seed {seed}, {} vCPUs, {} slots per domain, {} kernel, under {under}",

@@ -104,7 +104,7 @@ fn on_guest(
         &vm_config.run_dir,
     )?;
     report.prologue = prologue.len();
-    if let (Some(budget), Some((first, _))) = (config.shrink, &report.first) {
+    if let (Some(budget), Some((first, _))) = (&config.shrink, &report.first) {
         report.shrunk = Some(shrink_run(
             &mut g,
             &mut control,
@@ -205,7 +205,7 @@ fn shrink_run(
     timeout: Duration,
     path: &std::path::Path,
     first: &replay::Finding,
-    budget: shrink::Budget,
+    budget: &shrink::Shrinking,
 ) -> Result<String> {
     let text = std::fs::read_to_string(path)?;
     let (_, journal) =

@@ -50,7 +50,7 @@ pub struct LifecycleConfig {
     pub run_check: Option<String>,
     /// Shrink a failing run to a scenario within this budget (`None`:
     /// `--no-shrink`).
-    pub shrink: Option<super::shrink::Budget>,
+    pub shrink: Option<super::shrink::Shrinking>,
 }
 
 /// With `stop_at_first`, how many operations between two replays.

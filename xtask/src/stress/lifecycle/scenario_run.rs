@@ -24,7 +24,7 @@ use super::reads;
 use super::replay::replay;
 use super::run::{attr_of, flush, host_step, probe_next_handle, shape};
 use super::scenario::{files_under, parse, wants_against_model, Layout, Scenario, Want};
-use super::shrink::Budget;
+use super::shrink::Shrinking;
 
 #[derive(Args, Clone)]
 pub struct ScenarioArgs {
@@ -147,11 +147,22 @@ pub fn run(ws: &Path, args: &ScenarioArgs) -> Result<bool> {
         guest.variant().name()
     );
     let start = Instant::now();
-    let shrink = (!args.no_shrink).then(|| Budget {
-        time: Duration::from_secs(args.shrink_time),
-        ..Default::default()
+    let shrink = (!args.no_shrink).then(|| {
+        let mut command = format!("cargo xtask scenario --cpus {}", args.cpus);
+        for (flag, value) in [("--domains", &args.domains), ("--mutant", &args.mutant)] {
+            if let Some(v) = value {
+                command += &format!(" {flag} {v}");
+            }
+        }
+        if args.normal {
+            command += " --normal";
+        }
+        if args.host != host::HostChoice::Qemu {
+            command += &format!(" --host {}", args.host.name());
+        }
+        Shrinking::new(Duration::from_secs(args.shrink_time), command)
     });
-    let (checks, boot_time) = execute(&vm_config, &accel, &texts, guest.timeout, shrink)?;
+    let (checks, boot_time) = execute(&vm_config, &accel, &texts, guest.timeout, shrink.as_ref())?;
     let passed = checks.iter().all(|c| c.passed);
     println!(
         "\nperfbed scenario: {}",
@@ -185,7 +196,7 @@ pub fn execute(
     accel: &host::Accel,
     texts: &[(PathBuf, String)],
     timeout: Duration,
-    shrink: Option<Budget>,
+    shrink: Option<&Shrinking>,
 ) -> Result<(Vec<Check>, Duration)> {
     let booted = Vm::boot(vm_config, accel)?;
     let mut vm = booted.vm;
@@ -212,7 +223,7 @@ fn on_guest(
     texts: &[(PathBuf, String)],
     timeout: Duration,
     run_dir: &Path,
-    shrink: Option<Budget>,
+    shrink: Option<&Shrinking>,
 ) -> Result<Vec<Check>> {
     let socket = vm.control_socket.clone();
     let mut g = Guest { vm, timeout };

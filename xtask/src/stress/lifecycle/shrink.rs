@@ -37,18 +37,23 @@ use super::scenario::{parse, wants_against_model, Layout};
 use super::scenario_run::{carry_out, restore, Env};
 use super::scenario_write::{sayable, writable, write, Line};
 
-/// How long shrinking may take, and how many candidates it may run.
-#[derive(Debug, Clone, Copy)]
-pub struct Budget {
+/// How to shrink: how long it may take, how many candidate runs it may
+/// make, and the command that runs a scenario on the run's guest (its
+/// flags, its mutant), which the scenario written is to be run with.
+#[derive(Debug, Clone)]
+pub struct Shrinking {
     pub time: Duration,
     pub candidates: usize,
+    pub command: String,
 }
 
-impl Default for Budget {
-    fn default() -> Budget {
-        Budget {
-            time: Duration::from_secs(600),
+impl Shrinking {
+    /// At most 400 candidate runs in `time`.
+    pub fn new(time: Duration, command: String) -> Shrinking {
+        Shrinking {
+            time,
             candidates: 400,
+            command,
         }
     }
 }
@@ -286,6 +291,8 @@ pub struct Shrunk {
     pub after: usize,
     pub candidates: usize,
     pub time: Duration,
+    /// The command that runs it.
+    pub command: String,
     /// Why shrinking stopped before its budget ran out (the guest failed).
     pub stopped: Option<String>,
 }
@@ -297,11 +304,12 @@ impl Shrunk {
             .as_ref()
             .map_or(String::new(), |e| format!("; stopped early: {e}"));
         format!(
-            "shrunk: {} operations to {} in {} ({} candidate runs{stopped}); run it with:\n    cargo xtask scenario {}",
+            "shrunk: {} operations to {} in {} ({} candidate runs{stopped}); run it with:\n    {} {}",
             self.before,
             self.after,
             human(self.time),
             self.candidates,
+            self.command,
             self.file.display()
         )
     }
@@ -320,7 +328,7 @@ pub fn shrink(
     failing: &Failing,
     layout: &Layout,
     shape: DeviceShape,
-    budget: Budget,
+    budget: &Shrinking,
     file: &Path,
     oracle: &mut Oracle,
 ) -> Result<Option<Shrunk>> {
@@ -387,7 +395,7 @@ pub fn shrink(
     let (lines, _) = candidate(failing.journal, &keep, &layout.domains);
     let comments = vec![
         format!("shrunk from {before} operations: {}", failing.first.text),
-        format!("run with: cargo xtask scenario {}", file.display()),
+        format!("run with: {} {}", budget.command, file.display()),
     ];
     std::fs::write(file, write(None, &comments, &lines))?;
     Ok(Some(Shrunk {
@@ -396,6 +404,7 @@ pub fn shrink(
         after: lines.len(),
         candidates: runs.get(),
         time: start.elapsed(),
+        command: budget.command.clone(),
         stopped: error.take().map(|e| format!("{e:#}")),
     }))
 }
@@ -421,7 +430,7 @@ pub(super) fn on_guest(
     env: &Env,
     layout: &Layout,
     failing: &Failing,
-    budget: Budget,
+    budget: &Shrinking,
     file: &Path,
 ) -> Result<Option<Shrunk>> {
     restore(g, control, env, failing.journal)?;
