@@ -347,13 +347,10 @@ pub fn shrink_mutant(scenario: &Scenario, accel: &Accel) -> Result<()> {
         format!("cargo xtask stress --lifecycle 600 --seed {seed} --mutant {SHRINK_MUTANT}");
     let report = mutant_run(scenario, accel, &mutant, seed, &replay, Some(shrinking))?;
     let Some((first, _)) = &report.first else {
-        let failed: Vec<String> = report
-            .checks
-            .iter()
-            .filter(|c| !c.passed)
-            .map(|c| format!("{}: {}", c.name, c.detail))
-            .collect();
-        bail!("{SHRINK_MUTANT} was not caught by the model at seed {seed}: {failed:?}");
+        bail!(
+            "{SHRINK_MUTANT} was not caught by the model in {} operations at seed {seed}",
+            report.steps
+        );
     };
     let said = report.shrunk.clone().unwrap_or_default();
     if !said.starts_with("shrunk:") {
