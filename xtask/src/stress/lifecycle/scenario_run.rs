@@ -261,24 +261,33 @@ fn on_guest(
             .with_context(|| format!("writing {}", path.display()))?;
         let mut check = judge(&scenario, &journal, device);
         let first = replay(shape(device), &journal).findings.into_iter().next();
-        if let (Some(budget), false, Some(first)) = (shrink, check.passed, first) {
-            let failing = super::shrink::Failing {
-                journal: &journal,
-                first,
-            };
-            let file = path.with_extension("shrunk.scn");
-            let said = match super::shrink::on_guest(
-                &mut g,
-                &mut control,
-                &env,
-                &layout,
-                &failing,
-                budget,
-                &file,
-            )? {
-                Some(s) => s.text(),
-                None => "not shrunk: its first finding does not fail the same way alone".into(),
-            };
+        let said = match (shrink, check.passed, first) {
+            (Some(budget), false, Some(first)) => {
+                let failing = super::shrink::Failing {
+                    journal: &journal,
+                    first,
+                };
+                let file = path.with_extension("shrunk.scn");
+                let shrunk = super::shrink::on_guest(
+                    &mut g,
+                    &mut control,
+                    &env,
+                    &layout,
+                    &failing,
+                    budget,
+                    &file,
+                )?;
+                Some(shrunk.map_or_else(
+                    || "not shrunk: its first finding does not fail the same way alone".into(),
+                    |s| s.text(),
+                ))
+            }
+            (Some(_), false, None) => {
+                Some("not shrunk: the model found nothing (a want failed, or the guest)".into())
+            }
+            _ => None,
+        };
+        if let Some(said) = said {
             check.detail += &format!("\n    {said}");
         }
         checks.push(check);
