@@ -9,6 +9,7 @@ pub mod reads;
 pub mod replay;
 pub mod run;
 pub mod scenario;
+pub mod scenario_guest;
 pub mod scenario_run;
 pub mod scenario_write;
 pub mod shrink;
@@ -105,7 +106,7 @@ fn on_guest(
     )?;
     report.prologue = prologue.len();
     if let (Some(budget), Some((first, _))) = (&config.shrink, &report.first) {
-        report.shrunk = Some(shrink_run(
+        report.shrunk = Some(scenario_guest::shrink_run(
             &mut g,
             &mut control,
             &pmus,
@@ -191,45 +192,4 @@ fn waiting_after_a_move(
     let mut check = attacks::disabled_while_waiting_after_a_move(&mut ctx)?;
     check.name = "waiting after a move";
     Ok(check)
-}
-
-/// Shrinks the run's journal (at `path`) from its first finding to a
-/// scenario in the run folder: what to print.
-#[allow(clippy::too_many_arguments)]
-fn shrink_run(
-    g: &mut Guest,
-    control: &mut ControlClient,
-    pmus: &[String],
-    types: &[u32],
-    vm_config: &VmConfig,
-    timeout: Duration,
-    path: &std::path::Path,
-    first: &replay::Finding,
-    budget: &shrink::Shrinking,
-) -> Result<String> {
-    let text = std::fs::read_to_string(path)?;
-    let (_, journal) =
-        journal::from_text(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-    let env = scenario_run::Env {
-        pmus,
-        types,
-        device: &vm_config.device,
-        timeout,
-    };
-    let layout = scenario_run::layout(vm_config.cpus, &vm_config.device);
-    let failing = shrink::Failing {
-        journal: &journal,
-        first: first.clone(),
-    };
-    let file = vm_config.run_dir.join("shrunk.scn");
-    let shrunk = shrink::on_guest(g, control, &env, &layout, &failing, budget, &file)?;
-    let text = match shrunk {
-        Some(s) => s.text(),
-        None => format!(
-            "not shrunk: operation {} ({:?}) does not fail the same way as a scenario",
-            first.index, journal[first.index].step
-        ),
-    };
-    crate::progress::say(&format!("    {text}"));
-    Ok(text)
 }

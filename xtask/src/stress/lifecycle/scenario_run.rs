@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use perfbed_device::{ControlClient, DeviceConfig};
+use perfbed_device::DeviceConfig;
 
 use crate::checks::counting::Handle;
 use crate::checks::{clean_log_check, Check};
@@ -19,12 +19,14 @@ use crate::host::vm::Vm;
 use crate::progress::human;
 
 use super::cli::GuestShape;
-use super::journal::{self, perf_op, Entry, Header, Opened, Step};
+use super::journal::{self, Entry, Header, Step};
 use super::reads;
 use super::replay::replay;
-use super::run::{attr_of, flush, host_step, probe_next_handle, shape};
+use super::run::{probe_next_handle, shape};
 use super::scenario::{files_under, parse, wants_against_model, Layout, Scenario, Want};
-use super::shrink::Shrinking;
+pub use super::scenario_guest::layout;
+use super::scenario_guest::{carry_out, home, restore, shrink_on_guest, Env};
+use super::shrink::{self, Shrinking};
 
 #[derive(Args, Clone)]
 pub struct ScenarioArgs {
@@ -73,15 +75,6 @@ impl ScenarioArgs {
             host: self.host,
             timeout: Duration::from_secs(self.timeout),
         }
-    }
-}
-
-/// The layout a scenario is parsed for.
-pub fn layout(cpus: u8, device: &DeviceConfig) -> Layout {
-    Layout {
-        cpus: u32::from(cpus),
-        domains: device.domains.clone(),
-        rmids: device.rmids,
     }
 }
 
@@ -263,20 +256,13 @@ fn on_guest(
         let first = replay(shape(device), &journal).findings.into_iter().next();
         let said = match (shrink, check.passed, first) {
             (Some(budget), false, Some(first)) => {
-                let failing = super::shrink::Failing {
+                let failing = shrink::Failing {
                     journal: &journal,
                     first,
                 };
                 let file = path.with_extension("shrunk.scn");
-                let shrunk = super::shrink::on_guest(
-                    &mut g,
-                    &mut control,
-                    &env,
-                    &layout,
-                    &failing,
-                    budget,
-                    &file,
-                )?;
+                let shrunk =
+                    shrink_on_guest(&mut g, &mut control, &env, &layout, &failing, budget, &file)?;
                 Some(shrunk.map_or_else(
                     || "not shrunk: its first finding does not fail the same way alone".into(),
                     |s| s.text(),
@@ -296,63 +282,6 @@ fn on_guest(
     let state = control.state()?;
     checks.push(super::super::jobs::violations_check(&state));
     Ok(checks)
-}
-
-/// What carrying out a step needs besides the guest.
-pub(super) struct Env<'a> {
-    pub pmus: &'a [String],
-    pub types: &'a [u32],
-    pub device: &'a DeviceConfig,
-    pub timeout: Duration,
-}
-
-/// Carries out the scenario's steps in order, one journal entry each:
-/// perf steps in batches through the agent, host steps one by one (an
-/// `owner(d)` open is sent alone, with the CPU domain `d`'s cpumask shows).
-pub(super) fn carry_out(
-    g: &mut Guest,
-    control: &mut ControlClient,
-    env: &Env,
-    scenario: &Scenario,
-) -> Result<Vec<Entry>> {
-    let attr = |o: &Opened| attr_of(o, env.types);
-    let start = Instant::now();
-    let mut journal = Vec::new();
-    let mut pending: Vec<(Step, bool)> = Vec::new();
-    for op in &scenario.ops {
-        let mut step = op.step.clone();
-        if let (Some(d), Step::Open { event, .. }) = (op.on_owner, &mut step) {
-            flush(g, &mut pending, &attr, &mut journal, start)?;
-            event.cpu = match g.cpumask(&env.pmus[d as usize])?.first() {
-                Some(&cpu) => cpu as i32,
-                None => bail!(
-                    "{}:{}: cpu=owner({d}), but {} is parked there",
-                    scenario.file.display(),
-                    op.line,
-                    env.pmus[d as usize]
-                ),
-            };
-        }
-        if perf_op(&step, attr).is_some() {
-            let opens = !op.wants.iter().any(|w| matches!(w, Want::Refused { .. }));
-            pending.push((step, opens));
-            continue;
-        }
-        // A desync (an open that did not give the handle the parser gave
-        // it) shows in the replay as a finding at that open.
-        flush(g, &mut pending, &attr, &mut journal, start)?;
-        journal.push(host_step(
-            g,
-            control,
-            env.device,
-            env.pmus,
-            step,
-            env.timeout,
-            start,
-        )?);
-    }
-    flush(g, &mut pending, &attr, &mut journal, start)?;
-    Ok(journal)
 }
 
 /// The scenario's verdict: the replay's findings and the wants the run
@@ -453,81 +382,6 @@ fn want_problem(
         }
         (Want::Value { .. }, Ok(_), step) => Some(format!("a value wanted of {step:?}")),
     }
-}
-
-/// Leaves the guest as a scenario (or a lifecycle run) found it: its events closed, its
-/// allowed sets the defaults, every CPU online, no rate, each PMU on its
-/// domain's first CPU.
-pub(super) fn restore(
-    g: &mut Guest,
-    control: &mut ControlClient,
-    env: &Env,
-    journal: &[Entry],
-) -> Result<()> {
-    let mut open: std::collections::BTreeSet<Handle> = std::collections::BTreeSet::new();
-    for entry in journal {
-        match (&entry.step, &entry.result) {
-            (Step::Open { expect, .. }, Ok(words)) if words.as_slice() == [u64::from(*expect)] => {
-                open.insert(*expect);
-            }
-            (Step::Close { handle }, _) => {
-                open.remove(handle);
-            }
-            _ => {}
-        }
-    }
-    for handle in open {
-        let _ = g.close(handle);
-    }
-    for entry in journal {
-        match entry.step {
-            Step::Rate { domain, .. } => {
-                control.set_rate(
-                    domain,
-                    super::generate::RMID_RATE,
-                    perfbed_device::regs::Event::MbmLocalBytes,
-                    0,
-                )?;
-            }
-            Step::Allowed { domain, .. } => {
-                control
-                    .set_allowed(domain, &env.device.domains[domain as usize])
-                    .map_err(|e| anyhow::anyhow!("the default allowed set back: {e}"))?;
-            }
-            _ => {}
-        }
-    }
-    let cpus = env.device.domains.iter().flatten().copied();
-    let online =
-        perfbed_device::cpus::parse_cpu_list(g.read_file("/sys/devices/system/cpu/online")?.trim())
-            .map_err(|e| anyhow::anyhow!("/sys/devices/system/cpu/online: {e}"))?;
-    for cpu in cpus.filter(|c| !online.contains(c)) {
-        g.set_online(cpu, true)?;
-    }
-    home(g, control, env)
-}
-
-/// Puts every PMU on its domain's first CPU (through an allowed set of
-/// that CPU alone, then the default set, which keeps it there), so that
-/// each scenario starts with the owners its `offline` lines can name.
-pub(super) fn home(g: &mut Guest, control: &mut ControlClient, env: &Env) -> Result<()> {
-    for (d, (pmu, cpus)) in (0u32..).zip(env.pmus.iter().zip(&env.device.domains)) {
-        let first = cpus[0];
-        let (_, mask) = g.wait_cpumask(pmu, |m| m.len() == 1 && cpus.contains(&m[0]))?;
-        if mask == [first] {
-            continue;
-        }
-        for set in [vec![first], cpus.clone()] {
-            control
-                .set_allowed(d, &set)
-                .map_err(|e| anyhow::anyhow!("{pmu}: the allowed set {set:?}: {e}"))?;
-            let (ok, mask) = g.wait_cpumask(pmu, |m| m == [first])?;
-            if !ok {
-                bail!("{pmu}: the allowed set {set:?}: cpumask {mask:?}, want [{first}]");
-            }
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]

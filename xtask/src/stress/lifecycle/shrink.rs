@@ -8,7 +8,7 @@
 //! fails: Zeller and Hildebrandt's ddmin ("Simplifying and Isolating
 //! Failure-Inducing Input", IEEE TSE 28(2), 2002), over the journal's
 //! steps, in the guest that ran the journal, with the guest's state reset
-//! between candidates.
+//! between candidates (`scenario_guest::shrink_on_guest`).
 //!
 //! A candidate is a subset of the cut journal's steps, made replayable:
 //! a step on a handle whose open is left out goes with it (a sibling's
@@ -24,17 +24,13 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use perfbed_device::ControlClient;
 
 use crate::checks::counting::{DeviceShape, Handle};
-use crate::guest::Guest;
 use crate::progress::human;
 
-use super::journal::{Entry, Step};
-use super::replay::{replay, Finding};
-use super::run::probe_next_handle;
+use super::journal::{Entry, Opened, Step};
+use super::replay::Finding;
 use super::scenario::{parse, wants_against_model, Layout};
-use super::scenario_run::{carry_out, restore, Env};
 use super::scenario_write::{sayable, writable, write, Line};
 
 /// How to shrink: how long it may take, how many candidate runs it may
@@ -189,34 +185,23 @@ pub fn depends(journal: &[Entry], target: usize, domains: &[Vec<u32>]) -> BTreeS
         }
         _ => None,
     };
-    let mut opens: BTreeMap<Handle, (usize, Option<Handle>, Option<u32>, u32, u32, i32)> =
-        BTreeMap::new();
-    for (i, e) in journal[..=target].iter().enumerate() {
+    let mut opens: BTreeMap<Handle, Opened> = BTreeMap::new();
+    for e in &journal[..=target] {
         if let (Step::Open { event, expect }, Ok(_)) = (&e.step, &e.result) {
-            opens.insert(
-                *expect,
-                (
-                    i,
-                    event.group,
-                    event.pmu,
-                    event.event,
-                    event.rmid,
-                    event.cpu,
-                ),
-            );
+            opens.insert(*expect, *event);
         }
     }
     let mut group: BTreeSet<Handle> = BTreeSet::new();
     if let Some((h, leader)) = about {
         let leader = leader
-            .or_else(|| opens.get(&h).and_then(|o| o.1))
+            .or_else(|| opens.get(&h).and_then(|o| o.group))
             .unwrap_or(h);
         group.insert(h);
         group.insert(leader);
         group.extend(
             opens
                 .iter()
-                .filter(|(_, o)| o.1 == Some(leader))
+                .filter(|(_, o)| o.group == Some(leader))
                 .map(|(&s, _)| s),
         );
     }
@@ -224,15 +209,13 @@ pub fn depends(journal: &[Entry], target: usize, domains: &[Vec<u32>]) -> BTreeS
     let mut keys = BTreeSet::new();
     let mut cpus = BTreeSet::new();
     for h in &group {
-        if let Some(&(_, _, pmu, event, rmid, cpu)) = opens.get(h) {
-            match pmu {
+        if let Some(o) = opens.get(h) {
+            match o.pmu {
                 Some(d) => {
                     pmus.insert(d);
-                    keys.insert((d, event, rmid));
+                    keys.insert((d, o.event, o.rmid));
                 }
-                None => {
-                    cpus.extend(u32::try_from(cpu).ok());
-                }
+                None => cpus.extend(u32::try_from(o.cpu).ok()),
             }
         }
     }
@@ -244,7 +227,7 @@ pub fn depends(journal: &[Entry], target: usize, domains: &[Vec<u32>]) -> BTreeS
     let on_pmus = |h: &Handle| {
         opens
             .get(h)
-            .is_some_and(|o| o.2.is_some_and(|d| pmus.contains(&d)) || group.contains(h))
+            .is_some_and(|o| o.pmu.is_some_and(|d| pmus.contains(&d)) || group.contains(h))
     };
     let mut out = BTreeSet::new();
     for (i, e) in journal[..target].iter().enumerate() {
@@ -418,45 +401,10 @@ pub fn same_failure(findings: &[Finding], at: &[usize], target: usize, rule_of: 
         .is_some_and(|f| at.get(f.index) == Some(&target) && rule(&f.text) == rule_of)
 }
 
-/// Shrinks `failing` on the guest that ran it: the guest's state reset
-/// (the run's events closed, every CPU online, the default allowed sets,
-/// no rate, each PMU on its domain's first CPU), then each candidate
-/// carried out as `cargo xtask scenario` would, judged as it judges, and
-/// the state reset again.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn on_guest(
-    g: &mut Guest,
-    control: &mut ControlClient,
-    env: &Env,
-    layout: &Layout,
-    failing: &Failing,
-    budget: &Shrinking,
-    file: &Path,
-) -> Result<Option<Shrunk>> {
-    restore(g, control, env, failing.journal)?;
-    let shape = super::run::shape(env.device);
-    let target = failing.first.index;
-    let rule_of = rule(&failing.first.text);
-    crate::progress::say(&format!(
-        "    shrinking: the first finding, operation {target}, within {} or {} candidates",
-        human(budget.time),
-        budget.candidates
-    ));
-    let mut oracle = |text: &str, at: &[usize]| -> Result<bool> {
-        let first = probe_next_handle(g)?;
-        let scenario = parse(file, text, layout, first)?;
-        let journal = carry_out(g, control, env, &scenario)?;
-        let findings = replay(shape, &journal).findings;
-        restore(g, control, env, &journal)?;
-        Ok(same_failure(&findings, at, target, &rule_of))
-    };
-    shrink(failing, layout, shape, budget, file, &mut oracle)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::stress::lifecycle::journal::{Opened, ReadFormat};
+    use crate::stress::lifecycle::journal::ReadFormat;
 
     #[test]
     fn ddmin_finds_the_items_a_failure_needs_and_tests_each_subset_once() {
