@@ -168,23 +168,22 @@ pub fn shrink_on_guest(
     failing: &shrink::Failing,
     budget: &Shrinking,
     file: &Path,
-) -> Result<Option<shrink::Shrunk>> {
+) -> Result<Result<shrink::Shrunk, String>> {
     restore(g, control, env, failing.journal)?;
     let shape = shape(env.device);
     let target = failing.first.index;
-    let rule_of = shrink::rule(&failing.first.text);
     crate::progress::say(&format!(
         "    shrinking: the first finding, operation {target}, within {} or {} candidates",
         human(budget.time),
         budget.candidates
     ));
-    let mut oracle = |text: &str, at: &[usize]| -> Result<bool> {
+    let mut oracle = |text: &str, at: &[usize]| -> Result<Option<(usize, String)>> {
         let first = probe_next_handle(g)?;
         let scenario = parse(file, text, layout, first)?;
         let journal = carry_out(g, control, env, &scenario)?;
-        let findings = replay(shape, &journal).findings;
+        let first = replay(shape, &journal).findings.into_iter().next();
         restore(g, control, env, &journal)?;
-        Ok(shrink::same_failure(&findings, at, target, &rule_of))
+        Ok(first.map(|f| (at.get(f.index).copied().unwrap_or(usize::MAX), f.text)))
     };
     shrink::shrink(failing, layout, shape, budget, file, &mut oracle)
 }
@@ -229,11 +228,8 @@ pub fn shrink_run(
     let file = vm_config.run_dir.join("shrunk.scn");
     let shrunk = shrink_on_guest(g, control, &env, &layout, &failing, budget, &file)?;
     let text = match shrunk {
-        Some(s) => s.text(),
-        None => format!(
-            "not shrunk: operation {} ({:?}) does not fail the same way as a scenario",
-            first.index, journal[first.index].step
-        ),
+        Ok(s) => s.text(),
+        Err(why) => format!("not shrunk: {why}"),
     };
     crate::progress::say(&format!("    {text}"));
     Ok(text)

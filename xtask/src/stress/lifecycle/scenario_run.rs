@@ -263,10 +263,10 @@ fn on_guest(
                 let file = path.with_extension("shrunk.scn");
                 let shrunk =
                     shrink_on_guest(&mut g, &mut control, &env, &layout, &failing, budget, &file)?;
-                Some(shrunk.map_or_else(
-                    || "not shrunk: its first finding does not fail the same way alone".into(),
-                    |s| s.text(),
-                ))
+                Some(match shrunk {
+                    Ok(s) => s.text(),
+                    Err(why) => format!("not shrunk: {why}"),
+                })
             }
             (Some(_), false, None) => {
                 Some("not shrunk: the model found nothing (a want failed, or the guest)".into())

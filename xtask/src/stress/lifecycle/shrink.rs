@@ -298,15 +298,16 @@ impl Shrunk {
     }
 }
 
-/// Whether a candidate's scenario text fails the same way, run on the
-/// guest (`Err`: the guest could not run it).
-pub type Oracle<'a> = dyn FnMut(&str, &[usize]) -> Result<bool> + 'a;
+/// A candidate's scenario text run on the guest: its first finding, if
+/// any, as the index of its step in the journal shrunk (the candidate's
+/// steps' indices are given beside the text) and its text; `Err`: the
+/// guest could not run it.
+pub type Oracle<'a> = dyn FnMut(&str, &[usize]) -> Result<Option<(usize, String)>> + 'a;
 
-/// Shrinks `failing` with `oracle`, which runs a candidate's text (its
-/// steps' journal indices beside it) and says whether it failed the same
-/// way; writes the smallest failing scenario to `file`. `None` when the
-/// cut journal itself does not fail as a scenario, or the target cannot
-/// be written as one.
+/// Shrinks `failing` with `oracle`; writes the smallest scenario that
+/// fails the same way to `file`. `Err(why)` inside when the target cannot
+/// be written as a scenario, or the cut journal as one does not fail the
+/// same way.
 pub fn shrink(
     failing: &Failing,
     layout: &Layout,
@@ -314,12 +315,18 @@ pub fn shrink(
     budget: &Shrinking,
     file: &Path,
     oracle: &mut Oracle,
-) -> Result<Option<Shrunk>> {
+) -> Result<Result<Shrunk, String>> {
     let start = Instant::now();
     let target = failing.first.index;
     if !writable(&failing.journal[target].step) {
-        return Ok(None);
+        return Ok(Err(format!(
+            "a scenario cannot say operation {target} ({:?})",
+            failing.journal[target].step
+        )));
     }
+    let rule_of = rule(&failing.first.text);
+    // What the first candidate run showed, when not the failure.
+    let seen: std::cell::RefCell<Option<String>> = Default::default();
     let before = (0..=target)
         .filter(|&i| writable(&failing.journal[i].step))
         .count();
@@ -337,14 +344,29 @@ pub fn shrink(
         let text = write(None, &[], &lines);
         match parse(file, &text, layout, 1) {
             Ok(s) if wants_against_model(&s, shape).is_empty() => {}
-            _ => return false,
+            Ok(s) => {
+                let why = format!("the model refuses it: {:?}", wants_against_model(&s, shape));
+                seen.borrow_mut().get_or_insert(why);
+                return false;
+            }
+            Err(e) => {
+                seen.borrow_mut()
+                    .get_or_insert(format!("it does not parse: {e}"));
+                return false;
+            }
         }
         // Twice: a failure once only is not the bug's.
         for _ in 0..2 {
             runs.set(runs.get() + 1);
             match oracle(&text, &at) {
-                Ok(true) => {}
-                Ok(false) => return false,
+                Ok(Some((i, t))) if i == target && rule(&t) == rule_of => {}
+                Ok(other) => {
+                    seen.borrow_mut().get_or_insert(match other {
+                        Some((i, t)) => format!("its first finding was at operation {i}: {t}"),
+                        None => "it passed".into(),
+                    });
+                    return false;
+                }
                 Err(e) => {
                     error.borrow_mut().get_or_insert(e);
                     return false;
@@ -357,7 +379,10 @@ pub fn shrink(
     if !fails(&all) {
         return match error.take() {
             Some(e) => Err(e.context("running the cut journal as a scenario")),
-            None => Ok(None),
+            None => Ok(Err(format!(
+                "the journal cut at operation {target} does not fail the same way as a scenario: {}",
+                seen.take().unwrap_or_default()
+            ))),
         };
     }
     let sliced: Vec<usize> = depends(failing.journal, target, &layout.domains)
@@ -381,7 +406,7 @@ pub fn shrink(
         format!("run with: {} {}", budget.command, file.display()),
     ];
     std::fs::write(file, write(None, &comments, &lines))?;
-    Ok(Some(Shrunk {
+    Ok(Ok(Shrunk {
         file: file.to_path_buf(),
         before,
         after: lines.len(),
@@ -390,15 +415,6 @@ pub fn shrink(
         command: budget.command.clone(),
         stopped: error.take().map(|e| format!("{e:#}")),
     }))
-}
-
-/// Whether a candidate's replay failed as the original did: its first
-/// finding at the target (`at` maps the candidate's steps to the
-/// journal's), by the same rule.
-pub fn same_failure(findings: &[Finding], at: &[usize], target: usize, rule_of: &str) -> bool {
-    findings
-        .first()
-        .is_some_and(|f| at.get(f.index) == Some(&target) && rule(&f.text) == rule_of)
 }
 
 #[cfg(test)]
