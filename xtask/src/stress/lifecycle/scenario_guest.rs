@@ -212,7 +212,7 @@ pub fn shrink_run(
     budget: &Shrinking,
 ) -> Result<String> {
     let text = std::fs::read_to_string(path)?;
-    let (_, journal) =
+    let (header, journal) =
         journal::from_text(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     let env = Env {
         pmus,
@@ -223,6 +223,7 @@ pub fn shrink_run(
     let layout = layout(vm_config.cpus, &vm_config.device);
     let failing = shrink::Failing {
         journal: &journal,
+        owners: header.cpus.owners,
         first: first.clone(),
     };
     let file = vm_config.run_dir.join("shrunk.scn");

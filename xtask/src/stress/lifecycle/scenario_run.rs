@@ -258,6 +258,7 @@ fn on_guest(
             (Some(budget), false, Some(first)) => {
                 let failing = shrink::Failing {
                     journal: &journal,
+                    owners: vec![],
                     first,
                 };
                 let file = path.with_extension("shrunk.scn");

@@ -116,6 +116,9 @@ pub fn ddmin<T: Clone + Ord>(
 pub struct Failing<'a> {
     /// The run's journal.
     pub journal: &'a [Entry],
+    /// Each domain's CPU at the run's start (`None` or none given: its
+    /// first, where a scenario starts it).
+    pub owners: Vec<Option<u32>>,
     pub first: Finding,
 }
 
@@ -135,6 +138,7 @@ pub fn candidate(
     journal: &[Entry],
     keep: &[usize],
     domains: &[Vec<u32>],
+    owners: &[Option<u32>],
 ) -> (Vec<Line>, Vec<usize>) {
     let mut live: BTreeSet<Handle> = BTreeSet::new();
     let mut lines = Vec::new();
@@ -170,7 +174,9 @@ pub fn candidate(
         }
         lines.push((line, i));
     }
-    sayable(lines, domains).into_iter().unzip()
+    sayable(lines, domains, owners, usize::MAX)
+        .into_iter()
+        .unzip()
 }
 
 /// The steps the target at `target` depends on, besides itself: see the
@@ -232,8 +238,10 @@ pub fn depends(journal: &[Entry], target: usize, domains: &[Vec<u32>]) -> BTreeS
     let mut out = BTreeSet::new();
     for (i, e) in journal[..target].iter().enumerate() {
         let keep = match &e.step {
+            // (A refused open's handle is the next open's.)
             Step::Open { expect, event } => {
-                on_pmus(expect) || event.pmu.is_some_and(|d| pmus.contains(&d))
+                (e.result.is_ok() && on_pmus(expect))
+                    || event.pmu.is_some_and(|d| pmus.contains(&d))
             }
             Step::Ioctl { handle, .. } | Step::Read { handle } | Step::Close { handle } => {
                 on_pmus(handle)
@@ -337,7 +345,7 @@ pub fn shrink(
         keep.push(target);
         keep.sort_unstable();
         keep.dedup();
-        let (lines, at) = candidate(failing.journal, &keep, &layout.domains);
+        let (lines, at) = candidate(failing.journal, &keep, &layout.domains, &failing.owners);
         if at.last() != Some(&target) {
             return false;
         }
@@ -400,7 +408,7 @@ pub fn shrink(
     let mut keep = kept;
     keep.push(target);
     keep.sort_unstable();
-    let (lines, _) = candidate(failing.journal, &keep, &layout.domains);
+    let (lines, _) = candidate(failing.journal, &keep, &layout.domains, &failing.owners);
     let comments = vec![
         format!("shrunk from {before} operations: {}", failing.first.text),
         format!("run with: {} {}", budget.command, file.display()),
@@ -506,10 +514,10 @@ mod tests {
             ok(Step::Read { handle: 3 }),
         ];
         // Without 1's open: its sibling, the sibling's read and 1's close go.
-        let (lines, at) = candidate(&journal, &[1, 2, 3, 4, 5], &[vec![0, 1], vec![2, 3]]);
+        let (lines, at) = candidate(&journal, &[1, 2, 3, 4, 5], &[vec![0, 1], vec![2, 3]], &[]);
         assert_eq!(at, vec![3, 5]);
         assert_eq!(lines.len(), 2);
-        let (_, at) = candidate(&journal, &[0, 1, 2, 4, 5], &[vec![0, 1], vec![2, 3]]);
+        let (_, at) = candidate(&journal, &[0, 1, 2, 4, 5], &[vec![0, 1], vec![2, 3]], &[]);
         assert_eq!(at, vec![0, 1, 2, 4], "3's read without its open");
     }
 
