@@ -79,9 +79,9 @@ pub fn carry_out(
     Ok(journal)
 }
 
-/// Leaves the guest as a scenario (or a lifecycle run) found it: its events closed, its
-/// allowed sets the defaults, every CPU online, no rate, each PMU on its
-/// domain's first CPU.
+/// Leaves the guest as a scenario (or a lifecycle run) found it: its
+/// events closed, its gauges' occupancy 0, its allowed sets the defaults,
+/// every CPU online, no rate, each PMU on its domain's first CPU.
 pub fn restore(
     g: &mut Guest,
     control: &mut ControlClient,
@@ -113,6 +113,9 @@ pub fn restore(
                     0,
                 )?;
             }
+            // A gauge reads the level last set: the next scenario's
+            // model starts from none.
+            Step::Occupancy { domain, rmid, .. } => control.set_occupancy(domain, rmid, 0)?,
             Step::Allowed { domain, .. } => {
                 control
                     .set_allowed(domain, &env.device.domains[domain as usize])
