@@ -96,9 +96,9 @@ pub fn sayable<T: Clone>(
             }
             Step::Offline { cpu } => {
                 online.remove(&cpu);
-                for d in 0..domains.len() {
-                    if owner[d] == Some(cpu) {
-                        owner[d] = first_up(&online, d, None);
+                for (d, o) in owner.iter_mut().enumerate() {
+                    if *o == Some(cpu) {
+                        *o = first_up(&online, d, None);
                     }
                 }
             }
