@@ -114,6 +114,13 @@ pub struct StressArgs {
     /// and check the rollback left every PMU where the placement rule says.
     #[arg(long, conflicts_with = "normal")]
     fail_injection: bool,
+    /// With --lifecycle or --mutant: do not shrink a failing run to a
+    /// scenario (by default it is, in the same guest, into the run folder).
+    #[arg(long)]
+    no_shrink: bool,
+    /// Seconds shrinking a failing run may take.
+    #[arg(long, default_value_t = 600, value_name = "SECS")]
+    shrink_time: u64,
     /// Replay a lifecycle journal (lifecycle-journal.jsonl of a run folder)
     /// against the model, without a guest, and print what differs.
     #[arg(long, value_name = "FILE")]
@@ -147,6 +154,21 @@ pub struct StressConfig {
 }
 
 impl StressArgs {
+    /// How long a failing lifecycle run may be shrunk: not with
+    /// `--no-shrink`, nor in the `--mutants` table (each row its own run).
+    pub fn shrinking(&self) -> Option<lifecycle::shrink::Shrinking> {
+        (!self.no_shrink && !self.mutants).then(|| {
+            let mutant = self
+                .mutant
+                .as_ref()
+                .map_or(String::new(), |m| format!(" --mutant {m}"));
+            lifecycle::shrink::Shrinking::new(
+                std::time::Duration::from_secs(self.shrink_time),
+                format!("cargo xtask scenario{}{mutant}", self.guest_flags()),
+            )
+        })
+    }
+
     /// The flags that choose the guest, as a replay command repeats them
     /// (` --cpus N` first).
     pub fn guest_flags(&self) -> String {

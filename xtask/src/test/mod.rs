@@ -23,7 +23,7 @@ use vm_tests::{
     agent_dies_mid_run, bench_quick, boot_and_hotplug, device_scope_pmu, driver_mutants,
     gdb_session, guest_floods_console_and_channel, guest_panic_is_reported, hang_is_captured,
     hotplug_selftest_replay, hotplug_stress, lifecycle_stress, module_lifecycle, perf_test_suite,
-    qemu_killed_mid_run, scenario_library, slow_agent_reader,
+    qemu_killed_mid_run, scenario_library, shrink_mutant, slow_agent_reader,
     terminated_while_waiting_for_the_agent, unexpected_reset_is_reported,
     unresponsive_guest_times_out,
 };
@@ -203,6 +203,13 @@ const VM_TESTS: &[VmTest] = &[
         variant: Variant::Debug,
         host: host::HostChoice::Qemu,
         run: driver_mutants,
+    },
+    VmTest {
+        name: "shrink_mutant",
+        what: "on the debug kernel, a planted driver bug's failing lifecycle run (counter-stopped-in-move, seed 17) shrunk in its guest to a scenario of at most 12 operations that still fails the same way",
+        variant: Variant::Debug,
+        host: host::HostChoice::Qemu,
+        run: shrink_mutant,
     },
     VmTest {
         name: "hotplug_selftest_replay",

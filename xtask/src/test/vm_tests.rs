@@ -241,6 +241,7 @@ pub fn lifecycle_stress(scenario: &Scenario, accel: &Accel) -> Result<()> {
         stop_at_first: false,
         parked_ioctls: true,
         run_check: None,
+        shrink: None,
     };
     let report = stress::lifecycle::execute(&vm, accel, &config)?;
     let failed: Vec<String> = report
@@ -269,7 +270,7 @@ pub fn scenario_library(scenario: &Scenario, accel: &Accel) -> Result<()> {
     vm.device.slots = stress::lifecycle::SLOTS;
     let files = files_under(&[ws.join("scenarios")])?;
     let texts = load(&files, &layout(vm.cpus, &vm.device), &vm.device)?;
-    let (checks, _) = execute(&vm, accel, &texts, scenario.request_timeout)?;
+    let (checks, _) = execute(&vm, accel, &texts, scenario.request_timeout, None)?;
     let failed: Vec<String> = checks
         .iter()
         .filter(|c| !c.passed)
@@ -307,29 +308,7 @@ pub fn driver_mutants(scenario: &Scenario, accel: &Accel) -> Result<()> {
             "cargo xtask stress --lifecycle {MUTANT_OPS} --seed {seed} --cpus {} --mutant {}",
             scenario.vm.cpus, mutant.name
         );
-        let result = (|| {
-            let images =
-                lc::mutant_images(&ws, crate::build::image::Variant::Debug, Some(&mutant))?;
-            let mut device = stress::device(scenario.vm.cpus, None)?;
-            device.slots = stress::lifecycle::SLOTS;
-            let vm = crate::host::config::VmConfig {
-                vmlinux: images.vmlinux.clone(),
-                initramfs: images.initramfs.clone(),
-                device,
-                run_dir: crate::host::config::new_run_dir(&ws, &lc::run_name(&mutant)),
-                ..scenario.vm.clone()
-            };
-            let config = stress::lifecycle::run::LifecycleConfig {
-                ops: MUTANT_OPS,
-                seed,
-                timeout: scenario.request_timeout,
-                replay: replay.clone(),
-                stop_at_first: true,
-                parked_ioctls: true,
-                run_check: mutant.run_check()?,
-            };
-            stress::lifecycle::execute(&vm, accel, &config)
-        })();
+        let result = mutant_run(scenario, accel, &mutant, seed, &replay, None);
         rows.push(lc::mutant_row(&mutant, replay, start, result));
     }
     let table = lc::table_text(&rows);
@@ -340,6 +319,102 @@ pub fn driver_mutants(scenario: &Scenario, accel: &Accel) -> Result<()> {
         bail!("a driver mutant was not caught:{table}");
     }
     print!("{table}");
+    Ok(())
+}
+
+/// A driver mutant's short lifecycle run (at most `MUTANT_OPS` operations
+/// at `seed`, stopping at the first failure) on its own perfbed.ko,
+/// shrunk with `shrink` if it fails.
+fn mutant_run(
+    scenario: &Scenario,
+    accel: &Accel,
+    mutant: &stress::mutants::Mutant,
+    seed: u64,
+    replay: &str,
+    shrink: Option<stress::lifecycle::shrink::Shrinking>,
+) -> Result<stress::lifecycle::run::LifecycleReport> {
+    use stress::lifecycle::cli::{self as lc, MUTANT_OPS};
+    let ws = crate::build::workspace()?;
+    let images = lc::mutant_images(&ws, crate::build::image::Variant::Debug, Some(mutant))?;
+    let mut device = stress::device(scenario.vm.cpus, None)?;
+    device.slots = stress::lifecycle::SLOTS;
+    let vm = crate::host::config::VmConfig {
+        vmlinux: images.vmlinux.clone(),
+        initramfs: images.initramfs.clone(),
+        device,
+        run_dir: crate::host::config::new_run_dir(&ws, &lc::run_name(mutant)),
+        ..scenario.vm.clone()
+    };
+    let config = stress::lifecycle::run::LifecycleConfig {
+        ops: MUTANT_OPS,
+        seed,
+        timeout: scenario.request_timeout,
+        replay: replay.to_string(),
+        stop_at_first: true,
+        parked_ioctls: true,
+        run_check: mutant.run_check()?,
+        shrink,
+    };
+    stress::lifecycle::execute(&vm, accel, &config)
+}
+
+/// The driver mutant whose failing run `shrink_mutant` shrinks: the model
+/// catches it at a read (seed 17, operation 96).
+const SHRINK_MUTANT: &str = "counter-stopped-in-move";
+
+/// Shrinking (docs/stress.md): `SHRINK_MUTANT`'s failing lifecycle run is
+/// shrunk in its guest to a scenario in the run folder that still fails
+/// the same way (each candidate run twice), of at most 12 operations, far
+/// fewer than the run's, with a read among them.
+pub fn shrink_mutant(scenario: &Scenario, accel: &Accel) -> Result<()> {
+    use stress::lifecycle::cli::MUTANT_SEED;
+    let ws = crate::build::workspace()?;
+    let mutant = stress::mutants::find(&ws, SHRINK_MUTANT)?;
+    let seed = mutant.seed()?.unwrap_or(MUTANT_SEED);
+    let command = format!(
+        "cargo xtask scenario --cpus {} --mutant {SHRINK_MUTANT}",
+        scenario.vm.cpus
+    );
+    let shrinking = stress::lifecycle::shrink::Shrinking::new(Duration::from_secs(150), command);
+    let replay =
+        format!("cargo xtask stress --lifecycle 600 --seed {seed} --mutant {SHRINK_MUTANT}");
+    let report = mutant_run(scenario, accel, &mutant, seed, &replay, Some(shrinking))?;
+    let Some((first, _)) = &report.first else {
+        bail!(
+            "{SHRINK_MUTANT} was not caught by the model in {} operations at seed {seed}",
+            report.steps
+        );
+    };
+    let said = report.shrunk.clone().unwrap_or_default();
+    if !said.starts_with("shrunk:") {
+        bail!(
+            "{SHRINK_MUTANT}'s run at seed {seed}, caught at operation {}, was not shrunk: {said}",
+            first.index
+        );
+    }
+    let file = report.journal.with_file_name("shrunk.scn");
+    let text =
+        std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
+    let device = {
+        let mut d = stress::device(scenario.vm.cpus, None)?;
+        d.slots = stress::lifecycle::SLOTS;
+        d
+    };
+    let layout = stress::lifecycle::scenario_guest::layout(scenario.vm.cpus, &device);
+    let shrunk = stress::lifecycle::scenario::parse(&file, &text, &layout, 1)?;
+    let reads = shrunk
+        .ops
+        .iter()
+        .filter(|o| matches!(o.step, stress::lifecycle::journal::Step::Read { .. }))
+        .count();
+    if shrunk.ops.len() > 12 || shrunk.ops.len() >= first.index || reads == 0 {
+        bail!(
+            "{} operations ({reads} reads) from the {} before the finding:\n{text}",
+            shrunk.ops.len(),
+            first.index
+        );
+    }
+    println!("  {said}\n{text}");
     Ok(())
 }
 

@@ -128,7 +128,7 @@ fn run_scenario(ctx: &mut Ctx, s: &Written) -> Result<Check> {
         .serial_log
         .parent()
         .map_or_else(std::path::PathBuf::new, std::path::Path::to_path_buf);
-    scenario_guest::carry_out_file(ctx, &s.file, &s.text, &dir)
+    scenario_guest::carry_out_file(ctx, &s.file, &s.text, &dir, None)
 }
 
 /// One entry of `run`'s plan: the check's printed name and how it runs.

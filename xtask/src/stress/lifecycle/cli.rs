@@ -37,6 +37,8 @@ pub struct MutantRow {
     pub replay: String,
     /// Why the run could not be made (a patch that does not apply, ...).
     pub error: Option<String>,
+    /// The failing run shrunk to a scenario (see `shrink`), or why not.
+    pub shrunk: Option<String>,
 }
 
 pub fn run(ws: &Path, args: &StressArgs) -> Result<bool> {
@@ -160,9 +162,9 @@ pub fn mutant_row(
     start: Instant,
     result: Result<LifecycleReport>,
 ) -> MutantRow {
-    let ((caught_at, caught_by), error) = match result {
-        Ok(report) => (caught(&report), None),
-        Err(e) => ((None, None), Some(format!("{e:#}"))),
+    let ((caught_at, caught_by), error, shrunk) = match result {
+        Ok(report) => (caught(&report), None, report.shrunk),
+        Err(e) => ((None, None), Some(format!("{e:#}")), None),
     };
     MutantRow {
         name: mutant.name.clone(),
@@ -171,6 +173,7 @@ pub fn mutant_row(
         time: start.elapsed(),
         replay,
         error,
+        shrunk,
     }
 }
 
@@ -226,6 +229,9 @@ pub fn table_text(rows: &[MutantRow]) -> String {
             human(r.time),
             r.replay
         );
+        if let Some(shrunk) = &r.shrunk {
+            let _ = writeln!(out, "    {shrunk}");
+        }
         if let Some(e) = &r.error {
             for line in e.lines().skip(1) {
                 let _ = writeln!(out, "      {line}");
@@ -363,6 +369,7 @@ fn lifecycle(
         stop_at_first,
         parked_ioctls: !args.no_parked_ioctls,
         run_check,
+        shrink: args.shrinking(),
     };
     eprintln!(
         "==> stress --lifecycle: {ops} operations, seed {seed}, {} vCPUs, {} slots per domain, {} kernel, under {under}",

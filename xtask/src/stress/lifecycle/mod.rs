@@ -11,6 +11,8 @@ pub mod run;
 pub mod scenario;
 pub mod scenario_guest;
 pub mod scenario_run;
+pub mod scenario_write;
+pub mod shrink;
 
 use std::time::Duration;
 
@@ -103,6 +105,19 @@ fn on_guest(
         &vm_config.run_dir,
     )?;
     report.prologue = prologue.len();
+    if let (Some(budget), Some((first, _))) = (&config.shrink, &report.first) {
+        report.shrunk = Some(scenario_guest::shrink_run(
+            &mut g,
+            &mut control,
+            &pmus,
+            &types,
+            vm_config,
+            config.timeout,
+            &report.journal,
+            first,
+            budget,
+        )?);
+    }
     for pmu in &pmus {
         // A kernel without the figures (the seed as posted) has nothing to report.
         if let Ok(waits) = open_waits(&mut g, pmu) {

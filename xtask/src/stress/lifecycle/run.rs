@@ -48,6 +48,9 @@ pub struct LifecycleConfig {
     /// A `cargo xtask run` check to run before the random operations: the
     /// one a kernel mutant names as the check that must catch it.
     pub run_check: Option<String>,
+    /// Shrink a failing run to a scenario within this budget (`None`:
+    /// `--no-shrink`).
+    pub shrink: Option<super::shrink::Shrinking>,
 }
 
 /// With `stop_at_first`, how many operations between two replays.
@@ -73,6 +76,8 @@ pub struct LifecycleReport {
     /// 0014): opens that waited for a move, the longest such sleep and the
     /// longest move. Reported, not judged: a timing on a shared machine.
     pub waits: Vec<OpenWaits>,
+    /// The failing run shrunk to a scenario, or why not.
+    pub shrunk: Option<String>,
 }
 
 /// One PMU's open-wait figures from sysfs.
@@ -122,6 +127,9 @@ impl LifecycleReport {
                     ""
                 }
             );
+        }
+        if let Some(shrunk) = &self.shrunk {
+            let _ = writeln!(out, "  {shrunk}");
         }
         let _ = writeln!(out, "  journal: {}", self.journal.display());
         out
@@ -379,6 +387,7 @@ pub fn run(
         checks,
         prologue: 0,
         waits: Vec::new(),
+        shrunk: None,
         steps: journal.len(),
         time,
         first,

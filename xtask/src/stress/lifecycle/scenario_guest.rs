@@ -3,7 +3,11 @@
 //! a guest with the driver loaded, as an ordinary lifecycle journal
 //! replayed through the model, its verdict one [`Check`]. `cargo xtask
 //! scenario` ([`super::scenario_run`]) and `cargo xtask run` (the checks of
-//! [`crate::checks::pmu`]) both run scenarios through it.
+//! [`crate::checks::pmu`]) both run scenarios through it. A failing
+//! scenario or lifecycle run is shrunk here too ([`super::shrink`]), on the
+//! guest that ran it, candidate after candidate, the guest put back as it
+//! found it after each (its events closed, every CPU online, the default
+//! allowed sets, no rate or occupancy, each PMU on its domain's first CPU).
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -15,12 +19,15 @@ use crate::checks::counting::Handle;
 use crate::checks::pmu::context::Ctx;
 use crate::checks::Check;
 use crate::guest::{pmu_name, Guest};
+use crate::host::config::VmConfig;
+use crate::progress::human;
 
 use super::journal::{self, perf_op, Entry, Header, Opened, Step};
 use super::reads;
-use super::replay::replay;
+use super::replay::{replay, Finding};
 use super::run::{attr_of, flush, host_step, probe_next_handle, shape};
 use super::scenario::{files_under, parse, wants_against_model, Layout, Scenario, Want};
+use super::shrink::{self, Shrinking};
 
 /// The layout a scenario is parsed for.
 pub fn layout(cpus: u8, device: &DeviceConfig) -> Layout {
@@ -108,8 +115,17 @@ pub fn library() -> Result<&'static [Written]> {
 /// Carries out the scenario `text` of `file` on `ctx`'s guest (the driver
 /// loaded): each PMU put on its domain's first CPU, the file parsed with
 /// the agent's next handle, its journal saved into `journal_dir`; its
-/// verdict, the guest left as the scenario found it.
-pub fn carry_out_file(ctx: &mut Ctx, file: &Path, text: &str, journal_dir: &Path) -> Result<Check> {
+/// verdict, the guest left as the scenario found it. With `shrink`, a
+/// scenario the model finds fault with is shrunk to a smaller one that
+/// fails the same way, `<name>.shrunk.scn` in `journal_dir` (its check says
+/// so).
+pub fn carry_out_file(
+    ctx: &mut Ctx,
+    file: &Path,
+    text: &str,
+    journal_dir: &Path,
+    shrink: Option<&Shrinking>,
+) -> Result<Check> {
     let Ctx {
         g,
         control,
@@ -150,17 +166,40 @@ pub fn carry_out_file(ctx: &mut Ctx, file: &Path, text: &str, journal_dir: &Path
     };
     std::fs::write(&path, journal::to_text(&header, &journal)?)
         .with_context(|| format!("writing {}", path.display()))?;
-    let check = judge(&scenario, &journal, device);
-    restore(g, control, &env, &scenario, &journal)?;
+    let mut check = judge(&scenario, &journal, device);
+    let first = replay(shape(device), &journal).findings.into_iter().next();
+    let said = match (shrink, check.passed, first) {
+        (Some(budget), false, Some(first)) => {
+            let failing = shrink::Failing {
+                journal: &journal,
+                owners: vec![],
+                first,
+            };
+            let file = path.with_extension("shrunk.scn");
+            let shrunk = shrink_on_guest(g, control, &env, &layout, &failing, budget, &file)?;
+            Some(match shrunk {
+                Ok(s) => s.text(),
+                Err(why) => format!("not shrunk: {why}"),
+            })
+        }
+        (Some(_), false, None) => {
+            Some("not shrunk: the model found nothing (a want failed, or the guest)".into())
+        }
+        _ => None,
+    };
+    if let Some(said) = said {
+        check.detail += &format!("\n    {said}");
+    }
+    restore(g, control, &env, &journal)?;
     Ok(check)
 }
 
 /// What carrying out a step needs besides the guest.
-struct Env<'a> {
-    pmus: &'a [String],
-    types: &'a [u32],
-    device: &'a DeviceConfig,
-    timeout: Duration,
+pub struct Env<'a> {
+    pub pmus: &'a [String],
+    pub types: &'a [u32],
+    pub device: &'a DeviceConfig,
+    pub timeout: Duration,
 }
 
 /// Carries out the scenario's steps in order, one journal entry each:
@@ -312,14 +351,13 @@ fn want_problem(
     }
 }
 
-/// Leaves the guest as the scenario found it: its events closed, its
-/// allowed sets the defaults, every CPU online, no rate, each PMU on its
-/// domain's first CPU.
-fn restore(
+/// Leaves the guest as a scenario (or a lifecycle run) found it: its
+/// events closed, its gauges' occupancy 0, its allowed sets the defaults,
+/// every CPU online, no rate, each PMU on its domain's first CPU.
+pub fn restore(
     g: &mut Guest,
     control: &mut ControlClient,
     env: &Env,
-    scenario: &Scenario,
     journal: &[Entry],
 ) -> Result<()> {
     let mut open: std::collections::BTreeSet<Handle> = std::collections::BTreeSet::new();
@@ -337,8 +375,8 @@ fn restore(
     for handle in open {
         let _ = g.close(handle);
     }
-    for op in &scenario.ops {
-        match op.step {
+    for entry in journal {
+        match entry.step {
             Step::Rate { domain, .. } => {
                 control.set_rate(
                     domain,
@@ -347,6 +385,9 @@ fn restore(
                     0,
                 )?;
             }
+            // A gauge reads the level last set: the next scenario's
+            // model starts from none.
+            Step::Occupancy { domain, rmid, .. } => control.set_occupancy(domain, rmid, 0)?,
             Step::Allowed { domain, .. } => {
                 control
                     .set_allowed(domain, &env.device.domains[domain as usize])
@@ -368,7 +409,7 @@ fn restore(
 /// Puts every PMU on its domain's first CPU (through an allowed set of
 /// that CPU alone, then the default set, which keeps it there), so that
 /// each scenario starts with the owners its `offline` lines can name.
-fn home(g: &mut Guest, control: &mut ControlClient, env: &Env) -> Result<()> {
+pub fn home(g: &mut Guest, control: &mut ControlClient, env: &Env) -> Result<()> {
     for (d, (pmu, cpus)) in (0u32..).zip(env.pmus.iter().zip(&env.device.domains)) {
         let first = cpus[0];
         let (_, mask) = g.wait_cpumask(pmu, |m| m.len() == 1 && cpus.contains(&m[0]))?;
@@ -386,6 +427,79 @@ fn home(g: &mut Guest, control: &mut ControlClient, env: &Env) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Shrinks `failing` on the guest that ran it: the guest's state reset
+/// (the run's events closed, every CPU online, the default allowed sets,
+/// no rate, each PMU on its domain's first CPU), then each candidate
+/// carried out as `cargo xtask scenario` would, judged as it judges, and
+/// the state reset again.
+#[allow(clippy::too_many_arguments)]
+pub fn shrink_on_guest(
+    g: &mut Guest,
+    control: &mut ControlClient,
+    env: &Env,
+    layout: &Layout,
+    failing: &shrink::Failing,
+    budget: &Shrinking,
+    file: &Path,
+) -> Result<Result<shrink::Shrunk, String>> {
+    restore(g, control, env, failing.journal)?;
+    let shape = shape(env.device);
+    let target = failing.first.index;
+    crate::progress::say(&format!(
+        "    shrinking: the first finding, operation {target}, within {} or {} candidates",
+        human(budget.time),
+        budget.candidates
+    ));
+    let mut oracle = |text: &str, at: &[usize]| -> Result<Option<(usize, String)>> {
+        let first = probe_next_handle(g)?;
+        let scenario = parse(file, text, layout, first)?;
+        let journal = carry_out(g, control, env, &scenario)?;
+        let first = replay(shape, &journal).findings.into_iter().next();
+        restore(g, control, env, &journal)?;
+        Ok(first.map(|f| (at.get(f.index).copied().unwrap_or(usize::MAX), f.text)))
+    };
+    shrink::shrink(failing, layout, shape, budget, file, &mut oracle)
+}
+
+/// Shrinks the run's journal (at `path`) from its first finding to a
+/// scenario in the run folder: what to print.
+#[allow(clippy::too_many_arguments)]
+pub fn shrink_run(
+    g: &mut Guest,
+    control: &mut ControlClient,
+    pmus: &[String],
+    types: &[u32],
+    vm_config: &VmConfig,
+    timeout: Duration,
+    path: &Path,
+    first: &Finding,
+    budget: &Shrinking,
+) -> Result<String> {
+    let text = std::fs::read_to_string(path)?;
+    let (header, journal) =
+        journal::from_text(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    let env = Env {
+        pmus,
+        types,
+        device: &vm_config.device,
+        timeout,
+    };
+    let layout = layout(vm_config.cpus, &vm_config.device);
+    let failing = shrink::Failing {
+        journal: &journal,
+        owners: header.cpus.owners,
+        first: first.clone(),
+    };
+    let file = vm_config.run_dir.join("shrunk.scn");
+    let shrunk = shrink_on_guest(g, control, &env, &layout, &failing, budget, &file)?;
+    let text = match shrunk {
+        Ok(s) => s.text(),
+        Err(why) => format!("not shrunk: {why}"),
+    };
+    crate::progress::say(&format!("    {text}"));
+    Ok(text)
 }
 
 #[cfg(test)]

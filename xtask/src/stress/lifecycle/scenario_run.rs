@@ -21,6 +21,7 @@ use crate::progress::human;
 use super::cli::GuestShape;
 use super::scenario::files_under;
 use super::scenario_guest::{carry_out_file, layout, load};
+use super::shrink::Shrinking;
 
 #[derive(Args, Clone)]
 pub struct ScenarioArgs {
@@ -50,6 +51,13 @@ pub struct ScenarioArgs {
     /// `stress --mutant`): the scenarios that must catch it then fail.
     #[arg(long, value_name = "NAME")]
     pub mutant: Option<String>,
+    /// Do not shrink a failing scenario (by default its first finding is
+    /// shrunk, in the same guest, to `NAME.shrunk.scn` in the run folder).
+    #[arg(long)]
+    pub no_shrink: bool,
+    /// Seconds shrinking one failing scenario may take.
+    #[arg(long, default_value_t = 600, value_name = "SECS")]
+    pub shrink_time: u64,
 }
 
 impl ScenarioArgs {
@@ -90,7 +98,22 @@ pub fn run(ws: &Path, args: &ScenarioArgs) -> Result<bool> {
         guest.variant().name()
     );
     let start = Instant::now();
-    let (checks, boot_time) = execute(&vm_config, &accel, &texts, guest.timeout)?;
+    let shrink = (!args.no_shrink).then(|| {
+        let mut command = format!("cargo xtask scenario --cpus {}", args.cpus);
+        for (flag, value) in [("--domains", &args.domains), ("--mutant", &args.mutant)] {
+            if let Some(v) = value {
+                command += &format!(" {flag} {v}");
+            }
+        }
+        if args.normal {
+            command += " --normal";
+        }
+        if args.host != host::HostChoice::Qemu {
+            command += &format!(" --host {}", args.host.name());
+        }
+        Shrinking::new(Duration::from_secs(args.shrink_time), command)
+    });
+    let (checks, boot_time) = execute(&vm_config, &accel, &texts, guest.timeout, shrink.as_ref())?;
     let passed = checks.iter().all(|c| c.passed);
     println!(
         "\nperfbed scenario: {}",
@@ -117,12 +140,14 @@ pub fn run(ws: &Path, args: &ScenarioArgs) -> Result<bool> {
 /// Boots `vm_config`, carries out the scenarios `texts` (each file's
 /// path and text, refused already if bad), powers off: one check per
 /// scenario, the placement violations and the kernel log's; and how long
-/// the boot took.
+/// the boot took. With `shrink`, a scenario the model finds fault with is
+/// shrunk to a smaller one that fails the same way (its check says where).
 pub fn execute(
     vm_config: &VmConfig,
     accel: &host::Accel,
     texts: &[(PathBuf, String)],
     timeout: Duration,
+    shrink: Option<&Shrinking>,
 ) -> Result<(Vec<Check>, Duration)> {
     let booted = Vm::boot(vm_config, accel)?;
     let mut vm = booted.vm;
@@ -132,6 +157,7 @@ pub fn execute(
         texts,
         timeout,
         &vm_config.run_dir,
+        shrink,
     )?;
     vm.power_off(Duration::from_secs(60))?;
     checks.push(clean_log_check(&vm_config.run_dir.join("serial.log")));
@@ -146,6 +172,7 @@ fn on_guest(
     texts: &[(PathBuf, String)],
     timeout: Duration,
     run_dir: &Path,
+    shrink: Option<&Shrinking>,
 ) -> Result<Vec<Check>> {
     let socket = vm.control_socket.clone();
     let mut g = Guest { vm, timeout };
@@ -158,7 +185,7 @@ fn on_guest(
     };
     let mut checks = Vec::new();
     for (file, text) in texts {
-        checks.push(carry_out_file(&mut ctx, file, text, run_dir)?);
+        checks.push(carry_out_file(&mut ctx, file, text, run_dir, shrink)?);
     }
     let state = ctx.control.state()?;
     checks.push(super::super::jobs::violations_check(&state));
