@@ -183,7 +183,8 @@ pub fn names(known_bugs: bool, fail_injection: bool) -> Result<Vec<&'static str>
 }
 
 /// Every check of `run`, in order, by its printed name: the checks in
-/// Rust, and the scenario library (`scenarios/`) after the attacks.
+/// Rust, and the scenario library (`scenarios/`) after the attacks and
+/// before the allowed-set attacks.
 fn plan(
     control_socket: &std::path::Path,
     known_bugs: bool,
@@ -235,6 +236,16 @@ fn plan(
     ] {
         plan.extend(table.iter().map(each));
     }
+    // The library before the allowed-set attacks, whose reloads of the
+    // module it has never been run after (see docs/counting-semantics.md,
+    // "Known violations": an allowed-set change after two reloads that the
+    // driver did not follow).
+    for s in library()? {
+        plan.push((
+            s.check,
+            Box::new(move |ctx: &mut Ctx| Ok(vec![run_scenario(ctx, s)?])),
+        ));
+    }
     plan.extend(allowed_attacks::CHECKS.iter().map(|entry| -> Planned {
         (
             entry.0,
@@ -243,12 +254,6 @@ fn plan(
             }),
         )
     }));
-    for s in library()? {
-        plan.push((
-            s.check,
-            Box::new(move |ctx: &mut Ctx| Ok(vec![run_scenario(ctx, s)?])),
-        ));
-    }
     if fail_injection {
         plan.push((
             "hotplug fail injection",
