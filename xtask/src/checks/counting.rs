@@ -504,6 +504,17 @@ pub struct DeviceShape {
 }
 
 impl DeviceShape {
+    /// The default run's device (2 domains of 4 slots, 24-bit counters of
+    /// 64 bytes, 2 GiB/s), for the lifecycle's unit tests.
+    #[cfg(test)]
+    pub const DEFAULT_RUN: DeviceShape = DeviceShape {
+        pmus: 2,
+        slots: 4,
+        unit_bytes: 64,
+        counter_width: 24,
+        max_rate: 2 << 30,
+    };
+
     /// Whether a counter could have wrapped in `ns` of nobody reading it, at
     /// the device's maximum rate (half a wrap: a driver cannot time a park
     /// to the nanosecond, so it may play safe from there on).

@@ -566,13 +566,7 @@ impl Generator {
 mod tests {
     use super::*;
 
-    const SHAPE: DeviceShape = DeviceShape {
-        pmus: 2,
-        slots: 4,
-        unit_bytes: 64,
-        counter_width: 24,
-        max_rate: 2 << 30,
-    };
+    const SHAPE: DeviceShape = DeviceShape::DEFAULT_RUN;
 
     fn generator(seed: u64) -> Generator {
         Generator::new(

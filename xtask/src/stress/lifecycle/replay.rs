@@ -503,13 +503,7 @@ mod tests {
     use super::*;
     use crate::checks::counting::ValueRule;
 
-    const SHAPE: DeviceShape = DeviceShape {
-        pmus: 2,
-        slots: 4,
-        unit_bytes: 64,
-        counter_width: 24,
-        max_rate: 2 << 30,
-    };
+    const SHAPE: DeviceShape = DeviceShape::DEFAULT_RUN;
     const TIMED: ReadFormat = ReadFormat {
         times: true,
         id: false,

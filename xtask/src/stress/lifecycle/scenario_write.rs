@@ -289,13 +289,7 @@ mod tests {
     use crate::stress::lifecycle::generate::Generator;
     use crate::stress::lifecycle::scenario::{parse, wants_against_model, Layout};
 
-    const SHAPE: DeviceShape = DeviceShape {
-        pmus: 2,
-        slots: 4,
-        unit_bytes: 64,
-        counter_width: 24,
-        max_rate: 2 << 30,
-    };
+    const SHAPE: DeviceShape = DeviceShape::DEFAULT_RUN;
 
     /// The generator's steps, each open the model refuses with its errno.
     fn generated(seed: u64, draws: usize, owners: &[Option<u32>]) -> Vec<Line> {
