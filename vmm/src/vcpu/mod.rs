@@ -43,6 +43,17 @@ pub enum VcpuError {
     CpuidList { index: u8, entries: usize },
 }
 
+impl VcpuError {
+    /// What `map_err` needs for a failed KVM call on vCPU `index` doing `what`.
+    fn kvm(index: u8, what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VcpuError {
+        move |source| VcpuError::Kvm {
+            index,
+            what,
+            source,
+        }
+    }
+}
+
 pub use handle::VcpuEnd;
 
 /// The exception vector of `int3`.
@@ -93,13 +104,7 @@ impl Vcpu {
         hide_xsave: bool,
     ) -> Result<Vcpu, VcpuError> {
         let index = placement.index;
-        let kvm = |what| {
-            move |source| VcpuError::Kvm {
-                index,
-                what,
-                source,
-            }
-        };
+        let kvm = |what| VcpuError::kvm(index, what);
         let fd = vm
             .create_vcpu(u64::from(index))
             .map_err(kvm("creating it"))?;
@@ -137,13 +142,7 @@ impl Vcpu {
     /// guest memory at [`GDT_ADDR`]).
     pub fn set_boot_state(&self, entry: &BootEntry) -> Result<(), VcpuError> {
         let index = self.index;
-        let kvm = |what| {
-            move |source| VcpuError::Kvm {
-                index,
-                what,
-                source,
-            }
-        };
+        let kvm = |what| VcpuError::kvm(index, what);
         let mut sregs = self
             .fd
             .get_sregs()
@@ -186,13 +185,7 @@ impl Vcpu {
     /// exception, RIP past the instruction, on the next entry.
     pub fn reinject_breakpoint(&self) -> Result<(), VcpuError> {
         let index = self.index;
-        let kvm = |what| {
-            move |source| VcpuError::Kvm {
-                index,
-                what,
-                source,
-            }
-        };
+        let kvm = |what| VcpuError::kvm(index, what);
         let mut events = self
             .fd
             .get_vcpu_events()
@@ -302,13 +295,7 @@ impl Vcpu {
     /// Reads this vCPU's state (its thread, between entries).
     pub fn snapshot(&self) -> Result<snapshot::VcpuSnapshot, VcpuError> {
         let index = self.index;
-        let kvm = |what| {
-            move |source| VcpuError::Kvm {
-                index,
-                what,
-                source,
-            }
-        };
+        let kvm = |what| VcpuError::kvm(index, what);
         Ok(snapshot::VcpuSnapshot {
             index,
             regs: self.fd.get_regs().map_err(kvm("reading registers"))?,
