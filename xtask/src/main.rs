@@ -61,7 +61,7 @@ enum Command {
     /// count exactly the device's truth, at 100 % (debug kernel by default)
     HotplugSelftest(stress::selftest::SelftestArgs),
     /// Fuzz the device, the control socket, the agent protocol and the host
-    /// configuration (installs the pinned cargo-fuzz; stable toolchain).
+    /// configuration (libFuzzer through `libfuzzer-sys`; stable toolchain).
     Fuzz(fuzz::FuzzArgs),
     /// Measure perfbed against its baselines: a table of value, baseline,
     /// ratio and goal, saved under target/perfbed/bench/.
