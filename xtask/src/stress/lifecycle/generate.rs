@@ -608,6 +608,7 @@ mod tests {
                 Step::Offline { .. } => "offline",
                 Step::Allowed { .. } => "allowed",
                 Step::Wait { .. } => "wait",
+                Step::MuxInterval { .. } => "mux",
                 Step::OthersOpen { .. } => "others",
                 Step::PerfStat {
                     how: StatHow::Interval,

@@ -259,6 +259,12 @@ pub enum Step {
     Wait {
         ms: u64,
     },
+    /// The domain's PMU given a mux interval (a scenario's `mux`, sysfs
+    /// `perf_event_mux_interval_ms`): the result is the interval it had.
+    MuxInterval {
+        domain: u32,
+        ms: u64,
+    },
     /// The real `perf stat` on a (domain, mbm_total_bytes, RMID): its
     /// bursts, and which of them it must count (see `perf_stat.rs`).
     PerfStat {

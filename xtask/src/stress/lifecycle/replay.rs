@@ -176,7 +176,7 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
                 },
                 Ok(_),
             ) => model.occupancy(domain, rmid, bytes),
-            (Step::Rate { .. } | Step::Wait { .. }, Ok(_)) => {}
+            (Step::Rate { .. } | Step::Wait { .. } | Step::MuxInterval { .. }, Ok(_)) => {}
             (&Step::Offline { cpu }, Ok(owners)) => {
                 model.cpu_offline(cpu);
                 for (domain, &owner) in (0u32..).zip(owners) {
@@ -442,7 +442,10 @@ impl Predictor {
                 }
                 self.place(*domain);
             }
-            Step::Rate { .. } | Step::PerfStat { .. } | Step::Wait { .. } => {}
+            Step::Rate { .. }
+            | Step::PerfStat { .. }
+            | Step::Wait { .. }
+            | Step::MuxInterval { .. } => {}
         }
     }
 

@@ -520,6 +520,11 @@ fn event(id: u32) -> Event {
 }
 
 /// Carries out a host step (traffic, hotplug, perf stat).
+/// The sysfs file of `pmu`'s mux interval.
+pub(super) fn mux_interval_file(pmu: &str) -> String {
+    format!("/sys/bus/event_source/devices/{pmu}/perf_event_mux_interval_ms")
+}
+
 pub(super) fn host_step(
     g: &mut Guest,
     control: &mut ControlClient,
@@ -616,6 +621,16 @@ pub(super) fn host_step(
         &Step::Wait { ms } => {
             std::thread::sleep(Duration::from_millis(ms));
             Ok(vec![])
+        }
+        &Step::MuxInterval { domain, ms } => {
+            let file = mux_interval_file(&pmus[domain as usize]);
+            let was = g.read_file(&file)?;
+            let was: u64 = was
+                .trim()
+                .parse()
+                .with_context(|| format!("{file}: {was:?}"))?;
+            crate::checks::pmu::multiplexing::set_sysfs(g, &file, &ms.to_string())?;
+            Ok(vec![was])
         }
         Step::PerfStat {
             domain,

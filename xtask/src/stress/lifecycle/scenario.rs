@@ -18,6 +18,7 @@
 //! offline 3 | online 3
 //! allowed movable 0 | allowed movable none | allowed movable default
 //! wait 300ms
+//! mux movable 2s                             (the mux interval, put back after)
 //! close a
 //! ```
 //!
@@ -101,7 +102,7 @@ pub enum Want {
 }
 
 /// The operations a line can start with.
-const OPERATIONS: &str = "open (as NAME = open ...), enable, disable, reset, read, want, close, burst, occupancy, rate, move, park, unpark, offline, online, allowed, wait";
+const OPERATIONS: &str = "open (as NAME = open ...), enable, disable, reset, read, want, close, burst, occupancy, rate, move, park, unpark, offline, online, allowed, wait, mux";
 
 /// The errnos the model expects an open to be refused with.
 const ERRNOS: [&str; 3] = ["ENODEV", "EINVAL", "EBADF"];
@@ -386,6 +387,17 @@ impl Parser<'_> {
                 Step::Wait {
                     ms: millis_of(time)?,
                 }
+            }
+            "mux" => {
+                let [domain, time] = args else {
+                    return Err("expected `mux DOMAIN TIME` (such as 2s: the PMU's mux interval)".into());
+                };
+                let domain = self.domain(domain)?;
+                let ms = millis_of(time)?;
+                if ms == 0 {
+                    return Err(format!("`{time}`: a mux interval is 1ms or more"));
+                }
+                Step::MuxInterval { domain, ms }
             }
             other => {
                 return Err(format!(
@@ -975,6 +987,30 @@ mod tests {
         assert!(refused("offline 3\nmove movable\n")
             .1
             .contains("a move needs two"));
+    }
+
+    #[test]
+    fn mux_sets_a_domains_interval_and_refuses_what_is_not_one() {
+        let s = parsed("mux movable 2s\nmux 0 4ms\n").unwrap();
+        let steps: Vec<&Step> = s.ops.iter().map(|o| &o.step).collect();
+        assert_eq!(
+            steps,
+            [
+                &Step::MuxInterval { domain: 1, ms: 2000 },
+                &Step::MuxInterval { domain: 0, ms: 4 }
+            ]
+        );
+        for (text, want) in [
+            ("mux movable\n", "expected `mux DOMAIN TIME`"),
+            ("mux movable 2 s\n", "expected `mux DOMAIN TIME`"),
+            ("mux movable 2000\n", "expected a time such as 300ms"),
+            ("mux movable 0ms\n", "1ms or more"),
+            ("mux 7 2s\n", "domain 7: the device has domains 0-1"),
+        ] {
+            let (line, message) = refused(&format!("wait 1ms\n{text}"));
+            assert_eq!(line, 2, "{text:?}");
+            assert!(message.contains(want), "{text:?}: {message:?} lacks {want:?}");
+        }
     }
 
     #[test]

@@ -396,6 +396,29 @@ pub fn restore(
             _ => {}
         }
     }
+    // Each mux interval back as the first `mux` found it; a timer armed
+    // with a longer one fires and stops before the next scenario (perf
+    // leaves a PMU's timers armed at its unregistration: see
+    // checks/pmu/move_attacks.rs, LONG_MUX_MS).
+    let mut first_mux = std::collections::BTreeMap::new();
+    let mut longest = 0;
+    for entry in journal {
+        if let (&Step::MuxInterval { domain, ms }, Ok(was)) = (&entry.step, &entry.result) {
+            if let Some(&was) = was.first() {
+                first_mux.entry(domain).or_insert(was);
+                if ms > was {
+                    longest = longest.max(ms);
+                }
+            }
+        }
+    }
+    for (domain, was) in first_mux {
+        let file = super::run::mux_interval_file(&env.pmus[domain as usize]);
+        crate::checks::pmu::multiplexing::set_sysfs(g, &file, &was.to_string())?;
+    }
+    if longest > 0 {
+        std::thread::sleep(Duration::from_millis(longest + 500));
+    }
     let cpus = env.device.domains.iter().flatten().copied();
     let online =
         perfbed_device::cpus::parse_cpu_list(g.read_file("/sys/devices/system/cpu/online")?.trim())

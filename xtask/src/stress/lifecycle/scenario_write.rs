@@ -256,6 +256,7 @@ fn step_text(step: &Step, all: &[Line]) -> String {
             format!("allowed {domain} {}", list.join(","))
         }
         Step::Wait { ms } => format!("wait {ms}ms"),
+        Step::MuxInterval { domain, ms } => format!("mux {domain} {ms}ms"),
         Step::OthersOpen { .. } | Step::PerfStat { .. } => {
             unreachable!("not writable: {step:?}")
         }

@@ -257,7 +257,8 @@ pub fn depends(journal: &[Entry], target: usize, domains: &[Vec<u32>]) -> BTreeS
             | Step::Move { domain }
             | Step::Park { domain }
             | Step::Unpark { domain, .. }
-            | Step::Allowed { domain, .. } => pmus.contains(domain),
+            | Step::Allowed { domain, .. }
+            | Step::MuxInterval { domain, .. } => pmus.contains(domain),
             Step::Online { cpu } | Step::Offline { cpu } => {
                 cpus.contains(cpu)
                     || pmus
