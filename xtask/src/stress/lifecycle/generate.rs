@@ -609,6 +609,8 @@ mod tests {
                 Step::Allowed { .. } => "allowed",
                 Step::Wait { .. } => "wait",
                 Step::MuxInterval { .. } => "mux",
+                Step::Violations => "violations",
+                Step::Cpumask { .. } => "cpumask",
                 Step::OthersOpen { .. } => "others",
                 Step::PerfStat {
                     how: StatHow::Interval,

@@ -259,6 +259,16 @@ pub enum Step {
     Wait {
         ms: u64,
     },
+    /// The PMU's `cpumask` must be `cpus` (a scenario's `cpumask`: one CPU,
+    /// or none when parked): the result is the mask read.
+    Cpumask {
+        domain: u32,
+        cpus: Vec<u32>,
+    },
+    /// The device's placement violations, all domains (a scenario's
+    /// `violations`): the result is the count; each after the first must
+    /// show the first's (no new violation between them).
+    Violations,
     /// The domain's PMU given a mux interval (a scenario's `mux`, sysfs
     /// `perf_event_mux_interval_ms`): the result is the interval it had.
     MuxInterval {

@@ -54,6 +54,8 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
     let mut ids: BTreeMap<Handle, u64> = BTreeMap::new();
     // When each parked domain was parked (the journal's host clock).
     let mut parked_at: BTreeMap<u32, u64> = BTreeMap::new();
+    // The first `violations` step's count, which every later one must show.
+    let mut first_violations: Option<Vec<u64>> = None;
     let mut out = Replay::default();
     for (index, entry) in journal.iter().enumerate() {
         let mut find = |text: String| out.findings.push(Finding { index, text });
@@ -177,6 +179,21 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
                 Ok(_),
             ) => model.occupancy(domain, rmid, bytes),
             (Step::Rate { .. } | Step::Wait { .. } | Step::MuxInterval { .. }, Ok(_)) => {}
+            (Step::Violations, Ok(count)) => {
+                let first = first_violations.get_or_insert_with(|| count.clone());
+                if count != first {
+                    find(format!(
+                        "the device counted {count:?} placement violations, {first:?} at the first `violations`"
+                    ));
+                }
+            }
+            (Step::Cpumask { domain, cpus }, Ok(mask)) => {
+                if !mask.iter().copied().eq(cpus.iter().map(|&c| u64::from(c))) {
+                    find(format!(
+                        "domain {domain}'s cpumask is {mask:?}, want {cpus:?} ([] parked)"
+                    ));
+                }
+            }
             (&Step::Offline { cpu }, Ok(owners)) => {
                 model.cpu_offline(cpu);
                 for (domain, &owner) in (0u32..).zip(owners) {
@@ -445,7 +462,9 @@ impl Predictor {
             Step::Rate { .. }
             | Step::PerfStat { .. }
             | Step::Wait { .. }
-            | Step::MuxInterval { .. } => {}
+            | Step::MuxInterval { .. }
+            | Step::Cpumask { .. }
+            | Step::Violations => {}
         }
     }
 
@@ -588,6 +607,25 @@ mod tests {
         let mut right = journal.clone();
         right[7] = ok(Step::Read { handle: 1 }, vec![640, 30, 30]);
         assert_eq!(replay_on(SHAPE, &Cpus::default(), &right).findings, vec![]);
+    }
+
+    #[test]
+    fn a_cpumask_or_violations_assertion_that_the_run_does_not_meet_is_a_finding() {
+        let mask = |cpus: Vec<u32>, seen: Vec<u64>| ok(Step::Cpumask { domain: 1, cpus }, seen);
+        let journal = vec![
+            mask(vec![2], vec![2]),
+            ok(Step::Violations, vec![3]),
+            mask(vec![2], vec![3]),
+            mask(vec![], vec![]),
+            ok(Step::Violations, vec![3]),
+            ok(Step::Violations, vec![4]),
+        ];
+        let found: Vec<usize> = replay(SHAPE, &journal)
+            .findings
+            .iter()
+            .map(|f| f.index)
+            .collect();
+        assert_eq!(found, vec![2, 5]);
     }
 
     #[test]

@@ -622,6 +622,17 @@ pub(super) fn host_step(
             std::thread::sleep(Duration::from_millis(ms));
             Ok(vec![])
         }
+        Step::Cpumask { domain, .. } => Ok(g
+            .cpumask(&pmus[*domain as usize])?
+            .into_iter()
+            .map(u64::from)
+            .collect()),
+        Step::Violations => Ok(vec![control
+            .state()?
+            .domains
+            .iter()
+            .map(|d| d.violations)
+            .sum()]),
         &Step::MuxInterval { domain, ms } => {
             let file = mux_interval_file(&pmus[domain as usize]);
             let was = g.read_file(&file)?;

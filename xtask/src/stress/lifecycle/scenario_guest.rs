@@ -397,9 +397,11 @@ pub fn restore(
         }
     }
     // Each mux interval back as the first `mux` found it; a timer armed
-    // with a longer one fires and stops before the next scenario (perf
-    // leaves a PMU's timers armed at its unregistration: see
-    // checks/pmu/move_attacks.rs, LONG_MUX_MS).
+    // with a longer one fires and stops before the next scenario: perf
+    // core does not cancel a PMU's mux timers when the PMU is
+    // unregistered, so one still pending when perfbed.ko is unloaded (the
+    // `module unload` check) is freed armed, and the guest hangs or oopses
+    // once the module is loaded again (seen with 60 s).
     let mut first_mux = std::collections::BTreeMap::new();
     let mut longest = 0;
     for entry in journal {

@@ -257,6 +257,14 @@ fn step_text(step: &Step, all: &[Line]) -> String {
         }
         Step::Wait { ms } => format!("wait {ms}ms"),
         Step::MuxInterval { domain, ms } => format!("mux {domain} {ms}ms"),
+        Step::Violations => "violations".into(),
+        Step::Cpumask { domain, cpus } => match cpus.as_slice() {
+            [] => format!("cpumask {domain} none"),
+            cpus => {
+                let list: Vec<String> = cpus.iter().map(u32::to_string).collect();
+                format!("cpumask {domain} {}", list.join(","))
+            }
+        },
         Step::OthersOpen { .. } | Step::PerfStat { .. } => {
             unreachable!("not writable: {step:?}")
         }

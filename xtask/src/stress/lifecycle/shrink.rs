@@ -258,14 +258,15 @@ pub fn depends(journal: &[Entry], target: usize, domains: &[Vec<u32>]) -> BTreeS
             | Step::Park { domain }
             | Step::Unpark { domain, .. }
             | Step::Allowed { domain, .. }
-            | Step::MuxInterval { domain, .. } => pmus.contains(domain),
+            | Step::MuxInterval { domain, .. }
+            | Step::Cpumask { domain, .. } => pmus.contains(domain),
             Step::Online { cpu } | Step::Offline { cpu } => {
                 cpus.contains(cpu)
                     || pmus
                         .iter()
                         .any(|&d| domains.get(d as usize).is_some_and(|c| c.contains(cpu)))
             }
-            Step::Wait { .. } => true,
+            Step::Wait { .. } | Step::Violations => true,
             Step::OthersOpen { .. } | Step::PerfStat { .. } => false,
         };
         if keep {
