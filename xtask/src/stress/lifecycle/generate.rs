@@ -174,6 +174,7 @@ impl Generator {
             times: self.rng.chance(80),
             id: self.rng.chance(30),
             group,
+            lost: false,
         }
     }
 

@@ -125,6 +125,10 @@ pub struct ReadFormat {
     pub times: bool,
     pub id: bool,
     pub group: bool,
+    /// `PERF_FORMAT_LOST`: a lost-samples count after each value (and id),
+    /// 0 for a counting event.
+    #[serde(default)]
+    pub lost: bool,
 }
 
 /// An event as the journal records its open.

@@ -530,6 +530,7 @@ mod tests {
         times: true,
         id: false,
         group: false,
+        lost: false,
     };
 
     fn open(expect: Handle, disabled: bool) -> Entry {
@@ -693,6 +694,7 @@ mod tests {
             times: true,
             id: false,
             group: true,
+            lost: false,
         };
         let clock = |expect: Handle, group: Option<Handle>| {
             let event = Opened::cpu_clock(3, group, grouped);

@@ -19,7 +19,7 @@ use crate::checks::counting::DeviceShape;
 use crate::checks::pmu::interrupts::irq_counts;
 use crate::checks::Check;
 use crate::guest::perf_abi::{
-    FLAG_DISABLED, FLAG_EXCLUSIVE, FLAG_PINNED, FORMAT_GROUP, FORMAT_ID, FORMAT_TOTAL_TIME_ENABLED,
+    FLAG_DISABLED, FLAG_EXCLUSIVE, FLAG_PINNED, FORMAT_GROUP, FORMAT_ID, FORMAT_LOST, FORMAT_TOTAL_TIME_ENABLED,
     FORMAT_TOTAL_TIME_RUNNING, PERF_COUNT_SW_CPU_CLOCK, PERF_TYPE_SOFTWARE,
 };
 use crate::guest::Guest;
@@ -454,6 +454,9 @@ pub(super) fn attr_of(o: &Opened, types: &[u32]) -> PerfAttr {
     if f.group {
         read_format |= FORMAT_GROUP;
     }
+    if f.lost {
+        read_format |= FORMAT_LOST;
+    }
     let (type_, config) = match o.pmu {
         Some(d) => (
             types[d as usize],
@@ -819,6 +822,7 @@ mod tests {
                 times: true,
                 id: true,
                 group: false,
+                lost: false,
             },
             cpu: 0,
         };

@@ -489,6 +489,7 @@ impl Parser<'_> {
             times: false,
             id: false,
             group: false,
+            lost: false,
         };
         let mut event = Opened::cpu_clock(0, None, no_format);
         let mut on_owner = None;
@@ -524,9 +525,10 @@ impl Parser<'_> {
                             "times" => event.read_format.times = true,
                             "id" => event.read_format.id = true,
                             "group" => event.read_format.group = true,
+                            "lost" => event.read_format.lost = true,
                             other => {
                                 return Err(format!(
-                                    "read format `{other}`: expected times, id or group (comma-separated)"
+                                    "read format `{other}`: expected times, id, group or lost (comma-separated)"
                                 ))
                             }
                         }
@@ -1129,6 +1131,10 @@ mod tests {
             (
                 "a = open 0 mbm_total_bytes rmid=1 read=times,ids\n",
                 "read format `ids`",
+            ),
+            (
+                "a = open 0 mbm_total_bytes rmid=1 read=times,loss\n",
+                "expected times, id, group or lost",
             ),
             (
                 "a = open 5 mbm_total_bytes rmid=1\n",

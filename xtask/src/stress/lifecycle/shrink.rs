@@ -483,6 +483,7 @@ mod tests {
                         times: true,
                         id: false,
                         group: false,
+                        lost: false,
                     },
                     cpu: 0,
                 },
