@@ -31,8 +31,8 @@ use anyhow::{bail, Context, Result};
 use perfbed_agent::{AgentMessage, HostRequest, JobResult, JobSpec, PerfIoctl};
 use perfbed_device::regs::Event;
 
-use super::context::{Ctx, MIB, TIMES};
 use super::allowed_sets::set_allowed;
+use super::context::{Ctx, MIB, TIMES};
 use super::moves::movable_domain;
 use super::redteam::{inject, must, open_with, owner, rmid, truth, Named};
 use crate::checks::Check;

@@ -410,4 +410,3 @@ mod tests {
         assert_eq!(outsider(&[2, 3]), 0);
     }
 }
-

@@ -25,9 +25,9 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Result};
 use perfbed_device::regs::{whole_units, Event};
 
+use super::allowed_sets::{set_allowed, wait_mask};
 use super::attacks::cpu_clock;
 use super::context::{Ctx, MIB, TIMES};
-use super::allowed_sets::{set_allowed, wait_mask};
 use super::move_attacks::{burst_each, clocks_never_back, judge_exact};
 use super::moves::movable_domain;
 use super::redteam::{open_with, rmid, truth, Named};

@@ -13,10 +13,10 @@
 use anyhow::Result;
 use perfbed_device::regs::Event;
 
+use super::attacks::{finish_mover, start_mover};
 use super::context::{Ctx, MIB, TIMES};
 use super::moves::movable_domain;
 use super::multiplexing::Window;
-use super::attacks::{finish_mover, start_mover};
 use super::redteam::{Many, Named};
 use crate::checks::Check;
 use crate::guest::pmu_name;
@@ -83,7 +83,6 @@ pub(super) fn judge_exact(
         ));
     }
 }
-
 
 /// Closes the first two of `many`'s events, lets 3 MiB land, and judges
 /// each of the others (now as many as the slots) exact at 100 %; returns
@@ -170,8 +169,8 @@ pub fn rotating_during_moves(ctx: &mut Ctx) -> Result<Check> {
 }
 
 /// Its checks, in order.
-pub(super) const CHECKS: &[Named] = &[("move-attack: rotating during moves", rotating_during_moves)];
-
+pub(super) const CHECKS: &[Named] =
+    &[("move-attack: rotating during moves", rotating_during_moves)];
 
 /// Over a series of reads of one event (name, read): neither clock ever
 /// goes back, and running never leads enabled.

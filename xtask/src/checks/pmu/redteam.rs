@@ -172,9 +172,7 @@ pub fn odd_ioctls(ctx: &mut Ctx) -> Result<Check> {
 }
 
 /// Its checks, in order.
-pub(super) const CHECKS: &[Named] = &[
-    ("redteam: odd ioctls", odd_ioctls),
-];
+pub(super) const CHECKS: &[Named] = &[("redteam: odd ioctls", odd_ioctls)];
 
 /// A check and its name, for [`run_each`].
 pub(super) type Named = (&'static str, fn(&mut Ctx) -> Result<Check>);

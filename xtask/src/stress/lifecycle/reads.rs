@@ -98,7 +98,9 @@ pub fn parse(
 /// A counting event loses no samples: its `PERF_FORMAT_LOST` word is 0.
 fn no_lost(lost: u64) -> Result<(), String> {
     if lost != 0 {
-        return Err(format!("PERF_FORMAT_LOST shows {lost} lost samples for a counting event"));
+        return Err(format!(
+            "PERF_FORMAT_LOST shows {lost} lost samples for a counting event"
+        ));
     }
     Ok(())
 }
@@ -178,7 +180,12 @@ mod tests {
             lost: true,
             ..PLAIN
         };
-        assert_eq!(parse(&[7, 100, 90, 0], single, 3, &[3]).unwrap()[0].observed.value, 7);
+        assert_eq!(
+            parse(&[7, 100, 90, 0], single, 3, &[3]).unwrap()[0]
+                .observed
+                .value,
+            7
+        );
     }
 
     #[test]

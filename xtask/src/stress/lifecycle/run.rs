@@ -19,8 +19,9 @@ use crate::checks::counting::DeviceShape;
 use crate::checks::pmu::interrupts::irq_counts;
 use crate::checks::Check;
 use crate::guest::perf_abi::{
-    FLAG_DISABLED, FLAG_EXCLUSIVE, FLAG_PINNED, FORMAT_GROUP, FORMAT_ID, FORMAT_LOST, FORMAT_TOTAL_TIME_ENABLED,
-    FORMAT_TOTAL_TIME_RUNNING, PERF_COUNT_SW_CPU_CLOCK, PERF_TYPE_SOFTWARE,
+    FLAG_DISABLED, FLAG_EXCLUSIVE, FLAG_PINNED, FORMAT_GROUP, FORMAT_ID, FORMAT_LOST,
+    FORMAT_TOTAL_TIME_ENABLED, FORMAT_TOTAL_TIME_RUNNING, PERF_COUNT_SW_CPU_CLOCK,
+    PERF_TYPE_SOFTWARE,
 };
 use crate::guest::Guest;
 use crate::progress::human;

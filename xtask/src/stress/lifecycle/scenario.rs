@@ -427,7 +427,9 @@ impl Parser<'_> {
             }
             "mux" => {
                 let [domain, time] = args else {
-                    return Err("expected `mux DOMAIN TIME` (such as 2s: the PMU's mux interval)".into());
+                    return Err(
+                        "expected `mux DOMAIN TIME` (such as 2s: the PMU's mux interval)".into(),
+                    );
                 };
                 let domain = self.domain(domain)?;
                 let ms = millis_of(time)?;
@@ -1048,7 +1050,10 @@ mod tests {
         assert_eq!(
             steps,
             [
-                &Step::MuxInterval { domain: 1, ms: 2000 },
+                &Step::MuxInterval {
+                    domain: 1,
+                    ms: 2000
+                },
                 &Step::MuxInterval { domain: 0, ms: 4 }
             ]
         );
@@ -1061,17 +1066,34 @@ mod tests {
         ] {
             let (line, message) = refused(&format!("wait 1ms\n{text}"));
             assert_eq!(line, 2, "{text:?}");
-            assert!(message.contains(want), "{text:?}: {message:?} lacks {want:?}");
+            assert!(
+                message.contains(want),
+                "{text:?}: {message:?} lacks {want:?}"
+            );
         }
     }
 
     #[test]
     fn cpumask_asserts_where_the_pmu_counts_and_the_model_checks_it() {
-        let s = parsed("cpumask movable 2\noffline 2\ncpumask movable 3\npark movable\ncpumask movable none\n")
-            .unwrap();
+        let s = parsed(
+            "cpumask movable 2\noffline 2\ncpumask movable 3\npark movable\ncpumask movable none\n",
+        )
+        .unwrap();
         let steps: Vec<&Step> = s.ops.iter().map(|o| &o.step).collect();
-        assert_eq!(steps[0], &Step::Cpumask { domain: 1, cpus: vec![2] });
-        assert_eq!(steps[4], &Step::Cpumask { domain: 1, cpus: vec![] });
+        assert_eq!(
+            steps[0],
+            &Step::Cpumask {
+                domain: 1,
+                cpus: vec![2]
+            }
+        );
+        assert_eq!(
+            steps[4],
+            &Step::Cpumask {
+                domain: 1,
+                cpus: vec![]
+            }
+        );
         for (text, want) in [
             ("cpumask movable\n", "expected `cpumask DOMAIN CPU`"),
             ("cpumask movable 2-3\n", "expected a CPU number"),
@@ -1082,7 +1104,10 @@ mod tests {
         ] {
             let (line, message) = refused(&format!("wait 1ms\n{text}"));
             assert_eq!(line, 2, "{text:?}");
-            assert!(message.contains(want), "{text:?}: {message:?} lacks {want:?}");
+            assert!(
+                message.contains(want),
+                "{text:?}: {message:?} lacks {want:?}"
+            );
         }
         let (line, message) = refused("park movable\ncpumask movable 3\n");
         assert_eq!(line, 2);
@@ -1098,7 +1123,10 @@ mod tests {
         let wrong = parsed("cpumask movable 3\n").unwrap();
         let found = wants_against_model(&wrong, shape);
         assert_eq!(found.len(), 1, "{found:?}");
-        assert!(found[0].message.contains("places domain 1 on CPU 2"), "{found:?}");
+        assert!(
+            found[0].message.contains("places domain 1 on CPU 2"),
+            "{found:?}"
+        );
         let right = parsed("offline 2\ncpumask movable 3\nonline 2\ncpumask movable 3\n").unwrap();
         assert_eq!(wants_against_model(&right, shape), vec![]);
     }

@@ -202,10 +202,15 @@ fn step_text(step: &Step, all: &[Line]) -> String {
                 let _ = write!(text, " group=e{leader}");
             }
             let f = event.read_format;
-            let formats: Vec<&str> = [(f.times, "times"), (f.id, "id"), (f.group, "group"), (f.lost, "lost")]
-                .into_iter()
-                .filter_map(|(on, w)| on.then_some(w))
-                .collect();
+            let formats: Vec<&str> = [
+                (f.times, "times"),
+                (f.id, "id"),
+                (f.group, "group"),
+                (f.lost, "lost"),
+            ]
+            .into_iter()
+            .filter_map(|(on, w)| on.then_some(w))
+            .collect();
             if !formats.is_empty() {
                 let _ = write!(text, " read={}", formats.join(","));
             }
