@@ -86,13 +86,13 @@ pub(super) fn judge_exact(
 
 /// Closes the first two of `many`'s events, lets 3 MiB land, and judges
 /// each of the others (now as many as the slots) exact at 100 %; returns
-/// their handles, their RMIDs and that last read.
+/// their handles.
 fn close_two_rest_exact(
     ctx: &mut Ctx,
     many: &Many,
     when: &str,
     problems: &mut Vec<String>,
-) -> Result<(Vec<u32>, Vec<u32>, Vec<Vec<u64>>)> {
+) -> Result<Vec<u32>> {
     for &h in &many.handles[..2] {
         ctx.g.close(h)?;
     }
@@ -109,7 +109,7 @@ fn close_two_rest_exact(
             problems,
         );
     }
-    Ok((rest, rmids, s1))
+    Ok(rest)
 }
 
 /// S14. Two more events than slots rotating at the default mux interval
@@ -153,7 +153,7 @@ pub fn rotating_during_moves(ctx: &mut Ctx) -> Result<Check> {
         }
     }
     finish_mover(ctx, mover)?;
-    let (rest, _, _) = close_two_rest_exact(ctx, &many, "closed after the moves", &mut problems)?;
+    let rest = close_two_rest_exact(ctx, &many, "closed after the moves", &mut problems)?;
     for h in rest {
         ctx.g.close(h)?;
     }
