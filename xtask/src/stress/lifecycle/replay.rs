@@ -50,12 +50,12 @@ fn bound_cpu(event: &Opened) -> Option<u32> {
 pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
     let mut cpus = cpus.clone();
     let mut model = Model::new(shape);
+    // The first `violations` step's count, which every later one must show.
+    let mut first_violations: Option<Vec<u64>> = None;
     let mut formats: BTreeMap<Handle, ReadFormat> = BTreeMap::new();
     let mut ids: BTreeMap<Handle, u64> = BTreeMap::new();
     // When each parked domain was parked (the journal's host clock).
     let mut parked_at: BTreeMap<u32, u64> = BTreeMap::new();
-    // The first `violations` step's count, which every later one must show.
-    let mut first_violations: Option<Vec<u64>> = None;
     let mut out = Replay::default();
     for (index, entry) in journal.iter().enumerate() {
         let mut find = |text: String| out.findings.push(Finding { index, text });
@@ -178,7 +178,8 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
                 },
                 Ok(_),
             ) => model.occupancy(domain, rmid, bytes),
-            (Step::Rate { .. } | Step::Wait { .. } | Step::MuxInterval { .. }, Ok(_)) => {}
+            (Step::Rate { .. } | Step::Wait { .. }, Ok(_)) => {}
+            (Step::MuxInterval { .. }, Ok(_)) => {}
             (Step::Violations, Ok(count)) => {
                 let first = first_violations.get_or_insert_with(|| count.clone());
                 if count != first {
@@ -417,6 +418,8 @@ impl Predictor {
                 group,
             } => model.ioctl(*handle, ioctl.model(), *group),
             Step::Read { .. } => {}
+            // Assertions and the mux interval change no count.
+            Step::MuxInterval { .. } | Step::Cpumask { .. } | Step::Violations => {}
             Step::Close { handle } => {
                 model.close(*handle);
                 self.formats.remove(handle);
@@ -459,12 +462,7 @@ impl Predictor {
                 }
                 self.place(*domain);
             }
-            Step::Rate { .. }
-            | Step::PerfStat { .. }
-            | Step::Wait { .. }
-            | Step::MuxInterval { .. }
-            | Step::Cpumask { .. }
-            | Step::Violations => {}
+            Step::Rate { .. } | Step::PerfStat { .. } | Step::Wait { .. } => {}
         }
     }
 
