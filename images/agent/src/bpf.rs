@@ -162,7 +162,13 @@ impl Insn {
     /// `lock *(u64 *)(dst + off) += src`.
     pub const fn atomic_add64(dst: Reg, off: i16, src: Reg) -> Insn {
         // The atomic operation is the immediate: BPF_ADD, without BPF_FETCH.
-        Insn::new(CLASS_STX | MODE_ATOMIC | Size::DW as u8, dst, src, off, ALU_ADD as i32)
+        Insn::new(
+            CLASS_STX | MODE_ATOMIC | Size::DW as u8,
+            dst,
+            src,
+            off,
+            ALU_ADD as i32,
+        )
     }
 
     /// `if dst == imm goto pc + 1 + off`.

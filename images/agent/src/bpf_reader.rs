@@ -68,8 +68,8 @@ impl BpfReader {
             // EOPNOTSUPP (inherit, not readable by BPF) is no refusal.
             bpf::map_update(&events, &cpu.to_ne_bytes(), &fd.to_ne_bytes()).map_err(sys)?;
         }
-        let queue = bpf::map_create(MapType::Queue, 0, RECORD_SIZE as u32, QUEUE_ENTRIES)
-            .map_err(sys)?;
+        let queue =
+            bpf::map_create(MapType::Queue, 0, RECORD_SIZE as u32, QUEUE_ENTRIES).map_err(sys)?;
         let dropped = bpf::map_create(MapType::Array, 4, 8, 1).map_err(sys)?;
         let program = program(&events, &queue, &dropped);
         let prog = bpf::prog_load(
@@ -150,7 +150,7 @@ fn program(events: &OwnedFd, queue: &OwnedFd, dropped: &OwnedFd) -> Vec<Insn> {
     p.push(Insn::call(Helper::MapPushElem));
     let to_exit = p.len();
     p.push(Insn::exit()); // placeholder: the jump to the end, set below
-    // Otherwise count it: r0 = bpf_map_lookup_elem(dropped, &0); *r0 += 1.
+                          // Otherwise count it: r0 = bpf_map_lookup_elem(dropped, &0); *r0 += 1.
     p.push(Insn::store_imm(Size::W, R10, KEY, 0));
     p.extend(Insn::load_map(R1, dropped));
     p.push(Insn::mov64(R2, R10));

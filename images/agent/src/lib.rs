@@ -504,10 +504,15 @@ pub enum HostRequest {
     /// (through a `PERF_EVENT_ARRAY` holding the event at every CPU's index,
     /// read with `BPF_F_CURRENT_CPU`) and records a [`BpfRead`], failures
     /// included. Answered with [`AgentMessage::Done`]; one reader at a time.
-    BpfReaderStart { handle: u32, tracepoint: String },
+    BpfReaderStart {
+        handle: u32,
+        tracepoint: String,
+    },
     /// The reads the reader recorded since the last drain, oldest first
     /// ([`AgentMessage::BpfReads`]); `stop` detaches and unloads it after.
-    BpfReaderDrain { stop: bool },
+    BpfReaderDrain {
+        stop: bool,
+    },
     /// Sync and power the guest off. The agent answers before it does.
     PowerOff,
     /// Fault injection for the harness's own test: write bytes without a

@@ -283,9 +283,9 @@ fn handle(
                 };
             }
             match events.fd(handle) {
-                Ok(fd) => done(
-                    bpf_reader::BpfReader::start(fd, &tracepoint).map(|r| *reader = Some(r)),
-                ),
+                Ok(fd) => {
+                    done(bpf_reader::BpfReader::start(fd, &tracepoint).map(|r| *reader = Some(r)))
+                }
                 Err(e) => errno(e),
             }
         }

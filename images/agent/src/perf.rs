@@ -70,7 +70,6 @@ impl SysError {
     }
 }
 
-
 fn raw_attr(attr: &PerfAttr) -> RawAttr {
     RawAttr {
         type_: attr.type_,

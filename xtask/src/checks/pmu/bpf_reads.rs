@@ -232,7 +232,8 @@ pub fn while_moving(ctx: &mut Ctx) -> Result<Check> {
     tally.add(reads, truth, &allowed);
     let contended = ctx.g.pmu_count(&pmu, "reads_contended")? - contended_before;
     let skipped = ctx.g.pmu_count(&pmu, "reads_skipped_nmi")? - skipped_before;
-    let violations = state.domains.iter().map(|dom| dom.violations).sum::<u64>() - violations_before;
+    let violations =
+        state.domains.iter().map(|dom| dom.violations).sum::<u64>() - violations_before;
 
     problems.extend(tally.problems());
     if v[0] != truth {
@@ -306,7 +307,10 @@ mod tests {
             &[2, 3],
         );
         assert_eq!(t.problems(), Vec::<String>::new());
-        assert_eq!((t.reads, t.ok(), t.moves, t.parks, t.parked_reads), (5, 4, 2, 1, 1));
+        assert_eq!(
+            (t.reads, t.ok(), t.moves, t.parks, t.parked_reads),
+            (5, 4, 2, 1, 1)
+        );
         assert_eq!(t.errors(), "EINVAL ×1");
     }
 
@@ -325,8 +329,16 @@ mod tests {
         let mut t = Tally::default();
         t.add(vec![read(1, 2, 0, 1), read(2, 2, -95, 0)], 10, &[2, 3]);
         let problems = t.problems();
-        assert!(problems.iter().any(|p| p.contains("EOPNOTSUPP ×1")), "{problems:?}");
-        assert!(problems.iter().any(|p| p.contains("never saw the event move")), "{problems:?}");
+        assert!(
+            problems.iter().any(|p| p.contains("EOPNOTSUPP ×1")),
+            "{problems:?}"
+        );
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.contains("never saw the event move")),
+            "{problems:?}"
+        );
         assert!(Tally::default().problems()[0].contains("no read succeeded"));
     }
 }
