@@ -371,7 +371,7 @@ struct RawTracepointOpen {
     cookie: u64,
 }
 
-/// Attaches `prog` to the raw tracepoint `name` (e.g. "hrtimer_expire_entry"),
+/// Attaches `prog` to the raw tracepoint `name` (e.g. "local_timer_entry"),
 /// on every CPU, until the answered descriptor is closed.
 pub fn raw_tracepoint_open(name: &str, prog: &OwnedFd) -> Result<OwnedFd, SysError> {
     let name = CString::new(name).map_err(|_| SysError {

@@ -8,7 +8,7 @@
 //! event's CPU is its PMU's owner, and follows it; while the PMU is parked,
 //! the CPU its events wait on) and there calls the PMU's `read`, the
 //! driver's path that only tries its lock in NMI context. The program runs
-//! in the tracepoint's context (for `hrtimer_expire_entry`, the timer
+//! in the tracepoint's context (for `local_timer_entry`, the timer
 //! interrupt), so the `PERF_EVENT_ARRAY` holds the same event at every
 //! CPU's index and is read with `BPF_F_CURRENT_CPU`: every CPU's tick tries,
 //! and only the owner's succeeds. The shape follows the kernel's
@@ -43,16 +43,17 @@ const QUEUE_ENTRIES: u32 = 1 << 16;
 pub struct BpfReader {
     queue: OwnedFd,
     dropped: OwnedFd,
-    /// Kept to keep the program attached (closing it detaches) and the event
-    /// referenced (the array holds its file until the map goes).
-    _link: OwnedFd,
+    /// Kept to keep the program attached (closing a link detaches it) and
+    /// the event referenced (the array holds its file until the map goes).
+    _links: Vec<OwnedFd>,
     _prog: OwnedFd,
     _events: OwnedFd,
 }
 
 impl BpfReader {
-    /// Loads the program reading `event` and attaches it to `tracepoint`.
-    pub fn start(event: &OwnedFd, tracepoint: &str) -> Result<BpfReader, String> {
+    /// Loads the program reading `event` and attaches it to each of
+    /// `tracepoints`.
+    pub fn start(event: &OwnedFd, tracepoints: &[String]) -> Result<BpfReader, String> {
         let sys = |e: crate::perf::SysError| e.to_string();
         let possible = std::fs::read_to_string(format!("{CPU_SYSFS}/possible"))
             .map_err(|e| format!("reading the possible CPUs: {e}"))?;
@@ -79,12 +80,14 @@ impl BpfReader {
             // bpf_perf_event_read_value() is GPL-only.
             "GPL",
         )?;
-        let link = bpf::raw_tracepoint_open(tracepoint, &prog)
-            .map_err(|e| format!("{tracepoint}: {}", sys(e)))?;
+        let links = tracepoints
+            .iter()
+            .map(|tp| bpf::raw_tracepoint_open(tp, &prog).map_err(|e| format!("{tp}: {e}")))
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(BpfReader {
             queue,
             dropped,
-            _link: link,
+            _links: links,
             _prog: prog,
             _events: events,
         })

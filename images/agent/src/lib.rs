@@ -497,16 +497,16 @@ pub enum HostRequest {
         signal: i32,
         timeout_ms: u64,
     },
-    /// Load the agent's BPF reader and attach it to the raw tracepoint
-    /// `tracepoint` (e.g. `hrtimer_expire_entry`, which the tick fires on
-    /// every online CPU): each time it fires, on whatever CPU, the program
+    /// Load the agent's BPF reader and attach it to each raw tracepoint of
+    /// `tracepoints` (e.g. `local_timer_entry`, a CPU's timer interrupt):
+    /// each time one fires, on whatever CPU, the program
     /// reads the open event `handle` with `bpf_perf_event_read_value()`
     /// (through a `PERF_EVENT_ARRAY` holding the event at every CPU's index,
     /// read with `BPF_F_CURRENT_CPU`) and records a [`BpfRead`], failures
     /// included. Answered with [`AgentMessage::Done`]; one reader at a time.
     BpfReaderStart {
         handle: u32,
-        tracepoint: String,
+        tracepoints: Vec<String>,
     },
     /// The reads the reader recorded since the last drain, oldest first
     /// ([`AgentMessage::BpfReads`]); `stop` detaches and unloads it after.

@@ -276,7 +276,10 @@ fn handle(
             Ok(result) => AgentMessage::JobDone(result),
             Err(error) => AgentMessage::Error { error },
         },
-        HostRequest::BpfReaderStart { handle, tracepoint } => {
+        HostRequest::BpfReaderStart {
+            handle,
+            tracepoints,
+        } => {
             if reader.is_some() {
                 return AgentMessage::Error {
                     error: "a BPF reader is running already".into(),
@@ -284,7 +287,7 @@ fn handle(
             }
             match events.fd(handle) {
                 Ok(fd) => {
-                    done(bpf_reader::BpfReader::start(fd, &tracepoint).map(|r| *reader = Some(r)))
+                    done(bpf_reader::BpfReader::start(fd, &tracepoints).map(|r| *reader = Some(r)))
                 }
                 Err(e) => errno(e),
             }

@@ -193,12 +193,12 @@ impl Guest<'_> {
         self.expect_done(HostRequest::PerfClose { handle })
     }
 
-    /// Starts the agent's BPF reader of event `handle` on the raw tracepoint
-    /// `tracepoint` (see [`HostRequest::BpfReaderStart`]).
-    pub fn bpf_reader_start(&mut self, handle: u32, tracepoint: &str) -> Result<()> {
+    /// Starts the agent's BPF reader of event `handle` on the raw
+    /// tracepoints `tracepoints` (see [`HostRequest::BpfReaderStart`]).
+    pub fn bpf_reader_start(&mut self, handle: u32, tracepoints: &[&str]) -> Result<()> {
         self.expect_done(HostRequest::BpfReaderStart {
             handle,
-            tracepoint: tracepoint.into(),
+            tracepoints: tracepoints.iter().map(|tp| tp.to_string()).collect(),
         })
     }
 
