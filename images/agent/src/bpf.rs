@@ -189,14 +189,14 @@ impl Insn {
     /// `dst = map` (`BPF_LD | BPF_IMM | BPF_DW` with `BPF_PSEUDO_MAP_FD`):
     /// the one instruction that takes two slots, the second holding the
     /// immediate's upper half (zero for a descriptor).
-    pub fn load_map(dst: Reg, map: &OwnedFd) -> [Insn; 2] {
+    pub fn load_map(dst: Reg, map: &Map) -> [Insn; 2] {
         let code = CLASS_LD | MODE_IMM | Size::DW as u8;
         [
             Insn {
                 code,
                 regs: dst as u8 | PSEUDO_MAP_FD << 4,
                 off: 0,
-                imm: map.as_raw_fd(),
+                imm: map.fd.as_raw_fd(),
             },
             Insn {
                 code: 0,
@@ -244,20 +244,13 @@ struct MapCreate {
     map_flags: u32,
 }
 
-pub fn map_create(
-    map_type: MapType,
-    key_size: u32,
-    value_size: u32,
-    max_entries: u32,
-) -> Result<OwnedFd, SysError> {
-    let mut attr = MapCreate {
-        map_type: map_type as u32,
-        key_size,
-        value_size,
-        max_entries,
-        map_flags: 0,
-    };
-    bpf(BPF_MAP_CREATE, &mut attr, "bpf(BPF_MAP_CREATE)").map(owned)
+/// A map: its descriptor and the sizes of its keys and values, which every
+/// access here is held to, since the kernel copies exactly that many bytes
+/// from and to the buffers it is given.
+pub struct Map {
+    fd: OwnedFd,
+    key_size: usize,
+    value_size: usize,
 }
 
 /// `union bpf_attr` for the BPF_MAP_*_ELEM commands.
@@ -270,40 +263,76 @@ struct MapElem {
     flags: u64,
 }
 
-fn map_elem(map: &OwnedFd, key: Option<&[u8]>, value: *const u8) -> MapElem {
-    MapElem {
-        map_fd: map.as_raw_fd() as u32,
-        _pad: 0,
-        key: key.map_or(0, |k| k.as_ptr() as u64),
-        value: value as u64,
-        flags: 0,
+impl Map {
+    pub fn create(
+        map_type: MapType,
+        key_size: u32,
+        value_size: u32,
+        max_entries: u32,
+    ) -> Result<Map, SysError> {
+        let mut attr = MapCreate {
+            map_type: map_type as u32,
+            key_size,
+            value_size,
+            max_entries,
+            map_flags: 0,
+        };
+        let fd = bpf(BPF_MAP_CREATE, &mut attr, "bpf(BPF_MAP_CREATE)").map(owned)?;
+        Ok(Map {
+            fd,
+            key_size: key_size as usize,
+            value_size: value_size as usize,
+        })
     }
-}
 
-/// Sets `map[key] = value` (`BPF_ANY`). The sizes are the map's.
-pub fn map_update(map: &OwnedFd, key: &[u8], value: &[u8]) -> Result<(), SysError> {
-    let mut attr = map_elem(map, Some(key), value.as_ptr());
-    bpf(BPF_MAP_UPDATE_ELEM, &mut attr, "bpf(BPF_MAP_UPDATE_ELEM)").map(drop)
-}
+    /// The attr of a `cmd` on `key` (none for a queue) and `value`, after
+    /// checking both have the map's sizes.
+    fn elem(
+        &self,
+        call: &'static str,
+        key: Option<&[u8]>,
+        value: *const u8,
+        value_len: usize,
+    ) -> Result<MapElem, SysError> {
+        if key.map_or(0, <[u8]>::len) != self.key_size || value_len != self.value_size {
+            return Err(SysError {
+                errno: libc::EINVAL,
+                call,
+            });
+        }
+        Ok(MapElem {
+            map_fd: self.fd.as_raw_fd() as u32,
+            _pad: 0,
+            key: key.map_or(0, |k| k.as_ptr() as u64),
+            value: value as u64,
+            flags: 0,
+        })
+    }
 
-/// Reads `map[key]` into `value`.
-pub fn map_lookup(map: &OwnedFd, key: &[u8], value: &mut [u8]) -> Result<(), SysError> {
-    let mut attr = map_elem(map, Some(key), value.as_mut_ptr());
-    bpf(BPF_MAP_LOOKUP_ELEM, &mut attr, "bpf(BPF_MAP_LOOKUP_ELEM)").map(drop)
-}
+    /// Sets `map[key] = value` (`BPF_ANY`).
+    pub fn update(&self, key: &[u8], value: &[u8]) -> Result<(), SysError> {
+        let call = "bpf(BPF_MAP_UPDATE_ELEM)";
+        let mut attr = self.elem(call, Some(key), value.as_ptr(), value.len())?;
+        bpf(BPF_MAP_UPDATE_ELEM, &mut attr, call).map(drop)
+    }
 
-/// Takes the oldest element of a queue map into `value`: false when the
-/// queue is empty.
-pub fn queue_pop(map: &OwnedFd, value: &mut [u8]) -> Result<bool, SysError> {
-    let mut attr = map_elem(map, None, value.as_mut_ptr());
-    match bpf(
-        BPF_MAP_LOOKUP_AND_DELETE_ELEM,
-        &mut attr,
-        "bpf(BPF_MAP_LOOKUP_AND_DELETE_ELEM)",
-    ) {
-        Ok(_) => Ok(true),
-        Err(e) if e.errno == libc::ENOENT => Ok(false),
-        Err(e) => Err(e),
+    /// Reads `map[key]` into `value`.
+    pub fn lookup(&self, key: &[u8], value: &mut [u8]) -> Result<(), SysError> {
+        let call = "bpf(BPF_MAP_LOOKUP_ELEM)";
+        let mut attr = self.elem(call, Some(key), value.as_mut_ptr(), value.len())?;
+        bpf(BPF_MAP_LOOKUP_ELEM, &mut attr, call).map(drop)
+    }
+
+    /// Takes the oldest element of a queue map into `value`: false when the
+    /// queue is empty.
+    pub fn pop(&self, value: &mut [u8]) -> Result<bool, SysError> {
+        let call = "bpf(BPF_MAP_LOOKUP_AND_DELETE_ELEM)";
+        let mut attr = self.elem(call, None, value.as_mut_ptr(), value.len())?;
+        match bpf(BPF_MAP_LOOKUP_AND_DELETE_ELEM, &mut attr, call) {
+            Ok(_) => Ok(true),
+            Err(e) if e.errno == libc::ENOENT => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 }
 

@@ -20,7 +20,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 
 use perfbed_agent::{parse_cpu_list, BpfRead};
 
-use crate::bpf::{self, Helper, Insn, MapType, Reg, Size, F_CURRENT_CPU};
+use crate::bpf::{self, Helper, Insn, Map, MapType, Reg, Size, F_CURRENT_CPU};
 use crate::CPU_SYSFS;
 
 /// What the program pushes per read: `struct bpf_perf_event_value` (value,
@@ -41,13 +41,13 @@ const VALUE_SIZE: i32 = 24;
 const QUEUE_ENTRIES: u32 = 1 << 16;
 
 pub struct BpfReader {
-    queue: OwnedFd,
-    dropped: OwnedFd,
+    queue: Map,
+    dropped: Map,
     /// Kept to keep the program attached (closing a link detaches it) and
     /// the event referenced (the array holds its file until the map goes).
     _links: Vec<OwnedFd>,
     _prog: OwnedFd,
-    _events: OwnedFd,
+    _events: Map,
 }
 
 impl BpfReader {
@@ -62,16 +62,18 @@ impl BpfReader {
             .into_iter()
             .max()
             .map_or(1, |max| max + 1);
-        let events = bpf::map_create(MapType::PerfEventArray, 4, 4, cpus).map_err(sys)?;
+        let events = Map::create(MapType::PerfEventArray, 4, 4, cpus).map_err(sys)?;
         let fd = event.as_raw_fd() as u32;
         for cpu in 0..cpus {
             // The kernel reads the event here once: a refusal other than
             // EOPNOTSUPP (inherit, not readable by BPF) is no refusal.
-            bpf::map_update(&events, &cpu.to_ne_bytes(), &fd.to_ne_bytes()).map_err(sys)?;
+            events
+                .update(&cpu.to_ne_bytes(), &fd.to_ne_bytes())
+                .map_err(sys)?;
         }
         let queue =
-            bpf::map_create(MapType::Queue, 0, RECORD_SIZE as u32, QUEUE_ENTRIES).map_err(sys)?;
-        let dropped = bpf::map_create(MapType::Array, 4, 8, 1).map_err(sys)?;
+            Map::create(MapType::Queue, 0, RECORD_SIZE as u32, QUEUE_ENTRIES).map_err(sys)?;
+        let dropped = Map::create(MapType::Array, 4, 8, 1).map_err(sys)?;
         let program = program(&events, &queue, &dropped);
         let prog = bpf::prog_load(
             bpf::PROG_TYPE_RAW_TRACEPOINT,
@@ -101,13 +103,15 @@ impl BpfReader {
         let mut record = [0u8; RECORD_SIZE];
         // Bounded: the program keeps pushing while this pops.
         for _ in 0..QUEUE_ENTRIES {
-            if !bpf::queue_pop(&self.queue, &mut record).map_err(sys)? {
+            if !self.queue.pop(&mut record).map_err(sys)? {
                 break;
             }
             reads.push(decode(&record));
         }
         let mut dropped = [0u8; 8];
-        bpf::map_lookup(&self.dropped, &0u32.to_ne_bytes(), &mut dropped).map_err(sys)?;
+        self.dropped
+            .lookup(&0u32.to_ne_bytes(), &mut dropped)
+            .map_err(sys)?;
         Ok((reads, u64::from_ne_bytes(dropped)))
     }
 }
@@ -127,7 +131,7 @@ fn decode(record: &[u8; RECORD_SIZE]) -> BpfRead {
 }
 
 /// The program: read, stamp, push; count a push the full queue refused.
-fn program(events: &OwnedFd, queue: &OwnedFd, dropped: &OwnedFd) -> Vec<Insn> {
+fn program(events: &Map, queue: &Map, dropped: &Map) -> Vec<Insn> {
     use Reg::*;
     let mut p = Vec::new();
     // r0 = bpf_perf_event_read_value(events, BPF_F_CURRENT_CPU, fp + RECORD, 24):
@@ -151,9 +155,10 @@ fn program(events: &OwnedFd, queue: &OwnedFd, dropped: &OwnedFd) -> Vec<Insn> {
     p.push(Insn::add64_imm(R2, RECORD.into()));
     p.push(Insn::mov64_imm(R3, 0));
     p.push(Insn::call(Helper::MapPushElem));
+    // The jump to the end, once the end is known.
     let to_exit = p.len();
-    p.push(Insn::exit()); // placeholder: the jump to the end, set below
-                          // Otherwise count it: r0 = bpf_map_lookup_elem(dropped, &0); *r0 += 1.
+    p.push(Insn::exit());
+    // Otherwise count it: r0 = bpf_map_lookup_elem(dropped, &0); *r0 += 1.
     p.push(Insn::store_imm(Size::W, R10, KEY, 0));
     p.extend(Insn::load_map(R1, dropped));
     p.push(Insn::mov64(R2, R10));
