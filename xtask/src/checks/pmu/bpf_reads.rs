@@ -13,7 +13,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::{bail, Result};
-use perfbed_agent::{errno_name, AgentMessage, BpfRead, HostRequest, HotplugOp};
+use perfbed_agent::{
+    errno_name, AgentMessage, BpfRead, HostRequest, HotplugOp, JobResult, JobSpec,
+};
 use perfbed_device::regs::{whole_units, Event};
 
 use super::context::{Ctx, MIB, TIMES};
@@ -30,6 +32,10 @@ use crate::guest::pmu_name;
 /// switch to high resolution without the APIC timer.)
 pub const TRACEPOINTS: [&str; 2] = ["local_timer_entry", "irq_handler_entry"];
 const RMID: u32 = 5;
+/// The RMID of the events an open-close loop opens and closes meanwhile on
+/// another CPU: each close takes the domain's lock there, which a BPF read
+/// on the owner may find held.
+const RMID_LOOP: u32 = 6;
 /// How long each step's traffic flows before its reads are judged: about
 /// 60 ticks of the owner.
 const STEP: Duration = Duration::from_millis(250);
@@ -195,6 +201,17 @@ pub fn while_moving(ctx: &mut Ctx) -> Result<Check> {
     let contended_before = ctx.g.pmu_count(&pmu, "reads_contended")?;
     let skipped_before = ctx.g.pmu_count(&pmu, "reads_skipped_nmi")?;
     let unit = ctx.device.unit_bytes;
+    let mut loop_attr = ctx.attr(d, Event::MbmLocalBytes, RMID_LOOP);
+    loop_attr.read_format = TIMES;
+    let job = match ctx.g.ask(HostRequest::StartJob {
+        spec: JobSpec::OpenCloseLoop {
+            attrs: vec![loop_attr],
+            pause_us: 200,
+        },
+    })? {
+        AgentMessage::JobStarted { job } => job,
+        other => bail!("starting the open-close loop: {other:?}"),
+    };
     ctx.g.bpf_reader_start(h, &TRACEPOINTS)?;
     ctx.control.set_rate(key.0, key.1, key.2, MOVING_RATE)?;
 
@@ -229,6 +246,14 @@ pub fn while_moving(ctx: &mut Ctx) -> Result<Check> {
     ctx.control.set_rate(key.0, key.1, key.2, 0)?;
     ctx.control.wait_landed(ctx.g.timeout.as_millis() as u64)?;
     let (reads, dropped) = ctx.g.bpf_reader_drain(true)?;
+    let opens = match ctx.g.ask(HostRequest::StopJob {
+        job,
+        signal: 0,
+        timeout_ms: 20_000,
+    })? {
+        AgentMessage::JobDone(JobResult::OpenCloseLoop { opened, .. }) => opened,
+        other => bail!("stopping the open-close loop: {other:?}"),
+    };
     let v = ctx.g.read(h)?;
     ctx.g.close(h)?;
     let state = ctx.control.state()?;
@@ -265,7 +290,7 @@ pub fn while_moving(ctx: &mut Ctx) -> Result<Check> {
         .collect();
     // What was seen, shown whether the check passes or not.
     let seen = format!(
-        "{pmu} at {} MiB/s, {} on every CPU: {} reads, {} succeeded ({}), refused {}; the event's CPU changed {} times under the reader, {} parks ({} reads while parked); placements {}; final read() {}; driver: {contended} contended reads, {skipped} skipped in NMI",
+        "{pmu} at {} MiB/s, {} on every CPU: {} reads, {} succeeded ({}), refused {}; the event's CPU changed {} times under the reader, {} parks ({} reads while parked); placements {}; final read() {}; driver: {contended} contended reads, {skipped} skipped in NMI, beside {opens} opens and closes of another event",
         MOVING_RATE / MIB,
         TRACEPOINTS.join(" and "),
         tally.reads,
