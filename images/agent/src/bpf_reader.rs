@@ -6,15 +6,16 @@
 //! core's `perf_event_read_local()` with interrupts off, which for a CPU
 //! event answers `-EINVAL` unless it runs on the event's CPU (a device-scope
 //! event's CPU is its PMU's owner, and follows it; while the PMU is parked,
-//! the CPU its events wait on) and there calls the PMU's `read`, the
-//! driver's path that only tries its lock in NMI context. The program runs
+//! the CPU its events wait on) and there, if the event is scheduled, calls
+//! the PMU's `read`: the driver's path that tries its lock first and, in NMI
+//! context, does not wait for it. The program runs
 //! in the tracepoint's context (for `local_timer_entry`, the timer
 //! interrupt), so the `PERF_EVENT_ARRAY` holds the same event at every
 //! CPU's index and is read with `BPF_F_CURRENT_CPU`: every CPU's tick tries,
 //! and only the owner's succeeds. The shape follows the kernel's
-//! samples/bpf/tracex6 (a perf event array read per CPU from a kprobe) and
-//! tools/testing/selftests/bpf's perf_event_read_value uses; here without
-//! libbpf, see `bpf.rs`.
+//! samples/bpf/tracex6 (a perf event array read per CPU with
+//! `bpf_perf_event_read_value()` from a kprobe) and selftests/bpf's
+//! test_pe_preserve_elems; here without libbpf, see `bpf.rs`.
 
 use std::os::fd::{AsRawFd, OwnedFd};
 
@@ -37,7 +38,7 @@ const KEY: i16 = RECORD - 8;
 /// `sizeof(struct bpf_perf_event_value)`.
 const VALUE_SIZE: i32 = 24;
 /// Reads kept between two drains: the tick at 250 Hz on 16 CPUs fills it in
-/// 16 s (1.6 MB of kernel memory on a 64-CPU possible set, fixed).
+/// 16 s (2.6 MB of kernel memory, taken when the map is created).
 const QUEUE_ENTRIES: u32 = 1 << 16;
 
 pub struct BpfReader {
