@@ -8,6 +8,7 @@ pub mod across_moves;
 pub mod allowed_attacks;
 pub mod allowed_sets;
 pub mod attacks;
+pub mod bpf_reads;
 pub mod context;
 pub mod counts;
 pub mod groups;
@@ -52,6 +53,7 @@ const AROUND_MOVES: &[(&str, CtxCheck)] = &[
         across_moves::exclusive_after_moves,
     ),
     ("opens racing moves", across_moves::opens_racing_moves),
+    ("BPF reads while moving", bpf_reads::while_moving),
 ];
 
 /// perf's counting semantics under multiplexing, DISABLE, parks and groups,
