@@ -41,6 +41,9 @@ enum Command {
         /// KFENCE, debugobjects).
         #[arg(long)]
         debug: bool,
+        /// The sanitizer kernel: the debug kernel with KCSAN.
+        #[arg(long, conflicts_with_all = ["debug", "gdb"])]
+        sanitize: bool,
         /// The kernel with DWARF debug information for gdb.
         #[arg(long, conflicts_with = "debug")]
         gdb: bool,
@@ -94,16 +97,18 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = build::workspace().and_then(|ws| match cli.command {
         Command::Deps => build::deps::ensure().map(|()| true),
-        Command::Image { debug, gdb } => {
-            image::ensure(&ws, run::variant(debug, gdb)).map(|images| {
-                println!(
-                    "vmlinux:   {}\ninitramfs: {}",
-                    images.vmlinux.display(),
-                    images.initramfs.display()
-                );
-                true
-            })
-        }
+        Command::Image {
+            debug,
+            sanitize,
+            gdb,
+        } => image::ensure(&ws, run::variant(debug, sanitize, gdb)).map(|images| {
+            println!(
+                "vmlinux:   {}\ninitramfs: {}",
+                images.vmlinux.display(),
+                images.initramfs.display()
+            );
+            true
+        }),
         Command::Run(args) => run::run(&ws, &args),
         Command::Test(args) => test::run(&ws, &args),
         Command::Fuzz(args) => fuzz::run(&ws, &args),
