@@ -258,8 +258,10 @@ fn flock(file: &fs::File, op: libc::c_int, what: &str) -> Result<()> {
 
 /// How many finished entries of a kind the cache keeps: enough for every
 /// variant in use at once (normal, debug, sanitize and gdb kernels; two
-/// modules and an initramfs per kernel) and, but for two of the kernels,
-/// the previous build of each.
+/// modules and an initramfs per kernel) and the previous build of each, so
+/// that switching between two branches that patch the kernel differently
+/// rebuilds nothing (the bench's unpatched kernel and an arm64 one evict
+/// the oldest).
 /// A kernel tree is ~1.8 GB. `PERFBED_CACHE_KERNELS=N` keeps N kernel
 /// trees instead, for a machine that works on more branches at once.
 pub fn keep(kind: &str) -> usize {
@@ -268,7 +270,7 @@ pub fn keep(kind: &str) -> usize {
             .ok()
             .and_then(|n| n.parse().ok())
             .filter(|&n: &usize| n > 0)
-            .unwrap_or(6),
+            .unwrap_or(8),
         // Main's and two branches' (say, one changing the shim and one the
         // configure line) and a previous one: with two, three branches'
         // QEMU builds evicted each other, ~5 min of both cores each time.

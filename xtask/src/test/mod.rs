@@ -86,15 +86,8 @@ const VM_TESTS: &[VmTest] = &[
         run: boot_and_hotplug,
     },
     VmTest {
-        name: "debug_kernel_end_to_end",
-        what: "the same run on the debug kernel: perfbed.ko under lockdep, PROVE_RCU, DEBUG_ATOMIC_SLEEP and DEBUG_LIST, with no report",
-        variant: Variant::Debug,
-        host: host::HostChoice::Qemu,
-        run: boot_and_hotplug,
-    },
-    VmTest {
         name: "sanitize_kernel_end_to_end",
-        what: "the same run on the sanitizer kernel (the debug kernel with KCSAN): no data race, lockdep, KFENCE or debugobjects report; its saved trace holds the guest kernel's cpuhp states and PMU placements",
+        what: "the same run on the sanitizer kernel (the debug kernel's options, so also the run's debug-only checks such as hotplug fail injection, plus KCSAN): no data race, lockdep, RCU, KFENCE or debugobjects report; its saved trace holds the guest kernel's cpuhp states and PMU placements",
         variant: Variant::Sanitize,
         host: host::HostChoice::Qemu,
         run: traced_boot_and_hotplug,
