@@ -2326,13 +2326,15 @@ mod tests {
         let mut m = Model::new(SHAPE);
         m.open(1, counter(0, 1).exclusive());
         m.open(2, counter(0, 2));
-        assert_eq!(fields(&mut m, 1, seen(0, 0, 0)), vec![]);
-        assert_eq!(fields(&mut m, 2, seen(0, 0, 0)), vec![]);
-        m.moved(0);
-        assert_eq!(fields(&mut m, 1, seen(0, s, s / 2)), vec![]);
-        assert_eq!(fields(&mut m, 2, seen(0, s, s / 2)), vec![]);
-        assert_eq!(fields(&mut m, 1, seen(0, 2 * s, s)), vec![]);
-        assert_eq!(fields(&mut m, 2, seen(0, 2 * s, s)), vec![]);
+        // Read at 0 s, then (after a move) at 1 s and at 2 s, taking turns.
+        for (at, moves) in [(0, true), (1, false), (2, false)] {
+            for h in [1, 2] {
+                assert_eq!(fields(&mut m, h, seen(0, at * s, at * s / 2)), vec![], "{at} s");
+            }
+            if moves {
+                m.moved(0);
+            }
+        }
         // The rules still hold in the window of nothing but time.
         assert_eq!(fields(&mut m, 1, seen(0, 3 * s, 2 * s)), vec![]);
         assert_eq!(fields(&mut m, 2, seen(0, 3 * s, 2 * s)), vec![Field::Running]);
