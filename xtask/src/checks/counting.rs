@@ -2329,7 +2329,11 @@ mod tests {
         // Read at 0 s, then (after a move) at 1 s and at 2 s, taking turns.
         for (at, moves) in [(0, true), (1, false), (2, false)] {
             for h in [1, 2] {
-                assert_eq!(fields(&mut m, h, seen(0, at * s, at * s / 2)), vec![], "{at} s");
+                assert_eq!(
+                    fields(&mut m, h, seen(0, at * s, at * s / 2)),
+                    vec![],
+                    "{at} s"
+                );
             }
             if moves {
                 m.moved(0);
@@ -2337,7 +2341,10 @@ mod tests {
         }
         // The rules still hold in the window of nothing but time.
         assert_eq!(fields(&mut m, 1, seen(0, 3 * s, 2 * s)), vec![]);
-        assert_eq!(fields(&mut m, 2, seen(0, 3 * s, 2 * s)), vec![Field::Running]);
+        assert_eq!(
+            fields(&mut m, 2, seen(0, 3 * s, 2 * s)),
+            vec![Field::Running]
+        );
     }
 
     #[test]

@@ -914,16 +914,18 @@ pub fn wants_against_model(scenario: &Scenario, shape: DeviceShape) -> Vec<Scena
                             continue;
                         }
                         let model = expected.and_then(|e| model_values(&e.value));
-                        find(*line, match model {
-                            Some(range) => format!(
-                                "the model does not allow it: {}",
-                                difference(name, *bytes, range, "the model's")
-                            ),
-                            None => format!(
-                                "the model does not allow {name} {bytes}: {}",
-                                found[0]
-                            ),
-                        });
+                        find(
+                            *line,
+                            match model {
+                                Some(range) => format!(
+                                    "the model does not allow it: {}",
+                                    difference(name, *bytes, range, "the model's")
+                                ),
+                                None => {
+                                    format!("the model does not allow {name} {bytes}: {}", found[0])
+                                }
+                            },
+                        );
                         // Go on from what the model predicts, not from the
                         // refused value: a later want is judged on its own.
                         let _ = p.model.predict(*handle);
@@ -1263,7 +1265,10 @@ mod tests {
             .1
             .contains("CPU 0 here"));
         assert!(refused("offline owner(nowhere)\n").1.contains("`nowhere`"));
-        for text in ["online owner(movable)\n", "allowed movable owner(movable)\n"] {
+        for text in [
+            "online owner(movable)\n",
+            "allowed movable owner(movable)\n",
+        ] {
             let (line, message) = refused(text);
             assert_eq!(line, 1);
             assert!(

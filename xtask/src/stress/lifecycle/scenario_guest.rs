@@ -572,9 +572,9 @@ mod tests {
         let counted = judge(&s, &journal_of(&s, &[vec![7 << 20]]), &device);
         assert!(!counted.passed);
         assert!(
-            counted
-                .detail
-                .contains("p.scn:9: a: value wanted 3MiB (3145728), got 7MiB (7340032), delta +4MiB"),
+            counted.detail.contains(
+                "p.scn:9: a: value wanted 3MiB (3145728), got 7MiB (7340032), delta +4MiB"
+            ),
             "{}",
             counted.detail
         );

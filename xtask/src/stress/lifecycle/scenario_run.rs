@@ -231,7 +231,11 @@ mod tests {
         )
         .unwrap();
         let bad = dir.join("bad.scn");
-        std::fs::write(&bad, "a = open movable mbm_total_bytes rmid=1\nflap movable\n").unwrap();
+        std::fs::write(
+            &bad,
+            "a = open movable mbm_total_bytes rmid=1\nflap movable\n",
+        )
+        .unwrap();
         let args = |file: &Path| {
             Cli::parse_from(["scenario", "--parse-only", file.to_str().unwrap()]).args
         };
