@@ -1242,7 +1242,8 @@ mod tests {
              offline owner(movable)\n",
         )
         .unwrap();
-        let steps: Vec<(Step, Option<u32>, Vec<(u32, bool)>)> = s
+        type Parked = Vec<(u32, bool)>;
+        let steps: Vec<(Step, Option<u32>, Parked)> = s
             .ops
             .iter()
             .map(|o| (o.step.clone(), o.on_owner, o.parks.clone()))
