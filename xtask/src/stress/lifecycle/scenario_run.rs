@@ -61,7 +61,7 @@ pub struct ScenarioArgs {
     /// Only parse the files and check their wants against the model, on
     /// the host: every refusal with its file and line, nothing built or
     /// booted.
-    #[arg(long, conflicts_with_all = ["mutant", "no_shrink"])]
+    #[arg(long, conflicts_with = "mutant")]
     pub parse_only: bool,
 }
 
