@@ -322,10 +322,6 @@ mod tests {
             "none (an `allowed` step fails when cpumask does not follow): not yet run with its kernel",
         ),
         ("seed-as-posted", "none (a park loses the events' counts): not yet run with its kernel"),
-        (
-            "move-resets-group-caps",
-            "none: \"exclusive and a mixed group take turns after moves\" is written for it, not yet run with its kernel",
-        ),
     ];
 
     /// Every mutant names, as the check that must catch it, a scenario of
