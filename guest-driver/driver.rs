@@ -144,9 +144,16 @@ const EVENT_FILES: [(EventId, &CStr, &CStr); 3] = [
     (EventId::MbmLocalBytes, c_str!("mbm_local_bytes"), c_str!("event=0x03")),
 ];
 
-/// The PMU's counter files (`DomainPmu::counter`): wraps lost, and interrupts taken on the
-/// owner and elsewhere (`irq.rs`).
-const COUNTER_FILES: [&CStr; 3] = [c_str!("lost_wraps"), c_str!("irqs_on_owner"), c_str!("irqs_off_owner")];
+/// The PMU's counter files (`DomainPmu::counter`): wraps lost, interrupts taken on the owner and
+/// elsewhere (`irq.rs`), and `read`s that found the domain's lock held (all of them, and those in
+/// NMI context that therefore left the count as it was).
+const COUNTER_FILES: [&CStr; 5] = [
+    c_str!("lost_wraps"),
+    c_str!("irqs_on_owner"),
+    c_str!("irqs_off_owner"),
+    c_str!("reads_contended"),
+    c_str!("reads_skipped_nmi"),
+];
 
 /// How often wrap polling runs at most, and its period when the device gives no maximum rate.
 const MAX_POLL_MS: u32 = 1000;
@@ -615,6 +622,10 @@ struct Domain {
     /// How many times a slot was found to have wrapped more than once unread (sysfs
     /// `lost_wraps`): each time, at least one wrap of counts was lost.
     lost_wraps: AtomicU64,
+    /// `read`s whose `try_lock` found the lock held (sysfs `reads_contended`), and of those the
+    /// ones in NMI context, which did not wait and left the count as it was (`reads_skipped_nmi`).
+    reads_contended: AtomicU64,
+    reads_skipped_nmi: AtomicU64,
     /// The interrupt line's state and statistics (`irq.rs`).
     irq: irq::DomainIrq,
 }
@@ -649,6 +660,8 @@ impl Domain {
                 "perfbed_domain"
             ),
             lost_wraps: AtomicU64::new(0),
+            reads_contended: AtomicU64::new(0),
+            reads_skipped_nmi: AtomicU64::new(0),
             irq: irq::DomainIrq::new(),
         }? Error)
     }
@@ -1317,8 +1330,15 @@ impl Pmu for DomainPmu {
         // context at all.
         let hw = match domain.hw.try_lock() {
             Some(hw) => Some(hw),
-            None if perf::in_nmi() => None,
-            None => Some(domain.hw.lock()),
+            None => {
+                domain.reads_contended.fetch_add(1, Ordering::Relaxed);
+                if perf::in_nmi() {
+                    domain.reads_skipped_nmi.fetch_add(1, Ordering::Relaxed);
+                    None
+                } else {
+                    Some(domain.hw.lock())
+                }
+            }
         };
         if let Some(mut hw) = hw {
             domain.fold(&mut hw, event);
@@ -1368,7 +1388,9 @@ impl Pmu for DomainPmu {
         match index {
             0 => domain.lost_wraps.load(Ordering::Relaxed),
             1 => domain.irq.on_owner.load(Ordering::Relaxed),
-            _ => domain.irq.off_owner.load(Ordering::Relaxed),
+            2 => domain.irq.off_owner.load(Ordering::Relaxed),
+            3 => domain.reads_contended.load(Ordering::Relaxed),
+            _ => domain.reads_skipped_nmi.load(Ordering::Relaxed),
         }
     }
 

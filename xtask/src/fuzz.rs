@@ -1,12 +1,18 @@
-//! `cargo xtask fuzz`: the libFuzzer targets of `fuzz/`, run with the pinned
-//! cargo-fuzz on the stable toolchain.
+//! `cargo xtask fuzz`: the libFuzzer targets of `fuzz/`, built by cargo
+//! with the instrumentation libFuzzer needs and run directly.
 //!
-//! cargo-fuzz builds with `-Zsanitizer=address`, a nightly flag; stable rustc
-//! ships the sanitizer runtimes and accepts the flag under
-//! `RUSTC_BOOTSTRAP=1`, so no nightly toolchain is needed. Each target keeps
-//! its growing corpus in `fuzz/corpus/<target>` (not in git) and starts from
-//! the committed seeds in `fuzz/seeds/<target>`; a crash is saved under
-//! `fuzz/artifacts/<target>/` and reported with the command that replays it.
+//! The flags are the ones cargo-fuzz passes (its `project.rs`): LLVM's
+//! SanitizerCoverage with inline 8-bit counters, the PC table, compare
+//! tracing and stack depth, `--cfg fuzzing`, branch folding off, one codegen
+//! unit, and AddressSanitizer. `-Zsanitizer` is a nightly flag; stable rustc
+//! ships the sanitizer runtimes and accepts it under `RUSTC_BOOTSTRAP=1`, so
+//! no nightly toolchain is needed, and without cargo-fuzz a fresh machine
+//! does not spend minutes installing it from crates.io. `--target` keeps the
+//! flags off build scripts and proc macros. `libfuzzer-sys` builds libFuzzer
+//! itself. Each target keeps its growing corpus in `fuzz/corpus/<target>`
+//! (not in git) and starts from the committed seeds in `fuzz/seeds/<target>`;
+//! a crash is saved under `fuzz/artifacts/<target>/` and reported with the
+//! command that replays it.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -16,12 +22,28 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 
-use crate::build::cache;
 use crate::build::deps;
 use crate::cmd::{self, Step};
 use crate::progress::human;
 
-pub const CARGO_FUZZ_VERSION: &str = "0.13.2";
+/// The instrumentation of every crate a target links (not of the standard
+/// library, which is prebuilt).
+const RUSTFLAGS: &[&str] = &[
+    "-Cpasses=sancov-module",
+    "-Cllvm-args=-sanitizer-coverage-level=4",
+    "-Cllvm-args=-sanitizer-coverage-inline-8bit-counters",
+    "-Cllvm-args=-sanitizer-coverage-pc-table",
+    "-Cllvm-args=-sanitizer-coverage-trace-compares",
+    "-Cllvm-args=-sanitizer-coverage-stack-depth",
+    "-Cllvm-args=-simplifycfg-branch-fold-threshold=0",
+    "--cfg=fuzzing",
+    "-Zsanitizer=address",
+    "-Ccodegen-units=1",
+];
+
+/// AddressSanitizer's options at run time: Rust's crates define the same
+/// globals in several objects, which its ODR check would report.
+const ASAN_OPTIONS: &str = "detect_odr_violation=0";
 
 /// (name, what it feeds, libFuzzer dictionary).
 pub const TARGETS: &[(&str, &str, Option<&str>)] = &[
@@ -59,6 +81,8 @@ pub struct Outcome {
     /// The saved crashing input and libFuzzer's story, if it found one.
     pub crash: Option<(PathBuf, String)>,
     pub log: PathBuf,
+    /// The instrumented target, which replays an input given as argument.
+    pub binary: PathBuf,
 }
 
 impl Outcome {
@@ -72,11 +96,11 @@ impl Outcome {
                 self.executions as f64 / self.seconds.max(1.0)
             ),
             Some((input, _)) => format!(
-                "{}: CRASH after {} executions; input saved: {}\n    replay: cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run {} {}\n    log: {}",
+                "{}: CRASH after {} executions; input saved: {}\n    replay: ASAN_OPTIONS={ASAN_OPTIONS} {} {}\n    log: {}",
                 self.target,
                 self.executions,
                 input.display(),
-                self.target,
+                self.binary.display(),
                 input.display(),
                 self.log.display()
             ),
@@ -85,14 +109,14 @@ impl Outcome {
 }
 
 pub fn run(ws: &Path, args: &FuzzArgs) -> Result<bool> {
-    let cargo_fuzz = ensure_cargo_fuzz()?;
+    let targets = build_targets(ws)?;
     let mut passed = true;
     for &(target, what, _) in TARGETS
         .iter()
         .filter(|t| args.target.as_deref().is_none_or(|n| n == t.0))
     {
         eprintln!("==> fuzzing {target} for {} s: {what}", args.seconds);
-        let outcome = run_target(ws, &cargo_fuzz, target, args.seconds)?;
+        let outcome = run_target(ws, &targets, target, args.seconds)?;
         println!("{}", outcome.summary());
         if let Some((_, story)) = &outcome.crash {
             println!("{story}");
@@ -102,75 +126,65 @@ pub fn run(ws: &Path, args: &FuzzArgs) -> Result<bool> {
     Ok(passed)
 }
 
-/// The pinned cargo-fuzz, installed from crates.io into the cache.
-pub fn ensure_cargo_fuzz() -> Result<PathBuf> {
-    let root = cache::root()?.join(format!("tools/cargo-fuzz-{CARGO_FUZZ_VERSION}"));
-    let binary = root.join("bin/cargo-fuzz");
-    if binary.is_file() {
-        return Ok(binary);
-    }
-    // Installed beside the final folder and renamed into place, so that two
-    // runs installing at once never see a half-installed tool.
-    let staging = root.with_file_name(format!(
-        "cargo-fuzz-{CARGO_FUZZ_VERSION}.partial-{}",
-        std::process::id()
-    ));
-    let _ = fs::remove_dir_all(&staging);
-    let log = cache::root()?.join("logs/cargo-fuzz.log");
+/// Builds every target, instrumented; returns the folder of the binaries.
+/// A build that fails is an error that says so, with its log.
+pub fn build_targets(ws: &Path) -> Result<PathBuf> {
+    let dir = ws.join("fuzz");
+    let triple = host_triple()?;
+    let log = ws.join("target/perfbed/fuzz/build.log");
+    fs::create_dir_all(log.parent().expect("a folder"))?;
     let step = Step::start(
-        &format!("installing cargo-fuzz {CARGO_FUZZ_VERSION} from crates.io"),
+        "building the fuzz targets with libFuzzer's instrumentation",
         &log,
     )?;
     step.run(
         Command::new(deps::cargo())
-            .args([
-                "install",
-                "cargo-fuzz",
-                "--locked",
-                "--version",
-                CARGO_FUZZ_VERSION,
-                "--root",
-            ])
-            .arg(&staging),
+            .current_dir(&dir)
+            .env("RUSTC_BOOTSTRAP", "1")
+            .env("RUSTFLAGS", RUSTFLAGS.join(" "))
+            .args(["build", "--release", "--bins", "--target", &triple])
+            .args(["--config", "profile.release.debug=\"line-tables-only\""]),
     )
-    .context(
-        "cargo-fuzz could not be installed, so nothing can be fuzzed (is crates.io reachable?)",
-    )?;
+    .context("the fuzz targets did not build, so nothing can be fuzzed")?;
     step.finish();
-    if fs::rename(&staging, &root).is_err() && !binary.is_file() {
-        bail!(
-            "cannot move cargo-fuzz from {} to {}",
-            staging.display(),
-            root.display()
-        );
-    }
-    let _ = fs::remove_dir_all(&staging);
-    Ok(binary)
+    Ok(dir.join("target").join(triple).join("release"))
 }
 
-/// Builds and runs one target for `seconds`; an error means it could not
-/// run at all, a crash is an [`Outcome`].
+/// The host's target triple, as rustc names it (`host:` of `rustc -vV`).
+fn host_triple() -> Result<String> {
+    let rustc = std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
+    let about = cmd::output(Command::new(&rustc).arg("-vV"))?;
+    about
+        .lines()
+        .find_map(|l| l.strip_prefix("host: "))
+        .map(|t| t.trim().to_string())
+        .with_context(|| format!("`rustc -vV` names no host:\n{about}"))
+}
+
+/// Runs one target built by [`build_targets`] (in `targets`) for `seconds`;
+/// an error means it could not run at all, a crash is an [`Outcome`].
 pub fn run_target(
     ws: &Path,
-    cargo_fuzz: &Path,
+    targets: &Path,
     target: &'static str,
     seconds: u64,
 ) -> Result<Outcome> {
     let dir = ws.join("fuzz");
     let corpus = dir.join("corpus").join(target);
-    fs::create_dir_all(&corpus).with_context(|| format!("creating {}", corpus.display()))?;
+    let artifacts = dir.join("artifacts").join(target);
+    for folder in [&corpus, &artifacts] {
+        fs::create_dir_all(folder).with_context(|| format!("creating {}", folder.display()))?;
+    }
+    let binary = targets.join(target);
     let log = ws.join("target/perfbed/fuzz").join(format!("{target}.log"));
     fs::create_dir_all(log.parent().expect("a folder"))?;
     let dict = TARGETS.iter().find(|t| t.0 == target).and_then(|t| t.2);
-    let mut command = Command::new(cargo_fuzz);
+    let mut command = Command::new(&binary);
     command
         .current_dir(&dir)
-        .env("RUSTC_BOOTSTRAP", "1")
-        .args(["fuzz", "run", target])
-        .arg(&corpus)
-        .arg(dir.join("seeds").join(target))
+        .env("ASAN_OPTIONS", ASAN_OPTIONS)
+        .arg(format!("-artifact_prefix={}/", artifacts.display()))
         .args([
-            "--",
             "-print_final_stats=1",
             "-malloc_limit_mb=512",
             "-rss_limit_mb=1024",
@@ -179,6 +193,7 @@ pub fn run_target(
     if let Some(dict) = dict {
         command.arg(format!("-dict={dict}"));
     }
+    command.arg(&corpus).arg(dir.join("seeds").join(target));
     eprintln!("    $ {}", cmd::display(&command));
     let start = Instant::now();
     let status = command
@@ -186,7 +201,7 @@ pub fn run_target(
         .stdout(Stdio::from(fs::File::create(&log)?))
         .stderr(Stdio::from(fs::File::create(&log)?.try_clone()?))
         .status()
-        .with_context(|| format!("starting {}", cargo_fuzz.display()))?;
+        .with_context(|| format!("starting {}", binary.display()))?;
     let took = start.elapsed();
     let text = fs::read_to_string(&log).unwrap_or_default();
     let executions = final_stat(&text, "stat::number_of_executed_units").unwrap_or(0);
@@ -201,7 +216,7 @@ pub fn run_target(
         }
     } else if crash.is_none() {
         bail!(
-            "{target}: cargo fuzz failed ({status}) after {}\n--- {} ---\n{}",
+            "{target}: libFuzzer failed ({status}) after {}\n--- {} ---\n{}",
             human(took),
             log.display(),
             cmd::tail(&log, 30)
@@ -213,6 +228,7 @@ pub fn run_target(
         seconds: took.as_secs_f64(),
         crash,
         log,
+        binary,
     })
 }
 

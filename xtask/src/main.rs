@@ -41,6 +41,9 @@ enum Command {
         /// KFENCE, debugobjects).
         #[arg(long)]
         debug: bool,
+        /// The sanitizer kernel: the debug kernel with KCSAN.
+        #[arg(long, conflicts_with_all = ["debug", "gdb"])]
+        sanitize: bool,
         /// The kernel with DWARF debug information for gdb.
         #[arg(long, conflicts_with = "debug")]
         gdb: bool,
@@ -61,7 +64,7 @@ enum Command {
     /// count exactly the device's truth, at 100 % (debug kernel by default)
     HotplugSelftest(stress::selftest::SelftestArgs),
     /// Fuzz the device, the control socket, the agent protocol and the host
-    /// configuration (installs the pinned cargo-fuzz; stable toolchain).
+    /// configuration (libFuzzer through `libfuzzer-sys`; stable toolchain).
     Fuzz(fuzz::FuzzArgs),
     /// Measure perfbed against its baselines: a table of value, baseline,
     /// ratio and goal, saved under target/perfbed/bench/.
@@ -94,16 +97,18 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = build::workspace().and_then(|ws| match cli.command {
         Command::Deps => build::deps::ensure().map(|()| true),
-        Command::Image { debug, gdb } => {
-            image::ensure(&ws, run::variant(debug, gdb)).map(|images| {
-                println!(
-                    "vmlinux:   {}\ninitramfs: {}",
-                    images.vmlinux.display(),
-                    images.initramfs.display()
-                );
-                true
-            })
-        }
+        Command::Image {
+            debug,
+            sanitize,
+            gdb,
+        } => image::ensure(&ws, run::variant(debug, sanitize, gdb)).map(|images| {
+            println!(
+                "vmlinux:   {}\ninitramfs: {}",
+                images.vmlinux.display(),
+                images.initramfs.display()
+            );
+            true
+        }),
         Command::Run(args) => run::run(&ws, &args),
         Command::Test(args) => test::run(&ws, &args),
         Command::Fuzz(args) => fuzz::run(&ws, &args),

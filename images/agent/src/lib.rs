@@ -46,6 +46,34 @@ pub fn power_off_address(cmdline: &str) -> Option<u64> {
         .filter(|a| a.is_multiple_of(4096))
 }
 
+/// An errno's name ("EINVAL"), as the agent reports failed calls and the
+/// host prints them; `errno N` for one without a name here.
+pub fn errno_name(errno: i32) -> String {
+    let name = match errno {
+        libc::EPERM => "EPERM",
+        libc::ENOENT => "ENOENT",
+        libc::EINTR => "EINTR",
+        libc::EBADF => "EBADF",
+        libc::EAGAIN => "EAGAIN",
+        libc::ENOMEM => "ENOMEM",
+        libc::EACCES => "EACCES",
+        libc::EFAULT => "EFAULT",
+        libc::EBUSY => "EBUSY",
+        libc::ENODEV => "ENODEV",
+        libc::EINVAL => "EINVAL",
+        libc::ENOSPC => "ENOSPC",
+        libc::E2BIG => "E2BIG",
+        libc::EOPNOTSUPP => "EOPNOTSUPP",
+        libc::ESRCH => "ESRCH",
+        libc::ENOSYS => "ENOSYS",
+        libc::ENOTTY => "ENOTTY",
+        libc::EOVERFLOW => "EOVERFLOW",
+        libc::EMFILE => "EMFILE",
+        _ => return format!("errno {errno}"),
+    };
+    name.to_string()
+}
+
 /// Guest-side facts gathered before the agent is ready for requests.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Hello {
@@ -469,12 +497,43 @@ pub enum HostRequest {
         signal: i32,
         timeout_ms: u64,
     },
+    /// Load the agent's BPF reader and attach it to each raw tracepoint of
+    /// `tracepoints` (e.g. `local_timer_entry`, a CPU's timer interrupt):
+    /// each time one fires, on whatever CPU, the program
+    /// reads the open event `handle` with `bpf_perf_event_read_value()`
+    /// (through a `PERF_EVENT_ARRAY` holding the event at every CPU's index,
+    /// read with `BPF_F_CURRENT_CPU`) and records a [`BpfRead`], failures
+    /// included. Answered with [`AgentMessage::Done`]; one reader at a time.
+    BpfReaderStart {
+        handle: u32,
+        tracepoints: Vec<String>,
+    },
+    /// The reads the reader recorded since the last drain, oldest first
+    /// ([`AgentMessage::BpfReads`]); `stop` detaches and unloads it after.
+    BpfReaderDrain {
+        stop: bool,
+    },
     /// Sync and power the guest off. The agent answers before it does.
     PowerOff,
     /// Fault injection for the harness's own test: write bytes without a
     /// newline to the channel until the host stops reading. (The channel
     /// port cannot be opened twice, so no other process can flood it.)
     FloodChannel,
+}
+
+/// One read the BPF reader made (see [`HostRequest::BpfReaderStart`]): what
+/// `bpf_perf_event_read_value()` answered, on which CPU, and when.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BpfRead {
+    /// `bpf_ktime_get_ns()` just after the read (`CLOCK_MONOTONIC`).
+    pub time_ns: u64,
+    pub cpu: u32,
+    /// The helper's return: 0, or a negative errno (`-EINVAL` off the CPU
+    /// the event counts on), when the values are zero.
+    pub ret: i32,
+    pub value: u64,
+    pub enabled: u64,
+    pub running: u64,
 }
 
 /// Something the guest did that a trace shows, stamped with the guest's
@@ -586,6 +645,12 @@ pub enum AgentMessage {
     },
     Events {
         events: Vec<GuestEvent>,
+    },
+    /// The BPF reader's reads since the last drain, and how many it could
+    /// not record (its queue was full).
+    BpfReads {
+        reads: Vec<BpfRead>,
+        dropped: u64,
     },
     /// The guest's clock just before and just after the device read.
     ClockSync {

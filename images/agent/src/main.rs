@@ -22,6 +22,8 @@ use perfbed_agent::{
 use journal::Journal;
 
 mod batch;
+mod bpf;
+mod bpf_reader;
 mod jobs;
 mod journal;
 mod mmio;
@@ -58,6 +60,7 @@ fn run() -> Result<(), String> {
     let mut events = perf::Events::default();
     let mut journal = journal::Journal::default();
     let mut jobs = jobs::Jobs::default();
+    let mut reader = None;
     for line in BufReader::new(channel).lines() {
         let line = line.map_err(|e| format!("read the agent channel: {e}"))?;
         if line.trim().is_empty() {
@@ -76,7 +79,14 @@ fn run() -> Result<(), String> {
                         .map_err(|e| format!("flooding the agent channel: {e}"))?;
                 }
             }
-            Ok(request) => handle(request, &mut events, &mut jobs, &mut journal, &cmdline),
+            Ok(request) => handle(
+                request,
+                &mut events,
+                &mut jobs,
+                &mut reader,
+                &mut journal,
+                &cmdline,
+            ),
             Err(e) => AgentMessage::Error {
                 error: format!("bad request {line:?}: {e}"),
             },
@@ -91,6 +101,7 @@ fn handle(
     request: HostRequest,
     events: &mut perf::Events,
     jobs: &mut jobs::Jobs,
+    reader: &mut Option<bpf_reader::BpfReader>,
     journal: &mut Journal,
     cmdline: &str,
 ) -> AgentMessage {
@@ -265,6 +276,37 @@ fn handle(
             Ok(result) => AgentMessage::JobDone(result),
             Err(error) => AgentMessage::Error { error },
         },
+        HostRequest::BpfReaderStart {
+            handle,
+            tracepoints,
+        } => {
+            if reader.is_some() {
+                return AgentMessage::Error {
+                    error: "a BPF reader is running already".into(),
+                };
+            }
+            match events.fd(handle) {
+                Ok(fd) => {
+                    done(bpf_reader::BpfReader::start(fd, &tracepoints).map(|r| *reader = Some(r)))
+                }
+                Err(e) => errno(e),
+            }
+        }
+        HostRequest::BpfReaderDrain { stop } => {
+            let Some(running) = reader.as_ref() else {
+                return AgentMessage::Error {
+                    error: "no BPF reader is running".into(),
+                };
+            };
+            let drained = running.drain();
+            if stop {
+                *reader = None;
+            }
+            match drained {
+                Ok((reads, dropped)) => AgentMessage::BpfReads { reads, dropped },
+                Err(error) => AgentMessage::Error { error },
+            }
+        }
         HostRequest::PowerOff | HostRequest::FloodChannel => {
             unreachable!("handled by the request loop")
         }

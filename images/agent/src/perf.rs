@@ -8,6 +8,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 
+pub use perfbed_agent::errno_name;
 use perfbed_agent::{PerfAttr, PerfIoctl, RaceResult};
 
 /// `struct perf_event_attr` as of PERF_ATTR_SIZE_VER8 (136 bytes), the
@@ -53,39 +54,20 @@ pub struct SysError {
     pub call: &'static str,
 }
 
+impl std::fmt::Display for SysError {
+    /// "call: ERRNO", e.g. "bpf(BPF_PROG_LOAD): EINVAL".
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.call, errno_name(self.errno))
+    }
+}
+
 impl SysError {
-    fn last(call: &'static str) -> SysError {
+    pub(crate) fn last(call: &'static str) -> SysError {
         SysError {
             errno: std::io::Error::last_os_error().raw_os_error().unwrap_or(0),
             call,
         }
     }
-}
-
-pub fn errno_name(errno: i32) -> String {
-    let name = match errno {
-        libc::EPERM => "EPERM",
-        libc::ENOENT => "ENOENT",
-        libc::EINTR => "EINTR",
-        libc::EBADF => "EBADF",
-        libc::EAGAIN => "EAGAIN",
-        libc::ENOMEM => "ENOMEM",
-        libc::EACCES => "EACCES",
-        libc::EFAULT => "EFAULT",
-        libc::EBUSY => "EBUSY",
-        libc::ENODEV => "ENODEV",
-        libc::EINVAL => "EINVAL",
-        libc::ENOSPC => "ENOSPC",
-        libc::E2BIG => "E2BIG",
-        libc::EOPNOTSUPP => "EOPNOTSUPP",
-        libc::ESRCH => "ESRCH",
-        libc::ENOSYS => "ENOSYS",
-        libc::ENOTTY => "ENOTTY",
-        libc::EOVERFLOW => "EOVERFLOW",
-        libc::EMFILE => "EMFILE",
-        _ => return format!("errno {errno}"),
-    };
-    name.to_string()
 }
 
 fn raw_attr(attr: &PerfAttr) -> RawAttr {
@@ -374,7 +356,7 @@ pub fn open_race(
     for fd in &kept {
         final_values.push(
             read(fd)
-                .map_err(|e| format!("{}: {}", e.call, errno_name(e.errno)))?
+                .map_err(|e| e.to_string())?
                 .first()
                 .copied()
                 .unwrap_or(0),

@@ -32,8 +32,8 @@ const INIT_LINE: &str = "Run /init as init process";
 /// cheapest device read the guest can make, the "bare exit".
 const VIRTIO_MMIO_BASE: u64 = 0xfeb0_0000;
 const VIRTIO_MAGIC: u64 = 0x7472_6976;
-const PERF_TYPE_SOFTWARE: u32 = 1;
-const PERF_COUNT_SW_CPU_CLOCK: u64 = 0;
+pub(super) const PERF_TYPE_SOFTWARE: u32 = 1;
+pub(super) const PERF_COUNT_SW_CPU_CLOCK: u64 = 0;
 
 /// How much of each measurement: `--quick` only proves every row works.
 pub struct Effort {
@@ -457,7 +457,12 @@ struct ReadRounds {
 }
 
 /// ns per read of `target` from `cpu`, and the last value read.
-fn time(g: &mut Guest, target: ReadTarget, cpu: u32, iterations: u32) -> Result<(f64, u64)> {
+pub(super) fn time(
+    g: &mut Guest,
+    target: ReadTarget,
+    cpu: u32,
+    iterations: u32,
+) -> Result<(f64, u64)> {
     match g.ask(HostRequest::TimeReads {
         target: target.clone(),
         cpu,

@@ -7,6 +7,7 @@
 //! - [`device`]: criterion microbenchmarks of the device model;
 //! - [`guest`]: boots, counter reads, hotplug, dispatch and memory on guests;
 //! - [`runs`]: whole `cargo xtask run`s, warm and cold;
+//! - [`series`]: the kernel series against the 6.12 it patches;
 //! - [`report`]: the rows, the table, the JSON;
 //! - [`stats`]: repeated measurements as a median and a spread.
 
@@ -14,6 +15,7 @@ mod device;
 mod guest;
 mod report;
 mod runs;
+mod series;
 mod stats;
 pub mod vmm_exit;
 
@@ -54,6 +56,12 @@ pub struct BenchArgs {
     /// and the full runs' comparisons leave out.
     #[arg(long, conflicts_with_all = ["quick", "cold", "hotplug_scaling"])]
     reads: bool,
+    /// Measure only the kernel series against the 6.12 it patches, side by
+    /// side: sizeof(struct perf_event), a cpu-clock read(), a context switch
+    /// with per-task software events (builds the unpatched kernel once,
+    /// about 4 min; the full bench has these rows too, --quick does not).
+    #[arg(long, conflicts_with_all = ["quick", "cold", "hotplug_scaling", "reads"])]
+    series: bool,
     /// With --reads: interleaved rounds instead of the full bench's 7. On a
     /// loaded host a round's loops lose time to other processes at random,
     /// and more rounds give the median more to stand on.
@@ -149,6 +157,18 @@ pub fn run(ws: &Path, args: &BenchArgs) -> Result<bool> {
         println!("\n  saved: {}", path.display());
         return Ok(true);
     }
+    if args.series {
+        deps::ensure_packages()?;
+        let images = image::ensure_for(ws, image::Variant::Normal, image::Purpose::Run)?;
+        let rows = series::rows(
+            ws,
+            &images,
+            &host::choose_accel(),
+            &guest::Effort::new(false),
+        )?;
+        print!("{}", report::table(&rows));
+        return Ok(true);
+    }
     let rows = measure(ws, args.quick)?;
     println!(
         "\ncargo xtask bench{}:",
@@ -180,6 +200,9 @@ pub fn measure(ws: &Path, quick: bool) -> Result<Vec<Row>> {
     let effort = guest::Effort::new(quick);
     rows.extend(guest::rows(ws, &images, &accel, &effort)?);
     rows.extend(guest::vmm_rows(ws, &images, &accel, &effort)?);
+    if !quick {
+        rows.extend(series::rows(ws, &images, &accel, &effort)?);
+    }
     let size = fs::metadata(&images.initramfs)
         .with_context(|| format!("reading {}", images.initramfs.display()))?
         .len();

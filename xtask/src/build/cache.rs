@@ -257,9 +257,9 @@ fn flock(file: &fs::File, op: libc::c_int, what: &str) -> Result<()> {
 }
 
 /// How many finished entries of a kind the cache keeps: enough for every
-/// variant in use at once (normal, debug and gdb kernels; two modules and an
-/// initramfs per kernel) and the previous build of each, so that switching
-/// between two branches that patch the kernel differently rebuilds nothing.
+/// variant in use at once (normal, debug, sanitize and gdb kernels; two
+/// modules and an initramfs per kernel) and, but for two of the kernels,
+/// the previous build of each.
 /// A kernel tree is ~1.8 GB. `PERFBED_CACHE_KERNELS=N` keeps N kernel
 /// trees instead, for a machine that works on more branches at once.
 pub fn keep(kind: &str) -> usize {

@@ -6,7 +6,10 @@
 //! offline and online, parks them, places them again (an event open across
 //! the park comes back with them), and races opens against hotplug: none
 //! may fail because of a move. A group member the PMU refuses is released
-//! (its `live_events` counter file).
+//! (its `live_events` counter file). Before any of that, at boot, the
+//! kernel ran the series' KUnit suite `perf_device_scope` (placement decided
+//! by the core alone, `CONFIG_PERF_DEVICE_SCOPE_KUNIT_TEST`): every case must
+//! have passed, none skipped.
 
 use std::time::Duration;
 
@@ -30,6 +33,56 @@ const PROBE_CONFIG: u64 = 0x01;
 /// that open are kept open to check where they ended up.
 const RACE_HOTPLUG_OPS: u32 = 40;
 const RACE_KEEP: u32 = 400;
+
+/// The series' KUnit suite, run by the debug kernel at boot.
+const KUNIT_SUITE: &str = "perf_device_scope";
+
+/// The verdict of KUnit suite `suite` from the kernel's KTAP output in
+/// `log`: its cases' results and its summary line
+/// (`# SUITE: pass:P fail:F skip:S total:T`). Passes only if the suite ran
+/// and every case passed: a skipped case is a failure here, as is a suite
+/// the kernel did not run.
+fn kunit_suite(suite: &str, log: &str) -> Check {
+    let name = "kunit: perf_device_scope";
+    let summary = format!("# {suite}: pass:");
+    let Some(line) = log
+        .lines()
+        .find_map(|l| l.split_once(&summary).map(|(_, rest)| rest))
+    else {
+        return check(
+            name,
+            false,
+            format!(
+                "the kernel ran no KUnit suite {suite} (CONFIG_PERF_DEVICE_SCOPE_KUNIT_TEST set?)"
+            ),
+        );
+    };
+    let field = |key: &str| -> Option<u32> {
+        let line = format!("pass:{line}");
+        line.split_whitespace()
+            .find_map(|f| f.strip_prefix(key)?.strip_prefix(':')?.parse().ok())
+    };
+    let counts = (field("pass"), field("fail"), field("skip"), field("total"));
+    // The cases that did not pass, by name, as KTAP prints them.
+    let failed: Vec<&str> = log
+        .lines()
+        // After printk's "[    1.234] " stamp, KTAP's indentation.
+        .map(|l| l.split_once("] ").map_or(l, |(_, rest)| rest).trim())
+        .filter(|l| l.starts_with("not ok ") || (l.starts_with("ok ") && l.contains("# SKIP")))
+        .collect();
+    match counts {
+        (Some(pass), Some(0), Some(0), Some(total)) if pass == total && total > 0 => check(
+            name,
+            true,
+            format!("{pass} of {total} cases passed at boot"),
+        ),
+        _ => check(
+            name,
+            false,
+            format!("{suite}: pass:{line}; not passed: {failed:?}"),
+        ),
+    }
+}
 
 /// A step's check: `passed` and what was seen.
 fn check(name: &'static str, passed: bool, detail: String) -> Check {
@@ -68,8 +121,9 @@ fn probe_cpu(g: &mut Guest, handle: u32) -> Result<i64> {
 }
 
 pub fn run(vm: &mut Vm, timeout: Duration) -> Result<Vec<Check>> {
+    let boot_log = std::fs::read_to_string(&vm.serial_log).unwrap_or_default();
+    let mut checks = vec![kunit_suite(KUNIT_SUITE, &boot_log)];
     let mut g = Guest { vm, timeout };
-    let mut checks = Vec::new();
     g.expect_done(HostRequest::LoadModule {
         name: MODULE.into(),
     })?;
@@ -247,4 +301,41 @@ pub fn run(vm: &mut Vm, timeout: Duration) -> Result<Vec<Check>> {
         name: MODULE.into(),
     })?;
     Ok(checks)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kunit_results_are_read_from_ktap() {
+        let passed = "[    1.0] KTAP version 1\n[    1.0] 1..1\n[    1.1]     # Subtest: perf_device_scope\n\
+                      [    1.1]     ok 1 pmu_registers_on_an_allowed_cpu\n[    1.2]     ok 2 pmu_follows_cpu_hotplug\n\
+                      [    1.2] # perf_device_scope: pass:2 fail:0 skip:0 total:2\n[    1.2] ok 1 perf_device_scope\n";
+        let verdict = kunit_suite(KUNIT_SUITE, passed);
+        assert!(verdict.passed, "{}", verdict.detail);
+        assert_eq!(verdict.detail, "2 of 2 cases passed at boot");
+
+        let failed = passed
+            .replace("    ok 2 pmu_follows", "    not ok 2 pmu_follows")
+            .replace("pass:2 fail:0", "pass:1 fail:1");
+        let verdict = kunit_suite(KUNIT_SUITE, &failed);
+        assert!(!verdict.passed);
+        assert!(
+            verdict.detail.contains("not ok 2 pmu_follows_cpu_hotplug"),
+            "{}",
+            verdict.detail
+        );
+
+        let skipped = passed
+            .replace(
+                "ok 2 pmu_follows_cpu_hotplug",
+                "ok 2 pmu_follows_cpu_hotplug # SKIP needs 4 online CPUs",
+            )
+            .replace("pass:2 fail:0 skip:0", "pass:1 fail:0 skip:1");
+        assert!(!kunit_suite(KUNIT_SUITE, &skipped).passed);
+
+        let absent = kunit_suite(KUNIT_SUITE, "[    1.0] Run /init as init process\n");
+        assert!(!absent.passed && absent.detail.contains("ran no KUnit suite"));
+    }
 }

@@ -7,7 +7,7 @@ pub mod perf_abi;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use perfbed_agent::{AgentMessage, HostRequest, PerfAttr, PerfIoctl};
+use perfbed_agent::{AgentMessage, BpfRead, HostRequest, PerfAttr, PerfIoctl};
 use perfbed_device::cpus::parse_cpu_list;
 
 use crate::host::vm::Vm;
@@ -191,6 +191,24 @@ impl Guest<'_> {
 
     pub fn close(&mut self, handle: u32) -> Result<()> {
         self.expect_done(HostRequest::PerfClose { handle })
+    }
+
+    /// Starts the agent's BPF reader of event `handle` on the raw
+    /// tracepoints `tracepoints` (see [`HostRequest::BpfReaderStart`]).
+    pub fn bpf_reader_start(&mut self, handle: u32, tracepoints: &[&str]) -> Result<()> {
+        self.expect_done(HostRequest::BpfReaderStart {
+            handle,
+            tracepoints: tracepoints.iter().map(|tp| tp.to_string()).collect(),
+        })
+    }
+
+    /// The BPF reader's reads since the last drain, and how many it could
+    /// not record; `stop` unloads it after.
+    pub fn bpf_reader_drain(&mut self, stop: bool) -> Result<(Vec<BpfRead>, u64)> {
+        match self.ask(HostRequest::BpfReaderDrain { stop })? {
+            AgentMessage::BpfReads { reads, dropped } => Ok((reads, dropped)),
+            other => bail!("draining the BPF reader: {other:?}"),
+        }
     }
 
     /// Runs a program in the guest: (exit status, stdout, stderr).

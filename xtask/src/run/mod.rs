@@ -46,6 +46,10 @@ pub struct RunArgs {
     /// KFENCE, debugobjects).
     #[arg(long)]
     pub debug: bool,
+    /// Boot the sanitizer kernel: the debug kernel with KCSAN, the
+    /// data-race detector (images/kernel/sanitize.fragment).
+    #[arg(long, conflicts_with_all = ["debug", "gdb"])]
+    pub sanitize: bool,
     /// Records the device's trace keeps (older ones are dropped and counted;
     /// 0 records nothing). The device's own default is 4096; a run keeps
     /// more so that its saved trace and plot cover it whole.
@@ -91,9 +95,11 @@ const GDB_PATIENCE: Duration = Duration::from_secs(3600);
 /// The trace a run keeps: about 12 MiB of records, a whole default run.
 pub const RUN_TRACE_CAPACITY: usize = 1 << 18;
 
-pub fn variant(debug: bool, gdb: bool) -> image::Variant {
+pub fn variant(debug: bool, sanitize: bool, gdb: bool) -> image::Variant {
     if gdb {
         image::Variant::Gdb
+    } else if sanitize {
+        image::Variant::Sanitize
     } else if debug {
         image::Variant::Debug
     } else {
@@ -113,6 +119,7 @@ impl RunArgs {
             kernel: None,
             qemu: None,
             debug: false,
+            sanitize: false,
             trace_capacity: RUN_TRACE_CAPACITY,
             plot: false,
             gdb: false,
@@ -152,7 +159,11 @@ pub fn default_domains(cpus: u8) -> Vec<Vec<u32>> {
 pub fn run(ws: &Path, args: &RunArgs) -> Result<bool> {
     let total = Instant::now();
     check_args(args, true)?;
-    let images = image::ensure_for(ws, variant(args.debug, args.gdb), image::Purpose::Run)?;
+    let images = image::ensure_for(
+        ws,
+        variant(args.debug, args.sanitize, args.gdb),
+        image::Purpose::Run,
+    )?;
     let accel = host::choose_accel();
     let scenario = scenario_for(ws, &images, args, "run")?;
     let image_time = total.elapsed();
@@ -198,7 +209,11 @@ pub fn run(ws: &Path, args: &RunArgs) -> Result<bool> {
 /// and keeps it up for `hold`.
 pub fn up(ws: &Path, args: &RunArgs, hold: Duration, exec: &[String]) -> Result<bool> {
     check_args(args, false)?;
-    let images = image::ensure_for(ws, variant(args.debug, args.gdb), image::Purpose::Run)?;
+    let images = image::ensure_for(
+        ws,
+        variant(args.debug, args.sanitize, args.gdb),
+        image::Purpose::Run,
+    )?;
     let scenario = scenario_for(ws, &images, args, "up")?;
     let mut booted = host::vm::Vm::boot(&scenario.vm, &host::choose_accel())?;
     println!(
@@ -268,7 +283,7 @@ fn check_args(args: &RunArgs, scenario: bool) -> Result<()> {
     device
         .validate()
         .map_err(|e| anyhow::anyhow!("--domains: {e}"))?;
-    let names = scenario::check_names(args.known_bugs, args.debug)?;
+    let names = scenario::check_names(args.known_bugs, args.debug || args.sanitize)?;
     if let Some(p) = args
         .check
         .iter()
@@ -363,7 +378,7 @@ pub fn scenario_for(
         plot: args.plot,
         driver: images.driver.clone(),
         known_bugs: args.known_bugs,
-        fail_injection: images.variant == image::Variant::Debug,
+        fail_injection: images.variant.is_debug(),
         select: crate::checks::Select::matching(&args.check),
     })
 }

@@ -76,6 +76,9 @@ pub struct StressArgs {
     /// Boot the normal kernel instead of the debug one.
     #[arg(long)]
     normal: bool,
+    /// Boot the sanitizer kernel (the debug one with KCSAN) instead.
+    #[arg(long, conflicts_with_all = ["normal", "debug"])]
+    sanitize: bool,
     /// Guest memory in MiB.
     #[arg(long, default_value_t = 512)]
     memory: u32,
@@ -179,6 +182,9 @@ impl StressArgs {
         if self.normal {
             flags += " --normal";
         }
+        if self.sanitize {
+            flags += " --sanitize";
+        }
         if self.host != host::HostChoice::Qemu {
             let _ = write!(flags, " --host {}", self.host.name());
         }
@@ -192,13 +198,21 @@ impl StressArgs {
     }
 }
 
-pub fn run(ws: &Path, args: &StressArgs) -> Result<bool> {
-    let seed = args.seed.unwrap_or_else(clock_seed);
-    let variant = if args.normal {
+/// The kernel a stress boots: the debug one unless `--normal` or
+/// `--sanitize` asks for another.
+pub fn kernel_variant(normal: bool, sanitize: bool) -> Variant {
+    if normal {
         Variant::Normal
+    } else if sanitize {
+        Variant::Sanitize
     } else {
         Variant::Debug
-    };
+    }
+}
+
+pub fn run(ws: &Path, args: &StressArgs) -> Result<bool> {
+    let seed = args.seed.unwrap_or_else(clock_seed);
+    let variant = kernel_variant(args.normal, args.sanitize);
     host::config::check_size(args.cpus, args.memory)?;
     let device = device(args.cpus, args.domains.as_deref())?;
     let replay = format!(

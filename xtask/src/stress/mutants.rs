@@ -322,6 +322,10 @@ mod tests {
             "none (an `allowed` step fails when cpumask does not follow): not yet run with its kernel",
         ),
         ("seed-as-posted", "none (a park loses the events' counts): not yet run with its kernel"),
+        (
+            "read-peeks-unfolded",
+            "a read through BPF (perf_event_read_local() from the tick), or a run against the library to see whether read() shows it",
+        ),
     ];
 
     /// Every mutant names, as the check that must catch it, a scenario of

@@ -23,9 +23,9 @@ use vm_tests::{
     agent_dies_mid_run, bench_quick, boot_and_hotplug, device_scope_pmu, driver_mutants,
     gdb_session, guest_floods_console_and_channel, guest_panic_is_reported, hang_is_captured,
     hotplug_selftest_replay, hotplug_stress, lifecycle_stress, module_lifecycle, perf_test_suite,
-    qemu_killed_mid_run, scenario_library, shrink_mutant, slow_agent_reader,
-    terminated_while_waiting_for_the_agent, unexpected_reset_is_reported,
-    unresponsive_guest_times_out,
+    qemu_killed_mid_run, sanitize_lifecycle_stress, scenario_library, shrink_mutant,
+    slow_agent_reader, terminated_while_waiting_for_the_agent, traced_boot_and_hotplug,
+    unexpected_reset_is_reported, unresponsive_guest_times_out,
 };
 /// The lifecycle VM test's length and seed (the generator's tests count
 /// what that run meets).
@@ -91,6 +91,20 @@ const VM_TESTS: &[VmTest] = &[
         variant: Variant::Debug,
         host: host::HostChoice::Qemu,
         run: boot_and_hotplug,
+    },
+    VmTest {
+        name: "sanitize_kernel_end_to_end",
+        what: "the same run on the sanitizer kernel (the debug kernel with KCSAN): no data race, lockdep, KFENCE or debugobjects report; its saved trace holds the guest kernel's cpuhp states and PMU placements",
+        variant: Variant::Sanitize,
+        host: host::HostChoice::Qemu,
+        run: traced_boot_and_hotplug,
+    },
+    VmTest {
+        name: "sanitize_lifecycle_stress",
+        what: "on the sanitizer kernel, a short lifecycle stress at seed 17 (500 perf operations among moves, parks and bursts): every read as the counting model says, 0 violations, no KCSAN or other report",
+        variant: Variant::Sanitize,
+        host: host::HostChoice::Qemu,
+        run: sanitize_lifecycle_stress,
     },
     VmTest {
         name: "guest_panic_is_reported",
@@ -339,19 +353,19 @@ fn lint(ws: &Path) -> bool {
 }
 
 /// Each fuzz target for a short while: a crash, or a target that cannot be
-/// built or run, fails the group (and says why); so does a missing cargo-fuzz.
+/// built or run, fails the group (and says why).
 fn run_fuzz_tests(ws: &Path, seconds: u64) -> bool {
     eprintln!("==> fuzz tests: each target for {seconds} s");
-    let cargo_fuzz = match fuzz::ensure_cargo_fuzz() {
+    let targets = match fuzz::build_targets(ws) {
         Ok(path) => path,
         Err(e) => {
-            println!("test fuzz ... FAILED: cargo-fuzz {} is not available, so the fuzz targets cannot run:\n{e:#}", fuzz::CARGO_FUZZ_VERSION);
+            println!("test fuzz ... FAILED: the fuzz targets cannot run:\n{e:#}");
             return false;
         }
     };
     let mut failures = 0;
     for &(target, what, _) in fuzz::TARGETS {
-        match fuzz::run_target(ws, &cargo_fuzz, target, seconds) {
+        match fuzz::run_target(ws, &targets, target, seconds) {
             Ok(outcome) if outcome.crash.is_none() => {
                 println!("test fuzz_{target} ... ok: {}", outcome.summary())
             }
@@ -385,7 +399,12 @@ fn run_vm_tests(ws: &Path, args: &TestArgs) -> Result<bool> {
         bail!("no VM test matches --filter {:?}", args.filter);
     }
     let mut images = Vec::new();
-    for variant in [Variant::Normal, Variant::Debug, Variant::Gdb] {
+    for variant in [
+        Variant::Normal,
+        Variant::Debug,
+        Variant::Sanitize,
+        Variant::Gdb,
+    ] {
         if tests.iter().any(|t| t.variant == variant) {
             images.push((variant, image::ensure(ws, variant)?));
         }

@@ -24,6 +24,9 @@ const SELFTEST_ROUNDS: u32 = 200;
 /// match the model (about 2 min of stress on a loaded 2-core TCG host).
 pub(crate) const LIFECYCLE_OPS: u32 = 2500;
 pub(crate) const LIFECYCLE_SEED: u64 = 17;
+/// The sanitizer kernel's lifecycle stress: KCSAN slows every access, so a
+/// fifth of the debug kernel's run.
+const SANITIZE_LIFECYCLE_OPS: u32 = 500;
 
 pub fn boot_and_hotplug(scenario: &Scenario, accel: &Accel) -> Result<()> {
     let report = scenario::run(scenario, accel)?;
@@ -45,6 +48,9 @@ pub fn boot_and_hotplug(scenario: &Scenario, accel: &Accel) -> Result<()> {
         );
     }
     print!("{}", report.table());
+    if scenario.plot {
+        guest_kernel_in_trace(report.trace.as_ref())?;
+    }
     if !matches!(scenario.vm.host, host::Host::Qemu) {
         // perfbed-vmm stops every vCPU out of KVM and joins it before its
         // report: a process that exits with vCPUs inside KVM_RUN fails here.
@@ -70,6 +76,58 @@ pub fn boot_and_hotplug(scenario: &Scenario, accel: &Accel) -> Result<()> {
             ),
         }
     }
+    Ok(())
+}
+
+/// [`boot_and_hotplug`] with its trace saved and drawn (`run --plot`); the
+/// trace must also hold the guest kernel's own records
+/// (`trace::guest_kernel`): the hotplug rounds' perf states and the PMUs'
+/// placements, on the device's clock.
+pub fn traced_boot_and_hotplug(scenario: &Scenario, accel: &Accel) -> Result<()> {
+    let traced = Scenario {
+        plot: true,
+        ..scenario.clone()
+    };
+    boot_and_hotplug(&traced, accel)
+}
+
+/// The saved trace has `guest_kernel` lines of each kind the guest records
+/// (cpuhp states entered and left, placements that moved a PMU).
+fn guest_kernel_in_trace(saved: Option<&crate::trace::SavedTrace>) -> Result<()> {
+    let Some(saved) = saved else {
+        bail!("the run saved no trace");
+    };
+    if let Some(why) = &saved.guest_missing {
+        bail!("the trace has no guest events: {why}");
+    }
+    let text = std::fs::read_to_string(&saved.trace)
+        .with_context(|| format!("reading {}", saved.trace.display()))?;
+    let trace = crate::trace::Trace::parse(&text)?;
+    let mut missing = Vec::new();
+    let mut counts = Vec::new();
+    for event in ["cpuhp_enter", "cpuhp_exit", "device_set_cpu"] {
+        let n = trace
+            .lines
+            .iter()
+            .filter(|l| l.kind == "guest_kernel" && l.field("event") == Some(event))
+            .count();
+        if n == 0 {
+            missing.push(event);
+        }
+        counts.push(format!("{n} {event}"));
+    }
+    if !missing.is_empty() {
+        bail!(
+            "the saved trace {} has no guest_kernel {} line ({})",
+            saved.trace.display(),
+            missing.join(", "),
+            counts.join(", ")
+        );
+    }
+    println!(
+        "  the saved trace holds the guest kernel's records: {}",
+        counts.join(", ")
+    );
     Ok(())
 }
 
@@ -227,15 +285,25 @@ pub fn hotplug_stress(scenario: &Scenario, accel: &Accel) -> Result<()> {
 /// every operation's result as the counting model says, no EBUSY, no
 /// placement violation, a clean kernel log.
 pub fn lifecycle_stress(scenario: &Scenario, accel: &Accel) -> Result<()> {
+    lifecycle_run(scenario, accel, LIFECYCLE_OPS, "")
+}
+
+/// [`lifecycle_stress`], shorter, for the sanitizer kernel.
+pub fn sanitize_lifecycle_stress(scenario: &Scenario, accel: &Accel) -> Result<()> {
+    lifecycle_run(scenario, accel, SANITIZE_LIFECYCLE_OPS, " --sanitize")
+}
+
+/// `ops` seeded operations; `flags` choose the kernel in the replay command.
+fn lifecycle_run(scenario: &Scenario, accel: &Accel, ops: u32, flags: &str) -> Result<()> {
     let mut vm = scenario.vm.clone();
     vm.device = stress::device(vm.cpus, None)?;
     vm.device.slots = stress::lifecycle::SLOTS;
     let config = stress::lifecycle::run::LifecycleConfig {
-        ops: LIFECYCLE_OPS,
+        ops,
         seed: LIFECYCLE_SEED,
         timeout: scenario.request_timeout,
         replay: format!(
-            "cargo xtask stress --lifecycle {LIFECYCLE_OPS} --seed {LIFECYCLE_SEED} --cpus {}",
+            "cargo xtask stress --lifecycle {ops} --seed {LIFECYCLE_SEED} --cpus {}{flags}",
             vm.cpus
         ),
         stop_at_first: false,

@@ -23,12 +23,13 @@ const BASE_FRAGMENT: &str = "config.fragment";
 
 /// Which guest kernel: the normal one, the debug one (lockdep, RCU and
 /// atomic-sleep checking, list debugging, KFENCE, debugobjects) that the
-/// kernel-patch tests use,
+/// kernel-patch tests use, the sanitizer one (the debug one with KCSAN),
 /// or the one with DWARF debug information for gdb.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Variant {
     Normal,
     Debug,
+    Sanitize,
     Gdb,
 }
 
@@ -37,16 +38,24 @@ impl Variant {
         match self {
             Variant::Normal => "normal",
             Variant::Debug => "debug",
+            Variant::Sanitize => "sanitize",
             Variant::Gdb => "gdb",
         }
     }
 
-    /// The fragment merged after `config.fragment`, if any.
-    fn extra_fragment(self) -> Option<&'static str> {
+    /// Whether the kernel has the debug fragment's checking (lockdep,
+    /// debugobjects, hotplug fail injection, ...).
+    pub fn is_debug(self) -> bool {
+        self.extra_fragments().contains(&"debug.fragment")
+    }
+
+    /// The fragments merged after `config.fragment`, in order.
+    fn extra_fragments(self) -> &'static [&'static str] {
         match self {
-            Variant::Normal => None,
-            Variant::Debug => Some("debug.fragment"),
-            Variant::Gdb => Some("gdb.fragment"),
+            Variant::Normal => &[],
+            Variant::Debug => &["debug.fragment"],
+            Variant::Sanitize => &["debug.fragment", "sanitize.fragment"],
+            Variant::Gdb => &["gdb.fragment"],
         }
     }
 
@@ -65,7 +74,7 @@ impl Variant {
     /// The config fragments merged onto tinyconfig, in order.
     fn fragments(self) -> Vec<&'static str> {
         std::iter::once(BASE_FRAGMENT)
-            .chain(self.extra_fragment())
+            .chain(self.extra_fragments().iter().copied())
             .collect()
     }
 }

@@ -98,6 +98,41 @@ fn ensure_mutated(
     })
 }
 
+/// The kernel the series patches, for the bench's side-by-side rows: the
+/// same source, configuration and testbed patches without the series
+/// (`images/kernel/patches/`), booted with the same agent and perf (built
+/// from the patched tree, so that only the kernel differs) and no modules:
+/// perfbed.ko needs the series. `gdb` symbols are the patched driver's.
+pub fn ensure_unpatched(workspace: &Path, patched: &Images) -> Result<Images> {
+    let testbed_only = |series: &[PathBuf]| -> Result<Vec<PathBuf>> {
+        let testbed = kernel::images_dir(workspace).join(kernel::PATCH_DIRS[1]);
+        Ok(series
+            .iter()
+            .filter(|p| p.starts_with(&testbed))
+            .cloned()
+            .collect())
+    };
+    let (kernel, _) =
+        kernel::ensure_patched_beside::<()>(workspace, Variant::Normal, Some(&testbed_only), None)?;
+    let (with_series, _) =
+        kernel::ensure_patched_beside::<()>(workspace, Variant::Normal, None, None)?;
+    let perf = perf::ensure(&with_series.tree, &with_series.source)?;
+    let agent = agent::build(workspace)?;
+    let selftest = [(
+        initramfs::SELFTEST_IN_GUEST,
+        kernel.tree.join(initramfs::SELFTEST_IN_TREE),
+    )];
+    let initramfs = initramfs::ensure(&agent, &[], &selftest, &perf)?;
+    Ok(Images {
+        vmlinux: kernel.vmlinux,
+        initramfs,
+        kernel_release: kernel.release,
+        qemu: patched.qemu.clone(),
+        driver: patched.driver.clone(),
+        variant: Variant::Normal,
+    })
+}
+
 /// The kernel, and the initramfs with the agent and the modules, and
 /// perfbed.ko (for gdb's symbols).
 fn guest_images(

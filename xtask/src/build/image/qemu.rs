@@ -63,6 +63,7 @@ const BOX_GDB_PATCHES: &[&str] = &[
 /// for microvm lives in the first; SeaBIOS's copy would shadow it).
 pub const FIRMWARE_DIRS: &[&str] = &["/usr/share/qemu", "/usr/share/seabios"];
 
+#[derive(Clone)]
 pub struct Qemu {
     pub binary: PathBuf,
     pub firmware_dirs: Vec<PathBuf>,

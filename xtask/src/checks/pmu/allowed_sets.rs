@@ -315,6 +315,23 @@ pub fn with_reset_and_disable(ctx: &mut Ctx) -> Result<Check> {
     ))
 }
 
+/// Polls domain `d`'s `cpumask` until `ok` holds of it
+/// ([`crate::guest::Guest::wait_cpumask`]).
+pub(super) fn wait_mask(
+    ctx: &mut Ctx,
+    d: usize,
+    ok: impl Fn(&[u32]) -> bool,
+) -> Result<(bool, Vec<u32>)> {
+    ctx.g.wait_cpumask(&pmu_name(d), ok)
+}
+
+/// Sets domain `d`'s allowed CPUs from the host.
+pub(super) fn set_allowed(ctx: &mut Ctx, d: usize, cpus: &[u32]) -> Result<()> {
+    ctx.control
+        .set_allowed(d as u32, cpus)
+        .map_err(|e| anyhow::anyhow!("allowed set {cpus:?} for domain {d}: {e}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -11,6 +11,11 @@
 //! come from a bash loop of the guest's own (a background job) toggling one
 //! CPU of the domain at a time: the PMU moves, never parks.
 //!
+//! They stay in Rust because a guest thread's moves race their reads (a
+//! journal cannot order them), or because they measure how perf's rotation
+//! shares a second (exclusive across a park), which the model leaves to
+//! perf; the attacks the model can judge are scenarios (`scenarios/`).
+//!
 //! What the contract does not promise is not checked: it says nothing of
 //! `perf_event_mmap_page` (a counting PMU without `event_idx` gives user
 //! space no rdpmc, and the page's time fields are perf core's), so no check
@@ -304,166 +309,6 @@ pub fn exclusive_across_park(ctx: &mut Ctx) -> Result<Check> {
     ))
 }
 
-/// N. A gauge promoted to a leader of its own: {mbm leader, llc_occupancy
-///    sibling} beside as many mbm events as there are slots, so that the
-///    PMU multiplexes. Once the mbm leader is closed, the gauge is a group
-///    of one that takes no counter: the contract says it is never
-///    multiplexed, so from then on it runs all the time it is enabled.
-///    (No move in between: a move recomputes the caps, patch 0011.)
-pub fn promoted_gauge_not_multiplexed(ctx: &mut Ctx) -> Result<Check> {
-    gauge_left_alone_not_multiplexed(
-        ctx,
-        "attack: promoted gauge not multiplexed",
-        Alone::LeaderClosed,
-    )
-}
-
-/// N2. The same from the other side (patch 0033): {llc_occupancy leader,
-///    mbm sibling}, and the mbm sibling closed. The leader is left a group
-///    of gauges only, never multiplexed from the close on, not only from
-///    the next rotation.
-pub fn gauge_leader_not_multiplexed(ctx: &mut Ctx) -> Result<Check> {
-    gauge_left_alone_not_multiplexed(
-        ctx,
-        "attack: gauge leader alone not multiplexed",
-        Alone::SiblingClosed,
-    )
-}
-
-/// Which member of {mbm, llc_occupancy} is closed to leave the gauge alone.
-#[derive(Clone, Copy)]
-enum Alone {
-    /// The mbm leader: the gauge sibling is promoted.
-    LeaderClosed,
-    /// The mbm sibling: the gauge leader stays.
-    SiblingClosed,
-}
-
-fn gauge_left_alone_not_multiplexed(
-    ctx: &mut Ctx,
-    name: &'static str,
-    alone: Alone,
-) -> Result<Check> {
-    let d = 0;
-    let interval_file = format!(
-        "/sys/bus/event_source/devices/{}/perf_event_mux_interval_ms",
-        pmu_name(d)
-    );
-    let default_interval = ctx.g.read_file(&interval_file)?;
-    set_sysfs(ctx.g, &interval_file, &MUX_INTERVAL_MS.to_string())?;
-    let result = gauge_left_alone(ctx, d, alone);
-    set_sysfs(ctx.g, &interval_file, default_interval.trim())?;
-    let (problems, detail) = result?;
-    Ok(Check::from_problems(name, problems, detail))
-}
-
-fn gauge_left_alone(ctx: &mut Ctx, d: usize, alone: Alone) -> Result<(Vec<String>, String)> {
-    let r = rmid(ctx, 22);
-    let mut attr = ctx.attr(d, Event::LlcOccupancy, r);
-    attr.read_format = TIMES;
-    let (counter, gauge) = match alone {
-        Alone::LeaderClosed => {
-            let leader = open_with(ctx, d, r, TIMES, 0, None)?;
-            match ctx.g.open(attr, Some(leader))? {
-                Ok(h) => (leader, h),
-                Err(errno) => bail!("opening llc_occupancy as a sibling of mbm: {errno}"),
-            }
-        }
-        Alone::SiblingClosed => {
-            let leader = match ctx.g.open(attr, None)? {
-                Ok(h) => h,
-                Err(errno) => bail!("opening llc_occupancy: {errno}"),
-            };
-            (open_with(ctx, d, r, TIMES, 0, Some(leader))?, leader)
-        }
-    };
-    let mut others = Vec::new();
-    // One more than the slots: they contend with each other even once the
-    // counter is gone, so a gauge treated as a counter would be rotated out.
-    for i in 0..=ctx.device.slots {
-        others.push(open_with(ctx, d, rmid(ctx, 23 + i), TIMES, 0, None)?);
-    }
-    // While grouped with a counter the gauge is multiplexed with it.
-    let grouped = turns(ctx, counter, gauge);
-    ctx.g.close(counter)?;
-    let alone_share = turns(ctx, others[0], gauge);
-    for h in others.into_iter().chain([gauge]) {
-        ctx.g.close(h)?;
-    }
-    let ((_, grouped), (other, alone_share)) = (grouped?, alone_share?);
-    let how = match alone {
-        Alone::LeaderClosed => "the llc_occupancy promoted by its mbm leader's close",
-        Alone::SiblingClosed => "the llc_occupancy leader left alone by its mbm sibling's close",
-    };
-    let mut problems = Vec::new();
-    if alone_share < 1.0 {
-        problems.push(format!(
-            "{how} ran {:.1} % of a second beside {} mbm events on {} slots (one ran {:.0} %): a gauge is never multiplexed (it ran {:.0} % in the group)",
-            100.0 * alone_share,
-            ctx.device.slots + 1,
-            ctx.device.slots,
-            100.0 * other,
-            100.0 * grouped
-        ));
-    }
-    Ok((
-        problems,
-        format!(
-            "{}: llc_occupancy in an mbm group ran {:.0} %, {} {:.0} % (an mbm event beside it {:.0} %)",
-            pmu_name(d),
-            100.0 * grouped,
-            match alone {
-                Alone::LeaderClosed => "promoted by the leader's close",
-                Alone::SiblingClosed => "left leading alone by the sibling's close",
-            },
-            100.0 * alone_share,
-            100.0 * other
-        ),
-    ))
-}
-
-/// P. RESET of an llc_occupancy gauge: on the owner it reads the occupancy
-///    again at once (it is counting); while parked 0 until it counts, and
-///    the occupancy again after the return.
-pub fn gauge_reset(ctx: &mut Ctx) -> Result<Check> {
-    let (d, allowed) = movable_domain(ctx)?;
-    let r = rmid(ctx, 30);
-    let bytes = 4321 * ctx.device.unit_bytes;
-    ctx.control.set_occupancy(d as u32, r, bytes)?;
-    let h = match ctx.g.open(ctx.attr(d, Event::LlcOccupancy, r), None)? {
-        Ok(h) => h,
-        Err(errno) => bail!("opening llc_occupancy: {errno}"),
-    };
-    let first = ctx.count(h)?;
-    must(ctx, h, PerfIoctl::Reset { group: false })?;
-    let owner_reset = ctx.count(h)?;
-    park(ctx, &allowed, false)?;
-    let parked = ctx.count(h)?;
-    must(ctx, h, PerfIoctl::Reset { group: false })?;
-    let parked_reset = ctx.count(h)?;
-    park(ctx, &allowed, true)?;
-    let back = ctx.count(h)?;
-    ctx.g.close(h)?;
-    ctx.control.set_occupancy(d as u32, r, 0)?;
-    let got = [first, owner_reset, parked, parked_reset, back];
-    let want = [bytes, bytes, bytes, 0, bytes];
-    let problems = if got == want {
-        Vec::new()
-    } else {
-        vec![format!(
-            "llc_occupancy at {bytes}: read, RESET+read, park+read, RESET+read, unpark+read gave {got:?}, want {want:?}"
-        )]
-    };
-    Ok(Check::from_problems(
-        "attack: gauge reset",
-        problems,
-        format!(
-            "{}: {got:?} (0 only after a RESET while parked)",
-            pmu_name(d)
-        ),
-    ))
-}
-
 /// O. An event a move left waiting for its turn, disabled at once. An
 ///    exclusive mbm event X is opened first, then an mbm event A: enabled,
 ///    they take turns. A move installs events in the order they were opened
@@ -615,16 +460,7 @@ pub(super) const CHECKS: &[Named] = &[
         enable_disable_storm_during_moves,
     ),
     ("attack: group reads racing moves", group_reads_racing_moves),
-    ("attack: gauge reset", gauge_reset),
     ("attack: exclusive across park", exclusive_across_park),
-    (
-        "attack: promoted gauge not multiplexed",
-        promoted_gauge_not_multiplexed,
-    ),
-    (
-        "attack: gauge leader alone not multiplexed",
-        gauge_leader_not_multiplexed,
-    ),
     (
         "attack: disabled while waiting after a move",
         disabled_while_waiting_after_a_move,

@@ -14,21 +14,23 @@
 //! context moves on). Burst sizes are distinct powers of two, so a count
 //! names the bursts it took. Every attack gives both domains their
 //! default sets back at its end, also when it fails.
+//!
+//! These stay in Rust because they count a steady rate against the
+//! device's truth across placements, or a park long enough to lose wraps
+//! (`lost_wraps`), which the model does not judge; the attacks on the
+//! holding CPU it can judge are scenarios (`scenarios/holding-cpu`).
 
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
-use perfbed_agent::PerfIoctl;
 use perfbed_device::regs::{whole_units, Event};
 
+use super::allowed_sets::{set_allowed, wait_mask};
 use super::attacks::cpu_clock;
 use super::context::{Ctx, MIB, TIMES};
-use super::freeze_attacks::{
-    burst_each, bursts_in, clocks_never_back, clocks_still, open_two, set_allowed, wait_mask,
-};
-use super::move_attacks::{judge_exact, judge_window, with_mux_interval, LONG_MUX_MS, SKEW_NS};
+use super::move_attacks::{burst_each, clocks_never_back, judge_exact};
 use super::moves::movable_domain;
-use super::redteam::{must, open_with, rmid, truth, Many, Named};
+use super::redteam::{open_with, rmid, truth, Named};
 use super::semantics::{lost_wraps_file, two_wrap_park};
 use crate::checks::Check;
 use crate::guest::pmu_name;
@@ -282,267 +284,6 @@ pub fn traffic_through_other_domain_on_cpu0(ctx: &mut Ctx) -> Result<Check> {
     })
 }
 
-/// Over one window between `start` and `end` reads of events of one PMU:
-/// whether more ran at once than it has `slots` (beyond the reads' skew).
-fn over_slots(start: &[Vec<u64>], end: &[Vec<u64>], slots: usize) -> Option<String> {
-    let n = start.len().min(end.len());
-    let running: u64 = (0..n).map(|i| end[i][2].saturating_sub(start[i][2])).sum();
-    let enabled = (0..n)
-        .map(|i| end[i][1].saturating_sub(start[i][1]))
-        .max()
-        .unwrap_or(0);
-    (running > slots as u64 * enabled + n as u64 * SKEW_NS).then(|| {
-        format!("Δrunning adds up to {running} ns over {enabled} ns enabled: more than {slots} slots at once")
-    })
-}
-
-/// H6. More slot events than slots, parked in place on CPU 0 and placed
-///     back. CPU 0's domain on CPU 0, a cpu-clock on CPU 0, slots + 2
-///     events (a long mux interval): 1 MiB, parked in place, 2 MiB, a
-///     read while parked, 4 MiB, placed on CPU 0, 8 MiB, two closed, 16
-///     MiB. The contract: contended windows obey the rules (never above
-///     what landed, nothing if never running, all if running throughout,
-///     running never above enabled, never more running at once than
-///     slots, no clock or value back); once two are closed the rest fit
-///     and count exactly at 100 %.
-pub fn contended_on_holding_cpu(ctx: &mut Ctx) -> Result<Check> {
-    let (d, _) = holding_domain(ctx)?;
-    with_defaults_back(ctx, |ctx| {
-        place(ctx, d, &[0], &[0])?;
-        with_mux_interval(ctx, d, LONG_MUX_MS, |ctx| contended(ctx, d))
-    })
-}
-
-fn contended(ctx: &mut Ctx, d: usize) -> Result<Check> {
-    let slots = ctx.device.slots as usize;
-    let n = slots + 2;
-    let clock = cpu_clock(ctx, 0, None)?;
-    let many = Many::open(ctx, d, n, TIMES)?;
-    let (rmids, hs) = (many.rmids.clone(), many.handles.clone());
-    let s = ctx.g.read_many(&hs)?;
-    many.burst(ctx, MIB)?;
-    place(ctx, d, &[], &[])?;
-    many.burst(ctx, 2 * MIB)?;
-    let p = ctx.g.read_many(&hs)?;
-    many.burst(ctx, 4 * MIB)?;
-    place(ctx, d, &[0], &[0])?;
-    let u = ctx.g.read_many(&hs)?;
-    many.burst(ctx, 8 * MIB)?;
-    let u1 = ctx.g.read_many(&hs)?;
-    for &h in &hs[..2] {
-        ctx.g.close(h)?;
-    }
-    let rest = hs[2..].to_vec();
-    let g0 = ctx.g.read_many(&rest)?;
-    many.burst(ctx, 16 * MIB)?;
-    let g1 = ctx.g.read_many(&rest)?;
-    for h in rest {
-        ctx.g.close(h)?;
-    }
-    ctx.g.close(clock)?;
-    let mut problems = Vec::new();
-    let mut counts = Vec::new();
-    for (i, r) in rmids.iter().enumerate() {
-        let name = format!("rmid {r}");
-        let mut series: Vec<(&str, &[u64])> = vec![
-            ("open", &s[i]),
-            ("parked in place, 2 MiB", &p[i]),
-            ("placed on CPU 0", &u[i]),
-            ("8 MiB", &u1[i]),
-        ];
-        if i >= 2 {
-            series.push(("two closed", &g0[i - 2]));
-            series.push(("16 MiB", &g1[i - 2]));
-        }
-        clocks_never_back(&name, &series, &mut problems);
-        for (a, b, what) in [
-            (&s[i], &p[i], "open to the read while parked"),
-            (&p[i], &u[i], "the read while parked to the placement"),
-            (&u[i], &u1[i], "the placement to 8 MiB"),
-        ] {
-            if b[0] < a[0] {
-                problems.push(format!(
-                    "{name}: value went back from {a:?} to {b:?} ({what})"
-                ));
-            }
-        }
-        counts.push(bursts_in(u[i][0].wrapping_sub(s[i][0])));
-        judge_window(
-            &format!("{name}: {n} on {slots} slots, 1 MiB, parked on CPU 0 in place, 2 + 4 MiB, placed on CPU 0"),
-            &s[i],
-            &u[i],
-            7 * MIB,
-            &mut problems,
-        );
-        judge_window(
-            &format!("{name}: placed on CPU 0, contended, 8 MiB"),
-            &u[i],
-            &u1[i],
-            8 * MIB,
-            &mut problems,
-        );
-        if i >= 2 {
-            judge_exact(
-                &format!("{name}: two closed, {} on {slots} slots, 16 MiB", n - 2),
-                &g0[i - 2],
-                &g1[i - 2],
-                16 * MIB,
-                &mut problems,
-            );
-        }
-    }
-    for (a, b, what) in [
-        (&s, &u, "open to the placement"),
-        (&u, &u1, "after the placement"),
-    ] {
-        if let Some(p) = over_slots(a, b, slots) {
-            problems.push(format!("{what}: {p}"));
-        }
-    }
-    Ok(Check::from_problems(
-        "hold-attack: contended on holding cpu",
-        problems,
-        format!(
-            "{}: {n} events on {slots} slots parked in place on CPU 0 and placed back: {} to the placement (7 MiB landed), within the rules; exact after two closes",
-            pmu_name(d),
-            counts.join(", ")
-        ),
-    ))
-}
-
-/// H9. CPU hotplug while parked by the set on CPU 0. CPU 0's domain, a
-///     cpu-clock on CPU 0, A and B: 1 MiB, the set emptied (parked in
-///     place), 2 MiB, B DISABLEd (frozen), 4 MiB, CPU 1 offline, 8 MiB,
-///     the set {1} (still parked: its only CPU is offline), 16 MiB, CPU 1
-///     online (placed there by hotplug: a real move off the holding CPU),
-///     32 MiB, B ENABLEd, 64 MiB, the set {0} (moved back to CPU 0), 128
-///     MiB. The contract: A all 255 MiB; B the 1 + 2 MiB frozen at its
-///     DISABLE, read exactly on CPU 1, and 64 + 128 MiB after its ENABLE;
-///     no clock back; running = enabled for A if its park was short.
-pub fn hotplug_while_parked_by_set(ctx: &mut Ctx) -> Result<Check> {
-    let (d, allowed) = holding_domain(ctx)?;
-    let Some(&other) = allowed.iter().find(|&&c| c != 0) else {
-        bail!("domain {d} ({allowed:?}) has no CPU besides CPU 0");
-    };
-    let out = with_defaults_back(ctx, |ctx| hotplug_parked(ctx, d, other));
-    // Whatever happened, the CPU comes back.
-    ctx.g.set_online(other, true)?;
-    out
-}
-
-fn hotplug_parked(ctx: &mut Ctx, d: usize, other: u32) -> Result<Check> {
-    place(ctx, d, &[0], &[0])?;
-    let clock = cpu_clock(ctx, 0, None)?;
-    let ([a, b], [ra, rb]) = open_two(ctx, d, 5, 6, false)?;
-    let hs = [a, b];
-    let every = [(ra, 1), (rb, 1)];
-    let burst = |ctx: &mut Ctx, x: u64| burst_each(ctx, d, &every, x);
-    let mut problems = Vec::new();
-    let st = ctx.g.read_many(&hs)?;
-    burst(ctx, MIB)?;
-    let parked_at = Instant::now();
-    place(ctx, d, &[], &[])?;
-    burst(ctx, 2 * MIB)?;
-    must(ctx, b, PerfIoctl::Disable { group: false })?;
-    let off = ctx.g.read_many(&hs)?;
-    burst(ctx, 4 * MIB)?;
-    ctx.g.set_online(other, false)?;
-    burst(ctx, 8 * MIB)?;
-    set_allowed(ctx, d, &[other])?;
-    // The change is seen (interrupt or poll) and leaves it parked.
-    std::thread::sleep(Duration::from_millis(300));
-    let mask = ctx.g.cpumask(&pmu_name(d))?;
-    if !mask.is_empty() {
-        problems.push(format!(
-            "the set {{{other}}} with CPU {other} offline: cpumask {mask:?} (want parked)"
-        ));
-    }
-    burst(ctx, 16 * MIB)?;
-    ctx.g.set_online(other, true)?;
-    let park = parked_at.elapsed();
-    let (ok, mask) = wait_mask(ctx, d, |m| m == [other])?;
-    if !ok {
-        problems.push(format!(
-            "CPU {other} online with the set {{{other}}}: cpumask {mask:?} after 30 s (want [{other}])"
-        ));
-    }
-    let placed = ctx.g.read_many(&hs)?;
-    burst(ctx, 32 * MIB)?;
-    must(ctx, b, PerfIoctl::Enable { group: false })?;
-    let on = ctx.g.read_many(&hs)?;
-    burst(ctx, 64 * MIB)?;
-    place(ctx, d, &[0], &[0])?;
-    burst(ctx, 128 * MIB)?;
-    let end = ctx.g.read_many(&hs)?;
-    for h in hs {
-        ctx.g.close(h)?;
-    }
-    ctx.g.close(clock)?;
-    for (i, name) in ["A", "B"].iter().enumerate() {
-        clocks_never_back(
-            name,
-            &[
-                ("open", &st[i]),
-                ("B DISABLEd while parked", &off[i]),
-                ("placed on CPU 1 by hotplug", &placed[i]),
-                ("B ENABLEd", &on[i]),
-                ("moved to CPU 0, 128 MiB", &end[i]),
-            ],
-            &mut problems,
-        );
-    }
-    let a_at = placed[0][0].wrapping_sub(st[0][0]);
-    if a_at != 31 * MIB {
-        problems.push(format!(
-            "A: parked by the set on CPU 0 through CPU {other} offline, the set {{{other}}}, CPU {other} online: read {} at the placement (want exactly 1 + 2 + 4 + 8 + 16 MiB)",
-            bursts_in(a_at)
-        ));
-    }
-    let a_all = end[0][0].wrapping_sub(st[0][0]);
-    let (en, run) = (
-        end[0][1].wrapping_sub(st[0][1]),
-        end[0][2].wrapping_sub(st[0][2]),
-    );
-    if a_all != 255 * MIB || run > en || (park < SHORT_PARK && run != en) {
-        problems.push(format!(
-            "A, enabled throughout: counted {}, Δenabled {en} Δrunning {run}, park {park:?} (want all 255 MiB; running = enabled for a park under {SHORT_PARK:?})",
-            bursts_in(a_all)
-        ));
-    }
-    clocks_still(
-        "B: DISABLEd while parked to the placement on CPU 1",
-        &off[1],
-        &placed[1],
-        &mut problems,
-    );
-    let b_at = placed[1][0].wrapping_sub(st[1][0]);
-    if b_at != 3 * MIB {
-        problems.push(format!(
-            "B: DISABLEd while parked on CPU 0, placed on CPU {other} by hotplug: read {:?}: counted {} (want exactly the 1 + 2 MiB frozen at its DISABLE)",
-            placed[1],
-            bursts_in(b_at)
-        ));
-    }
-    judge_exact(
-        "B: ENABLEd on CPU 1, 64 MiB, moved to CPU 0, 128 MiB",
-        &on[1],
-        &end[1],
-        192 * MIB,
-        &mut problems,
-    );
-    Ok(Check::from_problems(
-        "hold-attack: hotplug while parked by set",
-        problems,
-        format!(
-            "{}: parked by the set on CPU 0, CPU {other} offline and the set {{{other}}} (still parked), CPU {other} online (placed there), then moved back to CPU 0: A {}, B {} frozen then {} (park {park:?})",
-            pmu_name(d),
-            bursts_in(a_all),
-            bursts_in(b_at),
-            bursts_in(end[1][0].wrapping_sub(on[1][0]))
-        ),
-    ))
-}
-
 /// H10. A park in place on CPU 0 longer than two wraps at the device's
 ///      maximum rate, read while parked, placed on CPU 0. CPU 0's domain
 ///      on CPU 0, a cpu-clock on CPU 0, A: the set emptied, the maximum
@@ -659,14 +400,6 @@ pub(super) const CHECKS: &[Named] = &[
     (
         "hold-attack: traffic through other domain on cpu 0",
         traffic_through_other_domain_on_cpu0,
-    ),
-    (
-        "hold-attack: contended on holding cpu",
-        contended_on_holding_cpu,
-    ),
-    (
-        "hold-attack: hotplug while parked by set",
-        hotplug_while_parked_by_set,
     ),
 ];
 

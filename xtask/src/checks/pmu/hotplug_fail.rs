@@ -8,12 +8,16 @@
 //! offline rolls back up to `online`, an online back down below the state
 //! (on the 6.12 debug kernel, seen at every state tried: to `offline`). A state
 //! with no callback in the operation's direction is never reached: the
-//! operation completes, the state stays armed, and the row says so.
+//! operation completes, the row says so, and the agent undoes it.
+//!
+//! Each operation is the agent's [`HotplugOp::FailAt`] (arm, operate, read
+//! the fail file back, disarm or undo), the same one `stress
+//! --fail-injection` deals.
 
 use std::fmt::Write as _;
 
 use anyhow::{bail, Context, Result};
-use perfbed_agent::{AgentMessage, HostRequest};
+use perfbed_agent::{AgentMessage, HostRequest, HotplugOp};
 use perfbed_device::regs::{whole_units, Event};
 
 use super::context::Ctx;
@@ -119,10 +123,11 @@ impl Placement {
 }
 
 /// Where the PMU must end: an offline of the owner moves it once perf's
-/// teardown ran (a state below perf's failed, or the offline completed),
-/// and the rollback's online of perf does not move it back; an online that
-/// fails leaves a parked PMU parked (perf's rollback parks it again if it
-/// had been placed); a non-owner never moves it.
+/// teardown ran (a state below perf's failed, or the offline completed and
+/// was undone), and the rollback's (or the undo's) online of perf does not
+/// move it back; an online of the owner leaves a parked PMU parked (perf's
+/// rollback, or the undo's offline, parks it again if it had been placed);
+/// a non-owner never moves it.
 fn expected(
     direction: Direction,
     role: Role,
@@ -135,7 +140,6 @@ fn expected(
     let completed = *outcome == Outcome::NotReached;
     match (direction, role) {
         (Direction::Offline, Role::Owner) if completed || state < perf => Placement::OffOf(target),
-        (Direction::Online, Role::Owner) if completed => Placement::On(target),
         (Direction::Online, Role::Owner) => Placement::Parked,
         _ => Placement::On(owner),
     }
@@ -386,49 +390,41 @@ fn one(
         }
     }
     let mut problems = Vec::new();
-    if let Err(e) = write(ctx.g, &fail_file(target), &state.number.to_string())? {
-        problems.push(format!("the kernel refused to arm the state: {e}"));
-    }
     ctx.control
         .set_rate(d as u32, RMID, Event::MbmTotalBytes, MOVING_RATE)?;
-    let answer = ctx.g.ask(HostRequest::SetCpuOnline {
-        cpu: target,
-        online: direction == Direction::Online,
+    let answer = ctx.g.ask(HostRequest::HotplugBatch {
+        ops: vec![HotplugOp::FailAt {
+            cpu: target,
+            online: direction == Direction::Online,
+            state: state.number,
+        }],
+        watch_pmus: vec![],
+        read_handles: vec![],
     });
     ctx.control
         .set_rate(d as u32, RMID, Event::MbmTotalBytes, 0)?;
-    let answer = answer?;
-    let armed = read_number(ctx.g, &fail_file(target))?;
+    let done = match answer? {
+        AgentMessage::HotplugBatch(mut result) if result.ops.len() == 1 => result.ops.remove(0),
+        other => bail!("a fail-injected operation of CPU {target}: {other:?}"),
+    };
     let after = (
         ctx.g
             .read_file(&format!("{CPU_SYSFS}/cpu{target}/online"))?,
         read_number(ctx.g, &format!("{CPU_SYSFS}/cpu{target}/hotplug/state"))?,
     );
     let mask = ctx.g.cpumask(&pmu)?;
-    let outcome = match (&answer, armed) {
-        (AgentMessage::Error { error }, DISARMED) if error.contains("temporarily unavailable") => {
-            Outcome::Injected
-        }
-        (AgentMessage::Done, a) if a == state.number => Outcome::NotReached,
-        (other, a) => Outcome::Other(format!("{other:?}, fail={a}")),
+    let outcome = match (done.injected, done.error) {
+        (Some(true), None) => Outcome::Injected,
+        (Some(false), None) => Outcome::NotReached,
+        (injected, error) => Outcome::Other(format!("injected {injected:?}: {error:?}")),
     };
-    match (&outcome, direction) {
-        (Outcome::Injected, Direction::Offline) if after != ("1".into(), online_state) => problems
-            .push(format!(
-                "the failed offline left online={} state={} (want 1, {online_state})",
-                after.0, after.1
-            )),
-        (Outcome::Injected, Direction::Online) if after.0 != "0" || after.1 >= state.number => {
-            problems.push(format!(
-                "the failed online left online={} state={} (want 0, below {})",
-                after.0, after.1, state.number
-            ))
-        }
-        (Outcome::Other(what), _) => {
-            problems.push(format!("neither failed at the state nor completed: {what}"))
-        }
-        _ => {}
-    }
+    problems.extend(rollback_problem(
+        &outcome,
+        direction,
+        &after,
+        online_state,
+        state.number,
+    ));
     let want = expected(direction, role, &outcome, state.number, perf, target, owner);
     if !want.holds(&mask, allowed) {
         problems.push(format!(
@@ -436,9 +432,7 @@ fn one(
             want.describe()
         ));
     }
-    // Back to every CPU of the domain online, nothing armed.
-    write(ctx.g, &fail_file(target), &DISARMED.to_string())?
-        .map_err(|e| anyhow::anyhow!("disarming CPU {target}: {e}"))?;
+    // Back to every CPU of the domain online (FailAt left nothing armed).
     for &cpu in allowed {
         if ctx.g.read_file(&format!("{CPU_SYSFS}/cpu{cpu}/online"))? != "1" {
             ctx.g.set_online(cpu, true)?;
@@ -471,6 +465,38 @@ fn one(
         new_splats,
         problems,
     })
+}
+
+/// What is wrong with where the operation left its CPU (`after`: its
+/// `online` and `hotplug/state`): a failed offline must have rolled back
+/// up to `online`, a failed online back down below the armed state, and
+/// one that completed was undone (the CPU as it was before).
+fn rollback_problem(
+    outcome: &Outcome,
+    direction: Direction,
+    after: &(String, i64),
+    online_state: i64,
+    state: i64,
+) -> Option<String> {
+    let (online, at) = (after.0.as_str(), after.1);
+    match (outcome, direction) {
+        (Outcome::Injected, Direction::Offline) if (online, at) != ("1", online_state) => Some(
+            format!("the failed offline left online={online} state={at} (want 1, {online_state})"),
+        ),
+        (Outcome::Injected, Direction::Online) if online != "0" || at >= state => Some(format!(
+            "the failed online left online={online} state={at} (want 0, below {state})"
+        )),
+        (Outcome::NotReached, Direction::Offline) if online != "1" => Some(format!(
+            "the completed offline was not undone: online={online}"
+        )),
+        (Outcome::NotReached, Direction::Online) if online != "0" => Some(format!(
+            "the completed online was not undone: online={online}"
+        )),
+        (Outcome::Other(what), _) => {
+            Some(format!("neither failed at the state nor completed: {what}"))
+        }
+        _ => None,
+    }
 }
 
 /// The kernel log's reports so far.
@@ -563,12 +589,41 @@ mod tests {
                 owner,
                 owner
             ),
-            Placement::On(owner)
+            Placement::Parked
         );
         assert!(Placement::OffOf(2).holds(&[3], &[2, 3]));
         assert!(!Placement::OffOf(2).holds(&[2], &[2, 3]));
         assert!(!Placement::OffOf(2).holds(&[1], &[2, 3]));
         assert!(Placement::Parked.holds(&[], &[2, 3]));
         assert!(!Placement::On(2).holds(&[], &[2, 3]));
+    }
+
+    #[test]
+    fn a_wrong_rollback_is_a_problem() {
+        let (online_state, armed) = (235, 120);
+        let at = |online: &str, state: i64| (online.to_string(), state);
+        let judge = |outcome: &Outcome, direction, after: (String, i64)| {
+            rollback_problem(outcome, direction, &after, online_state, armed)
+        };
+        let injected = Outcome::Injected;
+        // As the kernel rolls back: an offline up to online, an online down.
+        assert_eq!(
+            judge(&injected, Direction::Offline, at("1", online_state)),
+            None
+        );
+        assert_eq!(judge(&injected, Direction::Online, at("0", 0)), None);
+        // A failed offline that stayed down, or stopped short of online.
+        assert!(judge(&injected, Direction::Offline, at("0", 0)).is_some());
+        assert!(judge(&injected, Direction::Offline, at("1", armed)).is_some());
+        // A failed online that came up, or stayed at the armed state.
+        assert!(judge(&injected, Direction::Online, at("1", online_state)).is_some());
+        assert!(judge(&injected, Direction::Online, at("0", armed)).is_some());
+        // A completed operation the agent did not undo.
+        assert!(judge(&Outcome::NotReached, Direction::Offline, at("0", 0)).is_some());
+        assert_eq!(
+            judge(&Outcome::NotReached, Direction::Online, at("0", 0)),
+            None
+        );
+        assert!(judge(&Outcome::Other("EIO".into()), Direction::Online, at("0", 0)).is_some());
     }
 }

@@ -8,9 +8,9 @@ pub mod across_moves;
 pub mod allowed_attacks;
 pub mod allowed_sets;
 pub mod attacks;
+pub mod bpf_reads;
 pub mod context;
 pub mod counts;
-pub mod freeze_attacks;
 pub mod groups;
 pub mod hold_attacks;
 pub mod hotplug_fail;
@@ -19,7 +19,6 @@ pub mod move_attacks;
 pub mod moves;
 pub mod moving_traffic;
 pub mod multiplexing;
-pub mod park_attacks;
 pub mod perf_matrix;
 pub mod redteam;
 pub mod registration;
@@ -54,6 +53,7 @@ const AROUND_MOVES: &[(&str, CtxCheck)] = &[
         across_moves::exclusive_after_moves,
     ),
     ("opens racing moves", across_moves::opens_racing_moves),
+    ("BPF reads while moving", bpf_reads::while_moving),
 ];
 
 /// perf's counting semantics under multiplexing, DISABLE, parks and groups,
@@ -63,7 +63,6 @@ const SEMANTICS: &[(&str, CtxCheck)] = &[
     ("disable window", semantics::disable_window),
     ("multiplexing through a park", semantics::multiplexed_park),
     ("park longer than a wrap", semantics::long_park),
-    ("groups", groups::groups),
     ("bad attributes", groups::bad_attributes),
 ];
 
@@ -82,8 +81,6 @@ fn alone() -> impl Iterator<Item = &'static (&'static str, CtxCheck)> {
         .iter()
         .chain(SEMANTICS)
         .chain(ATTRIBUTES)
-        .chain(park_attacks::CHECKS)
-        .chain(freeze_attacks::CHECKS)
         .chain(hold_attacks::CHECKS)
         .chain(hold_attacks::KNOWN_BUGS)
 }
@@ -229,8 +226,6 @@ fn plan(
         redteam::CHECKS,
         attacks::CHECKS,
         move_attacks::CHECKS,
-        park_attacks::CHECKS,
-        freeze_attacks::CHECKS,
         hold_attacks::CHECKS,
         known,
     ] {

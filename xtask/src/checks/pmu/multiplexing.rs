@@ -281,7 +281,7 @@ impl Window {
 }
 
 /// Writes `value` to a sysfs file in the guest.
-pub(super) fn set_sysfs(g: &mut Guest, file: &str, value: &str) -> Result<()> {
+pub(crate) fn set_sysfs(g: &mut Guest, file: &str, value: &str) -> Result<()> {
     let script = format!("echo {value} > {file}");
     let (status, _, stderr) = g.run(&["/bin/busybox", "sh", "-c", &script])?;
     if status != Some(0) {

@@ -271,13 +271,13 @@ fn named_check(mutant: &Mutant) -> Result<Option<String>> {
 }
 
 /// The guest of a lifecycle run, and of a scenario's: the stress device
-/// with [`SLOTS`] slots, the debug kernel unless `--normal`, on the host
-/// asked for.
+/// with [`SLOTS`] slots, the debug kernel unless `--normal` or
+/// `--sanitize`, on the host asked for.
 pub struct GuestShape {
     pub cpus: u8,
     pub domains: Option<String>,
     pub memory: u32,
-    pub normal: bool,
+    pub variant: Variant,
     pub host: host::HostChoice,
     pub timeout: Duration,
 }
@@ -288,18 +288,14 @@ impl GuestShape {
             cpus: args.cpus,
             domains: args.domains.clone(),
             memory: args.memory,
-            normal: args.normal,
+            variant: crate::stress::kernel_variant(args.normal, args.sanitize),
             host: args.host,
             timeout: Duration::from_secs(args.timeout),
         }
     }
 
     pub fn variant(&self) -> Variant {
-        if self.normal {
-            Variant::Normal
-        } else {
-            Variant::Debug
-        }
+        self.variant
     }
 
     /// The device, checked against the guest's size.

@@ -174,6 +174,7 @@ impl Generator {
             times: self.rng.chance(80),
             id: self.rng.chance(30),
             group,
+            lost: false,
         }
     }
 
@@ -608,6 +609,9 @@ mod tests {
                 Step::Offline { .. } => "offline",
                 Step::Allowed { .. } => "allowed",
                 Step::Wait { .. } => "wait",
+                Step::MuxInterval { .. } => "mux",
+                Step::Violations => "violations",
+                Step::Cpumask { .. } => "cpumask",
                 Step::OthersOpen { .. } => "others",
                 Step::PerfStat {
                     how: StatHow::Interval,

@@ -125,6 +125,10 @@ pub struct ReadFormat {
     pub times: bool,
     pub id: bool,
     pub group: bool,
+    /// `PERF_FORMAT_LOST`: a lost-samples count after each value (and id),
+    /// 0 for a counting event.
+    #[serde(default)]
+    pub lost: bool,
 }
 
 /// An event as the journal records its open.
@@ -257,6 +261,22 @@ pub enum Step {
     },
     /// The host waited (a scenario's `wait`).
     Wait {
+        ms: u64,
+    },
+    /// The PMU's `cpumask` must be `cpus` (a scenario's `cpumask`: one CPU,
+    /// or none when parked): the result is the mask read.
+    Cpumask {
+        domain: u32,
+        cpus: Vec<u32>,
+    },
+    /// The device's placement violations, all domains (a scenario's
+    /// `violations`): the result is the count; each after the first must
+    /// show the first's (no new violation between them).
+    Violations,
+    /// The domain's PMU given a mux interval (a scenario's `mux`, sysfs
+    /// `perf_event_mux_interval_ms`): the result is the interval it had.
+    MuxInterval {
+        domain: u32,
         ms: u64,
     },
     /// The real `perf stat` on a (domain, mbm_total_bytes, RMID): its

@@ -25,6 +25,7 @@ pub fn parse(
 ) -> Result<Vec<Member>, String> {
     let times = usize::from(format.times) * 2;
     let id = usize::from(format.id);
+    let lost = usize::from(format.lost);
     let mut it = words.iter().copied();
     let mut next = |what: &str| {
         it.next()
@@ -38,7 +39,10 @@ pub fn parse(
             (None, None)
         };
         let member_id = if format.id { Some(next("id")?) } else { None };
-        expect_len(words, 1 + times + id)?;
+        if format.lost {
+            no_lost(next("lost")?)?;
+        }
+        expect_len(words, 1 + times + id + lost)?;
         return Ok(vec![Member {
             handle,
             observed: Observed {
@@ -65,6 +69,9 @@ pub fn parse(
     for (i, &member) in members.iter().enumerate() {
         let value = next("value")?;
         let id = if format.id { Some(next("id")?) } else { None };
+        if format.lost {
+            no_lost(next("lost")?)?;
+        }
         let observed = if i == 0 {
             Observed {
                 value,
@@ -84,8 +91,18 @@ pub fn parse(
             id,
         });
     }
-    expect_len(words, 1 + times + members.len() * (1 + id))?;
+    expect_len(words, 1 + times + members.len() * (1 + id + lost))?;
     Ok(out)
+}
+
+/// A counting event loses no samples: its `PERF_FORMAT_LOST` word is 0.
+fn no_lost(lost: u64) -> Result<(), String> {
+    if lost != 0 {
+        return Err(format!(
+            "PERF_FORMAT_LOST shows {lost} lost samples for a counting event"
+        ));
+    }
+    Ok(())
 }
 
 fn expect_len(words: &[u64], want: usize) -> Result<(), String> {
@@ -106,6 +123,7 @@ mod tests {
         times: false,
         id: false,
         group: false,
+        lost: false,
     };
 
     #[test]
@@ -129,6 +147,7 @@ mod tests {
             times: true,
             id: true,
             group: true,
+            lost: false,
         };
         let m = parse(&[2, 100, 90, 7, 70, 8, 80], group, 5, &[4, 5]).unwrap();
         assert_eq!(
@@ -140,6 +159,32 @@ mod tests {
         assert_eq!(
             (m[0].observed.running, m[1].observed.running),
             (Some(90), None)
+        );
+    }
+
+    #[test]
+    fn a_lost_word_follows_each_value_and_must_be_zero() {
+        let lost = ReadFormat {
+            group: true,
+            id: true,
+            lost: true,
+            ..PLAIN
+        };
+        let m = parse(&[2, 7, 70, 0, 8, 80, 0], lost, 5, &[4, 5]).unwrap();
+        assert_eq!((m[1].observed.value, m[1].id), (8, Some(80)));
+        let e = parse(&[2, 7, 70, 0, 8, 80, 3], lost, 5, &[4, 5]).unwrap_err();
+        assert!(e.contains("3 lost samples"), "{e}");
+        assert!(parse(&[2, 7, 70, 8, 80], lost, 5, &[4, 5]).is_err());
+        let single = ReadFormat {
+            times: true,
+            lost: true,
+            ..PLAIN
+        };
+        assert_eq!(
+            parse(&[7, 100, 90, 0], single, 3, &[3]).unwrap()[0]
+                .observed
+                .value,
+            7
         );
     }
 

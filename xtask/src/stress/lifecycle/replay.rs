@@ -50,6 +50,8 @@ fn bound_cpu(event: &Opened) -> Option<u32> {
 pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
     let mut cpus = cpus.clone();
     let mut model = Model::new(shape);
+    // The first `violations` step's count, which every later one must show.
+    let mut first_violations: Option<Vec<u64>> = None;
     let mut formats: BTreeMap<Handle, ReadFormat> = BTreeMap::new();
     let mut ids: BTreeMap<Handle, u64> = BTreeMap::new();
     // When each parked domain was parked (the journal's host clock).
@@ -177,6 +179,22 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
                 Ok(_),
             ) => model.occupancy(domain, rmid, bytes),
             (Step::Rate { .. } | Step::Wait { .. }, Ok(_)) => {}
+            (Step::MuxInterval { .. }, Ok(_)) => {}
+            (Step::Violations, Ok(count)) => {
+                let first = first_violations.get_or_insert_with(|| count.clone());
+                if count != first {
+                    find(format!(
+                        "the device counted {count:?} placement violations, {first:?} at the first `violations`"
+                    ));
+                }
+            }
+            (Step::Cpumask { domain, cpus }, Ok(mask)) => {
+                if !mask.iter().copied().eq(cpus.iter().map(|&c| u64::from(c))) {
+                    find(format!(
+                        "domain {domain}'s cpumask is {mask:?}, want {cpus:?} ([] parked)"
+                    ));
+                }
+            }
             (&Step::Offline { cpu }, Ok(owners)) => {
                 model.cpu_offline(cpu);
                 for (domain, &owner) in (0u32..).zip(owners) {
@@ -400,6 +418,8 @@ impl Predictor {
                 group,
             } => model.ioctl(*handle, ioctl.model(), *group),
             Step::Read { .. } => {}
+            // Assertions and the mux interval change no count.
+            Step::MuxInterval { .. } | Step::Cpumask { .. } | Step::Violations => {}
             Step::Close { handle } => {
                 model.close(*handle);
                 self.formats.remove(handle);
@@ -508,6 +528,7 @@ mod tests {
         times: true,
         id: false,
         group: false,
+        lost: false,
     };
 
     fn open(expect: Handle, disabled: bool) -> Entry {
@@ -588,6 +609,25 @@ mod tests {
     }
 
     #[test]
+    fn a_cpumask_or_violations_assertion_that_the_run_does_not_meet_is_a_finding() {
+        let mask = |cpus: Vec<u32>, seen: Vec<u64>| ok(Step::Cpumask { domain: 1, cpus }, seen);
+        let journal = vec![
+            mask(vec![2], vec![2]),
+            ok(Step::Violations, vec![3]),
+            mask(vec![2], vec![3]),
+            mask(vec![], vec![]),
+            ok(Step::Violations, vec![3]),
+            ok(Step::Violations, vec![4]),
+        ];
+        let found: Vec<usize> = replay(SHAPE, &journal)
+            .findings
+            .iter()
+            .map(|f| f.index)
+            .collect();
+        assert_eq!(found, vec![2, 5]);
+    }
+
+    #[test]
     fn refusals_and_handles_are_checked() {
         let journal = vec![
             ok(Step::Park { domain: 1 }, vec![]),
@@ -652,6 +692,7 @@ mod tests {
             times: true,
             id: false,
             group: true,
+            lost: false,
         };
         let clock = |expect: Handle, group: Option<Handle>| {
             let event = Opened::cpu_clock(3, group, grouped);

@@ -19,8 +19,9 @@ use crate::checks::counting::DeviceShape;
 use crate::checks::pmu::interrupts::irq_counts;
 use crate::checks::Check;
 use crate::guest::perf_abi::{
-    FLAG_DISABLED, FLAG_EXCLUSIVE, FLAG_PINNED, FORMAT_GROUP, FORMAT_ID, FORMAT_TOTAL_TIME_ENABLED,
-    FORMAT_TOTAL_TIME_RUNNING, PERF_COUNT_SW_CPU_CLOCK, PERF_TYPE_SOFTWARE,
+    FLAG_DISABLED, FLAG_EXCLUSIVE, FLAG_PINNED, FORMAT_GROUP, FORMAT_ID, FORMAT_LOST,
+    FORMAT_TOTAL_TIME_ENABLED, FORMAT_TOTAL_TIME_RUNNING, PERF_COUNT_SW_CPU_CLOCK,
+    PERF_TYPE_SOFTWARE,
 };
 use crate::guest::Guest;
 use crate::progress::human;
@@ -454,6 +455,9 @@ pub(super) fn attr_of(o: &Opened, types: &[u32]) -> PerfAttr {
     if f.group {
         read_format |= FORMAT_GROUP;
     }
+    if f.lost {
+        read_format |= FORMAT_LOST;
+    }
     let (type_, config) = match o.pmu {
         Some(d) => (
             types[d as usize],
@@ -520,6 +524,11 @@ fn event(id: u32) -> Event {
 }
 
 /// Carries out a host step (traffic, hotplug, perf stat).
+/// The sysfs file of `pmu`'s mux interval.
+pub(super) fn mux_interval_file(pmu: &str) -> String {
+    format!("/sys/bus/event_source/devices/{pmu}/perf_event_mux_interval_ms")
+}
+
 pub(super) fn host_step(
     g: &mut Guest,
     control: &mut ControlClient,
@@ -616,6 +625,27 @@ pub(super) fn host_step(
         &Step::Wait { ms } => {
             std::thread::sleep(Duration::from_millis(ms));
             Ok(vec![])
+        }
+        Step::Cpumask { domain, .. } => Ok(g
+            .cpumask(&pmus[*domain as usize])?
+            .into_iter()
+            .map(u64::from)
+            .collect()),
+        Step::Violations => Ok(vec![control
+            .state()?
+            .domains
+            .iter()
+            .map(|d| d.violations)
+            .sum()]),
+        &Step::MuxInterval { domain, ms } => {
+            let file = mux_interval_file(&pmus[domain as usize]);
+            let was = g.read_file(&file)?;
+            let was: u64 = was
+                .trim()
+                .parse()
+                .with_context(|| format!("{file}: {was:?}"))?;
+            crate::checks::pmu::multiplexing::set_sysfs(g, &file, &ms.to_string())?;
+            Ok(vec![was])
         }
         Step::PerfStat {
             domain,
@@ -793,6 +823,7 @@ mod tests {
                 times: true,
                 id: true,
                 group: false,
+                lost: false,
             },
             cpu: 0,
         };

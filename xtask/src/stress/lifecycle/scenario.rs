@@ -18,6 +18,9 @@
 //! offline 3 | offline owner(movable) | online 3
 //! allowed movable 0 | allowed movable none | allowed movable default
 //! wait 300ms
+//! mux movable 2s                             (the mux interval, put back after)
+//! cpumask movable 3 | cpumask movable none   (where the PMU counts: asserted)
+//! violations                                 (no new placement violation since the first)
 //! close a
 //! ```
 //!
@@ -103,7 +106,7 @@ pub enum Want {
 }
 
 /// The operations a line can start with.
-const OPERATIONS: &str = "open (as NAME = open ...), enable, disable, reset, read, want, close, burst, occupancy, rate, move, park, unpark, offline, online, allowed, wait";
+const OPERATIONS: &str = "open (as NAME = open ...), enable, disable, reset, read, want, close, burst, occupancy, rate, move, park, unpark, offline, online, allowed, wait, mux, cpumask, violations";
 
 /// The errnos the model expects an open to be refused with.
 const ERRNOS: [&str; 3] = ["ENODEV", "EINVAL", "EBADF"];
@@ -409,6 +412,54 @@ impl Parser<'_> {
                     ms: millis_of(time)?,
                 }
             }
+            "cpumask" => {
+                let [domain, cpu] = args else {
+                    return Err(
+                        "expected `cpumask DOMAIN CPU` or `cpumask DOMAIN none` (parked)".into(),
+                    );
+                };
+                let domain = self.domain(domain)?;
+                let cpus = match *cpu {
+                    "none" => vec![],
+                    cpu => vec![self.cpu(cpu)?],
+                };
+                let parked = self.parked(domain);
+                match cpus.first() {
+                    None if !parked => {
+                        return Err(format!("domain {domain} is not parked here (an allowed CPU is online)"))
+                    }
+                    Some(_) if parked => {
+                        return Err(format!("domain {domain} is parked here: expected `cpumask {domain} none`"))
+                    }
+                    Some(c) if !self.allowed[domain as usize].contains(c) || !self.online.contains(c) => {
+                        return Err(format!(
+                            "CPU {c} is not an online allowed CPU of domain {domain} here (allowed {:?})",
+                            self.allowed[domain as usize]
+                        ))
+                    }
+                    _ => {}
+                }
+                Step::Cpumask { domain, cpus }
+            }
+            "violations" => {
+                if !args.is_empty() {
+                    return Err("expected `violations` alone (no new placement violation since the first `violations` line)".into());
+                }
+                Step::Violations
+            }
+            "mux" => {
+                let [domain, time] = args else {
+                    return Err(
+                        "expected `mux DOMAIN TIME` (such as 2s: the PMU's mux interval)".into(),
+                    );
+                };
+                let domain = self.domain(domain)?;
+                let ms = millis_of(time)?;
+                if ms == 0 {
+                    return Err(format!("`{time}`: a mux interval is 1ms or more"));
+                }
+                Step::MuxInterval { domain, ms }
+            }
             other => {
                 return Err(format!(
                     "unknown operation `{other}`; expected one of: {OPERATIONS}"
@@ -519,6 +570,7 @@ impl Parser<'_> {
             times: false,
             id: false,
             group: false,
+            lost: false,
         };
         let mut event = Opened::cpu_clock(0, None, no_format);
         let mut on_owner = None;
@@ -554,9 +606,10 @@ impl Parser<'_> {
                             "times" => event.read_format.times = true,
                             "id" => event.read_format.id = true,
                             "group" => event.read_format.group = true,
+                            "lost" => event.read_format.lost = true,
                             other => {
                                 return Err(format!(
-                                    "read format `{other}`: expected times, id or group (comma-separated)"
+                                    "read format `{other}`: expected times, id, group or lost (comma-separated)"
                                 ))
                             }
                         }
@@ -892,6 +945,19 @@ pub fn wants_against_model(scenario: &Scenario, shape: DeviceShape) -> Vec<Scena
                     ),
                 }
             }
+            &mut Step::Cpumask { domain, ref cpus } => {
+                let owner = p.owner(domain);
+                if owner != cpus.first().copied() {
+                    find(
+                        op.line,
+                        format!(
+                            "the model places domain {domain} on {}, not {}",
+                            owner.map_or("none (parked)".into(), |c| format!("CPU {c}")),
+                            cpus.first().map_or("none".into(), |c| format!("CPU {c}"))
+                        ),
+                    );
+                }
+            }
             Step::Read { .. } => {
                 for want in &op.wants {
                     if let Want::Value {
@@ -1120,6 +1186,103 @@ mod tests {
     }
 
     #[test]
+    fn mux_sets_a_domains_interval_and_refuses_what_is_not_one() {
+        let s = parsed("mux movable 2s\nmux 0 4ms\n").unwrap();
+        let steps: Vec<&Step> = s.ops.iter().map(|o| &o.step).collect();
+        assert_eq!(
+            steps,
+            [
+                &Step::MuxInterval {
+                    domain: 1,
+                    ms: 2000
+                },
+                &Step::MuxInterval { domain: 0, ms: 4 }
+            ]
+        );
+        for (text, want) in [
+            ("mux movable\n", "expected `mux DOMAIN TIME`"),
+            ("mux movable 2 s\n", "expected `mux DOMAIN TIME`"),
+            ("mux movable 2000\n", "expected a time such as 300ms"),
+            ("mux movable 0ms\n", "1ms or more"),
+            ("mux 7 2s\n", "domain 7: the device has domains 0-1"),
+        ] {
+            let (line, message) = refused(&format!("wait 1ms\n{text}"));
+            assert_eq!(line, 2, "{text:?}");
+            assert!(
+                message.contains(want),
+                "{text:?}: {message:?} lacks {want:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn cpumask_asserts_where_the_pmu_counts_and_the_model_checks_it() {
+        let s = parsed(
+            "cpumask movable 2\noffline 2\ncpumask movable 3\npark movable\ncpumask movable none\n",
+        )
+        .unwrap();
+        let steps: Vec<&Step> = s.ops.iter().map(|o| &o.step).collect();
+        assert_eq!(
+            steps[0],
+            &Step::Cpumask {
+                domain: 1,
+                cpus: vec![2]
+            }
+        );
+        assert_eq!(
+            steps[4],
+            &Step::Cpumask {
+                domain: 1,
+                cpus: vec![]
+            }
+        );
+        for (text, want) in [
+            ("cpumask movable\n", "expected `cpumask DOMAIN CPU`"),
+            ("cpumask movable 2-3\n", "expected a CPU number"),
+            ("cpumask movable 9\n", "the guest has CPUs 0-3"),
+            ("cpumask movable none\n", "is not parked here"),
+            ("cpumask 1 0\n", "not an online allowed CPU of domain 1"),
+            ("cpumask 5 2\n", "domain 5: the device has domains 0-1"),
+        ] {
+            let (line, message) = refused(&format!("wait 1ms\n{text}"));
+            assert_eq!(line, 2, "{text:?}");
+            assert!(
+                message.contains(want),
+                "{text:?}: {message:?} lacks {want:?}"
+            );
+        }
+        let (line, message) = refused("park movable\ncpumask movable 3\n");
+        assert_eq!(line, 2);
+        assert!(message.contains("is parked here"), "{message}");
+        // The parser allows any online allowed CPU; the model knows which.
+        let shape = DeviceShape {
+            pmus: 2,
+            slots: 4,
+            unit_bytes: 64,
+            counter_width: 24,
+            max_rate: 1 << 30,
+        };
+        let wrong = parsed("cpumask movable 3\n").unwrap();
+        let found = wants_against_model(&wrong, shape);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(
+            found[0].message.contains("places domain 1 on CPU 2"),
+            "{found:?}"
+        );
+        let right = parsed("offline 2\ncpumask movable 3\nonline 2\ncpumask movable 3\n").unwrap();
+        assert_eq!(wants_against_model(&right, shape), vec![]);
+    }
+
+    #[test]
+    fn violations_takes_no_argument() {
+        let s = parsed("violations\nmove movable\nviolations\n").unwrap();
+        assert_eq!(s.ops[2].step, Step::Violations);
+        let (line, message) = refused("violations\nviolations 0\n");
+        assert_eq!(line, 2);
+        assert!(message.contains("expected `violations` alone"), "{message}");
+    }
+
+    #[test]
     fn a_malformed_attr_is_refused_with_what_is_expected() {
         let cases = [
             (
@@ -1138,6 +1301,10 @@ mod tests {
             (
                 "a = open 0 mbm_total_bytes rmid=1 read=times,ids\n",
                 "read format `ids`",
+            ),
+            (
+                "a = open 0 mbm_total_bytes rmid=1 read=times,loss\n",
+                "expected times, id, group or lost",
             ),
             (
                 "a = open 5 mbm_total_bytes rmid=1\n",

@@ -414,6 +414,31 @@ pub fn restore(
             _ => {}
         }
     }
+    // Each mux interval back as the first `mux` found it; a timer armed
+    // with a longer one fires and stops before the next scenario: perf
+    // core does not cancel a PMU's mux timers when the PMU is
+    // unregistered, so one still pending when perfbed.ko is unloaded (the
+    // `module unload` check) is freed armed, and the guest hangs or oopses
+    // once the module is loaded again (seen with 60 s).
+    let mut first_mux = std::collections::BTreeMap::new();
+    let mut longest = 0;
+    for entry in journal {
+        if let (&Step::MuxInterval { domain, ms }, Ok(was)) = (&entry.step, &entry.result) {
+            if let Some(&was) = was.first() {
+                first_mux.entry(domain).or_insert(was);
+                if ms > was {
+                    longest = longest.max(ms);
+                }
+            }
+        }
+    }
+    for (domain, was) in first_mux {
+        let file = super::run::mux_interval_file(&env.pmus[domain as usize]);
+        crate::checks::pmu::multiplexing::set_sysfs(g, &file, &was.to_string())?;
+    }
+    if longest > 0 {
+        std::thread::sleep(Duration::from_millis(longest + 500));
+    }
     let cpus = env.device.domains.iter().flatten().copied();
     let online =
         perfbed_device::cpus::parse_cpu_list(g.read_file("/sys/devices/system/cpu/online")?.trim())

@@ -38,6 +38,9 @@ pub struct ScenarioArgs {
     /// Boot the normal kernel instead of the debug one.
     #[arg(long)]
     pub normal: bool,
+    /// Boot the sanitizer kernel (the debug one with KCSAN) instead.
+    #[arg(long, conflicts_with = "normal")]
+    pub sanitize: bool,
     /// Guest memory in MiB.
     #[arg(long, default_value_t = 512)]
     pub memory: u32,
@@ -71,7 +74,7 @@ impl ScenarioArgs {
             cpus: self.cpus,
             domains: self.domains.clone(),
             memory: self.memory,
-            normal: self.normal,
+            variant: crate::stress::kernel_variant(self.normal, self.sanitize),
             host: self.host,
             timeout: Duration::from_secs(self.timeout),
         }
@@ -120,6 +123,9 @@ pub fn run(ws: &Path, args: &ScenarioArgs) -> Result<bool> {
         }
         if args.normal {
             command += " --normal";
+        }
+        if args.sanitize {
+            command += " --sanitize";
         }
         if args.host != host::HostChoice::Qemu {
             command += &format!(" --host {}", args.host.name());

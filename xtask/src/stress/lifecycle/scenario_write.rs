@@ -202,10 +202,15 @@ fn step_text(step: &Step, all: &[Line]) -> String {
                 let _ = write!(text, " group=e{leader}");
             }
             let f = event.read_format;
-            let formats: Vec<&str> = [(f.times, "times"), (f.id, "id"), (f.group, "group")]
-                .into_iter()
-                .filter_map(|(on, w)| on.then_some(w))
-                .collect();
+            let formats: Vec<&str> = [
+                (f.times, "times"),
+                (f.id, "id"),
+                (f.group, "group"),
+                (f.lost, "lost"),
+            ]
+            .into_iter()
+            .filter_map(|(on, w)| on.then_some(w))
+            .collect();
             if !formats.is_empty() {
                 let _ = write!(text, " read={}", formats.join(","));
             }
@@ -256,6 +261,15 @@ fn step_text(step: &Step, all: &[Line]) -> String {
             format!("allowed {domain} {}", list.join(","))
         }
         Step::Wait { ms } => format!("wait {ms}ms"),
+        Step::MuxInterval { domain, ms } => format!("mux {domain} {ms}ms"),
+        Step::Violations => "violations".into(),
+        Step::Cpumask { domain, cpus } => match cpus.as_slice() {
+            [] => format!("cpumask {domain} none"),
+            cpus => {
+                let list: Vec<String> = cpus.iter().map(u32::to_string).collect();
+                format!("cpumask {domain} {}", list.join(","))
+            }
+        },
         Step::OthersOpen { .. } | Step::PerfStat { .. } => {
             unreachable!("not writable: {step:?}")
         }

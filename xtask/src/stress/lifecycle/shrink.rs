@@ -257,14 +257,16 @@ pub fn depends(journal: &[Entry], target: usize, domains: &[Vec<u32>]) -> BTreeS
             | Step::Move { domain }
             | Step::Park { domain }
             | Step::Unpark { domain, .. }
-            | Step::Allowed { domain, .. } => pmus.contains(domain),
+            | Step::Allowed { domain, .. }
+            | Step::MuxInterval { domain, .. }
+            | Step::Cpumask { domain, .. } => pmus.contains(domain),
             Step::Online { cpu } | Step::Offline { cpu } => {
                 cpus.contains(cpu)
                     || pmus
                         .iter()
                         .any(|&d| domains.get(d as usize).is_some_and(|c| c.contains(cpu)))
             }
-            Step::Wait { .. } => true,
+            Step::Wait { .. } | Step::Violations => true,
             Step::OthersOpen { .. } | Step::PerfStat { .. } => false,
         };
         if keep {
@@ -481,6 +483,7 @@ mod tests {
                         times: true,
                         id: false,
                         group: false,
+                        lost: false,
                     },
                     cpu: 0,
                 },
