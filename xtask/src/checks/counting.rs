@@ -921,7 +921,6 @@ impl Model {
     }
 
     /// What the next read of `handle` must show (`None`: not open).
-    #[allow(dead_code)]
     pub fn expect(&self, handle: Handle) -> Option<Expected> {
         let mut now = self.clone();
         now.fold();
@@ -1244,7 +1243,10 @@ impl Model {
         };
         let moment = self.moment;
         let pmu = &mut self.pmus[p as usize];
-        if pmu.batch.moment != moment {
+        // An event read again with nothing but time between (a scenario's
+        // `wait`) begins the next moment's reads: the window is the time
+        // between its two reads, not the one before both.
+        if pmu.batch.moment != moment || pmu.batch.times.contains_key(&handle) {
             if !pmu.batch.times.is_empty() {
                 pmu.prev_batch = std::mem::take(&mut pmu.batch);
             }
@@ -2311,6 +2313,38 @@ mod tests {
         assert_eq!(fields(&mut together, 2, seen(0, s, s / 2)), vec![]);
         assert_eq!(fields(&mut m, 1, seen(0, s, s / 2)), vec![]);
         assert_eq!(fields(&mut m, 2, seen(0, s, s / 5)), vec![Field::Running]);
+    }
+
+    /// Reads of a PMU's events, then the same reads a second later with no
+    /// operation between (a scenario's `wait`): two windows, each judged
+    /// on its own. (The model took the second reads for the first
+    /// moment's, and one event's second read against the other's first
+    /// gave a `time_enabled` mismatch that was not there.)
+    #[test]
+    fn reads_again_after_nothing_but_time_are_a_moment_of_their_own() {
+        let s = 1_000_000_000;
+        let mut m = Model::new(SHAPE);
+        m.open(1, counter(0, 1).exclusive());
+        m.open(2, counter(0, 2));
+        // Read at 0 s, then (after a move) at 1 s and at 2 s, taking turns.
+        for (at, moves) in [(0, true), (1, false), (2, false)] {
+            for h in [1, 2] {
+                assert_eq!(
+                    fields(&mut m, h, seen(0, at * s, at * s / 2)),
+                    vec![],
+                    "{at} s"
+                );
+            }
+            if moves {
+                m.moved(0);
+            }
+        }
+        // The rules still hold in the window of nothing but time.
+        assert_eq!(fields(&mut m, 1, seen(0, 3 * s, 2 * s)), vec![]);
+        assert_eq!(
+            fields(&mut m, 2, seen(0, 3 * s, 2 * s)),
+            vec![Field::Running]
+        );
     }
 
     #[test]

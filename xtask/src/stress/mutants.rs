@@ -302,6 +302,66 @@ mod tests {
         assert!(named >= 4, "only {named} mutants name a check");
     }
 
+    /// The mutants no scenario catches yet, each with what a scenario
+    /// would need: the runner step or attribute it lacks.
+    const NOT_YET_SCENARIOS: &[(&str, &str)] = &[
+        (
+            "branch-stack-accepted",
+            "an open attribute for sample_type and branch_sample_type, and the model refusing it with EINVAL",
+        ),
+        (
+            "in-place-move-ends-slots",
+            "rate traffic on an RMID an event watches, judged against the device's truth across the placements",
+        ),
+        (
+            "irq-affinity-stays",
+            "an assertion on the interrupt's affinity (/proc/irq/N/smp_affinity_list against cpumask)",
+        ),
+        (
+            "update-allowed-does-nothing",
+            "none (an `allowed` step fails when cpumask does not follow): not yet run with its kernel",
+        ),
+        ("seed-as-posted", "none (a park loses the events' counts): not yet run with its kernel"),
+        (
+            "read-peeks-unfolded",
+            "a read through BPF (perf_event_read_local() from the tick), or a run against the library to see whether read() shows it",
+        ),
+    ];
+
+    /// Every mutant names, as the check that must catch it, a scenario of
+    /// the library (judged by the model), or is one of
+    /// [`NOT_YET_SCENARIOS`], which says what it waits for (issue 34 item 5).
+    #[test]
+    fn every_mutant_is_caught_by_a_scenario_or_says_why_not() {
+        let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+        let library = crate::stress::lifecycle::scenario_guest::library().unwrap();
+        let mut waiting = Vec::new();
+        for mutant in all(repo).unwrap() {
+            let check = mutant.run_check().unwrap();
+            let scenario = check
+                .as_deref()
+                .is_some_and(|c| library.iter().any(|s| s.check == c));
+            let why = NOT_YET_SCENARIOS.iter().find(|(n, _)| *n == mutant.name);
+            match (scenario, why) {
+                (true, Some(_)) => panic!(
+                    "{} names the scenario {check:?}: take it off NOT_YET_SCENARIOS",
+                    mutant.name
+                ),
+                (false, None) => panic!(
+                    "{} names {check:?}, which is no scenario of scenarios/",
+                    mutant.name
+                ),
+                (false, Some(_)) => waiting.push(mutant.name),
+                (true, None) => {}
+            }
+        }
+        assert_eq!(
+            waiting.len(),
+            NOT_YET_SCENARIOS.len(),
+            "NOT_YET_SCENARIOS names a mutant that is gone: {waiting:?}"
+        );
+    }
+
     /// A driver change that breaks a mutant's context fails here, at once, rather than in the
     /// `driver_mutants` VM test minutes later (a merge once left one mutant unappliable).
     #[test]

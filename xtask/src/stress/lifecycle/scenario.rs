@@ -15,7 +15,7 @@
 //! read a
 //! want a 4MiB                                (the read's value of a)
 //! move movable | park movable | unpark movable [CPU]
-//! offline 3 | online 3
+//! offline 3 | offline owner(movable) | online 3
 //! allowed movable 0 | allowed movable none | allowed movable default
 //! wait 300ms
 //! mux movable 2s                             (the mux interval, put back after)
@@ -33,12 +33,13 @@ use std::path::{Path, PathBuf};
 
 use perfbed_device::cpus::parse_cpu_list;
 
-use crate::checks::counting::{DeviceShape, Handle, Observed};
+use crate::checks::counting::{DeviceShape, Handle, Observed, ValueRule};
 use crate::checks::pmu::context::EVENT_FILES;
 use crate::checks::pmu::moves::movable_in;
 
 use super::journal::{Cpus, IoctlName, Opened, ReadFormat, Step};
 use super::replay;
+use super::scenario_write::bytes_text;
 
 /// A scenario refused: where, and what was expected there.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -77,8 +78,9 @@ pub struct Scenario {
 pub struct Op {
     pub line: usize,
     pub step: Step,
-    /// An open on `cpu=owner(d)`: the runner puts domain `d`'s CPU, as its
-    /// `cpumask` shows it then, into the step.
+    /// An open on `cpu=owner(d)` or an `offline owner(d)`: the runner puts
+    /// domain `d`'s CPU, as its `cpumask` shows it then, into the step (the
+    /// parser's CPU there is the one it predicts, see [`Parser::owners`]).
     pub on_owner: Option<u32>,
     /// For a read: the events it shows, in the order it shows them.
     pub shows: Vec<Handle>,
@@ -125,6 +127,7 @@ pub fn parse(
         next_handle: first_handle,
         online: (0..layout.cpus).collect(),
         allowed: layout.domains.clone(),
+        owners: layout.domains.iter().map(|d| d.first().copied()).collect(),
         ops: Vec::new(),
     };
     let mut check = None;
@@ -166,6 +169,13 @@ struct Parser<'a> {
     next_handle: Handle,
     online: BTreeSet<u32>,
     allowed: Vec<Vec<u32>>,
+    /// Each domain's CPU as the parser predicts it (`None`: parked), by the
+    /// rule the kernel places by and the model replays
+    /// ([`replay::Predictor`]): on its first CPU at the start, where a move
+    /// takes it, and, once its CPU goes offline or leaves its allowed set,
+    /// on the first allowed CPU online. Only an `owner(d)` line's
+    /// bookkeeping uses it: the runner takes the CPU from `cpumask`.
+    owners: Vec<Option<u32>>,
     ops: Vec<Op>,
     /// Every name an open gave, by handle.
     handles: BTreeMap<Handle, String>,
@@ -305,11 +315,14 @@ impl Parser<'_> {
                             "domain {domain} has {online} allowed CPU online here: a move needs two (the owner goes, another takes over)"
                         ));
                     }
+                    let owner = self.owners[domain as usize];
+                    self.owners[domain as usize] = self.allowed_online(domain, owner);
                     Step::Move { domain }
                 } else {
                     for cpu in &self.layout.domains[domain as usize] {
                         self.online.remove(cpu);
                     }
+                    self.owners[domain as usize] = None;
                     Step::Park { domain }
                 }
             }
@@ -330,12 +343,16 @@ impl Parser<'_> {
                     ));
                 }
                 self.online.insert(cpu);
+                self.owners[domain as usize] = Some(cpu);
                 Step::Unpark { domain, cpu }
             }
             "offline" | "online" => {
                 let [cpu] = args else {
                     return Err(format!("expected `{op} CPU`"));
                 };
+                if op == "offline" && cpu.starts_with("owner(") {
+                    return self.offline_owner(line, cpu, was);
+                }
                 let cpu = self.cpu(cpu)?;
                 if op == "offline" {
                     if cpu == 0 {
@@ -344,6 +361,7 @@ impl Parser<'_> {
                     if !self.online.remove(&cpu) {
                         return Err(format!("CPU {cpu} is offline here already"));
                     }
+                    self.place_all();
                     Step::Offline { cpu }
                 } else {
                     // Back on a parked domain's CPU: the domain is placed
@@ -354,7 +372,10 @@ impl Parser<'_> {
                         return Err(format!("CPU {cpu} is online here already"));
                     }
                     match unparks {
-                        Some(domain) => Step::Unpark { domain, cpu },
+                        Some(domain) => {
+                            self.owners[domain as usize] = Some(cpu);
+                            Step::Unpark { domain, cpu }
+                        }
                         None => Step::Online { cpu },
                     }
                 }
@@ -380,6 +401,7 @@ impl Parser<'_> {
                     self.check_cpu(cpu)?;
                 }
                 self.allowed[domain as usize] = cpus.clone();
+                self.place_all();
                 Step::Allowed { domain, cpus }
             }
             "wait" => {
@@ -445,6 +467,63 @@ impl Parser<'_> {
             }
         };
         self.push(line, step, vec![], was)
+    }
+
+    /// `offline owner(DOMAIN)`: the CPU the domain's PMU counts on when the
+    /// line runs, which the runner reads from `cpumask`. Refused here only
+    /// where no run can carry it out: a parked domain (no owner), or one
+    /// whose only allowed CPU online is CPU 0.
+    fn offline_owner(&mut self, line: usize, word: &str, was: Vec<bool>) -> Result<(), String> {
+        let role = word
+            .strip_prefix("owner(")
+            .and_then(|r| r.strip_suffix(')'))
+            .ok_or_else(|| format!("`{word}`: expected owner(DOMAIN)"))?;
+        let domain = self.domain(role)?;
+        let candidates: Vec<u32> = self.allowed[domain as usize]
+            .iter()
+            .copied()
+            .filter(|c| self.online.contains(c))
+            .collect();
+        match candidates[..] {
+            [] => {
+                return Err(format!(
+                    "domain {domain} is parked here: it has no owner to take offline"
+                ))
+            }
+            [0] => {
+                return Err(format!(
+                    "owner({role}) is CPU 0 here (the domain's only allowed CPU online), which never goes offline"
+                ))
+            }
+            _ => {}
+        }
+        let cpu = self.owners[domain as usize]
+            .filter(|c| candidates.contains(c))
+            .unwrap_or(candidates[0]);
+        self.online.remove(&cpu);
+        self.place_all();
+        self.push(line, Step::Offline { cpu }, vec![], was)?;
+        self.ops.last_mut().expect("just pushed").on_owner = Some(domain);
+        Ok(())
+    }
+
+    /// The first of `domain`'s allowed CPUs online here, other than `not`.
+    fn allowed_online(&self, domain: u32, not: Option<u32>) -> Option<u32> {
+        self.allowed[domain as usize]
+            .iter()
+            .copied()
+            .find(|&c| Some(c) != not && self.online.contains(&c))
+    }
+
+    /// After an offline or an allowed set: each domain stays on its CPU if
+    /// that is still allowed and online, else goes to the first allowed CPU
+    /// online, or parks.
+    fn place_all(&mut self) {
+        for d in 0..self.owners.len() as u32 {
+            let kept = self.owners[d as usize]
+                .filter(|c| self.online.contains(c) && self.allowed[d as usize].contains(c));
+            self.owners[d as usize] = kept.or_else(|| self.allowed_online(d, None));
+        }
     }
 
     /// Adds a step with the parks it makes or ends (`was`: which domains
@@ -694,6 +773,11 @@ impl Parser<'_> {
     }
 
     fn cpu(&self, word: &str) -> Result<u32, String> {
+        if word.starts_with("owner(") {
+            return Err(format!(
+                "`{word}`: a PMU's CPU is known at run time for `offline owner(DOMAIN)` and `cpu=owner(DOMAIN)` only; name this CPU by its number"
+            ));
+        }
         let cpu = word
             .parse::<u32>()
             .map_err(|_| format!("`{word}`: expected a CPU number"))?;
@@ -838,6 +922,11 @@ pub fn wants_against_model(scenario: &Scenario, shape: DeviceShape) -> Vec<Scena
         };
         let mut step = op.step.clone();
         match &mut step {
+            Step::Offline { cpu } => {
+                if let Some(owner) = op.on_owner.and_then(|d| p.owner(d)) {
+                    *cpu = owner;
+                }
+            }
             Step::Open { event, .. } => {
                 if let Some(cpu) = op.on_owner.and_then(|d| p.owner(d)) {
                     event.cpu = cpu as i32;
@@ -883,15 +972,29 @@ pub fn wants_against_model(scenario: &Scenario, shape: DeviceShape) -> Vec<Scena
                             enabled: None,
                             running: None,
                         };
-                        for m in p.model.read(*handle, seen) {
-                            find(
-                                *line,
-                                format!(
-                                    "the model does not allow {name} {bytes}: {} {} since its last read, expected {}",
-                                    m.field, m.got, m.expected
-                                ),
-                            );
+                        let expected = p.model.expect(*handle);
+                        let mut tried = p.model.clone();
+                        let found = tried.read(*handle, seen);
+                        if found.is_empty() {
+                            p.model = tried;
+                            continue;
                         }
+                        let model = expected.and_then(|e| model_values(&e.value));
+                        find(
+                            *line,
+                            match model {
+                                Some(range) => format!(
+                                    "the model does not allow it: {}",
+                                    difference(name, *bytes, range, "the model's")
+                                ),
+                                None => {
+                                    format!("the model does not allow {name} {bytes}: {}", found[0])
+                                }
+                            },
+                        );
+                        // Go on from what the model predicts, not from the
+                        // refused value: a later want is judged on its own.
+                        let _ = p.model.predict(*handle);
                     }
                 }
             }
@@ -900,6 +1003,45 @@ pub fn wants_against_model(scenario: &Scenario, shape: DeviceShape) -> Vec<Scena
         p.step(&step);
     }
     out
+}
+
+/// The totals (since the open or the last RESET) the model allows the
+/// next read of an event to show, least and most; `None` where it does
+/// not predict one (a cpu-clock, a gauge never read).
+fn model_values(rule: &ValueRule) -> Option<(u64, u64)> {
+    match *rule {
+        ValueRule::Bytes { base, lo, hi, .. } => {
+            Some((base.wrapping_add(lo), base.wrapping_add(hi)))
+        }
+        ValueRule::Parked { base, hi } => Some((base, base.wrapping_add(hi))),
+        ValueRule::Gauge(bytes) => Some((bytes, bytes)),
+        ValueRule::Any => None,
+    }
+}
+
+/// A want against what was found, field by field (a want pins the value):
+/// `a: value wanted 3MiB (3145728), got 7MiB (7340032), delta +4MiB`.
+/// `got` is a range where the model only bounds the value; the delta is
+/// then to its nearer end. `whose` names the other side ("got", "the
+/// model's").
+pub fn difference(name: &str, wanted: u64, got: (u64, u64), whose: &str) -> String {
+    let (lo, hi) = got;
+    let shown = |b: u64| format!("{} ({b})", bytes_text(b));
+    let got_text = if lo == hi {
+        shown(lo)
+    } else {
+        format!("{} to {}", shown(lo), shown(hi))
+    };
+    let nearer = if wanted > hi { hi } else { lo };
+    let delta = if nearer >= wanted {
+        format!("+{}", bytes_text(nearer - wanted))
+    } else {
+        format!("-{}", bytes_text(wanted - nearer))
+    };
+    format!(
+        "{name}: value wanted {}, {whose} {got_text}, delta {delta}",
+        shown(wanted)
+    )
 }
 
 #[cfg(test)]
@@ -1249,6 +1391,115 @@ mod tests {
             parsed("park movable\na = open movable mbm_total_bytes rmid=1\nwant a EINVAL\n")
                 .unwrap();
         assert_eq!(wants_against_model(&refused, shape)[0].line, 3);
+    }
+
+    /// `offline owner(DOMAIN)`: the parser predicts the CPU for its own
+    /// bookkeeping (the parks it makes) and leaves it to the runner; it
+    /// refuses only a domain with no owner, or one whose only allowed CPU
+    /// online is CPU 0. (The old parser took `owner(movable)` for a bad
+    /// CPU number.)
+    #[test]
+    fn an_offline_of_an_owner_is_named_by_role_and_resolved_at_run_time() {
+        let s = parsed(
+            "a = open movable mbm_total_bytes rmid=1\n\
+             offline owner(movable)\n\
+             online 2\n\
+             move movable\n\
+             offline owner(movable)\n\
+             offline owner(movable)\n",
+        )
+        .unwrap();
+        type Parked = Vec<(u32, bool)>;
+        let steps: Vec<(Step, Option<u32>, Parked)> = s
+            .ops
+            .iter()
+            .map(|o| (o.step.clone(), o.on_owner, o.parks.clone()))
+            .collect();
+        assert_eq!(
+            steps[1..],
+            [
+                (Step::Offline { cpu: 2 }, Some(1), vec![]),
+                (Step::Online { cpu: 2 }, None, vec![]),
+                (Step::Move { domain: 1 }, None, vec![]),
+                // The move took the PMU from 3 (its CPU since 2 went) to 2.
+                (Step::Offline { cpu: 2 }, Some(1), vec![]),
+                (Step::Offline { cpu: 3 }, Some(1), vec![(1, true)]),
+            ]
+        );
+        assert!(refused("park movable\noffline owner(movable)\n")
+            .1
+            .contains("domain 1 is parked here"));
+        assert!(refused("allowed holding 0\noffline owner(holding)\n")
+            .1
+            .contains("CPU 0 here"));
+        assert!(refused("offline owner(nowhere)\n").1.contains("`nowhere`"));
+        for text in [
+            "online owner(movable)\n",
+            "allowed movable owner(movable)\n",
+        ] {
+            let (line, message) = refused(text);
+            assert_eq!(line, 1);
+            assert!(
+                message.contains("known at run time") || message.contains("expected a CPU list"),
+                "{text:?}: {message}"
+            );
+        }
+        // The host check of the wants resolves it as the runner does.
+        let shape = DeviceShape::DEFAULT_RUN;
+        let judged = parsed(
+            "a = open movable mbm_total_bytes rmid=1 read=times\n\
+             burst movable mbm_total_bytes rmid=1 1MiB\n\
+             offline owner(movable)\n\
+             burst movable mbm_total_bytes rmid=1 2MiB\n\
+             offline owner(movable)\n\
+             burst movable mbm_total_bytes rmid=1 4MiB\n\
+             online 3\n\
+             read a\n\
+             want a 7MiB\n",
+        )
+        .unwrap();
+        assert_eq!(judged.ops[4].parks, vec![(1, true)]);
+        assert_eq!(judged.ops[6].step, Step::Unpark { domain: 1, cpu: 3 });
+        assert_eq!(wants_against_model(&judged, shape), vec![]);
+    }
+
+    /// A want the model refuses says, field by field, what was wanted,
+    /// what the model has and the difference; the check goes on from the
+    /// model's value, so a later right want is not refused for it (the old
+    /// check printed the model's rule on the delta since the last read,
+    /// and refused the second want too).
+    #[test]
+    fn a_refused_want_gives_the_difference_and_no_cascade() {
+        let text = "e = open movable mbm_total_bytes rmid=0 read=times\n\
+                    burst movable mbm_total_bytes rmid=0 1MiB\n\
+                    read e\n\
+                    want e 2MiB\n\
+                    burst movable mbm_total_bytes rmid=0 1MiB\n\
+                    read e\n\
+                    want e 2MiB\n";
+        let found = wants_against_model(&parsed(text).unwrap(), DeviceShape::DEFAULT_RUN);
+        assert_eq!(
+            found
+                .iter()
+                .map(|e| (e.line, e.message.as_str()))
+                .collect::<Vec<_>>(),
+            vec![(
+                4,
+                "the model does not allow it: e: value wanted 2MiB (2097152), the model's 1MiB (1048576), delta -1MiB"
+            )]
+        );
+        assert_eq!(
+            difference("a", 3 << 20, (7 << 20, 7 << 20), "got"),
+            "a: value wanted 3MiB (3145728), got 7MiB (7340032), delta +4MiB"
+        );
+        assert_eq!(
+            difference("a", 0, (1 << 20, 3 << 20), "the model's"),
+            "a: value wanted 0 (0), the model's 1MiB (1048576) to 3MiB (3145728), delta +1MiB"
+        );
+        assert_eq!(
+            difference("a", 5 << 20, (1 << 20, 3 << 20), "the model's"),
+            "a: value wanted 5MiB (5242880), the model's 1MiB (1048576) to 3MiB (3145728), delta -2MiB"
+        );
     }
 
     #[test]

@@ -26,7 +26,9 @@ use super::journal::{self, perf_op, Entry, Header, Opened, Step};
 use super::reads;
 use super::replay::{replay, Finding};
 use super::run::{attr_of, flush, host_step, probe_next_handle, shape};
-use super::scenario::{files_under, parse, wants_against_model, Layout, Scenario, Want};
+use super::scenario::{
+    difference, files_under, parse, wants_against_model, Layout, Scenario, Want,
+};
 use super::shrink::{self, Shrinking};
 
 /// The layout a scenario is parsed for.
@@ -217,17 +219,28 @@ fn carry_out(
     let mut pending: Vec<(Step, bool)> = Vec::new();
     for op in &scenario.ops {
         let mut step = op.step.clone();
-        if let (Some(d), Step::Open { event, .. }) = (op.on_owner, &mut step) {
+        if let Some(d) = op.on_owner {
             flush(g, &mut pending, &attr, &mut journal, start)?;
-            event.cpu = match g.cpumask(&env.pmus[d as usize])?.first() {
-                Some(&cpu) => cpu as i32,
+            let owner = match g.cpumask(&env.pmus[d as usize])?.first() {
+                Some(&cpu) => cpu,
                 None => bail!(
-                    "{}:{}: cpu=owner({d}), but {} is parked there",
+                    "{}:{}: owner({d}), but {} is parked there",
                     scenario.file.display(),
                     op.line,
                     env.pmus[d as usize]
                 ),
             };
+            match &mut step {
+                Step::Open { event, .. } => event.cpu = owner as i32,
+                Step::Offline { .. } if owner == 0 => bail!(
+                    "{}:{}: offline owner({d}): {} counts on CPU 0, which never goes offline",
+                    scenario.file.display(),
+                    op.line,
+                    env.pmus[d as usize]
+                ),
+                Step::Offline { cpu } => *cpu = owner,
+                _ => {}
+            }
         }
         if perf_op(&step, attr).is_some() {
             let opens = !op.wants.iter().any(|w| matches!(w, Want::Refused { .. }));
@@ -341,7 +354,12 @@ fn want_problem(
             match reads::parse(words, *format, read, shows) {
                 Ok(members) => match members.iter().find(|m| m.handle == *handle) {
                     Some(m) if m.observed.value == *bytes => None,
-                    Some(m) => Some(format!("{name} read {}, want {bytes}", m.observed.value)),
+                    Some(m) => Some(difference(
+                        name,
+                        *bytes,
+                        (m.observed.value, m.observed.value),
+                        "got",
+                    )),
                     None => Some(format!("the read does not show {name}")),
                 },
                 Err(e) => Some(format!("the read of {name}: {e}")),
@@ -579,9 +597,9 @@ mod tests {
         let counted = judge(&s, &journal_of(&s, &[vec![7 << 20]]), &device);
         assert!(!counted.passed);
         assert!(
-            counted
-                .detail
-                .contains("p.scn:9: a read 7340032, want 3145728"),
+            counted.detail.contains(
+                "p.scn:9: a: value wanted 3MiB (3145728), got 7MiB (7340032), delta +4MiB"
+            ),
             "{}",
             counted.detail
         );

@@ -61,6 +61,11 @@ pub struct ScenarioArgs {
     /// Seconds shrinking one failing scenario may take.
     #[arg(long, default_value_t = 600, value_name = "SECS")]
     pub shrink_time: u64,
+    /// Only parse the files and check their wants against the model, on
+    /// the host: every refusal with its file and line, nothing built or
+    /// booted.
+    #[arg(long, conflicts_with = "mutant")]
+    pub parse_only: bool,
 }
 
 impl ScenarioArgs {
@@ -81,6 +86,14 @@ pub fn run(ws: &Path, args: &ScenarioArgs) -> Result<bool> {
     let device = guest.device()?;
     let files = files_under(&args.files).context("listing the scenario files")?;
     let texts = load(&files, &layout(args.cpus, &device), &device)?;
+    if args.parse_only {
+        println!(
+            "perfbed scenario: {} file{} parsed, every want as the model predicts (nothing booted)",
+            texts.len(),
+            if texts.len() == 1 { "" } else { "s" }
+        );
+        return Ok(true);
+    }
     let mutant = match &args.mutant {
         Some(name) => Some(crate::stress::mutants::find(ws, name)?),
         None => None,
@@ -196,4 +209,47 @@ fn on_guest(
     let state = ctx.control.state()?;
     checks.push(super::super::jobs::violations_check(&state));
     Ok(checks)
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: ScenarioArgs,
+    }
+
+    /// `--parse-only` judges the files on the host and stops: a good one
+    /// passes, a bad one is refused with its file and line, and nothing
+    /// is built (the workspace given is empty).
+    #[test]
+    fn parse_only_refuses_bad_input_with_its_line_without_a_guest() {
+        let dir = std::env::temp_dir().join(format!("perfbed-parse-only-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let good = dir.join("good.scn");
+        std::fs::write(
+            &good,
+            "a = open movable mbm_total_bytes rmid=1\nburst movable mbm_total_bytes rmid=1 1MiB\nread a\nwant a 1MiB\n",
+        )
+        .unwrap();
+        let bad = dir.join("bad.scn");
+        std::fs::write(
+            &bad,
+            "a = open movable mbm_total_bytes rmid=1\nflap movable\n",
+        )
+        .unwrap();
+        let args = |file: &Path| {
+            Cli::parse_from(["scenario", "--parse-only", file.to_str().unwrap()]).args
+        };
+        let nowhere = dir.join("no-workspace");
+        assert!(run(&nowhere, &args(&good)).unwrap());
+        let e = format!("{:#}", run(&nowhere, &args(&bad)).unwrap_err());
+        assert!(e.contains("bad.scn:2: unknown operation `flap`"), "{e}");
+        assert!(!nowhere.exists(), "nothing is built");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -285,7 +285,7 @@ fn event_name(id: u32) -> &'static str {
 }
 
 /// Bytes in the largest unit that says them exactly.
-fn bytes_text(bytes: u64) -> String {
+pub(super) fn bytes_text(bytes: u64) -> String {
     for (shift, unit) in [(30, "GiB"), (20, "MiB"), (10, "KiB")] {
         if bytes != 0 && bytes.is_multiple_of(1 << shift) {
             return format!("{}{unit}", bytes >> shift);
