@@ -157,14 +157,14 @@ const VM_TESTS: &[VmTest] = &[
     },
     VmTest {
         name: "hang_capture",
-        what: "a guest hung on purpose (`halt -f`: every CPU in hlt with interrupts off) goes silent; the harness's timeout saves its vCPUs from QEMU's monitor and reads every one as halted with interrupts disabled",
+        what: "a guest hung on purpose (the scope test module's spin event opened on CPU 1: its add, run with interrupts off, never returns) goes silent; the harness's timeout saves its vCPUs from QEMU's monitor and reads CPU 1 as running with interrupts disabled in spin_with_interrupts_off, named from the module's symbols",
         variant: Variant::Normal,
         host: host::HostChoice::Qemu,
         run: hang_is_captured,
     },
     VmTest {
         name: "vmm_hang_capture",
-        what: "the same hang on perfbed-vmm (natively, or in the box): its vCPUs' state, asked of its control socket, saved as vcpu-state.txt and decoded by the same reader, every vCPU halted with interrupts disabled",
+        what: "the same hang on perfbed-vmm (natively, or in the box): its vCPUs' state, asked of its control socket, saved as vcpu-state.txt and decoded by the same reader, CPU 1 running with interrupts disabled in spin_with_interrupts_off",
         variant: Variant::Normal,
         host: host::HostChoice::Vmm,
         run: hang_is_captured,
