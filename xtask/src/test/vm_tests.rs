@@ -572,7 +572,7 @@ pub fn hang_is_captured(scenario: &Scenario, accel: &Accel) -> Result<()> {
     let base = modules
         .lines()
         .find(|l| l.split_whitespace().next() == Some(SPIN_MODULE))
-        .and_then(|l| l.split_whitespace().last())
+        .and_then(|l| l.split_whitespace().find(|t| t.starts_with("0x")))
         .and_then(|a| u64::from_str_radix(a.trim_start_matches("0x"), 16).ok())
         .filter(|&a| a != 0)
         .with_context(|| format!("where {SPIN_MODULE} was loaded, in /proc/modules:\n{modules}"))?;
