@@ -592,7 +592,11 @@ mod tests {
         );
         let mut got = Vec::new();
         read_some(&mut reader, &mut got);
-        assert!(!got.is_empty() && got.len() < 20_000, "{} written", got.len());
+        assert!(
+            !got.is_empty() && got.len() < 20_000,
+            "{} written",
+            got.len()
+        );
         assert_eq!(got.len() as u64 + com1.dropped_output(), 20_000);
         assert_eq!(com1.pending_output(), 0);
     }

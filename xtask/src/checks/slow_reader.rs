@@ -233,8 +233,17 @@ pub fn run(vm: &mut Vm, cpus: u8, timeout: Duration) -> Result<Vec<Check>> {
         stall_start - BEFORE.as_secs_f64() + 2.0,
         stall_start,
     );
-    let stalled_for = STALL + if serial_stalled { SERIAL_ALONE } else { Duration::ZERO };
-    let during = rate(&stamps, stall_start, stall_start + stalled_for.as_secs_f64());
+    let stalled_for = STALL
+        + if serial_stalled {
+            SERIAL_ALONE
+        } else {
+            Duration::ZERO
+        };
+    let during = rate(
+        &stamps,
+        stall_start,
+        stall_start + stalled_for.as_secs_f64(),
+    );
 
     let whole = arrived.iter().filter(|w| **w).count();
     let bytes = whole * FLOOD_FILE_BYTES;

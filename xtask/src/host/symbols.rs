@@ -50,7 +50,8 @@ impl SystemMap {
                 String::from_utf8_lossy(&out.stderr)
             );
         }
-        let mut map = SystemMap::of_module_symbols(&String::from_utf8_lossy(&out.stdout), text_base);
+        let mut map =
+            SystemMap::of_module_symbols(&String::from_utf8_lossy(&out.stdout), text_base);
         map.path = ko.to_path_buf();
         Ok(map)
     }
@@ -72,10 +73,9 @@ impl SystemMap {
             let Some((size, name)) = right.split_once(' ') else {
                 continue;
             };
-            let (Ok(addr), Ok(size)) = (
-                u64::from_str_radix(addr, 16),
-                u64::from_str_radix(size, 16),
-            ) else {
+            let (Ok(addr), Ok(size)) =
+                (u64::from_str_radix(addr, 16), u64::from_str_radix(size, 16))
+            else {
                 continue;
             };
             if *section != ".text" || !fields.contains(&"F") {

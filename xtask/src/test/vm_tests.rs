@@ -615,7 +615,9 @@ pub fn hang_is_captured(scenario: &Scenario, accel: &Accel) -> Result<()> {
     let c = &cpus[spinning];
     let rip = c.rip.unwrap_or(0);
     let named = host::symbols::SystemMap::of_module(&ko, base)?.resolve(rip);
-    let in_spin = named.as_deref().is_some_and(|f| f.starts_with(SPIN_FUNCTION));
+    let in_spin = named
+        .as_deref()
+        .is_some_and(|f| f.starts_with(SPIN_FUNCTION));
     if c.halted || c.interrupts_enabled || !in_spin {
         bail!(
             "CPU {SPIN_CPU} should spin with interrupts off in {SPIN_FUNCTION}..: {} ({} with {SPIN_MODULE} at {base:#x})",
@@ -623,7 +625,10 @@ pub fn hang_is_captured(scenario: &Scenario, accel: &Accel) -> Result<()> {
             named.as_deref().unwrap_or("no function of the module")
         );
     }
-    let story = format!("is {} in {SPIN_MODULE}.ko", named.as_deref().unwrap_or_default());
+    let story = format!(
+        "is {} in {SPIN_MODULE}.ko",
+        named.as_deref().unwrap_or_default()
+    );
     if !error.contains(&story) {
         bail!("the harness's story does not name the spinning function ({story:?}):\n{error}");
     }
@@ -635,9 +640,7 @@ pub fn hang_is_captured(scenario: &Scenario, accel: &Accel) -> Result<()> {
     for line in decoded {
         println!("      {line}");
     }
-    println!(
-        "      vCPU {SPIN_CPU}'s RIP {rip:#x} {story}",
-    );
+    println!("      vCPU {SPIN_CPU}'s RIP {rip:#x} {story}",);
     Ok(())
 }
 
