@@ -53,6 +53,10 @@ const CHUNK: usize = 4096;
 /// How long the exit and panic paths wait for a log that will not take
 /// its bytes (or stays locked) before they give up.
 pub const FLUSH_PATIENCE: Duration = Duration::from_secs(1);
+/// At most one warning of dropped output this often: while the log stalls
+/// the event loop drains at every line the guest ends, and each would
+/// find more dropped.
+const DROP_WARNING_PERIOD: Duration = Duration::from_secs(5);
 
 /// Raises the serial interrupt through an irqfd.
 pub struct IrqTrigger(pub EventFd);
@@ -192,6 +196,8 @@ struct Log {
     out: Option<Box<dyn Write + Send>>,
     /// At most [`CHUNK`] bytes, the oldest output, waiting for the log.
     pending: Vec<u8>,
+    /// When the last warning of dropped output was given.
+    warned_at: Option<Instant>,
 }
 
 /// How a drain ended.
@@ -238,6 +244,7 @@ impl SerialConsole {
             log: Mutex::new(Log {
                 out: log,
                 pending: Vec::with_capacity(CHUNK),
+                warned_at: None,
             }),
             wake,
             dropped_reported: AtomicU64::new(0),
@@ -289,7 +296,12 @@ impl SerialConsole {
             }
         }
         let dropped = self.ring.dropped();
-        if dropped > self.dropped_reported.swap(dropped, Ordering::Relaxed) {
+        let due = log
+            .warned_at
+            .is_none_or(|at| at.elapsed() >= DROP_WARNING_PERIOD);
+        if due && dropped > self.dropped_reported.load(Ordering::Relaxed) {
+            self.dropped_reported.store(dropped, Ordering::Relaxed);
+            log.warned_at = Some(Instant::now());
             log::warn!("the serial log lost {dropped} bytes so far: the guest printed faster than the log was written");
         }
         drained
