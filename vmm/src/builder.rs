@@ -4,8 +4,7 @@
 //! wires their interrupts and notifies into KVM), the guest image, the
 //! vCPUs.
 
-use std::fs::File;
-use std::io::BufWriter;
+use std::os::unix::fs::OpenOptionsExt;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Instant;
@@ -150,11 +149,20 @@ fn attach_serial(
 ) -> Result<(), VmmError> {
     let out: Option<Box<dyn std::io::Write + Send>> = match &config.endpoints.serial_log {
         Some(path) => {
-            let file = File::create(path).map_err(io_error(format!(
-                "creating the serial log {}",
-                path.display()
-            )))?;
-            Some(Box::new(BufWriter::new(file)))
+            // Non-blocking: the event loop writes it and must never wait
+            // in it (in the box it is a virtio-serial port the host may
+            // stop reading); the console keeps what it does not take.
+            let file = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(path)
+                .map_err(io_error(format!(
+                    "creating the serial log {}",
+                    path.display()
+                )))?;
+            Some(Box::new(file))
         }
         None => None,
     };

@@ -19,6 +19,13 @@
 //! counts on, so userspace sees where the event really is: its value is the PMU's `cpumask` CPU
 //! plus one.
 //!
+//! One more event, not listed in `events/` (so no tool that walks a PMU's events meets it): on
+//! `perfbed_scope_core`, `config=0x02` makes the PMU's `add` spin for good. The perf core calls
+//! `add` with interrupts disabled on the event's CPU (in the IPI that installs a CPU-bound event
+//! there), so opening such an event on CPU `n` leaves CPU `n` running with interrupts off in
+//! [`spin_with_interrupts_off`] until the VM is killed: the testbed's hang on purpose, for the
+//! harness's capture of the vCPUs (the `hang_capture` VM tests). Nothing else opens it.
+//!
 //! Like a real device, a device-scope PMU here is only read on the CPU the perf core placed it
 //! on (which `migrate_cpu` tells it, before the events move): reads elsewhere, while an event is
 //! in transit or waits on another CPU while its PMU is parked, leave the count alone. So a parked
@@ -42,8 +49,10 @@ module! {
     license: "GPL",
 }
 
-/// The only event: `config` selects it in bits 0-7.
+/// The only listed event: `config` selects it in bits 0-7.
 const EVENT_CPU: u64 = 0x01;
+/// The core-scope PMU's unlisted event whose `add` never returns.
+const EVENT_SPIN: u64 = 0x02;
 const EVENT_MASK: u64 = 0xff;
 
 /// Set once every test PMU is registered: until then no event can be created, so a failing
@@ -67,7 +76,8 @@ mod probe {
         }
     }
 
-    pub(super) fn event_init(event: &Event) -> Result {
+    /// Accepts a counting event of this PMU whose `config` is one of `known`.
+    pub(super) fn event_init(event: &Event, known: &[u64]) -> Result {
         if event.attr_type() != event.pmu_type() {
             return Err(ENOENT);
         }
@@ -77,7 +87,7 @@ mod probe {
         if event.is_sampling() {
             return Err(EOPNOTSUPP);
         }
-        if event.config() & !EVENT_MASK != 0 || event.config() & EVENT_MASK != EVENT_CPU {
+        if event.config() & !EVENT_MASK != 0 || !known.contains(&(event.config() & EVENT_MASK)) {
             return Err(EINVAL);
         }
         // The perf core refuses these for device-scope PMUs already.
@@ -110,14 +120,21 @@ mod probe {
     }
 }
 
+/// Spins for good. Called by [`CorePmu`]'s `add`, which the perf core runs with interrupts
+/// disabled, so the CPU never takes another interrupt: a hang on purpose (see the module's
+/// documentation). Not inlined, so that the hung CPU's RIP names it.
+#[inline(never)]
+fn spin_with_interrupts_off() -> ! {
+    loop {
+        core::hint::spin_loop();
+    }
+}
+
 /// The callbacks every test PMU shares: the probe's. (Only the optional
-/// callbacks differ between the PMUs, and `#[vtable]` needs those spelled out.)
+/// callbacks differ between the PMUs, and `#[vtable]` needs those spelled out;
+/// each writes its own `add`.)
 macro_rules! probe_callbacks {
     () => {
-        fn add(&self, event: &ScheduledEvent, flags: Flags) -> Result {
-            probe::add(event, flags)
-        }
-
         fn del(&self, event: &ScheduledEvent, _flags: Flags) {
             probe::stop(event, Flags::UPDATE, self.reads_here());
         }
@@ -168,8 +185,12 @@ impl ScopePmu {
 impl Pmu for ScopePmu {
     probe_callbacks!();
 
+    fn add(&self, event: &ScheduledEvent, flags: Flags) -> Result {
+        probe::add(event, flags)
+    }
+
     fn event_init(&self, event: &Event) -> Result {
-        probe::event_init(event)?;
+        probe::event_init(event, &[EVENT_CPU])?;
         self.live.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
@@ -224,8 +245,15 @@ impl CorePmu {
 impl Pmu for CorePmu {
     probe_callbacks!();
 
+    fn add(&self, event: &ScheduledEvent, flags: Flags) -> Result {
+        if event.config() & EVENT_MASK == EVENT_SPIN {
+            spin_with_interrupts_off();
+        }
+        probe::add(event, flags)
+    }
+
     fn event_init(&self, event: &Event) -> Result {
-        probe::event_init(event)
+        probe::event_init(event, &[EVENT_CPU, EVENT_SPIN])
     }
 }
 

@@ -11,6 +11,16 @@
 //! producer at a time; the consumer's side is under the log's lock, which
 //! no vCPU takes).
 //!
+//! Nor does the event loop wait for the log: the builder opens it
+//! non-blocking, and a write that would block (in the box the log is a
+//! virtio-serial port the host may stop reading) leaves the rest in the
+//! ring, and at most one chunk of [`CHUNK`] bytes beside it, for the next
+//! wake-up or turn. So a stalled log fills the ring and then drops the
+//! guest's bytes, counted, while the agent channel on the same loop goes
+//! on. At the run's end [`SerialConsole::flush`] waits for a stalled log
+//! at most [`FLUSH_PATIENCE`], and counts what it could not write as
+//! dropped.
+//!
 //! The output is also watched for the kernel's panic banner (on the vCPU,
 //! in memory): a panicking guest (`panic=-1`) and a rebooting one both end
 //! in a reset, and this is how the VMM tells them apart for its exit status.
@@ -18,6 +28,7 @@
 use std::io::{self, Write};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
+use std::time::{Duration, Instant};
 
 use event_manager::{EventOps, EventSet, EventSubscriber, Events};
 use vm_superio::serial::NoEvents;
@@ -37,6 +48,15 @@ pub const OUTPUT_RING: usize = 256 * 1024;
 const PANIC_BANNER: &[u8] = b"Kernel panic - not syncing";
 /// Longest line kept for the banner search.
 const MAX_LINE: usize = 512;
+/// What one write to the log takes from the ring.
+const CHUNK: usize = 4096;
+/// How long the exit and panic paths wait for a log that will not take
+/// its bytes (or stays locked) before they give up.
+pub const FLUSH_PATIENCE: Duration = Duration::from_secs(1);
+/// At most one warning of dropped output this often: while the log stalls
+/// the event loop drains at every line the guest ends, and each would
+/// find more dropped.
+const DROP_WARNING_PERIOD: Duration = Duration::from_secs(5);
 
 /// Raises the serial interrupt through an irqfd.
 pub struct IrqTrigger(pub EventFd);
@@ -113,9 +133,14 @@ impl OutputRing {
         self.slots.len()
     }
 
-    /// Bytes dropped because the ring was full.
+    /// Bytes dropped because the ring was full (or, at the run's end,
+    /// because the log would not take them).
     pub fn dropped(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)
+    }
+
+    fn count_dropped(&self, bytes: usize) {
+        self.dropped.fetch_add(bytes as u64, Ordering::Relaxed);
     }
 
     /// Bytes ever given to the ring, kept or dropped.
@@ -164,19 +189,41 @@ impl Write for ConsoleSink {
     }
 }
 
+/// The log and the bytes taken from the ring that it has not taken yet.
+struct Log {
+    /// `None` once it failed (or if there is none): the output is counted
+    /// and discarded.
+    out: Option<Box<dyn Write + Send>>,
+    /// At most [`CHUNK`] bytes, the oldest output, waiting for the log.
+    pending: Vec<u8>,
+    /// When the last warning of dropped output was given.
+    warned_at: Option<Instant>,
+}
+
+/// How a drain ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Drained {
+    /// The ring and the pending chunk are empty.
+    All,
+    /// The log would block: the rest waits in the ring.
+    Stalled,
+}
+
 /// COM1 on the port bus, and its log.
 pub struct SerialConsole {
     serial: Mutex<Serial<IrqTrigger, NoEvents, ConsoleSink>>,
     ring: Arc<OutputRing>,
     /// The log, written by the event loop (and the exit path) only.
-    log: Mutex<Option<Box<dyn Write + Send>>>,
+    log: Mutex<Log>,
     wake: EventFd,
     dropped_reported: AtomicU64,
 }
 
 impl SerialConsole {
     /// COM1 raising `irq`, its output to `log` (or nowhere) through a ring
-    /// of `capacity` bytes ([`OUTPUT_RING`]).
+    /// of `capacity` bytes ([`OUTPUT_RING`]). A `log` that says
+    /// [`io::ErrorKind::WouldBlock`] is stalled, not failed (open it
+    /// non-blocking: the event loop must not wait in it).
     pub fn new(
         irq: EventFd,
         log: Option<Box<dyn Write + Send>>,
@@ -194,56 +241,101 @@ impl SerialConsole {
         Ok(SerialConsole {
             serial: Mutex::new(Serial::new(IrqTrigger(irq), sink)),
             ring,
-            log: Mutex::new(log),
+            log: Mutex::new(Log {
+                out: log,
+                pending: Vec::with_capacity(CHUNK),
+                warned_at: None,
+            }),
             wake,
             dropped_reported: AtomicU64::new(0),
         })
     }
 
     /// Writes what the ring holds to the log and flushes it (the event
-    /// loop, the exit and panic paths; never a vCPU). A failing log (a
-    /// full disk) is dropped: the guest's output is lost, not the guest.
+    /// loop, the exit and panic paths; never a vCPU), until the log would
+    /// block. A failing log (a full disk) is dropped: the guest's output is
+    /// lost, not the guest.
     pub fn drain(&self) {
         self.drain_into(self.log.lock().unwrap_or_else(|p| p.into_inner()));
     }
 
-    fn drain_into(&self, mut log: MutexGuard<'_, Option<Box<dyn Write + Send>>>) {
-        let mut buf = [0u8; 4096];
+    fn drain_into(&self, mut log: MutexGuard<'_, Log>) -> Drained {
+        let log = &mut *log;
+        let mut buf = [0u8; CHUNK];
         let mut wrote = false;
+        let mut drained = Drained::All;
         loop {
-            let n = self.ring.pop(&mut buf);
-            if n == 0 {
-                break;
-            }
-            if let Some(out) = log.as_mut() {
-                if out.write_all(&buf[..n]).is_err() {
-                    *log = None;
+            if log.pending.is_empty() {
+                let n = self.ring.pop(&mut buf);
+                if n == 0 {
+                    break;
                 }
-                wrote = true;
+                log.pending.extend_from_slice(&buf[..n]);
+            }
+            let Some(out) = log.out.as_mut() else {
+                log.pending.clear();
+                continue;
+            };
+            match out.write(&log.pending) {
+                Ok(0) => log.out = None,
+                Ok(n) => {
+                    log.pending.drain(..n);
+                    wrote = true;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    drained = Drained::Stalled;
+                    break;
+                }
+                Err(_) => log.out = None,
             }
         }
-        if let Some(out) = log.as_mut() {
+        if let Some(out) = log.out.as_mut() {
             if wrote && out.flush().is_err() {
-                *log = None;
+                log.out = None;
             }
         }
         let dropped = self.ring.dropped();
-        if dropped > self.dropped_reported.swap(dropped, Ordering::Relaxed) {
+        let due = log
+            .warned_at
+            .is_none_or(|at| at.elapsed() >= DROP_WARNING_PERIOD);
+        if due && dropped > self.dropped_reported.load(Ordering::Relaxed) {
+            self.dropped_reported.store(dropped, Ordering::Relaxed);
+            log.warned_at = Some(Instant::now());
             log::warn!("the serial log lost {dropped} bytes so far: the guest printed faster than the log was written");
         }
+        drained
     }
 
-    /// Flushes the log at exit and from the panic hook: a
-    /// [`SerialConsole::drain`] that gives up after 200 ms if the log stays
-    /// locked (the panic came from inside a drain on this very thread).
+    /// Writes out the log at exit and from the panic hook: a
+    /// [`SerialConsole::drain`] that waits at most [`FLUSH_PATIENCE`] for
+    /// a log that stays locked (the panic came from inside a drain on this
+    /// very thread) or will not take its bytes, then counts what is left as
+    /// dropped.
     pub fn flush(&self) {
-        for _ in 0..200 {
-            match self.log.try_lock() {
-                Ok(log) => return self.drain_into(log),
-                Err(TryLockError::Poisoned(p)) => return self.drain_into(p.into_inner()),
+        let deadline = Instant::now() + FLUSH_PATIENCE;
+        while Instant::now() < deadline {
+            let log = match self.log.try_lock() {
+                Ok(log) => log,
+                Err(TryLockError::Poisoned(p)) => p.into_inner(),
                 Err(TryLockError::WouldBlock) => {
-                    std::thread::sleep(std::time::Duration::from_millis(1))
+                    std::thread::sleep(Duration::from_millis(1));
+                    continue;
                 }
+            };
+            if self.drain_into(log) == Drained::All {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        if let Ok(mut log) = self.log.try_lock() {
+            let left = log.pending.len() + self.ring.len();
+            log.pending.clear();
+            let mut buf = [0u8; CHUNK];
+            while self.ring.pop(&mut buf) > 0 {}
+            self.ring.count_dropped(left);
+            if left > 0 {
+                log::warn!("the serial log would not take the last {left} bytes within {FLUSH_PATIENCE:?}; counted as dropped");
             }
         }
     }
@@ -376,7 +468,7 @@ mod tests {
         let com1 = SerialConsole::new(irq, Some(Box::new(Broken)), Arc::default(), 64).unwrap();
         com1.write(0, 0, b"a");
         com1.drain();
-        assert!(com1.log.lock().unwrap().is_none());
+        assert!(com1.log.lock().unwrap().out.is_none());
         com1.write(0, 0, b"b");
         com1.drain();
         assert!(com1.ring.is_empty());
@@ -419,6 +511,106 @@ mod tests {
             "the ring holds 100: {} dropped",
             com1.dropped_output()
         );
+    }
+
+    /// A non-blocking pipe of one page: the log as the box has it (a
+    /// virtio-serial port the host may stop reading), and its reader.
+    fn pipe_log() -> (std::fs::File, std::fs::File) {
+        use std::os::fd::FromRawFd;
+        let mut fds = [0; 2];
+        // SAFETY: pipe2 writes two new descriptors into `fds`.
+        assert_eq!(
+            unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_NONBLOCK | libc::O_CLOEXEC) },
+            0
+        );
+        // SAFETY: both are fresh descriptors this test owns alone.
+        let (reader, writer) = unsafe {
+            (
+                std::fs::File::from_raw_fd(fds[0]),
+                std::fs::File::from_raw_fd(fds[1]),
+            )
+        };
+        // SAFETY: F_SETPIPE_SZ on a pipe this test owns.
+        unsafe { libc::fcntl(fds[1], libc::F_SETPIPE_SZ, 4096) };
+        (reader, writer)
+    }
+
+    /// Output the guest writes byte by byte to THR, as the UART sees it.
+    fn transmit(com1: &SerialConsole, text: &[u8]) {
+        for b in text {
+            com1.write(0, 0, &[*b]);
+        }
+    }
+
+    fn read_some(reader: &mut std::fs::File, into: &mut Vec<u8>) {
+        use std::io::Read;
+        let mut buf = [0u8; 8192];
+        while let Ok(n) = reader.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            into.extend_from_slice(&buf[..n]);
+        }
+    }
+
+    /// A log that would block (nobody reads the pipe): the event loop's
+    /// drain returns at once, the rest waits in the ring, and once the
+    /// reader goes on every byte arrives, in order, once. (Before, the
+    /// drain waited in a blocking log, holding up the agent channel on the
+    /// same loop; given a non-blocking one it dropped the log.)
+    #[test]
+    fn a_log_that_would_block_does_not_hold_the_drain_and_loses_nothing() {
+        let (mut reader, writer) = pipe_log();
+        let irq = EventFd::new(libc::EFD_NONBLOCK).unwrap();
+        let com1 =
+            SerialConsole::new(irq, Some(Box::new(writer)), Arc::default(), OUTPUT_RING).unwrap();
+        let text: Vec<u8> = (0..100_000u32).map(|i| b'a' + (i % 26) as u8).collect();
+        transmit(&com1, &text);
+        let start = Instant::now();
+        com1.drain();
+        assert!(start.elapsed() < Duration::from_secs(2), "the drain waited");
+        assert!(
+            com1.pending_output() > 50_000,
+            "the rest waits in the ring: {} bytes",
+            com1.pending_output()
+        );
+        let mut got = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while got.len() < text.len() && Instant::now() < deadline {
+            read_some(&mut reader, &mut got);
+            com1.drain();
+        }
+        assert_eq!(got.len(), text.len());
+        assert!(got == text, "the bytes came out of order or twice");
+        assert_eq!(com1.dropped_output(), 0);
+        assert!(com1.log.lock().unwrap().out.is_some(), "the log was kept");
+    }
+
+    /// At the run's end a log that stays stalled is waited for a bounded
+    /// time, and what it did not take is counted as dropped.
+    #[test]
+    fn the_exit_flush_counts_what_a_stalled_log_did_not_take() {
+        let (mut reader, writer) = pipe_log();
+        let irq = EventFd::new(libc::EFD_NONBLOCK).unwrap();
+        let com1 =
+            SerialConsole::new(irq, Some(Box::new(writer)), Arc::default(), OUTPUT_RING).unwrap();
+        transmit(&com1, &[b'q'; 20_000]);
+        let start = Instant::now();
+        com1.flush();
+        let took = start.elapsed();
+        assert!(
+            took >= FLUSH_PATIENCE && took < FLUSH_PATIENCE + Duration::from_secs(2),
+            "the flush took {took:?}"
+        );
+        let mut got = Vec::new();
+        read_some(&mut reader, &mut got);
+        assert!(
+            !got.is_empty() && got.len() < 20_000,
+            "{} written",
+            got.len()
+        );
+        assert_eq!(got.len() as u64 + com1.dropped_output(), 20_000);
+        assert_eq!(com1.pending_output(), 0);
     }
 
     #[test]

@@ -1,16 +1,22 @@
-//! A host that stops reading the agent channel and the serial console while
-//! the guest floods both and hotplugs CPUs: no vCPU may wait on the host.
+//! A host that stops reading the serial console, then the agent channel
+//! too, while the guest floods both and hotplugs CPUs: no vCPU may wait on
+//! the host, and the agent channel must not wait on the serial console.
 //!
-//! The guest's agent answers `FLOOD_REQUESTS` requests for a
-//! `FLOOD_FILE_BYTES` file while the host reads nothing for `STALL`: far
-//! more than every buffer between the agent and the harness holds, so the
-//! agent's writes wait in the guest. A shell in the guest writes
-//! `/dev/ttyS0` without pause, and in the box the harness stops reading the
-//! serial console for the same `STALL` (natively perfbed-vmm writes the
-//! serial log file itself, which does not stall; the check says so): the
-//! UART's bytes then pile up in perfbed-vmm's ring until it drops them,
-//! which the VMM counts and reports (`serial_output_dropped_bytes`, checked
-//! by the VM test after the power-off). Meanwhile a shell in the guest takes
+//! A shell in the guest writes `/dev/ttyS0` without pause. In the box the
+//! harness first stops reading the serial console alone for
+//! `SERIAL_ALONE`, long enough to fill every buffer between perfbed-vmm
+//! and the harness (natively perfbed-vmm writes the serial log file
+//! itself, which does not stall; the check says so), and asks the agent
+//! for its uptime every `PROBE_EVERY` meanwhile: perfbed-vmm's event loop
+//! serves the agent channel and writes the serial log, so a loop that
+//! waited in that write would leave the agent unanswered. Then, the serial
+//! console still unread, the guest's agent answers `FLOOD_REQUESTS`
+//! requests for a `FLOOD_FILE_BYTES` file while the host reads nothing for
+//! `STALL`: far more than every buffer between the agent and the harness
+//! holds, so the agent's writes wait in the guest. The UART's bytes pile
+//! up in perfbed-vmm's ring until it drops them, which the VMM counts and
+//! reports (`serial_output_dropped_bytes`, checked by the VM test after
+//! the power-off). Meanwhile a shell in the guest takes
 //! every CPU but 0 offline and online again in a loop, stamping each cycle
 //! with the guest's uptime (one stamp per CPU cycled); CPU offline needs every online CPU to answer
 //! (`stop_machine`), so a vCPU held in the host stops the loop. Passed when
@@ -30,11 +36,23 @@ use crate::progress::human;
 const FLOOD_FILE: &str = "/tmp/perfbed-flood";
 const FLOOD_FILE_BYTES: usize = 256 << 10;
 const FLOOD_REQUESTS: usize = 40;
-/// How long the host reads nothing. In the box the guest writes its
-/// serial port at about 9 KB/s (424,634 bytes in a 45 s run, 2026-12-04),
-/// so 30 s fit in perfbed-vmm's 256 KiB ring and dropped nothing; 60 s
-/// overflow it by about half, which the VM test requires.
-const STALL: Duration = Duration::from_secs(60);
+/// How long the host reads the agent channel but not the serial console.
+/// In the box the guest writes its serial port at about 9 KB/s, and about
+/// 250 KB fit in the virtio-serial port, QEMU and the socket between
+/// perfbed-vmm and the harness: after about 30 s perfbed-vmm's writes of
+/// the serial log would block.
+const SERIAL_ALONE: Duration = Duration::from_secs(60);
+/// How often the agent is asked for its uptime while the serial console
+/// alone is stalled.
+const PROBE_EVERY: Duration = Duration::from_secs(2);
+/// The slowest answer allowed then (one takes well under a second in the
+/// box); an event loop waiting in the serial log answers none until the
+/// harness reads the console again.
+const PROBE_LIMIT: Duration = Duration::from_secs(10);
+/// How long the host then reads nothing. With the serial console unread
+/// for `SERIAL_ALONE` + `STALL` (about 800 KB at 9 KB/s) the 256 KiB ring
+/// and the buffers after it overflow, which the VM test requires.
+const STALL: Duration = Duration::from_secs(30);
 /// The hotplug rate's baseline, just before the stall: in the box a cycle
 /// of 3 CPUs takes 5-7 s beside the serial flood, so 15 s held 2 stamps.
 const BEFORE: Duration = Duration::from_secs(30);
@@ -145,11 +163,23 @@ pub fn run(vm: &mut Vm, cpus: u8, timeout: Duration) -> Result<Vec<Check>> {
     std::thread::sleep(BEFORE);
 
     let stall_start = uptime(vm, timeout)?;
-    vm.pause_reading(true);
     let serial_stalled = vm.pause_serial(true);
     let serial_log = vm.serial_log.clone();
     let serial_size = || std::fs::metadata(&serial_log).map_or(0, |m| m.len());
     let serial_at_stall = serial_size();
+    let mut probes = Vec::new();
+    if serial_stalled {
+        let started = Instant::now();
+        while started.elapsed() < SERIAL_ALONE {
+            let asked = Instant::now();
+            uptime(vm, PROBE_LIMIT * 3).context(
+                "asking the agent while the serial console was not read: perfbed-vmm's event loop waits for the serial log",
+            )?;
+            probes.push(asked.elapsed());
+            std::thread::sleep(PROBE_EVERY.saturating_sub(asked.elapsed()));
+        }
+    }
+    vm.pause_reading(true);
     let request = serde_json::to_string(&HostRequest::ReadFile {
         path: FLOOD_FILE.into(),
     })? + "\n";
@@ -203,7 +233,17 @@ pub fn run(vm: &mut Vm, cpus: u8, timeout: Duration) -> Result<Vec<Check>> {
         stall_start - BEFORE.as_secs_f64() + 2.0,
         stall_start,
     );
-    let during = rate(&stamps, stall_start, stall_start + STALL.as_secs_f64());
+    let stalled_for = STALL
+        + if serial_stalled {
+            SERIAL_ALONE
+        } else {
+            Duration::ZERO
+        };
+    let during = rate(
+        &stamps,
+        stall_start,
+        stall_start + stalled_for.as_secs_f64(),
+    );
 
     let whole = arrived.iter().filter(|w| **w).count();
     let bytes = whole * FLOOD_FILE_BYTES;
@@ -216,11 +256,28 @@ pub fn run(vm: &mut Vm, cpus: u8, timeout: Duration) -> Result<Vec<Check>> {
             human(STALL)
         ),
     };
+    let slowest = probes.iter().max().copied().unwrap_or_default();
+    let agent = Check {
+        name: "slow reader: agent answers while the serial log stalls",
+        passed: !serial_stalled || (!probes.is_empty() && slowest <= PROBE_LIMIT),
+        detail: if serial_stalled {
+            format!(
+                "{} uptime requests answered in the {} the serial console was not read, the slowest in {} (at most {} wanted)",
+                probes.len(),
+                human(SERIAL_ALONE),
+                human(slowest),
+                human(PROBE_LIMIT)
+            )
+        } else {
+            "NOT STALLED: this host writes serial.log itself, so its event loop cannot be made to wait for it".into()
+        },
+    };
     let stall = Check {
         name: "slow reader: no vCPU stall",
         passed: before > 0.0 && during >= MIN_RATE_SHARE * before,
         detail: format!(
-            "CPU hotplug {during:.2} cycles/s while the host did not read, {before:.2} before ({:.0} %, at least {:.0} % wanted; {} stamps)",
+            "CPU hotplug {during:.2} cycles/s in the {} the host did not read, {before:.2} before ({:.0} %, at least {:.0} % wanted; {} stamps)",
+            human(stalled_for),
             if before > 0.0 { 100.0 * during / before } else { 0.0 },
             MIN_RATE_SHARE * 100.0,
             stamps.len()
@@ -237,5 +294,5 @@ pub fn run(vm: &mut Vm, cpus: u8, timeout: Duration) -> Result<Vec<Check>> {
             "NOT STALLED: this host writes serial.log itself (only the box's serial console goes through xtask); the guest wrote /dev/ttyS0 throughout".into()
         },
     };
-    Ok(vec![delivery, stall, serial])
+    Ok(vec![delivery, agent, stall, serial])
 }

@@ -108,7 +108,7 @@ pub fn qemu_command(
     // Port 0 is kept for a console, and the agent, the control socket and
     // the serial log take three: gdb's fourth needs more than four. Only
     // then: the box's runs without gdb stay as they were measured
-    // (docs/vmm-and-box.md, "The stub and `vmm_slow_agent_reader`").
+    // (docs/vmm-and-box.md, "gdb on perfbed-vmm").
     .arg("-device")
     .arg(format!(
         "virtio-serial-device,max_ports={}",

@@ -81,6 +81,9 @@ pub struct Vm {
     /// The kernels a snapshot's RIP may be in, each with its `System.map`:
     /// the guest's, and in the box L1's.
     system_maps: Vec<(&'static str, PathBuf)>,
+    /// The guest's loaded modules whose symbols a snapshot's RIP may be
+    /// in: (`name.ko`, the `.ko`, where its text was loaded).
+    module_maps: Vec<(String, PathBuf, u64)>,
     verbose: bool,
     /// Run once before a failing VM is stopped, while the device still
     /// answers (the stress saves the device's trace there).
@@ -299,6 +302,7 @@ impl Vm {
             control_socket,
             monitor_socket,
             system_maps,
+            module_maps: Vec::new(),
             agent_socket: socket,
             before_kill: None,
             verbose,
@@ -593,21 +597,39 @@ impl Vm {
         story
     }
 
+    /// Names a hung vCPU's RIP in the guest's module `ko` too, loaded with
+    /// its text at `text_base` (`/proc/modules`, asked while the guest
+    /// answered).
+    pub fn add_module_symbols(&mut self, ko: &Path, text_base: u64) {
+        let name = ko.file_name().map_or_else(
+            || ko.display().to_string(),
+            |n| n.to_string_lossy().into_owned(),
+        );
+        self.module_maps.push((name, ko.to_path_buf(), text_base));
+    }
+
     /// A line for each distinct RIP: the function it is in, in each kernel
-    /// it may belong to (a map that cannot be read is said so).
+    /// it may belong to, or the module (a map that cannot be read is said
+    /// so).
     fn name_rips(&self, rips: impl Iterator<Item = u64>) -> String {
         let mut maps = Vec::new();
         let mut story = String::new();
         for (kernel, path) in &self.system_maps {
             match SystemMap::load(path) {
-                Ok(map) => maps.push((*kernel, map)),
+                Ok(map) => maps.push((kernel.to_string(), map)),
                 Err(e) => story += &format!("\nno symbols for {kernel}: {e:#}"),
+            }
+        }
+        for (module, ko, base) in &self.module_maps {
+            match SystemMap::of_module(ko, *base) {
+                Ok(map) => maps.push((module.clone(), map)),
+                Err(e) => story += &format!("\nno symbols for {module}: {e:#}"),
             }
         }
         if maps.is_empty() {
             return story;
         }
-        let maps: Vec<(&str, &SystemMap)> = maps.iter().map(|(k, m)| (*k, m)).collect();
+        let maps: Vec<(&str, &SystemMap)> = maps.iter().map(|(k, m)| (k.as_str(), m)).collect();
         let mut seen = Vec::new();
         for rip in rips {
             if !seen.contains(&rip) {

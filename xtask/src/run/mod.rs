@@ -377,6 +377,7 @@ pub fn scenario_for(
         request_timeout: patience,
         plot: args.plot,
         driver: images.driver.clone(),
+        scope_test: images.scope_test.clone(),
         known_bugs: args.known_bugs,
         fail_injection: images.variant.is_debug(),
         select: crate::checks::Select::matching(&args.check),

@@ -31,6 +31,9 @@ pub struct Scenario {
     pub plot: bool,
     /// perfbed.ko as built, for gdb's symbols.
     pub driver: PathBuf,
+    /// The device-scope test module as built, in a test's images (its
+    /// symbols name the CPU the hang tests hang on purpose).
+    pub scope_test: Option<PathBuf>,
     /// Run the checks of known, open bugs too (`--known-bugs`).
     pub known_bugs: bool,
     /// The kernel can fail a hotplug operation at a chosen state

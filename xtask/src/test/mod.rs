@@ -164,14 +164,14 @@ const VM_TESTS: &[VmTest] = &[
     },
     VmTest {
         name: "hang_capture",
-        what: "a guest hung on purpose (`halt -f`: every CPU in hlt with interrupts off) goes silent; the harness's timeout saves its vCPUs from QEMU's monitor and reads every one as halted with interrupts disabled",
+        what: "a guest hung on purpose (the scope test module's spin event opened on CPU 1: its add, run with interrupts off, never returns) goes silent; the harness's timeout saves its vCPUs from QEMU's monitor and reads CPU 1 as running with interrupts disabled in spin_with_interrupts_off, named from the module's symbols",
         variant: Variant::Normal,
         host: host::HostChoice::Qemu,
         run: hang_is_captured,
     },
     VmTest {
         name: "vmm_hang_capture",
-        what: "the same hang on perfbed-vmm (natively, or in the box): its vCPUs' state, asked of its control socket, saved as vcpu-state.txt and decoded by the same reader, every vCPU halted with interrupts disabled",
+        what: "the same hang on perfbed-vmm (natively, or in the box): its vCPUs' state, asked of its control socket, saved as vcpu-state.txt and decoded by the same reader, CPU 1 running with interrupts disabled in spin_with_interrupts_off",
         variant: Variant::Normal,
         host: host::HostChoice::Vmm,
         run: hang_is_captured,
@@ -262,7 +262,7 @@ const VM_TESTS: &[VmTest] = &[
     },
     VmTest {
         name: "vmm_slow_agent_reader",
-        what: "on perfbed-vmm, the host stops reading the agent channel (and in the box the serial console) for 60 s while the agent answers 10 MiB, a shell floods ttyS0 and another hotplugs CPUs: the hotplug rate holds (no vCPU waits on the host), every answer arrives, the serial overflow is counted, the kernel log stays clean",
+        what: "on perfbed-vmm, while a shell floods ttyS0 and another hotplugs CPUs, the host stops reading (in the box) the serial console for 60 s, the agent answering throughout (its event loop does not wait for the serial log), then the agent channel too for 30 s while the agent answers 10 MiB: the hotplug rate holds (no vCPU waits on the host), every answer arrives, the serial overflow is counted, the kernel log stays clean",
         variant: Variant::Normal,
         host: host::HostChoice::Vmm,
         run: slow_agent_reader,

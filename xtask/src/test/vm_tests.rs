@@ -606,21 +606,59 @@ pub fn unexpected_reset_is_reported(scenario: &Scenario, accel: &Accel) -> Resul
 /// How long the hang test waits for the agent's answer that never comes.
 const HANG_TIMEOUT: Duration = Duration::from_secs(15);
 
-/// A hang on purpose: `halt -f` stops every CPU with interrupts off (the
-/// kernel's `machine_halt`: the others stopped by IPI, each in `hlt` with
-/// RFLAGS.IF clear), so the agent never answers. The harness's timeout
-/// then records the vCPUs (QEMU's monitor, or perfbed-vmm's control
-/// socket); the capture must be saved, name every vCPU, and read as
-/// halted with interrupts disabled.
+/// The CPU the hang tests stop.
+const SPIN_CPU: usize = 1;
+/// The scope test module, and its function that spins with interrupts off.
+const SPIN_MODULE: &str = "perfbed_scope_test";
+const SPIN_FUNCTION: &str = "perfbed_scope_test::spin_with_interrupts_off+";
+
+/// A hang on purpose: an event of the scope test module's unlisted spin
+/// config (`perfbed_scope_core/config=0x2/`, images/kernel/scope-test)
+/// opened on CPU 1, whose `add` the perf core runs there with interrupts
+/// disabled and which never returns. CPU 1 spins with interrupts off, the
+/// agent (waiting in the open) never answers, and the harness's timeout
+/// records the vCPUs (QEMU's monitor, or perfbed-vmm's control socket).
+/// The capture must be saved, name every vCPU, and show CPU 1 running (not
+/// halted) with interrupts disabled at a RIP that the module's symbols, at
+/// the address the guest loaded it, name `spin_with_interrupts_off`; the
+/// harness's story must name it so too.
 pub fn hang_is_captured(scenario: &Scenario, accel: &Accel) -> Result<()> {
+    let ko = scenario
+        .scope_test
+        .clone()
+        .context("the hang test needs a test's images (the scope test module)")?;
     let booted = Vm::boot(&scenario.vm, accel)?;
     let mut vm = booted.vm;
-    let start = Instant::now();
-    let halt = perfbed_agent::HostRequest::Run {
-        argv: vec!["/bin/busybox".into(), "halt".into(), "-f".into()],
+    let mut guest = crate::guest::Guest {
+        vm: &mut vm,
+        timeout: scenario.request_timeout,
     };
-    let error = match vm.request(&halt, HANG_TIMEOUT) {
-        Ok(answer) => bail!("the guest answered its own halt: {answer:?}"),
+    guest.expect_done(perfbed_agent::HostRequest::LoadModule {
+        name: SPIN_MODULE.into(),
+    })?;
+    let modules = guest.read_file("/proc/modules")?;
+    let base = modules
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(SPIN_MODULE))
+        .and_then(|l| l.split_whitespace().find(|t| t.starts_with("0x")))
+        .and_then(|a| u64::from_str_radix(a.trim_start_matches("0x"), 16).ok())
+        .filter(|&a| a != 0)
+        .with_context(|| format!("where {SPIN_MODULE} was loaded, in /proc/modules:\n{modules}"))?;
+    let pmu = guest.pmu_type("perfbed_scope_core")?;
+    vm.add_module_symbols(&ko, base);
+    let start = Instant::now();
+    let spin = perfbed_agent::HostRequest::PerfOpen {
+        attr: perfbed_agent::PerfAttr {
+            type_: pmu,
+            config: 0x2,
+            ..Default::default()
+        },
+        pid: -1,
+        cpu: SPIN_CPU as i32,
+        group: None,
+    };
+    let error = match vm.request(&spin, HANG_TIMEOUT) {
+        Ok(answer) => bail!("the guest answered the open of the spinning event: {answer:?}"),
         Err(e) => format!("{e:#}"),
     };
     let (file, said) = match scenario.vm.host {
@@ -638,11 +676,29 @@ pub fn hang_is_captured(scenario: &Scenario, accel: &Accel) -> Result<()> {
     }
     let cpus = read_vcpu_capture(&scenario.vm.run_dir.join(file), scenario.vm.cpus)?;
     let decoded = host::cpu_state::describe(&cpus);
-    if let Some(awake) = cpus.iter().position(|c| c.interrupts_enabled || !c.halted) {
+    let spinning = cpus
+        .iter()
+        .position(|c| c.cpu == SPIN_CPU)
+        .with_context(|| format!("no vCPU {SPIN_CPU} in the capture"))?;
+    let c = &cpus[spinning];
+    let rip = c.rip.unwrap_or(0);
+    let named = host::symbols::SystemMap::of_module(&ko, base)?.resolve(rip);
+    let in_spin = named
+        .as_deref()
+        .is_some_and(|f| f.starts_with(SPIN_FUNCTION));
+    if c.halted || c.interrupts_enabled || !in_spin {
         bail!(
-            "after halt -f, {} (not halted with interrupts off)",
-            decoded[awake]
+            "CPU {SPIN_CPU} should spin with interrupts off in {SPIN_FUNCTION}..: {} ({} with {SPIN_MODULE} at {base:#x})",
+            decoded[spinning],
+            named.as_deref().unwrap_or("no function of the module")
         );
+    }
+    let story = format!(
+        "is {} in {SPIN_MODULE}.ko",
+        named.as_deref().unwrap_or_default()
+    );
+    if !error.contains(&story) {
+        bail!("the harness's story does not name the spinning function ({story:?}):\n{error}");
     }
     println!(
         "    after {} ({} of it the agent's silence):",
@@ -652,6 +708,7 @@ pub fn hang_is_captured(scenario: &Scenario, accel: &Accel) -> Result<()> {
     for line in decoded {
         println!("      {line}");
     }
+    println!("      vCPU {SPIN_CPU}'s RIP {rip:#x} {story}",);
     Ok(())
 }
 

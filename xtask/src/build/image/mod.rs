@@ -24,6 +24,9 @@ pub struct Images {
     pub qemu: qemu::Qemu,
     /// perfbed.ko as built (with its symbols), for gdb.
     pub driver: PathBuf,
+    /// The device-scope test module as built, in a test's images only (its
+    /// symbols name the CPU it hangs on purpose).
+    pub scope_test: Option<PathBuf>,
     /// Which kernel `vmlinux` is.
     pub variant: Variant,
 }
@@ -86,13 +89,14 @@ fn ensure_mutated(
         let qemu = qemu
             .join()
             .map_err(|_| anyhow::anyhow!("the QEMU build thread panicked"))?;
-        let (kernel, initramfs, driver) = guest?;
+        let (kernel, initramfs, driver, scope_test) = guest?;
         Ok(Images {
             vmlinux: kernel.vmlinux,
             initramfs,
             kernel_release: kernel.release,
             qemu: qemu?,
             driver,
+            scope_test,
             variant,
         })
     })
@@ -134,14 +138,14 @@ pub fn ensure_unpatched(workspace: &Path, patched: &Images) -> Result<Images> {
 }
 
 /// The kernel, and the initramfs with the agent and the modules, and
-/// perfbed.ko (for gdb's symbols).
+/// perfbed.ko (for gdb's symbols) and the scope test module (a test's).
 fn guest_images(
     workspace: &Path,
     variant: Variant,
     purpose: Purpose,
     driver: Option<&Path>,
     choose: Option<kernel::ChoosePatches>,
-) -> Result<(kernel::Kernel, PathBuf, PathBuf)> {
+) -> Result<(kernel::Kernel, PathBuf, PathBuf, Option<PathBuf>)> {
     // A kernel build installs bindgen while it unpacks the source, and
     // builds perf from the patched tree beside its own make; modules built
     // against a cached kernel need bindgen too, and perf from a cached
@@ -158,15 +162,19 @@ fn guest_images(
     let dir = driver.map_or_else(|| "guest-driver".to_string(), |d| d.display().to_string());
     let driver = module::ensure(workspace, &kernel, &dir, "perfbed", &["device/src/regs.rs"])?;
     let mut modules = vec![driver.clone()];
+    let mut scope_test = None;
     if purpose == Purpose::Test {
-        // Loaded only by the device-scope test (images/kernel/scope-test).
-        modules.push(module::ensure(
+        // Loaded only by the device-scope test and the hang tests
+        // (images/kernel/scope-test).
+        let ko = module::ensure(
             workspace,
             &kernel,
             "images/kernel/scope-test",
             "perfbed_scope_test",
             &[],
-        )?);
+        )?;
+        modules.push(ko.clone());
+        scope_test = Some(ko);
     }
     let agent = agent::build(workspace)?;
     // The kernel's own cpu-hotplug selftest and perf, from the tree the
@@ -176,5 +184,5 @@ fn guest_images(
         kernel.tree.join(initramfs::SELFTEST_IN_TREE),
     )];
     let initramfs = initramfs::ensure(&agent, &modules, &selftest, &perf)?;
-    Ok((kernel, initramfs, driver))
+    Ok((kernel, initramfs, driver, scope_test))
 }
