@@ -134,6 +134,7 @@ pub fn ensure_unpatched(workspace: &Path, patched: &Images) -> Result<Images> {
         qemu: patched.qemu.clone(),
         driver: patched.driver.clone(),
         variant: Variant::Normal,
+        scope_test: None,
     })
 }
 
