@@ -6,3 +6,8 @@ CONFIG_ARM_VIRT=y
 CONFIG_VIRTIO_SERIAL=y
 CONFIG_VIRTIO_MMIO=y
 CONFIG_PERFBED=y
+# QEMU 7.2's Arm TCG always compiles the M-profile code (target/arm's
+# cpu_tcg.c, m_helper.c), which links against the NVIC and semihosting:
+# ARM_V7M is `default y if TCG`, which --without-default-devices drops, and
+# the link fails without it (armv7m_nvic_set_pending, do_common_semihosting).
+CONFIG_ARM_V7M=y
