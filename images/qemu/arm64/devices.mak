@@ -11,3 +11,7 @@ CONFIG_PERFBED=y
 # ARM_V7M is `default y if TCG`, which --without-default-devices drops, and
 # the link fails without it (armv7m_nvic_set_pending, do_common_semihosting).
 CONFIG_ARM_V7M=y
+# The GICv3's TCG model (`arm-gicv3`, and its ITS): `default y`, dropped
+# the same way; without it `-M virt,gic-version=3` stops at once with
+# "unknown type 'arm-gicv3'".
+CONFIG_ARM_GICV3_TCG=y
