@@ -100,6 +100,8 @@ use kernel::sync::{new_raw_spinlock, Arc, RawSpinLock};
 mod allowed;
 mod hw;
 mod irq;
+#[cfg(CONFIG_OF)]
+mod of;
 mod topology;
 // The device's register map, shared with the device model: not all of it is used here.
 #[allow(unreachable_pub)]
@@ -364,6 +366,17 @@ fn poll_period_ms(width: u64, unit: u64, max_rate: u64) -> u32 {
     }
     // CAST: clamped to at most `MAX_POLL_MS`.
     (wrap_ms / POLLS_PER_WRAP).clamp(1, u64::from(MAX_POLL_MS)) as u32
+}
+
+/// Where the device is: the `device` parameter, or with a device tree and no parameter, the
+/// device's node there (`of.rs`: arm64).
+fn device_location() -> Result<(u64, u64, irq::Gsis)> {
+    let param = hw::device_param();
+    #[cfg(CONFIG_OF)]
+    if param.as_bytes().trim_ascii().is_empty() {
+        return of::find();
+    }
+    parse_device_param(param)
 }
 
 /// Parses the `device=<size>@<base>[:<gsi>,...]` parameter (size and base in hex, `0x`
@@ -1533,7 +1546,7 @@ struct Perfbed {
 
 impl kernel::Module for Perfbed {
     fn init(module: &'static ThisModule) -> Result<Self> {
-        let (size, base, gsis) = parse_device_param(hw::device_param())?;
+        let (size, base, gsis) = device_location()?;
         let mmio = hw::Mmio::map(base, size).inspect_err(|_| {
             pr_err!("cannot map the registers at {:#x} ({:#x} bytes)\n", base, size)
         })?;

@@ -73,6 +73,16 @@ impl Gsis {
         Some(gsis)
     }
 
+    /// Lines a device tree gave, already Linux IRQs (`of.rs`; 0: the domain has none).
+    #[cfg(CONFIG_OF)]
+    pub(crate) fn from_irqs(irqs: &[u32]) -> Gsis {
+        let mut gsis = Gsis::NONE;
+        for (line, &irq) in gsis.gsis.iter_mut().zip(irqs) {
+            *line = (irq != 0).then_some(irq);
+        }
+        gsis
+    }
+
     /// Domain `domain`'s GSI, if it has one.
     pub(crate) fn of(&self, domain: u32) -> Option<u32> {
         self.gsis.get(domain as usize).copied().flatten()

@@ -47,6 +47,9 @@ enum Command {
         /// The kernel with DWARF debug information for gdb.
         #[arg(long, conflicts_with = "debug")]
         gdb: bool,
+        /// The guest's architecture (arm64: docs/arm64.md).
+        #[arg(long, value_enum, default_value_t = image::arch::Arch::X86_64, conflicts_with_all = ["debug", "sanitize", "gdb"])]
+        arch: image::arch::Arch,
     },
     /// The main job: build what is missing, boot, run the scenario, report.
     Run(RunArgs),
@@ -97,10 +100,22 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = build::workspace().and_then(|ws| match cli.command {
         Command::Deps => build::deps::ensure().map(|()| true),
+        Command::Image { arch, .. } if arch != image::arch::Arch::X86_64 => {
+            image::ensure_arch(&ws, arch).map(|images| {
+                println!(
+                    "kernel:    {}\ninitramfs: {}\nqemu:      {}",
+                    images.vmlinux.display(),
+                    images.initramfs.display(),
+                    images.qemu.binary.display()
+                );
+                true
+            })
+        }
         Command::Image {
             debug,
             sanitize,
             gdb,
+            ..
         } => image::ensure(&ws, run::variant(debug, sanitize, gdb)).map(|images| {
             println!(
                 "vmlinux:   {}\ninitramfs: {}",

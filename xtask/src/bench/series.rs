@@ -20,7 +20,7 @@ use perfbed_agent::{PerfAttr, ReadTarget};
 use super::guest::{time, Effort, PERF_COUNT_SW_CPU_CLOCK, PERF_TYPE_SOFTWARE};
 use super::report::{Goal, Row};
 use super::stats::Summary;
-use crate::build::image::{self, kernel::Kernel, Images};
+use crate::build::image::{self, arch::Arch, kernel::Kernel, Images};
 use crate::guest::Guest;
 use crate::host::vm::Vm;
 use crate::host::Accel;
@@ -196,7 +196,7 @@ fn sizeof_perf_event(ws: &Path, images: &Images) -> Result<u64> {
          const unsigned long perfbed_sizeof_perf_event = sizeof(struct perf_event);\n",
     )?;
     let output = crate::cmd::output(
-        Kernel::make(tree)?
+        Kernel::make_for(tree, Arch::X86_64)?
             .arg(format!("M={}", dir.display()))
             .arg("sizeof_perf_event.s"),
     )?;

@@ -122,7 +122,7 @@ fn l1_kernel() -> Result<L1Kernel> {
         &format!("fetching the box's L1 kernel ({package} {version})"),
         &dir.join("fetch.log"),
     )?;
-    let deb = apt_download(&step, &dir, &format!("{package}={version}"))?;
+    let deb = deps::apt_download(&step, &dir, &format!("{package}={version}"))?;
     let unpacked = dir.join("unpacked");
     step.run(Command::new("dpkg").arg("-x").arg(&deb).arg(&unpacked))?;
     let release = fs::read_dir(unpacked.join("lib/modules"))?
@@ -156,19 +156,6 @@ fn l1_kernel() -> Result<L1Kernel> {
 }
 
 /// `apt-get download package=version` into `dir`: the .deb it left.
-fn apt_download(step: &Step, dir: &Path, spec: &str) -> Result<PathBuf> {
-    step.run(
-        Command::new("apt-get")
-            .current_dir(dir)
-            .args(["download", spec]),
-    )?;
-    fs::read_dir(dir)?
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| p.extension().is_some_and(|e| e == "deb"))
-        .context("apt-get download left no .deb")
-}
-
 /// The L1 kernel's real `System.map`: the kernel package's own is a stub
 /// ("The real System.map is in the linux-image-<version>-dbg package"),
 /// so it comes from `<package>-dbg` (859 MB for 6.1.0-57). The map is
@@ -184,7 +171,7 @@ fn fetch_system_map(
     let dbg = dir.join("dbg");
     fs::create_dir_all(&dbg)?;
     let result = (|| {
-        let deb = apt_download(step, &dbg, &format!("{package}-dbg={version}"))?;
+        let deb = deps::apt_download(step, &dbg, &format!("{package}-dbg={version}"))?;
         // dpkg-deb dies of SIGPIPE once tar has its member; the pipeline's
         // status is tar's.
         step.run(Command::new("sh").current_dir(&dbg).arg("-c").arg(format!(

@@ -1,6 +1,7 @@
 //! `cargo xtask deps`: what a fresh Debian 12 machine lacks, installed.
 
-use std::path::PathBuf;
+use std::fs;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{bail, Context, Result};
@@ -56,6 +57,42 @@ pub const BENCH_PACKAGES: &[(&str, &str)] = &[(
     "qemu-system-x86",
     "stock Debian QEMU, the boot baseline (`-M pc`) of `cargo xtask bench`",
 )];
+
+/// Debian packages only an arm64 guest needs (`--arch arm64`), and why;
+/// `libstd-rust-web-dev:arm64` comes through multiarch (docs/arm64.md).
+pub const ARM64_PACKAGES: &[(&str, &str)] = &[
+    (
+        "gcc-aarch64-linux-gnu",
+        "the arm64 kernel's C compiler, the agent's linker",
+    ),
+    (
+        "libc6-dev-arm64-cross",
+        "the static arm64 agent's C library",
+    ),
+    (
+        "libstd-rust-web-dev:arm64",
+        "rustc-web's aarch64 standard library, for the arm64 agent",
+    ),
+];
+
+/// Installs the arm64 guest's packages if missing, enabling Debian's arm64
+/// architecture (multiarch) first.
+pub fn ensure_arm64() -> Result<()> {
+    let foreign = cmd::output(Command::new("dpkg").arg("--print-foreign-architectures"))?;
+    if !foreign.split_whitespace().any(|a| a == "arm64") {
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            bail!("the arm64 guest needs Debian's arm64 packages; as root run `dpkg --add-architecture arm64 && apt-get update`");
+        }
+        eprintln!("==> enabling Debian's arm64 architecture (dpkg --add-architecture arm64)");
+        cmd::output(Command::new("dpkg").args(["--add-architecture", "arm64"]))?;
+    }
+    let missing = missing_of(ARM64_PACKAGES)?;
+    if !missing.is_empty() {
+        install_packages(&missing)?;
+    }
+    Ok(())
+}
 
 /// Installs the benchmark's own packages if missing.
 pub fn ensure_bench() -> Result<()> {
@@ -259,6 +296,7 @@ fn install_packages(missing: &[&str]) -> Result<()> {
         let why = PACKAGES
             .iter()
             .chain(BENCH_PACKAGES)
+            .chain(ARM64_PACKAGES)
             .find(|(p, _)| p == package)
             .map(|(_, w)| *w)
             .unwrap_or("");
@@ -338,4 +376,19 @@ pub fn which(program: &str) -> Option<PathBuf> {
 pub fn version_of(program: &str) -> Result<String> {
     let out = cmd::output(Command::new(program).arg("--version"))?;
     Ok(out.lines().next().unwrap_or("").to_string())
+}
+
+/// Fetches the package `spec` (`name=version`, `name:arch`) with `apt-get
+/// download` into `dir`; returns the `.deb`.
+pub fn apt_download(step: &Step, dir: &Path, spec: &str) -> Result<PathBuf> {
+    step.run(
+        Command::new("apt-get")
+            .current_dir(dir)
+            .args(["download", spec]),
+    )?;
+    fs::read_dir(dir)?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|e| e == "deb"))
+        .context("apt-get download left no .deb")
 }

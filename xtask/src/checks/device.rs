@@ -11,7 +11,6 @@ use perfbed_device::regs::{self, Event};
 use perfbed_device::{ControlClient, DeviceConfig};
 
 use super::Check;
-use crate::host::config::DEVICE_BASE;
 use crate::host::vm::Vm;
 
 /// The RMID the device checks count for.
@@ -246,7 +245,7 @@ fn mmio(
 ) -> Result<Vec<u64>> {
     let count = accesses.len();
     let request = HostRequest::Mmio {
-        base: DEVICE_BASE,
+        base: vm.device_base,
         size: device.size(),
         accesses,
     };

@@ -13,6 +13,7 @@ pub mod control_proxy;
 pub mod cpu_state;
 pub mod monitor;
 pub mod qemu;
+pub mod qemu_virt;
 pub mod symbols;
 pub mod the_box;
 pub mod vm;
@@ -30,6 +31,9 @@ use crate::build::box_image::{self, BoxImages};
 pub enum Host {
     /// perfbed's QEMU with the device shim (`config.qemu`), KVM or TCG.
     Qemu,
+    /// perfbed's aarch64 QEMU running an arm64 guest on the `virt` board,
+    /// TCG (`qemu_virt.rs`, docs/arm64.md).
+    QemuVirt,
     /// perfbed-vmm on this machine's /dev/kvm (a CPU with VT-x/SVM).
     VmmNative { vmm: PathBuf },
     /// perfbed-vmm inside the box (an L1 Linux with KVM under `config.qemu`).
@@ -40,6 +44,7 @@ impl Host {
     pub fn name(&self) -> &'static str {
         match self {
             Host::Qemu => "qemu",
+            Host::QemuVirt => "qemu (arm64 virt)",
             Host::VmmNative { .. } => "vmm (native KVM)",
             Host::VmmBox(_) => "vmm (in the box)",
         }

@@ -28,28 +28,36 @@ pub fn command(
     }
     qemu.args(["-M", MACHINE]);
     guest_args(&mut qemu, config, accel, &cmdline.join(" "));
-    qemu.args([
-        "-chardev",
-        "stdio,id=serial0,signal=off",
-        "-serial",
-        "chardev:serial0",
-    ]);
-    agent_port_args(&mut qemu, socket);
-    qemu.arg("-device")
-        .arg(device_arg(&config.device, control_socket));
-    if let Some(gdb) = &config.gdb {
-        qemu.arg("-gdb").arg(format!("tcp:127.0.0.1:{}", gdb.port));
-        if gdb.stopped {
-            qemu.arg("-S");
-        }
-    }
+    io_args(
+        &mut qemu,
+        config,
+        socket,
+        control_socket,
+        DEVICE_BASE,
+        device_gsis(config.device.domains.len()),
+    );
     qemu
 }
 
-/// What every QEMU boot of perfbed's images says, whatever the machine: no
-/// defaults, no display, exit on reboot, the accelerator, the guest's shape,
-/// its kernel, initramfs and command line.
-pub fn guest_args(qemu: &mut Command, config: &VmConfig, accel: &Accel, cmdline: &str) {
+/// The guest's serial console, the agent's port, the device (registers at
+/// `base`, domain `d`'s line on `lines[d]`) and the gdb stub if asked for.
+pub fn io_args(
+    qemu: &mut Command,
+    config: &VmConfig,
+    socket: &Path,
+    control_socket: &Path,
+    base: u64,
+    lines: &[u32],
+) {
+    serial_args(qemu);
+    agent_port_args(qemu, socket);
+    qemu.arg("-device")
+        .arg(device_arg(&config.device, control_socket, base, lines));
+    gdb_args(qemu, config);
+}
+
+/// No defaults, no display, exit on reboot.
+pub fn quiet_args(qemu: &mut Command) {
     qemu.args([
         "-nodefaults",
         "-no-user-config",
@@ -57,13 +65,50 @@ pub fn guest_args(qemu: &mut Command, config: &VmConfig, accel: &Accel, cmdline:
         "none",
         "-no-reboot",
     ]);
+}
+
+/// The guest's serial console on QEMU's stdout, which xtask logs.
+fn serial_args(qemu: &mut Command) {
+    qemu.args([
+        "-chardev",
+        "stdio,id=serial0,signal=off",
+        "-serial",
+        "chardev:serial0",
+    ]);
+}
+
+/// QEMU's gdb stub, if the config asks for one.
+fn gdb_args(qemu: &mut Command, config: &VmConfig) {
+    if let Some(gdb) = &config.gdb {
+        qemu.arg("-gdb").arg(format!("tcp:127.0.0.1:{}", gdb.port));
+        if gdb.stopped {
+            qemu.arg("-S");
+        }
+    }
+}
+
+/// What every QEMU boot of perfbed's images says, whatever the machine: no
+/// defaults, no display, exit on reboot, the accelerator, the guest's shape,
+/// its kernel, initramfs and command line.
+pub fn guest_args(qemu: &mut Command, config: &VmConfig, accel: &Accel, cmdline: &str) {
+    quiet_args(qemu);
     if accel.kvm {
         qemu.args(["-accel", "kvm", "-cpu", "host"]);
     } else {
         qemu.args(["-accel", "tcg", "-cpu", "max"]);
     }
+    boot_args(
+        qemu,
+        config,
+        &smp_arg(u32::from(config.cpus), &config.device.domains),
+        cmdline,
+    );
+}
+
+/// The guest's CPUs (`-smp`), memory, kernel, initramfs and command line.
+pub fn boot_args(qemu: &mut Command, config: &VmConfig, smp: &str, cmdline: &str) {
     qemu.arg("-smp")
-        .arg(smp_arg(u32::from(config.cpus), &config.device.domains))
+        .arg(smp)
         .arg("-m")
         .arg(config.memory_mib.to_string())
         .arg("-kernel")
@@ -108,8 +153,10 @@ pub fn agent_port_args(qemu: &mut Command, socket: &Path) {
         .args(["-device", "virtserialport,chardev=agent,name=perfbed.agent"]);
 }
 
-/// The `-device perfbed,...` argument of perfbed's QEMU (images/qemu/perfbed.c).
-fn device_arg(device: &DeviceConfig, control: &Path) -> String {
+/// The `-device perfbed,...` argument of perfbed's QEMU (images/qemu/perfbed.c):
+/// the registers at `base`, domain `d`'s line on `lines[d]` (x86's GSIs, or
+/// an Arm board's GIC SPIs).
+fn device_arg(device: &DeviceConfig, control: &Path, base: u64, lines: &[u32]) -> String {
     // QEMU splits `-device` options at commas and reads `,,` as one: a
     // domain that is not one range (`0,2`) must be escaped, or QEMU takes
     // `2:1` for a property name and refuses to start.
@@ -119,7 +166,7 @@ fn device_arg(device: &DeviceConfig, control: &Path) -> String {
         .map(|d| format_cpu_list(d).replace(',', ",,"))
         .collect();
     let mut arg = format!(
-        "perfbed,addr={DEVICE_BASE:#x},domains={},rmids={},slots={},width={},max-rate={},control={}",
+        "perfbed,addr={base:#x},domains={},rmids={},slots={},width={},max-rate={},control={}",
         domains.join(":"),
         device.rmids,
         device.slots,
@@ -131,12 +178,9 @@ fn device_arg(device: &DeviceConfig, control: &Path) -> String {
     if device.trace_capacity != perfbed_device::TRACE_CAPACITY {
         arg += &format!(",trace-capacity={}", device.trace_capacity);
     }
-    let gsis: Vec<String> = device_gsis(device.domains.len())
-        .iter()
-        .map(u32::to_string)
-        .collect();
-    if !gsis.is_empty() {
-        arg += &format!(",irqs={}", gsis.join(":"));
+    let lines: Vec<String> = lines.iter().map(u32::to_string).collect();
+    if !lines.is_empty() {
+        arg += &format!(",irqs={}", lines.join(":"));
     }
     arg
 }
@@ -151,13 +195,13 @@ mod tests {
             domains: vec![vec![0, 2], vec![1, 3]],
             ..DeviceConfig::default()
         };
-        let arg = device_arg(&device, Path::new("/run/control.sock"));
+        let arg = device_arg(&device, Path::new("/run/control.sock"), DEVICE_BASE, &[]);
         assert!(arg.contains(",domains=0,,2:1,,3,rmids="), "{arg}");
         let device = DeviceConfig {
             domains: vec![vec![0, 1], vec![2, 3]],
             ..DeviceConfig::default()
         };
-        let arg = device_arg(&device, Path::new("/run/control.sock"));
+        let arg = device_arg(&device, Path::new("/run/control.sock"), DEVICE_BASE, &[]);
         assert!(arg.contains(",domains=0-1:2-3,rmids="), "{arg}");
     }
 

@@ -30,7 +30,7 @@ use super::cmdline::{base_cmdline, host_tsc_khz, kernel_hz, GuestClock};
 use super::config::{device_gsis, device_param, VmConfig};
 use super::console::{copy_serial, kernel_log_problems, Pausable};
 use super::symbols::{self, SystemMap};
-use super::{cpu_state, monitor, qemu, the_box, vmm, Accel, Host};
+use super::{cpu_state, monitor, qemu, qemu_virt, the_box, vmm, Accel, Host};
 use crate::cmd;
 
 /// The device trace's file in a run's folder.
@@ -76,6 +76,8 @@ pub struct Vm {
     pub box_log: Option<PathBuf>,
     /// The device's control socket (inject traffic, read its state).
     pub control_socket: PathBuf,
+    /// Where the device's registers are in the guest's physical memory.
+    pub device_base: u64,
     /// QEMU's human monitor (the guest's QEMU, or the box's).
     monitor_socket: Option<PathBuf>,
     /// The kernels a snapshot's RIP may be in, each with its `System.map`:
@@ -134,7 +136,9 @@ impl Vm {
         // records the vCPUs' state of a VM that failed.
         let monitor_socket = match config.host {
             Host::VmmNative { .. } => None,
-            Host::Qemu | Host::VmmBox(_) => Some(config.run_dir.join(MONITOR_SOCKET)),
+            Host::Qemu | Host::QemuVirt | Host::VmmBox(_) => {
+                Some(config.run_dir.join(MONITOR_SOCKET))
+            }
         };
         let _ = fs::remove_file(&socket);
         let _ = fs::remove_file(&control_socket);
@@ -143,16 +147,23 @@ impl Vm {
             Host::VmmNative { .. } => "vmm.log",
             _ => "qemu.log",
         });
-        let tsc_khz = host_tsc_khz();
+        let tsc_khz = match config.host {
+            // An arm64 guest has no TSC; its clock is the architected timer.
+            Host::QemuVirt => 0,
+            _ => host_tsc_khz(),
+        };
 
         // Only perfbed's QEMU on TCG runs the guest without hardware
         // virtualisation: the box's L1 is TCG, but its L2 runs on KVM.
         let tcg = matches!(config.host, Host::Qemu) && !accel.kvm;
-        let mut cmdline = base_cmdline(&GuestClock {
-            tsc_khz,
-            hz: kernel_hz(&config.vmlinux),
-            tcg,
-        });
+        let mut cmdline = match config.host {
+            Host::QemuVirt => qemu_virt::cmdline(),
+            _ => base_cmdline(&GuestClock {
+                tsc_khz,
+                hz: kernel_hz(&config.vmlinux),
+                tcg,
+            }),
+        };
         if let Host::Qemu = config.host {
             // Announced like virtio-mmio devices are: size@base:irqs
             // (perfbed-vmm announces its devices itself, the same way).
@@ -165,6 +176,10 @@ impl Vm {
         let (mut command, console_log) = match &config.host {
             Host::Qemu => (
                 qemu::command(config, accel, &cmdline, &socket, &control_socket),
+                Some(serial_log.clone()),
+            ),
+            Host::QemuVirt => (
+                qemu_virt::command(config, &cmdline, &socket, &control_socket),
                 Some(serial_log.clone()),
             ),
             Host::VmmNative { vmm } => (
@@ -300,6 +315,10 @@ impl Vm {
             qemu_log,
             box_log,
             control_socket,
+            device_base: match config.host {
+                Host::QemuVirt => qemu_virt::DEVICE_BASE,
+                _ => super::config::DEVICE_BASE,
+            },
             monitor_socket,
             system_maps,
             module_maps: Vec::new(),
@@ -310,9 +329,9 @@ impl Vm {
             serial_paused,
             heartbeat,
             monitor_silences: Vec::new(),
-            vmm_host: !matches!(config.host, Host::Qemu),
+            vmm_host: !matches!(config.host, Host::Qemu | Host::QemuVirt),
             describe_exit: match config.host {
-                Host::Qemu => describe_qemu_exit,
+                Host::Qemu | Host::QemuVirt => describe_qemu_exit,
                 Host::VmmNative { .. } => vmm::describe_exit,
                 Host::VmmBox(_) => the_box::describe_exit,
             },

@@ -112,6 +112,30 @@ pub fn ensure(
             }
         }
     }
+    archive(&agent_bytes, modules, files)
+}
+
+/// The arm64 guest's initramfs: the agent, the modules, and busybox (a
+/// static arm64 build from Debian, [`super::busybox`]); no perf, bash or
+/// lscpu yet (docs/arm64.md).
+pub fn ensure_arm64(agent: &Path, modules: &[PathBuf], busybox: &Path) -> Result<PathBuf> {
+    let agent_bytes = fs::read(agent).with_context(|| format!("reading {}", agent.display()))?;
+    let busybox = fs::read(busybox).with_context(|| format!("reading {}", busybox.display()))?;
+    archive(
+        &agent_bytes,
+        modules,
+        vec![("bin/busybox".to_string(), busybox, true)],
+    )
+}
+
+/// The cached initramfs of the agent as `/init`, the modules in
+/// `/lib/modules` and `files` (path, contents, executable), written if
+/// missing.
+fn archive(
+    agent_bytes: &[u8],
+    modules: &[PathBuf],
+    files: Vec<(String, Vec<u8>, bool)>,
+) -> Result<PathBuf> {
     let mut module_bytes = Vec::new();
     for ko in modules {
         let name = ko
@@ -122,7 +146,7 @@ pub fn ensure(
         module_bytes.push((format!("lib/modules/{name}"), bytes));
     }
     let mut key = Key::new(RECIPE);
-    key.add("agent", &agent_bytes);
+    key.add("agent", agent_bytes);
     for (name, bytes) in &module_bytes {
         key.add(name, bytes);
     }
@@ -145,7 +169,7 @@ pub fn ensure(
     archive.add(
         "init",
         Kind::File {
-            data: &agent_bytes,
+            data: agent_bytes,
             executable: true,
         },
     );

@@ -7,6 +7,7 @@ use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 
+use super::arch::Arch;
 use crate::build::cache::{self, Entry, Key};
 use crate::build::deps;
 use crate::cmd::{self, Step};
@@ -16,10 +17,12 @@ const RECIPE: &str = "kernel-1";
 const SOURCE_PACKAGE: &str = "linux-source-6.12";
 const SOURCE_TARBALL: &str = "/usr/src/linux-source-6.12.tar.xz";
 /// The toolchain the kernel's Rust needs (rustup's has no rust-src).
-const RUSTC: &str = "/usr/bin/rustc";
+pub const RUSTC: &str = "/usr/bin/rustc";
 const RUSTDOC: &str = "/usr/bin/rustdoc";
 /// The fragment every variant starts from.
 const BASE_FRAGMENT: &str = "config.fragment";
+/// The arm64 kernel's fragment, merged alone (BASE_FRAGMENT is x86's).
+const ARM64_FRAGMENT: &str = "arm64.fragment";
 
 /// Which guest kernel: the normal one, the debug one (lockdep, RCU and
 /// atomic-sleep checking, list debugging, KFENCE, debugobjects) that the
@@ -72,10 +75,32 @@ impl Variant {
     }
 
     /// The config fragments merged onto tinyconfig, in order.
-    fn fragments(self) -> Vec<&'static str> {
-        std::iter::once(BASE_FRAGMENT)
+    fn fragments(self, arch: Arch) -> Vec<&'static str> {
+        let base = match arch {
+            Arch::X86_64 => BASE_FRAGMENT,
+            Arch::Arm64 => ARM64_FRAGMENT,
+        };
+        std::iter::once(base)
             .chain(self.extra_fragments().iter().copied())
             .collect()
+    }
+}
+
+/// What `make` builds for `arch`: x86's [`Variant::make_targets`]; on
+/// arm64 the uncompressed `Image` QEMU's `virt` board boots (it passes the
+/// device tree in x0 only to a Linux image, not to an ELF `vmlinux`).
+fn make_targets(variant: Variant, arch: Arch) -> &'static [&'static str] {
+    match arch {
+        Arch::X86_64 => variant.make_targets(),
+        Arch::Arm64 => &["Image", "modules"],
+    }
+}
+
+/// The image a guest boots, in a built tree.
+fn boot_image(tree: &Path, arch: Arch) -> PathBuf {
+    match arch {
+        Arch::X86_64 => tree.join("vmlinux"),
+        Arch::Arm64 => tree.join("arch/arm64/boot/Image"),
     }
 }
 
@@ -83,7 +108,8 @@ impl Variant {
 pub struct Kernel {
     /// The tree, configured and built: out-of-tree modules build against it.
     pub tree: PathBuf,
-    /// The PVH-bootable ELF image.
+    /// The image the guest boots: x86's PVH-bootable ELF `vmlinux`, arm64's
+    /// `Image`.
     pub vmlinux: PathBuf,
     /// `uname -r` of this kernel.
     pub release: String,
@@ -92,13 +118,22 @@ pub struct Kernel {
     /// A key of the tree's sources alone (source package and patches, not
     /// the configuration): what tools built from the tree, perf, key on.
     pub source: String,
+    /// What the tree is built for.
+    pub arch: Arch,
 }
 
 impl Kernel {
-    /// make, with the toolchain the kernel's Rust needs.
-    pub fn make(tree: &Path) -> Result<Command> {
+    /// make, with the toolchain the kernel's Rust needs, for `arch`:
+    /// cross-compiled with Debian's gcc for it, the
+    /// kernel's Rust for the target the arch's Makefile names.
+    pub fn make_for(tree: &Path, arch: Arch) -> Result<Command> {
         let mut make = Command::new("make");
-        make.arg("-C").arg(tree).args([
+        make.arg("-C").arg(tree);
+        if let Some(cross) = arch.cross_compile() {
+            make.arg(format!("ARCH={}", arch.kernel_arch()))
+                .arg(format!("CROSS_COMPILE={cross}"));
+        }
+        make.args([
             format!("RUSTC={RUSTC}"),
             format!("HOSTRUSTC={RUSTC}"),
             format!("RUSTDOC={RUSTDOC}"),
@@ -134,10 +169,15 @@ struct Inputs {
 pub type ChoosePatches<'a> = &'a dyn Fn(&[PathBuf]) -> Result<Vec<PathBuf>>;
 
 impl Inputs {
-    fn read(workspace: &Path, variant: Variant, choose: Option<ChoosePatches>) -> Result<Inputs> {
+    fn read(
+        workspace: &Path,
+        variant: Variant,
+        arch: Arch,
+        choose: Option<ChoosePatches>,
+    ) -> Result<Inputs> {
         let dir = images_dir(workspace);
         let fragments = variant
-            .fragments()
+            .fragments(arch)
             .iter()
             .map(|name| {
                 Ok((
@@ -213,8 +253,12 @@ fn source_key(inputs: &Inputs) -> Result<Key> {
     Ok(key)
 }
 
-fn key(inputs: &Inputs) -> Result<Key> {
+fn key(inputs: &Inputs, arch: Arch) -> Result<Key> {
     let mut key = Key::new(RECIPE);
+    // x86's key names no arch: its entries predate arm64's.
+    if arch != Arch::X86_64 {
+        key.add("arch", arch.kernel_arch().as_bytes());
+    }
     key.add("source-package", source_version()?.as_bytes());
     // The base fragment's historical name in the key is "fragment".
     for (name, bytes) in &inputs.fragments {
@@ -235,7 +279,7 @@ fn key(inputs: &Inputs) -> Result<Key> {
         cmd::output(Command::new(RUSTC).arg("--version").arg("--verbose"))?.as_bytes(),
     );
     key.add("bindgen", deps::BINDGEN_VERSION.as_bytes());
-    key.add("gcc", deps::version_of("gcc")?.as_bytes());
+    key.add("gcc", deps::version_of(&arch.gcc())?.as_bytes());
     Ok(key)
 }
 
@@ -267,14 +311,37 @@ pub fn ensure_patched_beside<T: Send>(
     choose: Option<ChoosePatches>,
     beside: Option<Beside<T>>,
 ) -> Result<(Kernel, Option<T>)> {
+    ensure_arch(workspace, variant, Arch::X86_64, choose, beside)
+}
+
+/// The normal kernel for `arch`, built if its inputs changed (arm64 has no
+/// debug or gdb variant yet, and perf is not built for it).
+pub fn ensure_for_arch(workspace: &Path, arch: Arch) -> Result<Kernel> {
+    let none: Option<Beside<()>> = None;
+    Ok(ensure_arch(workspace, Variant::Normal, arch, None, none)?.0)
+}
+
+fn ensure_arch<T: Send>(
+    workspace: &Path,
+    variant: Variant,
+    arch: Arch,
+    choose: Option<ChoosePatches>,
+    beside: Option<Beside<T>>,
+) -> Result<(Kernel, Option<T>)> {
     if let Some(tree) = std::env::var_os(KERNEL_TREE_ENV).filter(|t| !t.is_empty()) {
         if choose.is_some() {
             anyhow::bail!("{KERNEL_TREE_ENV} names a tree of one's own: a kernel mutant needs perfbed's own build");
         }
+        if arch != Arch::X86_64 {
+            anyhow::bail!(
+                "{KERNEL_TREE_ENV} names an x86 tree; unset it for --arch {}",
+                arch.kernel_arch()
+            );
+        }
         return Ok((own_tree(Path::new(&tree))?, None));
     }
-    let inputs = Inputs::read(workspace, variant, choose)?;
-    let key = key(&inputs)?;
+    let inputs = Inputs::read(workspace, variant, arch, choose)?;
+    let key = key(&inputs, arch)?;
     let source = source_key(&inputs)?.hex();
     let entry = Entry::new("kernel", &key)?;
     let tree = entry.dir.join("linux");
@@ -283,6 +350,7 @@ pub fn ensure_patched_beside<T: Send>(
         built_beside = build(
             &inputs,
             variant,
+            arch,
             &entry,
             &tree,
             beside.map(|f| (f, source.as_str())),
@@ -294,11 +362,12 @@ pub fn ensure_patched_beside<T: Send>(
         .to_string();
     Ok((
         Kernel {
-            vmlinux: tree.join("vmlinux"),
+            vmlinux: boot_image(&tree, arch),
             tree,
             release,
             key: key.hex(),
             source,
+            arch,
         },
         built_beside,
     ))
@@ -341,21 +410,30 @@ fn own_tree(tree: &Path) -> Result<Kernel> {
         release,
         source: key.hex(),
         key: key.hex(),
+        arch: Arch::X86_64,
     })
 }
 
 fn build<T: Send>(
     inputs: &Inputs,
     variant: Variant,
+    arch: Arch,
     entry: &Entry,
     tree: &Path,
     beside: Option<(Beside<T>, &str)>,
 ) -> Result<Option<T>> {
     entry.begin()?;
-    let title = format!(
-        "building the {} guest kernel (about 4 min on 2 cores)",
-        variant.name()
-    );
+    let title = match arch {
+        Arch::X86_64 => format!(
+            "building the {} guest kernel (about 4 min on 2 cores)",
+            variant.name()
+        ),
+        _ => format!(
+            "building the {} {} guest kernel",
+            arch.kernel_arch(),
+            variant.name()
+        ),
+    };
     let step = Step::start(&title, &entry.dir.join("build.log"))?;
     let (fragments, patches) = inputs.write(&entry.dir.join("inputs"))?;
     // Kconfig needs bindgen (Rust is only offered when it runs), the source
@@ -371,7 +449,7 @@ fn build<T: Send>(
     prepared?;
     std::thread::scope(|s| {
         let beside = beside.map(|(f, source)| s.spawn(move || f(tree, source)));
-        let built = make(&step, variant, tree, &fragments);
+        let built = make(&step, variant, arch, tree, &fragments);
         let beside = beside
             .map(|t| {
                 t.join().map_err(|_| {
@@ -387,15 +465,22 @@ fn build<T: Send>(
 }
 
 /// Configures and builds the unpacked, patched tree.
-fn make(step: &Step, variant: Variant, tree: &Path, fragments: &[PathBuf]) -> Result<()> {
-    step.run(Kernel::make(tree)?.arg("tinyconfig"))?;
+fn make(
+    step: &Step,
+    variant: Variant,
+    arch: Arch,
+    tree: &Path,
+    fragments: &[PathBuf],
+) -> Result<()> {
+    let kmake = || Kernel::make_for(tree, arch);
+    step.run(kmake()?.arg("tinyconfig"))?;
     step.run(
         Command::new(tree.join("scripts/kconfig/merge_config.sh"))
             .current_dir(tree)
             .args(["-m", ".config"])
             .args(fragments),
     )?;
-    step.run(Kernel::make(tree)?.arg("olddefconfig"))?;
+    step.run(kmake()?.arg("olddefconfig"))?;
     let got = fs::read_to_string(tree.join(".config"))?;
     for fragment in fragments {
         let dropped = dropped_options(&fs::read_to_string(fragment)?, &got);
@@ -407,12 +492,12 @@ fn make(step: &Step, variant: Variant, tree: &Path, fragments: &[PathBuf]) -> Re
             );
         }
     }
-    step.run(Kernel::make(tree)?.arg("rustavailable"))?;
+    step.run(kmake()?.arg("rustavailable"))?;
     let jobs = std::thread::available_parallelism().map_or(2, |n| n.get());
     step.run(
-        Kernel::make(tree)?
+        kmake()?
             .arg(format!("-j{jobs}"))
-            .args(variant.make_targets()),
+            .args(make_targets(variant, arch)),
     )?;
     warnings_are_errors(step.log())
 }

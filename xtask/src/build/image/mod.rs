@@ -4,6 +4,8 @@
 //! on it.
 
 pub mod agent;
+pub mod arch;
+pub mod busybox;
 pub mod cpio;
 pub mod initramfs;
 pub mod kernel;
@@ -186,4 +188,36 @@ fn guest_images(
     )];
     let initramfs = initramfs::ensure(&agent, &modules, &selftest, &perf)?;
     Ok((kernel, initramfs, driver, scope_test))
+}
+
+/// Everything an `arch` guest's boot needs, built if missing: the kernel
+/// cross-built for it, perfbed.ko against that tree, the agent, an
+/// initramfs of them and busybox, and perfbed's QEMU for it (docs/arm64.md).
+/// Only the normal kernel, for `cargo xtask run`; x86 goes through
+/// [`ensure_for`].
+pub fn ensure_arch(workspace: &Path, arch: arch::Arch) -> Result<Images> {
+    crate::build::deps::ensure_packages()?;
+    crate::build::deps::ensure_arm64()?;
+    crate::build::deps::ensure_bindgen()?;
+    let kernel = kernel::ensure_for_arch(workspace, arch)?;
+    let driver = module::ensure(
+        workspace,
+        &kernel,
+        "guest-driver",
+        "perfbed",
+        &["device/src/regs.rs"],
+    )?;
+    let agent = agent::build_for(workspace, arch)?;
+    let busybox = busybox::ensure(arch)?;
+    let initramfs = initramfs::ensure_arm64(&agent, std::slice::from_ref(&driver), &busybox)?;
+    let qemu = qemu::ensure_for_arch(workspace, arch)?;
+    Ok(Images {
+        vmlinux: kernel.vmlinux,
+        initramfs,
+        kernel_release: kernel.release,
+        qemu,
+        driver,
+        variant: Variant::Normal,
+        scope_test: None,
+    })
 }

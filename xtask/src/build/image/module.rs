@@ -60,7 +60,7 @@ pub fn ensure(
     }
     let step = Step::start(&format!("building {name}.ko"), &entry.dir.join("build.log"))?;
     step.run(
-        Kernel::make(&kernel.tree)?
+        Kernel::make_for(&kernel.tree, kernel.arch)?
             .arg(format!("M={}", build.display()))
             .arg("modules"),
     )?;

@@ -15,18 +15,14 @@ use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 
+use super::arch::Arch;
 use crate::build::cache::{Entry, Key};
 use crate::build::deps;
 use crate::cmd::{self, Step};
 
 const RECIPE: &str = "qemu-1";
-const CONFIGURE: &[&str] = &[
-    "--target-list=x86_64-softmmu",
-    "--without-default-features",
-    "--without-default-devices",
-    "--with-devices-x86_64=perfbed",
-    "--enable-tcg",
-    "--enable-kvm",
+/// The configure line: a target's own options, then these.
+const CONFIGURE_COMMON: &[&str] = &[
     // No -g: it costs ~30% of each file's compile time (16.8 s against
     // 12.0 s of CPU for four of the largest, 2026-12-02) and makes a 44 MB
     // binary to link, for a QEMU nobody steps through; the device's own
@@ -37,6 +33,14 @@ const CONFIGURE: &[&str] = &[
     "--disable-user",
     "--with-git-submodules=ignore",
     "--disable-install-blobs",
+];
+const CONFIGURE: &[&str] = &[
+    "--target-list=x86_64-softmmu",
+    "--without-default-features",
+    "--without-default-devices",
+    "--with-devices-x86_64=perfbed",
+    "--enable-tcg",
+    "--enable-kvm",
 ];
 /// Our files, copied into the QEMU tree's `hw/misc/perfbed/`.
 const SHIM_FILES: &[&str] = &["perfbed.c", "perfbed.h", "meson.build"];
@@ -59,6 +63,46 @@ const BOX_GDB_PATCHES: &[&str] = &[
     "0004-target-i386-svm-interrupt_request-under-the-BQL.patch",
     "0005-target-i386-svm-int3-bp-intercept.patch",
 ];
+/// The aarch64 QEMU (`--arch arm64`): the `virt` board, TCG only (no KVM
+/// for an Arm guest on this host), the device wired by an Arm-only patch
+/// (`images/qemu/arm64/`, docs/arm64.md) so that x86's inputs stay as they
+/// are.
+const ARM64_CONFIGURE: &[&str] = &[
+    "--target-list=aarch64-softmmu",
+    "--without-default-features",
+    "--without-default-devices",
+    "--with-devices-aarch64=perfbed",
+    "--enable-tcg",
+    "--enable-fdt=system",
+];
+const ARM64_PATCHES: &[&str] = &[
+    "0001-hw-misc-add-perfbed.patch",
+    "arm64/0001-perfbed-gic-spis-and-device-tree-node.patch",
+];
+
+/// What one target's build takes and makes.
+struct Target<'a> {
+    /// None for x86, whose key predates the other targets.
+    arch: Option<Arch>,
+    /// Its own configure options, before [`CONFIGURE_COMMON`].
+    configure: &'a [&'a str],
+    /// Below images/qemu/: the devices file, then the patches in order.
+    devices: &'a str,
+    patches: &'a [&'a str],
+    /// QEMU's `configs/devices/<this>/`.
+    config_dir: &'a str,
+    binary: &'a str,
+}
+
+const X86_64: Target = Target {
+    arch: None,
+    configure: CONFIGURE,
+    devices: "devices.mak",
+    patches: PATCHES,
+    config_dir: "x86_64-softmmu",
+    binary: "qemu-system-x86_64",
+};
+
 /// Firmware from Debian's packages, in the order QEMU must search it (qboot
 /// for microvm lives in the first; SeaBIOS's copy would shadow it).
 pub const FIRMWARE_DIRS: &[&str] = &["/usr/share/qemu", "/usr/share/seabios"];
@@ -70,38 +114,65 @@ pub struct Qemu {
 }
 
 pub fn ensure(workspace: &Path) -> Result<Qemu> {
-    ensure_with(workspace, PATCHES)
+    ensure_with(workspace, &X86_64)
 }
 
 /// perfbed's QEMU for the box when gdb debugs its guest ([`BOX_GDB_PATCHES`]).
 pub fn ensure_for_box_gdb(workspace: &Path) -> Result<Qemu> {
-    ensure_with(workspace, BOX_GDB_PATCHES)
+    ensure_with(
+        workspace,
+        &Target {
+            patches: BOX_GDB_PATCHES,
+            ..X86_64
+        },
+    )
 }
 
-fn ensure_with(workspace: &Path, patches: &[&str]) -> Result<Qemu> {
+/// perfbed's QEMU for an `arch` guest.
+pub fn ensure_for_arch(workspace: &Path, arch: Arch) -> Result<Qemu> {
+    match arch {
+        Arch::X86_64 => ensure(workspace),
+        Arch::Arm64 => ensure_with(
+            workspace,
+            &Target {
+                arch: Some(arch),
+                configure: ARM64_CONFIGURE,
+                devices: "arm64/devices.mak",
+                patches: ARM64_PATCHES,
+                config_dir: "aarch64-softmmu",
+                binary: "qemu-system-aarch64",
+            },
+        ),
+    }
+}
+
+fn ensure_with(workspace: &Path, target: &Target) -> Result<Qemu> {
     let shim = workspace.join("images/qemu");
     let staticlib = build_staticlib(workspace)?;
     let version = source_version()?;
     let mut key = Key::new(RECIPE);
+    if let Some(arch) = target.arch {
+        key.add("arch", arch.kernel_arch().as_bytes());
+    }
     key.add("source", version.as_bytes());
     for name in SHIM_FILES
         .iter()
-        .chain(["devices.mak"].iter())
-        .chain(patches)
+        .chain([target.devices].iter())
+        .chain(target.patches)
     {
         key.add(
             name,
             &fs::read(shim.join(name)).with_context(|| format!("reading images/qemu/{name}"))?,
         );
     }
-    key.add("configure", CONFIGURE.join(" ").as_bytes());
+    key.add("configure", configure_line(target).join(" ").as_bytes());
     key.add("gcc", deps::version_of("gcc")?.as_bytes());
     let entry = Entry::new("qemu", &key)?;
     let tree = entry.dir.join("qemu");
     if !entry.is_ready() {
-        build_tree(&entry, &tree, &shim, &version, &staticlib, patches)?;
+        build_tree(&entry, &tree, &shim, &version, &staticlib, target)?;
     }
-    let binary = linked_binary(&entry, &tree, &staticlib)?;
+    let binary = linked_binary(&entry, &tree, &staticlib, target.binary)?;
     Ok(Qemu {
         binary,
         firmware_dirs: FIRMWARE_DIRS.iter().map(PathBuf::from).collect(),
@@ -113,13 +184,13 @@ const KEEP_LINKED: usize = 6;
 
 /// The QEMU binary linked with `staticlib`, linking it first if no binary
 /// has this library yet. Relinks happen in the shared tree, one at a time.
-fn linked_binary(entry: &Entry, tree: &Path, staticlib: &Path) -> Result<PathBuf> {
+fn linked_binary(entry: &Entry, tree: &Path, staticlib: &Path, name: &str) -> Result<PathBuf> {
     let lib = fs::read(staticlib).with_context(|| format!("reading {}", staticlib.display()))?;
     let mut lib_key = Key::new("qemu-link-1");
     lib_key.add("device-library", &lib);
     let linked = entry.dir.join("linked");
     let dir = linked.join(lib_key.hex());
-    let binary = dir.join("qemu-system-x86_64");
+    let binary = dir.join(name);
     if let Ok(file) = fs::OpenOptions::new().write(true).open(&binary) {
         // Used now: pruning drops the least recently used.
         let _ = file.set_modified(std::time::SystemTime::now());
@@ -132,7 +203,7 @@ fn linked_binary(entry: &Entry, tree: &Path, staticlib: &Path) -> Result<PathBuf
     }
     // Ninja does not track a library named in link_args: drop the binary to
     // make it relink.
-    let built = tree.join("build/qemu-system-x86_64");
+    let built = tree.join("build").join(name);
     let installed_lib = tree.join("hw/misc/perfbed").join(STATICLIB);
     if fs::read(&installed_lib).ok().as_deref() != Some(&lib[..]) || !built.is_file() {
         let step = Step::start(
@@ -141,24 +212,23 @@ fn linked_binary(entry: &Entry, tree: &Path, staticlib: &Path) -> Result<PathBuf
         )?;
         fs::write(&installed_lib, &lib)?;
         let _ = fs::remove_file(&built);
-        step.run(&mut ninja(tree))?;
+        step.run(&mut ninja(tree, name))?;
         step.finish();
     }
     fs::create_dir_all(&dir)?;
-    let partial = dir.join("qemu-system-x86_64.partial");
+    let partial = dir.join(format!("{name}.partial"));
     fs::copy(&built, &partial)?;
     fs::rename(&partial, &binary)?;
-    prune_linked(&linked, KEEP_LINKED)?;
+    prune_linked(&linked, KEEP_LINKED, name)?;
     Ok(binary)
 }
 
 /// Drops the least recently used linked binaries beyond `keep`.
-fn prune_linked(linked: &Path, keep: usize) -> Result<()> {
+fn prune_linked(linked: &Path, keep: usize, name: &str) -> Result<()> {
     let mut dirs = Vec::new();
     for entry in fs::read_dir(linked)? {
         let dir = entry?.path();
-        let Ok(modified) = fs::metadata(dir.join("qemu-system-x86_64")).and_then(|m| m.modified())
-        else {
+        let Ok(modified) = fs::metadata(dir.join(name)).and_then(|m| m.modified()) else {
             continue;
         };
         dirs.push((modified, dir));
@@ -208,13 +278,17 @@ fn build_tree(
     shim: &Path,
     version: &str,
     staticlib: &Path,
-    patches: &[&str],
+    target: &Target,
 ) -> Result<()> {
     entry.begin()?;
-    let step = Step::start(
-        "building QEMU 7.2 with the perfbed device (about 2.5 min)",
-        &entry.dir.join("build.log"),
-    )?;
+    let title = match target.arch {
+        None => "building QEMU 7.2 with the perfbed device (about 2.5 min)".to_string(),
+        Some(_) => format!(
+            "building QEMU 7.2 ({}) with the perfbed device",
+            target.config_dir
+        ),
+    };
+    let step = Step::start(&title, &entry.dir.join("build.log"))?;
     let download = entry.dir.join("source");
     fs::create_dir_all(&download)?;
     step.run(Command::new("apt-get").current_dir(&download).args([
@@ -236,10 +310,12 @@ fn build_tree(
     }
     fs::copy(staticlib, dir.join(STATICLIB))?;
     fs::copy(
-        shim.join("devices.mak"),
-        tree.join("configs/devices/x86_64-softmmu/perfbed.mak"),
+        shim.join(target.devices),
+        tree.join("configs/devices")
+            .join(target.config_dir)
+            .join("perfbed.mak"),
     )?;
-    for patch in patches {
+    for patch in target.patches {
         step.run(
             Command::new("patch")
                 .args(["-p1", "--forward", "--batch", "-d"])
@@ -253,12 +329,13 @@ fn build_tree(
     step.run(
         Command::new("../configure")
             .current_dir(&build)
-            .args(CONFIGURE),
+            .args(configure_line(target)),
     )?;
-    step.run(&mut ninja(tree))?;
-    if !tree.join("build/qemu-system-x86_64").is_file() {
+    step.run(&mut ninja(tree, target.binary))?;
+    if !tree.join("build").join(target.binary).is_file() {
         bail!(
-            "the QEMU build finished without a qemu-system-x86_64 (see {})",
+            "the QEMU build finished without a {} (see {})",
+            target.binary,
             step.log().display()
         );
     }
@@ -267,13 +344,22 @@ fn build_tree(
     Ok(())
 }
 
-fn ninja(tree: &Path) -> Command {
+fn configure_line<'a>(target: &Target<'a>) -> Vec<&'a str> {
+    target
+        .configure
+        .iter()
+        .chain(CONFIGURE_COMMON)
+        .copied()
+        .collect()
+}
+
+fn ninja(tree: &Path, binary: &str) -> Command {
     let jobs = std::thread::available_parallelism().map_or(2, |n| n.get());
     let mut ninja = Command::new("ninja");
     ninja
         .arg("-C")
         .arg(tree.join("build"))
         .arg(format!("-j{jobs}"))
-        .arg("qemu-system-x86_64");
+        .arg(binary);
     ninja
 }
