@@ -23,7 +23,7 @@ use vm_tests::{
     agent_dies_mid_run, bench_quick, boot_and_hotplug, device_scope_pmu, driver_mutants,
     gdb_session, guest_floods_console_and_channel, guest_panic_is_reported, hang_is_captured,
     hotplug_selftest_replay, hotplug_stress, lifecycle_stress, module_lifecycle, perf_test_suite,
-    qemu_killed_mid_run, scenario_library, shrink_mutant, slow_agent_reader,
+    qemu_killed_mid_run, rcutorture_onoff, scenario_library, shrink_mutant, slow_agent_reader,
     terminated_while_waiting_for_the_agent, unexpected_reset_is_reported,
     unresponsive_guest_times_out,
 };
@@ -189,6 +189,13 @@ const VM_TESTS: &[VmTest] = &[
         variant: Variant::Debug,
         host: host::HostChoice::Qemu,
         run: lifecycle_stress,
+    },
+    VmTest {
+        name: "rcutorture_onoff",
+        what: "on the debug kernel, the lifecycle stress (800 operations, seed 17) with rcutorture's CPU on/off taking CPUs offline and back behind its back: every read as the counting model says across the placements seen afterwards, rcutorture's End of test: SUCCESS, clean log through a power-off with events open",
+        variant: Variant::Debug,
+        host: host::HostChoice::Qemu,
+        run: rcutorture_onoff,
     },
     VmTest {
         name: "scenario_library",

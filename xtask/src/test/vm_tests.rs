@@ -227,21 +227,39 @@ pub fn hotplug_stress(scenario: &Scenario, accel: &Accel) -> Result<()> {
 /// every operation's result as the counting model says, no EBUSY, no
 /// placement violation, a clean kernel log.
 pub fn lifecycle_stress(scenario: &Scenario, accel: &Accel) -> Result<()> {
+    lifecycle_run(scenario, accel, LIFECYCLE_OPS, false)
+}
+
+/// Operations of the `rcutorture_onoff` VM test.
+const RCUTORTURE_OPS: u32 = 800;
+
+/// The lifecycle stress with rcutorture's CPU on/off behind its back
+/// (`stress --lifecycle N --rcutorture`): every read as the model says
+/// across the placements the host only sees afterwards, rcutorture's "End
+/// of test: SUCCESS" with CPUs taken on and off, a clean log through the
+/// power-off with events open.
+pub fn rcutorture_onoff(scenario: &Scenario, accel: &Accel) -> Result<()> {
+    lifecycle_run(scenario, accel, RCUTORTURE_OPS, true)
+}
+
+fn lifecycle_run(scenario: &Scenario, accel: &Accel, ops: u32, rcutorture: bool) -> Result<()> {
     let mut vm = scenario.vm.clone();
     vm.device = stress::device(vm.cpus, None)?;
     vm.device.slots = stress::lifecycle::SLOTS;
     let config = stress::lifecycle::run::LifecycleConfig {
-        ops: LIFECYCLE_OPS,
+        ops,
         seed: LIFECYCLE_SEED,
         timeout: scenario.request_timeout,
         replay: format!(
-            "cargo xtask stress --lifecycle {LIFECYCLE_OPS} --seed {LIFECYCLE_SEED} --cpus {}",
-            vm.cpus
+            "cargo xtask stress --lifecycle {ops} --seed {LIFECYCLE_SEED} --cpus {}{}",
+            vm.cpus,
+            if rcutorture { " --rcutorture" } else { "" }
         ),
         stop_at_first: false,
         parked_ioctls: true,
         run_check: None,
         shrink: None,
+        rcutorture,
     };
     let report = stress::lifecycle::execute(&vm, accel, &config)?;
     let failed: Vec<String> = report
@@ -354,6 +372,7 @@ fn mutant_run(
         parked_ioctls: true,
         run_check: mutant.run_check()?,
         shrink,
+        rcutorture: false,
     };
     stress::lifecycle::execute(&vm, accel, &config)
 }

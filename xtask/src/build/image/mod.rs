@@ -98,6 +98,9 @@ fn ensure_mutated(
     })
 }
 
+/// The debug kernel's rcutorture modules, in the order they load.
+const RCUTORTURE_MODULES: [&str; 2] = ["kernel/torture.ko", "kernel/rcu/rcutorture.ko"];
+
 /// The kernel, and the initramfs with the agent and the modules, and
 /// perfbed.ko (for gdb's symbols).
 fn guest_images(
@@ -132,6 +135,13 @@ fn guest_images(
             "perfbed_scope_test",
             &[],
         )?);
+        // rcutorture and its torture framework, built as modules by the
+        // debug kernel: loaded only by `stress --lifecycle N --rcutorture`.
+        if variant == Variant::Debug {
+            for ko in RCUTORTURE_MODULES {
+                modules.push(kernel.tree.join(ko));
+            }
+        }
     }
     let agent = agent::build(workspace)?;
     // The kernel's own cpu-hotplug selftest and perf, from the tree the
