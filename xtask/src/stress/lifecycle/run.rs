@@ -82,6 +82,8 @@ pub struct LifecycleReport {
     pub waits: Vec<OpenWaits>,
     /// The failing run shrunk to a scenario, or why not.
     pub shrunk: Option<String>,
+    /// With rcutorture: what the host saw of it (see [`behind_its_back`]).
+    pub behind: Option<String>,
 }
 
 /// One PMU's open-wait figures from sysfs.
@@ -131,6 +133,9 @@ impl LifecycleReport {
                     ""
                 }
             );
+        }
+        if let Some(behind) = &self.behind {
+            let _ = writeln!(out, "  {behind}");
         }
         if let Some(shrunk) = &self.shrunk {
             let _ = writeln!(out, "  {shrunk}");
@@ -442,6 +447,7 @@ pub fn run(
         prologue: 0,
         waits: Vec::new(),
         shrunk: None,
+        behind: config.rcutorture.then(|| behind_its_back(&journal)),
         steps: journal.len(),
         time,
         first,
@@ -467,6 +473,29 @@ fn keep_assignments(control: &mut ControlClient, run_dir: &Path, host_at_ns: u64
     }))?;
     let path = run_dir.join("lifecycle-assignments.json");
     std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))
+}
+
+/// What a run with rcutorture saw of it: perf operations, the CPU changes
+/// seen, and the unsure stretches (the steps judged only by what holds
+/// across an unknown placement).
+fn behind_its_back(journal: &[Entry]) -> String {
+    let perf = journal
+        .iter()
+        .filter(|e| perf_op(&e.step, |_| PerfAttr::default()).is_some())
+        .count();
+    let (mut seen, mut stretches, mut steps) = (0, 0, 0);
+    for e in journal {
+        if let Step::Seen { unsure, window, .. } = &e.step {
+            seen += 1;
+            if !unsure.is_empty() {
+                stretches += 1;
+                steps += *window as usize;
+            }
+        }
+    }
+    format!(
+        "rcutorture: {perf} perf operations; {seen} changes of CPUs or placements seen; {stretches} unsure stretches of {steps} steps in all"
+    )
 }
 
 /// Each domain's CPU as a journal's words ([`PARKED`] for none).
