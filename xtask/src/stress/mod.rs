@@ -201,6 +201,9 @@ impl StressArgs {
 }
 
 pub fn run(ws: &Path, args: &StressArgs) -> Result<bool> {
+    if args.rcutorture {
+        bail!("--rcutorture goes with --lifecycle N or --mutant NAME");
+    }
     let seed = args.seed.unwrap_or_else(clock_seed);
     let variant = if args.normal {
         Variant::Normal
