@@ -19,11 +19,12 @@ use crate::guest::Guest;
 /// The least time between two of onoff's CPU changes: it sleeps this long
 /// after each (what lets the host tell when a park and a placement could
 /// both have come and gone between two of its readings).
-pub const ONOFF_INTERVAL: Duration = Duration::from_millis(1000);
+pub const ONOFF_INTERVAL: Duration = Duration::from_millis(200);
 /// The guest kernel's CONFIG_HZ: rcutorture takes the interval in jiffies.
 const GUEST_HZ: u128 = 250;
-/// Seconds after the load before onoff's first change.
-const ONOFF_HOLDOFF_S: u32 = 2;
+/// Seconds after the load before onoff's first change (waited out before
+/// the stress begins, which runs hundreds of operations a second).
+const ONOFF_HOLDOFF_S: u32 = 1;
 
 /// rcutorture's module parameters.
 fn params() -> String {
@@ -44,7 +45,9 @@ pub fn start(g: &mut Guest) -> Result<()> {
     g.expect_done(HostRequest::LoadModuleWith {
         name: "rcutorture".into(),
         params: params(),
-    })
+    })?;
+    std::thread::sleep(Duration::from_secs(ONOFF_HOLDOFF_S.into()));
+    Ok(())
 }
 
 /// Unloads rcutorture (its cleanup prints its statistics and the end of
