@@ -231,7 +231,7 @@ pub fn lifecycle_stress(scenario: &Scenario, accel: &Accel) -> Result<()> {
 }
 
 /// Operations of the `rcutorture_onoff` VM test.
-const RCUTORTURE_OPS: u32 = 800;
+const RCUTORTURE_OPS: u32 = 3000;
 
 /// The lifecycle stress with rcutorture's CPU on/off behind its back
 /// (`stress --lifecycle N --rcutorture`): every read as the model says
