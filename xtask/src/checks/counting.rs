@@ -910,6 +910,13 @@ impl Model {
         self.note_scheduled();
     }
 
+    /// The host did something between two operations that the model need
+    /// not know of (read the CPUs and placements): reads either side of it
+    /// are not at one moment.
+    pub fn time_passes(&mut self) {
+        self.epoch();
+    }
+
     /// From now on, until [`Model::placement_seen`], the PMU may park and be
     /// placed again without the model being told (CPUs going offline and
     /// online behind the host's back, as rcutorture's onoff does). What the
@@ -939,15 +946,25 @@ impl Model {
     /// possible in the stretch taken into account), so that the reads
     /// after it are exact again; parked, a park begins here.
     pub fn placement_seen(&mut self, pmu: u32, parked: bool, unknown_ns: u64) {
+        // The stretch's last epoch folds as unknown.
         self.epoch();
+        let moment = self.moment;
         let Some(p) = self.pmus.get_mut(pmu as usize) else {
             return;
         };
         p.unknown = false;
-        p.parked = true;
-        self.unpark(pmu, unknown_ns);
         if parked {
-            self.park(pmu);
+            // Parked now, and maybe placed in between: no epoch of its own
+            // (it would fold a placement nobody saw); what the stretch put
+            // on, contended or landed stays with the park.
+            if !p.parked {
+                p.parked = true;
+                p.placed_moment = moment;
+            }
+            self.note_scheduled();
+        } else {
+            p.parked = true;
+            self.unpark(pmu, unknown_ns);
         }
     }
 

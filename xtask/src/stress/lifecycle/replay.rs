@@ -230,6 +230,7 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
                 },
                 Ok(owners),
             ) => {
+                model.time_passes();
                 let now: BTreeSet<u32> = now.iter().copied().collect();
                 let before = online.take().unwrap_or_else(|| {
                     let last = cpus.domains.iter().flatten().chain(&now).max();

@@ -484,9 +484,17 @@ fn behind_its_back(journal: &[Entry]) -> String {
         .filter(|e| perf_op(&e.step, |_| PerfAttr::default()).is_some())
         .count();
     let (mut seen, mut stretches, mut steps) = (0, 0, 0);
+    let mut last: Option<(&Vec<u32>, &Result<Vec<u64>, String>)> = None;
     for e in journal {
-        if let Step::Seen { unsure, window, .. } = &e.step {
-            seen += 1;
+        if let Step::Seen {
+            online,
+            unsure,
+            window,
+            ..
+        } = &e.step
+        {
+            seen += usize::from(last.is_some_and(|l| l != (online, &e.result)));
+            last = Some((online, &e.result));
             if !unsure.is_empty() {
                 stretches += 1;
                 steps += *window as usize;
@@ -532,8 +540,8 @@ impl Watch {
     }
 
     /// Reads the CPUs online and each PMU's CPU, and journals a
-    /// [`Step::Seen`] where they changed since the last reading or where
-    /// that reading began so long ago (half onoff's interval: two of its
+    /// [`Step::Seen`]: `unsure` the domains whose park or placement it saw,
+    /// or every domain that can park where the last reading began so long ago (half onoff's interval: two of its
     /// changes come at least the interval apart) that a park and a
     /// placement could both have come and gone unseen.
     fn read(
@@ -561,7 +569,9 @@ impl Watch {
             })
             .map(|(d, _)| d)
             .collect();
-        if online != self.online || owners != self.owners || !unsure.is_empty() {
+        // Journaled every time: the reading's own time lies between the
+        // operations either side (reads there are not at one moment).
+        {
             let entry = Entry {
                 step: Step::Seen {
                     online: online.clone(),
