@@ -747,6 +747,62 @@ mod tests {
             .is_empty());
     }
 
+    /// A gauge enabled while its PMU may have been parking shows what the
+    /// last fold left (nothing) once the park is seen: the placement the
+    /// model never saw is not taken to have folded it.
+    #[test]
+    fn a_gauge_enabled_in_an_unseen_park_keeps_its_last_fold() {
+        let gauge = Opened {
+            pmu: Some(1),
+            event: 1,
+            rmid: 3,
+            disabled: true,
+            pinned: false,
+            exclusive: false,
+            group: None,
+            read_format: TIMED,
+            cpu: 0,
+        };
+        let journal = vec![
+            ok(
+                Step::Occupancy {
+                    domain: 1,
+                    rmid: 3,
+                    bytes: 6400,
+                },
+                vec![],
+            ),
+            ok(
+                Step::Open {
+                    event: gauge,
+                    expect: 1,
+                },
+                vec![1],
+            ),
+            ok(
+                Step::Ioctl {
+                    handle: 1,
+                    ioctl: IoctlName::Enable,
+                    group: false,
+                },
+                vec![0],
+            ),
+            ok(
+                Step::Seen {
+                    online: vec![0, 1],
+                    unsure: vec![1],
+                    window: 1,
+                },
+                vec![0, PARKED],
+            ),
+            ok(Step::Read { handle: 1 }, vec![0, 10, 10]),
+        ];
+        assert_eq!(
+            replay_on(SHAPE, &Cpus::default(), &journal).findings,
+            vec![]
+        );
+    }
+
     /// An open on a PMU that may have parked unseen: refused with ENODEV
     /// or opened, either is right.
     #[test]
