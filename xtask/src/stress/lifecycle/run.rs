@@ -484,7 +484,8 @@ fn behind_its_back(journal: &[Entry]) -> String {
         .filter(|e| perf_op(&e.step, |_| PerfAttr::default()).is_some())
         .count();
     let (mut seen, mut stretches, mut steps) = (0, 0, 0);
-    let mut last: Option<(&Vec<u32>, &Result<Vec<u64>, String>)> = None;
+    // The last reading: the CPUs online, each domain's CPU.
+    let mut last: Option<(&[u32], &[u64])> = None;
     for e in journal {
         if let Step::Seen {
             online,
@@ -493,8 +494,9 @@ fn behind_its_back(journal: &[Entry]) -> String {
             ..
         } = &e.step
         {
-            seen += usize::from(last.is_some_and(|l| l != (online, &e.result)));
-            last = Some((online, &e.result));
+            let now = (online.as_slice(), e.result.as_deref().unwrap_or_default());
+            seen += usize::from(last.is_some_and(|l| l != now));
+            last = Some(now);
             if !unsure.is_empty() {
                 stretches += 1;
                 steps += *window as usize;
