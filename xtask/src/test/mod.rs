@@ -192,7 +192,7 @@ const VM_TESTS: &[VmTest] = &[
     },
     VmTest {
         name: "rcutorture_onoff",
-        what: "on the debug kernel, the lifecycle stress (3,000 perf operations and bursts, seed 17, about 10 s) with rcutorture's CPU on/off taking CPUs offline and back behind its back: every read as the counting model says across the placements seen afterwards, rcutorture's End of test: SUCCESS, clean log through a power-off with events open",
+        what: "on the debug kernel, the lifecycle stress (3,000 operations, readings of the CPUs among them, seed 17, about 10 s) with rcutorture's CPU on/off taking CPUs offline and back behind its back: every read as the counting model says across the placements seen afterwards, rcutorture's End of test: SUCCESS, clean log through a power-off with events open",
         variant: Variant::Debug,
         host: host::HostChoice::Qemu,
         run: rcutorture_onoff,
