@@ -487,6 +487,12 @@ struct PmuState {
     /// is placed again none of its events, gauges too, is sure to count.
     clashed_in_park: bool,
     occupancy: BTreeMap<u32, u64>,
+    /// CPUs went offline or online behind the model's back (rcutorture's
+    /// onoff): the PMU may have parked and been placed again any number of
+    /// times since the last observation, so its events may or may not be
+    /// counting and a read may show a parked PMU's value, until the
+    /// placement is observed (see [`Model::placement_unknown`]).
+    unknown: bool,
     /// The reads of the current moment and of the one before.
     batch: Batch,
     prev_batch: Batch,
@@ -596,6 +602,19 @@ impl Model {
 
     pub fn is_parked(&self, pmu: u32) -> bool {
         self.pmus.get(pmu as usize).is_some_and(|p| p.parked)
+    }
+
+    /// Whether the PMU's placement is unknown (see [`Model::placement_unknown`]).
+    pub fn placement_is_unknown(&self, pmu: u32) -> bool {
+        self.pmus.get(pmu as usize).is_some_and(|p| p.unknown)
+    }
+
+    /// Parked, or maybe parked: a read shows at least the last fold and at
+    /// most what landed since, and leaves the window open.
+    fn maybe_parked(&self, pmu: u32) -> bool {
+        self.pmus
+            .get(pmu as usize)
+            .is_some_and(|p| p.parked || p.unknown)
     }
 
     /// The leader of the event's group (itself for a leader).
@@ -891,6 +910,64 @@ impl Model {
         self.note_scheduled();
     }
 
+    /// The host did something between two operations that the model need
+    /// not know of (read the CPUs and placements): reads either side of it
+    /// are not at one moment.
+    pub fn time_passes(&mut self) {
+        self.epoch();
+    }
+
+    /// From now on, until [`Model::placement_seen`], the PMU may park and be
+    /// placed again without the model being told (CPUs going offline and
+    /// online behind the host's back, as rcutorture's onoff does). What the
+    /// contract still guarantees across an unknown placement: a counter's
+    /// read is never below what it showed before nor above what landed
+    /// since (its window stays open, as in a park, and perf's times settle
+    /// nothing in it); what a park may do to an event it may have done
+    /// (put on while maybe parked, contended or clashed in a maybe-park:
+    /// maybe counting until placed); a gauge shows one of the occupancies
+    /// it may have seen; the stretch's traffic counts towards a wrap. What
+    /// is counting either way (its groups fit) counts throughout, parked
+    /// or placed, so it is exact again at the first read once the
+    /// placement is seen.
+    pub fn placement_unknown(&mut self, pmu: u32) {
+        self.epoch();
+        let moment = self.moment;
+        if let Some(p) = self.pmus.get_mut(pmu as usize) {
+            p.unknown = true;
+            p.placed_moment = moment;
+        }
+        self.note_scheduled();
+    }
+
+    /// The PMU's placement is observed again after an unknown stretch of
+    /// `unknown_ns`: parked, or placed. Placed, it is as after an unpark
+    /// (every event added on the owner, the frozen slots read, a wrap
+    /// possible in the stretch taken into account), so that the reads
+    /// after it are exact again; parked, a park begins here.
+    pub fn placement_seen(&mut self, pmu: u32, parked: bool, unknown_ns: u64) {
+        // The stretch's last epoch folds as unknown.
+        self.epoch();
+        let moment = self.moment;
+        let Some(p) = self.pmus.get_mut(pmu as usize) else {
+            return;
+        };
+        p.unknown = false;
+        if parked {
+            // Parked now, and maybe placed in between: no epoch of its own
+            // (it would fold a placement nobody saw); what the stretch put
+            // on, contended or landed stays with the park.
+            if !p.parked {
+                p.parked = true;
+                p.placed_moment = moment;
+            }
+            self.note_scheduled();
+        } else {
+            p.parked = true;
+            self.unpark(pmu, unknown_ns);
+        }
+    }
+
     /// `bytes` of `event` for `rmid` landed in domain `pmu`, all within the
     /// current epoch.
     pub fn burst(&mut self, pmu: u32, event: u32, rmid: u32, bytes: u64) {
@@ -904,7 +981,7 @@ impl Model {
             }
         }
         if let Some(p) = self.pmus.get_mut(pmu as usize) {
-            if p.parked {
+            if p.parked || p.unknown {
                 let b = p.parked_bytes.entry((event, rmid)).or_insert(0);
                 *b = b.saturating_add(bytes);
             }
@@ -930,7 +1007,7 @@ impl Model {
     /// [`Model::expect`] once the current epoch is folded in.
     fn expect_folded(&self, handle: Handle) -> Option<Expected> {
         let e = self.events.get(&handle)?;
-        let parked = e.spec.kind.pmu().is_some_and(|p| self.is_parked(p));
+        let parked = e.spec.kind.pmu().is_some_and(|p| self.maybe_parked(p));
         let t = e.time_window;
         let enabled = if t.enabled_none {
             TimeRule::Unchanged
@@ -1432,7 +1509,13 @@ impl Model {
             .events
             .iter()
             .filter_map(|(&h, e)| match (e.spec.kind, status[&h].counting) {
+                // Maybe parked: maybe folded.
                 (Kind::Gauge { pmu, rmid }, c) if c != Counting::No && !parked[pmu as usize] => {
+                    let c = if self.pmus[pmu as usize].unknown {
+                        Counting::Maybe
+                    } else {
+                        c
+                    };
                     Some((h, c, self.occupancy_now(pmu, rmid)))
                 }
                 _ => None,
@@ -1457,7 +1540,7 @@ impl Model {
     /// PMUs are contended.
     fn note_scheduled(&mut self) {
         let status = self.statuses();
-        let parked: Vec<bool> = self.pmus.iter().map(|p| p.parked).collect();
+        let parked: Vec<bool> = self.pmus.iter().map(|p| p.parked || p.unknown).collect();
         for (h, e) in self.events.iter_mut() {
             let on = status[h].on;
             let in_park = e.spec.kind.pmu().is_some_and(|p| parked[p as usize]);
@@ -1476,8 +1559,8 @@ impl Model {
         }
         let fit = self.schedule().1;
         for (p, f) in self.pmus.iter_mut().zip(fit) {
-            p.contended_in_park |= p.parked && !f.all;
-            p.clashed_in_park |= p.parked && f.clash;
+            p.contended_in_park |= (p.parked || p.unknown) && !f.all;
+            p.clashed_in_park |= (p.parked || p.unknown) && f.clash;
         }
     }
 
@@ -1569,7 +1652,9 @@ impl Model {
                     // Put on while parked: not added for sure until placed. A
                     // parked gauge counts on (its clocks run, it needs no
                     // slot), but `fold` leaves its value at the last fold.
-                    let parked = e.spec.kind.pmu().is_some_and(|p| self.is_parked(p));
+                    // Maybe parked counts as parked: what a park may have
+                    // done to it, it may have.
+                    let parked = e.spec.kind.pmu().is_some_and(|p| self.maybe_parked(p));
                     if counting == Counting::Yes && (e.parked_on || e.waits_schedule_in) {
                         counting = Counting::Maybe;
                     }

@@ -117,6 +117,14 @@ pub struct StressArgs {
     /// and check the rollback left every PMU where the placement rule says.
     #[arg(long, conflicts_with = "normal")]
     fail_injection: bool,
+    /// With --lifecycle or --mutant: rcutorture's CPU on/off
+    /// (`onoff_interval`) takes CPUs offline and back at random beside the
+    /// perf operations and traffic, instead of the host's moves and parks
+    /// (debug kernel only); the host reads the CPUs and placements after
+    /// every step, the run ends with `rmmod rcutorture` ("End of test:
+    /// SUCCESS") and a power-off with events open. Not shrunk.
+    #[arg(long, conflicts_with = "normal")]
+    pub rcutorture: bool,
     /// With --lifecycle or --mutant: do not shrink a failing run to a
     /// scenario (by default it is, in the same guest, into the run folder).
     #[arg(long)]
@@ -160,7 +168,7 @@ impl StressArgs {
     /// How long a failing lifecycle run may be shrunk: not with
     /// `--no-shrink`, nor in the `--mutants` table (each row its own run).
     pub fn shrinking(&self) -> Option<lifecycle::shrink::Shrinking> {
-        (!self.no_shrink && !self.mutants).then(|| {
+        (!self.no_shrink && !self.mutants && !self.rcutorture).then(|| {
             let mutant = self
                 .mutant
                 .as_ref()
@@ -211,6 +219,9 @@ pub fn kernel_variant(normal: bool, sanitize: bool) -> Variant {
 }
 
 pub fn run(ws: &Path, args: &StressArgs) -> Result<bool> {
+    if args.rcutorture {
+        bail!("--rcutorture goes with --lifecycle N or --mutant NAME");
+    }
     let seed = args.seed.unwrap_or_else(clock_seed);
     let variant = kernel_variant(args.normal, args.sanitize);
     host::config::check_size(args.cpus, args.memory)?;

@@ -23,9 +23,9 @@ use vm_tests::{
     agent_dies_mid_run, bench_quick, boot_and_hotplug, device_scope_pmu, driver_mutants,
     gdb_session, guest_floods_console_and_channel, guest_panic_is_reported, hang_is_captured,
     hotplug_selftest_replay, hotplug_stress, lifecycle_stress, module_lifecycle, perf_test_suite,
-    qemu_killed_mid_run, sanitize_lifecycle_stress, scenario_library, shrink_mutant,
-    slow_agent_reader, terminated_while_waiting_for_the_agent, traced_boot_and_hotplug,
-    unexpected_reset_is_reported, unresponsive_guest_times_out,
+    qemu_killed_mid_run, rcutorture_onoff, sanitize_lifecycle_stress, scenario_library,
+    shrink_mutant, slow_agent_reader, terminated_while_waiting_for_the_agent,
+    traced_boot_and_hotplug, unexpected_reset_is_reported, unresponsive_guest_times_out,
 };
 /// The lifecycle VM test's length and seed (the generator's tests count
 /// what that run meets).
@@ -196,6 +196,13 @@ const VM_TESTS: &[VmTest] = &[
         variant: Variant::Debug,
         host: host::HostChoice::Qemu,
         run: lifecycle_stress,
+    },
+    VmTest {
+        name: "rcutorture_onoff",
+        what: "on the debug kernel, the lifecycle stress (3,000 operations, readings of the CPUs among them, seed 17, about 10 s) with rcutorture's CPU on/off taking CPUs offline and back behind its back: every read as the counting model says across the placements seen afterwards, rcutorture's End of test: SUCCESS, clean log through a power-off with events open",
+        variant: Variant::Debug,
+        host: host::HostChoice::Qemu,
+        run: rcutorture_onoff,
     },
     VmTest {
         name: "scenario_library",

@@ -285,16 +285,41 @@ pub fn hotplug_stress(scenario: &Scenario, accel: &Accel) -> Result<()> {
 /// every operation's result as the counting model says, no EBUSY, no
 /// placement violation, a clean kernel log.
 pub fn lifecycle_stress(scenario: &Scenario, accel: &Accel) -> Result<()> {
-    lifecycle_run(scenario, accel, LIFECYCLE_OPS, "")
+    lifecycle_run(scenario, accel, LIFECYCLE_OPS, "", false)
 }
 
 /// [`lifecycle_stress`], shorter, for the sanitizer kernel.
 pub fn sanitize_lifecycle_stress(scenario: &Scenario, accel: &Accel) -> Result<()> {
-    lifecycle_run(scenario, accel, SANITIZE_LIFECYCLE_OPS, " --sanitize")
+    lifecycle_run(
+        scenario,
+        accel,
+        SANITIZE_LIFECYCLE_OPS,
+        " --sanitize",
+        false,
+    )
 }
 
-/// `ops` seeded operations; `flags` choose the kernel in the replay command.
-fn lifecycle_run(scenario: &Scenario, accel: &Accel, ops: u32, flags: &str) -> Result<()> {
+/// Operations of the `rcutorture_onoff` VM test.
+const RCUTORTURE_OPS: u32 = 3000;
+
+/// The lifecycle stress with rcutorture's CPU on/off behind its back
+/// (`stress --lifecycle N --rcutorture`): every read as the model says
+/// across the placements the host only sees afterwards, rcutorture's "End
+/// of test: SUCCESS" with CPUs taken on and off, a clean log through the
+/// power-off with events open.
+pub fn rcutorture_onoff(scenario: &Scenario, accel: &Accel) -> Result<()> {
+    lifecycle_run(scenario, accel, RCUTORTURE_OPS, " --rcutorture", true)
+}
+
+/// `ops` seeded operations; `flags` choose the kernel and rcutorture in
+/// the replay command.
+fn lifecycle_run(
+    scenario: &Scenario,
+    accel: &Accel,
+    ops: u32,
+    flags: &str,
+    rcutorture: bool,
+) -> Result<()> {
     let mut vm = scenario.vm.clone();
     vm.device = stress::device(vm.cpus, None)?;
     vm.device.slots = stress::lifecycle::SLOTS;
@@ -310,6 +335,7 @@ fn lifecycle_run(scenario: &Scenario, accel: &Accel, ops: u32, flags: &str) -> R
         parked_ioctls: true,
         run_check: None,
         shrink: None,
+        rcutorture,
     };
     let report = stress::lifecycle::execute(&vm, accel, &config)?;
     let failed: Vec<String> = report
@@ -422,6 +448,7 @@ fn mutant_run(
         parked_ioctls: true,
         run_check: mutant.run_check()?,
         shrink,
+        rcutorture: false,
     };
     stress::lifecycle::execute(&vm, accel, &config)
 }

@@ -140,6 +140,9 @@ pub fn ensure_unpatched(workspace: &Path, patched: &Images) -> Result<Images> {
     })
 }
 
+/// The debug kernel's rcutorture modules, in the order they load.
+const RCUTORTURE_MODULES: [&str; 2] = ["kernel/torture.ko", "kernel/rcu/rcutorture.ko"];
+
 /// The kernel, and the initramfs with the agent and the modules, and
 /// perfbed.ko (for gdb's symbols) and the scope test module (a test's).
 fn guest_images(
@@ -178,6 +181,13 @@ fn guest_images(
         )?;
         modules.push(ko.clone());
         scope_test = Some(ko);
+        // rcutorture and its torture framework, built as modules by the
+        // debug kernels: loaded only by `stress --lifecycle N --rcutorture`.
+        if variant.is_debug() {
+            for ko in RCUTORTURE_MODULES {
+                modules.push(kernel.tree.join(ko));
+            }
+        }
     }
     let agent = agent::build(workspace)?;
     // The kernel's own cpu-hotplug selftest and perf, from the tree the

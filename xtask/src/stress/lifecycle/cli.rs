@@ -249,6 +249,9 @@ fn replay_command(args: &StressArgs, ops: u32, seed: u64, mutant: Option<&str>) 
     if args.no_parked_ioctls {
         cmd += " --no-parked-ioctls";
     }
+    if args.rcutorture {
+        cmd += " --rcutorture";
+    }
     if let Some(m) = mutant {
         let _ = write!(cmd, " --mutant {m}");
     }
@@ -366,6 +369,7 @@ fn lifecycle(
         parked_ioctls: !args.no_parked_ioctls,
         run_check,
         shrink: args.shrinking(),
+        rcutorture: args.rcutorture,
     };
     eprintln!(
         "==> stress --lifecycle: {ops} operations, seed {seed}, {} vCPUs, {} slots per domain, {} kernel, under {under}",

@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use crate::checks::counting::{DeviceShape, Handle, Kind, Model};
 use crate::checks::rng::Rng;
 
-use super::journal::{Entry, IoctlName, Opened, ReadFormat, StatHow, Step};
+use super::journal::{Entry, IoctlName, Opened, ReadFormat, StatHow, Step, PARKED};
 
 /// RMIDs by role: the fuzzed events' (1..=4), the open-close loop's gauge,
 /// perf stat's, and the steady rates' (never watched).
@@ -41,6 +41,9 @@ pub struct Generator {
     next_handle: Handle,
     /// Also ENABLE, DISABLE and RESET events whose PMU is parked.
     parked_ioctls: bool,
+    /// CPUs go offline and online behind the host's back (rcutorture's
+    /// onoff): see [`Generator::with_cpus_behind_its_back`].
+    behind_its_back: bool,
 }
 
 impl Generator {
@@ -65,7 +68,20 @@ impl Generator {
             opened: BTreeMap::new(),
             next_handle: first_handle,
             parked_ioctls: true,
+            behind_its_back: false,
         }
+    }
+
+    /// CPUs go offline and online behind the host's back (rcutorture's
+    /// onoff): the host moves, parks and unparks nothing itself and runs no
+    /// `perf stat` (whose intervals a park it cannot see would split), and
+    /// opens no cpu-clock event on a CPU that can go offline (groups of
+    /// cpu-clock events only on CPU 0, which cannot; no mixed groups, whose
+    /// cpu-clock event would sit on the PMU's CPU of the moment). The
+    /// placements it learns from the `Seen` steps.
+    pub fn with_cpus_behind_its_back(mut self, on: bool) -> Generator {
+        self.behind_its_back = on;
+        self
     }
 
     /// Also issue ioctls on events whose PMU is parked (on by default): a
@@ -93,6 +109,7 @@ impl Generator {
                 71..=86 => self.burst(),
                 87..=88 => self.occupancy(),
                 89 => self.rate(),
+                90..=100 if self.behind_its_back => vec![],
                 90..=94 => self.move_pmu(),
                 95..=97 => self.park_or_unpark(),
                 _ => self.perf_stat(),
@@ -120,6 +137,40 @@ impl Generator {
             }
             (&Step::Unpark { domain, .. }, Ok(words)) => {
                 self.owners[domain as usize] = words.first().map(|&c| c as u32);
+            }
+            (Step::Seen { online, .. }, Ok(words)) => {
+                for (domain, &owner) in words.iter().enumerate() {
+                    let parked = owner == PARKED;
+                    if parked != self.model.is_parked(domain as u32) {
+                        if parked {
+                            self.model.park(domain as u32);
+                        } else {
+                            self.model.unpark(domain as u32, 0);
+                        }
+                    }
+                    self.owners[domain] = (!parked).then_some(owner as u32);
+                }
+                self.online = online.iter().copied().collect();
+            }
+            // A maybe-parked PMU refused it (ENODEV): the handle is the
+            // next open's.
+            (&Step::Open { expect, .. }, Err(_))
+                if self.behind_its_back && self.opened.contains_key(&expect) =>
+            {
+                self.model.close(expect);
+                self.opened.remove(&expect);
+                self.next_handle = self.next_handle.min(expect);
+            }
+            // A maybe-parked PMU took it after all.
+            (&Step::Open { ref event, expect }, Ok(words))
+                if self.behind_its_back
+                    && !self.opened.contains_key(&expect)
+                    && words.as_slice() == [u64::from(expect)] =>
+            {
+                self.model
+                    .open_on(expect, event.spec(), u32::try_from(event.cpu).ok());
+                self.opened.insert(expect, *event);
+                self.next_handle = self.next_handle.max(expect + 1);
             }
             _ => {}
         }
@@ -201,6 +252,9 @@ impl Generator {
 
     /// A cpu-clock event on domain `d`'s CPU (for a mixed group).
     fn software_event(&mut self, d: u32, group: Option<Handle>) -> Option<Opened> {
+        if self.behind_its_back {
+            return None;
+        }
         let cpu = self.owners[d as usize]? as i32;
         Some(Opened::cpu_clock(cpu, group, self.read_format(false)))
     }
@@ -320,7 +374,11 @@ impl Generator {
         if self.opened.len() - self.open_besides_software() + 4 > MAX_SOFTWARE {
             return vec![];
         }
-        let mut cpus = self.cpus_that_go_offline();
+        let mut cpus = if self.behind_its_back {
+            BTreeSet::new()
+        } else {
+            self.cpus_that_go_offline()
+        };
         cpus.insert(0);
         let cpus: Vec<u32> = cpus.into_iter().collect();
         let Some(&cpu) = self.rng.pick(&cpus) else {
@@ -612,6 +670,7 @@ mod tests {
                 Step::MuxInterval { .. } => "mux",
                 Step::Violations => "violations",
                 Step::Cpumask { .. } => "cpumask",
+                Step::Seen { .. } => "seen",
                 Step::OthersOpen { .. } => "others",
                 Step::PerfStat {
                     how: StatHow::Interval,

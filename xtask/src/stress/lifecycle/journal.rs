@@ -279,6 +279,20 @@ pub enum Step {
         domain: u32,
         ms: u64,
     },
+    /// CPUs went offline or online behind the host's back (rcutorture's
+    /// onoff, `stress --lifecycle N --rcutorture`): the CPUs `online` and
+    /// each domain's CPU (the result, [`PARKED`] for a parked one) as the
+    /// host read them after the step before this (after every batch and
+    /// host step: the reading's time lies between the steps either side).
+    /// The domains in `unsure` may have parked or been placed at any moment
+    /// of the `window` steps before this one (since the last reading): its
+    /// park or placement was seen, or that reading is so old that a park and
+    /// a placement could both have come and gone unseen.
+    Seen {
+        online: Vec<u32>,
+        unsure: Vec<u32>,
+        window: u32,
+    },
     /// The real `perf stat` on a (domain, mbm_total_bytes, RMID): its
     /// bursts, and which of them it must count (see `perf_stat.rs`).
     PerfStat {

@@ -5,6 +5,7 @@ pub mod cli;
 pub mod generate;
 pub mod journal;
 mod perf_stat;
+pub mod rcutorture;
 pub mod reads;
 pub mod replay;
 pub mod run;
@@ -91,6 +92,9 @@ fn on_guest(
     } else {
         config.ops
     };
+    if config.rcutorture {
+        rcutorture::start(&mut g)?;
+    }
     let mut report = run::run(
         &mut g,
         u32::from(vm_config.cpus),
@@ -105,6 +109,10 @@ fn on_guest(
         &vm_config.run_dir,
     )?;
     report.prologue = prologue.len();
+    if config.rcutorture {
+        let serial = vm_config.run_dir.join("serial.log");
+        report.checks.push(rcutorture::stop(&mut g, &serial)?);
+    }
     if let (Some(budget), Some((first, _))) = (&config.shrink, &report.first) {
         report.shrunk = Some(scenario_guest::shrink_run(
             &mut g,

@@ -52,6 +52,10 @@ pub struct LifecycleConfig {
     /// Shrink a failing run to a scenario within this budget (`None`:
     /// `--no-shrink`).
     pub shrink: Option<super::shrink::Shrinking>,
+    /// rcutorture's onoff takes CPUs offline and back behind the host's
+    /// back (`--rcutorture`): the host reads the CPUs and placements after
+    /// every step and journals what changed (see [`Step::Seen`]).
+    pub rcutorture: bool,
 }
 
 /// With `stop_at_first`, how many operations between two replays.
@@ -79,6 +83,8 @@ pub struct LifecycleReport {
     pub waits: Vec<OpenWaits>,
     /// The failing run shrunk to a scenario, or why not.
     pub shrunk: Option<String>,
+    /// With rcutorture: what the host saw of it (see [`behind_its_back`]).
+    pub behind: Option<String>,
 }
 
 /// One PMU's open-wait figures from sysfs.
@@ -128,6 +134,9 @@ impl LifecycleReport {
                     ""
                 }
             );
+        }
+        if let Some(behind) = &self.behind {
+            let _ = writeln!(out, "  {behind}");
         }
         if let Some(shrunk) = &self.shrunk {
             let _ = writeln!(out, "  {shrunk}");
@@ -220,8 +229,12 @@ pub fn run(
         owners,
         first_handle,
     )
-    .with_parked_ioctls(config.parked_ioctls);
+    .with_parked_ioctls(config.parked_ioctls)
+    .with_cpus_behind_its_back(config.rcutorture);
     let attr = |o: &Opened| attr_of(o, types);
+    let mut watch = config
+        .rcutorture
+        .then(|| Watch::new(device, owners_words(&start_cpus.owners), cpus));
 
     // Opens racing moves: a loop of gauge opens on every PMU, all run long.
     let loop_attrs: Vec<PerfAttr> = (0..pmus.len())
@@ -273,17 +286,39 @@ pub fn run(
                 human(start.elapsed())
             ));
         }
-        for step in generator.next() {
+        let steps = generator.next();
+        // Behind the host's back a PMU may park: an open may be refused,
+        // and the generator must hear of it before it names the next handle.
+        let opens_now = watch.is_some() && steps.iter().any(|s| matches!(s, Step::Open { .. }));
+        for step in steps {
             if perf_op(&step, attr).is_some() {
                 let opens =
                     matches!(step, Step::Open { expect, .. } if generator.format(expect).is_some());
                 pending.push((step, opens));
                 if pending.len() >= BATCH {
-                    desync |= flush(g, &mut pending, &attr, &mut journal, start)?;
+                    desync |= flush_watched(
+                        g,
+                        &mut pending,
+                        &attr,
+                        &mut journal,
+                        start,
+                        &mut watch,
+                        pmus,
+                        &mut generator,
+                    )?;
                 }
                 continue;
             }
-            desync |= flush(g, &mut pending, &attr, &mut journal, start)?;
+            desync |= flush_watched(
+                g,
+                &mut pending,
+                &attr,
+                &mut journal,
+                start,
+                &mut watch,
+                pmus,
+                &mut generator,
+            )?;
             let entry = host_step(g, control, device, pmus, step, config.timeout, start)?;
             if let Some(problem) = affinity_after(g, device, &irqs, &entry, journal.len())? {
                 first_affinity.get_or_insert(journal.len());
@@ -292,9 +327,33 @@ pub fn run(
             affinity_checked += u64::from(placement_step(&entry.step).is_some());
             generator.observe(&entry);
             journal.push(entry);
+            if let Some(w) = &mut watch {
+                w.read(g, pmus, &mut journal, start, &mut generator)?;
+            }
+        }
+        if opens_now {
+            desync |= flush_watched(
+                g,
+                &mut pending,
+                &attr,
+                &mut journal,
+                start,
+                &mut watch,
+                pmus,
+                &mut generator,
+            )?;
         }
     }
-    desync |= flush(g, &mut pending, &attr, &mut journal, start)?;
+    desync |= flush_watched(
+        g,
+        &mut pending,
+        &attr,
+        &mut journal,
+        start,
+        &mut watch,
+        pmus,
+        &mut generator,
+    )?;
     let time = start.elapsed();
     let loop_result = stop_job(g, loop_job, 0)?;
 
@@ -389,6 +448,7 @@ pub fn run(
         prologue: 0,
         waits: Vec::new(),
         shrunk: None,
+        behind: config.rcutorture.then(|| behind_its_back(&journal)),
         steps: journal.len(),
         time,
         first,
@@ -414,6 +474,154 @@ fn keep_assignments(control: &mut ControlClient, run_dir: &Path, host_at_ns: u64
     }))?;
     let path = run_dir.join("lifecycle-assignments.json");
     std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))
+}
+
+/// What a run with rcutorture saw of it: perf operations, the CPU changes
+/// seen, and the unsure stretches (the steps judged only by what holds
+/// across an unknown placement).
+fn behind_its_back(journal: &[Entry]) -> String {
+    let perf = journal
+        .iter()
+        .filter(|e| perf_op(&e.step, |_| PerfAttr::default()).is_some())
+        .count();
+    let (mut seen, mut stretches, mut steps) = (0, 0, 0);
+    // The last reading: the CPUs online, each domain's CPU.
+    let mut last: Option<(&[u32], &[u64])> = None;
+    for e in journal {
+        if let Step::Seen {
+            online,
+            unsure,
+            window,
+            ..
+        } = &e.step
+        {
+            let now = (online.as_slice(), e.result.as_deref().unwrap_or_default());
+            seen += usize::from(last.is_some_and(|l| l != now));
+            last = Some(now);
+            if !unsure.is_empty() {
+                stretches += 1;
+                steps += *window as usize;
+            }
+        }
+    }
+    format!(
+        "rcutorture: {perf} perf operations; {seen} changes of CPUs or placements seen; {stretches} unsure stretches of {steps} steps in all"
+    )
+}
+
+/// Each domain's CPU as a journal's words ([`PARKED`] for none).
+fn owners_words(owners: &[Option<u32>]) -> Vec<u64> {
+    owners.iter().map(|o| o.map_or(PARKED, u64::from)).collect()
+}
+
+/// What the host last read of the CPUs and placements that rcutorture's
+/// onoff changes behind its back.
+struct Watch {
+    online: Vec<u32>,
+    owners: Vec<u64>,
+    /// When the last reading began, and the journal's length then.
+    at: Instant,
+    len: usize,
+    /// The domains that can park (CPU 0, which cannot go offline, is in
+    /// none of their CPUs).
+    can_park: Vec<u32>,
+}
+
+impl Watch {
+    fn new(device: &DeviceConfig, owners: Vec<u64>, cpus: u32) -> Watch {
+        Watch {
+            online: (0..cpus).collect(),
+            owners,
+            at: Instant::now(),
+            len: 0,
+            can_park: (0u32..)
+                .zip(&device.domains)
+                .filter(|(_, c)| !c.contains(&0))
+                .map(|(d, _)| d)
+                .collect(),
+        }
+    }
+
+    /// Reads the CPUs online and each PMU's CPU, and journals a
+    /// [`Step::Seen`]: `unsure` the domains whose park or placement it saw,
+    /// or every domain that can park where the last reading began so long ago (half onoff's interval: two of its
+    /// changes come at least the interval apart) that a park and a
+    /// placement could both have come and gone unseen.
+    fn read(
+        &mut self,
+        g: &mut Guest,
+        pmus: &[String],
+        journal: &mut Vec<Entry>,
+        run_start: Instant,
+        generator: &mut Generator,
+    ) -> Result<()> {
+        let began = Instant::now();
+        let text = g.read_file("/sys/devices/system/cpu/online")?;
+        let online = parse_cpu_list(text.trim())
+            .map_err(|e| anyhow::anyhow!("/sys/devices/system/cpu/online {text:?}: {e}"))?;
+        let mut owners = Vec::new();
+        for pmu in pmus {
+            owners.push(g.cpumask(pmu)?.first().copied());
+        }
+        let owners = owners_words(&owners);
+        let long = self.at.elapsed() >= super::rcutorture::ONOFF_INTERVAL / 2;
+        let unsure: Vec<u32> = (0u32..)
+            .zip(owners.iter().zip(&self.owners))
+            .filter(|&(d, (now, was))| {
+                (now == &PARKED) != (was == &PARKED) || (long && self.can_park.contains(&d))
+            })
+            .map(|(d, _)| d)
+            .collect();
+        // Journaled every time: the reading's own time lies between the
+        // operations either side (reads there are not at one moment).
+        {
+            let entry = Entry {
+                step: Step::Seen {
+                    online: online.clone(),
+                    unsure,
+                    window: u32::try_from(journal.len() - self.len).unwrap_or(u32::MAX),
+                },
+                result: Ok(owners.clone()),
+                took_ns: since(began),
+                at_ns: since(run_start),
+            };
+            generator.observe(&entry);
+            journal.push(entry);
+        }
+        (self.online, self.owners, self.at, self.len) = (online, owners, began, journal.len());
+        Ok(())
+    }
+}
+
+/// [`flush`], then the generator told of refused opens and, behind the
+/// host's back, the CPUs read; says whether an open gave a handle other
+/// than expected (where no PMU can park behind the host's back).
+#[allow(clippy::too_many_arguments)]
+fn flush_watched(
+    g: &mut Guest,
+    pending: &mut Vec<(Step, bool)>,
+    attr: &impl Fn(&Opened) -> PerfAttr,
+    journal: &mut Vec<Entry>,
+    run_start: Instant,
+    watch: &mut Option<Watch>,
+    pmus: &[String],
+    generator: &mut Generator,
+) -> Result<bool> {
+    let Some(w) = watch else {
+        return flush(g, pending, attr, journal, run_start);
+    };
+    if pending.is_empty() {
+        return Ok(false);
+    }
+    let from = journal.len();
+    // A refused or unexpected open is the parked PMU's: the generator
+    // follows it, and the replay judges it.
+    flush(g, pending, attr, journal, run_start)?;
+    for entry in &journal[from..] {
+        generator.observe(entry);
+    }
+    w.read(g, pmus, journal, run_start, generator)?;
+    Ok(false)
 }
 
 /// The handle the agent gives its next event: opens and closes one.
@@ -663,6 +871,7 @@ pub(super) fn host_step(
             wait_ms,
         )?,
         Step::OthersOpen { .. }
+        | Step::Seen { .. }
         | Step::Open { .. }
         | Step::Ioctl { .. }
         | Step::Read { .. }

@@ -35,8 +35,10 @@ impl Line {
 /// `perf stat` steps have no line, nor a rate on another RMID than the
 /// scenario's).
 pub fn writable(step: &Step) -> bool {
-    !matches!(step, Step::OthersOpen { .. } | Step::PerfStat { .. })
-        && !matches!(step, Step::Rate { rmid, .. } if *rmid != RMID_RATE)
+    !matches!(
+        step,
+        Step::OthersOpen { .. } | Step::PerfStat { .. } | Step::Seen { .. }
+    ) && !matches!(step, Step::Rate { rmid, .. } if *rmid != RMID_RATE)
 }
 
 /// `lines` (each with a tag, such as its journal index) as a scenario can
@@ -270,7 +272,7 @@ fn step_text(step: &Step, all: &[Line]) -> String {
                 format!("cpumask {domain} {}", list.join(","))
             }
         },
-        Step::OthersOpen { .. } | Step::PerfStat { .. } => {
+        Step::OthersOpen { .. } | Step::PerfStat { .. } | Step::Seen { .. } => {
             unreachable!("not writable: {step:?}")
         }
     }

@@ -267,7 +267,7 @@ pub fn depends(journal: &[Entry], target: usize, domains: &[Vec<u32>]) -> BTreeS
                         .any(|&d| domains.get(d as usize).is_some_and(|c| c.contains(cpu)))
             }
             Step::Wait { .. } | Step::Violations => true,
-            Step::OthersOpen { .. } | Step::PerfStat { .. } => false,
+            Step::OthersOpen { .. } | Step::PerfStat { .. } | Step::Seen { .. } => false,
         };
         if keep {
             out.insert(i);
