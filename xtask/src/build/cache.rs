@@ -192,8 +192,18 @@ impl Entry {
             {
                 continue;
             }
+            // Another process may have pruned it between the listing and
+            // the lock (it held the lock while removing): nothing to do.
+            if !old.join("READY").exists() {
+                continue;
+            }
             eprintln!("    pruning the old cache entry {}", old.display());
-            fs::remove_dir_all(&old).with_context(|| format!("removing {}", old.display()))?;
+            match fs::remove_dir_all(&old) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(e).with_context(|| format!("removing {}", old.display()));
+                }
+                _ => {}
+            }
         }
         Ok(())
     }
