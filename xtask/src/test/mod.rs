@@ -23,9 +23,9 @@ use vm_tests::{
     agent_dies_mid_run, bench_quick, boot_and_hotplug, device_scope_pmu, driver_mutants,
     gdb_session, guest_floods_console_and_channel, guest_panic_is_reported, hang_is_captured,
     hotplug_selftest_replay, hotplug_stress, lifecycle_stress, module_lifecycle, perf_test_suite,
-    qemu_killed_mid_run, rcutorture_onoff, sanitize_lifecycle_stress, scenario_library,
-    shrink_mutant, slow_agent_reader, terminated_while_waiting_for_the_agent,
-    traced_boot_and_hotplug, unexpected_reset_is_reported, unresponsive_guest_times_out,
+    qemu_killed_mid_run, rcutorture_onoff, scenario_library, shrink_mutant, slow_agent_reader,
+    terminated_while_waiting_for_the_agent, traced_boot_and_hotplug, unexpected_reset_is_reported,
+    unresponsive_guest_times_out,
 };
 /// The lifecycle VM test's length and seed (the generator's tests count
 /// what that run meets).
@@ -86,25 +86,11 @@ const VM_TESTS: &[VmTest] = &[
         run: boot_and_hotplug,
     },
     VmTest {
-        name: "sanitize_kernel_end_to_end",
-        what: "the same run on the sanitizer kernel (the debug kernel's options, so also the run's debug-only checks such as hotplug fail injection, plus KCSAN): no data race, lockdep, RCU, KFENCE or debugobjects report; its saved trace holds the guest kernel's cpuhp states and PMU placements",
-        variant: Variant::Sanitize,
+        name: "debug_kernel_end_to_end",
+        what: "the same run on the debug kernel (lockdep, PROVE_RCU, DEBUG_ATOMIC_SLEEP, DEBUG_LIST, KFENCE, debugobjects; with it the run's debug-only checks such as hotplug fail injection), with no report; its saved trace holds the guest kernel's cpuhp states and PMU placements",
+        variant: Variant::Debug,
         host: host::HostChoice::Qemu,
         run: traced_boot_and_hotplug,
-    },
-    VmTest {
-        name: "sanitize_lifecycle_stress",
-        what: "on the sanitizer kernel, a short lifecycle stress at seed 17 (500 perf operations among moves, parks and bursts): every read as the counting model says, 0 violations, no KCSAN or other report",
-        variant: Variant::Sanitize,
-        host: host::HostChoice::Qemu,
-        run: sanitize_lifecycle_stress,
-    },
-    VmTest {
-        name: "guest_panic_is_reported",
-        what: "a guest kernel that panics ends the run at once, with the panic named and the log kept",
-        variant: Variant::Normal,
-        host: host::HostChoice::Qemu,
-        run: guest_panic_is_reported,
     },
     VmTest {
         name: "unresponsive_guest_times_out",

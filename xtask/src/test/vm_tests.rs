@@ -24,9 +24,6 @@ const SELFTEST_ROUNDS: u32 = 200;
 /// match the model (about 2 min of stress on a loaded 2-core TCG host).
 pub(crate) const LIFECYCLE_OPS: u32 = 2500;
 pub(crate) const LIFECYCLE_SEED: u64 = 17;
-/// The sanitizer kernel's lifecycle stress: KCSAN slows every access, so a
-/// fifth of the debug kernel's run.
-const SANITIZE_LIFECYCLE_OPS: u32 = 500;
 
 pub fn boot_and_hotplug(scenario: &Scenario, accel: &Accel) -> Result<()> {
     let report = scenario::run(scenario, accel)?;
@@ -286,17 +283,6 @@ pub fn hotplug_stress(scenario: &Scenario, accel: &Accel) -> Result<()> {
 /// placement violation, a clean kernel log.
 pub fn lifecycle_stress(scenario: &Scenario, accel: &Accel) -> Result<()> {
     lifecycle_run(scenario, accel, LIFECYCLE_OPS, "", false)
-}
-
-/// [`lifecycle_stress`], shorter, for the sanitizer kernel.
-pub fn sanitize_lifecycle_stress(scenario: &Scenario, accel: &Accel) -> Result<()> {
-    lifecycle_run(
-        scenario,
-        accel,
-        SANITIZE_LIFECYCLE_OPS,
-        " --sanitize",
-        false,
-    )
 }
 
 /// Operations of the `rcutorture_onoff` VM test.
