@@ -940,8 +940,10 @@ impl Model {
         self.note_scheduled();
     }
 
-    /// The PMU's placement is observed again after an unknown stretch of
-    /// `unknown_ns`: parked, or placed. Placed, it is as after an unpark
+    /// The PMU's placement is observed again after an unknown stretch:
+    /// parked, or placed. `unknown_ns`, for a placement, is the longest it
+    /// may have been parked (from the start of the stretch that first
+    /// showed it parked, or of this stretch). Placed, it is as after an unpark
     /// (every event added on the owner, the frozen slots read, a wrap
     /// possible in the stretch taken into account), so that the reads
     /// after it are exact again; parked, a park begins here.

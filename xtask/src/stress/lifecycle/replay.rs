@@ -265,12 +265,16 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
                 for (domain, &owner) in (0u32..).zip(owners) {
                     let parked = owner == PARKED;
                     if unsure.contains(&domain) {
-                        model.placement_seen(domain, parked, entry.at_ns.saturating_sub(began));
-                        if parked {
-                            parked_at.insert(domain, entry.at_ns);
+                        // A park seen may have begun anywhere in its
+                        // window: a placement seen later ends a park as long
+                        // as from that window's start (a wrap could be lost
+                        // in all of it), not as long as its own window.
+                        let since = if parked {
+                            *parked_at.entry(domain).or_insert(began)
                         } else {
-                            parked_at.remove(&domain);
-                        }
+                            parked_at.remove(&domain).unwrap_or(began)
+                        };
+                        model.placement_seen(domain, parked, entry.at_ns.saturating_sub(since));
                     } else if parked != model.is_parked(domain) {
                         find(format!(
                             "domain {domain} {} while its placement was not in doubt",
@@ -766,6 +770,53 @@ mod tests {
         assert!(!replay_on(SHAPE, &Cpus::default(), &sure)
             .findings
             .is_empty());
+    }
+
+    /// A park seen in one stretch and its end in another, many readings
+    /// later: the placement ends a park as long as both stretches and all
+    /// between, long enough for a wrap to be lost, so the driver may take
+    /// it off `time_running`; as long as the last stretch alone, it may not.
+    #[test]
+    fn a_park_seen_across_readings_is_as_long_as_all_of_them() {
+        let at = |ms: u64, entry: Entry| Entry {
+            at_ns: ms * 1_000_000,
+            ..entry
+        };
+        let seen = |online: Vec<u32>, owner: u64, unsure: Vec<u32>, window| {
+            ok(
+                Step::Seen {
+                    online,
+                    unsure,
+                    window,
+                },
+                vec![0, owner],
+            )
+        };
+        let journal = vec![
+            open(1, false),
+            ok(Step::Read { handle: 1 }, vec![0, 10, 10]),
+            at(10, seen(vec![0, 1], PARKED, vec![1], 1)),
+            at(100, seen(vec![0, 1], PARKED, vec![], 0)),
+            at(190, seen(vec![0, 1], PARKED, vec![], 0)),
+            at(300, seen(vec![0, 1, 3], 3, vec![1], 0)),
+            // Running short of enabled: a wrap may have been lost in the
+            // 300 ms the PMU may have been parked.
+            at(301, ok(Step::Read { handle: 1 }, vec![0, 40, 20])),
+        ];
+        let r = replay_on(SHAPE, &Cpus::default(), &journal);
+        assert_eq!(r.findings, vec![], "{:?}", r.findings);
+        // Seen placed again 100 ms after the park's window began: too short
+        // for a wrap, so running must be as enabled.
+        let mut short = journal.clone();
+        short.drain(3..5);
+        short[3].at_ns = 100_000_000;
+        let r = replay_on(SHAPE, &Cpus::default(), &short);
+        assert_eq!(r.findings.len(), 1, "{:?}", r.findings);
+        assert!(
+            r.findings[0].text.contains("time_running"),
+            "{:?}",
+            r.findings
+        );
     }
 
     /// A gauge enabled while its PMU may have been parking shows what the
