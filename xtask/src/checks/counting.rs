@@ -1506,13 +1506,18 @@ impl Model {
         // occupancy only changes at an operation, so the epoch's is the one.
         // One that may have been folded or not: unknown, one of its last
         // fold and the occupancies it may have seen. A gauge reads its
-        // register on the owner only: parked, nobody folds it.
+        // register on the owner only: parked, nobody folds it; parked
+        // when its placement became unknown, it may have been placed and
+        // folded since.
         let gauges: Vec<(Handle, Counting, u64)> = self
             .events
             .iter()
             .filter_map(|(&h, e)| match (e.spec.kind, status[&h].counting) {
-                // Maybe parked: maybe folded.
-                (Kind::Gauge { pmu, rmid }, c) if c != Counting::No && !parked[pmu as usize] => {
+                // Maybe parked, or maybe placed: maybe folded.
+                (Kind::Gauge { pmu, rmid }, c)
+                    if c != Counting::No
+                        && (!parked[pmu as usize] || self.pmus[pmu as usize].unknown) =>
+                {
                     let c = if self.pmus[pmu as usize].unknown {
                         Counting::Maybe
                     } else {

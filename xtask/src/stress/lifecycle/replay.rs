@@ -875,6 +875,74 @@ mod tests {
         );
     }
 
+    /// A gauge whose PMU was seen parked and then may have been placed
+    /// unseen: the placement may have folded the occupancy of the moment,
+    /// so a read in that stretch may show it; seen parked throughout, it
+    /// shows its last fold.
+    #[test]
+    fn a_gauge_parked_then_maybe_placed_may_show_the_new_occupancy() {
+        let gauge = Opened {
+            pmu: Some(1),
+            event: 1,
+            rmid: 3,
+            disabled: false,
+            pinned: false,
+            exclusive: false,
+            group: None,
+            read_format: TIMED,
+            cpu: 0,
+        };
+        let occupancy = |bytes| {
+            ok(
+                Step::Occupancy {
+                    domain: 1,
+                    rmid: 3,
+                    bytes,
+                },
+                vec![],
+            )
+        };
+        let seen = |owner: u64, unsure: Vec<u32>, window| {
+            ok(
+                Step::Seen {
+                    online: if owner == PARKED {
+                        vec![0, 1]
+                    } else {
+                        vec![0, 1, 3]
+                    },
+                    unsure,
+                    window,
+                },
+                vec![0, owner],
+            )
+        };
+        let journal = vec![
+            occupancy(6400),
+            ok(
+                Step::Open {
+                    event: gauge,
+                    expect: 1,
+                },
+                vec![1],
+            ),
+            ok(Step::Read { handle: 1 }, vec![6400, 10, 10]),
+            seen(PARKED, vec![1], 3),
+            occupancy(12800),
+            ok(Step::Read { handle: 1 }, vec![12800, 20, 20]),
+            seen(3, vec![1], 2),
+        ];
+        assert_eq!(
+            replay_on(SHAPE, &Cpus::default(), &journal).findings,
+            vec![]
+        );
+        let mut parked_throughout = journal.clone();
+        parked_throughout[6] = seen(PARKED, vec![], 2);
+        assert_eq!(
+            replay_on(SHAPE, &Cpus::default(), &parked_throughout).findings[0].index,
+            5
+        );
+    }
+
     /// An open on a PMU that may have parked unseen: refused with ENODEV
     /// or opened, either is right.
     #[test]
