@@ -51,9 +51,10 @@ const PATCHES: &[&str] = &[
     "0002-hw-acpi-no-pc_madt_cpu_entry-stub.patch",
     "0003-target-i386-show-interrupt-gates-in-info-registers.patch",
     "0004-target-i386-svm-interrupt_request-under-the-BQL.patch",
+    "0006-target-i386-svm-vmrun-no-stale-exception_index.patch",
 ];
 /// The box's QEMU when gdb debugs perfbed-vmm's guest in it: the patches
-/// above, then one that lets the box's KVM see its guest's `int3` (gdb's
+/// above and 0005, which lets the box's KVM see its guest's `int3` (gdb's
 /// breakpoints). Only there, so that a run without gdb keeps the cached
 /// QEMU (docs/vmm-and-box.md, "gdb on perfbed-vmm").
 const BOX_GDB_PATCHES: &[&str] = &[
@@ -62,6 +63,7 @@ const BOX_GDB_PATCHES: &[&str] = &[
     "0003-target-i386-show-interrupt-gates-in-info-registers.patch",
     "0004-target-i386-svm-interrupt_request-under-the-BQL.patch",
     "0005-target-i386-svm-int3-bp-intercept.patch",
+    "0006-target-i386-svm-vmrun-no-stale-exception_index.patch",
 ];
 /// The aarch64 QEMU (`--arch arm64`): the `virt` board, TCG only (no KVM
 /// for an Arm guest on this host), the device wired by an Arm-only patch
