@@ -45,7 +45,8 @@
 //!
 //! Closing a leader promotes each sibling to a leader of its own, keeping its
 //! state (perf's `perf_group_detach`): a sibling that was enabled under a
-//! disabled leader starts counting.
+//! disabled leader starts counting, none of the time its leader was off in
+//! its `time_enabled` (kernel patch 0017).
 //!
 //! From these, for each event over a *window* (from its open, or its previous
 //! read, to this read):
