@@ -10,6 +10,8 @@
 //! cannot judge yet (rate traffic, background jobs, the holding CPU's
 //! walks); [`clocks_never_back`] the same for clocks.
 
+use std::time::Instant;
+
 use anyhow::Result;
 use perfbed_device::regs::Event;
 
@@ -27,15 +29,26 @@ pub(super) const SKEW_NS: u64 = crate::checks::counting::READ_SKEW_NS;
 
 /// Over one window between the reads `start` and `end` of several events on
 /// one PMU: their running time added up, the longest enabled time, and
-/// whether more ran at once than the PMU has `slots` (beyond the reads' skew).
-fn running_at_once(start: &[Vec<u64>], end: &[Vec<u64>], slots: usize) -> (u64, u64, bool) {
+/// whether more ran at once than the PMU has `slots`. The events' windows
+/// do not start at one moment: their first reads were spread over at most
+/// `start_spread_ns` (the host's measure of the `read_many` that took
+/// them), so all the windows lie within the longest one and that spread,
+/// and no more than `slots` events running at once can run more than
+/// `slots` times that (the reads' skew, at the least).
+fn running_at_once(
+    start: &[Vec<u64>],
+    end: &[Vec<u64>],
+    slots: usize,
+    start_spread_ns: u64,
+) -> (u64, u64, bool) {
     let n = start.len().min(end.len());
     let running: u64 = (0..n).map(|i| end[i][2].saturating_sub(start[i][2])).sum();
     let enabled = (0..n)
         .map(|i| end[i][1].saturating_sub(start[i][1]))
         .max()
         .unwrap_or(0);
-    let over = running > slots as u64 * enabled + n as u64 * SKEW_NS;
+    let slack = (n as u64 * SKEW_NS).max(slots as u64 * start_spread_ns);
+    let over = running > slots as u64 * enabled + slack;
     (running, enabled, over)
 }
 
@@ -126,11 +139,15 @@ pub fn rotating_during_moves(ctx: &mut Ctx) -> Result<Check> {
     let (rmids, handles) = (many.rmids.clone(), many.handles.clone());
     let mut problems = Vec::new();
     let mover = start_mover(ctx, &allowed, 6)?;
+    let read_at = Instant::now();
     let mut prev = ctx.g.read_many(&handles)?;
+    let mut prev_spread = read_at.elapsed();
     let mut shares = Vec::new();
     for w in 1..=10u64 {
         many.burst(ctx, MIB)?;
+        let read_at = Instant::now();
         let cur = ctx.g.read_many(&handles)?;
+        let cur_spread = read_at.elapsed();
         for (i, r) in rmids.iter().enumerate() {
             judge_window(
                 &format!("window {w}, rmid {r}"),
@@ -140,14 +157,15 @@ pub fn rotating_during_moves(ctx: &mut Ctx) -> Result<Check> {
                 &mut problems,
             );
         }
-        let (running, enabled, over) = running_at_once(&prev, &cur, slots);
+        let spread_ns = u64::try_from(prev_spread.as_nanos()).unwrap_or(u64::MAX);
+        let (running, enabled, over) = running_at_once(&prev, &cur, slots, spread_ns);
         if over {
             problems.push(format!(
                 "window {w}: {n} events on {slots} slots ran {running} ns in all while moving, more than {slots} × the window's {enabled} ns"
             ));
         }
         shares.push(format!("{:.1}", running as f64 / enabled.max(1) as f64));
-        prev = cur;
+        (prev, prev_spread) = (cur, cur_spread);
         if problems.len() > 6 {
             break;
         }
