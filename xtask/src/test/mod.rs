@@ -376,13 +376,32 @@ fn run_fuzz_tests(ws: &Path, seconds: u64) -> bool {
     failures == 0
 }
 
+/// VM tests that run only when `--filter` names them, each with why. The
+/// serial flood of `vmm_slow_agent_reader` keeps the nested guest's UART
+/// port lock held so long, with four nested vCPUs on the box's one L1 vCPU,
+/// that the guest reports RCU stalls and its hotplug loop stands still, on
+/// a loaded machine and at times on a quiet one (docs/box-verification.md).
+const ON_DEMAND: &[(&str, &str)] = &[(
+    "vmm_slow_agent_reader",
+    "its serial flood stalls the box's nested guest at times (docs/box-verification.md)",
+)];
+
 fn run_vm_tests(ws: &Path, args: &TestArgs) -> Result<bool> {
+    let on_demand = |t: &VmTest| ON_DEMAND.iter().any(|(name, _)| *name == t.name);
     let tests: Vec<&VmTest> = VM_TESTS
         .iter()
-        .filter(|t| args.filter.as_deref().is_none_or(|f| t.name.contains(f)))
+        .filter(|t| match args.filter.as_deref() {
+            Some(f) => t.name.contains(f),
+            None => !on_demand(t),
+        })
         .collect();
     if tests.is_empty() {
         bail!("no VM test matches --filter {:?}", args.filter);
+    }
+    if args.filter.is_none() {
+        for (name, why) in ON_DEMAND {
+            eprintln!("    on demand, not run: {name} (`cargo xtask test --vm-only --filter {name}`): {why}");
+        }
     }
     let mut images = Vec::new();
     for variant in [
