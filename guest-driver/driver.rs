@@ -69,12 +69,17 @@
 //!   (frozen still, if it was), which zeroes it in the device, so that what landed before the reset, unread, is never
 //!   counted after it, and what lands after it is, exactly. On the owner the core's read folds
 //!   the count first and the baseline moves to it.
-//! - A park can outlast a counter's wrap. When an allowed CPU returns, the slots are read at
-//!   once, before the events move there. If the device says a counter wrapped more than once
-//!   unread (`COUNTER_OVERFLOW`), the interval since the slot's last good read is not counted:
-//!   neither its traffic (unknowable) nor its time (taken off `time_running`), so `perf stat`
-//!   shows less than 100 % and scales, never an exact-looking wrong count. Each such loss is
-//!   counted in the PMU's sysfs file `lost_wraps` and said once in the kernel log.
+//! - A park can outlast a counter's wrap, and nobody can read the counters meanwhile. The PMU
+//!   gives the perf core a deadline (`max_unread_ns`, half a wrap's time at the device's
+//!   maximum rate): once a park has lasted that long, the core takes the PMU's events off the
+//!   CPU that keeps them, their `time_running` stopping there, and each `del` freezes its slot
+//!   as for a `DISABLE` while parked. What landed before the deadline is counted exactly at the
+//!   placement; what lands after it never reaches the slots, and perf shows the rest of the park
+//!   as time not running (and scales). A placement before the deadline is exact, with
+//!   `time_running` equal to `time_enabled`. A slot found to have wrapped more than once unread
+//!   all the same (an owner that did not read in time) is counted in the PMU's sysfs file
+//!   `lost_wraps` and said once in the kernel log; a slot left idle by an event that is off is
+//!   nobody's, and its wraps are not.
 //! - Cgroup and task events are refused (the PMU has no task context, so the perf core refuses
 //!   both with `EINVAL`), and so is every attribute a counting device PMU cannot honour:
 //!   sampling, `sigtrap` and `precise_ip` (`EOPNOTSUPP`, as for perf's PMUs without the
@@ -214,6 +219,9 @@ struct Device {
     events: u64,
     /// Wrap polling period.
     poll_ms: u32,
+    /// How long a park may leave the counters unread (`struct pmu`'s `max_unread_ns`, 0: no
+    /// limit): half a wrap's time at the maximum rate.
+    max_unread_ns: u64,
     /// Set once every PMU is registered: until then `event_init` refuses events, so that a
     /// failing `init` drops only registrations that cannot have any (see `Perfbed::init`).
     ready: AtomicBool,
@@ -306,6 +314,7 @@ impl Device {
         }
 
         let poll_ms = poll_period_ms(width, unit, max_rate);
+        let max_unread_ns = wrap_ns(width, unit, max_rate).map_or(0, |ns| ns / 2);
 
         Ok(Device {
             mmio,
@@ -320,6 +329,7 @@ impl Device {
             max_rate,
             events,
             poll_ms,
+            max_unread_ns,
             ready: AtomicBool::new(false),
         })
     }
@@ -366,6 +376,16 @@ fn poll_period_ms(width: u64, unit: u64, max_rate: u64) -> u32 {
     }
     // CAST: clamped to at most `MAX_POLL_MS`.
     (wrap_ms / POLLS_PER_WRAP).clamp(1, u64::from(MAX_POLL_MS)) as u32
+}
+
+/// How long counters of `width` bits of `unit` bytes take to wrap at `max_rate` bytes/s, in ns;
+/// `None` when the rate is unknown (0) or the wrap more than 2^64 ns away.
+fn wrap_ns(width: u64, unit: u64, max_rate: u64) -> Option<u64> {
+    if max_rate == 0 {
+        return None;
+    }
+    let bytes = 1u128.checked_shl(width as u32)? * u128::from(unit);
+    u64::try_from(bytes * 1_000_000_000 / u128::from(max_rate)).ok()
 }
 
 /// Where the device is: the `device` parameter, or with a device tree and no parameter, the
@@ -485,9 +505,6 @@ struct Slot {
     /// [`perf::clock_ns`] at the last good read (or the assignment): counts since then are
     /// unread.
     read_ns: u64,
-    /// Time the holder was credited as running but whose counts were lost, not yet taken off its
-    /// `time_running`.
-    lost_ns: u64,
 }
 
 impl Slot {
@@ -501,7 +518,6 @@ impl Slot {
         moved_at: 0,
         idle_time: 0,
         read_ns: 0,
-        lost_ns: 0,
     };
 }
 
@@ -512,11 +528,10 @@ struct Owed {
     /// [`Event::key`] of the event, 0 for an unused entry.
     key: usize,
     units: u64,
-    lost_ns: u64,
 }
 
 impl Owed {
-    const UNUSED: Owed = Owed { key: 0, units: 0, lost_ns: 0 };
+    const UNUSED: Owed = Owed { key: 0, units: 0 };
 }
 
 /// How many events can be owed counts at once; when all are in use, a moving event's slot is not
@@ -565,17 +580,6 @@ impl OwedTable {
             self.used -= 1;
         }
         self.entries[entry] = Owed::UNUSED;
-    }
-
-    /// Drops the counts owed to the event with key `key`, keeping its entries (and the time they
-    /// lost) for its next `add` or `del`.
-    fn drop_units(&mut self, key: usize) {
-        if self.used == 0 {
-            return;
-        }
-        for owed in self.entries.iter_mut().filter(|o| o.key == key) {
-            owed.units = 0;
-        }
     }
 
     /// Makes every entry of the event with key `key` unused.
@@ -762,7 +766,11 @@ impl Domain {
         let clock = perf::clock_ns();
         let s = &mut hw.slots[slot];
         if value & regs::COUNTER_OVERFLOW != 0 {
-            self.lose_wraps(s, slot, clock);
+            // An idle slot's holder folded it at its `del` and starts afresh at its next `add`:
+            // what it missed since was nobody's.
+            if s.state != Holder::Idle {
+                self.lose_wraps(slot, clock.saturating_sub(s.read_ns));
+            }
         } else {
             // The poll period keeps this below one wrap, and the device flags it when it was not.
             let delta = now.wrapping_sub(s.last) & self.dev.mask;
@@ -773,19 +781,18 @@ impl Domain {
         true
     }
 
-    /// Whole wraps of `slot` went unread (a park longer than a wrap at the device's rate): how
-    /// much landed since the last good read is unknowable. None of it is counted, and none of its
-    /// time as running (up to `clock`), so that perf scales the count over the gap and shows it.
+    /// Whole wraps of `slot`, held for an event, went unread for `unread_ns`: how much landed
+    /// since the last good read is unknowable, and none of it is counted. A park cannot do this
+    /// (the perf core takes the events off at [`Device::max_unread_ns`], and their `del` freezes
+    /// the slots), so it is counted in `lost_wraps` and said: an owner that did not read in time.
     #[cold]
-    fn lose_wraps(&self, s: &mut Slot, slot: usize, clock: u64) {
-        s.lost_ns += clock.saturating_sub(s.read_ns);
+    fn lose_wraps(&self, slot: usize, unread_ns: u64) {
         self.lost_wraps.fetch_add(1, Ordering::Relaxed);
         warn_ratelimited!(
-            "perfbed_l3_{}: slot {} wrapped more than once unread (parked too long?): {} ms \
-             of counts lost, not counted as running\n",
+            "perfbed_l3_{}: slot {} wrapped more than once unread: {} ms of counts lost\n",
             self.index,
             slot,
-            clock.saturating_sub(s.read_ns) / 1_000_000
+            unread_ns / 1_000_000
         );
     }
 
@@ -879,19 +886,14 @@ impl Domain {
     /// Reads `slot`, whose holder is moving, and keeps what it counted for the holder in owed
     /// entry `entry`, freeing the slot. On the owner only.
     fn take_from_mover(&self, hw: &mut DomainHw, slot: usize, entry: usize) {
-        let now = perf::clock_ns();
-        if !self.sync_slot(hw, slot) {
-            // Unreadable: what landed since the last good read is lost, and so is its time.
-            let s = &mut hw.slots[slot];
-            s.lost_ns += now.saturating_sub(s.read_ns);
-        }
+        // Unreadable: what landed since the last good read is lost.
+        self.sync_slot(hw, slot);
         let s = hw.slots[slot];
         hw.owed.insert(
             entry,
             Owed {
                 key: s.holder,
                 units: s.total.wrapping_sub(s.moved_at),
-                lost_ns: s.lost_ns,
             },
         );
         hw.slots[slot] = Slot::FREE;
@@ -899,39 +901,13 @@ impl Domain {
     }
 
     /// Gives `event` the counts owed to it, if any: what its slot made while it moved, and was
-    /// taken from it (see [`Domain::take_from_mover`]). Time owed stays for
-    /// [`Domain::settle_owed`].
+    /// taken from it (see [`Domain::take_from_mover`]).
     #[inline]
     fn pay_owed(&self, hw: &mut DomainHw, event: &Event) {
         if let Some(entry) = hw.owed.find(event) {
-            let owed = &mut hw.owed.entries[entry];
-            event.count().add(owed.units.wrapping_mul(self.dev.unit));
-            owed.units = 0;
-            if owed.lost_ns == 0 {
-                hw.owed.remove(entry);
-            }
-        }
-    }
-
-    /// Gives `event` all that is owed to it: the counts, and time to take off its `time_running`,
-    /// its own slot's included. The time needs the perf context's lock (a [`LockedEvent`]: `add`,
-    /// `del`, `moved_unscheduled`); `read` leaves it owed.
-    #[inline]
-    fn settle_owed(&self, hw: &mut DomainHw, event: &LockedEvent) {
-        if let Some(entry) = hw.owed.find(event) {
             let owed = hw.owed.entries[entry];
             event.count().add(owed.units.wrapping_mul(self.dev.unit));
-            if owed.lost_ns != 0 {
-                event.discount_running(owed.lost_ns);
-            }
             hw.owed.remove(entry);
-        }
-        if let Some(slot) = self.slot_of(hw, event) {
-            let lost = hw.slots[slot].lost_ns;
-            if lost != 0 {
-                event.discount_running(lost);
-                hw.slots[slot].lost_ns = 0;
-            }
         }
     }
 
@@ -1013,7 +989,7 @@ impl Domain {
                 if self.sync_slot(hw, slot) {
                     self.credit(hw, slot, event);
                 }
-                // A slot that could not be read: its unread time is lost (`lost_ns`), paid below.
+                // A slot that could not be read: what landed since its last read is lost.
                 if state == Holder::ParkedIdle {
                     self.set_frozen(hw, slot, false);
                 }
@@ -1024,7 +1000,7 @@ impl Domain {
             }
             _ => return,
         }
-        self.settle_owed(hw, event);
+        self.pay_owed(hw, event);
         let s = &mut hw.slots[slot];
         s.state = Holder::Idle;
         s.idle_time = event.ctx_time();
@@ -1039,7 +1015,7 @@ impl Domain {
     /// exactly at the next read on an owner. An event that is off since a `del` on the owner was folded then and starts
     /// afresh at its next `add`. Counts owed to the event are dropped.
     fn restart(&self, hw: &mut DomainHw, event: &Event, config: Config) {
-        hw.owed.drop_units(event.key());
+        hw.owed.forget(event.key());
         let Some(slot) = self.slot_of(hw, event) else {
             return;
         };
@@ -1054,8 +1030,7 @@ impl Domain {
         }
         let frozen = if state == Holder::ParkedIdle { regs::SLOT_CTL_FROZEN } else { 0 };
         self.dev.mmio.write(self.slot_ctl_reg(slot), config.slot_ctl() | frozen);
-        // The unread counts before the reset are not lost but reset. Time lost to a wrap before
-        // stays lost (`lost_ns`).
+        // The unread counts before the reset are not lost but reset.
         let s = &mut hw.slots[slot];
         s.last = 0;
         s.total = 0;
@@ -1296,7 +1271,7 @@ impl Pmu for DomainPmu {
             // every access here delays the slot write of the event added after it, and under a
             // hypervisor each access is a VM exit (see `multiplexing` in xtask's pmu_checks).
             domain.take_slot(&mut hw, event, config)?;
-            domain.settle_owed(&mut hw, event);
+            domain.pay_owed(&mut hw, event);
             drop(hw);
             self.poller.kick();
         }
@@ -1313,7 +1288,7 @@ impl Pmu for DomainPmu {
         if Self::config_of(event).is_some_and(Config::needs_slot) {
             let domain = self.domain();
             let mut hw = domain.hw.lock();
-            domain.settle_owed(&mut hw, event);
+            domain.pay_owed(&mut hw, event);
             domain.unschedule(&mut hw, event);
         }
     }
@@ -1485,6 +1460,7 @@ unsafe fn register(
         events: &events,
         formats: &FORMATS,
         counters: &COUNTER_FILES,
+        max_unread_ns: dev.max_unread_ns,
     };
     // SAFETY: The caller guarantees what `Registration::new` requires.
     let init = unsafe { Registration::new(module, &options, DomainPmu { poller, line }) };
