@@ -221,6 +221,7 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
                         domain,
                         owner != PARKED,
                         entry.at_ns,
+                        entry.took_ns,
                     );
                     if let Some(o) = cpus.owners.get_mut(domain as usize) {
                         *o = (owner != PARKED).then_some(owner as u32);
@@ -234,6 +235,7 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
                     domain,
                     !mask.is_empty(),
                     entry.at_ns,
+                    entry.took_ns,
                 );
                 if let Some(o) = cpus.owners.get_mut(domain as usize) {
                     *o = mask.first().map(|&c| c as u32);
@@ -296,7 +298,9 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
                 let owner = words.first().map(|&c| c as u32);
                 let parked_ns = match *step {
                     Step::Park { domain } => {
-                        parked_at.insert(domain, entry.at_ns);
+                        // From the step's start: the guest's park is no
+                        // longer than the host's measure (the deadline).
+                        parked_at.insert(domain, entry.at_ns.saturating_sub(entry.took_ns));
                         0
                     }
                     Step::Unpark { domain, .. } => {
@@ -564,6 +568,7 @@ impl Predictor {
             domain,
             now.is_some(),
             0,
+            0,
         );
         if let Some(o) = self.cpus.owners.get_mut(domain as usize) {
             *o = now;
@@ -580,10 +585,13 @@ fn placed(
     domain: u32,
     placed: bool,
     at_ns: u64,
+    took_ns: u64,
 ) {
     match (model.is_parked(domain), placed) {
         (false, false) => {
-            parked_at.insert(domain, at_ns);
+            // From the step's start (`took_ns` before `at_ns`): the
+            // guest's park is no longer than the host's measure of it.
+            parked_at.insert(domain, at_ns.saturating_sub(took_ns));
             model.park(domain);
         }
         (true, true) => {
