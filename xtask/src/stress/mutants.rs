@@ -326,6 +326,10 @@ mod tests {
             "read-peeks-unfolded",
             "a read through BPF (perf_event_read_local() from the tick), or a run against the library to see whether read() shows it",
         ),
+        (
+            "idle-slot-wraps-counted",
+            "a park past two wraps at rate traffic, and an assertion on the PMU's sysfs lost_wraps",
+        ),
     ];
 
     /// Every mutant names, as the check that must catch it, a scenario of

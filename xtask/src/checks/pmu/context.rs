@@ -1,11 +1,14 @@
 //! What every PMU check shares: the guest, the device's control socket, the
 //! device's shape and each domain's PMU type, and the driver's encodings.
 
+use std::time::Duration;
+
 use anyhow::{bail, Result};
 use perfbed_agent::PerfAttr;
 use perfbed_device::regs::Event;
 use perfbed_device::{ControlClient, DeviceConfig, DeviceState};
 
+use crate::checks::counting::CUT_SLACK_NS;
 use crate::guest::perf_abi::{FORMAT_TOTAL_TIME_ENABLED, FORMAT_TOTAL_TIME_RUNNING};
 use crate::guest::{pmu_name, Guest};
 
@@ -61,6 +64,73 @@ impl Ctx<'_, '_> {
 
     pub fn count(&mut self, handle: u32) -> Result<u64> {
         Ok(self.g.read(handle)?[0])
+    }
+
+    /// A park's deadline on this device (`struct pmu`'s `max_unread_ns`:
+    /// half a wrap at the maximum rate; docs/counting-semantics.md, "Parks
+    /// and wraps").
+    pub fn park_deadline(&self) -> Duration {
+        Duration::from_nanos(crate::stress::lifecycle::run::shape(&self.device).deadline_ns())
+    }
+
+    /// The one rule for a count read through a park, shared by every check
+    /// that judges one: `start` and `end` read with [`TIMES`], `landed`
+    /// bytes landed for the event between them at up to `rate` bytes/s.
+    /// Either exact with `Δrunning == Δenabled` (placed before the
+    /// deadline), or cut at the deadline: `Δrunning < Δenabled`, never more
+    /// than landed, and short by at most what `rate` brings in the time not
+    /// running (a tenth more and 1 MiB, for a rate that is not steady at
+    /// the edges), and `also` bytes of a burst that may have landed after
+    /// the deadline. With `park` (how long the host kept it parked), a park
+    /// past the deadline by more than [`CUT_SLACK_NS`] must be cut by at
+    /// least that much. A problem, or `None`.
+    pub fn judge_park_cut(
+        &self,
+        start: &[u64],
+        end: &[u64],
+        landed: u64,
+        rate: u64,
+        also: u64,
+        park: Option<Duration>,
+    ) -> Option<String> {
+        let (got, en, run) = (
+            end[0].wrapping_sub(start[0]),
+            end[1].wrapping_sub(start[1]),
+            end[2].wrapping_sub(start[2]),
+        );
+        let deadline = self.park_deadline();
+        let cut_at_least = park.map_or(0, |p| {
+            let p = u64::try_from(p.as_nanos()).unwrap_or(u64::MAX);
+            let d = u64::try_from(deadline.as_nanos()).unwrap_or(u64::MAX);
+            p.saturating_sub(d.saturating_add(CUT_SLACK_NS))
+        });
+        let not_running = en.saturating_sub(run);
+        let may_miss = (u128::from(rate) * u128::from(not_running) * 11 / 10 / 1_000_000_000)
+            .min(u128::from(u64::MAX)) as u64
+            + MIB
+            + also;
+        let what = format!(
+            "read {start:?} → {end:?}: counted {got} of {landed} landed, Δenabled {en} Δrunning {run}"
+        );
+        if end[0] < start[0] || end[1] < start[1] || end[2] < start[2] {
+            Some(format!("{what}: went back"))
+        } else if run > en || got > landed {
+            Some(format!("{what}: more running than enabled, or more counted than landed"))
+        } else if not_running < cut_at_least {
+            Some(format!(
+                "{what}: ran past the park's deadline ({deadline:?} of a park of {park:?}: want at least {cut_at_least} ns not running)"
+            ))
+        } else if got < landed && run == en {
+            Some(format!("{what}: short at 100 % running"))
+        } else if landed - got > may_miss {
+            Some(format!(
+                "{what}: {} bytes missing, more than {} B/s lands in the {not_running} ns not running (cut at the deadline: only what landed after it may be missing)",
+                landed - got,
+                rate
+            ))
+        } else {
+            None
+        }
     }
 
     pub fn truth(state: &DeviceState, domain: usize, rmid: u32, event: Event) -> u64 {
