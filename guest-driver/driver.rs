@@ -384,8 +384,12 @@ fn wrap_ns(width: u64, unit: u64, max_rate: u64) -> Option<u64> {
     if max_rate == 0 {
         return None;
     }
-    let bytes = 1u128.checked_shl(width as u32)? * u128::from(unit);
-    u64::try_from(bytes * 1_000_000_000 / u128::from(max_rate)).ok()
+    // No 128-bit division in the kernel (`__udivti3`): whole seconds when the product overflows.
+    let bytes = 1u64.checked_shl(width as u32)?.checked_mul(unit)?;
+    match bytes.checked_mul(1_000_000_000) {
+        Some(bytes_ns) => Some(bytes_ns / max_rate),
+        None => (bytes / max_rate).checked_mul(1_000_000_000),
+    }
 }
 
 /// Where the device is: the `device` parameter, or with a device tree and no parameter, the
