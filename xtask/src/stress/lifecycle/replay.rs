@@ -437,6 +437,12 @@ pub struct Predictor {
     /// CPUs offline now.
     offline: BTreeSet<u32>,
     formats: BTreeMap<Handle, ReadFormat>,
+    /// The least time the steps so far took, in ns: their `Wait`s (every
+    /// other step is taken to take none), and when each parked domain's
+    /// park began by it. A park is as long as the waits in it: one that
+    /// outlasts its deadline so is past it for the model too.
+    now_ns: u64,
+    parked_at: BTreeMap<u32, u64>,
 }
 
 impl Predictor {
@@ -447,6 +453,8 @@ impl Predictor {
             allowed: cpus.domains.clone(),
             offline: BTreeSet::new(),
             formats: BTreeMap::new(),
+            now_ns: 0,
+            parked_at: BTreeMap::new(),
         }
     }
 
@@ -524,9 +532,16 @@ impl Predictor {
             &Step::Park { domain } => {
                 let cpus = self.cpus.domains.get(domain as usize);
                 self.offline.extend(cpus.into_iter().flatten());
+                self.parked_at.insert(domain, self.now_ns);
                 self.cpus.step(&mut self.model, step, None, 0);
             }
-            &Step::Unpark { cpu, .. } | &Step::Online { cpu } => {
+            &Step::Unpark { domain, cpu } => {
+                self.offline.remove(&cpu);
+                let since = self.parked_at.remove(&domain).unwrap_or(self.now_ns);
+                self.cpus
+                    .step(&mut self.model, step, Some(cpu), self.now_ns - since);
+            }
+            &Step::Online { cpu } => {
                 self.offline.remove(&cpu);
                 self.cpus.step(&mut self.model, step, Some(cpu), 0);
             }
@@ -543,8 +558,9 @@ impl Predictor {
                 }
                 self.place(*domain);
             }
+            &Step::Wait { ms } => self.now_ns += ms.saturating_mul(1_000_000),
             // Not in a scenario: rcutorture's, seen by the stress.
-            Step::Rate { .. } | Step::PerfStat { .. } | Step::Wait { .. } | Step::Seen { .. } => {}
+            Step::Rate { .. } | Step::PerfStat { .. } | Step::Seen { .. } => {}
         }
     }
 
@@ -564,10 +580,10 @@ impl Predictor {
         let now = kept.or_else(|| self.allowed_online(domain, None));
         placed(
             &mut self.model,
-            &mut BTreeMap::new(),
+            &mut self.parked_at,
             domain,
             now.is_some(),
-            0,
+            self.now_ns,
             0,
         );
         if let Some(o) = self.cpus.owners.get_mut(domain as usize) {
