@@ -2115,8 +2115,14 @@ mod tests {
         );
         // Cut at the deadline: exact (landed before it) or short (after
         // it), perf showing less running; never more than landed.
-        assert_eq!(fields(&mut m.clone(), 1, seen(640, 1_000_000_000, 300_000_000)), vec![]);
-        assert_eq!(fields(&mut m.clone(), 1, seen(0, 1_000_000_000, 300_000_000)), vec![]);
+        assert_eq!(
+            fields(&mut m.clone(), 1, seen(640, 1_000_000_000, 300_000_000)),
+            vec![]
+        );
+        assert_eq!(
+            fields(&mut m.clone(), 1, seen(0, 1_000_000_000, 300_000_000)),
+            vec![]
+        );
         assert_eq!(
             fields(&mut m, 1, seen(1280, 1_000_000_000, 300_000_000)),
             vec![Field::Value]

@@ -8,7 +8,7 @@ use perfbed_agent::PerfAttr;
 use perfbed_device::regs::Event;
 use perfbed_device::{ControlClient, DeviceConfig, DeviceState};
 
-use crate::checks::counting::CUT_SLACK_NS;
+use crate::checks::counting::{DeviceShape, CUT_SLACK_NS};
 use crate::guest::perf_abi::{FORMAT_TOTAL_TIME_ENABLED, FORMAT_TOTAL_TIME_RUNNING};
 use crate::guest::{pmu_name, Guest};
 
@@ -70,7 +70,14 @@ impl Ctx<'_, '_> {
     /// half a wrap at the maximum rate; docs/counting-semantics.md, "Parks
     /// and wraps").
     pub fn park_deadline(&self) -> Duration {
-        Duration::from_nanos(crate::stress::lifecycle::run::shape(&self.device).deadline_ns())
+        let shape = DeviceShape {
+            pmus: self.device.domains.len() as u32,
+            slots: self.device.slots,
+            unit_bytes: self.device.unit_bytes,
+            counter_width: self.device.counter_width,
+            max_rate: self.device.max_rate,
+        };
+        Duration::from_nanos(shape.deadline_ns())
     }
 
     /// The one rule for a count read through a park, shared by every check
@@ -115,7 +122,9 @@ impl Ctx<'_, '_> {
         if end[0] < start[0] || end[1] < start[1] || end[2] < start[2] {
             Some(format!("{what}: went back"))
         } else if run > en || got > landed {
-            Some(format!("{what}: more running than enabled, or more counted than landed"))
+            Some(format!(
+                "{what}: more running than enabled, or more counted than landed"
+            ))
         } else if not_running < cut_at_least {
             Some(format!(
                 "{what}: ran past the park's deadline ({deadline:?} of a park of {park:?}: want at least {cut_at_least} ns not running)"

@@ -423,7 +423,8 @@ pub fn lost_wraps_disabled_traffic(ctx: &mut Ctx) -> Result<Check> {
         ctx.control
             .set_rate(d as u32, rb, Event::MbmTotalBytes, rate)?;
         std::thread::sleep(park);
-        ctx.control.set_rate(d as u32, rb, Event::MbmTotalBytes, 0)?;
+        ctx.control
+            .set_rate(d as u32, rb, Event::MbmTotalBytes, 0)?;
         ctx.inject_and_land(&[])?;
         place(ctx, d, &allowed, &allowed)?;
         let a1 = ctx.g.read(a)?;
