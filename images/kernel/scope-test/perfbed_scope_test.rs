@@ -278,6 +278,8 @@ unsafe fn register<T: Pmu>(
         events: &EVENTS,
         formats: &FORMATS,
         counters,
+        // Nothing wraps here: a park has no deadline, its events wait scheduled until placed.
+        max_unread_ns: 0,
     };
     // SAFETY: The caller guarantees what `Registration::new` requires.
     let pmu = KBox::pin_init(unsafe { Registration::new(module, &options, pmu) }, GFP_KERNEL)?;
