@@ -89,13 +89,14 @@
 //! placement: an event runs until the deadline and not after it.
 //! - Placed before the deadline: as if it never parked, `Δrunning ==
 //!   Δenabled` for an event counting throughout, its count exact.
-//! - A park that may have reached it (the replay measures it from the
-//!   park's step's start to the end of the placement's): `time_running`
-//!   may fall behind, and the count may be short (what landed after the
-//!   deadline) when perf shows less running; never more than landed.
-//!   Over a window that holds the whole park of an event counting
-//!   throughout it, `time_running` falls behind by at least the park past
-//!   its deadline, less [`CUT_SLACK_NS`] (`Window::cut_ns`).
+//! - A park that may have reached it (at most as long as from its step's
+//!   start to the end of the placement's): `time_running` may fall behind,
+//!   and the count may be short (what landed after the deadline) when perf
+//!   shows less running; never more than landed. Over a window that holds
+//!   the whole park of an event counting throughout it, `time_running`
+//!   falls behind by at least the part of the park surely past its
+//!   deadline (the park at least as long as from its step's end to the
+//!   start of the placement's), less [`CUT_SLACK_NS`] (`Window::cut_ns`).
 //! - Read while parked, an event's running may stand still (the deadline
 //!   may have passed); its clocks never go back.
 //!
@@ -290,9 +291,8 @@ enum Counting {
 pub const READ_SKEW_NS: u64 = 2_000_000;
 
 /// How much of a park past its deadline may still show as running: the
-/// deadline's work runs late on a loaded guest, and the host's measure of a
-/// park (from its step's start to the end of the placement's) is longer
-/// than the guest's by both steps' own time.
+/// deadline is a delayed work, which a loaded guest (a debug kernel under
+/// TCG) runs late.
 pub const CUT_SLACK_NS: u64 = 200_000_000;
 
 /// What the model requires of one time field of the next read, over the
@@ -917,9 +917,18 @@ impl Model {
     /// An allowed CPU of the PMU is back: it is placed again, after
     /// `parked_ns` parked.
     pub fn unpark(&mut self, pmu: u32, parked_ns: u64) {
+        self.unpark_between(pmu, parked_ns, parked_ns);
+    }
+
+    /// [`Model::unpark`] after a park that lasted at least `least_ns` and
+    /// at most `most_ns` (the host's measures of a park do not time the
+    /// guest's: a step that takes several CPUs away parks at any of
+    /// them). One that may have reached its deadline may have stopped
+    /// running there; one that surely outlasted it did.
+    pub fn unpark_between(&mut self, pmu: u32, least_ns: u64, most_ns: u64) {
         self.epoch();
-        let long = self.shape.may_reach_deadline(parked_ns);
-        let cut = parked_ns.saturating_sub(self.shape.deadline_ns().saturating_add(CUT_SLACK_NS));
+        let long = self.shape.may_reach_deadline(most_ns);
+        let cut = least_ns.saturating_sub(self.shape.deadline_ns().saturating_add(CUT_SLACK_NS));
         let moment = self.moment;
         let Some(p) = self.pmus.get_mut(pmu as usize) else {
             return;
@@ -1013,7 +1022,7 @@ impl Model {
             self.note_scheduled();
         } else {
             p.parked = true;
-            self.unpark(pmu, unknown_ns);
+            self.unpark_between(pmu, 0, unknown_ns);
         }
     }
 

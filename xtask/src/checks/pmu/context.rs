@@ -88,9 +88,10 @@ impl Ctx<'_, '_> {
     /// than landed, and short by at most what `rate` brings in the time not
     /// running (a tenth more and 1 MiB, for a rate that is not steady at
     /// the edges), and `also` bytes of a burst that may have landed after
-    /// the deadline. With `park` (how long the host kept it parked), a park
-    /// past the deadline by more than [`CUT_SLACK_NS`] must be cut by at
-    /// least that much. A problem, or `None`.
+    /// the deadline. With `park` (how long it surely was parked: from when
+    /// the park was seen to before the placement began), a park past the
+    /// deadline by more than [`CUT_SLACK_NS`] must be cut by at least that
+    /// much. A problem, or `None`.
     pub fn judge_park_cut(
         &self,
         start: &[u64],

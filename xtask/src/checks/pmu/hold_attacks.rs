@@ -336,8 +336,9 @@ fn wrap_lost(ctx: &mut Ctx, d: usize, home: &[u32], name: &'static str) -> Resul
     let a = open_with(ctx, d, r, TIMES, 0, None)?;
     let t0 = truth(ctx, d, r)?;
     let s = ctx.g.read(a)?;
-    let parked_at = Instant::now();
     place(ctx, d, &[], &[])?;
+    // Parked by now: the park lasts at least from here to the read below.
+    let parked_at = Instant::now();
     ctx.control
         .set_rate(d as u32, r, Event::MbmTotalBytes, rate)?;
     std::thread::sleep(park);

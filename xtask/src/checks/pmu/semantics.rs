@@ -298,13 +298,14 @@ pub fn long_park(ctx: &mut Ctx) -> Result<Check> {
     ctx.control
         .set_rate(d as u32, RMID, Event::MbmTotalBytes, rate)?;
     std::thread::sleep(Duration::from_millis(500));
-    let parked_at = std::time::Instant::now();
     for &cpu in &allowed {
         ctx.g.set_online(cpu, false)?;
     }
+    // Parked from here at the latest until the online below at the earliest.
+    let parked_at = std::time::Instant::now();
     std::thread::sleep(park);
-    ctx.g.set_online(allowed[0], true)?;
     let parked_for = parked_at.elapsed();
+    ctx.g.set_online(allowed[0], true)?;
     std::thread::sleep(Duration::from_millis(500));
     ctx.control
         .set_rate(d as u32, RMID, Event::MbmTotalBytes, 0)?;

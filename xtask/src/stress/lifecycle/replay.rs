@@ -55,7 +55,8 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
     let mut formats: BTreeMap<Handle, ReadFormat> = BTreeMap::new();
     let mut ids: BTreeMap<Handle, u64> = BTreeMap::new();
     // When each parked domain was parked (the journal's host clock).
-    let mut parked_at: BTreeMap<u32, u64> = BTreeMap::new();
+    // Each parked domain's park step: when it began and when it ended.
+    let mut parked_at: BTreeMap<u32, (u64, u64)> = BTreeMap::new();
     let unknown_from = unknown_stretches(journal);
     // The CPUs online at the last `Seen` (None: all, as at the start).
     let mut online: Option<BTreeSet<u32>> = None;
@@ -272,9 +273,9 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
                         // as from that window's start (a wrap could be lost
                         // in all of it), not as long as its own window.
                         let since = if parked {
-                            *parked_at.entry(domain).or_insert(began)
+                            parked_at.entry(domain).or_insert((began, began)).0
                         } else {
-                            parked_at.remove(&domain).unwrap_or(began)
+                            parked_at.remove(&domain).map_or(began, |(start, _)| start)
                         };
                         model.placement_seen(domain, parked, entry.at_ns.saturating_sub(since));
                     } else if parked != model.is_parked(domain) {
@@ -298,16 +299,16 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
                 let owner = words.first().map(|&c| c as u32);
                 let parked_ns = match *step {
                     Step::Park { domain } => {
-                        // From the step's start: the guest's park is no
-                        // longer than the host's measure (the deadline).
-                        parked_at.insert(domain, entry.at_ns.saturating_sub(entry.took_ns));
-                        0
+                        parked_at.insert(
+                            domain,
+                            (entry.at_ns.saturating_sub(entry.took_ns), entry.at_ns),
+                        );
+                        (0, 0)
                     }
                     Step::Unpark { domain, .. } => {
-                        let since = parked_at.remove(&domain).unwrap_or(entry.at_ns);
-                        entry.at_ns.saturating_sub(since)
+                        park_length(parked_at.remove(&domain), entry.at_ns, entry.took_ns)
                     }
-                    _ => 0,
+                    _ => (0, 0),
                 };
                 cpus.step(&mut model, step, owner, parked_ns);
             }
@@ -442,7 +443,7 @@ pub struct Predictor {
     /// park began by it. A park is as long as the waits in it: one that
     /// outlasts its deadline so is past it for the model too.
     now_ns: u64,
-    parked_at: BTreeMap<u32, u64>,
+    parked_at: BTreeMap<u32, (u64, u64)>,
 }
 
 impl Predictor {
@@ -527,23 +528,22 @@ impl Predictor {
             &Step::OthersOpen { domain } => model.others_may_open(domain),
             &Step::Move { domain } => {
                 let next = self.allowed_online(domain, self.owner(domain));
-                self.cpus.step(&mut self.model, step, next, 0);
+                self.cpus.step(&mut self.model, step, next, (0, 0));
             }
             &Step::Park { domain } => {
                 let cpus = self.cpus.domains.get(domain as usize);
                 self.offline.extend(cpus.into_iter().flatten());
-                self.parked_at.insert(domain, self.now_ns);
-                self.cpus.step(&mut self.model, step, None, 0);
+                self.parked_at.insert(domain, (self.now_ns, self.now_ns));
+                self.cpus.step(&mut self.model, step, None, (0, 0));
             }
             &Step::Unpark { domain, cpu } => {
                 self.offline.remove(&cpu);
-                let since = self.parked_at.remove(&domain).unwrap_or(self.now_ns);
-                self.cpus
-                    .step(&mut self.model, step, Some(cpu), self.now_ns - since);
+                let parked = park_length(self.parked_at.remove(&domain), self.now_ns, 0);
+                self.cpus.step(&mut self.model, step, Some(cpu), parked);
             }
             &Step::Online { cpu } => {
                 self.offline.remove(&cpu);
-                self.cpus.step(&mut self.model, step, Some(cpu), 0);
+                self.cpus.step(&mut self.model, step, Some(cpu), (0, 0));
             }
             &Step::Offline { cpu } => {
                 self.offline.insert(cpu);
@@ -592,12 +592,26 @@ impl Predictor {
     }
 }
 
+/// How long the guest's park lasted, at least and at most, by the host's
+/// clock: its park step ran over `park` (start, end), the placing step
+/// ended at `at_ns` after `took_ns`. The park began within the first step
+/// and ended within the second (a step of several CPUs parks or places at
+/// any of them), so it lasted at least from the first's end to the
+/// second's start and at most from the first's start to the second's end.
+fn park_length(park: Option<(u64, u64)>, at_ns: u64, took_ns: u64) -> (u64, u64) {
+    let (start, end) = park.unwrap_or((at_ns, at_ns));
+    (
+        at_ns.saturating_sub(took_ns).saturating_sub(end),
+        at_ns.saturating_sub(start),
+    )
+}
+
 /// A domain after a step that may have parked it or placed it again (an
 /// offline, an allowed set): the model parks it, places it after the time
 /// it was parked, or sees a move.
 fn placed(
     model: &mut Model,
-    parked_at: &mut BTreeMap<u32, u64>,
+    parked_at: &mut BTreeMap<u32, (u64, u64)>,
     domain: u32,
     placed: bool,
     at_ns: u64,
@@ -605,14 +619,12 @@ fn placed(
 ) {
     match (model.is_parked(domain), placed) {
         (false, false) => {
-            // From the step's start (`took_ns` before `at_ns`): the
-            // guest's park is no longer than the host's measure of it.
-            parked_at.insert(domain, at_ns.saturating_sub(took_ns));
+            parked_at.insert(domain, (at_ns.saturating_sub(took_ns), at_ns));
             model.park(domain);
         }
         (true, true) => {
-            let since = parked_at.remove(&domain).unwrap_or(at_ns);
-            model.unpark(domain, at_ns.saturating_sub(since));
+            let (least, most) = park_length(parked_at.remove(&domain), at_ns, took_ns);
+            model.unpark_between(domain, least, most);
         }
         (true, false) => {}
         (false, true) => model.moved(domain),
