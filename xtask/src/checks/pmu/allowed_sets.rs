@@ -35,7 +35,7 @@ use perfbed_device::regs::{whole_units, Event};
 use super::context::{Ctx, MIB, TIMES};
 use super::interrupts::{counter_file, irq_counts};
 use super::moves::movable_domain;
-use super::redteam::must;
+use super::redteam::{must, open_with};
 use crate::checks::Check;
 use crate::guest::pmu_name;
 
@@ -154,12 +154,7 @@ fn run_changes(ctx: &mut Ctx, d: usize, original: &[u32]) -> Result<Check> {
     let violations_before = state.domains[d].violations;
     let start = Ctx::truth(&state, d, RMID, Event::MbmTotalBytes);
     let lost_before = counter_file(ctx, &pmu, "lost_wraps")?;
-    let mut attr = ctx.attr(d, Event::MbmTotalBytes, RMID);
-    attr.read_format = TIMES;
-    let h = match ctx.g.open(attr, None)? {
-        Ok(h) => h,
-        Err(errno) => bail!("opening {pmu}/mbm_total_bytes,rmid={RMID}/: {errno}"),
-    };
+    let h = open_with(ctx, d, RMID, TIMES, 0, None)?;
     let opened = ctx.g.read(h)?;
     ctx.control
         .set_rate(d as u32, RMID, Event::MbmTotalBytes, RATE)?;

@@ -28,6 +28,7 @@ use perfbed_device::DeviceState;
 
 use super::context::{Ctx, MIB, TIMES};
 use super::moves::movable_domain;
+use super::redteam::open_with;
 use crate::checks::Check;
 use crate::guest::pmu_name;
 
@@ -194,12 +195,7 @@ pub fn follow_the_owner(ctx: &mut Ctx) -> Result<Check> {
     let state = ctx.control.state()?;
     let (acks_before, violations_before) = (acks(&state, d), state.domains[d].violations);
     let start = Ctx::truth(&state, d, RMID, Event::MbmTotalBytes);
-    let mut attr = ctx.attr(d, Event::MbmTotalBytes, RMID);
-    attr.read_format = TIMES;
-    let h = match ctx.g.open(attr, None)? {
-        Ok(h) => h,
-        Err(errno) => bail!("opening {pmu}/mbm_total_bytes,rmid={RMID}/: {errno}"),
-    };
+    let h = open_with(ctx, d, RMID, TIMES, 0, None)?;
     let opened = ctx.g.read(h)?;
     ctx.control
         .set_rate(d as u32, RMID, Event::MbmTotalBytes, RATE)?;
