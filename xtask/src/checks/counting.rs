@@ -120,8 +120,8 @@
 //! its count but by a `RESET` (a count a read while parked showed too). Over the
 //! window between two moments at which several events of one PMU were read
 //! (reads one after the other), for those enabled with an enabled leader
-//! throughout, allowing [`READ_SKEW_NS`] per read and what the two moments'
-//! reads took ([`Model::read_took`]): at most `slots` counters
+//! throughout, allowing [`READ_SKEW_NS`] per read and how far apart the two
+//! moments' reads lay on the guest's clock ([`Model::read_took`]): at most `slots` counters
 //! run at once (`Σ Δrunning <= slots × Δenabled`), an exclusive group runs
 //! alone (beside pinned groups only, as perf schedules it), and a group's `mbm_*` members run together (equal `Δrunning`,
 //! in a window without a park or a placement); and each one's
@@ -460,9 +460,9 @@ struct EventState {
 struct Batch {
     moment: u64,
     times: BTreeMap<Handle, (u64, u64)>,
-    /// How long the moment's reads took up to the last one of this PMU's
-    /// (see [`Model::read_took`]).
-    took_ns: u64,
+    /// How far apart the moment's reads lay up to the last one of this
+    /// PMU's (see [`Model::read_took`]).
+    spread_ns: u64,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -571,8 +571,32 @@ pub struct Model {
     /// Counts operations: reads at one moment are reads one after the
     /// other.
     moment: u64,
-    /// The moment whose reads took `.1` ns so far (see [`Model::read_took`]).
-    reads_took: (u64, u64),
+    /// How long the current moment's reads took so far (see
+    /// [`Model::read_took`]).
+    reads_took: MomentReads,
+}
+
+/// The reads of one moment as the agent timed them: what their system
+/// calls took, and when the first began and the last returned on the
+/// guest's clock.
+#[derive(Debug, Clone, Copy, Default)]
+struct MomentReads {
+    moment: u64,
+    took_ns: u64,
+    /// The earliest start and the latest return among reads whose return
+    /// is known (0: none is).
+    first_ns: u64,
+    last_ns: u64,
+}
+
+impl MomentReads {
+    /// How far apart the moment's reads lie: from the first one's start to
+    /// the last one's return, where the guest's clock says (which counts
+    /// the agent preempted between two reads too), and never less than
+    /// their system calls took.
+    fn spread_ns(&self) -> u64 {
+        self.took_ns.max(self.last_ns.saturating_sub(self.first_ns))
+    }
 }
 
 impl Model {
@@ -583,18 +607,35 @@ impl Model {
             events: BTreeMap::new(),
             offline: BTreeSet::new(),
             moment: 1,
-            reads_took: (0, 0),
+            reads_took: MomentReads::default(),
         }
     }
 
-    /// The next read's system call took `ns` (the journal's measure): reads
-    /// one after the other are that much further apart than
-    /// [`READ_SKEW_NS`] each, which the rules across events allow for.
-    pub fn read_took(&mut self, ns: u64) {
-        if self.reads_took.0 != self.moment {
-            self.reads_took = (self.moment, 0);
+    /// The next read's system call took `took_ns` and returned at
+    /// `returned_ns` on the guest's clock (0: not known), the journal's
+    /// measures: reads one after the other lie as far apart as the first
+    /// one's start from the last one's return (a guest that ran something
+    /// else between two reads, or a vCPU its host did not run, spreads
+    /// them), beyond [`READ_SKEW_NS`] each, which the rules across events
+    /// allow for.
+    pub fn read_took(&mut self, took_ns: u64, returned_ns: u64) {
+        let r = &mut self.reads_took;
+        if r.moment != self.moment {
+            *r = MomentReads {
+                moment: self.moment,
+                ..MomentReads::default()
+            };
         }
-        self.reads_took.1 = self.reads_took.1.saturating_add(ns);
+        r.took_ns = r.took_ns.saturating_add(took_ns);
+        if returned_ns != 0 {
+            let began = returned_ns.saturating_sub(took_ns);
+            r.first_ns = if r.first_ns == 0 {
+                began
+            } else {
+                r.first_ns.min(began)
+            };
+            r.last_ns = r.last_ns.max(returned_ns);
+        }
     }
 
     pub fn is_open(&self, handle: Handle) -> bool {
@@ -1333,12 +1374,12 @@ impl Model {
             pmu.batch = Batch {
                 moment,
                 times: BTreeMap::new(),
-                took_ns: 0,
+                spread_ns: 0,
             };
         }
         pmu.batch.times.insert(handle, (en, run));
-        if self.reads_took.0 == moment {
-            pmu.batch.took_ns = self.reads_took.1;
+        if self.reads_took.moment == moment {
+            pmu.batch.spread_ns = self.reads_took.spread_ns();
         }
         let pmu = &self.pmus[p as usize];
         let since = pmu.prev_batch.moment;
@@ -1377,9 +1418,10 @@ impl Model {
         let wall = common.iter().map(|c| c.3).max().unwrap_or(0);
         let counters: Vec<_> = common.iter().filter(|c| c.2).collect();
         let sum: u64 = counters.iter().map(|c| c.4).sum();
-        // Each read's skew, and what the two moments' reads measurably took
-        // beyond it (a read's system call on a loaded guest).
-        let took = pmu.prev_batch.took_ns + pmu.batch.took_ns;
+        // Each read's skew, and how far apart the two moments' reads
+        // measurably lay beyond it (a read's system call on a loaded
+        // guest, a vCPU preempted between two reads).
+        let took = pmu.prev_batch.spread_ns + pmu.batch.spread_ns;
         let skew = common.len() as u64 * READ_SKEW_NS + took;
         if sum > u64::from(self.shape.slots) * wall + skew {
             mismatch(
@@ -2735,7 +2777,7 @@ mod tests {
         // 16 ms apart, past four reads' 2 ms each at both ends.
         let ms = 1_000_000;
         let read = |m: &mut Model, took: u64, h: Handle, en: u64| {
-            m.read_took(took);
+            m.read_took(took, 0);
             fields(m, h, seen(0, en, en))
         };
         let mut m = Model::new(SHAPE);
@@ -2762,6 +2804,37 @@ mod tests {
             assert_eq!(read(&mut m, ms, h, 100 * ms), vec![]);
         }
         assert_eq!(read(&mut m, ms, 4, 130 * ms), vec![Field::Enabled]);
+    }
+
+    #[test]
+    fn reads_spread_apart_on_the_guest_widen_the_rules_across_events_by_their_spread() {
+        // `vmm_end_to_end` in the box (scenario exclusive-across-moves): two
+        // events' time_enabled grew 10.9 ms apart over one window, though
+        // each read's system call was quick: the nested guest's vCPU was
+        // not run between two reads of one moment.
+        let ms = 1_000_000;
+        let read = |m: &mut Model, returned: u64, h: Handle, en: u64| {
+            m.read_took(ms / 10, returned);
+            fields(m, h, seen(0, en, en))
+        };
+        let mut m = Model::new(SHAPE);
+        m.open(1, gauge(0, 1));
+        m.open(2, gauge(0, 2));
+        assert_eq!(read(&mut m, 1000 * ms, 1, 10), vec![]);
+        assert_eq!(read(&mut m, 1000 * ms + ms / 5, 2, 10), vec![]);
+        m.moved(0);
+        // Returned 12 ms apart: the later read's clock grew 12 ms more.
+        let mut spread = m.clone();
+        assert_eq!(read(&mut spread, 2000 * ms, 1, 100 * ms), vec![]);
+        assert_eq!(read(&mut spread, 2012 * ms, 2, 112 * ms), vec![]);
+        // The same reads with their return unknown: only what the system
+        // calls took is allowed for, and 12 ms is past it.
+        let mut unknown = m.clone();
+        assert_eq!(read(&mut unknown, 0, 1, 100 * ms), vec![]);
+        assert_eq!(read(&mut unknown, 0, 2, 112 * ms), vec![Field::Enabled]);
+        // Nor does a spread excuse more than it spans.
+        assert_eq!(read(&mut m, 2000 * ms, 1, 100 * ms), vec![]);
+        assert_eq!(read(&mut m, 2012 * ms, 2, 150 * ms), vec![Field::Enabled]);
     }
 
     #[test]

@@ -863,6 +863,7 @@ mod tests {
                     result,
                     took_ns: 0,
                     at_ns: 0,
+                    returned_ns: 0,
                 });
             }
         }

@@ -357,6 +357,11 @@ pub struct Entry {
     /// long a park lasted).
     #[serde(default)]
     pub at_ns: u64,
+    /// When the system call returned, in ns of the guest's
+    /// `CLOCK_MONOTONIC` (how far apart reads one after the other lay); 0
+    /// where not known (a host action).
+    #[serde(default)]
+    pub returned_ns: u64,
 }
 
 /// The agent operation a perf step is, with the attr filled in by `attr`.
@@ -406,12 +411,14 @@ mod tests {
                 result: Ok(vec![3]),
                 took_ns: 5,
                 at_ns: 10,
+                returned_ns: 0,
             },
             Entry {
                 step: Step::Read { handle: 2 },
                 result: Err("EBADF".into()),
                 took_ns: 1,
                 at_ns: 12,
+                returned_ns: 0,
             },
         ];
         let text = to_text(&header, &entries).unwrap();

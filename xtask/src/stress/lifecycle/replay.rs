@@ -145,7 +145,7 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
                     }
                 };
                 out.reads += 1;
-                model.read_took(entry.took_ns);
+                model.read_took(entry.took_ns, entry.returned_ns);
                 for m in members {
                     out.values += 1;
                     for mismatch in model.read(m.handle, m.observed) {
@@ -630,6 +630,7 @@ mod tests {
             result: Ok(words),
             took_ns: 1000,
             at_ns: 0,
+            returned_ns: 0,
         }
     }
 
@@ -953,6 +954,7 @@ mod tests {
                 result: Err("ENODEV".into()),
                 took_ns: 5,
                 at_ns: 0,
+                returned_ns: 0,
             },
             ok(
                 Step::Seen {
@@ -1019,12 +1021,14 @@ mod tests {
                 result: Err("ENODEV".into()),
                 took_ns: 5,
                 at_ns: 0,
+                returned_ns: 0,
             },
             Entry {
                 step: open(1, false).step,
                 result: Err("EBUSY".into()),
                 took_ns: 7,
                 at_ns: 0,
+                returned_ns: 0,
             },
             ok(Step::Unpark { domain: 1, cpu: 2 }, vec![]),
             ok(open(1, true).step, vec![2]),

@@ -257,6 +257,7 @@ pub fn run(
             result: Ok(vec![]),
             took_ns: 0,
             at_ns: 0,
+            returned_ns: 0,
         })
         .collect();
 
@@ -584,6 +585,7 @@ impl Watch {
                 result: Ok(owners.clone()),
                 took_ns: since(began),
                 at_ns: since(run_start),
+                returned_ns: 0,
             };
             generator.observe(&entry);
             journal.push(entry);
@@ -718,6 +720,7 @@ pub(super) fn flush(
             result: r.result,
             took_ns: r.took_ns,
             at_ns: since(run_start),
+            returned_ns: r.time_ns,
         });
     }
     Ok(desync)
@@ -885,6 +888,7 @@ pub(super) fn host_step(
         result,
         took_ns,
         at_ns: since(run_start),
+        returned_ns: 0,
     })
 }
 

@@ -573,6 +573,7 @@ mod tests {
                 }),
                 took_ns: 1000,
                 at_ns: 0,
+                returned_ns: 0,
             })
             .collect()
     }

@@ -332,6 +332,7 @@ mod tests {
                             result: Ok(words),
                             took_ns: 0,
                             at_ns: 0,
+                            returned_ns: 0,
                         });
                     }
                     Step::Park { domain } => {

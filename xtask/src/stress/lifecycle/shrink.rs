@@ -499,6 +499,7 @@ mod tests {
             result,
             took_ns: 1,
             at_ns: 0,
+            returned_ns: 0,
         }
     }
 
