@@ -35,6 +35,9 @@ pub struct VcpuState {
     pub timer_vector: Option<u8>,
     /// The timer's current count (0: expired, for a one-shot).
     pub timer_count: Option<u64>,
+    /// The count it was last armed with (a timer armed again between two
+    /// snapshots shows another one, most likely).
+    pub timer_initial: Option<u64>,
     /// What decides whether QEMU's TCG takes a pending interrupt, from the
     /// `INTREQ=` line perfbed's QEMU adds to `info registers` (patch 0003).
     pub tcg: Option<TcgInterruptState>,
@@ -186,6 +189,8 @@ pub fn parse(text: &str) -> Vec<VcpuState> {
                         .and_then(|v| v.trim_end_matches(')').parse().ok());
                 } else if let Some(count) = field(line, "current_count = ") {
                     cpu.timer_count = count.parse().ok();
+                    cpu.timer_initial =
+                        field(line, "initial_count = ").and_then(|c| c.parse().ok());
                 } else if let Some(ppr) = field(line, "PPR ") {
                     cpu.ppr = u8::from_str_radix(ppr.trim_start_matches("0x"), 16).ok();
                 }
@@ -324,7 +329,9 @@ pub fn expired_timer_pending(snapshots: &[(&str, &[VcpuState])]) -> Vec<String> 
 /// stretches); the second snapshot of a live CPU shows the timer re-armed
 /// or its vector gone (box run of 2026-12-02: IF clear in L1's
 /// `__wake_up_common` with the timer pending, 1 s later L1 in user mode
-/// with the timer counting and IRR empty).
+/// with the timer counting and IRR empty). Expired in both with another
+/// initial count is a timer armed again between them, so a live CPU (box
+/// run of 2026-12-05: L1 alive, its nested guest's CPU deadlocked).
 pub fn timer_stuck_in_both(first: &[VcpuState], second: &[VcpuState]) -> Vec<usize> {
     let expired = |c: &VcpuState| {
         c.timer_count == Some(0) && c.timer_vector.is_some() && c.deliverable() == c.timer_vector
@@ -332,7 +339,11 @@ pub fn timer_stuck_in_both(first: &[VcpuState], second: &[VcpuState]) -> Vec<usi
     first
         .iter()
         .filter(|a| expired(a))
-        .filter(|a| second.iter().any(|b| b.cpu == a.cpu && expired(b)))
+        .filter(|a| {
+            second
+                .iter()
+                .any(|b| b.cpu == a.cpu && expired(b) && b.timer_initial == a.timer_initial)
+        })
         .map(|a| a.cpu)
         .collect()
 }
@@ -373,6 +384,7 @@ APR 0x00 TPR 0x10 DFR 0x0f LDR 0x01 PPR 0x10
                 ppr: Some(0x10),
                 timer_vector: Some(236),
                 timer_count: Some(0),
+                timer_initial: Some(107006),
                 tcg: None,
                 isr: vec![],
                 cr3: None,
@@ -496,6 +508,14 @@ APR 0x00 TPR 0x10 DFR 0x0f LDR 0x01 PPR 0x10
         assert!(timer_stuck_in_both(&hung, &alive).is_empty());
         assert!(timer_stuck_in_both(&alive, &hung).is_empty());
         assert!(timer_stuck_in_both(&hung, &[]).is_empty());
+        // 2026-12-05: expired again in the second, but armed again between.
+        let rearmed = parse(
+            &HUNG
+                .replace("RFL=00000246", "RFL=00000012")
+                .replace("initial_count = 107006", "initial_count = 52113"),
+        );
+        assert_eq!(rearmed[0].timer_count, Some(0));
+        assert!(timer_stuck_in_both(&hung, &rearmed).is_empty());
     }
 
     #[test]
