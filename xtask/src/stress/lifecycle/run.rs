@@ -268,6 +268,22 @@ pub fn run(
     let mut pending: Vec<(Step, bool)> = Vec::new();
     let mut desync = false;
     let mut replayed_at = 0;
+    // Sends the pending batch, then tells the generator of refused opens
+    // and what was read behind the host's back.
+    macro_rules! flush {
+        () => {
+            flush_watched(
+                g,
+                &mut pending,
+                &attr,
+                &mut journal,
+                start,
+                &mut watch,
+                pmus,
+                &mut generator,
+            )?
+        };
+    }
     while journal.len() < config.ops as usize
         && !desync
         && !(config.stop_at_first && first_affinity.is_some())
@@ -297,29 +313,11 @@ pub fn run(
                     matches!(step, Step::Open { expect, .. } if generator.format(expect).is_some());
                 pending.push((step, opens));
                 if pending.len() >= BATCH {
-                    desync |= flush_watched(
-                        g,
-                        &mut pending,
-                        &attr,
-                        &mut journal,
-                        start,
-                        &mut watch,
-                        pmus,
-                        &mut generator,
-                    )?;
+                    desync |= flush!();
                 }
                 continue;
             }
-            desync |= flush_watched(
-                g,
-                &mut pending,
-                &attr,
-                &mut journal,
-                start,
-                &mut watch,
-                pmus,
-                &mut generator,
-            )?;
+            desync |= flush!();
             let entry = host_step(g, control, device, pmus, step, config.timeout, start)?;
             if let Some(problem) = affinity_after(g, device, &irqs, &entry, journal.len())? {
                 first_affinity.get_or_insert(journal.len());
@@ -333,28 +331,10 @@ pub fn run(
             }
         }
         if opens_now {
-            desync |= flush_watched(
-                g,
-                &mut pending,
-                &attr,
-                &mut journal,
-                start,
-                &mut watch,
-                pmus,
-                &mut generator,
-            )?;
+            desync |= flush!();
         }
     }
-    desync |= flush_watched(
-        g,
-        &mut pending,
-        &attr,
-        &mut journal,
-        start,
-        &mut watch,
-        pmus,
-        &mut generator,
-    )?;
+    desync |= flush!();
     let time = start.elapsed();
     let loop_result = stop_job(g, loop_job, 0)?;
 
