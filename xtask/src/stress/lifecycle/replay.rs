@@ -768,9 +768,15 @@ mod tests {
             },
             vec![0, PARKED],
         );
-        assert!(!replay_on(SHAPE, &Cpus::default(), &sure)
-            .findings
-            .is_empty());
+        // The parked read is a finding, and so is the park itself.
+        let found = replay_on(SHAPE, &Cpus::default(), &sure).findings;
+        assert_eq!(found[0].index, 4, "{found:?}");
+        assert!(
+            found
+                .iter()
+                .any(|f| f.index == 5 && f.text.contains("not in doubt")),
+            "{found:?}"
+        );
     }
 
     /// A park seen in one stretch and its end in another, many readings
@@ -1039,6 +1045,67 @@ mod tests {
             vec![2, 4]
         );
         assert_eq!((r.ebusy, r.longest_open_ns), (0, 1000));
+    }
+
+    /// Beside the counts, each step's result: an id that changes or that
+    /// two events share, a close, an ioctl or a read of a closed event
+    /// that succeeds, a step that fails.
+    #[test]
+    fn each_steps_result_is_checked() {
+        let with_id = ReadFormat {
+            times: false,
+            id: true,
+            group: false,
+            lost: false,
+        };
+        let opened = |expect: Handle| {
+            let Step::Open { event, .. } = open(expect, false).step else {
+                unreachable!("open() opens")
+            };
+            let event = Opened {
+                read_format: with_id,
+                ..event
+            };
+            ok(Step::Open { event, expect }, vec![u64::from(expect)])
+        };
+        let read = |handle, id| ok(Step::Read { handle }, vec![0, id]);
+        let failed = |step| Entry {
+            result: Err("EIO".into()),
+            ..ok(step, vec![])
+        };
+        let journal = vec![
+            opened(1),
+            opened(2),
+            read(1, 100),
+            read(2, 200),
+            read(1, 101),
+            opened(3),
+            read(3, 100),
+            ok(Step::Close { handle: 3 }, vec![]),
+            ok(Step::Close { handle: 3 }, vec![]),
+            ok(
+                Step::Ioctl {
+                    handle: 3,
+                    ioctl: IoctlName::Enable,
+                    group: false,
+                },
+                vec![0],
+            ),
+            read(3, 100),
+            failed(Step::Read { handle: 1 }),
+            failed(Step::Burst {
+                domain: 1,
+                event: 2,
+                rmid: 3,
+                bytes: 64,
+            }),
+        ];
+        let found: Vec<usize> = replay(SHAPE, &journal)
+            .findings
+            .iter()
+            .map(|f| f.index)
+            .collect();
+        assert_eq!(found, vec![4, 6, 8, 9, 10, 11, 12]);
     }
 
     #[test]
