@@ -1820,6 +1820,29 @@ mod tests {
         m.read(handle, observed).iter().map(|m| m.field).collect()
     }
 
+    /// A group of two counters and two single ones: more than the slots.
+    fn pair_and_two_more() -> [OpenSpec; 4] {
+        [
+            counter(0, 1),
+            counter(0, 2).under(1),
+            counter(0, 3),
+            counter(0, 4),
+        ]
+    }
+
+    /// `specs` opened as events 1, 2, ... and each read once showing
+    /// zeros: the first moment of the rules across events.
+    fn opened_and_read(specs: &[OpenSpec]) -> Model {
+        let mut m = Model::new(SHAPE);
+        for (h, &spec) in (1..).zip(specs) {
+            m.open(h, spec);
+        }
+        for (h, _) in (1..).zip(specs) {
+            assert_eq!(fields(&mut m, h, seen(0, 0, 0)), vec![]);
+        }
+        m
+    }
+
     #[test]
     fn an_enabled_event_counts_every_burst_and_runs_all_the_time() {
         let mut m = Model::new(SHAPE);
@@ -2143,11 +2166,7 @@ mod tests {
         assert_eq!(fields(&mut m, 1, seen(0, 40, 22)), vec![Field::Value]);
         // The same with the contention ended by a close (no frozen slot
         // left to keep the PMU contended).
-        let mut m = Model::new(SHAPE);
-        m.open(1, counter(0, 1));
-        m.open(2, counter(0, 2));
-        m.open(3, counter(0, 3).disabled());
-        assert_eq!(fields(&mut m, 1, seen(0, 10, 10)), vec![]);
+        let mut m = opened_and_read(&[counter(0, 1), counter(0, 2), counter(0, 3).disabled()]);
         m.park(0);
         m.ioctl(3, Ioctl::Enable, false);
         m.close(3);
@@ -2411,13 +2430,7 @@ mod tests {
 
     #[test]
     fn at_most_slots_counters_run_at_once() {
-        let mut m = Model::new(SHAPE);
-        for h in 1..=3 {
-            m.open(h, counter(0, h));
-        }
-        for h in 1..=3 {
-            assert_eq!(fields(&mut m, h, seen(0, 0, 0)), vec![]);
-        }
+        let mut m = opened_and_read(&[counter(0, 1), counter(0, 2), counter(0, 3)]);
         let s = 1_000_000_000;
         m.moved(0);
         // Two of three at a time, each alone within the rules.
@@ -2437,11 +2450,7 @@ mod tests {
     #[test]
     fn an_exclusive_group_runs_alone_and_a_groups_members_together() {
         let s = 1_000_000_000;
-        let mut m = Model::new(SHAPE);
-        m.open(1, counter(0, 1).exclusive());
-        m.open(2, counter(0, 2));
-        assert_eq!(fields(&mut m, 1, seen(0, 0, 0)), vec![]);
-        assert_eq!(fields(&mut m, 2, seen(0, 0, 0)), vec![]);
+        let mut m = opened_and_read(&[counter(0, 1).exclusive(), counter(0, 2)]);
         m.moved(0);
         let mut turns = m.clone();
         assert_eq!(fields(&mut turns, 1, seen(0, s, s / 2)), vec![]);
@@ -2450,22 +2459,12 @@ mod tests {
         assert_eq!(fields(&mut m, 2, seen(0, s, s / 2)), vec![Field::Running]);
         // A pinned group goes on before it and stays beside it (seed 17,
         // operation 833).
-        let mut m = Model::new(SHAPE);
-        m.open(1, counter(0, 1).exclusive());
-        m.open(2, counter(0, 2).pinned());
-        assert_eq!(fields(&mut m, 1, seen(0, 0, 0)), vec![]);
-        assert_eq!(fields(&mut m, 2, seen(0, 0, 0)), vec![]);
+        let mut m = opened_and_read(&[counter(0, 1).exclusive(), counter(0, 2).pinned()]);
         m.moved(0);
         assert_eq!(fields(&mut m, 1, seen(0, s, s / 2)), vec![]);
         assert_eq!(fields(&mut m, 2, seen(0, s, s)), vec![]);
         // {1, 2} and two more: multiplexed, the pair in and out together.
-        let mut m = Model::new(SHAPE);
-        m.open(1, counter(0, 1));
-        m.open(2, counter(0, 2).under(1));
-        m.open(3, counter(0, 3));
-        m.open(4, counter(0, 4));
-        assert_eq!(fields(&mut m, 1, seen(0, 0, 0)), vec![]);
-        assert_eq!(fields(&mut m, 2, seen(0, 0, 0)), vec![]);
+        let mut m = opened_and_read(&pair_and_two_more());
         m.moved(0);
         let mut together = m.clone();
         assert_eq!(fields(&mut together, 1, seen(0, s, s / 2)), vec![]);
@@ -2922,11 +2921,10 @@ mod tests {
         }
         assert_eq!(fields(&mut m, 2, seen(0, 100, 100)), vec![]);
         m.moved(0);
-        assert_eq!(
-            fields(&mut m.clone(), 2, seen(0, 200, 150)),
-            vec![Field::Running]
-        );
-        assert_eq!(fields(&mut m, 2, seen(0, 200, 200)), vec![]);
+        // Running throughout, whatever the counters do.
+        for (running, want) in [(150, vec![Field::Running]), (200, vec![])] {
+            assert_eq!(fields(&mut m.clone(), 2, seen(0, 200, running)), want);
+        }
     }
 
     #[test]
@@ -2934,13 +2932,7 @@ mod tests {
         // {1, 2} and two more on two slots, parked and placed between two
         // reads: patch 0007 decides per event which keeps a slot.
         let s = 1_000_000_000;
-        let mut m = Model::new(SHAPE);
-        m.open(1, counter(0, 1));
-        m.open(2, counter(0, 2).under(1));
-        m.open(3, counter(0, 3));
-        m.open(4, counter(0, 4));
-        assert_eq!(fields(&mut m, 1, seen(0, 0, 0)), vec![]);
-        assert_eq!(fields(&mut m, 2, seen(0, 0, 0)), vec![]);
+        let mut m = opened_and_read(&pair_and_two_more());
         let mut moved = m.clone();
         m.park(0);
         m.unpark(0, 1000);
@@ -2960,12 +2952,11 @@ mod tests {
         // Pinned groups that do not fit together: perf puts the one left
         // out in ERROR, where its time_enabled stops too.
         let s = 1_000_000_000;
-        let mut m = Model::new(SHAPE);
-        m.open(1, counter(0, 1).pinned());
-        m.open(2, counter(0, 2).under(1));
-        m.open(3, counter(0, 3).pinned());
-        assert_eq!(fields(&mut m, 3, seen(0, 0, 0)), vec![]);
-        assert_eq!(fields(&mut m, 1, seen(0, 0, 0)), vec![]);
+        let mut m = opened_and_read(&[
+            counter(0, 1).pinned(),
+            counter(0, 2).under(1),
+            counter(0, 3).pinned(),
+        ]);
         m.moved(0);
         assert_eq!(fields(&mut m, 3, seen(0, s, s)), vec![]);
         assert_eq!(fields(&mut m, 1, seen(0, s / 2, 0)), vec![]);
@@ -2976,11 +2967,7 @@ mod tests {
         // The rules across events hold for the events enabled throughout:
         // one DISABLEd and ENABLEd in the window grew time_enabled less.
         let s = 1_000_000_000;
-        let mut m = Model::new(SHAPE);
-        m.open(1, counter(0, 1));
-        m.open(2, counter(0, 2));
-        assert_eq!(fields(&mut m, 1, seen(0, 0, 0)), vec![]);
-        assert_eq!(fields(&mut m, 2, seen(0, 0, 0)), vec![]);
+        let mut m = opened_and_read(&[counter(0, 1), counter(0, 2)]);
         let mut steady = m.clone();
         m.ioctl(2, Ioctl::Disable, false);
         m.moved(0);
