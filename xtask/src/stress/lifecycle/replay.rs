@@ -596,7 +596,7 @@ fn placed(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::super::journal::{IoctlName, Opened};
     use super::*;
     use crate::checks::counting::ValueRule;
@@ -692,7 +692,7 @@ mod tests {
     /// holds across any placement, the first read after the placement is
     /// seen again exactly, and a count lost across the stretch is caught.
     #[test]
-    fn a_placement_changed_unseen_loosens_its_stretch_only() {
+    pub(crate) fn a_placement_changed_unseen_loosens_its_stretch_only() {
         let burst = |bytes| {
             ok(
                 Step::Burst {
@@ -887,7 +887,7 @@ mod tests {
     /// so a read in that stretch may show it; seen parked throughout, it
     /// shows its last fold.
     #[test]
-    fn a_gauge_parked_then_maybe_placed_may_show_the_new_occupancy() {
+    pub(crate) fn a_gauge_parked_then_maybe_placed_may_show_the_new_occupancy() {
         let gauge = Opened {
             pmu: Some(1),
             event: 1,
@@ -1019,7 +1019,7 @@ mod tests {
     }
 
     #[test]
-    fn refusals_and_handles_are_checked() {
+    pub(crate) fn refusals_and_handles_are_checked() {
         let journal = vec![
             ok(Step::Park { domain: 1 }, vec![]),
             Entry {
@@ -1135,7 +1135,7 @@ mod tests {
     }
 
     #[test]
-    fn a_software_group_on_a_cpu_a_move_takes_offline_falls_apart_for_good() {
+    pub(crate) fn a_software_group_on_a_cpu_a_move_takes_offline_falls_apart_for_good() {
         // The seed that met it at operation 4,274: {1, 2, 3} cpu-clock on
         // CPU 3, domain 1's owner; the move takes CPU 3 offline and back.
         let cpus = Cpus {
@@ -1185,7 +1185,7 @@ mod tests {
     }
 
     #[test]
-    fn predict_foresees_a_journals_reads_without_a_guest() {
+    pub(crate) fn predict_foresees_a_journals_reads_without_a_guest() {
         // F2 on domain 1 (CPUs 2 and 3): the toggled event E is handle 1.
         let cpus = Cpus {
             domains: vec![vec![0, 1], vec![2, 3]],
