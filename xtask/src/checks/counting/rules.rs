@@ -179,6 +179,36 @@ rules! {
     ReadsSpread,
     /// A read again with nothing but time between begins a moment.
     TimeAloneIsAMoment,
+    // The journal's replay (`stress::lifecycle::replay`): what each step's
+    // result must be, beside the counts.
+    /// An open opens, under the handle expected, or is refused with the
+    /// errno the model expects.
+    OpenAsPredicted,
+    /// An open on a PMU whose placement is not seen may be refused
+    /// (`ENODEV`) or succeed.
+    OpenMaybeRefusedWhileUnknown,
+    /// An ioctl succeeds on an open event, `EBADF` on a closed one.
+    IoctlAsPredicted,
+    /// A read of a closed event is refused (`EBADF`).
+    ClosedReadRefused,
+    /// A close succeeds on an open event only.
+    CloseAsPredicted,
+    /// Every other step succeeds, every read of an open event too.
+    StepsSucceed,
+    /// An event's `PERF_FORMAT_ID` never changes.
+    IdStable,
+    /// No two open events read the same id.
+    IdsUnique,
+    /// The device's placement violations stay what the first count showed.
+    ViolationsNeverChange,
+    /// A PMU's `cpumask` is what the step asserts.
+    CpumaskAsAsserted,
+    /// A PMU parks or is placed only where its placement was in doubt.
+    PlacementChangesOnlyInDoubt,
+    /// A park seen across readings lasts from the first one's window.
+    ParkSeenLastsFromItsWindow,
+    /// A software group is bound to the CPU it was opened on.
+    SoftwareGroupsBoundToTheirCpu,
 }
 
 /// Whether `rule` holds: always, outside tests.
@@ -330,6 +360,19 @@ mod tests {
         ReadsTook => model::reads_that_took_long_widen_the_rules_across_events_by_what_they_took;
         ReadsSpread => model::reads_spread_apart_on_the_guest_widen_the_rules_across_events_by_their_spread;
         TimeAloneIsAMoment => model::reads_again_after_nothing_but_time_are_a_moment_of_their_own;
+        OpenAsPredicted => replay::refusals_and_handles_are_checked;
+        OpenMaybeRefusedWhileUnknown => replay::an_open_on_a_maybe_parked_pmu_may_be_refused;
+        IoctlAsPredicted => replay::each_steps_result_is_checked;
+        ClosedReadRefused => replay::each_steps_result_is_checked;
+        CloseAsPredicted => replay::each_steps_result_is_checked;
+        StepsSucceed => replay::each_steps_result_is_checked;
+        IdStable => replay::each_steps_result_is_checked;
+        IdsUnique => replay::each_steps_result_is_checked;
+        ViolationsNeverChange => replay::a_cpumask_or_violations_assertion_that_the_run_does_not_meet_is_a_finding;
+        CpumaskAsAsserted => replay::a_cpumask_or_violations_assertion_that_the_run_does_not_meet_is_a_finding;
+        PlacementChangesOnlyInDoubt => replay::a_placement_changed_unseen_loosens_its_stretch_only;
+        ParkSeenLastsFromItsWindow => replay::a_park_seen_across_readings_is_as_long_as_all_of_them;
+        SoftwareGroupsBoundToTheirCpu => replay::a_software_group_on_a_cpu_a_move_takes_offline_falls_apart_for_good;
     }
 
     thread_local! {

@@ -4,6 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use crate::checks::counting::rules::{holds, Rule};
 use crate::checks::counting::{DeviceShape, Expected, Handle, Kind, Model, Observed, OpenSpec};
 
 use super::journal::{Cpus, Entry, Opened, ReadFormat, StatHow, Step, PARKED};
@@ -42,7 +43,9 @@ pub fn replay(shape: DeviceShape, journal: &[Entry]) -> Replay {
 
 /// The CPU an open binds a group of software events to.
 fn bound_cpu(event: &Opened) -> Option<u32> {
-    u32::try_from(event.cpu).ok()
+    u32::try_from(event.cpu)
+        .ok()
+        .filter(|_| holds(Rule::SoftwareGroupsBoundToTheirCpu))
 }
 
 /// Replays `journal` on a device of `shape` whose domains' CPUs and
@@ -71,7 +74,8 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
                 let spec = event.spec();
                 let predicted = model.predict_open(&spec);
                 // Maybe parked: refused with ENODEV or opened, either is right.
-                let unknown = event.pmu.is_some_and(|d| model.placement_is_unknown(d));
+                let unknown = event.pmu.is_some_and(|d| model.placement_is_unknown(d))
+                    && holds(Rule::OpenMaybeRefusedWhileUnknown);
                 match (predicted, result) {
                     (Err(r), Ok(words))
                         if unknown
@@ -86,6 +90,7 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
                         model.open_on(*expect, spec, bound_cpu(event));
                         formats.insert(*expect, event.read_format);
                     }
+                    _ if !holds(Rule::OpenAsPredicted) => {}
                     (Ok(()), Ok(words)) => find(format!(
                         "the open gave handle {words:?}, the stress expected {expect}"
                     )),
@@ -114,13 +119,14 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
             ) => match (model.is_open(*handle), result) {
                 (true, Ok(_)) => model.ioctl(*handle, ioctl.model(), *group),
                 (false, Err(errno)) if errno == "EBADF" => {}
+                _ if !holds(Rule::IoctlAsPredicted) => {}
                 (open, got) => find(format!(
                     "{ioctl:?} (group {group}) on event {handle} (open: {open}) gave {got:?}"
                 )),
             },
             (Step::Read { handle }, result) => {
                 let Some(&format) = formats.get(handle).filter(|_| model.is_open(*handle)) else {
-                    if !matches!(result, Err(e) if e == "EBADF") {
+                    if !matches!(result, Err(e) if e == "EBADF") && holds(Rule::ClosedReadRefused) {
                         find(format!("reading closed event {handle} gave {result:?}"));
                     }
                     continue;
@@ -128,7 +134,9 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
                 let words = match result {
                     Ok(words) => words,
                     Err(errno) => {
-                        find(format!("reading event {handle} failed: {errno}"));
+                        if holds(Rule::StepsSucceed) {
+                            find(format!("reading event {handle} failed: {errno}"));
+                        }
                         continue;
                     }
                 };
@@ -153,13 +161,15 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
                     }
                     if let Some(id) = m.id {
                         let first = *ids.entry(m.handle).or_insert(id);
-                        if first != id {
+                        if first != id && holds(Rule::IdStable) {
                             find(format!(
                                 "event {}'s PERF_FORMAT_ID changed from {first} to {id}",
                                 m.handle
                             ));
-                        } else if let Some((other, _)) =
-                            ids.iter().find(|&(&h, &i)| i == id && h != m.handle)
+                        } else if let Some((other, _)) = ids
+                            .iter()
+                            .find(|&(&h, &i)| i == id && h != m.handle)
+                            .filter(|_| holds(Rule::IdsUnique))
                         {
                             find(format!(
                                 "events {} and {other} read the same id {id}",
@@ -170,14 +180,18 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
                 }
             }
             (Step::Close { handle }, result) => {
-                if model.is_open(*handle) != result.is_ok() {
+                if model.is_open(*handle) != result.is_ok() && holds(Rule::CloseAsPredicted) {
                     find(format!("closing event {handle} gave {result:?}"));
                 }
                 model.close(*handle);
                 formats.remove(handle);
                 ids.remove(handle);
             }
-            (_, Err(e)) => find(format!("{:?} failed: {e}", entry.step)),
+            (_, Err(e)) => {
+                if holds(Rule::StepsSucceed) {
+                    find(format!("{:?} failed: {e}", entry.step))
+                }
+            }
             (
                 &Step::Burst {
                     domain,
@@ -199,14 +213,16 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
             (Step::MuxInterval { .. }, Ok(_)) => {}
             (Step::Violations, Ok(count)) => {
                 let first = first_violations.get_or_insert_with(|| count.clone());
-                if count != first {
+                if count != first && holds(Rule::ViolationsNeverChange) {
                     find(format!(
                         "the device counted {count:?} placement violations, {first:?} at the first `violations`"
                     ));
                 }
             }
             (Step::Cpumask { domain, cpus }, Ok(mask)) => {
-                if !mask.iter().copied().eq(cpus.iter().map(|&c| u64::from(c))) {
+                if !mask.iter().copied().eq(cpus.iter().map(|&c| u64::from(c)))
+                    && holds(Rule::CpumaskAsAsserted)
+                {
                     find(format!(
                         "domain {domain}'s cpumask is {mask:?}, want {cpus:?} ([] parked)"
                     ));
@@ -269,13 +285,17 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
                         // window: a placement seen later ends a park as long
                         // as from that window's start (a wrap could be lost
                         // in all of it), not as long as its own window.
-                        let since = if parked {
+                        let since = if !parked {
+                            parked_at.remove(&domain).unwrap_or(began)
+                        } else if holds(Rule::ParkSeenLastsFromItsWindow) {
                             *parked_at.entry(domain).or_insert(began)
                         } else {
-                            parked_at.remove(&domain).unwrap_or(began)
+                            began
                         };
                         model.placement_seen(domain, parked, entry.at_ns.saturating_sub(since));
-                    } else if parked != model.is_parked(domain) {
+                    } else if parked != model.is_parked(domain)
+                        && holds(Rule::PlacementChangesOnlyInDoubt)
+                    {
                         find(format!(
                             "domain {domain} {} while its placement was not in doubt",
                             if parked { "parked" } else { "placed" }
@@ -784,7 +804,7 @@ pub(crate) mod tests {
     /// between, long enough for a wrap to be lost, so the driver may take
     /// it off `time_running`; as long as the last stretch alone, it may not.
     #[test]
-    fn a_park_seen_across_readings_is_as_long_as_all_of_them() {
+    pub(crate) fn a_park_seen_across_readings_is_as_long_as_all_of_them() {
         let at = |ms: u64, entry: Entry| Entry {
             at_ns: ms * 1_000_000,
             ..entry
@@ -953,7 +973,7 @@ pub(crate) mod tests {
     /// An open on a PMU that may have parked unseen: refused with ENODEV
     /// or opened, either is right.
     #[test]
-    fn an_open_on_a_maybe_parked_pmu_may_be_refused() {
+    pub(crate) fn an_open_on_a_maybe_parked_pmu_may_be_refused() {
         let journal = vec![
             Entry {
                 step: open(1, false).step,
@@ -1000,7 +1020,7 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn a_cpumask_or_violations_assertion_that_the_run_does_not_meet_is_a_finding() {
+    pub(crate) fn a_cpumask_or_violations_assertion_that_the_run_does_not_meet_is_a_finding() {
         let mask = |cpus: Vec<u32>, seen: Vec<u64>| ok(Step::Cpumask { domain: 1, cpus }, seen);
         let journal = vec![
             mask(vec![2], vec![2]),
@@ -1051,7 +1071,7 @@ pub(crate) mod tests {
     /// two events share, a close, an ioctl or a read of a closed event
     /// that succeeds, a step that fails.
     #[test]
-    fn each_steps_result_is_checked() {
+    pub(crate) fn each_steps_result_is_checked() {
         let with_id = ReadFormat {
             times: false,
             id: true,
