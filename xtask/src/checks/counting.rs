@@ -763,11 +763,13 @@ impl Model {
     pub fn open_on(&mut self, handle: Handle, spec: OpenSpec, cpu: Option<u32>) {
         self.epoch();
         let leader = spec.group.unwrap_or(handle);
+        // A device member takes its group to its device PMU's context.
+        let brings = leader == handle || holds(Rule::MixedGroupOnItsDevicePmu);
         let group_pmu = self
             .events
             .get(&leader)
             .and_then(|l| l.group_pmu)
-            .or(spec.kind.pmu());
+            .or(spec.kind.pmu().filter(|_| brings));
         for e in self.events.values_mut().filter(|e| e.leader == leader) {
             e.group_pmu = group_pmu;
         }
@@ -816,8 +818,10 @@ impl Model {
             if e.leader == handle && holds(Rule::LeaderClosePromotes) {
                 // Patch 0054 reschedules a device PMU at the close; a CPU's
                 // context of software events is upstream's.
+                let in_cpu_context =
+                    e.group_pmu.is_none() || !holds(Rule::CloseReschedulesDevicePmu);
                 e.waits_schedule_in |=
-                    e.group_pmu.is_none() && !closed.enabled && holds(Rule::PromotedSoftwareWaits);
+                    in_cpu_context && !closed.enabled && holds(Rule::PromotedSoftwareWaits);
                 e.leader = h;
                 e.steady_since = moment - 1;
             }
@@ -1207,7 +1211,8 @@ impl Model {
         let (must_grow, must_run) = {
             let e = &self.events[&handle];
             let t = e.time_window;
-            let since_read = e.times_read && !e.detached;
+            let since_read =
+                e.times_read && !(e.detached && holds(Rule::DetachedClockMayStandStill));
             (
                 since_read && t.enabled_passed && holds(Rule::EnabledMovesWhileEnabled),
                 since_read
@@ -2672,6 +2677,21 @@ mod tests {
         m.ioctl(2, Ioctl::Disable, false);
         assert!(m.is_enabled(2));
         assert_eq!(fields(&mut m, 2, seen(0, 260, 120)), vec![]);
+    }
+
+    #[test]
+    pub(super) fn a_detached_event_enabled_again_may_show_its_clock_still() {
+        // INACTIVE in no context's list: perf brings its time_enabled up
+        // to date only when something schedules or reads it there.
+        let mut m = Model::new(SHAPE);
+        m.open_on(1, software(), Some(3));
+        m.open_on(2, software().under(1), Some(3));
+        assert_eq!(fields(&mut m, 2, seen(0, 100, 100)), vec![]);
+        m.cpu_offline(3);
+        m.cpu_online(3);
+        m.ioctl(2, Ioctl::Enable, false);
+        m.moved(0);
+        assert_eq!(fields(&mut m, 2, seen(0, 100, 100)), vec![]);
     }
 
     #[test]

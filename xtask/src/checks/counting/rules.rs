@@ -109,6 +109,11 @@ rules! {
     /// A software sibling promoted by its disabled leader's close waits
     /// for a schedule-in: maybe.
     PromotedSoftwareWaits,
+    /// A leader's close reschedules a device PMU (patch 0009): a sibling
+    /// it promotes counts from the close.
+    CloseReschedulesDevicePmu,
+    /// A group with a device member lives in that device PMU's context.
+    MixedGroupOnItsDevicePmu,
     // Parks.
     /// A DISABLE while parked freezes the slot: nothing after it counts.
     FrozenSlotStops,
@@ -141,6 +146,8 @@ rules! {
     DetachedUnreachableWhileOffline,
     /// A detached event is in no context: a later offline leaves it be.
     DetachedStaysDetached,
+    /// A detached event's `time_enabled` may stand still while enabled.
+    DetachedClockMayStandStill,
     /// A software group's CPU offline: no opens into it.
     OfflineCpuRefusesGroupOpens,
     // Opens.
@@ -324,6 +331,8 @@ mod tests {
         GroupIoctl => model::group_ioctl_on_a_sibling_reaches_the_whole_group;
         LeaderClosePromotes => model::a_sibling_under_a_disabled_leader_has_its_clocks_stopped_until_the_leader_is_on;
         PromotedSoftwareWaits => model::a_software_sibling_promoted_by_its_disabled_leaders_close_waits_for_a_schedule_in;
+        CloseReschedulesDevicePmu => model::a_software_sibling_promoted_by_its_disabled_leaders_close_waits_for_a_schedule_in;
+        MixedGroupOnItsDevicePmu => model::a_cpu_going_offline_takes_its_software_groups_apart_for_good;
         FrozenSlotStops => model::a_disable_while_parked_freezes_the_count_exactly,
             replay::predict_foresees_a_journals_reads_without_a_guest;
         FrozenSlotKeepsItsPlace => model::a_frozen_slot_keeps_its_place_so_one_more_enabled_in_the_park_contends;
@@ -341,6 +350,7 @@ mod tests {
         DetachedNeverScheduled => model::a_cpu_going_offline_takes_its_software_groups_apart_for_good;
         DetachedUnreachableWhileOffline => model::a_cpu_going_offline_takes_its_software_groups_apart_for_good;
         DetachedStaysDetached => model::a_cpu_going_offline_takes_its_software_groups_apart_for_good;
+        DetachedClockMayStandStill => model::a_detached_event_enabled_again_may_show_its_clock_still;
         OfflineCpuRefusesGroupOpens => model::a_cpu_going_offline_takes_its_software_groups_apart_for_good;
         ParkedRefusesOpens => model::opens_the_kernel_must_refuse,
             replay::refusals_and_handles_are_checked;
