@@ -1,4 +1,5 @@
-//! The counting model's rules by name, so that a test can take one away.
+//! The counting model's rules by name (and the journal replay's, which
+//! judges each step with the model), so that a test can take one away.
 //!
 //! Each place where the model reports a mismatch, or narrows or widens
 //! what a read may show, asks [`holds`] with its rule's name. Outside
