@@ -61,9 +61,14 @@ fn modules(src: &Path) -> BTreeMap<Module, PathBuf> {
 }
 
 /// The code of a file that counts: all but the `#[cfg(test)]` module at
-/// its end.
+/// its end (private, or `pub(crate)` where another file's tests run its
+/// tests).
 fn code(text: &str) -> &str {
-    match text.find("#[cfg(test)]\nmod ") {
+    let test_module = ["#[cfg(test)]\nmod ", "#[cfg(test)]\npub(crate) mod "]
+        .iter()
+        .filter_map(|m| text.find(m))
+        .min();
+    match test_module {
         Some(at) => &text[..at],
         None => text,
     }

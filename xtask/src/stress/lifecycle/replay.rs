@@ -4,6 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use crate::checks::counting::rules::{holds, Rule};
 use crate::checks::counting::{DeviceShape, Expected, Handle, Kind, Model, Observed, OpenSpec};
 
 use super::journal::{Cpus, Entry, Opened, ReadFormat, StatHow, Step, PARKED};
@@ -42,7 +43,9 @@ pub fn replay(shape: DeviceShape, journal: &[Entry]) -> Replay {
 
 /// The CPU an open binds a group of software events to.
 fn bound_cpu(event: &Opened) -> Option<u32> {
-    u32::try_from(event.cpu).ok()
+    u32::try_from(event.cpu)
+        .ok()
+        .filter(|_| holds(Rule::SoftwareGroupsBoundToTheirCpu))
 }
 
 /// Replays `journal` on a device of `shape` whose domains' CPUs and
@@ -71,7 +74,8 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
                 let spec = event.spec();
                 let predicted = model.predict_open(&spec);
                 // Maybe parked: refused with ENODEV or opened, either is right.
-                let unknown = event.pmu.is_some_and(|d| model.placement_is_unknown(d));
+                let unknown = event.pmu.is_some_and(|d| model.placement_is_unknown(d))
+                    && holds(Rule::OpenMaybeRefusedWhileUnknown);
                 match (predicted, result) {
                     (Err(r), Ok(words))
                         if unknown
@@ -86,6 +90,7 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
                         model.open_on(*expect, spec, bound_cpu(event));
                         formats.insert(*expect, event.read_format);
                     }
+                    _ if !holds(Rule::OpenAsPredicted) => {}
                     (Ok(()), Ok(words)) => find(format!(
                         "the open gave handle {words:?}, the stress expected {expect}"
                     )),
@@ -114,13 +119,14 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
             ) => match (model.is_open(*handle), result) {
                 (true, Ok(_)) => model.ioctl(*handle, ioctl.model(), *group),
                 (false, Err(errno)) if errno == "EBADF" => {}
+                _ if !holds(Rule::IoctlAsPredicted) => {}
                 (open, got) => find(format!(
                     "{ioctl:?} (group {group}) on event {handle} (open: {open}) gave {got:?}"
                 )),
             },
             (Step::Read { handle }, result) => {
                 let Some(&format) = formats.get(handle).filter(|_| model.is_open(*handle)) else {
-                    if !matches!(result, Err(e) if e == "EBADF") {
+                    if !matches!(result, Err(e) if e == "EBADF") && holds(Rule::ClosedReadRefused) {
                         find(format!("reading closed event {handle} gave {result:?}"));
                     }
                     continue;
@@ -128,7 +134,9 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
                 let words = match result {
                     Ok(words) => words,
                     Err(errno) => {
-                        find(format!("reading event {handle} failed: {errno}"));
+                        if holds(Rule::StepsSucceed) {
+                            find(format!("reading event {handle} failed: {errno}"));
+                        }
                         continue;
                     }
                 };
@@ -153,13 +161,15 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
                     }
                     if let Some(id) = m.id {
                         let first = *ids.entry(m.handle).or_insert(id);
-                        if first != id {
+                        if first != id && holds(Rule::IdStable) {
                             find(format!(
                                 "event {}'s PERF_FORMAT_ID changed from {first} to {id}",
                                 m.handle
                             ));
-                        } else if let Some((other, _)) =
-                            ids.iter().find(|&(&h, &i)| i == id && h != m.handle)
+                        } else if let Some((other, _)) = ids
+                            .iter()
+                            .find(|&(&h, &i)| i == id && h != m.handle)
+                            .filter(|_| holds(Rule::IdsUnique))
                         {
                             find(format!(
                                 "events {} and {other} read the same id {id}",
@@ -170,14 +180,18 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
                 }
             }
             (Step::Close { handle }, result) => {
-                if model.is_open(*handle) != result.is_ok() {
+                if model.is_open(*handle) != result.is_ok() && holds(Rule::CloseAsPredicted) {
                     find(format!("closing event {handle} gave {result:?}"));
                 }
                 model.close(*handle);
                 formats.remove(handle);
                 ids.remove(handle);
             }
-            (_, Err(e)) => find(format!("{:?} failed: {e}", entry.step)),
+            (_, Err(e)) => {
+                if holds(Rule::StepsSucceed) {
+                    find(format!("{:?} failed: {e}", entry.step))
+                }
+            }
             (
                 &Step::Burst {
                     domain,
@@ -199,14 +213,16 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
             (Step::MuxInterval { .. }, Ok(_)) => {}
             (Step::Violations, Ok(count)) => {
                 let first = first_violations.get_or_insert_with(|| count.clone());
-                if count != first {
+                if count != first && holds(Rule::ViolationsNeverChange) {
                     find(format!(
                         "the device counted {count:?} placement violations, {first:?} at the first `violations`"
                     ));
                 }
             }
             (Step::Cpumask { domain, cpus }, Ok(mask)) => {
-                if !mask.iter().copied().eq(cpus.iter().map(|&c| u64::from(c))) {
+                if !mask.iter().copied().eq(cpus.iter().map(|&c| u64::from(c)))
+                    && holds(Rule::CpumaskAsAsserted)
+                {
                     find(format!(
                         "domain {domain}'s cpumask is {mask:?}, want {cpus:?} ([] parked)"
                     ));
@@ -269,13 +285,17 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
                         // window: a placement seen later ends a park as long
                         // as from that window's start (a wrap could be lost
                         // in all of it), not as long as its own window.
-                        let since = if parked {
+                        let since = if !parked {
+                            parked_at.remove(&domain).unwrap_or(began)
+                        } else if holds(Rule::ParkSeenLastsFromItsWindow) {
                             *parked_at.entry(domain).or_insert(began)
                         } else {
-                            parked_at.remove(&domain).unwrap_or(began)
+                            began
                         };
                         model.placement_seen(domain, parked, entry.at_ns.saturating_sub(since));
-                    } else if parked != model.is_parked(domain) {
+                    } else if parked != model.is_parked(domain)
+                        && holds(Rule::PlacementChangesOnlyInDoubt)
+                    {
                         find(format!(
                             "domain {domain} {} while its placement was not in doubt",
                             if parked { "parked" } else { "placed" }
@@ -596,7 +616,7 @@ fn placed(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::super::journal::{IoctlName, Opened};
     use super::*;
     use crate::checks::counting::ValueRule;
@@ -692,7 +712,7 @@ mod tests {
     /// holds across any placement, the first read after the placement is
     /// seen again exactly, and a count lost across the stretch is caught.
     #[test]
-    fn a_placement_changed_unseen_loosens_its_stretch_only() {
+    pub(crate) fn a_placement_changed_unseen_loosens_its_stretch_only() {
         let burst = |bytes| {
             ok(
                 Step::Burst {
@@ -768,9 +788,15 @@ mod tests {
             },
             vec![0, PARKED],
         );
-        assert!(!replay_on(SHAPE, &Cpus::default(), &sure)
-            .findings
-            .is_empty());
+        // The parked read is a finding, and so is the park itself.
+        let found = replay_on(SHAPE, &Cpus::default(), &sure).findings;
+        assert_eq!(found[0].index, 4, "{found:?}");
+        assert!(
+            found
+                .iter()
+                .any(|f| f.index == 5 && f.text.contains("not in doubt")),
+            "{found:?}"
+        );
     }
 
     /// A park seen in one stretch and its end in another, many readings
@@ -778,7 +804,7 @@ mod tests {
     /// between, long enough for a wrap to be lost, so the driver may take
     /// it off `time_running`; as long as the last stretch alone, it may not.
     #[test]
-    fn a_park_seen_across_readings_is_as_long_as_all_of_them() {
+    pub(crate) fn a_park_seen_across_readings_is_as_long_as_all_of_them() {
         let at = |ms: u64, entry: Entry| Entry {
             at_ns: ms * 1_000_000,
             ..entry
@@ -881,7 +907,7 @@ mod tests {
     /// so a read in that stretch may show it; seen parked throughout, it
     /// shows its last fold.
     #[test]
-    fn a_gauge_parked_then_maybe_placed_may_show_the_new_occupancy() {
+    pub(crate) fn a_gauge_parked_then_maybe_placed_may_show_the_new_occupancy() {
         let gauge = Opened {
             pmu: Some(1),
             event: 1,
@@ -947,7 +973,7 @@ mod tests {
     /// An open on a PMU that may have parked unseen: refused with ENODEV
     /// or opened, either is right.
     #[test]
-    fn an_open_on_a_maybe_parked_pmu_may_be_refused() {
+    pub(crate) fn an_open_on_a_maybe_parked_pmu_may_be_refused() {
         let journal = vec![
             Entry {
                 step: open(1, false).step,
@@ -994,7 +1020,7 @@ mod tests {
     }
 
     #[test]
-    fn a_cpumask_or_violations_assertion_that_the_run_does_not_meet_is_a_finding() {
+    pub(crate) fn a_cpumask_or_violations_assertion_that_the_run_does_not_meet_is_a_finding() {
         let mask = |cpus: Vec<u32>, seen: Vec<u64>| ok(Step::Cpumask { domain: 1, cpus }, seen);
         let journal = vec![
             mask(vec![2], vec![2]),
@@ -1013,7 +1039,7 @@ mod tests {
     }
 
     #[test]
-    fn refusals_and_handles_are_checked() {
+    pub(crate) fn refusals_and_handles_are_checked() {
         let journal = vec![
             ok(Step::Park { domain: 1 }, vec![]),
             Entry {
@@ -1039,6 +1065,67 @@ mod tests {
             vec![2, 4]
         );
         assert_eq!((r.ebusy, r.longest_open_ns), (0, 1000));
+    }
+
+    /// Beside the counts, each step's result: an id that changes or that
+    /// two events share, a close, an ioctl or a read of a closed event
+    /// that succeeds, a step that fails.
+    #[test]
+    pub(crate) fn each_steps_result_is_checked() {
+        let with_id = ReadFormat {
+            times: false,
+            id: true,
+            group: false,
+            lost: false,
+        };
+        let opened = |expect: Handle| {
+            let Step::Open { event, .. } = open(expect, false).step else {
+                unreachable!("open() opens")
+            };
+            let event = Opened {
+                read_format: with_id,
+                ..event
+            };
+            ok(Step::Open { event, expect }, vec![u64::from(expect)])
+        };
+        let read = |handle, id| ok(Step::Read { handle }, vec![0, id]);
+        let failed = |step| Entry {
+            result: Err("EIO".into()),
+            ..ok(step, vec![])
+        };
+        let journal = vec![
+            opened(1),
+            opened(2),
+            read(1, 100),
+            read(2, 200),
+            read(1, 101),
+            opened(3),
+            read(3, 100),
+            ok(Step::Close { handle: 3 }, vec![]),
+            ok(Step::Close { handle: 3 }, vec![]),
+            ok(
+                Step::Ioctl {
+                    handle: 3,
+                    ioctl: IoctlName::Enable,
+                    group: false,
+                },
+                vec![0],
+            ),
+            read(3, 100),
+            failed(Step::Read { handle: 1 }),
+            failed(Step::Burst {
+                domain: 1,
+                event: 2,
+                rmid: 3,
+                bytes: 64,
+            }),
+        ];
+        let found: Vec<usize> = replay(SHAPE, &journal)
+            .findings
+            .iter()
+            .map(|f| f.index)
+            .collect();
+        assert_eq!(found, vec![4, 6, 8, 9, 10, 11, 12]);
     }
 
     #[test]
@@ -1068,7 +1155,7 @@ mod tests {
     }
 
     #[test]
-    fn a_software_group_on_a_cpu_a_move_takes_offline_falls_apart_for_good() {
+    pub(crate) fn a_software_group_on_a_cpu_a_move_takes_offline_falls_apart_for_good() {
         // The seed that met it at operation 4,274: {1, 2, 3} cpu-clock on
         // CPU 3, domain 1's owner; the move takes CPU 3 offline and back.
         let cpus = Cpus {
@@ -1118,7 +1205,7 @@ mod tests {
     }
 
     #[test]
-    fn predict_foresees_a_journals_reads_without_a_guest() {
+    pub(crate) fn predict_foresees_a_journals_reads_without_a_guest() {
         // F2 on domain 1 (CPUs 2 and 3): the toggled event E is handle 1.
         let cpus = Cpus {
             domains: vec![vec![0, 1], vec![2, 3]],
