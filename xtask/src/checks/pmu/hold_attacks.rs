@@ -284,10 +284,10 @@ pub fn traffic_through_other_domain_on_cpu0(ctx: &mut Ctx) -> Result<Check> {
     })
 }
 
-/// H10. A park in place on CPU 0 longer than two wraps at the device's
-///      maximum rate, read while parked, placed on CPU 0. CPU 0's domain
-///      on CPU 0, a cpu-clock on CPU 0, A: the set emptied, the maximum
-///      rate for 1.2 s, a read while parked, the set {0}, a read, 1 MiB.
+/// H10. A park in place on CPU 0 longer than two wraps ([`two_wrap_park`]),
+///      read while parked, placed on CPU 0. CPU 0's domain on CPU 0, a
+///      cpu-clock on CPU 0, A: the set emptied, 2.4 wraps' worth of
+///      traffic, a read while parked, the set {0}, a read, 1 MiB.
 ///      The contract ("Parks and wraps"): either the count is exact at
 ///      100 % running, or the lost interval is left out of time_running
 ///      (and `lost_wraps` counts it); time_running never goes down (left
