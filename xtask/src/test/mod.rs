@@ -255,7 +255,7 @@ const VM_TESTS: &[VmTest] = &[
     },
     VmTest {
         name: "vmm_slow_agent_reader",
-        what: "on perfbed-vmm, while a shell floods ttyS0 and another hotplugs CPUs, the host stops reading (in the box) the serial console for 60 s, the agent answering throughout (its event loop does not wait for the serial log), then the agent channel too for 30 s while the agent answers 10 MiB: the hotplug rate holds (no vCPU waits on the host), every answer arrives, the serial overflow is counted, the kernel log stays clean",
+        what: "on perfbed-vmm with a 16 KiB serial ring, while a shell floods ttyS0 in paced bursts and another hotplugs CPUs, the host stops reading (in the box) the serial console for 90 s, the agent answering throughout (its event loop does not wait for the serial log), then the agent channel too for 30 s while the agent answers 10 MiB: the hotplug rate holds (no vCPU waits on the host), every answer arrives, the serial overflow is counted, the kernel log stays clean",
         variant: Variant::Normal,
         host: host::HostChoice::Vmm,
         run: slow_agent_reader,
