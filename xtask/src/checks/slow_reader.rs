@@ -40,7 +40,8 @@ const FLOOD_FILE: &str = "/tmp/perfbed-flood";
 const FLOOD_FILE_BYTES: usize = 256 << 10;
 const FLOOD_REQUESTS: usize = 40;
 /// The serial flood's bursts: one write each, less than the guest's 8250
-/// transmit buffer (4 KiB), so that the UART's interrupt handler, which
+/// transmit buffer (4 KiB) with a carriage return added to each line, so
+/// that the UART's interrupt handler, which
 /// sends the buffer 16 bytes a pass with the port lock held and interrupts
 /// off, returns once a burst is sent. A writer that kept the buffer full
 /// (`yes > /dev/ttyS0`) kept the interrupt's CPU in that handler for good:
@@ -49,19 +50,22 @@ const FLOOD_REQUESTS: usize = 40;
 /// 100 us; that CPU never ran its stopper thread again (the hotplug loop
 /// stood still from the start, with RCU stall reports), paravirtual
 /// spinlocks or not.
-const FLOOD_BURST: usize = 1024;
+const FLOOD_BURST: usize = 3 << 10;
 /// The flood's pause after the UART has sent a burst (`stty`, which waits
 /// for the transmit buffer to drain, then `usleep`): the interrupt's CPU
 /// is its own at least this long between bursts.
 const FLOOD_GAP: Duration = Duration::from_millis(50);
 /// perfbed-vmm's serial output ring for this check, small beside the
-/// buffers after it, so that the flood overflows it within the stall.
-pub const SERIAL_RING: usize = 16 << 10;
-/// How long the host reads the agent channel but not the serial console.
-/// In the box the UART carries the paced flood at about 3-6 KB/s, and
-/// about 250 KB fit in the virtio-serial port, QEMU and the socket between
-/// perfbed-vmm and the harness: within 45-85 s perfbed-vmm's writes of the
-/// serial log would block.
+/// buffers after it, so that the paced flood overflows it within the
+/// stall.
+pub const SERIAL_RING: usize = 4 << 10;
+/// How long the host reads the agent channel but not the serial console,
+/// long enough for the flood to fill the virtio-serial port, QEMU and the
+/// socket between perfbed-vmm and the harness, after which perfbed-vmm's
+/// writes of the serial log would block. In the box, 1 KiB bursts came to
+/// about 1.8 KB/s, and perfbed-vmm began to drop (a 16 KiB ring then)
+/// about 70 s after the harness stopped reading: the ring and the buffers
+/// after it held about 125 KB.
 const SERIAL_ALONE: Duration = Duration::from_secs(90);
 /// How often the agent is asked for its uptime while the serial console
 /// alone is stalled.
@@ -70,9 +74,9 @@ const PROBE_EVERY: Duration = Duration::from_secs(2);
 /// box); an event loop waiting in the serial log answers none until the
 /// harness reads the console again.
 const PROBE_LIMIT: Duration = Duration::from_secs(10);
-/// How long the host then reads nothing. With the serial console unread
-/// for `SERIAL_ALONE` + `STALL` (360-720 KB at 3-6 KB/s) the 16 KiB ring
-/// and the 250 KB after it overflow, which the VM test requires.
+/// How long the host then reads nothing. The serial console unread for
+/// `SERIAL_ALONE` + `STALL`, the ring and the buffers after it overflow,
+/// which the VM test requires.
 const STALL: Duration = Duration::from_secs(30);
 /// The hotplug rate's baseline, just before the stall.
 const BEFORE: Duration = Duration::from_secs(30);
