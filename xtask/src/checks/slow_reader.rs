@@ -201,7 +201,7 @@ pub fn run(vm: &mut Vm, cpus: u8, timeout: Duration) -> Result<Vec<Check>> {
         while started.elapsed() < SERIAL_ALONE {
             let asked = Instant::now();
             uptime(vm, PROBE_LIMIT * 3).context(
-                "asking the agent while the serial console was not read: perfbed-vmm's event loop waits for the serial log",
+                "asking the agent while the serial console was not read: perfbed-vmm waits for the serial log (its event loop, or a vCPU)",
             )?;
             probes.push(asked.elapsed());
             std::thread::sleep(PROBE_EVERY.saturating_sub(asked.elapsed()));
