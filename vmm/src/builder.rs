@@ -166,7 +166,8 @@ fn attach_serial(
         }
         None => None,
     };
-    let serial = SerialConsole::new(irqfd(vm, COM1_IRQ)?, out, panicked, OUTPUT_RING)
+    let ring = config.endpoints.serial_ring.unwrap_or(OUTPUT_RING);
+    let serial = SerialConsole::new(irqfd(vm, COM1_IRQ)?, out, panicked, ring)
         .map_err(io_error("creating the serial log's eventfd"))?;
     devices.add_serial(Arc::new(serial))?;
     Ok(())

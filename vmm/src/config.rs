@@ -20,6 +20,10 @@ pub const MAX_VCPUS: u8 = perfbed_device::cpus::GUEST_MAX_CPUS;
 pub const MIN_MEMORY_MIB: u32 = 64;
 /// Most guest memory.
 pub const MAX_MEMORY_MIB: u32 = 64 * 1024;
+/// The serial output ring's bounds: at least a line of the kernel's, at
+/// most far more than a log that keeps up ever holds back.
+pub const MIN_SERIAL_RING: usize = 1024;
+pub const MAX_SERIAL_RING: usize = 64 << 20;
 
 /// The guest kernel and what it boots with.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,6 +58,10 @@ pub struct EndpointsConfig {
     pub agent_socket: Option<PathBuf>,
     /// The 8250 serial console's output; without it the output is dropped.
     pub serial_log: Option<PathBuf>,
+    /// The bytes of serial output held for the log before the UART drops
+    /// them ([`crate::devices::serial::OutputRing`]); `None`:
+    /// [`crate::devices::serial::OUTPUT_RING`].
+    pub serial_ring: Option<usize>,
     /// Keep each bus's first this many accesses and print them at the end
     /// (`perfbed-vmm: access` lines: the fuzz targets' seeds); 0: none.
     pub record_accesses: usize,
@@ -122,6 +130,8 @@ pub enum ConfigurationError {
     },
     #[error("the monitoring device: {0}")]
     Device(#[from] ConfigError),
+    #[error("--serial-ring {0}: need {MIN_SERIAL_RING} to {MAX_SERIAL_RING} bytes")]
+    SerialRing(usize),
     #[error("the kernel command line contains a NUL byte")]
     CmdlineNul,
     #[error("kernel image {0} is neither an ELF vmlinux nor a bzImage")]
@@ -141,6 +151,11 @@ impl VmmConfig {
         }
         if self.kernel.cmdline.contains('\0') {
             return Err(ConfigurationError::CmdlineNul);
+        }
+        if let Some(ring) = self.endpoints.serial_ring {
+            if !(MIN_SERIAL_RING..=MAX_SERIAL_RING).contains(&ring) {
+                return Err(ConfigurationError::SerialRing(ring));
+            }
         }
         check_domains(&self.device.domains, vcpus)?;
         self.device.validate()?;
@@ -294,6 +309,14 @@ mod tests {
         let mut c = config();
         c.kernel.cmdline.push('\0');
         assert!(matches!(c.validate(), Err(ConfigurationError::CmdlineNul)));
+        let mut c = config();
+        c.endpoints.serial_ring = Some(MIN_SERIAL_RING - 1);
+        assert_eq!(
+            c.validate().unwrap_err().to_string(),
+            "--serial-ring 1023: need 1024 to 67108864 bytes"
+        );
+        c.endpoints.serial_ring = Some(MIN_SERIAL_RING);
+        c.validate().unwrap();
     }
 
     #[test]

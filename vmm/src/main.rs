@@ -10,6 +10,7 @@ use perfbed_vmm::config::{
     default_domains, parse_domain_spec, EndpointsConfig, GdbConfig, GdbListen, KernelConfig,
     MachineConfig,
 };
+use perfbed_vmm::devices::serial::OUTPUT_RING;
 use perfbed_vmm::{bench, ExitStatus, GuestEnd, Vmm, VmmBuilder, VmmConfig};
 
 const AFTER_HELP: &str = "\
@@ -85,6 +86,11 @@ struct Cli {
     /// Write the serial console (ttyS0) here.
     #[arg(long, value_name = "PATH")]
     serial_log: Option<PathBuf>,
+    /// Hold at most this many bytes of serial output for a log that does
+    /// not keep up (1024 to 67108864); the UART drops, and counts, what does
+    /// not fit.
+    #[arg(long, value_name = "BYTES", default_value_t = OUTPUT_RING)]
+    serial_ring: usize,
     /// Serve gdb's remote protocol on this TCP port of 127.0.0.1 (one gdb at
     /// a time; every vCPU is a thread).
     #[arg(long, value_name = "PORT", conflicts_with = "gdb_socket")]
@@ -141,6 +147,7 @@ impl Cli {
                 control_socket: self.control_socket,
                 agent_socket: self.agent_socket,
                 serial_log: self.serial_log,
+                serial_ring: Some(self.serial_ring),
                 gdb: match (self.gdb_port, self.gdb_socket) {
                     (Some(port), _) => Some(GdbConfig {
                         listen: GdbListen::Tcp(port),

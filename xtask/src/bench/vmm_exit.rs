@@ -89,6 +89,7 @@ pub fn run(ws: &Path, args: &VmmBenchArgs) -> Result<bool> {
         boot_timeout: Duration::from_secs(300),
         device: Default::default(),
         host: host::Host::VmmBox(box_images.clone()),
+        serial_ring: None,
         gdb: None,
         verbose: false,
     };

@@ -2,7 +2,9 @@
 //! too, while the guest floods both and hotplugs CPUs: no vCPU may wait on
 //! the host, and the agent channel must not wait on the serial console.
 //!
-//! A shell in the guest writes `/dev/ttyS0` without pause. In the box the
+//! A shell in the guest writes `/dev/ttyS0` in bursts of `FLOOD_BURST`
+//! bytes, each followed by a wait until the UART has sent it and a pause
+//! of `FLOOD_GAP` (see there for why not without pause). In the box the
 //! harness first stops reading the serial console alone for
 //! `SERIAL_ALONE`, long enough to fill every buffer between perfbed-vmm
 //! and the harness (natively perfbed-vmm writes the serial log file
@@ -14,9 +16,10 @@
 //! requests for a `FLOOD_FILE_BYTES` file while the host reads nothing for
 //! `STALL`: far more than every buffer between the agent and the harness
 //! holds, so the agent's writes wait in the guest. The UART's bytes pile
-//! up in perfbed-vmm's ring until it drops them, which the VMM counts and
-//! reports (`serial_output_dropped_bytes`, checked by the VM test after
-//! the power-off). Meanwhile a shell in the guest takes
+//! up in perfbed-vmm's ring (`SERIAL_RING` bytes for this check) until it
+//! drops them, which the VMM counts and reports
+//! (`serial_output_dropped_bytes`, checked by the VM test after the
+//! power-off). Meanwhile a shell in the guest takes
 //! every CPU but 0 offline and online again in a loop, stamping each cycle
 //! with the guest's uptime (one stamp per CPU cycled); CPU offline needs every online CPU to answer
 //! (`stop_machine`), so a vCPU held in the host stops the loop. Passed when
@@ -36,12 +39,34 @@ use crate::progress::human;
 const FLOOD_FILE: &str = "/tmp/perfbed-flood";
 const FLOOD_FILE_BYTES: usize = 256 << 10;
 const FLOOD_REQUESTS: usize = 40;
-/// How long the host reads the agent channel but not the serial console.
-/// In the box the guest writes its serial port at about 9 KB/s, and about
-/// 250 KB fit in the virtio-serial port, QEMU and the socket between
-/// perfbed-vmm and the harness: after about 30 s perfbed-vmm's writes of
-/// the serial log would block.
-const SERIAL_ALONE: Duration = Duration::from_secs(60);
+/// The serial flood's bursts: one write each, less than the guest's 8250
+/// transmit buffer (4 KiB) with a carriage return added to each line, so
+/// that the UART's interrupt handler, which
+/// sends the buffer 16 bytes a pass with the port lock held and interrupts
+/// off, returns once a burst is sent. A writer that kept the buffer full
+/// (`yes > /dev/ttyS0`) kept the interrupt's CPU in that handler for good:
+/// this VMM's transmitter is always empty, so each pass raises the next
+/// interrupt at once, and in the box every byte is a nested exit of about
+/// 100 us; that CPU never ran its stopper thread again (the hotplug loop
+/// stood still from the start, with RCU stall reports), paravirtual
+/// spinlocks or not.
+const FLOOD_BURST: usize = 3 << 10;
+/// The flood's pause after the UART has sent a burst (`stty`, which waits
+/// for the transmit buffer to drain, then `usleep`): the interrupt's CPU
+/// is its own at least this long between bursts.
+const FLOOD_GAP: Duration = Duration::from_millis(50);
+/// perfbed-vmm's serial output ring for this check, small beside the
+/// buffers after it, so that the paced flood overflows it within the
+/// stall.
+pub const SERIAL_RING: usize = 4 << 10;
+/// How long the host reads the agent channel but not the serial console,
+/// long enough for the flood to fill the virtio-serial port, QEMU and the
+/// socket between perfbed-vmm and the harness, after which perfbed-vmm's
+/// writes of the serial log would block. In the box, 1 KiB bursts came to
+/// about 1.8 KB/s, and perfbed-vmm began to drop (a 16 KiB ring then)
+/// about 70 s after the harness stopped reading: the ring and the buffers
+/// after it held about 125 KB.
+const SERIAL_ALONE: Duration = Duration::from_secs(90);
 /// How often the agent is asked for its uptime while the serial console
 /// alone is stalled.
 const PROBE_EVERY: Duration = Duration::from_secs(2);
@@ -49,12 +74,11 @@ const PROBE_EVERY: Duration = Duration::from_secs(2);
 /// box); an event loop waiting in the serial log answers none until the
 /// harness reads the console again.
 const PROBE_LIMIT: Duration = Duration::from_secs(10);
-/// How long the host then reads nothing. With the serial console unread
-/// for `SERIAL_ALONE` + `STALL` (about 800 KB at 9 KB/s) the 256 KiB ring
-/// and the buffers after it overflow, which the VM test requires.
+/// How long the host then reads nothing. The serial console unread for
+/// `SERIAL_ALONE` + `STALL`, the ring and the buffers after it overflow,
+/// which the VM test requires.
 const STALL: Duration = Duration::from_secs(30);
-/// The hotplug rate's baseline, just before the stall: in the box a cycle
-/// of 3 CPUs takes 5-7 s beside the serial flood, so 15 s held 2 stamps.
+/// The hotplug rate's baseline, just before the stall.
 const BEFORE: Duration = Duration::from_secs(30);
 /// The least share of the baseline rate the stall may keep. A vCPU held
 /// by the host stops the loop outright (CPU offline waits for every online
@@ -129,7 +153,7 @@ pub fn run(vm: &mut Vm, cpus: u8, timeout: Duration) -> Result<Vec<Check>> {
         other => bail!("reading {FLOOD_FILE} back: {other:?}"),
     };
 
-    let seconds = (BEFORE + STALL).as_secs() + 120;
+    let seconds = (BEFORE + SERIAL_ALONE + STALL).as_secs() + 120;
     let script = format!(
         "end=$(( $(/bin/busybox date +%s) + {seconds} )); while [ $(/bin/busybox date +%s) -lt $end ]; do \
          for c in {}; do echo 0 > /sys/devices/system/cpu/cpu$c/online; echo 1 > /sys/devices/system/cpu/cpu$c/online; \
@@ -151,7 +175,11 @@ pub fn run(vm: &mut Vm, cpus: u8, timeout: Duration) -> Result<Vec<Check>> {
             "/bin/busybox".into(),
             "sh".into(),
             "-c".into(),
-            "exec /bin/busybox yes perfbed-serial-flood > /dev/ttyS0".into(),
+            format!(
+                "b=$(/bin/busybox yes perfbed-serial-flood | /bin/busybox head -c {FLOOD_BURST}); exec 3>/dev/ttyS0; \
+                 while :; do echo \"$b\" >&3; /bin/busybox stty -F /dev/ttyS0 -echo; /bin/busybox usleep {}; done",
+                FLOOD_GAP.as_micros()
+            ),
         ],
         perf_fds: 0,
         settle_ms: 0,
@@ -173,7 +201,7 @@ pub fn run(vm: &mut Vm, cpus: u8, timeout: Duration) -> Result<Vec<Check>> {
         while started.elapsed() < SERIAL_ALONE {
             let asked = Instant::now();
             uptime(vm, PROBE_LIMIT * 3).context(
-                "asking the agent while the serial console was not read: perfbed-vmm's event loop waits for the serial log",
+                "asking the agent while the serial console was not read: perfbed-vmm waits for the serial log (its event loop, or a vCPU)",
             )?;
             probes.push(asked.elapsed());
             std::thread::sleep(PROBE_EVERY.saturating_sub(asked.elapsed()));

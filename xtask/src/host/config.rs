@@ -67,6 +67,9 @@ pub struct VmConfig {
     pub verbose: bool,
     /// Which VMM runs the guest.
     pub host: Host,
+    /// perfbed-vmm's serial output ring (`--serial-ring`), in bytes; `None`
+    /// its default. QEMU has none.
+    pub serial_ring: Option<usize>,
 }
 
 /// The host's gdb stub for the guest (QEMU's gdbstub, or perfbed-vmm's,
@@ -172,6 +175,7 @@ pub fn example() -> VmConfig {
         boot_timeout: Duration::from_secs(1),
         device: DeviceConfig::default(),
         host: Host::Qemu,
+        serial_ring: None,
         gdb: None,
         verbose: false,
     }
@@ -217,6 +221,7 @@ mod tests {
             gdb: None,
             verbose: false,
             host: Host::Qemu,
+            serial_ring: None,
         };
         good.validate().unwrap();
         let err = |c: VmConfig| c.validate().unwrap_err().to_string();

@@ -65,6 +65,9 @@ pub fn vmm_args(config: &VmConfig, cmdline: &[String]) -> Vec<String> {
         "--pmu-trace-capacity".into(),
         config.device.trace_capacity.to_string(),
     ];
+    if let Some(ring) = config.serial_ring {
+        args.extend(["--serial-ring".into(), ring.to_string()]);
+    }
     if matches!(config.host, Host::VmmBox(_)) {
         // TCG's SVM does not make XSETBV exit (see perfbed-vmm --help).
         args.push("--no-xsave".into());

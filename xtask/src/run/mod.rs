@@ -387,6 +387,7 @@ pub fn scenario_for(
         gdb,
         verbose: args.verbose,
         host,
+        serial_ring: None,
     };
     if args.gdb && args.qemu.is_none() {
         use_box_qemu_for_gdb(ws, &mut vm)?;

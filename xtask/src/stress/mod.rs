@@ -305,6 +305,7 @@ fn guest_vm(
         memory_mib,
         extra_cmdline: vec![],
         host: host::Host::Qemu,
+        serial_ring: None,
         run_dir: host::config::new_run_dir(ws, name),
         boot_timeout,
         gdb: None,

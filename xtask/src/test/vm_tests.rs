@@ -142,6 +142,9 @@ pub fn device_scope_pmu(scenario: &Scenario, accel: &Accel) -> Result<()> {
 /// report must count the serial bytes its ring dropped and its log say so:
 /// the vCPUs dropped what the host could not take instead of waiting.
 pub fn slow_agent_reader(scenario: &Scenario, accel: &Accel) -> Result<()> {
+    let mut small_ring = scenario.clone();
+    small_ring.vm.serial_ring = Some(checks::slow_reader::SERIAL_RING);
+    let scenario = &small_ring;
     checks_on_a_guest(scenario, accel, |vm| {
         checks::slow_reader::run(vm, scenario.vm.cpus, scenario.request_timeout)
     })?;
