@@ -376,33 +376,13 @@ fn run_fuzz_tests(ws: &Path, seconds: u64) -> bool {
     failures == 0
 }
 
-/// VM tests that run only when `--filter` names them, each with why. In the
-/// box, the model's fixed skew between two reads (`READ_SKEW_NS`) is shorter
-/// than what the box's reads take at times (11 ms seen), so a check that
-/// compares events' clocks fails one run in two there.
-const ON_DEMAND: &[(&str, &str)] = &[
-    (
-        "vmm_end_to_end",
-        "in the box two reads may lie farther apart than the rules across events allow (READ_SKEW_NS, docs/box-verification.md)",
-    ),
-];
-
 fn run_vm_tests(ws: &Path, args: &TestArgs) -> Result<bool> {
-    let on_demand = |t: &VmTest| ON_DEMAND.iter().any(|(name, _)| *name == t.name);
     let tests: Vec<&VmTest> = VM_TESTS
         .iter()
-        .filter(|t| match args.filter.as_deref() {
-            Some(f) => t.name.contains(f),
-            None => !on_demand(t),
-        })
+        .filter(|t| args.filter.as_deref().is_none_or(|f| t.name.contains(f)))
         .collect();
     if tests.is_empty() {
         bail!("no VM test matches --filter {:?}", args.filter);
-    }
-    if args.filter.is_none() {
-        for (name, why) in ON_DEMAND {
-            eprintln!("    on demand, not run: {name} (`cargo xtask test --vm-only --filter {name}`): {why}");
-        }
     }
     let mut images = Vec::new();
     for variant in [
