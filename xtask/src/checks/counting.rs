@@ -442,6 +442,11 @@ struct EventState {
     /// context: upstream leaves it to that context's next schedule-in,
     /// which the model does not see (maybe counting from then on).
     waits_schedule_in: bool,
+    /// Of a pinned group that did not fit beside the PMU's other pinned
+    /// groups at some moment since its last ENABLE: perf may have put it in
+    /// ERROR, where it stays until enabled again and a read returns
+    /// nothing (`perf_read()`'s end of file).
+    may_be_in_error: bool,
     /// The last moment it was not enabled with an enabled leader, or was
     /// opened, detached or promoted: the rules across events hold for a
     /// window after it.
@@ -572,6 +577,9 @@ struct Status {
     /// On its PMU (scheduled, or in a parked PMU's keeping).
     on: bool,
     counting: Counting,
+    /// Of an enabled pinned group that does not fit beside the other
+    /// pinned groups now (see [`EventState::may_be_in_error`]).
+    pinned_left_out: bool,
 }
 
 /// The model: every open event and PMU.
@@ -653,6 +661,12 @@ impl Model {
             };
             r.last_ns = r.last_ns.max(returned_ns);
         }
+    }
+
+    /// Whether perf may hold the event in ERROR (a pinned group left out),
+    /// where a read returns nothing.
+    pub fn may_be_in_error(&self, handle: Handle) -> bool {
+        self.events.get(&handle).is_some_and(|e| e.may_be_in_error)
     }
 
     pub fn is_open(&self, handle: Handle) -> bool {
@@ -791,6 +805,7 @@ impl Model {
                 frozen: false,
                 frozen_own: false,
                 waits_schedule_in: false,
+                may_be_in_error: false,
                 // Opened at the operation that began this moment.
                 steady_since: self.moment - 1,
                 value: 0,
@@ -855,7 +870,10 @@ impl Model {
                 && holds(Rule::DetachedUnreachableWhileOffline);
             match ioctl {
                 Ioctl::Enable | Ioctl::Disable if unreachable => {}
-                Ioctl::Enable => e.enabled = true,
+                Ioctl::Enable => {
+                    e.enabled = true;
+                    e.may_be_in_error = false;
+                }
                 // Exact also while parked: the driver freezes the slot at
                 // the DISABLE (`SLOT_CTL_FROZEN`), see `note_scheduled`.
                 Ioctl::Disable => e.enabled = false,
@@ -1715,6 +1733,7 @@ impl Model {
                 e.frozen_own = false;
             }
             e.on = on;
+            e.may_be_in_error |= status[h].pinned_left_out && holds(Rule::PinnedLeftOutMayErr);
         }
         let fit = self.schedule().1;
         for (p, f) in self.pmus.iter_mut().zip(fit) {
@@ -1767,6 +1786,8 @@ impl Model {
             held * u32::from(holds(Rule::FrozenSlotKeepsItsPlace))
         };
         let mut on: BTreeMap<Handle, Counting> = BTreeMap::new();
+        // Leaders of pinned groups that do not all fit together now.
+        let mut left_out: BTreeSet<Handle> = BTreeSet::new();
         let mut fit = Vec::new();
         for pmu in 0..self.shape.pmus {
             let groups: Vec<Handle> = group_pmu
@@ -1795,6 +1816,9 @@ impl Model {
             });
             let pinned_set: Vec<Handle> = groups.iter().copied().filter(|&l| pinned(l)).collect();
             let pinned_fit = fits(&pinned_set);
+            if !pinned_fit {
+                left_out.extend(pinned_set.iter().copied());
+            }
             for &l in &groups {
                 let c = if (all_fit && holds(Rule::UncontendedCounts))
                     || (!clash && gauges_only(l) && holds(Rule::GaugesOnlyAlwaysOn))
@@ -1854,6 +1878,7 @@ impl Model {
                             enabled,
                             on: is_on,
                             counting,
+                            pinned_left_out: enabled && left_out.contains(&e.leader),
                         },
                     )
                 })
@@ -3099,6 +3124,30 @@ mod tests {
         m.moved(0);
         assert_eq!(fields(&mut m, 3, seen(0, s, s)), vec![]);
         assert_eq!(fields(&mut m, 1, seen(0, s / 2, 0)), vec![]);
+    }
+
+    #[test]
+    pub(super) fn a_pinned_group_left_out_may_be_in_error_until_enabled_again() {
+        // A pinned exclusive group beside another pinned group: perf puts
+        // one of them in ERROR, where a read returns nothing, until its
+        // ENABLE. Pinned groups that fit are never there.
+        let mut m = Model::new(SHAPE);
+        m.open(1, counter(0, 1).pinned());
+        m.open(2, counter(0, 2).pinned().exclusive());
+        m.open(3, counter(0, 3));
+        assert!(m.may_be_in_error(1) && m.may_be_in_error(2));
+        assert!(
+            !m.may_be_in_error(3),
+            "not pinned: multiplexed, never ERROR"
+        );
+        m.close(1);
+        assert!(m.may_be_in_error(2), "ERROR lasts past the clash");
+        m.ioctl(2, Ioctl::Enable, false);
+        assert!(!m.may_be_in_error(2), "an ENABLE takes it out of ERROR");
+        let mut fit = Model::new(SHAPE);
+        fit.open(1, counter(0, 1).pinned());
+        fit.open(2, counter(0, 2).pinned());
+        assert!(!fit.may_be_in_error(1) && !fit.may_be_in_error(2));
     }
 
     #[test]

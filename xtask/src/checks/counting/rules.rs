@@ -177,6 +177,9 @@ rules! {
     EqualEnabledGrowth,
     /// Not pinned groups: one that does not fit stops in ERROR.
     PinnedClockMayStop,
+    /// A pinned group left out may be in ERROR until its ENABLE, and a read
+    /// of it may return nothing.
+    PinnedLeftOutMayErr,
     /// Only events enabled with an enabled leader throughout the window.
     SteadyEventsOnly,
     /// [`super::READ_SKEW_NS`] per read.
@@ -366,6 +369,7 @@ mod tests {
         MembersApartAcrossParks => model::a_groups_members_may_run_apart_across_a_park;
         EqualEnabledGrowth => model::events_enabled_throughout_one_window_show_the_same_time_enabled;
         PinnedClockMayStop => model::a_pinned_group_left_out_may_stop_its_clock;
+        PinnedLeftOutMayErr => model::a_pinned_group_left_out_may_be_in_error_until_enabled_again;
         SteadyEventsOnly => model::an_event_disabled_in_the_window_is_not_compared;
         ReadSkew => model::events_enabled_throughout_one_window_show_the_same_time_enabled;
         ReadsTook => model::reads_that_took_long_widen_the_rules_across_events_by_what_they_took;

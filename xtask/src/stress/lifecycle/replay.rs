@@ -140,6 +140,11 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
                         continue;
                     }
                 };
+                // perf_read() of an event in ERROR (a pinned group left
+                // out) returns nothing: there is no value to judge.
+                if words.is_empty() && model.may_be_in_error(*handle) {
+                    continue;
+                }
                 let members = if format.group {
                     model.group(model.leader(*handle).unwrap_or(*handle))
                 } else {
