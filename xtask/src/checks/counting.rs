@@ -510,6 +510,9 @@ struct PmuState {
     /// counting and a read may show a parked PMU's value, until the
     /// placement is observed (see [`Model::placement_unknown`]).
     unknown: bool,
+    /// A thread of the guest moves the PMU at moments the model is not
+    /// told (see [`Model::moves_unseen`]): a read may race a move.
+    moving: bool,
     /// The reads of the current moment and of the one before.
     batch: Batch,
     prev_batch: Batch,
@@ -908,6 +911,25 @@ impl Model {
         self.epoch();
     }
 
+    /// From now on (`on`), or no more, the PMU moves at moments the model
+    /// is not told, never parking (a thread of the guest takes its CPUs
+    /// offline and back). A move changes nothing the model judges but
+    /// one: a read that races it may lag. The driver reads a slot on the
+    /// owner only, and from the new owner's `migrate_cpu` to the event's
+    /// `add` there, a read runs on the CPU the event is leaving and shows
+    /// the count as last folded; the slot counts on, and the first read
+    /// after the `add` catches up. So while the PMU moves unseen, a
+    /// counter's read is never below what it showed before nor above what
+    /// landed since, and its window stays open (as for a read while
+    /// parked) until a read once the moves are over; a gauge shows its
+    /// last fold or the occupancy now.
+    pub fn moves_unseen(&mut self, pmu: u32, on: bool) {
+        self.epoch();
+        if let Some(p) = self.pmus.get_mut(pmu as usize) {
+            p.moving = on;
+        }
+    }
+
     /// `cpu` went offline. perf's `__perf_event_exit_context()` takes
     /// every event out of the CPU's context with `DETACH_GROUP`: each group
     /// of software events only that was opened on `cpu` (see
@@ -1112,6 +1134,9 @@ impl Model {
     fn expect_folded(&self, handle: Handle) -> Option<Expected> {
         let e = self.events.get(&handle)?;
         let parked = e.spec.kind.pmu().is_some_and(|p| self.maybe_parked(p));
+        let racing = e.spec.kind.pmu().is_some_and(|p| {
+            self.pmus.get(p as usize).is_some_and(|p| p.moving) && holds(Rule::ReadRacingMoveMayLag)
+        });
         let t = e.time_window;
         let enabled = if t.enabled_none {
             TimeRule::Unchanged
@@ -1131,7 +1156,7 @@ impl Model {
             // Nobody can read the counter while the PMU is parked: the
             // value is what the last fold left, and what landed since
             // shows once it is placed again.
-            Kind::Counter { .. } if parked => ValueRule::Parked { base: e.value, hi },
+            Kind::Counter { .. } if parked || racing => ValueRule::Parked { base: e.value, hi },
             Kind::Counter { .. } => ValueRule::Bytes {
                 base: e.value,
                 lo: w.sure_bytes,
@@ -1147,6 +1172,8 @@ impl Model {
             Kind::Gauge { .. } if parked && !holds(Rule::ParkedGaugeKeepsLastFold) => {
                 ValueRule::Any
             }
+            // Racing a move: the last fold, or now.
+            Kind::Gauge { .. } if racing && self.gauge_now(handle) != e.gauge => ValueRule::Any,
             Kind::Gauge { .. } => match self.gauge_now(handle).filter(|_| !parked).or(e.gauge) {
                 Some(bytes) => ValueRule::Gauge(bytes),
                 None => ValueRule::Any,
@@ -1334,7 +1361,7 @@ impl Model {
                 } else if got > hi && holds(Rule::ParkedAtMostLanded) {
                     mismatch(
                         Field::Value,
-                        format!("<= +{hi} (parked: at most what landed)"),
+                        format!("<= +{hi} (parked or racing a move: at most what landed)"),
                         format!("+{got}"),
                     );
                 }
@@ -2338,6 +2365,35 @@ mod tests {
         m.burst(0, TOTAL, 1, 64);
         m.unpark(0, 1000);
         assert_eq!(fields(&mut m, 1, seen(64, 40, 40)), vec![]);
+    }
+
+    #[test]
+    pub(super) fn a_read_racing_an_unseen_move_may_lag_and_the_first_after_the_moves_catches_up() {
+        let racing = || {
+            let mut m = Model::new(SHAPE);
+            m.open(1, counter(0, 1));
+            m.moves_unseen(0, true);
+            m.burst(0, TOTAL, 1, 640);
+            m
+        };
+        // Raced a move: the count as last folded, twice; the first read
+        // after the moves has it all.
+        let mut m = racing();
+        assert_eq!(fields(&mut m, 1, seen(0, 10, 10)), vec![]);
+        m.burst(0, TOTAL, 1, 64);
+        assert_eq!(fields(&mut m, 1, seen(640, 20, 20)), vec![]);
+        m.moves_unseen(0, false);
+        assert_eq!(fields(&mut m, 1, seen(704, 30, 30)), vec![]);
+        // Never ahead of what landed.
+        let mut m = racing();
+        assert_eq!(fields(&mut m, 1, seen(1280, 10, 10)), vec![Field::Value]);
+        // Once the moves are over, a read that still lags is wrong.
+        let mut m = racing();
+        m.moves_unseen(0, false);
+        assert_eq!(fields(&mut m, 1, seen(0, 10, 10)), vec![Field::Value]);
+        // The clocks are exact, racing or not.
+        let mut m = racing();
+        assert_eq!(fields(&mut m, 1, seen(0, 10, 5)), vec![Field::Running]);
     }
 
     #[test]

@@ -58,6 +58,8 @@ rules! {
     ShownNeverTakenBack,
     /// Read while parked: at most what landed since the last fold.
     ParkedAtMostLanded,
+    /// A read racing an unseen move may lag: its window stays open.
+    ReadRacingMoveMayLag,
     /// At most what landed while it was (maybe) counting.
     CountAtMostLanded,
     /// At least what landed while it was counting for sure.
@@ -310,6 +312,7 @@ mod tests {
         CountNeverBack => model::a_count_never_goes_back_without_a_reset;
         ShownNeverTakenBack => model::a_count_shown_while_parked_is_never_taken_back;
         ParkedAtMostLanded => model::a_read_while_parked_may_lag_but_the_next_read_after_it_must_not;
+        ReadRacingMoveMayLag => model::a_read_racing_an_unseen_move_may_lag_and_the_first_after_the_moves_catches_up;
         CountAtMostLanded => model::an_enabled_event_counts_every_burst_and_runs_all_the_time;
         CountAtLeastSure => model::a_disable_while_parked_freezes_the_count_exactly;
         ZeroRunningCountedNothing => model::more_counters_than_slots_multiplex_and_perfs_times_settle_the_value;

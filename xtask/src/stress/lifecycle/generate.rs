@@ -661,6 +661,8 @@ mod tests {
                 Step::Occupancy { .. } => "occupancy",
                 Step::Rate { .. } => "rate",
                 Step::Move { .. } => "move",
+                Step::MovesStart { .. } => "moves start",
+                Step::MovesStop { .. } => "moves stop",
                 Step::Park { .. } => "park",
                 Step::Unpark { .. } => "unpark",
                 Step::Online { .. } => "online",

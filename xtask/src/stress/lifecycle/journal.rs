@@ -67,6 +67,14 @@ impl Cpus {
                 self.set_owner(domain, owner.or(Some(cpu)));
             }
             Step::Online { cpu } => model.cpu_online(cpu),
+            // The moves between are unseen (a read may race one): the PMU
+            // is where the thread's last round left it.
+            Step::MovesStart { domain, .. } => model.moves_unseen(domain, true),
+            Step::MovesStop { domain, .. } => {
+                model.moves_unseen(domain, false);
+                let old = self.owner(domain);
+                self.set_owner(domain, owner.or(old));
+            }
             _ => {}
         }
     }
@@ -234,6 +242,24 @@ pub enum Step {
     /// The domain's owner CPU went offline and came back.
     Move {
         domain: u32,
+    },
+    /// From now on a thread of the guest moves the domain's PMU: it takes
+    /// each of `cpus` (allowed, online, not CPU 0; two or more) offline and
+    /// back in turn, round after round, so the PMU moves at moments the
+    /// journal does not know and never parks. The result is the thread's
+    /// job number.
+    MovesStart {
+        domain: u32,
+        cpus: Vec<u32>,
+    },
+    /// The domain's moving thread finishes its round (at least one) and
+    /// ends; every CPU it took is online. `job` is the start's result (the
+    /// runner fills it in). The result is the number of rounds and the
+    /// CPU the PMU counts on after them.
+    MovesStop {
+        domain: u32,
+        #[serde(default)]
+        job: u32,
     },
     /// All the domain's allowed CPUs went offline / one came back.
     Park {

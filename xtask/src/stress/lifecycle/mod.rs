@@ -4,6 +4,7 @@
 pub mod cli;
 pub mod generate;
 pub mod journal;
+mod moving_thread;
 mod perf_stat;
 pub mod rcutorture;
 pub mod reads;

@@ -261,6 +261,12 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
                 }
             }
             (&Step::OthersOpen { domain }, Ok(_)) => model.others_may_open(domain),
+            (step @ Step::MovesStart { .. }, Ok(_)) => cpus.step(&mut model, step, None, 0),
+            (step @ Step::MovesStop { .. }, Ok(words)) => {
+                // Its rounds, then the PMU's CPU.
+                let owner = words.get(1).map(|&c| c as u32);
+                cpus.step(&mut model, step, owner, 0);
+            }
             (
                 Step::Seen {
                     online: now,
@@ -541,6 +547,13 @@ impl Predictor {
             &Step::Move { domain } => {
                 let next = self.allowed_online(domain, self.owner(domain));
                 self.cpus.step(&mut self.model, step, next, 0);
+            }
+            Step::MovesStart { .. } => self.cpus.step(&mut self.model, step, None, 0),
+            // After a whole round the PMU is on the first CPU of the round:
+            // the first allowed one online (the thread takes them all).
+            &Step::MovesStop { domain, .. } => {
+                let first = self.allowed_online(domain, None);
+                self.cpus.step(&mut self.model, step, first, 0);
             }
             &Step::Park { domain } => {
                 let cpus = self.cpus.domains.get(domain as usize);

@@ -765,6 +765,10 @@ pub(super) fn host_step(
                 pmu: pmus[domain as usize].clone(),
             }],
         )?,
+        Step::MovesStart { domain, cpus } => super::moving_thread::start(g, *domain, cpus)?,
+        &Step::MovesStop { domain, job } => {
+            super::moving_thread::stop(g, domain, &pmus[domain as usize], job, wait_ms)?
+        }
         &Step::Park { domain } => {
             let cpus = &device.domains[domain as usize];
             let ops = cpus

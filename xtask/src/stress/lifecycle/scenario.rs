@@ -106,7 +106,7 @@ pub enum Want {
 }
 
 /// The operations a line can start with.
-const OPERATIONS: &str = "open (as NAME = open ...), enable, disable, reset, read, want, close, burst, occupancy, rate, move, park, unpark, offline, online, allowed, wait, mux, cpumask, violations";
+const OPERATIONS: &str = "open (as NAME = open ...), enable, disable, reset, read, want, close, burst, occupancy, rate, move, moves, park, unpark, offline, online, allowed, wait, mux, cpumask, violations";
 
 /// The errnos the model expects an open to be refused with.
 const ERRNOS: [&str; 3] = ["ENODEV", "EINVAL", "EBADF"];
@@ -128,6 +128,7 @@ pub fn parse(
         online: (0..layout.cpus).collect(),
         allowed: layout.domains.clone(),
         owners: layout.domains.iter().map(|d| d.first().copied()).collect(),
+        moving: BTreeMap::new(),
         ops: Vec::new(),
     };
     let mut check = None;
@@ -150,6 +151,15 @@ pub fn parse(
             continue;
         }
         p.line(line, body).map_err(err)?;
+    }
+    if let Some((&domain, &(_, line))) = p.moving.iter().next() {
+        return Err(ScenarioError {
+            file: file.to_path_buf(),
+            line,
+            message: format!(
+                "`moves {domain} start` is never stopped: end it with `moves {domain} stop` (the thread ends after its round, every CPU back online)"
+            ),
+        });
     }
     Ok(Scenario {
         file: file.to_path_buf(),
@@ -176,6 +186,9 @@ struct Parser<'a> {
     /// on the first allowed CPU online. Only an `owner(d)` line's
     /// bookkeeping uses it: the runner takes the CPU from `cpumask`.
     owners: Vec<Option<u32>>,
+    /// The domains a thread of the guest moves now (`moves D start`): the
+    /// CPUs it takes offline and back, and the line that started it.
+    moving: BTreeMap<u32, (Vec<u32>, usize)>,
     ops: Vec<Op>,
     /// Every name an open gave, by handle.
     handles: BTreeMap<Handle, String>,
@@ -194,6 +207,7 @@ impl Parser<'_> {
             };
         }
         let (op, args) = (words[0], &words[1..]);
+        self.still_for(op, args)?;
         let was = self.parked_all();
         let step = match op {
             "open" => return Err("an open needs a name: `NAME = open ...`".into()),
@@ -326,6 +340,7 @@ impl Parser<'_> {
                     Step::Park { domain }
                 }
             }
+            "moves" => self.moves(line, args)?,
             "unpark" => {
                 let (domain, cpu) = match args {
                     [domain] => (self.domain(domain)?, None),
@@ -500,11 +515,140 @@ impl Parser<'_> {
         let cpu = self.owners[domain as usize]
             .filter(|c| candidates.contains(c))
             .unwrap_or(candidates[0]);
+        self.not_moved(cpu)?;
         self.online.remove(&cpu);
         self.place_all();
         self.push(line, Step::Offline { cpu }, vec![], was)?;
         self.ops.last_mut().expect("just pushed").on_owner = Some(domain);
         Ok(())
+    }
+
+    /// `moves DOMAIN start` / `moves DOMAIN stop`.
+    fn moves(&mut self, line: usize, args: &[&str]) -> Result<Step, String> {
+        let [domain, what] = args else {
+            return Err("expected `moves DOMAIN start` or `moves DOMAIN stop`".into());
+        };
+        let domain = self.domain(domain)?;
+        match *what {
+            "start" => {
+                if let Some((_, at)) = self.moving.get(&domain) {
+                    return Err(format!(
+                        "a thread moves domain {domain} already (line {at})"
+                    ));
+                }
+                if self.allowed[domain as usize].contains(&0) {
+                    return Err(format!(
+                        "domain {domain} allows CPU 0, which never goes offline: `moves` needs a domain without it (`movable`)"
+                    ));
+                }
+                let cpus: Vec<u32> = self.allowed[domain as usize]
+                    .iter()
+                    .copied()
+                    .filter(|c| self.online.contains(c))
+                    .collect();
+                if cpus.len() < 2 {
+                    return Err(format!(
+                        "domain {domain} has {} allowed CPU online here: the thread needs two, so that the PMU moves and never parks",
+                        cpus.len()
+                    ));
+                }
+                for (d, set) in self.allowed.iter().enumerate() {
+                    if d as u32 != domain && set.iter().any(|c| cpus.contains(c)) {
+                        return Err(format!(
+                            "domain {d}'s allowed set {set:?} shares CPUs with domain {domain}'s {cpus:?}: the thread would place it unseen"
+                        ));
+                    }
+                }
+                for (h, o) in &self.opened {
+                    let bound = u32::try_from(o.cpu).ok().filter(|c| cpus.contains(c));
+                    if let (None, Some(cpu)) = (o.pmu, bound) {
+                        if !self.in_a_device_group(o.group.unwrap_or(*h)) {
+                            return Err(format!(
+                                "`{}` is a cpu-clock event on CPU {cpu}, which the thread takes offline: perf takes it apart at a moment the journal cannot know; open it on another CPU",
+                                self.handles[h]
+                            ));
+                        }
+                    }
+                }
+                self.moving.insert(domain, (cpus.clone(), line));
+                Ok(Step::MovesStart { domain, cpus })
+            }
+            "stop" => {
+                if self.moving.remove(&domain).is_none() {
+                    return Err(format!(
+                        "no thread moves domain {domain} here: `moves {domain} start` first"
+                    ));
+                }
+                // After a whole round: on the first CPU of the round.
+                self.owners[domain as usize] = self.allowed_online(domain, None);
+                Ok(Step::MovesStop { domain, job: 0 })
+            }
+            other => Err(format!(
+                "`moves {domain} {other}`: expected `moves DOMAIN start` or `moves DOMAIN stop`"
+            )),
+        }
+    }
+
+    /// Refuses a line that needs a domain's PMU still (or names its CPU)
+    /// while a thread moves it: where it counts is not known then, and a
+    /// CPU the thread switches may be offline at any moment.
+    fn still_for(&self, op: &str, args: &[&str]) -> Result<(), String> {
+        let first = args.first().copied().unwrap_or("");
+        match op {
+            "move" | "park" | "unpark" | "allowed" | "cpumask" => {
+                if let Ok(d) = self.domain(first) {
+                    if let Some((_, at)) = self.moving.get(&d) {
+                        return Err(format!(
+                            "`{op}` needs domain {d}'s PMU still, and the thread of line {at} moves it: `moves {d} stop` first"
+                        ));
+                    }
+                }
+                if op == "allowed" {
+                    let set = args.get(1).and_then(|l| parse_cpu_list(l).ok());
+                    for cpu in set.into_iter().flatten() {
+                        self.not_moved(cpu)?;
+                    }
+                }
+            }
+            "offline" | "online" => {
+                let role = first
+                    .strip_prefix("owner(")
+                    .and_then(|r| r.strip_suffix(')'));
+                match role.map(|r| self.domain(r)) {
+                    Some(Ok(d)) if self.moving.contains_key(&d) => {
+                        return Err(format!(
+                            "owner({d}): a thread moves domain {d}'s PMU here, so it has no CPU to name; `moves {d} stop` first"
+                        ))
+                    }
+                    Some(_) => {}
+                    None => {
+                        if let Ok(cpu) = first.parse::<u32>() {
+                            self.not_moved(cpu)?;
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Refuses `cpu` if a moving thread switches it.
+    fn not_moved(&self, cpu: u32) -> Result<(), String> {
+        match self.moving.iter().find(|(_, (cpus, _))| cpus.contains(&cpu)) {
+            Some((d, (_, at))) => Err(format!(
+                "CPU {cpu} is switched by the thread that moves domain {d} (line {at}): `moves {d} stop` first"
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether the group led by `leader` has a device event: its software
+    /// members are in the device PMU's context and move with it.
+    fn in_a_device_group(&self, leader: Handle) -> bool {
+        self.opened
+            .iter()
+            .any(|(&h, o)| (h == leader || o.group == Some(leader)) && o.pmu.is_some())
     }
 
     /// The first of `domain`'s allowed CPUs online here, other than `not`.
@@ -635,6 +779,19 @@ impl Parser<'_> {
         }
         if event.pmu.is_none() && event.cpu < 0 && on_owner.is_none() {
             return Err("a cpu-clock event needs cpu=CPU or cpu=owner(DOMAIN)".into());
+        }
+        if let Some(d) = on_owner.filter(|d| self.moving.contains_key(d)) {
+            return Err(format!(
+                "cpu=owner({d}): a thread moves domain {d}'s PMU here, so it has no CPU to name; `moves {d} stop` first"
+            ));
+        }
+        let follows_a_device = event
+            .group
+            .is_some_and(|leader| self.in_a_device_group(leader));
+        if event.pmu.is_none() && !follows_a_device {
+            if let Ok(cpu) = u32::try_from(event.cpu) {
+                self.not_moved(cpu)?;
+            }
         }
         let expect = self.next_handle;
         let step = Step::Open { event, expect };
@@ -1068,6 +1225,76 @@ mod tests {
     }
 
     #[test]
+    fn a_moving_thread_takes_the_domains_cpus_and_refuses_what_it_would_change_unseen() {
+        let s = parsed(
+            "a = open movable mbm_total_bytes rmid=1 read=times\n\
+             c = open cpu-clock cpu=1\n\
+             moves movable start\n\
+             read a\n\
+             s = open cpu-clock cpu=2 group=a\n\
+             offline 1\n\
+             online 1\n\
+             moves movable stop\n\
+             cpumask movable 2\n\
+             offline owner(movable)\n",
+        )
+        .unwrap();
+        assert_eq!(
+            s.ops[2].step,
+            Step::MovesStart {
+                domain: 1,
+                cpus: vec![2, 3]
+            }
+        );
+        assert_eq!(s.ops[7].step, Step::MovesStop { domain: 1, job: 0 });
+        // After a whole round the PMU is on the round's first CPU.
+        assert_eq!(s.ops[9].step, Step::Offline { cpu: 2 });
+        let moving = "a = open movable mbm_total_bytes rmid=1\nmoves movable start\n";
+        for (line, why) in [
+            ("move movable", "needs domain 1's PMU still"),
+            ("park 1", "needs domain 1's PMU still"),
+            ("cpumask movable 2", "needs domain 1's PMU still"),
+            ("allowed movable 3", "needs domain 1's PMU still"),
+            ("allowed 0 0-2", "CPU 2 is switched by the thread"),
+            ("offline 3", "CPU 3 is switched by the thread"),
+            ("offline owner(movable)", "has no CPU to name"),
+            (
+                "c = open cpu-clock cpu=owner(movable)",
+                "has no CPU to name",
+            ),
+            (
+                "c = open cpu-clock cpu=2",
+                "CPU 2 is switched by the thread",
+            ),
+            ("moves movable start", "already (line 2)"),
+        ] {
+            let (at, message) = refused(&format!("{moving}{line}\nmoves movable stop\n"));
+            assert_eq!(at, 3, "{line}: {message}");
+            assert!(message.contains(why), "{line}: {message}");
+        }
+        for (text, at, why) in [
+            ("moves movable start\n", 1, "never stopped"),
+            ("moves movable stop\n", 1, "no thread moves domain 1"),
+            (
+                "moves holding start\nmoves holding stop\n",
+                1,
+                "allows CPU 0",
+            ),
+            ("offline 3\nmoves movable start\n", 2, "needs two"),
+            ("moves movable go\n", 1, "expected `moves DOMAIN start`"),
+            (
+                "c = open cpu-clock cpu=3\nmoves movable start\n",
+                2,
+                "`c` is a cpu-clock event on CPU 3",
+            ),
+        ] {
+            let (line, message) = refused(text);
+            assert_eq!(line, at, "{text}: {message}");
+            assert!(message.contains(why), "{text}: {message}");
+        }
+    }
+
+    #[test]
     fn a_scenario_becomes_the_journals_steps() {
         let s = parsed(
             "# check: disabled across a move\n\
@@ -1143,7 +1370,7 @@ mod tests {
         let (line, message) = refused("a = open 0 mbm_total_bytes rmid=1\n\nflap movable\n");
         assert_eq!(line, 3);
         assert!(message.contains("unknown operation `flap`"), "{message}");
-        assert!(message.contains("move, park, unpark"), "{message}");
+        assert!(message.contains("move, moves, park, unpark"), "{message}");
     }
 
     #[test]

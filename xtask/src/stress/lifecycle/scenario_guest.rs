@@ -250,6 +250,16 @@ fn carry_out(
         // A desync (an open that did not give the handle the parser gave
         // it) shows in the replay as a finding at that open.
         flush(g, &mut pending, &attr, &mut journal, start)?;
+        if let Step::MovesStop { domain, job } = &mut step {
+            match started_job(&journal, *domain) {
+                Some(started) => *job = started,
+                None => bail!(
+                    "{}:{}: `moves {domain} stop`, but its thread did not start",
+                    scenario.file.display(),
+                    op.line
+                ),
+            }
+        }
         journal.push(host_step(
             g,
             control,
@@ -262,6 +272,19 @@ fn carry_out(
     }
     flush(g, &mut pending, &attr, &mut journal, start)?;
     Ok(journal)
+}
+
+/// The job of the moving thread last started on `domain` in `journal`.
+fn started_job(journal: &[Entry], domain: u32) -> Option<u32> {
+    journal
+        .iter()
+        .rev()
+        .find_map(|e| match (&e.step, &e.result) {
+            (Step::MovesStart { domain: d, .. }, Ok(words)) if *d == domain => {
+                words.first().and_then(|&j| u32::try_from(j).ok())
+            }
+            _ => None,
+        })
 }
 
 /// The scenario's verdict: the replay's findings and the wants the run

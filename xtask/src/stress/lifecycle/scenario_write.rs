@@ -253,6 +253,8 @@ fn step_text(step: &Step, all: &[Line]) -> String {
             ..
         } => format!("rate {domain} {}/s", bytes_text(*bytes_per_sec)),
         Step::Move { domain } => format!("move {domain}"),
+        Step::MovesStart { domain, .. } => format!("moves {domain} start"),
+        Step::MovesStop { domain, .. } => format!("moves {domain} stop"),
         Step::Park { domain } => format!("park {domain}"),
         Step::Unpark { domain, cpu } => format!("unpark {domain} {cpu}"),
         Step::Online { cpu } => format!("online {cpu}"),

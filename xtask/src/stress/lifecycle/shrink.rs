@@ -255,6 +255,8 @@ pub fn depends(journal: &[Entry], target: usize, domains: &[Vec<u32>]) -> BTreeS
             Step::Occupancy { domain, rmid, .. } => keys.contains(&(*domain, 1, *rmid)),
             Step::Rate { domain, .. }
             | Step::Move { domain }
+            | Step::MovesStart { domain, .. }
+            | Step::MovesStop { domain, .. }
             | Step::Park { domain }
             | Step::Unpark { domain, .. }
             | Step::Allowed { domain, .. }
