@@ -448,8 +448,8 @@ enum Holder {
     /// slot back as it is; otherwise (disabled, rotated out for a while) the slot is assigned
     /// afresh. Another event may take it: nothing in it is unread.
     Idle,
-    /// The holder was deleted while the domain is parked, outside a move: nobody could read the
-    /// slot, so the driver froze it (`SLOT_CTL_FROZEN`, a write any CPU may make). Its counter
+    /// The holder was deleted off the owner outside a move (while the domain is parked, or on
+    /// the CPU it is leaving before the move): nobody could read the slot, so the driver froze it (`SLOT_CTL_FROZEN`, a write any CPU may make). Its counter
     /// holds exactly what the holder counted up to the `del`, unread. The holder's next `add`
     /// thaws it and counts on from there, whether the `del` and `add` were one reschedule
     /// (another event installed beside it) or the event was off for a while (disabled; a parked
@@ -606,12 +606,6 @@ struct DomainHw {
     /// Number of slots held by an event.
     held: u32,
     owed: OwedTable,
-    /// The owner before the last change: between `migrate_cpu` and the perf core moving the
-    /// events away, they still run there. A park's window ends at the first `add` while parked
-    /// (the move installed the events on the CPU that keeps them, [`Domain::take_slot`]): that
-    /// CPU may be the one the domain left (patch 0063), and a `del` there from then on is an
-    /// event going off while parked, not one moving.
-    previous_owner: Option<u32>,
 }
 
 /// One monitoring domain of the device.
@@ -668,7 +662,6 @@ impl Domain {
                     slots: [Slot::FREE; regs::MAX_SLOTS as usize],
                     held: 0,
                     owed: OwedTable::EMPTY,
-                    previous_owner: None,
                 },
                 "perfbed_domain"
             ),
@@ -707,7 +700,6 @@ impl Domain {
         if hw.owner != owner {
             let value = owner.map_or(regs::NO_OWNER, u64::from);
             self.dev.mmio.write(self.reg(regs::DOM_OWNER), value);
-            hw.previous_owner = hw.owner;
             hw.owner = owner;
         }
     }
@@ -821,10 +813,6 @@ impl Domain {
     /// kept for it). While the domain is parked an event that finds none is scheduled without a
     /// slot. `EAGAIN` otherwise: perf multiplexes.
     fn take_slot(&self, hw: &mut DomainHw, event: &ScheduledEvent, config: Config) -> Result {
-        if hw.owner.is_none() {
-            // Parked, and an event is scheduled: the park's move is over (see `previous_owner`).
-            hw.previous_owner = None;
-        }
         if let Some(slot) = self.slot_of(hw, event) {
             if hw.slots[slot].state == Holder::ParkedIdle {
                 // Frozen since a `del` nobody could read: it counts on from what it holds.
@@ -938,10 +926,12 @@ impl Domain {
     /// Takes `event` off its slot at its `del`. In a move, the slot counts on for it, even on
     /// the owner (a placement on the CPU that holds the parked events moves them in place, patch
     /// 0063: perf credits the transit as running, so the slot must count it). Otherwise, on the
-    /// owner the count was just folded: the slot is released. The slot counts on too for a
-    /// `del` on the CPU the domain is leaving, between `migrate_cpu` and the move (a rotation or
-    /// a close there), and for one while the domain is owned elsewhere. Any other `del` off the
-    /// owner happens while parked, on the CPU that keeps the events: see [`Holder::ParkedIdle`].
+    /// owner the count was just folded: the slot is released. Any other `del` runs where nobody
+    /// can read the slot, and outside a move: while parked, on the CPU that keeps the events, or
+    /// on the CPU the domain is leaving, between `migrate_cpu` and the move (a `DISABLE`, a
+    /// rotation or a close there). The slot is frozen then ([`Holder::ParkedIdle`]): left
+    /// counting, it would give the event what lands after its `del`, which the move's settling
+    /// ([`Domain::settle_moved`]) or its next read on the new owner would fold.
     fn unschedule(&self, hw: &mut DomainHw, event: &LockedEvent) {
         if event.hw_idx() == PARKED_NO_SLOT {
             // Not counted since its `add`; perf's "not counting" ends with this `del`.
@@ -957,16 +947,13 @@ impl Domain {
             let s = &mut hw.slots[slot];
             s.state = Holder::Idle;
             s.idle_time = event.ctx_time();
-        } else if in_transit
-            || hw.owner.is_some()
-            || hw.previous_owner == Some(perf::current_cpu())
-        {
+        } else if in_transit {
             let s = &mut hw.slots[slot];
             s.state = Holder::Moving;
             s.moved_at = s.folded;
         } else {
-            // Parked, on the CPU that keeps the events: a reschedule or the event going off;
-            // its next `add` tells which.
+            // Off the owner outside a move: a reschedule or the event going off; its next `add`
+            // tells which.
             self.park_idle(hw, slot, event);
         }
     }
