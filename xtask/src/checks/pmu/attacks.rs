@@ -1,82 +1,35 @@
-//! More adversarial checks of docs/counting-semantics.md, written from the
+//! Two adversarial checks of docs/counting-semantics.md, written from the
 //! contract alone as a user would attack it (the first seven are in
-//! `redteam.rs`): ioctls and reads racing moves made by another thread of
-//! the guest, groups whose leader goes away while parked or multiplexed,
-//! pinned and exclusive events across a park, more events than slots
-//! through a park, and a gauge promoted to a leader of its own.
-//!
-//! Traffic lands only while the state an expectation depends on is
-//! constant (between two batches of operations), so every expected count is
-//! exact or a bound the contract states, never a rate estimate. Racing moves
-//! come from a bash loop of the guest's own (a background job) toggling one
-//! CPU of the domain at a time: the PMU moves, never parks.
-//!
-//! They stay in Rust because a guest thread's moves race their reads (a
-//! journal cannot order them), or because they measure how perf's rotation
-//! shares a second (exclusive across a park), which the model leaves to
-//! perf; the attacks the model can judge are scenarios (`scenarios/`).
+//! `redteam.rs`), that stay in Rust: an exclusive event beside a plain one
+//! across a park (L), which measures how perf's rotation shares the time
+//! between them, which the model leaves to perf; and an event a move left
+//! waiting for its turn, disabled at once (O), whose rounds wait until a
+//! read shows the event counting, a loop on what the guest shows that a
+//! scenario cannot write. The attacks the model can judge are scenarios
+//! (`scenarios/`), those that race a thread of the guest moving the PMU
+//! too (`moves DOMAIN start`).
 //!
 //! What the contract does not promise is not checked: it says nothing of
 //! `perf_event_mmap_page` (a counting PMU without `event_idx` gives user
 //! space no rdpmc, and the page's time fields are perf core's), so no check
 //! reads it.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{bail, Result};
-use perfbed_agent::{
-    AgentMessage, HostRequest, JobResult, JobSpec, PerfAttr, PerfIoctl, PerfOp, PerfOpResult,
-};
+use perfbed_agent::{AgentMessage, HostRequest, PerfAttr, PerfIoctl, PerfOp, PerfOpResult};
 use perfbed_device::regs::Event;
 
 use super::across_moves::turns;
 use super::context::{Ctx, MIB, TIMES};
 use super::moves::movable_domain;
 use super::multiplexing::{set_sysfs, Window, MUX_INTERVAL_MS};
-use super::redteam::{inject, must, open_with, owner, park, rmid, Named};
+use super::redteam::{must, open_with, owner, park, rmid, Named};
 use crate::checks::Check;
 use crate::guest::perf_abi::{
-    FLAG_DISABLED, FLAG_EXCLUSIVE, FORMAT_GROUP, FORMAT_ID, PERF_COUNT_SW_CPU_CLOCK,
-    PERF_TYPE_SOFTWARE,
+    FLAG_DISABLED, FLAG_EXCLUSIVE, PERF_COUNT_SW_CPU_CLOCK, PERF_TYPE_SOFTWARE,
 };
 use crate::guest::pmu_name;
-
-/// A bash loop in the guest that takes each of `cpus` offline and back, one
-/// at a time, `rounds` times: with two CPUs in the domain every round moves
-/// the PMU at least once, and it never parks.
-pub(super) fn start_mover(ctx: &mut Ctx, cpus: &[u32], rounds: u32) -> Result<u32> {
-    let toggles: Vec<String> = cpus
-        .iter()
-        .map(|c| format!("echo 0 > /sys/devices/system/cpu/cpu{c}/online; echo 1 > /sys/devices/system/cpu/cpu{c}/online"))
-        .collect();
-    let script = format!("for i in $(seq {rounds}); do {}; done", toggles.join("; "));
-    let argv = vec!["/bin/bash".to_string(), "-c".into(), script];
-    match ctx.g.ask(HostRequest::StartJob {
-        spec: JobSpec::Process {
-            argv,
-            perf_fds: 0,
-            settle_ms: 0,
-        },
-    })? {
-        AgentMessage::JobStarted { job } => Ok(job),
-        other => bail!("starting the mover: {other:?}"),
-    }
-}
-
-/// Waits for the mover to end by itself and fails unless it exited 0 (a
-/// hotplug write refused, or the loop killed).
-pub(super) fn finish_mover(ctx: &mut Ctx, job: u32) -> Result<()> {
-    match ctx.g.ask(HostRequest::StopJob {
-        job,
-        signal: 0,
-        timeout_ms: 120_000,
-    })? {
-        AgentMessage::JobDone(JobResult::Process {
-            status: Some(0), ..
-        }) => Ok(()),
-        other => bail!("the mover ended with {other:?}"),
-    }
-}
 
 /// One batch of perf operations, carried out back to back by the agent.
 fn perf_ops(ctx: &mut Ctx, ops: Vec<PerfOp>) -> Result<Vec<PerfOpResult>> {
@@ -91,165 +44,6 @@ fn words(r: &PerfOpResult, what: &str) -> Result<Vec<u64>> {
     r.result
         .clone()
         .map_err(|errno| anyhow::anyhow!("{what}: {errno}"))
-}
-
-/// H. ENABLE/DISABLE storms on one event while another thread moves its
-///    PMU: batches of 40 alternating ioctls (with a read after each), each
-///    batch ending enabled or disabled in turn, then a burst that lands
-///    before the next batch. Only the bursts landed while it ended enabled
-///    count; no read in a storm sees the value move (nothing lands then),
-///    time_running run ahead of time_enabled, or either go back.
-pub fn enable_disable_storm_during_moves(ctx: &mut Ctx) -> Result<Check> {
-    let (d, allowed) = movable_domain(ctx)?;
-    let r = rmid(ctx, 15);
-    let h = open_with(ctx, d, r, TIMES, 0, None)?;
-    let mover = start_mover(ctx, &allowed, 6)?;
-    let mut problems = Vec::new();
-    let (mut want, mut last, mut batches) = (0u64, vec![0u64, 0, 0], 0);
-    let started = Instant::now();
-    for batch in 0..12u32 {
-        let end_enabled = batch % 2 == 1;
-        let mut ops = Vec::new();
-        for i in 0..40u32 {
-            // Ends with DISABLE on even batches, ENABLE on odd ones.
-            let ioctl = if (i % 2 == 0) == end_enabled {
-                PerfIoctl::Disable { group: false }
-            } else {
-                PerfIoctl::Enable { group: false }
-            };
-            ops.push(PerfOp::Ioctl { handle: h, ioctl });
-            ops.push(PerfOp::Read { handle: h });
-        }
-        for (i, res) in perf_ops(ctx, ops)?.iter().enumerate() {
-            if i % 2 == 0 {
-                if let Err(errno) = &res.result {
-                    problems.push(format!("batch {batch} op {i}: the ioctl failed: {errno}"));
-                }
-                continue;
-            }
-            let w = words(res, "a read in the storm")?;
-            if w[0] != want || w[2] > w[1] || w[1] < last[1] || w[2] < last[2] {
-                problems.push(format!(
-                    "batch {batch} read {}: value {} enabled {} running {} after value {} enabled {} running {} (want value {want}: nothing landed in the storm)",
-                    i / 2, w[0], w[1], w[2], last[0], last[1], last[2]
-                ));
-            }
-            last = w;
-        }
-        batches += 1;
-        inject(ctx, d, r, MIB)?;
-        if end_enabled {
-            want += MIB;
-        }
-        if problems.len() > 4 {
-            break;
-        }
-    }
-    let storm = started.elapsed();
-    finish_mover(ctx, mover)?;
-    // Left disabled (the last batch, 11, ended enabled: disable it now).
-    must(ctx, h, PerfIoctl::Disable { group: false })?;
-    let off = ctx.g.read(h)?;
-    inject(ctx, d, r, 2 * MIB)?;
-    std::thread::sleep(Duration::from_millis(100));
-    let still = ctx.g.read(h)?;
-    must(ctx, h, PerfIoctl::Enable { group: false })?;
-    inject(ctx, d, r, 3 * MIB)?;
-    let end = ctx.g.read(h)?;
-    ctx.g.close(h)?;
-    if off[0] != want || still[..] != off[..] {
-        problems.push(format!(
-            "after the storm, disabled: value {} (want {want}) enabled {} running {}; then 2 MiB landed: value {} enabled {} running {} (want all three unchanged)",
-            off[0], off[1], off[2], still[0], still[1], still[2]
-        ));
-    }
-    let after = Window::between(&still, &end);
-    if end[0] != want + 3 * MIB || after.running != after.enabled {
-        problems.push(format!(
-            "ENABLE, 3 MiB: value {} (want {}), Δenabled {} Δrunning {} (want equal: no move, no park)",
-            end[0],
-            want + 3 * MIB,
-            after.enabled,
-            after.running
-        ));
-    }
-    Ok(Check::from_problems(
-        "attack: enable/disable storm during moves",
-        problems,
-        format!(
-            "{}: {batches} batches of 40 ioctls + reads in {storm:.1?} while CPUs {allowed:?} toggled; counted {} = the {} MiB landed while enabled",
-            pmu_name(d),
-            end[0],
-            end[0] / MIB
-        ),
-    ))
-}
-
-/// I. PERF_FORMAT_GROUP reads (with ids and times) of a two-event group
-///    racing moves made by another thread: every read between two bursts
-///    gives exactly the traffic landed so far for each member, nr = 2, the
-///    same ids, times that never go back and running <= enabled.
-pub fn group_reads_racing_moves(ctx: &mut Ctx) -> Result<Check> {
-    let (d, allowed) = movable_domain(ctx)?;
-    let (r1, r2) = (rmid(ctx, 16), rmid(ctx, 17));
-    let rf = TIMES | FORMAT_ID | FORMAT_GROUP;
-    let leader = open_with(ctx, d, r1, rf, 0, None)?;
-    let sibling = open_with(ctx, d, r2, rf, 0, Some(leader))?;
-    let first = ctx.g.read(leader)?;
-    let mover = start_mover(ctx, &allowed, 6)?;
-    let mut problems = Vec::new();
-    let (mut want1, mut want2, mut last, mut reads) = (0u64, 0u64, first.clone(), 0usize);
-    for batch in 0..10u32 {
-        let ops = (0..60)
-            .map(|i| PerfOp::Read {
-                handle: if i % 2 == 0 { leader } else { sibling },
-            })
-            .collect();
-        for (i, res) in perf_ops(ctx, ops)?.iter().enumerate() {
-            let w = words(res, "a group read racing a move")?;
-            reads += 1;
-            // nr, enabled, running, {value, id} x 2.
-            let ok = w.len() == 7
-                && w[0] == 2
-                && w[3] == want1
-                && w[5] == want2
-                && w[4] == first[4]
-                && w[6] == first[6]
-                && w[2] <= w[1]
-                && w[1] >= last[1]
-                && w[2] >= last[2];
-            if !ok {
-                problems.push(format!(
-                    "batch {batch} read {i}: {w:?} after {last:?} (want nr 2, values {want1} {want2}, ids {} {}, times monotone, running <= enabled)",
-                    first[4], first[6]
-                ));
-            }
-            last = w;
-        }
-        ctx.inject_and_land(&[
-            (d, r1, Event::MbmTotalBytes, MIB),
-            (d, r2, Event::MbmTotalBytes, 2 * MIB),
-        ])?;
-        want1 += MIB;
-        want2 += 2 * MIB;
-        if problems.len() > 4 {
-            break;
-        }
-    }
-    finish_mover(ctx, mover)?;
-    let end = ctx.g.read(leader)?;
-    ctx.g.close(sibling)?;
-    ctx.g.close(leader)?;
-    if end.get(3) != Some(&want1) || end.get(5) != Some(&want2) {
-        problems.push(format!(
-            "after the moves: {end:?}, want values {want1} and {want2}"
-        ));
-    }
-    Ok(Check::from_problems(
-        "attack: group reads racing moves",
-        problems,
-        format!("{}: {reads} PERF_FORMAT_GROUP reads while CPUs {allowed:?} toggled, each exact ({want1} and {want2} at the end)", pmu_name(d)),
-    ))
 }
 
 /// A cpu-clock event on `cpu`, read with times.
@@ -455,11 +249,6 @@ fn waiting_after_moves(ctx: &mut Ctx, d: usize, interval_file: &str) -> Result<C
 
 /// Its checks, in order.
 pub(super) const CHECKS: &[Named] = &[
-    (
-        "attack: enable/disable storm during moves",
-        enable_disable_storm_during_moves,
-    ),
-    ("attack: group reads racing moves", group_reads_racing_moves),
     ("attack: exclusive across park", exclusive_across_park),
     (
         "attack: disabled while waiting after a move",

@@ -28,8 +28,8 @@ use perfbed_device::regs::{whole_units, Event};
 use super::allowed_sets::{set_allowed, wait_mask};
 use super::attacks::cpu_clock;
 use super::context::{Ctx, MIB, TIMES};
-use super::move_attacks::{burst_each, clocks_never_back, judge_exact};
 use super::moves::movable_domain;
+use super::multiplexing::Window;
 use super::redteam::{open_with, rmid, truth, Named};
 use super::semantics::{lost_wraps_file, two_wrap_park};
 use crate::checks::Check;
@@ -419,3 +419,38 @@ pub(super) const KNOWN_BUGS: &[Named] = &[
         wrap_lost_held_on_cpu0,
     ),
 ];
+
+/// An event counting for sure through a window: exactly `landed`, and
+/// `Δrunning == Δenabled > 0`.
+fn judge_exact(what: &str, start: &[u64], end: &[u64], landed: u64, problems: &mut Vec<String>) {
+    let w = Window::between(start, end);
+    if end[0] < start[0] || w.value != landed || w.running != w.enabled || w.enabled == 0 {
+        problems.push(format!(
+            "{what}: {landed} landed; read {start:?} → {end:?}: Δvalue {} Δenabled {} Δrunning {} (want Δvalue = landed, Δrunning = Δenabled > 0: it counts for sure)",
+            w.value as i64, w.enabled, w.running
+        ));
+    }
+}
+
+/// Over a series of reads of one event (name, read): neither clock ever
+/// goes back, and running never leads enabled.
+fn clocks_never_back(what: &str, reads: &[(&str, &[u64])], problems: &mut Vec<String>) {
+    for pair in reads.windows(2) {
+        let ((w0, r0), (w1, r1)) = (pair[0], pair[1]);
+        if r1[1] < r0[1] || r1[2] < r0[2] || r1[2] > r1[1] {
+            problems.push(format!(
+                "{what}: read after \"{w1}\" {r1:?} follows {r0:?} after \"{w0}\" (clocks never go back, running <= enabled)"
+            ));
+        }
+    }
+}
+
+/// Lets `x` bytes land into each RMID of `rs` (times its scale) in domain
+/// `d`, in one burst.
+fn burst_each(ctx: &mut Ctx, d: usize, rs: &[(u32, u64)], x: u64) -> Result<()> {
+    let inj: Vec<_> = rs
+        .iter()
+        .map(|&(r, k)| (d, r, Event::MbmTotalBytes, k * x))
+        .collect();
+    ctx.inject_and_land(&inj)
+}

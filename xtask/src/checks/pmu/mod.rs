@@ -15,7 +15,6 @@ pub mod groups;
 pub mod hold_attacks;
 pub mod hotplug_fail;
 pub mod interrupts;
-pub mod move_attacks;
 pub mod moves;
 pub mod moving_traffic;
 pub mod multiplexing;
@@ -225,7 +224,6 @@ fn plan(
     for table in [
         redteam::CHECKS,
         attacks::CHECKS,
-        move_attacks::CHECKS,
         hold_attacks::CHECKS,
         known,
     ] {

@@ -55,41 +55,6 @@ pub(super) fn rmid(ctx: &Ctx, n: u32) -> u32 {
     n % ctx.device.rmids
 }
 
-/// `n` `mbm_total_bytes` events of domain `d`, one per RMID (`rmid(ctx, 0..n)`), each read
-/// with `read_format`: more events than slots when `n` exceeds them.
-pub(super) struct Many {
-    pub(super) d: usize,
-    pub(super) rmids: Vec<u32>,
-    pub(super) handles: Vec<u32>,
-}
-
-impl Many {
-    pub(super) fn open(ctx: &mut Ctx, d: usize, n: usize, read_format: u64) -> Result<Many> {
-        if n > ctx.device.rmids as usize {
-            bail!(
-                "{n} events need {n} RMIDs, the device has {}",
-                ctx.device.rmids
-            );
-        }
-        let rmids: Vec<u32> = (0..n as u32).map(|i| rmid(ctx, i)).collect();
-        let mut handles = Vec::new();
-        for &r in &rmids {
-            handles.push(open_with(ctx, d, r, read_format, 0, None)?);
-        }
-        Ok(Many { d, rmids, handles })
-    }
-
-    /// Lets `bytes` land into every event's RMID.
-    pub(super) fn burst(&self, ctx: &mut Ctx, bytes: u64) -> Result<()> {
-        let inj: Vec<_> = self
-            .rmids
-            .iter()
-            .map(|&r| (self.d, r, Event::MbmTotalBytes, bytes))
-            .collect();
-        ctx.inject_and_land(&inj)
-    }
-}
-
 pub(super) fn truth(ctx: &mut Ctx, d: usize, rmid: u32) -> Result<u64> {
     Ok(Ctx::truth(
         &ctx.control.state()?,
