@@ -35,9 +35,12 @@ use crate::guest::pmu_name;
 /// once a second and the driver's threshold (an eighth of a wrap) is
 /// crossed before its poll (every 0.2 s) comes.
 const RATE: u64 = 1024 * MIB;
-/// The rate while parked: a park is unread time, and one longer than a wrap
-/// loses counts by design (`long_park`); this keeps it far below one.
-const PARKED_RATE: u64 = RATE / 8;
+/// The rate while nobody may read the counters: a park, and each CPU going
+/// offline or online (a move's transit; in a nested guest `stop_machine`
+/// holds every vCPU with interrupts off for seconds). Unread time longer
+/// than two wraps loses counts by design (`long_park`); this keeps it far
+/// below one.
+const UNREAD_RATE: u64 = RATE / 8;
 /// How long traffic flows in each placement.
 const PHASE: Duration = Duration::from_millis(1500);
 const RMID: u32 = 7;
@@ -210,7 +213,7 @@ pub fn follow_the_owner(ctx: &mut Ctx) -> Result<Check> {
         (
             format!("CPUs {} offline (a park)", format_cpu_list(&allowed)),
             allowed[1..].iter().map(|&c| (c, false)).collect(),
-            PARKED_RATE,
+            UNREAD_RATE,
         ),
         (
             format!("CPU {} back (placed again)", allowed[0]),
@@ -219,17 +222,15 @@ pub fn follow_the_owner(ctx: &mut Ctx) -> Result<Check> {
         ),
     ];
     for (what, hotplug, rate) in steps {
-        if rate != RATE {
+        if !hotplug.is_empty() {
             ctx.control
-                .set_rate(d as u32, RMID, Event::MbmTotalBytes, rate)?;
+                .set_rate(d as u32, RMID, Event::MbmTotalBytes, UNREAD_RATE)?;
         }
         for (cpu, online) in hotplug {
             ctx.g.set_online(cpu, online)?;
         }
-        if rate == RATE {
-            ctx.control
-                .set_rate(d as u32, RMID, Event::MbmTotalBytes, rate)?;
-        }
+        ctx.control
+            .set_rate(d as u32, RMID, Event::MbmTotalBytes, rate)?;
         let cpumask = ctx.g.cpumask(&pmu)?;
         let affinity = parse_cpu_list(ctx.g.read_file(&affinity_file)?.trim())
             .with_context(|| affinity_file.clone())?;
