@@ -213,14 +213,34 @@ fn carry_out(
     env: &Env,
     scenario: &Scenario,
 ) -> Result<Vec<Entry>> {
+    let mut journal = Vec::new();
+    let done = carry_out_into(g, control, env, scenario, &mut journal);
+    if done.is_err() {
+        // A moving thread left running would move the PMUs under whatever
+        // runs next: stop it, whatever it says.
+        for (domain, job) in left_moving(&journal) {
+            let pmu = &env.pmus[domain as usize];
+            let _ = super::moving_thread::stop(g, domain, pmu, job, env.timeout.as_millis() as u64);
+        }
+    }
+    done.map(|()| journal)
+}
+
+/// [`carry_out`]'s steps, into `journal` as they are carried out.
+fn carry_out_into(
+    g: &mut Guest,
+    control: &mut ControlClient,
+    env: &Env,
+    scenario: &Scenario,
+    journal: &mut Vec<Entry>,
+) -> Result<()> {
     let attr = |o: &Opened| attr_of(o, env.types);
     let start = Instant::now();
-    let mut journal = Vec::new();
     let mut pending: Vec<(Step, bool)> = Vec::new();
     for op in &scenario.ops {
         let mut step = op.step.clone();
         if let Some(d) = op.on_owner {
-            flush(g, &mut pending, &attr, &mut journal, start)?;
+            flush(g, &mut pending, &attr, journal, start)?;
             let owner = match g.cpumask(&env.pmus[d as usize])?.first() {
                 Some(&cpu) => cpu,
                 None => bail!(
@@ -249,9 +269,9 @@ fn carry_out(
         }
         // A desync (an open that did not give the handle the parser gave
         // it) shows in the replay as a finding at that open.
-        flush(g, &mut pending, &attr, &mut journal, start)?;
+        flush(g, &mut pending, &attr, journal, start)?;
         if let Step::MovesStop { domain, job } = &mut step {
-            match started_job(&journal, *domain) {
+            match started_job(journal, *domain) {
                 Some(started) => *job = started,
                 None => bail!(
                     "{}:{}: `moves {domain} stop`, but its thread did not start",
@@ -270,8 +290,27 @@ fn carry_out(
             start,
         )?);
     }
-    flush(g, &mut pending, &attr, &mut journal, start)?;
-    Ok(journal)
+    flush(g, &mut pending, &attr, journal, start)?;
+    Ok(())
+}
+
+/// The moving threads `journal` started and did not stop: (domain, job).
+fn left_moving(journal: &[Entry]) -> Vec<(u32, u32)> {
+    let mut running = std::collections::BTreeMap::new();
+    for e in journal {
+        match (&e.step, &e.result) {
+            (Step::MovesStart { domain, .. }, Ok(words)) => {
+                if let Some(job) = words.first().and_then(|&j| u32::try_from(j).ok()) {
+                    running.insert(*domain, job);
+                }
+            }
+            (Step::MovesStop { domain, .. }, _) => {
+                running.remove(domain);
+            }
+            _ => {}
+        }
+    }
+    running.into_iter().collect()
 }
 
 /// The job of the moving thread last started on `domain` in `journal`.
@@ -576,6 +615,30 @@ mod tests {
         let mut device = crate::stress::device(4, None).unwrap();
         device.slots = super::super::SLOTS;
         device
+    }
+
+    #[test]
+    fn a_thread_started_and_not_stopped_is_left_moving_and_only_that() {
+        let entry = |step: Step, result: Result<Vec<u64>, String>| Entry {
+            step,
+            result,
+            took_ns: 0,
+            at_ns: 0,
+            returned_ns: 0,
+        };
+        let start = |domain| Step::MovesStart {
+            domain,
+            cpus: vec![2, 3],
+        };
+        let journal = vec![
+            entry(start(0), Ok(vec![4])),
+            entry(start(1), Ok(vec![5])),
+            entry(Step::MovesStop { domain: 0, job: 4 }, Ok(vec![2, 2])),
+            entry(start(0), Err("starting the moving thread: ...".into())),
+        ];
+        assert_eq!(left_moving(&journal), vec![(1, 5)]);
+        assert_eq!(started_job(&journal, 0), Some(4));
+        assert_eq!(left_moving(&journal[..1]), vec![(0, 4)]);
     }
 
     /// The journal of `scenario` as if every step did what it says, with
