@@ -57,6 +57,12 @@
 //!   multiplexing. A slot freed meanwhile (a close) is not handed to it before its next `add`:
 //!   perf does not reschedule a parked PMU's events when the contention ends (only when a
 //!   leader's close promotes its siblings, patch 0054: a reschedule like any other).
+//! - A `del` off the owner while placed that is not part of a move runs on the CPU the domain
+//!   is leaving, between the new owner's `migrate_cpu` and the move (a `DISABLE`, a rotation,
+//!   a reschedule there), where nobody can read the slot. The slot counts on through the
+//!   operation (a reschedule's `add` follows at the same context time, and perf credits the gap
+//!   as running), and an irq_work the `del` queued on that CPU freezes it right after the
+//!   operation unless the event is back: an event that went off then counts nothing more.
 //! - A `del` off the owner while parked that is not part of a move cannot read the slot, so it
 //!   freezes it in the device (`SLOT_CTL_FROZEN`, a write any CPU may make): the counter keeps
 //!   exactly what the event counted up to the `del`, and nothing after. The event's next `add`
@@ -458,6 +464,14 @@ enum Holder {
     /// The holder is moving to another CPU: its `del` ran off the owner as part of a move and its
     /// `add` on the next CPU has not come yet. The slot counts on for it, unread.
     Moving,
+    /// The holder was deleted off the owner outside a move while the domain is placed: on the
+    /// CPU it is leaving, between the new owner's `migrate_cpu` and the move (a `DISABLE`, a
+    /// rotation, a reschedule there). Nobody can read the slot, and nothing tells a reschedule
+    /// (whose `add` follows in the same operation, at the same context time: perf credits the
+    /// gap as running, so the slot must count it) from the event going off (nothing after the
+    /// `del` is its). So the slot counts on, and the driver's irq_work, run on that CPU right
+    /// after the operation, freezes it ([`Holder::ParkedIdle`]) unless the holder is back.
+    LeftOff,
 }
 
 /// A counter slot as the driver sees it.
@@ -823,7 +837,8 @@ impl Domain {
             let s = &mut hw.slots[slot];
             if s.state != Holder::Idle || s.idle_time == event.ctx_time() {
                 // Its slot counted on while it moved, or through a reschedule perf credits as
-                // running; the next read on the owner catches up.
+                // running (on the owner, or off it before the irq_work froze it: `LeftOff`);
+                // the next read on the owner catches up.
                 s.state = Holder::Scheduled;
                 return Ok(());
             }
@@ -927,19 +942,21 @@ impl Domain {
     /// the owner (a placement on the CPU that holds the parked events moves them in place, patch
     /// 0063: perf credits the transit as running, so the slot must count it). Otherwise, on the
     /// owner the count was just folded: the slot is released. Any other `del` runs where nobody
-    /// can read the slot, and outside a move: while parked, on the CPU that keeps the events, or
-    /// on the CPU the domain is leaving, between `migrate_cpu` and the move (a `DISABLE`, a
-    /// rotation or a close there). The slot is frozen then ([`Holder::ParkedIdle`]): left
-    /// counting, it would give the event what lands after its `del`, which the move's settling
-    /// ([`Domain::settle_moved`]) or its next read on the new owner would fold.
-    fn unschedule(&self, hw: &mut DomainHw, event: &LockedEvent) {
+    /// can read the slot, and outside a move. While parked, on the CPU that keeps the events,
+    /// the slot is frozen at once ([`Holder::ParkedIdle`]). While placed, on the CPU the domain is
+    /// leaving, between `migrate_cpu` and the move, it is [`Holder::LeftOff`] until the driver's
+    /// irq_work freezes it right after the operation: left counting, it would give an event that
+    /// went off what lands after its `del`, which the move's settling ([`Domain::settle_moved`])
+    /// would fold. Returns whether that irq_work is to be queued.
+    #[must_use]
+    fn unschedule(&self, hw: &mut DomainHw, event: &LockedEvent) -> bool {
         if event.hw_idx() == PARKED_NO_SLOT {
             // Not counted since its `add`; perf's "not counting" ends with this `del`.
             event.set_hw_idx(NO_SLOT);
-            return;
+            return false;
         }
         let Some(slot) = self.slot_of(hw, event) else {
-            return;
+            return false;
         };
         let in_transit = event.in_transit();
         if self.reads_here(hw) && !in_transit {
@@ -951,10 +968,27 @@ impl Domain {
             let s = &mut hw.slots[slot];
             s.state = Holder::Moving;
             s.moved_at = s.folded;
+        } else if hw.owner.is_some() {
+            let s = &mut hw.slots[slot];
+            s.state = Holder::LeftOff;
+            s.idle_time = event.ctx_time();
+            return true;
         } else {
-            // Off the owner outside a move: a reschedule or the event going off; its next `add`
-            // tells which.
+            // Parked: a reschedule or the event going off; its next `add` tells which.
             self.park_idle(hw, slot, event);
+        }
+        false
+    }
+
+    /// The driver's irq_work, right after a perf operation that left slots
+    /// [`Holder::LeftOff`]: freezes those whose holder did not come back in it.
+    fn freeze_left_off(&self) {
+        let mut hw = self.hw.lock();
+        for slot in 0..self.dev.slots {
+            if hw.slots[slot].state == Holder::LeftOff {
+                self.set_frozen(&hw, slot, true);
+                hw.slots[slot].state = Holder::ParkedIdle;
+            }
         }
     }
 
@@ -996,7 +1030,7 @@ impl Domain {
         };
         let on_owner = self.reads_here(hw);
         match hw.slots[slot].state {
-            state @ (Holder::Moving | Holder::ParkedIdle) if on_owner => {
+            state @ (Holder::Moving | Holder::ParkedIdle | Holder::LeftOff) if on_owner => {
                 if self.sync_slot(hw, slot) {
                     self.credit(hw, slot, event);
                 }
@@ -1005,7 +1039,7 @@ impl Domain {
                     self.set_frozen(hw, slot, false);
                 }
             }
-            Holder::Moving => {
+            Holder::Moving | Holder::LeftOff => {
                 self.park_idle(hw, slot, event);
                 return;
             }
@@ -1153,6 +1187,12 @@ impl Domain {
     }
 }
 
+impl hw::RunSoon for Domain {
+    fn run_soon(&self) {
+        self.freeze_left_off();
+    }
+}
+
 impl hw::Poll for Domain {
     fn poll(&self) -> bool {
         // An allowed-set change, in case its interrupt went missing or there is no line; before
@@ -1201,6 +1241,9 @@ impl PinnedDrop for Domain {
 struct DomainPmu {
     /// Polls the domain's held slots for wraps; stopped before the domain goes away.
     poller: hw::Poller<Domain>,
+    /// Freezes the slots a perf operation left [`Holder::LeftOff`], right after it; waited
+    /// out before the domain goes away.
+    freezer: hw::Soon<Domain>,
     /// The domain's interrupt line, if the device announced one (`irq.rs`); freed before the
     /// domain goes away.
     line: Option<irq::Line>,
@@ -1301,7 +1344,9 @@ impl Pmu for DomainPmu {
             let domain = self.domain();
             let mut hw = domain.hw.lock();
             domain.settle_owed(&mut hw, event);
-            domain.unschedule(&mut hw, event);
+            if domain.unschedule(&mut hw, event) {
+                self.freezer.queue();
+            }
         }
     }
 
@@ -1455,6 +1500,7 @@ unsafe fn register(
     });
     // With a line the poll is the fallback, and slower (`irq::POLL_FACTOR`).
     let period = if line.is_some() { dev.poll_ms.saturating_mul(irq::POLL_FACTOR) } else { dev.poll_ms };
+    let freezer = hw::Soon::new(domain.clone())?;
     let poller = hw::Poller::new(domain, period)?;
 
     let mut events = KVec::with_capacity(EVENT_FILES.len(), GFP_KERNEL)?;
@@ -1474,7 +1520,11 @@ unsafe fn register(
         counters: &COUNTER_FILES,
     };
     // SAFETY: The caller guarantees what `Registration::new` requires.
-    let init = unsafe { Registration::new(module, &options, DomainPmu { poller, line }) };
+    let init = unsafe { Registration::new(module, &options, DomainPmu {
+            poller,
+            freezer,
+            line,
+        }) };
     let pmu = KBox::pin_init(init, GFP_KERNEL).inspect_err(|e| {
         pr_err!(
             "{}: cannot register the PMU (allowed CPUs {:#x}): {:?}\n",
