@@ -330,6 +330,9 @@ pub enum ValueRule {
     Parked { base: u64, hi: u64 },
     /// An `llc_occupancy` gauge reads exactly this many bytes.
     Gauge(u64),
+    /// A gauge's read that races a move: what its last read showed (0
+    /// after a RESET since), or the occupancy now.
+    GaugeEither { shown: u64, now: u64 },
     /// Not predicted (a cpu-clock's time; a gauge whose fold is unknown).
     Any,
 }
@@ -462,6 +465,9 @@ struct EventState {
     /// Gauge, its fold unknown (multiplexed): the values it may show, the
     /// last fold and each occupancy while it was maybe counting.
     gauge_maybe: BTreeSet<u64>,
+    /// A gauge's value as its last read showed it (0 after a RESET since,
+    /// and before any read).
+    gauge_shown: u64,
     /// The time baseline (the last read that showed times) and what happened since.
     /// `times_read`: a read showed them (not the open's zeros).
     times_read: bool,
@@ -816,6 +822,7 @@ impl Model {
                 value_window: Window::FRESH,
                 gauge: Some(0),
                 gauge_maybe: BTreeSet::new(),
+                gauge_shown: 0,
                 times_read: false,
                 enabled_ns: 0,
                 running_ns: 0,
@@ -889,6 +896,7 @@ impl Model {
                     e.value_window = Window::FRESH;
                     e.gauge = Some(0);
                     e.gauge_maybe.clear();
+                    e.gauge_shown = 0;
                 }
             }
         }
@@ -922,12 +930,22 @@ impl Model {
     /// counter's read is never below what it showed before nor above what
     /// landed since, and its window stays open (as for a read while
     /// parked) until a read once the moves are over; a gauge shows its
-    /// last fold or the occupancy now.
+    /// last fold (what its last read showed, 0 after a RESET) or the
+    /// occupancy now. And as in a park, perf does not reschedule the PMU
+    /// when contention ends while it moves (patch 0009 waits for the
+    /// move), so once its slot events did not all fit (or an exclusive
+    /// group clashed), they are only maybe counting until the moves end.
     pub fn moves_unseen(&mut self, pmu: u32, on: bool) {
         self.epoch();
         if let Some(p) = self.pmus.get_mut(pmu as usize) {
             p.moving = on;
+            if !on && !p.parked {
+                // The last move placed it: every event added on the owner.
+                p.contended_in_park = false;
+                p.clashed_in_park = false;
+            }
         }
+        self.note_scheduled();
     }
 
     /// `cpu` went offline. perf's `__perf_event_exit_context()` takes
@@ -1172,8 +1190,16 @@ impl Model {
             Kind::Gauge { .. } if parked && !holds(Rule::ParkedGaugeKeepsLastFold) => {
                 ValueRule::Any
             }
-            // Racing a move: the last fold, or now.
-            Kind::Gauge { .. } if racing && self.gauge_now(handle) != e.gauge => ValueRule::Any,
+            // Racing a move: the driver's last fold, as the last read
+            // showed it, or now.
+            Kind::Gauge { .. } if racing => match self.gauge_now(handle).or(e.gauge) {
+                Some(now) if now != e.gauge_shown => ValueRule::GaugeEither {
+                    shown: e.gauge_shown,
+                    now,
+                },
+                Some(now) => ValueRule::Gauge(now),
+                None => ValueRule::Any,
+            },
             Kind::Gauge { .. } => match self.gauge_now(handle).filter(|_| !parked).or(e.gauge) {
                 Some(bytes) => ValueRule::Gauge(bytes),
                 None => ValueRule::Any,
@@ -1198,7 +1224,7 @@ impl Model {
         let value = match want.value {
             ValueRule::Bytes { base, lo, .. } => base.wrapping_add(lo),
             ValueRule::Parked { base, .. } => base,
-            ValueRule::Gauge(bytes) => bytes,
+            ValueRule::Gauge(bytes) | ValueRule::GaugeEither { now: bytes, .. } => bytes,
             ValueRule::Any => {
                 let e = &self.events[&handle];
                 e.gauge_maybe.first().copied().unwrap_or(e.value)
@@ -1430,6 +1456,20 @@ impl Model {
                     }
                 }
             }
+            ValueRule::GaugeEither { shown, now } => {
+                if seen.value != shown
+                    && seen.value != now
+                    && holds(Rule::RacingGaugeShowsLastOrNow)
+                {
+                    mismatch(
+                        Field::Value,
+                        format!(
+                            "{shown} or {now} (racing a move: its last read, or the occupancy now)"
+                        ),
+                        seen.value.to_string(),
+                    );
+                }
+            }
             ValueRule::Gauge(want) => {
                 if seen.value != want && holds(Rule::GaugeReadsOccupancy) {
                     mismatch(
@@ -1453,6 +1493,9 @@ impl Model {
             ValueRule::Any => {}
         }
         let e = self.events.get_mut(&handle).expect("expect() found it");
+        if matches!(e.spec.kind, Kind::Gauge { .. }) {
+            e.gauge_shown = seen.value;
+        }
         if let Some((en, run)) = times {
             e.times_read = true;
             e.enabled_ns = en;
@@ -1764,8 +1807,11 @@ impl Model {
         }
         let fit = self.schedule().1;
         for (p, f) in self.pmus.iter_mut().zip(fit) {
-            p.contended_in_park |= (p.parked || p.unknown) && !f.all;
-            p.clashed_in_park |= (p.parked || p.unknown) && f.clash;
+            // A moving PMU is not rescheduled when contention ends either
+            // (patch 0009 waits for the move): as in a park.
+            let moving = p.moving && holds(Rule::MovingContentionIsMaybe);
+            p.contended_in_park |= (p.parked || p.unknown || moving) && !f.all;
+            p.clashed_in_park |= (p.parked || p.unknown || moving) && f.clash;
         }
     }
 
@@ -1858,58 +1904,61 @@ impl Model {
                 on.insert(l, c);
             }
         }
-        let status =
-            self.events
-                .iter()
-                .map(|(&h, e)| {
-                    let group_on = match group_pmu.get(&e.leader).copied().flatten() {
-                        None if e.detached && holds(Rule::DetachedNeverScheduled) => Counting::No,
-                        None if holds(Rule::SoftwareAlwaysOn) => Counting::Yes,
-                        None => Counting::Maybe,
-                        Some(_) => on.get(&e.leader).copied().unwrap_or(Counting::No),
-                    };
-                    let enabled = e.enabled && effective(e.leader);
-                    let mut counting = if enabled { group_on } else { Counting::No };
-                    let is_on = counting != Counting::No;
-                    // Put on while parked: not added for sure until placed. A
-                    // parked gauge counts on (its clocks run, it needs no
-                    // slot), but `fold` leaves its value at the last fold.
-                    // Maybe parked counts as parked: what a park may have
-                    // done to it, it may have.
-                    let parked = e.spec.kind.pmu().is_some_and(|p| self.maybe_parked(p));
-                    let parked_on = e.parked_on && holds(Rule::PutOnWhileParkedIsMaybe);
-                    if counting == Counting::Yes && (parked_on || e.waits_schedule_in) {
+        let status = self
+            .events
+            .iter()
+            .map(|(&h, e)| {
+                let group_on = match group_pmu.get(&e.leader).copied().flatten() {
+                    None if e.detached && holds(Rule::DetachedNeverScheduled) => Counting::No,
+                    None if holds(Rule::SoftwareAlwaysOn) => Counting::Yes,
+                    None => Counting::Maybe,
+                    Some(_) => on.get(&e.leader).copied().unwrap_or(Counting::No),
+                };
+                let enabled = e.enabled && effective(e.leader);
+                let mut counting = if enabled { group_on } else { Counting::No };
+                let is_on = counting != Counting::No;
+                // Put on while parked: not added for sure until placed. A
+                // parked gauge counts on (its clocks run, it needs no
+                // slot), but `fold` leaves its value at the last fold.
+                // Maybe parked counts as parked: what a park may have
+                // done to it, it may have.
+                let parked = e.spec.kind.pmu().is_some_and(|p| self.maybe_parked(p));
+                let parked_on = e.parked_on && holds(Rule::PutOnWhileParkedIsMaybe);
+                if counting == Counting::Yes && (parked_on || e.waits_schedule_in) {
+                    counting = Counting::Maybe;
+                }
+                // A parked PMU contended during this park: see
+                // `PmuState::contended_in_park` (its slot events) and
+                // `clashed_in_park` (all its events).
+                let pmu_state = e
+                    .spec
+                    .kind
+                    .pmu()
+                    .and_then(|p| Some((self.pmus.get(p as usize)?, *fit.get(p as usize)?)));
+                let moving = pmu_state
+                    .is_some_and(|(state, _)| state.moving && holds(Rule::MovingContentionIsMaybe));
+                if let (Some((state, now)), true) = (pmu_state, parked || moving) {
+                    let clashed =
+                        (state.clashed_in_park || now.clash) && holds(Rule::ClashedParkIsMaybe);
+                    let contended =
+                        (state.contended_in_park || !now.all) && holds(Rule::ContendedParkIsMaybe);
+                    let spared =
+                        !e.spec.kind.needs_slot() && holds(Rule::SlotContentionSparesGauges);
+                    if counting == Counting::Yes && (clashed || (contended && !spared)) {
                         counting = Counting::Maybe;
                     }
-                    // A parked PMU contended during this park: see
-                    // `PmuState::contended_in_park` (its slot events) and
-                    // `clashed_in_park` (all its events).
-                    let pmu_state =
-                        e.spec.kind.pmu().and_then(|p| {
-                            Some((self.pmus.get(p as usize)?, *fit.get(p as usize)?))
-                        });
-                    if let (Some((state, now)), true) = (pmu_state, parked) {
-                        let clashed =
-                            (state.clashed_in_park || now.clash) && holds(Rule::ClashedParkIsMaybe);
-                        let contended = (state.contended_in_park || !now.all)
-                            && holds(Rule::ContendedParkIsMaybe);
-                        let spared =
-                            !e.spec.kind.needs_slot() && holds(Rule::SlotContentionSparesGauges);
-                        if counting == Counting::Yes && (clashed || (contended && !spared)) {
-                            counting = Counting::Maybe;
-                        }
-                    }
-                    (
-                        h,
-                        Status {
-                            enabled,
-                            on: is_on,
-                            counting,
-                            pinned_left_out: enabled && left_out.contains(&e.leader),
-                        },
-                    )
-                })
-                .collect();
+                }
+                (
+                    h,
+                    Status {
+                        enabled,
+                        on: is_on,
+                        counting,
+                        pinned_left_out: enabled && left_out.contains(&e.leader),
+                    },
+                )
+            })
+            .collect();
         (status, fit)
     }
 }
@@ -2394,6 +2443,53 @@ mod tests {
         // The clocks are exact, racing or not.
         let mut m = racing();
         assert_eq!(fields(&mut m, 1, seen(0, 10, 5)), vec![Field::Running]);
+    }
+
+    #[test]
+    pub(super) fn contention_while_moving_unseen_leaves_slot_events_maybe_until_the_moves_end() {
+        // The red team of 2026-12-06: a DISABLE that ends contention while
+        // a move is under way; patch 0009 does not reschedule then.
+        let mut m = opened_and_read(&[counter(0, 1), counter(0, 2), counter(0, 3).disabled()]);
+        m.moves_unseen(0, true);
+        m.ioctl(3, Ioctl::Enable, false);
+        m.ioctl(3, Ioctl::Disable, false);
+        m.burst(0, TOTAL, 1, 640);
+        // Left off since: short of running, and of the count.
+        assert_eq!(fields(&mut m, 1, seen(0, 30, 12)), vec![]);
+        m.moves_unseen(0, false);
+        // The last move placed it: sure again, and what landed while it
+        // may have been off may be missing for good.
+        m.burst(0, TOTAL, 1, 64);
+        assert_eq!(fields(&mut m, 1, seen(64, 40, 22)), vec![]);
+        m.burst(0, TOTAL, 1, 64);
+        assert_eq!(fields(&mut m, 1, seen(64, 50, 32)), vec![Field::Value]);
+    }
+
+    #[test]
+    pub(super) fn a_gauge_read_racing_an_unseen_move_shows_its_last_read_or_now() {
+        let racing = || {
+            let mut m = Model::new(SHAPE);
+            m.open(3, gauge(0, 4));
+            m.occupancy(0, 4, 6400 + 10);
+            assert_eq!(fields(&mut m, 3, seen(6400, 10, 10)), vec![]);
+            m.moves_unseen(0, true);
+            m.occupancy(0, 4, 128);
+            m
+        };
+        assert_eq!(fields(&mut racing(), 3, seen(6400, 20, 20)), vec![]);
+        assert_eq!(fields(&mut racing(), 3, seen(128, 20, 20)), vec![]);
+        assert_eq!(
+            fields(&mut racing(), 3, seen(64, 20, 20)),
+            vec![Field::Value]
+        );
+        // After a RESET its last fold is 0.
+        let mut m = racing();
+        m.ioctl(3, Ioctl::Reset, false);
+        assert_eq!(fields(&mut m, 3, seen(0, 20, 20)), vec![]);
+        // Once the moves are over, the occupancy only.
+        let mut m = racing();
+        m.moves_unseen(0, false);
+        assert_eq!(fields(&mut m, 3, seen(6400, 20, 20)), vec![Field::Value]);
     }
 
     #[test]

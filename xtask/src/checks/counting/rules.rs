@@ -60,6 +60,8 @@ rules! {
     ParkedAtMostLanded,
     /// A read racing an unseen move may lag: its window stays open.
     ReadRacingMoveMayLag,
+    /// A gauge's read racing an unseen move: its last read's value or now.
+    RacingGaugeShowsLastOrNow,
     /// At most what landed while it was (maybe) counting.
     CountAtMostLanded,
     /// At least what landed while it was counting for sure.
@@ -131,6 +133,8 @@ rules! {
     PlacementEndsDoubt,
     /// Slot events of a park short of slots: maybe until placed.
     ContendedParkIsMaybe,
+    /// Contention while moving unseen: maybe until the moves end, as in a park.
+    MovingContentionIsMaybe,
     /// Every event of a park in which an exclusive group clashed: maybe
     /// until placed.
     ClashedParkIsMaybe,
@@ -313,6 +317,7 @@ mod tests {
         ShownNeverTakenBack => model::a_count_shown_while_parked_is_never_taken_back;
         ParkedAtMostLanded => model::a_read_while_parked_may_lag_but_the_next_read_after_it_must_not;
         ReadRacingMoveMayLag => model::a_read_racing_an_unseen_move_may_lag_and_the_first_after_the_moves_catches_up;
+        RacingGaugeShowsLastOrNow => model::a_gauge_read_racing_an_unseen_move_shows_its_last_read_or_now;
         CountAtMostLanded => model::an_enabled_event_counts_every_burst_and_runs_all_the_time;
         CountAtLeastSure => model::a_disable_while_parked_freezes_the_count_exactly;
         ZeroRunningCountedNothing => model::more_counters_than_slots_multiplex_and_perfs_times_settle_the_value;
@@ -348,6 +353,7 @@ mod tests {
         PlacementEndsDoubt => model::an_event_put_on_while_parked_is_maybe_until_placed,
             model::an_event_enabled_while_parked_may_miss_what_lands_before_it_is_placed;
         ContendedParkIsMaybe => model::a_pmu_contended_during_a_park_counts_nothing_sure_until_it_is_placed;
+        MovingContentionIsMaybe => model::contention_while_moving_unseen_leaves_slot_events_maybe_until_the_moves_end;
         ClashedParkIsMaybe => model::a_park_in_which_an_exclusive_group_clashed_leaves_every_event_maybe_until_placed;
         SlotContentionSparesGauges => model::a_park_short_of_slots_leaves_its_gauges_counting_for_sure;
         UnknownPlacementMaybeParked => replay::a_placement_changed_unseen_loosens_its_stretch_only;

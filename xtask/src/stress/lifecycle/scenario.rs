@@ -1172,6 +1172,8 @@ fn model_values(rule: &ValueRule) -> Option<(u64, u64)> {
         }
         ValueRule::Parked { base, hi } => Some((base, base.wrapping_add(hi))),
         ValueRule::Gauge(bytes) => Some((bytes, bytes)),
+        // Either, not the range between: a want of either is met.
+        ValueRule::GaugeEither { shown, now } => Some((shown.min(now), shown.max(now))),
         ValueRule::Any => None,
     }
 }
