@@ -125,6 +125,12 @@ pub struct StressArgs {
     /// SUCCESS") and a power-off with events open. Not shrunk.
     #[arg(long, conflicts_with = "normal")]
     pub rcutorture: bool,
+    /// With --lifecycle or --mutant: now and then, for 5 to 60 operations,
+    /// a thread of the guest moves a PMU (takes its domain's CPUs offline
+    /// and back in turn) while the operations go on; the reads between may
+    /// race a move. A seed deals other operations with it.
+    #[arg(long, conflicts_with = "rcutorture")]
+    pub moving_thread: bool,
     /// With --lifecycle or --mutant: do not shrink a failing run to a
     /// scenario (by default it is, in the same guest, into the run folder).
     #[arg(long)]

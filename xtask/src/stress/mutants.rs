@@ -42,6 +42,14 @@ impl Mutant {
         lifecycle_seed(&text).with_context(|| format!("{}", self.file.display()))
     }
 
+    /// Whether its lifecycle run has a moving thread (`--moving-thread`):
+    /// its file says so on a line `# Lifecycle moving thread: on`.
+    pub fn moving_thread(&self) -> Result<bool> {
+        let text = fs::read_to_string(&self.file)
+            .with_context(|| format!("reading {}", self.file.display()))?;
+        lifecycle_moving_thread(&text).with_context(|| format!("{}", self.file.display()))
+    }
+
     /// The `cargo xtask run` check its file names on a line `# Must be
     /// caught by the check "NAME" ...`: the runner runs that check on the
     /// mutant's guest before the random operations.
@@ -76,6 +84,25 @@ fn lifecycle_seed(text: &str) -> Result<Option<u64>> {
         }
     }
     Ok(None)
+}
+
+/// Whether a `# Lifecycle moving thread: on` line (or `off`) is among a
+/// patch's leading comment lines.
+fn lifecycle_moving_thread(text: &str) -> Result<bool> {
+    for line in text.lines().take_while(|l| l.starts_with('#')) {
+        if let Some(rest) = line
+            .trim_start_matches('#')
+            .trim()
+            .strip_prefix("Lifecycle moving thread:")
+        {
+            return match rest.trim() {
+                "on" => Ok(true),
+                "off" => Ok(false),
+                other => bail!("\"Lifecycle moving thread: {other}\": want on or off"),
+            };
+        }
+    }
+    Ok(false)
 }
 
 /// The NAME of a `# Must be caught by the check "NAME"` line among a
@@ -248,6 +275,19 @@ mod tests {
             None
         );
         assert!(lifecycle_seed("# Lifecycle seed: three\n").is_err());
+    }
+
+    #[test]
+    fn a_mutant_asks_for_a_moving_thread_in_its_leading_comments_only() {
+        let on = "# Planted.\n# Lifecycle moving thread: on\n--- a/x\n";
+        assert!(lifecycle_moving_thread(on).unwrap());
+        assert!(!lifecycle_moving_thread("# Lifecycle moving thread: off\n").unwrap());
+        assert!(!lifecycle_moving_thread("# Planted.\n--- a/x\n").unwrap());
+        assert!(
+            !lifecycle_moving_thread("# Planted.\n--- a/x\n+# Lifecycle moving thread: on\n")
+                .unwrap()
+        );
+        assert!(lifecycle_moving_thread("# Lifecycle moving thread: yes\n").is_err());
     }
 
     /// A kernel series naming a patch or shim that was renamed or removed fails here, not after

@@ -325,6 +325,7 @@ fn lifecycle_run(
         run_check: None,
         shrink: None,
         rcutorture,
+        moving_thread: false,
     };
     let report = stress::lifecycle::execute(&vm, accel, &config)?;
     let failed: Vec<String> = report
@@ -388,8 +389,14 @@ pub fn driver_mutants(scenario: &Scenario, accel: &Accel) -> Result<()> {
         let start = Instant::now();
         let seed = mutant.seed()?.unwrap_or(MUTANT_SEED);
         let replay = format!(
-            "cargo xtask stress --lifecycle {MUTANT_OPS} --seed {seed} --cpus {} --mutant {}",
-            scenario.vm.cpus, mutant.name
+            "cargo xtask stress --lifecycle {MUTANT_OPS} --seed {seed} --cpus {}{} --mutant {}",
+            scenario.vm.cpus,
+            if mutant.moving_thread()? {
+                " --moving-thread"
+            } else {
+                ""
+            },
+            mutant.name
         );
         let result = mutant_run(scenario, accel, &mutant, seed, &replay, None);
         rows.push(lc::mutant_row(&mutant, replay, start, result));
@@ -445,6 +452,7 @@ fn mutant_run(
         },
         shrink,
         rcutorture: false,
+        moving_thread: mutant.moving_thread()?,
     };
     stress::lifecycle::execute(&vm, accel, &config)
 }

@@ -144,8 +144,10 @@ fn run_mutant(ws: &Path, args: &StressArgs, mutant: &Mutant) -> Result<MutantRow
     };
     eprintln!("==> mutant {}: {}", mutant.name, mutant.summary());
     let start = Instant::now();
-    let replay = replay_command(args, ops, seed, Some(&mutant.name));
-    let result = lifecycle(ws, args, ops, seed, Some(mutant), true).map(|(report, _)| report);
+    let mut args = args.clone();
+    args.moving_thread |= mutant.moving_thread()?;
+    let replay = replay_command(&args, ops, seed, Some(&mutant.name));
+    let result = lifecycle(ws, &args, ops, seed, Some(mutant), true).map(|(report, _)| report);
     Ok(mutant_row(mutant, replay, start, result))
 }
 
@@ -251,6 +253,9 @@ fn replay_command(args: &StressArgs, ops: u32, seed: u64, mutant: Option<&str>) 
     }
     if args.rcutorture {
         cmd += " --rcutorture";
+    }
+    if args.moving_thread {
+        cmd += " --moving-thread";
     }
     if let Some(m) = mutant {
         let _ = write!(cmd, " --mutant {m}");
@@ -370,12 +375,18 @@ fn lifecycle(
         run_check,
         shrink: args.shrinking(),
         rcutorture: args.rcutorture,
+        moving_thread: args.moving_thread,
     };
     eprintln!(
-        "==> stress --lifecycle: {ops} operations, seed {seed}, {} vCPUs, {} slots per domain, {} kernel, under {under}",
+        "==> stress --lifecycle: {ops} operations, seed {seed}, {} vCPUs, {} slots per domain, {} kernel, under {under}{}",
         vm.cpus,
         SLOTS,
         shape.variant().name(),
+        if args.moving_thread {
+            ", with a moving thread"
+        } else {
+            ""
+        },
     );
     let report = super::execute(&vm, &accel, &config)?;
     Ok((report, config))

@@ -6,7 +6,9 @@
 //! `perf stat`), interleaved with moves, parks, unparks, bursts and rate
 //! changes. It keeps its own model of what it expects, to choose handles
 //! and to keep every expected value exact; the checker's model is a
-//! separate one, fed with what really happened.
+//! separate one, fed with what really happened. With a moving thread
+//! ([`Generator::with_moving_thread`]) it also deals stretches in which a
+//! thread of the guest moves a PMU while the other operations go on.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -28,6 +30,20 @@ const MAX_OPEN: usize = 14;
 const MAX_SOFTWARE: usize = 6;
 /// Largest burst in counter units (256 KiB of 64 B: far from a wrap).
 const MAX_BURST_UNITS: u64 = 4096;
+/// With a moving thread: the chance (in percent) that a draw starts a
+/// stretch where none runs, and how many operations a stretch lasts.
+const STRETCH_CHANCE: u64 = 4;
+const STRETCH_OPS: (u64, u64) = (5, 60);
+
+/// A stretch in which a thread of the guest moves `domain`'s PMU: it takes
+/// `cpus` offline and back in turn until its stop, dealt after `left` more
+/// operations.
+#[derive(Debug, Clone)]
+struct Stretch {
+    domain: u32,
+    cpus: Vec<u32>,
+    left: u64,
+}
 
 pub struct Generator {
     rng: Rng,
@@ -44,6 +60,10 @@ pub struct Generator {
     /// CPUs go offline and online behind the host's back (rcutorture's
     /// onoff): see [`Generator::with_cpus_behind_its_back`].
     behind_its_back: bool,
+    /// Deal stretches of a moving thread: see [`Generator::with_moving_thread`].
+    moving_thread: bool,
+    /// The stretch going on, if any.
+    stretch: Option<Stretch>,
 }
 
 impl Generator {
@@ -69,7 +89,38 @@ impl Generator {
             next_handle: first_handle,
             parked_ioctls: true,
             behind_its_back: false,
+            moving_thread: false,
+            stretch: None,
         }
+    }
+
+    /// Now and then a thread of the guest moves a PMU for a stretch of 5
+    /// to 60 operations ([`Step::MovesStart`] … [`Step::MovesStop`]): a
+    /// domain without CPU 0 with two of its CPUs online or more, none of
+    /// them in another domain's set. Where a cpu-clock event outside a
+    /// device group is open on one of those CPUs, the start closes it
+    /// first (the thread would take it apart at a moment the journal cannot
+    /// know). Through the stretch the generator deals what the scenario
+    /// parser allows while a thread runs: no move, park, unpark or `perf
+    /// stat` of that domain, no hotplug of its CPUs, no cpu-clock event on
+    /// them outside a device group, and no cpu-clock sibling in its groups
+    /// (which would name the PMU's CPU of the moment). Off by default: it
+    /// draws from the seed's sequence, so a seed deals other operations
+    /// with it; not with [`Generator::with_cpus_behind_its_back`], where
+    /// the host moves nothing.
+    pub fn with_moving_thread(mut self, on: bool) -> Generator {
+        self.moving_thread = on;
+        self
+    }
+
+    /// The stop of the stretch still going on, if any: the run's last
+    /// step, so that every stretch ends before the run does.
+    pub fn finish(&mut self) -> Option<Step> {
+        let s = self.stretch.take()?;
+        Some(Step::MovesStop {
+            domain: s.domain,
+            job: 0,
+        })
     }
 
     /// CPUs go offline and online behind the host's back (rcutorture's
@@ -99,6 +150,31 @@ impl Generator {
 
     /// The next steps (a group's opens come together).
     pub fn next(&mut self) -> Vec<Step> {
+        let was_moving = self.stretch.is_some();
+        let steps = self.draw();
+        if let Some(s) = self.stretch.as_mut().filter(|_| was_moving) {
+            s.left = s.left.saturating_sub(steps.len() as u64);
+        }
+        for s in &steps {
+            self.expect(s);
+        }
+        steps
+    }
+
+    fn draw(&mut self) -> Vec<Step> {
+        if self.moving_thread && !self.behind_its_back {
+            match &self.stretch {
+                Some(s) if s.left == 0 => return self.finish().into_iter().collect(),
+                Some(_) => {}
+                None if self.rng.chance(STRETCH_CHANCE) => {
+                    let steps = self.start_moving();
+                    if !steps.is_empty() {
+                        return steps;
+                    }
+                }
+                None => {}
+            }
+        }
         loop {
             let steps = match self.rng.below(100) {
                 0..=13 => self.open_single(),
@@ -115,12 +191,90 @@ impl Generator {
                 _ => self.perf_stat(),
             };
             if !steps.is_empty() {
-                for s in &steps {
-                    self.expect(s);
-                }
                 return steps;
             }
         }
+    }
+
+    /// The domain the moving thread moves now, if any.
+    fn moving(&self) -> Option<u32> {
+        self.stretch.as_ref().map(|s| s.domain)
+    }
+
+    /// Whether `cpu` is one the moving thread switches.
+    fn switched(&self, cpu: u32) -> bool {
+        self.stretch.as_ref().is_some_and(|s| s.cpus.contains(&cpu))
+    }
+
+    /// The domains a moving thread may move, each with the CPUs it
+    /// switches (all the domain's, brought online first): no CPU 0 in the
+    /// domain, two CPUs or more, none in another domain's set.
+    fn movable(&self) -> Vec<(u32, Vec<u32>)> {
+        (0u32..)
+            .zip(&self.domains)
+            .filter(|(d, set)| {
+                let shared = (0u32..)
+                    .zip(&self.domains)
+                    .any(|(o, other)| o != *d && other.iter().any(|c| set.contains(c)));
+                !set.contains(&0) && set.len() >= 2 && !shared
+            })
+            .map(|(d, set)| (d, set.clone()))
+            .collect()
+    }
+
+    /// Whether the group of `handle` has a device event (its cpu-clock
+    /// members are in the device PMU's context and move with it).
+    fn in_a_device_group(&self, handle: Handle) -> bool {
+        let leader = self.model.leader(handle).unwrap_or(handle);
+        self.model
+            .group(leader)
+            .iter()
+            .any(|m| self.opened.get(m).is_some_and(|o| o.pmu.is_some()))
+    }
+
+    /// A stretch's start on a movable domain: its CPUs that are offline
+    /// brought back (an unpark, if it is parked, then onlines), the closes
+    /// of the cpu-clock events outside device groups open on them, then the
+    /// thread's start. Nothing where no domain is movable.
+    fn start_moving(&mut self) -> Vec<Step> {
+        let movable = self.movable();
+        let Some((domain, cpus)) = self.rng.pick(&movable).cloned() else {
+            return vec![];
+        };
+        let mut offline: Vec<u32> = cpus
+            .iter()
+            .copied()
+            .filter(|c| !self.online.contains(c))
+            .collect();
+        self.rng.shuffle(&mut offline);
+        let mut steps: Vec<Step> = offline
+            .into_iter()
+            .enumerate()
+            .map(|(i, cpu)| {
+                if i == 0 && self.owners[domain as usize].is_none() {
+                    Step::Unpark { domain, cpu }
+                } else {
+                    Step::Online { cpu }
+                }
+            })
+            .collect();
+        steps.extend(
+            self.opened
+                .iter()
+                .filter(|&(&h, o)| {
+                    o.pmu.is_none()
+                        && u32::try_from(o.cpu).is_ok_and(|c| cpus.contains(&c))
+                        && !self.in_a_device_group(h)
+                })
+                .map(|(&handle, _)| Step::Close { handle }),
+        );
+        let left = self.rng.range(STRETCH_OPS.0, STRETCH_OPS.1);
+        steps.push(Step::MovesStart {
+            domain,
+            cpus: cpus.clone(),
+        });
+        self.stretch = Some(Stretch { domain, cpus, left });
+        steps
     }
 
     /// Takes in what really happened (the owners a hotplug step left).
@@ -137,6 +291,16 @@ impl Generator {
             }
             (&Step::Unpark { domain, .. }, Ok(words)) => {
                 self.owners[domain as usize] = words.first().map(|&c| c as u32);
+            }
+            // No thread started: nothing to stop.
+            (&Step::MovesStart { domain, .. }, Err(_)) if self.moving() == Some(domain) => {
+                self.stretch = None;
+            }
+            // Its rounds, then the PMU's CPU after them.
+            (&Step::MovesStop { domain, .. }, Ok(words)) => {
+                if let Some(&cpu) = words.get(1) {
+                    self.owners[domain as usize] = Some(cpu as u32);
+                }
             }
             (Step::Seen { online, .. }, Ok(words)) => {
                 for (domain, &owner) in words.iter().enumerate() {
@@ -252,7 +416,7 @@ impl Generator {
 
     /// A cpu-clock event on domain `d`'s CPU (for a mixed group).
     fn software_event(&mut self, d: u32, group: Option<Handle>) -> Option<Opened> {
-        if self.behind_its_back {
+        if self.behind_its_back || self.moving() == Some(d) {
             return None;
         }
         let cpu = self.owners[d as usize]? as i32;
@@ -380,7 +544,7 @@ impl Generator {
             self.cpus_that_go_offline()
         };
         cpus.insert(0);
-        let cpus: Vec<u32> = cpus.into_iter().collect();
+        let cpus: Vec<u32> = cpus.into_iter().filter(|&c| !self.switched(c)).collect();
         let Some(&cpu) = self.rng.pick(&cpus) else {
             return vec![];
         };
@@ -562,6 +726,9 @@ impl Generator {
 
     fn move_pmu(&mut self) -> Vec<Step> {
         let domain = self.domain();
+        if self.moving() == Some(domain) {
+            return vec![];
+        }
         match self.owners[domain as usize] {
             // CPU 0 cannot go offline; a parked PMU has nowhere to move.
             Some(cpu) if cpu != 0 => vec![Step::Move { domain }],
@@ -571,6 +738,9 @@ impl Generator {
 
     fn park_or_unpark(&mut self) -> Vec<Step> {
         let domain = self.domain();
+        if self.moving() == Some(domain) {
+            return vec![];
+        }
         let d = domain as usize;
         match self.owners[d] {
             None => {
@@ -584,7 +754,7 @@ impl Generator {
                 let missing: Vec<u32> = self.domains[d]
                     .iter()
                     .copied()
-                    .filter(|c| !self.online.contains(c))
+                    .filter(|&c| !self.online.contains(&c) && !self.switched(c))
                     .collect();
                 match self.rng.pick(&missing) {
                     Some(&cpu) => vec![Step::Online { cpu }],
@@ -596,7 +766,8 @@ impl Generator {
 
     fn perf_stat(&mut self) -> Vec<Step> {
         let domain = self.domain();
-        if self.owners[domain as usize].is_none() {
+        // `perf stat` opens its event on the PMU's CPU of the moment.
+        if self.owners[domain as usize].is_none() || self.moving() == Some(domain) {
             return vec![];
         }
         let how = if self.rng.chance(50) {
@@ -874,5 +1045,263 @@ mod tests {
             crate::test::LIFECYCLE_SEED
         );
         assert!(groups >= 3 && reads >= 10, "{groups} groups, {reads} reads");
+    }
+
+    /// Why a thread could not start moving `domain` over `cpus` here (the
+    /// scenario parser's conditions): nothing if it can.
+    fn refused_start(g: &Generator, domain: u32, cpus: &[u32]) -> Vec<String> {
+        let d = domain as usize;
+        let mut why = Vec::new();
+        if g.domains[d].contains(&0) {
+            why.push("a domain with CPU 0".into());
+        }
+        if cpus.len() < 2 || cpus.iter().any(|c| !g.online.contains(c)) {
+            why.push(format!("CPUs {cpus:?}, online {:?}", g.online));
+        }
+        if (0..g.domains.len()).any(|o| o != d && g.domains[o].iter().any(|c| cpus.contains(c))) {
+            why.push("a CPU another domain allows".into());
+        }
+        for (&h, o) in &g.opened {
+            if o.pmu.is_none() && cpus.contains(&(o.cpu as u32)) && !g.in_a_device_group(h) {
+                why.push(format!("cpu-clock event {h} open on CPU {}", o.cpu));
+            }
+        }
+        why
+    }
+
+    /// Why `step` may not come while a thread moves domain `d` over `cpus`
+    /// (scenario.rs `still_for`, `not_moved`), if it may not.
+    fn refused_inside(g: &Generator, d: u32, cpus: &[u32], step: &Step) -> Option<String> {
+        match *step {
+            Step::Move { domain }
+            | Step::Park { domain }
+            | Step::Unpark { domain, .. }
+            | Step::Allowed { domain, .. }
+            | Step::Cpumask { domain, .. }
+            | Step::PerfStat { domain, .. }
+                if domain == d =>
+            {
+                Some(format!("domain {d} is moving"))
+            }
+            Step::Online { cpu } | Step::Offline { cpu } if cpus.contains(&cpu) => {
+                Some(format!("CPU {cpu} is switched"))
+            }
+            Step::Open { ref event, expect } if event.pmu.is_none() => {
+                let follows = event.group.is_some_and(|l| g.in_a_device_group(l));
+                let of_moving = event.group.is_some_and(|l| {
+                    let leader = g.model.leader(l).unwrap_or(l);
+                    g.model
+                        .group(leader)
+                        .iter()
+                        .any(|m| g.opened.get(m).is_some_and(|o| o.pmu == Some(d)))
+                });
+                if cpus.contains(&(event.cpu as u32)) && !follows {
+                    Some(format!("cpu-clock event {expect} on a switched CPU"))
+                } else if of_moving {
+                    Some("a cpu-clock sibling in a group of the moving PMU".into())
+                } else {
+                    None
+                }
+            }
+            _ => None,
+        }
+    }
+
+    /// Plays `g` for `draws` draws, answering host steps as the guest would
+    /// (a move: the domain's other CPU; a stop: one round, on the first CPU
+    /// of the round), the run's end with [`Generator::finish`], and checks
+    /// each step with [`refused_start`] and [`refused_inside`]: the steps,
+    /// the stretches (the indices of each start and its stop) and the
+    /// problems.
+    fn play_stretches(
+        mut g: Generator,
+        draws: u32,
+    ) -> (Vec<Step>, Vec<(usize, usize)>, Vec<String>) {
+        let mut steps: Vec<Step> = Vec::new();
+        let mut stretches = Vec::new();
+        let mut problems = Vec::new();
+        // The domain moved now, its CPUs, where its stretch began.
+        let mut moving: Option<(u32, Vec<u32>, usize)> = None;
+        for i in 0..draws {
+            let mut dealt = g.next();
+            if i + 1 == draws {
+                dealt.extend(g.finish());
+            }
+            for step in dealt {
+                let at = steps.len();
+                let mut why: Vec<String> = Vec::new();
+                match (&step, &moving) {
+                    (Step::MovesStart { domain, cpus }, None) => {
+                        // `g` is past the closes dealt with the start,
+                        // which come before it: as the guest sees it.
+                        why.extend(refused_start(&g, *domain, cpus));
+                        moving = Some((*domain, cpus.clone(), at));
+                    }
+                    (Step::MovesStart { .. }, Some(_)) => why.push("a second start".into()),
+                    (&Step::MovesStop { domain, .. }, Some((d, _, began))) if domain == *d => {
+                        stretches.push((*began, at));
+                        moving = None;
+                    }
+                    (Step::MovesStop { .. }, _) => why.push("a stop without its start".into()),
+                    (_, Some((d, cpus, _))) => why.extend(refused_inside(&g, *d, cpus, &step)),
+                    _ => {}
+                }
+                problems.extend(why.into_iter().map(|w| format!("step {at} {step:?}: {w}")));
+                let result = match step {
+                    Step::Move { domain } => {
+                        let owner = g.owners[domain as usize];
+                        Ok(g.domains[domain as usize]
+                            .iter()
+                            .copied()
+                            .filter(|&c| Some(c) != owner)
+                            .map(u64::from)
+                            .collect())
+                    }
+                    Step::Unpark { cpu, .. } => Ok(vec![u64::from(cpu)]),
+                    Step::MovesStart { .. } => Ok(vec![7]),
+                    Step::MovesStop { domain, .. } => {
+                        let first = g.domains[domain as usize]
+                            .iter()
+                            .copied()
+                            .find(|c| g.online.contains(c))
+                            .expect("the thread leaves its CPUs online");
+                        Ok(vec![1, u64::from(first)])
+                    }
+                    _ => Ok(vec![]),
+                };
+                g.observe(&Entry {
+                    step: step.clone(),
+                    result,
+                    took_ns: 0,
+                    at_ns: 0,
+                    returned_ns: 0,
+                });
+                steps.push(step);
+            }
+        }
+        if let Some((d, _, at)) = moving {
+            problems.push(format!("domain {d}'s stretch of step {at} never stopped"));
+        }
+        (steps, stretches, problems)
+    }
+
+    #[test]
+    fn a_moving_thread_stops_after_its_stretch_and_nothing_inside_needs_its_pmu_still() {
+        // Each: the domains, the CPUs, the owners.
+        type Topology = (Vec<Vec<u32>>, u32, Vec<Option<u32>>);
+        let topologies: [Topology; 2] = [
+            (vec![vec![0, 1], vec![2, 3]], 4, vec![Some(0), Some(2)]),
+            (
+                vec![vec![0, 1], vec![2, 3, 4], vec![5, 6, 7]],
+                8,
+                vec![Some(0), Some(2), Some(5)],
+            ),
+        ];
+        let (mut stretches, mut inside, mut total) = (0, 0, 0);
+        for (domains, cpus, owners) in topologies {
+            for seed in 0..40 {
+                let shape = DeviceShape {
+                    pmus: domains.len() as u32,
+                    ..SHAPE
+                };
+                let g = Generator::new(seed, shape, domains.clone(), cpus, owners.clone(), 1)
+                    .with_moving_thread(true);
+                let (steps, found, problems) = play_stretches(g, 1500);
+                assert_eq!(problems, Vec::<String>::new(), "seed {seed}, {cpus} CPUs");
+                assert!(found.len() >= 5, "seed {seed}: {} stretches", found.len());
+                for &(start, stop) in &found {
+                    // 5-60 operations after its start (the last draw's
+                    // steps all in: at most every event's read), or the
+                    // run's end.
+                    let within = stop - start - 1;
+                    let most = STRETCH_OPS.1 as usize + MAX_OPEN + MAX_SOFTWARE;
+                    assert!(
+                        (STRETCH_OPS.0 as usize..=most).contains(&within)
+                            || stop + 1 == steps.len(),
+                        "seed {seed}: a stretch of {within} operations at {start}"
+                    );
+                    inside += within;
+                }
+                stretches += found.len();
+                total += steps.len();
+            }
+        }
+        eprintln!("{stretches} stretches, {inside} of {total} operations inside them");
+        assert!(
+            inside * 4 > total,
+            "{inside} of {total} operations inside stretches"
+        );
+    }
+
+    #[test]
+    fn without_a_moving_thread_a_seed_deals_what_it_did_and_no_stretch() {
+        let mut a = generator(9);
+        let mut b = generator(9).with_moving_thread(false);
+        let sa: Vec<Step> = (0..3000).flat_map(|_| a.next()).collect();
+        let sb: Vec<Step> = (0..3000).flat_map(|_| b.next()).collect();
+        assert_eq!(sa, sb);
+        assert!(!sa
+            .iter()
+            .any(|s| matches!(s, Step::MovesStart { .. } | Step::MovesStop { .. })));
+        assert_eq!(a.finish(), None);
+        // Nor behind the host's back, where it moves nothing itself.
+        let g = generator(9)
+            .with_moving_thread(true)
+            .with_cpus_behind_its_back(true);
+        let (steps, found, _) = play_stretches(g, 2000);
+        assert!(found.is_empty() && !steps.is_empty());
+    }
+
+    #[test]
+    fn the_stretch_checks_refuse_what_the_scenario_parser_refuses() {
+        let mut g = generator(4);
+        let clock = Opened::cpu_clock(3, None, g.read_format(false));
+        g.expect(&Step::Open {
+            event: clock,
+            expect: 1,
+        });
+        assert_eq!(
+            refused_start(&g, 1, &[2, 3]).len(),
+            1,
+            "a cpu-clock event on CPU 3"
+        );
+        assert_eq!(refused_start(&g, 0, &[0, 1]).len(), 1, "CPU 0");
+        assert_eq!(refused_start(&g, 1, &[2]).len(), 1, "one CPU");
+        g.expect(&Step::Close { handle: 1 });
+        assert_eq!(refused_start(&g, 1, &[2, 3]), Vec::<String>::new());
+        let device = g.device_event(1, false, None);
+        g.expect(&Step::Open {
+            event: device,
+            expect: 2,
+        });
+        let sibling = Opened::cpu_clock(2, Some(2), g.read_format(false));
+        for bad in [
+            Step::Move { domain: 1 },
+            Step::Park { domain: 1 },
+            Step::Unpark { domain: 1, cpu: 2 },
+            Step::Online { cpu: 3 },
+            Step::Offline { cpu: 2 },
+            Step::Open {
+                event: clock,
+                expect: 3,
+            },
+            Step::Open {
+                event: sibling,
+                expect: 3,
+            },
+        ] {
+            assert!(refused_inside(&g, 1, &[2, 3], &bad).is_some(), "{bad:?}");
+        }
+        for good in [
+            Step::Move { domain: 0 },
+            Step::Online { cpu: 1 },
+            Step::Open {
+                event: Opened::cpu_clock(0, None, clock.read_format),
+                expect: 3,
+            },
+            Step::Read { handle: 2 },
+        ] {
+            assert_eq!(refused_inside(&g, 1, &[2, 3], &good), None, "{good:?}");
+        }
     }
 }

@@ -412,6 +412,19 @@ pub fn perf_op(step: &Step, attr: impl Fn(&Opened) -> perfbed_agent::PerfAttr) -
     })
 }
 
+/// The job of the moving thread last started on `domain` in `journal`.
+pub fn started_job(journal: &[Entry], domain: u32) -> Option<u32> {
+    journal
+        .iter()
+        .rev()
+        .find_map(|e| match (&e.step, &e.result) {
+            (Step::MovesStart { domain: d, .. }, Ok(words)) if *d == domain => {
+                words.first().and_then(|&j| u32::try_from(j).ok())
+            }
+            _ => None,
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -56,6 +56,10 @@ pub struct LifecycleConfig {
     /// back (`--rcutorture`): the host reads the CPUs and placements after
     /// every step and journals what changed (see [`Step::Seen`]).
     pub rcutorture: bool,
+    /// Stretches in which a thread of the guest moves a PMU while the
+    /// operations go on (`--moving-thread`, see
+    /// [`Generator::with_moving_thread`]).
+    pub moving_thread: bool,
 }
 
 /// With `stop_at_first`, how many operations between two replays.
@@ -85,6 +89,51 @@ pub struct LifecycleReport {
     pub shrunk: Option<String>,
     /// With rcutorture: what the host saw of it (see [`behind_its_back`]).
     pub behind: Option<String>,
+    /// The moving thread's stretches, if it ran (see [`Stretches`]).
+    pub stretches: Option<Stretches>,
+}
+
+/// What a run's moving thread did: its stretches (a start to its stop),
+/// the rounds it made in them (each of its CPUs offline and back), the
+/// operations between each start and stop and the reads among them (reads
+/// that may race a move).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Stretches {
+    pub stretches: usize,
+    pub rounds: u64,
+    pub ops: usize,
+    pub reads: usize,
+}
+
+impl Stretches {
+    /// The stretches of `journal`, or `None` where no thread started.
+    pub fn of(journal: &[Entry]) -> Option<Stretches> {
+        let mut out = Stretches::default();
+        let mut within = false;
+        for e in journal {
+            match (&e.step, &e.result) {
+                (Step::MovesStart { .. }, _) => {
+                    out.stretches += 1;
+                    within = true;
+                }
+                (Step::MovesStop { .. }, result) => {
+                    out.rounds += result
+                        .as_ref()
+                        .ok()
+                        .and_then(|w| w.first())
+                        .copied()
+                        .unwrap_or(0);
+                    within = false;
+                }
+                (step, _) if within => {
+                    out.ops += 1;
+                    out.reads += usize::from(matches!(step, Step::Read { .. }));
+                }
+                _ => {}
+            }
+        }
+        (out.stretches > 0).then_some(out)
+    }
 }
 
 /// One PMU's open-wait figures from sysfs.
@@ -137,6 +186,13 @@ impl LifecycleReport {
         }
         if let Some(behind) = &self.behind {
             let _ = writeln!(out, "  {behind}");
+        }
+        if let Some(s) = &self.stretches {
+            let _ = writeln!(
+                out,
+                "  moving thread: {} stretches, {} rounds; {} operations within them, {} of them reads",
+                s.stretches, s.rounds, s.ops, s.reads
+            );
         }
         if let Some(shrunk) = &self.shrunk {
             let _ = writeln!(out, "  {shrunk}");
@@ -230,7 +286,8 @@ pub fn run(
         first_handle,
     )
     .with_parked_ioctls(config.parked_ioctls)
-    .with_cpus_behind_its_back(config.rcutorture);
+    .with_cpus_behind_its_back(config.rcutorture)
+    .with_moving_thread(config.moving_thread);
     let attr = |o: &Opened| attr_of(o, types);
     let mut watch = config
         .rcutorture
@@ -318,6 +375,7 @@ pub fn run(
                 continue;
             }
             desync |= flush!();
+            let step = with_started_job(step, &journal)?;
             let entry = host_step(g, control, device, pmus, step, config.timeout, start)?;
             if let Some(problem) = affinity_after(g, device, &irqs, &entry, journal.len())? {
                 first_affinity.get_or_insert(journal.len());
@@ -335,6 +393,13 @@ pub fn run(
         }
     }
     desync |= flush!();
+    // A stretch still going on ends with the run.
+    if let Some(stop) = generator.finish() {
+        let step = with_started_job(stop, &journal)?;
+        let entry = host_step(g, control, device, pmus, step, config.timeout, start)?;
+        generator.observe(&entry);
+        journal.push(entry);
+    }
     let time = start.elapsed();
     let loop_result = stop_job(g, loop_job, 0)?;
 
@@ -430,6 +495,7 @@ pub fn run(
         waits: Vec::new(),
         shrunk: None,
         behind: config.rcutorture.then(|| behind_its_back(&journal)),
+        stretches: Stretches::of(&journal),
         steps: journal.len(),
         time,
         first,
@@ -439,6 +505,18 @@ pub fn run(
         journal: journal_path,
         first_affinity,
     })
+}
+
+/// A moving thread's stop with the job of its start in `journal` (the
+/// generator knows no job numbers); any other step as it is.
+fn with_started_job(step: Step, journal: &[Entry]) -> Result<Step> {
+    match step {
+        Step::MovesStop { domain, .. } => match journal::started_job(journal, domain) {
+            Some(job) => Ok(Step::MovesStop { domain, job }),
+            None => bail!("a stop of domain {domain}'s moving thread, which did not start"),
+        },
+        step => Ok(step),
+    }
 }
 
 /// Saves the device's slot-level truth beside the journal for a run that
@@ -1038,5 +1116,54 @@ mod tests {
             (sw.type_, sw.config),
             (PERF_TYPE_SOFTWARE, PERF_COUNT_SW_CPU_CLOCK)
         );
+    }
+
+    #[test]
+    fn stretches_count_the_threads_rounds_and_what_ran_meanwhile() {
+        let entry = |step: Step, result: Result<Vec<u64>, String>| Entry {
+            step,
+            result,
+            took_ns: 0,
+            at_ns: 0,
+            returned_ns: 0,
+        };
+        let start = || {
+            entry(
+                Step::MovesStart {
+                    domain: 1,
+                    cpus: vec![2, 3],
+                },
+                Ok(vec![4]),
+            )
+        };
+        let stop = |r| entry(Step::MovesStop { domain: 1, job: 4 }, r);
+        let read = || entry(Step::Read { handle: 1 }, Ok(vec![0]));
+        let burst = || entry(Step::Wait { ms: 1 }, Ok(vec![]));
+        assert_eq!(Stretches::of(&[read(), burst()]), None);
+        let journal = [
+            read(),
+            start(),
+            read(),
+            burst(),
+            stop(Ok(vec![3, 2])),
+            read(),
+            start(),
+            read(),
+            stop(Err("bash: write error".into())),
+        ];
+        assert_eq!(
+            Stretches::of(&journal),
+            Some(Stretches {
+                stretches: 2,
+                rounds: 3,
+                ops: 3,
+                reads: 2
+            })
+        );
+        assert_eq!(
+            with_started_job(Step::MovesStop { domain: 1, job: 0 }, &journal[..2]).unwrap(),
+            Step::MovesStop { domain: 1, job: 4 }
+        );
+        assert!(with_started_job(Step::MovesStop { domain: 0, job: 0 }, &journal).is_err());
     }
 }

@@ -271,7 +271,7 @@ fn carry_out_into(
         // it) shows in the replay as a finding at that open.
         flush(g, &mut pending, &attr, journal, start)?;
         if let Step::MovesStop { domain, job } = &mut step {
-            match started_job(journal, *domain) {
+            match super::journal::started_job(journal, *domain) {
                 Some(started) => *job = started,
                 None => bail!(
                     "{}:{}: `moves {domain} stop`, but its thread did not start",
@@ -311,19 +311,6 @@ fn left_moving(journal: &[Entry]) -> Vec<(u32, u32)> {
         }
     }
     running.into_iter().collect()
-}
-
-/// The job of the moving thread last started on `domain` in `journal`.
-fn started_job(journal: &[Entry], domain: u32) -> Option<u32> {
-    journal
-        .iter()
-        .rev()
-        .find_map(|e| match (&e.step, &e.result) {
-            (Step::MovesStart { domain: d, .. }, Ok(words)) if *d == domain => {
-                words.first().and_then(|&j| u32::try_from(j).ok())
-            }
-            _ => None,
-        })
 }
 
 /// The scenario's verdict: the replay's findings and the wants the run
@@ -637,7 +624,7 @@ mod tests {
             entry(start(0), Err("starting the moving thread: ...".into())),
         ];
         assert_eq!(left_moving(&journal), vec![(1, 5)]);
-        assert_eq!(started_job(&journal, 0), Some(4));
+        assert_eq!(super::super::journal::started_job(&journal, 0), Some(4));
         assert_eq!(left_moving(&journal[..1]), vec![(0, 4)]);
     }
 
