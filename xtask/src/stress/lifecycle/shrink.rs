@@ -174,6 +174,26 @@ pub fn candidate(
         }
         lines.push((line, i));
     }
+    // A moving thread still running after the last step kept (the target
+    // came inside its stretch) stops after it: a scenario ends with every
+    // thread stopped.
+    let mut moving: BTreeSet<u32> = BTreeSet::new();
+    for (line, _) in &lines {
+        match line.step {
+            Step::MovesStart { domain, .. } => {
+                moving.insert(domain);
+            }
+            Step::MovesStop { domain, .. } => {
+                moving.remove(&domain);
+            }
+            _ => {}
+        }
+    }
+    if let Some(&last) = keep.last() {
+        for domain in moving {
+            lines.push((Line::new(Step::MovesStop { domain, job: 0 }), last));
+        }
+    }
     sayable(lines, domains, owners, usize::MAX)
         .into_iter()
         .unzip()
@@ -525,6 +545,30 @@ mod tests {
         assert_eq!(lines.len(), 2);
         let (_, at) = candidate(&journal, &[0, 1, 2, 4, 5], &[vec![0, 1], vec![2, 3]], &[]);
         assert_eq!(at, vec![0, 1, 2, 4], "3's read without its open");
+    }
+
+    #[test]
+    fn a_candidate_cut_inside_a_stretch_stops_its_thread_after_the_target() {
+        let start = ok(Step::MovesStart {
+            domain: 1,
+            cpus: vec![2, 3],
+        });
+        let stop = ok(Step::MovesStop { domain: 1, job: 0 });
+        let journal = vec![
+            open(1, 1, 1, None),
+            start.clone(),
+            ok(Step::Read { handle: 1 }),
+            stop,
+            start,
+            ok(Step::Read { handle: 1 }),
+        ];
+        let domains = [vec![0, 1], vec![2, 3]];
+        let (lines, at) = candidate(&journal, &[0, 1, 2, 3, 4, 5], &domains, &[]);
+        assert_eq!(at, vec![0, 1, 2, 3, 4, 5, 5]);
+        assert_eq!(lines[6].step, Step::MovesStop { domain: 1, job: 0 });
+        let (lines, at) = candidate(&journal, &[0, 1, 2, 3], &domains, &[]);
+        assert_eq!(at, vec![0, 1, 2, 3], "stopped already");
+        assert_eq!(lines.len(), 4);
     }
 
     #[test]
