@@ -1519,12 +1519,9 @@ unsafe fn register(
         formats: &FORMATS,
         counters: &COUNTER_FILES,
     };
+    let data = DomainPmu { poller, freezer, line };
     // SAFETY: The caller guarantees what `Registration::new` requires.
-    let init = unsafe { Registration::new(module, &options, DomainPmu {
-            poller,
-            freezer,
-            line,
-        }) };
+    let init = unsafe { Registration::new(module, &options, data) };
     let pmu = KBox::pin_init(init, GFP_KERNEL).inspect_err(|e| {
         pr_err!(
             "{}: cannot register the PMU (allowed CPUs {:#x}): {:?}\n",
