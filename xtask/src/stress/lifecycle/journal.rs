@@ -425,9 +425,59 @@ pub fn started_job(journal: &[Entry], domain: u32) -> Option<u32> {
         })
 }
 
+/// The moving threads `journal` started and did not stop: (domain, job).
+pub fn left_moving(journal: &[Entry]) -> Vec<(u32, u32)> {
+    let mut running = std::collections::BTreeMap::new();
+    for e in journal {
+        match (&e.step, &e.result) {
+            (Step::MovesStart { domain, .. }, Ok(words)) => {
+                if let Some(job) = words.first().and_then(|&j| u32::try_from(j).ok()) {
+                    running.insert(*domain, job);
+                }
+            }
+            (Step::MovesStop { domain, .. }, _) => {
+                running.remove(domain);
+            }
+            _ => {}
+        }
+    }
+    running.into_iter().collect()
+}
+
+#[cfg(test)]
+impl Entry {
+    /// A step and its result, with no times (for tests).
+    pub(crate) fn untimed(step: Step, result: Result<Vec<u64>, String>) -> Entry {
+        Entry {
+            step,
+            result,
+            took_ns: 0,
+            at_ns: 0,
+            returned_ns: 0,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_thread_started_and_not_stopped_is_left_moving_and_only_that() {
+        let start = |domain| Step::MovesStart {
+            domain,
+            cpus: vec![2, 3],
+        };
+        let journal = vec![
+            Entry::untimed(start(0), Ok(vec![4])),
+            Entry::untimed(start(1), Ok(vec![5])),
+            Entry::untimed(Step::MovesStop { domain: 0, job: 4 }, Ok(vec![2, 2])),
+            Entry::untimed(start(0), Err("starting the moving thread: ...".into())),
+        ];
+        assert_eq!(left_moving(&journal), vec![(1, 5)]);
+        assert_eq!(started_job(&journal, 0), Some(4));
+        assert_eq!(left_moving(&journal[..1]), vec![(0, 4)]);
+    }
 
     #[test]
     fn a_journal_file_reads_back_as_written() {

@@ -1120,13 +1120,7 @@ mod tests {
 
     #[test]
     fn stretches_count_the_threads_rounds_and_what_ran_meanwhile() {
-        let entry = |step: Step, result: Result<Vec<u64>, String>| Entry {
-            step,
-            result,
-            took_ns: 0,
-            at_ns: 0,
-            returned_ns: 0,
-        };
+        let entry = Entry::untimed;
         let start = || {
             entry(
                 Step::MovesStart {

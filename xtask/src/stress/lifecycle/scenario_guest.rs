@@ -218,7 +218,7 @@ fn carry_out(
     if done.is_err() {
         // A moving thread left running would move the PMUs under whatever
         // runs next: stop it, whatever it says.
-        for (domain, job) in left_moving(&journal) {
+        for (domain, job) in super::journal::left_moving(&journal) {
             let pmu = &env.pmus[domain as usize];
             let _ = super::moving_thread::stop(g, domain, pmu, job, env.timeout.as_millis() as u64);
         }
@@ -292,25 +292,6 @@ fn carry_out_into(
     }
     flush(g, &mut pending, &attr, journal, start)?;
     Ok(())
-}
-
-/// The moving threads `journal` started and did not stop: (domain, job).
-fn left_moving(journal: &[Entry]) -> Vec<(u32, u32)> {
-    let mut running = std::collections::BTreeMap::new();
-    for e in journal {
-        match (&e.step, &e.result) {
-            (Step::MovesStart { domain, .. }, Ok(words)) => {
-                if let Some(job) = words.first().and_then(|&j| u32::try_from(j).ok()) {
-                    running.insert(*domain, job);
-                }
-            }
-            (Step::MovesStop { domain, .. }, _) => {
-                running.remove(domain);
-            }
-            _ => {}
-        }
-    }
-    running.into_iter().collect()
 }
 
 /// The scenario's verdict: the replay's findings and the wants the run
@@ -602,30 +583,6 @@ mod tests {
         let mut device = crate::stress::device(4, None).unwrap();
         device.slots = super::super::SLOTS;
         device
-    }
-
-    #[test]
-    fn a_thread_started_and_not_stopped_is_left_moving_and_only_that() {
-        let entry = |step: Step, result: Result<Vec<u64>, String>| Entry {
-            step,
-            result,
-            took_ns: 0,
-            at_ns: 0,
-            returned_ns: 0,
-        };
-        let start = |domain| Step::MovesStart {
-            domain,
-            cpus: vec![2, 3],
-        };
-        let journal = vec![
-            entry(start(0), Ok(vec![4])),
-            entry(start(1), Ok(vec![5])),
-            entry(Step::MovesStop { domain: 0, job: 4 }, Ok(vec![2, 2])),
-            entry(start(0), Err("starting the moving thread: ...".into())),
-        ];
-        assert_eq!(left_moving(&journal), vec![(1, 5)]);
-        assert_eq!(super::super::journal::started_job(&journal, 0), Some(4));
-        assert_eq!(left_moving(&journal[..1]), vec![(0, 4)]);
     }
 
     /// The journal of `scenario` as if every step did what it says, with
