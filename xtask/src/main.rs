@@ -10,6 +10,7 @@ mod debug;
 mod fuzz;
 mod guest;
 mod host;
+mod model;
 mod progress;
 mod run;
 mod stress;

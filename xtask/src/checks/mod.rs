@@ -6,7 +6,6 @@
 //! One file per family. A check never boots a VM, never decides a host, and
 //! never prints: it says PASS or FAIL and why, in its `detail`.
 
-pub mod counting;
 pub mod device;
 pub mod hotplug;
 pub mod log;

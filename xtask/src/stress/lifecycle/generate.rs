@@ -12,8 +12,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::checks::counting::{DeviceShape, Handle, Kind, Model};
 use crate::checks::rng::Rng;
+use crate::model::{DeviceShape, Handle, Kind, Model};
 
 use super::journal::{Entry, IoctlName, Opened, ReadFormat, StatHow, Step, PARKED};
 

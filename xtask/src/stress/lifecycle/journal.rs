@@ -6,7 +6,7 @@
 use perfbed_agent::PerfOp;
 use serde::{Deserialize, Serialize};
 
-use crate::checks::counting::{DeviceShape, Handle, Ioctl, Kind, Model, OpenSpec};
+use crate::model::{DeviceShape, Handle, Ioctl, Kind, Model, OpenSpec};
 
 /// The journal file's first line: what the replay needs besides the steps.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

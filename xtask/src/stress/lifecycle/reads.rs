@@ -1,7 +1,7 @@
 //! A read()'s words, per the event's read format, as the model's numbers
 //! for each member it shows.
 
-use crate::checks::counting::{Handle, Observed};
+use crate::model::{Handle, Observed};
 
 use super::journal::ReadFormat;
 

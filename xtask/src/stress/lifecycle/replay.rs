@@ -4,8 +4,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::checks::counting::rules::{holds, Rule};
-use crate::checks::counting::{DeviceShape, Expected, Handle, Kind, Model, Observed, OpenSpec};
+use crate::model::rules::{holds, Rule};
+use crate::model::{DeviceShape, Expected, Handle, Kind, Model, Observed, OpenSpec};
 
 use super::journal::{Cpus, Entry, Opened, ReadFormat, StatHow, Step, PARKED};
 use super::reads;
@@ -366,9 +366,9 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
                 for &(bytes, counted) in bursts {
                     if *how == StatHow::Control && counted != model.is_enabled(PERF_STAT_HANDLE) {
                         let ioctl = if counted {
-                            crate::checks::counting::Ioctl::Enable
+                            crate::model::Ioctl::Enable
                         } else {
-                            crate::checks::counting::Ioctl::Disable
+                            crate::model::Ioctl::Disable
                         };
                         model.ioctl(PERF_STAT_HANDLE, ioctl, false);
                     }
@@ -637,7 +637,7 @@ fn placed(
 pub(crate) mod tests {
     use super::super::journal::{IoctlName, Opened};
     use super::*;
-    use crate::checks::counting::ValueRule;
+    use crate::model::ValueRule;
 
     const SHAPE: DeviceShape = DeviceShape::DEFAULT_RUN;
     const TIMED: ReadFormat = ReadFormat {

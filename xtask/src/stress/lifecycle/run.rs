@@ -15,7 +15,6 @@ use perfbed_device::cpus::parse_cpu_list;
 use perfbed_device::regs::Event;
 use perfbed_device::{ControlClient, DeviceConfig};
 
-use crate::checks::counting::DeviceShape;
 use crate::checks::pmu::interrupts::irq_counts;
 use crate::checks::Check;
 use crate::guest::perf_abi::{
@@ -24,6 +23,7 @@ use crate::guest::perf_abi::{
     PERF_TYPE_SOFTWARE,
 };
 use crate::guest::Guest;
+use crate::model::DeviceShape;
 use crate::progress::human;
 
 use super::super::jobs::{start_job, stop_job};

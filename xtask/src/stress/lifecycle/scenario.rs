@@ -33,9 +33,9 @@ use std::path::{Path, PathBuf};
 
 use perfbed_device::cpus::parse_cpu_list;
 
-use crate::checks::counting::{DeviceShape, Handle, Observed, ValueRule};
 use crate::checks::pmu::context::EVENT_FILES;
 use crate::checks::pmu::moves::movable_in;
+use crate::model::{DeviceShape, Handle, Observed, ValueRule};
 
 use super::journal::{Cpus, IoctlName, Opened, ReadFormat, Step};
 use super::replay;

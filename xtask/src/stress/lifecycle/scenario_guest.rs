@@ -15,11 +15,11 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use perfbed_device::{ControlClient, DeviceConfig};
 
-use crate::checks::counting::Handle;
 use crate::checks::pmu::context::Ctx;
 use crate::checks::Check;
 use crate::guest::{pmu_name, Guest};
 use crate::host::config::VmConfig;
+use crate::model::Handle;
 use crate::progress::human;
 
 use super::journal::{self, perf_op, Entry, Header, Opened, Step};

@@ -6,8 +6,8 @@
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
-use crate::checks::counting::Handle;
 use crate::checks::pmu::context::EVENT_FILES;
+use crate::model::Handle;
 
 use super::generate::RMID_RATE;
 use super::journal::{IoctlName, Step};
@@ -303,7 +303,7 @@ mod tests {
     use std::path::Path;
 
     use super::*;
-    use crate::checks::counting::{DeviceShape, Model};
+    use crate::model::{DeviceShape, Model};
     use crate::stress::lifecycle::generate::Generator;
     use crate::stress::lifecycle::scenario::{parse, wants_against_model, Layout};
 

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 
-use crate::checks::counting::{DeviceShape, Handle};
+use crate::model::{DeviceShape, Handle};
 use crate::progress::human;
 
 use super::journal::{Entry, Opened, Step};

@@ -266,7 +266,7 @@ mod tests {
     use std::sync::Once;
 
     use super::{without, Rule};
-    use crate::checks::counting::tests as model;
+    use crate::model::tests as model;
     use crate::stress::lifecycle::replay::tests as replay;
 
     /// A pinning test: where it is, its name and its body.
