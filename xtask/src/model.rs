@@ -281,6 +281,10 @@ impl fmt::Display for Mismatch {
     }
 }
 
+/// Whether each event counted at one moment (see [`Model::snapshot`]).
+#[derive(Debug, Clone)]
+pub struct Snapshot(BTreeMap<Handle, Counting>);
+
 /// Whether an event counted in an epoch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Counting {
@@ -313,14 +317,18 @@ pub enum TimeRule {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ValueRule {
     /// An `mbm_*` count grows by `lo..=hi` bytes from `base` (exact when
-    /// equal). Where the window was multiplexed perf's times settle it:
-    /// `Δrunning == 0` ⇒ `+lo` (`settle_zero`), running for the whole
-    /// enabled window ⇒ `+hi` (`settle_full`). `lossy`: a park let a whole
-    /// wrap land, so a short count is right when `Δrunning < Δenabled`.
+    /// equal), give or take steady traffic the model cannot place: up to
+    /// `short` less, `over` more. Where the window was multiplexed perf's
+    /// times settle it: `Δrunning == 0` ⇒ `+lo` (`settle_zero`), running for
+    /// the whole enabled window ⇒ `+hi` (`settle_full`). `lossy`: a park let
+    /// a whole wrap land, so a short count is right when `Δrunning <
+    /// Δenabled`.
     Bytes {
         base: u64,
         lo: u64,
         hi: u64,
+        short: u64,
+        over: u64,
         settle_zero: bool,
         settle_full: bool,
         lossy: bool,
@@ -362,6 +370,10 @@ struct Window {
     /// Burst bytes that landed while counting (`sure`) or maybe counting.
     sure_bytes: u64,
     maybe_bytes: u64,
+    /// Steady traffic that landed at a moment of an operation the model
+    /// cannot place against it (see [`Model::flowed_during`]): a read may
+    /// show any part of it, beyond the multiplexing's `maybe`.
+    over: u64,
     /// A park let a whole wrap land: the count may be short if perf shows it.
     lossy: bool,
     /// A read while the PMU was parked showed times but left the value
@@ -383,6 +395,7 @@ impl Window {
         any_maybe: false,
         sure_bytes: 0,
         maybe_bytes: 0,
+        over: 0,
         lossy: false,
         times_younger: false,
         enabled_passed: false,
@@ -468,6 +481,9 @@ struct EventState {
     /// A gauge's value as its last read showed it (0 after a RESET since,
     /// and before any read).
     gauge_shown: u64,
+    /// Steady traffic landed on its counter since the open: the count, in
+    /// whole units, may lag the truth by the part of a unit not counted.
+    flowed: bool,
     /// The time baseline (the last read that showed times) and what happened since.
     /// `times_read`: a read showed them (not the open's zeros).
     times_read: bool,
@@ -823,6 +839,7 @@ impl Model {
                 gauge: Some(0),
                 gauge_maybe: BTreeSet::new(),
                 gauge_shown: 0,
+                flowed: false,
                 times_read: false,
                 enabled_ns: 0,
                 running_ns: 0,
@@ -1117,11 +1134,7 @@ impl Model {
         for (h, e) in self.events.iter_mut() {
             e.time_window.passed(status[h]);
             if e.spec.kind == want {
-                let counting = match status[h].counting {
-                    Counting::No if e.frozen && !holds(Rule::FrozenSlotStops) => Counting::Maybe,
-                    c => c,
-                };
-                e.value_window.burst(counting, bytes);
+                e.value_window.burst(counts_a_burst(e, status[h]), bytes);
             }
         }
         if let Some(p) = self.pmus.get_mut(pmu as usize) {
@@ -1129,6 +1142,89 @@ impl Model {
                 let b = p.parked_bytes.entry((event, rmid)).or_insert(0);
                 *b = b.saturating_add(bytes);
             }
+        }
+    }
+
+    /// `bytes` of a steady flow of `event` for `rmid` landed in domain
+    /// `pmu` between two operations (all within the current epoch): as a
+    /// burst, counted in whole units.
+    pub fn flowed(&mut self, pmu: u32, event: u32, rmid: u32, bytes: u64) {
+        self.note_flowed(pmu, event, rmid);
+        self.burst(pmu, event, rmid, bytes);
+    }
+
+    /// Whether each event counts a burst now: what [`Model::flowed_during`]
+    /// compares across an operation.
+    pub fn snapshot(&self) -> Snapshot {
+        let status = self.statuses();
+        Snapshot(
+            self.events
+                .iter()
+                .map(|(h, e)| (*h, counts_a_burst(e, status[h])))
+                .collect(),
+        )
+    }
+
+    /// `bytes` of a steady flow of `event` for `rmid` in domain `pmu`
+    /// landed while one operation was carried out, `before` it taken just
+    /// before: at some moment of the operation that the model cannot place.
+    /// An event counting for sure before it and after it counts them all (a
+    /// move or a park loses nothing); one that the operation started or
+    /// stopped counting, or whose count it restarted (`restarted`: a RESET,
+    /// a read, whose window begins at the operation), may show any part of
+    /// them.
+    pub fn flowed_during(
+        &mut self,
+        before: &Snapshot,
+        (pmu, event, rmid): (u32, u32, u32),
+        bytes: u64,
+        restarted: &[Handle],
+    ) {
+        self.note_flowed(pmu, event, rmid);
+        let status = self.statuses();
+        let want = Kind::Counter { pmu, event, rmid };
+        for (h, e) in self.events.iter_mut() {
+            if e.spec.kind != want {
+                continue;
+            }
+            let then = before.0.get(h).copied().unwrap_or(Counting::No);
+            let now = counts_a_burst(e, status[h]);
+            let w = &mut e.value_window;
+            if !holds(Rule::FlowDuringAnOperationMayShow) {
+                // Taken as landed before the operation.
+                w.burst(then, bytes);
+            } else if then == now && !restarted.contains(h) {
+                w.burst(now, bytes);
+            } else if then != Counting::No || now != Counting::No {
+                w.over = w.over.wrapping_add(bytes);
+            }
+        }
+    }
+
+    /// A read of `shown` begins while steady traffic flows: what lands
+    /// while it runs, `bytes`, may show in it (and what it does not show,
+    /// in the next read: [`Model::flowed_during`] with `shown` restarted).
+    pub fn flowing_into_read(
+        &mut self,
+        shown: &[Handle],
+        (pmu, event, rmid): (u32, u32, u32),
+        bytes: u64,
+    ) {
+        let want = Kind::Counter { pmu, event, rmid };
+        for h in shown {
+            if let Some(e) = self.events.get_mut(h).filter(|e| e.spec.kind == want) {
+                e.flowed = true;
+                if holds(Rule::FlowDuringAnOperationMayShow) {
+                    e.value_window.over = e.value_window.over.wrapping_add(bytes);
+                }
+            }
+        }
+    }
+
+    fn note_flowed(&mut self, pmu: u32, event: u32, rmid: u32) {
+        let want = Kind::Counter { pmu, event, rmid };
+        for e in self.events.values_mut().filter(|e| e.spec.kind == want) {
+            e.flowed = true;
         }
     }
 
@@ -1170,15 +1266,26 @@ impl Model {
         };
         let w = e.value_window;
         let hi = w.sure_bytes.wrapping_add(w.maybe_bytes);
+        // What a count fed steady traffic lacks of a whole unit, at either
+        // end of the window.
+        let part_unit = match e.flowed && holds(Rule::CountInWholeUnits) {
+            true => self.shape.unit_bytes.saturating_sub(1),
+            false => 0,
+        };
         let value = match e.spec.kind {
             // Nobody can read the counter while the PMU is parked: the
             // value is what the last fold left, and what landed since
             // shows once it is placed again.
-            Kind::Counter { .. } if parked || racing => ValueRule::Parked { base: e.value, hi },
+            Kind::Counter { .. } if parked || racing => ValueRule::Parked {
+                base: e.value,
+                hi: hi.wrapping_add(w.over).wrapping_add(part_unit),
+            },
             Kind::Counter { .. } => ValueRule::Bytes {
                 base: e.value,
                 lo: w.sure_bytes,
                 hi,
+                short: part_unit,
+                over: w.over.wrapping_add(part_unit),
                 settle_zero: !(w.times_younger && holds(Rule::ParkedReadSettlesNothing)),
                 // Running whenever enabled: counting whenever enabled, also
                 // across a DISABLE (no burst lands for it while disabled).
@@ -1397,17 +1504,26 @@ impl Model {
                 base,
                 lo,
                 hi,
+                short,
+                over,
                 settle_zero,
                 settle_full,
                 lossy,
             } => {
                 let got = back(base);
                 let short_ok = lossy && deltas.is_some_and(|(en, run)| run < en);
-                let range = if lo == hi {
+                // `target` give or take the steady traffic not placed.
+                let near = |target: u64| {
+                    (target.saturating_sub(short)..=target.saturating_add(over)).contains(&got)
+                };
+                let mut range = if lo == hi {
                     format!("+{lo}")
                 } else {
                     format!("+{lo}..=+{hi} (multiplexed)")
                 };
+                if short > 0 || over > 0 {
+                    range += &format!(" -{short}/+{over} (steady traffic)");
+                }
                 if seen.value < base && !short_ok && holds(Rule::CountNeverBack) {
                     mismatch(
                         Field::Value,
@@ -1422,8 +1538,10 @@ impl Model {
                         ),
                         seen.value.to_string(),
                     );
-                } else if (got > hi && holds(Rule::CountAtMostLanded))
-                    || (got < lo && !short_ok && holds(Rule::CountAtLeastSure))
+                } else if (got > hi.saturating_add(over) && holds(Rule::CountAtMostLanded))
+                    || (got < lo.saturating_sub(short)
+                        && !short_ok
+                        && holds(Rule::CountAtLeastSure))
                 {
                     mismatch(Field::Value, range, format!("+{got}"));
                 } else if let (Some((d_en, d_run)), true) = (deltas, lo < hi) {
@@ -1434,7 +1552,7 @@ impl Model {
                     // read reset the times and not the value.
                     if settle_zero
                         && d_run == 0
-                        && got != lo
+                        && !near(lo)
                         && holds(Rule::ZeroRunningCountedNothing)
                     {
                         mismatch(
@@ -1444,7 +1562,7 @@ impl Model {
                         );
                     } else if settle_full
                         && d_run == d_en
-                        && got != hi
+                        && !near(hi)
                         && !short_ok
                         && holds(Rule::FullRunningCountedAll)
                     {
@@ -1960,6 +2078,15 @@ impl Model {
             })
             .collect();
         (status, fit)
+    }
+}
+
+/// Whether `e`, of status `s`, counts a burst on its counter: a slot a
+/// DISABLE froze while parked counts on in a model without that rule.
+fn counts_a_burst(e: &EventState, s: Status) -> Counting {
+    match s.counting {
+        Counting::No if e.frozen && !holds(Rule::FrozenSlotStops) => Counting::Maybe,
+        c => c,
     }
 }
 

@@ -62,6 +62,12 @@ rules! {
     ReadRacingMoveMayLag,
     /// A gauge's read racing an unseen move: its last read's value or now.
     RacingGaugeShowsLastOrNow,
+    /// Steady traffic that landed during an operation that started or
+    /// stopped the count, RESET it or read it: any part of it may show.
+    FlowDuringAnOperationMayShow,
+    /// The device counts whole units: a count fed steady traffic may lag
+    /// the truth by less than one, either end of a window.
+    CountInWholeUnits,
     /// At most what landed while it was (maybe) counting.
     CountAtMostLanded,
     /// At least what landed while it was counting for sure.
@@ -318,6 +324,8 @@ mod tests {
         ParkedAtMostLanded => model::a_read_while_parked_may_lag_but_the_next_read_after_it_must_not;
         ReadRacingMoveMayLag => model::a_read_racing_an_unseen_move_may_lag_and_the_first_after_the_moves_catches_up;
         RacingGaugeShowsLastOrNow => model::a_gauge_read_racing_an_unseen_move_shows_its_last_read_or_now;
+        FlowDuringAnOperationMayShow => replay::steady_traffic_during_an_operation_counts_for_sure_only_where_it_counted_before_and_after;
+        CountInWholeUnits => replay::a_count_fed_steady_traffic_lags_the_truth_by_less_than_a_unit;
         CountAtMostLanded => model::an_enabled_event_counts_every_burst_and_runs_all_the_time;
         CountAtLeastSure => model::a_disable_while_parked_freezes_the_count_exactly;
         ZeroRunningCountedNothing => model::more_counters_than_slots_multiplex_and_perfs_times_settle_the_value;

@@ -720,6 +720,7 @@ impl Generator {
         vec![Step::Rate {
             domain,
             rmid: RMID_RATE,
+            event: perfbed_device::regs::Event::MbmLocalBytes as u32,
             bytes_per_sec,
         }]
     }
@@ -1037,6 +1038,7 @@ mod tests {
                     took_ns: 0,
                     at_ns: 0,
                     returned_ns: 0,
+                    flowed: Vec::new(),
                 });
             }
         }
@@ -1175,6 +1177,7 @@ mod tests {
                     took_ns: 0,
                     at_ns: 0,
                     returned_ns: 0,
+                    flowed: Vec::new(),
                 });
                 steps.push(step);
             }

@@ -90,6 +90,11 @@ impl Cpus {
     }
 }
 
+/// `mbm_local_bytes`: the event of a journal's `Rate` that names none.
+fn local_bytes() -> u32 {
+    perfbed_device::regs::Event::MbmLocalBytes as u32
+}
+
 fn default_max_rate() -> u64 {
     perfbed_device::DeviceConfig::default().max_rate
 }
@@ -233,10 +238,14 @@ pub enum Step {
         rmid: u32,
         bytes: u64,
     },
-    /// A steady rate on an RMID no event watches (bandwidth for the bursts).
+    /// A steady rate of `event` on `rmid`: on an RMID no event watches
+    /// (bandwidth under the bursts), or one that events count, whose
+    /// traffic the runner then measures around every step (`Entry::flowed`).
     Rate {
         domain: u32,
         rmid: u32,
+        #[serde(default = "local_bytes")]
+        event: u32,
         bytes_per_sec: u64,
     },
     /// The domain's owner CPU went offline and came back.
@@ -388,6 +397,30 @@ pub struct Entry {
     /// where not known (a host action).
     #[serde(default)]
     pub returned_ns: u64,
+    /// The steady traffic on watched counters (`Rate` on an RMID events
+    /// count) that landed since the step before and while this one was
+    /// carried out, from the device's truth sampled around it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub flowed: Vec<Flowed>,
+}
+
+/// What one steady flow landed around one journal step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Flowed {
+    pub domain: u32,
+    pub event: u32,
+    pub rmid: u32,
+    /// Bytes landed since the step before ended: before this one began.
+    pub before: u64,
+    /// Bytes landed while this step was carried out.
+    pub during: u64,
+}
+
+impl Flowed {
+    /// The counter it landed on: (domain, event, RMID).
+    pub fn counter(&self) -> (u32, u32, u32) {
+        (self.domain, self.event, self.rmid)
+    }
 }
 
 /// The agent operation a perf step is, with the attr filled in by `attr`.
@@ -454,6 +487,7 @@ impl Entry {
             took_ns: 0,
             at_ns: 0,
             returned_ns: 0,
+            flowed: Vec::new(),
         }
     }
 }
@@ -501,6 +535,7 @@ mod tests {
                 took_ns: 5,
                 at_ns: 10,
                 returned_ns: 0,
+                flowed: Vec::new(),
             },
             Entry {
                 step: Step::Read { handle: 2 },
@@ -508,6 +543,7 @@ mod tests {
                 took_ns: 1,
                 at_ns: 12,
                 returned_ns: 0,
+                flowed: Vec::new(),
             },
         ];
         let text = to_text(&header, &entries).unwrap();

@@ -2,6 +2,7 @@
 //! it records), `replay` (how it checks).
 
 pub mod cli;
+mod flows;
 pub mod generate;
 pub mod journal;
 mod moving_thread;

@@ -5,9 +5,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::model::rules::{holds, Rule};
-use crate::model::{DeviceShape, Expected, Handle, Kind, Model, Observed, OpenSpec};
+use crate::model::{DeviceShape, Expected, Handle, Kind, Model, Observed, OpenSpec, Snapshot};
 
-use super::journal::{Cpus, Entry, Opened, ReadFormat, StatHow, Step, PARKED};
+use super::journal::{Cpus, Entry, Flowed, IoctlName, Opened, ReadFormat, StatHow, Step, PARKED};
 use super::reads;
 
 /// A step whose result the model does not allow.
@@ -48,6 +48,27 @@ fn bound_cpu(event: &Opened) -> Option<u32> {
         .filter(|_| holds(Rule::SoftwareGroupsBoundToTheirCpu))
 }
 
+/// The events whose count `step` restarts at a moment of it: those a
+/// read shows, those a RESET zeroes.
+fn restarted_by(step: &Step, model: &Model, formats: &BTreeMap<Handle, ReadFormat>) -> Vec<Handle> {
+    let whole = |handle: Handle| model.group(model.leader(handle).unwrap_or(handle));
+    match *step {
+        Step::Read { handle } if formats.get(&handle).is_some_and(|f| f.group) => whole(handle),
+        Step::Read { handle } => vec![handle],
+        Step::Ioctl {
+            handle,
+            ioctl: IoctlName::Reset,
+            group: true,
+        } => whole(handle),
+        Step::Ioctl {
+            handle,
+            ioctl: IoctlName::Reset,
+            ..
+        } => vec![handle],
+        _ => vec![],
+    }
+}
+
 /// Replays `journal` on a device of `shape` whose domains' CPUs and
 /// owners at the start are `cpus`.
 pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
@@ -63,7 +84,28 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
     // The CPUs online at the last `Seen` (None: all, as at the start).
     let mut online: Option<BTreeSet<u32>> = None;
     let mut out = Replay::default();
+    // The steady traffic that landed while the step before was carried
+    // out, with the model's view before it and the counts it restarted:
+    // applied once the step is.
+    let mut during: Option<(Snapshot, &[Flowed], Vec<Handle>)> = None;
     for (index, entry) in journal.iter().enumerate() {
+        if let Some((before, flows, restarted)) = during.take() {
+            for f in flows {
+                model.flowed_during(&before, f.counter(), f.during, &restarted);
+            }
+        }
+        for f in &entry.flowed {
+            model.flowed(f.domain, f.event, f.rmid, f.before);
+        }
+        if !entry.flowed.is_empty() {
+            let restarted = restarted_by(&entry.step, &model, &formats);
+            if let Step::Read { .. } = entry.step {
+                for f in &entry.flowed {
+                    model.flowing_into_read(&restarted, f.counter(), f.during);
+                }
+            }
+            during = Some((model.snapshot(), &entry.flowed, restarted));
+        }
         for &domain in unknown_from.get(&index).into_iter().flatten() {
             model.placement_unknown(domain);
         }
@@ -635,7 +677,7 @@ fn placed(
 
 #[cfg(test)]
 pub(crate) mod tests {
-    use super::super::journal::{IoctlName, Opened};
+    use super::super::journal::Opened;
     use super::*;
     use crate::model::ValueRule;
 
@@ -669,6 +711,7 @@ pub(crate) mod tests {
             took_ns: 1000,
             at_ns: 0,
             returned_ns: 0,
+            flowed: Vec::new(),
         }
     }
 
@@ -723,6 +766,100 @@ pub(crate) mod tests {
         let mut right = journal.clone();
         right[7] = ok(Step::Read { handle: 1 }, vec![640, 30, 30]);
         assert_eq!(replay_on(SHAPE, &Cpus::default(), &right).findings, vec![]);
+    }
+
+    /// `entry` with steady traffic on event 1's counter (domain 1,
+    /// `mbm_total_bytes`, RMID 3): `before` it and `during` it.
+    fn flowing(mut entry: Entry, before: u64, during: u64) -> Entry {
+        entry.flowed.push(Flowed {
+            domain: 1,
+            event: 2,
+            rmid: 3,
+            before,
+            during,
+        });
+        entry
+    }
+
+    fn rate(bytes_per_sec: u64) -> Step {
+        Step::Rate {
+            domain: 1,
+            rmid: 3,
+            event: 2,
+            bytes_per_sec,
+        }
+    }
+
+    /// Steady traffic: what lands between two steps counts as a burst;
+    /// what lands during a read may show in it or in the next one, during a
+    /// DISABLE in part; during a move it all counts, and a move that lost
+    /// some is caught.
+    #[test]
+    pub(crate) fn steady_traffic_during_an_operation_counts_for_sure_only_where_it_counted_before_and_after(
+    ) {
+        let read = |value: u64, ms: u64| ok(Step::Read { handle: 1 }, vec![value, ms, ms]);
+        let disable = Step::Ioctl {
+            handle: 1,
+            ioctl: IoctlName::Disable,
+            group: false,
+        };
+        let journal = vec![
+            open(1, false),
+            flowing(ok(rate(64 << 20), vec![]), 0, 6400),
+            // 320 of the 640 that landed during the read show in it.
+            flowing(read(6400 + 64_000 + 320, 10), 64_000, 640),
+            // The DISABLE stopped the count after half of what landed
+            // during it.
+            flowing(ok(disable, vec![0]), 1280, 6400),
+            flowing(ok(rate(0), vec![]), 0, 0),
+            read(6400 + 64_000 + 640 + 1280 + 3200, 20),
+        ];
+        let r = replay_on(SHAPE, &Cpus::default(), &journal);
+        assert_eq!(r.findings, vec![], "the right reads");
+        assert_eq!(r.reads, 2);
+
+        let enable = Step::Ioctl {
+            handle: 1,
+            ioctl: IoctlName::Enable,
+            group: false,
+        };
+        let moved = |value: u64| {
+            vec![
+                open(1, false),
+                flowing(ok(rate(64 << 20), vec![]), 0, 0),
+                flowing(ok(Step::Read { handle: 1 }, vec![0, 10, 10]), 0, 0),
+                flowing(ok(Step::Move { domain: 1 }, vec![]), 640, 64_000),
+                flowing(ok(rate(0), vec![]), 0, 0),
+                read(value, 20),
+                ok(enable.clone(), vec![0]),
+            ]
+        };
+        let whole = replay_on(SHAPE, &Cpus::default(), &moved(64_640));
+        assert_eq!(
+            whole.findings,
+            vec![],
+            "a move counts all that landed during it"
+        );
+        let lost = replay_on(SHAPE, &Cpus::default(), &moved(64_640 - 6400));
+        assert_eq!(lost.findings.len(), 1, "{:?}", lost.findings);
+        assert_eq!(lost.findings[0].index, 5);
+    }
+
+    /// The device counts whole units of 64 bytes: a count fed steady
+    /// traffic lags the truth by the part of a unit it has not counted yet,
+    /// and shows it once the unit is whole.
+    #[test]
+    pub(crate) fn a_count_fed_steady_traffic_lags_the_truth_by_less_than_a_unit() {
+        let read = |value: u64, ms: u64| ok(Step::Read { handle: 1 }, vec![value, ms, ms]);
+        let journal = vec![
+            open(1, false),
+            flowing(ok(rate(1 << 20), vec![]), 0, 0),
+            flowing(read(64, 10), 100, 0),
+            flowing(read(128, 20), 28, 0),
+            flowing(ok(rate(0), vec![]), 0, 0),
+        ];
+        let r = replay_on(SHAPE, &Cpus::default(), &journal);
+        assert_eq!(r.findings, vec![]);
     }
 
     /// rcutorture parked domain 1 and placed it again behind the host's
@@ -999,6 +1136,7 @@ pub(crate) mod tests {
                 took_ns: 5,
                 at_ns: 0,
                 returned_ns: 0,
+                flowed: Vec::new(),
             },
             ok(
                 Step::Seen {
@@ -1066,6 +1204,7 @@ pub(crate) mod tests {
                 took_ns: 5,
                 at_ns: 0,
                 returned_ns: 0,
+                flowed: Vec::new(),
             },
             Entry {
                 step: open(1, false).step,
@@ -1073,6 +1212,7 @@ pub(crate) mod tests {
                 took_ns: 7,
                 at_ns: 0,
                 returned_ns: 0,
+                flowed: Vec::new(),
             },
             ok(Step::Unpark { domain: 1, cpu: 2 }, vec![]),
             ok(open(1, true).step, vec![2]),

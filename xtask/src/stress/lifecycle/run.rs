@@ -27,7 +27,7 @@ use crate::model::DeviceShape;
 use crate::progress::human;
 
 use super::super::jobs::{start_job, stop_job};
-use super::generate::{Generator, RMID_LOOP, RMID_RATE};
+use super::generate::{Generator, RMID_LOOP};
 use super::journal::{self, perf_op, Cpus, Entry, Header, Opened, Step, PARKED};
 use super::replay::{replay_on, Finding};
 
@@ -315,6 +315,7 @@ pub fn run(
             took_ns: 0,
             at_ns: 0,
             returned_ns: 0,
+            flowed: Vec::new(),
         })
         .collect();
 
@@ -644,6 +645,7 @@ impl Watch {
                 took_ns: since(began),
                 at_ns: since(run_start),
                 returned_ns: 0,
+                flowed: Vec::new(),
             };
             generator.observe(&entry);
             journal.push(entry);
@@ -779,12 +781,14 @@ pub(super) fn flush(
             took_ns: r.took_ns,
             at_ns: since(run_start),
             returned_ns: r.time_ns,
+            flowed: Vec::new(),
         });
     }
     Ok(desync)
 }
 
-fn event(id: u32) -> Event {
+/// The device's event of a journal's event number (an `mbm_*` one).
+pub(super) fn event(id: u32) -> Event {
     if id == 3 {
         Event::MbmLocalBytes
     } else {
@@ -830,10 +834,11 @@ pub(super) fn host_step(
         }
         &Step::Rate {
             domain,
+            rmid,
+            event: e,
             bytes_per_sec,
-            ..
         } => {
-            control.set_rate(domain, RMID_RATE, Event::MbmLocalBytes, bytes_per_sec)?;
+            control.set_rate(domain, rmid, event(e), bytes_per_sec)?;
             Ok(vec![])
         }
         &Step::Move { domain } => hotplug(
@@ -951,6 +956,7 @@ pub(super) fn host_step(
         took_ns,
         at_ns: since(run_start),
         returned_ns: 0,
+        flowed: Vec::new(),
     })
 }
 

@@ -295,15 +295,44 @@ impl Parser<'_> {
                 }
             }
             "rate" => {
-                let [domain, rate] = args else {
-                    return Err("expected `rate DOMAIN BYTES/s` (0/s stops it)".into());
+                let (domain, counter, rate) = match args {
+                    [domain, rate] => (domain, None, rate),
+                    [domain, event, rmid, rate] => (domain, Some((event, rmid)), rate),
+                    _ => {
+                        return Err(
+                            "expected `rate DOMAIN [EVENT rmid=N] BYTES/s` (0/s stops it)".into(),
+                        )
+                    }
                 };
                 let Some(per_sec) = rate.strip_suffix("/s") else {
                     return Err(format!("`{rate}`: expected a rate such as 64MiB/s"));
                 };
+                let (event, rmid) = match counter {
+                    None => (
+                        perfbed_device::regs::Event::MbmLocalBytes as u32,
+                        super::generate::RMID_RATE,
+                    ),
+                    Some((event, rmid)) => {
+                        let event = device_event(event)?;
+                        if event == 1 {
+                            return Err(
+                                "llc_occupancy is a gauge: set it with `occupancy DOMAIN rmid=N BYTES`"
+                                    .into(),
+                            );
+                        }
+                        let rmid = self.rmid(rmid)?;
+                        if rmid == super::generate::RMID_RATE {
+                            return Err(format!(
+                                "rmid={rmid} carries the background rate: a watched rate needs another RMID"
+                            ));
+                        }
+                        (event, rmid)
+                    }
+                };
                 Step::Rate {
                     domain: self.domain(domain)?,
-                    rmid: super::generate::RMID_RATE,
+                    rmid,
+                    event,
                     bytes_per_sec: bytes_of(per_sec)?,
                 }
             }

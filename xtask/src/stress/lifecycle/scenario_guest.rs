@@ -22,6 +22,7 @@ use crate::host::config::VmConfig;
 use crate::model::Handle;
 use crate::progress::human;
 
+use super::flows::Flows;
 use super::journal::{self, perf_op, Entry, Header, Opened, Step};
 use super::reads;
 use super::replay::{replay, Finding};
@@ -237,6 +238,7 @@ fn carry_out_into(
     let attr = |o: &Opened| attr_of(o, env.types);
     let start = Instant::now();
     let mut pending: Vec<(Step, bool)> = Vec::new();
+    let mut flows = Flows::default();
     for op in &scenario.ops {
         let mut step = op.step.clone();
         if let Some(d) = op.on_owner {
@@ -262,24 +264,37 @@ fn carry_out_into(
                 _ => {}
             }
         }
+        let opens = !op.wants.iter().any(|w| matches!(w, Want::Refused { .. }));
+        if flows.around(&step) {
+            // Each step alone, the flowing counters' truth around it.
+            flush(g, &mut pending, &attr, journal, start)?;
+            let before = flows.before(control, &step)?;
+            if perf_op(&step, attr).is_some() {
+                flush(g, &mut vec![(step, opens)], &attr, journal, start)?;
+            } else {
+                let step = with_job(step, journal, scenario, op.line)?;
+                journal.push(host_step(
+                    g,
+                    control,
+                    env.device,
+                    env.pmus,
+                    step,
+                    env.timeout,
+                    start,
+                )?);
+            }
+            let entry = journal.last_mut().expect("the step just carried out");
+            flows.after(control, &before, entry)?;
+            continue;
+        }
         if perf_op(&step, attr).is_some() {
-            let opens = !op.wants.iter().any(|w| matches!(w, Want::Refused { .. }));
             pending.push((step, opens));
             continue;
         }
         // A desync (an open that did not give the handle the parser gave
         // it) shows in the replay as a finding at that open.
         flush(g, &mut pending, &attr, journal, start)?;
-        if let Step::MovesStop { domain, job } = &mut step {
-            match super::journal::started_job(journal, *domain) {
-                Some(started) => *job = started,
-                None => bail!(
-                    "{}:{}: `moves {domain} stop`, but its thread did not start",
-                    scenario.file.display(),
-                    op.line
-                ),
-            }
-        }
+        let step = with_job(step, journal, scenario, op.line)?;
         journal.push(host_step(
             g,
             control,
@@ -292,6 +307,20 @@ fn carry_out_into(
     }
     flush(g, &mut pending, &attr, journal, start)?;
     Ok(())
+}
+
+/// `step` with, for a `moves D stop`, the job its `start` began.
+fn with_job(mut step: Step, journal: &[Entry], scenario: &Scenario, line: usize) -> Result<Step> {
+    if let Step::MovesStop { domain, job } = &mut step {
+        match super::journal::started_job(journal, *domain) {
+            Some(started) => *job = started,
+            None => bail!(
+                "{}:{line}: `moves {domain} stop`, but its thread did not start",
+                scenario.file.display(),
+            ),
+        }
+    }
+    Ok(step)
 }
 
 /// The scenario's verdict: the replay's findings and the wants the run
@@ -425,13 +454,13 @@ pub fn restore(
     }
     for entry in journal {
         match entry.step {
-            Step::Rate { domain, .. } => {
-                control.set_rate(
-                    domain,
-                    super::generate::RMID_RATE,
-                    perfbed_device::regs::Event::MbmLocalBytes,
-                    0,
-                )?;
+            Step::Rate {
+                domain,
+                rmid,
+                event,
+                ..
+            } => {
+                control.set_rate(domain, rmid, super::run::event(event), 0)?;
             }
             // A gauge reads the level last set: the next scenario's
             // model starts from none.
@@ -604,6 +633,7 @@ mod tests {
                 took_ns: 1000,
                 at_ns: 0,
                 returned_ns: 0,
+                flowed: Vec::new(),
             })
             .collect()
     }

@@ -32,13 +32,12 @@ impl Line {
 }
 
 /// Whether a scenario can say `step` (the lifecycle's `OthersOpen` and
-/// `perf stat` steps have no line, nor a rate on another RMID than the
-/// scenario's).
+/// `perf stat` steps have no line).
 pub fn writable(step: &Step) -> bool {
     !matches!(
         step,
         Step::OthersOpen { .. } | Step::PerfStat { .. } | Step::Seen { .. }
-    ) && !matches!(step, Step::Rate { rmid, .. } if *rmid != RMID_RATE)
+    )
 }
 
 /// `lines` (each with a tag, such as its journal index) as a scenario can
@@ -249,9 +248,20 @@ fn step_text(step: &Step, all: &[Line]) -> String {
         } => format!("occupancy {domain} rmid={rmid} {}", bytes_text(*bytes)),
         Step::Rate {
             domain,
+            rmid: RMID_RATE,
             bytes_per_sec,
             ..
         } => format!("rate {domain} {}/s", bytes_text(*bytes_per_sec)),
+        Step::Rate {
+            domain,
+            rmid,
+            event,
+            bytes_per_sec,
+        } => format!(
+            "rate {domain} {} rmid={rmid} {}/s",
+            event_name(*event),
+            bytes_text(*bytes_per_sec)
+        ),
         Step::Move { domain } => format!("move {domain}"),
         Step::MovesStart { domain, .. } => format!("moves {domain} start"),
         Step::MovesStop { domain, .. } => format!("moves {domain} stop"),
@@ -335,6 +345,7 @@ mod tests {
                             took_ns: 0,
                             at_ns: 0,
                             returned_ns: 0,
+                            flowed: Vec::new(),
                         });
                     }
                     Step::Park { domain } => {

@@ -273,6 +273,12 @@ pub fn depends(journal: &[Entry], target: usize, domains: &[Vec<u32>]) -> BTreeS
                 ..
             } => keys.contains(&(*domain, *event, *rmid)),
             Step::Occupancy { domain, rmid, .. } => keys.contains(&(*domain, 1, *rmid)),
+            Step::Rate {
+                domain,
+                event,
+                rmid,
+                ..
+            } if *rmid != super::generate::RMID_RATE => keys.contains(&(*domain, *event, *rmid)),
             Step::Rate { domain, .. }
             | Step::Move { domain }
             | Step::MovesStart { domain, .. }
@@ -522,6 +528,7 @@ mod tests {
             took_ns: 1,
             at_ns: 0,
             returned_ns: 0,
+            flowed: Vec::new(),
         }
     }
 
