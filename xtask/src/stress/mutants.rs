@@ -350,10 +350,6 @@ mod tests {
             "an open attribute for sample_type and branch_sample_type, and the model refusing it with EINVAL",
         ),
         (
-            "in-place-move-ends-slots",
-            "rate traffic on an RMID an event watches, judged against the device's truth across the placements",
-        ),
-        (
             "irq-affinity-stays",
             "an assertion on the interrupt's affinity (/proc/irq/N/smp_affinity_list against cpumask)",
         ),

@@ -80,7 +80,6 @@ fn alone() -> impl Iterator<Item = &'static (&'static str, CtxCheck)> {
         .iter()
         .chain(SEMANTICS)
         .chain(ATTRIBUTES)
-        .chain(hold_attacks::CHECKS)
         .chain(hold_attacks::KNOWN_BUGS)
 }
 
@@ -221,12 +220,7 @@ fn plan(
     } else {
         &[]
     };
-    for table in [
-        redteam::CHECKS,
-        attacks::CHECKS,
-        hold_attacks::CHECKS,
-        known,
-    ] {
+    for table in [redteam::CHECKS, attacks::CHECKS, known] {
         plan.extend(table.iter().map(each));
     }
     // The library before the allowed-set attacks, whose reloads of the
