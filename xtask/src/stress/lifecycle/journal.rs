@@ -445,6 +445,73 @@ pub fn perf_op(step: &Step, attr: impl Fn(&Opened) -> perfbed_agent::PerfAttr) -
     })
 }
 
+/// What landed on an event's counter from its open, or its last RESET, to
+/// a read: `sure` between the two, `unsure` during the open or RESET and
+/// during the read (at a moment that may be before or after the count's
+/// start or the read's look at it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Landed {
+    pub sure: u64,
+    pub unsure: u64,
+}
+
+/// [`Landed`] for `handle` at the read that ends `steps` (each with the
+/// steady traffic around it); `None` where `steps` hold no open of it
+/// before the read or it counts no device counter.
+pub fn landed(steps: &[(&Step, &[Flowed])], handle: Handle) -> Option<Landed> {
+    let (read, earlier) = steps.split_last()?;
+    let opened = |h: Handle| {
+        earlier
+            .iter()
+            .enumerate()
+            .rev()
+            .find_map(|(i, (s, _))| match s {
+                Step::Open { event, expect } if *expect == h => Some((i, event)),
+                _ => None,
+            })
+    };
+    let (open_at, event) = opened(handle)?;
+    let counter = (event.pmu?, event.event, event.rmid);
+    let leader_of = |h: Handle| opened(h).and_then(|(_, e)| e.group).unwrap_or(h);
+    let leader = leader_of(handle);
+    let restarts = |s: &Step| match *s {
+        Step::Ioctl {
+            handle: h,
+            ioctl: IoctlName::Reset,
+            group,
+        } => h == handle || (group && leader_of(h) == leader),
+        _ => false,
+    };
+    let start = (open_at..earlier.len())
+        .rev()
+        .find(|&i| restarts(earlier[i].0))
+        .unwrap_or(open_at);
+    let on = |flowed: &[Flowed], f: fn(&Flowed) -> u64| -> u64 {
+        flowed
+            .iter()
+            .filter(|x| x.counter() == counter)
+            .map(f)
+            .sum()
+    };
+    let mut sure = on(read.1, |f| f.before);
+    for &(step, flowed) in &earlier[start + 1..] {
+        sure += on(flowed, |f| f.before + f.during);
+        if let &Step::Burst {
+            domain,
+            event,
+            rmid,
+            bytes,
+        } = step
+        {
+            if (domain, event, rmid) == counter {
+                sure += bytes;
+            }
+        }
+    }
+    let unsure = on(earlier[start].1, |f| f.during) + on(read.1, |f| f.during);
+    Some(Landed { sure, unsure })
+}
+
 /// The job of the moving thread last started on `domain` in `journal`.
 pub fn started_job(journal: &[Entry], domain: u32) -> Option<u32> {
     journal
@@ -495,6 +562,83 @@ impl Entry {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What landed on a counter since its open, or since a RESET of it
+    /// or of its group: bursts and steady traffic between, what flowed
+    /// during the RESET and the read unsure; other counters and what came
+    /// before the RESET left out.
+    #[test]
+    fn landed_counts_from_the_last_restart_to_the_read() {
+        let open = |expect, rmid, group| Step::Open {
+            event: Opened {
+                pmu: Some(1),
+                event: 2,
+                rmid,
+                disabled: false,
+                pinned: false,
+                exclusive: false,
+                group,
+                read_format: ReadFormat {
+                    times: false,
+                    id: false,
+                    group: false,
+                    lost: false,
+                },
+                cpu: -1,
+            },
+            expect,
+        };
+        let burst = |rmid, bytes| Step::Burst {
+            domain: 1,
+            event: 2,
+            rmid,
+            bytes,
+        };
+        let reset = |handle, group| Step::Ioctl {
+            handle,
+            ioctl: IoctlName::Reset,
+            group,
+        };
+        let flow = |before, during| {
+            vec![Flowed {
+                domain: 1,
+                event: 2,
+                rmid: 3,
+                before,
+                during,
+            }]
+        };
+        let none = Vec::new();
+        let (a, b) = (flow(100, 10), flow(1000, 20));
+        let steps: Vec<(Step, Vec<Flowed>)> = vec![
+            (open(1, 3, None), none.clone()),
+            (open(2, 4, Some(1)), none.clone()),
+            (burst(3, 1 << 20), none.clone()),
+            (reset(2, true), a),
+            (burst(3, 64), none.clone()),
+            (burst(4, 128), none.clone()),
+            (Step::Read { handle: 1 }, b),
+        ];
+        let view: Vec<(&Step, &[Flowed])> = steps.iter().map(|(s, f)| (s, &f[..])).collect();
+        assert_eq!(
+            landed(&view, 1),
+            Some(Landed {
+                sure: 64 + 1000,
+                unsure: 10 + 20
+            }),
+            "from the group RESET of its sibling on"
+        );
+        assert_eq!(landed(&view, 9), None, "never opened");
+        let without_reset: Vec<(&Step, &[Flowed])> = view
+            .iter()
+            .enumerate()
+            .map(|(i, &(s, f))| if i == 3 { (&steps[2].0, f) } else { (s, f) })
+            .collect();
+        assert_eq!(
+            landed(&without_reset, 1).map(|l| l.sure),
+            Some((1 << 20) * 2 + 100 + 10 + 64 + 1000)
+        );
+    }
 
     #[test]
     fn a_thread_started_and_not_stopped_is_left_moving_and_only_that() {

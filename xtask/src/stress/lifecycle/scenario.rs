@@ -37,7 +37,7 @@ use crate::checks::pmu::context::EVENT_FILES;
 use crate::checks::pmu::moves::movable_in;
 use crate::model::{DeviceShape, Handle, Observed, ValueRule};
 
-use super::journal::{Cpus, IoctlName, Opened, ReadFormat, Step};
+use super::journal::{landed, Cpus, Flowed, IoctlName, Opened, ReadFormat, Step};
 use super::replay;
 use super::scenario_write::bytes_text;
 
@@ -103,6 +103,14 @@ pub enum Want {
     },
     /// The open before it is refused with this errno.
     Refused { line: usize, errno: String },
+    /// The read before it shows `handle` with all that landed on its
+    /// counter since its open or last RESET (`want NAME landed`): for a
+    /// count fed by a steady rate, which no value can pin before the run.
+    Landed {
+        line: usize,
+        handle: Handle,
+        name: String,
+    },
 }
 
 /// The operations a line can start with.
@@ -886,8 +894,16 @@ impl Parser<'_> {
                 "`want {name} ...` must follow a read that shows {name} (`read {name}`, or a group read of its group)"
             ));
         }
-        let bytes =
-            bytes_of(what).map_err(|e| format!("{e}, or an errno ({})", ERRNOS.join(", ")))?;
+        if *what == "landed" {
+            last.wants.push(Want::Landed {
+                line,
+                handle,
+                name: name.to_string(),
+            });
+            return Ok(());
+        }
+        let bytes = bytes_of(what)
+            .map_err(|e| format!("{e}, `landed`, or an errno ({})", ERRNOS.join(", ")))?;
         last.wants.push(Want::Value {
             line,
             handle,
@@ -1078,6 +1094,7 @@ impl fmt::Display for Want {
         match self {
             Want::Value { name, bytes, .. } => write!(f, "want {name} {bytes}"),
             Want::Refused { errno, .. } => write!(f, "want {errno}"),
+            Want::Landed { name, .. } => write!(f, "want {name} landed"),
         }
     }
 }
@@ -1098,7 +1115,7 @@ pub fn wants_against_model(scenario: &Scenario, shape: DeviceShape) -> Vec<Scena
     };
     let mut p = replay::Predictor::new(shape, &cpus);
     let mut out = Vec::new();
-    for op in &scenario.ops {
+    for (index, op) in scenario.ops.iter().enumerate() {
         let mut find = |line: usize, message: String| {
             out.push(ScenarioError {
                 file: scenario.file.clone(),
@@ -1146,6 +1163,28 @@ pub fn wants_against_model(scenario: &Scenario, shape: DeviceShape) -> Vec<Scena
             }
             Step::Read { .. } => {
                 for want in &op.wants {
+                    if let Want::Landed { line, handle, name } = want {
+                        let steps: Vec<(&Step, &[Flowed])> = scenario.ops[..=index]
+                            .iter()
+                            .map(|o| (&o.step, &[][..]))
+                            .collect();
+                        let all = landed(&steps, *handle).map_or(0, |l| l.sure);
+                        match p.model.expect(*handle).map(|e| e.value) {
+                            Some(ValueRule::Bytes { base, lo, hi, .. })
+                                if lo == hi && base.wrapping_add(lo) == all => {}
+                            other => find(
+                                *line,
+                                format!(
+                                    "the model does not promise {name} all that landed since its open or RESET ({}): {}",
+                                    bytes_text(all),
+                                    other.as_ref().and_then(model_values).map_or_else(
+                                        || "no value".to_string(),
+                                        |(lo, hi)| format!("{}..={}", bytes_text(lo), bytes_text(hi))
+                                    )
+                                ),
+                            ),
+                        }
+                    }
                     if let Want::Value {
                         line,
                         handle,
@@ -1649,6 +1688,51 @@ mod tests {
             parsed("park movable\na = open movable mbm_total_bytes rmid=1\nwant a EINVAL\n")
                 .unwrap();
         assert_eq!(wants_against_model(&refused, shape)[0].line, 3);
+    }
+
+    /// `want NAME landed`: the model must promise the count all that
+    /// landed since its open or RESET; a window with the event disabled
+    /// is refused before any guest, and so is one multiplexed.
+    #[test]
+    fn a_want_of_all_that_landed_needs_the_model_to_promise_it() {
+        let shape = DeviceShape {
+            pmus: 2,
+            slots: 1,
+            unit_bytes: 64,
+            counter_width: 24,
+            max_rate: 1 << 30,
+        };
+        let text = |middle: &str| {
+            format!(
+                "a = open movable mbm_total_bytes rmid=1
+                 burst movable mbm_total_bytes rmid=1 1MiB
+                 {middle}
+                 burst movable mbm_total_bytes rmid=1 2MiB
+                 move movable
+                 read a
+                 want a landed
+"
+            )
+        };
+        let right = parsed(&text("reset a")).unwrap();
+        assert_eq!(wants_against_model(&right, shape), vec![]);
+        for middle in [
+            "disable a
+burst movable mbm_total_bytes rmid=1 4MiB
+enable a",
+            "b = open movable mbm_total_bytes rmid=2",
+        ] {
+            let wrong = parsed(&text(middle)).unwrap();
+            let found = wants_against_model(&wrong, shape);
+            assert_eq!(found.len(), 1, "{middle}: {found:?}");
+            assert!(
+                found[0]
+                    .message
+                    .contains("does not promise a all that landed"),
+                "{}",
+                found[0].message
+            );
+        }
     }
 
     /// `offline owner(DOMAIN)`: the parser predicts the CPU for its own

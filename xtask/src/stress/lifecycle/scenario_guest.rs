@@ -335,12 +335,15 @@ fn judge(scenario: &Scenario, journal: &[Entry], device: &DeviceConfig) -> Check
         .map(|f| (scenario.ops[f.index].line, f.text.clone()))
         .collect();
     let mut formats = std::collections::BTreeMap::new();
-    for (op, entry) in scenario.ops.iter().zip(journal) {
+    for (index, (op, entry)) in scenario.ops.iter().zip(journal).enumerate() {
         if let Step::Open { event, expect } = &entry.step {
             formats.insert(*expect, event.read_format);
         }
         for want in &op.wants {
-            if let Some(problem) = want_problem(want, &op.shows, entry, &formats) {
+            let through = &journal[..=index];
+            if let Some(problem) =
+                want_problem(want, &op.shows, through, &formats, device.unit_bytes)
+            {
                 problems.push((want_line(want), problem));
             }
         }
@@ -378,53 +381,85 @@ fn judge(scenario: &Scenario, journal: &[Entry], device: &DeviceConfig) -> Check
 
 fn want_line(want: &Want) -> usize {
     match want {
-        Want::Value { line, .. } | Want::Refused { line, .. } => *line,
+        Want::Value { line, .. } | Want::Refused { line, .. } | Want::Landed { line, .. } => *line,
     }
 }
 
-/// What the run showed against one want, if it differs.
+/// What the run showed against one want, if it differs; `journal` ends
+/// with the want's step, on a device counting in units of `unit` bytes.
 fn want_problem(
     want: &Want,
     shows: &[Handle],
+    journal: &[Entry],
+    formats: &std::collections::BTreeMap<Handle, journal::ReadFormat>,
+    unit: u64,
+) -> Option<String> {
+    let entry = journal.last()?;
+    match want {
+        Want::Refused { errno, .. } => match &entry.result {
+            Err(got) if got == errno => None,
+            got => Some(format!("the open gave {got:?}, want {errno}")),
+        },
+        Want::Value {
+            handle,
+            name,
+            bytes,
+            ..
+        } => match shown(*handle, name, shows, entry, formats) {
+            Ok(value) if value == *bytes => None,
+            Ok(value) => Some(difference(name, *bytes, (value, value), "got")),
+            Err(problem) => Some(problem),
+        },
+        Want::Landed { handle, name, .. } => {
+            let value = match shown(*handle, name, shows, entry, formats) {
+                Ok(value) => value,
+                Err(problem) => return Some(problem),
+            };
+            let steps: Vec<(&Step, &[journal::Flowed])> =
+                journal.iter().map(|e| (&e.step, &e.flowed[..])).collect();
+            let Some(all) = journal::landed(&steps, *handle) else {
+                return Some(format!("{name}: its open is not in the journal"));
+            };
+            // Less than a unit short (the device counts whole ones), or
+            // some of what landed during the open, RESET or read.
+            let part = unit.saturating_sub(1);
+            let (lo, hi) = (all.sure.saturating_sub(part), all.sure + all.unsure + part);
+            (!(lo..=hi).contains(&value)).then(|| {
+                format!(
+                    "{name}: read {value}, not all that landed since its open or RESET: {} (up to {} more landed during it or the read), delta {}",
+                    all.sure,
+                    all.unsure,
+                    value as i64 - all.sure as i64
+                )
+            })
+        }
+    }
+}
+
+/// The value the read `entry` shows for `handle`, or what is wrong.
+fn shown(
+    handle: Handle,
+    name: &str,
+    shows: &[Handle],
     entry: &Entry,
     formats: &std::collections::BTreeMap<Handle, journal::ReadFormat>,
-) -> Option<String> {
-    match (want, &entry.result, &entry.step) {
-        (Want::Refused { errno, .. }, Err(got), _) if got == errno => None,
-        (Want::Refused { errno, .. }, got, _) => {
-            Some(format!("the open gave {got:?}, want {errno}"))
-        }
-        (Want::Value { .. }, Err(e), _) => Some(format!("the read failed: {e}")),
-        (
-            Want::Value {
-                handle,
-                name,
-                bytes,
-                ..
-            },
-            Ok(words),
-            &Step::Read { handle: read },
-        ) => {
-            let Some(format) = formats.get(&read) else {
-                return Some(format!(
-                    "the read of {name}: its event's open is not in the journal"
-                ));
-            };
-            match reads::parse(words, *format, read, shows) {
-                Ok(members) => match members.iter().find(|m| m.handle == *handle) {
-                    Some(m) if m.observed.value == *bytes => None,
-                    Some(m) => Some(difference(
-                        name,
-                        *bytes,
-                        (m.observed.value, m.observed.value),
-                        "got",
-                    )),
-                    None => Some(format!("the read does not show {name}")),
-                },
-                Err(e) => Some(format!("the read of {name}: {e}")),
-            }
-        }
-        (Want::Value { .. }, Ok(_), step) => Some(format!("a value wanted of {step:?}")),
+) -> Result<u64, String> {
+    let (words, read) = match (&entry.result, &entry.step) {
+        (Err(e), _) => return Err(format!("the read failed: {e}")),
+        (Ok(words), &Step::Read { handle: read }) => (words, read),
+        (Ok(_), step) => return Err(format!("a value wanted of {step:?}")),
+    };
+    let Some(format) = formats.get(&read) else {
+        return Err(format!(
+            "the read of {name}: its event's open is not in the journal"
+        ));
+    };
+    match reads::parse(words, *format, read, shows) {
+        Ok(members) => match members.iter().find(|m| m.handle == handle) {
+            Some(m) => Ok(m.observed.value),
+            None => Err(format!("the read does not show {name}")),
+        },
+        Err(e) => Err(format!("the read of {name}: {e}")),
     }
 }
 
