@@ -357,7 +357,6 @@ mod tests {
             "update-allowed-does-nothing",
             "none (an `allowed` step fails when cpumask does not follow): not yet run with its kernel",
         ),
-        ("seed-as-posted", "none (a park loses the events' counts): not yet run with its kernel"),
         (
             "read-peeks-unfolded",
             "a read through BPF (perf_event_read_local() from the tick), or a run against the library to see whether read() shows it",

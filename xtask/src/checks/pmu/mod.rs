@@ -39,8 +39,6 @@ pub type CtxCheck = fn(&mut Ctx) -> Result<Check>;
 /// Moves, parks, interrupts and allowed sets, in `run`'s order, each by the
 /// name its `Check` carries.
 const AROUND_MOVES: &[(&str, CtxCheck)] = &[
-    ("migration", moves::migration),
-    ("parking", moves::parking),
     ("interrupts", interrupts::follow_the_owner),
     ("allowed sets", allowed_sets::changes),
     (
@@ -59,7 +57,6 @@ const AROUND_MOVES: &[(&str, CtxCheck)] = &[
 /// in `run`'s order.
 const SEMANTICS: &[(&str, CtxCheck)] = &[
     ("multiplexing", multiplexing::multiplexing),
-    ("disable window", semantics::disable_window),
     ("multiplexing through a park", semantics::multiplexed_park),
     ("park longer than a wrap", semantics::long_park),
     ("bad attributes", groups::bad_attributes),
