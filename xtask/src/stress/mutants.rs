@@ -350,14 +350,6 @@ mod tests {
             "an open attribute for sample_type and branch_sample_type, and the model refusing it with EINVAL",
         ),
         (
-            "irq-affinity-stays",
-            "an assertion on the interrupt's affinity (/proc/irq/N/smp_affinity_list against cpumask)",
-        ),
-        (
-            "update-allowed-does-nothing",
-            "none (an `allowed` step fails when cpumask does not follow): not yet run with its kernel",
-        ),
-        (
             "read-peeks-unfolded",
             "a read through BPF (perf_event_read_local() from the tick), or a run against the library to see whether read() shows it",
         ),

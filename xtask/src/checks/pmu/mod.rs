@@ -40,7 +40,6 @@ pub type CtxCheck = fn(&mut Ctx) -> Result<Check>;
 /// name its `Check` carries.
 const AROUND_MOVES: &[(&str, CtxCheck)] = &[
     ("interrupts", interrupts::follow_the_owner),
-    ("allowed sets", allowed_sets::changes),
     (
         "interrupts with RESET and DISABLE",
         allowed_sets::with_reset_and_disable,

@@ -70,15 +70,28 @@ impl Flows {
         entry: &mut Entry,
     ) -> Result<()> {
         let state = control.state()?;
-        for (&(domain, e, rmid), &then) in before {
+        // A burst into a flowing counter is in its truth too: the journal
+        // has it as the burst's, landed before the step ended.
+        let burst = match entry.step {
+            Step::Burst {
+                domain,
+                event,
+                rmid,
+                bytes,
+            } => Some(((domain, event, rmid), bytes)),
+            _ => None,
+        };
+        for (&counter, &then) in before {
+            let (domain, e, rmid) = counter;
             let now = state.truth(domain, rmid, event(e));
-            let last = self.last.insert((domain, e, rmid), now).unwrap_or(then);
+            let last = self.last.insert(counter, now).unwrap_or(then);
+            let injected = burst.filter(|(c, _)| *c == counter).map_or(0, |(_, b)| b);
             entry.flowed.push(Flowed {
                 domain,
                 event: e,
                 rmid,
                 before: then.wrapping_sub(last),
-                during: now.wrapping_sub(then),
+                during: now.wrapping_sub(then).wrapping_sub(injected),
             });
         }
         if let Some((counter, 0)) = watched_rate(&entry.step) {

@@ -412,7 +412,8 @@ pub struct Flowed {
     pub rmid: u32,
     /// Bytes landed since the step before ended: before this one began.
     pub before: u64,
-    /// Bytes landed while this step was carried out.
+    /// Bytes landed while this step was carried out (a burst's own bytes
+    /// left out: they are the burst's).
     pub during: u64,
 }
 

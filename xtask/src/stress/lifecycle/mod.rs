@@ -4,6 +4,7 @@
 pub mod cli;
 mod flows;
 pub mod generate;
+mod irq_affinity;
 pub mod journal;
 mod moving_thread;
 mod perf_stat;

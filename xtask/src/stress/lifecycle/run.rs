@@ -15,7 +15,6 @@ use perfbed_device::cpus::parse_cpu_list;
 use perfbed_device::regs::Event;
 use perfbed_device::{ControlClient, DeviceConfig};
 
-use crate::checks::pmu::interrupts::irq_counts;
 use crate::checks::Check;
 use crate::guest::perf_abi::{
     FLAG_DISABLED, FLAG_EXCLUSIVE, FLAG_PINNED, FORMAT_GROUP, FORMAT_ID, FORMAT_LOST,
@@ -28,6 +27,7 @@ use crate::progress::human;
 
 use super::super::jobs::{start_job, stop_job};
 use super::generate::{Generator, RMID_LOOP};
+use super::irq_affinity::{placement_step, IrqLines};
 use super::journal::{self, perf_op, Cpus, Entry, Header, Opened, Step, PARKED};
 use super::replay::{replay_on, Finding};
 
@@ -247,30 +247,9 @@ pub fn run(
         owners.push(g.cpumask(pmu)?.first().copied());
     }
     let first_handle = probe_next_handle(g)?;
-    // Each PMU's interrupt line: after every move, park and unpark its
-    // affinity must follow the PMU (a driver that leaves it behind counts
-    // right, as the owner's poll reads the counters, so only this sees it).
-    let interrupts = g.read_file("/proc/interrupts")?;
-    let irqs: Vec<Option<u32>> = pmus
-        .iter()
-        .map(|pmu| irq_counts(&interrupts, pmu).map(|(irq, _)| irq))
-        .collect();
-    // The hosts give lines to the first domains only (`DEVICE_GSIS`); the
-    // others are polled, and must have no line.
+    // Each PMU's interrupt line follows it (`irq_affinity.rs`).
+    let (irqs, mut affinity_problems) = IrqLines::read(g, pmus)?;
     let lines = crate::host::config::device_gsis(pmus.len()).len();
-    let mut affinity_problems: Vec<String> = pmus
-        .iter()
-        .zip(&irqs)
-        .enumerate()
-        .filter(|(d, (_, irq))| irq.is_some() != (*d < lines))
-        .map(|(d, (pmu, _))| {
-            if d < lines {
-                format!("{pmu} has no line in /proc/interrupts")
-            } else {
-                format!("{pmu} has a line in /proc/interrupts, but the host gives lines to {lines} domains")
-            }
-        })
-        .collect();
     let mut affinity_checked = 0u64;
     let mut first_affinity: Option<usize> = None;
     let start_cpus = Cpus {
@@ -378,11 +357,20 @@ pub fn run(
             desync |= flush!();
             let step = with_started_job(step, &journal)?;
             let entry = host_step(g, control, device, pmus, step, config.timeout, start)?;
-            if let Some(problem) = affinity_after(g, device, &irqs, &entry, journal.len())? {
-                first_affinity.get_or_insert(journal.len());
-                affinity_problems.push(problem);
+            // Placements by the generator's moves, parks and unparks, of
+            // a domain on its default set (an allowed set's is the
+            // `allowed sets` checks').
+            if let Some(d) =
+                placement_step(&entry.step).filter(|_| !matches!(entry.step, Step::Allowed { .. }))
+            {
+                let at = format!("operation {}", journal.len());
+                let allowed = &device.domains[d as usize];
+                if let Some(problem) = irqs.after(g, &entry, allowed, &at)? {
+                    first_affinity.get_or_insert(journal.len());
+                    affinity_problems.push(problem);
+                }
+                affinity_checked += 1;
             }
-            affinity_checked += u64::from(placement_step(&entry.step).is_some());
             generator.observe(&entry);
             journal.push(entry);
             if let Some(w) = &mut watch {
@@ -510,7 +498,7 @@ pub fn run(
 
 /// A moving thread's stop with the job of its start in `journal` (the
 /// generator knows no job numbers); any other step as it is.
-fn with_started_job(step: Step, journal: &[Entry]) -> Result<Step> {
+pub(super) fn with_started_job(step: Step, journal: &[Entry]) -> Result<Step> {
     match step {
         Step::MovesStop { domain, .. } => match journal::started_job(journal, domain) {
             Some(job) => Ok(Step::MovesStop { domain, job }),
@@ -960,58 +948,6 @@ pub(super) fn host_step(
     })
 }
 
-/// The domain a move, park or unpark changed the placement of.
-fn placement_step(step: &Step) -> Option<u32> {
-    match *step {
-        Step::Move { domain } | Step::Park { domain } | Step::Unpark { domain, .. } => Some(domain),
-        _ => None,
-    }
-}
-
-/// After a move, park or unpark that succeeded: what is wrong with the
-/// domain's interrupt affinity, if anything. Placed, it is the owner alone;
-/// parked, it holds none of the domain's CPUs (as the `interrupts` check of
-/// `cargo xtask run` says).
-fn affinity_after(
-    g: &mut Guest,
-    device: &DeviceConfig,
-    irqs: &[Option<u32>],
-    entry: &Entry,
-    index: usize,
-) -> Result<Option<String>> {
-    let Some(domain) = placement_step(&entry.step) else {
-        return Ok(None);
-    };
-    let (Ok(mask), Some(irq)) = (&entry.result, irqs[domain as usize]) else {
-        return Ok(None);
-    };
-    let file = format!("/proc/irq/{irq}/smp_affinity_list");
-    let text = g.read_file(&file)?;
-    let affinity = parse_cpu_list(&text).map_err(|e| anyhow::anyhow!("{file} {text:?}: {e}"))?;
-    let wrong = affinity_wrong(
-        mask.first().copied(),
-        &affinity,
-        &device.domains[domain as usize],
-    );
-    Ok(wrong.then(|| {
-        format!(
-            "operation {index} ({:?}): {file} is {text} but cpumask is {}: the interrupt did not follow the PMU",
-            entry.step,
-            mask.first().map_or("empty (parked)".to_string(), u64::to_string)
-        )
-    }))
-}
-
-/// Whether an interrupt's affinity `affinity` is wrong for a PMU owned by
-/// `owner` (`None`: parked) in a domain of CPUs `cpus`: placed, it must be
-/// the owner alone; parked, none of the domain's CPUs.
-fn affinity_wrong(owner: Option<u64>, affinity: &[u32], cpus: &[u32]) -> bool {
-    match owner {
-        Some(owner) => affinity != [owner as u32],
-        None => affinity.iter().any(|c| cpus.contains(c)),
-    }
-}
-
 /// Takes `cpu` offline; answers each PMU's CPU after it ([`PARKED`] for
 /// one it parked).
 fn offline(g: &mut Guest, pmus: &[String], cpu: u32) -> Result<Result<Vec<u64>, String>> {
@@ -1073,22 +1009,6 @@ fn hotplug(g: &mut Guest, pmu: &str, ops: Vec<HotplugOp>) -> Result<Result<Vec<u
 mod tests {
     use super::*;
     use crate::stress::lifecycle::journal::ReadFormat;
-
-    #[test]
-    fn an_affinity_is_right_on_the_owner_alone_or_outside_a_parked_domain() {
-        let domain = [2, 3];
-        assert!(!affinity_wrong(Some(3), &[3], &domain));
-        assert!(affinity_wrong(Some(3), &[2], &domain), "the CPU it left");
-        assert!(
-            affinity_wrong(Some(3), &[0, 1, 2, 3], &domain),
-            "where the kernel put it"
-        );
-        assert!(!affinity_wrong(None, &[0, 1], &domain));
-        assert!(
-            affinity_wrong(None, &[1, 2], &domain),
-            "parked, inside the domain"
-        );
-    }
 
     #[test]
     fn journaled_opens_become_the_attrs_they_say() {

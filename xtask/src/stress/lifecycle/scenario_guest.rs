@@ -23,10 +23,11 @@ use crate::model::Handle;
 use crate::progress::human;
 
 use super::flows::Flows;
+use super::irq_affinity::Watch;
 use super::journal::{self, perf_op, Entry, Header, Opened, Step};
 use super::reads;
 use super::replay::{replay, Finding};
-use super::run::{attr_of, flush, host_step, probe_next_handle, shape};
+use super::run::{attr_of, flush, host_step, probe_next_handle, shape, with_started_job};
 use super::scenario::{
     difference, files_under, parse, wants_against_model, Layout, Scenario, Want,
 };
@@ -151,7 +152,7 @@ pub fn carry_out_file(
     // Numbered from the agent's next handle this time.
     let first = probe_next_handle(g)?;
     let scenario = parse(file, text, &layout, first).map_err(anyhow::Error::from)?;
-    let journal = carry_out(g, control, &env, &scenario)?;
+    let (journal, affinity) = carry_out(g, control, &env, &scenario)?;
     let path = journal_dir.join(format!(
         "{}.jsonl",
         file.file_stem()
@@ -169,7 +170,7 @@ pub fn carry_out_file(
     };
     std::fs::write(&path, journal::to_text(&header, &journal)?)
         .with_context(|| format!("writing {}", path.display()))?;
-    let mut check = judge(&scenario, &journal, device);
+    let mut check = judge(&scenario, &journal, device, &affinity);
     let first = replay(shape(device), &journal).findings.into_iter().next();
     let said = match (shrink, check.passed, first) {
         (Some(budget), false, Some(first)) => {
@@ -205,6 +206,10 @@ pub struct Env<'a> {
     pub timeout: Duration,
 }
 
+/// A scenario's run: its journal, and after each placement whether the
+/// interrupt followed the PMU (`irq_affinity.rs`), by line.
+type Carried = (Vec<Entry>, Vec<(usize, String)>);
+
 /// Carries out the scenario's steps in order, one journal entry each:
 /// perf steps in batches through the agent, host steps one by one (an
 /// `owner(d)` open is sent alone, with the CPU domain `d`'s cpumask shows).
@@ -213,9 +218,10 @@ fn carry_out(
     control: &mut ControlClient,
     env: &Env,
     scenario: &Scenario,
-) -> Result<Vec<Entry>> {
+) -> Result<Carried> {
     let mut journal = Vec::new();
-    let done = carry_out_into(g, control, env, scenario, &mut journal);
+    let mut watch = Watch::new(g, env.pmus, &env.device.domains)?;
+    let done = carry_out_into(g, control, env, scenario, &mut journal, &mut watch);
     if done.is_err() {
         // A moving thread left running would move the PMUs under whatever
         // runs next: stop it, whatever it says.
@@ -224,7 +230,7 @@ fn carry_out(
             let _ = super::moving_thread::stop(g, domain, pmu, job, env.timeout.as_millis() as u64);
         }
     }
-    done.map(|()| journal)
+    done.map(|()| (journal, watch.problems))
 }
 
 /// [`carry_out`]'s steps, into `journal` as they are carried out.
@@ -234,6 +240,7 @@ fn carry_out_into(
     env: &Env,
     scenario: &Scenario,
     journal: &mut Vec<Entry>,
+    watch: &mut Watch,
 ) -> Result<()> {
     let attr = |o: &Opened| attr_of(o, env.types);
     let start = Instant::now();
@@ -272,16 +279,10 @@ fn carry_out_into(
             if perf_op(&step, attr).is_some() {
                 flush(g, &mut vec![(step, opens)], &attr, journal, start)?;
             } else {
-                let step = with_job(step, journal, scenario, op.line)?;
-                journal.push(host_step(
-                    g,
-                    control,
-                    env.device,
-                    env.pmus,
-                    step,
-                    env.timeout,
-                    start,
-                )?);
+                let step = started(step, journal, scenario, op.line)?;
+                let entry = host_step(g, control, env.device, env.pmus, step, env.timeout, start)?;
+                watch.after(g, &entry, op.line)?;
+                journal.push(entry);
             }
             let entry = journal.last_mut().expect("the step just carried out");
             flows.after(control, &before, entry)?;
@@ -294,45 +295,37 @@ fn carry_out_into(
         // A desync (an open that did not give the handle the parser gave
         // it) shows in the replay as a finding at that open.
         flush(g, &mut pending, &attr, journal, start)?;
-        let step = with_job(step, journal, scenario, op.line)?;
-        journal.push(host_step(
-            g,
-            control,
-            env.device,
-            env.pmus,
-            step,
-            env.timeout,
-            start,
-        )?);
+        let step = started(step, journal, scenario, op.line)?;
+        let entry = host_step(g, control, env.device, env.pmus, step, env.timeout, start)?;
+        watch.after(g, &entry, op.line)?;
+        journal.push(entry);
     }
     flush(g, &mut pending, &attr, journal, start)?;
     Ok(())
 }
 
 /// `step` with, for a `moves D stop`, the job its `start` began.
-fn with_job(mut step: Step, journal: &[Entry], scenario: &Scenario, line: usize) -> Result<Step> {
-    if let Step::MovesStop { domain, job } = &mut step {
-        match super::journal::started_job(journal, *domain) {
-            Some(started) => *job = started,
-            None => bail!(
-                "{}:{line}: `moves {domain} stop`, but its thread did not start",
-                scenario.file.display(),
-            ),
-        }
-    }
-    Ok(step)
+fn started(step: Step, journal: &[Entry], scenario: &Scenario, line: usize) -> Result<Step> {
+    with_started_job(step, journal).with_context(|| format!("{}:{line}", scenario.file.display()))
 }
 
 /// The scenario's verdict: the replay's findings and the wants the run
 /// did not show, each at its file and line.
-fn judge(scenario: &Scenario, journal: &[Entry], device: &DeviceConfig) -> Check {
+fn judge(
+    scenario: &Scenario,
+    journal: &[Entry],
+    device: &DeviceConfig,
+    affinity: &[(usize, String)],
+) -> Check {
     let at = |line: usize| format!("{}:{line}", scenario.file.display());
     let replayed = replay(shape(device), journal);
-    // By line: the model's findings and the unmet wants, in file order.
+    // By line: the model's findings, the unmet wants and the interrupt
+    // left behind, in file order.
     let mut problems: Vec<(usize, String)> = replayed
         .findings
         .iter()
         .map(|f| (scenario.ops[f.index].line, f.text.clone()))
+        .chain(affinity.iter().cloned())
         .collect();
     let mut formats = std::collections::BTreeMap::new();
     for (index, (op, entry)) in scenario.ops.iter().zip(journal).enumerate() {
@@ -592,7 +585,7 @@ pub fn shrink_on_guest(
     let mut oracle = |text: &str, at: &[usize]| -> Result<Option<(usize, String)>> {
         let first = probe_next_handle(g)?;
         let scenario = parse(file, text, layout, first)?;
-        let journal = carry_out(g, control, env, &scenario)?;
+        let (journal, _) = carry_out(g, control, env, &scenario)?;
         let first = replay(shape, &journal).findings.into_iter().next();
         restore(g, control, env, &journal)?;
         Ok(first.map(|f| (at.get(f.index).copied().unwrap_or(usize::MAX), f.text)))
@@ -686,11 +679,11 @@ mod tests {
                     read a\n\
                     want a 3MiB\n";
         let s = parse(Path::new("p.scn"), text, &layout(4, &device), 1).unwrap();
-        let right = judge(&s, &journal_of(&s, &[vec![3 << 20]]), &device);
+        let right = judge(&s, &journal_of(&s, &[vec![3 << 20]]), &device, &[]);
         assert!(right.passed, "{}", right.detail);
         // Counted what landed while disabled: a read the model may allow
         // (a DISABLE while parked), but not the want.
-        let counted = judge(&s, &journal_of(&s, &[vec![7 << 20]]), &device);
+        let counted = judge(&s, &journal_of(&s, &[vec![7 << 20]]), &device, &[]);
         assert!(!counted.passed);
         assert!(
             counted.detail.contains(
@@ -705,8 +698,8 @@ mod tests {
                      burst movable mbm_total_bytes rmid=1 1MiB\n\
                      read a\n";
         let s = parse(Path::new("q.scn"), plain, &layout(4, &device), 1).unwrap();
-        assert!(judge(&s, &journal_of(&s, &[vec![1 << 20]]), &device).passed);
-        let more = judge(&s, &journal_of(&s, &[vec![2 << 20]]), &device);
+        assert!(judge(&s, &journal_of(&s, &[vec![1 << 20]]), &device, &[]).passed);
+        let more = judge(&s, &journal_of(&s, &[vec![2 << 20]]), &device, &[]);
         assert!(!more.passed);
         assert!(
             more.detail.ends_with("(events: a = event 1)"),
