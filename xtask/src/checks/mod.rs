@@ -12,12 +12,10 @@ pub mod log;
 pub mod module_lifecycle;
 pub mod perf_tool;
 pub mod pmu;
-pub mod rng;
 pub mod scope;
 pub mod slot_credit;
 pub mod slow_reader;
 pub mod topology;
-pub mod traffic;
 
 use std::fmt::Write as _;
 use std::path::PathBuf;

@@ -177,7 +177,6 @@ pub fn run(scenario: &Scenario, accel: &Accel) -> Result<Report> {
     if module_ok {
         let control = ControlClient::connect(&vm.control_socket)
             .context("connecting to the device's control socket")?;
-        let control_socket = vm.control_socket.clone();
         let mut guest = Guest {
             vm: &mut vm,
             timeout: scenario.request_timeout,
@@ -192,7 +191,6 @@ pub fn run(scenario: &Scenario, accel: &Accel) -> Result<Report> {
         checks::pmu::run(
             &mut guest,
             control,
-            &control_socket,
             &scenario.vm.device,
             scenario.known_bugs,
             scenario.fail_injection,

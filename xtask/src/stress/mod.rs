@@ -18,8 +18,10 @@ pub mod lifecycle;
 pub mod mutants;
 mod placements;
 mod report;
+pub mod rng;
 pub mod schedule;
 pub mod selftest;
+mod traffic;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -35,8 +37,6 @@ use perfbed_device::regs::Event;
 use perfbed_device::{ControlClient, DeviceConfig};
 
 use crate::build::image::{self, Variant};
-use crate::checks::rng::Rng;
-use crate::checks::traffic::{Injector, Key};
 use crate::checks::{clean_log_check, Check};
 use crate::guest::perf_abi::{FORMAT_GROUP, FORMAT_TOTAL_TIME_ENABLED, FORMAT_TOTAL_TIME_RUNNING};
 use crate::guest::Guest;
@@ -47,6 +47,8 @@ use crate::host::vm::Vm;
 use crate::host::Accel;
 use crate::progress::human;
 use crate::run::default_domains;
+use crate::stress::rng::Rng;
+use crate::stress::traffic::{Injector, Key};
 use jobs::{
     check_batch_shape, kernel_open_retries, open, open_loop_check, perf_stat_counts, start_job,
     start_perf_stat, stop_job, violations_check,

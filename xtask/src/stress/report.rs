@@ -11,9 +11,9 @@ use perfbed_device::DeviceState;
 
 use super::jobs::{histogram, OpenRetries};
 use super::placements::Placements;
-use crate::checks::traffic::{Key, TrafficStats};
 use crate::checks::Check;
 use crate::progress::human;
+use crate::stress::traffic::{Key, TrafficStats};
 
 /// An event the stress keeps open, and how its final read is checked.
 pub struct Watched {

@@ -8,7 +8,7 @@
 
 use std::collections::BTreeSet;
 
-use crate::checks::rng::Rng;
+use crate::stress::rng::Rng;
 
 /// What a step does to the device's domains.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

@@ -16,7 +16,6 @@ pub mod hold_attacks;
 pub mod hotplug_fail;
 pub mod interrupts;
 pub mod moves;
-pub mod moving_traffic;
 pub mod multiplexing;
 pub mod perf_matrix;
 pub mod redteam;
@@ -123,23 +122,17 @@ fn run_scenario(ctx: &mut Ctx, s: &Written) -> Result<Check> {
 }
 
 /// One entry of `run`'s plan: the check's printed name and how it runs.
-type Planned<'s> = (
-    &'static str,
-    Box<dyn Fn(&mut Ctx) -> Result<Vec<Check>> + 's>,
-);
+type Planned = (&'static str, Box<dyn Fn(&mut Ctx) -> Result<Vec<Check>>>);
 
 /// Runs the checks `select` asks for, in order, into `checks` (each entry
 /// of the plan one span of the trace's bands); the driver must be loaded.
-/// `control_socket` is the device's, for checks that inject from a thread
-/// of their own. With `known_bugs`, the checks of known, open bugs run too
+/// With `known_bugs`, the checks of known, open bugs run too
 /// (they fail until the bug is fixed). With `fail_injection` (a kernel with
 /// `CONFIG_CPU_HOTPLUG_STATE_CONTROL`: the debug one), hotplug operations
 /// that fail at perf's states and roll back too.
-#[allow(clippy::too_many_arguments)]
 pub fn run(
     g: &mut Guest,
     control: ControlClient,
-    control_socket: &std::path::Path,
     device: &DeviceConfig,
     known_bugs: bool,
     fail_injection: bool,
@@ -157,7 +150,7 @@ pub fn run(
         types,
     };
     ctx.control.reset_stats()?;
-    for (name, check) in plan(control_socket, known_bugs, fail_injection)? {
+    for (name, check) in plan(known_bugs, fail_injection)? {
         if select.wants(name) {
             checks.extend(check(&mut ctx)?);
         }
@@ -167,7 +160,7 @@ pub fn run(
 
 /// The printed names of the checks `run` runs, in order.
 pub fn names(known_bugs: bool, fail_injection: bool) -> Result<Vec<&'static str>> {
-    Ok(plan(std::path::Path::new(""), known_bugs, fail_injection)?
+    Ok(plan(known_bugs, fail_injection)?
         .into_iter()
         .map(|(name, _)| name)
         .collect())
@@ -176,11 +169,7 @@ pub fn names(known_bugs: bool, fail_injection: bool) -> Result<Vec<&'static str>
 /// Every check of `run`, in order, by its printed name: the checks in
 /// Rust, and the scenario library (`scenarios/`) after the attacks and
 /// before the allowed-set attacks.
-fn plan(
-    control_socket: &std::path::Path,
-    known_bugs: bool,
-    fail_injection: bool,
-) -> Result<Vec<Planned<'_>>> {
+fn plan(known_bugs: bool, fail_injection: bool) -> Result<Vec<Planned>> {
     let one = |check: CtxCheck| move |ctx: &mut Ctx| Ok(vec![check(ctx)?]);
     let named = |&(name, check): &'static (&'static str, CtxCheck)| -> Planned {
         (
@@ -196,18 +185,6 @@ fn plan(
     };
     let mut plan: Vec<Planned> = vec![("PMUs and sysfs", Box::new(one(registration::sysfs)))];
     plan.extend(AROUND_MOVES.iter().map(named));
-    plan.push((
-        "traffic while moving",
-        Box::new(move |ctx: &mut Ctx| {
-            Ok(vec![moving_traffic::check(
-                ctx.g,
-                &mut ctx.control,
-                control_socket,
-                &ctx.device,
-                &ctx.types,
-            )?])
-        }),
-    ));
     plan.extend(SEMANTICS.iter().map(named));
     plan.extend(ATTRIBUTES.iter().map(named));
     plan.push(("perf stat", Box::new(one(counts::perf_stat))));

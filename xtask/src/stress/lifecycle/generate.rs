@@ -12,8 +12,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::checks::rng::Rng;
 use crate::model::{DeviceShape, Handle, Kind, Model};
+use crate::stress::rng::Rng;
 
 use super::journal::{Entry, IoctlName, Opened, ReadFormat, StatHow, Step, PARKED};
 
