@@ -80,6 +80,20 @@
 //! Bursts are whole multiples of the device's counter unit, so that values
 //! in bytes are exact.
 //!
+//! # Steady traffic
+//!
+//! Traffic that flows into a watched counter while operations go on is
+//! measured around each operation (the device's truth just before and just
+//! after it): what landed between two operations is a burst of that epoch
+//! ([`Model::flowed`]); what landed during one ([`Model::flowed_during`])
+//! counts for sure for an event that counted for sure before it and after
+//! it (a move or a park loses nothing), and may show in part, beyond the
+//! multiplexing's bounds, where the operation started, stopped, reset or
+//! read the count (a read may show some of what lands while it runs, and
+//! the next one the rest: [`Model::flowing_into_read`]). Such a count is in
+//! whole units of a traffic that is not: it may lag the truth by less than
+//! one unit at either end of a window.
+//!
 //! # Parks and lost wraps
 //!
 //! A parked PMU's events stay enabled and keep their times running; bursts
