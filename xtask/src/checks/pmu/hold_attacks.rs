@@ -190,7 +190,7 @@ fn wrap_lost(ctx: &mut Ctx, d: usize, home: &[u32], name: &'static str) -> Resul
 /// has its unread interval taken back from `time_running` at the placement,
 /// so `time_running` goes down, which the contract forbids
 /// (docs/counting-semantics.md, "Known violations"). They fail until it is
-/// fixed; then they move to [`CHECKS`].
+/// fixed; then they run by default.
 pub(super) const KNOWN_BUGS: &[Named] = &[
     (
         "hold-attack: wrap lost while parked on holding cpu",
