@@ -349,10 +349,6 @@ mod tests {
             "branch-stack-accepted",
             "an open attribute for sample_type and branch_sample_type, and the model refusing it with EINVAL",
         ),
-        (
-            "read-peeks-unfolded",
-            "a read through BPF (perf_event_read_local() from the tick), or a run against the library to see whether read() shows it",
-        ),
     ];
 
     /// Every mutant names, as the check that must catch it, a scenario of
