@@ -295,9 +295,13 @@ impl fmt::Display for Mismatch {
     }
 }
 
-/// Whether each event counted at one moment (see [`Model::snapshot`]).
+/// Whether each event counted at one moment, and which PMUs were parked
+/// (see [`Model::snapshot`]).
 #[derive(Debug, Clone)]
-pub struct Snapshot(BTreeMap<Handle, Counting>);
+pub struct Snapshot {
+    counting: BTreeMap<Handle, Counting>,
+    parked: Vec<bool>,
+}
 
 /// Whether an event counted in an epoch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1171,12 +1175,14 @@ impl Model {
     /// compares across an operation.
     pub fn snapshot(&self) -> Snapshot {
         let status = self.statuses();
-        Snapshot(
-            self.events
+        Snapshot {
+            counting: self
+                .events
                 .iter()
                 .map(|(h, e)| (*h, counts_a_burst(e, status[h])))
                 .collect(),
-        )
+            parked: self.pmus.iter().map(|p| p.parked || p.unknown).collect(),
+        }
     }
 
     /// `bytes` of a steady flow of `event` for `rmid` in domain `pmu`
@@ -1201,7 +1207,7 @@ impl Model {
             if e.spec.kind != want {
                 continue;
             }
-            let then = before.0.get(h).copied().unwrap_or(Counting::No);
+            let then = before.counting.get(h).copied().unwrap_or(Counting::No);
             let now = counts_a_burst(e, status[h]);
             let w = &mut e.value_window;
             if !holds(Rule::FlowDuringAnOperationMayShow) {
@@ -1211,6 +1217,27 @@ impl Model {
                 w.burst(now, bytes);
             } else if then != Counting::No || now != Counting::No {
                 w.over = w.over.wrapping_add(bytes);
+            }
+        }
+        // Parked by it: they may have landed in the park, where they count
+        // toward a lost wrap (parked before it: [`Model::flowing_in_park`]).
+        let was_parked = before.parked.get(pmu as usize).copied().unwrap_or(false);
+        if let Some(p) = self.pmus.get_mut(pmu as usize) {
+            if !was_parked && (p.parked || p.unknown) {
+                let b = p.parked_bytes.entry((event, rmid)).or_insert(0);
+                *b = b.saturating_add(bytes);
+            }
+        }
+    }
+
+    /// `bytes` of a steady flow will land while the next operation is
+    /// carried out: if the PMU is parked now, they may land in the park,
+    /// before the operation places it, and count toward a lost wrap there.
+    pub fn flowing_in_park(&mut self, (pmu, event, rmid): (u32, u32, u32), bytes: u64) {
+        if let Some(p) = self.pmus.get_mut(pmu as usize) {
+            if p.parked || p.unknown {
+                let b = p.parked_bytes.entry((event, rmid)).or_insert(0);
+                *b = b.saturating_add(bytes);
             }
         }
     }

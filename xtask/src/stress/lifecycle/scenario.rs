@@ -57,6 +57,8 @@ pub struct Layout {
     /// Each domain's allowed CPUs at boot.
     pub domains: Vec<Vec<u32>>,
     pub rmids: u32,
+    /// The device's counter unit in bytes: a burst is whole units.
+    pub unit_bytes: u64,
 }
 
 /// A parsed scenario.
@@ -285,11 +287,18 @@ impl Parser<'_> {
                             .into(),
                     );
                 }
+                let bytes = bytes_of(bytes)?;
+                let unit = self.layout.unit_bytes.max(1);
+                if bytes % unit != 0 {
+                    return Err(format!(
+                        "{bytes} bytes: a burst is whole units of the device's counter ({unit} bytes), or its count could not be exact"
+                    ));
+                }
                 Step::Burst {
                     domain,
                     event,
                     rmid: self.rmid(rmid)?,
-                    bytes: bytes_of(bytes)?,
+                    bytes,
                 }
             }
             "occupancy" => {
@@ -1280,6 +1289,7 @@ mod tests {
             cpus: 4,
             domains: vec![vec![0, 1], vec![2, 3]],
             rmids: 8,
+            unit_bytes: 64,
         }
     }
 
@@ -1617,6 +1627,10 @@ mod tests {
             (
                 "burst 0 mbm_total_bytes rmid=1 4MB\n",
                 "expected bytes such as",
+            ),
+            (
+                "burst 0 mbm_total_bytes rmid=1 100\n",
+                "a burst is whole units of the device's counter (64 bytes)",
             ),
             ("rate 0 64MiB\n", "expected a rate such as 64MiB/s"),
             ("wait 3 minutes\n", "expected `wait TIME`"),

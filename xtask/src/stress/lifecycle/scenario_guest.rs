@@ -39,6 +39,7 @@ pub fn layout(cpus: u8, device: &DeviceConfig) -> Layout {
         cpus: u32::from(cpus),
         domains: device.domains.clone(),
         rmids: device.rmids,
+        unit_bytes: device.unit_bytes,
     }
 }
 

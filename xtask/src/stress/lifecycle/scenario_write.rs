@@ -391,6 +391,7 @@ mod tests {
             cpus: 4,
             domains: vec![vec![0, 1], vec![2, 3]],
             rmids: 8,
+            unit_bytes: 64,
         };
         for seed in 1..=6 {
             // Odd seeds start with CPU 0's domain on CPU 1, where its moves
