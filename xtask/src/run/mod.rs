@@ -316,7 +316,11 @@ fn check_args(args: &RunArgs, scenario: bool) -> Result<()> {
     // The scenario library's lines, refused now rather than after the boot.
     if scenario {
         use crate::stress::lifecycle::scenario_guest::{layout, library, load};
-        let files: Vec<PathBuf> = library()?.iter().map(|s| s.file.clone()).collect();
+        let files: Vec<PathBuf> = library()?
+            .iter()
+            .filter(|s| args.known_bugs || !s.known)
+            .map(|s| s.file.clone())
+            .collect();
         load(&files, &layout(args.cpus, &device), &device)?;
     }
     // Migration and parking take a whole domain offline, and CPU 0 cannot go.

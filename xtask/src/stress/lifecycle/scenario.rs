@@ -1031,7 +1031,8 @@ pub fn files_under(paths: &[PathBuf]) -> std::io::Result<Vec<PathBuf>> {
         let mut found = Vec::new();
         for entry in std::fs::read_dir(path)? {
             let entry = entry?.path();
-            if entry.is_dir() || entry.extension().is_some_and(|e| e == "scn") {
+            let known = entry.file_name().is_some_and(|n| n == KNOWN_VIOLATIONS);
+            if (entry.is_dir() && !known) || entry.extension().is_some_and(|e| e == "scn") {
                 found.push(entry);
             }
         }
@@ -1040,6 +1041,12 @@ pub fn files_under(paths: &[PathBuf]) -> std::io::Result<Vec<PathBuf>> {
     }
     Ok(out)
 }
+
+/// The folder of scenarios that show a known violation of the contract
+/// (docs/counting-semantics.md, "Known violations"): they fail until it is
+/// fixed, so a walk of a folder leaves it out. Named, it runs;
+/// `cargo xtask run --known-bugs` runs its files as checks.
+pub const KNOWN_VIOLATIONS: &str = "known-violations";
 
 /// A device event by its sysfs name (`mbm_total_bytes`, ...): its id.
 fn device_event(word: &str) -> Result<u32, String> {
@@ -1858,10 +1865,23 @@ enable a",
         );
     }
 
+    /// A walk of the library leaves its known violations out (they fail
+    /// until fixed); named, they are there.
+    #[test]
+    fn a_walk_of_the_library_leaves_the_known_violations_out() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios");
+        let known = root.join(KNOWN_VIOLATIONS);
+        let walked = files_under(&[root]).unwrap();
+        let named = files_under(std::slice::from_ref(&known)).unwrap();
+        assert!(!named.is_empty(), "{}", known.display());
+        assert!(walked.iter().all(|f| !f.starts_with(&known)), "{walked:?}");
+    }
+
     #[test]
     fn the_library_parses_and_the_model_allows_its_wants() {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios");
-        let files = files_under(&[root]).unwrap();
+        let known = root.join(KNOWN_VIOLATIONS);
+        let files = files_under(&[root, known]).unwrap();
         assert!(files.len() >= 5, "{files:?}");
         let device = crate::stress::device(4, None).unwrap();
         let shape = DeviceShape {

@@ -29,7 +29,7 @@ use super::reads;
 use super::replay::{replay, Finding};
 use super::run::{attr_of, flush, host_step, probe_next_handle, shape, with_started_job};
 use super::scenario::{
-    difference, files_under, parse, wants_against_model, Layout, Scenario, Want,
+    difference, files_under, parse, wants_against_model, Layout, Scenario, Want, KNOWN_VIOLATIONS,
 };
 use super::shrink::{self, Shrinking};
 
@@ -86,6 +86,9 @@ pub struct Written {
     pub file: PathBuf,
     pub text: String,
     pub check: &'static str,
+    /// Of `scenarios/known-violations/`: it fails until a known violation
+    /// of the contract is fixed (`cargo xtask run --known-bugs` runs it).
+    pub known: bool,
 }
 
 /// The scenario library, `scenarios/` of the workspace (read once).
@@ -94,9 +97,16 @@ pub fn library() -> Result<&'static [Written]> {
         std::sync::OnceLock::new();
     let read = || -> Result<Vec<Written>> {
         let root = crate::build::workspace()?.join("scenarios");
-        let files = files_under(&[root]).context("listing scenarios/")?;
+        let known_root = root.join(KNOWN_VIOLATIONS);
+        let mut files = files_under(&[root]).context("listing scenarios/")?;
+        if known_root.is_dir() {
+            files.extend(
+                files_under(std::slice::from_ref(&known_root)).context("listing scenarios/")?,
+            );
+        }
         let mut library = Vec::new();
         for file in files {
+            let known = file.starts_with(&known_root);
             let text = std::fs::read_to_string(&file)
                 .with_context(|| format!("reading {}", file.display()))?;
             let check = text
@@ -107,6 +117,7 @@ pub fn library() -> Result<&'static [Written]> {
                 file,
                 text,
                 check: Box::leak(check.into_boxed_str()),
+                known,
             });
         }
         Ok(library)
