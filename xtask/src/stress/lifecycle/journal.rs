@@ -546,6 +546,30 @@ pub fn left_moving(journal: &[Entry]) -> Vec<(u32, u32)> {
 }
 
 #[cfg(test)]
+impl Opened {
+    /// An `mbm_total_bytes` event of domain `pmu`, enabled, read with its
+    /// times (for tests).
+    pub(crate) fn counter(pmu: u32, rmid: u32, group: Option<Handle>) -> Opened {
+        Opened {
+            pmu: Some(pmu),
+            event: 2,
+            rmid,
+            disabled: false,
+            pinned: false,
+            exclusive: false,
+            group,
+            read_format: ReadFormat {
+                times: true,
+                id: false,
+                group: false,
+                lost: false,
+            },
+            cpu: 0,
+        }
+    }
+}
+
+#[cfg(test)]
 impl Entry {
     /// A step and its result, with no times (for tests).
     pub(crate) fn untimed(step: Step, result: Result<Vec<u64>, String>) -> Entry {
@@ -571,22 +595,7 @@ mod tests {
     #[test]
     fn landed_counts_from_the_last_restart_to_the_read() {
         let open = |expect, rmid, group| Step::Open {
-            event: Opened {
-                pmu: Some(1),
-                event: 2,
-                rmid,
-                disabled: false,
-                pinned: false,
-                exclusive: false,
-                group,
-                read_format: ReadFormat {
-                    times: false,
-                    id: false,
-                    group: false,
-                    lost: false,
-                },
-                cpu: -1,
-            },
+            event: Opened::counter(1, rmid, group),
             expect,
         };
         let burst = |rmid, bytes| Step::Burst {

@@ -458,7 +458,6 @@ pub fn shrink(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::stress::lifecycle::journal::ReadFormat;
 
     #[test]
     fn ddmin_finds_the_items_a_failure_needs_and_tests_each_subset_once() {
@@ -499,22 +498,7 @@ mod tests {
     fn open(expect: Handle, pmu: u32, rmid: u32, group: Option<Handle>) -> Entry {
         entry(
             Step::Open {
-                event: Opened {
-                    pmu: Some(pmu),
-                    event: 2,
-                    rmid,
-                    disabled: false,
-                    pinned: false,
-                    exclusive: false,
-                    group,
-                    read_format: ReadFormat {
-                        times: true,
-                        id: false,
-                        group: false,
-                        lost: false,
-                    },
-                    cpu: 0,
-                },
+                event: Opened::counter(pmu, rmid, group),
                 expect,
             },
             Ok(vec![u64::from(expect)]),
