@@ -1032,14 +1032,7 @@ mod tests {
                     Step::Unpark { cpu, .. } => Ok(vec![u64::from(cpu)]),
                     _ => Ok(vec![]),
                 };
-                g.observe(&Entry {
-                    step,
-                    result,
-                    took_ns: 0,
-                    at_ns: 0,
-                    returned_ns: 0,
-                    flowed: Vec::new(),
-                });
+                g.observe(&Entry::untimed(step, result));
             }
         }
         eprintln!(
@@ -1171,14 +1164,7 @@ mod tests {
                     }
                     _ => Ok(vec![]),
                 };
-                g.observe(&Entry {
-                    step: step.clone(),
-                    result,
-                    took_ns: 0,
-                    at_ns: 0,
-                    returned_ns: 0,
-                    flowed: Vec::new(),
-                });
+                g.observe(&Entry::untimed(step.clone(), result));
                 steps.push(step);
             }
         }

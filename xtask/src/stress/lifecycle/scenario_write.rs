@@ -339,14 +339,10 @@ mod tests {
                             .find(|c| online.contains(c) && Some(*c) != owner[d]);
                         owner[d] = other.or(owner[d]);
                         let words = owner[d].into_iter().map(u64::from).collect();
-                        g.observe(&crate::stress::lifecycle::journal::Entry {
-                            step: step.clone(),
-                            result: Ok(words),
-                            took_ns: 0,
-                            at_ns: 0,
-                            returned_ns: 0,
-                            flowed: Vec::new(),
-                        });
+                        g.observe(&crate::stress::lifecycle::journal::Entry::untimed(
+                            step.clone(),
+                            Ok(words),
+                        ));
                     }
                     Step::Park { domain } => {
                         for c in [[0, 1], [2, 3]][domain as usize] {
