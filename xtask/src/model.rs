@@ -558,6 +558,15 @@ struct PmuState {
     prev_batch: Batch,
 }
 
+impl PmuState {
+    /// `bytes` of (`event`, `rmid`) may have landed in this park: toward a
+    /// lost wrap at the placement.
+    fn landed_in_park(&mut self, event: u32, rmid: u32, bytes: u64) {
+        let b = self.parked_bytes.entry((event, rmid)).or_insert(0);
+        *b = b.saturating_add(bytes);
+    }
+}
+
 /// The device's shape as the model needs it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DeviceShape {
@@ -1157,8 +1166,7 @@ impl Model {
         }
         if let Some(p) = self.pmus.get_mut(pmu as usize) {
             if p.parked || p.unknown {
-                let b = p.parked_bytes.entry((event, rmid)).or_insert(0);
-                *b = b.saturating_add(bytes);
+                p.landed_in_park(event, rmid, bytes);
             }
         }
     }
@@ -1224,8 +1232,7 @@ impl Model {
         let was_parked = before.parked.get(pmu as usize).copied().unwrap_or(false);
         if let Some(p) = self.pmus.get_mut(pmu as usize) {
             if !was_parked && (p.parked || p.unknown) {
-                let b = p.parked_bytes.entry((event, rmid)).or_insert(0);
-                *b = b.saturating_add(bytes);
+                p.landed_in_park(event, rmid, bytes);
             }
         }
     }
@@ -1236,8 +1243,7 @@ impl Model {
     pub fn flowing_in_park(&mut self, (pmu, event, rmid): (u32, u32, u32), bytes: u64) {
         if let Some(p) = self.pmus.get_mut(pmu as usize) {
             if p.parked || p.unknown {
-                let b = p.parked_bytes.entry((event, rmid)).or_insert(0);
-                *b = b.saturating_add(bytes);
+                p.landed_in_park(event, rmid, bytes);
             }
         }
     }
