@@ -59,11 +59,13 @@
 //!   leader's close promotes its siblings, patch 0054: a reschedule like any other).
 //! - A `del` off the owner while placed that is not part of a move runs on the CPU the domain
 //!   is leaving, between the new owner's `migrate_cpu` and the move (a `DISABLE`, a rotation,
-//!   a reschedule there), where nobody can read the slot. The slot counts on through the
-//!   operation (a reschedule's `add` follows at the same context time, and perf credits the gap
-//!   as running), and an irq_work the `del` queued on that CPU freezes it right after the
-//!   operation unless the event is back: an event that went off then counts nothing more.
-//! - A `del` off the owner while parked that is not part of a move cannot read the slot, so it
+//!   a reschedule there), where nobody can read the slot; so does one on the CPU a park left,
+//!   before the park's move has put the events on the CPU that keeps them. The slot counts on
+//!   through the operation (a reschedule's `add` follows at the same context time, and perf
+//!   credits the gap as running), and an irq_work the `del` queued on that CPU freezes it right
+//!   after the operation unless the event is back: an event that went off then counts nothing
+//!   more.
+//! - Any other `del` off the owner while parked, not part of a move, cannot read the slot, so it
 //!   freezes it in the device (`SLOT_CTL_FROZEN`, a write any CPU may make): the counter keeps
 //!   exactly what the event counted up to the `del`, and nothing after. The event's next `add`
 //!   thaws it and counts on from there (a reschedule, or an `ENABLE` after a `DISABLE`); a move
@@ -455,8 +457,9 @@ enum Holder {
     /// afresh. Another event may take it: nothing in it is unread.
     Idle,
     /// The holder was deleted off the owner outside a move (while the domain is parked, or on
-    /// the CPU it is leaving before the move): nobody could read the slot, so the driver froze it (`SLOT_CTL_FROZEN`, a write any CPU may make). Its counter
-    /// holds exactly what the holder counted up to the `del`, unread. The holder's next `add`
+    /// the CPU it is leaving before the move): nobody could read the slot, so the driver froze
+    /// it (`SLOT_CTL_FROZEN`, a write any CPU may make). Its counter holds exactly what the
+    /// holder counted up to the `del`, unread. The holder's next `add`
     /// thaws it and counts on from there, whether the `del` and `add` were one reschedule
     /// (another event installed beside it) or the event was off for a while (disabled; a parked
     /// PMU is not rotated, patch 0034): what landed while it was off never reached the slot.
@@ -464,13 +467,14 @@ enum Holder {
     /// The holder is moving to another CPU: its `del` ran off the owner as part of a move and its
     /// `add` on the next CPU has not come yet. The slot counts on for it, unread.
     Moving,
-    /// The holder was deleted off the owner outside a move while the domain is placed: on the
-    /// CPU it is leaving, between the new owner's `migrate_cpu` and the move (a `DISABLE`, a
-    /// rotation, a reschedule there). Nobody can read the slot, and nothing tells a reschedule
-    /// (whose `add` follows in the same operation, at the same context time: perf credits the
-    /// gap as running, so the slot must count it) from the event going off (nothing after the
-    /// `del` is its). So the slot counts on, and the driver's irq_work, run on that CPU right
-    /// after the operation, freezes it ([`Holder::ParkedIdle`]) unless the holder is back.
+    /// The holder was deleted outside a move on the CPU the domain is leaving: placed, between
+    /// the new owner's `migrate_cpu` and the move, or parked, before the park's move (a
+    /// `DISABLE`, a rotation, a reschedule there). Nobody can read the slot, and nothing tells
+    /// a reschedule (whose `add` follows in the same operation, at the same context time: perf
+    /// credits the gap as running, so the slot must count it) from the event going off
+    /// (nothing after the `del` is its). So the slot counts on, and the driver's irq_work, run
+    /// on that CPU right after the operation, freezes it ([`Holder::ParkedIdle`]) unless the
+    /// holder is back.
     LeftOff,
 }
 
@@ -616,6 +620,10 @@ struct DomainHw {
     /// The CPU that reads the domain's counters, as written to the device's `OWNER` register;
     /// `None` while the domain is parked.
     owner: Option<u32>,
+    /// The CPU a park left, until the park's move has put the events on the CPU that keeps
+    /// them (the first `add` while parked): until then they still run there, and a `del` there
+    /// is one on the CPU a move is leaving.
+    park_left: Option<u32>,
     slots: [Slot; regs::MAX_SLOTS as usize],
     /// Number of slots held by an event.
     held: u32,
@@ -673,6 +681,7 @@ impl Domain {
             hw <- new_raw_spinlock!(
                 DomainHw {
                     owner: None,
+                    park_left: None,
                     slots: [Slot::FREE; regs::MAX_SLOTS as usize],
                     held: 0,
                     owed: OwedTable::EMPTY,
@@ -714,6 +723,7 @@ impl Domain {
         if hw.owner != owner {
             let value = owner.map_or(regs::NO_OWNER, u64::from);
             self.dev.mmio.write(self.reg(regs::DOM_OWNER), value);
+            hw.park_left = if owner.is_none() { hw.owner } else { None };
             hw.owner = owner;
         }
     }
@@ -827,6 +837,10 @@ impl Domain {
     /// kept for it). While the domain is parked an event that finds none is scheduled without a
     /// slot. `EAGAIN` otherwise: perf multiplexes.
     fn take_slot(&self, hw: &mut DomainHw, event: &ScheduledEvent, config: Config) -> Result {
+        if hw.owner.is_none() {
+            // Parked, and an event is scheduled: the park's move is over.
+            hw.park_left = None;
+        }
         if let Some(slot) = self.slot_of(hw, event) {
             if hw.slots[slot].state == Holder::ParkedIdle {
                 // Frozen since a `del` nobody could read: it counts on from what it holds.
@@ -942,12 +956,14 @@ impl Domain {
     /// the owner (a placement on the CPU that holds the parked events moves them in place, patch
     /// 0063: perf credits the transit as running, so the slot must count it). Otherwise, on the
     /// owner the count was just folded: the slot is released. Any other `del` runs where nobody
-    /// can read the slot, and outside a move. While parked, on the CPU that keeps the events,
-    /// the slot is frozen at once ([`Holder::ParkedIdle`]). While placed, on the CPU the domain is
-    /// leaving, between `migrate_cpu` and the move, it is [`Holder::LeftOff`] until the driver's
-    /// irq_work freezes it right after the operation: left counting, it would give an event that
-    /// went off what lands after its `del`, which the move's settling ([`Domain::settle_moved`])
-    /// would fold. Returns whether that irq_work is to be queued.
+    /// can read the slot, and outside a move. On the CPU the domain is leaving (placed: between
+    /// `migrate_cpu` and the move; parked: before the park's move) it is [`Holder::LeftOff`]
+    /// until the driver's irq_work freezes it right after the operation: frozen at once, it
+    /// would lose what lands in a reschedule's gap, which perf credits as running; left
+    /// counting, it would give an event that went off what lands after its `del`, which the
+    /// move's settling ([`Domain::settle_moved`]) would fold. While parked, on the CPU that
+    /// keeps the events, the slot is frozen at once ([`Holder::ParkedIdle`]). Returns whether
+    /// that irq_work is to be queued.
     #[must_use]
     fn unschedule(&self, hw: &mut DomainHw, event: &LockedEvent) -> bool {
         if event.hw_idx() == PARKED_NO_SLOT {
@@ -968,7 +984,7 @@ impl Domain {
             let s = &mut hw.slots[slot];
             s.state = Holder::Moving;
             s.moved_at = s.folded;
-        } else if hw.owner.is_some() {
+        } else if hw.owner.is_some() || hw.park_left == Some(perf::current_cpu()) {
             let s = &mut hw.slots[slot];
             s.state = Holder::LeftOff;
             s.idle_time = event.ctx_time();
