@@ -42,7 +42,7 @@
 //!   allowed CPU returns.
 //! - A move may install an event without scheduling it (it waits for its turn there, or its
 //!   leader does). The core says so once the move's installs are done
-//!   ([`Pmu::moved_unscheduled`], patch 0051): its slot is read and folded as at a `del` on
+//!   ([`Pmu::moved_unscheduled`], patch 0007): its slot is read and folded as at a `del` on
 //!   the owner (or, when the move was a park, kept as at a `del` there), so it counts nothing
 //!   while the event is off and others may take it.
 //! - A slot whose holder is moving or parked has counts nobody has read: no other event takes
@@ -56,7 +56,7 @@
 //!   so its `time_running` stands still until its `del` and perf scales its count as for
 //!   multiplexing. A slot freed meanwhile (a close) is not handed to it before its next `add`:
 //!   perf does not reschedule a parked PMU's events when the contention ends (only when a
-//!   leader's close promotes its siblings, patch 0054: a reschedule like any other).
+//!   leader's close promotes its siblings, patch 0009: a reschedule like any other).
 //! - A `del` off the owner while placed that is not part of a move runs on the CPU the domain
 //!   is leaving, between the new owner's `migrate_cpu` and the move (a `DISABLE`, a rotation,
 //!   a reschedule there), where nobody can read the slot; so does one on the CPU a park left,
@@ -70,7 +70,7 @@
 //!   exactly what the event counted up to the `del`, and nothing after. The event's next `add`
 //!   thaws it and counts on from there (a reschedule, or an `ENABLE` after a `DISABLE`); a move
 //!   that places the PMU reads it exactly on the owner. Nothing is taken off `time_running`. A
-//!   parked PMU is never rotated (patch 0034), so only a `DISABLE` takes an event off there: an
+//!   parked PMU is never rotated (patch 0009), so only a `DISABLE` takes an event off there: an
 //!   exclusive group's turn no longer does.
 //! - A `RESET` (the perf core's `pmu::reset`) restarts the event's slot where nobody can read
 //!   it (parked, or frozen for an event that went off while parked): the slot is assigned again
@@ -462,7 +462,7 @@ enum Holder {
     /// holder counted up to the `del`, unread. The holder's next `add`
     /// thaws it and counts on from there, whether the `del` and `add` were one reschedule
     /// (another event installed beside it) or the event was off for a while (disabled; a parked
-    /// PMU is not rotated, patch 0034): what landed while it was off never reached the slot.
+    /// PMU is not rotated, patch 0009): what landed while it was off never reached the slot.
     ParkedIdle,
     /// The holder is moving to another CPU: its `del` ran off the owner as part of a move and its
     /// `add` on the next CPU has not come yet. The slot counts on for it, unread.
@@ -954,7 +954,7 @@ impl Domain {
 
     /// Takes `event` off its slot at its `del`. In a move, the slot counts on for it, even on
     /// the owner (a placement on the CPU that holds the parked events moves them in place, patch
-    /// 0063: perf credits the transit as running, so the slot must count it). Otherwise, on the
+    /// 0007: perf credits the transit as running, so the slot must count it). Otherwise, on the
     /// owner the count was just folded: the slot is released. Any other `del` runs where nobody
     /// can read the slot, and outside a move. On the CPU the domain is leaving (placed: between
     /// `migrate_cpu` and the move; parked: before the park's move) it is [`Holder::LeftOff`]

@@ -931,7 +931,7 @@ impl Model {
                 // Exact also while parked: the driver freezes the slot at
                 // the DISABLE (`SLOT_CTL_FROZEN`), see `note_scheduled`.
                 Ioctl::Disable => e.enabled = false,
-                // Exact also while parked (patch 0031's pmu::reset: the
+                // Exact also while parked (patch 0007's pmu::reset: the
                 // driver restarts the slot nobody can read).
                 Ioctl::Reset if !holds(Rule::Reset) => {}
                 Ioctl::Reset => {

@@ -32,12 +32,12 @@ pub fn check(guest: &mut Guest, cpus: u8, domains: &[Vec<u32>]) -> Result<Check>
 /// [`check`] again once CPUs have gone offline and come back: the kernel
 /// rebuilds a returning CPU's sharing maps then, not from CPUID but by
 /// comparing cache leaves (`drivers/base/cacheinfo.c`), and 6.12 without
-/// ACPI or device tree took every L2 and L3 for system-wide there (kernel
-/// patch 0060).
+/// ACPI or device tree took every L2 and L3 for system-wide there
+/// (`images/kernel/testbed-patches/0002`).
 ///
 /// Before that it takes the last CPU offline once more and wants it gone
 /// from its L3 siblings' maps (the kernel's maps hold online CPUs only; an
-/// id that disagreed with the map left it there, kernel patch 0061).
+/// id that disagreed with the map left it there, `images/kernel/testbed-patches/0003`).
 pub fn check_after_hotplug(guest: &mut Guest, cpus: u8, domains: &[Vec<u32>]) -> Result<Check> {
     let mut problems = Vec::new();
     let n = u32::from(cpus);

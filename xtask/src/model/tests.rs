@@ -209,7 +209,7 @@ pub(super) fn a_sibling_under_a_disabled_leader_has_its_clocks_stopped_until_the
     assert_eq!(fields(&mut m, 2, seen(0, 0, 0)), vec![]);
     assert!(m.is_enabled(2));
     assert_eq!(fields(&mut m, 1, seen(0, 0, 0)), vec![]);
-    // A move must not change that (patch 0056).
+    // A move must not change that (patch 0007).
     m.moved(0);
     assert_eq!(fields(&mut m, 2, seen(0, 5, 0)), vec![Field::Enabled]);
     // Enabling the group through the sibling enables the leader.
@@ -918,7 +918,7 @@ pub(super) fn a_software_sibling_promoted_by_its_disabled_leaders_close_waits_fo
     m.close(1);
     m.close(3);
     assert_eq!(fields(&mut m, 2, seen(0, 50, 0)), vec![]);
-    // A device PMU is rescheduled at the close (patch 0054).
+    // A device PMU is rescheduled at the close (patch 0009).
     assert_eq!(
         fields(&mut m.clone(), 4, seen(0, 50, 0)),
         vec![Field::Running]

@@ -107,12 +107,12 @@ pub fn exclusive_across_park(ctx: &mut Ctx) -> Result<Check> {
 ///    exclusive mbm event X is opened first, then an mbm event A: enabled,
 ///    they take turns. A move installs events in the order they were opened
 ///    and schedules each at its install, so after a move X is on and A
-///    waits (the core tells the driver so, patch 0051). Each round makes the
+///    waits (the core tells the driver so, patch 0007). Each round makes the
 ///    move while A is the one counting: both enabled with a short mux
 ///    interval until a read shows A running, the interval then made longer
 ///    than a round so that nothing rotates until the round ends. At once
 ///    both are disabled (A first: X first would end the contention and have
-///    A scheduled at once, patch 0035), a burst lands, and each is enabled
+///    A scheduled at once, patch 0009), a burst lands, and each is enabled
 ///    alone, read and disabled again. Nothing landed while either was
 ///    enabled after the move: no value may move, and alone each runs all the
 ///    time it is enabled. A driver that kept A's counter running for it

@@ -1,5 +1,5 @@
 //! Red-team attacks on the holding CPU (docs/counting-semantics.md, "Parks
-//! and wraps", and kernel patch 0063) that a known, open bug fails: a PMU
+//! and wraps", and kernel patch 0007) that a known, open bug fails: a PMU
 //! parked past two wraps, read while parked, placed again, with its events
 //! held on CPU 0. A parked PMU's events wait on the first online CPU, CPU
 //! 0, and the contract says a park and a placement are the same whichever
