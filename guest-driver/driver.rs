@@ -57,21 +57,18 @@
 //!   multiplexing. A slot freed meanwhile (a close) is not handed to it before its next `add`:
 //!   perf does not reschedule a parked PMU's events when the contention ends (only when a
 //!   leader's close promotes its siblings, patch 0009: a reschedule like any other).
-//! - A `del` off the owner while placed that is not part of a move runs on the CPU the domain
-//!   is leaving, between the new owner's `migrate_cpu` and the move (a `DISABLE`, a rotation,
-//!   a reschedule there), where nobody can read the slot; so does one on the CPU a park left,
-//!   before the park's move has put the events on the CPU that keeps them. The slot counts on
-//!   through the operation (a reschedule's `add` follows at the same context time, and perf
-//!   credits the gap as running), and an irq_work the `del` queued on that CPU freezes it right
-//!   after the operation unless the event is back: an event that went off then counts nothing
-//!   more.
-//! - Any other `del` off the owner while parked, not part of a move, cannot read the slot, so it
-//!   freezes it in the device (`SLOT_CTL_FROZEN`, a write any CPU may make): the counter keeps
-//!   exactly what the event counted up to the `del`, and nothing after. The event's next `add`
-//!   thaws it and counts on from there (a reschedule, or an `ENABLE` after a `DISABLE`); a move
-//!   that places the PMU reads it exactly on the owner. Nothing is taken off `time_running`. A
-//!   parked PMU is never rotated (patch 0009), so only a `DISABLE` takes an event off there: an
-//!   exclusive group's turn no longer does.
+//! - A `del` off the owner that is not part of a move runs where nobody can read the slot: while
+//!   parked, on the CPU that keeps the events; while placed, on the CPU the domain is leaving,
+//!   between the new owner's `migrate_cpu` and the move. It cannot tell a reschedule (whose `add`
+//!   follows in the same operation, and whose gap perf credits as running) from the event going
+//!   off (a `DISABLE`). So the slot counts on through the operation, and at its end
+//!   ([`Pmu::pmu_enable`], on that CPU, still inside the operation) the driver freezes it in the
+//!   device (`SLOT_CTL_FROZEN`, a write any CPU may make) unless the event is back: the counter
+//!   keeps exactly what the event counted up to the end of the operation that took it off, and
+//!   nothing after. The event's next `add` thaws it and counts on from there (an `ENABLE` after
+//!   a `DISABLE`); a move that places the PMU reads it exactly on the owner. Nothing is taken off
+//!   `time_running`. A parked PMU is never rotated (patch 0009), so only a `DISABLE` takes an
+//!   event off there: an exclusive group's turn no longer does.
 //! - A `RESET` (the perf core's `pmu::reset`) restarts the event's slot where nobody can read
 //!   it (parked, or frozen for an event that went off while parked): the slot is assigned again
 //!   (frozen still, if it was), which zeroes it in the device, so that what landed before the reset, unread, is never
@@ -456,25 +453,24 @@ enum Holder {
     /// slot back as it is; otherwise (disabled, rotated out for a while) the slot is assigned
     /// afresh. Another event may take it: nothing in it is unread.
     Idle,
-    /// The holder was deleted off the owner outside a move (while the domain is parked, or on
-    /// the CPU it is leaving before the move): nobody could read the slot, so the driver froze
-    /// it (`SLOT_CTL_FROZEN`, a write any CPU may make). Its counter holds exactly what the
-    /// holder counted up to the `del`, unread. The holder's next `add`
-    /// thaws it and counts on from there, whether the `del` and `add` were one reschedule
-    /// (another event installed beside it) or the event was off for a while (disabled; a parked
-    /// PMU is not rotated, patch 0009): what landed while it was off never reached the slot.
+    /// The holder went off outside a move where nobody could read the slot (see
+    /// [`Holder::LeftOff`]), so the driver froze it (`SLOT_CTL_FROZEN`, a write any CPU may
+    /// make). Its counter holds exactly what the holder counted up to the operation that took it
+    /// off, unread. The holder's next `add` thaws it and counts on from there (the event was off
+    /// for a while: disabled; a parked PMU is not rotated, patch 0009): what landed while it was
+    /// off never reached the slot.
     ParkedIdle,
     /// The holder is moving to another CPU: its `del` ran off the owner as part of a move and its
     /// `add` on the next CPU has not come yet. The slot counts on for it, unread.
     Moving,
-    /// The holder was deleted outside a move on the CPU the domain is leaving: placed, between
-    /// the new owner's `migrate_cpu` and the move, or parked, before the park's move (a
-    /// `DISABLE`, a rotation, a reschedule there). Nobody can read the slot, and nothing tells
-    /// a reschedule (whose `add` follows in the same operation, at the same context time: perf
-    /// credits the gap as running, so the slot must count it) from the event going off
-    /// (nothing after the `del` is its). So the slot counts on, and the driver's irq_work, run
-    /// on that CPU right after the operation, freezes it ([`Holder::ParkedIdle`]) unless the
-    /// holder is back.
+    /// The holder was deleted off the owner outside a move, on CPU `left_on`: while parked, on
+    /// the CPU that keeps the events, or, while placed, on the CPU the domain is leaving, between
+    /// the new owner's `migrate_cpu` and the move (a `DISABLE`, a rotation, a reschedule there).
+    /// Nobody can read the slot, and nothing tells a reschedule (whose `add` follows in the same
+    /// operation, at the same context time: perf credits the gap as running, so the slot must
+    /// count it) from the event going off (nothing after the `del` is its). So the slot counts
+    /// on, and at the end of the operation ([`Pmu::pmu_enable`] on that CPU) the driver freezes
+    /// it ([`Holder::ParkedIdle`]) unless the holder is back.
     LeftOff,
 }
 
@@ -500,6 +496,8 @@ struct Slot {
     /// [`LockedEvent::ctx_time`] at the holder's `del`, for [`Holder::Idle`] and
     /// [`Holder::ParkedIdle`].
     idle_time: u64,
+    /// The CPU of the holder's `del`, for [`Holder::LeftOff`].
+    left_on: u32,
     /// [`perf::clock_ns`] at the last good read (or the assignment): counts since then are
     /// unread.
     read_ns: u64,
@@ -518,6 +516,7 @@ impl Slot {
         folded: 0,
         moved_at: 0,
         idle_time: 0,
+        left_on: 0,
         read_ns: 0,
         lost_ns: 0,
     };
@@ -620,10 +619,6 @@ struct DomainHw {
     /// The CPU that reads the domain's counters, as written to the device's `OWNER` register;
     /// `None` while the domain is parked.
     owner: Option<u32>,
-    /// The CPU a park left, until the park's move has put the events on the CPU that keeps
-    /// them (the first `add` while parked): until then they still run there, and a `del` there
-    /// is one on the CPU a move is leaving.
-    park_left: Option<u32>,
     slots: [Slot; regs::MAX_SLOTS as usize],
     /// Number of slots held by an event.
     held: u32,
@@ -681,7 +676,6 @@ impl Domain {
             hw <- new_raw_spinlock!(
                 DomainHw {
                     owner: None,
-                    park_left: None,
                     slots: [Slot::FREE; regs::MAX_SLOTS as usize],
                     held: 0,
                     owed: OwedTable::EMPTY,
@@ -723,7 +717,6 @@ impl Domain {
         if hw.owner != owner {
             let value = owner.map_or(regs::NO_OWNER, u64::from);
             self.dev.mmio.write(self.reg(regs::DOM_OWNER), value);
-            hw.park_left = if owner.is_none() { hw.owner } else { None };
             hw.owner = owner;
         }
     }
@@ -837,10 +830,6 @@ impl Domain {
     /// kept for it). While the domain is parked an event that finds none is scheduled without a
     /// slot. `EAGAIN` otherwise: perf multiplexes.
     fn take_slot(&self, hw: &mut DomainHw, event: &ScheduledEvent, config: Config) -> Result {
-        if hw.owner.is_none() {
-            // Parked, and an event is scheduled: the park's move is over.
-            hw.park_left = None;
-        }
         if let Some(slot) = self.slot_of(hw, event) {
             if hw.slots[slot].state == Holder::ParkedIdle {
                 // Frozen since a `del` nobody could read: it counts on from what it holds.
@@ -851,8 +840,8 @@ impl Domain {
             let s = &mut hw.slots[slot];
             if s.state != Holder::Idle || s.idle_time == event.ctx_time() {
                 // Its slot counted on while it moved, or through a reschedule perf credits as
-                // running (on the owner, or off it before the irq_work froze it: `LeftOff`);
-                // the next read on the owner catches up.
+                // running (on the owner, or off it within one operation: `LeftOff`); the next
+                // read on the owner catches up.
                 s.state = Holder::Scheduled;
                 return Ok(());
             }
@@ -956,23 +945,18 @@ impl Domain {
     /// the owner (a placement on the CPU that holds the parked events moves them in place, patch
     /// 0007: perf credits the transit as running, so the slot must count it). Otherwise, on the
     /// owner the count was just folded: the slot is released. Any other `del` runs where nobody
-    /// can read the slot, and outside a move. On the CPU the domain is leaving (placed: between
-    /// `migrate_cpu` and the move; parked: before the park's move) it is [`Holder::LeftOff`]
-    /// until the driver's irq_work freezes it right after the operation: frozen at once, it
-    /// would lose what lands in a reschedule's gap, which perf credits as running; left
-    /// counting, it would give an event that went off what lands after its `del`, which the
-    /// move's settling ([`Domain::settle_moved`]) would fold. While parked, on the CPU that
-    /// keeps the events, the slot is frozen at once ([`Holder::ParkedIdle`]). Returns whether
-    /// that irq_work is to be queued.
-    #[must_use]
-    fn unschedule(&self, hw: &mut DomainHw, event: &LockedEvent) -> bool {
+    /// can read the slot, and outside a move: it is [`Holder::LeftOff`] until the end of the
+    /// operation ([`Domain::freeze_left_off`]). Frozen at once, it would lose what lands in a
+    /// reschedule's gap, which perf credits as running; left counting, it would give an event
+    /// that went off what lands after its `del`.
+    fn unschedule(&self, hw: &mut DomainHw, event: &LockedEvent) {
         if event.hw_idx() == PARKED_NO_SLOT {
             // Not counted since its `add`; perf's "not counting" ends with this `del`.
             event.set_hw_idx(NO_SLOT);
-            return false;
+            return;
         }
         let Some(slot) = self.slot_of(hw, event) else {
-            return false;
+            return;
         };
         let in_transit = event.in_transit();
         if self.reads_here(hw) && !in_transit {
@@ -984,25 +968,21 @@ impl Domain {
             let s = &mut hw.slots[slot];
             s.state = Holder::Moving;
             s.moved_at = s.folded;
-        } else if hw.owner.is_some() || hw.park_left == Some(perf::current_cpu()) {
+        } else {
             let s = &mut hw.slots[slot];
             s.state = Holder::LeftOff;
+            s.left_on = perf::current_cpu();
             s.idle_time = event.ctx_time();
-            return true;
-        } else {
-            // Parked: a reschedule or the event going off; its next `add` tells which.
-            self.park_idle(hw, slot, event);
         }
-        false
     }
 
-    /// The driver's irq_work, right after a perf operation that left slots
-    /// [`Holder::LeftOff`]: freezes those whose holder did not come back in it.
-    fn freeze_left_off(&self) {
-        let mut hw = self.hw.lock();
+    /// The end of a perf operation on `cpu` ([`Pmu::pmu_enable`]): freezes the slots it left
+    /// [`Holder::LeftOff`] whose holder did not come back in it.
+    fn freeze_left_off(&self, hw: &mut DomainHw, cpu: u32) {
         for slot in 0..self.dev.slots {
-            if hw.slots[slot].state == Holder::LeftOff {
-                self.set_frozen(&hw, slot, true);
+            let s = hw.slots[slot];
+            if s.state == Holder::LeftOff && s.left_on == cpu {
+                self.set_frozen(hw, slot, true);
                 hw.slots[slot].state = Holder::ParkedIdle;
             }
         }
@@ -1203,12 +1183,6 @@ impl Domain {
     }
 }
 
-impl hw::RunSoon for Domain {
-    fn run_soon(&self) {
-        self.freeze_left_off();
-    }
-}
-
 impl hw::Poll for Domain {
     fn poll(&self) -> bool {
         // An allowed-set change, in case its interrupt went missing or there is no line; before
@@ -1257,9 +1231,6 @@ impl PinnedDrop for Domain {
 struct DomainPmu {
     /// Polls the domain's held slots for wraps; stopped before the domain goes away.
     poller: hw::Poller<Domain>,
-    /// Freezes the slots a perf operation left [`Holder::LeftOff`], right after it; waited
-    /// out before the domain goes away.
-    freezer: hw::Soon<Domain>,
     /// The domain's interrupt line, if the device announced one (`irq.rs`); freed before the
     /// domain goes away.
     line: Option<irq::Line>,
@@ -1360,9 +1331,7 @@ impl Pmu for DomainPmu {
             let domain = self.domain();
             let mut hw = domain.hw.lock();
             domain.settle_owed(&mut hw, event);
-            if domain.unschedule(&mut hw, event) {
-                self.freezer.queue();
-            }
+            domain.unschedule(&mut hw, event);
         }
     }
 
@@ -1414,6 +1383,13 @@ impl Pmu for DomainPmu {
         let domain = self.domain();
         let mut hw = domain.hw.lock();
         domain.settle_moved(&mut hw, event);
+    }
+
+    /// The end of a perf operation on this CPU: see [`Domain::freeze_left_off`].
+    fn pmu_enable(&self) {
+        let domain = self.domain();
+        let mut hw = domain.hw.lock();
+        domain.freeze_left_off(&mut hw, perf::current_cpu());
     }
 
     /// `PERF_EVENT_IOC_RESET`: see [`Domain::restart`]. A gauge's count is the occupancy at its
@@ -1516,7 +1492,6 @@ unsafe fn register(
     });
     // With a line the poll is the fallback, and slower (`irq::POLL_FACTOR`).
     let period = if line.is_some() { dev.poll_ms.saturating_mul(irq::POLL_FACTOR) } else { dev.poll_ms };
-    let freezer = hw::Soon::new(domain.clone())?;
     let poller = hw::Poller::new(domain, period)?;
 
     let mut events = KVec::with_capacity(EVENT_FILES.len(), GFP_KERNEL)?;
@@ -1535,7 +1510,7 @@ unsafe fn register(
         formats: &FORMATS,
         counters: &COUNTER_FILES,
     };
-    let data = DomainPmu { poller, freezer, line };
+    let data = DomainPmu { poller, line };
     // SAFETY: The caller guarantees what `Registration::new` requires.
     let init = unsafe { Registration::new(module, &options, data) };
     let pmu = KBox::pin_init(init, GFP_KERNEL).inspect_err(|e| {

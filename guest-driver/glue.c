@@ -9,7 +9,6 @@
 #include <linux/cacheinfo.h>
 #include <linux/cpu.h>
 #include <linux/io.h>
-#include <linux/irq_work.h>
 #include <linux/irqflags.h>
 #include <linux/jiffies.h>
 #include <linux/moduleparam.h>
@@ -118,45 +117,6 @@ void perfbed_poller_destroy(struct perfbed_poller *poller)
 	/* Also waits out a work that re-arms itself. */
 	cancel_delayed_work_sync(&poller->work);
 	kfree(poller);
-}
-
-struct perfbed_soon {
-	struct irq_work work;
-	void (*fn)(void *data);
-	void *data;
-};
-
-static void perfbed_soon_run(struct irq_work *work)
-{
-	struct perfbed_soon *soon = container_of(work, struct perfbed_soon, work);
-
-	soon->fn(soon->data);
-}
-
-struct perfbed_soon *perfbed_soon_create(void (*fn)(void *), void *data)
-{
-	struct perfbed_soon *soon = kzalloc(sizeof(*soon), GFP_KERNEL);
-
-	if (!soon)
-		return NULL;
-	/* Hard interrupt context on PREEMPT_RT too: fn takes a raw spinlock. */
-	soon->work = IRQ_WORK_INIT_HARD(perfbed_soon_run);
-	soon->fn = fn;
-	soon->data = data;
-	return soon;
-}
-
-/* Safe in any context, interrupts off included. */
-void perfbed_soon_queue(struct perfbed_soon *soon)
-{
-	irq_work_queue(&soon->work);
-}
-
-void perfbed_soon_destroy(struct perfbed_soon *soon)
-{
-	/* Waits out a pending or running one. */
-	irq_work_sync(&soon->work);
-	kfree(soon);
 }
 
 int perfbed_l3_shared_cpus(unsigned int cpu, u64 *shared)

@@ -11,7 +11,6 @@
 
 struct perf_event;
 struct perfbed_poller;
-struct perfbed_soon;
 
 /* The `device=<size>@<base>` module parameter (NUL-terminated, read-only). */
 const char *perfbed_device_param(void);
@@ -39,16 +38,6 @@ struct perfbed_poller *perfbed_poller_create(bool (*fn)(void *), void *data,
 void perfbed_poller_kick(struct perfbed_poller *poller);
 void perfbed_poller_kick_now(struct perfbed_poller *poller);
 void perfbed_poller_destroy(struct perfbed_poller *poller);
-
-/*
- * An irq_work that calls fn(data) in hard interrupt context on the CPU that
- * queued it, as soon as that CPU has interrupts on again: right after the
- * perf operation that queued it, from its callbacks (interrupts off).
- * Queued again while pending, it runs once.
- */
-struct perfbed_soon *perfbed_soon_create(void (*fn)(void *), void *data);
-void perfbed_soon_queue(struct perfbed_soon *soon);
-void perfbed_soon_destroy(struct perfbed_soon *soon);
 
 /*
  * The CPUs that share @cpu's level-3 cache by the kernel's cacheinfo (what

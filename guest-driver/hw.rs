@@ -15,12 +15,6 @@ struct RawPoller {
     _opaque: [u8; 0],
 }
 
-/// `struct perfbed_soon`, opaque to Rust.
-#[repr(C)]
-struct RawSoon {
-    _opaque: [u8; 0],
-}
-
 // The functions of `glue.c`, as prototyped in `glue.h`.
 extern "C" {
     fn perfbed_device_param() -> *const c_char;
@@ -43,9 +37,6 @@ extern "C" {
     fn perfbed_poller_kick(poller: *mut RawPoller);
     fn perfbed_poller_kick_now(poller: *mut RawPoller);
     fn perfbed_poller_destroy(poller: *mut RawPoller);
-    fn perfbed_soon_create(func: unsafe extern "C" fn(*mut c_void), data: *mut c_void) -> *mut RawSoon;
-    fn perfbed_soon_queue(soon: *mut RawSoon);
-    fn perfbed_soon_destroy(soon: *mut RawSoon);
     fn perfbed_l3_shared_cpus(cpu: c_uint, shared: *mut u64) -> c_int;
 }
 
@@ -269,69 +260,5 @@ impl<T: Poll> Drop for Poller<T> {
         // SAFETY: By the type invariant `raw` is live; `perfbed_poller_destroy` cancels the work,
         // waits for a running one, and frees it. `target` is released only after this.
         unsafe { perfbed_poller_destroy(self.raw.as_ptr()) }
-    }
-}
-
-/// The work a [`Soon`] does.
-pub(crate) trait RunSoon: Send + Sync + 'static {
-    /// Runs once, in hard interrupt context, on the CPU that queued it.
-    fn run_soon(&self);
-}
-
-/// # Safety
-///
-/// `data` must be the pointer of an `Arc<T>` that is alive for the call.
-unsafe extern "C" fn soon_callback<T: RunSoon>(data: *mut c_void) {
-    // SAFETY: By the function requirements `data` points at a live `T`.
-    let target = unsafe { &*data.cast_const().cast::<T>() };
-    target.run_soon()
-}
-
-/// An irq_work that calls [`RunSoon::run_soon`] on a `T` on the CPU that queued it, as soon as
-/// that CPU has interrupts on again: right after the perf operation whose callback queued it.
-///
-/// # Invariants
-///
-/// `raw` was created by `perfbed_soon_create` with the address of `*_target` and
-/// `soon_callback::<T>`, and is destroyed only by `drop`, before `_target` is released.
-pub(crate) struct Soon<T: RunSoon> {
-    raw: NonNull<RawSoon>,
-    _target: Arc<T>,
-}
-
-// SAFETY: `perfbed_soon_queue` may be called from any CPU and context; the target is
-// `Send + Sync`.
-unsafe impl<T: RunSoon> Send for Soon<T> {}
-// SAFETY: As for `Send`; `queue` takes `&self` and is safe to call concurrently.
-unsafe impl<T: RunSoon> Sync for Soon<T> {}
-
-impl<T: RunSoon> Soon<T> {
-    pub(crate) fn new(target: Arc<T>) -> Result<Self> {
-        let data = ptr::from_ref::<T>(&target).cast_mut().cast::<c_void>();
-        // SAFETY: `perfbed_soon_create` only stores its arguments; the callback is called with
-        // `data`, which stays valid while `target` is held, i.e. until after the work is
-        // destroyed in `drop`.
-        let raw = unsafe { perfbed_soon_create(soon_callback::<T>, data) };
-        let raw = NonNull::new(raw).ok_or(ENOMEM)?;
-        // INVARIANT: `raw` runs on `*target`, which `Soon` holds.
-        Ok(Soon {
-            raw,
-            _target: target,
-        })
-    }
-
-    /// Queues the work on this CPU (once, however often it is queued before it runs). Safe in
-    /// any context.
-    pub(crate) fn queue(&self) {
-        // SAFETY: By the type invariant `raw` is live.
-        unsafe { perfbed_soon_queue(self.raw.as_ptr()) }
-    }
-}
-
-impl<T: RunSoon> Drop for Soon<T> {
-    fn drop(&mut self) {
-        // SAFETY: By the type invariant `raw` is live; `perfbed_soon_destroy` waits out a pending
-        // or running work and frees it. `_target` is released only after this.
-        unsafe { perfbed_soon_destroy(self.raw.as_ptr()) }
     }
 }
