@@ -1872,7 +1872,11 @@ enable a",
         let root = std::env::temp_dir().join(format!("perfbed-walk-{}", std::process::id()));
         let known = root.join("parks").join(KNOWN_VIOLATIONS);
         std::fs::create_dir_all(&known).unwrap();
-        for file in [root.join("parks/a.scn"), known.join("b.scn"), root.join("c.scn")] {
+        for file in [
+            root.join("parks/a.scn"),
+            known.join("b.scn"),
+            root.join("c.scn"),
+        ] {
             std::fs::write(file, "").unwrap();
         }
         let walked = files_under(std::slice::from_ref(&root)).unwrap();
