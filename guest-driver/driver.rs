@@ -1229,7 +1229,8 @@ impl PinnedDrop for Domain {
 
 /// The driver data of the PMU `perfbed_l3_<d>`.
 struct DomainPmu {
-    /// Polls the domain's held slots for wraps; stopped before the domain goes away.
+    /// Polls the domain's held slots for wraps and its configuration for changes; stopped before
+    /// the domain goes away.
     poller: hw::Poller<Domain>,
     /// The domain's interrupt line, if the device announced one (`irq.rs`); freed before the
     /// domain goes away.
@@ -1524,7 +1525,7 @@ unsafe fn register(
 
     // The perf core placed the PMU during registration, telling the domain its owner through
     // `migrate_cpu`. From now on an allowed-set change places it again (`allowed.rs`), and the
-    // poll watches for one (it never stops on a domain without a line).
+    // poll watches for one too (it never stops: with a line it is the fallback).
     let registered = DomainRegistration(pmu);
     let pmu = &registered.0;
     // SAFETY: The registration is pinned in its box, which `registered` owns from here on and
