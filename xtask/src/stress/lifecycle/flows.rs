@@ -11,8 +11,7 @@ use anyhow::Result;
 use perfbed_device::ControlClient;
 
 use super::generate::RMID_RATE;
-use super::journal::{Entry, Flowed, Step};
-use super::run::event;
+use super::journal::{mbm_event, Entry, Flowed, Step};
 
 /// A counter: (domain, event, RMID).
 type Counter = (u32, u32, u32);
@@ -51,7 +50,7 @@ impl Flows {
         step: &Step,
     ) -> Result<BTreeMap<Counter, u64>> {
         let state = control.state()?;
-        let truth = |&(d, e, r): &Counter| state.truth(d, r, event(e));
+        let truth = |&(d, e, r): &Counter| state.truth(d, r, mbm_event(e));
         if let Some((counter, rate)) = watched_rate(step) {
             if rate > 0 && !self.last.contains_key(&counter) {
                 self.last.insert(counter, truth(&counter));
@@ -83,7 +82,7 @@ impl Flows {
         };
         for (&counter, &then) in before {
             let (domain, e, rmid) = counter;
-            let now = state.truth(domain, rmid, event(e));
+            let now = state.truth(domain, rmid, mbm_event(e));
             let last = self.last.insert(counter, now).unwrap_or(then);
             let injected = burst.filter(|(c, _)| *c == counter).map_or(0, |(_, b)| b);
             entry.flowed.push(Flowed {

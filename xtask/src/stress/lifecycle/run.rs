@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use perfbed_agent::{AgentMessage, HostRequest, HotplugOp, JobResult, JobSpec, PerfAttr, PerfOp};
 use perfbed_device::cpus::parse_cpu_list;
-use perfbed_device::regs::Event;
 use perfbed_device::{ControlClient, DeviceConfig};
 
 use crate::checks::Check;
@@ -28,7 +27,7 @@ use crate::progress::human;
 use super::super::jobs::{start_job, stop_job};
 use super::generate::{Generator, RMID_LOOP};
 use super::irq_affinity::{placement_step, IrqLines};
-use super::journal::{self, perf_op, Cpus, Entry, Header, Opened, Step, PARKED};
+use super::journal::{self, mbm_event, perf_op, Cpus, Entry, Header, Opened, Step, PARKED};
 use super::replay::{replay_on, Finding};
 
 /// Perf steps sent to the agent in one request, at most.
@@ -775,15 +774,6 @@ pub(super) fn flush(
     Ok(desync)
 }
 
-/// The device's event of a journal's event number (an `mbm_*` one).
-pub(super) fn event(id: u32) -> Event {
-    if id == 3 {
-        Event::MbmLocalBytes
-    } else {
-        Event::MbmTotalBytes
-    }
-}
-
 /// Carries out a host step (traffic, hotplug, perf stat).
 /// The sysfs file of `pmu`'s mux interval.
 pub(super) fn mux_interval_file(pmu: &str) -> String {
@@ -808,7 +798,7 @@ pub(super) fn host_step(
             rmid,
             bytes,
         } => {
-            control.inject(domain, rmid, event(e), bytes)?;
+            control.inject(domain, rmid, mbm_event(e), bytes)?;
             control.wait_landed(wait_ms)?;
             Ok(vec![])
         }
@@ -826,7 +816,7 @@ pub(super) fn host_step(
             event: e,
             bytes_per_sec,
         } => {
-            control.set_rate(domain, rmid, event(e), bytes_per_sec)?;
+            control.set_rate(domain, rmid, mbm_event(e), bytes_per_sec)?;
             Ok(vec![])
         }
         &Step::Move { domain } => hotplug(
