@@ -1,5 +1,6 @@
 //! Steady traffic on counters that events watch (a scenario's `rate
-//! DOMAIN EVENT rmid=N BYTES/s`), measured around every step: the device's
+//! DOMAIN EVENT rmid=N BYTES/s`, the lifecycle stress's `--watched-rates`),
+//! measured around every step: the device's
 //! truth of each flowing counter is sampled just before a step and just
 //! after it, so the journal says what landed between two steps (counted as
 //! a burst there) and what landed while one was carried out (at a moment
