@@ -727,16 +727,21 @@ impl Generator {
         vec![Step::Close { handle }]
     }
 
-    fn burst(&mut self) -> Vec<Step> {
-        // Mostly for what an open event counts.
-        let counters: Vec<(u32, u32, u32)> = self
-            .opened
+    /// The counter, (domain, event, RMID), of each open `mbm_*` event, in
+    /// the order of their handles.
+    fn open_counters(&self) -> Vec<(u32, u32, u32)> {
+        self.opened
             .values()
             .filter_map(|o| match o.spec().kind {
                 Kind::Counter { pmu, event, rmid } => Some((pmu, event, rmid)),
                 _ => None,
             })
-            .collect();
+            .collect()
+    }
+
+    fn burst(&mut self) -> Vec<Step> {
+        // Mostly for what an open event counts.
+        let counters = self.open_counters();
         let (domain, event, rmid) = match self.rng.pick(&counters) {
             Some(&key) if self.rng.chance(85) => key,
             _ => {
@@ -787,12 +792,8 @@ impl Generator {
     /// nothing where there is none.
     fn start_flow(&mut self) -> Vec<Step> {
         let counters: Vec<(u32, u32, u32)> = self
-            .opened
-            .values()
-            .filter_map(|o| match o.spec().kind {
-                Kind::Counter { pmu, event, rmid } => Some((pmu, event, rmid)),
-                _ => None,
-            })
+            .open_counters()
+            .into_iter()
             .filter(|&(_, _, rmid)| (1..=FUZZ_RMIDS).contains(&rmid))
             .filter(|c| !self.flows.contains_key(c))
             .collect::<BTreeSet<_>>()
