@@ -374,11 +374,16 @@ pub fn run(
             )?
         };
     }
-    // Carries out a host step at once and journals it.
+    // Carries out a host step at once and journals it, with the steady
+    // traffic that flowed around it if `before` is the truth sampled just
+    // before it.
     macro_rules! host {
-        ($step:expr) => {{
+        ($step:expr, $before:expr) => {{
             let step = with_started_job($step, &journal)?;
-            let entry = host_step(g, control, device, pmus, step, config.timeout, start)?;
+            let mut entry = host_step(g, control, device, pmus, step, config.timeout, start)?;
+            if let Some(before) = $before {
+                flows.after(control, before, &mut entry)?;
+            }
             // Placements by the generator's moves, parks and unparks, of
             // a domain on its default set (an allowed set's is the
             // `allowed sets` checks').
@@ -411,14 +416,14 @@ pub fn run(
             if flows.around(&step) {
                 desync |= flush!();
                 let before = flows.before(control, &step)?;
-                let at = journal.len();
                 if perf_op(&step, attr).is_some() {
+                    let at = journal.len();
                     pending.push((step, opens));
                     desync |= flush!();
+                    flows.after(control, &before, &mut journal[at])?;
                 } else {
-                    host!(step);
+                    host!(step, Some(&before));
                 }
-                flows.after(control, &before, &mut journal[at])?;
             } else if perf_op(&step, attr).is_some() {
                 pending.push((step, opens));
                 if pending.len() >= BATCH {
@@ -426,7 +431,7 @@ pub fn run(
                 }
             } else {
                 desync |= flush!();
-                host!(step);
+                host!(step, None);
             }
         }};
     }
