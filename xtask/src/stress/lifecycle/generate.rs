@@ -134,8 +134,9 @@ impl Generator {
     /// Now and then a steady rate of 1 to 32 MiB/s on the counter of an
     /// open `mbm_*` event (its domain, event and RMID: one of the fuzzed
     /// RMIDs, never perf stat's, the open-close loop's or the background
-    /// rate's), stopped by a 0 rate 10 to 120 operations later or at the
-    /// run's end; two at once at most, never two on one counter. The runner
+    /// rate's; a counter that several events count, the likelier), stopped
+    /// by a 0 rate 10 to 120 operations later or at the run's end; two at
+    /// once at most, never two on one counter. The runner
     /// measures the device's truth around every step while one flows, and
     /// the model judges each read by it (counting-semantics.md, "Steady
     /// traffic"). Off by default: it draws from the seed's sequence, so a
@@ -788,16 +789,15 @@ impl Generator {
     }
 
     /// A steady rate on the counter of an open `mbm_*` event of a fuzzed
-    /// RMID that is not flowing yet (see [`Generator::with_watched_rates`]);
-    /// nothing where there is none.
+    /// RMID that is not flowing yet (see [`Generator::with_watched_rates`]),
+    /// each drawn as often as open events count it (more reads judge the
+    /// flow); nothing where there is none.
     fn start_flow(&mut self) -> Vec<Step> {
         let counters: Vec<(u32, u32, u32)> = self
             .open_counters()
             .into_iter()
             .filter(|&(_, _, rmid)| (1..=FUZZ_RMIDS).contains(&rmid))
             .filter(|c| !self.flows.contains_key(c))
-            .collect::<BTreeSet<_>>()
-            .into_iter()
             .collect();
         let Some(&(domain, event, rmid)) = self.rng.pick(&counters) else {
             return vec![];
