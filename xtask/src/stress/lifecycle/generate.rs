@@ -136,10 +136,12 @@ impl Generator {
     /// RMIDs, never perf stat's, the open-close loop's or the background
     /// rate's; a counter that several events count, the likelier), stopped
     /// by a 0 rate 10 to 120 operations later or at the run's end; two at
-    /// once at most, never two on one counter. The runner
-    /// measures the device's truth around every step while one flows, and
-    /// the model judges each read by it (counting-semantics.md, "Steady
-    /// traffic"). Off by default: it draws from the seed's sequence, so a
+    /// once at most, never two on one counter; no `perf stat` on a domain
+    /// while one of its counters flows (its event may take a slot from a
+    /// watched one within the step, where the model does not look). The
+    /// runner measures the device's truth around every step while one
+    /// flows, and the model judges each read by it (counting-semantics.md,
+    /// "Steady traffic"). Off by default: it draws from the seed's sequence, so a
     /// seed deals other operations with it; not with
     /// [`Generator::with_cpus_behind_its_back`], whose readings of the CPUs
     /// come between steps unmeasured.
@@ -855,8 +857,12 @@ impl Generator {
 
     fn perf_stat(&mut self) -> Vec<Step> {
         let domain = self.domain();
-        // `perf stat` opens its event on the PMU's CPU of the moment.
-        if self.owners[domain as usize].is_none() || self.moving() == Some(domain) {
+        // `perf stat` opens its event on the PMU's CPU of the moment. Not
+        // where a watched rate flows: its event may contend for a slot in
+        // the middle of the step, and the model judges what flows during
+        // a step by the states before and after it.
+        let flowing = self.flows.keys().any(|&(d, _, _)| d == domain);
+        if self.owners[domain as usize].is_none() || self.moving() == Some(domain) || flowing {
             return vec![];
         }
         let how = if self.rng.chance(50) {
@@ -1451,7 +1457,8 @@ mod tests {
     /// Plays `g` for `draws` draws and its finish, as [`play_stretches`]
     /// does, and checks each watched rate: a start on the counter of an
     /// open `mbm_*` event of a fuzzed RMID, at 1 to 32 MiB/s, on a counter
-    /// not flowing yet; a stop of a flowing one; nothing flowing at the end.
+    /// not flowing yet; a stop of a flowing one; no perf stat on a domain
+    /// with a flowing counter; nothing flowing at the end.
     fn play_flows(mut g: Generator, draws: u32) -> FlowsSeen {
         let mut seen = FlowsSeen::default();
         // Each flowing counter, with the step its rate started at.
@@ -1503,6 +1510,11 @@ mod tests {
                             problem("a second rate on a flowing counter".into());
                         }
                         seen.most_at_once = seen.most_at_once.max(flowing.len());
+                    }
+                    Step::PerfStat { domain, .. }
+                        if flowing.keys().any(|&(d, _, _)| d == domain) =>
+                    {
+                        problem("perf stat on a domain with a flowing counter".into());
                     }
                     Step::Read { handle } => {
                         let counter = g.opened.get(&handle).and_then(|o| match o.spec().kind {
