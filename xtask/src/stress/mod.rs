@@ -133,6 +133,12 @@ pub struct StressArgs {
     /// race a move. A seed deals other operations with it.
     #[arg(long, conflicts_with = "rcutorture")]
     pub moving_thread: bool,
+    /// With --lifecycle or --mutant: now and then, for 10 to 120
+    /// operations, a steady rate of 1 to 32 MiB/s on the counter of an open
+    /// event, the device's truth measured around every step while it
+    /// flows (each step alone). A seed deals other operations with it.
+    #[arg(long, conflicts_with = "rcutorture")]
+    pub watched_rates: bool,
     /// With --lifecycle or --mutant: do not shrink a failing run to a
     /// scenario (by default it is, in the same guest, into the run folder).
     #[arg(long)]

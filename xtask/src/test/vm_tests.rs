@@ -326,6 +326,7 @@ fn lifecycle_run(
         shrink: None,
         rcutorture,
         moving_thread: false,
+        watched_rates: false,
     };
     let report = stress::lifecycle::execute(&vm, accel, &config)?;
     let failed: Vec<String> = report
@@ -453,6 +454,7 @@ fn mutant_run(
         shrink,
         rcutorture: false,
         moving_thread: mutant.moving_thread()?,
+        watched_rates: false,
     };
     stress::lifecycle::execute(&vm, accel, &config)
 }

@@ -257,6 +257,9 @@ fn replay_command(args: &StressArgs, ops: u32, seed: u64, mutant: Option<&str>) 
     if args.moving_thread {
         cmd += " --moving-thread";
     }
+    if args.watched_rates {
+        cmd += " --watched-rates";
+    }
     if let Some(m) = mutant {
         let _ = write!(cmd, " --mutant {m}");
     }
@@ -376,14 +379,20 @@ fn lifecycle(
         shrink: args.shrinking(),
         rcutorture: args.rcutorture,
         moving_thread: args.moving_thread,
+        watched_rates: args.watched_rates,
     };
     eprintln!(
-        "==> stress --lifecycle: {ops} operations, seed {seed}, {} vCPUs, {} slots per domain, {} kernel, under {under}{}",
+        "==> stress --lifecycle: {ops} operations, seed {seed}, {} vCPUs, {} slots per domain, {} kernel, under {under}{}{}",
         vm.cpus,
         SLOTS,
         shape.variant().name(),
         if args.moving_thread {
             ", with a moving thread"
+        } else {
+            ""
+        },
+        if args.watched_rates {
+            ", with watched rates"
         } else {
             ""
         },

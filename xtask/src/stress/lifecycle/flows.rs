@@ -1,5 +1,6 @@
 //! Steady traffic on counters that events watch (a scenario's `rate
-//! DOMAIN EVENT rmid=N BYTES/s`), measured around every step: the device's
+//! DOMAIN EVENT rmid=N BYTES/s`, the lifecycle stress's `--watched-rates`),
+//! measured around every step: the device's
 //! truth of each flowing counter is sampled just before a step and just
 //! after it, so the journal says what landed between two steps (counted as
 //! a burst there) and what landed while one was carried out (at a moment
@@ -11,8 +12,7 @@ use anyhow::Result;
 use perfbed_device::ControlClient;
 
 use super::generate::RMID_RATE;
-use super::journal::{Entry, Flowed, Step};
-use super::run::event;
+use super::journal::{mbm_event, Entry, Flowed, Step};
 
 /// A counter: (domain, event, RMID).
 type Counter = (u32, u32, u32);
@@ -51,7 +51,7 @@ impl Flows {
         step: &Step,
     ) -> Result<BTreeMap<Counter, u64>> {
         let state = control.state()?;
-        let truth = |&(d, e, r): &Counter| state.truth(d, r, event(e));
+        let truth = |&(d, e, r): &Counter| state.truth(d, r, mbm_event(e));
         if let Some((counter, rate)) = watched_rate(step) {
             if rate > 0 && !self.last.contains_key(&counter) {
                 self.last.insert(counter, truth(&counter));
@@ -83,7 +83,7 @@ impl Flows {
         };
         for (&counter, &then) in before {
             let (domain, e, rmid) = counter;
-            let now = state.truth(domain, rmid, event(e));
+            let now = state.truth(domain, rmid, mbm_event(e));
             let last = self.last.insert(counter, now).unwrap_or(then);
             let injected = burst.filter(|(c, _)| *c == counter).map_or(0, |(_, b)| b);
             entry.flowed.push(Flowed {

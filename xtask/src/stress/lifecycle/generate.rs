@@ -8,7 +8,9 @@
 //! and to keep every expected value exact; the checker's model is a
 //! separate one, fed with what really happened. With a moving thread
 //! ([`Generator::with_moving_thread`]) it also deals stretches in which a
-//! thread of the guest moves a PMU while the other operations go on.
+//! thread of the guest moves a PMU while the other operations go on; with
+//! watched rates ([`Generator::with_watched_rates`]), stretches in which
+//! traffic flows steadily into the counters that open events count.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -18,7 +20,8 @@ use crate::stress::rng::Rng;
 use super::journal::{Entry, IoctlName, Opened, ReadFormat, StatHow, Step, PARKED};
 
 /// RMIDs by role: the fuzzed events' (1..=4), the open-close loop's gauge,
-/// perf stat's, and the steady rates' (never watched).
+/// perf stat's, and the background rate's (never watched; the watched
+/// rates of [`Generator::with_watched_rates`] flow on the fuzzed events').
 pub const FUZZ_RMIDS: u32 = 4;
 pub const RMID_LOOP: u32 = 5;
 pub const RMID_PERF_STAT: u32 = 6;
@@ -34,6 +37,13 @@ const MAX_BURST_UNITS: u64 = 4096;
 /// stretch where none runs, and how many operations a stretch lasts.
 const STRETCH_CHANCE: u64 = 4;
 const STRETCH_OPS: (u64, u64) = (5, 60);
+/// With watched rates: the chance (in percent) that a draw starts one, how
+/// many flow at once at most, their rates in MiB/s, and how many operations
+/// each flows before its stop.
+const FLOW_CHANCE: u64 = 3;
+const MAX_FLOWS: usize = 2;
+const FLOW_MIB_PER_SEC: (u64, u64) = (1, 32);
+const FLOW_OPS: (u64, u64) = (10, 120);
 
 /// A stretch in which a thread of the guest moves `domain`'s PMU: it takes
 /// `cpus` offline and back in turn until its stop, dealt after `left` more
@@ -64,6 +74,12 @@ pub struct Generator {
     moving_thread: bool,
     /// The stretch going on, if any.
     stretch: Option<Stretch>,
+    /// Deal steady rates on watched counters: see
+    /// [`Generator::with_watched_rates`].
+    watched_rates: bool,
+    /// The watched counters flowing now, (domain, event, RMID), each with
+    /// the operations left before its stop.
+    flows: BTreeMap<(u32, u32, u32), u64>,
 }
 
 impl Generator {
@@ -91,6 +107,8 @@ impl Generator {
             behind_its_back: false,
             moving_thread: false,
             stretch: None,
+            watched_rates: false,
+            flows: BTreeMap::new(),
         }
     }
 
@@ -113,14 +131,37 @@ impl Generator {
         self
     }
 
-    /// The stop of the stretch still going on, if any: the run's last
-    /// step, so that every stretch ends before the run does.
-    pub fn finish(&mut self) -> Option<Step> {
-        let s = self.stretch.take()?;
-        Some(Step::MovesStop {
+    /// Now and then a steady rate of 1 to 32 MiB/s on the counter of an
+    /// open `mbm_*` event (its domain, event and RMID: one of the fuzzed
+    /// RMIDs, never perf stat's, the open-close loop's or the background
+    /// rate's; a counter that several events count, the likelier), stopped
+    /// by a 0 rate 10 to 120 operations later or at the run's end; two at
+    /// once at most, never two on one counter; no `perf stat` on a domain
+    /// while one of its counters flows (its event may take a slot from a
+    /// watched one within the step, where the model does not look). The
+    /// runner measures the device's truth around every step while one
+    /// flows, and the model judges each read by it (counting-semantics.md,
+    /// "Steady traffic"). Off by default: it draws from the seed's sequence, so a
+    /// seed deals other operations with it; not with
+    /// [`Generator::with_cpus_behind_its_back`], whose readings of the CPUs
+    /// come between steps unmeasured.
+    pub fn with_watched_rates(mut self, on: bool) -> Generator {
+        self.watched_rates = on;
+        self
+    }
+
+    /// The steps that end what is still going on: the stretch's stop, if
+    /// any, and a 0 rate for each watched counter still flowing. The run's
+    /// last steps, so that nothing outlasts it.
+    pub fn finish(&mut self) -> Vec<Step> {
+        let stop = self.stretch.take().map(|s| Step::MovesStop {
             domain: s.domain,
             job: 0,
-        })
+        });
+        let flows = std::mem::take(&mut self.flows);
+        stop.into_iter()
+            .chain(flows.into_keys().map(stop_flow))
+            .collect()
     }
 
     /// CPUs go offline and online behind the host's back (rcutorture's
@@ -151,9 +192,15 @@ impl Generator {
     /// The next steps (a group's opens come together).
     pub fn next(&mut self) -> Vec<Step> {
         let was_moving = self.stretch.is_some();
+        let flowing: Vec<(u32, u32, u32)> = self.flows.keys().copied().collect();
         let steps = self.draw();
         if let Some(s) = self.stretch.as_mut().filter(|_| was_moving) {
             s.left = s.left.saturating_sub(steps.len() as u64);
+        }
+        for counter in flowing {
+            if let Some(left) = self.flows.get_mut(&counter) {
+                *left = left.saturating_sub(steps.len() as u64);
+            }
         }
         for s in &steps {
             self.expect(s);
@@ -173,6 +220,19 @@ impl Generator {
                     }
                 }
                 None => {}
+            }
+        }
+        if self.watched_rates && !self.behind_its_back {
+            let due = self.flows.iter().find(|&(_, &left)| left == 0);
+            if let Some((&counter, _)) = due {
+                self.flows.remove(&counter);
+                return vec![stop_flow(counter)];
+            }
+            if self.flows.len() < MAX_FLOWS && self.rng.chance(FLOW_CHANCE) {
+                let steps = self.start_flow();
+                if !steps.is_empty() {
+                    return steps;
+                }
             }
         }
         loop {
@@ -670,16 +730,21 @@ impl Generator {
         vec![Step::Close { handle }]
     }
 
-    fn burst(&mut self) -> Vec<Step> {
-        // Mostly for what an open event counts.
-        let counters: Vec<(u32, u32, u32)> = self
-            .opened
+    /// The counter, (domain, event, RMID), of each open `mbm_*` event, in
+    /// the order of their handles.
+    fn open_counters(&self) -> Vec<(u32, u32, u32)> {
+        self.opened
             .values()
             .filter_map(|o| match o.spec().kind {
                 Kind::Counter { pmu, event, rmid } => Some((pmu, event, rmid)),
                 _ => None,
             })
-            .collect();
+            .collect()
+    }
+
+    fn burst(&mut self) -> Vec<Step> {
+        // Mostly for what an open event counts.
+        let counters = self.open_counters();
         let (domain, event, rmid) = match self.rng.pick(&counters) {
             Some(&key) if self.rng.chance(85) => key,
             _ => {
@@ -721,6 +786,31 @@ impl Generator {
             domain,
             rmid: RMID_RATE,
             event: perfbed_device::regs::Event::MbmLocalBytes as u32,
+            bytes_per_sec,
+        }]
+    }
+
+    /// A steady rate on the counter of an open `mbm_*` event of a fuzzed
+    /// RMID that is not flowing yet (see [`Generator::with_watched_rates`]),
+    /// each drawn as often as open events count it (more reads judge the
+    /// flow); nothing where there is none.
+    fn start_flow(&mut self) -> Vec<Step> {
+        let counters: Vec<(u32, u32, u32)> = self
+            .open_counters()
+            .into_iter()
+            .filter(|&(_, _, rmid)| (1..=FUZZ_RMIDS).contains(&rmid))
+            .filter(|c| !self.flows.contains_key(c))
+            .collect();
+        let Some(&(domain, event, rmid)) = self.rng.pick(&counters) else {
+            return vec![];
+        };
+        let bytes_per_sec = self.rng.range(FLOW_MIB_PER_SEC.0, FLOW_MIB_PER_SEC.1) << 20;
+        let left = self.rng.range(FLOW_OPS.0, FLOW_OPS.1);
+        self.flows.insert((domain, event, rmid), left);
+        vec![Step::Rate {
+            domain,
+            rmid,
+            event,
             bytes_per_sec,
         }]
     }
@@ -767,8 +857,12 @@ impl Generator {
 
     fn perf_stat(&mut self) -> Vec<Step> {
         let domain = self.domain();
-        // `perf stat` opens its event on the PMU's CPU of the moment.
-        if self.owners[domain as usize].is_none() || self.moving() == Some(domain) {
+        // `perf stat` opens its event on the PMU's CPU of the moment. Not
+        // where a watched rate flows: its event may contend for a slot in
+        // the middle of the step, and the model judges what flows during
+        // a step by the states before and after it.
+        let flowing = self.flows.keys().any(|&(d, _, _)| d == domain);
+        if self.owners[domain as usize].is_none() || self.moving() == Some(domain) || flowing {
             return vec![];
         }
         let how = if self.rng.chance(50) {
@@ -790,6 +884,16 @@ impl Generator {
             how,
             bursts,
         }]
+    }
+}
+
+/// The stop of a watched counter's steady rate: a 0 rate.
+fn stop_flow((domain, event, rmid): (u32, u32, u32)) -> Step {
+    Step::Rate {
+        domain,
+        rmid,
+        event,
+        bytes_per_sec: 0,
     }
 }
 
@@ -1102,6 +1206,33 @@ mod tests {
         }
     }
 
+    /// What the guest answers to a host step of `g`: a move, the domain's
+    /// other CPU; a stop, one round, on the first CPU of the round.
+    fn answer(g: &Generator, step: &Step) -> Result<Vec<u64>, String> {
+        match *step {
+            Step::Move { domain } => {
+                let owner = g.owners[domain as usize];
+                Ok(g.domains[domain as usize]
+                    .iter()
+                    .copied()
+                    .filter(|&c| Some(c) != owner)
+                    .map(u64::from)
+                    .collect())
+            }
+            Step::Unpark { cpu, .. } => Ok(vec![u64::from(cpu)]),
+            Step::MovesStart { .. } => Ok(vec![7]),
+            Step::MovesStop { domain, .. } => {
+                let first = g.domains[domain as usize]
+                    .iter()
+                    .copied()
+                    .find(|c| g.online.contains(c))
+                    .expect("the thread leaves its CPUs online");
+                Ok(vec![1, u64::from(first)])
+            }
+            _ => Ok(vec![]),
+        }
+    }
+
     /// Plays `g` for `draws` draws, answering host steps as the guest would
     /// (a move: the domain's other CPU; a stop: one round, on the first CPU
     /// of the round), the run's end with [`Generator::finish`], and checks
@@ -1142,28 +1273,7 @@ mod tests {
                     _ => {}
                 }
                 problems.extend(why.into_iter().map(|w| format!("step {at} {step:?}: {w}")));
-                let result = match step {
-                    Step::Move { domain } => {
-                        let owner = g.owners[domain as usize];
-                        Ok(g.domains[domain as usize]
-                            .iter()
-                            .copied()
-                            .filter(|&c| Some(c) != owner)
-                            .map(u64::from)
-                            .collect())
-                    }
-                    Step::Unpark { cpu, .. } => Ok(vec![u64::from(cpu)]),
-                    Step::MovesStart { .. } => Ok(vec![7]),
-                    Step::MovesStop { domain, .. } => {
-                        let first = g.domains[domain as usize]
-                            .iter()
-                            .copied()
-                            .find(|c| g.online.contains(c))
-                            .expect("the thread leaves its CPUs online");
-                        Ok(vec![1, u64::from(first)])
-                    }
-                    _ => Ok(vec![]),
-                };
+                let result = answer(&g, &step);
                 g.observe(&Entry::untimed(step.clone(), result));
                 steps.push(step);
             }
@@ -1232,7 +1342,7 @@ mod tests {
         assert!(!sa
             .iter()
             .any(|s| matches!(s, Step::MovesStart { .. } | Step::MovesStop { .. })));
-        assert_eq!(a.finish(), None);
+        assert_eq!(a.finish(), vec![]);
         // Nor behind the host's back, where it moves nothing itself.
         let g = generator(9)
             .with_moving_thread(true)
@@ -1292,5 +1402,191 @@ mod tests {
         ] {
             assert_eq!(refused_inside(&g, 1, &[2, 3], &good), None, "{good:?}");
         }
+    }
+
+    /// FNV-1a of the steps' journal text: a fingerprint of what a seed deals.
+    fn fingerprint(steps: &[Step]) -> u64 {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for step in steps {
+            let line = serde_json::to_string(step).expect("a step serialises");
+            for b in line.bytes().chain([b'\n']) {
+                h ^= u64::from(b);
+                h = h.wrapping_mul(0x0100_0000_01b3);
+            }
+        }
+        h
+    }
+
+    #[test]
+    fn without_watched_rates_a_seed_deals_exactly_what_it_did_before_them() {
+        // Fingerprints of seed 9's first 3000 draws taken before watched
+        // rates were added (2026-12-06), plain and with a moving thread: a
+        // change that deals other steps without the flag changes what
+        // every CI and mutant seed means, and must say so here.
+        let mut g = generator(9).with_watched_rates(false);
+        let plain: Vec<Step> = (0..3000).flat_map(|_| g.next()).collect();
+        assert_eq!(
+            (plain.len(), fingerprint(&plain)),
+            (4296, 0xa4ed_81f3_f70e_3bf9)
+        );
+        let (moving, _, _) = play_stretches(generator(9).with_moving_thread(true), 3000);
+        assert_eq!(
+            (moving.len(), fingerprint(&moving)),
+            (4150, 0x6ead_3251_f8fa_4e3c)
+        );
+        assert!(!plain
+            .iter()
+            .chain(&moving)
+            .any(|s| matches!(s, Step::Rate { rmid, .. } if *rmid != RMID_RATE)));
+        assert_eq!(g.finish(), vec![]);
+    }
+
+    /// What [`play_flows`] saw of the watched rates.
+    #[derive(Debug, Default)]
+    struct FlowsSeen {
+        starts: usize,
+        /// Operations between each start and its stop, and whether the
+        /// stop was the run's end.
+        lengths: Vec<(usize, bool)>,
+        /// Reads of an event whose counter flowed then.
+        reads: usize,
+        most_at_once: usize,
+        problems: Vec<String>,
+    }
+
+    /// Plays `g` for `draws` draws and its finish, as [`play_stretches`]
+    /// does, and checks each watched rate: a start on the counter of an
+    /// open `mbm_*` event of a fuzzed RMID, at 1 to 32 MiB/s, on a counter
+    /// not flowing yet; a stop of a flowing one; no perf stat on a domain
+    /// with a flowing counter; nothing flowing at the end.
+    fn play_flows(mut g: Generator, draws: u32) -> FlowsSeen {
+        let mut seen = FlowsSeen::default();
+        // Each flowing counter, with the step its rate started at.
+        let mut flowing: BTreeMap<(u32, u32, u32), usize> = BTreeMap::new();
+        let mut at = 0;
+        for i in 0..=draws {
+            let last = i == draws;
+            let dealt = if last { g.finish() } else { g.next() };
+            for step in dealt {
+                let mut problem =
+                    |w: String| seen.problems.push(format!("step {at} {step:?}: {w}"));
+                match step {
+                    Step::Rate {
+                        domain,
+                        rmid,
+                        event,
+                        bytes_per_sec,
+                    } if rmid != RMID_RATE => {
+                        let counter = (domain, event, rmid);
+                        if bytes_per_sec == 0 {
+                            match flowing.remove(&counter) {
+                                Some(from) => seen.lengths.push((at - from - 1, last)),
+                                None => problem("a stop of a counter not flowing".into()),
+                            }
+                            at += 1;
+                            g.observe(&Entry::untimed(step, Ok(vec![])));
+                            continue;
+                        }
+                        seen.starts += 1;
+                        let watched = g
+                            .opened
+                            .values()
+                            .any(|o| o.pmu == Some(domain) && o.event == event && o.rmid == rmid);
+                        if !watched
+                            || !(2..=3).contains(&event)
+                            || !(1..=FUZZ_RMIDS).contains(&rmid)
+                        {
+                            problem(
+                                "not the counter of an open mbm_* event of a fuzzed RMID".into(),
+                            );
+                        }
+                        let mib = bytes_per_sec >> 20;
+                        if bytes_per_sec % (1 << 20) != 0
+                            || !(FLOW_MIB_PER_SEC.0..=FLOW_MIB_PER_SEC.1).contains(&mib)
+                        {
+                            problem(format!("{bytes_per_sec} B/s"));
+                        }
+                        if flowing.insert(counter, at).is_some() {
+                            problem("a second rate on a flowing counter".into());
+                        }
+                        seen.most_at_once = seen.most_at_once.max(flowing.len());
+                    }
+                    Step::PerfStat { domain, .. }
+                        if flowing.keys().any(|&(d, _, _)| d == domain) =>
+                    {
+                        problem("perf stat on a domain with a flowing counter".into());
+                    }
+                    Step::Read { handle } => {
+                        let counter = g.opened.get(&handle).and_then(|o| match o.spec().kind {
+                            Kind::Counter { pmu, event, rmid } => Some((pmu, event, rmid)),
+                            _ => None,
+                        });
+                        seen.reads +=
+                            usize::from(counter.is_some_and(|c| flowing.contains_key(&c)));
+                    }
+                    _ => {}
+                }
+                let result = answer(&g, &step);
+                g.observe(&Entry::untimed(step, result));
+                at += 1;
+            }
+        }
+        if !flowing.is_empty() {
+            seen.problems
+                .push(format!("still flowing after the finish: {flowing:?}"));
+        }
+        seen
+    }
+
+    #[test]
+    fn watched_rates_flow_on_open_counters_in_stretches_and_are_stopped() {
+        let (mut starts, mut reads) = (0, 0);
+        for seed in 0..20 {
+            let seen = play_flows(generator(seed).with_watched_rates(true), 1500);
+            assert_eq!(seen.problems, Vec::<String>::new(), "seed {seed}");
+            assert!(seen.starts >= 10, "seed {seed}: {seen:?}");
+            assert_eq!(seen.lengths.len(), seen.starts, "seed {seed}");
+            assert!(
+                (1..=MAX_FLOWS).contains(&seen.most_at_once),
+                "seed {seed}: {seen:?}"
+            );
+            for &(len, at_the_end) in &seen.lengths {
+                // 10-120 operations after its start (the last draw's steps
+                // all in: at most every event's read), or the run's end.
+                let most = FLOW_OPS.1 as usize + MAX_OPEN + MAX_SOFTWARE;
+                assert!(
+                    (FLOW_OPS.0 as usize..=most).contains(&len) || at_the_end,
+                    "seed {seed}: a flow of {len} operations"
+                );
+            }
+            starts += seen.starts;
+            reads += seen.reads;
+        }
+        eprintln!("20 seeds of 1500 draws: {starts} watched rates, {reads} reads of their events while they flowed");
+        assert!(reads > starts, "{reads} reads for {starts} rates");
+        // With a moving thread too: both kinds of stretches, each as alone.
+        let g = generator(4)
+            .with_watched_rates(true)
+            .with_moving_thread(true);
+        let (steps, stretches, problems) = play_stretches(g, 1500);
+        assert_eq!(problems, Vec::<String>::new());
+        assert!(!stretches.is_empty());
+        let seen = play_flows(
+            generator(4)
+                .with_watched_rates(true)
+                .with_moving_thread(true),
+            1500,
+        );
+        assert_eq!(seen.problems, Vec::<String>::new());
+        assert!(seen.starts >= 10, "{seen:?}");
+        assert!(steps.len() > 1500);
+        // None behind the host's back, whose CPU readings go unmeasured.
+        let seen = play_flows(
+            generator(4)
+                .with_watched_rates(true)
+                .with_cpus_behind_its_back(true),
+            1500,
+        );
+        assert_eq!((seen.starts, seen.problems), (0, vec![]));
     }
 }

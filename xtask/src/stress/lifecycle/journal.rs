@@ -95,6 +95,16 @@ fn local_bytes() -> u32 {
     perfbed_device::regs::Event::MbmLocalBytes as u32
 }
 
+/// The device's event of a journal's event number (an `mbm_*` one).
+pub fn mbm_event(id: u32) -> perfbed_device::regs::Event {
+    use perfbed_device::regs::Event;
+    if id == 3 {
+        Event::MbmLocalBytes
+    } else {
+        Event::MbmTotalBytes
+    }
+}
+
 fn default_max_rate() -> u64 {
     perfbed_device::DeviceConfig::default().max_rate
 }

@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use perfbed_agent::{AgentMessage, HostRequest, HotplugOp, JobResult, JobSpec, PerfAttr, PerfOp};
 use perfbed_device::cpus::parse_cpu_list;
-use perfbed_device::regs::Event;
 use perfbed_device::{ControlClient, DeviceConfig};
 
 use crate::checks::Check;
@@ -26,9 +25,10 @@ use crate::model::DeviceShape;
 use crate::progress::human;
 
 use super::super::jobs::{start_job, stop_job};
-use super::generate::{Generator, RMID_LOOP};
+use super::flows::Flows;
+use super::generate::{Generator, RMID_LOOP, RMID_RATE};
 use super::irq_affinity::{placement_step, IrqLines};
-use super::journal::{self, perf_op, Cpus, Entry, Header, Opened, Step, PARKED};
+use super::journal::{self, mbm_event, perf_op, Cpus, Entry, Header, Opened, Step, PARKED};
 use super::replay::{replay_on, Finding};
 
 /// Perf steps sent to the agent in one request, at most.
@@ -60,6 +60,10 @@ pub struct LifecycleConfig {
     /// operations go on (`--moving-thread`, see
     /// [`Generator::with_moving_thread`]).
     pub moving_thread: bool,
+    /// Steady rates on counters that open events count, the device's truth
+    /// measured around every step while they flow (`--watched-rates`, see
+    /// [`Generator::with_watched_rates`]).
+    pub watched_rates: bool,
 }
 
 /// With `stop_at_first`, how many operations between two replays.
@@ -91,6 +95,42 @@ pub struct LifecycleReport {
     pub behind: Option<String>,
     /// The moving thread's stretches, if it ran (see [`Stretches`]).
     pub stretches: Option<Stretches>,
+    /// The watched rates, if any flowed (see [`Flowing`]).
+    pub flowing: Option<Flowing>,
+}
+
+/// What a run's watched rates did: the rates started on watched counters,
+/// the steps measured while one flowed, the reads among them, and the
+/// bytes the journal has as landed on those counters.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Flowing {
+    pub rates: usize,
+    pub steps: usize,
+    pub reads: usize,
+    pub bytes: u64,
+}
+
+impl Flowing {
+    /// The watched rates of `journal`, or `None` where none started.
+    pub fn of(journal: &[Entry]) -> Option<Flowing> {
+        let mut out = Flowing::default();
+        for e in journal {
+            if let Step::Rate {
+                rmid,
+                bytes_per_sec,
+                ..
+            } = e.step
+            {
+                out.rates += usize::from(rmid != RMID_RATE && bytes_per_sec > 0);
+            }
+            if !e.flowed.is_empty() {
+                out.steps += 1;
+                out.reads += usize::from(matches!(e.step, Step::Read { .. }));
+                out.bytes += e.flowed.iter().map(|f| f.before + f.during).sum::<u64>();
+            }
+        }
+        (out.rates > 0).then_some(out)
+    }
 }
 
 /// What a run's moving thread did: its stretches (a start to its stop),
@@ -194,6 +234,16 @@ impl LifecycleReport {
                 s.stretches, s.rounds, s.ops, s.reads
             );
         }
+        if let Some(f) = &self.flowing {
+            let _ = writeln!(
+                out,
+                "  watched rates: {} started; {} operations measured while they flowed, {} of them reads; {:.1} MiB landed on watched counters",
+                f.rates,
+                f.steps,
+                f.reads,
+                f.bytes as f64 / f64::from(1 << 20)
+            );
+        }
         if let Some(shrunk) = &self.shrunk {
             let _ = writeln!(out, "  {shrunk}");
         }
@@ -266,7 +316,8 @@ pub fn run(
     )
     .with_parked_ioctls(config.parked_ioctls)
     .with_cpus_behind_its_back(config.rcutorture)
-    .with_moving_thread(config.moving_thread);
+    .with_moving_thread(config.moving_thread)
+    .with_watched_rates(config.watched_rates);
     let attr = |o: &Opened| attr_of(o, types);
     let mut watch = config
         .rcutorture
@@ -305,6 +356,8 @@ pub fn run(
     let mut pending: Vec<(Step, bool)> = Vec::new();
     let mut desync = false;
     let mut replayed_at = 0;
+    // The watched counters steady traffic flows into (`--watched-rates`).
+    let mut flows = Flows::default();
     // Sends the pending batch, then tells the generator of refused opens
     // and what was read behind the host's back.
     macro_rules! flush {
@@ -320,6 +373,67 @@ pub fn run(
                 &mut generator,
             )?
         };
+    }
+    // Carries out a host step at once and journals it, with the steady
+    // traffic that flowed around it if `before` is the truth sampled just
+    // before it.
+    macro_rules! host {
+        ($step:expr, $before:expr) => {{
+            let step = with_started_job($step, &journal)?;
+            let mut entry = host_step(g, control, device, pmus, step, config.timeout, start)?;
+            if let Some(before) = $before {
+                flows.after(control, before, &mut entry)?;
+            }
+            // Placements by the generator's moves, parks and unparks, of
+            // a domain on its default set (an allowed set's is the
+            // `allowed sets` checks').
+            if let Some(d) =
+                placement_step(&entry.step).filter(|_| !matches!(entry.step, Step::Allowed { .. }))
+            {
+                let at = format!("operation {}", journal.len());
+                let allowed = &device.domains[d as usize];
+                if let Some(problem) = irqs.after(g, &entry, allowed, &at)? {
+                    first_affinity.get_or_insert(journal.len());
+                    affinity_problems.push(problem);
+                }
+                affinity_checked += 1;
+            }
+            generator.observe(&entry);
+            journal.push(entry);
+            if let Some(w) = &mut watch {
+                w.read(g, pmus, &mut journal, start, &mut generator)?;
+            }
+        }};
+    }
+    // Carries out a step: a perf step into the pending batch, a host step
+    // at once; while steady traffic flows on a watched counter, each step
+    // alone, the flowing counters' truth measured around it.
+    macro_rules! carry {
+        ($step:expr) => {{
+            let step: Step = $step;
+            let opens =
+                matches!(step, Step::Open { expect, .. } if generator.format(expect).is_some());
+            if flows.around(&step) {
+                desync |= flush!();
+                let before = flows.before(control, &step)?;
+                if perf_op(&step, attr).is_some() {
+                    let at = journal.len();
+                    pending.push((step, opens));
+                    desync |= flush!();
+                    flows.after(control, &before, &mut journal[at])?;
+                } else {
+                    host!(step, Some(&before));
+                }
+            } else if perf_op(&step, attr).is_some() {
+                pending.push((step, opens));
+                if pending.len() >= BATCH {
+                    desync |= flush!();
+                }
+            } else {
+                desync |= flush!();
+                host!(step, None);
+            }
+        }};
     }
     while journal.len() < config.ops as usize
         && !desync
@@ -345,50 +459,17 @@ pub fn run(
         // and the generator must hear of it before it names the next handle.
         let opens_now = watch.is_some() && steps.iter().any(|s| matches!(s, Step::Open { .. }));
         for step in steps {
-            if perf_op(&step, attr).is_some() {
-                let opens =
-                    matches!(step, Step::Open { expect, .. } if generator.format(expect).is_some());
-                pending.push((step, opens));
-                if pending.len() >= BATCH {
-                    desync |= flush!();
-                }
-                continue;
-            }
-            desync |= flush!();
-            let step = with_started_job(step, &journal)?;
-            let entry = host_step(g, control, device, pmus, step, config.timeout, start)?;
-            // Placements by the generator's moves, parks and unparks, of
-            // a domain on its default set (an allowed set's is the
-            // `allowed sets` checks').
-            if let Some(d) =
-                placement_step(&entry.step).filter(|_| !matches!(entry.step, Step::Allowed { .. }))
-            {
-                let at = format!("operation {}", journal.len());
-                let allowed = &device.domains[d as usize];
-                if let Some(problem) = irqs.after(g, &entry, allowed, &at)? {
-                    first_affinity.get_or_insert(journal.len());
-                    affinity_problems.push(problem);
-                }
-                affinity_checked += 1;
-            }
-            generator.observe(&entry);
-            journal.push(entry);
-            if let Some(w) = &mut watch {
-                w.read(g, pmus, &mut journal, start, &mut generator)?;
-            }
+            carry!(step);
         }
         if opens_now {
             desync |= flush!();
         }
     }
-    desync |= flush!();
-    // A stretch still going on ends with the run.
-    if let Some(stop) = generator.finish() {
-        let step = with_started_job(stop, &journal)?;
-        let entry = host_step(g, control, device, pmus, step, config.timeout, start)?;
-        generator.observe(&entry);
-        journal.push(entry);
+    // A stretch or a watched rate still going on ends with the run.
+    for step in generator.finish() {
+        carry!(step);
     }
+    desync |= flush!();
     let time = start.elapsed();
     let loop_result = stop_job(g, loop_job, 0)?;
 
@@ -485,6 +566,7 @@ pub fn run(
         shrunk: None,
         behind: config.rcutorture.then(|| behind_its_back(&journal)),
         stretches: Stretches::of(&journal),
+        flowing: Flowing::of(&journal),
         steps: journal.len(),
         time,
         first,
@@ -775,15 +857,6 @@ pub(super) fn flush(
     Ok(desync)
 }
 
-/// The device's event of a journal's event number (an `mbm_*` one).
-pub(super) fn event(id: u32) -> Event {
-    if id == 3 {
-        Event::MbmLocalBytes
-    } else {
-        Event::MbmTotalBytes
-    }
-}
-
 /// Carries out a host step (traffic, hotplug, perf stat).
 /// The sysfs file of `pmu`'s mux interval.
 pub(super) fn mux_interval_file(pmu: &str) -> String {
@@ -808,7 +881,7 @@ pub(super) fn host_step(
             rmid,
             bytes,
         } => {
-            control.inject(domain, rmid, event(e), bytes)?;
+            control.inject(domain, rmid, mbm_event(e), bytes)?;
             control.wait_landed(wait_ms)?;
             Ok(vec![])
         }
@@ -826,7 +899,7 @@ pub(super) fn host_step(
             event: e,
             bytes_per_sec,
         } => {
-            control.set_rate(domain, rmid, event(e), bytes_per_sec)?;
+            control.set_rate(domain, rmid, mbm_event(e), bytes_per_sec)?;
             Ok(vec![])
         }
         &Step::Move { domain } => hotplug(
@@ -1085,5 +1158,44 @@ mod tests {
             Step::MovesStop { domain: 1, job: 4 }
         );
         assert!(with_started_job(Step::MovesStop { domain: 0, job: 0 }, &journal).is_err());
+    }
+
+    #[test]
+    fn flowing_counts_the_watched_rates_and_the_steps_measured_while_they_flowed() {
+        let rate = |rmid, bytes_per_sec| Step::Rate {
+            domain: 1,
+            rmid,
+            event: 2,
+            bytes_per_sec,
+        };
+        let measured = |step, before, during| Entry {
+            flowed: vec![journal::Flowed {
+                domain: 1,
+                event: 2,
+                rmid: 3,
+                before,
+                during,
+            }],
+            ..Entry::untimed(step, Ok(vec![]))
+        };
+        let background = Entry::untimed(rate(RMID_RATE, 1 << 20), Ok(vec![]));
+        assert_eq!(Flowing::of(std::slice::from_ref(&background)), None);
+        let journal = [
+            background,
+            measured(rate(3, 1 << 20), 0, 64),
+            measured(Step::Read { handle: 1 }, 100, 20),
+            measured(Step::Move { domain: 1 }, 30, 500),
+            measured(rate(3, 0), 6, 0),
+            Entry::untimed(Step::Read { handle: 1 }, Ok(vec![0])),
+        ];
+        assert_eq!(
+            Flowing::of(&journal),
+            Some(Flowing {
+                rates: 1,
+                steps: 4,
+                reads: 1,
+                bytes: 64 + 120 + 530 + 6
+            })
+        );
     }
 }

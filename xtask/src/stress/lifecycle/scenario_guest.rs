@@ -500,7 +500,7 @@ pub fn restore(
                 event,
                 ..
             } => {
-                control.set_rate(domain, rmid, super::run::event(event), 0)?;
+                control.set_rate(domain, rmid, super::journal::mbm_event(event), 0)?;
             }
             // A gauge reads the level last set: the next scenario's
             // model starts from none.
