@@ -831,13 +831,20 @@ impl Model {
         let leader = spec.group.unwrap_or(handle);
         // A device member takes its group to its device PMU's context.
         let brings = leader == handle || holds(Rule::MixedGroupOnItsDevicePmu);
-        let group_pmu = self
-            .events
-            .get(&leader)
-            .and_then(|l| l.group_pmu)
-            .or(spec.kind.pmu().filter(|_| brings));
-        for e in self.events.values_mut().filter(|e| e.leader == leader) {
+        let had_pmu = self.events.get(&leader).and_then(|l| l.group_pmu);
+        let group_pmu = had_pmu.or(spec.kind.pmu().filter(|_| brings));
+        // perf's `move_group`: the members out, the siblings in before the
+        // leader, which they cannot run without.
+        let moved = had_pmu.is_none() && group_pmu.is_some() && leader != handle;
+        let moment = self.moment;
+        for (&h, e) in self.events.iter_mut().filter(|(_, e)| e.leader == leader) {
             e.group_pmu = group_pmu;
+            if moved {
+                e.steady_since = moment - 1;
+                if h != leader && holds(Rule::MovedSiblingsWaitForTheirLeader) {
+                    e.time_window.counting_all = false;
+                }
+            }
         }
         let (cpu, detached) = match self.events.get(&leader) {
             Some(l) if leader != handle => (l.cpu, l.detached),

@@ -125,6 +125,10 @@ rules! {
     CloseReschedulesDevicePmu,
     /// A group with a device member lives in that device PMU's context.
     MixedGroupOnItsDevicePmu,
+    /// A device member opened into a software group takes the group off
+    /// and installs its siblings before its leader (perf's `move_group`):
+    /// a sibling's `time_running` may miss the time between.
+    MovedSiblingsWaitForTheirLeader,
     // Parks.
     /// A DISABLE while parked freezes the slot: nothing after it counts.
     FrozenSlotStops,
@@ -353,6 +357,7 @@ mod tests {
         PromotedSoftwareWaits => model::a_software_sibling_promoted_by_its_disabled_leaders_close_waits_for_a_schedule_in;
         CloseReschedulesDevicePmu => model::a_software_sibling_promoted_by_its_disabled_leaders_close_waits_for_a_schedule_in;
         MixedGroupOnItsDevicePmu => model::a_cpu_going_offline_takes_its_software_groups_apart_for_good;
+        MovedSiblingsWaitForTheirLeader => model::a_device_member_moves_its_software_group_siblings_first;
         FrozenSlotStops => model::a_disable_while_parked_freezes_the_count_exactly,
             replay::predict_foresees_a_journals_reads_without_a_guest;
         FrozenSlotKeepsItsPlace => model::a_frozen_slot_keeps_its_place_so_one_more_enabled_in_the_park_contends;

@@ -1278,6 +1278,28 @@ pub(super) fn a_group_of_software_events_only_is_always_on() {
 }
 
 #[test]
+pub(super) fn a_device_member_moves_its_software_group_siblings_first() {
+    // The watched-rates stress, shrunk: {e86, e87} cpu-clock on the owner,
+    // then a counter opened into the group; e87 ran 0.2-2.1 ms short of
+    // its time_enabled over that open.
+    let mut m = Model::new(SHAPE);
+    m.open_on(1, software(), Some(1));
+    m.open_on(2, software().under(1), Some(1));
+    assert_eq!(fields(&mut m, 1, seen(0, 100, 100)), vec![]);
+    assert_eq!(fields(&mut m, 2, seen(0, 100, 100)), vec![]);
+    m.open(3, counter(0, 3).under(1));
+    assert_eq!(fields(&mut m.clone(), 2, seen(0, 300, 250)), vec![]);
+    // Its leader was out as long as it was off.
+    assert_eq!(
+        fields(&mut m.clone(), 1, seen(0, 300, 250)),
+        vec![Field::Running]
+    );
+    // Settled from the next window on.
+    assert_eq!(fields(&mut m, 2, seen(0, 300, 250)), vec![]);
+    assert_eq!(fields(&mut m, 2, seen(0, 400, 300)), vec![Field::Running]);
+}
+
+#[test]
 pub(super) fn a_groups_members_may_run_apart_across_a_park() {
     // {1, 2} and two more on two slots, parked and placed between two
     // reads: patch 0007 decides per event which keeps a slot.
