@@ -301,6 +301,8 @@ impl fmt::Display for Mismatch {
 pub struct Snapshot {
     counting: BTreeMap<Handle, Counting>,
     parked: Vec<bool>,
+    /// The moment it was taken in.
+    moment: u64,
 }
 
 /// Whether an event counted in an epoch.
@@ -485,6 +487,11 @@ struct EventState {
     /// opened, detached or promoted: the rules across events hold for a
     /// window after it.
     steady_since: u64,
+    /// The last moment it did not count for sure (opened in it, or not
+    /// `Counting::Yes`): an operation that passed through such a moment
+    /// (a step of several, such as perf stat's open, bursts and close) did
+    /// not count its flow for sure, whatever it counted before and after.
+    unsure_at: u64,
     /// The value baseline and what happened since.
     value: u64,
     /// The most a read while parked showed since the baseline (it leaves
@@ -867,6 +874,7 @@ impl Model {
                 may_be_in_error: false,
                 // Opened at the operation that began this moment.
                 steady_since: self.moment - 1,
+                unsure_at: self.moment,
                 value: 0,
                 shown: 0,
                 value_window: Window::FRESH,
@@ -1197,6 +1205,7 @@ impl Model {
                 .map(|(h, e)| (*h, counts_a_burst(e, status[h])))
                 .collect(),
             parked: self.pmus.iter().map(|p| p.parked || p.unknown).collect(),
+            moment: self.moment,
         }
     }
 
@@ -1224,11 +1233,15 @@ impl Model {
             }
             let then = before.counting.get(h).copied().unwrap_or(Counting::No);
             let now = counts_a_burst(e, status[h]);
+            // Not counting for sure at a moment inside the operation.
+            let dipped = now == Counting::Yes
+                && e.unsure_at >= before.moment
+                && holds(Rule::FlowThroughAnUnsureMomentMayShow);
             let w = &mut e.value_window;
             if !holds(Rule::FlowDuringAnOperationMayShow) {
                 // Taken as landed before the operation.
                 w.burst(then, bytes);
-            } else if then == now && !restarted.contains(h) {
+            } else if then == now && !restarted.contains(h) && !dipped {
                 w.burst(now, bytes);
             } else if then != Counting::No || now != Counting::No {
                 w.over = w.over.wrapping_add(bytes);
@@ -1912,6 +1925,9 @@ impl Model {
             e.time_window.epoch(s.enabled, s.counting);
             if !s.enabled {
                 e.steady_since = moment;
+            }
+            if counts_a_burst(e, s) != Counting::Yes {
+                e.unsure_at = moment;
             }
         }
         // A gauge that counts takes the occupancy at its next fold; the

@@ -65,6 +65,10 @@ rules! {
     /// Steady traffic that landed during an operation that started or
     /// stopped the count, RESET it or read it: any part of it may show.
     FlowDuringAnOperationMayShow,
+    /// Steady traffic that landed during a step that passed through a
+    /// moment of not counting for sure (perf stat's event contending for a
+    /// slot inside its step): any part of it may show.
+    FlowThroughAnUnsureMomentMayShow,
     /// The device counts whole units: a count fed steady traffic may lag
     /// the truth by less than one, either end of a window.
     CountInWholeUnits,
@@ -329,6 +333,7 @@ mod tests {
         ReadRacingMoveMayLag => model::a_read_racing_an_unseen_move_may_lag_and_the_first_after_the_moves_catches_up;
         RacingGaugeShowsLastOrNow => model::a_gauge_read_racing_an_unseen_move_shows_its_last_read_or_now;
         FlowDuringAnOperationMayShow => replay::steady_traffic_during_an_operation_counts_for_sure_only_where_it_counted_before_and_after;
+        FlowThroughAnUnsureMomentMayShow => model::steady_traffic_through_a_contended_moment_inside_a_step_may_show_in_part;
         CountInWholeUnits => replay::a_count_fed_steady_traffic_lags_the_truth_by_less_than_a_unit;
         CountAtMostLanded => model::an_enabled_event_counts_every_burst_and_runs_all_the_time;
         CountAtLeastSure => model::a_disable_while_parked_freezes_the_count_exactly;

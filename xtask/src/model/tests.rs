@@ -1278,6 +1278,37 @@ pub(super) fn a_group_of_software_events_only_is_always_on() {
 }
 
 #[test]
+pub(super) fn steady_traffic_through_a_contended_moment_inside_a_step_may_show_in_part() {
+    // Seed 5 with watched rates: two counters on two slots, one fed a
+    // rate, and a perf stat step that opens a third, lets bursts land and
+    // closes it. The watched event counted before and after the step but
+    // may have been rotated out inside it.
+    let mut m = Model::new(SHAPE);
+    m.open(1, counter(0, 1));
+    m.open(2, counter(0, 2));
+    assert_eq!(fields(&mut m, 1, seen(0, 100, 100)), vec![]);
+    let before = m.snapshot();
+    m.open(3, counter(0, 3));
+    m.burst(0, TOTAL, 3, 64 << 10);
+    m.close(3);
+    m.flowed_during(&before, (0, TOTAL, 1), 1 << 20, &[]);
+    let short = Observed {
+        value: (1 << 20) - (256 << 10),
+        ..seen(0, 300, 250)
+    };
+    assert_eq!(fields(&mut m.clone(), 1, short), vec![]);
+    assert_eq!(fields(&mut m, 1, seen(1 << 20, 300, 300)), vec![]);
+    // A step that never left it short of a slot counts its flow for sure.
+    let before = m.snapshot();
+    m.ioctl(2, Ioctl::Reset, false);
+    m.flowed_during(&before, (0, TOTAL, 1), 1 << 20, &[]);
+    assert_eq!(
+        fields(&mut m, 1, seen((2 << 20) - (64 << 10), 400, 400)),
+        vec![Field::Value]
+    );
+}
+
+#[test]
 pub(super) fn a_device_member_moves_its_software_group_siblings_first() {
     // The watched-rates stress, shrunk: {e86, e87} cpu-clock on the owner,
     // then a counter opened into the group; e87 ran 0.2-2.1 ms short of
