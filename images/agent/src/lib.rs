@@ -232,7 +232,9 @@ pub enum PerfOp {
 pub struct PerfOpResult {
     /// When the system call returned.
     pub time_ns: u64,
-    /// How long it took (an open that waited for a move shows here).
+    /// How long it took (an open that waited for a move shows here), from
+    /// the same two readings of the clock: `time_ns - took_ns` is when it
+    /// began.
     pub took_ns: u64,
     /// The answer's words, or the errno's name.
     pub result: Result<Vec<u64>, String>,

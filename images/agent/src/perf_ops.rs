@@ -2,8 +2,6 @@
 //! journaled: the guest side of the lifecycle stress, which replays the
 //! journal against its model of perf's counting semantics.
 
-use std::time::Instant;
-
 use perfbed_agent::{GuestEventKind, PerfOp, PerfOpResult};
 
 use crate::journal::{self, Journal};
@@ -15,10 +13,9 @@ use crate::perf::{errno_name, Events, SysError};
 pub fn run(ops: Vec<PerfOp>, events: &mut Events, journal: &mut Journal) -> Vec<PerfOpResult> {
     ops.into_iter()
         .map(|op| {
-            let start = Instant::now();
-            let result = run_op(&op, events).map_err(|e: SysError| errno_name(e.errno));
-            let took_ns = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
-            let time_ns = journal::now_ns();
+            let (result, time_ns, took_ns) = timed(journal::now_ns, || {
+                run_op(&op, events).map_err(|e: SysError| errno_name(e.errno))
+            });
             journal.record(
                 time_ns,
                 GuestEventKind::PerfOp {
@@ -36,6 +33,21 @@ pub fn run(ops: Vec<PerfOp>, events: &mut Events, journal: &mut Journal) -> Vec<
         .collect()
 }
 
+/// Runs `call` between two readings of `clock`: what it answered, the
+/// second reading (when it returned) and the two apart (how long it took).
+/// So `returned - took` is the first reading, exactly: the host takes it
+/// for when the call began (how far apart reads one after the other lay).
+/// A third reading for the return, after the one that measured how long
+/// the call took, put that start late by however long the vCPU was not run
+/// between those two (5.5 ms once in the box, where a group leader's read
+/// then seemed to begin after the device had served it).
+fn timed<T>(mut clock: impl FnMut() -> u64, call: impl FnOnce() -> T) -> (T, u64, u64) {
+    let start = clock();
+    let answer = call();
+    let end = clock();
+    (answer, end, end.saturating_sub(start))
+}
+
 fn run_op(op: &PerfOp, events: &mut Events) -> Result<Vec<u64>, SysError> {
     match op {
         PerfOp::Open { attr, cpu, group } => events
@@ -44,5 +56,25 @@ fn run_op(op: &PerfOp, events: &mut Events) -> Result<Vec<u64>, SysError> {
         PerfOp::Ioctl { handle, ioctl } => events.ioctl(*handle, ioctl).map(|v| vec![v]),
         PerfOp::Read { handle } => events.read(*handle),
         PerfOp::Close { handle } => events.close(*handle).map(|()| vec![]),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::timed;
+
+    #[test]
+    fn a_call_began_at_the_reading_before_it() {
+        // A clock 5 ms further at every reading: a vCPU not run between
+        // any two of them.
+        let mut now = 0;
+        let clock = || {
+            now += 5_000_000;
+            now
+        };
+        let (answer, returned, took) = timed(clock, || 7);
+        assert_eq!(answer, 7);
+        assert_eq!(returned, 10_000_000);
+        assert_eq!(returned - took, 5_000_000, "the reading before the call");
     }
 }

@@ -1213,6 +1213,45 @@ pub(super) fn reads_spread_apart_on_the_guest_widen_the_rules_across_events_by_t
 }
 
 #[test]
+pub(super) fn a_groups_members_read_apart_show_their_running_apart_by_the_reads_spread() {
+    // `vmm_end_to_end` in the box at 027f891 (scenario
+    // reset-of-waiting-group-after-move, line 28): a group {1, 2} read
+    // member by member, then a third event's ENABLE makes it wait, then
+    // read again. Perf took 1's first read 14.7 ms before 2's, so 1's
+    // time_running grew 17.15 ms to 2's 2.43 ms, both then out 5.7 ms.
+    // The agent's stamps said 1's read took 8.4 ms, beginning 9.7 ms
+    // before 2's returned, but the device served it 5.5 ms before that
+    // start: the agent read its clock twice after the call (how long it
+    // took, then when it returned), and its vCPU was not run between the
+    // two. By the device, the read began 14.1 ms or more before it
+    // returned.
+    let mut m = opened_and_read(&[
+        counter(0, 1),
+        counter(0, 2).under(1),
+        counter(0, 3),
+        counter(0, 4).disabled(),
+    ]);
+    m.moved(0);
+    let window = |first_took: u64| {
+        let mut m = m.clone();
+        m.read_took(first_took, 284_221_778_592);
+        assert_eq!(fields(&mut m, 1, seen(0, 81_579_802, 81_579_802)), vec![]);
+        m.read_took(1_274_899, 284_223_092_238);
+        assert_eq!(fields(&mut m, 2, seen(0, 88_368_007, 88_368_007)), vec![]);
+        m.ioctl(4, Ioctl::Enable, false);
+        m.read_took(105_220, 284_230_548_026);
+        assert_eq!(fields(&mut m, 1, seen(0, 104_367_977, 98_729_135)), vec![]);
+        m.read_took(21_919, 284_230_593_353);
+        fields(&mut m, 2, seen(0, 96_515_774, 90_801_847))
+    };
+    // The read as long as the device shows it: the spread allows for it.
+    assert_eq!(window(14_100_000), vec![]);
+    // As the agent stamped it: members whose reads lay 9.7 ms apart at
+    // most cannot have run 14.7 ms apart.
+    assert_eq!(window(8_370_008), vec![Field::Running]);
+}
+
+#[test]
 pub(super) fn a_multiplexed_gauge_reads_an_occupancy_it_may_have_seen() {
     // A gauge beside an exclusive group takes turns: which occupancy
     // it last folded is perf's rotation, but it is one of them, or

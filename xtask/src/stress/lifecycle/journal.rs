@@ -404,7 +404,8 @@ pub struct Entry {
     pub at_ns: u64,
     /// When the system call returned, in ns of the guest's
     /// `CLOCK_MONOTONIC` (how far apart reads one after the other lay); 0
-    /// where not known (a host action).
+    /// where not known (a host action). `returned_ns - took_ns` is when it
+    /// began (the agent takes both from the same two readings).
     #[serde(default)]
     pub returned_ns: u64,
     /// The steady traffic on watched counters (`Rate` on an RMID events
