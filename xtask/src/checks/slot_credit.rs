@@ -170,6 +170,18 @@ fn slot_register(shape: Shape, offset: u64) -> Option<(u32, u32, bool)> {
     })
 }
 
+/// The domain whose counter (a slot register or an `OCCUPANCY`) `offset`
+/// is; `None` for any other register.
+fn counter_domain(shape: Shape, offset: u64) -> Option<u32> {
+    slot_register(shape, offset).map(|(d, _, _)| d).or_else(|| {
+        (0..shape.domains)
+            .find(|&d| {
+                (regs::occupancy(d, 0)..regs::occupancy(d, regs::MAX_RMIDS)).contains(&offset)
+            })
+            .map(|d| d as u32)
+    })
+}
+
 /// How far perf's time_running of each RMID's event is from the device time
 /// its slots counted and were read, from the rotations inside
 /// `[from_ns, to_ns]` (device time, ns; positive: counted more than perf
@@ -188,9 +200,24 @@ fn slot_register(shape: Shape, offset: u64) -> Option<(u32, u32, bool)> {
 /// its new slot's write. Evenly running, a rotation takes a few register
 /// accesses and these are small; a guest stopped inside one (perf's
 /// rotation runs with interrupts off, every access an exit) moves the whole
-/// stop into one event's estimate. A write of the domain's `OWNER` (a move
-/// or a park) starts the domain afresh: perf accounts a migrated context
-/// from the move, so only reads after it can stamp a rotation.
+/// stop into one event's estimate.
+///
+/// A write of the domain's `OWNER` (a move or a park) starts the domain
+/// afresh: perf accounts a migrated context from the move, so only reads
+/// after it can stamp a rotation. Nor do all of those: the move's install
+/// on the new owner (patch 0007: one cross call that freezes the context
+/// time, then adds every event) has no `del` reads, the `del`s ran on the
+/// CPU left, and reads only the slot an incoming event takes from a moved
+/// one that waits, just before its write. The held slots' last reads before
+/// it are the new owner's own (its catch-up in `migrate_cpu`, a poll), from
+/// before an RCU grace period and a cross call that a loaded guest can
+/// stretch past 100 ms. So the stamp is also no earlier than the first
+/// access of the write's operation: a perf operation runs on one CPU with
+/// interrupts off, and perfbed.ko's callbacks reach the device only through
+/// the domain's counters (slots, and a gauge's `OCCUPANCY`), so it is one
+/// unbroken run of the writing vCPU's accesses to those, and it begins
+/// after that vCPU's last access of any other register (a poll's
+/// `DOM_IRQ_STATUS`, a `DOM_IRQ_CTL` or `OWNER` write).
 pub fn rotation_bias(
     shape: Shape,
     assignments: &[AssignmentRecord],
@@ -207,18 +234,29 @@ pub fn rotation_bias(
     let mut holder: BTreeMap<(u32, u32), u32> = BTreeMap::new();
     let mut last_read: BTreeMap<(u32, u32), u64> = BTreeMap::new();
     let mut bias: BTreeMap<(u32, u32), i64> = BTreeMap::new();
+    // Per vCPU: the domain and start of its current run of counter accesses.
+    let mut run: BTreeMap<u32, (u32, u64)> = BTreeMap::new();
     for a in accesses.iter().filter(|a| a.bad.is_none() && !a.violation) {
         if a.kind == AccessKind::Write {
             if let Some(d) =
                 (0..shape.domains).find(|&d| a.offset == regs::domain_reg(d, regs::DOM_OWNER))
             {
                 last_read.retain(|k, _| u64::from(k.0) != d);
-                continue;
+            }
+        }
+        match (counter_domain(shape, a.offset), run.get(&a.vcpu)) {
+            (Some(d), Some(&(domain, _))) if domain == d => {}
+            (Some(d), _) => {
+                run.insert(a.vcpu, (d, a.time_ns));
+            }
+            (None, _) => {
+                run.remove(&a.vcpu);
             }
         }
         let Some((d, s, is_ctl)) = slot_register(shape, a.offset) else {
             continue;
         };
+        let run_start = run.get(&a.vcpu).map_or(a.time_ns, |&(_, start)| start);
         match (a.kind, is_ctl) {
             (AccessKind::Read, false) => {
                 last_read.insert((d, s), a.time_ns);
@@ -243,6 +281,7 @@ pub fn rotation_bias(
                 else {
                     continue;
                 };
+                let stamp = stamp.max(run_start);
                 if let (Some(rmid), Some(&read)) = (ends, last_read.get(&(d, s))) {
                     *bias.entry((d, rmid)).or_default() += read.saturating_sub(stamp) as i64;
                 }
@@ -455,6 +494,86 @@ mod tests {
         );
         let bias = rotation_bias(SHAPE, &records, &moved, 50, 1000);
         assert_eq!(bias, BTreeMap::from([((0, 0), 0), ((0, 2), -200)]));
+    }
+
+    #[test]
+    fn a_move_install_is_stamped_at_its_own_first_access_not_at_a_poll_before_it() {
+        let ctl = |rmid| regs::slot_ctl_value(Event::MbmTotalBytes, rmid);
+        let on = |vcpu, entry: TraceEntry| TraceEntry { vcpu, ..entry };
+        let reg = |t, vcpu, reg, kind| TraceEntry {
+            time_ns: t,
+            vcpu,
+            offset: regs::domain_reg(0, reg),
+            size: 8,
+            kind,
+            value: 0,
+            bad: None,
+            violation: false,
+        };
+        // Slots 0-2 hold RMIDs 0, 1 and 4 on vCPU 2; RMIDs 2 and 3 wait. The
+        // domain moves to vCPU 3 (the OWNER write), whose poll reads the
+        // slots at 100-102 and acks at 103. The move's install comes after a
+        // stall, as in the box's run where the rotations were put at -9.4 %
+        // against -2.1 % measured: its context time is frozen just before it
+        // takes slot 0 from RMID 0 (read at 400, RMID 2 written at 401) and
+        // slot 1 from RMID 1 (read at 403, RMID 3 at 405). The poll's reads
+        // are no stamp of it: each taken slot was credited past the stamp
+        // by its own read, each incoming RMID counts from its write.
+        let trace = [
+            on(2, write(1, 0, 0, ctl(0))),
+            on(2, write(2, 0, 1, ctl(1))),
+            on(2, write(3, 0, 2, ctl(4))),
+            reg(50, 2, regs::DOM_OWNER, AccessKind::Write),
+            on(3, read(100, 0, 0, 0)),
+            on(3, read(101, 0, 1, 0)),
+            on(3, read(102, 0, 2, 0)),
+            reg(103, 3, regs::DOM_IRQ_STATUS, AccessKind::Read),
+            // Another vCPU's access does not split vCPU 3's run.
+            reg(399, 0, regs::DOM_CONFIG_STATUS, AccessKind::Read),
+            on(3, read(400, 0, 0, 0)),
+            on(3, write(401, 0, 0, ctl(2))),
+            on(3, read(403, 0, 1, 0)),
+            on(3, write(405, 0, 1, ctl(3))),
+        ];
+        let mut records = [
+            record(0, 0, 0, 1, Some(401), 0),
+            record(1, 0, 1, 2, Some(405), 0),
+            record(4, 0, 2, 3, None, 0),
+            record(2, 0, 0, 401, None, 0),
+            record(3, 0, 1, 405, None, 0),
+        ];
+        for (i, r) in records.iter_mut().enumerate() {
+            r.seq = i as u64;
+        }
+        let bias = rotation_bias(SHAPE, &records, &trace, 10, 1000);
+        assert_eq!(
+            bias,
+            BTreeMap::from([((0, 0), 0), ((0, 2), -1), ((0, 1), 3), ((0, 3), -5)])
+        );
+        // A rotation right after the install, with no other register
+        // between: its own del reads (every held slot) stamp it, and a
+        // gauge's del reading its occupancy does not split it.
+        let mut rotated = trace.to_vec();
+        let occupancy = TraceEntry {
+            offset: regs::occupancy(0, 7),
+            ..read(550, 0, 0, 0)
+        };
+        rotated.extend([
+            on(3, read(500, 0, 2, 0)),
+            on(3, occupancy),
+            on(3, read(600, 0, 0, 0)),
+            on(3, read(601, 0, 1, 0)),
+            on(3, write(602, 0, 2, ctl(0))),
+        ]);
+        records[2].released_ns = Some(602);
+        let mut records = records.to_vec();
+        records.push(AssignmentRecord {
+            seq: 5,
+            rmid: 0,
+            ..record(5, 0, 2, 602, None, 0)
+        });
+        let bias = rotation_bias(SHAPE, &records, &rotated, 450, 1000);
+        assert_eq!(bias, BTreeMap::from([((0, 4), 0), ((0, 0), -102)]));
     }
 
     #[test]
