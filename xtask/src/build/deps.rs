@@ -208,9 +208,17 @@ fn ensure_qemu_source() -> Result<()> {
     std::fs::write(DEB_SRC_FILE, &stanzas).with_context(|| format!("writing {DEB_SRC_FILE}"))?;
     let log = cache::root()?.join("logs/apt.log");
     let step = Step::start("refreshing apt's package lists", &log)?;
-    step.run(Command::new("apt-get").args(["update", "-q"]))?;
+    step.run(apt_get().args(["update", "-q"]))?;
     step.finish();
     Ok(())
+}
+
+/// `apt-get` that waits for another apt or dpkg to let go of its locks (an
+/// unattended upgrade, another run's install) instead of failing at once.
+fn apt_get() -> Command {
+    let mut c = Command::new("apt-get");
+    c.args(["-o", "DPkg::Lock::Timeout=600"]);
+    c
 }
 
 /// deb-src twins of the machine's Debian `deb` sources (deb822 stanzas in
@@ -315,7 +323,7 @@ fn install_packages(missing: &[&str]) -> Result<()> {
         &log,
     )?;
     let apt = |args: &[&str]| {
-        let mut c = Command::new("apt-get");
+        let mut c = apt_get();
         c.args(args).env("DEBIAN_FRONTEND", "noninteractive");
         c
     };
