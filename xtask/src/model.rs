@@ -396,6 +396,9 @@ struct Window {
     over: u64,
     /// A park let a whole wrap land: the count may be short if perf shows it.
     lossy: bool,
+    /// Its group's leader may have been in ERROR, where both clocks stop
+    /// together: `Δrunning == Δenabled` no longer says it counted all.
+    erred: bool,
     /// A read while the PMU was parked showed times but left the value
     /// window open (nobody could read the counter): perf's times since
     /// cover only the end of this window, so they cannot settle a
@@ -417,6 +420,7 @@ impl Window {
         maybe_bytes: 0,
         over: 0,
         lossy: false,
+        erred: false,
         times_younger: false,
         enabled_passed: false,
         counted_passed: false,
@@ -432,7 +436,7 @@ impl Window {
     /// Time passed in the current epoch (an operation ends it, or a burst
     /// lands in it).
     fn passed(&mut self, s: Status) {
-        self.enabled_passed |= s.enabled;
+        self.enabled_passed |= s.enabled && !s.erred;
         self.counted_passed |= s.counting == Counting::Yes;
     }
 
@@ -639,6 +643,9 @@ struct Status {
     /// Of an enabled pinned group that does not fit beside the other
     /// pinned groups now (see [`EventState::may_be_in_error`]).
     pinned_left_out: bool,
+    /// Its leader may be in ERROR: the group neither runs nor (the
+    /// leader's) `time_enabled` grows until the leader's own ENABLE.
+    erred: bool,
 }
 
 /// The model: every open event and PMU.
@@ -814,7 +821,9 @@ impl Model {
             }
             slots += u32::from(k.needs_slot());
         }
-        if let Some(p) = pmu {
+        // The device PMU refuses its own events; a software sibling joins
+        // the group where it waits (patch 0005).
+        if let Some(p) = spec.kind.pmu() {
             if self.is_parked(p) && holds(Rule::ParkedRefusesOpens) {
                 return Err(Refusal::Parked);
             }
@@ -888,6 +897,12 @@ impl Model {
                 time_window: Window::FRESH,
             },
         );
+        // A software sibling opened into a parked group: put on while
+        // parked, as an ENABLE there would.
+        let parked_group = group_pmu.is_some_and(|p| self.maybe_parked(p));
+        if let Some(e) = self.events.get_mut(&handle).filter(|_| parked_group) {
+            e.parked_on = spec.kind.pmu().is_none();
+        }
         self.note_scheduled();
     }
 
@@ -1098,7 +1113,7 @@ impl Model {
             }
             // Placed: every event is added on the owner, and the
             // placement reads the frozen slots.
-            if e.spec.kind.pmu() == Some(pmu) && holds(Rule::PlacementEndsDoubt) {
+            if e.group_pmu == Some(pmu) && holds(Rule::PlacementEndsDoubt) {
                 e.parked_on = false;
                 e.frozen = false;
                 e.frozen_own = false;
@@ -1356,7 +1371,7 @@ impl Model {
                 settle_zero: !(w.times_younger && holds(Rule::ParkedReadSettlesNothing)),
                 // Running whenever enabled: counting whenever enabled, also
                 // across a DISABLE (no burst lands for it while disabled).
-                settle_full: !(w.times_younger && holds(Rule::ParkedReadSettlesNothing)),
+                settle_full: !(w.erred || w.times_younger && holds(Rule::ParkedReadSettlesNothing)),
                 lossy: w.lossy,
             },
             // A gauge reads its register on the owner only: parked, it
@@ -1629,6 +1644,7 @@ impl Model {
                         );
                     } else if settle_full
                         && d_run == d_en
+                        && d_run > 0
                         && !near(hi)
                         && !short_ok
                         && holds(Rule::FullRunningCountedAll)
@@ -1923,6 +1939,7 @@ impl Model {
             let s = status[h];
             e.value_window.epoch(s.enabled, s.counting);
             e.time_window.epoch(s.enabled, s.counting);
+            e.value_window.erred |= s.erred;
             if !s.enabled {
                 e.steady_since = moment;
             }
@@ -2104,6 +2121,17 @@ impl Model {
                 };
                 let enabled = e.enabled && effective(e.leader);
                 let mut counting = if enabled { group_on } else { Counting::No };
+                // perf's ERROR is the leader's state; it lasts past the
+                // clash, until the leader's own ENABLE.
+                let erred = enabled
+                    && self
+                        .events
+                        .get(&e.leader)
+                        .is_some_and(|l| l.may_be_in_error)
+                    && holds(Rule::ErrorStopsTheWholeGroup);
+                if erred && counting == Counting::Yes {
+                    counting = Counting::Maybe;
+                }
                 let is_on = counting != Counting::No;
                 // Put on while parked: not added for sure until placed. A
                 // parked gauge counts on (its clocks run, it needs no
@@ -2143,6 +2171,7 @@ impl Model {
                         on: is_on,
                         counting,
                         pinned_left_out: enabled && left_out.contains(&e.leader),
+                        erred,
                     },
                 )
             })

@@ -200,6 +200,10 @@ rules! {
     /// A pinned group left out may be in ERROR until its ENABLE, and a read
     /// of it may return nothing.
     PinnedLeftOutMayErr,
+    /// A group whose pinned leader may be in ERROR may neither count nor
+    /// run, nor its `time_enabled` grow, until the leader's own ENABLE,
+    /// also once the clash is over (a sibling's own ENABLE is not it).
+    ErrorStopsTheWholeGroup,
     /// Only events enabled with an enabled leader throughout the window.
     SteadyEventsOnly,
     /// [`super::READ_SKEW_NS`] per read.
@@ -397,6 +401,7 @@ mod tests {
         EqualEnabledGrowth => model::events_enabled_throughout_one_window_show_the_same_time_enabled;
         PinnedClockMayStop => model::a_pinned_group_left_out_may_stop_its_clock;
         PinnedLeftOutMayErr => model::a_pinned_group_left_out_may_be_in_error_until_enabled_again;
+        ErrorStopsTheWholeGroup => model::a_pinned_group_in_error_stops_read_through_its_sibling_until_the_leaders_enable;
         SteadyEventsOnly => model::an_event_disabled_in_the_window_is_not_compared;
         ReadSkew => model::events_enabled_throughout_one_window_show_the_same_time_enabled;
         ReadsTook => model::reads_that_took_long_widen_the_rules_across_events_by_what_they_took;

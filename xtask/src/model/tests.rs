@@ -360,6 +360,13 @@ pub(super) fn opens_the_kernel_must_refuse() {
     m.park(1);
     assert_eq!(m.predict_open(&counter(1, 1)), Err(Refusal::Parked));
     assert_eq!(m.predict_open(&counter(0, 1)), Ok(()));
+    // A software sibling joins a parked group where it waits (patch 0005).
+    m.open(3, counter(1, 3));
+    assert_eq!(m.predict_open(&software().under(3)), Ok(()));
+    assert_eq!(
+        m.predict_open(&counter(1, 4).under(3)),
+        Err(Refusal::Parked)
+    );
 }
 
 #[test]
@@ -1426,6 +1433,35 @@ pub(super) fn a_pinned_group_left_out_may_be_in_error_until_enabled_again() {
     fit.open(1, counter(0, 1).pinned());
     fit.open(2, counter(0, 2).pinned());
     assert!(!fit.may_be_in_error(1) && !fit.may_be_in_error(2));
+}
+
+#[test]
+pub(super) fn a_pinned_group_in_error_stops_read_through_its_sibling_until_the_leaders_enable() {
+    // The red team's pinned group {4, 5} beside a pinned counter, one slot
+    // short: perf puts the group's leader in ERROR. Read through the
+    // sibling (the leader's read returns nothing), the group shows its
+    // clocks stopped and nothing counted, also once the clash is over and
+    // after the sibling's own ENABLE; the group ENABLE issued on the
+    // sibling reaches the leader, and it counts for sure from there.
+    let mut m = Model::new(SHAPE);
+    m.open(1, counter(0, 1).pinned());
+    m.open(4, counter(0, 4).pinned());
+    m.open(5, counter(0, 5).under(4));
+    m.burst(0, TOTAL, 5, 1 << 20);
+    assert_eq!(fields(&mut m, 5, seen(0, 100, 100)), vec![]);
+    m.close(1);
+    m.burst(0, TOTAL, 5, 1 << 20);
+    assert_eq!(fields(&mut m, 5, seen(0, 100, 100)), vec![]);
+    m.ioctl(5, Ioctl::Enable, false);
+    m.burst(0, TOTAL, 5, 1 << 20);
+    assert_eq!(fields(&mut m, 5, seen(0, 100, 100)), vec![]);
+    m.ioctl(5, Ioctl::Enable, true);
+    m.burst(0, TOTAL, 5, 1 << 20);
+    assert_eq!(
+        fields(&mut m.clone(), 5, seen(0, 200, 200)),
+        vec![Field::Value]
+    );
+    assert_eq!(fields(&mut m, 5, seen(1 << 20, 200, 200)), vec![]);
 }
 
 #[test]
