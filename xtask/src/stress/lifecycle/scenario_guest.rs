@@ -471,25 +471,34 @@ fn shown(
 /// Leaves the guest as a scenario (or a lifecycle run) found it: its
 /// events closed, its gauges' occupancy 0, its allowed sets the defaults,
 /// every CPU online, no rate, each PMU on its domain's first CPU.
+/// The events a scenario's journal leaves open, by the handles the agent
+/// gave, not the ones the scenario planned: an open the model expected
+/// refused that succeeds shifts every later handle, and the scenario's
+/// closes then miss one (the red team of 2026-12-06 saw such a leaked event
+/// take a slot from the scenarios after it in the same guest).
+fn left_open(journal: &[Entry]) -> std::collections::BTreeSet<Handle> {
+    let mut open = std::collections::BTreeSet::new();
+    for entry in journal {
+        match (&entry.step, &entry.result) {
+            (Step::Open { .. }, Ok(words)) => {
+                open.extend(words.first().and_then(|&h| Handle::try_from(h).ok()));
+            }
+            (Step::Close { handle }, Ok(_)) => {
+                open.remove(handle);
+            }
+            _ => {}
+        }
+    }
+    open
+}
+
 pub fn restore(
     g: &mut Guest,
     control: &mut ControlClient,
     env: &Env,
     journal: &[Entry],
 ) -> Result<()> {
-    let mut open: std::collections::BTreeSet<Handle> = std::collections::BTreeSet::new();
-    for entry in journal {
-        match (&entry.step, &entry.result) {
-            (Step::Open { expect, .. }, Ok(words)) if words.as_slice() == [u64::from(*expect)] => {
-                open.insert(*expect);
-            }
-            (Step::Close { handle }, _) => {
-                open.remove(handle);
-            }
-            _ => {}
-        }
-    }
-    for handle in open {
+    for handle in left_open(journal) {
         let _ = g.close(handle);
     }
     for entry in journal {
@@ -676,6 +685,33 @@ mod tests {
                 flowed: Vec::new(),
             })
             .collect()
+    }
+
+    #[test]
+    fn an_open_that_should_have_failed_leaves_no_event_open_after_the_scenario() {
+        // `c`'s open was to be refused but gave handle 9; the next open,
+        // planned as 9, got 10; the scenario's closes of 9 and 8 then miss
+        // 10, which the restore must close.
+        let open = |expect, result| {
+            let format = super::super::journal::ReadFormat {
+                times: true,
+                id: false,
+                group: false,
+                lost: false,
+            };
+            let event = Opened::cpu_clock(0, None, format);
+            Entry::untimed(Step::Open { event, expect }, result)
+        };
+        let close = |handle| Entry::untimed(Step::Close { handle }, Ok(vec![]));
+        let journal = [
+            open(8, Ok(vec![8])),
+            open(9, Ok(vec![9])),
+            open(9, Ok(vec![10])),
+            close(9),
+            close(8),
+            open(11, Err("ENODEV".into())),
+        ];
+        assert_eq!(left_open(&journal), [10].into());
     }
 
     #[test]
