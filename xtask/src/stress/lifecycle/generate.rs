@@ -924,6 +924,7 @@ mod tests {
                 Step::Open { .. } => "open",
                 Step::Ioctl { group: true, .. } => "group ioctl",
                 Step::Ioctl { .. } => "ioctl",
+                Step::Request { .. } => "request",
                 Step::Read { .. } => "read",
                 Step::Close { .. } => "close",
                 Step::Burst { .. } => "burst",

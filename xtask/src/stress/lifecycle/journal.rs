@@ -230,6 +230,14 @@ pub enum Step {
         ioctl: IoctlName,
         group: bool,
     },
+    /// An ioctl that changes nothing an event counts (a scenario's `ioctl`
+    /// line: REFRESH, PERIOD, SET_FILTER, ...), and the answer it must
+    /// give: success (`refused` none) or the errno named.
+    Request {
+        handle: Handle,
+        request: Request,
+        refused: Option<String>,
+    },
     Read {
         handle: Handle,
     },
@@ -389,6 +397,62 @@ impl IoctlName {
     }
 }
 
+/// The ioctls of a [`Step::Request`]: those a counting event has no use
+/// for, which must leave its count and its state as they were.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "request", rename_all = "snake_case")]
+pub enum Request {
+    Refresh {
+        count: i32,
+    },
+    Period {
+        period: u64,
+    },
+    SetFilter {
+        filter: String,
+    },
+    /// Output to another event's buffer (`None`: none, fd -1).
+    SetOutput {
+        target: Option<Handle>,
+    },
+    Id,
+    PauseOutput {
+        pause: bool,
+    },
+    /// No program (fd -1).
+    SetBpf,
+    QueryBpf,
+    /// The event's own attributes, as it was opened.
+    ModifyAttributes {
+        event: Opened,
+    },
+}
+
+impl Request {
+    /// The agent's ioctl, with an event's attr filled in by `attr`.
+    pub fn agent(
+        &self,
+        attr: impl Fn(&Opened) -> perfbed_agent::PerfAttr,
+    ) -> perfbed_agent::PerfIoctl {
+        use perfbed_agent::PerfIoctl;
+        match self {
+            &Request::Refresh { count } => PerfIoctl::Refresh { count },
+            &Request::Period { period } => PerfIoctl::Period { period },
+            Request::SetFilter { filter } => PerfIoctl::SetFilter {
+                filter: filter.clone(),
+            },
+            &Request::SetOutput { target } => PerfIoctl::SetOutput { target },
+            Request::Id => PerfIoctl::Id,
+            &Request::PauseOutput { pause } => PerfIoctl::PauseOutput { pause },
+            Request::SetBpf => PerfIoctl::SetBpf { fd: -1 },
+            Request::QueryBpf => PerfIoctl::QueryBpf,
+            Request::ModifyAttributes { event } => {
+                PerfIoctl::ModifyAttributes { attr: attr(event) }
+            }
+        }
+    }
+}
+
 /// What a step came to.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Entry {
@@ -450,6 +514,14 @@ pub fn perf_op(step: &Step, attr: impl Fn(&Opened) -> perfbed_agent::PerfAttr) -
         } => PerfOp::Ioctl {
             handle,
             ioctl: ioctl.agent(group),
+        },
+        Step::Request {
+            handle,
+            ref request,
+            ..
+        } => PerfOp::Ioctl {
+            handle,
+            ioctl: request.agent(attr),
         },
         Step::Read { handle } => PerfOp::Read { handle },
         Step::Close { handle } => PerfOp::Close { handle },

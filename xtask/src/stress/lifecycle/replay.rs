@@ -84,6 +84,7 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
     // The CPUs online at the last `Seen` (None: all, as at the start).
     let mut online: Option<BTreeSet<u32>> = None;
     let mut out = Replay::default();
+    let closed = "EBADF".to_string();
     // The steady traffic that landed while the step before was carried
     // out, with the model's view before it and the counts it restarted:
     // applied once the step is.
@@ -169,6 +170,29 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
                     "{ioctl:?} (group {group}) on event {handle} (open: {open}) gave {got:?}"
                 )),
             },
+            (
+                Step::Request {
+                    handle,
+                    request,
+                    refused,
+                },
+                result,
+            ) => {
+                // Changes no count: the model is not told, its answer is
+                // the step's own assertion.
+                let got = result.as_ref().err();
+                let want = if model.is_open(*handle) {
+                    refused.as_ref()
+                } else {
+                    Some(&closed)
+                };
+                if got != want && holds(Rule::RequestAnsweredAsAsserted) {
+                    find(format!(
+                        "{request:?} on event {handle} gave {result:?}, want {}",
+                        want.map_or("success", String::as_str)
+                    ));
+                }
+            }
             (Step::Read { handle }, result) => {
                 let Some(&format) = formats.get(handle).filter(|_| model.is_open(*handle)) else {
                     if !matches!(result, Err(e) if e == "EBADF") && holds(Rule::ClosedReadRefused) {
@@ -571,8 +595,12 @@ impl Predictor {
                 group,
             } => model.ioctl(*handle, ioctl.model(), *group),
             Step::Read { .. } => {}
-            // Assertions and the mux interval change no count.
-            Step::MuxInterval { .. } | Step::Cpumask { .. } | Step::Violations => {}
+            // Assertions, the mux interval and the ioctls that leave counts
+            // alone change no count.
+            Step::MuxInterval { .. }
+            | Step::Cpumask { .. }
+            | Step::Violations
+            | Step::Request { .. } => {}
             Step::Close { handle } => {
                 model.close(*handle);
                 self.formats.remove(handle);
@@ -1233,6 +1261,60 @@ pub(crate) mod tests {
             .map(|f| f.index)
             .collect();
         assert_eq!(found, vec![2, 5]);
+    }
+
+    /// REFRESH, PERIOD and the other ioctls a counting event has no use
+    /// for: each must give the answer its step asserts (`EBADF` once the
+    /// event is closed), and the count goes on as if none had been made.
+    #[test]
+    pub(crate) fn an_ioctl_that_changes_no_count_gives_the_answer_asserted_and_leaves_the_count() {
+        use super::super::journal::Request;
+        let request = |request, refused: Option<&str>, result: Result<Vec<u64>, String>| Entry {
+            result,
+            ..ok(
+                Step::Request {
+                    handle: 1,
+                    request,
+                    refused: refused.map(str::to_string),
+                },
+                vec![],
+            )
+        };
+        let einval = || Err("EINVAL".to_string());
+        let burst = ok(
+            Step::Burst {
+                domain: 1,
+                event: 2,
+                rmid: 3,
+                bytes: 640,
+            },
+            vec![],
+        );
+        let journal = vec![
+            open(1, false),
+            request(Request::Refresh { count: 1 }, Some("EINVAL"), einval()),
+            burst.clone(),
+            request(Request::Id, None, Ok(vec![7])),
+            // Refused where success was asserted, and the other way round.
+            request(Request::SetOutput { target: None }, None, einval()),
+            request(
+                Request::Period { period: 1000 },
+                Some("EINVAL"),
+                Ok(vec![0]),
+            ),
+            request(Request::QueryBpf, Some("EINVAL"), Err("EOPNOTSUPP".into())),
+            burst,
+            ok(Step::Read { handle: 1 }, vec![1280, 10, 10]),
+            ok(Step::Close { handle: 1 }, vec![]),
+            request(Request::Id, None, Err("EBADF".into())),
+            request(Request::Id, None, Ok(vec![7])),
+        ];
+        let found: Vec<usize> = replay(SHAPE, &journal)
+            .findings
+            .iter()
+            .map(|f| f.index)
+            .collect();
+        assert_eq!(found, vec![4, 5, 6, 11]);
     }
 
     #[test]

@@ -1005,6 +1005,7 @@ pub(super) fn host_step(
         | Step::Seen { .. }
         | Step::Open { .. }
         | Step::Ioctl { .. }
+        | Step::Request { .. }
         | Step::Read { .. }
         | Step::Close { .. } => {
             bail!("{step:?} is not a host step")

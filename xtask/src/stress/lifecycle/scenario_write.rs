@@ -10,7 +10,7 @@ use crate::checks::pmu::context::EVENT_FILES;
 use crate::model::Handle;
 
 use super::generate::RMID_RATE;
-use super::journal::{IoctlName, Step};
+use super::journal::{IoctlName, Request, Step};
 
 /// One line to write: a journal step, with the errno its open was refused
 /// with and the values its read must show (`want` lines).
@@ -228,6 +228,30 @@ fn step_text(step: &Step, all: &[Line]) -> String {
                 IoctlName::Reset => "reset",
             };
             format!("{op} e{handle}{}", if *group { " group" } else { "" })
+        }
+        Step::Request {
+            handle,
+            request,
+            refused,
+        } => {
+            let what = match request {
+                Request::Refresh { count } => format!("refresh {count}"),
+                Request::Period { period } => format!("period {period}"),
+                Request::SetFilter { filter } => format!("set-filter {filter}"),
+                Request::SetOutput { target: None } => "set-output none".into(),
+                Request::SetOutput {
+                    target: Some(target),
+                } => format!("set-output e{target}"),
+                Request::Id => "id".into(),
+                Request::PauseOutput { pause } => {
+                    format!("pause-output {}", if *pause { "on" } else { "off" })
+                }
+                Request::SetBpf => "set-bpf none".into(),
+                Request::QueryBpf => "query-bpf".into(),
+                Request::ModifyAttributes { .. } => "modify-attributes".into(),
+            };
+            let answer = refused.as_deref().unwrap_or("ok");
+            format!("ioctl e{handle} {what} {answer}")
         }
         Step::Read { handle } => format!("read e{handle}"),
         Step::Close { handle } => format!("close e{handle}"),

@@ -162,7 +162,13 @@ pub fn candidate(
                     Err(_) => {}
                 }
             }
-            (Step::Ioctl { handle, .. } | Step::Read { handle } | Step::Close { handle }, _) => {
+            (
+                Step::Ioctl { handle, .. }
+                | Step::Request { handle, .. }
+                | Step::Read { handle }
+                | Step::Close { handle },
+                _,
+            ) => {
                 if !live.contains(handle) {
                     continue;
                 }
@@ -206,9 +212,10 @@ pub fn depends(journal: &[Entry], target: usize, domains: &[Vec<u32>]) -> BTreeS
     // it; then the domains and keys of those, and their CPUs.
     let about = match &journal[target].step {
         Step::Open { expect, event, .. } => Some((*expect, event.group)),
-        Step::Ioctl { handle, .. } | Step::Read { handle } | Step::Close { handle } => {
-            Some((*handle, None))
-        }
+        Step::Ioctl { handle, .. }
+        | Step::Request { handle, .. }
+        | Step::Read { handle }
+        | Step::Close { handle } => Some((*handle, None)),
         _ => None,
     };
     let mut opens: BTreeMap<Handle, Opened> = BTreeMap::new();
@@ -263,9 +270,10 @@ pub fn depends(journal: &[Entry], target: usize, domains: &[Vec<u32>]) -> BTreeS
                 (e.result.is_ok() && on_pmus(expect))
                     || event.pmu.is_some_and(|d| pmus.contains(&d))
             }
-            Step::Ioctl { handle, .. } | Step::Read { handle } | Step::Close { handle } => {
-                on_pmus(handle)
-            }
+            Step::Ioctl { handle, .. }
+            | Step::Request { handle, .. }
+            | Step::Read { handle }
+            | Step::Close { handle } => on_pmus(handle),
             Step::Burst {
                 domain,
                 event,
