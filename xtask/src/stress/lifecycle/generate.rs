@@ -941,6 +941,7 @@ mod tests {
                 Step::Wait { .. } => "wait",
                 Step::MuxInterval { .. } => "mux",
                 Step::Violations => "violations",
+                Step::LostWraps { .. } => "lost wraps",
                 Step::Cpumask { .. } => "cpumask",
                 Step::Seen { .. } => "seen",
                 Step::OthersOpen { .. } => "others",

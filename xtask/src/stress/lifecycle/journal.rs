@@ -326,6 +326,14 @@ pub enum Step {
     /// `violations`): the result is the count; each after the first must
     /// show the first's (no new violation between them).
     Violations,
+    /// The PMU's `lost_wraps`, the wraps its driver found lost unread (a
+    /// scenario's `lost_wraps` line): the result is the count read. With
+    /// `grown`, it must have grown so since the domain's `LostWraps` step
+    /// before; without, the step marks where the next one counts from.
+    LostWraps {
+        domain: u32,
+        grown: Option<Growth>,
+    },
     /// The domain's PMU given a mux interval (a scenario's `mux`, sysfs
     /// `perf_event_mux_interval_ms`): the result is the interval it had.
     MuxInterval {
@@ -354,6 +362,20 @@ pub enum Step {
         how: StatHow,
         bursts: Vec<(u64, bool)>,
     },
+}
+
+/// How much a [`Step::LostWraps`] count must have grown: `by`, or `by`
+/// or more.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Growth {
+    pub by: u64,
+    pub or_more: bool,
+}
+
+impl Growth {
+    pub fn allows(self, grown: u64) -> bool {
+        grown == self.by || (self.or_more && grown > self.by)
+    }
 }
 
 /// An [`Step::Offline`] result's word for a parked domain.

@@ -76,6 +76,8 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
     let mut model = Model::new(shape);
     // The first `violations` step's count, which every later one must show.
     let mut first_violations: Option<Vec<u64>> = None;
+    // Each domain's `lost_wraps` at its last `LostWraps` step.
+    let mut lost_wraps: BTreeMap<u32, u64> = BTreeMap::new();
     let mut formats: BTreeMap<Handle, ReadFormat> = BTreeMap::new();
     let mut ids: BTreeMap<Handle, u64> = BTreeMap::new();
     // When each parked domain was parked (the journal's host clock).
@@ -291,6 +293,25 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
                     find(format!(
                         "the device counted {count:?} placement violations, {first:?} at the first `violations`"
                     ));
+                }
+            }
+            (&Step::LostWraps { domain, grown }, Ok(count)) => {
+                let now = count.first().copied().unwrap_or(0);
+                let before = lost_wraps.insert(domain, now);
+                match (grown, before) {
+                    (None, _) => {}
+                    (Some(g), Some(before))
+                        if g.allows(now.wrapping_sub(before))
+                            || !holds(Rule::LostWrapsAsAsserted) => {}
+                    (Some(g), Some(before)) => find(format!(
+                        "domain {domain}'s lost_wraps grew by {} ({before} to {now}), want by {}{}",
+                        now.wrapping_sub(before) as i64,
+                        g.by,
+                        if g.or_more { " or more" } else { "" }
+                    )),
+                    (Some(_), None) => find(format!(
+                        "domain {domain}'s lost_wraps has no count before to grow from"
+                    )),
                 }
             }
             (Step::Cpumask { domain, cpus }, Ok(mask)) => {
@@ -600,6 +621,7 @@ impl Predictor {
             Step::MuxInterval { .. }
             | Step::Cpumask { .. }
             | Step::Violations
+            | Step::LostWraps { .. }
             | Step::Request { .. } => {}
             Step::Close { handle } => {
                 model.close(*handle);
@@ -1261,6 +1283,34 @@ pub(crate) mod tests {
             .map(|f| f.index)
             .collect();
         assert_eq!(found, vec![2, 5]);
+    }
+
+    /// A `lost_wraps` step with a growth: from the domain's step before,
+    /// by as much as it asserts (or more where it allows more); one
+    /// without marks the count the next grows from.
+    #[test]
+    pub(crate) fn a_lost_wraps_assertion_that_the_run_does_not_meet_is_a_finding() {
+        use super::super::journal::Growth;
+        let wraps = |domain, grown: Option<(u64, bool)>, count| {
+            let grown = grown.map(|(by, or_more)| Growth { by, or_more });
+            ok(Step::LostWraps { domain, grown }, vec![count])
+        };
+        let journal = vec![
+            wraps(1, Some((0, false)), 3),
+            wraps(1, None, 3),
+            wraps(0, None, 9),
+            wraps(1, Some((1, true)), 5),
+            wraps(1, Some((0, false)), 5),
+            wraps(1, Some((1, false)), 7),
+            wraps(1, Some((1, true)), 7),
+            wraps(0, Some((0, false)), 9),
+        ];
+        let found: Vec<usize> = replay(SHAPE, &journal)
+            .findings
+            .iter()
+            .map(|f| f.index)
+            .collect();
+        assert_eq!(found, vec![0, 5, 6]);
     }
 
     /// REFRESH, PERIOD and the other ioctls a counting event has no use

@@ -22,6 +22,7 @@
 //! mux movable 2s                             (the mux interval, put back after)
 //! cpumask movable 3 | cpumask movable none   (where the PMU counts: asserted)
 //! violations                                 (no new placement violation since the first)
+//! lost_wraps movable | lost_wraps movable 1+  (the PMU's lost wraps: marked, then grown by)
 //! close a
 //! ```
 //!
@@ -38,7 +39,7 @@ use crate::checks::pmu::context::EVENT_FILES;
 use crate::checks::pmu::moves::movable_in;
 use crate::model::{DeviceShape, Handle, Observed, ValueRule};
 
-use super::journal::{landed, Cpus, Flowed, IoctlName, Opened, ReadFormat, Request, Step};
+use super::journal::{landed, Cpus, Flowed, Growth, IoctlName, Opened, ReadFormat, Request, Step};
 use super::replay;
 use super::scenario_write::bytes_text;
 
@@ -117,7 +118,7 @@ pub enum Want {
 }
 
 /// The operations a line can start with.
-const OPERATIONS: &str = "open (as NAME = open ...), enable, disable, reset, ioctl, read, want, close, burst, occupancy, rate, move, moves, park, unpark, offline, online, allowed, wait, mux, cpumask, violations";
+const OPERATIONS: &str = "open (as NAME = open ...), enable, disable, reset, ioctl, read, want, close, burst, occupancy, rate, move, moves, park, unpark, offline, online, allowed, wait, mux, cpumask, violations, lost_wraps";
 
 /// The requests of an `ioctl` line.
 const REQUESTS: &str = "refresh COUNT, period PERIOD, set-filter FILTER, set-output none|NAME, id, pause-output on|off, set-bpf none, query-bpf, modify-attributes";
@@ -144,6 +145,7 @@ pub fn parse(
         owners: layout.domains.iter().map(|d| d.first().copied()).collect(),
         moving: BTreeMap::new(),
         ops: Vec::new(),
+        wraps_marked: BTreeSet::new(),
     };
     let mut check = None;
     for (i, raw) in text.lines().enumerate() {
@@ -206,6 +208,8 @@ struct Parser<'a> {
     ops: Vec<Op>,
     /// Every name an open gave, by handle.
     handles: BTreeMap<Handle, String>,
+    /// The domains with a `lost_wraps` line so far: a count grows from it.
+    wraps_marked: BTreeSet<u32>,
 }
 
 impl Parser<'_> {
@@ -506,6 +510,34 @@ impl Parser<'_> {
                     _ => {}
                 }
                 Step::Cpumask { domain, cpus }
+            }
+            "lost_wraps" => {
+                let (domain, count) = match args {
+                    [domain] => (self.domain(domain)?, None),
+                    [domain, count] => (self.domain(domain)?, Some(count)),
+                    _ => return Err("expected `lost_wraps DOMAIN` (marks the count), then `lost_wraps DOMAIN N` or `lost_wraps DOMAIN N+` (grown by N, or by N or more, since the line before)".into()),
+                };
+                let grown = match count {
+                    None => None,
+                    Some(count) => {
+                        let (number, or_more) = match count.strip_suffix('+') {
+                            Some(n) => (n, true),
+                            None => (*count, false),
+                        };
+                        let by = number.parse().map_err(|_| {
+                            format!("`{count}`: expected a number of wraps such as 0, 1 or 1+")
+                        })?;
+                        if !self.wraps_marked.contains(&domain) {
+                            return Err(format!(
+                                "`lost_wraps {} {count}` counts from an earlier `lost_wraps {}` line: mark the count with one before",
+                                args[0], args[0]
+                            ));
+                        }
+                        Some(Growth { by, or_more })
+                    }
+                };
+                self.wraps_marked.insert(domain);
+                Step::LostWraps { domain, grown }
             }
             "violations" => {
                 if !args.is_empty() {
@@ -1772,6 +1804,69 @@ mod tests {
             let (at, message) = refused(&format!("{open}{line}\n"));
             assert_eq!(at, 2, "{line}: {message}");
             assert!(message.contains(want), "{line}: {message:?} lacks {want:?}");
+        }
+    }
+
+    #[test]
+    fn lost_wraps_marks_a_count_then_asserts_its_growth() {
+        let s = parsed(
+            "lost_wraps movable\nlost_wraps movable 1+\nlost_wraps holding\nlost_wraps 1 0\n",
+        )
+        .unwrap();
+        let steps: Vec<&Step> = s.ops.iter().map(|o| &o.step).collect();
+        let grown = |by, or_more| Some(Growth { by, or_more });
+        assert_eq!(
+            steps,
+            [
+                &Step::LostWraps {
+                    domain: 1,
+                    grown: None
+                },
+                &Step::LostWraps {
+                    domain: 1,
+                    grown: grown(1, true)
+                },
+                &Step::LostWraps {
+                    domain: 0,
+                    grown: None
+                },
+                &Step::LostWraps {
+                    domain: 1,
+                    grown: grown(0, false)
+                },
+            ]
+        );
+        let lines: Vec<_> = s
+            .ops
+            .iter()
+            .map(|o| super::super::scenario_write::Line::new(o.step.clone()))
+            .collect();
+        let text = super::super::scenario_write::write(None, &[], &lines);
+        let again = parse(Path::new("w.scn"), &text, &layout(), 1).unwrap();
+        assert_eq!(again.ops, s.ops, "{text}");
+        for (text, want) in [
+            ("lost_wraps\n", "expected `lost_wraps DOMAIN`"),
+            ("lost_wraps movable 1 2\n", "expected `lost_wraps DOMAIN`"),
+            (
+                "lost_wraps movable many\n",
+                "`many`: expected a number of wraps",
+            ),
+            (
+                "lost_wraps movable -1\n",
+                "`-1`: expected a number of wraps",
+            ),
+            ("lost_wraps 4\n", "domain 4: the device has domains 0-1"),
+            (
+                "lost_wraps holding 1\n",
+                "counts from an earlier `lost_wraps holding` line",
+            ),
+        ] {
+            let (line, message) = refused(&format!("lost_wraps movable\n{text}"));
+            assert_eq!(line, 2, "{text:?}");
+            assert!(
+                message.contains(want),
+                "{text:?}: {message:?} lacks {want:?}"
+            );
         }
     }
 

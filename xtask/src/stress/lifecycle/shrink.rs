@@ -257,6 +257,13 @@ pub fn depends(journal: &[Entry], target: usize, domains: &[Vec<u32>]) -> BTreeS
             pmus.insert(d as u32);
         }
     }
+    // A `lost_wraps` line is about its domain: its placements, and the
+    // traffic into it that could wrap a counter.
+    let wraps = match journal[target].step {
+        Step::LostWraps { domain, .. } => Some(domain),
+        _ => None,
+    };
+    pmus.extend(wraps);
     let on_pmus = |h: &Handle| {
         opens
             .get(h)
@@ -274,6 +281,9 @@ pub fn depends(journal: &[Entry], target: usize, domains: &[Vec<u32>]) -> BTreeS
             | Step::Request { handle, .. }
             | Step::Read { handle }
             | Step::Close { handle } => on_pmus(handle),
+            Step::Burst { domain, .. } | Step::Rate { domain, .. } if wraps == Some(*domain) => {
+                true
+            }
             Step::Burst {
                 domain,
                 event,
@@ -295,6 +305,7 @@ pub fn depends(journal: &[Entry], target: usize, domains: &[Vec<u32>]) -> BTreeS
             | Step::Unpark { domain, .. }
             | Step::Allowed { domain, .. }
             | Step::MuxInterval { domain, .. }
+            | Step::LostWraps { domain, .. }
             | Step::Cpumask { domain, .. } => pmus.contains(domain),
             Step::Online { cpu } | Step::Offline { cpu } => {
                 cpus.contains(cpu)
