@@ -193,7 +193,7 @@ fn plan(known_bugs: bool, fail_injection: bool) -> Result<Vec<Planned>> {
     } else {
         &[]
     };
-    for table in [redteam::CHECKS, attacks::CHECKS, known] {
+    for table in [attacks::CHECKS, known] {
         plan.extend(table.iter().map(each));
     }
     // The library before the allowed-set attacks, whose reloads of the

@@ -1,22 +1,12 @@
-//! Adversarial checks of the counting semantics (docs/counting-semantics.md,
-//! DESIGN.md "Counting semantics"): operation sequences a perf user can issue
-//! that the other checks do not, each judged against the written promise and
-//! the device's truth. Every traffic burst is injected and landed between two
-//! operations, so each expected count is exact, not a rate estimate (the
-//! attacks the counting model can judge are scenarios, `scenarios/`):
-//!
-//! REFRESH/PERIOD/SET_FILTER/SET_OUTPUT on a counting event: refused or
-//! harmless, the count stays exact and the event stays enabled. It stays in
-//! Rust because the scenario format has none of those ioctls. The file
-//! also holds the helpers the attacks in Rust share (`must`, `open_with`,
-//! `Many`, `truth`, `run_each`).
+//! The helpers the adversarial checks in Rust share (`must`, `open_with`,
+//! `Many`, `truth`, `run_each`). Its own check, the ioctls a counting event
+//! has no use for, is `scenarios/ioctls/ioctls-that-change-no-count.scn`.
 
 use anyhow::{bail, Context, Result};
 use perfbed_agent::PerfIoctl;
 use perfbed_device::regs::Event;
 
-use super::context::{Ctx, MIB};
-use super::moves::movable_domain;
+use super::context::Ctx;
 use crate::checks::Check;
 use crate::guest::pmu_name;
 
@@ -86,58 +76,6 @@ pub(super) fn park(ctx: &mut Ctx, allowed: &[u32], online: bool) -> Result<()> {
     }
     Ok(())
 }
-
-/// F. The ioctls a counting event cannot honour (REFRESH, PERIOD,
-///    SET_FILTER, SET_BPF, MODIFY_ATTRIBUTES) and the harmless ones
-///    (SET_OUTPUT to none, ID, PAUSE_OUTPUT, QUERY_BPF): each refused or
-///    harmless, with 1 MiB landing after each; the event
-///    stays enabled and its count exact, and a DISABLE still stops it.
-pub fn odd_ioctls(ctx: &mut Ctx) -> Result<Check> {
-    let (d, _) = movable_domain(ctx)?;
-    let rmid = rmid(ctx, 13);
-    let h = open_with(ctx, d, rmid, 0, 0, None)?;
-    inject(ctx, d, rmid, MIB)?;
-    let mut answers = Vec::new();
-    for io in [
-        PerfIoctl::Refresh { count: 1 },
-        PerfIoctl::Period { period: 1000 },
-        PerfIoctl::SetFilter {
-            filter: "filter 0x0/0x1000".into(),
-        },
-        PerfIoctl::SetOutput { target: None },
-        PerfIoctl::Refresh { count: 0 },
-        PerfIoctl::Id,
-        PerfIoctl::PauseOutput { pause: true },
-        PerfIoctl::PauseOutput { pause: false },
-        PerfIoctl::SetBpf { fd: -1 },
-        PerfIoctl::QueryBpf,
-        PerfIoctl::ModifyAttributes {
-            attr: ctx.attr(d, Event::MbmTotalBytes, rmid),
-        },
-    ] {
-        let name = format!("{io:?}");
-        answers.push((name, ctx.g.ioctl(h, io)?));
-        inject(ctx, d, rmid, MIB)?;
-    }
-    let mid = ctx.count(h)?;
-    must(ctx, h, PerfIoctl::Disable { group: false })?;
-    inject(ctx, d, rmid, 4 * MIB)?;
-    let end = ctx.count(h)?;
-    ctx.g.close(h)?;
-    let mut problems = Vec::new();
-    let want = (1 + answers.len() as u64) * MIB;
-    if mid != want || end != want {
-        problems.push(format!("after {answers:?} with 1 MiB after each: counted {mid} then {end} after DISABLE and 4 MiB, want {want} both"));
-    }
-    Ok(Check::from_problems(
-        "redteam: odd ioctls",
-        problems,
-        format!("{}: {answers:?}; count exact ({mid})", pmu_name(d)),
-    ))
-}
-
-/// Its checks, in order.
-pub(super) const CHECKS: &[Named] = &[("redteam: odd ioctls", odd_ioctls)];
 
 /// A check and its name, for [`run_each`].
 pub(super) type Named = (&'static str, fn(&mut Ctx) -> Result<Check>);
