@@ -7,8 +7,8 @@
 //! no scenario line reads. (Allowed sets that change at run time are
 //! `scenarios/allowed/`, "allowed sets" the first of them.)
 //!
-//! The helpers below set a domain's allowed set and wait for its cpumask,
-//! for the checks in Rust that change sets.
+//! `set_allowed` sets a domain's allowed set for the checks in Rust that
+//! change sets.
 
 use anyhow::Result;
 use perfbed_agent::PerfIoctl;
@@ -81,16 +81,6 @@ pub fn with_reset_and_disable(ctx: &mut Ctx) -> Result<Check> {
             BURST / MIB
         ),
     ))
-}
-
-/// Polls domain `d`'s `cpumask` until `ok` holds of it
-/// ([`crate::guest::Guest::wait_cpumask`]).
-pub(super) fn wait_mask(
-    ctx: &mut Ctx,
-    d: usize,
-    ok: impl Fn(&[u32]) -> bool,
-) -> Result<(bool, Vec<u32>)> {
-    ctx.g.wait_cpumask(&pmu_name(d), ok)
 }
 
 /// Sets domain `d`'s allowed CPUs from the host.

@@ -17,7 +17,7 @@
 use std::time::Duration;
 
 use anyhow::{bail, Result};
-use perfbed_agent::{AgentMessage, HostRequest, PerfAttr, PerfIoctl, PerfOp, PerfOpResult};
+use perfbed_agent::{AgentMessage, HostRequest, PerfIoctl, PerfOp, PerfOpResult};
 use perfbed_device::regs::Event;
 
 use super::across_moves::turns;
@@ -26,9 +26,7 @@ use super::moves::movable_domain;
 use super::multiplexing::{set_sysfs, Window, MUX_INTERVAL_MS};
 use super::redteam::{must, open_with, owner, park, rmid, Named};
 use crate::checks::Check;
-use crate::guest::perf_abi::{
-    FLAG_DISABLED, FLAG_EXCLUSIVE, PERF_COUNT_SW_CPU_CLOCK, PERF_TYPE_SOFTWARE,
-};
+use crate::guest::perf_abi::{FLAG_DISABLED, FLAG_EXCLUSIVE};
 use crate::guest::pmu_name;
 
 /// One batch of perf operations, carried out back to back by the agent.
@@ -44,20 +42,6 @@ fn words(r: &PerfOpResult, what: &str) -> Result<Vec<u64>> {
     r.result
         .clone()
         .map_err(|errno| anyhow::anyhow!("{what}: {errno}"))
-}
-
-/// A cpu-clock event on `cpu`, read with times.
-pub(super) fn cpu_clock(ctx: &mut Ctx, cpu: i32, group: Option<u32>) -> Result<u32> {
-    let clock = PerfAttr {
-        type_: PERF_TYPE_SOFTWARE,
-        config: PERF_COUNT_SW_CPU_CLOCK,
-        read_format: TIMES,
-        ..PerfAttr::default()
-    };
-    match ctx.g.open_as(clock, -1, cpu, group)? {
-        Ok(h) => Ok(h),
-        Err(errno) => bail!("opening cpu-clock on CPU {cpu}: {errno}"),
-    }
 }
 
 /// L. An exclusive event and a plain one on the same PMU take turns (each

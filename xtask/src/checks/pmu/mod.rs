@@ -12,7 +12,6 @@ pub mod bpf_reads;
 pub mod context;
 pub mod counts;
 pub mod groups;
-pub mod hold_attacks;
 pub mod hotplug_fail;
 pub mod interrupts;
 pub mod moves;
@@ -71,11 +70,7 @@ pub fn can_run_alone(name: &str) -> Result<bool> {
 
 /// The checks that can run on their own.
 fn alone() -> impl Iterator<Item = &'static (&'static str, CtxCheck)> {
-    AROUND_MOVES
-        .iter()
-        .chain(SEMANTICS)
-        .chain(ATTRIBUTES)
-        .chain(hold_attacks::KNOWN_BUGS)
+    AROUND_MOVES.iter().chain(SEMANTICS).chain(ATTRIBUTES)
 }
 
 /// Runs the check called `name` among those that can run on their own
@@ -188,14 +183,7 @@ fn plan(known_bugs: bool, fail_injection: bool) -> Result<Vec<Planned>> {
     plan.extend(SEMANTICS.iter().map(named));
     plan.extend(ATTRIBUTES.iter().map(named));
     plan.push(("perf stat", Box::new(one(counts::perf_stat))));
-    let known: &[redteam::Named] = if known_bugs {
-        hold_attacks::KNOWN_BUGS
-    } else {
-        &[]
-    };
-    for table in [attacks::CHECKS, known] {
-        plan.extend(table.iter().map(each));
-    }
+    plan.extend(attacks::CHECKS.iter().map(each));
     // The library before the allowed-set attacks, whose reloads of the
     // module it has never been run after (see docs/counting-semantics.md,
     // "Known violations": an allowed-set change after two reloads that the
@@ -238,5 +226,18 @@ mod tests {
             assert!(seen.insert(name), "{name:?} names two checks");
         }
         assert!(names.len() > 50, "{} checks", names.len());
+    }
+
+    /// The scenarios of a known violation (`scenarios/known-violations/`)
+    /// fail until it is fixed: `cargo xtask run` runs them only with
+    /// `--known-bugs`.
+    #[test]
+    fn known_violations_run_only_with_known_bugs() {
+        let known = "hold-attack: wrap lost while held on cpu 0";
+        assert!(super::names(true, false).unwrap().contains(&known));
+        assert!(!super::names(false, false).unwrap().contains(&known));
+        assert!(super::names(false, false)
+            .unwrap()
+            .contains(&"redteam: odd ioctls"));
     }
 }

@@ -154,7 +154,7 @@ const LONG_PARK_SLOWDOWN: u64 = 8;
 /// A park long enough for 2.4 wraps of a counter at an eighth of the
 /// device's maximum rate ([`LONG_PARK_SLOWDOWN`]), with that rate and a wrap
 /// in bytes; an error if the device is too slow for it.
-pub(super) fn two_wrap_park(ctx: &Ctx) -> Result<(Duration, u64, u64)> {
+fn two_wrap_park(ctx: &Ctx) -> Result<(Duration, u64, u64)> {
     let rate = ctx.device.max_rate / LONG_PARK_SLOWDOWN;
     let wrap = (1u64 << ctx.device.counter_width) * ctx.device.unit_bytes;
     if rate == 0 {
@@ -171,7 +171,7 @@ pub(super) fn two_wrap_park(ctx: &Ctx) -> Result<(Duration, u64, u64)> {
 }
 
 /// The sysfs file where domain `d`'s PMU counts the wraps it lost.
-pub(super) fn lost_wraps_file(d: usize) -> String {
+fn lost_wraps_file(d: usize) -> String {
     format!("/sys/bus/event_source/devices/{}/lost_wraps", pmu_name(d))
 }
 
