@@ -14,10 +14,9 @@ use anyhow::Result;
 use perfbed_agent::PerfIoctl;
 use perfbed_device::regs::Event;
 
-use super::context::{Ctx, MIB};
+use super::context::{must, Ctx, MIB};
 use super::interrupts::counter_file;
 use super::moves::movable_domain;
-use super::redteam::must;
 use crate::checks::Check;
 use crate::guest::pmu_name;
 

@@ -1,8 +1,8 @@
 //! Two adversarial checks of docs/counting-semantics.md, written from the
-//! contract alone as a user would attack it (the first seven are in
-//! `redteam.rs`), that stay in Rust: an exclusive event beside a plain one
-//! across a park (L), which measures how perf's rotation shares the time
-//! between them, which the model leaves to perf; and an event a move left
+//! contract alone as a user would attack it, that stay in Rust: an
+//! exclusive event beside a plain one across a park (L), which measures how
+//! perf's rotation shares the time between them, which the model leaves to
+//! perf; and an event a move left
 //! waiting for its turn, disabled at once (O), whose rounds wait until a
 //! read shows the event counting, a loop on what the guest shows that a
 //! scenario cannot write. The attacks the model can judge are scenarios
@@ -21,10 +21,9 @@ use perfbed_agent::{AgentMessage, HostRequest, PerfIoctl, PerfOp, PerfOpResult};
 use perfbed_device::regs::Event;
 
 use super::across_moves::turns;
-use super::context::{Ctx, MIB, TIMES};
+use super::context::{must, open_with, owner, rmid, Ctx, Named, MIB, TIMES};
 use super::moves::movable_domain;
 use super::multiplexing::{set_sysfs, Window, MUX_INTERVAL_MS};
-use super::redteam::{must, open_with, owner, park, rmid, Named};
 use crate::checks::Check;
 use crate::guest::perf_abi::{FLAG_DISABLED, FLAG_EXCLUSIVE};
 use crate::guest::pmu_name;
@@ -42,6 +41,14 @@ fn words(r: &PerfOpResult, what: &str) -> Result<Vec<u64>> {
     r.result
         .clone()
         .map_err(|errno| anyhow::anyhow!("{what}: {errno}"))
+}
+
+/// Takes every CPU of `allowed` offline (`online` false) or back.
+fn park(ctx: &mut Ctx, allowed: &[u32], online: bool) -> Result<()> {
+    for &cpu in allowed {
+        ctx.g.set_online(cpu, online)?;
+    }
+    Ok(())
 }
 
 /// L. An exclusive event and a plain one on the same PMU take turns (each

@@ -17,7 +17,6 @@ pub mod interrupts;
 pub mod moves;
 pub mod multiplexing;
 pub mod perf_matrix;
-pub mod redteam;
 pub mod registration;
 pub mod semantics;
 
@@ -28,11 +27,32 @@ use crate::checks::log::CheckLog;
 use crate::checks::{Check, Select};
 use crate::guest::{pmu_name, Guest};
 use crate::stress::lifecycle::scenario_guest::{self, library, Written};
-use context::Ctx;
+use context::{Ctx, Named};
 
 /// A check that needs nothing but the context, and leaves the PMUs as it
 /// found them: one `cargo xtask run` check that can also run on its own.
 pub type CtxCheck = fn(&mut Ctx) -> Result<Check>;
+
+/// Runs each check; an error becomes that check's FAIL (after every CPU of
+/// the device is brought back online), so one broken attack never hides
+/// the verdicts of the others.
+fn run_each(ctx: &mut Ctx, checks: &[Named]) -> Result<Vec<Check>> {
+    let mut out = Vec::new();
+    for &(name, check) in checks {
+        match check(ctx) {
+            Ok(c) => out.push(c),
+            Err(e) => {
+                context::every_cpu_back(ctx, name, Some(&e))?;
+                out.push(Check::from_problems(
+                    name,
+                    vec![format!("could not finish: {e:#}")],
+                    String::new(),
+                ));
+            }
+        }
+    }
+    Ok(out)
+}
 
 /// Moves, parks, interrupts and allowed sets, in `run`'s order, each by the
 /// name its `Check` carries.
@@ -172,10 +192,10 @@ fn plan(known_bugs: bool, fail_injection: bool) -> Result<Vec<Planned>> {
             Box::new(move |ctx: &mut Ctx| Ok(vec![run_one(ctx, name, check)?])),
         )
     };
-    let each = |entry: &'static redteam::Named| -> Planned {
+    let each = |entry: &'static Named| -> Planned {
         (
             entry.0,
-            Box::new(move |ctx: &mut Ctx| redteam::run_each(ctx, std::slice::from_ref(entry))),
+            Box::new(move |ctx: &mut Ctx| run_each(ctx, std::slice::from_ref(entry))),
         )
     };
     let mut plan: Vec<Planned> = vec![("PMUs and sysfs", Box::new(one(registration::sysfs)))];

@@ -15,13 +15,12 @@ use std::time::Duration;
 use anyhow::{bail, Result};
 use perfbed_device::regs::{whole_units, Event};
 
-use super::context::{Ctx, MIB};
+use super::context::{truth, Ctx, MIB};
 use super::moves::movable_domain;
 use super::multiplexing::{
     open_multiplexed, read_window, rotation_effect, set_sysfs, shape, RecordMark, Window,
     MUX_INTERVAL_MS,
 };
-use super::redteam::truth;
 use crate::checks::slot_credit;
 use crate::checks::Check;
 use crate::guest::perf_abi::{FORMAT_TOTAL_TIME_ENABLED, FORMAT_TOTAL_TIME_RUNNING};
