@@ -768,19 +768,24 @@ pub(crate) mod tests {
         }
     }
 
+    /// `bytes` landed on the counter of [`open`]'s events.
+    fn burst(bytes: u64) -> Entry {
+        ok(
+            Step::Burst {
+                domain: 1,
+                event: 2,
+                rmid: 3,
+                bytes,
+            },
+            vec![],
+        )
+    }
+
     #[test]
     fn the_first_differing_step_is_named() {
         let journal = vec![
             open(1, false),
-            ok(
-                Step::Burst {
-                    domain: 1,
-                    event: 2,
-                    rmid: 3,
-                    bytes: 640,
-                },
-                vec![],
-            ),
+            burst(640),
             ok(Step::Read { handle: 1 }, vec![640, 10, 10]),
             ok(
                 Step::Ioctl {
@@ -790,15 +795,7 @@ pub(crate) mod tests {
                 },
                 vec![0],
             ),
-            ok(
-                Step::Burst {
-                    domain: 1,
-                    event: 2,
-                    rmid: 3,
-                    bytes: 6400,
-                },
-                vec![],
-            ),
+            burst(6400),
             ok(Step::Move { domain: 1 }, vec![]),
             ok(
                 Step::Ioctl {
@@ -959,17 +956,6 @@ pub(crate) mod tests {
     /// seen again exactly, and a count lost across the stretch is caught.
     #[test]
     pub(crate) fn a_placement_changed_unseen_loosens_its_stretch_only() {
-        let burst = |bytes| {
-            ok(
-                Step::Burst {
-                    domain: 1,
-                    event: 2,
-                    rmid: 3,
-                    bytes,
-                },
-                vec![],
-            )
-        };
         let seen = |online: Vec<u32>, owner: u64, window| {
             ok(
                 Step::Seen {
@@ -1331,19 +1317,10 @@ pub(crate) mod tests {
             )
         };
         let einval = || Err("EINVAL".to_string());
-        let burst = ok(
-            Step::Burst {
-                domain: 1,
-                event: 2,
-                rmid: 3,
-                bytes: 640,
-            },
-            vec![],
-        );
         let journal = vec![
             open(1, false),
             request(Request::Refresh { count: 1 }, Some("EINVAL"), einval()),
-            burst.clone(),
+            burst(640),
             request(Request::Id, None, Ok(vec![7])),
             // Refused where success was asserted, and the other way round.
             request(Request::SetOutput { target: None }, None, einval()),
@@ -1353,7 +1330,7 @@ pub(crate) mod tests {
                 Ok(vec![0]),
             ),
             request(Request::QueryBpf, Some("EINVAL"), Err("EOPNOTSUPP".into())),
-            burst,
+            burst(640),
             ok(Step::Read { handle: 1 }, vec![1280, 10, 10]),
             ok(Step::Close { handle: 1 }, vec![]),
             request(Request::Id, None, Err("EBADF".into())),

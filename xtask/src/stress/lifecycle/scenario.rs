@@ -1431,6 +1431,27 @@ mod tests {
         parse(Path::new("t.scn"), text, &layout(), 1)
     }
 
+    /// `s` written as the shrinker writes a scenario, parsed again; and
+    /// the text written.
+    fn written_back(s: &Scenario) -> (Scenario, String) {
+        use super::super::scenario_write::{write, Line};
+        let lines: Vec<Line> = s.ops.iter().map(|o| Line::new(o.step.clone())).collect();
+        let text = write(None, &[], &lines);
+        let again = parse(Path::new("w.scn"), &text, &layout(), 1).unwrap();
+        (again, text)
+    }
+
+    /// `text` after the line `first` is refused at its own line, 2, with a
+    /// message that says `want`.
+    fn refused_after(first: &str, text: &str, want: &str) {
+        let (line, message) = refused(&format!("{first}{text}"));
+        assert_eq!(line, 2, "{text:?}: {message}");
+        assert!(
+            message.contains(want),
+            "{text:?}: {message:?} lacks {want:?}"
+        );
+    }
+
     /// The refusal of `text`: its line and message.
     fn refused(text: &str) -> (usize, String) {
         let e = parsed(text).expect_err("must be refused");
@@ -1647,12 +1668,7 @@ mod tests {
             ("mux movable 0ms\n", "1ms or more"),
             ("mux 7 2s\n", "domain 7: the device has domains 0-1"),
         ] {
-            let (line, message) = refused(&format!("wait 1ms\n{text}"));
-            assert_eq!(line, 2, "{text:?}");
-            assert!(
-                message.contains(want),
-                "{text:?}: {message:?} lacks {want:?}"
-            );
+            refused_after("wait 1ms\n", text, want);
         }
     }
 
@@ -1685,12 +1701,7 @@ mod tests {
             ("cpumask 1 0\n", "not an online allowed CPU of domain 1"),
             ("cpumask 5 2\n", "domain 5: the device has domains 0-1"),
         ] {
-            let (line, message) = refused(&format!("wait 1ms\n{text}"));
-            assert_eq!(line, 2, "{text:?}");
-            assert!(
-                message.contains(want),
-                "{text:?}: {message:?} lacks {want:?}"
-            );
+            refused_after("wait 1ms\n", text, want);
         }
         let (line, message) = refused("park movable\ncpumask movable 3\n");
         assert_eq!(line, 2);
@@ -1766,13 +1777,7 @@ mod tests {
             ]
         );
         // Written back as the shrinker writes it, it parses to the same.
-        let lines: Vec<_> = s
-            .ops
-            .iter()
-            .map(|o| super::super::scenario_write::Line::new(o.step.clone()))
-            .collect();
-        let text = super::super::scenario_write::write(None, &[], &lines);
-        let again = parse(Path::new("w.scn"), &text, &layout(), 1).unwrap();
+        let (again, text) = written_back(&s);
         let steps = |s: &Scenario| s.ops.iter().map(|o| o.step.clone()).collect::<Vec<_>>();
         assert_eq!(steps(&again), steps(&s), "{text}");
         let open = "a = open movable mbm_total_bytes rmid=1\n";
@@ -1801,9 +1806,7 @@ mod tests {
             ("ioctl a flush ok", "`flush`: expected `ioctl NAME REQUEST"),
             ("ioctl z id ok", "`z` is not open here"),
         ] {
-            let (at, message) = refused(&format!("{open}{line}\n"));
-            assert_eq!(at, 2, "{line}: {message}");
-            assert!(message.contains(want), "{line}: {message:?} lacks {want:?}");
+            refused_after(open, &format!("{line}\n"), want);
         }
     }
 
@@ -1836,13 +1839,7 @@ mod tests {
                 },
             ]
         );
-        let lines: Vec<_> = s
-            .ops
-            .iter()
-            .map(|o| super::super::scenario_write::Line::new(o.step.clone()))
-            .collect();
-        let text = super::super::scenario_write::write(None, &[], &lines);
-        let again = parse(Path::new("w.scn"), &text, &layout(), 1).unwrap();
+        let (again, text) = written_back(&s);
         assert_eq!(again.ops, s.ops, "{text}");
         for (text, want) in [
             ("lost_wraps\n", "expected `lost_wraps DOMAIN`"),
@@ -1861,12 +1858,7 @@ mod tests {
                 "counts from an earlier `lost_wraps holding` line",
             ),
         ] {
-            let (line, message) = refused(&format!("lost_wraps movable\n{text}"));
-            assert_eq!(line, 2, "{text:?}");
-            assert!(
-                message.contains(want),
-                "{text:?}: {message:?} lacks {want:?}"
-            );
+            refused_after("lost_wraps movable\n", text, want);
         }
     }
 
