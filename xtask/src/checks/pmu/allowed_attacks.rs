@@ -27,14 +27,15 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use perfbed_agent::{AgentMessage, HostRequest, JobResult, JobSpec, PerfIoctl};
 use perfbed_device::regs::Event;
 
 use super::allowed_sets::set_allowed;
-use super::context::{Ctx, MIB, TIMES};
+use super::context::{
+    every_cpu_back, inject, must, open_with, owner, rmid, truth, Ctx, Named, MIB, TIMES,
+};
 use super::moves::movable_domain;
-use super::redteam::{inject, must, open_with, owner, rmid, truth, Named};
 use crate::checks::Check;
 use crate::guest::{pmu_name, MODULE};
 
@@ -671,23 +672,7 @@ pub(super) fn run_these(ctx: &mut Ctx, checks: &[Named]) -> Result<Vec<Check>> {
     let mut out = Vec::new();
     for &(name, check) in checks {
         let result = check(ctx);
-        for cpu in ctx
-            .device
-            .domains
-            .iter()
-            .flatten()
-            .copied()
-            .filter(|&c| c != 0)
-            .collect::<Vec<_>>()
-        {
-            // If the guest is gone, say why the check stopped too.
-            ctx.g.set_online(cpu, true).with_context(|| match &result {
-                Err(e) => format!(
-                    "bringing CPU {cpu} back online after \"{name}\" could not finish: {e:#}"
-                ),
-                Ok(_) => format!("bringing CPU {cpu} back online after \"{name}\""),
-            })?;
-        }
+        every_cpu_back(ctx, name, result.as_ref().err())?;
         set_allowed(ctx, d, &allowed)?;
         let mut problems = Vec::new();
         expect_settled(ctx, d, Some(&allowed), "restoring the set", &mut problems)?;

@@ -7,17 +7,16 @@
 //! no scenario line reads. (Allowed sets that change at run time are
 //! `scenarios/allowed/`, "allowed sets" the first of them.)
 //!
-//! The helpers below set a domain's allowed set and wait for its cpumask,
-//! for the checks in Rust that change sets.
+//! `set_allowed` sets a domain's allowed set for the checks in Rust that
+//! change sets.
 
 use anyhow::Result;
 use perfbed_agent::PerfIoctl;
 use perfbed_device::regs::Event;
 
-use super::context::{Ctx, MIB};
+use super::context::{must, Ctx, MIB};
 use super::interrupts::counter_file;
 use super::moves::movable_domain;
-use super::redteam::must;
 use crate::checks::Check;
 use crate::guest::pmu_name;
 
@@ -81,16 +80,6 @@ pub fn with_reset_and_disable(ctx: &mut Ctx) -> Result<Check> {
             BURST / MIB
         ),
     ))
-}
-
-/// Polls domain `d`'s `cpumask` until `ok` holds of it
-/// ([`crate::guest::Guest::wait_cpumask`]).
-pub(super) fn wait_mask(
-    ctx: &mut Ctx,
-    d: usize,
-    ok: impl Fn(&[u32]) -> bool,
-) -> Result<(bool, Vec<u32>)> {
-    ctx.g.wait_cpumask(&pmu_name(d), ok)
 }
 
 /// Sets domain `d`'s allowed CPUs from the host.

@@ -1,8 +1,8 @@
 //! Two adversarial checks of docs/counting-semantics.md, written from the
-//! contract alone as a user would attack it (the first seven are in
-//! `redteam.rs`), that stay in Rust: an exclusive event beside a plain one
-//! across a park (L), which measures how perf's rotation shares the time
-//! between them, which the model leaves to perf; and an event a move left
+//! contract alone as a user would attack it, that stay in Rust: an
+//! exclusive event beside a plain one across a park (L), which measures how
+//! perf's rotation shares the time between them, which the model leaves to
+//! perf; and an event a move left
 //! waiting for its turn, disabled at once (O), whose rounds wait until a
 //! read shows the event counting, a loop on what the guest shows that a
 //! scenario cannot write. The attacks the model can judge are scenarios
@@ -17,18 +17,15 @@
 use std::time::Duration;
 
 use anyhow::{bail, Result};
-use perfbed_agent::{AgentMessage, HostRequest, PerfAttr, PerfIoctl, PerfOp, PerfOpResult};
+use perfbed_agent::{AgentMessage, HostRequest, PerfIoctl, PerfOp, PerfOpResult};
 use perfbed_device::regs::Event;
 
 use super::across_moves::turns;
-use super::context::{Ctx, MIB, TIMES};
+use super::context::{must, open_with, owner, rmid, Ctx, Named, MIB, TIMES};
 use super::moves::movable_domain;
 use super::multiplexing::{set_sysfs, Window, MUX_INTERVAL_MS};
-use super::redteam::{must, open_with, owner, park, rmid, Named};
 use crate::checks::Check;
-use crate::guest::perf_abi::{
-    FLAG_DISABLED, FLAG_EXCLUSIVE, PERF_COUNT_SW_CPU_CLOCK, PERF_TYPE_SOFTWARE,
-};
+use crate::guest::perf_abi::{FLAG_DISABLED, FLAG_EXCLUSIVE};
 use crate::guest::pmu_name;
 
 /// One batch of perf operations, carried out back to back by the agent.
@@ -46,18 +43,12 @@ fn words(r: &PerfOpResult, what: &str) -> Result<Vec<u64>> {
         .map_err(|errno| anyhow::anyhow!("{what}: {errno}"))
 }
 
-/// A cpu-clock event on `cpu`, read with times.
-pub(super) fn cpu_clock(ctx: &mut Ctx, cpu: i32, group: Option<u32>) -> Result<u32> {
-    let clock = PerfAttr {
-        type_: PERF_TYPE_SOFTWARE,
-        config: PERF_COUNT_SW_CPU_CLOCK,
-        read_format: TIMES,
-        ..PerfAttr::default()
-    };
-    match ctx.g.open_as(clock, -1, cpu, group)? {
-        Ok(h) => Ok(h),
-        Err(errno) => bail!("opening cpu-clock on CPU {cpu}: {errno}"),
+/// Takes every CPU of `allowed` offline (`online` false) or back.
+fn park(ctx: &mut Ctx, allowed: &[u32], online: bool) -> Result<()> {
+    for &cpu in allowed {
+        ctx.g.set_online(cpu, online)?;
     }
+    Ok(())
 }
 
 /// L. An exclusive event and a plain one on the same PMU take turns (each

@@ -12,13 +12,11 @@ pub mod bpf_reads;
 pub mod context;
 pub mod counts;
 pub mod groups;
-pub mod hold_attacks;
 pub mod hotplug_fail;
 pub mod interrupts;
 pub mod moves;
 pub mod multiplexing;
 pub mod perf_matrix;
-pub mod redteam;
 pub mod registration;
 pub mod semantics;
 
@@ -29,11 +27,32 @@ use crate::checks::log::CheckLog;
 use crate::checks::{Check, Select};
 use crate::guest::{pmu_name, Guest};
 use crate::stress::lifecycle::scenario_guest::{self, library, Written};
-use context::Ctx;
+use context::{Ctx, Named};
 
 /// A check that needs nothing but the context, and leaves the PMUs as it
 /// found them: one `cargo xtask run` check that can also run on its own.
 pub type CtxCheck = fn(&mut Ctx) -> Result<Check>;
+
+/// Runs each check; an error becomes that check's FAIL (after every CPU of
+/// the device is brought back online), so one broken attack never hides
+/// the verdicts of the others.
+fn run_each(ctx: &mut Ctx, checks: &[Named]) -> Result<Vec<Check>> {
+    let mut out = Vec::new();
+    for &(name, check) in checks {
+        match check(ctx) {
+            Ok(c) => out.push(c),
+            Err(e) => {
+                context::every_cpu_back(ctx, name, Some(&e))?;
+                out.push(Check::from_problems(
+                    name,
+                    vec![format!("could not finish: {e:#}")],
+                    String::new(),
+                ));
+            }
+        }
+    }
+    Ok(out)
+}
 
 /// Moves, parks, interrupts and allowed sets, in `run`'s order, each by the
 /// name its `Check` carries.
@@ -71,11 +90,7 @@ pub fn can_run_alone(name: &str) -> Result<bool> {
 
 /// The checks that can run on their own.
 fn alone() -> impl Iterator<Item = &'static (&'static str, CtxCheck)> {
-    AROUND_MOVES
-        .iter()
-        .chain(SEMANTICS)
-        .chain(ATTRIBUTES)
-        .chain(hold_attacks::KNOWN_BUGS)
+    AROUND_MOVES.iter().chain(SEMANTICS).chain(ATTRIBUTES)
 }
 
 /// Runs the check called `name` among those that can run on their own
@@ -177,10 +192,10 @@ fn plan(known_bugs: bool, fail_injection: bool) -> Result<Vec<Planned>> {
             Box::new(move |ctx: &mut Ctx| Ok(vec![run_one(ctx, name, check)?])),
         )
     };
-    let each = |entry: &'static redteam::Named| -> Planned {
+    let each = |entry: &'static Named| -> Planned {
         (
             entry.0,
-            Box::new(move |ctx: &mut Ctx| redteam::run_each(ctx, std::slice::from_ref(entry))),
+            Box::new(move |ctx: &mut Ctx| run_each(ctx, std::slice::from_ref(entry))),
         )
     };
     let mut plan: Vec<Planned> = vec![("PMUs and sysfs", Box::new(one(registration::sysfs)))];
@@ -188,14 +203,7 @@ fn plan(known_bugs: bool, fail_injection: bool) -> Result<Vec<Planned>> {
     plan.extend(SEMANTICS.iter().map(named));
     plan.extend(ATTRIBUTES.iter().map(named));
     plan.push(("perf stat", Box::new(one(counts::perf_stat))));
-    let known: &[redteam::Named] = if known_bugs {
-        hold_attacks::KNOWN_BUGS
-    } else {
-        &[]
-    };
-    for table in [redteam::CHECKS, attacks::CHECKS, known] {
-        plan.extend(table.iter().map(each));
-    }
+    plan.extend(attacks::CHECKS.iter().map(each));
     // The library before the allowed-set attacks, whose reloads of the
     // module it has never been run after (see docs/counting-semantics.md,
     // "Known violations": an allowed-set change after two reloads that the
@@ -238,5 +246,18 @@ mod tests {
             assert!(seen.insert(name), "{name:?} names two checks");
         }
         assert!(names.len() > 50, "{} checks", names.len());
+    }
+
+    /// The scenarios of a known violation (`scenarios/known-violations/`)
+    /// fail until it is fixed: `cargo xtask run` runs them only with
+    /// `--known-bugs`.
+    #[test]
+    fn known_violations_run_only_with_known_bugs() {
+        let known = "hold-attack: wrap lost while held on cpu 0";
+        assert!(super::names(true, false).unwrap().contains(&known));
+        assert!(!super::names(false, false).unwrap().contains(&known));
+        assert!(super::names(false, false)
+            .unwrap()
+            .contains(&"redteam: odd ioctls"));
     }
 }

@@ -15,13 +15,12 @@ use std::time::Duration;
 use anyhow::{bail, Result};
 use perfbed_device::regs::{whole_units, Event};
 
-use super::context::{Ctx, MIB};
+use super::context::{truth, Ctx, MIB};
 use super::moves::movable_domain;
 use super::multiplexing::{
     open_multiplexed, read_window, rotation_effect, set_sysfs, shape, RecordMark, Window,
     MUX_INTERVAL_MS,
 };
-use super::redteam::truth;
 use crate::checks::slot_credit;
 use crate::checks::Check;
 use crate::guest::perf_abi::{FORMAT_TOTAL_TIME_ENABLED, FORMAT_TOTAL_TIME_RUNNING};
@@ -154,7 +153,7 @@ const LONG_PARK_SLOWDOWN: u64 = 8;
 /// A park long enough for 2.4 wraps of a counter at an eighth of the
 /// device's maximum rate ([`LONG_PARK_SLOWDOWN`]), with that rate and a wrap
 /// in bytes; an error if the device is too slow for it.
-pub(super) fn two_wrap_park(ctx: &Ctx) -> Result<(Duration, u64, u64)> {
+fn two_wrap_park(ctx: &Ctx) -> Result<(Duration, u64, u64)> {
     let rate = ctx.device.max_rate / LONG_PARK_SLOWDOWN;
     let wrap = (1u64 << ctx.device.counter_width) * ctx.device.unit_bytes;
     if rate == 0 {
@@ -171,7 +170,7 @@ pub(super) fn two_wrap_park(ctx: &Ctx) -> Result<(Duration, u64, u64)> {
 }
 
 /// The sysfs file where domain `d`'s PMU counts the wraps it lost.
-pub(super) fn lost_wraps_file(d: usize) -> String {
+fn lost_wraps_file(d: usize) -> String {
     format!("/sys/bus/event_source/devices/{}/lost_wraps", pmu_name(d))
 }
 

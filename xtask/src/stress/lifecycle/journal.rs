@@ -230,6 +230,14 @@ pub enum Step {
         ioctl: IoctlName,
         group: bool,
     },
+    /// An ioctl that changes nothing an event counts (a scenario's `ioctl`
+    /// line: REFRESH, PERIOD, SET_FILTER, ...), and the answer it must
+    /// give: success (`refused` none) or the errno named.
+    Request {
+        handle: Handle,
+        request: Request,
+        refused: Option<String>,
+    },
     Read {
         handle: Handle,
     },
@@ -318,6 +326,14 @@ pub enum Step {
     /// `violations`): the result is the count; each after the first must
     /// show the first's (no new violation between them).
     Violations,
+    /// The PMU's `lost_wraps`, the wraps its driver found lost unread (a
+    /// scenario's `lost_wraps` line): the result is the count read. With
+    /// `grown`, it must have grown so since the domain's `LostWraps` step
+    /// before; without, the step marks where the next one counts from.
+    LostWraps {
+        domain: u32,
+        grown: Option<Growth>,
+    },
     /// The domain's PMU given a mux interval (a scenario's `mux`, sysfs
     /// `perf_event_mux_interval_ms`): the result is the interval it had.
     MuxInterval {
@@ -346,6 +362,20 @@ pub enum Step {
         how: StatHow,
         bursts: Vec<(u64, bool)>,
     },
+}
+
+/// How much a [`Step::LostWraps`] count must have grown: `by`, or `by`
+/// or more.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Growth {
+    pub by: u64,
+    pub or_more: bool,
+}
+
+impl Growth {
+    pub fn allows(self, grown: u64) -> bool {
+        grown == self.by || (self.or_more && grown > self.by)
+    }
 }
 
 /// An [`Step::Offline`] result's word for a parked domain.
@@ -385,6 +415,62 @@ impl IoctlName {
             IoctlName::Enable => PerfIoctl::Enable { group },
             IoctlName::Disable => PerfIoctl::Disable { group },
             IoctlName::Reset => PerfIoctl::Reset { group },
+        }
+    }
+}
+
+/// The ioctls of a [`Step::Request`]: those a counting event has no use
+/// for, which must leave its count and its state as they were.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "request", rename_all = "snake_case")]
+pub enum Request {
+    Refresh {
+        count: i32,
+    },
+    Period {
+        period: u64,
+    },
+    SetFilter {
+        filter: String,
+    },
+    /// Output to another event's buffer (`None`: none, fd -1).
+    SetOutput {
+        target: Option<Handle>,
+    },
+    Id,
+    PauseOutput {
+        pause: bool,
+    },
+    /// No program (fd -1).
+    SetBpf,
+    QueryBpf,
+    /// The event's own attributes, as it was opened.
+    ModifyAttributes {
+        event: Opened,
+    },
+}
+
+impl Request {
+    /// The agent's ioctl, with an event's attr filled in by `attr`.
+    pub fn agent(
+        &self,
+        attr: impl Fn(&Opened) -> perfbed_agent::PerfAttr,
+    ) -> perfbed_agent::PerfIoctl {
+        use perfbed_agent::PerfIoctl;
+        match self {
+            &Request::Refresh { count } => PerfIoctl::Refresh { count },
+            &Request::Period { period } => PerfIoctl::Period { period },
+            Request::SetFilter { filter } => PerfIoctl::SetFilter {
+                filter: filter.clone(),
+            },
+            &Request::SetOutput { target } => PerfIoctl::SetOutput { target },
+            Request::Id => PerfIoctl::Id,
+            &Request::PauseOutput { pause } => PerfIoctl::PauseOutput { pause },
+            Request::SetBpf => PerfIoctl::SetBpf { fd: -1 },
+            Request::QueryBpf => PerfIoctl::QueryBpf,
+            Request::ModifyAttributes { event } => {
+                PerfIoctl::ModifyAttributes { attr: attr(event) }
+            }
         }
     }
 }
@@ -450,6 +536,14 @@ pub fn perf_op(step: &Step, attr: impl Fn(&Opened) -> perfbed_agent::PerfAttr) -
         } => PerfOp::Ioctl {
             handle,
             ioctl: ioctl.agent(group),
+        },
+        Step::Request {
+            handle,
+            ref request,
+            ..
+        } => PerfOp::Ioctl {
+            handle,
+            ioctl: request.agent(attr),
         },
         Step::Read { handle } => PerfOp::Read { handle },
         Step::Close { handle } => PerfOp::Close { handle },

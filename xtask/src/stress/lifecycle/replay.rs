@@ -76,6 +76,8 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
     let mut model = Model::new(shape);
     // The first `violations` step's count, which every later one must show.
     let mut first_violations: Option<Vec<u64>> = None;
+    // Each domain's `lost_wraps` at its last `LostWraps` step.
+    let mut lost_wraps: BTreeMap<u32, u64> = BTreeMap::new();
     let mut formats: BTreeMap<Handle, ReadFormat> = BTreeMap::new();
     let mut ids: BTreeMap<Handle, u64> = BTreeMap::new();
     // When each parked domain was parked (the journal's host clock).
@@ -84,6 +86,7 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
     // The CPUs online at the last `Seen` (None: all, as at the start).
     let mut online: Option<BTreeSet<u32>> = None;
     let mut out = Replay::default();
+    let closed = "EBADF".to_string();
     // The steady traffic that landed while the step before was carried
     // out, with the model's view before it and the counts it restarted:
     // applied once the step is.
@@ -169,6 +172,29 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
                     "{ioctl:?} (group {group}) on event {handle} (open: {open}) gave {got:?}"
                 )),
             },
+            (
+                Step::Request {
+                    handle,
+                    request,
+                    refused,
+                },
+                result,
+            ) => {
+                // Changes no count: the model is not told, its answer is
+                // the step's own assertion.
+                let got = result.as_ref().err();
+                let want = if model.is_open(*handle) {
+                    refused.as_ref()
+                } else {
+                    Some(&closed)
+                };
+                if got != want && holds(Rule::RequestAnsweredAsAsserted) {
+                    find(format!(
+                        "{request:?} on event {handle} gave {result:?}, want {}",
+                        want.map_or("success", String::as_str)
+                    ));
+                }
+            }
             (Step::Read { handle }, result) => {
                 let Some(&format) = formats.get(handle).filter(|_| model.is_open(*handle)) else {
                     if !matches!(result, Err(e) if e == "EBADF") && holds(Rule::ClosedReadRefused) {
@@ -267,6 +293,25 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
                     find(format!(
                         "the device counted {count:?} placement violations, {first:?} at the first `violations`"
                     ));
+                }
+            }
+            (&Step::LostWraps { domain, grown }, Ok(count)) => {
+                let now = count.first().copied().unwrap_or(0);
+                let before = lost_wraps.insert(domain, now);
+                match (grown, before) {
+                    (None, _) => {}
+                    (Some(g), Some(before))
+                        if g.allows(now.wrapping_sub(before))
+                            || !holds(Rule::LostWrapsAsAsserted) => {}
+                    (Some(g), Some(before)) => find(format!(
+                        "domain {domain}'s lost_wraps grew by {} ({before} to {now}), want by {}{}",
+                        now.wrapping_sub(before) as i64,
+                        g.by,
+                        if g.or_more { " or more" } else { "" }
+                    )),
+                    (Some(_), None) => find(format!(
+                        "domain {domain}'s lost_wraps has no count before to grow from"
+                    )),
                 }
             }
             (Step::Cpumask { domain, cpus }, Ok(mask)) => {
@@ -571,8 +616,13 @@ impl Predictor {
                 group,
             } => model.ioctl(*handle, ioctl.model(), *group),
             Step::Read { .. } => {}
-            // Assertions and the mux interval change no count.
-            Step::MuxInterval { .. } | Step::Cpumask { .. } | Step::Violations => {}
+            // Assertions, the mux interval and the ioctls that leave counts
+            // alone change no count.
+            Step::MuxInterval { .. }
+            | Step::Cpumask { .. }
+            | Step::Violations
+            | Step::LostWraps { .. }
+            | Step::Request { .. } => {}
             Step::Close { handle } => {
                 model.close(*handle);
                 self.formats.remove(handle);
@@ -718,19 +768,24 @@ pub(crate) mod tests {
         }
     }
 
+    /// `bytes` landed on the counter of [`open`]'s events.
+    fn burst(bytes: u64) -> Entry {
+        ok(
+            Step::Burst {
+                domain: 1,
+                event: 2,
+                rmid: 3,
+                bytes,
+            },
+            vec![],
+        )
+    }
+
     #[test]
     fn the_first_differing_step_is_named() {
         let journal = vec![
             open(1, false),
-            ok(
-                Step::Burst {
-                    domain: 1,
-                    event: 2,
-                    rmid: 3,
-                    bytes: 640,
-                },
-                vec![],
-            ),
+            burst(640),
             ok(Step::Read { handle: 1 }, vec![640, 10, 10]),
             ok(
                 Step::Ioctl {
@@ -740,15 +795,7 @@ pub(crate) mod tests {
                 },
                 vec![0],
             ),
-            ok(
-                Step::Burst {
-                    domain: 1,
-                    event: 2,
-                    rmid: 3,
-                    bytes: 6400,
-                },
-                vec![],
-            ),
+            burst(6400),
             ok(Step::Move { domain: 1 }, vec![]),
             ok(
                 Step::Ioctl {
@@ -909,17 +956,6 @@ pub(crate) mod tests {
     /// seen again exactly, and a count lost across the stretch is caught.
     #[test]
     pub(crate) fn a_placement_changed_unseen_loosens_its_stretch_only() {
-        let burst = |bytes| {
-            ok(
-                Step::Burst {
-                    domain: 1,
-                    event: 2,
-                    rmid: 3,
-                    bytes,
-                },
-                vec![],
-            )
-        };
         let seen = |online: Vec<u32>, owner: u64, window| {
             ok(
                 Step::Seen {
@@ -1233,6 +1269,79 @@ pub(crate) mod tests {
             .map(|f| f.index)
             .collect();
         assert_eq!(found, vec![2, 5]);
+    }
+
+    /// A `lost_wraps` step with a growth: from the domain's step before,
+    /// by as much as it asserts (or more where it allows more); one
+    /// without marks the count the next grows from.
+    #[test]
+    pub(crate) fn a_lost_wraps_assertion_that_the_run_does_not_meet_is_a_finding() {
+        use super::super::journal::Growth;
+        let wraps = |domain, grown: Option<(u64, bool)>, count| {
+            let grown = grown.map(|(by, or_more)| Growth { by, or_more });
+            ok(Step::LostWraps { domain, grown }, vec![count])
+        };
+        let journal = vec![
+            wraps(1, Some((0, false)), 3),
+            wraps(1, None, 3),
+            wraps(0, None, 9),
+            wraps(1, Some((1, true)), 5),
+            wraps(1, Some((0, false)), 5),
+            wraps(1, Some((1, false)), 7),
+            wraps(1, Some((1, true)), 7),
+            wraps(0, Some((0, false)), 9),
+        ];
+        let found: Vec<usize> = replay(SHAPE, &journal)
+            .findings
+            .iter()
+            .map(|f| f.index)
+            .collect();
+        assert_eq!(found, vec![0, 5, 6]);
+    }
+
+    /// REFRESH, PERIOD and the other ioctls a counting event has no use
+    /// for: each must give the answer its step asserts (`EBADF` once the
+    /// event is closed), and the count goes on as if none had been made.
+    #[test]
+    pub(crate) fn an_ioctl_that_changes_no_count_gives_the_answer_asserted_and_leaves_the_count() {
+        use super::super::journal::Request;
+        let request = |request, refused: Option<&str>, result: Result<Vec<u64>, String>| Entry {
+            result,
+            ..ok(
+                Step::Request {
+                    handle: 1,
+                    request,
+                    refused: refused.map(str::to_string),
+                },
+                vec![],
+            )
+        };
+        let einval = || Err("EINVAL".to_string());
+        let journal = vec![
+            open(1, false),
+            request(Request::Refresh { count: 1 }, Some("EINVAL"), einval()),
+            burst(640),
+            request(Request::Id, None, Ok(vec![7])),
+            // Refused where success was asserted, and the other way round.
+            request(Request::SetOutput { target: None }, None, einval()),
+            request(
+                Request::Period { period: 1000 },
+                Some("EINVAL"),
+                Ok(vec![0]),
+            ),
+            request(Request::QueryBpf, Some("EINVAL"), Err("EOPNOTSUPP".into())),
+            burst(640),
+            ok(Step::Read { handle: 1 }, vec![1280, 10, 10]),
+            ok(Step::Close { handle: 1 }, vec![]),
+            request(Request::Id, None, Err("EBADF".into())),
+            request(Request::Id, None, Ok(vec![7])),
+        ];
+        let found: Vec<usize> = replay(SHAPE, &journal)
+            .findings
+            .iter()
+            .map(|f| f.index)
+            .collect();
+        assert_eq!(found, vec![4, 5, 6, 11]);
     }
 
     #[test]

@@ -970,6 +970,9 @@ pub(super) fn host_step(
             .into_iter()
             .map(u64::from)
             .collect()),
+        Step::LostWraps { domain, .. } => {
+            Ok(vec![g.pmu_count(&pmus[*domain as usize], "lost_wraps")?])
+        }
         Step::Violations => Ok(vec![control
             .state()?
             .domains
@@ -1005,6 +1008,7 @@ pub(super) fn host_step(
         | Step::Seen { .. }
         | Step::Open { .. }
         | Step::Ioctl { .. }
+        | Step::Request { .. }
         | Step::Read { .. }
         | Step::Close { .. } => {
             bail!("{step:?} is not a host step")

@@ -10,6 +10,7 @@
 //! a = open movable mbm_total_bytes rmid=1 read=times
 //! c = open cpu-clock cpu=owner(movable) group=a
 //! enable a group | disable a | reset a group
+//! ioctl a refresh 1 EINVAL                   (an ioctl that changes no count, and its answer)
 //! burst movable mbm_total_bytes rmid=1 4MiB
 //! occupancy movable rmid=2 1MiB | rate movable 64MiB/s
 //! read a
@@ -21,6 +22,7 @@
 //! mux movable 2s                             (the mux interval, put back after)
 //! cpumask movable 3 | cpumask movable none   (where the PMU counts: asserted)
 //! violations                                 (no new placement violation since the first)
+//! lost_wraps movable | lost_wraps movable 1+  (the PMU's lost wraps: marked, then grown by)
 //! close a
 //! ```
 //!
@@ -37,7 +39,7 @@ use crate::checks::pmu::context::EVENT_FILES;
 use crate::checks::pmu::moves::movable_in;
 use crate::model::{DeviceShape, Handle, Observed, ValueRule};
 
-use super::journal::{landed, Cpus, Flowed, IoctlName, Opened, ReadFormat, Step};
+use super::journal::{landed, Cpus, Flowed, Growth, IoctlName, Opened, ReadFormat, Request, Step};
 use super::replay;
 use super::scenario_write::bytes_text;
 
@@ -116,7 +118,10 @@ pub enum Want {
 }
 
 /// The operations a line can start with.
-const OPERATIONS: &str = "open (as NAME = open ...), enable, disable, reset, read, want, close, burst, occupancy, rate, move, moves, park, unpark, offline, online, allowed, wait, mux, cpumask, violations";
+const OPERATIONS: &str = "open (as NAME = open ...), enable, disable, reset, ioctl, read, want, close, burst, occupancy, rate, move, moves, park, unpark, offline, online, allowed, wait, mux, cpumask, violations, lost_wraps";
+
+/// The requests of an `ioctl` line.
+const REQUESTS: &str = "refresh COUNT, period PERIOD, set-filter FILTER, set-output none|NAME, id, pause-output on|off, set-bpf none, query-bpf, modify-attributes";
 
 /// The errnos the model expects an open to be refused with.
 const ERRNOS: [&str; 3] = ["ENODEV", "EINVAL", "EBADF"];
@@ -140,6 +145,7 @@ pub fn parse(
         owners: layout.domains.iter().map(|d| d.first().copied()).collect(),
         moving: BTreeMap::new(),
         ops: Vec::new(),
+        wraps_marked: BTreeSet::new(),
     };
     let mut check = None;
     for (i, raw) in text.lines().enumerate() {
@@ -202,6 +208,8 @@ struct Parser<'a> {
     ops: Vec<Op>,
     /// Every name an open gave, by handle.
     handles: BTreeMap<Handle, String>,
+    /// The domains with a `lost_wraps` line so far: a count grows from it.
+    wraps_marked: BTreeSet<u32>,
 }
 
 impl Parser<'_> {
@@ -239,6 +247,7 @@ impl Parser<'_> {
                     group,
                 }
             }
+            "ioctl" => self.request(args)?,
             "read" => {
                 let [name] = args else {
                     return Err("expected `read NAME`".into());
@@ -502,6 +511,34 @@ impl Parser<'_> {
                 }
                 Step::Cpumask { domain, cpus }
             }
+            "lost_wraps" => {
+                let (domain, count) = match args {
+                    [domain] => (self.domain(domain)?, None),
+                    [domain, count] => (self.domain(domain)?, Some(count)),
+                    _ => return Err("expected `lost_wraps DOMAIN` (marks the count), then `lost_wraps DOMAIN N` or `lost_wraps DOMAIN N+` (grown by N, or by N or more, since the line before)".into()),
+                };
+                let grown = match count {
+                    None => None,
+                    Some(count) => {
+                        let (number, or_more) = match count.strip_suffix('+') {
+                            Some(n) => (n, true),
+                            None => (*count, false),
+                        };
+                        let by = number.parse().map_err(|_| {
+                            format!("`{count}`: expected a number of wraps such as 0, 1 or 1+")
+                        })?;
+                        if !self.wraps_marked.contains(&domain) {
+                            return Err(format!(
+                                "`lost_wraps {} {count}` counts from an earlier `lost_wraps {}` line: mark the count with one before",
+                                args[0], args[0]
+                            ));
+                        }
+                        Some(Growth { by, or_more })
+                    }
+                };
+                self.wraps_marked.insert(domain);
+                Step::LostWraps { domain, grown }
+            }
             "violations" => {
                 if !args.is_empty() {
                     return Err("expected `violations` alone (no new placement violation since the first `violations` line)".into());
@@ -528,6 +565,96 @@ impl Parser<'_> {
             }
         };
         self.push(line, step, vec![], was)
+    }
+
+    /// `ioctl NAME REQUEST [ARG] ANSWER`: an ioctl that changes no count,
+    /// and the answer it must give (`ok` or an errno).
+    fn request(&self, args: &[&str]) -> Result<Step, String> {
+        let usage = format!("expected `ioctl NAME REQUEST [ARG] ANSWER`: REQUEST one of {REQUESTS}, ANSWER `ok` or an errno such as EINVAL");
+        let [name, request, arg @ .., answer] = args else {
+            return Err(usage);
+        };
+        let handle = self.handle(name)?;
+        let refused = match *answer {
+            "ok" => None,
+            e if e.len() > 1
+                && e.starts_with('E')
+                && e.chars()
+                    .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit()) =>
+            {
+                Some(e.to_string())
+            }
+            other => return Err(format!("`{other}`: {usage}")),
+        };
+        let number = |what: &str| -> Result<&str, String> {
+            match arg {
+                [n] => Ok(n),
+                _ => Err(format!("expected `ioctl {name} {request} {what} ANSWER`")),
+            }
+        };
+        let none = || -> Result<(), String> {
+            match arg {
+                [] => Ok(()),
+                _ => Err(format!(
+                    "expected `ioctl {name} {request} ANSWER`: {request} takes no argument"
+                )),
+            }
+        };
+        let request = match *request {
+            "refresh" => Request::Refresh {
+                count: number("COUNT")?
+                    .parse()
+                    .map_err(|_| format!("`{}`: expected a count such as 1", arg[0]))?,
+            },
+            "period" => Request::Period {
+                period: number("PERIOD")?
+                    .parse()
+                    .map_err(|_| format!("`{}`: expected a period such as 1000", arg[0]))?,
+            },
+            "set-filter" if !arg.is_empty() => Request::SetFilter {
+                filter: arg.join(" "),
+            },
+            "set-filter" => return Err(format!("expected `ioctl {name} set-filter FILTER ANSWER` (the filter's words up to the answer)")),
+            "set-output" => match number("none|NAME")? {
+                "none" => Request::SetOutput { target: None },
+                target => Request::SetOutput {
+                    target: Some(self.handle(target)?),
+                },
+            },
+            "id" => {
+                none()?;
+                Request::Id
+            }
+            "pause-output" => match number("on|off")? {
+                "on" => Request::PauseOutput { pause: true },
+                "off" => Request::PauseOutput { pause: false },
+                other => return Err(format!("`{other}`: expected on or off")),
+            },
+            "set-bpf" => match number("none")? {
+                "none" => Request::SetBpf,
+                other => {
+                    return Err(format!(
+                        "`{other}`: a scenario has no BPF program to give: `set-bpf none` (fd -1)"
+                    ))
+                }
+            },
+            "query-bpf" => {
+                none()?;
+                Request::QueryBpf
+            }
+            "modify-attributes" => {
+                none()?;
+                Request::ModifyAttributes {
+                    event: self.opened[&handle],
+                }
+            }
+            other => return Err(format!("`{other}`: {usage}")),
+        };
+        Ok(Step::Request {
+            handle,
+            request,
+            refused,
+        })
     }
 
     /// `offline owner(DOMAIN)`: the CPU the domain's PMU counts on when the
@@ -1304,6 +1431,27 @@ mod tests {
         parse(Path::new("t.scn"), text, &layout(), 1)
     }
 
+    /// `s` written as the shrinker writes a scenario, parsed again; and
+    /// the text written.
+    fn written_back(s: &Scenario) -> (Scenario, String) {
+        use super::super::scenario_write::{write, Line};
+        let lines: Vec<Line> = s.ops.iter().map(|o| Line::new(o.step.clone())).collect();
+        let text = write(None, &[], &lines);
+        let again = parse(Path::new("w.scn"), &text, &layout(), 1).unwrap();
+        (again, text)
+    }
+
+    /// `text` after the line `first` is refused at its own line, 2, with a
+    /// message that says `want`.
+    fn refused_after(first: &str, text: &str, want: &str) {
+        let (line, message) = refused(&format!("{first}{text}"));
+        assert_eq!(line, 2, "{text:?}: {message}");
+        assert!(
+            message.contains(want),
+            "{text:?}: {message:?} lacks {want:?}"
+        );
+    }
+
     /// The refusal of `text`: its line and message.
     fn refused(text: &str) -> (usize, String) {
         let e = parsed(text).expect_err("must be refused");
@@ -1520,12 +1668,7 @@ mod tests {
             ("mux movable 0ms\n", "1ms or more"),
             ("mux 7 2s\n", "domain 7: the device has domains 0-1"),
         ] {
-            let (line, message) = refused(&format!("wait 1ms\n{text}"));
-            assert_eq!(line, 2, "{text:?}");
-            assert!(
-                message.contains(want),
-                "{text:?}: {message:?} lacks {want:?}"
-            );
+            refused_after("wait 1ms\n", text, want);
         }
     }
 
@@ -1558,12 +1701,7 @@ mod tests {
             ("cpumask 1 0\n", "not an online allowed CPU of domain 1"),
             ("cpumask 5 2\n", "domain 5: the device has domains 0-1"),
         ] {
-            let (line, message) = refused(&format!("wait 1ms\n{text}"));
-            assert_eq!(line, 2, "{text:?}");
-            assert!(
-                message.contains(want),
-                "{text:?}: {message:?} lacks {want:?}"
-            );
+            refused_after("wait 1ms\n", text, want);
         }
         let (line, message) = refused("park movable\ncpumask movable 3\n");
         assert_eq!(line, 2);
@@ -1585,6 +1723,143 @@ mod tests {
         );
         let right = parsed("offline 2\ncpumask movable 3\nonline 2\ncpumask movable 3\n").unwrap();
         assert_eq!(wants_against_model(&right, shape), vec![]);
+    }
+
+    #[test]
+    fn an_ioctl_line_names_its_request_and_the_answer_it_must_give() {
+        let s = parsed(
+            "a = open movable mbm_total_bytes rmid=1\n\
+             b = open movable mbm_total_bytes rmid=2\n\
+             ioctl a refresh -1 EINVAL\n\
+             ioctl a period 1000 EINVAL\n\
+             ioctl a set-filter filter 0x0/0x1000 EINVAL\n\
+             ioctl a set-output none ok\n\
+             ioctl a set-output b EINVAL\n\
+             ioctl a id ok\n\
+             ioctl a pause-output on EINVAL\n\
+             ioctl a set-bpf none EBADF\n\
+             ioctl a query-bpf EINVAL\n\
+             ioctl a modify-attributes EOPNOTSUPP\n",
+        )
+        .unwrap();
+        let Step::Open { event, .. } = s.ops[0].step else {
+            panic!("{:?}", s.ops[0]);
+        };
+        let requests: Vec<(Request, Option<&str>)> = s.ops[2..]
+            .iter()
+            .map(|o| match &o.step {
+                Step::Request {
+                    handle: 1,
+                    request,
+                    refused,
+                } => (request.clone(), refused.as_deref()),
+                other => panic!("line {}: {other:?}", o.line),
+            })
+            .collect();
+        assert_eq!(
+            requests,
+            vec![
+                (Request::Refresh { count: -1 }, Some("EINVAL")),
+                (Request::Period { period: 1000 }, Some("EINVAL")),
+                (
+                    Request::SetFilter {
+                        filter: "filter 0x0/0x1000".into()
+                    },
+                    Some("EINVAL")
+                ),
+                (Request::SetOutput { target: None }, None),
+                (Request::SetOutput { target: Some(2) }, Some("EINVAL")),
+                (Request::Id, None),
+                (Request::PauseOutput { pause: true }, Some("EINVAL")),
+                (Request::SetBpf, Some("EBADF")),
+                (Request::QueryBpf, Some("EINVAL")),
+                (Request::ModifyAttributes { event }, Some("EOPNOTSUPP")),
+            ]
+        );
+        // Written back as the shrinker writes it, it parses to the same.
+        let (again, text) = written_back(&s);
+        let steps = |s: &Scenario| s.ops.iter().map(|o| o.step.clone()).collect::<Vec<_>>();
+        assert_eq!(steps(&again), steps(&s), "{text}");
+        let open = "a = open movable mbm_total_bytes rmid=1\n";
+        for (line, want) in [
+            (
+                "ioctl a refresh 1",
+                "expected `ioctl NAME REQUEST [ARG] ANSWER`",
+            ),
+            (
+                "ioctl a refresh 1 refused",
+                "`refused`: expected `ioctl NAME",
+            ),
+            ("ioctl a refresh once EINVAL", "`once`: expected a count"),
+            (
+                "ioctl a period EINVAL",
+                "expected `ioctl a period PERIOD ANSWER`",
+            ),
+            (
+                "ioctl a set-filter EINVAL",
+                "the filter's words up to the answer",
+            ),
+            ("ioctl a set-output c ok", "`c` is not open here (open: a)"),
+            ("ioctl a id 3 ok", "id takes no argument"),
+            ("ioctl a pause-output yes ok", "`yes`: expected on or off"),
+            ("ioctl a set-bpf 3 EBADF", "no BPF program to give"),
+            ("ioctl a flush ok", "`flush`: expected `ioctl NAME REQUEST"),
+            ("ioctl z id ok", "`z` is not open here"),
+        ] {
+            refused_after(open, &format!("{line}\n"), want);
+        }
+    }
+
+    #[test]
+    fn lost_wraps_marks_a_count_then_asserts_its_growth() {
+        let s = parsed(
+            "lost_wraps movable\nlost_wraps movable 1+\nlost_wraps holding\nlost_wraps 1 0\n",
+        )
+        .unwrap();
+        let steps: Vec<&Step> = s.ops.iter().map(|o| &o.step).collect();
+        let grown = |by, or_more| Some(Growth { by, or_more });
+        assert_eq!(
+            steps,
+            [
+                &Step::LostWraps {
+                    domain: 1,
+                    grown: None
+                },
+                &Step::LostWraps {
+                    domain: 1,
+                    grown: grown(1, true)
+                },
+                &Step::LostWraps {
+                    domain: 0,
+                    grown: None
+                },
+                &Step::LostWraps {
+                    domain: 1,
+                    grown: grown(0, false)
+                },
+            ]
+        );
+        let (again, text) = written_back(&s);
+        assert_eq!(again.ops, s.ops, "{text}");
+        for (text, want) in [
+            ("lost_wraps\n", "expected `lost_wraps DOMAIN`"),
+            ("lost_wraps movable 1 2\n", "expected `lost_wraps DOMAIN`"),
+            (
+                "lost_wraps movable many\n",
+                "`many`: expected a number of wraps",
+            ),
+            (
+                "lost_wraps movable -1\n",
+                "`-1`: expected a number of wraps",
+            ),
+            ("lost_wraps 4\n", "domain 4: the device has domains 0-1"),
+            (
+                "lost_wraps holding 1\n",
+                "counts from an earlier `lost_wraps holding` line",
+            ),
+        ] {
+            refused_after("lost_wraps movable\n", text, want);
+        }
     }
 
     #[test]

@@ -10,7 +10,7 @@ use crate::checks::pmu::context::EVENT_FILES;
 use crate::model::Handle;
 
 use super::generate::RMID_RATE;
-use super::journal::{IoctlName, Step};
+use super::journal::{IoctlName, Request, Step};
 
 /// One line to write: a journal step, with the errno its open was refused
 /// with and the values its read must show (`want` lines).
@@ -229,6 +229,30 @@ fn step_text(step: &Step, all: &[Line]) -> String {
             };
             format!("{op} e{handle}{}", if *group { " group" } else { "" })
         }
+        Step::Request {
+            handle,
+            request,
+            refused,
+        } => {
+            let what = match request {
+                Request::Refresh { count } => format!("refresh {count}"),
+                Request::Period { period } => format!("period {period}"),
+                Request::SetFilter { filter } => format!("set-filter {filter}"),
+                Request::SetOutput { target: None } => "set-output none".into(),
+                Request::SetOutput {
+                    target: Some(target),
+                } => format!("set-output e{target}"),
+                Request::Id => "id".into(),
+                Request::PauseOutput { pause } => {
+                    format!("pause-output {}", if *pause { "on" } else { "off" })
+                }
+                Request::SetBpf => "set-bpf none".into(),
+                Request::QueryBpf => "query-bpf".into(),
+                Request::ModifyAttributes { .. } => "modify-attributes".into(),
+            };
+            let answer = refused.as_deref().unwrap_or("ok");
+            format!("ioctl e{handle} {what} {answer}")
+        }
         Step::Read { handle } => format!("read e{handle}"),
         Step::Close { handle } => format!("close e{handle}"),
         Step::Burst {
@@ -277,6 +301,14 @@ fn step_text(step: &Step, all: &[Line]) -> String {
         Step::Wait { ms } => format!("wait {ms}ms"),
         Step::MuxInterval { domain, ms } => format!("mux {domain} {ms}ms"),
         Step::Violations => "violations".into(),
+        Step::LostWraps { domain, grown } => match grown {
+            None => format!("lost_wraps {domain}"),
+            Some(g) => format!(
+                "lost_wraps {domain} {}{}",
+                g.by,
+                if g.or_more { "+" } else { "" }
+            ),
+        },
         Step::Cpumask { domain, cpus } => match cpus.as_slice() {
             [] => format!("cpumask {domain} none"),
             cpus => {

@@ -162,7 +162,13 @@ pub fn candidate(
                     Err(_) => {}
                 }
             }
-            (Step::Ioctl { handle, .. } | Step::Read { handle } | Step::Close { handle }, _) => {
+            (
+                Step::Ioctl { handle, .. }
+                | Step::Request { handle, .. }
+                | Step::Read { handle }
+                | Step::Close { handle },
+                _,
+            ) => {
                 if !live.contains(handle) {
                     continue;
                 }
@@ -206,9 +212,10 @@ pub fn depends(journal: &[Entry], target: usize, domains: &[Vec<u32>]) -> BTreeS
     // it; then the domains and keys of those, and their CPUs.
     let about = match &journal[target].step {
         Step::Open { expect, event, .. } => Some((*expect, event.group)),
-        Step::Ioctl { handle, .. } | Step::Read { handle } | Step::Close { handle } => {
-            Some((*handle, None))
-        }
+        Step::Ioctl { handle, .. }
+        | Step::Request { handle, .. }
+        | Step::Read { handle }
+        | Step::Close { handle } => Some((*handle, None)),
         _ => None,
     };
     let mut opens: BTreeMap<Handle, Opened> = BTreeMap::new();
@@ -250,6 +257,13 @@ pub fn depends(journal: &[Entry], target: usize, domains: &[Vec<u32>]) -> BTreeS
             pmus.insert(d as u32);
         }
     }
+    // A `lost_wraps` line is about its domain: its placements, and the
+    // traffic into it that could wrap a counter.
+    let wraps = match journal[target].step {
+        Step::LostWraps { domain, .. } => Some(domain),
+        _ => None,
+    };
+    pmus.extend(wraps);
     let on_pmus = |h: &Handle| {
         opens
             .get(h)
@@ -263,8 +277,12 @@ pub fn depends(journal: &[Entry], target: usize, domains: &[Vec<u32>]) -> BTreeS
                 (e.result.is_ok() && on_pmus(expect))
                     || event.pmu.is_some_and(|d| pmus.contains(&d))
             }
-            Step::Ioctl { handle, .. } | Step::Read { handle } | Step::Close { handle } => {
-                on_pmus(handle)
+            Step::Ioctl { handle, .. }
+            | Step::Request { handle, .. }
+            | Step::Read { handle }
+            | Step::Close { handle } => on_pmus(handle),
+            Step::Burst { domain, .. } | Step::Rate { domain, .. } if wraps == Some(*domain) => {
+                true
             }
             Step::Burst {
                 domain,
@@ -287,6 +305,7 @@ pub fn depends(journal: &[Entry], target: usize, domains: &[Vec<u32>]) -> BTreeS
             | Step::Unpark { domain, .. }
             | Step::Allowed { domain, .. }
             | Step::MuxInterval { domain, .. }
+            | Step::LostWraps { domain, .. }
             | Step::Cpumask { domain, .. } => pmus.contains(domain),
             Step::Online { cpu } | Step::Offline { cpu } => {
                 cpus.contains(cpu)
