@@ -307,10 +307,15 @@ pub enum Step {
     },
     /// The device gave the domain a new allowed set (a scenario's
     /// `allowed`), and its `cpumask` followed: the result is the CPU it
-    /// counts on, empty when the set parked it.
+    /// counts on, empty when the set parked it. With `nowait` (`allowed
+    /// ... nowait`) the change was only issued: the result is empty, and
+    /// the domain's placement is in doubt ([`Doubt`]) until a step settles
+    /// it.
     Allowed {
         domain: u32,
         cpus: Vec<u32>,
+        #[serde(default, skip_serializing_if = "is_false")]
+        nowait: bool,
     },
     /// The host waited (a scenario's `wait`).
     Wait {
@@ -380,6 +385,41 @@ impl Growth {
 
 /// An [`Step::Offline`] result's word for a parked domain.
 pub const PARKED: u64 = u64::MAX;
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+/// What a step does to a domain whose placement is in doubt: an allowed
+/// set issued without waiting for the `cpumask` (`allowed ... nowait`)
+/// puts it in doubt (the driver acts on it at a moment no step sees, and a
+/// set with no CPU online parks it then); a `cpumask` of the domain, which
+/// then waits for the mask it asserts, or an `allowed` that waits settles
+/// it. The replay, the host's check of a scenario's wants, the runner and
+/// the interrupt's watch follow it alike.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Doubt {
+    Begins(u32),
+    Settles(u32),
+}
+
+impl Doubt {
+    /// What `step` does to the doubt of its domain, if anything (a
+    /// `Settles` of a domain not in doubt is nothing).
+    pub fn of(step: &Step) -> Option<Doubt> {
+        match *step {
+            Step::Allowed {
+                domain,
+                nowait: true,
+                ..
+            } => Some(Doubt::Begins(domain)),
+            Step::Allowed { domain, .. } | Step::Cpumask { domain, .. } => {
+                Some(Doubt::Settles(domain))
+            }
+            _ => None,
+        }
+    }
+}
 
 /// Which way perf stat ran.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -814,5 +854,18 @@ mod tests {
         assert_eq!(from_text(old).unwrap().0.cpus, Cpus::default());
         let e = from_text(&(text + "{\"step\":\"nope\"}\n")).unwrap_err();
         assert!(e.starts_with("line 4"), "{e}");
+        // An allowed set waited for is written as before `nowait` was.
+        let waited = r#"{"step":"allowed","domain":1,"cpus":[3]}"#;
+        let step: Step = serde_json::from_str(waited).unwrap();
+        assert_eq!(serde_json::to_string(&step).unwrap(), waited);
+        assert_eq!(Doubt::of(&step), Some(Doubt::Settles(1)));
+        let issued = Step::Allowed {
+            domain: 1,
+            cpus: vec![],
+            nowait: true,
+        };
+        let text = serde_json::to_string(&issued).unwrap();
+        assert!(text.contains(r#""nowait":true"#), "{text}");
+        assert_eq!(Doubt::of(&issued), Some(Doubt::Begins(1)));
     }
 }

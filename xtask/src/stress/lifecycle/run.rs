@@ -392,7 +392,7 @@ pub fn run(
             {
                 let at = format!("operation {}", journal.len());
                 let allowed = &device.domains[d as usize];
-                if let Some(problem) = irqs.after(g, &entry, allowed, &at)? {
+                if let Some(problem) = irqs.after(g, &entry, Some(d), allowed, &at)? {
                     first_affinity.get_or_insert(journal.len());
                     affinity_problems.push(problem);
                 }
@@ -938,11 +938,26 @@ pub(super) fn host_step(
             Ok(vec![])
         }
         &Step::Offline { cpu } => offline(g, pmus, cpu)?,
-        Step::Allowed { domain, cpus } => {
+        Step::Allowed {
+            domain,
+            cpus,
+            nowait,
+        } => {
             let pmu = &pmus[*domain as usize];
             control
                 .set_allowed(*domain, cpus)
                 .map_err(|e| anyhow::anyhow!("allowed set {cpus:?} for {pmu}: {e}"))?;
+            if *nowait {
+                // Issued only: a later step settles it (journal::Doubt).
+                return Ok(Entry {
+                    step,
+                    result: Ok(vec![]),
+                    took_ns: u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX),
+                    at_ns: since(run_start),
+                    returned_ns: 0,
+                    flowed: Vec::new(),
+                });
+            }
             let online = parse_cpu_list(g.read_file("/sys/devices/system/cpu/online")?.trim())
                 .map_err(|e| anyhow::anyhow!("/sys/devices/system/cpu/online: {e}"))?;
             let want: Vec<u32> = cpus

@@ -18,6 +18,7 @@
 //! move movable | park movable | unpark movable [CPU]
 //! offline 3 | offline owner(movable) | online 3
 //! allowed movable 0 | allowed movable none | allowed movable default
+//! allowed movable 3 nowait                   (issued only: in doubt until a cpumask or a waited allowed)
 //! wait 300ms
 //! mux movable 2s                             (the mux interval, put back after)
 //! cpumask movable 3 | cpumask movable none   (where the PMU counts: asserted)
@@ -144,6 +145,8 @@ pub fn parse(
         allowed: layout.domains.clone(),
         owners: layout.domains.iter().map(|d| d.first().copied()).collect(),
         moving: BTreeMap::new(),
+        doubt: BTreeMap::new(),
+        racing: BTreeSet::new(),
         ops: Vec::new(),
         wraps_marked: BTreeSet::new(),
     };
@@ -177,6 +180,15 @@ pub fn parse(
             ),
         });
     }
+    if let Some((&domain, &line)) = p.doubt.iter().next() {
+        return Err(ScenarioError {
+            file: file.to_path_buf(),
+            line,
+            message: format!(
+                "domain {domain}'s allowed set is not waited for here and never settled: end the doubt with `cpumask {domain} CPU|none` (waits for that mask) or an `allowed {domain} ...` that waits"
+            ),
+        });
+    }
     Ok(Scenario {
         file: file.to_path_buf(),
         check,
@@ -205,6 +217,12 @@ struct Parser<'a> {
     /// The domains a thread of the guest moves now (`moves D start`): the
     /// CPUs it takes offline and back, and the line that started it.
     moving: BTreeMap<u32, (Vec<u32>, usize)>,
+    /// The domains in doubt ([`super::journal::Doubt`]): each since the line of the
+    /// `allowed ... nowait` that put it there.
+    doubt: BTreeMap<u32, usize>,
+    /// The events opened on a domain in doubt: each may have been refused
+    /// (`ENODEV`), so no want can pin it or its reads.
+    racing: BTreeSet<Handle>,
     ops: Vec<Op>,
     /// Every name an open gave, by handle.
     handles: BTreeMap<Handle, String>,
@@ -436,8 +454,12 @@ impl Parser<'_> {
                 } else {
                     // Back on a parked domain's CPU: the domain is placed
                     // again, which the journal calls an unpark.
-                    let unparks = (0..self.allowed.len() as u32)
-                        .find(|&d| self.parked(d) && self.allowed[d as usize].contains(&cpu));
+                    // One in doubt is placed when a line settles it.
+                    let unparks = (0..self.allowed.len() as u32).find(|&d| {
+                        self.parked(d)
+                            && self.allowed[d as usize].contains(&cpu)
+                            && !self.doubt.contains_key(&d)
+                    });
                     if !self.online.insert(cpu) {
                         return Err(format!("CPU {cpu} is online here already"));
                     }
@@ -451,11 +473,13 @@ impl Parser<'_> {
                 }
             }
             "allowed" => {
-                let [domain, set] = args else {
-                    return Err(
-                        "expected `allowed DOMAIN CPUS` (a list such as 2-3, `none` or `default`)"
+                let (domain, set, nowait) = match args {
+                    [domain, set] => (domain, set, false),
+                    [domain, set, "nowait"] => (domain, set, true),
+                    _ => return Err(
+                        "expected `allowed DOMAIN CPUS [nowait]` (a list such as 2-3, `none` or `default`)"
                             .into(),
-                    );
+                    ),
                 };
                 let domain = self.domain(domain)?;
                 let cpus = match *set {
@@ -472,7 +496,16 @@ impl Parser<'_> {
                 }
                 self.allowed[domain as usize] = cpus.clone();
                 self.place_all();
-                Step::Allowed { domain, cpus }
+                if nowait {
+                    self.doubt.entry(domain).or_insert(line);
+                } else {
+                    self.doubt.remove(&domain);
+                }
+                Step::Allowed {
+                    domain,
+                    cpus,
+                    nowait,
+                }
             }
             "wait" => {
                 let [time] = args else {
@@ -508,6 +541,14 @@ impl Parser<'_> {
                         ))
                     }
                     _ => {}
+                }
+                if self.doubt.remove(&domain).is_some() {
+                    let online = self.online_allowed(domain);
+                    if online.len() > 1 {
+                        return Err(format!(
+                            "this `cpumask` settles domain {domain}'s allowed set, which was not waited for, and the set has CPUs {online:?} online here: the PMU may be on any of them; settle it with an `allowed {domain} ...` that waits, or a set of one CPU"
+                        ));
+                    }
                 }
                 Step::Cpumask { domain, cpus }
             }
@@ -667,11 +708,7 @@ impl Parser<'_> {
             .and_then(|r| r.strip_suffix(')'))
             .ok_or_else(|| format!("`{word}`: expected owner(DOMAIN)"))?;
         let domain = self.domain(role)?;
-        let candidates: Vec<u32> = self.allowed[domain as usize]
-            .iter()
-            .copied()
-            .filter(|c| self.online.contains(c))
-            .collect();
+        let candidates = self.online_allowed(domain);
         match candidates[..] {
             [] => {
                 return Err(format!(
@@ -714,11 +751,7 @@ impl Parser<'_> {
                         "domain {domain} allows CPU 0, which never goes offline: `moves` needs a domain without it (`movable`)"
                     ));
                 }
-                let cpus: Vec<u32> = self.allowed[domain as usize]
-                    .iter()
-                    .copied()
-                    .filter(|c| self.online.contains(c))
-                    .collect();
+                let cpus = self.online_allowed(domain);
                 if cpus.len() < 2 {
                     return Err(format!(
                         "domain {domain} has {} allowed CPU online here: the thread needs two, so that the PMU moves and never parks",
@@ -767,6 +800,17 @@ impl Parser<'_> {
     /// CPU the thread switches may be offline at any moment.
     fn still_for(&self, op: &str, args: &[&str]) -> Result<(), String> {
         let first = args.first().copied().unwrap_or("");
+        let named = match op {
+            "move" | "park" | "unpark" | "moves" => self.domain(first).ok(),
+            "offline" | "online" => first
+                .strip_prefix("owner(")
+                .and_then(|r| r.strip_suffix(')'))
+                .and_then(|r| self.domain(r).ok()),
+            _ => None,
+        };
+        if let Some(at) = named.and_then(|d| self.doubt.get(&d)) {
+            return Err(self.in_doubt(named.unwrap_or(0), *at, op));
+        }
         match op {
             "move" | "park" | "unpark" | "allowed" | "cpumask" => {
                 if let Ok(d) = self.domain(first) {
@@ -806,6 +850,14 @@ impl Parser<'_> {
         Ok(())
     }
 
+    /// Why `what` must wait for domain `domain`'s doubt, begun at line `at`,
+    /// to be settled.
+    fn in_doubt(&self, domain: u32, at: usize, what: &str) -> String {
+        format!(
+            "`{what}` needs to know where domain {domain}'s PMU is, and its allowed set of line {at} was not waited for: settle it first (`cpumask {domain} CPU|none`, or an `allowed {domain} ...` that waits)"
+        )
+    }
+
     /// Refuses `cpu` if a moving thread switches it.
     fn not_moved(&self, cpu: u32) -> Result<(), String> {
         match self.moving.iter().find(|(_, (cpus, _))| cpus.contains(&cpu)) {
@@ -822,6 +874,15 @@ impl Parser<'_> {
         self.opened
             .iter()
             .any(|(&h, o)| (h == leader || o.group == Some(leader)) && o.pmu.is_some())
+    }
+
+    /// `domain`'s allowed CPUs online here.
+    fn online_allowed(&self, domain: u32) -> Vec<u32> {
+        self.allowed[domain as usize]
+            .iter()
+            .copied()
+            .filter(|c| self.online.contains(c))
+            .collect()
     }
 
     /// The first of `domain`'s allowed CPUs online here, other than `not`.
@@ -958,6 +1019,27 @@ impl Parser<'_> {
                 "cpu=owner({d}): a thread moves domain {d}'s PMU here, so it has no CPU to name; `moves {d} stop` first"
             ));
         }
+        if let Some(d) = on_owner.filter(|d| self.doubt.contains_key(d)) {
+            return Err(self.in_doubt(d, self.doubt[&d], "cpu=owner(...)"));
+        }
+        if let Some(leader) = event.group.filter(|l| self.racing.contains(l)) {
+            return Err(format!(
+                "`{}` was opened while its domain's allowed set was not waited for, so it may have been refused: no group can name it",
+                self.handles[&leader]
+            ));
+        }
+        // A software member follows its device group's PMU.
+        let pmu = event.pmu.or_else(|| {
+            let leader = event.group?;
+            self.opened
+                .iter()
+                .filter(|(&h, o)| h == leader || o.group == Some(leader))
+                .find_map(|(_, o)| o.pmu)
+        });
+        let racing = pmu.filter(|d| self.doubt.contains_key(d));
+        if let (Some(d), None) = (racing, event.pmu) {
+            return Err(self.in_doubt(d, self.doubt[&d], "a cpu-clock member of its group"));
+        }
         let follows_a_device = event
             .group
             .is_some_and(|leader| self.in_a_device_group(leader));
@@ -978,6 +1060,9 @@ impl Parser<'_> {
             wants: vec![],
         });
         self.next_handle += 1;
+        if racing.is_some() {
+            self.racing.insert(expect);
+        }
         self.names.insert(name.to_string(), expect);
         self.handles.insert(expect, name.to_string());
         self.opened.insert(expect, event);
@@ -1011,6 +1096,9 @@ impl Parser<'_> {
             if handle != Some(expect) {
                 return Err(format!("`want {name} {what}` must follow {name}'s open"));
             }
+            if self.racing.contains(&expect) {
+                return Err(racing_want(name));
+            }
             // Refused: it takes no handle, and its name stays unbound.
             last.wants.push(Want::Refused {
                 line,
@@ -1025,11 +1113,16 @@ impl Parser<'_> {
         let Some(&handle) = self.names.get(*name) else {
             return Err(self.not_open(name));
         };
+        if self.racing.contains(&handle) {
+            return Err(racing_want(name));
+        }
+        let last = self.ops.last().expect("checked above");
         if !matches!(last.step, Step::Read { .. }) || !last.shows.contains(&handle) {
             return Err(format!(
                 "`want {name} ...` must follow a read that shows {name} (`read {name}`, or a group read of its group)"
             ));
         }
+        let last = self.ops.last_mut().expect("checked above");
         if *what == "landed" {
             last.wants.push(Want::Landed {
                 line,
@@ -1144,6 +1237,13 @@ impl Parser<'_> {
             .map(|d| self.parked(d))
             .collect()
     }
+}
+
+/// Why no want can pin `name`, opened on a domain in doubt.
+fn racing_want(name: &str) -> String {
+    format!(
+        "`{name}` was opened while its domain's allowed set was not waited for: it may have opened or been refused (ENODEV), so no want can pin it or its reads; the model judges them"
+    )
 }
 
 /// The scenario files `paths` name: each file as it is, each folder's
@@ -1278,7 +1378,10 @@ pub fn wants_against_model(scenario: &Scenario, shape: DeviceShape) -> Vec<Scena
                     event.cpu = cpu as i32;
                 }
                 let predicted = p.model.predict_open(&event.spec());
+                // On a domain in doubt it may open or be refused: no want.
+                let racing = event.pmu.is_some_and(|d| p.model.placement_is_unknown(d));
                 match (op.wants.first(), predicted) {
+                    (_, Err(_)) if racing => {}
                     (Some(Want::Refused { line, errno }), p) => {
                         if p.map_err(|r| r.errno()) != Err(errno.as_str()) {
                             find(*line, format!("the model predicts {p:?} for this open, not {errno}"));
@@ -1723,6 +1826,134 @@ mod tests {
         );
         let right = parsed("offline 2\ncpumask movable 3\nonline 2\ncpumask movable 3\n").unwrap();
         assert_eq!(wants_against_model(&right, shape), vec![]);
+    }
+
+    /// `allowed DOMAIN CPUS nowait`: the change only issued, the domain in
+    /// doubt until a `cpumask` (which then waits for the mask it asserts)
+    /// or an `allowed` that waits; meanwhile what needs to know where the
+    /// PMU is, and wants on an open that may have been refused, are
+    /// refused at their lines.
+    #[test]
+    fn an_allowed_set_not_waited_for_is_in_doubt_until_a_line_settles_it() {
+        let s = parsed(
+            "a = open movable mbm_total_bytes rmid=1 read=times\n\
+             allowed movable 3 nowait\n\
+             offline 3\n\
+             b = open movable mbm_total_bytes rmid=2\n\
+             read b\n\
+             online 3\n\
+             offline 3\n\
+             cpumask movable none\n\
+             online 3\n\
+             allowed movable none nowait\n\
+             allowed movable default\n",
+        )
+        .unwrap();
+        let steps: Vec<&Step> = s.ops.iter().map(|o| &o.step).collect();
+        assert_eq!(
+            steps[1],
+            &Step::Allowed {
+                domain: 1,
+                cpus: vec![3],
+                nowait: true
+            }
+        );
+        // In doubt, CPU 3 back is an online, not the unpark of a domain
+        // the parser thinks parked; settled parked, it is the unpark.
+        assert_eq!(steps[5], &Step::Online { cpu: 3 });
+        assert_eq!(steps[8], &Step::Unpark { domain: 1, cpu: 3 });
+        assert_eq!(
+            steps[10],
+            &Step::Allowed {
+                domain: 1,
+                cpus: vec![2, 3],
+                nowait: false
+            }
+        );
+        let issued = "a = open movable mbm_total_bytes rmid=1\nallowed movable 3 nowait\n";
+        for (line, why) in [
+            ("move movable", "settle it first"),
+            ("park movable", "settle it first"),
+            ("moves movable start", "settle it first"),
+            ("offline owner(movable)", "settle it first"),
+            ("c = open cpu-clock cpu=owner(movable)", "settle it first"),
+            ("c = open cpu-clock cpu=1 group=a", "settle it first"),
+        ] {
+            let (at, message) = refused(&format!("{issued}{line}\ncpumask movable 3\n"));
+            assert_eq!(at, 3, "{line}: {message}");
+            assert!(message.contains(why), "{line}: {message}");
+        }
+        for (text, at, why) in [
+            (
+                "b = open movable mbm_total_bytes rmid=2\nwant b ENODEV\n",
+                4,
+                "may have opened or been refused",
+            ),
+            (
+                "b = open movable mbm_total_bytes rmid=2\nread b\nwant b 0\n",
+                5,
+                "may have opened or been refused",
+            ),
+            (
+                "b = open movable mbm_total_bytes rmid=2\ncpumask movable 3\nc = open movable mbm_local_bytes rmid=2 group=b\n",
+                5,
+                "no group can name it",
+            ),
+            ("allowed movable 2-3 nowait\ncpumask movable 2\n", 4, "may be on any of them"),
+            ("", 2, "never settled"),
+            ("allowed movable 2 nowait\n", 2, "never settled"),
+            ("allowed movable 2 wait\n", 3, "expected `allowed DOMAIN CPUS [nowait]`"),
+        ] {
+            let (line, message) = refused(&format!("{issued}{text}"));
+            assert_eq!(line, at, "{text}: {message}");
+            assert!(message.contains(why), "{text}: {message}");
+        }
+        // Settled, the open's outcome is known again: its wants stand.
+        assert!(parsed(&format!(
+            "{issued}cpumask movable 3\nb = open movable mbm_total_bytes rmid=2\nread b\nwant b 0\n"
+        ))
+        .is_ok());
+    }
+
+    /// The host's check of the wants takes a domain in doubt as the model
+    /// does: in the doubt it only bounds a count (from what the last read
+    /// showed to all that landed), once a line settles it the count is
+    /// exact again.
+    #[test]
+    fn the_model_checks_wants_across_a_set_not_waited_for() {
+        let text = |inside: &str| {
+            format!(
+                "a = open movable mbm_total_bytes rmid=1 read=times\n\
+                 burst movable mbm_total_bytes rmid=1 1MiB\n\
+                 allowed movable 3 nowait\n\
+                 offline 3\n\
+                 burst movable mbm_total_bytes rmid=1 2MiB\n\
+                 {inside}\
+                 cpumask movable none\n\
+                 burst movable mbm_total_bytes rmid=1 4MiB\n\
+                 online 3\n\
+                 read a\n\
+                 want a 7MiB\n"
+            )
+        };
+        let shape = DeviceShape::DEFAULT_RUN;
+        let right = parsed(&text("")).unwrap();
+        assert_eq!(wants_against_model(&right, shape), vec![]);
+        let inside = parsed(&text("read a\nwant a 5MiB\n")).unwrap();
+        let found = wants_against_model(&inside, shape);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].line, 7);
+        assert!(found[0].message.contains("0 (0) to 3MiB"), "{found:?}");
+        // An open in the doubt needs no want, though the model may take
+        // the PMU for parked.
+        let racing = parsed(
+            "allowed movable none\n\
+             allowed movable 2 nowait\n\
+             b = open movable mbm_total_bytes rmid=2\n\
+             allowed movable default\n",
+        )
+        .unwrap();
+        assert_eq!(wants_against_model(&racing, shape), vec![]);
     }
 
     #[test]
