@@ -317,6 +317,15 @@ pub enum Step {
         #[serde(default, skip_serializing_if = "is_false")]
         nowait: bool,
     },
+    /// A malformed allowed set sent to the device (a scenario's `allowed
+    /// ... refused ERROR`): the device must refuse it with `error` and
+    /// leave every domain's set as it was. The result is empty when it
+    /// did; what it did otherwise is the error.
+    AllowedRefused {
+        domain: u32,
+        cpus: Vec<u32>,
+        error: Malformed,
+    },
     /// The host waited (a scenario's `wait`).
     Wait {
         ms: u64,
@@ -385,6 +394,48 @@ impl Growth {
 
 /// An [`Step::Offline`] result's word for a parked domain.
 pub const PARKED: u64 = u64::MAX;
+
+/// Why the device refuses an allowed set, by the name of its error
+/// (`perfbed_device::DeviceError`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Malformed {
+    /// A domain the device does not have.
+    NoSuchDomain,
+    /// A CPU it cannot describe (64 or more).
+    NoSuchCpu,
+}
+
+impl Malformed {
+    pub const ALL: [Malformed; 2] = [Malformed::NoSuchDomain, Malformed::NoSuchCpu];
+
+    /// Its name in a scenario (`no-such-domain`, `no-such-cpu`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Malformed::NoSuchDomain => "no-such-domain",
+            Malformed::NoSuchCpu => "no-such-cpu",
+        }
+    }
+
+    /// What a device of `config` says to the set `cpus` for `domain`:
+    /// `None` if it takes it, else its error and the error's name (a
+    /// refusal these names do not cover is `Err`). A fresh device of that
+    /// shape is asked, so that its rules are stated once.
+    pub fn of(
+        config: &perfbed_device::DeviceConfig,
+        domain: u32,
+        cpus: &[u32],
+    ) -> Result<Option<(Malformed, perfbed_device::DeviceError)>, String> {
+        use perfbed_device::DeviceError;
+        let mut device = perfbed_device::Device::new(config.clone()).map_err(|e| e.to_string())?;
+        match device.set_allowed(0, domain, cpus) {
+            Ok(()) => Ok(None),
+            Err(e @ DeviceError::NoSuchDomain { .. }) => Ok(Some((Malformed::NoSuchDomain, e))),
+            Err(e @ DeviceError::NoSuchCpu { .. }) => Ok(Some((Malformed::NoSuchCpu, e))),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+}
 
 fn is_false(b: &bool) -> bool {
     !*b

@@ -289,7 +289,7 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
                 },
                 Ok(_),
             ) => model.occupancy(domain, rmid, bytes),
-            (Step::Rate { .. } | Step::Wait { .. }, Ok(_)) => {}
+            (Step::Rate { .. } | Step::Wait { .. } | Step::AllowedRefused { .. }, Ok(_)) => {}
             (Step::MuxInterval { .. }, Ok(_)) => {}
             (Step::Violations, Ok(count)) => {
                 let first = first_violations.get_or_insert_with(|| count.clone());
@@ -760,6 +760,8 @@ impl Predictor {
             }
             // Not in a scenario: rcutorture's, seen by the stress.
             Step::Rate { .. } | Step::PerfStat { .. } | Step::Wait { .. } | Step::Seen { .. } => {}
+            // Refused, it changes nothing.
+            Step::AllowedRefused { .. } => {}
         }
     }
 

@@ -19,6 +19,7 @@
 //! offline 3 | offline owner(movable) | online 3
 //! allowed movable 0 | allowed movable none | allowed movable default
 //! allowed movable 3 nowait                   (issued only: in doubt until a cpumask or a waited allowed)
+//! allowed 9 2-3 refused no-such-domain       (a malformed set the device must refuse, changing nothing)
 //! wait 300ms
 //! mux movable 2s                             (the mux interval, put back after)
 //! cpumask movable 3 | cpumask movable none   (where the PMU counts: asserted)
@@ -35,12 +36,15 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use perfbed_device::cpus::parse_cpu_list;
+use perfbed_device::DeviceConfig;
 
 use crate::checks::pmu::context::EVENT_FILES;
 use crate::checks::pmu::moves::movable_in;
 use crate::model::{DeviceShape, Handle, Observed, ValueRule};
 
-use super::journal::{landed, Cpus, Flowed, Growth, IoctlName, Opened, ReadFormat, Request, Step};
+use super::journal::{
+    landed, Cpus, Flowed, Growth, IoctlName, Malformed, Opened, ReadFormat, Request, Step,
+};
 use super::replay;
 use super::scenario_write::bytes_text;
 
@@ -472,6 +476,7 @@ impl Parser<'_> {
                     }
                 }
             }
+            "allowed" if args.get(2) == Some(&"refused") => self.refused_set(args)?,
             "allowed" => {
                 let (domain, set, nowait) = match args {
                     [domain, set] => (domain, set, false),
@@ -731,6 +736,55 @@ impl Parser<'_> {
         self.push(line, Step::Offline { cpu }, vec![], was)?;
         self.ops.last_mut().expect("just pushed").on_owner = Some(domain);
         Ok(())
+    }
+
+    /// `allowed DOMAIN CPUS refused ERROR`: a set the device must refuse
+    /// with ERROR, as a device of the layout's shape does (any domain
+    /// number and CPU list: one it does not have is the point).
+    fn refused_set(&self, args: &[&str]) -> Result<Step, String> {
+        let names: Vec<&str> = Malformed::ALL.iter().map(|m| m.name()).collect();
+        let usage = format!(
+            "expected `allowed DOMAIN CPUS refused ERROR`, ERROR one of {}",
+            names.join(", ")
+        );
+        let [domain, set, _, error] = args else {
+            return Err(usage);
+        };
+        let error = Malformed::ALL
+            .into_iter()
+            .find(|m| m.name() == *error)
+            .ok_or_else(|| format!("`{error}`: {usage}"))?;
+        let domain = match self.domain(domain) {
+            Ok(d) => d,
+            Err(e) => domain.parse::<u32>().map_err(|_| e)?,
+        };
+        let cpus = match *set {
+            "none" => vec![],
+            list => parse_cpu_list(list)
+                .map_err(|e| format!("`{list}`: {e}; expected a CPU list such as 2-3 or `none`"))?,
+        };
+        let config = DeviceConfig {
+            domains: self.layout.domains.clone(),
+            rmids: self.layout.rmids,
+            unit_bytes: self.layout.unit_bytes,
+            ..DeviceConfig::default()
+        };
+        match Malformed::of(&config, domain, &cpus)? {
+            None => Err(format!(
+                "the device takes the set `{set}` for domain {domain}: `refused` is for a set it must refuse ({})",
+                names.join(", ")
+            )),
+            Some((m, e)) if m != error => Err(format!(
+                "the device refuses it with {} ({e}), not {}",
+                m.name(),
+                error.name()
+            )),
+            Some(_) => Ok(Step::AllowedRefused {
+                domain,
+                cpus,
+                error,
+            }),
+        }
     }
 
     /// `moves DOMAIN start` / `moves DOMAIN stop`.
@@ -1954,6 +2008,67 @@ mod tests {
         )
         .unwrap();
         assert_eq!(wants_against_model(&racing, shape), vec![]);
+    }
+
+    /// `allowed DOMAIN CPUS refused ERROR`: any domain number and CPU list,
+    /// refused at its line unless a device of the layout refuses the set
+    /// with ERROR; it changes nothing the later lines see.
+    #[test]
+    fn a_malformed_set_must_be_one_the_device_refuses_with_the_error_named() {
+        let s = parsed(
+            "allowed 9 2-3 refused no-such-domain\n\
+             allowed movable 200 refused no-such-cpu\n\
+             allowed movable 2-3,4096 refused no-such-cpu\n\
+             cpumask movable 2\n",
+        )
+        .unwrap();
+        let steps: Vec<&Step> = s.ops.iter().map(|o| &o.step).collect();
+        assert_eq!(
+            steps[..2],
+            [
+                &Step::AllowedRefused {
+                    domain: 9,
+                    cpus: vec![2, 3],
+                    error: Malformed::NoSuchDomain
+                },
+                &Step::AllowedRefused {
+                    domain: 1,
+                    cpus: vec![200],
+                    error: Malformed::NoSuchCpu
+                }
+            ]
+        );
+        for (text, why) in [
+            (
+                "allowed movable 2-3 refused no-such-cpu",
+                "the device takes the set `2-3`",
+            ),
+            (
+                "allowed 9 200 refused no-such-domain",
+                "refuses it with no-such-cpu (vCPU 200 is out of range",
+            ),
+            (
+                "allowed 9 2-3 refused nope",
+                "ERROR one of no-such-domain, no-such-cpu",
+            ),
+            (
+                "allowed 9 2-3 refused",
+                "expected `allowed DOMAIN CPUS refused ERROR`",
+            ),
+            (
+                "allowed nowhere 2 refused no-such-domain",
+                "`nowhere`: expected a domain",
+            ),
+            (
+                "allowed 9 2-x refused no-such-domain",
+                "expected a CPU list",
+            ),
+        ] {
+            let (line, message) = refused(&format!("wait 1ms\n{text}\n"));
+            assert_eq!(line, 2, "{text}: {message}");
+            assert!(message.contains(why), "{text}: {message}");
+        }
+        assert_eq!(wants_against_model(&s, DeviceShape::DEFAULT_RUN), vec![]);
     }
 
     #[test]

@@ -310,6 +310,15 @@ fn step_text(step: &Step, all: &[Line]) -> String {
             let nowait = if *nowait { " nowait" } else { "" };
             format!("allowed {domain} {list}{nowait}")
         }
+        Step::AllowedRefused {
+            domain,
+            cpus,
+            error,
+        } => {
+            let list = perfbed_device::cpus::format_cpu_list(cpus);
+            let list = if list.is_empty() { "none".into() } else { list };
+            format!("allowed {domain} {list} refused {}", error.name())
+        }
         Step::Wait { ms } => format!("wait {ms}ms"),
         Step::MuxInterval { domain, ms } => format!("mux {domain} {ms}ms"),
         Step::Violations => "violations".into(),
