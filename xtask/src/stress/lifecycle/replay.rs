@@ -1756,13 +1756,18 @@ pub(crate) mod tests {
         assert_eq!(bytes(1), (127 * mib, 127 * mib));
     }
 
-    #[test]
-    fn the_predictor_parks_and_places_a_domain_by_its_allowed_cpus_online() {
+    /// A predictor of the default layout, each PMU on its first CPU.
+    fn predictor() -> Predictor {
         let cpus = Cpus {
             domains: vec![vec![0, 1], vec![2, 3]],
             owners: vec![Some(0), Some(2)],
         };
-        let mut p = Predictor::new(SHAPE, &cpus);
+        Predictor::new(SHAPE, &cpus)
+    }
+
+    #[test]
+    fn the_predictor_parks_and_places_a_domain_by_its_allowed_cpus_online() {
+        let mut p = predictor();
         p.step(&Step::Allowed {
             domain: 1,
             cpus: vec![3],
@@ -1790,11 +1795,7 @@ pub(crate) mod tests {
     /// model where the rule put it.
     #[test]
     fn the_predictor_tells_the_model_of_a_domain_in_doubt_when_it_is_settled() {
-        let cpus = Cpus {
-            domains: vec![vec![0, 1], vec![2, 3]],
-            owners: vec![Some(0), Some(2)],
-        };
-        let mut p = Predictor::new(SHAPE, &cpus);
+        let mut p = predictor();
         let nowait = |cpus| Step::Allowed {
             domain: 1,
             cpus,

@@ -1925,19 +1925,16 @@ mod tests {
             }
         );
         let issued = "a = open movable mbm_total_bytes rmid=1\nallowed movable 3 nowait\n";
-        for (line, why) in [
-            ("move movable", "settle it first"),
-            ("park movable", "settle it first"),
-            ("moves movable start", "settle it first"),
-            ("offline owner(movable)", "settle it first"),
-            ("c = open cpu-clock cpu=owner(movable)", "settle it first"),
-            ("c = open cpu-clock cpu=1 group=a", "settle it first"),
-        ] {
-            let (at, message) = refused(&format!("{issued}{line}\ncpumask movable 3\n"));
-            assert_eq!(at, 3, "{line}: {message}");
-            assert!(message.contains(why), "{line}: {message}");
-        }
-        for (text, at, why) in [
+        let unsettled = [
+            "move movable",
+            "park movable",
+            "moves movable start",
+            "offline owner(movable)",
+            "c = open cpu-clock cpu=owner(movable)",
+            "c = open cpu-clock cpu=1 group=a",
+        ]
+        .map(|line| (format!("{line}\ncpumask movable 3\n"), 3, "settle it first"));
+        let cases = [
             (
                 "b = open movable mbm_total_bytes rmid=2\nwant b ENODEV\n",
                 4,
@@ -1957,7 +1954,9 @@ mod tests {
             ("", 2, "never settled"),
             ("allowed movable 2 nowait\n", 2, "never settled"),
             ("allowed movable 2 wait\n", 3, "expected `allowed DOMAIN CPUS [nowait]`"),
-        ] {
+        ]
+        .map(|(text, at, why)| (text.to_string(), at, why));
+        for (text, at, why) in unsettled.into_iter().chain(cases) {
             let (line, message) = refused(&format!("{issued}{text}"));
             assert_eq!(line, at, "{text}: {message}");
             assert!(message.contains(why), "{text}: {message}");
@@ -1991,13 +1990,13 @@ mod tests {
             )
         };
         let shape = DeviceShape::DEFAULT_RUN;
-        let right = parsed(&text("")).unwrap();
-        assert_eq!(wants_against_model(&right, shape), vec![]);
-        let inside = parsed(&text("read a\nwant a 5MiB\n")).unwrap();
-        let found = wants_against_model(&inside, shape);
-        assert_eq!(found.len(), 1, "{found:?}");
-        assert_eq!(found[0].line, 7);
-        assert!(found[0].message.contains("0 (0) to 3MiB"), "{found:?}");
+        let judged = |inside: &str| wants_against_model(&parsed(&text(inside)).unwrap(), shape);
+        assert_eq!(judged(""), vec![]);
+        let found: Vec<(usize, bool)> = judged("read a\nwant a 5MiB\n")
+            .iter()
+            .map(|e| (e.line, e.message.contains("the model's 0 (0) to 3MiB")))
+            .collect();
+        assert_eq!(found, [(7, true)]);
         // An open in the doubt needs no want, though the model may take
         // the PMU for parked.
         let racing = parsed(
@@ -2064,9 +2063,7 @@ mod tests {
                 "expected a CPU list",
             ),
         ] {
-            let (line, message) = refused(&format!("wait 1ms\n{text}\n"));
-            assert_eq!(line, 2, "{text}: {message}");
-            assert!(message.contains(why), "{text}: {message}");
+            refused_after("wait 1ms\n", text, why);
         }
         assert_eq!(wants_against_model(&s, DeviceShape::DEFAULT_RUN), vec![]);
     }
