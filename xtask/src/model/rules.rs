@@ -383,7 +383,8 @@ mod tests {
         MovingContentionIsMaybe => model::contention_while_moving_unseen_leaves_slot_events_maybe_until_the_moves_end;
         ClashedParkIsMaybe => model::a_park_in_which_an_exclusive_group_clashed_leaves_every_event_maybe_until_placed;
         SlotContentionSparesGauges => model::a_park_short_of_slots_leaves_its_gauges_counting_for_sure;
-        UnknownPlacementMaybeParked => replay::a_placement_changed_unseen_loosens_its_stretch_only;
+        UnknownPlacementMaybeParked => replay::a_placement_changed_unseen_loosens_its_stretch_only,
+            replay::an_allowed_set_not_waited_for_is_in_doubt_until_a_step_settles_it;
         UnknownGaugeMaybeFolded => replay::a_gauge_parked_then_maybe_placed_may_show_the_new_occupancy;
         OfflineDetaches => model::a_cpu_going_offline_takes_its_software_groups_apart_for_good,
             replay::a_software_group_on_a_cpu_a_move_takes_offline_falls_apart_for_good;
@@ -413,7 +414,8 @@ mod tests {
         ReadsSpread => model::reads_spread_apart_on_the_guest_widen_the_rules_across_events_by_their_spread;
         TimeAloneIsAMoment => model::reads_again_after_nothing_but_time_are_a_moment_of_their_own;
         OpenAsPredicted => replay::refusals_and_handles_are_checked;
-        OpenMaybeRefusedWhileUnknown => replay::an_open_on_a_maybe_parked_pmu_may_be_refused;
+        OpenMaybeRefusedWhileUnknown => replay::an_open_on_a_maybe_parked_pmu_may_be_refused,
+            replay::an_allowed_set_not_waited_for_is_in_doubt_until_a_step_settles_it;
         IoctlAsPredicted => replay::each_steps_result_is_checked;
         ClosedReadRefused => replay::each_steps_result_is_checked;
         CloseAsPredicted => replay::each_steps_result_is_checked;

@@ -938,6 +938,7 @@ mod tests {
                 Step::Online { .. } => "online",
                 Step::Offline { .. } => "offline",
                 Step::Allowed { .. } => "allowed",
+                Step::AllowedRefused { .. } => "allowed refused",
                 Step::Wait { .. } => "wait",
                 Step::MuxInterval { .. } => "mux",
                 Step::Violations => "violations",

@@ -1,5 +1,6 @@
 //! The overflow interrupt follows the PMU: after every step that places a
-//! domain's PMU (a move, a park, an unpark, an allowed set), the line's
+//! domain's PMU (a move, a park, an unpark, an allowed set, a `cpumask`
+//! that settles a set not waited for), the line's
 //! `/proc/irq/N/smp_affinity_list` is the owner alone, or, parked, away
 //! from the domain (none of the CPUs it allows that are online). A driver that leaves it behind counts right
 //! (the owner's poll reads the counters), so only this sees it. The
@@ -8,7 +9,7 @@
 use anyhow::Result;
 use perfbed_device::cpus::parse_cpu_list;
 
-use super::journal::{Entry, Step};
+use super::journal::{Doubt, Entry, Step};
 use crate::checks::pmu::interrupts::irq_counts;
 use crate::guest::Guest;
 
@@ -45,18 +46,20 @@ impl IrqLines {
         Ok((IrqLines { irqs }, problems))
     }
 
-    /// After `entry`, if it placed a PMU that has a line and succeeded:
-    /// what is wrong with the line's affinity, if anything; a parked line
+    /// After `entry`, if it placed `domain`'s PMU, which has a line, and
+    /// succeeded: what is wrong with the line's affinity, if anything; its
+    /// result is the PMU's `cpumask`; a parked line
     /// must be away from the CPUs `allowed`. `at` names the step in the
     /// problem.
     pub fn after(
         &self,
         g: &mut Guest,
         entry: &Entry,
+        domain: Option<u32>,
         allowed: &[u32],
         at: &str,
     ) -> Result<Option<String>> {
-        let Some(domain) = placement_step(&entry.step) else {
+        let Some(domain) = domain else {
             return Ok(None);
         };
         let (Ok(mask), Some(Some(irq))) = (&entry.result, self.irqs.get(domain as usize)) else {
@@ -84,6 +87,9 @@ impl IrqLines {
 pub struct Watch {
     lines: IrqLines,
     allowed: Vec<Vec<u32>>,
+    /// The domains in doubt ([`Doubt`]): the `cpumask` that settles one is
+    /// its placement.
+    doubt: std::collections::BTreeSet<u32>,
     pub problems: Vec<(usize, String)>,
 }
 
@@ -93,19 +99,28 @@ impl Watch {
         Ok(Watch {
             lines: IrqLines::read(g, pmus)?.0,
             allowed: defaults.to_vec(),
+            doubt: Default::default(),
             problems: Vec::new(),
         })
     }
 
     /// After the step of scenario line `line`, journaled as `entry`.
     pub fn after(&mut self, g: &mut Guest, entry: &Entry, line: usize) -> Result<()> {
-        if let (Step::Allowed { domain, cpus }, Ok(_)) = (&entry.step, &entry.result) {
+        if let (Step::Allowed { domain, cpus, .. }, Ok(_)) = (&entry.step, &entry.result) {
             if let Some(set) = self.allowed.get_mut(*domain as usize) {
                 set.clone_from(cpus);
             }
         }
-        let Some(allowed) = placement_step(&entry.step).and_then(|d| self.allowed.get(d as usize))
-        else {
+        let settled = match Doubt::of(&entry.step) {
+            Some(Doubt::Begins(d)) => {
+                self.doubt.insert(d);
+                None
+            }
+            Some(Doubt::Settles(d)) => self.doubt.remove(&d).then_some(d),
+            None => None,
+        };
+        let placed = placement_step(&entry.step).or(settled);
+        let Some(allowed) = placed.and_then(|d| self.allowed.get(d as usize)) else {
             return Ok(());
         };
         // Parked, the line is pointed away from the set it had then: a set
@@ -123,20 +138,26 @@ impl Watch {
             }
             _ => allowed.clone(),
         };
-        if let Some(problem) = self.lines.after(g, entry, &away, &format!("line {line}"))? {
+        let at = format!("line {line}");
+        if let Some(problem) = self.lines.after(g, entry, placed, &away, &at)? {
             self.problems.push((line, problem));
         }
         Ok(())
     }
 }
 
-/// The domain a step places the PMU of (its result is the `cpumask`).
+/// The domain a step places the PMU of (its result is the `cpumask`); an
+/// allowed set not waited for places none yet.
 pub fn placement_step(step: &Step) -> Option<u32> {
     match *step {
         Step::Move { domain }
         | Step::Park { domain }
         | Step::Unpark { domain, .. }
-        | Step::Allowed { domain, .. } => Some(domain),
+        | Step::Allowed {
+            domain,
+            nowait: false,
+            ..
+        } => Some(domain),
         _ => None,
     }
 }

@@ -307,10 +307,24 @@ pub enum Step {
     },
     /// The device gave the domain a new allowed set (a scenario's
     /// `allowed`), and its `cpumask` followed: the result is the CPU it
-    /// counts on, empty when the set parked it.
+    /// counts on, empty when the set parked it. With `nowait` (`allowed
+    /// ... nowait`) the change was only issued: the result is empty, and
+    /// the domain's placement is in doubt ([`Doubt`]) until a step settles
+    /// it.
     Allowed {
         domain: u32,
         cpus: Vec<u32>,
+        #[serde(default, skip_serializing_if = "is_false")]
+        nowait: bool,
+    },
+    /// A malformed allowed set sent to the device (a scenario's `allowed
+    /// ... refused ERROR`): the device must refuse it with `error` and
+    /// leave every domain's set as it was. The result is empty when it
+    /// did; what it did otherwise is the error.
+    AllowedRefused {
+        domain: u32,
+        cpus: Vec<u32>,
+        error: Malformed,
     },
     /// The host waited (a scenario's `wait`).
     Wait {
@@ -380,6 +394,83 @@ impl Growth {
 
 /// An [`Step::Offline`] result's word for a parked domain.
 pub const PARKED: u64 = u64::MAX;
+
+/// Why the device refuses an allowed set, by the name of its error
+/// (`perfbed_device::DeviceError`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Malformed {
+    /// A domain the device does not have.
+    NoSuchDomain,
+    /// A CPU it cannot describe (64 or more).
+    NoSuchCpu,
+}
+
+impl Malformed {
+    pub const ALL: [Malformed; 2] = [Malformed::NoSuchDomain, Malformed::NoSuchCpu];
+
+    /// Its name in a scenario (`no-such-domain`, `no-such-cpu`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Malformed::NoSuchDomain => "no-such-domain",
+            Malformed::NoSuchCpu => "no-such-cpu",
+        }
+    }
+
+    /// What a device of `config` says to the set `cpus` for `domain`:
+    /// `None` if it takes it, else its error and the error's name (a
+    /// refusal these names do not cover is `Err`). A fresh device of that
+    /// shape is asked, so that its rules are stated once.
+    pub fn of(
+        config: &perfbed_device::DeviceConfig,
+        domain: u32,
+        cpus: &[u32],
+    ) -> Result<Option<(Malformed, perfbed_device::DeviceError)>, String> {
+        use perfbed_device::DeviceError;
+        let mut device = perfbed_device::Device::new(config.clone()).map_err(|e| e.to_string())?;
+        match device.set_allowed(0, domain, cpus) {
+            Ok(()) => Ok(None),
+            Err(e @ DeviceError::NoSuchDomain { .. }) => Ok(Some((Malformed::NoSuchDomain, e))),
+            Err(e @ DeviceError::NoSuchCpu { .. }) => Ok(Some((Malformed::NoSuchCpu, e))),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+/// What a step does to a domain whose placement is in doubt: an allowed
+/// set issued without waiting for the `cpumask` (`allowed ... nowait`)
+/// puts it in doubt (the driver acts on it at a moment no step sees, and a
+/// set with no CPU online parks it then); a `cpumask` of the domain, which
+/// then waits for the mask it asserts, or an `allowed` that waits settles
+/// it. The replay, the host's check of a scenario's wants, the runner and
+/// the interrupt's watch follow it alike.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Doubt {
+    Begins(u32),
+    Settles(u32),
+}
+
+impl Doubt {
+    /// What `step` does to the doubt of its domain, if anything (a
+    /// `Settles` of a domain not in doubt is nothing).
+    pub fn of(step: &Step) -> Option<Doubt> {
+        match *step {
+            Step::Allowed {
+                domain,
+                nowait: true,
+                ..
+            } => Some(Doubt::Begins(domain)),
+            Step::Allowed { domain, .. } | Step::Cpumask { domain, .. } => {
+                Some(Doubt::Settles(domain))
+            }
+            _ => None,
+        }
+    }
+}
 
 /// Which way perf stat ran.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -814,5 +905,18 @@ mod tests {
         assert_eq!(from_text(old).unwrap().0.cpus, Cpus::default());
         let e = from_text(&(text + "{\"step\":\"nope\"}\n")).unwrap_err();
         assert!(e.starts_with("line 4"), "{e}");
+        // An allowed set waited for is written as before `nowait` was.
+        let waited = r#"{"step":"allowed","domain":1,"cpus":[3]}"#;
+        let step: Step = serde_json::from_str(waited).unwrap();
+        assert_eq!(serde_json::to_string(&step).unwrap(), waited);
+        assert_eq!(Doubt::of(&step), Some(Doubt::Settles(1)));
+        let issued = Step::Allowed {
+            domain: 1,
+            cpus: vec![],
+            nowait: true,
+        };
+        let text = serde_json::to_string(&issued).unwrap();
+        assert!(text.contains(r#""nowait":true"#), "{text}");
+        assert_eq!(Doubt::of(&issued), Some(Doubt::Begins(1)));
     }
 }

@@ -7,7 +7,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use crate::model::rules::{holds, Rule};
 use crate::model::{DeviceShape, Expected, Handle, Kind, Model, Observed, OpenSpec, Snapshot};
 
-use super::journal::{Cpus, Entry, Flowed, IoctlName, Opened, ReadFormat, StatHow, Step, PARKED};
+use super::journal::{
+    Cpus, Doubt, Entry, Flowed, IoctlName, Opened, ReadFormat, StatHow, Step, PARKED,
+};
 use super::reads;
 
 /// A step whose result the model does not allow.
@@ -82,6 +84,8 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
     let mut ids: BTreeMap<Handle, u64> = BTreeMap::new();
     // When each parked domain was parked (the journal's host clock).
     let mut parked_at: BTreeMap<u32, u64> = BTreeMap::new();
+    // The domains in doubt (see [`Doubt`]), each since when.
+    let mut doubt: BTreeMap<u32, u64> = BTreeMap::new();
     let unknown_from = unknown_stretches(journal);
     // The CPUs online at the last `Seen` (None: all, as at the start).
     let mut online: Option<BTreeSet<u32>> = None;
@@ -285,7 +289,7 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
                 },
                 Ok(_),
             ) => model.occupancy(domain, rmid, bytes),
-            (Step::Rate { .. } | Step::Wait { .. }, Ok(_)) => {}
+            (Step::Rate { .. } | Step::Wait { .. } | Step::AllowedRefused { .. }, Ok(_)) => {}
             (Step::MuxInterval { .. }, Ok(_)) => {}
             (Step::Violations, Ok(count)) => {
                 let first = first_violations.get_or_insert_with(|| count.clone());
@@ -322,10 +326,23 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
                         "domain {domain}'s cpumask is {mask:?}, want {cpus:?} ([] parked)"
                     ));
                 }
+                if let Some(began) = doubt.remove(domain) {
+                    let parked = mask.is_empty();
+                    settled(
+                        &mut model,
+                        &mut parked_at,
+                        *domain,
+                        parked,
+                        began,
+                        entry.at_ns,
+                    );
+                }
             }
             (&Step::Offline { cpu }, Ok(owners)) => {
                 model.cpu_offline(cpu);
-                for (domain, &owner) in (0u32..).zip(owners) {
+                // A domain in doubt is where it is when a step settles it.
+                let seen = (0u32..).zip(owners).filter(|(d, _)| !doubt.contains_key(d));
+                for (domain, &owner) in seen {
                     placed(
                         &mut model,
                         &mut parked_at,
@@ -338,14 +355,37 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
                     }
                 }
             }
-            (&Step::Allowed { domain, .. }, Ok(mask)) => {
-                placed(
-                    &mut model,
-                    &mut parked_at,
+            (
+                &Step::Allowed {
                     domain,
-                    !mask.is_empty(),
-                    entry.at_ns,
-                );
+                    nowait: true,
+                    ..
+                },
+                Ok(_),
+            ) => {
+                if let std::collections::btree_map::Entry::Vacant(v) = doubt.entry(domain) {
+                    v.insert(entry.at_ns);
+                    model.placement_unknown(domain);
+                }
+            }
+            (&Step::Allowed { domain, .. }, Ok(mask)) => {
+                match doubt.remove(&domain) {
+                    Some(began) => settled(
+                        &mut model,
+                        &mut parked_at,
+                        domain,
+                        mask.is_empty(),
+                        began,
+                        entry.at_ns,
+                    ),
+                    None => placed(
+                        &mut model,
+                        &mut parked_at,
+                        domain,
+                        !mask.is_empty(),
+                        entry.at_ns,
+                    ),
+                }
                 if let Some(o) = cpus.owners.get_mut(domain as usize) {
                     *o = mask.first().map(|&c| c as u32);
                 }
@@ -482,6 +522,26 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
     out
 }
 
+/// A domain in doubt since `began` (see [`Doubt`]) seen settled at `at_ns`,
+/// `parked` or placed: its placement is seen again, after a park as long
+/// as the doubt if it ends placed (from the park before it, if it began
+/// parked), and a park that begins with the doubt if it ends parked.
+fn settled(
+    model: &mut Model,
+    parked_at: &mut BTreeMap<u32, u64>,
+    domain: u32,
+    parked: bool,
+    began: u64,
+    at_ns: u64,
+) {
+    let since = if parked {
+        *parked_at.entry(domain).or_insert(began)
+    } else {
+        parked_at.remove(&domain).unwrap_or(began)
+    };
+    model.placement_seen(domain, parked, at_ns.saturating_sub(since));
+}
+
 /// Where the unknown stretches of a journal begin: for each index, the
 /// domains whose placement is unknown from that step on, until the `Seen`
 /// step that ends the stretch (see [`Step::Seen`]).
@@ -554,6 +614,9 @@ pub struct Predictor {
     /// CPUs offline now.
     offline: BTreeSet<u32>,
     formats: BTreeMap<Handle, ReadFormat>,
+    /// The domains in doubt ([`Doubt`]): the model is told where they are
+    /// only when a step settles them.
+    doubt: BTreeSet<u32>,
 }
 
 impl Predictor {
@@ -564,6 +627,7 @@ impl Predictor {
             allowed: cpus.domains.clone(),
             offline: BTreeSet::new(),
             formats: BTreeMap::new(),
+            doubt: BTreeSet::new(),
         }
     }
 
@@ -600,8 +664,27 @@ impl Predictor {
     /// the model allows opens, a move leaves the PMU on the domain's next
     /// allowed CPU online, an offline or an allowed set parks each domain
     /// left with no allowed CPU online and places it again on the first
-    /// one that is; a read changes nothing here.
+    /// one that is; a read changes nothing here. An allowed set not
+    /// waited for leaves its domain in doubt until a step settles it
+    /// ([`Doubt`]): there it is where the rule puts it after every change.
     pub fn step(&mut self, step: &Step) {
+        match Doubt::of(step) {
+            Some(Doubt::Begins(d)) if self.doubt.insert(d) => self.model.placement_unknown(d),
+            Some(Doubt::Settles(d)) if self.doubt.remove(&d) => {
+                if let (Step::Allowed { cpus, .. }, Some(a)) =
+                    (step, self.allowed.get_mut(d as usize))
+                {
+                    a.clone_from(cpus);
+                }
+                let now = self.rule_owner(d);
+                self.model.placement_seen(d, now.is_none(), 0);
+                if let Some(o) = self.cpus.owners.get_mut(d as usize) {
+                    *o = now;
+                }
+                return;
+            }
+            _ => {}
+        }
         let model = &mut self.model;
         match step {
             Step::Open { event, expect } => {
@@ -658,6 +741,9 @@ impl Predictor {
             &Step::Unpark { cpu, .. } | &Step::Online { cpu } => {
                 self.offline.remove(&cpu);
                 self.cpus.step(&mut self.model, step, Some(cpu), 0);
+                for d in self.doubt.clone() {
+                    self.place(d);
+                }
             }
             &Step::Offline { cpu } => {
                 self.offline.insert(cpu);
@@ -666,7 +752,7 @@ impl Predictor {
                     self.place(domain);
                 }
             }
-            Step::Allowed { domain, cpus } => {
+            Step::Allowed { domain, cpus, .. } => {
                 if let Some(a) = self.allowed.get_mut(*domain as usize) {
                     a.clone_from(cpus);
                 }
@@ -674,6 +760,8 @@ impl Predictor {
             }
             // Not in a scenario: rcutorture's, seen by the stress.
             Step::Rate { .. } | Step::PerfStat { .. } | Step::Wait { .. } | Step::Seen { .. } => {}
+            // Refused, it changes nothing.
+            Step::AllowedRefused { .. } => {}
         }
     }
 
@@ -681,26 +769,36 @@ impl Predictor {
     /// that is still allowed and online, else goes to the first allowed
     /// CPU online, or parks (as the replay tells the model, see
     /// [`placed`]).
+    /// A domain in doubt only follows the rule here: the model hears of it
+    /// when it is settled.
     fn place(&mut self, domain: u32) {
-        let owner = self.owner(domain);
-        let kept = owner.filter(|&c| {
+        let now = self.rule_owner(domain);
+        if !self.doubt.contains(&domain) {
+            placed(
+                &mut self.model,
+                &mut BTreeMap::new(),
+                domain,
+                now.is_some(),
+                0,
+            );
+        }
+        if let Some(o) = self.cpus.owners.get_mut(domain as usize) {
+            *o = now;
+        }
+    }
+
+    /// Where the rule puts `domain` now: on its CPU if that is still
+    /// allowed and online, else on the first allowed CPU online (`None`:
+    /// parked).
+    fn rule_owner(&self, domain: u32) -> Option<u32> {
+        let kept = self.owner(domain).filter(|&c| {
             !self.offline.contains(&c)
                 && self
                     .allowed
                     .get(domain as usize)
                     .is_some_and(|a| a.contains(&c))
         });
-        let now = kept.or_else(|| self.allowed_online(domain, None));
-        placed(
-            &mut self.model,
-            &mut BTreeMap::new(),
-            domain,
-            now.is_some(),
-            0,
-        );
-        if let Some(o) = self.cpus.owners.get_mut(domain as usize) {
-            *o = now;
-        }
+        kept.or_else(|| self.allowed_online(domain, None))
     }
 }
 
@@ -1252,6 +1350,97 @@ pub(crate) mod tests {
         );
     }
 
+    /// An allowed set not waited for (`allowed ... nowait`), then the CPU
+    /// of the set offline: what the offline saw of the domain is not its
+    /// placement (the driver may not have acted yet), reads and opens in
+    /// between are judged as for a placement not seen, and the `cpumask`
+    /// that settles it parked makes the reads after the placement exact
+    /// again. Taken as seen at the offline, the read in between would be a
+    /// finding.
+    #[test]
+    pub(crate) fn an_allowed_set_not_waited_for_is_in_doubt_until_a_step_settles_it() {
+        let burst = |mib: u64| {
+            ok(
+                Step::Burst {
+                    domain: 1,
+                    event: 2,
+                    rmid: 3,
+                    bytes: mib << 20,
+                },
+                vec![],
+            )
+        };
+        let refused = |expect| Entry {
+            result: Err("ENODEV".into()),
+            ..open(expect, false)
+        };
+        let journal = vec![
+            open(1, false),
+            burst(1),
+            ok(
+                Step::Allowed {
+                    domain: 1,
+                    cpus: vec![3],
+                    nowait: true,
+                },
+                vec![],
+            ),
+            // The PMU still on CPU 2 when the offline looked.
+            ok(Step::Offline { cpu: 3 }, vec![0, 2]),
+            burst(2),
+            // Parked by now, or not: the last fold will do.
+            ok(Step::Read { handle: 1 }, vec![1 << 20, 10, 10]),
+            refused(2),
+            ok(
+                Step::Cpumask {
+                    domain: 1,
+                    cpus: vec![],
+                },
+                vec![],
+            ),
+            burst(4),
+            ok(Step::Unpark { domain: 1, cpu: 3 }, vec![3]),
+            ok(Step::Read { handle: 1 }, vec![7 << 20, 30, 30]),
+        ];
+        let r = replay_on(SHAPE, &Cpus::default(), &journal);
+        assert_eq!(r.findings, vec![], "{:?}", r.findings);
+        // Once placed, every byte: 4 MiB lost is a finding.
+        let mut lost = journal.clone();
+        lost[10] = ok(Step::Read { handle: 1 }, vec![3 << 20, 30, 30]);
+        let found = replay_on(SHAPE, &Cpus::default(), &lost).findings;
+        assert_eq!(found.iter().map(|f| f.index).collect::<Vec<_>>(), [10]);
+        // Waited for, the placement the offline saw is the PMU's: the
+        // same read in between is short of what landed, and the open
+        // refused while placed is wrong.
+        let mut waited = journal.clone();
+        waited[2] = ok(
+            Step::Allowed {
+                domain: 1,
+                cpus: vec![3],
+                nowait: false,
+            },
+            vec![3],
+        );
+        let found = replay_on(SHAPE, &Cpus::default(), &waited).findings;
+        assert_eq!(
+            found.iter().map(|f| f.index).take(2).collect::<Vec<_>>(),
+            [5, 6],
+            "{found:?}"
+        );
+        // Settled placed where the assertion says parked: the assertion's
+        // finding, and the reads after go on from the placement seen.
+        let mut placed = journal.clone();
+        placed[7] = ok(
+            Step::Cpumask {
+                domain: 1,
+                cpus: vec![],
+            },
+            vec![2],
+        );
+        let found = replay_on(SHAPE, &Cpus::default(), &placed).findings;
+        assert_eq!(found.first().map(|f| f.index), Some(7), "{found:?}");
+    }
+
     #[test]
     pub(crate) fn a_cpumask_or_violations_assertion_that_the_run_does_not_meet_is_a_finding() {
         let mask = |cpus: Vec<u32>, seen: Vec<u64>| ok(Step::Cpumask { domain: 1, cpus }, seen);
@@ -1567,16 +1756,22 @@ pub(crate) mod tests {
         assert_eq!(bytes(1), (127 * mib, 127 * mib));
     }
 
-    #[test]
-    fn the_predictor_parks_and_places_a_domain_by_its_allowed_cpus_online() {
+    /// A predictor of the default layout, each PMU on its first CPU.
+    fn predictor() -> Predictor {
         let cpus = Cpus {
             domains: vec![vec![0, 1], vec![2, 3]],
             owners: vec![Some(0), Some(2)],
         };
-        let mut p = Predictor::new(SHAPE, &cpus);
+        Predictor::new(SHAPE, &cpus)
+    }
+
+    #[test]
+    fn the_predictor_parks_and_places_a_domain_by_its_allowed_cpus_online() {
+        let mut p = predictor();
         p.step(&Step::Allowed {
             domain: 1,
             cpus: vec![3],
+            nowait: false,
         });
         assert_eq!((p.owner(1), p.model.is_parked(1)), (Some(3), false));
         // Its last allowed CPU goes: parked; CPU 2 allowed again: placed.
@@ -1586,11 +1781,53 @@ pub(crate) mod tests {
         p.step(&Step::Allowed {
             domain: 1,
             cpus: vec![2, 3],
+            nowait: false,
         });
         assert_eq!((p.owner(1), p.model.is_parked(1)), (Some(2), false));
         // A move leaves it on the next allowed CPU online (none here: it
         // stays where it was).
         p.step(&Step::Move { domain: 1 });
         assert_eq!(p.owner(1), Some(2));
+    }
+
+    /// Not waited for, a set leaves the model not knowing where the domain
+    /// is, while the rule follows it; the step that settles it tells the
+    /// model where the rule put it.
+    #[test]
+    fn the_predictor_tells_the_model_of_a_domain_in_doubt_when_it_is_settled() {
+        let mut p = predictor();
+        let nowait = |cpus| Step::Allowed {
+            domain: 1,
+            cpus,
+            nowait: true,
+        };
+        let state = |p: &Predictor| {
+            (
+                p.owner(1),
+                p.model.is_parked(1),
+                p.model.placement_is_unknown(1),
+            )
+        };
+        p.step(&nowait(vec![3]));
+        assert_eq!(state(&p), (Some(3), false, true));
+        p.step(&Step::Offline { cpu: 3 });
+        assert_eq!(state(&p), (None, false, true), "not parked: in doubt");
+        let settle = |cpus| Step::Cpumask { domain: 1, cpus };
+        p.step(&settle(vec![]));
+        assert_eq!(state(&p), (None, true, false));
+        p.step(&Step::Online { cpu: 3 });
+        p.step(&nowait(vec![2, 3]));
+        p.step(&nowait(vec![2]));
+        assert_eq!(state(&p), (Some(2), true, true));
+        // A set that waits settles it too.
+        p.step(&Step::Allowed {
+            domain: 1,
+            cpus: vec![3],
+            nowait: false,
+        });
+        assert_eq!(state(&p), (Some(3), false, false));
+        // Not in doubt, a cpumask changes nothing.
+        p.step(&settle(vec![3]));
+        assert_eq!(state(&p), (Some(3), false, false));
     }
 }

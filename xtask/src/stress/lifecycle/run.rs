@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use perfbed_agent::{AgentMessage, HostRequest, HotplugOp, JobResult, JobSpec, PerfAttr, PerfOp};
 use perfbed_device::cpus::parse_cpu_list;
-use perfbed_device::{ControlClient, DeviceConfig};
+use perfbed_device::{ClientError, ControlClient, DeviceConfig};
 
 use crate::checks::Check;
 use crate::guest::perf_abi::{
@@ -28,7 +28,9 @@ use super::super::jobs::{start_job, stop_job};
 use super::flows::Flows;
 use super::generate::{Generator, RMID_LOOP, RMID_RATE};
 use super::irq_affinity::{placement_step, IrqLines};
-use super::journal::{self, mbm_event, perf_op, Cpus, Entry, Header, Opened, Step, PARKED};
+use super::journal::{
+    self, mbm_event, perf_op, Cpus, Entry, Header, Malformed, Opened, Step, PARKED,
+};
 use super::replay::{replay_on, Finding};
 
 /// Perf steps sent to the agent in one request, at most.
@@ -392,7 +394,7 @@ pub fn run(
             {
                 let at = format!("operation {}", journal.len());
                 let allowed = &device.domains[d as usize];
-                if let Some(problem) = irqs.after(g, &entry, allowed, &at)? {
+                if let Some(problem) = irqs.after(g, &entry, Some(d), allowed, &at)? {
                     first_affinity.get_or_insert(journal.len());
                     affinity_problems.push(problem);
                 }
@@ -938,11 +940,26 @@ pub(super) fn host_step(
             Ok(vec![])
         }
         &Step::Offline { cpu } => offline(g, pmus, cpu)?,
-        Step::Allowed { domain, cpus } => {
+        Step::Allowed {
+            domain,
+            cpus,
+            nowait,
+        } => {
             let pmu = &pmus[*domain as usize];
             control
                 .set_allowed(*domain, cpus)
                 .map_err(|e| anyhow::anyhow!("allowed set {cpus:?} for {pmu}: {e}"))?;
+            if *nowait {
+                // Issued only: a later step settles it (journal::Doubt).
+                return Ok(Entry {
+                    step,
+                    result: Ok(vec![]),
+                    took_ns: u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX),
+                    at_ns: since(run_start),
+                    returned_ns: 0,
+                    flowed: Vec::new(),
+                });
+            }
             let online = parse_cpu_list(g.read_file("/sys/devices/system/cpu/online")?.trim())
                 .map_err(|e| anyhow::anyhow!("/sys/devices/system/cpu/online: {e}"))?;
             let want: Vec<u32> = cpus
@@ -961,6 +978,11 @@ pub(super) fn host_step(
                 )),
             }
         }
+        Step::AllowedRefused {
+            domain,
+            cpus,
+            error,
+        } => refused_set(control, device, *domain, cpus, *error)?,
         &Step::Wait { ms } => {
             std::thread::sleep(Duration::from_millis(ms));
             Ok(vec![])
@@ -1025,6 +1047,49 @@ pub(super) fn host_step(
     })
 }
 
+/// Sends the malformed set `cpus` for `domain`: refused by the device
+/// with its `error`, every domain's set as it was, is an empty result;
+/// anything else is the result's error.
+fn refused_set(
+    control: &mut ControlClient,
+    device: &DeviceConfig,
+    domain: u32,
+    cpus: &[u32],
+    error: Malformed,
+) -> Result<Result<Vec<u64>, String>> {
+    let sets = |control: &mut ControlClient| -> Result<Vec<String>> {
+        Ok(control
+            .state()?
+            .domains
+            .into_iter()
+            .map(|d| d.allowed_cpu_list)
+            .collect())
+    };
+    // The parser asked a device of this shape; a guest of another shape
+    // stops here, before the set is sent.
+    let want = match Malformed::of(device, domain, cpus) {
+        Ok(Some((name, e))) if name == error => e.to_string(),
+        other => bail!(
+            "the set {cpus:?} for domain {domain}: the device says {other:?}, not {}",
+            error.name()
+        ),
+    };
+    let before = sets(control)?;
+    let sent = control.set_allowed(domain, cpus);
+    let after = sets(control)?;
+    Ok(match sent {
+        Ok(()) => Err(format!("the device took it (want {want:?})")),
+        Err(ClientError::Refused(got)) if got != want => {
+            Err(format!("refused with {got:?}, want {want:?}"))
+        }
+        Err(ClientError::Refused(_)) if before != after => Err(format!(
+            "refused, yet the domains' sets went from {before:?} to {after:?}"
+        )),
+        Err(ClientError::Refused(_)) => Ok(vec![]),
+        Err(e) => bail!("the set {cpus:?} for domain {domain}: {e}"),
+    })
+}
+
 /// Takes `cpu` offline; answers each PMU's CPU after it ([`PARKED`] for
 /// one it parked).
 fn offline(g: &mut Guest, pmus: &[String], cpu: u32) -> Result<Result<Vec<u64>, String>> {
@@ -1086,6 +1151,37 @@ fn hotplug(g: &mut Guest, pmu: &str, ops: Vec<HotplugOp>) -> Result<Result<Vec<u
 mod tests {
     use super::*;
     use crate::stress::lifecycle::journal::ReadFormat;
+
+    /// A malformed set against a device behind its control socket: the
+    /// refusal named is an empty result, every set as it was; a set the
+    /// device takes, or a name it does not refuse with, stops the run
+    /// before it is sent (the parser refuses both before any guest).
+    #[test]
+    fn a_malformed_set_is_refused_by_the_device_and_changes_nothing() {
+        let config = DeviceConfig::default();
+        let device = perfbed_device::SharedDevice::new(config.clone()).unwrap();
+        let path =
+            std::env::temp_dir().join(format!("perfbed-refused-{}.sock", std::process::id()));
+        let _server = device.serve_control(&path).unwrap();
+        let mut control = ControlClient::connect(&path).unwrap();
+        let mut refused = |domain, cpus: &[u32], error| {
+            refused_set(&mut control, &config, domain, cpus, error).map_err(|e| e.to_string())
+        };
+        assert_eq!(refused(9, &[2, 3], Malformed::NoSuchDomain), Ok(Ok(vec![])));
+        assert_eq!(refused(1, &[2, 4096], Malformed::NoSuchCpu), Ok(Ok(vec![])));
+        let wrong = refused(9, &[200], Malformed::NoSuchDomain).unwrap_err();
+        assert!(wrong.contains("not no-such-domain"), "{wrong}");
+        let taken = refused(1, &[3], Malformed::NoSuchCpu).unwrap_err();
+        assert!(taken.contains("says Ok(None)"), "{taken}");
+        let sets: Vec<String> = control
+            .state()
+            .unwrap()
+            .domains
+            .into_iter()
+            .map(|d| d.allowed_cpu_list)
+            .collect();
+        assert_eq!(sets, ["0-1", "2-3"]);
+    }
 
     #[test]
     fn journaled_opens_become_the_attrs_they_say() {

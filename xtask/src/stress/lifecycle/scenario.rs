@@ -18,6 +18,8 @@
 //! move movable | park movable | unpark movable [CPU]
 //! offline 3 | offline owner(movable) | online 3
 //! allowed movable 0 | allowed movable none | allowed movable default
+//! allowed movable 3 nowait                   (issued only: in doubt until a cpumask or a waited allowed)
+//! allowed 9 2-3 refused no-such-domain       (a malformed set the device must refuse, changing nothing)
 //! wait 300ms
 //! mux movable 2s                             (the mux interval, put back after)
 //! cpumask movable 3 | cpumask movable none   (where the PMU counts: asserted)
@@ -34,12 +36,15 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use perfbed_device::cpus::parse_cpu_list;
+use perfbed_device::DeviceConfig;
 
 use crate::checks::pmu::context::EVENT_FILES;
 use crate::checks::pmu::moves::movable_in;
 use crate::model::{DeviceShape, Handle, Observed, ValueRule};
 
-use super::journal::{landed, Cpus, Flowed, Growth, IoctlName, Opened, ReadFormat, Request, Step};
+use super::journal::{
+    landed, Cpus, Flowed, Growth, IoctlName, Malformed, Opened, ReadFormat, Request, Step,
+};
 use super::replay;
 use super::scenario_write::bytes_text;
 
@@ -144,6 +149,8 @@ pub fn parse(
         allowed: layout.domains.clone(),
         owners: layout.domains.iter().map(|d| d.first().copied()).collect(),
         moving: BTreeMap::new(),
+        doubt: BTreeMap::new(),
+        racing: BTreeSet::new(),
         ops: Vec::new(),
         wraps_marked: BTreeSet::new(),
     };
@@ -177,6 +184,15 @@ pub fn parse(
             ),
         });
     }
+    if let Some((&domain, &line)) = p.doubt.iter().next() {
+        return Err(ScenarioError {
+            file: file.to_path_buf(),
+            line,
+            message: format!(
+                "domain {domain}'s allowed set is not waited for here and never settled: end the doubt with `cpumask {domain} CPU|none` (waits for that mask) or an `allowed {domain} ...` that waits"
+            ),
+        });
+    }
     Ok(Scenario {
         file: file.to_path_buf(),
         check,
@@ -205,6 +221,12 @@ struct Parser<'a> {
     /// The domains a thread of the guest moves now (`moves D start`): the
     /// CPUs it takes offline and back, and the line that started it.
     moving: BTreeMap<u32, (Vec<u32>, usize)>,
+    /// The domains in doubt ([`super::journal::Doubt`]): each since the line of the
+    /// `allowed ... nowait` that put it there.
+    doubt: BTreeMap<u32, usize>,
+    /// The events opened on a domain in doubt: each may have been refused
+    /// (`ENODEV`), so no want can pin it or its reads.
+    racing: BTreeSet<Handle>,
     ops: Vec<Op>,
     /// Every name an open gave, by handle.
     handles: BTreeMap<Handle, String>,
@@ -436,8 +458,12 @@ impl Parser<'_> {
                 } else {
                     // Back on a parked domain's CPU: the domain is placed
                     // again, which the journal calls an unpark.
-                    let unparks = (0..self.allowed.len() as u32)
-                        .find(|&d| self.parked(d) && self.allowed[d as usize].contains(&cpu));
+                    // One in doubt is placed when a line settles it.
+                    let unparks = (0..self.allowed.len() as u32).find(|&d| {
+                        self.parked(d)
+                            && self.allowed[d as usize].contains(&cpu)
+                            && !self.doubt.contains_key(&d)
+                    });
                     if !self.online.insert(cpu) {
                         return Err(format!("CPU {cpu} is online here already"));
                     }
@@ -450,12 +476,15 @@ impl Parser<'_> {
                     }
                 }
             }
+            "allowed" if args.get(2) == Some(&"refused") => self.refused_set(args)?,
             "allowed" => {
-                let [domain, set] = args else {
-                    return Err(
-                        "expected `allowed DOMAIN CPUS` (a list such as 2-3, `none` or `default`)"
+                let (domain, set, nowait) = match args {
+                    [domain, set] => (domain, set, false),
+                    [domain, set, "nowait"] => (domain, set, true),
+                    _ => return Err(
+                        "expected `allowed DOMAIN CPUS [nowait]` (a list such as 2-3, `none` or `default`)"
                             .into(),
-                    );
+                    ),
                 };
                 let domain = self.domain(domain)?;
                 let cpus = match *set {
@@ -472,7 +501,16 @@ impl Parser<'_> {
                 }
                 self.allowed[domain as usize] = cpus.clone();
                 self.place_all();
-                Step::Allowed { domain, cpus }
+                if nowait {
+                    self.doubt.entry(domain).or_insert(line);
+                } else {
+                    self.doubt.remove(&domain);
+                }
+                Step::Allowed {
+                    domain,
+                    cpus,
+                    nowait,
+                }
             }
             "wait" => {
                 let [time] = args else {
@@ -508,6 +546,14 @@ impl Parser<'_> {
                         ))
                     }
                     _ => {}
+                }
+                if self.doubt.remove(&domain).is_some() {
+                    let online = self.online_allowed(domain);
+                    if online.len() > 1 {
+                        return Err(format!(
+                            "this `cpumask` settles domain {domain}'s allowed set, which was not waited for, and the set has CPUs {online:?} online here: the PMU may be on any of them; settle it with an `allowed {domain} ...` that waits, or a set of one CPU"
+                        ));
+                    }
                 }
                 Step::Cpumask { domain, cpus }
             }
@@ -667,11 +713,7 @@ impl Parser<'_> {
             .and_then(|r| r.strip_suffix(')'))
             .ok_or_else(|| format!("`{word}`: expected owner(DOMAIN)"))?;
         let domain = self.domain(role)?;
-        let candidates: Vec<u32> = self.allowed[domain as usize]
-            .iter()
-            .copied()
-            .filter(|c| self.online.contains(c))
-            .collect();
+        let candidates = self.online_allowed(domain);
         match candidates[..] {
             [] => {
                 return Err(format!(
@@ -696,6 +738,55 @@ impl Parser<'_> {
         Ok(())
     }
 
+    /// `allowed DOMAIN CPUS refused ERROR`: a set the device must refuse
+    /// with ERROR, as a device of the layout's shape does (any domain
+    /// number and CPU list: one it does not have is the point).
+    fn refused_set(&self, args: &[&str]) -> Result<Step, String> {
+        let names: Vec<&str> = Malformed::ALL.iter().map(|m| m.name()).collect();
+        let usage = format!(
+            "expected `allowed DOMAIN CPUS refused ERROR`, ERROR one of {}",
+            names.join(", ")
+        );
+        let [domain, set, _, error] = args else {
+            return Err(usage);
+        };
+        let error = Malformed::ALL
+            .into_iter()
+            .find(|m| m.name() == *error)
+            .ok_or_else(|| format!("`{error}`: {usage}"))?;
+        let domain = match self.domain(domain) {
+            Ok(d) => d,
+            Err(e) => domain.parse::<u32>().map_err(|_| e)?,
+        };
+        let cpus = match *set {
+            "none" => vec![],
+            list => parse_cpu_list(list)
+                .map_err(|e| format!("`{list}`: {e}; expected a CPU list such as 2-3 or `none`"))?,
+        };
+        let config = DeviceConfig {
+            domains: self.layout.domains.clone(),
+            rmids: self.layout.rmids,
+            unit_bytes: self.layout.unit_bytes,
+            ..DeviceConfig::default()
+        };
+        match Malformed::of(&config, domain, &cpus)? {
+            None => Err(format!(
+                "the device takes the set `{set}` for domain {domain}: `refused` is for a set it must refuse ({})",
+                names.join(", ")
+            )),
+            Some((m, e)) if m != error => Err(format!(
+                "the device refuses it with {} ({e}), not {}",
+                m.name(),
+                error.name()
+            )),
+            Some(_) => Ok(Step::AllowedRefused {
+                domain,
+                cpus,
+                error,
+            }),
+        }
+    }
+
     /// `moves DOMAIN start` / `moves DOMAIN stop`.
     fn moves(&mut self, line: usize, args: &[&str]) -> Result<Step, String> {
         let [domain, what] = args else {
@@ -714,11 +805,7 @@ impl Parser<'_> {
                         "domain {domain} allows CPU 0, which never goes offline: `moves` needs a domain without it (`movable`)"
                     ));
                 }
-                let cpus: Vec<u32> = self.allowed[domain as usize]
-                    .iter()
-                    .copied()
-                    .filter(|c| self.online.contains(c))
-                    .collect();
+                let cpus = self.online_allowed(domain);
                 if cpus.len() < 2 {
                     return Err(format!(
                         "domain {domain} has {} allowed CPU online here: the thread needs two, so that the PMU moves and never parks",
@@ -767,6 +854,17 @@ impl Parser<'_> {
     /// CPU the thread switches may be offline at any moment.
     fn still_for(&self, op: &str, args: &[&str]) -> Result<(), String> {
         let first = args.first().copied().unwrap_or("");
+        let named = match op {
+            "move" | "park" | "unpark" | "moves" => self.domain(first).ok(),
+            "offline" | "online" => first
+                .strip_prefix("owner(")
+                .and_then(|r| r.strip_suffix(')'))
+                .and_then(|r| self.domain(r).ok()),
+            _ => None,
+        };
+        if let Some(at) = named.and_then(|d| self.doubt.get(&d)) {
+            return Err(self.in_doubt(named.unwrap_or(0), *at, op));
+        }
         match op {
             "move" | "park" | "unpark" | "allowed" | "cpumask" => {
                 if let Ok(d) = self.domain(first) {
@@ -806,6 +904,14 @@ impl Parser<'_> {
         Ok(())
     }
 
+    /// Why `what` must wait for domain `domain`'s doubt, begun at line `at`,
+    /// to be settled.
+    fn in_doubt(&self, domain: u32, at: usize, what: &str) -> String {
+        format!(
+            "`{what}` needs to know where domain {domain}'s PMU is, and its allowed set of line {at} was not waited for: settle it first (`cpumask {domain} CPU|none`, or an `allowed {domain} ...` that waits)"
+        )
+    }
+
     /// Refuses `cpu` if a moving thread switches it.
     fn not_moved(&self, cpu: u32) -> Result<(), String> {
         match self.moving.iter().find(|(_, (cpus, _))| cpus.contains(&cpu)) {
@@ -822,6 +928,15 @@ impl Parser<'_> {
         self.opened
             .iter()
             .any(|(&h, o)| (h == leader || o.group == Some(leader)) && o.pmu.is_some())
+    }
+
+    /// `domain`'s allowed CPUs online here.
+    fn online_allowed(&self, domain: u32) -> Vec<u32> {
+        self.allowed[domain as usize]
+            .iter()
+            .copied()
+            .filter(|c| self.online.contains(c))
+            .collect()
     }
 
     /// The first of `domain`'s allowed CPUs online here, other than `not`.
@@ -958,6 +1073,27 @@ impl Parser<'_> {
                 "cpu=owner({d}): a thread moves domain {d}'s PMU here, so it has no CPU to name; `moves {d} stop` first"
             ));
         }
+        if let Some(d) = on_owner.filter(|d| self.doubt.contains_key(d)) {
+            return Err(self.in_doubt(d, self.doubt[&d], "cpu=owner(...)"));
+        }
+        if let Some(leader) = event.group.filter(|l| self.racing.contains(l)) {
+            return Err(format!(
+                "`{}` was opened while its domain's allowed set was not waited for, so it may have been refused: no group can name it",
+                self.handles[&leader]
+            ));
+        }
+        // A software member follows its device group's PMU.
+        let pmu = event.pmu.or_else(|| {
+            let leader = event.group?;
+            self.opened
+                .iter()
+                .filter(|(&h, o)| h == leader || o.group == Some(leader))
+                .find_map(|(_, o)| o.pmu)
+        });
+        let racing = pmu.filter(|d| self.doubt.contains_key(d));
+        if let (Some(d), None) = (racing, event.pmu) {
+            return Err(self.in_doubt(d, self.doubt[&d], "a cpu-clock member of its group"));
+        }
         let follows_a_device = event
             .group
             .is_some_and(|leader| self.in_a_device_group(leader));
@@ -978,6 +1114,9 @@ impl Parser<'_> {
             wants: vec![],
         });
         self.next_handle += 1;
+        if racing.is_some() {
+            self.racing.insert(expect);
+        }
         self.names.insert(name.to_string(), expect);
         self.handles.insert(expect, name.to_string());
         self.opened.insert(expect, event);
@@ -1011,6 +1150,9 @@ impl Parser<'_> {
             if handle != Some(expect) {
                 return Err(format!("`want {name} {what}` must follow {name}'s open"));
             }
+            if self.racing.contains(&expect) {
+                return Err(racing_want(name));
+            }
             // Refused: it takes no handle, and its name stays unbound.
             last.wants.push(Want::Refused {
                 line,
@@ -1025,11 +1167,16 @@ impl Parser<'_> {
         let Some(&handle) = self.names.get(*name) else {
             return Err(self.not_open(name));
         };
+        if self.racing.contains(&handle) {
+            return Err(racing_want(name));
+        }
+        let last = self.ops.last().expect("checked above");
         if !matches!(last.step, Step::Read { .. }) || !last.shows.contains(&handle) {
             return Err(format!(
                 "`want {name} ...` must follow a read that shows {name} (`read {name}`, or a group read of its group)"
             ));
         }
+        let last = self.ops.last_mut().expect("checked above");
         if *what == "landed" {
             last.wants.push(Want::Landed {
                 line,
@@ -1144,6 +1291,13 @@ impl Parser<'_> {
             .map(|d| self.parked(d))
             .collect()
     }
+}
+
+/// Why no want can pin `name`, opened on a domain in doubt.
+fn racing_want(name: &str) -> String {
+    format!(
+        "`{name}` was opened while its domain's allowed set was not waited for: it may have opened or been refused (ENODEV), so no want can pin it or its reads; the model judges them"
+    )
 }
 
 /// The scenario files `paths` name: each file as it is, each folder's
@@ -1278,7 +1432,10 @@ pub fn wants_against_model(scenario: &Scenario, shape: DeviceShape) -> Vec<Scena
                     event.cpu = cpu as i32;
                 }
                 let predicted = p.model.predict_open(&event.spec());
+                // On a domain in doubt it may open or be refused: no want.
+                let racing = event.pmu.is_some_and(|d| p.model.placement_is_unknown(d));
                 match (op.wants.first(), predicted) {
+                    (_, Err(_)) if racing => {}
                     (Some(Want::Refused { line, errno }), p) => {
                         if p.map_err(|r| r.errno()) != Err(errno.as_str()) {
                             find(*line, format!("the model predicts {p:?} for this open, not {errno}"));
@@ -1723,6 +1880,192 @@ mod tests {
         );
         let right = parsed("offline 2\ncpumask movable 3\nonline 2\ncpumask movable 3\n").unwrap();
         assert_eq!(wants_against_model(&right, shape), vec![]);
+    }
+
+    /// `allowed DOMAIN CPUS nowait`: the change only issued, the domain in
+    /// doubt until a `cpumask` (which then waits for the mask it asserts)
+    /// or an `allowed` that waits; meanwhile what needs to know where the
+    /// PMU is, and wants on an open that may have been refused, are
+    /// refused at their lines.
+    #[test]
+    fn an_allowed_set_not_waited_for_is_in_doubt_until_a_line_settles_it() {
+        let s = parsed(
+            "a = open movable mbm_total_bytes rmid=1 read=times\n\
+             allowed movable 3 nowait\n\
+             offline 3\n\
+             b = open movable mbm_total_bytes rmid=2\n\
+             read b\n\
+             online 3\n\
+             offline 3\n\
+             cpumask movable none\n\
+             online 3\n\
+             allowed movable none nowait\n\
+             allowed movable default\n",
+        )
+        .unwrap();
+        let steps: Vec<&Step> = s.ops.iter().map(|o| &o.step).collect();
+        assert_eq!(
+            steps[1],
+            &Step::Allowed {
+                domain: 1,
+                cpus: vec![3],
+                nowait: true
+            }
+        );
+        // In doubt, CPU 3 back is an online, not the unpark of a domain
+        // the parser thinks parked; settled parked, it is the unpark.
+        assert_eq!(steps[5], &Step::Online { cpu: 3 });
+        assert_eq!(steps[8], &Step::Unpark { domain: 1, cpu: 3 });
+        assert_eq!(
+            steps[10],
+            &Step::Allowed {
+                domain: 1,
+                cpus: vec![2, 3],
+                nowait: false
+            }
+        );
+        let issued = "a = open movable mbm_total_bytes rmid=1\nallowed movable 3 nowait\n";
+        let unsettled = [
+            "move movable",
+            "park movable",
+            "moves movable start",
+            "offline owner(movable)",
+            "c = open cpu-clock cpu=owner(movable)",
+            "c = open cpu-clock cpu=1 group=a",
+        ]
+        .map(|line| (format!("{line}\ncpumask movable 3\n"), 3, "settle it first"));
+        let cases = [
+            (
+                "b = open movable mbm_total_bytes rmid=2\nwant b ENODEV\n",
+                4,
+                "may have opened or been refused",
+            ),
+            (
+                "b = open movable mbm_total_bytes rmid=2\nread b\nwant b 0\n",
+                5,
+                "may have opened or been refused",
+            ),
+            (
+                "b = open movable mbm_total_bytes rmid=2\ncpumask movable 3\nc = open movable mbm_local_bytes rmid=2 group=b\n",
+                5,
+                "no group can name it",
+            ),
+            ("allowed movable 2-3 nowait\ncpumask movable 2\n", 4, "may be on any of them"),
+            ("", 2, "never settled"),
+            ("allowed movable 2 nowait\n", 2, "never settled"),
+            ("allowed movable 2 wait\n", 3, "expected `allowed DOMAIN CPUS [nowait]`"),
+        ]
+        .map(|(text, at, why)| (text.to_string(), at, why));
+        for (text, at, why) in unsettled.into_iter().chain(cases) {
+            let (line, message) = refused(&format!("{issued}{text}"));
+            assert_eq!(line, at, "{text}: {message}");
+            assert!(message.contains(why), "{text}: {message}");
+        }
+        // Settled, the open's outcome is known again: its wants stand.
+        assert!(parsed(&format!(
+            "{issued}cpumask movable 3\nb = open movable mbm_total_bytes rmid=2\nread b\nwant b 0\n"
+        ))
+        .is_ok());
+    }
+
+    /// The host's check of the wants takes a domain in doubt as the model
+    /// does: in the doubt it only bounds a count (from what the last read
+    /// showed to all that landed), once a line settles it the count is
+    /// exact again.
+    #[test]
+    fn the_model_checks_wants_across_a_set_not_waited_for() {
+        let text = |inside: &str| {
+            format!(
+                "a = open movable mbm_total_bytes rmid=1 read=times\n\
+                 burst movable mbm_total_bytes rmid=1 1MiB\n\
+                 allowed movable 3 nowait\n\
+                 offline 3\n\
+                 burst movable mbm_total_bytes rmid=1 2MiB\n\
+                 {inside}\
+                 cpumask movable none\n\
+                 burst movable mbm_total_bytes rmid=1 4MiB\n\
+                 online 3\n\
+                 read a\n\
+                 want a 7MiB\n"
+            )
+        };
+        let shape = DeviceShape::DEFAULT_RUN;
+        let judged = |inside: &str| wants_against_model(&parsed(&text(inside)).unwrap(), shape);
+        assert_eq!(judged(""), vec![]);
+        let found: Vec<(usize, bool)> = judged("read a\nwant a 5MiB\n")
+            .iter()
+            .map(|e| (e.line, e.message.contains("the model's 0 (0) to 3MiB")))
+            .collect();
+        assert_eq!(found, [(7, true)]);
+        // An open in the doubt needs no want, though the model may take
+        // the PMU for parked.
+        let racing = parsed(
+            "allowed movable none\n\
+             allowed movable 2 nowait\n\
+             b = open movable mbm_total_bytes rmid=2\n\
+             allowed movable default\n",
+        )
+        .unwrap();
+        assert_eq!(wants_against_model(&racing, shape), vec![]);
+    }
+
+    /// `allowed DOMAIN CPUS refused ERROR`: any domain number and CPU list,
+    /// refused at its line unless a device of the layout refuses the set
+    /// with ERROR; it changes nothing the later lines see.
+    #[test]
+    fn a_malformed_set_must_be_one_the_device_refuses_with_the_error_named() {
+        let s = parsed(
+            "allowed 9 2-3 refused no-such-domain\n\
+             allowed movable 200 refused no-such-cpu\n\
+             allowed movable 2-3,4096 refused no-such-cpu\n\
+             cpumask movable 2\n",
+        )
+        .unwrap();
+        let steps: Vec<&Step> = s.ops.iter().map(|o| &o.step).collect();
+        assert_eq!(
+            steps[..2],
+            [
+                &Step::AllowedRefused {
+                    domain: 9,
+                    cpus: vec![2, 3],
+                    error: Malformed::NoSuchDomain
+                },
+                &Step::AllowedRefused {
+                    domain: 1,
+                    cpus: vec![200],
+                    error: Malformed::NoSuchCpu
+                }
+            ]
+        );
+        for (text, why) in [
+            (
+                "allowed movable 2-3 refused no-such-cpu",
+                "the device takes the set `2-3`",
+            ),
+            (
+                "allowed 9 200 refused no-such-domain",
+                "refuses it with no-such-cpu (vCPU 200 is out of range",
+            ),
+            (
+                "allowed 9 2-3 refused nope",
+                "ERROR one of no-such-domain, no-such-cpu",
+            ),
+            (
+                "allowed 9 2-3 refused",
+                "expected `allowed DOMAIN CPUS refused ERROR`",
+            ),
+            (
+                "allowed nowhere 2 refused no-such-domain",
+                "`nowhere`: expected a domain",
+            ),
+            (
+                "allowed 9 2-x refused no-such-domain",
+                "expected a CPU list",
+            ),
+        ] {
+            refused_after("wait 1ms\n", text, why);
+        }
+        assert_eq!(wants_against_model(&s, DeviceShape::DEFAULT_RUN), vec![]);
     }
 
     #[test]

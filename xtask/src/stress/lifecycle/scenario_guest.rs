@@ -24,7 +24,7 @@ use crate::progress::human;
 
 use super::flows::Flows;
 use super::irq_affinity::Watch;
-use super::journal::{self, perf_op, Entry, Header, Opened, Step};
+use super::journal::{self, perf_op, Doubt, Entry, Header, Opened, Step};
 use super::reads;
 use super::replay::{replay, Finding};
 use super::run::{attr_of, flush, host_step, probe_next_handle, shape, with_started_job};
@@ -258,8 +258,32 @@ fn carry_out_into(
     let start = Instant::now();
     let mut pending: Vec<(Step, bool)> = Vec::new();
     let mut flows = Flows::default();
+    // The domains in doubt (journal::Doubt).
+    let mut doubt = std::collections::BTreeSet::new();
     for op in &scenario.ops {
         let mut step = op.step.clone();
+        // An open that races an allowed set may be refused (ENODEV): it is
+        // sent alone, so that the runner knows before the next open.
+        let racing = match &step {
+            Step::Open { event, expect } => {
+                event.pmu.filter(|d| doubt.contains(d)).map(|_| *expect)
+            }
+            _ => None,
+        };
+        match Doubt::of(&step) {
+            Some(Doubt::Begins(d)) => {
+                doubt.insert(d);
+            }
+            Some(Doubt::Settles(d)) if doubt.remove(&d) => {
+                if let Step::Cpumask { cpus, .. } = &step {
+                    // It settles when the mask is the one asserted, or
+                    // after 30 s (the replay then finds it wrong).
+                    flush(g, &mut pending, &attr, journal, start)?;
+                    g.wait_cpumask(&env.pmus[d as usize], |m| m == cpus.as_slice())?;
+                }
+            }
+            _ => {}
+        }
         if let Some(d) = op.on_owner {
             flush(g, &mut pending, &attr, journal, start)?;
             let owner = match g.cpumask(&env.pmus[d as usize])?.first() {
@@ -298,10 +322,17 @@ fn carry_out_into(
             }
             let entry = journal.last_mut().expect("the step just carried out");
             flows.after(control, &before, entry)?;
+            if let Some(expect) = racing {
+                took_refused_handle(g, journal, expect, scenario, op.line)?;
+            }
             continue;
         }
         if perf_op(&step, attr).is_some() {
             pending.push((step, opens));
+            if let Some(expect) = racing {
+                flush(g, &mut pending, &attr, journal, start)?;
+                took_refused_handle(g, journal, expect, scenario, op.line)?;
+            }
             continue;
         }
         // A desync (an open that did not give the handle the parser gave
@@ -313,6 +344,31 @@ fn carry_out_into(
         journal.push(entry);
     }
     flush(g, &mut pending, &attr, journal, start)?;
+    Ok(())
+}
+
+/// After an open that raced an allowed set (expected to get `expect`): if
+/// it was refused, a throwaway event takes its handle, as
+/// [`probe_next_handle`] does, so that the later opens get the handles the
+/// parser gave them (the agent numbers the opens that succeed).
+fn took_refused_handle(
+    g: &mut Guest,
+    journal: &[Entry],
+    expect: Handle,
+    scenario: &Scenario,
+    line: usize,
+) -> Result<()> {
+    if journal.last().is_some_and(|e| e.result.is_ok()) {
+        return Ok(());
+    }
+    let next = probe_next_handle(g)?;
+    if next != expect + 1 {
+        bail!(
+            "{}:{line}: the open was refused, and the handle after it is {next}, not {}",
+            scenario.file.display(),
+            expect + 1
+        );
+    }
     Ok(())
 }
 

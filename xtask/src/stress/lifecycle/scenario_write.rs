@@ -66,6 +66,7 @@ pub fn sayable<T: Clone>(
                     let step = Step::Allowed {
                         domain: d as u32,
                         cpus: set,
+                        nowait: false,
                     };
                     out.push((Line::new(step), start.clone()));
                 }
@@ -103,7 +104,9 @@ pub fn sayable<T: Clone>(
                     }
                 }
             }
-            Step::Allowed { domain, ref cpus } => {
+            Step::Allowed {
+                domain, ref cpus, ..
+            } => {
                 owner[domain as usize] = cpus.iter().copied().find(|c| online.contains(c));
             }
             Step::Move { domain } => {
@@ -293,10 +296,28 @@ fn step_text(step: &Step, all: &[Line]) -> String {
         Step::Unpark { domain, cpu } => format!("unpark {domain} {cpu}"),
         Step::Online { cpu } => format!("online {cpu}"),
         Step::Offline { cpu } => format!("offline {cpu}"),
-        Step::Allowed { domain, cpus } if cpus.is_empty() => format!("allowed {domain} none"),
-        Step::Allowed { domain, cpus } => {
+        Step::Allowed {
+            domain,
+            cpus,
+            nowait,
+        } => {
             let list: Vec<String> = cpus.iter().map(u32::to_string).collect();
-            format!("allowed {domain} {}", list.join(","))
+            let list = if cpus.is_empty() {
+                "none".to_string()
+            } else {
+                list.join(",")
+            };
+            let nowait = if *nowait { " nowait" } else { "" };
+            format!("allowed {domain} {list}{nowait}")
+        }
+        Step::AllowedRefused {
+            domain,
+            cpus,
+            error,
+        } => {
+            let list = perfbed_device::cpus::format_cpu_list(cpus);
+            let list = if list.is_empty() { "none".into() } else { list };
+            format!("allowed {domain} {list} refused {}", error.name())
         }
         Step::Wait { ms } => format!("wait {ms}ms"),
         Step::MuxInterval { domain, ms } => format!("mux {domain} {ms}ms"),

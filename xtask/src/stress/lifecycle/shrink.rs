@@ -313,7 +313,7 @@ pub fn depends(journal: &[Entry], target: usize, domains: &[Vec<u32>]) -> BTreeS
                         .iter()
                         .any(|&d| domains.get(d as usize).is_some_and(|c| c.contains(cpu)))
             }
-            Step::Wait { .. } | Step::Violations => true,
+            Step::Wait { .. } | Step::Violations | Step::AllowedRefused { .. } => true,
             Step::OthersOpen { .. } | Step::PerfStat { .. } | Step::Seen { .. } => false,
         };
         if keep {
