@@ -82,8 +82,8 @@ pub struct RunArgs {
     #[arg(long)]
     pub known_bugs: bool,
     /// Run only the checks whose printed names contain PATTERN
-    /// (repeatable), after the boot and the driver's load: one check's
-    /// verdict fast after an edit.
+    /// (repeatable; `=NAME`: that check only), after the boot and the
+    /// driver's load: one check's verdict fast after an edit.
     #[arg(long, value_name = "PATTERN")]
     pub check: Vec<String>,
     /// The guest's architecture: x86_64, or arm64 on perfbed's aarch64
@@ -306,7 +306,7 @@ fn check_args(args: &RunArgs, scenario: bool) -> Result<()> {
     if let Some(p) = args
         .check
         .iter()
-        .find(|p| !names.iter().any(|n| n.contains(p.as_str())))
+        .find(|p| !names.iter().any(|n| crate::checks::pattern_matches(p, n)))
     {
         anyhow::bail!(
             "--check {p:?} names no check of the run; its checks are:\n  {}",
@@ -476,7 +476,10 @@ mod tests {
         assert!(text.contains("\n  counter reads"), "{text}");
         let perf = refuse_what_arm64_lacks(&names, &Select::matching(&["perf stat".into()]));
         assert!(perf.is_err());
-        let fine = Select::matching(&["counter reads".into(), "CPU hotplug".into()]);
+        let fine = Select::matching(&["counter reads".into(), "=CPU hotplug".into()]);
         refuse_what_arm64_lacks(&names, &fine).unwrap();
+        // Without `=`, "CPU hotplug" selects "topology after CPU hotplug" too.
+        let both = Select::matching(&["CPU hotplug".into()]);
+        assert!(refuse_what_arm64_lacks(&names, &both).is_err());
     }
 }
