@@ -55,7 +55,9 @@ pub fn clean_log_check(serial_log: &std::path::Path) -> Check {
 }
 
 /// Which checks a run carries out: every one, or those whose printed
-/// names contain one of the patterns (`cargo xtask run --check`).
+/// names contain one of the patterns (`cargo xtask run --check`); a
+/// pattern `=NAME` selects the check printed as NAME only (`CPU hotplug`
+/// alone, not `topology after CPU hotplug`).
 #[derive(Debug, Clone, Default)]
 pub struct Select {
     patterns: Vec<String>,
@@ -70,7 +72,16 @@ impl Select {
 
     /// Whether the check printed as `name` runs.
     pub fn wants(&self, name: &str) -> bool {
-        self.patterns.is_empty() || self.patterns.iter().any(|p| name.contains(p.as_str()))
+        self.patterns.is_empty() || self.patterns.iter().any(|p| pattern_matches(p, name))
+    }
+}
+
+/// Whether the `--check` pattern `pattern` selects the check printed as
+/// `name`: `=NAME` exactly, anything else as a part of it.
+pub fn pattern_matches(pattern: &str, name: &str) -> bool {
+    match pattern.strip_prefix('=') {
+        Some(exact) => name == exact,
+        None => name.contains(pattern),
     }
 }
 
@@ -128,5 +139,8 @@ mod tests {
         assert!(some.wants("redteam: disabled across park"));
         assert!(some.wants("exact counts"));
         assert!(!some.wants("migration"));
+        let exact = Select::matching(&["=CPU hotplug".into()]);
+        assert!(exact.wants("CPU hotplug"));
+        assert!(!exact.wants("topology after CPU hotplug"));
     }
 }

@@ -112,7 +112,9 @@ pub fn save_trace_and_plot(
         // One page: REG_MAGIC is at offset 0.
         let sync = match vm.request(
             &HostRequest::ClockSync {
-                base: host::config::DEVICE_BASE,
+                // The host's address for the device (arm64's `virt` has it
+                // elsewhere than x86's; a wrong one is a bus error there).
+                base: vm.device_base,
                 size: 4096,
                 cpu: 0,
             },
