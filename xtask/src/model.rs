@@ -1644,7 +1644,6 @@ impl Model {
                         );
                     } else if settle_full
                         && d_run == d_en
-                        && d_run > 0
                         && !near(hi)
                         && !short_ok
                         && holds(Rule::FullRunningCountedAll)
