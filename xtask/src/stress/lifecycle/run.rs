@@ -992,8 +992,8 @@ pub(super) fn host_step(
             .into_iter()
             .map(u64::from)
             .collect()),
-        Step::LostWraps { domain, .. } => {
-            Ok(vec![g.pmu_count(&pmus[*domain as usize], "lost_wraps")?])
+        Step::DriverCount { domain, count, .. } => {
+            Ok(vec![g.pmu_count(&pmus[*domain as usize], count.file())?])
         }
         Step::Violations => Ok(vec![control
             .state()?
