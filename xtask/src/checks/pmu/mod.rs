@@ -6,14 +6,12 @@
 pub mod accesses;
 pub mod across_moves;
 pub mod allowed_attacks;
-pub mod allowed_sets;
 pub mod attacks;
 pub mod bpf_reads;
 pub mod context;
 pub mod counts;
 pub mod groups;
 pub mod hotplug_fail;
-pub mod interrupts;
 pub mod moves;
 pub mod multiplexing;
 pub mod perf_matrix;
@@ -54,14 +52,8 @@ fn run_each(ctx: &mut Ctx, checks: &[Named]) -> Result<Vec<Check>> {
     Ok(out)
 }
 
-/// Moves, parks, interrupts and allowed sets, in `run`'s order, each by the
-/// name its `Check` carries.
+/// Moves and parks, in `run`'s order, each by the name its `Check` carries.
 const AROUND_MOVES: &[(&str, CtxCheck)] = &[
-    ("interrupts", interrupts::follow_the_owner),
-    (
-        "interrupts with RESET and DISABLE",
-        allowed_sets::with_reset_and_disable,
-    ),
     (
         "exclusive and groups after moves",
         across_moves::exclusive_after_moves,
