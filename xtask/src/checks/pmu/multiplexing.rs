@@ -1,3 +1,6 @@
+//! Stays in Rust: it judges scaled estimates over a rate window against the
+//! device's slot-level record, which the model leaves to perf.
+//!
 //! More events than slots: perf multiplexes them; each raw count is exactly
 //! what its slots counted up to their last reads (the device's slot-level
 //! truth replayed against its trace), and each scaled count is within 5 %

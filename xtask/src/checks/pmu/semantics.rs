@@ -1,3 +1,7 @@
+//! Stays in Rust: it judges scaled estimates against the truth, which the
+//! model leaves to perf, and a loss by the PMU's `lost_wraps` only if
+//! there was one.
+//!
 //! Counting semantics beyond open–enabled–close, each replaying a symptom a
 //! user saw: multiplexed events losing counts through a park, and a park
 //! longer than a counter's wrap passed off as exact
@@ -5,10 +9,8 @@
 //! traffic that landed while it was enabled and scheduled, and a loss it
 //! cannot avoid shows as time not running).
 //!
-//! They stay in Rust because they judge what the model does not: scaled
-//! estimates against the truth with perf's rotations measured in the
-//! device's trace, and the PMU's `lost_wraps`. (The disabled window is
-//! `scenarios/ioctls/disable-window-under-a-rate.scn`.)
+//! Perf's rotations are measured in the device's trace. (The disabled
+//! window is `scenarios/ioctls/disable-window-under-a-rate.scn`.)
 
 use std::time::Duration;
 
