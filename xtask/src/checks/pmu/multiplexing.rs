@@ -44,10 +44,6 @@ use crate::guest::{pmu_name, Guest};
 ///      judges what is left; a driver that miscounts has its raw count off,
 ///      one that misaccounts time has the rest off.
 ///
-/// An `llc_occupancy` opened after them takes no slot: it runs all the
-/// time and reads the occupancy unscaled (patch 0008), though the groups
-/// before it do not fit.
-///
 /// How the estimate is taken, and what it may be off by:
 /// - It is scaled over a window, as `perf stat -I` scales an interval: from
 ///   the deltas of value, time_enabled and time_running between two reads,
@@ -58,9 +54,8 @@ use crate::guest::{pmu_name, Guest};
 ///   time_enabled over the window (its own: the reads of one request come
 ///   one after another, in the box up to 0.6 s apart). Scaling by an event's whole life (open to read) would assume it
 ///   ran the same share of the traffic window as of that life, and perf's
-///   rotation does not share the slots evenly: with the gauge in the same
-///   context, two of the six events run ~57 % of the time and four ~71 %,
-///   and which two depends on where a window starts and ends.
+///   rotation does not share the slots evenly: some events run a larger
+///   share than others, and which depends on where a window starts and ends.
 /// - The rotation gap biases every estimate low. `perf_rotate_context()`
 ///   updates the context time once, before the sched-out, and the sched-in
 ///   stamps the incoming event with that time, so perf accounts it as
@@ -122,7 +117,7 @@ pub fn multiplexing(ctx: &mut Ctx) -> Result<Check> {
         "multiplexing",
         problems,
         format!(
-            "{events} events on {} slots at {} MiB/s each, mux interval {MUX_INTERVAL_MS} ms: all multiplexed, raw counts exact against {exact} slot assignments; {scaled} ({}); llc_occupancy beside them ran all the time, exact",
+            "{events} events on {} slots at {} MiB/s each, mux interval {MUX_INTERVAL_MS} ms: all multiplexed, raw counts exact against {exact} slot assignments; {scaled} ({})",
             ctx.device.slots,
             rate / MIB,
             per_event.join(", ")
@@ -317,15 +312,6 @@ pub fn multiplexed_counts(
 ) -> Result<Multiplexed> {
     let mark = RecordMark::now(ctx)?;
     let handles = open_multiplexed(ctx, d, events)?;
-    let gauge_rmid = ctx.device.rmids - 1;
-    let occupancy = 3_000 * ctx.device.unit_bytes;
-    ctx.control.set_occupancy(d as u32, gauge_rmid, occupancy)?;
-    let mut attr = ctx.attr(d, Event::LlcOccupancy, gauge_rmid);
-    attr.read_format = FORMAT_TOTAL_TIME_ENABLED | FORMAT_TOTAL_TIME_RUNNING;
-    let gauge = match ctx.g.open(attr, None)? {
-        Ok(h) => h,
-        Err(errno) => bail!("opening llc_occupancy beside the multiplexed events: {errno}"),
-    };
     let ids: Vec<u32> = handles.iter().map(|&(_, h)| h).collect();
     for &(rmid, _) in &handles {
         ctx.control
@@ -348,11 +334,9 @@ pub fn multiplexed_counts(
     // (a poll, a close) reads what this one did.
     let last = ctx.g.read_many(&ids)?;
     let (record, trace) = mark.since(ctx)?;
-    let gauge_read = ctx.g.read(gauge)?;
     for &h in &ids {
         ctx.g.close(h)?;
     }
-    ctx.g.close(gauge)?;
     let mut problems = Vec::new();
     let shape = shape(ctx);
     let credits = slot_credit::replay(shape, &record.records, &trace.accesses)?;
@@ -421,20 +405,6 @@ pub fn multiplexed_counts(
                 silence_ns / 1_000_000
             ));
         }
-    }
-    // Its whole life: from nothing to its one read.
-    let Window {
-        value,
-        enabled,
-        running,
-    } = Window::between(&[], &gauge_read);
-    if enabled == 0 || running != enabled {
-        problems.push(format!("llc_occupancy: time_running {running} vs time_enabled {enabled}: a gauge was multiplexed"));
-    }
-    if value != occupancy {
-        problems.push(format!(
-            "llc_occupancy: {value} bytes, the device's occupancy {occupancy}"
-        ));
     }
     Ok(Multiplexed {
         problems,
