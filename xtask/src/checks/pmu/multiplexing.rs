@@ -84,29 +84,17 @@ pub fn multiplexing(ctx: &mut Ctx) -> Result<Check> {
     let d = 0;
     let events = ctx.device.slots as usize + 2;
     let rate = 32 * MIB;
-    let interval_file = format!(
-        "/sys/bus/event_source/devices/{}/perf_event_mux_interval_ms",
-        pmu_name(d)
-    );
-    let default_interval = ctx.g.read_file(&interval_file)?;
-    set_sysfs(ctx.g, &interval_file, &MUX_INTERVAL_MS.to_string())?;
-    let result = multiplexed_counts(ctx, d, events, rate);
-    set_sysfs(ctx.g, &interval_file, default_interval.trim())?;
     let Multiplexed {
-        mut problems,
+        problems,
         per_event,
         worst,
         worst_rotation,
         silence_ns,
         unread_bytes,
         exact,
-    } = result?;
-    let interval = ctx.g.read_file(&interval_file)?;
-    if interval.trim() != default_interval.trim() {
-        problems.push(format!(
-            "{interval_file} is {interval:?} after the check, was {default_interval:?}"
-        ));
-    }
+    } = with_mux_interval(ctx, d, MUX_INTERVAL_MS, |ctx, _| {
+        multiplexed_counts(ctx, d, events, rate)
+    })?;
     let scaled = format!(
         "scaled counts within {:.1} % of the truth once perf's rotations are taken out (the largest rotation effect {:+.1} %; longest pause between accesses {} ms; {unread_bytes} bytes counted after their slots' last reads)",
         worst * 100.0,
@@ -276,6 +264,33 @@ impl Window {
         let ran = self.running as f64 / self.enabled as f64;
         Some((self.value as f64 / ran, ran))
     }
+}
+
+/// The sysfs file of `pmu`'s mux interval.
+pub(crate) fn mux_interval_file(pmu: &str) -> String {
+    format!("/sys/bus/event_source/devices/{pmu}/perf_event_mux_interval_ms")
+}
+
+/// Runs `during` with domain `d`'s mux interval at `ms` (`during` is given
+/// the interval's sysfs file, to change it meanwhile), then puts back the
+/// interval the PMU had, whatever `during` came to; an error if it does
+/// not read back.
+pub(super) fn with_mux_interval<T>(
+    ctx: &mut Ctx,
+    d: usize,
+    ms: u32,
+    during: impl FnOnce(&mut Ctx, &str) -> Result<T>,
+) -> Result<T> {
+    let file = mux_interval_file(&pmu_name(d));
+    let had = ctx.g.read_file(&file)?;
+    set_sysfs(ctx.g, &file, &ms.to_string())?;
+    let result = during(ctx, &file);
+    set_sysfs(ctx.g, &file, had.trim())?;
+    let now = ctx.g.read_file(&file)?;
+    if now.trim() != had.trim() {
+        bail!("{file} is {now:?} after it was put back to {had:?}");
+    }
+    result
 }
 
 /// Writes `value` to a sysfs file in the guest.

@@ -20,7 +20,7 @@ use perfbed_device::regs::{whole_units, Event};
 use super::context::{truth, Ctx, MIB};
 use super::moves::movable_domain;
 use super::multiplexing::{
-    open_multiplexed, read_window, rotation_effect, set_sysfs, shape, RecordMark, Window,
+    open_multiplexed, read_window, rotation_effect, shape, with_mux_interval, RecordMark, Window,
     MUX_INTERVAL_MS,
 };
 use crate::checks::slot_credit;
@@ -44,15 +44,9 @@ const RATE: u64 = 8 * MIB;
 pub fn multiplexed_park(ctx: &mut Ctx) -> Result<Check> {
     let (d, allowed) = movable_domain(ctx)?;
     let events = ctx.device.slots as usize + 2;
-    let interval_file = format!(
-        "/sys/bus/event_source/devices/{}/perf_event_mux_interval_ms",
-        pmu_name(d)
-    );
-    let default_interval = ctx.g.read_file(&interval_file)?;
-    set_sysfs(ctx.g, &interval_file, &MUX_INTERVAL_MS.to_string())?;
-    let result = multiplexed_park_counts(ctx, d, &allowed, events);
-    set_sysfs(ctx.g, &interval_file, default_interval.trim())?;
-    let (problems, per_event) = result?;
+    let (problems, per_event) = with_mux_interval(ctx, d, MUX_INTERVAL_MS, |ctx, _| {
+        multiplexed_park_counts(ctx, d, &allowed, events)
+    })?;
     Ok(Check::from_problems(
         "multiplexing through a park",
         problems,

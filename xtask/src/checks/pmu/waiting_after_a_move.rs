@@ -15,7 +15,7 @@ use perfbed_device::regs::Event;
 
 use super::context::{must, open_with, owner, rmid, Ctx, Named, MIB, TIMES};
 use super::moves::movable_domain;
-use super::multiplexing::{set_sysfs, Window, MUX_INTERVAL_MS};
+use super::multiplexing::{set_sysfs, with_mux_interval, Window, MUX_INTERVAL_MS};
 use crate::checks::Check;
 use crate::guest::perf_abi::{FLAG_DISABLED, FLAG_EXCLUSIVE};
 use crate::guest::pmu_name;
@@ -52,14 +52,9 @@ fn words(r: &PerfOpResult, what: &str) -> Result<Vec<u64>> {
 ///    burst A was disabled through.
 pub fn disabled_while_waiting_after_a_move(ctx: &mut Ctx) -> Result<Check> {
     let (d, _) = movable_domain(ctx)?;
-    let interval_file = format!(
-        "/sys/bus/event_source/devices/{}/perf_event_mux_interval_ms",
-        pmu_name(d)
-    );
-    let default_interval = ctx.g.read_file(&interval_file)?;
-    let result = waiting_after_moves(ctx, d, &interval_file);
-    set_sysfs(ctx.g, &interval_file, default_interval.trim())?;
-    result
+    with_mux_interval(ctx, d, MUX_INTERVAL_MS, |ctx, interval_file| {
+        waiting_after_moves(ctx, d, interval_file)
+    })
 }
 
 /// The mux interval while a round must not rotate: longer than the steps
