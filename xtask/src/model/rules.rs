@@ -241,8 +241,9 @@ rules! {
     /// An ioctl that changes no count gives the answer the step asserts
     /// (`EBADF` on a closed event).
     RequestAnsweredAsAsserted,
-    /// A PMU's `lost_wraps` grows as the step asserts.
-    LostWrapsAsAsserted,
+    /// A PMU's driver count (`lost_wraps`, `irqs_on_owner`,
+    /// `irqs_off_owner`) grows as the step asserts.
+    DriverCountsAsAsserted,
     /// A PMU parks or is placed only where its placement was in doubt.
     PlacementChangesOnlyInDoubt,
     /// A park seen across readings lasts from the first one's window.
@@ -425,7 +426,7 @@ mod tests {
         ViolationsNeverChange => replay::a_cpumask_or_violations_assertion_that_the_run_does_not_meet_is_a_finding;
         CpumaskAsAsserted => replay::a_cpumask_or_violations_assertion_that_the_run_does_not_meet_is_a_finding;
         RequestAnsweredAsAsserted => replay::an_ioctl_that_changes_no_count_gives_the_answer_asserted_and_leaves_the_count;
-        LostWrapsAsAsserted => replay::a_lost_wraps_assertion_that_the_run_does_not_meet_is_a_finding;
+        DriverCountsAsAsserted => replay::a_driver_count_assertion_that_the_run_does_not_meet_is_a_finding;
         PlacementChangesOnlyInDoubt => replay::a_placement_changed_unseen_loosens_its_stretch_only;
         ParkSeenLastsFromItsWindow => replay::a_park_seen_across_readings_is_as_long_as_all_of_them;
         SoftwareGroupsBoundToTheirCpu => replay::a_software_group_on_a_cpu_a_move_takes_offline_falls_apart_for_good;

@@ -19,13 +19,19 @@ use anyhow::{bail, Result};
 use perfbed_agent::{AgentMessage, HostRequest, JobResult, JobSpec};
 use perfbed_device::regs::Event;
 
-use super::allowed_sets::set_allowed;
 use super::context::{
     every_cpu_back, inject, open_with, owner, rmid, truth, Ctx, Named, MIB, TIMES,
 };
 use super::moves::movable_domain;
 use crate::checks::Check;
 use crate::guest::{pmu_name, MODULE};
+
+/// Sets domain `d`'s allowed CPUs from the host.
+fn set_allowed(ctx: &mut Ctx, d: usize, cpus: &[u32]) -> Result<()> {
+    ctx.control
+        .set_allowed(d as u32, cpus)
+        .map_err(|e| anyhow::anyhow!("allowed set {cpus:?} for domain {d}: {e}"))
+}
 
 /// Where a PMU must end up for a settled change: on one CPU of `want`
 /// (`Some`), or parked (`None`).

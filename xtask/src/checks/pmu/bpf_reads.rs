@@ -1,3 +1,6 @@
+//! Stays in Rust: its reads come from a BPF program on the tick, which no
+//! scenario line can run, and are judged against the truth drain by drain.
+//!
 //! BPF's read path into a device-scope PMU: the agent's BPF reader (see
 //! `images/agent/src/bpf_reader.rs`) reads an open event with
 //! `bpf_perf_event_read_value()` from the timer tick's tracepoint on every

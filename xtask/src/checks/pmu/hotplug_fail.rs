@@ -1,3 +1,6 @@
+//! Stays in Rust: it fails hotplug operations at chosen kernel states and
+//! judges where the rollback leaves the PMU, which no scenario line makes.
+//!
 //! Hotplug fail injection (`CONFIG_CPU_HOTPLUG_STATE_CONTROL`, the debug
 //! kernel): a CPU offline or online that fails at a chosen hotplug state and
 //! rolls back through perf's callbacks, on the owner CPU of a device-scope

@@ -4,21 +4,20 @@
 //! compared with the device's ground truth while CPUs come and go.
 
 pub mod accesses;
-pub mod across_moves;
 pub mod allowed_attacks;
-pub mod allowed_sets;
-pub mod attacks;
 pub mod bpf_reads;
 pub mod context;
 pub mod counts;
+pub mod exclusive_after_moves;
 pub mod groups;
 pub mod hotplug_fail;
-pub mod interrupts;
 pub mod moves;
 pub mod multiplexing;
+pub mod opens_racing_moves;
 pub mod perf_matrix;
 pub mod registration;
 pub mod semantics;
+pub mod waiting_after_a_move;
 
 use anyhow::{bail, Result};
 use perfbed_device::{ControlClient, DeviceConfig};
@@ -54,19 +53,14 @@ fn run_each(ctx: &mut Ctx, checks: &[Named]) -> Result<Vec<Check>> {
     Ok(out)
 }
 
-/// Moves, parks, interrupts and allowed sets, in `run`'s order, each by the
-/// name its `Check` carries.
+/// Exclusivity after moves, opens and BPF reads racing moves, in `run`'s
+/// order, each by the name its `Check` carries.
 const AROUND_MOVES: &[(&str, CtxCheck)] = &[
-    ("interrupts", interrupts::follow_the_owner),
-    (
-        "interrupts with RESET and DISABLE",
-        allowed_sets::with_reset_and_disable,
-    ),
     (
         "exclusive and groups after moves",
-        across_moves::exclusive_after_moves,
+        exclusive_after_moves::exclusive_after_moves,
     ),
-    ("opens racing moves", across_moves::opens_racing_moves),
+    ("opens racing moves", opens_racing_moves::opens_racing_moves),
     ("BPF reads while moving", bpf_reads::while_moving),
 ];
 
@@ -182,8 +176,8 @@ pub fn names(known_bugs: bool, fail_injection: bool) -> Result<Vec<&'static str>
 }
 
 /// Every check of `run`, in order, by its printed name: the checks in
-/// Rust, and the scenario library (`scenarios/`) after the attacks and
-/// before the allowed-set attacks.
+/// Rust, and the scenario library (`scenarios/`) before the allowed-set
+/// attacks.
 fn plan(known_bugs: bool, fail_injection: bool) -> Result<Vec<Planned>> {
     let one = |check: CtxCheck| move |ctx: &mut Ctx| Ok(vec![check(ctx)?]);
     let named = |&(name, check): &'static (&'static str, CtxCheck)| -> Planned {
@@ -203,7 +197,7 @@ fn plan(known_bugs: bool, fail_injection: bool) -> Result<Vec<Planned>> {
     plan.extend(SEMANTICS.iter().map(named));
     plan.extend(ATTRIBUTES.iter().map(named));
     plan.push(("perf stat", Box::new(one(counts::perf_stat))));
-    plan.extend(attacks::CHECKS.iter().map(each));
+    plan.extend(waiting_after_a_move::CHECKS.iter().map(each));
     // The library before the allowed-set attacks, whose reloads of the
     // module it has never been run after (see docs/counting-semantics.md,
     // "Known violations": an allowed-set change after two reloads that the

@@ -1,3 +1,6 @@
+//! Stays in Rust: it judges scaled estimates over a rate window against the
+//! device's slot-level record, which the model leaves to perf.
+//!
 //! More events than slots: perf multiplexes them; each raw count is exactly
 //! what its slots counted up to their last reads (the device's slot-level
 //! truth replayed against its trace), and each scaled count is within 5 %
@@ -41,10 +44,6 @@ use crate::guest::{pmu_name, Guest};
 ///      judges what is left; a driver that miscounts has its raw count off,
 ///      one that misaccounts time has the rest off.
 ///
-/// An `llc_occupancy` opened after them takes no slot: it runs all the
-/// time and reads the occupancy unscaled (patch 0008), though the groups
-/// before it do not fit.
-///
 /// How the estimate is taken, and what it may be off by:
 /// - It is scaled over a window, as `perf stat -I` scales an interval: from
 ///   the deltas of value, time_enabled and time_running between two reads,
@@ -55,9 +54,8 @@ use crate::guest::{pmu_name, Guest};
 ///   time_enabled over the window (its own: the reads of one request come
 ///   one after another, in the box up to 0.6 s apart). Scaling by an event's whole life (open to read) would assume it
 ///   ran the same share of the traffic window as of that life, and perf's
-///   rotation does not share the slots evenly: with the gauge in the same
-///   context, two of the six events run ~57 % of the time and four ~71 %,
-///   and which two depends on where a window starts and ends.
+///   rotation does not share the slots evenly: some events run a larger
+///   share than others, and which depends on where a window starts and ends.
 /// - The rotation gap biases every estimate low. `perf_rotate_context()`
 ///   updates the context time once, before the sched-out, and the sched-in
 ///   stamps the incoming event with that time, so perf accounts it as
@@ -86,29 +84,17 @@ pub fn multiplexing(ctx: &mut Ctx) -> Result<Check> {
     let d = 0;
     let events = ctx.device.slots as usize + 2;
     let rate = 32 * MIB;
-    let interval_file = format!(
-        "/sys/bus/event_source/devices/{}/perf_event_mux_interval_ms",
-        pmu_name(d)
-    );
-    let default_interval = ctx.g.read_file(&interval_file)?;
-    set_sysfs(ctx.g, &interval_file, &MUX_INTERVAL_MS.to_string())?;
-    let result = multiplexed_counts(ctx, d, events, rate);
-    set_sysfs(ctx.g, &interval_file, default_interval.trim())?;
     let Multiplexed {
-        mut problems,
+        problems,
         per_event,
         worst,
         worst_rotation,
         silence_ns,
         unread_bytes,
         exact,
-    } = result?;
-    let interval = ctx.g.read_file(&interval_file)?;
-    if interval.trim() != default_interval.trim() {
-        problems.push(format!(
-            "{interval_file} is {interval:?} after the check, was {default_interval:?}"
-        ));
-    }
+    } = with_mux_interval(ctx, d, MUX_INTERVAL_MS, |ctx, _| {
+        multiplexed_counts(ctx, d, events, rate)
+    })?;
     let scaled = format!(
         "scaled counts within {:.1} % of the truth once perf's rotations are taken out (the largest rotation effect {:+.1} %; longest pause between accesses {} ms; {unread_bytes} bytes counted after their slots' last reads)",
         worst * 100.0,
@@ -119,7 +105,7 @@ pub fn multiplexing(ctx: &mut Ctx) -> Result<Check> {
         "multiplexing",
         problems,
         format!(
-            "{events} events on {} slots at {} MiB/s each, mux interval {MUX_INTERVAL_MS} ms: all multiplexed, raw counts exact against {exact} slot assignments; {scaled} ({}); llc_occupancy beside them ran all the time, exact",
+            "{events} events on {} slots at {} MiB/s each, mux interval {MUX_INTERVAL_MS} ms: all multiplexed, raw counts exact against {exact} slot assignments; {scaled} ({})",
             ctx.device.slots,
             rate / MIB,
             per_event.join(", ")
@@ -280,6 +266,33 @@ impl Window {
     }
 }
 
+/// The sysfs file of `pmu`'s mux interval.
+pub(crate) fn mux_interval_file(pmu: &str) -> String {
+    format!("/sys/bus/event_source/devices/{pmu}/perf_event_mux_interval_ms")
+}
+
+/// Runs `during` with domain `d`'s mux interval at `ms` (`during` is given
+/// the interval's sysfs file, to change it meanwhile), then puts back the
+/// interval the PMU had, whatever `during` came to; an error if it does
+/// not read back.
+pub(super) fn with_mux_interval<T>(
+    ctx: &mut Ctx,
+    d: usize,
+    ms: u32,
+    during: impl FnOnce(&mut Ctx, &str) -> Result<T>,
+) -> Result<T> {
+    let file = mux_interval_file(&pmu_name(d));
+    let had = ctx.g.read_file(&file)?;
+    set_sysfs(ctx.g, &file, &ms.to_string())?;
+    let result = during(ctx, &file);
+    set_sysfs(ctx.g, &file, had.trim())?;
+    let now = ctx.g.read_file(&file)?;
+    if now.trim() != had.trim() {
+        bail!("{file} is {now:?} after it was put back to {had:?}");
+    }
+    result
+}
+
 /// Writes `value` to a sysfs file in the guest.
 pub(crate) fn set_sysfs(g: &mut Guest, file: &str, value: &str) -> Result<()> {
     let script = format!("echo {value} > {file}");
@@ -314,15 +327,6 @@ pub fn multiplexed_counts(
 ) -> Result<Multiplexed> {
     let mark = RecordMark::now(ctx)?;
     let handles = open_multiplexed(ctx, d, events)?;
-    let gauge_rmid = ctx.device.rmids - 1;
-    let occupancy = 3_000 * ctx.device.unit_bytes;
-    ctx.control.set_occupancy(d as u32, gauge_rmid, occupancy)?;
-    let mut attr = ctx.attr(d, Event::LlcOccupancy, gauge_rmid);
-    attr.read_format = FORMAT_TOTAL_TIME_ENABLED | FORMAT_TOTAL_TIME_RUNNING;
-    let gauge = match ctx.g.open(attr, None)? {
-        Ok(h) => h,
-        Err(errno) => bail!("opening llc_occupancy beside the multiplexed events: {errno}"),
-    };
     let ids: Vec<u32> = handles.iter().map(|&(_, h)| h).collect();
     for &(rmid, _) in &handles {
         ctx.control
@@ -345,11 +349,9 @@ pub fn multiplexed_counts(
     // (a poll, a close) reads what this one did.
     let last = ctx.g.read_many(&ids)?;
     let (record, trace) = mark.since(ctx)?;
-    let gauge_read = ctx.g.read(gauge)?;
     for &h in &ids {
         ctx.g.close(h)?;
     }
-    ctx.g.close(gauge)?;
     let mut problems = Vec::new();
     let shape = shape(ctx);
     let credits = slot_credit::replay(shape, &record.records, &trace.accesses)?;
@@ -418,20 +420,6 @@ pub fn multiplexed_counts(
                 silence_ns / 1_000_000
             ));
         }
-    }
-    // Its whole life: from nothing to its one read.
-    let Window {
-        value,
-        enabled,
-        running,
-    } = Window::between(&[], &gauge_read);
-    if enabled == 0 || running != enabled {
-        problems.push(format!("llc_occupancy: time_running {running} vs time_enabled {enabled}: a gauge was multiplexed"));
-    }
-    if value != occupancy {
-        problems.push(format!(
-            "llc_occupancy: {value} bytes, the device's occupancy {occupancy}"
-        ));
     }
     Ok(Multiplexed {
         problems,

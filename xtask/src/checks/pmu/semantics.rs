@@ -1,3 +1,7 @@
+//! Stays in Rust: it judges scaled estimates against the truth, which the
+//! model leaves to perf, and a loss by the PMU's `lost_wraps` only if
+//! there was one.
+//!
 //! Counting semantics beyond open–enabled–close, each replaying a symptom a
 //! user saw: multiplexed events losing counts through a park, and a park
 //! longer than a counter's wrap passed off as exact
@@ -5,10 +9,8 @@
 //! traffic that landed while it was enabled and scheduled, and a loss it
 //! cannot avoid shows as time not running).
 //!
-//! They stay in Rust because they judge what the model does not: scaled
-//! estimates against the truth with perf's rotations measured in the
-//! device's trace, and the PMU's `lost_wraps`. (The disabled window is
-//! `scenarios/ioctls/disable-window-under-a-rate.scn`.)
+//! Perf's rotations are measured in the device's trace. (The disabled
+//! window is `scenarios/ioctls/disable-window-under-a-rate.scn`.)
 
 use std::time::Duration;
 
@@ -18,7 +20,7 @@ use perfbed_device::regs::{whole_units, Event};
 use super::context::{truth, Ctx, MIB};
 use super::moves::movable_domain;
 use super::multiplexing::{
-    open_multiplexed, read_window, rotation_effect, set_sysfs, shape, RecordMark, Window,
+    open_multiplexed, read_window, rotation_effect, shape, with_mux_interval, RecordMark, Window,
     MUX_INTERVAL_MS,
 };
 use crate::checks::slot_credit;
@@ -42,15 +44,9 @@ const RATE: u64 = 8 * MIB;
 pub fn multiplexed_park(ctx: &mut Ctx) -> Result<Check> {
     let (d, allowed) = movable_domain(ctx)?;
     let events = ctx.device.slots as usize + 2;
-    let interval_file = format!(
-        "/sys/bus/event_source/devices/{}/perf_event_mux_interval_ms",
-        pmu_name(d)
-    );
-    let default_interval = ctx.g.read_file(&interval_file)?;
-    set_sysfs(ctx.g, &interval_file, &MUX_INTERVAL_MS.to_string())?;
-    let result = multiplexed_park_counts(ctx, d, &allowed, events);
-    set_sysfs(ctx.g, &interval_file, default_interval.trim())?;
-    let (problems, per_event) = result?;
+    let (problems, per_event) = with_mux_interval(ctx, d, MUX_INTERVAL_MS, |ctx, _| {
+        multiplexed_park_counts(ctx, d, &allowed, events)
+    })?;
     Ok(Check::from_problems(
         "multiplexing through a park",
         problems,

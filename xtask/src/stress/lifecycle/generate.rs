@@ -942,7 +942,7 @@ mod tests {
                 Step::Wait { .. } => "wait",
                 Step::MuxInterval { .. } => "mux",
                 Step::Violations => "violations",
-                Step::LostWraps { .. } => "lost wraps",
+                Step::DriverCount { .. } => "driver count",
                 Step::Cpumask { .. } => "cpumask",
                 Step::Seen { .. } => "seen",
                 Step::OthersOpen { .. } => "others",

@@ -10,7 +10,6 @@ use anyhow::Result;
 use perfbed_device::cpus::parse_cpu_list;
 
 use super::journal::{Doubt, Entry, Step};
-use crate::checks::pmu::interrupts::irq_counts;
 use crate::guest::Guest;
 
 /// Each PMU's interrupt line, as `/proc/interrupts` names it.
@@ -25,10 +24,7 @@ impl IrqLines {
     /// the others are polled and must have none.
     pub fn read(g: &mut Guest, pmus: &[String]) -> Result<(IrqLines, Vec<String>)> {
         let interrupts = g.read_file("/proc/interrupts")?;
-        let irqs: Vec<Option<u32>> = pmus
-            .iter()
-            .map(|pmu| irq_counts(&interrupts, pmu).map(|(irq, _)| irq))
-            .collect();
+        let irqs: Vec<Option<u32>> = pmus.iter().map(|pmu| irq_line(&interrupts, pmu)).collect();
         let lines = crate::host::config::device_gsis(pmus.len()).len();
         let problems = pmus
             .iter()
@@ -162,6 +158,20 @@ pub fn placement_step(step: &Step) -> Option<u32> {
     }
 }
 
+/// The IRQ of `pmu`'s line in `/proc/interrupts` (`text`), if it has one:
+/// the line whose last word is the PMU's name.
+pub fn irq_line(text: &str, pmu: &str) -> Option<u32> {
+    text.lines().skip(1).find_map(|line| {
+        let irq = line
+            .split_whitespace()
+            .next()?
+            .strip_suffix(':')?
+            .parse()
+            .ok()?;
+        (line.split_whitespace().last() == Some(pmu)).then_some(irq)
+    })
+}
+
 /// Whether an interrupt's affinity `affinity` is wrong for a PMU owned by
 /// `owner` (`None`: parked) whose domain allows `allowed`: placed, it must
 /// be the owner alone; parked, on none of them (and on some CPU).
@@ -175,6 +185,14 @@ fn affinity_wrong(owner: Option<u64>, affinity: &[u32], allowed: &[u32]) -> bool
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pmus_line_is_the_one_its_name_ends() {
+        let proc = "           CPU0       CPU2       CPU3       \n  4:        120          0          0   IO-APIC   4-edge      ttyS0\n 14:          0          5          2   IO-APIC  14-edge      perfbed_l3_1\nNMI:          0          0          0   Non-maskable interrupts\n";
+        assert_eq!(irq_line(proc, "perfbed_l3_1"), Some(14));
+        assert_eq!(irq_line(proc, "perfbed_l3_0"), None);
+        assert_eq!(irq_line(proc, "ttyS0"), Some(4));
+    }
 
     #[test]
     fn an_affinity_is_right_on_the_owner_alone_or_outside_a_parked_domain() {

@@ -340,12 +340,14 @@ pub enum Step {
     /// `violations`): the result is the count; each after the first must
     /// show the first's (no new violation between them).
     Violations,
-    /// The PMU's `lost_wraps`, the wraps its driver found lost unread (a
-    /// scenario's `lost_wraps` line): the result is the count read. With
-    /// `grown`, it must have grown so since the domain's `LostWraps` step
-    /// before; without, the step marks where the next one counts from.
-    LostWraps {
+    /// One of the PMU's driver counts in sysfs (a scenario's `lost_wraps`,
+    /// `irqs_on_owner` or `irqs_off_owner` line): the result is the count
+    /// read. With `grown`, it must have grown so since the domain's step
+    /// of the same count before; without, the step marks where the next one
+    /// counts from.
+    DriverCount {
         domain: u32,
+        count: DriverCount,
         grown: Option<Growth>,
     },
     /// The domain's PMU given a mux interval (a scenario's `mux`, sysfs
@@ -378,17 +380,74 @@ pub enum Step {
     },
 }
 
-/// How much a [`Step::LostWraps`] count must have grown: `by`, or `by`
-/// or more.
+/// A count the driver keeps in its PMU's sysfs folder, which a
+/// [`Step::DriverCount`] reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum DriverCount {
+    /// The wraps it found lost while nobody could read a counter.
+    LostWraps,
+    /// The overflow interrupts it handled on the PMU's CPU.
+    IrqsOnOwner,
+    /// The overflow interrupts that reached another CPU (the line's target
+    /// before a move), left to the owner's poll.
+    IrqsOffOwner,
+}
+
+impl DriverCount {
+    pub const ALL: [DriverCount; 3] = [
+        DriverCount::LostWraps,
+        DriverCount::IrqsOnOwner,
+        DriverCount::IrqsOffOwner,
+    ];
+
+    /// Its file in the PMU's sysfs folder, which is also its scenario line's word.
+    pub fn file(self) -> &'static str {
+        match self {
+            DriverCount::LostWraps => "lost_wraps",
+            DriverCount::IrqsOnOwner => "irqs_on_owner",
+            DriverCount::IrqsOffOwner => "irqs_off_owner",
+        }
+    }
+
+    /// The count whose file (and scenario word) is `word`.
+    pub fn named(word: &str) -> Option<DriverCount> {
+        DriverCount::ALL.into_iter().find(|c| c.file() == word)
+    }
+}
+
+/// How much a [`Step::DriverCount`] count must have grown: `by`, or `by`
+/// or more, or `by` or fewer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Growth {
     pub by: u64,
-    pub or_more: bool,
+    pub bound: Bound,
+}
+
+/// Which growths besides exactly [`Growth::by`] a [`Growth`] allows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Bound {
+    Exactly,
+    OrMore,
+    OrFewer,
 }
 
 impl Growth {
     pub fn allows(self, grown: u64) -> bool {
-        grown == self.by || (self.or_more && grown > self.by)
+        match self.bound {
+            Bound::Exactly => grown == self.by,
+            Bound::OrMore => grown >= self.by,
+            Bound::OrFewer => grown <= self.by,
+        }
+    }
+
+    /// As a scenario writes it: `N`, `N+` or `N-`.
+    pub fn written(self) -> String {
+        let sign = match self.bound {
+            Bound::Exactly => "",
+            Bound::OrMore => "+",
+            Bound::OrFewer => "-",
+        };
+        format!("{}{sign}", self.by)
     }
 }
 

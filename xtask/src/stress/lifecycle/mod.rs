@@ -24,10 +24,10 @@ use anyhow::{Context, Result};
 use perfbed_agent::HostRequest;
 use perfbed_device::ControlClient;
 
-use crate::checks::pmu::attacks;
 use crate::checks::pmu::context::Ctx;
 use crate::checks::pmu::moves::movable_domain;
 use crate::checks::pmu::run_named;
+use crate::checks::pmu::waiting_after_a_move;
 use crate::checks::{clean_log_check, Check};
 use crate::guest::Guest;
 use crate::guest::{pmu_name, MODULE};
@@ -200,7 +200,7 @@ fn waiting_after_a_move(
             detail: format!("not run: {why}"),
         });
     }
-    let mut check = attacks::disabled_while_waiting_after_a_move(&mut ctx)?;
+    let mut check = waiting_after_a_move::disabled_while_waiting_after_a_move(&mut ctx)?;
     check.name = "waiting after a move";
     Ok(check)
 }

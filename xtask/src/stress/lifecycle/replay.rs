@@ -8,7 +8,7 @@ use crate::model::rules::{holds, Rule};
 use crate::model::{DeviceShape, Expected, Handle, Kind, Model, Observed, OpenSpec, Snapshot};
 
 use super::journal::{
-    Cpus, Doubt, Entry, Flowed, IoctlName, Opened, ReadFormat, StatHow, Step, PARKED,
+    Cpus, Doubt, DriverCount, Entry, Flowed, IoctlName, Opened, ReadFormat, StatHow, Step, PARKED,
 };
 use super::reads;
 
@@ -78,8 +78,8 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
     let mut model = Model::new(shape);
     // The first `violations` step's count, which every later one must show.
     let mut first_violations: Option<Vec<u64>> = None;
-    // Each domain's `lost_wraps` at its last `LostWraps` step.
-    let mut lost_wraps: BTreeMap<u32, u64> = BTreeMap::new();
+    // Each domain's driver counts at their last `DriverCount` steps.
+    let mut driver_counts: BTreeMap<(u32, DriverCount), u64> = BTreeMap::new();
     let mut formats: BTreeMap<Handle, ReadFormat> = BTreeMap::new();
     let mut ids: BTreeMap<Handle, u64> = BTreeMap::new();
     // When each parked domain was parked (the journal's host clock).
@@ -299,22 +299,29 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
                     ));
                 }
             }
-            (&Step::LostWraps { domain, grown }, Ok(count)) => {
+            (
+                &Step::DriverCount {
+                    domain,
+                    count: which,
+                    grown,
+                },
+                Ok(count),
+            ) => {
                 let now = count.first().copied().unwrap_or(0);
-                let before = lost_wraps.insert(domain, now);
+                let before = driver_counts.insert((domain, which), now);
+                let file = which.file();
                 match (grown, before) {
                     (None, _) => {}
                     (Some(g), Some(before))
                         if g.allows(now.wrapping_sub(before))
-                            || !holds(Rule::LostWrapsAsAsserted) => {}
+                            || !holds(Rule::DriverCountsAsAsserted) => {}
                     (Some(g), Some(before)) => find(format!(
-                        "domain {domain}'s lost_wraps grew by {} ({before} to {now}), want by {}{}",
+                        "domain {domain}'s {file} grew by {} ({before} to {now}), want by {}",
                         now.wrapping_sub(before) as i64,
-                        g.by,
-                        if g.or_more { " or more" } else { "" }
+                        g.written()
                     )),
                     (Some(_), None) => find(format!(
-                        "domain {domain}'s lost_wraps has no count before to grow from"
+                        "domain {domain}'s {file} has no count before to grow from"
                     )),
                 }
             }
@@ -704,7 +711,7 @@ impl Predictor {
             Step::MuxInterval { .. }
             | Step::Cpumask { .. }
             | Step::Violations
-            | Step::LostWraps { .. }
+            | Step::DriverCount { .. }
             | Step::Request { .. } => {}
             Step::Close { handle } => {
                 model.close(*handle);
@@ -1460,32 +1467,46 @@ pub(crate) mod tests {
         assert_eq!(found, vec![2, 5]);
     }
 
-    /// A `lost_wraps` step with a growth: from the domain's step before,
-    /// by as much as it asserts (or more where it allows more); one
-    /// without marks the count the next grows from.
+    /// A driver count's step with a growth: from the domain's step of the
+    /// same count before, by as much as it asserts (or more, or fewer,
+    /// where it allows that); one without marks the count the next grows
+    /// from. Each count of each domain grows from its own mark.
     #[test]
-    pub(crate) fn a_lost_wraps_assertion_that_the_run_does_not_meet_is_a_finding() {
-        use super::super::journal::Growth;
-        let wraps = |domain, grown: Option<(u64, bool)>, count| {
-            let grown = grown.map(|(by, or_more)| Growth { by, or_more });
-            ok(Step::LostWraps { domain, grown }, vec![count])
+    pub(crate) fn a_driver_count_assertion_that_the_run_does_not_meet_is_a_finding() {
+        use super::super::journal::{Bound, DriverCount, Growth};
+        let step = |domain, count, grown: Option<(u64, Bound)>, read| {
+            let grown = grown.map(|(by, bound)| Growth { by, bound });
+            ok(
+                Step::DriverCount {
+                    domain,
+                    count,
+                    grown,
+                },
+                vec![read],
+            )
         };
+        let wraps = |domain, grown, read| step(domain, DriverCount::LostWraps, grown, read);
+        let off = |grown, read| step(1, DriverCount::IrqsOffOwner, grown, read);
         let journal = vec![
-            wraps(1, Some((0, false)), 3),
+            wraps(1, Some((0, Bound::Exactly)), 3),
             wraps(1, None, 3),
             wraps(0, None, 9),
-            wraps(1, Some((1, true)), 5),
-            wraps(1, Some((0, false)), 5),
-            wraps(1, Some((1, false)), 7),
-            wraps(1, Some((1, true)), 7),
-            wraps(0, Some((0, false)), 9),
+            wraps(1, Some((1, Bound::OrMore)), 5),
+            wraps(1, Some((0, Bound::Exactly)), 5),
+            wraps(1, Some((1, Bound::Exactly)), 7),
+            wraps(1, Some((1, Bound::OrMore)), 7),
+            wraps(0, Some((0, Bound::Exactly)), 9),
+            off(None, 40),
+            off(Some((2, Bound::OrFewer)), 42),
+            off(Some((2, Bound::OrFewer)), 45),
+            wraps(1, Some((0, Bound::Exactly)), 7),
         ];
         let found: Vec<usize> = replay(SHAPE, &journal)
             .findings
             .iter()
             .map(|f| f.index)
             .collect();
-        assert_eq!(found, vec![0, 5, 6]);
+        assert_eq!(found, vec![0, 5, 6, 10]);
     }
 
     /// REFRESH, PERIOD and the other ioctls a counting event has no use

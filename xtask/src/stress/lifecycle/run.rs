@@ -14,6 +14,7 @@ use perfbed_agent::{AgentMessage, HostRequest, HotplugOp, JobResult, JobSpec, Pe
 use perfbed_device::cpus::parse_cpu_list;
 use perfbed_device::{ClientError, ControlClient, DeviceConfig};
 
+use crate::checks::pmu::multiplexing;
 use crate::checks::Check;
 use crate::guest::perf_abi::{
     FLAG_DISABLED, FLAG_EXCLUSIVE, FLAG_PINNED, FORMAT_GROUP, FORMAT_ID, FORMAT_LOST,
@@ -860,11 +861,6 @@ pub(super) fn flush(
 }
 
 /// Carries out a host step (traffic, hotplug, perf stat).
-/// The sysfs file of `pmu`'s mux interval.
-pub(super) fn mux_interval_file(pmu: &str) -> String {
-    format!("/sys/bus/event_source/devices/{pmu}/perf_event_mux_interval_ms")
-}
-
 pub(super) fn host_step(
     g: &mut Guest,
     control: &mut ControlClient,
@@ -992,8 +988,8 @@ pub(super) fn host_step(
             .into_iter()
             .map(u64::from)
             .collect()),
-        Step::LostWraps { domain, .. } => {
-            Ok(vec![g.pmu_count(&pmus[*domain as usize], "lost_wraps")?])
+        Step::DriverCount { domain, count, .. } => {
+            Ok(vec![g.pmu_count(&pmus[*domain as usize], count.file())?])
         }
         Step::Violations => Ok(vec![control
             .state()?
@@ -1002,13 +998,13 @@ pub(super) fn host_step(
             .map(|d| d.violations)
             .sum()]),
         &Step::MuxInterval { domain, ms } => {
-            let file = mux_interval_file(&pmus[domain as usize]);
+            let file = multiplexing::mux_interval_file(&pmus[domain as usize]);
             let was = g.read_file(&file)?;
             let was: u64 = was
                 .trim()
                 .parse()
                 .with_context(|| format!("{file}: {was:?}"))?;
-            crate::checks::pmu::multiplexing::set_sysfs(g, &file, &ms.to_string())?;
+            multiplexing::set_sysfs(g, &file, &ms.to_string())?;
             Ok(vec![was])
         }
         Step::PerfStat {

@@ -25,6 +25,7 @@
 //! cpumask movable 3 | cpumask movable none   (where the PMU counts: asserted)
 //! violations                                 (no new placement violation since the first)
 //! lost_wraps movable | lost_wraps movable 1+  (the PMU's lost wraps: marked, then grown by)
+//! irqs_on_owner movable | irqs_off_owner movable 3-  (its interrupts, likewise; N- is N or fewer)
 //! close a
 //! ```
 //!
@@ -43,7 +44,8 @@ use crate::checks::pmu::moves::movable_in;
 use crate::model::{DeviceShape, Handle, Observed, ValueRule};
 
 use super::journal::{
-    landed, Cpus, Flowed, Growth, IoctlName, Malformed, Opened, ReadFormat, Request, Step,
+    landed, Bound, Cpus, DriverCount, Flowed, Growth, IoctlName, Malformed, Opened, ReadFormat,
+    Request, Step,
 };
 use super::replay;
 use super::scenario_write::bytes_text;
@@ -123,7 +125,7 @@ pub enum Want {
 }
 
 /// The operations a line can start with.
-const OPERATIONS: &str = "open (as NAME = open ...), enable, disable, reset, ioctl, read, want, close, burst, occupancy, rate, move, moves, park, unpark, offline, online, allowed, wait, mux, cpumask, violations, lost_wraps";
+const OPERATIONS: &str = "open (as NAME = open ...), enable, disable, reset, ioctl, read, want, close, burst, occupancy, rate, move, moves, park, unpark, offline, online, allowed, wait, mux, cpumask, violations, lost_wraps, irqs_on_owner, irqs_off_owner";
 
 /// The requests of an `ioctl` line.
 const REQUESTS: &str = "refresh COUNT, period PERIOD, set-filter FILTER, set-output none|NAME, id, pause-output on|off, set-bpf none, query-bpf, modify-attributes";
@@ -152,7 +154,7 @@ pub fn parse(
         doubt: BTreeMap::new(),
         racing: BTreeSet::new(),
         ops: Vec::new(),
-        wraps_marked: BTreeSet::new(),
+        counts_marked: BTreeSet::new(),
     };
     let mut check = None;
     for (i, raw) in text.lines().enumerate() {
@@ -230,8 +232,9 @@ struct Parser<'a> {
     ops: Vec<Op>,
     /// Every name an open gave, by handle.
     handles: BTreeMap<Handle, String>,
-    /// The domains with a `lost_wraps` line so far: a count grows from it.
-    wraps_marked: BTreeSet<u32>,
+    /// The driver counts of each domain with a line so far (`lost_wraps`,
+    /// `irqs_on_owner`, ...): a count grows from it.
+    counts_marked: BTreeSet<(u32, DriverCount)>,
 }
 
 impl Parser<'_> {
@@ -557,33 +560,40 @@ impl Parser<'_> {
                 }
                 Step::Cpumask { domain, cpus }
             }
-            "lost_wraps" => {
-                let (domain, count) = match args {
+            word if DriverCount::named(word).is_some() => {
+                let count = DriverCount::named(word).unwrap_or(DriverCount::LostWraps);
+                let (domain, growth) = match args {
                     [domain] => (self.domain(domain)?, None),
-                    [domain, count] => (self.domain(domain)?, Some(count)),
-                    _ => return Err("expected `lost_wraps DOMAIN` (marks the count), then `lost_wraps DOMAIN N` or `lost_wraps DOMAIN N+` (grown by N, or by N or more, since the line before)".into()),
+                    [domain, growth] => (self.domain(domain)?, Some(growth)),
+                    _ => return Err(format!("expected `{op} DOMAIN` (marks the count), then `{op} DOMAIN N`, `{op} DOMAIN N+` or `{op} DOMAIN N-` (grown by N, by N or more, or by N or fewer since the line before)")),
                 };
-                let grown = match count {
+                let grown = match growth {
                     None => None,
-                    Some(count) => {
-                        let (number, or_more) = match count.strip_suffix('+') {
-                            Some(n) => (n, true),
-                            None => (*count, false),
-                        };
+                    Some(growth) => {
+                        let (number, bound) =
+                            match (growth.strip_suffix('+'), growth.strip_suffix('-')) {
+                                (Some(n), _) => (n, Bound::OrMore),
+                                (_, Some(n)) => (n, Bound::OrFewer),
+                                _ => (*growth, Bound::Exactly),
+                            };
                         let by = number.parse().map_err(|_| {
-                            format!("`{count}`: expected a number of wraps such as 0, 1 or 1+")
+                            format!("`{growth}`: expected a growth such as 0, 1, 1+ or 3-")
                         })?;
-                        if !self.wraps_marked.contains(&domain) {
+                        if !self.counts_marked.contains(&(domain, count)) {
                             return Err(format!(
-                                "`lost_wraps {} {count}` counts from an earlier `lost_wraps {}` line: mark the count with one before",
+                                "`{op} {} {growth}` counts from an earlier `{op} {}` line: mark the count with one before",
                                 args[0], args[0]
                             ));
                         }
-                        Some(Growth { by, or_more })
+                        Some(Growth { by, bound })
                     }
                 };
-                self.wraps_marked.insert(domain);
-                Step::LostWraps { domain, grown }
+                self.counts_marked.insert((domain, count));
+                Step::DriverCount {
+                    domain,
+                    count,
+                    grown,
+                }
             }
             "violations" => {
                 if !args.is_empty() {
@@ -2154,32 +2164,33 @@ mod tests {
     }
 
     #[test]
-    fn lost_wraps_marks_a_count_then_asserts_its_growth() {
+    fn a_driver_count_is_marked_then_its_growth_asserted() {
         let s = parsed(
-            "lost_wraps movable\nlost_wraps movable 1+\nlost_wraps holding\nlost_wraps 1 0\n",
+            "lost_wraps movable\nlost_wraps movable 1+\nlost_wraps holding\nlost_wraps 1 0\nirqs_on_owner movable\nirqs_off_owner 1\nirqs_on_owner 1 4+\nirqs_off_owner movable 3-\n",
         )
         .unwrap();
         let steps: Vec<&Step> = s.ops.iter().map(|o| &o.step).collect();
-        let grown = |by, or_more| Some(Growth { by, or_more });
+        let step = |domain, count, grown: Option<(u64, Bound)>| Step::DriverCount {
+            domain,
+            count,
+            grown: grown.map(|(by, bound)| Growth { by, bound }),
+        };
+        let (wraps, on, off) = (
+            DriverCount::LostWraps,
+            DriverCount::IrqsOnOwner,
+            DriverCount::IrqsOffOwner,
+        );
         assert_eq!(
             steps,
             [
-                &Step::LostWraps {
-                    domain: 1,
-                    grown: None
-                },
-                &Step::LostWraps {
-                    domain: 1,
-                    grown: grown(1, true)
-                },
-                &Step::LostWraps {
-                    domain: 0,
-                    grown: None
-                },
-                &Step::LostWraps {
-                    domain: 1,
-                    grown: grown(0, false)
-                },
+                &step(1, wraps, None),
+                &step(1, wraps, Some((1, Bound::OrMore))),
+                &step(0, wraps, None),
+                &step(1, wraps, Some((0, Bound::Exactly))),
+                &step(1, on, None),
+                &step(1, off, None),
+                &step(1, on, Some((4, Bound::OrMore))),
+                &step(1, off, Some((3, Bound::OrFewer))),
             ]
         );
         let (again, text) = written_back(&s);
@@ -2189,17 +2200,20 @@ mod tests {
             ("lost_wraps movable 1 2\n", "expected `lost_wraps DOMAIN`"),
             (
                 "lost_wraps movable many\n",
-                "`many`: expected a number of wraps",
+                "`many`: expected a growth such as 0, 1, 1+ or 3-",
             ),
-            (
-                "lost_wraps movable -1\n",
-                "`-1`: expected a number of wraps",
-            ),
+            ("lost_wraps movable -1\n", "`-1`: expected a growth"),
+            ("lost_wraps movable 1+-\n", "`1+-`: expected a growth"),
             ("lost_wraps 4\n", "domain 4: the device has domains 0-1"),
             (
                 "lost_wraps holding 1\n",
                 "counts from an earlier `lost_wraps holding` line",
             ),
+            (
+                "irqs_on_owner movable 1+\n",
+                "counts from an earlier `irqs_on_owner movable` line",
+            ),
+            ("irqs_off_owner\n", "expected `irqs_off_owner DOMAIN`"),
         ] {
             refused_after("lost_wraps movable\n", text, want);
         }

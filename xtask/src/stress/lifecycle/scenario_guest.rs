@@ -597,7 +597,7 @@ pub fn restore(
         }
     }
     for (domain, was) in first_mux {
-        let file = super::run::mux_interval_file(&env.pmus[domain as usize]);
+        let file = crate::checks::pmu::multiplexing::mux_interval_file(&env.pmus[domain as usize]);
         crate::checks::pmu::multiplexing::set_sysfs(g, &file, &was.to_string())?;
     }
     if longest > 0 {

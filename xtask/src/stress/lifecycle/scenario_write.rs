@@ -322,13 +322,13 @@ fn step_text(step: &Step, all: &[Line]) -> String {
         Step::Wait { ms } => format!("wait {ms}ms"),
         Step::MuxInterval { domain, ms } => format!("mux {domain} {ms}ms"),
         Step::Violations => "violations".into(),
-        Step::LostWraps { domain, grown } => match grown {
-            None => format!("lost_wraps {domain}"),
-            Some(g) => format!(
-                "lost_wraps {domain} {}{}",
-                g.by,
-                if g.or_more { "+" } else { "" }
-            ),
+        Step::DriverCount {
+            domain,
+            count,
+            grown,
+        } => match grown {
+            None => format!("{} {domain}", count.file()),
+            Some(g) => format!("{} {domain} {}", count.file(), g.written()),
         },
         Step::Cpumask { domain, cpus } => match cpus.as_slice() {
             [] => format!("cpumask {domain} none"),

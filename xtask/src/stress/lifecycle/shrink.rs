@@ -257,10 +257,11 @@ pub fn depends(journal: &[Entry], target: usize, domains: &[Vec<u32>]) -> BTreeS
             pmus.insert(d as u32);
         }
     }
-    // A `lost_wraps` line is about its domain: its placements, and the
-    // traffic into it that could wrap a counter.
+    // A driver count's line (`lost_wraps`, `irqs_on_owner`, ...) is about
+    // its domain: its placements, and the traffic into it that could wrap a
+    // counter or raise its interrupt.
     let wraps = match journal[target].step {
-        Step::LostWraps { domain, .. } => Some(domain),
+        Step::DriverCount { domain, .. } => Some(domain),
         _ => None,
     };
     pmus.extend(wraps);
@@ -305,7 +306,7 @@ pub fn depends(journal: &[Entry], target: usize, domains: &[Vec<u32>]) -> BTreeS
             | Step::Unpark { domain, .. }
             | Step::Allowed { domain, .. }
             | Step::MuxInterval { domain, .. }
-            | Step::LostWraps { domain, .. }
+            | Step::DriverCount { domain, .. }
             | Step::Cpumask { domain, .. } => pmus.contains(domain),
             Step::Online { cpu } | Step::Offline { cpu } => {
                 cpus.contains(cpu)

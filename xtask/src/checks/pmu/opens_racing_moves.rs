@@ -1,0 +1,97 @@
+//! Stays in Rust: not a counting check, it judges the errnos of opens the
+//! agent makes in a loop while CPUs come and go, and the kernel's open-wait
+//! figures.
+//!
+//! An open that races a move waits for it and never fails with EBUSY
+//! (kernel patches 0012, 0014); how long it slept, beside how long the
+//! moves took, is measured in the kernel and reported. (What a move or a
+//! park must not change for the events themselves is the scenarios'
+//! business: `scenarios/moves`, `scenarios/parks`, `scenarios/groups`.)
+
+use anyhow::{bail, Result};
+use perfbed_agent::{AgentMessage, HostRequest};
+use perfbed_device::regs::Event;
+
+use super::context::Ctx;
+use super::moves::movable_domain;
+use crate::checks::Check;
+use crate::guest::pmu_name;
+
+/// Hotplug operations the open race of [`opens_racing_moves`] makes.
+const RACE_HOTPLUG_OPS: u32 = 24;
+
+/// Opens in a loop while the PMU's CPUs go offline and
+/// online: no open fails with EBUSY, only ENODEV while the PMU is parked,
+/// and opens did meet moves. Reports the longest sleep of an open beside
+/// the longest move.
+pub fn opens_racing_moves(ctx: &mut Ctx) -> Result<Check> {
+    let (d, allowed) = movable_domain(ctx)?;
+    let attr = ctx.attr(d, Event::MbmTotalBytes, 7);
+    // A kernel without 0007 or 0014 lacks some of these files: a failed
+    // check, not an aborted run.
+    let mut problems = Vec::new();
+    let mut measured = |ctx: &mut Ctx, file: &str| {
+        ctx.g.pmu_count(&pmu_name(d), file).unwrap_or_else(|e| {
+            problems.push(format!("{e:#}"));
+            0
+        })
+    };
+    let waits_before = measured(ctx, "open_waits");
+    let race = match ctx.g.ask(HostRequest::PerfOpenRace {
+        attr,
+        cpu: 0,
+        hotplug_ops: RACE_HOTPLUG_OPS,
+        toggle_cpus: allowed.clone(),
+        keep: 16,
+    })? {
+        AgentMessage::Race(race) => race,
+        other => bail!("the open race: {other:?}"),
+    };
+    let waits = measured(ctx, "open_waits").saturating_sub(waits_before);
+    let retries = measured(ctx, "open_retries");
+    let slept = measured(ctx, "open_wait_max_ns");
+    let longest_move = measured(ctx, "move_max_ns");
+    if race.busy != 0 {
+        problems.push(format!(
+            "{} of {} opens failed with EBUSY",
+            race.busy, race.attempts
+        ));
+    }
+    if let Some(other) = race.other_errors.iter().find(|e| !e.starts_with("ENODEV:")) {
+        problems.push(format!(
+            "opens failed with {other} (only ENODEV, while parked, may)"
+        ));
+    }
+    if race.hotplug_ops != RACE_HOTPLUG_OPS || race.opened == 0 {
+        problems.push(format!(
+            "{} of {RACE_HOTPLUG_OPS} hotplug operations, {} opens succeeded",
+            race.hotplug_ops, race.opened
+        ));
+    }
+    if waits == 0 {
+        problems.push(format!(
+            "no open met a move in {} attempts: the race proved nothing",
+            race.attempts
+        ));
+    }
+    // How long they slept is reported, not judged (a measurement on a
+    // shared machine): each sleep waits for one move and ends when that
+    // move wakes it, plus however late the woken task gets to run.
+    if waits > 0 && (slept == 0 || longest_move == 0) {
+        problems.push(format!("opens waited for moves, but the kernel measured a longest sleep of {slept} ns and a longest move of {longest_move} ns"));
+    }
+    Ok(Check::from_problems(
+        "opens racing moves",
+        problems,
+        format!(
+            "{} opens during {} hotplug operations on CPUs {allowed:?}: {} opened, {} EBUSY, others {:?}; {waits} waited for a move ({retries} retried in all), the longest sleep of an open {} µs, the longest move {} µs",
+            race.attempts,
+            race.hotplug_ops,
+            race.opened,
+            race.busy,
+            race.other_errors,
+            slept / 1000,
+            longest_move / 1000
+        ),
+    ))
+}
