@@ -874,6 +874,15 @@ pub(crate) mod tests {
     }
 
     /// `bytes` landed on the counter of [`open`]'s events.
+    /// The journal's entries that `replay` finds fault with, by index.
+    fn finding_indices(journal: &[Entry]) -> Vec<usize> {
+        replay(SHAPE, journal)
+            .findings
+            .iter()
+            .map(|f| f.index)
+            .collect()
+    }
+
     fn burst(bytes: u64) -> Entry {
         ok(
             Step::Burst {
@@ -1459,11 +1468,7 @@ pub(crate) mod tests {
             ok(Step::Violations, vec![3]),
             ok(Step::Violations, vec![4]),
         ];
-        let found: Vec<usize> = replay(SHAPE, &journal)
-            .findings
-            .iter()
-            .map(|f| f.index)
-            .collect();
+        let found = finding_indices(&journal);
         assert_eq!(found, vec![2, 5]);
     }
 
@@ -1501,11 +1506,7 @@ pub(crate) mod tests {
             off(Some((2, Bound::OrFewer)), 45),
             wraps(1, Some((0, Bound::Exactly)), 7),
         ];
-        let found: Vec<usize> = replay(SHAPE, &journal)
-            .findings
-            .iter()
-            .map(|f| f.index)
-            .collect();
+        let found = finding_indices(&journal);
         assert_eq!(found, vec![0, 5, 6, 10]);
     }
 
@@ -1546,11 +1547,7 @@ pub(crate) mod tests {
             request(Request::Id, None, Err("EBADF".into())),
             request(Request::Id, None, Ok(vec![7])),
         ];
-        let found: Vec<usize> = replay(SHAPE, &journal)
-            .findings
-            .iter()
-            .map(|f| f.index)
-            .collect();
+        let found = finding_indices(&journal);
         assert_eq!(found, vec![4, 5, 6, 11]);
     }
 
@@ -1638,11 +1635,7 @@ pub(crate) mod tests {
                 bytes: 64,
             }),
         ];
-        let found: Vec<usize> = replay(SHAPE, &journal)
-            .findings
-            .iter()
-            .map(|f| f.index)
-            .collect();
+        let found = finding_indices(&journal);
         assert_eq!(found, vec![4, 6, 8, 9, 10, 11, 12]);
     }
 
