@@ -12,6 +12,7 @@
 //! Perf's rotations are measured in the device's trace. (The disabled
 //! window is `scenarios/ioctls/disable-window-under-a-rate.scn`.)
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::{bail, Result};
@@ -40,7 +41,9 @@ const RATE: u64 = 8 * MIB;
 ///    the park included. The check parks for 1 s, so that such a loss stands
 ///    well clear of the few percent TCG's timing costs a rotation. What
 ///    perf's rotations moved each estimate by is taken out first, measured
-///    in the device's trace as the multiplexing check does.
+///    in the device's trace as the multiplexing check does. While parked,
+///    no mux timer is armed (perf would otherwise wake the holding CPU
+///    every interval for nothing); while placed, the owner's is.
 pub fn multiplexed_park(ctx: &mut Ctx) -> Result<Check> {
     let (d, allowed) = movable_domain(ctx)?;
     let events = ctx.device.slots as usize + 2;
@@ -73,13 +76,21 @@ fn multiplexed_park_counts(
         ctx.control
             .set_rate(d as u32, rmid, Event::MbmTotalBytes, RATE)?;
     }
-    // Inside the traffic, as the multiplexing check's window.
+    // Inside the traffic, as the multiplexing check's window. The mux
+    // timers armed are sampled while the events rotate and twice in the
+    // park, each time more than a mux interval after the last change.
+    let mut armed = Vec::new();
     let window = read_window(ctx, &ids, |ctx| {
         std::thread::sleep(Duration::from_millis(1500));
+        armed.push(("placed", armed_mux_timers(ctx)?));
         for &cpu in allowed {
             ctx.g.set_online(cpu, false)?;
         }
-        std::thread::sleep(PARK);
+        for _ in 0..2 {
+            std::thread::sleep(PARK / 3);
+            armed.push(("parked", armed_mux_timers(ctx)?));
+        }
+        std::thread::sleep(PARK / 3);
         ctx.g.set_online(allowed[0], true)?;
         std::thread::sleep(Duration::from_millis(1500));
         Ok(())
@@ -103,6 +114,16 @@ fn multiplexed_park_counts(
     }
     let mut problems = Vec::new();
     let mut per_event = Vec::new();
+    for (when, cpus) in &armed {
+        let any = !cpus.is_empty();
+        if any != (*when == "placed") {
+            problems.push(format!(
+                "mux timers armed {when}, by CPU: {cpus:?} (want some placed, where the \
+                 events rotate, and none parked)"
+            ));
+        }
+    }
+    per_event.push(format!("mux timers armed: {armed:?}"));
     for ((&(rmid, _), s), e) in handles.iter().zip(start).zip(end) {
         let window = Window::between(s, e);
         // What landed for its RMID over its window: the rate, steady all
@@ -136,6 +157,35 @@ fn multiplexed_park_counts(
 
 /// How long [`multiplexed_park`] parks the domain.
 const PARK: Duration = Duration::from_secs(1);
+
+/// The guest's armed perf mux timers (`perf_mux_hrtimer_handler` in
+/// `/proc/timer_list`), counted by CPU: while a PMU's groups rotate, its
+/// CPU's timer is armed; no timer fires for a parked PMU (patch 0009).
+fn armed_mux_timers(ctx: &mut Ctx) -> Result<BTreeMap<u32, usize>> {
+    let text = ctx.g.read_file("/proc/timer_list")?;
+    mux_timers_in(&text)
+}
+
+/// [`armed_mux_timers`] of a `/proc/timer_list` text: its `cpu: N`
+/// sections, each timer a line `#k: <addr>, function, S:01`.
+fn mux_timers_in(text: &str) -> Result<BTreeMap<u32, usize>> {
+    let mut cpu = None;
+    let mut armed = BTreeMap::new();
+    for line in text.lines().map(str::trim) {
+        if let Some(n) = line.strip_prefix("cpu: ") {
+            cpu = Some(n.trim().parse::<u32>()?);
+        } else if line.starts_with('#') && line.contains(", perf_mux_hrtimer_handler,") {
+            let Some(cpu) = cpu else {
+                bail!("/proc/timer_list names a timer before any CPU: {line:?}");
+            };
+            *armed.entry(cpu).or_insert(0) += 1;
+        }
+    }
+    if cpu.is_none() {
+        bail!("/proc/timer_list has no `cpu: N` section: {text:?}");
+    }
+    Ok(armed)
+}
 
 /// How much slower than the device's maximum the long parks' traffic
 /// lands: the driver polls every half wrap at the maximum rate, so at an
@@ -274,4 +324,51 @@ pub fn long_park(ctx: &mut Ctx) -> Result<Check> {
         problems,
         summary,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::mux_timers_in;
+
+    /// The shape of 6.12's `/proc/timer_list` (kernel/time/timer_list.c).
+    const TIMER_LIST: &str = "Timer List Version: v0.9
+HRTIMER_MAX_CLOCK_BASES: 8
+now at 5231000000 nsecs
+
+cpu: 0
+ clock 0:
+  .base:       000000003c1a55d2
+  .index:      0
+  .resolution: 1 nsecs
+  .get_time:   ktime_get
+active timers:
+ #0: <00000000a2b1c3d4>, tick_nohz_handler, S:01
+ # expires at 5232000000-5232000000 nsecs [in 1000000 to 1000000 nsecs]
+cpu: 3
+ clock 0:
+active timers:
+ #0: <00000000a2b1c3d5>, perf_mux_hrtimer_handler, S:01
+ # expires at 5300000000-5300000000 nsecs [in 69000000 to 69000000 nsecs]
+ #1: <00000000a2b1c3d6>, perf_mux_hrtimer_handler, S:01
+ # expires at 5310000000-5310000000 nsecs [in 79000000 to 79000000 nsecs]
+
+Tick Device: mode:     1
+Per CPU device: 0
+";
+
+    #[test]
+    fn mux_timers_are_counted_by_the_cpu_whose_section_lists_them() {
+        let armed = mux_timers_in(TIMER_LIST).unwrap();
+        assert_eq!(armed.into_iter().collect::<Vec<_>>(), vec![(3, 2)]);
+        let none = TIMER_LIST.replace("perf_mux_hrtimer_handler", "tick_nohz_handler");
+        assert!(mux_timers_in(&none).unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_text_without_cpu_sections_is_refused() {
+        let err = mux_timers_in("active timers:\n #0: <0>, perf_mux_hrtimer_handler, S:01\n")
+            .unwrap_err();
+        assert!(err.to_string().contains("before any CPU"), "{err}");
+        assert!(mux_timers_in("").is_err());
+    }
 }
