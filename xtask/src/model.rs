@@ -361,9 +361,20 @@ pub enum ValueRule {
     /// A gauge's read that races a move: what its last read showed (0
     /// after a RESET since), or the occupancy now.
     GaugeEither { shown: u64, now: u64 },
-    /// Not predicted (a cpu-clock's time; a gauge whose fold is unknown).
+    /// A cpu-clock grows by its own `Δrunning`, give or take
+    /// [`CLOCK_SLACK_NS`] and a tenth of it, from `base`.
+    Clock { base: u64 },
+    /// Not predicted (a cpu-clock read after a RESET or a read without
+    /// times; a gauge whose fold is unknown).
     Any,
 }
+
+/// How far a cpu-clock's growth may stray from its `Δrunning` over a
+/// window, besides a tenth of it: its counter starts and stops at its
+/// `add` and `del` (`local_clock()`), its running time at the context
+/// time of the operation that schedules it, frozen from the operation's
+/// start, and under TCG an operation takes up to milliseconds.
+pub const CLOCK_SLACK_NS: u64 = 2_000_000;
 
 /// What the model requires of the next read of one event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -510,6 +521,10 @@ struct EventState {
     /// A gauge's value as its last read showed it (0 after a RESET since,
     /// and before any read).
     gauge_shown: u64,
+    /// A cpu-clock's value when its times were last read with it (0 at the
+    /// open), the base of [`ValueRule::Clock`]; `None` once a RESET or a
+    /// read without times parted the value's baseline from the times'.
+    clock_base: Option<u64>,
     /// Steady traffic landed on its counter since the open: the count, in
     /// whole units, may lag the truth by the part of a unit not counted.
     flowed: bool,
@@ -890,6 +905,7 @@ impl Model {
                 gauge: Some(0),
                 gauge_maybe: BTreeSet::new(),
                 gauge_shown: 0,
+                clock_base: Some(0),
                 flowed: false,
                 times_read: false,
                 enabled_ns: 0,
@@ -971,6 +987,7 @@ impl Model {
                     e.gauge = Some(0);
                     e.gauge_maybe.clear();
                     e.gauge_shown = 0;
+                    e.clock_base = None;
                 }
             }
         }
@@ -1393,7 +1410,10 @@ impl Model {
                 Some(bytes) => ValueRule::Gauge(bytes),
                 None => ValueRule::Any,
             },
-            Kind::Software => ValueRule::Any,
+            Kind::Software => match e.clock_base {
+                Some(base) => ValueRule::Clock { base },
+                None => ValueRule::Any,
+            },
         };
         Some(Expected {
             value,
@@ -1414,6 +1434,11 @@ impl Model {
             ValueRule::Bytes { base, lo, .. } => base.wrapping_add(lo),
             ValueRule::Parked { base, .. } => base,
             ValueRule::Gauge(bytes) | ValueRule::GaugeEither { now: bytes, .. } => bytes,
+            ValueRule::Clock { base } => base.wrapping_add(match want.running {
+                TimeRule::Unchanged => 0,
+                TimeRule::AsEnabled | TimeRule::Grows => 1_000_000,
+                TimeRule::AtMostEnabled => 500_000,
+            }),
             ValueRule::Any => {
                 let e = &self.events[&handle];
                 e.gauge_maybe.first().copied().unwrap_or(e.value)
@@ -1679,6 +1704,22 @@ impl Model {
                     );
                 }
             }
+            ValueRule::Clock { base } => {
+                if let Some((_, d_run)) = deltas {
+                    let got = seen.value.wrapping_sub(base);
+                    let slack = CLOCK_SLACK_NS + d_run / 10;
+                    if got.abs_diff(d_run) > slack && holds(Rule::ClockCountsItsRunning) {
+                        mismatch(
+                            Field::Value,
+                            format!(
+                                "+{d_run} give or take {slack} (a cpu-clock counts its own \
+                                 running time)"
+                            ),
+                            format!("+{got}"),
+                        );
+                    }
+                }
+            }
             ValueRule::Any
                 if !gauge_maybe.is_empty()
                     && !gauge_maybe.contains(&seen.value)
@@ -1701,6 +1742,9 @@ impl Model {
             e.enabled_ns = en;
             e.running_ns = run;
             e.time_window = Window::FRESH;
+        }
+        if matches!(e.spec.kind, Kind::Software) && !keep_window {
+            e.clock_base = times.map(|_| seen.value);
         }
         if keep_window {
             e.value_window.times_younger |= times.is_some();

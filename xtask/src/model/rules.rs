@@ -92,6 +92,9 @@ rules! {
     Reset,
     /// A closed event cannot be read.
     ClosedUnreadable,
+    /// A cpu-clock counts its own running time: `Δvalue` within
+    /// `CLOCK_SLACK_NS` (and a tenth) of `Δrunning`.
+    ClockCountsItsRunning,
     // Gauges.
     /// A counting gauge reads the occupancy.
     GaugeReadsOccupancy,
@@ -366,6 +369,7 @@ mod tests {
         ExclusiveSharesWithNobody => model::an_exclusive_group_shares_its_pmu_with_nobody;
         UnseenEventsMayKeepExclusiveOff => model::an_exclusive_group_may_give_way_to_events_the_model_does_not_see;
         SoftwareAlwaysOn => model::a_group_of_software_events_only_is_always_on;
+        ClockCountsItsRunning => model::a_cpu_clock_counts_its_own_running_time;
         EffectiveEnabled => model::a_sibling_under_a_disabled_leader_has_its_clocks_stopped_until_the_leader_is_on;
         GroupIoctl => model::group_ioctl_on_a_sibling_reaches_the_whole_group;
         LeaderClosePromotes => model::a_sibling_under_a_disabled_leader_has_its_clocks_stopped_until_the_leader_is_on;

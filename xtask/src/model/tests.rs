@@ -1484,3 +1484,40 @@ pub(super) fn an_event_disabled_in_the_window_is_not_compared() {
         vec![Field::Enabled]
     );
 }
+
+#[test]
+pub(super) fn a_cpu_clock_counts_its_own_running_time() {
+    // A cpu-clock sibling of a device group: the device's counter counts on
+    // through a move, the cpu-clock's stands still, and its running time
+    // must follow its own counter, not the group's transit.
+    const MS: u64 = 1_000_000;
+    let mut m = Model::new(SHAPE);
+    m.open(1, counter(0, 1));
+    m.open(2, software().under(1));
+    assert_eq!(
+        fields(&mut m, 2, seen(100 * MS, 100 * MS, 100 * MS)),
+        vec![]
+    );
+    m.moved(0);
+    // Over 200 ms it counted 199 ms, or 150 ms with its running time
+    // credited the 50 ms it stood still in transit.
+    let two = [(299 * MS, vec![]), (250 * MS, vec![Field::Value])];
+    for (value, want) in two {
+        assert_eq!(
+            fields(&mut m.clone(), 2, seen(value, 300 * MS, 300 * MS)),
+            want
+        );
+    }
+    // A RESET parts the count's baseline from the times': not judged.
+    m.ioctl(2, Ioctl::Reset, false);
+    assert_eq!(fields(&mut m, 2, seen(5 * MS, 400 * MS, 400 * MS)), vec![]);
+    // From the read after it, judged again.
+    assert_eq!(
+        fields(&mut m.clone(), 2, seen(5 * MS, 500 * MS, 500 * MS)),
+        vec![Field::Value]
+    );
+    assert_eq!(
+        fields(&mut m, 2, seen(105 * MS, 500 * MS, 500 * MS)),
+        vec![]
+    );
+}
