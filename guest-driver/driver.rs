@@ -79,7 +79,8 @@
 //!   unread (`COUNTER_OVERFLOW`), the interval since the slot's last good read is not counted:
 //!   neither its traffic (unknowable) nor its time (taken off `time_running`), so `perf stat`
 //!   shows less than 100 % and scales, never an exact-looking wrong count. Each such loss is
-//!   counted in the PMU's sysfs file `lost_wraps` and said once in the kernel log.
+//!   counted in the PMU's sysfs file `lost_wraps` and said once in the kernel log. A slot left
+//!   counting for nobody (its holder disabled on the owner) loses nothing when it wraps.
 //! - Cgroup and task events are refused (the PMU has no task context, so the perf core refuses
 //!   both with `EINVAL`), and so is every attribute a counting device PMU cannot honour:
 //!   sampling, `sigtrap` and `precise_ip` (`EOPNOTSUPP`, as for perf's PMUs without the
@@ -770,12 +771,15 @@ impl Domain {
         let now = value & self.dev.mask;
         let clock = perf::clock_ns();
         let s = &mut hw.slots[slot];
-        if value & regs::COUNTER_OVERFLOW != 0 {
-            self.lose_wraps(s, slot, clock);
-        } else {
+        if value & regs::COUNTER_OVERFLOW == 0 {
             // The poll period keeps this below one wrap, and the device flags it when it was not.
             let delta = now.wrapping_sub(s.last) & self.dev.mask;
             s.total = s.total.wrapping_add(delta);
+        } else if s.state != Holder::Idle {
+            // An `Idle` slot was left counting by a `del` on the owner, for nobody: its holder
+            // takes it back as it is only within one reschedule, which no read splits, so what
+            // wrapped since was no event's and nothing was lost.
+            self.lose_wraps(s, slot, clock);
         }
         s.last = now;
         s.read_ns = clock;
