@@ -135,9 +135,12 @@
 //! window between two moments at which several events of one PMU were read
 //! (reads one after the other), for those enabled with an enabled leader
 //! throughout, allowing [`READ_SKEW_NS`] per read and how far apart the two
-//! moments' reads lay on the guest's clock ([`Model::read_took`]): at most `slots` counters
+//! moments' reads lay on the guest's clock ([`Model::read_took`]; a wait
+//! before an event is read again begins the next moment and is in neither
+//! one's spread): at most `slots` counters
 //! run at once (`Σ Δrunning <= slots × Δenabled`), an exclusive group runs
-//! alone (beside pinned groups only, as perf schedules it), and a group's `mbm_*` members run together (equal `Δrunning`,
+//! alone (beside pinned groups only, as perf schedules it; a mixed group
+//! is a flexible group of its device PMU, also after moves), and a group's `mbm_*` members run together (equal `Δrunning`,
 //! in a window without a park or a placement); and each one's
 //! `time_enabled` grew as the others' (its clock is the context's).
 //!
@@ -542,9 +545,8 @@ struct EventState {
 struct Batch {
     moment: u64,
     times: BTreeMap<Handle, (u64, u64)>,
-    /// How far apart the moment's reads lay up to the last one of this
-    /// PMU's (see [`Model::read_took`]).
-    spread_ns: u64,
+    /// How far apart these reads lay (see [`Model::read_took`]).
+    reads: MomentReads,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -674,17 +676,24 @@ pub struct Model {
     /// Counts operations: reads at one moment are reads one after the
     /// other.
     moment: u64,
-    /// How long the current moment's reads took so far (see
-    /// [`Model::read_took`]).
-    reads_took: MomentReads,
+    /// How the last read was timed, and at which moment (see
+    /// [`Model::read_took`]): its PMU's batch takes it.
+    last_read: Option<(u64, ReadTiming)>,
 }
 
-/// The reads of one moment as the agent timed them: what their system
-/// calls took, and when the first began and the last returned on the
-/// guest's clock.
+/// One read as the agent timed it: what its system call took, and when it
+/// returned on the guest's clock (0: not known).
+#[derive(Debug, Clone, Copy)]
+struct ReadTiming {
+    took_ns: u64,
+    returned_ns: u64,
+}
+
+/// The reads of one PMU's batch as the agent timed them: what their
+/// system calls took, and when the first began and the last returned on
+/// the guest's clock.
 #[derive(Debug, Clone, Copy, Default)]
 struct MomentReads {
-    moment: u64,
     took_ns: u64,
     /// The earliest start and the latest return among reads whose return
     /// is known (0: none is).
@@ -703,6 +712,19 @@ impl MomentReads {
             self.last_ns.saturating_sub(self.first_ns) * u64::from(holds(Rule::ReadsSpread));
         took.max(spread)
     }
+
+    fn add(&mut self, read: ReadTiming) {
+        self.took_ns = self.took_ns.saturating_add(read.took_ns);
+        if read.returned_ns != 0 {
+            let began = read.returned_ns.saturating_sub(read.took_ns);
+            self.first_ns = if self.first_ns == 0 {
+                began
+            } else {
+                self.first_ns.min(began)
+            };
+            self.last_ns = self.last_ns.max(read.returned_ns);
+        }
+    }
 }
 
 impl Model {
@@ -713,35 +735,24 @@ impl Model {
             events: BTreeMap::new(),
             offline: BTreeSet::new(),
             moment: 1,
-            reads_took: MomentReads::default(),
+            last_read: None,
         }
     }
 
     /// The next read's system call took `took_ns` and returned at
     /// `returned_ns` on the guest's clock (0: not known), the journal's
-    /// measures: reads one after the other lie as far apart as the first
-    /// one's start from the last one's return (a guest that ran something
-    /// else between two reads, or a vCPU its host did not run, spreads
-    /// them), beyond [`READ_SKEW_NS`] each, which the rules across events
-    /// allow for.
+    /// measures: a PMU's reads one after the other lie as far apart as the
+    /// first one's start from the last one's return (a guest that ran
+    /// something else between two reads, or a vCPU its host did not run,
+    /// spreads them), beyond [`READ_SKEW_NS`] each, which the rules across
+    /// events allow for. A wait before an event is read again begins the
+    /// next batch of reads: it is not in either one's spread.
     pub fn read_took(&mut self, took_ns: u64, returned_ns: u64) {
-        let r = &mut self.reads_took;
-        if r.moment != self.moment {
-            *r = MomentReads {
-                moment: self.moment,
-                ..MomentReads::default()
-            };
-        }
-        r.took_ns = r.took_ns.saturating_add(took_ns);
-        if returned_ns != 0 {
-            let began = returned_ns.saturating_sub(took_ns);
-            r.first_ns = if r.first_ns == 0 {
-                began
-            } else {
-                r.first_ns.min(began)
-            };
-            r.last_ns = r.last_ns.max(returned_ns);
-        }
+        let read = ReadTiming {
+            took_ns,
+            returned_ns,
+        };
+        self.last_read = Some((self.moment, read));
     }
 
     /// Whether perf may hold the event in ERROR (a pinned group left out),
@@ -1784,22 +1795,27 @@ impl Model {
         let pmu = &mut self.pmus[p as usize];
         // An event read again with nothing but time between (a scenario's
         // `wait`) begins the next moment's reads: the window is the time
-        // between its two reads, not the one before both.
-        if pmu.batch.moment != moment
-            || (pmu.batch.times.contains_key(&handle) && holds(Rule::TimeAloneIsAMoment))
-        {
+        // between its two reads, not the one before both, and the time
+        // waited is not how far apart the reads of either moment lay.
+        let again = pmu.batch.moment == moment && pmu.batch.times.contains_key(&handle);
+        if pmu.batch.moment != moment || (again && holds(Rule::TimeAloneIsAMoment)) {
+            let reads = match again && !holds(Rule::WaitNotInTheSpread) {
+                true => pmu.batch.reads,
+                false => MomentReads::default(),
+            };
             if !pmu.batch.times.is_empty() {
                 pmu.prev_batch = std::mem::take(&mut pmu.batch);
             }
             pmu.batch = Batch {
                 moment,
                 times: BTreeMap::new(),
-                spread_ns: 0,
+                reads,
             };
         }
         pmu.batch.times.insert(handle, (en, run));
-        if self.reads_took.moment == moment {
-            pmu.batch.spread_ns = self.reads_took.spread_ns();
+        // A group read's members are one read: its timing counts once.
+        if let Some((_, read)) = self.last_read.take().filter(|&(m, _)| m == moment) {
+            pmu.batch.reads.add(read);
         }
         let read_skew = if holds(Rule::ReadSkew) {
             READ_SKEW_NS
@@ -1847,7 +1863,7 @@ impl Model {
         // Each read's skew, and how far apart the two moments' reads
         // measurably lay beyond it (a read's system call on a loaded
         // guest, a vCPU preempted between two reads).
-        let took = pmu.prev_batch.spread_ns + pmu.batch.spread_ns;
+        let took = pmu.prev_batch.reads.spread_ns() + pmu.batch.reads.spread_ns();
         let skew = common.len() as u64 * read_skew + took;
         if sum > u64::from(self.shape.slots) * wall + skew && holds(Rule::SlotsBound) {
             mismatch(

@@ -217,6 +217,8 @@ rules! {
     ReadsSpread,
     /// A read again with nothing but time between begins a moment.
     TimeAloneIsAMoment,
+    /// The time waited between two moments is in neither one's spread.
+    WaitNotInTheSpread,
     // The journal's replay (`stress::lifecycle::replay`): what each step's
     // result must be, beside the counts.
     /// An open opens, under the handle expected, or is refused with the
@@ -375,7 +377,8 @@ mod tests {
         LeaderClosePromotes => model::a_sibling_under_a_disabled_leader_has_its_clocks_stopped_until_the_leader_is_on;
         PromotedSoftwareWaits => model::a_software_sibling_promoted_by_its_disabled_leaders_close_waits_for_a_schedule_in;
         CloseReschedulesDevicePmu => model::a_software_sibling_promoted_by_its_disabled_leaders_close_waits_for_a_schedule_in;
-        MixedGroupOnItsDevicePmu => model::a_cpu_going_offline_takes_its_software_groups_apart_for_good;
+        MixedGroupOnItsDevicePmu => model::a_cpu_going_offline_takes_its_software_groups_apart_for_good,
+            model::an_exclusive_event_and_a_moved_mixed_group_take_turns_across_a_wait;
         MovedSiblingsWaitForTheirLeader => model::a_device_member_moves_its_software_group_siblings_first;
         FrozenSlotStops => model::a_disable_while_parked_freezes_the_count_exactly,
             replay::predict_foresees_a_journals_reads_without_a_guest;
@@ -405,7 +408,8 @@ mod tests {
         GroupOnOnePmu => model::opens_the_kernel_must_refuse;
         GroupFitsSlots => model::opens_the_kernel_must_refuse;
         SlotsBound => model::at_most_slots_counters_run_at_once;
-        ExclusiveRunsAlone => model::an_exclusive_group_runs_alone_and_a_groups_members_together;
+        ExclusiveRunsAlone => model::an_exclusive_group_runs_alone_and_a_groups_members_together,
+            model::an_exclusive_event_and_a_moved_mixed_group_take_turns_across_a_wait;
         PinnedBesideExclusive => model::an_exclusive_group_runs_alone_and_a_groups_members_together;
         MembersRunTogether => model::an_exclusive_group_runs_alone_and_a_groups_members_together;
         MembersApartAcrossParks => model::a_groups_members_may_run_apart_across_a_park;
@@ -418,6 +422,7 @@ mod tests {
         ReadsTook => model::reads_that_took_long_widen_the_rules_across_events_by_what_they_took;
         ReadsSpread => model::reads_spread_apart_on_the_guest_widen_the_rules_across_events_by_their_spread;
         TimeAloneIsAMoment => model::reads_again_after_nothing_but_time_are_a_moment_of_their_own;
+        WaitNotInTheSpread => model::an_exclusive_event_and_a_moved_mixed_group_take_turns_across_a_wait;
         OpenAsPredicted => replay::refusals_and_handles_are_checked;
         OpenMaybeRefusedWhileUnknown => replay::an_open_on_a_maybe_parked_pmu_may_be_refused,
             replay::an_allowed_set_not_waited_for_is_in_doubt_until_a_step_settles_it;

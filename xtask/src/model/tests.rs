@@ -845,6 +845,44 @@ pub(super) fn reads_again_after_nothing_but_time_are_a_moment_of_their_own() {
     );
 }
 
+/// An exclusive event and a mixed group {cpu-clock leader, device
+/// sibling} of the same PMU, moved twice, read a second apart with a
+/// `wait` between (scenarios/groups/exclusive-and-groups-after-moves.scn):
+/// the group is a device PMU's flexible group, so the two take turns, and
+/// the second waited is no read's spread. (The model took the reads before
+/// and after the wait for one moment's, allowed for the whole second
+/// between them, and passed the kernel mutant `move-resets-group-caps`,
+/// where both ran 100 %.)
+#[test]
+pub(super) fn an_exclusive_event_and_a_moved_mixed_group_take_turns_across_a_wait() {
+    let s = 1_000_000_000;
+    let ms = 1_000_000;
+    let mut m = Model::new(SHAPE);
+    m.open_on(1, software(), Some(2));
+    m.open_on(2, counter(0, 5).under(1), Some(2));
+    m.open(3, counter(0, 4).exclusive());
+    // Each read's system call takes 0.1 ms and returns at `at`.
+    let read = |m: &mut Model, at: u64, h: Handle, en: u64, run: u64| {
+        m.read_took(ms / 10, at);
+        fields(m, h, seen(0, en, run))
+    };
+    assert_eq!(read(&mut m, s, 3, 0, 0), vec![]);
+    assert_eq!(read(&mut m, s + ms, 1, 0, 0), vec![]);
+    m.moved(0);
+    m.moved(0);
+    assert_eq!(read(&mut m, 2 * s, 3, s, s / 2), vec![]);
+    assert_eq!(read(&mut m, 2 * s + ms, 1, s, s / 2), vec![]);
+    // A second later, nothing but the wait between.
+    let mut turns = m.clone();
+    assert_eq!(read(&mut turns, 3 * s, 3, 2 * s, s), vec![]);
+    assert_eq!(read(&mut turns, 3 * s + ms, 1, 2 * s, s), vec![]);
+    assert_eq!(read(&mut m, 3 * s, 3, 2 * s, 3 * s / 2), vec![]);
+    assert_eq!(
+        read(&mut m, 3 * s + ms, 1, 2 * s, 3 * s / 2),
+        vec![Field::Running]
+    );
+}
+
 #[test]
 pub(super) fn a_cpu_going_offline_takes_its_software_groups_apart_for_good() {
     let mut m = Model::new(SHAPE);

@@ -349,10 +349,6 @@ mod tests {
             "branch-stack-accepted",
             "an open attribute for sample_type and branch_sample_type, and the model refusing it with EINVAL",
         ),
-        (
-            "move-resets-group-caps",
-            "the model judging a mixed group {cpu-clock leader, device sibling} beside an exclusive event after moves: it leaves it unjudged, so scenarios/groups/exclusive-and-mixed-group-after-moves.scn passes on the mutant",
-        ),
     ];
 
     /// Every mutant names, as the check that must catch it, a scenario of

@@ -8,7 +8,6 @@ pub mod allowed_attacks;
 pub mod bpf_reads;
 pub mod context;
 pub mod counts;
-pub mod exclusive_after_moves;
 pub mod groups;
 pub mod hotplug_fail;
 pub mod moves;
@@ -53,13 +52,9 @@ fn run_each(ctx: &mut Ctx, checks: &[Named]) -> Result<Vec<Check>> {
     Ok(out)
 }
 
-/// Exclusivity after moves, opens and BPF reads racing moves, in `run`'s
-/// order, each by the name its `Check` carries.
+/// Opens and BPF reads racing moves, in `run`'s order, each by the name
+/// its `Check` carries.
 const AROUND_MOVES: &[(&str, CtxCheck)] = &[
-    (
-        "exclusive and groups after moves",
-        exclusive_after_moves::exclusive_after_moves,
-    ),
     ("opens racing moves", opens_racing_moves::opens_racing_moves),
     ("BPF reads while moving", bpf_reads::while_moving),
 ];
