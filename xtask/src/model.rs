@@ -422,6 +422,10 @@ struct Window {
     /// counting for sure: its clock cannot have stood still.
     enabled_passed: bool,
     counted_passed: bool,
+    /// A software member of a device group whose PMU moved, parked or was
+    /// placed in the window: its counter stood still in the transit,
+    /// which perf credits as enabled but not as running.
+    transited: bool,
 }
 
 impl Window {
@@ -438,6 +442,7 @@ impl Window {
         times_younger: false,
         enabled_passed: false,
         counted_passed: false,
+        transited: false,
     };
 
     fn epoch(&mut self, enabled: bool, counting: Counting) {
@@ -1017,8 +1022,19 @@ impl Model {
 
     /// The PMU moved to another CPU: nothing changes in the model, but the
     /// epoch ends (a move is where the bugs live).
-    pub fn moved(&mut self, _pmu: u32) {
+    pub fn moved(&mut self, pmu: u32) {
         self.epoch();
+        self.note_transit(pmu);
+    }
+
+    /// The PMU's events are moved (a move, a park, a placement): its
+    /// groups' software members stand still in the transit.
+    fn note_transit(&mut self, pmu: u32) {
+        for e in self.events.values_mut() {
+            if e.group_pmu == Some(pmu) && e.spec.kind == Kind::Software {
+                e.time_window.transited = true;
+            }
+        }
     }
 
     /// From now on (`on`), or no more, the PMU moves at moments the model
@@ -1039,6 +1055,7 @@ impl Model {
     /// group clashed), they are only maybe counting until the moves end.
     pub fn moves_unseen(&mut self, pmu: u32, on: bool) {
         self.epoch();
+        self.note_transit(pmu);
         if let Some(p) = self.pmus.get_mut(pmu as usize) {
             p.moving = on;
             if !on && !p.parked {
@@ -1088,6 +1105,7 @@ impl Model {
     /// None of the PMU's allowed CPUs is online any more.
     pub fn park(&mut self, pmu: u32) {
         self.epoch();
+        self.note_transit(pmu);
         let moment = self.moment;
         if let Some(p) = self.pmus.get_mut(pmu as usize) {
             p.parked = true;
@@ -1103,6 +1121,7 @@ impl Model {
     /// `parked_ns` parked.
     pub fn unpark(&mut self, pmu: u32, parked_ns: u64) {
         self.epoch();
+        self.note_transit(pmu);
         let wrap = self.shape.wrap_bytes();
         let long = self.shape.could_wrap_in(parked_ns);
         let moment = self.moment;
@@ -1172,6 +1191,7 @@ impl Model {
     /// placement is seen.
     pub fn placement_unknown(&mut self, pmu: u32) {
         self.epoch();
+        self.note_transit(pmu);
         let moment = self.moment;
         if let Some(p) = self.pmus.get_mut(pmu as usize) {
             p.unknown = true;
@@ -1190,6 +1210,7 @@ impl Model {
     pub fn placement_seen(&mut self, pmu: u32, parked: bool, unknown_ns: u64) {
         // The stretch's last epoch folds as unknown.
         self.epoch();
+        self.note_transit(pmu);
         let moment = self.moment;
         let Some(p) = self.pmus.get_mut(pmu as usize) else {
             return;
@@ -1367,9 +1388,14 @@ impl Model {
         } else {
             TimeRule::Grows
         };
+        // A software member of a moving device group stands still in each
+        // transit, perf's time_enabled does not.
+        let transited = e.spec.kind == Kind::Software
+            && (t.transited || e.group_pmu.is_some_and(|p| self.pmus[p as usize].moving))
+            && holds(Rule::SoftwareStillInTransit);
         let running = if t.counting_none {
             TimeRule::Unchanged
-        } else if t.counting_all && !t.lossy {
+        } else if t.counting_all && !t.lossy && !transited {
             TimeRule::AsEnabled
         } else {
             TimeRule::AtMostEnabled

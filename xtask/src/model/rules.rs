@@ -95,6 +95,10 @@ rules! {
     /// A cpu-clock counts its own running time: `Δvalue` within
     /// `CLOCK_SLACK_NS` (and a tenth) of `Δrunning`.
     ClockCountsItsRunning,
+    /// A software member of a device group stands still in a move's
+    /// transit: across a move, park or placement its `Δrunning` may fall
+    /// short of `Δenabled`.
+    SoftwareStillInTransit,
     // Gauges.
     /// A counting gauge reads the occupancy.
     GaugeReadsOccupancy,
@@ -372,6 +376,7 @@ mod tests {
         UnseenEventsMayKeepExclusiveOff => model::an_exclusive_group_may_give_way_to_events_the_model_does_not_see;
         SoftwareAlwaysOn => model::a_group_of_software_events_only_is_always_on;
         ClockCountsItsRunning => model::a_cpu_clock_counts_its_own_running_time;
+        SoftwareStillInTransit => model::a_cpu_clock_counts_its_own_running_time;
         EffectiveEnabled => model::a_sibling_under_a_disabled_leader_has_its_clocks_stopped_until_the_leader_is_on;
         GroupIoctl => model::group_ioctl_on_a_sibling_reaches_the_whole_group;
         LeaderClosePromotes => model::a_sibling_under_a_disabled_leader_has_its_clocks_stopped_until_the_leader_is_on;

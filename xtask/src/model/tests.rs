@@ -1533,12 +1533,13 @@ pub(super) fn a_cpu_clock_counts_its_own_running_time() {
     const MS: u64 = 1_000_000;
     let mut m = Model::new(SHAPE);
     m.open(1, counter(0, 1));
-    m.open(2, software().under(1));
+    m.open_on(2, software().under(1), Some(2));
     assert_eq!(
         fields(&mut m, 2, seen(100 * MS, 100 * MS, 100 * MS)),
         vec![]
     );
     m.moved(0);
+    m.burst(0, TOTAL, 1, 1 << 20);
     // Over 200 ms it counted 199 ms, or 150 ms with its running time
     // credited the 50 ms it stood still in transit.
     let two = [(299 * MS, vec![]), (250 * MS, vec![Field::Value])];
@@ -1548,16 +1549,29 @@ pub(super) fn a_cpu_clock_counts_its_own_running_time() {
             want
         );
     }
-    // A RESET parts the count's baseline from the times': not judged.
-    m.ioctl(2, Ioctl::Reset, false);
-    assert_eq!(fields(&mut m, 2, seen(5 * MS, 400 * MS, 400 * MS)), vec![]);
-    // From the read after it, judged again.
+    // Not credited the transit: 150 ms running of the 200 ms enabled, as
+    // it counted.
     assert_eq!(
-        fields(&mut m.clone(), 2, seen(5 * MS, 500 * MS, 500 * MS)),
-        vec![Field::Value]
-    );
-    assert_eq!(
-        fields(&mut m, 2, seen(105 * MS, 500 * MS, 500 * MS)),
+        fields(&mut m, 2, seen(250 * MS, 300 * MS, 250 * MS)),
         vec![]
     );
+    // Without a move since, it counts throughout.
+    m.burst(0, TOTAL, 1, 1 << 20);
+    assert_eq!(
+        fields(&mut m.clone(), 2, seen(300 * MS, 400 * MS, 300 * MS)),
+        vec![Field::Running]
+    );
+    assert_eq!(
+        fields(&mut m, 2, seen(350 * MS, 400 * MS, 350 * MS)),
+        vec![]
+    );
+    // A RESET parts the count's baseline from the times': not judged.
+    m.ioctl(2, Ioctl::Reset, false);
+    assert_eq!(fields(&mut m, 2, seen(5 * MS, 450 * MS, 400 * MS)), vec![]);
+    // From the read after it, judged again.
+    assert_eq!(
+        fields(&mut m.clone(), 2, seen(5 * MS, 500 * MS, 450 * MS)),
+        vec![Field::Value]
+    );
+    assert_eq!(fields(&mut m, 2, seen(55 * MS, 500 * MS, 450 * MS)), vec![]);
 }
