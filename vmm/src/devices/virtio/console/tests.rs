@@ -1,6 +1,6 @@
 use super::*;
 use std::sync::{Arc, Mutex};
-use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
+use virtio_bindings::virtio_ring::{VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
 use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
 use virtio_queue::mock::MockSplitQueue;
 use vm_memory::GuestAddress;
@@ -98,6 +98,36 @@ impl<'m> Rig<'m> {
             })
             .collect();
         self.mocks[queue].add_desc_chains(&descs, at).unwrap();
+    }
+
+    /// Makes descriptor 0 of `queue` an indirect table at `table` of `parts`
+    /// (readable) and offers it `times` over, as a driver that ignores
+    /// that `VIRTIO_F_INDIRECT_DESC` is not offered.
+    fn add_indirect_chain(&self, queue: usize, table: u64, parts: &[(u64, u32)], times: u16) {
+        for (i, &(addr, len)) in parts.iter().enumerate() {
+            let flags = if i + 1 < parts.len() {
+                VRING_DESC_F_NEXT as u16
+            } else {
+                0
+            };
+            let desc = SplitDescriptor::new(addr, len, flags, i as u16 + 1);
+            self.memory
+                .write_obj(
+                    RawDescriptor::from(desc),
+                    GuestAddress(table + 16 * i as u64),
+                )
+                .unwrap();
+        }
+        let len = 16 * parts.len() as u32;
+        let head = SplitDescriptor::new(table, len, VRING_DESC_F_INDIRECT as u16, 0);
+        let mock = &self.mocks[queue];
+        mock.desc_table()
+            .store(0, RawDescriptor::from(head))
+            .unwrap();
+        for i in 0..times {
+            mock.avail().ring().ref_at(usize::from(i)).unwrap().store(0);
+        }
+        mock.avail().idx().store(times);
     }
 }
 
@@ -500,4 +530,41 @@ fn a_descriptor_rewritten_to_wrap_the_address_space_is_a_bad_address() {
     assert_eq!(rig.used(TRANSMIT), 1, "used");
     assert_eq!(sink.got().len(), OUTPUT_CAPACITY);
     assert_eq!(console.dropped_output(), 5000);
+}
+
+#[test]
+fn a_chain_through_an_indirect_table_is_read_no_further_than_the_queue_size() {
+    let memory = memory();
+    let mut rig = Rig::new(&memory);
+    // 65535 one-byte buffers, the most an indirect table holds, in each of
+    // 4 chains; without a host every readable byte is counted, so the
+    // count says how many descriptors the device read.
+    let parts = vec![(DATA, 1); usize::from(u16::MAX)];
+    rig.add_indirect_chain(TRANSMIT, 0x200_0000, &parts, 4);
+    let mut console = Console::new();
+    assert!(!rig.process(&mut console));
+    assert_eq!(rig.used(TRANSMIT), 4);
+    let size = u64::from(QUEUE_SIZES[TRANSMIT]);
+    assert_eq!(
+        console.dropped_output(),
+        4 * size,
+        "each chain read to at most the queue's {size} descriptors"
+    );
+
+    // On the control queue: DEVICE_READY behind more empty descriptors
+    // than the queue has is not reached.
+    let ready = ControlMessage {
+        id: 0,
+        event: DEVICE_READY,
+        value: 1,
+    };
+    memory
+        .write_slice(&ready.to_bytes(), GuestAddress(DATA))
+        .unwrap();
+    let mut parts = vec![(DATA, 0); usize::from(QUEUE_SIZES[CONTROL_TRANSMIT])];
+    parts.push((DATA, 8));
+    rig.add_indirect_chain(CONTROL_TRANSMIT, 0x300_0000, &parts, 1);
+    rig.process(&mut console);
+    assert_eq!(rig.used(CONTROL_TRANSMIT), 1, "the chain is used");
+    assert_eq!(console.pending_control(), 0, "its message was past the cut");
 }
