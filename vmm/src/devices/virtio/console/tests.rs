@@ -568,3 +568,32 @@ fn a_chain_through_an_indirect_table_is_read_no_further_than_the_queue_size() {
     assert_eq!(rig.used(CONTROL_TRANSMIT), 1, "the chain is used");
     assert_eq!(console.pending_control(), 0, "its message was past the cut");
 }
+
+#[test]
+fn a_driver_with_bad_ring_indices_is_not_logged() {
+    let memory = memory();
+    let mut rig = Rig::new(&memory);
+    // Port 1's transmit queue: an available index more than the queue's
+    // size ahead. The receive queue: a head past the table.
+    rig.mocks[TRANSMIT].avail().idx().store(1000);
+    let receive = &rig.mocks[RECEIVE];
+    receive.avail().ring().ref_at(0).unwrap().store(300);
+    receive.avail().idx().store(1);
+    let sink = Sink::new(usize::MAX);
+    let mut console = Console::new();
+    console.connect();
+    console.push_input(b"input");
+    let shown = crate::logger::capture::shown_during(|| {
+        for _ in 0..100 {
+            rig.round(&mut console, &sink);
+        }
+    });
+    assert_eq!((rig.used(TRANSMIT), rig.used(RECEIVE)), (0, 0));
+    assert!(sink.got().is_empty());
+    assert!(
+        shown.is_empty(),
+        "the event loop wrote {} log lines under the transport's lock, the first {:?}",
+        shown.len(),
+        shown.first()
+    );
+}
