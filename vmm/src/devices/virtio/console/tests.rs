@@ -533,6 +533,39 @@ fn a_descriptor_rewritten_to_wrap_the_address_space_is_a_bad_address() {
 }
 
 #[test]
+fn a_reset_in_the_middle_of_a_chain_sends_no_byte_twice() {
+    let memory = memory();
+    let mut rig = Rig::new(&memory);
+    let len = OUTPUT_CAPACITY + 5000;
+    let data = pattern(len);
+    memory.write_slice(&data, GuestAddress(DATA)).unwrap();
+    rig.add_chain(TRANSMIT, 0, &[(DATA, len as u32)], false);
+    let sink = Sink::new(usize::MAX);
+    let mut console = Console::new();
+    console.connect();
+    rig.round(&mut console, &sink);
+    assert_eq!(sink.got().len(), OUTPUT_CAPACITY, "the first part");
+    assert_eq!(rig.used(TRANSMIT), 0);
+    // The driver resets the device and sets its queues up again; its
+    // first chain starts where the old one was.
+    console.reset();
+    let mut rig = Rig::new(&memory);
+    memory
+        .write_slice(b"after reset", GuestAddress(DATA + 0x40_0000))
+        .unwrap();
+    rig.add_chain(TRANSMIT, 0, &[(DATA + 0x40_0000, 11)], false);
+    rig.round(&mut console, &sink);
+    assert_eq!(rig.used(TRANSMIT), 1);
+    let mut want = data[..OUTPUT_CAPACITY].to_vec();
+    want.extend_from_slice(b"after reset");
+    assert!(
+        sink.got() == want,
+        "{} bytes reached the host, want the old chain's first part and the new chain",
+        sink.got().len()
+    );
+}
+
+#[test]
 fn a_chain_through_an_indirect_table_is_read_no_further_than_the_queue_size() {
     let memory = memory();
     let mut rig = Rig::new(&memory);
