@@ -30,7 +30,9 @@
 //!   costs nothing ([`MAX_PENDING_CONTROL`]);
 //! - a transmit buffer that cannot be read (its address is not guest RAM)
 //!   is counted as dropped and the resume point moves past it, so a chain
-//!   taken in parts sends each byte at most once;
+//!   taken in parts sends each byte at most once; the resume point holds
+//!   only for the chain it was taken in ([`ChainPlace`]), so another chain
+//!   at that place in the queue is not cut short;
 //! - guest addresses are added with checked arithmetic: a descriptor
 //!   rewritten between two passes to wrap the address space is a bad
 //!   address (its bytes dropped and counted), never an overflow;
@@ -151,15 +153,27 @@ impl ToDriver {
     }
 }
 
+/// Which chain a transmit chain taken in parts is: its place in the
+/// available ring, its head and the queue's rings. A different chain at
+/// the queue's next position (the driver set the queue up anew, or
+/// rewrote the entry) starts from its first byte.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ChainPlace {
+    position: u16,
+    head: u16,
+    desc_table: u64,
+    avail_ring: u64,
+}
+
 pub struct Console {
     /// A host takes the output.
     connected: bool,
     /// Guest output not yet taken by the host, at most [`OUTPUT_CAPACITY`].
     buffered: VecDeque<u8>,
-    /// Bytes of the transmit chain at the queue's next position already
-    /// gone past (buffered, or dropped as unreadable): a chain taken in
-    /// parts resumes there.
-    taken_of_next: u64,
+    /// The transmit chain taken in parts, and how many of its bytes are
+    /// already gone past (buffered, or dropped as unreadable): it resumes
+    /// there.
+    resume: Option<(ChainPlace, u64)>,
     input: VecDeque<u8>,
     paused: bool,
     /// Control messages waiting for the driver's control receive buffers.
@@ -180,7 +194,7 @@ impl Console {
         Console {
             connected: false,
             buffered: VecDeque::new(),
-            taken_of_next: 0,
+            resume: None,
             input: VecDeque::new(),
             paused: false,
             to_driver: ToDriver::default(),
@@ -292,12 +306,21 @@ impl Console {
                 return false;
             };
             let head = chain.head_index();
+            let place = ChainPlace {
+                position: queue.next_avail().wrapping_sub(1),
+                head,
+                desc_table: queue.desc_table(),
+                avail_ring: queue.avail_ring(),
+            };
+            let taken = match self.resume.take() {
+                Some((at, taken)) if at == place => taken,
+                _ => 0,
+            };
             if !self.connected {
                 let len: u64 = descriptors(chain, size, false)
                     .map(|d| u64::from(d.len()))
                     .sum();
-                self.dropped_output += len.saturating_sub(self.taken_of_next);
-                self.taken_of_next = 0;
+                self.dropped_output += len.saturating_sub(taken);
                 let _ = queue.add_used(memory, head, 0);
                 *used = true;
                 continue;
@@ -307,7 +330,7 @@ impl Console {
             // How far into the chain this pass went: bytes copied and bytes
             // dropped as unreadable alike.
             let mut passed = 0u64;
-            let mut skip = self.taken_of_next;
+            let mut skip = taken;
             let mut complete = true;
             let mut chunk = [0u8; CHUNK];
             'descriptors: for desc in descriptors(chain, size, false) {
@@ -342,12 +365,11 @@ impl Console {
             }
             budget -= copied;
             if complete {
-                self.taken_of_next = 0;
                 let _ = queue.add_used(memory, head, 0);
                 *used = true;
             } else {
                 // The rest stays in the queue: the guest sees back-pressure.
-                self.taken_of_next += passed;
+                self.resume = Some((place, taken + passed));
                 queue.go_to_previous_position();
             }
         }
@@ -579,7 +601,7 @@ impl VirtioDevice for Console {
         self.paused = false;
         self.to_driver.clear();
         self.port_ready = false;
-        self.taken_of_next = 0;
+        self.resume = None;
     }
 }
 

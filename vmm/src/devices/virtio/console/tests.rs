@@ -100,6 +100,22 @@ impl<'m> Rig<'m> {
         self.mocks[queue].add_desc_chains(&descs, at).unwrap();
     }
 
+    /// A connected console that took the first [`OUTPUT_CAPACITY`] bytes
+    /// of one chain on port 1 in a round, the rest left in the queue;
+    /// returns it, its host and the chain's bytes.
+    fn half_taken_chain(&mut self) -> (Console, Sink, Vec<u8>) {
+        let data = pattern(OUTPUT_CAPACITY + 5000);
+        self.memory.write_slice(&data, GuestAddress(DATA)).unwrap();
+        self.add_chain(TRANSMIT, 0, &[(DATA, data.len() as u32)], false);
+        let sink = Sink::new(usize::MAX);
+        let mut console = Console::new();
+        console.connect();
+        self.round(&mut console, &sink);
+        assert_eq!(sink.got().len(), OUTPUT_CAPACITY, "the first part");
+        assert_eq!(self.used(TRANSMIT), 0, "the rest in the queue");
+        (console, sink, data)
+    }
+
     /// Makes descriptor 0 of `queue` an indirect table at `table` of `parts`
     /// (readable) and offers it `times` over, as a driver that ignores
     /// that `VIRTIO_F_INDIRECT_DESC` is not offered.
@@ -511,21 +527,11 @@ fn an_unreadable_buffer_in_a_chain_taken_in_parts_is_passed_once() {
 fn a_descriptor_rewritten_to_wrap_the_address_space_is_a_bad_address() {
     let memory = memory();
     let mut rig = Rig::new(&memory);
-    let len = OUTPUT_CAPACITY + 5000;
-    memory
-        .write_slice(&pattern(len), GuestAddress(DATA))
-        .unwrap();
-    rig.add_chain(TRANSMIT, 0, &[(DATA, len as u32)], false);
-    let sink = Sink::new(usize::MAX);
-    let mut console = Console::new();
-    console.connect();
-    rig.process(&mut console);
-    assert_eq!(console.buffered_output(), OUTPUT_CAPACITY, "the first part");
+    let (mut console, sink, _) = rig.half_taken_chain();
     // Between the passes, the driver moves the descriptor to the end of
     // the address space: resuming 64 KiB into it wraps.
     let table = rig.mocks[TRANSMIT].desc_table_addr();
     memory.write_obj((u64::MAX - 100).to_le(), table).unwrap();
-    sink.pump(&mut console);
     rig.round(&mut console, &sink);
     assert_eq!(rig.used(TRANSMIT), 1, "used");
     assert_eq!(sink.got().len(), OUTPUT_CAPACITY);
@@ -536,16 +542,7 @@ fn a_descriptor_rewritten_to_wrap_the_address_space_is_a_bad_address() {
 fn a_reset_in_the_middle_of_a_chain_sends_no_byte_twice() {
     let memory = memory();
     let mut rig = Rig::new(&memory);
-    let len = OUTPUT_CAPACITY + 5000;
-    let data = pattern(len);
-    memory.write_slice(&data, GuestAddress(DATA)).unwrap();
-    rig.add_chain(TRANSMIT, 0, &[(DATA, len as u32)], false);
-    let sink = Sink::new(usize::MAX);
-    let mut console = Console::new();
-    console.connect();
-    rig.round(&mut console, &sink);
-    assert_eq!(sink.got().len(), OUTPUT_CAPACITY, "the first part");
-    assert_eq!(rig.used(TRANSMIT), 0);
+    let (mut console, sink, data) = rig.half_taken_chain();
     // The driver resets the device and sets its queues up again; its
     // first chain starts where the old one was.
     console.reset();
@@ -629,4 +626,36 @@ fn a_driver_with_bad_ring_indices_is_not_logged() {
         shown.len(),
         shown.first()
     );
+}
+
+#[test]
+fn a_queue_set_up_anew_in_the_middle_of_a_chain_takes_its_next_chain_whole() {
+    let memory = memory();
+    let mut rig = Rig::new(&memory);
+    let (mut console, sink, _) = rig.half_taken_chain();
+    // The driver sets QueueReady 0, moves the queue's rings (the transport
+    // keeps its position), sets it ready and offers another chain there.
+    let moved = MockSplitQueue::create(&memory, GuestAddress(0x300_0000), 256);
+    let mut queue: Queue = moved.create_queue().unwrap();
+    queue.set_next_avail(rig.queues[TRANSMIT].next_avail());
+    rig.queues[TRANSMIT] = queue;
+    memory
+        .write_slice(b"new chain", GuestAddress(DATA + 0x40_0000))
+        .unwrap();
+    let desc = SplitDescriptor::new(DATA + 0x40_0000, 9, 0, 0);
+    moved
+        .desc_table()
+        .store(0, RawDescriptor::from(desc))
+        .unwrap();
+    moved.avail().ring().ref_at(0).unwrap().store(0);
+    moved.avail().idx().store(1);
+    rig.round(&mut console, &sink);
+    assert_eq!(moved.used().idx().load(), 1, "the new chain is used");
+    assert_eq!(
+        &sink.got()[OUTPUT_CAPACITY..],
+        b"new chain",
+        "the old chain's resume point cut the new one ({} dropped)",
+        console.dropped_output()
+    );
+    assert_eq!(console.dropped_output(), 0);
 }
