@@ -659,3 +659,44 @@ fn a_queue_set_up_anew_in_the_middle_of_a_chain_takes_its_next_chain_whole() {
     );
     assert_eq!(console.dropped_output(), 0);
 }
+
+#[test]
+fn buffers_across_the_end_of_guest_memory_move_each_byte_once() {
+    let memory = memory();
+    let mut rig = Rig::new(&memory);
+    let end = 64 << 20; // [`memory`]'s 64 MiB
+    let data = pattern(CHUNK + 1000);
+    // Output: one buffer whose last 700 bytes are past the end.
+    let at = end - data.len() as u64 + 700;
+    memory
+        .write_slice(&data[..data.len() - 700], GuestAddress(at))
+        .unwrap();
+    rig.add_chain(TRANSMIT, 0, &[(at, data.len() as u32)], false);
+    // Input: a buffer across the end, then one inside.
+    rig.add_chain(RECEIVE, 0, &[(end - 100, 1000)], true);
+    rig.add_chain(RECEIVE, 1, &[(DATA, 1000)], true);
+    let sink = Sink::new(usize::MAX);
+    let mut console = Console::new();
+    console.connect();
+    console.push_input(&data[..300]);
+    rig.round(&mut console, &sink);
+    let got = sink.got();
+    assert_eq!(rig.used(TRANSMIT), 1);
+    assert_eq!(
+        got.len() as u64 + console.dropped_output(),
+        data.len() as u64,
+        "each byte of the buffer sent or counted as dropped, once"
+    );
+    assert!(
+        got == data[..got.len()],
+        "what was sent is the buffer's start"
+    );
+    let used = rig.mocks[RECEIVE].used();
+    let lens: Vec<u32> = (0..2)
+        .map(|i| used.ring().ref_at(i).unwrap().load().len())
+        .collect();
+    assert_eq!(lens, [0, 300], "the input skips the buffer it cannot fill");
+    let mut took = [0u8; 300];
+    memory.read_slice(&mut took, GuestAddress(DATA)).unwrap();
+    assert!(took == data[..300]);
+}
