@@ -9,7 +9,12 @@
 //! lines are not log records: they are printed whatever the level, since
 //! xtask reads them (`vmm::Vmm::report`). The `gdbstub` crate's own records
 //! (each packet it does not know, at `info`) show from `debug` on, its
-//! warnings and errors always.
+//! warnings and errors always. The `virtio_queue` crate's records never
+//! show: each is something a driver got wrong (rings outside memory, an
+//! available index too far ahead, a head out of range), made at the
+//! guest's pace on a vCPU thread or under the console transport's lock,
+//! so showing them would let the guest decide how much the VMM writes to
+//! stderr and make a vCPU wait for it.
 
 use std::io::Write as _;
 
@@ -24,6 +29,9 @@ static LOGGER: StderrLogger = StderrLogger;
 
 impl Log for StderrLogger {
     fn enabled(&self, metadata: &Metadata) -> bool {
+        if metadata.target().starts_with("virtio_queue") {
+            return false;
+        }
         if metadata.target().starts_with("gdbstub") && metadata.level() > Level::Warn {
             return log::max_level() >= LevelFilter::Debug;
         }
@@ -71,6 +79,54 @@ pub fn level_from(value: Option<&str>) -> LevelFilter {
 pub fn init() {
     if log::set_logger(&LOGGER).is_ok() {
         log::set_max_level(level_from(std::env::var(LEVEL_VAR).ok().as_deref()));
+    }
+}
+
+/// What the tests of guest-driven code see of the log.
+#[cfg(test)]
+pub(crate) mod capture {
+    use super::*;
+    use std::cell::RefCell;
+    use std::sync::Once;
+
+    thread_local! {
+        static SHOWN: RefCell<Option<Vec<String>>> = const { RefCell::new(None) };
+    }
+
+    /// Keeps the lines perfbed-vmm's logger would write for the records
+    /// made on a thread inside [`shown_during`].
+    struct Capture;
+
+    impl Log for Capture {
+        fn enabled(&self, metadata: &Metadata) -> bool {
+            LOGGER.enabled(metadata)
+        }
+
+        fn log(&self, record: &Record) {
+            if self.enabled(record.metadata()) {
+                let line = format_line(record.level(), &record.args().to_string());
+                SHOWN.with(|shown| {
+                    if let Some(lines) = shown.borrow_mut().as_mut() {
+                        lines.push(line);
+                    }
+                });
+            }
+        }
+
+        fn flush(&self) {}
+    }
+
+    /// Runs `f` and returns the lines perfbed-vmm's log, at its default
+    /// level, would have shown of the records made on this thread meanwhile.
+    pub(crate) fn shown_during(f: impl FnOnce()) -> Vec<String> {
+        static INSTALL: Once = Once::new();
+        INSTALL.call_once(|| {
+            log::set_logger(&Capture).expect("the tests install no other logger");
+            log::set_max_level(LevelFilter::Info);
+        });
+        SHOWN.with(|shown| *shown.borrow_mut() = Some(Vec::new()));
+        f();
+        SHOWN.with(|shown| shown.borrow_mut().take().unwrap_or_default())
     }
 }
 

@@ -30,10 +30,15 @@
 //!   costs nothing ([`MAX_PENDING_CONTROL`]);
 //! - a transmit buffer that cannot be read (its address is not guest RAM)
 //!   is counted as dropped and the resume point moves past it, so a chain
-//!   taken in parts sends each byte at most once;
+//!   taken in parts sends each byte at most once; the resume point holds
+//!   only for the chain it was taken in ([`ChainPlace`]), so another chain
+//!   at that place in the queue is not cut short;
 //! - guest addresses are added with checked arithmetic: a descriptor
 //!   rewritten between two passes to wrap the address space is a bad
-//!   address (its bytes dropped and counted), never an overflow.
+//!   address (its bytes dropped and counted), never an overflow;
+//! - a chain is read to at most as many descriptors as its queue has
+//!   ([`descriptors`]): only an indirect table, which this device does not
+//!   offer, makes one longer.
 //!
 //! Input is queued here by the event loop and copied into port 1's receive
 //! buffers; past [`MAX_PENDING_INPUT`] the event loop stops reading the
@@ -41,7 +46,8 @@
 
 use std::collections::VecDeque;
 
-use virtio_queue::{Queue, QueueOwnedT, QueueT};
+use virtio_queue::desc::split::Descriptor;
+use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT};
 use vm_memory::{Address, Bytes, GuestMemoryMmap};
 
 use super::{Progress, VirtioDevice};
@@ -147,15 +153,27 @@ impl ToDriver {
     }
 }
 
+/// Which chain a transmit chain taken in parts is: its place in the
+/// available ring, its head and the queue's rings. A different chain at
+/// the queue's next position (the driver set the queue up anew, or
+/// rewrote the entry) starts from its first byte.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ChainPlace {
+    position: u16,
+    head: u16,
+    desc_table: u64,
+    avail_ring: u64,
+}
+
 pub struct Console {
     /// A host takes the output.
     connected: bool,
     /// Guest output not yet taken by the host, at most [`OUTPUT_CAPACITY`].
     buffered: VecDeque<u8>,
-    /// Bytes of the transmit chain at the queue's next position already
-    /// gone past (buffered, or dropped as unreadable): a chain taken in
-    /// parts resumes there.
-    taken_of_next: u64,
+    /// The transmit chain taken in parts, and how many of its bytes are
+    /// already gone past (buffered, or dropped as unreadable): it resumes
+    /// there.
+    resume: Option<(ChainPlace, u64)>,
     input: VecDeque<u8>,
     paused: bool,
     /// Control messages waiting for the driver's control receive buffers.
@@ -176,7 +194,7 @@ impl Console {
         Console {
             connected: false,
             buffered: VecDeque::new(),
-            taken_of_next: 0,
+            resume: None,
             input: VecDeque::new(),
             paused: false,
             to_driver: ToDriver::default(),
@@ -276,6 +294,7 @@ impl Console {
     /// true if it stopped at a bound with more queued and room to take it.
     fn transmit(&mut self, queue: &mut Queue, memory: &GuestMemoryMmap, used: &mut bool) -> bool {
         let mut budget = OUTPUT_CAPACITY;
+        let size = queue.size();
         for _ in 0..MAX_CHAINS_PER_CALL {
             let room = OUTPUT_CAPACITY - self.buffered.len();
             if self.connected && (room == 0 || budget == 0) {
@@ -287,10 +306,21 @@ impl Console {
                 return false;
             };
             let head = chain.head_index();
+            let place = ChainPlace {
+                position: queue.next_avail().wrapping_sub(1),
+                head,
+                desc_table: queue.desc_table(),
+                avail_ring: queue.avail_ring(),
+            };
+            let taken = match self.resume.take() {
+                Some((at, taken)) if at == place => taken,
+                _ => 0,
+            };
             if !self.connected {
-                let len: u64 = chain.readable().map(|d| u64::from(d.len())).sum();
-                self.dropped_output += len.saturating_sub(self.taken_of_next);
-                self.taken_of_next = 0;
+                let len: u64 = descriptors(chain, size, false)
+                    .map(|d| u64::from(d.len()))
+                    .sum();
+                self.dropped_output += len.saturating_sub(taken);
                 let _ = queue.add_used(memory, head, 0);
                 *used = true;
                 continue;
@@ -300,10 +330,10 @@ impl Console {
             // How far into the chain this pass went: bytes copied and bytes
             // dropped as unreadable alike.
             let mut passed = 0u64;
-            let mut skip = self.taken_of_next;
+            let mut skip = taken;
             let mut complete = true;
             let mut chunk = [0u8; CHUNK];
-            'descriptors: for desc in chain.readable() {
+            'descriptors: for desc in descriptors(chain, size, false) {
                 let len = u64::from(desc.len());
                 if skip >= len {
                     skip -= len;
@@ -335,12 +365,11 @@ impl Console {
             }
             budget -= copied;
             if complete {
-                self.taken_of_next = 0;
                 let _ = queue.add_used(memory, head, 0);
                 *used = true;
             } else {
                 // The rest stays in the queue: the guest sees back-pressure.
-                self.taken_of_next += passed;
+                self.resume = Some((place, taken + passed));
                 queue.go_to_previous_position();
             }
         }
@@ -367,6 +396,7 @@ impl Console {
         memory: &GuestMemoryMmap,
         used: &mut bool,
     ) -> bool {
+        let size = queue.size();
         for _ in 0..MAX_CHAINS_PER_CALL {
             let Some(chain) = queue.pop_descriptor_chain(memory) else {
                 return false;
@@ -374,7 +404,7 @@ impl Console {
             let head = chain.head_index();
             let mut bytes = [0u8; 8];
             let mut got = 0;
-            for desc in chain.readable() {
+            for desc in descriptors(chain, size, false) {
                 let n = (desc.len() as usize).min(8 - got);
                 if memory
                     .read_slice(&mut bytes[got..got + n], desc.addr())
@@ -421,12 +451,13 @@ impl Console {
 
     /// Writes waiting control messages into the driver's buffers.
     fn write_control(&mut self, queue: &mut Queue, memory: &GuestMemoryMmap, used: &mut bool) {
+        let size = queue.size();
         while let Some(message) = self.to_driver.front() {
             let Some(chain) = queue.pop_descriptor_chain(memory) else {
                 return;
             };
             let head = chain.head_index();
-            let written = match chain.writable().next() {
+            let written = match descriptors(chain, size, true).next() {
                 Some(desc)
                     if desc.len() >= 8
                         && memory.write_slice(&message.to_bytes(), desc.addr()).is_ok() =>
@@ -446,6 +477,7 @@ impl Console {
     /// Copies waiting input into port 1's receive buffers.
     fn receive(&mut self, queue: &mut Queue, memory: &GuestMemoryMmap, used: &mut bool) -> bool {
         let mut chains = 0;
+        let size = queue.size();
         while !self.input.is_empty() {
             if chains == MAX_CHAINS_PER_CALL {
                 return true;
@@ -456,7 +488,7 @@ impl Console {
             chains += 1;
             let head = chain.head_index();
             let mut written = 0u32;
-            for desc in chain.writable() {
+            for desc in descriptors(chain, size, true) {
                 let (mut addr, mut room) = (Some(desc.addr()), desc.len() as usize);
                 while room > 0 && !self.input.is_empty() {
                     let n = room.min(self.input.len()).min(CHUNK);
@@ -481,6 +513,24 @@ impl Console {
         }
         false
     }
+}
+
+/// The descriptors of `chain` the device reads (`write` false) or writes,
+/// among its first `queue_size`. No chain of the queue's own table is
+/// longer (virtio-queue's walk ends there); only an indirect table is,
+/// which this device does not offer (`VIRTIO_F_INDIRECT_DESC`, so the
+/// driver must not use one, §2.7.5.3.1) and virtio-queue follows anyway,
+/// up to 65535 descriptors: 256 such chains a call would be 16.7 million
+/// descriptor reads under the lock the vCPUs take. The rest of such a
+/// chain is not read.
+fn descriptors(
+    chain: DescriptorChain<&GuestMemoryMmap>,
+    queue_size: u16,
+    write: bool,
+) -> impl Iterator<Item = Descriptor> + '_ {
+    chain
+        .take(usize::from(queue_size))
+        .filter(move |d| d.is_write_only() == write)
 }
 
 /// The queue at `index` if the driver made it ready and valid.
@@ -551,7 +601,7 @@ impl VirtioDevice for Console {
         self.paused = false;
         self.to_driver.clear();
         self.port_ready = false;
-        self.taken_of_next = 0;
+        self.resume = None;
     }
 }
 

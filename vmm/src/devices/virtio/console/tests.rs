@@ -1,6 +1,6 @@
 use super::*;
 use std::sync::{Arc, Mutex};
-use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
+use virtio_bindings::virtio_ring::{VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
 use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
 use virtio_queue::mock::MockSplitQueue;
 use vm_memory::GuestAddress;
@@ -98,6 +98,52 @@ impl<'m> Rig<'m> {
             })
             .collect();
         self.mocks[queue].add_desc_chains(&descs, at).unwrap();
+    }
+
+    /// A connected console that took the first [`OUTPUT_CAPACITY`] bytes
+    /// of one chain on port 1 in a round, the rest left in the queue;
+    /// returns it, its host and the chain's bytes.
+    fn half_taken_chain(&mut self) -> (Console, Sink, Vec<u8>) {
+        let data = pattern(OUTPUT_CAPACITY + 5000);
+        self.memory.write_slice(&data, GuestAddress(DATA)).unwrap();
+        self.add_chain(TRANSMIT, 0, &[(DATA, data.len() as u32)], false);
+        let sink = Sink::new(usize::MAX);
+        let mut console = Console::new();
+        console.connect();
+        self.round(&mut console, &sink);
+        assert_eq!(sink.got().len(), OUTPUT_CAPACITY, "the first part");
+        assert_eq!(self.used(TRANSMIT), 0, "the rest in the queue");
+        (console, sink, data)
+    }
+
+    /// Makes descriptor 0 of `queue` an indirect table at `table` of `parts`
+    /// (readable) and offers it `times` over, as a driver that ignores
+    /// that `VIRTIO_F_INDIRECT_DESC` is not offered.
+    fn add_indirect_chain(&self, queue: usize, table: u64, parts: &[(u64, u32)], times: u16) {
+        for (i, &(addr, len)) in parts.iter().enumerate() {
+            let flags = if i + 1 < parts.len() {
+                VRING_DESC_F_NEXT as u16
+            } else {
+                0
+            };
+            let desc = SplitDescriptor::new(addr, len, flags, i as u16 + 1);
+            self.memory
+                .write_obj(
+                    RawDescriptor::from(desc),
+                    GuestAddress(table + 16 * i as u64),
+                )
+                .unwrap();
+        }
+        let len = 16 * parts.len() as u32;
+        let head = SplitDescriptor::new(table, len, VRING_DESC_F_INDIRECT as u16, 0);
+        let mock = &self.mocks[queue];
+        mock.desc_table()
+            .store(0, RawDescriptor::from(head))
+            .unwrap();
+        for i in 0..times {
+            mock.avail().ring().ref_at(usize::from(i)).unwrap().store(0);
+        }
+        mock.avail().idx().store(times);
     }
 }
 
@@ -481,23 +527,176 @@ fn an_unreadable_buffer_in_a_chain_taken_in_parts_is_passed_once() {
 fn a_descriptor_rewritten_to_wrap_the_address_space_is_a_bad_address() {
     let memory = memory();
     let mut rig = Rig::new(&memory);
-    let len = OUTPUT_CAPACITY + 5000;
-    memory
-        .write_slice(&pattern(len), GuestAddress(DATA))
-        .unwrap();
-    rig.add_chain(TRANSMIT, 0, &[(DATA, len as u32)], false);
-    let sink = Sink::new(usize::MAX);
-    let mut console = Console::new();
-    console.connect();
-    rig.process(&mut console);
-    assert_eq!(console.buffered_output(), OUTPUT_CAPACITY, "the first part");
+    let (mut console, sink, _) = rig.half_taken_chain();
     // Between the passes, the driver moves the descriptor to the end of
     // the address space: resuming 64 KiB into it wraps.
     let table = rig.mocks[TRANSMIT].desc_table_addr();
     memory.write_obj((u64::MAX - 100).to_le(), table).unwrap();
-    sink.pump(&mut console);
     rig.round(&mut console, &sink);
     assert_eq!(rig.used(TRANSMIT), 1, "used");
     assert_eq!(sink.got().len(), OUTPUT_CAPACITY);
     assert_eq!(console.dropped_output(), 5000);
+}
+
+#[test]
+fn a_reset_in_the_middle_of_a_chain_sends_no_byte_twice() {
+    let memory = memory();
+    let mut rig = Rig::new(&memory);
+    let (mut console, sink, data) = rig.half_taken_chain();
+    // The driver resets the device and sets its queues up again; its
+    // first chain starts where the old one was.
+    console.reset();
+    let mut rig = Rig::new(&memory);
+    memory
+        .write_slice(b"after reset", GuestAddress(DATA + 0x40_0000))
+        .unwrap();
+    rig.add_chain(TRANSMIT, 0, &[(DATA + 0x40_0000, 11)], false);
+    rig.round(&mut console, &sink);
+    assert_eq!(rig.used(TRANSMIT), 1);
+    let mut want = data[..OUTPUT_CAPACITY].to_vec();
+    want.extend_from_slice(b"after reset");
+    assert!(
+        sink.got() == want,
+        "{} bytes reached the host, want the old chain's first part and the new chain",
+        sink.got().len()
+    );
+}
+
+#[test]
+fn a_chain_through_an_indirect_table_is_read_no_further_than_the_queue_size() {
+    let memory = memory();
+    let mut rig = Rig::new(&memory);
+    // 65535 one-byte buffers, the most an indirect table holds, in each of
+    // 4 chains; without a host every readable byte is counted, so the
+    // count says how many descriptors the device read.
+    let parts = vec![(DATA, 1); usize::from(u16::MAX)];
+    rig.add_indirect_chain(TRANSMIT, 0x200_0000, &parts, 4);
+    let mut console = Console::new();
+    assert!(!rig.process(&mut console));
+    assert_eq!(rig.used(TRANSMIT), 4);
+    let size = u64::from(QUEUE_SIZES[TRANSMIT]);
+    assert_eq!(
+        console.dropped_output(),
+        4 * size,
+        "each chain read to at most the queue's {size} descriptors"
+    );
+
+    // On the control queue: DEVICE_READY behind more empty descriptors
+    // than the queue has is not reached.
+    let ready = ControlMessage {
+        id: 0,
+        event: DEVICE_READY,
+        value: 1,
+    };
+    memory
+        .write_slice(&ready.to_bytes(), GuestAddress(DATA))
+        .unwrap();
+    let mut parts = vec![(DATA, 0); usize::from(QUEUE_SIZES[CONTROL_TRANSMIT])];
+    parts.push((DATA, 8));
+    rig.add_indirect_chain(CONTROL_TRANSMIT, 0x300_0000, &parts, 1);
+    rig.process(&mut console);
+    assert_eq!(rig.used(CONTROL_TRANSMIT), 1, "the chain is used");
+    assert_eq!(console.pending_control(), 0, "its message was past the cut");
+}
+
+#[test]
+fn a_driver_with_bad_ring_indices_is_not_logged() {
+    let memory = memory();
+    let mut rig = Rig::new(&memory);
+    // Port 1's transmit queue: an available index more than the queue's
+    // size ahead. The receive queue: a head past the table.
+    rig.mocks[TRANSMIT].avail().idx().store(1000);
+    let receive = &rig.mocks[RECEIVE];
+    receive.avail().ring().ref_at(0).unwrap().store(300);
+    receive.avail().idx().store(1);
+    let sink = Sink::new(usize::MAX);
+    let mut console = Console::new();
+    console.connect();
+    console.push_input(b"input");
+    let shown = crate::logger::capture::shown_during(|| {
+        for _ in 0..100 {
+            rig.round(&mut console, &sink);
+        }
+    });
+    assert_eq!((rig.used(TRANSMIT), rig.used(RECEIVE)), (0, 0));
+    assert!(sink.got().is_empty());
+    assert!(
+        shown.is_empty(),
+        "the event loop wrote {} log lines under the transport's lock, the first {:?}",
+        shown.len(),
+        shown.first()
+    );
+}
+
+#[test]
+fn a_queue_set_up_anew_in_the_middle_of_a_chain_takes_its_next_chain_whole() {
+    let memory = memory();
+    let mut rig = Rig::new(&memory);
+    let (mut console, sink, _) = rig.half_taken_chain();
+    // The driver sets QueueReady 0, moves the queue's rings (the transport
+    // keeps its position), sets it ready and offers another chain there.
+    let moved = MockSplitQueue::create(&memory, GuestAddress(0x300_0000), 256);
+    let mut queue: Queue = moved.create_queue().unwrap();
+    queue.set_next_avail(rig.queues[TRANSMIT].next_avail());
+    rig.queues[TRANSMIT] = queue;
+    memory
+        .write_slice(b"new chain", GuestAddress(DATA + 0x40_0000))
+        .unwrap();
+    let desc = SplitDescriptor::new(DATA + 0x40_0000, 9, 0, 0);
+    moved
+        .desc_table()
+        .store(0, RawDescriptor::from(desc))
+        .unwrap();
+    moved.avail().ring().ref_at(0).unwrap().store(0);
+    moved.avail().idx().store(1);
+    rig.round(&mut console, &sink);
+    assert_eq!(moved.used().idx().load(), 1, "the new chain is used");
+    assert_eq!(
+        &sink.got()[OUTPUT_CAPACITY..],
+        b"new chain",
+        "the old chain's resume point cut the new one ({} dropped)",
+        console.dropped_output()
+    );
+    assert_eq!(console.dropped_output(), 0);
+}
+
+#[test]
+fn buffers_across_the_end_of_guest_memory_move_each_byte_once() {
+    let memory = memory();
+    let mut rig = Rig::new(&memory);
+    let end = 64 << 20; // [`memory`]'s 64 MiB
+    let data = pattern(CHUNK + 1000);
+    // Output: one buffer whose last 700 bytes are past the end.
+    let at = end - data.len() as u64 + 700;
+    memory
+        .write_slice(&data[..data.len() - 700], GuestAddress(at))
+        .unwrap();
+    rig.add_chain(TRANSMIT, 0, &[(at, data.len() as u32)], false);
+    // Input: a buffer across the end, then one inside.
+    rig.add_chain(RECEIVE, 0, &[(end - 100, 1000)], true);
+    rig.add_chain(RECEIVE, 1, &[(DATA, 1000)], true);
+    let sink = Sink::new(usize::MAX);
+    let mut console = Console::new();
+    console.connect();
+    console.push_input(&data[..300]);
+    rig.round(&mut console, &sink);
+    let got = sink.got();
+    assert_eq!(rig.used(TRANSMIT), 1);
+    assert_eq!(
+        got.len() as u64 + console.dropped_output(),
+        data.len() as u64,
+        "each byte of the buffer sent or counted as dropped, once"
+    );
+    assert!(
+        got == data[..got.len()],
+        "what was sent is the buffer's start"
+    );
+    let used = rig.mocks[RECEIVE].used();
+    let lens: Vec<u32> = (0..2)
+        .map(|i| used.ring().ref_at(i).unwrap().load().len())
+        .collect();
+    assert_eq!(lens, [0, 300], "the input skips the buffer it cannot fill");
+    let mut took = [0u8; 300];
+    memory.read_slice(&mut took, GuestAddress(DATA)).unwrap();
+    assert!(took == data[..300]);
 }

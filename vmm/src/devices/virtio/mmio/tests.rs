@@ -401,3 +401,24 @@ fn odd_accesses_are_ignored() {
     assert_eq!(byte, [0]);
     r.t.write(0, 0xdead_0000, &[1, 2, 3, 4]);
 }
+
+#[test]
+fn a_driver_retrying_rings_outside_memory_is_not_logged() {
+    let r = rig();
+    r.negotiate(VIRTIO_F_VERSION_1);
+    // Aligned, so taken, but far past the 64 MiB of guest memory; each
+    // QueueReady write is a vCPU's exit.
+    let shown = crate::logger::capture::shown_during(|| {
+        for _ in 0..100 {
+            r.set_up_queue(0, 0x10_0000_0000);
+        }
+    });
+    assert_eq!(r.read(REG_QUEUE_READY), 0);
+    assert_ne!(r.status() & STATUS_NEEDS_RESET, 0);
+    assert!(
+        shown.is_empty(),
+        "a vCPU wrote {} log lines, the first {:?}",
+        shown.len(),
+        shown.first()
+    );
+}
