@@ -18,7 +18,7 @@ use std::time::Duration;
 use anyhow::{bail, Result};
 use perfbed_device::regs::{whole_units, Event};
 
-use super::context::{truth, Ctx, MIB};
+use super::context::{open_with, truth, Ctx, MIB, TIMES};
 use super::moves::movable_domain;
 use super::multiplexing::{
     open_multiplexed, read_window, rotation_effect, shape, with_mux_interval, RecordMark, Window,
@@ -26,7 +26,9 @@ use super::multiplexing::{
 };
 use crate::checks::slot_credit;
 use crate::checks::Check;
-use crate::guest::perf_abi::{FORMAT_TOTAL_TIME_ENABLED, FORMAT_TOTAL_TIME_RUNNING};
+use crate::guest::perf_abi::{
+    FLAG_EXCLUSIVE, FORMAT_TOTAL_TIME_ENABLED, FORMAT_TOTAL_TIME_RUNNING,
+};
 use crate::guest::pmu_name;
 
 /// The RMID and steady rate of the issue's report: 8 MiB/s on RMID 2.
@@ -41,9 +43,7 @@ const RATE: u64 = 8 * MIB;
 ///    the park included. The check parks for 1 s, so that such a loss stands
 ///    well clear of the few percent TCG's timing costs a rotation. What
 ///    perf's rotations moved each estimate by is taken out first, measured
-///    in the device's trace as the multiplexing check does. While parked,
-///    no mux timer is armed (perf would otherwise wake the holding CPU
-///    every interval for nothing); while placed, the owner's is.
+///    in the device's trace as the multiplexing check does.
 pub fn multiplexed_park(ctx: &mut Ctx) -> Result<Check> {
     let (d, allowed) = movable_domain(ctx)?;
     let events = ctx.device.slots as usize + 2;
@@ -76,21 +76,13 @@ fn multiplexed_park_counts(
         ctx.control
             .set_rate(d as u32, rmid, Event::MbmTotalBytes, RATE)?;
     }
-    // Inside the traffic, as the multiplexing check's window. The mux
-    // timers armed are sampled while the events rotate and twice in the
-    // park, each time more than a mux interval after the last change.
-    let mut armed = Vec::new();
+    // Inside the traffic, as the multiplexing check's window.
     let window = read_window(ctx, &ids, |ctx| {
         std::thread::sleep(Duration::from_millis(1500));
-        armed.push(("placed", armed_mux_timers(ctx)?));
         for &cpu in allowed {
             ctx.g.set_online(cpu, false)?;
         }
-        for _ in 0..2 {
-            std::thread::sleep(PARK / 3);
-            armed.push(("parked", armed_mux_timers(ctx)?));
-        }
-        std::thread::sleep(PARK / 3);
+        std::thread::sleep(PARK);
         ctx.g.set_online(allowed[0], true)?;
         std::thread::sleep(Duration::from_millis(1500));
         Ok(())
@@ -114,16 +106,6 @@ fn multiplexed_park_counts(
     }
     let mut problems = Vec::new();
     let mut per_event = Vec::new();
-    for (when, cpus) in &armed {
-        let any = !cpus.is_empty();
-        if any != (*when == "placed") {
-            problems.push(format!(
-                "mux timers armed {when}, by CPU: {cpus:?} (want some placed, where the \
-                 events rotate, and none parked)"
-            ));
-        }
-    }
-    per_event.push(format!("mux timers armed: {armed:?}"));
     for ((&(rmid, _), s), e) in handles.iter().zip(start).zip(end) {
         let window = Window::between(s, e);
         // What landed for its RMID over its window: the rate, steady all
@@ -157,6 +139,63 @@ fn multiplexed_park_counts(
 
 /// How long [`multiplexed_park`] parks the domain.
 const PARK: Duration = Duration::from_secs(1);
+
+/// An exclusive event and another on the movable domain's PMU take turns
+/// (perf's mux timer armed on the owner rotates them); parked, no mux
+/// timer is armed on any CPU: perf does not rotate a parked PMU (patch
+/// 0009), and a timer on the CPU that keeps its events would fire every
+/// interval for nothing; placed again, the owner's timer is armed again
+/// and both events run.
+pub fn parked_mux_timer(ctx: &mut Ctx) -> Result<Check> {
+    let (d, allowed) = movable_domain(ctx)?;
+    let exclusive = open_with(ctx, d, 1, TIMES, FLAG_EXCLUSIVE, None)?;
+    let other = open_with(ctx, d, 2, TIMES, 0, None)?;
+    let mut armed = Vec::new();
+    let mut sample = |ctx: &mut Ctx, when: &'static str| -> Result<()> {
+        std::thread::sleep(Duration::from_millis(200));
+        armed.push((when, armed_mux_timers(ctx)?));
+        Ok(())
+    };
+    let took = (|| {
+        sample(ctx, "placed")?;
+        for &cpu in &allowed {
+            ctx.g.set_online(cpu, false)?;
+        }
+        sample(ctx, "parked")?;
+        sample(ctx, "parked")?;
+        ctx.g.set_online(allowed[0], true)?;
+        sample(ctx, "placed again")?;
+        let times = ctx.g.read_many(&[exclusive, other])?;
+        for &cpu in &allowed[1..] {
+            ctx.g.set_online(cpu, true)?;
+        }
+        Ok::<_, anyhow::Error>(times)
+    })();
+    ctx.g.close(exclusive)?;
+    ctx.g.close(other)?;
+    let times = took?;
+    let mut problems = Vec::new();
+    for (when, cpus) in &armed {
+        if cpus.is_empty() != (*when == "parked") {
+            problems.push(format!(
+                "{when}: mux timers armed by CPU {cpus:?} (want the owner's while placed, none parked)"
+            ));
+        }
+    }
+    for (name, t) in ["exclusive", "other"].iter().zip(&times) {
+        if t[2] == 0 {
+            problems.push(format!("the {name} event never ran: {t:?}"));
+        }
+    }
+    Ok(Check::from_problems(
+        "mux timer of a parked PMU",
+        problems,
+        format!(
+            "an exclusive event and another on {}, mux timers armed by CPU: {armed:?}",
+            pmu_name(d)
+        ),
+    ))
+}
 
 /// The guest's armed perf mux timers (`perf_mux_hrtimer_handler` in
 /// `/proc/timer_list`), counted by CPU: while a PMU's groups rotate, its
