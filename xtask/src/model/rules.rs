@@ -92,8 +92,8 @@ rules! {
     Reset,
     /// A closed event cannot be read.
     ClosedUnreadable,
-    /// A cpu-clock counts its own running time: `Δvalue` within
-    /// `CLOCK_SLACK_NS` (and a tenth) of `Δrunning`.
+    /// A cpu-clock counts its own running time: `Δvalue` at least
+    /// `Δrunning` less `CLOCK_SLACK_NS` and a tenth.
     ClockCountsItsRunning,
     /// A software member of a device group stands still in a move's
     /// transit: across a move, park or placement its `Δrunning` may fall
