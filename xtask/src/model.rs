@@ -1022,8 +1022,9 @@ impl Model {
         }
     }
 
-    /// The PMU moved to another CPU: nothing changes in the model, but the
-    /// epoch ends (a move is where the bugs live).
+    /// The PMU moved to another CPU: the epoch ends (a move is where the
+    /// bugs live), and its groups' software members stood still in the
+    /// transit.
     pub fn moved(&mut self, pmu: u32) {
         self.epoch();
         self.note_transit(pmu);

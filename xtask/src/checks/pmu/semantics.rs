@@ -151,9 +151,11 @@ pub fn parked_mux_timer(ctx: &mut Ctx) -> Result<Check> {
     let exclusive = open_with(ctx, d, 1, TIMES, FLAG_EXCLUSIVE, None)?;
     let other = open_with(ctx, d, 2, TIMES, 0, None)?;
     let mut armed = Vec::new();
+    // Each sample: when, the PMU's CPU (None: parked), the timers armed.
     let mut sample = |ctx: &mut Ctx, when: &'static str| -> Result<()> {
         std::thread::sleep(Duration::from_millis(200));
-        armed.push((when, armed_mux_timers(ctx)?));
+        let on = ctx.g.cpumask(&pmu_name(d))?.first().copied();
+        armed.push((when, on, armed_mux_timers(ctx)?));
         Ok(())
     };
     let took = (|| {
@@ -175,10 +177,15 @@ pub fn parked_mux_timer(ctx: &mut Ctx) -> Result<Check> {
     ctx.g.close(other)?;
     let times = took?;
     let mut problems = Vec::new();
-    for (when, cpus) in &armed {
-        if cpus.is_empty() != (*when == "parked") {
+    for (when, on, cpus) in &armed {
+        let right = match on {
+            Some(owner) => cpus.contains_key(owner),
+            None => cpus.is_empty(),
+        };
+        if !right || on.is_none() != (*when == "parked") {
             problems.push(format!(
-                "{when}: mux timers armed by CPU {cpus:?} (want the owner's while placed, none parked)"
+                "{when} (cpumask {on:?}): mux timers armed by CPU {cpus:?} (want the owner's \
+                 while placed, none parked)"
             ));
         }
     }
