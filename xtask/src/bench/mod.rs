@@ -167,6 +167,8 @@ pub fn run(ws: &Path, args: &BenchArgs) -> Result<bool> {
             &guest::Effort::new(false),
         )?;
         print!("{}", report::table(&rows));
+        let path = report::save(ws, &rows, report::Kind::Series)?;
+        println!("\n  saved: {}", path.display());
         return Ok(true);
     }
     let rows = measure(ws, args.quick)?;

@@ -207,11 +207,13 @@ pub enum Kind {
     Quick,
     /// `--reads`: the counter-read rows alone.
     Reads,
+    /// `--series`: the series' rows against the unpatched kernel alone.
+    Series,
 }
 
 /// Writes the rows to `target/perfbed/bench/<unix time><kind>.json` and,
-/// but for a reads-only run (a part of the table), `latest.json`; returns
-/// the first path.
+/// for a whole table (not `--reads` or `--series`, each a part of it),
+/// `latest.json`; returns the first path.
 pub fn save(workspace: &Path, rows: &[Row], kind: Kind) -> Result<PathBuf> {
     let dir = workspace.join("target/perfbed/bench");
     fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -226,10 +228,11 @@ pub fn save(workspace: &Path, rows: &[Row], kind: Kind) -> Result<PathBuf> {
         Kind::Full => "",
         Kind::Quick => "-quick",
         Kind::Reads => "-reads",
+        Kind::Series => "-series",
     };
     let path = dir.join(format!("{now}{suffix}.json"));
     fs::write(&path, &text).with_context(|| format!("writing {}", path.display()))?;
-    if kind != Kind::Reads {
+    if matches!(kind, Kind::Full | Kind::Quick) {
         fs::write(dir.join("latest.json"), &text)?;
     }
     Ok(path)
@@ -471,17 +474,19 @@ mod tests {
         fs::write(dir.join("target/perfbed/bench/17.json"), "{}").unwrap();
         fs::write(dir.join("target/perfbed/bench/5.json"), "{}").unwrap();
         let latest = fs::read_to_string(dir.join("target/perfbed/bench/latest.json")).unwrap();
-        let reads = save(&dir, &rows[..1], Kind::Reads).unwrap();
-        assert!(
-            reads.to_str().unwrap().ends_with("-reads.json"),
-            "{}",
-            reads.display()
-        );
-        assert_eq!(
-            fs::read_to_string(dir.join("target/perfbed/bench/latest.json")).unwrap(),
-            latest,
-            "a reads-only run is not the latest table"
-        );
+        for (kind, suffix) in [(Kind::Reads, "-reads.json"), (Kind::Series, "-series.json")] {
+            let part = save(&dir, &rows[..1], kind).unwrap();
+            assert!(
+                part.to_str().unwrap().ends_with(suffix),
+                "{}",
+                part.display()
+            );
+            assert_eq!(
+                fs::read_to_string(dir.join("target/perfbed/bench/latest.json")).unwrap(),
+                latest,
+                "{suffix}: a part of the table is not the latest table"
+            );
+        }
         let runs = saved_runs(&dir).unwrap();
         let names: Vec<_> = runs
             .iter()
@@ -490,7 +495,7 @@ mod tests {
         assert_eq!(
             names,
             ["5.json", "17.json"],
-            "quick and reads-only runs, latest.json and others are not full runs"
+            "quick, reads-only and series-only runs, latest.json and others are not full runs"
         );
         fs::remove_dir_all(&dir).unwrap();
     }
