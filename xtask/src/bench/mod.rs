@@ -67,6 +67,12 @@ pub struct BenchArgs {
     /// and more rounds give the median more to stand on.
     #[arg(long, requires = "reads", value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     read_rounds: Option<u32>,
+    /// With --series: boots of each kernel, alternating, instead of the
+    /// full bench's 5. The spread of a row is half the range of its boots'
+    /// figures, and a loaded host widens it; more boots give the median
+    /// more to stand on.
+    #[arg(long, requires = "series", value_name = "N", value_parser = clap::value_parser!(u32).range(2..))]
+    series_rounds: Option<u32>,
     /// Compare saved results instead of measuring, naming the rows that
     /// moved beyond their spread: A against B; with one file, it against the
     /// latest full run; with none, the previous full run against the latest.
@@ -160,12 +166,11 @@ pub fn run(ws: &Path, args: &BenchArgs) -> Result<bool> {
     if args.series {
         deps::ensure_packages()?;
         let images = image::ensure_for(ws, image::Variant::Normal, image::Purpose::Run)?;
-        let rows = series::rows(
-            ws,
-            &images,
-            &host::choose_accel(),
-            &guest::Effort::new(false),
-        )?;
+        let mut effort = guest::Effort::new(false);
+        if let Some(rounds) = args.series_rounds {
+            effort.boots = rounds as usize;
+        }
+        let rows = series::rows(ws, &images, &host::choose_accel(), &effort)?;
         print!("{}", report::table(&rows));
         let path = report::save(ws, &rows, report::Kind::Series)?;
         println!("\n  saved: {}", path.display());

@@ -54,8 +54,8 @@ pub fn rows(ws: &Path, patched: &Images, accel: &Accel, effort: &Effort) -> Resu
     let loops = if effort.boots > 1 { 20_000 } else { 2_000 };
     eprintln!(
         "==> bench: the series against 6.12 unpatched, {rounds} rounds of a boot of each, alternating: \
-         {} cpu-clock read()s and perf bench sched pipe -l {loops} on CPU {CPU}",
-        effort.reads
+         {} loops of {} cpu-clock read()s and perf bench sched pipe -l {loops} on CPU {CPU}",
+        effort.read_rounds, effort.reads
     );
     let mut reads = [Vec::new(), Vec::new()];
     let mut switches = [Vec::new(), Vec::new()];
@@ -64,7 +64,7 @@ pub fn rows(ws: &Path, patched: &Images, accel: &Accel, effort: &Effort) -> Resu
             let images = [patched, &unpatched][which];
             // Short: the sockets in the run folder need paths under 108 bytes.
             let name = format!("{}-{round}", ["series", "unpatched"][which]);
-            let (read, switch) = measure(ws, images, accel, &name, effort.reads, loops)?;
+            let (read, switch) = measure(ws, images, accel, &name, effort, loops)?;
             reads[which].push(read);
             switches[which].push(switch);
         }
@@ -77,7 +77,10 @@ pub fn rows(ws: &Path, patched: &Images, accel: &Accel, effort: &Effort) -> Resu
             "series: read() of a cpu-clock event",
             "ns",
             &reads,
-            format!("{} read()s of a CPU-bound cpu-clock event in a loop pinned to its CPU", effort.reads),
+            format!(
+                "each boot's median of {} loops of {} read()s of a cpu-clock event, pinned to its CPU",
+                effort.read_rounds, effort.reads
+            ),
         ),
         (
             "series: context switch with per-task software events open",
@@ -112,19 +115,21 @@ fn spread_verdict(a: &Summary, b: &Summary) -> String {
         )
     } else {
         format!(
-            "a spread of {:.0} % of the value: more rounds (a quieter host) before the ratio decides anything",
+            "a spread of {:.0} % of the value: more rounds (--series-rounds) or a quieter host before the ratio decides anything",
             worst * 100.0
         )
     }
 }
 
-/// One boot of `images`: ns per cpu-clock read() and µs per pipe round trip.
+/// One boot of `images`: ns per cpu-clock read() (the median of
+/// `effort.read_rounds` loops, so that a loop the host preempted does not
+/// stand for the boot) and µs per pipe round trip.
 fn measure(
     ws: &Path,
     images: &Images,
     accel: &Accel,
     name: &str,
-    reads: u32,
+    effort: &Effort,
     loops: u32,
 ) -> Result<(f64, f64)> {
     let scenario = scenario_for(ws, images, &RunArgs::for_tests(), name)?;
@@ -143,7 +148,19 @@ fn measure(
         Ok(handle) => handle,
         Err(errno) => bail!("opening cpu-clock on CPU {CPU}: {errno}"),
     };
-    let read = time(&mut g, ReadTarget::Event { handle: event }, CPU, reads)?.0;
+    let mut reads = Vec::new();
+    for _ in 0..effort.read_rounds {
+        reads.push(
+            time(
+                &mut g,
+                ReadTarget::Event { handle: event },
+                CPU,
+                effort.reads,
+            )?
+            .0,
+        );
+    }
+    let read = Summary::of(&reads).context("no read loop timed")?.median;
     g.close(event)?;
     let loops = loops.to_string();
     let mask = format!("{:#x}", 1u32 << CPU);
