@@ -14,7 +14,7 @@ use crate::build::image;
 use crate::host;
 use crate::host::vm::Vm;
 use crate::progress::human;
-use crate::run::{scenario_for, RunArgs};
+use crate::run::{self, scenario_for, RunArgs};
 
 #[derive(Args)]
 pub struct BootStressArgs {
@@ -28,6 +28,12 @@ pub struct BootStressArgs {
     /// (`vmm`: on native KVM, else in the box), or `auto`.
     #[arg(long, value_enum, default_value_t = host::HostChoice::Qemu)]
     host: host::HostChoice,
+    /// Boot the debug kernel instead of the normal one.
+    #[arg(long, conflicts_with = "sanitize")]
+    debug: bool,
+    /// Boot the sanitizer kernel (the debug one with KCSAN) instead.
+    #[arg(long)]
+    sanitize: bool,
 }
 
 /// A process that keeps one CPU busy until dropped.
@@ -52,7 +58,8 @@ impl Drop for Load {
 }
 
 pub fn run(ws: &Path, args: &BootStressArgs) -> Result<bool> {
-    let images = image::ensure_for(ws, image::Variant::Normal, image::Purpose::Run)?;
+    let variant = run::variant(args.debug, args.sanitize, false);
+    let images = image::ensure_for(ws, variant, image::Purpose::Run)?;
     let accel = host::choose_accel();
     let mut run_args = RunArgs::for_tests();
     run_args.timeout = args.timeout;
