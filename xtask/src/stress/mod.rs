@@ -117,7 +117,9 @@ pub struct StressArgs {
     /// Also deal steps that fail a CPU offline or online at a hotplug state
     /// (`hotplug/fail`, the debug kernel's `CONFIG_CPU_HOTPLUG_STATE_CONTROL`)
     /// and check the rollback left every PMU where the placement rule says.
-    #[arg(long, conflicts_with = "normal")]
+    /// The hotplug schedule (`--cycles`) only: the lifecycle stress and the
+    /// mutants do not deal them.
+    #[arg(long, conflicts_with_all = ["normal", "lifecycle", "mutant", "mutants"])]
     fail_injection: bool,
     /// With --lifecycle or --mutant: rcutorture's CPU on/off
     /// (`onoff_interval`) takes CPUs offline and back at random beside the
@@ -918,5 +920,30 @@ mod tests {
             .to_string()
             .contains("without CPU 0"));
         assert!(device(4, Some("0-1:2-5")).is_err());
+    }
+
+    /// `stress`'s arguments, parsed as the command line would be.
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: StressArgs,
+    }
+
+    #[test]
+    fn fail_injection_is_refused_where_no_step_would_deal_it() {
+        use clap::Parser;
+        assert!(Cli::try_parse_from(["stress", "--cycles", "20", "--fail-injection"]).is_ok());
+        for other in [
+            &["--lifecycle", "100"][..],
+            &["--mutant", "x"],
+            &["--mutants"],
+            &["--normal"],
+        ] {
+            let line = [&["stress", "--fail-injection"][..], other].concat();
+            let err = Cli::try_parse_from(line)
+                .err()
+                .unwrap_or_else(|| panic!("--fail-injection with {other:?} accepted"));
+            assert!(err.to_string().contains("cannot be used with"), "{err}");
+        }
     }
 }
