@@ -81,6 +81,7 @@ impl IrqLines {
 /// A scenario's watch on its interrupt lines: the allowed sets its steps
 /// gave, and what was wrong after each placement, by scenario line.
 pub struct Watch {
+    pmus: Vec<String>,
     lines: IrqLines,
     allowed: Vec<Vec<u32>>,
     /// The domains in doubt ([`Doubt`]): the `cpumask` that settles one is
@@ -93,6 +94,7 @@ impl Watch {
     /// The lines of `pmus`, each domain on its default set `defaults`.
     pub fn new(g: &mut Guest, pmus: &[String], defaults: &[Vec<u32>]) -> Result<Watch> {
         Ok(Watch {
+            pmus: pmus.to_vec(),
             lines: IrqLines::read(g, pmus)?.0,
             allowed: defaults.to_vec(),
             doubt: Default::default(),
@@ -106,6 +108,15 @@ impl Watch {
             if let Some(set) = self.allowed.get_mut(*domain as usize) {
                 set.clone_from(cpus);
             }
+        }
+        if let (Step::Reload { allowed }, Ok(_)) = (&entry.step, &entry.result) {
+            // Registered again: its lines requested afresh.
+            if let Some((domain, cpus)) = allowed {
+                if let Some(set) = self.allowed.get_mut(*domain as usize) {
+                    set.clone_from(cpus);
+                }
+            }
+            self.lines = IrqLines::read(g, &self.pmus)?.0;
         }
         let settled = match Doubt::of(&entry.step) {
             Some(Doubt::Begins(d)) => {
