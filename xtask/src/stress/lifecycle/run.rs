@@ -838,10 +838,7 @@ pub(super) fn flush(
         .iter()
         .filter_map(|(s, _)| perf_op(s, attr))
         .collect();
-    let results = match g.ask(HostRequest::PerfOps { ops })? {
-        AgentMessage::PerfOps { results } if results.len() == pending.len() => results,
-        other => bail!("a batch of {} perf operations: {other:?}", pending.len()),
-    };
+    let results = g.perf_ops(ops)?;
     let mut desync = false;
     for ((step, expected), r) in pending.drain(..).zip(results) {
         if let Step::Open { expect, .. } = step {
