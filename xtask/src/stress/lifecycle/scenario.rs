@@ -158,6 +158,7 @@ pub fn parse(
         ops: Vec::new(),
         counts_marked: BTreeSet::new(),
         stat: None,
+        flowing: BTreeSet::new(),
     };
     let mut check = None;
     for (i, raw) in text.lines().enumerate() {
@@ -250,6 +251,8 @@ struct Parser<'a> {
     /// The perf stat running (`stat D rmid=N start`): its (domain, RMID)
     /// and line.
     stat: Option<((u32, u32), usize)>,
+    /// The counters a `rate` flows into now: (domain, event, RMID).
+    flowing: BTreeSet<(u32, u32, u32)>,
 }
 
 impl Parser<'_> {
@@ -395,11 +398,17 @@ impl Parser<'_> {
                         (event, rmid)
                     }
                 };
+                let (domain, bytes_per_sec) = (self.domain(domain)?, bytes_of(per_sec)?);
+                if bytes_per_sec == 0 {
+                    self.flowing.remove(&(domain, event, rmid));
+                } else {
+                    self.flowing.insert((domain, event, rmid));
+                }
                 Step::Rate {
-                    domain: self.domain(domain)?,
+                    domain,
                     rmid,
                     event,
-                    bytes_per_sec: bytes_of(per_sec)?,
+                    bytes_per_sec,
                 }
             }
             "move" | "park" => {
@@ -933,10 +942,23 @@ impl Parser<'_> {
     /// its intervals, added up at the stop, are judged as a read.
     fn stat(&mut self, line: usize, args: &[&str]) -> Result<Step, String> {
         let usage = "expected `stat DOMAIN rmid=N start` or `stat DOMAIN stop` (perf stat -a -I on mbm_total_bytes, across the lines between)";
+        // perf stat starts and stops counting at a moment within its line,
+        // which the model cannot place in a rate's traffic.
+        let total = perfbed_device::regs::Event::MbmTotalBytes as u32;
+        let still = |domain: u32, rmid: u32| {
+            if self.flowing.contains(&(domain, total, rmid)) {
+                Err(format!(
+                    "a rate flows into domain {domain}'s mbm_total_bytes rmid={rmid} here, and perf stat starts or stops counting at a moment of this line no step measures: stop it first (`rate {domain} mbm_total_bytes rmid={rmid} 0/s`)"
+                ))
+            } else {
+                Ok(())
+            }
+        };
         match args {
             [domain, rmid, "start"] => {
                 let domain = self.domain(domain)?;
                 let rmid = self.rmid(rmid)?;
+                still(domain, rmid)?;
                 if let Some((_, at)) = &self.stat {
                     return Err(format!(
                         "a perf stat runs already (line {at}): one at a time, `stat ... stop` first"
@@ -956,11 +978,14 @@ impl Parser<'_> {
             [domain, "stop"] => {
                 let domain = self.domain(domain)?;
                 match self.stat.take() {
-                    Some(((d, rmid), _)) if d == domain => Ok(Step::StatStop {
-                        domain,
-                        rmid,
-                        job: 0,
-                    }),
+                    Some(((d, rmid), _)) if d == domain => {
+                        still(domain, rmid)?;
+                        Ok(Step::StatStop {
+                            domain,
+                            rmid,
+                            job: 0,
+                        })
+                    }
                     Some(((d, _), at)) => Err(format!(
                         "the perf stat of line {at} runs on domain {d}, not {domain}"
                     )),
@@ -2426,6 +2451,17 @@ mod tests {
         );
         let (again, text) = written_back(&s);
         assert_eq!(again.ops, s.ops, "{text}");
+        // A rate between its start and its stop is counted, or one into
+        // another counter whenever.
+        parsed(
+            "rate movable mbm_total_bytes rmid=2 8MiB/s\n\
+             stat movable rmid=1 start\n\
+             rate movable mbm_total_bytes rmid=1 8MiB/s\n\
+             wait 300ms\n\
+             rate movable mbm_total_bytes rmid=1 0/s\n\
+             stat movable stop\n",
+        )
+        .unwrap();
         for (text, at, why) in [
             ("stat movable rmid=6 start\n", 1, "never stopped"),
             ("stat movable stop\n", 1, "no perf stat runs here"),
@@ -2441,6 +2477,16 @@ mod tests {
                 "stat movable rmid=1 start\nstat holding stop\n",
                 2,
                 "runs on domain 1, not 0",
+            ),
+            (
+                "rate movable mbm_total_bytes rmid=1 8MiB/s\nstat movable rmid=1 start\n",
+                2,
+                "stop it first",
+            ),
+            (
+                "stat movable rmid=1 start\nrate movable mbm_total_bytes rmid=1 8MiB/s\nstat movable stop\n",
+                3,
+                "stop it first",
             ),
         ] {
             let (line, message) = refused(text);
