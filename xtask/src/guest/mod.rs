@@ -7,7 +7,9 @@ pub mod perf_abi;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use perfbed_agent::{AgentMessage, BpfRead, HostRequest, PerfAttr, PerfIoctl};
+use perfbed_agent::{
+    AgentMessage, BpfRead, HostRequest, PerfAttr, PerfIoctl, PerfOp, PerfOpResult,
+};
 use perfbed_device::cpus::parse_cpu_list;
 
 use crate::host::vm::Vm;
@@ -186,6 +188,16 @@ impl Guest<'_> {
                 Ok(values)
             }
             other => bail!("reading events {handles:?}: {other:?}"),
+        }
+    }
+
+    /// One batch of perf operations, carried out back to back by the
+    /// agent: one result each.
+    pub fn perf_ops(&mut self, ops: Vec<PerfOp>) -> Result<Vec<PerfOpResult>> {
+        let n = ops.len();
+        match self.ask(HostRequest::PerfOps { ops })? {
+            AgentMessage::PerfOps { results } if results.len() == n => Ok(results),
+            other => bail!("a batch of {n} perf operations: {other:?}"),
         }
     }
 

@@ -2,7 +2,7 @@
 //! device's shape and each domain's PMU type, and the driver's encodings;
 //! and the few steps the checks in Rust all take (an ioctl that must
 //! succeed, an `mbm_total_bytes` event opened with a read format and flags,
-//! its truth, a burst into it, where a PMU counts).
+//! its truth, where a PMU counts).
 
 use anyhow::{bail, Context, Result};
 use perfbed_agent::{PerfAttr, PerfIoctl};
@@ -158,11 +158,6 @@ pub fn truth(ctx: &mut Ctx, d: usize, rmid: u32) -> Result<u64> {
         rmid,
         Event::MbmTotalBytes,
     ))
-}
-
-/// `bytes` of `mbm_total_bytes` for `rmid` in domain `d`, landed.
-pub fn inject(ctx: &mut Ctx, d: usize, rmid: u32, bytes: u64) -> Result<()> {
-    ctx.inject_and_land(&[(d, rmid, Event::MbmTotalBytes, bytes)])
 }
 
 /// The CPU the PMU of domain `d` counts on now, from its `cpumask`; an

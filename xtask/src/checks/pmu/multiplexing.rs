@@ -14,10 +14,9 @@ use anyhow::{bail, Result};
 use perfbed_device::regs::Event;
 use perfbed_device::{Assignments, TraceAccesses};
 
-use super::context::{Ctx, MIB};
+use super::context::{Ctx, MIB, TIMES};
 use crate::checks::slot_credit::{self, Shape};
 use crate::checks::Check;
-use crate::guest::perf_abi::{FORMAT_TOTAL_TIME_ENABLED, FORMAT_TOTAL_TIME_RUNNING};
 use crate::guest::{pmu_name, Guest};
 
 /// 5. More events than slots under a steady rate: perf multiplexes, and
@@ -309,7 +308,7 @@ pub(super) fn open_multiplexed(ctx: &mut Ctx, d: usize, events: usize) -> Result
     let mut handles = Vec::new();
     for rmid in 0..events as u32 {
         let mut attr = ctx.attr(d, Event::MbmTotalBytes, rmid % ctx.device.rmids);
-        attr.read_format = FORMAT_TOTAL_TIME_ENABLED | FORMAT_TOTAL_TIME_RUNNING;
+        attr.read_format = TIMES;
         match ctx.g.open(attr, None)? {
             Ok(h) => handles.push((rmid, h)),
             Err(errno) => bail!("opening multiplexed event {rmid}: {errno}"),

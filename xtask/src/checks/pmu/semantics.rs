@@ -26,9 +26,7 @@ use super::multiplexing::{
 };
 use crate::checks::slot_credit;
 use crate::checks::Check;
-use crate::guest::perf_abi::{
-    FLAG_EXCLUSIVE, FORMAT_TOTAL_TIME_ENABLED, FORMAT_TOTAL_TIME_RUNNING,
-};
+use crate::guest::perf_abi::FLAG_EXCLUSIVE;
 use crate::guest::pmu_name;
 
 /// The RMID and steady rate of the report: 8 MiB/s on RMID 2.
@@ -262,10 +260,6 @@ fn two_wrap_park(ctx: &Ctx) -> Result<(Duration, u64, u64)> {
 }
 
 /// The sysfs file where domain `d`'s PMU counts the wraps it lost.
-fn lost_wraps_file(d: usize) -> String {
-    format!("/sys/bus/event_source/devices/{}/lost_wraps", pmu_name(d))
-}
-
 /// 3. A park longer than two wraps (at an eighth of the device's maximum
 ///    rate, [`two_wrap_park`]): perf must
 ///    either count it exactly or show the loss, time not running, so that
@@ -275,26 +269,17 @@ fn lost_wraps_file(d: usize) -> String {
 pub fn long_park(ctx: &mut Ctx) -> Result<Check> {
     let (d, allowed) = movable_domain(ctx)?;
     let (park, rate, wrap) = two_wrap_park(ctx)?;
-    let lost_file = lost_wraps_file(d);
+    let pmu = pmu_name(d);
     let mut problems = Vec::new();
-    let mut lost_wraps = |ctx: &mut Ctx| match ctx
-        .g
-        .read_file(&lost_file)
-        .map(|text| text.trim().parse::<u64>())
-    {
-        Ok(Ok(n)) => n,
-        Ok(Err(e)) => {
-            problems.push(format!("{lost_file}: {e}"));
-            0
-        }
-        Err(e) => {
+    let mut lost_wraps = |ctx: &mut Ctx| {
+        ctx.g.pmu_count(&pmu, "lost_wraps").unwrap_or_else(|e| {
             problems.push(format!("{e:#}"));
             0
-        }
+        })
     };
     let lost_before = lost_wraps(ctx);
     let mut attr = ctx.attr(d, Event::MbmTotalBytes, RMID);
-    attr.read_format = FORMAT_TOTAL_TIME_ENABLED | FORMAT_TOTAL_TIME_RUNNING;
+    attr.read_format = TIMES;
     let h = match ctx.g.open(attr, None)? {
         Ok(h) => h,
         Err(errno) => bail!(
@@ -346,7 +331,9 @@ pub fn long_park(ctx: &mut Ctx) -> Result<Check> {
             ));
         }
         if lost_after <= lost_before {
-            problems.push(format!("{lost_file} stayed {lost_before} through the loss"));
+            problems.push(format!(
+                "{pmu}/lost_wraps stayed {lost_before} through the loss"
+            ));
         }
     }
     let mb = |bytes: f64| bytes / 1e6;

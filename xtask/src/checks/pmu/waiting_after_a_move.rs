@@ -9,8 +9,8 @@
 
 use std::time::Duration;
 
-use anyhow::{bail, Result};
-use perfbed_agent::{AgentMessage, HostRequest, PerfIoctl, PerfOp, PerfOpResult};
+use anyhow::Result;
+use perfbed_agent::{PerfIoctl, PerfOp, PerfOpResult};
 use perfbed_device::regs::Event;
 
 use super::context::{must, open_with, owner, rmid, Ctx, Named, MIB, TIMES};
@@ -19,15 +19,6 @@ use super::multiplexing::{set_sysfs, with_mux_interval, Window, MUX_INTERVAL_MS}
 use crate::checks::Check;
 use crate::guest::perf_abi::{FLAG_DISABLED, FLAG_EXCLUSIVE};
 use crate::guest::pmu_name;
-
-/// One batch of perf operations, carried out back to back by the agent.
-fn perf_ops(ctx: &mut Ctx, ops: Vec<PerfOp>) -> Result<Vec<PerfOpResult>> {
-    let n = ops.len();
-    match ctx.g.ask(HostRequest::PerfOps { ops })? {
-        AgentMessage::PerfOps { results } if results.len() == n => Ok(results),
-        other => bail!("a batch of {n} perf operations: {other:?}"),
-    }
-}
 
 fn words(r: &PerfOpResult, what: &str) -> Result<Vec<u64>> {
     r.result
@@ -125,25 +116,22 @@ fn waiting_after_moves(ctx: &mut Ctx, d: usize, interval_file: &str) -> Result<C
             })
             .chain(handles.iter().map(|&h| PerfOp::Read { handle: h }))
             .collect();
-        let results = perf_ops(ctx, disable)?;
+        let results = ctx.g.perf_ops(disable)?;
         ctx.inject_and_land(&burst)?;
         for (i, &h) in handles.iter().enumerate() {
             let was = words(&results[2 + i], "read after the DISABLE")?;
-            let alone = perf_ops(
-                ctx,
-                vec![
-                    PerfOp::Ioctl {
-                        handle: h,
-                        ioctl: PerfIoctl::Enable { group: false },
-                    },
-                    PerfOp::Read { handle: h },
-                    PerfOp::Ioctl {
-                        handle: h,
-                        ioctl: PerfIoctl::Disable { group: false },
-                    },
-                    PerfOp::Read { handle: h },
-                ],
-            )?;
+            let alone = ctx.g.perf_ops(vec![
+                PerfOp::Ioctl {
+                    handle: h,
+                    ioctl: PerfIoctl::Enable { group: false },
+                },
+                PerfOp::Read { handle: h },
+                PerfOp::Ioctl {
+                    handle: h,
+                    ioctl: PerfIoctl::Disable { group: false },
+                },
+                PerfOp::Read { handle: h },
+            ])?;
             let on = words(&alone[1], "read enabled alone")?;
             let off = words(&alone[3], "read disabled again")?;
             let w = Window::between(&was, &off);

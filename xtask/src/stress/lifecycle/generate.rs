@@ -951,6 +951,9 @@ mod tests {
                     ..
                 } => "perf stat -I",
                 Step::PerfStat { .. } => "perf stat --control",
+                Step::Reload { .. } => "reload",
+                Step::StatStart { .. } => "stat start",
+                Step::StatStop { .. } => "stat stop",
             })
             .collect();
         for kind in [

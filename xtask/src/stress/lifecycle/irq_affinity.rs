@@ -1,6 +1,6 @@
 //! The overflow interrupt follows the PMU: after every step that places a
 //! domain's PMU (a move, a park, an unpark, an allowed set, a `cpumask`
-//! that settles a set not waited for), the line's
+//! that settles a set not waited for, each PMU at a module reload), the line's
 //! `/proc/irq/N/smp_affinity_list` is the owner alone, or, parked, away
 //! from the domain (none of the CPUs it allows that are online). A driver that leaves it behind counts right
 //! (the owner's poll reads the counters), so only this sees it. The
@@ -9,7 +9,7 @@
 use anyhow::Result;
 use perfbed_device::cpus::parse_cpu_list;
 
-use super::journal::{Doubt, Entry, Step};
+use super::journal::{Doubt, Entry, Step, PARKED};
 use crate::guest::Guest;
 
 /// Each PMU's interrupt line, as `/proc/interrupts` names it.
@@ -81,6 +81,7 @@ impl IrqLines {
 /// A scenario's watch on its interrupt lines: the allowed sets its steps
 /// gave, and what was wrong after each placement, by scenario line.
 pub struct Watch {
+    pmus: Vec<String>,
     lines: IrqLines,
     allowed: Vec<Vec<u32>>,
     /// The domains in doubt ([`Doubt`]): the `cpumask` that settles one is
@@ -93,6 +94,7 @@ impl Watch {
     /// The lines of `pmus`, each domain on its default set `defaults`.
     pub fn new(g: &mut Guest, pmus: &[String], defaults: &[Vec<u32>]) -> Result<Watch> {
         Ok(Watch {
+            pmus: pmus.to_vec(),
             lines: IrqLines::read(g, pmus)?.0,
             allowed: defaults.to_vec(),
             doubt: Default::default(),
@@ -107,6 +109,27 @@ impl Watch {
                 set.clone_from(cpus);
             }
         }
+        if let (Step::Reload { allowed }, Ok(_)) = (&entry.step, &entry.result) {
+            // Registered again: its lines requested afresh.
+            if let Some((domain, cpus)) = allowed {
+                if let Some(set) = self.allowed.get_mut(*domain as usize) {
+                    set.clone_from(cpus);
+                }
+            }
+            self.lines = IrqLines::read(g, &self.pmus)?.0;
+        }
+        if let (Step::Reload { .. }, Ok(owners)) = (&entry.step, &entry.result) {
+            // Each PMU placed as it registered: its line with it.
+            for (domain, &owner) in (0u32..).zip(owners) {
+                let mask = if owner == PARKED { vec![] } else { vec![owner] };
+                let placed = Entry {
+                    result: Ok(mask),
+                    ..entry.clone()
+                };
+                self.judge(g, &placed, domain, line)?;
+            }
+            return Ok(());
+        }
         let settled = match Doubt::of(&entry.step) {
             Some(Doubt::Begins(d)) => {
                 self.doubt.insert(d);
@@ -115,8 +138,16 @@ impl Watch {
             Some(Doubt::Settles(d)) => self.doubt.remove(&d).then_some(d),
             None => None,
         };
-        let placed = placement_step(&entry.step).or(settled);
-        let Some(allowed) = placed.and_then(|d| self.allowed.get(d as usize)) else {
+        match placement_step(&entry.step).or(settled) {
+            Some(domain) => self.judge(g, entry, domain, line),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether the line of `domain`, which `entry` placed (its result is the
+    /// `cpumask`), followed it; a problem at scenario line `line` if not.
+    fn judge(&mut self, g: &mut Guest, entry: &Entry, domain: u32, line: usize) -> Result<()> {
+        let Some(allowed) = self.allowed.get(domain as usize) else {
             return Ok(());
         };
         // Parked, the line is pointed away from the set it had then: a set
@@ -135,7 +166,7 @@ impl Watch {
             _ => allowed.clone(),
         };
         let at = format!("line {line}");
-        if let Some(problem) = self.lines.after(g, entry, placed, &away, &at)? {
+        if let Some(problem) = self.lines.after(g, entry, Some(domain), &away, &at)? {
             self.problems.push((line, problem));
         }
         Ok(())

@@ -370,6 +370,32 @@ pub enum Step {
         unsure: Vec<u32>,
         window: u32,
     },
+    /// perfbed.ko unloaded and loaded again (a scenario's `reload`), no
+    /// event open; with `allowed`, that domain's set changed while it was
+    /// gone. Every PMU registers again, placed by the sets the device has
+    /// then: the result is each domain's CPU after it, [`PARKED`] for a
+    /// domain left with no allowed CPU online.
+    Reload {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        allowed: Option<(u32, Vec<u32>)>,
+    },
+    /// The real `perf stat -a -I 100` starts on the domain's
+    /// (mbm_total_bytes, `rmid`) and runs while the steps after it run (a
+    /// scenario's `stat DOMAIN rmid=N start`), counting from the step on:
+    /// the result is its job number.
+    StatStart {
+        domain: u32,
+        rmid: u32,
+    },
+    /// That `perf stat` stopped (`stat DOMAIN stop`): the result is the sum
+    /// of its intervals, judged as a read of an event open since the
+    /// start. `job` is the start's result (the runner fills it in).
+    StatStop {
+        domain: u32,
+        rmid: u32,
+        #[serde(default)]
+        job: u32,
+    },
     /// The real `perf stat` on a (domain, mbm_total_bytes, RMID): its
     /// bursts, and which of them it must count (see `perf_stat.rs`).
     PerfStat {
@@ -779,6 +805,36 @@ pub fn started_job(journal: &[Entry], domain: u32) -> Option<u32> {
             }
             _ => None,
         })
+}
+
+/// The job of the last `perf stat` started in `journal`
+/// ([`Step::StatStart`]).
+pub fn started_stat(journal: &[Entry]) -> Option<u32> {
+    journal
+        .iter()
+        .rev()
+        .find_map(|e| match (&e.step, &e.result) {
+            (Step::StatStart { .. }, Ok(words)) => {
+                words.first().and_then(|&j| u32::try_from(j).ok())
+            }
+            _ => None,
+        })
+}
+
+/// The `perf stat` job `journal` started and did not stop, if any.
+pub fn left_stat(journal: &[Entry]) -> Option<u32> {
+    let stopped = journal
+        .iter()
+        .rev()
+        .position(|e| matches!(e.step, Step::StatStop { .. }));
+    let started = journal
+        .iter()
+        .rev()
+        .position(|e| matches!(e.step, Step::StatStart { .. }))?;
+    match stopped {
+        Some(s) if s < started => None,
+        _ => started_stat(journal),
+    }
 }
 
 /// The moving threads `journal` started and did not stop: (domain, job).

@@ -8,7 +8,9 @@
 //!   landed while enabled.
 //!
 //! The step answers `[the count perf printed]`, in bytes (the raw event
-//! terms, so perf prints bytes, not a scaled unit).
+//! terms, so perf prints bytes, not a scaled unit). A scenario's `stat`
+//! lines run the first way across other lines: started and enabled at
+//! `stat DOMAIN rmid=N start`, stopped and summed at `stat DOMAIN stop`.
 
 use std::time::Duration;
 
@@ -28,6 +30,15 @@ const ACK: &str = "/tmp/perfbed-stat-ack";
 /// stopped (two intervals: the last one printed holds it).
 const INTERVAL_MS: u64 = 100;
 
+/// The raw event terms of (domain `pmu`, mbm_total_bytes, `rmid`), so
+/// that perf prints bytes, not a scaled unit.
+pub fn spec(pmu: &str, rmid: u32) -> String {
+    format!(
+        "{pmu}/event={:#04x},rmid={rmid}/",
+        Event::MbmTotalBytes as u64
+    )
+}
+
 #[allow(clippy::too_many_arguments)]
 pub fn run(
     g: &mut Guest,
@@ -39,10 +50,29 @@ pub fn run(
     bursts: &[(u64, bool)],
     wait_ms: u64,
 ) -> Result<Result<Vec<u64>, String>> {
-    let spec = format!(
-        "{pmu}/event={:#04x},rmid={rmid}/",
-        Event::MbmTotalBytes as u64
-    );
+    let spec = spec(pmu, rmid);
+    let job = start(g, &spec, how)?;
+    let mut enabled = false;
+    for &(bytes, counted) in bursts {
+        if counted != enabled {
+            let command = if counted { "enable" } else { "disable" };
+            if let Err(e) = command_acked(g, command)? {
+                let _ = stop_job(g, job, libc::SIGINT);
+                return Ok(Err(e));
+            }
+            enabled = counted;
+        }
+        inject(control, domain, rmid, bytes, wait_ms)?;
+    }
+    stop(g, job, &spec, how)
+}
+
+/// Starts perf stat on `spec` disabled, with its control FIFO: its job.
+/// Both ways start so and are enabled through the FIFO, whose ack says
+/// that perf's counters are on: between opening its fd and enabling it
+/// perf may take seconds on a loaded guest (seed 3 once counted none of
+/// its bursts so).
+fn start(g: &mut Guest, spec: &str, how: StatHow) -> Result<u32> {
     // --no-scale: the raw count, which the model knows exactly (perf scales
     // a multiplexed count by default).
     let mut argv: Vec<String> = ["/usr/bin/perf", "stat", "-a", "--no-scale", "-x,"]
@@ -52,10 +82,6 @@ pub fn run(
     if how == StatHow::Interval {
         argv.extend(["-I".to_string(), INTERVAL_MS.to_string()]);
     }
-    // Both ways start disabled and are enabled through the control FIFO,
-    // whose ack says that perf's counters are on: between opening its fd
-    // and enabling it perf may take seconds on a loaded guest (seed 3 once
-    // counted none of its bursts so).
     let (status, _, stderr) = g.run(&[
         "/bin/bash",
         "-c",
@@ -72,33 +98,33 @@ pub fn run(
         "--control".to_string(),
         format!("fifo:{CTL},{ACK}"),
     ]);
-    argv.extend(["-e".to_string(), spec.clone()]);
-    let job = start_job(
+    argv.extend(["-e".to_string(), spec.to_string()]);
+    start_job(
         g,
         JobSpec::Process {
             argv,
             perf_fds: 1,
             settle_ms: 150,
         },
-    )?;
-    let mut enabled = false;
-    for &(bytes, counted) in bursts {
-        if counted != enabled {
-            let command = if counted { "enable" } else { "disable" };
-            let script = format!(
-                "echo {command} > {CTL} && read -t 10 reply < {ACK} && [ \"$reply\" = ack ]"
-            );
-            let (status, _, stderr) = g.run(&["/bin/bash", "-c", &script])?;
-            if status != Some(0) {
-                let _ = stop_job(g, job, libc::SIGINT);
-                return Ok(Err(format!(
-                    "perf stat --control {command}: no ack ({stderr})"
-                )));
-            }
-            enabled = counted;
-        }
-        inject(control, domain, rmid, bytes, wait_ms)?;
-    }
+    )
+}
+
+/// Sends `command` (`enable`, `disable`) through perf stat's control FIFO
+/// and waits for its `ack`: the error if none came.
+fn command_acked(g: &mut Guest, command: &str) -> Result<Result<(), String>> {
+    let script =
+        format!("echo {command} > {CTL} && read -t 10 reply < {ACK} && [ \"$reply\" = ack ]");
+    let (status, _, stderr) = g.run(&["/bin/bash", "-c", &script])?;
+    Ok(if status == Some(0) {
+        Ok(())
+    } else {
+        Err(format!("perf stat --control {command}: no ack ({stderr})"))
+    })
+}
+
+/// Stops perf stat's `job` (with `-I`, after two more intervals, so that
+/// the last burst is printed): the count it printed for `spec`.
+fn stop(g: &mut Guest, job: u32, spec: &str, how: StatHow) -> Result<Result<Vec<u64>, String>> {
     if how == StatHow::Interval {
         std::thread::sleep(Duration::from_millis(2 * INTERVAL_MS + 50));
     }
@@ -106,9 +132,26 @@ pub fn run(
     let JobResult::Process { stderr, stdout, .. } = &result else {
         bail!("perf stat: not a process result: {result:?}")
     };
-    Ok(count(stderr, &spec, how)
+    Ok(count(stderr, spec, how)
         .map(|n| vec![n])
         .map_err(|e| format!("{e}; stdout {stdout:?}")))
+}
+
+/// A scenario's `stat DOMAIN rmid=N start`: `perf stat -a -I 100` on
+/// `spec`, enabled and counting when this returns: its job.
+pub fn start_interval(g: &mut Guest, spec: &str) -> Result<Result<Vec<u64>, String>> {
+    let job = start(g, spec, StatHow::Interval)?;
+    if let Err(e) = command_acked(g, "enable")? {
+        let _ = stop_job(g, job, libc::SIGINT);
+        return Ok(Err(e));
+    }
+    Ok(Ok(vec![u64::from(job)]))
+}
+
+/// A scenario's `stat DOMAIN stop`: the sum of the intervals `job`
+/// printed for `spec`.
+pub fn stop_interval(g: &mut Guest, job: u32, spec: &str) -> Result<Result<Vec<u64>, String>> {
+    stop(g, job, spec, StatHow::Interval)
 }
 
 fn inject(

@@ -345,9 +345,14 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
                     );
                 }
             }
-            (&Step::Offline { cpu }, Ok(owners)) => {
-                model.cpu_offline(cpu);
-                // A domain in doubt is where it is when a step settles it.
+            (step @ (Step::Offline { .. } | Step::Reload { .. }), Ok(owners)) => {
+                match *step {
+                    Step::Offline { cpu } => model.cpu_offline(cpu),
+                    // Registered again: its driver counts from zero.
+                    _ => driver_counts.clear(),
+                }
+                // Each PMU where the step left it; a domain in doubt is
+                // where it is when a step settles it.
                 let seen = (0u32..).zip(owners).filter(|(d, _)| !doubt.contains_key(d));
                 for (domain, &owner) in seen {
                     placed(
@@ -396,6 +401,21 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
                 if let Some(o) = cpus.owners.get_mut(domain as usize) {
                     *o = mask.first().map(|&c| c as u32);
                 }
+            }
+            (&Step::StatStart { domain, rmid }, Ok(_)) => {
+                model.open(PERF_STAT_HANDLE, perf_stat_event(domain, rmid, false))
+            }
+            (Step::StatStop { .. }, Ok(words)) => {
+                let value = words.first().copied().unwrap_or(0);
+                let observed = Observed {
+                    value,
+                    enabled: None,
+                    running: None,
+                };
+                for mismatch in model.read(PERF_STAT_HANDLE, observed) {
+                    find(format!("perf stat -I: {mismatch}"));
+                }
+                model.close(PERF_STAT_HANDLE);
             }
             (&Step::OthersOpen { domain }, Ok(_)) => model.others_may_open(domain),
             (step @ Step::MovesStart { .. }, Ok(_)) => cpus.step(&mut model, step, None, 0),
@@ -484,22 +504,8 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
                 },
                 Ok(words),
             ) => {
-                let kind = Kind::Counter {
-                    pmu: *domain,
-                    event: 2,
-                    rmid: *rmid,
-                };
                 let disabled = *how == StatHow::Control;
-                model.open(
-                    PERF_STAT_HANDLE,
-                    OpenSpec {
-                        kind,
-                        disabled,
-                        pinned: false,
-                        exclusive: false,
-                        group: None,
-                    },
-                );
+                model.open(PERF_STAT_HANDLE, perf_stat_event(*domain, *rmid, disabled));
                 for &(bytes, counted) in bursts {
                     if *how == StatHow::Control && counted != model.is_enabled(PERF_STAT_HANDLE) {
                         let ioctl = if counted {
@@ -527,6 +533,21 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
         }
     }
     out
+}
+
+/// The event a real `perf stat` opens on (domain, mbm_total_bytes, `rmid`).
+fn perf_stat_event(domain: u32, rmid: u32, disabled: bool) -> OpenSpec {
+    OpenSpec {
+        kind: Kind::Counter {
+            pmu: domain,
+            event: 2,
+            rmid,
+        },
+        disabled,
+        pinned: false,
+        exclusive: false,
+        group: None,
+    }
 }
 
 /// A domain in doubt since `began` (see [`Doubt`]) seen settled at `at_ns`,
@@ -765,6 +786,26 @@ impl Predictor {
                 }
                 self.place(*domain);
             }
+            // Registered again: each PMU placed afresh, here on its first
+            // allowed CPU online (the kernel spreads them: a scenario
+            // asserts only a set of one CPU).
+            Step::Reload { allowed } => {
+                if let Some((domain, cpus)) = allowed {
+                    if let Some(a) = self.allowed.get_mut(*domain as usize) {
+                        a.clone_from(cpus);
+                    }
+                }
+                for domain in 0..self.allowed.len() as u32 {
+                    if let Some(o) = self.cpus.owners.get_mut(domain as usize) {
+                        *o = None;
+                    }
+                    self.place(domain);
+                }
+            }
+            &Step::StatStart { domain, rmid } => {
+                model.open(PERF_STAT_HANDLE, perf_stat_event(domain, rmid, false))
+            }
+            Step::StatStop { .. } => model.close(PERF_STAT_HANDLE),
             // Not in a scenario: rcutorture's, seen by the stress.
             Step::Rate { .. } | Step::PerfStat { .. } | Step::Wait { .. } | Step::Seen { .. } => {}
             // Refused, it changes nothing.
@@ -1637,6 +1678,77 @@ pub(crate) mod tests {
         ];
         let found = finding_indices(&journal);
         assert_eq!(found, vec![4, 6, 8, 9, 10, 11, 12]);
+    }
+
+    /// A scenario's `stat 1 rmid=3 start` … `stat 1 stop` across a park by
+    /// an empty allowed set: its intervals must add up to every burst,
+    /// those that landed while it was parked included.
+    #[test]
+    fn a_perf_stat_across_lines_counts_every_burst_through_a_park() {
+        let stat = |value| {
+            vec![
+                ok(Step::StatStart { domain: 1, rmid: 3 }, vec![7]),
+                burst(64),
+                ok(
+                    Step::Allowed {
+                        domain: 1,
+                        cpus: vec![],
+                        nowait: false,
+                    },
+                    vec![],
+                ),
+                burst(128),
+                ok(
+                    Step::Allowed {
+                        domain: 1,
+                        cpus: vec![2, 3],
+                        nowait: false,
+                    },
+                    vec![2],
+                ),
+                burst(256),
+                ok(
+                    Step::StatStop {
+                        domain: 1,
+                        rmid: 3,
+                        job: 7,
+                    },
+                    vec![value],
+                ),
+            ]
+        };
+        assert_eq!(finding_indices(&stat(448)), Vec::<usize>::new());
+        assert_eq!(finding_indices(&stat(320)), vec![6]);
+        assert_eq!(finding_indices(&stat(512)), vec![6]);
+    }
+
+    /// After a reload that left domain 1 with no allowed CPU, its PMU is
+    /// parked: an open is refused; after one that placed it, it counts.
+    #[test]
+    fn a_reload_places_each_pmu_where_its_load_put_it() {
+        let reload = |cpus: Vec<u32>, owners| {
+            ok(
+                Step::Reload {
+                    allowed: Some((1, cpus)),
+                },
+                owners,
+            )
+        };
+        let refused = |mut e: Entry| {
+            e.result = Err("ENODEV".into());
+            e
+        };
+        let parked = vec![reload(vec![], vec![0, PARKED]), refused(open(1, false))];
+        assert_eq!(finding_indices(&parked), Vec::<usize>::new());
+        let opened = vec![reload(vec![], vec![0, PARKED]), open(1, false)];
+        assert_eq!(finding_indices(&opened), vec![1]);
+        let placed = vec![
+            reload(vec![3], vec![0, 3]),
+            open(1, false),
+            burst(640),
+            ok(Step::Read { handle: 1 }, vec![640, 10, 10]),
+        ];
+        assert_eq!(finding_indices(&placed), Vec::<usize>::new());
     }
 
     #[test]

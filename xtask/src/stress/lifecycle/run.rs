@@ -589,6 +589,10 @@ pub(super) fn with_started_job(step: Step, journal: &[Entry]) -> Result<Step> {
             Some(job) => Ok(Step::MovesStop { domain, job }),
             None => bail!("a stop of domain {domain}'s moving thread, which did not start"),
         },
+        Step::StatStop { domain, rmid, .. } => match journal::started_stat(journal) {
+            Some(job) => Ok(Step::StatStop { domain, rmid, job }),
+            None => bail!("a stop of domain {domain}'s perf stat, which did not start"),
+        },
         step => Ok(step),
     }
 }
@@ -834,10 +838,7 @@ pub(super) fn flush(
         .iter()
         .filter_map(|(s, _)| perf_op(s, attr))
         .collect();
-    let results = match g.ask(HostRequest::PerfOps { ops })? {
-        AgentMessage::PerfOps { results } if results.len() == pending.len() => results,
-        other => bail!("a batch of {} perf operations: {other:?}", pending.len()),
-    };
+    let results = g.perf_ops(ops)?;
     let mut desync = false;
     for ((step, expected), r) in pending.drain(..).zip(results) {
         if let Step::Open { expect, .. } = step {
@@ -1022,6 +1023,16 @@ pub(super) fn host_step(
             bursts,
             wait_ms,
         )?,
+        Step::Reload { allowed } => reload(g, control, pmus, allowed.as_ref())?,
+        &Step::StatStart { domain, rmid } => super::perf_stat::start_interval(
+            g,
+            &super::perf_stat::spec(&pmus[domain as usize], rmid),
+        )?,
+        &Step::StatStop { domain, rmid, job } => super::perf_stat::stop_interval(
+            g,
+            job,
+            &super::perf_stat::spec(&pmus[domain as usize], rmid),
+        )?,
         Step::OthersOpen { .. }
         | Step::Seen { .. }
         | Step::Open { .. }
@@ -1112,6 +1123,39 @@ fn offline(g: &mut Guest, pmus: &[String], cpu: u32) -> Result<Result<Vec<u64>, 
                 .map_err(|_| format!("{pmu}/cpumask {mask:?} is not one CPU")),
         })
         .collect())
+}
+
+/// Unloads perfbed.ko, gives `allowed`'s domain its set if there is one,
+/// and loads it again: each domain's CPU after the load, [`PARKED`] for a
+/// parked one (each PMU is placed as it registers).
+fn reload(
+    g: &mut Guest,
+    control: &mut ControlClient,
+    pmus: &[String],
+    allowed: Option<&(u32, Vec<u32>)>,
+) -> Result<Result<Vec<u64>, String>> {
+    let module = || crate::guest::MODULE.to_string();
+    let gone = g.ask(HostRequest::UnloadModule { name: module() })?;
+    if gone != AgentMessage::Done {
+        return Ok(Err(format!("unloading {}: {gone:?}", crate::guest::MODULE)));
+    }
+    if let Some((domain, cpus)) = allowed {
+        control
+            .set_allowed(*domain, cpus)
+            .map_err(|e| anyhow::anyhow!("allowed set {cpus:?} for domain {domain}: {e}"))?;
+    }
+    let back = g.ask(HostRequest::LoadModule { name: module() })?;
+    if back != AgentMessage::Done {
+        return Ok(Err(format!("loading {}: {back:?}", crate::guest::MODULE)));
+    }
+    let mut owners = Vec::new();
+    for pmu in pmus {
+        match g.wait_cpumask(pmu, |m| m.len() <= 1)? {
+            (true, mask) => owners.push(mask.first().map_or(PARKED, |&c| u64::from(c))),
+            (false, mask) => return Ok(Err(format!("{pmu}: cpumask {mask:?} after the load"))),
+        }
+    }
+    Ok(Ok(owners))
 }
 
 /// Runs hotplug `ops`; answers the PMU's CPU after them (`[]` if parked).

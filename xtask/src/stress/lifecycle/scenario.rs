@@ -20,6 +20,8 @@
 //! allowed movable 0 | allowed movable none | allowed movable default
 //! allowed movable 3 nowait                   (issued only: in doubt until a cpumask or a waited allowed)
 //! allowed 9 2-3 refused no-such-domain       (a malformed set the device must refuse, changing nothing)
+//! reload | reload movable 3                 (perfbed.ko unloaded and loaded, the set changed meanwhile)
+//! stat movable rmid=6 start | stat movable stop  (perf stat -a -I across the lines between)
 //! wait 300ms
 //! mux movable 2s                             (the mux interval, put back after)
 //! cpumask movable 3 | cpumask movable none   (where the PMU counts: asserted)
@@ -125,7 +127,7 @@ pub enum Want {
 }
 
 /// The operations a line can start with.
-const OPERATIONS: &str = "open (as NAME = open ...), enable, disable, reset, ioctl, read, want, close, burst, occupancy, rate, move, moves, park, unpark, offline, online, allowed, wait, mux, cpumask, violations, lost_wraps, irqs_on_owner, irqs_off_owner";
+const OPERATIONS: &str = "open (as NAME = open ...), enable, disable, reset, ioctl, read, want, close, burst, occupancy, rate, move, moves, park, unpark, offline, online, allowed, reload, stat, wait, mux, cpumask, violations, lost_wraps, irqs_on_owner, irqs_off_owner";
 
 /// The requests of an `ioctl` line.
 const REQUESTS: &str = "refresh COUNT, period PERIOD, set-filter FILTER, set-output none|NAME, id, pause-output on|off, set-bpf none, query-bpf, modify-attributes";
@@ -155,6 +157,8 @@ pub fn parse(
         racing: BTreeSet::new(),
         ops: Vec::new(),
         counts_marked: BTreeSet::new(),
+        stat: None,
+        flowing: BTreeSet::new(),
     };
     let mut check = None;
     for (i, raw) in text.lines().enumerate() {
@@ -183,6 +187,15 @@ pub fn parse(
             line,
             message: format!(
                 "`moves {domain} start` is never stopped: end it with `moves {domain} stop` (the thread ends after its round, every CPU back online)"
+            ),
+        });
+    }
+    if let Some(((domain, _), line)) = p.stat {
+        return Err(ScenarioError {
+            file: file.to_path_buf(),
+            line,
+            message: format!(
+                "this perf stat is never stopped: end it with `stat {domain} stop` (its intervals are judged there)"
             ),
         });
     }
@@ -235,6 +248,11 @@ struct Parser<'a> {
     /// The driver counts of each domain with a line so far (`lost_wraps`,
     /// `irqs_on_owner`, ...): a count grows from it.
     counts_marked: BTreeSet<(u32, DriverCount)>,
+    /// The perf stat running (`stat D rmid=N start`): its (domain, RMID)
+    /// and line.
+    stat: Option<((u32, u32), usize)>,
+    /// The counters a `rate` flows into now: (domain, event, RMID).
+    flowing: BTreeSet<(u32, u32, u32)>,
 }
 
 impl Parser<'_> {
@@ -380,11 +398,17 @@ impl Parser<'_> {
                         (event, rmid)
                     }
                 };
+                let (domain, bytes_per_sec) = (self.domain(domain)?, bytes_of(per_sec)?);
+                if bytes_per_sec == 0 {
+                    self.flowing.remove(&(domain, event, rmid));
+                } else {
+                    self.flowing.insert((domain, event, rmid));
+                }
                 Step::Rate {
-                    domain: self.domain(domain)?,
+                    domain,
                     rmid,
                     event,
-                    bytes_per_sec: bytes_of(per_sec)?,
+                    bytes_per_sec,
                 }
             }
             "move" | "park" => {
@@ -490,18 +514,7 @@ impl Parser<'_> {
                     ),
                 };
                 let domain = self.domain(domain)?;
-                let cpus = match *set {
-                    "none" => vec![],
-                    "default" => self.layout.domains[domain as usize].clone(),
-                    list => parse_cpu_list(list).map_err(|e| {
-                        format!(
-                            "`{list}`: {e}; expected a CPU list such as 2-3, `none` or `default`"
-                        )
-                    })?,
-                };
-                for &cpu in &cpus {
-                    self.check_cpu(cpu)?;
-                }
+                let cpus = self.cpu_set(domain, set)?;
                 self.allowed[domain as usize] = cpus.clone();
                 self.place_all();
                 if nowait {
@@ -515,6 +528,8 @@ impl Parser<'_> {
                     nowait,
                 }
             }
+            "reload" => self.reload(args)?,
+            "stat" => self.stat(line, args)?,
             "wait" => {
                 let [time] = args else {
                     return Err("expected `wait TIME` (such as 300ms or 2s)".into());
@@ -856,6 +871,130 @@ impl Parser<'_> {
             other => Err(format!(
                 "`moves {domain} {other}`: expected `moves DOMAIN start` or `moves DOMAIN stop`"
             )),
+        }
+    }
+
+    /// A domain's allowed set as a line writes it: a CPU list (`2-3`),
+    /// `none` or `default`, each CPU one the guest has.
+    fn cpu_set(&self, domain: u32, word: &str) -> Result<Vec<u32>, String> {
+        let cpus = match word {
+            "none" => vec![],
+            "default" => self.layout.domains[domain as usize].clone(),
+            list => parse_cpu_list(list).map_err(|e| {
+                format!("`{list}`: {e}; expected a CPU list such as 2-3, `none` or `default`")
+            })?,
+        };
+        for &cpu in &cpus {
+            self.check_cpu(cpu)?;
+        }
+        Ok(cpus)
+    }
+
+    /// `reload` or `reload DOMAIN CPUS`: perfbed.ko unloaded (which it
+    /// refuses with an event open) and loaded again, the domain's set
+    /// changed meanwhile; every PMU registers afresh, placed by the sets
+    /// then, and its driver counts start from zero.
+    fn reload(&mut self, args: &[&str]) -> Result<Step, String> {
+        let allowed = match args {
+            [] => None,
+            [domain, set] => {
+                let domain = self.domain(domain)?;
+                Some((domain, self.cpu_set(domain, set)?))
+            }
+            _ => {
+                return Err(
+                    "expected `reload` or `reload DOMAIN CPUS` (the set given while perfbed.ko is unloaded: a list such as 3, `none` or `default`)"
+                        .into(),
+                )
+            }
+        };
+        if let Some(name) = self.names.keys().next() {
+            return Err(format!(
+                "`reload` unloads perfbed.ko, which an open event keeps loaded: close {name} first"
+            ));
+        }
+        if let Some((_, line)) = &self.stat {
+            return Err(format!(
+                "`reload` unloads perfbed.ko, which the perf stat of line {line} keeps loaded: `stat ... stop` first"
+            ));
+        }
+        if let Some((d, (_, at))) = self.moving.iter().next() {
+            return Err(format!(
+                "`reload` places every PMU afresh, and the thread of line {at} moves domain {d}'s: `moves {d} stop` first"
+            ));
+        }
+        if let Some((&d, &at)) = self.doubt.iter().next() {
+            return Err(self.in_doubt(d, at, "reload"));
+        }
+        if let Some((domain, cpus)) = &allowed {
+            self.allowed[*domain as usize].clone_from(cpus);
+        }
+        // Placed at registration: here on the first allowed CPU online
+        // (the kernel spreads PMUs over their sets).
+        self.owners.iter_mut().for_each(|o| *o = None);
+        self.place_all();
+        self.counts_marked.clear();
+        Ok(Step::Reload { allowed })
+    }
+
+    /// `stat DOMAIN rmid=N start` and `stat DOMAIN stop`: the real `perf
+    /// stat -a -I` on that counter, counting across the lines between;
+    /// its intervals, added up at the stop, are judged as a read.
+    fn stat(&mut self, line: usize, args: &[&str]) -> Result<Step, String> {
+        let usage = "expected `stat DOMAIN rmid=N start` or `stat DOMAIN stop` (perf stat -a -I on mbm_total_bytes, across the lines between)";
+        // perf stat starts and stops counting at a moment within its line,
+        // which the model cannot place in a rate's traffic.
+        let total = perfbed_device::regs::Event::MbmTotalBytes as u32;
+        let still = |domain: u32, rmid: u32| {
+            if self.flowing.contains(&(domain, total, rmid)) {
+                Err(format!(
+                    "a rate flows into domain {domain}'s mbm_total_bytes rmid={rmid} here, and perf stat starts or stops counting at a moment of this line no step measures: stop it first (`rate {domain} mbm_total_bytes rmid={rmid} 0/s`)"
+                ))
+            } else {
+                Ok(())
+            }
+        };
+        match args {
+            [domain, rmid, "start"] => {
+                let domain = self.domain(domain)?;
+                let rmid = self.rmid(rmid)?;
+                still(domain, rmid)?;
+                if let Some((_, at)) = &self.stat {
+                    return Err(format!(
+                        "a perf stat runs already (line {at}): one at a time, `stat ... stop` first"
+                    ));
+                }
+                if let Some(&at) = self.doubt.get(&domain) {
+                    return Err(self.in_doubt(domain, at, "stat"));
+                }
+                if self.parked(domain) {
+                    return Err(format!(
+                        "domain {domain} is parked here: perf stat's open would be refused (ENODEV)"
+                    ));
+                }
+                self.stat = Some(((domain, rmid), line));
+                Ok(Step::StatStart { domain, rmid })
+            }
+            [domain, "stop"] => {
+                let domain = self.domain(domain)?;
+                match self.stat.take() {
+                    Some(((d, rmid), _)) if d == domain => {
+                        still(domain, rmid)?;
+                        Ok(Step::StatStop {
+                            domain,
+                            rmid,
+                            job: 0,
+                        })
+                    }
+                    Some(((d, _), at)) => Err(format!(
+                        "the perf stat of line {at} runs on domain {d}, not {domain}"
+                    )),
+                    None => Err(format!(
+                        "no perf stat runs here: start one with `stat {domain} rmid=N start`"
+                    )),
+                }
+            }
+            _ => Err(usage.into()),
         }
     }
 
@@ -2217,6 +2356,142 @@ mod tests {
             ("irqs_off_owner\n", "expected `irqs_off_owner DOMAIN`"),
         ] {
             refused_after("lost_wraps movable\n", text, want);
+        }
+    }
+
+    #[test]
+    fn reload_unloads_with_no_event_open_and_places_every_pmu_afresh() {
+        let s = parsed(
+            "allowed movable 3\n\
+             lost_wraps movable\n\
+             reload movable 2\n\
+             cpumask movable 2\n\
+             reload movable none\n\
+             cpumask movable none\n\
+             a = open movable mbm_total_bytes rmid=1\n\
+             want a ENODEV\n\
+             reload\n\
+             cpumask movable none\n",
+        )
+        .unwrap();
+        assert_eq!(
+            s.ops[2].step,
+            Step::Reload {
+                allowed: Some((1, vec![2]))
+            }
+        );
+        assert_eq!(
+            s.ops[4].step,
+            Step::Reload {
+                allowed: Some((1, vec![]))
+            }
+        );
+        assert_eq!(s.ops[7].step, Step::Reload { allowed: None });
+        assert_eq!(wants_against_model(&s, DeviceShape::DEFAULT_RUN), vec![]);
+        let placed = parsed("reload movable 3\ncpumask movable 3\nreload\n").unwrap();
+        let (again, text) = written_back(&placed);
+        assert_eq!(again.ops, placed.ops, "{text}");
+        for (text, want) in [
+            (
+                "reload movable\n",
+                "expected `reload` or `reload DOMAIN CPUS`",
+            ),
+            (
+                "reload movable 2 3\n",
+                "expected `reload` or `reload DOMAIN CPUS`",
+            ),
+            ("reload movable 9\n", "CPU 9"),
+            ("reload 5 2\n", "domain 5"),
+            (
+                "close a\nreload\nlost_wraps movable 0\n",
+                "counts from an earlier `lost_wraps movable` line",
+            ),
+        ] {
+            let first = "a = open movable mbm_total_bytes rmid=1\nlost_wraps movable\n";
+            let (line, message) = refused(&format!("{first}{text}"));
+            if text.starts_with("close") {
+                assert_eq!(line, 5, "{text:?}: {message}");
+            } else {
+                assert_eq!(line, 3, "{text:?}: {message}");
+            }
+            assert!(
+                message.contains(want),
+                "{text:?}: {message:?} lacks {want:?}"
+            );
+        }
+        for (first, why) in [
+            ("a = open movable mbm_total_bytes rmid=1\n", "close a first"),
+            ("stat movable rmid=1 start\n", "the perf stat of line 1"),
+            ("moves movable start\n", "`moves 1 stop` first"),
+            ("allowed movable 3 nowait\n", "was not waited for"),
+        ] {
+            refused_after(first, "reload\n", why);
+        }
+    }
+
+    #[test]
+    fn a_perf_stat_runs_from_its_start_to_its_stop_and_is_judged_there() {
+        let s = parsed(
+            "stat movable rmid=6 start\n\
+             burst movable mbm_total_bytes rmid=6 1MiB\n\
+             allowed movable none\n\
+             burst movable mbm_total_bytes rmid=6 4MiB\n\
+             allowed movable default\n\
+             stat movable stop\n",
+        )
+        .unwrap();
+        assert_eq!(s.ops[0].step, Step::StatStart { domain: 1, rmid: 6 });
+        assert_eq!(
+            s.ops[5].step,
+            Step::StatStop {
+                domain: 1,
+                rmid: 6,
+                job: 0
+            }
+        );
+        let (again, text) = written_back(&s);
+        assert_eq!(again.ops, s.ops, "{text}");
+        // A rate between its start and its stop is counted, or one into
+        // another counter whenever.
+        parsed(
+            "rate movable mbm_total_bytes rmid=2 8MiB/s\n\
+             stat movable rmid=1 start\n\
+             rate movable mbm_total_bytes rmid=1 8MiB/s\n\
+             wait 300ms\n\
+             rate movable mbm_total_bytes rmid=1 0/s\n\
+             stat movable stop\n",
+        )
+        .unwrap();
+        for (text, at, why) in [
+            ("stat movable rmid=6 start\n", 1, "never stopped"),
+            ("stat movable stop\n", 1, "no perf stat runs here"),
+            ("stat movable\n", 1, "expected `stat DOMAIN rmid=N start`"),
+            ("stat movable rmid=9 start\n", 1, "rmid"),
+            ("park movable\nstat movable rmid=1 start\n", 2, "ENODEV"),
+            (
+                "stat movable rmid=1 start\nstat holding rmid=1 start\n",
+                2,
+                "runs already (line 1)",
+            ),
+            (
+                "stat movable rmid=1 start\nstat holding stop\n",
+                2,
+                "runs on domain 1, not 0",
+            ),
+            (
+                "rate movable mbm_total_bytes rmid=1 8MiB/s\nstat movable rmid=1 start\n",
+                2,
+                "stop it first",
+            ),
+            (
+                "stat movable rmid=1 start\nrate movable mbm_total_bytes rmid=1 8MiB/s\nstat movable stop\n",
+                3,
+                "stop it first",
+            ),
+        ] {
+            let (line, message) = refused(text);
+            assert_eq!(line, at, "{text:?}: {message}");
+            assert!(message.contains(why), "{text:?}: {message:?} lacks {why:?}");
         }
     }
 

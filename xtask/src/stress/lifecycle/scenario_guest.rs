@@ -9,6 +9,7 @@
 //! found it after each (its events closed, every CPU online, the default
 //! allowed sets, no rate or occupancy, each PMU on its domain's first CPU).
 
+use std::cell::RefCell;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -89,6 +90,8 @@ pub struct Written {
     /// Of `scenarios/known-violations/`: it fails until a known violation
     /// of the contract is fixed (`cargo xtask run --known-bugs` runs it).
     pub known: bool,
+    /// It has a `reload` line: `cargo xtask run` runs it after the others.
+    pub reloads: bool,
 }
 
 /// The scenario library, `scenarios/` of the workspace (read once).
@@ -113,11 +116,15 @@ pub fn library() -> Result<&'static [Written]> {
                 .lines()
                 .find_map(|l| l.trim().strip_prefix("# check:"))
                 .map_or_else(|| file.display().to_string(), |n| n.trim().to_string());
+            let reloads = text.lines().any(|l| {
+                l.split('#').next().unwrap_or("").split_whitespace().next() == Some("reload")
+            });
             library.push(Written {
                 file,
                 text,
                 check: Box::leak(check.into_boxed_str()),
                 known,
+                reloads,
             });
         }
         Ok(library)
@@ -151,7 +158,7 @@ pub fn carry_out_file(
     let pmus: Vec<String> = (0..device.domains.len()).map(pmu_name).collect();
     let env = Env {
         pmus: &pmus,
-        types,
+        types: RefCell::new(types.clone()),
         device,
         timeout: g.timeout,
     };
@@ -207,13 +214,16 @@ pub fn carry_out_file(
         check.detail += &format!("\n    {said}");
     }
     restore(g, control, &env, &journal)?;
+    // A `reload` registered the PMUs again, with new types.
+    *types = env.types.into_inner();
     Ok(check)
 }
 
 /// What carrying out a step needs besides the guest.
 pub struct Env<'a> {
     pub pmus: &'a [String],
-    pub types: &'a [u32],
+    /// Each domain's PMU type; a `reload` gives them new ones.
+    pub types: RefCell<Vec<u32>>,
     pub device: &'a DeviceConfig,
     pub timeout: Duration,
 }
@@ -241,6 +251,10 @@ fn carry_out(
             let pmu = &env.pmus[domain as usize];
             let _ = super::moving_thread::stop(g, domain, pmu, job, env.timeout.as_millis() as u64);
         }
+        // A perf stat left running would hold an event open.
+        if let Some(job) = super::journal::left_stat(&journal) {
+            let _ = super::super::jobs::stop_job(g, job, libc::SIGINT);
+        }
     }
     done.map(|()| (journal, watch.problems))
 }
@@ -254,7 +268,7 @@ fn carry_out_into(
     journal: &mut Vec<Entry>,
     watch: &mut Watch,
 ) -> Result<()> {
-    let attr = |o: &Opened| attr_of(o, env.types);
+    let attr = |o: &Opened| attr_of(o, &env.types.borrow());
     let start = Instant::now();
     let mut pending: Vec<(Step, bool)> = Vec::new();
     let mut flows = Flows::default();
@@ -317,6 +331,7 @@ fn carry_out_into(
             } else {
                 let step = started(step, journal, scenario, op.line)?;
                 let entry = host_step(g, control, env.device, env.pmus, step, env.timeout, start)?;
+                reloaded(g, env, &entry)?;
                 watch.after(g, &entry, op.line)?;
                 journal.push(entry);
             }
@@ -340,10 +355,20 @@ fn carry_out_into(
         flush(g, &mut pending, &attr, journal, start)?;
         let step = started(step, journal, scenario, op.line)?;
         let entry = host_step(g, control, env.device, env.pmus, step, env.timeout, start)?;
+        reloaded(g, env, &entry)?;
         watch.after(g, &entry, op.line)?;
         journal.push(entry);
     }
     flush(g, &mut pending, &attr, journal, start)?;
+    Ok(())
+}
+
+/// After `entry`, if it reloaded perfbed.ko: the PMUs' new types.
+fn reloaded(g: &mut Guest, env: &Env, entry: &Entry) -> Result<()> {
+    if let (Step::Reload { .. }, Ok(_)) = (&entry.step, &entry.result) {
+        let types: Result<Vec<u32>> = env.pmus.iter().map(|p| g.pmu_type(p)).collect();
+        *env.types.borrow_mut() = types?;
+    }
     Ok(())
 }
 
@@ -570,7 +595,10 @@ pub fn restore(
             // A gauge reads the level last set: the next scenario's
             // model starts from none.
             Step::Occupancy { domain, rmid, .. } => control.set_occupancy(domain, rmid, 0)?,
-            Step::Allowed { domain, .. } => {
+            Step::Allowed { domain, .. }
+            | Step::Reload {
+                allowed: Some((domain, _)),
+            } => {
                 control
                     .set_allowed(domain, &env.device.domains[domain as usize])
                     .map_err(|e| anyhow::anyhow!("the default allowed set back: {e}"))?;
@@ -689,7 +717,7 @@ pub fn shrink_run(
         journal::from_text(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     let env = Env {
         pmus,
-        types,
+        types: RefCell::new(types.to_vec()),
         device: &vm_config.device,
         timeout,
     };

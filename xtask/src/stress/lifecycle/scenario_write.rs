@@ -310,6 +310,16 @@ fn step_text(step: &Step, all: &[Line]) -> String {
             let nowait = if *nowait { " nowait" } else { "" };
             format!("allowed {domain} {list}{nowait}")
         }
+        Step::Reload { allowed: None } => "reload".into(),
+        Step::Reload {
+            allowed: Some((domain, cpus)),
+        } => {
+            let list = perfbed_device::cpus::format_cpu_list(cpus);
+            let list = if list.is_empty() { "none".into() } else { list };
+            format!("reload {domain} {list}")
+        }
+        Step::StatStart { domain, rmid } => format!("stat {domain} rmid={rmid} start"),
+        Step::StatStop { domain, .. } => format!("stat {domain} stop"),
         Step::AllowedRefused {
             domain,
             cpus,

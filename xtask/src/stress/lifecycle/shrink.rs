@@ -307,14 +307,19 @@ pub fn depends(journal: &[Entry], target: usize, domains: &[Vec<u32>]) -> BTreeS
             | Step::Allowed { domain, .. }
             | Step::MuxInterval { domain, .. }
             | Step::DriverCount { domain, .. }
-            | Step::Cpumask { domain, .. } => pmus.contains(domain),
+            | Step::Cpumask { domain, .. }
+            | Step::StatStart { domain, .. }
+            | Step::StatStop { domain, .. } => pmus.contains(domain),
             Step::Online { cpu } | Step::Offline { cpu } => {
                 cpus.contains(cpu)
                     || pmus
                         .iter()
                         .any(|&d| domains.get(d as usize).is_some_and(|c| c.contains(cpu)))
             }
-            Step::Wait { .. } | Step::Violations | Step::AllowedRefused { .. } => true,
+            Step::Wait { .. }
+            | Step::Violations
+            | Step::AllowedRefused { .. }
+            | Step::Reload { .. } => true,
             Step::OthersOpen { .. } | Step::PerfStat { .. } | Step::Seen { .. } => false,
         };
         if keep {
