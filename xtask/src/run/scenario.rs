@@ -9,6 +9,7 @@ use anyhow::{Context, Result};
 use perfbed_agent::{format_cpu_list, AgentMessage, HostRequest};
 use perfbed_device::ControlClient;
 
+use crate::build::image::arch::Arch;
 use crate::checks::log::CheckLog;
 use crate::checks::{self, clean_log_check, Check, Report, Select};
 use crate::debug::gdb;
@@ -61,8 +62,13 @@ const HOTPLUG_CHECKS: [&str; 3] = [
 
 /// The printed names of every check of a run, in order. `kernel version`,
 /// `CPUs online`, `module loaded` and `clean kernel log` are reported
-/// whatever `--check` selects. `fail_injection`: the debug kernel's run.
-pub fn check_names(known_bugs: bool, fail_injection: bool) -> Result<Vec<&'static str>> {
+/// whatever `--check` selects. `fail_injection`: the debug kernel's run;
+/// `arch`: the guest's.
+pub fn check_names(
+    known_bugs: bool,
+    fail_injection: bool,
+    arch: Arch,
+) -> Result<Vec<&'static str>> {
     let mut names = vec!["kernel version", "CPUs online"];
     names.extend(DEVICE_CHECKS);
     names.extend(["perf tool"]);
@@ -73,7 +79,7 @@ pub fn check_names(known_bugs: bool, fail_injection: bool) -> Result<Vec<&'stati
         "driver's cacheinfo cross-check",
         "perf record refused",
     ]);
-    names.extend(checks::pmu::names(known_bugs, fail_injection)?);
+    names.extend(checks::pmu::names(known_bugs, fail_injection, arch)?);
     names.extend(HOTPLUG_CHECKS);
     names.push("clean kernel log");
     Ok(names)
