@@ -191,7 +191,14 @@ pub fn carry_out_file(
         counter_width: device.counter_width,
         max_rate: device.max_rate,
         seed: 0,
-        replay: format!("cargo xtask scenario {}", file.display()),
+        replay: match g.vm.arch {
+            Arch::X86_64 => format!("cargo xtask scenario {}", file.display()),
+            arch => format!(
+                "cargo xtask scenario --arch {} {}",
+                arch.kernel_arch(),
+                file.display()
+            ),
+        },
         cpus: journal::Cpus::default(),
     };
     std::fs::write(&path, journal::to_text(&header, &journal)?)
