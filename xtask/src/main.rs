@@ -102,7 +102,7 @@ fn main() -> ExitCode {
     let result = build::workspace().and_then(|ws| match cli.command {
         Command::Deps => build::deps::ensure().map(|()| true),
         Command::Image { arch, .. } if arch != image::arch::Arch::X86_64 => {
-            image::ensure_arch(&ws, arch).map(|images| {
+            image::ensure_arch(&ws, arch, None).map(|images| {
                 println!(
                     "kernel:    {}\ninitramfs: {}\nqemu:      {}",
                     images.vmlinux.display(),

@@ -559,6 +559,12 @@ struct Batch {
 #[derive(Debug, Clone, Default)]
 struct PmuState {
     parked: bool,
+    /// While parked: the CPU whose context keeps its events, the core's
+    /// holding CPU (`perf_device_hold_cpu()`: the first one online when it
+    /// parked). When that CPU goes offline in turn (arm64's CPU 0 can) the
+    /// core hands the events to the first CPU still online
+    /// (`perf_device_rehold()`): a transit as in a move.
+    held_on: Option<u32>,
     /// The moment of its last park or placement.
     placed_moment: u64,
     /// Events the model does not know of may be open on the PMU (another
@@ -1079,9 +1085,21 @@ impl Model {
     /// makes them `INACTIVE` at most. Device events are not in a CPU's
     /// context: their PMU moves or parks (see [`Model::moved`],
     /// [`Model::park`]).
+    ///
+    /// A parked PMU whose events `cpu` held hands them to the first CPU
+    /// still online: its groups' software members stand still in the
+    /// transit (see [`PmuState::held_on`]).
     pub fn cpu_offline(&mut self, cpu: u32) {
         self.epoch();
         self.offline.insert(cpu);
+        let to = self.first_online();
+        for pmu in 0..self.pmus.len() as u32 {
+            let p = &mut self.pmus[pmu as usize];
+            if p.parked && p.held_on == Some(cpu) {
+                p.held_on = Some(to);
+                self.note_transit(pmu);
+            }
+        }
         let moment = self.moment;
         for (&h, e) in self.events.iter_mut() {
             // One detached already is in no context's list: untouched.
@@ -1105,13 +1123,24 @@ impl Model {
         self.offline.remove(&cpu);
     }
 
-    /// None of the PMU's allowed CPUs is online any more.
+    /// The first CPU online, of those the model was told about: where the
+    /// core keeps a parked PMU's events.
+    fn first_online(&self) -> u32 {
+        (0u32..)
+            .find(|c| !self.offline.contains(c))
+            .unwrap_or_default()
+    }
+
+    /// None of the PMU's allowed CPUs is online any more: its events wait
+    /// on the first CPU online.
     pub fn park(&mut self, pmu: u32) {
         self.epoch();
         self.note_transit(pmu);
         let moment = self.moment;
+        let holding = self.first_online();
         if let Some(p) = self.pmus.get_mut(pmu as usize) {
             p.parked = true;
+            p.held_on = Some(holding);
             p.placed_moment = moment;
             p.parked_bytes.clear();
             p.contended_in_park = false;
@@ -1132,6 +1161,7 @@ impl Model {
             return;
         };
         p.parked = false;
+        p.held_on = None;
         p.placed_moment = moment;
         p.contended_in_park = false;
         p.clashed_in_park = false;

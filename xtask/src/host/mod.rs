@@ -25,6 +25,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Result;
 
 use crate::build::box_image::{self, BoxImages};
+use crate::build::image::arch::Arch;
 
 /// Which VMM runs the guest, and where.
 #[derive(Debug, Clone)]
@@ -47,6 +48,14 @@ impl Host {
             Host::QemuVirt => "qemu (arm64 virt)",
             Host::VmmNative { .. } => "vmm (native KVM)",
             Host::VmmBox(_) => "vmm (in the box)",
+        }
+    }
+
+    /// The guest's architecture: arm64 on `virt`, x86-64 on every other host.
+    pub fn arch(&self) -> Arch {
+        match self {
+            Host::QemuVirt => Arch::Arm64,
+            Host::Qemu | Host::VmmNative { .. } | Host::VmmBox(_) => Arch::X86_64,
         }
     }
 }

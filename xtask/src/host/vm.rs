@@ -31,6 +31,7 @@ use super::config::{device_gsis, device_param, VmConfig};
 use super::console::{copy_serial, kernel_log_problems, Pausable};
 use super::symbols::{self, SystemMap};
 use super::{cpu_state, monitor, qemu, qemu_virt, the_box, vmm, Accel, Host};
+use crate::build::image::arch::Arch;
 use crate::cmd;
 
 /// The device trace's file in a run's folder.
@@ -78,6 +79,8 @@ pub struct Vm {
     pub control_socket: PathBuf,
     /// Where the device's registers are in the guest's physical memory.
     pub device_base: u64,
+    /// The guest's architecture (some of the kernel's answers are its own).
+    pub arch: Arch,
     /// QEMU's human monitor (the guest's QEMU, or the box's).
     monitor_socket: Option<PathBuf>,
     /// The kernels a snapshot's RIP may be in, each with its `System.map`:
@@ -319,6 +322,7 @@ impl Vm {
                 Host::QemuVirt => qemu_virt::DEVICE_BASE,
                 _ => super::config::DEVICE_BASE,
             },
+            arch: config.host.arch(),
             monitor_socket,
             system_maps,
             module_maps: Vec::new(),

@@ -1525,11 +1525,9 @@ pub(super) fn an_event_disabled_in_the_window_is_not_compared() {
     );
 }
 
-#[test]
-pub(super) fn a_cpu_clock_counts_its_own_running_time() {
-    // A cpu-clock sibling of a device group: the device's counter counts on
-    // through a move, the cpu-clock's stands still, and its running time
-    // must follow its own counter, not the group's transit.
+/// Counter 1 of PMU 0 leading cpu-clock 2 (opened on CPU 2), read once
+/// after 100 ms counting.
+fn cpu_clock_in_a_device_group() -> Model {
     const MS: u64 = 1_000_000;
     let mut m = Model::new(SHAPE);
     m.open(1, counter(0, 1));
@@ -1538,6 +1536,49 @@ pub(super) fn a_cpu_clock_counts_its_own_running_time() {
         fields(&mut m, 2, seen(100 * MS, 100 * MS, 100 * MS)),
         vec![]
     );
+    m
+}
+
+#[test]
+fn a_cpu_clock_of_a_parked_group_stands_still_when_its_holding_cpu_goes() {
+    // Parked with CPUs 2-3 gone, domain 0's group waits on CPU 0, the
+    // first online; CPU 0 going offline (arm64) hands it to CPU 1, a
+    // transit in which the cpu-clock sibling stands still. CPU 1 going
+    // offline instead moves nothing: the sibling runs as enabled.
+    const MS: u64 = 1_000_000;
+    let mut m = cpu_clock_in_a_device_group();
+    m.cpu_offline(2);
+    m.cpu_offline(3);
+    m.park(0);
+    assert_eq!(
+        fields(&mut m, 2, seen(200 * MS, 200 * MS, 200 * MS)),
+        vec![]
+    );
+    // Held on CPU 0, then (CPU 0 back, CPU 1 holding them) on CPU 1: the
+    // holding CPU's offline hands them on, 5 ms of transit each time, the
+    // other CPU's moves nothing.
+    for (at, running, holding, other) in [(300, 295, 0, 1), (400, 390, 1, 0)] {
+        let short = seen(running * MS, at * MS, running * MS);
+        let mut not_holding = m.clone();
+        not_holding.cpu_offline(other);
+        assert_eq!(
+            fields(&mut not_holding, 2, short),
+            vec![Field::Running],
+            "CPU {other} going"
+        );
+        m.cpu_offline(holding);
+        assert_eq!(fields(&mut m, 2, short), vec![], "CPU {holding} going");
+        m.cpu_online(holding);
+    }
+}
+
+#[test]
+pub(super) fn a_cpu_clock_counts_its_own_running_time() {
+    // A cpu-clock sibling of a device group: the device's counter counts on
+    // through a move, the cpu-clock's stands still, and its running time
+    // must follow its own counter, not the group's transit.
+    const MS: u64 = 1_000_000;
+    let mut m = cpu_clock_in_a_device_group();
     m.moved(0);
     m.burst(0, TOTAL, 1, 1 << 20);
     // Over 200 ms it counted 199 ms, or 150 ms with its running time

@@ -275,7 +275,7 @@ fn images_for(ws: &Path, args: &RunArgs) -> Result<image::Images> {
             variant(args.debug, args.sanitize, args.gdb),
             image::Purpose::Run,
         ),
-        arch => image::ensure_arch(ws, arch),
+        arch => image::ensure_arch(ws, arch, None),
     }
 }
 
@@ -302,7 +302,7 @@ fn check_args(args: &RunArgs, scenario: bool) -> Result<()> {
     device
         .validate()
         .map_err(|e| anyhow::anyhow!("--domains: {e}"))?;
-    let names = scenario::check_names(args.known_bugs, args.debug || args.sanitize)?;
+    let names = scenario::check_names(args.known_bugs, args.debug || args.sanitize, args.arch)?;
     if let Some(p) = args
         .check
         .iter()
@@ -321,10 +321,10 @@ fn check_args(args: &RunArgs, scenario: bool) -> Result<()> {
         use crate::stress::lifecycle::scenario_guest::{layout, library, load};
         let files: Vec<PathBuf> = library()?
             .iter()
-            .filter(|s| args.known_bugs || !s.known)
+            .filter(|s| (args.known_bugs || !s.known) && s.runs_on(args.arch))
             .map(|s| s.file.clone())
             .collect();
-        load(&files, &layout(args.cpus, &device), &device)?;
+        load(&files, &layout(args.cpus, &device, args.arch), &device)?;
     }
     // Migration and parking take a whole domain offline, and CPU 0 cannot go.
     let offlinable = device
@@ -464,7 +464,8 @@ mod tests {
 
     #[test]
     fn arm64_refuses_the_checks_it_lacks_by_name_and_only_those() {
-        let names = scenario::check_names(true, true).unwrap();
+        let names =
+            scenario::check_names(true, true, crate::build::image::arch::Arch::Arm64).unwrap();
         // Every name the list gives is a check of the run: a renamed check
         // would otherwise slip past the refusal.
         for (name, _) in scenario::ARM64_LACKS {

@@ -9,6 +9,7 @@ use anyhow::{Context, Result};
 use perfbed_agent::{format_cpu_list, AgentMessage, HostRequest};
 use perfbed_device::ControlClient;
 
+use crate::build::image::arch::Arch;
 use crate::checks::log::CheckLog;
 use crate::checks::{self, clean_log_check, Check, Report, Select};
 use crate::debug::gdb;
@@ -61,8 +62,13 @@ const HOTPLUG_CHECKS: [&str; 3] = [
 
 /// The printed names of every check of a run, in order. `kernel version`,
 /// `CPUs online`, `module loaded` and `clean kernel log` are reported
-/// whatever `--check` selects. `fail_injection`: the debug kernel's run.
-pub fn check_names(known_bugs: bool, fail_injection: bool) -> Result<Vec<&'static str>> {
+/// whatever `--check` selects. `fail_injection`: the debug kernel's run;
+/// `arch`: the guest's.
+pub fn check_names(
+    known_bugs: bool,
+    fail_injection: bool,
+    arch: Arch,
+) -> Result<Vec<&'static str>> {
     let mut names = vec!["kernel version", "CPUs online"];
     names.extend(DEVICE_CHECKS);
     names.extend(["perf tool"]);
@@ -73,17 +79,17 @@ pub fn check_names(known_bugs: bool, fail_injection: bool) -> Result<Vec<&'stati
         "driver's cacheinfo cross-check",
         "perf record refused",
     ]);
-    names.extend(checks::pmu::names(known_bugs, fail_injection)?);
+    names.extend(checks::pmu::names(known_bugs, fail_injection, arch)?);
     names.extend(HOTPLUG_CHECKS);
     names.push("clean kernel log");
     Ok(names)
 }
 
 /// The checks an arm64 guest cannot carry out yet, each with why
-/// (docs/arm64.md): its initramfs has no perf, its kernel no BPF or
-/// tracing (`images/kernel/arm64.fragment`), its device tree no caches. `run --arch arm64` refuses
+/// (docs/arm64.md): its initramfs has no perf, its kernel no BPF, tracing
+/// or KALLSYMS (`images/kernel/arm64.fragment`), its device tree no caches. `run --arch arm64` refuses
 /// them by name rather than letting the first one end the run.
-pub const ARM64_LACKS: [(&str, &str); 12] = [
+pub const ARM64_LACKS: [(&str, &str); 13] = [
     ("perf tool", NO_PERF),
     ("perf stat cpuhp tracepoints", NO_PERF),
     ("perf trace", NO_PERF),
@@ -95,6 +101,10 @@ pub const ARM64_LACKS: [(&str, &str); 12] = [
     ("topology after CPU hotplug", NO_L3),
     ("driver's cacheinfo cross-check", NO_L3),
     ("driver's cross-check with a domain offline", NO_L3),
+    (
+        "mux timer of a parked PMU",
+        "finds the mux timers in /proc/timer_list by their function's name, and the arm64 kernel has no KALLSYMS (it prints their addresses)",
+    ),
     (
         "BPF reads while moving",
         "reads from a BPF program on the tick's tracepoint, and the arm64 kernel has neither BPF nor tracepoints yet",

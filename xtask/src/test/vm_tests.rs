@@ -367,13 +367,18 @@ fn lifecycle_run(
 pub fn scenario_library(scenario: &Scenario, accel: &Accel) -> Result<()> {
     use stress::lifecycle::scenario::files_under;
     use stress::lifecycle::scenario_guest::{layout, load};
-    use stress::lifecycle::scenario_run::execute;
+    use stress::lifecycle::scenario_run::{execute, of_arch};
     let ws = crate::build::workspace()?;
     let mut vm = scenario.vm.clone();
     vm.device = stress::device(vm.cpus, None)?;
     vm.device.slots = stress::lifecycle::SLOTS;
-    let files = files_under(&[ws.join("scenarios")])?;
-    let texts = load(&files, &layout(vm.cpus, &vm.device), &vm.device)?;
+    let root = [ws.join("scenarios")];
+    let (files, _) = of_arch(files_under(&root)?, &root, vm.host.arch())?;
+    let texts = load(
+        &files,
+        &layout(vm.cpus, &vm.device, vm.host.arch()),
+        &vm.device,
+    )?;
     let (checks, _) = execute(&vm, accel, &texts, scenario.request_timeout, None)?;
     let failed: Vec<String> = checks
         .iter()
@@ -445,7 +450,12 @@ fn mutant_run(
 ) -> Result<stress::lifecycle::run::LifecycleReport> {
     use stress::lifecycle::cli::{self as lc, MUTANT_OPS};
     let ws = crate::build::workspace()?;
-    let images = lc::mutant_images(&ws, crate::build::image::Variant::Debug, Some(mutant))?;
+    let images = lc::mutant_images(
+        &ws,
+        crate::build::image::Variant::Debug,
+        crate::build::image::arch::Arch::X86_64,
+        Some(mutant),
+    )?;
     let mut device = stress::device(scenario.vm.cpus, None)?;
     device.slots = stress::lifecycle::SLOTS;
     let vm = crate::host::config::VmConfig {
@@ -520,7 +530,11 @@ pub fn shrink_mutant(scenario: &Scenario, accel: &Accel) -> Result<()> {
         d.slots = stress::lifecycle::SLOTS;
         d
     };
-    let layout = stress::lifecycle::scenario_guest::layout(scenario.vm.cpus, &device);
+    let layout = stress::lifecycle::scenario_guest::layout(
+        scenario.vm.cpus,
+        &device,
+        scenario.vm.host.arch(),
+    );
     let shrunk = stress::lifecycle::scenario::parse(&file, &text, &layout, 1)?;
     let reads = shrunk
         .ops

@@ -44,6 +44,16 @@ impl Arch {
         }
     }
 
+    /// Whether the guest's CPU 0 can go offline: arm64's is an ordinary
+    /// hotpluggable CPU (PSCI `CPU_OFF`); x86's kernel gives it no
+    /// `online` file.
+    pub fn cpu0_goes_offline(self) -> bool {
+        match self {
+            Arch::X86_64 => false,
+            Arch::Arm64 => true,
+        }
+    }
+
     /// Debian's architecture name (`dpkg --add-architecture`, `pkg:arch`).
     pub fn debian(self) -> &'static str {
         match self {

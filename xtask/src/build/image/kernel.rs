@@ -314,11 +314,16 @@ pub fn ensure_patched_beside<T: Send>(
     ensure_arch(workspace, variant, Arch::X86_64, choose, beside)
 }
 
-/// The normal kernel for `arch`, built if its inputs changed (arm64 has no
-/// debug or gdb variant yet, and perf is not built for it).
-pub fn ensure_for_arch(workspace: &Path, arch: Arch) -> Result<Kernel> {
+/// The normal kernel for `arch` of the patches `choose` picks (all of
+/// them for `None`), built if its inputs changed (arm64 has no debug or
+/// gdb variant yet, and perf is not built for it).
+pub fn ensure_for_arch(
+    workspace: &Path,
+    arch: Arch,
+    choose: Option<ChoosePatches>,
+) -> Result<Kernel> {
     let none: Option<Beside<()>> = None;
-    Ok(ensure_arch(workspace, Variant::Normal, arch, None, none)?.0)
+    Ok(ensure_arch(workspace, Variant::Normal, arch, choose, none)?.0)
 }
 
 fn ensure_arch<T: Send>(

@@ -203,13 +203,18 @@ fn guest_images(
 /// Everything an `arch` guest's boot needs, built if missing: the kernel
 /// cross-built for it, perfbed.ko against that tree, the agent, an
 /// initramfs of them and busybox, and perfbed's QEMU for it (docs/arm64.md).
-/// Only the normal kernel, for `cargo xtask run`; x86 goes through
-/// [`ensure_for`].
-pub fn ensure_arch(workspace: &Path, arch: arch::Arch) -> Result<Images> {
+/// Only the normal kernel, of the patches `choose` picks from the series
+/// (all of them for `None`; a planted-bug kernel otherwise), for `cargo
+/// xtask run` and `scenario`; x86 goes through [`ensure_for`].
+pub fn ensure_arch(
+    workspace: &Path,
+    arch: arch::Arch,
+    choose: Option<kernel::ChoosePatches>,
+) -> Result<Images> {
     crate::build::deps::ensure_packages()?;
     crate::build::deps::ensure_arm64()?;
     crate::build::deps::ensure_bindgen()?;
-    let kernel = kernel::ensure_for_arch(workspace, arch)?;
+    let kernel = kernel::ensure_for_arch(workspace, arch, choose)?;
     let driver = module::ensure(
         workspace,
         &kernel,

@@ -20,6 +20,7 @@ pub mod waiting_after_a_move;
 use anyhow::{bail, Result};
 use perfbed_device::{ControlClient, DeviceConfig};
 
+use crate::build::image::arch::Arch;
 use crate::checks::log::CheckLog;
 use crate::checks::{Check, Select};
 use crate::guest::{pmu_name, Guest};
@@ -154,7 +155,8 @@ pub fn run(
         types,
     };
     ctx.control.reset_stats()?;
-    for (name, check) in plan(known_bugs, fail_injection)? {
+    let arch = ctx.g.vm.arch;
+    for (name, check) in plan(known_bugs, fail_injection, arch)? {
         if select.wants(name) {
             checks.extend(check(&mut ctx)?);
         }
@@ -162,18 +164,18 @@ pub fn run(
     Ok(())
 }
 
-/// The printed names of the checks `run` runs, in order.
-pub fn names(known_bugs: bool, fail_injection: bool) -> Result<Vec<&'static str>> {
-    Ok(plan(known_bugs, fail_injection)?
+/// The printed names of the checks `run` runs on a guest of `arch`, in order.
+pub fn names(known_bugs: bool, fail_injection: bool, arch: Arch) -> Result<Vec<&'static str>> {
+    Ok(plan(known_bugs, fail_injection, arch)?
         .into_iter()
         .map(|(name, _)| name)
         .collect())
 }
 
-/// Every check of `run`, in order, by its printed name: the checks in
-/// Rust, and the scenario library (`scenarios/`) before the allowed-set
-/// attacks.
-fn plan(known_bugs: bool, fail_injection: bool) -> Result<Vec<Planned>> {
+/// Every check of `run` on a guest of `arch`, in order, by its printed
+/// name: the checks in Rust, and the scenario library (`scenarios/`, its
+/// files of that architecture or of none) before the allowed-set attacks.
+fn plan(known_bugs: bool, fail_injection: bool, arch: Arch) -> Result<Vec<Planned>> {
     let one = |check: CtxCheck| move |ctx: &mut Ctx| Ok(vec![check(ctx)?]);
     let named = |&(name, check): &'static (&'static str, CtxCheck)| -> Planned {
         (
@@ -197,7 +199,9 @@ fn plan(known_bugs: bool, fail_injection: bool) -> Result<Vec<Planned>> {
     // have never been run after a reload (see docs/counting-semantics.md,
     // "Known violations": an allowed-set change after two reloads that the
     // driver did not follow).
-    let library = library()?.iter().filter(|s| known_bugs || !s.known);
+    let library = library()?
+        .iter()
+        .filter(|s| (known_bugs || !s.known) && s.runs_on(arch));
     let (reloading, rest): (Vec<&Written>, Vec<&Written>) = library.partition(|s| s.reloads);
     for s in rest.into_iter().chain(reloading) {
         plan.push((
@@ -218,12 +222,14 @@ fn plan(known_bugs: bool, fail_injection: bool) -> Result<Vec<Planned>> {
 
 #[cfg(test)]
 mod tests {
+    use crate::build::image::arch::Arch;
+
     /// A check in Rust and a scenario of the library (or two scenarios)
     /// under one name would run twice, and `--check` and a mutant's named
     /// check could not tell them apart.
     #[test]
     fn no_two_checks_share_a_name() {
-        let names = super::names(true, true).unwrap();
+        let names = super::names(true, true, Arch::Arm64).unwrap();
         let mut seen = std::collections::BTreeSet::new();
         for name in &names {
             assert!(seen.insert(name), "{name:?} names two checks");
@@ -237,9 +243,13 @@ mod tests {
     #[test]
     fn known_violations_run_only_with_known_bugs() {
         let known = "hold-attack: wrap lost while held on cpu 0";
-        assert!(super::names(true, false).unwrap().contains(&known));
-        assert!(!super::names(false, false).unwrap().contains(&known));
-        assert!(super::names(false, false)
+        assert!(super::names(true, false, Arch::X86_64)
+            .unwrap()
+            .contains(&known));
+        assert!(!super::names(false, false, Arch::X86_64)
+            .unwrap()
+            .contains(&known));
+        assert!(super::names(false, false, Arch::X86_64)
             .unwrap()
             .contains(&"redteam: odd ioctls"));
     }

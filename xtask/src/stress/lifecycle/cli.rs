@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
+use crate::build::image::arch::Arch;
 use crate::build::image::{self, Purpose, Variant};
 use crate::host;
 use crate::host::config::{self, VmConfig};
@@ -179,12 +180,29 @@ pub fn mutant_row(
     }
 }
 
-/// The images a mutant's guest boots: its driver, or its kernel.
+/// The images a mutant's guest of `arch` boots: its driver, or its kernel
+/// (on arm64 a kernel mutant only, of the normal kernel).
 pub fn mutant_images(
     ws: &Path,
     variant: Variant,
+    arch: Arch,
     mutant: Option<&Mutant>,
 ) -> Result<image::Images> {
+    if arch != Arch::X86_64 {
+        return match mutant {
+            None => image::ensure_arch(ws, arch, None),
+            Some(m) if m.kind == MutantKind::Driver => bail!(
+                "{}: a driver mutant on --arch {} is not built yet (a kernel mutant is)",
+                m.name,
+                arch.kernel_arch()
+            ),
+            Some(m) => image::ensure_arch(
+                ws,
+                arch,
+                Some(&|series| mutants::kernel_patches(m, series, &ws.join("images/kernel"))),
+            ),
+        };
+    }
     match mutant {
         None => image::ensure(ws, variant),
         Some(m) if m.kind == MutantKind::Driver => {
@@ -283,8 +301,10 @@ fn named_check(mutant: &Mutant) -> Result<Option<String>> {
 
 /// The guest of a lifecycle run, and of a scenario's: the stress device
 /// with [`SLOTS`] slots, the debug kernel unless `--normal` or
-/// `--sanitize`, on the host asked for.
+/// `--sanitize`, on the host asked for; an arm64 guest (the normal kernel
+/// on perfbed's aarch64 QEMU, `virt`) if `arch` says so.
 pub struct GuestShape {
+    pub arch: Arch,
     pub cpus: u8,
     pub domains: Option<String>,
     pub memory: u32,
@@ -296,6 +316,7 @@ pub struct GuestShape {
 impl GuestShape {
     fn of(args: &StressArgs) -> GuestShape {
         GuestShape {
+            arch: Arch::X86_64,
             cpus: args.cpus,
             domains: args.domains.clone(),
             memory: args.memory,
@@ -326,10 +347,16 @@ impl GuestShape {
         name: &str,
     ) -> Result<(VmConfig, host::Accel, String)> {
         let device = self.device()?;
-        let images = mutant_images(ws, self.variant(), mutant)?;
+        let images = mutant_images(ws, self.variant(), self.arch, mutant)?;
         let accel = host::choose_accel();
-        let (placement, why) = host::choose_host(self.host, &accel);
-        let host = host::build_host(ws, placement, &images.vmlinux, &images.initramfs)?;
+        let (host, why) = match self.arch {
+            Arch::X86_64 => {
+                let (placement, why) = host::choose_host(self.host, &accel);
+                let host = host::build_host(ws, placement, &images.vmlinux, &images.initramfs)?;
+                (host, why)
+            }
+            Arch::Arm64 => (host::Host::QemuVirt, "TCG".into()),
+        };
         let vm = VmConfig {
             host,
             ..guest_vm(

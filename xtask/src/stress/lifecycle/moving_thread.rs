@@ -1,13 +1,15 @@
 //! A thread of the guest that moves a PMU while perf operations go on: a
 //! scenario's `moves DOMAIN start` … `moves DOMAIN stop`
-//! ([`Step::MovesStart`](super::journal::Step::MovesStart)). It is bash
-//! taking each of the domain's CPUs offline and back in turn, round after
-//! round, until a stop file appears; it looks for the file only between
-//! rounds, so it ends after a whole round (at least one), with every CPU
-//! it took online again and the PMU where the placement rule puts it after
-//! such a round: on the first CPU of the round. (A file, not a signal:
-//! a signal that came before bash had set its trap, as a stop right
-//! after a start on a slow guest does, would kill it mid-round.)
+//! ([`Step::MovesStart`](super::journal::Step::MovesStart)). It is a
+//! POSIX sh loop, run by busybox's `sh` (every guest has busybox; the
+//! arm64 initramfs has no bash), taking each of the domain's CPUs offline
+//! and back in turn, round after round, until a stop file appears; it
+//! looks for the file only between rounds, so it ends after a whole round
+//! (at least one), with every CPU it took online again and the PMU where
+//! the placement rule puts it after such a round: on the first CPU of the
+//! round. (A file, not a signal: a signal that came before the shell had
+//! set its trap, as a stop right after a start on a slow guest does, would
+//! kill it mid-round.)
 //!
 //! The moves race the reads and ioctls the host sends meanwhile, so the
 //! journal cannot say which reads a move fell between; the counting model
@@ -27,9 +29,15 @@ fn stop_file(domain: u32) -> String {
     format!("/tmp/perfbed-moves-{domain}.stop")
 }
 
-/// The bash loop that switches `cpus` (each by `cpus_dir/cpuN/online`)
-/// until `stop` exists, and prints its rounds. Only bash's builtins: the
-/// next start removes the stop file.
+/// The shell that runs [`script`], in every guest's initramfs and on the
+/// host (Debian's busybox-static), so that the tests below run the loop as
+/// the guest does.
+const SHELL: [&str; 3] = ["/bin/busybox", "sh", "-c"];
+
+/// The sh loop that switches `cpus` (each by `cpus_dir/cpuN/online`)
+/// until `stop` exists, and prints its rounds. Only the shell's builtins
+/// (busybox's ash has `[` and `echo` built in): the next start removes the
+/// stop file.
 fn script(cpus_dir: &str, cpus: &[u32], stop: &str) -> String {
     let list: Vec<String> = cpus.iter().map(u32::to_string).collect();
     format!(
@@ -51,11 +59,11 @@ pub fn start(g: &mut Guest, domain: u32, cpus: &[u32]) -> Result<Result<Vec<u64>
     if status != Some(0) {
         bail!("removing {stop} in the guest: {status:?} {}", err.trim());
     }
-    let argv = vec![
-        "/bin/bash".to_string(),
-        "-c".into(),
-        script(CPUS_DIR, cpus, &stop),
-    ];
+    let argv = SHELL
+        .iter()
+        .map(|word| word.to_string())
+        .chain([script(CPUS_DIR, cpus, &stop)])
+        .collect();
     Ok(
         match g.ask(HostRequest::StartJob {
             spec: JobSpec::Process {
@@ -73,7 +81,7 @@ pub fn start(g: &mut Guest, domain: u32, cpus: &[u32]) -> Result<Result<Vec<u64>
 /// Stops domain `domain`'s thread, job `job`, after its round and waits
 /// for it (at most `timeout_ms`, then it is killed): the rounds it made
 /// and `pmu`'s CPU after them. A hotplug write the kernel refused ends it
-/// early, with bash's error: that is the result's error.
+/// early, with the shell's error: that is the result's error.
 pub fn stop(
     g: &mut Guest,
     domain: u32,
@@ -133,22 +141,20 @@ mod tests {
             std::fs::create_dir_all(dir.join(format!("cpu{c}"))).unwrap();
         }
         let stop = dir.join("stop");
-        let child = Command::new("bash")
-            .args([
-                "-c",
-                &script(
-                    &dir.display().to_string(),
-                    &[2, 3],
-                    &stop.display().to_string(),
-                ),
-            ])
+        let child = Command::new(SHELL[0])
+            .args(&SHELL[1..])
+            .arg(script(
+                &dir.display().to_string(),
+                &[2, 3],
+                &stop.display().to_string(),
+            ))
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
-            .expect("bash");
+            .expect("busybox sh");
         std::thread::sleep(after);
         std::fs::write(&stop, "").unwrap();
-        let out = child.wait_with_output().expect("waiting for bash");
+        let out = child.wait_with_output().expect("waiting for busybox sh");
         (
             out.status.code(),
             String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -182,6 +188,20 @@ mod tests {
         std::fs::write(dir.join("stop"), "").unwrap();
         let (status, out) = run_until_stopped(&dir, &[2, 3], Duration::ZERO);
         assert_eq!((status, out.as_str()), (Some(0), "1\n"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_switch_whose_write_fails_ends_the_loop_with_an_error() {
+        let dir = scratch("moving-thread-write-fails");
+        std::fs::create_dir_all(dir.join("cpu2")).unwrap();
+        std::fs::create_dir_all(dir.join("cpu3")).unwrap();
+        // The redirection opens, the write fails (ENOSPC), as a write the
+        // kernel refuses (EBUSY) does: `echo` fails, and `set -e` ends it.
+        std::os::unix::fs::symlink("/dev/full", dir.join("cpu3/online")).unwrap();
+        let (status, out) = run_until_stopped(&dir, &[], Duration::from_millis(200));
+        assert_ne!(status, Some(0), "printed {out:?}");
+        assert_eq!(out, "");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -1282,7 +1282,7 @@ mod tests {
             read(),
             start(),
             read(),
-            stop(Err("bash: write error".into())),
+            stop(Err("sh: write error: Device or resource busy".into())),
         ];
         assert_eq!(
             Stretches::of(&journal),

@@ -41,6 +41,7 @@ use std::path::{Path, PathBuf};
 use perfbed_device::cpus::parse_cpu_list;
 use perfbed_device::DeviceConfig;
 
+use crate::build::image::arch::Arch;
 use crate::checks::pmu::context::EVENT_FILES;
 use crate::checks::pmu::moves::movable_in;
 use crate::model::{DeviceShape, Handle, Observed, ValueRule};
@@ -70,6 +71,10 @@ pub struct Layout {
     pub rmids: u32,
     /// The device's counter unit in bytes: a burst is whole units.
     pub unit_bytes: u64,
+    /// The guest's architecture: on arm64 CPU 0 goes offline too
+    /// (`offline 0`), and with it the CPU that holds the parked PMUs'
+    /// events; a file with an `# arch:` header runs on that one only.
+    pub arch: Arch,
 }
 
 /// A parsed scenario.
@@ -135,6 +140,22 @@ const REQUESTS: &str = "refresh COUNT, period PERIOD, set-filter FILTER, set-out
 /// The errnos the model expects an open to be refused with.
 const ERRNOS: [&str; 3] = ["ENODEV", "EINVAL", "EBADF"];
 
+/// The header of a scenario that runs on one architecture only (one whose
+/// lines another refuses, such as arm64's `offline 0`).
+const ARCH_HEADER: &str = "# arch:";
+
+fn arch_named(name: &str) -> Option<Arch> {
+    clap::ValueEnum::from_str(name.trim(), false).ok()
+}
+
+/// The architecture `text`'s `# arch:` header names, if it has one (the
+/// parser refuses a header that names none).
+pub fn arch_of(text: &str) -> Option<Arch> {
+    text.lines()
+        .find_map(|l| l.trim().strip_prefix(ARCH_HEADER))
+        .and_then(arch_named)
+}
+
 /// Parses `text`, read from `file`, for a guest of `layout`; the agent's
 /// next handle is `first_handle` (the parser numbers the opens from it).
 pub fn parse(
@@ -173,6 +194,21 @@ pub fn parse(
                 return Err(err("a second `# check:` header".into()));
             }
             check = Some(name.trim().to_string());
+            continue;
+        }
+        if let Some(name) = raw.trim().strip_prefix(ARCH_HEADER) {
+            match arch_named(name) {
+                Some(arch) if arch == layout.arch => {}
+                Some(arch) => {
+                    return Err(err(format!(
+                        "a scenario for {} guests only (`--arch {}`), and this guest is {}",
+                        arch.kernel_arch(),
+                        name.trim(),
+                        layout.arch.kernel_arch()
+                    )))
+                }
+                None => return Err(err(format!("`{}`: expected x86_64 or arm64", name.trim()))),
+            }
             continue;
         }
         let body = raw.split('#').next().unwrap_or("").trim();
@@ -474,8 +510,8 @@ impl Parser<'_> {
                 }
                 let cpu = self.cpu(cpu)?;
                 if op == "offline" {
-                    if cpu == 0 {
-                        return Err("CPU 0 never goes offline".into());
+                    if cpu == 0 && !self.layout.arch.cpu0_goes_offline() {
+                        return Err("CPU 0 never goes offline (on x86: arm64's can)".into());
                     }
                     if !self.online.remove(&cpu) {
                         return Err(format!("CPU {cpu} is offline here already"));
@@ -641,12 +677,22 @@ impl Parser<'_> {
     /// `ioctl NAME REQUEST [ARG] ANSWER`: an ioctl that changes no count,
     /// and the answer it must give (`ok` or an errno).
     fn request(&self, args: &[&str]) -> Result<Step, String> {
-        let usage = format!("expected `ioctl NAME REQUEST [ARG] ANSWER`: REQUEST one of {REQUESTS}, ANSWER `ok` or an errno such as EINVAL");
+        let usage = format!("expected `ioctl NAME REQUEST [ARG] ANSWER`: REQUEST one of {REQUESTS}, ANSWER `ok` or an errno such as EINVAL, then `arm64=ANSWER` where an arm64 guest answers otherwise");
+        // `arm64=ANSWER` last: the arm64 kernel's own answer, where it
+        // legitimately differs (no BPF in arm64.fragment).
+        let (args, arm64) = match args.split_last() {
+            Some((last, rest)) if last.starts_with("arm64=") => (rest, last.strip_prefix("arm64=")),
+            _ => (args, None),
+        };
         let [name, request, arg @ .., answer] = args else {
             return Err(usage);
         };
+        let answer: &str = match (self.layout.arch, arm64) {
+            (Arch::Arm64, Some(answer)) => answer,
+            _ => answer,
+        };
         let handle = self.handle(name)?;
-        let refused = match *answer {
+        let refused = match answer {
             "ok" => None,
             e if e.len() > 1
                 && e.starts_with('E')
@@ -745,9 +791,9 @@ impl Parser<'_> {
                     "domain {domain} is parked here: it has no owner to take offline"
                 ))
             }
-            [0] => {
+            [0] if !self.layout.arch.cpu0_goes_offline() => {
                 return Err(format!(
-                    "owner({role}) is CPU 0 here (the domain's only allowed CPU online), which never goes offline"
+                    "owner({role}) is CPU 0 here (the domain's only allowed CPU online), which never goes offline (on x86: arm64's can)"
                 ))
             }
             _ => {}
@@ -1731,6 +1777,7 @@ mod tests {
             domains: vec![vec![0, 1], vec![2, 3]],
             rmids: 8,
             unit_bytes: 64,
+            arch: Arch::X86_64,
         }
     }
 
@@ -1947,11 +1994,69 @@ mod tests {
                 "{text:?}: {message}"
             );
         }
-        assert_eq!(refused("offline 0\n").1, "CPU 0 never goes offline");
+        assert_eq!(
+            refused("offline 0\n").1,
+            "CPU 0 never goes offline (on x86: arm64's can)"
+        );
         assert!(refused("park holding\n").1.contains("CPU 0"));
         assert!(refused("offline 3\nmove movable\n")
             .1
             .contains("a move needs two"));
+    }
+
+    /// On arm64 CPU 0 goes offline like any other: the holding domain
+    /// moves off it, parks when CPU 1 is gone too, and is placed again
+    /// when CPU 0 returns.
+    #[test]
+    fn cpu0_goes_offline_where_the_layout_says_it_can() {
+        let arm64 = Layout {
+            arch: Arch::Arm64,
+            ..layout()
+        };
+        let text =
+            "# arch: arm64\noffline 0\noffline 1\nonline 0\noffline owner(holding)\nonline 1\n";
+        let s = parse(Path::new("a.scn"), text, &arm64, 1).unwrap();
+        let steps: Vec<(&Step, &[(u32, bool)])> =
+            s.ops.iter().map(|o| (&o.step, &o.parks[..])).collect();
+        assert_eq!(
+            steps,
+            [
+                (&Step::Offline { cpu: 0 }, &[][..]),
+                (&Step::Offline { cpu: 1 }, &[(0, true)][..]),
+                (&Step::Unpark { domain: 0, cpu: 0 }, &[(0, false)][..]),
+                (&Step::Offline { cpu: 0 }, &[(0, true)][..]),
+                (&Step::Unpark { domain: 0, cpu: 1 }, &[(0, false)][..]),
+            ]
+        );
+        assert_eq!(arch_of(text), Some(Arch::Arm64));
+        let on_x86 = parsed(text).unwrap_err();
+        assert_eq!(on_x86.line, 1);
+        assert!(on_x86.message.contains("arm64 guests only"), "{on_x86}");
+        assert!(parsed("# arch: sparc\n")
+            .unwrap_err()
+            .message
+            .contains("sparc"));
+    }
+
+    /// `arm64=ANSWER` after an ioctl's answer is the answer on arm64 only.
+    #[test]
+    fn an_ioctl_takes_its_arm64_answer_on_arm64_only() {
+        let text =
+            "a = open movable mbm_total_bytes rmid=1\nioctl a query-bpf EINVAL arm64=EOPNOTSUPP\n";
+        let refused = |layout: &Layout| match &parse(Path::new("b.scn"), text, layout, 1)
+            .unwrap()
+            .ops[1]
+            .step
+        {
+            Step::Request { refused, .. } => refused.clone(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(refused(&layout()), Some("EINVAL".into()));
+        let arm64 = Layout {
+            arch: Arch::Arm64,
+            ..layout()
+        };
+        assert_eq!(refused(&arm64), Some("EOPNOTSUPP".into()));
     }
 
     #[test]
@@ -2810,8 +2915,11 @@ enable a",
         };
         for file in files {
             let text = std::fs::read_to_string(&file).unwrap();
-            let s = parse(&file, &text, &layout(), 1).unwrap_or_else(|e| panic!("{e}"));
-            let names = crate::run::scenario::check_names(true, true).unwrap();
+            // Each on the guest its `# arch:` header names (x86's if none).
+            let arch = arch_of(&text).unwrap_or(Arch::X86_64);
+            let layout = Layout { arch, ..layout() };
+            let s = parse(&file, &text, &layout, 1).unwrap_or_else(|e| panic!("{e}"));
+            let names = crate::run::scenario::check_names(true, true, arch).unwrap();
             let check = s
                 .check
                 .as_deref()

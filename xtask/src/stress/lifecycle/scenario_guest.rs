@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use perfbed_device::{ControlClient, DeviceConfig};
 
+use crate::build::image::arch::Arch;
 use crate::checks::pmu::context::Ctx;
 use crate::checks::Check;
 use crate::guest::{pmu_name, Guest};
@@ -30,17 +31,19 @@ use super::reads;
 use super::replay::{replay, Finding};
 use super::run::{attr_of, flush, host_step, probe_next_handle, shape, with_started_job};
 use super::scenario::{
-    difference, files_under, parse, wants_against_model, Layout, Scenario, Want, KNOWN_VIOLATIONS,
+    arch_of, difference, files_under, parse, wants_against_model, Layout, Scenario, Want,
+    KNOWN_VIOLATIONS,
 };
 use super::shrink::{self, Shrinking};
 
-/// The layout a scenario is parsed for.
-pub fn layout(cpus: u8, device: &DeviceConfig) -> Layout {
+/// The layout a scenario is parsed for, on a guest of `arch`.
+pub fn layout(cpus: u8, device: &DeviceConfig, arch: Arch) -> Layout {
     Layout {
         cpus: u32::from(cpus),
         domains: device.domains.clone(),
         rmids: device.rmids,
         unit_bytes: device.unit_bytes,
+        arch,
     }
 }
 
@@ -92,6 +95,16 @@ pub struct Written {
     pub known: bool,
     /// It has a `reload` line: `cargo xtask run` runs it after the others.
     pub reloads: bool,
+    /// Its `# arch:` header: it is a check of that architecture's runs
+    /// only (none: of every run).
+    pub arch: Option<Arch>,
+}
+
+impl Written {
+    /// Whether it is a check of a run on `arch`.
+    pub fn runs_on(&self, arch: Arch) -> bool {
+        self.arch.is_none_or(|a| a == arch)
+    }
 }
 
 /// The scenario library, `scenarios/` of the workspace (read once).
@@ -120,6 +133,7 @@ pub fn library() -> Result<&'static [Written]> {
                 l.split('#').next().unwrap_or("").split_whitespace().next() == Some("reload")
             });
             library.push(Written {
+                arch: arch_of(&text),
                 file,
                 text,
                 check: Box::leak(check.into_boxed_str()),
@@ -166,7 +180,7 @@ pub fn carry_out_file(
     let cpus = perfbed_device::cpus::parse_cpu_list(possible.trim())
         .map_err(|e| anyhow::anyhow!("/sys/devices/system/cpu/possible: {e}"))?
         .len();
-    let layout = layout(cpus as u8, device);
+    let layout = layout(cpus as u8, device, g.vm.arch);
     home(g, control, &env)?;
     // Numbered from the agent's next handle this time.
     let first = probe_next_handle(g)?;
@@ -184,7 +198,14 @@ pub fn carry_out_file(
         counter_width: device.counter_width,
         max_rate: device.max_rate,
         seed: 0,
-        replay: format!("cargo xtask scenario {}", file.display()),
+        replay: match g.vm.arch {
+            Arch::X86_64 => format!("cargo xtask scenario {}", file.display()),
+            arch => format!(
+                "cargo xtask scenario --arch {} {}",
+                arch.kernel_arch(),
+                file.display()
+            ),
+        },
         cpus: journal::Cpus::default(),
     };
     std::fs::write(&path, journal::to_text(&header, &journal)?)
@@ -721,7 +742,7 @@ pub fn shrink_run(
         device: &vm_config.device,
         timeout,
     };
-    let layout = layout(vm_config.cpus, &vm_config.device);
+    let layout = layout(vm_config.cpus, &vm_config.device, vm_config.host.arch());
     let failing = shrink::Failing {
         journal: &journal,
         owners: header.cpus.owners,
@@ -810,7 +831,13 @@ mod tests {
                     unpark movable\n\
                     read a\n\
                     want a 3MiB\n";
-        let s = parse(Path::new("p.scn"), text, &layout(4, &device), 1).unwrap();
+        let s = parse(
+            Path::new("p.scn"),
+            text,
+            &layout(4, &device, Arch::X86_64),
+            1,
+        )
+        .unwrap();
         let right = judge(&s, &journal_of(&s, &[vec![3 << 20]]), &device, &[]);
         assert!(right.passed, "{}", right.detail);
         // Counted what landed while disabled: a read the model may allow
@@ -829,7 +856,13 @@ mod tests {
         let plain = "a = open movable mbm_total_bytes rmid=1\n\
                      burst movable mbm_total_bytes rmid=1 1MiB\n\
                      read a\n";
-        let s = parse(Path::new("q.scn"), plain, &layout(4, &device), 1).unwrap();
+        let s = parse(
+            Path::new("q.scn"),
+            plain,
+            &layout(4, &device, Arch::X86_64),
+            1,
+        )
+        .unwrap();
         assert!(judge(&s, &journal_of(&s, &[vec![1 << 20]]), &device, &[]).passed);
         let more = judge(&s, &journal_of(&s, &[vec![2 << 20]]), &device, &[]);
         assert!(!more.passed);

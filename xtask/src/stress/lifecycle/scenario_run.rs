@@ -10,6 +10,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use perfbed_device::DeviceConfig;
 
+use crate::build::image::arch::Arch;
 use crate::checks::pmu::context::Ctx;
 use crate::checks::{clean_log_check, Check};
 use crate::guest::Guest;
@@ -19,7 +20,7 @@ use crate::host::vm::Vm;
 use crate::progress::human;
 
 use super::cli::GuestShape;
-use super::scenario::files_under;
+use super::scenario::{arch_of, files_under};
 use super::scenario_guest::{carry_out_file, layout, load};
 use super::shrink::Shrinking;
 
@@ -29,6 +30,12 @@ pub struct ScenarioArgs {
     /// scenarios/README.md says how to write one.
     #[arg(required = true, value_name = "FILE")]
     pub files: Vec<PathBuf>,
+    /// The guest's architecture: arm64 boots the normal kernel (its only
+    /// one) on perfbed's aarch64 QEMU, where CPU 0 goes offline too
+    /// (docs/arm64.md). A file of a folder whose `# arch:` header names
+    /// another is left out, with a note; a file named alone is refused.
+    #[arg(long, value_enum, default_value_t = Arch::X86_64, conflicts_with = "sanitize")]
+    pub arch: Arch,
     /// Guest vCPUs.
     #[arg(long, default_value_t = 4)]
     pub cpus: u8,
@@ -71,10 +78,14 @@ pub struct ScenarioArgs {
 impl ScenarioArgs {
     fn guest(&self) -> GuestShape {
         GuestShape {
+            arch: self.arch,
             cpus: self.cpus,
             domains: self.domains.clone(),
             memory: self.memory,
-            variant: crate::stress::kernel_variant(self.normal, self.sanitize),
+            variant: match self.arch {
+                Arch::X86_64 => crate::stress::kernel_variant(self.normal, self.sanitize),
+                Arch::Arm64 => crate::build::image::Variant::Normal,
+            },
             host: self.host,
             timeout: Duration::from_secs(self.timeout),
         }
@@ -84,8 +95,23 @@ impl ScenarioArgs {
 pub fn run(ws: &Path, args: &ScenarioArgs) -> Result<bool> {
     let guest = args.guest();
     let device = guest.device()?;
+    if args.arch != Arch::X86_64 && args.host != host::HostChoice::Qemu {
+        anyhow::bail!(
+            "--arch {}: perfbed's QEMU only (no --host {})",
+            args.arch.kernel_arch(),
+            args.host.name()
+        );
+    }
     let files = files_under(&args.files).context("listing the scenario files")?;
-    let texts = load(&files, &layout(args.cpus, &device), &device)?;
+    let (files, left_out) = of_arch(files, &args.files, args.arch)?;
+    for file in &left_out {
+        eprintln!(
+            "note: leaving out {} (its `# arch:` header names another architecture than {})",
+            file.display(),
+            args.arch.kernel_arch()
+        );
+    }
+    let texts = load(&files, &layout(args.cpus, &device, args.arch), &device)?;
     if args.parse_only {
         println!(
             "perfbed scenario: {} file{} parsed, every want as the model predicts (nothing booted)",
@@ -116,6 +142,9 @@ pub fn run(ws: &Path, args: &ScenarioArgs) -> Result<bool> {
     let start = Instant::now();
     let shrink = (!args.no_shrink).then(|| {
         let mut command = format!("cargo xtask scenario --cpus {}", args.cpus);
+        if args.arch != Arch::X86_64 {
+            command += &format!(" --arch {}", args.arch.kernel_arch());
+        }
         for (flag, value) in [("--domains", &args.domains), ("--mutant", &args.mutant)] {
             if let Some(v) = value {
                 command += &format!(" {flag} {v}");
@@ -154,6 +183,27 @@ pub fn run(ws: &Path, args: &ScenarioArgs) -> Result<bool> {
         vm_config.run_dir.display()
     );
     Ok(passed)
+}
+
+/// `files` split into those for a guest of `arch` and those found in a
+/// folder of `given` whose `# arch:` header names another architecture
+/// (a file given by name stays, for the parser to refuse).
+pub fn of_arch(
+    files: Vec<PathBuf>,
+    given: &[PathBuf],
+    arch: Arch,
+) -> Result<(Vec<PathBuf>, Vec<PathBuf>)> {
+    let mut kept = Vec::new();
+    let mut left_out = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file)
+            .with_context(|| format!("reading {}", file.display()))?;
+        match arch_of(&text) {
+            Some(other) if other != arch && !given.contains(&file) => left_out.push(file),
+            _ => kept.push(file),
+        }
+    }
+    Ok((kept, left_out))
 }
 
 /// Boots `vm_config`, carries out the scenarios `texts` (each file's

@@ -451,6 +451,7 @@ mod tests {
             domains: vec![vec![0, 1], vec![2, 3]],
             rmids: 8,
             unit_bytes: 64,
+            arch: crate::build::image::arch::Arch::X86_64,
         };
         for seed in 1..=6 {
             // Odd seeds start with CPU 0's domain on CPU 1, where its moves
