@@ -149,11 +149,22 @@ pub fn parked_mux_timer(ctx: &mut Ctx) -> Result<Check> {
     let exclusive = open_with(ctx, d, 1, TIMES, FLAG_EXCLUSIVE, None)?;
     let other = open_with(ctx, d, 2, TIMES, 0, None)?;
     let mut armed = Vec::new();
-    // Each sample: when, the PMU's CPU (None: parked), the timers armed.
+    // Each sample: when, the PMU's CPU (None: parked), and for each CPU
+    // with an armed timer, in how many of `TIMER_READINGS` readings it was
+    // seen. A timer whose handler is running is not queued, so
+    // /proc/timer_list leaves it out; under TCG, and slower under KCSAN, a
+    // vCPU can be inside that handler for a while.
     let mut sample = |ctx: &mut Ctx, when: &'static str| -> Result<()> {
         std::thread::sleep(Duration::from_millis(200));
         let on = ctx.g.cpumask(&pmu_name(d))?.first().copied();
-        armed.push((when, on, armed_mux_timers(ctx)?));
+        let mut seen = BTreeMap::<u32, usize>::new();
+        for _ in 0..TIMER_READINGS {
+            for cpu in armed_mux_timers(ctx)?.into_keys() {
+                *seen.entry(cpu).or_default() += 1;
+            }
+            std::thread::sleep(Duration::from_millis(30));
+        }
+        armed.push((when, on, seen));
         Ok(())
     };
     let took = (|| {
@@ -182,7 +193,8 @@ pub fn parked_mux_timer(ctx: &mut Ctx) -> Result<Check> {
         };
         if !right || on.is_none() != (*when == "parked") {
             problems.push(format!(
-                "{when} (cpumask {on:?}): mux timers armed by CPU {cpus:?} (want the owner's \
+                "{when} (cpumask {on:?}): mux timers armed by CPU, in how many of \
+                 {TIMER_READINGS} readings: {cpus:?} (want the owner's \
                  while placed, none parked)"
             ));
         }
@@ -196,11 +208,15 @@ pub fn parked_mux_timer(ctx: &mut Ctx) -> Result<Check> {
         "mux timer of a parked PMU",
         problems,
         format!(
-            "an exclusive event and another on {}, mux timers armed by CPU: {armed:?}",
+            "an exclusive event and another on {}, mux timers armed by CPU (in how many of \
+             {TIMER_READINGS} readings): {armed:?}",
             pmu_name(d)
         ),
     ))
 }
+
+/// How often [`parked_mux_timer`] reads the armed timers at each sample.
+const TIMER_READINGS: usize = 5;
 
 /// The guest's armed perf mux timers (`perf_mux_hrtimer_handler` in
 /// `/proc/timer_list`), counted by CPU: while a PMU's groups rotate, its
