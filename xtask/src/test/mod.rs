@@ -23,9 +23,9 @@ use vm_tests::{
     agent_dies_mid_run, bench_quick, boot_and_hotplug, device_scope_pmu, driver_mutants,
     gdb_session, guest_floods_console_and_channel, guest_panic_is_reported, hang_is_captured,
     hotplug_selftest_replay, hotplug_stress, lifecycle_stress, module_lifecycle, perf_test_suite,
-    qemu_killed_mid_run, rcutorture_onoff, scenario_library, shrink_mutant, slow_agent_reader,
-    terminated_while_waiting_for_the_agent, traced_boot_and_hotplug, unexpected_reset_is_reported,
-    unresponsive_guest_times_out,
+    qemu_killed_mid_run, rcutorture_onoff, sanitizer_kernel, scenario_library, shrink_mutant,
+    slow_agent_reader, terminated_while_waiting_for_the_agent, traced_boot_and_hotplug,
+    unexpected_reset_is_reported, unresponsive_guest_times_out,
 };
 /// The lifecycle VM test's length and seed (the generator's tests count
 /// what that run meets).
@@ -91,6 +91,13 @@ const VM_TESTS: &[VmTest] = &[
         variant: Variant::Debug,
         host: host::HostChoice::Qemu,
         run: traced_boot_and_hotplug,
+    },
+    VmTest {
+        name: "sanitizer_kernel",
+        what: "the run's checks (hotplug fail injection included) and a short lifecycle stress on the sanitizer kernel (the debug kernel with KCSAN), with no KCSAN, KFENCE or other report in the kernel log",
+        variant: Variant::Sanitize,
+        host: host::HostChoice::Qemu,
+        run: sanitizer_kernel,
     },
     VmTest {
         name: "unresponsive_guest_times_out",

@@ -288,6 +288,25 @@ pub fn lifecycle_stress(scenario: &Scenario, accel: &Accel) -> Result<()> {
     lifecycle_run(scenario, accel, LIFECYCLE_OPS, "", false)
 }
 
+/// Operations of the lifecycle stress in the `sanitizer_kernel` VM test: KCSAN
+/// slows the guest down (about 21 operations a second under TCG).
+const SANITIZER_LIFECYCLE_OPS: u32 = 500;
+
+/// The run's checks and then a short lifecycle stress on the sanitizer kernel
+/// (KCSAN on top of the debug kernel): each boot reaches the agent, every
+/// check and every read is as without the sanitizer, and neither kernel log
+/// has a report (`BUG: KCSAN:` and `BUG: KFENCE:` are reports).
+pub fn sanitizer_kernel(scenario: &Scenario, accel: &Accel) -> Result<()> {
+    boot_and_hotplug(scenario, accel)?;
+    lifecycle_run(
+        scenario,
+        accel,
+        SANITIZER_LIFECYCLE_OPS,
+        " --sanitize",
+        false,
+    )
+}
+
 /// Operations of the `rcutorture_onoff` VM test.
 const RCUTORTURE_OPS: u32 = 3000;
 
