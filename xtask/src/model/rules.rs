@@ -95,6 +95,10 @@ rules! {
     /// A cpu-clock counts its own running time: `Δvalue` at least
     /// `Δrunning` less `CLOCK_SLACK_NS` and a tenth.
     ClockCountsItsRunning,
+    /// Taking turns, a cpu-clock may fall short by `CLOCK_TURN_SLACK_NS`
+    /// more for each turn in: perf's rotation starts its running time
+    /// before it schedules the others out, its counter after.
+    ClockTurnsMissTheirSchedule,
     /// A software member of a device group stands still in a move's
     /// transit: across a move, park or placement its `Δrunning` may fall
     /// short of `Δenabled`.
@@ -376,6 +380,7 @@ mod tests {
         UnseenEventsMayKeepExclusiveOff => model::an_exclusive_group_may_give_way_to_events_the_model_does_not_see;
         SoftwareAlwaysOn => model::a_group_of_software_events_only_is_always_on;
         ClockCountsItsRunning => model::a_cpu_clock_counts_its_own_running_time;
+        ClockTurnsMissTheirSchedule => model::a_cpu_clock_taking_turns_may_miss_each_rotations_sched_out;
         SoftwareStillInTransit => model::a_cpu_clock_counts_its_own_running_time;
         EffectiveEnabled => model::a_sibling_under_a_disabled_leader_has_its_clocks_stopped_until_the_leader_is_on;
         GroupIoctl => model::group_ioctl_on_a_sibling_reaches_the_whole_group;

@@ -1540,6 +1540,32 @@ fn cpu_clock_in_a_device_group() -> Model {
 }
 
 #[test]
+pub(super) fn a_cpu_clock_taking_turns_may_miss_each_rotations_sched_out() {
+    // Two more counters on two slots: the cpu-clock's group takes turns.
+    // Each turn in, perf's rotation starts its running time at the context
+    // time it took before scheduling the others out, its counter at its own
+    // add after that. 160 ms of running is at most 41 turns of 4 ms.
+    const MS: u64 = 1_000_000;
+    let mut m = cpu_clock_in_a_device_group();
+    m.open(3, counter(0, 1));
+    m.open(4, counter(0, 1));
+    m.burst(0, TOTAL, 1, 1 << 20);
+    let (enabled, running) = (500 * MS, 260 * MS);
+    // 5 ms and a tenth allow 21 ms short, the turns 12.3 ms more.
+    assert_eq!(
+        fields(&mut m.clone(), 2, seen(230 * MS, enabled, running)),
+        vec![]
+    );
+    assert_eq!(
+        fields(&mut m.clone(), 2, seen(225 * MS, enabled, running)),
+        vec![Field::Value]
+    );
+    // A shorter mux interval allows more turns.
+    m.mux_interval(2);
+    assert_eq!(fields(&mut m, 2, seen(225 * MS, enabled, running)), vec![]);
+}
+
+#[test]
 fn a_cpu_clock_of_a_parked_group_stands_still_when_its_holding_cpu_goes() {
     // Parked with CPUs 2-3 gone, domain 0's group waits on CPU 0, the
     // first online; CPU 0 going offline (arm64) hands it to CPU 1, a

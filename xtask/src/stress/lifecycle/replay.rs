@@ -290,7 +290,7 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
                 Ok(_),
             ) => model.occupancy(domain, rmid, bytes),
             (Step::Rate { .. } | Step::Wait { .. } | Step::AllowedRefused { .. }, Ok(_)) => {}
-            (Step::MuxInterval { .. }, Ok(_)) => {}
+            (&Step::MuxInterval { ms, .. }, Ok(_)) => model.mux_interval(ms),
             (Step::Violations, Ok(count)) => {
                 let first = first_violations.get_or_insert_with(|| count.clone());
                 if count != first && holds(Rule::ViolationsNeverChange) {
@@ -727,10 +727,10 @@ impl Predictor {
                 group,
             } => model.ioctl(*handle, ioctl.model(), *group),
             Step::Read { .. } => {}
-            // Assertions, the mux interval and the ioctls that leave counts
-            // alone change no count.
-            Step::MuxInterval { .. }
-            | Step::Cpumask { .. }
+            &Step::MuxInterval { ms, .. } => model.mux_interval(ms),
+            // Assertions and the ioctls that leave counts alone change no
+            // count.
+            Step::Cpumask { .. }
             | Step::Violations
             | Step::DriverCount { .. }
             | Step::Request { .. } => {}
