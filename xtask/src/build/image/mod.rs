@@ -203,18 +203,27 @@ fn guest_images(
 /// Everything an `arch` guest's boot needs, built if missing: the kernel
 /// cross-built for it, perfbed.ko against that tree, the agent, an
 /// initramfs of them and busybox, and perfbed's QEMU for it (docs/arm64.md).
-/// Only the normal kernel, of the patches `choose` picks from the series
-/// (all of them for `None`; a planted-bug kernel otherwise), for `cargo
-/// xtask run` and `scenario`; x86 goes through [`ensure_for`].
+/// The normal or the debug kernel, of the patches `choose` picks from the
+/// series (all of them for `None`; a planted-bug kernel otherwise), for
+/// `cargo xtask run`, `scenario` and `stress`; x86 goes through
+/// [`ensure_for`].
 pub fn ensure_arch(
     workspace: &Path,
+    variant: Variant,
     arch: arch::Arch,
     choose: Option<kernel::ChoosePatches>,
 ) -> Result<Images> {
+    if !matches!(variant, Variant::Normal | Variant::Debug) {
+        anyhow::bail!(
+            "the {} kernel is not built for --arch {} (the normal and the debug kernel are)",
+            variant.name(),
+            arch.kernel_arch()
+        );
+    }
     crate::build::deps::ensure_packages()?;
     crate::build::deps::ensure_arm64()?;
     crate::build::deps::ensure_bindgen()?;
-    let kernel = kernel::ensure_for_arch(workspace, arch, choose)?;
+    let kernel = kernel::ensure_for_arch(workspace, variant, arch, choose)?;
     let driver = module::ensure(
         workspace,
         &kernel,
@@ -232,7 +241,7 @@ pub fn ensure_arch(
         kernel_release: kernel.release,
         qemu,
         driver,
-        variant: Variant::Normal,
+        variant,
         scope_test: None,
     })
 }

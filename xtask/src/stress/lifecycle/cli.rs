@@ -181,7 +181,7 @@ pub fn mutant_row(
 }
 
 /// The images a mutant's guest of `arch` boots: its driver, or its kernel
-/// (on arm64 a kernel mutant only, of the normal kernel).
+/// (on arm64 a kernel mutant only).
 pub fn mutant_images(
     ws: &Path,
     variant: Variant,
@@ -190,7 +190,7 @@ pub fn mutant_images(
 ) -> Result<image::Images> {
     if arch != Arch::X86_64 {
         return match mutant {
-            None => image::ensure_arch(ws, arch, None),
+            None => image::ensure_arch(ws, variant, arch, None),
             Some(m) if m.kind == MutantKind::Driver => bail!(
                 "{}: a driver mutant on --arch {} is not built yet (a kernel mutant is)",
                 m.name,
@@ -198,6 +198,7 @@ pub fn mutant_images(
             ),
             Some(m) => image::ensure_arch(
                 ws,
+                variant,
                 arch,
                 Some(&|series| mutants::kernel_patches(m, series, &ws.join("images/kernel"))),
             ),
