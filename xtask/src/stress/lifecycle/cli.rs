@@ -46,6 +46,7 @@ pub fn run(ws: &Path, args: &StressArgs) -> Result<bool> {
     if let Some(file) = &args.journal {
         return replay_file(file);
     }
+    args.check_arch()?;
     if args.mutants {
         let rows = table(ws, args)?;
         print!("{}", table_text(&rows));
@@ -302,8 +303,8 @@ fn named_check(mutant: &Mutant) -> Result<Option<String>> {
 
 /// The guest of a lifecycle run, and of a scenario's: the stress device
 /// with [`SLOTS`] slots, the debug kernel unless `--normal` or
-/// `--sanitize`, on the host asked for; an arm64 guest (the normal kernel
-/// on perfbed's aarch64 QEMU, `virt`) if `arch` says so.
+/// `--sanitize`, on the host asked for; an arm64 guest (on perfbed's
+/// aarch64 QEMU, `virt`) if `arch` says so.
 pub struct GuestShape {
     pub arch: Arch,
     pub cpus: u8,
@@ -317,7 +318,7 @@ pub struct GuestShape {
 impl GuestShape {
     fn of(args: &StressArgs) -> GuestShape {
         GuestShape {
-            arch: Arch::X86_64,
+            arch: args.arch,
             cpus: args.cpus,
             domains: args.domains.clone(),
             memory: args.memory,
