@@ -80,6 +80,12 @@ pub struct Generator {
     /// The watched counters flowing now, (domain, event, RMID), each with
     /// the operations left before its stop.
     flows: BTreeMap<(u32, u32, u32), u64>,
+    /// CPU 0 goes offline like any other (arm64): see
+    /// [`Generator::with_cpu0_offline`].
+    cpu0_offline: bool,
+    /// Deal `perf stat` steps (the guest has perf): see
+    /// [`Generator::with_perf_stat`].
+    perf_stat: bool,
 }
 
 impl Generator {
@@ -109,7 +115,29 @@ impl Generator {
             stretch: None,
             watched_rates: false,
             flows: BTreeMap::new(),
+            cpu0_offline: false,
+            perf_stat: true,
         }
+    }
+
+    /// CPU 0 can go offline (arm64): moves take it offline when it owns
+    /// a PMU, the domains that hold it park (the holding-CPU handover
+    /// when a parked PMU's events sat on it), and groups of cpu-clock
+    /// events on it fall apart like those on any CPU that goes; a park
+    /// needs a CPU online outside the domain, a move a second CPU online,
+    /// so that one always stays. Off by default (x86, where CPU 0 cannot
+    /// go): it draws from the seed's sequence, so a seed deals other
+    /// operations with it.
+    pub fn with_cpu0_offline(mut self, on: bool) -> Generator {
+        self.cpu0_offline = on;
+        self
+    }
+
+    /// Deal `perf stat` steps (on by default; off for a guest without the
+    /// perf tool, arm64's).
+    pub fn with_perf_stat(mut self, on: bool) -> Generator {
+        self.perf_stat = on;
+        self
     }
 
     /// Now and then a thread of the guest moves a PMU for a stretch of 5
@@ -636,6 +664,9 @@ impl Generator {
     /// owner of a domain with CPU 0 while it is not CPU 0, and every CPU of
     /// the other domains (offline ones included: they come back).
     fn cpus_that_go_offline(&self) -> BTreeSet<u32> {
+        if self.cpu0_offline {
+            return self.domains.iter().flatten().copied().collect();
+        }
         self.domains
             .iter()
             .zip(&self.owners)
@@ -818,8 +849,10 @@ impl Generator {
             return vec![];
         }
         match self.owners[domain as usize] {
-            // CPU 0 cannot go offline; a parked PMU has nowhere to move.
-            Some(cpu) if cpu != 0 => vec![Step::Move { domain }],
+            // CPU 0 cannot go offline (x86), nor the last CPU online; a
+            // parked PMU has nowhere to move.
+            Some(0) if !self.cpu0_offline => vec![],
+            Some(_) if self.online.len() >= 2 => vec![Step::Move { domain }],
             _ => vec![],
         }
     }
@@ -836,7 +869,7 @@ impl Generator {
                 let cpu = *self.rng.pick(&cpus).expect("a domain has CPUs");
                 vec![Step::Unpark { domain, cpu }]
             }
-            Some(_) if !self.domains[d].contains(&0) => vec![Step::Park { domain }],
+            Some(_) if self.can_park(d) => vec![Step::Park { domain }],
             Some(_) => {
                 // Bring back a CPU that a park took, if the domain misses one.
                 let missing: Vec<u32> = self.domains[d]
@@ -852,7 +885,22 @@ impl Generator {
         }
     }
 
+    /// Whether domain `d`, placed, can park: on x86 if it has no CPU 0;
+    /// on arm64 if a CPU outside it stays online and, while a thread moves
+    /// a PMU, if it has no CPU 0 (its events' holding CPU could then be
+    /// one the thread takes offline at a moment the journal cannot know).
+    fn can_park(&self, d: usize) -> bool {
+        let cpus = &self.domains[d];
+        if !self.cpu0_offline || (self.stretch.is_some() && cpus.contains(&0)) {
+            return !cpus.contains(&0);
+        }
+        self.online.iter().any(|c| !cpus.contains(c))
+    }
+
     fn perf_stat(&mut self) -> Vec<Step> {
+        if !self.perf_stat {
+            return vec![];
+        }
         let domain = self.domain();
         // `perf stat` opens its event on the PMU's CPU of the moment.
         if self.owners[domain as usize].is_none() || self.moving() == Some(domain) {
@@ -1594,5 +1642,111 @@ mod tests {
             1500,
         );
         assert_eq!((seen.starts, seen.problems), (0, vec![]));
+    }
+
+    /// `ops` steps of `g`, each answered as a guest would: a move with
+    /// the domain's first other CPU online, an unpark with its CPU.
+    fn driven(mut g: Generator, ops: usize) -> Vec<Step> {
+        let mut steps = Vec::new();
+        while steps.len() < ops {
+            for step in g.next() {
+                let result = match step {
+                    Step::Move { domain } => {
+                        let owner = g.owners[domain as usize];
+                        Ok(g.domains[domain as usize]
+                            .iter()
+                            .copied()
+                            .find(|&c| Some(c) != owner && g.online.contains(&c))
+                            .or(owner)
+                            .map(u64::from)
+                            .into_iter()
+                            .collect())
+                    }
+                    Step::Unpark { cpu, .. } => Ok(vec![u64::from(cpu)]),
+                    _ => Ok(vec![]),
+                };
+                g.observe(&Entry::untimed(step.clone(), result));
+                steps.push(step);
+            }
+        }
+        steps
+    }
+
+    /// A digest of steps, as text.
+    fn steps_hash(steps: &[Step]) -> String {
+        crate::build::cache::Key::new("lifecycle")
+            .add("steps", format!("{steps:?}").as_bytes())
+            .hex()
+    }
+
+    /// x86 seeds deal what main dealt them before arm64 could take CPU 0
+    /// offline: a journal's replay command stays the same run.
+    #[test]
+    fn x86_seeds_deal_the_steps_they_always_dealt() {
+        let hashes = [
+            steps_hash(&driven(generator(7), 3000)),
+            steps_hash(&driven(generator(11).with_moving_thread(true), 3000)),
+            steps_hash(&driven(generator(13).with_watched_rates(true), 3000)),
+            steps_hash(&driven(generator(17).with_parked_ioctls(false), 3000)),
+        ];
+        assert_eq!(
+            hashes,
+            [
+                "ce1d312b8b0eb90d",
+                "addd8be4d85be23d",
+                "7f3976af3f42826a",
+                "09cfbf1e6c9c7731"
+            ]
+        );
+    }
+
+    /// On arm64 moves and parks take CPU 0 offline (as the owner, and in
+    /// parks of its domain), a CPU always stays online, and no `perf
+    /// stat` is dealt.
+    #[test]
+    fn arm64_takes_cpu0_offline_and_keeps_a_cpu_online() {
+        for seed in 0..20 {
+            let mut g = generator(seed)
+                .with_cpu0_offline(true)
+                .with_perf_stat(false)
+                .with_moving_thread(seed % 2 == 1);
+            let (mut moves_of_cpu0, mut parks_of_cpu0) = (0, 0);
+            let mut steps = 0;
+            while steps < 3000 {
+                for step in g.next() {
+                    steps += 1;
+                    assert!(!g.online.is_empty(), "seed {seed}: every CPU offline");
+                    let result = match step {
+                        Step::Move { domain } => {
+                            let owner = g.owners[domain as usize];
+                            moves_of_cpu0 += usize::from(owner == Some(0));
+                            let others: Vec<u32> = g.domains[domain as usize]
+                                .iter()
+                                .copied()
+                                .filter(|&c| Some(c) != owner && g.online.contains(&c))
+                                .collect();
+                            Ok(others
+                                .first()
+                                .or(owner.as_ref())
+                                .map(|&c| u64::from(c))
+                                .into_iter()
+                                .collect())
+                        }
+                        Step::Park { domain } => {
+                            parks_of_cpu0 += usize::from(g.domains[domain as usize].contains(&0));
+                            Ok(vec![])
+                        }
+                        Step::Unpark { cpu, .. } => Ok(vec![u64::from(cpu)]),
+                        Step::PerfStat { .. } => panic!("seed {seed}: a perf stat"),
+                        _ => Ok(vec![]),
+                    };
+                    g.observe(&Entry::untimed(step, result));
+                }
+            }
+            assert!(
+                moves_of_cpu0 > 0 && parks_of_cpu0 > 0,
+                "seed {seed}: {moves_of_cpu0} moves and {parks_of_cpu0} parks took CPU 0"
+            );
+        }
     }
 }
