@@ -201,8 +201,9 @@ fn guest_images(
 }
 
 /// Everything an `arch` guest's boot needs, built if missing: the kernel
-/// cross-built for it, perfbed.ko against that tree, the agent, an
-/// initramfs of them and busybox, and perfbed's QEMU for it (docs/arm64.md).
+/// cross-built for it, perfbed.ko against that tree (and the debug
+/// kernel's rcutorture modules), the agent, an initramfs of them and
+/// busybox, and perfbed's QEMU for it (docs/arm64.md).
 /// The normal or the debug kernel, of the patches `choose` picks from the
 /// series (all of them for `None`; a planted-bug kernel otherwise), for
 /// `cargo xtask run`, `scenario` and `stress`; x86 goes through
@@ -231,9 +232,15 @@ pub fn ensure_arch(
         "perfbed",
         &["device/src/regs.rs"],
     )?;
+    let mut modules = vec![driver.clone()];
+    // rcutorture for `stress --arch arm64 --lifecycle N --rcutorture`, as
+    // on x86.
+    if variant.is_debug() {
+        modules.extend(RCUTORTURE_MODULES.map(|ko| kernel.tree.join(ko)));
+    }
     let agent = agent::build_for(workspace, arch)?;
     let busybox = busybox::ensure(arch)?;
-    let initramfs = initramfs::ensure_arm64(&agent, std::slice::from_ref(&driver), &busybox)?;
+    let initramfs = initramfs::ensure_arm64(&agent, &modules, &busybox)?;
     let qemu = qemu::ensure_for_arch(workspace, arch)?;
     Ok(Images {
         vmlinux: kernel.vmlinux,

@@ -193,9 +193,10 @@ impl Generator {
     /// onoff): the host moves, parks and unparks nothing itself and runs no
     /// `perf stat` (whose intervals a park it cannot see would split), and
     /// opens no cpu-clock event on a CPU that can go offline (groups of
-    /// cpu-clock events only on CPU 0, which cannot; no mixed groups, whose
-    /// cpu-clock event would sit on the PMU's CPU of the moment). The
-    /// placements it learns from the `Seen` steps.
+    /// cpu-clock events only on CPU 0, which cannot on x86, and none on
+    /// arm64, where it can; no mixed groups, whose cpu-clock event would
+    /// sit on the PMU's CPU of the moment). The placements it learns from
+    /// the `Seen` steps.
     pub fn with_cpus_behind_its_back(mut self, on: bool) -> Generator {
         self.behind_its_back = on;
         self
@@ -615,10 +616,12 @@ impl Generator {
     }
 
     /// A group of cpu-clock events only, on CPU 0 (which never goes
-    /// offline) or on one of the CPUs that moves and parks take offline,
-    /// each alike (a CPU going offline takes its groups apart for good, see
-    /// `Model::cpu_offline`); none on a CPU that stays online anyway, which
-    /// would only hold the budget. Nothing if the CPU drawn is offline.
+    /// offline on x86) or on one of the CPUs that moves and parks take
+    /// offline, each alike (a CPU going offline takes its groups apart for
+    /// good, see `Model::cpu_offline`); none on a CPU that stays online
+    /// anyway, which would only hold the budget, and none while CPUs go
+    /// behind the host's back on arm64 (rcutorture's onoff takes CPU 0 too,
+    /// at moments the host cannot know). Nothing if the CPU drawn is offline.
     fn open_software_group(&mut self) -> Vec<Step> {
         if self.opened.len() - self.open_besides_software() + 4 > MAX_SOFTWARE {
             return vec![];
@@ -628,7 +631,10 @@ impl Generator {
         } else {
             self.cpus_that_go_offline()
         };
-        cpus.insert(0);
+        // Behind the host's back on arm64 no CPU stays: none at all.
+        if !(self.behind_its_back && self.cpu0_offline) {
+            cpus.insert(0);
+        }
         let cpus: Vec<u32> = cpus.into_iter().filter(|&c| !self.switched(c)).collect();
         let Some(&cpu) = self.rng.pick(&cpus) else {
             return vec![];
@@ -1746,6 +1752,39 @@ mod tests {
             assert!(
                 moves_of_cpu0 > 0 && parks_of_cpu0 > 0,
                 "seed {seed}: {moves_of_cpu0} moves and {parks_of_cpu0} parks took CPU 0"
+            );
+        }
+    }
+
+    /// With CPUs going behind the host's back, x86 opens groups of
+    /// cpu-clock events on CPU 0 (which stays); arm64, where rcutorture's
+    /// onoff takes CPU 0 too, opens none on any CPU.
+    #[test]
+    fn behind_its_back_cpu_clock_events_only_where_cpu0_stays() {
+        let cpu_clock_opens = |cpu0_offline: bool, seed: u64| {
+            let g = generator(seed)
+                .with_cpus_behind_its_back(true)
+                .with_cpu0_offline(cpu0_offline)
+                .with_perf_stat(!cpu0_offline);
+            let cpus: Vec<i32> = driven(g, 3000)
+                .iter()
+                .filter_map(|step| match step {
+                    Step::Open { event, .. } if event.pmu.is_none() => Some(event.cpu),
+                    _ => None,
+                })
+                .collect();
+            cpus
+        };
+        for seed in 0..10 {
+            let x86 = cpu_clock_opens(false, seed);
+            assert!(
+                !x86.is_empty() && x86.iter().all(|&cpu| cpu == 0),
+                "seed {seed}: x86 opened cpu-clock events on {x86:?}"
+            );
+            let arm64 = cpu_clock_opens(true, seed);
+            assert!(
+                arm64.is_empty(),
+                "seed {seed}: arm64 opened cpu-clock events on {arm64:?}"
             );
         }
     }
