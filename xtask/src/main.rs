@@ -49,7 +49,7 @@ enum Command {
         #[arg(long, conflicts_with = "debug")]
         gdb: bool,
         /// The guest's architecture (arm64: docs/arm64.md).
-        #[arg(long, value_enum, default_value_t = image::arch::Arch::X86_64, conflicts_with_all = ["debug", "sanitize", "gdb"])]
+        #[arg(long, value_enum, default_value_t = image::arch::Arch::X86_64, conflicts_with_all = ["sanitize", "gdb"])]
         arch: image::arch::Arch,
     },
     /// The main job: build what is missing, boot, run the scenario, report.
@@ -101,8 +101,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = build::workspace().and_then(|ws| match cli.command {
         Command::Deps => build::deps::ensure().map(|()| true),
-        Command::Image { arch, .. } if arch != image::arch::Arch::X86_64 => {
-            image::ensure_arch(&ws, arch, None).map(|images| {
+        Command::Image { arch, debug, .. } if arch != image::arch::Arch::X86_64 => {
+            image::ensure_arch(&ws, run::variant(debug, false, false), arch, None).map(|images| {
                 println!(
                     "kernel:    {}\ninitramfs: {}\nqemu:      {}",
                     images.vmlinux.display(),

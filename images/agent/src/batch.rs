@@ -91,8 +91,15 @@ fn run_op(
         }
         HotplugOp::Set { cpu, online } => (1, set_cpu_online(*cpu, *online).err()),
         HotplugOp::FlapOwner { pmu } => match read_trimmed(&cpumask_path(pmu)) {
-            // Parked, or on CPU 0 that cannot go: nothing to flap.
-            Ok(mask) if mask.is_empty() || mask == "0" => (0, None),
+            // Parked, or on CPU 0 where it cannot go (x86: no `online`
+            // file; on arm64 it has one and goes): nothing to flap.
+            Ok(mask)
+                if mask.is_empty()
+                    || (mask == "0"
+                        && !std::path::Path::new(&format!("{CPU_SYSFS}/cpu0/online")).exists()) =>
+            {
+                (0, None)
+            }
             Ok(mask) => match mask.parse::<u32>() {
                 Ok(owner) => match set_cpu_online(owner, false) {
                     Ok(()) => {

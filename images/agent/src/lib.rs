@@ -266,8 +266,8 @@ pub enum HotplugOp {
     Set { cpu: u32, online: bool },
     /// Take the CPU a PMU counts on (its `cpumask`) offline and bring it
     /// straight back: the PMU must move, and the online set is unchanged.
-    /// Skipped (no error) when the PMU is parked or sits on CPU 0, which
-    /// cannot go offline.
+    /// Skipped (no error) when the PMU is parked or sits on CPU 0 where
+    /// it cannot go offline (x86; on arm64 it goes like any other).
     FlapOwner { pmu: String },
     /// Take `cpu` offline or online with hotplug state `state` armed in its
     /// `hotplug/fail` (`CONFIG_CPU_HOTPLUG_STATE_CONTROL`): the kernel fails

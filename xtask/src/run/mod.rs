@@ -275,7 +275,7 @@ fn images_for(ws: &Path, args: &RunArgs) -> Result<image::Images> {
             variant(args.debug, args.sanitize, args.gdb),
             image::Purpose::Run,
         ),
-        arch => image::ensure_arch(ws, arch, None),
+        arch => image::ensure_arch(ws, image::Variant::Normal, arch, None),
     }
 }
 

@@ -36,6 +36,7 @@ use perfbed_agent::{
 use perfbed_device::regs::Event;
 use perfbed_device::{ControlClient, DeviceConfig};
 
+use crate::build::image::arch::Arch;
 use crate::build::image::{self, Variant};
 use crate::checks::{clean_log_check, Check};
 use crate::guest::perf_abi::{FORMAT_GROUP, FORMAT_TOTAL_TIME_ENABLED, FORMAT_TOTAL_TIME_RUNNING};
@@ -72,6 +73,12 @@ pub struct StressArgs {
     /// The device's domains, e.g. 0-1:2-3 (default: the CPUs in two halves).
     #[arg(long)]
     domains: Option<String>,
+    /// The guest's architecture: arm64 boots on perfbed's aarch64 QEMU
+    /// (`virt`), where CPU 0 goes offline like any other CPU
+    /// (docs/arm64.md); its guest has no perf, so the hotplug schedule
+    /// runs no `perf stat` there and the lifecycle stress deals none.
+    #[arg(long, value_enum, default_value_t = Arch::X86_64)]
+    pub arch: Arch,
     /// Boot the debug kernel (the default).
     #[arg(long, conflicts_with = "normal")]
     debug: bool,
@@ -200,6 +207,9 @@ impl StressArgs {
     /// (` --cpus N` first).
     pub fn guest_flags(&self) -> String {
         let mut flags = format!(" --cpus {}", self.cpus);
+        if self.arch != Arch::X86_64 {
+            let _ = write!(flags, " --arch {}", self.arch.kernel_arch());
+        }
         if let Some(domains) = &self.domains {
             let _ = write!(flags, " --domains {domains}");
         }
@@ -213,6 +223,30 @@ impl StressArgs {
             let _ = write!(flags, " --host {}", self.host.name());
         }
         flags
+    }
+
+    /// Refuses what the arm64 guest cannot carry out, with the reason,
+    /// before anything is built.
+    pub fn check_arch(&self) -> Result<()> {
+        if self.arch == Arch::X86_64 {
+            return Ok(());
+        }
+        let arch = self.arch.kernel_arch();
+        let refused = [
+            (self.sanitize, "--sanitize: the sanitizer kernel (KCSAN) is not built for arm64"),
+            (
+                self.host != host::HostChoice::Qemu,
+                "--host: arm64 runs on perfbed's aarch64 QEMU only",
+            ),
+            (
+                self.mutants,
+                "--mutants: the driver mutants are not built for arm64 (a kernel mutant with --mutant is)",
+            ),
+        ];
+        match refused.iter().find(|(asked, _)| *asked) {
+            Some((_, why)) => bail!("--arch {arch}: {why}"),
+            None => Ok(()),
+        }
     }
 
     /// Whether these ask for the lifecycle stress (`stress::lifecycle::cli`)
@@ -238,6 +272,7 @@ pub fn run(ws: &Path, args: &StressArgs) -> Result<bool> {
     if args.rcutorture {
         bail!("--rcutorture goes with --lifecycle N or --mutant NAME");
     }
+    args.check_arch()?;
     let seed = args.seed.unwrap_or_else(clock_seed);
     let variant = kernel_variant(args.normal, args.sanitize);
     host::config::check_size(args.cpus, args.memory)?;
@@ -254,16 +289,26 @@ pub fn run(ws: &Path, args: &StressArgs) -> Result<bool> {
     );
     // Refuse a topology the schedule cannot use before minutes go into a build.
     schedule::generate(
-        &topology(args.cpus, &device),
+        &topology(args.cpus, &device, args.arch),
         seed,
         1,
         &schedule::kinds(args.fail_injection),
     )
     .map_err(|e| anyhow::anyhow!("{}", e.0))?;
-    let images = image::ensure(ws, variant)?;
     let accel = host::choose_accel();
-    let (placement, why) = host::choose_host(args.host, &accel);
-    let host = host::build_host(ws, placement, &images.vmlinux, &images.initramfs)?;
+    let (images, host, why) = match args.arch {
+        Arch::X86_64 => {
+            let images = image::ensure(ws, variant)?;
+            let (placement, why) = host::choose_host(args.host, &accel);
+            let host = host::build_host(ws, placement, &images.vmlinux, &images.initramfs)?;
+            (images, host, why)
+        }
+        Arch::Arm64 => (
+            image::ensure_arch(ws, variant, args.arch, None)?,
+            host::Host::QemuVirt,
+            "TCG".to_string(),
+        ),
+    };
     let config = StressConfig {
         vm: VmConfig {
             host,
@@ -387,10 +432,11 @@ fn domains_text(device: &DeviceConfig) -> String {
         .join(":")
 }
 
-fn topology(cpus: u8, device: &DeviceConfig) -> Topology {
+fn topology(cpus: u8, device: &DeviceConfig, arch: Arch) -> Topology {
     Topology {
         cpus: u32::from(cpus),
         domains: device.domains.clone(),
+        cpu0_offline: arch == Arch::Arm64,
     }
 }
 
@@ -410,7 +456,7 @@ const FINAL_BURST: u64 = 64 << 10;
 /// complete; it still names the seed, the replay and the kept logs.
 pub fn execute(config: &StressConfig, accel: &Accel) -> Result<StressReport> {
     let steps = schedule::generate(
-        &topology(config.vm.cpus, &config.vm.device),
+        &topology(config.vm.cpus, &config.vm.device, config.vm.host.arch()),
         config.seed,
         config.cycles,
         &schedule::kinds(config.fail_injection),
@@ -462,6 +508,7 @@ fn save_trace(socket: &Path, file: &Path) -> Result<()> {
 
 /// The stress proper, on a booted guest.
 fn stress(vm: &mut Vm, config: &StressConfig, steps: &[Step]) -> Result<StressReport> {
+    let vm_arch = config.vm.host.arch();
     let device = &config.vm.device;
     let run_dir = &config.vm.run_dir;
     let mut g = Guest {
@@ -569,15 +616,20 @@ fn stress(vm: &mut Vm, config: &StressConfig, steps: &[Step]) -> Result<StressRe
     )?;
 
     // The real perf stat, on the domain that parks, by name (scaled to MB)
-    // and by raw terms (bytes, exact).
+    // and by raw terms (bytes, exact); not on arm64, whose guest has no perf.
     let stat_domain = parking_domain(device).expect("checked by device()");
-    let (stat_job, named, raw) = start_perf_stat(&mut g, &pmus[stat_domain], RMID_PERF_STAT)?;
+    let stat = match vm_arch {
+        Arch::X86_64 => Some(start_perf_stat(&mut g, &pmus[stat_domain], RMID_PERF_STAT)?),
+        Arch::Arm64 => None,
+    };
     let stat_key = Key {
         domain: stat_domain as u32,
         rmid: RMID_PERF_STAT,
         event: Event::MbmTotalBytes,
     };
-    keys.push(stat_key);
+    if stat.is_some() {
+        keys.push(stat_key);
+    }
 
     // Everything is open and counting: the truth from here on is theirs.
     let before = control.state()?;
@@ -721,7 +773,10 @@ fn stress(vm: &mut Vm, config: &StressConfig, steps: &[Step]) -> Result<StressRe
         other => bail!("the final reads: {other:?}"),
     };
     let after = control.state()?;
-    let stat_result = stop_job(&mut g, stat_job, libc::SIGINT)?;
+    let stat_result = match stat {
+        Some((job, named, raw)) => Some((stop_job(&mut g, job, libc::SIGINT)?, named, raw)),
+        None => None,
+    };
 
     // The events were open before the schedule started and are read after it
     // ended; the guest's clock runs with the host's (90 %: clock slack).
@@ -740,8 +795,12 @@ fn stress(vm: &mut Vm, config: &StressConfig, steps: &[Step]) -> Result<StressRe
             .wrapping_sub(before.truth(key.domain, key.rmid, key.event))
     };
     let stat_truth = delta(stat_key);
-    let stat_detail = match perf_stat_counts(&stat_result, &named, &raw) {
-        Ok(stat) => {
+    let stat_detail = match stat_result
+        .as_ref()
+        .map(|(result, named, raw)| (perf_stat_counts(result, named, raw), named, raw))
+    {
+        None => "no perf stat (the arm64 guest has no perf)".to_string(),
+        Some((Ok(stat), named, raw)) => {
             tally.compare(format!("perf stat {raw}"), stat.raw_bytes, stat_truth);
             let truth_mb = stat_truth as f64 / (1u64 << 20) as f64;
             // perf prints MB with two decimals: equal to the truth rounded so.
@@ -768,7 +827,7 @@ fn stress(vm: &mut Vm, config: &StressConfig, steps: &[Step]) -> Result<StressRe
                 stat.named_mb, stat.raw_bytes, stat_truth, stat.running_pct
             )
         }
-        Err(e) => {
+        Some((Err(e), _, _)) => {
             tally.count_problems.push(format!("perf stat: {e:#}"));
             String::new()
         }
@@ -945,5 +1004,38 @@ mod tests {
                 .unwrap_or_else(|| panic!("--fail-injection with {other:?} accepted"));
             assert!(err.to_string().contains("cannot be used with"), "{err}");
         }
+    }
+
+    #[test]
+    fn arm64_refuses_what_its_guest_cannot_carry_out() {
+        use clap::Parser;
+        let parse = |extra: &[&str]| {
+            let line = [&["stress", "--arch", "arm64"][..], extra].concat();
+            Cli::try_parse_from(line).unwrap().args
+        };
+        for ok in [
+            &["--cycles", "20"][..],
+            &["--cycles", "20", "--fail-injection"],
+            &["--lifecycle", "100"],
+            &["--lifecycle", "100", "--rcutorture"],
+            &["--normal"],
+        ] {
+            parse(ok).check_arch().unwrap();
+        }
+        for (refused, why) in [
+            (&["--sanitize"][..], "--sanitize"),
+            (&["--host", "vmm"], "--host"),
+            (&["--mutants"], "--mutants"),
+        ] {
+            let err = parse(refused).check_arch().unwrap_err().to_string();
+            assert!(err.starts_with(&format!("--arch arm64: {why}")), "{err}");
+        }
+        let x86 = Cli::try_parse_from(["stress", "--rcutorture", "--lifecycle", "9"]).unwrap();
+        x86.args.check_arch().unwrap();
+        assert_eq!(
+            parse(&["--normal"]).guest_flags(),
+            " --cpus 4 --arch arm64 --normal"
+        );
+        assert_eq!(x86.args.guest_flags(), " --cpus 4");
     }
 }

@@ -4,7 +4,9 @@
 //!
 //! The generator keeps the online set it expects, so every step is valid
 //! where it stands (a CPU goes offline only if it is online, and so on),
-//! CPU 0 never goes offline, and the last step brings every CPU back.
+//! CPU 0 never goes offline (on x86, where it cannot; on arm64 it goes like
+//! any other, and one CPU always stays online), and the last step brings
+//! every CPU back.
 
 use std::collections::BTreeSet;
 
@@ -22,8 +24,9 @@ pub enum StepKind {
     Unpark,
     /// One CPU goes offline and online (or the reverse) several times in a row.
     Toggle,
-    /// Every CPU but 0 goes offline: every domain without CPU 0 parks.
-    AllButZeroOffline,
+    /// Every CPU but one goes offline: CPU 0 stays (x86), or a CPU drawn
+    /// at random (arm64); every domain without it parks.
+    AllButOneOffline,
     /// Every offline CPU comes back, in another order than it left.
     ReturnShuffled,
     /// One CPU goes offline.
@@ -47,7 +50,7 @@ pub const ALL_KINDS: [StepKind; 9] = [
     StepKind::Park,
     StepKind::Unpark,
     StepKind::Toggle,
-    StepKind::AllButZeroOffline,
+    StepKind::AllButOneOffline,
     StepKind::ReturnShuffled,
     StepKind::OfflineOne,
     StepKind::OnlineOne,
@@ -103,6 +106,11 @@ pub struct Step {
 pub struct Topology {
     pub cpus: u32,
     pub domains: Vec<Vec<u32>>,
+    /// CPU 0 can go offline (arm64): the schedule takes it offline like
+    /// the others, parks the domains that hold it, and keeps one CPU
+    /// online. Without it (x86) CPU 0 never goes, and a seed deals what it
+    /// always did.
+    pub cpu0_offline: bool,
 }
 
 /// What the generator believes is online, and the order CPUs went offline.
@@ -113,12 +121,25 @@ struct State<'a> {
 }
 
 impl State<'_> {
+    /// The online CPUs that can go offline one at a time: every one but
+    /// CPU 0 (x86); on arm64 every one while two are online or more.
     fn hotpluggable_online(&self) -> Vec<u32> {
+        if self.topo.cpu0_offline {
+            return match self.online.len() {
+                0 | 1 => Vec::new(),
+                _ => self.online.iter().copied().collect(),
+            };
+        }
         self.online.iter().copied().filter(|&c| c != 0).collect()
     }
 
+    /// The CPUs that can be offline: from CPU 1 (x86), from CPU 0 (arm64).
+    fn hotpluggable(&self) -> std::ops::Range<u32> {
+        u32::from(!self.topo.cpu0_offline)..self.topo.cpus
+    }
+
     fn offline(&self) -> Vec<u32> {
-        (1..self.topo.cpus)
+        self.hotpluggable()
             .filter(|c| !self.online.contains(c))
             .collect()
     }
@@ -149,10 +170,19 @@ impl State<'_> {
             .collect()
     }
 
-    /// Domains that can park (no CPU 0) and are not parked yet.
+    /// Domains that can park and are not parked yet: on x86 those without
+    /// CPU 0; on arm64 those with a CPU online outside them, which stays.
     fn parkable(&self) -> Vec<usize> {
         (0..self.topo.domains.len())
-            .filter(|&d| !self.topo.domains[d].contains(&0) && !self.online_in(d).is_empty())
+            .filter(|&d| {
+                let cpus = &self.topo.domains[d];
+                let can_park = if self.topo.cpu0_offline {
+                    self.online.iter().any(|c| !cpus.contains(c))
+                } else {
+                    !cpus.contains(&0)
+                };
+                can_park && !self.online_in(d).is_empty()
+            })
             .collect()
     }
 
@@ -190,7 +220,11 @@ impl State<'_> {
                 }
             }
             StepKind::Toggle => {
-                let cpus: Vec<u32> = (1..self.topo.cpus).collect();
+                // Not the last CPU online (arm64): it cannot go.
+                let cpus: Vec<u32> = self
+                    .hotpluggable()
+                    .filter(|c| self.online.len() >= 2 || !self.online.contains(c))
+                    .collect();
                 let cpu = *rng.pick(&cpus)?;
                 let was = self.online.contains(&cpu);
                 for _ in 0..rng.range(2, 6) {
@@ -198,8 +232,12 @@ impl State<'_> {
                     self.set(&mut ops, cpu, was);
                 }
             }
-            StepKind::AllButZeroOffline => {
+            StepKind::AllButOneOffline => {
                 let mut cpus = self.hotpluggable_online();
+                if self.topo.cpu0_offline && !cpus.is_empty() {
+                    let stays = rng.below(cpus.len() as u64) as usize;
+                    cpus.remove(stays);
+                }
                 if cpus.len() < 2 {
                     return None;
                 }
@@ -349,6 +387,7 @@ mod tests {
         Topology {
             cpus: 4,
             domains: vec![vec![0, 1], vec![2, 3]],
+            cpu0_offline: false,
         }
     }
 
@@ -356,8 +395,59 @@ mod tests {
         Topology {
             cpus: 16,
             domains: (0..4).map(|d| (4 * d..4 * d + 4).collect()).collect(),
+            cpu0_offline: false,
         }
     }
+
+    /// `topo` as on arm64, where CPU 0 goes offline too.
+    fn arm64(topo: Topology) -> Topology {
+        Topology {
+            cpu0_offline: true,
+            ..topo
+        }
+    }
+
+    /// A digest of the ops of a schedule, as text.
+    fn ops_hash(steps: &[Step]) -> String {
+        let ops: Vec<&Vec<Op>> = steps.iter().map(|s| &s.ops).collect();
+        crate::build::cache::Key::new("schedule")
+            .add("ops", format!("{ops:?}").as_bytes())
+            .hex()
+    }
+
+    /// The x86 schedules of a few seeds, as main dealt them before arm64
+    /// could take CPU 0 offline: a seed's replay must stay the same run.
+    #[test]
+    fn x86_seeds_deal_the_schedules_they_always_dealt() {
+        let first: Vec<Vec<Op>> = generate(&four(), 7, 4, &ALL_KINDS)
+            .unwrap()
+            .into_iter()
+            .map(|s| s.ops)
+            .collect();
+        assert_eq!(format!("{first:?}"), PINNED_FIRST_OPS);
+        let hashes: Vec<String> = [(four(), 7), (four(), 99), (sixteen(), 3)]
+            .into_iter()
+            .flat_map(|(topo, seed)| {
+                [false, true]
+                    .map(|fail| ops_hash(&generate(&topo, seed, 300, &kinds(fail)).unwrap()))
+            })
+            .collect();
+        assert_eq!(hashes, PINNED_HASHES);
+    }
+
+    const PINNED_FIRST_OPS: &str = "[[Set { cpu: 3, online: false }, Set { cpu: 3, online: true }, \
+        Set { cpu: 3, online: false }, Set { cpu: 3, online: true }], [Set { cpu: 3, online: false }, \
+        Set { cpu: 1, online: false }, Set { cpu: 2, online: false }], [SetAllowed { domain: 0, \
+        cpus: [0], parks: false }, SetAllowed { domain: 0, cpus: [0, 1], parks: false }], \
+        [Set { cpu: 1, online: true }], [Set { cpu: 3, online: true }, Set { cpu: 2, online: true }]]";
+    const PINNED_HASHES: [&str; 6] = [
+        "21b144b2da046a4b",
+        "ef641670bcdfa429",
+        "cf6000e6685f274f",
+        "3d8c4d3f6691a3c6",
+        "933a26a7f6343a87",
+        "f8b6a81ae33f8c32",
+    ];
 
     #[test]
     fn the_same_seed_gives_the_same_schedule() {
@@ -391,7 +481,8 @@ mod tests {
     }
 
     /// Replays a schedule on an online set: every op must be valid where it
-    /// stands, CPU 0 never goes, and everything is back at the end.
+    /// stands, CPU 0 never goes (x86), a CPU always stays online, and
+    /// everything is back at the end.
     fn replay(topo: &Topology, steps: &[Step]) -> Result<(), String> {
         let mut online: BTreeSet<u32> = (0..topo.cpus).collect();
         for (i, step) in steps.iter().enumerate() {
@@ -404,7 +495,10 @@ mod tests {
                     Op::Set {
                         cpu: 0,
                         online: false,
-                    } => return Err(format!("step {i} offlines CPU 0")),
+                    } if !topo.cpu0_offline => return Err(format!("step {i} offlines CPU 0")),
+                    Op::Set { online: false, .. } if online.len() == 1 => {
+                        return Err(format!("step {i} takes the last CPU offline"))
+                    }
                     Op::Set { cpu, online: true } if !online.insert(cpu) => {
                         return Err(format!("step {i}: CPU {cpu} was online"))
                     }
@@ -423,7 +517,7 @@ mod tests {
                             ));
                         }
                     }
-                    Op::FailAt { cpu: 0, .. } => {
+                    Op::FailAt { cpu: 0, .. } if !topo.cpu0_offline => {
                         return Err(format!("step {i} fails a hotplug of CPU 0"))
                     }
                     Op::FailAt {
@@ -497,6 +591,7 @@ mod tests {
         let odd = Topology {
             cpus: 5,
             domains: vec![vec![0], vec![1, 2, 3], vec![3, 4]],
+            cpu0_offline: false,
         };
         for topo in [four(), sixteen(), odd] {
             for seed in 0..200 {
@@ -618,7 +713,65 @@ mod tests {
         let topo = Topology {
             cpus: 1,
             domains: vec![vec![0]],
+            cpu0_offline: false,
         };
         assert!(generate(&topo, 1, 10, &ALL_KINDS).is_err());
+    }
+
+    #[test]
+    fn arm64_schedules_take_cpu0_offline_and_keep_a_cpu_online() {
+        let two = Topology {
+            cpus: 2,
+            domains: vec![vec![0], vec![1]],
+            cpu0_offline: true,
+        };
+        for topo in [arm64(four()), arm64(sixteen()), two] {
+            let mut cpu0_offline = 0;
+            let mut domains_with_cpu0_parked = 0;
+            for seed in 0..200 {
+                let steps = generate(&topo, seed, 80, &ALL_KINDS).unwrap();
+                replay(&topo, &steps)
+                    .unwrap_or_else(|e| panic!("seed {seed}, {} CPUs: {e}", topo.cpus));
+                let ops = steps.iter().flat_map(|s| &s.ops);
+                cpu0_offline += ops
+                    .filter(|op| {
+                        matches!(
+                            op,
+                            Op::Set {
+                                cpu: 0,
+                                online: false
+                            }
+                        )
+                    })
+                    .count();
+                domains_with_cpu0_parked += steps
+                    .iter()
+                    .filter(|s| {
+                        s.kind == StepKind::Park
+                            && s.ops.iter().any(|op| matches!(op, Op::Set { cpu: 0, .. }))
+                    })
+                    .count();
+            }
+            assert!(
+                cpu0_offline > 200,
+                "{} CPUs: CPU 0 offline {cpu0_offline} times",
+                topo.cpus
+            );
+            assert!(
+                domains_with_cpu0_parked > 20,
+                "{} CPUs: {domains_with_cpu0_parked} parks of CPU 0's domain",
+                topo.cpus
+            );
+        }
+    }
+
+    #[test]
+    fn the_replay_check_refuses_the_last_cpu_offline_on_arm64() {
+        let topo = arm64(four());
+        let steps = [Step {
+            kind: StepKind::AllButOneOffline,
+            ops: (0..4).map(|cpu| Op::Set { cpu, online: false }).collect(),
+        }];
+        assert!(replay(&topo, &steps).unwrap_err().contains("last CPU"));
     }
 }

@@ -325,16 +325,17 @@ pub fn ensure_patched_beside<T: Send>(
     ensure_arch(workspace, variant, Arch::X86_64, choose, beside)
 }
 
-/// The normal kernel for `arch` of the patches `choose` picks (all of
-/// them for `None`), built if its inputs changed (arm64 has no debug or
-/// gdb variant yet, and perf is not built for it).
+/// The `variant` kernel for `arch` of the patches `choose` picks (all of
+/// them for `None`), built if its inputs changed (arm64 has the normal and
+/// the debug kernel, and perf is not built for it).
 pub fn ensure_for_arch(
     workspace: &Path,
+    variant: Variant,
     arch: Arch,
     choose: Option<ChoosePatches>,
 ) -> Result<Kernel> {
     let none: Option<Beside<()>> = None;
-    Ok(ensure_arch(workspace, Variant::Normal, arch, choose, none)?.0)
+    Ok(ensure_arch(workspace, variant, arch, choose, none)?.0)
 }
 
 fn ensure_arch<T: Send>(

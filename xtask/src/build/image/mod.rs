@@ -201,20 +201,30 @@ fn guest_images(
 }
 
 /// Everything an `arch` guest's boot needs, built if missing: the kernel
-/// cross-built for it, perfbed.ko against that tree, the agent, an
-/// initramfs of them and busybox, and perfbed's QEMU for it (docs/arm64.md).
-/// Only the normal kernel, of the patches `choose` picks from the series
-/// (all of them for `None`; a planted-bug kernel otherwise), for `cargo
-/// xtask run` and `scenario`; x86 goes through [`ensure_for`].
+/// cross-built for it, perfbed.ko against that tree (and the debug
+/// kernel's rcutorture modules), the agent, an initramfs of them and
+/// busybox, and perfbed's QEMU for it (docs/arm64.md).
+/// The normal or the debug kernel, of the patches `choose` picks from the
+/// series (all of them for `None`; a planted-bug kernel otherwise), for
+/// `cargo xtask run`, `scenario` and `stress`; x86 goes through
+/// [`ensure_for`].
 pub fn ensure_arch(
     workspace: &Path,
+    variant: Variant,
     arch: arch::Arch,
     choose: Option<kernel::ChoosePatches>,
 ) -> Result<Images> {
+    if !matches!(variant, Variant::Normal | Variant::Debug) {
+        anyhow::bail!(
+            "the {} kernel is not built for --arch {} (the normal and the debug kernel are)",
+            variant.name(),
+            arch.kernel_arch()
+        );
+    }
     crate::build::deps::ensure_packages()?;
     crate::build::deps::ensure_arm64()?;
     crate::build::deps::ensure_bindgen()?;
-    let kernel = kernel::ensure_for_arch(workspace, arch, choose)?;
+    let kernel = kernel::ensure_for_arch(workspace, variant, arch, choose)?;
     let driver = module::ensure(
         workspace,
         &kernel,
@@ -222,9 +232,15 @@ pub fn ensure_arch(
         "perfbed",
         &["device/src/regs.rs"],
     )?;
+    let mut modules = vec![driver.clone()];
+    // rcutorture for `stress --arch arm64 --lifecycle N --rcutorture`, as
+    // on x86.
+    if variant.is_debug() {
+        modules.extend(RCUTORTURE_MODULES.map(|ko| kernel.tree.join(ko)));
+    }
     let agent = agent::build_for(workspace, arch)?;
     let busybox = busybox::ensure(arch)?;
-    let initramfs = initramfs::ensure_arm64(&agent, std::slice::from_ref(&driver), &busybox)?;
+    let initramfs = initramfs::ensure_arm64(&agent, &modules, &busybox)?;
     let qemu = qemu::ensure_for_arch(workspace, arch)?;
     Ok(Images {
         vmlinux: kernel.vmlinux,
@@ -232,7 +248,7 @@ pub fn ensure_arch(
         kernel_release: kernel.release,
         qemu,
         driver,
-        variant: Variant::Normal,
+        variant,
         scope_test: None,
     })
 }

@@ -46,6 +46,7 @@ pub fn run(ws: &Path, args: &StressArgs) -> Result<bool> {
     if let Some(file) = &args.journal {
         return replay_file(file);
     }
+    args.check_arch()?;
     if args.mutants {
         let rows = table(ws, args)?;
         print!("{}", table_text(&rows));
@@ -181,7 +182,7 @@ pub fn mutant_row(
 }
 
 /// The images a mutant's guest of `arch` boots: its driver, or its kernel
-/// (on arm64 a kernel mutant only, of the normal kernel).
+/// (on arm64 a kernel mutant only).
 pub fn mutant_images(
     ws: &Path,
     variant: Variant,
@@ -190,7 +191,7 @@ pub fn mutant_images(
 ) -> Result<image::Images> {
     if arch != Arch::X86_64 {
         return match mutant {
-            None => image::ensure_arch(ws, arch, None),
+            None => image::ensure_arch(ws, variant, arch, None),
             Some(m) if m.kind == MutantKind::Driver => bail!(
                 "{}: a driver mutant on --arch {} is not built yet (a kernel mutant is)",
                 m.name,
@@ -198,6 +199,7 @@ pub fn mutant_images(
             ),
             Some(m) => image::ensure_arch(
                 ws,
+                variant,
                 arch,
                 Some(&|series| mutants::kernel_patches(m, series, &ws.join("images/kernel"))),
             ),
@@ -301,8 +303,8 @@ fn named_check(mutant: &Mutant) -> Result<Option<String>> {
 
 /// The guest of a lifecycle run, and of a scenario's: the stress device
 /// with [`SLOTS`] slots, the debug kernel unless `--normal` or
-/// `--sanitize`, on the host asked for; an arm64 guest (the normal kernel
-/// on perfbed's aarch64 QEMU, `virt`) if `arch` says so.
+/// `--sanitize`, on the host asked for; an arm64 guest (on perfbed's
+/// aarch64 QEMU, `virt`) if `arch` says so.
 pub struct GuestShape {
     pub arch: Arch,
     pub cpus: u8,
@@ -316,7 +318,7 @@ pub struct GuestShape {
 impl GuestShape {
     fn of(args: &StressArgs) -> GuestShape {
         GuestShape {
-            arch: Arch::X86_64,
+            arch: args.arch,
             cpus: args.cpus,
             domains: args.domains.clone(),
             memory: args.memory,

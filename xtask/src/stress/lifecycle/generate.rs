@@ -80,6 +80,12 @@ pub struct Generator {
     /// The watched counters flowing now, (domain, event, RMID), each with
     /// the operations left before its stop.
     flows: BTreeMap<(u32, u32, u32), u64>,
+    /// CPU 0 goes offline like any other (arm64): see
+    /// [`Generator::with_cpu0_offline`].
+    cpu0_offline: bool,
+    /// Deal `perf stat` steps (the guest has perf): see
+    /// [`Generator::with_perf_stat`].
+    perf_stat: bool,
 }
 
 impl Generator {
@@ -109,7 +115,29 @@ impl Generator {
             stretch: None,
             watched_rates: false,
             flows: BTreeMap::new(),
+            cpu0_offline: false,
+            perf_stat: true,
         }
+    }
+
+    /// CPU 0 can go offline (arm64): moves take it offline when it owns
+    /// a PMU, the domains that hold it park (the holding-CPU handover
+    /// when a parked PMU's events sat on it), and groups of cpu-clock
+    /// events on it fall apart like those on any CPU that goes; a park
+    /// needs a CPU online outside the domain, a move a second CPU online,
+    /// so that one always stays. Off by default (x86, where CPU 0 cannot
+    /// go): it draws from the seed's sequence, so a seed deals other
+    /// operations with it.
+    pub fn with_cpu0_offline(mut self, on: bool) -> Generator {
+        self.cpu0_offline = on;
+        self
+    }
+
+    /// Deal `perf stat` steps (on by default; off for a guest without the
+    /// perf tool, arm64's).
+    pub fn with_perf_stat(mut self, on: bool) -> Generator {
+        self.perf_stat = on;
+        self
     }
 
     /// Now and then a thread of the guest moves a PMU for a stretch of 5
@@ -165,9 +193,10 @@ impl Generator {
     /// onoff): the host moves, parks and unparks nothing itself and runs no
     /// `perf stat` (whose intervals a park it cannot see would split), and
     /// opens no cpu-clock event on a CPU that can go offline (groups of
-    /// cpu-clock events only on CPU 0, which cannot; no mixed groups, whose
-    /// cpu-clock event would sit on the PMU's CPU of the moment). The
-    /// placements it learns from the `Seen` steps.
+    /// cpu-clock events only on CPU 0, which cannot on x86, and none on
+    /// arm64, where it can; no mixed groups, whose cpu-clock event would
+    /// sit on the PMU's CPU of the moment). The placements it learns from
+    /// the `Seen` steps.
     pub fn with_cpus_behind_its_back(mut self, on: bool) -> Generator {
         self.behind_its_back = on;
         self
@@ -587,10 +616,12 @@ impl Generator {
     }
 
     /// A group of cpu-clock events only, on CPU 0 (which never goes
-    /// offline) or on one of the CPUs that moves and parks take offline,
-    /// each alike (a CPU going offline takes its groups apart for good, see
-    /// `Model::cpu_offline`); none on a CPU that stays online anyway, which
-    /// would only hold the budget. Nothing if the CPU drawn is offline.
+    /// offline on x86) or on one of the CPUs that moves and parks take
+    /// offline, each alike (a CPU going offline takes its groups apart for
+    /// good, see `Model::cpu_offline`); none on a CPU that stays online
+    /// anyway, which would only hold the budget, and none while CPUs go
+    /// behind the host's back on arm64 (rcutorture's onoff takes CPU 0 too,
+    /// at moments the host cannot know). Nothing if the CPU drawn is offline.
     fn open_software_group(&mut self) -> Vec<Step> {
         if self.opened.len() - self.open_besides_software() + 4 > MAX_SOFTWARE {
             return vec![];
@@ -600,7 +631,10 @@ impl Generator {
         } else {
             self.cpus_that_go_offline()
         };
-        cpus.insert(0);
+        // Behind the host's back on arm64 no CPU stays: none at all.
+        if !(self.behind_its_back && self.cpu0_offline) {
+            cpus.insert(0);
+        }
         let cpus: Vec<u32> = cpus.into_iter().filter(|&c| !self.switched(c)).collect();
         let Some(&cpu) = self.rng.pick(&cpus) else {
             return vec![];
@@ -636,6 +670,9 @@ impl Generator {
     /// owner of a domain with CPU 0 while it is not CPU 0, and every CPU of
     /// the other domains (offline ones included: they come back).
     fn cpus_that_go_offline(&self) -> BTreeSet<u32> {
+        if self.cpu0_offline {
+            return self.domains.iter().flatten().copied().collect();
+        }
         self.domains
             .iter()
             .zip(&self.owners)
@@ -818,8 +855,10 @@ impl Generator {
             return vec![];
         }
         match self.owners[domain as usize] {
-            // CPU 0 cannot go offline; a parked PMU has nowhere to move.
-            Some(cpu) if cpu != 0 => vec![Step::Move { domain }],
+            // CPU 0 cannot go offline (x86), nor the last CPU online; a
+            // parked PMU has nowhere to move.
+            Some(0) if !self.cpu0_offline => vec![],
+            Some(_) if self.online.len() >= 2 => vec![Step::Move { domain }],
             _ => vec![],
         }
     }
@@ -836,7 +875,7 @@ impl Generator {
                 let cpu = *self.rng.pick(&cpus).expect("a domain has CPUs");
                 vec![Step::Unpark { domain, cpu }]
             }
-            Some(_) if !self.domains[d].contains(&0) => vec![Step::Park { domain }],
+            Some(_) if self.can_park(d) => vec![Step::Park { domain }],
             Some(_) => {
                 // Bring back a CPU that a park took, if the domain misses one.
                 let missing: Vec<u32> = self.domains[d]
@@ -852,7 +891,22 @@ impl Generator {
         }
     }
 
+    /// Whether domain `d`, placed, can park: on x86 if it has no CPU 0;
+    /// on arm64 if a CPU outside it stays online and, while a thread moves
+    /// a PMU, if it has no CPU 0 (its events' holding CPU could then be
+    /// one the thread takes offline at a moment the journal cannot know).
+    fn can_park(&self, d: usize) -> bool {
+        let cpus = &self.domains[d];
+        if !self.cpu0_offline || (self.stretch.is_some() && cpus.contains(&0)) {
+            return !cpus.contains(&0);
+        }
+        self.online.iter().any(|c| !cpus.contains(c))
+    }
+
     fn perf_stat(&mut self) -> Vec<Step> {
+        if !self.perf_stat {
+            return vec![];
+        }
         let domain = self.domain();
         // `perf stat` opens its event on the PMU's CPU of the moment.
         if self.owners[domain as usize].is_none() || self.moving() == Some(domain) {
@@ -1594,5 +1648,144 @@ mod tests {
             1500,
         );
         assert_eq!((seen.starts, seen.problems), (0, vec![]));
+    }
+
+    /// `ops` steps of `g`, each answered as a guest would: a move with
+    /// the domain's first other CPU online, an unpark with its CPU.
+    fn driven(mut g: Generator, ops: usize) -> Vec<Step> {
+        let mut steps = Vec::new();
+        while steps.len() < ops {
+            for step in g.next() {
+                let result = match step {
+                    Step::Move { domain } => {
+                        let owner = g.owners[domain as usize];
+                        Ok(g.domains[domain as usize]
+                            .iter()
+                            .copied()
+                            .find(|&c| Some(c) != owner && g.online.contains(&c))
+                            .or(owner)
+                            .map(u64::from)
+                            .into_iter()
+                            .collect())
+                    }
+                    Step::Unpark { cpu, .. } => Ok(vec![u64::from(cpu)]),
+                    _ => Ok(vec![]),
+                };
+                g.observe(&Entry::untimed(step.clone(), result));
+                steps.push(step);
+            }
+        }
+        steps
+    }
+
+    /// A digest of steps, as text.
+    fn steps_hash(steps: &[Step]) -> String {
+        crate::build::cache::Key::new("lifecycle")
+            .add("steps", format!("{steps:?}").as_bytes())
+            .hex()
+    }
+
+    /// x86 seeds deal what main dealt them before arm64 could take CPU 0
+    /// offline: a journal's replay command stays the same run.
+    #[test]
+    fn x86_seeds_deal_the_steps_they_always_dealt() {
+        let hashes = [
+            steps_hash(&driven(generator(7), 3000)),
+            steps_hash(&driven(generator(11).with_moving_thread(true), 3000)),
+            steps_hash(&driven(generator(13).with_watched_rates(true), 3000)),
+            steps_hash(&driven(generator(17).with_parked_ioctls(false), 3000)),
+        ];
+        assert_eq!(
+            hashes,
+            [
+                "ce1d312b8b0eb90d",
+                "addd8be4d85be23d",
+                "7f3976af3f42826a",
+                "09cfbf1e6c9c7731"
+            ]
+        );
+    }
+
+    /// On arm64 moves and parks take CPU 0 offline (as the owner, and in
+    /// parks of its domain), a CPU always stays online, and no `perf
+    /// stat` is dealt.
+    #[test]
+    fn arm64_takes_cpu0_offline_and_keeps_a_cpu_online() {
+        for seed in 0..20 {
+            let mut g = generator(seed)
+                .with_cpu0_offline(true)
+                .with_perf_stat(false)
+                .with_moving_thread(seed % 2 == 1);
+            let (mut moves_of_cpu0, mut parks_of_cpu0) = (0, 0);
+            let mut steps = 0;
+            while steps < 3000 {
+                for step in g.next() {
+                    steps += 1;
+                    assert!(!g.online.is_empty(), "seed {seed}: every CPU offline");
+                    let result = match step {
+                        Step::Move { domain } => {
+                            let owner = g.owners[domain as usize];
+                            moves_of_cpu0 += usize::from(owner == Some(0));
+                            let others: Vec<u32> = g.domains[domain as usize]
+                                .iter()
+                                .copied()
+                                .filter(|&c| Some(c) != owner && g.online.contains(&c))
+                                .collect();
+                            Ok(others
+                                .first()
+                                .or(owner.as_ref())
+                                .map(|&c| u64::from(c))
+                                .into_iter()
+                                .collect())
+                        }
+                        Step::Park { domain } => {
+                            parks_of_cpu0 += usize::from(g.domains[domain as usize].contains(&0));
+                            Ok(vec![])
+                        }
+                        Step::Unpark { cpu, .. } => Ok(vec![u64::from(cpu)]),
+                        Step::PerfStat { .. } => panic!("seed {seed}: a perf stat"),
+                        _ => Ok(vec![]),
+                    };
+                    g.observe(&Entry::untimed(step, result));
+                }
+            }
+            assert!(
+                moves_of_cpu0 > 0 && parks_of_cpu0 > 0,
+                "seed {seed}: {moves_of_cpu0} moves and {parks_of_cpu0} parks took CPU 0"
+            );
+        }
+    }
+
+    /// With CPUs going behind the host's back, x86 opens groups of
+    /// cpu-clock events on CPU 0 (which stays); arm64, where rcutorture's
+    /// onoff takes CPU 0 too, opens none on any CPU.
+    #[test]
+    fn behind_its_back_cpu_clock_events_only_where_cpu0_stays() {
+        let cpu_clock_opens = |cpu0_offline: bool, seed: u64| {
+            let g = generator(seed)
+                .with_cpus_behind_its_back(true)
+                .with_cpu0_offline(cpu0_offline)
+                .with_perf_stat(!cpu0_offline);
+            let cpus: Vec<i32> = driven(g, 3000)
+                .iter()
+                .filter_map(|step| match step {
+                    Step::Open { event, .. } if event.pmu.is_none() => Some(event.cpu),
+                    _ => None,
+                })
+                .collect();
+            cpus
+        };
+        for seed in 0..10 {
+            let x86 = cpu_clock_opens(false, seed);
+            assert!(
+                !x86.is_empty() && x86.iter().all(|&cpu| cpu == 0),
+                "seed {seed}: x86 opened cpu-clock events on {x86:?}"
+            );
+            let arm64 = cpu_clock_opens(true, seed);
+            assert!(
+                arm64.is_empty(),
+                "seed {seed}: arm64 opened cpu-clock events on {arm64:?}"
+            );
+        }
     }
 }

@@ -14,6 +14,7 @@ use perfbed_agent::{AgentMessage, HostRequest, HotplugOp, JobResult, JobSpec, Pe
 use perfbed_device::cpus::parse_cpu_list;
 use perfbed_device::{ClientError, ControlClient, DeviceConfig};
 
+use crate::build::image::arch::Arch;
 use crate::checks::pmu::multiplexing;
 use crate::checks::Check;
 use crate::guest::perf_abi::{
@@ -320,7 +321,9 @@ pub fn run(
     .with_parked_ioctls(config.parked_ioctls)
     .with_cpus_behind_its_back(config.rcutorture)
     .with_moving_thread(config.moving_thread)
-    .with_watched_rates(config.watched_rates);
+    .with_watched_rates(config.watched_rates)
+    .with_cpu0_offline(g.vm.arch == Arch::Arm64)
+    .with_perf_stat(g.vm.arch == Arch::X86_64);
     let attr = |o: &Opened| attr_of(o, types);
     let mut watch = config
         .rcutorture

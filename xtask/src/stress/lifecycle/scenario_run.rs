@@ -30,9 +30,9 @@ pub struct ScenarioArgs {
     /// scenarios/README.md says how to write one.
     #[arg(required = true, value_name = "FILE")]
     pub files: Vec<PathBuf>,
-    /// The guest's architecture: arm64 boots the normal kernel (its only
-    /// one) on perfbed's aarch64 QEMU, where CPU 0 goes offline too
-    /// (docs/arm64.md). A file of a folder whose `# arch:` header names
+    /// The guest's architecture: arm64 boots on perfbed's aarch64 QEMU
+    /// (the debug kernel unless `--normal`, as on x86), where CPU 0 goes
+    /// offline too (docs/arm64.md). A file of a folder whose `# arch:` header names
     /// another is left out, with a note; a file named alone is refused.
     #[arg(long, value_enum, default_value_t = Arch::X86_64, conflicts_with = "sanitize")]
     pub arch: Arch,
@@ -82,10 +82,7 @@ impl ScenarioArgs {
             cpus: self.cpus,
             domains: self.domains.clone(),
             memory: self.memory,
-            variant: match self.arch {
-                Arch::X86_64 => crate::stress::kernel_variant(self.normal, self.sanitize),
-                Arch::Arm64 => crate::build::image::Variant::Normal,
-            },
+            variant: crate::stress::kernel_variant(self.normal, self.sanitize),
             host: self.host,
             timeout: Duration::from_secs(self.timeout),
         }
