@@ -100,9 +100,26 @@ fn check_named(
     cpus: u8,
     domains: &[Vec<u32>],
 ) -> Result<Check> {
-    let cpus = u32::from(cpus);
-    let bits = l3_topology::l3_sharing_bits(cpus, domains);
     let arch = guest.vm.arch;
+    Ok(judge_topology(
+        name,
+        arch,
+        u32::from(cpus),
+        domains,
+        |path| guest.read_file(path),
+    ))
+}
+
+/// [`check_named`]'s verdict on an `arch` guest whose sysfs files `read`
+/// gives (an error: no such file).
+fn judge_topology(
+    name: &'static str,
+    arch: Arch,
+    cpus: u32,
+    domains: &[Vec<u32>],
+    mut read: impl FnMut(&str) -> Result<String>,
+) -> Check {
+    let bits = l3_topology::l3_sharing_bits(cpus, domains);
     let (block_file, block) = block_file(arch);
     let mut problems = Vec::new();
     let mut l3s = Vec::new();
@@ -110,20 +127,20 @@ fn check_named(
     for cpu in 0..cpus {
         let base = format!("/sys/devices/system/cpu/cpu{cpu}");
         let want = format_cpu_list(&l3_topology::l3_of(cpu, cpus, domains));
-        match guest.read_file(&format!("{base}/cache/index3/shared_cpu_list")) {
+        match read(&format!("{base}/cache/index3/shared_cpu_list")) {
             Ok(got) if got == want => {}
             Ok(got) => problems.push(format!(
                 "CPU {cpu}'s L3 is shared by {got}, expected {want}"
             )),
             Err(e) => problems.push(format!("CPU {cpu} has no L3 in its cacheinfo ({e:#})")),
         }
-        match guest.read_file(&format!("{base}/cache/index3/id")) {
+        match read(&format!("{base}/cache/index3/id")) {
             Ok(id) => ids.push((cpu, id)),
             // 6.12 gives device-tree caches no id (see the module's doc).
             Err(_) if arch == Arch::Arm64 => {}
             Err(e) => problems.push(format!("CPU {cpu} has no L3 id ({e:#})")),
         }
-        match guest.read_file(&format!("{base}/topology/{block_file}")) {
+        match read(&format!("{base}/topology/{block_file}")) {
             Ok(got) if got == (cpu >> bits).to_string() => {}
             Ok(got) => problems.push(format!(
                 "CPU {cpu} is on {block} {got}, expected {}",
@@ -171,7 +188,7 @@ fn check_named(
             domains_text.join(" : ")
         );
     }
-    Ok(Check::from_problems(name, problems, ok))
+    Check::from_problems(name, problems, ok)
 }
 
 /// A mask of CPUs 0-63 as the driver prints it (`{:#x}`).
@@ -413,6 +430,102 @@ mod tests {
                 let _ = std::fs::remove_file(&self.0);
             }
         }
+    }
+
+    /// The sysfs of a guest with `files` (path below
+    /// `/sys/devices/system/cpu/` to contents) and nothing else.
+    fn sysfs(files: &[(String, String)]) -> impl FnMut(&str) -> Result<String> + '_ {
+        |path| {
+            let rel = path.trim_start_matches("/sys/devices/system/cpu/");
+            files
+                .iter()
+                .find(|(p, _)| p == rel)
+                .map(|(_, text)| text.clone())
+                .ok_or_else(|| anyhow::anyhow!("reading {path}: no such file"))
+        }
+    }
+
+    /// What 6.12 shows on 4 CPUs whose L3s are `0-1` and `2-3`: the L3's
+    /// CPUs, its id where `ids`, and the block in `block_file`.
+    fn two_l3s(ids: bool, block_file: &str) -> Vec<(String, String)> {
+        let mut files = Vec::new();
+        for cpu in 0..4u32 {
+            let l3 = if cpu < 2 { "0-1" } else { "2-3" };
+            files.push((format!("cpu{cpu}/cache/index3/shared_cpu_list"), l3.into()));
+            if ids {
+                files.push((format!("cpu{cpu}/cache/index3/id"), (cpu / 2).to_string()));
+            }
+            files.push((
+                format!("cpu{cpu}/topology/{block_file}"),
+                (cpu / 2).to_string(),
+            ));
+        }
+        files
+    }
+
+    #[test]
+    fn arm64_is_judged_by_its_packages_and_needs_no_l3_ids() {
+        let halves = vec![vec![0, 1], vec![2, 3]];
+        // arm64 on the virt board: device-tree caches (no id), packages, no die.
+        let arm64 = two_l3s(false, "physical_package_id");
+        let check = judge_topology("t", Arch::Arm64, 4, &halves, sysfs(&arm64));
+        assert!(check.passed, "{}", check.detail);
+        assert!(
+            check.detail.contains("L3s and packages 0-1 : 2-3"),
+            "{}",
+            check.detail
+        );
+        // x86 wants a die_id and an L3 id: the same files fail there.
+        let check = judge_topology("t", Arch::X86_64, 4, &halves, sysfs(&arm64));
+        let missing = ["CPU 0 has no die_id", "CPU 0 has no L3 id"];
+        assert!(!check.passed, "{}", check.detail);
+        for what in missing {
+            assert!(check.detail.contains(what), "{what}: {}", check.detail);
+        }
+        let x86 = two_l3s(true, "die_id");
+        let check = judge_topology("t", Arch::X86_64, 4, &halves, sysfs(&x86));
+        assert!(check.passed, "{}", check.detail);
+        // An arm64 CPU in the wrong package fails, and so do ids it has
+        // that do not follow the L3s.
+        let mut wrong = arm64.clone();
+        wrong[5].1 = "0".into();
+        assert_eq!(wrong[5].0, "cpu2/topology/physical_package_id");
+        let check = judge_topology("t", Arch::Arm64, 4, &halves, sysfs(&wrong));
+        assert!(
+            check.detail.contains("CPU 2 is on package 0, expected 1"),
+            "{}",
+            check.detail
+        );
+        let mut one_id = two_l3s(true, "physical_package_id");
+        for (path, text) in &mut one_id {
+            if path.ends_with("/id") {
+                *text = "0".into();
+            }
+        }
+        assert!(!judge_topology("t", Arch::Arm64, 4, &halves, sysfs(&one_id)).passed);
+    }
+
+    #[test]
+    fn one_l3_for_every_cpu_fails_on_arm64() {
+        // The board's L3s not by the domains (a plain `-smp 4`: one socket).
+        let mut files = Vec::new();
+        for cpu in 0..4 {
+            files.push((
+                format!("cpu{cpu}/cache/index3/shared_cpu_list"),
+                "0-3".into(),
+            ));
+            files.push((format!("cpu{cpu}/topology/physical_package_id"), "0".into()));
+        }
+        let halves = vec![vec![0, 1], vec![2, 3]];
+        let check = judge_topology("t", Arch::Arm64, 4, &halves, sysfs(&files));
+        assert!(!check.passed);
+        assert!(
+            check
+                .detail
+                .contains("CPU 0's L3 is shared by 0-3, expected 0-1"),
+            "{}",
+            check.detail
+        );
     }
 
     const AGREE_0: &str =
