@@ -5,10 +5,15 @@
 //! On hardware, a device-scope PMU's allowed CPUs are the CPUs that share what it monitors (an
 //! L3 for memory-bandwidth and cache-occupancy monitors), and its driver takes them from the
 //! device or the firmware. The kernel learns the same thing another way: its cacheinfo, from
-//! CPUID on x86. Here the device says which CPUs each domain allows and the host's CPUID says
-//! which CPUs share each L3; the two differ when the host's topology is not derived from the
-//! domains, or with domains that are not an aligned power-of-two split of the CPUs (the guest's
-//! APIC IDs are dense, so its L3s can only be such blocks).
+//! CPUID on x86, from the firmware's cache description (device-tree cache nodes or ACPI's PPTT)
+//! on arm64. Here the device says which CPUs each domain allows and the host says which CPUs
+//! share each L3 (perfbed's x86 hosts in CPUID, its arm64 board in the device tree); the two
+//! differ when the host's topology is not derived from the domains, or with domains that are not
+//! an aligned power-of-two split of the CPUs (the hosts lay L3s out as such blocks: an x86
+//! guest's APIC IDs are dense).
+//!
+//! Only the kernel's sharing maps are compared, which every architecture fills: not the caches'
+//! ids (6.12 gives device-tree caches none) nor dies (arm64 has none).
 //!
 //! The driver places its PMUs by the device (which enforces its own rules) either way. It only
 //! says, once per domain at registration, whether the kernel's cacheinfo agrees, so that a log

@@ -1,12 +1,24 @@
 //! The guest's CPU topology against the device's domains: every CPU's L3
-//! (`cache/index3/shared_cpu_list`) and die (`topology/die_id`) as the
-//! rule in `perfbed_device::l3_topology` says perfbed-vmm's CPUID makes
-//! them. With domains that are a power-of-two split, that is "each domain
-//! is one L3 and one die"; with others the guest cannot match them (dense
-//! APIC IDs) and the check says so, and still judges the guest by the rule.
+//! (`cache/index3/shared_cpu_list`) and die as the rule in
+//! `perfbed_device::l3_topology` says the host makes them. With domains
+//! that are a power-of-two split, that is "each domain is one L3 and one
+//! die"; with others the guest cannot match them (dense APIC IDs) and the
+//! check says so, and still judges the guest by the rule.
 //!
-//! Run on both hosts: perfbed-vmm lays its CPUID out by the rule, and the
-//! QEMU host passes `-smp` sockets and cores by it (`host/qemu.rs`).
+//! Run on every host: perfbed-vmm lays its CPUID out by the rule, and the
+//! QEMU hosts pass `-smp` sockets and cores by it (`host/qemu.rs`): x86's
+//! CPUID model makes each socket one L3 and one die, the arm64 `virt`
+//! board's device tree each socket one L3 (its cache nodes,
+//! `images/qemu/arm64/0002`) and one package (its cpu-map).
+//!
+//! What the guest shows differs by architecture ([`Arch`]). x86 has a
+//! `topology/die_id` and gives every L3 an `id` (from CPUID). arm64 has no
+//! die (6.12 defines `topology_die_id` on x86 only, so there is no
+//! `die_id` file): the check compares `topology/physical_package_id`, the
+//! socket of the device tree's cpu-map, instead. And 6.12 gives a cache
+//! described by the device tree no id (`cache_of_set_props()` sets none;
+//! the kernel shares DT caches by node, `fw_token`), so on arm64 a missing
+//! `index3/id` is no fault; ids that are there are held to the same rule.
 //!
 //! perfbed.ko makes the same comparison from inside (`guest-driver/topology.rs`):
 //! at registration it logs whether each domain's allowed set is one L3 by the
@@ -22,7 +34,18 @@ use perfbed_device::cpus::format_cpu_list;
 use perfbed_device::l3_topology;
 
 use super::Check;
+use crate::build::image::arch::Arch;
 use crate::guest::Guest;
+
+/// The guest's sysfs file (under `topology/`) that names a CPU's block of
+/// the rule, and what the check calls that block: x86's die, arm64's
+/// package (it has no die).
+fn block_file(arch: Arch) -> (&'static str, &'static str) {
+    match arch {
+        Arch::X86_64 => ("die_id", "die"),
+        Arch::Arm64 => ("physical_package_id", "package"),
+    }
+}
 
 /// Reads every CPU's L3 and die and compares them with the rule.
 pub fn check(guest: &mut Guest, cpus: u8, domains: &[Vec<u32>]) -> Result<Check> {
@@ -33,7 +56,8 @@ pub fn check(guest: &mut Guest, cpus: u8, domains: &[Vec<u32>]) -> Result<Check>
 /// rebuilds a returning CPU's sharing maps then, not from CPUID but by
 /// comparing cache leaves (`drivers/base/cacheinfo.c`), and 6.12 without
 /// ACPI or device tree took every L2 and L3 for system-wide there
-/// (`images/kernel/testbed-patches/0002`).
+/// (`images/kernel/testbed-patches/0002`). On arm64 it compares the leaves'
+/// device-tree nodes.
 ///
 /// Before that it takes the last CPU offline once more and wants it gone
 /// from its L3 siblings' maps (the kernel's maps hold online CPUs only; an
@@ -76,32 +100,53 @@ fn check_named(
     cpus: u8,
     domains: &[Vec<u32>],
 ) -> Result<Check> {
-    let cpus = u32::from(cpus);
+    let arch = guest.vm.arch;
+    Ok(judge_topology(
+        name,
+        arch,
+        u32::from(cpus),
+        domains,
+        |path| guest.read_file(path),
+    ))
+}
+
+/// [`check_named`]'s verdict on an `arch` guest whose sysfs files `read`
+/// gives (an error: no such file).
+fn judge_topology(
+    name: &'static str,
+    arch: Arch,
+    cpus: u32,
+    domains: &[Vec<u32>],
+    mut read: impl FnMut(&str) -> Result<String>,
+) -> Check {
     let bits = l3_topology::l3_sharing_bits(cpus, domains);
+    let (block_file, block) = block_file(arch);
     let mut problems = Vec::new();
     let mut l3s = Vec::new();
     let mut ids = Vec::new();
     for cpu in 0..cpus {
         let base = format!("/sys/devices/system/cpu/cpu{cpu}");
         let want = format_cpu_list(&l3_topology::l3_of(cpu, cpus, domains));
-        match guest.read_file(&format!("{base}/cache/index3/shared_cpu_list")) {
+        match read(&format!("{base}/cache/index3/shared_cpu_list")) {
             Ok(got) if got == want => {}
             Ok(got) => problems.push(format!(
                 "CPU {cpu}'s L3 is shared by {got}, expected {want}"
             )),
             Err(e) => problems.push(format!("CPU {cpu} has no L3 in its cacheinfo ({e:#})")),
         }
-        match guest.read_file(&format!("{base}/cache/index3/id")) {
+        match read(&format!("{base}/cache/index3/id")) {
             Ok(id) => ids.push((cpu, id)),
+            // 6.12 gives device-tree caches no id (see the module's doc).
+            Err(_) if arch == Arch::Arm64 => {}
             Err(e) => problems.push(format!("CPU {cpu} has no L3 id ({e:#})")),
         }
-        match guest.read_file(&format!("{base}/topology/die_id")) {
+        match read(&format!("{base}/topology/{block_file}")) {
             Ok(got) if got == (cpu >> bits).to_string() => {}
             Ok(got) => problems.push(format!(
-                "CPU {cpu} is on die {got}, expected {}",
+                "CPU {cpu} is on {block} {got}, expected {}",
                 cpu >> bits
             )),
-            Err(e) => problems.push(format!("CPU {cpu} has no die_id ({e:#})")),
+            Err(e) => problems.push(format!("CPU {cpu} has no {block_file} ({e:#})")),
         }
         if cpu & ((1 << bits) - 1) == 0 {
             l3s.push(want);
@@ -126,19 +171,24 @@ fn check_named(
     }
     let mismatched = l3_topology::mismatches(cpus, domains);
     let domains_text: Vec<String> = domains.iter().map(|d| format_cpu_list(d)).collect();
+    let ids_text = if ids.is_empty() {
+        "no L3 ids"
+    } else {
+        "one id per L3"
+    };
     let mut ok = format!(
-        "L3s and dies {} = the domains {}",
+        "L3s and {block}s {} = the domains {} ({ids_text})",
         l3s.join(" : "),
         domains_text.join(" : ")
     );
     if !mismatched.is_empty() {
         ok = format!(
-            "L3s and dies {} as the rule lays them out; the domains {} are not a power-of-two split, so they cannot match",
+            "L3s and {block}s {} as the rule lays them out ({ids_text}); the domains {} are not a power-of-two split, so they cannot match",
             l3s.join(" : "),
             domains_text.join(" : ")
         );
     }
-    Ok(Check::from_problems(name, problems, ok))
+    Check::from_problems(name, problems, ok)
 }
 
 /// A mask of CPUs 0-63 as the driver prints it (`{:#x}`).
@@ -380,6 +430,102 @@ mod tests {
                 let _ = std::fs::remove_file(&self.0);
             }
         }
+    }
+
+    /// The sysfs of a guest with `files` (path below
+    /// `/sys/devices/system/cpu/` to contents) and nothing else.
+    fn sysfs(files: &[(String, String)]) -> impl FnMut(&str) -> Result<String> + '_ {
+        |path| {
+            let rel = path.trim_start_matches("/sys/devices/system/cpu/");
+            files
+                .iter()
+                .find(|(p, _)| p == rel)
+                .map(|(_, text)| text.clone())
+                .ok_or_else(|| anyhow::anyhow!("reading {path}: no such file"))
+        }
+    }
+
+    /// What 6.12 shows on 4 CPUs whose L3s are `0-1` and `2-3`: the L3's
+    /// CPUs, its id where `ids`, and the block in `block_file`.
+    fn two_l3s(ids: bool, block_file: &str) -> Vec<(String, String)> {
+        let mut files = Vec::new();
+        for cpu in 0..4u32 {
+            let l3 = if cpu < 2 { "0-1" } else { "2-3" };
+            files.push((format!("cpu{cpu}/cache/index3/shared_cpu_list"), l3.into()));
+            if ids {
+                files.push((format!("cpu{cpu}/cache/index3/id"), (cpu / 2).to_string()));
+            }
+            files.push((
+                format!("cpu{cpu}/topology/{block_file}"),
+                (cpu / 2).to_string(),
+            ));
+        }
+        files
+    }
+
+    #[test]
+    fn arm64_is_judged_by_its_packages_and_needs_no_l3_ids() {
+        let halves = vec![vec![0, 1], vec![2, 3]];
+        // arm64 on the virt board: device-tree caches (no id), packages, no die.
+        let arm64 = two_l3s(false, "physical_package_id");
+        let check = judge_topology("t", Arch::Arm64, 4, &halves, sysfs(&arm64));
+        assert!(check.passed, "{}", check.detail);
+        assert!(
+            check.detail.contains("L3s and packages 0-1 : 2-3"),
+            "{}",
+            check.detail
+        );
+        // x86 wants a die_id and an L3 id: the same files fail there.
+        let check = judge_topology("t", Arch::X86_64, 4, &halves, sysfs(&arm64));
+        let missing = ["CPU 0 has no die_id", "CPU 0 has no L3 id"];
+        assert!(!check.passed, "{}", check.detail);
+        for what in missing {
+            assert!(check.detail.contains(what), "{what}: {}", check.detail);
+        }
+        let x86 = two_l3s(true, "die_id");
+        let check = judge_topology("t", Arch::X86_64, 4, &halves, sysfs(&x86));
+        assert!(check.passed, "{}", check.detail);
+        // An arm64 CPU in the wrong package fails, and so do ids it has
+        // that do not follow the L3s.
+        let mut wrong = arm64.clone();
+        wrong[5].1 = "0".into();
+        assert_eq!(wrong[5].0, "cpu2/topology/physical_package_id");
+        let check = judge_topology("t", Arch::Arm64, 4, &halves, sysfs(&wrong));
+        assert!(
+            check.detail.contains("CPU 2 is on package 0, expected 1"),
+            "{}",
+            check.detail
+        );
+        let mut one_id = two_l3s(true, "physical_package_id");
+        for (path, text) in &mut one_id {
+            if path.ends_with("/id") {
+                *text = "0".into();
+            }
+        }
+        assert!(!judge_topology("t", Arch::Arm64, 4, &halves, sysfs(&one_id)).passed);
+    }
+
+    #[test]
+    fn one_l3_for_every_cpu_fails_on_arm64() {
+        // The board's L3s not by the domains (a plain `-smp 4`: one socket).
+        let mut files = Vec::new();
+        for cpu in 0..4 {
+            files.push((
+                format!("cpu{cpu}/cache/index3/shared_cpu_list"),
+                "0-3".into(),
+            ));
+            files.push((format!("cpu{cpu}/topology/physical_package_id"), "0".into()));
+        }
+        let halves = vec![vec![0, 1], vec![2, 3]];
+        let check = judge_topology("t", Arch::Arm64, 4, &halves, sysfs(&files));
+        assert!(!check.passed);
+        assert!(
+            check
+                .detail
+                .contains("CPU 0's L3 is shared by 0-3, expected 0-1"),
+            "{}",
+            check.detail
+        );
     }
 
     const AGREE_0: &str =

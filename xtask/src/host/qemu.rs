@@ -131,7 +131,11 @@ pub fn boot_args(qemu: &mut Command, config: &VmConfig, smp: &str, cmdline: &str
 /// (`threads=1`, `cores=2^b`), dense from 0 as in perfbed-vmm; when the last
 /// block is short (6 CPUs in blocks of 4) `maxcpus` holds the full blocks
 /// and the missing CPUs are never present.
-fn smp_arg(cpus: u32, domains: &[Vec<u32>]) -> String {
+///
+/// The arm64 `virt` board takes the same line: its device tree's cpu-map
+/// puts each block in a socket (the guest's `physical_package_id`) and the
+/// board's cache nodes give each socket one L3 (`images/qemu/arm64/0002`).
+pub fn smp_arg(cpus: u32, domains: &[Vec<u32>]) -> String {
     let cores = 1u32 << l3_topology::l3_sharing_bits(cpus, domains);
     let sockets = cpus.div_ceil(cores);
     format!(

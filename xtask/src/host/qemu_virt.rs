@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::Command;
 
 use super::config::VmConfig;
-use super::qemu::{boot_args, io_args, quiet_args};
+use super::qemu::{boot_args, io_args, quiet_args, smp_arg};
 
 /// The board: GICv3 (its SPIs' affinity is what `irq_set_affinity` sets),
 /// no firmware (QEMU answers PSCI itself, over HVC).
@@ -53,10 +53,12 @@ pub fn command(
         "-cpu",
         "max,pauth-impdef=on",
     ]);
+    // Sockets by the domains, as on x86: each socket is one L3 in the
+    // board's device tree.
     boot_args(
         &mut qemu,
         config,
-        &config.cpus.to_string(),
+        &smp_arg(u32::from(config.cpus), &config.device.domains),
         &cmdline.join(" "),
     );
     io_args(
@@ -105,5 +107,10 @@ mod tests {
         let line = after("-append").unwrap();
         assert!(!line.contains("perfbed.device="), "{line}");
         assert!(line.contains("console=ttyAMA0"), "{line}");
+        // Two domains of two CPUs: two sockets, each an L3 in the device tree.
+        assert_eq!(
+            after("-smp").as_deref(),
+            Some("cpus=4,maxcpus=4,sockets=2,dies=1,cores=2,threads=1")
+        );
     }
 }

@@ -87,9 +87,9 @@ pub fn check_names(
 
 /// The checks an arm64 guest cannot carry out yet, each with why
 /// (docs/arm64.md): its initramfs has no perf, its kernel no BPF, tracing
-/// or KALLSYMS (`images/kernel/arm64.fragment`), its device tree no caches. `run --arch arm64` refuses
+/// or KALLSYMS (`images/kernel/arm64.fragment`). `run --arch arm64` refuses
 /// them by name rather than letting the first one end the run.
-pub const ARM64_LACKS: [(&str, &str); 13] = [
+pub const ARM64_LACKS: [(&str, &str); 9] = [
     ("perf tool", NO_PERF),
     ("perf stat cpuhp tracepoints", NO_PERF),
     ("perf trace", NO_PERF),
@@ -97,10 +97,6 @@ pub const ARM64_LACKS: [(&str, &str); 13] = [
     ("PMUs and sysfs", NO_PERF),
     ("perf stat", NO_PERF),
     ("allowed-attack: perf stat -I across changes", NO_PERF),
-    ("topology matches the domains", NO_L3),
-    ("topology after CPU hotplug", NO_L3),
-    ("driver's cacheinfo cross-check", NO_L3),
-    ("driver's cross-check with a domain offline", NO_L3),
     (
         "mux timer of a parked PMU",
         "finds the mux timers in /proc/timer_list by their function's name, and the arm64 kernel has no KALLSYMS (it prints their addresses)",
@@ -112,9 +108,6 @@ pub const ARM64_LACKS: [(&str, &str); 13] = [
 ];
 
 const NO_PERF: &str = "runs perf, which the arm64 initramfs has not yet";
-
-const NO_L3: &str = "compares the guest's L3s (and dies) with the domains, and the arm64 \
-     guest's device tree has no cache nodes yet (its cacheinfo has no L3; arm64 has no die_id)";
 
 /// Why an arm64 guest cannot carry out the check printed as `name`, if it cannot.
 pub fn arm64_lacks(name: &str) -> Option<&'static str> {
@@ -176,7 +169,8 @@ pub fn run(scenario: &Scenario, accel: &Accel) -> Result<Report> {
         )?);
     }
     checks.extend(perf_tool_tracing(&mut vm, scenario)?);
-    // Both hosts derive the guest's L3s and dies from the domains.
+    // Every host derives the guest's L3s and dies (arm64: packages) from
+    // the domains.
     if select.wants("topology matches the domains") {
         checks.push(topology_check(&mut vm, scenario, false)?);
     }

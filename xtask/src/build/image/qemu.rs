@@ -80,6 +80,7 @@ const ARM64_CONFIGURE: &[&str] = &[
 const ARM64_PATCHES: &[&str] = &[
     "0001-hw-misc-add-perfbed.patch",
     "arm64/0001-perfbed-gic-spis-and-device-tree-node.patch",
+    "arm64/0002-hw-arm-virt-cache-nodes-one-l3-per-socket.patch",
 ];
 
 /// What one target's build takes and makes.
