@@ -289,7 +289,13 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
                 },
                 Ok(_),
             ) => model.occupancy(domain, rmid, bytes),
-            (Step::Rate { .. } | Step::Wait { .. } | Step::AllowedRefused { .. }, Ok(_)) => {}
+            (
+                Step::Rate { .. }
+                | Step::Wait { .. }
+                | Step::Until { .. }
+                | Step::AllowedRefused { .. },
+                Ok(_),
+            ) => {}
             (Step::MuxInterval { .. }, Ok(_)) => {}
             (Step::Violations, Ok(count)) => {
                 let first = first_violations.get_or_insert_with(|| count.clone());
@@ -730,6 +736,7 @@ impl Predictor {
             // Assertions, the mux interval and the ioctls that leave counts
             // alone change no count.
             Step::MuxInterval { .. }
+            | Step::Until { .. }
             | Step::Cpumask { .. }
             | Step::Violations
             | Step::DriverCount { .. }

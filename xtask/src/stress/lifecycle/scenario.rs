@@ -47,8 +47,8 @@ use crate::checks::pmu::moves::movable_in;
 use crate::model::{DeviceShape, Handle, Observed, ValueRule};
 
 use super::journal::{
-    landed, Bound, Cpus, DriverCount, Flowed, Growth, IoctlName, Malformed, Opened, ReadFormat,
-    Request, Step,
+    landed, Bound, Condition, Cpus, DriverCount, Flowed, Growth, IoctlName, Malformed, Opened,
+    ReadFormat, Request, Step,
 };
 use super::replay;
 use super::scenario_write::bytes_text;
@@ -132,7 +132,10 @@ pub enum Want {
 }
 
 /// The operations a line can start with.
-const OPERATIONS: &str = "open (as NAME = open ...), enable, disable, reset, ioctl, read, want, close, burst, occupancy, rate, move, moves, park, unpark, offline, online, allowed, reload, stat, wait, mux, cpumask, violations, lost_wraps, irqs_on_owner, irqs_off_owner";
+const OPERATIONS: &str = "open (as NAME = open ...), enable, disable, reset, ioctl, read, want, close, burst, occupancy, rate, move, moves, park, unpark, offline, online, allowed, reload, stat, wait, until, mux, cpumask, violations, lost_wraps, irqs_on_owner, irqs_off_owner";
+
+/// How long an `until` waits without a `within`.
+const UNTIL_WITHIN_MS: u64 = 10_000;
 
 /// The requests of an `ioctl` line.
 const REQUESTS: &str = "refresh COUNT, period PERIOD, set-filter FILTER, set-output none|NAME, id, pause-output on|off, set-bpf none, query-bpf, modify-attributes";
@@ -574,6 +577,7 @@ impl Parser<'_> {
                     ms: millis_of(time)?,
                 }
             }
+            "until" => self.until(args)?,
             "cpumask" => {
                 let [domain, cpu] = args else {
                     return Err(
@@ -672,6 +676,41 @@ impl Parser<'_> {
             }
         };
         self.push(line, step, vec![], was)
+    }
+
+    /// `until NAME running [within TIME]`: the host reads the event until
+    /// its `time_running` grows, for at most TIME ([`UNTIL_WITHIN_MS`]
+    /// if not written).
+    fn until(&self, args: &[&str]) -> Result<Step, String> {
+        let usage =
+            "expected `until NAME running [within TIME]` (TIME such as 5s: how long at most)";
+        let (name, condition, within) = match args {
+            [name, condition] => (name, condition, None),
+            [name, condition, "within", time] => (name, condition, Some(time)),
+            _ => return Err(usage.into()),
+        };
+        let condition = match *condition {
+            "running" => Condition::Running,
+            other => return Err(format!("`{other}`: unknown condition; {usage}")),
+        };
+        let handle = self.handle(name)?;
+        if !self.opened[&handle].read_format.times {
+            return Err(format!(
+                "`{name}` is read without its clocks: `until {name} running` needs it opened with `read=times`"
+            ));
+        }
+        let within_ms = match within {
+            None => UNTIL_WITHIN_MS,
+            Some(time) => match millis_of(time)? {
+                0 => return Err(format!("`{time}`: an `until` waits 1ms or more")),
+                ms => ms,
+            },
+        };
+        Ok(Step::Until {
+            handle,
+            condition,
+            within_ms,
+        })
     }
 
     /// `ioctl NAME REQUEST [ARG] ANSWER`: an ioctl that changes no count,
@@ -2057,6 +2096,46 @@ mod tests {
             ..layout()
         };
         assert_eq!(refused(&arm64), Some("EOPNOTSUPP".into()));
+    }
+
+    #[test]
+    fn until_waits_for_an_event_read_with_its_clocks_and_refuses_what_is_not_one() {
+        let s = parsed(
+            "a = open movable mbm_total_bytes rmid=1 read=times,group\n\
+             until a running\n\
+             until a running within 5s\n",
+        )
+        .unwrap();
+        let steps: Vec<&Step> = s.ops.iter().map(|o| &o.step).skip(1).collect();
+        let until = |within_ms| Step::Until {
+            handle: 1,
+            condition: Condition::Running,
+            within_ms,
+        };
+        assert_eq!(steps, [&until(UNTIL_WITHIN_MS), &until(5000)]);
+        assert_eq!(written_back(&s).0.ops[2].step, until(5000));
+        let open = "a = open movable mbm_total_bytes rmid=1 read=times\n";
+        for (text, want) in [
+            ("until a\n", "expected `until NAME running [within TIME]`"),
+            (
+                "until a running 5s\n",
+                "expected `until NAME running [within TIME]`",
+            ),
+            ("until a counting\n", "`counting`: unknown condition"),
+            ("until b running\n", "`b` is not open here"),
+            (
+                "until a running within 5\n",
+                "expected a time such as 300ms",
+            ),
+            ("until a running within 0s\n", "1ms or more"),
+        ] {
+            refused_after(open, text, want);
+        }
+        refused_after(
+            "a = open movable mbm_total_bytes rmid=1\n",
+            "until a running\n",
+            "needs it opened with `read=times`",
+        );
     }
 
     #[test]
