@@ -129,6 +129,17 @@ pub enum Want {
         handle: Handle,
         name: String,
     },
+    /// The read before it shows `handle` with a count whose scaled
+    /// estimate, `value * time_enabled / time_running` since its open or
+    /// last RESET, is within `percent` % of all that landed on its counter
+    /// then (`want NAME scaled N%`): perf's estimate where a count is short
+    /// and shows it, under traffic steady enough for scaling to hold.
+    Scaled {
+        line: usize,
+        handle: Handle,
+        name: String,
+        percent: u64,
+    },
 }
 
 /// The operations a line can start with.
@@ -1357,12 +1368,48 @@ impl Parser<'_> {
         Ok(())
     }
 
+    /// `want NAME scaled N%` after a read that shows NAME, opened with
+    /// `read=times`.
+    fn want_scaled(&mut self, line: usize, name: &str, within: &str) -> Result<(), String> {
+        let handle = self.handle(name)?;
+        if !self.opened[&handle].read_format.times {
+            return Err(format!(
+                "`{name}` is read without its clocks: `want {name} scaled` needs it opened with `read=times`"
+            ));
+        }
+        let percent = within
+            .strip_suffix('%')
+            .and_then(|n| n.parse::<u64>().ok())
+            .filter(|n| (1..=100).contains(n))
+            .ok_or_else(|| format!("`{within}`: expected a bound such as 10% (1% to 100%)"))?;
+        if self.racing.contains(&handle) {
+            return Err(racing_want(name));
+        }
+        match self.ops.last_mut() {
+            Some(last) if matches!(last.step, Step::Read { .. }) && last.shows.contains(&handle) => {
+                last.wants.push(Want::Scaled {
+                    line,
+                    handle,
+                    name: name.to_string(),
+                    percent,
+                });
+                Ok(())
+            }
+            _ => Err(format!(
+                "`want {name} scaled` must follow a read that shows {name} (`read {name}`, or a group read of its group)"
+            )),
+        }
+    }
+
     /// `want NAME BYTES` after a read that shows NAME, or `want NAME
     /// ERRNO` after NAME's open.
     fn want(&mut self, line: usize, args: &[&str]) -> Result<(), String> {
+        if let [name, "scaled", within] = args {
+            return self.want_scaled(line, name, within);
+        }
         let [name, what] = args else {
             return Err(
-                "expected `want NAME BYTES` after a read, or `want NAME ERRNO` after NAME's open"
+                "expected `want NAME BYTES` or `want NAME scaled N%` after a read, or `want NAME ERRNO` after NAME's open"
                     .into(),
             );
         };
@@ -1626,6 +1673,7 @@ impl fmt::Display for Want {
             Want::Value { name, bytes, .. } => write!(f, "want {name} {bytes}"),
             Want::Refused { errno, .. } => write!(f, "want {errno}"),
             Want::Landed { name, .. } => write!(f, "want {name} landed"),
+            Want::Scaled { name, percent, .. } => write!(f, "want {name} scaled {percent}%"),
         }
     }
 }
@@ -2801,6 +2849,51 @@ mod tests {
             parsed("park movable\na = open movable mbm_total_bytes rmid=1\nwant a EINVAL\n")
                 .unwrap();
         assert_eq!(wants_against_model(&refused, shape)[0].line, 3);
+    }
+
+    /// `want NAME scaled N%`: after a read that shows NAME, opened with
+    /// its clocks, with a bound of 1 to 100 %.
+    #[test]
+    fn a_scaled_want_follows_a_read_of_an_event_with_its_clocks() {
+        let s = parsed(
+            "a = open movable mbm_total_bytes rmid=1 read=times\n\
+             read a\n\
+             want a scaled 10%\n",
+        )
+        .unwrap();
+        let [want @ Want::Scaled {
+            line: 3,
+            handle: 1,
+            percent: 10,
+            ..
+        }] = &s.ops[1].wants[..]
+        else {
+            panic!("{:?}", s.ops[1].wants)
+        };
+        assert_eq!(want.to_string(), "want a scaled 10%");
+        let open = "a = open movable mbm_total_bytes rmid=1 read=times\n";
+        for (text, want) in [
+            ("read a\nwant a scaled 10\n", "expected a bound such as 10%"),
+            ("read a\nwant a scaled 0%\n", "expected a bound such as 10%"),
+            (
+                "read a\nwant a scaled 101%\n",
+                "expected a bound such as 10%",
+            ),
+            ("want a scaled 10%\n", "must follow a read that shows a"),
+            ("read a\nwant b scaled 10%\n", "`b` is not open here"),
+        ] {
+            let (line, message) = refused(&format!("{open}{text}"));
+            assert_eq!(line, 1 + text.lines().count(), "{text:?}: {message}");
+            assert!(
+                message.contains(want),
+                "{text:?}: {message:?} lacks {want:?}"
+            );
+        }
+        refused_after(
+            "a = open movable mbm_total_bytes rmid=1\n",
+            "want a scaled 10%\n",
+            "needs it opened with `read=times`",
+        );
     }
 
     /// `want NAME landed`: the model must promise the count all that
