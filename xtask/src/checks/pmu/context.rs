@@ -1,7 +1,7 @@
 //! What every PMU check shares: the guest, the device's control socket, the
 //! device's shape and each domain's PMU type, and the driver's encodings;
-//! and the few steps the checks in Rust all take (an `mbm_total_bytes`
-//! event opened with a read format and flags, its truth).
+//! and the step the checks in Rust all take (an `mbm_total_bytes` event
+//! opened with a read format and flags).
 
 use anyhow::{bail, Result};
 use perfbed_agent::PerfAttr;
@@ -103,14 +103,4 @@ pub fn open_with(
             pmu_name(d)
         ),
     }
-}
-
-/// The device's truth of domain `d`'s `mbm_total_bytes` for `rmid`.
-pub fn truth(ctx: &mut Ctx, d: usize, rmid: u32) -> Result<u64> {
-    Ok(Ctx::truth(
-        &ctx.control.state()?,
-        d,
-        rmid,
-        Event::MbmTotalBytes,
-    ))
 }

@@ -43,7 +43,6 @@ const SEMANTICS: &[(&str, CtxCheck)] = &[
     ("multiplexing", multiplexing::multiplexing),
     ("multiplexing through a park", semantics::multiplexed_park),
     ("mux timer of a parked PMU", semantics::parked_mux_timer),
-    ("park longer than a wrap", semantics::long_park),
     ("bad attributes", groups::bad_attributes),
 ];
 
