@@ -1,15 +1,13 @@
 //! What every PMU check shares: the guest, the device's control socket, the
 //! device's shape and each domain's PMU type, and the driver's encodings;
-//! and the few steps the checks in Rust all take (an ioctl that must
-//! succeed, an `mbm_total_bytes` event opened with a read format and flags,
-//! its truth, where a PMU counts).
+//! and the step the checks in Rust all take (an `mbm_total_bytes` event
+//! opened with a read format and flags).
 
-use anyhow::{bail, Context, Result};
-use perfbed_agent::{PerfAttr, PerfIoctl};
+use anyhow::{bail, Result};
+use perfbed_agent::PerfAttr;
 use perfbed_device::regs::Event;
 use perfbed_device::{ControlClient, DeviceConfig, DeviceState};
 
-use crate::checks::Check;
 use crate::guest::perf_abi::{FORMAT_TOTAL_TIME_ENABLED, FORMAT_TOTAL_TIME_RUNNING};
 use crate::guest::{pmu_name, Guest};
 
@@ -85,42 +83,6 @@ impl Ctx<'_, '_> {
     }
 }
 
-/// A check and its name (the tables of checks in Rust that `run_each` in
-/// `mod.rs` runs).
-pub type Named = (&'static str, fn(&mut Ctx) -> Result<Check>);
-
-/// Brings every CPU of the device but CPU 0 back online after the check
-/// `name`; if the guest is gone, the error says why the check stopped too
-/// (`failed`, the check's own error, if it failed).
-pub fn every_cpu_back(ctx: &mut Ctx, name: &str, failed: Option<&anyhow::Error>) -> Result<()> {
-    let cpus: Vec<u32> = ctx
-        .device
-        .domains
-        .iter()
-        .flatten()
-        .copied()
-        .filter(|&c| c != 0)
-        .collect();
-    for cpu in cpus {
-        ctx.g.set_online(cpu, true).with_context(|| match failed {
-            Some(e) => {
-                format!("bringing CPU {cpu} back online after \"{name}\" could not finish: {e:#}")
-            }
-            None => format!("bringing CPU {cpu} back online after \"{name}\""),
-        })?;
-    }
-    Ok(())
-}
-
-/// An ioctl that must succeed.
-pub fn must(ctx: &mut Ctx, handle: u32, ioctl: PerfIoctl) -> Result<()> {
-    let name = format!("{ioctl:?}");
-    match ctx.g.ioctl(handle, ioctl)? {
-        Ok(_) => Ok(()),
-        Err(errno) => bail!("ioctl {name} on handle {handle}: {errno}"),
-    }
-}
-
 /// An `mbm_total_bytes` event of domain `d` that must open, with
 /// `read_format` and `flags`, in `group` if given.
 pub fn open_with(
@@ -141,31 +103,4 @@ pub fn open_with(
             pmu_name(d)
         ),
     }
-}
-
-/// RMID `n` of the device (RMIDs wrap at the device's count: the default
-/// device has 8). Each check measures from its own open, so two checks may
-/// share an RMID; within a check the RMIDs are distinct.
-pub fn rmid(ctx: &Ctx, n: u32) -> u32 {
-    n % ctx.device.rmids
-}
-
-/// The device's truth of domain `d`'s `mbm_total_bytes` for `rmid`.
-pub fn truth(ctx: &mut Ctx, d: usize, rmid: u32) -> Result<u64> {
-    Ok(Ctx::truth(
-        &ctx.control.state()?,
-        d,
-        rmid,
-        Event::MbmTotalBytes,
-    ))
-}
-
-/// The CPU the PMU of domain `d` counts on now, from its `cpumask`; an
-/// error if it is parked (a check that means to move it must not guess).
-pub fn owner(ctx: &mut Ctx, d: usize) -> Result<u32> {
-    ctx.g
-        .cpumask(&pmu_name(d))?
-        .first()
-        .copied()
-        .context("the PMU is parked")
 }

@@ -15,7 +15,6 @@ pub mod opens_racing_moves;
 pub mod perf_matrix;
 pub mod registration;
 pub mod semantics;
-pub mod waiting_after_a_move;
 
 use anyhow::{bail, Result};
 use perfbed_device::{ControlClient, DeviceConfig};
@@ -25,32 +24,11 @@ use crate::checks::log::CheckLog;
 use crate::checks::{Check, Select};
 use crate::guest::{pmu_name, Guest};
 use crate::stress::lifecycle::scenario_guest::{self, library, Written};
-use context::{Ctx, Named};
+use context::Ctx;
 
 /// A check that needs nothing but the context, and leaves the PMUs as it
 /// found them: one `cargo xtask run` check that can also run on its own.
 pub type CtxCheck = fn(&mut Ctx) -> Result<Check>;
-
-/// Runs each check; an error becomes that check's FAIL (after every CPU of
-/// the device is brought back online), so one broken attack never hides
-/// the verdicts of the others.
-fn run_each(ctx: &mut Ctx, checks: &[Named]) -> Result<Vec<Check>> {
-    let mut out = Vec::new();
-    for &(name, check) in checks {
-        match check(ctx) {
-            Ok(c) => out.push(c),
-            Err(e) => {
-                context::every_cpu_back(ctx, name, Some(&e))?;
-                out.push(Check::from_problems(
-                    name,
-                    vec![format!("could not finish: {e:#}")],
-                    String::new(),
-                ));
-            }
-        }
-    }
-    Ok(out)
-}
 
 /// Opens and BPF reads racing moves, in `run`'s order, each by the name
 /// its `Check` carries.
@@ -65,7 +43,6 @@ const SEMANTICS: &[(&str, CtxCheck)] = &[
     ("multiplexing", multiplexing::multiplexing),
     ("multiplexing through a park", semantics::multiplexed_park),
     ("mux timer of a parked PMU", semantics::parked_mux_timer),
-    ("park longer than a wrap", semantics::long_park),
     ("bad attributes", groups::bad_attributes),
 ];
 
@@ -183,18 +160,11 @@ fn plan(known_bugs: bool, fail_injection: bool, arch: Arch) -> Result<Vec<Planne
             Box::new(move |ctx: &mut Ctx| Ok(vec![run_one(ctx, name, check)?])),
         )
     };
-    let each = |entry: &'static Named| -> Planned {
-        (
-            entry.0,
-            Box::new(move |ctx: &mut Ctx| run_each(ctx, std::slice::from_ref(entry))),
-        )
-    };
     let mut plan: Vec<Planned> = vec![("PMUs and sysfs", Box::new(one(registration::sysfs)))];
     plan.extend(AROUND_MOVES.iter().map(named));
     plan.extend(SEMANTICS.iter().map(named));
     plan.extend(ATTRIBUTES.iter().map(named));
     plan.push(("perf stat", Box::new(one(counts::perf_stat))));
-    plan.extend(waiting_after_a_move::CHECKS.iter().map(each));
     // The library, the scenarios that reload the module last: the others
     // have never been run after a reload (see docs/counting-semantics.md,
     // "Known violations": an allowed-set change after two reloads that the

@@ -1,24 +1,21 @@
-//! Stays in Rust: it judges scaled estimates against the truth, which the
-//! model leaves to perf, and a loss by the PMU's `lost_wraps` only if
-//! there was one.
+//! Stays in Rust: it judges scaled estimates over a rate window against
+//! perf's rotations as the device's trace measured them, and the mux
+//! timers of `/proc/timer_list`, which no scenario line reads.
 //!
 //! Counting semantics beyond open–enabled–close, each replaying a symptom a
-//! user saw: multiplexed events losing counts through a park, and a park
-//! longer than a counter's wrap passed off as exact
-//! (docs/counting-semantics.md is the contract: an event counts exactly the
-//! traffic that landed while it was enabled and scheduled, and a loss it
-//! cannot avoid shows as time not running).
-//!
-//! Perf's rotations are measured in the device's trace. (The disabled
-//! window is `scenarios/ioctls/disable-window-under-a-rate.scn`.)
+//! user saw: multiplexed events losing counts through a park, and perf's
+//! mux timer left armed on a parked PMU (docs/counting-semantics.md is the
+//! contract). Perf's rotations are measured in the device's trace. (The
+//! disabled window is `scenarios/ioctls/disable-window-under-a-rate.scn`; a
+//! park longer than a wrap, `scenarios/parks/park-longer-than-a-wrap.scn`.)
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::{bail, Result};
-use perfbed_device::regs::{whole_units, Event};
+use perfbed_device::regs::Event;
 
-use super::context::{open_with, truth, Ctx, MIB, TIMES};
+use super::context::{open_with, Ctx, MIB, TIMES};
 use super::moves::movable_domain;
 use super::multiplexing::{
     open_multiplexed, read_window, rotation_effect, shape, with_mux_interval, RecordMark, Window,
@@ -29,8 +26,7 @@ use crate::checks::Check;
 use crate::guest::perf_abi::FLAG_EXCLUSIVE;
 use crate::guest::pmu_name;
 
-/// The RMID and steady rate of the report: 8 MiB/s on RMID 2.
-const RMID: u32 = 2;
+/// The steady rate of the report: 8 MiB/s.
 const RATE: u64 = 8 * MIB;
 
 /// Six mbm_total_bytes events multiplexed on the domain's four slots,
@@ -245,134 +241,6 @@ fn mux_timers_in(text: &str) -> Result<BTreeMap<u32, usize>> {
         bail!("/proc/timer_list has no `cpu: N` section: {text:?}");
     }
     Ok(armed)
-}
-
-/// How much slower than the device's maximum the long parks' traffic
-/// lands: the driver polls every half wrap at the maximum rate, so at an
-/// eighth of it a counter wraps only after 8 polls missed in a row, and
-/// only the park loses wraps. A guest whose vCPUs are not run for a while
-/// misses polls while placed too: in the box under load (a CPU offline's
-/// `stop_machine` holds every nested vCPU on one L1 CPU) 1.2-1.75 s went
-/// between two polls, three wraps at the maximum rate.
-const LONG_PARK_SLOWDOWN: u64 = 8;
-
-/// A park long enough for 2.4 wraps of a counter at an eighth of the
-/// device's maximum rate ([`LONG_PARK_SLOWDOWN`]), with that rate and a wrap
-/// in bytes; an error if the device is too slow for it.
-fn two_wrap_park(ctx: &Ctx) -> Result<(Duration, u64, u64)> {
-    let rate = ctx.device.max_rate / LONG_PARK_SLOWDOWN;
-    let wrap = (1u64 << ctx.device.counter_width) * ctx.device.unit_bytes;
-    if rate == 0 {
-        bail!(
-            "a device rate of {} B/s cannot wrap a counter in a park",
-            ctx.device.max_rate
-        );
-    }
-    let park = Duration::from_secs_f64(2.4 * wrap as f64 / rate as f64);
-    if park > Duration::from_secs(30) {
-        bail!("a park of 2.4 wraps of {wrap} bytes at {rate} B/s lasts {park:?}: the check needs a faster device");
-    }
-    Ok((park, rate, wrap))
-}
-
-/// The sysfs file where domain `d`'s PMU counts the wraps it lost.
-/// 3. A park longer than two wraps (at an eighth of the device's maximum
-///    rate, [`two_wrap_park`]): perf must
-///    either count it exactly or show the loss, time not running, so that
-///    its scaled count estimates the truth; and the PMU's `lost_wraps`
-///    counts it. (The unfixed driver read about 70 % of the traffic at
-///    100.00 % running.)
-pub fn long_park(ctx: &mut Ctx) -> Result<Check> {
-    let (d, allowed) = movable_domain(ctx)?;
-    let (park, rate, wrap) = two_wrap_park(ctx)?;
-    let pmu = pmu_name(d);
-    let mut problems = Vec::new();
-    let mut lost_wraps = |ctx: &mut Ctx| {
-        ctx.g.pmu_count(&pmu, "lost_wraps").unwrap_or_else(|e| {
-            problems.push(format!("{e:#}"));
-            0
-        })
-    };
-    let lost_before = lost_wraps(ctx);
-    let mut attr = ctx.attr(d, Event::MbmTotalBytes, RMID);
-    attr.read_format = TIMES;
-    let h = match ctx.g.open(attr, None)? {
-        Ok(h) => h,
-        Err(errno) => bail!(
-            "opening {}/mbm_total_bytes,rmid={RMID}/: {errno}",
-            pmu_name(d)
-        ),
-    };
-    let start_truth = truth(ctx, d, RMID)?;
-    let start = ctx.g.read(h)?;
-    ctx.control
-        .set_rate(d as u32, RMID, Event::MbmTotalBytes, rate)?;
-    std::thread::sleep(Duration::from_millis(500));
-    for &cpu in &allowed {
-        ctx.g.set_online(cpu, false)?;
-    }
-    std::thread::sleep(park);
-    ctx.g.set_online(allowed[0], true)?;
-    std::thread::sleep(Duration::from_millis(500));
-    ctx.control
-        .set_rate(d as u32, RMID, Event::MbmTotalBytes, 0)?;
-    ctx.control.wait_landed(ctx.g.timeout.as_millis() as u64)?;
-    let end = ctx.g.read(h)?;
-    let end_truth = truth(ctx, d, RMID)?;
-    ctx.g.close(h)?;
-    for &cpu in &allowed[1..] {
-        ctx.g.set_online(cpu, true)?;
-    }
-    let lost_after = lost_wraps(ctx);
-    let window = Window::between(&start, &end);
-    let landed = whole_units(end_truth - start_truth, ctx.device.unit_bytes);
-    let ran = window.running as f64 / window.enabled.max(1) as f64;
-    let scaled = window
-        .scaled()
-        .map_or(window.value as f64, |(scaled, _)| scaled);
-    let error = scaled / landed.max(1) as f64 - 1.0;
-    let exact = window.value == landed && window.running == window.enabled;
-    if !exact {
-        if window.running >= window.enabled {
-            problems.push(format!(
-                "counted {} of {landed} bytes at 100 % running: a loss passed off as exact",
-                window.value
-            ));
-        }
-        if error.abs() > 0.10 {
-            problems.push(format!(
-                "scaled {scaled:.0} vs {landed} landed ({:+.1} %, ran {:.1} %)",
-                100.0 * error,
-                100.0 * ran
-            ));
-        }
-        if lost_after <= lost_before {
-            problems.push(format!(
-                "{pmu}/lost_wraps stayed {lost_before} through the loss"
-            ));
-        }
-    }
-    let mb = |bytes: f64| bytes / 1e6;
-    let summary = format!(
-            "{} parked {:.1} s at {:.0} MiB/s ({:.1} wraps): {:.0} MB counted of {:.0} MB landed, {:.1} % running, scaled {:.0} MB ({:+.1} %); lost_wraps {lost_before} → {lost_after}",
-            pmu_name(d),
-            park.as_secs_f64(),
-            rate as f64 / MIB as f64,
-            park.as_secs_f64() * rate as f64 / wrap as f64,
-            mb(window.value as f64),
-            mb(landed as f64),
-            100.0 * ran,
-            mb(scaled),
-            100.0 * error
-        );
-    if !problems.is_empty() {
-        problems.push(summary.clone());
-    }
-    Ok(Check::from_problems(
-        "park longer than a wrap",
-        problems,
-        summary,
-    ))
 }
 
 #[cfg(test)]

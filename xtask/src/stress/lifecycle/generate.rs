@@ -994,6 +994,7 @@ mod tests {
                 Step::Allowed { .. } => "allowed",
                 Step::AllowedRefused { .. } => "allowed refused",
                 Step::Wait { .. } => "wait",
+                Step::Until { .. } => "until",
                 Step::MuxInterval { .. } => "mux",
                 Step::Violations => "violations",
                 Step::DriverCount { .. } => "driver count",

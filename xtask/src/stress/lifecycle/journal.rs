@@ -330,6 +330,14 @@ pub enum Step {
     Wait {
         ms: u64,
     },
+    /// The host read the event until `condition` held (a scenario's
+    /// `until`): the result is the milliseconds it took; `within_ms`
+    /// passed first is the step's error. Its reads are not judged.
+    Until {
+        handle: Handle,
+        condition: Condition,
+        within_ms: u64,
+    },
     /// The PMU's `cpumask` must be `cpus` (a scenario's `cpumask`: one CPU,
     /// or none when parked): the result is the mask read.
     Cpumask {
@@ -479,6 +487,20 @@ impl Growth {
 
 /// An [`Step::Offline`] result's word for a parked domain.
 pub const PARKED: u64 = u64::MAX;
+
+/// What an [`Step::Until`] waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Condition {
+    /// The event counting: its `time_running` grew between two reads
+    /// [`Condition::RUNNING_GAP_MS`] apart (its turn has come).
+    Running,
+}
+
+impl Condition {
+    /// The time between the two reads of a [`Condition::Running`] test.
+    pub const RUNNING_GAP_MS: u64 = 20;
+}
 
 /// Why the device refuses an allowed set, by the name of its error
 /// (`perfbed_device::DeviceError`).

@@ -27,7 +27,6 @@ use perfbed_device::ControlClient;
 use crate::checks::pmu::context::Ctx;
 use crate::checks::pmu::moves::movable_domain;
 use crate::checks::pmu::run_named;
-use crate::checks::pmu::waiting_after_a_move;
 use crate::checks::{clean_log_check, Check};
 use crate::guest::Guest;
 use crate::guest::{pmu_name, MODULE};
@@ -174,8 +173,9 @@ fn open_waits(g: &mut Guest, pmu: &str) -> Result<run::OpenWaits> {
 
 /// A fixed sequence before the random operations: events a move left
 /// waiting for their turn, disabled at once, a burst, then each enabled
-/// alone (`attack: disabled while waiting after a move`, which
-/// `cargo xtask run` has too). The generator reaches that state with a
+/// alone (the scenario `attack: disabled while waiting after a move`,
+/// scenarios/moves/disabled-while-waiting-after-a-move.scn, which
+/// `cargo xtask run` runs too). The generator reaches that state with a
 /// DISABLE and a burst before the event's next turn too rarely for the
 /// model to see a driver that keeps counting for such an event; this
 /// sees it every time. Not run, and said so, where no domain has two CPUs
@@ -200,7 +200,7 @@ fn waiting_after_a_move(
             detail: format!("not run: {why}"),
         });
     }
-    let mut check = waiting_after_a_move::disabled_while_waiting_after_a_move(&mut ctx)?;
+    let mut check = run_named(&mut ctx, "attack: disabled while waiting after a move")?;
     check.name = "waiting after a move";
     Ok(check)
 }

@@ -289,7 +289,13 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
                 },
                 Ok(_),
             ) => model.occupancy(domain, rmid, bytes),
-            (Step::Rate { .. } | Step::Wait { .. } | Step::AllowedRefused { .. }, Ok(_)) => {}
+            (
+                Step::Rate { .. }
+                | Step::Wait { .. }
+                | Step::Until { .. }
+                | Step::AllowedRefused { .. },
+                Ok(_),
+            ) => {}
             (&Step::MuxInterval { ms, .. }, Ok(_)) => model.mux_interval(ms),
             (Step::Violations, Ok(count)) => {
                 let first = first_violations.get_or_insert_with(|| count.clone());
@@ -730,7 +736,8 @@ impl Predictor {
             &Step::MuxInterval { ms, .. } => model.mux_interval(ms),
             // Assertions and the ioctls that leave counts alone change no
             // count.
-            Step::Cpumask { .. }
+            Step::Until { .. }
+            | Step::Cpumask { .. }
             | Step::Violations
             | Step::DriverCount { .. }
             | Step::Request { .. } => {}

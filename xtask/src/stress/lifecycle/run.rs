@@ -23,7 +23,7 @@ use crate::guest::perf_abi::{
     PERF_TYPE_SOFTWARE,
 };
 use crate::guest::Guest;
-use crate::model::DeviceShape;
+use crate::model::{DeviceShape, Handle};
 use crate::progress::human;
 
 use super::super::jobs::{start_job, stop_job};
@@ -31,7 +31,7 @@ use super::flows::Flows;
 use super::generate::{Generator, RMID_LOOP, RMID_RATE};
 use super::irq_affinity::{placement_step, IrqLines};
 use super::journal::{
-    self, mbm_event, perf_op, Cpus, Entry, Header, Malformed, Opened, Step, PARKED,
+    self, mbm_event, perf_op, Condition, Cpus, Entry, Header, Malformed, Opened, Step, PARKED,
 };
 use super::replay::{replay_on, Finding};
 
@@ -987,6 +987,11 @@ pub(super) fn host_step(
             std::thread::sleep(Duration::from_millis(ms));
             Ok(vec![])
         }
+        &Step::Until {
+            handle,
+            condition: Condition::Running,
+            within_ms,
+        } => until_running(g, handle, within_ms)?,
         Step::Cpumask { domain, .. } => Ok(g
             .cpumask(&pmus[*domain as usize])?
             .into_iter()
@@ -1055,6 +1060,41 @@ pub(super) fn host_step(
         returned_ns: 0,
         flowed: Vec::new(),
     })
+}
+
+/// Reads the event until its `time_running` grows between two reads
+/// [`Condition::RUNNING_GAP_MS`] apart: the result is the milliseconds that
+/// took, or, past `within_ms`, the error. Its words are a read with
+/// `read=times` (the parser sees to it), `time_running` the third, alone or
+/// in a group.
+fn until_running(
+    g: &mut Guest,
+    handle: Handle,
+    within_ms: u64,
+) -> Result<Result<Vec<u64>, String>> {
+    let start = Instant::now();
+    let running = |words: &[u64]| {
+        words
+            .get(2)
+            .copied()
+            .with_context(|| format!("reading event {handle}: no time_running in {words:?}"))
+    };
+    let mut reads = 0;
+    while start.elapsed() < Duration::from_millis(within_ms) {
+        let first = running(&g.read(handle)?)?;
+        std::thread::sleep(Duration::from_millis(Condition::RUNNING_GAP_MS));
+        let second = running(&g.read(handle)?)?;
+        reads += 2;
+        if second > first {
+            let ms = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
+            return Ok(Ok(vec![ms]));
+        }
+    }
+    Ok(Err(format!(
+        "event {handle} did not run within {within_ms} ms: its time_running stood still across each of {} pairs of reads {} ms apart",
+        reads / 2,
+        Condition::RUNNING_GAP_MS
+    )))
 }
 
 /// Sends the malformed set `cpus` for `domain`: refused by the device

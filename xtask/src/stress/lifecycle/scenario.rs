@@ -47,8 +47,8 @@ use crate::checks::pmu::moves::movable_in;
 use crate::model::{DeviceShape, Handle, Observed, ValueRule};
 
 use super::journal::{
-    landed, Bound, Cpus, DriverCount, Flowed, Growth, IoctlName, Malformed, Opened, ReadFormat,
-    Request, Step,
+    landed, Bound, Condition, Cpus, DriverCount, Flowed, Growth, IoctlName, Malformed, Opened,
+    ReadFormat, Request, Step,
 };
 use super::replay;
 use super::scenario_write::bytes_text;
@@ -129,10 +129,24 @@ pub enum Want {
         handle: Handle,
         name: String,
     },
+    /// The read before it shows `handle` with a count whose scaled
+    /// estimate, `value * time_enabled / time_running` since its open or
+    /// last RESET, is within `percent` % of all that landed on its counter
+    /// then (`want NAME scaled N%`): perf's estimate where a count is short
+    /// and shows it, under traffic steady enough for scaling to hold.
+    Scaled {
+        line: usize,
+        handle: Handle,
+        name: String,
+        percent: u64,
+    },
 }
 
 /// The operations a line can start with.
-const OPERATIONS: &str = "open (as NAME = open ...), enable, disable, reset, ioctl, read, want, close, burst, occupancy, rate, move, moves, park, unpark, offline, online, allowed, reload, stat, wait, mux, cpumask, violations, lost_wraps, irqs_on_owner, irqs_off_owner";
+const OPERATIONS: &str = "open (as NAME = open ...), enable, disable, reset, ioctl, read, want, close, burst, occupancy, rate, move, moves, park, unpark, offline, online, allowed, reload, stat, wait, until, mux, cpumask, violations, lost_wraps, irqs_on_owner, irqs_off_owner";
+
+/// How long an `until` waits without a `within`.
+const UNTIL_WITHIN_MS: u64 = 10_000;
 
 /// The requests of an `ioctl` line.
 const REQUESTS: &str = "refresh COUNT, period PERIOD, set-filter FILTER, set-output none|NAME, id, pause-output on|off, set-bpf none, query-bpf, modify-attributes";
@@ -574,6 +588,7 @@ impl Parser<'_> {
                     ms: millis_of(time)?,
                 }
             }
+            "until" => self.until(args)?,
             "cpumask" => {
                 let [domain, cpu] = args else {
                     return Err(
@@ -672,6 +687,41 @@ impl Parser<'_> {
             }
         };
         self.push(line, step, vec![], was)
+    }
+
+    /// `until NAME running [within TIME]`: the host reads the event until
+    /// its `time_running` grows, for at most TIME ([`UNTIL_WITHIN_MS`]
+    /// if not written).
+    fn until(&self, args: &[&str]) -> Result<Step, String> {
+        let usage =
+            "expected `until NAME running [within TIME]` (TIME such as 5s: how long at most)";
+        let (name, condition, within) = match args {
+            [name, condition] => (name, condition, None),
+            [name, condition, "within", time] => (name, condition, Some(time)),
+            _ => return Err(usage.into()),
+        };
+        let condition = match *condition {
+            "running" => Condition::Running,
+            other => return Err(format!("`{other}`: unknown condition; {usage}")),
+        };
+        let handle = self.handle(name)?;
+        if !self.opened[&handle].read_format.times {
+            return Err(format!(
+                "`{name}` is read without its clocks: `until {name} running` needs it opened with `read=times`"
+            ));
+        }
+        let within_ms = match within {
+            None => UNTIL_WITHIN_MS,
+            Some(time) => match millis_of(time)? {
+                0 => return Err(format!("`{time}`: an `until` waits 1ms or more")),
+                ms => ms,
+            },
+        };
+        Ok(Step::Until {
+            handle,
+            condition,
+            within_ms,
+        })
     }
 
     /// `ioctl NAME REQUEST [ARG] ANSWER`: an ioctl that changes no count,
@@ -1318,12 +1368,48 @@ impl Parser<'_> {
         Ok(())
     }
 
+    /// `want NAME scaled N%` after a read that shows NAME, opened with
+    /// `read=times`.
+    fn want_scaled(&mut self, line: usize, name: &str, within: &str) -> Result<(), String> {
+        let handle = self.handle(name)?;
+        if !self.opened[&handle].read_format.times {
+            return Err(format!(
+                "`{name}` is read without its clocks: `want {name} scaled` needs it opened with `read=times`"
+            ));
+        }
+        let percent = within
+            .strip_suffix('%')
+            .and_then(|n| n.parse::<u64>().ok())
+            .filter(|n| (1..=100).contains(n))
+            .ok_or_else(|| format!("`{within}`: expected a bound such as 10% (1% to 100%)"))?;
+        if self.racing.contains(&handle) {
+            return Err(racing_want(name));
+        }
+        match self.ops.last_mut() {
+            Some(last) if matches!(last.step, Step::Read { .. }) && last.shows.contains(&handle) => {
+                last.wants.push(Want::Scaled {
+                    line,
+                    handle,
+                    name: name.to_string(),
+                    percent,
+                });
+                Ok(())
+            }
+            _ => Err(format!(
+                "`want {name} scaled` must follow a read that shows {name} (`read {name}`, or a group read of its group)"
+            )),
+        }
+    }
+
     /// `want NAME BYTES` after a read that shows NAME, or `want NAME
     /// ERRNO` after NAME's open.
     fn want(&mut self, line: usize, args: &[&str]) -> Result<(), String> {
+        if let [name, "scaled", within] = args {
+            return self.want_scaled(line, name, within);
+        }
         let [name, what] = args else {
             return Err(
-                "expected `want NAME BYTES` after a read, or `want NAME ERRNO` after NAME's open"
+                "expected `want NAME BYTES` or `want NAME scaled N%` after a read, or `want NAME ERRNO` after NAME's open"
                     .into(),
             );
         };
@@ -1587,6 +1673,7 @@ impl fmt::Display for Want {
             Want::Value { name, bytes, .. } => write!(f, "want {name} {bytes}"),
             Want::Refused { errno, .. } => write!(f, "want {errno}"),
             Want::Landed { name, .. } => write!(f, "want {name} landed"),
+            Want::Scaled { name, percent, .. } => write!(f, "want {name} scaled {percent}%"),
         }
     }
 }
@@ -2057,6 +2144,46 @@ mod tests {
             ..layout()
         };
         assert_eq!(refused(&arm64), Some("EOPNOTSUPP".into()));
+    }
+
+    #[test]
+    fn until_waits_for_an_event_read_with_its_clocks_and_refuses_what_is_not_one() {
+        let s = parsed(
+            "a = open movable mbm_total_bytes rmid=1 read=times,group\n\
+             until a running\n\
+             until a running within 5s\n",
+        )
+        .unwrap();
+        let steps: Vec<&Step> = s.ops.iter().map(|o| &o.step).skip(1).collect();
+        let until = |within_ms| Step::Until {
+            handle: 1,
+            condition: Condition::Running,
+            within_ms,
+        };
+        assert_eq!(steps, [&until(UNTIL_WITHIN_MS), &until(5000)]);
+        assert_eq!(written_back(&s).0.ops[2].step, until(5000));
+        let open = "a = open movable mbm_total_bytes rmid=1 read=times\n";
+        for (text, want) in [
+            ("until a\n", "expected `until NAME running [within TIME]`"),
+            (
+                "until a running 5s\n",
+                "expected `until NAME running [within TIME]`",
+            ),
+            ("until a counting\n", "`counting`: unknown condition"),
+            ("until b running\n", "`b` is not open here"),
+            (
+                "until a running within 5\n",
+                "expected a time such as 300ms",
+            ),
+            ("until a running within 0s\n", "1ms or more"),
+        ] {
+            refused_after(open, text, want);
+        }
+        refused_after(
+            "a = open movable mbm_total_bytes rmid=1\n",
+            "until a running\n",
+            "needs it opened with `read=times`",
+        );
     }
 
     #[test]
@@ -2722,6 +2849,51 @@ mod tests {
             parsed("park movable\na = open movable mbm_total_bytes rmid=1\nwant a EINVAL\n")
                 .unwrap();
         assert_eq!(wants_against_model(&refused, shape)[0].line, 3);
+    }
+
+    /// `want NAME scaled N%`: after a read that shows NAME, opened with
+    /// its clocks, with a bound of 1 to 100 %.
+    #[test]
+    fn a_scaled_want_follows_a_read_of_an_event_with_its_clocks() {
+        let s = parsed(
+            "a = open movable mbm_total_bytes rmid=1 read=times\n\
+             read a\n\
+             want a scaled 10%\n",
+        )
+        .unwrap();
+        let [want @ Want::Scaled {
+            line: 3,
+            handle: 1,
+            percent: 10,
+            ..
+        }] = &s.ops[1].wants[..]
+        else {
+            panic!("{:?}", s.ops[1].wants)
+        };
+        assert_eq!(want.to_string(), "want a scaled 10%");
+        let open = "a = open movable mbm_total_bytes rmid=1 read=times\n";
+        for (text, want) in [
+            ("read a\nwant a scaled 10\n", "expected a bound such as 10%"),
+            ("read a\nwant a scaled 0%\n", "expected a bound such as 10%"),
+            (
+                "read a\nwant a scaled 101%\n",
+                "expected a bound such as 10%",
+            ),
+            ("want a scaled 10%\n", "must follow a read that shows a"),
+            ("read a\nwant b scaled 10%\n", "`b` is not open here"),
+        ] {
+            let (line, message) = refused(&format!("{open}{text}"));
+            assert_eq!(line, 1 + text.lines().count(), "{text:?}: {message}");
+            assert!(
+                message.contains(want),
+                "{text:?}: {message:?} lacks {want:?}"
+            );
+        }
+        refused_after(
+            "a = open movable mbm_total_bytes rmid=1\n",
+            "want a scaled 10%\n",
+            "needs it opened with `read=times`",
+        );
     }
 
     /// `want NAME landed`: the model must promise the count all that

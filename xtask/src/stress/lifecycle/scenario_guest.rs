@@ -21,7 +21,7 @@ use crate::checks::pmu::context::Ctx;
 use crate::checks::Check;
 use crate::guest::{pmu_name, Guest};
 use crate::host::config::VmConfig;
-use crate::model::Handle;
+use crate::model::{Handle, Observed};
 use crate::progress::human;
 
 use super::flows::Flows;
@@ -488,7 +488,10 @@ fn judge(
 
 fn want_line(want: &Want) -> usize {
     match want {
-        Want::Value { line, .. } | Want::Refused { line, .. } | Want::Landed { line, .. } => *line,
+        Want::Value { line, .. }
+        | Want::Refused { line, .. }
+        | Want::Landed { line, .. }
+        | Want::Scaled { line, .. } => *line,
     }
 }
 
@@ -512,14 +515,14 @@ fn want_problem(
             name,
             bytes,
             ..
-        } => match shown(*handle, name, shows, entry, formats) {
+        } => match shown(*handle, name, shows, entry, formats).map(|o| o.value) {
             Ok(value) if value == *bytes => None,
             Ok(value) => Some(difference(name, *bytes, (value, value), "got")),
             Err(problem) => Some(problem),
         },
         Want::Landed { handle, name, .. } => {
             let value = match shown(*handle, name, shows, entry, formats) {
-                Ok(value) => value,
+                Ok(observed) => observed.value,
                 Err(problem) => return Some(problem),
             };
             let steps: Vec<(&Step, &[journal::Flowed])> =
@@ -540,17 +543,74 @@ fn want_problem(
                 )
             })
         }
+        Want::Scaled {
+            handle,
+            name,
+            percent,
+            ..
+        } => {
+            let observed = match shown(*handle, name, shows, entry, formats) {
+                Ok(observed) => observed,
+                Err(problem) => return Some(problem),
+            };
+            let steps: Vec<(&Step, &[journal::Flowed])> =
+                journal.iter().map(|e| (&e.step, &e.flowed[..])).collect();
+            let Some(all) = journal::landed(&steps, *handle) else {
+                return Some(format!("{name}: its open is not in the journal"));
+            };
+            scaled_problem(name, observed, all, *percent)
+        }
     }
 }
 
-/// The value the read `entry` shows for `handle`, or what is wrong.
+/// What is wrong with `observed`'s scaled estimate against `landed`, if
+/// it is more than `percent` % off all that landed (as much of what
+/// landed during the open, RESET or read as suits it).
+fn scaled_problem(
+    name: &str,
+    observed: Observed,
+    landed: journal::Landed,
+    percent: u64,
+) -> Option<String> {
+    let (Some(enabled), Some(running)) = (observed.enabled, observed.running) else {
+        return Some(format!("{name}: the read shows no clocks to scale by"));
+    };
+    if running == 0 {
+        return Some(format!(
+            "{name}: read {} with time_running 0: nothing to scale",
+            observed.value
+        ));
+    }
+    let scaled = observed.value as f64 * enabled as f64 / running as f64;
+    let (lo, hi) = (landed.sure as f64, (landed.sure + landed.unsure) as f64);
+    let bound = percent as f64 / 100.0;
+    let error = if scaled < lo {
+        scaled / lo - 1.0
+    } else if scaled > hi {
+        scaled / hi.max(1.0) - 1.0
+    } else {
+        0.0
+    };
+    (error.abs() > bound).then(|| {
+        format!(
+            "{name}: read {} at {:.1} % running, scaled {scaled:.0}, {:+.1} % off the {} that landed since its open or RESET (up to {} more during it or the read), want within {percent} %",
+            observed.value,
+            100.0 * running as f64 / enabled.max(1) as f64,
+            100.0 * error,
+            landed.sure,
+            landed.unsure
+        )
+    })
+}
+
+/// What the read `entry` shows for `handle`, or what is wrong.
 fn shown(
     handle: Handle,
     name: &str,
     shows: &[Handle],
     entry: &Entry,
     formats: &std::collections::BTreeMap<Handle, journal::ReadFormat>,
-) -> Result<u64, String> {
+) -> Result<Observed, String> {
     let (words, read) = match (&entry.result, &entry.step) {
         (Err(e), _) => return Err(format!("the read failed: {e}")),
         (Ok(words), &Step::Read { handle: read }) => (words, read),
@@ -563,7 +623,7 @@ fn shown(
     };
     match reads::parse(words, *format, read, shows) {
         Ok(members) => match members.iter().find(|m| m.handle == handle) {
-            Some(m) => Ok(m.observed.value),
+            Some(m) => Ok(m.observed),
             None => Err(format!("the read does not show {name}")),
         },
         Err(e) => Err(format!("the read of {name}: {e}")),
@@ -790,6 +850,36 @@ mod tests {
                 flowed: Vec::new(),
             })
             .collect()
+    }
+
+    /// A scaled estimate within its bound of what landed passes, one
+    /// beyond it (a count short at 100 % running, or a lost interval taken
+    /// off too much of time_running) is a problem, and so is one that
+    /// never ran.
+    #[test]
+    fn a_scaled_want_holds_the_estimate_within_its_bound_of_what_landed() {
+        let landed = journal::Landed {
+            sure: 1000,
+            unsure: 0,
+        };
+        let read = |value, running| Observed {
+            value,
+            enabled: Some(100),
+            running: Some(running),
+        };
+        assert_eq!(scaled_problem("a", read(1000, 100), landed, 10), None);
+        assert_eq!(scaled_problem("a", read(460, 50), landed, 10), None);
+        let short = scaled_problem("a", read(700, 100), landed, 10).unwrap();
+        assert!(short.contains("-30.0 % off the 1000"), "{short}");
+        assert!(scaled_problem("a", read(700, 50), landed, 10).is_some());
+        assert!(scaled_problem("a", read(0, 0), landed, 10)
+            .unwrap()
+            .contains("time_running 0"));
+        let unsure = journal::Landed {
+            sure: 1000,
+            unsure: 400,
+        };
+        assert_eq!(scaled_problem("a", read(1400, 100), unsure, 10), None);
     }
 
     #[test]

@@ -10,7 +10,7 @@ use crate::checks::pmu::context::EVENT_FILES;
 use crate::model::Handle;
 
 use super::generate::RMID_RATE;
-use super::journal::{IoctlName, Request, Step};
+use super::journal::{Condition, IoctlName, Request, Step};
 
 /// One line to write: a journal step, with the errno its open was refused
 /// with and the values its read must show (`want` lines).
@@ -330,6 +330,11 @@ fn step_text(step: &Step, all: &[Line]) -> String {
             format!("allowed {domain} {list} refused {}", error.name())
         }
         Step::Wait { ms } => format!("wait {ms}ms"),
+        Step::Until {
+            handle,
+            condition: Condition::Running,
+            within_ms,
+        } => format!("until e{handle} running within {within_ms}ms"),
         Step::MuxInterval { domain, ms } => format!("mux {domain} {ms}ms"),
         Step::Violations => "violations".into(),
         Step::DriverCount {

@@ -281,6 +281,7 @@ pub fn depends(journal: &[Entry], target: usize, domains: &[Vec<u32>]) -> BTreeS
             Step::Ioctl { handle, .. }
             | Step::Request { handle, .. }
             | Step::Read { handle }
+            | Step::Until { handle, .. }
             | Step::Close { handle } => on_pmus(handle),
             Step::Burst { domain, .. } | Step::Rate { domain, .. } if wraps == Some(*domain) => {
                 true
