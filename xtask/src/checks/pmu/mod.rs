@@ -8,7 +8,6 @@ pub mod bpf_reads;
 pub mod context;
 pub mod counts;
 pub mod groups;
-pub mod hotplug_fail;
 pub mod moves;
 pub mod multiplexing;
 pub mod opens_racing_moves;
@@ -171,18 +170,13 @@ fn plan(known_bugs: bool, fail_injection: bool, arch: Arch) -> Result<Vec<Planne
     // driver did not follow).
     let library = library()?
         .iter()
-        .filter(|s| (known_bugs || !s.known) && s.runs_on(arch));
+        .filter(|s| (known_bugs || !s.known) && s.runs_on(arch))
+        .filter(|s| fail_injection || !s.fails_hotplug);
     let (reloading, rest): (Vec<&Written>, Vec<&Written>) = library.partition(|s| s.reloads);
     for s in rest.into_iter().chain(reloading) {
         plan.push((
             s.check,
             Box::new(move |ctx: &mut Ctx| Ok(vec![run_scenario(ctx, s)?])),
-        ));
-    }
-    if fail_injection {
-        plan.push((
-            "hotplug fail injection",
-            Box::new(one(hotplug_fail::fail_injection)),
         ));
     }
     plan.push(("module unload", Box::new(one(registration::unload))));
