@@ -42,7 +42,9 @@ pub struct ScenarioArgs {
     /// The device's domains, e.g. 0-1:2-3 (default: the CPUs in two halves).
     #[arg(long)]
     pub domains: Option<String>,
-    /// Boot the normal kernel instead of the debug one.
+    /// Boot the normal kernel instead of the debug one. It cannot fail a
+    /// hotplug operation at a kernel state: a file of a folder with such a
+    /// line is left out, with a note; a file named alone is refused.
     #[arg(long)]
     pub normal: bool,
     /// Boot the sanitizer kernel (the debug one with KCSAN) instead.
