@@ -1,6 +1,7 @@
 //! The stress's fail-injection steps (`stress --fail-injection`): a CPU
 //! offline or online armed to fail at one of the hotplug states around
-//! perf's (the same states `checks::pmu::hotplug_fail` tries one by one),
+//! perf's (the states the scenarios of `scenarios/hotplug-failures/` fail
+//! one by one),
 //! dealt among the schedule's other steps while traffic flows and events
 //! are read, and after each the PMUs where the placement rule says.
 //!
@@ -21,16 +22,118 @@
 
 use std::fmt::Write as _;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use perfbed_agent::{parse_cpu_list, HotplugBatchResult, HotplugOp};
 
-use crate::checks::pmu::hotplug_fail::{chosen_states, parse_states, HotplugState, PERF_STATE};
 use crate::checks::Check;
 use crate::guest::Guest;
+use crate::stress::lifecycle::journal::PERF_STATE;
 
 /// The CPU whose fail file tells which states can fail (any hotpluggable
 /// CPU: the states are the same on all).
 const PROBE_CPU: u32 = 1;
+
+/// The kernel's CPU folder in sysfs.
+pub const CPU_SYSFS: &str = "/sys/devices/system/cpu";
+/// What names the driver's own dynamic state, if it registers one.
+const DRIVER_STATE: &str = "perfbed";
+/// `CPUHP_INVALID`: a CPU's fail injection disarmed.
+const DISARMED: i64 = -1;
+/// The failable states taken on each side of perf's when the driver has no
+/// state of its own: below, the first whose teardown runs after perf moved
+/// the PMU; above, those torn down before perf's.
+const AROUND_PERF: usize = 2;
+
+/// One hotplug state, as `/sys/devices/system/cpu/hotplug/states` lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HotplugState {
+    pub number: i64,
+    pub name: String,
+}
+
+/// The `N: name` lines of the states file.
+pub fn parse_states(text: &str) -> Result<Vec<HotplugState>> {
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|line| {
+            let (number, name) = line
+                .split_once(':')
+                .with_context(|| format!("hotplug state line {line:?}"))?;
+            Ok(HotplugState {
+                number: number
+                    .trim()
+                    .parse()
+                    .with_context(|| format!("hotplug state line {line:?}"))?,
+                name: name.trim().to_string(),
+            })
+        })
+        .collect()
+}
+
+fn write(g: &mut Guest, path: &str, value: &str) -> Result<std::result::Result<(), String>> {
+    let (status, _, stderr) = g.run(&[
+        "/bin/busybox",
+        "sh",
+        "-c",
+        &format!("echo {value} > {path}"),
+    ])?;
+    Ok(if status == Some(0) {
+        Ok(())
+    } else {
+        Err(stderr.trim().to_string())
+    })
+}
+
+fn fail_file(cpu: u32) -> String {
+    format!("{CPU_SYSFS}/cpu{cpu}/hotplug/fail")
+}
+
+/// The states to fail at: from the driver's own (if it has one) or the
+/// [`AROUND_PERF`] failable states above perf's, down to perf's and the
+/// [`AROUND_PERF`] failable states below it. A state is failable when the
+/// kernel takes it in the fail file (it has a callback and is not atomic).
+pub fn chosen_states(
+    g: &mut Guest,
+    states: &[HotplugState],
+    cpu: u32,
+) -> Result<Vec<HotplugState>> {
+    let Some(perf) = states.iter().position(|s| s.name == PERF_STATE) else {
+        bail!("no {PERF_STATE:?} among the hotplug states");
+    };
+    let failable = |g: &mut Guest, s: &HotplugState| -> Result<bool> {
+        let taken = write(g, &fail_file(cpu), &s.number.to_string())?.is_ok();
+        if taken {
+            write(g, &fail_file(cpu), &DISARMED.to_string())?
+                .map_err(|e| anyhow::anyhow!("disarming CPU {cpu}'s fail injection: {e}"))?;
+        }
+        Ok(taken)
+    };
+    let mut chosen = vec![states[perf].clone()];
+    for s in states[..perf].iter().rev() {
+        if chosen.len() > AROUND_PERF {
+            break;
+        }
+        if failable(g, s)? {
+            chosen.insert(0, s.clone());
+        }
+    }
+    let driver = states.iter().rposition(|s| s.name.contains(DRIVER_STATE));
+    let mut above = 0;
+    for (i, s) in states.iter().enumerate().skip(perf + 1) {
+        let within = match driver {
+            Some(d) => i <= d,
+            None => above < AROUND_PERF,
+        };
+        if !within {
+            break;
+        }
+        if failable(g, s)? {
+            chosen.push(s.clone());
+            above += 1;
+        }
+    }
+    Ok(chosen)
+}
 
 /// The states a fail-injection step may arm, and perf's.
 pub struct Failable {
@@ -159,7 +262,7 @@ impl Tally {
 
 /// What is wrong with a PMU of domain `cpus` going from cpumask `was` to
 /// `is` through a fail-injection operation, if anything.
-fn placement_problem(
+pub fn placement_problem(
     cpus: &[u32],
     online_now: &[u32],
     (cpu, online, state, perf): (u32, bool, i64, i64),
@@ -220,6 +323,21 @@ mod tests {
         masks: (&str, &str),
     ) -> Option<String> {
         placement_problem(&DOMAIN, online, (op.0, op.1, op.2, PERF), injected, masks)
+    }
+
+    #[test]
+    fn states_parse_and_bad_lines_are_errors() {
+        let states = parse_states("  0: offline\n 93: perf:online\n235: online\n").unwrap();
+        assert_eq!(states.len(), 3);
+        assert_eq!(
+            states[1],
+            HotplugState {
+                number: 93,
+                name: "perf:online".into()
+            }
+        );
+        assert!(parse_states("perf online\n").is_err());
+        assert!(parse_states("x: perf:online\n").is_err());
     }
 
     #[test]

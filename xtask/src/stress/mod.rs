@@ -12,7 +12,7 @@
 
 mod allowed;
 pub mod boot;
-mod fail_injection;
+pub(crate) mod fail_injection;
 mod jobs;
 pub mod lifecycle;
 pub mod mutants;

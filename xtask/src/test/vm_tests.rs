@@ -367,13 +367,18 @@ fn lifecycle_run(
 pub fn scenario_library(scenario: &Scenario, accel: &Accel) -> Result<()> {
     use stress::lifecycle::scenario::files_under;
     use stress::lifecycle::scenario_guest::{layout, load};
-    use stress::lifecycle::scenario_run::{execute, of_arch};
+    use stress::lifecycle::scenario_run::{execute, of_guest};
     let ws = crate::build::workspace()?;
     let mut vm = scenario.vm.clone();
     vm.device = stress::device(vm.cpus, None)?;
     vm.device.slots = stress::lifecycle::SLOTS;
     let root = [ws.join("scenarios")];
-    let (files, _) = of_arch(files_under(&root)?, &root, vm.host.arch())?;
+    let (files, _) = of_guest(
+        files_under(&root)?,
+        &root,
+        vm.host.arch(),
+        scenario.fail_injection,
+    )?;
     let texts = load(
         &files,
         &layout(vm.cpus, &vm.device, vm.host.arch()),

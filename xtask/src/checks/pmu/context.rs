@@ -61,25 +61,12 @@ impl Ctx<'_, '_> {
         }
     }
 
-    pub fn count(&mut self, handle: u32) -> Result<u64> {
-        Ok(self.g.read(handle)?[0])
-    }
-
     pub fn truth(state: &DeviceState, domain: usize, rmid: u32, event: Event) -> u64 {
         state.domains[domain]
             .truth
             .iter()
             .find(|t| t.rmid == rmid && t.event == event)
             .map_or(0, |t| t.bytes)
-    }
-
-    pub fn inject_and_land(&mut self, injections: &[(usize, u32, Event, u64)]) -> Result<()> {
-        for &(d, rmid, event, bytes) in injections {
-            self.control.inject(d as u32, rmid, event, bytes)?;
-        }
-        self.control
-            .wait_landed(self.g.timeout.as_millis() as u64)?;
-        Ok(())
     }
 }
 

@@ -8,7 +8,6 @@ pub mod bpf_reads;
 pub mod context;
 pub mod counts;
 pub mod groups;
-pub mod hotplug_fail;
 pub mod moves;
 pub mod multiplexing;
 pub mod opens_racing_moves;
@@ -110,8 +109,8 @@ type Planned = (&'static str, Box<dyn Fn(&mut Ctx) -> Result<Vec<Check>>>);
 /// of the plan one span of the trace's bands); the driver must be loaded.
 /// With `known_bugs`, the checks of known, open bugs run too
 /// (they fail until the bug is fixed). With `fail_injection` (a kernel with
-/// `CONFIG_CPU_HOTPLUG_STATE_CONTROL`: the debug one), hotplug operations
-/// that fail at perf's states and roll back too.
+/// `CONFIG_CPU_HOTPLUG_STATE_CONTROL`: the debug one), the scenarios that
+/// fail hotplug operations at perf's states too (`scenarios/hotplug-failures`).
 pub fn run(
     g: &mut Guest,
     control: ControlClient,
@@ -151,7 +150,8 @@ pub fn names(known_bugs: bool, fail_injection: bool, arch: Arch) -> Result<Vec<&
 
 /// Every check of `run` on a guest of `arch`, in order, by its printed
 /// name: the checks in Rust, and the scenario library (`scenarios/`, its
-/// files of that architecture or of none) before the allowed-set attacks.
+/// files of that architecture or of none, and those that fail hotplug
+/// operations only with `fail_injection`) before the allowed-set attacks.
 fn plan(known_bugs: bool, fail_injection: bool, arch: Arch) -> Result<Vec<Planned>> {
     let one = |check: CtxCheck| move |ctx: &mut Ctx| Ok(vec![check(ctx)?]);
     let named = |&(name, check): &'static (&'static str, CtxCheck)| -> Planned {
@@ -171,18 +171,13 @@ fn plan(known_bugs: bool, fail_injection: bool, arch: Arch) -> Result<Vec<Planne
     // driver did not follow).
     let library = library()?
         .iter()
-        .filter(|s| (known_bugs || !s.known) && s.runs_on(arch));
+        .filter(|s| (known_bugs || !s.known) && s.runs_on(arch))
+        .filter(|s| fail_injection || !s.fails_hotplug);
     let (reloading, rest): (Vec<&Written>, Vec<&Written>) = library.partition(|s| s.reloads);
     for s in rest.into_iter().chain(reloading) {
         plan.push((
             s.check,
             Box::new(move |ctx: &mut Ctx| Ok(vec![run_scenario(ctx, s)?])),
-        ));
-    }
-    if fail_injection {
-        plan.push((
-            "hotplug fail injection",
-            Box::new(one(hotplug_fail::fail_injection)),
         ));
     }
     plan.push(("module unload", Box::new(one(registration::unload))));
@@ -205,6 +200,20 @@ mod tests {
             assert!(seen.insert(name), "{name:?} names two checks");
         }
         assert!(names.len() > 50, "{} checks", names.len());
+    }
+
+    /// The scenario that fails hotplug operations at kernel states needs
+    /// the debug kernel (`CONFIG_CPU_HOTPLUG_STATE_CONTROL`): a check of its
+    /// runs only, under the name the Rust check had.
+    #[test]
+    fn hotplug_fail_injection_runs_on_the_debug_kernel_only() {
+        let name = "hotplug fail injection";
+        assert!(super::names(false, true, Arch::X86_64)
+            .unwrap()
+            .contains(&name));
+        assert!(!super::names(false, false, Arch::X86_64)
+            .unwrap()
+            .contains(&name));
     }
 
     /// The scenarios of a known violation (`scenarios/known-violations/`)

@@ -1009,6 +1009,7 @@ mod tests {
                 Step::Reload { .. } => "reload",
                 Step::StatStart { .. } => "stat start",
                 Step::StatStop { .. } => "stat stop",
+                Step::FailAt { .. } => "fail at",
             })
             .collect();
         for kind in [

@@ -211,6 +211,28 @@ impl Opened {
     }
 }
 
+/// The hotplug states an `offline`/`online ... fails at STATE` line may
+/// arm, by the name `/sys/devices/system/cpu/hotplug/states` gives them:
+/// perf's own, where the perf core moves device-scope PMUs, and its
+/// failable neighbours on the 6.12 kernel; each with whether it lies below
+/// perf's (an offline that fails there has run perf's teardown).
+pub const HOTPLUG_STATES: [(&str, bool); 5] = [
+    ("smpboot/threads:online", true),
+    ("irq/affinity:online", true),
+    (PERF_STATE, false),
+    ("lockup_detector:online", false),
+    ("workqueue:online", false),
+];
+
+/// perf's own hotplug state.
+pub const PERF_STATE: &str = "perf:online";
+
+/// Whether an offline armed at `state` runs perf's teardown, moving the
+/// PMU off the CPU: it completes, or fails at a state below perf's.
+pub fn offline_runs_perfs_teardown(state: &str, completes: bool) -> bool {
+    completes || HOTPLUG_STATES.iter().any(|&(n, below)| n == state && below)
+}
+
 /// One operation of the stress.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "step", rename_all = "snake_case")]
@@ -304,6 +326,20 @@ pub enum Step {
     /// domain's CPU after it, [`PARKED`] for a domain it parked.
     Offline {
         cpu: u32,
+    },
+    /// A CPU taken offline or brought online with the hotplug state named
+    /// `state` armed to fail (a scenario's `offline CPU fails at STATE`,
+    /// the agent's `HotplugOp::FailAt`; the debug kernel): it fails there
+    /// and rolls back, or, with `completes`, the state has no callback that
+    /// way, the operation completes and the agent undoes it. Either way the
+    /// CPU ends as it was; the result is each domain's CPU after,
+    /// [`PARKED`] for a parked one.
+    FailAt {
+        cpu: u32,
+        online: bool,
+        state: String,
+        #[serde(default, skip_serializing_if = "is_false")]
+        completes: bool,
     },
     /// The device gave the domain a new allowed set (a scenario's
     /// `allowed`), and its `cpumask` followed: the result is the CPU it

@@ -351,6 +351,20 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
                     );
                 }
             }
+            // The CPU is as it was; a PMU that moved went with perf's
+            // teardown and stays where the rollback (or the undo) left it.
+            (&Step::FailAt { .. }, Ok(owners)) => {
+                let seen = (0u32..).zip(owners).filter(|(d, _)| !doubt.contains_key(d));
+                for (domain, &owner) in seen {
+                    let now = (owner != PARKED).then_some(owner as u32);
+                    let was = cpus.owners.get(domain as usize).copied().flatten();
+                    if let (Some(_), Some(_)) = (was, now) {
+                        if was != now {
+                            cpus.step(&mut model, &Step::Move { domain }, now, 0);
+                        }
+                    }
+                }
+            }
             (step @ (Step::Offline { .. } | Step::Reload { .. }), Ok(owners)) => {
                 match *step {
                     Step::Offline { cpu } => model.cpu_offline(cpu),
@@ -780,6 +794,24 @@ impl Predictor {
                     self.place(d);
                 }
             }
+            // A rolled-back (or undone) operation leaves the CPU as it was;
+            // an offline that ran perf's teardown moved the PMU of that CPU.
+            &Step::FailAt {
+                cpu,
+                online: false,
+                ref state,
+                completes,
+            } if super::journal::offline_runs_perfs_teardown(state, completes) => {
+                for domain in 0..self.allowed.len() as u32 {
+                    if self.owner(domain) == Some(cpu) {
+                        if let Some(next) = self.allowed_online(domain, Some(cpu)) {
+                            let moved = Step::Move { domain };
+                            self.cpus.step(&mut self.model, &moved, Some(next), 0);
+                        }
+                    }
+                }
+            }
+            Step::FailAt { .. } => {}
             &Step::Offline { cpu } => {
                 self.offline.insert(cpu);
                 self.model.cpu_offline(cpu);

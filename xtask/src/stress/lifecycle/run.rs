@@ -940,6 +940,12 @@ pub(super) fn host_step(
             Ok(vec![])
         }
         &Step::Offline { cpu } => offline(g, pmus, cpu)?,
+        Step::FailAt {
+            cpu,
+            online,
+            state,
+            completes,
+        } => fail_at(g, control, pmus, (*cpu, *online), state, *completes)?,
         Step::Allowed {
             domain,
             cpus,
@@ -1166,6 +1172,123 @@ fn offline(g: &mut Guest, pmus: &[String], cpu: u32) -> Result<Result<Vec<u64>, 
                 .map_err(|_| format!("{pmu}/cpumask {mask:?} is not one CPU")),
         })
         .collect())
+}
+
+/// Takes `cpu` offline (or online) with hotplug state `state` armed to
+/// fail there (the agent's `HotplugOp::FailAt`): the operation must fail
+/// there and roll back (an offline up to `online`, an online below the
+/// state) or, with `completes`, complete without reaching it (the agent
+/// undoes it), and every PMU be where the rollback's placement rule puts
+/// it. Each domain's CPU after, [`PARKED`] for a parked one; what went
+/// otherwise is the step's error. A state the guest's kernel does not list
+/// (or cannot fail at: not the debug kernel) stops the run.
+fn fail_at(
+    g: &mut Guest,
+    control: &mut ControlClient,
+    pmus: &[String],
+    (cpu, online): (u32, bool),
+    state: &str,
+    completes: bool,
+) -> Result<Result<Vec<u64>, String>> {
+    use crate::stress::fail_injection::{parse_states, placement_problem, CPU_SYSFS};
+    let states = parse_states(&g.read_file(&format!("{CPU_SYSFS}/hotplug/states"))?)?;
+    let number = |name: &str| {
+        states
+            .iter()
+            .rfind(|s| s.name == name)
+            .map(|s| s.number)
+            .with_context(|| {
+                let listed: Vec<&str> = states.iter().map(|s| s.name.as_str()).collect();
+                format!(
+                    "the guest's kernel lists no hotplug state {name:?} (its states: {})",
+                    listed.join(", ")
+                )
+            })
+    };
+    let (armed, perf, online_state) = (
+        number(state)?,
+        number(super::journal::PERF_STATE)?,
+        number("online")?,
+    );
+    let result = match g.ask(HostRequest::HotplugBatch {
+        ops: vec![HotplugOp::FailAt {
+            cpu,
+            online,
+            state: armed,
+        }],
+        watch_pmus: pmus.to_vec(),
+        read_handles: vec![],
+    })? {
+        AgentMessage::HotplugBatch(r) if r.ops.len() == 1 => r,
+        other => bail!("CPU {cpu} armed to fail at {state}: {other:?}"),
+    };
+    let done = &result.ops[0];
+    let what = format!(
+        "{} of CPU {cpu} armed at {armed} {state}",
+        if online { "online" } else { "offline" }
+    );
+    let injected = match (done.injected, &done.error) {
+        (Some(injected), None) => injected,
+        (None, Some(e)) if e.contains("arming state") => {
+            bail!("{what}: {e} (fail injection needs the debug kernel)")
+        }
+        (_, error) => return Ok(Err(format!("{what}: {error:?}"))),
+    };
+    if injected == completes {
+        return Ok(Err(format!(
+            "{what}: {}",
+            if injected {
+                "failed there and rolled back, and the line says it completes past it"
+            } else {
+                "completed without reaching it (the agent undid it), and the line says it fails there"
+            }
+        )));
+    }
+    let at = g
+        .read_file(&format!("{CPU_SYSFS}/cpu{cpu}/hotplug/state"))?
+        .parse::<i64>()
+        .context("a CPU's hotplug/state")?;
+    let rolled_back = match (injected, online) {
+        (true, false) => at == online_state,
+        (true, true) => at < armed,
+        (false, _) => true,
+    };
+    if !rolled_back {
+        return Ok(Err(format!(
+            "{what}: failed, and left the CPU at state {at} ({})",
+            if online {
+                format!("want below {armed}")
+            } else {
+                format!("want {online_state}, online")
+            }
+        )));
+    }
+    let online_now = parse_cpu_list(done.online.trim()).unwrap_or_default();
+    let state_now = control.state()?;
+    let mut owners = Vec::new();
+    let mut problems = Vec::new();
+    for (d, (pmu, (was, is))) in pmus
+        .iter()
+        .zip(result.masks_before.iter().zip(&done.masks))
+        .enumerate()
+    {
+        let allowed = state_now
+            .domains
+            .get(d)
+            .map_or(&[][..], |s| s.allowed_cpus.as_slice());
+        let rule = (cpu, online, armed, perf);
+        if let Some(p) = placement_problem(allowed, &online_now, rule, injected, (was, is)) {
+            problems.push(format!("{pmu} {p}"));
+        }
+        owners.push(match is.trim() {
+            "" => PARKED,
+            m => m.parse::<u64>().unwrap_or(PARKED),
+        });
+    }
+    if !problems.is_empty() {
+        return Ok(Err(format!("{what}: {}", problems.join("; "))));
+    }
+    Ok(Ok(owners))
 }
 
 /// Unloads perfbed.ko, gives `allowed`'s domain its set if there is one,

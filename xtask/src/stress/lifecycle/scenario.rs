@@ -48,7 +48,7 @@ use crate::model::{DeviceShape, Handle, Observed, ValueRule};
 
 use super::journal::{
     landed, Bound, Condition, Cpus, DriverCount, Flowed, Growth, IoctlName, Malformed, Opened,
-    ReadFormat, Request, Step,
+    ReadFormat, Request, Step, HOTPLUG_STATES,
 };
 use super::replay;
 use super::scenario_write::bytes_text;
@@ -144,6 +144,24 @@ pub enum Want {
 
 /// The operations a line can start with.
 const OPERATIONS: &str = "open (as NAME = open ...), enable, disable, reset, ioctl, read, want, close, burst, occupancy, rate, move, moves, park, unpark, offline, online, allowed, reload, stat, wait, until, mux, cpumask, violations, lost_wraps, irqs_on_owner, irqs_off_owner";
+
+/// Whether `text` has a line that fails a hotplug operation (`fails at`,
+/// `completes past`): it needs a kernel that can (the debug one).
+pub fn fails_hotplug(text: &str) -> bool {
+    text.lines().any(|l| {
+        let words: Vec<&str> = l
+            .split('#')
+            .next()
+            .unwrap_or("")
+            .split_whitespace()
+            .collect();
+        matches!(
+            words[..],
+            ["offline" | "online", _, "fails", "at", _]
+                | ["offline" | "online", _, "completes", "past", _]
+        )
+    })
+}
 
 /// How long an `until` waits without a `within`.
 const UNTIL_WITHIN_MS: u64 = 10_000;
@@ -515,6 +533,7 @@ impl Parser<'_> {
                 self.owners[domain as usize] = Some(cpu);
                 Step::Unpark { domain, cpu }
             }
+            "offline" | "online" if args.len() > 1 => return self.fail_at(line, op, args, was),
             "offline" | "online" => {
                 let [cpu] = args else {
                     return Err(format!("expected `{op} CPU`"));
@@ -856,6 +875,87 @@ impl Parser<'_> {
         self.place_all();
         self.push(line, Step::Offline { cpu }, vec![], was)?;
         self.ops.last_mut().expect("just pushed").on_owner = Some(domain);
+        Ok(())
+    }
+
+    /// `offline CPU fails at STATE`, `online CPU completes past STATE` and
+    /// the like: the operation with the hotplug state armed to fail
+    /// ([`HOTPLUG_STATES`]), which leaves the CPU as it was. An offline of
+    /// a PMU's CPU that ran perf's teardown (it completed, or failed below
+    /// perf's state) moved the PMU to another allowed CPU online, where
+    /// the rollback leaves it; anything else leaves every PMU where it is.
+    fn fail_at(
+        &mut self,
+        line: usize,
+        op: &str,
+        args: &[&str],
+        was: Vec<bool>,
+    ) -> Result<(), String> {
+        let usage =
+            || format!("expected `{op} CPU fails at STATE` or `{op} CPU completes past STATE`");
+        let (word, completes, state) = match args {
+            [cpu, "fails", "at", state] => (*cpu, false, *state),
+            [cpu, "completes", "past", state] => (*cpu, true, *state),
+            _ => return Err(usage()),
+        };
+        let Some(&(_, below_perf)) = HOTPLUG_STATES.iter().find(|(n, _)| *n == state) else {
+            let names: Vec<&str> = HOTPLUG_STATES.iter().map(|(n, _)| *n).collect();
+            return Err(format!(
+                "`{state}`: not a hotplug state a line can arm; these are: {}",
+                names.join(", ")
+            ));
+        };
+        let online = op == "online";
+        let (cpu, on_owner) = match word.strip_prefix("owner(") {
+            Some(_) if online => {
+                return Err(format!(
+                    "`{word}`: an online names the offline CPU it brings back by number"
+                ))
+            }
+            Some(role) => {
+                let role = role
+                    .strip_suffix(')')
+                    .ok_or_else(|| format!("`{word}`: expected owner(DOMAIN)"))?;
+                let domain = self.domain(role)?;
+                let candidates = self.online_allowed(domain);
+                let owner = self.owners[domain as usize].filter(|c| candidates.contains(c));
+                match owner.or(candidates.first().copied()) {
+                    Some(cpu) => (cpu, Some(domain)),
+                    None => {
+                        return Err(format!(
+                            "domain {domain} is parked here: it has no owner to take offline"
+                        ))
+                    }
+                }
+            }
+            None => (self.cpu(word)?, None),
+        };
+        if !online && cpu == 0 && !self.layout.arch.cpu0_goes_offline() {
+            return Err("CPU 0 never goes offline (on x86: arm64's can)".into());
+        }
+        if self.online.contains(&cpu) == online {
+            return Err(format!(
+                "CPU {cpu} is {} here already",
+                if online { "online" } else { "offline" }
+            ));
+        }
+        self.not_moved(cpu)?;
+        if !online && (completes || below_perf) {
+            for d in 0..self.owners.len() {
+                if self.owners[d] == Some(cpu) {
+                    let next = self.allowed_online(d as u32, Some(cpu));
+                    self.owners[d] = next.or(Some(cpu));
+                }
+            }
+        }
+        let step = Step::FailAt {
+            cpu,
+            online,
+            state: state.to_string(),
+            completes,
+        };
+        self.push(line, step, vec![], was)?;
+        self.ops.last_mut().expect("just pushed").on_owner = on_owner;
         Ok(())
     }
 
@@ -2946,6 +3046,80 @@ enable a",
     /// refuses only a domain with no owner, or one whose only allowed CPU
     /// online is CPU 0. (The old parser took `owner(movable)` for a bad
     /// CPU number.)
+    /// A hotplug operation armed to fail at a kernel state: a state the
+    /// parser knows, a CPU that can take the operation; an offline below
+    /// perf's state (or one that completes) moves the owner's PMU, one at
+    /// or above it leaves it; the line is written back as it was read.
+    #[test]
+    fn a_failing_hotplug_line_names_a_known_state_and_a_cpu_that_can_take_it() {
+        let s = parsed(
+            "offline owner(movable) fails at perf:online\ncpumask movable 2\n\
+             offline owner(movable) fails at smpboot/threads:online\ncpumask movable 3\n\
+             offline owner(movable) completes past irq/affinity:online\ncpumask movable 2\n\
+             offline 3 fails at workqueue:online\ncpumask movable 2\n\
+             park movable\nonline 3 fails at perf:online\ncpumask movable none\n",
+        )
+        .unwrap();
+        assert_eq!(
+            s.ops[0].step,
+            Step::FailAt {
+                cpu: 2,
+                online: false,
+                state: "perf:online".into(),
+                completes: false
+            }
+        );
+        assert_eq!(s.ops[0].on_owner, Some(1));
+        assert_eq!(s.ops[2].on_owner, Some(1));
+        assert_eq!(
+            s.ops[9].step,
+            Step::FailAt {
+                cpu: 3,
+                online: true,
+                state: "perf:online".into(),
+                completes: false
+            }
+        );
+        let (again, text) = written_back(&s);
+        assert_eq!(again.ops.len(), s.ops.len());
+        assert!(
+            text.contains("offline 3 completes past irq/affinity:online"),
+            "{text}"
+        );
+        assert!(fails_hotplug(&text));
+        assert!(!fails_hotplug(
+            "offline 3\n# offline 2 fails at perf:online\n"
+        ));
+        // The model follows the parser: the PMU perf's teardown moved is
+        // on 3, the one it never reached on 2.
+        let shape = DeviceShape::DEFAULT_RUN;
+        assert_eq!(wants_against_model(&s, shape), vec![]);
+        let stayed = parsed("offline 2 fails at smpboot/threads:online\ncpumask movable 2\n");
+        let found = wants_against_model(&stayed.unwrap(), shape);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(
+            found[0].message.contains("places domain 1 on CPU 3"),
+            "{found:?}"
+        );
+        for (text, line, want) in [
+            ("offline 2 fails at perf:offline\n", 1, "`perf:offline`: not a hotplug state a line can arm; these are: smpboot/threads:online"),
+            ("offline 9 fails at perf:online\n", 1, "CPU 9"),
+            ("offline x fails at perf:online\n", 1, "expected a CPU number"),
+            ("offline 2 fails perf:online\n", 1, "expected `offline CPU fails at STATE` or `offline CPU completes past STATE`"),
+            ("offline 2 fails at\n", 1, "expected `offline CPU fails at STATE`"),
+            ("offline 0 fails at perf:online\n", 1, "CPU 0 never goes offline"),
+            ("online 2 fails at perf:online\n", 1, "CPU 2 is online here already"),
+            ("offline 3\noffline 3 fails at perf:online\n", 2, "CPU 3 is offline here already"),
+            ("park movable\nonline owner(movable) fails at perf:online\n", 2, "by number"),
+            ("park movable\noffline owner(movable) fails at perf:online\n", 2, "no owner to take offline"),
+            ("moves movable start\noffline 3 fails at perf:online\nmoves movable stop\n", 2, "switched by the thread"),
+        ] {
+            let (at, message) = refused(text);
+            assert_eq!(at, line, "{text}: {message}");
+            assert!(message.contains(want), "{text}: {message}");
+        }
+    }
+
     #[test]
     fn an_offline_of_an_owner_is_named_by_role_and_resolved_at_run_time() {
         let s = parsed(

@@ -31,8 +31,8 @@ use super::reads;
 use super::replay::{replay, Finding};
 use super::run::{attr_of, flush, host_step, probe_next_handle, shape, with_started_job};
 use super::scenario::{
-    arch_of, difference, files_under, parse, wants_against_model, Layout, Scenario, Want,
-    KNOWN_VIOLATIONS,
+    arch_of, difference, fails_hotplug, files_under, parse, wants_against_model, Layout, Scenario,
+    Want, KNOWN_VIOLATIONS,
 };
 use super::shrink::{self, Shrinking};
 
@@ -98,6 +98,9 @@ pub struct Written {
     /// Its `# arch:` header: it is a check of that architecture's runs
     /// only (none: of every run).
     pub arch: Option<Arch>,
+    /// It fails hotplug operations at kernel states (`fails at`,
+    /// `completes past`): a check of the debug kernel's runs only.
+    pub fails_hotplug: bool,
 }
 
 impl Written {
@@ -134,6 +137,7 @@ pub fn library() -> Result<&'static [Written]> {
             });
             library.push(Written {
                 arch: arch_of(&text),
+                fails_hotplug: fails_hotplug(&text),
                 file,
                 text,
                 check: Box::leak(check.into_boxed_str()),
@@ -332,13 +336,13 @@ fn carry_out_into(
             };
             match &mut step {
                 Step::Open { event, .. } => event.cpu = owner as i32,
-                Step::Offline { .. } if owner == 0 => bail!(
+                Step::Offline { .. } | Step::FailAt { .. } if owner == 0 => bail!(
                     "{}:{}: offline owner({d}): {} counts on CPU 0, which never goes offline",
                     scenario.file.display(),
                     op.line,
                     env.pmus[d as usize]
                 ),
-                Step::Offline { cpu } => *cpu = owner,
+                Step::Offline { cpu } | Step::FailAt { cpu, .. } => *cpu = owner,
                 _ => {}
             }
         }

@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use clap::Args;
 use perfbed_device::DeviceConfig;
 
@@ -20,7 +20,7 @@ use crate::host::vm::Vm;
 use crate::progress::human;
 
 use super::cli::GuestShape;
-use super::scenario::{arch_of, files_under};
+use super::scenario::{arch_of, fails_hotplug, files_under};
 use super::scenario_guest::{carry_out_file, layout, load};
 use super::shrink::Shrinking;
 
@@ -42,7 +42,9 @@ pub struct ScenarioArgs {
     /// The device's domains, e.g. 0-1:2-3 (default: the CPUs in two halves).
     #[arg(long)]
     pub domains: Option<String>,
-    /// Boot the normal kernel instead of the debug one.
+    /// Boot the normal kernel instead of the debug one. It cannot fail a
+    /// hotplug operation at a kernel state: a file of a folder with such a
+    /// line is left out, with a note; a file named alone is refused.
     #[arg(long)]
     pub normal: bool,
     /// Boot the sanitizer kernel (the debug one with KCSAN) instead.
@@ -93,20 +95,16 @@ pub fn run(ws: &Path, args: &ScenarioArgs) -> Result<bool> {
     let guest = args.guest();
     let device = guest.device()?;
     if args.arch != Arch::X86_64 && args.host != host::HostChoice::Qemu {
-        anyhow::bail!(
+        bail!(
             "--arch {}: perfbed's QEMU only (no --host {})",
             args.arch.kernel_arch(),
             args.host.name()
         );
     }
     let files = files_under(&args.files).context("listing the scenario files")?;
-    let (files, left_out) = of_arch(files, &args.files, args.arch)?;
-    for file in &left_out {
-        eprintln!(
-            "note: leaving out {} (its `# arch:` header names another architecture than {})",
-            file.display(),
-            args.arch.kernel_arch()
-        );
+    let (files, left_out) = of_guest(files, &args.files, args.arch, !args.normal)?;
+    for (file, why) in &left_out {
+        eprintln!("note: leaving out {} ({why})", file.display());
     }
     let texts = load(&files, &layout(args.cpus, &device, args.arch), &device)?;
     if args.parse_only {
@@ -182,22 +180,41 @@ pub fn run(ws: &Path, args: &ScenarioArgs) -> Result<bool> {
     Ok(passed)
 }
 
-/// `files` split into those for a guest of `arch` and those found in a
-/// folder of `given` whose `# arch:` header names another architecture
-/// (a file given by name stays, for the parser to refuse).
-pub fn of_arch(
+/// The files kept, and those left out with why.
+pub type Split = (Vec<PathBuf>, Vec<(PathBuf, String)>);
+
+/// `files` split into those a guest of `arch` can carry out and those
+/// found in a folder of `given` that it cannot, each with why: an `# arch:`
+/// header naming another architecture (a file given by name stays, for
+/// the parser to refuse), or, on a kernel without `fail_injection` (the
+/// normal one), a line that fails a hotplug operation at a kernel state
+/// (a file given by name is refused here).
+pub fn of_guest(
     files: Vec<PathBuf>,
     given: &[PathBuf],
     arch: Arch,
-) -> Result<(Vec<PathBuf>, Vec<PathBuf>)> {
+    fail_injection: bool,
+) -> Result<Split> {
     let mut kept = Vec::new();
     let mut left_out = Vec::new();
     for file in files {
         let text = std::fs::read_to_string(&file)
             .with_context(|| format!("reading {}", file.display()))?;
-        match arch_of(&text) {
-            Some(other) if other != arch && !given.contains(&file) => left_out.push(file),
-            _ => kept.push(file),
+        let named = given.contains(&file);
+        let why = match arch_of(&text) {
+            Some(other) if other != arch && !named => Some(format!(
+                "its `# arch:` header names another architecture than {}",
+                arch.kernel_arch()
+            )),
+            _ if !fail_injection && fails_hotplug(&text) => Some(
+                "it fails hotplug operations at kernel states, which only the debug kernel can: run it without --normal".to_string(),
+            ),
+            _ => None,
+        };
+        match why {
+            Some(why) if named => bail!("{}: {why}", file.display()),
+            Some(why) => left_out.push((file, why)),
+            None => kept.push(file),
         }
     }
     Ok((kept, left_out))

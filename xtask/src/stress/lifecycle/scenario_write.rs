@@ -296,6 +296,20 @@ fn step_text(step: &Step, all: &[Line]) -> String {
         Step::Unpark { domain, cpu } => format!("unpark {domain} {cpu}"),
         Step::Online { cpu } => format!("online {cpu}"),
         Step::Offline { cpu } => format!("offline {cpu}"),
+        Step::FailAt {
+            cpu,
+            online,
+            state,
+            completes,
+        } => format!(
+            "{} {cpu} {} {state}",
+            if *online { "online" } else { "offline" },
+            if *completes {
+                "completes past"
+            } else {
+                "fails at"
+            }
+        ),
         Step::Allowed {
             domain,
             cpus,

@@ -311,7 +311,7 @@ pub fn depends(journal: &[Entry], target: usize, domains: &[Vec<u32>]) -> BTreeS
             | Step::Cpumask { domain, .. }
             | Step::StatStart { domain, .. }
             | Step::StatStop { domain, .. } => pmus.contains(domain),
-            Step::Online { cpu } | Step::Offline { cpu } => {
+            Step::Online { cpu } | Step::Offline { cpu } | Step::FailAt { cpu, .. } => {
                 cpus.contains(cpu)
                     || pmus
                         .iter()
