@@ -369,11 +369,10 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
                     let now = (owner != PARKED).then_some(owner as u32);
                     match cpus.owners.get(domain as usize).copied() {
                         // Followed from the start: a move where the owner changed.
-                        Some(was) => {
-                            if was.is_some() && now.is_some() && was != now {
-                                cpus.step(&mut model, &Step::Move { domain }, now, 0);
-                            }
+                        Some(was) if was.is_some() && now.is_some() && was != now => {
+                            cpus.step(&mut model, &Step::Move { domain }, now, 0);
                         }
+                        Some(_) => {}
                         // A scenario's journal does not follow the owners: as
                         // after an offline, each PMU still placed may have
                         // moved with perf's teardown.
