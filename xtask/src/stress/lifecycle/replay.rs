@@ -353,15 +353,31 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
             }
             // The CPU is as it was; a PMU that moved went with perf's
             // teardown and stays where the rollback (or the undo) left it.
-            (&Step::FailAt { .. }, Ok(owners)) => {
+            (
+                &Step::FailAt {
+                    online,
+                    ref state,
+                    completes,
+                    ..
+                },
+                Ok(owners),
+            ) => {
+                let teardown =
+                    !online && super::journal::offline_runs_perfs_teardown(state, completes);
                 let seen = (0u32..).zip(owners).filter(|(d, _)| !doubt.contains_key(d));
                 for (domain, &owner) in seen {
                     let now = (owner != PARKED).then_some(owner as u32);
-                    let was = cpus.owners.get(domain as usize).copied().flatten();
-                    if let (Some(_), Some(_)) = (was, now) {
-                        if was != now {
+                    match cpus.owners.get(domain as usize).copied() {
+                        // Followed from the start: a move where the owner changed.
+                        Some(was) if was.is_some() && now.is_some() && was != now => {
                             cpus.step(&mut model, &Step::Move { domain }, now, 0);
                         }
+                        Some(_) => {}
+                        // A scenario's journal does not follow the owners: as
+                        // after an offline, each PMU still placed may have
+                        // moved with perf's teardown.
+                        None if teardown && now.is_some() => model.moved(domain),
+                        None => {}
                     }
                 }
             }
@@ -926,6 +942,37 @@ pub(crate) mod tests {
         group: false,
         lost: false,
     };
+
+    /// A scenario's journal (which does not follow the owners): a device
+    /// group with a cpu-clock sibling on the owner, whose offline completed
+    /// past irq/affinity:online and was undone. perf's teardown moved the
+    /// PMU, and the clock's running time stood still through the transit
+    /// (1.0 ms short of its enabled time at the second read, under QEMU).
+    const OFFLINE_COMPLETED_PAST: &str =
+        include_str!("../../../tests/fixtures/journals/cpu-clock-sibling-through-an-offline-completed-past.jsonl");
+
+    #[test]
+    fn a_failing_offline_that_ran_perfs_teardown_moved_the_pmu_in_a_scenario_journal() {
+        let (_, journal) = super::super::journal::from_text(OFFLINE_COMPLETED_PAST).unwrap();
+        let r = replay(SHAPE, &journal);
+        assert!(r.findings.is_empty(), "{:?}", r.findings);
+
+        // Had it failed above perf's state, perf's teardown would not have
+        // run, nothing moved, and the same shortfall is a finding.
+        let above = OFFLINE_COMPLETED_PAST.replace(
+            r#""state":"irq/affinity:online","completes":true"#,
+            r#""state":"lockup_detector:online","completes":false"#,
+        );
+        assert_ne!(above, OFFLINE_COMPLETED_PAST);
+        let (_, journal) = super::super::journal::from_text(&above).unwrap();
+        let r = replay(SHAPE, &journal);
+        assert_eq!(r.findings.len(), 1, "{:?}", r.findings);
+        assert!(
+            r.findings[0].text.contains("time_running"),
+            "{:?}",
+            r.findings
+        );
+    }
 
     fn open(expect: Handle, disabled: bool) -> Entry {
         let event = Opened {
