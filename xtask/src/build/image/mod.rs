@@ -64,7 +64,14 @@ pub fn ensure_with_driver(
     purpose: Purpose,
     driver: Option<&Path>,
 ) -> Result<Images> {
-    ensure_mutated(workspace, variant, purpose, driver, None)
+    ensure_mutated(
+        workspace,
+        variant,
+        purpose,
+        driver,
+        None,
+        &[arch::Arch::X86_64],
+    )
 }
 
 /// [`ensure`] with a kernel of the patches `choose` picks from the series
@@ -74,7 +81,14 @@ pub fn ensure_with_kernel_patches(
     variant: Variant,
     choose: kernel::ChoosePatches,
 ) -> Result<Images> {
-    ensure_mutated(workspace, variant, Purpose::Test, None, Some(choose))
+    ensure_mutated(
+        workspace,
+        variant,
+        Purpose::Test,
+        None,
+        Some(choose),
+        &[arch::Arch::X86_64],
+    )
 }
 
 fn ensure_mutated(
@@ -83,10 +97,11 @@ fn ensure_mutated(
     purpose: Purpose,
     driver: Option<&Path>,
     choose: Option<kernel::ChoosePatches>,
+    qemu_archs: &[arch::Arch],
 ) -> Result<Images> {
     crate::build::deps::ensure_packages()?;
     std::thread::scope(|s| {
-        let qemu = s.spawn(|| qemu::ensure(workspace));
+        let qemu = s.spawn(|| qemu::ensure_among(workspace, arch::Arch::X86_64, qemu_archs));
         let guest = guest_images(workspace, variant, purpose, driver, choose);
         let qemu = qemu
             .join()
