@@ -199,7 +199,7 @@ pub fn run(ws: &Path, args: &RunArgs) -> Result<bool> {
         }
     };
     scenario::print_report(&report, image_time, total.elapsed());
-    if !matches!(scenario.vm.host, host::Host::Qemu) {
+    if scenario.vm.host.is_vmm() {
         for line in vmm::host_report(&scenario.vm.run_dir) {
             println!("  {line}");
         }
