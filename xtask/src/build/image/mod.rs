@@ -56,6 +56,13 @@ pub fn ensure_for(workspace: &Path, variant: Variant, purpose: Purpose) -> Resul
     ensure_with_driver(workspace, variant, purpose, None)
 }
 
+/// [`ensure`] in a run that boots guests of each of `archs` (`cargo xtask
+/// test`): their QEMUs are one build when none is built yet
+/// ([`qemu::ensure_among`]).
+pub fn ensure_beside(workspace: &Path, variant: Variant, archs: &[arch::Arch]) -> Result<Images> {
+    ensure_mutated(workspace, variant, Purpose::Test, None, None, archs)
+}
+
 /// [`ensure_for`] with perfbed.ko built from `driver` (a folder laid out as
 /// `guest-driver/`, such as a planted-bug copy) instead of `guest-driver/`.
 pub fn ensure_with_driver(
