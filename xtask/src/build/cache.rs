@@ -284,7 +284,7 @@ pub fn keep(kind: &str) -> usize {
         // Main's and two branches' (say, one changing the shim and one the
         // configure line) and a previous one: with two, three branches'
         // QEMU builds evicted each other, ~5 min of both cores each time.
-        "qemu" => 4,
+        "qemu" => 5,
         _ => 8,
     }
 }

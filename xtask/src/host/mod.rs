@@ -52,6 +52,11 @@ impl Host {
     }
 
     /// The guest's architecture: arm64 on `virt`, x86-64 on every other host.
+    /// Whether perfbed-vmm runs the guest (it prints its own report).
+    pub fn is_vmm(&self) -> bool {
+        matches!(self, Host::VmmNative { .. } | Host::VmmBox(_))
+    }
+
     pub fn arch(&self) -> Arch {
         match self {
             Host::QemuVirt => Arch::Arm64,

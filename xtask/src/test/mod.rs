@@ -11,13 +11,14 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 
+use crate::build::image::arch::Arch;
 use crate::build::image::Variant;
 use crate::build::{deps, image};
 use crate::fuzz;
 use crate::host;
 use crate::host::Accel;
 use crate::progress::human;
-use crate::run::scenario::Scenario;
+use crate::run::scenario::{self, Scenario};
 use crate::run::{scenario_for, use_box_qemu_for_gdb, RunArgs};
 use vm_tests::{
     agent_dies_mid_run, bench_quick, boot_and_hotplug, device_scope_pmu, driver_mutants,
@@ -58,6 +59,9 @@ struct VmTest {
     variant: Variant,
     /// The VMM it boots on.
     host: host::HostChoice,
+    /// The guest's architecture: an arm64 test's images are built when it
+    /// comes, after every x86 test before it has had its verdict.
+    arch: Arch,
     run: fn(&Scenario, &Accel) -> Result<()>,
 }
 
@@ -83,6 +87,7 @@ const VM_TESTS: &[VmTest] = &[
         what: "4 vCPUs boot, perfbed.ko loads, the device checks and 5 hotplug rounds pass, the kernel log stays clean",
         variant: Variant::Normal,
         host: host::HostChoice::Qemu,
+        arch: Arch::X86_64,
         run: boot_and_hotplug,
     },
     VmTest {
@@ -90,6 +95,7 @@ const VM_TESTS: &[VmTest] = &[
         what: "the same run on the debug kernel (lockdep, PROVE_RCU, DEBUG_ATOMIC_SLEEP, DEBUG_LIST, KFENCE, debugobjects; with it the run's debug-only checks such as hotplug fail injection), with no report; its saved trace holds the guest kernel's cpuhp states and PMU placements",
         variant: Variant::Debug,
         host: host::HostChoice::Qemu,
+        arch: Arch::X86_64,
         run: traced_boot_and_hotplug,
     },
     VmTest {
@@ -97,6 +103,7 @@ const VM_TESTS: &[VmTest] = &[
         what: "the run's checks (hotplug fail injection included) and a short lifecycle stress on the sanitizer kernel (the debug kernel with KCSAN), with no KCSAN, KFENCE or other report in the kernel log",
         variant: Variant::Sanitize,
         host: host::HostChoice::Qemu,
+        arch: Arch::X86_64,
         run: sanitizer_kernel,
     },
     VmTest {
@@ -104,6 +111,7 @@ const VM_TESTS: &[VmTest] = &[
         what: "a guest that stops answering ends in a timeout error that names the request and the log",
         variant: Variant::Normal,
         host: host::HostChoice::Qemu,
+        arch: Arch::X86_64,
         run: unresponsive_guest_times_out,
     },
     VmTest {
@@ -111,6 +119,7 @@ const VM_TESTS: &[VmTest] = &[
         what: "QEMU killed mid-run ends the run with QEMU's exit named and the log kept; no process or socket is left behind",
         variant: Variant::Normal,
         host: host::HostChoice::Qemu,
+        arch: Arch::X86_64,
         run: qemu_killed_mid_run,
     },
     VmTest {
@@ -118,6 +127,7 @@ const VM_TESTS: &[VmTest] = &[
         what: "the agent dying mid-run (here: killed by a line that is not UTF-8) ends the run at once with QEMU's exit and the agent's last words named, the log kept, nothing left behind",
         variant: Variant::Normal,
         host: host::HostChoice::Qemu,
+        arch: Arch::X86_64,
         run: agent_dies_mid_run,
     },
     VmTest {
@@ -125,6 +135,7 @@ const VM_TESTS: &[VmTest] = &[
         what: "a guest flooding its serial console keeps being served (the log is capped); flooding the agent channel without newlines ends the run at once with that named",
         variant: Variant::Normal,
         host: host::HostChoice::Qemu,
+        arch: Arch::X86_64,
         run: guest_floods_console_and_channel,
     },
     VmTest {
@@ -132,6 +143,7 @@ const VM_TESTS: &[VmTest] = &[
         what: "perfbed.ko loaded and unloaded 2x100 times (with an event open: unload refused) without leaking; wrong device= parameters fail with EINVAL/ENODEV and a kernel log line, no oops",
         variant: Variant::Normal,
         host: host::HostChoice::Qemu,
+        arch: Arch::X86_64,
         run: module_lifecycle,
     },
     VmTest {
@@ -139,6 +151,7 @@ const VM_TESTS: &[VmTest] = &[
         what: "perf's own tests that apply to a device-scope PMU (event parsing from sysfs, sysfs PMU, perf list, perf stat and its output linters on a perfbed event, every PMU event), with the perf built from the guest's tree: each gives what checks::perf_tool::PERF_TESTS says, skips with their reasons",
         variant: Variant::Normal,
         host: host::HostChoice::Qemu,
+        arch: Arch::X86_64,
         run: perf_test_suite,
     },
     VmTest {
@@ -146,6 +159,7 @@ const VM_TESTS: &[VmTest] = &[
         what: "cargo xtask bench --quick measures every row (criterion, boots on both QEMUs, counter reads, hotplug, memory, a warm run); no timing thresholds",
         variant: Variant::Normal,
         host: host::HostChoice::Qemu,
+        arch: Arch::X86_64,
         run: bench_quick,
     },
     VmTest {
@@ -153,6 +167,7 @@ const VM_TESTS: &[VmTest] = &[
         what: "on the debug kernel, device-scope PMUs are placed, move, park and return with CPU hotplug, parked events come back, opens racing moves land right and never get EBUSY, and no lockdep/RCU/WARN report",
         variant: Variant::Debug,
         host: host::HostChoice::Qemu,
+        arch: Arch::X86_64,
         run: device_scope_pmu,
     },
     VmTest {
@@ -160,6 +175,7 @@ const VM_TESTS: &[VmTest] = &[
         what: "a guest hung on purpose (the scope test module's spin event opened on CPU 1: its add, run with interrupts off, never returns) goes silent; the harness's timeout saves its vCPUs from QEMU's monitor and reads CPU 1 as running with interrupts disabled in spin_with_interrupts_off, named from the module's symbols",
         variant: Variant::Normal,
         host: host::HostChoice::Qemu,
+        arch: Arch::X86_64,
         run: hang_is_captured,
     },
     VmTest {
@@ -167,6 +183,7 @@ const VM_TESTS: &[VmTest] = &[
         what: "the same hang on perfbed-vmm (natively, or in the box): its vCPUs' state, asked of its control socket, saved as vcpu-state.txt and decoded by the same reader, CPU 1 running with interrupts disabled in spin_with_interrupts_off",
         variant: Variant::Normal,
         host: host::HostChoice::Vmm,
+        arch: Arch::X86_64,
         run: hang_is_captured,
     },
     VmTest {
@@ -174,6 +191,7 @@ const VM_TESTS: &[VmTest] = &[
         what: "on the gdb kernel, Debian's gdb in batch mode breaks in perfbed.ko's read callback under `perf stat`, names it in the backtrace, reads REG_MAGIC through the driver's mapping, detaches, and perf finishes",
         variant: Variant::Gdb,
         host: host::HostChoice::Qemu,
+        arch: Arch::X86_64,
         run: gdb_session,
     },
     VmTest {
@@ -181,6 +199,7 @@ const VM_TESTS: &[VmTest] = &[
         what: "on the debug kernel, a short seeded hotplug storm under live traffic, hotplug fail injection among it: every count exact, every rollback's placement as the rule says, no EBUSY, 0 violations, clean log",
         variant: Variant::Debug,
         host: host::HostChoice::Qemu,
+        arch: Arch::X86_64,
         run: hotplug_stress,
     },
     VmTest {
@@ -188,6 +207,7 @@ const VM_TESTS: &[VmTest] = &[
         what: "on the debug kernel, the lifecycle stress at seed 17 (2,500 perf operations among moves, parks and bursts): every read as the counting model says, 0 EBUSY, 0 violations, clean log",
         variant: Variant::Debug,
         host: host::HostChoice::Qemu,
+        arch: Arch::X86_64,
         run: lifecycle_stress,
     },
     VmTest {
@@ -195,6 +215,7 @@ const VM_TESTS: &[VmTest] = &[
         what: "on the debug kernel, the lifecycle stress (3,000 operations, readings of the CPUs among them, seed 17, about 10 s) with rcutorture's CPU on/off taking CPUs offline and back behind its back: every read as the counting model says across the placements seen afterwards, rcutorture's End of test: SUCCESS, clean log through a power-off with events open",
         variant: Variant::Debug,
         host: host::HostChoice::Qemu,
+        arch: Arch::X86_64,
         run: rcutorture_onoff,
     },
     VmTest {
@@ -202,6 +223,7 @@ const VM_TESTS: &[VmTest] = &[
         what: "on the debug kernel, every scenario of scenarios/ (cargo xtask scenario scenarios): each read as the counting model and the file's want lines say, 0 violations, clean log",
         variant: Variant::Debug,
         host: host::HostChoice::Qemu,
+        arch: Arch::X86_64,
         run: scenario_library,
     },
     VmTest {
@@ -209,6 +231,7 @@ const VM_TESTS: &[VmTest] = &[
         what: "on the debug kernel, each planted driver bug (guest-driver/mutants/) in its own perfbed.ko, run through the lifecycle stress at seed 17 or its own `# Lifecycle seed:` (at most 600 operations, stopping at the first failure): every one caught, by a mismatch against the model or by a named check",
         variant: Variant::Debug,
         host: host::HostChoice::Qemu,
+        arch: Arch::X86_64,
         run: driver_mutants,
     },
     VmTest {
@@ -216,6 +239,7 @@ const VM_TESTS: &[VmTest] = &[
         what: "on the debug kernel, a planted driver bug's failing lifecycle run (counter-stopped-in-move, seed 17) shrunk in its guest to a scenario of at most 12 operations that still fails the same way",
         variant: Variant::Debug,
         host: host::HostChoice::Qemu,
+        arch: Arch::X86_64,
         run: shrink_mutant,
     },
     VmTest {
@@ -223,6 +247,7 @@ const VM_TESTS: &[VmTest] = &[
         what: "on the debug kernel, the kernel's cpu-on-off-test.sh -a then 200 park rounds with owner flaps under a steady rate: perf stat -a equals the device's truth, at 100 %",
         variant: Variant::Debug,
         host: host::HostChoice::Qemu,
+        arch: Arch::X86_64,
         run: hotplug_selftest_replay,
     },
     VmTest {
@@ -230,6 +255,7 @@ const VM_TESTS: &[VmTest] = &[
         what: "the whole run on perfbed-vmm (on native KVM, else in the box: an L1 Linux with KVM under QEMU TCG), every check judged as under QEMU",
         variant: Variant::Normal,
         host: host::HostChoice::Vmm,
+        arch: Arch::X86_64,
         run: boot_and_hotplug,
     },
     VmTest {
@@ -237,6 +263,7 @@ const VM_TESTS: &[VmTest] = &[
         what: "on perfbed-vmm, a panicking guest ends the VMM with its panic status and the harness names the panic",
         variant: Variant::Normal,
         host: host::HostChoice::Vmm,
+        arch: Arch::X86_64,
         run: guest_panic_is_reported,
     },
     VmTest {
@@ -244,6 +271,7 @@ const VM_TESTS: &[VmTest] = &[
         what: "on perfbed-vmm, every vCPU's state on request (the control socket's cpu_state), then a guest that reboots without the agent's power-off (`reboot -f`, a triple fault with reboot=t) ends the VMM with its unexpected-reset status (5), named by the harness, and the vCPUs' state it captured saved in the run folder and decoded",
         variant: Variant::Normal,
         host: host::HostChoice::Vmm,
+        arch: Arch::X86_64,
         run: unexpected_reset_is_reported,
     },
     VmTest {
@@ -251,6 +279,7 @@ const VM_TESTS: &[VmTest] = &[
         what: "in the box, SIGTERM to perfbed-vmm while it waits for the agent's client ends it with its terminated status (4) and its report",
         variant: Variant::Normal,
         host: host::HostChoice::Vmm,
+        arch: Arch::X86_64,
         run: terminated_while_waiting_for_the_agent,
     },
     VmTest {
@@ -258,6 +287,7 @@ const VM_TESTS: &[VmTest] = &[
         what: "gdb_session on perfbed-vmm's gdb stub (on native KVM, else in the box, its port relayed through L1): the breakpoint in perfbed.ko's read callback, the backtrace, REG_MAGIC read through the driver's mapping, the detach",
         variant: Variant::Gdb,
         host: host::HostChoice::Vmm,
+        arch: Arch::X86_64,
         run: gdb_session,
     },
     VmTest {
@@ -265,7 +295,16 @@ const VM_TESTS: &[VmTest] = &[
         what: "on perfbed-vmm with a 4 KiB serial ring, while a shell floods ttyS0 in paced bursts and another hotplugs CPUs, the host stops reading (in the box) the serial console for 90 s, the agent answering throughout (its event loop does not wait for the serial log), then the agent channel too for 30 s while the agent answers 10 MiB: the hotplug rate holds (no vCPU waits on the host), every answer arrives, the serial overflow is counted, the kernel log stays clean",
         variant: Variant::Normal,
         host: host::HostChoice::Vmm,
+        arch: Arch::X86_64,
         run: slow_agent_reader,
+    },
+    VmTest {
+        name: "arm64_end_to_end",
+        what: "cargo xtask run --arch arm64: the arm64 guest (its normal kernel, cross-built) on perfbed's aarch64 QEMU (`virt`, GICv3, TCG), the device found in the device tree, every check of the run but those ARM64_LACKS names (listed with their reasons), the kernel log clean",
+        variant: Variant::Normal,
+        host: host::HostChoice::Qemu,
+        arch: Arch::Arm64,
+        run: boot_and_hotplug,
     },
 ];
 
@@ -391,15 +430,26 @@ fn run_vm_tests(ws: &Path, args: &TestArgs) -> Result<bool> {
     if tests.is_empty() {
         bail!("no VM test matches --filter {:?}", args.filter);
     }
-    let mut images = Vec::new();
+    // QEMU's targets this run boots: one tree of both when both are
+    // wanted (qemu::ensure_among).
+    let mut archs: Vec<Arch> = tests.iter().map(|t| t.arch).collect();
+    archs.dedup();
+    let mut images: Vec<(Variant, Arch, image::Images)> = Vec::new();
     for variant in [
         Variant::Normal,
         Variant::Debug,
         Variant::Sanitize,
         Variant::Gdb,
     ] {
-        if tests.iter().any(|t| t.variant == variant) {
-            images.push((variant, image::ensure(ws, variant)?));
+        if tests
+            .iter()
+            .any(|t| t.variant == variant && t.arch == Arch::X86_64)
+        {
+            images.push((
+                variant,
+                Arch::X86_64,
+                image::ensure_beside(ws, variant, &archs)?,
+            ));
         }
     }
     let accel = host::choose_accel();
@@ -411,19 +461,40 @@ fn run_vm_tests(ws: &Path, args: &TestArgs) -> Result<bool> {
     let mut failures = 0;
     let mut box_hang_reruns = 0;
     for test in &tests {
-        let (_, images) = images
+        let start = Instant::now();
+        if !images
             .iter()
-            .find(|(v, _)| *v == test.variant)
+            .any(|(v, a, _)| *v == test.variant && *a == test.arch)
+        {
+            match image::ensure_arch(ws, test.variant, test.arch, None) {
+                Ok(built) => images.push((test.variant, test.arch, built)),
+                Err(e) => {
+                    failures += 1;
+                    println!(
+                        "test {} ... FAILED ({}): {}\nits {} images could not be built:\n{e:#}\n",
+                        test.name,
+                        human(start.elapsed()),
+                        test.what,
+                        test.arch.kernel_arch()
+                    );
+                    continue;
+                }
+            }
+        }
+        let (_, _, images) = images
+            .iter()
+            .find(|(v, a, _)| *v == test.variant && *a == test.arch)
             .expect("built above");
         let run_args = RunArgs {
             host: test.host,
+            arch: test.arch,
+            check: checks_on(test.arch)?,
             ..RunArgs::for_tests()
         };
         let mut scenario = scenario_for(ws, images, &run_args, test.name)?;
         if test.variant == Variant::Gdb {
             use_box_qemu_for_gdb(ws, &mut scenario.vm)?;
         }
-        let start = Instant::now();
         let run_dir = scenario.vm.run_dir.clone();
         let _ = fs::remove_file(run_dir.join(host::vm::BOX_STUCK_FILE));
         let mut result = (test.run)(&scenario, &accel);
@@ -467,6 +538,28 @@ fn run_vm_tests(ws: &Path, args: &TestArgs) -> Result<bool> {
         }
     );
     Ok(failures == 0)
+}
+
+/// The checks a test on an `arch` guest selects: all of the run's on x86
+/// (no pattern); on arm64 each check of `cargo xtask run --arch arm64` but
+/// those it refuses by name (`scenario::ARM64_LACKS`), said here with their
+/// reasons so that none is left out unseen.
+fn checks_on(arch: Arch) -> Result<Vec<String>> {
+    if arch == Arch::X86_64 {
+        return Ok(vec![]);
+    }
+    let names = scenario::check_names(false, false, arch)?;
+    let (lacking, can): (Vec<&str>, Vec<&str>) = names
+        .into_iter()
+        .partition(|n| scenario::arm64_lacks(n).is_some());
+    for name in lacking {
+        println!(
+            "  not run on {}: {name}: {}",
+            arch.kernel_arch(),
+            scenario::arm64_lacks(name).unwrap_or_default()
+        );
+    }
+    Ok(can.into_iter().map(|n| format!("={n}")).collect())
 }
 
 /// Why `test`'s failed `result` gets its one rerun: only a test in

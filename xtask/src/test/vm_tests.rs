@@ -48,7 +48,7 @@ pub fn boot_and_hotplug(scenario: &Scenario, accel: &Accel) -> Result<()> {
     if scenario.plot {
         guest_kernel_in_trace(report.trace.as_ref())?;
     }
-    if !matches!(scenario.vm.host, host::Host::Qemu) {
+    if scenario.vm.host.is_vmm() {
         // perfbed-vmm stops every vCPU out of KVM and joins it before its
         // report: a process that exits with vCPUs inside KVM_RUN fails here.
         let lines = host::vmm::host_report(&scenario.vm.run_dir);

@@ -56,6 +56,13 @@ pub fn ensure_for(workspace: &Path, variant: Variant, purpose: Purpose) -> Resul
     ensure_with_driver(workspace, variant, purpose, None)
 }
 
+/// [`ensure`] in a run that boots guests of each of `archs` (`cargo xtask
+/// test`): their QEMUs are one build when none is built yet
+/// ([`qemu::ensure_among`]).
+pub fn ensure_beside(workspace: &Path, variant: Variant, archs: &[arch::Arch]) -> Result<Images> {
+    ensure_mutated(workspace, variant, Purpose::Test, None, None, archs)
+}
+
 /// [`ensure_for`] with perfbed.ko built from `driver` (a folder laid out as
 /// `guest-driver/`, such as a planted-bug copy) instead of `guest-driver/`.
 pub fn ensure_with_driver(
@@ -64,7 +71,14 @@ pub fn ensure_with_driver(
     purpose: Purpose,
     driver: Option<&Path>,
 ) -> Result<Images> {
-    ensure_mutated(workspace, variant, purpose, driver, None)
+    ensure_mutated(
+        workspace,
+        variant,
+        purpose,
+        driver,
+        None,
+        &[arch::Arch::X86_64],
+    )
 }
 
 /// [`ensure`] with a kernel of the patches `choose` picks from the series
@@ -74,7 +88,14 @@ pub fn ensure_with_kernel_patches(
     variant: Variant,
     choose: kernel::ChoosePatches,
 ) -> Result<Images> {
-    ensure_mutated(workspace, variant, Purpose::Test, None, Some(choose))
+    ensure_mutated(
+        workspace,
+        variant,
+        Purpose::Test,
+        None,
+        Some(choose),
+        &[arch::Arch::X86_64],
+    )
 }
 
 fn ensure_mutated(
@@ -83,10 +104,11 @@ fn ensure_mutated(
     purpose: Purpose,
     driver: Option<&Path>,
     choose: Option<kernel::ChoosePatches>,
+    qemu_archs: &[arch::Arch],
 ) -> Result<Images> {
     crate::build::deps::ensure_packages()?;
     std::thread::scope(|s| {
-        let qemu = s.spawn(|| qemu::ensure(workspace));
+        let qemu = s.spawn(|| qemu::ensure_among(workspace, arch::Arch::X86_64, qemu_archs));
         let guest = guest_images(workspace, variant, purpose, driver, choose);
         let qemu = qemu
             .join()

@@ -2,6 +2,11 @@
 //! TCG and KVM, microvm, a handful of devices) with perfbed's device shim
 //! (`images/qemu/`) and the Rust device linked in as a static library.
 //!
+//! The aarch64 QEMU (`--arch arm64`) is its own tree; a run that boots
+//! both (`cargo xtask test`) builds one tree of both targets, whose
+//! target-independent code compiles once, and a tree of both serves a
+//! request for either.
+//!
 //! Two caches: the configured and built QEMU tree, keyed by the source
 //! package version, our shim files and the configure line; and, inside it,
 //! one linked binary per Rust device library (`linked/<library hash>/`).
@@ -83,27 +88,69 @@ const ARM64_PATCHES: &[&str] = &[
     "arm64/0002-hw-arm-virt-cache-nodes-one-l3-per-socket.patch",
 ];
 
-/// What one target's build takes and makes.
+/// What one build tree takes and makes: one QEMU target, or several
+/// sharing QEMU's target-independent code (compiled once per tree).
 struct Target<'a> {
-    /// None for x86, whose key predates the other targets.
-    arch: Option<Arch>,
+    /// Keys the tree; None for x86 alone, whose key predates the others.
+    arch: Option<&'a str>,
     /// Its own configure options, before [`CONFIGURE_COMMON`].
     configure: &'a [&'a str],
-    /// Below images/qemu/: the devices file, then the patches in order.
-    devices: &'a str,
+    /// Below images/qemu/: each target's devices file, with QEMU's
+    /// `configs/devices/<dir>/` it goes to.
+    devices: &'a [(&'a str, &'a str)],
+    /// Below images/qemu/, in order.
     patches: &'a [&'a str],
-    /// QEMU's `configs/devices/<this>/`.
-    config_dir: &'a str,
-    binary: &'a str,
+    binaries: &'a [&'a str],
 }
 
 const X86_64: Target = Target {
     arch: None,
     configure: CONFIGURE,
-    devices: "devices.mak",
+    devices: &[("devices.mak", "x86_64-softmmu")],
     patches: PATCHES,
-    config_dir: "x86_64-softmmu",
-    binary: "qemu-system-x86_64",
+    binaries: &["qemu-system-x86_64"],
+};
+
+const AARCH64: Target = Target {
+    arch: Some("arm64"),
+    configure: ARM64_CONFIGURE,
+    devices: &[("arm64/devices.mak", "aarch64-softmmu")],
+    patches: ARM64_PATCHES,
+    binaries: &["qemu-system-aarch64"],
+};
+
+/// Both targets in one tree, for a run that wants both (`cargo xtask
+/// test`): each target's configure options and devices, x86's patches then
+/// arm64's own. perfbed.c carries arm64/0001 here, whose code finds no GIC
+/// and no `ms->fdt` on x86's microvm and so leaves x86's device as it is.
+const BOTH_CONFIGURE: &[&str] = &[
+    "--target-list=x86_64-softmmu,aarch64-softmmu",
+    "--without-default-features",
+    "--without-default-devices",
+    "--with-devices-x86_64=perfbed",
+    "--with-devices-aarch64=perfbed",
+    "--enable-tcg",
+    "--enable-kvm",
+    "--enable-fdt=system",
+];
+const BOTH_PATCHES: &[&str] = &[
+    "0001-hw-misc-add-perfbed.patch",
+    "0002-hw-acpi-no-pc_madt_cpu_entry-stub.patch",
+    "0003-target-i386-show-interrupt-gates-in-info-registers.patch",
+    "0004-target-i386-svm-interrupt_request-under-the-BQL.patch",
+    "0006-target-i386-svm-vmrun-no-stale-exception_index.patch",
+    "arm64/0001-perfbed-gic-spis-and-device-tree-node.patch",
+    "arm64/0002-hw-arm-virt-cache-nodes-one-l3-per-socket.patch",
+];
+const BOTH: Target = Target {
+    arch: Some("x86+arm64"),
+    configure: BOTH_CONFIGURE,
+    devices: &[
+        ("devices.mak", "x86_64-softmmu"),
+        ("arm64/devices.mak", "aarch64-softmmu"),
+    ],
+    patches: BOTH_PATCHES,
+    binaries: &["qemu-system-x86_64", "qemu-system-aarch64"],
 };
 
 /// Firmware from Debian's packages, in the order QEMU must search it (qboot
@@ -116,66 +163,116 @@ pub struct Qemu {
     pub firmware_dirs: Vec<PathBuf>,
 }
 
-pub fn ensure(workspace: &Path) -> Result<Qemu> {
-    ensure_with(workspace, &X86_64)
-}
-
 /// perfbed's QEMU for the box when gdb debugs its guest ([`BOX_GDB_PATCHES`]).
 pub fn ensure_for_box_gdb(workspace: &Path) -> Result<Qemu> {
-    ensure_with(
-        workspace,
-        &Target {
-            patches: BOX_GDB_PATCHES,
-            ..X86_64
-        },
-    )
+    let target = Target {
+        patches: BOX_GDB_PATCHES,
+        ..X86_64
+    };
+    let inputs = Inputs::gather(workspace)?;
+    ensure_tree(&inputs, &target, "qemu-system-x86_64")
 }
 
 /// perfbed's QEMU for an `arch` guest.
 pub fn ensure_for_arch(workspace: &Path, arch: Arch) -> Result<Qemu> {
-    match arch {
-        Arch::X86_64 => ensure(workspace),
-        Arch::Arm64 => ensure_with(
-            workspace,
-            &Target {
-                arch: Some(arch),
-                configure: ARM64_CONFIGURE,
-                devices: "arm64/devices.mak",
-                patches: ARM64_PATCHES,
-                config_dir: "aarch64-softmmu",
-                binary: "qemu-system-aarch64",
-            },
-        ),
+    ensure_among(workspace, arch, &[arch])
+}
+
+/// perfbed's QEMU for an `arch` guest, where this process wants those of
+/// `wanted` too: its own tree if built, else a tree of both targets if
+/// built; else, when both targets are wanted and the other has no tree of
+/// its own either, one tree of both (cold, 50 s more than x86's alone,
+/// where an aarch64 tree of its own takes about 5 min: docs/test.md), else
+/// its own.
+pub fn ensure_among(workspace: &Path, arch: Arch, wanted: &[Arch]) -> Result<Qemu> {
+    let inputs = Inputs::gather(workspace)?;
+    let (own, other) = match arch {
+        Arch::X86_64 => (&X86_64, &AARCH64),
+        Arch::Arm64 => (&AARCH64, &X86_64),
+    };
+    let other_wanted = wanted.iter().any(|&a| a != arch);
+    let tree = choose_tree(own, other, other_wanted, |t| is_built(&inputs, t))?;
+    ensure_tree(&inputs, tree, own.binaries[0])
+}
+
+/// The tree that serves `own`'s target: its own if built, else one of both
+/// targets if built, or if `other` is wanted too and has no tree of its own.
+fn choose_tree<'t>(
+    own: &'t Target<'t>,
+    other: &Target,
+    other_wanted: bool,
+    is_built: impl Fn(&Target) -> Result<bool>,
+) -> Result<&'t Target<'t>> {
+    Ok(
+        if !is_built(own)? && (is_built(&BOTH)? || (other_wanted && !is_built(other)?)) {
+            &BOTH
+        } else {
+            own
+        },
+    )
+}
+
+/// What every tree's key and build share: the device library, the source
+/// package's version, gcc's.
+struct Inputs {
+    shim: PathBuf,
+    staticlib: PathBuf,
+    version: String,
+    gcc: String,
+}
+
+impl Inputs {
+    fn gather(workspace: &Path) -> Result<Inputs> {
+        Ok(Inputs {
+            shim: workspace.join("images/qemu"),
+            staticlib: build_staticlib(workspace)?,
+            version: source_version()?,
+            gcc: deps::version_of("gcc")?,
+        })
     }
 }
 
-fn ensure_with(workspace: &Path, target: &Target) -> Result<Qemu> {
-    let shim = workspace.join("images/qemu");
-    let staticlib = build_staticlib(workspace)?;
-    let version = source_version()?;
+fn key(inputs: &Inputs, target: &Target) -> Result<Key> {
     let mut key = Key::new(RECIPE);
     if let Some(arch) = target.arch {
-        key.add("arch", arch.kernel_arch().as_bytes());
+        key.add("arch", arch.as_bytes());
     }
-    key.add("source", version.as_bytes());
+    key.add("source", inputs.version.as_bytes());
     for name in SHIM_FILES
         .iter()
-        .chain([target.devices].iter())
+        .chain(target.devices.iter().map(|(file, _)| file))
         .chain(target.patches)
     {
         key.add(
             name,
-            &fs::read(shim.join(name)).with_context(|| format!("reading images/qemu/{name}"))?,
+            &fs::read(inputs.shim.join(name))
+                .with_context(|| format!("reading images/qemu/{name}"))?,
         );
     }
     key.add("configure", configure_line(target).join(" ").as_bytes());
-    key.add("gcc", deps::version_of("gcc")?.as_bytes());
-    let entry = Entry::new("qemu", &key)?;
+    key.add("gcc", inputs.gcc.as_bytes());
+    Ok(key)
+}
+
+/// Whether `target`'s tree is built, without locking it (a tree being
+/// pruned meanwhile is built again by [`ensure_tree`]).
+fn is_built(inputs: &Inputs, target: &Target) -> Result<bool> {
+    Ok(crate::build::cache::root()?
+        .join("qemu")
+        .join(key(inputs, target)?.hex())
+        .join("READY")
+        .is_file())
+}
+
+/// `binary` of `target`'s tree (built if missing), linked with this device
+/// library.
+fn ensure_tree(inputs: &Inputs, target: &Target, binary: &str) -> Result<Qemu> {
+    let entry = Entry::new("qemu", &key(inputs, target)?)?;
     let tree = entry.dir.join("qemu");
     if !entry.is_ready() {
-        build_tree(&entry, &tree, &shim, &version, &staticlib, target)?;
+        build_tree(&entry, &tree, inputs, target)?;
     }
-    let binary = linked_binary(&entry, &tree, &staticlib, target.binary)?;
+    let binary = linked_binary(&entry, &tree, &inputs.staticlib, binary, target.binaries)?;
     Ok(Qemu {
         binary,
         firmware_dirs: FIRMWARE_DIRS.iter().map(PathBuf::from).collect(),
@@ -185,9 +282,17 @@ fn ensure_with(workspace: &Path, target: &Target) -> Result<Qemu> {
 /// How many linked binaries (one per device library) an entry keeps.
 const KEEP_LINKED: usize = 6;
 
-/// The QEMU binary linked with `staticlib`, linking it first if no binary
-/// has this library yet. Relinks happen in the shared tree, one at a time.
-fn linked_binary(entry: &Entry, tree: &Path, staticlib: &Path, name: &str) -> Result<PathBuf> {
+/// The QEMU binary `name` linked with `staticlib`, linking it first if no
+/// binary has this library yet. Relinks happen in the shared tree, one at a
+/// time; a new library drops every binary of the tree (`all`), so that none
+/// is copied out still linked with the one before.
+fn linked_binary(
+    entry: &Entry,
+    tree: &Path,
+    staticlib: &Path,
+    name: &str,
+    all: &[&str],
+) -> Result<PathBuf> {
     let lib = fs::read(staticlib).with_context(|| format!("reading {}", staticlib.display()))?;
     let mut lib_key = Key::new("qemu-link-1");
     lib_key.add("device-library", &lib);
@@ -208,14 +313,19 @@ fn linked_binary(entry: &Entry, tree: &Path, staticlib: &Path, name: &str) -> Re
     // make it relink.
     let built = tree.join("build").join(name);
     let installed_lib = tree.join("hw/misc/perfbed").join(STATICLIB);
-    if fs::read(&installed_lib).ok().as_deref() != Some(&lib[..]) || !built.is_file() {
+    let new_lib = fs::read(&installed_lib).ok().as_deref() != Some(&lib[..]);
+    if new_lib || !built.is_file() {
         let step = Step::start(
             "linking QEMU with this device library",
             &entry.dir.join("link.log"),
         )?;
-        fs::write(&installed_lib, &lib)?;
-        let _ = fs::remove_file(&built);
-        step.run(&mut ninja(tree, name))?;
+        if new_lib {
+            fs::write(&installed_lib, &lib)?;
+            for binary in all {
+                let _ = fs::remove_file(tree.join("build").join(binary));
+            }
+        }
+        step.run(&mut ninja(tree, &[name]))?;
         step.finish();
     }
     fs::create_dir_all(&dir)?;
@@ -275,20 +385,18 @@ fn source_version() -> Result<String> {
         .context("`apt-get source --print-uris qemu` named no .dsc")
 }
 
-fn build_tree(
-    entry: &Entry,
-    tree: &Path,
-    shim: &Path,
-    version: &str,
-    staticlib: &Path,
-    target: &Target,
-) -> Result<()> {
+fn build_tree(entry: &Entry, tree: &Path, inputs: &Inputs, target: &Target) -> Result<()> {
     entry.begin()?;
     let title = match target.arch {
         None => "building QEMU 7.2 with the perfbed device (about 2.5 min)".to_string(),
         Some(_) => format!(
             "building QEMU 7.2 ({}) with the perfbed device",
-            target.config_dir
+            target
+                .devices
+                .iter()
+                .map(|(_, dir)| *dir)
+                .collect::<Vec<_>>()
+                .join(", ")
         ),
     };
     let step = Step::start(&title, &entry.dir.join("build.log"))?;
@@ -300,24 +408,28 @@ fn build_tree(
         "-q",
         "qemu",
     ]))?;
+    let version = &inputs.version;
     let dsc = download.join(format!("qemu_{version}.dsc"));
     if !dsc.is_file() {
         bail!("apt fetched another QEMU source than {version} (did the package lists change?); run again");
     }
     step.run(Command::new("dpkg-source").arg("-x").arg(&dsc).arg(tree))?;
 
+    let shim = &inputs.shim;
     let dir = tree.join("hw/misc/perfbed");
     fs::create_dir_all(&dir)?;
     for name in SHIM_FILES {
         fs::copy(shim.join(name), dir.join(name)).with_context(|| format!("copying {name}"))?;
     }
-    fs::copy(staticlib, dir.join(STATICLIB))?;
-    fs::copy(
-        shim.join(target.devices),
-        tree.join("configs/devices")
-            .join(target.config_dir)
-            .join("perfbed.mak"),
-    )?;
+    fs::copy(&inputs.staticlib, dir.join(STATICLIB))?;
+    for (devices, config_dir) in target.devices {
+        fs::copy(
+            shim.join(devices),
+            tree.join("configs/devices")
+                .join(config_dir)
+                .join("perfbed.mak"),
+        )?;
+    }
     for patch in target.patches {
         step.run(
             Command::new("patch")
@@ -334,13 +446,14 @@ fn build_tree(
             .current_dir(&build)
             .args(configure_line(target)),
     )?;
-    step.run(&mut ninja(tree, target.binary))?;
-    if !tree.join("build").join(target.binary).is_file() {
-        bail!(
-            "the QEMU build finished without a {} (see {})",
-            target.binary,
-            step.log().display()
-        );
+    step.run(&mut ninja(tree, target.binaries))?;
+    for binary in target.binaries {
+        if !build.join(binary).is_file() {
+            bail!(
+                "the QEMU build finished without a {binary} (see {})",
+                step.log().display()
+            );
+        }
     }
     entry.mark_ready()?;
     step.finish();
@@ -356,13 +469,80 @@ fn configure_line<'a>(target: &Target<'a>) -> Vec<&'a str> {
         .collect()
 }
 
-fn ninja(tree: &Path, binary: &str) -> Command {
+fn ninja(tree: &Path, binaries: &[&str]) -> Command {
     let jobs = std::thread::available_parallelism().map_or(2, |n| n.get());
     let mut ninja = Command::new("ninja");
     ninja
         .arg("-C")
         .arg(tree.join("build"))
         .arg(format!("-j{jobs}"))
-        .arg(binary);
+        .args(binaries);
     ninja
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_tree_of_both_targets_has_each_targets_inputs() {
+        for target in [&X86_64, &AARCH64] {
+            for patch in target.patches {
+                assert!(BOTH.patches.contains(patch), "{patch}");
+            }
+            for devices in target.devices {
+                assert!(BOTH.devices.contains(devices), "{devices:?}");
+            }
+            for option in target
+                .configure
+                .iter()
+                .filter(|o| !o.starts_with("--target-list="))
+            {
+                assert!(BOTH.configure.contains(option), "{option}");
+            }
+            assert!(BOTH.binaries.contains(&target.binaries[0]));
+        }
+        // Each patch once, in order: x86's, then arm64's own.
+        let x86_then_arm64: Vec<&str> = X86_64
+            .patches
+            .iter()
+            .chain(
+                AARCH64
+                    .patches
+                    .iter()
+                    .filter(|p| !X86_64.patches.contains(p)),
+            )
+            .copied()
+            .collect();
+        assert_eq!(BOTH.patches, x86_then_arm64);
+        assert_eq!(
+            BOTH.configure[0],
+            "--target-list=x86_64-softmmu,aarch64-softmmu"
+        );
+    }
+
+    #[test]
+    fn a_tree_of_both_is_built_only_when_both_are_wanted_and_serves_either() {
+        let chosen = |own: &Target, other: &Target, other_wanted, built: &[&str]| {
+            let built = |t: &Target| Ok(built.contains(&t.binaries.join("+").as_str()));
+            let tree = choose_tree(own, other, other_wanted, built).unwrap();
+            tree.binaries.join("+")
+        };
+        let (x86, arm64, both) = (
+            "qemu-system-x86_64",
+            "qemu-system-aarch64",
+            "qemu-system-x86_64+qemu-system-aarch64",
+        );
+        // `cargo xtask run`: x86 alone, never a tree of both unless built.
+        assert_eq!(chosen(&X86_64, &AARCH64, false, &[]), x86);
+        assert_eq!(chosen(&X86_64, &AARCH64, false, &[both]), both);
+        assert_eq!(chosen(&X86_64, &AARCH64, false, &[x86, both]), x86);
+        assert_eq!(chosen(&AARCH64, &X86_64, false, &[both]), both);
+        // `cargo xtask test`: one tree of both, unless a target has its own.
+        assert_eq!(chosen(&X86_64, &AARCH64, true, &[]), both);
+        assert_eq!(chosen(&AARCH64, &X86_64, true, &[both]), both);
+        assert_eq!(chosen(&X86_64, &AARCH64, true, &[arm64]), x86);
+        assert_eq!(chosen(&AARCH64, &X86_64, true, &[x86]), arm64);
+        assert_eq!(chosen(&X86_64, &AARCH64, true, &[x86]), x86);
+    }
 }
