@@ -59,7 +59,7 @@ pub const BENCH_PACKAGES: &[(&str, &str)] = &[(
 )];
 
 /// Debian packages only an arm64 guest needs (`--arch arm64`), and why;
-/// `libstd-rust-web-dev:arm64` comes through multiarch (docs/arm64.md).
+/// the `:arm64` ones come through multiarch (docs/arm64.md).
 pub const ARM64_PACKAGES: &[(&str, &str)] = &[
     (
         "gcc-aarch64-linux-gnu",
@@ -72,6 +72,10 @@ pub const ARM64_PACKAGES: &[(&str, &str)] = &[
     (
         "libstd-rust-web-dev:arm64",
         "rustc-web's aarch64 standard library, for the arm64 agent",
+    ),
+    (
+        "libtraceevent-dev:arm64",
+        "the static arm64 perf: tracepoints as events, perf trace",
     ),
 ];
 
@@ -284,13 +288,22 @@ fn missing_of(packages: &[(&'static str, &str)]) -> Result<Vec<&'static str>> {
                 .join(" ")
         );
     }
+    let native = cmd::output(Command::new("dpkg").arg("--print-architecture"))?;
     let mut missing = Vec::new();
     for (package, _) in packages {
+        // One line per installed architecture of the package: a name
+        // without `:ARCH` wants the machine's own (or `all`), also where
+        // multiarch put a foreign one beside it (`libtraceevent-dev:arm64`).
         let status = Command::new("dpkg-query")
-            .args(["-W", "-f=${db:Status-Status}", package])
+            .args(["-W", "-f=${Architecture} ${db:Status-Status}\n", package])
             .output()
             .context("running dpkg-query")?;
-        if String::from_utf8_lossy(&status.stdout).trim() != "installed" {
+        let installed = String::from_utf8_lossy(&status.stdout).lines().any(|line| {
+            let (arch, state) = line.split_once(' ').unwrap_or((line, ""));
+            state == "installed"
+                && (package.contains(':') || arch == native.trim() || arch == "all")
+        });
+        if !installed {
             missing.push(*package);
         }
     }

@@ -313,9 +313,6 @@ fn check_args(args: &RunArgs, scenario: bool) -> Result<()> {
             names.join("\n  ")
         );
     }
-    if args.arch == image::arch::Arch::Arm64 {
-        refuse_what_arm64_lacks(&names, &crate::checks::Select::matching(&args.check))?;
-    }
     // The scenario library's lines, refused now rather than after the boot.
     if scenario {
         use crate::stress::lifecycle::scenario_guest::{layout, library, load};
@@ -368,32 +365,6 @@ fn refused_on_arch(args: &RunArgs) -> Vec<&'static str> {
     .into_iter()
     .filter_map(|(given, why)| given.then_some(why))
     .collect()
-}
-
-/// Refuses, by name and with the reason, the checks of `names` that
-/// `select` picks and an arm64 guest cannot carry out yet
-/// ([`scenario::arm64_lacks`]), naming those it can.
-fn refuse_what_arm64_lacks(names: &[&str], select: &crate::checks::Select) -> Result<()> {
-    let lacking: Vec<String> = names
-        .iter()
-        .filter(|n| select.wants(n))
-        .filter_map(|n| scenario::arm64_lacks(n).map(|why| format!("{n}: {why}")))
-        .collect();
-    if lacking.is_empty() {
-        return Ok(());
-    }
-    let can: Vec<&str> = names
-        .iter()
-        .copied()
-        .filter(|n| scenario::arm64_lacks(n).is_none())
-        .collect();
-    anyhow::bail!(
-        "--arch arm64: {} selected check(s) cannot run on an arm64 guest yet (docs/arm64.md):\n  {}\n\
-         select others with --check; the run's checks an arm64 guest can carry out are:\n  {}",
-        lacking.len(),
-        lacking.join("\n  "),
-        can.join("\n  ")
-    )
 }
 
 /// The scenario `args` ask for, on these images, with its own log folder.
@@ -481,8 +452,7 @@ pub fn use_box_qemu_for_gdb(ws: &Path, vm: &mut host::config::VmConfig) -> Resul
 
 #[cfg(test)]
 mod tests {
-    use super::{default_domains, refuse_what_arm64_lacks, scenario};
-    use crate::checks::Select;
+    use super::default_domains;
 
     /// `cargo xtask run ARGS` as parsed, refused or not by [`check_args`].
     fn check_run(args: &[&str]) -> anyhow::Result<()> {
@@ -535,27 +505,5 @@ mod tests {
         assert_eq!(default_domains(4), vec![vec![0, 1], vec![2, 3]]);
         assert_eq!(default_domains(3), vec![vec![0], vec![1, 2]]);
         assert_eq!(default_domains(1), vec![vec![0]]);
-    }
-
-    #[test]
-    fn arm64_refuses_the_checks_it_lacks_by_name_and_only_those() {
-        let names =
-            scenario::check_names(true, true, crate::build::image::arch::Arch::Arm64).unwrap();
-        // Every name the list gives is a check of the run: a renamed check
-        // would otherwise slip past the refusal.
-        for (name, _) in scenario::ARM64_LACKS {
-            assert!(names.contains(&name), "{name:?} is no check of the run");
-        }
-        let all = refuse_what_arm64_lacks(&names, &Select::default()).unwrap_err();
-        let text = format!("{all:#}");
-        assert!(text.contains("perf tool: runs perf"), "{text}");
-        assert!(text.contains("\n  counter reads"), "{text}");
-        let perf = refuse_what_arm64_lacks(&names, &Select::matching(&["perf stat".into()]));
-        assert!(perf.is_err());
-        let fine = Select::matching(&["counter reads".into(), "=CPU hotplug".into()]);
-        refuse_what_arm64_lacks(&names, &fine).unwrap();
-        // The L3 topology checks run on arm64 (the device tree's caches).
-        let topology = Select::matching(&["topology".into(), "cross-check".into()]);
-        refuse_what_arm64_lacks(&names, &topology).unwrap();
     }
 }

@@ -85,38 +85,6 @@ pub fn check_names(
     Ok(names)
 }
 
-/// The checks an arm64 guest cannot carry out yet, each with why
-/// (docs/arm64.md): its initramfs has no perf, its kernel no BPF, tracing
-/// or KALLSYMS (`images/kernel/arm64.fragment`). `run --arch arm64` refuses
-/// them by name rather than letting the first one end the run.
-pub const ARM64_LACKS: [(&str, &str); 9] = [
-    ("perf tool", NO_PERF),
-    ("perf stat cpuhp tracepoints", NO_PERF),
-    ("perf trace", NO_PERF),
-    ("perf record refused", NO_PERF),
-    ("PMUs and sysfs", NO_PERF),
-    ("perf stat", NO_PERF),
-    ("allowed-attack: perf stat -I across changes", NO_PERF),
-    (
-        "mux timer of a parked PMU",
-        "finds the mux timers in /proc/timer_list by their function's name, and the arm64 kernel has no KALLSYMS (it prints their addresses)",
-    ),
-    (
-        "BPF reads while moving",
-        "reads from a BPF program on the tick's tracepoint, and the arm64 kernel has neither BPF nor tracepoints yet",
-    ),
-];
-
-const NO_PERF: &str = "runs perf, which the arm64 initramfs has not yet";
-
-/// Why an arm64 guest cannot carry out the check printed as `name`, if it cannot.
-pub fn arm64_lacks(name: &str) -> Option<&'static str> {
-    ARM64_LACKS
-        .iter()
-        .find(|(n, _)| *n == name)
-        .map(|(_, why)| *why)
-}
-
 /// perf on the guest kernel's tracing ([`perf_tool_tracing`]).
 const PERF_TRACING_CHECKS: [&str; 2] = ["perf stat cpuhp tracepoints", "perf trace"];
 

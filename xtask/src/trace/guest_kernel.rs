@@ -18,20 +18,27 @@ use anyhow::{bail, Result};
 use perfbed_agent::{AgentMessage, HostRequest};
 
 use super::guest::ClockOffset;
+use crate::build::image::arch::Arch;
 use crate::host::vm::Vm;
 
 const TRACEFS: &str = "/sys/kernel/tracing";
 const BUSYBOX: &str = "/bin/busybox";
 /// The kprobe on the placement: the PMU and the CPU it gets (-1: parked);
-/// x86-64 passes the first two arguments in rdi and rsi. The function is
-/// also called for PMUs that stay where they are; [`lines`] keeps only the
-/// calls that change a PMU's CPU.
-const PLACEMENT_PROBE: &str = "p:perfbed/device_set_cpu perf_device_set_cpu pmu=%di:x64 to=%si:s32";
+/// x86-64 passes the first two arguments in rdi and rsi, arm64 in x0 and
+/// x1. The function is also called for PMUs that stay where they are;
+/// [`lines`] keeps only the calls that change a PMU's CPU.
+fn placement_probe(arch: Arch) -> &'static str {
+    match arch {
+        Arch::X86_64 => "p:perfbed/device_set_cpu perf_device_set_cpu pmu=%di:x64 to=%si:s32",
+        Arch::Arm64 => "p:perfbed/device_set_cpu perf_device_set_cpu pmu=%x0:x64 to=%x1:s32",
+    }
+}
 
 /// Turns the recording on. A kprobe that cannot be placed (the compiler
 /// inlined the function) leaves the hotplug states alone; what was turned
 /// on is returned for the run's log.
 pub fn start(vm: &mut Vm, timeout: Duration) -> Result<String> {
+    let probe = placement_probe(vm.arch);
     let script = format!(
         "set -e; t={TRACEFS}; [ -e $t/trace ] || {BUSYBOX} mount -t tracefs nodev $t; \
          echo 0 > $t/tracing_on; echo > $t/trace; echo mono > $t/trace_clock; \
@@ -41,7 +48,7 @@ pub fn start(vm: &mut Vm, timeout: Duration) -> Result<String> {
          for e in cpuhp_enter cpuhp_multi_enter cpuhp_exit; do \
            [ -z \"$f\" ] || echo \"$f\" > $t/events/cpuhp/$e/filter; echo 1 > $t/events/cpuhp/$e/enable; done; \
          probe=' (perf_device_set_cpu cannot be probed)'; \
-         if echo '{PLACEMENT_PROBE}' >> $t/kprobe_events 2>/dev/null; then \
+         if echo '{probe}' >> $t/kprobe_events 2>/dev/null; then \
            echo 1 > $t/events/perfbed/device_set_cpu/enable; probe=' and the placement kprobe'; fi; \
          echo 1 > $t/tracing_on; echo \"cpuhp tracepoints of states $f$probe\""
     );

@@ -115,16 +115,27 @@ pub fn ensure(
     archive(&agent_bytes, modules, files)
 }
 
-/// The arm64 guest's initramfs: the agent, the modules, and busybox (a
-/// static arm64 build from Debian, [`super::busybox`]); no perf, bash or
-/// lscpu yet (docs/arm64.md).
-pub fn ensure_arm64(agent: &Path, modules: &[PathBuf], busybox: &Path) -> Result<PathBuf> {
+/// The arm64 guest's initramfs: the agent, the modules, busybox (a static
+/// arm64 build from Debian, [`super::busybox`]) and perf (static,
+/// cross-built from the guest's tree, [`perf::ensure_for`]); no bash,
+/// lscpu or perf's shell tests (docs/arm64.md).
+pub fn ensure_arm64(
+    agent: &Path,
+    modules: &[PathBuf],
+    busybox: &Path,
+    perf: &Perf,
+) -> Result<PathBuf> {
     let agent_bytes = fs::read(agent).with_context(|| format!("reading {}", agent.display()))?;
     let busybox = fs::read(busybox).with_context(|| format!("reading {}", busybox.display()))?;
+    let perf_binary =
+        fs::read(&perf.binary).with_context(|| format!("reading {}", perf.binary.display()))?;
     archive(
         &agent_bytes,
         modules,
-        vec![("bin/busybox".to_string(), busybox, true)],
+        vec![
+            ("bin/busybox".to_string(), busybox, true),
+            (perf::IN_GUEST.to_string(), perf_binary, true),
+        ],
     )
 }
 

@@ -224,8 +224,8 @@ fn guest_images(
 
 /// Everything an `arch` guest's boot needs, built if missing: the kernel
 /// cross-built for it, perfbed.ko against that tree (and the debug
-/// kernel's rcutorture modules), the agent, an initramfs of them and
-/// busybox, and perfbed's QEMU for it (docs/arm64.md).
+/// kernel's rcutorture modules), the agent, an initramfs of them, busybox
+/// and perf, and perfbed's QEMU for it (docs/arm64.md).
 /// The normal or the debug kernel, of the patches `choose` picks from the
 /// series (all of them for `None`; a planted-bug kernel otherwise), for
 /// `cargo xtask run`, `scenario` and `stress`; x86 goes through
@@ -262,7 +262,8 @@ pub fn ensure_arch(
     }
     let agent = agent::build_for(workspace, arch)?;
     let busybox = busybox::ensure(arch)?;
-    let initramfs = initramfs::ensure_arm64(&agent, &modules, &busybox)?;
+    let perf = perf::ensure_for(&kernel.tree, &kernel.source, arch)?;
+    let initramfs = initramfs::ensure_arm64(&agent, &modules, &busybox, &perf)?;
     let qemu = qemu::ensure_for_arch(workspace, arch)?;
     Ok(Images {
         vmlinux: kernel.vmlinux,

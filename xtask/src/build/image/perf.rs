@@ -2,11 +2,15 @@
 //! the guest kernel, with a small feature set, and its shell tests (`perf
 //! test` runs them from the initramfs).
 //!
-//! Dynamically linked: its libraries (libelf, libz, libtraceevent, libm,
-//! libc) go into the initramfs the way every host program's do
+//! x86's is dynamically linked: its libraries (libelf, libz, libtraceevent,
+//! libm, libc) go into the initramfs the way every host program's do
 //! (`initramfs::shared_libraries`), about 0.6 MB; a static perf would need
 //! the static archives of each and of their own dependencies, which Debian
-//! does not ship for all of them.
+//! does not ship for all of them. arm64's is cross-built with Debian's
+//! `aarch64-linux-gnu-gcc` and linked statically against
+//! `libtraceevent-dev:arm64` (multiarch, which ships `libtraceevent.a`) and
+//! the cross C library, without libelf and zlib ([`ARM64_FLAGS`]): one file
+//! in the initramfs, and no arm64 shared library to find on the host.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -14,6 +18,7 @@ use std::process::Command;
 
 use anyhow::{Context, Result};
 
+use super::arch::Arch;
 use crate::build::cache::{self, Entry, Key};
 use crate::build::deps;
 use crate::cmd::{self, Step};
@@ -60,6 +65,54 @@ pub const MAKE_FLAGS: &[&str] = &[
 /// part of the key.
 pub const LIBRARY_PACKAGES: &[&str] = &["libelf-dev", "libtraceevent-dev", "zlib1g-dev"];
 
+/// What the arm64 perf adds to [`MAKE_FLAGS`]: cross-built, static (perf's
+/// Makefile takes `-static` in `LDFLAGS` to link the static archives), and
+/// without libelf (perf's minimal ELF reader finds symbols; no
+/// `libelf-dev:arm64`, whose static archive would want zstd's too) and
+/// zlib (compressed kernel modules, which the guest has none of). What the
+/// checks use, `perf stat` (`-I`, `--control`), tracepoints, `perf trace`,
+/// `perf record`'s refusal and `perf list`, needs neither. `PKG_CONFIG`:
+/// Debian has no `aarch64-linux-gnu-pkg-config`; the host's finds the
+/// arm64 `.pc` files through [`ARM64_PKG_CONFIG_LIBDIR`]. `DLFILTERS=`:
+/// perf's example `perf script` filters are shared objects, which a static
+/// link cannot make (and the guest does not use); `Makefile.perf` directly,
+/// since `tools/perf/Makefile` hands its sub-make the command line's
+/// variables through the environment only, where `Makefile.perf`'s own
+/// `DLFILTERS :=` would win.
+pub const ARM64_FLAGS: &[&str] = &[
+    "-f",
+    "Makefile.perf",
+    "ARCH=arm64",
+    "CROSS_COMPILE=aarch64-linux-gnu-",
+    "LDFLAGS=-static",
+    "NO_LIBELF=1",
+    "NO_ZLIB=1",
+    "PKG_CONFIG=pkg-config",
+    "DLFILTERS=",
+];
+
+/// The arm64 perf's library, through multiarch (`deps::ARM64_PACKAGES`).
+pub const ARM64_LIBRARY_PACKAGES: &[&str] = &["libtraceevent-dev:arm64"];
+
+/// Where pkg-config finds the arm64 libraries' `.pc` files.
+const ARM64_PKG_CONFIG_LIBDIR: &str = "/usr/lib/aarch64-linux-gnu/pkgconfig:/usr/share/pkgconfig";
+
+/// perf's make switches for `arch`.
+fn make_flags(arch: Arch) -> Vec<&'static str> {
+    let extra = match arch {
+        Arch::X86_64 => &[][..],
+        Arch::Arm64 => ARM64_FLAGS,
+    };
+    MAKE_FLAGS.iter().chain(extra).copied().collect()
+}
+
+fn library_packages(arch: Arch) -> &'static [&'static str] {
+    match arch {
+        Arch::X86_64 => LIBRARY_PACKAGES,
+        Arch::Arm64 => ARM64_LIBRARY_PACKAGES,
+    }
+}
+
 /// Where the guest finds perf, and its shell tests (perf's own installed
 /// layout for `prefix=/usr`).
 pub const IN_GUEST: &str = "usr/bin/perf";
@@ -74,14 +127,18 @@ pub struct Perf {
     pub tests: PathBuf,
 }
 
-/// The key of a perf built from a tree whose own inputs (source package
-/// and patches) `source` names.
-fn key(source: &str) -> Result<Key> {
+/// The key of a perf for `arch` built from a tree whose own inputs (source
+/// package and patches) `source` names; x86's is what it was before arm64
+/// had a perf.
+fn key(source: &str, arch: Arch) -> Result<Key> {
     let mut key = Key::new(RECIPE);
+    if arch != Arch::X86_64 {
+        key.add("arch", arch.kernel_arch().as_bytes());
+    }
     key.add("source", source.as_bytes());
-    key.add("flags", MAKE_FLAGS.join(" ").as_bytes());
-    key.add("gcc", deps::version_of("gcc")?.as_bytes());
-    for package in LIBRARY_PACKAGES {
+    key.add("flags", make_flags(arch).join(" ").as_bytes());
+    key.add("gcc", deps::version_of(&arch.gcc())?.as_bytes());
+    for package in library_packages(arch) {
         let version =
             cmd::output(Command::new("dpkg-query").args(["-W", "-f=${Version}", package]))
                 .with_context(|| format!("{package} is not installed; run `cargo xtask deps`"))?;
@@ -90,12 +147,17 @@ fn key(source: &str) -> Result<Key> {
     Ok(key)
 }
 
-/// Returns the cached perf for the tree `tree` (unpacked and patched from
-/// the inputs `source` names), building it first if needed. Reads the tree
-/// only: the objects go to the cache entry (`O=`), so it can build while
-/// the kernel builds in the same tree.
+/// Returns the cached x86 perf for the tree `tree` (unpacked and patched
+/// from the inputs `source` names), building it first if needed. Reads the
+/// tree only: the objects go to the cache entry (`O=`), so it can build
+/// while the kernel builds in the same tree.
 pub fn ensure(tree: &Path, source: &str) -> Result<Perf> {
-    let entry = Entry::new("perf", &key(source)?)?;
+    ensure_for(tree, source, Arch::X86_64)
+}
+
+/// [`ensure`] for a guest of `arch`: arm64's cross-built and static.
+pub fn ensure_for(tree: &Path, source: &str, arch: Arch) -> Result<Perf> {
+    let entry = Entry::new("perf", &key(source, arch)?)?;
     let perf = Perf {
         binary: entry.dir.join("perf"),
         tests: entry.dir.join("tests/shell"),
@@ -105,22 +167,27 @@ pub fn ensure(tree: &Path, source: &str) -> Result<Perf> {
     }
     entry.begin()?;
     let step = Step::start(
-        "building perf from the guest kernel's tree (about 40 s of both cores)",
+        &format!(
+            "building perf for {} from the guest kernel's tree (about 40 s of both cores)",
+            arch.kernel_arch()
+        ),
         &entry.dir.join("build.log"),
     )?;
     let out = entry.dir.join("out");
     fs::create_dir_all(&out)?;
     let jobs = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let mut make = Command::new("make");
+    make.arg("-C")
+        .arg(tree.join("tools/perf"))
+        .arg(format!("O={}", out.display()))
+        .arg(format!("-j{jobs}"))
+        .args(make_flags(arch));
+    if arch == Arch::Arm64 {
+        make.env("PKG_CONFIG_LIBDIR", ARM64_PKG_CONFIG_LIBDIR);
+    }
+    step.run(&mut make)?;
     step.run(
-        Command::new("make")
-            .arg("-C")
-            .arg(tree.join("tools/perf"))
-            .arg(format!("O={}", out.display()))
-            .arg(format!("-j{jobs}"))
-            .args(MAKE_FLAGS),
-    )?;
-    step.run(
-        Command::new("strip")
+        Command::new(format!("{}strip", arch.cross_compile().unwrap_or("")))
             .arg("-o")
             .arg(&perf.binary)
             .arg(out.join("perf")),

@@ -23,17 +23,30 @@ use perfbed_device::regs::{whole_units, Event};
 
 use super::context::{Ctx, MIB, TIMES};
 use super::moves::{movable_domain, MOVING_RATE};
+use crate::build::image::arch::Arch;
 use crate::checks::Check;
 use crate::guest::pmu_name;
 
-/// The raw tracepoints the reader hangs on: the timer tick of every online
-/// CPU, at HZ (250), idle or not (`HZ_PERIODIC`). A CPU's tick is its local
-/// APIC timer's interrupt (`local_timer_entry`), also where the APIC timer
-/// is off (`noapictimer`, under TCG) and the PIT's tick is broadcast to the
-/// other CPUs on that vector; the PIT's own interrupt, on CPU 0, is an
-/// `irq_handler_entry`. (The tick is no hrtimer there: the guest cannot
-/// switch to high resolution without the APIC timer.)
-pub const TRACEPOINTS: [&str; 2] = ["local_timer_entry", "irq_handler_entry"];
+/// The raw tracepoints the reader hangs on on a guest of `arch`: the timer
+/// tick of every online CPU, at HZ (250), idle or not (`HZ_PERIODIC`).
+///
+/// On x86 a CPU's tick is its local APIC timer's interrupt
+/// (`local_timer_entry`), also where the APIC timer is off (`noapictimer`,
+/// under TCG) and the PIT's tick is broadcast to the other CPUs on that
+/// vector; the PIT's own interrupt, on CPU 0, is an `irq_handler_entry`.
+/// (The tick is no hrtimer there: the guest cannot switch to high
+/// resolution without the APIC timer.)
+///
+/// On arm64 the tick is an hrtimer on each CPU's architected timer, whose
+/// interrupt is a per-CPU PPI: `handle_percpu_devid_irq()` traces it as an
+/// `irq_handler_entry` on every CPU (x86's `local_timer_entry` is an x86
+/// tracepoint, `irq_vectors`, which arm64 has not).
+pub fn tracepoints(arch: Arch) -> &'static [&'static str] {
+    match arch {
+        Arch::X86_64 => &["local_timer_entry", "irq_handler_entry"],
+        Arch::Arm64 => &["irq_handler_entry"],
+    }
+}
 const RMID: u32 = 5;
 /// The RMID of the events an open-close loop opens and closes meanwhile on
 /// another CPU: each close takes the domain's lock there, which a BPF read
@@ -215,7 +228,8 @@ pub fn while_moving(ctx: &mut Ctx) -> Result<Check> {
         AgentMessage::JobStarted { job } => job,
         other => bail!("starting the open-close loop: {other:?}"),
     };
-    ctx.g.bpf_reader_start(h, &TRACEPOINTS)?;
+    let tracepoints = tracepoints(ctx.g.vm.arch);
+    ctx.g.bpf_reader_start(h, tracepoints)?;
     ctx.control.set_rate(key.0, key.1, key.2, MOVING_RATE)?;
 
     let mut tally = Tally::default();
@@ -295,7 +309,7 @@ pub fn while_moving(ctx: &mut Ctx) -> Result<Check> {
     let seen = format!(
         "{pmu} at {} MiB/s, {} on every CPU: {} reads, {} succeeded ({}), refused {}; the event's CPU changed {} times under the reader, {} parks ({} reads while parked); placements {}; final read() {}; driver: {contended} contended reads, {skipped} skipped in NMI, beside {opens} opens and closes of another event",
         MOVING_RATE / MIB,
-        TRACEPOINTS.join(" and "),
+        tracepoints.join(" and "),
         tally.reads,
         tally.ok(),
         on.join(", "),

@@ -476,19 +476,17 @@ fn cases(device: &DeviceConfig, arch: Arch) -> Vec<Case> {
             let attr = m.good();
             m.ioctl(h, PerfIoctl::ModifyAttributes { attr })
         }),
-        // perfbed's x86 guest kernel has BPF (docs/guest.md): the core
+        // perfbed's guest kernels have BPF (docs/guest.md): the core
         // looks up the program first (fd -1: EBADF), and a counting event
         // of a PMU that is not a tracepoint has no program array to query.
-        on_arm64(arch, "EOPNOTSUPP", "arm64.fragment has no BPF_SYSCALL: bpf_prog_get()'s stub refuses every fd",
-            case("ioctl SET_BPF fd -1 (not a BPF program)", "EBADF", |m| {
-                let h = m.must_open(m.good(), None)?;
-                m.ioctl(h, PerfIoctl::SetBpf { fd: -1 })
-            })),
-        on_arm64(arch, "EOPNOTSUPP", "arm64.fragment has no BPF_EVENTS: perf_event_query_prog_array()'s stub refuses",
-            case("ioctl QUERY_BPF (not a tracepoint event)", "EINVAL", |m| {
-                let h = m.must_open(m.good(), None)?;
-                m.ioctl(h, PerfIoctl::QueryBpf)
-            })),
+        case("ioctl SET_BPF fd -1 (not a BPF program)", "EBADF", |m| {
+            let h = m.must_open(m.good(), None)?;
+            m.ioctl(h, PerfIoctl::SetBpf { fd: -1 })
+        }),
+        case("ioctl QUERY_BPF (not a tracepoint event)", "EINVAL", |m| {
+            let h = m.must_open(m.good(), None)?;
+            m.ioctl(h, PerfIoctl::QueryBpf)
+        }),
     ];
     // Every sample_type bit alone, on a counting event, then every branch_sample_type bit
     // alone under PERF_SAMPLE_BRANCH_STACK: docs/attributes.md says why each gets what it gets.
@@ -639,23 +637,11 @@ mod tests {
             .collect();
         assert_eq!(
             differ,
-            [
-                (
-                    "PERF_SAMPLE_REGS_USER with XMM0 (an extended register)",
-                    "EOPNOTSUPP",
-                    "EINVAL"
-                ),
-                (
-                    "ioctl SET_BPF fd -1 (not a BPF program)",
-                    "EBADF",
-                    "EOPNOTSUPP"
-                ),
-                (
-                    "ioctl QUERY_BPF (not a tracepoint event)",
-                    "EINVAL",
-                    "EOPNOTSUPP"
-                ),
-            ]
+            [(
+                "PERF_SAMPLE_REGS_USER with XMM0 (an extended register)",
+                "EOPNOTSUPP",
+                "EINVAL"
+            )]
         );
     }
 

@@ -32,7 +32,7 @@ fn stop_file(domain: u32) -> String {
 /// The shell that runs [`script`], in every guest's initramfs and on the
 /// host (Debian's busybox-static), so that the tests below run the loop as
 /// the guest does.
-const SHELL: [&str; 3] = ["/bin/busybox", "sh", "-c"];
+pub(super) const SHELL: [&str; 3] = ["/bin/busybox", "sh", "-c"];
 
 /// The sh loop that switches `cpus` (each by `cpus_dir/cpuN/online`)
 /// until `stop` exists, and prints its rounds. Only the shell's builtins

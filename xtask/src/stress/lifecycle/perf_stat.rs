@@ -23,6 +23,9 @@ use crate::guest::Guest;
 
 use super::super::jobs::{start_job, stop_job};
 use super::journal::StatHow;
+// busybox's `sh` runs the FIFOs' commands too (`read -t` and `[` are its
+// built-ins): every guest has it, the arm64 one no bash.
+use super::moving_thread::SHELL;
 
 const CTL: &str = "/tmp/perfbed-stat-ctl";
 const ACK: &str = "/tmp/perfbed-stat-ack";
@@ -83,8 +86,9 @@ fn start(g: &mut Guest, spec: &str, how: StatHow) -> Result<u32> {
         argv.extend(["-I".to_string(), INTERVAL_MS.to_string()]);
     }
     let (status, _, stderr) = g.run(&[
-        "/bin/bash",
-        "-c",
+        SHELL[0],
+        SHELL[1],
+        SHELL[2],
         &format!(
             "/bin/busybox mkdir -p /tmp && /bin/busybox rm -f {CTL} {ACK} && /bin/busybox mkfifo {CTL} {ACK}"
         ),
@@ -114,7 +118,7 @@ fn start(g: &mut Guest, spec: &str, how: StatHow) -> Result<u32> {
 fn command_acked(g: &mut Guest, command: &str) -> Result<Result<(), String>> {
     let script =
         format!("echo {command} > {CTL} && read -t 10 reply < {ACK} && [ \"$reply\" = ack ]");
-    let (status, _, stderr) = g.run(&["/bin/bash", "-c", &script])?;
+    let (status, _, stderr) = g.run(&[SHELL[0], SHELL[1], SHELL[2], &script])?;
     Ok(if status == Some(0) {
         Ok(())
     } else {

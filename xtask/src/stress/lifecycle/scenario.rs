@@ -746,22 +746,12 @@ impl Parser<'_> {
     /// `ioctl NAME REQUEST [ARG] ANSWER`: an ioctl that changes no count,
     /// and the answer it must give (`ok` or an errno).
     fn request(&self, args: &[&str]) -> Result<Step, String> {
-        let usage = format!("expected `ioctl NAME REQUEST [ARG] ANSWER`: REQUEST one of {REQUESTS}, ANSWER `ok` or an errno such as EINVAL, then `arm64=ANSWER` where an arm64 guest answers otherwise");
-        // `arm64=ANSWER` last: the arm64 kernel's own answer, where it
-        // legitimately differs (no BPF in arm64.fragment).
-        let (args, arm64) = match args.split_last() {
-            Some((last, rest)) if last.starts_with("arm64=") => (rest, last.strip_prefix("arm64=")),
-            _ => (args, None),
-        };
+        let usage = format!("expected `ioctl NAME REQUEST [ARG] ANSWER`: REQUEST one of {REQUESTS}, ANSWER `ok` or an errno such as EINVAL");
         let [name, request, arg @ .., answer] = args else {
             return Err(usage);
         };
-        let answer: &str = match (self.layout.arch, arm64) {
-            (Arch::Arm64, Some(answer)) => answer,
-            _ => answer,
-        };
         let handle = self.handle(name)?;
-        let refused = match answer {
+        let refused = match *answer {
             "ok" => None,
             e if e.len() > 1
                 && e.starts_with('E')
@@ -2223,27 +2213,6 @@ mod tests {
             .unwrap_err()
             .message
             .contains("sparc"));
-    }
-
-    /// `arm64=ANSWER` after an ioctl's answer is the answer on arm64 only.
-    #[test]
-    fn an_ioctl_takes_its_arm64_answer_on_arm64_only() {
-        let text =
-            "a = open movable mbm_total_bytes rmid=1\nioctl a query-bpf EINVAL arm64=EOPNOTSUPP\n";
-        let refused = |layout: &Layout| match &parse(Path::new("b.scn"), text, layout, 1)
-            .unwrap()
-            .ops[1]
-            .step
-        {
-            Step::Request { refused, .. } => refused.clone(),
-            other => panic!("{other:?}"),
-        };
-        assert_eq!(refused(&layout()), Some("EINVAL".into()));
-        let arm64 = Layout {
-            arch: Arch::Arm64,
-            ..layout()
-        };
-        assert_eq!(refused(&arm64), Some("EOPNOTSUPP".into()));
     }
 
     #[test]
