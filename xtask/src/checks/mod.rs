@@ -117,9 +117,19 @@ impl Report {
     }
 
     pub fn table(&self) -> String {
+        self.table_of(|_| true)
+    }
+
+    /// The failed checks alone, as [`Report::table`] prints them: what a
+    /// truncated log must still show.
+    pub fn failures(&self) -> String {
+        self.table_of(|c| !c.passed)
+    }
+
+    fn table_of(&self, wanted: impl Fn(&Check) -> bool) -> String {
         let mut out = String::new();
         let width = self.checks.iter().map(|c| c.name.len()).max().unwrap_or(0);
-        for check in &self.checks {
+        for check in self.checks.iter().filter(|c| wanted(c)) {
             let mark = if check.passed { "PASS" } else { "FAIL" };
             let _ = writeln!(out, "  {mark}  {:width$}  {}", check.name, check.detail);
         }
@@ -129,7 +139,30 @@ impl Report {
 
 #[cfg(test)]
 mod tests {
-    use super::Select;
+    use super::{Check, Report, Select};
+    use std::time::Duration;
+
+    #[test]
+    fn a_reports_failures_are_its_failed_checks_alone() {
+        let report = Report {
+            checks: vec![
+                Check::from_problems("counter reads", vec![], "exact".into()),
+                Check::from_problems("ground truth", vec!["short by 4 KiB".into()], String::new()),
+            ],
+            boot_time: Duration::ZERO,
+            guest_uptime_at_ready: Duration::ZERO,
+            checks_time: Duration::ZERO,
+            serial_log: "serial.log".into(),
+            trace: None,
+        };
+        assert_eq!(report.table().lines().count(), 2);
+        let failures = report.failures();
+        assert_eq!(failures.lines().count(), 1, "{failures}");
+        assert!(
+            failures.contains("FAIL  ground truth   short by 4 KiB"),
+            "{failures}"
+        );
+    }
 
     #[test]
     fn a_selection_runs_the_checks_whose_names_contain_a_pattern() {

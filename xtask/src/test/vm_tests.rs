@@ -38,11 +38,7 @@ pub fn boot_and_hotplug(scenario: &Scenario, accel: &Accel) -> Result<()> {
                 ))
             )
         });
-        bail!(
-            "failed checks:\n{}serial log: {}{trace}",
-            report.table(),
-            report.serial_log.display()
-        );
+        return Err(failed(&report, &trace));
     }
     print!("{}", report.table());
     if scenario.plot {
@@ -169,6 +165,18 @@ pub fn slow_agent_reader(scenario: &Scenario, accel: &Accel) -> Result<()> {
     Ok(())
 }
 
+/// A failed report's error: the whole table goes to the test's output, and
+/// the error repeats the failed checks alone, where a log cut to its head
+/// and tail still shows them.
+fn failed(report: &checks::Report, trailer: &str) -> anyhow::Error {
+    print!("{}", report.table());
+    anyhow::anyhow!(
+        "failed checks:\n{}serial log: {}{trailer}",
+        report.failures(),
+        report.serial_log.display()
+    )
+}
+
 /// Boots, runs `checks` on the guest, powers it off, and fails on any failed
 /// check or kernel log report.
 fn checks_on_a_guest(
@@ -183,11 +191,7 @@ fn checks_on_a_guest(
     vm.power_off(Duration::from_secs(30))?;
     let report = checks::Report::from_checks(checks, &serial_log);
     if !report.passed() {
-        bail!(
-            "failed checks:\n{}serial log: {}",
-            report.table(),
-            serial_log.display()
-        );
+        return Err(failed(&report, ""));
     }
     print!("{}", report.table());
     Ok(())
@@ -226,11 +230,7 @@ pub fn gdb_session(scenario: &Scenario, accel: &Accel) -> Result<()> {
     vm.power_off(Duration::from_secs(30))?;
     let report = checks::Report::from_checks(vec![], &serial_log);
     if !report.passed() {
-        bail!(
-            "failed checks:\n{}serial log: {}",
-            report.table(),
-            serial_log.display()
-        );
+        return Err(failed(&report, ""));
     }
     let backtrace: Vec<&str> = session
         .output
