@@ -13,6 +13,7 @@ mod host;
 mod model;
 mod progress;
 mod run;
+mod series;
 mod stress;
 mod test;
 mod trace;
@@ -73,6 +74,11 @@ enum Command {
     /// Measure perfbed against its baselines: a table of value, baseline,
     /// ratio and goal, saved under target/perfbed/bench/.
     Bench(bench::BenchArgs),
+    /// The kernel series as a reviewer receives it: every prefix applies
+    /// exactly, every patch is numbered, named in the cover letter and
+    /// checkpatch --strict clean (--build: every prefix builds); writes the
+    /// series and its cover letter into the run folder.
+    Series(series::SeriesArgs),
     /// Boot again and again, idle and under load: hangs, failures, boot times.
     BootStress(stress::boot::BootStressArgs),
     /// What a device MMIO exit costs perfbed-vmm against a bare exit (on this
@@ -129,6 +135,7 @@ fn main() -> ExitCode {
         Command::Test(args) => test::run(&ws, &args),
         Command::Fuzz(args) => fuzz::run(&ws, &args),
         Command::Bench(args) => bench::run(&ws, &args),
+        Command::Series(args) => series::run(&ws, &args),
         Command::BootStress(args) => stress::boot::run(&ws, &args),
         Command::Trace(args) => trace::command(&args),
         Command::Stress(args) if args.is_lifecycle() => stress::lifecycle::cli::run(&ws, &args),

@@ -20,6 +20,7 @@ use crate::host::Accel;
 use crate::progress::human;
 use crate::run::scenario::Scenario;
 use crate::run::{scenario_for, use_box_qemu_for_gdb, RunArgs};
+use crate::series;
 use vm_tests::{
     agent_dies_mid_run, bench_quick, boot_and_hotplug, device_scope_pmu, driver_mutants,
     gdb_session, guest_floods_console_and_channel, guest_panic_is_reported, hang_is_captured,
@@ -323,6 +324,7 @@ pub fn run(ws: &Path, args: &TestArgs) -> Result<bool> {
             eprintln!("unit tests FAILED ({status})");
         }
         passed &= lint(ws);
+        passed &= series_check(ws);
     }
     if !args.vm_only && !args.unit_only {
         passed &= run_fuzz_tests(ws, args.fuzz_seconds);
@@ -382,6 +384,26 @@ fn lint(ws: &Path) -> bool {
         passed &= ok;
     }
     passed
+}
+
+/// The kernel series as a reviewer receives it (`cargo xtask series`
+/// without its builds, which take longer than CI's budget allows).
+fn series_check(ws: &Path) -> bool {
+    eprintln!("==> the kernel series: cargo xtask series");
+    match series::run(ws, &series::SeriesArgs::default()) {
+        Ok(true) => {
+            println!("test series ... ok");
+            true
+        }
+        Ok(false) => {
+            println!("test series ... FAILED: the patches named above");
+            false
+        }
+        Err(e) => {
+            println!("test series ... FAILED: {e:#}");
+            false
+        }
+    }
 }
 
 /// Each fuzz target for a short while: a crash, or a target that cannot be

@@ -490,6 +490,30 @@ fn make(
     tree: &Path,
     fragments: &[PathBuf],
 ) -> Result<()> {
+    configure(step, arch, tree, fragments)?;
+    let jobs = std::thread::available_parallelism().map_or(2, |n| n.get());
+    step.run(
+        Kernel::make_for(tree, arch)?
+            .arg(format!("-j{jobs}"))
+            .args(make_targets(variant, arch)),
+    )?;
+    warnings_are_errors(step.log())
+}
+
+/// The config fragments of `variant` for `arch`, in merge order, as they
+/// are in the work tree.
+pub fn fragment_paths(workspace: &Path, variant: Variant, arch: Arch) -> Vec<PathBuf> {
+    let dir = images_dir(workspace);
+    variant
+        .fragments(arch)
+        .iter()
+        .map(|name| dir.join(name))
+        .collect()
+}
+
+/// Configures the unpacked tree: tinyconfig, then `fragments` merged in
+/// order; an option a fragment asks for that the result lacks is an error.
+pub fn configure(step: &Step, arch: Arch, tree: &Path, fragments: &[PathBuf]) -> Result<()> {
     let kmake = || Kernel::make_for(tree, arch);
     step.run(kmake()?.arg("tinyconfig"))?;
     step.run(
@@ -510,26 +534,12 @@ fn make(
             );
         }
     }
-    step.run(kmake()?.arg("rustavailable"))?;
-    let jobs = std::thread::available_parallelism().map_or(2, |n| n.get());
-    step.run(
-        kmake()?
-            .arg(format!("-j{jobs}"))
-            .args(make_targets(variant, arch)),
-    )?;
-    warnings_are_errors(step.log())
+    step.run(kmake()?.arg("rustavailable"))
 }
 
 /// The kernel source unpacked as `tree`, with the patches applied.
 fn unpack(step: &Step, entry: &Entry, tree: &Path, patches: &[PathBuf]) -> Result<()> {
-    step.run(
-        Command::new("tar")
-            .arg("-xf")
-            .arg(SOURCE_TARBALL)
-            .arg("-C")
-            .arg(&entry.dir),
-    )?;
-    fs::rename(entry.dir.join("linux-source-6.12"), tree).context("renaming the unpacked tree")?;
+    unpack_source(step, &entry.dir, tree)?;
     for patch in patches {
         step.run(
             Command::new("patch")
@@ -543,6 +553,26 @@ fn unpack(step: &Step, entry: &Entry, tree: &Path, patches: &[PathBuf]) -> Resul
     Ok(())
 }
 
+/// The base source, unpacked in `parent` (on the same filesystem) and
+/// renamed to `tree`.
+pub fn unpack_source(step: &Step, parent: &Path, tree: &Path) -> Result<()> {
+    fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+    step.run(
+        Command::new("tar")
+            .arg("-xf")
+            .arg(SOURCE_TARBALL)
+            .arg("-C")
+            .arg(parent),
+    )?;
+    fs::rename(parent.join("linux-source-6.12"), tree).context("renaming the unpacked tree")
+}
+
+/// The base the series applies to, as its cover letter names it: the
+/// source package and its version.
+pub fn base() -> Result<String> {
+    Ok(format!("Debian {SOURCE_PACKAGE} {}", source_version()?))
+}
+
 /// The folders of kernel patches below `images/kernel/`, in the order they
 /// apply: the series as it would be posted, then what only the testbed
 /// needs (see each folder's README).
@@ -554,11 +584,16 @@ pub const PATCH_DIRS: [&str; 2] = ["patches", "testbed-patches"];
 pub fn patches(workspace: &Path) -> Result<Vec<PathBuf>> {
     let mut all = Vec::new();
     for dir in PATCH_DIRS {
-        let mut patches = cache::files_below(&images_dir(workspace).join(dir))?;
-        patches.retain(|p| p.extension().is_some_and(|e| e == "patch"));
-        all.extend(patches);
+        all.extend(patches_in(workspace, dir)?);
     }
     Ok(all)
+}
+
+/// The `*.patch` files of one of [`PATCH_DIRS`], sorted by name.
+pub fn patches_in(workspace: &Path, dir: &str) -> Result<Vec<PathBuf>> {
+    let mut patches = cache::files_below(&images_dir(workspace).join(dir))?;
+    patches.retain(|p| p.extension().is_some_and(|e| e == "patch"));
+    Ok(patches)
 }
 
 /// Options from the fragment whose value is not what the final .config has.
