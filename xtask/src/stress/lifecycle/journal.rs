@@ -21,8 +21,9 @@ pub struct Header {
     /// The command that runs the stress again.
     pub replay: String,
     /// Each domain's CPUs and where its PMU was at the start (empty in a
-    /// journal from before they were recorded: the replay then cannot
-    /// tell which CPU a move or a park takes offline).
+    /// journal from before they were recorded, a scenario's before
+    /// 2026-12-07: the replay then cannot tell which CPU a move or a park
+    /// takes offline, nor which PMUs an offline moves).
     #[serde(default, flatten)]
     pub cpus: Cpus,
 }
@@ -38,6 +39,15 @@ pub struct Cpus {
 }
 
 impl Cpus {
+    /// Each domain of `domains` (its allowed CPUs) on its first CPU, where
+    /// a scenario starts it.
+    pub fn homed(domains: &[Vec<u32>]) -> Cpus {
+        Cpus {
+            domains: domains.to_vec(),
+            owners: domains.iter().map(|d| d.first().copied()).collect(),
+        }
+    }
+
     /// Tells `model` what host step `step` did to CPUs and placements;
     /// `owner` is the PMU's CPU after it (a move's or an unpark's result),
     /// `parked_ns` how long an unparked domain was parked.

@@ -36,13 +36,6 @@ pub struct Replay {
     pub values: u64,
 }
 
-/// Replays `journal` on a device of `shape`, not knowing which CPUs its
-/// moves and parks take offline (no rule of CPUs going offline applies
-/// but to its `Offline` steps).
-pub fn replay(shape: DeviceShape, journal: &[Entry]) -> Replay {
-    replay_on(shape, &Cpus::default(), journal)
-}
-
 /// The CPU an open binds a group of software events to.
 fn bound_cpu(event: &Opened) -> Option<u32> {
     u32::try_from(event.cpu)
@@ -72,7 +65,11 @@ fn restarted_by(step: &Step, model: &Model, formats: &BTreeMap<Handle, ReadForma
 }
 
 /// Replays `journal` on a device of `shape` whose domains' CPUs and
-/// owners at the start are `cpus`.
+/// owners at the start are `cpus`, followed through its steps: an offline
+/// (or a failing one that ran perf's teardown) moves only the PMU of the
+/// CPU it takes. With `cpus` empty (a journal from before they were
+/// recorded) the replay cannot tell which CPUs a move or a park takes
+/// offline, nor which PMUs an offline moves: each still placed may have.
 pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
     let mut cpus = cpus.clone();
     let mut model = Model::new(shape);
@@ -331,12 +328,12 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
                     )),
                 }
             }
-            (Step::Cpumask { domain, cpus }, Ok(mask)) => {
-                if !mask.iter().copied().eq(cpus.iter().map(|&c| u64::from(c)))
+            (Step::Cpumask { domain, cpus: want }, Ok(mask)) => {
+                if !mask.iter().copied().eq(want.iter().map(|&c| u64::from(c)))
                     && holds(Rule::CpumaskAsAsserted)
                 {
                     find(format!(
-                        "domain {domain}'s cpumask is {mask:?}, want {cpus:?} ([] parked)"
+                        "domain {domain}'s cpumask is {mask:?}, want {want:?} ([] parked)"
                     ));
                 }
                 if let Some(began) = doubt.remove(domain) {
@@ -349,6 +346,9 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
                         began,
                         entry.at_ns,
                     );
+                }
+                if let Some(o) = cpus.owners.get_mut(*domain as usize) {
+                    *o = mask.first().map(|&c| c as u32);
                 }
             }
             // The CPU is as it was; a PMU that moved went with perf's
@@ -373,7 +373,8 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
                             cpus.step(&mut model, &Step::Move { domain }, now, 0);
                         }
                         Some(_) => {}
-                        // A scenario's journal does not follow the owners: as
+                        // A journal that does not follow the owners (a
+                        // scenario's from before they were recorded): as
                         // after an offline, each PMU still placed may have
                         // moved with perf's teardown.
                         None if teardown && now.is_some() => model.moved(domain),
@@ -391,15 +392,26 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
                 // where it is when a step settles it.
                 let seen = (0u32..).zip(owners).filter(|(d, _)| !doubt.contains_key(d));
                 for (domain, &owner) in seen {
-                    placed(
-                        &mut model,
-                        &mut parked_at,
-                        domain,
-                        owner != PARKED,
-                        entry.at_ns,
-                    );
-                    if let Some(o) = cpus.owners.get_mut(domain as usize) {
-                        *o = (owner != PARKED).then_some(owner as u32);
+                    let now = (owner != PARKED).then_some(owner as u32);
+                    let was = cpus.owners.get_mut(domain as usize);
+                    // Followed from the start: an offline moves only the
+                    // PMU of the CPU it takes, one still on its CPU stayed.
+                    // Not followed, each PMU still placed may have moved.
+                    let stayed = matches!(*step, Step::Offline { .. })
+                        && now.is_some()
+                        && was.as_deref() == Some(&now)
+                        && !model.is_parked(domain);
+                    if !stayed {
+                        placed(
+                            &mut model,
+                            &mut parked_at,
+                            domain,
+                            now.is_some(),
+                            entry.at_ns,
+                        );
+                    }
+                    if let Some(o) = was {
+                        *o = now;
                     }
                 }
             }
@@ -936,6 +948,15 @@ pub(crate) mod tests {
     use crate::model::ValueRule;
 
     const SHAPE: DeviceShape = DeviceShape::DEFAULT_RUN;
+
+    /// Replays `journal` on a device of `shape`, not knowing which CPUs its
+    /// moves and parks take offline nor which PMUs its offlines move (as a
+    /// journal from before the CPUs were recorded): no rule of CPUs going
+    /// offline applies but to its `Offline` steps, and after one each PMU
+    /// still placed may have moved.
+    fn replay(shape: DeviceShape, journal: &[Entry]) -> Replay {
+        replay_on(shape, &Cpus::default(), journal)
+    }
     const TIMED: ReadFormat = ReadFormat {
         times: true,
         id: false,
@@ -972,6 +993,47 @@ pub(crate) mod tests {
             "{:?}",
             r.findings
         );
+    }
+
+    /// The same journal with its owners recorded (each domain on its first
+    /// CPU, as a scenario starts it), its first offline failing past
+    /// irq/affinity:online or completing: it moved domain 1, whose CPU it
+    /// took, and only that one. A cpu-clock sibling on domain 0's PMU
+    /// showing the same shortfall claims a move's allowance its PMU did not
+    /// get: a finding, which the journal without owners lets pass.
+    #[test]
+    fn an_offline_moves_only_the_pmu_of_its_cpu_in_a_journal_with_owners() {
+        let owners = Cpus::homed(&[vec![0, 1], vec![2, 3]]);
+        let fails = r#""step":"fail_at","cpu":2,"online":false,"state":"irq/affinity:online","completes":true"#;
+        assert!(OFFLINE_COMPLETED_PAST.contains(fails));
+        let completes = OFFLINE_COMPLETED_PAST.replace(fails, r#""step":"offline","cpu":2"#);
+        // The group on domain 0, which CPU 0 keeps throughout.
+        let on_domain_0 = |text: &str| {
+            let moved = text
+                .replace(r#""event":{"pmu":1,"#, r#""event":{"pmu":0,"#)
+                .replace(r#""lost":false},"cpu":2}"#, r#""lost":false},"cpu":0}"#)
+                .replace(
+                    r#""step":"burst","domain":1,"#,
+                    r#""step":"burst","domain":0,"#,
+                );
+            assert_eq!(moved.matches(r#""pmu":0,"#).count(), 1);
+            assert_eq!(moved.matches(r#""cpu":0}"#).count(), 2);
+            assert_eq!(moved.matches(r#""domain":0,"#).count(), 2);
+            moved
+        };
+        for journal in [OFFLINE_COMPLETED_PAST, &completes] {
+            let replayed = |text: &str, cpus: &Cpus| {
+                let (_, journal) = super::super::journal::from_text(text).unwrap();
+                replay_on(SHAPE, cpus, &journal).findings
+            };
+            assert_eq!(replayed(journal, &owners), vec![]);
+            let elsewhere = on_domain_0(journal);
+            let found = replayed(&elsewhere, &owners);
+            assert_eq!(found.len(), 1, "{found:?}");
+            assert_eq!(found[0].index, 8, "{found:?}");
+            assert!(found[0].text.contains("time_running"), "{found:?}");
+            assert_eq!(replayed(&elsewhere, &Cpus::default()), vec![]);
+        }
     }
 
     fn open(expect: Handle, disabled: bool) -> Entry {

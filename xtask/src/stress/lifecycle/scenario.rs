@@ -1774,15 +1774,7 @@ impl fmt::Display for Want {
 /// and each domain placed on its first CPU at the start. (A scenario whose
 /// wants the model rejects can only fail.)
 pub fn wants_against_model(scenario: &Scenario, shape: DeviceShape) -> Vec<ScenarioError> {
-    let cpus = Cpus {
-        domains: scenario.domains.clone(),
-        owners: scenario
-            .domains
-            .iter()
-            .map(|d| d.first().copied())
-            .collect(),
-    };
-    let mut p = replay::Predictor::new(shape, &cpus);
+    let mut p = replay::Predictor::new(shape, &Cpus::homed(&scenario.domains));
     let mut out = Vec::new();
     for (index, op) in scenario.ops.iter().enumerate() {
         let mut find = |line: usize, message: String| {

@@ -28,7 +28,7 @@ use super::flows::Flows;
 use super::irq_affinity::Watch;
 use super::journal::{self, perf_op, Doubt, Entry, Header, Opened, Step};
 use super::reads;
-use super::replay::{replay, Finding};
+use super::replay::{replay_on, Finding};
 use super::run::{attr_of, flush, host_step, probe_next_handle, shape, with_started_job};
 use super::scenario::{
     arch_of, difference, fails_hotplug, files_under, parse, wants_against_model, Layout, Scenario,
@@ -195,32 +195,19 @@ pub fn carry_out_file(
         file.file_stem()
             .map_or("scenario".into(), |s| s.to_string_lossy())
     ));
-    let header = Header {
-        pmus: device.domains.len() as u32,
-        slots: device.slots,
-        unit_bytes: device.unit_bytes,
-        counter_width: device.counter_width,
-        max_rate: device.max_rate,
-        seed: 0,
-        replay: match g.vm.arch {
-            Arch::X86_64 => format!("cargo xtask scenario {}", file.display()),
-            arch => format!(
-                "cargo xtask scenario --arch {} {}",
-                arch.kernel_arch(),
-                file.display()
-            ),
-        },
-        cpus: journal::Cpus::default(),
-    };
+    let header = header(&scenario, device, g.vm.arch);
     std::fs::write(&path, journal::to_text(&header, &journal)?)
         .with_context(|| format!("writing {}", path.display()))?;
     let mut check = judge(&scenario, &journal, device, &affinity);
-    let first = replay(shape(device), &journal).findings.into_iter().next();
+    let first = replay_on(shape(device), &header.cpus, &journal)
+        .findings
+        .into_iter()
+        .next();
     let said = match (shrink, check.passed, first) {
         (Some(budget), false, Some(first)) => {
             let failing = shrink::Failing {
                 journal: &journal,
-                owners: vec![],
+                owners: header.cpus.owners.clone(),
                 first,
             };
             let file = path.with_extension("shrunk.scn");
@@ -242,6 +229,26 @@ pub fn carry_out_file(
     // A `reload` registered the PMUs again, with new types.
     *types = env.types.into_inner();
     Ok(check)
+}
+
+/// The header of the journal of `scenario` run on `device` of a guest of
+/// `arch`: each domain on its first CPU at the start, where [`home`] puts
+/// it, so that the replay follows the owners as the stress's does.
+fn header(scenario: &Scenario, device: &DeviceConfig, arch: Arch) -> Header {
+    let file = scenario.file.display();
+    Header {
+        pmus: device.domains.len() as u32,
+        slots: device.slots,
+        unit_bytes: device.unit_bytes,
+        counter_width: device.counter_width,
+        max_rate: device.max_rate,
+        seed: 0,
+        replay: match arch {
+            Arch::X86_64 => format!("cargo xtask scenario {file}"),
+            arch => format!("cargo xtask scenario --arch {} {file}", arch.kernel_arch()),
+        },
+        cpus: journal::Cpus::homed(&scenario.domains),
+    }
 }
 
 /// What carrying out a step needs besides the guest.
@@ -436,7 +443,11 @@ fn judge(
     affinity: &[(usize, String)],
 ) -> Check {
     let at = |line: usize| format!("{}:{line}", scenario.file.display());
-    let replayed = replay(shape(device), journal);
+    let replayed = replay_on(
+        shape(device),
+        &journal::Cpus::homed(&scenario.domains),
+        journal,
+    );
     // By line: the model's findings, the unmet wants and the interrupt
     // left behind, in file order.
     let mut problems: Vec<(usize, String)> = replayed
@@ -776,7 +787,10 @@ pub fn shrink_on_guest(
         let first = probe_next_handle(g)?;
         let scenario = parse(file, text, layout, first)?;
         let (journal, _) = carry_out(g, control, env, &scenario)?;
-        let first = replay(shape, &journal).findings.into_iter().next();
+        let first = replay_on(shape, &journal::Cpus::homed(&scenario.domains), &journal)
+            .findings
+            .into_iter()
+            .next();
         restore(g, control, env, &journal)?;
         Ok(first.map(|f| (at.get(f.index).copied().unwrap_or(usize::MAX), f.text)))
     };
@@ -911,6 +925,27 @@ mod tests {
             open(11, Err("ENODEV".into())),
         ];
         assert_eq!(left_open(&journal), [10].into());
+    }
+
+    /// A scenario's journal records where [`home`] put each PMU, and
+    /// reads back with it: `stress --journal` follows the owners, as the
+    /// run's own replay does (an offline moves only the PMU of its CPU).
+    #[test]
+    fn a_scenarios_journal_records_each_domains_cpus_and_first_owner() {
+        let device = device();
+        let s = parse(
+            Path::new("o.scn"),
+            "offline owner(movable)\n",
+            &layout(4, &device, Arch::X86_64),
+            1,
+        )
+        .unwrap();
+        let header = header(&s, &device, Arch::X86_64);
+        assert_eq!(header.cpus.domains, vec![vec![0, 1], vec![2, 3]]);
+        assert_eq!(header.cpus.owners, vec![Some(0), Some(2)]);
+        assert_eq!(header.replay, "cargo xtask scenario o.scn");
+        let text = journal::to_text(&header, &[]).unwrap();
+        assert_eq!(journal::from_text(&text).unwrap().0, header);
     }
 
     #[test]
