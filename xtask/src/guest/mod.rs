@@ -90,6 +90,35 @@ impl Guest<'_> {
         }
     }
 
+    /// [`Guest::wait_cpumask`], until `ok` has held on every read for
+    /// `steady`: placements still under way (allowed sets the host did not
+    /// wait for) can take a PMU through the mask asked for and away again
+    /// within milliseconds (3, then 2, then 3), so one read that holds does
+    /// not say that they are over. The mask seen last, and whether it held.
+    pub fn wait_cpumask_steady(
+        &mut self,
+        pmu: &str,
+        ok: impl Fn(&[u32]) -> bool,
+        steady: std::time::Duration,
+    ) -> Result<(bool, Vec<u32>)> {
+        let start = std::time::Instant::now();
+        let mut held_since = None;
+        loop {
+            let mask = self.cpumask(pmu)?;
+            let now = std::time::Instant::now();
+            held_since = if ok(&mask) {
+                held_since.or(Some(now))
+            } else {
+                None
+            };
+            let steady_now = held_since.is_some_and(|t| now - t >= steady);
+            if steady_now || start.elapsed() > std::time::Duration::from_secs(30) {
+                return Ok((steady_now, mask));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
     pub fn pmu_type(&mut self, pmu: &str) -> Result<u32> {
         let text = self.read_file(&format!("/sys/bus/event_source/devices/{pmu}/type"))?;
         text.parse().with_context(|| format!("{pmu}/type {text:?}"))

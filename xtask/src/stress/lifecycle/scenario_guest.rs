@@ -36,6 +36,14 @@ use super::scenario::{
 };
 use super::shrink::{self, Shrinking};
 
+/// How long a domain the host changed without waiting must show the mask
+/// its `cpumask` line asserts before the line settles it: well above the
+/// few milliseconds that the driver's placement work takes between two
+/// of those changes (an arm64 run saw the mask at 3 for 11 ms, then 2,
+/// then 3 again), so that the line and the interrupt's affinity after it
+/// see the last placement.
+const SETTLED_FOR: std::time::Duration = std::time::Duration::from_millis(300);
+
 /// The layout a scenario is parsed for, on a guest of `arch`.
 pub fn layout(cpus: u8, device: &DeviceConfig, arch: Arch) -> Layout {
     Layout {
@@ -322,10 +330,15 @@ fn carry_out_into(
             }
             Some(Doubt::Settles(d)) if doubt.remove(&d) => {
                 if let Step::Cpumask { cpus, .. } = &step {
-                    // It settles when the mask is the one asserted, or
-                    // after 30 s (the replay then finds it wrong).
+                    // It settles when the mask is the one asserted and
+                    // stays so for SETTLED_FOR, or after 30 s (the replay
+                    // then finds it wrong).
                     flush(g, &mut pending, &attr, journal, start)?;
-                    g.wait_cpumask(&env.pmus[d as usize], |m| m == cpus.as_slice())?;
+                    g.wait_cpumask_steady(
+                        &env.pmus[d as usize],
+                        |m| m == cpus.as_slice(),
+                        SETTLED_FOR,
+                    )?;
                 }
             }
             _ => {}
