@@ -26,8 +26,9 @@ use crate::progress::human;
 #[derive(clap::Args, Debug, Default)]
 pub struct SeriesArgs {
     /// Also build the guest's kernel (x86, the normal configuration) at
-    /// every prefix, the base first, one incremental build after each patch
-    /// (about 3.5 min for the base, then a minute or two per patch).
+    /// every prefix: the base first, then one incremental build after each
+    /// patch (a whole kernel build for the base; not yet timed over the
+    /// series).
     #[arg(long)]
     pub build: bool,
 }
