@@ -171,31 +171,35 @@ pub fn run(ws: &Path, args: &SeriesArgs) -> Result<bool> {
         let fragments = kernel::fragment_paths(ws, Variant::Normal, Arch::X86_64);
         kernel::configure(&step, Arch::X86_64, &tree, &fragments)?;
     }
-    let base_build = if args.build {
-        Some(build_prefix(&step, &tree).context("building the base, before any patch")?)
-    } else {
-        None
-    };
-    let mut verdicts = Vec::new();
-    for (index, path) in patches.iter().enumerate() {
-        verdicts.push(check_patch(
-            &step,
-            &tree,
-            path,
-            index + 1,
-            patches.len(),
-            &letter,
-            args.build,
-        )?);
-    }
+    let checked = (|| -> Result<_> {
+        let base_build = if args.build {
+            Some(build_prefix(&step, &tree).context("building the base, before any patch")?)
+        } else {
+            None
+        };
+        let mut verdicts = Vec::new();
+        for (index, path) in patches.iter().enumerate() {
+            verdicts.push(check_patch(
+                &step,
+                &tree,
+                path,
+                index + 1,
+                patches.len(),
+                &letter,
+                args.build,
+            )?);
+        }
+        Ok((base_build, verdicts))
+    })();
+    // The unpacked tree is a few hundred MiB (a few GiB built), also when a
+    // patch does not apply: what is worth keeping is the series and its log.
+    fs::remove_dir_all(&tree).with_context(|| format!("removing {}", tree.display()))?;
+    let (base_build, verdicts) = checked?;
     step.finish();
     let table = table(&verdicts, &base, base_build);
     print!("{table}");
     let out = run_dir.join("patches");
     write_series(&out, &patches, &letter, &table)?;
-    // The unpacked tree is a few hundred MiB (a few GiB built): what is
-    // worth keeping is the series and its log.
-    fs::remove_dir_all(&tree).with_context(|| format!("removing {}", tree.display()))?;
     let failed = verdicts.iter().filter(|v| !v.problems.is_empty()).count()
         + usize::from(!letter_problems.is_empty());
     if !letter_problems.is_empty() {

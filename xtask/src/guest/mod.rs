@@ -80,18 +80,11 @@ impl Guest<'_> {
         pmu: &str,
         ok: impl Fn(&[u32]) -> bool,
     ) -> Result<(bool, Vec<u32>)> {
-        let start = std::time::Instant::now();
-        loop {
-            let mask = self.cpumask(pmu)?;
-            if ok(&mask) || start.elapsed() > std::time::Duration::from_secs(30) {
-                return Ok((ok(&mask), mask));
-            }
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
+        self.wait_cpumask_steady(pmu, ok, std::time::Duration::ZERO)
     }
 
-    /// [`Guest::wait_cpumask`], until `ok` has held on every read for
-    /// `steady`: placements still under way (allowed sets the host did not
+    /// Polls a PMU's `cpumask` until `ok` has held on every read for
+    /// `steady` (30 s at most): placements still under way (allowed sets the host did not
     /// wait for) can take a PMU through the mask asked for and away again
     /// within milliseconds (3, then 2, then 3), so one read that holds does
     /// not say that they are over. The mask seen last, and whether it held.
