@@ -108,6 +108,11 @@ impl hw::Poll for Replacement {
         // and the mutex held keeps `detach` from taking it out meanwhile.
         let pmu = unsafe { pmu.0.as_ref() };
         let domain = pmu.data().domain();
+        if domain.park_stop.swap(false, Ordering::Relaxed) {
+            // A counter gained half a wrap unread in a park (`irq.rs`): nothing the PMU's
+            // placement does below changes that.
+            pmu.stop_parked();
+        }
         let allowed = domain.read_allowed();
         let before = pmu.cpu();
         match pmu.update_allowed_cpus() {

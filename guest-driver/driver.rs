@@ -74,13 +74,22 @@
 //!   (frozen still, if it was), which zeroes it in the device, so that what landed before the reset, unread, is never
 //!   counted after it, and what lands after it is, exactly. On the owner the core's read folds
 //!   the count first and the baseline moves to it.
-//! - A park can outlast a counter's wrap. When an allowed CPU returns, the slots are read at
-//!   once, before the events move there. If the device says a counter wrapped more than once
-//!   unread (`COUNTER_OVERFLOW`), the interval since the slot's last good read is not counted:
-//!   neither its traffic (unknowable) nor its time (taken off `time_running`), so `perf stat`
-//!   shows less than 100 % and scales, never an exact-looking wrong count. Each such loss is
-//!   counted in the PMU's sysfs file `lost_wraps` and said once in the kernel log. A slot left
-//!   counting for nobody (its holder disabled on the owner) loses nothing when it wraps.
+//! - A park must not outlast a counter's wrap: nobody reads a parked domain's slots. While
+//!   parked, the device's threshold interrupt stays on at half a wrap since a slot's last read
+//!   (`irq.rs`), and when it comes the driver asks the perf core to stop the park's events
+//!   ([`Registration::stop_parked`]); a domain without a line gives the core a time limit instead
+//!   ([`Device::unread_limit_ns`]). The core stops each event that holds a slot ([`Pmu::stop`]:
+//!   the slot is frozen in the device, and keeps exactly what it counted) and its `time_running`
+//!   with it, and adds one put on later in the park without `START` (its slot frozen from the
+//!   start). The placement adds them with `START`, which thaws the slots, and reads them on the
+//!   owner: the count is exact up to the stop, and the rest of the park shows as time not running
+//!   (patch 0018). Should a counter still wrap more than once unread (the stop, or a placed domain's
+//!   poll, came too late: `COUNTER_OVERFLOW`), the interval since the slot's last good read is
+//!   not counted: neither its traffic (unknowable) nor its time (taken off `time_running` at the
+//!   next `add` or `del`), so `perf stat` shows less than 100 % and scales, never an
+//!   exact-looking wrong count. Each such loss is counted in the PMU's sysfs file `lost_wraps`
+//!   and said once in the kernel log. A slot left counting for nobody (its holder disabled on
+//!   the owner) loses nothing when it wraps.
 //! - Cgroup and task events are refused (the PMU has no task context, so the perf core refuses
 //!   both with `EINVAL`), and so is every attribute a counting device PMU cannot honour:
 //!   sampling, `sigtrap` and `precise_ip` (`EOPNOTSUPP`, as for perf's PMUs without the
@@ -220,6 +229,13 @@ struct Device {
     events: u64,
     /// Wrap polling period.
     poll_ms: u32,
+    /// For a domain without a line, how long into a park the counters can go unread (the perf
+    /// core then stops the events): a quarter of a wrap's time at the maximum rate, 0 when the
+    /// device gives none. The last read before a park can be up to half a wrap's traffic old (a
+    /// read on the owner as the park begins, a poll five times a wrap): a quarter leaves a
+    /// quarter of a wrap's time for the stop to come late. A domain with a line is stopped by
+    /// its parked threshold interrupt instead (`irq.rs`).
+    unread_limit_ns: u64,
     /// Set once every PMU is registered: until then `event_init` refuses events, so that a
     /// failing `init` drops only registrations that cannot have any (see `Perfbed::init`).
     ready: AtomicBool,
@@ -312,6 +328,7 @@ impl Device {
         }
 
         let poll_ms = poll_period_ms(width, unit, max_rate);
+        let unread_limit_ns = wrap_ns(width, unit, max_rate).map_or(0, |ns| ns / 4);
 
         Ok(Device {
             mmio,
@@ -326,6 +343,7 @@ impl Device {
             max_rate,
             events,
             poll_ms,
+            unread_limit_ns,
             ready: AtomicBool::new(false),
         })
     }
@@ -372,6 +390,26 @@ fn poll_period_ms(width: u64, unit: u64, max_rate: u64) -> u32 {
     }
     // CAST: clamped to at most `MAX_POLL_MS`.
     (wrap_ms / POLLS_PER_WRAP).clamp(1, u64::from(MAX_POLL_MS)) as u32
+}
+
+/// How long a counter of `width` bits of `unit` bytes takes to wrap at `max_rate` bytes/s, in ns;
+/// `None` when the device gives no maximum rate.
+fn wrap_ns(width: u64, unit: u64, max_rate: u64) -> Option<u64> {
+    const NS_PER_S: u64 = 1_000_000_000;
+    if max_rate == 0 {
+        return None;
+    }
+    // In 64 bits (the kernel has no 128-bit division); a remainder too big to scale is left out,
+    // which only shortens the time.
+    let bytes = 1u64
+        .checked_shl(width as u32)
+        .and_then(|units| units.checked_mul(unit))
+        .unwrap_or(u64::MAX);
+    let whole = (bytes / max_rate).saturating_mul(NS_PER_S);
+    let part = (bytes % max_rate)
+        .checked_mul(NS_PER_S)
+        .map_or(0, |scaled| scaled / max_rate);
+    Some(whole.saturating_add(part))
 }
 
 /// Where the device is: the `device` parameter, or with a device tree and no parameter, the
@@ -505,6 +543,10 @@ struct Slot {
     /// Time the holder was credited as running but whose counts were lost, not yet taken off its
     /// `time_running`.
     lost_ns: u64,
+    /// Whether the counter is frozen in the device (`SLOT_CTL_FROZEN`): its holder is off since
+    /// an operation nobody could read the slot in ([`Holder::ParkedIdle`]), or stopped
+    /// ([`Pmu::stop`], a park that outlasted [`Device::unread_limit_ns`]).
+    frozen: bool,
 }
 
 impl Slot {
@@ -520,6 +562,7 @@ impl Slot {
         left_on: 0,
         read_ns: 0,
         lost_ns: 0,
+        frozen: false,
     };
 }
 
@@ -639,8 +682,12 @@ struct Domain {
     /// The generation of `allowed` (`DOM_ALLOWED_GEN`), which the driver acknowledged to the
     /// device (`DOM_ALLOWED_ACK`). Written under `hw`.
     allowed_gen: AtomicU64,
-    /// Places the PMU again after the allowed set changed (`allowed.rs`).
+    /// Places the PMU again after the allowed set changed (`allowed.rs`), and asks the perf
+    /// core to stop a park's events when [`Domain::park_stop`] is set.
     replacement: hw::Poller<allowed::Replacement>,
+    /// Set by the interrupt handler when a counter gained half a wrap unread while parked
+    /// (`irq.rs`), for the work to ask the perf core to stop the park's events.
+    park_stop: AtomicBool,
     dev: Arc<Device>,
     #[pin]
     hw: RawSpinLock<DomainHw>,
@@ -673,6 +720,7 @@ impl Domain {
             allowed: AtomicU64::new(allowed),
             allowed_gen: AtomicU64::new(allowed_gen),
             replacement: allowed::Replacement::new_work()?,
+            park_stop: AtomicBool::new(false),
             dev: dev.clone(),
             hw <- new_raw_spinlock!(
                 DomainHw {
@@ -836,8 +884,8 @@ impl Domain {
     fn take_slot(&self, hw: &mut DomainHw, event: &ScheduledEvent, config: Config) -> Result {
         if let Some(slot) = self.slot_of(hw, event) {
             if hw.slots[slot].state == Holder::ParkedIdle {
-                // Frozen since a `del` nobody could read: it counts on from what it holds.
-                self.set_frozen(hw, slot, false);
+                // Frozen since a `del` nobody could read: it counts on from what it holds once
+                // started (`add` with `START`).
                 hw.slots[slot].state = Holder::Scheduled;
                 return Ok(());
             }
@@ -1002,11 +1050,25 @@ impl Domain {
     }
 
     /// Freezes or thaws `slot` in place (`SLOT_CTL_FROZEN`): its count and assignment go on. A
-    /// write, not a read: any CPU may, parked or not.
-    fn set_frozen(&self, hw: &DomainHw, slot: usize, frozen: bool) {
+    /// write, not a read: any CPU may, parked or not. Only a change is written: the device takes
+    /// a write that does not flip the bit alone for a new assignment, which zeroes the counter.
+    fn set_frozen(&self, hw: &mut DomainHw, slot: usize, frozen: bool) {
+        if hw.slots[slot].frozen == frozen {
+            return;
+        }
         let ctl = hw.slots[slot].ctl;
         let value = if frozen { ctl | regs::SLOT_CTL_FROZEN } else { ctl };
         self.dev.mmio.write(self.slot_ctl_reg(slot), value);
+        hw.slots[slot].frozen = frozen;
+    }
+
+    /// Freezes (`stopped`) or thaws the slot `event` holds, if it is not so already: perf's
+    /// `stop` and `start` of the event. The frozen counter keeps exactly what it counted, and the
+    /// next read on an owner counts it.
+    fn set_stopped(&self, hw: &mut DomainHw, event: &Event, stopped: bool) {
+        if let Some(slot) = self.slot_of(hw, event) {
+            self.set_frozen(hw, slot, stopped);
+        }
     }
 
     /// Lets go of the slot a move left to `event`, which the move installed on its new CPU but did
@@ -1030,14 +1092,12 @@ impl Domain {
         };
         let on_owner = self.reads_here(hw);
         match hw.slots[slot].state {
-            state @ (Holder::Moving | Holder::ParkedIdle | Holder::LeftOff) if on_owner => {
+            Holder::Moving | Holder::ParkedIdle | Holder::LeftOff if on_owner => {
                 if self.sync_slot(hw, slot) {
                     self.credit(hw, slot, event);
                 }
                 // A slot that could not be read: its unread time is lost (`lost_ns`), paid below.
-                if state == Holder::ParkedIdle {
-                    self.set_frozen(hw, slot, false);
-                }
+                self.set_frozen(hw, slot, false);
             }
             Holder::Moving | Holder::LeftOff => {
                 self.park_idle(hw, slot, event);
@@ -1073,7 +1133,7 @@ impl Domain {
             s.folded = s.total;
             return;
         }
-        let frozen = if state == Holder::ParkedIdle { regs::SLOT_CTL_FROZEN } else { 0 };
+        let frozen = if hw.slots[slot].frozen { regs::SLOT_CTL_FROZEN } else { 0 };
         self.dev.mmio.write(self.slot_ctl_reg(slot), config.slot_ctl() | frozen);
         // The unread counts before the reset are not lost but reset. Time lost to a wrap before
         // stays lost (`lost_ns`).
@@ -1179,6 +1239,11 @@ impl Domain {
         hw::with_irqs_off(|| {
             let mut hw = self.hw.lock();
             self.sync_held(&mut hw);
+            if owner.is_none() && self.reads_here(&hw) {
+                // Every slot was just read: an overflow status still up would raise the parked
+                // threshold interrupt at once and stop the park's events (`irq.rs`).
+                self.ack_in_poll();
+            }
             self.set_owner(&mut hw, owner);
             self.sync_held(&mut hw);
             later = owner.is_some() && !self.reads_here(&hw) && hw.held > 0;
@@ -1200,12 +1265,15 @@ impl hw::Poll for Domain {
             state = (hw.owner, hw.held > 0);
         });
         let (owner, held) = state;
-        if !held {
+        if !held && !self.irq.enabled.load(Ordering::Relaxed) {
             // No slot to read, but the poll goes on: it is what sees a configuration change
             // without a line, and one whose interrupt went missing with a line (seen in a loaded
             // run: an allowed set never followed, with nothing open to keep the poll going).
             return true;
         }
+        // With a line, the owner is polled with no slot held too: it acks an overflow status
+        // that an interrupt taken off the owner left up (`irq.rs`). Left up, the line raises no
+        // edge for any later interrupt, the parked threshold's included.
         if let Some(cpu) = owner {
             // An offline owner (`ENXIO`) is left alone: the perf core moves the domain away.
             let _ = hw::on_cpu(cpu, || self.poll_here());
@@ -1319,19 +1387,29 @@ impl Pmu for DomainPmu {
             // hypervisor each access is a VM exit (see `multiplexing` in xtask's pmu_checks).
             domain.take_slot(&mut hw, event, config)?;
             domain.settle_owed(&mut hw, event);
+            // Without `START` (a park that outlasted the counters, patch 0007) the slot stands
+            // still until `start`; a slot frozen for the event counts on from what it holds.
+            domain.set_stopped(&mut hw, event, !flags.contains(Flags::START));
             drop(hw);
             self.poller.kick();
         }
-        event.set_hw_state(HwState::STOPPED | HwState::UPTODATE);
         if flags.contains(Flags::START) {
-            self.start(event, flags);
+            event.set_hw_state(HwState::empty());
+        } else {
+            event.set_hw_state(HwState::STOPPED | HwState::UPTODATE);
         }
         Ok(())
     }
 
     fn del(&self, event: &ScheduledEvent, _flags: Flags) {
-        // On the owner this folds the count one last time.
-        self.stop(event, Flags::UPDATE);
+        // On the owner this folds the count one last time. The slot is not stopped: in a move or
+        // a reschedule it counts on for the event (see `unschedule`).
+        if !event.hw_state().contains(HwState::STOPPED) {
+            let domain = self.domain();
+            let mut hw = domain.hw.lock();
+            domain.fold(&mut hw, event);
+        }
+        event.set_hw_state(HwState::STOPPED | HwState::UPTODATE);
         if Self::config_of(event).is_some_and(Config::needs_slot) {
             let domain = self.domain();
             let mut hw = domain.hw.lock();
@@ -1341,15 +1419,21 @@ impl Pmu for DomainPmu {
     }
 
     fn start(&self, event: &Event, _flags: Flags) {
+        let domain = self.domain();
+        domain.set_stopped(&mut domain.hw.lock(), event, false);
         event.set_hw_state(HwState::empty());
     }
 
+    /// Stops the event's slot in the device: the perf core stops a parked PMU's events once
+    /// their counters could lose counts unread (patch 0007), and their `time_running` with them.
     fn stop(&self, event: &Event, flags: Flags) {
-        let state = event.hw_state();
-        if !state.contains(HwState::STOPPED) && flags.contains(Flags::UPDATE) {
+        if !event.hw_state().contains(HwState::STOPPED) {
             let domain = self.domain();
             let mut hw = domain.hw.lock();
-            domain.fold(&mut hw, event);
+            if flags.contains(Flags::UPDATE) {
+                domain.fold(&mut hw, event);
+            }
+            domain.set_stopped(&mut hw, event, true);
         }
         event.set_hw_state(HwState::STOPPED | HwState::UPTODATE);
     }
@@ -1514,6 +1598,9 @@ unsafe fn register(
         events: &events,
         formats: &FORMATS,
         counters: &COUNTER_FILES,
+        // With a line, the parked threshold interrupt stops a park when its traffic asks for it
+        // (`irq.rs`); without one, only the time limit can.
+        unread_limit_ns: if line.is_some() { 0 } else { dev.unread_limit_ns },
     };
     let data = DomainPmu { poller, line };
     // SAFETY: The caller guarantees what `Registration::new` requires.

@@ -119,8 +119,25 @@ impl DomainIrq {
 
 /// `DOM_IRQ_CTL` while the domain has an owner: both interrupts, threshold mode.
 const CTL_PLACED: u64 = regs::IRQ_CTL_OVERFLOW | regs::IRQ_CTL_CONFIG;
-/// `DOM_IRQ_CTL` while parked: nobody may read the status, only a configuration change counts.
-const CTL_PARKED: u64 = regs::IRQ_CTL_CONFIG;
+/// `DOM_IRQ_CTL` while parked: the same, at the parked threshold. Nobody may read the status:
+/// an overflow interrupt there means that a counter could soon wrap unread.
+const CTL_PARKED: u64 = regs::IRQ_CTL_OVERFLOW | regs::IRQ_CTL_CONFIG;
+/// `DOM_IRQ_CTL` once a park's counters are stopped, or before the line is enabled: only a
+/// configuration change counts.
+const CTL_CONFIG_ONLY: u64 = regs::IRQ_CTL_CONFIG;
+
+/// `DOM_IRQ_THRESHOLD` while placed: an eighth of a wrap, so that the owner reads a counter long
+/// before it could wrap.
+fn threshold_placed(domain: &Domain) -> u64 {
+    1u64 << (domain.dev.width - 3)
+}
+
+/// `DOM_IRQ_THRESHOLD` while parked: half a wrap since the last read. A park whose counters
+/// gain less loses nothing and is not stopped; at the device's maximum rate the other half
+/// leaves a quarter of a wrap's time for the stop to come.
+fn threshold_parked(domain: &Domain) -> u64 {
+    1u64 << (domain.dev.width - 1)
+}
 
 impl Domain {
     /// The interrupt handler: on the owner, acks the status and folds every held slot.
@@ -128,6 +145,10 @@ impl Domain {
         let mut hw = self.hw.lock();
         // First, so that an owner the device no longer allows reads nothing (`allowed.rs`).
         let config = self.check_config(&mut hw);
+        if hw.owner.is_none() && self.irq.enabled.load(Ordering::Relaxed) {
+            self.watch_park(config);
+            return true;
+        }
         if !self.reads_here(&hw) {
             // A configuration change may come anywhere (the line is pointed away from the
             // domain while parked): only an overflow interrupt has to reach the owner.
@@ -141,6 +162,24 @@ impl Domain {
         drop(hw);
         self.irq.on_owner.fetch_add(1, Ordering::Relaxed);
         config != 0 || status != 0
+    }
+
+    /// An interrupt while parked, off any owner, with the domain's lock held. Nobody may read the
+    /// overflow status. Without a configuration change it can only be the overflow: a counter
+    /// gained half a wrap unread. The perf core is asked to stop the park's events, which
+    /// freezes their counters ([`Pmu::stop`](kernel::perf::Pmu::stop)), and the overflow
+    /// interrupt goes off until the placement, so the line drops. With one, the overflow
+    /// interrupt is turned off and on again: an overflow status still up raises the line anew,
+    /// and the next call sees no configuration change.
+    fn watch_park(&self, config: u64) {
+        let ctl = self.reg(regs::DOM_IRQ_CTL);
+        self.dev.mmio.write(ctl, CTL_CONFIG_ONLY);
+        if config == 0 {
+            self.park_stop.store(true, Ordering::Relaxed);
+            self.replacement.kick_now();
+        } else {
+            self.dev.mmio.write(ctl, CTL_PARKED);
+        }
     }
 
     /// In the poll, on the owner with the domain's lock held: acks the overflow status, so that an
@@ -157,15 +196,23 @@ impl Domain {
 /// changed; see the module's comment for the locking. A failure is reported (rate-limited) and
 /// leaves the poll to keep counts exact.
 pub(crate) fn follow(line: &Line, domain: &Domain, owner: Option<u32>) {
+    // The overflow interrupt goes off and on again around each change: a status still up
+    // (taken off the owner and not acked yet) then raises the line anew at its new target, the
+    // new owner, which acks it, or while parked the handler, which stops the park at once.
+    let ctl = domain.reg(regs::DOM_IRQ_CTL);
+    domain.dev.mmio.write(ctl, CTL_CONFIG_ONLY);
     let result = match owner {
         Some(cpu) => {
             let r = line.set_affinity(cpu);
-            domain.dev.mmio.write(domain.reg(regs::DOM_IRQ_CTL), CTL_PLACED);
+            domain.dev.mmio.write(domain.reg(regs::DOM_IRQ_THRESHOLD), threshold_placed(domain));
+            domain.dev.mmio.write(ctl, CTL_PLACED);
             r
         }
         None => {
-            domain.dev.mmio.write(domain.reg(regs::DOM_IRQ_CTL), CTL_PARKED);
-            line.set_affinity_away(domain.allowed())
+            let r = line.set_affinity_away(domain.allowed());
+            domain.dev.mmio.write(domain.reg(regs::DOM_IRQ_THRESHOLD), threshold_parked(domain));
+            domain.dev.mmio.write(ctl, CTL_PARKED);
+            r
         }
     };
     if let Err(e) = result {
@@ -187,10 +234,9 @@ pub(crate) const POLL_FACTOR: u32 = 2;
 /// Turns the domain's interrupts on once its line is requested: threshold at an eighth of a
 /// wrap, before the slower poll comes at any rate above a third of the maximum.
 pub(crate) fn enable(domain: &Domain) {
-    let threshold = 1u64 << (domain.dev.width - 3);
-    domain.dev.mmio.write(domain.reg(regs::DOM_IRQ_THRESHOLD), threshold);
+    domain.dev.mmio.write(domain.reg(regs::DOM_IRQ_THRESHOLD), threshold_placed(domain));
     domain.irq.enabled.store(true, Ordering::Relaxed);
-    domain.dev.mmio.write(domain.reg(regs::DOM_IRQ_CTL), CTL_PARKED);
+    domain.dev.mmio.write(domain.reg(regs::DOM_IRQ_CTL), CTL_CONFIG_ONLY);
 }
 
 /// Turns the domain's interrupts off (before its line is freed).

@@ -278,6 +278,7 @@ unsafe fn register<T: Pmu>(
         events: &EVENTS,
         formats: &FORMATS,
         counters,
+        unread_limit_ns: 0,
     };
     // SAFETY: The caller guarantees what `Registration::new` requires.
     let pmu = KBox::pin_init(unsafe { Registration::new(module, &options, pmu) }, GFP_KERNEL)?;
