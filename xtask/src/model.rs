@@ -590,6 +590,10 @@ struct PmuState {
     others: bool,
     /// Bytes landed per (event, rmid) since the park began.
     parked_bytes: BTreeMap<(u32, u32), u64>,
+    /// One counter gained enough in the current park for the driver to
+    /// have had the perf core stop its events (patch 0018): from some moment
+    /// of the park on, what lands is not counted, shown as time not running.
+    stopped_in_park: bool,
     /// Its slot events did not all fit at some moment of the current park:
     /// the driver may then have scheduled some without a slot (not
     /// counting), and perf does not reschedule them when the contention
@@ -620,9 +624,12 @@ struct PmuState {
 impl PmuState {
     /// `bytes` of (`event`, `rmid`) may have landed in this park: toward a
     /// lost wrap at the placement.
-    fn landed_in_park(&mut self, event: u32, rmid: u32, bytes: u64) {
+    fn landed_in_park(&mut self, event: u32, rmid: u32, bytes: u64, stop_bytes: u64) {
         let b = self.parked_bytes.entry((event, rmid)).or_insert(0);
         *b = b.saturating_add(bytes);
+        if *b >= stop_bytes {
+            self.stopped_in_park = true;
+        }
     }
 }
 
@@ -649,12 +656,14 @@ impl DeviceShape {
         max_rate: 2 << 30,
     };
 
-    /// Whether a counter could have wrapped in `ns` of nobody reading it, at
-    /// the device's maximum rate (half a wrap: a driver cannot time a park
-    /// to the nanosecond, so it may play safe from there on).
-    fn could_wrap_in(&self, ns: u64) -> bool {
-        u128::from(ns) * u128::from(self.max_rate) * 2
-            >= u128::from(self.wrap_bytes()) * 1_000_000_000
+    /// Bytes landed on one counter in a park from which the driver may have
+    /// had the perf core stop the park's events: its parked threshold
+    /// interrupt comes at half a wrap unread, and a counter may hold up to an
+    /// eighth of one (the placed threshold) unread when the park begins, more
+    /// if the owner's handler comes late: a quarter of a wrap leaves that
+    /// an eighth more.
+    fn park_stop_bytes(&self) -> u64 {
+        self.wrap_bytes() / 4
     }
 
     fn wrap_bytes(&self) -> u64 {
@@ -1170,19 +1179,38 @@ impl Model {
             p.held_on = Some(holding);
             p.placed_moment = moment;
             p.parked_bytes.clear();
+            p.stopped_in_park = false;
             p.contended_in_park = false;
             p.clashed_in_park = false;
         }
         self.note_scheduled();
     }
 
-    /// An allowed CPU of the PMU is back: it is placed again, after
-    /// `parked_ns` parked.
-    pub fn unpark(&mut self, pmu: u32, parked_ns: u64) {
+    /// Before each step: the counters of a parked PMU whose events the
+    /// perf core may have stopped (`HeavyParkMayCountShort`) may miss what
+    /// lands from then on, and a read while parked may show their
+    /// `time_running` standing still.
+    pub fn parks_checked(&mut self) {
+        if !holds(Rule::HeavyParkMayCountShort) {
+            return;
+        }
+        for (pmu, p) in (0u32..).zip(&self.pmus) {
+            if !(p.parked && p.stopped_in_park) {
+                continue;
+            }
+            for e in self.events.values_mut() {
+                if matches!(e.spec.kind, Kind::Counter { pmu: q, .. } if q == pmu) {
+                    e.value_window.lossy = true;
+                    e.time_window.lossy = true;
+                }
+            }
+        }
+    }
+
+    /// An allowed CPU of the PMU is back: it is placed again.
+    pub fn unpark(&mut self, pmu: u32) {
         self.epoch();
         self.note_transit(pmu);
-        let wrap = self.shape.wrap_bytes();
-        let long = self.shape.could_wrap_in(parked_ns);
         let moment = self.moment;
         let Some(p) = self.pmus.get_mut(pmu as usize) else {
             return;
@@ -1192,29 +1220,15 @@ impl Model {
         p.placed_moment = moment;
         p.contended_in_park = false;
         p.clashed_in_park = false;
-        let lossy: Vec<(u32, u32)> = p
-            .parked_bytes
-            .iter()
-            .filter(|(_, &b)| b >= wrap)
-            .map(|(&k, _)| k)
-            .collect();
+        let stopped = std::mem::take(&mut p.stopped_in_park);
         p.parked_bytes.clear();
         for e in self.events.values_mut() {
-            if let Kind::Counter {
-                pmu: q,
-                event,
-                rmid,
-            } = e.spec.kind
-            {
-                if q == pmu && lossy.contains(&(event, rmid)) && holds(Rule::LostWrapMayCountShort)
-                {
+            if let Kind::Counter { pmu: q, .. } = e.spec.kind {
+                // The perf core may have stopped the event and its running
+                // time somewhere in the park (patch 0018): what landed after
+                // that is not counted, shown as time not running.
+                if q == pmu && stopped && holds(Rule::HeavyParkMayCountShort) {
                     e.value_window.lossy = true;
-                    e.time_window.lossy = true;
-                }
-                // Long enough that a wrap could have been lost: the driver
-                // may not count the park as running; the count stays exact
-                // unless a wrap really landed.
-                if q == pmu && long && holds(Rule::LongParkMayRunShort) {
                     e.time_window.lossy = true;
                 }
             }
@@ -1261,13 +1275,11 @@ impl Model {
     }
 
     /// The PMU's placement is observed again after an unknown stretch:
-    /// parked, or placed. `unknown_ns`, for a placement, is the longest it
-    /// may have been parked (from the start of the stretch that first
-    /// showed it parked, or of this stretch). Placed, it is as after an unpark
-    /// (every event added on the owner, the frozen slots read, a wrap
-    /// possible in the stretch taken into account), so that the reads
-    /// after it are exact again; parked, a park begins here.
-    pub fn placement_seen(&mut self, pmu: u32, parked: bool, unknown_ns: u64) {
+    /// parked, or placed. Placed, it is as after an unpark (every event
+    /// added on the owner, the frozen slots read, a stop the stretch's
+    /// traffic may have caused taken into account), so that the reads after
+    /// it are exact again; parked, a park begins here.
+    pub fn placement_seen(&mut self, pmu: u32, parked: bool) {
         // The stretch's last epoch folds as unknown.
         self.epoch();
         self.note_transit(pmu);
@@ -1287,13 +1299,14 @@ impl Model {
             self.note_scheduled();
         } else {
             p.parked = true;
-            self.unpark(pmu, unknown_ns);
+            self.unpark(pmu);
         }
     }
 
     /// `bytes` of `event` for `rmid` landed in domain `pmu`, all within the
     /// current epoch.
     pub fn burst(&mut self, pmu: u32, event: u32, rmid: u32, bytes: u64) {
+        let stop_bytes = self.shape.park_stop_bytes();
         self.moment += 1;
         let status = self.statuses();
         let want = Kind::Counter { pmu, event, rmid };
@@ -1305,7 +1318,7 @@ impl Model {
         }
         if let Some(p) = self.pmus.get_mut(pmu as usize) {
             if p.parked || p.unknown {
-                p.landed_in_park(event, rmid, bytes);
+                p.landed_in_park(event, rmid, bytes, stop_bytes);
             }
         }
     }
@@ -1374,9 +1387,10 @@ impl Model {
         // Parked by it: they may have landed in the park, where they count
         // toward a lost wrap (parked before it: [`Model::flowing_in_park`]).
         let was_parked = before.parked.get(pmu as usize).copied().unwrap_or(false);
+        let stop_bytes = self.shape.park_stop_bytes();
         if let Some(p) = self.pmus.get_mut(pmu as usize) {
             if !was_parked && (p.parked || p.unknown) {
-                p.landed_in_park(event, rmid, bytes);
+                p.landed_in_park(event, rmid, bytes, stop_bytes);
             }
         }
     }
@@ -1385,9 +1399,10 @@ impl Model {
     /// carried out: if the PMU is parked now, they may land in the park,
     /// before the operation places it, and count toward a lost wrap there.
     pub fn flowing_in_park(&mut self, (pmu, event, rmid): (u32, u32, u32), bytes: u64) {
+        let stop_bytes = self.shape.park_stop_bytes();
         if let Some(p) = self.pmus.get_mut(pmu as usize) {
             if p.parked || p.unknown {
-                p.landed_in_park(event, rmid, bytes);
+                p.landed_in_park(event, rmid, bytes, stop_bytes);
             }
         }
     }

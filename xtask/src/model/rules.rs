@@ -82,11 +82,10 @@ rules! {
     FullRunningCountedAll,
     /// Times reset by a read while parked settle nothing before it.
     ParkedReadSettlesNothing,
-    /// A park that let a whole wrap land may count short, shown as
+    /// A park in which one counter gained a quarter of a wrap may leave
+    /// out what landed after the perf core stopped its events, shown as
     /// `Δrunning < Δenabled`.
-    LostWrapMayCountShort,
-    /// A park long enough to wrap may leave its time out of `time_running`.
-    LongParkMayRunShort,
+    HeavyParkMayCountShort,
     /// RESET zeroes the count (and a gauge's fold), not the times, parked
     /// or not.
     Reset,
@@ -259,8 +258,6 @@ rules! {
     DriverCountsAsAsserted,
     /// A PMU parks or is placed only where its placement was in doubt.
     PlacementChangesOnlyInDoubt,
-    /// A park seen across readings lasts from the first one's window.
-    ParkSeenLastsFromItsWindow,
     /// A software group is bound to the CPU it was opened on.
     SoftwareGroupsBoundToTheirCpu,
 }
@@ -363,8 +360,8 @@ mod tests {
         ZeroRunningCountedNothing => model::more_counters_than_slots_multiplex_and_perfs_times_settle_the_value;
         FullRunningCountedAll => model::more_counters_than_slots_multiplex_and_perfs_times_settle_the_value;
         ParkedReadSettlesNothing => model::times_reset_by_a_parked_read_do_not_settle_the_multiplexing_before_it;
-        LostWrapMayCountShort => model::a_park_of_a_whole_wrap_may_show_less_running_but_never_a_short_exact_count;
-        LongParkMayRunShort => model::a_park_that_could_outlast_a_wrap_may_show_less_running_never_less_counted;
+        HeavyParkMayCountShort => model::a_heavy_park_may_count_short_only_as_less_running,
+            model::a_read_while_parked_after_heavy_traffic_may_show_running_stopped;
         Reset => model::reset_zeroes_the_value_not_the_times,
             model::reset_while_parked_counts_only_what_landed_after_it,
             model::a_parked_gauge_reads_its_last_fold_and_zero_after_a_reset;
@@ -447,7 +444,6 @@ mod tests {
         RequestAnsweredAsAsserted => replay::an_ioctl_that_changes_no_count_gives_the_answer_asserted_and_leaves_the_count;
         DriverCountsAsAsserted => replay::a_driver_count_assertion_that_the_run_does_not_meet_is_a_finding;
         PlacementChangesOnlyInDoubt => replay::a_placement_changed_unseen_loosens_its_stretch_only;
-        ParkSeenLastsFromItsWindow => replay::a_park_seen_across_readings_is_as_long_as_all_of_them;
         SoftwareGroupsBoundToTheirCpu => replay::a_software_group_on_a_cpu_a_move_takes_offline_falls_apart_for_good;
     }
 

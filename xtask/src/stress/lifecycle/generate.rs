@@ -395,7 +395,7 @@ impl Generator {
                         if parked {
                             self.model.park(domain as u32);
                         } else {
-                            self.model.unpark(domain as u32, 0);
+                            self.model.unpark(domain as u32);
                         }
                     }
                     self.owners[domain] = (!parked).then_some(owner as u32);
@@ -456,7 +456,7 @@ impl Generator {
                 self.online.insert(cpu);
                 self.model.cpu_online(cpu);
                 self.owners[domain as usize] = Some(cpu);
-                self.model.unpark(domain, 0);
+                self.model.unpark(domain);
             }
             Step::Online { cpu } => {
                 self.online.insert(cpu);

@@ -49,9 +49,8 @@ impl Cpus {
     }
 
     /// Tells `model` what host step `step` did to CPUs and placements;
-    /// `owner` is the PMU's CPU after it (a move's or an unpark's result),
-    /// `parked_ns` how long an unparked domain was parked.
-    pub fn step(&mut self, model: &mut Model, step: &Step, owner: Option<u32>, parked_ns: u64) {
+    /// `owner` is the PMU's CPU after it (a move's or an unpark's result).
+    pub fn step(&mut self, model: &mut Model, step: &Step, owner: Option<u32>) {
         match *step {
             Step::Move { domain } => {
                 let old = self.owner(domain);
@@ -73,7 +72,7 @@ impl Cpus {
             }
             Step::Unpark { domain, cpu } => {
                 model.cpu_online(cpu);
-                model.unpark(domain, parked_ns);
+                model.unpark(domain);
                 self.set_owner(domain, owner.or(Some(cpu)));
             }
             Step::Online { cpu } => model.cpu_online(cpu),

@@ -80,9 +80,8 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
     let mut formats: BTreeMap<Handle, ReadFormat> = BTreeMap::new();
     let mut ids: BTreeMap<Handle, u64> = BTreeMap::new();
     // When each parked domain was parked (the journal's host clock).
-    let mut parked_at: BTreeMap<u32, u64> = BTreeMap::new();
-    // The domains in doubt (see [`Doubt`]), each since when.
-    let mut doubt: BTreeMap<u32, u64> = BTreeMap::new();
+    // The domains in doubt (see [`Doubt`]).
+    let mut doubt: BTreeSet<u32> = BTreeSet::new();
     let unknown_from = unknown_stretches(journal);
     // The CPUs online at the last `Seen` (None: all, as at the start).
     let mut online: Option<BTreeSet<u32>> = None;
@@ -93,6 +92,9 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
     // applied once the step is.
     let mut during: Option<(Snapshot, &[Flowed], Vec<Handle>)> = None;
     for (index, entry) in journal.iter().enumerate() {
+        // A park whose traffic may have had its events stopped: a read while
+        // parked shows that.
+        model.parks_checked();
         if let Some((before, flows, restarted)) = during.take() {
             for f in flows {
                 model.flowed_during(&before, f.counter(), f.during, &restarted);
@@ -336,16 +338,8 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
                         "domain {domain}'s cpumask is {mask:?}, want {want:?} ([] parked)"
                     ));
                 }
-                if let Some(began) = doubt.remove(domain) {
-                    let parked = mask.is_empty();
-                    settled(
-                        &mut model,
-                        &mut parked_at,
-                        *domain,
-                        parked,
-                        began,
-                        entry.at_ns,
-                    );
+                if doubt.remove(domain) {
+                    model.placement_seen(*domain, mask.is_empty());
                 }
                 if let Some(o) = cpus.owners.get_mut(*domain as usize) {
                     *o = mask.first().map(|&c| c as u32);
@@ -364,13 +358,13 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
             ) => {
                 let teardown =
                     !online && super::journal::offline_runs_perfs_teardown(state, completes);
-                let seen = (0u32..).zip(owners).filter(|(d, _)| !doubt.contains_key(d));
+                let seen = (0u32..).zip(owners).filter(|(d, _)| !doubt.contains(d));
                 for (domain, &owner) in seen {
                     let now = (owner != PARKED).then_some(owner as u32);
                     match cpus.owners.get(domain as usize).copied() {
                         // Followed from the start: a move where the owner changed.
                         Some(was) if was.is_some() && now.is_some() && was != now => {
-                            cpus.step(&mut model, &Step::Move { domain }, now, 0);
+                            cpus.step(&mut model, &Step::Move { domain }, now);
                         }
                         Some(_) => {}
                         // A journal that does not follow the owners (a
@@ -390,7 +384,7 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
                 }
                 // Each PMU where the step left it; a domain in doubt is
                 // where it is when a step settles it.
-                let seen = (0u32..).zip(owners).filter(|(d, _)| !doubt.contains_key(d));
+                let seen = (0u32..).zip(owners).filter(|(d, _)| !doubt.contains(d));
                 for (domain, &owner) in seen {
                     let now = (owner != PARKED).then_some(owner as u32);
                     let was = cpus.owners.get_mut(domain as usize);
@@ -402,13 +396,7 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
                         && was.as_deref() == Some(&now)
                         && !model.is_parked(domain);
                     if !stayed {
-                        placed(
-                            &mut model,
-                            &mut parked_at,
-                            domain,
-                            now.is_some(),
-                            entry.at_ns,
-                        );
+                        placed(&mut model, domain, now.is_some());
                     }
                     if let Some(o) = was {
                         *o = now;
@@ -423,28 +411,15 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
                 },
                 Ok(_),
             ) => {
-                if let std::collections::btree_map::Entry::Vacant(v) = doubt.entry(domain) {
-                    v.insert(entry.at_ns);
+                if doubt.insert(domain) {
                     model.placement_unknown(domain);
                 }
             }
             (&Step::Allowed { domain, .. }, Ok(mask)) => {
-                match doubt.remove(&domain) {
-                    Some(began) => settled(
-                        &mut model,
-                        &mut parked_at,
-                        domain,
-                        mask.is_empty(),
-                        began,
-                        entry.at_ns,
-                    ),
-                    None => placed(
-                        &mut model,
-                        &mut parked_at,
-                        domain,
-                        !mask.is_empty(),
-                        entry.at_ns,
-                    ),
+                if doubt.remove(&domain) {
+                    model.placement_seen(domain, mask.is_empty());
+                } else {
+                    placed(&mut model, domain, !mask.is_empty());
                 }
                 if let Some(o) = cpus.owners.get_mut(domain as usize) {
                     *o = mask.first().map(|&c| c as u32);
@@ -466,17 +441,17 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
                 model.close(PERF_STAT_HANDLE);
             }
             (&Step::OthersOpen { domain }, Ok(_)) => model.others_may_open(domain),
-            (step @ Step::MovesStart { .. }, Ok(_)) => cpus.step(&mut model, step, None, 0),
+            (step @ Step::MovesStart { .. }, Ok(_)) => cpus.step(&mut model, step, None),
             (step @ Step::MovesStop { .. }, Ok(words)) => {
                 // Its rounds, then the PMU's CPU.
                 let owner = words.get(1).map(|&c| c as u32);
-                cpus.step(&mut model, step, owner, 0);
+                cpus.step(&mut model, step, owner);
             }
             (
                 Step::Seen {
                     online: now,
                     unsure,
-                    window,
+                    ..
                 },
                 Ok(owners),
             ) => {
@@ -493,22 +468,10 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
                     model.cpu_online(cpu);
                 }
                 online = Some(now);
-                let began = journal[index.saturating_sub(*window as usize + 1)].at_ns;
                 for (domain, &owner) in (0u32..).zip(owners) {
                     let parked = owner == PARKED;
                     if unsure.contains(&domain) {
-                        // A park seen may have begun anywhere in its
-                        // window: a placement seen later ends a park as long
-                        // as from that window's start (a wrap could be lost
-                        // in all of it), not as long as its own window.
-                        let since = if !parked {
-                            parked_at.remove(&domain).unwrap_or(began)
-                        } else if holds(Rule::ParkSeenLastsFromItsWindow) {
-                            *parked_at.entry(domain).or_insert(began)
-                        } else {
-                            began
-                        };
-                        model.placement_seen(domain, parked, entry.at_ns.saturating_sub(since));
+                        model.placement_seen(domain, parked);
                     } else if parked != model.is_parked(domain)
                         && holds(Rule::PlacementChangesOnlyInDoubt)
                     {
@@ -530,18 +493,7 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
                 Ok(words),
             ) => {
                 let owner = words.first().map(|&c| c as u32);
-                let parked_ns = match *step {
-                    Step::Park { domain } => {
-                        parked_at.insert(domain, entry.at_ns);
-                        0
-                    }
-                    Step::Unpark { domain, .. } => {
-                        let since = parked_at.remove(&domain).unwrap_or(entry.at_ns);
-                        entry.at_ns.saturating_sub(since)
-                    }
-                    _ => 0,
-                };
-                cpus.step(&mut model, step, owner, parked_ns);
+                cpus.step(&mut model, step, owner);
             }
             (
                 Step::PerfStat {
@@ -596,26 +548,6 @@ fn perf_stat_event(domain: u32, rmid: u32, disabled: bool) -> OpenSpec {
         exclusive: false,
         group: None,
     }
-}
-
-/// A domain in doubt since `began` (see [`Doubt`]) seen settled at `at_ns`,
-/// `parked` or placed: its placement is seen again, after a park as long
-/// as the doubt if it ends placed (from the park before it, if it began
-/// parked), and a park that begins with the doubt if it ends parked.
-fn settled(
-    model: &mut Model,
-    parked_at: &mut BTreeMap<u32, u64>,
-    domain: u32,
-    parked: bool,
-    began: u64,
-    at_ns: u64,
-) {
-    let since = if parked {
-        *parked_at.entry(domain).or_insert(began)
-    } else {
-        parked_at.remove(&domain).unwrap_or(began)
-    };
-    model.placement_seen(domain, parked, at_ns.saturating_sub(since));
 }
 
 /// Where the unknown stretches of a journal begin: for each index, the
@@ -753,7 +685,7 @@ impl Predictor {
                     a.clone_from(cpus);
                 }
                 let now = self.rule_owner(d);
-                self.model.placement_seen(d, now.is_none(), 0);
+                self.model.placement_seen(d, now.is_none());
                 if let Some(o) = self.cpus.owners.get_mut(d as usize) {
                     *o = now;
                 }
@@ -801,23 +733,23 @@ impl Predictor {
             &Step::OthersOpen { domain } => model.others_may_open(domain),
             &Step::Move { domain } => {
                 let next = self.allowed_online(domain, self.owner(domain));
-                self.cpus.step(&mut self.model, step, next, 0);
+                self.cpus.step(&mut self.model, step, next);
             }
-            Step::MovesStart { .. } => self.cpus.step(&mut self.model, step, None, 0),
+            Step::MovesStart { .. } => self.cpus.step(&mut self.model, step, None),
             // After a whole round the PMU is on the first CPU of the round:
             // the first allowed one online (the thread takes them all).
             &Step::MovesStop { domain, .. } => {
                 let first = self.allowed_online(domain, None);
-                self.cpus.step(&mut self.model, step, first, 0);
+                self.cpus.step(&mut self.model, step, first);
             }
             &Step::Park { domain } => {
                 let cpus = self.cpus.domains.get(domain as usize);
                 self.offline.extend(cpus.into_iter().flatten());
-                self.cpus.step(&mut self.model, step, None, 0);
+                self.cpus.step(&mut self.model, step, None);
             }
             &Step::Unpark { cpu, .. } | &Step::Online { cpu } => {
                 self.offline.remove(&cpu);
-                self.cpus.step(&mut self.model, step, Some(cpu), 0);
+                self.cpus.step(&mut self.model, step, Some(cpu));
                 for d in self.doubt.clone() {
                     self.place(d);
                 }
@@ -834,7 +766,7 @@ impl Predictor {
                     if self.owner(domain) == Some(cpu) {
                         if let Some(next) = self.allowed_online(domain, Some(cpu)) {
                             let moved = Step::Move { domain };
-                            self.cpus.step(&mut self.model, &moved, Some(next), 0);
+                            self.cpus.step(&mut self.model, &moved, Some(next));
                         }
                     }
                 }
@@ -889,13 +821,7 @@ impl Predictor {
     fn place(&mut self, domain: u32) {
         let now = self.rule_owner(domain);
         if !self.doubt.contains(&domain) {
-            placed(
-                &mut self.model,
-                &mut BTreeMap::new(),
-                domain,
-                now.is_some(),
-                0,
-            );
+            placed(&mut self.model, domain, now.is_some());
         }
         if let Some(o) = self.cpus.owners.get_mut(domain as usize) {
             *o = now;
@@ -918,24 +844,12 @@ impl Predictor {
 }
 
 /// A domain after a step that may have parked it or placed it again (an
-/// offline, an allowed set): the model parks it, places it after the time
-/// it was parked, or sees a move.
-fn placed(
-    model: &mut Model,
-    parked_at: &mut BTreeMap<u32, u64>,
-    domain: u32,
-    placed: bool,
-    at_ns: u64,
-) {
+/// offline, an allowed set): the model parks it, places it again, or sees
+/// a move.
+fn placed(model: &mut Model, domain: u32, placed: bool) {
     match (model.is_parked(domain), placed) {
-        (false, false) => {
-            parked_at.insert(domain, at_ns);
-            model.park(domain);
-        }
-        (true, true) => {
-            let since = parked_at.remove(&domain).unwrap_or(at_ns);
-            model.unpark(domain, at_ns.saturating_sub(since));
-        }
+        (false, false) => model.park(domain),
+        (true, true) => model.unpark(domain),
         (true, false) => {}
         (false, true) => model.moved(domain),
     }
@@ -1331,53 +1245,6 @@ pub(crate) mod tests {
                 .iter()
                 .any(|f| f.index == 5 && f.text.contains("not in doubt")),
             "{found:?}"
-        );
-    }
-
-    /// A park seen in one stretch and its end in another, many readings
-    /// later: the placement ends a park as long as both stretches and all
-    /// between, long enough for a wrap to be lost, so the driver may take
-    /// it off `time_running`; as long as the last stretch alone, it may not.
-    #[test]
-    pub(crate) fn a_park_seen_across_readings_is_as_long_as_all_of_them() {
-        let at = |ms: u64, entry: Entry| Entry {
-            at_ns: ms * 1_000_000,
-            ..entry
-        };
-        let seen = |online: Vec<u32>, owner: u64, unsure: Vec<u32>, window| {
-            ok(
-                Step::Seen {
-                    online,
-                    unsure,
-                    window,
-                },
-                vec![0, owner],
-            )
-        };
-        let journal = vec![
-            open(1, false),
-            ok(Step::Read { handle: 1 }, vec![0, 10, 10]),
-            at(10, seen(vec![0, 1], PARKED, vec![1], 1)),
-            at(100, seen(vec![0, 1], PARKED, vec![], 0)),
-            at(190, seen(vec![0, 1], PARKED, vec![], 0)),
-            at(300, seen(vec![0, 1, 3], 3, vec![1], 0)),
-            // Running short of enabled: a wrap may have been lost in the
-            // 300 ms the PMU may have been parked.
-            at(301, ok(Step::Read { handle: 1 }, vec![0, 40, 20])),
-        ];
-        let r = replay_on(SHAPE, &Cpus::default(), &journal);
-        assert_eq!(r.findings, vec![], "{:?}", r.findings);
-        // Seen placed again 100 ms after the park's window began: too short
-        // for a wrap, so running must be as enabled.
-        let mut short = journal.clone();
-        short.drain(3..5);
-        short[3].at_ns = 100_000_000;
-        let r = replay_on(SHAPE, &Cpus::default(), &short);
-        assert_eq!(r.findings.len(), 1, "{:?}", r.findings);
-        assert!(
-            r.findings[0].text.contains("time_running"),
-            "{:?}",
-            r.findings
         );
     }
 

@@ -454,7 +454,7 @@ mod tests {
                     } => model.ioctl(*handle, ioctl.model(), *group),
                     Step::Close { handle } => model.close(*handle),
                     Step::Park { domain } => model.park(*domain),
-                    Step::Unpark { domain, .. } => model.unpark(*domain, 0),
+                    Step::Unpark { domain, .. } => model.unpark(*domain),
                     _ => {}
                 }
                 lines.push(line);
