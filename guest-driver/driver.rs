@@ -1265,15 +1265,15 @@ impl hw::Poll for Domain {
             state = (hw.owner, hw.held > 0);
         });
         let (owner, held) = state;
-        if !held && !self.irq.enabled.load(Ordering::Relaxed) {
+        if !held && !self.irq.ack_owed.load(Ordering::Relaxed) {
             // No slot to read, but the poll goes on: it is what sees a configuration change
             // without a line, and one whose interrupt went missing with a line (seen in a loaded
             // run: an allowed set never followed, with nothing open to keep the poll going).
             return true;
         }
-        // With a line, the owner is polled with no slot held too: it acks an overflow status
-        // that an interrupt taken off the owner left up (`irq.rs`). Left up, the line raises no
-        // edge for any later interrupt, the parked threshold's included.
+        // With no slot held, the owner is polled only to ack an overflow status that an
+        // interrupt taken off the owner left up (`irq.rs`). Left up, the line raises no edge
+        // for any later interrupt, the parked threshold's included.
         if let Some(cpu) = owner {
             // An offline owner (`ENXIO`) is left alone: the perf core moves the domain away.
             let _ = hw::on_cpu(cpu, || self.poll_here());

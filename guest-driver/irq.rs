@@ -109,11 +109,19 @@ pub(crate) struct DomainIrq {
     pub(crate) on_owner: AtomicU64,
     /// Interrupts that arrived on a CPU that was not the owner (left to the owner's poll).
     pub(crate) off_owner: AtomicU64,
+    /// Such an interrupt left the overflow status for the owner's poll to ack, which then
+    /// visits the owner even with no slot held.
+    pub(crate) ack_owed: AtomicBool,
 }
 
 impl DomainIrq {
     pub(crate) const fn new() -> DomainIrq {
-        DomainIrq { enabled: AtomicBool::new(false), on_owner: AtomicU64::new(0), off_owner: AtomicU64::new(0) }
+        DomainIrq {
+            enabled: AtomicBool::new(false),
+            on_owner: AtomicU64::new(0),
+            off_owner: AtomicU64::new(0),
+            ack_owed: AtomicBool::new(false),
+        }
     }
 }
 
@@ -154,6 +162,7 @@ impl Domain {
             // domain while parked): only an overflow interrupt has to reach the owner.
             if config == 0 {
                 self.irq.off_owner.fetch_add(1, Ordering::Relaxed);
+                self.irq.ack_owed.store(true, Ordering::Relaxed);
             }
             return true;
         }
@@ -188,6 +197,7 @@ impl Domain {
     pub(crate) fn ack_in_poll(&self) {
         if self.irq.enabled.load(Ordering::Relaxed) {
             self.dev.mmio.read(self.reg(regs::DOM_IRQ_STATUS));
+            self.irq.ack_owed.store(false, Ordering::Relaxed);
         }
     }
 }
