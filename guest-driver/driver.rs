@@ -375,13 +375,8 @@ fn poll_period_ms(width: u64, unit: u64, max_rate: u64) -> u32 {
     if max_rate == 0 {
         return DEFAULT_POLL_MS;
     }
-    // A counter wraps after 2^width units; at the maximum rate that takes `wrap_ms`. No overflow
-    // means the wrap is more than 2^64 ms away.
-    let wrap_ms = 1u64
-        .checked_shl(width as u32)
-        .and_then(|units| units.checked_mul(unit))
-        .and_then(|bytes| bytes.checked_mul(1000))
-        .map_or(u64::MAX, |bytes_ms| bytes_ms / max_rate);
+    // A counter wraps after 2^width units; at the maximum rate that takes `wrap_ms`.
+    let wrap_ms = wrap_ns(width, unit, max_rate).map_or(u64::MAX, |ns| ns / 1_000_000);
     if wrap_ms < 50 {
         pr_warn!(
             "counters can wrap every {} ms: wrap polling may not keep counts exact\n",
