@@ -15,7 +15,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use perfbed_agent::{PerfAttr, ReadTarget};
+use perfbed_agent::{HostRequest, PerfAttr, ReadTarget};
 
 use super::guest::{time, Effort, PERF_COUNT_SW_CPU_CLOCK, PERF_TYPE_SOFTWARE};
 use super::report::{Goal, Row};
@@ -56,55 +56,135 @@ pub fn rows(ws: &Path, patched: &Images, accel: &Accel, effort: &Effort) -> Resu
     let rounds = effort.boots.max(2);
     let loops = if effort.boots > 1 { 20_000 } else { 2_000 };
     eprintln!(
-        "==> bench: the series against 6.12 unpatched, {rounds} rounds of a boot of each, alternating: \
-         {} loops of {} cpu-clock read()s and {PIPE_RUNS} runs of perf bench sched pipe -l {loops} on CPU {CPU}",
+        "==> bench: the series (without and with a device-scope PMU registered) against 6.12 unpatched, \
+         {rounds} rounds of a boot of each, in turn: {} loops of {} cpu-clock read()s and {PIPE_RUNS} \
+         runs of perf bench sched pipe -l {loops} on CPU {CPU}",
         effort.read_rounds, effort.reads
     );
-    let mut reads = [Vec::new(), Vec::new()];
-    let mut switches = [Vec::new(), Vec::new()];
+    let boots = [
+        Boot {
+            name: "series",
+            images: patched,
+            driver: false,
+        },
+        Boot {
+            name: "scoped",
+            images: patched,
+            driver: true,
+        },
+        Boot {
+            name: "unpatched",
+            images: &unpatched,
+            driver: false,
+        },
+    ];
+    let mut reads = [Vec::new(), Vec::new(), Vec::new()];
+    let mut switches = [Vec::new(), Vec::new(), Vec::new()];
     for round in 0..rounds {
-        for which in if round % 2 == 0 { [0, 1] } else { [1, 0] } {
-            let images = [patched, &unpatched][which];
-            // Short: the sockets in the run folder need paths under 108 bytes.
-            let name = format!("{}-{round}", ["series", "unpatched"][which]);
-            let (read, switch) = measure(ws, images, accel, &name, effort, loops)?;
+        // Each round starts with the next kernel, so that none is always
+        // first after the host's other work.
+        for k in 0..boots.len() {
+            let which = (round + k) % boots.len();
+            let (read, switch) = measure(ws, &boots[which], accel, round, effort, loops)?;
             reads[which].push(read);
             switches[which].push(switch);
         }
     }
     let summary = |samples: &[f64]| Summary::of(samples).context("no rounds measured");
-    let how =
-        format!("median ± half range of {rounds} boots of each kernel, alternating, on CPU {CPU}");
-    for (name, unit, samples, what) in [
+    let clock = GuestClock::of(accel);
+    let how = format!(
+        "median ± half range of {rounds} boots of each kernel, in turn, on CPU {CPU}; {}",
+        clock.says()
+    );
+    let unpatched = 2;
+    for (kernel, when) in [
+        (0, "no device-scope PMU registered (every perf user's case)"),
         (
-            "series: read() of a cpu-clock event",
-            "ns",
-            &reads,
-            format!(
-                "each boot's median of {} loops of {} read()s of a cpu-clock event, pinned to its CPU",
-                effort.read_rounds, effort.reads
-            ),
-        ),
-        (
-            "series: context switch with per-task software events open",
-            "µs/op",
-            &switches,
-            format!("each boot's median of {PIPE_RUNS} runs of perf bench sched pipe -l {loops} pinned to one CPU under perf stat -e cpu-clock,task-clock"),
+            1,
+            "perfbed.ko loaded, its device-scope PMUs registered with no event open (the static key on)",
         ),
     ] {
-        let (with_series, without) = (summary(&samples[0])?, summary(&samples[1])?);
-        rows.push(
-            Row::measured(name, with_series, unit)
-                .against("6.12 unpatched", without.median)
-                .goal(Goal::RatioAtMost(SAME_SPEED))
-                .note(format!(
-                    "{what}; {how}; unpatched ± {}; {}",
-                    super::report::short(without.spread),
-                    spread_verdict(&with_series, &without)
-                )),
-        );
+        let tag = if kernel == 0 { "" } else { ", a device-scope PMU registered" };
+        for (name, unit, samples, what) in [
+            (
+                "read() of a cpu-clock event",
+                clock.unit(),
+                &reads,
+                format!(
+                    "each boot's median of {} loops of {} read()s of a cpu-clock event, pinned to its CPU",
+                    effort.read_rounds, effort.reads
+                ),
+            ),
+            (
+                "context switch with per-task software events open",
+                clock.thousand_units_per_op(),
+                &switches,
+                format!("each boot's median of {PIPE_RUNS} runs of perf bench sched pipe -l {loops} pinned to one CPU under perf stat -e cpu-clock,task-clock"),
+            ),
+        ] {
+            let (with_series, without) =
+                (summary(&samples[kernel])?, summary(&samples[unpatched])?);
+            rows.push(
+                Row::measured(&format!("series{tag}: {name}"), with_series, unit)
+                    .against("6.12 unpatched", without.median)
+                    .goal(Goal::RatioAtMost(SAME_SPEED))
+                    .note(format!(
+                        "{when}; {what}; {how}; unpatched ± {}; {}",
+                        super::report::short(without.spread),
+                        spread_verdict(&with_series, &without)
+                    )),
+            );
+        }
     }
     Ok(rows)
+}
+
+/// What the guests' clock measures. Under TCG the host's time says little
+/// about a kernel's speed (TCG translates each path differently from a CPU
+/// running it, and this host's load moves it by a third between boots), so
+/// there the guests run with an instruction clock: a figure is the
+/// instructions the guest executed, the length of the path, which the host's
+/// load does not move. On KVM the guest's clock is real time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum GuestClock {
+    Time,
+    Instructions,
+}
+
+impl GuestClock {
+    fn of(accel: &Accel) -> Self {
+        if accel.kvm {
+            GuestClock::Time
+        } else {
+            GuestClock::Instructions
+        }
+    }
+
+    /// The unit of a figure the guest's clock gives in nanoseconds.
+    fn unit(self) -> &'static str {
+        match self {
+            GuestClock::Time => "ns",
+            GuestClock::Instructions => "instructions",
+        }
+    }
+
+    /// The unit of a figure the guest's clock gives in µs per operation.
+    fn thousand_units_per_op(self) -> &'static str {
+        match self {
+            GuestClock::Time => "µs/op",
+            GuestClock::Instructions => "k instructions/op",
+        }
+    }
+
+    fn says(self) -> &'static str {
+        match self {
+            GuestClock::Time => "the guests' clock is real time (KVM)",
+            GuestClock::Instructions => {
+                "the guests' clock counts their instructions (TCG with -icount shift=0,sleep=off), \
+                 so that a figure is a path's length, which the host's load does not move"
+            }
+        }
+    }
 }
 
 /// Whether both spreads are under a tenth of their medians: only then can a
@@ -124,25 +204,43 @@ fn spread_verdict(a: &Summary, b: &Summary) -> String {
     }
 }
 
+/// One kernel the rounds boot.
+struct Boot<'a> {
+    /// Its run folders' name (short: the sockets in a run folder need
+    /// paths under 108 bytes).
+    name: &'static str,
+    images: &'a Images,
+    /// Load perfbed.ko before measuring: its device-scope PMUs turn the
+    /// series' static key on.
+    driver: bool,
+}
+
 /// One boot of `images`: ns per cpu-clock read() (the median of
 /// `effort.read_rounds` loops, so that a loop the host preempted does not
 /// stand for the boot) and µs per pipe round trip (the median of
 /// [`PIPE_RUNS`] runs).
 fn measure(
     ws: &Path,
-    images: &Images,
+    boot: &Boot,
     accel: &Accel,
-    name: &str,
+    round: usize,
     effort: &Effort,
     loops: u32,
 ) -> Result<(f64, f64)> {
-    let scenario = scenario_for(ws, images, &RunArgs::for_tests(), name)?;
+    let name = format!("{}-{round}", boot.name);
+    let mut scenario = scenario_for(ws, boot.images, &RunArgs::for_tests(), &name)?;
+    scenario.vm.instruction_clock = GuestClock::of(accel) == GuestClock::Instructions;
     let booted = Vm::boot(&scenario.vm, accel)?;
     let mut vm = booted.vm;
     let mut g = Guest {
         vm: &mut vm,
         timeout: Duration::from_secs(300),
     };
+    if boot.driver {
+        g.expect_done(HostRequest::LoadModule {
+            name: crate::guest::MODULE.into(),
+        })?;
+    }
     let clock = PerfAttr {
         type_: PERF_TYPE_SOFTWARE,
         config: PERF_COUNT_SW_CPU_CLOCK,

@@ -90,6 +90,7 @@ pub fn run(ws: &Path, args: &VmmBenchArgs) -> Result<bool> {
         device: Default::default(),
         host: host::Host::VmmBox(box_images.clone()),
         serial_ring: None,
+        instruction_clock: false,
         gdb: None,
         verbose: false,
     };

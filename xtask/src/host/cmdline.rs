@@ -22,6 +22,11 @@ pub fn host_tsc_khz() -> u64 {
     samples[1] as u64
 }
 
+/// The guest's TSC rate under an instruction clock (`VmConfig::
+/// instruction_clock`): TCG's TSC is QEMU's virtual clock, one tick per
+/// nanosecond, which then advances by one per instruction.
+pub const INSTRUCTION_CLOCK_KHZ: u64 = 1_000_000;
+
 fn tsc() -> u64 {
     // SAFETY: rdtsc has no preconditions on x86_64.
     unsafe { core::arch::x86_64::_rdtsc() }

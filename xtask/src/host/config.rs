@@ -70,6 +70,11 @@ pub struct VmConfig {
     /// perfbed-vmm's serial output ring (`--serial-ring`), in bytes; `None`
     /// its default. QEMU has none.
     pub serial_ring: Option<usize>,
+    /// The guest's clock counts the instructions its vCPUs execute, one
+    /// nanosecond each (QEMU's `-icount shift=0,sleep=off`), instead of the
+    /// host's time: a measurement of a code path's length that the host's
+    /// load does not move. QEMU on TCG only.
+    pub instruction_clock: bool,
 }
 
 /// The host's gdb stub for the guest (QEMU's gdbstub, or perfbed-vmm's,
@@ -107,6 +112,12 @@ impl VmConfig {
         // arm64's `virt` boots an `Image`, which is no ELF file.
         if !matches!(self.host, Host::QemuVirt) {
             check_elf_kernel(&self.vmlinux)?;
+        }
+        if self.instruction_clock && !matches!(self.host, Host::Qemu) {
+            bail!(
+                "an instruction clock needs perfbed's QEMU on TCG, not {}",
+                self.host.name()
+            );
         }
         if !self.initramfs.is_file() {
             bail!(
@@ -176,6 +187,7 @@ pub fn example() -> VmConfig {
         device: DeviceConfig::default(),
         host: Host::Qemu,
         serial_ring: None,
+        instruction_clock: false,
         gdb: None,
         verbose: false,
     }
@@ -222,6 +234,7 @@ mod tests {
             verbose: false,
             host: Host::Qemu,
             serial_ring: None,
+            instruction_clock: false,
         };
         good.validate().unwrap();
         let err = |c: VmConfig| c.validate().unwrap_err().to_string();
@@ -257,6 +270,12 @@ mod tests {
             ..good.clone()
         })
         .contains("not an ELF vmlinux"));
+        assert!(err(VmConfig {
+            instruction_clock: true,
+            host: Host::QemuVirt,
+            ..good.clone()
+        })
+        .contains("an instruction clock needs perfbed's QEMU on TCG"));
         fs::remove_dir_all(&dir).unwrap();
     }
 }

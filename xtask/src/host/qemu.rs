@@ -96,6 +96,12 @@ pub fn guest_args(qemu: &mut Command, config: &VmConfig, accel: &Accel, cmdline:
         qemu.args(["-accel", "kvm", "-cpu", "host"]);
     } else {
         qemu.args(["-accel", "tcg", "-cpu", "max"]);
+        if config.instruction_clock {
+            // No sleep: an idle guest's clock jumps to its next timer
+            // instead of following the host's, so that only executed
+            // instructions move it.
+            qemu.args(["-icount", "shift=0,sleep=off"]);
+        }
     }
     boot_args(
         qemu,
@@ -207,6 +213,30 @@ mod tests {
         };
         let arg = device_arg(&device, Path::new("/run/control.sock"), DEVICE_BASE, &[]);
         assert!(arg.contains(",domains=0-1:2-3,rmids="), "{arg}");
+    }
+
+    #[test]
+    fn only_an_instruction_clock_on_tcg_counts_instructions() {
+        let args = |instruction_clock: bool, kvm: bool| {
+            let config = VmConfig {
+                instruction_clock,
+                ..super::super::config::example()
+            };
+            let mut qemu = Command::new("qemu");
+            guest_args(
+                &mut qemu,
+                &config,
+                &Accel {
+                    kvm,
+                    reason: String::new(),
+                },
+                "",
+            );
+            crate::cmd::display(&qemu)
+        };
+        assert!(args(true, false).contains(" -icount shift=0,sleep=off "));
+        assert!(!args(false, false).contains("-icount"));
+        assert!(!args(true, true).contains("-icount"));
     }
 
     #[test]

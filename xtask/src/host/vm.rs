@@ -26,7 +26,7 @@ use perfbed_agent::{parse_agent_message, AgentMessage, Hello, HostRequest, MAX_M
 use perfbed_device::line::{read_line_or_stop, Line};
 use perfbed_device::ControlClient;
 
-use super::cmdline::{base_cmdline, host_tsc_khz, kernel_hz, GuestClock};
+use super::cmdline::{base_cmdline, host_tsc_khz, kernel_hz, GuestClock, INSTRUCTION_CLOCK_KHZ};
 use super::config::{device_gsis, device_param, VmConfig};
 use super::console::{copy_serial, kernel_log_problems, Pausable};
 use super::symbols::{self, SystemMap};
@@ -150,15 +150,18 @@ impl Vm {
             Host::VmmNative { .. } => "vmm.log",
             _ => "qemu.log",
         });
-        let tsc_khz = match config.host {
-            // An arm64 guest has no TSC; its clock is the architected timer.
-            Host::QemuVirt => 0,
-            _ => host_tsc_khz(),
-        };
-
         // Only perfbed's QEMU on TCG runs the guest without hardware
         // virtualisation: the box's L1 is TCG, but its L2 runs on KVM.
         let tcg = matches!(config.host, Host::Qemu) && !accel.kvm;
+        if config.instruction_clock && !tcg {
+            bail!("an instruction clock needs TCG, but this QEMU would run the guest on KVM");
+        }
+        let tsc_khz = match config.host {
+            // An arm64 guest has no TSC; its clock is the architected timer.
+            Host::QemuVirt => 0,
+            _ if config.instruction_clock => INSTRUCTION_CLOCK_KHZ,
+            _ => host_tsc_khz(),
+        };
         let mut cmdline = match config.host {
             Host::QemuVirt => qemu_virt::cmdline(),
             _ => base_cmdline(&GuestClock {

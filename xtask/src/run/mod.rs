@@ -421,6 +421,7 @@ pub fn scenario_for(
         verbose: args.verbose,
         host,
         serial_ring: None,
+        instruction_clock: false,
     };
     if args.gdb && args.qemu.is_none() {
         use_box_qemu_for_gdb(ws, &mut vm)?;

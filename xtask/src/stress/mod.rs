@@ -367,6 +367,7 @@ fn guest_vm(
         extra_cmdline: vec![],
         host: host::Host::Qemu,
         serial_ring: None,
+        instruction_clock: false,
         run_dir: host::config::new_run_dir(ws, name),
         boot_timeout,
         gdb: None,
