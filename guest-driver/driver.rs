@@ -42,7 +42,7 @@
 //!   allowed CPU returns.
 //! - A move may install an event without scheduling it (it waits for its turn there, or its
 //!   leader does). The core says so once the move's installs are done
-//!   ([`Pmu::moved_unscheduled`], patch 0007): its slot is read and folded as at a `del` on
+//!   ([`Pmu::moved_unscheduled`], patch 0008): its slot is read and folded as at a `del` on
 //!   the owner (or, when the move was a park, kept as at a `del` there), so it counts nothing
 //!   while the event is off and others may take it.
 //! - A slot whose holder is moving or parked has counts nobody has read: no other event takes
@@ -56,7 +56,7 @@
 //!   so its `time_running` stands still until its `del` and perf scales its count as for
 //!   multiplexing. A slot freed meanwhile (a close) is not handed to it before its next `add`:
 //!   perf does not reschedule a parked PMU's events when the contention ends (only when a
-//!   leader's close promotes its siblings, patch 0009: a reschedule like any other).
+//!   leader's close promotes its siblings, patch 0010: a reschedule like any other).
 //! - A `del` off the owner that is not part of a move runs where nobody can read the slot: while
 //!   parked, on the CPU that keeps the events; while placed, on the CPU the domain is leaving,
 //!   between the new owner's `migrate_cpu` and the move. It cannot tell a reschedule (whose `add`
@@ -67,7 +67,7 @@
 //!   keeps exactly what the event counted up to the end of the operation that took it off, and
 //!   nothing after. The event's next `add` thaws it and counts on from there (an `ENABLE` after
 //!   a `DISABLE`); a move that places the PMU reads it exactly on the owner. Nothing is taken off
-//!   `time_running`. A parked PMU is never rotated (patch 0009), so only a `DISABLE` takes an
+//!   `time_running`. A parked PMU is never rotated (patch 0010), so only a `DISABLE` takes an
 //!   event off there: an exclusive group's turn no longer does.
 //! - A `RESET` (the perf core's `pmu::reset`) restarts the event's slot where nobody can read
 //!   it (parked, or frozen for an event that went off while parked): the slot is assigned again
@@ -491,7 +491,7 @@ enum Holder {
     /// [`Holder::LeftOff`]), so the driver froze it (`SLOT_CTL_FROZEN`, a write any CPU may
     /// make). Its counter holds exactly what the holder counted up to the operation that took it
     /// off, unread. The holder's next `add` thaws it and counts on from there (the event was off
-    /// for a while: disabled; a parked PMU is not rotated, patch 0009): what landed while it was
+    /// for a while: disabled; a parked PMU is not rotated, patch 0010): what landed while it was
     /// off never reached the slot.
     ParkedIdle,
     /// The holder is moving to another CPU: its `del` ran off the owner as part of a move and its
@@ -990,7 +990,7 @@ impl Domain {
 
     /// Takes `event` off its slot at its `del`. In a move, the slot counts on for it, even on
     /// the owner (a placement on the CPU that holds the parked events moves them in place, patch
-    /// 0007: perf credits the transit as running, so the slot must count it). Otherwise, on the
+    /// 0008: perf credits the transit as running, so the slot must count it). Otherwise, on the
     /// owner the count was just folded: the slot is released. Any other `del` runs where nobody
     /// can read the slot, and outside a move: it is [`Holder::LeftOff`] until the end of the
     /// operation ([`Domain::freeze_left_off`]). Frozen at once, it would lose what lands in a
@@ -1382,7 +1382,7 @@ impl Pmu for DomainPmu {
             // hypervisor each access is a VM exit (see `multiplexing` in xtask's pmu_checks).
             domain.take_slot(&mut hw, event, config)?;
             domain.settle_owed(&mut hw, event);
-            // Without `START` (a park that outlasted the counters, patch 0007) the slot stands
+            // Without `START` (a park that outlasted the counters, patch 0008) the slot stands
             // still until `start`; a slot frozen for the event counts on from what it holds.
             domain.set_stopped(&mut hw, event, !flags.contains(Flags::START));
             drop(hw);
@@ -1420,7 +1420,7 @@ impl Pmu for DomainPmu {
     }
 
     /// Stops the event's slot in the device: the perf core stops a parked PMU's events once
-    /// their counters could lose counts unread (patch 0007), and their `time_running` with them.
+    /// their counters could lose counts unread (patch 0008), and their `time_running` with them.
     fn stop(&self, event: &Event, flags: Flags) {
         if !event.hw_state().contains(HwState::STOPPED) {
             let domain = self.domain();

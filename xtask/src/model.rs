@@ -39,14 +39,14 @@
 //! - otherwise the group is **maybe** on: perf multiplexes, and which group
 //!   runs when is perf's rotation, which the model does not predict.
 //!   Uncontended holds from the operation that ends the contention (a
-//!   `DISABLE`, a close; patch 0009 reschedules the PMU then), and a group
+//!   `DISABLE`, a close; patch 0010 reschedules the PMU then), and a group
 //!   left with gauges only by a sibling's close is on from that close
-//!   (patch 0008).
+//!   (patch 0009).
 //!
 //! Closing a leader promotes each sibling to a leader of its own, keeping its
 //! state (perf's `perf_group_detach`): a sibling that was enabled under a
 //! disabled leader starts counting, none of the time its leader was off in
-//! its `time_enabled` (kernel patch 0017).
+//! its `time_enabled` (kernel patch 0003).
 //!
 //! From these, for each event over a *window* (from its open, or its previous
 //! read, to this read):
@@ -117,8 +117,8 @@
 //! placed again.
 //!
 //! A parked PMU whose slot events do not all fit at some moment of a park
-//! keeps the extra ones scheduled without a slot, not counting (patch 0007),
-//! and a parked PMU is neither rotated (patch 0009) nor rescheduled when the
+//! keeps the extra ones scheduled without a slot, not counting (patch 0008),
+//! and a parked PMU is neither rotated (patch 0010) nor rescheduled when the
 //! contention ends: from that
 //! moment until the PMU is placed again its slot events are *maybe*
 //! counting. If the contention is an exclusive group sharing the PMU with
@@ -897,7 +897,7 @@ impl Model {
             slots += u32::from(k.needs_slot());
         }
         // The device PMU refuses its own events; a software sibling joins
-        // the group where it waits (patch 0005).
+        // the group where it waits (patch 0006).
         if let Some(p) = spec.kind.pmu() {
             if self.is_parked(p) && holds(Rule::ParkedRefusesOpens) {
                 return Err(Refusal::Parked);
@@ -1037,7 +1037,7 @@ impl Model {
                 // Exact also while parked: the driver freezes the slot at
                 // the DISABLE (`SLOT_CTL_FROZEN`), see `note_scheduled`.
                 Ioctl::Disable => e.enabled = false,
-                // Exact also while parked (patch 0007's pmu::reset: the
+                // Exact also while parked (patch 0008's pmu::reset: the
                 // driver restarts the slot nobody can read).
                 Ioctl::Reset if !holds(Rule::Reset) => {}
                 Ioctl::Reset => {
@@ -1095,7 +1095,7 @@ impl Model {
     /// parked) until a read once the moves are over; a gauge shows its
     /// last fold (what its last read showed, 0 after a RESET) or the
     /// occupancy now. And as in a park, perf does not reschedule the PMU
-    /// when contention ends while it moves (patch 0009 waits for the
+    /// when contention ends while it moves (patch 0010 waits for the
     /// move), so once its slot events did not all fit (or an exclusive
     /// group clashed), they are only maybe counting until the moves end.
     pub fn moves_unseen(&mut self, pmu: u32, on: bool) {
@@ -2180,7 +2180,7 @@ impl Model {
         let fit = self.schedule().1;
         for (p, f) in self.pmus.iter_mut().zip(fit) {
             // A moving PMU is not rescheduled when contention ends either
-            // (patch 0009 waits for the move): as in a park.
+            // (patch 0010 waits for the move): as in a park.
             let moving = p.moving && holds(Rule::MovingContentionIsMaybe);
             p.contended_in_park |= (p.parked || p.unknown || moving) && !f.all;
             p.clashed_in_park |= (p.parked || p.unknown || moving) && f.clash;
@@ -2201,7 +2201,7 @@ impl Model {
             .map(|e| (e.leader, e.group_pmu))
             .collect();
         // Gauges only, as the group is now: perf never multiplexes it (patch
-        // 0008's PERF_EV_CAP_NO_COUNTER: "a group made only of such events
+        // 0009's PERF_EV_CAP_NO_COUNTER: "a group made only of such events
         // always goes on"), also when it became so by closes. A software
         // member takes that away (and a device member takes
         // PERF_EV_CAP_SOFTWARE away from a software group, for good).

@@ -248,7 +248,7 @@ pub fn run(vm: &mut Vm, timeout: Duration) -> Result<Vec<Check>> {
         other => bail!("the open race: {other:?}"),
     };
     let mask = g.cpumask(PMU_A)?;
-    // What the race cost inside the kernel (patch 0007), to show that the
+    // What the race cost inside the kernel (patch 0006), to show that the
     // opens did meet moves and were waited or tried again, not just lucky.
     let (waits, retries) = g.open_waits_and_retries(PMU_A)?;
     let home = mask.first().map(|&c| u64::from(c) + 1);

@@ -205,7 +205,7 @@ fn counter_domain(shape: Shape, offset: u64) -> Option<u32> {
 /// A write of the domain's `OWNER` (a move or a park) starts the domain
 /// afresh: perf accounts a migrated context from the move, so only reads
 /// after it can stamp a rotation. Nor do all of those: the move's install
-/// on the new owner (patch 0007: one cross call that freezes the context
+/// on the new owner (patch 0008: one cross call that freezes the context
 /// time, then adds every event) has no `del` reads, the `del`s ran on the
 /// CPU left, and reads only the slot an incoming event takes from a moved
 /// one that waits, just before its write. The held slots' last reads before

@@ -59,7 +59,7 @@ impl Guest<'_> {
     }
 
     /// A device-scope PMU's sysfs `open_waits` and `open_retries` (patch
-    /// 0007): what CPU hotplug cost its opens inside the kernel.
+    /// 0006): what CPU hotplug cost its opens inside the kernel.
     pub fn open_waits_and_retries(&mut self, pmu: &str) -> Result<(u64, u64)> {
         Ok((
             self.pmu_count(pmu, "open_waits")?,

@@ -114,7 +114,7 @@ rules! {
     // Which events count.
     /// An uncontended PMU's groups count for sure.
     UncontendedCounts,
-    /// A group of gauges only is never multiplexed (patch 0008).
+    /// A group of gauges only is never multiplexed (patch 0009).
     GaugesOnlyAlwaysOn,
     /// Pinned groups that fit together count for sure.
     PinnedThatFitRun,
@@ -134,7 +134,7 @@ rules! {
     /// A software sibling promoted by its disabled leader's close waits
     /// for a schedule-in: maybe.
     PromotedSoftwareWaits,
-    /// A leader's close reschedules a device PMU (patch 0009): a sibling
+    /// A leader's close reschedules a device PMU (patch 0010): a sibling
     /// it promotes counts from the close.
     CloseReschedulesDevicePmu,
     /// A group with a device member lives in that device PMU's context.
@@ -201,7 +201,7 @@ rules! {
     PinnedBesideExclusive,
     /// A group's `mbm_*` members show the same `Δrunning`.
     MembersRunTogether,
-    /// Not across a park or a placement (patch 0007 decides per event).
+    /// Not across a park or a placement (patch 0008 decides per event).
     MembersApartAcrossParks,
     /// Events enabled throughout a window grew `time_enabled` alike.
     EqualEnabledGrowth,

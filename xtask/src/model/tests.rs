@@ -209,7 +209,7 @@ pub(super) fn a_sibling_under_a_disabled_leader_has_its_clocks_stopped_until_the
     assert_eq!(fields(&mut m, 2, seen(0, 0, 0)), vec![]);
     assert!(m.is_enabled(2));
     assert_eq!(fields(&mut m, 1, seen(0, 0, 0)), vec![]);
-    // A move must not change that (patch 0007).
+    // A move must not change that (patch 0008).
     m.moved(0);
     assert_eq!(fields(&mut m, 2, seen(0, 5, 0)), vec![Field::Enabled]);
     // Enabling the group through the sibling enables the leader.
@@ -360,7 +360,7 @@ pub(super) fn opens_the_kernel_must_refuse() {
     m.park(1);
     assert_eq!(m.predict_open(&counter(1, 1)), Err(Refusal::Parked));
     assert_eq!(m.predict_open(&counter(0, 1)), Ok(()));
-    // A software sibling joins a parked group where it waits (patch 0005).
+    // A software sibling joins a parked group where it waits (patch 0006).
     m.open(3, counter(1, 3));
     assert_eq!(m.predict_open(&software().under(3)), Ok(()));
     assert_eq!(
@@ -452,7 +452,7 @@ pub(super) fn a_read_racing_an_unseen_move_may_lag_and_the_first_after_the_moves
 #[test]
 pub(super) fn contention_while_moving_unseen_leaves_slot_events_maybe_until_the_moves_end() {
     // The red team of 2026-12-06: a DISABLE that ends contention while
-    // a move is under way; patch 0009 does not reschedule then.
+    // a move is under way; patch 0010 does not reschedule then.
     let mut m = opened_and_read(&[counter(0, 1), counter(0, 2), counter(0, 3).disabled()]);
     m.moves_unseen(0, true);
     m.ioctl(3, Ioctl::Enable, false);
@@ -954,7 +954,7 @@ pub(super) fn a_software_sibling_promoted_by_its_disabled_leaders_close_waits_fo
     m.close(1);
     m.close(3);
     assert_eq!(fields(&mut m, 2, seen(0, 50, 0)), vec![]);
-    // A device PMU is rescheduled at the close (patch 0009).
+    // A device PMU is rescheduled at the close (patch 0010).
     assert_eq!(
         fields(&mut m.clone(), 4, seen(0, 50, 0)),
         vec![Field::Running]
@@ -1139,7 +1139,7 @@ pub(super) fn a_park_in_which_an_exclusive_group_clashed_leaves_every_event_mayb
 #[test]
 pub(super) fn a_park_short_of_slots_leaves_its_gauges_counting_for_sure() {
     // Contention for slots alone: a gauge takes none and goes on
-    // whatever did not fit (patch 0008), so its clock moves through
+    // whatever did not fit (patch 0009), so its clock moves through
     // the park.
     let mut m = Model::new(SHAPE);
     m.open(1, counter(0, 1));
@@ -1408,7 +1408,7 @@ pub(super) fn a_device_member_moves_its_software_group_siblings_first() {
 #[test]
 pub(super) fn a_groups_members_may_run_apart_across_a_park() {
     // {1, 2} and two more on two slots, parked and placed between two
-    // reads: patch 0007 decides per event which keeps a slot.
+    // reads: patch 0008 decides per event which keeps a slot.
     let s = 1_000_000_000;
     let mut m = opened_and_read(&pair_and_two_more());
     let mut moved = m.clone();

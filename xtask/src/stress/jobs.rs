@@ -83,7 +83,7 @@ pub fn check_batch_shape(result: &HotplugBatchResult, ops: usize, handles: usize
 
 /// What CPU hotplug cost the opens inside the kernel, which user space does
 /// not see: the device-scope PMUs' sysfs `open_waits` and `open_retries`
-/// (patch 0007), summed over the PMUs.
+/// (patch 0006), summed over the PMUs.
 #[derive(Debug, Default)]
 pub struct OpenRetries {
     pub waits: u64,

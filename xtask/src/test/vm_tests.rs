@@ -20,7 +20,7 @@ const STRESS_SEED: u64 = 8;
 /// The park rounds after the kernel's selftest, as first reported.
 const SELFTEST_ROUNDS: u32 = 200;
 /// The short lifecycle stress: operations and seed. Seed 17's first 2,500
-/// operations cover every kind of operation and, with patches 0008-0009,
+/// operations cover every kind of operation and, with patches 0009-0010,
 /// match the model (about 2 min of stress on a loaded 2-core TCG host).
 pub(crate) const LIFECYCLE_OPS: u32 = 2500;
 pub(crate) const LIFECYCLE_SEED: u64 = 17;

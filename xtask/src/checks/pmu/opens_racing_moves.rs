@@ -3,7 +3,7 @@
 //! figures.
 //!
 //! An open that races a move waits for it and never fails with EBUSY
-//! (kernel patches 0012, 0014); how long it slept, beside how long the
+//! (kernel patch 0006); how long it slept, beside how long the
 //! moves took, is measured in the kernel and reported. (What a move or a
 //! park must not change for the events themselves is the scenarios'
 //! business: `scenarios/moves`, `scenarios/parks`, `scenarios/groups`.)
@@ -35,7 +35,7 @@ const RACE_ROUNDS: u32 = 3;
 pub fn opens_racing_moves(ctx: &mut Ctx) -> Result<Check> {
     let (d, allowed) = movable_domain(ctx)?;
     let attr = ctx.attr(d, Event::MbmTotalBytes, 7);
-    // A kernel without 0007 or 0014 lacks some of these files: a failed
+    // A kernel without 0006 lacks some of these files: a failed
     // check, not an aborted run.
     let mut problems = Vec::new();
     let mut measured = |ctx: &mut Ctx, file: &str| {

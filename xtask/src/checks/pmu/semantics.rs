@@ -137,7 +137,7 @@ const PARK: Duration = Duration::from_secs(1);
 /// An exclusive event and another on the movable domain's PMU take turns
 /// (perf's mux timer armed on the owner rotates them); parked, no mux
 /// timer is armed on any CPU: perf does not rotate a parked PMU (patch
-/// 0009), and a timer on the CPU that keeps its events would fire every
+/// 0010), and a timer on the CPU that keeps its events would fire every
 /// interval for nothing; placed again, the owner's timer is armed again
 /// and both events run.
 pub fn parked_mux_timer(ctx: &mut Ctx) -> Result<Check> {
@@ -216,7 +216,7 @@ const TIMER_READINGS: usize = 5;
 
 /// The guest's armed perf mux timers (`perf_mux_hrtimer_handler` in
 /// `/proc/timer_list`), counted by CPU: while a PMU's groups rotate, its
-/// CPU's timer is armed; no timer fires for a parked PMU (patch 0009).
+/// CPU's timer is armed; no timer fires for a parked PMU (patch 0010).
 fn armed_mux_timers(ctx: &mut Ctx) -> Result<BTreeMap<u32, usize>> {
     let text = ctx.g.read_file("/proc/timer_list")?;
     mux_timers_in(&text)

@@ -161,7 +161,7 @@ pub fn load_driver(
     Ok((pmus, types, control))
 }
 
-/// The PMU's open-wait figures (patches 0007 and 0014).
+/// The PMU's open-wait figures (patch 0006).
 fn open_waits(g: &mut Guest, pmu: &str) -> Result<run::OpenWaits> {
     Ok(run::OpenWaits {
         pmu: pmu.to_string(),

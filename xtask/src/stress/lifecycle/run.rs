@@ -89,8 +89,8 @@ pub struct LifecycleReport {
     /// The first move, park or unpark after which the interrupt's affinity
     /// did not follow the PMU.
     pub first_affinity: Option<usize>,
-    /// Per PMU, the kernel's own figures at the end (patches 0007 and
-    /// 0014): opens that waited for a move, the longest such sleep and the
+    /// Per PMU, the kernel's own figures at the end (patch
+    /// 0006): opens that waited for a move, the longest such sleep and the
     /// longest move. Reported, not judged: a timing on a shared machine.
     pub waits: Vec<OpenWaits>,
     /// The failing run shrunk to a scenario, or why not.
