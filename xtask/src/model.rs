@@ -590,9 +590,12 @@ struct PmuState {
     others: bool,
     /// Bytes landed per (event, rmid) since the park began.
     parked_bytes: BTreeMap<(u32, u32), u64>,
-    /// One counter gained enough in the current park for the driver to
-    /// have had the perf core stop its events (patch 0018): from some moment
-    /// of the park on, what lands is not counted, shown as time not running.
+    /// The perf core may have stopped its events in the current park
+    /// (patch 0018): one counter gained enough for the driver's threshold
+    /// interrupt to ask for it (`HeavyParkMayCountShort`), or the PMU has
+    /// no line and its park may have outlasted the driver's time limit
+    /// (`PolledParkMayCountShort`). From some moment of the park on, what
+    /// lands is not counted, shown as time not running.
     stopped_in_park: bool,
     /// Its slot events did not all fit at some moment of the current park:
     /// the driver may then have scheduled some without a slot (not
@@ -627,7 +630,7 @@ impl PmuState {
     fn landed_in_park(&mut self, event: u32, rmid: u32, bytes: u64, stop_bytes: u64) {
         let b = self.parked_bytes.entry((event, rmid)).or_insert(0);
         *b = b.saturating_add(bytes);
-        if *b >= stop_bytes {
+        if *b >= stop_bytes && holds(Rule::HeavyParkMayCountShort) {
             self.stopped_in_park = true;
         }
     }
@@ -642,6 +645,9 @@ pub struct DeviceShape {
     pub counter_width: u32,
     /// A domain's bandwidth in bytes/s: how fast a counter can wrap.
     pub max_rate: u64,
+    /// How many PMUs, the first ones, have an interrupt line; the rest are
+    /// polled (the hosts have lines for the first domains only).
+    pub lined_pmus: u32,
 }
 
 impl DeviceShape {
@@ -654,6 +660,7 @@ impl DeviceShape {
         unit_bytes: 64,
         counter_width: 24,
         max_rate: 2 << 30,
+        lined_pmus: 2,
     };
 
     /// Bytes landed on one counter in a park from which the driver may have
@@ -664,6 +671,14 @@ impl DeviceShape {
     /// an eighth more.
     fn park_stop_bytes(&self) -> u64 {
         self.wrap_bytes() / 4
+    }
+
+    /// Whether `pmu`'s driver stops a park only when a counter's threshold
+    /// interrupt says so: a PMU without a line has the perf core stop its
+    /// park after a time limit instead (a quarter of a wrap's time at the
+    /// maximum rate), which the model, keeping no time, cannot place.
+    fn park_stops_by_traffic(&self, pmu: u32) -> bool {
+        pmu < self.lined_pmus
     }
 
     fn wrap_bytes(&self) -> u64 {
@@ -1174,12 +1189,14 @@ impl Model {
         self.note_transit(pmu);
         let moment = self.moment;
         let holding = self.first_online();
+        let by_traffic = self.shape.park_stops_by_traffic(pmu);
         if let Some(p) = self.pmus.get_mut(pmu as usize) {
             p.parked = true;
             p.held_on = Some(holding);
             p.placed_moment = moment;
             p.parked_bytes.clear();
-            p.stopped_in_park = false;
+            // Without a line, any park may outlast the driver's time limit.
+            p.stopped_in_park = !by_traffic && holds(Rule::PolledParkMayCountShort);
             p.contended_in_park = false;
             p.clashed_in_park = false;
         }
@@ -1191,9 +1208,6 @@ impl Model {
     /// lands from then on, and a read while parked may show their
     /// `time_running` standing still.
     pub fn parks_checked(&mut self) {
-        if !holds(Rule::HeavyParkMayCountShort) {
-            return;
-        }
         for (pmu, p) in (0u32..).zip(&self.pmus) {
             if !(p.parked && p.stopped_in_park) {
                 continue;
@@ -1227,7 +1241,7 @@ impl Model {
                 // The perf core may have stopped the event and its running
                 // time somewhere in the park (patch 0018): what landed after
                 // that is not counted, shown as time not running.
-                if q == pmu && stopped && holds(Rule::HeavyParkMayCountShort) {
+                if q == pmu && stopped {
                     e.value_window.lossy = true;
                     e.time_window.lossy = true;
                 }

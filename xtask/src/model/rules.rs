@@ -86,6 +86,10 @@ rules! {
     /// out what landed after the perf core stopped its events, shown as
     /// `Δrunning < Δenabled`.
     HeavyParkMayCountShort,
+    /// A park of a PMU without an interrupt line may leave out what landed
+    /// after the perf core stopped its events at the driver's time limit,
+    /// whatever landed, shown as `Δrunning < Δenabled`.
+    PolledParkMayCountShort,
     /// RESET zeroes the count (and a gauge's fold), not the times, parked
     /// or not.
     Reset,
@@ -362,6 +366,7 @@ mod tests {
         ParkedReadSettlesNothing => model::times_reset_by_a_parked_read_do_not_settle_the_multiplexing_before_it;
         HeavyParkMayCountShort => model::a_heavy_park_may_count_short_only_as_less_running,
             model::a_read_while_parked_after_heavy_traffic_may_show_running_stopped;
+        PolledParkMayCountShort => model::a_park_without_a_line_may_show_running_stopped_after_light_traffic;
         Reset => model::reset_zeroes_the_value_not_the_times,
             model::reset_while_parked_counts_only_what_landed_after_it,
             model::a_parked_gauge_reads_its_last_fold_and_zero_after_a_reset;

@@ -6,6 +6,7 @@ const SHAPE: DeviceShape = DeviceShape {
     unit_bytes: 64,
     counter_width: 24,
     max_rate: 2 << 30,
+    lined_pmus: 2,
 };
 const TOTAL: u32 = 2;
 
@@ -543,6 +544,41 @@ pub(super) fn a_read_while_parked_after_heavy_traffic_may_show_running_stopped()
         fields(&mut light, 1, seen(0, 2000, 1100)),
         vec![Field::Running],
         "a light park runs"
+    );
+}
+
+#[test]
+pub(super) fn a_park_without_a_line_may_show_running_stopped_after_light_traffic() {
+    let polled = DeviceShape {
+        lined_pmus: 1,
+        ..SHAPE
+    };
+    let mut m = Model::new(polled);
+    m.open(1, counter(0, 1));
+    m.open(2, counter(1, 1));
+    assert_eq!(fields(&mut m, 1, seen(0, 1000, 1000)), vec![]);
+    assert_eq!(fields(&mut m, 2, seen(0, 1000, 1000)), vec![]);
+    m.park(0);
+    m.park(1);
+    m.burst(0, TOTAL, 1, 64 << 20);
+    m.burst(1, TOTAL, 1, 64 << 20);
+    m.parks_checked();
+    assert_eq!(
+        fields(&mut m, 1, seen(0, 2000, 1100)),
+        vec![Field::Running],
+        "a light park of a PMU with a line runs"
+    );
+    assert_eq!(
+        fields(&mut m, 2, seen(0, 2000, 1100)),
+        vec![],
+        "a park of a PMU without one may be stopped at its time limit"
+    );
+    m.unpark(1);
+    m.burst(1, TOTAL, 1, 64 << 20);
+    assert_eq!(
+        fields(&mut m, 2, seen(64 << 20, 3000, 1200)),
+        vec![],
+        "what landed after the stop is not counted, shown as less running"
     );
 }
 

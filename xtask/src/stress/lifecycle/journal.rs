@@ -126,6 +126,7 @@ impl Header {
             unit_bytes: self.unit_bytes,
             counter_width: self.counter_width,
             max_rate: self.max_rate,
+            lined_pmus: crate::host::config::device_gsis(self.pmus as usize).len() as u32,
         }
     }
 }

@@ -274,6 +274,7 @@ pub fn shape(device: &DeviceConfig) -> DeviceShape {
         unit_bytes: device.unit_bytes,
         counter_width: device.counter_width,
         max_rate: device.max_rate,
+        lined_pmus: crate::host::config::device_gsis(device.domains.len()).len() as u32,
     }
 }
 

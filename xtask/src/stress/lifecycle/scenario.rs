@@ -2313,6 +2313,7 @@ mod tests {
             unit_bytes: 64,
             counter_width: 24,
             max_rate: 1 << 30,
+            lined_pmus: 2,
         };
         let wrong = parsed("cpumask movable 3\n").unwrap();
         let found = wants_against_model(&wrong, shape);
@@ -2887,6 +2888,7 @@ mod tests {
             unit_bytes: 64,
             counter_width: 24,
             max_rate: 1 << 30,
+            lined_pmus: 2,
         };
         let text = |want: &str| {
             format!(
@@ -2968,6 +2970,7 @@ mod tests {
             unit_bytes: 64,
             counter_width: 24,
             max_rate: 1 << 30,
+            lined_pmus: 2,
         };
         let text = |middle: &str| {
             format!(
