@@ -76,8 +76,10 @@ enum Command {
     Bench(bench::BenchArgs),
     /// The kernel series as a reviewer receives it: every prefix applies
     /// exactly, every patch is numbered, named in the cover letter and
-    /// checkpatch --strict clean (--build: every prefix builds); writes the
-    /// series and its cover letter into the run folder.
+    /// checkpatch --strict clean (--build: every prefix builds), and what
+    /// each patch turns green by the kernel mutants that undo it (--prove:
+    /// run them); writes the series and its cover letter into the run
+    /// folder.
     Series(series::SeriesArgs),
     /// Boot again and again, idle and under load: hangs, failures, boot times.
     BootStress(stress::boot::BootStressArgs),

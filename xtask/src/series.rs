@@ -5,8 +5,11 @@
 //! `checkpatch.pl --strict` of the base tree may report no error but the
 //! missing Signed-off-by (whoever posts the series adds it) and no warning
 //! but the MAINTAINERS reminder for a file an existing entry covers. With
-//! `--build`, every prefix must also build the guest's kernel. The series
-//! and its cover letter, with the table, go into the run folder.
+//! `--build`, every prefix must also build the guest's kernel. Each patch
+//! must be undone in part by a kernel mutant (its `# Undoes:` lines), whose
+//! named check is what the patch turns green, or say why none undoes it;
+//! `--prove` runs those mutants. The series and its cover letter, with the
+//! tables, go into the run folder.
 
 use std::fmt::Write as _;
 use std::fs;
@@ -22,6 +25,7 @@ use crate::build::image::kernel::{self, Kernel, Variant};
 use crate::cmd::Step;
 use crate::host::config::new_run_dir;
 use crate::progress::human;
+use crate::stress::mutants::{self, Mutant, MutantKind};
 
 #[derive(clap::Args, Debug, Default)]
 pub struct SeriesArgs {
@@ -31,6 +35,12 @@ pub struct SeriesArgs {
     /// series).
     #[arg(long)]
     pub build: bool,
+    /// Also prove what each patch turns green: run every kernel mutant
+    /// that undoes part of a patch, or only those named (a kernel build
+    /// and a lifecycle run each, its named check first, as `cargo xtask
+    /// stress --mutant NAME` runs it) and show whether its check failed.
+    #[arg(long, num_args = 0.., value_name = "MUTANT")]
+    pub prove: Option<Vec<String>>,
 }
 
 /// The checkpatch report whoever posts the series clears by adding theirs.
@@ -41,6 +51,8 @@ const MAINTAINERS_REMINDER: &str =
     "added, moved or deleted file(s), does MAINTAINERS need updating?";
 /// The cover letter's placeholder for this command's table.
 const TABLE_MARK: &str = "@SERIES_TABLE@";
+/// Why no kernel mutant undoes a patch, for each patch none does.
+const WITHOUT_A_MUTANT: &str = "mutants/patches-without-a-mutant.txt";
 
 /// What checkpatch reported on one patch, each as its message line.
 #[derive(Debug, Default, PartialEq)]
@@ -134,6 +146,102 @@ fn numbered(subject: &str) -> Option<(usize, usize, &str)> {
     Some((k.parse().ok()?, n.parse().ok()?, title))
 }
 
+/// What shows that one patch turns something green: the kernel mutants
+/// that undo part of it, each with the `cargo xtask run` check that must
+/// then fail (and passes on the series), or why no mutant does.
+#[derive(Debug, Default, PartialEq)]
+struct Proof {
+    mutants: Vec<MutantProof>,
+    otherwise: Option<String>,
+}
+
+#[derive(Debug, PartialEq)]
+struct MutantProof {
+    mutant: String,
+    check: Option<String>,
+    /// With `--prove`: what its run came to.
+    run: Option<String>,
+}
+
+/// Each patch's proof (by title, in the series' order), from the kernel
+/// mutants' `# Undoes:` lines and the reasons of [`WITHOUT_A_MUTANT`]
+/// (`SUBJECT | why`, `#` comments), and what is wrong with them: a mutant
+/// or a reason naming no patch of the series, a patch with both or with
+/// neither.
+fn proofs(titles: &[String], mutants: &[Undoing], reasons: &str) -> (Vec<Proof>, Vec<String>) {
+    let mut proofs: Vec<Proof> = titles.iter().map(|_| Proof::default()).collect();
+    let mut problems = Vec::new();
+    let index = |subject: &str| titles.iter().position(|t| t == subject);
+    for undoing in mutants {
+        let name = &undoing.mutant.name;
+        for subject in &undoing.undoes {
+            match index(subject) {
+                Some(i) => proofs[i].mutants.push(MutantProof {
+                    mutant: name.clone(),
+                    check: undoing.check.clone(),
+                    run: None,
+                }),
+                None => problems.push(format!(
+                    "the mutant {name} undoes {subject:?}, which is no patch of the series"
+                )),
+            }
+        }
+    }
+    for line in reasons.lines().map(str::trim) {
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let Some((subject, why)) = line.split_once(" | ") else {
+            problems.push(format!(
+                "{WITHOUT_A_MUTANT}: {line:?} is not `SUBJECT | why`"
+            ));
+            continue;
+        };
+        match index(subject.trim()) {
+            Some(i) => proofs[i].otherwise = Some(why.trim().to_string()),
+            None => problems.push(format!(
+                "{WITHOUT_A_MUTANT} names {subject:?}, which is no patch of the series"
+            )),
+        }
+    }
+    for (title, proof) in titles.iter().zip(&proofs) {
+        match (proof.mutants.is_empty(), &proof.otherwise) {
+            (true, None) => problems.push(format!(
+                "no kernel mutant undoes {title:?} (a `# Undoes:` line), and {WITHOUT_A_MUTANT} does not say why"
+            )),
+            (false, Some(_)) => problems.push(format!(
+                "{title:?} has a kernel mutant, yet {WITHOUT_A_MUTANT} says why it has none"
+            )),
+            _ => {}
+        }
+    }
+    (proofs, problems)
+}
+
+/// A kernel mutant, the subjects of the series patches it undoes part of
+/// and the check it names.
+struct Undoing {
+    mutant: Mutant,
+    undoes: Vec<String>,
+    check: Option<String>,
+}
+
+/// Every kernel mutant, with what it undoes.
+fn kernel_mutants(ws: &Path) -> Result<Vec<Undoing>> {
+    let mut out = Vec::new();
+    for mutant in mutants::all(ws)? {
+        if mutant.kind == MutantKind::Driver {
+            continue;
+        }
+        out.push(Undoing {
+            undoes: mutant.undoes()?,
+            check: mutant.run_check()?,
+            mutant,
+        });
+    }
+    Ok(out)
+}
+
 /// Whether `patch -p1`'s output shows a hunk that did not apply exactly
 /// where the patch says.
 fn applied_inexactly(output: &str) -> Option<&str> {
@@ -159,6 +267,19 @@ pub fn run(ws: &Path, args: &SeriesArgs) -> Result<bool> {
             subject_of(&letter).unwrap_or_default()
         )),
     }
+    let titles: Vec<String> = patches
+        .iter()
+        .map(|p| {
+            let text = fs::read_to_string(p).unwrap_or_default();
+            let subject = subject_of(&text).unwrap_or_default();
+            numbered(&subject).map_or(subject.clone(), |(_, _, t)| t.to_string())
+        })
+        .collect();
+    let kernel_mutants = kernel_mutants(ws)?;
+    let reasons_path = kernel::images_dir(ws).join(WITHOUT_A_MUTANT);
+    let reasons = fs::read_to_string(&reasons_path)
+        .with_context(|| format!("reading {}", reasons_path.display()))?;
+    let (mut proofs, proof_problems) = proofs(&titles, &kernel_mutants, &reasons);
     let run_dir = new_run_dir(ws, "series");
     let step = Step::start(
         "unpacking the base for the series",
@@ -196,12 +317,28 @@ pub fn run(ws: &Path, args: &SeriesArgs) -> Result<bool> {
     fs::remove_dir_all(&tree).with_context(|| format!("removing {}", tree.display()))?;
     let (base_build, verdicts) = checked?;
     step.finish();
-    let table = table(&verdicts, &base, base_build);
+    if let Some(names) = &args.prove {
+        prove(ws, &kernel_mutants, names, &mut proofs)?;
+    }
+    let table = table(&verdicts, &base, base_build) + &green_table(&verdicts, &proofs);
     print!("{table}");
     let out = run_dir.join("patches");
     write_series(&out, &patches, &letter, &table)?;
+    let unproven = proofs
+        .iter()
+        .flat_map(|p| &p.mutants)
+        .filter(|m| m.run.as_ref().is_some_and(|r| !r.starts_with(CAUGHT)))
+        .count();
     let failed = verdicts.iter().filter(|v| !v.problems.is_empty()).count()
-        + usize::from(!letter_problems.is_empty());
+        + usize::from(!letter_problems.is_empty())
+        + usize::from(!proof_problems.is_empty())
+        + unproven;
+    if !proof_problems.is_empty() {
+        println!(
+            "what the patches turn green:\n  {}",
+            proof_problems.join("\n  ")
+        );
+    }
     if !letter_problems.is_empty() {
         println!(
             "the cover letter ({}):\n  {}",
@@ -344,6 +481,83 @@ fn table(verdicts: &[Verdict], base: &str, base_build: Option<Duration>) -> Stri
     out
 }
 
+/// How a proven mutant's run cell starts.
+const CAUGHT: &str = "failed";
+
+/// `--prove`: each kernel mutant that undoes a patch, run as `cargo xtask
+/// stress --mutant NAME` runs it (its kernel built, its named check first,
+/// then the lifecycle stress against the model), its verdict put in the
+/// proofs of the patches it undoes.
+fn prove(
+    ws: &Path,
+    kernel_mutants: &[Undoing],
+    names: &[String],
+    proofs: &mut [Proof],
+) -> Result<()> {
+    let undoing: Vec<&Mutant> = kernel_mutants
+        .iter()
+        .filter(|u| !u.undoes.is_empty())
+        .map(|u| &u.mutant)
+        .collect();
+    if let Some(unknown) = names
+        .iter()
+        .find(|n| !undoing.iter().any(|m| &m.name == *n))
+    {
+        let known: Vec<&str> = undoing.iter().map(|m| m.name.as_str()).collect();
+        bail!(
+            "--prove {unknown}: no kernel mutant of that name undoes a patch; they are: {}",
+            known.join(", ")
+        );
+    }
+    for mutant in undoing
+        .into_iter()
+        .filter(|m| names.is_empty() || names.contains(&m.name))
+    {
+        let row = crate::stress::lifecycle::cli::run_mutant_as_stress_does(ws, mutant)?;
+        let run = match (&row.caught_at, &row.error, row.caught_by) {
+            (_, Some(e), _) => format!("NOT RUN: {}", e.lines().next().unwrap_or_default()),
+            (Some(_), None, Some(by)) => format!("{CAUGHT}: \"{by}\" ({})", human(row.time)),
+            (Some(n), None, None) => {
+                format!(
+                    "{CAUGHT}: the model, after {n} operations ({})",
+                    human(row.time)
+                )
+            }
+            (None, None, _) => format!("NOT CAUGHT ({}): {}", human(row.time), row.replay),
+        };
+        for proof in proofs.iter_mut() {
+            for m in proof.mutants.iter_mut().filter(|m| m.mutant == mutant.name) {
+                m.run = Some(run.clone());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The table of what each patch turns green.
+fn green_table(verdicts: &[Verdict], proofs: &[Proof]) -> String {
+    let mut out = String::from(
+        "\nWhat each patch turns green: a kernel mutant undoes part of it, and the\n\
+         check the mutant names must fail with it and pass on the series\n\
+         (`cargo xtask series --prove [MUTANT...]`):\n",
+    );
+    for (v, proof) in verdicts.iter().zip(proofs) {
+        let number = v.file.get(..4).unwrap_or(&v.file);
+        if let Some(why) = &proof.otherwise {
+            let _ = writeln!(out, "  {number}  no mutant: {why}");
+        }
+        for m in &proof.mutants {
+            let check = m
+                .check
+                .as_ref()
+                .map_or("the lifecycle model".to_string(), |c| format!("\"{c}\""));
+            let run = m.run.as_ref().map_or(String::new(), |r| format!("; {r}"));
+            let _ = writeln!(out, "  {number}  {check} (mutant {}){run}", m.mutant);
+        }
+    }
+    out
+}
+
 /// The series as `git send-email` would take it: the cover letter as
 /// `0000-cover-letter.patch`, its table filled in, then the patches.
 fn write_series(out: &Path, patches: &[PathBuf], letter: &str, table: &str) -> Result<()> {
@@ -414,6 +628,68 @@ total: 1 errors, 1 warnings, 1 checks, 657 lines checked
         );
         assert_eq!(numbered("perf/core: Add PERF_PMU_SCOPE_DEVICE"), None);
         assert_eq!(numbered("[PATCH] perf/core: Add it"), None);
+    }
+
+    #[test]
+    fn every_patch_is_proven_by_a_mutant_or_says_why_not() {
+        let titles = [
+            "perf/core: Fix it".to_string(),
+            "rust: perf: Bind it".into(),
+        ];
+        let undoing = |name: &str, subject: &str, check: Option<&str>| Undoing {
+            mutant: Mutant {
+                name: name.to_string(),
+                kind: MutantKind::KernelPatch,
+                file: PathBuf::from(format!("{name}.patch")),
+            },
+            undoes: vec![subject.to_string()],
+            check: check.map(str::to_string),
+        };
+        let fix = undoing("fix-undone", "perf/core: Fix it", Some("a check"));
+        let reasons = "# comment\nrust: perf: Bind it | an API with no user yet\n";
+        let (found, problems) = proofs(&titles, std::slice::from_ref(&fix), reasons);
+        assert!(problems.is_empty(), "{problems:?}");
+        assert_eq!(found[0].mutants[0].check.as_deref(), Some("a check"));
+        assert_eq!(
+            found[1].otherwise.as_deref(),
+            Some("an API with no user yet")
+        );
+
+        let (_, problems) = proofs(&titles, std::slice::from_ref(&fix), "");
+        assert!(problems[0].contains("does not say why"), "{problems:?}");
+        let both = "perf/core: Fix it | no need\nrust: perf: Bind it | an API\n";
+        let (_, problems) = proofs(&titles, std::slice::from_ref(&fix), both);
+        assert!(problems[0].contains("yet"), "{problems:?}");
+        let stray = undoing("stray", "perf/core: Gone", None);
+        let (_, problems) = proofs(&titles, &[fix, stray], reasons);
+        assert!(
+            problems[0].contains("no patch of the series"),
+            "{problems:?}"
+        );
+        let (_, problems) = proofs(&titles, &[], "rust: perf: Bind it: no bar\n");
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.contains("is not `SUBJECT | why`")),
+            "{problems:?}"
+        );
+    }
+
+    #[test]
+    fn the_repositorys_series_is_proven_patch_by_patch() {
+        let ws = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+        let patches = kernel::patches_in(ws, "patches").unwrap();
+        let titles: Vec<String> = patches
+            .iter()
+            .map(|p| {
+                let subject = subject_of(&fs::read_to_string(p).unwrap()).unwrap();
+                numbered(&subject).unwrap().2.to_string()
+            })
+            .collect();
+        let named = kernel_mutants(ws).unwrap();
+        let reasons = fs::read_to_string(kernel::images_dir(ws).join(WITHOUT_A_MUTANT)).unwrap();
+        let (_, problems) = proofs(&titles, &named, &reasons);
+        assert!(problems.is_empty(), "{problems:#?}");
     }
 
     #[test]

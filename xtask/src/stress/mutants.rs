@@ -59,6 +59,15 @@ impl Mutant {
         Ok(named_run_check(&text))
     }
 
+    /// The series patches it undoes part of: the subjects its file names on
+    /// lines `# Undoes: SUBJECT` (`cargo xtask series` shows the check it
+    /// names as what those patches turn green).
+    pub fn undoes(&self) -> Result<Vec<String>> {
+        let text = fs::read_to_string(&self.file)
+            .with_context(|| format!("reading {}", self.file.display()))?;
+        Ok(undone_subjects(&text))
+    }
+
     /// The first line of its file (without a comment's `#`): what it plants.
     pub fn summary(&self) -> String {
         let text = fs::read_to_string(&self.file).unwrap_or_default();
@@ -115,6 +124,21 @@ fn named_run_check(text: &str) -> Option<String> {
             let rest = line.trim_start_matches('#').trim().strip_prefix(PREFIX)?;
             Some(rest.split('"').next()?.to_string())
         })
+}
+
+/// The SUBJECTs of `# Undoes: SUBJECT` lines among a mutant's leading
+/// comment lines.
+fn undone_subjects(text: &str) -> Vec<String> {
+    text.lines()
+        .take_while(|l| l.starts_with('#'))
+        .filter_map(|line| {
+            let subject = line
+                .trim_start_matches('#')
+                .trim()
+                .strip_prefix("Undoes:")?;
+            Some(subject.trim().to_string())
+        })
+        .collect()
 }
 
 const DRIVER_DIR: &str = "guest-driver/mutants";
@@ -293,6 +317,16 @@ mod tests {
     /// A kernel series naming a patch or shim that was renamed or removed fails here, not after
     /// the minutes of unpacking a kernel for `stress --mutant` (whether the files still apply is
     /// only known to that build).
+    #[test]
+    fn a_mutant_names_the_patches_it_undoes_in_its_leading_comments_only() {
+        let text = "# Planted.\n# Undoes: perf/core: Add it\n#   Undoes: rust: perf: Bind it \n--- a/x\n# Undoes: not this\n";
+        assert_eq!(
+            undone_subjects(text),
+            ["perf/core: Add it", "rust: perf: Bind it"]
+        );
+        assert!(undone_subjects("# Planted.\n--- a/x\n").is_empty());
+    }
+
     #[test]
     fn every_kernel_series_of_the_repository_names_files_that_exist() {
         let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();

@@ -138,6 +138,19 @@ pub fn table(ws: &Path, args: &StressArgs) -> Result<Vec<MutantRow>> {
     Ok(rows)
 }
 
+/// `mutant`'s run as `cargo xtask stress --mutant NAME` makes it, every
+/// flag at its default.
+pub fn run_mutant_as_stress_does(ws: &Path, mutant: &Mutant) -> Result<MutantRow> {
+    #[derive(clap::Parser)]
+    struct Defaults {
+        #[command(flatten)]
+        args: StressArgs,
+    }
+    let defaults = <Defaults as clap::Parser>::try_parse_from(["stress"])
+        .context("the stress command's defaults")?;
+    run_mutant(ws, &defaults.args, mutant)
+}
+
 fn run_mutant(ws: &Path, args: &StressArgs, mutant: &Mutant) -> Result<MutantRow> {
     let ops = args.lifecycle.unwrap_or(MUTANT_OPS);
     let seed = match args.seed {
