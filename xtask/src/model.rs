@@ -1183,6 +1183,11 @@ impl Model {
         self.offline.remove(&cpu);
     }
 
+    /// Whether `cpu` is offline, as the model was told.
+    pub fn is_offline(&self, cpu: u32) -> bool {
+        self.offline.contains(&cpu)
+    }
+
     /// The first CPU online, of those the model was told about: where the
     /// core keeps a parked PMU's events.
     fn first_online(&self) -> u32 {
