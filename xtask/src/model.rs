@@ -553,6 +553,13 @@ struct EventState {
     /// open), the base of [`ValueRule::Clock`]; `None` once a RESET or a
     /// read without times parted the value's baseline from the times'.
     clock_base: Option<u64>,
+    /// perf's times (`time_enabled`, `time_running`) at the value's
+    /// baseline: the open's zeros, or the read that began the value window
+    /// and showed them; `None` once a RESET or a read without times parted
+    /// the value's baseline from the times'. Reads while parked leave the
+    /// value window open and reset the times' baseline: the shortfall of a
+    /// park stopped at its limit shows over the whole value window.
+    value_times: Option<(u64, u64)>,
     /// Steady traffic landed on its counter since the open: the count, in
     /// whole units, may lag the truth by the part of a unit not counted.
     flowed: bool,
@@ -981,6 +988,7 @@ impl Model {
                 gauge_maybe: BTreeSet::new(),
                 gauge_shown: 0,
                 clock_base: Some(0),
+                value_times: Some((0, 0)),
                 flowed: false,
                 times_read: false,
                 enabled_ns: 0,
@@ -1063,6 +1071,7 @@ impl Model {
                     e.gauge_maybe.clear();
                     e.gauge_shown = 0;
                     e.clock_base = None;
+                    e.value_times = None;
                 }
             }
         }
@@ -1172,6 +1181,11 @@ impl Model {
     pub fn cpu_online(&mut self, cpu: u32) {
         self.epoch();
         self.offline.remove(&cpu);
+    }
+
+    /// Whether `cpu` is offline, as the model was told.
+    pub fn is_offline(&self, cpu: u32) -> bool {
+        self.offline.contains(&cpu)
     }
 
     /// The first CPU online, of those the model was told about: where the
@@ -1716,6 +1730,15 @@ impl Model {
             false => seen.value.saturating_sub(base),
         };
         let shown = self.events[&handle].shown;
+        // perf's times since the value's baseline, where both are known:
+        // they show a park's shortfall also when reads while parked reset
+        // the times' baseline since.
+        let value_deltas = match self.events[&handle].value_times {
+            Some((en0, run0)) if holds(Rule::ShortfallSinceTheValueBaseline) => {
+                times.map(|(en, run)| (en.wrapping_sub(en0), run.wrapping_sub(run0)))
+            }
+            _ => deltas,
+        };
         let gauge_maybe = &self.events[&handle].gauge_maybe;
         match want.value {
             ValueRule::Parked { base, hi } => {
@@ -1750,7 +1773,12 @@ impl Model {
                 lossy,
             } => {
                 let got = back(base);
-                let short_ok = lossy && deltas.is_some_and(|(en, run)| run < en);
+                let short_ok = lossy && value_deltas.is_some_and(|(en, run)| run < en);
+                // A read without times claims no running: it may show the
+                // count of a park stopped at its limit short, as perf's
+                // times, had it asked, would show.
+                let short_unshown_ok =
+                    lossy && times.is_none() && holds(Rule::ShortfallUnshownWithoutTimes);
                 // `target` give or take the steady traffic not placed.
                 let near = |target: u64| {
                     (target.saturating_sub(short)..=target.saturating_add(over)).contains(&got)
@@ -1780,6 +1808,7 @@ impl Model {
                 } else if (got > hi.saturating_add(over) && holds(Rule::CountAtMostLanded))
                     || (got < lo.saturating_sub(short)
                         && !short_ok
+                        && !short_unshown_ok
                         && holds(Rule::CountAtLeastSure))
                 {
                     mismatch(Field::Value, range, format!("+{got}"));
@@ -1886,6 +1915,7 @@ impl Model {
             e.value = seen.value;
             e.shown = 0;
             e.value_window = Window::FRESH;
+            e.value_times = times;
             if matches!(e.spec.kind, Kind::Gauge { .. }) {
                 e.gauge = Some(seen.value);
                 e.gauge_maybe.clear();

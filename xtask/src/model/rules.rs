@@ -90,6 +90,15 @@ rules! {
     /// after the perf core stopped its events at the driver's time limit,
     /// whatever landed, shown as `Δrunning < Δenabled`.
     PolledParkMayCountShort,
+    /// A park's short count is shown by perf's times since the value's
+    /// baseline, reads while parked between.
+    ShortfallSinceTheValueBaseline,
+    /// A read without times may show a park's count short: it claims no
+    /// running.
+    ShortfallUnshownWithoutTimes,
+    /// A move off the domain's last CPU online parks the PMU, and the
+    /// CPU's return places it again.
+    LastCpuFlapParks,
     /// RESET zeroes the count (and a gauge's fold), not the times, parked
     /// or not.
     Reset,
@@ -367,6 +376,9 @@ mod tests {
         HeavyParkMayCountShort => model::a_heavy_park_may_count_short_only_as_less_running,
             model::a_read_while_parked_after_heavy_traffic_may_show_running_stopped;
         PolledParkMayCountShort => model::a_park_without_a_line_may_show_running_stopped_after_light_traffic;
+        ShortfallSinceTheValueBaseline => model::a_parks_shortfall_shows_over_the_values_window_across_reads_while_parked;
+        ShortfallUnshownWithoutTimes => model::a_read_without_times_may_show_a_stopped_parks_count_short;
+        LastCpuFlapParks => replay::a_move_off_the_last_cpu_online_is_a_park_and_a_placement;
         Reset => model::reset_zeroes_the_value_not_the_times,
             model::reset_while_parked_counts_only_what_landed_after_it,
             model::a_parked_gauge_reads_its_last_fold_and_zero_after_a_reset;

@@ -8,6 +8,12 @@ const SHAPE: DeviceShape = DeviceShape {
     max_rate: 2 << 30,
     lined_pmus: 2,
 };
+/// [`SHAPE`] with an interrupt line for PMU 0 only: PMU 1 is polled, and
+/// the perf core stops its parks at the driver's time limit.
+const POLLED: DeviceShape = DeviceShape {
+    lined_pmus: 1,
+    ..SHAPE
+};
 const TOTAL: u32 = 2;
 
 fn counter(pmu: u32, rmid: u32) -> OpenSpec {
@@ -549,11 +555,7 @@ pub(super) fn a_read_while_parked_after_heavy_traffic_may_show_running_stopped()
 
 #[test]
 pub(super) fn a_park_without_a_line_may_show_running_stopped_after_light_traffic() {
-    let polled = DeviceShape {
-        lined_pmus: 1,
-        ..SHAPE
-    };
-    let mut m = Model::new(polled);
+    let mut m = Model::new(POLLED);
     m.open(1, counter(0, 1));
     m.open(2, counter(1, 1));
     assert_eq!(fields(&mut m, 1, seen(0, 1000, 1000)), vec![]);
@@ -579,6 +581,70 @@ pub(super) fn a_park_without_a_line_may_show_running_stopped_after_light_traffic
         fields(&mut m, 2, seen(64 << 20, 3000, 1200)),
         vec![],
         "what landed after the stop is not counted, shown as less running"
+    );
+}
+
+/// A park of a PMU without a line stopped at its time limit, read while
+/// parked (which resets the times' baseline, not the value's), then
+/// disabled in the park: the read after the placement shows no time since
+/// the last, but the value's window holds the whole shortfall (operation
+/// 3761 of a 16-CPU lifecycle run).
+#[test]
+pub(super) fn a_parks_shortfall_shows_over_the_values_window_across_reads_while_parked() {
+    // The running times the two reads while parked show.
+    let parked_then_disabled = |first: u64, second: u64| {
+        let mut m = Model::new(POLLED);
+        m.open(1, counter(1, 1));
+        m.park(1);
+        m.parks_checked();
+        assert_eq!(fields(&mut m, 1, seen(0, 1000, first)), vec![]);
+        m.burst(1, TOTAL, 1, 640);
+        m.parks_checked();
+        m.ioctl(1, Ioctl::Disable, false);
+        m.parks_checked();
+        assert_eq!(fields(&mut m, 1, seen(0, 2000, second)), vec![]);
+        m.unpark(1);
+        m
+    };
+    let mut stopped = parked_then_disabled(300, 300);
+    assert_eq!(
+        fields(&mut stopped, 1, seen(0, 2000, 300)),
+        vec![],
+        "short, shown as less running since the value's baseline"
+    );
+    let mut ran = parked_then_disabled(1000, 2000);
+    assert_eq!(
+        fields(&mut ran, 1, seen(0, 2000, 2000)),
+        vec![Field::Value],
+        "short at 100 % running"
+    );
+}
+
+/// A read without times claims no running: after a park of a PMU without
+/// a line it may show the count short (operation 6229 of a 16-CPU
+/// lifecycle run); after a light park of one with a line it may not.
+#[test]
+pub(super) fn a_read_without_times_may_show_a_stopped_parks_count_short() {
+    let parked = |pmu: u32| {
+        let mut m = Model::new(POLLED);
+        m.open(1, counter(pmu, 1));
+        m.park(pmu);
+        m.parks_checked();
+        m.burst(pmu, TOTAL, 1, 640);
+        m.parks_checked();
+        m.unpark(pmu);
+        m.burst(pmu, TOTAL, 1, 128);
+        m
+    };
+    assert_eq!(
+        fields(&mut parked(1), 1, value_only(128)),
+        vec![],
+        "the park of a PMU without a line may have stopped"
+    );
+    assert_eq!(
+        fields(&mut parked(0), 1, value_only(128)),
+        vec![Field::Value],
+        "a light park with a line counts all"
     );
 }
 

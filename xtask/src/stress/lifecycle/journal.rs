@@ -6,6 +6,7 @@
 use perfbed_agent::PerfOp;
 use serde::{Deserialize, Serialize};
 
+use crate::model::rules::{holds, Rule};
 use crate::model::{DeviceShape, Handle, Ioctl, Kind, Model, OpenSpec};
 
 /// The journal file's first line: what the replay needs besides the steps.
@@ -54,12 +55,24 @@ impl Cpus {
         match *step {
             Step::Move { domain } => {
                 let old = self.owner(domain);
+                // The owner was the domain's last CPU online: its offline
+                // parks the PMU, and its online places it there again.
+                let parks = old.is_some_and(|o| {
+                    owner.map_or_else(|| self.last_online(model, domain, o), |now| now == o)
+                }) && holds(Rule::LastCpuFlapParks);
                 if let Some(cpu) = old {
                     model.cpu_offline(cpu);
                 }
-                model.moved(domain);
+                if parks {
+                    model.park(domain);
+                } else {
+                    model.moved(domain);
+                }
                 if let Some(cpu) = old {
                     model.cpu_online(cpu);
+                }
+                if parks {
+                    model.unpark(domain);
                 }
                 self.set_owner(domain, owner.or(old));
             }
@@ -90,6 +103,13 @@ impl Cpus {
 
     fn owner(&self, domain: u32) -> Option<u32> {
         self.owners.get(domain as usize).copied().flatten()
+    }
+
+    /// Whether `cpu` is the only CPU of `domain` online.
+    fn last_online(&self, model: &Model, domain: u32, cpu: u32) -> bool {
+        self.domains
+            .get(domain as usize)
+            .is_some_and(|d| d.iter().all(|&c| c == cpu || model.is_offline(c)))
     }
 
     fn set_owner(&mut self, domain: u32, owner: Option<u32>) {

@@ -1150,6 +1150,46 @@ pub(crate) mod tests {
         );
     }
 
+    /// A move whose owner is its domain's last CPU online parks the PMU
+    /// and places it on that CPU again when it is back (operations 7064
+    /// and 7078 of a 16-CPU lifecycle run): the park of a PMU without a
+    /// line may outlast the driver's time limit, shown as less running. A
+    /// move to another CPU online is seamless: the same shortfall is a
+    /// finding.
+    #[test]
+    pub(crate) fn a_move_off_the_last_cpu_online_is_a_park_and_a_placement() {
+        let polled = DeviceShape {
+            lined_pmus: 1,
+            ..SHAPE
+        };
+        let cpus = Cpus::homed(&[vec![0, 1], vec![2, 3]]);
+        let journal = |online: Vec<Entry>, now: u64| {
+            let mut journal = vec![
+                open(1, false),
+                ok(Step::Park { domain: 1 }, vec![]),
+                ok(Step::Unpark { domain: 1, cpu: 2 }, vec![2]),
+                ok(Step::Read { handle: 1 }, vec![0, 1000, 900]),
+            ];
+            journal.extend(online);
+            journal.push(ok(Step::Move { domain: 1 }, vec![now]));
+            journal.push(ok(Step::Read { handle: 1 }, vec![0, 3000, 2500]));
+            journal
+        };
+        let last = replay_on(polled, &cpus, &journal(vec![], 2));
+        assert_eq!(last.findings, vec![], "parked, and stopped at its limit");
+        let moved = replay_on(
+            polled,
+            &cpus,
+            &journal(vec![ok(Step::Online { cpu: 3 }, vec![])], 3),
+        );
+        assert_eq!(moved.findings.len(), 1, "{:?}", moved.findings);
+        assert!(
+            moved.findings[0].text.contains("time_running"),
+            "{:?}",
+            moved.findings
+        );
+    }
+
     /// The device counts whole units of 64 bytes: a count fed steady
     /// traffic lags the truth by the part of a unit it has not counted yet,
     /// and shows it once the unit is whole.
