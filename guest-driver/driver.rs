@@ -947,6 +947,10 @@ impl Domain {
                 lost_ns: s.lost_ns,
             },
         );
+        // End the holder's assignment in the device too: the next holder may count the same
+        // event and RMID, and an assignment that differs from a frozen one only in the frozen
+        // bit thaws it in place, counts kept (the holder's, counted twice).
+        self.dev.mmio.write(self.slot_ctl_reg(slot), 0);
         hw.slots[slot] = Slot::FREE;
         hw.held -= 1;
     }
