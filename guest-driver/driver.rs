@@ -1537,6 +1537,9 @@ impl Pmu for DomainPmu {
         // The poll reads the owner each time: it follows the domain without more ado. The
         // interrupt's affinity does not: point it at the new owner (or away, on a park).
         if let Some(line) = &self.line {
+            if let Some(cpu) = owner {
+                domain.ack_before_placement(cpu);
+            }
             irq::follow(line, domain, owner);
         }
         match owner {

@@ -109,8 +109,9 @@ pub(crate) struct DomainIrq {
     pub(crate) on_owner: AtomicU64,
     /// Interrupts that arrived on a CPU that was not the owner (left to the owner's poll).
     pub(crate) off_owner: AtomicU64,
-    /// Such an interrupt left the overflow status for the owner's poll to ack, which then
-    /// visits the owner even with no slot held.
+    /// An overflow status is up for an owner to ack: an interrupt taken off the owner left it
+    /// for the owner's poll, which then visits the owner even with no slot held, or a parked
+    /// threshold raised it, which the placement acks on the new owner.
     pub(crate) ack_owed: AtomicBool,
 }
 
@@ -184,11 +185,32 @@ impl Domain {
         let ctl = self.reg(regs::DOM_IRQ_CTL);
         self.dev.mmio.write(ctl, CTL_CONFIG_ONLY);
         if config == 0 {
+            self.irq.ack_owed.store(true, Ordering::Relaxed);
             self.park_stop.store(true, Ordering::Relaxed);
             self.replacement.kick_now();
         } else {
             self.dev.mmio.write(ctl, CTL_PARKED);
         }
+    }
+
+    /// At a placement, before the overflow interrupt goes back on: acks on the new owner `cpu` an
+    /// overflow status left up (a park stopped by its threshold, where nobody may ack it). Left
+    /// up, it would raise the line at once, where x86 may take it off the owner (it moves a
+    /// line's target lazily) and leave the ack to a poll; a park that came before that poll
+    /// would see the stale status and be stopped from its start.
+    pub(crate) fn ack_before_placement(&self, cpu: u32) {
+        if !self.irq.ack_owed.load(Ordering::Relaxed) {
+            return;
+        }
+        // An offline owner (`ENXIO`) is left alone: the perf core moves the domain away.
+        let _ = crate::hw::on_cpu(cpu, || {
+            crate::hw::with_irqs_off(|| {
+                let hw = self.hw.lock();
+                if self.reads_here(&hw) {
+                    self.ack_in_poll();
+                }
+            });
+        });
     }
 
     /// In the poll, on the owner with the domain's lock held: acks the overflow status, so that an
