@@ -213,9 +213,11 @@ impl Domain {
         });
     }
 
-    /// In the poll, on the owner with the domain's lock held: acks the overflow status, so that an
-    /// interrupt that went elsewhere during a move does not leave the line up with no edge to
-    /// come. The caller has just read every held slot.
+    /// On the owner with the domain's lock held: acks the overflow status, so that an interrupt
+    /// that went elsewhere during a move, or a stopped park's threshold, does not leave the line
+    /// up with no edge to come. In the poll and at a park the caller has just read every held
+    /// slot; at a placement ([`Domain::ack_before_placement`]) the new owner's read, or the poll
+    /// it kicks, follows.
     pub(crate) fn ack_in_poll(&self) {
         if self.irq.enabled.load(Ordering::Relaxed) {
             self.dev.mmio.read(self.reg(regs::DOM_IRQ_STATUS));
