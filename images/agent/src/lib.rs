@@ -429,6 +429,13 @@ pub enum HostRequest {
         hotplug_ops: u32,
         toggle_cpus: Vec<u32>,
         keep: u32,
+        /// Open one event of `attr` on `cpu` first, as a group's leader
+        /// (kept, the one value of `final_values`), and make the loop's
+        /// opens cpu-clock siblings of it on `cpu` instead (each read and
+        /// closed at once): opens that must follow the group's CPU while
+        /// it moves.
+        #[serde(default)]
+        software_siblings: bool,
     },
     /// Map `size` bytes of physical memory at `base` (through `/dev/mem`) and
     /// make `accesses` in order, each from its CPU. A way to drive a device

@@ -202,7 +202,15 @@ fn handle(
             hotplug_ops,
             toggle_cpus,
             keep,
-        } => match perf::open_race(&attr, cpu, hotplug_ops, &toggle_cpus, keep) {
+            software_siblings,
+        } => match perf::open_race(
+            &attr,
+            cpu,
+            hotplug_ops,
+            &toggle_cpus,
+            keep,
+            software_siblings,
+        ) {
             Ok(result) => AgentMessage::Race(result),
             Err(error) => AgentMessage::Error { error },
         },

@@ -305,10 +305,27 @@ pub fn open_race(
     hotplug_ops: u32,
     toggle_cpus: &[u32],
     keep: u32,
+    software_siblings: bool,
 ) -> Result<RaceResult, String> {
     if toggle_cpus.is_empty() || hotplug_ops == 0 {
         return Err("the race needs CPUs to toggle and a number of hotplug operations".into());
     }
+    // With siblings, the loop opens cpu-clock events into the group of a
+    // leader of `attr`, opened before any CPU moves.
+    let cpu_clock = PerfAttr {
+        type_: 1,  // PERF_TYPE_SOFTWARE
+        config: 0, // PERF_COUNT_SW_CPU_CLOCK
+        ..PerfAttr::default()
+    };
+    let leader = if software_siblings {
+        Some(open(attr, -1, cpu, -1).map_err(|e| format!("the race's group leader: {e}"))?)
+    } else {
+        None
+    };
+    let (loop_attr, group_fd, keep) = match &leader {
+        Some(fd) => (&cpu_clock, fd.as_raw_fd(), 0),
+        None => (attr, -1, keep),
+    };
     let done = Arc::new(AtomicBool::new(false));
     let ops = Arc::new(AtomicU32::new(0));
     let toggler = {
@@ -333,7 +350,7 @@ pub fn open_race(
     let mut errors = BTreeMap::<String, u32>::new();
     while !done.load(Ordering::Acquire) {
         attempts += 1;
-        match open(attr, -1, cpu, -1) {
+        match open(loop_attr, -1, cpu, group_fd) {
             Ok(fd) => {
                 opened += 1;
                 // Reading makes the PMU's read run where the event counts.
@@ -353,7 +370,7 @@ pub fn open_race(
         crate::set_cpu_online(c, true)?;
     }
     let mut final_values = Vec::new();
-    for fd in &kept {
+    for fd in leader.iter().chain(&kept) {
         final_values.push(
             read(fd)
                 .map_err(|e| e.to_string())?

@@ -243,6 +243,7 @@ pub fn run(vm: &mut Vm, timeout: Duration) -> Result<Vec<Check>> {
         hotplug_ops: RACE_HOTPLUG_OPS,
         toggle_cpus: A_ALLOWED.to_vec(),
         keep: RACE_KEEP,
+        software_siblings: false,
     })? {
         AgentMessage::Race(race) => race,
         other => bail!("the open race: {other:?}"),

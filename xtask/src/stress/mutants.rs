@@ -383,6 +383,10 @@ mod tests {
             "branch-stack-accepted",
             "an open attribute for sample_type and branch_sample_type, and the model refusing it with EINVAL",
         ),
+        (
+            "sibling-open-fails-where-its-group-left",
+            "a line that opens siblings in a loop inside the guest while a move runs: its race window is microseconds of a move, which thousands of opens meet a few times and a scenario's host-driven opens, one a line, almost never",
+        ),
     ];
 
     /// Every mutant names, as the check that must catch it, a scenario of

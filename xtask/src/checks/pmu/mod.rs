@@ -33,6 +33,10 @@ pub type CtxCheck = fn(&mut Ctx) -> Result<Check>;
 /// its `Check` carries.
 const AROUND_MOVES: &[(&str, CtxCheck)] = &[
     ("opens racing moves", opens_racing_moves::opens_racing_moves),
+    (
+        "software siblings racing moves",
+        opens_racing_moves::software_siblings_racing_moves,
+    ),
     ("BPF reads while moving", bpf_reads::while_moving),
 ];
 

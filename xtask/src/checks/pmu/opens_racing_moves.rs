@@ -55,6 +55,7 @@ pub fn opens_racing_moves(ctx: &mut Ctx) -> Result<Check> {
                 hotplug_ops: RACE_HOTPLUG_OPS,
                 toggle_cpus: allowed.clone(),
                 keep: 16,
+                software_siblings: false,
             })? {
                 AgentMessage::Race(race) => race,
                 other => bail!("the open race: {other:?}"),
@@ -112,6 +113,65 @@ pub fn opens_racing_moves(ctx: &mut Ctx) -> Result<Check> {
         ),
     ))
 }
+
+/// cpu-clock siblings opened into a device group, and closed again, in a
+/// loop while the group's PMU moves over the movable domain's CPUs, one
+/// offline at a time (so it never parks): each sibling follows the group's
+/// CPU (kernel patch 0006), and no open fails at all, not even when the
+/// CPU it read from the group goes offline before the open takes that
+/// CPU's context. Opens that met a move and were made again show in the
+/// PMU's `open_retries`: reported, not judged, as whether one meets the
+/// few microseconds of a move's hold on the context is up to the
+/// scheduler.
+pub fn software_siblings_racing_moves(ctx: &mut Ctx) -> Result<Check> {
+    let (d, allowed) = movable_domain(ctx)?;
+    let attr = ctx.attr(d, Event::MbmTotalBytes, 7);
+    let retries_before = ctx.g.pmu_count(&pmu_name(d), "open_retries")?;
+    let race = match ctx.g.ask(HostRequest::PerfOpenRace {
+        attr,
+        cpu: 0,
+        hotplug_ops: SIBLING_RACE_HOTPLUG_OPS,
+        toggle_cpus: allowed.clone(),
+        keep: 0,
+        software_siblings: true,
+    })? {
+        AgentMessage::Race(race) => race,
+        other => bail!("the sibling open race: {other:?}"),
+    };
+    let retries = ctx
+        .g
+        .pmu_count(&pmu_name(d), "open_retries")?
+        .saturating_sub(retries_before);
+    let mut problems = Vec::new();
+    let refused = race.attempts - race.opened;
+    if refused != 0 {
+        problems.push(format!(
+            "{refused} of {} sibling opens failed ({} with EBUSY, others {:?}); the group never parked, so none may",
+            race.attempts, race.busy, race.other_errors
+        ));
+    }
+    if race.hotplug_ops != SIBLING_RACE_HOTPLUG_OPS || race.opened == 0 {
+        problems.push(format!(
+            "{} of {SIBLING_RACE_HOTPLUG_OPS} hotplug operations, {} sibling opens succeeded",
+            race.hotplug_ops, race.opened
+        ));
+    }
+    Ok(Check::from_problems(
+        "software siblings racing moves",
+        problems,
+        format!(
+            "{} cpu-clock siblings opened into a group of {} during {} hotplug operations on CPUs {allowed:?}: {} opened, {retries} made again after a move",
+            race.attempts,
+            pmu_name(d),
+            race.hotplug_ops,
+            race.opened
+        ),
+    ))
+}
+
+/// Hotplug operations of the sibling race: two moves of the PMU each
+/// round of the domain's CPUs.
+const SIBLING_RACE_HOTPLUG_OPS: u32 = 48;
 
 /// The rounds of the race as one: their counts added, their errors listed
 /// together.
