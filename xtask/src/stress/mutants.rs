@@ -384,6 +384,10 @@ mod tests {
             "an open attribute for sample_type and branch_sample_type, and the model refusing it with EINVAL",
         ),
         (
+            "parked-pmu-rotated",
+            "a line that reads which CPUs have a perf mux timer armed (the guest's /proc/timer_list): undone, the rule changed no count or time that nine park scenarios with contention judge",
+        ),
+        (
             "sibling-open-fails-where-its-group-left",
             "a line that opens siblings in a loop inside the guest while a move runs: its race window is microseconds of a move, which thousands of opens meet a few times and a scenario's host-driven opens, one a line, almost never",
         ),
