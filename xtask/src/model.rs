@@ -223,8 +223,8 @@ pub struct OpenSpec {
 pub enum Refusal {
     /// `ENODEV`: the PMU is parked (none of its allowed CPUs is online).
     Parked,
-    /// `EINVAL`: the group would need more slots than the domain has, or
-    /// mixes two device PMUs.
+    /// `EINVAL`: the group would need more slots than the domain has,
+    /// mixes two device PMUs, or a sibling is pinned or exclusive.
     BadGroup,
     /// `EBADF`: the leader is not open.
     NoLeader,
@@ -903,6 +903,9 @@ impl Model {
             && holds(Rule::OfflineCpuRefusesGroupOpens)
         {
             return Err(Refusal::Parked);
+        }
+        if (spec.pinned || spec.exclusive) && holds(Rule::OnlyLeadersPinOrExclude) {
+            return Err(Refusal::BadGroup);
         }
         let members = self.group(leader);
         let mut pmu = spec.kind.pmu();

@@ -201,6 +201,8 @@ rules! {
     GroupNeedsLeader,
     /// `EINVAL` for a sibling as leader.
     SiblingCannotLead,
+    /// `EINVAL` for a pinned or exclusive sibling: only a leader may be.
+    OnlyLeadersPinOrExclude,
     /// `EINVAL` for a group on two device PMUs.
     GroupOnOnePmu,
     /// `EINVAL` for a group needing more slots than the domain has.
@@ -429,6 +431,7 @@ mod tests {
             replay::refusals_and_handles_are_checked;
         GroupNeedsLeader => model::opens_the_kernel_must_refuse;
         SiblingCannotLead => model::opens_the_kernel_must_refuse;
+        OnlyLeadersPinOrExclude => model::opens_the_kernel_must_refuse;
         GroupOnOnePmu => model::opens_the_kernel_must_refuse;
         GroupFitsSlots => model::opens_the_kernel_must_refuse;
         SlotsBound => model::at_most_slots_counters_run_at_once;

@@ -364,6 +364,21 @@ pub(super) fn opens_the_kernel_must_refuse() {
         Err(Refusal::NoLeader)
     );
     assert_eq!(m.predict_open(&software().under(1)), Ok(()));
+    for (pinned, exclusive) in [(true, false), (false, true)] {
+        // A gauge takes no slot, so only the rule refuses it here.
+        for sibling in [gauge(0, 3), software()] {
+            let spec = OpenSpec {
+                pinned,
+                exclusive,
+                ..sibling.under(1)
+            };
+            assert_eq!(
+                m.predict_open(&spec),
+                Err(Refusal::BadGroup),
+                "a pinned or exclusive sibling: {spec:?}"
+            );
+        }
+    }
     m.park(1);
     assert_eq!(m.predict_open(&counter(1, 1)), Err(Refusal::Parked));
     assert_eq!(m.predict_open(&counter(0, 1)), Ok(()));
