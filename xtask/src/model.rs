@@ -224,7 +224,8 @@ pub enum Refusal {
     /// `ENODEV`: the PMU is parked (none of its allowed CPUs is online).
     Parked,
     /// `EINVAL`: the group would need more slots than the domain has,
-    /// mixes two device PMUs, or a sibling is pinned or exclusive.
+    /// mixes two device PMUs, a sibling is pinned or exclusive, or a
+    /// device event joins a software group on another CPU than its PMU's.
     BadGroup,
     /// `EBADF`: the leader is not open.
     NoLeader,
@@ -878,6 +879,17 @@ impl Model {
 
     /// What an open of `spec` should give: `Ok` or the refusal.
     pub fn predict_open(&self, spec: &OpenSpec) -> Result<(), Refusal> {
+        self.predict_open_on(spec, None)
+    }
+
+    /// [`Model::predict_open`] where the caller knows the CPU the device
+    /// PMU of `spec` counts on now (`pmu_cpu`; `None`: not known). The
+    /// model is told of moves, not of the CPUs they pick; a replay that
+    /// follows the owners knows. perf binds a device event to its PMU's
+    /// CPU, and refuses a sibling of a group on another CPU: a device
+    /// event opened into a group of software events joins it only on the
+    /// CPU the group was opened on.
+    pub fn predict_open_on(&self, spec: &OpenSpec, pmu_cpu: Option<u32>) -> Result<(), Refusal> {
         if let Some(pmu) = spec.kind.pmu() {
             if self.is_parked(pmu) && holds(Rule::ParkedRefusesOpens) {
                 return Err(Refusal::Parked);
@@ -895,6 +907,17 @@ impl Model {
         if l.leader != leader && holds(Rule::SiblingCannotLead) {
             // A sibling cannot lead: perf refuses with EINVAL.
             return Err(Refusal::BadGroup);
+        }
+        // Checked before the group's CPU is known to be online: the device
+        // event is bound to its PMU's CPU, which is.
+        if let (Some(p), Some(at), None, Some(group_cpu)) =
+            (spec.kind.pmu(), pmu_cpu, l.group_pmu, l.cpu)
+        {
+            let placed = !self.placement_is_unknown(p)
+                && !self.pmus.get(p as usize).is_some_and(|s| s.moving);
+            if placed && at != group_cpu && holds(Rule::DeviceJoinsSoftwareGroupOnItsCpu) {
+                return Err(Refusal::BadGroup);
+            }
         }
         // A group of software events lives in its CPU's context, which
         // takes no opens while that CPU is offline.

@@ -203,6 +203,9 @@ rules! {
     SiblingCannotLead,
     /// `EINVAL` for a pinned or exclusive sibling: only a leader may be.
     OnlyLeadersPinOrExclude,
+    /// `EINVAL` for a device event opened into a group of software events
+    /// on another CPU than its PMU's.
+    DeviceJoinsSoftwareGroupOnItsCpu,
     /// `EINVAL` for a group on two device PMUs.
     GroupOnOnePmu,
     /// `EINVAL` for a group needing more slots than the domain has.
@@ -432,6 +435,7 @@ mod tests {
         GroupNeedsLeader => model::opens_the_kernel_must_refuse;
         SiblingCannotLead => model::opens_the_kernel_must_refuse;
         OnlyLeadersPinOrExclude => model::opens_the_kernel_must_refuse;
+        DeviceJoinsSoftwareGroupOnItsCpu => model::a_device_event_joins_a_software_group_only_on_its_cpu;
         GroupOnOnePmu => model::opens_the_kernel_must_refuse;
         GroupFitsSlots => model::opens_the_kernel_must_refuse;
         SlotsBound => model::at_most_slots_counters_run_at_once;

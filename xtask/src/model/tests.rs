@@ -391,6 +391,37 @@ pub(super) fn opens_the_kernel_must_refuse() {
     );
 }
 
+/// perf binds a device event to its PMU's CPU and refuses a sibling of a
+/// group on another CPU: a device event joins a group of software events
+/// only on the CPU the group was opened on (the red team of the open path
+/// found the model opening it).
+#[test]
+pub(super) fn a_device_event_joins_a_software_group_only_on_its_cpu() {
+    let mut m = Model::new(SHAPE);
+    m.open_on(1, software(), Some(1));
+    let sibling = counter(0, 1).under(1);
+    assert_eq!(
+        m.predict_open_on(&sibling, Some(0)),
+        Err(Refusal::BadGroup),
+        "the PMU on CPU 0, the group on CPU 1"
+    );
+    assert_eq!(
+        m.predict_open_on(&sibling, Some(1)),
+        Ok(()),
+        "both on CPU 1"
+    );
+    assert_eq!(
+        m.predict_open_on(&sibling, None),
+        Ok(()),
+        "the PMU's CPU not known"
+    );
+    // A software sibling names its CPU itself.
+    assert_eq!(m.predict_open_on(&software().under(1), Some(0)), Ok(()));
+    // While the PMU moves unseen, where it counts is not known.
+    m.moves_unseen(0, true);
+    assert_eq!(m.predict_open_on(&sibling, Some(0)), Ok(()));
+}
+
 #[test]
 pub(super) fn a_pmu_contended_during_a_park_counts_nothing_sure_until_it_is_placed() {
     // Seed 1, operation 372 of `--lifecycle 1000`: an event the parked

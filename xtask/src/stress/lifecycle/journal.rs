@@ -101,7 +101,8 @@ impl Cpus {
         }
     }
 
-    fn owner(&self, domain: u32) -> Option<u32> {
+    /// Domain `domain`'s CPU as followed (`None`: parked, or not known).
+    pub fn owner(&self, domain: u32) -> Option<u32> {
         self.owners.get(domain as usize).copied().flatten()
     }
 

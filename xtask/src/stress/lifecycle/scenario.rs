@@ -1795,7 +1795,8 @@ pub fn wants_against_model(scenario: &Scenario, shape: DeviceShape) -> Vec<Scena
                 if let Some(cpu) = op.on_owner.and_then(|d| p.owner(d)) {
                     event.cpu = cpu as i32;
                 }
-                let predicted = p.model.predict_open(&event.spec());
+                let pmu_cpu = event.pmu.and_then(|d| p.owner(d));
+                let predicted = p.model.predict_open_on(&event.spec(), pmu_cpu);
                 // On a domain in doubt it may open or be refused: no want.
                 let racing = event.pmu.is_some_and(|d| p.model.placement_is_unknown(d));
                 match (op.wants.first(), predicted) {
