@@ -417,9 +417,14 @@ pub(super) fn a_device_event_joins_a_software_group_only_on_its_cpu() {
     );
     // A software sibling names its CPU itself.
     assert_eq!(m.predict_open_on(&software().under(1), Some(0)), Ok(()));
-    // While the PMU moves unseen, where it counts is not known.
+    // While the PMU moves unseen, or its placement is in doubt (a set
+    // not waited for), the CPU a replay last followed it to may be stale.
+    m.placement_unknown(0);
+    assert_eq!(m.predict_open_on(&sibling, Some(0)), Ok(()), "in doubt");
+    m.placement_seen(0, false);
+    assert_eq!(m.predict_open_on(&sibling, Some(0)), Err(Refusal::BadGroup));
     m.moves_unseen(0, true);
-    assert_eq!(m.predict_open_on(&sibling, Some(0)), Ok(()));
+    assert_eq!(m.predict_open_on(&sibling, Some(0)), Ok(()), "moving");
 }
 
 #[test]

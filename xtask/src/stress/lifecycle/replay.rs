@@ -123,11 +123,9 @@ pub fn replay_on(shape: DeviceShape, cpus: &Cpus, journal: &[Entry]) -> Replay {
             (Step::Open { event, expect }, result) => {
                 out.longest_open_ns = out.longest_open_ns.max(entry.took_ns);
                 let spec = event.spec();
-                // Where its PMU counts, if the journal follows it.
-                let pmu_cpu = event
-                    .pmu
-                    .filter(|d| !doubt.contains(d))
-                    .and_then(|d| cpus.owner(d));
+                // Where its PMU counts, if the journal follows it (the
+                // model leaves a domain in doubt out itself).
+                let pmu_cpu = event.pmu.and_then(|d| cpus.owner(d));
                 let predicted = model.predict_open_on(&spec, pmu_cpu);
                 // Maybe parked: refused with ENODEV or opened, either is right.
                 let unknown = event.pmu.is_some_and(|d| model.placement_is_unknown(d))
@@ -701,10 +699,7 @@ impl Predictor {
         let model = &mut self.model;
         match step {
             Step::Open { event, expect } => {
-                let pmu_cpu = event
-                    .pmu
-                    .filter(|d| !self.doubt.contains(d))
-                    .and_then(|d| self.cpus.owner(d));
+                let pmu_cpu = event.pmu.and_then(|d| self.cpus.owner(d));
                 if model.predict_open_on(&event.spec(), pmu_cpu).is_ok() {
                     model.open_on(*expect, event.spec(), bound_cpu(event));
                     self.formats.insert(*expect, event.read_format);
