@@ -21,7 +21,7 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::host::console::kernel_log_problems;
+use crate::host::console::{first_report, kernel_log_problems};
 use crate::trace::SavedTrace;
 
 /// One verdict: what was checked, whether it held, and the evidence.
@@ -46,12 +46,19 @@ pub struct Report {
 /// Fails on any WARN, BUG, oops, lockdep or RCU report in the kernel log.
 pub fn clean_log_check(serial_log: &std::path::Path) -> Check {
     let log = std::fs::read_to_string(serial_log).unwrap_or_default();
-    let problems = kernel_log_problems(&log);
-    Check::from_problems(
+    let mut check = Check::from_problems(
         "clean kernel log",
-        problems,
+        kernel_log_problems(&log),
         "no WARN, BUG, oops, lockdep or RCU report".into(),
-    )
+    );
+    if let Some(report) = first_report(&log) {
+        check.detail = format!(
+            "{}\n    the first report:\n      {}",
+            check.detail,
+            report.replace('\n', "\n      ")
+        );
+    }
+    check
 }
 
 /// Which checks a run carries out: every one, or those whose printed

@@ -125,6 +125,34 @@ pub fn kernel_log_problems(log: &str) -> Vec<String> {
         .collect()
 }
 
+/// Most lines of a report [`first_report`] keeps.
+const REPORT_LINES: usize = 48;
+
+/// The first report of [`kernel_log_problems`] in full, as far as its end
+/// (KCSAN's closing `=====` rule, an `---[ end trace` line) or
+/// [`REPORT_LINES`]: the line that names a problem often does not name its
+/// cause (KCSAN's "race at unknown origin" names a frame, the read's
+/// address and the changed value only below it).
+pub fn first_report(log: &str) -> Option<String> {
+    let lines: Vec<&str> = log.lines().collect();
+    let start = lines
+        .iter()
+        .position(|l| !kernel_log_problems(l).is_empty())?;
+    let mut report = Vec::new();
+    for line in lines[start..].iter().take(REPORT_LINES) {
+        let text = line.trim_end();
+        let body = text.rsplit_once("] ").map_or(text, |(_, b)| b);
+        if !report.is_empty() && body.starts_with("=====") {
+            break;
+        }
+        report.push(text);
+        if body.starts_with("---[ end trace") {
+            break;
+        }
+    }
+    Some(report.join("\n"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -140,6 +168,34 @@ mod tests {
                      [ 1.3] WARNING: possible circular locking dependency detected\n\
                      [ 1.4] BUG: scheduling while atomic\n";
         assert_eq!(kernel_log_problems(noisy).len(), 3);
+    }
+
+    #[test]
+    fn the_first_report_is_kept_whole_up_to_its_end() {
+        let log = "[ 1.0] ok\n[ 2.0] ==================\n[ 2.0] BUG: KCSAN: data-race in f+0x2f/0x7d\n\
+                   [ 2.0] \n[ 2.0] race at unknown origin, with read to 0xffff8880 of 4 bytes by task 1 on cpu 0:\n\
+                   [ 2.0]  f+0x2f/0x7d\n[ 2.0] value changed: 0x06a3 -> 0x06a4\n[ 2.0] ==================\n\
+                   [ 3.0] WARNING: CPU: 1 PID: 5 at kernel/events/core.c:123\n";
+        let report = first_report(log).unwrap();
+        assert!(report.starts_with("[ 2.0] BUG: KCSAN"), "{report}");
+        assert!(
+            report.ends_with("value changed: 0x06a3 -> 0x06a4"),
+            "{report}"
+        );
+        assert!(!report.contains("WARNING"), "{report}");
+        let warn = "[ 1.0] WARNING: at x\n[ 1.1] Call Trace:\n[ 1.2] ---[ end trace 0 ]---\n[ 1.3] later\n";
+        assert_eq!(
+            first_report(warn).unwrap(),
+            "[ 1.0] WARNING: at x\n[ 1.1] Call Trace:\n[ 1.2] ---[ end trace 0 ]---"
+        );
+        let endless: String = std::iter::once("[ 1] BUG: x\n".to_string())
+            .chain((0..100).map(|i| format!("[ 1] frame {i}\n")))
+            .collect();
+        assert_eq!(
+            first_report(&endless).unwrap().lines().count(),
+            REPORT_LINES
+        );
+        assert_eq!(first_report("[ 1.0] quiet\n"), None);
     }
 
     #[test]

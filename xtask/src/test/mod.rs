@@ -48,9 +48,15 @@ pub struct TestArgs {
     /// Seconds each fuzz target runs.
     #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..))]
     fuzz_seconds: u64,
-    /// Run only the VM tests whose name contains this.
+    /// Run only the VM tests whose name contains this (on-demand ones
+    /// included).
     #[arg(long)]
     filter: Option<String>,
+    /// Also run the on-demand VM tests: the sanitizer, gdb and arm64
+    /// kernels' (each its own kernel build), which CI leaves out to stay
+    /// within its hour on a fresh machine.
+    #[arg(long)]
+    heavy: bool,
 }
 
 struct VmTest {
@@ -63,7 +69,21 @@ struct VmTest {
     /// The guest's architecture: an arm64 test's images are built when it
     /// comes, after every x86 test before it has had its verdict.
     arch: Arch,
+    /// Run by `cargo xtask test` (and CI), or only on demand.
+    when: When,
     run: fn(&Scenario, &Accel) -> Result<()>,
+}
+
+/// When a VM test runs.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum When {
+    /// In every `cargo xtask test`, CI's included.
+    Always,
+    /// With `--heavy`, or named by `--filter`: a kernel variant of its own
+    /// to build (about 4-5 min on 2 cores each, cold) and a long run, more
+    /// than CI's hour on a fresh machine holds beside the rest. Its figures
+    /// go in the notes of the change that needs it.
+    OnDemand,
 }
 
 /// The VM tests that run their box scenario again when the box itself
@@ -89,6 +109,7 @@ const VM_TESTS: &[VmTest] = &[
         variant: Variant::Normal,
         host: host::HostChoice::Qemu,
         arch: Arch::X86_64,
+        when: When::Always,
         run: boot_and_hotplug,
     },
     VmTest {
@@ -97,6 +118,7 @@ const VM_TESTS: &[VmTest] = &[
         variant: Variant::Debug,
         host: host::HostChoice::Qemu,
         arch: Arch::X86_64,
+        when: When::Always,
         run: traced_boot_and_hotplug,
     },
     VmTest {
@@ -105,6 +127,7 @@ const VM_TESTS: &[VmTest] = &[
         variant: Variant::Sanitize,
         host: host::HostChoice::Qemu,
         arch: Arch::X86_64,
+        when: When::OnDemand,
         run: sanitizer_kernel,
     },
     VmTest {
@@ -113,6 +136,7 @@ const VM_TESTS: &[VmTest] = &[
         variant: Variant::Normal,
         host: host::HostChoice::Qemu,
         arch: Arch::X86_64,
+        when: When::Always,
         run: unresponsive_guest_times_out,
     },
     VmTest {
@@ -121,6 +145,7 @@ const VM_TESTS: &[VmTest] = &[
         variant: Variant::Normal,
         host: host::HostChoice::Qemu,
         arch: Arch::X86_64,
+        when: When::Always,
         run: qemu_killed_mid_run,
     },
     VmTest {
@@ -129,6 +154,7 @@ const VM_TESTS: &[VmTest] = &[
         variant: Variant::Normal,
         host: host::HostChoice::Qemu,
         arch: Arch::X86_64,
+        when: When::Always,
         run: agent_dies_mid_run,
     },
     VmTest {
@@ -137,6 +163,7 @@ const VM_TESTS: &[VmTest] = &[
         variant: Variant::Normal,
         host: host::HostChoice::Qemu,
         arch: Arch::X86_64,
+        when: When::Always,
         run: guest_floods_console_and_channel,
     },
     VmTest {
@@ -145,6 +172,7 @@ const VM_TESTS: &[VmTest] = &[
         variant: Variant::Normal,
         host: host::HostChoice::Qemu,
         arch: Arch::X86_64,
+        when: When::Always,
         run: module_lifecycle,
     },
     VmTest {
@@ -153,6 +181,7 @@ const VM_TESTS: &[VmTest] = &[
         variant: Variant::Normal,
         host: host::HostChoice::Qemu,
         arch: Arch::X86_64,
+        when: When::Always,
         run: perf_test_suite,
     },
     VmTest {
@@ -161,6 +190,7 @@ const VM_TESTS: &[VmTest] = &[
         variant: Variant::Normal,
         host: host::HostChoice::Qemu,
         arch: Arch::X86_64,
+        when: When::Always,
         run: bench_quick,
     },
     VmTest {
@@ -169,6 +199,7 @@ const VM_TESTS: &[VmTest] = &[
         variant: Variant::Debug,
         host: host::HostChoice::Qemu,
         arch: Arch::X86_64,
+        when: When::Always,
         run: device_scope_pmu,
     },
     VmTest {
@@ -177,6 +208,7 @@ const VM_TESTS: &[VmTest] = &[
         variant: Variant::Normal,
         host: host::HostChoice::Qemu,
         arch: Arch::X86_64,
+        when: When::Always,
         run: hang_is_captured,
     },
     VmTest {
@@ -185,6 +217,7 @@ const VM_TESTS: &[VmTest] = &[
         variant: Variant::Normal,
         host: host::HostChoice::Vmm,
         arch: Arch::X86_64,
+        when: When::Always,
         run: hang_is_captured,
     },
     VmTest {
@@ -193,6 +226,7 @@ const VM_TESTS: &[VmTest] = &[
         variant: Variant::Gdb,
         host: host::HostChoice::Qemu,
         arch: Arch::X86_64,
+        when: When::OnDemand,
         run: gdb_session,
     },
     VmTest {
@@ -201,6 +235,7 @@ const VM_TESTS: &[VmTest] = &[
         variant: Variant::Debug,
         host: host::HostChoice::Qemu,
         arch: Arch::X86_64,
+        when: When::Always,
         run: hotplug_stress,
     },
     VmTest {
@@ -209,6 +244,7 @@ const VM_TESTS: &[VmTest] = &[
         variant: Variant::Debug,
         host: host::HostChoice::Qemu,
         arch: Arch::X86_64,
+        when: When::Always,
         run: lifecycle_stress,
     },
     VmTest {
@@ -217,6 +253,7 @@ const VM_TESTS: &[VmTest] = &[
         variant: Variant::Debug,
         host: host::HostChoice::Qemu,
         arch: Arch::X86_64,
+        when: When::Always,
         run: rcutorture_onoff,
     },
     VmTest {
@@ -225,6 +262,7 @@ const VM_TESTS: &[VmTest] = &[
         variant: Variant::Debug,
         host: host::HostChoice::Qemu,
         arch: Arch::X86_64,
+        when: When::Always,
         run: scenario_library,
     },
     VmTest {
@@ -233,6 +271,7 @@ const VM_TESTS: &[VmTest] = &[
         variant: Variant::Debug,
         host: host::HostChoice::Qemu,
         arch: Arch::X86_64,
+        when: When::Always,
         run: driver_mutants,
     },
     VmTest {
@@ -241,6 +280,7 @@ const VM_TESTS: &[VmTest] = &[
         variant: Variant::Debug,
         host: host::HostChoice::Qemu,
         arch: Arch::X86_64,
+        when: When::Always,
         run: shrink_mutant,
     },
     VmTest {
@@ -249,6 +289,7 @@ const VM_TESTS: &[VmTest] = &[
         variant: Variant::Debug,
         host: host::HostChoice::Qemu,
         arch: Arch::X86_64,
+        when: When::Always,
         run: hotplug_selftest_replay,
     },
     VmTest {
@@ -257,6 +298,7 @@ const VM_TESTS: &[VmTest] = &[
         variant: Variant::Normal,
         host: host::HostChoice::Vmm,
         arch: Arch::X86_64,
+        when: When::Always,
         run: boot_and_hotplug,
     },
     VmTest {
@@ -265,6 +307,7 @@ const VM_TESTS: &[VmTest] = &[
         variant: Variant::Normal,
         host: host::HostChoice::Vmm,
         arch: Arch::X86_64,
+        when: When::Always,
         run: guest_panic_is_reported,
     },
     VmTest {
@@ -273,6 +316,7 @@ const VM_TESTS: &[VmTest] = &[
         variant: Variant::Normal,
         host: host::HostChoice::Vmm,
         arch: Arch::X86_64,
+        when: When::Always,
         run: unexpected_reset_is_reported,
     },
     VmTest {
@@ -281,6 +325,7 @@ const VM_TESTS: &[VmTest] = &[
         variant: Variant::Normal,
         host: host::HostChoice::Vmm,
         arch: Arch::X86_64,
+        when: When::Always,
         run: terminated_while_waiting_for_the_agent,
     },
     VmTest {
@@ -289,6 +334,7 @@ const VM_TESTS: &[VmTest] = &[
         variant: Variant::Gdb,
         host: host::HostChoice::Vmm,
         arch: Arch::X86_64,
+        when: When::OnDemand,
         run: gdb_session,
     },
     VmTest {
@@ -297,6 +343,7 @@ const VM_TESTS: &[VmTest] = &[
         variant: Variant::Normal,
         host: host::HostChoice::Vmm,
         arch: Arch::X86_64,
+        when: When::Always,
         run: slow_agent_reader,
     },
     VmTest {
@@ -305,6 +352,7 @@ const VM_TESTS: &[VmTest] = &[
         variant: Variant::Normal,
         host: host::HostChoice::Qemu,
         arch: Arch::Arm64,
+        when: When::OnDemand,
         run: boot_and_hotplug,
     },
 ];
@@ -445,12 +493,15 @@ fn run_fuzz_tests(ws: &Path, seconds: u64) -> bool {
 }
 
 fn run_vm_tests(ws: &Path, args: &TestArgs) -> Result<bool> {
-    let tests: Vec<&VmTest> = VM_TESTS
-        .iter()
-        .filter(|t| args.filter.as_deref().is_none_or(|f| t.name.contains(f)))
-        .collect();
+    let (tests, left_out) = chosen_vm_tests(args.filter.as_deref(), args.heavy);
     if tests.is_empty() {
         bail!("no VM test matches --filter {:?}", args.filter);
+    }
+    if !left_out.is_empty() {
+        eprintln!(
+            "==> on demand, not run here (`cargo xtask test --heavy` or `--filter NAME` runs them): {}",
+            left_out.join(", ")
+        );
     }
     // QEMU's targets this run boots: one tree of both when both are
     // wanted (qemu::ensure_among).
@@ -562,6 +613,17 @@ fn run_vm_tests(ws: &Path, args: &TestArgs) -> Result<bool> {
     Ok(failures == 0)
 }
 
+/// The VM tests a run carries out, in order, and the names of the
+/// on-demand ones it leaves out: a filter picks among all of them, without
+/// one `heavy` adds the on-demand ones.
+fn chosen_vm_tests(filter: Option<&str>, heavy: bool) -> (Vec<&'static VmTest>, Vec<&'static str>) {
+    let (tests, left_out): (Vec<&VmTest>, Vec<&VmTest>) = VM_TESTS
+        .iter()
+        .filter(|t| filter.is_none_or(|f| t.name.contains(f)))
+        .partition(|t| t.when == When::Always || heavy || filter.is_some());
+    (tests, left_out.iter().map(|t| t.name).collect())
+}
+
 /// Why `test`'s failed `result` gets its one rerun: only a test in
 /// [`RERUN_ON_BOX_HANG`] whose run the harness diagnosed as the box itself
 /// being stuck; `None` for a pass and for any other failure.
@@ -575,6 +637,21 @@ fn box_hang_rerun(test: &str, result: &Result<()>, run_dir: &Path) -> Option<Str
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn on_demand_tests_run_when_asked_for_or_named() {
+        let names = |tests: Vec<&VmTest>| tests.iter().map(|t| t.name).collect::<Vec<_>>();
+        let (ci, left_out) = chosen_vm_tests(None, false);
+        assert!(names(ci.clone()).contains(&"boot_and_hotplug"));
+        assert!(!names(ci).contains(&"sanitizer_kernel"));
+        assert!(left_out.contains(&"sanitizer_kernel") && left_out.contains(&"arm64_end_to_end"));
+        let (all, left_out) = chosen_vm_tests(None, true);
+        assert_eq!(all.len(), VM_TESTS.len());
+        assert!(left_out.is_empty());
+        let (named, left_out) = chosen_vm_tests(Some("gdb_session"), false);
+        assert_eq!(names(named), ["gdb_session", "vmm_gdb_session"]);
+        assert!(left_out.is_empty());
+    }
 
     #[test]
     fn only_a_diagnosed_box_hang_of_a_listed_test_is_rerun() {
