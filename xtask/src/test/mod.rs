@@ -532,6 +532,7 @@ fn run_vm_tests(ws: &Path, args: &TestArgs) -> Result<bool> {
         accel.reason
     );
     let mut failures = 0;
+    let mut failed: Vec<(&str, String)> = Vec::new();
     let mut box_hang_reruns = 0;
     for test in &tests {
         let start = Instant::now();
@@ -598,8 +599,12 @@ fn run_vm_tests(ws: &Path, args: &TestArgs) -> Result<bool> {
                     "test {} ... FAILED ({took}): {}\n{e:#}\n",
                     test.name, test.what
                 );
+                failed.push((test.name, format!("{e:#}")));
             }
         }
+    }
+    for (name, error) in &failed {
+        println!("failed: {name}\n{}", failure_summary(error));
     }
     println!(
         "VM tests: {} passed, {failures} failed{}",
@@ -611,6 +616,34 @@ fn run_vm_tests(ws: &Path, args: &TestArgs) -> Result<bool> {
         }
     );
     Ok(failures == 0)
+}
+
+/// Most lines of a failed VM test's error repeated at the end of the run.
+const SUMMARY_LINES: usize = 24;
+
+/// A failed VM test's error as the end of the run repeats it: its failed
+/// checks (`FAIL` lines and what follows them, such as a kernel report)
+/// when it names some, else its first lines; at most [`SUMMARY_LINES`], so
+/// that a log cut to its head and tail still says why each test failed.
+fn failure_summary(error: &str) -> String {
+    let lines: Vec<&str> = error.lines().collect();
+    let from = lines
+        .iter()
+        .position(|l| l.trim_start().starts_with("FAIL "))
+        .unwrap_or(0);
+    let wanted: Vec<&&str> = lines[from..]
+        .iter()
+        .filter(|l| !l.trim_start().starts_with("PASS "))
+        .collect();
+    let mut summary: Vec<String> = wanted
+        .iter()
+        .take(SUMMARY_LINES)
+        .map(|l| format!("  {l}"))
+        .collect();
+    if wanted.len() > SUMMARY_LINES {
+        summary.push("  ...".into());
+    }
+    summary.join("\n")
 }
 
 /// The VM tests a run carries out, in order, and the names of the
@@ -637,6 +670,20 @@ fn box_hang_rerun(test: &str, result: &Result<()>, run_dir: &Path) -> Option<Str
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failure_summary_keeps_the_failed_checks() {
+        let error = "checks failed:\n  PASS  a  fine\n  FAIL  clean kernel log  [ 1] BUG: KCSAN: x\n    the first report:\n      value changed\n  PASS  b  fine";
+        assert_eq!(
+            failure_summary(error),
+            "    FAIL  clean kernel log  [ 1] BUG: KCSAN: x\n      the first report:\n        value changed"
+        );
+        assert_eq!(failure_summary("QEMU exited"), "  QEMU exited");
+        let long: String = (0..100).map(|i| format!("line {i}\n")).collect();
+        let summary = failure_summary(&long);
+        assert_eq!(summary.lines().count(), SUMMARY_LINES + 1);
+        assert!(summary.ends_with("..."));
+    }
 
     #[test]
     fn on_demand_tests_run_when_asked_for_or_named() {
