@@ -78,13 +78,11 @@ pub fn opens_racing_moves(ctx: &mut Ctx) -> Result<Check> {
             "opens failed with {other} (only ENODEV, while parked, may)"
         ));
     }
-    let ops = RACE_HOTPLUG_OPS * rounds.len() as u32;
-    if race.hotplug_ops != ops || race.opened == 0 {
-        problems.push(format!(
-            "{} of {ops} hotplug operations, {} opens succeeded",
-            race.hotplug_ops, race.opened
-        ));
-    }
+    problems.extend(unfinished(
+        &race,
+        RACE_HOTPLUG_OPS * rounds.len() as u32,
+        "opens",
+    ));
     if waits == 0 {
         problems.push(format!(
             "no open met a move in {} attempts ({} rounds): the race proved nothing",
@@ -150,12 +148,7 @@ pub fn software_siblings_racing_moves(ctx: &mut Ctx) -> Result<Check> {
             race.attempts, race.busy, race.other_errors
         ));
     }
-    if race.hotplug_ops != SIBLING_RACE_HOTPLUG_OPS || race.opened == 0 {
-        problems.push(format!(
-            "{} of {SIBLING_RACE_HOTPLUG_OPS} hotplug operations, {} sibling opens succeeded",
-            race.hotplug_ops, race.opened
-        ));
-    }
+    problems.extend(unfinished(&race, SIBLING_RACE_HOTPLUG_OPS, "sibling opens"));
     Ok(Check::from_problems(
         "software siblings racing moves",
         problems,
@@ -172,6 +165,17 @@ pub fn software_siblings_racing_moves(ctx: &mut Ctx) -> Result<Check> {
 /// Hotplug operations of the sibling race: two moves of the PMU each
 /// round of the domain's CPUs.
 const SIBLING_RACE_HOTPLUG_OPS: u32 = 48;
+
+/// What a race that proves nothing lacked: not all of its `ops` hotplug
+/// operations made, or not one of its `opens` succeeded.
+fn unfinished(race: &RaceResult, ops: u32, opens: &str) -> Option<String> {
+    (race.hotplug_ops != ops || race.opened == 0).then(|| {
+        format!(
+            "{} of {ops} hotplug operations, {} {opens} succeeded",
+            race.hotplug_ops, race.opened
+        )
+    })
+}
 
 /// The rounds of the race as one: their counts added, their errors listed
 /// together.
@@ -219,5 +223,20 @@ mod tests {
         assert_eq!(all.opened, 648);
         assert_eq!(all.hotplug_ops, 2 * RACE_HOTPLUG_OPS);
         assert_eq!(all.other_errors, vec!["ENODEV: 3".to_string()]);
+    }
+
+    /// A race that did not make all its hotplug operations, or opened
+    /// nothing, fails; one that did passes this part.
+    #[test]
+    fn a_race_short_of_operations_or_opens_proves_nothing() {
+        let full = round(300, 0, &[]);
+        assert_eq!(unfinished(&full, RACE_HOTPLUG_OPS, "opens"), None);
+        assert_eq!(
+            unfinished(&full, 2 * RACE_HOTPLUG_OPS, "opens").as_deref(),
+            Some("24 of 48 hotplug operations, 300 opens succeeded")
+        );
+        let none_opened = round(5, 5, &[]);
+        assert!(unfinished(&none_opened, RACE_HOTPLUG_OPS, "sibling opens")
+            .is_some_and(|p| p.ends_with("0 sibling opens succeeded")));
     }
 }
