@@ -976,6 +976,7 @@ impl Model {
         // leader, which they cannot run without.
         let moved = had_pmu.is_none() && group_pmu.is_some() && leader != handle;
         let moment = self.moment;
+        let restarts = moved && holds(Rule::MovedGroupStartsAsOpened);
         for (&h, e) in self.events.iter_mut().filter(|(_, e)| e.leader == leader) {
             e.group_pmu = group_pmu;
             if moved {
@@ -984,9 +985,15 @@ impl Model {
                     e.time_window.counting_all = false;
                 }
             }
+            // perf_event__state_init() on each member it installs again.
+            if restarts {
+                e.enabled = !e.spec.disabled;
+                e.detached = false;
+                e.may_be_in_error = false;
+            }
         }
         let (cpu, detached) = match self.events.get(&leader) {
-            Some(l) if leader != handle => (l.cpu, l.detached),
+            Some(l) if leader != handle => (l.cpu, l.detached && !restarts),
             _ => (cpu, false),
         };
         self.events.insert(

@@ -156,6 +156,10 @@ rules! {
     /// and installs its siblings before its leader (perf's `move_group`):
     /// a sibling's `time_running` may miss the time between.
     MovedSiblingsWaitForTheirLeader,
+    /// perf's `move_group` puts each member of the software group back in
+    /// its state at open: a DISABLE or ENABLE since is undone, and a
+    /// detached member is in a context again.
+    MovedGroupStartsAsOpened,
     // Parks.
     /// A DISABLE while parked freezes the slot: nothing after it counts.
     FrozenSlotStops,
@@ -409,6 +413,7 @@ mod tests {
         MixedGroupOnItsDevicePmu => model::a_cpu_going_offline_takes_its_software_groups_apart_for_good,
             model::an_exclusive_event_and_a_moved_mixed_group_take_turns_across_a_wait;
         MovedSiblingsWaitForTheirLeader => model::a_device_member_moves_its_software_group_siblings_first;
+        MovedGroupStartsAsOpened => model::a_device_member_restarts_its_software_group_as_opened;
         FrozenSlotStops => model::a_disable_while_parked_freezes_the_count_exactly,
             replay::predict_foresees_a_journals_reads_without_a_guest;
         FrozenSlotKeepsItsPlace => model::a_frozen_slot_keeps_its_place_so_one_more_enabled_in_the_park_contends;

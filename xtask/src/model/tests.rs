@@ -1559,6 +1559,35 @@ pub(super) fn a_device_member_moves_its_software_group_siblings_first() {
 }
 
 #[test]
+pub(super) fn a_device_member_restarts_its_software_group_as_opened() {
+    // scenarios/groups/device-member-restarts-a-software-group-as-opened.scn
+    // on the debug kernel: move_group's perf_event__state_init() on each
+    // member it installs again.
+    let mut m = Model::new(SHAPE);
+    // A leader its CPU's offline detached, the CPU back.
+    m.open_on(1, software(), Some(1));
+    m.cpu_offline(1);
+    m.cpu_online(1);
+    assert!(!m.is_enabled(1));
+    m.open_on(2, counter(0, 3).under(1), Some(1));
+    assert!(m.is_enabled(1), "the detached leader is enabled again");
+    m.burst(0, TOTAL, 3, 1 << 20);
+    assert_eq!(fields(&mut m, 2, seen(1 << 20, 100, 100)), vec![]);
+    // A leader disabled since its open is enabled again; a sibling opened
+    // disabled and enabled since is off again.
+    m.open_on(3, software(), Some(1));
+    m.open_on(4, software().disabled().under(3), Some(1));
+    m.ioctl(4, Ioctl::Enable, false);
+    m.ioctl(3, Ioctl::Disable, false);
+    m.open_on(5, counter(0, 4).under(3), Some(1));
+    assert!(m.is_enabled(3) && !m.is_enabled(4));
+    // A group already in its device PMU's context is not moved again.
+    m.ioctl(3, Ioctl::Disable, false);
+    m.open_on(6, counter(0, 5).under(3), Some(1));
+    assert!(!m.is_enabled(3));
+}
+
+#[test]
 pub(super) fn a_groups_members_may_run_apart_across_a_park() {
     // {1, 2} and two more on two slots, parked and placed between two
     // reads: patch 0008 decides per event which keeps a slot.
