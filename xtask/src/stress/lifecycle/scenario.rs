@@ -201,6 +201,7 @@ pub fn parse(
         names: BTreeMap::new(),
         handles: BTreeMap::new(),
         opened: BTreeMap::new(),
+        software_cpus: BTreeMap::new(),
         next_handle: first_handle,
         online: (0..layout.cpus).collect(),
         allowed: layout.domains.clone(),
@@ -291,6 +292,10 @@ struct Parser<'a> {
     names: BTreeMap<String, Handle>,
     /// Open events by handle, as opened.
     opened: BTreeMap<Handle, Opened>,
+    /// Each cpu-clock event's CPU, as the parser predicts it (its `cpu=`,
+    /// or the domain's CPU then for `cpu=owner(DOMAIN)`): what an offline
+    /// takes apart ([`Parser::offline_detaches`]).
+    software_cpus: BTreeMap<Handle, u32>,
     next_handle: Handle,
     online: BTreeSet<u32>,
     allowed: Vec<Vec<u32>>,
@@ -502,11 +507,16 @@ impl Parser<'_> {
                         ));
                     }
                     let owner = self.owners[domain as usize];
+                    if let Some(cpu) = owner {
+                        self.offline_detaches(cpu);
+                    }
                     self.owners[domain as usize] = self.allowed_online(domain, owner);
                     Step::Move { domain }
                 } else {
-                    for cpu in &self.layout.domains[domain as usize] {
-                        self.online.remove(cpu);
+                    for &cpu in &self.layout.domains[domain as usize] {
+                        if self.online.remove(&cpu) {
+                            self.offline_detaches(cpu);
+                        }
                     }
                     self.owners[domain as usize] = None;
                     Step::Park { domain }
@@ -549,6 +559,7 @@ impl Parser<'_> {
                     if !self.online.remove(&cpu) {
                         return Err(format!("CPU {cpu} is offline here already"));
                     }
+                    self.offline_detaches(cpu);
                     self.place_all();
                     Step::Offline { cpu }
                 } else {
@@ -862,6 +873,7 @@ impl Parser<'_> {
             .unwrap_or(candidates[0]);
         self.not_moved(cpu)?;
         self.online.remove(&cpu);
+        self.offline_detaches(cpu);
         self.place_all();
         self.push(line, Step::Offline { cpu }, vec![], was)?;
         self.ops.last_mut().expect("just pushed").on_owner = Some(domain);
@@ -1452,10 +1464,37 @@ impl Parser<'_> {
         if racing.is_some() {
             self.racing.insert(expect);
         }
+        let software_cpu = u32::try_from(event.cpu)
+            .ok()
+            .or_else(|| self.owners[on_owner? as usize]);
+        if let Some(cpu) = software_cpu.filter(|_| event.pmu.is_none()) {
+            self.software_cpus.insert(expect, cpu);
+        }
         self.names.insert(name.to_string(), expect);
         self.handles.insert(expect, name.to_string());
         self.opened.insert(expect, event);
         Ok(())
+    }
+
+    /// `cpu` goes offline: perf takes each group of cpu-clock events only
+    /// on it apart (`__perf_event_exit_context()` with `DETACH_GROUP`), so
+    /// that every member is a group of its own from then on: a group read
+    /// of one shows it alone, and a later open may name it as a leader
+    /// (counting-semantics.md, "Software events and offline CPUs"). A
+    /// group with a device member is in its PMU's context and moves.
+    fn offline_detaches(&mut self, cpu: u32) {
+        let leaders: Vec<Handle> = self
+            .opened
+            .iter()
+            .filter(|(h, o)| o.group.is_none() && self.software_cpus.get(h) == Some(&cpu))
+            .map(|(&h, _)| h)
+            .filter(|&h| !self.in_a_device_group(h))
+            .collect();
+        for o in self.opened.values_mut() {
+            if o.group.is_some_and(|l| leaders.contains(&l)) {
+                o.group = None;
+            }
+        }
     }
 
     /// `want NAME scaled N%` after a read that shows NAME, opened with
@@ -2051,6 +2090,49 @@ mod tests {
             assert_eq!(line, at, "{text}: {message}");
             assert!(message.contains(why), "{text}: {message}");
         }
+    }
+
+    #[test]
+    fn an_offline_takes_a_cpus_software_groups_apart() {
+        // The red team's file: a group read after the park shows the
+        // leader and its new device member, not the former sibling, which
+        // a later open may name as a leader. A mixed group and a group on
+        // another CPU stay whole.
+        let s = parsed(
+            "# check: detached\n\
+             lead = open cpu-clock cpu=2 read=times,group\n\
+             s1 = open cpu-clock cpu=2 group=lead read=times,group\n\
+             other = open cpu-clock cpu=1 read=times,group\n\
+             o1 = open cpu-clock cpu=1 group=other read=times\n\
+             m = open movable mbm_total_bytes rmid=1 read=times,group\n\
+             m1 = open cpu-clock cpu=owner(movable) group=m read=times\n\
+             park movable\n\
+             unpark movable 2\n\
+             d = open movable mbm_total_bytes rmid=2 group=lead read=times\n\
+             read lead\n\
+             read other\n\
+             read m\n\
+             e = open movable mbm_total_bytes rmid=3 group=s1 read=times\n\
+             read s1\n\
+             want e 0\n",
+        )
+        .unwrap();
+        let shows: Vec<Vec<Handle>> = s
+            .ops
+            .iter()
+            .filter(|o| matches!(o.step, Step::Read { .. }))
+            .map(|o| o.shows.clone())
+            .collect();
+        assert_eq!(shows, vec![vec![1, 7], vec![3, 4], vec![5, 6], vec![2, 8]]);
+        let moved = parsed(
+            "# check: moved\n\
+             lead = open cpu-clock cpu=owner(movable) read=times,group\n\
+             s1 = open cpu-clock cpu=owner(movable) group=lead read=times\n\
+             move movable\n\
+             read lead\n\
+             want lead 0\n",
+        );
+        assert!(moved.is_ok_and(|s| s.ops[3].shows == vec![1]));
     }
 
     #[test]
